@@ -1,0 +1,5 @@
+module github.com/nox-mesh/nox-mesh-host
+
+go 1.26.8
+
+require golang.org/x/sys v0.50.0 // indirect

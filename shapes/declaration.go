@@ -1,0 +1,227 @@
+package shapes
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Version is the only declaration version this host knows.
+const Version = 1
+
+// MaxDeclarationSize bounds what Parse will look at. A declaration is text
+// about a machine; 64 MiB is far beyond any real one and small enough that a
+// hostile one cannot exhaust a small node's memory.
+const MaxDeclarationSize = 64 << 20
+
+// Declaration is what a node is told to be: an ordered list of typed
+// resources, addressed to one node and enrolment, with a sequence.
+type Declaration struct {
+	Version     int        `json:"version"`
+	Node        string     `json:"node"`
+	Enrolment   string     `json:"enrolment"`
+	Seq         uint64     `json:"seq"`
+	Adopted     bool       `json:"adopted"`
+	Taken       []string   `json:"taken"`
+	OwnsNothing bool       `json:"owns_nothing"`
+	Retire      bool       `json:"retire"`
+	Resources   []Resource `json:"resources"`
+}
+
+// Resource is one declared resource. Its concrete type is one of *File,
+// *Directory, *Action, *Service, *Package, *User, *Archive, *Container,
+// *Network, *Overlay or *Opening.
+type Resource interface {
+	// Head returns the identity every resource carries.
+	Head() *Base
+	// validate checks the shape's own fields; it never touches the machine.
+	validate(v *validator)
+}
+
+// Base is the identity every resource carries: module + id, and its type.
+type Base struct {
+	Module string `json:"module"`
+	ID     string `json:"id"`
+	Type   string `json:"type"`
+}
+
+// Head returns b itself, so every shape satisfies Resource through embedding.
+func (b *Base) Head() *Base { return b }
+
+// Key is the resource's identity, "module.id".
+func (b *Base) Key() string { return b.Module + "." + b.ID }
+
+// Error is a refusal of a declaration by shapes. It names the resource
+// ("module.id", empty for the declaration itself) and the field.
+type Error struct {
+	Resource string // "module.id", or "" for a declaration-level field
+	Type     string // the resource's type, when known
+	Field    string // the JSON field name, or "" when the whole resource is at fault
+	Reason   string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("shapes: ")
+	if e.Resource != "" {
+		b.WriteString("resource ")
+		b.WriteString(e.Resource)
+		if e.Type != "" {
+			b.WriteString(" (" + e.Type + ")")
+		}
+		if e.Field != "" {
+			b.WriteString(" field " + e.Field)
+		}
+		b.WriteString(": ")
+	} else if e.Field != "" {
+		b.WriteString("declaration field " + e.Field + ": ")
+	}
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// ErrAction is wrapped by the refusal of an `action` arriving through Parse.
+var ErrAction = errors.New("an action may only come from a local file named by root, never over the link")
+
+// ErrProtected is wrapped by every refusal that touches the protected set.
+var ErrProtected = errors.New("touches the host's own installation (the protected set)")
+
+// Parse decodes and validates a declaration that arrived over the link. It
+// refuses an `action`. The protected set is checked lexically; the executor
+// checks again through the machine's symlinks with CheckProtected.
+func Parse(data []byte) (*Declaration, error) {
+	return parse(data, false)
+}
+
+// ParseTrusted decodes and validates a declaration from a local file named by
+// root, or from the carried bundle. It permits an `action`.
+func ParseTrusted(data []byte) (*Declaration, error) {
+	return parse(data, true)
+}
+
+// rawDeclaration mirrors Declaration with resources left undecoded, so each
+// can be decoded strictly into its own shape.
+type rawDeclaration struct {
+	Version     *int              `json:"version"`
+	Node        string            `json:"node"`
+	Enrolment   string            `json:"enrolment"`
+	Seq         uint64            `json:"seq"`
+	Adopted     bool              `json:"adopted"`
+	Taken       []string          `json:"taken"`
+	OwnsNothing bool              `json:"owns_nothing"`
+	Retire      bool              `json:"retire"`
+	Resources   []json.RawMessage `json:"resources"`
+}
+
+func parse(data []byte, allowAction bool) (*Declaration, error) {
+	if len(data) > MaxDeclarationSize {
+		return nil, &Error{Reason: fmt.Sprintf("declaration is %d bytes, over the limit of %d", len(data), MaxDeclarationSize)}
+	}
+	var raw rawDeclaration
+	if err := strictDecode(data, &raw); err != nil {
+		// An unknown version is the more useful thing to say, if that is it.
+		var v struct {
+			Version *int `json:"version"`
+		}
+		if json.Unmarshal(data, &v) == nil && v.Version != nil && *v.Version != Version {
+			return nil, versionError(*v.Version)
+		}
+		return nil, &Error{Field: fieldOf(err), Reason: cleanJSONError(err)}
+	}
+	if raw.Version == nil {
+		return nil, &Error{Field: "version", Reason: "missing; this host knows version 1"}
+	}
+	if *raw.Version != Version {
+		return nil, versionError(*raw.Version)
+	}
+	if raw.Resources == nil {
+		return nil, &Error{Field: "resources", Reason: "missing; a declaration that holds nothing says so with \"resources\": [] and \"owns_nothing\": true"}
+	}
+	d := &Declaration{
+		Version: *raw.Version, Node: raw.Node, Enrolment: raw.Enrolment, Seq: raw.Seq,
+		Adopted: raw.Adopted, Taken: raw.Taken, OwnsNothing: raw.OwnsNothing, Retire: raw.Retire,
+		Resources: make([]Resource, 0, len(raw.Resources)),
+	}
+	for i, rr := range raw.Resources {
+		r, err := decodeResource(i, rr)
+		if err != nil {
+			return nil, err
+		}
+		d.Resources = append(d.Resources, r)
+	}
+	if err := d.validate(allowAction); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func versionError(v int) error {
+	return &Error{Field: "version", Reason: fmt.Sprintf("unknown version %d; this host knows version %d", v, Version)}
+}
+
+// strictDecode decodes exactly one JSON value into v, refusing unknown fields
+// and anything after the value.
+func strictDecode(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("trailing data after the declaration")
+	}
+	return nil
+}
+
+// fieldOf extracts the field name from encoding/json's errors.
+func fieldOf(err error) string {
+	var ute *json.UnmarshalTypeError
+	if errors.As(err, &ute) {
+		return ute.Field
+	}
+	if s := err.Error(); strings.HasPrefix(s, `json: unknown field "`) {
+		return strings.TrimSuffix(strings.TrimPrefix(s, `json: unknown field "`), `"`)
+	}
+	return ""
+}
+
+func cleanJSONError(err error) string {
+	var ute *json.UnmarshalTypeError
+	if errors.As(err, &ute) {
+		return fmt.Sprintf("expected %s, got JSON %s", ute.Type, ute.Value)
+	}
+	s := strings.TrimPrefix(err.Error(), "json: ")
+	if strings.HasPrefix(s, "unknown field") {
+		return "unknown field (refused, never skipped)"
+	}
+	return s
+}
+
+// decodeResource reads a resource's identity first, so that every later
+// error can name it, then decodes it strictly into its shape.
+func decodeResource(index int, data json.RawMessage) (Resource, error) {
+	var head Base
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, &Error{Resource: fmt.Sprintf("#%d", index), Reason: "not a resource object: " + cleanJSONError(err)}
+	}
+	name := head.Key()
+	if head.Module == "" || head.ID == "" {
+		name = fmt.Sprintf("#%d", index)
+	}
+	newShape, ok := shapeTable[head.Type]
+	if !ok {
+		reason := fmt.Sprintf("unknown type %q; known types: %s", head.Type, strings.Join(TypeNames(), ", "))
+		if head.Type == "" {
+			reason = "missing type; known types: " + strings.Join(TypeNames(), ", ")
+		}
+		return nil, &Error{Resource: name, Field: "type", Reason: reason}
+	}
+	r := newShape()
+	if err := strictDecode(data, r); err != nil {
+		return nil, &Error{Resource: name, Type: head.Type, Field: fieldOf(err), Reason: cleanJSONError(err)}
+	}
+	return r, nil
+}

@@ -1,0 +1,241 @@
+package shapes
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The protected set: the installation owns the host, the host owns everything
+// else. A declaration that touches any of it through any shape is refused
+// whole. The lists below are policy; a change to them is a security decision.
+var (
+	// ProtectedNames are the host's own units, scripts and service
+	// directories under every init, compared after normalising (unit
+	// suffixes, drop-in ".d", templates, ".rc").
+	ProtectedNames = []string{"mesh-executor", "mesh-agent", "mesh-launch", "nox-mesh-host"}
+
+	// ProtectedAccounts are the agent's user and group: a declaration may
+	// neither manage that user nor add anyone to that group (its members
+	// may speak to the executor's socket).
+	ProtectedAccounts = []string{"mesh-agent"}
+
+	// protectedPaths are refused, with everything under them.
+	protectedPaths = []string{
+		"/usr/lib/nox-mesh-host",
+		"/var/lib/mesh-host",
+		"/run/mesh-host",
+		"/etc/mesh-host",
+	}
+
+	// binDirs hold the host's binaries.
+	binDirs = []string{"/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/bin", "/sbin", "/system/bin", "/system/xbin"}
+
+	// initRoots are where inits look for units and service directories:
+	// systemd, OpenRC, runit, s6 and Android's init.rc.
+	initRoots = []string{
+		"/etc/systemd", "/run/systemd", "/lib/systemd", "/usr/lib/systemd", "/usr/local/lib/systemd",
+		"/etc/init.d", "/etc/conf.d", "/etc/runlevels", "/etc/rc.d",
+		"/etc/sv", "/etc/service", "/var/service", "/etc/runit",
+		"/etc/s6", "/etc/s6-rc", "/run/service", "/etc/s6-linux-init",
+		"/etc/init", "/system/etc/init", "/vendor/etc/init", "/odm/etc/init",
+	}
+)
+
+// Resolver resolves an absolute path through the machine's symlinks: the
+// longest existing prefix is resolved and the rest appended. The executor
+// passes one that reads the machine; Parse uses none (lexical only).
+type Resolver func(path string) (string, error)
+
+// CheckProtected checks every resource of d against the protected set again,
+// this time through resolve, so a symlink planted on the machine cannot lead
+// a declared path into the host's own files.
+func CheckProtected(d *Declaration, resolve Resolver) error {
+	v := &validator{d: d}
+	for _, r := range d.Resources {
+		v.r = r
+		checkProtected(v, r, resolve)
+		if v.err != nil {
+			return v.err
+		}
+	}
+	return nil
+}
+
+// ProtectedPath reports why p (already resolved by the caller, if it wants
+// that) is inside the protected set, or "" if it is not. Appliers that write
+// beneath a declared path (an archive's entries) check each path with it.
+func ProtectedPath(p string) string {
+	return pathReason(p, false)
+}
+
+// NormaliseUnit gives a unit name its full form: a name without a suffix is
+// a ".service".
+func NormaliseUnit(u string) string {
+	for _, s := range unitSuffixes {
+		if strings.HasSuffix(u, s) {
+			return u
+		}
+	}
+	return u + ".service"
+}
+
+var unitSuffixes = []string{".service", ".socket", ".timer", ".target", ".path", ".mount",
+	".automount", ".swap", ".slice", ".scope", ".device"}
+
+// stem reduces a unit, script or service-directory name to what
+// ProtectedNames lists: "mesh-agent@x.service.d" → "mesh-agent".
+func stem(name string) string {
+	name = strings.TrimSuffix(name, ".d")
+	for _, s := range append(unitSuffixes, ".rc", ".conf", ".sh") {
+		name = strings.TrimSuffix(name, s)
+	}
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+func isProtectedName(name string) bool {
+	s := stem(name)
+	for _, p := range ProtectedNames {
+		if s == p {
+			return true
+		}
+	}
+	return false
+}
+
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// pathReason is the protected-set check of one path. container is true for
+// a path that holds other things (a directory, an archive's destination, a
+// container's mount source): such a path may not be an ancestor of anything
+// protected either, since changing it changes what is inside.
+func pathReason(p string, container bool) string {
+	for _, q := range protectedPaths {
+		if within(p, q) {
+			return fmt.Sprintf("%s is inside the host's %s", p, q)
+		}
+		if container && within(q, p) {
+			return fmt.Sprintf("%s contains the host's %s", p, q)
+		}
+	}
+	for _, dir := range binDirs {
+		for _, n := range ProtectedNames {
+			q := dir + "/" + n
+			if within(p, q) {
+				return fmt.Sprintf("%s is the host's binary %s", p, q)
+			}
+			if container && within(q, p) {
+				return fmt.Sprintf("%s contains the host's binary %s", p, q)
+			}
+		}
+	}
+	for _, root := range initRoots {
+		if container && within(root, p) {
+			return fmt.Sprintf("%s contains %s, where the init finds the host's own units", p, root)
+		}
+		if !within(p, root) {
+			continue
+		}
+		rest := strings.Split(strings.TrimPrefix(p, root), "/")
+		for _, c := range rest {
+			if c != "" && isProtectedName(c) {
+				return fmt.Sprintf("%s is the host's own unit or service entry (%s)", p, c)
+			}
+		}
+		// Inside an init's tree, something that holds other things may only
+		// be a drop-in directory of another unit: anything else (a
+		// *.wants directory, a runlevel) could hold or hide the host's own.
+		if container {
+			last := rest[len(rest)-1]
+			if !strings.HasSuffix(last, ".d") || last == ".d" {
+				return fmt.Sprintf("%s is a directory of the init's own (only another unit's drop-in directory may be declared there)", p)
+			}
+		}
+	}
+	return ""
+}
+
+// checkProtected refuses r if it touches the protected set. With resolve
+// set, each path is checked as written and as the machine resolves it, and
+// each protected path as the machine resolves it too.
+func checkProtected(v *validator, r Resource, resolve Resolver) {
+	checkPath := func(field, p string, container bool) {
+		candidates := []string{p}
+		if resolve != nil {
+			rp, err := resolve(p)
+			if err != nil {
+				v.fail(field, "cannot resolve %s to check it against the protected set: %v", p, err)
+				return
+			}
+			candidates = append(candidates, rp)
+		}
+		for _, c := range candidates {
+			if why := pathReason(c, container); why != "" {
+				v.fail(field, "%s: %v", why, ErrProtected)
+				return
+			}
+			if resolve != nil {
+				if why := resolvedReason(c, container, resolve); why != "" {
+					v.fail(field, "%s: %v", why, ErrProtected)
+					return
+				}
+			}
+		}
+	}
+	checkAccount := func(field, name string) {
+		for _, a := range ProtectedAccounts {
+			if name == a {
+				v.fail(field, "%s is the host's agent account: %v", name, ErrProtected)
+			}
+		}
+	}
+	switch r := r.(type) {
+	case *File:
+		checkPath("path", r.Path, false)
+	case *Directory:
+		checkPath("path", r.Path, true)
+	case *Archive:
+		checkPath("destination", r.Destination, true)
+	case *Container:
+		for _, m := range r.Mounts {
+			if src, _, _, ok := ParseMount(m); ok && strings.HasPrefix(src, "/") {
+				checkPath("mounts", src, true)
+			}
+		}
+	case *Service:
+		if isProtectedName(NormaliseUnit(r.Unit)) {
+			v.fail("unit", "%s is the host's own unit: %v", r.Unit, ErrProtected)
+		}
+	case *User:
+		checkAccount("name", r.Name)
+		for _, g := range r.Groups {
+			checkAccount("groups", g)
+		}
+		if r.Home != "" {
+			checkPath("home", r.Home, false)
+		}
+	}
+}
+
+// resolvedReason compares p against the protected paths as the machine
+// resolves them: if /var/lib is a link to /data/var/lib, the host's state is
+// at /data/var/lib/mesh-host, and a declared path there is refused too.
+func resolvedReason(p string, container bool, resolve Resolver) string {
+	for _, q := range protectedPaths {
+		rq, err := resolve(q)
+		if err != nil || rq == q {
+			continue
+		}
+		if within(p, rq) {
+			return fmt.Sprintf("%s is inside the host's %s (at %s)", p, q, rq)
+		}
+		if container && within(rq, p) {
+			return fmt.Sprintf("%s contains the host's %s (at %s)", p, q, rq)
+		}
+	}
+	return ""
+}

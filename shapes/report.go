@@ -1,0 +1,70 @@
+package shapes
+
+// Outcome is what happened to one resource, or to an apply as a whole.
+type Outcome string
+
+// The outcomes of a report line, worst first. An apply's outcome is derived
+// from its worst line, never stated apart, so a report cannot read fine while
+// carrying a failed line.
+const (
+	Failed      Outcome = "failed"
+	HeldChanged Outcome = "held-changed" // held, and changed by something else
+	Held        Outcome = "held"         // found on an adopted node, kept as found
+	Kept        Outcome = "kept"         // undeclared, but kept (it holds what the host did not make)
+	Repaired    Outcome = "repaired"     // drift from what the host applied, put right
+	Applied     Outcome = "applied"
+	Removed     Outcome = "removed"
+	Restored    Outcome = "restored" // undeclared, and given back as the host found it
+	Forgotten   Outcome = "forgotten"
+	Unchanged   Outcome = "unchanged"
+)
+
+// Outcomes of a whole declaration that never reached the engine's lines.
+const (
+	Refused    Outcome = "refused"
+	Superseded Outcome = "superseded"
+)
+
+// severity orders line outcomes, worst first.
+var severity = []Outcome{Failed, HeldChanged, Held, Kept, Repaired, Applied, Removed, Restored, Forgotten, Unchanged}
+
+// Severity is an outcome's rank: lower is worse. Unknown outcomes rank worst.
+func Severity(o Outcome) int {
+	for i, s := range severity {
+		if s == o {
+			return i
+		}
+	}
+	return -1
+}
+
+// Line is one resource's line in a report. Detail never carries a kept
+// original or a sealed plaintext.
+type Line struct {
+	Module  string  `json:"module"`
+	ID      string  `json:"id"`
+	Type    string  `json:"type"`
+	Outcome Outcome `json:"outcome"`
+	Detail  string  `json:"detail,omitempty"`
+}
+
+// Report is what an apply answers: its lines, and the outcome derived from
+// them. A refused declaration has Refused set and no lines.
+type Report struct {
+	Outcome Outcome `json:"outcome"`
+	Source  string  `json:"source,omitempty"`
+	Seq     uint64  `json:"seq,omitempty"`
+	Lines   []Line  `json:"lines"`
+	Refused string  `json:"refused,omitempty"`
+}
+
+// Derive returns the worst outcome among lines; no lines is Unchanged.
+func Derive(lines []Line) Outcome {
+	worst := Unchanged
+	for _, l := range lines {
+		if Severity(l.Outcome) < Severity(worst) {
+			worst = l.Outcome
+		}
+	}
+	return worst
+}

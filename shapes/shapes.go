@@ -1,0 +1,200 @@
+package shapes
+
+import (
+	"encoding/base64"
+	"strconv"
+)
+
+// The shape names, as they appear in a resource's "type".
+const (
+	TypeFile      = "file"
+	TypeDirectory = "directory"
+	TypeAction    = "action"
+	TypeService   = "service"
+	TypePackage   = "package"
+	TypeUser      = "user"
+	TypeArchive   = "archive"
+	TypeContainer = "container"
+	TypeNetwork   = "network"
+	TypeOverlay   = "overlay"
+	TypeOpening   = "opening"
+)
+
+// shapeTable is the vocabulary. Every addition widens what a compromised
+// control plane can express, so its size is asserted by a test.
+var shapeTable = map[string]func() Resource{
+	TypeFile:      func() Resource { return new(File) },
+	TypeDirectory: func() Resource { return new(Directory) },
+	TypeAction:    func() Resource { return new(Action) },
+	TypeService:   func() Resource { return new(Service) },
+	TypePackage:   func() Resource { return new(Package) },
+	TypeUser:      func() Resource { return new(User) },
+	TypeArchive:   func() Resource { return new(Archive) },
+	TypeContainer: func() Resource { return new(Container) },
+	TypeNetwork:   func() Resource { return new(Network) },
+	TypeOverlay:   func() Resource { return new(Overlay) },
+	TypeOpening:   func() Resource { return new(Opening) },
+}
+
+// TypeNames lists the known shapes in a fixed order, for error messages.
+func TypeNames() []string {
+	return []string{TypeFile, TypeDirectory, TypeAction, TypeService, TypePackage, TypeUser,
+		TypeArchive, TypeContainer, TypeNetwork, TypeOverlay, TypeOpening}
+}
+
+// File is a regular file with exactly one of Content (text), Bytes (base64)
+// or Sealed (base64, opened only by the executor's sealing key). Mode and
+// Owner, when unset, are 0644 and root:root for a file the host creates, and
+// left as found for a file it replaces.
+type File struct {
+	Base
+	Path    string  `json:"path"`
+	Content *string `json:"content,omitempty"`
+	Bytes   *string `json:"bytes,omitempty"`
+	Sealed  *string `json:"sealed,omitempty" redact:"true"`
+	Mode    string  `json:"mode,omitempty"`
+	Owner   string  `json:"owner,omitempty"`
+}
+
+// Data returns the file's plain content. Sealed content cannot be opened here
+// and is reported by ok=false; Validate has already checked the base64.
+func (f *File) Data() (data []byte, ok bool) {
+	switch {
+	case f.Content != nil:
+		return []byte(*f.Content), true
+	case f.Bytes != nil:
+		b, err := base64.StdEncoding.DecodeString(*f.Bytes)
+		return b, err == nil
+	}
+	return nil, false
+}
+
+// Directory is a directory. Mode and Owner, when unset, are 0755 and
+// root:root for one the host creates, and left as found otherwise.
+type Directory struct {
+	Base
+	Path  string `json:"path"`
+	Mode  string `json:"mode,omitempty"`
+	Owner string `json:"owner,omitempty"`
+}
+
+// Action runs an argument vector (no shell implied) when its verify vector
+// fails, and must leave verify succeeding. Verify is mandatory: it is the
+// idempotency check and the read-back. Timeout is in seconds, for run and
+// verify each; 0 means DefaultActionTimeout.
+type Action struct {
+	Base
+	Run     []string `json:"run"`
+	Verify  []string `json:"verify"`
+	Timeout int      `json:"timeout,omitempty"`
+}
+
+// DefaultActionTimeout and MaxActionTimeout bound an action, in seconds.
+const (
+	DefaultActionTimeout = 60
+	MaxActionTimeout     = 3600
+)
+
+// Service puts a unit the init already knows into a state. State is
+// "running", "stopped", or "" (the mesh must not start it). Enabled, when
+// set, is the enablement at boot. RestartOn names files (id, or module.id)
+// whose change restarts the unit after the apply.
+type Service struct {
+	Base
+	Unit      string   `json:"unit"`
+	State     string   `json:"state,omitempty"`
+	Enabled   *bool    `json:"enabled,omitempty"`
+	RestartOn []string `json:"restart_on,omitempty"`
+}
+
+// Package is a package present; Version, when set, is an exact pin.
+type Package struct {
+	Base
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+}
+
+// User is a login: its shell and home, and groups it is added to (never
+// removed from).
+type User struct {
+	Base
+	Name   string   `json:"name"`
+	Shell  string   `json:"shell,omitempty"`
+	Home   string   `json:"home,omitempty"`
+	Groups []string `json:"groups,omitempty"`
+}
+
+// Archive is a tar archive pinned by digest, unpacked into Destination.
+type Archive struct {
+	Base
+	URL         string `json:"url"`
+	SHA256      string `json:"sha256"`
+	Destination string `json:"destination"`
+}
+
+// Container is a container pinned by image digest. Ports are
+// "[ip:]host:container[/tcp|udp]"; Mounts are "source:target[:ro]" with an
+// absolute source path or a volume name.
+type Container struct {
+	Base
+	Name    string            `json:"name"`
+	Image   string            `json:"image"`
+	Command []string          `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Ports   []string          `json:"ports,omitempty"`
+	Mounts  []string          `json:"mounts,omitempty"`
+	Network string            `json:"network,omitempty"`
+}
+
+// Network is a container network by name.
+type Network struct {
+	Base
+	Name string `json:"name"`
+}
+
+// Overlay is a WireGuard interface. The private key is the executor's own and
+// never appears in a declaration.
+type Overlay struct {
+	Base
+	Interface  string `json:"interface"`
+	Address    string `json:"address"`
+	ListenPort int    `json:"listen_port,omitempty"`
+	Peers      []Peer `json:"peers,omitempty"`
+}
+
+// Peer is one WireGuard peer of an Overlay. Keepalive is in seconds.
+type Peer struct {
+	PublicKey  string   `json:"public_key"`
+	Endpoint   string   `json:"endpoint,omitempty"`
+	AllowedIPs []string `json:"allowed_ips"`
+	Keepalive  int      `json:"keepalive,omitempty"`
+}
+
+// Opening is a port made reachable through the firewall found on the
+// machine: on the "incoming" or "forwarded" path, from an address or prefix
+// ("" means from anywhere).
+type Opening struct {
+	Base
+	Port     int    `json:"port"`
+	Protocol string `json:"protocol"`
+	From     string `json:"from,omitempty"`
+	Path     string `json:"path"`
+}
+
+// ParseMode parses an octal mode string such as "0644". It accepts three or
+// four octal digits and nothing above 07777.
+func ParseMode(s string) (uint32, bool) {
+	if len(s) < 3 || len(s) > 4 {
+		return 0, false
+	}
+	for _, c := range s {
+		if c < '0' || c > '7' {
+			return 0, false
+		}
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, false
+	}
+	return uint32(m), true
+}

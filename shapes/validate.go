@@ -1,0 +1,431 @@
+package shapes
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+var (
+	// identRe is a module or id: no dot, because "module.id" is how one
+	// resource names another.
+	identRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+	// nameRe is a user, group, container or network name.
+	nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+	// unitRe is a systemd-style unit name (also what OpenRC, runit and s6 use).
+	unitRe = regexp.MustCompile(`^[A-Za-z0-9:_.\\@-]{1,255}$`)
+	// packageRe covers dpkg, apk and pacman package names.
+	packageRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9+._@-]{0,127}$`)
+	// versionRe covers dpkg, apk and pacman version strings.
+	versionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9+.:~_-]{0,127}$`)
+	ifaceRe   = regexp.MustCompile(`^[A-Za-z0-9_-]{1,15}$`)
+	envKeyRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	digestRe  = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
+)
+
+// validator collects the context of one declaration's validation.
+type validator struct {
+	d           *Declaration
+	allowAction bool
+	r           Resource // the resource being validated
+	err         *Error   // the first error
+	files       map[string]bool
+}
+
+func (v *validator) fail(field, format string, args ...any) {
+	if v.err != nil {
+		return
+	}
+	e := &Error{Field: field, Reason: fmt.Sprintf(format, args...)}
+	if v.r != nil {
+		e.Resource, e.Type = v.r.Head().Key(), v.r.Head().Type
+	}
+	v.err = e
+}
+
+func (d *Declaration) validate(allowAction bool) error {
+	v := &validator{d: d, allowAction: allowAction, files: map[string]bool{}}
+	if len(d.Resources) == 0 && !d.OwnsNothing {
+		v.fail("resources", "empty without \"owns_nothing\": true; emptiness is never read from a declaration that may be truncated")
+	}
+	if len(d.Resources) > 0 && d.OwnsNothing {
+		v.fail("owns_nothing", "set on a declaration that holds %d resources", len(d.Resources))
+	}
+	if d.Retire && !d.OwnsNothing {
+		v.fail("retire", "only with \"owns_nothing\": true; a node retires holding nothing")
+	}
+	for _, m := range d.Taken {
+		if !identRe.MatchString(m) {
+			v.fail("taken", "%q is not a module name", m)
+		}
+	}
+	if len(d.Node) > 128 || len(d.Enrolment) > 128 {
+		v.fail("node", "node and enrolment are at most 128 bytes")
+	}
+	seen := map[string]bool{}
+	for _, r := range d.Resources {
+		b := r.Head()
+		if !identRe.MatchString(b.Module) {
+			v.r = r
+			v.fail("module", "%q is not a module name (letters, digits, _ and -, no dot)", b.Module)
+		}
+		if !identRe.MatchString(b.ID) {
+			v.r = r
+			v.fail("id", "%q is not an id (letters, digits, _ and -, no dot)", b.ID)
+		}
+		if seen[b.Key()] {
+			v.r = r
+			v.fail("id", "declared twice; a resource's module and id are its identity")
+		}
+		seen[b.Key()] = true
+		if _, ok := r.(*File); ok {
+			v.files[b.Key()] = true
+		}
+	}
+	targets := map[string]string{}
+	for _, r := range d.Resources {
+		v.r = r
+		if _, isAction := r.(*Action); isAction && !allowAction {
+			v.fail("type", "%v", ErrAction)
+		}
+		r.validate(v)
+		if t := Target(r); t != "" && v.err == nil {
+			if other, dup := targets[t]; dup {
+				v.fail("", "%s is also declared by %s; one thing on the machine has one declaration", t, other)
+			}
+			targets[t] = r.Head().Key()
+		}
+		if v.err == nil {
+			checkProtected(v, r, nil)
+		}
+		if v.err != nil {
+			return v.err
+		}
+	}
+	if v.err != nil {
+		return v.err
+	}
+	return nil
+}
+
+// Target names the thing on the machine a resource manages, such as
+// "file:/etc/motd" or "service:sshd.service". Two resources may not manage
+// the same thing. An action manages nothing nameable and returns "".
+func Target(r Resource) string {
+	switch r := r.(type) {
+	case *File:
+		return "path:" + r.Path
+	case *Directory:
+		return "path:" + r.Path
+	case *Service:
+		return "service:" + NormaliseUnit(r.Unit)
+	case *Package:
+		return "package:" + r.Name
+	case *User:
+		return "user:" + r.Name
+	case *Archive:
+		return "archive:" + r.Destination
+	case *Container:
+		return "container:" + r.Name
+	case *Network:
+		return "network:" + r.Name
+	case *Overlay:
+		return "overlay:" + r.Interface
+	case *Opening:
+		return fmt.Sprintf("opening:%s/%d/%s/%s", r.Path, r.Port, r.Protocol, r.From)
+	}
+	return ""
+}
+
+func (v *validator) path(field, p string) {
+	switch {
+	case p == "":
+		v.fail(field, "missing; an absolute path")
+	case strings.ContainsRune(p, 0):
+		v.fail(field, "contains a NUL byte")
+	case !strings.HasPrefix(p, "/"):
+		v.fail(field, "%q is not absolute", p)
+	case path.Clean(p) != p:
+		v.fail(field, "%q is not clean (it would be %q)", p, path.Clean(p))
+	case p == "/":
+		v.fail(field, "the root directory is not a resource")
+	case len(p) > 4096:
+		v.fail(field, "longer than 4096 bytes")
+	}
+}
+
+func (v *validator) mode(field, m string) {
+	if m == "" {
+		return
+	}
+	if _, ok := ParseMode(m); !ok {
+		v.fail(field, "%q is not an octal mode such as \"0644\" (3 or 4 octal digits, at most 7777)", m)
+	}
+}
+
+// owner accepts "user", "user:group", or numeric ids in either place.
+func (v *validator) owner(field, o string) {
+	if o == "" {
+		return
+	}
+	u, g, hasGroup := strings.Cut(o, ":")
+	if !nameRe.MatchString(u) || (hasGroup && !nameRe.MatchString(g)) {
+		v.fail(field, "%q is not \"user\", \"user:group\" or numeric ids", o)
+	}
+}
+
+func (v *validator) argv(field string, a []string) {
+	if len(a) == 0 {
+		v.fail(field, "missing; an argument vector such as [\"/usr/bin/true\"]")
+		return
+	}
+	if a[0] == "" {
+		v.fail(field, "the program (first element) is empty")
+	}
+	for _, s := range a {
+		if strings.ContainsRune(s, 0) {
+			v.fail(field, "an argument contains a NUL byte")
+		}
+	}
+}
+
+func (v *validator) base64(field, s string) {
+	if _, err := base64.StdEncoding.DecodeString(s); err != nil {
+		v.fail(field, "not standard base64: %v", err)
+	}
+}
+
+func (f *File) validate(v *validator) {
+	v.path("path", f.Path)
+	n := 0
+	for _, p := range []*string{f.Content, f.Bytes, f.Sealed} {
+		if p != nil {
+			n++
+		}
+	}
+	if n != 1 {
+		v.fail("content", "a file says what is in it exactly once: one of content, bytes or sealed (found %d)", n)
+	}
+	if f.Bytes != nil {
+		v.base64("bytes", *f.Bytes)
+	}
+	if f.Sealed != nil {
+		v.base64("sealed", *f.Sealed)
+	}
+	v.mode("mode", f.Mode)
+	v.owner("owner", f.Owner)
+}
+
+func (d *Directory) validate(v *validator) {
+	v.path("path", d.Path)
+	v.mode("mode", d.Mode)
+	v.owner("owner", d.Owner)
+}
+
+func (a *Action) validate(v *validator) {
+	v.argv("run", a.Run)
+	v.argv("verify", a.Verify)
+	if a.Timeout < 0 || a.Timeout > MaxActionTimeout {
+		v.fail("timeout", "%d is out of range 1..%d seconds (0 means %d)", a.Timeout, MaxActionTimeout, DefaultActionTimeout)
+	}
+}
+
+func (s *Service) validate(v *validator) {
+	if !unitRe.MatchString(s.Unit) {
+		v.fail("unit", "%q is not a unit name", s.Unit)
+	}
+	switch s.State {
+	case "", "running", "stopped":
+	default:
+		v.fail("state", "%q is not one of running, stopped (or unset: the mesh must not start it)", s.State)
+	}
+	for _, ref := range s.RestartOn {
+		key := ref
+		if !strings.Contains(ref, ".") {
+			key = s.Module + "." + ref
+		}
+		if !v.files[key] {
+			v.fail("restart_on", "%q names no file in this declaration (\"id\" is a file of module %s, \"module.id\" of another)", ref, s.Module)
+		}
+	}
+}
+
+func (p *Package) validate(v *validator) {
+	if !packageRe.MatchString(p.Name) {
+		v.fail("name", "%q is not a package name", p.Name)
+	}
+	if p.Version != "" && !versionRe.MatchString(p.Version) {
+		v.fail("version", "%q is not a package version", p.Version)
+	}
+}
+
+func (u *User) validate(v *validator) {
+	if !nameRe.MatchString(u.Name) {
+		v.fail("name", "%q is not a user name", u.Name)
+	}
+	if u.Shell != "" {
+		v.path("shell", u.Shell)
+	}
+	if u.Home != "" {
+		v.path("home", u.Home)
+	}
+	for _, g := range u.Groups {
+		if !nameRe.MatchString(g) {
+			v.fail("groups", "%q is not a group name", g)
+		}
+	}
+}
+
+func (a *Archive) validate(v *validator) {
+	if a.URL == "" || strings.ContainsAny(a.URL, " \n\x00") {
+		v.fail("url", "missing or not a URL")
+	}
+	if len(a.SHA256) != 64 || strings.ToLower(a.SHA256) != a.SHA256 {
+		v.fail("sha256", "%q is not 64 lower-case hex digits", a.SHA256)
+	} else if _, err := hex.DecodeString(a.SHA256); err != nil {
+		v.fail("sha256", "%q is not 64 lower-case hex digits", a.SHA256)
+	}
+	v.path("destination", a.Destination)
+}
+
+func (c *Container) validate(v *validator) {
+	if !nameRe.MatchString(c.Name) {
+		v.fail("name", "%q is not a container name", c.Name)
+	}
+	if !digestRe.MatchString(c.Image) {
+		v.fail("image", "%q is not pinned by digest (…@sha256:<64 hex>)", c.Image)
+	}
+	for k := range c.Env {
+		if !envKeyRe.MatchString(k) {
+			v.fail("env", "%q is not an environment variable name", k)
+		}
+	}
+	for _, p := range c.Ports {
+		if _, _, _, ok := ParsePort(p); !ok {
+			v.fail("ports", "%q is not \"[ip:]host:container[/tcp|udp]\"", p)
+		}
+	}
+	for _, m := range c.Mounts {
+		src, dst, _, ok := ParseMount(m)
+		if !ok {
+			v.fail("mounts", "%q is not \"source:target[:ro]\" with an absolute target", m)
+			continue
+		}
+		if strings.HasPrefix(src, "/") {
+			v.path("mounts", src)
+		}
+		v.path("mounts", dst)
+	}
+	if c.Network != "" && !nameRe.MatchString(c.Network) {
+		v.fail("network", "%q is not a network name", c.Network)
+	}
+}
+
+// ParsePort splits "[ip:]host:container[/proto]".
+func ParsePort(s string) (hostIP string, host, container int, ok bool) {
+	spec, proto, hasProto := strings.Cut(s, "/")
+	if hasProto && proto != "tcp" && proto != "udp" {
+		return "", 0, 0, false
+	}
+	parts := strings.Split(spec, ":")
+	if len(parts) == 3 {
+		if _, err := netip.ParseAddr(parts[0]); err != nil {
+			return "", 0, 0, false
+		}
+		hostIP, parts = parts[0], parts[1:]
+	}
+	if len(parts) != 2 {
+		return "", 0, 0, false
+	}
+	h, err1 := strconv.Atoi(parts[0])
+	c, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil || h < 1 || h > 65535 || c < 1 || c > 65535 {
+		return "", 0, 0, false
+	}
+	return hostIP, h, c, true
+}
+
+// ParseMount splits "source:target[:ro]".
+func ParseMount(s string) (source, target string, readOnly, ok bool) {
+	parts := strings.Split(s, ":")
+	switch {
+	case len(parts) == 3 && parts[2] == "ro":
+		readOnly = true
+	case len(parts) == 3 && parts[2] == "rw":
+	case len(parts) == 2:
+	default:
+		return "", "", false, false
+	}
+	source, target = parts[0], parts[1]
+	if source == "" || !strings.HasPrefix(target, "/") {
+		return "", "", false, false
+	}
+	if !strings.HasPrefix(source, "/") && !nameRe.MatchString(source) {
+		return "", "", false, false
+	}
+	return source, target, readOnly, true
+}
+
+func (n *Network) validate(v *validator) {
+	if !nameRe.MatchString(n.Name) {
+		v.fail("name", "%q is not a network name", n.Name)
+	}
+}
+
+func (o *Overlay) validate(v *validator) {
+	if !ifaceRe.MatchString(o.Interface) {
+		v.fail("interface", "%q is not an interface name (at most 15 of letters, digits, _ and -)", o.Interface)
+	}
+	if _, err := netip.ParsePrefix(o.Address); err != nil {
+		v.fail("address", "%q is not an address with prefix length, such as 10.44.0.3/16", o.Address)
+	}
+	if o.ListenPort < 0 || o.ListenPort > 65535 {
+		v.fail("listen_port", "%d is out of range 0..65535", o.ListenPort)
+	}
+	for i, p := range o.Peers {
+		field := fmt.Sprintf("peers[%d]", i)
+		if k, err := base64.StdEncoding.DecodeString(p.PublicKey); err != nil || len(k) != 32 {
+			v.fail(field+".public_key", "not a base64 WireGuard public key (32 bytes)")
+		}
+		if p.Endpoint != "" {
+			if _, err := netip.ParseAddrPort(p.Endpoint); err != nil {
+				v.fail(field+".endpoint", "%q is not address:port", p.Endpoint)
+			}
+		}
+		if len(p.AllowedIPs) == 0 {
+			v.fail(field+".allowed_ips", "missing; a peer with no allowed addresses carries nothing")
+		}
+		for _, a := range p.AllowedIPs {
+			if _, err := netip.ParsePrefix(a); err != nil {
+				v.fail(field+".allowed_ips", "%q is not a prefix", a)
+			}
+		}
+		if p.Keepalive < 0 || p.Keepalive > 65535 {
+			v.fail(field+".keepalive", "%d is out of range 0..65535 seconds", p.Keepalive)
+		}
+	}
+}
+
+func (o *Opening) validate(v *validator) {
+	if o.Port < 1 || o.Port > 65535 {
+		v.fail("port", "%d is out of range 1..65535", o.Port)
+	}
+	if o.Protocol != "tcp" && o.Protocol != "udp" {
+		v.fail("protocol", "%q is not one of tcp, udp", o.Protocol)
+	}
+	if o.From != "" {
+		if _, err := netip.ParsePrefix(o.From); err != nil {
+			if _, err := netip.ParseAddr(o.From); err != nil {
+				v.fail("from", "%q is not an address or prefix (unset means from anywhere)", o.From)
+			}
+		}
+	}
+	if o.Path != "incoming" && o.Path != "forwarded" {
+		v.fail("path", "%q is not one of incoming, forwarded", o.Path)
+	}
+}

@@ -77,8 +77,8 @@ func TestCapEffAndPrivilege(t *testing.T) {
 		contains string
 	}{
 		{"status-root", 0, 40, true, "root, full capabilities"},
-		{"status-root", 0, 41, true, "among 41 effective"}, // a newer kernel knows a capability we lack
-		{"status-root", 0, -1, true, "CAP_SYS_ADMIN and CAP_DAC_OVERRIDE"},
+		{"status-root", 0, 41, true, "41 of 42 capabilities"}, // a newer kernel knows a capability we lack
+		{"status-root", 0, -1, true, "41 capabilities including CAP_SYS_ADMIN and CAP_DAC_OVERRIDE"},
 		{"status-root", 1000, 40, false, "effective uid is 1000, not 0"},
 		{"status-user", 1000, 40, false, "CapEff lacks CAP_SYS_ADMIN; CapEff lacks CAP_DAC_OVERRIDE"},
 		{"status-container", 0, 40, false, "CapEff lacks CAP_SYS_ADMIN"},
@@ -208,6 +208,21 @@ func TestParseStatAndSupervisor(t *testing.T) {
 	}
 	if got := scanDir([]string{"runsvdir"}, "/etc/service"); got != "/etc/service" {
 		t.Fatalf("scanDir default = %q", got)
+	}
+}
+
+// The kernel's own controller family is always registered where generic
+// netlink works at all; a made-up one never is.
+func TestGenlFamily(t *testing.T) {
+	ok, err := genlFamily(t.Context(), "nlctrl")
+	if err != nil {
+		t.Skipf("generic netlink unavailable here: %v", err)
+	}
+	if !ok {
+		t.Fatal(`genetlink family "nlctrl" not found`)
+	}
+	if ok, err := genlFamily(t.Context(), "nosuchfamily"); ok || err != nil {
+		t.Fatalf("made-up family: %v, %v", ok, err)
 	}
 }
 

@@ -239,10 +239,7 @@ func askRunit(ctx context.Context, o Options) (string, string) {
 	if !ok {
 		return "", "runit: no runsvdir as pid 1 or its child"
 	}
-	dir := sup.cwd // runsvdir works from inside its scan directory
-	if dir == "" {
-		dir = scanDir(sup.args, "/etc/service")
-	}
+	dir := scanDir(sup.args, "/etc/service")
 	return askSupervised(ctx, o, "runit", "runsvdir", dir, []string{"sv", "status"}, []string{"run:", "down:", "finish:"})
 }
 
@@ -426,7 +423,7 @@ func genlFamily(ctx context.Context, name string) (bool, error) {
 		return false, fmt.Errorf("socket: %w", err)
 	}
 	defer syscall.Close(fd)
-	wait := DefaultTimeout
+	wait := defaultTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		wait = max(time.Until(dl), time.Millisecond)
 	}
@@ -561,7 +558,7 @@ func probePrivileged(ctx context.Context, o Options) Capability {
 	}
 	eff, err := parseCapEff(string(status))
 	if err != nil {
-		return absent(err.Error())
+		return absent("cannot read own capabilities: " + strings.TrimPrefix(err.Error(), "profile: "))
 	}
 	last := -1
 	if s, err := readTrim(o.at("/proc/sys/kernel/cap_last_cap")); err == nil {
@@ -586,12 +583,14 @@ func privilege(euid int, eff uint64, lastCap int) Capability {
 	if len(missing) > 0 {
 		return absent(strings.Join(missing, "; "))
 	}
-	if lastCap >= 0 && lastCap < 64 {
-		if all := uint64(1)<<(lastCap+1) - 1; eff&all == all {
-			return present("root, full capabilities")
-		}
+	if lastCap < 0 || lastCap > 63 {
+		return present(fmt.Sprintf("root, %d capabilities including CAP_SYS_ADMIN and CAP_DAC_OVERRIDE", bits.OnesCount64(eff)))
 	}
-	return present(fmt.Sprintf("root, CAP_SYS_ADMIN and CAP_DAC_OVERRIDE among %d effective capabilities", bits.OnesCount64(eff)))
+	all := uint64(1)<<(lastCap+1) - 1
+	if eff&all == all {
+		return present("root, full capabilities")
+	}
+	return present(fmt.Sprintf("root, %d of %d capabilities including CAP_SYS_ADMIN and CAP_DAC_OVERRIDE", bits.OnesCount64(eff&all), lastCap+1))
 }
 
 // parseCapEff reads the CapEff mask from /proc/PID/status.

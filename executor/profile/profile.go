@@ -63,8 +63,8 @@ type Options struct {
 	sockets []string
 }
 
-// DefaultTimeout is the per-probe bound when Options.Timeout is zero.
-const DefaultTimeout = 3 * time.Second
+// defaultTimeout is the per-probe bound when Options.Timeout is zero.
+const defaultTimeout = 3 * time.Second
 
 // grace is how long Detect waits past the timeout for a probe to come back
 // before it records it as not having finished.
@@ -92,7 +92,7 @@ func Detect(ctx context.Context, opt Options) Profile {
 		opt.Root = "/"
 	}
 	if opt.Timeout <= 0 {
-		opt.Timeout = DefaultTimeout
+		opt.Timeout = defaultTimeout
 	}
 	p := Profile{DetectedAt: time.Now().UTC(), Capabilities: make([]Capability, len(Names))}
 
@@ -102,10 +102,11 @@ func Detect(ctx context.Context, opt Options) Profile {
 	}
 	answers := make(chan answer, len(Names)) // buffered: a late probe never blocks
 	for i, name := range Names {
+		detect := probes[name]
 		go func() {
 			pctx, cancel := context.WithTimeout(ctx, opt.Timeout)
 			defer cancel()
-			c := probes[name](pctx, opt)
+			c := detect(pctx, opt)
 			c.Name = name
 			answers <- answer{i, c}
 		}()

@@ -1,0 +1,391 @@
+// Package cli is the mesh-executor command: the rescue commands a person
+// runs as root on the machine (apply, plan, owned, status, profile,
+// inventory, version). It holds the logic so cmd/mesh-executor stays a thin
+// main; nothing but that main imports it.
+//
+// `apply FILE` is the second of the executor's two sources: a local file
+// named by root. It is read only if root owns it and neither group nor
+// others may write it or any directory above it, opened without following a
+// link, and parsed with shapes.ParseTrusted, which permits an action —
+// whoever can write that file and run this command can already do anything
+// an action could.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/engine"
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/profile"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// DefaultState is the executor's state directory.
+const DefaultState = "/var/lib/mesh-host/executor"
+
+// Exit statuses of apply and plan.
+const (
+	ExitApplied = 0 // applied, or nothing to do
+	ExitFailed  = 1 // the apply ran and a step failed
+	ExitRefused = 2 // refused whole; nothing touched
+)
+
+// maxLocalFile bounds a rescue file.
+const maxLocalFile = shapes.MaxDeclarationSize
+
+const usage = `usage: mesh-executor COMMAND [--json] [--state DIR] [ARGS]
+
+Rescue and inspection, as root, with or without the daemon running:
+  apply FILE     apply a local declaration (root-owned, not group/other-writable)
+  plan FILE      print what apply would do; touch nothing
+  owned          what the host holds on this machine, and why
+  status         hosted or enrolled, targets and last outcomes
+  profile        what this machine can be asked to do
+  inventory      what this machine is
+  version        this binary's version
+
+Exit status of apply and plan: 0 applied (or nothing to do), 1 a step failed,
+2 refused (nothing touched).
+`
+
+// Main runs the command line and returns the exit status.
+func Main(version string, args []string, stdout, stderr io.Writer) int {
+	if len(args) < 1 {
+		fmt.Fprint(stderr, usage)
+		return ExitRefused
+	}
+	cmd, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("mesh-executor "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	stateDir := fs.String("state", DefaultState, "the executor's state directory")
+	wait := fs.Duration("wait", 5*time.Minute, "how long apply waits for another applier to finish")
+	verbose := fs.Bool("v", false, "log each step to standard error")
+	if err := fs.Parse(rest); err != nil {
+		return ExitRefused
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log}
+	switch cmd {
+	case "apply", "plan":
+		if fs.NArg() != 1 {
+			fmt.Fprintf(stderr, "mesh-executor %s: name one declaration file\n", cmd)
+			return ExitRefused
+		}
+		return c.apply(fs.Arg(0), cmd == "plan")
+	case "owned":
+		return c.owned()
+	case "status":
+		return c.status()
+	case "profile":
+		return c.profile()
+	case "inventory":
+		return c.inventory()
+	case "version":
+		return c.print(map[string]string{"version": version}, version+"\n")
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "mesh-executor: unknown command %q\n%s", cmd, usage)
+	return ExitRefused
+}
+
+type command struct {
+	version string
+	json    bool
+	state   string
+	wait    time.Duration
+	out     io.Writer
+	errw    io.Writer
+	log     *slog.Logger
+}
+
+func (c *command) print(v any, text string) int {
+	if c.json {
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(v); err != nil {
+			return ExitFailed
+		}
+		return 0
+	}
+	fmt.Fprint(c.out, text)
+	return 0
+}
+
+func (c *command) refuse(why string) int {
+	rep := &shapes.Report{Outcome: shapes.Refused, Source: string(store.Local), Refused: why, Lines: []shapes.Line{}}
+	c.report(rep, false)
+	return ExitRefused
+}
+
+func (c *command) apply(file string, plan bool) int {
+	if os.Geteuid() != 0 {
+		return c.refuse("executor: apply and plan run as root (the executor acts on the whole machine)")
+	}
+	data, err := ReadLocalFile(file)
+	if err != nil {
+		return c.refuse(err.Error())
+	}
+	d, err := shapes.ParseTrusted(data)
+	if err != nil {
+		return c.refuse(err.Error())
+	}
+	st, err := store.Open(c.state)
+	if err != nil {
+		return c.refuse(err.Error())
+	}
+	if !plan {
+		if err := st.Lock(c.wait); err != nil {
+			return c.refuse(err.Error())
+		}
+		defer st.Unlock()
+	}
+	rep := engine.Apply(context.Background(), st, d, data, engine.Options{
+		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state),
+	})
+	if !plan && rep.Outcome != shapes.Refused {
+		if b, err := json.Marshal(rep); err == nil {
+			st.SaveReport(store.Local, b)
+		}
+	}
+	c.report(rep, plan)
+	switch {
+	case rep.Outcome == shapes.Refused:
+		return ExitRefused
+	case rep.Outcome == shapes.Failed:
+		return ExitFailed
+	}
+	return ExitApplied
+}
+
+// nodeID is this node's id once enrolment has written it; "" while hosted.
+func nodeID(state string) string {
+	b, err := os.ReadFile(filepath.Join(state, "node"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func (c *command) report(rep *shapes.Report, plan bool) {
+	if c.json {
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+		return
+	}
+	if rep.Refused != "" {
+		fmt.Fprintf(c.out, "refused: %s\nnothing on the machine was changed.\n", rep.Refused)
+		return
+	}
+	if plan {
+		fmt.Fprintln(c.out, "plan: what the next apply would do (nothing was changed)")
+	}
+	counts := map[shapes.Outcome]int{}
+	for _, l := range rep.Lines {
+		counts[l.Outcome]++
+		name := l.Module + "." + l.ID
+		if l.Module == "" {
+			name = "-"
+		}
+		fmt.Fprintf(c.out, "%-13s %-28s %-10s %s\n", l.Outcome, name, l.Type, l.Detail)
+	}
+	var parts []string
+	for _, o := range []shapes.Outcome{shapes.Failed, shapes.HeldChanged, shapes.Held, shapes.Kept, shapes.Repaired, shapes.Applied, shapes.Removed, shapes.Restored, shapes.Forgotten, shapes.Unchanged} {
+		if counts[o] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", counts[o], o))
+		}
+	}
+	fmt.Fprintf(c.out, "outcome: %s (%s)\n", rep.Outcome, strings.Join(parts, ", "))
+}
+
+// ReadLocalFile reads a declaration named by root on the command line. It
+// must be a regular file owned by root, writable by nobody else, reached
+// without a symlink, below directories only root can change.
+func ReadLocalFile(name string) ([]byte, error) {
+	abs, err := filepath.Abs(name)
+	if err != nil {
+		return nil, fmt.Errorf("executor: local file %s: %w", name, err)
+	}
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		info, err := fsx.Lstat(dir)
+		if err != nil {
+			return nil, fmt.Errorf("executor: local file %s: %w", abs, err)
+		}
+		switch {
+		case info.Kind != fsx.Dir:
+			return nil, fmt.Errorf("executor: local file %s: %s is a %s on the way to it; the path must have no links", abs, dir, info.Kind)
+		case info.UID != 0:
+			return nil, fmt.Errorf("executor: local file %s: directory %s is owned by uid %d, not root; another user could swap the file", abs, dir, info.UID)
+		case info.Mode&0o022 != 0 && info.Mode&0o1000 == 0:
+			return nil, fmt.Errorf("executor: local file %s: directory %s has mode %04o, writable by others without the sticky bit; another user could swap the file", abs, dir, info.Mode)
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	data, info, err := fsx.ReadRegular(abs, maxLocalFile)
+	if err != nil {
+		if errors.Is(err, fsx.ErrSymlink) {
+			return nil, fmt.Errorf("executor: local file %s: a symbolic link is on the path; name the file itself", abs)
+		}
+		return nil, fmt.Errorf("executor: local file: %w", err)
+	}
+	switch {
+	case info.Kind == fsx.Absent:
+		return nil, fmt.Errorf("executor: local file %s does not exist", abs)
+	case info.UID != 0:
+		return nil, fmt.Errorf("executor: local file %s is owned by uid %d; only a file root owns is applied", abs, info.UID)
+	case info.Mode&0o022 != 0:
+		return nil, fmt.Errorf("executor: local file %s has mode %04o; group or others may write it, so it is not root's word", abs, info.Mode)
+	}
+	return data, nil
+}
+
+// ownedEntry is how `owned` shows an entry.
+type ownedEntry struct {
+	Target   string          `json:"target"`
+	Type     string          `json:"type"`
+	Claims   []store.Claim   `json:"claims"`
+	How      string          `json:"how"`
+	Original *store.Original `json:"original,omitempty"`
+}
+
+func describe(e *store.Entry) string {
+	switch {
+	case e.Pending != nil:
+		return "interrupted: an apply died between deciding and recording (" + e.Pending.Op + "); the next apply looks again"
+	case e.Held:
+		return "held as found (adopted node)"
+	case len(e.Claims) == 0:
+		return "kept: undeclared, but it holds what the host did not make"
+	case e.Created:
+		return "created by the host"
+	case e.Original != nil:
+		return "changed by the host; original kept"
+	case e.Type == shapes.TypeAction:
+		return "applied"
+	}
+	return "held by the host"
+}
+
+func (c *command) owned() int {
+	st, err := store.Open(c.state)
+	if err != nil {
+		fmt.Fprintln(c.errw, err)
+		return ExitFailed
+	}
+	var list []ownedEntry
+	var b strings.Builder
+	for _, e := range st.Entries() {
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original}
+		if oe.Claims == nil {
+			oe.Claims = []store.Claim{}
+		}
+		list = append(list, oe)
+		var cl []string
+		for _, x := range e.Claims {
+			cl = append(cl, x.Key())
+		}
+		fmt.Fprintf(&b, "%-40s %-10s %-30s %s\n", e.Target, e.Type, strings.Join(cl, ","), oe.How)
+	}
+	if list == nil {
+		list = []ownedEntry{}
+		b.WriteString("the host holds nothing on this machine\n")
+	}
+	return c.print(list, b.String())
+}
+
+type statusReport struct {
+	State   string                   `json:"state"`
+	Node    string                   `json:"node,omitempty"`
+	Version string                   `json:"version"`
+	Holds   int                      `json:"holds"`
+	Sources map[string]*sourceStatus `json:"sources"`
+}
+
+type sourceStatus struct {
+	Seq     uint64         `json:"seq"`
+	Outcome shapes.Outcome `json:"outcome,omitempty"`
+}
+
+func (c *command) status() int {
+	st, err := store.Open(c.state)
+	if err != nil {
+		fmt.Fprintln(c.errw, err)
+		return ExitFailed
+	}
+	s := statusReport{State: "hosted", Version: c.version, Holds: len(st.Entries()), Sources: map[string]*sourceStatus{}}
+	if n := nodeID(c.state); n != "" {
+		s.State, s.Node = "enrolled", n
+	}
+	for _, src := range []store.Source{store.Link, store.Bundle, store.Local} {
+		data, _ := st.Report(src)
+		if data == nil {
+			continue
+		}
+		var rep shapes.Report
+		if json.Unmarshal(data, &rep) == nil {
+			s.Sources[string(src)] = &sourceStatus{Seq: rep.Seq, Outcome: rep.Outcome}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "state: %s\n", s.State)
+	if s.Node != "" {
+		fmt.Fprintf(&b, "node: %s\n", s.Node)
+	}
+	fmt.Fprintf(&b, "version: %s\nholds: %d\n", s.Version, s.Holds)
+	var names []string
+	for n := range s.Sources {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(&b, "last %s apply: seq %d, %s\n", n, s.Sources[n].Seq, s.Sources[n].Outcome)
+	}
+	return c.print(s, b.String())
+}
+
+func (c *command) profile() int {
+	p := profile.Detect(context.Background(), profile.Options{})
+	var b strings.Builder
+	for _, cp := range p.Capabilities {
+		if cp.Present {
+			fmt.Fprintf(&b, "%-18s present  %s\n", cp.Name, cp.Detail)
+		} else {
+			fmt.Fprintf(&b, "%-18s absent   %s\n", cp.Name, cp.Reason)
+		}
+	}
+	return c.print(p, b.String())
+}
+
+func (c *command) inventory() int {
+	inv, err := profile.Collect(context.Background(), c.version)
+	if err != nil {
+		c.log.Warn("inventory incomplete", "err", err)
+	}
+	if st, err := store.Open(c.state); err == nil {
+		inv.Holds = len(st.Entries())
+	}
+	text := fmt.Sprintf("hostname: %s\nmachine-id: %s\narchitecture: %s\nkernel: %s\nos: %s\nmemory: %d MiB\ncpus: %d\nhost version: %s\nholds: %d\n",
+		inv.Hostname, inv.MachineID, inv.Arch, inv.Kernel, inv.OSRelease, inv.MemoryBytes>>20, inv.CPUs, inv.HostVersion, inv.Holds)
+	return c.print(inv, text)
+}

@@ -1,0 +1,420 @@
+// Package engine makes the machine match a declaration: validate whole
+// first, save the target, apply in stated order (observe, change, read
+// back), record after it works, remove what this source applied earlier and
+// no longer declares, and report a line per resource with the outcome
+// derived from the worst line.
+//
+// Durability without a sync per file: consecutive file and directory steps
+// are observed first, then their intents are written and made durable with
+// one sync of the state's filesystem, then the changes are made and read
+// back, then the filesystems they touched are synced once, and only then
+// are the entries recorded as applied. A crash anywhere leaves at worst an
+// intent without its outcome, which the next apply settles by looking at
+// the machine. An action runs alone, with its intent durable before it
+// starts, because what it does is not ours to see.
+//
+// Only file, directory and action are applied here so far; any other shape
+// is refused by name before anything is touched.
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// Options say where a declaration came from and how to treat it.
+type Options struct {
+	Source store.Source
+	// NodeID is this node's id once enrolled; "" on a hosted machine, where
+	// a local file has nothing to be checked against.
+	NodeID string
+	// Plan observes only: nothing on the machine or in the store changes.
+	Plan bool
+	// Partial is a host that may drive no init, package manager or runtime
+	// (Android): file, directory, action and archive only.
+	Partial bool
+	Log     *slog.Logger
+}
+
+// batchLimit bounds how many steps share one durable intent group.
+const batchLimit = 512
+
+// Applied is the set of shapes this executor can apply today.
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true}
+
+// partialShapes are what a partial host can ever apply.
+var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
+
+// Refusal is a declaration refused whole, before anything was touched.
+type Refusal struct{ Reason string }
+
+func (r *Refusal) Error() string { return "executor: refused: " + r.Reason }
+
+type run struct {
+	ctx     context.Context
+	st      *store.Store
+	opt     Options
+	d       *shapes.Declaration
+	owners  map[string]owner // by resource key
+	taken   map[string]bool
+	log     *slog.Logger
+	lines   []shapes.Line
+	devs    map[uint64]string // filesystems touched, one directory on each
+	stopped bool
+}
+
+// Apply applies d, whose exact bytes are raw, with st locked. It returns the
+// report; a refusal is a report with Refused set and no lines.
+func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []byte, opt Options) *shapes.Report {
+	if opt.Log == nil {
+		opt.Log = slog.New(slog.DiscardHandler)
+	}
+	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
+	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}}
+	for _, m := range d.Taken {
+		r.taken[m] = true
+	}
+	if err := r.check(); err != nil {
+		rep.Outcome, rep.Refused = shapes.Refused, err.Error()
+		return rep
+	}
+	if !opt.Plan {
+		if err := st.SaveTarget(opt.Source, raw); err != nil {
+			rep.Outcome, rep.Refused = shapes.Refused, "executor: cannot save the target: "+err.Error()
+			return rep
+		}
+	}
+	r.applyAll()
+	if !r.stopped {
+		r.removeUndeclared()
+	}
+	if !opt.Plan {
+		if err := st.Commit(); err != nil {
+			r.lines = append(r.lines, shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
+		}
+	}
+	rep.Lines = append(rep.Lines, r.lines...)
+	rep.Outcome = shapes.Derive(rep.Lines)
+	return rep
+}
+
+// check is everything that can refuse the declaration before anything is
+// touched: address, shapes this host can apply, sealed content, the
+// protected set through the machine's symlinks, and owners.
+func (r *run) check() error {
+	d := r.d
+	if r.opt.NodeID != "" && d.Node != r.opt.NodeID {
+		return &Refusal{fmt.Sprintf("the declaration is addressed to node %q; this is node %q", d.Node, r.opt.NodeID)}
+	}
+	for _, res := range d.Resources {
+		h := res.Head()
+		if r.opt.Partial && !partialShapes[h.Type] {
+			return &Refusal{fmt.Sprintf("resource %s: a partial host applies only file, directory, action and archive, not %q", h.Key(), h.Type)}
+		}
+		if !Applied[h.Type] {
+			return &Refusal{fmt.Sprintf("resource %s: this host cannot apply %q yet", h.Key(), h.Type)}
+		}
+		if f, ok := res.(*shapes.File); ok && f.Sealed != nil {
+			return &Refusal{fmt.Sprintf("resource %s: sealed content needs the node's sealing key, and this host has none (not enrolled)", h.Key())}
+		}
+	}
+	if err := shapes.CheckProtected(d, fsx.Resolve); err != nil {
+		return &Refusal{err.Error()}
+	}
+	o := newOwners()
+	r.owners = map[string]owner{}
+	for _, res := range d.Resources {
+		var spec string
+		switch x := res.(type) {
+		case *shapes.File:
+			spec = x.Owner
+		case *shapes.Directory:
+			spec = x.Owner
+		}
+		if spec == "" {
+			continue
+		}
+		ow, err := o.resolve(spec)
+		if err != nil {
+			return &Refusal{fmt.Sprintf("resource %s field owner: %v", res.Head().Key(), err)}
+		}
+		r.owners[res.Head().Key()] = ow
+	}
+	return nil
+}
+
+// step is one resource on its way through the engine.
+type step struct {
+	res    shapes.Resource
+	claim  store.Claim
+	target string
+	entry  *store.Entry // what the store holds for target, settled
+	line   shapes.Line
+	// Set by planning when the machine must change.
+	intent *store.Intent
+	change func() error
+	// readback observes again after change and returns the entry to record.
+	readback func() (*store.Entry, error)
+	// record is an entry to record with no change to the machine (a found
+	// thing now held, an interrupted intent settled).
+	record *store.Entry
+	// drop: once done, the store forgets the target.
+	drop bool
+}
+
+func (r *run) claimOf(res shapes.Resource) store.Claim {
+	h := res.Head()
+	return store.Claim{Source: r.opt.Source, Module: h.Module, ID: h.ID}
+}
+
+func targetOf(c store.Claim, res shapes.Resource) string {
+	if t := shapes.Target(res); t != "" {
+		return t
+	}
+	return "action:" + c.Key()
+}
+
+// applyAll walks the resources in stated order, grouping consecutive file and
+// directory steps into batches that share their syncs.
+func (r *run) applyAll() {
+	var batch []*step
+	for i, res := range r.d.Resources {
+		if r.stopped {
+			return
+		}
+		st := &step{res: res, claim: r.claimOf(res)}
+		st.target = targetOf(st.claim, res)
+		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
+		if _, isAction := res.(*shapes.Action); isAction {
+			r.flush(batch, len(r.d.Resources)-i)
+			batch = nil
+			if r.stopped {
+				return
+			}
+			r.action(st, len(r.d.Resources)-i-1)
+			continue
+		}
+		batch = append(batch, st)
+		if len(batch) == batchLimit {
+			r.flush(batch, len(r.d.Resources)-i-1)
+			batch = nil
+		}
+	}
+	r.flush(batch, 0)
+}
+
+// flush plans, then carries out, a batch of file and directory steps. after
+// is how many resources follow the batch, for the message of a failure.
+func (r *run) flush(batch []*step, after int) {
+	if len(batch) == 0 || r.stopped {
+		return
+	}
+	for _, st := range batch {
+		st.entry = settle(r.st.Get(st.target), st.claim)
+		var err error
+		switch res := st.res.(type) {
+		case *shapes.File:
+			err = r.planFile(st, res)
+		case *shapes.Directory:
+			err = r.planDirectory(st, res)
+		}
+		if err != nil {
+			st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+			st.change, st.intent, st.record = nil, nil, nil
+			break
+		}
+	}
+	r.execute(batch, after)
+}
+
+// execute carries out planned steps: intents made durable, changes made and
+// read back, the touched filesystems synced, and only then the outcomes
+// recorded. In a plan it only reports.
+func (r *run) execute(batch []*step, after int) {
+	if r.opt.Plan {
+		for i, st := range batch {
+			if st.line.Outcome == shapes.Failed {
+				r.fail(st, nil, len(batch)-i-1+after)
+				return
+			}
+			r.lines = append(r.lines, st.line)
+		}
+		return
+	}
+	// Intents first, durable before the first change.
+	for _, st := range batch {
+		if st.line.Outcome == shapes.Failed {
+			break
+		}
+		if st.intent != nil {
+			if err := r.st.Intend(st.target, *st.intent); err != nil {
+				r.fail(st, err, 0)
+				return
+			}
+		}
+	}
+	if err := r.st.Sync(); err != nil {
+		r.fail(batch[0], err, 0)
+		return
+	}
+	var done []*step
+	failedAt := -1
+	for i, st := range batch {
+		if st.line.Outcome == shapes.Failed {
+			failedAt = i
+			break
+		}
+		if st.change != nil {
+			if err := st.change(); err != nil {
+				st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+				failedAt = i
+				break
+			}
+			var e *store.Entry
+			var err error
+			if st.readback != nil {
+				e, err = st.readback()
+			}
+			if err != nil {
+				st.line.Outcome, st.line.Detail = shapes.Failed, "read back: "+err.Error()
+				st.intent = nil // it may have happened: leave the intent pending
+				failedAt = i
+				break
+			}
+			if e != nil {
+				st.record = e
+			}
+		}
+		done = append(done, st)
+	}
+	// What was done is durable before it is recorded.
+	if len(done) > 0 {
+		if err := r.syncTouched(); err != nil {
+			r.fail(done[0], err, 0)
+			return
+		}
+	}
+	for _, st := range done {
+		var err error
+		switch {
+		case st.drop:
+			err = r.st.Drop(st.target)
+			r.forgetOriginal(st.entry)
+		case st.record != nil:
+			err = r.st.Put(st.record)
+		}
+		if err != nil {
+			r.fail(st, err, 0)
+			return
+		}
+		r.lines = append(r.lines, st.line)
+	}
+	if failedAt >= 0 {
+		// Later intents never started. The failed step's own intent stays
+		// pending: its change may have half happened, and the next apply
+		// settles it by looking.
+		for _, st := range batch[failedAt+1:] {
+			if st.intent != nil {
+				r.st.Abandon(st.target)
+			}
+		}
+		rest := len(batch) - failedAt - 1 + after
+		r.fail(batch[failedAt], nil, rest)
+	}
+}
+
+// fail appends st's failed line and stops the apply.
+func (r *run) fail(st *step, err error, rest int) {
+	if err != nil {
+		st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+	}
+	if rest > 0 {
+		st.line.Detail += fmt.Sprintf("; the apply stopped here (%d later resources not attempted)", rest)
+	}
+	r.lines = append(r.lines, st.line)
+	r.stopped = true
+}
+
+func (r *run) touch(dir string) {
+	if info, err := fsx.Lstat(dir); err == nil && info.Kind == fsx.Dir {
+		if _, ok := r.devs[info.Dev]; !ok {
+			r.devs[info.Dev] = dir
+		}
+	}
+}
+
+func (r *run) syncTouched() error {
+	for dev, dir := range r.devs {
+		if err := fsx.Syncfs(dir); err != nil {
+			return fmt.Errorf("make the changes durable: %w", err)
+		}
+		delete(r.devs, dev)
+	}
+	return nil
+}
+
+// settle turns an interrupted intent into what the machine can tell: an
+// entry whose outcome is unknown, to be observed again.
+func settle(e *store.Entry, c store.Claim) *store.Entry {
+	if e == nil || e.Pending == nil {
+		return e
+	}
+	p := e.Pending
+	n := *e
+	n.Pending, n.Stub = nil, false
+	n.Digest = "" // unknown: observe again
+	if e.Stub {
+		n.Claims = []store.Claim{p.Claim}
+		n.Created = p.Created
+		n.Original = p.Original
+	} else if n.Original == nil && p.Original != nil {
+		n.Original = p.Original
+	}
+	return &n
+}
+
+// withClaim returns e's claims with c added.
+func withClaim(e *store.Entry, c store.Claim) []store.Claim {
+	if e == nil {
+		return []store.Claim{c}
+	}
+	if e.Claimed(c) {
+		return slices.Clone(e.Claims)
+	}
+	return append(slices.Clone(e.Claims), c)
+}
+
+func digest(data []byte) string {
+	s := sha256.Sum256(data)
+	return hex.EncodeToString(s[:])
+}
+
+func modeString(m uint32) string { return fmt.Sprintf("%04o", m) }
+
+// errorsIsAny reports whether err is any of targets.
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
+func joinClaims(cs []store.Claim) string {
+	var s []string
+	for _, c := range cs {
+		s = append(s, c.Key())
+	}
+	return strings.Join(s, ", ")
+}

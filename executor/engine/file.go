@@ -1,0 +1,299 @@
+package engine
+
+import (
+	"fmt"
+	"path"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// maxOriginal bounds a found file the host will keep a copy of.
+const maxOriginal = 64 << 20
+
+// Defaults for a file or directory the host creates without a declared
+// mode or owner. A thing the host finds keeps its own.
+const (
+	defaultFileMode = 0o644
+	defaultDirMode  = 0o755
+)
+
+// attrs is the owner and mode the host will leave on a thing.
+type attrs struct {
+	mode     uint32
+	uid, gid uint32
+}
+
+func (a attrs) String() string {
+	return fmt.Sprintf("%s %d:%d", modeString(a.mode), a.uid, a.gid)
+}
+
+// wantAttrs is what a declaration asks, filled from what is found (or the
+// defaults) where it asks nothing.
+func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMode uint32) attrs {
+	a := attrs{mode: defMode}
+	if exists {
+		a = attrs{mode: found.Mode, uid: found.UID, gid: found.GID}
+	}
+	if m, ok := shapes.ParseMode(modeSpec); ok {
+		a.mode = m
+	}
+	if o, ok := r.owners[key]; ok {
+		a.uid, a.gid = uint32(o.uid), uint32(o.gid)
+	}
+	return a
+}
+
+func attrsOf(i fsx.Info) attrs { return attrs{mode: i.Mode, uid: i.UID, gid: i.GID} }
+
+// planFile observes a file and decides what, if anything, to do.
+func (r *run) planFile(st *step, f *shapes.File) error {
+	data, _ := f.Data()
+	want := digest(data)
+	eq, info, err := fsx.Equal(f.Path, data)
+	if err != nil {
+		return err
+	}
+	if info.Kind != fsx.Absent && info.Kind != fsx.Regular {
+		return fmt.Errorf("%s is a %s; the host writes only regular files", f.Path, info.Kind)
+	}
+	exists := info.Kind == fsx.Regular
+	e := st.entry
+	a := r.wantAttrs(f.Key(), f.Mode, info, exists, defaultFileMode)
+	match := exists && eq && attrsOf(info) == a
+
+	if exists && r.d.Adopted && !r.taken[f.Module] && (e == nil || e.Held) {
+		return r.holdFile(st, f, e, info)
+	}
+	if match {
+		st.line.Outcome = shapes.Unchanged
+		switch {
+		case e == nil:
+			// Found exactly as declared: the host holds it from now on, and
+			// what it found is what it gives back.
+			st.line.Detail = "found as declared; held by the host from now (original kept)"
+			orig := &store.Original{Kind: "file", Digest: want, Mode: info.Mode, UID: info.UID, GID: info.GID}
+			if !r.opt.Plan {
+				if err := r.st.KeepOriginal(want, data); err != nil {
+					return err
+				}
+			}
+			st.record = &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(nil, st.claim), Original: orig,
+				Digest: want, Mode: a.mode, UID: a.uid, GID: a.gid}
+		case e.Digest != want || !e.Claimed(st.claim) || e.Held || e.Mode != a.mode || e.UID != a.uid || e.GID != a.gid:
+			n := *e
+			n.Claims, n.Held = withClaim(e, st.claim), false
+			n.Digest, n.Mode, n.UID, n.GID = want, a.mode, a.uid, a.gid
+			st.record = &n
+		}
+		return nil
+	}
+
+	n := &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(e, st.claim)}
+	in := &store.Intent{Claim: st.claim, Type: shapes.TypeFile, Op: "change"}
+	switch {
+	case e != nil:
+		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
+	case !exists:
+		n.Created = true
+		in.Op, in.Created = "create", true
+	default:
+		orig, err := r.keepFile(f.Path)
+		if err != nil {
+			return err
+		}
+		n.Original, in.Original = orig, orig
+	}
+	st.intent = in
+
+	st.line.Outcome = shapes.Applied
+	drift := e != nil && e.Digest == want && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid
+	if drift {
+		st.line.Outcome = shapes.Repaired
+	}
+	switch {
+	case !exists:
+		st.line.Detail = fmt.Sprintf("created (%d bytes, %s)", len(data), a)
+		if drift {
+			st.line.Detail = fmt.Sprintf("was deleted by something else; written again (%d bytes, %s)", len(data), a)
+		}
+	case !eq:
+		st.line.Detail = fmt.Sprintf("content replaced (%d bytes, %s)", len(data), a)
+		if e == nil {
+			st.line.Detail += "; the original is kept and goes back when this is undeclared"
+		}
+		if drift {
+			st.line.Detail = fmt.Sprintf("content was changed by something else; written again (%d bytes, %s)", len(data), a)
+		}
+	default:
+		st.line.Detail = fmt.Sprintf("owner and mode %s → %s", attrsOf(info), a)
+	}
+
+	onlyAttrs := exists && eq
+	st.change = func() error {
+		var err error
+		if onlyAttrs {
+			err = fsx.SetAttr(f.Path, fsx.Regular, a.mode, int(a.uid), int(a.gid))
+		} else {
+			err = fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid)})
+		}
+		r.touch(path.Dir(f.Path))
+		return err
+	}
+	st.readback = func() (*store.Entry, error) {
+		eq, info, err := fsx.Equal(f.Path, data)
+		if err != nil {
+			return nil, err
+		}
+		if !eq {
+			return nil, fmt.Errorf("%s does not hold what was written (it is a %s of %d bytes)", f.Path, info.Kind, info.Size)
+		}
+		if attrsOf(info) != a {
+			return nil, fmt.Errorf("%s has %s, not %s", f.Path, attrsOf(info), a)
+		}
+		n.Digest, n.Mode, n.UID, n.GID = want, a.mode, a.uid, a.gid
+		return n, nil
+	}
+	return nil
+}
+
+// keepFile keeps a found file's content and attributes before the host
+// changes it, and returns what was kept.
+func (r *run) keepFile(p string) (*store.Original, error) {
+	content, info, err := fsx.ReadRegular(p, maxOriginal)
+	if err != nil {
+		return nil, fmt.Errorf("keep the original: %w", err)
+	}
+	orig := &store.Original{Kind: "file", Digest: digest(content), Mode: info.Mode, UID: info.UID, GID: info.GID}
+	if !r.opt.Plan {
+		if err := r.st.KeepOriginal(orig.Digest, content); err != nil {
+			return nil, err
+		}
+	}
+	return orig, nil
+}
+
+// holdFile handles a file found on an adopted node whose module is not yet
+// taken: its original is kept, it is reported as held, and never changed.
+func (r *run) holdFile(st *step, f *shapes.File, e *store.Entry, info fsx.Info) error {
+	if e == nil {
+		orig, err := r.keepFile(f.Path)
+		if err != nil {
+			return err
+		}
+		st.record = &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(nil, st.claim), Held: true, Original: orig}
+		st.line.Outcome = shapes.Held
+		st.line.Detail = fmt.Sprintf("found on an adopted node; held as found until module %s is taken (original kept)", f.Module)
+		return nil
+	}
+	sum, info, err := fsx.Sum(f.Path)
+	if err != nil {
+		return err
+	}
+	if !e.Claimed(st.claim) {
+		n := *e
+		n.Claims = withClaim(e, st.claim)
+		st.record = &n
+	}
+	o := e.Original
+	if fmt.Sprintf("%x", sum) != o.Digest || info.Mode != o.Mode || info.UID != o.UID || info.GID != o.GID {
+		st.line.Outcome = shapes.HeldChanged
+		st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found; left as it is", f.Module)
+		return nil
+	}
+	st.line.Outcome = shapes.Held
+	st.line.Detail = fmt.Sprintf("held as found until module %s is taken", f.Module)
+	return nil
+}
+
+// planDirectory observes a directory and decides what, if anything, to do.
+func (r *run) planDirectory(st *step, d *shapes.Directory) error {
+	info, err := fsx.Lstat(d.Path)
+	if err != nil {
+		return err
+	}
+	if info.Kind != fsx.Absent && info.Kind != fsx.Dir {
+		return fmt.Errorf("%s is a %s, not a directory; the host will not replace it", d.Path, info.Kind)
+	}
+	exists := info.Kind == fsx.Dir
+	e := st.entry
+	a := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
+
+	if exists && r.d.Adopted && !r.taken[d.Module] && (e == nil || e.Held) {
+		st.line.Outcome = shapes.Held
+		st.line.Detail = fmt.Sprintf("found on an adopted node; held as found until module %s is taken", d.Module)
+		if e == nil {
+			st.record = &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(nil, st.claim), Held: true,
+				Original: &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID}}
+		} else if o := e.Original; attrsOf(info) != (attrs{o.Mode, o.UID, o.GID}) {
+			st.line.Outcome = shapes.HeldChanged
+			st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found; left as it is", d.Module)
+		}
+		return nil
+	}
+	if exists && attrsOf(info) == a {
+		st.line.Outcome = shapes.Unchanged
+		switch {
+		case e == nil:
+			st.line.Detail = "found as declared; held by the host from now"
+			st.record = &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(nil, st.claim),
+				Original: &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID},
+				Mode:     a.mode, UID: a.uid, GID: a.gid}
+		case !e.Claimed(st.claim) || e.Held || e.Mode != a.mode || e.UID != a.uid || e.GID != a.gid || e.Digest != "dir":
+			n := *e
+			n.Claims, n.Held = withClaim(e, st.claim), false
+			n.Mode, n.UID, n.GID, n.Digest = a.mode, a.uid, a.gid, "dir"
+			st.record = &n
+		}
+		return nil
+	}
+
+	n := &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(e, st.claim)}
+	in := &store.Intent{Claim: st.claim, Type: shapes.TypeDirectory, Op: "change"}
+	switch {
+	case e != nil:
+		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
+	case !exists:
+		n.Created = true
+		in.Op, in.Created = "create", true
+	default:
+		n.Original = &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID}
+		in.Original = n.Original
+	}
+	st.intent = in
+	st.line.Outcome = shapes.Applied
+	if e != nil && e.Digest == "dir" && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid {
+		st.line.Outcome = shapes.Repaired
+	}
+	if exists {
+		st.line.Detail = fmt.Sprintf("owner and mode %s → %s", attrsOf(info), a)
+	} else {
+		st.line.Detail = fmt.Sprintf("created (%s)", a)
+		if st.line.Outcome == shapes.Repaired {
+			st.line.Detail = fmt.Sprintf("was removed by something else; created again (%s)", a)
+		}
+	}
+	st.change = func() error {
+		var err error
+		if exists {
+			err = fsx.SetAttr(d.Path, fsx.Dir, a.mode, int(a.uid), int(a.gid))
+		} else {
+			err = fsx.Mkdir(d.Path, a.mode, int(a.uid), int(a.gid))
+		}
+		r.touch(path.Dir(d.Path))
+		return err
+	}
+	st.readback = func() (*store.Entry, error) {
+		info, err := fsx.Lstat(d.Path)
+		if err != nil {
+			return nil, err
+		}
+		if info.Kind != fsx.Dir || attrsOf(info) != a {
+			return nil, fmt.Errorf("%s is a %s with %s, not a directory with %s", d.Path, info.Kind, attrsOf(info), a)
+		}
+		n.Mode, n.UID, n.GID, n.Digest = a.mode, a.uid, a.gid, "dir"
+		return n, nil
+	}
+	return nil
+}

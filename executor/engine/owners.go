@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// owner is a resolved "user[:group]".
+type owner struct {
+	uid, gid int
+}
+
+// owners resolves names through the system's name service (getent), so a
+// user from LDAP or systemd's dynamic users resolves as the machine sees
+// it. Numeric ids pass through; a bare numeric uid N means N:N, and a bare
+// name means the user and its primary group. Results are cached for one
+// apply.
+type owners struct {
+	users  map[string][2]int // name -> uid, primary gid
+	groups map[string]int
+}
+
+func newOwners() *owners {
+	return &owners{users: map[string][2]int{}, groups: map[string]int{}}
+}
+
+func (o *owners) resolve(spec string) (owner, error) {
+	u, g, hasGroup := strings.Cut(spec, ":")
+	var out owner
+	if n, err := strconv.Atoi(u); err == nil {
+		out.uid, out.gid = n, n
+	} else {
+		ent, err := o.user(u)
+		if err != nil {
+			return out, err
+		}
+		out.uid, out.gid = ent[0], ent[1]
+	}
+	if hasGroup {
+		if n, err := strconv.Atoi(g); err == nil {
+			out.gid = n
+		} else {
+			gid, err := o.group(g)
+			if err != nil {
+				return out, err
+			}
+			out.gid = gid
+		}
+	}
+	return out, nil
+}
+
+func (o *owners) user(name string) ([2]int, error) {
+	if ent, ok := o.users[name]; ok {
+		return ent, nil
+	}
+	fields, err := getent("passwd", name)
+	if err != nil {
+		return [2]int{}, err
+	}
+	if len(fields) < 4 {
+		return [2]int{}, fmt.Errorf("user %q: getent passwd gave %q", name, strings.Join(fields, ":"))
+	}
+	uid, err1 := strconv.Atoi(fields[2])
+	gid, err2 := strconv.Atoi(fields[3])
+	if err1 != nil || err2 != nil {
+		return [2]int{}, fmt.Errorf("user %q: getent passwd gave non-numeric ids", name)
+	}
+	o.users[name] = [2]int{uid, gid}
+	return o.users[name], nil
+}
+
+func (o *owners) group(name string) (int, error) {
+	if gid, ok := o.groups[name]; ok {
+		return gid, nil
+	}
+	fields, err := getent("group", name)
+	if err != nil {
+		return 0, err
+	}
+	if len(fields) < 3 {
+		return 0, fmt.Errorf("group %q: getent group gave %q", name, strings.Join(fields, ":"))
+	}
+	gid, err := strconv.Atoi(fields[2])
+	if err != nil {
+		return 0, fmt.Errorf("group %q: getent group gave a non-numeric id", name)
+	}
+	o.groups[name] = gid
+	return gid, nil
+}
+
+// getent asks the name service for one entry. Exit status 2 is "not found".
+func getent(db, key string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "getent", db, key)
+	cmd.Env = []string{"PATH=/usr/bin:/bin:/usr/sbin:/sbin"}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
+			what := "user"
+			if db == "group" {
+				what = "group"
+			}
+			return nil, fmt.Errorf("%s %q is not known to the name service (getent %s %s)", what, key, db, key)
+		}
+		return nil, fmt.Errorf("running %q failed: %w\n%s", cmd.Args, err, errb.String())
+	}
+	line, _, _ := strings.Cut(out.String(), "\n")
+	return strings.Split(line, ":"), nil
+}

@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// removeUndeclared undoes, by DESIGN.md's table, what this source applied
+// earlier and no longer declares, newest first. What another source still
+// declares is only released by this one; what the host found is given back;
+// what it held is forgotten, never removed.
+func (r *run) removeUndeclared() {
+	declared := map[string]bool{}
+	for _, res := range r.d.Resources {
+		declared[r.claimOf(res).Key()] = true
+	}
+	entries := r.st.Entries()
+	slices.Reverse(entries)
+	var batch []*step
+	for _, e := range entries {
+		var mine, rest []store.Claim
+		claims := e.Claims
+		if e.Stub && e.Pending != nil {
+			claims = []store.Claim{e.Pending.Claim}
+		}
+		for _, c := range claims {
+			if c.Source == r.opt.Source && !declared[c.Key()] {
+				mine = append(mine, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		// An entry nobody claims any more (a directory kept because it
+		// held what the host did not make) is tried again by every apply.
+		if len(mine) == 0 && len(claims) > 0 {
+			continue
+		}
+		st := &step{target: e.Target, entry: settle(e, store.Claim{})}
+		st.line = shapes.Line{Type: e.Type}
+		if len(mine) > 0 {
+			st.line.Module, st.line.ID = mine[0].Module, mine[0].ID
+		}
+		if len(rest) > 0 {
+			n := *st.entry
+			n.Claims = rest
+			st.record = &n
+			st.line.Outcome = shapes.Forgotten
+			st.line.Detail = "released by this source; still declared by " + joinClaims(rest)
+			batch = append(batch, st)
+			continue
+		}
+		r.planRemoval(st)
+		batch = append(batch, st)
+	}
+	r.execute(batch, 0)
+}
+
+// planRemoval decides how to undo one entry nobody declares any more.
+func (r *run) planRemoval(st *step) {
+	e := st.entry
+	p := pathOf(e.Target)
+	st.drop = true
+	switch {
+	case e.Type == shapes.TypeAction:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "an action leaves nothing the host owns"
+	case e.Held:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
+	case e.Type == shapes.TypeFile && e.Created:
+		st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
+		st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
+		st.change = func() error {
+			r.touch(parentOf(p))
+			return fsx.Remove(p)
+		}
+		st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+	case e.Type == shapes.TypeFile && e.Original != nil:
+		o := e.Original
+		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("the original the host found is put back (%s)", attrs{o.Mode, o.UID, o.GID})
+		st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: o}
+		data, err := r.st.Original(o.Digest)
+		if err != nil {
+			st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+			st.intent, st.drop = nil, false
+			return
+		}
+		st.change = func() error {
+			r.touch(parentOf(p))
+			return fsx.WriteFile(p, data, fsx.WriteOptions{Mode: o.Mode, UID: int(o.UID), GID: int(o.GID)})
+		}
+		st.readback = func() (*store.Entry, error) {
+			eq, info, err := fsx.Equal(p, data)
+			if err != nil {
+				return nil, err
+			}
+			if !eq || attrsOf(info) != (attrs{o.Mode, o.UID, o.GID}) {
+				return nil, fmt.Errorf("%s does not hold its original again", p)
+			}
+			return nil, nil
+		}
+	case e.Type == shapes.TypeDirectory && e.Created:
+		// Decided when it runs, not when planned: everything the host put
+		// in it is removed before it (newest first), in the same batch.
+		st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
+		st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
+		st.change = func() error {
+			r.touch(parentOf(p))
+			err := fsx.RemoveDir(p)
+			if errors.Is(err, fsx.ErrNotEmpty) {
+				n, _ := fsx.CountEntries(p)
+				keep := *e
+				keep.Claims = nil
+				st.record, st.drop, st.readback = &keep, false, nil
+				st.line.Outcome = shapes.Kept
+				st.line.Detail = fmt.Sprintf("the host created it, but it holds %d entries the host did not create; kept, and removed once it is empty", n)
+				return nil
+			}
+			return err
+		}
+		st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+	case e.Type == shapes.TypeDirectory && e.Original != nil:
+		o := e.Original
+		a := attrs{o.Mode, o.UID, o.GID}
+		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("owner and mode given back as found (%s)", a)
+		st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: o}
+		st.change = func() error {
+			r.touch(parentOf(p))
+			return fsx.SetAttr(p, fsx.Dir, o.Mode, int(o.UID), int(o.GID))
+		}
+		st.readback = func() (*store.Entry, error) {
+			info, err := fsx.Lstat(p)
+			if err != nil {
+				return nil, err
+			}
+			if info.Kind != fsx.Dir || attrsOf(info) != a {
+				return nil, fmt.Errorf("%s is a %s with %s, not as found (%s)", p, info.Kind, attrsOf(info), a)
+			}
+			return nil, nil
+		}
+	default:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the host neither made it nor kept an original; left as it is"
+	}
+}
+
+func expectAbsent(p string) error {
+	info, err := fsx.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if info.Kind != fsx.Absent {
+		return fmt.Errorf("%s is still there (a %s)", p, info.Kind)
+	}
+	return nil
+}
+
+func firstClaim(e *store.Entry) store.Claim {
+	if len(e.Claims) > 0 {
+		return e.Claims[0]
+	}
+	return store.Claim{}
+}
+
+// pathOf returns the path of a "path:/x" target.
+func pathOf(target string) string {
+	_, p, _ := cutPrefix(target, "path:")
+	return p
+}
+
+func cutPrefix(s, prefix string) (string, string, bool) {
+	if len(s) >= len(prefix) && s[:len(prefix)] == prefix {
+		return prefix, s[len(prefix):], true
+	}
+	return "", s, false
+}
+
+func parentOf(p string) string {
+	for i := len(p) - 1; i > 0; i-- {
+		if p[i] == '/' {
+			return p[:i]
+		}
+	}
+	return "/"
+}
+
+// forgetOriginal deletes a kept original nobody refers to any more.
+func (r *run) forgetOriginal(e *store.Entry) {
+	if e != nil && e.Original != nil && e.Original.Digest != "" {
+		r.st.ForgetOriginal(e.Original.Digest)
+	}
+}

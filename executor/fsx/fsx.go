@@ -1,0 +1,579 @@
+// Package fsx is how the executor touches the filesystem as root: every
+// operation is relative to an open directory descriptor reached without
+// following a symbolic link, and ownership and mode are set on the open
+// descriptor, never by path.
+//
+// The threat is a local user who can write somewhere along a path the host
+// manages (a home directory, /tmp, a shared data directory) and plants a
+// symlink, a hardlink or a FIFO to steer a root write, a read of an
+// "original", or a removal. Every path here is walked with openat2 and
+// RESOLVE_NO_SYMLINKS (or, on kernels without openat2, an equivalent walk of
+// O_NOFOLLOW opens), so a link anywhere on the path is an error, not a
+// detour. A non-regular or hardlinked file where a regular one is expected
+// is refused: rewriting a hardlinked file would change its other name too.
+//
+// Out of scope: fsx does not decide what to write; it refuses what it cannot
+// do safely and says why.
+package fsx
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors fsx returns, each wrapped with the path it concerns.
+var (
+	// ErrSymlink: a component of the path, or the path itself, is a symbolic link.
+	ErrSymlink = errors.New("a symbolic link is on the path; the host never follows one")
+	// ErrNotRegular: a regular file was expected and something else is there.
+	ErrNotRegular = errors.New("not a regular file")
+	// ErrHardlinked: the regular file has more than one name.
+	ErrHardlinked = errors.New("a hardlinked file (more than one name); the host will not write through another name")
+	// ErrNotDir: a directory was expected and something else is there.
+	ErrNotDir = errors.New("not a directory")
+	// ErrNotEmpty: a directory still holds entries.
+	ErrNotEmpty = errors.New("directory not empty")
+)
+
+// Kind is what is found at a path.
+type Kind uint8
+
+// The kinds of thing at a path.
+const (
+	Absent Kind = iota
+	Regular
+	Dir
+	Symlink
+	Other // FIFO, socket, device
+)
+
+func (k Kind) String() string {
+	return [...]string{"absent", "regular file", "directory", "symbolic link", "special file"}[k]
+}
+
+// Info is what an lstat says about a path.
+type Info struct {
+	Kind  Kind
+	Mode  uint32 // permission bits with setuid, setgid and sticky
+	UID   uint32
+	GID   uint32
+	Nlink uint64
+	Size  int64
+	Dev   uint64
+}
+
+func infoOf(st *unix.Stat_t) Info {
+	i := Info{Mode: st.Mode & 0o7777, UID: st.Uid, GID: st.Gid, Nlink: uint64(st.Nlink), Size: st.Size, Dev: uint64(st.Dev)}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		i.Kind = Regular
+	case unix.S_IFDIR:
+		i.Kind = Dir
+	case unix.S_IFLNK:
+		i.Kind = Symlink
+	default:
+		i.Kind = Other
+	}
+	return i
+}
+
+var noOpenat2 atomic.Bool
+
+// open opens an absolute path without following any symlink on the way.
+func open(p string, flags int, mode uint32) (int, error) {
+	if !strings.HasPrefix(p, "/") {
+		return -1, fmt.Errorf("fsx: %q is not absolute", p)
+	}
+	flags |= unix.O_CLOEXEC
+	if !noOpenat2.Load() {
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+			Flags:   uint64(flags),
+			Mode:    uint64(mode),
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err == nil {
+			return fd, nil
+		}
+		if err != unix.ENOSYS {
+			return -1, mapErr(err)
+		}
+		noOpenat2.Store(true)
+	}
+	return walk(p, flags, mode)
+}
+
+// walk is the equivalent of openat2(RESOLVE_NO_SYMLINKS) for older kernels:
+// each component opened relative to the last with O_NOFOLLOW.
+func walk(p string, flags int, mode uint32) (int, error) {
+	dir, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	for i, c := range parts {
+		if c == "" || c == "." || c == ".." {
+			unix.Close(dir)
+			return -1, fmt.Errorf("fsx: %q is not a clean path", p)
+		}
+		last := i == len(parts)-1
+		f := unix.O_DIRECTORY | unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		if last {
+			f = flags | unix.O_NOFOLLOW
+		}
+		next, err := unix.Openat(dir, c, f, mode)
+		if err != nil {
+			var st unix.Stat_t
+			isLink := unix.Fstatat(dir, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
+			unix.Close(dir)
+			if isLink {
+				return -1, ErrSymlink
+			}
+			return -1, mapErr(err)
+		}
+		unix.Close(dir)
+		dir = next
+	}
+	return dir, nil
+}
+
+func mapErr(err error) error {
+	switch err {
+	case unix.ELOOP, unix.EXDEV:
+		// EXDEV is what openat2 says for a magic link; ELOOP for a symlink.
+		return ErrSymlink
+	case unix.ENOENT:
+		return os.ErrNotExist
+	}
+	return err
+}
+
+func wrap(op, p string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s %s: %w", op, p, err)
+}
+
+// Parent is an open directory and a name in it: the only way fsx names a
+// file it is about to create, replace or remove.
+type Parent struct {
+	fd   int
+	Name string
+	Path string
+}
+
+// OpenParent opens the directory holding p without following links. The
+// caller must Close it.
+func OpenParent(p string) (*Parent, error) {
+	dir, name := path.Split(p)
+	if name == "" || name == "." || name == ".." {
+		return nil, fmt.Errorf("fsx: %q has no final name", p)
+	}
+	fd, err := open(path.Clean(dir), unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("parent directory %s does not exist (declare a directory before what it holds): %w", path.Clean(dir), err)
+		}
+		return nil, wrap("open parent of", p, err)
+	}
+	return &Parent{fd: fd, Name: name, Path: p}, nil
+}
+
+// Close releases the directory descriptor.
+func (d *Parent) Close() error { return unix.Close(d.fd) }
+
+// Lstat says what is at the name, without following it.
+func (d *Parent) Lstat() (Info, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, d.Name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return Info{Kind: Absent}, nil
+		}
+		return Info{}, wrap("stat", d.Path, err)
+	}
+	return infoOf(&st), nil
+}
+
+// Lstat says what is at p without following any link on the way. A missing
+// parent reads as Absent.
+func Lstat(p string) (Info, error) {
+	if p == "/" {
+		var st unix.Stat_t
+		if err := unix.Stat("/", &st); err != nil {
+			return Info{}, wrap("stat", p, err)
+		}
+		return infoOf(&st), nil
+	}
+	d, err := OpenParent(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Info{Kind: Absent}, nil
+		}
+		return Info{}, err
+	}
+	defer d.Close()
+	return d.Lstat()
+}
+
+// openRegular opens p for reading, refusing anything but a regular file
+// with one name. O_NONBLOCK keeps a planted FIFO from hanging the open.
+func openRegular(p string) (*os.File, Info, error) {
+	fd, err := open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, Info{}, wrap("open", p, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, Info{}, wrap("stat", p, err)
+	}
+	info := infoOf(&st)
+	if info.Kind != Regular {
+		unix.Close(fd)
+		return nil, info, wrap("open", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
+	}
+	if info.Nlink > 1 {
+		unix.Close(fd)
+		return nil, info, wrap("open", p, ErrHardlinked)
+	}
+	return os.NewFile(uintptr(fd), p), info, nil
+}
+
+// ReadRegular reads a regular file of at most max bytes. It reports
+// Absent, without error, when nothing is there.
+func ReadRegular(p string, max int64) ([]byte, Info, error) {
+	f, info, err := openRegular(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, Info{Kind: Absent}, nil
+		}
+		return nil, info, err
+	}
+	defer f.Close()
+	if info.Size > max {
+		return nil, info, fmt.Errorf("read %s: %d bytes, over the limit of %d", p, info.Size, max)
+	}
+	buf := make([]byte, info.Size+1)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, info, wrap("read", p, err)
+	}
+	if int64(n) > info.Size {
+		return nil, info, fmt.Errorf("read %s: it grew while being read", p)
+	}
+	return buf[:n], info, nil
+}
+
+// Equal reports whether the regular file at p holds exactly want, without
+// reading more than len(want)+1 bytes. Absent and non-regular return false
+// with the Info saying which.
+func Equal(p string, want []byte) (bool, Info, error) {
+	f, info, err := openRegular(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, Info{Kind: Absent}, nil
+		}
+		return false, info, err
+	}
+	defer f.Close()
+	if info.Size != int64(len(want)) {
+		return false, info, nil
+	}
+	buf := make([]byte, len(want)+1)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return false, info, wrap("read", p, err)
+	}
+	return n == len(want) && string(buf[:n]) == string(want), info, nil
+}
+
+// Sum returns the sha256 of a regular file.
+func Sum(p string) ([32]byte, Info, error) {
+	var sum [32]byte
+	f, info, err := openRegular(p)
+	if err != nil {
+		return sum, info, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return sum, info, wrap("read", p, err)
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, info, nil
+}
+
+// WriteOptions say how WriteFile leaves the file.
+type WriteOptions struct {
+	Mode     uint32
+	UID, GID int
+	// Sync fsyncs the file before the rename. The engine leaves it off and
+	// syncs the filesystem once per batch instead, before it records.
+	Sync bool
+}
+
+// WriteFile replaces p with data atomically: a new file is written beside
+// it, its owner and mode set on the descriptor, and renamed over the name.
+// Whatever is at p must be a regular file with one name, or absent.
+func WriteFile(p string, data []byte, o WriteOptions) error {
+	d, err := OpenParent(p)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	info, err := d.Lstat()
+	if err != nil {
+		return err
+	}
+	switch {
+	case info.Kind == Absent || info.Kind == Regular && info.Nlink == 1:
+	case info.Kind == Regular:
+		return wrap("write", p, ErrHardlinked)
+	case info.Kind == Symlink:
+		return wrap("write", p, ErrSymlink)
+	default:
+		return wrap("write", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
+	}
+	tmp := tempName(d.Name)
+	fd, err := unix.Openat(d.fd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return wrap("create beside", p, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			unix.Unlinkat(d.fd, tmp, 0)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return wrap("write", p, err)
+	}
+	// chown before chmod: chown clears setuid and setgid.
+	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
+		return wrap("chown", p, err)
+	}
+	if err := unix.Fchmod(fd, o.Mode); err != nil {
+		return wrap("chmod", p, err)
+	}
+	if o.Sync {
+		if err := f.Sync(); err != nil {
+			return wrap("fsync", p, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		return wrap("close", p, err)
+	}
+	if err := unix.Renameat(d.fd, tmp, d.fd, d.Name); err != nil {
+		return wrap("rename into", p, err)
+	}
+	ok = true
+	return nil
+}
+
+var tempCounter atomic.Uint64
+
+func tempName(name string) string {
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return fmt.Sprintf(".%s.mesh-host-%d-%d", name, os.Getpid(), tempCounter.Add(1))
+}
+
+// SetAttr sets the owner and mode of what is at p, which must be of kind k
+// (Regular with one name, or Dir), on an open descriptor.
+func SetAttr(p string, k Kind, mode uint32, uid, gid int) error {
+	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY
+	if k == Dir {
+		flags |= unix.O_DIRECTORY
+	}
+	fd, err := open(p, flags, 0)
+	if err != nil {
+		if err == unix.ENOTDIR {
+			return wrap("open", p, ErrNotDir)
+		}
+		return wrap("open", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return wrap("stat", p, err)
+	}
+	info := infoOf(&st)
+	if info.Kind != k {
+		return wrap("set owner and mode of", p, fmt.Errorf("expected a %s, found a %s", k, info.Kind))
+	}
+	if k == Regular && info.Nlink > 1 {
+		return wrap("set owner and mode of", p, ErrHardlinked)
+	}
+	if info.UID != uint32(uid) || info.GID != uint32(gid) {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return wrap("chown", p, err)
+		}
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return wrap("chmod", p, err)
+	}
+	return nil
+}
+
+// Mkdir creates the directory p (its parent must exist) with owner and mode
+// set on its descriptor. It fails if anything is already there.
+func Mkdir(p string, mode uint32, uid, gid int) error {
+	d, err := OpenParent(p)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Mkdirat(d.fd, d.Name, 0o700); err != nil {
+		return wrap("mkdir", p, err)
+	}
+	fd, err := unix.Openat(d.fd, d.Name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return wrap("open new directory", p, mapErr(err))
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		return wrap("chown", p, err)
+	}
+	return wrap("chmod", p, unix.Fchmod(fd, mode))
+}
+
+// Remove removes the regular file at p. Anything else there (a link planted
+// in its place, a directory) is refused, not removed.
+func Remove(p string) error {
+	d, err := OpenParent(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer d.Close()
+	info, err := d.Lstat()
+	if err != nil {
+		return err
+	}
+	switch info.Kind {
+	case Absent:
+		return nil
+	case Regular:
+	default:
+		return wrap("remove", p, fmt.Errorf("%w: a %s is there now, not the file the host wrote", ErrNotRegular, info.Kind))
+	}
+	if err := unix.Unlinkat(d.fd, d.Name, 0); err != nil && err != unix.ENOENT {
+		return wrap("remove", p, err)
+	}
+	return nil
+}
+
+// RemoveDir removes the directory p if it is empty; ErrNotEmpty otherwise.
+func RemoveDir(p string) error {
+	d, err := OpenParent(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer d.Close()
+	info, err := d.Lstat()
+	if err != nil {
+		return err
+	}
+	switch info.Kind {
+	case Absent:
+		return nil
+	case Dir:
+	default:
+		return wrap("remove directory", p, fmt.Errorf("%w: a %s is there now", ErrNotDir, info.Kind))
+	}
+	if err := unix.Unlinkat(d.fd, d.Name, unix.AT_REMOVEDIR); err != nil {
+		if err == unix.ENOTEMPTY || err == unix.EEXIST {
+			return wrap("remove directory", p, ErrNotEmpty)
+		}
+		if err != unix.ENOENT {
+			return wrap("remove directory", p, err)
+		}
+	}
+	return nil
+}
+
+// CountEntries counts what a directory holds, without following links.
+func CountEntries(p string) (int, error) {
+	fd, err := open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, wrap("open", p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	return len(names), wrap("read directory", p, err)
+}
+
+// Syncfs flushes the whole filesystem holding the directory p to stable
+// storage: one call makes a batch of writes durable before they are recorded.
+func Syncfs(p string) error {
+	fd, err := open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return wrap("open", p, err)
+	}
+	defer unix.Close(fd)
+	return wrap("syncfs", p, unix.Syncfs(fd))
+}
+
+// Resolve resolves p through the machine's symlinks the way the kernel
+// would, for the protected-set check: the longest existing prefix is
+// resolved and the rest appended. It only reads.
+func Resolve(p string) (string, error) {
+	if !strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("fsx: %q is not absolute", p)
+	}
+	todo := strings.Split(strings.Trim(p, "/"), "/")
+	done := "/"
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			done = path.Dir(done)
+			continue
+		}
+		next := path.Join(done, c)
+		target, err := os.Readlink(next)
+		if err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) && pe.Err == unix.EINVAL {
+				done = next // exists, not a link
+				continue
+			}
+			if os.IsNotExist(err) || errors.Is(err, unix.ENOTDIR) {
+				return path.Join(append([]string{next}, todo...)...), nil
+			}
+			return "", fmt.Errorf("resolve %s: %w", p, err)
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("resolve %s: too many levels of symbolic links", p)
+		}
+		if strings.HasPrefix(target, "/") {
+			done = "/"
+		}
+		todo = append(strings.Split(strings.Trim(target, "/"), "/"), todo...)
+	}
+	return done, nil
+}
+
+// ErrNotExist is returned, wrapped, for a path with nothing at it.
+var ErrNotExist = os.ErrNotExist

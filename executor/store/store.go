@@ -1,0 +1,603 @@
+// Package store is the executor's record of what the host holds on this
+// machine: the truth it reconciles against, authoritative while
+// disconnected.
+//
+// It is a journal compacted into a snapshot. Before the engine changes the
+// machine it appends an intent (so a crash cannot turn the host's own
+// creation into a "found" thing), and after the change is read back it
+// appends the entry as applied. Records are written with write(2) at once,
+// so they survive the process being killed at any instant, and made durable
+// with fsync in groups (Commit), so a batch of steps costs one fsync rather
+// than one each. Each record carries a checksum; a torn last record (a crash
+// mid-write) is dropped on load, never guessed at.
+//
+// The store never claims more than happened: an entry exists only after its
+// read-back, and an interrupted intent is kept as Pending, which says "the
+// host may have done this", until the next apply observes the machine.
+//
+// Layout of the directory (root, 0700):
+//
+//	lock            flock: one applier at a time
+//	journal         checksummed JSON lines since the snapshot
+//	snapshot.json   the compacted state, written atomically
+//	originals/      kept originals, by content digest
+//	target-SOURCE.json  the declaration being applied for each source
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Source is where a declaration came from. What each source applied is
+// recorded with it, and applying a declaration removes only what its own
+// source applied earlier.
+type Source string
+
+// The three sources.
+const (
+	Link   Source = "link"
+	Bundle Source = "bundle"
+	Local  Source = "local"
+)
+
+// Claim is one declared resource that holds an entry.
+type Claim struct {
+	Source Source `json:"source"`
+	Module string `json:"module"`
+	ID     string `json:"id"`
+}
+
+// Key is "source:module.id".
+func (c Claim) Key() string { return string(c.Source) + ":" + c.Module + "." + c.ID }
+
+// Original is what the host found before it first changed a thing, kept so
+// that undeclaring gives it back (ADR 0118).
+type Original struct {
+	Kind   string `json:"kind"`             // "file", "directory"
+	Digest string `json:"digest,omitempty"` // sha256 of a file's content, kept in originals/
+	Mode   uint32 `json:"mode"`
+	UID    uint32 `json:"uid"`
+	GID    uint32 `json:"gid"`
+}
+
+// Entry is one thing on the machine the host holds.
+type Entry struct {
+	Target  string  `json:"target"` // shapes.Target: "path:/etc/motd"
+	Type    string  `json:"type"`   // the shape
+	Claims  []Claim `json:"claims"`
+	Order   uint64  `json:"order"`             // when first applied; removal runs in reverse
+	Created bool    `json:"created,omitempty"` // the host made it: undeclaring removes it
+	Held    bool    `json:"held,omitempty"`    // found on an adopted node and held as found
+	// Original is what was found, for a thing the host changed but did not make.
+	Original *Original `json:"original,omitempty"`
+	// What the host last applied and read back.
+	Digest string `json:"digest,omitempty"`
+	Mode   uint32 `json:"mode,omitempty"`
+	UID    uint32 `json:"uid,omitempty"`
+	GID    uint32 `json:"gid,omitempty"`
+	// Pending is an intent whose outcome was never recorded: the process
+	// died between deciding and recording. It says what may have happened.
+	Pending *Intent `json:"pending,omitempty"`
+	// Stub marks an entry that exists only because of Pending.
+	Stub bool `json:"stub,omitempty"`
+}
+
+// Claimed reports whether c holds e.
+func (e *Entry) Claimed(c Claim) bool {
+	for _, x := range e.Claims {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// Intent is what the engine is about to do to a target.
+type Intent struct {
+	Op string `json:"op"` // "create", "change", "remove", "restore", "run"
+	// Created: the target was absent when the intent was written, so if it
+	// exists afterwards the host made it.
+	Created  bool      `json:"created,omitempty"`
+	Original *Original `json:"original,omitempty"`
+	Claim    Claim     `json:"claim"`
+	Type     string    `json:"type"`
+}
+
+type record struct {
+	N      uint64  `json:"n"`
+	Op     string  `json:"op"` // intent, put, drop, abandon
+	Target string  `json:"target"`
+	Entry  *Entry  `json:"entry,omitempty"`
+	Intent *Intent `json:"intent,omitempty"`
+}
+
+type snapshot struct {
+	Version int      `json:"version"`
+	LastN   uint64   `json:"last_n"`
+	Order   uint64   `json:"order"`
+	Entries []*Entry `json:"entries"`
+}
+
+// Store is the open state directory. It is not safe for concurrent use; the
+// lock makes sure one process applies at a time.
+type Store struct {
+	dir     string
+	entries map[string]*Entry
+	n       uint64 // last record number
+	order   uint64
+	journal *os.File
+	jsize   int64
+	nrec    int
+	buf     bytes.Buffer
+	dirty   bool // records written since the last Commit
+	// unsynced: state files written since the last Sync.
+	unsynced bool
+	lock     *os.File
+}
+
+// CompactAfter is how many journal records trigger a snapshot.
+var CompactAfter = 20000
+
+// Open opens (creating if missing) the state directory dir for reading.
+// Writing requires Lock.
+func Open(dir string) (*Store, error) {
+	if err := ensureDir(dir); err != nil {
+		return nil, err
+	}
+	s := &Store{dir: dir, entries: map[string]*Entry{}}
+	if err := s.load(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ensureDir creates dir 0700 if missing and refuses one that another user
+// could write or that is reached through a link.
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("store: create parent of %s: %w", dir, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("store: create %s: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("store: %s is not a directory (a %s)", dir, fi.Mode().Type())
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("store: %s is owned by uid %d, not by the executor (uid %d)", dir, st.Uid, os.Geteuid())
+	case fi.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("store: %s has mode %04o; the executor's state is private (0700)", dir, fi.Mode().Perm())
+	}
+	return os.MkdirAll(filepath.Join(dir, "originals"), 0o700)
+}
+
+// Dir is the state directory.
+func (s *Store) Dir() string { return s.dir }
+
+// ErrBusy is returned by Lock when another applier holds the lock.
+var ErrBusy = errors.New("store: another apply is running (the executor daemon or a rescue command)")
+
+// Lock takes the one-applier lock, waiting up to wait for it. It opens the
+// journal for appending.
+func (s *Store) Lock(wait time.Duration) error {
+	f, err := os.OpenFile(filepath.Join(s.dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
+			f.Close()
+			if err == unix.EWOULDBLOCK {
+				return ErrBusy
+			}
+			return fmt.Errorf("store: lock: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.lock = f
+	// Another process may have written since we loaded: load again, locked.
+	s.entries, s.n, s.order = map[string]*Entry{}, 0, 0
+	if err := s.load(); err != nil {
+		s.Unlock()
+		return err
+	}
+	j, err := os.OpenFile(filepath.Join(s.dir, "journal"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		s.Unlock()
+		return fmt.Errorf("store: open journal: %w", err)
+	}
+	s.journal = j
+	return nil
+}
+
+// Unlock closes the journal and releases the lock.
+func (s *Store) Unlock() {
+	if s.journal != nil {
+		s.journal.Close()
+		s.journal = nil
+	}
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
+}
+
+func (s *Store) load() error {
+	data, err := os.ReadFile(filepath.Join(s.dir, "snapshot.json"))
+	switch {
+	case err == nil:
+		var snap snapshot
+		if err := json.Unmarshal(data, &snap); err != nil {
+			return fmt.Errorf("store: snapshot.json is damaged: %w", err)
+		}
+		if snap.Version != 1 {
+			return fmt.Errorf("store: snapshot.json has unknown version %d", snap.Version)
+		}
+		s.n, s.order = snap.LastN, snap.Order
+		for _, e := range snap.Entries {
+			s.entries[e.Target] = e
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("store: %w", err)
+	}
+	jpath := filepath.Join(s.dir, "journal")
+	data, err = os.ReadFile(jpath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	good := 0
+	for off := 0; off < len(data); {
+		nl := bytes.IndexByte(data[off:], '\n')
+		if nl < 0 {
+			break // torn: the last write did not finish
+		}
+		line := data[off : off+nl]
+		rec, ok := decodeRecord(line)
+		if !ok {
+			break
+		}
+		if rec.N > s.n {
+			s.replay(rec)
+			s.n = rec.N
+		}
+		off += nl + 1
+		good = off
+		s.nrec++
+	}
+	s.jsize = int64(good)
+	if good < len(data) && s.lock != nil {
+		// Cut the torn tail so new records follow a whole one.
+		if err := os.Truncate(jpath, int64(good)); err != nil {
+			return fmt.Errorf("store: cut torn journal tail: %w", err)
+		}
+	}
+	return nil
+}
+
+// encodeRecord frames a record as "crc32hex json\n".
+func encodeRecord(buf *bytes.Buffer, r *record) error {
+	js, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	var crc [8]byte
+	hex.Encode(crc[:], binaryBE(crc32.ChecksumIEEE(js)))
+	buf.Write(crc[:])
+	buf.WriteByte(' ')
+	buf.Write(js)
+	buf.WriteByte('\n')
+	return nil
+}
+
+func binaryBE(v uint32) []byte { return []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)} }
+
+func decodeRecord(line []byte) (*record, bool) {
+	if len(line) < 10 || line[8] != ' ' {
+		return nil, false
+	}
+	want, err := strconv.ParseUint(string(line[:8]), 16, 32)
+	if err != nil || crc32.ChecksumIEEE(line[9:]) != uint32(want) {
+		return nil, false
+	}
+	var r record
+	if json.Unmarshal(line[9:], &r) != nil {
+		return nil, false
+	}
+	return &r, true
+}
+
+func (s *Store) replay(r *record) {
+	switch r.Op {
+	case "intent":
+		e := s.entries[r.Target]
+		if e == nil {
+			e = &Entry{Target: r.Target, Type: r.Intent.Type, Stub: true, Claims: []Claim{r.Intent.Claim}}
+			s.entries[r.Target] = e
+		}
+		e.Pending = r.Intent
+	case "put":
+		if r.Entry.Order > s.order {
+			s.order = r.Entry.Order
+		}
+		s.entries[r.Target] = r.Entry
+	case "drop":
+		delete(s.entries, r.Target)
+	case "abandon":
+		if e := s.entries[r.Target]; e != nil {
+			if e.Stub {
+				delete(s.entries, r.Target)
+			} else {
+				e.Pending = nil
+			}
+		}
+	}
+}
+
+func (s *Store) append(r *record) error {
+	if s.journal == nil {
+		return errors.New("store: not locked for writing")
+	}
+	s.n++
+	r.N = s.n
+	s.buf.Reset()
+	if err := encodeRecord(&s.buf, r); err != nil {
+		return fmt.Errorf("store: encode: %w", err)
+	}
+	// One write(2) per record: it reaches the page cache at once and
+	// survives the process being killed; Commit makes it durable.
+	n, err := s.journal.Write(s.buf.Bytes())
+	s.jsize += int64(n)
+	if err != nil {
+		return fmt.Errorf("store: append to journal: %w", err)
+	}
+	s.nrec++
+	s.dirty = true
+	s.replay(r)
+	return nil
+}
+
+// Intend records what is about to be done to target, before it is done.
+func (s *Store) Intend(target string, in Intent) error {
+	return s.append(&record{Op: "intent", Target: target, Intent: &in})
+}
+
+// Abandon records that an intent was not carried out: nothing changed.
+func (s *Store) Abandon(target string) error {
+	if e := s.entries[target]; e == nil || e.Pending == nil {
+		return nil
+	}
+	return s.append(&record{Op: "abandon", Target: target})
+}
+
+// Put records e as applied and read back. A new entry gets the next order.
+func (s *Store) Put(e *Entry) error {
+	e.Pending, e.Stub = nil, false
+	if e.Order == 0 {
+		s.order++
+		e.Order = s.order
+	}
+	return s.append(&record{Op: "put", Target: e.Target, Entry: e})
+}
+
+// Drop records that target no longer holds anything of the host's.
+func (s *Store) Drop(target string) error {
+	return s.append(&record{Op: "drop", Target: target})
+}
+
+// Commit makes every record so far durable (one fsync), and compacts the
+// journal into the snapshot when it has grown.
+func (s *Store) Commit() error {
+	if !s.dirty {
+		return nil
+	}
+	if err := s.journal.Sync(); err != nil {
+		return fmt.Errorf("store: fsync journal: %w", err)
+	}
+	s.dirty = false
+	if s.nrec >= CompactAfter {
+		return s.Compact()
+	}
+	return nil
+}
+
+// Compact writes the snapshot atomically and empties the journal. A crash
+// between the two is harmless: records at or below the snapshot's last
+// number are skipped when the journal is read again.
+func (s *Store) Compact() error {
+	snap := snapshot{Version: 1, LastN: s.n, Order: s.order, Entries: s.Entries()}
+	data, err := json.Marshal(&snap)
+	if err != nil {
+		return fmt.Errorf("store: encode snapshot: %w", err)
+	}
+	if err := WriteFileAtomic(filepath.Join(s.dir, "snapshot.json"), data); err != nil {
+		return err
+	}
+	if err := s.journal.Truncate(0); err != nil {
+		return fmt.Errorf("store: empty journal: %w", err)
+	}
+	s.jsize, s.nrec = 0, 0
+	return s.journal.Sync()
+}
+
+// Entries returns every entry in the order it was first applied.
+func (s *Store) Entries() []*Entry {
+	out := make([]*Entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Order != out[j].Order {
+			return out[i].Order < out[j].Order
+		}
+		return out[i].Target < out[j].Target
+	})
+	return out
+}
+
+// Get returns the entry for target, or nil.
+func (s *Store) Get(target string) *Entry { return s.entries[target] }
+
+// KeepOriginal stores a found file's content under its digest before the
+// host changes it. Sync makes it durable with the intent that refers to it.
+func (s *Store) KeepOriginal(digest string, data []byte) error {
+	p := filepath.Join(s.dir, "originals", digest)
+	if _, err := os.Lstat(p); err == nil {
+		return nil
+	}
+	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: keep original: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("store: keep original: %w", err)
+	}
+	f.Close()
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("store: keep original: %w", err)
+	}
+	s.unsynced = true
+	return nil
+}
+
+// Original reads a kept original back.
+func (s *Store) Original(digest string) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, "originals", digest))
+	if err != nil {
+		return nil, fmt.Errorf("store: kept original %s: %w", digest, err)
+	}
+	return data, nil
+}
+
+// ForgetOriginal removes a kept original nobody refers to any more.
+func (s *Store) ForgetOriginal(digest string) {
+	for _, e := range s.entries {
+		if e.Original != nil && e.Original.Digest == digest {
+			return
+		}
+		if e.Pending != nil && e.Pending.Original != nil && e.Pending.Original.Digest == digest {
+			return
+		}
+	}
+	os.Remove(filepath.Join(s.dir, "originals", digest))
+}
+
+// Target returns the saved target declaration of a source, or nil.
+func (s *Store) Target(src Source) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, "target-"+string(src)+".json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return data, err
+}
+
+// SaveTarget saves the declaration a source is about to apply, so a reboot
+// mid-apply resumes it rather than the one before. Saving the same bytes
+// again writes nothing. The file is renamed into place but not fsync'd
+// here: Sync, which the engine calls before its first change, makes it
+// durable together with the intents.
+func (s *Store) SaveTarget(src Source, data []byte) error {
+	if old, err := s.Target(src); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	p := filepath.Join(s.dir, "target-"+string(src)+".json")
+	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
+		return fmt.Errorf("store: save target: %w", err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("store: save target: %w", err)
+	}
+	s.unsynced = true
+	return nil
+}
+
+// Sync makes everything written to the state directory so far durable with
+// one syncfs: the target, kept originals and the journal's intents. The
+// engine calls it before it changes the machine.
+func (s *Store) Sync() error {
+	if !s.dirty && !s.unsynced {
+		return nil
+	}
+	if err := unix.Syncfs(int(s.journal.Fd())); err != nil {
+		return fmt.Errorf("store: syncfs: %w", err)
+	}
+	s.dirty, s.unsynced = false, false
+	return nil
+}
+
+// WriteFileAtomic writes a private state file: temp, fsync, rename, fsync
+// of the directory.
+func WriteFileAtomic(p string, data []byte) error {
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	w.Write(data)
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("store: write %s: %w", p, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("store: fsync %s: %w", p, err)
+	}
+	f.Close()
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	d, err := os.Open(filepath.Dir(p))
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// SaveReport keeps the last report of a source, for status and for the
+// heartbeat. It is a convenience, not a record: it is not synced, and the
+// journal, not this, is what the host holds.
+func (s *Store) SaveReport(src Source, data []byte) error {
+	p := filepath.Join(s.dir, "report-"+string(src)+".json")
+	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
+		return fmt.Errorf("store: save report: %w", err)
+	}
+	return os.Rename(p+".tmp", p)
+}
+
+// Report returns the last report of a source, or nil.
+func (s *Store) Report(src Source) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, "report-"+string(src)+".json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return data, err
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# tests/bench/run.sh — what `make bench` runs.
+#
+# Measures `mesh-executor apply` (the rescue command) against the physical
+# floor and CFEngine's cf-agent, as the issue's "Speed, in make bench" section
+# asks. It:
+#   1. refuses to run anywhere but root and a real disk (fsync on tmpfs is free,
+#      and the figures would lie);
+#   2. installs Debian's cfengine3 when cf-agent is missing, and then makes sure
+#      none of its daemons is left enabled or running: the bench runs cf-agent
+#      standalone on its own policy and work directory, nothing else;
+#   3. builds mesh-executor, the floor, the spawner and the driver (static, as
+#      shipped) into $WORK/bin;
+#   4. runs the driver, which prints the table and writes $WORK/results.json.
+#
+# Extra arguments go to the driver, e.g. `bash tests/bench/run.sh -runs 11`.
+# Exit status: 0 when every tool produced the declared state, even if a speed
+# target was missed (that is printed as MISS); 1 when a tool produced a wrong
+# tree; 2 when the bench itself could not run.
+set -euo pipefail
+
+WORK=${MESH_BENCH_DIR:-/var/tmp/mesh-bench}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+umask 022
+
+say() { printf 'bench: %s\n' "$*" >&2; }
+die() { say "$*"; exit 2; }
+
+[ "$(id -u)" = 0 ] || die "must run as root: mesh-executor applies only root-owned declarations, and cf-agent runs as root"
+
+# --- a real disk -------------------------------------------------------------
+mkdir -p "$WORK"
+chown root:root "$WORK"
+chmod 0755 "$WORK"
+fstype=$(stat -f -c %T "$WORK")
+case "$fstype" in
+	tmpfs | ramfs) die "$WORK is on $fstype; the bench needs a real disk" ;;
+	overlayfs) say "warning: $WORK is on overlayfs; the figures are only real if its upper layer is a disk" ;;
+esac
+
+# --- cf-agent ------------------------------------------------------------------
+install_cfengine() {
+	apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=900 cfengine3
+}
+
+# quiet_cfengine undoes what the package's install did to the host: Debian's
+# cfengine3 enables cfengine3.service and a cf-*.service for each daemon (and
+# would start them on a host booted with systemd). Only the units the package
+# itself ships are touched, by name.
+quiet_cfengine() {
+	local units
+	units=$(dpkg-query -L cfengine3 2>/dev/null | sed -n 's|^/lib/systemd/system/\(cf[^/]*\.service\)$|\1|p; s|^/usr/lib/systemd/system/\(cf[^/]*\.service\)$|\1|p' | sort -u)
+	if [ -n "$units" ] && command -v systemctl >/dev/null; then
+		if [ -d /run/systemd/system ]; then
+			# shellcheck disable=SC2086 # one word per unit
+			systemctl stop $units >/dev/null 2>&1 || true
+		fi
+		# shellcheck disable=SC2086
+		systemctl disable $units >/dev/null 2>&1 || true
+	fi
+	# Without systemd the package falls back to its init script, which reads
+	# /etc/default/cfengine3 (RUN_*=0 by default: nothing starts).
+	if [ ! -d /run/systemd/system ] && [ -x /etc/init.d/cfengine3 ]; then
+		/etc/init.d/cfengine3 stop >/dev/null 2>&1 || true
+	fi
+	local d
+	for d in cf-serverd cf-execd cf-monitord; do
+		if pgrep -x "$d" >/dev/null 2>&1; then
+			say "warning: $d is running (pid $(pgrep -x "$d" | tr '\n' ' ')); the package's units are disabled but it was left alone"
+		fi
+	done
+}
+
+if ! command -v cf-agent >/dev/null; then
+	say "installing cfengine3 (for cf-agent)"
+	if ! install_cfengine; then
+		say "install failed; refreshing the package lists and retrying"
+		apt-get update -o DPkg::Lock::Timeout=900
+		install_cfengine
+	fi
+	quiet_cfengine
+fi
+CF_AGENT=$(command -v cf-agent) || die "cf-agent is still missing after installing cfengine3"
+
+# --- binaries --------------------------------------------------------------------
+mkdir -p "$WORK/bin"
+cd "$ROOT"
+say "building into $WORK/bin"
+export CGO_ENABLED=0
+go build -o "$WORK/bin/mesh-executor" ./cmd/mesh-executor
+go build -o "$WORK/bin/mesh-bench-floor" ./tests/bench/floor
+go build -o "$WORK/bin/mesh-bench-spawn" ./tests/bench/spawn
+go build -o "$WORK/bin/mesh-bench" ./tests/bench
+
+exec "$WORK/bin/mesh-bench" \
+	-dir "$WORK" \
+	-executor "$WORK/bin/mesh-executor" \
+	-floor "$WORK/bin/mesh-bench-floor" \
+	-spawn "$WORK/bin/mesh-bench-spawn" \
+	-cf-agent "$CF_AGENT" \
+	"$@"

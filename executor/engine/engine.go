@@ -355,7 +355,14 @@ func (r *run) touch(dir string) {
 
 func (r *run) syncTouched() error {
 	for dev, dir := range r.devs {
-		if err := fsx.Syncfs(dir); err != nil {
+		// The directory may itself have been removed since: its parent is
+		// on the same filesystem, or is the mount point above it.
+		err := fsx.Syncfs(dir)
+		for errors.Is(err, fsx.ErrNotExist) && dir != "/" {
+			dir = parentOf(dir)
+			err = fsx.Syncfs(dir)
+		}
+		if err != nil {
 			return fmt.Errorf("make the changes durable: %w", err)
 		}
 		delete(r.devs, dev)

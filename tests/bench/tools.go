@@ -31,9 +31,10 @@ type tool struct {
 
 	// argv is the command for scenario s, or nil when the tool sits s out.
 	argv func(s scenario) []string
-	// forget wipes what the tool remembers between runs, for the scenarios
-	// that start from an empty state. Nil when it remembers nothing.
-	forget func() error
+	// state is where the tool remembers what it applied, wiped for the
+	// scenarios that start from an empty state. Empty when it remembers
+	// nothing between runs that matters (cf-agent's locks are off, -K).
+	state string
 	// checkOutput judges the tool's standard output for scenario s. Nil when
 	// the tree alone is the evidence.
 	checkOutput func(s scenario, stdout []byte) error
@@ -60,7 +61,7 @@ func newExecutor(run, bin string, files []benchtree.File) (*tool, error) {
 	if err != nil {
 		return nil, err
 	}
-	state := filepath.Join(t.home, "state")
+	t.state = filepath.Join(t.home, "state")
 	full := filepath.Join(t.home, "full.json")
 	one := filepath.Join(t.home, "one.json")
 	if err := writeDeclaration(full, fullDeclaration(t.tree, files)); err != nil {
@@ -74,9 +75,8 @@ func newExecutor(run, bin string, files []benchtree.File) (*tool, error) {
 		if s == oneFile {
 			decl = one
 		}
-		return []string{bin, "apply", "--state", state, "--json", decl}
+		return []string{bin, "apply", "--state", t.state, "--json", decl}
 	}
-	t.forget = func() error { return os.RemoveAll(state) }
 	t.checkOutput = checkExecutorReport
 	return t, nil
 }
@@ -132,47 +132,63 @@ func newFloor(run, bin string, n int, batched bool) (*tool, error) {
 	return t, nil
 }
 
-// newCFAgent sets up cf-agent to run standalone on our policy and nothing
-// else: a work directory of its own (-w; the system's /var/lib/cfengine3 is
-// not touched), its own key pair made once with cf-key (so it runs as an
-// installed agent would, not from the no-keys failsafe), and bin/ pointing at
-// the directory holding cf-promises, which cf-agent runs to validate a policy.
-// -K (--no-lock) lets it run again at once; without it every run after the
-// first within a minute would be skipped as "too soon".
+// newCFAgent sets up cf-agent the way an installed agent runs, with nothing
+// of the host's own CFEngine involved:
+//
+//   - a work directory of its own per policy (-w), so /var/lib/cfengine3 is
+//     never touched, holding the policy as inputs/promises.cf. That is where
+//     an installed agent finds it, and the only place where cf-agent trusts
+//     its cache of the last validation: given a policy with -f, it runs
+//     cf-promises to re-validate it on every run, which an agent run by
+//     cf-execd does only after the policy changed. Two policies (the full tree
+//     and the one file) therefore mean two work directories;
+//   - its own key pair, made once with cf-key, so it runs as an installed agent
+//     does and not from the no-keys failsafe;
+//   - bin/ pointing at the directory holding cf-promises, which cf-agent runs
+//     from there to validate the policy the first time;
+//   - -K (--no-lock), so it runs again at once; without it, a promise kept less
+//     than a minute ago is skipped as "too soon" and the run does no work.
 func newCFAgent(run, bin string, files []benchtree.File) (*tool, string, error) {
 	t, err := newTool(run, "cfengine", cfAgentName)
 	if err != nil {
 		return nil, "", err
 	}
-	work := filepath.Join(t.home, "work")
-	if err := os.Mkdir(work, 0o700); err != nil {
+	full := filepath.Join(t.home, "work-full")
+	one := filepath.Join(t.home, "work-one")
+	if err := newCFWorkDir(full, bin, fullPolicy(t.tree, files)); err != nil {
 		return nil, "", err
 	}
-	if err := os.Symlink(filepath.Dir(bin), filepath.Join(work, "bin")); err != nil {
+	if err := newCFWorkDir(one, bin, onePolicy(t.tree)); err != nil {
 		return nil, "", err
+	}
+	t.argv = func(s scenario) []string {
+		work := full
+		if s == oneFile {
+			work = one
+		}
+		return []string{bin, "--no-lock", "--workdir", work}
+	}
+	version, _ := exec.Command(bin, "--version").Output()
+	return t, strings.TrimSpace(string(version)), nil
+}
+
+// newCFWorkDir makes one cf-agent work directory holding policy.
+func newCFWorkDir(work, bin string, policy []byte) error {
+	if err := os.MkdirAll(filepath.Join(work, "inputs"), 0o700); err != nil {
+		return err
+	}
+	if err := os.Symlink(filepath.Dir(bin), filepath.Join(work, "bin")); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "inputs", "promises.cf"), policy, 0o600); err != nil {
+		return err
 	}
 	key := exec.Command(filepath.Join(filepath.Dir(bin), "cf-key"))
 	key.Env = append(os.Environ(), "CFENGINE_TEST_OVERRIDE_WORKDIR="+work)
 	if out, err := key.CombinedOutput(); err != nil {
-		return nil, "", fmt.Errorf("running %q failed: %v\n%s", key.Args, err, out)
+		return fmt.Errorf("running %q failed: %v\n%s", key.Args, err, out)
 	}
-	full := filepath.Join(t.home, "full.cf")
-	one := filepath.Join(t.home, "one.cf")
-	if err := os.WriteFile(full, fullPolicy(t.tree, files), 0o600); err != nil {
-		return nil, "", err
-	}
-	if err := os.WriteFile(one, onePolicy(t.tree), 0o600); err != nil {
-		return nil, "", err
-	}
-	t.argv = func(s scenario) []string {
-		policy := full
-		if s == oneFile {
-			policy = one
-		}
-		return []string{bin, "--no-lock", "--workdir", work, "--file", policy}
-	}
-	version, _ := exec.Command(bin, "--version").Output()
-	return t, strings.TrimSpace(string(version)), nil
+	return nil
 }
 
 // wipeTree leaves an empty tree directory, 0755 and root's, as every scenario

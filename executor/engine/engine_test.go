@@ -1,0 +1,473 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// harness is a state directory and a scratch tree, both real, on this
+// machine's filesystem. Tests run as root, as the executor does.
+type harness struct {
+	t     *testing.T
+	state string
+	root  string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the engine's tests run as root, like the executor (make test runs them so)")
+	}
+	base := t.TempDir()
+	h := &harness{t: t, state: filepath.Join(base, "state"), root: filepath.Join(base, "tree")}
+	if err := os.Mkdir(h.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// p returns an absolute path in the scratch tree.
+func (h *harness) p(rel string) string { return filepath.Join(h.root, rel) }
+
+// doc builds a declaration from resources written with {root} for the tree.
+func (h *harness) doc(resources ...string) string {
+	if len(resources) == 0 {
+		return `{"version":1,"resources":[],"owns_nothing":true}`
+	}
+	return strings.ReplaceAll(`{"version":1,"resources":[`+strings.Join(resources, ",")+`]}`, "{root}", h.root)
+}
+
+func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatalf("parse: %v\n%s", err, doc)
+	}
+	st, err := store.Open(h.state)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if !plan {
+		if err := st.Lock(time.Second); err != nil {
+			h.t.Fatal(err)
+		}
+		defer st.Unlock()
+	}
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan})
+}
+
+func (h *harness) apply(doc string) *shapes.Report { return h.run(store.Local, doc, false) }
+
+// outcomes renders a report as "module.id=outcome" lines, sorted by the
+// report's own order.
+func outcomes(rep *shapes.Report) string {
+	var s []string
+	for _, l := range rep.Lines {
+		s = append(s, fmt.Sprintf("%s.%s=%s", l.Module, l.ID, l.Outcome))
+	}
+	return strings.Join(s, " ")
+}
+
+func (h *harness) expect(rep *shapes.Report, outcome shapes.Outcome, lines string) {
+	h.t.Helper()
+	if rep.Outcome != outcome || outcomes(rep) != lines {
+		h.t.Fatalf("report %s [%s]\nwant     %s [%s]\n%+v", rep.Outcome, outcomes(rep), outcome, lines, rep)
+	}
+}
+
+func (h *harness) read(rel string) string {
+	h.t.Helper()
+	b, err := os.ReadFile(h.p(rel))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (h *harness) mode(rel string) os.FileMode {
+	h.t.Helper()
+	fi, err := os.Lstat(h.p(rel))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+func (h *harness) absent(rel string) {
+	h.t.Helper()
+	if _, err := os.Lstat(h.p(rel)); !os.IsNotExist(err) {
+		h.t.Fatalf("%s exists (%v)", rel, err)
+	}
+}
+
+// tree lists everything under the scratch tree with mode and content, to
+// prove a refusal touched nothing.
+func (h *harness) tree() string {
+	var out []string
+	filepath.Walk(h.root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s %v", strings.TrimPrefix(p, h.root), fi.Mode())
+		if fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			line += " " + string(b)
+		}
+		out = append(out, line)
+		return nil
+	})
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
+
+const (
+	dirEtc  = `{"module":"base","id":"etc","type":"directory","path":"{root}/etc","mode":"0750"}`
+	fileMot = `{"module":"base","id":"motd","type":"file","path":"{root}/etc/motd","content":"hello\n","mode":"0640","owner":"root:root"}`
+)
+
+func TestConvergeIdempotentDriftRemove(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(dirEtc, fileMot)
+	h.expect(h.apply(doc), shapes.Applied, "base.etc=applied base.motd=applied")
+	if h.read("etc/motd") != "hello\n" || h.mode("etc/motd") != 0o640 || h.mode("etc") != 0o750 {
+		t.Fatal("machine does not match the declaration")
+	}
+	// The second apply changes nothing and says so.
+	h.expect(h.apply(doc), shapes.Unchanged, "base.etc=unchanged base.motd=unchanged")
+	// Drift: content and mode changed by something else, then deleted.
+	os.WriteFile(h.p("etc/motd"), []byte("vandal\n"), 0o666)
+	os.Chmod(h.p("etc"), 0o777)
+	rep := h.run(store.Local, doc, true)
+	h.expect(rep, shapes.Repaired, "base.etc=repaired base.motd=repaired")
+	if h.read("etc/motd") != "vandal\n" {
+		t.Fatal("plan wrote to the machine")
+	}
+	h.expect(h.apply(doc), shapes.Repaired, "base.etc=repaired base.motd=repaired")
+	if h.read("etc/motd") != "hello\n" || h.mode("etc") != 0o750 {
+		t.Fatal("drift not repaired")
+	}
+	os.Remove(h.p("etc/motd"))
+	rep = h.apply(doc)
+	h.expect(rep, shapes.Repaired, "base.etc=unchanged base.motd=repaired")
+	if !strings.Contains(rep.Lines[1].Detail, "deleted by something else") {
+		t.Errorf("detail %q", rep.Lines[1].Detail)
+	}
+	// A changed declaration is applied, not repaired.
+	h.expect(h.apply(strings.Replace(doc, `hello\n`, `bye\n`, 1)), shapes.Applied, "base.etc=unchanged base.motd=applied")
+	// Undeclared: created things are removed, newest first.
+	h.expect(h.apply(h.doc()), shapes.Removed, "base.motd=removed base.etc=removed")
+	h.absent("etc")
+}
+
+func TestReplacedFileGetsItsOriginalBack(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("the machine's own\n"), 0o600)
+	os.Chown(h.p("etc/motd"), 12, 34)
+	rep := h.apply(h.doc(fileMot))
+	h.expect(rep, shapes.Applied, "base.motd=applied")
+	if !strings.Contains(rep.Lines[0].Detail, "original is kept") {
+		t.Errorf("detail %q", rep.Lines[0].Detail)
+	}
+	if strings.Contains(fmt.Sprint(rep), "the machine's own") {
+		t.Fatal("a report carries the kept original")
+	}
+	h.expect(h.apply(h.doc()), shapes.Restored, "base.motd=restored")
+	if h.read("etc/motd") != "the machine's own\n" || h.mode("etc/motd") != 0o600 {
+		t.Fatal("original not restored")
+	}
+	if owner := ownerOf(t, h.p("etc/motd")); owner != "12:34" {
+		t.Fatalf("owner %s, want 12:34", owner)
+	}
+	// Its directory was found, not created: it stays.
+	if _, err := os.Stat(h.p("etc")); err != nil {
+		t.Fatal(err)
+	}
+	// The kept original is forgotten once given back.
+	ents, _ := os.ReadDir(filepath.Join(h.state, "originals"))
+	if len(ents) != 0 {
+		t.Fatalf("originals left: %v", ents)
+	}
+}
+
+func TestFoundDirectoryGivenBackItsMode(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o700)
+	h.expect(h.apply(h.doc(dirEtc)), shapes.Applied, "base.etc=applied")
+	if h.mode("etc") != 0o750 {
+		t.Fatal("mode not applied")
+	}
+	h.expect(h.apply(h.doc()), shapes.Restored, "base.etc=restored")
+	if h.mode("etc") != 0o700 {
+		t.Fatalf("mode %o not given back", h.mode("etc"))
+	}
+}
+
+func TestFoundAsDeclaredIsHeldAndLeft(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o750)
+	os.WriteFile(h.p("etc/motd"), []byte("hello\n"), 0o640)
+	rep := h.apply(h.doc(dirEtc, fileMot))
+	h.expect(rep, shapes.Unchanged, "base.etc=unchanged base.motd=unchanged")
+	// The host did not create them: undeclaring leaves them as found.
+	h.expect(h.apply(h.doc()), shapes.Restored, "base.motd=restored base.etc=restored")
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("found file changed")
+	}
+}
+
+func TestDirectoryWithForeignContentIsKept(t *testing.T) {
+	h := newHarness(t)
+	h.apply(h.doc(dirEtc, fileMot))
+	os.WriteFile(h.p("etc/operator-notes"), []byte("mine"), 0o644)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Kept, "base.motd=removed base.etc=kept")
+	if !strings.Contains(rep.Lines[1].Detail, "holds 1 entries the host did not create") {
+		t.Errorf("detail %q", rep.Lines[1].Detail)
+	}
+	if h.read("etc/operator-notes") != "mine" {
+		t.Fatal("foreign file touched")
+	}
+	// Once it is empty, the next apply removes it.
+	os.Remove(h.p("etc/operator-notes"))
+	h.expect(h.apply(h.doc()), shapes.Removed, ".=removed")
+	h.absent("etc")
+}
+
+// A declaration is complete for its own source only: a rescue file fixes
+// what it names without undoing what the bundle (or the link) applied.
+func TestCompletePerSource(t *testing.T) {
+	h := newHarness(t)
+	bundle := h.doc(dirEtc, fileMot)
+	h.expect(h.run(store.Bundle, bundle, false), shapes.Applied, "base.etc=applied base.motd=applied")
+	rescue := h.doc(`{"module":"fix","id":"note","type":"file","path":"{root}/etc/note","content":"x"}`)
+	h.expect(h.apply(rescue), shapes.Applied, "fix.note=applied")
+	// The rescue source now declares nothing: only its own note goes.
+	h.expect(h.apply(h.doc()), shapes.Removed, "fix.note=removed")
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("another source's file was removed")
+	}
+	// The same file declared by two sources: released by one, kept by the other.
+	h.expect(h.apply(h.doc(fileMot)), shapes.Unchanged, "base.motd=unchanged")
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Forgotten, "base.motd=forgotten")
+	if !strings.Contains(rep.Lines[0].Detail, "still declared by bundle:base.motd") {
+		t.Errorf("detail %q", rep.Lines[0].Detail)
+	}
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("file still declared by the bundle was removed")
+	}
+}
+
+func TestActions(t *testing.T) {
+	h := newHarness(t)
+	flag := h.p("flag")
+	act := func(id, run, verify string, timeout int) string {
+		return fmt.Sprintf(`{"module":"a","id":%q,"type":"action","run":["/bin/sh","-c",%q],"verify":["/bin/sh","-c",%q],"timeout":%d}`, id, run, verify, timeout)
+	}
+	ok := act("ok", "echo made > "+flag, "test -f "+flag, 5)
+	rep := h.apply(h.doc(ok))
+	h.expect(rep, shapes.Applied, "a.ok=applied")
+	h.expect(h.apply(h.doc(ok)), shapes.Unchanged, "a.ok=unchanged")
+	os.Remove(flag)
+	h.expect(h.apply(h.doc(ok)), shapes.Repaired, "a.ok=repaired")
+
+	// Exits 0 into a state its own verify rejects: the apply fails and says so.
+	liar := act("liar", "true", "test -f "+h.p("never"), 5)
+	rep = h.apply(h.doc(ok, liar, fileMot))
+	h.expect(rep, shapes.Failed, "a.ok=unchanged a.liar=failed")
+	if d := rep.Lines[1].Detail; !strings.Contains(d, "the action ran without error and its own verify still fails") || !strings.Contains(d, "1 later resources not attempted") {
+		t.Errorf("detail %q", d)
+	}
+	h.absent("etc") // stopped: nothing after the failed step
+
+	// A failing run says its exit status and output.
+	bad := act("bad", "echo broken >&2; exit 3", "false", 5)
+	rep = h.apply(h.doc(bad))
+	if d := rep.Lines[0].Detail; rep.Outcome != shapes.Failed || !strings.Contains(d, "exited 3: broken") {
+		t.Fatalf("report %+v", rep)
+	}
+
+	// Timeout kills the whole process group, grandchildren included.
+	pidfile := h.p("child.pid")
+	slow := act("slow", "sh -c 'echo $$ > "+pidfile+"; exec sleep 60' & wait", "false", 1)
+	start := time.Now()
+	rep = h.apply(h.doc(slow))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "process group was killed") {
+		t.Fatalf("report %+v", rep)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Fatal("the timeout did not stop the action")
+	}
+	b, _ := os.ReadFile(pidfile)
+	var pid int
+	fmt.Sscan(string(b), &pid)
+	time.Sleep(100 * time.Millisecond)
+	if pid > 0 && processAlive(pid) {
+		t.Fatalf("grandchild %d survived its group's kill", pid)
+	}
+
+	// The environment is PATH alone, standard input is empty.
+	envf := h.p("env")
+	envAct := act("env", "tr '\\0' '\\n' < /proc/$$/environ > "+envf+"; cat >> "+envf, "test -s "+envf, 5)
+	h.apply(h.doc(envAct))
+	if got := h.read("env"); got != actionPath+"\n" {
+		t.Fatalf("action environment %q", got)
+	}
+	// Undeclared, an action is forgotten.
+	rep = h.apply(h.doc())
+	for _, l := range rep.Lines {
+		if l.Outcome != shapes.Forgotten {
+			t.Fatalf("undeclared action: %+v", l)
+		}
+	}
+}
+
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie is dead for our purpose.
+	f := strings.Fields(string(b))
+	return len(f) > 2 && f[2] != "Z"
+}
+
+func TestAdoptionHolds(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("operator's motd\n"), 0o644)
+	adopted := func(taken string) string {
+		d := h.doc(fileMot)
+		return strings.Replace(d, `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	h.expect(h.apply(adopted("")), shapes.Held, "base.motd=held")
+	if h.read("etc/motd") != "operator's motd\n" {
+		t.Fatal("held file changed")
+	}
+	h.expect(h.apply(adopted("")), shapes.Held, "base.motd=held")
+	os.WriteFile(h.p("etc/motd"), []byte("edited by hand\n"), 0o644)
+	h.expect(h.apply(adopted("")), shapes.HeldChanged, "base.motd=held-changed")
+	if h.read("etc/motd") != "edited by hand\n" {
+		t.Fatal("held file reverted")
+	}
+	// Taken: it converges like any other; the kept original is what was found.
+	h.expect(h.apply(adopted(`"base"`)), shapes.Applied, "base.motd=applied")
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("taken module not converged")
+	}
+	h.expect(h.apply(h.doc()), shapes.Restored, "base.motd=restored")
+	if h.read("etc/motd") != "operator's motd\n" {
+		t.Fatalf("original as found not given back: %q", h.read("etc/motd"))
+	}
+
+	// Held and then undeclared: forgotten, never removed.
+	h.expect(h.apply(adopted("")), shapes.Held, "base.motd=held")
+	h.expect(h.apply(h.doc()), shapes.Forgotten, "base.motd=forgotten")
+	if h.read("etc/motd") != "operator's motd\n" {
+		t.Fatal("held file removed or changed")
+	}
+}
+
+// Refusals touch nothing: not the machine, not the store.
+func TestRefusalsTouchNothing(t *testing.T) {
+	h := newHarness(t)
+	h.apply(h.doc(dirEtc, fileMot))
+	os.MkdirAll("/var/lib/mesh-host", 0o755)
+	link := h.p("innocent")
+	os.Symlink("/var/lib/mesh-host", link)
+	cases := []struct{ name, doc, want string }{
+		{"not yet applied shape", h.doc(fileMot, `{"module":"w","id":"c","type":"container","name":"c","image":"x@sha256:`+strings.Repeat("a", 64)+`"}`), `resource w.c: this host cannot apply "container" yet`},
+		{"service", h.doc(`{"module":"w","id":"s","type":"service","unit":"nginx","state":"running"}`), `cannot apply "service" yet`},
+		{"sealed", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","sealed":"AAAA"}`), "sealed content needs the node's sealing key"},
+		{"unknown owner", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"no-such-user-here"}`), `resource s.k field owner: user "no-such-user-here" is not known to the name service`},
+		{"unknown group", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"root:no-such-group"}`), `group "no-such-group" is not known`},
+		{"protected through a symlink", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/innocent/executor/pinned.key","content":"x"}`), "is inside the host's /var/lib/mesh-host"},
+	}
+	before := h.tree()
+	entries := len(mustStore(t, h.state).Entries())
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := h.apply(c.doc)
+			if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, c.want) || len(rep.Lines) != 0 {
+				t.Fatalf("report %+v\nwant refusal containing %q", rep, c.want)
+			}
+			if h.tree() != before {
+				t.Fatalf("a refusal changed the machine:\n%s\n---\n%s", before, h.tree())
+			}
+			if n := len(mustStore(t, h.state).Entries()); n != entries {
+				t.Fatalf("a refusal changed the store: %d entries, had %d", n, entries)
+			}
+		})
+	}
+}
+
+func TestNodeAddress(t *testing.T) {
+	h := newHarness(t)
+	d, _ := shapes.ParseTrusted([]byte(h.doc(fileMot)))
+	st, _ := store.Open(h.state)
+	st.Lock(time.Second)
+	defer st.Unlock()
+	rep := Apply(context.Background(), st, d, nil, Options{Source: store.Local, NodeID: "workstation"})
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `addressed to node ""; this is node "workstation"`) {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+func TestPartialHostRefusesByName(t *testing.T) {
+	h := newHarness(t)
+	d, _ := shapes.ParseTrusted([]byte(h.doc(`{"module":"p","id":"n","type":"package","name":"nginx"}`)))
+	st, _ := store.Open(h.state)
+	rep := Apply(context.Background(), st, d, nil, Options{Source: store.Local, Plan: true, Partial: true})
+	if !strings.Contains(rep.Refused, `a partial host applies only file, directory, action and archive, not "package"`) {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+func TestFailureStopsAndSaysWhere(t *testing.T) {
+	h := newHarness(t)
+	// The file's directory is not declared and does not exist.
+	doc := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"1"}`,
+		`{"module":"m","id":"b","type":"file","path":"{root}/missing/b","content":"2"}`,
+		`{"module":"m","id":"c","type":"file","path":"{root}/c","content":"3"}`)
+	rep := h.apply(doc)
+	h.expect(rep, shapes.Failed, "m.a=applied m.b=failed")
+	if d := rep.Lines[1].Detail; !strings.Contains(d, "parent directory "+h.p("missing")+" does not exist") || !strings.Contains(d, "(1 later resources not attempted)") {
+		t.Fatalf("detail %q", d)
+	}
+	h.absent("c")
+	// What worked is recorded; a failed apply does not remove anything.
+	st := mustStore(t, h.state)
+	if st.Get("path:"+h.p("a")) == nil || st.Get("path:"+h.p("b")) != nil {
+		t.Fatal("store does not match what happened")
+	}
+}
+
+func mustStore(t *testing.T, dir string) *store.Store {
+	t.Helper()
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func ownerOf(t *testing.T, p string) string {
+	t.Helper()
+	fi, err := os.Lstat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return fmt.Sprintf("%d:%d", st.Uid, st.Gid)
+}

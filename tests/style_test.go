@@ -1,0 +1,59 @@
+package tests
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Every package has exactly one package doc comment, so the doc that says
+// what a package is for, and what it refuses to do, is never missing or
+// split.
+func TestOnePackageDoc(t *testing.T) {
+	docs := map[string][]string{}
+	err := filepath.Walk("..", func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() && (strings.HasPrefix(fi.Name(), ".") && p != ".." || fi.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), p, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Dir(p)
+		if _, ok := docs[dir]; !ok {
+			docs[dir] = nil
+		}
+		if f.Doc != nil {
+			docs[dir] = append(docs[dir], filepath.Base(p))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, files := range docs {
+		if len(files) != 1 {
+			t.Errorf("%s: %d files carry a package doc (%v); want exactly one", dir, len(files), files)
+		}
+	}
+}
+
+func TestGofmt(t *testing.T) {
+	out, err := exec.Command("gofmt", "-l", "..").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gofmt: %v\n%s", err, out)
+	}
+	if len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("not gofmt'd:\n%s", out)
+	}
+}

@@ -272,14 +272,27 @@ func (s *Store) load() error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	good := s.replayJournal(data)
+	s.jsize = int64(good)
+	if good < len(data) && s.lock != nil {
+		// Cut the torn tail so new records follow a whole one.
+		if err := os.Truncate(jpath, int64(good)); err != nil {
+			return fmt.Errorf("store: cut torn journal tail: %w", err)
+		}
+	}
+	return nil
+}
+
+// replayJournal applies the whole records at the start of data and returns
+// how many bytes they take. It stops at the first torn or damaged record.
+func (s *Store) replayJournal(data []byte) int {
 	good := 0
 	for off := 0; off < len(data); {
 		nl := bytes.IndexByte(data[off:], '\n')
 		if nl < 0 {
 			break // torn: the last write did not finish
 		}
-		line := data[off : off+nl]
-		rec, ok := decodeRecord(line)
+		rec, ok := decodeRecord(data[off : off+nl])
 		if !ok {
 			break
 		}
@@ -291,14 +304,7 @@ func (s *Store) load() error {
 		good = off
 		s.nrec++
 	}
-	s.jsize = int64(good)
-	if good < len(data) && s.lock != nil {
-		// Cut the torn tail so new records follow a whole one.
-		if err := os.Truncate(jpath, int64(good)); err != nil {
-			return fmt.Errorf("store: cut torn journal tail: %w", err)
-		}
-	}
-	return nil
+	return good
 }
 
 // encodeRecord frames a record as "crc32hex json\n".
@@ -334,6 +340,11 @@ func decodeRecord(line []byte) (*record, bool) {
 }
 
 func (s *Store) replay(r *record) {
+	// A record that checksums but makes no sense is ignored rather than
+	// trusted; only the executor writes here, so it means a bug, not input.
+	if (r.Op == "intent" && r.Intent == nil) || (r.Op == "put" && (r.Entry == nil || r.Entry.Target != r.Target)) {
+		return
+	}
 	switch r.Op {
 	case "intent":
 		e := s.entries[r.Target]

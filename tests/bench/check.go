@@ -33,6 +33,8 @@ func verifyTree(tree string, dirs []string, files []benchtree.File) error {
 		want[d] = true
 		st, err := lstat(filepath.Join(tree, d))
 		switch {
+		case os.IsNotExist(err):
+			problems = append(problems, d+": missing")
 		case err != nil:
 			problems = append(problems, err.Error())
 		case st.Mode&syscall.S_IFMT != syscall.S_IFDIR:

@@ -58,6 +58,10 @@ type hostInfo struct {
 	FSType  string `json:"fs_type"`
 	Mount   string `json:"mount"`
 	WorkDir string `json:"work_dir"`
+	// The load averages before and after the bench: other work on the
+	// machine shows up in every figure, most in the ones that fsync.
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
 }
 
 func (b *bench) rows() []row {
@@ -74,7 +78,7 @@ func (b *bench) rows() []row {
 			ser := res[name]
 			r := row{Scenario: string(s), Tool: name, Runs: len(ser.samples)}
 			if ser.failed != nil {
-				r.Failed = firstLine(ser.failed.Error())
+				r.Failed = brief(ser.failed.Error())
 			}
 			if len(ser.samples) > 0 {
 				var ms, rss []float64
@@ -132,7 +136,7 @@ func (b *bench) printHeader(w io.Writer) {
 	h := b.host
 	fmt.Fprintf(w, "mesh-executor apply bench: %d files of %d bytes in %d directories, %d timed runs each (median), 1 warm-up\n",
 		b.cfg.files, len(b.files[0].Content), len(allDirs()), b.cfg.runs)
-	fmt.Fprintf(w, "host:    %s, %d CPUs, kernel %s\n", h.CPU, h.CPUs, h.Kernel)
+	fmt.Fprintf(w, "host:    %s, %d CPUs, kernel %s, load average %s\n", h.CPU, h.CPUs, h.Kernel, h.LoadStart)
 	fmt.Fprintf(w, "disk:    %s on %s (%s)\n", h.WorkDir, h.FSType, h.Mount)
 	fmt.Fprintf(w, "cache:   page cache kept WARM (not dropped); sync(2) before every timed run\n")
 	fmt.Fprintf(w, "RSS:     peak RSS of the whole process (ru_maxrss); spawn's own floor is %.1f MiB (/bin/true)\n", float64(b.rssFloor)/1024)
@@ -148,9 +152,10 @@ func (b *bench) printHeader(w io.Writer) {
 }
 
 func (b *bench) printTable(w io.Writer) {
+	b.host.LoadEnd = loadAvg()
 	rows := b.rows()
 	targets := b.targets(rows)
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\nload average at the end: %s (medians of interleaved rounds; min-max shows the spread)\n\n", b.host.LoadEnd)
 	fmt.Fprintf(w, "%-13s %-21s %9s %15s %8s %9s %7s  %s\n",
 		"scenario", "tool", "median ms", "min-max ms", "RSS MiB", "/cf-agent", "/floor", "target / verdict")
 	last := ""
@@ -273,7 +278,21 @@ func readHostInfo(dir string) hostInfo {
 	}
 	h.FSType, _ = fsType(dir)
 	h.Mount = mountOf(dir)
+	h.LoadStart = loadAvg()
 	return h
+}
+
+// loadAvg is the first three fields of /proc/loadavg.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // fsType names the filesystem holding dir from its statfs magic number.
@@ -371,7 +390,12 @@ func ratioText(r *float64) string {
 	return fmt.Sprintf("%.2f", *r)
 }
 
-func firstLine(s string) string {
-	first, _, _ := strings.Cut(s, "\n")
-	return first
+// brief shortens a failure to its first line and, when that line only
+// introduces a list, the list's first item.
+func brief(s string) string {
+	lines := strings.SplitN(s, "\n", 3)
+	if len(lines) > 1 && strings.HasSuffix(lines[0], ":") {
+		return lines[0] + " " + strings.TrimSpace(lines[1])
+	}
+	return lines[0]
 }

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+const decl = `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"%s","content":"x\n"}]}`
+
+// base is a root-owned 0755 directory the tests own.
+func base(t *testing.T) string {
+	t.Helper()
+	d := t.TempDir()
+	os.Chmod(d, 0o755)
+	return d
+}
+
+func write(t *testing.T, p, content string, mode os.FileMode) string {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p, mode)
+	return p
+}
+
+// A local file is root's word only if nobody else could have written it.
+func TestLocalFileRefusals(t *testing.T) {
+	d := base(t)
+	good := write(t, filepath.Join(d, "good.json"), "{}", 0o600)
+	if _, err := ReadLocalFile(good); err != nil {
+		t.Fatalf("a root-owned 0600 file refused: %v", err)
+	}
+	cases := []struct {
+		name string
+		make func() string
+		want string
+	}{
+		{"group writable", func() string { return write(t, filepath.Join(d, "gw.json"), "{}", 0o620) }, "has mode 0620; group or others may write it"},
+		{"other writable", func() string { return write(t, filepath.Join(d, "ow.json"), "{}", 0o602) }, "has mode 0602"},
+		{"owned by another user", func() string {
+			p := write(t, filepath.Join(d, "nobody.json"), "{}", 0o600)
+			os.Chown(p, 65534, 65534)
+			return p
+		}, "is owned by uid 65534; only a file root owns is applied"},
+		{"symlink to a good file", func() string {
+			p := filepath.Join(d, "link.json")
+			os.Symlink(good, p)
+			return p
+		}, "a symbolic link is on the path"},
+		{"symlinked directory on the path", func() string {
+			p := filepath.Join(d, "linkdir")
+			os.Symlink(d, p)
+			return filepath.Join(p, "good.json")
+		}, "is a symbolic link on the way to it"},
+		{"directory others may write", func() string {
+			w := filepath.Join(d, "open")
+			os.Mkdir(w, 0o777)
+			os.Chmod(w, 0o777)
+			return write(t, filepath.Join(w, "f.json"), "{}", 0o600)
+		}, "writable by others without the sticky bit"},
+		{"directory owned by another user", func() string {
+			w := filepath.Join(d, "theirs")
+			os.Mkdir(w, 0o755)
+			os.Chown(w, 65534, 65534)
+			return write(t, filepath.Join(w, "f.json"), "{}", 0o600)
+		}, "is owned by uid 65534, not root"},
+		{"fifo", func() string {
+			p := filepath.Join(d, "fifo.json")
+			syscall.Mkfifo(p, 0o600)
+			return p
+		}, "not a regular file"},
+		{"hardlinked", func() string {
+			p := filepath.Join(d, "hard.json")
+			os.Link(good, p)
+			return p
+		}, "hardlinked"},
+		{"missing", func() string { return filepath.Join(d, "nothing.json") }, "does not exist"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ReadLocalFile(c.make())
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "executor: local file") {
+				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+func run(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := Main("test", args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestApplyExitStatusAndJSON(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	target := filepath.Join(d, "motd")
+	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", target, 1), 0o644)
+
+	code, out, _ := run("apply", "--json", "--state", state, f)
+	var rep shapes.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != ExitApplied {
+		t.Fatalf("exit %d, %v\n%s", code, err, out)
+	}
+	if rep.Outcome != shapes.Applied || len(rep.Lines) != 1 || rep.Lines[0].Module != "m" || rep.Lines[0].ID != "f" || rep.Lines[0].Type != "file" {
+		t.Fatalf("report %+v", rep)
+	}
+	// The JSON field names are exact: the tests and tools depend on them.
+	for _, k := range []string{`"outcome"`, `"lines"`, `"module"`, `"id"`, `"type"`, `"detail"`} {
+		if !strings.Contains(out, k) {
+			t.Errorf("JSON lacks %s", k)
+		}
+	}
+
+	// Refused: exit 2, "refused" carries the reason, nothing touched.
+	bad := write(t, filepath.Join(d, "bad.json"), `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"`+target+`","content":"y","colour":1}]}`, 0o644)
+	code, out, _ = run("apply", "--json", "--state", state, bad)
+	rep = shapes.Report{}
+	json.Unmarshal([]byte(out), &rep)
+	if code != ExitRefused || rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "field colour: unknown field") {
+		t.Fatalf("exit %d %+v", code, rep)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "x\n" {
+		t.Fatal("a refused declaration changed the machine")
+	}
+
+	// Failed: exit 1.
+	fail := write(t, filepath.Join(d, "fail.json"), strings.Replace(decl, "%s", filepath.Join(d, "no/such/dir/f"), 1), 0o644)
+	if code, out, _ = run("apply", "--state", state, fail); code != ExitFailed || !strings.Contains(out, "outcome: failed") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+
+	// plan touches nothing.
+	os.WriteFile(target, []byte("drift"), 0o644)
+	code, out, _ = run("plan", "--state", state, f)
+	if b, _ := os.ReadFile(target); code != 0 || string(b) != "drift" || !strings.Contains(out, "repaired") {
+		t.Fatalf("plan: exit %d, file %q\n%s", code, b, out)
+	}
+
+	// owned and status speak JSON too.
+	code, out, _ = run("owned", "--json", "--state", state)
+	if code != 0 || !strings.Contains(out, `"target": "path:`+target+`"`) {
+		t.Fatalf("owned: %d\n%s", code, out)
+	}
+	code, out, _ = run("status", "--json", "--state", state)
+	if code != 0 || !strings.Contains(out, `"state": "hosted"`) {
+		t.Fatalf("status: %d\n%s", code, out)
+	}
+	if code, out, _ = run("version"); code != 0 || out != "test\n" {
+		t.Fatalf("version: %d %q", code, out)
+	}
+	if code, _, _ = run("frobnicate"); code != ExitRefused {
+		t.Fatalf("unknown command exit %d", code)
+	}
+}
+
+// A local file on an enrolled node must name the node.
+func TestLocalFileMustNameAnEnrolledNode(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	os.Mkdir(state, 0o700)
+	write(t, filepath.Join(state, "node"), "workstation\n", 0o600)
+	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), 0o644)
+	code, out, _ := run("apply", "--state", state, f)
+	if code != ExitRefused || !strings.Contains(out, `addressed to node ""; this is node "workstation"`) {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	named := write(t, filepath.Join(d, "n.json"), strings.Replace(strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), `"version":1,`, `"version":1,"node":"workstation",`, 1), 0o644)
+	if code, out, _ = run("apply", "--state", state, named); code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+}

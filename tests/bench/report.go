@@ -144,7 +144,7 @@ func (b *bench) printHeader(w io.Writer) {
 		fmt.Fprintf(w, "NOTE:    no -executor given: measuring the references only\n")
 	}
 	if b.cfVersion != "" {
-		fmt.Fprintf(w, "cf-agent: %s, standalone: -K, own -w workdir, policy as its inputs/promises.cf (validated once, as installed)\n", b.cfVersion)
+		fmt.Fprintf(w, "cf-agent: %s, standalone: -K, own -w workdir, -f policy (files promises with content)\n", b.cfVersion)
 	} else {
 		fmt.Fprintf(w, "\n*** cf-agent NOT FOUND: targets against cf-agent are not judged (n/a) ***\n\n")
 	}

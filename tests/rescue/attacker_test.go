@@ -33,13 +33,13 @@ type op struct {
 }
 
 func symlinkOp(target, link string) op { return op{Op: "symlink", Target: target, Path: link} }
-func renameOp(from, to string) op     { return op{Op: "rename", Path: from, Target: to} }
-func removeOp(p string) op            { return op{Op: "remove", Path: p} }
-func mkfifoOp(p string) op            { return op{Op: "mkfifo", Path: p} }
-func hardlinkOp(target, p string) op  { return op{Op: "hardlink", Target: target, Path: p} }
-func writeOp(p, content string) op    { return op{Op: "write", Path: p, Content: content} }
-func mkdirOp(p string) op             { return op{Op: "mkdir", Path: p} }
-func deniedOp(p string) op            { return op{Op: "expect-denied", Path: p} }
+func renameOp(from, to string) op      { return op{Op: "rename", Path: from, Target: to} }
+func removeOp(p string) op             { return op{Op: "remove", Path: p} }
+func mkfifoOp(p string) op             { return op{Op: "mkfifo", Path: p} }
+func hardlinkOp(target, p string) op   { return op{Op: "hardlink", Target: target, Path: p} }
+func writeOp(p, content string) op     { return op{Op: "write", Path: p, Content: content} }
+func mkdirOp(p string) op              { return op{Op: "mkdir", Path: p} }
+func deniedOp(p string) op             { return op{Op: "expect-denied", Path: p} }
 
 // swapOp swaps the directory p for a symlink to target and back, as fast as
 // it can, for d; it always leaves the real directory in place at the end.

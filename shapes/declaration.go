@@ -155,6 +155,11 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 	if err := d.validate(allowAction); err != nil {
 		return nil, err
 	}
+	// Last, on a text already found valid: no key twice, none misspelt
+	// in a way encoding/json would forgive.
+	if err := checkKeys(data); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 

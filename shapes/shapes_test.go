@@ -116,6 +116,11 @@ func TestRefusals(t *testing.T) {
 		{"bad opening port", res(`{"module":"m","id":"o","type":"opening","port":0,"protocol":"tcp","path":"incoming"}`), `field port: 0 is out of range`},
 		{"bad package", res(`{"module":"m","id":"p","type":"package","name":"-rf"}`), `field name: "-rf" is not a package name`},
 		{"not an object", res(`[1]`), "resource #0: not a resource object"},
+		{"duplicate key", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `resource #0 field path: given twice in one object`},
+		{"case-folded duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","PATH":"/etc/shadow","content":"x"}`), `resource #0 field PATH: unknown field (field names are exact`},
+		{"escaped duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `field path: given twice`},
+		{"duplicate top-level", `{"version":1,"node":"a","node":"b","resources":[],"owns_nothing":true}`, `declaration field node: given twice`},
+		{"duplicate env key", res(`{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","env":{"A":"1","A":"2"}}`), `field A: given twice`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -142,6 +147,7 @@ func TestAccepted(t *testing.T) {
 		res(`{"module":"m","id":"s","type":"service","unit":"getty@tty1"}`),
 		res(`{"module":"m","id":"d","type":"directory","path":"/etc/systemd/system/nginx.service.d"}`),
 		res(`{"module":"m","id":"d","type":"file","path":"/etc/systemd/system/nginx.service.d/override.conf","content":""}`),
+		res(`{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","env":{"A":"1","a":"2","PATH":"/bin"}}`),
 	} {
 		if _, err := Parse([]byte(doc)); err != nil {
 			t.Errorf("Parse(%s) = %v", doc, err)

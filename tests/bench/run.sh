@@ -63,10 +63,15 @@ quiet_cfengine() {
 	if [ ! -d /run/systemd/system ] && [ -x /etc/init.d/cfengine3 ]; then
 		/etc/init.d/cfengine3 stop >/dev/null 2>&1 || true
 	fi
+}
+
+# warn_cfengine_daemons only reports: a CFEngine daemon that was running before
+# the bench is the host's business, but it would disturb the figures.
+warn_cfengine_daemons() {
 	local d
 	for d in cf-serverd cf-execd cf-monitord; do
 		if pgrep -x "$d" >/dev/null 2>&1; then
-			say "warning: $d is running (pid $(pgrep -x "$d" | tr '\n' ' ')); the package's units are disabled but it was left alone"
+			say "warning: $d is running (pid $(pgrep -x "$d" | tr '\n' ' ')); left alone, but it may disturb the figures"
 		fi
 	done
 }
@@ -81,6 +86,7 @@ if ! command -v cf-agent >/dev/null; then
 	quiet_cfengine
 fi
 CF_AGENT=$(command -v cf-agent) || die "cf-agent is still missing after installing cfengine3"
+warn_cfengine_daemons
 
 # --- binaries --------------------------------------------------------------------
 mkdir -p "$WORK/bin"

@@ -1,0 +1,173 @@
+package shapes
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// encoding/json matches field names case-insensitively and lets a repeated
+// key win over an earlier one. Both mean one text can be read two ways: a
+// reviewer, the control side or another parser may see `"path": "/srv/a"`
+// where the executor sees a later `"PATH": "/etc/shadow"`. So before
+// decoding, every object's keys are checked: spelled exactly as a field, and
+// each once.
+
+// fieldNames is every JSON field name of the vocabulary.
+var fieldNames = func() map[string]bool {
+	m := map[string]bool{}
+	var add func(t reflect.Type)
+	add = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return
+		}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if f.Anonymous {
+				add(f.Type)
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name != "" && name != "-" {
+				m[name] = true
+			}
+			add(f.Type)
+		}
+	}
+	add(reflect.TypeOf(rawDeclaration{}))
+	for _, mk := range shapeTable {
+		add(reflect.TypeOf(mk()))
+	}
+	return m
+}()
+
+// mapFields are the fields whose value is a map with keys of the
+// declaration's own choosing.
+var mapFields = map[string]bool{"env": true}
+
+type keyScanner struct {
+	data []byte
+	i    int
+}
+
+// checkKeys refuses a duplicated key, or a key not spelled exactly as a
+// field, anywhere in data, which encoding/json has already found valid.
+func checkKeys(data []byte) error {
+	s := &keyScanner{data: data}
+	return s.value("", "")
+}
+
+func (s *keyScanner) ws() {
+	for s.i < len(s.data) {
+		switch s.data[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// value scans one value. key is the field it is the value of; where says
+// which resource it is in, for the error.
+func (s *keyScanner) value(key, where string) error {
+	s.ws()
+	if s.i >= len(s.data) {
+		return nil
+	}
+	switch s.data[s.i] {
+	case '{':
+		s.i++
+		seen := map[string]bool{}
+		for {
+			s.ws()
+			if s.data[s.i] == '}' {
+				s.i++
+				return nil
+			}
+			if s.data[s.i] == ',' {
+				s.i++
+				s.ws()
+			}
+			k, err := s.str()
+			if err != nil {
+				return err
+			}
+			if !mapFields[key] && !fieldNames[k] {
+				return &Error{Resource: where, Field: k, Reason: "unknown field (field names are exact and snake_case; refused, never skipped)"}
+			}
+			for prev := range seen {
+				// A map's keys (env) are case-sensitive; field names are
+				// matched by encoding/json without case, so they are
+				// compared that way here.
+				if prev == k || !mapFields[key] && strings.EqualFold(prev, k) {
+					return &Error{Resource: where, Field: k, Reason: fmt.Sprintf("given twice in one object (as %q and %q); one text must not read two ways", prev, k)}
+				}
+			}
+			seen[k] = true
+			s.ws()
+			s.i++ // ':'
+			if err := s.value(k, where); err != nil {
+				return err
+			}
+		}
+	case '[':
+		s.i++
+		for n := 0; ; n++ {
+			s.ws()
+			if s.data[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			if s.data[s.i] == ',' {
+				s.i++
+			}
+			w := where
+			if key == "resources" && where == "" {
+				w = fmt.Sprintf("#%d", n)
+			}
+			if err := s.value("", w); err != nil {
+				return err
+			}
+		}
+	case '"':
+		_, err := s.str()
+		return err
+	default:
+		for s.i < len(s.data) && !strings.ContainsRune(",]} \t\n\r", rune(s.data[s.i])) {
+			s.i++
+		}
+		return nil
+	}
+}
+
+// str scans a string and returns it unescaped.
+func (s *keyScanner) str() (string, error) {
+	start := s.i
+	s.i++ // opening quote
+	escaped := false
+	for s.i < len(s.data) {
+		c := s.data[s.i]
+		s.i++
+		switch c {
+		case '\\':
+			escaped = true
+			s.i++
+		case '"':
+			raw := s.data[start:s.i]
+			if !escaped {
+				return string(raw[1 : len(raw)-1]), nil
+			}
+			var out string
+			if err := json.Unmarshal(raw, &out); err != nil {
+				return "", &Error{Reason: "bad string: " + err.Error()}
+			}
+			return out, nil
+		}
+	}
+	return "", &Error{Reason: "unterminated string"}
+}

@@ -208,16 +208,17 @@ func cleanJSONError(err error) string {
 // decodeResource reads a resource's identity first, so that every later
 // error can name it, then decodes it strictly into its shape.
 func decodeResource(index int, data json.RawMessage) (Resource, error) {
-	var head Base
-	if err := json.Unmarshal(data, &head); err != nil {
-		return nil, &Error{Resource: fmt.Sprintf("#%d", index), Reason: "not a resource object: " + cleanJSONError(err)}
-	}
-	name := head.Key()
-	if head.Module == "" || head.ID == "" {
-		name = fmt.Sprintf("#%d", index)
-	}
-	newShape, ok := shapeTable[head.Type]
+	newShape, ok := shapeTable[typeOf(data)]
 	if !ok {
+		// The slow path, only to say precisely what is wrong.
+		var head Base
+		if err := json.Unmarshal(data, &head); err != nil {
+			return nil, &Error{Resource: fmt.Sprintf("#%d", index), Reason: "not a resource object: " + cleanJSONError(err)}
+		}
+		name := head.Key()
+		if head.Module == "" || head.ID == "" {
+			name = fmt.Sprintf("#%d", index)
+		}
 		reason := fmt.Sprintf("unknown type %q; known types: %s", head.Type, strings.Join(TypeNames(), ", "))
 		if head.Type == "" {
 			reason = "missing type; known types: " + strings.Join(TypeNames(), ", ")
@@ -225,8 +226,15 @@ func decodeResource(index int, data json.RawMessage) (Resource, error) {
 		return nil, &Error{Resource: name, Field: "type", Reason: reason}
 	}
 	r := newShape()
-	if err := strictDecode(data, r); err != nil {
-		return nil, &Error{Resource: name, Type: head.Type, Field: fieldOf(err), Reason: cleanJSONError(err)}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(r); err != nil {
+		name := fmt.Sprintf("#%d", index)
+		var head Base
+		if json.Unmarshal(data, &head) == nil && head.Module != "" && head.ID != "" {
+			name = head.Key()
+		}
+		return nil, &Error{Resource: name, Type: typeOf(data), Field: fieldOf(err), Reason: cleanJSONError(err)}
 	}
 	return r, nil
 }

@@ -82,7 +82,7 @@ func (s *keyScanner) value(key, where string) error {
 	switch s.data[s.i] {
 	case '{':
 		s.i++
-		seen := map[string]bool{}
+		var seen []string // objects are small: a slice beats a map
 		for {
 			s.ws()
 			if s.data[s.i] == '}' {
@@ -100,7 +100,7 @@ func (s *keyScanner) value(key, where string) error {
 			if !mapFields[key] && !fieldNames[k] {
 				return &Error{Resource: where, Field: k, Reason: "unknown field (field names are exact and snake_case; refused, never skipped)"}
 			}
-			for prev := range seen {
+			for _, prev := range seen {
 				// A map's keys (env) are case-sensitive; field names are
 				// matched by encoding/json without case, so they are
 				// compared that way here.
@@ -108,7 +108,7 @@ func (s *keyScanner) value(key, where string) error {
 					return &Error{Resource: where, Field: k, Reason: fmt.Sprintf("given twice in one object (as %q and %q); one text must not read two ways", prev, k)}
 				}
 			}
-			seen[k] = true
+			seen = append(seen, k)
 			s.ws()
 			s.i++ // ':'
 			if err := s.value(k, where); err != nil {
@@ -135,8 +135,8 @@ func (s *keyScanner) value(key, where string) error {
 			}
 		}
 	case '"':
-		_, err := s.str()
-		return err
+		s.skipStr()
+		return nil
 	default:
 		for s.i < len(s.data) && !strings.ContainsRune(",]} \t\n\r", rune(s.data[s.i])) {
 			s.i++
@@ -170,4 +170,59 @@ func (s *keyScanner) str() (string, error) {
 		}
 	}
 	return "", &Error{Reason: "unterminated string"}
+}
+
+// skipStr passes over a string value without unescaping it.
+func (s *keyScanner) skipStr() {
+	s.i++
+	for s.i < len(s.data) {
+		switch s.data[s.i] {
+		case '\\':
+			s.i += 2
+			continue
+		case '"':
+			s.i++
+			return
+		}
+		s.i++
+	}
+}
+
+// typeOf finds the value of the top-level "type" key of a JSON object
+// already known to be valid, without decoding the rest. It returns "" when
+// the object has none (or it is not a plain string).
+func typeOf(obj []byte) string {
+	s := &keyScanner{data: obj}
+	s.ws()
+	if s.i >= len(obj) || obj[s.i] != '{' {
+		return ""
+	}
+	s.i++
+	for {
+		s.ws()
+		if s.i >= len(obj) || obj[s.i] == '}' {
+			return ""
+		}
+		if obj[s.i] == ',' {
+			s.i++
+			s.ws()
+		}
+		k, err := s.str()
+		if err != nil {
+			return ""
+		}
+		s.ws()
+		s.i++ // ':'
+		s.ws()
+		if k == "type" && s.i < len(obj) && obj[s.i] == '"' {
+			v, err := s.str()
+			if err != nil {
+				return ""
+			}
+			return v
+		}
+		if err := s.value(k, ""); err != nil {
+			return ""
+		}
+	}
 }

@@ -41,6 +41,17 @@ var (
 	}
 )
 
+// binPaths are the host's binaries in every bin directory.
+var binPaths = func() []string {
+	var out []string
+	for _, dir := range binDirs {
+		for _, n := range ProtectedNames {
+			out = append(out, dir+"/"+n)
+		}
+	}
+	return out
+}()
+
 // Resolver resolves an absolute path through the machine's symlinks: the
 // longest existing prefix is resolved and the rest appended. The executor
 // passes one that reads the machine; Parse uses none (lexical only).
@@ -51,6 +62,9 @@ type Resolver func(path string) (string, error)
 // a declared path into the host's own files.
 func CheckProtected(d *Declaration, resolve Resolver) error {
 	v := &validator{d: d}
+	if resolve != nil {
+		resolve = memo(resolve)
+	}
 	for _, r := range d.Resources {
 		v.r = r
 		checkProtected(v, r, resolve)
@@ -105,8 +119,9 @@ func isProtectedName(name string) bool {
 	return false
 }
 
+// within reports whether p is dir or below it.
 func within(p, dir string) bool {
-	return p == dir || strings.HasPrefix(p, dir+"/")
+	return p == dir || len(p) > len(dir) && p[len(dir)] == '/' && p[:len(dir)] == dir
 }
 
 // pathReason is the protected-set check of one path. container is true for
@@ -122,15 +137,12 @@ func pathReason(p string, container bool) string {
 			return fmt.Sprintf("%s contains the host's %s", p, q)
 		}
 	}
-	for _, dir := range binDirs {
-		for _, n := range ProtectedNames {
-			q := dir + "/" + n
-			if within(p, q) {
-				return fmt.Sprintf("%s is the host's binary %s", p, q)
-			}
-			if container && within(q, p) {
-				return fmt.Sprintf("%s contains the host's binary %s", p, q)
-			}
+	for _, q := range binPaths {
+		if within(p, q) {
+			return fmt.Sprintf("%s is the host's binary %s", p, q)
+		}
+		if container && within(q, p) {
+			return fmt.Sprintf("%s contains the host's binary %s", p, q)
 		}
 	}
 	for _, root := range initRoots {
@@ -238,4 +250,21 @@ func resolvedReason(p string, container bool, resolve Resolver) string {
 		}
 	}
 	return ""
+}
+
+// memo remembers what a resolver said for the protected paths, which are
+// asked about once per declared path.
+func memo(resolve Resolver) Resolver {
+	cache := map[string]string{}
+	for _, q := range protectedPaths {
+		if rq, err := resolve(q); err == nil {
+			cache[q] = rq
+		}
+	}
+	return func(p string) (string, error) {
+		if rp, ok := cache[p]; ok {
+			return rp, nil
+		}
+		return resolve(p)
+	}
 }

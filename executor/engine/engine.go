@@ -128,7 +128,7 @@ func (r *run) check() error {
 			return &Refusal{fmt.Sprintf("resource %s: sealed content needs the node's sealing key, and this host has none (not enrolled)", h.Key())}
 		}
 	}
-	if err := shapes.CheckProtected(d, fsx.Resolve); err != nil {
+	if err := shapes.CheckProtected(d, fsx.Resolver()); err != nil {
 		return &Refusal{err.Error()}
 	}
 	o := newOwners()
@@ -241,6 +241,9 @@ func (r *run) flush(batch []*step, after int) {
 // read back, the touched filesystems synced, and only then the outcomes
 // recorded. In a plan it only reports.
 func (r *run) execute(batch []*step, after int) {
+	if len(batch) == 0 {
+		return
+	}
 	if r.opt.Plan {
 		for i, st := range batch {
 			if st.line.Outcome == shapes.Failed {

@@ -146,6 +146,8 @@ type Store struct {
 	dirty   bool // records written since the last Commit
 	// unsynced: state files written since the last Sync.
 	unsynced bool
+	// seen identifies the snapshot and journal as loaded.
+	seen [2]fileID
 	lock     *os.File
 }
 
@@ -219,11 +221,14 @@ func (s *Store) Lock(wait time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.lock = f
-	// Another process may have written since we loaded: load again, locked.
-	s.entries, s.n, s.order = map[string]*Entry{}, 0, 0
-	if err := s.load(); err != nil {
-		s.Unlock()
-		return err
+	// Another process may have written since we loaded: load again, now
+	// locked, unless the files are exactly as they were.
+	if s.seen != s.identity() {
+		s.entries, s.n, s.order, s.nrec = map[string]*Entry{}, 0, 0, 0
+		if err := s.load(); err != nil {
+			s.Unlock()
+			return err
+		}
 	}
 	j, err := os.OpenFile(filepath.Join(s.dir, "journal"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -231,6 +236,13 @@ func (s *Store) Lock(wait time.Duration) error {
 		return fmt.Errorf("store: open journal: %w", err)
 	}
 	s.journal = j
+	// Cut a torn tail (a crash mid-write) so new records follow a whole one.
+	if fi, err := j.Stat(); err == nil && fi.Size() > s.jsize {
+		if err := j.Truncate(s.jsize); err != nil {
+			s.Unlock()
+			return fmt.Errorf("store: cut torn journal tail: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -246,7 +258,26 @@ func (s *Store) Unlock() {
 	}
 }
 
+// fileID is what tells that a state file changed: inode, size, mtime.
+type fileID struct {
+	ino, size int64
+	mtime     int64
+}
+
+func statID(p string) fileID {
+	var st unix.Stat_t
+	if unix.Stat(p, &st) != nil {
+		return fileID{}
+	}
+	return fileID{int64(st.Ino), st.Size, st.Mtim.Nano()}
+}
+
+func (s *Store) identity() [2]fileID {
+	return [2]fileID{statID(filepath.Join(s.dir, "snapshot.json")), statID(filepath.Join(s.dir, "journal"))}
+}
+
 func (s *Store) load() error {
+	s.seen = s.identity()
 	data, err := os.ReadFile(filepath.Join(s.dir, "snapshot.json"))
 	switch {
 	case err == nil:
@@ -272,14 +303,7 @@ func (s *Store) load() error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	good := s.replayJournal(data)
-	s.jsize = int64(good)
-	if good < len(data) && s.lock != nil {
-		// Cut the torn tail so new records follow a whole one.
-		if err := os.Truncate(jpath, int64(good)); err != nil {
-			return fmt.Errorf("store: cut torn journal tail: %w", err)
-		}
-	}
+	s.jsize = int64(s.replayJournal(data))
 	return nil
 }
 
@@ -425,14 +449,18 @@ func (s *Store) Drop(target string) error {
 // Commit makes every record so far durable (one fsync), and compacts the
 // journal into the snapshot when it has grown.
 func (s *Store) Commit() error {
-	if !s.dirty {
-		return nil
+	if s.journal == nil {
+		return errors.New("store: not locked for writing")
 	}
-	if err := s.journal.Sync(); err != nil {
-		return fmt.Errorf("store: fsync journal: %w", err)
+	if s.dirty {
+		if err := s.journal.Sync(); err != nil {
+			return fmt.Errorf("store: fsync journal: %w", err)
+		}
+		s.dirty = false
 	}
-	s.dirty = false
-	if s.nrec >= CompactAfter {
+	// Compact when the journal outgrows what it describes: loading a
+	// snapshot is one record per entry, replaying a journal is several.
+	if s.nrec >= CompactAfter || s.nrec > len(s.entries)+256 {
 		return s.Compact()
 	}
 	return nil

@@ -13,14 +13,6 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/bench/internal/benchtree"
 )
 
-func allDirs() []string {
-	ds := make([]string, benchtree.Dirs)
-	for d := range ds {
-		ds[d] = benchtree.DirName(d)
-	}
-	return ds
-}
-
 // verifyTree checks that tree holds exactly the given directories and files:
 // directories 0755, files regular, 0644, single-linked, with the exact bytes,
 // all owned by root (the bench declares no owner and every tool runs as root),

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/tests/bench/internal/benchtree"
 )
 
 // The issue's targets for mesh-executor on a 2-core machine, durable
@@ -135,7 +137,7 @@ func (b *bench) targets(rows []row) []target {
 func (b *bench) printHeader(w io.Writer) {
 	h := b.host
 	fmt.Fprintf(w, "mesh-executor apply bench: %d files of %d bytes in %d directories, %d timed runs each (median), 1 warm-up\n",
-		b.cfg.files, len(b.files[0].Content), len(allDirs()), b.cfg.runs)
+		b.cfg.files, len(b.files[0].Content), benchtree.Dirs, b.cfg.runs)
 	fmt.Fprintf(w, "host:    %s, %d CPUs, kernel %s, load average %s\n", h.CPU, h.CPUs, h.Kernel, h.LoadStart)
 	fmt.Fprintf(w, "disk:    %s on %s (%s)\n", h.WorkDir, h.FSType, h.Mount)
 	fmt.Fprintf(w, "cache:   page cache kept WARM (not dropped); sync(2) before every timed run\n")
@@ -183,7 +185,7 @@ func (b *bench) printTable(w io.Writer) {
 	var misses []string
 	for _, t := range targets {
 		if t.Verdict == "MISS" {
-			misses = append(misses, fmt.Sprintf("%s: mesh-executor %s is %.2f, target <= %.2f", t.Scenario, t.Check, t.Value, t.Limit))
+			misses = append(misses, fmt.Sprintf("%s: mesh-executor %s is %.3f, target <= %.2f", t.Scenario, t.Check, t.Value, t.Limit))
 		}
 	}
 	if len(misses) > 0 {
@@ -248,7 +250,7 @@ func (b *bench) writeJSON(path string) error {
 		Failures    []string `json:"failures"`
 	}{
 		Time: time.Now().UTC().Format(time.RFC3339), Host: b.host,
-		Files: b.cfg.files, FileBytes: len(b.files[0].Content), Dirs: len(allDirs()), Runs: b.cfg.runs,
+		Files: b.cfg.files, FileBytes: len(b.files[0].Content), Dirs: benchtree.Dirs, Runs: b.cfg.runs,
 		Cache:       "warm: the page cache is not dropped; sync(2) before every timed run",
 		RSSFloorMiB: float64(b.rssFloor) / 1024, CFAgent: b.cfVersion,
 		Rows: rows, Targets: b.targets(rows), Failures: b.failures,

@@ -269,7 +269,7 @@ func (b *bench) verify(s scenario, t *tool, smp sample) error {
 		if err := verifyTree(t.tree, nil, []benchtree.File{benchtree.One()}); err != nil {
 			return err
 		}
-	} else if err := verifyTree(t.tree, allDirs(), b.files); err != nil {
+	} else if err := verifyTree(t.tree, benchtree.DirNames(), b.files); err != nil {
 		return err
 	}
 	if s == noop {

@@ -99,7 +99,7 @@ func converge(root string, files []benchtree.File, durable bool) error {
 			return err
 		}
 	}
-	return finish(root, allDirs(), durable)
+	return finish(root, benchtree.DirNames(), durable)
 }
 
 // repair checks the whole tree and rewrites only the files that differ.
@@ -228,14 +228,6 @@ func finish(root string, dirs []string, durable bool) error {
 		}
 	}
 	return fsyncPath(root)
-}
-
-func allDirs() []string {
-	ds := make([]string, benchtree.Dirs)
-	for d := range ds {
-		ds[d] = benchtree.DirName(d)
-	}
-	return ds
 }
 
 func fsyncPath(path string) error {

@@ -39,6 +39,15 @@ type File struct {
 // DirName is the relative name of directory d.
 func DirName(d int) string { return fmt.Sprintf("d%d", d) }
 
+// DirNames lists the relative names of all the directories, in order.
+func DirNames() []string {
+	ds := make([]string, Dirs)
+	for d := range ds {
+		ds[d] = DirName(d)
+	}
+	return ds
+}
+
 // Files returns the n managed files in declaration order. File i lives in
 // directory i mod Dirs, so every directory gets the same share.
 func Files(n int) []File {

@@ -116,20 +116,28 @@ type rawDeclaration struct {
 	Resources   []json.RawMessage `json:"resources"`
 }
 
+// unionDeclaration is the whole declaration decoded in one pass.
+type unionDeclaration struct {
+	Version     *int          `json:"version"`
+	Node        string        `json:"node"`
+	Enrolment   string        `json:"enrolment"`
+	Seq         uint64        `json:"seq"`
+	Adopted     bool          `json:"adopted"`
+	Taken       []string      `json:"taken"`
+	OwnsNothing bool          `json:"owns_nothing"`
+	Retire      bool          `json:"retire"`
+	Resources   []anyResource `json:"resources"`
+}
+
 func parse(data []byte, allowAction bool) (*Declaration, error) {
 	if len(data) > MaxDeclarationSize {
 		return nil, &Error{Reason: fmt.Sprintf("declaration is %d bytes, over the limit of %d", len(data), MaxDeclarationSize)}
 	}
-	var raw rawDeclaration
+	var raw unionDeclaration
 	if err := strictDecode(data, &raw); err != nil {
-		// An unknown version is the more useful thing to say, if that is it.
-		var v struct {
-			Version *int `json:"version"`
-		}
-		if json.Unmarshal(data, &v) == nil && v.Version != nil && *v.Version != Version {
-			return nil, versionError(*v.Version)
-		}
-		return nil, &Error{Field: fieldOf(err), Reason: cleanJSONError(err)}
+		// Decode again, resource by resource, only to say precisely
+		// which resource and field are wrong.
+		return nil, explain(data, err)
 	}
 	if raw.Version == nil {
 		return nil, &Error{Field: "version", Reason: "missing; this host knows version 1"}
@@ -145,22 +153,58 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 		Adopted: raw.Adopted, Taken: raw.Taken, OwnsNothing: raw.OwnsNothing, Retire: raw.Retire,
 		Resources: make([]Resource, 0, len(raw.Resources)),
 	}
-	for i, rr := range raw.Resources {
-		r, err := decodeResource(i, rr)
-		if err != nil {
-			return nil, err
+	names := make([]string, len(raw.Resources))
+	for i := range raw.Resources {
+		u := &raw.Resources[i]
+		names[i] = u.Key()
+		if u.Module == "" || u.ID == "" {
+			names[i] = fmt.Sprintf("#%d", i)
+		}
+		r, ok := u.shape()
+		if !ok {
+			reason := fmt.Sprintf("unknown type %q; known types: %s", u.Type, strings.Join(TypeNames(), ", "))
+			if u.Type == "" {
+				reason = "missing type; known types: " + strings.Join(TypeNames(), ", ")
+			}
+			return nil, &Error{Resource: names[i], Field: "type", Reason: reason}
 		}
 		d.Resources = append(d.Resources, r)
+	}
+	// Each resource carries only its own shape's fields, each once and
+	// spelt exactly: no key twice, none misspelt in a way encoding/json
+	// would forgive.
+	if err := checkKeys(data, names); err != nil {
+		return nil, err
 	}
 	if err := d.validate(allowAction); err != nil {
 		return nil, err
 	}
-	// Last, on a text already found valid: no key twice, none misspelt
-	// in a way encoding/json would forgive.
-	if err := checkKeys(data); err != nil {
-		return nil, err
-	}
 	return d, nil
+}
+
+// explain turns a failed one-pass decode into an error that names the
+// resource and field, by decoding the declaration again the slow way.
+func explain(data []byte, fast error) error {
+	var raw rawDeclaration
+	if err := strictDecode(data, &raw); err != nil {
+		// An unknown version is the more useful thing to say, if that is it.
+		var v struct {
+			Version *int `json:"version"`
+		}
+		if json.Unmarshal(data, &v) == nil && v.Version != nil && *v.Version != Version {
+			return versionError(*v.Version)
+		}
+		return &Error{Field: fieldOf(err), Reason: cleanJSONError(err)}
+	}
+	if raw.Version != nil && *raw.Version != Version {
+		return versionError(*raw.Version)
+	}
+	for i, rr := range raw.Resources {
+		if _, err := decodeResource(i, rr); err != nil {
+			return err
+		}
+	}
+	return &Error{Field: fieldOf(fast), Reason: cleanJSONError(fast)}
 }
 
 func versionError(v int) error {

@@ -38,7 +38,7 @@ var fieldNames = func() map[string]bool {
 			add(f.Type)
 		}
 	}
-	add(reflect.TypeOf(rawDeclaration{}))
+	add(reflect.TypeOf(unionDeclaration{}))
 	for _, mk := range shapeTable {
 		add(reflect.TypeOf(mk()))
 	}
@@ -50,15 +50,18 @@ var fieldNames = func() map[string]bool {
 var mapFields = map[string]bool{"env": true}
 
 type keyScanner struct {
-	data []byte
-	i    int
+	data  []byte
+	i     int
+	names []string // resource names by index, for errors
 }
 
-// checkKeys refuses a duplicated key, or a key not spelled exactly as a
-// field, anywhere in data, which encoding/json has already found valid.
-func checkKeys(data []byte) error {
-	s := &keyScanner{data: data}
-	return s.value("", "")
+// checkKeys refuses, anywhere in data (which encoding/json has already
+// found valid), a duplicated key or a key not spelt exactly as a field, and
+// in a resource any field that is not its own shape's. names are the
+// resources' names by index.
+func checkKeys(data []byte, names []string) error {
+	s := &keyScanner{data: data, names: names}
+	return s.value("", "", false)
 }
 
 func (s *keyScanner) ws() {
@@ -73,8 +76,9 @@ func (s *keyScanner) ws() {
 }
 
 // value scans one value. key is the field it is the value of; where says
-// which resource it is in, for the error.
-func (s *keyScanner) value(key, where string) error {
+// which resource it is in, for the error; resource is true for a resource
+// object itself.
+func (s *keyScanner) value(key, where string, resource bool) error {
 	s.ws()
 	if s.i >= len(s.data) {
 		return nil
@@ -83,10 +87,18 @@ func (s *keyScanner) value(key, where string) error {
 	case '{':
 		s.i++
 		var seen []string // objects are small: a slice beats a map
+		typ := ""
 		for {
 			s.ws()
 			if s.data[s.i] == '}' {
 				s.i++
+				if fields, ok := typeFields[typ]; ok && resource {
+					for _, k := range seen {
+						if !fields[k] {
+							return &Error{Resource: where, Type: typ, Field: k, Reason: "unknown field (refused, never skipped)"}
+						}
+					}
+				}
 				return nil
 			}
 			if s.data[s.i] == ',' {
@@ -111,7 +123,16 @@ func (s *keyScanner) value(key, where string) error {
 			seen = append(seen, k)
 			s.ws()
 			s.i++ // ':'
-			if err := s.value(k, where); err != nil {
+			if resource && k == "type" {
+				s.ws()
+				if s.data[s.i] == '"' {
+					if typ, err = s.str(); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+			if err := s.value(k, where, false); err != nil {
 				return err
 			}
 		}
@@ -126,11 +147,14 @@ func (s *keyScanner) value(key, where string) error {
 			if s.data[s.i] == ',' {
 				s.i++
 			}
-			w := where
-			if key == "resources" && where == "" {
+			w, isResource := where, key == "resources" && where == ""
+			if isResource {
 				w = fmt.Sprintf("#%d", n)
+				if n < len(s.names) {
+					w = s.names[n]
+				}
 			}
-			if err := s.value("", w); err != nil {
+			if err := s.value("", w, isResource); err != nil {
 				return err
 			}
 		}
@@ -221,7 +245,7 @@ func typeOf(obj []byte) string {
 			}
 			return v
 		}
-		if err := s.value(k, ""); err != nil {
+		if err := s.value(k, "", false); err != nil {
 			return ""
 		}
 	}

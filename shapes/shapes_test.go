@@ -3,6 +3,7 @@ package shapes
 import (
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -116,8 +117,8 @@ func TestRefusals(t *testing.T) {
 		{"bad opening port", res(`{"module":"m","id":"o","type":"opening","port":0,"protocol":"tcp","path":"incoming"}`), `field port: 0 is out of range`},
 		{"bad package", res(`{"module":"m","id":"p","type":"package","name":"-rf"}`), `field name: "-rf" is not a package name`},
 		{"not an object", res(`[1]`), "resource #0: not a resource object"},
-		{"duplicate key", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `resource #0 field path: given twice in one object`},
-		{"case-folded duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","PATH":"/etc/shadow","content":"x"}`), `resource #0 field PATH: unknown field (field names are exact`},
+		{"duplicate key", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `resource m.f field path: given twice in one object`},
+		{"case-folded duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","PATH":"/etc/shadow","content":"x"}`), `resource m.f field PATH: unknown field (field names are exact`},
 		{"escaped duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `field path: given twice`},
 		{"duplicate top-level", `{"version":1,"node":"a","node":"b","resources":[],"owns_nothing":true}`, `declaration field node: given twice`},
 		{"duplicate env key", res(`{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","env":{"A":"1","A":"2"}}`), `field A: given twice`},
@@ -260,6 +261,59 @@ func TestParseMode(t *testing.T) {
 		m, ok := ParseMode(s)
 		if (want < 0) == ok || (ok && int64(m) != want) {
 			t.Errorf("ParseMode(%q) = %o, %v", s, m, ok)
+		}
+	}
+}
+
+// anyResource, the one-pass decoding of every shape, must carry each
+// shape's fields under the same name and Go type, and nothing else.
+func TestUnionMatchesShapes(t *testing.T) {
+	union := map[string]reflect.Type{}
+	ut := reflect.TypeOf(anyResource{})
+	for i := 0; i < ut.NumField(); i++ {
+		f := ut.Field(i)
+		if f.Anonymous {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		union[name] = f.Type
+	}
+	used := map[string]bool{}
+	for typ, mk := range shapeTable {
+		st := reflect.TypeOf(mk()).Elem()
+		for i := 0; i < st.NumField(); i++ {
+			f := st.Field(i)
+			if f.Anonymous {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			used[name] = true
+			if union[name] != f.Type {
+				t.Errorf("%s.%s is %v in the shape, %v in anyResource", typ, name, f.Type, union[name])
+			}
+		}
+		// Every field survives the copy into the shape.
+		u := anyResource{Base: Base{Type: typ}}
+		uv := reflect.ValueOf(&u).Elem()
+		for i := 0; i < uv.NumField(); i++ {
+			if f := uv.Field(i); f.Kind() == reflect.String && ut.Field(i).Name != "Base" {
+				f.SetString("x-" + ut.Field(i).Name)
+			}
+		}
+		r, ok := u.shape()
+		if !ok {
+			t.Fatalf("no shape for %s", typ)
+		}
+		rv := reflect.ValueOf(r).Elem()
+		for i := 0; i < rv.NumField(); i++ {
+			if f := rv.Field(i); f.Kind() == reflect.String && rv.Type().Field(i).Name != "Base" && f.String() != "x-"+rv.Type().Field(i).Name {
+				t.Errorf("%s.%s not copied from anyResource (got %q)", typ, rv.Type().Field(i).Name, f.String())
+			}
+		}
+	}
+	for name := range union {
+		if !used[name] {
+			t.Errorf("anyResource has %q, which no shape has", name)
 		}
 	}
 }

@@ -12,9 +12,6 @@ import (
 )
 
 var (
-	// identRe is a module or id: no dot, because "module.id" is how one
-	// resource names another.
-	identRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 	// nameRe is a user, group, container or network name.
 	nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
 	// unitRe is a systemd-style unit name (also what OpenRC, runit and s6 use).
@@ -27,6 +24,26 @@ var (
 	envKeyRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	digestRe  = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
 )
+
+// isIdent reports whether s is a module or id: 1 to 64 of letters,
+// digits, _ and -, starting with a letter or digit, and no dot, because
+// "module.id" is how one resource names another. (Checked by hand: it runs
+// twice per resource.)
+func isIdent(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case (c == '_' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // validator collects the context of one declaration's validation.
 type validator struct {
@@ -60,7 +77,7 @@ func (d *Declaration) validate(allowAction bool) error {
 		v.fail("retire", "only with \"owns_nothing\": true; a node retires holding nothing")
 	}
 	for _, m := range d.Taken {
-		if !identRe.MatchString(m) {
+		if !isIdent(m) {
 			v.fail("taken", "%q is not a module name", m)
 		}
 	}
@@ -70,11 +87,11 @@ func (d *Declaration) validate(allowAction bool) error {
 	seen := map[string]bool{}
 	for _, r := range d.Resources {
 		b := r.Head()
-		if !identRe.MatchString(b.Module) {
+		if !isIdent(b.Module) {
 			v.r = r
 			v.fail("module", "%q is not a module name (letters, digits, _ and -, no dot)", b.Module)
 		}
-		if !identRe.MatchString(b.ID) {
+		if !isIdent(b.ID) {
 			v.r = r
 			v.fail("id", "%q is not an id (letters, digits, _ and -, no dot)", b.ID)
 		}

@@ -104,7 +104,7 @@ func withOutput(s, out string) string {
 // requires verify to pass afterwards. rest is how many resources follow.
 func (r *run) action(st *step, rest int) {
 	a := st.res.(*shapes.Action)
-	st.entry = settle(r.st.Get(st.target), st.claim)
+	st.entry = r.settle(r.st.Get(st.target), st.claim)
 	timeout := time.Duration(a.Timeout) * time.Second
 	if a.Timeout == 0 {
 		timeout = shapes.DefaultActionTimeout * time.Second

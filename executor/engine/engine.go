@@ -220,7 +220,7 @@ func (r *run) flush(batch []*step, after int) {
 		return
 	}
 	for _, st := range batch {
-		st.entry = settle(r.st.Get(st.target), st.claim)
+		st.entry = r.settle(r.st.Get(st.target), st.claim)
 		var err error
 		switch res := st.res.(type) {
 		case *shapes.File:
@@ -374,10 +374,16 @@ func (r *run) syncTouched() error {
 }
 
 // settle turns an interrupted intent into what the machine can tell: an
-// entry whose outcome is unknown, to be observed again.
-func settle(e *store.Entry, c store.Claim) *store.Entry {
+// entry whose outcome is unknown, to be observed again. What the
+// interrupted write may have left beside the file goes first.
+func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	if e == nil || e.Pending == nil {
 		return e
+	}
+	if p, ok := strings.CutPrefix(e.Target, "path:"); ok && !r.opt.Plan {
+		if fsx.RemoveLeftover(p) {
+			r.log.Info("removed what an interrupted write left", "path", fsx.TempName(p))
+		}
 	}
 	p := e.Pending
 	n := *e

@@ -40,7 +40,7 @@ func (r *run) removeUndeclared() {
 		if len(mine) == 0 && len(claims) > 0 {
 			continue
 		}
-		st := &step{target: e.Target, entry: settle(e, store.Claim{})}
+		st := &step{target: e.Target, entry: r.settle(e, store.Claim{})}
 		st.line = shapes.Line{Type: e.Type}
 		if len(mine) > 0 {
 			st.line.Module, st.line.ID = mine[0].Module, mine[0].ID

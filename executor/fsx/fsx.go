@@ -365,9 +365,18 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 	default:
 		return wrap("write", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
 	}
-	tmp := tempName(d.Name)
-	fd, err := unix.Openat(d.fd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	tmp := TempName(d.Name)
+	create := func() (int, error) {
+		return unix.Openat(d.fd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	}
+	fd, err := create()
+	if err == unix.EEXIST && d.removeLeftover() {
+		fd, err = create()
+	}
 	if err != nil {
+		if err == unix.EEXIST {
+			return wrap("create beside", p, fmt.Errorf("%s is there and is not a leftover of the host's (a root-owned regular file); refusing to touch it", tmp))
+		}
 		return wrap("create beside", p, err)
 	}
 	closed, ok := false, false
@@ -412,13 +421,43 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 	return nil
 }
 
-var tempCounter atomic.Uint64
-
-func tempName(name string) string {
+// TempName is the name WriteFile writes beside name before renaming it
+// over. It is fixed, not random, so that what a crash leaves between the
+// two is found again: the engine removes it when it settles the
+// interrupted intent of that file (RemoveLeftover), and WriteFile itself
+// when it finds one. One applier at a time holds the store's lock, so two
+// never share it.
+func TempName(name string) string {
 	if len(name) > 200 {
 		name = name[:200]
 	}
-	return fmt.Sprintf(".%s.mesh-host-%d-%d", name, os.Getpid(), tempCounter.Add(1))
+	return "." + name + ".mesh-host-new"
+}
+
+// removeLeftover removes the temporary file of d.Name if it is the host's
+// own: a regular file, owned by root, with one name. Anything else under
+// that name (another user cannot make a root-owned file) is left alone.
+func (d *Parent) removeLeftover() bool {
+	tmp := TempName(d.Name)
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, tmp, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false
+	}
+	if i := infoOf(&st); i.Kind != Regular || i.UID != 0 || i.Nlink != 1 {
+		return false
+	}
+	return unix.Unlinkat(d.fd, tmp, 0) == nil
+}
+
+// RemoveLeftover removes what an interrupted WriteFile of p left beside
+// it, if anything, and reports whether it did.
+func RemoveLeftover(p string) bool {
+	d, err := OpenParent(p)
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	return d.removeLeftover()
 }
 
 // SetAttr sets the owner and mode of what is at p, which must be of kind k

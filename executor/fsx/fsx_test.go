@@ -34,3 +34,35 @@ func TestResolverAgreesWithResolve(t *testing.T) {
 		t.Errorf("Resolve through a relative link = %q", got)
 	}
 }
+
+// What a crash leaves beside a file under the host's temporary name is
+// removed when it is the host's (root's, regular, one name), and refused
+// when it is anyone else's.
+func TestWriteFileLeftover(t *testing.T) {
+	d := t.TempDir()
+	p := filepath.Join(d, "f")
+	tmp := filepath.Join(d, TempName("f"))
+	os.WriteFile(tmp, []byte("half"), 0o600)
+	if err := WriteFile(p, []byte("whole"), WriteOptions{Mode: 0o644}); err != nil {
+		t.Fatalf("a leftover of the host's blocked the write: %v", err)
+	}
+	if _, err := os.Lstat(tmp); !os.IsNotExist(err) {
+		t.Fatal("leftover not removed")
+	}
+	os.WriteFile(tmp, []byte("theirs"), 0o600)
+	os.Chown(tmp, 65534, 65534)
+	if err := WriteFile(p, []byte("again"), WriteOptions{Mode: 0o644}); err == nil {
+		t.Fatal("wrote over another user's file under the host's temporary name")
+	}
+	if b, _ := os.ReadFile(tmp); string(b) != "theirs" {
+		t.Fatal("another user's file was touched")
+	}
+	if RemoveLeftover(p) {
+		t.Fatal("RemoveLeftover removed another user's file")
+	}
+	os.Remove(tmp)
+	os.Symlink("/etc/passwd", tmp)
+	if RemoveLeftover(p) {
+		t.Fatal("RemoveLeftover removed a symlink")
+	}
+}

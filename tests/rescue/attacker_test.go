@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/exec"
 	"strings"
@@ -110,6 +111,7 @@ func swap(dir, target string, d time.Duration) error {
 	away := dir + ".away"
 	deadline := time.Now().Add(d)
 	n := 0
+	rng := rand.New(rand.NewSource(int64(os.Getpid())))
 	for time.Now().Before(deadline) {
 		if err := os.Rename(dir, away); err != nil {
 			return err
@@ -117,23 +119,27 @@ func swap(dir, target string, d time.Duration) error {
 		if err := os.Symlink(target, dir); err != nil {
 			return err
 		}
-		// Leave the link in place about as long as the directory.
-		for i := 0; i < 200; i++ {
-			_, _ = os.Lstat(dir)
-		}
+		// The link stays a short while, the directory a random while
+		// longer: some applies then get past observing every file and
+		// meet the link while they write.
+		spin(time.Duration(rng.Int63n(int64(2 * time.Millisecond))))
 		if err := os.Remove(dir); err != nil {
 			return err
 		}
 		if err := os.Rename(away, dir); err != nil {
 			return err
 		}
-		for i := 0; i < 200; i++ {
-			_, _ = os.Lstat(dir)
-		}
+		spin(time.Duration(rng.Int63n(int64(20 * time.Millisecond))))
 		n++
 	}
 	fmt.Printf("%d swaps\n", n)
 	return nil
+}
+
+// spin waits d without sleeping, so the swap keeps its core.
+func spin(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+	}
 }
 
 // attackerCmd is the attacker process, not started.

@@ -148,7 +148,7 @@ type Store struct {
 	unsynced bool
 	// seen identifies the snapshot and journal as loaded.
 	seen [2]fileID
-	lock     *os.File
+	lock *os.File
 }
 
 // CompactAfter is how many journal records trigger a snapshot.

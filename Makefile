@@ -36,6 +36,8 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParsePing -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

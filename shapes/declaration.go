@@ -126,7 +126,7 @@ type unionDeclaration struct {
 	Taken       []string      `json:"taken"`
 	OwnsNothing bool          `json:"owns_nothing"`
 	Retire      bool          `json:"retire"`
-	Resources   []anyResource `json:"resources"`
+	Resources   []*anyResource `json:"resources"`
 }
 
 func parse(data []byte, allowAction bool) (*Declaration, error) {
@@ -154,8 +154,10 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 		Resources: make([]Resource, 0, len(raw.Resources)),
 	}
 	names := make([]string, len(raw.Resources))
-	for i := range raw.Resources {
-		u := &raw.Resources[i]
+	for i, u := range raw.Resources {
+		if u == nil {
+			return nil, &Error{Resource: fmt.Sprintf("#%d", i), Reason: "not a resource object: null"}
+		}
 		names[i] = u.Key()
 		if u.Module == "" || u.ID == "" {
 			names[i] = fmt.Sprintf("#%d", i)

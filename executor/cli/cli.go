@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
@@ -137,6 +138,10 @@ func (c *command) refuse(why string) int {
 }
 
 func (c *command) apply(file string, plan bool) int {
+	// A rescue apply is one short process whose garbage is bounded by the
+	// declaration it reads: collecting less often costs a little memory
+	// and saves a fifth of a no-op's time.
+	debug.SetGCPercent(400)
 	if os.Geteuid() != 0 {
 		return c.refuse("executor: apply and plan run as root (the executor acts on the whole machine)")
 	}

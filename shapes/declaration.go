@@ -118,14 +118,14 @@ type rawDeclaration struct {
 
 // unionDeclaration is the whole declaration decoded in one pass.
 type unionDeclaration struct {
-	Version     *int          `json:"version"`
-	Node        string        `json:"node"`
-	Enrolment   string        `json:"enrolment"`
-	Seq         uint64        `json:"seq"`
-	Adopted     bool          `json:"adopted"`
-	Taken       []string      `json:"taken"`
-	OwnsNothing bool          `json:"owns_nothing"`
-	Retire      bool          `json:"retire"`
+	Version     *int           `json:"version"`
+	Node        string         `json:"node"`
+	Enrolment   string         `json:"enrolment"`
+	Seq         uint64         `json:"seq"`
+	Adopted     bool           `json:"adopted"`
+	Taken       []string       `json:"taken"`
+	OwnsNothing bool           `json:"owns_nothing"`
+	Retire      bool           `json:"retire"`
 	Resources   []*anyResource `json:"resources"`
 }
 

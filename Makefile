@@ -35,6 +35,7 @@ bench:
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
+	$(GO) test ./shapes -run '^$$' -fuzz FuzzFastDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParsePing -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)

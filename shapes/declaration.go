@@ -133,11 +133,15 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 	if len(data) > MaxDeclarationSize {
 		return nil, &Error{Reason: fmt.Sprintf("declaration is %d bytes, over the limit of %d", len(data), MaxDeclarationSize)}
 	}
-	var raw unionDeclaration
-	if err := strictDecode(data, &raw); err != nil {
-		// Decode again, resource by resource, only to say precisely
-		// which resource and field are wrong.
-		return nil, explain(data, err)
+	raw, err := fastDecode(data)
+	slow := err != nil
+	if slow {
+		raw = new(unionDeclaration)
+		if err := strictDecode(data, raw); err != nil {
+			// Decode again, resource by resource, only to say precisely
+			// which resource and field are wrong.
+			return nil, explain(data, err)
+		}
 	}
 	if raw.Version == nil {
 		return nil, &Error{Field: "version", Reason: "missing; this host knows version 1"}
@@ -175,8 +179,11 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 	// Each resource carries only its own shape's fields, each once and
 	// spelt exactly: no key twice, none misspelt in a way encoding/json
 	// would forgive.
-	if err := checkKeys(data, names); err != nil {
-		return nil, err
+	// (The fast path has checked all this as it read.)
+	if slow {
+		if err := checkKeys(data, names); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.validate(allowAction); err != nil {
 		return nil, err

@@ -62,17 +62,28 @@ type Resolver func(path string) (string, error)
 // a declared path into the host's own files.
 func CheckProtected(d *Declaration, resolve Resolver) error {
 	v := &validator{d: d}
-	if resolve != nil {
-		resolve = memo(resolve)
+	m := &machine{resolve: resolve}
+	// The protected paths as this machine resolves them, where that
+	// differs from how they are written: asked once, not once per path.
+	for _, q := range protectedPaths {
+		if rq, err := resolve(q); err == nil && rq != q {
+			m.moved = append(m.moved, [2]string{q, rq})
+		}
 	}
 	for _, r := range d.Resources {
 		v.r = r
-		checkProtected(v, r, resolve)
+		checkProtected(v, r, m)
 		if v.err != nil {
 			return v.err
 		}
 	}
 	return nil
+}
+
+// machine is what CheckProtected knows of the machine's symlinks.
+type machine struct {
+	resolve Resolver
+	moved   [][2]string // protected path, and where it really is
 }
 
 // ProtectedPath reports why p (already resolved by the caller, if it wants
@@ -174,24 +185,26 @@ func pathReason(p string, container bool) string {
 // checkProtected refuses r if it touches the protected set. With resolve
 // set, each path is checked as written and as the machine resolves it, and
 // each protected path as the machine resolves it too.
-func checkProtected(v *validator, r Resource, resolve Resolver) {
+func checkProtected(v *validator, r Resource, m *machine) {
 	checkPath := func(field, p string, container bool) {
 		candidates := []string{p}
-		if resolve != nil {
-			rp, err := resolve(p)
+		if m != nil {
+			rp, err := m.resolve(p)
 			if err != nil {
 				v.fail(field, "cannot resolve %s to check it against the protected set: %v", p, err)
 				return
 			}
-			candidates = append(candidates, rp)
+			if rp != p {
+				candidates = append(candidates, rp)
+			}
 		}
 		for _, c := range candidates {
 			if why := pathReason(c, container); why != "" {
 				v.fail(field, "%s: %v", why, ErrProtected)
 				return
 			}
-			if resolve != nil {
-				if why := resolvedReason(c, container, resolve); why != "" {
+			if m != nil {
+				if why := m.movedReason(c, container); why != "" {
 					v.fail(field, "%s: %v", why, ErrProtected)
 					return
 				}
@@ -233,15 +246,12 @@ func checkProtected(v *validator, r Resource, resolve Resolver) {
 	}
 }
 
-// resolvedReason compares p against the protected paths as the machine
+// movedReason compares p against the protected paths as the machine
 // resolves them: if /var/lib is a link to /data/var/lib, the host's state is
 // at /data/var/lib/mesh-host, and a declared path there is refused too.
-func resolvedReason(p string, container bool, resolve Resolver) string {
-	for _, q := range protectedPaths {
-		rq, err := resolve(q)
-		if err != nil || rq == q {
-			continue
-		}
+func (m *machine) movedReason(p string, container bool) string {
+	for _, qr := range m.moved {
+		q, rq := qr[0], qr[1]
 		if within(p, rq) {
 			return fmt.Sprintf("%s is inside the host's %s (at %s)", p, q, rq)
 		}
@@ -250,21 +260,4 @@ func resolvedReason(p string, container bool, resolve Resolver) string {
 		}
 	}
 	return ""
-}
-
-// memo remembers what a resolver said for the protected paths, which are
-// asked about once per declared path.
-func memo(resolve Resolver) Resolver {
-	cache := map[string]string{}
-	for _, q := range protectedPaths {
-		if rq, err := resolve(q); err == nil {
-			cache[q] = rq
-		}
-	}
-	return func(p string) (string, error) {
-		if rp, ok := cache[p]; ok {
-			return rp, nil
-		}
-		return resolve(p)
-	}
 }

@@ -317,3 +317,26 @@ func TestUnionMatchesShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestCharsets(t *testing.T) {
+	cases := []struct {
+		c    *charset
+		s    string
+		want bool
+	}{
+		{nameRe, "alice", true}, {nameRe, "_svc.x-1", true}, {nameRe, "-x", false}, {nameRe, ".x", false}, {nameRe, "", false}, {nameRe, strings.Repeat("a", 65), false}, {nameRe, "a b", false},
+		{unitRe, `getty@tty1.service`, true}, {unitRe, `dev-disk-by\x2dlabel.mount`, true}, {unitRe, "a/b", false}, {unitRe, "a b", false},
+		{packageRe, "libc6", true}, {packageRe, "g++", true}, {packageRe, "-rf", false},
+		{versionRe, "1:2.36-9+deb12u4", true}, {versionRe, "1.0~rc1", true}, {versionRe, "1 0", false},
+		{ifaceRe, "wg-mesh", true}, {ifaceRe, "a23456789012345", true}, {ifaceRe, "a234567890123456", false},
+		{envKeyRe, "PATH", true}, {envKeyRe, "_X1", true}, {envKeyRe, "1X", false}, {envKeyRe, "A-B", false},
+	}
+	for _, c := range cases {
+		if got := c.c.MatchString(c.s); got != c.want {
+			t.Errorf("%q: %v, want %v", c.s, got, c.want)
+		}
+	}
+	if !pinnedImage("r/app@sha256:"+strings.Repeat("a", 64)) || pinnedImage("r/app@sha256:"+strings.Repeat("A", 64)) || pinnedImage("r/app:latest") {
+		t.Error("pinnedImage")
+	}
+}

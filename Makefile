@@ -37,6 +37,8 @@ fuzz:
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzFastDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz FuzzFrame -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz FuzzOpen -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParsePing -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)
 

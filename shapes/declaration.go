@@ -61,7 +61,13 @@ type Error struct {
 	Type     string // the resource's type, when known
 	Field    string // the JSON field name, or "" when the whole resource is at fault
 	Reason   string
+	// Err is a sentinel the refusal is an instance of (ErrAction,
+	// ErrProtected), for errors.Is; nil for the others.
+	Err error
 }
+
+// Unwrap returns the sentinel, if any.
+func (e *Error) Unwrap() error { return e.Err }
 
 func (e *Error) Error() string {
 	var b strings.Builder

@@ -200,12 +200,12 @@ func checkProtected(v *validator, r Resource, m *machine) {
 		}
 		for _, c := range candidates {
 			if why := pathReason(c, container); why != "" {
-				v.fail(field, "%s: %v", why, ErrProtected)
+				v.failAs(ErrProtected, field, "%s: %v", why, ErrProtected)
 				return
 			}
 			if m != nil {
 				if why := m.movedReason(c, container); why != "" {
-					v.fail(field, "%s: %v", why, ErrProtected)
+					v.failAs(ErrProtected, field, "%s: %v", why, ErrProtected)
 					return
 				}
 			}
@@ -214,7 +214,7 @@ func checkProtected(v *validator, r Resource, m *machine) {
 	checkAccount := func(field, name string) {
 		for _, a := range ProtectedAccounts {
 			if name == a {
-				v.fail(field, "%s is the host's agent account: %v", name, ErrProtected)
+				v.failAs(ErrProtected, field, "%s is the host's agent account: %v", name, ErrProtected)
 			}
 		}
 	}
@@ -233,7 +233,7 @@ func checkProtected(v *validator, r Resource, m *machine) {
 		}
 	case *Service:
 		if isProtectedName(NormaliseUnit(r.Unit)) {
-			v.fail("unit", "%s is the host's own unit: %v", r.Unit, ErrProtected)
+			v.failAs(ErrProtected, "unit", "%s is the host's own unit: %v", r.Unit, ErrProtected)
 		}
 	case *User:
 		checkAccount("name", r.Name)

@@ -56,7 +56,7 @@ const action = `{"module":"fix","id":"a","type":"action","run":["/bin/true"],"ve
 func TestActionOnlyTrusted(t *testing.T) {
 	doc := `{"version":1,"resources":[` + action + `]}`
 	_, err := Parse([]byte(doc))
-	if err == nil || !strings.Contains(err.Error(), "fix.a (action) field type: an action may only come from a local file named by root") {
+	if err == nil || !strings.Contains(err.Error(), "fix.a (action) field type: an action may only come from a local file named by root") || !errors.Is(err, ErrAction) {
 		t.Fatalf("Parse(action) = %v", err)
 	}
 	d, err := ParseTrusted([]byte(doc))
@@ -197,8 +197,8 @@ func TestProtectedSet(t *testing.T) {
 			if !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %q\n does not contain %q", err, c.want)
 			}
-			if !errors.As(err, new(*Error)) {
-				t.Errorf("not a *shapes.Error: %T", err)
+			if !errors.As(err, new(*Error)) || strings.Contains(err.Error(), "protected set") != errors.Is(err, ErrProtected) {
+				t.Errorf("not a *shapes.Error wrapping ErrProtected: %T %v", err, err)
 			}
 		})
 	}

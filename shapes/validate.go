@@ -114,6 +114,15 @@ func (v *validator) fail(field, format string, args ...any) {
 	v.err = e
 }
 
+// failAs is fail for a refusal that is an instance of sentinel.
+func (v *validator) failAs(sentinel error, field, format string, args ...any) {
+	if v.err != nil {
+		return
+	}
+	v.fail(field, format, args...)
+	v.err.Err = sentinel
+}
+
 func (d *Declaration) validate(allowAction bool) error {
 	v := &validator{d: d, allowAction: allowAction, files: map[string]bool{}}
 	if len(d.Resources) == 0 && !d.OwnsNothing {
@@ -157,7 +166,7 @@ func (d *Declaration) validate(allowAction bool) error {
 	for _, r := range d.Resources {
 		v.r = r
 		if _, isAction := r.(*Action); isAction && !allowAction {
-			v.fail("type", "%v", ErrAction)
+			v.failAs(ErrAction, "type", "%v", ErrAction)
 		}
 		r.validate(v)
 		if t := Target(r); t != "" && v.err == nil {

@@ -20,17 +20,24 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"os/user"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/profile"
+	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // DefaultState is the executor's state directory.
@@ -47,6 +54,10 @@ const (
 const maxLocalFile = shapes.MaxDeclarationSize
 
 const usage = `usage: mesh-executor COMMAND [--json] [--state DIR] [ARGS]
+
+The daemon (what mesh-launch starts):
+  serve          listen on the local socket for the agent; reconcile at start,
+                 on reconnect and on the drift timer
 
 Rescue and inspection, as root, with or without the daemon running:
   apply FILE     apply a local declaration (root-owned, not group/other-writable)
@@ -68,6 +79,10 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return ExitRefused
 	}
 	cmd, rest := args[0], args[1:]
+	if cmd == "serve" {
+		c := &command{version: version, out: stdout, errw: stderr}
+		return c.serve(rest)
+	}
 	fs := flag.NewFlagSet("mesh-executor "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -181,13 +196,13 @@ func (c *command) apply(file string, plan bool) int {
 	return ExitApplied
 }
 
-// nodeID is this node's id once enrolment has written it; "" while hosted.
+// nodeID is this node's id once it has an identity; "" while hosted.
 func nodeID(state string) string {
-	b, err := os.ReadFile(filepath.Join(state, "node"))
-	if err != nil {
+	id, err := identity.Load(state)
+	if err != nil || id == nil {
 		return ""
 	}
-	return strings.TrimSpace(string(b))
+	return id.Node
 }
 
 func (c *command) report(rep *shapes.Report, plan bool) {
@@ -393,4 +408,54 @@ func (c *command) inventory() int {
 	text := fmt.Sprintf("hostname: %s\nmachine-id: %s\narchitecture: %s\nkernel: %s\nos: %s\nmemory: %d MiB\ncpus: %d\nhost version: %s\nholds: %d\n",
 		inv.Hostname, inv.MachineID, inv.Arch, inv.Kernel, inv.OSRelease, inv.MemoryBytes>>20, inv.CPUs, inv.HostVersion, inv.Holds)
 	return c.print(inv, text)
+}
+
+// serve runs the daemon until SIGTERM or SIGINT.
+func (c *command) serve(args []string) int {
+	fs := flag.NewFlagSet("mesh-executor serve", flag.ContinueOnError)
+	fs.SetOutput(c.errw)
+	stateDir := fs.String("state", DefaultState, "the executor's state directory")
+	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
+	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
+	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
+	build := fs.String("build", "", "the build id the agent compares at hello (default: the version)")
+	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
+	if err := fs.Parse(args); err != nil {
+		return ExitRefused
+	}
+	log := slog.New(slog.NewTextHandler(c.errw, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if os.Geteuid() != 0 {
+		log.Error("executor: serve runs as root")
+		return ExitRefused
+	}
+	u, err := user.Lookup(*agentUser)
+	if err != nil {
+		log.Error("executor: the agent's user is unknown", "user", *agentUser, "err", err)
+		return ExitRefused
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if _, err := store.Open(*stateDir); err != nil {
+		log.Error("executor: state", "err", err)
+		return ExitRefused
+	}
+	ln, err := wire.ListenUnix(*socket, gid)
+	if err != nil {
+		log.Error("executor: socket", "err", err)
+		return ExitFailed
+	}
+	if *build == "" {
+		*build = c.version
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv := serve.New(serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
+		DriftEvery: *drift, Partial: *partial, Log: log})
+	log.Info("executor: serving", "socket", *socket, "agent", *agentUser, "uid", uid, "version", c.version)
+	if err := srv.Run(ctx, ln); err != nil {
+		log.Error("executor: serve", "err", err)
+		return ExitFailed
+	}
+	os.Remove(*socket)
+	return 0
 }

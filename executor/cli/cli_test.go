@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -168,7 +169,7 @@ func TestLocalFileMustNameAnEnrolledNode(t *testing.T) {
 	d := base(t)
 	state := filepath.Join(d, "state")
 	os.Mkdir(state, 0o700)
-	write(t, filepath.Join(state, "node"), "workstation\n", 0o600)
+	write(t, filepath.Join(state, "identity.json"), `{"node":"workstation","enrolment":"e-1","control_key":"`+base64.StdEncoding.EncodeToString(make([]byte, 32))+`"}`, 0o600)
 	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), 0o644)
 	code, out, _ := run("apply", "--state", state, f)
 	if code != ExitRefused || !strings.Contains(out, `addressed to node ""; this is node "workstation"`) {

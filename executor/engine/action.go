@@ -128,7 +128,7 @@ func (r *run) action(st *step, rest int) {
 				return
 			}
 		}
-		r.lines = append(r.lines, st.line)
+		r.emit(st.line)
 		return
 	}
 	st.line.Outcome = shapes.Applied
@@ -137,7 +137,7 @@ func (r *run) action(st *step, rest int) {
 	}
 	if r.opt.Plan {
 		st.line.Detail = withOutput(fmt.Sprintf("verify fails (exit %d); would run %q", code, a.Run), out)
-		r.lines = append(r.lines, st.line)
+		r.emit(st.line)
 		return
 	}
 	if err := r.st.Intend(st.target, store.Intent{Op: "run", Claim: st.claim, Type: shapes.TypeAction}); err != nil {
@@ -175,5 +175,5 @@ func (r *run) action(st *step, rest int) {
 		return
 	}
 	st.line.Detail = withOutput(fmt.Sprintf("ran %q; verify passes", a.Run), out)
-	r.lines = append(r.lines, st.line)
+	r.emit(st.line)
 }

@@ -44,6 +44,9 @@ type Options struct {
 	// (Android): file, directory, action and archive only.
 	Partial bool
 	Log     *slog.Logger
+	// OnLine, when set, is given each report line as it is decided, so a
+	// daemon can stream them to the agent while the apply goes on.
+	OnLine func(shapes.Line)
 }
 
 // batchLimit bounds how many steps share one durable intent group.
@@ -100,7 +103,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	if !opt.Plan {
 		if err := st.Commit(); err != nil {
-			r.lines = append(r.lines, shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
+			r.emit(shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
 		}
 	}
 	rep.Lines = append(rep.Lines, r.lines...)
@@ -250,7 +253,7 @@ func (r *run) execute(batch []*step, after int) {
 				r.fail(st, nil, len(batch)-i-1+after)
 				return
 			}
-			r.lines = append(r.lines, st.line)
+			r.emit(st.line)
 		}
 		return
 	}
@@ -320,7 +323,7 @@ func (r *run) execute(batch []*step, after int) {
 			r.fail(st, err, 0)
 			return
 		}
-		r.lines = append(r.lines, st.line)
+		r.emit(st.line)
 	}
 	if failedAt >= 0 {
 		// Later intents never started. The failed step's own intent stays
@@ -336,6 +339,14 @@ func (r *run) execute(batch []*step, after int) {
 	}
 }
 
+// emit adds a line to the report, and streams it.
+func (r *run) emit(l shapes.Line) {
+	r.lines = append(r.lines, l)
+	if r.opt.OnLine != nil {
+		r.opt.OnLine(l)
+	}
+}
+
 // fail appends st's failed line and stops the apply.
 func (r *run) fail(st *step, err error, rest int) {
 	if err != nil {
@@ -344,7 +355,7 @@ func (r *run) fail(st *step, err error, rest int) {
 	if rest > 0 {
 		st.line.Detail += fmt.Sprintf("; the apply stopped here (%d later resources not attempted)", rest)
 	}
-	r.lines = append(r.lines, st.line)
+	r.emit(st.line)
 	r.stopped = true
 }
 

@@ -1,0 +1,84 @@
+// Package identity is what the executor pins: this node's id, its
+// enrolment, and the control plane's public key. It is root's own
+// configuration (identity.json in the executor's state directory, root,
+// 0600), written today by hand or by `mesh-control node add`'s
+// executor-identity.json, and by enrolment when that lands. No message
+// from the agent can set or change it.
+package identity
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// FileName is the identity's file in the state directory.
+const FileName = "identity.json"
+
+// Identity is what the executor pins.
+type Identity struct {
+	Node       string            `json:"node"`
+	Enrolment  string            `json:"enrolment"`
+	ControlKey ed25519.PublicKey `json:"-"`
+}
+
+type file struct {
+	Node       string `json:"node"`
+	Enrolment  string `json:"enrolment"`
+	ControlKey string `json:"control_key"` // base64 Ed25519 public key
+}
+
+// Load reads the identity from dir. A missing file is not an error: the
+// host is hosted, and takes nothing from the link. A file that anyone but
+// root could have written is refused.
+func Load(dir string) (*Identity, error) {
+	p := filepath.Join(dir, FileName)
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || st.Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
+		return nil, fmt.Errorf("identity: %s must be a regular file owned by root and writable by nobody else (it is %v, uid %d)", p, fi.Mode(), st.Uid)
+	}
+	var raw file
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("identity: %s: %w", p, err)
+	}
+	key, err := base64.StdEncoding.DecodeString(raw.ControlKey)
+	if err != nil || len(key) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("identity: %s: control_key is not a base64 Ed25519 public key", p)
+	}
+	if raw.Node == "" || raw.Enrolment == "" {
+		return nil, fmt.Errorf("identity: %s: node and enrolment are required", p)
+	}
+	return &Identity{Node: raw.Node, Enrolment: raw.Enrolment, ControlKey: key}, nil
+}
+
+// Save writes the identity into dir, root-only.
+func Save(dir string, id *Identity) error {
+	b, err := json.MarshalIndent(file{Node: id.Node, Enrolment: id.Enrolment, ControlKey: base64.StdEncoding.EncodeToString(id.ControlKey)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, FileName)
+	if err := os.WriteFile(p+".tmp", append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return os.Rename(p+".tmp", p)
+}

@@ -1,0 +1,459 @@
+// Package serve is the executor daemon: it listens on the local socket,
+// speaks the wire protocol with the agent, and applies what the control
+// plane signed — after verifying it again itself. It also runs the other
+// reconcile triggers: at start, when the agent says the link came back, and
+// on the drift timer.
+//
+// It trusts the agent for nothing. A connection is accepted only from root
+// or the agent's uid (peer credentials); a message not in the protocol's
+// table, going the wrong way, over its limit, or not allowed in the
+// connection's state closes the connection with a coded error; and a
+// declaration is applied only if the envelope bytes verify under the pinned
+// control-plane key, are addressed to this node and enrolment, carry a
+// sequence newer than the last applied, and contain no action. The pinned
+// key, node and enrolment come from the executor's own identity file, never
+// from a message.
+//
+// Only cmd/mesh-executor (through executor/cli) imports this package.
+package serve
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/engine"
+	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// Config is the daemon's own configuration: its policy comes from here,
+// never from a request.
+type Config struct {
+	StateDir string
+	Version  string
+	Build    string
+	// AgentUID may connect besides root; -1 for nobody but root.
+	AgentUID int
+	// DriftEvery is the drift timer; 0 turns it off.
+	DriftEvery time.Duration
+	// MaxConns bounds concurrent connections (default 4).
+	MaxConns int
+	// Rate and Burst bound requests per connection per second.
+	Rate  float64
+	Burst int
+	// LockWait is how long an apply waits for another applier (a rescue
+	// command) to finish.
+	LockWait time.Duration
+	Partial  bool
+	Log      *slog.Logger
+}
+
+// handler serves one request kind on a connection.
+type handler func(s *Server, ctx context.Context, c *wire.Conn, body any) error
+
+// handlers is the executor's half of the protocol table: one handler per
+// request kind. A test holds it, the table and the codec to the same set.
+var handlers = map[wire.Kind]handler{
+	wire.KindHello:       (*Server).hello,
+	wire.KindDeclaration: (*Server).declaration,
+	wire.KindReconnected: (*Server).reconnected,
+	wire.KindStatus:      (*Server).status,
+}
+
+// Handled lists the request kinds the executor serves.
+func Handled() []wire.Kind {
+	var ks []wire.Kind
+	for k := range handlers {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// Server is the executor daemon.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	conns chan struct{}
+	// applyMu makes this process apply one thing at a time; the store's
+	// lock keeps the rescue command out while it does.
+	applyMu sync.Mutex
+	// +checklocks:lastMu
+	last   lastApplied
+	lastMu sync.Mutex
+}
+
+type lastApplied struct {
+	Seq     uint64
+	Outcome shapes.Outcome
+}
+
+// New returns a daemon with cfg, defaults filled in.
+func New(cfg Config) *Server {
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 4
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate, cfg.Burst = 20, 50
+	}
+	if cfg.LockWait == 0 {
+		cfg.LockWait = 10 * time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns)}
+	if f, err := readFloor(cfg.StateDir); err == nil {
+		s.last.Seq = f.Seq
+	}
+	return s
+}
+
+// Run reconciles once (the start trigger), then serves ln and runs the drift
+// timer until ctx ends.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	s.Reconcile(ctx, "start", nil)
+	if s.cfg.DriftEvery > 0 {
+		go func() {
+			t := time.NewTicker(s.cfg.DriftEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.Reconcile(ctx, "drift", nil)
+				}
+			}
+		}()
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve accepts connections on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("executor: accept: %w", err)
+		}
+		select {
+		case s.conns <- struct{}{}:
+			go func() {
+				defer func() { <-s.conns }()
+				s.handle(ctx, nc)
+			}()
+		default:
+			c := wire.NewConn(nc, wire.AgentToExecutor)
+			c.Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("executor: %d connections are open already; refused", s.cfg.MaxConns)})
+			c.Close()
+		}
+	}
+}
+
+// refuse sends a coded error and closes the connection.
+func (s *Server) refuse(c *wire.Conn, code wire.Code, msg string, args ...any) {
+	m := fmt.Sprintf("executor: "+msg, args...)
+	s.log.Warn("connection refused", "code", code.String(), "reason", m)
+	c.Write(wire.KindError, &wire.Error{Code: code, Message: m})
+	c.Close()
+}
+
+func (s *Server) handle(ctx context.Context, nc net.Conn) {
+	c := wire.NewConn(nc, wire.AgentToExecutor)
+	peer, err := wire.PeerOf(nc)
+	if err != nil {
+		s.refuse(c, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
+		return
+	}
+	if peer.UID != 0 && (s.cfg.AgentUID < 0 || peer.UID != uint32(s.cfg.AgentUID)) {
+		s.refuse(c, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
+		return
+	}
+	state := wire.StateNew
+	tokens, lastFill := float64(s.cfg.Burst), time.Now()
+	for {
+		k, body, err := c.Read()
+		if err != nil {
+			var r *wire.Refusal
+			if errors.As(err, &r) {
+				s.refuse(c, r.Code, "%s", r.Reason)
+				return
+			}
+			if !errors.Is(err, io.EOF) {
+				s.log.Info("connection closed", "err", err)
+			}
+			c.Close()
+			return
+		}
+		if !wire.Allowed(k, state) {
+			s.refuse(c, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
+			return
+		}
+		now := time.Now()
+		tokens = min(float64(s.cfg.Burst), tokens+now.Sub(lastFill).Seconds()*s.cfg.Rate)
+		lastFill = now
+		if tokens < 1 {
+			s.refuse(c, wire.CodeBusy, "more than %g requests a second; refused", s.cfg.Rate)
+			return
+		}
+		tokens--
+		h, ok := handlers[k]
+		if !ok {
+			s.refuse(c, wire.CodeProtocol, "%s has no handler", k)
+			return
+		}
+		if err := h(s, ctx, c, body); err != nil {
+			s.refuse(c, wire.CodeOf(err), "%v", err)
+			return
+		}
+		if k == wire.KindHello {
+			state = wire.StateReady
+		}
+	}
+}
+
+func (s *Server) identity() (*identity.Identity, error) {
+	return identity.Load(s.cfg.StateDir)
+}
+
+func (s *Server) hello(_ context.Context, c *wire.Conn, body any) error {
+	h := body.(*wire.Hello)
+	if h.Protocol != wire.ProtocolVersion {
+		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
+	}
+	reply := &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted"}
+	if id, err := s.identity(); err == nil && id != nil {
+		reply.Node, reply.State = id.Node, "enrolled"
+	}
+	return c.Write(wire.KindHelloReply, reply)
+}
+
+func (s *Server) status(_ context.Context, c *wire.Conn, _ any) error {
+	s.lastMu.Lock()
+	last := s.last
+	s.lastMu.Unlock()
+	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
+	if id, err := s.identity(); err == nil && id != nil {
+		reply.Node, reply.State = id.Node, "enrolled"
+	}
+	return c.Write(wire.KindStatusReply, reply)
+}
+
+// stream writes report lines to c as the engine decides them.
+func stream(c *wire.Conn) func(shapes.Line) {
+	return func(l shapes.Line) { c.Write(wire.KindReportLine, &l) }
+}
+
+func (s *Server) declaration(ctx context.Context, c *wire.Conn, body any) error {
+	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c))
+	return c.Write(wire.KindVerdict, v)
+}
+
+func (s *Server) reconnected(ctx context.Context, c *wire.Conn, _ any) error {
+	v := s.Reconcile(ctx, "reconnect", stream(c))
+	return c.Write(wire.KindVerdict, v)
+}
+
+// floor is the newest link declaration accepted: its sequence and the
+// digest of its envelope. Written durably before that declaration is
+// applied, so no crash can let an older one in.
+type floor struct {
+	Seq    uint64 `json:"seq"`
+	Digest string `json:"digest"`
+}
+
+const floorFile = "link-floor.json"
+
+func readFloor(dir string) (floor, error) {
+	var f floor
+	b, err := os.ReadFile(filepath.Join(dir, floorFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return f, nil
+	}
+	if err != nil {
+		return f, err
+	}
+	return f, json.Unmarshal(b, &f)
+}
+
+func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
+	return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: fmt.Sprintf("executor: "+format, args...)}
+}
+
+// ApplyEnvelope verifies envelope bytes as the control plane published
+// them and, if every check passes, applies the declaration, giving each
+// report line to emit (which may be nil).
+func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes.Line)) *wire.Verdict {
+	id, err := s.identity()
+	if err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	if id == nil {
+		return refusal(wire.CodeNotEnrolled, "this host has no identity (hosted): it takes no declaration from the link")
+	}
+	payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, env)
+	if err != nil {
+		code := wire.CodeMalformed
+		switch {
+		case errors.Is(err, wire.ErrWrongKey):
+			code = wire.CodeWrongKey
+		case errors.Is(err, wire.ErrBadSignature):
+			code = wire.CodeSignature
+		case errors.Is(err, wire.ErrWrongPurpose):
+			code = wire.CodePurpose
+		}
+		return refusal(code, "%v", err)
+	}
+	d, err := shapes.Parse(payload)
+	if err != nil {
+		if errors.Is(err, shapes.ErrAction) {
+			return refusal(wire.CodeAction, "%v", err)
+		}
+		return refusal(wire.CodeInvalid, "%v", err)
+	}
+	v := &wire.Verdict{Seq: d.Seq}
+	if d.Node != id.Node || d.Enrolment != id.Enrolment {
+		v = refusal(wire.CodeAddress, "addressed to node %q enrolment %q; this is node %q enrolment %q", d.Node, d.Enrolment, id.Node, id.Enrolment)
+		v.Seq = d.Seq
+		return v
+	}
+	sum := sha256.Sum256(env)
+	digest := hex.EncodeToString(sum[:])
+
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	f, err := readFloor(s.cfg.StateDir)
+	if err != nil {
+		return refusal(wire.CodeInternal, "read the sequence floor: %v", err)
+	}
+	switch {
+	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
+		s.lastMu.Lock()
+		v.Outcome, v.Duplicate = s.last.Outcome, true
+		s.lastMu.Unlock()
+		return v
+	case d.Seq == f.Seq && f.Seq > 0:
+		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
+		v.Seq = d.Seq
+		return v
+	case d.Seq <= f.Seq:
+		v = refusal(wire.CodeReplay, "sequence %d is not newer than the last applied, %d", d.Seq, f.Seq)
+		v.Seq = d.Seq
+		return v
+	}
+	st, err := store.Open(s.cfg.StateDir)
+	if err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	if err := st.Lock(s.cfg.LockWait); err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	defer st.Unlock()
+	b, _ := json.Marshal(floor{Seq: d.Seq, Digest: digest})
+	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, floorFile), b); err != nil {
+		return refusal(wire.CodeInternal, "record the sequence floor: %v", err)
+	}
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit})
+	s.record(st, store.Link, rep)
+	if rep.Outcome == shapes.Refused {
+		v = refusal(wire.CodeInvalid, "%s", rep.Refused)
+		v.Seq = d.Seq
+		return v
+	}
+	v.Outcome = rep.Outcome
+	return v
+}
+
+func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {
+	if b, err := json.Marshal(rep); err == nil {
+		st.SaveReport(src, b)
+	}
+	if src == store.Link {
+		s.lastMu.Lock()
+		s.last = lastApplied{Seq: rep.Seq, Outcome: rep.Outcome}
+		s.lastMu.Unlock()
+	}
+	s.log.Info("applied", "source", src, "seq", rep.Seq, "outcome", rep.Outcome, "lines", len(rep.Lines))
+}
+
+// Reconcile applies again what each source last declared — the bundle, the
+// link (whose envelope is verified again under the pinned key), a rescue
+// file — for one of the triggers: start, reconnect, drift. Its verdict's
+// outcome is the worst of the three.
+func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Line)) *wire.Verdict {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	v := &wire.Verdict{Outcome: shapes.Unchanged}
+	st, err := store.Open(s.cfg.StateDir)
+	if err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	if err := st.Lock(s.cfg.LockWait); err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	defer st.Unlock()
+	id, err := s.identity()
+	if err != nil {
+		return refusal(wire.CodeInternal, "%v", err)
+	}
+	var all []shapes.Line
+	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
+		raw, err := st.Target(src)
+		if err != nil || raw == nil {
+			continue
+		}
+		var d *shapes.Declaration
+		if src == store.Link {
+			if id == nil {
+				s.log.Warn("reconcile: a link target is saved but this host has no identity; skipped", "trigger", why)
+				continue
+			}
+			payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
+			if err != nil {
+				s.log.Warn("reconcile: the saved link target no longer verifies; skipped", "trigger", why, "err", err)
+				continue
+			}
+			if d, err = shapes.Parse(payload); err != nil {
+				s.log.Warn("reconcile: the saved link target no longer parses; skipped", "trigger", why, "err", err)
+				continue
+			}
+			v.Seq = d.Seq
+		} else if d, err = shapes.ParseTrusted(raw); err != nil {
+			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
+			continue
+		}
+		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit}
+		if id != nil && (src == store.Link || d.Node != "") {
+			opt.NodeID = id.Node
+		}
+		rep := engine.Apply(ctx, st, d, raw, opt)
+		s.record(st, src, rep)
+		all = append(all, rep.Lines...)
+		if rep.Outcome == shapes.Refused {
+			s.log.Warn("reconcile refused", "source", src, "reason", rep.Refused)
+		}
+	}
+	v.Outcome = shapes.Derive(all)
+	s.log.Info("reconciled", "trigger", why, "outcome", v.Outcome, "lines", len(all))
+	return v
+}

@@ -1,0 +1,131 @@
+package wire
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"reflect"
+	"sync"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+// A frame is a 6-byte header — kind (2 bytes) and body length (4 bytes),
+// big-endian — and a CBOR body. The length is checked against the kind's
+// limit before a byte of the body is read or allocated.
+const headerSize = 6
+
+var (
+	encMode cbor.EncMode
+	decMode cbor.DecMode
+)
+
+func init() {
+	var err error
+	// Deterministic: the same message is always the same bytes.
+	if encMode, err = cbor.CoreDetEncOptions().EncMode(); err != nil {
+		panic(err)
+	}
+	// Strict: no duplicate keys, no unknown fields, no indefinite lengths,
+	// no tags, shallow nesting, bounded collections.
+	if decMode, err = (cbor.DecOptions{
+		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
+		IndefLength:       cbor.IndefLengthForbidden,
+		TagsMd:            cbor.TagsForbidden,
+		MaxNestedLevels:   8,
+		MaxArrayElements:  4096,
+		MaxMapPairs:       256,
+		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
+		UTF8:              cbor.UTF8RejectInvalid,
+	}).DecMode(); err != nil {
+		panic(err)
+	}
+}
+
+// Encode is the body encoding of the protocol, exported for tests that
+// speak it by hand.
+func Encode(v any) ([]byte, error) { return encMode.Marshal(v) }
+
+// Conn is one end of the protocol over a stream (a unix socket, vsock, or
+// a pipe in tests). Reading is for one goroutine; writing is safe from
+// several.
+type Conn struct {
+	c       net.Conn
+	r       *bufio.Reader
+	wmu     sync.Mutex
+	receive Direction // the direction of the messages this end reads
+}
+
+// NewConn wraps c for the side that receives messages going in direction
+// receive: the executor receives AgentToExecutor.
+func NewConn(c net.Conn, receive Direction) *Conn {
+	return &Conn{c: c, r: bufio.NewReaderSize(c, 64<<10), receive: receive}
+}
+
+// Close closes the stream.
+func (c *Conn) Close() error { return c.c.Close() }
+
+// NetConn is the underlying stream.
+func (c *Conn) NetConn() net.Conn { return c.c }
+
+// Write sends one message.
+func (c *Conn) Write(k Kind, body any) error {
+	s, ok := byKind[k]
+	if !ok {
+		return fmt.Errorf("wire: write: %w: unknown kind %d", ErrProtocol, k)
+	}
+	b, err := encMode.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("wire: write %s: %w", s.Name, err)
+	}
+	if uint64(len(b)) > uint64(s.Max) {
+		return fmt.Errorf("wire: write %s: %w: %d bytes, limit %d", s.Name, ErrTooLarge, len(b), s.Max)
+	}
+	frame := make([]byte, headerSize, headerSize+len(b))
+	binary.BigEndian.PutUint16(frame[0:2], uint16(k))
+	binary.BigEndian.PutUint32(frame[2:6], uint32(len(b)))
+	frame = append(frame, b...)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err = c.c.Write(frame)
+	return err
+}
+
+// Read receives one message: its kind and its decoded body. A kind not in
+// the table, going the wrong way, over its limit, or with a body that does
+// not decode strictly is an error carrying its Code; the connection is
+// then unusable.
+func (c *Conn) Read() (Kind, any, error) {
+	var h [headerSize]byte
+	if _, err := io.ReadFull(c.r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	k := Kind(binary.BigEndian.Uint16(h[0:2]))
+	n := binary.BigEndian.Uint32(h[2:6])
+	s, ok := byKind[k]
+	if !ok {
+		return k, nil, &Refusal{CodeProtocol, fmt.Sprintf("unknown message kind %d", k)}
+	}
+	if s.Dir != c.receive {
+		return k, nil, &Refusal{CodeProtocol, fmt.Sprintf("%s may not be sent in this direction", s.Name)}
+	}
+	if n > s.Max {
+		return k, nil, &Refusal{CodeTooLarge, fmt.Sprintf("%s of %d bytes, over its limit of %d", s.Name, n, s.Max)}
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.r, b); err != nil {
+		return k, nil, err
+	}
+	body := s.Body()
+	if err := decMode.Unmarshal(b, body); err != nil {
+		return k, nil, &Refusal{CodeMalformed, fmt.Sprintf("%s body: %v", s.Name, err)}
+	}
+	return k, body, nil
+}
+
+// bodyType is the Go type of a kind's body, for the table tests.
+func bodyType(k Kind) reflect.Type {
+	return reflect.TypeOf(byKind[k].Body()).Elem()
+}

@@ -1,0 +1,180 @@
+package wire
+
+import (
+	"fmt"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// Kind numbers a message. Numbers are stable and never reused; requests
+// (agent to executor) are even and replies (executor to agent) odd, as in
+// OpenSSH's monitor, so a reply can never be mistaken for a request.
+type Kind uint16
+
+// The messages of the agent↔executor protocol.
+const (
+	KindHello       Kind = 2  // agent: who I am; must come first, once
+	KindHelloReply  Kind = 3  // executor: my version and build, node, state
+	KindDeclaration Kind = 4  // agent: an envelope exactly as published
+	KindReportLine  Kind = 5  // executor: one line of the apply, streamed
+	KindReconnected Kind = 6  // agent: the link came back; reconcile
+	KindVerdict     Kind = 7  // executor: how a declaration or reconcile ended
+	KindStatus      Kind = 8  // agent: what is your state (for the heartbeat)
+	KindStatusReply Kind = 9  // executor: version, state, last sequence and outcome
+	KindError       Kind = 11 // executor: the connection is refused and closes
+)
+
+// Direction is who may send a message.
+type Direction uint8
+
+// The two directions.
+const (
+	AgentToExecutor Direction = iota + 1
+	ExecutorToAgent
+)
+
+// State is where a connection is, as the executor sees it.
+type State uint8
+
+// The states of a connection:
+//
+//	new ──Hello──► ready ──Declaration/Reconnected/Status──► (reply) ──► ready
+//	 │                                  any violation ──► closed
+//	 └── anything else ──► closed
+const (
+	StateNew State = iota + 1
+	StateReady
+)
+
+// Spec is one row of the protocol's table: the policy lives here, not in
+// the handlers.
+type Spec struct {
+	Kind   Kind
+	Name   string
+	Dir    Direction
+	States []State // when an agent may send it (requests only)
+	// Max is the largest body accepted, checked before a byte is allocated.
+	Max  uint32
+	Body func() any // a new, empty body to decode into
+}
+
+// Table is the whole protocol. A kind not in it closes the connection.
+var Table = []Spec{
+	{KindHello, "hello", AgentToExecutor, []State{StateNew}, 4 << 10, func() any { return new(Hello) }},
+	{KindHelloReply, "hello-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(HelloReply) }},
+	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }},
+	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }},
+	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Reconnected) }},
+	{KindVerdict, "verdict", ExecutorToAgent, nil, 64 << 10, func() any { return new(Verdict) }},
+	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Status) }},
+	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
+	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
+}
+
+var byKind = func() map[Kind]*Spec {
+	m := map[Kind]*Spec{}
+	for i := range Table {
+		s := &Table[i]
+		if _, dup := m[s.Kind]; dup {
+			panic(fmt.Sprintf("wire: kind %d in the table twice", s.Kind))
+		}
+		if (s.Dir == AgentToExecutor) != (s.Kind%2 == 0) {
+			panic(fmt.Sprintf("wire: kind %d (%s): requests are even, replies odd", s.Kind, s.Name))
+		}
+		m[s.Kind] = s
+	}
+	return m
+}()
+
+// Lookup returns the table's row for k.
+func Lookup(k Kind) (*Spec, bool) {
+	s, ok := byKind[k]
+	return s, ok
+}
+
+func (k Kind) String() string {
+	if s, ok := byKind[k]; ok {
+		return s.Name
+	}
+	return fmt.Sprintf("kind(%d)", uint16(k))
+}
+
+// Allowed reports whether an agent may send k in state st.
+func Allowed(k Kind, st State) bool {
+	s, ok := byKind[k]
+	if !ok || s.Dir != AgentToExecutor {
+		return false
+	}
+	for _, x := range s.States {
+		if x == st {
+			return true
+		}
+	}
+	return false
+}
+
+// ProtocolVersion is the version both sides speak; Hello carries it.
+const ProtocolVersion = 1
+
+// Hello opens a connection.
+type Hello struct {
+	Protocol int    `cbor:"1,keyasint"`
+	Version  string `cbor:"2,keyasint"` // the agent's version
+	Build    string `cbor:"3,keyasint"` // the agent's build id
+}
+
+// HelloReply answers Hello. The agent compares Build with its own: a
+// different build means the host was upgraded, and the agent exits to be
+// restarted onto its own new binary.
+type HelloReply struct {
+	Protocol int    `cbor:"1,keyasint"`
+	Version  string `cbor:"2,keyasint"`
+	Build    string `cbor:"3,keyasint"`
+	Node     string `cbor:"4,keyasint"`
+	State    string `cbor:"5,keyasint"` // hosted, enrolled
+}
+
+// Declaration carries the envelope bytes exactly as published. Nothing
+// else: no "verified" flag, no parsed declaration, no sequence. The
+// executor verifies the bytes itself.
+type Declaration struct {
+	Envelope []byte `cbor:"1,keyasint"`
+}
+
+// Reconnected says the link came back: declarations may have been missed,
+// and the machine may have drifted.
+type Reconnected struct{}
+
+// Status asks the executor's state.
+type Status struct{}
+
+// StatusReply is the executor's state, for the heartbeat.
+type StatusReply struct {
+	Version string         `cbor:"1,keyasint"`
+	Build   string         `cbor:"2,keyasint"`
+	State   string         `cbor:"3,keyasint"`
+	Node    string         `cbor:"4,keyasint"`
+	Seq     uint64         `cbor:"5,keyasint"`
+	Outcome shapes.Outcome `cbor:"6,keyasint"`
+}
+
+// Verdict ends a declaration or a reconcile.
+type Verdict struct {
+	Seq     uint64         `cbor:"1,keyasint"`
+	Outcome shapes.Outcome `cbor:"2,keyasint"` // derived from the lines, or refused
+	Code    Code           `cbor:"3,keyasint"` // why refused (0 otherwise)
+	Reason  string         `cbor:"4,keyasint"`
+	// Duplicate: these exact bytes were applied before; nothing was done.
+	Duplicate bool `cbor:"5,keyasint"`
+}
+
+// Error refuses the connection; the executor closes it after sending.
+type Error struct {
+	Code    Code   `cbor:"1,keyasint"`
+	Message string `cbor:"2,keyasint"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("executor: %s (%s)", e.Message, e.Code) }
+
+// Unwrap maps the code to its sentinel, so callers use errors.Is.
+func (e *Error) Unwrap() error { return e.Code.sentinel() }

@@ -1,0 +1,108 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The executor's socket. The directory is root's and the agent's group's
+// (0750), the socket 0660 root:group, created under a umask of 077 and only
+// then opened to the group, so there is no instant at which another user
+// could connect. Peer credentials are checked on every connection anyway.
+const (
+	SocketDir  = "/run/mesh-host"
+	SocketPath = "/run/mesh-host/executor.sock"
+)
+
+// ListenUnix creates the socket at path for the group gid and listens.
+func ListenUnix(path string, gid int) (net.Listener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("wire: socket directory: %w", err)
+	}
+	if err := os.Chown(dir, 0, gid); err != nil {
+		return nil, fmt.Errorf("wire: socket directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("wire: socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("wire: %s exists and is not a socket; not removing it", path)
+		}
+		os.Remove(path) // a stale socket of an earlier executor
+	}
+	old := syscall.Umask(0o077)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("wire: listen: %w", err)
+	}
+	if err := os.Chown(path, 0, gid); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("wire: socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("wire: socket: %w", err)
+	}
+	return ln, nil
+}
+
+// Peer is who is at the other end of a unix socket, as the kernel says.
+type Peer struct {
+	UID, GID uint32
+	PID      int32
+}
+
+// ErrNoCredentials is returned for a connection that is not a unix socket.
+var ErrNoCredentials = errors.New("wire: the connection carries no peer credentials")
+
+// PeerOf returns the kernel's credentials of the peer of c (SO_PEERCRED).
+func PeerOf(c net.Conn) (Peer, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return Peer{}, ErrNoCredentials
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return Peer{}, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Peer{}, err
+	}
+	if serr != nil {
+		return Peer{}, fmt.Errorf("wire: SO_PEERCRED: %w", serr)
+	}
+	return Peer{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid}, nil
+}
+
+// DialUnix connects to the executor and checks that the process listening
+// is root's (or wantUID's): an agent must not pour declarations into a
+// socket someone else put in the executor's place.
+func DialUnix(path string, wantUID uint32) (*Conn, error) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("wire: executor socket %s: %w", path, err)
+	}
+	p, err := PeerOf(c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if p.UID != wantUID {
+		c.Close()
+		return nil, fmt.Errorf("wire: the process at %s runs as uid %d, not the executor's uid %d; refusing to talk to it", path, p.UID, wantUID)
+	}
+	return NewConn(c, ExecutorToAgent), nil
+}

@@ -65,6 +65,9 @@ var registry = map[Code]struct {
 }
 
 func (c Code) String() string {
+	if c == CodeNone {
+		return "none"
+	}
 	if r, ok := registry[c]; ok {
 		return r.name
 	}

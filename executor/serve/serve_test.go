@@ -1,0 +1,624 @@
+package serve
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The agent's stand-in uid for the tests that need a real second uid.
+const nobody = 65534
+
+// env is a real executor daemon on a real unix socket, with a pinned key
+// the test holds, applying to a scratch tree.
+type env struct {
+	t      *testing.T
+	base   string
+	state  string
+	root   string
+	sock   string
+	pub    ed25519.PublicKey
+	priv   ed25519.PrivateKey
+	srv    *Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newEnv(t *testing.T, agentUID int, enrolled bool) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the executor's tests run as root, like the executor")
+	}
+	base, err := os.MkdirTemp("", "serve-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(base, 0o755) // the unprivileged child must reach its files
+	t.Cleanup(func() { os.RemoveAll(base) })
+	e := &env{t: t, base: base, state: filepath.Join(base, "state"), root: filepath.Join(base, "tree"), sock: filepath.Join(base, "run", "executor.sock")}
+	os.Mkdir(e.root, 0o755)
+	if _, err := store.Open(e.state); err != nil {
+		t.Fatal(err)
+	}
+	e.pub, e.priv, _ = ed25519.GenerateKey(rand.Reader)
+	if enrolled {
+		if err := identity.Save(e.state, &identity.Identity{Node: "n1", Enrolment: "e-1", ControlKey: e.pub}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: agentUID})
+	return e
+}
+
+func (e *env) start(cfg Config) {
+	ln, err := wire.ListenUnix(e.sock, nobody)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.srv, e.cancel, e.done = New(cfg), cancel, make(chan error, 1)
+	go func() { e.done <- e.srv.Run(ctx, ln) }()
+	e.t.Cleanup(e.stop)
+}
+
+func (e *env) stop() {
+	if e.cancel != nil {
+		e.cancel()
+		<-e.done
+		e.cancel = nil
+	}
+}
+
+// decl is a declaration addressed to this node with seq and resources
+// written with {root}.
+func (e *env) decl(node, enrolment string, seq int, resources ...string) []byte {
+	return []byte(strings.ReplaceAll(fmt.Sprintf(`{"version":1,"node":%q,"enrolment":%q,"seq":%d,"resources":[%s]}`,
+		node, enrolment, seq, strings.Join(resources, ",")), "{root}", e.root))
+}
+
+func (e *env) seal(payload []byte) []byte {
+	b, err := wire.Seal(e.priv, wire.PurposeDeclaration, payload)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
+}
+
+func file(id, content string) string {
+	return fmt.Sprintf(`{"module":"m","id":%q,"type":"file","path":"{root}/%s","content":%q}`, id, id, content)
+}
+
+// dial connects as root (allowed) and says hello.
+func (e *env) dial() *wire.Conn {
+	e.t.Helper()
+	c, err := wire.DialUnix(e.sock, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: "agent", Build: "b1"}); err != nil {
+		e.t.Fatal(err)
+	}
+	k, body, err := c.Read()
+	if err != nil || k != wire.KindHelloReply {
+		e.t.Fatalf("hello: %v %v %v", k, body, err)
+	}
+	return c
+}
+
+// send sends a request and collects the streamed lines and the verdict.
+func send(t *testing.T, c *wire.Conn, k wire.Kind, body any) ([]shapes.Line, *wire.Verdict) {
+	t.Helper()
+	if err := c.Write(k, body); err != nil {
+		t.Fatal(err)
+	}
+	var lines []shapes.Line
+	for {
+		k, body, err := c.Read()
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		switch k {
+		case wire.KindReportLine:
+			lines = append(lines, *body.(*shapes.Line))
+		case wire.KindVerdict:
+			return lines, body.(*wire.Verdict)
+		default:
+			t.Fatalf("unexpected %s %+v", k, body)
+		}
+	}
+}
+
+func (e *env) push(c *wire.Conn, envelope []byte) ([]shapes.Line, *wire.Verdict) {
+	return send(e.t, c, wire.KindDeclaration, &wire.Declaration{Envelope: envelope})
+}
+
+// snapshot is everything under the tree and the store's entries: what a
+// refusal must leave exactly as it was.
+func (e *env) snapshot() string {
+	var out []string
+	filepath.Walk(e.root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			b, _ := os.ReadFile(p)
+			out = append(out, fmt.Sprintf("%s %v %s", p, fi.Mode(), b))
+		}
+		return nil
+	})
+	sort.Strings(out)
+	st, _ := store.Open(e.state)
+	for _, en := range st.Entries() {
+		out = append(out, "entry "+en.Target)
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestPushedDeclarationIsVerifiedAppliedAndStreamed(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	env1 := e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))
+	lines, v := e.push(c, env1)
+	if v.Outcome != shapes.Applied || v.Seq != 1 || len(lines) != 1 || lines[0].Outcome != shapes.Applied {
+		t.Fatalf("verdict %+v lines %+v", v, lines)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "hello\n" {
+		t.Fatal("not applied")
+	}
+	// Re-delivery of the same bytes: a no-op that says so.
+	os.WriteFile(filepath.Join(e.root, "motd"), []byte("drift"), 0o644)
+	lines, v = e.push(c, env1)
+	if !v.Duplicate || len(lines) != 0 || v.Outcome != shapes.Applied {
+		t.Fatalf("re-delivery: %+v %+v", v, lines)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "drift" {
+		t.Fatal("a re-delivery applied again")
+	}
+	// Status for the heartbeat.
+	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+		t.Fatal(err)
+	}
+	k, body, err := c.Read()
+	if err != nil || k != wire.KindStatusReply {
+		t.Fatal(k, err)
+	}
+	if s := body.(*wire.StatusReply); s.Seq != 1 || s.Node != "n1" || s.State != "enrolled" || s.Build != "b1" {
+		t.Fatalf("status %+v", s)
+	}
+	// The next sequence is applied, and removes what the link no longer declares.
+	_, v = e.push(c, e.seal(e.decl("n1", "e-1", 2, file("other", "x"))))
+	if v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, "motd")); !os.IsNotExist(err) {
+		t.Fatal("undeclared file kept")
+	}
+}
+
+// Each refusal says which check refused, and changes nothing: not the
+// machine, not the store, not the sequence floor.
+func TestRefusalsChangeNothing(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 5, file("motd", "five")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+	forged, _ := wire.Seal(otherKey, wire.PurposeDeclaration, e.decl("n1", "e-1", 6, file("motd", "forged")))
+	grant, _ := wire.Seal(e.priv, wire.PurposeGrant, e.decl("n1", "e-1", 6, file("motd", "grant")))
+	good6 := e.seal(e.decl("n1", "e-1", 6, file("motd", "six")))
+	tampered := []byte(strings.Replace(string(good6), "six", "sux", 1))
+	cases := []struct {
+		name string
+		env  []byte
+		code wire.Code
+		want string
+	}{
+		{"signed by another key", forged, wire.CodeWrongKey, "signed by a key other than the pinned control-plane key"},
+		{"tampered after signing", tampered, wire.CodeSignature, "does not verify"},
+		{"a grant passed off as a declaration", grant, wire.CodePurpose, "signed for another purpose"},
+		{"another node", e.seal(e.decl("n2", "e-1", 6, file("motd", "x"))), wire.CodeAddress, `addressed to node "n2"`},
+		{"another enrolment", e.seal(e.decl("n1", "e-0", 6, file("motd", "x"))), wire.CodeAddress, `enrolment "e-0"`},
+		{"an older sequence", e.seal(e.decl("n1", "e-1", 4, file("motd", "four"))), wire.CodeReplay, "sequence 4 is not newer than the last applied, 5"},
+		{"the same sequence, other bytes", e.seal(e.decl("n1", "e-1", 5, file("motd", "FIVE"))), wire.CodeConflict, "sequence 5 was applied already with other bytes"},
+		{"an action over the link", e.seal(e.decl("n1", "e-1", 6, `{"module":"m","id":"a","type":"action","run":["/bin/true"],"verify":["/bin/false"]}`)), wire.CodeAction, "an action may only come from a local file"},
+		{"an invalid declaration", e.seal(e.decl("n1", "e-1", 6, `{"module":"m","id":"f","type":"file","path":"{root}/x","content":"x","colour":1}`)), wire.CodeInvalid, "field colour: unknown field"},
+		{"the protected set", e.seal(e.decl("n1", "e-1", 6, `{"module":"m","id":"f","type":"file","path":"/var/lib/mesh-host/executor/identity.json","content":"{}"}`)), wire.CodeInvalid, "protected set"},
+		{"garbage", []byte("not an envelope"), wire.CodeMalformed, "not a well-formed signed envelope"},
+	}
+	before := e.snapshot()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lines, v := e.push(c, tc.env)
+			if v.Outcome != shapes.Refused || v.Code != tc.code || !strings.Contains(v.Reason, tc.want) || len(lines) != 0 {
+				t.Fatalf("verdict %+v (code %s), want %s containing %q", v, v.Code, tc.code, tc.want)
+			}
+			if !strings.HasPrefix(v.Reason, "executor: ") {
+				t.Errorf("a refusal must say which side refused: %q", v.Reason)
+			}
+			if after := e.snapshot(); after != before {
+				t.Fatalf("a refusal changed something:\n%s\n---\n%s", before, after)
+			}
+		})
+	}
+	// The floor did not move: 6 is still next.
+	if _, v := e.push(c, good6); v.Outcome != shapes.Applied {
+		t.Fatalf("the genuine next declaration: %+v", v)
+	}
+}
+
+func TestHostedTakesNothingFromTheLink(t *testing.T) {
+	e := newEnv(t, nobody, false)
+	c := e.dial()
+	_, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "x"))))
+	if v.Code != wire.CodeNotEnrolled || !strings.Contains(v.Reason, "no identity (hosted)") {
+		t.Fatalf("%+v", v)
+	}
+}
+
+// readError reads what the executor says before it closes: an Error frame,
+// then the end of the stream.
+func readError(t *testing.T, c net.Conn, conn *wire.Conn) *wire.Error {
+	t.Helper()
+	k, body, err := conn.Read()
+	if err != nil || k != wire.KindError {
+		t.Fatalf("expected an error frame, got %v %+v %v", k, body, err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("the executor did not close the connection: %v", err)
+	}
+	return body.(*wire.Error)
+}
+
+func frame(k wire.Kind, body []byte) []byte {
+	f := make([]byte, 6, 6+len(body))
+	binary.BigEndian.PutUint16(f, uint16(k))
+	binary.BigEndian.PutUint32(f[2:], uint32(len(body)))
+	return append(f, body...)
+}
+
+func hello() []byte {
+	b, _ := wire.Encode(&wire.Hello{Protocol: wire.ProtocolVersion})
+	return frame(wire.KindHello, b)
+}
+
+func TestProtocolViolationsCloseTheConnection(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	empty, _ := wire.Encode(&wire.Status{})
+	decl, _ := wire.Encode(&wire.Declaration{Envelope: e.seal(e.decl("n1", "e-1", 1, file("motd", "x")))})
+	huge := make([]byte, 6)
+	binary.BigEndian.PutUint16(huge, uint16(wire.KindDeclaration))
+	binary.BigEndian.PutUint32(huge[2:], 0xfffffff0)
+	oldHello, _ := wire.Encode(&wire.Hello{Protocol: 99})
+	cases := []struct {
+		name   string
+		frames [][]byte
+		code   wire.Code
+		want   string
+	}{
+		{"a declaration before hello", [][]byte{frame(wire.KindDeclaration, decl)}, wire.CodeProtocol, "declaration is not allowed now"},
+		{"a second hello", [][]byte{hello(), hello()}, wire.CodeProtocol, "hello is not allowed now"},
+		{"an unknown kind", [][]byte{hello(), frame(100, empty)}, wire.CodeProtocol, "unknown message kind 100"},
+		{"a reply sent by the agent", [][]byte{hello(), frame(wire.KindVerdict, empty)}, wire.CodeProtocol, "verdict may not be sent in this direction"},
+		{"a frame over the limit", [][]byte{hello(), huge}, wire.CodeTooLarge, "over its limit"},
+		{"a garbage frame", [][]byte{hello(), frame(wire.KindStatus, []byte{0xff, 0xfe})}, wire.CodeMalformed, "status body"},
+		{"another protocol", [][]byte{frame(wire.KindHello, oldHello)}, wire.CodeProtocol, "protocol 99"},
+	}
+	before := e.snapshot()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("unix", e.sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, f := range tc.frames {
+				c.Write(f)
+			}
+			conn := wire.NewConn(c, wire.ExecutorToAgent)
+			if tc.frames[0][1] == byte(wire.KindHello) && len(tc.frames) > 1 {
+				// The first hello is answered; skip its reply.
+				k, _, err := conn.Read()
+				if err != nil || k != wire.KindHelloReply {
+					t.Fatalf("hello: %v %v", k, err)
+				}
+			}
+			werr := readError(t, c, conn)
+			if werr.Code != tc.code || !strings.Contains(werr.Message, tc.want) {
+				t.Fatalf("error %+v, want %s containing %q", werr, tc.code, tc.want)
+			}
+		})
+	}
+	if e.snapshot() != before {
+		t.Fatal("a protocol violation changed something")
+	}
+}
+
+func TestRequestRateIsBounded(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, Rate: 1, Burst: 3})
+	c := e.dial()
+	var werr error
+	for i := 0; i < 10 && werr == nil; i++ {
+		if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+			break
+		}
+		k, body, err := c.Read()
+		if err != nil {
+			werr = err
+		} else if k == wire.KindError {
+			werr = body.(*wire.Error)
+		}
+	}
+	if !errors.Is(werr, wire.ErrBusy) {
+		t.Fatalf("a flood of requests was not bounded: %v", werr)
+	}
+}
+
+// The start, reconnect and drift triggers reconcile what each source last
+// declared; pushed is tested above.
+func TestReconcileTriggers(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	motd := filepath.Join(e.root, "motd")
+
+	// reconnect: the agent says the link came back.
+	os.WriteFile(motd, []byte("drift\n"), 0o644)
+	lines, v := send(t, c, wire.KindReconnected, &wire.Reconnected{})
+	if v.Outcome != shapes.Repaired || len(lines) != 1 || lines[0].Outcome != shapes.Repaired {
+		t.Fatalf("reconnect: %+v %+v", v, lines)
+	}
+
+	// start: a new daemon reconciles before it serves.
+	e.stop()
+	os.WriteFile(motd, []byte("drift again\n"), 0o644)
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	e.dial() // served only after the start reconcile
+	if b, _ := os.ReadFile(motd); string(b) != "hello\n" {
+		t.Fatalf("start did not reconcile: %q", b)
+	}
+
+	// drift: the timer, with nothing said on the socket.
+	e.stop()
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, DriftEvery: 50 * time.Millisecond})
+	os.WriteFile(motd, []byte("drift by timer\n"), 0o644)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, _ := os.ReadFile(motd); string(b) == "hello\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the drift timer never repaired the file")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The table, the codec and the executor's handlers are the same set: every
+// request kind has a handler, no handler serves a kind the table lacks, and
+// every kind decodes.
+func TestTableCodecHandlersAreOneSet(t *testing.T) {
+	requests := map[wire.Kind]bool{}
+	for _, s := range wire.Table {
+		if s.Dir == wire.AgentToExecutor {
+			requests[s.Kind] = true
+			if len(s.States) == 0 {
+				t.Errorf("%s is a request allowed in no state", s.Kind)
+			}
+		} else if len(s.States) != 0 {
+			t.Errorf("%s is a reply with states", s.Kind)
+		}
+		if _, err := wire.Encode(s.Body()); err != nil {
+			t.Errorf("%s does not encode: %v", s.Kind, err)
+		}
+	}
+	handled := map[wire.Kind]bool{}
+	for _, k := range Handled() {
+		handled[k] = true
+		if !requests[k] {
+			t.Errorf("a handler serves %s, which is no request of the table", k)
+		}
+	}
+	for k := range requests {
+		if !handled[k] {
+			t.Errorf("request %s has no handler", k)
+		}
+	}
+}
+
+// --- The agent's uid, for real: a child process as uid 65534. ---
+
+// TestMain runs the child's part when asked to.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("SERVE_TEST_CHILD"); mode != "" {
+		os.Exit(child(mode, os.Getenv("SERVE_TEST_SOCK"), os.Getenv("SERVE_TEST_DIR")))
+	}
+	os.Exit(m.Run())
+}
+
+// observation is what the child saw for one attempt.
+type observation struct {
+	Attempt string `json:"attempt"`
+	Reply   string `json:"reply"`
+	Code    string `json:"code,omitempty"`
+	Outcome string `json:"outcome,omitempty"`
+}
+
+// child is a compromised agent: it speaks the protocol by hand and tries
+// every message in every state, and every envelope in dir.
+func child(mode, sock, dir string) int {
+	var obs []observation
+	try := func(name string, frames ...[]byte) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			obs = append(obs, observation{Attempt: name, Reply: "dial: " + err.Error()})
+			return
+		}
+		defer c.Close()
+		conn := wire.NewConn(c, wire.ExecutorToAgent)
+		var o observation
+		o.Attempt = name
+		for _, f := range frames {
+			c.Write(f)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			k, body, err := conn.Read()
+			if err != nil {
+				if o.Reply == "" {
+					o.Reply = "closed"
+				}
+				break
+			}
+			if k == wire.KindHelloReply && len(frames) > 1 {
+				continue
+			}
+			o.Reply = k.String()
+			if k == wire.KindError {
+				o.Code = body.(*wire.Error).Code.String()
+				break
+			}
+			if k == wire.KindVerdict {
+				o.Outcome, o.Code = string(body.(*wire.Verdict).Outcome), body.(*wire.Verdict).Code.String()
+				break
+			}
+			if k != wire.KindReportLine {
+				break
+			}
+		}
+		obs = append(obs, o)
+	}
+	switch mode {
+	case "hello":
+		try("hello", hello())
+	case "attack":
+		for _, s := range wire.Table {
+			body, _ := wire.Encode(s.Body())
+			try("new/"+s.Name, frame(s.Kind, body))
+			try("ready/"+s.Name, hello(), frame(s.Kind, body))
+		}
+		ents, _ := os.ReadDir(dir)
+		for _, ent := range ents {
+			if !strings.HasSuffix(ent.Name(), ".env") {
+				continue
+			}
+			envelope, _ := os.ReadFile(filepath.Join(dir, ent.Name()))
+			body, _ := wire.Encode(&wire.Declaration{Envelope: envelope})
+			try("envelope/"+strings.TrimSuffix(ent.Name(), ".env"), hello(), frame(wire.KindDeclaration, body))
+		}
+	}
+	json.NewEncoder(os.Stdout).Encode(obs)
+	return 0
+}
+
+// runChild runs the test binary as uid/gid 65534 in mode.
+func (e *env) runChild(mode string) []observation {
+	e.t.Helper()
+	bin := filepath.Join(e.base, "serve.test")
+	self, _ := os.ReadFile(os.Args[0])
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = []string{"SERVE_TEST_CHILD=" + mode, "SERVE_TEST_SOCK=" + e.sock, "SERVE_TEST_DIR=" + e.base}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.Output()
+	if err != nil {
+		e.t.Fatalf("child: %v", err)
+	}
+	var obs []observation
+	if err := json.Unmarshal(out, &obs); err != nil {
+		e.t.Fatalf("child said %q: %v", out, err)
+	}
+	return obs
+}
+
+func TestOnlyRootAndTheAgentMayConnect(t *testing.T) {
+	e := newEnv(t, 12345, true) // the agent is uid 12345; the child is 65534
+	obs := e.runChild("hello")
+	if len(obs) != 1 || obs[0].Reply != "error" || obs[0].Code != "protocol" {
+		t.Fatalf("a uid that is neither root nor the agent's was served: %+v", obs)
+	}
+	e2 := newEnv(t, nobody, true)
+	if obs := e2.runChild("hello"); obs[0].Reply != "hello-reply" {
+		t.Fatalf("the agent's uid was refused: %+v", obs)
+	}
+}
+
+// A compromised agent, as the agent's own uid, tries every message in
+// every state and every bad envelope; nothing it sends changes the
+// machine, and only the genuine requests are answered.
+func TestCompromisedAgentFailsEveryTime(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 5, file("motd", "five")))); v.Outcome != shapes.Applied {
+		t.Fatal(v)
+	}
+	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+	forged, _ := wire.Seal(otherKey, wire.PurposeDeclaration, e.decl("n1", "e-1", 9, file("motd", "pwned")))
+	grant, _ := wire.Seal(e.priv, wire.PurposeGrant, e.decl("n1", "e-1", 9, file("motd", "pwned")))
+	old := e.seal(e.decl("n1", "e-1", 4, file("motd", "pwned")))
+	other := e.seal(e.decl("n2", "e-1", 9, file("motd", "pwned")))
+	action := e.seal(e.decl("n1", "e-1", 9, `{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo pwned > {root}/motd"],"verify":["/bin/false"]}`))
+	conflict := e.seal(e.decl("n1", "e-1", 5, file("motd", "pwned")))
+	for name, b := range map[string][]byte{"forged": forged, "grant": grant, "old": old, "other-node": other, "action": action, "conflict": conflict} {
+		os.WriteFile(filepath.Join(e.base, name+".env"), b, 0o644)
+	}
+	before := e.snapshot()
+	got := map[string]observation{}
+	for _, o := range e.runChild("attack") {
+		got[o.Attempt] = o
+	}
+	want := map[string]string{
+		// An empty hello says protocol 0, which is refused too.
+		"new/hello": "error protocol", "ready/hello": "error protocol",
+		"ready/declaration": "verdict refused malformed", "ready/reconnected": "verdict unchanged none",
+		"ready/status": "status-reply",
+		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
+		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
+		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",
+	}
+	for _, s := range wire.Table {
+		for _, st := range []string{"new/", "ready/"} {
+			if _, ok := want[st+s.Name]; !ok {
+				want[st+s.Name] = "error protocol"
+			}
+		}
+	}
+	for attempt, w := range want {
+		o := got[attempt]
+		have := strings.TrimSpace(strings.Join([]string{o.Reply, o.Outcome, o.Code}, " "))
+		have = strings.ReplaceAll(have, "  ", " ")
+		if have != w {
+			t.Errorf("%s: got %q, want %q", attempt, have, w)
+		}
+	}
+	if e.snapshot() != before {
+		t.Fatal("the compromised agent changed the machine or the store")
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "five" {
+		t.Fatalf("motd = %q", b)
+	}
+}

@@ -595,7 +595,7 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// An empty hello says protocol 0, which is refused too.
 		"new/hello": "error protocol", "ready/hello": "error protocol",
 		"ready/declaration": "verdict refused malformed", "ready/reconnected": "verdict unchanged none",
-		"ready/status": "status-reply",
+		"ready/status":    "status-reply",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

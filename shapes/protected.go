@@ -93,6 +93,10 @@ func ProtectedPath(p string) string {
 	return pathReason(p, false)
 }
 
+// ProtectedUnit reports whether a unit name — as declared, or as the init
+// resolved an alias of it — is one of the host's own.
+func ProtectedUnit(unit string) bool { return isProtectedName(NormaliseUnit(unit)) }
+
 // NormaliseUnit gives a unit name its full form: a name without a suffix is
 // a ".service".
 func NormaliseUnit(u string) string {

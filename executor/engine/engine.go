@@ -13,8 +13,8 @@
 // the machine. An action runs alone, with its intent durable before it
 // starts, because what it does is not ours to see.
 //
-// Only file, directory and action are applied here so far; any other shape
-// is refused by name before anything is touched.
+// Only file, directory, action and service are applied here so far; any
+// other shape is refused by name before anything is touched.
 package engine
 
 import (
@@ -28,6 +28,7 @@ import (
 	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -47,13 +48,16 @@ type Options struct {
 	// OnLine, when set, is given each report line as it is decided, so a
 	// daemon can stream them to the agent while the apply goes on.
 	OnLine func(shapes.Line)
+	// Init connects to the machine's init, when a service is declared or
+	// must be given back; nil means initsys.Detect.
+	Init func() (initsys.Manager, error)
 }
 
 // batchLimit bounds how many steps share one durable intent group.
 const batchLimit = 512
 
 // Applied is the set of shapes this executor can apply today.
-var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true}
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true}
 
 // partialShapes are what a partial host can ever apply.
 var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
@@ -74,6 +78,11 @@ type run struct {
 	lines   []shapes.Line
 	devs    map[uint64]string // filesystems touched, one directory on each
 	stopped bool
+	// The init, when a service is declared or given back.
+	init     initsys.Manager
+	units    map[string]string // service key -> the unit's canonical name
+	restarts []pendingRestart  // services with restart_on, decided last
+	changed  map[string]bool   // "module.id" of lines applied or repaired
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -83,7 +92,13 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
-	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}}
+	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
+		units: map[string]string{}, changed: map[string]bool{}}
+	defer func() {
+		if r.init != nil {
+			r.init.Close()
+		}
+	}()
 	for _, m := range d.Taken {
 		r.taken[m] = true
 	}
@@ -98,6 +113,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		}
 	}
 	r.applyAll()
+	r.restartOn()
 	if !r.stopped {
 		r.removeUndeclared()
 	}
@@ -134,6 +150,28 @@ func (r *run) check() error {
 	if err := shapes.CheckProtected(d, fsx.Resolver()); err != nil {
 		return &Refusal{err.Error()}
 	}
+	// Units: the init resolves aliases, and an alias of the host's own
+	// unit is refused like its name.
+	for _, res := range d.Resources {
+		svc, ok := res.(*shapes.Service)
+		if !ok {
+			continue
+		}
+		if err := r.connectInit(); err != nil {
+			return &Refusal{fmt.Sprintf("resource %s: %v", svc.Key(), err)}
+		}
+		cur, err := r.init.State(r.ctx, shapes.NormaliseUnit(svc.Unit))
+		if err != nil {
+			return &Refusal{fmt.Sprintf("resource %s: %v", svc.Key(), err)}
+		}
+		if !cur.Known {
+			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one)", svc.Key(), r.init.Name(), svc.Unit)}
+		}
+		if shapes.ProtectedUnit(cur.Name) {
+			return &Refusal{fmt.Sprintf("resource %s field unit: %q is %s, the host's own unit: %v", svc.Key(), svc.Unit, cur.Name, shapes.ErrProtected)}
+		}
+		r.units[svc.Key()] = cur.Name
+	}
 	o := newOwners()
 	r.owners = map[string]owner{}
 	for _, res := range d.Resources {
@@ -153,6 +191,23 @@ func (r *run) check() error {
 		}
 		r.owners[res.Head().Key()] = ow
 	}
+	return nil
+}
+
+// connectInit connects to the machine's init once per apply.
+func (r *run) connectInit() error {
+	if r.init != nil {
+		return nil
+	}
+	connect := r.opt.Init
+	if connect == nil {
+		connect = func() (initsys.Manager, error) { return initsys.Detect(r.ctx) }
+	}
+	m, err := connect()
+	if err != nil {
+		return err
+	}
+	r.init = m
 	return nil
 }
 
@@ -198,13 +253,19 @@ func (r *run) applyAll() {
 		st := &step{res: res, claim: r.claimOf(res)}
 		st.target = targetOf(st.claim, res)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
-		if _, isAction := res.(*shapes.Action); isAction {
+		switch res.(type) {
+		case *shapes.Action, *shapes.Service:
+			// Alone: what they do is not ours to batch.
 			r.flush(batch, len(r.d.Resources)-i)
 			batch = nil
 			if r.stopped {
 				return
 			}
-			r.action(st, len(r.d.Resources)-i-1)
+			if _, isAction := res.(*shapes.Action); isAction {
+				r.action(st, len(r.d.Resources)-i-1)
+			} else {
+				r.service(st, len(r.d.Resources)-i-1)
+			}
 			continue
 		}
 		batch = append(batch, st)
@@ -342,6 +403,9 @@ func (r *run) execute(batch []*step, after int) {
 // emit adds a line to the report, and streams it.
 func (r *run) emit(l shapes.Line) {
 	r.lines = append(r.lines, l)
+	if l.Outcome == shapes.Applied || l.Outcome == shapes.Repaired {
+		r.changed[l.Module+"."+l.ID] = true
+	}
 	if r.opt.OnLine != nil {
 		r.opt.OnLine(l)
 	}

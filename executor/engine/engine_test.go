@@ -388,7 +388,7 @@ func TestRefusalsTouchNothing(t *testing.T) {
 	os.Symlink("/var/lib/mesh-host", link)
 	cases := []struct{ name, doc, want string }{
 		{"not yet applied shape", h.doc(fileMot, `{"module":"w","id":"c","type":"container","name":"c","image":"x@sha256:`+strings.Repeat("a", 64)+`"}`), `resource w.c: this host cannot apply "container" yet`},
-		{"service", h.doc(`{"module":"w","id":"s","type":"service","unit":"nginx","state":"running"}`), `cannot apply "service" yet`},
+		{"service without an init", h.doc(`{"module":"w","id":"s","type":"service","unit":"nginx","state":"running"}`), `resource w.s: initsys: no init this host can drive`},
 		{"sealed", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","sealed":"AAAA"}`), "sealed content needs the node's sealing key"},
 		{"unknown owner", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"no-such-user-here"}`), `resource s.k field owner: user "no-such-user-here" is not known to the name service`},
 		{"unknown group", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"root:no-such-group"}`), `group "no-such-group" is not known`},
@@ -471,3 +471,5 @@ func ownerOf(t *testing.T, p string) string {
 	st := fi.Sys().(*syscall.Stat_t)
 	return fmt.Sprintf("%d:%d", st.Uid, st.Gid)
 }
+
+func osWriteFile(p, content string) error { return os.WriteFile(p, []byte(content), 0o644) }

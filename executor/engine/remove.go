@@ -66,6 +66,12 @@ func (r *run) planRemoval(st *step) {
 	p := pathOf(e.Target)
 	st.drop = true
 	switch {
+	case e.Type == shapes.TypeService:
+		if err := r.connectInit(); err != nil && !e.Held && e.Original != nil {
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, "cannot give the unit back: "+err.Error(), false
+			return
+		}
+		r.planServiceRemoval(st)
 	case e.Type == shapes.TypeAction:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "an action leaves nothing the host owns"
 	case e.Held:

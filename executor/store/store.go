@@ -67,11 +67,15 @@ func (c Claim) Key() string { return string(c.Source) + ":" + c.Module + "." + c
 // Original is what the host found before it first changed a thing, kept so
 // that undeclaring gives it back (ADR 0118).
 type Original struct {
-	Kind   string `json:"kind"`             // "file", "directory"
+	Kind   string `json:"kind"`             // "file", "directory", "service"
 	Digest string `json:"digest,omitempty"` // sha256 of a file's content, kept in originals/
 	Mode   uint32 `json:"mode"`
 	UID    uint32 `json:"uid"`
 	GID    uint32 `json:"gid"`
+	// A unit as the host first found it (ADR 0118): running or not, and
+	// its enablement at boot.
+	Running bool   `json:"running,omitempty"`
+	Enabled string `json:"enabled,omitempty"`
 }
 
 // Entry is one thing on the machine the host holds.

@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// fakeInit is the init as a transcript: units with their state, and a
+// line per change the engine asked for. The real systemd is driven in the
+// lab; this holds the engine's logic (ADR 0118) to its table.
+type fakeInit struct {
+	units   map[string]*initsys.State
+	aliases map[string]string
+	log     []string
+}
+
+func newFakeInit() *fakeInit {
+	return &fakeInit{units: map[string]*initsys.State{}, aliases: map[string]string{}}
+}
+
+func (f *fakeInit) add(name string, running bool, enabled string) {
+	f.units[name] = &initsys.State{Name: name, Known: true, Running: running, Enabled: enabled}
+}
+
+func (f *fakeInit) Name() string { return "fake-init" }
+func (f *fakeInit) Close() error { return nil }
+func (f *fakeInit) unit(u string) *initsys.State {
+	if a, ok := f.aliases[u]; ok {
+		u = a
+	}
+	return f.units[u]
+}
+func (f *fakeInit) State(_ context.Context, u string) (initsys.State, error) {
+	if s := f.unit(u); s != nil {
+		return *s, nil
+	}
+	return initsys.State{Name: u}, nil
+}
+func (f *fakeInit) do(verb, u string, apply func(*initsys.State)) error {
+	s := f.unit(u)
+	if s == nil {
+		return fmt.Errorf("no unit %s", u)
+	}
+	f.log = append(f.log, verb+" "+s.Name)
+	apply(s)
+	return nil
+}
+func (f *fakeInit) Start(_ context.Context, u string) error {
+	return f.do("start", u, func(s *initsys.State) { s.Running = true })
+}
+func (f *fakeInit) Stop(_ context.Context, u string) error {
+	return f.do("stop", u, func(s *initsys.State) { s.Running = false })
+}
+func (f *fakeInit) Restart(_ context.Context, u string) error {
+	return f.do("restart", u, func(s *initsys.State) { s.Running = true })
+}
+func (f *fakeInit) SetEnabled(_ context.Context, u string, on bool) error {
+	verb := "disable"
+	if on {
+		verb = "enable"
+	}
+	return f.do(verb, u, func(s *initsys.State) {
+		s.Enabled = "disabled"
+		if on {
+			s.Enabled = "enabled"
+		}
+	})
+}
+
+func (f *fakeInit) transcript() string {
+	t := strings.Join(f.log, "; ")
+	f.log = nil
+	return t
+}
+
+func (h *harness) applyWith(f *fakeInit, doc string, plan bool) *shapes.Report {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatalf("parse: %v", err)
+	}
+	st, err := store.Open(h.state)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if !plan {
+		st.Lock(time.Second)
+		defer st.Unlock()
+	}
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: plan,
+		Init: func() (initsys.Manager, error) { return f, nil }})
+}
+
+func svc(id, unit, state string, enabled string, extra string) string {
+	s := fmt.Sprintf(`{"module":"web","id":%q,"type":"service","unit":%q`, id, unit)
+	if state != "" {
+		s += fmt.Sprintf(`,"state":%q`, state)
+	}
+	if enabled != "" {
+		s += `,"enabled":` + enabled
+	}
+	return s + extra + "}"
+}
+
+// ADR 0118, line by line: what the host gives back when a service is
+// undeclared depends on the state it first found the unit in.
+func TestServiceGivesBackTheStateItFound(t *testing.T) {
+	cases := []struct {
+		name                string
+		found               func(f *fakeInit)
+		decl                string
+		apply, applyLog     string
+		undeclare, giveBack string
+		detail              string
+	}{
+		{"started and enabled by the mesh: stopped and disabled again",
+			func(f *fakeInit) { f.add("pf.service", false, "disabled") }, svc("pf", "pf", "running", "true", ""),
+			"applied", "enable pf.service; start pf.service", "restored", "disable pf.service; stop pf.service", "stopped again and disabled again, as the host found it"},
+		{"found running: left running",
+			func(f *fakeInit) { f.add("ssh.service", true, "enabled") }, svc("ssh", "ssh", "running", "true", ""),
+			"unchanged", "", "forgotten", "", "it was running before the mesh; left as it is"},
+		{"stopped by the mesh: never started on the way out",
+			func(f *fakeInit) { f.add("cups.service", true, "enabled") }, svc("cups", "cups", "stopped", "", ""),
+			"applied", "stop cups.service", "forgotten", "", "never started on the way out"},
+		{"no state: the mesh must not start it",
+			func(f *fakeInit) { f.add("docker.service", false, "enabled") }, svc("docker", "docker", "", "", ""),
+			"unchanged", "", "forgotten", "", "already as it was found"},
+		{"enabled by the mesh, found running: disabled again, not stopped",
+			func(f *fakeInit) { f.add("nm.service", true, "disabled") }, svc("nm", "nm", "running", "true", ""),
+			"applied", "enable nm.service", "restored", "disable nm.service", "disabled again, as the host found it"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := newFakeInit()
+			c.found(f)
+			rep := h.applyWith(f, h.doc(c.decl), false)
+			if rep.Outcome != shapes.Outcome(c.apply) || f.transcript() != c.applyLog {
+				t.Fatalf("apply: %s %+v, transcript %q", rep.Outcome, rep.Lines, f.log)
+			}
+			// Planned first: the plan names what the undeclare will do.
+			plan := h.applyWith(f, h.doc(), true)
+			if f.transcript() != "" || plan.Lines[0].Outcome != shapes.Outcome(c.undeclare) {
+				t.Fatalf("plan changed something or disagrees: %+v", plan.Lines)
+			}
+			rep = h.applyWith(f, h.doc(), false)
+			if rep.Outcome != shapes.Outcome(c.undeclare) || f.transcript() != c.giveBack || !strings.Contains(rep.Lines[0].Detail, c.detail) {
+				t.Fatalf("undeclare: %s %+v, transcript %q", rep.Outcome, rep.Lines, f.log)
+			}
+		})
+	}
+}
+
+func TestServiceFoundStateIsRecordedOnce(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	h.applyWith(f, h.doc(svc("pf", "pf", "running", "", "")), false)
+	// Drift: stopped by hand; repaired, and the found state is still "stopped".
+	f.units["pf.service"].Running = false
+	rep := h.applyWith(f, h.doc(svc("pf", "pf", "running", "", "")), false)
+	if rep.Outcome != shapes.Repaired || f.transcript() != "start pf.service; start pf.service" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+	rep = h.applyWith(f, h.doc(), false)
+	if rep.Outcome != shapes.Restored || f.transcript() != "stop pf.service" {
+		t.Fatalf("the found state was overwritten: %+v %q", rep.Lines, f.log)
+	}
+}
+
+func TestRestartOn(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("nginx.service", true, "enabled")
+	f.add("idle.service", false, "disabled")
+	f.add("off.service", true, "enabled")
+	conf := func(content string) string {
+		return `{"module":"base","id":"conf","type":"file","path":"{root}/nginx.conf","content":"` + content + `"}`
+	}
+	doc := func(content string) string {
+		return h.doc(conf(content),
+			svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`),
+			svc("idle", "idle", "", "", `,"restart_on":["base.conf"]`),
+			svc("off", "off", "stopped", "", `,"restart_on":["base.conf"]`))
+	}
+	rep := h.applyWith(f, doc("v1"), false)
+	// nginx restarted after the last step; idle (no state) not running: not
+	// started; off is stopped by its own declaration, and not restarted.
+	if got := f.transcript(); got != "stop off.service; restart nginx.service" {
+		t.Fatalf("transcript %q", got)
+	}
+	if !strings.Contains(fmt.Sprint(rep.Lines), "restarted: base.conf changed") || !strings.Contains(fmt.Sprint(rep.Lines), "not running: not started") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	// Nothing changed: no restart.
+	h.applyWith(f, doc("v1"), false)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("restarted with nothing changed: %q", got)
+	}
+	// A drift repair of the file restarts too.
+	writeFile(t, h.p("nginx.conf"), "vandal")
+	h.applyWith(f, doc("v1"), false)
+	if got := f.transcript(); got != "restart nginx.service" {
+		t.Fatalf("drift repair did not restart: %q", got)
+	}
+}
+
+func TestServiceRefusals(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("ssh.service", true, "enabled")
+	f.add("mesh-agent.service", true, "enabled")
+	f.aliases["innocent.service"] = "mesh-agent.service"
+	for _, c := range []struct{ doc, want string }{
+		{h.doc(svc("x", "nosuch", "running", "", "")), `fake-init knows no unit "nosuch"`},
+		{h.doc(svc("x", "innocent", "stopped", "", "")), `"innocent" is mesh-agent.service, the host's own unit`},
+	} {
+		rep := h.applyWith(f, c.doc, false)
+		if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, c.want) || f.transcript() != "" {
+			t.Errorf("%+v, want refusal %q", rep, c.want)
+		}
+	}
+}
+
+func TestServiceHeldOnAdoptedNode(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("ssh.service", true, "enabled")
+	adopted := strings.Replace(h.doc(svc("ssh", "ssh", "stopped", "false", "")), `{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	rep := h.applyWith(f, adopted, false)
+	if rep.Outcome != shapes.Held || f.transcript() != "" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+	f.units["ssh.service"].Running = false
+	if rep = h.applyWith(f, adopted, false); rep.Outcome != shapes.HeldChanged || f.transcript() != "" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+}
+
+func writeFile(t *testing.T, p, content string) {
+	t.Helper()
+	if err := osWriteFile(p, content); err != nil {
+		t.Fatal(err)
+	}
+}

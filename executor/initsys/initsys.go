@@ -1,0 +1,67 @@
+// Package initsys is the executor's one seam to the machine's init: what
+// state a unit is in, and starting, stopping, restarting, enabling and
+// disabling it. The engine talks to a Manager and never to D-Bus or an
+// init's tools directly, so its logic (ADR 0118's giving back) is tested
+// against a transcript, and each backend against a real init in the lab.
+//
+// Backends: systemd over D-Bus (godbus). OpenRC, runit and s6 are the lab
+// issue's to add through their own tools; until then a host whose init is
+// one of those refuses a `service` by name.
+package initsys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// State is what the init says of a unit.
+type State struct {
+	Name    string // the unit's canonical name, aliases resolved
+	Known   bool   // the init has the unit (a unit file or script exists)
+	Running bool
+	// Enabled is the enablement at boot: "enabled", "disabled", "static",
+	// "masked", "indirect", or "" when the init has no such notion.
+	Enabled string
+}
+
+// IsEnabled reports whether the unit starts at boot.
+func (s State) IsEnabled() bool { return s.Enabled == "enabled" || s.Enabled == "enabled-runtime" }
+
+// Manager is an init the executor can drive. Every method waits until the
+// init says the change is done (or failed).
+type Manager interface {
+	Name() string
+	// State reads a unit's state; an unknown unit is Known=false, no error.
+	State(ctx context.Context, unit string) (State, error)
+	Start(ctx context.Context, unit string) error
+	Stop(ctx context.Context, unit string) error
+	Restart(ctx context.Context, unit string) error
+	SetEnabled(ctx context.Context, unit string, enabled bool) error
+	Close() error
+}
+
+// ErrNoInit is returned by Detect where no init this host can drive runs.
+var ErrNoInit = errors.New("initsys: no init this host can drive")
+
+// Detect finds the machine's init: systemd when it is running (its
+// runtime directory exists) and its bus answers.
+func Detect(ctx context.Context) (Manager, error) {
+	if fi, err := os.Stat("/run/systemd/system"); err == nil && fi.IsDir() {
+		m, err := Systemd(ctx, "")
+		if err != nil {
+			return nil, fmt.Errorf("%w: systemd is running but its bus did not answer: %v", ErrNoInit, err)
+		}
+		return m, nil
+	}
+	comm, _ := os.ReadFile("/proc/1/comm")
+	return nil, fmt.Errorf("%w (pid 1 is %q; systemd is the only init driven so far)", ErrNoInit, string(trim(comm)))
+}
+
+func trim(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

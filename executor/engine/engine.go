@@ -57,7 +57,7 @@ type Options struct {
 const batchLimit = 512
 
 // Applied is the set of shapes this executor can apply today.
-var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true}
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true}
 
 // partialShapes are what a partial host can ever apply.
 var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
@@ -254,17 +254,21 @@ func (r *run) applyAll() {
 		st.target = targetOf(st.claim, res)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
 		switch res.(type) {
-		case *shapes.Action, *shapes.Service:
+		case *shapes.Action, *shapes.Service, *shapes.Archive:
 			// Alone: what they do is not ours to batch.
 			r.flush(batch, len(r.d.Resources)-i)
 			batch = nil
 			if r.stopped {
 				return
 			}
-			if _, isAction := res.(*shapes.Action); isAction {
-				r.action(st, len(r.d.Resources)-i-1)
-			} else {
-				r.service(st, len(r.d.Resources)-i-1)
+			rest := len(r.d.Resources) - i - 1
+			switch res.(type) {
+			case *shapes.Action:
+				r.action(st, rest)
+			case *shapes.Service:
+				r.service(st, rest)
+			default:
+				r.archive(st, rest)
 			}
 			continue
 		}
@@ -470,6 +474,17 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 		n.Original = p.Original
 	} else if n.Original == nil && p.Original != nil {
 		n.Original = p.Original
+	}
+	if len(p.Paths) > 0 {
+		all := map[string]bool{}
+		for _, x := range append(slices.Clone(n.Paths), p.Paths...) {
+			all[x] = true
+		}
+		n.Paths = nil
+		for x := range all {
+			n.Paths = append(n.Paths, x)
+		}
+		slices.Sort(n.Paths)
 	}
 	return &n
 }

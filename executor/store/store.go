@@ -93,6 +93,8 @@ type Entry struct {
 	Mode   uint32 `json:"mode,omitempty"`
 	UID    uint32 `json:"uid,omitempty"`
 	GID    uint32 `json:"gid,omitempty"`
+	// Paths an archive wrote.
+	Paths []string `json:"paths,omitempty"`
 	// Pending is an intent whose outcome was never recorded: the process
 	// died between deciding and recording. It says what may have happened.
 	Pending *Intent `json:"pending,omitempty"`
@@ -119,6 +121,8 @@ type Intent struct {
 	Original *Original `json:"original,omitempty"`
 	Claim    Claim     `json:"claim"`
 	Type     string    `json:"type"`
+	// Paths an archive may be about to write.
+	Paths []string `json:"paths,omitempty"`
 }
 
 type record struct {

@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+type tarEntry struct {
+	name string
+	typ  byte
+	body string
+	mode int64
+}
+
+// makeArchive writes a gzipped tar into dir and returns its path and digest.
+func makeArchive(t *testing.T, dir, name string, entries ...tarEntry) (string, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Size: int64(len(e.body))}
+		if e.typ == tar.TypeSymlink || e.typ == tar.TypeLink {
+			hdr.Linkname, hdr.Size = e.body, 0
+		}
+		if hdr.Mode == 0 {
+			hdr.Mode = 0o644
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	gz.Close()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(buf.Bytes())
+	return p, hex.EncodeToString(sum[:])
+}
+
+func archiveRes(p, sum, dest string) string {
+	return fmt.Sprintf(`{"module":"ui","id":"theme","type":"archive","url":"file://%s","sha256":%q,"destination":%q}`, p, sum, dest)
+}
+
+var theme = []tarEntry{
+	{name: "theme/", typ: tar.TypeDir, mode: 0o755},
+	{name: "theme/index.theme", typ: tar.TypeReg, body: "[Theme]\n"},
+	{name: "theme/icons/", typ: tar.TypeDir, mode: 0o755},
+	{name: "theme/icons/a.svg", typ: tar.TypeReg, body: "<svg/>", mode: 0o600},
+}
+
+func TestArchiveUnpackRepairRemove(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	os.Chown(dest, 1000, 1000) // a home's directory: what is unpacked is its owner's
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	doc := h.doc(archiveRes(p, sum, dest))
+	h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
+	if h.read("themes/theme/icons/a.svg") != "<svg/>" || h.mode("themes/theme/icons/a.svg") != 0o600 || ownerOf(t, h.p("themes/theme/index.theme")) != "1000:1000" {
+		t.Fatal("not unpacked as the archive says, owned by the destination's owner")
+	}
+	h.expect(h.apply(doc), shapes.Unchanged, "ui.theme=unchanged")
+	os.WriteFile(h.p("themes/theme/index.theme"), []byte("vandal"), 0o644)
+	os.Remove(h.p("themes/theme/icons/a.svg"))
+	h.expect(h.apply(doc), shapes.Repaired, "ui.theme=repaired")
+	if h.read("themes/theme/index.theme") != "[Theme]\n" || h.read("themes/theme/icons/a.svg") != "<svg/>" {
+		t.Fatal("drift not repaired")
+	}
+	// A new version: what the old one wrote and the new one lacks goes.
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", theme[0], theme[1])
+	h.expect(h.apply(h.doc(archiveRes(p2, sum2, dest))), shapes.Applied, "ui.theme=applied")
+	h.absent("themes/theme/icons")
+	// Undeclared: the files it wrote are removed; what someone else put in
+	// its directories keeps them.
+	os.WriteFile(h.p("themes/theme/mine"), []byte("operator"), 0o644)
+	h.expect(h.apply(h.doc()), shapes.Removed, "ui.theme=removed")
+	h.absent("themes/theme/index.theme")
+	if h.read("themes/theme/mine") != "operator" {
+		t.Fatal("a file the archive did not write was removed")
+	}
+	if _, err := os.Stat(dest); err != nil {
+		t.Fatal("the destination, which the host did not create, was removed")
+	}
+}
+
+func TestArchiveRefusedWholeBeforeAByteIsWritten(t *testing.T) {
+	cases := []struct {
+		name    string
+		entries []tarEntry
+		want    string
+	}{
+		{"dot-dot", []tarEntry{{name: "ok", typ: tar.TypeReg, body: "x"}, {name: "../escape", typ: tar.TypeReg, body: "x"}}, `entry "../escape" names a path outside the destination; refused, not relocated`},
+		{"absolute", []tarEntry{{name: "/etc/passwd", typ: tar.TypeReg, body: "x"}}, "outside the destination"},
+		{"sneaky", []tarEntry{{name: "a/", typ: tar.TypeDir}, {name: "a/../../b", typ: tar.TypeReg, body: "x"}}, "outside the destination"},
+		{"symlink", []tarEntry{{name: "ok", typ: tar.TypeReg, body: "x"}, {name: "l", typ: tar.TypeSymlink, body: "/etc/shadow"}}, `entry "l" is a symbolic link`},
+		{"hardlink", []tarEntry{{name: "h", typ: tar.TypeLink, body: "/etc/shadow"}}, "is a hard link"},
+		{"device", []tarEntry{{name: "d", typ: tar.TypeChar}}, "is a device node"},
+		{"fifo", []tarEntry{{name: "f", typ: tar.TypeFifo}}, "is a FIFO"},
+		{"orphan", []tarEntry{{name: "nodir/x", typ: tar.TypeReg, body: "x"}}, `which the archive does not hold`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			dest := h.p("dest")
+			os.Mkdir(dest, 0o755)
+			p, sum := makeArchive(t, h.root, "a.tgz", c.entries...)
+			rep := h.apply(h.doc(archiveRes(p, sum, dest)))
+			if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, c.want) {
+				t.Fatalf("%+v, want failure %q", rep.Lines, c.want)
+			}
+			if ents, _ := os.ReadDir(dest); len(ents) != 0 {
+				t.Fatalf("something was written: %v", ents)
+			}
+		})
+	}
+}
+
+func TestArchiveDigestAndOwnership(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("dest")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "a.tgz", tarEntry{name: "f", typ: tar.TypeReg, body: "x"})
+	wrong := strings.Repeat("0", 64)
+	rep := h.apply(h.doc(archiveRes(p, wrong, dest)))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "archive digest mismatch") || !strings.Contains(rep.Lines[0].Detail, sum) {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	h.absent("dest/f")
+	// Something already there that the host did not write is not overwritten.
+	os.WriteFile(filepath.Join(dest, "f"), []byte("operator's"), 0o644)
+	rep = h.apply(h.doc(archiveRes(p, sum, dest)))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "is not the host's; an archive does not overwrite") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if h.read("dest/f") != "operator's" {
+		t.Fatal("overwritten")
+	}
+	// Over the link, the executor fetches nothing itself.
+	p3, sum3 := makeArchive(t, h.root, "b.tgz", tarEntry{name: "g", typ: tar.TypeReg, body: "y"})
+	d, _ := shapes.Parse([]byte(h.doc(archiveRes(p3, sum3, dest))))
+	st := mustStore(t, h.state)
+	st.Lock(0)
+	defer st.Unlock()
+	r := &run{st: st, opt: Options{Source: store.Link}}
+	if _, err := r.fetchArchive(d.Resources[0].(*shapes.Archive)); err == nil || !strings.Contains(err.Error(), "not over the link") {
+		t.Fatalf("fetch over the link: %v", err)
+	}
+}

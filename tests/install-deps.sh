@@ -7,6 +7,15 @@ declare -A need=(
   [getent]=libc-bin      # owners resolve through the name service
   [gofmt]=""             # comes with Go
   [setpriv]=util-linux   # the hostile-user tests drop to another uid
+  # tests/lab: disposable machines with a real init as PID 1
+  [nsenter]=util-linux   # commands run inside a lab's namespaces
+  [ip]=iproute2          # the veth between two labs
+  [ping]=iputils-ping    # one lab pings the other
+  [busctl]=systemd       # D-Bus calls to a lab's systemd from the host
+  [openrc-init]=openrc   # OpenRC as a lab's PID 1 (never the host's init)
+  [runit]=runit          # runit as a lab's PID 1; --no-install-recommends keeps
+                         # runit-run (a host runit.service) out
+  [s6-svscan]=s6         # s6 as a lab's PID 1
 )
 missing=()
 for cmd in "${!need[@]}"; do
@@ -19,10 +28,17 @@ done
 if getent passwd nobody >/dev/null; then :; else
   echo "install-deps: the tests need the user 'nobody' (uid 65534)" >&2; exit 1
 fi
+# openrc's postinst leaves its state dir /run/openrc on a host that OpenRC did
+# not boot; anything that detects the init by it would take this host for an
+# OpenRC one. Labs make their own /run, so remove it when the install made it.
+openrc_run_was_there=$([ -e /run/openrc ] && echo y || true)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=900 "${missing[@]}" || {
     apt-get update -o DPkg::Lock::Timeout=900 && apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=900 "${missing[@]}"
   }
+fi
+if [ -z "$openrc_run_was_there" ] && [ -d /run/openrc ] && [ "$(cat /proc/1/comm 2>/dev/null)" != openrc-init ]; then
+  rm -rf /run/openrc
 fi

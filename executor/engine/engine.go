@@ -51,13 +51,16 @@ type Options struct {
 	// Init connects to the machine's init, when a service is declared or
 	// must be given back; nil means initsys.Detect.
 	Init func() (initsys.Manager, error)
+
+	// accounts replaces the shadow tools in tests.
+	accounts accounts
 }
 
 // batchLimit bounds how many steps share one durable intent group.
 const batchLimit = 512
 
 // Applied is the set of shapes this executor can apply today.
-var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true}
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true, shapes.TypeUser: true}
 
 // partialShapes are what a partial host can ever apply.
 var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
@@ -254,7 +257,7 @@ func (r *run) applyAll() {
 		st.target = targetOf(st.claim, res)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
 		switch res.(type) {
-		case *shapes.Action, *shapes.Service, *shapes.Archive:
+		case *shapes.Action, *shapes.Service, *shapes.Archive, *shapes.User:
 			// Alone: what they do is not ours to batch.
 			r.flush(batch, len(r.d.Resources)-i)
 			batch = nil
@@ -267,6 +270,8 @@ func (r *run) applyAll() {
 				r.action(st, rest)
 			case *shapes.Service:
 				r.service(st, rest)
+			case *shapes.User:
+				r.user(st, rest)
 			default:
 				r.archive(st, rest)
 			}

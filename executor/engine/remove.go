@@ -76,6 +76,8 @@ func (r *run) planRemoval(st *step) {
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "an action leaves nothing the host owns"
 	case e.Type == shapes.TypeArchive:
 		r.planArchiveRemoval(st)
+	case e.Type == shapes.TypeUser:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a user is never deleted; its groups stay"
 	case e.Held:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
 	case e.Type == shapes.TypeFile && e.Created:

@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// A user is a login: its shell, its home, and groups it is added to. The
+// host reads users back through the name service (getent, id), and changes
+// them with the shadow tools, which every distribution has and which keep
+// the databases' own locking and formats. Groups are added, never pruned:
+// the tools replace a user's set unless told to append, and that would
+// silently remove every group that lets a login use the machine. A user is
+// forgotten, never deleted, when undeclared.
+
+// accounts is the executor's seam to the user databases.
+type accounts interface {
+	// lookup reads a user; ok is false when there is none.
+	lookup(ctx context.Context, name string) (account, bool, error)
+	groupExists(ctx context.Context, name string) (bool, error)
+	create(ctx context.Context, u *shapes.User) error
+	modify(ctx context.Context, name string, shell, home string, addGroups []string) error
+}
+
+type account struct {
+	Shell, Home string
+	Groups      []string // every group, primary included
+}
+
+// shadowTools is accounts through getent, id, useradd and usermod.
+type shadowTools struct{}
+
+func runTool(ctx context.Context, argv ...string) (string, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{actionPath}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return out.String(), ee.ExitCode(), fmt.Errorf("running %q failed: %w\n%s", argv, err, strings.TrimSpace(errb.String()))
+	}
+	if err != nil {
+		return "", -1, fmt.Errorf("running %q failed: %w", argv, err)
+	}
+	return out.String(), 0, nil
+}
+
+func (shadowTools) lookup(ctx context.Context, name string) (account, bool, error) {
+	out, code, err := runTool(ctx, "getent", "passwd", name)
+	if code == 2 {
+		return account{}, false, nil
+	}
+	if err != nil {
+		return account{}, false, err
+	}
+	f := strings.Split(strings.TrimSpace(out), ":")
+	if len(f) < 7 {
+		return account{}, false, fmt.Errorf("getent passwd %s gave %q", name, out)
+	}
+	groups, _, err := runTool(ctx, "id", "-nG", name)
+	if err != nil {
+		return account{}, false, err
+	}
+	return account{Home: f[5], Shell: f[6], Groups: strings.Fields(groups)}, true, nil
+}
+
+func (shadowTools) groupExists(ctx context.Context, name string) (bool, error) {
+	_, code, err := runTool(ctx, "getent", "group", name)
+	if code == 2 {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (shadowTools) create(ctx context.Context, u *shapes.User) error {
+	argv := []string{"useradd", "--user-group"}
+	if u.Home != "" {
+		argv = append(argv, "--home-dir", u.Home, "--create-home")
+	}
+	if u.Shell != "" {
+		argv = append(argv, "--shell", u.Shell)
+	}
+	if len(u.Groups) > 0 {
+		argv = append(argv, "--groups", strings.Join(u.Groups, ","))
+	}
+	_, _, err := runTool(ctx, append(argv, "--", u.Name)...)
+	return err
+}
+
+func (shadowTools) modify(ctx context.Context, name, shell, home string, add []string) error {
+	argv := []string{"usermod"}
+	if shell != "" {
+		argv = append(argv, "--shell", shell)
+	}
+	if home != "" {
+		argv = append(argv, "--home", home) // the home's contents are not moved
+	}
+	if len(add) > 0 {
+		argv = append(argv, "--append", "--groups", strings.Join(add, ","))
+	}
+	_, _, err := runTool(ctx, append(argv, "--", name)...)
+	return err
+}
+
+func (r *run) accounts() accounts {
+	if r.opt.accounts != nil {
+		return r.opt.accounts
+	}
+	return shadowTools{}
+}
+
+// user observes a login, creates or changes it when it differs, and reads
+// it back through the name service.
+func (r *run) user(st *step, rest int) {
+	u := st.res.(*shapes.User)
+	acc := r.accounts()
+	e := r.settle(r.st.Get(st.target), st.claim)
+	cur, exists, err := acc.lookup(r.ctx, u.Name)
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	for _, g := range u.Groups {
+		ok, err := acc.groupExists(r.ctx, g)
+		if err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+		if !ok {
+			r.fail(st, fmt.Errorf("group %q does not exist; a user is only added to groups the machine has", g), rest)
+			return
+		}
+	}
+	n := &store.Entry{Target: st.target, Type: shapes.TypeUser, Claims: withClaim(e, st.claim), Digest: userDigest(u)}
+	if e != nil {
+		n.Order, n.Created = e.Order, e.Created
+	}
+	if exists && r.d.Adopted && !r.taken[u.Module] && (e == nil || e.Held) {
+		n.Held, n.Digest = true, ""
+		st.line.Outcome, st.line.Detail = shapes.Held, fmt.Sprintf("found on an adopted node; held as found until module %s is taken", u.Module)
+		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {
+			if err := r.st.Put(n); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		r.emit(st.line)
+		return
+	}
+	var missing []string
+	for _, g := range u.Groups {
+		if !slices.Contains(cur.Groups, g) {
+			missing = append(missing, g)
+		}
+	}
+	shell := u.Shell
+	if shell == cur.Shell {
+		shell = ""
+	}
+	home := u.Home
+	if home == cur.Home {
+		home = ""
+	}
+	if exists && shell == "" && home == "" && len(missing) == 0 {
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("shell %s, home %s", cur.Shell, cur.Home)
+		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || e.Held) {
+			if err := r.st.Put(n); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		r.emit(st.line)
+		return
+	}
+	st.line.Outcome = shapes.Applied
+	if e != nil && e.Digest == n.Digest {
+		st.line.Outcome = shapes.Repaired
+	}
+	switch {
+	case !exists:
+		st.line.Detail = "created"
+		n.Created = true
+	default:
+		var did []string
+		if shell != "" {
+			did = append(did, fmt.Sprintf("shell %s → %s", cur.Shell, shell))
+		}
+		if home != "" {
+			did = append(did, fmt.Sprintf("home %s → %s (contents not moved)", cur.Home, home))
+		}
+		if len(missing) > 0 {
+			did = append(did, "added to "+strings.Join(missing, ", "))
+		}
+		st.line.Detail = strings.Join(did, "; ")
+	}
+	if r.opt.Plan {
+		r.emit(st.line)
+		return
+	}
+	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if err := r.st.Sync(); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if !exists {
+		err = acc.create(r.ctx, u)
+	} else {
+		err = acc.modify(r.ctx, u.Name, shell, home, missing)
+	}
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	got, ok, err := acc.lookup(r.ctx, u.Name)
+	if err == nil && !ok {
+		err = fmt.Errorf("the name service does not know %s after it was created", u.Name)
+	}
+	if err == nil {
+		for _, g := range u.Groups {
+			if !slices.Contains(got.Groups, g) {
+				err = fmt.Errorf("%s is not in group %s after it was added", u.Name, g)
+			}
+		}
+		if (u.Shell != "" && got.Shell != u.Shell) || (u.Home != "" && got.Home != u.Home) {
+			err = fmt.Errorf("%s has shell %s and home %s, not what was declared", u.Name, got.Shell, got.Home)
+		}
+	}
+	if err != nil {
+		r.fail(st, fmt.Errorf("read back: %w", err), rest)
+		return
+	}
+	if err := r.st.Put(n); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	r.emit(st.line)
+}
+
+func userDigest(u *shapes.User) string {
+	g := slices.Clone(u.Groups)
+	slices.Sort(g)
+	return "shell=" + u.Shell + " home=" + u.Home + " groups=" + strings.Join(g, ",")
+}

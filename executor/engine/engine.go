@@ -52,15 +52,17 @@ type Options struct {
 	// must be given back; nil means initsys.Detect.
 	Init func() (initsys.Manager, error)
 
-	// accounts replaces the shadow tools in tests.
+	// accounts and packages replace the shadow tools and the package
+	// manager in tests.
 	accounts accounts
+	packages packageManager
 }
 
 // batchLimit bounds how many steps share one durable intent group.
 const batchLimit = 512
 
 // Applied is the set of shapes this executor can apply today.
-var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true, shapes.TypeUser: true}
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true, shapes.TypeUser: true, shapes.TypePackage: true}
 
 // partialShapes are what a partial host can ever apply.
 var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
@@ -257,7 +259,7 @@ func (r *run) applyAll() {
 		st.target = targetOf(st.claim, res)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
 		switch res.(type) {
-		case *shapes.Action, *shapes.Service, *shapes.Archive, *shapes.User:
+		case *shapes.Action, *shapes.Service, *shapes.Archive, *shapes.User, *shapes.Package:
 			// Alone: what they do is not ours to batch.
 			r.flush(batch, len(r.d.Resources)-i)
 			batch = nil
@@ -272,6 +274,8 @@ func (r *run) applyAll() {
 				r.service(st, rest)
 			case *shapes.User:
 				r.user(st, rest)
+			case *shapes.Package:
+				r.pkg(st, rest)
 			default:
 				r.archive(st, rest)
 			}

@@ -78,6 +78,8 @@ func (r *run) planRemoval(st *step) {
 		r.planArchiveRemoval(st)
 	case e.Type == shapes.TypeUser:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a user is never deleted; its groups stay"
+	case e.Type == shapes.TypePackage:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a package is never uninstalled: the host cannot know what else needs it"
 	case e.Held:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
 	case e.Type == shapes.TypeFile && e.Created:

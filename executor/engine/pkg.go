@@ -1,0 +1,239 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// A package is present; with a version, exactly that version. Without one
+// it is never upgraded, and it is never uninstalled: the host cannot know
+// what else needs it, so an undeclared package is forgotten. It is read
+// back from the package manager's own database.
+
+// packageManager is the executor's seam to the machine's package manager.
+type packageManager interface {
+	name() string
+	// installed returns the installed version, or ok=false.
+	installed(ctx context.Context, pkg string) (version string, ok bool, err error)
+	// install installs pkg, at version when it is not "".
+	install(ctx context.Context, pkg, version string) error
+}
+
+// detectPackages finds the machine's package manager by asking its
+// database, the same way the profile does.
+func detectPackages() (packageManager, error) {
+	for _, m := range []packageManager{apt{}, pacman{}, apk{}} {
+		if _, err := exec.LookPath(m.name()); err == nil {
+			return m, nil
+		}
+	}
+	return nil, errors.New("no package manager this host can drive (dpkg/apt, pacman, apk)")
+}
+
+// lockedMessage makes a locked database a clear failure.
+func lockedMessage(mgr string, err error) error {
+	s := err.Error()
+	for _, w := range []string{"Could not get lock", "unable to lock database", "Unable to lock database", "database is locked"} {
+		if strings.Contains(s, w) {
+			return fmt.Errorf("the %s package database is locked by another process; nothing was installed: %w", mgr, err)
+		}
+	}
+	return err
+}
+
+type apt struct{}
+
+func (apt) name() string { return "dpkg-query" }
+
+func (apt) installed(ctx context.Context, pkg string) (string, bool, error) {
+	out, code, err := runTool(ctx, "dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "--", pkg)
+	if code == 1 {
+		return "", false, nil // dpkg knows no such package
+	}
+	if err != nil {
+		return "", false, err
+	}
+	status, version, _ := strings.Cut(strings.TrimSpace(out), " ")
+	return version, status == "installed", nil
+}
+
+func (apt) install(ctx context.Context, pkg, version string) error {
+	target := pkg
+	argv := []string{"env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--no-install-recommends",
+		"-o", "DPkg::Lock::Timeout=30", "-o", "Dpkg::Options::=--force-confold"}
+	if version != "" {
+		target += "=" + version
+		argv = append(argv, "--allow-downgrades")
+	}
+	_, _, err := runTool(ctx, append(argv, "--", target)...)
+	if err != nil {
+		return lockedMessage("dpkg", err)
+	}
+	return nil
+}
+
+type pacman struct{}
+
+func (pacman) name() string { return "pacman" }
+
+func (pacman) installed(ctx context.Context, pkg string) (string, bool, error) {
+	out, code, err := runTool(ctx, "pacman", "-Q", "--", pkg)
+	if code == 1 {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	f := strings.Fields(out)
+	if len(f) < 2 {
+		return "", false, fmt.Errorf("pacman -Q %s gave %q", pkg, out)
+	}
+	return f[1], true, nil
+}
+
+func (pacman) install(ctx context.Context, pkg, version string) error {
+	// pacman installs what its repositories hold; an exact pin is checked
+	// by the read-back, which fails the step if the repository had another.
+	_, _, err := runTool(ctx, "pacman", "-S", "--noconfirm", "--needed", "--", pkg)
+	if err != nil {
+		return lockedMessage("pacman", err)
+	}
+	return nil
+}
+
+type apk struct{}
+
+func (apk) name() string { return "apk" }
+
+func (apk) installed(ctx context.Context, pkg string) (string, bool, error) {
+	out, code, err := runTool(ctx, "apk", "info", "-e", "-v", "--", pkg)
+	if code == 1 || (err == nil && strings.TrimSpace(out) == "") {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	// "name-1.2.3-r0"
+	s := strings.TrimSpace(out)
+	return strings.TrimPrefix(s, pkg+"-"), true, nil
+}
+
+func (apk) install(ctx context.Context, pkg, version string) error {
+	target := pkg
+	if version != "" {
+		target += "=" + version
+	}
+	_, _, err := runTool(ctx, "apk", "add", "--", target)
+	if err != nil {
+		return lockedMessage("apk", err)
+	}
+	return nil
+}
+
+func (r *run) packages() (packageManager, error) {
+	if r.opt.packages != nil {
+		return r.opt.packages, nil
+	}
+	return detectPackages()
+}
+
+// pkg observes a package and installs it when it is absent, or not the
+// pinned version.
+func (r *run) pkg(st *step, rest int) {
+	p := st.res.(*shapes.Package)
+	mgr, err := r.packages()
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	e := r.settle(r.st.Get(st.target), st.claim)
+	have, ok, err := mgr.installed(r.ctx, p.Name)
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	n := &store.Entry{Target: st.target, Type: shapes.TypePackage, Claims: withClaim(e, st.claim), Digest: "version=" + p.Version}
+	if e != nil {
+		n.Order, n.Created = e.Order, e.Created
+	}
+	if ok && r.d.Adopted && !r.taken[p.Module] && (e == nil || e.Held) {
+		n.Held, n.Digest = true, ""
+		st.line.Outcome, st.line.Detail = shapes.Held, fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", have, p.Module)
+		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {
+			if err := r.st.Put(n); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		r.emit(st.line)
+		return
+	}
+	if ok && (p.Version == "" || p.Version == have) {
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, have+" installed"
+		if p.Version == "" && e == nil {
+			st.line.Detail += "; never upgraded without a declared version"
+		}
+		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || e.Held) {
+			if err := r.st.Put(n); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		r.emit(st.line)
+		return
+	}
+	st.line.Outcome = shapes.Applied
+	if e != nil && e.Digest == n.Digest {
+		st.line.Outcome = shapes.Repaired
+	}
+	want := p.Version
+	if want == "" {
+		want = "the repository's version"
+	}
+	if ok {
+		st.line.Detail = fmt.Sprintf("%s → %s", have, want)
+	} else {
+		st.line.Detail = "installed " + want
+		n.Created = true
+	}
+	if r.opt.Plan {
+		r.emit(st.line)
+		return
+	}
+	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypePackage, Created: !ok}); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if err := r.st.Sync(); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if err := mgr.install(r.ctx, p.Name, p.Version); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	got, ok, err := mgr.installed(r.ctx, p.Name)
+	switch {
+	case err != nil:
+		r.fail(st, fmt.Errorf("read back: %w", err), rest)
+		return
+	case !ok:
+		r.fail(st, fmt.Errorf("read back: %s is not installed after the install said it was", p.Name), rest)
+		return
+	case p.Version != "" && got != p.Version:
+		r.fail(st, fmt.Errorf("read back: %s %s is installed, not the declared %s", p.Name, got, p.Version), rest)
+		return
+	}
+	st.line.Detail = strings.Replace(st.line.Detail, "the repository's version", got, 1)
+	if err := r.st.Put(n); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	r.emit(st.line)
+}

@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+type fakePackages struct {
+	have   map[string]string
+	repo   map[string]string // what an install without a version gets
+	locked bool
+	log    []string
+}
+
+func (f *fakePackages) name() string { return "fake" }
+func (f *fakePackages) installed(_ context.Context, p string) (string, bool, error) {
+	v, ok := f.have[p]
+	return v, ok, nil
+}
+func (f *fakePackages) install(_ context.Context, p, v string) error {
+	f.log = append(f.log, "install "+p+"="+v)
+	if f.locked {
+		return lockedMessage("dpkg", errors.New("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (apt-get)"))
+	}
+	if v == "" {
+		v = f.repo[p]
+	}
+	f.have[p] = v
+	return nil
+}
+
+func (h *harness) applyPackages(f *fakePackages, doc string) *shapes.Report {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	st, _ := store.Open(h.state)
+	st.Lock(time.Second)
+	defer st.Unlock()
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: f})
+}
+
+func TestPackagePresentPinnedNeverUpgradedNeverRemoved(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{"curl": "7.88"}, repo: map[string]string{"curl": "8.0", "jq": "1.6"}}
+	doc := h.doc(`{"module":"m","id":"curl","type":"package","name":"curl"}`, `{"module":"m","id":"jq","type":"package","name":"jq"}`)
+	rep := h.applyPackages(f, doc)
+	if rep.Outcome != shapes.Applied || strings.Join(f.log, ";") != "install jq=" || f.have["curl"] != "7.88" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+	// Pinned: exactly that version.
+	f.log = nil
+	rep = h.applyPackages(f, h.doc(`{"module":"m","id":"curl","type":"package","name":"curl","version":"8.1"}`))
+	if strings.Join(f.log, ";") != "install curl=8.1" || f.have["curl"] != "8.1" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+	// Undeclared: forgotten, never uninstalled.
+	f.log = nil
+	rep = h.applyPackages(f, h.doc())
+	if rep.Outcome != shapes.Forgotten || len(f.log) != 0 || f.have["curl"] == "" {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+}
+
+func TestPackageLockedDatabaseIsAClearFailure(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{}, locked: true}
+	rep := h.applyPackages(f, h.doc(`{"module":"m","id":"jq","type":"package","name":"jq"}`))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "package database is locked by another process; nothing was installed") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}

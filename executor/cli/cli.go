@@ -89,6 +89,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	stateDir := fs.String("state", DefaultState, "the executor's state directory")
 	wait := fs.Duration("wait", 5*time.Minute, "how long apply waits for another applier to finish")
 	verbose := fs.Bool("v", false, "log each step to standard error")
+	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
 	if err := fs.Parse(rest); err != nil {
 		return ExitRefused
 	}
@@ -97,7 +98,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log}
+	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial}
 	switch cmd {
 	case "apply", "plan":
 		if fs.NArg() != 1 {
@@ -131,6 +132,7 @@ type command struct {
 	out     io.Writer
 	errw    io.Writer
 	log     *slog.Logger
+	partial bool
 }
 
 func (c *command) print(v any, text string) int {
@@ -179,7 +181,7 @@ func (c *command) apply(file string, plan bool) int {
 		defer st.Unlock()
 	}
 	rep := engine.Apply(context.Background(), st, d, data, engine.Options{
-		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state),
+		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state), Partial: c.partial,
 	})
 	if !plan && rep.Outcome != shapes.Refused {
 		if b, err := json.Marshal(rep); err == nil {

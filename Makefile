@@ -5,7 +5,10 @@ SHELL   := /bin/bash
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO      ?= go
 BIN     := bin
-LDFLAGS := -s -w -X main.version=$(VERSION)
+# The agent compares its build with the executor's at every hello, and
+# restarts onto its own new binary when they differ: stamp both the same.
+BUILD   ?= $(VERSION)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
 
 .PHONY: all build test test-deps demo bench fuzz lint deps clean

@@ -9,9 +9,17 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/cli"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version and build are set at build time:
+//
+//	-ldflags "-X main.version=… -X main.build=…"
+//
+// The agent compares build with its own at every hello.
+var (
+	version = "dev"
+	build   = "dev"
+)
 
 func main() {
+	cli.Build = build
 	os.Exit(cli.Main(version, os.Args[1:], os.Stdout, os.Stderr))
 }

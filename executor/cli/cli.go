@@ -40,6 +40,10 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
+// Build is this binary's build id, which the agent compares with its own
+// at hello; cmd/mesh-executor sets it from its link-time stamp.
+var Build = "dev"
+
 // DefaultState is the executor's state directory.
 const DefaultState = "/var/lib/mesh-host/executor"
 
@@ -420,7 +424,7 @@ func (c *command) serve(args []string) int {
 	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
 	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
 	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
-	build := fs.String("build", "", "the build id the agent compares at hello (default: the version)")
+	build := fs.String("build", Build, "the build id the agent compares at hello")
 	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
 	if err := fs.Parse(args); err != nil {
 		return ExitRefused
@@ -445,9 +449,6 @@ func (c *command) serve(args []string) int {
 	if err != nil {
 		log.Error("executor: socket", "err", err)
 		return ExitFailed
-	}
-	if *build == "" {
-		*build = c.version
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

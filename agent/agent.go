@@ -1,0 +1,399 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// Options configure Run.
+type Options struct {
+	// Identity is the node's identity; nil leaves the agent hosted: idle,
+	// never dialling, never exiting.
+	Identity *Identity
+	// Socket is the executor's socket (wire.SocketPath).
+	Socket string
+	// ExecutorUID is the uid the executor must run as (0: root). Only
+	// tests running unprivileged set it.
+	ExecutorUID uint32
+	// StateDir keeps the agent's memory across restarts; "" keeps it in
+	// memory only.
+	StateDir string
+	// Heartbeat is the heartbeat period (30s when zero).
+	Heartbeat time.Duration
+	// Version and Build are this agent's; Build is compared with the
+	// executor's on every hello.
+	Version, Build string
+	// RetryWait is the first wait after a failed attempt (1s when zero),
+	// doubled up to 30s; the link's reconnect wait is twice it.
+	RetryWait time.Duration
+	Log       *slog.Logger
+}
+
+// Agent is one running agent.
+type Agent struct {
+	o     Options
+	id    *Identity
+	log   *slog.Logger
+	state *stateStore
+
+	pins    pinWatch
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	cons    jetstream.Consumer
+	exec    *execClient               // the worker's connection to the executor
+	hbExec  *execClient               // the heartbeat's
+	ncp     atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp  chan struct{}
+	hbNow   chan struct{}
+	cancel  context.CancelCauseFunc
+	reconc  atomic.Bool // the executor has yet to hear that the link came back
+	linkMu  sync.Mutex
+	link    linkInfo
+	lastLog string // the last link error logged, to not repeat it every retry
+}
+
+type linkInfo struct {
+	up         bool
+	since      time.Time
+	lastLinked time.Time // before this link came up
+	unlinked   time.Duration
+	lastErr    string
+}
+
+// Run runs the agent until ctx ends (nil) or the executor turns out to run
+// another build (ErrUpgraded: exit 0, the init restarts the new binary).
+func Run(ctx context.Context, o Options) error {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 30 * time.Second
+	}
+	if o.RetryWait <= 0 {
+		o.RetryWait = time.Second
+	}
+	if o.Socket == "" {
+		o.Socket = wire.SocketPath
+	}
+	if o.Identity == nil {
+		o.Log.Info("hosted: no identity; not dialling", "state", StateHosted)
+		<-ctx.Done()
+		return nil
+	}
+	st, err := openState(o.StateDir)
+	if err != nil {
+		if st == nil {
+			return err
+		}
+		o.Log.Warn(err.Error())
+	}
+	a := &Agent{
+		o: o, id: o.Identity, state: st,
+		log:    o.Log.With("node", o.Identity.Node),
+		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build},
+		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build},
+		linkUp: make(chan struct{}, 1),
+		hbNow:  make(chan struct{}, 1),
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	a.cancel = cancel
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.heartbeats(ctx)
+	}()
+	defer func() {
+		cancel(nil)
+		wg.Wait()
+		a.exec.close()
+		a.hbExec.close()
+	}()
+	for {
+		nc, err := a.dial(ctx)
+		if err != nil {
+			break
+		}
+		a.nc = nc
+		a.ncp.Store(nc)
+		a.js, _ = jetstream.NewWithAPIPrefix(nc, APIPrefix)
+		a.cons = nil
+		a.linked()
+		a.work(ctx)
+		nc.Close()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if errors.Is(context.Cause(ctx), ErrUpgraded) {
+		return ErrUpgraded
+	}
+	return nil
+}
+
+// upgraded ends the agent: the executor runs another build.
+func (a *Agent) upgraded(err error) {
+	a.log.Info("exiting: " + err.Error())
+	a.cancel(ErrUpgraded)
+}
+
+// backoff waits d (or until ctx ends) and returns the next wait.
+func (a *Agent) backoff(ctx context.Context, d time.Duration) time.Duration {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return min(d*2, 30*time.Second)
+}
+
+// dial connects to the broker, retrying until ctx ends. Every failure is
+// logged legibly (and kept for the next heartbeat).
+func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
+	wait := a.o.RetryWait
+	for {
+		start := time.Now()
+		opts := append(linkOptions(a.id, &a.pins),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(2*a.o.RetryWait),
+			nats.IgnoreAuthErrorAbort(),
+			nats.ReconnectBufSize(-1), // nothing queued while unlinked: a failure is said, not hidden
+			nats.PingInterval(20*time.Second),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				a.linkDown(err)
+			}),
+			nats.ReconnectHandler(func(*nats.Conn) { a.linked() }),
+			nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(time.Now().Add(-10*time.Second))))
+			}),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				a.log.Error("the broker refused: " + err.Error())
+			}),
+		)
+		nc, err := nats.Connect(a.id.BrokerURL, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(start)))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		wait = a.backoff(ctx, wait)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (a *Agent) linkFailed(e *LinkError) {
+	a.linkMu.Lock()
+	a.link.lastErr = e.Msg
+	repeat := a.lastLog == e.Msg
+	a.lastLog = e.Msg
+	a.linkMu.Unlock()
+	if !repeat {
+		a.log.Error("link: "+e.Msg, "reason", e.Reason, "state", StateDisconnected)
+	}
+}
+
+func (a *Agent) linked() {
+	now := time.Now()
+	prev := a.state.get().LastLinked
+	a.linkMu.Lock()
+	a.link.up, a.link.since, a.link.lastLinked = true, now, prev
+	a.link.unlinked = 0
+	if !prev.IsZero() {
+		a.link.unlinked = now.Sub(prev)
+	}
+	a.lastLog = ""
+	a.linkMu.Unlock()
+	if err := a.state.update(func(s *State) { s.LastLinked = now }); err != nil {
+		a.log.Warn("state: " + err.Error())
+	}
+	a.log.Info("linked", "broker", a.id.BrokerURL, "state", StateEnrolled)
+	a.reconc.Store(true)
+	for _, ch := range []chan struct{}{a.linkUp, a.hbNow} {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (a *Agent) linkDown(err error) {
+	now := time.Now()
+	a.linkMu.Lock()
+	was := a.link.up
+	a.link.up = false
+	a.linkMu.Unlock()
+	if !was {
+		return
+	}
+	if err := a.state.update(func(s *State) { s.LastLinked = now }); err != nil {
+		a.log.Warn("state: " + err.Error())
+	}
+	msg := "link lost"
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	a.log.Warn(msg, "state", StateDisconnected)
+}
+
+// work is the worker: it tells the executor when the link came back, and
+// drains declarations, until ctx ends or the connection is closed for good.
+func (a *Agent) work(ctx context.Context) {
+	wait := a.o.RetryWait
+	for ctx.Err() == nil && !a.nc.IsClosed() {
+		if !a.nc.IsConnected() {
+			select {
+			case <-ctx.Done():
+			case <-a.linkUp:
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if a.reconc.Load() {
+			if err := a.reconnected(ctx); err != nil {
+				if errors.Is(err, ErrUpgraded) {
+					a.upgraded(err)
+					return
+				}
+				a.log.Error("reconnect: " + err.Error())
+				wait = a.backoff(ctx, wait)
+				continue
+			}
+		}
+		msgs, err := a.collect(ctx)
+		if err != nil {
+			if ctx.Err() == nil && a.nc.IsConnected() {
+				a.log.Warn("declarations: " + err.Error())
+				wait = a.backoff(ctx, wait)
+			}
+			continue
+		}
+		if len(msgs) == 0 {
+			continue
+		}
+		if err := a.drain(ctx, msgs); err != nil {
+			if errors.Is(err, ErrUpgraded) {
+				a.upgraded(err)
+				return
+			}
+			if ctx.Err() == nil {
+				a.log.Error("drain: " + err.Error())
+				wait = a.backoff(ctx, wait)
+			}
+			continue
+		}
+		wait = a.o.RetryWait
+	}
+}
+
+// reconnected tells the executor the link came back (it reconciles), and
+// reports what it did.
+func (a *Agent) reconnected(ctx context.Context) error {
+	v, lines, err := a.exec.request(ctx, wire.KindReconnected, &wire.Reconnected{})
+	if err != nil {
+		return err
+	}
+	a.reconc.Store(false)
+	a.learnFloor()
+	r := a.report(v.Seq)
+	r.Trigger, r.Outcome = TriggerReconnect, v.Outcome
+	if lines != nil {
+		r.Lines = lines
+	}
+	if v.Code != wire.CodeNone {
+		r.Refused, r.Code, r.RefusedBy = v.Reason, v.Code.String(), "executor"
+	}
+	a.log.Info("the executor reconciled after the link came back", "seq", v.Seq, "outcome", v.Outcome)
+	return a.publishReports(ctx, []*Report{r})
+}
+
+// learnFloor raises the agent's memory of the last applied sequence to the
+// executor's own (after a lost state directory, say).
+func (a *Agent) learnFloor() {
+	s, err := a.exec.status()
+	if err != nil {
+		return
+	}
+	if s.Seq > a.state.get().LastApplied {
+		a.state.update(func(st *State) {
+			st.LastApplied = s.Seq
+			if s.Outcome != "" {
+				st.LastAppliedOutcome = s.Outcome
+			}
+		})
+	}
+}
+
+func (a *Agent) report(seq uint64) *Report {
+	return &Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Seq: seq, Trigger: TriggerDeclaration, Lines: []shapes.Line{}, At: time.Now().UTC()}
+}
+
+// heartbeats publishes a heartbeat every period while linked, and one as
+// soon as a link comes up.
+func (a *Agent) heartbeats(ctx context.Context) {
+	t := time.NewTicker(a.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.hbNow:
+		}
+		nc := a.ncp.Load()
+		if nc != nil && nc.IsConnected() {
+			a.heartbeat(nc)
+		}
+	}
+}
+
+func (a *Agent) heartbeat(nc *nats.Conn) {
+	st := a.state.get()
+	a.linkMu.Lock()
+	l := a.link
+	a.linkMu.Unlock()
+	hb := &Heartbeat{
+		Node: a.id.Node, Enrolment: a.id.Enrolment, At: time.Now().UTC(),
+		Interval: a.o.Heartbeat.Seconds(), State: StateEnrolled, Presence: "resident",
+		AgentVersion: a.o.Version, AgentBuild: a.o.Build,
+		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
+		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
+		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),
+		LastLinkError: l.lastErr,
+	}
+	if s, err := a.hbExec.status(); err != nil {
+		if errors.Is(err, ErrUpgraded) {
+			a.upgraded(err)
+			return
+		}
+		hb.ExecutorError = err.Error()
+	} else {
+		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome}
+	}
+	data, err := jsonMarshal(hb)
+	var sig string
+	if err == nil {
+		sig, err = a.id.Sign(data)
+	}
+	if err == nil {
+		err = nc.PublishMsg(&nats.Msg{Subject: a.id.Subjects.Heartbeat, Data: data, Header: nats.Header{SignatureHeader: []string{sig}}})
+	}
+	if err != nil {
+		a.log.Warn("heartbeat: " + err.Error())
+		return
+	}
+	a.state.update(func(s *State) { s.LastLinked = time.Now() })
+}

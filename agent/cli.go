@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The defaults of mesh-agent.
+const (
+	DefaultUser     = "mesh-agent"
+	DefaultStateDir = "/var/lib/mesh-host/agent"
+	DefaultConfig   = DefaultStateDir + "/config.json"
+)
+
+// Main runs mesh-agent with args (without the program name) and returns the
+// exit code: 0 when stopped, and when the executor runs another build (the
+// init restarts the agent onto its new binary); 1 when it cannot run.
+func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("mesh-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", DefaultConfig, "the node's identity (JSON, 0600); missing: stay hosted, never dial")
+	socket := fs.String("socket", wire.SocketPath, "the executor's socket")
+	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
+	state := fs.String("state", DefaultStateDir, "the agent's state directory")
+	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
+	selfCheck := fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials as JSON, and exit")
+	showVersion := fs.Bool("version", false, "print the version and build, and exit")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "mesh-agent: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintf(stdout, "mesh-agent %s build %s\n", version, build)
+		return 0
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	// The identity is read before the drop, so it may be root's file; the
+	// seed then lives only in the dropped process's memory.
+	var id *Identity
+	if !*selfCheck {
+		var err error
+		id, err = LoadConfig(*config)
+		if errors.Is(err, ErrNoIdentity) {
+			id = nil
+		} else if err != nil {
+			log.Error(err.Error())
+			return 1
+		}
+	}
+
+	// Drop everything before touching the network.
+	asRoot := os.Geteuid() == 0
+	if asRoot {
+		uid, gid, err := LookupUser(*userName)
+		if err != nil {
+			log.Error(err.Error())
+			return 1
+		}
+		if err := PrepareStateDir(*state, uid, gid); err != nil {
+			log.Error(err.Error())
+			return 1
+		}
+	}
+	uid, gid, err := Drop(*userName)
+	if *selfCheck {
+		return selfReport(stdout, err)
+	}
+	if err != nil {
+		log.Error(err.Error())
+		return 1
+	}
+	if !asRoot {
+		if err := os.MkdirAll(*state, 0o700); err != nil {
+			log.Warn("state directory: "+err.Error()+"; keeping state in memory", "state", *state)
+			*state = ""
+		}
+	}
+	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
+
+	err = Run(ctx, Options{
+		Identity: id, Socket: *socket, StateDir: *state, Heartbeat: *heartbeat,
+		Version: version, Build: build, Log: log,
+	})
+	if errors.Is(err, ErrUpgraded) {
+		return 0
+	}
+	if err != nil {
+		log.Error(err.Error())
+		return 1
+	}
+	return 0
+}
+
+// selfReport prints every thread's credentials after the drop.
+func selfReport(stdout io.Writer, dropErr error) int {
+	type thread struct {
+		TID   string `json:"tid"`
+		Creds *Creds `json:"creds"`
+	}
+	out := struct {
+		Confined bool     `json:"confined"`
+		Error    string   `json:"error,omitempty"`
+		Threads  []thread `json:"threads"`
+	}{Confined: dropErr == nil}
+	if dropErr != nil {
+		out.Error = dropErr.Error()
+	}
+	entries, _ := os.ReadDir("/proc/self/task")
+	for _, e := range entries {
+		c, err := ReadCreds("/proc/self/task/" + e.Name() + "/status")
+		if err == nil {
+			out.Threads = append(out.Threads, thread{e.Name(), c})
+		}
+	}
+	e := json.NewEncoder(stdout)
+	e.SetIndent("", "  ")
+	e.Encode(out)
+	if dropErr != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,179 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"github.com/nats-io/nkeys"
+)
+
+// Config is the agent's config file, written by `mesh-control node add`
+// (JSON, mode 0600; it holds the node's NKey seed). Field names are exact:
+//
+//	{
+//	  "broker_url": "tls://127.0.0.1:4222",
+//	  "broker_fingerprint": "<sha-256 of the broker certificate, hex>",
+//	  "control_key": "<ed25519 public key of the control plane, base64>",
+//	  "node": "web1",
+//	  "enrolment": "e-…",
+//	  "nkey_seed": "SU…"
+//	}
+//
+// This file-based identity is temporary: enrolment (a later issue) replaces
+// it with a grant signed by the control plane, and the seed is then made on
+// the node and never leaves it.
+type Config struct {
+	BrokerURL         string `json:"broker_url"`
+	BrokerFingerprint string `json:"broker_fingerprint"`
+	ControlKey        string `json:"control_key"`
+	Node              string `json:"node"`
+	Enrolment         string `json:"enrolment"`
+	NKeySeed          string `json:"nkey_seed"`
+}
+
+// Identity is a checked Config: what the agent links and verifies with.
+type Identity struct {
+	BrokerURL  string
+	Pin        string // normalised fingerprint
+	ControlKey ed25519.PublicKey
+	Node       string
+	Enrolment  string
+	Subjects   Subjects
+	nkey       nkeys.KeyPair
+	nkeyPublic string
+}
+
+// NKeyPublic is the public half of the node's NKey (the broker's user name).
+func (id *Identity) NKeyPublic() string { return id.nkeyPublic }
+
+// ErrNoIdentity: no config file; the agent stays hosted.
+var ErrNoIdentity = errors.New("no identity")
+
+// LoadConfig reads and checks the config at path. A missing file is
+// ErrNoIdentity. A file that group or others may read is refused: it holds
+// the node's secret.
+func LoadConfig(path string) (*Identity, error) {
+	if path == "" {
+		return nil, ErrNoIdentity
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s does not exist", ErrNoIdentity, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("config %s is not a regular file", path)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("config %s has mode %04o: it holds the node's NKey seed and must not be readable by group or others (chmod 0600)", path, fi.Mode().Perm())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 64<<10+1))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if len(data) > 64<<10 {
+		return nil, fmt.Errorf("config %s: larger than 64 KiB", path)
+	}
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	id, err := c.Identity()
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return id, nil
+}
+
+// Identity checks every field of c.
+func (c *Config) Identity() (*Identity, error) {
+	u, err := url.Parse(c.BrokerURL)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("broker_url %q is not a URL with a host", c.BrokerURL)
+	}
+	if u.Scheme != "tls" && u.Scheme != "nats" {
+		return nil, fmt.Errorf("broker_url %q: the scheme is tls:// (TLS is always required)", c.BrokerURL)
+	}
+	pin, err := ParseFingerprint(c.BrokerFingerprint)
+	if err != nil {
+		return nil, fmt.Errorf("broker_fingerprint: %w", err)
+	}
+	ck, err := base64.StdEncoding.DecodeString(c.ControlKey)
+	if err != nil || len(ck) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("control_key is not a base64 Ed25519 public key")
+	}
+	if err := ValidNodeName(c.Node); err != nil {
+		return nil, err
+	}
+	if c.Enrolment == "" || len(c.Enrolment) > 128 {
+		return nil, fmt.Errorf("enrolment %q: 1 to 128 bytes", c.Enrolment)
+	}
+	kp, err := nkeys.FromSeed([]byte(c.NKeySeed))
+	if err != nil {
+		return nil, fmt.Errorf("nkey_seed: %v", err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil || !nkeys.IsValidPublicUserKey(pub) {
+		return nil, fmt.Errorf("nkey_seed is not a user NKey seed")
+	}
+	return &Identity{
+		BrokerURL:  c.BrokerURL,
+		Pin:        pin,
+		ControlKey: ed25519.PublicKey(ck),
+		Node:       c.Node,
+		Enrolment:  c.Enrolment,
+		Subjects:   SubjectsOf(c.Node),
+		nkey:       kp,
+		nkeyPublic: pub,
+	}, nil
+}
+
+// WriteFile writes v as indented JSON to path, mode 0600, atomically (a
+// temporary file in the same directory, synced, renamed).
+func WriteFile(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	data = append(data, '\n')
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// ErrUpgraded: the executor runs another build than this agent. The host
+// was upgraded; the agent exits 0 and its init restarts it onto its own new
+// binary.
+var ErrUpgraded = errors.New("the executor runs another build; exiting to be restarted onto the new binary")
+
+// execClient is one connection to the executor, one request at a time.
+// It dials lazily and says hello first; any error closes it, and the next
+// request dials again.
+type execClient struct {
+	path           string
+	uid            uint32
+	version, build string
+	conn           *wire.Conn
+	hello          *wire.HelloReply
+}
+
+const execTimeout = 10 * time.Second
+
+func (e *execClient) close() {
+	if e.conn != nil {
+		e.conn.Close()
+		e.conn = nil
+	}
+}
+
+func (e *execClient) connect() error {
+	if e.conn != nil {
+		return nil
+	}
+	c, err := wire.DialUnix(e.path, e.uid)
+	if err != nil {
+		return fmt.Errorf("executor unreachable: %w", err)
+	}
+	c.NetConn().SetDeadline(time.Now().Add(execTimeout))
+	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: e.version, Build: e.build}); err != nil {
+		c.Close()
+		return fmt.Errorf("executor: hello: %w", err)
+	}
+	k, body, err := c.Read()
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("executor: hello: %w", err)
+	}
+	switch b := body.(type) {
+	case *wire.HelloReply:
+		if b.Build != e.build {
+			c.Close()
+			return fmt.Errorf("%w (executor build %q version %s; agent build %q version %s)", ErrUpgraded, b.Build, b.Version, e.build, e.version)
+		}
+		if b.Protocol != wire.ProtocolVersion {
+			c.Close()
+			return fmt.Errorf("executor speaks protocol %d, the agent %d", b.Protocol, wire.ProtocolVersion)
+		}
+		e.hello = b
+	case *wire.Error:
+		c.Close()
+		return fmt.Errorf("executor refused the connection: %w", b)
+	default:
+		c.Close()
+		return fmt.Errorf("executor answered hello with %s", k)
+	}
+	c.NetConn().SetDeadline(time.Time{})
+	e.conn = c
+	return nil
+}
+
+// request sends one request and reads report lines until its Verdict. A
+// request has no deadline of its own (an apply may take long); ctx ends it
+// by closing the connection.
+func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wire.Verdict, []shapes.Line, error) {
+	if err := e.connect(); err != nil {
+		return nil, nil, err
+	}
+	c := e.conn
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	if err := c.Write(kind, body); err != nil {
+		e.close()
+		return nil, nil, fmt.Errorf("executor: %s: %w", kind, err)
+	}
+	var lines []shapes.Line
+	for {
+		k, b, err := c.Read()
+		if err != nil {
+			e.close()
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			return nil, nil, fmt.Errorf("executor: reading the answer to %s: %w", kind, err)
+		}
+		switch b := b.(type) {
+		case *shapes.Line:
+			lines = append(lines, *b)
+		case *wire.Verdict:
+			return b, lines, nil
+		case *wire.Error:
+			e.close()
+			return nil, nil, fmt.Errorf("executor closed the connection: %w", b)
+		default:
+			e.close()
+			return nil, nil, fmt.Errorf("executor answered %s with %s", kind, k)
+		}
+	}
+}
+
+// status asks the executor's state.
+func (e *execClient) status() (*wire.StatusReply, error) {
+	if err := e.connect(); err != nil {
+		return nil, err
+	}
+	c := e.conn
+	c.NetConn().SetDeadline(time.Now().Add(execTimeout))
+	defer func() {
+		if e.conn != nil {
+			e.conn.NetConn().SetDeadline(time.Time{})
+		}
+	}()
+	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+		e.close()
+		return nil, fmt.Errorf("executor: status: %w", err)
+	}
+	k, b, err := c.Read()
+	if err != nil {
+		e.close()
+		return nil, fmt.Errorf("executor: status: %w", err)
+	}
+	switch b := b.(type) {
+	case *wire.StatusReply:
+		return b, nil
+	case *wire.Error:
+		e.close()
+		return nil, fmt.Errorf("executor closed the connection: %w", b)
+	default:
+		e.close()
+		return nil, fmt.Errorf("executor answered status with %s", k)
+	}
+}

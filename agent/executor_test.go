@@ -1,0 +1,82 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// An executor of another build: the host was upgraded. The agent says so
+// and ends with ErrUpgraded (mesh-agent exits 0; its init restarts it onto
+// its own new binary).
+func TestOtherBuildEndsTheAgent(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("upgraded")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b2")
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(context.Background(), agent.Options{
+			Identity: id, Socket: ex.path, ExecutorUID: uint32(os.Getuid()), Heartbeat: time.Second,
+			Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(),
+		})
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, agent.ErrUpgraded) {
+			t.Fatalf("Run: %v, want ErrUpgraded", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent kept running beside an executor of another build")
+	}
+	if decls, _, _ := ex.snapshot(); len(decls) != 0 {
+		t.Fatalf("it forwarded %v to an executor of another build", decls)
+	}
+}
+
+// The executor refuses the connection (an Error, then it closes) while a
+// declaration is on its way: nothing is acked or reported as done, the
+// agent reconnects, and the declaration is delivered again and applied.
+func TestExecutorErrorRetries(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("retry")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	ex.mu.Lock()
+	ex.failNext = true
+	ex.mu.Unlock()
+	s := c.declare("retry", fmt.Sprintf(motd, 1))
+	rs := c.reports("retry", "applied after the retry", hasReport(s, shapes.Applied))
+	if decls, _, _ := ex.snapshot(); !slices.Equal(decls, []uint64{s}) {
+		t.Fatalf("applied %v, want [%d] once", decls, s)
+	}
+	for _, r := range rs {
+		if r.Seq == s && r.Outcome != shapes.Applied {
+			t.Fatalf("seq %d reported %s before it was applied", s, r.Outcome)
+		}
+	}
+}
+
+// Hosted: without an identity Run stays up, never dials and never ends
+// on its own.
+func TestHostedStaysIdle(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx, agent.Options{Log: logger(), Socket: "/nonexistent"}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a hosted agent ended: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,163 @@
+package agent_test
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// fakeExecutor is a test double of the executor's end of the socket: it
+// speaks the wire protocol (wire.NewConn, AgentToExecutor), records what
+// reaches it, and can be made busy. It verifies each envelope itself as the
+// real executor would, so garbage reaching it is a test failure, not a
+// silent pass.
+type fakeExecutor struct {
+	t     *testing.T
+	path  string
+	ln    net.Listener
+	key   ed25519.PublicKey
+	build string
+
+	mu         sync.Mutex
+	decls      []uint64 // the sequence of each Declaration received, in order
+	garbage    []string // what reached it and did not verify
+	reconnects int
+	applied    uint64
+	holdNext   bool
+	failNext   bool          // the next Declaration gets an Error and a closed connection
+	holding    chan uint64   // a held declaration's sequence
+	release    chan struct{} // closes to let a held declaration go
+	changed    chan struct{}
+}
+
+func newFakeExecutor(t *testing.T, key ed25519.PublicKey, build string) *fakeExecutor {
+	t.Helper()
+	dir := t.TempDir()
+	f := &fakeExecutor{t: t, path: filepath.Join(dir, "executor.sock"), key: key, build: build,
+		holding: make(chan uint64, 1), release: make(chan struct{}), changed: make(chan struct{}, 1)}
+	ln, err := net.Listen("unix", f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ln = ln
+	go f.accept()
+	t.Cleanup(func() { ln.Close() })
+	return f
+}
+
+func (f *fakeExecutor) notify() {
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
+// hold makes the next Declaration wait until unhold: the executor is busy.
+func (f *fakeExecutor) hold() {
+	f.mu.Lock()
+	f.holdNext = true
+	f.release = make(chan struct{})
+	f.mu.Unlock()
+}
+
+func (f *fakeExecutor) unhold() { close(f.release) }
+
+func (f *fakeExecutor) snapshot() (decls []uint64, reconnects int, garbage []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]uint64(nil), f.decls...), f.reconnects, append([]string(nil), f.garbage...)
+}
+
+func (f *fakeExecutor) accept() {
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		go f.serve(wire.NewConn(c, wire.AgentToExecutor))
+	}
+}
+
+func (f *fakeExecutor) serve(c *wire.Conn) {
+	defer c.Close()
+	state := wire.StateNew
+	for {
+		k, body, err := c.Read()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				c.Write(wire.KindError, &wire.Error{Code: wire.CodeOf(err), Message: err.Error()})
+			}
+			return
+		}
+		if !wire.Allowed(k, state) {
+			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: k.String() + " not allowed now"})
+			return
+		}
+		switch b := body.(type) {
+		case *wire.Hello:
+			state = wire.StateReady
+			c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: "fake", Build: f.build, Node: "", State: "enrolled"})
+		case *wire.Status:
+			f.mu.Lock()
+			s := &wire.StatusReply{Version: "fake", Build: f.build, State: "enrolled", Seq: f.applied, Outcome: shapes.Applied}
+			f.mu.Unlock()
+			c.Write(wire.KindStatusReply, s)
+		case *wire.Reconnected:
+			f.mu.Lock()
+			f.reconnects++
+			seq := f.applied
+			f.mu.Unlock()
+			f.notify()
+			c.Write(wire.KindVerdict, &wire.Verdict{Seq: seq, Outcome: shapes.Unchanged})
+		case *wire.Declaration:
+			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
+			var d struct {
+				Seq uint64 `json:"seq"`
+			}
+			if err == nil {
+				if _, perr := shapes.Parse(payload); perr != nil {
+					err = perr
+				}
+				json.Unmarshal(payload, &d)
+			}
+			f.mu.Lock()
+			if err != nil {
+				f.garbage = append(f.garbage, err.Error())
+				f.mu.Unlock()
+				f.notify()
+				c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Refused, Code: wire.CodeOf(err), Reason: err.Error()})
+				continue
+			}
+			if f.failNext {
+				f.failNext = false
+				f.mu.Unlock()
+				c.Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: "busy (a rescue apply holds the lock)"})
+				return
+			}
+			f.decls = append(f.decls, d.Seq)
+			hold, release := f.holdNext, f.release
+			f.holdNext = false
+			f.mu.Unlock()
+			f.notify()
+			if hold {
+				f.holding <- d.Seq
+				<-release
+			}
+			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
+			f.mu.Lock()
+			if d.Seq > f.applied {
+				f.applied = d.Seq
+			}
+			f.mu.Unlock()
+			c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied})
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	neturl "net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// LinkError is a failure to link, saying which side refused and why:
+//
+//	broker unreachable at <url>: …
+//	broker certificate fingerprint mismatch: got X, pinned Y
+//	authorization refused by the broker at <url>: …
+type LinkError struct {
+	Reason string // "unreachable", "fingerprint", "authorization"
+	Msg    string
+	Err    error
+}
+
+func (e *LinkError) Error() string { return e.Msg }
+func (e *LinkError) Unwrap() error { return e.Err }
+
+// The reasons of a LinkError.
+const (
+	LinkUnreachable   = "unreachable"
+	LinkFingerprint   = "fingerprint"
+	LinkAuthorization = "authorization"
+)
+
+// pinWatch keeps the last fingerprint mismatch seen by the handshake, so
+// the cause stays legible whatever the NATS client does with the TLS error.
+type pinWatch struct {
+	mu   sync.Mutex
+	last *PinError
+	at   time.Time
+}
+
+func (p *pinWatch) note(e *PinError) {
+	p.mu.Lock()
+	p.last, p.at = e, time.Now()
+	p.mu.Unlock()
+}
+
+func (p *pinWatch) since(t time.Time) *PinError {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last != nil && !p.at.Before(t) {
+		return p.last
+	}
+	return nil
+}
+
+// explain turns what the NATS client returned into a LinkError.
+func explain(url string, err error, pin *PinError) *LinkError {
+	var pe *PinError
+	if errors.As(err, &pe) {
+		pin = pe
+	}
+	if pin != nil {
+		return &LinkError{Reason: LinkFingerprint, Msg: pin.Error() + " (at " + url + "; the broker was sent nothing)", Err: pin}
+	}
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+		return &LinkError{Reason: LinkAuthorization, Msg: fmt.Sprintf("authorization refused by the broker at %s: %v (it does not know this node's NKey, or revoked it)", url, err), Err: err}
+	}
+	if errors.Is(err, nats.ErrNoServers) {
+		// The NATS client keeps the cause to itself; ask the network.
+		if u, perr := neturl.Parse(url); perr == nil {
+			c, derr := net.DialTimeout("tcp", u.Host, 2*time.Second)
+			if derr != nil {
+				err = derr
+			} else {
+				c.Close()
+			}
+		}
+	}
+	return &LinkError{Reason: LinkUnreachable, Msg: fmt.Sprintf("broker unreachable at %s: %v", url, err), Err: err}
+}
+
+// linkOptions are the options every connection of this node's identity
+// uses: TLS pinned inside the handshake, its NKey, its own inbox prefix
+// (the only subjects it may subscribe to).
+func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
+	return []nats.Option{
+		nats.Name("mesh-agent/" + id.Node),
+		nats.Secure(PinnedTLS(id.Pin, pins.note)),
+		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
+		nats.CustomInboxPrefix(id.Subjects.Inbox),
+		nats.Timeout(5 * time.Second),
+	}
+}
+
+// Dial connects once with id's identity: the broker certificate pinned,
+// the node's NKey, its inbox prefix; extra options after those. A failure
+// is a *LinkError. Tests and tools use it; the agent's own link adds
+// reconnection and its handlers (see Run).
+func Dial(id *Identity, extra ...nats.Option) (*nats.Conn, error) {
+	pins := &pinWatch{}
+	start := time.Now()
+	nc, err := nats.Connect(id.BrokerURL, append(linkOptions(id, pins), extra...)...)
+	if err != nil {
+		return nil, explain(id.BrokerURL, err, pins.since(start))
+	}
+	return nc, nil
+}

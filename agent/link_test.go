@@ -1,0 +1,135 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// A broker restart: the agent reconnects on its own, receives what was
+// published while it was cut off, and tells the executor the link came
+// back. While it is cut off the broker is up but does not know the node
+// (the control side's plain broker without the registry), so the
+// declarations are certainly published while the agent cannot have them.
+func TestBrokerRestart(t *testing.T) {
+	dir := t.TempDir()
+	c := startControl(t, dir, "127.0.0.1:0")
+	id, _ := c.addNode("restart")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	s1 := c.declare("restart", fmt.Sprintf(motd, 1))
+	c.reports("restart", "seq 1 applied", hasReport(s1, shapes.Applied))
+
+	// Down.
+	c.stop()
+	// Up without the node: publish while it cannot link.
+	bare, err := control.StartServer(c.keys, c.listen, logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := control.Connect(ctx, c.keys, bare.ClientURL(), logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for i := range 3 {
+		s, err := cl.Declare(ctx, "restart", []byte(fmt.Sprintf(motd, 10+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, s)
+	}
+	cz, _ := bare.NATS().Connz(&server.ConnzOptions{Account: control.AccountNodes})
+	if cz.NumConns != 0 {
+		t.Fatalf("the node is connected to the broker that does not know it")
+	}
+	cl.Close()
+	bare.Shutdown()
+	if _, r, _ := ex.snapshot(); r != 1 {
+		t.Fatalf("Reconnected %d times while unlinked", r)
+	}
+
+	// Up again, with the registry.
+	c.start()
+	newest := seqs[len(seqs)-1]
+	rs := c.reports("restart", "the newest applied after the restart", hasReport(newest, shapes.Applied))
+	decls, reconnects, garbage := ex.snapshot()
+	if want := []uint64{s1, newest}; !slices.Equal(decls, want) || len(garbage) != 0 {
+		t.Fatalf("declarations that reached the executor: %v (garbage %q), want %v", decls, garbage, want)
+	}
+	if reconnects != 2 {
+		t.Fatalf("the executor heard Reconnected %d times, want 2 (the first link and the one after the restart)", reconnects)
+	}
+	for _, s := range seqs[:len(seqs)-1] {
+		if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool {
+			return r.Seq == s && r.Outcome == shapes.Superseded && r.SupersededBy == newest
+		}) {
+			t.Errorf("seq %d not reported superseded by %d: %s", s, newest, describe(rs))
+		}
+	}
+	if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Trigger == agent.TriggerReconnect }) {
+		t.Errorf("no report of the reconcile after the link came back: %s", describe(rs))
+	}
+}
+
+// Link failures say which side refused and why.
+func TestLinkFailuresAreLegible(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	_, cfg := c.addNode("legible")
+
+	// Nothing listening.
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := "tls://" + l.Addr().String()
+	l.Close()
+	unreachable := *cfg
+	unreachable.BrokerURL = closed
+	// A key the broker does not know.
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	stranger := *cfg
+	stranger.NKeySeed = string(seed)
+	// Another certificate pinned.
+	wrongPin := *cfg
+	wrongPin.BrokerFingerprint = strings.Repeat("ab", 32)
+
+	for _, tc := range []struct {
+		cfg    agent.Config
+		reason string
+		says   []string
+	}{
+		{unreachable, agent.LinkUnreachable, []string{"broker unreachable at " + closed}},
+		{stranger, agent.LinkAuthorization, []string{"authorization refused by the broker"}},
+		{wrongPin, agent.LinkFingerprint, []string{"fingerprint mismatch", "got " + c.keys.Fingerprint, "pinned " + strings.Repeat("ab", 32)}},
+	} {
+		id, err := tc.cfg.Identity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = agent.Dial(id)
+		var le *agent.LinkError
+		if !errors.As(err, &le) || le.Reason != tc.reason {
+			t.Errorf("%s: got %v", tc.reason, err)
+			continue
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%s: %q does not say %q", tc.reason, err, s)
+			}
+		}
+		t.Logf("%s: %v", tc.reason, err)
+	}
+}

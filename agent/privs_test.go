@@ -1,0 +1,140 @@
+package agent_test
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+)
+
+// openDir is a temporary directory that another user can reach (the
+// test's own are 0700 under a 0700 parent).
+func openDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "mesh-agent-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(d, 0o755)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// buildAgent builds cmd/mesh-agent as it ships (CGO_ENABLED=0).
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(openDir(t), "mesh-agent")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/nox-mesh/nox-mesh-host/cmd/mesh-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startHosted starts the real binary without an identity and waits until
+// it says it is hosted; it returns the process.
+func startHosted(t *testing.T, bin string, cred *syscall.Credential, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	said := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			said <- sc.Text()
+		}
+		close(said)
+	}()
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case l, ok := <-said:
+			if !ok {
+				t.Fatalf("mesh-agent exited: %v", cmd.Wait())
+			}
+			t.Log(l)
+			if strings.Contains(l, "hosted: no identity; not dialling") {
+				go func() {
+					for range said {
+					}
+				}()
+				return cmd
+			}
+		case <-timeout:
+			t.Fatal("mesh-agent never said it is hosted")
+		}
+	}
+}
+
+// The privilege drop, in the real binary started as root: every thread of
+// the running daemon is nobody's (uid and gid, all four ids), with no
+// supplementary groups, every capability set empty (bounding included) and
+// no_new_privs set, as the kernel reports from outside the process. Without
+// an identity it stays up and opens no socket. Started as nobody already,
+// it only checks, and is as confined. SIGTERM ends it with 0.
+func TestPrivilegeDrop(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start the agent as root")
+	}
+	bin := buildAgent(t)
+	uid, gid, err := agent.LookupUser("nobody")
+	if err != nil {
+		t.Skip(err)
+	}
+	base := openDir(t)
+	state := filepath.Join(base, "state")
+
+	cmd := startHosted(t, bin, nil, "--user", "nobody", "--state", state, "--config", filepath.Join(base, "none.json"))
+	pid := itoa(uint64(cmd.Process.Pid))
+	if err := agent.Confined(pid, uid, gid, true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := agent.ReadCreds("/proc/" + pid + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.UID != [4]int{uid, uid, uid, uid} || len(c.Groups) != 0 || c.CapEff != 0 || c.CapPrm != 0 || c.CapBnd != 0 || c.NoNewPrivs != 1 {
+		t.Fatalf("after the drop: %+v", c)
+	}
+	tasks, _ := filepath.Glob("/proc/" + pid + "/task/*")
+	t.Logf("%d threads confined: uid %v gid %v groups %v CapEff %x CapBnd %x NoNewPrivs %d", len(tasks), c.UID, c.GID, c.Groups, c.CapEff, c.CapBnd, c.NoNewPrivs)
+	fds, _ := filepath.Glob("/proc/" + pid + "/fd/*")
+	for _, fd := range fds {
+		if l, _ := os.Readlink(fd); strings.HasPrefix(l, "socket:") {
+			t.Fatalf("a hosted agent holds a socket (%s)", fd)
+		}
+	}
+	fi, err := os.Stat(state)
+	if err != nil || fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != uint32(uid) {
+		t.Fatalf("state directory %s: %v %v", state, fi.Mode(), err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM: %v, want exit 0", err)
+	}
+
+	// Started as nobody already: it checks and confines itself as far as
+	// an unprivileged process can (the bounding set stays the kernel's).
+	cmd = startHosted(t, bin, &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}},
+		"--user", "nobody", "--state", state, "--config", filepath.Join(base, "none.json"))
+	if err := agent.Confined(itoa(uint64(cmd.Process.Pid)), uid, gid, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// Root may start it only to drop to an unprivileged user.
+	if out, err := exec.Command(bin, "--user", "root", "--state", state, "--self-check").CombinedOutput(); err == nil {
+		t.Fatalf("mesh-agent --user root ran: %s", out)
+	}
+}

@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// Report is what the agent publishes to mesh.report.<node> (JSON), one per
+// declaration it settled and one per reconcile the executor ran when the
+// link came back.
+type Report struct {
+	Node      string `json:"node"`
+	Enrolment string `json:"enrolment"`
+	// Seq is the declaration's sequence. It is 0 when the envelope did not
+	// verify: nothing unsigned is repeated upward as if it were the control
+	// plane's word; StreamSeq then identifies the message.
+	Seq       uint64 `json:"seq"`
+	StreamSeq uint64 `json:"stream_seq,omitempty"`
+	// Trigger is "declaration" or "reconnect" (the executor's reconcile when
+	// the link came back).
+	Trigger string         `json:"trigger"`
+	Outcome shapes.Outcome `json:"outcome"`
+	Lines   []shapes.Line  `json:"lines"`
+	// Refused is the reason a declaration was refused, Code its wire code
+	// name ("bad-signature", "address", "replay", "action", …), and
+	// RefusedBy which side refused it: "agent" (it never reached the
+	// executor) or "executor".
+	Refused   string `json:"refused,omitempty"`
+	Code      string `json:"code,omitempty"`
+	RefusedBy string `json:"refused_by,omitempty"`
+	// SupersededBy names the newer declaration that was forwarded instead,
+	// whatever the executor's verdict on it (SupersededOutcome).
+	SupersededBy      uint64         `json:"superseded_by,omitempty"`
+	SupersededOutcome shapes.Outcome `json:"superseded_outcome,omitempty"`
+	// Duplicate: the executor had applied these exact bytes before.
+	Duplicate bool      `json:"duplicate,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// The triggers of a report.
+const (
+	TriggerDeclaration = "declaration"
+	TriggerReconnect   = "reconnect"
+)
+
+// The agent's states, as its heartbeat says.
+const (
+	StateHosted       = "hosted"       // no identity: idle, never dials
+	StateEnrolled     = "enrolled"     // an identity, and linked
+	StateDisconnected = "disconnected" // an identity, and no link
+)
+
+// Heartbeat is what the agent publishes to mesh.heartbeat.<node> (JSON)
+// every interval while linked.
+type Heartbeat struct {
+	Node      string    `json:"node"`
+	Enrolment string    `json:"enrolment"`
+	At        time.Time `json:"at"`
+	// Interval is the heartbeat period, so the control side can tell a
+	// silent node from a slow one.
+	Interval float64 `json:"interval_seconds"`
+	State    string  `json:"state"`
+	// Presence is "resident" (always linked); "episodic" comes later.
+	Presence     string `json:"presence"`
+	AgentVersion string `json:"agent_version"`
+	AgentBuild   string `json:"agent_build"`
+	// Executor is the executor's own account of itself, asked over the
+	// socket for this heartbeat; ExecutorError says why it could not be.
+	Executor      *ExecutorStatus `json:"executor,omitempty"`
+	ExecutorError string          `json:"executor_error,omitempty"`
+	// The last declaration the agent saw applied, and how it ended.
+	LastApplied        uint64         `json:"last_applied"`
+	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`
+	// The last verdict of any kind (refused included).
+	LastSeq     uint64         `json:"last_seq,omitempty"`
+	LastOutcome shapes.Outcome `json:"last_outcome,omitempty"`
+	// The link: since when it is up, when the agent was last linked before
+	// that (kept across restarts in the state directory), how long it was
+	// without, and the last failure to link, if any.
+	LinkedSince   time.Time `json:"linked_since"`
+	LastLinked    time.Time `json:"last_linked,omitzero"`
+	Unlinked      float64   `json:"unlinked_seconds,omitempty"`
+	LastLinkError string    `json:"last_link_error,omitempty"`
+}
+
+// ExecutorStatus is the executor's StatusReply, as the heartbeat carries it.
+type ExecutorStatus struct {
+	Version string         `json:"version"`
+	Build   string         `json:"build"`
+	State   string         `json:"state"`
+	Node    string         `json:"node,omitempty"`
+	Seq     uint64         `json:"seq"`
+	Outcome shapes.Outcome `json:"outcome,omitempty"`
+}

@@ -1,0 +1,67 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// State is what the agent keeps across restarts, in agent.json in its state
+// directory. None of it is trusted by the executor; it is the agent's
+// memory for early refusal and for the heartbeat.
+type State struct {
+	LastLinked         time.Time      `json:"last_linked,omitzero"`
+	LastApplied        uint64         `json:"last_applied"`
+	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`
+	LastSeq            uint64         `json:"last_seq,omitempty"`
+	LastOutcome        shapes.Outcome `json:"last_outcome,omitempty"`
+}
+
+type stateStore struct {
+	path string // "" keeps it in memory only
+	mu   sync.Mutex
+	s    State
+}
+
+func openState(dir string) (*stateStore, error) {
+	st := &stateStore{}
+	if dir == "" {
+		return st, nil
+	}
+	st.path = filepath.Join(dir, "agent.json")
+	data, err := os.ReadFile(st.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return st, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	if err := json.Unmarshal(data, &st.s); err != nil {
+		// Only memory is lost: the executor keeps the floor that matters.
+		return st, fmt.Errorf("state %s unreadable, starting afresh: %w", st.path, err)
+	}
+	return st, nil
+}
+
+func (st *stateStore) get() State {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.s
+}
+
+func (st *stateStore) update(f func(*State)) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	f(&st.s)
+	if st.path == "" {
+		return nil
+	}
+	return WriteFile(st.path, st.s)
+}

@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"fmt"
+)
+
+// The streams the control side creates and the agent uses.
+const (
+	// DeclStream holds declarations, subjects mesh.decl.*, retention limits.
+	DeclStream = "MESH_DECL"
+	// ReportStream holds reports upward, subjects mesh.report.*.
+	ReportStream = "MESH_REPORT"
+	// HeartbeatStream holds heartbeats, subjects mesh.heartbeat.*.
+	HeartbeatStream = "MESH_HEARTBEAT"
+)
+
+// APIPrefix is the JetStream API as a node sees it. Nodes live in their
+// own broker account without JetStream, and reach the control account's
+// JetStream through service imports mapped under this prefix (the plain
+// $JS.API subjects of an account without JetStream answer "not enabled").
+const APIPrefix = "mesh.api"
+
+// Subjects are one node's names on the broker. Everything a node may touch
+// is derived here, so the control side's permissions and the agent's use of
+// them cannot drift apart.
+type Subjects struct {
+	Node      string
+	Decl      string // mesh.decl.<node>: where its declarations are published
+	Report    string // mesh.report.<node>
+	Heartbeat string // mesh.heartbeat.<node>
+	Consumer  string // node-<node>: its durable pull consumer on DeclStream
+	Inbox     string // _INBOX.<node>: the prefix of its reply subjects
+	// ConsumerInfo and ConsumerNext are the two JetStream API requests a
+	// node may make, as it makes them (under APIPrefix).
+	ConsumerInfo string
+	ConsumerNext string
+	// AckPrefix is where its acks go: <AckPrefix>.>.
+	AckPrefix string
+}
+
+// SubjectsOf returns the names of node, which must be a valid node name.
+func SubjectsOf(node string) Subjects {
+	return Subjects{
+		Node:      node,
+		Decl:      "mesh.decl." + node,
+		Report:    "mesh.report." + node,
+		Heartbeat: "mesh.heartbeat." + node,
+		Consumer:  "node-" + node,
+		Inbox:     "_INBOX." + node,
+
+		ConsumerInfo: APIPrefix + ".CONSUMER.INFO." + DeclStream + ".node-" + node,
+		ConsumerNext: APIPrefix + ".CONSUMER.MSG.NEXT." + DeclStream + ".node-" + node,
+		AckPrefix:    "$JS.ACK." + DeclStream + ".node-" + node,
+	}
+}
+
+// ValidNodeName checks that name can be one subject token, a consumer name
+// and a file name: 1 to 63 of a-z, 0-9, '-' and '_', starting with a letter
+// or digit. No dots, no wildcards, no upper case (two names differing only
+// by case would be two nodes to NATS and one to a person).
+func ValidNodeName(name string) error {
+	if len(name) == 0 || len(name) > 63 {
+		return fmt.Errorf("node name %q: 1 to 63 characters", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '-' || c == '_') && i > 0:
+		default:
+			return fmt.Errorf("node name %q: only a-z, 0-9, '-' and '_', starting with a letter or digit", name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,20 @@
+// Command mesh-control is the reference control side of nox-mesh-host:
+// keys, the embedded broker, the node registry, signing and publishing
+// declarations, and what nodes report. See package control.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nox-mesh/nox-mesh-host/control"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := control.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,302 @@
+package control_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+)
+
+// addNode registers name and waits until the broker lets it in.
+func addNode(t *testing.T, s *served, name string) (*agent.Config, *agent.Identity) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, _, err := s.client.AddNode(ctx, name, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := cfg.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		nc, err := agent.Dial(id)
+		if err == nil {
+			nc.Close()
+			return cfg, id
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("node %s never let in: %v", name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// logCapture is a broker logger that keeps every line.
+type logCapture struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logCapture) add(f string, v ...any) {
+	l.mu.Lock()
+	l.lines = append(l.lines, fmt.Sprintf(f, v...))
+	l.mu.Unlock()
+}
+func (l *logCapture) Noticef(f string, v ...any) { l.add(f, v...) }
+func (l *logCapture) Warnf(f string, v ...any)   { l.add(f, v...) }
+func (l *logCapture) Fatalf(f string, v ...any)  { l.add(f, v...) }
+func (l *logCapture) Errorf(f string, v ...any)  { l.add(f, v...) }
+func (l *logCapture) Debugf(f string, v ...any)  { l.add(f, v...) }
+func (l *logCapture) Tracef(f string, v ...any)  { l.add(f, v...) }
+func (l *logCapture) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, x := range l.lines {
+		if strings.Contains(x, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// The pin: an agent whose pinned fingerprint is not the broker
+// certificate's fails inside the TLS handshake, with an error naming both
+// fingerprints, and the broker never receives a CONNECT — it saw a TLS
+// handshake fail and nothing else (its trace log, its closed connections).
+func TestPinFailsBeforeConnect(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	goodCfg, good := addNode(t, s, "pinned")
+	other, err := control.Init(t.TempDir(), nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := *goodCfg
+	cfg.BrokerFingerprint = other.Fingerprint
+	bad, err := cfg.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ns := s.srv.NATS()
+	logs := &logCapture{}
+	ns.SetLoggerV2(logs, true, true, false)
+	before, _ := ns.Varz(nil)
+
+	_, err = agent.Dial(bad)
+	var le *agent.LinkError
+	if !errors.As(err, &le) || le.Reason != agent.LinkFingerprint {
+		t.Fatalf("dial with the wrong pin: %v, want a fingerprint LinkError", err)
+	}
+	if !strings.Contains(err.Error(), s.keys.Fingerprint) || !strings.Contains(err.Error(), other.Fingerprint) {
+		t.Fatalf("the error does not name both fingerprints (got %s, pinned %s): %v", s.keys.Fingerprint, other.Fingerprint, err)
+	}
+	t.Logf("agent: %v", err)
+
+	// The broker's side.
+	deadline := time.Now().Add(5 * time.Second)
+	var closed *server.ConnInfo
+	for closed == nil && time.Now().Before(deadline) {
+		cz, _ := ns.Connz(&server.ConnzOptions{State: server.ConnClosed})
+		for _, c := range cz.Conns {
+			if c.Start.After(before.Now) || c.Start.Equal(before.Now) {
+				closed = c
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if closed == nil {
+		t.Fatal("the broker has no closed connection for the attempt")
+	}
+	if closed.Reason != "TLS Handshake Failure" || closed.AuthorizedUser != "" || closed.Name != "" || closed.InMsgs != 0 {
+		t.Fatalf("the broker's record of the attempt: reason %q, user %q, name %q, msgs %d; want a TLS failure and nothing else",
+			closed.Reason, closed.AuthorizedUser, closed.Name, closed.InMsgs)
+	}
+	if logs.has("CONNECT") {
+		t.Fatalf("the broker received a CONNECT: %q", logs.lines)
+	}
+	if !logs.has("TLS handshake error") {
+		t.Fatalf("the broker did not log a TLS handshake error: %q", logs.lines)
+	}
+	after, _ := ns.Varz(nil)
+	if after.Connections != before.Connections {
+		t.Fatalf("client connections went from %d to %d", before.Connections, after.Connections)
+	}
+	// The detector works: the right pin does send a CONNECT.
+	nc, err := agent.Dial(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if !logs.has("CONNECT") {
+		t.Fatal("a good connection's CONNECT was not seen; the assertion above proves nothing")
+	}
+}
+
+// Node isolation: node A's NKey can take its own declarations, and
+// cannot subscribe to, pull, read or publish on node B's subjects; the
+// broker refuses each, and B's consumer and subjects are untouched.
+func TestNodeIsolation(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	_, a := addNode(t, s, "alpha")
+	addNode(t, s, "beta")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range []string{"alpha", "beta"} {
+		if _, err := s.client.Declare(ctx, n, []byte(decl)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 64)
+	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	refused := func(what, subject string) {
+		t.Helper()
+		nc.Flush()
+		timeout := time.After(3 * time.Second)
+		for {
+			select {
+			case err := <-errs:
+				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
+			}
+		}
+	}
+	// Its own: bind, pull, ack.
+	js, _ := jetstream.NewWithAPIPrefix(nc, agent.APIPrefix)
+	own, err := js.Consumer(ctx, agent.DeclStream, "node-alpha")
+	if err != nil {
+		t.Fatalf("alpha cannot bind its own consumer: %v", err)
+	}
+	m, err := own.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("alpha cannot pull its own declaration: %v", err)
+	}
+	if m.Subject() != "mesh.decl.alpha" {
+		t.Fatalf("alpha got %s", m.Subject())
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatalf("alpha cannot ack its own declaration: %v", err)
+	}
+
+	// Subscribing to B's declarations, or anything wider than its inbox.
+	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>", "$JS.ACK.MESH_DECL.node-beta.>"} {
+		if _, err := nc.SubscribeSync(subj); err != nil {
+			t.Fatal(err)
+		}
+		refused("subscribe", subj)
+	}
+	// Pulling, binding, reading or re-creating B's consumer, or reading the stream.
+	for _, subj := range []string{
+		"mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
+		"mesh.api.CONSUMER.INFO.MESH_DECL.node-beta",
+		"mesh.api.CONSUMER.CREATE.MESH_DECL.sneak.mesh.decl.beta",
+		"mesh.api.STREAM.MSG.GET.MESH_DECL",
+		"$JS.API.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
+		"$JS.API.CONSUMER.INFO.MESH_DECL.node-beta",
+		"$JS.API.CONSUMER.MSG.NEXT.MESH_DECL.node-alpha",
+		"$JS.API.CONSUMER.CREATE.MESH_DECL.sneak.mesh.decl.beta",
+		"$JS.API.CONSUMER.DURABLE.CREATE.MESH_DECL.sneak",
+		"$JS.API.CONSUMER.DELETE.MESH_DECL.node-beta",
+		"$JS.API.STREAM.MSG.GET.MESH_DECL",
+		"$JS.API.DIRECT.GET.MESH_DECL.mesh.decl.beta",
+		"$JS.API.STREAM.PURGE.MESH_DECL",
+		"$KV.mesh_nodes.node.beta",
+		"$JS.API.STREAM.INFO.MESH_DECL",
+	} {
+		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"batch":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		refused("publish", subj)
+	}
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	if _, err := js.Consumer(short, agent.DeclStream, "node-beta"); err == nil {
+		t.Fatal("alpha bound beta's consumer")
+	}
+	// Publishing as B.
+	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha"} {
+		if err := nc.Publish(subj, []byte(`{"node":"beta","outcome":"applied"}`)); err != nil {
+			t.Fatal(err)
+		}
+		refused("publish", subj)
+	}
+
+	// Naming B's subjects as the reply: the broker answers A's requests
+	// (the positive control shows it does), but the answers stay in the
+	// nodes' account and never reach B's streams.
+	inbox := a.Subjects.Inbox + ".probe"
+	probe, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(a.Subjects.ConsumerInfo, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("the positive control: alpha's consumer info request is not answered: %v", err)
+	}
+	if _, err := s.client.Declare(ctx, "alpha", []byte(decl)); err != nil {
+		t.Fatal(err)
+	}
+	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta"} {
+		for _, req := range []struct {
+			subj string
+			data []byte
+		}{
+			{a.Subjects.ConsumerInfo, nil},
+			{a.Subjects.ConsumerNext, []byte(`{"batch":1,"no_wait":true}`)},
+			{a.Subjects.Report, []byte(`{}`)},
+			{a.Subjects.Heartbeat, []byte(`{}`)},
+			{a.Subjects.AckPrefix + ".1.1.1.1.1.0", []byte("+ACK")},
+		} {
+			if err := nc.PublishRequest(req.subj, reply, req.data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	nc.Flush()
+	time.Sleep(300 * time.Millisecond)
+
+	// B's consumer is untouched, B's subjects empty but for its one declaration.
+	bc, err := s.client.JS.Consumer(ctx, agent.DeclStream, "node-beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := bc.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Delivered.Consumer != 0 || info.NumPending != 1 {
+		t.Fatalf("beta's consumer was touched: delivered %d, pending %d", info.Delivered.Consumer, info.NumPending)
+	}
+	for _, st := range []struct {
+		stream, subj string
+		want         uint64
+	}{{agent.ReportStream, "mesh.report.beta", 0}, {agent.HeartbeatStream, "mesh.heartbeat.beta", 0}, {agent.DeclStream, "mesh.decl.beta", 1}} {
+		str, _ := s.client.JS.Stream(ctx, st.stream)
+		si, err := str.Info(ctx, jetstream.WithSubjectFilter(st.subj))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if si.State.Subjects[st.subj] != st.want {
+			t.Fatalf("%s holds %d messages, not %d: alpha got something in", st.subj, si.State.Subjects[st.subj], st.want)
+		}
+	}
+}

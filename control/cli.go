@@ -1,0 +1,372 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+const usage = `usage: mesh-control COMMAND [flags]
+
+  init     --dir DIR [--host NAME|IP]... [--url tls://HOST:PORT]
+           make the control-plane key, the broker certificate and the control NKey
+  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL] [-v]
+           run the embedded broker (or use --nats URL) and keep the registry
+  node add NAME --dir DIR [--out FILE] [--broker-url URL]
+           register a node; write its agent config and executor-identity.json
+  declare  NODE FILE --dir DIR
+           sign FILE for NODE with the next sequence and publish it; print the sequence
+  nodes    --dir DIR [--json]
+           each node: last heard from, executor version, declared vs applied, outcome, state
+  reports  NODE --dir DIR [--last N] [--json]
+           the node's last reports, with their lines
+  broker-config --dir DIR [--listen HOST:PORT]
+           a nats-server configuration for an existing broker (serve --nats)
+
+Client commands talk to the broker (--nats URL, default the broker_url of DIR/control.json),
+TLS pinned to DIR/broker.crt, authenticated with DIR/control.nk.
+`
+
+// Main runs mesh-control with args (without the program name).
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd == "node" {
+		if len(rest) == 0 || rest[0] != "add" {
+			fmt.Fprintln(stderr, "mesh-control node: the subcommand is add")
+			return 2
+		}
+		cmd, rest = "node add", rest[1:]
+	}
+	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet("mesh-control "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.dir, "dir", "", "the key directory")
+	fs.StringVar(&c.nats, "nats", "", "the broker URL (client commands); serve: an existing broker instead of the embedded one")
+	fs.BoolVar(&c.json, "json", false, "JSON output")
+	fs.BoolVar(&c.verbose, "v", false, "debug logging")
+	var hosts listFlag
+	fs.Var(&hosts, "host", "init: another name or address for the broker certificate (repeatable)")
+	url := fs.String("url", "", "init: where client commands find the broker (default "+DefaultBrokerURL+")")
+	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222)")
+	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json)")
+	brokerURL := fs.String("broker-url", "", "node add: the broker as the node reaches it (default the URL used)")
+	last := fs.Int("last", 20, "reports: how many")
+	pos, err := parseInterleaved(fs, rest)
+	if err != nil {
+		return 2
+	}
+	if c.dir == "" {
+		fmt.Fprintf(stderr, "mesh-control %s: --dir is required\n", cmd)
+		return 2
+	}
+	want := map[string]int{"init": 0, "serve": 0, "node add": 1, "declare": 2, "nodes": 0, "reports": 1, "broker-config": 0}
+	n, ok := want[cmd]
+	if !ok {
+		fmt.Fprintf(stderr, "mesh-control: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if len(pos) != n {
+		fmt.Fprintf(stderr, "mesh-control %s: takes %d argument(s), got %d\n\n%s", cmd, n, len(pos), usage)
+		return 2
+	}
+	level := slog.LevelInfo
+	if c.verbose {
+		level = slog.LevelDebug
+	}
+	c.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	switch cmd {
+	case "init":
+		err = c.init(hosts, *url)
+	case "serve":
+		err = c.serve(*listen)
+	case "node add":
+		err = c.nodeAdd(pos[0], *out, *brokerURL)
+	case "declare":
+		err = c.declare(pos[0], pos[1])
+	case "nodes":
+		err = c.nodes()
+	case "reports":
+		err = c.reports(pos[0], *last)
+	case "broker-config":
+		err = c.brokerConfig(*listen)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "mesh-control %s: %v\n", cmd, err)
+		return 1
+	}
+	return 0
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// parseInterleaved parses flags anywhere among the positional arguments.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+type cli struct {
+	ctx            context.Context
+	stdout, stderr io.Writer
+	dir, nats      string
+	json, verbose  bool
+	log            *slog.Logger
+}
+
+func (c *cli) printJSON(v any) error {
+	e := json.NewEncoder(c.stdout)
+	e.SetIndent("", "  ")
+	return e.Encode(v)
+}
+
+func (c *cli) init(hosts []string, url string) error {
+	k, err := Init(c.dir, hosts, url)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL})
+	}
+	fmt.Fprintf(c.stdout, "control key id:            %s\ncontrol public key:        %s\nbroker certificate sha256: %s\nbroker url:                %s\n",
+		k.KeyID(), k.ControlPublicBase64(), k.Fingerprint, k.BrokerURL)
+	return nil
+}
+
+func (c *cli) serve(listen string) error {
+	k, err := LoadKeys(c.dir)
+	if err != nil {
+		return err
+	}
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, Log: c.log})
+}
+
+func (c *cli) connect() (*Client, error) {
+	k, err := LoadKeys(c.dir)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
+	defer cancel()
+	return Connect(ctx, k, c.nats, c.log)
+}
+
+func (c *cli) nodeAdd(name, out, brokerURL string) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if out == "" {
+		out = filepath.Join(name, "agent.json")
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
+		return err
+	}
+	exPath := filepath.Join(filepath.Dir(out), "executor-identity.json")
+	for _, p := range []string{out, exPath} {
+		if _, err := os.Lstat(p); err == nil {
+			return fmt.Errorf("%s exists; not overwriting it", p)
+		}
+	}
+	cfg, ex, err := cl.AddNode(c.ctx, name, brokerURL)
+	if err != nil {
+		return err
+	}
+	if err := agent.WriteFile(out, cfg); err != nil {
+		return err
+	}
+	if err := agent.WriteFile(exPath, ex); err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"node": name, "enrolment": ex.Enrolment, "agent_config": out, "executor_identity": exPath, "executor": ex})
+	}
+	fmt.Fprintf(c.stdout, "node %s registered, enrolment %s\n", name, ex.Enrolment)
+	fmt.Fprintf(c.stdout, "agent config:      %s (0600, holds the node's NKey seed: for mesh-agent --config)\n", out)
+	fmt.Fprintf(c.stdout, "executor identity: %s (install as /var/lib/mesh-host/executor/identity.json, root 0600)\n", exPath)
+	fmt.Fprintf(c.stdout, "the executor pins:\n  node:        %s\n  enrolment:   %s\n  control_key: %s\n", ex.Node, ex.Enrolment, ex.ControlKey)
+	return nil
+}
+
+func (c *cli) declare(node, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	if len(data) > shapes.MaxDeclarationSize {
+		return fmt.Errorf("%s: over %d bytes", file, shapes.MaxDeclarationSize)
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	seq, err := cl.Declare(c.ctx, node, data)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"node": node, "seq": seq})
+	}
+	fmt.Fprintln(c.stdout, seq)
+	return nil
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := time.Since(t).Round(time.Second)
+	if d < 0 {
+		d = 0
+	}
+	return d.String() + " ago"
+}
+
+func (c *cli) nodes() error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ns, err := cl.Nodes(c.ctx)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		if ns == nil {
+			ns = []*NodeStatus{}
+		}
+		return c.printJSON(ns)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tSTATE\tLAST HEARD\tEXECUTOR\tDECLARED\tAPPLIED\tLAST OUTCOME")
+	for _, n := range ns {
+		ex := "-"
+		if n.ExecutorVersion != "" || n.ExecutorBuild != "" {
+			ex = n.ExecutorVersion
+			if n.ExecutorBuild != "" {
+				ex += " (" + n.ExecutorBuild + ")"
+			}
+		} else if n.ExecutorError != "" {
+			ex = "unreachable"
+		}
+		outcome := string(n.LastOutcome)
+		if outcome == "" {
+			outcome = "-"
+		} else {
+			outcome = fmt.Sprintf("%s (seq %d)", outcome, n.LastSeq)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.State, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome)
+	}
+	return w.Flush()
+}
+
+func (c *cli) reports(node string, last int) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rs, skipped, err := cl.Reports(c.ctx, node, last)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		if rs == nil {
+			rs = []*SignedReport{}
+		}
+		return c.printJSON(map[string]any{"node": node, "reports": rs, "unsigned_skipped": skipped})
+	}
+	if len(rs) == 0 {
+		fmt.Fprintf(c.stdout, "no reports from %s\n", node)
+	}
+	for _, r := range rs {
+		head := fmt.Sprintf("seq %d  %s", r.Seq, r.Outcome)
+		switch {
+		case r.Outcome == shapes.Superseded:
+			head += fmt.Sprintf(" by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)
+		case r.Outcome == shapes.Refused:
+			head += fmt.Sprintf(" by the %s [%s]: %s", r.RefusedBy, r.Code, r.Refused)
+		}
+		if r.Trigger == agent.TriggerReconnect {
+			head += "  (reconcile after the link came back)"
+		}
+		if r.Duplicate {
+			head += "  (already applied: nothing done)"
+		}
+		fmt.Fprintf(c.stdout, "%s  %s\n", r.At.Local().Format(time.RFC3339), head)
+		for _, l := range r.Lines {
+			d := ""
+			if l.Detail != "" {
+				d = "  " + l.Detail
+			}
+			fmt.Fprintf(c.stdout, "    %s.%s  %s  %s%s\n", l.Module, l.ID, l.Type, l.Outcome, d)
+		}
+	}
+	if skipped > 0 {
+		fmt.Fprintf(c.stdout, "(%d message(s) on mesh.report.%s not signed by the node: ignored)\n", skipped, node)
+	}
+	return nil
+}
+
+func (c *cli) brokerConfig(listen string) error {
+	k, err := LoadKeys(c.dir)
+	if err != nil {
+		return err
+	}
+	if listen == "" {
+		listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+	}
+	host, port, err := splitListen(listen)
+	if err != nil {
+		return err
+	}
+	var nodes []*NodeRecord
+	if cl, err := c.connect(); err == nil {
+		nodes, err = cl.records(c.ctx)
+		cl.Close()
+		if err != nil {
+			return err
+		}
+	} else if !errors.Is(err, context.Canceled) {
+		c.log.Warn("no broker to read the registry from; the configuration lists no nodes", "err", err)
+	}
+	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, true))
+	return nil
+}

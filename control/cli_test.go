@@ -1,0 +1,168 @@
+package control_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+func run(t *testing.T, ctx context.Context, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := control.Main(ctx, args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+// The commands as an operator types them: init, serve, node add (the two
+// files, their modes and formats), declare (prints the sequence), nodes
+// and reports (--json), all through the broker.
+func TestCommands(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	url := "tls://127.0.0.1:" + strconv.Itoa(port)
+	dir := filepath.Join(t.TempDir(), "keys")
+
+	out, errs, code := run(t, ctx, "init", "--dir", dir, "--host", "mesh.example.org", "--url", url)
+	if code != 0 {
+		t.Fatalf("init: %d %s", code, errs)
+	}
+	k, err := control.LoadKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, k.KeyID()) || !strings.Contains(out, k.Fingerprint) {
+		t.Fatalf("init does not print the key id and fingerprint:\n%s", out)
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("key directory mode %v", fi.Mode())
+	}
+	for _, f := range []string{control.FileControlKey, control.FileBrokerKey, control.FileNKey} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	if _, _, code := run(t, ctx, "init", "--dir", dir); code == 0 {
+		t.Fatal("a second init overwrote the keys")
+	}
+
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan int, 1)
+	go func() { _, _, c := run(t, sctx, "serve", "--dir", dir); served <- c }()
+	defer func() { stop(); <-served }()
+	// A client command as soon as the broker answers.
+	out2 := filepath.Join(t.TempDir(), "web1", "agent.json")
+	for {
+		_, errs, code = run(t, ctx, "node", "add", "web1", "--dir", dir, "--out", out2)
+		if code == 0 {
+			break
+		}
+		if ctx.Err() != nil || !strings.Contains(errs, "broker") {
+			t.Fatalf("node add: %s", errs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fi, err := os.Stat(out2)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("agent config: %v %v", fi, err)
+	}
+	id, err := agent.LoadConfig(out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Node != "web1" || id.Pin != k.Fingerprint || id.BrokerURL != url || !bytes.Equal(id.ControlKey, k.ControlPublic()) {
+		t.Fatalf("agent config: %+v", id)
+	}
+	var ex map[string]string
+	b, _ := os.ReadFile(filepath.Join(filepath.Dir(out2), "executor-identity.json"))
+	if err := json.Unmarshal(b, &ex); err != nil || len(ex) != 3 || ex["node"] != "web1" || ex["enrolment"] != id.Enrolment || ex["control_key"] != k.ControlPublicBase64() {
+		t.Fatalf("executor-identity.json: %s %v", b, err)
+	}
+
+	declFile := filepath.Join(t.TempDir(), "decl.json")
+	os.WriteFile(declFile, []byte(decl), 0o644)
+	for want := 1; want <= 2; want++ {
+		out, errs, code = run(t, ctx, "declare", "web1", declFile, "--dir", dir)
+		if code != 0 || strings.TrimSpace(out) != strconv.Itoa(want) {
+			t.Fatalf("declare: %q %s", out, errs)
+		}
+	}
+	out, errs, code = run(t, ctx, "nodes", "--dir", dir, "--json")
+	var ns []control.NodeStatus
+	if code != 0 || json.Unmarshal([]byte(out), &ns) != nil || len(ns) != 1 || ns[0].Name != "web1" || ns[0].Declared != 2 || ns[0].State != control.StateNeverHeard {
+		t.Fatalf("nodes --json: %d %s %s", code, out, errs)
+	}
+	out, errs, code = run(t, ctx, "reports", "web1", "--dir", dir, "--json")
+	if code != 0 || !strings.Contains(out, `"reports": []`) {
+		t.Fatalf("reports --json: %d %s %s", code, out, errs)
+	}
+
+	// The node speaks, by hand, as its agent would: a signed report and
+	// heartbeat, and one report nobody signed.
+	nc, err := agent.Dial(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	send := func(subj string, v any, signed bool) {
+		data, _ := json.Marshal(v)
+		m := nats.NewMsg(subj)
+		m.Data = data
+		if signed {
+			sig, _ := id.Sign(data)
+			m.Header.Set(agent.SignatureHeader, sig)
+		}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	send(id.Subjects.Report, agent.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: agent.TriggerDeclaration, Outcome: shapes.Applied,
+		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now}, true)
+	send(id.Subjects.Report, agent.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 9, Outcome: shapes.Failed, At: now}, false)
+	send(id.Subjects.Heartbeat, agent.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: agent.StateEnrolled,
+		Presence: "resident", Executor: &agent.ExecutorStatus{Version: "1.2.3", Build: "abc", Seq: 2, Outcome: shapes.Applied}, LastApplied: 2}, true)
+	nc.Flush()
+	for {
+		out, _, code = run(t, ctx, "nodes", "--dir", dir, "--json")
+		ns = nil
+		json.Unmarshal([]byte(out), &ns)
+		if code == 0 && len(ns) == 1 && ns[0].Applied == 2 && ns[0].ExecutorVersion == "1.2.3" && ns[0].LastOutcome == shapes.Applied && ns[0].State == agent.StateEnrolled {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("nodes never showed what web1 said: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out, _, code = run(t, ctx, "nodes", "--dir", dir)
+	if code != 0 || !strings.Contains(out, "1.2.3 (abc)") || !strings.Contains(out, "applied (seq 2)") {
+		t.Fatalf("nodes:\n%s", out)
+	}
+	out, _, code = run(t, ctx, "reports", "web1", "--dir", dir)
+	if code != 0 || !strings.Contains(out, "seq 2  applied") || !strings.Contains(out, "base.motd  file  applied") || !strings.Contains(out, "1 message(s)") || strings.Contains(out, "seq 9") {
+		t.Fatalf("reports:\n%s", out)
+	}
+	t.Logf("nodes and reports:\n%s", out)
+	if _, errs, code = run(t, ctx, "declare", "nosuch", declFile, "--dir", dir); code == 0 || !strings.Contains(errs, "nosuch") {
+		t.Fatalf("declare to an unknown node: %d %s", code, errs)
+	}
+	out, _, code = run(t, ctx, "broker-config", "--dir", dir)
+	if code != 0 || !strings.Contains(out, id.NKeyPublic()) || !strings.Contains(out, "accounts") {
+		t.Fatalf("broker-config: %s", out)
+	}
+}

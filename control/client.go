@@ -1,0 +1,292 @@
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// Bucket is the KV bucket of the node registry.
+const Bucket = "mesh_nodes"
+
+// Retention of the streams, per node.
+const (
+	DeclsPerNode      = 4096 // a flurry of 1000 and more, all reported superseded
+	ReportsPerNode    = 2048
+	HeartbeatsPerNode = 16
+)
+
+// NodeRecord is a node in the registry (KV key node.<name>).
+type NodeRecord struct {
+	Name      string    `json:"name"`
+	NKey      string    `json:"nkey"` // the public half; the seed went to the node's config only
+	Enrolment string    `json:"enrolment"`
+	NextSeq   uint64    `json:"next_seq"` // the sequence the next declaration gets
+	Created   time.Time `json:"created"`
+}
+
+// ExecutorIdentity is what the executor pins (its identity.json):
+//
+//	{"node": "…", "enrolment": "…", "control_key": "<base64 ed25519 public>"}
+type ExecutorIdentity struct {
+	Node       string `json:"node"`
+	Enrolment  string `json:"enrolment"`
+	ControlKey string `json:"control_key"`
+}
+
+// Client is a connection of the control side to the broker: TLS pinned to
+// the key directory's broker certificate, authenticated with the control
+// NKey. Every command works through one, against the broker, never files.
+type Client struct {
+	Keys *Keys
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+	KV   jetstream.KeyValue
+	log  *slog.Logger
+}
+
+// Connect connects to url ("" for the key directory's broker_url) and makes
+// sure the streams and the registry bucket exist.
+func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Client, error) {
+	if url == "" {
+		url = k.BrokerURL
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	var pinErr atomic.Pointer[agent.PinError]
+	nc, err := nats.Connect(url,
+		nats.Name("mesh-control"),
+		nats.Secure(agent.PinnedTLS(k.Fingerprint, func(e *agent.PinError) { pinErr.Store(e) })),
+		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
+		nats.Timeout(5*time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+	)
+	if err != nil {
+		if pe := pinErr.Load(); pe != nil {
+			return nil, fmt.Errorf("%v (at %s)", pe, url)
+		}
+		return nil, fmt.Errorf("broker at %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log}
+	if err := c.ensure(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() { c.NC.Close() }
+
+func (c *Client) ensure(ctx context.Context) error {
+	streams := []jetstream.StreamConfig{
+		{Name: agent.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute,
+			Description: "signed declarations, one subject per node"},
+		{Name: agent.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			Description: "reports from nodes"},
+		{Name: agent.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			Description: "heartbeats from nodes"},
+	}
+	for _, sc := range streams {
+		if _, err := c.JS.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+	}
+	kv, err := c.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
+	}
+	c.KV = kv
+	return nil
+}
+
+func nodeKey(name string) string { return "node." + name }
+
+// Node reads a node record and its revision.
+func (c *Client) Node(ctx context.Context, name string) (*NodeRecord, uint64, error) {
+	e, err := c.KV.Get(ctx, nodeKey(name))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, fmt.Errorf("no node %q in the registry", name)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var r NodeRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, 0, fmt.Errorf("node %q: %w", name, err)
+	}
+	return &r, e.Revision(), nil
+}
+
+// AddNode registers a node: a record with a fresh enrolment id and NKey,
+// its durable consumer on MESH_DECL, its subject emptied of anything left
+// by a node of the same name before. It returns the agent's config (with
+// the seed, which the control side does not keep) and what the executor
+// pins. brokerURL is the broker as the node reaches it ("" for the
+// client's).
+func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Config, *ExecutorIdentity, error) {
+	if err := agent.ValidNodeName(name); err != nil {
+		return nil, nil, err
+	}
+	if brokerURL == "" {
+		brokerURL = c.NC.ConnectedUrl()
+		if brokerURL == "" {
+			brokerURL = c.Keys.BrokerURL
+		}
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, nil, err
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	var rb [10]byte
+	rand.Read(rb[:])
+	rec := &NodeRecord{Name: name, NKey: pub, Enrolment: "e-" + hex.EncodeToString(rb[:]), NextSeq: 1, Created: time.Now().UTC()}
+	data, _ := json.Marshal(rec)
+	if _, err := c.KV.Create(ctx, nodeKey(name), data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, nil, fmt.Errorf("node %q is already registered", name)
+		}
+		return nil, nil, fmt.Errorf("registry: %w", err)
+	}
+	s := agent.SubjectsOf(name)
+	undo := func(err error) (*agent.Config, *ExecutorIdentity, error) {
+		c.KV.Purge(context.Background(), nodeKey(name))
+		return nil, nil, err
+	}
+	stream, err := c.JS.Stream(ctx, agent.DeclStream)
+	if err != nil {
+		return undo(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(s.Decl)); err != nil {
+		return undo(fmt.Errorf("emptying %s: %w", s.Decl, err))
+	}
+	stream.DeleteConsumer(ctx, s.Consumer) // one left by a node of the same name
+	if _, err := c.JS.CreateConsumer(ctx, agent.DeclStream, jetstream.ConsumerConfig{
+		Durable:       s.Consumer,
+		Description:   "declarations of node " + name,
+		FilterSubject: s.Decl,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 2 * DeclsPerNode,
+	}); err != nil {
+		return undo(fmt.Errorf("consumer %s: %w", s.Consumer, err))
+	}
+	cfg := &agent.Config{
+		BrokerURL:         brokerURL,
+		BrokerFingerprint: c.Keys.Fingerprint,
+		ControlKey:        c.Keys.ControlPublicBase64(),
+		Node:              name,
+		Enrolment:         rec.Enrolment,
+		NKeySeed:          string(seed),
+	}
+	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
+}
+
+// Nodes lists the registered node records.
+func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
+	l, err := c.KV.ListKeysFiltered(ctx, "node.*")
+	if err != nil {
+		return nil, err
+	}
+	var out []*NodeRecord
+	for k := range l.Keys() {
+		r, _, err := c.Node(ctx, strings.TrimPrefix(k, "node."))
+		if err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Declare signs decl for node and publishes it: node, enrolment and seq are
+// set from the registry, seq taken with compare-and-set so two declares never
+// share one. A declaration every node would refuse (it does not parse as a
+// link declaration, an action say) is refused here, before a sequence is
+// taken. It returns the sequence.
+func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(decl, &m); err != nil {
+		return 0, fmt.Errorf("declaration: %w", err)
+	}
+	rec, rev, err := c.Node(ctx, node)
+	if err != nil {
+		return 0, err
+	}
+	fill := func(seq uint64) ([]byte, error) {
+		m["node"], _ = json.Marshal(rec.Name)
+		m["enrolment"], _ = json.Marshal(rec.Enrolment)
+		m["seq"], _ = json.Marshal(seq)
+		return json.Marshal(m)
+	}
+	probe, err := fill(rec.NextSeq)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := shapes.Parse(probe); err != nil {
+		return 0, fmt.Errorf("refused before signing: %w", err)
+	}
+	var seq uint64
+	for attempt := 0; ; attempt++ {
+		seq = rec.NextSeq
+		next := *rec
+		next.NextSeq++
+		data, _ := json.Marshal(&next)
+		if _, err = c.KV.Update(ctx, nodeKey(node), data, rev); err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 1000 {
+			return 0, fmt.Errorf("registry: taking a sequence for %s: %w", node, err)
+		}
+		// Another declare took it: read again and take the next one.
+		if rec, rev, err = c.Node(ctx, node); err != nil {
+			return 0, err
+		}
+	}
+	payload, err := fill(seq)
+	if err != nil {
+		return 0, err
+	}
+	env, err := wire.Seal(c.Keys.Control, wire.PurposeDeclaration, payload)
+	if err != nil {
+		return 0, err
+	}
+	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
+	if _, err := c.JS.Publish(ctx, agent.SubjectsOf(node).Decl, env, jetstream.WithMsgID(msgID)); err != nil {
+		return 0, fmt.Errorf("publishing sequence %d for %s: %w", seq, node, err)
+	}
+	return seq, nil
+}

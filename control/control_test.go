@@ -1,0 +1,104 @@
+package control_test
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+const decl = `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"/tmp/mesh-test/motd","content":"hi\n","mode":"0644"}]}`
+
+// init → serve (embedded) → node add → 20 concurrent declares: the
+// sequences are strictly increasing and distinct, and each envelope on the
+// stream opens under the control key and says its node, enrolment and seq.
+func TestDeclareSequencesUnderConcurrency(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, ex, err := s.client.AddNode(ctx, "web1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Node != "web1" || ex.Enrolment != cfg.Enrolment || ex.ControlKey != s.keys.ControlPublicBase64() {
+		t.Fatalf("executor identity %+v does not match the config %+v", ex, cfg)
+	}
+	if _, _, err := s.client.AddNode(ctx, "web1", ""); err == nil {
+		t.Fatal("a second node add of the same name succeeded")
+	}
+	const n = 20
+	var wg sync.WaitGroup
+	seqs := make([]uint64, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := s.client
+			if i%2 == 1 { // half of them through their own connections
+				cc, err := connect(ctx, s)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer cc.Close()
+				c = cc
+			}
+			seqs[i], errs[i] = c.Declare(ctx, "web1", []byte(decl))
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+	for i := range seqs {
+		if seqs[i] != uint64(i+1) {
+			t.Fatalf("sequences %v: not 1..%d, each once", seqs, n)
+		}
+	}
+	// What is on the stream, in stream order.
+	cons, err := s.client.JS.OrderedConsumer(ctx, agent.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"mesh.decl.web1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	for range n {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload, err := wire.Open(s.keys.ControlPublic(), wire.PurposeDeclaration, m.Data())
+		if err != nil {
+			t.Fatalf("the envelope on the stream does not open: %v", err)
+		}
+		d, err := shapes.Parse(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Node != "web1" || d.Enrolment != cfg.Enrolment || seen[d.Seq] || d.Seq < 1 || d.Seq > n {
+			t.Fatalf("declaration on the stream: node %q enrolment %q seq %d", d.Node, d.Enrolment, d.Seq)
+		}
+		seen[d.Seq] = true
+	}
+	rec, _, err := s.client.Node(ctx, "web1")
+	if err != nil || rec.NextSeq != n+1 {
+		t.Fatalf("record %+v, %v: next sequence should be %d", rec, err, n+1)
+	}
+	// A declaration every node would refuse is refused before signing,
+	// and takes no sequence.
+	if _, err := s.client.Declare(ctx, "web1", []byte(`{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/true"],"verify":["/bin/true"]}]}`)); err == nil {
+		t.Fatal("declare signed an action")
+	}
+	if rec, _, _ := s.client.Node(ctx, "web1"); rec.NextSeq != n+1 {
+		t.Fatalf("a refused declare took a sequence: next %d", rec.NextSeq)
+	}
+}

@@ -1,0 +1,39 @@
+// Package control is mesh-control, the reference control side: the
+// control-plane signing key, the broker's TLS certificate, the node
+// registry, signing and publishing declarations, and reading back what
+// nodes report. It is never needed on a node.
+//
+// It keeps nothing on disk but its keys (Init writes them in one directory,
+// 0700). Every other piece of state lives in JetStream on the broker — the
+// node registry in the key-value bucket mesh_nodes, declarations, reports
+// and heartbeats in streams — so several mesh-control processes can run
+// against one NATS. By default `serve` embeds that NATS (TLS with the
+// certificate made by Init, JetStream, NKey users only); with --nats URL it
+// uses an existing one.
+//
+// On the broker:
+//
+//	stream MESH_DECL       mesh.decl.*       declarations (COSE envelopes); limits retention,
+//	                                         4096 kept per node; one durable pull consumer per
+//	                                         node, node-<node>, deliver-all, explicit ack,
+//	                                         made by `node add` (a node cannot make consumers)
+//	stream MESH_REPORT     mesh.report.*     reports, 2048 kept per node
+//	stream MESH_HEARTBEAT  mesh.heartbeat.*  heartbeats, 16 kept per node
+//	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence
+//	                       report.<n>        the last report that is not a superseded one
+//	                       heartbeat.<n>     the last heartbeat
+//
+// The broker has two accounts: CONTROL (the control side, JetStream) and
+// NODES (every node, no JetStream), joined by service imports only. Each
+// node is an NKey user of NODES whose permissions are exactly its own
+// subjects (NodePermissions). The split exists because a NATS permission
+// limits what a client publishes, not the reply subject it names: in one
+// account a node can have JetStream answer onto mesh.decl.<other>, and the
+// stream stores it (tried, and tested against in TestNodeIsolation).
+// Reports and heartbeats also carry the node's NKey signature in the
+// Mesh-Signature header, and the control side records only those that
+// verify against the node's registered key.
+//
+// The node identity written by `node add` (a config file holding the
+// node's NKey seed) is temporary: enrolment, a later issue, replaces it.
+package control

@@ -1,0 +1,250 @@
+package control
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The files of the key directory.
+const (
+	FileControlKey = "control.key"  // Ed25519 private key, PKCS#8 PEM (0600)
+	FileControlPub = "control.pub"  // Ed25519 public key, base64, one line
+	FileBrokerCert = "broker.crt"   // the broker's self-signed ECDSA P-256 certificate, PEM
+	FileBrokerKey  = "broker.key"   // its private key, PKCS#8 PEM (0600)
+	FileNKey       = "control.nk"   // the NKey seed of the control side's broker user (0600)
+	FileSettings   = "control.json" // {"broker_url": "tls://127.0.0.1:4222"}
+)
+
+// DefaultBrokerURL is where the embedded broker listens unless told.
+const DefaultBrokerURL = "tls://127.0.0.1:4222"
+
+// Keys is the key directory, loaded.
+type Keys struct {
+	Dir         string
+	Control     ed25519.PrivateKey
+	Fingerprint string // SHA-256 of broker.crt's DER, hex
+	NKey        nkeys.KeyPair
+	NKeyPublic  string
+	BrokerURL   string // from control.json
+}
+
+// ControlPublic is the control-plane public key.
+func (k *Keys) ControlPublic() ed25519.PublicKey { return k.Control.Public().(ed25519.PublicKey) }
+
+// ControlPublicBase64 is the control-plane public key as the configs carry it.
+func (k *Keys) ControlPublicBase64() string {
+	return base64.StdEncoding.EncodeToString(k.ControlPublic())
+}
+
+// KeyID is the control key's id (wire.KeyID).
+func (k *Keys) KeyID() string { return wire.KeyID(k.ControlPublic()) }
+
+// CertFile and KeyFile are the broker's certificate and key paths.
+func (k *Keys) CertFile() string { return filepath.Join(k.Dir, FileBrokerCert) }
+
+// KeyFile is the broker's private key path.
+func (k *Keys) KeyFile() string { return filepath.Join(k.Dir, FileBrokerKey) }
+
+type settings struct {
+	BrokerURL string `json:"broker_url"`
+}
+
+// Init makes the key directory: the control-plane signing key, the broker's
+// self-signed certificate for 127.0.0.1, ::1, localhost and hosts, and the
+// control side's NKey. brokerURL ("" for DefaultBrokerURL) is where client
+// commands find the broker. It refuses a directory that already holds keys.
+func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
+	if brokerURL == "" {
+		brokerURL = DefaultBrokerURL
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{FileControlKey, FileBrokerKey, FileNKey} {
+		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
+			return nil, fmt.Errorf("%s already holds keys (%s); not overwriting them", dir, f)
+		}
+	}
+	// The control-plane key.
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeNew(dir, FileControlKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeNew(dir, FileControlPub, []byte(base64.StdEncoding.EncodeToString(pub)+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	// The broker's certificate.
+	certPEM, keyPEM, err := brokerCertificate(hosts)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeNew(dir, FileBrokerKey, keyPEM, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeNew(dir, FileBrokerCert, certPEM, 0o644); err != nil {
+		return nil, err
+	}
+	// The control side's broker user.
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	if err := writeNew(dir, FileNKey, append(seed, '\n'), 0o600); err != nil {
+		return nil, err
+	}
+	s, _ := json.MarshalIndent(settings{BrokerURL: brokerURL}, "", "  ")
+	if err := writeNew(dir, FileSettings, append(s, '\n'), 0o600); err != nil {
+		return nil, err
+	}
+	return LoadKeys(dir)
+}
+
+func writeNew(dir, name string, data []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func brokerCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "nox-mesh broker"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(20, 0, 0), // pinned, not chained: expiry is not the trust
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:              []string{"localhost"},
+	}
+	for _, h := range hosts {
+		for _, h := range strings.Split(h, ",") {
+			h = strings.TrimSpace(h)
+			if h == "" {
+				continue
+			}
+			if ip := net.ParseIP(h); ip != nil {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			} else {
+				tmpl.DNSNames = append(tmpl.DNSNames, h)
+			}
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
+}
+
+// LoadKeys reads the key directory.
+func LoadKeys(dir string) (*Keys, error) {
+	k := &Keys{Dir: dir, BrokerURL: DefaultBrokerURL}
+	b, err := os.ReadFile(filepath.Join(dir, FileControlKey))
+	if err != nil {
+		return nil, fmt.Errorf("control key: %w (run mesh-control init --dir %s)", err, dir)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, fmt.Errorf("%s: not PEM", FileControlKey)
+	}
+	pk, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", FileControlKey, err)
+	}
+	var ok bool
+	if k.Control, ok = pk.(ed25519.PrivateKey); !ok {
+		return nil, fmt.Errorf("%s: not an Ed25519 key", FileControlKey)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, FileBrokerCert), filepath.Join(dir, FileBrokerKey))
+	if err != nil {
+		// A directory for an existing broker may hold only its certificate.
+		b, err2 := os.ReadFile(filepath.Join(dir, FileBrokerCert))
+		if err2 != nil {
+			return nil, fmt.Errorf("broker certificate: %w", err)
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil || blk.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("%s: not a PEM certificate", FileBrokerCert)
+		}
+		k.Fingerprint = agent.Fingerprint(blk.Bytes)
+	} else {
+		k.Fingerprint = agent.Fingerprint(cert.Certificate[0])
+	}
+	seed, err := os.ReadFile(filepath.Join(dir, FileNKey))
+	if err != nil {
+		return nil, fmt.Errorf("control NKey: %w", err)
+	}
+	if k.NKey, err = nkeys.FromSeed([]byte(strings.TrimSpace(string(seed)))); err != nil {
+		return nil, fmt.Errorf("%s: %w", FileNKey, err)
+	}
+	if k.NKeyPublic, err = k.NKey.PublicKey(); err != nil || !nkeys.IsValidPublicUserKey(k.NKeyPublic) {
+		return nil, fmt.Errorf("%s: not a user NKey seed", FileNKey)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, FileSettings)); err == nil {
+		var s settings
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, fmt.Errorf("%s: %w", FileSettings, err)
+		}
+		if s.BrokerURL != "" {
+			k.BrokerURL = s.BrokerURL
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return k, nil
+}

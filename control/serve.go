@@ -1,0 +1,168 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	// Listen is the embedded broker's address (host:port; port 0 picks
+	// one). Ignored with NATSURL.
+	Listen string
+	// NATSURL, when set, is an existing broker to use instead of the
+	// embedded one. Its users and permissions are then that broker's
+	// business: it must know the control side's NKey (control.nk's public
+	// half) with all permissions, each node's NKey with NodePermissions,
+	// and present the certificate in the key directory (broker.crt), whose
+	// fingerprint is what nodes pin.
+	NATSURL string
+	Log     *slog.Logger
+	// Ready, when set, is called with the broker's client URL once serve
+	// is up (tests).
+	Ready func(url string, s *Server)
+}
+
+// Serve runs the control side until ctx ends: the embedded broker (unless
+// NATSURL), its users kept equal to the registry (a node added while
+// serving can connect at once, without a restart), and the recorder that
+// folds reports and heartbeats into the registry.
+func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	url := o.NATSURL
+	var srv *Server
+	if url == "" {
+		listen := o.Listen
+		if listen == "" {
+			listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+		}
+		var err error
+		if srv, err = StartServer(k, listen, log); err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		url = srv.ClientURL()
+	}
+	c, err := Connect(ctx, k, url, log)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	if srv != nil {
+		ready := make(chan struct{})
+		go func() { errs <- c.keepUsers(ctx, srv, ready, log) }()
+		select {
+		case <-ready:
+		case err := <-errs:
+			return err
+		}
+	} else {
+		log.Info("using an existing broker: its users and permissions are its own business", "broker", url)
+	}
+	go func() { errs <- c.Record(ctx) }()
+	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
+	if o.Ready != nil {
+		o.Ready(url, srv)
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errs:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+}
+
+// keepUsers watches the registry and makes the broker's users equal to it.
+func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct{}, log *slog.Logger) error {
+	w, err := c.KV.Watch(ctx, "node.*")
+	if err != nil {
+		return fmt.Errorf("watching the registry: %w", err)
+	}
+	defer w.Stop()
+	nodes := map[string]*NodeRecord{}
+	initial := true
+	apply := func() error {
+		list := make([]*NodeRecord, 0, len(nodes))
+		for _, n := range nodes {
+			list = append(list, n)
+		}
+		srv.SetNodes(list)
+		log.Debug("broker users", "nodes", len(list))
+		return nil
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("the registry watch ended")
+			}
+			if e == nil { // the initial values are all in
+				if err := apply(); err != nil {
+					return err
+				}
+				initial = false
+				close(ready)
+				continue
+			}
+			name := strings.TrimPrefix(e.Key(), "node.")
+			if e.Operation() != jetstream.KeyValuePut {
+				delete(nodes, name)
+			} else {
+				var r NodeRecord
+				if err := json.Unmarshal(e.Value(), &r); err != nil {
+					log.Error("registry: unreadable record; its node cannot connect", "node", name, "err", err)
+					delete(nodes, name)
+				} else {
+					old, had := nodes[name]
+					nodes[name] = &r
+					if had && old.NKey == r.NKey && old.Enrolment == r.Enrolment {
+						continue // a sequence taken: the users are unchanged
+					}
+				}
+			}
+			if initial {
+				continue
+			}
+			// Drain what else arrived at once into one reload.
+			deadline := time.After(20 * time.Millisecond)
+		more:
+			for {
+				select {
+				case e, ok := <-w.Updates():
+					if !ok || e == nil {
+						break more
+					}
+					n := strings.TrimPrefix(e.Key(), "node.")
+					var r NodeRecord
+					if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
+						delete(nodes, n)
+					} else {
+						nodes[n] = &r
+					}
+				case <-deadline:
+					break more
+				}
+			}
+			if err := apply(); err != nil {
+				log.Error(err.Error())
+			}
+		}
+	}
+}

@@ -1,0 +1,308 @@
+package control
+
+import (
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+)
+
+// MaxPayload is the largest message the embedded broker takes: a signed
+// declaration at its largest in practice (NATS advises against more).
+const MaxPayload = 8 << 20
+
+// The broker's accounts. The control side and its JetStream live in
+// CONTROL; nodes live in NODES, which has no JetStream and reaches CONTROL
+// only through the service imports below. That split is what keeps a node
+// off other nodes' declarations even through the broker's own replies: a
+// NATS permission limits the subjects a client publishes to, not the reply
+// subject it names, and within one account a node could have JetStream
+// answer "into" mesh.decl.<other> (it answers any reply subject, and a
+// stream stores what lands on its subjects). Across a service import the
+// answer goes to a private _R_ subject and back into NODES, where no stream
+// listens.
+const (
+	AccountControl = "CONTROL"
+	AccountNodes   = "NODES"
+)
+
+// serviceImports are what CONTROL exports and NODES imports: the subject in
+// CONTROL, the subject nodes use, and the response type.
+var serviceImports = []struct{ subject, to, response string }{
+	{"$JS.API.CONSUMER.INFO." + agent.DeclStream + ".*", agent.APIPrefix + ".CONSUMER.INFO." + agent.DeclStream + ".*", ""},
+	{"$JS.API.CONSUMER.MSG.NEXT." + agent.DeclStream + ".*", agent.APIPrefix + ".CONSUMER.MSG.NEXT." + agent.DeclStream + ".*", "stream"},
+	{"$JS.ACK." + agent.DeclStream + ".*.>", "", ""},
+	{"mesh.report.*", "", ""},
+	{"mesh.heartbeat.*", "", ""},
+}
+
+// NodePermissions are what node may do on the broker (in account NODES),
+// and nothing else:
+//
+//	publish    mesh.api.CONSUMER.INFO.MESH_DECL.node-<n>      bind its consumer
+//	           mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-<n>  pull its declarations
+//	           $JS.ACK.MESH_DECL.node-<n>.>                   ack (nak, in-progress) them
+//	           mesh.report.<n>, mesh.heartbeat.<n>            report upward
+//	subscribe  _INBOX.<n>.>                                   its own replies
+//
+// No consumer creation (its consumer is made by the control side with the
+// filter mesh.decl.<n>), no other JetStream or KV API (NODES imports no
+// other), no other node's subjects, no wider inbox.
+func NodePermissions(node string) (publish, subscribe []string) {
+	s := agent.SubjectsOf(node)
+	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat},
+		[]string{s.Inbox + ".>"}
+}
+
+// q quotes s for the nats-server configuration language.
+func q(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			fmt.Fprintf(&b, "\\x%02x", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func qs(ss []string) string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = q(s)
+	}
+	return "[" + strings.Join(out, ", ") + "]"
+}
+
+// BrokerConfig is a nats-server configuration with the embedded broker's
+// layout: TLS with the key directory's certificate, JetStream, the accounts
+// CONTROL and NODES with their exports and imports. With users, it lists
+// the control side's NKey and each node's with NodePermissions — what an
+// existing broker (serve --nats) needs, reloaded whenever a node is added.
+// The embedded broker is made from it without users, and authenticates
+// against the registry itself (registryAuth), so it never reloads.
+func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, users bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "server_name: \"mesh-control\"\nhost: %s\nport: %d\nmax_payload: %d\n", q(host), port, MaxPayload)
+	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n}\n", q(filepath.Join(k.Dir, "jetstream")))
+	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", AccountControl)
+	if users {
+		fmt.Fprintf(&b, "    users: [{nkey: %s}]\n", q(k.NKeyPublic))
+	}
+	b.WriteString("    exports: [\n")
+	for _, si := range serviceImports {
+		if si.response != "" {
+			fmt.Fprintf(&b, "      {service: %s, response_type: %s}\n", q(si.subject), si.response)
+		} else {
+			fmt.Fprintf(&b, "      {service: %s}\n", q(si.subject))
+		}
+	}
+	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", AccountNodes)
+	if users {
+		b.WriteString("    users: [\n")
+		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+		for _, n := range nodes {
+			pub, sub := NodePermissions(n.Name)
+			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
+		}
+		b.WriteString("    ]\n")
+	}
+	b.WriteString("    imports: [\n")
+	for _, si := range serviceImports {
+		if si.to != "" {
+			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", AccountControl, q(si.subject), q(si.to))
+		} else {
+			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", AccountControl, q(si.subject))
+		}
+	}
+	b.WriteString("    ]\n  }\n}\n")
+	return b.String()
+}
+
+func splitListen(listen string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("listen %q: bad port", listen)
+	}
+	return host, port, nil
+}
+
+// Server is the embedded broker.
+type Server struct {
+	ns   *server.Server
+	auth *registryAuth
+	keys *Keys
+	host string
+}
+
+// StartServer starts the embedded broker on listen (host:port; port 0
+// picks one). It lets in the control side; SetNodes lets in the nodes.
+func StartServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
+	host, port, err := splitListen(listen)
+	if err != nil {
+		return nil, err
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(BrokerConfig(k, host, port, nil, false)); err != nil {
+		return nil, fmt.Errorf("broker configuration: %w", err)
+	}
+	auth := &registryAuth{control: k.NKeyPublic, nodes: map[string]string{}}
+	opts.CustomClientAuthentication = auth
+	opts.AlwaysEnableNonce = true // the NKey challenge
+	opts.NoSigs = true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	ns.SetLoggerV2(&serverLog{log.With("part", "broker")}, false, false, false)
+	auth.ns = ns
+	go ns.Start()
+	if !ns.ReadyForConnections(15 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("the embedded broker did not start on %s", listen)
+	}
+	return &Server{ns: ns, auth: auth, keys: k, host: host}, nil
+}
+
+// SetNodes makes the registered nodes the broker's node users, at once: a
+// new node can connect, and a node removed or given another NKey is
+// disconnected.
+func (s *Server) SetNodes(nodes []*NodeRecord) {
+	m := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		m[n.NKey] = n.Name
+	}
+	s.auth.mu.Lock()
+	var gone []string
+	for k, name := range s.auth.nodes {
+		if m[k] != name {
+			gone = append(gone, k)
+		}
+	}
+	s.auth.nodes = m
+	s.auth.mu.Unlock()
+	for _, k := range gone {
+		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: AccountNodes})
+		if err != nil {
+			continue
+		}
+		for _, c := range cz.Conns {
+			s.ns.DisconnectClientByID(c.Cid)
+		}
+	}
+}
+
+// ClientURL is the broker's address for clients (tls://host:port).
+func (s *Server) ClientURL() string {
+	addr := s.ns.Addr().(*net.TCPAddr)
+	host := s.host
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "tls://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
+}
+
+// NATS is the embedded server itself (tests read its monitoring state).
+func (s *Server) NATS() *server.Server { return s.ns }
+
+// Shutdown stops the broker and waits for it.
+func (s *Server) Shutdown() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+}
+
+// registryAuth authenticates clients by NKey against the registry: the
+// signature over the server's nonce is checked as nats-server checks its
+// own NKey users, then the client is placed in its account with its
+// permissions. Nothing else gets in: no password, no token, no anonymous
+// user.
+type registryAuth struct {
+	ns      *server.Server
+	control string
+	mu      sync.Mutex
+	nodes   map[string]string // NKey public → node name
+}
+
+func (a *registryAuth) Check(c server.ClientAuthentication) bool {
+	if c.Kind() != server.CLIENT {
+		return false
+	}
+	o := c.GetOpts()
+	nonce := c.GetNonce()
+	if o == nil || o.Nkey == "" || len(nonce) == 0 || !nkeys.IsValidPublicUserKey(o.Nkey) {
+		return false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(o.Sig)
+	if err != nil {
+		if sig, err = base64.StdEncoding.DecodeString(o.Sig); err != nil {
+			return false
+		}
+	}
+	pub, err := nkeys.FromPublicKey(o.Nkey)
+	if err != nil || pub.Verify(nonce, sig) != nil {
+		return false
+	}
+	if o.Nkey == a.control {
+		acc, err := a.ns.LookupAccount(AccountControl)
+		if err != nil {
+			return false
+		}
+		c.RegisterUser(&server.User{Username: o.Nkey, Account: acc})
+		return true
+	}
+	a.mu.Lock()
+	node, ok := a.nodes[o.Nkey]
+	a.mu.Unlock()
+	if !ok {
+		return false
+	}
+	acc, err := a.ns.LookupAccount(AccountNodes)
+	if err != nil {
+		return false
+	}
+	pubs, subs := NodePermissions(node)
+	c.RegisterUser(&server.User{Username: o.Nkey, Account: acc, Permissions: &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pubs},
+		Subscribe: &server.SubjectPermission{Allow: subs},
+	}})
+	return true
+}
+
+// serverLog sends the broker's log to slog. Its notices (a banner at start)
+// are debug; its warnings and errors stay what they are.
+type serverLog struct{ l *slog.Logger }
+
+func (s *serverLog) Noticef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Warnf(f string, v ...any)   { s.l.Warn(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Fatalf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Errorf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Debugf(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Tracef(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }

@@ -1,0 +1,219 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// NodeStatus is one line of `mesh-control nodes`.
+type NodeStatus struct {
+	Name      string `json:"name"`
+	Enrolment string `json:"enrolment"`
+	NKey      string `json:"nkey"`
+	// State: "never heard from", "silent" (no heartbeat for three
+	// periods), or the agent's own state from its last heartbeat.
+	State           string         `json:"state"`
+	LastHeard       time.Time      `json:"last_heard,omitzero"`
+	ExecutorVersion string         `json:"executor_version,omitempty"`
+	ExecutorBuild   string         `json:"executor_build,omitempty"`
+	ExecutorError   string         `json:"executor_error,omitempty"`
+	Declared        uint64         `json:"declared"` // the newest sequence declared
+	Applied         uint64         `json:"applied"`  // the last the node applied
+	LastSeq         uint64         `json:"last_seq,omitempty"`
+	LastOutcome     shapes.Outcome `json:"last_outcome,omitempty"`
+	LastRefused     string         `json:"last_refused,omitempty"`
+	LastLinkError   string         `json:"last_link_error,omitempty"`
+	LastReport      *agent.Report  `json:"last_report,omitempty"`
+	Heartbeat       *agent.Heartbeat
+}
+
+// The registry's states beyond the agent's own.
+const (
+	StateNeverHeard = "never heard from"
+	StateSilent     = "silent"
+)
+
+func (c *Client) getJSON(ctx context.Context, key string, v any) bool {
+	e, err := c.KV.Get(ctx, key)
+	if err != nil {
+		return false
+	}
+	return json.Unmarshal(e.Value(), v) == nil
+}
+
+// Nodes is the registry with what each node last said.
+func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
+	recs, err := c.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var out []*NodeStatus
+	for _, r := range recs {
+		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
+		var rep agent.Report
+		if c.getJSON(ctx, "report."+r.Name, &rep) {
+			s.LastReport = &rep
+			s.LastSeq, s.LastOutcome, s.LastRefused, s.LastHeard = rep.Seq, rep.Outcome, rep.Refused, rep.At
+			if rep.Outcome != shapes.Refused && rep.Outcome != shapes.Superseded && rep.Seq > s.Applied {
+				s.Applied = rep.Seq
+			}
+		}
+		var hb agent.Heartbeat
+		if c.getJSON(ctx, "heartbeat."+r.Name, &hb) {
+			s.Heartbeat = &hb
+			if hb.At.After(s.LastHeard) {
+				s.LastHeard = hb.At
+			}
+			if hb.LastApplied > s.Applied {
+				s.Applied = hb.LastApplied
+			}
+			if hb.Executor != nil {
+				s.ExecutorVersion, s.ExecutorBuild = hb.Executor.Version, hb.Executor.Build
+				if hb.Executor.Seq > s.Applied {
+					s.Applied = hb.Executor.Seq
+				}
+			}
+			s.ExecutorError, s.LastLinkError = hb.ExecutorError, hb.LastLinkError
+			s.State = hb.State
+			if now.Sub(hb.At) > 3*time.Duration(hb.Interval*float64(time.Second))+5*time.Second {
+				s.State = StateSilent
+			}
+		} else if s.LastReport != nil {
+			s.State = StateSilent
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// SignedReport is a report as read back, with whether it carried the
+// node's signature.
+type SignedReport struct {
+	agent.Report
+	StreamSeq uint64 `json:"report_stream_seq"`
+}
+
+// Reports returns up to last of node's newest reports, oldest first. Only
+// reports signed by the node's registered NKey are returned; skipped is how
+// many others were on its subject.
+func (c *Client) Reports(ctx context.Context, node string, last int) (reports []*SignedReport, skipped int, err error) {
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		return nil, 0, err
+	}
+	subj := agent.SubjectsOf(node).Report
+	stream, err := c.JS.Stream(ctx, agent.ReportStream)
+	if err != nil {
+		return nil, 0, err
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return nil, 0, err
+	}
+	if info.State.Subjects[subj] == 0 {
+		return nil, 0, nil
+	}
+	cons, err := c.JS.OrderedConsumer(ctx, agent.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return nil, 0, err
+	}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return nil, 0, fmt.Errorf("reading %s: %w", subj, err)
+		}
+		md, _ := m.Metadata()
+		var r agent.Report
+		if agent.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(agent.SignatureHeader)) != nil ||
+			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
+			skipped++
+		} else {
+			reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
+			if last > 0 && len(reports) > last {
+				reports = reports[1:]
+			}
+		}
+		if md == nil || md.NumPending == 0 {
+			return reports, skipped, nil
+		}
+	}
+}
+
+// Record folds what nodes say into the registry until ctx ends: the last
+// report that is not a superseded one (report.<node>) and the last heartbeat
+// (heartbeat.<node>), each only if signed by the node's registered NKey and
+// for its current enrolment. It reads through durable consumers, so what
+// arrived while no recorder ran is folded in when one starts.
+func (c *Client) Record(ctx context.Context) error {
+	var ccs []jetstream.ConsumeContext
+	defer func() {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
+	}()
+	for _, x := range []struct{ stream, filter, kind string }{
+		{agent.ReportStream, "mesh.report.*", "report"},
+		{agent.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
+	} {
+		cons, err := c.JS.CreateOrUpdateConsumer(ctx, x.stream, jetstream.ConsumerConfig{
+			Durable:       "control-recorder",
+			Description:   "mesh-control serve: the registry's last report and heartbeat",
+			FilterSubject: x.filter,
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			MaxAckPending: 1, // in order: the last one stored is the last one sent
+		})
+		if err != nil {
+			return fmt.Errorf("recorder on %s: %w", x.stream, err)
+		}
+		kind := x.kind
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			c.record(ctx, kind, m)
+			m.Ack()
+		})
+		if err != nil {
+			return err
+		}
+		ccs = append(ccs, cc)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
+	subj := m.Subject()
+	node := subj[strings.LastIndexByte(subj, '.')+1:]
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
+		return
+	}
+	if err := agent.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(agent.SignatureHeader)); err != nil {
+		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
+		return
+	}
+	var head struct {
+		Node      string         `json:"node"`
+		Enrolment string         `json:"enrolment"`
+		Outcome   shapes.Outcome `json:"outcome"`
+	}
+	if err := json.Unmarshal(m.Data(), &head); err != nil || head.Node != node || head.Enrolment != rec.Enrolment {
+		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
+		return
+	}
+	if kind == "report" && head.Outcome == shapes.Superseded {
+		return
+	}
+	if _, err := c.KV.Put(ctx, kind+"."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
+		c.log.Error("registry: "+err.Error(), "node", node)
+	}
+}

@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// bin holds the three binaries, built once, stamped with one build id as a
+// release would be.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	os.Chmod(dir, 0o755) // the agent, as nobody, runs from here
+	bin = dir
+	for _, c := range []string{"mesh-executor", "mesh-agent", "mesh-control"} {
+		b := exec.Command("go", "build", "-ldflags", "-X main.version=e2e -X main.build=e2e", "-o", filepath.Join(dir, c), "./cmd/"+c)
+		b.Dir = "../.."
+		b.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := b.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", c, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// mesh is a control side with its embedded broker, an executor as root and
+// an agent as an unprivileged user, all real processes on loopback.
+type mesh struct {
+	t     *testing.T
+	base  string
+	ctl   string
+	state string
+	tree  string
+	sock  string
+	procs []*exec.Cmd
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (m *mesh) run(name string, args ...string) string {
+	m.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		m.t.Fatalf("%s %v: %v\n%s%s", name, args, err, out.String(), errb.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+// start runs a daemon for the test's lifetime, its output in the log.
+func (m *mesh) start(name string, cred *syscall.Credential, args ...string) *exec.Cmd {
+	m.t.Helper()
+	cmd := exec.Command(filepath.Join(bin, name), args...)
+	logf, _ := os.Create(filepath.Join(m.base, name+".log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	if err := cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.procs = append(m.procs, cmd)
+	m.t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
+		if m.t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			m.t.Logf("%s log:\n%s", name, b)
+		}
+	})
+	return cmd
+}
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func newMesh(t *testing.T) *mesh {
+	if os.Geteuid() != 0 {
+		t.Fatal("the end-to-end tests run as root: the executor is root")
+	}
+	base, _ := os.MkdirTemp("", "e2e-")
+	os.Chmod(base, 0o755)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	m := &mesh{t: t, base: base, ctl: filepath.Join(base, "control"), state: filepath.Join(base, "executor"),
+		tree: filepath.Join(base, "tree"), sock: filepath.Join(base, "run", "executor.sock")}
+	os.Mkdir(m.tree, 0o755)
+	port := freePort(t)
+	url := fmt.Sprintf("tls://127.0.0.1:%d", port)
+	m.run("mesh-control", "init", "--dir", m.ctl, "--url", url)
+	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	eventually(t, "the control side serves", func() bool {
+		return exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl).Run() == nil
+	})
+	agentConf := filepath.Join(base, "agent.json")
+	m.run("mesh-control", "node", "add", "n1", "--dir", m.ctl, "--out", agentConf)
+	// The executor pins what the control side printed for it: root's file.
+	os.MkdirAll(m.state, 0o700)
+	id, err := os.ReadFile(filepath.Join(base, "executor-identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(m.state, "identity.json"), id, 0o600)
+	m.start("mesh-executor", nil, "serve", "--state", m.state, "--socket", m.sock, "--agent-user", "nobody", "--drift", "0", "--build", "e2e")
+	eventually(t, "the executor's socket", func() bool { _, err := os.Stat(m.sock); return err == nil })
+	m.start("mesh-agent", nil, "--config", agentConf, "--socket", m.sock, "--user", "nobody",
+		"--state", filepath.Join(base, "agent-state"), "--heartbeat", "1s")
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	return m
+}
+
+func (m *mesh) node() map[string]any {
+	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").Output()
+	if err != nil {
+		return nil
+	}
+	var nodes []map[string]any
+	json.Unmarshal(out, &nodes)
+	for _, n := range nodes {
+		if n["name"] == "n1" {
+			return n
+		}
+	}
+	return nil
+}
+
+type report struct {
+	Seq          uint64         `json:"seq"`
+	Outcome      shapes.Outcome `json:"outcome"`
+	Lines        []shapes.Line  `json:"lines"`
+	Refused      string         `json:"refused"`
+	Code         string         `json:"code"`
+	RefusedBy    string         `json:"refused_by"`
+	SupersededBy uint64         `json:"superseded_by"`
+	Trigger      string         `json:"trigger"`
+}
+
+func (m *mesh) reports(last int) []report {
+	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "reports", "n1", "--dir", m.ctl, "--json", "--last", strconv.Itoa(last)).Output()
+	if err != nil {
+		return nil
+	}
+	var rs struct {
+		Reports []report `json:"reports"`
+	}
+	json.Unmarshal(out, &rs)
+	return rs.Reports
+}
+
+func (m *mesh) declare(doc string) uint64 {
+	m.t.Helper()
+	f := filepath.Join(m.base, "decl.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
+	seq, err := strconv.ParseUint(m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl), 10, 64)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return seq
+}
+
+func (m *mesh) reportFor(seq uint64) report {
+	m.t.Helper()
+	var found report
+	eventually(m.t, fmt.Sprintf("a report for seq %d", seq), func() bool {
+		for _, r := range m.reports(50) {
+			if r.Seq == seq && r.Trigger == "declaration" {
+				found = r
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// The whole loop: declared on the control side, signed, published, drained
+// by the agent, verified again by the executor, applied, read back, and the
+// report seen on the control side.
+func TestDeclareAppliedReported(t *testing.T) {
+	m := newMesh(t)
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"over the link\n"}]}`)
+	r := m.reportFor(seq)
+	if r.Outcome != shapes.Applied || len(r.Lines) != 1 || r.Lines[0].Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "over the link\n" {
+		t.Fatalf("the machine: %q", b)
+	}
+	eventually(t, "nodes shows it applied", func() bool {
+		n := m.node()
+		return n["applied"] == float64(seq) && n["declared"] == float64(seq)
+	})
+	// The control side refuses to sign an action at all; one forged by hand
+	// is tested below the socket (executor/serve) and in the agent's drain.
+	f := filepath.Join(m.base, "bad.json")
+	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/true"],"verify":["/bin/true"]}]}`), 0o600)
+	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl).CombinedOutput(); err == nil || !strings.Contains(string(out), "action") {
+		t.Fatalf("the control side signed an action: %s", out)
+	}
+}
+
+// A flurry while the engine is busy: the machine becomes the last thing it
+// was told, not each in turn.
+func TestFlurryConvergesOnTheNewest(t *testing.T) {
+	m := newMesh(t)
+	// A rescue apply holds the store's lock until the test releases it.
+	release := filepath.Join(m.base, "release")
+	rescue := filepath.Join(m.base, "rescue.json")
+	os.WriteFile(rescue, []byte(fmt.Sprintf(`{"version":1,"node":"n1","resources":[{"module":"hold","id":"lock","type":"action","run":["/bin/sh","-c","while [ ! -e %s ]; do sleep 0.05; done; touch %s.done"],"verify":["/usr/bin/test","-e","%s.done"],"timeout":120}]}`, release, release, release)), 0o600)
+	holder := exec.Command(filepath.Join(bin, "mesh-executor"), "apply", "--state", m.state, rescue)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	const n = 100
+	var last uint64
+	for i := 1; i <= n; i++ {
+		last = m.declare(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"gen","type":"file","path":"{root}/generation","content":"%d\n"}]}`, i))
+	}
+	os.WriteFile(release, nil, 0o644)
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("the rescue apply: %v", err)
+	}
+	r := m.reportFor(last)
+	if r.Outcome != shapes.Applied {
+		t.Fatalf("the newest: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "generation")); string(b) != fmt.Sprintf("%d\n", n) {
+		t.Fatalf("the machine holds generation %q, not the newest", b)
+	}
+	var applied, superseded int
+	eventually(t, "every declaration accounted for", func() bool {
+		applied, superseded = 0, 0
+		for _, r := range m.reports(n + 20) {
+			if r.Trigger != "declaration" || r.Seq <= last-uint64(n) {
+				continue
+			}
+			switch {
+			case r.SupersededBy != 0:
+				superseded++
+			case r.Outcome == shapes.Applied || r.Outcome == shapes.Unchanged:
+				applied++
+			}
+		}
+		return applied+superseded == n
+	})
+	// The one the agent forwarded before the lock was released, and the
+	// newest: never each in turn.
+	if applied > 2 {
+		t.Fatalf("%d declarations applied in turn, %d superseded", applied, superseded)
+	}
+}

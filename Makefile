@@ -29,7 +29,7 @@ test: test-deps
 	$(GO) test -count=1 -timeout 25m ./...
 
 demo: build
-	bash examples/demo.sh $(BIN)/mesh-executor
+	bash examples/demo.sh $(BIN)
 
 bench:
 	bash tests/bench/run.sh

@@ -1,35 +1,78 @@
 #!/usr/bin/env bash
-# make demo: the rescue command drives the executor directly with a local
-# file, on a scratch "machine" under /tmp/mesh-demo (the example's paths are
-# absolute there; the executor has no path-rebasing option).
+# make demo: the main job on one machine. A control side with its embedded
+# NATS broker, the executor as root, the agent dropping to an unprivileged
+# user (nobody, so the demo adds no user to this machine), a declaration
+# signed and pushed, the machine changed — on a scratch "machine" under
+# /tmp/mesh-demo (the examples' paths are absolute there) — and the report
+# read back on the control side. Then the rescue command, driving the
+# executor directly with a local file. Everything it started is stopped,
+# and the scratch directory removed, when it ends.
 set -euo pipefail
-EXE=${1:-bin/mesh-executor}
-EXE=$(readlink -f "$EXE")
+BIN=$(readlink -f "${1:-bin}")
 HERE=$(cd "$(dirname "$0")" && pwd)
 D=/tmp/mesh-demo
 if [ "$(id -u)" != 0 ]; then echo "make demo runs as root (the executor does)"; exit 1; fi
-rm -rf "$D"; install -d -m 0755 "$D" "$D/machine" "$D/machine/etc"
-install -d -m 0700 "$D/decl"
+rm -rf "$D"; install -d -m 0755 "$D" "$D/machine" "$D/machine/etc" "$D/machine/srv"
+install -d -m 0700 "$D/control" "$D/executor" "$D/decl"
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$D"
+}
+trap cleanup EXIT
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@" || echo "(exit status $?)"; }
+say() { printf '\n\033[36m# %s\033[0m\n' "$*"; }
+port=$(( 20000 + RANDOM % 20000 ))
+CTL="--dir $D/control"
+
+say "The control side: keys, a broker certificate, and an embedded NATS broker with JetStream."
+step "$BIN/mesh-control" init $CTL --url "tls://127.0.0.1:$port"
+"$BIN/mesh-control" serve $CTL --listen "127.0.0.1:$port" >"$D/control.log" 2>&1 & pids+=($!)
+for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL >/dev/null 2>&1 && break; sleep 0.1; done
+
+say "A node: its agent's identity (an NKey of its own), and what the executor pins."
+step "$BIN/mesh-control" node add demo $CTL --out "$D/agent.json"
+install -m 0600 "$D/executor-identity.json" "$D/executor/identity.json"
+
+say "The executor (root) listens on a local socket only; the agent (nobody, no capabilities) holds the link."
+"$BIN/mesh-executor" serve --state "$D/executor" --socket "$D/run/executor.sock" --agent-user nobody --drift 3s >"$D/executor.log" 2>&1 & pids+=($!)
+for _ in $(seq 100); do [ -S "$D/run/executor.sock" ] && break; sleep 0.1; done
+"$BIN/mesh-agent" --config "$D/agent.json" --socket "$D/run/executor.sock" --user nobody --state "$D/agent-state" --heartbeat 1s >"$D/agent.log" 2>&1 & pids+=($!)
+for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL 2>/dev/null | grep -q running && break; sleep 0.2; done
+sleep 1
+
 # The motd is already there: the host keeps its original and gives it back.
 printf 'the machine'"'"'s own motd\n' > "$D/machine/etc/motd"
-# A local file is applied only if root owns it and nobody else may write it.
-install -m 0600 "$HERE/demo.json" "$D/decl/demo.json"
-install -m 0600 "$HERE/demo-empty.json" "$D/decl/empty.json"
-S="--state $D/state"
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@" || echo "(exit status $?)"; }
-step "$EXE" version
-step "$EXE" apply $S "$D/decl/demo.json"
-step "$EXE" apply $S "$D/decl/demo.json"          # idempotent: nothing to do
-echo 'workers = 64' >> "$D/machine/etc/app/app.conf"; chmod 0666 "$D/machine/etc/app/app.conf"
-printf '\n(someone edits app.conf by hand and opens its mode)\n'
-step "$EXE" plan $S "$D/decl/demo.json"           # what the next apply would do; touches nothing
-step "$EXE" apply $S "$D/decl/demo.json"          # drift repaired
-step "$EXE" owned $S
-step "$EXE" status $S
-printf '\n(an unsafe local file is refused; nothing changes)\n'
+say "Declare: the control side gives it the next sequence, signs it, and publishes it."
+step "$BIN/mesh-control" declare demo "$HERE/mesh-v1.json" $CTL
+sleep 1.5
+step "$BIN/mesh-control" reports demo $CTL --last 1
+step find "$D/machine" -type f
+
+say "Someone edits app.conf by hand; the drift timer (3 s here, 10 min by default) puts it right."
+echo 'workers = 64' >> "$D/machine/etc/app/app.conf"
+sleep 4
+step cat "$D/machine/etc/app/app.conf"
+
+say "A second declaration: what the link applied and no longer declares is removed or given back."
+step "$BIN/mesh-control" declare demo "$HERE/mesh-v2.json" $CTL
+sleep 1.5
+step "$BIN/mesh-control" reports demo $CTL --last 1
+step "$BIN/mesh-control" nodes $CTL
+step "$BIN/mesh-executor" owned --state "$D/executor"
+
+say "Rescue: root drives the executor directly with a local file (it may carry an action; the link may not)."
+install -m 0600 "$HERE/demo.json" "$D/decl/rescue.json"
+say "On an enrolled node a local file must name the node: this one names none, and is refused."
+step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/rescue.json"
+sed 's/"node": ""/"node": "demo"/' "$HERE/demo.json" > "$D/decl/rescue.json"
+say "Named, it is applied — recorded as the local source, so it undoes nothing the link applied."
+step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/rescue.json"
+step "$BIN/mesh-executor" plan --state "$D/executor" "$D/decl/rescue.json"
+say "An unsafe local file (writable by others) is refused; nothing changes."
 install -m 0666 "$HERE/demo.json" "$D/decl/open.json"
-step "$EXE" apply $S "$D/decl/open.json"
-step "$EXE" apply $S "$D/decl/empty.json"         # undeclare everything
-step cat "$D/machine/etc/motd"                    # the original is back
-step find "$D/machine"
-step "$EXE" profile
+step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/open.json"
+step "$BIN/mesh-executor" status --state "$D/executor"
+say "What this machine can be asked to do:"
+step "$BIN/mesh-executor" profile

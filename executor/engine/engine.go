@@ -88,6 +88,8 @@ type run struct {
 	units    map[string]string // service key -> the unit's canonical name
 	restarts []pendingRestart  // services with restart_on, decided last
 	changed  map[string]bool   // "module.id" of lines applied or repaired
+	// declaredDirs are the directories declared so far, in stated order.
+	declaredDirs map[string]bool
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -98,7 +100,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
-		units: map[string]string{}, changed: map[string]bool{}}
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -304,6 +306,7 @@ func (r *run) flush(batch []*step, after int) {
 			err = r.planFile(st, res)
 		case *shapes.Directory:
 			err = r.planDirectory(st, res)
+			r.declaredDirs[res.Path] = true
 		}
 		if err != nil {
 			st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()

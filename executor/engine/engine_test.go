@@ -446,6 +446,11 @@ func TestFailureStopsAndSaysWhere(t *testing.T) {
 		t.Fatalf("detail %q", d)
 	}
 	h.absent("c")
+	// plan says so too, before the apply finds out.
+	plan := h.run(store.Local, doc, true)
+	if plan.Outcome != shapes.Failed || !strings.Contains(plan.Lines[1].Detail, "does not exist") {
+		t.Fatalf("plan did not foresee the missing parent: %+v", plan.Lines)
+	}
 	// What worked is recorded; a failed apply does not remove anything.
 	st := mustStore(t, h.state)
 	if st.Get("path:"+h.p("a")) == nil || st.Get("path:"+h.p("b")) != nil {

@@ -90,6 +90,11 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 		return nil
 	}
 
+	if !exists {
+		if err := r.parentReady(f.Path); err != nil {
+			return err
+		}
+	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(e, st.claim)}
 	in := &store.Intent{Claim: st.claim, Type: shapes.TypeFile, Op: "change"}
 	switch {
@@ -249,6 +254,11 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		return nil
 	}
 
+	if !exists {
+		if err := r.parentReady(d.Path); err != nil {
+			return err
+		}
+	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(e, st.claim)}
 	in := &store.Intent{Claim: st.claim, Type: shapes.TypeDirectory, Op: "change"}
 	switch {
@@ -294,6 +304,24 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		}
 		n.Mode, n.UID, n.GID, n.Digest = a.mode, a.uid, a.gid, "dir"
 		return n, nil
+	}
+	return nil
+}
+
+// parentReady says whether p's directory exists, or is declared by an
+// earlier resource: the engine never creates parents on its own, and a plan
+// must say so before the apply finds out.
+func (r *run) parentReady(p string) error {
+	parent := path.Dir(p)
+	if r.declaredDirs[parent] {
+		return nil
+	}
+	info, err := fsx.Lstat(parent)
+	if err != nil {
+		return err
+	}
+	if info.Kind != fsx.Dir {
+		return fmt.Errorf("parent directory %s does not exist (declare a directory before what it holds)", parent)
 	}
 	return nil
 }

@@ -188,9 +188,7 @@ func (c *command) apply(file string, plan bool) int {
 		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state), Partial: c.partial,
 	})
 	if !plan && rep.Outcome != shapes.Refused {
-		if b, err := json.Marshal(rep); err == nil {
-			st.SaveReport(store.Local, b)
-		}
+		st.SaveReport(store.Local, rep)
 	}
 	c.report(rep, plan)
 	switch {
@@ -368,7 +366,7 @@ func (c *command) status() int {
 		if data == nil {
 			continue
 		}
-		var rep shapes.Report
+		var rep store.ReportSummary
 		if json.Unmarshal(data, &rep) == nil {
 			s.Sources[string(src)] = &sourceStatus{Seq: rep.Seq, Outcome: rep.Outcome}
 		}

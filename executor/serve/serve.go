@@ -385,9 +385,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 }
 
 func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {
-	if b, err := json.Marshal(rep); err == nil {
-		st.SaveReport(src, b)
-	}
+	st.SaveReport(src, rep)
 	if src == store.Link {
 		s.lastMu.Lock()
 		s.last = lastApplied{Seq: rep.Seq, Outcome: rep.Outcome}

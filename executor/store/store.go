@@ -39,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"golang.org/x/sys/unix"
 )
 
@@ -643,15 +644,33 @@ func WriteFileAtomic(p string, data []byte) error {
 	return d.Sync()
 }
 
-// SaveReport keeps the last report of a source, for status and for the
-// heartbeat. It is a convenience, not a record: it is not synced, and the
-// journal, not this, is what the host holds.
-func (s *Store) SaveReport(src Source, data []byte) error {
+// SaveReport keeps a summary of the last report of a source — its
+// sequence, outcome and how many lines had each outcome — for status and
+// the heartbeat. It is a convenience, not a record: it is not synced, and
+// the journal, not this, is what the host holds. (The lines themselves go
+// to whoever asked for the apply.)
+func (s *Store) SaveReport(src Source, rep *shapes.Report) error {
+	sum := ReportSummary{Source: rep.Source, Seq: rep.Seq, Outcome: rep.Outcome, Lines: map[shapes.Outcome]int{}}
+	for _, l := range rep.Lines {
+		sum.Lines[l.Outcome]++
+	}
+	data, err := json.Marshal(sum)
+	if err != nil {
+		return err
+	}
 	p := filepath.Join(s.dir, "report-"+string(src)+".json")
 	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
 		return fmt.Errorf("store: save report: %w", err)
 	}
 	return os.Rename(p+".tmp", p)
+}
+
+// ReportSummary is what SaveReport keeps.
+type ReportSummary struct {
+	Source  string                 `json:"source"`
+	Seq     uint64                 `json:"seq"`
+	Outcome shapes.Outcome         `json:"outcome"`
+	Lines   map[shapes.Outcome]int `json:"lines"`
 }
 
 // Report returns the last report of a source, or nil.

@@ -86,12 +86,12 @@ func startHosted(t *testing.T, bin string, cred *syscall.Credential, args ...str
 // it only checks, and is as confined. SIGTERM ends it with 0.
 func TestPrivilegeDrop(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to start the agent as root")
+		t.Fatal("needs root to start the agent as root (make test runs as root)")
 	}
 	bin := buildAgent(t)
 	uid, gid, err := agent.LookupUser("nobody")
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	base := openDir(t)
 	state := filepath.Join(base, "state")

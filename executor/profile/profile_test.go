@@ -71,7 +71,7 @@ func TestDetectHonoursACancelledContext(t *testing.T) {
 
 func TestPrivilegedAsRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("not running as root")
+		t.Fatal("not running as root (make test runs as root)")
 	}
 	c := probePrivileged(t.Context(), Options{Root: "/"})
 	if !c.Present || !strings.HasPrefix(c.Detail, "root, ") {

@@ -85,7 +85,7 @@ var validName = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,38}[a-zA-Z0-9])?
 func Boot(t testing.TB, opt Options) *Machine {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("lab: booting a lab machine needs root")
+		t.Fatal("lab: booting a lab machine needs root (make test runs as root)")
 	}
 	if opt.Init == "" {
 		opt.Init = Systemd

@@ -564,7 +564,7 @@ func TestFailingTestTearsDown(t *testing.T) {
 	for _, mode := range []string{"fatal", "panic", "kill", "noboot"} {
 		t.Run(mode, func(t *testing.T) {
 			if os.Geteuid() != 0 {
-				t.Skip("needs root")
+				t.Fatal("needs root (make test runs as root)")
 			}
 			slots <- struct{}{} // the child's lab counts against this process's two
 			defer func() { <-slots }()

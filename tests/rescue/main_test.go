@@ -112,7 +112,7 @@ func copyFile(from, to string, mode os.FileMode) error {
 func needRoot(t testing.TB) {
 	t.Helper()
 	if skipReason != "" {
-		t.Skip(skipReason)
+		t.Fatal(skipReason)
 	}
 }
 

@@ -200,6 +200,9 @@ func tarType(t byte) string {
 func (r *run) archive(st *step, rest int) {
 	a := st.res.(*shapes.Archive)
 	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yieldAlone(st, e, rest) {
+		return
+	}
 	dinfo, err := fsx.Lstat(a.Destination)
 	if err != nil || dinfo.Kind != fsx.Dir {
 		r.fail(st, fmt.Errorf("destination %s is not a directory (declare it before the archive): %v", a.Destination, err), rest)

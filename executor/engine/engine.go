@@ -300,6 +300,9 @@ func (r *run) flush(batch []*step, after int) {
 	}
 	for _, st := range batch {
 		st.entry = r.settle(r.st.Get(st.target), st.claim)
+		if r.yields(st, st.entry) {
+			continue
+		}
 		var err error
 		switch res := st.res.(type) {
 		case *shapes.File:
@@ -499,6 +502,53 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 		slices.Sort(n.Paths)
 	}
 	return &n
+}
+
+// precedence orders the sources when two declare the same thing: a rescue
+// file fixes what it names, and the mesh does not undo it until the rescue
+// no longer declares it; the link's word is above the bundle's.
+var precedence = map[store.Source]int{store.Bundle: 1, store.Link: 2, store.Local: 3}
+
+// yields reports whether st's target is held by a source above this one,
+// and if so makes st a line that says so and records this source's claim
+// without touching the machine. Without it, two sources declaring one file
+// differently would rewrite it in turn at every reconcile.
+func (r *run) yields(st *step, e *store.Entry) bool {
+	if e == nil {
+		return false
+	}
+	var above []store.Claim
+	for _, c := range e.Claims {
+		if precedence[c.Source] > precedence[r.opt.Source] {
+			above = append(above, c)
+		}
+	}
+	if len(above) == 0 {
+		return false
+	}
+	st.line.Outcome = shapes.Held
+	st.line.Detail = fmt.Sprintf("declared also by %s, which takes precedence; left as that source has it until it no longer declares it", joinClaims(above))
+	if !e.Claimed(st.claim) {
+		n := *e
+		n.Claims = withClaim(e, st.claim)
+		st.record = &n
+	}
+	return true
+}
+
+// yieldAlone is yields for the steps that run alone: it records and emits.
+func (r *run) yieldAlone(st *step, e *store.Entry, rest int) bool {
+	if !r.yields(st, e) {
+		return false
+	}
+	if st.record != nil && !r.opt.Plan {
+		if err := r.st.Put(st.record); err != nil {
+			r.fail(st, err, rest)
+			return true
+		}
+	}
+	r.emit(st.line)
+	return true
 }
 
 // withClaim returns e's claims with c added.

@@ -478,3 +478,30 @@ func ownerOf(t *testing.T, p string) string {
 }
 
 func osWriteFile(p, content string) error { return os.WriteFile(p, []byte(content), 0o644) }
+
+// Two sources declaring one file differently do not rewrite it in turn: a
+// rescue file's word holds until it no longer declares it, then the link's
+// applies again.
+func TestRescueTakesPrecedenceUntilReleased(t *testing.T) {
+	h := newHarness(t)
+	link := h.doc(dirEtc, fileMot)
+	h.expect(h.run(store.Link, link, false), shapes.Applied, "base.etc=applied base.motd=applied")
+	rescue := h.doc(strings.Replace(fileMot, `hello\n`, `rescued\n`, 1))
+	h.expect(h.apply(rescue), shapes.Applied, "base.motd=applied")
+	for i := 0; i < 2; i++ { // the link's reconcile, twice: nothing flips
+		rep := h.run(store.Link, link, false)
+		h.expect(rep, shapes.Held, "base.etc=unchanged base.motd=held")
+		if !strings.Contains(rep.Lines[1].Detail, "declared also by local:base.motd, which takes precedence") {
+			t.Fatalf("detail %q", rep.Lines[1].Detail)
+		}
+		if h.read("etc/motd") != "rescued\n" {
+			t.Fatal("the link undid the rescue")
+		}
+	}
+	// The rescue releases it: the link's word applies again.
+	h.expect(h.apply(h.doc()), shapes.Forgotten, "base.motd=forgotten")
+	h.expect(h.run(store.Link, link, false), shapes.Applied, "base.etc=unchanged base.motd=applied")
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("the link's declaration did not come back")
+	}
+}

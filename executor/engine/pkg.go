@@ -153,6 +153,9 @@ func (r *run) pkg(st *step, rest int) {
 		return
 	}
 	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yieldAlone(st, e, rest) {
+		return
+	}
 	have, ok, err := mgr.installed(r.ctx, p.Name)
 	if err != nil {
 		r.fail(st, err, rest)

@@ -44,6 +44,16 @@ func (r *run) service(st *step, rest int) {
 	unit := r.units[svc.Key()]
 	st.target = "service:" + unit
 	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yields(st, e) {
+		if st.record != nil && !r.opt.Plan {
+			if err := r.st.Put(st.record); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		r.serviceDone(st, svc)
+		return
+	}
 	cur, err := r.init.State(r.ctx, unit)
 	if err != nil {
 		r.fail(st, err, rest)

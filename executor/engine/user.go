@@ -127,6 +127,9 @@ func (r *run) user(st *step, rest int) {
 	u := st.res.(*shapes.User)
 	acc := r.accounts()
 	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yieldAlone(st, e, rest) {
+		return
+	}
 	cur, exists, err := acc.lookup(r.ctx, u.Name)
 	if err != nil {
 		r.fail(st, err, rest)

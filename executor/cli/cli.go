@@ -12,6 +12,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -211,11 +212,17 @@ func nodeID(state string) string {
 
 func (c *command) report(rep *shapes.Report, plan bool) {
 	if c.json {
-		enc := json.NewEncoder(c.out)
-		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+		// One line: a report may hold thousands of lines, and it is read by
+		// programs.
+		b, _ := json.Marshal(rep)
+		c.out.Write(append(b, '\n'))
 		return
 	}
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	out := c.out
+	c.out = w
+	defer func() { c.out = out }()
 	if rep.Refused != "" {
 		fmt.Fprintf(c.out, "refused: %s\nnothing on the machine was changed.\n", rep.Refused)
 		return

@@ -51,6 +51,12 @@ type Options struct {
 	// Init connects to the machine's init, when a service is declared or
 	// must be given back; nil means initsys.Detect.
 	Init func() (initsys.Manager, error)
+	// Accepted, when set, is called once the declaration has passed every
+	// check and been saved as the target, before anything on the machine
+	// changes; an error refuses it. The daemon records the link's sequence
+	// floor here, so a declaration refused for a passing reason (a name
+	// service down, a full disk) can be delivered again.
+	Accepted func() error
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.
@@ -90,6 +96,9 @@ type run struct {
 	changed  map[string]bool   // "module.id" of lines applied or repaired
 	// declaredDirs are the directories declared so far, in stated order.
 	declaredDirs map[string]bool
+	// forget are kept originals no entry needs once the apply's records
+	// are durable.
+	forget []string
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -118,6 +127,12 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			rep.Outcome, rep.Refused = shapes.Refused, "executor: cannot save the target: "+err.Error()
 			return rep
 		}
+		if opt.Accepted != nil {
+			if err := opt.Accepted(); err != nil {
+				rep.Outcome, rep.Refused = shapes.Refused, "executor: "+err.Error()
+				return rep
+			}
+		}
 	}
 	r.applyAll()
 	r.restartOn()
@@ -127,6 +142,13 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	if !opt.Plan {
 		if err := st.Commit(); err != nil {
 			r.emit(shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
+		}
+		// Kept originals given back are deleted only once the records that
+		// no longer need them are durable.
+		if len(r.forget) > 0 && st.Sync() == nil {
+			for _, d := range r.forget {
+				st.ForgetOriginal(d)
+			}
 		}
 	}
 	rep.Lines = append(rep.Lines, r.lines...)
@@ -395,7 +417,9 @@ func (r *run) execute(batch []*step, after int) {
 		switch {
 		case st.drop:
 			err = r.st.Drop(st.target)
-			r.forgetOriginal(st.entry)
+			if st.entry != nil && st.entry.Original != nil && st.entry.Original.Digest != "" {
+				r.forget = append(r.forget, st.entry.Original.Digest)
+			}
 		case st.record != nil:
 			err = r.st.Put(st.record)
 		}

@@ -135,14 +135,12 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 		st.line.Detail = fmt.Sprintf("owner and mode %s → %s", attrsOf(info), a)
 	}
 
-	onlyAttrs := exists && eq
+	// Even when only the owner or mode differ, the file is written anew
+	// through a file of the host's own: setting them on whatever is at the
+	// path when the change runs would hand root's owner and mode to
+	// content a user swapped in after it was observed.
 	st.change = func() error {
-		var err error
-		if onlyAttrs {
-			err = fsx.SetAttr(f.Path, fsx.Regular, a.mode, int(a.uid), int(a.gid))
-		} else {
-			err = fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid)})
-		}
+		err := fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid)})
 		r.touch(path.Dir(f.Path))
 		return err
 	}
@@ -287,7 +285,7 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	st.change = func() error {
 		var err error
 		if exists {
-			err = fsx.SetAttr(d.Path, fsx.Dir, a.mode, int(a.uid), int(a.gid))
+			err = fsx.SetAttr(d.Path, info, a.mode, int(a.uid), int(a.gid))
 		} else {
 			err = fsx.Mkdir(d.Path, a.mode, int(a.uid), int(a.gid))
 		}

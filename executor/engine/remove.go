@@ -139,9 +139,14 @@ func (r *run) planRemoval(st *step) {
 		a := attrs{o.Mode, o.UID, o.GID}
 		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("owner and mode given back as found (%s)", a)
 		st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: o}
+		seen, err := fsx.Lstat(p)
+		if err != nil || seen.Kind != fsx.Dir {
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s is not the directory the host changed (%v, a %s); not touched", p, err, seen.Kind), false
+			return
+		}
 		st.change = func() error {
 			r.touch(parentOf(p))
-			return fsx.SetAttr(p, fsx.Dir, o.Mode, int(o.UID), int(o.GID))
+			return fsx.SetAttr(p, seen, o.Mode, int(o.UID), int(o.GID))
 		}
 		st.readback = func() (*store.Entry, error) {
 			info, err := fsx.Lstat(p)
@@ -196,11 +201,4 @@ func parentOf(p string) string {
 		}
 	}
 	return "/"
-}
-
-// forgetOriginal deletes a kept original nobody refers to any more.
-func (r *run) forgetOriginal(e *store.Entry) {
-	if e != nil && e.Original != nil && e.Original.Digest != "" {
-		r.st.ForgetOriginal(e.Original.Digest)
-	}
 }

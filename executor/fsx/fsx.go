@@ -41,6 +41,8 @@ var (
 	ErrNotDir = errors.New("not a directory")
 	// ErrNotEmpty: a directory still holds entries.
 	ErrNotEmpty = errors.New("directory not empty")
+	// ErrChanged: what is at a path is no longer what was observed.
+	ErrChanged = errors.New("changed under the host")
 )
 
 // Kind is what is found at a path.
@@ -68,10 +70,11 @@ type Info struct {
 	Nlink uint64
 	Size  int64
 	Dev   uint64
+	Ino   uint64
 }
 
 func infoOf(st *unix.Stat_t) Info {
-	i := Info{Mode: st.Mode & 0o7777, UID: st.Uid, GID: st.Gid, Nlink: uint64(st.Nlink), Size: st.Size, Dev: uint64(st.Dev)}
+	i := Info{Mode: st.Mode & 0o7777, UID: st.Uid, GID: st.Gid, Nlink: uint64(st.Nlink), Size: st.Size, Dev: uint64(st.Dev), Ino: st.Ino}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		i.Kind = Regular
@@ -460,9 +463,14 @@ func RemoveLeftover(p string) bool {
 	return d.removeLeftover()
 }
 
-// SetAttr sets the owner and mode of what is at p, which must be of kind k
-// (Regular with one name, or Dir), on an open descriptor.
-func SetAttr(p string, k Kind, mode uint32, uid, gid int) error {
+// SetAttr sets the owner and mode of the directory at p, on an open
+// descriptor. It must still be the very directory observed (seen: device,
+// inode and owner): between a plan and its change, a user who can write the
+// parent could swap in a directory of their own, and root would then hand
+// it the declared owner and mode. (A file's owner and mode are never set
+// this way: WriteFile replaces the file through a file of its own.)
+func SetAttr(p string, seen Info, mode uint32, uid, gid int) error {
+	k := Dir
 	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY
 	if k == Dir {
 		flags |= unix.O_DIRECTORY
@@ -483,8 +491,8 @@ func SetAttr(p string, k Kind, mode uint32, uid, gid int) error {
 	if info.Kind != k {
 		return wrap("set owner and mode of", p, fmt.Errorf("expected a %s, found a %s", k, info.Kind))
 	}
-	if k == Regular && info.Nlink > 1 {
-		return wrap("set owner and mode of", p, ErrHardlinked)
+	if info.Dev != seen.Dev || info.Ino != seen.Ino || info.UID != seen.UID || info.GID != seen.GID {
+		return wrap("set owner and mode of", p, fmt.Errorf("%w: it was replaced or changed hands since it was observed; not touched", ErrChanged))
 	}
 	if info.UID != uint32(uid) || info.GID != uint32(gid) {
 		if err := unix.Fchown(fd, uid, gid); err != nil {
@@ -513,6 +521,19 @@ func Mkdir(p string, mode uint32, uid, gid int) error {
 		return wrap("open new directory", p, mapErr(err))
 	}
 	defer unix.Close(fd)
+	// Still the directory just made: the executor's own, empty. Between
+	// mkdirat and openat a user who can write the parent could have put
+	// their own there.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return wrap("stat new directory", p, err)
+	}
+	if st.Uid != uint32(os.Geteuid()) || st.Nlink != 2 {
+		return wrap("mkdir", p, fmt.Errorf("%w: the new directory was replaced before its owner and mode were set; not touched", ErrChanged))
+	}
+	if n, err := entriesAt(fd); err != nil || n > 0 {
+		return wrap("mkdir", p, fmt.Errorf("%w: the new directory holds entries already; not touched", ErrChanged))
+	}
 	if err := unix.Fchown(fd, uid, gid); err != nil {
 		return wrap("chown", p, err)
 	}
@@ -685,4 +706,22 @@ func Resolver() func(string) (string, error) {
 		return rp, err
 	}
 	return resolve
+}
+
+// entriesAt counts the entries (other than . and ..) of an open directory.
+func entriesAt(fd int) (int, error) {
+	buf := make([]byte, 4096)
+	count := 0
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return 0, err
+		}
+		if n <= 0 {
+			return count, nil
+		}
+		_, c, names := unix.ParseDirent(buf[:n], -1, nil)
+		_ = c
+		count += len(names)
+	}
 }

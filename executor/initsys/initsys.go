@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 )
 
 // State is what the init says of a unit.
@@ -45,8 +47,13 @@ type Manager interface {
 // ErrNoInit is returned by Detect where no init this host can drive runs.
 var ErrNoInit = errors.New("initsys: no init this host can drive")
 
-// Detect finds the machine's init: systemd when it is running (its
-// runtime directory exists) and its bus answers.
+// Detect finds the machine's init by what runs as PID 1, never by what
+// directories a package left behind (installing openrc creates
+// /etc/runlevels and /run/openrc on any host): systemd when it is running
+// (its runtime directory /run/systemd/system exists) and its bus answers;
+// OpenRC when PID 1 is openrc-init, or sysvinit's init with OpenRC's
+// /run/openrc/softlevel present; runit when PID 1 is runit; s6 when PID 1 is
+// s6-svscan. Anything else is ErrNoInit, naming PID 1.
 func Detect(ctx context.Context) (Manager, error) {
 	if fi, err := os.Stat("/run/systemd/system"); err == nil && fi.IsDir() {
 		m, err := Systemd(ctx, "")
@@ -56,7 +63,40 @@ func Detect(ctx context.Context) (Manager, error) {
 		return m, nil
 	}
 	comm, _ := os.ReadFile("/proc/1/comm")
-	return nil, fmt.Errorf("%w (pid 1 is %q; systemd is the only init driven so far)", ErrNoInit, string(trim(comm)))
+	exe, _ := os.Readlink("/proc/1/exe")
+	_, err := os.Stat("/run/openrc/softlevel")
+	switch pid1Init(string(trim(comm)), exe, err == nil) {
+	case "openrc":
+		return OpenRC(), nil
+	case "runit":
+		return Runit(ctx)
+	case "s6":
+		return S6(ctx)
+	}
+	if exe == "" {
+		exe = "unreadable"
+	}
+	return nil, fmt.Errorf("%w (pid 1 is %q, %s; this host drives systemd, OpenRC, runit and s6)", ErrNoInit, string(trim(comm)), exe)
+}
+
+// pid1Init names the init PID 1 is, from its comm and its executable's path
+// ("" when it is none this host drives). openrc tells whether OpenRC has
+// booted the machine (/run/openrc/softlevel exists), which is what makes
+// sysvinit's init an OpenRC machine.
+func pid1Init(comm, exe string, openrc bool) string {
+	base := filepath.Base(strings.TrimSuffix(exe, " (deleted)"))
+	is := func(name string) bool { return comm == name || base == name }
+	switch {
+	case is("openrc-init"):
+		return "openrc"
+	case is("init") && openrc:
+		return "openrc"
+	case is("runit"):
+		return "runit"
+	case is("s6-svscan"):
+		return "s6"
+	}
+	return ""
 }
 
 func trim(b []byte) []byte {

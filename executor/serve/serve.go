@@ -29,6 +29,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -274,6 +275,26 @@ func (s *Server) reconnected(ctx context.Context, c *wire.Conn, _ any) error {
 	return c.Write(wire.KindVerdict, v)
 }
 
+// lastOutcome is the outcome of the last link apply: this process's, or
+// the one the store kept from before a restart.
+func (s *Server) lastOutcome() shapes.Outcome {
+	s.lastMu.Lock()
+	o := s.last.Outcome
+	s.lastMu.Unlock()
+	if o != "" {
+		return o
+	}
+	if st, err := store.Open(s.cfg.StateDir); err == nil {
+		if b, _ := st.Report(store.Link); b != nil {
+			var sum store.ReportSummary
+			if json.Unmarshal(b, &sum) == nil {
+				return sum.Outcome
+			}
+		}
+	}
+	return ""
+}
+
 // floor is the newest link declaration accepted: its sequence and the
 // digest of its envelope. Written durably before that declaration is
 // applied, so no crash can let an older one in.
@@ -297,7 +318,7 @@ func readFloor(dir string) (floor, error) {
 }
 
 func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
-	return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: fmt.Sprintf("executor: "+format, args...)}
+	return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: "executor: " + strings.TrimPrefix(fmt.Sprintf(format, args...), "executor: ")}
 }
 
 // ApplyEnvelope verifies envelope bytes as the control plane published
@@ -348,9 +369,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	switch {
 	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
-		s.lastMu.Lock()
-		v.Outcome, v.Duplicate = s.last.Outcome, true
-		s.lastMu.Unlock()
+		v.Outcome, v.Duplicate = s.lastOutcome(), true
 		return v
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
@@ -369,14 +388,20 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return refusal(wire.CodeInternal, "%v", err)
 	}
 	defer st.Unlock()
-	b, _ := json.Marshal(floor{Seq: d.Seq, Digest: digest})
-	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, floorFile), b); err != nil {
-		return refusal(wire.CodeInternal, "record the sequence floor: %v", err)
+	// The floor moves once the declaration has passed every check and is
+	// saved as the target, before the machine changes: no crash can then
+	// let an older one in, and a passing refusal burns nothing.
+	accepted := func() error {
+		b, _ := json.Marshal(floor{Seq: d.Seq, Digest: digest})
+		if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, floorFile), b); err != nil {
+			return fmt.Errorf("record the sequence floor: %w", err)
+		}
+		return nil
 	}
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit})
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted})
 	s.record(st, store.Link, rep)
 	if rep.Outcome == shapes.Refused {
-		v = refusal(wire.CodeInvalid, "%s", rep.Refused)
+		v = refusal(wire.CodeInvalid, "%s", strings.TrimPrefix(rep.Refused, "executor: "))
 		v.Seq = d.Seq
 		return v
 	}
@@ -433,6 +458,14 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			}
 			if d, err = shapes.Parse(payload); err != nil {
 				s.log.Warn("reconcile: the saved link target no longer parses; skipped", "trigger", why, "err", err)
+				continue
+			}
+			// Addressed to this node and this enrolment, and the newest
+			// accepted: after a re-enrolment the old one is not applied.
+			f, _ := readFloor(s.cfg.StateDir)
+			if d.Node != id.Node || d.Enrolment != id.Enrolment || d.Seq != f.Seq {
+				s.log.Warn("reconcile: the saved link target is not addressed to this enrolment, or not the newest accepted; skipped",
+					"trigger", why, "node", d.Node, "enrolment", d.Enrolment, "seq", d.Seq, "floor", f.Seq)
 				continue
 			}
 			v.Seq = d.Seq

@@ -26,6 +26,7 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/gob"
 	"encoding/hex"
 	"encoding/json"
@@ -527,21 +528,27 @@ func (s *Store) Entries() []*Entry {
 func (s *Store) Get(target string) *Entry { return s.entries[target] }
 
 // KeepOriginal stores a found file's content under its digest before the
-// host changes it. Sync makes it durable with the intent that refers to it.
+// host changes it, fsync'd before it is named: a power cut must not leave
+// an empty file under a digest. One already there is kept only if it
+// really holds that digest.
 func (s *Store) KeepOriginal(digest string, data []byte) error {
 	p := filepath.Join(s.dir, "originals", digest)
-	if _, err := os.Lstat(p); err == nil {
+	if got, err := os.ReadFile(p); err == nil && sha256Hex(got) == digest {
 		return nil
 	}
 	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("store: keep original: %w", err)
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	if _, err := f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("store: keep original: %w", err)
 	}
-	f.Close()
 	if err := os.Rename(p+".tmp", p); err != nil {
 		return fmt.Errorf("store: keep original: %w", err)
 	}
@@ -549,16 +556,28 @@ func (s *Store) KeepOriginal(digest string, data []byte) error {
 	return nil
 }
 
-// Original reads a kept original back.
+// Original reads a kept original back, and refuses one that does not hold
+// its digest: putting back garbage would be worse than saying so.
 func (s *Store) Original(digest string) ([]byte, error) {
 	data, err := os.ReadFile(filepath.Join(s.dir, "originals", digest))
 	if err != nil {
 		return nil, fmt.Errorf("store: kept original %s: %w", digest, err)
 	}
+	if got := sha256Hex(data); got != digest {
+		return nil, fmt.Errorf("store: kept original %s is damaged (it hashes to %s); not put back", digest, got)
+	}
 	return data, nil
 }
 
-// ForgetOriginal removes a kept original nobody refers to any more.
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// ForgetOriginal removes a kept original nobody refers to any more. The
+// caller makes the records that stopped referring to it durable first
+// (Sync): otherwise a power cut could bring back a pending restore whose
+// original is gone.
 func (s *Store) ForgetOriginal(digest string) {
 	for _, e := range s.entries {
 		if e.Original != nil && e.Original.Digest == digest {

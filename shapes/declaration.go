@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 )
 
 // Version is the only declaration version this host knows.
@@ -138,6 +139,9 @@ type unionDeclaration struct {
 func parse(data []byte, allowAction bool) (*Declaration, error) {
 	if len(data) > MaxDeclarationSize {
 		return nil, &Error{Reason: fmt.Sprintf("declaration is %d bytes, over the limit of %d", len(data), MaxDeclarationSize)}
+	}
+	if !utf8.Valid(data) {
+		return nil, &Error{Reason: "not valid UTF-8 (encoding/json would replace what is not, and one text must not read two ways)"}
 	}
 	raw, err := fastDecode(data)
 	slow := err != nil

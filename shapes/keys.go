@@ -50,9 +50,10 @@ var fieldNames = func() map[string]bool {
 var mapFields = map[string]bool{"env": true}
 
 type keyScanner struct {
-	data  []byte
-	i     int
-	names []string // resource names by index, for errors
+	data      []byte
+	i         int
+	names     []string // resource names by index, for errors
+	surrogate string   // the first \u escape of a surrogate seen
 }
 
 // checkKeys refuses, anywhere in data (which encoding/json has already
@@ -61,7 +62,13 @@ type keyScanner struct {
 // resources' names by index.
 func checkKeys(data []byte, names []string) error {
 	s := &keyScanner{data: data, names: names}
-	return s.value("", "", false)
+	if err := s.value("", "", false); err != nil {
+		return err
+	}
+	if s.surrogate != "" {
+		return &Error{Reason: fmt.Sprintf("%s escapes half of a UTF-16 surrogate pair; write the character itself (one text must not read two ways)", s.surrogate)}
+	}
+	return nil
 }
 
 func (s *keyScanner) ws() {
@@ -196,12 +203,18 @@ func (s *keyScanner) str() (string, error) {
 	return "", &Error{Reason: "unterminated string"}
 }
 
-// skipStr passes over a string value without unescaping it.
+// skipStr passes over a string value without unescaping it, noting a
+// \u escape of a UTF-16 surrogate: encoding/json turns a lone one into
+// U+FFFD, so the text would read one way here and another elsewhere.
 func (s *keyScanner) skipStr() {
 	s.i++
 	for s.i < len(s.data) {
 		switch s.data[s.i] {
 		case '\\':
+			if s.i+5 < len(s.data) && s.data[s.i+1] == 'u' && (s.data[s.i+2] == 'd' || s.data[s.i+2] == 'D') &&
+				strings.IndexByte("89abcdefABCDEF", s.data[s.i+3]) >= 0 && s.surrogate == "" {
+				s.surrogate = string(s.data[s.i : s.i+6])
+			}
 			s.i += 2
 			continue
 		case '"':

@@ -124,6 +124,33 @@ func stem(name string) string {
 	return name
 }
 
+// dropInFor recognises systemd's drop-in directories that apply to more
+// than one unit: "service.d" (every service) and prefix drop-ins such as
+// "mesh-.service.d" (every service whose name starts with "mesh-"). Each
+// would reach the host's own units, so each is refused.
+func dropInFor(c string) string {
+	base, ok := strings.CutSuffix(c, ".d")
+	if !ok {
+		return ""
+	}
+	for _, suf := range unitSuffixes {
+		typ := strings.TrimPrefix(suf, ".")
+		if base == typ {
+			return fmt.Sprintf("the drop-in directory of every %s", typ)
+		}
+		prefix, ok := strings.CutSuffix(base, suf)
+		if !ok || !strings.HasSuffix(prefix, "-") {
+			continue
+		}
+		for _, n := range ProtectedNames {
+			if strings.HasPrefix(n, prefix) {
+				return fmt.Sprintf("the drop-in directory of every %s whose name starts with %q", typ, prefix)
+			}
+		}
+	}
+	return ""
+}
+
 func isProtectedName(name string) bool {
 	s := stem(name)
 	for _, p := range ProtectedNames {
@@ -171,6 +198,9 @@ func pathReason(p string, container bool) string {
 		for _, c := range rest {
 			if c != "" && isProtectedName(c) {
 				return fmt.Sprintf("%s is the host's own unit or service entry (%s)", p, c)
+			}
+			if why := dropInFor(c); why != "" {
+				return fmt.Sprintf("%s is %s, which the host's own units read too", p, why)
 			}
 		}
 		// Inside an init's tree, something that holds other things may only

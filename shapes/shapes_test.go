@@ -120,6 +120,8 @@ func TestRefusals(t *testing.T) {
 		{"duplicate key", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `resource m.f field path: given twice in one object`},
 		{"case-folded duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","PATH":"/etc/shadow","content":"x"}`), `resource m.f field PATH: unknown field (field names are exact`},
 		{"escaped duplicate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","path":"/etc/shadow","content":"x"}`), `field path: given twice`},
+		{"invalid utf-8", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","content":"` + "\xff" + `"}`), "not valid UTF-8"},
+		{"lone surrogate", res(`{"module":"m","id":"f","type":"file","path":"/srv/x","content":"\ud800"}`), `\ud800 escapes half of a UTF-16 surrogate pair`},
 		{"duplicate top-level", `{"version":1,"node":"a","node":"b","resources":[],"owns_nothing":true}`, `declaration field node: given twice`},
 		{"duplicate env key", res(`{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","env":{"A":"1","A":"2"}}`), `field A: given twice`},
 	}
@@ -147,6 +149,7 @@ func TestAccepted(t *testing.T) {
 		res(`{"module":"m","id":"f","type":"file","path":"/srv/x","content":"a","mode":"644","owner":"1000:1000"}`),
 		res(`{"module":"m","id":"s","type":"service","unit":"getty@tty1"}`),
 		res(`{"module":"m","id":"d","type":"directory","path":"/etc/systemd/system/nginx.service.d"}`),
+		res(`{"module":"m","id":"d","type":"directory","path":"/etc/systemd/system/ngx-.service.d"}`),
 		res(`{"module":"m","id":"d","type":"file","path":"/etc/systemd/system/nginx.service.d/override.conf","content":""}`),
 		res(`{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","env":{"A":"1","a":"2","PATH":"/bin"}}`),
 	} {
@@ -167,6 +170,9 @@ func TestProtectedSet(t *testing.T) {
 		{"drop-in directory", `{"module":"m","id":"d","type":"directory","path":"/etc/systemd/system/mesh-agent.service.d"}`, "(mesh-agent.service.d)"},
 		{"drop-in file", `{"module":"m","id":"f","type":"file","path":"/etc/systemd/system/mesh-agent.service.d/override.conf","content":"[Service]\nUser=root\n"}`, "(mesh-agent.service.d)"},
 		{"vendor unit", `{"module":"m","id":"f","type":"file","path":"/lib/systemd/system/mesh-executor.service","content":""}`, "host's own unit"},
+		{"prefix drop-in", `{"module":"m","id":"f","type":"file","path":"/etc/systemd/system/mesh-.service.d/zz.conf","content":"[Service]\nExecStart=/bin/true\n"}`, `the drop-in directory of every service whose name starts with "mesh-"`},
+		{"prefix drop-in dir", `{"module":"m","id":"d","type":"directory","path":"/run/systemd/system/nox-.service.d"}`, `starts with "nox-"`},
+		{"type drop-in", `{"module":"m","id":"f","type":"file","path":"/etc/systemd/system/service.d/zz.conf","content":""}`, "the drop-in directory of every service"},
 		{"wants link", `{"module":"m","id":"f","type":"file","path":"/etc/systemd/system/multi-user.target.wants/mesh-agent.service","content":""}`, "host's own unit"},
 		{"wants directory", `{"module":"m","id":"d","type":"directory","path":"/etc/systemd/system/multi-user.target.wants","mode":"0777"}`, "a directory of the init's own"},
 		{"openrc script", `{"module":"m","id":"f","type":"file","path":"/etc/init.d/mesh-executor","content":""}`, "host's own unit"},

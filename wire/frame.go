@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -114,10 +115,17 @@ func (c *Conn) Read() (Kind, any, error) {
 	if n > s.Max {
 		return k, nil, &Refusal{CodeTooLarge, fmt.Sprintf("%s of %d bytes, over its limit of %d", s.Name, n, s.Max)}
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(c.r, b); err != nil {
+	// Read as the bytes arrive, not allocated from the header's word: a
+	// peer that announces 64 MiB and trickles must not pin 64 MiB.
+	var buf bytes.Buffer
+	buf.Grow(int(min(n, 64<<10)))
+	if _, err := io.CopyN(&buf, c.r, int64(n)); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
 		return k, nil, err
 	}
+	b := buf.Bytes()
 	body := s.Body()
 	if err := decMode.Unmarshal(b, body); err != nil {
 		return k, nil, &Refusal{CodeMalformed, fmt.Sprintf("%s body: %v", s.Name, err)}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -235,12 +236,57 @@ func (r *runit) Start(ctx context.Context, unit string) error {
 	return r.sv(ctx, "up", s.dir)
 }
 
+// Restart runs `sv restart` and then waits until sv status shows the service
+// running under a new pid: sv's own wait compares times in whole seconds,
+// so within the second the service last changed it reports success before
+// the service has gone down, and runsv waits a second before it starts a
+// service again that ran for less than one.
 func (r *runit) Restart(ctx context.Context, unit string) error {
 	s, err := r.supervised(ctx, unit)
 	if err != nil {
 		return err
 	}
-	return r.sv(ctx, "restart", s.dir)
+	before, err := r.t.run(ctx, "sv", "status", s.dir)
+	if err != nil {
+		return err
+	}
+	old := svPid(before.stdout)
+	if err := r.sv(ctx, "restart", s.dir); err != nil {
+		return err
+	}
+	var last result
+	ok, err := poll(ctx, time.Duration(r.wait)*time.Second, func() (bool, error) {
+		last, err = r.t.run(ctx, "sv", "status", s.dir)
+		pid := svPid(last.stdout)
+		return pid != 0 && pid != old, err
+	})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return r.t.failure(last, fmt.Sprintf("not running again under a new pid %ds after `sv restart`", r.wait))
+	}
+	return nil
+}
+
+// svPid is the pid of a running service in sv status's first line, "run:
+// DIR: (pid 96) 1s"; 0 when it is not running.
+func svPid(out string) int {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	rest, ok := strings.CutPrefix(line, "run: ")
+	if !ok {
+		return 0
+	}
+	_, rest, ok = strings.Cut(rest, ": (pid ")
+	if !ok {
+		return 0
+	}
+	n, _, _ := strings.Cut(rest, ")")
+	pid, err := strconv.Atoi(n)
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }
 
 func (r *runit) Stop(ctx context.Context, unit string) error {

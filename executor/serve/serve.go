@@ -92,8 +92,10 @@ type Server struct {
 	// lock keeps the rescue command out while it does.
 	applyMu sync.Mutex
 	// +checklocks:lastMu
-	last   lastApplied
-	lastMu sync.Mutex
+	last lastApplied
+	// +checklocks:lastMu
+	lastReconnect time.Time
+	lastMu        sync.Mutex
 }
 
 type lastApplied struct {
@@ -260,18 +262,53 @@ func (s *Server) status(_ context.Context, c *wire.Conn, _ any) error {
 	return c.Write(wire.KindStatusReply, reply)
 }
 
-// stream writes report lines to c as the engine decides them.
+// stream writes report lines to c as the engine decides them. An agent
+// that stops reading must not hold the apply, and with it the store's lock:
+// each line gets a write deadline, and after one write fails the rest of
+// the lines are dropped (the verdict still says how it ended).
 func stream(c *wire.Conn) func(shapes.Line) {
-	return func(l shapes.Line) { c.Write(wire.KindReportLine, &l) }
+	broken := false
+	return func(l shapes.Line) {
+		if broken {
+			return
+		}
+		c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
+		if err := c.Write(wire.KindReportLine, &l); err != nil {
+			broken = true
+		}
+		c.NetConn().SetWriteDeadline(time.Time{})
+	}
 }
+
+// lineDeadline bounds how long one report line may wait for the agent.
+const lineDeadline = 5 * time.Second
+
+// reconnectEvery bounds how often the agent can make the executor
+// reconcile everything: a compromised agent must not turn reconnects into
+// a loop of full reconciles.
+const reconnectEvery = 10 * time.Second
 
 func (s *Server) declaration(ctx context.Context, c *wire.Conn, body any) error {
 	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c))
+	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
+	defer c.NetConn().SetWriteDeadline(time.Time{})
 	return c.Write(wire.KindVerdict, v)
 }
 
 func (s *Server) reconnected(ctx context.Context, c *wire.Conn, _ any) error {
+	s.lastMu.Lock()
+	recent := time.Since(s.lastReconnect) < reconnectEvery
+	if !recent {
+		s.lastReconnect = time.Now()
+	}
+	s.lastMu.Unlock()
+	if recent {
+		// Answered, not refused: a link that flaps is not an attack.
+		return c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"})
+	}
 	v := s.Reconcile(ctx, "reconnect", stream(c))
+	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
+	defer c.NetConn().SetWriteDeadline(time.Time{})
 	return c.Write(wire.KindVerdict, v)
 }
 

@@ -622,3 +622,64 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		t.Fatalf("motd = %q", b)
 	}
 }
+
+// An agent that stops reading cannot hold the apply, nor with it the lock
+// a rescue command needs.
+func TestAStalledAgentDoesNotHoldTheLock(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	var res []string
+	for i := 0; i < 3000; i++ {
+		res = append(res, file(fmt.Sprintf("f%04d", i), "x"))
+	}
+	c := e.dial()
+	body := &wire.Declaration{Envelope: e.seal(e.decl("n1", "e-1", 1, res...))}
+	if err := c.Write(wire.KindDeclaration, body); err != nil {
+		t.Fatal(err)
+	}
+	// The agent never reads a line. A rescue apply must get the lock.
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := st.Lock(60 * time.Second); err != nil {
+		t.Fatalf("the store is still locked by an apply whose agent stopped reading: %v", err)
+	}
+	st.Unlock()
+}
+
+// A declaration refused for a passing reason is not burned: delivered
+// again, it is applied.
+func TestAPassingRefusalBurnsNothing(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	env1 := e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))
+	// The target cannot be saved: something sits where its temporary goes.
+	obstacle := filepath.Join(e.state, "target-link.json.tmp")
+	os.Mkdir(obstacle, 0o700)
+	os.WriteFile(filepath.Join(obstacle, "x"), nil, 0o600)
+	if _, v := e.push(c, env1); v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "cannot save the target") {
+		t.Fatalf("%+v", v)
+	}
+	os.RemoveAll(obstacle)
+	if _, v := e.push(c, env1); v.Outcome != shapes.Applied || v.Duplicate {
+		t.Fatalf("delivered again after the obstacle went: %+v", v)
+	}
+}
+
+// After a re-enrolment, the old enrolment's declaration is not reconciled.
+func TestReconcileOnlyThisEnrolment(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "e1\n")))); v.Outcome != shapes.Applied {
+		t.Fatal(v)
+	}
+	identity.Save(e.state, &identity.Identity{Node: "n1", Enrolment: "e-2", ControlKey: e.pub})
+	os.Remove(filepath.Join(e.root, "motd"))
+	if v := e.srv.Reconcile(context.Background(), "test", nil); v.Outcome != shapes.Unchanged {
+		t.Fatalf("%+v", v)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, "motd")); !os.IsNotExist(err) {
+		t.Fatal("the old enrolment's declaration was applied again")
+	}
+}

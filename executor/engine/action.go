@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -57,8 +58,16 @@ func runArgv(ctx context.Context, argv []string, timeout time.Duration) (code in
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.Command(argv[0], argv[1:]...)
+	// The program is found on the action's own PATH, not the executor's.
+	if !strings.Contains(argv[0], "/") {
+		cmd.Path, cmd.Err = lookPath(argv[0])
+	}
 	cmd.Env = []string{actionPath}
 	cmd.Dir = "/"
+	// A process that left the group (setsid) and kept the output open
+	// must not hold the executor past the action's end: the pipes are
+	// closed a moment after the action itself exits.
+	cmd.WaitDelay = 2 * time.Second
 	// A nil Stdin is /dev/null to exec.Cmd.
 	out := &limitedBuffer{n: outputLimit}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -78,6 +87,14 @@ func runArgv(ctx context.Context, argv []string, timeout time.Duration) (code in
 	}
 	// Whatever it left behind in its group goes too.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	if errors.Is(err, exec.ErrWaitDelay) {
+		// It exited; something it started outside its group still held
+		// the output, which is now cut. Its exit status stands.
+		err = nil
+		if cmd.ProcessState != nil && !cmd.ProcessState.Success() {
+			return cmd.ProcessState.ExitCode(), out.String(), nil
+		}
+	}
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -176,4 +193,15 @@ func (r *run) action(st *step, rest int) {
 	}
 	st.line.Detail = withOutput(fmt.Sprintf("ran %q; verify passes", a.Run), out)
 	r.emit(st.line)
+}
+
+// lookPath finds a program on the action's PATH.
+func lookPath(name string) (string, error) {
+	for _, dir := range strings.Split(strings.TrimPrefix(actionPath, "PATH="), ":") {
+		p := dir + "/" + name
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q is not on the action's PATH (%s)", name, strings.TrimPrefix(actionPath, "PATH="))
 }

@@ -99,6 +99,10 @@ type run struct {
 	// forget are kept originals no entry needs once the apply's records
 	// are durable.
 	forget []string
+	// declared is each resource's claim and the target it manages now
+	// ("source:module.id\x00target"): a resource that moves to another
+	// path leaves its old one undeclared.
+	declared map[string]bool
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -109,7 +113,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}}
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -161,6 +165,9 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 // protected set through the machine's symlinks, and owners.
 func (r *run) check() error {
 	d := r.d
+	if d.Retire && r.opt.Source != store.Link {
+		return &Refusal{"retire comes only signed by the control plane, over the link; a local file cannot drop the node's identity"}
+	}
 	if r.opt.NodeID != "" && d.Node != r.opt.NodeID {
 		return &Refusal{fmt.Sprintf("the declaration is addressed to node %q; this is node %q", d.Node, r.opt.NodeID)}
 	}
@@ -281,6 +288,10 @@ func (r *run) applyAll() {
 		}
 		st := &step{res: res, claim: r.claimOf(res)}
 		st.target = targetOf(st.claim, res)
+		if svc, ok := res.(*shapes.Service); ok {
+			st.target = "service:" + r.units[svc.Key()]
+		}
+		r.declare(st)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
 		switch res.(type) {
 		case *shapes.Action, *shapes.Service, *shapes.Archive, *shapes.User, *shapes.Package:
@@ -441,6 +452,11 @@ func (r *run) execute(batch []*step, after int) {
 		rest := len(batch) - failedAt - 1 + after
 		r.fail(batch[failedAt], nil, rest)
 	}
+}
+
+// declare notes that st's claim manages st's target in this declaration.
+func (r *run) declare(st *step) {
+	r.declared[st.claim.Key()+"\x00"+st.target] = true
 }
 
 // emit adds a line to the report, and streams it.

@@ -317,6 +317,15 @@ func TestActions(t *testing.T) {
 		t.Fatalf("grandchild %d survived its group's kill", pid)
 	}
 
+	// Something that leaves the group and keeps the output open does not
+	// hold the apply past the action's own end.
+	start = time.Now()
+	escaped := h.p("escaped")
+	escaper := act("escaper", "touch "+escaped+"; setsid sleep 30 & exit 0", "test -f "+escaped, 5)
+	if rep = h.apply(h.doc(escaper)); rep.Outcome != shapes.Applied || time.Since(start) > 20*time.Second {
+		t.Fatalf("a setsid child held the apply: %+v", rep)
+	}
+
 	// The environment is PATH alone, standard input is empty.
 	envf := h.p("env")
 	envAct := act("env", "tr '\\0' '\\n' < /proc/$$/environ > "+envf+"; cat >> "+envf, "test -s "+envf, 5)
@@ -503,5 +512,20 @@ func TestRescueTakesPrecedenceUntilReleased(t *testing.T) {
 	h.expect(h.run(store.Link, link, false), shapes.Applied, "base.etc=unchanged base.motd=applied")
 	if h.read("etc/motd") != "hello\n" {
 		t.Fatal("the link's declaration did not come back")
+	}
+}
+
+// A resource that keeps its id and moves to another path leaves the old
+// one undeclared: it is removed, not kept claimed for ever.
+func TestMovedResourceRemovesTheOld(t *testing.T) {
+	h := newHarness(t)
+	at := func(p string) string {
+		return h.doc(`{"module":"m","id":"secret","type":"file","path":"{root}/` + p + `","content":"s"}`)
+	}
+	h.expect(h.apply(at("a")), shapes.Applied, "m.secret=applied")
+	h.expect(h.apply(at("b")), shapes.Applied, "m.secret=applied m.secret=removed")
+	h.absent("a")
+	if len(mustStore(t, h.state).Entries()) != 1 {
+		t.Fatal("the old path is still claimed")
 	}
 }

@@ -15,10 +15,6 @@ import (
 // declares is only released by this one; what the host found is given back;
 // what it held is forgotten, never removed.
 func (r *run) removeUndeclared() {
-	declared := map[string]bool{}
-	for _, res := range r.d.Resources {
-		declared[r.claimOf(res).Key()] = true
-	}
 	entries := r.st.Entries()
 	slices.Reverse(entries)
 	var batch []*step
@@ -29,7 +25,7 @@ func (r *run) removeUndeclared() {
 			claims = []store.Claim{e.Pending.Claim}
 		}
 		for _, c := range claims {
-			if c.Source == r.opt.Source && !declared[c.Key()] {
+			if c.Source == r.opt.Source && !r.declared[c.Key()+"\x00"+e.Target] {
 				mine = append(mine, c)
 			} else {
 				rest = append(rest, c)

@@ -70,15 +70,46 @@ func Load(dir string) (*Identity, error) {
 	return &Identity{Node: raw.Node, Enrolment: raw.Enrolment, ControlKey: key}, nil
 }
 
-// Save writes the identity into dir, root-only.
+// Save writes the identity into dir, root-only, durably.
 func Save(dir string, id *Identity) error {
 	b, err := json.MarshalIndent(file{Node: id.Node, Enrolment: id.Enrolment, ControlKey: base64.StdEncoding.EncodeToString(id.ControlKey)}, "", "  ")
 	if err != nil {
 		return err
 	}
 	p := filepath.Join(dir, FileName)
-	if err := os.WriteFile(p+".tmp", append(b, '\n'), 0o600); err != nil {
+	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
-	return os.Rename(p+".tmp", p)
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return syncDir(dir)
+}
+
+// Remove drops the identity: the host is hosted again.
+func Remove(dir string) error {
+	if err := os.Remove(filepath.Join(dir, FileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -210,6 +210,7 @@ if [ "$1" = status ]; then
   if [ -e "$S/$n" ]; then cat "$S/$n"; else echo "down: $d: 1s, normally up"; fi
   exit 0
 fi
+[ "$3" = restart ] && [ -e "$S/$n" ] && echo "run: $d: (pid 13) 0s" > "$S/$n"
 echo "ok: $*"`)
 	ctx := context.Background()
 
@@ -257,8 +258,12 @@ echo "ok: $*"`)
 		t.Fatalf("start ran %q", got)
 	}
 	f.set("lp-web", "run: x: (pid 12) 3s")
-	if err := r.Restart(ctx, "lp-web"); err != nil || !strings.HasSuffix(f.log(), "sv -w 10 restart "+filepath.Join(r.scanDir, "lp-web")) {
+	// Restart waits until sv status shows a new pid.
+	if err := r.Restart(ctx, "lp-web"); err != nil {
 		t.Fatalf("restart: %v", err)
+	}
+	if got := f.log(); !strings.HasSuffix(got, "sv -w 10 restart "+filepath.Join(r.scanDir, "lp-web")+"; sv status "+filepath.Join(r.scanDir, "lp-web")) {
+		t.Fatalf("restart ran %q", got)
 	}
 	// Disabling writes the down file and leaves it linked and running.
 	if err := r.SetEnabled(ctx, "lp-web", false); err != nil {

@@ -56,6 +56,25 @@ func TestSvStatus(t *testing.T) {
 	}
 }
 
+func TestSvPid(t *testing.T) {
+	for _, c := range []struct {
+		out string
+		pid int
+	}{
+		{"run: /etc/service/lp-web: (pid 96) 1s", 96},
+		{"run: /etc/service/lp-web: (pid 4711) 0s, normally down; run: log: (pid 95) 3s\n", 4711},
+		{"down: /etc/service/lp-web: 1s, normally up", 0},
+		{"finish: /etc/service/lp-web: (pid 120) 0s, normally up", 0},
+		{"fail: /etc/sv/lp-web: runsv not running", 0},
+		{"run: /etc/service/lp-web: (pid x) 1s", 0},
+		{"", 0},
+	} {
+		if got := svPid(c.out); got != c.pid {
+			t.Errorf("%q: %d, want %d", c.out, got, c.pid)
+		}
+	}
+}
+
 func TestSvstatUp(t *testing.T) {
 	for _, c := range []struct {
 		out                     string

@@ -443,6 +443,15 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return v
 	}
 	v.Outcome = rep.Outcome
+	if d.Retire && rep.Outcome != shapes.Failed {
+		// Retired: it holds nothing now, and drops its identity; back to
+		// hosted, it takes nothing more from the link.
+		if err := identity.Remove(s.cfg.StateDir); err != nil {
+			s.log.Error("retire: the identity could not be dropped", "err", err)
+		} else {
+			s.log.Info("retired: the node's identity is dropped; this host is hosted again", "node", id.Node)
+		}
+	}
 	return v
 }
 

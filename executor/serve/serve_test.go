@@ -683,3 +683,23 @@ func TestReconcileOnlyThisEnrolment(t *testing.T) {
 		t.Fatal("the old enrolment's declaration was applied again")
 	}
 }
+
+// A signed retire empties the node and drops its identity: hosted again,
+// it takes nothing more from the link. A local file cannot retire a node.
+func TestRetire(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "x")))); v.Outcome != shapes.Applied {
+		t.Fatal(v)
+	}
+	retire := []byte(`{"version":1,"node":"n1","enrolment":"e-1","seq":2,"resources":[],"owns_nothing":true,"retire":true}`)
+	if _, v := e.push(c, e.seal(retire)); v.Outcome != shapes.Removed {
+		t.Fatalf("%+v", v)
+	}
+	if id, _ := identity.Load(e.state); id != nil {
+		t.Fatal("the identity survived a retire")
+	}
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 3, file("motd", "y")))); v.Code != wire.CodeNotEnrolled {
+		t.Fatalf("a retired node took a declaration: %+v", v)
+	}
+}

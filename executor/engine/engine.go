@@ -206,6 +206,11 @@ func (r *run) check() error {
 		if shapes.ProtectedUnit(cur.Name) {
 			return &Refusal{fmt.Sprintf("resource %s field unit: %q is %s, the host's own unit: %v", svc.Key(), svc.Unit, cur.Name, shapes.ErrProtected)}
 		}
+		for other, name := range r.units {
+			if name == cur.Name {
+				return &Refusal{fmt.Sprintf("resource %s field unit: %q is %s, which %s declares too; one unit has one declaration", svc.Key(), svc.Unit, cur.Name, other)}
+			}
+		}
 		r.units[svc.Key()] = cur.Name
 	}
 	o := newOwners()

@@ -218,9 +218,11 @@ func TestServiceRefusals(t *testing.T) {
 	f.add("ssh.service", true, "enabled")
 	f.add("mesh-agent.service", true, "enabled")
 	f.aliases["innocent.service"] = "mesh-agent.service"
+	f.aliases["sshd.service"] = "ssh.service"
 	for _, c := range []struct{ doc, want string }{
 		{h.doc(svc("x", "nosuch", "running", "", "")), `fake-init knows no unit "nosuch"`},
 		{h.doc(svc("x", "innocent", "stopped", "", "")), `"innocent" is mesh-agent.service, the host's own unit`},
+		{h.doc(svc("a", "ssh", "running", "", ""), svc("b", "sshd", "stopped", "", "")), `"sshd" is ssh.service, which web.a declares too`},
 	} {
 		rep := h.applyWith(f, c.doc, false)
 		if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, c.want) || f.transcript() != "" {

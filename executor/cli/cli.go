@@ -37,6 +37,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/profile"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/launcher"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -457,8 +458,19 @@ func (c *command) serve(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	healthy := func() error {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		bins := map[string]string{"mesh-executor": exe}
+		if agent := filepath.Join(filepath.Dir(exe), "mesh-agent"); fileExists(agent) {
+			bins["mesh-agent"] = agent
+		}
+		return launcher.Healthy(*stateDir, bins)
+	}
 	srv := serve.New(serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log})
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy})
 	log.Info("executor: serving", "socket", *socket, "agent", *agentUser, "uid", uid, "version", c.version)
 	if err := srv.Run(ctx, ln); err != nil {
 		log.Error("executor: serve", "err", err)
@@ -466,4 +478,9 @@ func (c *command) serve(args []string) int {
 	}
 	os.Remove(*socket)
 	return 0
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }

@@ -60,6 +60,10 @@ type Config struct {
 	LockWait time.Duration
 	Partial  bool
 	Log      *slog.Logger
+	// Healthy, when set, is called each time a reconcile runs to its end,
+	// whatever its outcome: the launcher's known-good copy is written and
+	// its start counter cleared there (launcher.Healthy).
+	Healthy func() error
 }
 
 // handler serves one request kind on a connection.
@@ -532,5 +536,10 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	}
 	v.Outcome = shapes.Derive(all)
 	s.log.Info("reconciled", "trigger", why, "outcome", v.Outcome, "lines", len(all))
+	if s.cfg.Healthy != nil {
+		if err := s.cfg.Healthy(); err != nil {
+			s.log.Warn("could not record this build as known-good", "err", err)
+		}
+	}
 	return v
 }

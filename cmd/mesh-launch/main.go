@@ -1,0 +1,14 @@
+// Command mesh-launch is what the init starts: it supervises mesh-executor,
+// rolls back once to the known-good copy and halts. The logic is package
+// launcher; this is its thin main.
+package main
+
+import (
+	"os"
+
+	"github.com/nox-mesh/nox-mesh-host/launcher"
+)
+
+func main() {
+	os.Exit(launcher.Main(os.Args[1:], os.Stdout, os.Stderr))
+}

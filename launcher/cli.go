@@ -1,0 +1,186 @@
+package launcher
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const usage = `usage: mesh-launch [FLAGS] [-- ARGS for mesh-executor (default: serve --state DIR)]
+       mesh-launch status [--state DIR] [--window D] [--json]
+       mesh-launch clear [--state DIR]
+
+mesh-launch is what the init starts: it supervises the executor, counts its
+starts, rolls back once to the known-good copy, and halts. It exits only on
+SIGTERM or SIGINT (after stopping the executor), with status 0.
+
+  status   the launch state: recent starts, rolled back, halted and why
+  clear    clear a halt and the start counter (root only); a running
+           launcher resumes within a few seconds
+
+Flags of the launcher:
+`
+
+// Main is the mesh-launch command line; it returns the exit status: 0, 1
+// for a failed status or clear, 2 for a usage error.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return statusCmd(args[1:], stdout, stderr)
+		case "clear":
+			return clearCmd(args[1:], stdout, stderr)
+		case "help", "-h", "-help", "--help":
+			fmt.Fprint(stdout, usage)
+			runFlags(&Config{}, stdout).PrintDefaults()
+			return 0
+		}
+	}
+	var cfg Config
+	fs := runFlags(&cfg, stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		if !slices.Contains(args, "--") {
+			fmt.Fprintf(stderr, "mesh-launch: unknown command %q (the executor's arguments follow --)\n", fs.Arg(0))
+			return 2
+		}
+		cfg.Args = fs.Args()
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		fmt.Fprintf(stderr, "mesh-launch: %v\n", err)
+		return 2
+	}
+	return 0
+}
+
+func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("mesh-launch", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, usage)
+		fs.PrintDefaults()
+	}
+	cfg.Installed = DefaultInstalled()
+	fs.StringVar(&cfg.StateDir, "state", DefaultStateDir, "the executor's state directory, which holds the launch state")
+	fs.Func("executor", "the executor's installed path, started and rolled back (default "+cfg.Installed["mesh-executor"]+")", func(s string) error {
+		cfg.Installed["mesh-executor"] = s
+		return nil
+	})
+	fs.Func("agent", "the agent's installed path, rolled back with the executor (default "+cfg.Installed["mesh-agent"]+")", func(s string) error {
+		cfg.Installed["mesh-agent"] = s
+		return nil
+	})
+	fs.StringVar(&cfg.KnownGood, "known-good", "", "the directory of known-good copies (default STATE/known-good)")
+	fs.IntVar(&cfg.MaxStarts, "max-starts", 5, "starts within --window without a healthy reconcile before rolling back, then halting")
+	fs.DurationVar(&cfg.Window, "window", 10*time.Minute, "how far back a start counts")
+	fs.DurationVar(&cfg.Backoff, "backoff", 2*time.Second, "the pause before restarting an executor that failed")
+	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long the executor has to stop after SIGTERM before SIGKILL")
+	return fs
+}
+
+func statusCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("mesh-launch status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("state", DefaultStateDir, "the executor's state directory")
+	window := fs.Duration("window", 10*time.Minute, "how far back a start counts")
+	asJSON := fs.Bool("json", false, "print the launch state as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mesh-launch status: unexpected %q\n", fs.Arg(0))
+		return 2
+	}
+	s, err := ReadState(*dir)
+	if err != nil {
+		fmt.Fprintf(stderr, "mesh-launch status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		data, _ := json.MarshalIndent(s, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", data)
+		return 0
+	}
+	fmt.Fprint(stdout, formatStatus(s, *dir, time.Now(), *window))
+	return 0
+}
+
+func formatStatus(s State, dir string, now time.Time, window time.Duration) string {
+	var b strings.Builder
+	ts := func(t time.Time) string { return t.Local().Format(time.RFC3339) }
+	fmt.Fprintf(&b, "state: %s/%s\n", dir, StateFile)
+	n := len(recent(s.Starts, now, window))
+	fmt.Fprintf(&b, "starts: %d within %v since the last healthy reconcile", n, window)
+	if len(s.Starts) > 0 {
+		fmt.Fprintf(&b, " (last %s)", ts(s.Starts[len(s.Starts)-1]))
+	}
+	b.WriteString("\n")
+	switch {
+	case s.RolledBack == nil:
+		b.WriteString("rolled back: no\n")
+	case !s.RolledBack.Reinstalled:
+		fmt.Fprintf(&b, "rolled back: started at %s, reinstall not finished: %s\n", ts(s.RolledBack.At), s.RolledBack.Reason)
+	default:
+		fmt.Fprintf(&b, "rolled back: yes, at %s: %s\n", ts(s.RolledBack.At), s.RolledBack.Reason)
+	}
+	if s.Halted == nil {
+		b.WriteString("halted: no\n")
+	} else {
+		fmt.Fprintf(&b, "halted: yes, at %s: %s\n", ts(s.Halted.At), s.Halted.Reason)
+	}
+	if s.HealthyAt.IsZero() {
+		b.WriteString("healthy: never reported\n")
+	} else {
+		fmt.Fprintf(&b, "healthy: %s\n", ts(s.HealthyAt))
+	}
+	kg := s.KnownGoodDir
+	if kg == "" {
+		kg = dir + "/" + KnownGoodDir
+	}
+	if s.KnownGood == nil {
+		fmt.Fprintf(&b, "known good: none recorded (%s)\n", kg)
+	} else {
+		fmt.Fprintf(&b, "known good: %s, in %s\n", ts(s.KnownGood.At), kg)
+		for _, name := range sortedNames(s.KnownGood.Binaries) {
+			fmt.Fprintf(&b, "  %s sha256:%s\n", name, s.KnownGood.Binaries[name])
+		}
+	}
+	return b.String()
+}
+
+func clearCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("mesh-launch clear", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("state", DefaultStateDir, "the executor's state directory")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mesh-launch clear: unexpected %q\n", fs.Arg(0))
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(stderr, "mesh-launch clear: run as root")
+		return 2
+	}
+	if err := Clear(*dir); err != nil {
+		fmt.Fprintf(stderr, "mesh-launch clear: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "cleared: the launcher starts the executor again (the rolled-back mark, if any, stays until it reconciles)")
+	return 0
+}

@@ -1,0 +1,63 @@
+// Package launcher is what the init starts (as mesh-launch): it supervises
+// the executor, counts its starts, rolls back once to the known-good copy
+// kept on the node, and halts — and nothing else.
+//
+// The policy is the seeds' algorithm, decided before each start by Decide,
+// a pure function of the launch state and the time:
+//
+//	┌─► halted? ──yes──► Idle: say so, start nothing, stay up
+//	│      │no           (it polls; `mesh-launch clear` resumes it)
+//	│   count this start (persisted before the child exists)
+//	│      │
+//	│   MaxStarts already within Window? ──no──────────► Start ─────┐
+//	│      │yes                                                     │
+//	│   rolled back already? ──no──► mark rolled_back, reinstall    │
+//	│      │yes                      known-good ──────► Start ──────┤
+//	│      │                             │failed                    │
+//	│      ▼                             ▼                          │
+//	│   Halt: "the machine is the problem" (then Idle)              │
+//	│                                                               │
+//	└── at once after a clean exit (0), after Backoff otherwise ────┘
+//
+// The executor calls Healthy when a reconcile has run to its end, whatever
+// its outcome: it copies the running binaries into the known-good directory
+// and clears the start counter and the rolled_back mark. A start is
+// therefore "failed" until the executor it started says otherwise, and a
+// clean exit counts like any other start: an upgrade (finish, exit 0, start
+// the new binary, reconcile, Healthy) never reaches MaxStarts, while an
+// executor that exits 0 at once without reconciling does.
+//
+// The launch state is one small JSON file in the executor's state directory
+// (StateFile, see State), written atomically (temp, fsync, rename, fsync of
+// the directory) and read only if it is a regular, single-named file owned
+// by this user that nobody else may write. Every read-modify-write — the
+// launcher counting a start, Healthy clearing the counter, Clear — holds an
+// flock on a lock file beside it, so no update is lost; a plain read
+// (status, the idle launcher's poll) needs no lock, since a rename is never
+// seen half done. The launcher re-reads the file before every decision, so
+// whoever wrote last wins, and nothing written is ever overwritten from a
+// stale copy.
+//
+// The rollback follows the upgrade rule (STYLE 15): the rolled_back mark is
+// written before the switch (a launcher killed mid-reinstall finishes it on
+// its next start), it is cleared only by Healthy — once the version
+// reinstalled has reconciled — and a reinstall that fails reverts the mark
+// and halts rather than start something half switched. It rolls back once: if the known-good copy
+// also fails MaxStarts times, the node halts, because a second failure is a
+// different diagnosis.
+//
+// Out of scope: the launcher does not restart itself (the init does, and it
+// never exits on its own for that reason: halted, or unable to read its
+// state, it stays up idle); it never asks the init for anything; it does not
+// talk to the agent, whose halting the agent reports itself; it reads no
+// declaration and has no package manager of its own — the default
+// reinstall copies files, and a package-manager reinstall is a
+// Config.Reinstall. It deliberately does not roll back a second time, does
+// not retry a failed reinstall, and does not clear a halt by itself: a
+// person does, with `mesh-launch clear`.
+//
+// Known debt: the default reinstall bypasses the package manager, whose
+// database keeps naming the version that failed until the next declared
+// install; and a crash between the renames of a multi-binary install can
+// leave one binary new and one old (each file is whole).
+package launcher

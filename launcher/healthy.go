@@ -1,0 +1,272 @@
+package launcher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultInstalled is where the host's binaries are installed, by name:
+// what Healthy copies from and a rollback copies back to.
+func DefaultInstalled() map[string]string {
+	return map[string]string{
+		"mesh-executor": "/usr/bin/mesh-executor",
+		"mesh-agent":    "/usr/bin/mesh-agent",
+	}
+}
+
+// Healthy is for the executor to call when a reconcile has run to its end,
+// whatever its outcome: the binaries that did it are good. It copies each
+// named binary (name → installed path, e.g. "mesh-executor" →
+// os.Executable()) into the known-good directory, atomically and 0755, and
+// then clears the start counter and the rolled_back mark in the launch
+// state. It never clears a halt (only a person does, with Clear).
+//
+// Important: if one of the binaries is the calling program's own (same
+// path as os.Executable()) and the file installed there is no longer the
+// one running — an upgrade installed but not yet started — the known-good
+// copy is left as it is, since the new binary has not reconciled yet; the
+// counter is still cleared. That is how a declaration that upgrades the
+// host does not make the untried release "known good".
+//
+// It is safe while the launcher runs: it holds the launch state's lock for
+// the whole call. A copy that fails leaves the known-good directory as it
+// was (every copy is staged before any is renamed) and is returned, after
+// the counter is cleared.
+func Healthy(stateDir string, binaries map[string]string) error {
+	if err := checkDir(stateDir, true); err != nil {
+		return err
+	}
+	unlock, err := lockState(stateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s, err := ReadState(stateDir)
+	if err != nil {
+		return err
+	}
+	kg := s.KnownGoodDir
+	if kg == "" {
+		kg = filepath.Join(stateDir, KnownGoodDir)
+	}
+	sums, kept, copyErr := keepKnownGood(kg, binaries)
+	now := time.Now().UTC()
+	s.Starts, s.RolledBack, s.HealthyAt = nil, nil, now
+	if copyErr == nil && !kept {
+		s.KnownGood = &KnownGood{At: now, Binaries: sums}
+	}
+	if err := writeState(stateDir, s); err != nil {
+		return errors.Join(copyErr, err)
+	}
+	return copyErr
+}
+
+// validName is a binary's name: one path element, not hidden (the
+// temporaries are).
+func validName(n string) bool {
+	return n != "" && !strings.ContainsAny(n, "/\x00") && !strings.HasPrefix(n, ".")
+}
+
+// keepKnownGood copies binaries into kg. kept reports that it copied
+// nothing because the caller's own binary was replaced since it started.
+func keepKnownGood(kg string, binaries map[string]string) (sums map[string]string, kept bool, err error) {
+	if !filepath.IsAbs(kg) {
+		return nil, false, fmt.Errorf("launcher: the known-good directory %q is not absolute", kg)
+	}
+	if err := checkDir(kg, true); err != nil {
+		return nil, false, err
+	}
+	self, _ := os.Executable()
+	var running unix.Stat_t
+	haveRunning := unix.Stat("/proc/self/exe", &running) == nil
+	sums = map[string]string{}
+	staged := map[string]string{}
+	defer func() {
+		if err != nil || kept {
+			for tmp := range staged {
+				os.Remove(tmp)
+			}
+		}
+	}()
+	for _, name := range sortedNames(binaries) {
+		src := binaries[name]
+		if !validName(name) {
+			return nil, false, fmt.Errorf("launcher: %q is not a binary's name", name)
+		}
+		f, err := openRegular(src, true)
+		if err != nil {
+			return nil, false, err
+		}
+		var st unix.Stat_t
+		unix.Fstat(int(f.Fd()), &st)
+		if haveRunning && self != "" && samePath(src, self) && (st.Dev != running.Dev || st.Ino != running.Ino) {
+			f.Close()
+			return nil, true, nil
+		}
+		sum, err := digest(f)
+		if err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		sums[name] = sum
+		dst := filepath.Join(kg, name)
+		if old, err := openRegular(dst, false); err == nil {
+			same := false
+			if d, err := digest(old); err == nil && d == sum {
+				same = true
+			}
+			old.Close()
+			if same {
+				f.Close()
+				continue
+			}
+		}
+		tmp, err := stage(dst, 0o755, func(w *os.File) error {
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return err
+			}
+			_, err := io.Copy(w, f)
+			return err
+		})
+		f.Close()
+		if err != nil {
+			return nil, false, err
+		}
+		staged[tmp] = dst
+	}
+	if err := commit(staged); err != nil {
+		staged = nil
+		return nil, false, err
+	}
+	staged = nil
+	return sums, false, nil
+}
+
+// CopyReinstall is the default Config.Reinstall: it copies each binary of
+// installed that has a copy in knownGood over its installed path, atomically
+// (a temporary in the same directory, renamed), mode 0755. A name without a
+// copy is left alone; no copy at all is an error, since then there is
+// nothing to roll back to. A symbolic link at the installed path is
+// followed, so the file it names is the one replaced. All copies are staged
+// before any is renamed.
+func CopyReinstall(ctx context.Context, knownGood string, installed map[string]string) (err error) {
+	staged := map[string]string{}
+	defer func() {
+		if err != nil {
+			for tmp := range staged {
+				os.Remove(tmp)
+			}
+		}
+	}()
+	var missing []string
+	for _, name := range sortedNames(installed) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !validName(name) {
+			return fmt.Errorf("launcher: %q is not a binary's name", name)
+		}
+		f, err := openRegular(filepath.Join(knownGood, name), false)
+		if errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, name)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		dst := installed[name]
+		if real, err := filepath.EvalSymlinks(dst); err == nil {
+			dst = real
+		}
+		tmp, err := stage(dst, 0o755, func(w *os.File) error {
+			_, err := io.Copy(w, f)
+			return err
+		})
+		f.Close()
+		if err != nil {
+			return err
+		}
+		staged[tmp] = dst
+	}
+	if len(staged) == 0 {
+		return fmt.Errorf("launcher: no known-good copy of %s in %s: the executor has never reported a reconcile run to its end on this node",
+			strings.Join(missing, ", "), knownGood)
+	}
+	err = commit(staged)
+	staged = nil // commit removed what it did not rename
+	return err
+}
+
+func sortedNames(m map[string]string) []string {
+	var ns []string
+	for n := range m {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// openRegular opens a regular file for reading. follow says whether a
+// symbolic link at p may be followed (an installed path may be one; a file
+// the launcher keeps never is). A kept file must also be this user's and
+// writable by nobody else.
+func openRegular(p string, follow bool) (*os.File, error) {
+	flags := os.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
+	if !follow {
+		flags |= unix.O_NOFOLLOW
+	}
+	f, err := os.OpenFile(p, flags, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("launcher: %s is a symbolic link; refused", p)
+		}
+		return nil, fmt.Errorf("launcher: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("launcher: stat %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, fmt.Errorf("launcher: %s is not a regular file; refused", p)
+	}
+	if !follow && (int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0) {
+		f.Close()
+		return nil, fmt.Errorf("launcher: %s is owned by uid %d with mode %04o; a known-good copy is the launcher's own and writable by nobody else", p, st.Uid, st.Mode&0o7777)
+	}
+	return f, nil
+}
+
+func digest(f *os.File) (string, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("launcher: read %s: %w", f.Name(), err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// samePath tells whether two paths name the same place once links are
+// resolved (os.Executable has them resolved already).
+func samePath(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	return err1 == nil && err2 == nil && ra == rb
+}

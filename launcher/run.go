@@ -1,0 +1,311 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// Config is the launcher's configuration; the zero value of each field is
+// its default.
+type Config struct {
+	// StateDir is the executor's state directory (DefaultStateDir), which
+	// holds the launch state.
+	StateDir string
+	// Installed maps each of the host's binaries to its installed path
+	// (DefaultInstalled): what a rollback reinstalls.
+	Installed map[string]string
+	// Executor is the program started (Installed["mesh-executor"]).
+	Executor string
+	// Args are its arguments (serve --state StateDir).
+	Args []string
+	// KnownGood is the directory of known-good copies, by name
+	// (StateDir/known-good). The launcher records it in the launch state,
+	// where Healthy finds it.
+	KnownGood string
+	// MaxStarts (5) within Window (10 min) without a healthy report trip
+	// the rollback, then the halt.
+	MaxStarts int
+	Window    time.Duration
+	// Backoff is the pause before restarting an executor that failed (2 s);
+	// a clean exit is restarted at once.
+	Backoff time.Duration
+	// StopTimeout is how long the executor has to stop after SIGTERM before
+	// SIGKILL (30 s).
+	StopTimeout time.Duration
+	// Poll is how often an idle launcher looks at the launch state again
+	// (5 s), so `mesh-launch clear` resumes it.
+	Poll time.Duration
+	// Reinstall puts the known-good binaries back (CopyReinstall). A
+	// package-manager reinstall, or a test's stub, goes here.
+	Reinstall func(ctx context.Context, knownGood string, installed map[string]string) error
+	// Stdout and Stderr are passed to the executor (os.Stdout, os.Stderr).
+	Stdout, Stderr *os.File
+	// Log is where the launcher says what it does (slog.Default()).
+	Log *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.Installed == nil {
+		c.Installed = DefaultInstalled()
+	} else {
+		c.Installed = maps.Clone(c.Installed)
+	}
+	if c.Executor == "" {
+		c.Executor = c.Installed["mesh-executor"]
+	}
+	if c.Executor == "" {
+		return c, errors.New("launcher: no executor to start (Config.Executor, or Installed[\"mesh-executor\"])")
+	}
+	if c.Args == nil {
+		c.Args = []string{"serve", "--state", c.StateDir}
+	}
+	if c.KnownGood == "" {
+		c.KnownGood = filepath.Join(c.StateDir, KnownGoodDir)
+	}
+	if !filepath.IsAbs(c.KnownGood) {
+		return c, fmt.Errorf("launcher: the known-good directory %q is not absolute", c.KnownGood)
+	}
+	c.KnownGood = filepath.Clean(c.KnownGood)
+	def := func(d *time.Duration, v time.Duration, name string) error {
+		if *d < 0 {
+			return fmt.Errorf("launcher: %s %v is negative", name, *d)
+		}
+		if *d == 0 {
+			*d = v
+		}
+		return nil
+	}
+	if c.MaxStarts < 0 {
+		return c, fmt.Errorf("launcher: MaxStarts %d is negative", c.MaxStarts)
+	}
+	if c.MaxStarts == 0 {
+		c.MaxStarts = 5
+	}
+	for _, e := range []error{
+		def(&c.Window, 10*time.Minute, "Window"),
+		def(&c.Backoff, 2*time.Second, "Backoff"),
+		def(&c.StopTimeout, 30*time.Second, "StopTimeout"),
+		def(&c.Poll, 5*time.Second, "Poll"),
+	} {
+		if e != nil {
+			return c, e
+		}
+	}
+	if c.Reinstall == nil {
+		c.Reinstall = CopyReinstall
+	}
+	if c.Stdout == nil {
+		c.Stdout = os.Stdout
+	}
+	if c.Stderr == nil {
+		c.Stderr = os.Stderr
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return c, nil
+}
+
+// Run supervises the executor until ctx ends, by Decide's algorithm (see
+// the package doc). It returns an error only for a Config it cannot use,
+// at once; otherwise it never returns before ctx ends — halted, or unable
+// to read or write its state, it says so and stays up idle, because an
+// exit would only have the init start it again. When ctx ends it sends the
+// executor's process group SIGTERM, waits up to StopTimeout, then SIGKILL,
+// and returns nil.
+//
+// The executor runs in its own process group, with stdin /dev/null,
+// Config.Stdout and Config.Stderr, and SIGTERM as its parent-death signal.
+func Run(ctx context.Context, cfg Config) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	l := &launcher{cfg: cfg, log: cfg.Log, policy: Policy{MaxStarts: cfg.MaxStarts, Window: cfg.Window}}
+	l.run(ctx)
+	return nil
+}
+
+type launcher struct {
+	cfg    Config
+	log    *slog.Logger
+	policy Policy
+	// said is the last idle reason logged, so an idle launcher says it once.
+	said string
+}
+
+func (l *launcher) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		act, st, err := l.decide()
+		if err != nil {
+			l.idle(ctx, "cannot use the launch state; starting nothing until it can", err.Error())
+			continue
+		}
+		switch act {
+		case Idle:
+			l.idle(ctx, "halted; starting nothing until a person runs mesh-launch clear", st.Halted.Reason)
+			continue
+		case Halt:
+			l.log.Error("launcher: halting", "reason", st.Halted.Reason, "state", l.statePath())
+			continue
+		case Rollback:
+			l.log.Warn("launcher: rolling back", "reason", st.RolledBack.Reason, "known_good", l.cfg.KnownGood)
+			if err := l.cfg.Reinstall(ctx, l.cfg.KnownGood, l.cfg.Installed); err != nil {
+				if ctx.Err() != nil {
+					// Stopped mid-reinstall: the mark stays unfinished, and
+					// the next launcher finishes it.
+					return
+				}
+				if l.halt(fmt.Sprintf("the rollback to the known-good copy in %s failed: %v; a person has to look, then run mesh-launch clear", l.cfg.KnownGood, err)) != nil {
+					// Unrecorded, the next round tries the reinstall
+					// again: not in a tight loop.
+					sleep(ctx, l.cfg.Backoff)
+				}
+				continue
+			}
+			if _, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
+				if s.RolledBack == nil {
+					return false, nil
+				}
+				s.RolledBack.Reinstalled = true
+				return true, nil
+			}); err != nil {
+				// The next decision reinstalls again, which is harmless.
+				l.log.Warn("launcher: could not record the finished reinstall", "err", err)
+			}
+			l.log.Warn("launcher: reinstalled the known-good copy", "known_good", l.cfg.KnownGood)
+		}
+		l.said = ""
+		if ctx.Err() != nil {
+			return
+		}
+		status, err := l.child(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			l.log.Error("launcher: the executor could not be started", "path", l.cfg.Executor, "err", err, "retry_in", l.cfg.Backoff)
+			sleep(ctx, l.cfg.Backoff)
+		case status.Success():
+			l.log.Info("launcher: the executor exited cleanly; starting it again (an upgrade ends this way)")
+		default:
+			l.log.Warn("launcher: the executor failed", "status", status.String(), "retry_in", l.cfg.Backoff)
+			sleep(ctx, l.cfg.Backoff)
+		}
+	}
+}
+
+func (l *launcher) statePath() string { return filepath.Join(l.cfg.StateDir, StateFile) }
+
+// decide reads the launch state under its lock, decides, and persists the
+// decision (the counted start, the mark, the halt) before it is acted on.
+func (l *launcher) decide() (Action, State, error) {
+	if err := checkDir(l.cfg.StateDir, true); err != nil {
+		return Idle, State{}, err
+	}
+	var act Action
+	st, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
+		var next State
+		act, next = Decide(*s, time.Now(), l.policy)
+		changed := act != Idle
+		if next.KnownGoodDir != l.cfg.KnownGood {
+			next.KnownGoodDir, changed = l.cfg.KnownGood, true
+		}
+		*s = next
+		return changed, nil
+	})
+	return act, st, err
+}
+
+// halt records the halt of a failed reinstall, and reverts the unfinished
+// rollback mark with it: the switch did not happen, so after `mesh-launch
+// clear` the installed binary gets its MaxStarts again before another
+// rollback is tried, rather than the same reinstall failing at once.
+func (l *launcher) halt(reason string) error {
+	l.log.Error("launcher: halting", "reason", reason, "state", l.statePath())
+	_, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
+		s.Halted = &Mark{At: time.Now().UTC(), Reason: reason}
+		if s.RolledBack != nil && !s.RolledBack.Reinstalled {
+			s.RolledBack = nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		l.log.Error("launcher: could not record the halt", "err", err)
+	}
+	return err
+}
+
+// idle says why once, then waits Poll (or until ctx ends).
+func (l *launcher) idle(ctx context.Context, msg, reason string) {
+	if l.said != msg+reason {
+		l.said = msg + reason
+		l.log.Error("launcher: "+msg, "reason", reason, "state", l.statePath())
+	}
+	sleep(ctx, l.cfg.Poll)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// child starts the executor and waits for it, or stops it when ctx ends.
+func (l *launcher) child(ctx context.Context) (*os.ProcessState, error) {
+	// The parent-death signal follows the thread that forked: keep it for
+	// the child's lifetime.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cmd := exec.Command(l.cfg.Executor, l.cfg.Args...)
+	cmd.Stdin = nil // /dev/null
+	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+	l.log.Info("launcher: started the executor", "pid", pid, "path", l.cfg.Executor, "args", l.cfg.Args)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		return cmd.ProcessState, nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+		return cmd.ProcessState, nil
+	default:
+	}
+	// Known race: if the executor is reaped between the check above and the
+	// kill, and its group id is reused at once, the signal reaches a
+	// stranger. The window is a few instructions.
+	l.log.Info("launcher: stopping the executor", "pid", pid, "timeout", l.cfg.StopTimeout)
+	syscall.Kill(-pid, syscall.SIGTERM)
+	t := time.NewTimer(l.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		l.log.Warn("launcher: the executor did not stop in time; killing it", "pid", pid, "timeout", l.cfg.StopTimeout)
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-done
+	}
+	return cmd.ProcessState, nil
+}

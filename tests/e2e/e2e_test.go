@@ -253,7 +253,7 @@ func TestFlurryConvergesOnTheNewest(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	const n = 100
+	const n = 500
 	var last uint64
 	for i := 1; i <= n; i++ {
 		last = m.declare(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"gen","type":"file","path":"{root}/generation","content":"%d\n"}]}`, i))

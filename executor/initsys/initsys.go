@@ -4,9 +4,9 @@
 // init's tools directly, so its logic (ADR 0118's giving back) is tested
 // against a transcript, and each backend against a real init in the lab.
 //
-// Backends: systemd over D-Bus (godbus). OpenRC, runit and s6 are the lab
-// issue's to add through their own tools; until then a host whose init is
-// one of those refuses a `service` by name.
+// Backends: systemd over D-Bus (godbus); OpenRC, runit and s6 through
+// their own tools (openrc.go, runit.go, s6.go), chosen by Detect from PID 1
+// — never from directories a package install may have left behind.
 package initsys
 
 import (
@@ -73,10 +73,11 @@ func Detect(ctx context.Context) (Manager, error) {
 	case "s6":
 		return S6(ctx)
 	}
-	if exe == "" {
-		exe = "unreadable"
+	pid1 := fmt.Sprintf("%q", trim(comm))
+	if exe != "" {
+		pid1 += " (" + exe + ")"
 	}
-	return nil, fmt.Errorf("%w (pid 1 is %q, %s; this host drives systemd, OpenRC, runit and s6)", ErrNoInit, string(trim(comm)), exe)
+	return nil, fmt.Errorf("%w (pid 1 is %s; this host drives systemd, OpenRC, runit and s6)", ErrNoInit, pid1)
 }
 
 // pid1Init names the init PID 1 is, from its comm and its executable's path

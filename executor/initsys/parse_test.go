@@ -1,6 +1,8 @@
 package initsys
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -242,4 +244,25 @@ func TestSvscanScans(t *testing.T) {
 	if _, err := svscanScans(proc); err == nil || !strings.Contains(err.Error(), "no s6-svscan runs") {
 		t.Fatalf("none: %v", err)
 	}
+}
+
+// On a host whose PID 1 is none of the inits, Detect says so and names it,
+// whatever directories a package install left (this machine has
+// /run/openrc and /etc/runlevels from the openrc package).
+func TestDetectNamesPID1(t *testing.T) {
+	comm, err := os.ReadFile("/proc/1/comm")
+	if err != nil {
+		t.Skip("no /proc/1/comm")
+	}
+	exe, _ := os.Readlink("/proc/1/exe")
+	name := strings.TrimSpace(string(comm))
+	_, softlevel := os.Stat("/run/openrc/softlevel")
+	if fi, err := os.Stat("/run/systemd/system"); (err == nil && fi.IsDir()) || pid1Init(name, exe, softlevel == nil) != "" {
+		t.Skipf("PID 1 here is %q, an init this host drives", name)
+	}
+	m, err := Detect(context.Background())
+	if m != nil || !errors.Is(err, ErrNoInit) || !strings.Contains(err.Error(), `pid 1 is "`+name+`"`) {
+		t.Fatalf("%v %v", m, err)
+	}
+	t.Log(err)
 }

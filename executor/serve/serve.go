@@ -113,7 +113,11 @@ func New(cfg Config) *Server {
 		cfg.MaxConns = 4
 	}
 	if cfg.Rate == 0 {
-		cfg.Rate, cfg.Burst = 20, 50
+		// The agent asks one thing at a time and waits for the answer, so
+		// a genuine link never comes near this; it bounds a flood of cheap
+		// requests from a compromised agent. (20 a second, the first
+		// choice, refused a genuine flurry of pushes.)
+		cfg.Rate, cfg.Burst = 500, 1000
 	}
 	if cfg.LockWait == 0 {
 		cfg.LockWait = 10 * time.Minute

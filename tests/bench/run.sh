@@ -11,12 +11,20 @@
 #      standalone on its own policy and work directory, nothing else;
 #   3. builds mesh-executor, the floor, the spawner and the driver (static, as
 #      shipped) into $WORK/bin;
-#   4. runs the driver, which prints the table and writes $WORK/results.json.
+#   4. runs the driver, which prints the table and writes $WORK/results.json;
+#   5. then runs the link bench (tests/bench/link): the control side, the
+#      agent and the executor built with one build id and started as real
+#      processes, timing push → applied → report, a flurry, steady RSS and
+#      binary sizes; it prints its own table and writes $WORK/link-results.json.
 #
-# Extra arguments go to the driver, e.g. `bash tests/bench/run.sh -runs 11`.
+# Extra arguments go to the driver, e.g. `bash tests/bench/run.sh -runs 11`;
+# MESH_LINK_BENCH_ARGS to the link bench's (e.g. "-pushes 2000").
+# MESH_BENCH_PARTS chooses what runs: "apply link" (the default), "apply" or
+# "link" (the link bench alone needs no cf-agent).
 # Exit status: 0 when every tool produced the declared state, even if a speed
 # target was missed (that is printed as MISS); 1 when a tool produced a wrong
-# tree; 2 when the bench itself could not run.
+# tree or the link did not do its job; 2 when a bench itself could not run
+# (the worse of the two benches' statuses).
 set -euo pipefail
 
 WORK=${MESH_BENCH_DIR:-/var/tmp/mesh-bench}
@@ -76,6 +84,10 @@ warn_cfengine_daemons() {
 	done
 }
 
+PARTS=${MESH_BENCH_PARTS:-apply link}
+want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+if want apply; then
 if ! command -v cf-agent >/dev/null; then
 	say "installing cfengine3 (for cf-agent)"
 	if ! install_cfengine; then
@@ -87,21 +99,50 @@ if ! command -v cf-agent >/dev/null; then
 fi
 CF_AGENT=$(command -v cf-agent) || die "cf-agent is still missing after installing cfengine3"
 warn_cfengine_daemons
+fi
 
 # --- binaries --------------------------------------------------------------------
 mkdir -p "$WORK/bin"
 cd "$ROOT"
 say "building into $WORK/bin"
 export CGO_ENABLED=0
-go build -o "$WORK/bin/mesh-executor" ./cmd/mesh-executor
-go build -o "$WORK/bin/mesh-bench-floor" ./tests/bench/floor
-go build -o "$WORK/bin/mesh-bench-spawn" ./tests/bench/spawn
-go build -o "$WORK/bin/mesh-bench" ./tests/bench
+if want apply; then
+	go build -o "$WORK/bin/mesh-executor" ./cmd/mesh-executor
+	go build -o "$WORK/bin/mesh-bench-floor" ./tests/bench/floor
+	go build -o "$WORK/bin/mesh-bench-spawn" ./tests/bench/spawn
+	go build -o "$WORK/bin/mesh-bench" ./tests/bench
+fi
+if want link; then
+	# The three binaries as the Makefile ships them (static, stripped), one
+	# build id for all: the agent leaves when the executor's build differs.
+	LINK_VERSION=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
+	LINK_BUILD="$LINK_VERSION-bench"
+	mkdir -p "$WORK/bin/link"
+	chmod 0755 "$WORK/bin" "$WORK/bin/link"
+	for c in mesh-control mesh-executor mesh-agent; do
+		go build -trimpath -ldflags "-s -w -X main.version=$LINK_VERSION -X main.build=$LINK_BUILD" -o "$WORK/bin/link/$c" "./cmd/$c"
+	done
+	go build -o "$WORK/bin/mesh-bench-link" ./tests/bench/link
+fi
 
-exec "$WORK/bin/mesh-bench" \
-	-dir "$WORK" \
-	-executor "$WORK/bin/mesh-executor" \
-	-floor "$WORK/bin/mesh-bench-floor" \
-	-spawn "$WORK/bin/mesh-bench-spawn" \
-	-cf-agent "$CF_AGENT" \
-	"$@"
+rc=0
+if want apply; then
+	"$WORK/bin/mesh-bench" \
+		-dir "$WORK" \
+		-executor "$WORK/bin/mesh-executor" \
+		-floor "$WORK/bin/mesh-bench-floor" \
+		-spawn "$WORK/bin/mesh-bench-spawn" \
+		-cf-agent "$CF_AGENT" \
+		"$@" || rc=$?
+fi
+if want link; then
+	link_rc=0
+	# shellcheck disable=SC2086 # one word per argument
+	"$WORK/bin/mesh-bench-link" \
+		-dir "$WORK" \
+		-bin "$WORK/bin/link" \
+		-build "$LINK_BUILD" \
+		${MESH_LINK_BENCH_ARGS:-} || link_rc=$?
+	if [ "$link_rc" -gt "$rc" ]; then rc=$link_rc; fi
+fi
+exit "$rc"

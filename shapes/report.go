@@ -56,6 +56,8 @@ type Report struct {
 	Seq     uint64  `json:"seq,omitempty"`
 	Lines   []Line  `json:"lines"`
 	Refused string  `json:"refused,omitempty"`
+	// Briefing is set by an apply on an adopted node.
+	Briefing *Briefing `json:"briefing,omitempty"`
 }
 
 // Derive returns the worst outcome among lines; no lines is Unchanged.

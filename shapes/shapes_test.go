@@ -346,3 +346,24 @@ func TestCharsets(t *testing.T) {
 		t.Error("pinnedImage")
 	}
 }
+
+func TestDeriveMark(t *testing.T) {
+	cases := []struct {
+		marks []Mark
+		want  Mark
+	}{
+		{nil, MarkOK},
+		{[]Mark{MarkOK, MarkKept}, MarkKept},
+		{[]Mark{MarkKept, MarkUnknown, MarkOK}, MarkUnknown},
+		{[]Mark{MarkOK, MarkFailed, MarkKept}, MarkFailed},
+	}
+	for _, c := range cases {
+		var fs []Finding
+		for _, m := range c.marks {
+			fs = append(fs, Finding{Mark: m})
+		}
+		if got := DeriveMark(fs); got != c.want {
+			t.Errorf("DeriveMark(%v) = %s, want %s", c.marks, got, c.want)
+		}
+	}
+}

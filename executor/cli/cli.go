@@ -69,6 +69,7 @@ Rescue and inspection, as root, with or without the daemon running:
   apply FILE     apply a local declaration (root-owned, not group/other-writable)
   plan FILE      print what apply would do; touch nothing
   owned          what the host holds on this machine, and why
+  briefing       what adoption found on this machine, and what to look at
   status         hosted or enrolled, targets and last outcomes
   profile        what this machine can be asked to do
   inventory      what this machine is
@@ -114,6 +115,8 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return c.apply(fs.Arg(0), cmd == "plan")
 	case "owned":
 		return c.owned()
+	case "briefing":
+		return c.briefing()
 	case "status":
 		return c.status()
 	case "profile":
@@ -483,4 +486,34 @@ func (c *command) serve(args []string) int {
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular()
+}
+
+func (c *command) briefing() int {
+	st, err := store.Open(c.state)
+	if err != nil {
+		fmt.Fprintln(c.errw, err)
+		return ExitFailed
+	}
+	b, err := st.Briefing()
+	if err != nil {
+		fmt.Fprintln(c.errw, err)
+		return ExitFailed
+	}
+	if b == nil {
+		return c.print(map[string]any{"briefing": nil}, "no briefing: no apply on an adopted node yet\n")
+	}
+	var t strings.Builder
+	fmt.Fprintf(&t, "outcome    %s\n", b.Outcome)
+	if b.Node != "" {
+		fmt.Fprintf(&t, "node       %s\n", b.Node)
+	}
+	fmt.Fprintf(&t, "adopted    %s\n\n", b.At.Format(time.RFC3339))
+	for _, f := range b.Findings {
+		fmt.Fprintf(&t, "  %-8s %-28s %-10s %s\n", f.Mark, f.Module+"."+f.ID, f.Type, f.Detail)
+	}
+	t.WriteString("\nwhat to look at\n")
+	for _, l := range b.LookAt {
+		fmt.Fprintf(&t, "  %s\n", l)
+	}
+	return c.print(b, t.String())
 }

@@ -99,6 +99,9 @@ type run struct {
 	// forget are kept originals no entry needs once the apply's records
 	// are durable.
 	forget []string
+	// heldOK says, for each resource held on an adopted node, whether what
+	// was found is what is declared (ok) or differs (kept).
+	heldOK map[string]bool
 	// declared is each resource's claim and the target it manages now
 	// ("source:module.id\x00target"): a resource that moves to another
 	// path leaves its old one undeclared.
@@ -113,7 +116,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}}
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -157,6 +160,14 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep.Lines = append(rep.Lines, r.lines...)
 	rep.Outcome = shapes.Derive(rep.Lines)
+	if d.Adopted {
+		rep.Briefing = r.briefing(rep)
+		if !opt.Plan {
+			if err := st.SaveBriefing(rep.Briefing); err != nil {
+				r.log.Warn("the briefing could not be kept", "err", err)
+			}
+		}
+	}
 	return rep
 }
 

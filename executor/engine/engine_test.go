@@ -529,3 +529,35 @@ func TestMovedResourceRemovesTheOld(t *testing.T) {
 		t.Fatal("the old path is still claimed")
 	}
 }
+
+// The first applies on an adopted node produce a briefing: a line per
+// finding, the outcome from the worst, and what to look at.
+func TestBriefing(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("operator's motd\n"), 0o644) // differs: kept
+	os.WriteFile(h.p("etc/same"), []byte("same\n"), 0o644)            // as declared: ok
+	doc := strings.Replace(h.doc(fileMot,
+		`{"module":"base","id":"same","type":"file","path":"{root}/etc/same","content":"same\n","mode":"0644"}`,
+		`{"module":"base","id":"new","type":"file","path":"{root}/etc/new","content":"n"}`),
+		`{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	rep := h.apply(doc)
+	b := rep.Briefing
+	if b == nil || b.Outcome != shapes.MarkKept || len(b.Findings) != 3 {
+		t.Fatalf("briefing %+v", b)
+	}
+	marks := fmt.Sprintln(b.Findings[0].Mark, b.Findings[1].Mark, b.Findings[2].Mark)
+	if marks != "kept ok ok\n" || !strings.Contains(strings.Join(b.LookAt, " "), "base.motd (file): what the machine has differs") {
+		t.Fatalf("marks %s, look at %q", marks, b.LookAt)
+	}
+	kept, err := mustStore(t, h.state).Briefing()
+	if err != nil || kept == nil || kept.Outcome != shapes.MarkKept {
+		t.Fatalf("the briefing was not kept: %+v %v", kept, err)
+	}
+	// A failing line makes the briefing failed, whatever else it says.
+	os.Chmod(h.p("etc"), 0o755)
+	bad := strings.Replace(doc, h.p("etc/new"), h.p("nowhere/new"), 1)
+	if rep = h.apply(bad); rep.Briefing.Outcome != shapes.MarkFailed {
+		t.Fatalf("%+v", rep.Briefing)
+	}
+}

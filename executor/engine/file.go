@@ -64,6 +64,7 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	match := exists && eq && attrsOf(info) == a
 
 	if exists && r.d.Adopted && !r.taken[f.Module] && (e == nil || e.Held) {
+		r.heldOK[f.Key()] = match
 		return r.holdFile(st, f, e, info)
 	}
 	if match {
@@ -224,6 +225,7 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	a := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
 
 	if exists && r.d.Adopted && !r.taken[d.Module] && (e == nil || e.Held) {
+		r.heldOK[d.Key()] = attrsOf(info) == a
 		st.line.Outcome = shapes.Held
 		st.line.Detail = fmt.Sprintf("found on an adopted node; held as found until module %s is taken", d.Module)
 		if e == nil {

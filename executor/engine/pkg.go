@@ -166,6 +166,7 @@ func (r *run) pkg(st *step, rest int) {
 		n.Order, n.Created = e.Order, e.Created
 	}
 	if ok && r.d.Adopted && !r.taken[p.Module] && (e == nil || e.Held) {
+		r.heldOK[p.Key()] = p.Version == "" || p.Version == have
 		n.Held, n.Digest = true, ""
 		st.line.Outcome, st.line.Detail = shapes.Held, fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", have, p.Module)
 		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {

@@ -71,6 +71,8 @@ func (r *run) service(st *step, rest int) {
 
 	// Held: found on an adopted node, its module not yet taken.
 	if r.d.Adopted && !r.taken[svc.Module] && (e == nil || e.Held) {
+		r.heldOK[svc.Key()] = (svc.State == "" || (svc.State == "running") == cur.Running) &&
+			(svc.Enabled == nil || *svc.Enabled == cur.IsEnabled())
 		n.Held, n.Digest = true, ""
 		st.line.Outcome = shapes.Held
 		st.line.Detail = fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", describeState(cur), svc.Module)

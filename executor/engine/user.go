@@ -151,6 +151,11 @@ func (r *run) user(st *step, rest int) {
 		n.Order, n.Created = e.Order, e.Created
 	}
 	if exists && r.d.Adopted && !r.taken[u.Module] && (e == nil || e.Held) {
+		ok := (u.Shell == "" || u.Shell == cur.Shell) && (u.Home == "" || u.Home == cur.Home)
+		for _, g := range u.Groups {
+			ok = ok && slices.Contains(cur.Groups, g)
+		}
+		r.heldOK[u.Key()] = ok
 		n.Held, n.Digest = true, ""
 		st.line.Outcome, st.line.Detail = shapes.Held, fmt.Sprintf("found on an adopted node; held as found until module %s is taken", u.Module)
 		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {

@@ -700,3 +700,28 @@ func (s *Store) Report(src Source) ([]byte, error) {
 	}
 	return data, err
 }
+
+// SaveBriefing keeps the briefing of the last apply on an adopted node.
+func (s *Store) SaveBriefing(b *shapes.Briefing) error {
+	data, err := json.MarshalIndent(b, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(s.dir, "briefing.json"), data)
+}
+
+// Briefing returns the kept briefing, or nil.
+func (s *Store) Briefing() (*shapes.Briefing, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, "briefing.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var b shapes.Briefing
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("store: briefing.json: %w", err)
+	}
+	return &b, nil
+}

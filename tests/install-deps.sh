@@ -16,6 +16,16 @@ declare -A need=(
   [runit]=runit          # runit as a lab's PID 1; --no-install-recommends keeps
                          # runit-run (a host runit.service) out
   [s6-svscan]=s6         # s6 as a lab's PID 1
+  # tests/machines profile_test.go: each capability produced for real in a lab
+  [podman]=podman        # container-runtime: podman.socket answers _ping in a lab
+  [runc]=runc            # podman's runtime in labs (crun cannot run here: LAB.md §2)
+  [nft]=nftables         # firewall: `nft list tables` in a lab's netns
+  [Xvfb]=xvfb            # graphical-session: an X server on /tmp/.X11-unix
+  [wireguard-go]=wireguard-go  # overlay: userspace WireGuard (no kernel module here)
+  [perl]=perl-base       # package-manager: holds dpkg's fcntl lock (flock(1) cannot)
+  [pkill]=procps         # graphical-session: Xvfb killed, its socket left behind
+  # tests/machines pacman_test.go: the pacman backend against a repository of its own
+  [pacman]=pacman-package-manager
 )
 missing=()
 for cmd in "${!need[@]}"; do

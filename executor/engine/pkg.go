@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -25,15 +24,22 @@ type packageManager interface {
 	install(ctx context.Context, pkg, version string) error
 }
 
-// detectPackages finds the machine's package manager by asking its
-// database, the same way the profile does.
+// detectPackages finds the machine's package manager by asking each one
+// found whether its own database knows itself, the way the profile does:
+// dpkg's tools on an Arch machine, say, do not make it a dpkg machine.
 func detectPackages() (packageManager, error) {
+	self := map[string]string{"dpkg-query": "dpkg", "pacman": "pacman", "apk": "apk-tools"}
+	var tried []string
 	for _, m := range []packageManager{apt{}, pacman{}, apk{}} {
-		if _, err := exec.LookPath(m.name()); err == nil {
+		if _, err := exec.LookPath(m.name()); err != nil {
+			continue
+		}
+		tried = append(tried, m.name())
+		if _, ok, err := m.installed(context.Background(), self[m.name()]); err == nil && ok {
 			return m, nil
 		}
 	}
-	return nil, errors.New("no package manager this host can drive (dpkg/apt, pacman, apk)")
+	return nil, fmt.Errorf("no package manager this host can drive (dpkg/apt, pacman, apk): none of %v knows itself in its own database", tried)
 }
 
 // lockedMessage makes a locked database a clear failure.
@@ -98,9 +104,13 @@ func (pacman) installed(ctx context.Context, pkg string) (string, bool, error) {
 }
 
 func (pacman) install(ctx context.Context, pkg, version string) error {
-	// pacman installs what its repositories hold; an exact pin is checked
-	// by the read-back, which fails the step if the repository had another.
-	_, _, err := runTool(ctx, "pacman", "-S", "--noconfirm", "--needed", "--", pkg)
+	// An exact pin is asked of pacman as name=version: a repository without
+	// that version installs nothing, rather than another one.
+	target := pkg
+	if version != "" {
+		target += "=" + version
+	}
+	_, _, err := runTool(ctx, "pacman", "-S", "--noconfirm", "--needed", "--", target)
 	if err != nil {
 		return lockedMessage("pacman", err)
 	}

@@ -224,6 +224,12 @@ func askOpenRC(ctx context.Context, o Options) (string, string) {
 	if _, err := os.Stat(o.at("/run/openrc/softlevel")); err != nil {
 		return "", "OpenRC: not booted (/run/openrc/softlevel " + short(err) + ")"
 	}
+	// The softlevel file alone is not evidence: installing the openrc
+	// package leaves one on machines OpenRC never booted. PID 1 must be
+	// OpenRC's (openrc-init, or an init that booted OpenRC).
+	if comm, _ := os.ReadFile(o.at("/proc/1/comm")); !slices.Contains([]string{"openrc-init", "init"}, strings.TrimSpace(string(comm))) {
+		return "", fmt.Sprintf("OpenRC: /run/openrc/softlevel is there, but pid 1 is %q, not OpenRC's", strings.TrimSpace(string(comm)))
+	}
 	res, err := run(ctx, "rc-status", "-r")
 	if err != nil {
 		return "", "OpenRC: " + err.Error()

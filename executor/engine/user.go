@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -212,6 +213,20 @@ func (r *run) user(st *step, rest int) {
 			did = append(did, "added to "+strings.Join(missing, ", "))
 		}
 		st.line.Detail = strings.Join(did, "; ")
+	}
+	// The shadow tools make and chown a home by path. A link on the way to
+	// it, or at it, planted by a user who can write a directory above it,
+	// would steer them: refuse, as every other write as root does.
+	if home := u.Home; home != "" && (!exists || home != cur.Home) {
+		info, err := fsx.Lstat(home)
+		if err != nil {
+			r.fail(st, fmt.Errorf("home %s: %w", home, err), rest)
+			return
+		}
+		if info.Kind != fsx.Absent && info.Kind != fsx.Dir {
+			r.fail(st, fmt.Errorf("home %s is a %s; the host makes a home only where nothing, or a directory, is", home, info.Kind), rest)
+			return
+		}
 	}
 	if r.opt.Plan {
 		r.emit(st.line)

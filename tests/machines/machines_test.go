@@ -309,3 +309,24 @@ func TestUserOnTheShadowTools(t *testing.T) {
 		t.Fatalf("exit %d %+v", code, rep)
 	}
 }
+
+// A user who can write a directory above a declared home plants a link
+// where the home will be made: the shadow tools are never pointed at it.
+func TestUserHomeThroughAPlantedLink(t *testing.T) {
+	m := boot(t, lab.Options{Init: lab.S6})
+	m.sh("mkdir -p /srv/shared && chmod 1777 /srv/shared && ln -s /etc /srv/shared/lpbob && chown -h nobody /srv/shared/lpbob")
+	before := m.sh("stat -c '%U %a' /etc; ls /etc | wc -l")
+	rep, code := m.apply(decl(`{"module":"p","id":"bob","type":"user","name":"lpbob","home":"/srv/shared/lpbob"}`))
+	if code != 1 || !strings.Contains(rep.Lines[0].Detail, "is a symbolic link") {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+	if m.sh("stat -c '%U %a' /etc; ls /etc | wc -l") != before || m.sh("getent passwd lpbob >/dev/null && echo yes || echo no") != "no" {
+		t.Fatal("the planted link steered the shadow tools")
+	}
+	// Through a link further up, too.
+	m.sh("mkdir -p /srv/shared/real && ln -s /etc /srv/shared/up && chown -h nobody /srv/shared/up")
+	rep, code = m.apply(decl(`{"module":"p","id":"bob","type":"user","name":"lpbob","home":"/srv/shared/up/lpbob"}`))
+	if code != 1 || !strings.Contains(rep.Lines[0].Detail, "symbolic link") {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+}

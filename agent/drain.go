@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -192,22 +193,41 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 	if best == nil {
 		return nil
 	}
-	a.log.Info("forwarding the newest declaration", "seq", best.seq, "superseding", len(older))
 	stop := keepInProgress(pending)
-	v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: best.msg.Data()})
-	stop()
-	if err != nil {
-		for _, m := range pending {
-			m.NakWithDelay(retryLater)
+	defer stop()
+	var r *Report
+	// The archives it names go to the executor's cache first, so the apply
+	// finds them there.
+	if err := a.streamArchives(ctx, best.msg.Data()); err != nil {
+		var ar *archiveRefusal
+		if !errors.As(err, &ar) {
+			stop()
+			for _, m := range pending {
+				m.NakWithDelay(retryLater)
+			}
+			return err
 		}
-		return err
+		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", best.seq, "stream_seq", best.sseq, "reason", ar.msg)
+		r = a.report(best.seq)
+		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = best.sseq, shapes.Refused, ar.msg, CodeArchive, "agent"
+	} else {
+		a.log.Info("forwarding the newest declaration", "seq", best.seq, "superseding", len(older))
+		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: best.msg.Data()})
+		stop()
+		if err != nil {
+			for _, m := range pending {
+				m.NakWithDelay(retryLater)
+			}
+			return err
+		}
+		r = a.report(best.seq)
+		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate = best.sseq, v.Outcome, lines, v.Duplicate
+		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
+			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
+		}
+		a.log.Info("the executor's verdict", "seq", best.seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
 	}
-	r := a.report(best.seq)
-	r.StreamSeq, r.Outcome, r.Lines, r.Duplicate = best.sseq, v.Outcome, lines, v.Duplicate
-	if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
-		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
-	}
-	a.log.Info("the executor's verdict", "seq", best.seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
+	stop()
 	// The superseded first, so the newest is the last word.
 	var out []settled
 	for _, c := range older {
@@ -232,6 +252,7 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 // being worked on, until stop is called.
 func keepInProgress(msgs []jetstream.Msg) (stop func()) {
 	done := make(chan struct{})
+	var once sync.Once
 	go func() {
 		t := time.NewTicker(inProgressEvery)
 		defer t.Stop()
@@ -246,7 +267,7 @@ func keepInProgress(msgs []jetstream.Msg) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done) }
+	return func() { once.Do(func() { close(done) }) }
 }
 
 // settle publishes the reports and then acks the messages. If a report

@@ -147,3 +147,73 @@ func (e *execClient) status() (*wire.StatusReply, error) {
 		return nil, fmt.Errorf("executor answered status with %s", k)
 	}
 }
+
+// archiveWriteTimeout bounds one chunk's write to the executor, and the
+// wait for its answer to the last.
+const archiveWriteTimeout = 2 * time.Minute
+
+// archive streams one archive into the executor's cache: fill calls send
+// for each chunk of bytes (at most wire.MaxArchiveChunk) in order; then the
+// last chunk is sent and the executor's answer read. If fill fails, the
+// connection is closed before the last chunk, and the executor keeps
+// nothing of the stream.
+func (e *execClient) archive(ctx context.Context, sum string, fill func(send func([]byte) error) error) (*wire.ArchiveAck, error) {
+	if err := e.connect(); err != nil {
+		return nil, err
+	}
+	c := e.conn
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	var off uint64
+	write := func(b []byte, last bool) error {
+		c.NetConn().SetWriteDeadline(time.Now().Add(archiveWriteTimeout))
+		err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Offset: off, Chunk: b, Last: last})
+		off += uint64(len(b))
+		return err
+	}
+	// A write the executor cut off: its reason, if it said one.
+	said := func(err error) error {
+		c.NetConn().SetReadDeadline(time.Now().Add(time.Second))
+		if _, b, rerr := c.Read(); rerr == nil {
+			if we, ok := b.(*wire.Error); ok {
+				err = fmt.Errorf("executor closed the connection: %w", we)
+			}
+		}
+		e.close()
+		return err
+	}
+	if err := fill(func(b []byte) error {
+		if err := write(b, false); err != nil {
+			return said(fmt.Errorf("executor: archive %s: %w", sum, err))
+		}
+		return nil
+	}); err != nil {
+		e.close()
+		return nil, err
+	}
+	if err := write(nil, true); err != nil {
+		return nil, said(fmt.Errorf("executor: archive %s: %w", sum, err))
+	}
+	c.NetConn().SetWriteDeadline(time.Time{})
+	c.NetConn().SetReadDeadline(time.Now().Add(archiveWriteTimeout))
+	defer func() {
+		if e.conn != nil {
+			e.conn.NetConn().SetReadDeadline(time.Time{})
+		}
+	}()
+	k, b, err := c.Read()
+	if err != nil {
+		e.close()
+		return nil, fmt.Errorf("executor: archive %s: %w", sum, err)
+	}
+	switch b := b.(type) {
+	case *wire.ArchiveAck:
+		return b, nil
+	case *wire.Error:
+		e.close()
+		return nil, fmt.Errorf("executor closed the connection: %w", b)
+	default:
+		e.close()
+		return nil, fmt.Errorf("executor answered an archive with %s", k)
+	}
+}

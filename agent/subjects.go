@@ -12,7 +12,17 @@ const (
 	ReportStream = "MESH_REPORT"
 	// HeartbeatStream holds heartbeats, subjects mesh.heartbeat.*.
 	HeartbeatStream = "MESH_HEARTBEAT"
+	// ArchiveBucket is the object store of archives, each named by its
+	// sha256 (hex); ArchiveStream is the stream behind it.
+	ArchiveBucket = "MESH_ARCHIVES"
+	ArchiveStream = "OBJ_" + ArchiveBucket
 )
+
+// ArchiveGet is the one request a node may make of the archive store: a
+// direct get of one of its messages (an object's metadata, the next chunk
+// of an object), read-only. The object store's own client API needs
+// consumers, which a node may not create.
+const ArchiveGet = APIPrefix + ".DIRECT.GET." + ArchiveStream
 
 // APIPrefix is the JetStream API as a node sees it. Nodes live in their
 // own broker account without JetStream, and reach the control account's
@@ -36,6 +46,8 @@ type Subjects struct {
 	ConsumerNext string
 	// AckPrefix is where its acks go: <AckPrefix>.>.
 	AckPrefix string
+	// ArchiveGet reads the archive store (shared by all nodes, read-only).
+	ArchiveGet string
 }
 
 // SubjectsOf returns the names of node, which must be a valid node name.
@@ -51,6 +63,7 @@ func SubjectsOf(node string) Subjects {
 		ConsumerInfo: APIPrefix + ".CONSUMER.INFO." + DeclStream + ".node-" + node,
 		ConsumerNext: APIPrefix + ".CONSUMER.MSG.NEXT." + DeclStream + ".node-" + node,
 		AckPrefix:    "$JS.ACK." + DeclStream + ".node-" + node,
+		ArchiveGet:   ArchiveGet,
 	}
 }
 

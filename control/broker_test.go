@@ -1,9 +1,17 @@
 package control_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -298,5 +306,119 @@ func TestNodeIsolation(t *testing.T) {
 		if si.State.Subjects[st.subj] != st.want {
 			t.Fatalf("%s holds %d messages, not %d: alpha got something in", st.subj, si.State.Subjects[st.subj], st.want)
 		}
+	}
+}
+
+// Archives: a node reads the archive store through the one direct get it
+// is given, and cannot put, delete, purge, inspect or consume it, nor steer
+// the store's answers into it.
+func TestNodeArchiveAccess(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	_, a := addNode(t, s, "alpha")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	content := bytes.Repeat([]byte("archive bytes "), 20000) // a few chunks
+	path := filepath.Join(t.TempDir(), "a.tgz")
+	os.WriteFile(path, content, 0o600)
+	sum, size, err := s.client.PutArchive(ctx, path)
+	if want := sha256.Sum256(content); err != nil || sum != hex.EncodeToString(want[:]) || size != int64(len(content)) {
+		t.Fatalf("put: %s %d %v", sum, size, err)
+	}
+	// Again: already there, nothing stored twice.
+	if again, _, err := s.client.PutArchive(ctx, path); err != nil || again != sum {
+		t.Fatalf("put again: %s %v", again, err)
+	}
+	str, _ := s.client.JS.Stream(ctx, agent.ArchiveStream)
+	before, _ := str.Info(ctx)
+
+	errs := make(chan error, 64)
+	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	get := func(req string) *nats.Msg {
+		t.Helper()
+		m, err := nc.Request(a.Subjects.ArchiveGet, []byte(req), 5*time.Second)
+		if err != nil {
+			t.Fatalf("direct get %s: %v", req, err)
+		}
+		return m
+	}
+	// It reads: the object's record, then its chunks in order.
+	metaSubj := "$O." + agent.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(sum))
+	var info struct {
+		NUID   string `json:"nuid"`
+		Chunks int    `json:"chunks"`
+	}
+	if err := json.Unmarshal(get(`{"last_by_subj":"`+metaSubj+`"}`).Data, &info); err != nil || info.NUID == "" || info.Chunks < 2 {
+		t.Fatalf("alpha cannot read the archive's record: %+v %v", info, err)
+	}
+	var got []byte
+	seq := uint64(0)
+	for i := 0; i < info.Chunks; i++ {
+		m := get(fmt.Sprintf(`{"seq":%d,"next_by_subj":"$O.%s.C.%s"}`, seq, agent.ArchiveBucket, info.NUID))
+		got = append(got, m.Data...)
+		n, _ := strconv.ParseUint(m.Header.Get(nats.JSSequence), 10, 64)
+		seq = n + 1
+	}
+	if !bytes.Equal(got, content) {
+		t.Fatalf("alpha read %d bytes, not the archive's %d", len(got), len(content))
+	}
+
+	refused := func(what, subject string) {
+		t.Helper()
+		nc.Flush()
+		timeout := time.After(3 * time.Second)
+		for {
+			select {
+			case err := <-errs:
+				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
+			}
+		}
+	}
+	chunkSubj := "$O." + agent.ArchiveBucket + ".C." + info.NUID
+	for _, subj := range []string{
+		chunkSubj, metaSubj, "$O." + agent.ArchiveBucket + ".C.new", // put
+		"mesh.api.STREAM.MSG.DELETE." + agent.ArchiveStream, // delete
+		"mesh.api.STREAM.PURGE." + agent.ArchiveStream,
+		"mesh.api.STREAM.DELETE." + agent.ArchiveStream,
+		"mesh.api.STREAM.UPDATE." + agent.ArchiveStream,
+		"mesh.api.STREAM.INFO." + agent.ArchiveStream,
+		"mesh.api.STREAM.MSG.GET." + agent.ArchiveStream,
+		"mesh.api.CONSUMER.CREATE." + agent.ArchiveStream,
+		"mesh.api.DIRECT.GET.KV_" + control.Bucket, // the registry by the same door
+		"mesh.api.DIRECT.GET." + agent.DeclStream,
+		"$JS.API.DIRECT.GET." + agent.ArchiveStream,
+		"$JS.API.STREAM.MSG.DELETE." + agent.ArchiveStream,
+		"$JS.API.STREAM.PURGE." + agent.ArchiveStream,
+		"$JS.API.CONSUMER.CREATE." + agent.ArchiveStream,
+	} {
+		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"seq":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		refused("publish", subj)
+	}
+	for _, subj := range []string{chunkSubj, "$O.>", "$JS.API.DIRECT.GET.>"} {
+		nc.SubscribeSync(subj)
+		refused("subscribe", subj)
+	}
+	// The store's answers, steered at its own subjects, stay in the nodes'
+	// account: nothing is added to the store.
+	for _, reply := range []string{chunkSubj, metaSubj, "$O." + agent.ArchiveBucket + ".M.bmV3"} {
+		nc.PublishRequest(a.Subjects.ArchiveGet, reply, []byte(`{"last_by_subj":"`+metaSubj+`"}`))
+	}
+	nc.Flush()
+	time.Sleep(300 * time.Millisecond)
+	after, _ := str.Info(ctx)
+	if after.State.Msgs != before.State.Msgs || after.State.LastSeq != before.State.LastSeq {
+		t.Fatalf("the archive store changed: %d messages (last %d), was %d (last %d)", after.State.Msgs, after.State.LastSeq, before.State.Msgs, before.State.LastSeq)
+	}
+	if b, err := s.client.Archives.GetBytes(ctx, sum); err != nil || !bytes.Equal(b, content) {
+		t.Fatalf("the archive is not intact: %v", err)
 	}
 }

@@ -28,6 +28,9 @@ const usage = `usage: mesh-control COMMAND [flags]
            register a node; write its agent config and executor-identity.json
   declare  NODE FILE --dir DIR
            sign FILE for NODE with the next sequence and publish it; print the sequence
+  archive put FILE --dir DIR [--json]
+           store FILE (a tar, gzipped or not) in the archive store under its sha256;
+           print the sha256 and the URL an archive resource names it by (obj://SHA256)
   nodes    --dir DIR [--json]
            each node: last heard from, executor version, declared vs applied, outcome, state
   reports  NODE --dir DIR [--last N] [--json]
@@ -56,6 +59,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cmd, rest = "node add", rest[1:]
 	}
+	if cmd == "archive" {
+		if len(rest) == 0 || rest[0] != "put" {
+			fmt.Fprintln(stderr, "mesh-control archive: the subcommand is put")
+			return 2
+		}
+		cmd, rest = "archive put", rest[1:]
+	}
 	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("mesh-control "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -78,7 +88,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-control %s: --dir is required\n", cmd)
 		return 2
 	}
-	want := map[string]int{"init": 0, "serve": 0, "node add": 1, "declare": 2, "nodes": 0, "reports": 1, "broker-config": 0}
+	want := map[string]int{"init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0}
 	n, ok := want[cmd]
 	if !ok {
 		fmt.Fprintf(stderr, "mesh-control: unknown command %q\n\n%s", cmd, usage)
@@ -102,6 +112,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.nodeAdd(pos[0], *out, *brokerURL)
 	case "declare":
 		err = c.declare(pos[0], pos[1])
+	case "archive put":
+		err = c.archivePut(pos[0])
 	case "nodes":
 		err = c.nodes()
 	case "reports":
@@ -244,6 +256,23 @@ func (c *cli) declare(node, file string) error {
 		return c.printJSON(map[string]any{"node": node, "seq": seq})
 	}
 	fmt.Fprintln(c.stdout, seq)
+	return nil
+}
+
+func (c *cli) archivePut(file string) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	sum, size, err := cl.PutArchive(c.ctx, file)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"sha256": sum, "url": ArchiveURL(sum), "size": size})
+	}
+	fmt.Fprintf(c.stdout, "sha256: %s\nurl:    %s\nsize:   %d\n", sum, ArchiveURL(sum), size)
 	return nil
 }
 

@@ -3,11 +3,15 @@ package control
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -57,7 +61,9 @@ type Client struct {
 	NC   *nats.Conn
 	JS   jetstream.JetStream
 	KV   jetstream.KeyValue
-	log  *slog.Logger
+	// Archives is the object store of archives (agent.ArchiveBucket).
+	Archives jetstream.ObjectStore
+	log      *slog.Logger
 }
 
 // Connect connects to url ("" for the key directory's broker_url) and makes
@@ -125,7 +131,64 @@ func (c *Client) ensure(ctx context.Context) error {
 		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
 	}
 	c.KV = kv
+	obs, err := c.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: agent.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("archive store %s: %w", agent.ArchiveBucket, err)
+	}
+	c.Archives = obs
 	return nil
+}
+
+// MaxArchiveBytes is the largest archive a node takes (wire.MaxArchiveBytes).
+const MaxArchiveBytes = wire.MaxArchiveBytes
+
+// ArchiveURL is the URL a declaration names an archive in the store by.
+func ArchiveURL(sum string) string { return "obj://" + sum }
+
+// PutArchive stores the archive at path in the archive store under its
+// sha256 (hex), unless it is there already, and returns the digest and the
+// size. The file is hashed as it is read, and read once.
+func (c *Client) PutArchive(ctx context.Context, path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	if fi.Size() > MaxArchiveBytes {
+		return "", 0, fmt.Errorf("%s: %d bytes, over the %d a node takes", path, fi.Size(), int64(MaxArchiveBytes))
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", 0, err
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if info, err := c.Archives.GetInfo(ctx, sum); err == nil && !info.Deleted && int64(info.Size) == fi.Size() {
+		return sum, fi.Size(), nil
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	// Hashed again as it goes in: a file changed between the two reads is
+	// not stored under a digest it does not have.
+	h.Reset()
+	info, err := c.Archives.Put(ctx, jetstream.ObjectMeta{Name: sum, Description: filepath.Base(path)}, io.TeeReader(io.LimitReader(f, MaxArchiveBytes+1), h))
+	if err != nil {
+		return "", 0, fmt.Errorf("archive store: %w", err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum || int64(info.Size) != fi.Size() {
+		c.Archives.Delete(context.Background(), sum)
+		return "", 0, fmt.Errorf("%s changed while it was stored; try again", path)
+	}
+	return sum, fi.Size(), nil
 }
 
 func nodeKey(name string) string { return "node." + name }

@@ -44,6 +44,9 @@ var serviceImports = []struct{ subject, to, response string }{
 	{"$JS.ACK." + agent.DeclStream + ".*.>", "", ""},
 	{"mesh.report.*", "", ""},
 	{"mesh.heartbeat.*", "", ""},
+	// Archives: a direct get of the archive store's stream, and nothing
+	// else of it (no put, no delete, no purge, no consumer, no info).
+	{"$JS.API.DIRECT.GET." + agent.ArchiveStream, agent.ArchiveGet, ""},
 }
 
 // NodePermissions are what node may do on the broker (in account NODES),
@@ -53,14 +56,18 @@ var serviceImports = []struct{ subject, to, response string }{
 //	           mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-<n>  pull its declarations
 //	           $JS.ACK.MESH_DECL.node-<n>.>                   ack (nak, in-progress) them
 //	           mesh.report.<n>, mesh.heartbeat.<n>            report upward
+//	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES          read archives (all nodes)
 //	subscribe  _INBOX.<n>.>                                   its own replies
 //
 // No consumer creation (its consumer is made by the control side with the
 // filter mesh.decl.<n>), no other JetStream or KV API (NODES imports no
-// other), no other node's subjects, no wider inbox.
+// other), no other node's subjects, no wider inbox. The archive store is
+// read-only to nodes and shared: every node may read every archive (they
+// are pinned by digest in signed declarations, not secrets); none may put,
+// delete or purge one.
 func NodePermissions(node string) (publish, subscribe []string) {
 	s := agent.SubjectsOf(node)
-	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat},
+	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat, s.ArchiveGet},
 		[]string{s.Inbox + ".>"}
 }
 

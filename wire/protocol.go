@@ -22,6 +22,8 @@ const (
 	KindStatus      Kind = 8  // agent: what is your state (for the heartbeat)
 	KindStatusReply Kind = 9  // executor: version, state, last sequence and outcome
 	KindError       Kind = 11 // executor: the connection is refused and closes
+	KindArchive     Kind = 10 // agent: a chunk of an archive's bytes, for the executor's cache
+	KindArchiveAck  Kind = 13 // executor: the streamed archive is stored, or why not
 )
 
 // Direction is who may send a message.
@@ -39,11 +41,20 @@ type State uint8
 // The states of a connection:
 //
 //	new ──Hello──► ready ──Declaration/Reconnected/Status──► (reply) ──► ready
+//	 │               │ ▲
+//	 │       Archive │ │ Archive (Last) ──► ArchiveAck
+//	 │               ▼ │
+//	 │             archiving ◄─┐ Archive (not Last; the same digest, the next offset)
+//	 │                 └───────┘
 //	 │                                  any violation ──► closed
 //	 └── anything else ──► closed
+//
+// While an archive streams, nothing but its next chunk is allowed: one
+// stream at a time on a connection, and no request overtakes it.
 const (
 	StateNew State = iota + 1
 	StateReady
+	StateArchiving
 )
 
 // Spec is one row of the protocol's table: the policy lives here, not in
@@ -69,6 +80,8 @@ var Table = []Spec{
 	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Status) }},
 	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
+	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }},
+	{KindArchiveAck, "archive-ack", ExecutorToAgent, nil, 4 << 10, func() any { return new(ArchiveAck) }},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -178,3 +191,33 @@ func (e *Error) Error() string { return fmt.Sprintf("executor: %s (%s)", e.Messa
 
 // Unwrap maps the code to its sentinel, so callers use errors.Is.
 func (e *Error) Unwrap() error { return e.Code.sentinel() }
+
+// MaxArchiveChunk is the most bytes one Archive message carries.
+const MaxArchiveChunk = 1 << 20
+
+// MaxArchiveBytes is the largest archive: the most one stream may carry
+// into the executor's cache, and the most its files may hold. The agent
+// refuses a larger object before fetching a byte of it.
+const MaxArchiveBytes = 4 << 30
+
+// Archive is one chunk of an archive streamed into the executor's private
+// cache. The first chunk of a stream has Offset 0; each next one starts
+// where the last ended; the one with Last ends the stream and is answered
+// by an ArchiveAck (the others are not answered). SHA256 only names the
+// cache file: the executor hashes what it writes, and keeps the bytes only
+// if they have that digest. Which archive is applied, and whether at all,
+// comes from a signed declaration, never from this message.
+type Archive struct {
+	SHA256 string `cbor:"1,keyasint"` // 64 lower-case hex digits
+	Offset uint64 `cbor:"2,keyasint"`
+	Chunk  []byte `cbor:"3,keyasint"` // at most MaxArchiveChunk bytes
+	Last   bool   `cbor:"4,keyasint"`
+}
+
+// ArchiveAck answers the last chunk of an archive stream: Stored, or why
+// not (nothing of it is kept then).
+type ArchiveAck struct {
+	SHA256 string `cbor:"1,keyasint"`
+	Stored bool   `cbor:"2,keyasint"`
+	Reason string `cbor:"3,keyasint"`
+}

@@ -77,6 +77,8 @@ func TestEveryKindRoundTrips(t *testing.T) {
 		KindStatus:      &Status{},
 		KindStatusReply: &StatusReply{Version: "v", Build: "b", State: "s", Node: "n", Seq: 9, Outcome: shapes.Held},
 		KindError:       &Error{Code: CodeBusy, Message: "m"},
+		KindArchive:     &Archive{SHA256: strings.Repeat("ab", 32), Offset: 1 << 20, Chunk: bytes.Repeat([]byte{7}, MaxArchiveChunk), Last: true},
+		KindArchiveAck:  &ArchiveAck{SHA256: strings.Repeat("cd", 32), Stored: false, Reason: "r"},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))
@@ -246,4 +248,36 @@ func FuzzFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An archive chunk is bounded: one over MaxArchiveChunk is not written, and
+// a frame claiming more is refused before it is read. While a stream is in
+// flight, nothing but its next chunk is allowed.
+func TestArchiveChunkBoundsAndState(t *testing.T) {
+	agent, exec := pipe()
+	defer agent.Close()
+	defer exec.Close()
+	over := &Archive{SHA256: strings.Repeat("ab", 32), Chunk: make([]byte, MaxArchiveChunk+300)}
+	if err := agent.Write(KindArchive, over); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a chunk over the limit was written: %v", err)
+	}
+	big := make([]byte, headerSize)
+	binary.BigEndian.PutUint16(big, uint16(KindArchive))
+	binary.BigEndian.PutUint32(big[2:], MaxArchiveChunk+257)
+	_, _, err := readRaw(t, big)
+	var r *Refusal
+	if !errors.As(err, &r) || r.Code != CodeTooLarge {
+		t.Fatalf("a frame claiming more than a chunk: %v", err)
+	}
+	for _, s := range Table {
+		if s.Dir != AgentToExecutor {
+			continue
+		}
+		if got, want := Allowed(s.Kind, StateArchiving), s.Kind == KindArchive; got != want {
+			t.Errorf("%s allowed while archiving: %v", s.Kind, got)
+		}
+	}
+	if Allowed(KindArchive, StateNew) {
+		t.Error("an archive before hello")
+	}
 }

@@ -9,16 +9,19 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // An archive is a tar (optionally gzipped) pinned by digest. Its bytes are
@@ -32,25 +35,184 @@ import (
 // Limits on what one archive may hold.
 const (
 	maxArchiveEntries = 100000
-	maxArchiveBytes   = 4 << 30
+	maxArchiveBytes   = wire.MaxArchiveBytes
 )
+
+// ArchiveCacheDir is the executor's private archive cache under its state
+// directory: a file per archive, named by its sha256, written only by the
+// executor after it hashed what it wrote.
+func ArchiveCacheDir(stateDir string) string { return filepath.Join(stateDir, "archives") }
+
+// MaxArchiveBytes bounds one archive, as a stream into the cache and as the
+// files it holds.
+const MaxArchiveBytes = maxArchiveBytes
+
+// MaxArchiveCacheBytes bounds the cache as a whole: a stream that would
+// take it past this is refused. What no declaration names any more is
+// pruned after each link apply (PruneArchiveCache), so the bound is met by
+// what is declared, not by what was once streamed.
+const MaxArchiveCacheBytes = 2 * maxArchiveBytes
+
+// ArchiveCacheBytes is the size of everything in the cache now.
+func ArchiveCacheBytes(stateDir string) uint64 {
+	ents, _ := os.ReadDir(ArchiveCacheDir(stateDir))
+	var n uint64
+	for _, e := range ents {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			n += uint64(info.Size())
+		}
+	}
+	return n
+}
+
+// PruneArchiveCache removes every cached archive whose digest keep lacks
+// (temporaries of streams in flight are not archives, and stay). It
+// returns the digests removed.
+func PruneArchiveCache(stateDir string, keep map[string]bool) []string {
+	dir := ArchiveCacheDir(stateDir)
+	ents, _ := os.ReadDir(dir)
+	var gone []string
+	for _, e := range ents {
+		if ValidDigest(e.Name()) && !keep[e.Name()] && e.Type().IsRegular() {
+			if os.Remove(filepath.Join(dir, e.Name())) == nil {
+				gone = append(gone, e.Name())
+			}
+		}
+	}
+	return gone
+}
+
+// ArchiveDigests are the digests of the archives d declares.
+func ArchiveDigests(d *shapes.Declaration, into map[string]bool) {
+	for _, r := range d.Resources {
+		if a, ok := r.(*shapes.Archive); ok {
+			into[a.SHA256] = true
+		}
+	}
+}
 
 // archiveCache is where archives are kept, by digest.
 func (r *run) archiveCache(sum string) string {
-	return filepath.Join(r.st.Dir(), "archives", sum)
+	return filepath.Join(ArchiveCacheDir(r.st.Dir()), sum)
+}
+
+// ValidDigest reports whether s is a sha256 as a declaration writes it: 64
+// lower-case hex digits (and so a safe file name).
+func ValidDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// CacheWriter writes one archive into the cache: in order, bounded,
+// hashing every byte as it writes it into a temporary file of its own
+// (0600, in the executor's private state), and names the result by its
+// digest only if it is the one expected. Whoever supplies the bytes is
+// trusted for nothing: the digest it claims only names the file.
+type CacheWriter struct {
+	sum, tmp, final string
+	f               *os.File
+	h               hash.Hash
+	n, limit        uint64
+}
+
+// NewCacheWriter starts writing the archive with digest sum into stateDir's
+// cache, under the temporary name <sum><suffix>, refusing more than limit
+// bytes. A temporary left by a crash is replaced.
+func NewCacheWriter(stateDir, sum, suffix string, limit uint64) (*CacheWriter, error) {
+	if !ValidDigest(sum) {
+		return nil, fmt.Errorf("archive digest %q is not 64 lower-case hex digits", sum)
+	}
+	dir := ArchiveCacheDir(stateDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	w := &CacheWriter{sum: sum, tmp: filepath.Join(dir, sum+suffix), final: filepath.Join(dir, sum), h: sha256.New(), limit: limit}
+	os.Remove(w.tmp)
+	f, err := os.OpenFile(w.tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("archive cache: %w", err)
+	}
+	w.f = f
+	return w, nil
+}
+
+// Written is how many bytes were written so far: the next chunk's offset.
+func (w *CacheWriter) Written() uint64 { return w.n }
+
+// Write appends b, which must start at offset off (the bytes written so
+// far): a chunk out of order, or one past the limit, is refused.
+func (w *CacheWriter) Write(off uint64, b []byte) error {
+	if off != w.n {
+		return fmt.Errorf("archive %s: a chunk at offset %d, where %d bytes were written; chunks come in order", w.sum, off, w.n)
+	}
+	if uint64(len(b)) > w.limit-w.n {
+		return fmt.Errorf("archive %s: more than %d bytes", w.sum, w.limit)
+	}
+	if _, err := w.f.Write(b); err != nil {
+		return fmt.Errorf("archive cache: %w", err)
+	}
+	w.h.Write(b)
+	w.n += uint64(len(b))
+	return nil
+}
+
+// Commit ends the stream: if what was written has the expected digest it
+// becomes the cache's file for it; otherwise nothing of it is kept.
+func (w *CacheWriter) Commit() (string, error) {
+	got := hex.EncodeToString(w.h.Sum(nil))
+	err := w.f.Sync()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	w.f = nil
+	if err == nil && got != w.sum {
+		err = fmt.Errorf("archive digest mismatch: the %d bytes have sha256 %s, not %s; nothing kept", w.n, got, w.sum)
+	}
+	if err == nil {
+		err = os.Rename(w.tmp, w.final)
+	}
+	if err != nil {
+		os.Remove(w.tmp)
+		return "", err
+	}
+	if d, derr := os.Open(filepath.Dir(w.final)); derr == nil {
+		d.Sync()
+		d.Close()
+	}
+	return w.final, nil
+}
+
+// Abort drops what was written.
+func (w *CacheWriter) Abort() {
+	if w.f != nil {
+		w.f.Close()
+		w.f = nil
+		os.Remove(w.tmp)
+	}
 }
 
 // fetchArchive makes sure the archive is in the cache, verified. A local
 // file or the bundle may name a file:// URL, which root is trusted to read;
-// over the link the agent streams the bytes into the cache (obj:// URLs).
+// over the link the agent streams the bytes into the cache (obj:// URLs)
+// before it forwards the declaration.
 func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 	cached := r.archiveCache(a.SHA256)
 	if sum, err := fileDigest(cached); err == nil && sum == a.SHA256 {
 		return cached, nil
 	}
+	if name, ok := strings.CutPrefix(a.URL, "obj://"); ok {
+		return "", fmt.Errorf("the agent has not streamed archive %s (%s) into the executor's cache; it is not applied until it has", a.SHA256, name)
+	}
 	src, ok := strings.CutPrefix(a.URL, "file://")
 	if !ok {
-		return "", fmt.Errorf("archive %s is not in the executor's cache, and only a file:// URL is fetched by the executor itself (the agent streams %s over the link)", a.SHA256, a.URL)
+		return "", fmt.Errorf("archive %s is not in the executor's cache, and only a file:// URL is fetched by the executor itself (the agent streams obj:// URLs over the link, not %s)", a.SHA256, a.URL)
 	}
 	if r.opt.Source == store.Link {
 		return "", fmt.Errorf("a file:// archive may come from a local file or the bundle, not over the link")
@@ -58,33 +220,42 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 	if r.opt.Plan {
 		return src, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(cached), 0o700); err != nil {
-		return "", err
-	}
 	in, err := os.Open(src)
 	if err != nil {
 		return "", fmt.Errorf("fetch archive: %w", err)
 	}
 	defer in.Close()
-	tmp := cached + ".part"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// Its own temporary name: a stream from the agent may be writing
+	// <sum>.part meanwhile.
+	w, err := NewCacheWriter(r.st.Dir(), a.SHA256, ".fetch", maxArchiveBytes)
 	if err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(out, h), io.LimitReader(in, maxArchiveBytes+1))
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
 		return "", fmt.Errorf("fetch archive: %w", err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != a.SHA256 {
-		os.Remove(tmp)
-		return "", fmt.Errorf("archive digest mismatch: %s has sha256 %s, the declaration says %s; nothing written", a.URL, got, a.SHA256)
+	buf := make([]byte, 1<<20)
+	for {
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if err := w.Write(w.Written(), buf[:n]); err != nil {
+				w.Abort()
+				return "", fmt.Errorf("fetch archive %s: %w", a.URL, err)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			w.Abort()
+			return "", fmt.Errorf("fetch archive: %w", rerr)
+		}
 	}
-	return cached, os.Rename(tmp, cached)
+	p, err := w.Commit()
+	if err != nil {
+		if strings.Contains(err.Error(), "digest mismatch") {
+			return "", fmt.Errorf("archive digest mismatch: %s has sha256 %s, the declaration says %s; nothing written", a.URL, hex.EncodeToString(w.h.Sum(nil)), a.SHA256)
+		}
+		return "", fmt.Errorf("fetch archive: %w", err)
+	}
+	return p, nil
 }
 
 func fileDigest(p string) (string, error) {
@@ -161,6 +332,16 @@ func readArchive(p, dest string) ([]archiveEntry, error) {
 		case tar.TypeDir:
 			e.dir = true
 		case tar.TypeReg:
+			for k := range hdr.PAXRecords {
+				if strings.HasPrefix(k, "GNU.sparse.") {
+					// Its holes would be made up by the reader: a few bytes
+					// of archive could claim gigabytes.
+					return nil, fmt.Errorf("archive: entry %q is a sparse file; only regular files and directories are unpacked, and an archive needing one is refused rather than left incomplete", hdr.Name)
+				}
+			}
+			if hdr.Size < 0 {
+				return nil, fmt.Errorf("archive: entry %q has a negative size", hdr.Name)
+			}
 			if total += hdr.Size; total > maxArchiveBytes {
 				return nil, fmt.Errorf("archive: more than %d bytes", int64(maxArchiveBytes))
 			}

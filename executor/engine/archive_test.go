@@ -163,3 +163,51 @@ func TestArchiveDigestAndOwnership(t *testing.T) {
 		t.Fatalf("fetch over the link: %v", err)
 	}
 }
+
+// The cache writer takes chunks in order, bounded, and keeps the bytes only
+// under their own digest; anything else leaves nothing.
+func TestCacheWriter(t *testing.T) {
+	state := t.TempDir()
+	body := []byte("some archive bytes")
+	s := sha256.Sum256(body)
+	sum := hex.EncodeToString(s[:])
+	if _, err := NewCacheWriter(state, "../../etc/x", ".part", 100); err == nil {
+		t.Fatal("a digest that is not one named a file")
+	}
+	w, err := NewCacheWriter(state, sum, ".part", uint64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(3, body); err == nil || !strings.Contains(err.Error(), "in order") {
+		t.Fatalf("out of order: %v", err)
+	}
+	if err := w.Write(0, body[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(5, append(body[5:], 'x')); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("past the bound: %v", err)
+	}
+	w.Write(5, body[5:])
+	p, err := w.Commit()
+	if err != nil || p != filepath.Join(state, "archives", sum) {
+		t.Fatal(p, err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	// Another digest's name for these bytes: nothing kept.
+	other := strings.Repeat("0", 64)
+	w, _ = NewCacheWriter(state, other, ".part", 100)
+	w.Write(0, body)
+	if _, err := w.Commit(); err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("%v", err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(state, "archives"))
+	if len(ents) != 1 || ents[0].Name() != sum {
+		t.Fatalf("the cache holds %v", ents)
+	}
+	// Pruned: what keep lacks goes.
+	if gone := PruneArchiveCache(state, map[string]bool{}); len(gone) != 1 {
+		t.Fatalf("pruned %v", gone)
+	}
+}

@@ -67,7 +67,16 @@ type Config struct {
 }
 
 // handler serves one request kind on a connection.
-type handler func(s *Server, ctx context.Context, c *wire.Conn, body any) error
+type handler func(s *Server, ctx context.Context, c *conn, body any) error
+
+// conn is one agent connection and what the executor keeps for it.
+type conn struct {
+	*wire.Conn
+	// archive is the archive stream in flight on this connection, if any:
+	// one at a time.
+	archive *engine.CacheWriter
+	sum     string
+}
 
 // handlers is the executor's half of the protocol table: one handler per
 // request kind. A test holds it, the table and the codec to the same set.
@@ -76,6 +85,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindDeclaration: (*Server).declaration,
 	wire.KindReconnected: (*Server).reconnected,
 	wire.KindStatus:      (*Server).status,
+	wire.KindArchive:     (*Server).archiveChunk,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -100,6 +110,11 @@ type Server struct {
 	// +checklocks:lastMu
 	lastReconnect time.Time
 	lastMu        sync.Mutex
+	// streaming names the archives being streamed into the cache now, on
+	// any connection: one stream per digest.
+	// +checklocks:streamMu
+	streaming map[string]bool
+	streamMu  sync.Mutex
 }
 
 type lastApplied struct {
@@ -125,7 +140,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns)}
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}}
 	if f, err := readFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}
@@ -190,14 +205,15 @@ func (s *Server) refuse(c *wire.Conn, code wire.Code, msg string, args ...any) {
 }
 
 func (s *Server) handle(ctx context.Context, nc net.Conn) {
-	c := wire.NewConn(nc, wire.AgentToExecutor)
+	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor)}
+	defer s.endArchive(c) // a stream cut off leaves nothing
 	peer, err := wire.PeerOf(nc)
 	if err != nil {
-		s.refuse(c, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
+		s.refuse(c.Conn, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
 		return
 	}
 	if peer.UID != 0 && (s.cfg.AgentUID < 0 || peer.UID != uint32(s.cfg.AgentUID)) {
-		s.refuse(c, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
+		s.refuse(c.Conn, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
 		return
 	}
 	state := wire.StateNew
@@ -207,7 +223,7 @@ func (s *Server) handle(ctx context.Context, nc net.Conn) {
 		if err != nil {
 			var r *wire.Refusal
 			if errors.As(err, &r) {
-				s.refuse(c, r.Code, "%s", r.Reason)
+				s.refuse(c.Conn, r.Code, "%s", r.Reason)
 				return
 			}
 			if !errors.Is(err, io.EOF) {
@@ -217,27 +233,34 @@ func (s *Server) handle(ctx context.Context, nc net.Conn) {
 			return
 		}
 		if !wire.Allowed(k, state) {
-			s.refuse(c, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
+			if state == wire.StateArchiving {
+				s.refuse(c.Conn, wire.CodeProtocol, "%s is not allowed now: archive %s is streaming, and only its next chunk may come", k, c.sum)
+				return
+			}
+			s.refuse(c.Conn, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
 			return
 		}
 		now := time.Now()
 		tokens = min(float64(s.cfg.Burst), tokens+now.Sub(lastFill).Seconds()*s.cfg.Rate)
 		lastFill = now
 		if tokens < 1 {
-			s.refuse(c, wire.CodeBusy, "more than %g requests a second; refused", s.cfg.Rate)
+			s.refuse(c.Conn, wire.CodeBusy, "more than %g requests a second; refused", s.cfg.Rate)
 			return
 		}
 		tokens--
 		h, ok := handlers[k]
 		if !ok {
-			s.refuse(c, wire.CodeProtocol, "%s has no handler", k)
+			s.refuse(c.Conn, wire.CodeProtocol, "%s has no handler", k)
 			return
 		}
 		if err := h(s, ctx, c, body); err != nil {
-			s.refuse(c, wire.CodeOf(err), "%v", err)
+			s.refuse(c.Conn, wire.CodeOf(err), "%v", err)
 			return
 		}
-		if k == wire.KindHello {
+		switch {
+		case c.archive != nil:
+			state = wire.StateArchiving
+		case k == wire.KindHello || k == wire.KindArchive:
 			state = wire.StateReady
 		}
 	}
@@ -247,7 +270,7 @@ func (s *Server) identity() (*identity.Identity, error) {
 	return identity.Load(s.cfg.StateDir)
 }
 
-func (s *Server) hello(_ context.Context, c *wire.Conn, body any) error {
+func (s *Server) hello(_ context.Context, c *conn, body any) error {
 	h := body.(*wire.Hello)
 	if h.Protocol != wire.ProtocolVersion {
 		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
@@ -259,7 +282,7 @@ func (s *Server) hello(_ context.Context, c *wire.Conn, body any) error {
 	return c.Write(wire.KindHelloReply, reply)
 }
 
-func (s *Server) status(_ context.Context, c *wire.Conn, _ any) error {
+func (s *Server) status(_ context.Context, c *conn, _ any) error {
 	s.lastMu.Lock()
 	last := s.last
 	s.lastMu.Unlock()
@@ -296,14 +319,14 @@ const lineDeadline = 5 * time.Second
 // a loop of full reconciles.
 const reconnectEvery = 10 * time.Second
 
-func (s *Server) declaration(ctx context.Context, c *wire.Conn, body any) error {
-	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c))
+func (s *Server) declaration(ctx context.Context, c *conn, body any) error {
+	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c.Conn))
 	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
 	defer c.NetConn().SetWriteDeadline(time.Time{})
 	return c.Write(wire.KindVerdict, v)
 }
 
-func (s *Server) reconnected(ctx context.Context, c *wire.Conn, _ any) error {
+func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {
 	s.lastMu.Lock()
 	recent := time.Since(s.lastReconnect) < reconnectEvery
 	if !recent {
@@ -314,10 +337,100 @@ func (s *Server) reconnected(ctx context.Context, c *wire.Conn, _ any) error {
 		// Answered, not refused: a link that flaps is not an attack.
 		return c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"})
 	}
-	v := s.Reconcile(ctx, "reconnect", stream(c))
+	v := s.Reconcile(ctx, "reconnect", stream(c.Conn))
 	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
 	defer c.NetConn().SetWriteDeadline(time.Time{})
 	return c.Write(wire.KindVerdict, v)
+}
+
+// archiveChunk takes one chunk of an archive stream into the cache. The
+// stream is the agent's word for nothing: its digest only names the file,
+// which is kept only if what was written has that digest; whether and
+// where an archive is unpacked comes from a signed declaration alone.
+// Only an enrolled executor takes a stream (a hosted one takes nothing
+// from the link); chunks come in order, one stream per connection and per
+// digest, each bounded, the whole bounded; anything else ends the stream,
+// leaving nothing, and closes the connection.
+func (s *Server) archiveChunk(_ context.Context, c *conn, body any) error {
+	a := body.(*wire.Archive)
+	if c.archive == nil {
+		if !engine.ValidDigest(a.SHA256) {
+			return &wire.Refusal{Code: wire.CodeMalformed, Reason: fmt.Sprintf("archive digest %q is not 64 lower-case hex digits", a.SHA256)}
+		}
+		id, err := s.identity()
+		if err != nil {
+			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+		}
+		if id == nil {
+			return &wire.Refusal{Code: wire.CodeNotEnrolled, Reason: "this host has no identity (hosted): it takes no archive from the link"}
+		}
+		if a.Offset != 0 {
+			return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s: a stream starts at offset 0, not %d", a.SHA256, a.Offset)}
+		}
+		s.streamMu.Lock()
+		busy := s.streaming[a.SHA256]
+		if !busy {
+			s.streaming[a.SHA256] = true
+		}
+		s.streamMu.Unlock()
+		if busy {
+			return &wire.Refusal{Code: wire.CodeBusy, Reason: fmt.Sprintf("archive %s is being streamed on another connection", a.SHA256)}
+		}
+		limit := uint64(engine.MaxArchiveBytes)
+		if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used >= engine.MaxArchiveCacheBytes {
+			limit = 0
+		} else {
+			limit = min(limit, engine.MaxArchiveCacheBytes-used)
+		}
+		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, ".part", limit)
+		if err != nil {
+			s.release(a.SHA256)
+			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+		}
+		c.archive, c.sum = w, a.SHA256
+	} else if a.SHA256 != c.sum {
+		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s while %s is streaming: one stream at a time", a.SHA256, c.sum)}
+	}
+	if err := c.archive.Write(a.Offset, a.Chunk); err != nil {
+		code := wire.CodeProtocol
+		if a.Offset == c.archive.Written() {
+			code = wire.CodeTooLarge // in order: over the bound, or the disk
+		}
+		return &wire.Refusal{Code: code, Reason: err.Error()}
+	}
+	if !a.Last {
+		return nil
+	}
+	w, sum := c.archive, c.sum
+	c.archive, c.sum = nil, ""
+	_, err := w.Commit()
+	s.release(sum)
+	ack := &wire.ArchiveAck{SHA256: sum, Stored: err == nil}
+	if err != nil {
+		ack.Reason = "executor: " + err.Error()
+		s.log.Warn("an archive stream was not kept", "sha256", sum, "err", err)
+	} else {
+		s.log.Info("archive stored in the cache", "sha256", sum, "bytes", w.Written())
+	}
+	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
+	defer c.NetConn().SetWriteDeadline(time.Time{})
+	return c.Write(wire.KindArchiveAck, ack)
+}
+
+// endArchive drops a stream the connection did not finish.
+func (s *Server) endArchive(c *conn) {
+	if c.archive != nil {
+		c.archive.Abort()
+		s.release(c.sum)
+		s.log.Warn("an archive stream ended before its last chunk; nothing kept", "sha256", c.sum, "bytes", c.archive.Written())
+		c.archive, c.sum = nil, ""
+	}
+}
+
+func (s *Server) release(sum string) {
+	s.streamMu.Lock()
+	delete(s.streaming, sum)
+	s.streamMu.Unlock()
 }
 
 // lastOutcome is the outcome of the last link apply: this process's, or
@@ -445,6 +558,9 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted})
 	s.record(st, store.Link, rep)
+	if rep.Outcome != shapes.Refused {
+		s.pruneArchives(st, d)
+	}
 	if rep.Outcome == shapes.Refused {
 		v = refusal(wire.CodeInvalid, "%s", strings.TrimPrefix(rep.Refused, "executor: "))
 		v.Seq = d.Seq
@@ -461,6 +577,28 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 	}
 	return v
+}
+
+// pruneArchives keeps in the cache only the archives that the link
+// declaration just accepted, or the bundle's or a rescue file's target,
+// names: what was streamed and is declared by nothing goes.
+func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
+	keep := map[string]bool{}
+	engine.ArchiveDigests(link, keep)
+	for _, src := range []store.Source{store.Bundle, store.Local} {
+		raw, err := st.Target(src)
+		if err != nil || raw == nil {
+			continue
+		}
+		d, err := shapes.ParseTrusted(raw)
+		if err != nil {
+			return // keep everything rather than guess
+		}
+		engine.ArchiveDigests(d, keep)
+	}
+	if gone := engine.PruneArchiveCache(s.cfg.StateDir, keep); len(gone) > 0 {
+		s.log.Info("archives no declaration names were dropped from the cache", "sha256", gone)
+	}
 }
 
 func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {

@@ -1,10 +1,15 @@
 package serve
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -504,6 +509,10 @@ func child(mode, sock, dir string) int {
 				o.Outcome, o.Code = string(body.(*wire.Verdict).Outcome), body.(*wire.Verdict).Code.String()
 				break
 			}
+			if k == wire.KindArchiveAck {
+				o.Outcome = map[bool]string{true: "stored", false: "not-stored"}[body.(*wire.ArchiveAck).Stored]
+				break
+			}
 			if k != wire.KindReportLine {
 				break
 			}
@@ -528,6 +537,21 @@ func child(mode, sock, dir string) int {
 			body, _ := wire.Encode(&wire.Declaration{Envelope: envelope})
 			try("envelope/"+strings.TrimSuffix(ent.Name(), ".env"), hello(), frame(wire.KindDeclaration, body))
 		}
+		// Archive streams: bytes that are not what their digest says, a
+		// chunk out of order, a second stream overtaking the first, a
+		// request overtaking a stream.
+		sum := strings.Repeat("ab", 32)
+		chunk := func(sum string, off uint64, b string, last bool) []byte {
+			body, _ := wire.Encode(&wire.Archive{SHA256: sum, Offset: off, Chunk: []byte(b), Last: last})
+			return frame(wire.KindArchive, body)
+		}
+		status, _ := wire.Encode(&wire.Status{})
+		try("stream/wrong-digest", hello(), chunk(sum, 0, "not ", false), chunk(sum, 4, "these bytes", true))
+		try("stream/out-of-order", hello(), chunk(sum, 0, "abc", false), chunk(sum, 7, "def", true))
+		try("stream/not-at-zero", hello(), chunk(sum, 5, "abc", true))
+		try("stream/two-at-once", hello(), chunk(sum, 0, "abc", false), chunk(strings.Repeat("cd", 32), 0, "def", true))
+		try("stream/overtaken", hello(), chunk(sum, 0, "abc", false), frame(wire.KindStatus, status))
+		try("stream/bad-digest", hello(), chunk("../../../../etc/passwd", 0, "x", true))
 	}
 	json.NewEncoder(os.Stdout).Encode(obs)
 	return 0
@@ -599,6 +623,11 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",
+		// An empty archive chunk names no digest.
+		"ready/archive":       "error malformed",
+		"stream/wrong-digest": "archive-ack not-stored", "stream/out-of-order": "error protocol",
+		"stream/not-at-zero": "error protocol", "stream/two-at-once": "error protocol",
+		"stream/overtaken": "error protocol", "stream/bad-digest": "error malformed",
 	}
 	for _, s := range wire.Table {
 		for _, st := range []string{"new/", "ready/"} {
@@ -617,6 +646,9 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 	}
 	if e.snapshot() != before {
 		t.Fatal("the compromised agent changed the machine or the store")
+	}
+	if left := e.cache(); len(left) != 0 {
+		t.Fatalf("the compromised agent left something in the archive cache: %v", left)
 	}
 	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "five" {
 		t.Fatalf("motd = %q", b)
@@ -701,5 +733,206 @@ func TestRetire(t *testing.T) {
 	}
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 3, file("motd", "y")))); v.Code != wire.CodeNotEnrolled {
 		t.Fatalf("a retired node took a declaration: %+v", v)
+	}
+}
+
+// --- Archives streamed into the cache. ---
+
+// tgz is a gzipped tar of a directory "theme" holding one file.
+func tgz(t *testing.T, content string) ([]byte, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "theme/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "theme/index.theme", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(content))})
+	tw.Write([]byte(content))
+	tw.Close()
+	gz.Close()
+	sum := sha256.Sum256(buf.Bytes())
+	return buf.Bytes(), hex.EncodeToString(sum[:])
+}
+
+// streamArchive sends b in chunks of size n under the digest sum, and reads
+// the answer to the last.
+func streamArchive(t *testing.T, c *wire.Conn, sum string, b []byte, n int) *wire.ArchiveAck {
+	t.Helper()
+	off := 0
+	for {
+		end := min(off+n, len(b))
+		if err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Offset: uint64(off), Chunk: b[off:end], Last: end == len(b)}); err != nil {
+			t.Fatal(err)
+		}
+		if end == len(b) {
+			break
+		}
+		off = end
+	}
+	k, body, err := c.Read()
+	if err != nil || k != wire.KindArchiveAck {
+		t.Fatalf("the answer to the last chunk: %v %+v %v", k, body, err)
+	}
+	return body.(*wire.ArchiveAck)
+}
+
+// cache lists the executor's archive cache.
+func (e *env) cache() []string {
+	ents, _ := os.ReadDir(filepath.Join(e.state, "archives"))
+	var out []string
+	for _, x := range ents {
+		out = append(out, x.Name())
+	}
+	return out
+}
+
+func archiveDecl(sum string) []string {
+	return []string{
+		`{"module":"ui","id":"themes","type":"directory","path":"{root}/themes"}`,
+		fmt.Sprintf(`{"module":"ui","id":"theme","type":"archive","url":"obj://%s","sha256":%q,"destination":"{root}/themes"}`, sum, sum),
+	}
+}
+
+// A stream is hashed as it is written, kept under its digest (0600, in the
+// executor's own state), and a declaration naming it by obj:// unpacks it
+// from there. An archive no declaration names any more leaves the cache.
+func TestArchiveStreamedThenApplied(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	b, sum := tgz(t, "[Theme]\n")
+	// Before it is streamed, the declaration's archive step fails, saying so.
+	lines, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, archiveDecl(sum)...)))
+	if v.Outcome != shapes.Failed || len(lines) != 2 || !strings.Contains(lines[1].Detail, "the agent has not streamed archive "+sum) {
+		t.Fatalf("not streamed: %+v %+v", v, lines)
+	}
+	if ack := streamArchive(t, c, sum, b, 100); !ack.Stored || ack.SHA256 != sum {
+		t.Fatalf("%+v", ack)
+	}
+	fi, err := os.Stat(filepath.Join(e.state, "archives", sum))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the cached archive: %v %v", fi, err)
+	}
+	if got := e.cache(); len(got) != 1 {
+		t.Fatalf("the cache holds %v", got)
+	}
+	lines, v = e.push(c, e.seal(e.decl("n1", "e-1", 2, archiveDecl(sum)...)))
+	if v.Outcome != shapes.Applied {
+		t.Fatalf("%+v %+v", v, lines)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.root, "themes/theme/index.theme")); string(got) != "[Theme]\n" {
+		t.Fatalf("unpacked: %q", got)
+	}
+	// Streamed again (the agent does so before each forward): the same.
+	if ack := streamArchive(t, c, sum, b, wire.MaxArchiveChunk); !ack.Stored {
+		t.Fatalf("%+v", ack)
+	}
+	// Undeclared: the files go, and so does the cached archive.
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 3, file("motd", "x")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if got := e.cache(); len(got) != 0 {
+		t.Fatalf("the cache kept what nothing declares: %v", got)
+	}
+}
+
+// A stream whose bytes are not what its digest says is refused, and leaves
+// nothing: not the archive, not its temporary. The connection goes on.
+func TestArchiveWrongDigestLeavesNothing(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	b, _ := tgz(t, "genuine")
+	_, other := tgz(t, "other")
+	ack := streamArchive(t, c, other, b, 64)
+	if ack.Stored || !strings.Contains(ack.Reason, "not "+other) || !strings.Contains(ack.Reason, "nothing kept") {
+		t.Fatalf("%+v", ack)
+	}
+	if got := e.cache(); len(got) != 0 {
+		t.Fatalf("the cache holds %v", got)
+	}
+	// Nor does a declaration naming that digest find anything.
+	lines, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, archiveDecl(other)...)))
+	if v.Outcome != shapes.Failed || !strings.Contains(lines[1].Detail, "has not streamed") {
+		t.Fatalf("%+v %+v", v, lines)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, "themes/theme")); !os.IsNotExist(err) {
+		t.Fatal("something was unpacked")
+	}
+}
+
+// Violations end the stream, leaving nothing, and close the connection:
+// an offset out of order, a second digest, another request overtaking the
+// stream, a stream cut off.
+func TestArchiveStreamViolations(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	b, sum := tgz(t, "x")
+	cases := []struct {
+		name string
+		next any
+		kind wire.Kind
+		code wire.Code
+		want string
+	}{
+		{"out of order", &wire.Archive{SHA256: sum, Offset: 50, Chunk: b[10:]}, wire.KindArchive, wire.CodeProtocol, "chunks come in order"},
+		{"again from zero", &wire.Archive{SHA256: sum, Offset: 0, Chunk: b}, wire.KindArchive, wire.CodeProtocol, "chunks come in order"},
+		{"another digest", &wire.Archive{SHA256: strings.Repeat("0", 64), Chunk: b}, wire.KindArchive, wire.CodeProtocol, "one stream at a time"},
+		{"a declaration overtaking it", &wire.Declaration{Envelope: e.seal(e.decl("n1", "e-1", 1, archiveDecl(sum)...))}, wire.KindDeclaration, wire.CodeProtocol, "only its next chunk may come"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.dial()
+			if err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b[:10]}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Write(tc.kind, tc.next); err != nil {
+				t.Fatal(err)
+			}
+			werr := readError(t, c.NetConn(), c)
+			if werr.Code != tc.code || !strings.Contains(werr.Message, tc.want) {
+				t.Fatalf("%+v, want %s containing %q", werr, tc.code, tc.want)
+			}
+			waitEmpty(t, e)
+		})
+	}
+	t.Run("cut off", func(t *testing.T) {
+		c := e.dial()
+		if err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b[:10]}); err != nil {
+			t.Fatal(err)
+		}
+		// The same digest on another connection waits its turn.
+		c2 := e.dial()
+		c2.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b, Last: true})
+		if werr := readError(t, c2.NetConn(), c2); werr.Code != wire.CodeBusy {
+			t.Fatalf("%+v", werr)
+		}
+		c.Close()
+		waitEmpty(t, e)
+		// And then it is free.
+		if ack := streamArchive(t, e.dial(), sum, b, 7); !ack.Stored {
+			t.Fatalf("%+v", ack)
+		}
+	})
+}
+
+func waitEmpty(t *testing.T, e *env) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.cache()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the cache holds %v after a refused stream", e.cache())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A hosted executor takes no archive from the link.
+func TestHostedTakesNoArchive(t *testing.T) {
+	e := newEnv(t, nobody, false)
+	c := e.dial()
+	b, sum := tgz(t, "x")
+	c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b, Last: true})
+	if werr := readError(t, c.NetConn(), c); werr.Code != wire.CodeNotEnrolled || !strings.Contains(werr.Message, "no identity (hosted)") {
+		t.Fatalf("%+v", werr)
+	}
+	if got := e.cache(); len(got) != 0 {
+		t.Fatalf("a hosted executor cached %v", got)
 	}
 }

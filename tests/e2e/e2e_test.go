@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -289,5 +294,77 @@ func TestFlurryConvergesOnTheNewest(t *testing.T) {
 	// newest: never each in turn.
 	if applied > 2 {
 		t.Fatalf("%d declarations applied in turn, %d superseded", applied, superseded)
+	}
+}
+
+// An archive over the link: put into the control side's archive store,
+// named by obj:// in a declaration, read by the agent from the store,
+// streamed into the executor's private cache, unpacked from there. An
+// archive resource whose pinned digest is not the stored object's is
+// refused by the agent, and nothing reaches the executor.
+func TestArchiveOverTheLink(t *testing.T) {
+	m := newMesh(t)
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "site/", Typeflag: tar.TypeDir, Mode: 0o755})
+	big := bytes.Repeat([]byte("0123456789abcdef"), 200000) // 3.2 MB: several chunks each way
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(big), func(i, j int) { big[i], big[j] = big[j], big[i] })
+	for name, body := range map[string][]byte{"site/index.html": []byte("<h1>over the link</h1>\n"), "site/big.bin": big} {
+		tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+		tw.Write(body)
+	}
+	tw.Close()
+	gz.Close()
+	tgz := filepath.Join(m.base, "site.tgz")
+	os.WriteFile(tgz, buf.Bytes(), 0o600)
+	var put struct {
+		SHA256 string `json:"sha256"`
+		URL    string `json:"url"`
+	}
+	if err := json.Unmarshal([]byte(m.run("mesh-control", "archive", "put", tgz, "--dir", m.ctl, "--json")), &put); err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(buf.Bytes())
+	if put.SHA256 != hex.EncodeToString(want[:]) || put.URL != "obj://"+put.SHA256 {
+		t.Fatalf("archive put: %+v", put)
+	}
+	doc := `{"version":1,"resources":[
+		{"module":"web","id":"root","type":"directory","path":"{root}/www"},
+		{"module":"web","id":"site","type":"archive","url":%q,"sha256":%q,"destination":"{root}/www"}]}`
+	seq := m.declare(fmt.Sprintf(doc, put.URL, put.SHA256))
+	r := m.reportFor(seq)
+	if r.Outcome != shapes.Applied || len(r.Lines) != 2 || r.Lines[1].Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "www/site/index.html")); string(b) != "<h1>over the link</h1>\n" {
+		t.Fatalf("the machine: %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "www/site/big.bin")); !bytes.Equal(b, big) {
+		t.Fatalf("big.bin: %d bytes, not the archive's %d", len(b), len(big))
+	}
+	if fi, err := os.Stat(filepath.Join(m.state, "archives", put.SHA256)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the executor's cache: %v %v", fi, err)
+	}
+
+	// The stored object under another pin: the agent refuses it.
+	other := strings.Repeat("ab", 32)
+	seq = m.declare(fmt.Sprintf(`{"version":1,"resources":[
+		{"module":"web","id":"root","type":"directory","path":"{root}/www"},
+		{"module":"web","id":"site","type":"archive","url":%q,"sha256":%q,"destination":"{root}/www"}]}`, put.URL, other))
+	r = m.reportFor(seq)
+	if r.Outcome != shapes.Refused || r.RefusedBy != "agent" || r.Code != "archive" || !strings.Contains(r.Refused, "the declaration pins "+other) {
+		t.Fatalf("a mismatched archive: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(m.state, "archives", other)); !os.IsNotExist(err) {
+		t.Fatal("the mismatched archive reached the executor's cache")
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "www/site/index.html")); string(b) != "<h1>over the link</h1>\n" {
+		t.Fatal("the refused declaration changed the machine")
+	}
+	// Not in the store at all: refused, saying so.
+	seq = m.declare(fmt.Sprintf(doc, "obj://"+other, other))
+	if r = m.reportFor(seq); r.Outcome != shapes.Refused || !strings.Contains(r.Refused, "is not in the archive store") {
+		t.Fatalf("a missing archive: %+v", r)
 	}
 }

@@ -221,7 +221,7 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 			return err
 		}
 		r = a.report(best.seq)
-		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate = best.sseq, v.Outcome, lines, v.Duplicate
+		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = best.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}

@@ -34,8 +34,10 @@ type Report struct {
 	SupersededBy      uint64         `json:"superseded_by,omitempty"`
 	SupersededOutcome shapes.Outcome `json:"superseded_outcome,omitempty"`
 	// Duplicate: the executor had applied these exact bytes before.
-	Duplicate bool      `json:"duplicate,omitempty"`
-	At        time.Time `json:"at"`
+	Duplicate bool `json:"duplicate,omitempty"`
+	// Briefing: what the apply found on an adopted node.
+	Briefing *shapes.Briefing `json:"briefing,omitempty"`
+	At       time.Time        `json:"at"`
 }
 
 // The triggers of a report.

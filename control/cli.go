@@ -72,6 +72,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.dir, "dir", "", "the key directory")
 	fs.StringVar(&c.nats, "nats", "", "the broker URL (client commands); serve: an existing broker instead of the embedded one")
 	fs.BoolVar(&c.json, "json", false, "JSON output")
+	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare: assign to a node whose adoption briefing has a failed line (to push the fix)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 	var hosts listFlag
 	fs.Var(&hosts, "host", "init: another name or address for the broker certificate (repeatable)")
@@ -157,7 +158,9 @@ type cli struct {
 	stdout, stderr io.Writer
 	dir, nats      string
 	json, verbose  bool
-	log            *slog.Logger
+	// despiteBriefing: declare to a node whose briefing has a failed line.
+	despiteBriefing bool
+	log             *slog.Logger
 }
 
 func (c *cli) printJSON(v any) error {
@@ -248,6 +251,7 @@ func (c *cli) declare(node, file string) error {
 		return err
 	}
 	defer cl.Close()
+	cl.DespiteBriefing = c.despiteBriefing
 	seq, err := cl.Declare(c.ctx, node, data)
 	if err != nil {
 		return err

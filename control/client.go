@@ -63,7 +63,10 @@ type Client struct {
 	KV   jetstream.KeyValue
 	// Archives is the object store of archives (agent.ArchiveBucket).
 	Archives jetstream.ObjectStore
-	log      *slog.Logger
+	// DespiteBriefing lets Declare assign to a node whose briefing has a
+	// failed line: the way to push the fix.
+	DespiteBriefing bool
+	log             *slog.Logger
 }
 
 // Connect connects to url ("" for the key directory's broker_url) and makes
@@ -308,6 +311,18 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	rec, rev, err := c.Node(ctx, node)
 	if err != nil {
 		return 0, err
+	}
+	// A node whose adoption briefing has a failed line is a node, but is
+	// assigned nothing until the failure is resolved.
+	if b := c.Briefing(ctx, node); b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
+		why := ""
+		for _, f := range b.Findings {
+			if f.Mark == shapes.MarkFailed {
+				why = fmt.Sprintf("%s.%s: %s", f.Module, f.ID, f.Detail)
+				break
+			}
+		}
+		return 0, fmt.Errorf("node %s has a failed briefing line (%s); it is assigned nothing until that is resolved (declare with --despite-briefing to push the fix)", node, why)
 	}
 	fill := func(seq uint64) ([]byte, error) {
 		m["node"], _ = json.Marshal(rec.Name)

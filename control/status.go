@@ -32,7 +32,9 @@ type NodeStatus struct {
 	LastRefused     string         `json:"last_refused,omitempty"`
 	LastLinkError   string         `json:"last_link_error,omitempty"`
 	LastReport      *agent.Report  `json:"last_report,omitempty"`
-	Heartbeat       *agent.Heartbeat
+	// Briefing is what adoption found, as the node last reported it.
+	Briefing  *shapes.Briefing `json:"briefing,omitempty"`
+	Heartbeat *agent.Heartbeat
 }
 
 // The registry's states beyond the agent's own.
@@ -67,6 +69,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 				s.Applied = rep.Seq
 			}
 		}
+		s.Briefing = c.Briefing(ctx, r.Name)
 		var hb agent.Heartbeat
 		if c.getJSON(ctx, "heartbeat."+r.Name, &hb) {
 			s.Heartbeat = &hb
@@ -216,4 +219,25 @@ func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
 	if _, err := c.KV.Put(ctx, kind+"."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
 		c.log.Error("registry: "+err.Error(), "node", node)
 	}
+	// A briefing is kept apart: later reports without one do not erase
+	// what adoption found, and a failed line holds the node's assignments.
+	var b struct {
+		Briefing *shapes.Briefing `json:"briefing"`
+	}
+	if kind == "report" && json.Unmarshal(m.Data(), &b) == nil && b.Briefing != nil {
+		if data, err := json.Marshal(b.Briefing); err == nil {
+			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil && !errors.Is(err, context.Canceled) {
+				c.log.Error("registry: "+err.Error(), "node", node)
+			}
+		}
+	}
+}
+
+// Briefing returns the last briefing a node reported, or nil.
+func (c *Client) Briefing(ctx context.Context, node string) *shapes.Briefing {
+	var b shapes.Briefing
+	if !c.getJSON(ctx, "briefing."+node, &b) {
+		return nil
+	}
+	return &b
 }

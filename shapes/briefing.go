@@ -1,6 +1,9 @@
 package shapes
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Mark is a briefing line's verdict: what adoption found, and whether the
 // mesh can take it over as it is.
@@ -50,4 +53,33 @@ func DeriveMark(fs []Finding) Mark {
 		}
 	}
 	return markOrder[worst]
+}
+
+// Summary is the briefing as it travels upward: its outcome, every line
+// that is not ok and what to look at, each capped at max, with the count
+// of ok lines left out said in LookAt. The whole briefing stays on the
+// node (mesh-executor briefing).
+func (b *Briefing) Summary(max int) *Briefing {
+	if b == nil {
+		return nil
+	}
+	s := &Briefing{Outcome: b.Outcome, Node: b.Node, Seq: b.Seq, At: b.At, Findings: []Finding{}, LookAt: []string{}}
+	ok := 0
+	for _, f := range b.Findings {
+		switch {
+		case f.Mark == MarkOK:
+			ok++
+		case len(s.Findings) < max:
+			s.Findings = append(s.Findings, f)
+		}
+	}
+	for _, l := range b.LookAt {
+		if len(s.LookAt) < max {
+			s.LookAt = append(s.LookAt, l)
+		}
+	}
+	if ok > 0 {
+		s.LookAt = append(s.LookAt, fmt.Sprintf("%d findings are ok (not listed here; mesh-executor briefing on the node has them all).", ok))
+	}
+	return s
 }

@@ -76,7 +76,7 @@ var Table = []Spec{
 	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }},
 	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }},
 	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Reconnected) }},
-	{KindVerdict, "verdict", ExecutorToAgent, nil, 64 << 10, func() any { return new(Verdict) }},
+	{KindVerdict, "verdict", ExecutorToAgent, nil, 256 << 10, func() any { return new(Verdict) }},
 	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Status) }},
 	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
@@ -179,6 +179,9 @@ type Verdict struct {
 	Reason  string         `cbor:"4,keyasint"`
 	// Duplicate: these exact bytes were applied before; nothing was done.
 	Duplicate bool `cbor:"5,keyasint"`
+	// Briefing: what an apply on an adopted node found, for the control
+	// side to keep (it assigns a node with a failed line nothing new).
+	Briefing *shapes.Briefing `cbor:"6,keyasint,omitempty"`
 }
 
 // Error refuses the connection; the executor closes it after sending.

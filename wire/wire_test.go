@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -73,7 +74,9 @@ func TestEveryKindRoundTrips(t *testing.T) {
 		KindDeclaration: &Declaration{Envelope: []byte{1, 2, 3}},
 		KindReportLine:  &shapes.Line{Module: "m", ID: "i", Type: "file", Outcome: shapes.Applied, Detail: "d"},
 		KindReconnected: &Reconnected{},
-		KindVerdict:     &Verdict{Seq: 3, Outcome: shapes.Refused, Code: CodeReplay, Reason: "r", Duplicate: true},
+		KindVerdict: &Verdict{Seq: 3, Outcome: shapes.Refused, Code: CodeReplay, Reason: "r", Duplicate: true,
+			Briefing: &shapes.Briefing{Outcome: shapes.MarkKept, Node: "n", Seq: 3, At: time.Unix(1700000000, 0),
+				Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "m", ID: "i", Type: "file", Detail: "d"}}, LookAt: []string{"l"}}},
 		KindStatus:      &Status{},
 		KindStatusReply: &StatusReply{Version: "v", Build: "b", State: "s", Node: "n", Seq: 9, Outcome: shapes.Held},
 		KindError:       &Error{Code: CodeBusy, Message: "m"},

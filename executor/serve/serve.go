@@ -567,6 +567,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return v
 	}
 	v.Outcome = rep.Outcome
+	v.Briefing = rep.Briefing.Summary(100)
 	if d.Retire && rep.Outcome != shapes.Failed {
 		// Retired: it holds nothing now, and drops its identity; back to
 		// hosted, it takes nothing more from the link.

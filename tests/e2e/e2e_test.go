@@ -368,3 +368,39 @@ func TestArchiveOverTheLink(t *testing.T) {
 		t.Fatalf("a missing archive: %+v", r)
 	}
 }
+
+// An adopted node's briefing goes upward with its report; a failed line
+// holds the node's assignments until the fix is pushed on purpose.
+func TestBriefingUpwardHoldsAssignments(t *testing.T) {
+	m := newMesh(t)
+	os.WriteFile(filepath.Join(m.tree, "motd"), []byte("the machine's own\n"), 0o644)
+	seq := m.declare(`{"version":1,"adopted":true,"resources":[` +
+		`{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"mesh\n"},` +
+		`{"module":"base","id":"broken","type":"file","path":"{root}/missing/dir/x","content":"x"}]}`)
+	r := m.reportFor(seq)
+	if r.Outcome != shapes.Failed {
+		t.Fatalf("%+v", r)
+	}
+	eventually(t, "the briefing kept on the control side", func() bool {
+		b, _ := m.node()["briefing"].(map[string]any)
+		return b != nil && b["outcome"] == "failed"
+	})
+	f := filepath.Join(m.base, "next.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"adopted":true,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"mesh\n"}]}`, "{root}", m.tree)), 0o600)
+	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "has a failed briefing line (base.broken") {
+		t.Fatalf("a node with a failed briefing line was assigned more: %s", out)
+	}
+	fix := m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--despite-briefing")
+	fixSeq, _ := strconv.ParseUint(fix, 10, 64)
+	if r := m.reportFor(fixSeq); r.Outcome != shapes.Held {
+		t.Fatalf("the fix: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "the machine's own\n" {
+		t.Fatal("a held file was changed")
+	}
+	eventually(t, "the briefing resolved", func() bool {
+		b, _ := m.node()["briefing"].(map[string]any)
+		return b != nil && b["outcome"] == "kept"
+	})
+}

@@ -45,7 +45,7 @@ func detectPackages() (packageManager, error) {
 // lockedMessage makes a locked database a clear failure.
 func lockedMessage(mgr string, err error) error {
 	s := err.Error()
-	for _, w := range []string{"Could not get lock", "unable to lock database", "Unable to lock database", "database is locked"} {
+	for _, w := range []string{"Could not get lock", "Unable to acquire the dpkg", "unable to lock database", "Unable to lock database", "database is locked"} {
 		if strings.Contains(s, w) {
 			return fmt.Errorf("the %s package database is locked by another process; nothing was installed: %w", mgr, err)
 		}
@@ -72,7 +72,7 @@ func (apt) installed(ctx context.Context, pkg string) (string, bool, error) {
 func (apt) install(ctx context.Context, pkg, version string) error {
 	target := pkg
 	argv := []string{"env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--no-install-recommends",
-		"-o", "DPkg::Lock::Timeout=30", "-o", "Dpkg::Options::=--force-confold"}
+		"-o", "DPkg::Lock::Timeout=10", "-o", "Dpkg::Options::=--force-confold"}
 	if version != "" {
 		target += "=" + version
 		argv = append(argv, "--allow-downgrades")

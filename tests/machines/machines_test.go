@@ -330,3 +330,15 @@ func TestUserHomeThroughAPlantedLink(t *testing.T) {
 		t.Fatalf("exit %d %+v", code, rep.Lines)
 	}
 }
+
+// A locked dpkg database is a clear failure, not a hang: apt waits its
+// bounded time (10 s), and the step fails saying the database is locked.
+func TestPackageLockedDpkgIsAClearFailure(t *testing.T) {
+	t.Parallel()
+	m := boot(t, lab.Options{Init: lab.S6})
+	m.sh("(" + dpkgLocker + " > /tmp/locker.out 2>&1 &) ; for i in $(seq 100); do grep -q locked /tmp/locker.out 2>/dev/null && break; sleep 0.05; done; cat /tmp/locker.out")
+	rep, code := m.apply(decl(`{"module":"base","id":"jq","type":"package","name":"lp-absent-locked"}`))
+	if code != 1 || !strings.Contains(rep.Lines[0].Detail, "package database is locked by another process; nothing was installed") {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"slices"
 	"strings"
 
@@ -99,6 +100,10 @@ type run struct {
 	// forget are kept originals no entry needs once the apply's records
 	// are durable.
 	forget []string
+	// unitDirty: a unit file changed since the init last read them.
+	unitDirty bool
+	// unitFiles are units a file of this declaration defines.
+	unitFiles map[string]bool
 	// heldOK says, for each resource held on an adopted node, whether what
 	// was found is what is declared (ok) or differs (kept).
 	heldOK map[string]bool
@@ -116,7 +121,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}}
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}, unitFiles: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -142,10 +147,12 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		}
 	}
 	r.applyAll()
+	r.reloadUnits()
 	r.restartOn()
 	if !r.stopped {
 		r.removeUndeclared()
 	}
+	r.reloadUnits()
 	if !opt.Plan {
 		if err := st.Commit(); err != nil {
 			r.emit(shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
@@ -197,6 +204,13 @@ func (r *run) check() error {
 	if err := shapes.CheckProtected(d, fsx.Resolver()); err != nil {
 		return &Refusal{err.Error()}
 	}
+	// Units a file of this declaration defines: the init cannot know them
+	// before that file is written.
+	for _, res := range d.Resources {
+		if f, ok := res.(*shapes.File); ok && isUnitPath(f.Path) {
+			r.unitFiles[path.Base(f.Path)] = true
+		}
+	}
 	// Units: the init resolves aliases, and an alias of the host's own
 	// unit is refused like its name.
 	for _, res := range d.Resources {
@@ -211,8 +225,13 @@ func (r *run) check() error {
 		if err != nil {
 			return &Refusal{fmt.Sprintf("resource %s: %v", svc.Key(), err)}
 		}
+		if !cur.Known && r.unitFiles[shapes.NormaliseUnit(svc.Unit)] {
+			// Defined by a file declared here: resolved after it is written.
+			r.units[svc.Key()] = shapes.NormaliseUnit(svc.Unit)
+			continue
+		}
 		if !cur.Known {
-			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one)", svc.Key(), r.init.Name(), svc.Unit)}
+			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one; declare its unit file before it)", svc.Key(), r.init.Name(), svc.Unit)}
 		}
 		if shapes.ProtectedUnit(cur.Name) {
 			return &Refusal{fmt.Sprintf("resource %s field unit: %q is %s, the host's own unit: %v", svc.Key(), svc.Unit, cur.Name, shapes.ErrProtected)}
@@ -244,6 +263,36 @@ func (r *run) check() error {
 		r.owners[res.Head().Key()] = ow
 	}
 	return nil
+}
+
+// unitDirs are where systemd reads unit files.
+var unitDirs = []string{"/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system", "/usr/local/lib/systemd/system"}
+
+// isUnitPath reports whether p is a unit file, or in a drop-in or wants
+// directory, that systemd reads.
+func isUnitPath(p string) bool {
+	for _, d := range unitDirs {
+		if strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// reloadUnits makes the init read its unit files again when the host
+// changed one, before it is asked about a unit. Outside a plan only.
+func (r *run) reloadUnits() {
+	if !r.unitDirty || r.opt.Plan {
+		return
+	}
+	if err := r.connectInit(); err != nil {
+		return // no init to tell: nothing reads the unit files here
+	}
+	if err := r.init.Reload(r.ctx); err != nil {
+		r.log.Warn("the init could not reload its unit files", "err", err)
+		return
+	}
+	r.unitDirty = false
 }
 
 // connectInit connects to the machine's init once per apply.
@@ -428,6 +477,9 @@ func (r *run) execute(batch []*step, after int) {
 			}
 			if e != nil {
 				st.record = e
+			}
+			if p, ok := strings.CutPrefix(st.target, "path:"); ok && isUnitPath(p) {
+				r.unitDirty = true
 			}
 		}
 		done = append(done, st)

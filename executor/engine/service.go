@@ -41,6 +41,7 @@ func describeState(s initsys.State) string {
 // rest is how many resources follow, for a failure's message.
 func (r *run) service(st *step, rest int) {
 	svc := st.res.(*shapes.Service)
+	r.reloadUnits()
 	unit := r.units[svc.Key()]
 	st.target = "service:" + unit
 	e := r.settle(r.st.Get(st.target), st.claim)
@@ -57,6 +58,10 @@ func (r *run) service(st *step, rest int) {
 	cur, err := r.init.State(r.ctx, unit)
 	if err != nil {
 		r.fail(st, err, rest)
+		return
+	}
+	if !cur.Known {
+		r.fail(st, fmt.Errorf("%s knows no unit %q, even after its unit file was written", r.init.Name(), unit), rest)
 		return
 	}
 	desired := desiredService(svc)

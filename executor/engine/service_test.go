@@ -74,6 +74,11 @@ func (f *fakeInit) SetEnabled(_ context.Context, u string, on bool) error {
 	})
 }
 
+func (f *fakeInit) Reload(context.Context) error {
+	f.log = append(f.log, "reload")
+	return nil
+}
+
 func (f *fakeInit) transcript() string {
 	t := strings.Join(f.log, "; ")
 	f.log = nil

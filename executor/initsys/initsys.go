@@ -41,6 +41,10 @@ type Manager interface {
 	Stop(ctx context.Context, unit string) error
 	Restart(ctx context.Context, unit string) error
 	SetEnabled(ctx context.Context, unit string, enabled bool) error
+	// Reload makes the init read its unit files again, after the host
+	// changed one (systemd's daemon-reload; the others read their
+	// scripts at each use, and do nothing).
+	Reload(ctx context.Context) error
 	Close() error
 }
 

@@ -150,3 +150,6 @@ func (o *openrc) SetEnabled(ctx context.Context, unit string, enabled bool) erro
 	}
 	return nil
 }
+
+// Reload does nothing: this init reads its service definitions at each use.
+func (o *openrc) Reload(context.Context) error { return nil }

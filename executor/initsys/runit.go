@@ -348,3 +348,6 @@ func (r *runit) SetEnabled(ctx context.Context, unit string, enabled bool) error
 	}
 	return nil
 }
+
+// Reload does nothing: this init reads its service definitions at each use.
+func (r *runit) Reload(context.Context) error { return nil }

@@ -249,3 +249,6 @@ func (s *s6) SetEnabled(ctx context.Context, unit string, enabled bool) error {
 	}
 	return nil
 }
+
+// Reload does nothing: this init reads its service definitions at each use.
+func (s *s6) Reload(context.Context) error { return nil }

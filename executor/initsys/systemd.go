@@ -147,3 +147,11 @@ func (s *systemd) SetEnabled(ctx context.Context, unit string, enabled bool) err
 	}
 	return nil
 }
+
+// Reload is systemd's daemon-reload: it reads changed unit files again.
+func (s *systemd) Reload(ctx context.Context) error {
+	if err := s.call(ctx, "Reload").Err; err != nil {
+		return fmt.Errorf("initsys: systemd: reload: %w", err)
+	}
+	return nil
+}

@@ -342,3 +342,33 @@ func TestPackageLockedDpkgIsAClearFailure(t *testing.T) {
 		t.Fatalf("exit %d %+v", code, rep.Lines)
 	}
 }
+
+// A module that ships its own unit: the unit file is written, systemd is
+// told to read it (daemon-reload), and only then is the unit started; a
+// changed unit file is read again before the unit is asked about.
+func TestServiceWithItsOwnUnitFile(t *testing.T) {
+	t.Parallel()
+	m := boot(t, lab.Options{})
+	unitFile := func(desc string) string {
+		return `{"module":"app","id":"unit","type":"file","path":"/etc/systemd/system/lp-new.service","content":` +
+			strings.ReplaceAll(fmt.Sprintf("%q", fmt.Sprintf(unit, desc)), `\n`, `\n`) + `}`
+	}
+	svc := `{"module":"app","id":"svc","type":"service","unit":"lp-new","state":"running","enabled":true,"restart_on":["unit"]}`
+	rep, code := m.apply(decl(unitFile("first"), svc))
+	if code != 0 || rep.Outcome != shapes.Applied || m.sh("systemctl is-active lp-new") != "active" {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+	rep, _ = m.apply(decl(unitFile("second"), svc))
+	if got := m.sh("systemctl show -p Description --value lp-new"); got != "second" {
+		t.Fatalf("systemd did not read the changed unit file: %q (%+v)", got, rep.Lines)
+	}
+	if m.sh("systemctl show -p NeedDaemonReload --value lp-new") != "no" {
+		t.Fatal("systemd still wants a daemon-reload")
+	}
+	// Undeclared: stopped and disabled again, its file removed, and
+	// systemd told.
+	m.apply(decl())
+	if m.sh("systemctl is-active lp-new || true") != "inactive" || m.sh("test -e /etc/systemd/system/lp-new.service && echo yes || echo no") != "no" {
+		t.Fatal("not given back")
+	}
+}

@@ -189,6 +189,11 @@ func TestProfileOnSystemd(t *testing.T) {
 	p.present(t, "graphical-session", "X11 :7")
 	// Killed without cleaning up, it leaves its socket: found, refused, absent.
 	m.sh("pkill -KILL -x Xvfb; while pgrep -x Xvfb >/dev/null; do sleep 0.05; done")
+	// The kernel closes the dead server's listening socket a moment after
+	// the process is gone; wait for that, not for a fixed time.
+	untilTrue(t, 10*time.Second, "the dead X server's socket refusing", func() bool {
+		return !m.profile("").get(t, "graphical-session").Present
+	})
 	p = m.profile("")
 	p.absent(t, "graphical-session", "/tmp/.X11-unix/X7: connection refused")
 

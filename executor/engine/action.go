@@ -205,3 +205,9 @@ func lookPath(name string) (string, error) {
 	}
 	return "", fmt.Errorf("%q is not on the action's PATH (%s)", name, strings.TrimPrefix(actionPath, "PATH="))
 }
+
+func init() {
+	registerAlone(shapes.TypeAction, (*run).action, func(r *run, st *step) {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "an action leaves nothing the host owns"
+	})
+}

@@ -580,3 +580,7 @@ func (r *run) planArchiveRemoval(st *step) {
 		return nil
 	}
 }
+
+func init() {
+	registerAlone(shapes.TypeArchive, (*run).archive, (*run).planArchiveRemoval)
+}

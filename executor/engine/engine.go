@@ -69,7 +69,8 @@ type Options struct {
 const batchLimit = 512
 
 // Applied is the set of shapes this executor can apply today.
-var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeService: true, shapes.TypeArchive: true, shapes.TypeUser: true, shapes.TypePackage: true}
+// (file and directory here; the others add themselves with registerAlone.)
+var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true}
 
 // partialShapes are what a partial host can ever apply.
 var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
@@ -265,6 +266,27 @@ func (r *run) check() error {
 	return nil
 }
 
+// aloneAppliers are the shapes whose steps run alone rather than in a
+// batch of file and directory steps: what they do is not ours to batch.
+// Each applier's file registers itself (registerAlone); the engine's own
+// loop names none of them.
+var aloneAppliers = map[string]func(r *run, st *step, rest int){}
+
+// removers undo, by DESIGN.md's table, an entry of a shape registered
+// with registerAlone; nil means forgotten with the applier's own words.
+var removers = map[string]func(r *run, st *step){}
+
+// registerAlone registers the applier of a shape, and what undeclaring
+// does; it panics on a shape registered twice.
+func registerAlone(shape string, apply func(r *run, st *step, rest int), remove func(r *run, st *step)) {
+	if _, dup := aloneAppliers[shape]; dup {
+		panic("engine: " + shape + " registered twice")
+	}
+	aloneAppliers[shape] = apply
+	removers[shape] = remove
+	Applied[shape] = true
+}
+
 // unitDirs are where systemd reads unit files.
 var unitDirs = []string{"/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system", "/usr/local/lib/systemd/system"}
 
@@ -359,26 +381,18 @@ func (r *run) applyAll() {
 		r.declare(st)
 		st.line = shapes.Line{Module: res.Head().Module, ID: res.Head().ID, Type: res.Head().Type}
 		switch res.(type) {
-		case *shapes.Action, *shapes.Service, *shapes.Archive, *shapes.User, *shapes.Package:
+		default:
+			fn, alone := aloneAppliers[res.Head().Type]
+			if !alone {
+				break
+			}
 			// Alone: what they do is not ours to batch.
 			r.flush(batch, len(r.d.Resources)-i)
 			batch = nil
 			if r.stopped {
 				return
 			}
-			rest := len(r.d.Resources) - i - 1
-			switch res.(type) {
-			case *shapes.Action:
-				r.action(st, rest)
-			case *shapes.Service:
-				r.service(st, rest)
-			case *shapes.User:
-				r.user(st, rest)
-			case *shapes.Package:
-				r.pkg(st, rest)
-			default:
-				r.archive(st, rest)
-			}
+			fn(r, st, len(r.d.Resources)-i-1)
 			continue
 		}
 		batch = append(batch, st)

@@ -251,3 +251,9 @@ func (r *run) pkg(st *step, rest int) {
 	}
 	r.emit(st.line)
 }
+
+func init() {
+	registerAlone(shapes.TypePackage, (*run).pkg, func(r *run, st *step) {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a package is never uninstalled: the host cannot know what else needs it"
+	})
+}

@@ -61,21 +61,11 @@ func (r *run) planRemoval(st *step) {
 	e := st.entry
 	p := pathOf(e.Target)
 	st.drop = true
+	if remove, ok := removers[e.Type]; ok && !e.Held {
+		remove(r, st)
+		return
+	}
 	switch {
-	case e.Type == shapes.TypeService:
-		if err := r.connectInit(); err != nil && !e.Held && e.Original != nil {
-			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, "cannot give the unit back: "+err.Error(), false
-			return
-		}
-		r.planServiceRemoval(st)
-	case e.Type == shapes.TypeAction:
-		st.line.Outcome, st.line.Detail = shapes.Forgotten, "an action leaves nothing the host owns"
-	case e.Type == shapes.TypeArchive:
-		r.planArchiveRemoval(st)
-	case e.Type == shapes.TypeUser:
-		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a user is never deleted; its groups stay"
-	case e.Type == shapes.TypePackage:
-		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a package is never uninstalled: the host cannot know what else needs it"
 	case e.Held:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
 	case e.Type == shapes.TypeFile && e.Created:

@@ -326,3 +326,14 @@ func (r *run) planServiceRemoval(st *step) {
 		return nil, nil
 	}
 }
+
+func init() {
+	registerAlone(shapes.TypeService, (*run).service, func(r *run, st *step) {
+		e := st.entry
+		if err := r.connectInit(); err != nil && e.Original != nil {
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, "cannot give the unit back: "+err.Error(), false
+			return
+		}
+		r.planServiceRemoval(st)
+	})
+}

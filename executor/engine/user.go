@@ -279,3 +279,9 @@ func userDigest(u *shapes.User) string {
 	slices.Sort(g)
 	return "shell=" + u.Shell + " home=" + u.Home + " groups=" + strings.Join(g, ",")
 }
+
+func init() {
+	registerAlone(shapes.TypeUser, (*run).user, func(r *run, st *step) {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a user is never deleted; its groups stay"
+	})
+}

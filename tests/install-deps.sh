@@ -20,8 +20,10 @@ declare -A need=(
   [podman]=podman        # container-runtime: podman.socket answers _ping in a lab
   [runc]=runc            # podman's runtime in labs (crun cannot run here: LAB.md §2)
   [nft]=nftables         # firewall: `nft list tables` in a lab's netns
+  [iptables-nft]=iptables  # opening: iptables-nft found instead of native nftables
   [Xvfb]=xvfb            # graphical-session: an X server on /tmp/.X11-unix
   [wireguard-go]=wireguard-go  # overlay: userspace WireGuard (no kernel module here)
+  [wg]=wireguard-tools   # overlay: `wg show` asserts the tunnel from outside the executor
   [perl]=perl-base       # package-manager: holds dpkg's fcntl lock (flock(1) cannot)
   [pkill]=procps         # graphical-session: Xvfb killed, its socket left behind
   # tests/machines pacman_test.go: the pacman backend against a repository of its own

@@ -13,8 +13,11 @@
 // the machine. An action runs alone, with its intent durable before it
 // starts, because what it does is not ours to see.
 //
-// Only file, directory, action and service are applied here so far; any
-// other shape is refused by name before anything is touched.
+// File and directory steps are batched here; every other shape runs
+// alone and registers itself (registerAlone) from its own file: action,
+// service, package, user, archive, overlay, opening. A shape with no
+// applier yet (container, network) is refused by name before anything is
+// touched.
 package engine
 
 import (

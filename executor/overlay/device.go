@@ -1,0 +1,365 @@
+package overlay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// The interface lives in the kernel where the kernel has WireGuard (made
+// with `ip link add … type wireguard`); otherwise a userspace wireguard-go
+// found on the machine holds it. That process is never the executor's
+// child: under systemd it is a transient unit (mesh-wg-<if>.service, made
+// with systemd-run), so it is the init's, outside the executor's cgroup;
+// under any other init, or none, it is started in its own session and
+// left to daemonise, so the init adopts it. Either way the overlay — the
+// way back in — survives the executor's restart or upgrade. The transient
+// unit lives under /run: after a reboot the executor's next apply brings
+// the interface up again, as it must anyway (WireGuard's configuration is
+// not persistent).
+
+// searchPath is where the tools are looked for; never the executor's
+// inherited PATH.
+var searchPath = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// socketDir is where a userspace WireGuard listens for its configuration.
+const socketDir = "/var/run/wireguard"
+
+// Supervisor is the machine's init, when it is systemd: the executor's
+// initsys Manager is one.
+type Supervisor interface {
+	Name() string
+	Stop(ctx context.Context, unit string) error
+}
+
+// Unit is the systemd unit that runs wireguard-go for iface.
+func Unit(iface string) string { return "mesh-wg-" + iface + ".service" }
+
+// Backend brings WireGuard interfaces up, configures them and reads them
+// back.
+type Backend struct {
+	// Init is systemd when it runs (nil otherwise): wireguard-go then runs
+	// as its transient unit.
+	Init Supervisor
+}
+
+func lookPath(name string) (string, error) {
+	for _, d := range searchPath {
+		p := filepath.Join(d, name)
+		if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in %s", name, strings.Join(searchPath, ":"))
+}
+
+// run runs a tool from the search path with only PATH in its environment
+// and standard input from /dev/null.
+func run(ctx context.Context, argv ...string) (string, error) {
+	bin, err := lookPath(argv[0])
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, argv[1:]...)
+	cmd.Env = []string{"PATH=" + strings.Join(searchPath, ":")}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// ipLink is what `ip -j -d addr show` says of one link.
+type ipLink struct {
+	Flags    []string `json:"flags"`
+	LinkInfo struct {
+		Kind string `json:"info_kind"`
+	} `json:"linkinfo"`
+	AddrInfo []struct {
+		Local     string `json:"local"`
+		PrefixLen int    `json:"prefixlen"`
+		Scope     string `json:"scope"`
+	} `json:"addr_info"`
+}
+
+// parseLink reads `ip -j -d addr show dev X`'s output.
+func parseLink(out []byte) (Observed, error) {
+	var links []ipLink
+	if err := json.Unmarshal(out, &links); err != nil {
+		return Observed{}, fmt.Errorf("ip addr show: %w", err)
+	}
+	if len(links) == 0 {
+		return Observed{}, nil
+	}
+	l := links[0]
+	o := Observed{Exists: true, Kind: l.LinkInfo.Kind}
+	for _, f := range l.Flags {
+		if f == "UP" {
+			o.Up = true
+		}
+	}
+	for _, a := range l.AddrInfo {
+		if a.Scope != "global" {
+			continue
+		}
+		ad, err := netip.ParseAddr(a.Local)
+		if err != nil {
+			continue
+		}
+		o.Addrs = append(o.Addrs, netip.PrefixFrom(ad, a.PrefixLen))
+	}
+	SortPrefixes(o.Addrs)
+	return o, nil
+}
+
+// Observe reads what the machine has under iface: the link and its
+// addresses (iproute2), and WireGuard's own view (wgctrl).
+func (b *Backend) Observe(ctx context.Context, iface string) (Observed, error) {
+	if _, err := net.InterfaceByName(iface); err != nil {
+		return Observed{}, nil // no such link
+	}
+	out, err := run(ctx, "ip", "-j", "-d", "addr", "show", "dev", iface)
+	if err != nil {
+		if _, e := net.InterfaceByName(iface); e != nil {
+			return Observed{}, nil // gone meanwhile
+		}
+		return Observed{}, err
+	}
+	o, err := parseLink([]byte(out))
+	if err != nil || !o.Exists {
+		return o, err
+	}
+	c, err := wgctrl.New()
+	if err != nil {
+		return o, fmt.Errorf("wgctrl: %w", err)
+	}
+	defer c.Close()
+	d, err := c.Device(iface)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A link of that name that no WireGuard answers for.
+	case err != nil:
+		return o, fmt.Errorf("wgctrl: read %s: %w", iface, err)
+	default:
+		o.Device = d
+	}
+	return o, nil
+}
+
+// Describe says what holds an observed interface, for the report.
+func (b *Backend) Describe(iface string, o Observed) string {
+	switch {
+	case o.Device == nil:
+		return "absent"
+	case o.Device.Type == wgtypes.LinuxKernel:
+		return "kernel WireGuard"
+	case b.Init != nil:
+		return "userspace wireguard-go, run by systemd as " + Unit(iface)
+	default:
+		return "userspace wireguard-go in its own session"
+	}
+}
+
+// Create brings a WireGuard interface named iface up: in the kernel when it
+// has WireGuard, otherwise under wireguard-go. It returns what holds it.
+func (b *Backend) Create(ctx context.Context, iface string) (string, error) {
+	_, kerr := run(ctx, "ip", "link", "add", "dev", iface, "type", "wireguard")
+	if kerr == nil {
+		return "kernel WireGuard", nil
+	}
+	wg, err := lookPath("wireguard-go")
+	if err != nil {
+		return "", fmt.Errorf("no kernel WireGuard (%v) and no userspace one (%v)", kerr, err)
+	}
+	var how string
+	if b.Init != nil && b.Init.Name() == "systemd" {
+		// A unit left from before (its process gone) is stopped first;
+		// --collect lets systemd forget it once it ends, failed or not.
+		b.Init.Stop(ctx, Unit(iface))
+		_, err = run(ctx, "systemd-run", "--unit="+Unit(iface), "--collect",
+			"--description=nox-mesh-host WireGuard overlay "+iface, "--property=Restart=no", "--", wg, "-f", iface)
+		how = "userspace wireguard-go, run by systemd as " + Unit(iface)
+	} else {
+		err = startDetached(ctx, wg, iface)
+		how = "userspace wireguard-go in its own session (no systemd to run it)"
+	}
+	if err != nil {
+		return "", fmt.Errorf("start %s: %w", wg, err)
+	}
+	if err := waitFor(ctx, 10*time.Second, func() bool {
+		_, e1 := os.Stat(filepath.Join(socketDir, iface+".sock"))
+		_, e2 := net.InterfaceByName(iface)
+		return e1 == nil && e2 == nil
+	}); err != nil {
+		return "", fmt.Errorf("%s did not bring %s up within 10 s", wg, iface)
+	}
+	return how, nil
+}
+
+// startDetached runs wireguard-go without -f in a session of its own: it
+// starts its daemon and exits, so the daemon is the init's, not ours.
+func startDetached(ctx context.Context, wg, iface string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, wg, iface)
+	cmd.Env = []string{"PATH=" + strings.Join(searchPath, ":")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.WaitDelay = 2 * time.Second // a daemon that kept our output is not waited for
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, lastLine(string(out)))
+	}
+	return nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func waitFor(ctx context.Context, d time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Configure makes iface's WireGuard configuration, address and link state
+// what c says differs from want.
+func (b *Backend) Configure(ctx context.Context, want Spec, c Changes) error {
+	cfg := wgtypes.Config{}
+	if c.Key && want.PrivateKey != nil {
+		k := *want.PrivateKey
+		cfg.PrivateKey = &k
+	}
+	if c.ListenPort {
+		p := want.ListenPort
+		cfg.ListenPort = &p
+	}
+	for _, k := range c.RemovePeers {
+		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
+	}
+	for _, p := range c.SetPeers {
+		ka := p.Keepalive
+		pc := wgtypes.PeerConfig{PublicKey: p.PublicKey, ReplaceAllowedIPs: true, AllowedIPs: ipNets(p.AllowedIPs), PersistentKeepaliveInterval: &ka}
+		if p.Endpoint.IsValid() {
+			pc.Endpoint = net.UDPAddrFromAddrPort(p.Endpoint)
+		}
+		cfg.Peers = append(cfg.Peers, pc)
+	}
+	if cfg.PrivateKey != nil || cfg.ListenPort != nil || len(cfg.Peers) > 0 {
+		wc, err := wgctrl.New()
+		if err != nil {
+			return fmt.Errorf("wgctrl: %w", err)
+		}
+		err = wc.ConfigureDevice(want.Interface, cfg)
+		wc.Close()
+		if err != nil {
+			return fmt.Errorf("wgctrl: configure %s: %w", want.Interface, err)
+		}
+	}
+	for _, a := range c.DelAddrs {
+		if _, err := run(ctx, "ip", "addr", "del", a.String(), "dev", want.Interface); err != nil {
+			return err
+		}
+	}
+	if c.AddAddress {
+		if _, err := run(ctx, "ip", "addr", "add", want.Address.String(), "dev", want.Interface); err != nil {
+			return err
+		}
+	}
+	if c.Up {
+		if _, err := run(ctx, "ip", "link", "set", "dev", want.Interface, "up"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Remove takes iface away: a kernel interface is deleted; a userspace one's
+// process is stopped (its unit under systemd, otherwise the process that
+// serves its socket), which removes its link.
+func (b *Backend) Remove(ctx context.Context, iface string) error {
+	if b.Init != nil && b.Init.Name() == "systemd" {
+		if err := b.Init.Stop(ctx, Unit(iface)); err != nil && !strings.Contains(err.Error(), "not loaded") {
+			return fmt.Errorf("stop %s: %w", Unit(iface), err)
+		}
+	}
+	// Whatever still serves the socket (started in its own session, or
+	// by someone else) is asked to end.
+	if pid, err := socketPeer(filepath.Join(socketDir, iface+".sock")); err == nil && pid > 1 {
+		syscall.Kill(pid, syscall.SIGTERM)
+		waitFor(ctx, 5*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+	}
+	if _, err := net.InterfaceByName(iface); err == nil {
+		if _, err := run(ctx, "ip", "link", "del", "dev", iface); err != nil {
+			if _, e := net.InterfaceByName(iface); e == nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Gone reads back that iface is no more.
+func (b *Backend) Gone(iface string) error {
+	if _, err := net.InterfaceByName(iface); err == nil {
+		return fmt.Errorf("interface %s is still there", iface)
+	}
+	if _, err := os.Stat(filepath.Join(socketDir, iface+".sock")); err == nil {
+		if _, err := socketPeer(filepath.Join(socketDir, iface+".sock")); err == nil {
+			return fmt.Errorf("a WireGuard process still serves %s", iface)
+		}
+	}
+	return nil
+}
+
+// socketPeer connects to a unix socket and returns the pid of the process
+// that accepted (SO_PEERCRED).
+func socketPeer(p string) (int, error) {
+	conn, err := net.DialTimeout("unix", p, 2*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *syscall.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, serr
+	}
+	return int(cred.Pid), nil
+}

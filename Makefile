@@ -11,7 +11,7 @@ BUILD   ?= $(VERSION)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-deps demo bench fuzz lint deps clean
+.PHONY: all build test test-deps demo bench fuzz lint deps clean package
 
 all: build
 
@@ -53,6 +53,26 @@ lint:
 # Each binary's dependency list, checked in so a new one shows up in review.
 deps:
 	for c in cmd/*/; do GOOS=linux GOARCH=amd64 $(GO) list -deps ./$$c > $$c/deps.txt; done
+
+# Packages, with nfpm run as a tool (the module does not depend on it): a
+# .deb, an Alpine .apk, an Arch package and a tarball of the static
+# binaries, into $(DIST)/. The binaries are stamped with the package's
+# version, which the upgrade compares with the declared one.
+NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+DIST        ?= dist
+PKG_ARCH    ?= amd64
+PKG_VERSION ?= $(shell v=$$(git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null) && echo $${v\#v} || echo 0.0.$$(git rev-list --count HEAD 2>/dev/null || echo 0))
+PKG_TARBALL := nox-mesh-host-$(PKG_VERSION)-linux-$(PKG_ARCH).tar.gz
+
+package:
+	rm -rf $(DIST) && mkdir -p $(DIST)/bin
+	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
+		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch
+	for p in deb apk archlinux; do \
+		DIST=$(DIST) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
+	done
+	tar -C $(DIST)/bin --owner=0 --group=0 --mode=0755 -czf $(DIST)/$(PKG_TARBALL) mesh-executor mesh-agent mesh-launch
+	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
 
 clean:
 	rm -rf $(BIN)

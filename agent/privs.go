@@ -100,7 +100,7 @@ func ReadCreds(statusPath string) (*Creds, error) {
 
 // Confined is the state the agent runs in: every thread of process pid
 // ("self" for this one) has uid and gid as all four of its ids, no
-// supplementary groups, empty effective, permitted, inheritable and ambient
+// supplementary group but, at most, its own gid, empty effective, permitted, inheritable and ambient
 // capability sets, and no_new_privs set; with bounding, an empty bounding
 // set too (what a drop from root achieves; a process started unprivileged
 // cannot empty it, and with no_new_privs it can never gain from it). The
@@ -131,7 +131,10 @@ func Confined(pid string, uid, gid int, bounding bool) error {
 				break
 			}
 		}
-		if len(c.Groups) != 0 {
+		// The agent's own primary group as its only supplementary group
+		// grants nothing the gid does not (systemd's User= adds it, and
+		// cannot leave it out); any other is refused.
+		if len(c.Groups) != 0 && !(len(c.Groups) == 1 && c.Groups[0] == gid) {
 			bad = append(bad, fmt.Sprintf("supplementary groups %v", c.Groups))
 		}
 		bnd := c.CapBnd

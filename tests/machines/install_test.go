@@ -1,0 +1,280 @@
+package machines
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/tests/lab"
+)
+
+// Installing the host (issue 7, init/ and Packages): `make package` builds
+// the packages once, then each init boots a lab of its own, two at a time:
+//
+//   - systemd: the .deb installed with dpkg -i, as an operator would; the
+//     package creates mesh-agent and the state directories, enables and
+//     starts both units; `systemd-analyze security` scores both;
+//   - OpenRC, runit, s6: the static binaries and that init's files from
+//     init/ copied in by hand (the tarball's way), the user made by hand.
+//
+// Each asserts the same facts with the init's own tools and the kernel's
+// view (/proc): the launcher runs the executor, the socket directory is
+// root:mesh-agent 0750 with the socket in it, the agent runs as mesh-agent
+// on every thread with no capability in any set and no_new_privs, says it
+// is hosted and idle, `mesh-executor status` says hosted, and the init
+// starts both again when they exit.
+func TestInstall(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("installing in a lab needs root")
+	}
+	dist := t.TempDir()
+	start := time.Now()
+	build := exec.Command("make", "package", "DIST="+dist)
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make package: %v\n%s", err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
+	for _, glob := range []string{"*.deb", "*.apk", "*.pkg.tar.zst", "*.tar.gz"} {
+		if m, _ := filepath.Glob(filepath.Join(dist, glob)); len(m) != 1 {
+			t.Fatalf("make package made %d files %s in %s, want 1", len(m), glob, dist)
+		}
+	}
+	t.Logf("make package: %v", time.Since(start).Round(time.Millisecond))
+
+	t.Run("DebOnSystemd", func(t *testing.T) { t.Parallel(); installDeb(t, debs[0]) })
+	for _, in := range []lab.Init{lab.OpenRC, lab.Runit, lab.S6} {
+		t.Run("ByHandOn"+string(in), func(t *testing.T) { t.Parallel(); installByHand(t, in, filepath.Join(dist, "bin")) })
+	}
+}
+
+// byInit is what differs between the inits: where the agent's output
+// goes, and how to find the two supervised processes.
+type byInit struct {
+	agentLog    string // a command printing the agent's output
+	diagnose    string // a command printing what the init says of both
+	launcherPID func(m *machine) string
+	agentPID    func(m *machine) string
+}
+
+func pgrep(name string) func(m *machine) string {
+	return func(m *machine) string { return m.sh("pgrep -x " + name + " || true") }
+}
+
+func mainPID(unit string) func(m *machine) string {
+	return func(m *machine) string {
+		if p := m.sh("systemctl show -p MainPID --value " + unit); p != "0" {
+			return p
+		}
+		return ""
+	}
+}
+
+var inits = map[lab.Init]byInit{
+	lab.Systemd: {"journalctl -u mesh-agent --no-pager -o cat",
+		"systemctl status --no-pager mesh-executor mesh-agent; journalctl --no-pager -n 60 -u mesh-executor -u mesh-agent", mainPID("mesh-executor.service"), mainPID("mesh-agent.service")},
+	lab.OpenRC: {"cat /var/log/mesh-agent.log",
+		"rc-status; tail -n 30 /var/log/mesh-executor.log /var/log/mesh-agent.log", pgrep("mesh-launch"), pgrep("mesh-agent")},
+	lab.Runit: {"cat /var/log/mesh-agent/current",
+		"sv status /etc/service/*; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", pgrep("mesh-launch"), pgrep("mesh-agent")},
+	lab.S6: {"cat /var/log/mesh-agent/current",
+		"s6-svstat /etc/s6/scan/mesh-executor /etc/s6/scan/mesh-agent; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", pgrep("mesh-launch"), pgrep("mesh-agent")},
+}
+
+func installDeb(t *testing.T, deb string) {
+	start := time.Now()
+	m := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd}), t: t}
+	if err := m.CopyIn(deb, "/root/nox-mesh-host.deb"); err != nil {
+		t.Fatal(err)
+	}
+	if m.sh("id -u mesh-agent 2>/dev/null || echo none") != "none" {
+		t.Fatal("the lab has a mesh-agent user before the install")
+	}
+	// The seeds' two lines: install, then enable and start (which the
+	// .deb did already, Debian's way; the second line is then a no-op).
+	t.Logf("dpkg -i:\n%s", m.sh("dpkg -i /root/nox-mesh-host.deb 2>&1"))
+	m.sh("systemctl enable --now mesh-executor.service mesh-agent.service 2>&1")
+
+	for _, u := range []string{"mesh-executor.service", "mesh-agent.service"} {
+		if got := m.sh("systemctl is-enabled " + u + " || true"); got != "enabled" {
+			t.Errorf("%s is %s, want enabled", u, got)
+		}
+		untilTrue(t, 15*time.Second, u+" active", func() bool { return m.sh("systemctl is-active "+u+" || true") == "active" })
+	}
+	if got := strings.Fields(m.sh("systemctl show -p Restart --value mesh-executor.service mesh-agent.service")); strings.Join(got, " ") != "always always" {
+		t.Errorf("Restart= %q, want always for both", got)
+	}
+	running(t, m, lab.Systemd)
+
+	// systemd's own view of what confines each unit.
+	for _, u := range []string{"mesh-executor.service", "mesh-agent.service"} {
+		out, _, _ := m.Run(context.Background(), "systemd-analyze", "security", "--no-pager", u)
+		score := regexp.MustCompile(`Overall exposure level for ` + regexp.QuoteMeta(u) + `: ([0-9.]+) (\S+)`).FindStringSubmatch(out)
+		if score == nil {
+			t.Fatalf("systemd-analyze security %s:\n%s", u, out)
+		}
+		t.Logf("systemd-analyze security %s: %s %s", u, score[1], score[2])
+		if u == "mesh-agent.service" {
+			if score[2] != "OK" && score[2] != "SAFE" {
+				t.Errorf("the agent's exposure is %s %s, want OK or better:\n%s", score[1], score[2], out)
+			}
+			if testing.Verbose() {
+				t.Logf("%s", out)
+			}
+		}
+	}
+	t.Logf("the .deb on systemd: %v", time.Since(start).Round(time.Millisecond))
+}
+
+func installByHand(t *testing.T, in lab.Init, bin string) {
+	start := time.Now()
+	m := &machine{Machine: lab.Boot(t, lab.Options{Init: in}), t: t}
+	for _, b := range []string{"mesh-executor", "mesh-agent", "mesh-launch"} {
+		if err := m.CopyIn(filepath.Join(bin, b), "/usr/bin/"+b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the packages' postinstall does; the launcher does not make
+	// the user on a tarball install yet.
+	m.sh("useradd --system --user-group --no-create-home --home-dir /var/lib/mesh-host/agent --shell /usr/sbin/nologin mesh-agent")
+
+	files := map[string]string{} // lab path -> file in init/
+	switch in {
+	case lab.OpenRC:
+		for _, n := range []string{"mesh-executor", "mesh-agent"} {
+			files["/etc/init.d/"+n] = "openrc/" + n
+		}
+	case lab.Runit, lab.S6:
+		dir := map[lab.Init]string{lab.Runit: "/etc/sv/", lab.S6: "/etc/s6/sv/"}[in]
+		for _, n := range []string{"mesh-executor", "mesh-agent"} {
+			files[dir+n+"/run"] = string(in) + "/" + n + "/run"
+			files[dir+n+"/log/run"] = string(in) + "/" + n + "/log/run"
+		}
+	}
+	for dst, src := range files {
+		data, err := os.ReadFile(filepath.Join("../../init", src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.WriteFile(dst, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	switch in {
+	case lab.OpenRC:
+		m.sh("rc-update add mesh-executor default && rc-update add mesh-agent default")
+		m.sh("rc-service mesh-executor start 2>&1 && rc-service mesh-agent start 2>&1")
+	case lab.Runit:
+		m.sh("ln -s /etc/sv/mesh-executor /etc/runit/runsvdir/default/ && ln -s /etc/sv/mesh-agent /etc/runit/runsvdir/default/")
+	case lab.S6:
+		m.sh("ln -s /etc/s6/sv/mesh-executor /etc/s6/scan/ && ln -s /etc/s6/sv/mesh-agent /etc/s6/scan/ && s6-svscanctl -a /etc/s6/scan")
+	}
+	running(t, m, in)
+	// The init's own word that both are up.
+	switch in {
+	case lab.OpenRC:
+		t.Logf("rc-status: %s", m.sh("rc-service mesh-executor status 2>&1; rc-service mesh-agent status 2>&1"))
+	case lab.Runit:
+		t.Logf("sv status: %s", m.sh("sv status /etc/service/mesh-executor /etc/service/mesh-agent"))
+	case lab.S6:
+		t.Logf("s6-svstat: %s", m.sh("s6-svstat /etc/s6/scan/mesh-executor; s6-svstat /etc/s6/scan/mesh-agent"))
+	}
+	t.Logf("by hand on %s: %v", in, time.Since(start).Round(time.Millisecond))
+}
+
+// running asserts, with the kernel's view, that the host is up as the init
+// files say, and that the init starts both processes again when they exit.
+func running(t *testing.T, m *machine, in lab.Init) {
+	t.Helper()
+	v := inits[in]
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, errOut, _ := m.Run(context.Background(), "/bin/sh", "-c", v.diagnose+" 2>&1")
+			t.Logf("what %s says:\n%s%s", in, out, errOut)
+		}
+	})
+	sock := "/run/mesh-host/executor.sock"
+	untilTrue(t, 20*time.Second, "the executor's socket "+sock, func() bool { return m.sh("test -S "+sock+" && echo yes || true") == "yes" })
+	if got := m.sh("stat -c '%U:%G %a' /run/mesh-host"); got != "root:mesh-agent 750" {
+		t.Errorf("/run/mesh-host is %s, want root:mesh-agent 750", got)
+	}
+	if got := m.sh("stat -c '%U:%G %a' " + sock); got != "root:mesh-agent 660" {
+		t.Errorf("%s is %s, want root:mesh-agent 660", sock, got)
+	}
+	for dir, want := range map[string]string{
+		"/var/lib/mesh-host/executor": "root:root 700",
+		"/var/lib/mesh-host/agent":    "mesh-agent:mesh-agent 700",
+	} {
+		if got := m.sh("stat -c '%U:%G %a' " + dir); got != want {
+			t.Errorf("%s is %s, want %s", dir, got, want)
+		}
+	}
+
+	// The init runs the launcher, and the launcher the executor.
+	launcher := v.launcherPID(m)
+	if launcher == "" || m.sh("cat /proc/"+launcher+"/comm") != "mesh-launch" {
+		t.Fatalf("the init's executor process is %q (%s), want mesh-launch", launcher, m.sh("cat /proc/"+launcher+"/comm 2>&1 || true"))
+	}
+	exe := m.sh("pgrep -x -P " + launcher + " mesh-executor || true")
+	if exe == "" || !strings.HasPrefix(m.sh("tr '\\0' ' ' </proc/"+exe+"/cmdline"), "/usr/bin/mesh-executor serve --state /var/lib/mesh-host/executor") {
+		t.Fatalf("no mesh-executor serve under the launcher (pid %s): %s", launcher, m.sh("ps -ef"))
+	}
+
+	// The agent: its user's ids on every thread, no capability in any set
+	// (the bounding set included), no_new_privs.
+	var agent string
+	untilTrue(t, 15*time.Second, "the agent running", func() bool { agent = v.agentPID(m); return agent != "" })
+	uid, gid := m.sh("id -u mesh-agent"), m.sh("id -g mesh-agent")
+	threads := m.sh("for s in /proc/" + agent + "/task/*/status; do grep -E '^(Uid|Gid|Groups|Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' $s; echo; done")
+	n := 0
+	for _, th := range strings.Split(threads, "\n\n") {
+		n++
+		f := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(th), "\n") {
+			k, val, _ := strings.Cut(l, ":")
+			f[k] = strings.Join(strings.Fields(val), " ")
+		}
+		want := map[string]string{
+			"Uid": strings.Repeat(uid+" ", 3) + uid, "Gid": strings.Repeat(gid+" ", 3) + gid, "Groups": "",
+			"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
+			"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1",
+		}
+		// systemd's User= leaves the primary group as the one
+		// supplementary group; nothing else is allowed.
+		if f["Groups"] == gid {
+			f["Groups"] = ""
+		}
+		for k, w := range want {
+			if f[k] != w {
+				t.Errorf("agent (pid %s) thread %d: %s %q, want %q", agent, n, k, f[k], w)
+			}
+		}
+	}
+	t.Logf("%s: the agent (pid %s) runs as mesh-agent (%s:%s) on all %d threads, no capabilities, no_new_privs", in, agent, uid, gid, n)
+	untilTrue(t, 10*time.Second, "the agent saying it is hosted", func() bool {
+		return strings.Contains(m.sh(v.agentLog+" 2>/dev/null || true"), "hosted: no identity")
+	})
+	if got := m.sh("mesh-executor status"); !strings.Contains(got, "state: hosted") {
+		t.Errorf("mesh-executor status:\n%s", got)
+	}
+
+	// Always restarted: the agent's clean exit (SIGTERM: what an upgrade
+	// looks like to the init) and the launcher killed outright.
+	m.sh("kill -TERM " + agent)
+	untilTrue(t, 15*time.Second, "the agent started again after a clean exit", func() bool {
+		p := v.agentPID(m)
+		return p != "" && p != agent
+	})
+	m.sh("kill -KILL " + launcher)
+	untilTrue(t, 20*time.Second, "the launcher started again after SIGKILL", func() bool {
+		p := v.launcherPID(m)
+		return p != "" && p != launcher && m.sh("test -S "+sock+" && echo yes || true") == "yes"
+	})
+	t.Logf("%s: agent %s and launcher %s exited; %s started them again (%s, %s)", in, agent, launcher, in,
+		v.agentPID(m), v.launcherPID(m))
+}

@@ -676,6 +676,29 @@ func (r *run) yieldAlone(st *step, e *store.Entry, rest int) bool {
 	return true
 }
 
+// asDeclared ends a step that found its thing as declared: the store's
+// entry is written again only if it says something else (another
+// declaration, a claim it lacks, or stale for the caller's own reason),
+// and the line is emitted.
+func (r *run) asDeclared(st *step, e, n *store.Entry, stale bool, rest int) {
+	if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || stale) {
+		if err := r.st.Put(n); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+	}
+	r.emit(st.line)
+}
+
+// changedOutcome is how a change is reported: repaired when the host had
+// applied this very declaration (drift), applied otherwise.
+func changedOutcome(e, n *store.Entry) shapes.Outcome {
+	if e != nil && e.Digest == n.Digest {
+		return shapes.Repaired
+	}
+	return shapes.Applied
+}
+
 // withClaim returns e's claims with c added.
 func withClaim(e *store.Entry, c store.Claim) []store.Claim {
 	if e == nil {

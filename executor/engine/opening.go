@@ -81,19 +81,10 @@ func (r *run) opening(st *step, rest int) {
 		if len(cur.Open) == 0 {
 			st.line.Detail = fmt.Sprintf("%s: no %s chain filters this path; reachable as it is, nothing added", spec, fw.Name())
 		}
-		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || !e.Created) {
-			if err := r.st.Put(n); err != nil {
-				r.fail(st, err, rest)
-				return
-			}
-		}
-		r.emit(st.line)
+		r.asDeclared(st, e, n, e != nil && !e.Created, rest)
 		return
 	}
-	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == n.Digest {
-		st.line.Outcome = shapes.Repaired
-	}
+	st.line.Outcome = changedOutcome(e, n)
 	verb := "added"
 	if r.opt.Plan {
 		verb = "would add"

@@ -187,19 +187,10 @@ func (r *run) overlay(st *step, rest int) {
 	if ch.None() {
 		st.line.Outcome = shapes.Unchanged
 		st.line.Detail = fmt.Sprintf("%s, public key %s, %d peers", b.Describe(o.Interface, cur), pub, len(spec.Peers))
-		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || e.Held) {
-			if err := r.st.Put(n); err != nil {
-				r.fail(st, err, rest)
-				return
-			}
-		}
-		r.emit(st.line)
+		r.asDeclared(st, e, n, e != nil && e.Held, rest)
 		return
 	}
-	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == n.Digest {
-		st.line.Outcome = shapes.Repaired
-	}
+	st.line.Outcome = changedOutcome(e, n)
 	var said []string
 	if made {
 		said = append(said, "made the executor's WireGuard key")

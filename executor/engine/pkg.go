@@ -193,19 +193,10 @@ func (r *run) pkg(st *step, rest int) {
 		if p.Version == "" && e == nil {
 			st.line.Detail += "; never upgraded without a declared version"
 		}
-		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || e.Held) {
-			if err := r.st.Put(n); err != nil {
-				r.fail(st, err, rest)
-				return
-			}
-		}
-		r.emit(st.line)
+		r.asDeclared(st, e, n, e != nil && e.Held, rest)
 		return
 	}
-	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == n.Digest {
-		st.line.Outcome = shapes.Repaired
-	}
+	st.line.Outcome = changedOutcome(e, n)
 	want := p.Version
 	if want == "" {
 		want = "the repository's version"

@@ -184,19 +184,10 @@ func (r *run) user(st *step, rest int) {
 	}
 	if exists && shell == "" && home == "" && len(missing) == 0 {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("shell %s, home %s", cur.Shell, cur.Home)
-		if !r.opt.Plan && (e == nil || e.Digest != n.Digest || !e.Claimed(st.claim) || e.Held) {
-			if err := r.st.Put(n); err != nil {
-				r.fail(st, err, rest)
-				return
-			}
-		}
-		r.emit(st.line)
+		r.asDeclared(st, e, n, e != nil && e.Held, rest)
 		return
 	}
-	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == n.Digest {
-		st.line.Outcome = shapes.Repaired
-	}
+	st.line.Outcome = changedOutcome(e, n)
 	switch {
 	case !exists:
 		st.line.Detail = "created"

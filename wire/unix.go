@@ -52,7 +52,33 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 		ln.Close()
 		return nil, fmt.Errorf("wire: socket: %w", err)
 	}
-	return ln, nil
+	// Go would unlink the path by name on Close: if another executor has
+	// put its own socket there since (an old one outliving its launcher),
+	// that would remove the new one's. Remove only the file this one made.
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("wire: socket: %w", err)
+	}
+	return &ownSocket{UnixListener: ul, path: path, ino: fi.Sys().(*syscall.Stat_t).Ino}, nil
+}
+
+// ownSocket is a listener that, closed, removes its socket file only if
+// that file is still the one it created.
+type ownSocket struct {
+	*net.UnixListener
+	path string
+	ino  uint64
+}
+
+func (o *ownSocket) Close() error {
+	err := o.UnixListener.Close()
+	if fi, lerr := os.Lstat(o.path); lerr == nil && fi.Sys().(*syscall.Stat_t).Ino == o.ino {
+		os.Remove(o.path)
+	}
+	return err
 }
 
 // Peer is who is at the other end of a unix socket, as the kernel says.

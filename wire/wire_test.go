@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -282,5 +283,29 @@ func TestArchiveChunkBoundsAndState(t *testing.T) {
 	}
 	if Allowed(KindArchive, StateNew) {
 		t.Error("an archive before hello")
+	}
+}
+
+// A closing executor removes its own socket file, never one another
+// executor has put at the same path since.
+func TestSocketRemovedOnlyIfOurs(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/run/executor.sock"
+	old, err := ListenUnix(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another executor takes the path (removing the stale file first).
+	newer, err := ListenUnix(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	if _, err := net.Dial("unix", path); err != nil {
+		t.Fatalf("the old executor removed the new one's socket: %v", err)
+	}
+	newer.Close()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Fatal("the socket was left behind")
 	}
 }

@@ -479,7 +479,6 @@ func (c *command) serve(args []string) int {
 		log.Error("executor: serve", "err", err)
 		return ExitFailed
 	}
-	os.Remove(*socket)
 	return 0
 }
 

@@ -381,7 +381,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		}
 		hb.ExecutorError = err.Error()
 	} else {
-		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome}
+		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
 	}
 	data, err := jsonMarshal(hb)
 	var sig string

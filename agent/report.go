@@ -94,4 +94,6 @@ type ExecutorStatus struct {
 	Node    string         `json:"node,omitempty"`
 	Seq     uint64         `json:"seq"`
 	Outcome shapes.Outcome `json:"outcome,omitempty"`
+	// WireGuardKey is the public half of the node's overlay key.
+	WireGuardKey string `json:"wireguard_key,omitempty"`
 }

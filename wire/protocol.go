@@ -169,6 +169,10 @@ type StatusReply struct {
 	Node    string         `cbor:"4,keyasint"`
 	Seq     uint64         `cbor:"5,keyasint"`
 	Outcome shapes.Outcome `cbor:"6,keyasint"`
+	// WireGuardKey is the public half of the executor's overlay key, once
+	// it has one: the control side derives the overlay from the keys the
+	// nodes report.
+	WireGuardKey string `cbor:"7,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.

@@ -79,7 +79,7 @@ func TestEveryKindRoundTrips(t *testing.T) {
 			Briefing: &shapes.Briefing{Outcome: shapes.MarkKept, Node: "n", Seq: 3, At: time.Unix(1700000000, 0),
 				Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "m", ID: "i", Type: "file", Detail: "d"}}, LookAt: []string{"l"}}},
 		KindStatus:      &Status{},
-		KindStatusReply: &StatusReply{Version: "v", Build: "b", State: "s", Node: "n", Seq: 9, Outcome: shapes.Held},
+		KindStatusReply: &StatusReply{Version: "v", Build: "b", State: "s", Node: "n", Seq: 9, Outcome: shapes.Held, WireGuardKey: "k"},
 		KindError:       &Error{Code: CodeBusy, Message: "m"},
 		KindArchive:     &Archive{SHA256: strings.Repeat("ab", 32), Offset: 1 << 20, Chunk: bytes.Repeat([]byte{7}, MaxArchiveChunk), Last: true},
 		KindArchiveAck:  &ArchiveAck{SHA256: strings.Repeat("cd", 32), Stored: false, Reason: "r"},

@@ -35,6 +35,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -289,6 +290,9 @@ func (s *Server) status(_ context.Context, c *conn, _ any) error {
 	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
 	if id, err := s.identity(); err == nil && id != nil {
 		reply.Node, reply.State = id.Node, "enrolled"
+	}
+	if k, ok, err := overlay.LoadKey(s.cfg.StateDir); err == nil && ok {
+		reply.WireGuardKey = k.PublicKey().String()
 	}
 	return c.Write(wire.KindStatusReply, reply)
 }

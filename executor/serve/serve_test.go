@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -934,5 +935,25 @@ func TestHostedTakesNoArchive(t *testing.T) {
 	}
 	if got := e.cache(); len(got) != 0 {
 		t.Fatalf("a hosted executor cached %v", got)
+	}
+}
+
+// The overlay's public key goes upward with the status the heartbeat
+// carries; the private key never does.
+func TestStatusCarriesTheOverlayPublicKey(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	k, _, err := overlay.EnsureKey(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.dial()
+	c.Write(wire.KindStatus, &wire.Status{})
+	_, body, err := c.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := body.(*wire.StatusReply)
+	if s.WireGuardKey != k.PublicKey().String() || strings.Contains(fmt.Sprintf("%+v", s), k.String()) {
+		t.Fatalf("status %+v", s)
 	}
 }

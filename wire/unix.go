@@ -62,7 +62,7 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 		ln.Close()
 		return nil, fmt.Errorf("wire: socket: %w", err)
 	}
-	return &ownSocket{UnixListener: ul, path: path, ino: fi.Sys().(*syscall.Stat_t).Ino}, nil
+	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
 }
 
 // ownSocket is a listener that, closed, removes its socket file only if
@@ -70,12 +70,20 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 type ownSocket struct {
 	*net.UnixListener
 	path string
-	ino  uint64
+	id   [3]int64
+}
+
+// fileIdentity tells one file from another at the same path: the inode
+// alone is not enough (tmpfs hands a freed inode number to the next file
+// at once), so its change time to the nanosecond goes with it.
+func fileIdentity(fi os.FileInfo) [3]int64 {
+	st := fi.Sys().(*syscall.Stat_t)
+	return [3]int64{int64(st.Ino), st.Ctim.Sec, st.Ctim.Nsec}
 }
 
 func (o *ownSocket) Close() error {
 	err := o.UnixListener.Close()
-	if fi, lerr := os.Lstat(o.path); lerr == nil && fi.Sys().(*syscall.Stat_t).Ino == o.ino {
+	if fi, lerr := os.Lstat(o.path); lerr == nil && fileIdentity(fi) == o.id {
 		os.Remove(o.path)
 	}
 	return err

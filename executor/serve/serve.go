@@ -171,14 +171,19 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 
 // Serve accepts connections on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	closed := make(chan struct{})
 	go func() {
 		<-ctx.Done()
 		ln.Close()
+		close(closed)
 	}()
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
+				// The listener is closed (and its socket file removed)
+				// before Serve returns, so a new executor can take the path.
+				<-closed
 				return nil
 			}
 			return fmt.Errorf("executor: accept: %w", err)

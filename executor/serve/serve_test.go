@@ -548,10 +548,14 @@ func child(mode, sock, dir string) int {
 		}
 		status, _ := wire.Encode(&wire.Status{})
 		try("stream/wrong-digest", hello(), chunk(sum, 0, "not ", false), chunk(sum, 4, "these bytes", true))
-		try("stream/out-of-order", hello(), chunk(sum, 0, "abc", false), chunk(sum, 7, "def", true))
-		try("stream/not-at-zero", hello(), chunk(sum, 5, "abc", true))
-		try("stream/two-at-once", hello(), chunk(sum, 0, "abc", false), chunk(strings.Repeat("cd", 32), 0, "def", true))
-		try("stream/overtaken", hello(), chunk(sum, 0, "abc", false), frame(wire.KindStatus, status))
+		// Each attempt streams a digest of its own: one stream per digest
+		// is allowed across connections, and the executor releases an
+		// attempt's only once it has seen that connection close.
+		d := func(i int) string { return strings.Repeat(fmt.Sprintf("a%d", i), 32) }
+		try("stream/out-of-order", hello(), chunk(d(1), 0, "abc", false), chunk(d(1), 7, "def", true))
+		try("stream/not-at-zero", hello(), chunk(d(2), 5, "abc", true))
+		try("stream/two-at-once", hello(), chunk(d(3), 0, "abc", false), chunk(strings.Repeat("cd", 32), 0, "def", true))
+		try("stream/overtaken", hello(), chunk(d(4), 0, "abc", false), frame(wire.KindStatus, status))
 		try("stream/bad-digest", hello(), chunk("../../../../etc/passwd", 0, "x", true))
 	}
 	json.NewEncoder(os.Stdout).Encode(obs)

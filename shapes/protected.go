@@ -59,7 +59,8 @@ type Resolver func(path string) (string, error)
 
 // CheckProtected checks every resource of d against the protected set again,
 // this time through resolve, so a symlink planted on the machine cannot lead
-// a declared path into the host's own files.
+// a declared path into the host's own files. d comes from Parse or
+// ParseTrusted, which checked each path as written.
 func CheckProtected(d *Declaration, resolve Resolver) error {
 	v := &validator{d: d}
 	m := &machine{resolve: resolve}
@@ -228,8 +229,14 @@ func checkProtected(v *validator, r Resource, m *machine) {
 				v.fail(field, "cannot resolve %s to check it against the protected set: %v", p, err)
 				return
 			}
+			// The path as written was checked when the declaration was
+			// parsed; through the machine, only what differs is new.
+			candidates = candidates[:0]
 			if rp != p {
 				candidates = append(candidates, rp)
+			}
+			if len(m.moved) > 0 {
+				candidates = append(candidates, p)
 			}
 		}
 		for _, c := range candidates {

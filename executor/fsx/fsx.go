@@ -676,6 +676,10 @@ var ErrNotExist = os.ErrNotExist
 // changed afterwards is not seen.
 func Resolver() func(string) (string, error) {
 	dirs := map[string]string{"/": "/"}
+	// links holds, per resolved directory, which of its entries are
+	// symbolic links: one read of a directory answers for a thousand
+	// files in it, instead of one readlink each.
+	links := map[string]map[string]bool{}
 	var resolve func(p string) (string, error)
 	resolve = func(p string) (string, error) {
 		if rp, ok := dirs[p]; ok {
@@ -690,6 +694,22 @@ func Resolver() func(string) (string, error) {
 			return "", err
 		}
 		full := path.Join(rd, base)
+		ls, seen := links[rd]
+		if !seen {
+			if ents, err := os.ReadDir(rd); err == nil {
+				ls = map[string]bool{}
+				for _, e := range ents {
+					if e.Type()&os.ModeSymlink != 0 {
+						ls[e.Name()] = true
+					}
+				}
+			}
+			links[rd] = ls // nil when unreadable: ask each name below
+		}
+		if ls != nil && !ls[base] {
+			dirs[p] = full // not a link (or not there)
+			return full, nil
+		}
 		if _, err := os.Readlink(full); err != nil {
 			var pe *os.PathError
 			if errors.As(err, &pe) && (pe.Err == unix.EINVAL || pe.Err == unix.ENOENT || pe.Err == unix.ENOTDIR) {

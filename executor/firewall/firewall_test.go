@@ -207,14 +207,14 @@ func TestFrontEndsRefused(t *testing.T) {
 func bareNetns(t *testing.T) (*nft, func(string) string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		t.Fatal("needs root (make test runs as root)")
 	}
 	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("nft is not installed (tests/install-deps.sh)")
+		t.Fatal("nft is not installed (tests/install-deps.sh installs it)")
 	}
 	name := fmt.Sprintf("fwtest-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v %s", err, out)
+		t.Fatalf("ip netns add: %v %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	ns, err := os.Open("/run/netns/" + name)
@@ -314,7 +314,7 @@ func TestNftablesInABareNetns(t *testing.T) {
 func TestIptablesNftInABareNetns(t *testing.T) {
 	n, sh := bareNetns(t)
 	if _, err := exec.LookPath("iptables-nft"); err != nil {
-		t.Skip("iptables-nft is not installed")
+		t.Fatal("iptables-nft is not installed (tests/install-deps.sh installs it)")
 	}
 	ctx := context.Background()
 	sh("iptables-nft -P INPUT DROP && iptables-nft -A INPUT -p tcp --dport 22 -m comment --comment 'operator ssh' -j ACCEPT")

@@ -157,12 +157,7 @@ func (r *run) action(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if err := r.st.Intend(st.target, store.Intent{Op: "run", Claim: st.claim, Type: shapes.TypeAction}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "run", Claim: st.claim, Type: shapes.TypeAction}, rest) {
 		return
 	}
 	code, out, err = runArgv(r.ctx, a.Run, timeout)

@@ -488,12 +488,7 @@ func (r *run) archive(st *step, rest int) {
 	// The intent names every path it may create, so a crash leaves nothing
 	// the host made unaccounted for: settling it claims them all (each is
 	// the host's, or absent, and removing an absent path is nothing).
-	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeArchive, Paths: n.Paths}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeArchive, Paths: n.Paths}, rest) {
 		return
 	}
 	uid, gid := int(dinfo.UID), int(dinfo.GID)

@@ -84,16 +84,18 @@ type Refusal struct{ Reason string }
 func (r *Refusal) Error() string { return "executor: refused: " + r.Reason }
 
 type run struct {
-	ctx     context.Context
-	st      *store.Store
-	opt     Options
-	d       *shapes.Declaration
-	owners  map[string]owner // by resource key
-	taken   map[string]bool
-	log     *slog.Logger
-	lines   []shapes.Line
-	devs    map[uint64]string // filesystems touched, one directory on each
-	stopped bool
+	ctx    context.Context
+	st     *store.Store
+	opt    Options
+	d      *shapes.Declaration
+	owners map[string]owner // by resource key
+	taken  map[string]bool
+	log    *slog.Logger
+	lines  []shapes.Line
+	devs   map[uint64]string // filesystems touched, one directory on each
+	// touchedDirs are the directories touch has looked at since the last sync.
+	touchedDirs map[string]bool
+	stopped     bool
 	// The init, when a service is declared or given back.
 	init     initsys.Manager
 	units    map[string]string // service key -> the unit's canonical name
@@ -124,7 +126,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
-	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{},
+	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}, unitFiles: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
@@ -567,12 +569,34 @@ func (r *run) fail(st *step, err error, rest int) {
 	r.stopped = true
 }
 
+// touch notes the filesystem a change was made on, for syncTouched. A
+// converge writes a thousand files into a handful of directories: each
+// directory is looked at once per batch, not once per file.
 func (r *run) touch(dir string) {
+	if r.touchedDirs[dir] {
+		return
+	}
+	r.touchedDirs[dir] = true
 	if info, err := fsx.Lstat(dir); err == nil && info.Kind == fsx.Dir {
 		if _, ok := r.devs[info.Dev]; !ok {
 			r.devs[info.Dev] = dir
 		}
 	}
+}
+
+// intendNow records a step's intent and makes it durable before the step
+// changes anything: what the steps that run alone do first. It fails the
+// step and reports false when the store cannot.
+func (r *run) intendNow(st *step, in store.Intent, rest int) bool {
+	if err := r.st.Intend(st.target, in); err != nil {
+		r.fail(st, err, rest)
+		return false
+	}
+	if err := r.st.Sync(); err != nil {
+		r.fail(st, err, rest)
+		return false
+	}
+	return true
 }
 
 func (r *run) syncTouched() error {
@@ -589,6 +613,7 @@ func (r *run) syncTouched() error {
 		}
 		delete(r.devs, dev)
 	}
+	clear(r.touchedDirs)
 	return nil
 }
 

@@ -95,12 +95,7 @@ func (r *run) opening(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if err := r.st.Intend(st.target, store.Intent{Op: "create", Claim: st.claim, Type: shapes.TypeOpening, Created: true}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "create", Claim: st.claim, Type: shapes.TypeOpening, Created: true}, rest) {
 		return
 	}
 	if err := fw.Open(r.ctx, spec, comment, cur.Missing); err != nil {

@@ -204,12 +204,7 @@ func (r *run) overlay(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeOverlay, Created: !cur.Exists}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeOverlay, Created: !cur.Exists}, rest) {
 		return
 	}
 	if ch.Create {

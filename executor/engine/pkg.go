@@ -211,12 +211,7 @@ func (r *run) pkg(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypePackage, Created: !ok}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypePackage, Created: !ok}, rest) {
 		return
 	}
 	if err := mgr.install(r.ctx, p.Name, p.Version); err != nil {

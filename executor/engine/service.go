@@ -140,12 +140,7 @@ func (r *run) service(st *step, rest int) {
 	if e == nil {
 		in.Original = orig
 	}
-	if err := r.st.Intend(st.target, in); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, in, rest) {
 		return
 	}
 	if setEnabled {

@@ -223,12 +223,7 @@ func (r *run) user(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if err := r.st.Intend(st.target, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}); err != nil {
-		r.fail(st, err, rest)
-		return
-	}
-	if err := r.st.Sync(); err != nil {
-		r.fail(st, err, rest)
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}, rest) {
 		return
 	}
 	if !exists {

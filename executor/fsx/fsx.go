@@ -543,33 +543,27 @@ func Mkdir(p string, mode uint32, uid, gid int) error {
 // Remove removes the regular file at p. Anything else there (a link planted
 // in its place, a directory) is refused, not removed.
 func Remove(p string) error {
-	d, err := OpenParent(p)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
+	err := removeAt(p, Regular, 0, "remove")
+	if errors.Is(err, errWrongKind) {
+		return wrap("remove", p, fmt.Errorf("%w: %v, not the file the host wrote", ErrNotRegular, err))
 	}
-	defer d.Close()
-	info, err := d.Lstat()
-	if err != nil {
-		return err
-	}
-	switch info.Kind {
-	case Absent:
-		return nil
-	case Regular:
-	default:
-		return wrap("remove", p, fmt.Errorf("%w: a %s is there now, not the file the host wrote", ErrNotRegular, info.Kind))
-	}
-	if err := unix.Unlinkat(d.fd, d.Name, 0); err != nil && err != unix.ENOENT {
-		return wrap("remove", p, err)
-	}
-	return nil
+	return err
 }
 
 // RemoveDir removes the directory p if it is empty; ErrNotEmpty otherwise.
 func RemoveDir(p string) error {
+	err := removeAt(p, Dir, unix.AT_REMOVEDIR, "remove directory")
+	if errors.Is(err, errWrongKind) {
+		return wrap("remove directory", p, fmt.Errorf("%w: %v", ErrNotDir, err))
+	}
+	return err
+}
+
+var errWrongKind = errors.New("something else is there now")
+
+// removeAt unlinks p, relative to its parent opened without following
+// links, if what is there is of kind want; nothing there is done already.
+func removeAt(p string, want Kind, flags int, op string) error {
 	d, err := OpenParent(p)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -585,17 +579,15 @@ func RemoveDir(p string) error {
 	switch info.Kind {
 	case Absent:
 		return nil
-	case Dir:
+	case want:
 	default:
-		return wrap("remove directory", p, fmt.Errorf("%w: a %s is there now", ErrNotDir, info.Kind))
+		return fmt.Errorf("%w (a %s)", errWrongKind, info.Kind)
 	}
-	if err := unix.Unlinkat(d.fd, d.Name, unix.AT_REMOVEDIR); err != nil {
+	if err := unix.Unlinkat(d.fd, d.Name, flags); err != nil && err != unix.ENOENT {
 		if err == unix.ENOTEMPTY || err == unix.EEXIST {
-			return wrap("remove directory", p, ErrNotEmpty)
+			return wrap(op, p, ErrNotEmpty)
 		}
-		if err != unix.ENOENT {
-			return wrap("remove directory", p, err)
-		}
+		return wrap(op, p, err)
 	}
 	return nil
 }

@@ -91,27 +91,10 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 		return nil
 	}
 
-	if !exists {
-		if err := r.parentReady(f.Path); err != nil {
-			return err
-		}
+	n, err := r.startChange(st, e, shapes.TypeFile, f.Path, exists, func() (*store.Original, error) { return r.keepFile(f.Path) })
+	if err != nil {
+		return err
 	}
-	n := &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(e, st.claim)}
-	in := &store.Intent{Claim: st.claim, Type: shapes.TypeFile, Op: "change"}
-	switch {
-	case e != nil:
-		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
-	case !exists:
-		n.Created = true
-		in.Op, in.Created = "create", true
-	default:
-		orig, err := r.keepFile(f.Path)
-		if err != nil {
-			return err
-		}
-		n.Original, in.Original = orig, orig
-	}
-	st.intent = in
 
 	st.line.Outcome = shapes.Applied
 	drift := e != nil && e.Digest == want && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid
@@ -254,24 +237,12 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		return nil
 	}
 
-	if !exists {
-		if err := r.parentReady(d.Path); err != nil {
-			return err
-		}
+	n, err := r.startChange(st, e, shapes.TypeDirectory, d.Path, exists, func() (*store.Original, error) {
+		return &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID}, nil
+	})
+	if err != nil {
+		return err
 	}
-	n := &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(e, st.claim)}
-	in := &store.Intent{Claim: st.claim, Type: shapes.TypeDirectory, Op: "change"}
-	switch {
-	case e != nil:
-		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
-	case !exists:
-		n.Created = true
-		in.Op, in.Created = "create", true
-	default:
-		n.Original = &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID}
-		in.Original = n.Original
-	}
-	st.intent = in
 	st.line.Outcome = shapes.Applied
 	if e != nil && e.Digest == "dir" && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid {
 		st.line.Outcome = shapes.Repaired
@@ -324,4 +295,34 @@ func (r *run) parentReady(p string) error {
 		return fmt.Errorf("parent directory %s does not exist (declare a directory before what it holds)", parent)
 	}
 	return nil
+}
+
+// startChange begins the entry and the intent of a change to a file or a
+// directory at p: one the host already holds keeps its order, creation and
+// original; an absent one will be the host's creation (its parent must be
+// ready); a found one keeps what found returns as its original, before
+// anything is written.
+func (r *run) startChange(st *step, e *store.Entry, typ, p string, exists bool, found func() (*store.Original, error)) (*store.Entry, error) {
+	if !exists {
+		if err := r.parentReady(p); err != nil {
+			return nil, err
+		}
+	}
+	n := &store.Entry{Target: st.target, Type: typ, Claims: withClaim(e, st.claim)}
+	in := &store.Intent{Claim: st.claim, Type: typ, Op: "change"}
+	switch {
+	case e != nil:
+		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
+	case !exists:
+		n.Created = true
+		in.Op, in.Created = "create", true
+	default:
+		orig, err := found()
+		if err != nil {
+			return nil, err
+		}
+		n.Original, in.Original = orig, orig
+	}
+	st.intent = in
+	return n, nil
 }

@@ -27,6 +27,12 @@ type Options struct {
 	// StateDir keeps the agent's memory across restarts; "" keeps it in
 	// memory only.
 	StateDir string
+	// ConfigPath is where enrolment writes the identity it brings back
+	// ("" keeps it in memory only).
+	ConfigPath string
+	// EnrolPoll is how often a hosted agent asks the executor whether an
+	// enrolment was begun (2s when zero).
+	EnrolPoll time.Duration
 	// Heartbeat is the heartbeat period (30s when zero).
 	Heartbeat time.Duration
 	// Version and Build are this agent's; Build is compared with the
@@ -84,10 +90,15 @@ func Run(ctx context.Context, o Options) error {
 	if o.Socket == "" {
 		o.Socket = wire.SocketPath
 	}
+	if o.EnrolPoll <= 0 {
+		o.EnrolPoll = 2 * time.Second
+	}
 	if o.Identity == nil {
-		o.Log.Info("hosted: no identity; not dialling", "state", StateHosted)
-		<-ctx.Done()
-		return nil
+		id, err := hosted(ctx, o)
+		if err != nil || id == nil {
+			return err
+		}
+		o.Identity = id
 	}
 	st, err := openState(o.StateDir)
 	if err != nil {

@@ -27,11 +27,12 @@ const (
 func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("mesh-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", DefaultConfig, "the node's identity (JSON, 0600); missing: stay hosted, never dial")
+	config := fs.String("config", DefaultConfig, "the node's identity (JSON, 0600), written by enrolment; missing: stay hosted, never dial")
 	socket := fs.String("socket", wire.SocketPath, "the executor's socket")
 	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
 	state := fs.String("state", DefaultStateDir, "the agent's state directory")
 	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
+	enrolPoll := fs.Duration("enrol-poll", 2*time.Second, "hosted: how often to ask the executor whether an enrolment was begun")
 	selfCheck := fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials as JSON, and exit")
 	showVersion := fs.Bool("version", false, "print the version and build, and exit")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -96,7 +97,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
 
 	err = Run(ctx, Options{
-		Identity: id, Socket: *socket, StateDir: *state, Heartbeat: *heartbeat,
+		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll,
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {

@@ -28,9 +28,10 @@ import (
 //	  "nkey_seed": "SU…"
 //	}
 //
-// This file-based identity is temporary: enrolment (a later issue) replaces
-// it with a grant signed by the control plane, and the seed is then made on
-// the node and never leaves it.
+// Enrolment writes it (with "user_jwt", the broker credential of the
+// grant), from a seed the agent made itself and never sent anywhere. A
+// node registered by hand (`mesh-control node add`) gets it from the
+// control side instead, seed included.
 type Config struct {
 	BrokerURL         string `json:"broker_url"`
 	BrokerFingerprint string `json:"broker_fingerprint"`
@@ -38,6 +39,10 @@ type Config struct {
 	Node              string `json:"node"`
 	Enrolment         string `json:"enrolment"`
 	NKeySeed          string `json:"nkey_seed"`
+	// UserJWT is the broker credential a grant carries (enrolment writes
+	// it); without one the agent authenticates with its NKey alone, as a
+	// node registered by hand does.
+	UserJWT string `json:"user_jwt,omitempty"`
 }
 
 // Identity is a checked Config: what the agent links and verifies with.
@@ -50,6 +55,7 @@ type Identity struct {
 	Subjects   Subjects
 	nkey       nkeys.KeyPair
 	nkeyPublic string
+	userJWT    string
 }
 
 // NKeyPublic is the public half of the node's NKey (the broker's user name).
@@ -143,6 +149,7 @@ func (c *Config) Identity() (*Identity, error) {
 		Subjects:   SubjectsOf(c.Node),
 		nkey:       kp,
 		nkeyPublic: pub,
+		userJWT:    c.UserJWT,
 	}, nil
 }
 

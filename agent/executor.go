@@ -117,6 +117,16 @@ func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wi
 
 // status asks the executor's state.
 func (e *execClient) status() (*wire.StatusReply, error) {
+	b, err := e.ask(wire.KindStatus, &wire.Status{}, "status")
+	if err != nil {
+		return nil, err
+	}
+	return b.(*wire.StatusReply), nil
+}
+
+// ask sends one request whose answer is one message (status, enrol,
+// grant) and returns that answer, of the kind the table pairs with it.
+func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
 	if err := e.connect(); err != nil {
 		return nil, err
 	}
@@ -127,25 +137,24 @@ func (e *execClient) status() (*wire.StatusReply, error) {
 			e.conn.NetConn().SetDeadline(time.Time{})
 		}
 	}()
-	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+	if err := c.Write(kind, body); err != nil {
 		e.close()
-		return nil, fmt.Errorf("executor: status: %w", err)
+		return nil, fmt.Errorf("executor: %s: %w", what, err)
 	}
 	k, b, err := c.Read()
 	if err != nil {
 		e.close()
-		return nil, fmt.Errorf("executor: status: %w", err)
+		return nil, fmt.Errorf("executor: %s: %w", what, err)
 	}
-	switch b := b.(type) {
-	case *wire.StatusReply:
-		return b, nil
-	case *wire.Error:
+	if eb, ok := b.(*wire.Error); ok {
 		e.close()
-		return nil, fmt.Errorf("executor closed the connection: %w", b)
-	default:
-		e.close()
-		return nil, fmt.Errorf("executor answered status with %s", k)
+		return nil, fmt.Errorf("executor closed the connection: %w", eb)
 	}
+	if k != kind+1 && !(kind == wire.KindEnrol && k == wire.KindEnrolOffer) && !(kind == wire.KindGrant && k == wire.KindGrantReply) {
+		e.close()
+		return nil, fmt.Errorf("executor answered %s with %s", what, k)
+	}
+	return b, nil
 }
 
 // archiveWriteTimeout bounds one chunk's write to the executor, and the

@@ -87,13 +87,19 @@ func explain(url string, err error, pin *PinError) *LinkError {
 // uses: TLS pinned inside the handshake, its NKey, its own inbox prefix
 // (the only subjects it may subscribe to).
 func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
-	return []nats.Option{
+	opts := []nats.Option{
 		nats.Name("mesh-agent/" + id.Node),
 		nats.Secure(PinnedTLS(id.Pin, pins.note)),
 		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),
 		nats.Timeout(5 * time.Second),
 	}
+	if id.userJWT != "" {
+		// The grant's user JWT rides as the connect token beside the NKey
+		// and its signature over the nonce (see control's registryAuth).
+		opts = append(opts, nats.Token(id.userJWT))
+	}
+	return opts
 }
 
 // Dial connects once with id's identity: the broker certificate pinned,

@@ -86,3 +86,7 @@ func ValidNodeName(name string) error {
 	}
 	return nil
 }
+
+// EnrolInbox is the reply-subject prefix of the one-time credential of
+// token id: the only subjects it may subscribe to.
+func EnrolInbox(tokenID string) string { return "_INBOX.enrol-" + tokenID }

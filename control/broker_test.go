@@ -156,8 +156,8 @@ func TestPinFailsBeforeConnect(t *testing.T) {
 // broker refuses each, and B's consumer and subjects are untouched.
 func TestNodeIsolation(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	_, a := addNode(t, s, "alpha")
-	addNode(t, s, "beta")
+	_, a := enrolNode(t, s, "alpha")
+	enrolNode(t, s, "beta")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, n := range []string{"alpha", "beta"} {
@@ -204,7 +204,8 @@ func TestNodeIsolation(t *testing.T) {
 	}
 
 	// Subscribing to B's declarations, or anything wider than its inbox.
-	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>", "$JS.ACK.MESH_DECL.node-beta.>"} {
+	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>", "$JS.ACK.MESH_DECL.node-beta.>",
+		"mesh.enrol.*", "_INBOX.enrol-0011223344556677.>"} {
 		if _, err := nc.SubscribeSync(subj); err != nil {
 			t.Fatal(err)
 		}
@@ -227,6 +228,9 @@ func TestNodeIsolation(t *testing.T) {
 		"$JS.API.STREAM.PURGE.MESH_DECL",
 		"$KV.mesh_nodes.node.beta",
 		"$JS.API.STREAM.INFO.MESH_DECL",
+		// The enrolment subjects: a node cannot ask for another grant.
+		"mesh.enrol.0011223344556677",
+		"mesh.enrol.*",
 	} {
 		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"batch":1}`)); err != nil {
 			t.Fatal(err)

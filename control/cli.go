@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,8 +25,16 @@ const usage = `usage: mesh-control COMMAND [flags]
            make the control-plane key, the broker certificate and the control NKey
   serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL] [-v]
            run the embedded broker (or use --nats URL) and keep the registry
+  token issue (--new [--name NAME] | --node NAME) --dir DIR [--ttl 1h] [--broker-url URL]
+           print, once, a one-time enrolment token that expires whether used or not;
+           --node revokes the identity that node has now (a re-enrolment)
+  node revoke NAME --dir DIR
+           revoke the node's identity: the broker refuses it from now on
+  node show NAME --dir DIR [--json]
+           the node's record, keys, and the profile and inventory it reported
   node add NAME --dir DIR [--out FILE] [--broker-url URL]
-           register a node; write its agent config and executor-identity.json
+           register a node by hand (no enrolment): write its agent config and
+           executor-identity.json, to be installed on the node by a person
   declare  NODE FILE --dir DIR
            sign FILE for NODE with the next sequence and publish it; print the sequence
   archive put FILE --dir DIR [--json]
@@ -52,12 +61,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	cmd, rest := args[0], args[1:]
-	if cmd == "node" {
-		if len(rest) == 0 || rest[0] != "add" {
-			fmt.Fprintln(stderr, "mesh-control node: the subcommand is add")
+	if cmd == "node" || cmd == "token" {
+		subs := map[string][]string{"node": {"add", "revoke", "show"}, "token": {"issue"}}[cmd]
+		if len(rest) == 0 || !slices.Contains(subs, rest[0]) {
+			fmt.Fprintf(stderr, "mesh-control %s: the subcommand is one of %s\n", cmd, strings.Join(subs, ", "))
 			return 2
 		}
-		cmd, rest = "node add", rest[1:]
+		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
 	if cmd == "archive" {
 		if len(rest) == 0 || rest[0] != "put" {
@@ -81,6 +91,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json)")
 	brokerURL := fs.String("broker-url", "", "node add: the broker as the node reaches it (default the URL used)")
 	last := fs.Int("last", 20, "reports: how many")
+	isNew := fs.Bool("new", false, "token issue: for a machine the mesh has not seen")
+	forNode := fs.String("node", "", "token issue: for this existing node (revokes its identity now)")
+	newName := fs.String("name", "", "token issue --new: the name the node gets (default: from its hostname)")
+	ttl := fs.Duration("ttl", DefaultTokenTTL, "token issue: how long the token lives, used or not")
 	pos, err := parseInterleaved(fs, rest)
 	if err != nil {
 		return 2
@@ -89,7 +103,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-control %s: --dir is required\n", cmd)
 		return 2
 	}
-	want := map[string]int{"init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0}
+	want := map[string]int{"token issue": 0, "node revoke": 1, "node show": 1, "init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0}
 	n, ok := want[cmd]
 	if !ok {
 		fmt.Fprintf(stderr, "mesh-control: unknown command %q\n\n%s", cmd, usage)
@@ -111,6 +125,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.serve(*listen)
 	case "node add":
 		err = c.nodeAdd(pos[0], *out, *brokerURL)
+	case "token issue":
+		err = c.tokenIssue(*isNew, *forNode, *newName, *ttl, *brokerURL)
+	case "node revoke":
+		err = c.nodeRevoke(pos[0])
+	case "node show":
+		err = c.nodeShow(pos[0])
 	case "declare":
 		err = c.declare(pos[0], pos[1])
 	case "archive put":
@@ -391,8 +411,12 @@ func (c *cli) brokerConfig(listen string) error {
 		return err
 	}
 	var nodes []*NodeRecord
+	var tokens []*TokenRecord
 	if cl, err := c.connect(); err == nil {
 		nodes, err = cl.records(c.ctx)
+		if err == nil {
+			tokens, err = cl.tokens(c.ctx)
+		}
 		cl.Close()
 		if err != nil {
 			return err
@@ -400,6 +424,6 @@ func (c *cli) brokerConfig(listen string) error {
 	} else if !errors.Is(err, context.Canceled) {
 		c.log.Warn("no broker to read the registry from; the configuration lists no nodes", "err", err)
 	}
-	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, true))
+	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, tokens, true))
 	return nil
 }

@@ -42,6 +42,14 @@ type NodeRecord struct {
 	Enrolment string    `json:"enrolment"`
 	NextSeq   uint64    `json:"next_seq"` // the sequence the next declaration gets
 	Created   time.Time `json:"created"`
+	// Revoked: the node's identity was revoked (node revoke, or a token
+	// issued for it); NKey is then empty and the broker refuses it.
+	Revoked time.Time `json:"revoked,omitzero"`
+	// Enrolled is when the current enrolment was granted; Token the token
+	// that made it; Keys the public keys its executor bound.
+	Enrolled time.Time       `json:"enrolled,omitzero"`
+	Token    string          `json:"token,omitempty"`
+	Keys     *wire.EnrolKeys `json:"keys,omitempty"`
 }
 
 // ExecutorIdentity is what the executor pins (its identity.json):
@@ -244,17 +252,35 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 		}
 		return nil, nil, fmt.Errorf("registry: %w", err)
 	}
-	s := agent.SubjectsOf(name)
 	undo := func(err error) (*agent.Config, *ExecutorIdentity, error) {
 		c.KV.Purge(context.Background(), nodeKey(name))
 		return nil, nil, err
 	}
-	stream, err := c.JS.Stream(ctx, agent.DeclStream)
-	if err != nil {
+	if err := c.freshQueue(ctx, name); err != nil {
 		return undo(err)
 	}
+	cfg := &agent.Config{
+		BrokerURL:         brokerURL,
+		BrokerFingerprint: c.Keys.Fingerprint,
+		ControlKey:        c.Keys.ControlPublicBase64(),
+		Node:              name,
+		Enrolment:         rec.Enrolment,
+		NKeySeed:          string(seed),
+	}
+	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
+}
+
+// freshQueue empties node's declaration subject and gives it a new durable
+// consumer: nothing addressed to an earlier node of that name, or an
+// earlier enrolment, is delivered again.
+func (c *Client) freshQueue(ctx context.Context, name string) error {
+	s := agent.SubjectsOf(name)
+	stream, err := c.JS.Stream(ctx, agent.DeclStream)
+	if err != nil {
+		return err
+	}
 	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(s.Decl)); err != nil {
-		return undo(fmt.Errorf("emptying %s: %w", s.Decl, err))
+		return fmt.Errorf("emptying %s: %w", s.Decl, err)
 	}
 	stream.DeleteConsumer(ctx, s.Consumer) // one left by a node of the same name
 	if _, err := c.JS.CreateConsumer(ctx, agent.DeclStream, jetstream.ConsumerConfig{
@@ -267,17 +293,9 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 		MaxDeliver:    -1,
 		MaxAckPending: 2 * DeclsPerNode,
 	}); err != nil {
-		return undo(fmt.Errorf("consumer %s: %w", s.Consumer, err))
+		return fmt.Errorf("consumer %s: %w", s.Consumer, err)
 	}
-	cfg := &agent.Config{
-		BrokerURL:         brokerURL,
-		BrokerFingerprint: c.Keys.Fingerprint,
-		ControlKey:        c.Keys.ControlPublicBase64(),
-		Node:              name,
-		Enrolment:         rec.Enrolment,
-		NKeySeed:          string(seed),
-	}
-	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
+	return nil
 }
 
 // Nodes lists the registered node records.

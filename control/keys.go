@@ -33,6 +33,10 @@ const (
 	FileBrokerKey  = "broker.key"   // its private key, PKCS#8 PEM (0600)
 	FileNKey       = "control.nk"   // the NKey seed of the control side's broker user (0600)
 	FileSettings   = "control.json" // {"broker_url": "tls://127.0.0.1:4222"}
+	// FileNodesAccount is the NKey seed of the nodes' account: it signs the
+	// user JWT each grant carries (0600). Made by init, or on first use by
+	// a key directory made before enrolment existed.
+	FileNodesAccount = "nodes-account.nk"
 )
 
 // DefaultBrokerURL is where the embedded broker listens unless told.
@@ -46,6 +50,9 @@ type Keys struct {
 	NKey        nkeys.KeyPair
 	NKeyPublic  string
 	BrokerURL   string // from control.json
+	// Account signs node users' JWTs; AccountPublic is its public half.
+	Account       nkeys.KeyPair
+	AccountPublic string
 }
 
 // ControlPublic is the control-plane public key.
@@ -235,6 +242,10 @@ func LoadKeys(dir string) (*Keys, error) {
 	if k.NKeyPublic, err = k.NKey.PublicKey(); err != nil || !nkeys.IsValidPublicUserKey(k.NKeyPublic) {
 		return nil, fmt.Errorf("%s: not a user NKey seed", FileNKey)
 	}
+	if k.Account, err = loadOrMakeAccount(dir); err != nil {
+		return nil, err
+	}
+	k.AccountPublic, _ = k.Account.PublicKey()
 	if b, err := os.ReadFile(filepath.Join(dir, FileSettings)); err == nil {
 		var s settings
 		if err := json.Unmarshal(b, &s); err != nil {
@@ -247,4 +258,35 @@ func LoadKeys(dir string) (*Keys, error) {
 		return nil, err
 	}
 	return k, nil
+}
+
+// loadOrMakeAccount reads the nodes' account key, making it when the key
+// directory has none.
+func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
+	p := filepath.Join(dir, FileNodesAccount)
+	seed, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		kp, err := nkeys.CreateAccount()
+		if err != nil {
+			return nil, err
+		}
+		s, _ := kp.Seed()
+		if err := writeNew(dir, FileNodesAccount, append(s, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		seed, err = os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", FileNodesAccount, err)
+	}
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
+		return nil, fmt.Errorf("%s: not an account NKey seed", FileNodesAccount)
+	}
+	return kp, nil
 }

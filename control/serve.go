@@ -59,7 +59,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	defer c.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	if srv != nil {
 		ready := make(chan struct{})
 		go func() { errs <- c.keepUsers(ctx, srv, ready, log) }()
@@ -72,6 +72,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		log.Info("using an existing broker: its users and permissions are its own business", "broker", url)
 	}
 	go func() { errs <- c.Record(ctx) }()
+	go func() { errs <- c.Enrolments(ctx) }()
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {
 		o.Ready(url, srv)
@@ -87,23 +88,56 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	}
 }
 
-// keepUsers watches the registry and makes the broker's users equal to it.
+// keepUsers watches the registry and makes the broker's users equal to it:
+// the nodes with their NKeys (none for a revoked node), and the one-time
+// credentials of tokens that may still be used.
 func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct{}, log *slog.Logger) error {
-	w, err := c.KV.Watch(ctx, "node.*")
+	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", "token.*"})
 	if err != nil {
 		return fmt.Errorf("watching the registry: %w", err)
 	}
 	defer w.Stop()
 	nodes := map[string]*NodeRecord{}
+	tokens := map[string]*TokenRecord{}
 	initial := true
-	apply := func() error {
+	apply := func() {
 		list := make([]*NodeRecord, 0, len(nodes))
 		for _, n := range nodes {
 			list = append(list, n)
 		}
 		srv.SetNodes(list)
-		log.Debug("broker users", "nodes", len(list))
-		return nil
+		tl := make([]*TokenRecord, 0, len(tokens))
+		for _, t := range tokens {
+			tl = append(tl, t)
+		}
+		srv.SetTokens(tl)
+		log.Debug("broker users", "nodes", len(list), "tokens", len(tl))
+	}
+	// fold takes one entry in; changed says the broker's users may differ.
+	fold := func(e jetstream.KeyValueEntry) (changed bool) {
+		key := e.Key()
+		put := e.Operation() == jetstream.KeyValuePut
+		if name, ok := strings.CutPrefix(key, "node."); ok {
+			var r NodeRecord
+			if !put || json.Unmarshal(e.Value(), &r) != nil {
+				if put {
+					log.Error("registry: unreadable record; its node cannot connect", "node", name)
+				}
+				delete(nodes, name)
+				return true
+			}
+			old, had := nodes[name]
+			nodes[name] = &r
+			return !had || old.NKey != r.NKey || old.Enrolment != r.Enrolment
+		}
+		id := strings.TrimPrefix(key, "token.")
+		var t TokenRecord
+		if !put || json.Unmarshal(e.Value(), &t) != nil {
+			delete(tokens, id)
+			return true
+		}
+		tokens[id] = &t
+		return true
 	}
 	for {
 		select {
@@ -114,33 +148,15 @@ func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct
 				return fmt.Errorf("the registry watch ended")
 			}
 			if e == nil { // the initial values are all in
-				if err := apply(); err != nil {
-					return err
-				}
+				apply()
 				initial = false
 				close(ready)
 				continue
 			}
-			name := strings.TrimPrefix(e.Key(), "node.")
-			if e.Operation() != jetstream.KeyValuePut {
-				delete(nodes, name)
-			} else {
-				var r NodeRecord
-				if err := json.Unmarshal(e.Value(), &r); err != nil {
-					log.Error("registry: unreadable record; its node cannot connect", "node", name, "err", err)
-					delete(nodes, name)
-				} else {
-					old, had := nodes[name]
-					nodes[name] = &r
-					if had && old.NKey == r.NKey && old.Enrolment == r.Enrolment {
-						continue // a sequence taken: the users are unchanged
-					}
-				}
-			}
-			if initial {
+			if !fold(e) || initial {
 				continue
 			}
-			// Drain what else arrived at once into one reload.
+			// Drain what else arrived at once into one change.
 			deadline := time.After(20 * time.Millisecond)
 		more:
 			for {
@@ -149,20 +165,12 @@ func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct
 					if !ok || e == nil {
 						break more
 					}
-					n := strings.TrimPrefix(e.Key(), "node.")
-					var r NodeRecord
-					if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
-						delete(nodes, n)
-					} else {
-						nodes[n] = &r
-					}
+					fold(e)
 				case <-deadline:
 					break more
 				}
 			}
-			if err := apply(); err != nil {
-				log.Error(err.Error())
-			}
+			apply()
 		}
 	}
 }

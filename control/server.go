@@ -12,9 +12,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // MaxPayload is the largest message the embedded broker takes: a signed
@@ -47,6 +49,8 @@ var serviceImports = []struct{ subject, to, response string }{
 	// Archives: a direct get of the archive store's stream, and nothing
 	// else of it (no put, no delete, no purge, no consumer, no info).
 	{"$JS.API.DIRECT.GET." + agent.ArchiveStream, agent.ArchiveGet, ""},
+	// Enrolment: a request to the responder, one answer back.
+	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
 }
 
 // NodePermissions are what node may do on the broker (in account NODES),
@@ -69,6 +73,16 @@ func NodePermissions(node string) (publish, subscribe []string) {
 	s := agent.SubjectsOf(node)
 	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat, s.ArchiveGet},
 		[]string{s.Inbox + ".>"}
+}
+
+// EnrolPermissions are what a token's one-time credential may do: make
+// its one enrolment request and hear the answer. Nothing else — not even
+// read the declarations stream or the archives.
+//
+//	publish    mesh.enrol.<token id>
+//	subscribe  _INBOX.enrol-<token id>.>
+func EnrolPermissions(tokenID string) (publish, subscribe []string) {
+	return []string{wire.EnrolSubjectPrefix + "." + tokenID}, []string{agent.EnrolInbox(tokenID) + ".>"}
 }
 
 // q quotes s for the nats-server configuration language.
@@ -105,7 +119,7 @@ func qs(ss []string) string {
 // existing broker (serve --nats) needs, reloaded whenever a node is added.
 // The embedded broker is made from it without users, and authenticates
 // against the registry itself (registryAuth), so it never reloads.
-func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, users bool) string {
+func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []*TokenRecord, users bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: \"mesh-control\"\nhost: %s\nport: %d\nmax_payload: %d\n", q(host), port, MaxPayload)
 	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
@@ -127,8 +141,19 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, users boo
 		b.WriteString("    users: [\n")
 		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 		for _, n := range nodes {
+			if n.NKey == "" {
+				continue // revoked
+			}
 			pub, sub := NodePermissions(n.Name)
 			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
+		}
+		now := time.Now()
+		for _, t := range tokens {
+			if !t.usable(now) {
+				continue
+			}
+			pub, sub := EnrolPermissions(t.ID)
+			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(t.Credential), qs(pub), qs(sub))
 		}
 		b.WriteString("    ]\n")
 	}
@@ -178,10 +203,10 @@ func StartServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 		log = slog.Default()
 	}
 	opts := &server.Options{}
-	if err := opts.ProcessConfigString(BrokerConfig(k, host, port, nil, false)); err != nil {
+	if err := opts.ProcessConfigString(BrokerConfig(k, host, port, nil, nil, false)); err != nil {
 		return nil, fmt.Errorf("broker configuration: %w", err)
 	}
-	auth := &registryAuth{control: k.NKeyPublic, nodes: map[string]string{}}
+	auth := &registryAuth{control: k.NKeyPublic, account: k.AccountPublic, nodes: map[string]string{}, tokens: map[string]tokenUser{}}
 	opts.CustomClientAuthentication = auth
 	opts.AlwaysEnableNonce = true // the NKey challenge
 	opts.NoSigs = true
@@ -227,6 +252,21 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 	}
 }
 
+// SetTokens makes the tokens that may still be used the broker's one-time
+// users; a used or revoked token's credential is refused from now on.
+func (s *Server) SetTokens(tokens []*TokenRecord) {
+	m := make(map[string]tokenUser, len(tokens))
+	now := time.Now()
+	for _, t := range tokens {
+		if t.usable(now) {
+			m[t.Credential] = tokenUser{id: t.ID, until: t.Expires.Add(tokenGrace)}
+		}
+	}
+	s.auth.mu.Lock()
+	s.auth.tokens = m
+	s.auth.mu.Unlock()
+}
+
 // ClientURL is the broker's address for clients (tls://host:port).
 func (s *Server) ClientURL() string {
 	addr := s.ns.Addr().(*net.TCPAddr)
@@ -254,17 +294,44 @@ func (s *Server) Shutdown() {
 type registryAuth struct {
 	ns      *server.Server
 	control string
+	account string // the nodes' account key, which signs node JWTs
 	mu      sync.Mutex
-	nodes   map[string]string // NKey public → node name
+	nodes   map[string]string    // NKey public → node name
+	tokens  map[string]tokenUser // one-time credential's NKey → token
 }
 
+type tokenUser struct {
+	id    string
+	until time.Time
+}
+
+// Check lets in, by the signature over the server's nonce: the control
+// side's NKey; a node's NKey as the registry has it now, with its user
+// JWT (issued by the nodes' account, for that NKey and node: a JWT that
+// does not verify refuses the connection) or without (registered by hand);
+// a token's one-time credential while the token may be used. Everyone is
+// given the permissions the registry says, whatever a JWT claims.
 func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	if c.Kind() != server.CLIENT {
 		return false
 	}
 	o := c.GetOpts()
 	nonce := c.GetNonce()
-	if o == nil || o.Nkey == "" || len(nonce) == 0 || !nkeys.IsValidPublicUserKey(o.Nkey) {
+	if o == nil || len(nonce) == 0 {
+		return false
+	}
+	// A node's user JWT comes as the connect token beside its NKey: a
+	// broker outside operator mode drops the JWT field of a connect, and
+	// an external broker configured with NKey users ignores the token.
+	nkey, node := o.Nkey, ""
+	if o.Token != "" {
+		uc, err := jwt.DecodeUserClaims(o.Token)
+		if err != nil || uc.Issuer != a.account || uc.Subject != nkey || uc.Name == "" {
+			return false
+		}
+		node = uc.Name
+	}
+	if nkey == "" || !nkeys.IsValidPublicUserKey(nkey) {
 		return false
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(o.Sig)
@@ -273,30 +340,36 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 			return false
 		}
 	}
-	pub, err := nkeys.FromPublicKey(o.Nkey)
+	pub, err := nkeys.FromPublicKey(nkey)
 	if err != nil || pub.Verify(nonce, sig) != nil {
 		return false
 	}
-	if o.Nkey == a.control {
+	if nkey == a.control && o.Token == "" {
 		acc, err := a.ns.LookupAccount(AccountControl)
 		if err != nil {
 			return false
 		}
-		c.RegisterUser(&server.User{Username: o.Nkey, Account: acc})
+		c.RegisterUser(&server.User{Username: nkey, Account: acc})
 		return true
 	}
 	a.mu.Lock()
-	node, ok := a.nodes[o.Nkey]
+	name, isNode := a.nodes[nkey]
+	tok, isToken := a.tokens[nkey]
 	a.mu.Unlock()
-	if !ok {
+	var pubs, subs []string
+	switch {
+	case isNode && (node == "" || node == name):
+		pubs, subs = NodePermissions(name)
+	case isToken && o.Token == "" && time.Now().Before(tok.until):
+		pubs, subs = EnrolPermissions(tok.id)
+	default:
 		return false
 	}
 	acc, err := a.ns.LookupAccount(AccountNodes)
 	if err != nil {
 		return false
 	}
-	pubs, subs := NodePermissions(node)
-	c.RegisterUser(&server.User{Username: o.Nkey, Account: acc, Permissions: &server.Permissions{
+	c.RegisterUser(&server.User{Username: nkey, Account: acc, Permissions: &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: pubs},
 		Subscribe: &server.SubjectPermission{Allow: subs},
 	}})

@@ -24,6 +24,10 @@ const (
 	KindError       Kind = 11 // executor: the connection is refused and closes
 	KindArchive     Kind = 10 // agent: a chunk of an archive's bytes, for the executor's cache
 	KindArchiveAck  Kind = 13 // executor: the streamed archive is stored, or why not
+	KindEnrol       Kind = 12 // agent: here is my NKey; is an enrolment pending?
+	KindEnrolOffer  Kind = 15 // executor: none, or the network half, the public keys and the proof
+	KindGrant       Kind = 14 // agent: the grant the control side signed, or why there is none
+	KindGrantReply  Kind = 17 // executor: the grant is recorded (enrolled), or why not
 )
 
 // Direction is who may send a message.
@@ -82,6 +86,10 @@ var Table = []Spec{
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
 	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }},
 	{KindArchiveAck, "archive-ack", ExecutorToAgent, nil, 4 << 10, func() any { return new(ArchiveAck) }},
+	{KindEnrol, "enrol", AgentToExecutor, []State{StateReady}, 256, func() any { return new(Enrol) }},
+	{KindEnrolOffer, "enrol-offer", ExecutorToAgent, nil, 1 << 20, func() any { return new(EnrolOffer) }},
+	{KindGrant, "grant", AgentToExecutor, []State{StateReady}, 64 << 10, func() any { return new(GrantHandover) }},
+	{KindGrantReply, "grant-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(GrantReply) }},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -227,4 +235,48 @@ type ArchiveAck struct {
 	SHA256 string `cbor:"1,keyasint"`
 	Stored bool   `cbor:"2,keyasint"`
 	Reason string `cbor:"3,keyasint"`
+}
+
+// Enrol asks whether an enrolment is pending, and gives the agent's NKey
+// (its public half) for the proof.
+type Enrol struct {
+	AgentNKey string `cbor:"1,keyasint"`
+}
+
+// EnrolOffer is the executor's answer to Enrol. With Pending, it carries
+// what the agent needs to make the request — the network half of the
+// token (never its secret), the public keys, the proof over them — and the
+// machine's profile and inventory for the control side.
+type EnrolOffer struct {
+	Pending     bool      `cbor:"1,keyasint"`
+	Token       string    `cbor:"2,keyasint,omitempty"` // the token id, hex
+	Expires     int64     `cbor:"3,keyasint,omitempty"` // unix seconds
+	BrokerURL   string    `cbor:"4,keyasint,omitempty"`
+	Fingerprint string    `cbor:"5,keyasint,omitempty"` // hex
+	ControlKey  []byte    `cbor:"6,keyasint,omitempty"` // for the agent's own checks of declarations
+	Credential  []byte    `cbor:"7,keyasint,omitempty"` // the one-time broker user's raw seed
+	Keys        EnrolKeys `cbor:"8,keyasint"`
+	Proof       []byte    `cbor:"9,keyasint,omitempty"`
+	Hostname    string    `cbor:"10,keyasint,omitempty"`
+	Profile     []byte    `cbor:"11,keyasint,omitempty"` // JSON
+	Inventory   []byte    `cbor:"12,keyasint,omitempty"` // JSON
+}
+
+// GrantHandover brings the executor the grant envelope exactly as the
+// control side sent it, or, with no envelope, why there is none: Final
+// when the control side or the broker refused (the token is spent), not
+// when they could not be reached (the agent tries again).
+type GrantHandover struct {
+	Envelope  []byte `cbor:"1,keyasint,omitempty"`
+	RefusedBy string `cbor:"2,keyasint,omitempty"` // control, broker, agent
+	Reason    string `cbor:"3,keyasint,omitempty"`
+	Final     bool   `cbor:"4,keyasint,omitempty"`
+}
+
+// GrantReply answers a GrantHandover.
+type GrantReply struct {
+	Enrolled  bool   `cbor:"1,keyasint"`
+	Node      string `cbor:"2,keyasint,omitempty"`
+	Enrolment string `cbor:"3,keyasint,omitempty"`
+	Reason    string `cbor:"4,keyasint,omitempty"`
 }

@@ -83,6 +83,12 @@ func TestEveryKindRoundTrips(t *testing.T) {
 		KindError:       &Error{Code: CodeBusy, Message: "m"},
 		KindArchive:     &Archive{SHA256: strings.Repeat("ab", 32), Offset: 1 << 20, Chunk: bytes.Repeat([]byte{7}, MaxArchiveChunk), Last: true},
 		KindArchiveAck:  &ArchiveAck{SHA256: strings.Repeat("cd", 32), Stored: false, Reason: "r"},
+		KindEnrol:       &Enrol{AgentNKey: "U" + strings.Repeat("A", 55)},
+		KindEnrolOffer: &EnrolOffer{Pending: true, Token: "00", Expires: 9, BrokerURL: "tls://x:1", Fingerprint: "ff", ControlKey: []byte{1},
+			Credential: []byte{2}, Keys: EnrolKeys{Identity: "a", Sealing: "b", WireGuard: "c", AgentNKey: "d"}, Proof: []byte{3},
+			Hostname: "h", Profile: []byte("{}"), Inventory: []byte("[]")},
+		KindGrant:      &GrantHandover{Envelope: []byte{4}, RefusedBy: "control", Reason: "r", Final: true},
+		KindGrantReply: &GrantReply{Enrolled: true, Node: "n", Enrolment: "e", Reason: "r"},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))

@@ -75,6 +75,13 @@ Rescue and inspection, as root, with or without the daemon running:
   inventory      what this machine is
   version        this binary's version
 
+Enrolment, as root:
+  enrol          read a token on standard input (or --token-file F, root-only;
+                 never the command line), make the node's keys, and wait
+                 (--wait, default 2m) for the agent to bring back the grant.
+                 Exit 0 enrolled, 1 refused (it says by whom and why),
+                 3 still pending.
+
 Exit status of apply and plan: 0 applied (or nothing to do), 1 a step failed,
 2 refused (nothing touched).
 `
@@ -97,6 +104,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 5*time.Minute, "how long apply waits for another applier to finish")
 	verbose := fs.Bool("v", false, "log each step to standard error")
 	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
+	tokenFile := fs.String("token-file", "", "enrol: read the token from this root-only file instead of standard input")
 	if err := fs.Parse(rest); err != nil {
 		return ExitRefused
 	}
@@ -113,6 +121,11 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 			return ExitRefused
 		}
 		return c.apply(fs.Arg(0), cmd == "plan")
+	case "enrol":
+		if !waitSet(fs) {
+			c.wait = 2 * time.Minute
+		}
+		return c.enrolCmd(fs.Args(), *tokenFile, os.Stdin)
 	case "owned":
 		return c.owned()
 	case "briefing":
@@ -131,6 +144,12 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "mesh-executor: unknown command %q\n%s", cmd, usage)
 	return ExitRefused
+}
+
+func waitSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "wait" })
+	return set
 }
 
 type command struct {

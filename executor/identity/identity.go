@@ -76,25 +76,7 @@ func Save(dir string, id *Identity) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(dir, FileName)
-	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
-	return syncDir(dir)
+	return writeDurably(dir, FileName, append(b, '\n'))
 }
 
 // Remove drops the identity: the host is hosted again.
@@ -112,4 +94,62 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// Floor is the newest link declaration accepted: its sequence and the
+// digest of its envelope. The daemon writes it durably before that
+// declaration is applied, so no crash can let an older one in; enrolment
+// writes it from the grant's sequence floor.
+type Floor struct {
+	Seq    uint64 `json:"seq"`
+	Digest string `json:"digest"`
+}
+
+// FloorFile is the floor's file in the state directory.
+const FloorFile = "link-floor.json"
+
+// ReadFloor reads the floor; none is the zero Floor.
+func ReadFloor(dir string) (Floor, error) {
+	var f Floor
+	b, err := os.ReadFile(filepath.Join(dir, FloorFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return f, nil
+	}
+	if err != nil {
+		return f, fmt.Errorf("identity: sequence floor: %w", err)
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, fmt.Errorf("identity: sequence floor %s: %w", FloorFile, err)
+	}
+	return f, nil
+}
+
+// WriteFloor writes the floor durably.
+func WriteFloor(dir string, f Floor) error {
+	b, _ := json.Marshal(f)
+	return writeDurably(dir, FloorFile, b)
+}
+
+// writeDurably writes name in dir, root-only, through a temporary file
+// synced and renamed, and the directory synced.
+func writeDurably(dir, name string, data []byte) error {
+	p := filepath.Join(dir, name)
+	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return syncDir(dir)
 }

@@ -27,15 +27,15 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
+	"github.com/nox-mesh/nox-mesh-host/executor/profile"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -87,6 +87,8 @@ var handlers = map[wire.Kind]handler{
 	wire.KindReconnected: (*Server).reconnected,
 	wire.KindStatus:      (*Server).status,
 	wire.KindArchive:     (*Server).archiveChunk,
+	wire.KindEnrol:       (*Server).enrol,
+	wire.KindGrant:       (*Server).grant,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -142,7 +144,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}}
-	if f, err := readFloor(cfg.StateDir); err == nil {
+	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}
 	return s
@@ -300,6 +302,61 @@ func (s *Server) status(_ context.Context, c *conn, _ any) error {
 		reply.WireGuardKey = k.PublicKey().String()
 	}
 	return c.Write(wire.KindStatusReply, reply)
+}
+
+// enrol answers an agent asking whether an enrolment is pending: with
+// none, an empty offer; with one, the network half of the token, the
+// public keys and the proof made for the agent's NKey (never the secret),
+// and the machine's profile and inventory for the control side.
+func (s *Server) enrol(ctx context.Context, c *conn, body any) error {
+	e := body.(*wire.Enrol)
+	if !enrol.IsPending(s.cfg.StateDir) {
+		return c.Write(wire.KindEnrolOffer, &wire.EnrolOffer{})
+	}
+	prof, _ := json.Marshal(profile.Detect(ctx, profile.Options{}))
+	inv, _ := profile.Collect(ctx, s.cfg.Version)
+	invJSON, _ := json.Marshal(inv)
+	offer, err := enrol.Offer(s.cfg.StateDir, e.AgentNKey, inv.Hostname, prof, invJSON)
+	if err != nil {
+		return &wire.Refusal{Code: wire.CodeInvalid, Reason: err.Error()}
+	}
+	if offer == nil {
+		offer = &wire.EnrolOffer{}
+	}
+	s.log.Info("enrolment offered to the agent", "token", offer.Token, "agent_nkey", e.AgentNKey)
+	return c.Write(wire.KindEnrolOffer, offer)
+}
+
+// grant takes what the agent brought back from the control side: a grant,
+// verified and matched to this enrolment before anything is recorded, or
+// why there is none.
+func (s *Server) grant(_ context.Context, c *conn, body any) error {
+	g := body.(*wire.GrantHandover)
+	if len(g.Envelope) == 0 {
+		by := g.RefusedBy
+		if by == "" {
+			by = "agent"
+		}
+		if err := enrol.Refused(s.cfg.StateDir, by, g.Reason, g.Final); err != nil {
+			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+		}
+		s.log.Warn("enrolment: no grant", "refused_by", by, "reason", g.Reason, "final", g.Final)
+		return c.Write(wire.KindGrantReply, &wire.GrantReply{Reason: "noted: " + g.Reason})
+	}
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	id, err := enrol.Accept(s.cfg.StateDir, g.Envelope)
+	if err != nil {
+		s.log.Warn("enrolment: grant refused", "reason", err.Error())
+		return c.Write(wire.KindGrantReply, &wire.GrantReply{Reason: "executor: " + err.Error()})
+	}
+	if f, err := identity.ReadFloor(s.cfg.StateDir); err == nil {
+		s.lastMu.Lock()
+		s.last = lastApplied{Seq: f.Seq}
+		s.lastMu.Unlock()
+	}
+	s.log.Info("enrolled", "node", id.Node, "enrolment", id.Enrolment, "control_key", wire.KeyID(id.ControlKey))
+	return c.Write(wire.KindGrantReply, &wire.GrantReply{Enrolled: true, Node: id.Node, Enrolment: id.Enrolment})
 }
 
 // stream writes report lines to c as the engine decides them. An agent
@@ -462,28 +519,6 @@ func (s *Server) lastOutcome() shapes.Outcome {
 	return ""
 }
 
-// floor is the newest link declaration accepted: its sequence and the
-// digest of its envelope. Written durably before that declaration is
-// applied, so no crash can let an older one in.
-type floor struct {
-	Seq    uint64 `json:"seq"`
-	Digest string `json:"digest"`
-}
-
-const floorFile = "link-floor.json"
-
-func readFloor(dir string) (floor, error) {
-	var f floor
-	b, err := os.ReadFile(filepath.Join(dir, floorFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return f, nil
-	}
-	if err != nil {
-		return f, err
-	}
-	return f, json.Unmarshal(b, &f)
-}
-
 func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
 	return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: "executor: " + strings.TrimPrefix(fmt.Sprintf(format, args...), "executor: ")}
 }
@@ -530,7 +565,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	f, err := readFloor(s.cfg.StateDir)
+	f, err := identity.ReadFloor(s.cfg.StateDir)
 	if err != nil {
 		return refusal(wire.CodeInternal, "read the sequence floor: %v", err)
 	}
@@ -559,8 +594,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	// saved as the target, before the machine changes: no crash can then
 	// let an older one in, and a passing refusal burns nothing.
 	accepted := func() error {
-		b, _ := json.Marshal(floor{Seq: d.Seq, Digest: digest})
-		if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, floorFile), b); err != nil {
+		if err := identity.WriteFloor(s.cfg.StateDir, identity.Floor{Seq: d.Seq, Digest: digest}); err != nil {
 			return fmt.Errorf("record the sequence floor: %w", err)
 		}
 		return nil
@@ -664,7 +698,7 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			}
 			// Addressed to this node and this enrolment, and the newest
 			// accepted: after a re-enrolment the old one is not applied.
-			f, _ := readFloor(s.cfg.StateDir)
+			f, _ := identity.ReadFloor(s.cfg.StateDir)
 			if d.Node != id.Node || d.Enrolment != id.Enrolment || d.Seq != f.Seq {
 				s.log.Warn("reconcile: the saved link target is not addressed to this enrolment, or not the newest accepted; skipped",
 					"trigger", why, "node", d.Node, "enrolment", d.Enrolment, "seq", d.Seq, "floor", f.Seq)

@@ -624,7 +624,10 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// An empty hello says protocol 0, which is refused too.
 		"new/hello": "error protocol", "ready/hello": "error protocol",
 		"ready/declaration": "verdict refused malformed", "ready/reconnected": "verdict unchanged none",
-		"ready/status":    "status-reply",
+		"ready/status": "status-reply",
+		// No enrolment is pending: an empty offer, and a grant (or a
+		// refusal) handed over is answered and changes nothing.
+		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The agent's half of enrolment. While hosted it asks the executor, every
+// EnrolPoll, whether root has begun an enrolment (mesh-executor enrol);
+// when one is offered it dials the broker in the token with the token's
+// one-time credential (the certificate pinned inside the handshake, as
+// always), presents the executor's public keys, its own NKey and the
+// executor's proof, and hands whatever comes back — a grant, or why not —
+// to the executor, which alone decides. The agent never sees the token's
+// secret, so it cannot make a proof for a key of its own.
+
+// seedFile keeps the agent's NKey seed while it is hosted; once enrolled
+// the seed lives in the config beside its grant.
+const seedFile = "nkey.seed"
+
+// hostedKey loads or makes the agent's NKey. It is the agent's own: made
+// here, never sent anywhere; only its public half is given out.
+func hostedKey(stateDir, config string) (nkeys.KeyPair, error) {
+	if stateDir == "" {
+		return nkeys.CreateUser()
+	}
+	p := filepath.Join(stateDir, seedFile)
+	if b, err := os.ReadFile(p); err == nil {
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		return kp, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.Write(append(seed, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return kp, err
+}
+
+// hosted waits for an enrolment and carries it out. It returns the new
+// identity, or nil when ctx ends, or ErrUpgraded.
+func hosted(ctx context.Context, o Options) (*Identity, error) {
+	kp, err := hostedKey(o.StateDir, o.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("the agent's NKey: %w", err)
+	}
+	pub, _ := kp.PublicKey()
+	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build}
+	defer ex.close()
+	o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", StateHosted, "agent_nkey", pub)
+	lastErr := ""
+	for {
+		b, err := ex.ask(wire.KindEnrol, &wire.Enrol{AgentNKey: pub}, "enrol")
+		switch {
+		case errors.Is(err, ErrUpgraded):
+			return nil, err
+		case err != nil:
+			if err.Error() != lastErr {
+				o.Log.Debug("hosted: the executor: " + err.Error())
+				lastErr = err.Error()
+			}
+		case b.(*wire.EnrolOffer).Pending:
+			id, err := enrolWith(ctx, o, ex, kp, b.(*wire.EnrolOffer))
+			if errors.Is(err, ErrUpgraded) {
+				return nil, err
+			}
+			if err != nil {
+				o.Log.Error("enrolment: " + err.Error())
+			}
+			if id != nil {
+				return id, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(o.EnrolPoll):
+		}
+	}
+}
+
+// enrolWith makes the request an offer describes and hands the answer to
+// the executor. A nil identity with a nil error means "not this time".
+func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair, offer *wire.EnrolOffer) (*Identity, error) {
+	log := o.Log.With("token", offer.Token)
+	tell := func(by, reason string, final bool) error {
+		log.Warn("enrolment: no grant", "refused_by", by, "reason", reason, "final", final)
+		_, err := ex.ask(wire.KindGrant, &wire.GrantHandover{RefusedBy: by, Reason: reason, Final: final}, "grant")
+		return err
+	}
+	pin, err := ParseFingerprint(offer.Fingerprint)
+	if err != nil || len(offer.Credential) != 32 || len(offer.ControlKey) != ed25519.PublicKeySize {
+		return nil, tell("agent", "the executor's offer is malformed", true)
+	}
+	cred, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, offer.Credential)
+	if err != nil {
+		return nil, tell("agent", "the token's credential is not a user key", true)
+	}
+	credPub, _ := cred.PublicKey()
+	pins := &pinWatch{}
+	start := time.Now()
+	nc, err := nats.Connect(offer.BrokerURL,
+		nats.Name("mesh-agent/enrol"),
+		nats.Secure(PinnedTLS(pin, pins.note)),
+		nats.Nkey(credPub, cred.Sign),
+		nats.CustomInboxPrefix(EnrolInbox(offer.Token)),
+		nats.Timeout(5*time.Second),
+		nats.NoReconnect(),
+	)
+	if err != nil {
+		le := explain(offer.BrokerURL, err, pins.since(start))
+		switch le.Reason {
+		case LinkFingerprint:
+			return nil, tell("agent", "the broker's certificate is not the one the token pinned: "+le.Msg, true)
+		case LinkAuthorization:
+			return nil, tell("broker", fmt.Sprintf("the broker at %s refused the token's one-time credential: the token was used already, revoked, expired more than a day ago, or issued by another mesh", offer.BrokerURL), true)
+		}
+		return nil, tell("broker", le.Msg, false)
+	}
+	defer nc.Close()
+	req := wire.EnrolRequest{Token: offer.Token, Keys: offer.Keys, Proof: base64.StdEncoding.EncodeToString(offer.Proof),
+		Hostname: offer.Hostname, Profile: offer.Profile, Inventory: offer.Inventory}
+	data, _ := json.Marshal(&req)
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(rctx, wire.EnrolSubjectPrefix+"."+offer.Token, data)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, tell("broker", "no enrolment responder answers on the broker (is mesh-control serve running?)", false)
+		}
+		return nil, tell("broker", "the enrolment request: "+err.Error(), false)
+	}
+	var reply wire.EnrolReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, tell("control", "the control side's answer does not decode", false)
+	}
+	if len(reply.Grant) == 0 {
+		return nil, tell("control", strings.TrimPrefix(reply.Refused, "control: "), true)
+	}
+	b, err := ex.ask(wire.KindGrant, &wire.GrantHandover{Envelope: reply.Grant}, "grant")
+	if err != nil {
+		return nil, err
+	}
+	gr := b.(*wire.GrantReply)
+	if !gr.Enrolled {
+		return nil, fmt.Errorf("the executor refused the grant: %s", gr.Reason)
+	}
+	// The executor has recorded it; the agent reads what it needs from
+	// the same grant (its JWT), checked against the pinned key as well.
+	payload, err := wire.Open(ed25519.PublicKey(offer.ControlKey), wire.PurposeGrant, reply.Grant)
+	if err != nil {
+		return nil, fmt.Errorf("the grant: %w", err)
+	}
+	g, err := wire.ParseGrant(payload)
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	cfg := &Config{
+		BrokerURL: offer.BrokerURL, BrokerFingerprint: pin, ControlKey: base64.StdEncoding.EncodeToString(offer.ControlKey),
+		Node: g.Node, Enrolment: g.Enrolment, NKeySeed: string(seed), UserJWT: g.UserJWT,
+	}
+	id, err := cfg.Identity()
+	if err != nil {
+		return nil, err
+	}
+	if o.ConfigPath != "" {
+		if err := WriteFile(o.ConfigPath, cfg); err != nil {
+			log.Error("enrolled, but the identity could not be kept; after a restart this agent is hosted again and the node must be re-enrolled", "config", o.ConfigPath, "err", err)
+		} else if o.StateDir != "" {
+			os.Remove(filepath.Join(o.StateDir, seedFile))
+		}
+	}
+	log.Info("enrolled", "node", g.Node, "enrolment", g.Enrolment)
+	return id, nil
+}

@@ -1,0 +1,166 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+func (c *cli) tokenIssue(isNew bool, node, name string, ttl time.Duration, brokerURL string) error {
+	switch {
+	case isNew == (node != ""):
+		return errors.New("say which: --new (a machine the mesh has not seen) or --node NAME (this machine is that node again)")
+	case node != "" && name != "":
+		return errors.New("--name goes with --new; a --node token keeps the node's name")
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if node != "" {
+		name = node
+	}
+	text, rec, err := cl.IssueToken(c.ctx, name, isNew, ttl, brokerURL)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"token": text, "id": rec.ID, "node": rec.Node, "new": rec.New, "expires": rec.Expires})
+	}
+	fmt.Fprintln(c.stdout, text)
+	what := "a new node"
+	if rec.Node != "" && rec.New {
+		what = "a new node, named " + rec.Node
+	} else if !rec.New {
+		what = "node " + rec.Node + " again (its previous identity is revoked now)"
+	}
+	fmt.Fprintf(c.stderr, "\nThis token enrols %s, once, until %s (it is not shown again).\n"+
+		"Carry it by hand to the machine and run there, as root:\n    mesh-executor enrol    # then paste it\n",
+		what, rec.Expires.Local().Format(time.RFC3339))
+	return nil
+}
+
+func (c *cli) nodeRevoke(name string) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.RevokeNode(c.ctx, name, "mesh-control node revoke"); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "node %s revoked: the broker refuses its credential from now on; `token issue --node %s` enrols a machine as it again\n", name, name)
+	return nil
+}
+
+// NodeView is `mesh-control node show`.
+type NodeView struct {
+	Record *NodeRecord `json:"record"`
+	Status *NodeStatus `json:"status,omitempty"`
+	// Profile and Inventory as the node last reported them; ProfileAt
+	// zero means never reported (distinct from an empty report).
+	ProfileAt time.Time       `json:"profile_at,omitzero"`
+	Profile   json.RawMessage `json:"profile,omitempty"`
+	Inventory json.RawMessage `json:"inventory,omitempty"`
+}
+
+// ShowNode gathers a node's record, status, profile and inventory.
+func (cl *Client) ShowNode(ctx context.Context, name string) (*NodeView, error) {
+	rec, _, err := cl.Node(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	v := &NodeView{Record: rec}
+	if all, err := cl.Nodes(ctx); err == nil {
+		for _, s := range all {
+			if s.Name == name {
+				v.Status = s
+			}
+		}
+	}
+	var kp keptProfile
+	if cl.getJSON(ctx, "profile."+name, &kp) {
+		v.ProfileAt, v.Profile, v.Inventory = kp.At, kp.Profile, kp.Inventory
+	}
+	return v, nil
+}
+
+func (c *cli) nodeShow(name string) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	v, err := cl.ShowNode(c.ctx, name)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(v)
+	}
+	r := v.Record
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "node\t%s\n", r.Name)
+	switch {
+	case !r.Revoked.IsZero():
+		fmt.Fprintf(w, "identity\trevoked %s (%s)\n", r.Revoked.Local().Format(time.RFC3339), ago(r.Revoked))
+	case !r.Enrolled.IsZero():
+		fmt.Fprintf(w, "identity\tenrolment %s, granted %s by token %s\n", r.Enrolment, r.Enrolled.Local().Format(time.RFC3339), r.Token)
+	default:
+		fmt.Fprintf(w, "identity\tenrolment %s, registered by hand %s\n", r.Enrolment, r.Created.Local().Format(time.RFC3339))
+	}
+	if r.NKey != "" {
+		fmt.Fprintf(w, "agent nkey\t%s\n", r.NKey)
+	}
+	if r.Keys != nil {
+		fmt.Fprintf(w, "executor keys\tidentity %s, sealing %s, wireguard %s\n", wire.KeyIDOf(r.Keys.Identity), wire.KeyIDOf(r.Keys.Sealing), r.Keys.WireGuard)
+	}
+	if s := v.Status; s != nil {
+		fmt.Fprintf(w, "state\t%s, last heard %s\n", s.State, ago(s.LastHeard))
+		fmt.Fprintf(w, "sequences\tdeclared %d, applied %d\n", s.Declared, s.Applied)
+	}
+	w.Flush()
+	if v.ProfileAt.IsZero() {
+		fmt.Fprintln(c.stdout, "\nprofile: never reported")
+		return nil
+	}
+	var prof struct {
+		Capabilities []struct {
+			Name    string `json:"name"`
+			Present bool   `json:"present"`
+			Detail  string `json:"detail"`
+			Reason  string `json:"reason"`
+		} `json:"capabilities"`
+	}
+	json.Unmarshal(v.Profile, &prof)
+	fmt.Fprintf(c.stdout, "\nprofile (reported %s):\n", ago(v.ProfileAt))
+	if len(prof.Capabilities) == 0 {
+		fmt.Fprintln(c.stdout, "  (reported, and empty: the node found no capability)")
+	}
+	w = tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	for _, cp := range prof.Capabilities {
+		if cp.Present {
+			fmt.Fprintf(w, "  %s\tpresent\t%s\n", cp.Name, cp.Detail)
+		} else {
+			fmt.Fprintf(w, "  %s\tabsent\t%s\n", cp.Name, cp.Reason)
+		}
+	}
+	w.Flush()
+	var inv map[string]any
+	if json.Unmarshal(v.Inventory, &inv) == nil && len(inv) > 0 {
+		fmt.Fprintln(c.stdout, "\ninventory:")
+		for _, k := range []string{"hostname", "machine_id", "arch", "kernel", "os_release", "memory_bytes", "cpus", "host_version", "holds"} {
+			if x, ok := inv[k]; ok {
+				fmt.Fprintf(c.stdout, "  %-13s %v\n", k+":", strings.TrimSpace(fmt.Sprint(x)))
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,379 @@
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// DefaultTokenTTL is how long a token lives unless told.
+const DefaultTokenTTL = time.Hour
+
+// tokenGrace is how long after its expiry a token's credential still
+// reaches the responder, so the node hears "expired" or "used" rather than
+// a bare authorization error. The credential can do nothing but ask, and
+// the responder grants once; a revoked token's is refused by the broker.
+const tokenGrace = 24 * time.Hour
+
+// TokenRecord is a token on the control side (KV key token.<id>). The
+// secret is kept to check the proof; the record is single-use.
+type TokenRecord struct {
+	ID string `json:"id"`
+	// Node is the node record it re-enrols (--node), or the name a --new
+	// token gives ("" lets the node's hostname name it).
+	Node string `json:"node,omitempty"`
+	New  bool   `json:"new"`
+	// Secret is the one-time secret (the proof's key).
+	Secret []byte `json:"secret"`
+	// Credential is the one-time broker user's public NKey.
+	Credential string    `json:"credential"`
+	Issued     time.Time `json:"issued"`
+	Expires    time.Time `json:"expires"`
+	Used       time.Time `json:"used,omitzero"`
+	UsedBy     string    `json:"used_by,omitempty"`
+	Revoked    time.Time `json:"revoked,omitzero"`
+}
+
+func tokenKey(id string) string { return "token." + id }
+
+// IssueToken makes a one-time token: for the node record name (isNew
+// false: that node's identity is revoked now, because two live identities
+// for one node is the stolen-laptop case), or for a machine the mesh has
+// not seen (isNew true; name, if given, is the node it becomes). It returns
+// the token as a person carries it; the control side cannot print it again.
+func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl time.Duration, brokerURL string) (string, *TokenRecord, error) {
+	if ttl <= 0 {
+		ttl = DefaultTokenTTL
+	}
+	if name != "" {
+		if err := agent.ValidNodeName(name); err != nil {
+			return "", nil, err
+		}
+	}
+	if !isNew {
+		if name == "" {
+			return "", nil, errors.New("a token is issued --new, or --node NAME for an existing node")
+		}
+		if _, _, err := c.Node(ctx, name); err != nil {
+			return "", nil, fmt.Errorf("%w (for a machine the mesh has not seen, issue --new)", err)
+		}
+	} else if name != "" {
+		if _, _, err := c.Node(ctx, name); err == nil {
+			return "", nil, fmt.Errorf("node %q exists: a token for it is --node %s (which revokes its identity)", name, name)
+		}
+	}
+	if brokerURL == "" {
+		brokerURL = c.Keys.BrokerURL
+	}
+	fp, err := hex.DecodeString(c.Keys.Fingerprint)
+	if err != nil || len(fp) != 32 {
+		return "", nil, fmt.Errorf("the broker fingerprint %q is not a SHA-256", c.Keys.Fingerprint)
+	}
+	tok := &wire.Token{BrokerURL: brokerURL, ControlKey: c.Keys.ControlPublic(), Expires: time.Now().Add(ttl).Truncate(time.Second)}
+	rand.Read(tok.ID[:])
+	rand.Read(tok.Secret[:])
+	rand.Read(tok.Credential[:])
+	copy(tok.Fingerprint[:], fp)
+	cred, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, tok.Credential[:])
+	if err != nil {
+		return "", nil, err
+	}
+	credPub, _ := cred.PublicKey()
+	text, err := tok.Encode()
+	if err != nil {
+		return "", nil, err
+	}
+	rec := &TokenRecord{ID: tok.IDString(), Node: name, New: isNew, Secret: tok.Secret[:], Credential: credPub,
+		Issued: time.Now().UTC(), Expires: tok.Expires.UTC()}
+	data, _ := json.Marshal(rec)
+	if _, err := c.KV.Create(ctx, tokenKey(rec.ID), data); err != nil {
+		return "", nil, fmt.Errorf("registry: %w", err)
+	}
+	if !isNew {
+		if err := c.RevokeNode(ctx, name, "a re-enrolment token was issued for it (token "+rec.ID+")"); err != nil {
+			c.KV.Purge(context.Background(), tokenKey(rec.ID))
+			return "", nil, err
+		}
+	}
+	return text, rec, nil
+}
+
+// RevokeNode revokes node's identity: its NKey is dropped from the record,
+// so the broker refuses it (and disconnects it now, if connected), its
+// user JWT stops being honoured, and its reports are no longer taken. The
+// record, its sequences and what it last reported stay: a token --node can
+// enrol a machine as it again.
+func (c *Client) RevokeNode(ctx context.Context, name, why string) error {
+	for attempt := 0; attempt < 100; attempt++ {
+		rec, rev, err := c.Node(ctx, name)
+		if err != nil {
+			return err
+		}
+		if rec.NKey == "" && !rec.Revoked.IsZero() {
+			return nil
+		}
+		rec.NKey, rec.Revoked = "", time.Now().UTC()
+		data, _ := json.Marshal(rec)
+		if _, err = c.KV.Update(ctx, nodeKey(name), data, rev); err == nil {
+			c.log.Info("node revoked", "node", name, "why", why)
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: %w", err)
+		}
+	}
+	return fmt.Errorf("registry: node %s kept changing; not revoked", name)
+}
+
+// tokens lists the token records.
+func (c *Client) tokens(ctx context.Context) ([]*TokenRecord, error) {
+	l, err := c.KV.ListKeysFiltered(ctx, "token.*")
+	if err != nil {
+		return nil, err
+	}
+	var out []*TokenRecord
+	for k := range l.Keys() {
+		var t TokenRecord
+		if c.getJSON(ctx, k, &t) {
+			out = append(out, &t)
+		}
+	}
+	return out, nil
+}
+
+// usable reports whether a token's credential may still reach the
+// responder at now.
+func (t *TokenRecord) usable(now time.Time) bool {
+	return t.Revoked.IsZero() && now.Before(t.Expires.Add(tokenGrace))
+}
+
+// EnrolQueue is the queue group of the enrolment responders: several
+// mesh-control processes may serve, and each request is answered once.
+const EnrolQueue = "mesh-control-enrol"
+
+// Enrolments answers enrolment requests until ctx ends.
+func (c *Client) Enrolments(ctx context.Context) error {
+	sub, err := c.NC.QueueSubscribe(wire.EnrolSubjectPrefix+".*", EnrolQueue, func(m *nats.Msg) {
+		reply := c.enrol(ctx, m.Subject, m.Data)
+		data, _ := json.Marshal(reply)
+		if err := m.Respond(data); err != nil {
+			c.log.Warn("enrolment: the answer could not be sent", "err", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("enrolment responder: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := c.NC.Flush(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func refusedReply(format string, args ...any) *wire.EnrolReply {
+	return &wire.EnrolReply{Refused: "control: " + fmt.Sprintf(format, args...)}
+}
+
+// enrol answers one request: the token must exist, be unused, unexpired and
+// unrevoked, the proof must verify under its secret over exactly the keys
+// presented; then the token is spent (compare-and-set, so two requests
+// cannot both use it), the node record made or renewed, and a grant signed.
+func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.EnrolReply {
+	id := strings.TrimPrefix(subject, wire.EnrolSubjectPrefix+".")
+	var req wire.EnrolRequest
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return refusedReply("the request does not decode: %v", err)
+	}
+	if req.Token != id {
+		return refusedReply("the request names token %q on the subject of token %q", req.Token, id)
+	}
+	e, err := c.KV.Get(ctx, tokenKey(id))
+	if err != nil {
+		return refusedReply("no token %s was issued here (or it was withdrawn)", id)
+	}
+	var t TokenRecord
+	if err := json.Unmarshal(e.Value(), &t); err != nil {
+		return refusedReply("token %s: unreadable record", id)
+	}
+	now := time.Now()
+	switch {
+	case !t.Revoked.IsZero():
+		return refusedReply("token %s was revoked at %s", id, t.Revoked.Format(time.RFC3339))
+	case !t.Used.IsZero():
+		return refusedReply("token %s was used already, at %s (by node %s); a token enrols once", id, t.Used.Format(time.RFC3339), t.UsedBy)
+	case !now.Before(t.Expires):
+		return refusedReply("token %s expired at %s, used or not; issue a new one", id, t.Expires.Format(time.RFC3339))
+	}
+	if err := req.Keys.Check(); err != nil {
+		return refusedReply("%v", err)
+	}
+	proof, err := base64.StdEncoding.DecodeString(req.Proof)
+	var secret [32]byte
+	var tid [8]byte
+	copy(secret[:], t.Secret)
+	hex.Decode(tid[:], []byte(t.ID))
+	if err != nil || !wire.CheckProof(secret, tid, &req.Keys, proof) {
+		c.log.Warn("enrolment: proof refused", "token", id, "agent_nkey", req.Keys.AgentNKey)
+		return refusedReply("the enrolment proof does not verify over the keys presented: a key was substituted on the way, or the proof was not made with this token's secret")
+	}
+	// Name the node.
+	name := t.Node
+	if t.New && name == "" {
+		if name, err = c.freeName(ctx, req.Hostname); err != nil {
+			return refusedReply("%v", err)
+		}
+	}
+	// Spend the token first: whatever happens next, it never enrols twice.
+	t.Used, t.UsedBy = now.UTC(), name
+	spent, _ := json.Marshal(&t)
+	if _, err := c.KV.Update(ctx, tokenKey(id), spent, e.Revision()); err != nil {
+		return refusedReply("token %s was used already (a concurrent request took it)", id)
+	}
+	rec, err := c.enrolRecord(ctx, name, t.New, &t, &req)
+	if err != nil {
+		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
+		return refusedReply("the node record could not be written: %v (the token is spent; issue another)", err)
+	}
+	if err := c.freshQueue(ctx, name); err != nil {
+		return refusedReply("the node's queue: %v", err)
+	}
+	c.keepProfile(ctx, name, req.Profile, req.Inventory)
+	g, err := c.signGrant(rec, &t, &req.Keys)
+	if err != nil {
+		return refusedReply("signing the grant: %v", err)
+	}
+	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New)
+	return &wire.EnrolReply{Grant: g}
+}
+
+// freeName derives a node name from a hostname that no node has yet.
+func (c *Client) freeName(ctx context.Context, hostname string) (string, error) {
+	host, _, _ := strings.Cut(hostname, ".") // the host, not the domain
+	base := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, host)
+	base = strings.Trim(base, "-_")
+	if len(base) > 56 {
+		base = base[:56]
+	}
+	if agent.ValidNodeName(base) != nil {
+		base = "node"
+	}
+	for i := 1; i < 1000; i++ {
+		name := base
+		if i > 1 {
+			name = fmt.Sprintf("%s-%d", base, i)
+		}
+		if _, _, err := c.Node(ctx, name); err != nil {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("no free node name for hostname %q", hostname)
+}
+
+// enrolRecord makes the node's record (new) or renews it (a re-enrolment:
+// a new enrolment id and NKey, its sequences kept going).
+func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *TokenRecord, req *wire.EnrolRequest) (*NodeRecord, error) {
+	var rb [10]byte
+	rand.Read(rb[:])
+	keys := req.Keys
+	now := time.Now().UTC()
+	for attempt := 0; attempt < 100; attempt++ {
+		rec, rev, err := c.Node(ctx, name)
+		if isNew {
+			if err == nil {
+				return nil, fmt.Errorf("node %q exists already", name)
+			}
+			rec = &NodeRecord{Name: name, NextSeq: 1, Created: now}
+		} else if err != nil {
+			return nil, err
+		}
+		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, "e-"+hex.EncodeToString(rb[:]), time.Time{}
+		rec.Enrolled, rec.Token, rec.Keys = now, t.ID, &keys
+		data, _ := json.Marshal(rec)
+		if isNew {
+			_, err = c.KV.Create(ctx, nodeKey(name), data)
+		} else {
+			_, err = c.KV.Update(ctx, nodeKey(name), data, rev)
+		}
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, err
+		}
+		if isNew {
+			return nil, fmt.Errorf("node %q exists already", name)
+		}
+	}
+	return nil, fmt.Errorf("node %s kept changing", name)
+}
+
+// UserJWT is the node's broker credential: a NATS user JWT for its NKey,
+// issued by the nodes' account, with exactly NodePermissions, without
+// expiry (revocation only).
+func (c *Client) UserJWT(node, nkey string) (string, error) {
+	uc := jwt.NewUserClaims(nkey)
+	uc.Name = node
+	pub, sub := NodePermissions(node)
+	uc.Pub.Allow.Add(pub...)
+	uc.Sub.Allow.Add(sub...)
+	return uc.Encode(c.Keys.Account)
+}
+
+// signGrant signs the grant for rec's new enrolment.
+func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys) ([]byte, error) {
+	token, err := c.UserJWT(rec.Name, keys.AgentNKey)
+	if err != nil {
+		return nil, err
+	}
+	g := wire.Grant{
+		Node: rec.Name, Enrolment: rec.Enrolment, Token: t.ID, SeqFloor: rec.NextSeq - 1,
+		IdentityKey: wire.KeyIDOf(keys.Identity), SealingKey: wire.KeyIDOf(keys.Sealing), WireGuardKey: wire.KeyIDOf(keys.WireGuard),
+		AgentNKey: keys.AgentNKey, UserJWT: token, Issued: time.Now().UTC(),
+	}
+	payload, err := json.Marshal(&g)
+	if err != nil {
+		return nil, err
+	}
+	return wire.Seal(c.Keys.Control, wire.PurposeGrant, payload)
+}
+
+// keptProfile is what a node last said it can do and is.
+type keptProfile struct {
+	At        time.Time       `json:"at"`
+	Profile   json.RawMessage `json:"profile,omitempty"`
+	Inventory json.RawMessage `json:"inventory,omitempty"`
+}
+
+func (c *Client) keepProfile(ctx context.Context, node string, profile, inventory json.RawMessage) {
+	if len(profile) == 0 && len(inventory) == 0 {
+		return
+	}
+	data, _ := json.Marshal(&keptProfile{At: time.Now().UTC(), Profile: profile, Inventory: inventory})
+	if _, err := c.KV.Put(ctx, "profile."+node, data); err != nil {
+		c.log.Error("registry: "+err.Error(), "node", node)
+	}
+}

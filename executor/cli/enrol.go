@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// Exit statuses of enrol beyond 0 (enrolled) and 1 (refused).
+const exitEnrolPending = 3 // begun; the agent has not finished it within --wait
+
+// enrolCmd begins an enrolment with a token read from standard input or a
+// root-only file — never the command line, where any user could read it
+// in the process list — and waits for the agent to finish it.
+func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int {
+	for _, a := range args {
+		if strings.HasPrefix(strings.TrimSpace(a), "nmt") {
+			fmt.Fprintln(c.errw, "executor: enrol: a token is never taken from the command line (any user can read it in the process list, and the shell keeps it); pipe it on standard input or name a root-only file with --token-file")
+			return ExitRefused
+		}
+	}
+	if len(args) > 0 {
+		fmt.Fprintf(c.errw, "executor: enrol: unexpected argument %q\n", args[0])
+		return ExitRefused
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(c.errw, "executor: enrol: run as root: it makes the node's keys in the executor's state")
+		return ExitRefused
+	}
+	var raw string
+	if tokenFile != "" {
+		data, info, err := fsx.ReadRegular(tokenFile, 4096)
+		switch {
+		case err != nil:
+			fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
+			return ExitRefused
+		case info.Kind == fsx.Absent:
+			fmt.Fprintf(c.errw, "executor: enrol: %s does not exist\n", tokenFile)
+			return ExitRefused
+		case info.UID != 0 || info.Mode&0o077 != 0:
+			fmt.Fprintf(c.errw, "executor: enrol: %s is uid %d mode %04o; a token file must be root's and readable by nobody else (it holds the enrolment secret)\n", tokenFile, info.UID, info.Mode)
+			return ExitRefused
+		}
+		raw = string(data)
+	} else {
+		if f, ok := stdin.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				fmt.Fprint(c.errw, "paste the enrolment token, then Enter: ")
+			}
+		}
+		line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			fmt.Fprintf(c.errw, "executor: enrol: reading the token: %v\n", err)
+			return ExitRefused
+		}
+		raw = line
+	}
+	tok, err := wire.ParseToken(raw)
+	if err != nil {
+		fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
+		return ExitRefused
+	}
+	if err := enrol.Begin(c.state, tok); err != nil {
+		fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
+		return ExitFailed
+	}
+	if !c.json {
+		fmt.Fprintf(c.out, "token %s, expires %s\ncontrol key pinned: %s\nbroker: %s (certificate sha256 %s)\nkeys made; the agent takes the enrolment from here\n",
+			tok.IDString(), tok.Expires.Local().Format(time.RFC3339), wire.KeyID(tok.ControlKey), tok.BrokerURL, tok.FingerprintHex())
+	}
+	deadline := time.Now().Add(c.wait)
+	var last string
+	for {
+		r, err := enrol.ReadResult(c.state)
+		if err != nil {
+			fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
+			return ExitFailed
+		}
+		if r != nil && r.Token == tok.IDString() {
+			if s := r.String(); s != last && !r.Final && r.Reason != "" && !c.json {
+				fmt.Fprintln(c.errw, s)
+				last = s
+			}
+			if r.Final {
+				text := r.String() + "\n"
+				code := 0
+				if !r.Enrolled {
+					code = ExitFailed
+				}
+				if c.json {
+					c.print(r, "")
+				} else if code == 0 {
+					fmt.Fprint(c.out, text)
+				} else {
+					fmt.Fprint(c.errw, text)
+				}
+				return code
+			}
+		}
+		if time.Now().After(deadline) {
+			msg := "the enrolment is pending: the agent has not finished it (are mesh-executor serve and mesh-agent running?); it completes when they do — `mesh-executor status` shows it"
+			if r != nil && r.Reason != "" {
+				msg += "; last: " + r.String()
+			}
+			fmt.Fprintln(c.errw, msg)
+			return exitEnrolPending
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -35,8 +35,9 @@ const usage = `usage: mesh-control COMMAND [flags]
   node add NAME --dir DIR [--out FILE] [--broker-url URL]
            register a node by hand (no enrolment): write its agent config and
            executor-identity.json, to be installed on the node by a person
-  declare  NODE FILE --dir DIR
-           sign FILE for NODE with the next sequence and publish it; print the sequence
+  declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]...
+           sign FILE for NODE with the next sequence and publish it; print the sequence;
+           --seal seals PATH's content to the node's key as file MODULE.ID's content
   archive put FILE --dir DIR [--json]
            store FILE (a tar, gzipped or not) in the archive store under its sha256;
            print the sha256 and the URL an archive resource names it by (obj://SHA256)
@@ -84,7 +85,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.json, "json", false, "JSON output")
 	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare: assign to a node whose adoption briefing has a failed line (to push the fix)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
-	var hosts listFlag
+	var hosts, seals listFlag
+	fs.Var(&seals, "seal", "declare: MODULE.ID=PATH, seal PATH's content to the node's key as that file's content (repeatable)")
 	fs.Var(&hosts, "host", "init: another name or address for the broker certificate (repeatable)")
 	url := fs.String("url", "", "init: where client commands find the broker (default "+DefaultBrokerURL+")")
 	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222)")
@@ -132,7 +134,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "node show":
 		err = c.nodeShow(pos[0])
 	case "declare":
-		err = c.declare(pos[0], pos[1])
+		err = c.declare(pos[0], pos[1], seals)
 	case "archive put":
 		err = c.archivePut(pos[0])
 	case "nodes":
@@ -258,7 +260,7 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	return nil
 }
 
-func (c *cli) declare(node, file string) error {
+func (c *cli) declare(node, file string, sealSpecs []string) error {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return err
@@ -266,12 +268,17 @@ func (c *cli) declare(node, file string) error {
 	if len(data) > shapes.MaxDeclarationSize {
 		return fmt.Errorf("%s: over %d bytes", file, shapes.MaxDeclarationSize)
 	}
+	seals, err := ReadSeals(sealSpecs)
+	if err != nil {
+		return err
+	}
 	cl, err := c.connect()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	cl.DespiteBriefing = c.despiteBriefing
+	cl.Seals = seals
 	seq, err := cl.Declare(c.ctx, node, data)
 	if err != nil {
 		return err

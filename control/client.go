@@ -74,7 +74,15 @@ type Client struct {
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
 	DespiteBriefing bool
-	log             *slog.Logger
+	// Seals are file contents Declare seals to the node's key
+	// ("module.id" → plaintext, see seal.go): each names a file resource
+	// of the declaration that leaves content and bytes out.
+	Seals map[string][]byte
+	// brokerKnows, set when the broker is the embedded one, says whether it
+	// lets a node's NKey in yet: a grant is answered once it does, so the
+	// node's first connection is not refused.
+	brokerKnows func(node, nkey string) bool
+	log         *slog.Logger
 }
 
 // Connect connects to url ("" for the key directory's broker_url) and makes
@@ -320,7 +328,8 @@ func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
 // set from the registry, seq taken with compare-and-set so two declares never
 // share one. A declaration every node would refuse (it does not parse as a
 // link declaration, an action say) is refused here, before a sequence is
-// taken. It returns the sequence.
+// taken. With Seals, the named files' content is sealed to the node's key
+// for the sequence taken (seal.go). It returns the sequence.
 func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(decl, &m); err != nil {
@@ -341,6 +350,17 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 			}
 		}
 		return 0, fmt.Errorf("node %s has a failed briefing line (%s); it is assigned nothing until that is resolved (declare with --despite-briefing to push the fix)", node, why)
+	}
+	// Sealed content is checked now, and sealed once the sequence bound
+	// into it is taken.
+	seals, err := planSeals(rec, m, c.Seals)
+	if err != nil {
+		return 0, err
+	}
+	if seals != nil {
+		if err := seals.placeholders(m); err != nil {
+			return 0, err
+		}
 	}
 	fill := func(seq uint64) ([]byte, error) {
 		m["node"], _ = json.Marshal(rec.Name)
@@ -370,6 +390,11 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 		// Another declare took it: read again and take the next one.
 		if rec, rev, err = c.Node(ctx, node); err != nil {
 			return 0, err
+		}
+	}
+	if seals != nil {
+		if err := seals.seal(m, rec, seq); err != nil {
+			return 0, fmt.Errorf("sealing content for sequence %d of %s (the sequence is spent; declare again): %w", seq, node, err)
 		}
 	}
 	payload, err := fill(seq)

@@ -210,6 +210,10 @@ func (c *command) apply(file string, plan bool) int {
 	}
 	rep := engine.Apply(context.Background(), st, d, data, engine.Options{
 		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state), Partial: c.partial,
+		// Sealed content opens with the key enrolment made, bound to the
+		// node and sequence the file itself names: a rescue file carries
+		// content the control side sealed for exactly that declaration.
+		Unseal: serve.Unsealer(c.state, d.Node, d.Seq),
 	})
 	if !plan && rep.Outcome != shapes.Refused {
 		st.SaveReport(store.Local, rep)

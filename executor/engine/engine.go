@@ -55,6 +55,10 @@ type Options struct {
 	// Init connects to the machine's init, when a service is declared or
 	// must be given back; nil means initsys.Detect.
 	Init func() (initsys.Manager, error)
+	// Unseal opens sealed file content; the engine holds no key of its
+	// own. nil on a host with no sealing key (hosted, or a node registered
+	// by hand), where a declaration with sealed content is refused whole.
+	Unseal *Unsealer
 	// Accepted, when set, is called once the declaration has passed every
 	// check and been saved as the target, before anything on the machine
 	// changes; an error refuses it. The daemon records the link's sequence
@@ -117,6 +121,10 @@ type run struct {
 	// ("source:module.id\x00target"): a resource that moves to another
 	// path leaves its old one undeclared.
 	declared map[string]bool
+	// unsealed is each sealed file's content, opened by check before
+	// anything is touched ("module.id" → plaintext). It never leaves the
+	// run: not in a line, a log, an error or the store.
+	unsealed map[string][]byte
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -127,7 +135,8 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}, unitFiles: map[string]bool{}}
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}, unitFiles: map[string]bool{},
+		unsealed: map[string][]byte{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -203,8 +212,13 @@ func (r *run) check() error {
 		if !Applied[h.Type] {
 			return &Refusal{fmt.Sprintf("resource %s: this host cannot apply %q yet", h.Key(), h.Type)}
 		}
+		// Every sealed content is opened now, so one that does not open
+		// refuses the declaration before anything is touched: never half
+		// an apply for want of a key.
 		if f, ok := res.(*shapes.File); ok && f.Sealed != nil {
-			return &Refusal{fmt.Sprintf("resource %s: sealed content needs the node's sealing key, and this host has none (not enrolled)", h.Key())}
+			if err := r.unseal(f); err != nil {
+				return &Refusal{err.Error()}
+			}
 		}
 	}
 	if err := shapes.CheckProtected(d, fsx.Resolver()); err != nil {

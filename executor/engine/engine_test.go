@@ -398,7 +398,7 @@ func TestRefusalsTouchNothing(t *testing.T) {
 	cases := []struct{ name, doc, want string }{
 		{"not yet applied shape", h.doc(fileMot, `{"module":"w","id":"c","type":"container","name":"c","image":"x@sha256:`+strings.Repeat("a", 64)+`"}`), `resource w.c: this host cannot apply "container" yet`},
 		{"service without an init", h.doc(`{"module":"w","id":"s","type":"service","unit":"nginx","state":"running"}`), `resource w.s: initsys: no init this host can drive`},
-		{"sealed", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","sealed":"AAAA"}`), "sealed content needs the node's sealing key"},
+		{"sealed", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","sealed":"AAAA"}`), "sealed content for s.k could not be opened: this host has no sealing key"},
 		{"unknown owner", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"no-such-user-here"}`), `resource s.k field owner: user "no-such-user-here" is not known to the name service`},
 		{"unknown group", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"root:no-such-group"}`), `group "no-such-group" is not known`},
 		{"protected through a symlink", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/innocent/executor/pinned.key","content":"x"}`), "is inside the host's /var/lib/mesh-host"},

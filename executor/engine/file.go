@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"path"
 
@@ -47,10 +50,63 @@ func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMo
 
 func attrsOf(i fsx.Info) attrs { return attrs{mode: i.Mode, uid: i.UID, gid: i.GID} }
 
+// Unsealer is how the engine opens sealed file content without holding a
+// key: the caller binds the node's sealing key, and the node and sequence
+// of the declaration being applied (wire.OpenSealed), so content sealed for
+// another file, declaration or node does not open.
+type Unsealer struct {
+	// Open returns the plaintext of file module.id's sealed content, or
+	// why it cannot be opened. Its error never carries content.
+	Open func(module, id, sealed string) ([]byte, error)
+	// DigestKey keys the digest the store records of opened content
+	// (Entry.Digest). A plain SHA-256 would let anyone who sees a record
+	// (a store copy handed to the control side) confirm a guess at a
+	// secret; a keyed one names the content to this host alone. It must
+	// be secret to the host and the same from one apply to the next.
+	DigestKey []byte
+}
+
+// unseal opens f's sealed content into r.unsealed, or says why it cannot:
+// no key on this host, or content that does not open with it.
+func (r *run) unseal(f *shapes.File) error {
+	u := r.opt.Unseal
+	if u == nil || u.Open == nil {
+		return fmt.Errorf("sealed content for %s could not be opened: this host has no sealing key (it is not enrolled, or its node was registered by hand; sealed content needs a node enrolled with a token)", f.Key())
+	}
+	data, err := u.Open(f.Module, f.ID, *f.Sealed)
+	if err != nil {
+		return fmt.Errorf("sealed content for %s could not be opened: %w", f.Key(), err)
+	}
+	if len(u.DigestKey) == 0 {
+		return fmt.Errorf("sealed content for %s opened, but the executor gave no key to record its digest under; not applied", f.Key())
+	}
+	r.unsealed[f.Key()] = data
+	return nil
+}
+
+// fileContent is what f says the file holds: its content or bytes, or its
+// sealed content as check opened it. For sealed content, want is keyed
+// (Unsealer.DigestKey) rather than the plain SHA-256.
+func (r *run) fileContent(f *shapes.File) (data []byte, want string, sealed bool) {
+	if f.Sealed != nil {
+		data = r.unsealed[f.Key()]
+		m := hmac.New(sha256.New, r.opt.Unseal.DigestKey)
+		m.Write(data)
+		return data, "hmac-sha256:" + hex.EncodeToString(m.Sum(nil)), true
+	}
+	data, _ = f.Data()
+	return data, digest(data), false
+}
+
 // planFile observes a file and decides what, if anything, to do.
 func (r *run) planFile(st *step, f *shapes.File) error {
-	data, _ := f.Data()
-	want := digest(data)
+	data, want, sealed := r.fileContent(f)
+	// size is how a line speaks of the content: its length (which the
+	// sealed form shows anyway), never its bytes or plain digest.
+	size := fmt.Sprintf("%d bytes", len(data))
+	if sealed {
+		size = "sealed, " + size
+	}
 	eq, info, err := fsx.Equal(f.Path, data)
 	if err != nil {
 		return err
@@ -74,9 +130,13 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 			// Found exactly as declared: the host holds it from now on, and
 			// what it found is what it gives back.
 			st.line.Detail = "found as declared; held by the host from now (original kept)"
-			orig := &store.Original{Kind: "file", Digest: want, Mode: info.Mode, UID: info.UID, GID: info.GID}
+			// The kept original is what was found, named by its plain
+			// digest in the root-only store: originals/ is addressed and
+			// checked by content.
+			sum := digest(data)
+			orig := &store.Original{Kind: "file", Digest: sum, Mode: info.Mode, UID: info.UID, GID: info.GID}
 			if !r.opt.Plan {
-				if err := r.st.KeepOriginal(want, data); err != nil {
+				if err := r.st.KeepOriginal(sum, data); err != nil {
 					return err
 				}
 			}
@@ -103,17 +163,17 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	}
 	switch {
 	case !exists:
-		st.line.Detail = fmt.Sprintf("created (%d bytes, %s)", len(data), a)
+		st.line.Detail = fmt.Sprintf("created (%s, %s)", size, a)
 		if drift {
-			st.line.Detail = fmt.Sprintf("was deleted by something else; written again (%d bytes, %s)", len(data), a)
+			st.line.Detail = fmt.Sprintf("was deleted by something else; written again (%s, %s)", size, a)
 		}
 	case !eq:
-		st.line.Detail = fmt.Sprintf("content replaced (%d bytes, %s)", len(data), a)
+		st.line.Detail = fmt.Sprintf("content replaced (%s, %s)", size, a)
 		if e == nil {
 			st.line.Detail += "; the original is kept and goes back when this is undeclared"
 		}
 		if drift {
-			st.line.Detail = fmt.Sprintf("content was changed by something else; written again (%d bytes, %s)", len(data), a)
+			st.line.Detail = fmt.Sprintf("content was changed by something else; written again (%s, %s)", size, a)
 		}
 	default:
 		st.line.Detail = fmt.Sprintf("owner and mode %s → %s", attrsOf(info), a)

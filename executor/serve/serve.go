@@ -19,6 +19,7 @@ package serve
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -599,7 +600,8 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 		return nil
 	}
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted})
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted,
+		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq)})
 	s.record(st, store.Link, rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)
@@ -621,6 +623,46 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 	}
 	return v
+}
+
+// sealedDigestLabel is what the key of sealed content's digests is
+// derived under (engine.Unsealer.DigestKey).
+const sealedDigestLabel = "nox-mesh sealed content digest v1"
+
+// Unsealer returns what the engine opens sealed file content with, for a
+// declaration that names node and sequence seq: the sealing key enrolment
+// made (keys.json in stateDir), with node and seq bound, so content sealed
+// for another node, declaration or file does not open. The node and seq
+// are the declaration's own word; the caller has checked its address.
+//
+// It is nil when this host has no sealing key (hosted, or a node
+// registered by hand): the engine then refuses sealed content. A key that
+// cannot be read makes sealed content fail to open, saying why, and leaves
+// a declaration without sealed content alone.
+//
+// The digest key is derived from the sealing key, so it is secret to this
+// host and the same across applies and restarts; a new enrolment (a new
+// key) records sealed content under a new digest, which the engine notes
+// without touching the file.
+func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
+	keys, err := enrol.LoadKeys(stateDir)
+	if err != nil {
+		return &engine.Unsealer{Open: func(string, string, string) ([]byte, error) {
+			return nil, fmt.Errorf("the sealing key cannot be read: %w", err)
+		}}
+	}
+	if keys == nil {
+		return nil
+	}
+	u := &engine.Unsealer{Open: func(module, id, sealed string) ([]byte, error) {
+		return wire.OpenSealed(keys.Sealing, node, seq, module, id, sealed)
+	}}
+	if b, err := keys.Sealing.Bytes(); err == nil {
+		m := hmac.New(sha256.New, b)
+		m.Write([]byte(sealedDigestLabel))
+		u.DigestKey = m.Sum(nil)
+	}
+	return u
 }
 
 // pruneArchives keeps in the cache only the archives that the link
@@ -709,7 +751,7 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
 			continue
 		}
-		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit}
+		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq)}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

@@ -42,7 +42,10 @@ fuzz:
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/engine -run '^$$' -fuzz FuzzReadArchive -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./wire -run '^$$' -fuzz FuzzFrame -fuzztime $(FUZZTIME)
-	$(GO) test ./wire -run '^$$' -fuzz FuzzOpen -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseGrant$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpenSealed$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParsePing -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,13 +94,54 @@ func Run(ctx context.Context, o Options) error {
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
 	}
-	if o.Identity == nil {
-		id, err := hosted(ctx, o)
-		if err != nil || id == nil {
+	for {
+		if o.Identity == nil {
+			id, err := hosted(ctx, o, false)
+			if err != nil || id == nil {
+				return err
+			}
+			o.Identity = id
+		}
+		err := runLinked(ctx, o)
+		if errors.Is(err, errReenrol) {
+			// Root began an enrolment on a host that has an identity: carry
+			// it out; if it ends without a grant, go on as before.
+			id, err := hosted(ctx, o, true)
+			if err != nil {
+				return err
+			}
+			if id != nil {
+				o.Identity = id
+			}
+			continue
+		}
+		if !errors.Is(err, ErrRetired) {
 			return err
 		}
-		o.Identity = id
+		// The executor dropped its identity (a retire declaration ran to
+		// its end, or its state was lost): so does the agent, and it is
+		// hosted again, ready for an enrolment.
+		if o.ConfigPath != "" {
+			if err := os.Remove(o.ConfigPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+				o.Log.Error("retired, but the agent's identity could not be dropped: "+err.Error(), "config", o.ConfigPath)
+			}
+		}
+		o.Log.Info("retired: the executor is hosted again; so is the agent", "node", o.Identity.Node, "state", StateHosted)
+		o.Identity = nil
 	}
+}
+
+// ErrRetired: the executor says it is hosted while the agent holds an
+// identity.
+var ErrRetired = errors.New("the executor holds no identity")
+
+// errReenrol: the executor has an enrolment pending for the agent.
+var errReenrol = errors.New("an enrolment is pending")
+
+// runLinked runs the agent with its identity until ctx ends, the executor
+// turns out to run another build (ErrUpgraded) or to hold no identity
+// (ErrRetired).
+func runLinked(ctx context.Context, o Options) error {
 	st, err := openState(o.StateDir)
 	if err != nil {
 		if st == nil {
@@ -148,6 +190,12 @@ func Run(ctx context.Context, o Options) error {
 	if errors.Is(context.Cause(ctx), ErrUpgraded) {
 		return ErrUpgraded
 	}
+	if errors.Is(context.Cause(ctx), ErrRetired) {
+		return ErrRetired
+	}
+	if errors.Is(context.Cause(ctx), errReenrol) {
+		return errReenrol
+	}
 	return nil
 }
 
@@ -188,6 +236,10 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(time.Now().Add(-10*time.Second))))
 			}),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				if le := explain(a.id.BrokerURL, err, nil); le.Reason == LinkAuthorization {
+					a.linkFailed(le) // revoked, most likely: said once, legibly
+					return
+				}
 				a.log.Error("the broker refused: " + err.Error())
 			}),
 		)
@@ -357,10 +409,22 @@ func (a *Agent) report(seq uint64) *Report {
 func (a *Agent) heartbeats(ctx context.Context) {
 	t := time.NewTicker(a.o.Heartbeat)
 	defer t.Stop()
+	// Unlinked (revoked, perhaps), the agent looks at least this often
+	// whether root began a re-enrolment.
+	look := time.NewTicker(min(a.o.Heartbeat, 2*time.Second))
+	defer look.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-look.C:
+			if nc := a.ncp.Load(); nc == nil || !nc.IsConnected() {
+				if s, err := a.hbExec.status(); err == nil && s.Enrolling {
+					a.log.Info("the executor has an enrolment pending: carrying it out")
+					a.cancel(errReenrol)
+				}
+			}
+			continue
 		case <-t.C:
 		case <-a.hbNow:
 		}
@@ -392,6 +456,11 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		}
 		hb.ExecutorError = err.Error()
 	} else {
+		if s.Enrolling {
+			a.log.Info("the executor has an enrolment pending: carrying it out")
+			a.cancel(errReenrol)
+			return
+		}
 		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
 	}
 	data, err := jsonMarshal(hb)

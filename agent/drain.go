@@ -245,7 +245,15 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 			s.LastApplied, s.LastAppliedOutcome = best.seq, r.Outcome
 		}
 	})
-	return a.settle(ctx, out)
+	if err := a.settle(ctx, out); err != nil {
+		return err
+	}
+	// A retire declaration that ran to its end leaves the executor
+	// hosted: the agent follows once its report is out.
+	if st, err := a.exec.status(); err == nil && st.State == StateHosted {
+		a.cancel(ErrRetired)
+	}
+	return nil
 }
 
 // keepInProgress tells the broker every inProgressEvery that msgs are

@@ -32,7 +32,7 @@ const seedFile = "nkey.seed"
 
 // hostedKey loads or makes the agent's NKey. It is the agent's own: made
 // here, never sent anywhere; only its public half is given out.
-func hostedKey(stateDir, config string) (nkeys.KeyPair, error) {
+func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 	if stateDir == "" {
 		return nkeys.CreateUser()
 	}
@@ -66,16 +66,20 @@ func hostedKey(stateDir, config string) (nkeys.KeyPair, error) {
 }
 
 // hosted waits for an enrolment and carries it out. It returns the new
-// identity, or nil when ctx ends, or ErrUpgraded.
-func hosted(ctx context.Context, o Options) (*Identity, error) {
-	kp, err := hostedKey(o.StateDir, o.ConfigPath)
+// identity, or nil when ctx ends, or ErrUpgraded. With reenrol (the agent
+// holds an identity and the executor began another enrolment), it returns
+// nil as soon as no enrolment is pending any more.
+func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
+	kp, err := hostedKey(o.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("the agent's NKey: %w", err)
 	}
 	pub, _ := kp.PublicKey()
 	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build}
 	defer ex.close()
-	o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", StateHosted, "agent_nkey", pub)
+	if !reenrol {
+		o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", StateHosted, "agent_nkey", pub)
+	}
 	lastErr := ""
 	for {
 		b, err := ex.ask(wire.KindEnrol, &wire.Enrol{AgentNKey: pub}, "enrol")
@@ -87,7 +91,12 @@ func hosted(ctx context.Context, o Options) (*Identity, error) {
 				o.Log.Debug("hosted: the executor: " + err.Error())
 				lastErr = err.Error()
 			}
-		case b.(*wire.EnrolOffer).Pending:
+		case !b.(*wire.EnrolOffer).Pending:
+			if reenrol {
+				o.Log.Info("no enrolment pending any more: going on with the identity held")
+				return nil, nil
+			}
+		default:
 			id, err := enrolWith(ctx, o, ex, kp, b.(*wire.EnrolOffer))
 			if errors.Is(err, ErrUpgraded) {
 				return nil, err

@@ -254,6 +254,11 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 		return refusedReply("the node's queue: %v", err)
 	}
 	c.keepProfile(ctx, name, req.Profile, req.Inventory)
+	if c.brokerKnows != nil {
+		for deadline := time.Now().Add(5 * time.Second); !c.brokerKnows(name, rec.NKey) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	g, err := c.signGrant(rec, &t, &req.Keys)
 	if err != nil {
 		return refusedReply("signing the grant: %v", err)

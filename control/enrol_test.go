@@ -280,6 +280,12 @@ func TestRevocation(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	ctx := context.Background()
 	_, id := enrolNode(t, s, "gamma")
+	_, bystander := enrolNode(t, s, "delta")
+	bconn, err := agent.Dial(bystander, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bconn.Close()
 	closed := make(chan struct{})
 	nc, err := agent.Dial(id, nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
@@ -299,6 +305,11 @@ func TestRevocation(t *testing.T) {
 		var le *agent.LinkError
 		return errors.As(err, &le) && le.Reason == agent.LinkAuthorization
 	})
+	// Revoking one node leaves the others be.
+	time.Sleep(200 * time.Millisecond)
+	if !bconn.IsConnected() {
+		t.Fatal("revoking gamma disconnected delta")
+	}
 
 	// Re-enrolment: a token --node revokes what the record had (here,
 	// already nothing) and the new machine gets in as gamma.
@@ -320,6 +331,10 @@ func TestRevocation(t *testing.T) {
 	})
 	if _, err := agent.Dial(id); err == nil {
 		t.Fatal("the old identity got in after re-enrolment")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if !bconn.IsConnected() {
+		t.Fatal("re-enrolling gamma disconnected delta")
 	}
 
 	// A JWT for the right NKey but another node name is refused,

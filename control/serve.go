@@ -72,6 +72,9 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		log.Info("using an existing broker: its users and permissions are its own business", "broker", url)
 	}
 	go func() { errs <- c.Record(ctx) }()
+	if srv != nil {
+		c.brokerKnows = srv.Knows
+	}
 	go func() { errs <- c.Enrolments(ctx) }()
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {

@@ -230,7 +230,9 @@ func StartServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 func (s *Server) SetNodes(nodes []*NodeRecord) {
 	m := make(map[string]string, len(nodes))
 	for _, n := range nodes {
-		m[n.NKey] = n.Name
+		if n.NKey != "" { // revoked
+			m[n.NKey] = n.Name
+		}
 	}
 	s.auth.mu.Lock()
 	var gone []string
@@ -242,6 +244,9 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 	s.auth.nodes = m
 	s.auth.mu.Unlock()
 	for _, k := range gone {
+		if k == "" {
+			continue // an empty user filter would match every connection
+		}
 		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: AccountNodes})
 		if err != nil {
 			continue
@@ -265,6 +270,13 @@ func (s *Server) SetTokens(tokens []*TokenRecord) {
 	s.auth.mu.Lock()
 	s.auth.tokens = m
 	s.auth.mu.Unlock()
+}
+
+// Knows reports whether the broker lets in node's NKey now.
+func (s *Server) Knows(node, nkey string) bool {
+	s.auth.mu.Lock()
+	defer s.auth.mu.Unlock()
+	return s.auth.nodes[nkey] == node
 }
 
 // ClientURL is the broker's address for clients (tls://host:port).

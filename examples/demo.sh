@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the main job on one machine. A control side with its embedded
 # NATS broker, the executor as root, the agent dropping to an unprivileged
-# user (nobody, so the demo adds no user to this machine), a declaration
-# signed and pushed, the machine changed — on a scratch "machine" under
+# user (nobody, so the demo adds no user to this machine), the machine
+# enrolled with a one-time token, a declaration signed and pushed, the machine changed — on a scratch "machine" under
 # /tmp/mesh-demo (the examples' paths are absolute there) — and the report
 # read back on the control side. Then the rescue command, driving the
 # executor directly with a local file. Everything it started is stopped,
@@ -31,16 +31,23 @@ step "$BIN/mesh-control" init $CTL --url "tls://127.0.0.1:$port"
 "$BIN/mesh-control" serve $CTL --listen "127.0.0.1:$port" >"$D/control.log" 2>&1 & pids+=($!)
 for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL >/dev/null 2>&1 && break; sleep 0.1; done
 
-say "A node: its agent's identity (an NKey of its own), and what the executor pins."
-step "$BIN/mesh-control" node add demo $CTL --out "$D/agent.json"
-install -m 0600 "$D/executor-identity.json" "$D/executor/identity.json"
-
-say "The executor (root) listens on a local socket only; the agent (nobody, no capabilities) holds the link."
+say "The machine, as after installing the package: the executor (root) listens on a local socket only;"
+say "the agent (nobody, no capabilities) is hosted: no identity, it dials nothing."
 "$BIN/mesh-executor" serve --state "$D/executor" --socket "$D/run/executor.sock" --agent-user nobody --drift 3s >"$D/executor.log" 2>&1 & pids+=($!)
 for _ in $(seq 100); do [ -S "$D/run/executor.sock" ] && break; sleep 0.1; done
-"$BIN/mesh-agent" --config "$D/agent.json" --socket "$D/run/executor.sock" --user nobody --state "$D/agent-state" --heartbeat 1s >"$D/agent.log" 2>&1 & pids+=($!)
-for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL 2>/dev/null | grep -q running && break; sleep 0.2; done
+"$BIN/mesh-agent" --config "$D/agent-state/config.json" --socket "$D/run/executor.sock" --user nobody --state "$D/agent-state" --heartbeat 1s --enrol-poll 500ms >"$D/agent.log" 2>&1 & pids+=($!)
+
+say "Enrolment: the control side prints a one-time token, once; a person carries it to the machine."
+TOKEN=$("$BIN/mesh-control" token issue --new --name demo $CTL --ttl 10m)
+printf '%s\n' "$TOKEN"
+say "mesh-executor enrol reads it on standard input (never the command line), keeps its secret, makes the"
+say "node's keys, and waits while the agent asks the broker with the token's one-time credential."
+printf '%s\n' "$TOKEN" | step "$BIN/mesh-executor" enrol --state "$D/executor" --wait 60s
+for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL 2>/dev/null | grep -q " enrolled " && break; sleep 0.2; done
 sleep 1
+step "$BIN/mesh-control" node show demo $CTL
+say "The token is spent: presented again, the control side says so."
+printf '%s\n' "$TOKEN" | step "$BIN/mesh-executor" enrol --state "$D/executor" --wait 30s
 
 # The motd is already there: the host keeps its original and gives it back.
 printf 'the machine'"'"'s own motd\n' > "$D/machine/etc/motd"

@@ -181,6 +181,10 @@ type StatusReply struct {
 	// it has one: the control side derives the overlay from the keys the
 	// nodes report.
 	WireGuardKey string `cbor:"7,keyasint,omitempty"`
+	// Enrolling: root has begun an enrolment (mesh-executor enrol) that
+	// the agent has yet to carry out; an agent holding an identity turns
+	// to it (a re-enrolment).
+	Enrolling bool `cbor:"8,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/profile"
@@ -373,11 +374,16 @@ func (c *command) owned() int {
 }
 
 type statusReport struct {
-	State   string                   `json:"state"`
-	Node    string                   `json:"node,omitempty"`
-	Version string                   `json:"version"`
-	Holds   int                      `json:"holds"`
-	Sources map[string]*sourceStatus `json:"sources"`
+	State     string `json:"state"`
+	Node      string `json:"node,omitempty"`
+	Enrolment string `json:"enrolment,omitempty"`
+	// Enrolling: an enrolment was begun (mesh-executor enrol) and the
+	// agent has not finished it; LastEnrolment is how the last one went.
+	Enrolling     bool                     `json:"enrolling,omitempty"`
+	LastEnrolment *enrol.Result            `json:"last_enrolment,omitempty"`
+	Version       string                   `json:"version"`
+	Holds         int                      `json:"holds"`
+	Sources       map[string]*sourceStatus `json:"sources"`
 }
 
 type sourceStatus struct {
@@ -392,9 +398,11 @@ func (c *command) status() int {
 		return ExitFailed
 	}
 	s := statusReport{State: "hosted", Version: c.version, Holds: len(st.Entries()), Sources: map[string]*sourceStatus{}}
-	if n := nodeID(c.state); n != "" {
-		s.State, s.Node = "enrolled", n
+	if id, err := identity.Load(c.state); err == nil && id != nil {
+		s.State, s.Node, s.Enrolment = "enrolled", id.Node, id.Enrolment
 	}
+	s.Enrolling = enrol.IsPending(c.state)
+	s.LastEnrolment, _ = enrol.ReadResult(c.state)
 	for _, src := range []store.Source{store.Link, store.Bundle, store.Local} {
 		data, _ := st.Report(src)
 		if data == nil {
@@ -408,7 +416,16 @@ func (c *command) status() int {
 	var b strings.Builder
 	fmt.Fprintf(&b, "state: %s\n", s.State)
 	if s.Node != "" {
-		fmt.Fprintf(&b, "node: %s\n", s.Node)
+		fmt.Fprintf(&b, "node: %s (enrolment %s)\n", s.Node, s.Enrolment)
+	}
+	if s.Enrolling {
+		fmt.Fprintf(&b, "enrolment: begun, waiting for the agent")
+		if s.LastEnrolment != nil && s.LastEnrolment.Reason != "" {
+			fmt.Fprintf(&b, " (%s)", s.LastEnrolment)
+		}
+		b.WriteString("\n")
+	} else if s.LastEnrolment != nil && s.LastEnrolment.Final {
+		fmt.Fprintf(&b, "last enrolment: %s\n", s.LastEnrolment)
 	}
 	fmt.Fprintf(&b, "version: %s\nholds: %d\n", s.Version, s.Holds)
 	var names []string

@@ -270,7 +270,7 @@ func (p *pending) publicKeys(dir, agentNKey string) (*wire.EnrolKeys, error) {
 		return nil, errors.New("enrol: the WireGuard key made at enrol is gone")
 	}
 	return &wire.EnrolKeys{
-		Identity:  base64.StdEncoding.EncodeToString(idPub),
+		Identity:  encodePub(idPub),
 		Sealing:   base64.StdEncoding.EncodeToString(sk.PublicKey().Bytes()),
 		WireGuard: wg.PublicKey().String(),
 		AgentNKey: agentNKey,
@@ -379,3 +379,5 @@ func writeJSON(dir, name string, v any) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+func encodePub(p ed25519.PublicKey) string { return base64.StdEncoding.EncodeToString(p) }

@@ -302,6 +302,7 @@ func (s *Server) status(_ context.Context, c *conn, _ any) error {
 	if k, ok, err := overlay.LoadKey(s.cfg.StateDir); err == nil && ok {
 		reply.WireGuardKey = k.PublicKey().String()
 	}
+	reply.Enrolling = enrol.IsPending(s.cfg.StateDir)
 	return c.Write(wire.KindStatusReply, reply)
 }
 

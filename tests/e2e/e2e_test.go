@@ -57,6 +57,7 @@ type mesh struct {
 	state string
 	tree  string
 	sock  string
+	port  int
 	procs []*exec.Cmd
 }
 
@@ -121,7 +122,28 @@ func eventually(t *testing.T, what string, f func() bool) {
 	}
 }
 
+// newMesh is a mesh with node n1 registered by hand (mesh-control node
+// add, identity files installed as a person would): the link's tests.
+// Enrolment's tests start from newBareMesh and enrol.
 func newMesh(t *testing.T) *mesh {
+	m := newBareMesh(t)
+	agentConf := filepath.Join(m.base, "agent.json")
+	m.run("mesh-control", "node", "add", "n1", "--dir", m.ctl, "--out", agentConf)
+	// The executor pins what the control side printed for it: root's file.
+	id, err := os.ReadFile(filepath.Join(m.base, "executor-identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(m.state, "identity.json"), id, 0o600)
+	m.startExecutor()
+	m.startAgent("--config", agentConf)
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	return m
+}
+
+// newBareMesh is the control side serving, and the directories of one
+// machine; nothing runs on the machine yet.
+func newBareMesh(t *testing.T) *mesh {
 	if os.Geteuid() != 0 {
 		t.Fatal("the end-to-end tests run as root: the executor is root")
 	}
@@ -131,44 +153,40 @@ func newMesh(t *testing.T) *mesh {
 	m := &mesh{t: t, base: base, ctl: filepath.Join(base, "control"), state: filepath.Join(base, "executor"),
 		tree: filepath.Join(base, "tree"), sock: filepath.Join(base, "run", "executor.sock")}
 	os.Mkdir(m.tree, 0o755)
+	os.MkdirAll(m.state, 0o700)
 	port := freePort(t)
+	m.port = port
 	url := fmt.Sprintf("tls://127.0.0.1:%d", port)
 	m.run("mesh-control", "init", "--dir", m.ctl, "--url", url)
-	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
-	eventually(t, "the control side serves", func() bool {
-		return exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl).Run() == nil
-	})
-	agentConf := filepath.Join(base, "agent.json")
-	m.run("mesh-control", "node", "add", "n1", "--dir", m.ctl, "--out", agentConf)
-	// The executor pins what the control side printed for it: root's file.
-	os.MkdirAll(m.state, 0o700)
-	id, err := os.ReadFile(filepath.Join(base, "executor-identity.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(m.state, "identity.json"), id, 0o600)
-	m.start("mesh-executor", nil, "serve", "--state", m.state, "--socket", m.sock, "--agent-user", "nobody", "--drift", "0", "--build", "e2e")
-	eventually(t, "the executor's socket", func() bool { _, err := os.Stat(m.sock); return err == nil })
-	m.start("mesh-agent", nil, "--config", agentConf, "--socket", m.sock, "--user", "nobody",
-		"--state", filepath.Join(base, "agent-state"), "--heartbeat", "1s")
-	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	m.startControl()
 	return m
 }
 
-func (m *mesh) node() map[string]any {
-	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").Output()
-	if err != nil {
-		return nil
-	}
-	var nodes []map[string]any
-	json.Unmarshal(out, &nodes)
-	for _, n := range nodes {
-		if n["name"] == "n1" {
-			return n
-		}
-	}
-	return nil
+// startControl runs mesh-control serve on the mesh's port.
+func (m *mesh) startControl() *exec.Cmd {
+	cmd := m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--listen", fmt.Sprintf("127.0.0.1:%d", m.port))
+	eventually(m.t, "the control side serves", func() bool {
+		return exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl).Run() == nil
+	})
+	return cmd
 }
+
+func (m *mesh) startExecutor(extra ...string) *exec.Cmd {
+	cmd := m.start("mesh-executor", nil, append([]string{"serve", "--state", m.state, "--socket", m.sock, "--agent-user", "nobody", "--drift", "0", "--build", "e2e"}, extra...)...)
+	eventually(m.t, "the executor's socket", func() bool { _, err := os.Stat(m.sock); return err == nil })
+	return cmd
+}
+
+// agentState is the agent's state directory.
+func (m *mesh) agentState() string { return filepath.Join(m.base, "agent-state") }
+
+func (m *mesh) startAgent(extra ...string) *exec.Cmd {
+	return m.start("mesh-agent", nil, append([]string{"--socket", m.sock, "--user", "nobody",
+		"--state", m.agentState(), "--heartbeat", "1s", "--enrol-poll", "200ms"}, extra...)...)
+}
+
+// node is n1 as mesh-control nodes --json shows it.
+func (m *mesh) node() map[string]any { return m.nodeNamed("n1") }
 
 type report struct {
 	Seq          uint64         `json:"seq"`

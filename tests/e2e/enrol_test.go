@@ -1,0 +1,424 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// newHost is a mesh whose machine runs the executor (hosted: no identity)
+// and the agent (hosted: no config), as after installing the package.
+func newHost(t *testing.T) *mesh {
+	m := newBareMesh(t)
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	return m
+}
+
+func (m *mesh) agentConfig() string { return filepath.Join(m.agentState(), "config.json") }
+
+// issue runs mesh-control token issue with args and returns the token.
+func (m *mesh) issue(args ...string) string {
+	m.t.Helper()
+	return m.run("mesh-control", append([]string{"token", "issue", "--dir", m.ctl}, args...)...)
+}
+
+// enrol runs mesh-executor enrol with token on standard input.
+func (m *mesh) enrol(token string, extra ...string) (code int, stdout, stderr string) {
+	m.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "mesh-executor"), append([]string{"enrol", "--state", m.state, "--wait", "60s"}, extra...)...)
+	cmd.Stdin = strings.NewReader(token + "\n")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		m.t.Fatal(err)
+	}
+	return code, out.String(), errb.String()
+}
+
+func (m *mesh) enrolled(token, node string) {
+	m.t.Helper()
+	code, out, errOut := m.enrol(token)
+	if code != 0 || !strings.Contains(out, "enrolled as node "+node) {
+		m.t.Fatalf("enrol: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+func (m *mesh) nodeNamed(name string) map[string]any {
+	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").Output()
+	if err != nil {
+		return nil
+	}
+	var nodes []map[string]any
+	json.Unmarshal(out, &nodes)
+	for _, n := range nodes {
+		if n["name"] == name {
+			return n
+		}
+	}
+	return nil
+}
+
+func (m *mesh) executorStatus() map[string]any {
+	out, err := exec.Command(filepath.Join(bin, "mesh-executor"), "status", "--state", m.state, "--json").Output()
+	if err != nil {
+		m.t.Fatalf("status: %v", err)
+	}
+	var st map[string]any
+	json.Unmarshal(out, &st)
+	return st
+}
+
+// The ordinary case, end to end: a token carried to a hosted machine,
+// enrolment, the first declaration applied and reported, the profile and
+// inventory kept on the control side; the secret never reached the agent.
+func TestEnrolThenDeclare(t *testing.T) {
+	m := newHost(t)
+	token := m.issue("--new", "--name", "n1")
+	tok, err := wire.ParseToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.enrolled(token, "n1")
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"enrolled\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "enrolled\n" {
+		t.Fatalf("the machine: %q", b)
+	}
+
+	// node show: what the node reported at enrolment.
+	var view struct {
+		Record    map[string]any `json:"record"`
+		ProfileAt string         `json:"profile_at"`
+		Profile   struct {
+			Capabilities []map[string]any `json:"capabilities"`
+		} `json:"profile"`
+		Inventory map[string]any `json:"inventory"`
+	}
+	if err := json.Unmarshal([]byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")), &view); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	if len(view.Profile.Capabilities) != 8 || view.Inventory["hostname"] != host || view.Record["token"] != tok.IDString() {
+		t.Fatalf("node show: %+v", view)
+	}
+	text := m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl)
+	for _, want := range []string{"package-manager", "inventory:", "granted"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("node show says no %q:\n%s", want, text)
+		}
+	}
+
+	// The agent holds its own NKey and the grant's JWT, and never the
+	// token's secret: not in its files, not in its log.
+	cfg, err := os.ReadFile(m.agentConfig())
+	if err != nil || !strings.Contains(string(cfg), `"user_jwt"`) {
+		t.Fatalf("agent config: %v %s", err, cfg)
+	}
+	if _, err := os.Stat(filepath.Join(m.agentState(), "nkey.seed")); err == nil {
+		t.Fatal("the hosted seed file outlived enrolment")
+	}
+	secretForms := [][]byte{tok.Secret[:], []byte(hex.EncodeToString(tok.Secret[:])), []byte(base64.StdEncoding.EncodeToString(tok.Secret[:])),
+		[]byte(base64.RawURLEncoding.EncodeToString(tok.Secret[:])), []byte(token)}
+	filepath.Walk(m.agentState(), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			for _, f := range secretForms {
+				if bytes.Contains(b, f) {
+					t.Errorf("the agent's %s holds the token's secret", p)
+				}
+			}
+		}
+		return nil
+	})
+	logb, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+	for _, f := range secretForms {
+		if bytes.Contains(logb, f) {
+			t.Error("the agent's log holds the token's secret")
+		}
+	}
+	if st := m.executorStatus(); st["state"] != "enrolled" || st["node"] != "n1" {
+		t.Fatalf("executor status %v", st)
+	}
+}
+
+// forge re-encodes a genuine token with one thing changed, checksum and
+// all: what a person handed a doctored token would paste.
+func forge(t *testing.T, token string, change func(*wire.Token)) string {
+	tok, err := wire.ParseToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(tok)
+	s, err := tok.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Every refusal says which side refused and why, and leaves the host
+// hosted.
+func TestEnrolRefusalsAreLegible(t *testing.T) {
+	m := newHost(t)
+	otherKey, _, _ := ed25519.GenerateKey(rand.Reader)
+	cases := []struct {
+		name  string
+		token func() string
+		code  int
+		want  []string
+	}{
+		{"mistyped", func() string {
+			tk := m.issue("--new")
+			b := []byte(tk)
+			b[30] ^= 0x01
+			return string(b)
+		}, 2, []string{"mistyped"}},
+		{"expired", func() string {
+			tk := m.issue("--new", "--ttl", "1s")
+			time.Sleep(2100 * time.Millisecond)
+			return tk
+		}, 1, []string{"refused by the control", "expired at"}},
+		{"fingerprint mismatch", func() string {
+			tk := m.issue("--new")
+			return forge(t, tk, func(tok *wire.Token) { tok.Fingerprint[0] ^= 0xff })
+		}, 1, []string{"refused by the agent", "fingerprint mismatch: got ", "pinned "}},
+		{"control key mismatch", func() string {
+			tk := m.issue("--new")
+			return forge(t, tk, func(tok *wire.Token) { tok.ControlKey = otherKey })
+		}, 1, []string{"refused by the executor", "does not verify under the control key the token pinned"}},
+		{"another mesh's token", func() string {
+			tk := m.issue("--new")
+			return forge(t, tk, func(tok *wire.Token) { rand.Read(tok.Credential[:]) })
+		}, 1, []string{"refused by the broker", "refused the token's one-time credential"}},
+	}
+	for _, tc := range cases {
+		code, out, errOut := m.enrol(tc.token())
+		all := out + errOut
+		if code != tc.code {
+			t.Errorf("%s: exit %d, want %d\n%s", tc.name, code, tc.code, all)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(all, w) {
+				t.Errorf("%s: the refusal does not say %q:\n%s", tc.name, w, all)
+			}
+		}
+		if st := m.executorStatus(); st["state"] != "hosted" {
+			t.Fatalf("%s: the executor is %v after a refusal", tc.name, st["state"])
+		}
+	}
+	// The fingerprint case names both values.
+	if code, _, errOut := m.enrol(forge(t, m.issue("--new"), func(tok *wire.Token) { tok.Fingerprint[0] ^= 0xff })); code != 1 || strings.Count(errOut, "got ") != 1 {
+		t.Fatalf("fingerprint: %d %s", code, errOut)
+	}
+
+	// A token is used once: a second machine (here: the same one, again)
+	// presenting it is refused by the control side, saying so.
+	token := m.issue("--new", "--name", "n1")
+	m.enrolled(token, "n1")
+	code, out, errOut := m.enrol(token)
+	if code != 1 || !strings.Contains(out+errOut, "was used already") {
+		t.Fatalf("used token: exit %d\n%s%s", code, out, errOut)
+	}
+	// The refusal of a re-enrolment leaves the identity the host has.
+	if st := m.executorStatus(); st["state"] != "enrolled" || st["node"] != "n1" {
+		t.Fatalf("executor status %v", st)
+	}
+	// Never from the command line.
+	cmd := exec.Command(filepath.Join(bin, "mesh-executor"), "enrol", "--state", m.state, token)
+	if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), "never taken from the command line") {
+		t.Fatalf("a token on the command line: %v %s", err, b)
+	}
+}
+
+// Re-enrolment as the same node revokes the old identity; declarations
+// made for the old enrolment are refused by the executor even when a
+// compromised agent hands them over; revocation alone shuts the node out
+// at the broker, legibly.
+func TestReEnrolmentAndRevocation(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"first\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	// What a compromised agent kept: the envelope as the broker carried it.
+	old := m.lastEnvelope()
+	oldID := m.executorStatus()
+
+	// Re-enrol: token --node revokes the identity now.
+	token := m.issue("--node", "n1")
+	eventually(t, "the old identity shut out", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+		return bytes.Contains(b, []byte("authorization refused by the broker"))
+	})
+	// The agent holds an identity the broker refuses; the person re-enrols
+	// the machine: the agent is hosted again once the executor is, or
+	// here, takes the new enrolment over its old one.
+	m.enrolled(token, "n1")
+	if st := m.executorStatus(); st["enrolment"] == oldID["enrolment"] {
+		t.Fatalf("the same enrolment after re-enrolment: %v", st)
+	}
+	// The old declaration, handed over by a compromised agent (a root
+	// process on the socket here), is refused by the executor.
+	v := pushEnvelope(t, m.sock, old)
+	if v.Outcome != shapes.Refused || v.Code != wire.CodeAddress {
+		t.Fatalf("the old enrolment's declaration: %+v", v)
+	}
+	seq2 := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"second\n"}]}`)
+	if seq2 <= seq {
+		t.Fatalf("sequences restarted on re-enrolment: %d after %d", seq2, seq)
+	}
+	if r := m.reportFor(seq2); r.Outcome != shapes.Applied {
+		t.Fatalf("after re-enrolment: %+v", r)
+	}
+
+	// node revoke: the broker refuses the node from now on, and the
+	// agent says so.
+	m.run("mesh-control", "node", "revoke", "n1", "--dir", m.ctl)
+	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
+	eventually(t, "the revoked node told legibly", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+		return bytes.Contains(b, []byte("authorization refused by the broker"))
+	})
+	if s := m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl); !strings.Contains(s, "revoked") {
+		t.Fatalf("node show after revoke:\n%s", s)
+	}
+}
+
+// lastEnvelope reads the newest declaration envelope the executor saved as
+// its link target.
+func (m *mesh) lastEnvelope() []byte {
+	m.t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.state, "target-link.json"))
+	if err != nil {
+		m.t.Fatalf("the link target: %v", err)
+	}
+	return b
+}
+
+// pushEnvelope hands env to the executor as the agent would.
+func pushEnvelope(t *testing.T, sock string, env []byte) *wire.Verdict {
+	t.Helper()
+	c, err := wire.DialUnix(sock, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Build: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(wire.KindDeclaration, &wire.Declaration{Envelope: env}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		k, b, err := c.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == wire.KindVerdict {
+			return b.(*wire.Verdict)
+		}
+	}
+}
+
+// Retiring: a signed declaration with owns_nothing and retire removes what
+// the host owns, is reported, and both halves drop the identity: hosted
+// again, and enrollable again.
+func TestRetire(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"held\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	seq = m.declare(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Removed {
+		t.Fatalf("retire report %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(m.tree, "motd")); !os.IsNotExist(err) {
+		t.Fatal("retiring left what the host made")
+	}
+	if st := m.executorStatus(); st["state"] != "hosted" {
+		t.Fatalf("executor after retire: %v", st)
+	}
+	eventually(t, "the agent hosted again", func() bool {
+		_, err := os.Stat(m.agentConfig())
+		return os.IsNotExist(err)
+	})
+	// Hosted again: enrollable again, as the same node.
+	m.enrolled(m.issue("--node", "n1"), "n1")
+	seq = m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"back\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("after re-enrolment: %+v", r)
+	}
+}
+
+// Disconnection is a situation: with the broker down the node keeps
+// holding its machine; back up, it says how long it was away, and nodes
+// shows when it was last heard from.
+func TestDisconnectionIsASituation(t *testing.T) {
+	m := newBareMesh(t)
+	m.startExecutor("--drift", "300ms")
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"held\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	// The broker goes away.
+	ctl := m.procs[0]
+	ctl.Process.Signal(os.Interrupt)
+	ctl.Wait()
+	// The machine drifts; the node repairs it from its store, unlinked.
+	os.WriteFile(filepath.Join(m.tree, "motd"), []byte("drifted\n"), 0o644)
+	eventually(t, "drift repaired while disconnected", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.tree, "motd"))
+		return string(b) == "held\n"
+	})
+	time.Sleep(3 * time.Second)
+	m.startControl()
+	var hb map[string]any
+	eventually(t, "a heartbeat saying how long it was away", func() bool {
+		n := m.nodeNamed("n1")
+		if n == nil {
+			return false
+		}
+		hb, _ = n["Heartbeat"].(map[string]any)
+		u, _ := hb["unlinked_seconds"].(float64)
+		return u >= 3
+	})
+	text := m.run("mesh-control", "nodes", "--dir", m.ctl)
+	if !strings.Contains(text, "ago") || strings.Contains(strings.ToLower(text), "alarm") {
+		t.Fatalf("nodes:\n%s", text)
+	}
+	_ = strconv.Itoa
+}

@@ -222,6 +222,7 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		r = a.report(best.seq)
 		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = best.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
+		r.Owned = v.Owned
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}

@@ -174,7 +174,7 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	if len(reply.Grant) == 0 {
 		return nil, tell("control", strings.TrimPrefix(reply.Refused, "control: "), true)
 	}
-	b, err := ex.ask(wire.KindGrant, &wire.GrantHandover{Envelope: reply.Grant}, "grant")
+	b, err := ex.ask(wire.KindGrant, &wire.GrantHandover{Envelope: reply.Grant, StoreCopy: reply.StoreCopy}, "grant")
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +208,6 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 			os.Remove(filepath.Join(o.StateDir, seedFile))
 		}
 	}
-	log.Info("enrolled", "node", g.Node, "enrolment", g.Enrolment)
+	log.Info("enrolled", "node", g.Node, "enrolment", g.Enrolment, "recovered", gr.Recovered)
 	return id, nil
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // Report is what the agent publishes to mesh.report.<node> (JSON), one per
@@ -37,7 +38,10 @@ type Report struct {
 	Duplicate bool `json:"duplicate,omitempty"`
 	// Briefing: what the apply found on an adopted node.
 	Briefing *shapes.Briefing `json:"briefing,omitempty"`
-	At       time.Time        `json:"at"`
+	// Owned: what the host made for the link after this apply, for the
+	// control side's copy (handed back after a lost store).
+	Owned []wire.OwnedEntry `json:"owned"`
+	At    time.Time         `json:"at"`
 }
 
 // The triggers of a report.

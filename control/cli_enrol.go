@@ -69,6 +69,9 @@ type NodeView struct {
 	ProfileAt time.Time       `json:"profile_at,omitzero"`
 	Profile   json.RawMessage `json:"profile,omitempty"`
 	Inventory json.RawMessage `json:"inventory,omitempty"`
+	// Owned is the control side's copy of what the node last reported
+	// it owns (handed back after a lost store).
+	Owned *ownedCopy `json:"owned,omitempty"`
 }
 
 // ShowNode gathers a node's record, status, profile and inventory.
@@ -84,6 +87,10 @@ func (cl *Client) ShowNode(ctx context.Context, name string) (*NodeView, error) 
 				v.Status = s
 			}
 		}
+	}
+	var oc ownedCopy
+	if cl.getJSON(ctx, "owned."+name, &oc) {
+		v.Owned = &oc
 	}
 	var kp keptProfile
 	if cl.getJSON(ctx, "profile."+name, &kp) {
@@ -121,6 +128,9 @@ func (c *cli) nodeShow(name string) error {
 	}
 	if r.Keys != nil {
 		fmt.Fprintf(w, "executor keys\tidentity %s, sealing %s, wireguard %s\n", wire.KeyIDOf(r.Keys.Identity), wire.KeyIDOf(r.Keys.Sealing), r.Keys.WireGuard)
+	}
+	if v.Owned != nil {
+		fmt.Fprintf(w, "owns\t%d thing(s), as reported at seq %d (%s); handed back on re-enrolment after a lost store\n", len(v.Owned.Entries), v.Owned.Seq, ago(v.Owned.Reported))
 	}
 	if s := v.Status; s != nil {
 		fmt.Fprintf(w, "state\t%s, last heard %s\n", s.State, ago(s.LastHeard))

@@ -263,8 +263,19 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	if err != nil {
 		return refusedReply("signing the grant: %v", err)
 	}
-	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New)
-	return &wire.EnrolReply{Grant: g}
+	reply := &wire.EnrolReply{Grant: g}
+	if !t.New {
+		// A re-enrolment: the node may have lost its store. Hand back,
+		// signed for this enrolment, what it last reported it owns; the
+		// executor takes it in only into an empty store.
+		if sc, err := c.storeCopy(ctx, rec); err != nil {
+			c.log.Warn("enrolment: no store copy handed back", "node", name, "err", err)
+		} else {
+			reply.StoreCopy = sc
+		}
+	}
+	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New, "store_copy", len(reply.StoreCopy) > 0)
+	return reply
 }
 
 // freeName derives a node name from a hostname that no node has yet.
@@ -381,4 +392,19 @@ func (c *Client) keepProfile(ctx context.Context, node string, profile, inventor
 	if _, err := c.KV.Put(ctx, "profile."+node, data); err != nil {
 		c.log.Error("registry: "+err.Error(), "node", node)
 	}
+}
+
+// storeCopy signs, for rec's new enrolment, the last copy of what the node
+// reported it owns; nil when it never reported any.
+func (c *Client) storeCopy(ctx context.Context, rec *NodeRecord) ([]byte, error) {
+	var oc ownedCopy
+	if !c.getJSON(ctx, "owned."+rec.Name, &oc) {
+		return nil, nil
+	}
+	payload, err := json.Marshal(&wire.StoreCopy{Node: rec.Name, Enrolment: rec.Enrolment, FromEnrolment: oc.Enrolment,
+		FromSeq: oc.Seq, Reported: oc.Reported, Entries: oc.Entries})
+	if err != nil {
+		return nil, err
+	}
+	return wire.Seal(c.Keys.Control, wire.PurposeStoreCopy, payload)
 }

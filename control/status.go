@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // NodeStatus is one line of `mesh-control nodes`.
@@ -219,6 +220,20 @@ func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
 	if _, err := c.KV.Put(ctx, kind+"."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
 		c.log.Error("registry: "+err.Error(), "node", node)
 	}
+	// What the node owns is kept apart too, from every report that
+	// carries it (an apply's; not a refusal's): the copy handed back,
+	// signed, if the node is enrolled again after losing its store.
+	var own struct {
+		Seq   uint64            `json:"seq"`
+		Owned []wire.OwnedEntry `json:"owned"`
+		At    time.Time         `json:"at"`
+	}
+	if kind == "report" && json.Unmarshal(m.Data(), &own) == nil && own.Owned != nil {
+		data, _ := json.Marshal(&ownedCopy{Enrolment: head.Enrolment, Seq: own.Seq, Reported: own.At, Entries: own.Owned})
+		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil && !errors.Is(err, context.Canceled) {
+			c.log.Error("registry: "+err.Error(), "node", node)
+		}
+	}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.
 	var b struct {
@@ -231,6 +246,15 @@ func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
 			}
 		}
 	}
+}
+
+// ownedCopy is the control side's copy of what a node last reported it
+// owns (KV owned.<node>): a backup, never a source.
+type ownedCopy struct {
+	Enrolment string            `json:"enrolment"`
+	Seq       uint64            `json:"seq"`
+	Reported  time.Time         `json:"reported"`
+	Entries   []wire.OwnedEntry `json:"entries"`
 }
 
 // Briefing returns the last briefing a node reported, or nil.

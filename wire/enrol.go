@@ -104,6 +104,54 @@ type EnrolRequest struct {
 type EnrolReply struct {
 	Grant   []byte `json:"grant,omitempty"` // a COSE_Sign1 envelope, purpose grant
 	Refused string `json:"refused,omitempty"`
+	// StoreCopy, on a re-enrolment, is the node's last report of what it
+	// owns, signed (purpose store-copy) for the new enrolment.
+	StoreCopy []byte `json:"store_copy,omitempty"`
+}
+
+// OwnedEntry is one thing the host made for the link, as a report
+// carries it and a store copy hands it back: enough to remove it again
+// only if it is still exactly what the host wrote.
+type OwnedEntry struct {
+	Target string `json:"target" cbor:"1,keyasint"` // "path:/etc/motd"
+	Type   string `json:"type" cbor:"2,keyasint"`
+	Module string `json:"module" cbor:"3,keyasint"`
+	ID     string `json:"id" cbor:"4,keyasint"`
+	// Digest is what the host last wrote and read back (a file's sha256,
+	// or a keyed digest for sealed content).
+	Digest string `json:"digest,omitempty" cbor:"5,keyasint,omitempty"`
+	Mode   uint32 `json:"mode,omitempty" cbor:"6,keyasint,omitempty"`
+	UID    uint32 `json:"uid,omitempty" cbor:"7,keyasint,omitempty"`
+	GID    uint32 `json:"gid,omitempty" cbor:"8,keyasint,omitempty"`
+}
+
+// StoreCopy is what the control side signs (purpose store-copy) to hand a
+// node back the record of what it owned, when it is enrolled again after
+// losing its store. It is a backup, never a source: the executor takes it
+// in only into an empty store, and removes a recovered thing only if it is
+// still exactly what the host wrote.
+type StoreCopy struct {
+	Node      string `json:"node"`
+	Enrolment string `json:"enrolment"` // the new enrolment it is handed to
+	// From: the enrolment and sequence whose report it copies.
+	FromEnrolment string       `json:"from_enrolment"`
+	FromSeq       uint64       `json:"from_seq"`
+	Reported      time.Time    `json:"reported"`
+	Entries       []OwnedEntry `json:"entries"`
+}
+
+// ParseStoreCopy decodes a store copy's payload strictly.
+func ParseStoreCopy(payload []byte) (*StoreCopy, error) {
+	var c StoreCopy
+	dec := json.NewDecoder(strings.NewReader(string(payload)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("store copy: %w", err)
+	}
+	if c.Node == "" || c.Enrolment == "" {
+		return nil, fmt.Errorf("store copy: node and enrolment are required")
+	}
+	return &c, nil
 }
 
 // Grant is what the control plane signs (purpose grant) when it enrols a

@@ -80,7 +80,7 @@ var Table = []Spec{
 	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }},
 	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }},
 	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Reconnected) }},
-	{KindVerdict, "verdict", ExecutorToAgent, nil, 256 << 10, func() any { return new(Verdict) }},
+	{KindVerdict, "verdict", ExecutorToAgent, nil, 8 << 20, func() any { return new(Verdict) }},
 	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Status) }},
 	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
@@ -198,6 +198,10 @@ type Verdict struct {
 	// Briefing: what an apply on an adopted node found, for the control
 	// side to keep (it assigns a node with a failed line nothing new).
 	Briefing *shapes.Briefing `cbor:"6,keyasint,omitempty"`
+	// Owned is what the host made for the link after this apply: the
+	// control side keeps the last copy and hands it back, signed, when the
+	// node is enrolled again after losing its store.
+	Owned []OwnedEntry `cbor:"7,keyasint"`
 }
 
 // Error refuses the connection; the executor closes it after sending.
@@ -275,6 +279,9 @@ type GrantHandover struct {
 	RefusedBy string `cbor:"2,keyasint,omitempty"` // control, broker, agent
 	Reason    string `cbor:"3,keyasint,omitempty"`
 	Final     bool   `cbor:"4,keyasint,omitempty"`
+	// StoreCopy, beside a grant, is the control side's signed copy of
+	// what the node last reported it owns (purpose store-copy).
+	StoreCopy []byte `cbor:"5,keyasint,omitempty"`
 }
 
 // GrantReply answers a GrantHandover.
@@ -283,4 +290,7 @@ type GrantReply struct {
 	Node      string `cbor:"2,keyasint,omitempty"`
 	Enrolment string `cbor:"3,keyasint,omitempty"`
 	Reason    string `cbor:"4,keyasint,omitempty"`
+	// Recovered: how many entries of a store copy were taken in (the
+	// store was lost); the copy is ignored when the store is intact.
+	Recovered int `cbor:"5,keyasint,omitempty"`
 }

@@ -315,3 +315,20 @@ func TestSocketRemovedOnlyIfOurs(t *testing.T) {
 		t.Fatal("the socket was left behind")
 	}
 }
+
+// A verdict that owns nothing says so ([]), distinct from one that does
+// not carry the list (a refusal): the control side's copy follows the
+// first and ignores the second.
+func TestOwnedEmptyIsNotAbsent(t *testing.T) {
+	a, e := pipe()
+	for _, v := range []*Verdict{{Seq: 1, Outcome: shapes.Applied, Owned: []OwnedEntry{}}, {Seq: 2, Outcome: shapes.Refused}} {
+		go e.Write(KindVerdict, v)
+		_, b, err := a.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.(*Verdict).Owned; (got == nil) != (v.Owned == nil) {
+			t.Fatalf("seq %d: owned %v crossed as %v", v.Seq, v.Owned, got)
+		}
+	}
+}

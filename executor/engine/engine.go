@@ -533,6 +533,12 @@ func (r *run) execute(batch []*step, after int) {
 				r.forget = append(r.forget, st.entry.Original.Digest)
 			}
 		case st.record != nil:
+			if st.res != nil && st.record.Recovered {
+				// Declared again and applied: the host's own once more.
+				rec := *st.record
+				rec.Recovered = false
+				st.record = &rec
+			}
 			err = r.st.Put(st.record)
 		}
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -61,13 +62,15 @@ func (r *run) planRemoval(st *step) {
 	e := st.entry
 	p := pathOf(e.Target)
 	st.drop = true
-	if remove, ok := removers[e.Type]; ok && !e.Held {
+	if remove, ok := removers[e.Type]; ok && !e.Held && !e.Recovered {
 		remove(r, st)
 		return
 	}
 	switch {
 	case e.Held:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
+	case e.Recovered && r.keepRecovered(st, p):
+		// Decided: forgotten, with the reason on the line.
 	case e.Type == shapes.TypeFile && e.Created:
 		st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
 		st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
@@ -147,6 +150,42 @@ func (r *run) planRemoval(st *step) {
 	default:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the host neither made it nor kept an original; left as it is"
 	}
+}
+
+// keepRecovered decides whether a thing recovered from the control side's
+// store copy stays (true: the line says why) rather than being removed:
+// the copy is a backup, never a source, so only a file still holding
+// exactly what the host wrote, or a directory the host made, is removed,
+// and never inside the protected set.
+func (r *run) keepRecovered(st *step, p string) bool {
+	e := st.entry
+	keep := func(why string) bool {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "recovered from the control side's copy of a lost store; "+why+"; left as it is"
+		return true
+	}
+	if e.Type != shapes.TypeFile && e.Type != shapes.TypeDirectory {
+		return keep("nothing proves a " + e.Type + " is still what the host made")
+	}
+	resolved, err := fsx.Resolver()(p)
+	if p == "" || err != nil || shapes.ProtectedPath(p) != "" || shapes.ProtectedPath(resolved) != "" {
+		return keep("it is in the host's protected set, or its path does not resolve")
+	}
+	if e.Type == shapes.TypeDirectory {
+		return false // removed only when empty, as any directory the host made
+	}
+	if strings.Contains(e.Digest, ":") || len(e.Digest) != 64 {
+		return keep("its content cannot be checked (sealed, with the key lost with the store)")
+	}
+	data, info, err := fsx.ReadRegular(p, maxOriginal)
+	switch {
+	case err != nil:
+		return keep(fmt.Sprintf("it could not be read (%v)", err))
+	case info.Kind == fsx.Absent:
+		return keep("it is gone already")
+	case digest(data) != e.Digest:
+		return keep("it changed since the host wrote it")
+	}
+	return false
 }
 
 func expectAbsent(p string) error {

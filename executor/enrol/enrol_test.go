@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxamacker/cbor/v2"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -225,5 +226,64 @@ func TestPendingMustBeTheExecutors(t *testing.T) {
 	os.Chmod(filepath.Join(dir, PendingFile), 0o644)
 	if _, err := Offer(dir, agentNKey, "", nil, nil); err == nil || !strings.Contains(err.Error(), "readable by nobody else") {
 		t.Fatalf("offer from a 0644 pending file: %v", err)
+	}
+}
+
+func storeCopy(t *testing.T, c *control, node, enrolment string, entries ...wire.OwnedEntry) []byte {
+	t.Helper()
+	b, _ := json.Marshal(&wire.StoreCopy{Node: node, Enrolment: enrolment, FromEnrolment: "e-old", FromSeq: 7, Entries: entries})
+	env, err := wire.Seal(c.priv, wire.PurposeStoreCopy, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// A store copy is taken only into an empty store, only for this
+// enrolment, only under the pinned key, and only what may be removed
+// safely: files and directories outside the protected set.
+func TestRecover(t *testing.T) {
+	c := newControl()
+	id := &identity.Identity{Node: "n1", Enrolment: "e-new", ControlKey: c.pub}
+	entries := []wire.OwnedEntry{
+		{Target: "path:/srv/a", Type: "file", Module: "m", ID: "a", Digest: strings.Repeat("ab", 32), Mode: 0o644},
+		{Target: "path:/srv/d", Type: "directory", Module: "m", ID: "d"},
+		{Target: "path:/var/lib/mesh-host/executor/identity.json", Type: "file", Module: "m", ID: "evil"},
+		{Target: "unit:nginx.service", Type: "service", Module: "m", ID: "svc"},
+		{Target: "path:relative", Type: "file", Module: "m", ID: "rel"},
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o700)
+	rec, err := Recover(dir, id, storeCopy(t, c, "n1", "e-new", entries...), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Taken != 2 || len(rec.Skipped) != 3 || rec.Intact {
+		t.Fatalf("recovery %+v", rec)
+	}
+	st, _ := store.Open(dir)
+	got := st.Entries()
+	if len(got) != 2 || !got[0].Recovered || !got[0].Created || got[0].Digest != entries[0].Digest || got[0].Claims[0] != (store.Claim{Source: store.Link, Module: "m", ID: "a"}) {
+		t.Fatalf("entries %+v", got)
+	}
+	// Intact now: a second copy is not used.
+	if rec, err := Recover(dir, id, storeCopy(t, c, "n1", "e-new", entries[:1]...), time.Second); err != nil || !rec.Intact {
+		t.Fatalf("second copy: %+v %v", rec, err)
+	}
+	for name, env := range map[string][]byte{
+		"another enrolment":   storeCopy(t, c, "n1", "e-other", entries...),
+		"another node":        storeCopy(t, c, "n2", "e-new", entries...),
+		"another key":         storeCopy(t, newControl(), "n1", "e-new", entries...),
+		"a grant, not a copy": func() []byte { e, _ := wire.Seal(c.priv, wire.PurposeGrant, []byte(`{}`)); return e }(),
+	} {
+		empty := t.TempDir()
+		os.Chmod(empty, 0o700)
+		if _, err := Recover(empty, id, env, time.Second); err == nil {
+			t.Errorf("%s: taken in", name)
+		}
+		st, _ := store.Open(empty)
+		if len(st.Entries()) != 0 {
+			t.Errorf("%s: the store holds entries", name)
+		}
 	}
 }

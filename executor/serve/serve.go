@@ -352,13 +352,31 @@ func (s *Server) grant(_ context.Context, c *conn, body any) error {
 		s.log.Warn("enrolment: grant refused", "reason", err.Error())
 		return c.Write(wire.KindGrantReply, &wire.GrantReply{Reason: "executor: " + err.Error()})
 	}
+	reply := &wire.GrantReply{Enrolled: true, Node: id.Node, Enrolment: id.Enrolment}
+	if len(g.StoreCopy) > 0 {
+		// A re-enrolment after a lost store: the control side's copy of
+		// what the node owned goes into an empty store, never over one.
+		rec, err := enrol.Recover(s.cfg.StateDir, id, g.StoreCopy, s.cfg.LockWait)
+		switch {
+		case err != nil:
+			s.log.Warn("enrolment: the store copy was not taken in", "reason", err.Error())
+		case rec.Intact:
+			s.log.Info("enrolment: the store is intact; the control side's copy is not used (the node wins)")
+		default:
+			reply.Recovered = rec.Taken
+			s.log.Info("enrolment: the lost store recovered from the control side's copy", "entries", rec.Taken, "skipped", len(rec.Skipped))
+			for _, sk := range rec.Skipped {
+				s.log.Info("enrolment: not recovered: " + sk)
+			}
+		}
+	}
 	if f, err := identity.ReadFloor(s.cfg.StateDir); err == nil {
 		s.lastMu.Lock()
 		s.last = lastApplied{Seq: f.Seq}
 		s.lastMu.Unlock()
 	}
 	s.log.Info("enrolled", "node", id.Node, "enrolment", id.Enrolment, "control_key", wire.KeyID(id.ControlKey))
-	return c.Write(wire.KindGrantReply, &wire.GrantReply{Enrolled: true, Node: id.Node, Enrolment: id.Enrolment})
+	return c.Write(wire.KindGrantReply, reply)
 }
 
 // stream writes report lines to c as the engine decides them. An agent
@@ -614,6 +632,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	v.Outcome = rep.Outcome
 	v.Briefing = rep.Briefing.Summary(100)
+	v.Owned = enrol.Owned(st)
 	if d.Retire && rep.Outcome != shapes.Failed {
 		// Retired: it holds nothing now, and drops its identity; back to
 		// hosted, it takes nothing more from the link.

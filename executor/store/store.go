@@ -88,6 +88,11 @@ type Entry struct {
 	Order   uint64  `json:"order"`             // when first applied; removal runs in reverse
 	Created bool    `json:"created,omitempty"` // the host made it: undeclaring removes it
 	Held    bool    `json:"held,omitempty"`    // found on an adopted node and held as found
+	// Recovered: taken in from the control side's copy after the store was
+	// lost. Removed when undeclared only if still exactly what the host
+	// wrote (files by digest, directories when empty); anything else
+	// recovered is forgotten, never removed.
+	Recovered bool `json:"recovered,omitempty"`
 	// Original is what was found, for a thing the host changed but did not make.
 	Original *Original `json:"original,omitempty"`
 	// What the host last applied and read back.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -421,4 +422,139 @@ func TestDisconnectionIsASituation(t *testing.T) {
 		t.Fatalf("nodes:\n%s", text)
 	}
 	_ = strconv.Itoa
+}
+
+// Losing the store: the control side keeps what the node last reported
+// it owns and hands it back, signed, on re-enrolment; the next apply
+// removes a recovered orphan only if it is still exactly what the host
+// wrote.
+func TestLostStoreRecovered(t *testing.T) {
+	m := newBareMesh(t)
+	ex := m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[` +
+		`{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"},` +
+		`{"module":"app","id":"b","type":"file","path":"{root}/b","content":"b\n"},` +
+		`{"module":"app","id":"c","type":"file","path":"{root}/c","content":"c\n"},` +
+		`{"module":"app","id":"d","type":"directory","path":"{root}/d"},` +
+		`{"module":"app","id":"x","type":"file","path":"{root}/d/x","content":"x\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	eventually(t, "the control side's copy", func() bool {
+		var v struct {
+			Owned *struct {
+				Entries []map[string]any `json:"entries"`
+			} `json:"owned"`
+		}
+		json.Unmarshal([]byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")), &v)
+		return v.Owned != nil && len(v.Owned.Entries) == 5
+	})
+	// Someone edits c; then the disk with the executor's state is lost.
+	os.WriteFile(filepath.Join(m.tree, "c"), []byte("edited by hand\n"), 0o644)
+	ex.Process.Signal(os.Interrupt)
+	ex.Wait()
+	os.RemoveAll(m.state)
+	os.MkdirAll(m.state, 0o700)
+	m.startExecutor()
+
+	// Re-enrolled as the same node (the token revokes the old identity).
+	token := m.issue("--node", "n1")
+	m.enrolled(token, "n1")
+	logb, _ := os.ReadFile(filepath.Join(m.base, "mesh-executor.log"))
+	if !bytes.Contains(logb, []byte("recovered from the control side's copy")) {
+		t.Fatal("the executor did not take the store copy in")
+	}
+	owned := m.run("mesh-executor", "owned", "--state", m.state)
+	if strings.Count(owned, "link:app.") != 5 {
+		t.Fatalf("owned after recovery:\n%s", owned)
+	}
+	// The mesh now declares only a: b is removed (exactly what the host
+	// wrote), c is left (changed by hand), d and d/x removed.
+	seq = m.declare(`{"version":1,"resources":[{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"}]}`)
+	r := m.reportFor(seq)
+	lines := map[string]shapes.Line{}
+	for _, l := range r.Lines {
+		lines[l.ID] = l
+	}
+	if lines["b"].Outcome != shapes.Removed || lines["x"].Outcome != shapes.Removed || lines["d"].Outcome != shapes.Removed ||
+		lines["c"].Outcome != shapes.Forgotten || !strings.Contains(lines["c"].Detail, "changed since the host wrote it") {
+		t.Fatalf("the apply after recovery: %+v", r.Lines)
+	}
+	for f, want := range map[string]bool{"a": true, "b": false, "c": true, "d": false} {
+		if _, err := os.Stat(filepath.Join(m.tree, f)); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", f, err == nil, want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "c")); string(b) != "edited by hand\n" {
+		t.Fatal("a changed orphan was touched")
+	}
+}
+
+// Sealed content crosses the whole mesh unread: the file is written on the
+// machine, and neither the agent's files and log, the broker's JetStream
+// store on disk, nor any report holds the plaintext, its base64 or its
+// plain SHA-256.
+func TestSealedContentEndToEnd(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	secret := []byte("db-password=" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-never-in-the-clear\n")
+	sf := filepath.Join(m.base, "secret")
+	os.WriteFile(sf, secret, 0o600)
+	f := filepath.Join(m.base, "decl.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"resources":[{"module":"db","id":"creds","type":"file","path":"{root}/creds","mode":"0600"}]}`, "{root}", m.tree)), 0o600)
+	seq, err := strconv.ParseUint(m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "creds")); !bytes.Equal(b, secret) {
+		t.Fatalf("the machine holds %q", b)
+	}
+	sum := sha256.Sum256(secret)
+	forms := map[string][]byte{
+		"plaintext": secret, "base64": []byte(base64.StdEncoding.EncodeToString(secret)),
+		"sha256": []byte(hex.EncodeToString(sum[:])), "raw sha256": sum[:],
+	}
+	search := func(where string, b []byte) {
+		for name, f := range forms {
+			if bytes.Contains(b, f) {
+				t.Errorf("%s holds the sealed content's %s", where, name)
+			}
+		}
+	}
+	walk := func(root string) {
+		filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				b, _ := os.ReadFile(p)
+				search(p, b)
+			}
+			return nil
+		})
+	}
+	walk(m.agentState())
+	walk(filepath.Join(m.ctl, "jetstream"))
+	for _, l := range []string{"mesh-agent.log", "mesh-control.log"} {
+		b, _ := os.ReadFile(filepath.Join(m.base, l))
+		search(l, b)
+	}
+	search("reports", []byte(m.run("mesh-control", "reports", "n1", "--dir", m.ctl, "--json", "--last", "100")))
+	search("node show", []byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")))
+	// The positive controls: the broker's store on disk does hold the
+	// declaration (its path, in the clear), so the search looked where it
+	// lives.
+	found := false
+	filepath.Walk(filepath.Join(m.ctl, "jetstream"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			found = found || bytes.Contains(b, []byte(filepath.Join(m.tree, "creds")))
+		}
+		return nil
+	})
+	if !found {
+		t.Fatal("the declaration is not in the broker's store on disk: the search proves nothing")
+	}
 }

@@ -449,6 +449,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),
 		LastLinkError: l.lastErr,
 	}
+	newDigest := ""
 	if s, err := a.hbExec.status(); err != nil {
 		if errors.Is(err, ErrUpgraded) {
 			a.upgraded(err)
@@ -462,6 +463,13 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			return
 		}
 		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
+		if s.ProfileDigest != "" && s.ProfileDigest != st.ProfileDigest {
+			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
+				pr := b.(*wire.ProfileReply)
+				hb.Profile, hb.Inventory = pr.Profile, pr.Inventory
+				newDigest = pr.Digest
+			}
+		}
 	}
 	data, err := jsonMarshal(hb)
 	var sig string
@@ -475,5 +483,10 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		a.log.Warn("heartbeat: " + err.Error())
 		return
 	}
-	a.state.update(func(s *State) { s.LastLinked = time.Now() })
+	a.state.update(func(s *State) {
+		s.LastLinked = time.Now()
+		if newDigest != "" {
+			s.ProfileDigest = newDigest
+		}
+	})
 }

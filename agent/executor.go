@@ -124,6 +124,14 @@ func (e *execClient) status() (*wire.StatusReply, error) {
 	return b.(*wire.StatusReply), nil
 }
 
+// answers pairs each request ask sends with the one reply it takes.
+var answers = map[wire.Kind]wire.Kind{
+	wire.KindStatus:  wire.KindStatusReply,
+	wire.KindEnrol:   wire.KindEnrolOffer,
+	wire.KindGrant:   wire.KindGrantReply,
+	wire.KindProfile: wire.KindProfileReply,
+}
+
 // ask sends one request whose answer is one message (status, enrol,
 // grant) and returns that answer, of the kind the table pairs with it.
 func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
@@ -150,7 +158,7 @@ func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
 		e.close()
 		return nil, fmt.Errorf("executor closed the connection: %w", eb)
 	}
-	if k != kind+1 && !(kind == wire.KindEnrol && k == wire.KindEnrolOffer) && !(kind == wire.KindGrant && k == wire.KindGrantReply) {
+	if k != answers[kind] {
 		e.close()
 		return nil, fmt.Errorf("executor answered %s with %s", what, k)
 	}

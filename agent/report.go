@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -88,6 +89,10 @@ type Heartbeat struct {
 	LastLinked    time.Time `json:"last_linked,omitzero"`
 	Unlinked      float64   `json:"unlinked_seconds,omitempty"`
 	LastLinkError string    `json:"last_link_error,omitempty"`
+	// Profile and Inventory, when they changed since the agent last
+	// reported them (JSON, as the executor found them).
+	Profile   json.RawMessage `json:"profile,omitempty"`
+	Inventory json.RawMessage `json:"inventory,omitempty"`
 }
 
 // ExecutorStatus is the executor's StatusReply, as the heartbeat carries it.

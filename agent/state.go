@@ -22,6 +22,8 @@ type State struct {
 	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`
 	LastSeq            uint64         `json:"last_seq,omitempty"`
 	LastOutcome        shapes.Outcome `json:"last_outcome,omitempty"`
+	// ProfileDigest names the profile and inventory last reported upward.
+	ProfileDigest string `json:"profile_digest,omitempty"`
 }
 
 type stateStore struct {

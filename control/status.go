@@ -217,6 +217,15 @@ func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
 	if kind == "report" && head.Outcome == shapes.Superseded {
 		return
 	}
+	// A heartbeat that carries the profile and inventory (they changed):
+	// kept apart, as at enrolment.
+	var prof struct {
+		Profile   json.RawMessage `json:"profile"`
+		Inventory json.RawMessage `json:"inventory"`
+	}
+	if kind == "heartbeat" && json.Unmarshal(m.Data(), &prof) == nil && (len(prof.Profile) > 0 || len(prof.Inventory) > 0) {
+		c.keepProfile(ctx, node, prof.Profile, prof.Inventory)
+	}
 	if _, err := c.KV.Put(ctx, kind+"."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
 		c.log.Error("registry: "+err.Error(), "node", node)
 	}

@@ -13,21 +13,23 @@ type Kind uint16
 
 // The messages of the agent↔executor protocol.
 const (
-	KindHello       Kind = 2  // agent: who I am; must come first, once
-	KindHelloReply  Kind = 3  // executor: my version and build, node, state
-	KindDeclaration Kind = 4  // agent: an envelope exactly as published
-	KindReportLine  Kind = 5  // executor: one line of the apply, streamed
-	KindReconnected Kind = 6  // agent: the link came back; reconcile
-	KindVerdict     Kind = 7  // executor: how a declaration or reconcile ended
-	KindStatus      Kind = 8  // agent: what is your state (for the heartbeat)
-	KindStatusReply Kind = 9  // executor: version, state, last sequence and outcome
-	KindError       Kind = 11 // executor: the connection is refused and closes
-	KindArchive     Kind = 10 // agent: a chunk of an archive's bytes, for the executor's cache
-	KindArchiveAck  Kind = 13 // executor: the streamed archive is stored, or why not
-	KindEnrol       Kind = 12 // agent: here is my NKey; is an enrolment pending?
-	KindEnrolOffer  Kind = 15 // executor: none, or the network half, the public keys and the proof
-	KindGrant       Kind = 14 // agent: the grant the control side signed, or why there is none
-	KindGrantReply  Kind = 17 // executor: the grant is recorded (enrolled), or why not
+	KindHello        Kind = 2  // agent: who I am; must come first, once
+	KindHelloReply   Kind = 3  // executor: my version and build, node, state
+	KindDeclaration  Kind = 4  // agent: an envelope exactly as published
+	KindReportLine   Kind = 5  // executor: one line of the apply, streamed
+	KindReconnected  Kind = 6  // agent: the link came back; reconcile
+	KindVerdict      Kind = 7  // executor: how a declaration or reconcile ended
+	KindStatus       Kind = 8  // agent: what is your state (for the heartbeat)
+	KindStatusReply  Kind = 9  // executor: version, state, last sequence and outcome
+	KindError        Kind = 11 // executor: the connection is refused and closes
+	KindArchive      Kind = 10 // agent: a chunk of an archive's bytes, for the executor's cache
+	KindArchiveAck   Kind = 13 // executor: the streamed archive is stored, or why not
+	KindEnrol        Kind = 12 // agent: here is my NKey; is an enrolment pending?
+	KindEnrolOffer   Kind = 15 // executor: none, or the network half, the public keys and the proof
+	KindGrant        Kind = 14 // agent: the grant the control side signed, or why there is none
+	KindGrantReply   Kind = 17 // executor: the grant is recorded (enrolled), or why not
+	KindProfile      Kind = 16 // agent: what can this machine do, and what is it
+	KindProfileReply Kind = 19 // executor: the profile and inventory, as last found
 )
 
 // Direction is who may send a message.
@@ -90,6 +92,8 @@ var Table = []Spec{
 	{KindEnrolOffer, "enrol-offer", ExecutorToAgent, nil, 1 << 20, func() any { return new(EnrolOffer) }},
 	{KindGrant, "grant", AgentToExecutor, []State{StateReady}, 64 << 10, func() any { return new(GrantHandover) }},
 	{KindGrantReply, "grant-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(GrantReply) }},
+	{KindProfile, "profile", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Profile) }},
+	{KindProfileReply, "profile-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ProfileReply) }},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -185,6 +189,9 @@ type StatusReply struct {
 	// the agent has yet to carry out; an agent holding an identity turns
 	// to it (a re-enrolment).
 	Enrolling bool `cbor:"8,keyasint,omitempty"`
+	// ProfileDigest names the profile and inventory as last found: when
+	// it changes, the agent asks for them (Profile) and reports them.
+	ProfileDigest string `cbor:"9,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.
@@ -293,4 +300,15 @@ type GrantReply struct {
 	// Recovered: how many entries of a store copy were taken in (the
 	// store was lost); the copy is ignored when the store is intact.
 	Recovered int `cbor:"5,keyasint,omitempty"`
+}
+
+// Profile asks the executor for the machine's profile and inventory.
+type Profile struct{}
+
+// ProfileReply is the profile and inventory as the executor last found
+// them (JSON each), and their digest (StatusReply.ProfileDigest).
+type ProfileReply struct {
+	Profile   []byte `cbor:"1,keyasint"`
+	Inventory []byte `cbor:"2,keyasint"`
+	Digest    string `cbor:"3,keyasint"`
 }

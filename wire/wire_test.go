@@ -87,8 +87,10 @@ func TestEveryKindRoundTrips(t *testing.T) {
 		KindEnrolOffer: &EnrolOffer{Pending: true, Token: "00", Expires: 9, BrokerURL: "tls://x:1", Fingerprint: "ff", ControlKey: []byte{1},
 			Credential: []byte{2}, Keys: EnrolKeys{Identity: "a", Sealing: "b", WireGuard: "c", AgentNKey: "d"}, Proof: []byte{3},
 			Hostname: "h", Profile: []byte("{}"), Inventory: []byte("[]")},
-		KindGrant:      &GrantHandover{Envelope: []byte{4}, RefusedBy: "control", Reason: "r", Final: true},
-		KindGrantReply: &GrantReply{Enrolled: true, Node: "n", Enrolment: "e", Reason: "r"},
+		KindGrant:        &GrantHandover{Envelope: []byte{4}, RefusedBy: "control", Reason: "r", Final: true},
+		KindGrantReply:   &GrantReply{Enrolled: true, Node: "n", Enrolment: "e", Reason: "r", Recovered: 3},
+		KindProfile:      &Profile{},
+		KindProfileReply: &ProfileReply{Profile: []byte("{}"), Inventory: []byte("{}"), Digest: "d"},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))

@@ -90,6 +90,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindArchive:     (*Server).archiveChunk,
 	wire.KindEnrol:       (*Server).enrol,
 	wire.KindGrant:       (*Server).grant,
+	wire.KindProfile:     (*Server).profile,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -119,6 +120,15 @@ type Server struct {
 	// +checklocks:streamMu
 	streaming map[string]bool
 	streamMu  sync.Mutex
+	// found is the machine's profile and inventory as last found (after
+	// each reconcile): the agent reports them when their digest changes.
+	// +checklocks:foundMu
+	found wire.ProfileReply
+	// +checklocks:foundMu
+	foundProfile []byte
+	// +checklocks:foundMu
+	foundInv profile.Inventory
+	foundMu  sync.Mutex
 }
 
 type lastApplied struct {
@@ -155,6 +165,7 @@ func New(cfg Config) *Server {
 // timer until ctx ends.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	s.Reconcile(ctx, "start", nil)
+	go s.findProfile(ctx)
 	if s.cfg.DriftEvery > 0 {
 		go func() {
 			t := time.NewTicker(s.cfg.DriftEvery)
@@ -165,6 +176,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 					return
 				case <-t.C:
 					s.Reconcile(ctx, "drift", nil)
+					s.findProfile(ctx)
 				}
 			}
 		}()
@@ -303,7 +315,57 @@ func (s *Server) status(_ context.Context, c *conn, _ any) error {
 		reply.WireGuardKey = k.PublicKey().String()
 	}
 	reply.Enrolling = enrol.IsPending(s.cfg.StateDir)
+	s.foundMu.Lock()
+	reply.ProfileDigest = s.found.Digest
+	s.foundMu.Unlock()
 	return c.Write(wire.KindStatusReply, reply)
+}
+
+// findProfile looks at what the machine can do and what it is, and keeps
+// it with its digest. It runs after the start and drift reconciles (the
+// probes ask the init, the runtime, the firewall: not for every request).
+func (s *Server) findProfile(ctx context.Context) {
+	prof, _ := json.Marshal(profile.Detect(ctx, profile.Options{}))
+	inv, err := profile.Collect(ctx, s.cfg.Version)
+	if err != nil {
+		s.log.Debug("inventory incomplete", "err", err)
+	}
+	s.foundMu.Lock()
+	s.foundProfile, s.foundInv = prof, inv
+	s.foundMu.Unlock()
+	s.countHolds()
+}
+
+// countHolds puts how many things the host holds into the inventory (after
+// every apply: cheap) and names the result with a digest.
+func (s *Server) countHolds() {
+	holds := -1
+	if st, err := store.Open(s.cfg.StateDir); err == nil {
+		holds = len(st.Entries())
+	}
+	s.foundMu.Lock()
+	defer s.foundMu.Unlock()
+	if s.foundProfile == nil {
+		return // not found yet
+	}
+	if holds >= 0 {
+		s.foundInv.Holds = holds
+	}
+	invJSON, _ := json.Marshal(s.foundInv)
+	// The digest leaves out when the profile was found: only what was.
+	var p struct {
+		Capabilities json.RawMessage `json:"capabilities"`
+	}
+	json.Unmarshal(s.foundProfile, &p)
+	sum := sha256.Sum256(append(append([]byte(nil), p.Capabilities...), invJSON...))
+	s.found = wire.ProfileReply{Profile: s.foundProfile, Inventory: invJSON, Digest: hex.EncodeToString(sum[:8])}
+}
+
+func (s *Server) profile(_ context.Context, c *conn, _ any) error {
+	s.foundMu.Lock()
+	reply := s.found
+	s.foundMu.Unlock()
+	return c.Write(wire.KindProfileReply, &reply)
 }
 
 // enrol answers an agent asking whether an enrolment is pending: with
@@ -633,6 +695,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	v.Outcome = rep.Outcome
 	v.Briefing = rep.Briefing.Summary(100)
 	v.Owned = enrol.Owned(st)
+	defer s.countHolds() // after the store is unlocked
 	if d.Retire && rep.Outcome != shapes.Failed {
 		// Retired: it holds nothing now, and drops its identity; back to
 		// hosted, it takes nothing more from the link.

@@ -627,7 +627,7 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		"ready/status": "status-reply",
 		// No enrolment is pending: an empty offer, and a grant (or a
 		// refusal) handed over is answered and changes nothing.
-		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply",
+		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply", "ready/profile": "profile-reply",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

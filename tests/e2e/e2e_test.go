@@ -254,6 +254,15 @@ func TestDeclareAppliedReported(t *testing.T) {
 		n := m.node()
 		return n["applied"] == float64(seq) && n["declared"] == float64(seq)
 	})
+	// The node reported its profile with its heartbeat; a node registered
+	// and never run never did, and is shown so, not as an empty profile.
+	eventually(t, "n1's profile reported", func() bool {
+		return strings.Contains(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl), "package-manager")
+	})
+	m.run("mesh-control", "node", "add", "n2", "--dir", m.ctl, "--out", filepath.Join(m.base, "n2", "agent.json"))
+	if out := m.run("mesh-control", "node", "show", "n2", "--dir", m.ctl); !strings.Contains(out, "profile: never reported") {
+		t.Fatalf("node show of a node that never reported:\n%s", out)
+	}
 	// The control side refuses to sign an action at all; one forged by hand
 	// is tested below the socket (executor/serve) and in the agent's drain.
 	f := filepath.Join(m.base, "bad.json")

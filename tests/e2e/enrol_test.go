@@ -127,6 +127,15 @@ func TestEnrolThenDeclare(t *testing.T) {
 	if len(view.Profile.Capabilities) != 8 || view.Inventory["hostname"] != host || view.Record["token"] != tok.IDString() {
 		t.Fatalf("node show: %+v", view)
 	}
+	// On change, they go upward again: the inventory counts what the host
+	// holds, one file now.
+	eventually(t, "the changed inventory reported", func() bool {
+		var v struct {
+			Inventory map[string]any `json:"inventory"`
+		}
+		json.Unmarshal([]byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")), &v)
+		return v.Inventory["holds"] == float64(1)
+	})
 	text := m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl)
 	for _, want := range []string{"package-manager", "inventory:", "granted"} {
 		if !strings.Contains(text, want) {
@@ -361,12 +370,20 @@ func TestRetire(t *testing.T) {
 	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
 		t.Fatalf("report %+v", r)
 	}
-	seq = m.declare(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`)
+	// owns_nothing alone: a node holding nothing, still a node.
+	seq = m.declare(`{"version":1,"owns_nothing":true,"resources":[]}`)
 	if r := m.reportFor(seq); r.Outcome != shapes.Removed {
+		t.Fatalf("owns_nothing report %+v", r)
+	}
+	if st := m.executorStatus(); st["state"] != "enrolled" || st["holds"] != float64(0) {
+		t.Fatalf("executor after owns_nothing: %v", st)
+	}
+	seq = m.declare(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Unchanged {
 		t.Fatalf("retire report %+v", r)
 	}
 	if _, err := os.Stat(filepath.Join(m.tree, "motd")); !os.IsNotExist(err) {
-		t.Fatal("retiring left what the host made")
+		t.Fatal("owns_nothing left what the host made")
 	}
 	if st := m.executorStatus(); st["state"] != "hosted" {
 		t.Fatalf("executor after retire: %v", st)

@@ -180,8 +180,31 @@ func (c *Client) Enrolments(ctx context.Context) error {
 	if err := c.NC.Flush(); err != nil {
 		return err
 	}
-	<-ctx.Done()
-	return nil
+	// Tokens past their grace are of no use to anyone: their records go.
+	prune := time.NewTicker(10 * time.Minute)
+	defer prune.Stop()
+	for {
+		c.pruneTokens(ctx, time.Now())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-prune.C:
+		}
+	}
+}
+
+// pruneTokens deletes the records of tokens expired for longer than the
+// grace: their credentials are refused by then anyway.
+func (c *Client) pruneTokens(ctx context.Context, now time.Time) {
+	ts, err := c.tokens(ctx)
+	if err != nil {
+		return
+	}
+	for _, t := range ts {
+		if !now.Before(t.Expires.Add(tokenGrace)) {
+			c.KV.Purge(ctx, tokenKey(t.ID))
+		}
+	}
 }
 
 func refusedReply(format string, args ...any) *wire.EnrolReply {
@@ -241,6 +264,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	}
 	// Spend the token first: whatever happens next, it never enrols twice.
 	t.Used, t.UsedBy = now.UTC(), name
+	t.Secret = nil // spent: nothing is left to prove with
 	spent, _ := json.Marshal(&t)
 	if _, err := c.KV.Update(ctx, tokenKey(id), spent, e.Revision()); err != nil {
 		return refusedReply("token %s was used already (a concurrent request took it)", id)

@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -191,6 +192,12 @@ func TestEnrolRefusals(t *testing.T) {
 		grantOf(t, s, must(request(t, s, text, m.keys, nil)))
 		r, err := request(t, s, text, newMachine(t).keys, nil)
 		refusedWith(r, err, "was used already")
+		// The spent token's record keeps no secret.
+		tok, _ := wire.ParseToken(text)
+		e, err := s.client.KV.Get(ctx, "token."+tok.IDString())
+		if err != nil || bytes.Contains(e.Value(), []byte(base64.StdEncoding.EncodeToString(tok.Secret[:]))) {
+			t.Fatalf("the spent token's record: %v %s", err, e.Value())
+		}
 	})
 	t.Run("expired", func(t *testing.T) {
 		text, _, _ := s.client.IssueToken(ctx, "", true, time.Second, s.url)

@@ -58,6 +58,10 @@ type Report struct {
 	Refused string  `json:"refused,omitempty"`
 	// Briefing is set by an apply on an adopted node.
 	Briefing *Briefing `json:"briefing,omitempty"`
+	// Upgraded is the version of the host now installed, when it is not
+	// the one that ran this apply: the daemon restarts onto it (exit 0,
+	// the launcher starts the new binary) once the apply is reported.
+	Upgraded string `json:"upgraded,omitempty"`
 }
 
 // Derive returns the worst outcome among lines; no lines is Unchanged.

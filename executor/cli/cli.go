@@ -214,7 +214,8 @@ func (c *command) apply(file string, plan bool) int {
 		// Sealed content opens with the key enrolment made, bound to the
 		// node and sequence the file itself names: a rescue file carries
 		// content the control side sealed for exactly that declaration.
-		Unseal: serve.Unsealer(c.state, d.Node, d.Seq),
+		Unseal:      serve.Unsealer(c.state, d.Node, d.Seq),
+		HostVersion: c.version,
 	})
 	if !plan && rep.Outcome != shapes.Refused {
 		st.SaveReport(store.Local, rep)
@@ -474,6 +475,7 @@ func (c *command) serve(args []string) int {
 	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
 	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
 	build := fs.String("build", Build, "the build id the agent compares at hello")
+	hostBinary := fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)")
 	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
 	if err := fs.Parse(args); err != nil {
 		return ExitRefused
@@ -513,7 +515,7 @@ func (c *command) serve(args []string) int {
 		return launcher.Healthy(*stateDir, bins)
 	}
 	srv := serve.New(serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy})
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary})
 	log.Info("executor: serving", "socket", *socket, "agent", *agentUser, "uid", uid, "version", c.version)
 	if err := srv.Run(ctx, ln); err != nil {
 		log.Error("executor: serve", "err", err)

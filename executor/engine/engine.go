@@ -65,6 +65,11 @@ type Options struct {
 	// floor here, so a declaration refused for a passing reason (a name
 	// service down, a full disk) can be delivered again.
 	Accepted func() error
+	// HostBinary is where the host's package installs the executor
+	// (DefaultHostBinary when ""), and HostVersion the running one's
+	// version: an upgrade is checked and noticed with them.
+	HostBinary  string
+	HostVersion string
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.
@@ -117,6 +122,9 @@ type run struct {
 	// heldOK says, for each resource held on an adopted node, whether what
 	// was found is what is declared (ok) or differs (kept).
 	heldOK map[string]bool
+	// upgradedTo: the host's package now installs another version than the
+	// one running (checked to run): the daemon restarts onto it.
+	upgradedTo string
 	// declared is each resource's claim and the target it manages now
 	// ("source:module.id\x00target"): a resource that moves to another
 	// path leaves its old one undeclared.
@@ -182,6 +190,9 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep.Lines = append(rep.Lines, r.lines...)
 	rep.Outcome = shapes.Derive(rep.Lines)
+	if rep.Outcome != shapes.Failed {
+		rep.Upgraded = r.upgradedTo
+	}
 	if d.Adopted {
 		rep.Briefing = r.briefing(rep)
 		if !opt.Plan {

@@ -189,6 +189,14 @@ func (r *run) pkg(st *step, rest int) {
 		return
 	}
 	if ok && (p.Version == "" || p.Version == have) {
+		if p.Name == HostPackage && !r.opt.Plan {
+			// Installed before, perhaps by an apply cut off before the
+			// restart: the running host may still be the old one.
+			if err := r.checkHostUpgrade(p, have); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, have+" installed"
 		if p.Version == "" && e == nil {
 			st.line.Detail += "; never upgraded without a declared version"
@@ -231,6 +239,15 @@ func (r *run) pkg(st *step, rest int) {
 		return
 	}
 	st.line.Detail = strings.Replace(st.line.Detail, "the repository's version", got, 1)
+	if p.Name == HostPackage {
+		if err := r.checkHostUpgrade(p, got); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+		if r.upgradedTo != "" {
+			st.line.Detail += fmt.Sprintf("; the new host runs (version %s): this host finishes, reports and restarts onto it", r.upgradedTo)
+		}
+	}
 	if err := r.st.Put(n); err != nil {
 		r.fail(st, err, rest)
 		return

@@ -66,6 +66,9 @@ type Config struct {
 	// whatever its outcome: the launcher's known-good copy is written and
 	// its start counter cleared there (launcher.Healthy).
 	Healthy func() error
+	// HostBinary is where the host's package installs the executor
+	// (engine.DefaultHostBinary when ""): an upgrade runs it to check it.
+	HostBinary string
 }
 
 // handler serves one request kind on a connection.
@@ -114,7 +117,13 @@ type Server struct {
 	last lastApplied
 	// +checklocks:lastMu
 	lastReconnect time.Time
-	lastMu        sync.Mutex
+	// upgradeTo: an apply installed another version of the host and saw
+	// it run; once the apply is answered, the daemon exits 0 onto it.
+	// +checklocks:lastMu
+	upgradeTo string
+	lastMu    sync.Mutex
+	// stop ends Run (set by Run): the clean exit of an upgrade.
+	stop context.CancelFunc
 	// streaming names the archives being streamed into the cache now, on
 	// any connection: one stream per digest.
 	// +checklocks:streamMu
@@ -164,7 +173,10 @@ func New(cfg Config) *Server {
 // Run reconciles once (the start trigger), then serves ln and runs the drift
 // timer until ctx ends.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	ctx, s.stop = context.WithCancel(ctx)
+	defer s.stop()
 	s.Reconcile(ctx, "start", nil)
+	s.restartIfUpgraded()
 	go s.findProfile(ctx)
 	if s.cfg.DriftEvery > 0 {
 		go func() {
@@ -176,6 +188,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 					return
 				case <-t.C:
 					s.Reconcile(ctx, "drift", nil)
+					s.restartIfUpgraded()
 					s.findProfile(ctx)
 				}
 			}
@@ -368,6 +381,31 @@ func (s *Server) profile(_ context.Context, c *conn, _ any) error {
 	return c.Write(wire.KindProfileReply, &reply)
 }
 
+// noteUpgrade keeps what an apply reported about the host's own package.
+func (s *Server) noteUpgrade(rep *shapes.Report) {
+	if rep.Upgraded == "" {
+		return
+	}
+	s.lastMu.Lock()
+	s.upgradeTo = rep.Upgraded
+	s.lastMu.Unlock()
+}
+
+// restartIfUpgraded ends the daemon cleanly (exit 0) when an apply has
+// installed another version of the host and seen it run: the host stops
+// by finishing, never part-way through an apply, and never asks the init
+// to restart it — the launcher starts the new binary at once.
+func (s *Server) restartIfUpgraded() {
+	s.lastMu.Lock()
+	to := s.upgradeTo
+	s.lastMu.Unlock()
+	if to == "" || s.stop == nil {
+		return
+	}
+	s.log.Info("upgraded: the apply is finished and reported; exiting 0 so the launcher starts the new host", "running", s.cfg.Version, "installed", to)
+	s.stop()
+}
+
 // enrol answers an agent asking whether an enrolment is pending: with
 // none, an empty offer; with one, the network half of the token, the
 // public keys and the proof made for the agent's NKey (never the secret),
@@ -468,6 +506,7 @@ const lineDeadline = 5 * time.Second
 const reconnectEvery = 10 * time.Second
 
 func (s *Server) declaration(ctx context.Context, c *conn, body any) error {
+	defer s.restartIfUpgraded() // once the verdict is written
 	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c.Conn))
 	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
 	defer c.NetConn().SetWriteDeadline(time.Time{})
@@ -485,6 +524,7 @@ func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {
 		// Answered, not refused: a link that flaps is not an attack.
 		return c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"})
 	}
+	defer s.restartIfUpgraded()
 	v := s.Reconcile(ctx, "reconnect", stream(c.Conn))
 	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
 	defer c.NetConn().SetWriteDeadline(time.Time{})
@@ -682,8 +722,9 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return nil
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted,
-		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq)})
+		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version})
 	s.record(st, store.Link, rep)
+	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)
 	}
@@ -834,12 +875,14 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
 			continue
 		}
-		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq)}
+		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}
 		rep := engine.Apply(ctx, st, d, raw, opt)
 		s.record(st, src, rep)
+		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {
 			s.log.Warn("reconcile refused", "source", src, "reason", rep.Refused)

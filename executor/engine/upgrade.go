@@ -1,0 +1,88 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// HostPackage is the host's own package: a `package` resource naming it is
+// an upgrade of the host.
+const HostPackage = "nox-mesh-host"
+
+// DefaultHostBinary is where the host's package installs the executor.
+const DefaultHostBinary = "/usr/bin/mesh-executor"
+
+// versionTimeout bounds the new binary's `version`.
+const versionTimeout = 30 * time.Second
+
+// checkHostUpgrade is the read-back of the one resource that is the host:
+// a package manager can install a binary that does not run here (another
+// architecture, a missing libc). The installed executor is run once as a
+// subprocess, `mesh-executor version`, and must say the declared version;
+// otherwise the step fails, saying why, and the running host carries on
+// (it never restarts onto a binary it has not seen run). When the
+// installed binary is not the running one, the apply finishes, the report
+// says so (Report.Upgraded), and the daemon exits 0 after its verdict: the
+// launcher starts the new binary, which reconciles. The host never asks
+// the init to restart it.
+func (r *run) checkHostUpgrade(p *shapes.Package, installed string) error {
+	bin := r.opt.HostBinary
+	if bin == "" {
+		bin = DefaultHostBinary
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, versionTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "version")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("the installed host does not run here: %s version: %v; the running host (%s) carries on", bin, err, r.opt.HostVersion)
+	}
+	got := strings.TrimSpace(string(out))
+	if !SameRelease(p.Version, installed, got) {
+		return fmt.Errorf("the installed host says version %q, not the declared %s; the running host (%s) carries on", got, p.Version, r.opt.HostVersion)
+	}
+	if got != r.opt.HostVersion {
+		r.upgradedTo = got
+	}
+	return nil
+}
+
+// SameRelease reports whether a binary stamped version bin is the release
+// a package manager calls declared (or, undeclared, installed): the same
+// upstream version, with the package's epoch ("1:") and revision ("-1",
+// "-r1") set aside.
+func SameRelease(declared, installed, bin string) bool {
+	want := declared
+	if want == "" {
+		want = installed
+	}
+	if want == "" || bin == "" {
+		return false
+	}
+	if _, v, ok := strings.Cut(want, ":"); ok {
+		want = v
+	}
+	if i := strings.LastIndexByte(want, '-'); i > 0 && isRevision(want[i+1:]) {
+		want = want[:i]
+	}
+	return strings.TrimPrefix(bin, "v") == strings.TrimPrefix(want, "v")
+}
+
+func isRevision(s string) bool {
+	s = strings.TrimPrefix(s, "r")
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

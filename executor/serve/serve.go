@@ -819,6 +819,14 @@ func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {
 		s.lastMu.Unlock()
 	}
 	s.log.Info("applied", "source", src, "seq", rep.Seq, "outcome", rep.Outcome, "lines", len(rep.Lines))
+	// A failure is said where an operator looks first, the daemon's log,
+	// whether or not a report goes upward (a start or drift reconcile's
+	// does not).
+	for _, l := range rep.Lines {
+		if l.Outcome == shapes.Failed {
+			s.log.Warn("failed: "+l.Detail, "source", src, "seq", rep.Seq, "module", l.Module, "id", l.ID, "type", l.Type)
+		}
+	}
 }
 
 // Reconcile applies again what each source last declared — the bundle, the

@@ -220,17 +220,15 @@ func deb(t *testing.T, dir, name, version string) string {
 	return out
 }
 
-// The package shape against dpkg and apt, with packages built by the test
-// and served from a local repository inside the lab (no network).
-func TestPackageOnApt(t *testing.T) {
-	m := boot(t, lab.Options{Init: lab.S6})
-	dir := t.TempDir()
+// serveRepo puts the .deb files into a local apt repository in the lab
+// (/srv/repo, trusted, no network) and makes it apt's only source.
+func (m *machine) serveRepo(debs ...string) {
+	m.t.Helper()
 	var index strings.Builder
-	for _, v := range []string{"1.0", "2.0"} {
-		p := deb(t, dir, "lp-hello", v)
+	for _, p := range debs {
 		b, _ := os.ReadFile(p)
 		if err := m.WriteFile("/srv/repo/"+filepath.Base(p), b, 0o644); err != nil {
-			t.Fatal(err)
+			m.t.Fatal(err)
 		}
 		info, _ := exec.Command("dpkg-deb", "-f", p).Output()
 		sum := sha256.Sum256(b)
@@ -239,6 +237,14 @@ func TestPackageOnApt(t *testing.T) {
 	m.WriteFile("/srv/repo/Packages", []byte(index.String()), 0o644)
 	m.WriteFile("/etc/apt/sources.list", []byte("deb [trusted=yes] file:/srv/repo ./\n"), 0o644)
 	m.sh("rm -f /etc/apt/sources.list.d/*; apt-get update -qq -o APT::Get::List-Cleanup=1 >/dev/null 2>&1 || apt-get update")
+}
+
+// The package shape against dpkg and apt, with packages built by the test
+// and served from a local repository inside the lab (no network).
+func TestPackageOnApt(t *testing.T) {
+	m := boot(t, lab.Options{Init: lab.S6})
+	dir := t.TempDir()
+	m.serveRepo(deb(t, dir, "lp-hello", "1.0"), deb(t, dir, "lp-hello", "2.0"))
 
 	hello := `{"module":"base","id":"hello","type":"package","name":"lp-hello"}`
 	rep, code := m.apply(decl(hello))

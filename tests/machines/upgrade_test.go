@@ -1,0 +1,160 @@
+package machines
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/tests/lab"
+)
+
+// hostDeb builds the host's .deb at version with build id build, as `make
+// package` does (static binaries stamped with both, nfpm). A broken one
+// carries an executor that says its version and crashes at every start:
+// a release that installs and passes its read-back, then crash-loops.
+func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
+	t.Helper()
+	dist := filepath.Join(dir, version)
+	ld := "-s -w -X main.version=" + version + " -X main.build=" + build
+	b := exec.Command("go", "build", "-trimpath", "-ldflags", ld, "-o", filepath.Join(dist, "bin")+"/", "./cmd/mesh-executor", "./cmd/mesh-agent", "./cmd/mesh-launch")
+	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := b.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", version, err, out)
+	}
+	if broken {
+		script := "#!/bin/sh\n[ \"$1\" = version ] && { echo " + version + "; exit 0; }\necho 'a broken release: it crashes at start' >&2\nexit 1\n"
+		if err := os.WriteFile(filepath.Join(dist, "bin", "mesh-executor"), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := exec.Command("go", "run", "github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2", "package", "-f", "packaging/nfpm.yaml", "-p", "deb", "-t", dist+"/")
+	n.Dir, n.Env = "../..", append(os.Environ(), "DIST="+dist, "PKG_VERSION="+version, "PKG_ARCH=amd64")
+	if out, err := n.CombinedOutput(); err != nil {
+		t.Fatalf("nfpm %s: %v\n%s", version, err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
+	if len(debs) != 1 {
+		t.Fatalf("nfpm made %v", debs)
+	}
+	return debs[0]
+}
+
+// Upgrading the host through a declaration, on a systemd lab with the real
+// package manager, launcher and init: the first node of a mesh born on
+// this machine (its control side runs here too) is declared a new version
+// of the host; apt installs it; the running host checks the new binary
+// runs and says that version, finishes, reports and exits 0; the launcher
+// starts the new binary; the agent notices the new build and is restarted
+// onto its own new binary; the node reports the version running. Then a
+// release that installs, passes its read-back and crash-loops: the
+// launcher rolls back once to the known-good copy, which reconciles and
+// says why the declared version is not the one running.
+func TestUpgradeThroughADeclaration(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the lab needs root (make test runs as root)")
+	}
+	dir := t.TempDir()
+	v1 := hostDeb(t, dir, "0.9.1", "b1", false)
+	v2 := hostDeb(t, dir, "0.9.2", "b2", false)
+	v3 := hostDeb(t, dir, "0.9.3", "b3", true)
+	ctlBin := filepath.Join(dir, "mesh-control")
+	b := exec.Command("go", "build", "-o", ctlBin, "./cmd/mesh-control")
+	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := b.CombinedOutput(); err != nil {
+		t.Fatalf("build mesh-control: %v\n%s", err, out)
+	}
+
+	m := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd}), t: t}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, errOut, _ := m.Run(context.Background(), "/bin/sh", "-c",
+				"journalctl --no-pager -n 120 -u mesh-executor -u mesh-agent -u mesh-control 2>&1; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
+			t.Logf("the lab says:\n%s%s", out, errOut)
+		}
+	})
+	m.serveRepo(v1, v2, v3)
+	m.sh("apt-get install -y -qq nox-mesh-host=0.9.1-1 >/dev/null 2>&1 || apt-get install -y nox-mesh-host=0.9.1-1")
+	for _, u := range []string{"mesh-executor", "mesh-agent"} {
+		untilTrue(t, 20*time.Second, u+" active", func() bool { return m.sh("systemctl is-active "+u+" || true") == "active" })
+	}
+
+	// The mesh born on this machine: its control side, then the token,
+	// then enrolment — the ordinary path, on node one.
+	if err := m.CopyIn(ctlBin, "/usr/local/bin/mesh-control"); err != nil {
+		t.Fatal(err)
+	}
+	const ctl = "--dir /root/ctl"
+	m.sh("mesh-control init " + ctl + " >/dev/null")
+	m.sh("systemd-run --unit mesh-control /usr/local/bin/mesh-control serve " + ctl)
+	untilTrue(t, 20*time.Second, "the control side serves", func() bool {
+		return m.sh("mesh-control nodes "+ctl+" >/dev/null 2>&1 && echo ok || true") == "ok"
+	})
+	token := m.sh("mesh-control token issue --new --name a " + ctl + " 2>/dev/null")
+	if err := m.WriteFile("/root/token", []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := m.sh("mesh-executor enrol --token-file /root/token --wait 60s 2>&1 || true"); !strings.Contains(out, "enrolled as node a") {
+		t.Fatalf("enrol: %s", out)
+	}
+	node := func() (executor, agent string) {
+		var ns []struct {
+			ExecutorVersion string `json:"executor_version"`
+			Heartbeat       *struct {
+				AgentVersion string `json:"agent_version"`
+			}
+		}
+		json.Unmarshal([]byte(m.sh("mesh-control nodes --json "+ctl+" 2>/dev/null || true")), &ns)
+		if len(ns) != 1 || ns[0].Heartbeat == nil {
+			return "", ""
+		}
+		return ns[0].ExecutorVersion, ns[0].Heartbeat.AgentVersion
+	}
+	untilTrue(t, 60*time.Second, "node a heard from, running 0.9.1", func() bool { e, a := node(); return e == "0.9.1" && a == "0.9.1" })
+	launcherPID := m.sh("systemctl show -p MainPID --value mesh-executor")
+
+	// The upgrade: one declaration.
+	m.WriteFile("/root/up.json", []byte(`{"version":1,"resources":[{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"0.9.2-1"}]}`), 0o600)
+	m.sh("mesh-control declare a /root/up.json " + ctl)
+	untilTrue(t, 90*time.Second, "the node reports 0.9.2 running, executor and agent", func() bool { e, a := node(); return e == "0.9.2" && a == "0.9.2" })
+	rep := m.sh("mesh-control reports a --last 5 " + ctl)
+	if !strings.Contains(rep, "0.9.1-1 → 0.9.2-1") || !strings.Contains(rep, "restarts onto it") {
+		t.Fatalf("the upgrade's report:\n%s", rep)
+	}
+	if got := m.sh("dpkg-query -W -f='${Version}' nox-mesh-host"); got != "0.9.2-1" {
+		t.Fatalf("dpkg says %s", got)
+	}
+	// The host stopped by finishing: the launcher (the init's process) is
+	// the same one, it was never asked to restart anything.
+	if now := m.sh("systemctl show -p MainPID --value mesh-executor"); now != launcherPID {
+		t.Fatalf("the init restarted the executor's unit (launcher %s, then %s)", launcherPID, now)
+	}
+	untilTrue(t, 30*time.Second, "0.9.2 is known-good", func() bool {
+		return m.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.2"
+	})
+
+	// A release that installs and crash-loops: rolled back once.
+	m.WriteFile("/root/broken.json", []byte(`{"version":1,"resources":[{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"0.9.3-1"}]}`), 0o600)
+	m.sh("mesh-control declare a /root/broken.json " + ctl)
+	untilTrue(t, 60*time.Second, "apt installed the broken release", func() bool {
+		return m.sh("dpkg-query -W -f='${Version}' nox-mesh-host") == "0.9.3-1"
+	})
+	untilTrue(t, 120*time.Second, "rolled back to the known-good 0.9.2", func() bool {
+		j := m.sh("journalctl --no-pager -u mesh-executor -o cat | grep -c 'reinstalling the known-good copy' || true")
+		return j != "0" && m.sh("/usr/bin/mesh-executor version 2>/dev/null || true") == "0.9.2"
+	})
+	untilTrue(t, 60*time.Second, "the known-good host running again", func() bool { e, _ := node(); return e == "0.9.2" })
+	logs := m.sh("journalctl --no-pager -u mesh-executor -o cat")
+	for _, want := range []string{"a broken release: it crashes at start", `the installed host says version \"0.9.2\", not the declared 0.9.3-1`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the executor's journal does not say %q", want)
+		}
+	}
+	if !strings.Contains(m.sh("mesh-launch status --state /var/lib/mesh-host/executor 2>&1 || true"), "halted: no") {
+		t.Fatal("the launcher halted after one rollback that worked")
+	}
+}

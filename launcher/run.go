@@ -51,6 +51,10 @@ type Config struct {
 	Stdout, Stderr *os.File
 	// Log is where the launcher says what it does (slog.Default()).
 	Log *slog.Logger
+	// AgentUser and AgentState: the agent's account and state directory,
+	// made before the first start when missing (a tarball install); an
+	// empty AgentUser makes nothing.
+	AgentUser, AgentState string
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -134,6 +138,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	l := &launcher{cfg: cfg, log: cfg.Log, policy: Policy{MaxStarts: cfg.MaxStarts, Window: cfg.Window}}
+	if cfg.AgentUser != "" {
+		if made, err := EnsureAgentUser(ctx, cfg.AgentUser, cfg.AgentState); err != nil {
+			l.log.Error("launcher: the agent's user: "+err.Error(), "user", cfg.AgentUser)
+		} else if made {
+			l.log.Info("launcher: made the agent's user and its state directory (a tarball install has no package to)", "user", cfg.AgentUser, "state", cfg.AgentState)
+		}
+	}
 	l.run(ctx)
 	return nil
 }

@@ -191,7 +191,7 @@ func TestMeshLaunchStopsOnSIGTERM(t *testing.T) {
 	l := newLab(t)
 	l.script(l.installed, "up", "healthy-serve", 0)
 	bin := buildMeshLaunch(t)
-	cmd := exec.Command(bin, "--state", l.state, "--executor", l.installed, "--known-good", l.kg, "--", "serve", "--x")
+	cmd := exec.Command(bin, "--state", l.state, "--executor", l.installed, "--known-good", l.kg, "--agent-user=", "--", "serve", "--x")
 	cmd.Stdout, cmd.Stderr = l.out, l.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

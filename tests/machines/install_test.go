@@ -20,7 +20,8 @@ import (
 //     package creates mesh-agent and the state directories, enables and
 //     starts both units; `systemd-analyze security` scores both;
 //   - OpenRC, runit, s6: the static binaries and that init's files from
-//     init/ copied in by hand (the tarball's way), the user made by hand.
+//     init/ copied in by hand (the tarball's way); the launcher makes the
+//     agent's user and state directory on its first start.
 //
 // Each asserts the same facts with the init's own tools and the kernel's
 // view (/proc): the launcher runs the executor, the socket directory is
@@ -139,9 +140,11 @@ func installByHand(t *testing.T, in lab.Init, bin string) {
 			t.Fatal(err)
 		}
 	}
-	// What the packages' postinstall does; the launcher does not make
-	// the user on a tarball install yet.
-	m.sh("useradd --system --user-group --no-create-home --home-dir /var/lib/mesh-host/agent --shell /usr/sbin/nologin mesh-agent")
+	// No user is made here: on a tarball install the launcher makes the
+	// agent's user and state directory before its first start.
+	if m.sh("id -u mesh-agent 2>/dev/null || echo none") != "none" {
+		t.Fatal("the lab has a mesh-agent user before the install")
+	}
 
 	files := map[string]string{} // lab path -> file in init/
 	switch in {
@@ -175,6 +178,9 @@ func installByHand(t *testing.T, in lab.Init, bin string) {
 		m.sh("ln -s /etc/s6/sv/mesh-executor /etc/s6/scan/ && ln -s /etc/s6/sv/mesh-agent /etc/s6/scan/ && s6-svscanctl -a /etc/s6/scan")
 	}
 	running(t, m, in)
+	if got := m.sh("stat -c '%U %a' /var/lib/mesh-host/agent"); got != "mesh-agent 700" {
+		t.Errorf("the agent's state directory is %q, want the launcher to have made it mesh-agent 700", got)
+	}
 	// The init's own word that both are up.
 	switch in {
 	case lab.OpenRC:

@@ -69,6 +69,9 @@ The daemon (what mesh-launch starts):
 Rescue and inspection, as root, with or without the daemon running:
   apply FILE     apply a local declaration (root-owned, not group/other-writable)
   plan FILE      print what apply would do; touch nothing
+  reconcile [BUNDLE]
+                 apply the carried bundle (default /usr/lib/nox-mesh-host/foundation.lock)
+                 as the bundle source: trusted, kept apart from the link's and rescue's
   owned          what the host holds on this machine, and why
   briefing       what adoption found on this machine, and what to look at
   status         hosted or enrolled, targets and last outcomes
@@ -127,6 +130,15 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 			c.wait = 2 * time.Minute
 		}
 		return c.enrolCmd(fs.Args(), *tokenFile, os.Stdin)
+	case "reconcile":
+		bundle := DefaultBundle
+		if fs.NArg() == 1 {
+			bundle = fs.Arg(0)
+		} else if fs.NArg() > 1 {
+			fmt.Fprintln(stderr, "mesh-executor reconcile: at most one bundle file")
+			return ExitRefused
+		}
+		return c.reconcile(bundle)
 	case "owned":
 		return c.owned()
 	case "briefing":
@@ -184,6 +196,24 @@ func (c *command) refuse(why string) int {
 }
 
 func (c *command) apply(file string, plan bool) int {
+	return c.applyFrom(file, plan, store.Local)
+}
+
+// DefaultBundle is the carried bundle: a declaration the package (or the
+// person who installed it) puts beside the binaries, applied by
+// `mesh-executor reconcile` as the bundle source — trusted like a local
+// file, and kept apart from what the link and rescue files declare.
+const DefaultBundle = "/usr/lib/nox-mesh-host/foundation.lock"
+
+// reconcile applies the carried bundle, if there is one.
+func (c *command) reconcile(bundle string) int {
+	if _, err := os.Lstat(bundle); errors.Is(err, os.ErrNotExist) {
+		return c.print(map[string]string{"bundle": bundle, "outcome": string(shapes.Unchanged)}, "no carried bundle at "+bundle+"; nothing to apply\n")
+	}
+	return c.applyFrom(bundle, false, store.Bundle)
+}
+
+func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	// A rescue apply is one short process whose garbage is bounded by the
 	// declaration it reads: collecting less often costs a little memory
 	// and saves a fifth of a no-op's time.
@@ -209,8 +239,12 @@ func (c *command) apply(file string, plan bool) int {
 		}
 		defer st.Unlock()
 	}
+	node := nodeID(c.state)
+	if src == store.Bundle {
+		node = "" // carried for any machine: it names no node
+	}
 	rep := engine.Apply(context.Background(), st, d, data, engine.Options{
-		Source: store.Local, Plan: plan, Log: c.log, NodeID: nodeID(c.state), Partial: c.partial,
+		Source: src, Plan: plan, Log: c.log, NodeID: node, Partial: c.partial,
 		// Sealed content opens with the key enrolment made, bound to the
 		// node and sequence the file itself names: a rescue file carries
 		// content the control side sealed for exactly that declaration.
@@ -218,7 +252,7 @@ func (c *command) apply(file string, plan bool) int {
 		HostVersion: c.version,
 	})
 	if !plan && rep.Outcome != shapes.Refused {
-		st.SaveReport(store.Local, rep)
+		st.SaveReport(src, rep)
 	}
 	c.report(rep, plan)
 	switch {

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -178,5 +179,38 @@ func TestLocalFileMustNameAnEnrolledNode(t *testing.T) {
 	named := write(t, filepath.Join(d, "n.json"), strings.Replace(strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), `"version":1,`, `"version":1,"node":"workstation",`, 1), 0o644)
 	if code, out, _ = run("apply", "--state", state, named); code != 0 {
 		t.Fatalf("exit %d\n%s", code, out)
+	}
+}
+
+// reconcile applies the carried bundle as its own source: what it made is
+// the bundle's, and a rescue file declaring nothing does not undo it.
+func TestReconcileAppliesTheCarriedBundle(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	if code, out, _ := run("reconcile", "--state", state, filepath.Join(d, "none.lock")); code != 0 || !strings.Contains(out, "no carried bundle") {
+		t.Fatalf("no bundle: exit %d %s", code, out)
+	}
+	target := filepath.Join(d, "motd")
+	bundle := write(t, filepath.Join(d, "foundation.lock"), strings.Replace(decl, "%s", target, 1), 0o644)
+	code, out, errOut := run("reconcile", "--state", state, bundle)
+	if code != ExitApplied || !strings.Contains(out, "applied") {
+		t.Fatalf("reconcile: exit %d\n%s%s", code, out, errOut)
+	}
+	st, _ := store.Open(state)
+	if es := st.Entries(); len(es) != 1 || es[0].Claims[0].Source != store.Bundle {
+		t.Fatalf("entries %+v", es)
+	}
+	// A rescue file that declares nothing leaves the bundle's work be.
+	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"owns_nothing":true,"resources":[]}`, 0o644)
+	if code, out, _ := run("apply", "--state", state, empty); code != ExitApplied {
+		t.Fatalf("empty rescue: %d %s", code, out)
+	}
+	if _, err := os.Stat(target); err != nil {
+		t.Fatal("a rescue file undid the bundle's work")
+	}
+	// A bundle anyone else could write is refused like any local file.
+	os.Chmod(bundle, 0o666)
+	if code, out, errOut := run("reconcile", "--state", state, bundle); code != ExitRefused || !strings.Contains(out+errOut, "not root's word") {
+		t.Fatalf("an open bundle: %d %s%s", code, out, errOut)
 	}
 }

@@ -35,6 +35,20 @@ const usage = `usage: mesh-control COMMAND [flags]
   node add NAME --dir DIR [--out FILE] [--broker-url URL]
            register a node by hand (no enrolment): write its agent config and
            executor-identity.json, to be installed on the node by a person
+  node endpoint NAME ADDRESS:PORT|none --dir DIR
+           where the node's peers reach it on the underlay (none: they wait for it)
+  overlay set --dir DIR [--network CIDR] [--interface NAME] [--port N] [--keepalive S]
+           set the mesh's overlay (defaults 10.99.0.0/16, mesh0, 51820, 25) and publish
+           every node's composition
+  overlay show --dir DIR [--json]
+           the overlay, each node's address, endpoint and WireGuard key
+  assign   NODE FILE --dir DIR [--despite-briefing]
+           assign the module FILE (resources of one module) to NODE and publish the node's
+           composition: the overlay, then its modules in the order assigned
+  unassign NODE MODULE --dir DIR
+           take MODULE off NODE and publish the node's composition
+  publish  [NODE] --dir DIR
+           publish the node's composition (every node's) again, with a new sequence
   declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]...
            sign FILE for NODE with the next sequence and publish it; print the sequence;
            --seal seals PATH's content to the node's key as file MODULE.ID's content
@@ -63,12 +77,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, rest := args[0], args[1:]
 	if cmd == "node" || cmd == "token" {
-		subs := map[string][]string{"node": {"add", "revoke", "show"}, "token": {"issue"}}[cmd]
+		subs := map[string][]string{"node": {"add", "revoke", "show", "endpoint"}, "token": {"issue"}}[cmd]
 		if len(rest) == 0 || !slices.Contains(subs, rest[0]) {
 			fmt.Fprintf(stderr, "mesh-control %s: the subcommand is one of %s\n", cmd, strings.Join(subs, ", "))
 			return 2
 		}
 		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
+	if cmd == "overlay" {
+		if len(rest) == 0 || (rest[0] != "set" && rest[0] != "show") {
+			fmt.Fprintln(stderr, "mesh-control overlay: the subcommand is one of set, show")
+			return 2
+		}
+		cmd, rest = "overlay "+rest[0], rest[1:]
 	}
 	if cmd == "archive" {
 		if len(rest) == 0 || rest[0] != "put" {
@@ -83,7 +104,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.dir, "dir", "", "the key directory")
 	fs.StringVar(&c.nats, "nats", "", "the broker URL (client commands); serve: an existing broker instead of the embedded one")
 	fs.BoolVar(&c.json, "json", false, "JSON output")
-	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare: assign to a node whose adoption briefing has a failed line (to push the fix)")
+	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare, assign: assign to a node whose adoption briefing has a failed line (to push the fix)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 	var hosts, seals listFlag
 	fs.Var(&seals, "seal", "declare: MODULE.ID=PATH, seal PATH's content to the node's key as that file's content (repeatable)")
@@ -97,6 +118,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	forNode := fs.String("node", "", "token issue: for this existing node (revokes its identity now)")
 	newName := fs.String("name", "", "token issue --new: the name the node gets (default: from its hostname)")
 	ttl := fs.Duration("ttl", DefaultTokenTTL, "token issue: how long the token lives, used or not")
+	fs.String("network", DefaultOverlayNetwork, "overlay set: the prefix node addresses are allocated from")
+	fs.String("interface", DefaultOverlayInterface, "overlay set: the WireGuard interface on every node")
+	fs.Int("port", DefaultOverlayPort, "overlay set: the WireGuard listen port on every node")
+	fs.Int("keepalive", DefaultOverlayKeepalive, "overlay set: the keepalive on every peer, seconds (0: none)")
 	pos, err := parseInterleaved(fs, rest)
 	if err != nil {
 		return 2
@@ -105,13 +130,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-control %s: --dir is required\n", cmd)
 		return 2
 	}
-	want := map[string]int{"token issue": 0, "node revoke": 1, "node show": 1, "init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0}
+	want := map[string]int{"token issue": 0, "node revoke": 1, "node show": 1, "init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0,
+		"node endpoint": 2, "overlay set": 0, "overlay show": 0, "assign": 2, "unassign": 2, "publish": 1}
 	n, ok := want[cmd]
 	if !ok {
 		fmt.Fprintf(stderr, "mesh-control: unknown command %q\n\n%s", cmd, usage)
 		return 2
 	}
-	if len(pos) != n {
+	if len(pos) != n && !(cmd == "publish" && len(pos) == 0) {
 		fmt.Fprintf(stderr, "mesh-control %s: takes %d argument(s), got %d\n\n%s", cmd, n, len(pos), usage)
 		return 2
 	}
@@ -143,6 +169,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.reports(pos[0], *last)
 	case "broker-config":
 		err = c.brokerConfig(*listen)
+	case "node endpoint":
+		err = c.nodeEndpoint(pos[0], pos[1])
+	case "overlay set":
+		err = c.overlaySet(overlayChangeFrom(fs))
+	case "overlay show":
+		err = c.overlayShow()
+	case "assign":
+		err = c.assign(pos[0], pos[1])
+	case "unassign":
+		err = c.unassign(pos[0], pos[1])
+	case "publish":
+		err = c.publish(pos)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "mesh-control %s: %v\n", cmd, err)
@@ -335,7 +373,7 @@ func (c *cli) nodes() error {
 		return c.printJSON(ns)
 	}
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tSTATE\tLAST HEARD\tEXECUTOR\tDECLARED\tAPPLIED\tLAST OUTCOME")
+	fmt.Fprintln(w, "NODE\tSTATE\tLAST HEARD\tEXECUTOR\tDECLARED\tAPPLIED\tLAST OUTCOME\tOVERLAY\tASSIGNMENTS")
 	for _, n := range ns {
 		ex := "-"
 		if n.ExecutorVersion != "" || n.ExecutorBuild != "" {
@@ -352,7 +390,7 @@ func (c *cli) nodes() error {
 		} else {
 			outcome = fmt.Sprintf("%s (seq %d)", outcome, n.LastSeq)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.State, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, n.State, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}
 	return w.Flush()
 }

@@ -22,6 +22,12 @@
 //	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence
 //	                       report.<n>        the last report that is not a superseded one
 //	                       heartbeat.<n>     the last heartbeat
+//	                       overlay.settings  the overlay: network, interface, port, keepalive
+//	                       address.<n>       the node's overlay address; ip.<a> its claim on it
+//	                       endpoint.<n>      where its peers reach it (given by a person)
+//	                       assign.<n>        its assigned modules, in order
+//	                       joined.<n>        the enrolment it reported its overlay applied in
+//	                       composed.<n>      the digest and sequence of what it was last sent
 //
 // The broker has two accounts: CONTROL (the control side, JetStream) and
 // NODES (every node, no JetStream), joined by service imports only. Each

@@ -299,6 +299,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 		}
 	}
 	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New, "store_copy", len(reply.StoreCopy) > 0)
+	c.afterEnrol(ctx, name)
 	return reply
 }
 

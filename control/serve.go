@@ -59,7 +59,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	defer c.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	if srv != nil {
 		ready := make(chan struct{})
 		go func() { errs <- c.keepUsers(ctx, srv, ready, log) }()
@@ -76,6 +76,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		c.brokerKnows = srv.Knows
 	}
 	go func() { errs <- c.Enrolments(ctx) }()
+	go func() { errs <- c.KeepComposed(ctx) }()
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {
 		o.Ready(url, srv)
@@ -160,19 +161,7 @@ func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct
 				continue
 			}
 			// Drain what else arrived at once into one change.
-			deadline := time.After(20 * time.Millisecond)
-		more:
-			for {
-				select {
-				case e, ok := <-w.Updates():
-					if !ok || e == nil {
-						break more
-					}
-					fold(e)
-				case <-deadline:
-					break more
-				}
-			}
+			coalesce(w, 20*time.Millisecond, func(e jetstream.KeyValueEntry) { fold(e) })
 			apply()
 		}
 	}

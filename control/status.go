@@ -36,6 +36,10 @@ type NodeStatus struct {
 	// Briefing is what adoption found, as the node last reported it.
 	Briefing  *shapes.Briefing `json:"briefing,omitempty"`
 	Heartbeat *agent.Heartbeat
+	// Address is the node's overlay address; Assignments its assigned
+	// modules, or why it is assigned nothing (AssignmentState).
+	Address     string `json:"overlay_address,omitempty"`
+	Assignments string `json:"assignments,omitempty"`
 }
 
 // The registry's states beyond the agent's own.
@@ -71,6 +75,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			}
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
+		s.Address, s.Assignments = c.AssignmentState(ctx, r)
 		var hb agent.Heartbeat
 		if c.getJSON(ctx, "heartbeat."+r.Name, &hb) {
 			s.Heartbeat = &hb

@@ -1,0 +1,713 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// A node's declaration is composed, never written whole by a person: the
+// overlay first (overlay.go), then the modules assigned to the node
+// (`mesh-control assign NODE FILE`, KV assign.<n>) in the order they were
+// assigned. Two things hold the assignments back, and while they are held
+// a node is told nothing new — only its overlay is kept current, because
+// the overlay is the way back in:
+//
+//   - the node has not yet reported its overlay applied, in this
+//     enrolment (KV joined.<n>). So a new node's first declaration is the
+//     overlay and nothing else: reachable first, useful after. A node
+//     that was declared before (`declare`, before the mesh had an
+//     overlay) keeps what it was last declared meanwhile.
+//   - its adoption briefing has a failed line, until a later briefing
+//     resolves it (or a person assigns --despite-briefing, to push the
+//     fix).
+//
+// "Nothing new" is exact: a held node's composition is the last
+// declaration on its subject for its enrolment, with its overlay replaced
+// by the current one — so a held node is never stripped of what it runs.
+//
+// What was last published for a node is kept (KV composed.<n>) with the
+// digest of its composition, so republishing is idempotent: the same
+// composition is not sent twice however many processes notice a change,
+// and a composition that changes is sent once more by whoever saw it.
+// `mesh-control serve` notices (KeepComposed); the commands that change a
+// composition publish it themselves too.
+
+func assignKey(node string) string   { return "assign." + node }
+func joinedKey(node string) string   { return "joined." + node }
+func composedKey(node string) string { return "composed." + node }
+
+// Assignment is one module assigned to a node.
+type Assignment struct {
+	Module string `json:"module"`
+	// File is where the person assigned it from (for them; never read
+	// again).
+	File      string            `json:"file,omitempty"`
+	Resources []json.RawMessage `json:"resources"`
+	Assigned  time.Time         `json:"assigned"`
+}
+
+type assignments struct {
+	Modules []Assignment `json:"modules"`
+}
+
+// joinedRecord says the node reported its overlay applied in an enrolment
+// (KV joined.<n>): from then on, its assignments go out.
+type joinedRecord struct {
+	Enrolment string    `json:"enrolment"`
+	Seq       uint64    `json:"seq"`
+	At        time.Time `json:"at"`
+}
+
+// composedRecord is what was last published for a node (KV composed.<n>).
+// Seq 0 is a claim being published.
+type composedRecord struct {
+	Enrolment string    `json:"enrolment"`
+	Digest    string    `json:"digest"`
+	Seq       uint64    `json:"seq,omitempty"`
+	Claimed   time.Time `json:"claimed"`
+	Modules   []string  `json:"modules,omitempty"`
+	Held      string    `json:"held,omitempty"`
+}
+
+// ReadModule reads a module file: a declaration body whose resources all
+// name one module, which is the module's name. Only "version" (1) and
+// "resources" may be set: node, enrolment and sequence are set when it is
+// composed, and adoption, owns_nothing and retire are the node's, not a
+// module's. Sealed content is refused: it is bound to one sequence, and a
+// module goes out again at every composition (seal with `declare --seal`).
+func ReadModule(data []byte) (string, []json.RawMessage, error) {
+	if len(data) > shapes.MaxDeclarationSize {
+		return "", nil, fmt.Errorf("over %d bytes", shapes.MaxDeclarationSize)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return "", nil, fmt.Errorf("module file: %w", err)
+	}
+	for k, v := range top {
+		switch k {
+		case "version":
+			if string(bytes.TrimSpace(v)) != "1" {
+				return "", nil, fmt.Errorf("module file: version %s; this control side composes version 1", v)
+			}
+		case "resources":
+		default:
+			return "", nil, fmt.Errorf("module file: field %q: a module is its resources (node, enrolment and seq are set when it is composed; adopted, taken, owns_nothing and retire are the node's)", k)
+		}
+	}
+	var resources []json.RawMessage
+	if err := json.Unmarshal(top["resources"], &resources); err != nil || len(resources) == 0 {
+		return "", nil, errors.New("module file: no resources")
+	}
+	module := ""
+	for i, r := range resources {
+		var head shapes.Base
+		json.Unmarshal(r, &head)
+		switch {
+		case i == 0:
+			module = head.Module
+		case head.Module != module:
+			return "", nil, fmt.Errorf("module file: resource %d is of module %q, the first of %q; a file is one module", i, head.Module, module)
+		}
+	}
+	if module == OverlayModule {
+		return "", nil, fmt.Errorf("module file: module %q is the overlay's, composed by the control side", OverlayModule)
+	}
+	probe, _ := json.Marshal(map[string]any{"version": 1, "node": "probe", "enrolment": "probe", "seq": 1, "resources": resources})
+	d, err := shapes.Parse(probe)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, r := range d.Resources {
+		if f, ok := r.(*shapes.File); ok && f.Sealed != nil {
+			return "", nil, fmt.Errorf("module file: %s has sealed content, which is bound to one sequence; a module goes out at every composition (declare --seal)", f.Key())
+		}
+	}
+	return module, resources, nil
+}
+
+// Assignments lists the modules assigned to node, in order.
+func (c *Client) Assignments(ctx context.Context, node string) ([]Assignment, error) {
+	a, _, err := c.assignments(ctx, node)
+	return a.Modules, err
+}
+
+func (c *Client) assignments(ctx context.Context, node string) (*assignments, uint64, error) {
+	e, err := c.KV.Get(ctx, assignKey(node))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return &assignments{}, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("registry: assignments of %s: %w", node, err)
+	}
+	var a assignments
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		return nil, 0, fmt.Errorf("registry: assignments of %s: %w", node, err)
+	}
+	return &a, e.Revision(), nil
+}
+
+// changeAssignments applies change to node's assignments with
+// compare-and-set. The result, composed after the overlay, must parse as a
+// link declaration (two modules managing one path are refused here, not
+// by the node).
+func (c *Client) changeAssignments(ctx context.Context, node string, change func(*assignments) error) error {
+	s, err := c.Overlay(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: a node's first declaration is the overlay, so nothing is assigned before there is one", err)
+	}
+	recs, err := c.records(ctx)
+	if err != nil {
+		return err
+	}
+	ov, err := c.overlayOf(ctx, s, recs, node)
+	if err != nil {
+		return err
+	}
+	for attempt := 0; attempt < 100; attempt++ {
+		a, rev, err := c.assignments(ctx, node)
+		if err != nil {
+			return err
+		}
+		if err := change(a); err != nil {
+			return err
+		}
+		raw, _ := json.Marshal(ov)
+		all := []json.RawMessage{raw}
+		for _, m := range a.Modules {
+			all = append(all, m.Resources...)
+		}
+		if err := checkResources(all); err != nil {
+			return fmt.Errorf("composed with the overlay and the other modules: %w", err)
+		}
+		data, _ := json.Marshal(a)
+		if rev == 0 {
+			_, err = c.KV.Create(ctx, assignKey(node), data)
+		} else {
+			_, err = c.KV.Update(ctx, assignKey(node), data, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: assignments of %s: %w", node, err)
+		}
+	}
+	return fmt.Errorf("registry: the assignments of %s kept changing", node)
+}
+
+// Assign assigns the module in data (a module file, ReadModule) to node —
+// in place if the module is assigned already, otherwise after the others —
+// and publishes the node's composition. While the node's assignments are
+// held (Published.Held says why), it is recorded and goes out once the
+// hold ends; with DespiteBriefing a failed briefing does not hold it.
+func (c *Client) Assign(ctx context.Context, node string, data []byte, file string) (*Published, error) {
+	module, resources, err := ReadModule(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
+		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC()}
+		for i := range a.Modules {
+			if a.Modules[i].Module == module {
+				a.Modules[i] = m
+				return nil
+			}
+		}
+		a.Modules = append(a.Modules, m)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return c.Publish(ctx, node, false)
+}
+
+// Unassign takes module off node and publishes the node's composition
+// (where the node runs it, the next composition undeclares it).
+func (c *Client) Unassign(ctx context.Context, node, module string) (*Published, error) {
+	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
+		for i := range a.Modules {
+			if a.Modules[i].Module == module {
+				a.Modules = append(a.Modules[:i], a.Modules[i+1:]...)
+				return nil
+			}
+		}
+		return fmt.Errorf("module %q is not assigned to %s", module, node)
+	}); err != nil {
+		return nil, err
+	}
+	return c.Publish(ctx, node, false)
+}
+
+// Composition is a node's declaration as composed now.
+type Composition struct {
+	Node      string
+	Enrolment string
+	// Decl is the declaration without node, enrolment and seq (Declare
+	// sets them).
+	Decl map[string]json.RawMessage
+	// Overlay is the overlay resource, first of the resources.
+	Overlay *shapes.Overlay
+	// Modules are the assigned modules it carries; none while Held.
+	Modules []string
+	// Held says why the assignments are held ("" when they are not).
+	Held   string
+	Digest string
+}
+
+// failedBriefing returns the first failed line of node's briefing
+// ("module.id: detail"), or "" when its briefing has none.
+func (c *Client) failedBriefing(ctx context.Context, node string) string {
+	b := c.Briefing(ctx, node)
+	if b == nil || b.Outcome != shapes.MarkFailed {
+		return ""
+	}
+	for _, f := range b.Findings {
+		if f.Mark == shapes.MarkFailed {
+			return fmt.Sprintf("%s.%s: %s", f.Module, f.ID, f.Detail)
+		}
+	}
+	return "a line marked failed"
+}
+
+// holdOf says why rec's assignments are held now, "" when they are not.
+// despite lets a failed briefing through (not a missing overlay: that is
+// the first thing a node needs).
+func (c *Client) holdOf(ctx context.Context, rec *NodeRecord, despite bool) string {
+	var j joinedRecord
+	if !c.getJSON(ctx, joinedKey(rec.Name), &j) || j.Enrolment != rec.Enrolment {
+		var p composedRecord
+		if c.getJSON(ctx, composedKey(rec.Name), &p) && p.Enrolment == rec.Enrolment && p.Seq != 0 {
+			return fmt.Sprintf("held until the node reports its overlay applied (published in seq %d)", p.Seq)
+		}
+		return "held until the node reports its overlay applied"
+	}
+	if why := c.failedBriefing(ctx, rec.Name); why != "" && !despite {
+		return "held: briefing failed (" + why + ")"
+	}
+	return ""
+}
+
+// Compose composes node's declaration now: its overlay, then its
+// assignments — or, while they are held, what it was last declared.
+func (c *Client) Compose(ctx context.Context, node string) (*Composition, error) {
+	s, err := c.Overlay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := c.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ov, err := c.overlayOf(ctx, s, recs, node)
+	if err != nil {
+		return nil, err
+	}
+	var rec *NodeRecord
+	for _, r := range recs {
+		if r.Name == node {
+			rec = r
+		}
+	}
+	comp := &Composition{Node: node, Enrolment: rec.Enrolment, Overlay: ov, Decl: map[string]json.RawMessage{}}
+	raw, _ := json.Marshal(ov)
+	resources := []json.RawMessage{raw}
+	comp.Held = c.holdOf(ctx, rec, c.DespiteBriefing)
+	if comp.Held == "" {
+		a, _, err := c.assignments(ctx, node)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range a.Modules {
+			resources = append(resources, m.Resources...)
+			comp.Modules = append(comp.Modules, m.Module)
+		}
+	} else {
+		last, err := c.lastDeclared(ctx, rec)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range last {
+			comp.Decl[k] = v
+		}
+		var kept []json.RawMessage
+		json.Unmarshal(last["resources"], &kept)
+		resources = append(resources, kept...)
+	}
+	comp.Decl["version"] = json.RawMessage("1")
+	comp.Decl["resources"], _ = json.Marshal(resources)
+	body, _ := json.Marshal(comp.Decl)
+	sum := sha256.Sum256(body)
+	comp.Digest = hex.EncodeToString(sum[:])
+	return comp, nil
+}
+
+// lastDeclared is the last declaration on rec's subject for its current
+// enrolment, as top-level fields, without node, enrolment, seq, its
+// overlay resource, owns_nothing and retire — what a held node keeps. It
+// is empty for a node never declared to in this enrolment (a new one).
+func (c *Client) lastDeclared(ctx context.Context, rec *NodeRecord) (map[string]json.RawMessage, error) {
+	stream, err := c.JS.Stream(ctx, agent.DeclStream)
+	if err != nil {
+		return nil, err
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, agent.SubjectsOf(rec.Name).Decl)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the last declaration of %s: %w", rec.Name, err)
+	}
+	payload, err := wire.Open(c.Keys.ControlPublic(), wire.PurposeDeclaration, m.Data)
+	if err != nil {
+		return nil, fmt.Errorf("the last declaration of %s does not open: %w", rec.Name, err)
+	}
+	var last map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &last); err != nil {
+		return nil, fmt.Errorf("the last declaration of %s: %w", rec.Name, err)
+	}
+	var enrolment string
+	json.Unmarshal(last["enrolment"], &enrolment)
+	if enrolment != rec.Enrolment {
+		return nil, nil
+	}
+	var resources, kept []json.RawMessage
+	json.Unmarshal(last["resources"], &resources)
+	for _, r := range resources {
+		var head shapes.Base
+		if json.Unmarshal(r, &head) == nil && head.Module == OverlayModule && head.ID == OverlayID {
+			continue
+		}
+		kept = append(kept, r)
+	}
+	for _, k := range []string{"node", "enrolment", "seq", "owns_nothing", "retire", "version"} {
+		delete(last, k)
+	}
+	last["resources"], _ = json.Marshal(kept)
+	return last, nil
+}
+
+// Published says what Publish did for a node.
+type Published struct {
+	Node string `json:"node"`
+	// Seq is the sequence that carries the composition; Sent says this
+	// call published it (otherwise the node was sent exactly this
+	// composition before, and Seq is 0 while another process is still
+	// publishing it).
+	Seq     uint64   `json:"seq,omitempty"`
+	Sent    bool     `json:"sent"`
+	Modules []string `json:"modules"`
+	Held    string   `json:"held,omitempty"`
+	Address string   `json:"address"`
+	Peers   int      `json:"peers"`
+}
+
+// claimStale is how long a claim to publish (a composedRecord with Seq 0)
+// keeps others from publishing the same composition: a process that died
+// between claiming and publishing holds nothing after it.
+const claimStale = time.Minute
+
+// Publish composes node's declaration and publishes it, unless force is
+// false and node was last sent exactly this composition (for its current
+// enrolment). Several processes may publish at once: each claims with
+// compare-and-set before it publishes, and one that finds it was overtaken
+// while publishing publishes the current composition again, so the newest
+// sequence always carries the newest composition.
+func (c *Client) Publish(ctx context.Context, node string, force bool) (*Published, error) {
+	for attempt := 0; attempt < 10; attempt++ {
+		comp, err := c.Compose(ctx, node)
+		if err != nil {
+			return nil, err
+		}
+		out := &Published{Node: node, Modules: comp.Modules, Held: comp.Held, Address: comp.Overlay.Address, Peers: len(comp.Overlay.Peers)}
+		if out.Modules == nil {
+			out.Modules = []string{}
+		}
+		var prev composedRecord
+		e, err := c.KV.Get(ctx, composedKey(node))
+		var rev uint64
+		if err == nil {
+			rev = e.Revision()
+			json.Unmarshal(e.Value(), &prev)
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("registry: %w", err)
+		}
+		if !force && prev.Enrolment == comp.Enrolment && prev.Digest == comp.Digest &&
+			(prev.Seq != 0 || time.Since(prev.Claimed) < claimStale) {
+			out.Seq = prev.Seq
+			return out, nil
+		}
+		claim := composedRecord{Enrolment: comp.Enrolment, Digest: comp.Digest, Claimed: time.Now().UTC(), Modules: comp.Modules, Held: comp.Held}
+		data, _ := json.Marshal(&claim)
+		var claimRev uint64
+		if rev == 0 {
+			claimRev, err = c.KV.Create(ctx, composedKey(node), data)
+		} else {
+			claimRev, err = c.KV.Update(ctx, composedKey(node), data, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // another publisher: compose again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("registry: %w", err)
+		}
+		body, _ := json.Marshal(comp.Decl)
+		// The composition has applied the briefing's hold already; sealed
+		// content is never composed.
+		signer := *c
+		signer.DespiteBriefing, signer.Seals = true, nil
+		seq, err := signer.Declare(ctx, node, body)
+		if err != nil {
+			// Let the next attempt, by anyone, publish it.
+			c.KV.Delete(context.Background(), composedKey(node), jetstream.LastRevision(claimRev))
+			return nil, fmt.Errorf("publishing the composition of %s: %w", node, err)
+		}
+		out.Seq, out.Sent, claim.Seq = seq, true, seq
+		data, _ = json.Marshal(&claim)
+		if _, err := c.KV.Update(ctx, composedKey(node), data, claimRev); err == nil {
+			return out, nil
+		}
+		// Overtaken while publishing: if the other publisher's sequence is
+		// older than ours, ours may carry an older view; send the current
+		// one again.
+		var now composedRecord
+		if c.getJSON(ctx, composedKey(node), &now) && now.Seq > seq {
+			return out, nil
+		}
+		force = true
+	}
+	return nil, fmt.Errorf("publishing the composition of %s: it kept changing", node)
+}
+
+// PublishAll publishes every node of the overlay's composition (force as
+// in Publish). Nodes out of the overlay are left out and named in out.
+func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
+	if _, err := c.Overlay(ctx); err != nil {
+		return nil, nil, err
+	}
+	recs, err := c.records(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	for _, r := range recs {
+		p, err := c.Publish(ctx, r.Name, force)
+		var oe *OutOfOverlayError
+		switch {
+		case errors.As(err, &oe):
+			out = append(out, oe)
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			done = append(done, p)
+		}
+	}
+	return done, out, errors.Join(errs...)
+}
+
+// noteReport takes in a node's last report (KV report.<n>, written by the
+// recorder only for a report signed by the node for its current
+// enrolment): the first time in an enrolment that its overlay line is
+// applied, unchanged or repaired, the node has joined and its assignments
+// may go out. It reports whether the node joined now.
+func (c *Client) noteReport(ctx context.Context, node string, data []byte) bool {
+	var r agent.Report
+	if json.Unmarshal(data, &r) != nil || r.Node != node {
+		return false
+	}
+	ok := false
+	for _, l := range r.Lines {
+		if l.Module == OverlayModule && l.ID == OverlayID && l.Type == shapes.TypeOverlay {
+			ok = l.Outcome == shapes.Applied || l.Outcome == shapes.Unchanged || l.Outcome == shapes.Repaired
+		}
+	}
+	if !ok {
+		return false
+	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil || rec.Enrolment != r.Enrolment {
+		return false
+	}
+	var j joinedRecord
+	e, err := c.KV.Get(ctx, joinedKey(node))
+	if err == nil && json.Unmarshal(e.Value(), &j) == nil && j.Enrolment == r.Enrolment {
+		return false
+	}
+	data, _ = json.Marshal(&joinedRecord{Enrolment: r.Enrolment, Seq: r.Seq, At: time.Now().UTC()})
+	if err == nil {
+		_, err = c.KV.Update(ctx, joinedKey(node), data, e.Revision())
+	} else {
+		_, err = c.KV.Create(ctx, joinedKey(node), data)
+	}
+	if err != nil {
+		return false // another process took it in
+	}
+	c.log.Info("the node reported its overlay applied: its assignments go out", "node", node, "seq", r.Seq)
+	return true
+}
+
+// afterEnrol publishes, once enrolment has made node's queue, its first
+// composition (forced: one published while the queue was being made may
+// have been emptied with it) and everyone else's, whose peers changed. It
+// runs apart, so the grant is not kept waiting.
+func (c *Client) afterEnrol(ctx context.Context, node string) {
+	go func() {
+		if _, err := c.Publish(ctx, node, true); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
+			c.log.Error("the first composition of a new node was not published", "node", node, "err", err)
+		}
+		if _, _, err := c.PublishAll(ctx, false); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
+			c.log.Error("compositions after an enrolment not published", "node", node, "err", err)
+		}
+	}()
+}
+
+// overlayFace is what of a node record its peers' compositions depend on.
+func overlayFace(r *NodeRecord) string {
+	key, out := overlayKey(r)
+	return r.Enrolment + "|" + key + "|" + out
+}
+
+// KeepComposed keeps every node's published composition equal to what it
+// composes now, until ctx ends: it watches the registry and publishes
+// (only what changed, see Publish) for every node when the overlay's
+// settings, a node's enrolment, key or revocation, or an endpoint change;
+// for a node when its assignments or briefing change or when it reports
+// its overlay applied for the first time. At start it publishes what
+// changed while no one watched. A node being enrolled may be published to
+// here before enrolment has made its queue afresh, and that declaration
+// emptied with the old queue: afterEnrol, which runs once the queue is
+// made, publishes to it again whatever this one did.
+func (c *Client) KeepComposed(ctx context.Context) error {
+	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", overlaySettingsKey, "endpoint.*", "report.*", "briefing.*", "assign.*"})
+	if err != nil {
+		return fmt.Errorf("watching the registry: %w", err)
+	}
+	defer w.Stop()
+	faces := map[string]string{}
+	all, dirty := false, map[string]bool{}
+	mark := func(e jetstream.KeyValueEntry) {
+		kind, node, _ := strings.Cut(e.Key(), ".")
+		put := e.Operation() == jetstream.KeyValuePut
+		switch kind {
+		case "node":
+			var r NodeRecord
+			if !put || json.Unmarshal(e.Value(), &r) != nil {
+				delete(faces, node)
+				all = true
+				return
+			}
+			if face := overlayFace(&r); faces[node] != face {
+				faces[node], all = face, true
+			}
+		case "overlay", "endpoint":
+			all = true
+		case "report":
+			if put && c.noteReport(ctx, node, e.Value()) {
+				dirty[node] = true
+			}
+		case "briefing", "assign":
+			dirty[node] = true
+		}
+	}
+	flush := func() {
+		if _, err := c.Overlay(ctx); err != nil {
+			all, dirty = false, map[string]bool{}
+			return
+		}
+		if all {
+			for n := range faces {
+				dirty[n] = true
+			}
+		}
+		for n := range dirty {
+			_, err := c.Publish(ctx, n, false)
+			var oe *OutOfOverlayError
+			if err != nil && !errors.As(err, &oe) && ctx.Err() == nil {
+				c.log.Error("a composition was not published", "node", n, "err", err)
+			}
+		}
+		all, dirty = false, map[string]bool{}
+	}
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("the registry watch ended")
+			}
+			if e == nil {
+				initial, all = false, true
+				flush()
+				continue
+			}
+			mark(e)
+			if initial {
+				continue
+			}
+			coalesce(w, 50*time.Millisecond, mark)
+			flush()
+		}
+	}
+}
+
+// coalesce takes in, with fold, what else a watch delivers within window:
+// changes that arrive together are acted on as one.
+func coalesce(w jetstream.KeyWatcher, window time.Duration, fold func(jetstream.KeyValueEntry)) {
+	deadline := time.After(window)
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok || e == nil {
+				return
+			}
+			fold(e)
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// AssignmentState is what `nodes` says of a node's assignments: its
+// modules, or why it is assigned nothing.
+func (c *Client) AssignmentState(ctx context.Context, rec *NodeRecord) (address, state string) {
+	a, _, err := c.assignments(ctx, rec.Name)
+	if err != nil {
+		return "", err.Error()
+	}
+	var names []string
+	for _, m := range a.Modules {
+		names = append(names, m.Module)
+	}
+	if _, err := c.Overlay(ctx); err != nil {
+		if len(names) > 0 {
+			return "", "held: no overlay set"
+		}
+		return "", ""
+	}
+	if _, out := overlayKey(rec); out != "" {
+		return "", "out of the overlay: " + out
+	}
+	if addr, _, ok := c.address(ctx, rec.Name); ok {
+		address = addr.String()
+	}
+	if held := c.holdOf(ctx, rec, false); held != "" {
+		return address, held
+	}
+	if len(names) == 0 {
+		return address, "none"
+	}
+	return address, strings.Join(names, ", ")
+}

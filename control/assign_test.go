@@ -1,0 +1,366 @@
+package control_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+const (
+	webModule = `{"version":1,"resources":[
+		{"module":"web","id":"root","type":"directory","path":"/srv/web"},
+		{"module":"web","id":"index","type":"file","path":"/srv/web/index.html","content":"hi\n"}]}`
+	dbModule = `{"resources":[{"module":"db","id":"conf","type":"file","path":"/etc/db.conf","content":"x\n"}]}`
+)
+
+// reportAs publishes a report signed by the node's NKey, as its agent
+// does.
+func reportAs(t *testing.T, id *agent.Identity, seq uint64, outcome shapes.Outcome, lines []shapes.Line, b *shapes.Briefing) {
+	t.Helper()
+	nc, err := agent.Dial(id, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	data, _ := json.Marshal(&agent.Report{Node: id.Node, Enrolment: id.Enrolment, Seq: seq, Trigger: agent.TriggerDeclaration,
+		Outcome: outcome, Lines: lines, Briefing: b, At: time.Now().UTC()})
+	sig, err := id.Sign(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{agent.SignatureHeader: []string{sig}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// overlayLine is the report line of the overlay resource.
+func overlayLine(o shapes.Outcome) shapes.Line {
+	return shapes.Line{Module: control.OverlayModule, ID: control.OverlayID, Type: shapes.TypeOverlay, Outcome: o}
+}
+
+// recorded waits until the recorder has taken node's report for seq in.
+func recorded(t *testing.T, s *served, node string, seq uint64) *control.NodeStatus {
+	t.Helper()
+	var st *control.NodeStatus
+	eventually(t, "the report recorded", func() bool {
+		st = status(t, s, node)
+		return st.LastSeq == seq
+	})
+	return st
+}
+
+func status(t *testing.T, s *served, node string) *control.NodeStatus {
+	t.Helper()
+	ns, err := s.client.Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.Name == node {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", node)
+	return nil
+}
+
+// A new node's first declaration is the overlay and nothing else: what is
+// assigned to it meanwhile is held — a report of the overlay failing does
+// not release it — and goes out, after the overlay and in the order
+// assigned, once the node reports its overlay applied.
+func TestFirstDeclarationIsTheOverlayAlone(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	enrolNode(t, s, "peer")
+	_, id := enrolNode(t, s, "n1")
+	var first *shapes.Declaration
+	eventually(t, "n1's first declaration", func() bool {
+		first = lastDecl(t, s, "n1")
+		return first != nil && len(overlayIn(t, first).Peers) == 1
+	})
+	// The enrolment changed the peer's overlay too: it is sent n1.
+	eventually(t, "n1 in the peer's overlay", func() bool {
+		d := lastDecl(t, s, "peer")
+		return d != nil && strings.Join(peerKeys(overlayIn(t, d)), ",") == wgKey(t, s, "n1")
+	})
+	for _, mod := range []string{webModule, dbModule} {
+		p, err := s.client.Assign(ctx, "n1", []byte(mod), "m.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(p.Held, "held until the node reports its overlay applied") || len(p.Modules) != 0 {
+			t.Fatalf("assigned to a node that has not applied its overlay: %+v", p)
+		}
+	}
+	overlayOnly := func() {
+		t.Helper()
+		for _, d := range declsOf(t, s, "n1") {
+			if ks := keys(d); len(ks) != 1 || ks[0] != "mesh.overlay" {
+				t.Fatalf("seq %d carries %v before the node applied its overlay", d.Seq, ks)
+			}
+		}
+	}
+	overlayOnly()
+	if st := status(t, s, "n1"); !strings.HasPrefix(st.Assignments, "held until the node reports its overlay applied") || st.Address == "" {
+		t.Fatalf("nodes says %q (address %q)", st.Assignments, st.Address)
+	}
+
+	// The overlay failed on the node: still held.
+	reportAs(t, id, first.Seq, shapes.Failed, []shapes.Line{{Module: "mesh", ID: "overlay", Type: "overlay", Outcome: shapes.Failed, Detail: "no wireguard-go"}}, nil)
+	recorded(t, s, "n1", first.Seq)
+	time.Sleep(500 * time.Millisecond) // what the watcher would do, it has done by now
+	overlayOnly()
+
+	// Applied: the assignments go out, after the overlay, in order.
+	last := lastDecl(t, s, "n1")
+	reportAs(t, id, last.Seq, shapes.Applied, []shapes.Line{overlayLine(shapes.Applied)}, nil)
+	want := "mesh.overlay web.root web.index db.conf"
+	eventually(t, "the modules after the overlay", func() bool {
+		return strings.Join(keys(lastDecl(t, s, "n1")), " ") == want
+	})
+	if st := status(t, s, "n1"); st.Assignments != "web, db" {
+		t.Fatalf("nodes says %q", st.Assignments)
+	}
+	// The peer, which never reported, is still held.
+	if st := status(t, s, "peer"); !strings.HasPrefix(st.Assignments, "held until") {
+		t.Fatalf("nodes says of the peer %q", st.Assignments)
+	}
+
+	// Assigned again: in place. Unassigned: gone.
+	if _, err := s.client.Assign(ctx, "n1", []byte(strings.Replace(webModule, `hi\n`, `hello\n`, 1)), "web.json"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web in place, changed", func() bool {
+		d := lastDecl(t, s, "n1")
+		return strings.Join(keys(d), " ") == want && *d.Resources[2].(*shapes.File).Content == "hello\n"
+	})
+	p, err := s.client.Unassign(ctx, "n1", "db")
+	if err != nil || p.Held != "" || strings.Join(p.Modules, ",") != "web" {
+		t.Fatalf("unassign: %+v %v", p, err)
+	}
+	eventually(t, "db gone", func() bool {
+		return strings.Join(keys(lastDecl(t, s, "n1")), " ") == "mesh.overlay web.root web.index"
+	})
+	// Nothing changed, nothing sent.
+	before := len(declsOf(t, s, "n1"))
+	if p, err := s.client.Publish(ctx, "n1", false); err != nil || p.Sent || p.Seq != lastDecl(t, s, "n1").Seq {
+		t.Fatalf("publish unchanged: %+v %v", p, err)
+	}
+	if len(declsOf(t, s, "n1")) != before {
+		t.Fatal("an unchanged composition was sent again")
+	}
+
+	// Refused before anything is recorded.
+	for name, bad := range map[string]string{
+		"an action":               `{"resources":[{"module":"x","id":"a","type":"action","run":["/bin/true"],"verify":["/bin/true"]}]}`,
+		"two modules in one file": `{"resources":[{"module":"x","id":"a","type":"directory","path":"/x"},{"module":"y","id":"b","type":"directory","path":"/y"}]}`,
+		"the overlay's module":    `{"resources":[{"module":"mesh","id":"a","type":"directory","path":"/x"}]}`,
+		"a node's field":          `{"adopted":true,"resources":[{"module":"x","id":"a","type":"directory","path":"/x"}]}`,
+		"sealed content":          `{"resources":[{"module":"x","id":"a","type":"file","path":"/x","sealed":"AAAA"}]}`,
+		"another module's path":   `{"resources":[{"module":"x","id":"a","type":"file","path":"/srv/web/index.html","content":"x"}]}`,
+		"no resources":            `{"version":1,"resources":[]}`,
+	} {
+		if _, err := s.client.Assign(ctx, "n1", []byte(bad), "bad.json"); err == nil {
+			t.Errorf("%s: assigned", name)
+		}
+	}
+	if as, _ := s.client.Assignments(ctx, "n1"); len(as) != 1 || as[0].Module != "web" {
+		t.Fatalf("assignments after the refusals: %+v", as)
+	}
+}
+
+// A node declared before the mesh had an overlay keeps what it was
+// declared while its assignments are held: its overlay goes out in front of
+// it, never instead of it.
+func TestHeldNodeKeepsWhatItWasDeclared(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	enrolNode(t, s, "n1")
+	if _, err := s.client.Declare(ctx, "n1", []byte(`{"version":1,"adopted":true,"taken":["base"],"resources":[{"module":"base","id":"motd","type":"file","path":"/etc/motd","content":"hi\n"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the overlay in front of what n1 was declared", func() bool {
+		d := lastDecl(t, s, "n1")
+		return strings.Join(keys(d), " ") == "mesh.overlay base.motd" && d.Adopted && len(d.Taken) == 1
+	})
+}
+
+// A failed briefing line holds the node's assignments: assign records but
+// sends nothing new; the overlay still goes out when it changes, with what
+// the node was last sent and not the held module; a briefing that resolves
+// the failure releases them; --despite-briefing pushes a fix through.
+func TestBriefingHoldsAssignments(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	enrolNode(t, s, "n2")
+	_, id := enrolNode(t, s, "n1")
+	var d *shapes.Declaration
+	eventually(t, "n1's overlay", func() bool {
+		d = lastDecl(t, s, "n1")
+		return d != nil && len(overlayIn(t, d).Peers) == 1
+	})
+	reportAs(t, id, d.Seq, shapes.Applied, []shapes.Line{overlayLine(shapes.Applied)}, nil)
+	recorded(t, s, "n1", d.Seq)
+	eventually(t, "n1 joined", func() bool { return status(t, s, "n1").Assignments == "none" })
+	p, err := s.client.Assign(ctx, "n1", []byte(webModule), "web.json")
+	if err != nil || p.Held != "" {
+		t.Fatalf("assign to a joined node: %+v %v", p, err)
+	}
+	eventually(t, "web out", func() bool {
+		d = lastDecl(t, s, "n1")
+		return strings.Join(keys(d), " ") == "mesh.overlay web.root web.index"
+	})
+	// The node's briefing has a failed line.
+	reportAs(t, id, d.Seq, shapes.Failed, []shapes.Line{overlayLine(shapes.Unchanged), {Module: "web", ID: "index", Type: "file", Outcome: shapes.Failed, Detail: "boom"}},
+		&shapes.Briefing{Outcome: shapes.MarkFailed, Node: "n1", Seq: d.Seq, Findings: []shapes.Finding{{Mark: shapes.MarkFailed, Module: "web", ID: "index", Type: "file", Detail: "the directory is missing"}}})
+	recorded(t, s, "n1", d.Seq)
+	held := "held: briefing failed (web.index: the directory is missing)"
+	eventually(t, "nodes says why", func() bool { return status(t, s, "n1").Assignments == held })
+	before := len(declsOf(t, s, "n1"))
+	p, err = s.client.Assign(ctx, "n1", []byte(dbModule), "db.json")
+	if err != nil || p.Held != held || p.Sent {
+		t.Fatalf("assign to a node whose briefing failed: %+v %v", p, err)
+	}
+	if len(declsOf(t, s, "n1")) != before {
+		t.Fatal("something new was sent to a node whose briefing failed")
+	}
+	// declare is held the same way.
+	if _, err := s.client.Declare(ctx, "n1", []byte(decl)); err == nil || !strings.Contains(err.Error(), "failed briefing line") {
+		t.Fatalf("declare: %v", err)
+	}
+
+	// The overlay changes for n1: it goes out, with web (what n1 was last
+	// sent) and without db.
+	if err := s.client.SetEndpoint(ctx, "n2", "192.0.2.9:51820"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n1's overlay renewed, its modules as they were", func() bool {
+		d := lastDecl(t, s, "n1")
+		return overlayIn(t, d).Peers[0].Endpoint == "192.0.2.9:51820" && strings.Join(keys(d), " ") == "mesh.overlay web.root web.index"
+	})
+
+	// --despite-briefing: the person pushes it through.
+	c2, err := connect(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.DespiteBriefing = true
+	if p, err := c2.Publish(ctx, "n1", false); err != nil || !p.Sent || p.Held != "" {
+		t.Fatalf("publish despite the briefing: %+v %v", p, err)
+	}
+	if got := strings.Join(keys(lastDecl(t, s, "n1")), " "); got != "mesh.overlay web.root web.index db.conf" {
+		t.Fatalf("despite the briefing: %s", got)
+	}
+
+	// Resolved: a later briefing without a failed line releases them (an
+	// automatic publish now sends nothing new, since it is what was sent).
+	reportAs(t, id, lastDecl(t, s, "n1").Seq, shapes.Held, []shapes.Line{overlayLine(shapes.Unchanged)},
+		&shapes.Briefing{Outcome: shapes.MarkKept, Node: "n1", Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "web", ID: "index", Type: "file", Detail: "kept"}}})
+	eventually(t, "the hold released", func() bool { return status(t, s, "n1").Assignments == "web, db" })
+	if p, err = s.client.Unassign(ctx, "n1", "web"); err != nil || p.Held != "" {
+		t.Fatalf("unassign after the release: %+v %v", p, err)
+	}
+	eventually(t, "web gone after the release", func() bool {
+		return strings.Join(keys(lastDecl(t, s, "n1")), " ") == "mesh.overlay db.conf"
+	})
+}
+
+// The commands as a person types them: overlay set and show, node
+// endpoint, assign (held, said so), publish, unassign, nodes.
+func TestOverlayCommands(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	enrolNode(t, s, "n1")
+	addNode(t, s, "hand")
+	mod := filepath.Join(dir, "web.json")
+	os.WriteFile(mod, []byte(webModule), 0o600)
+	cli := func(args ...string) string {
+		t.Helper()
+		out, errs, code := run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
+		}
+		return out
+	}
+	if _, errs, code := run(t, ctx, "assign", "n1", mod, "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "no overlay is set") {
+		t.Fatalf("assign without an overlay: %d %s", code, errs)
+	}
+	// (Published in seq 1 by the command or by serve, whichever was first.)
+	out := cli("overlay", "set", "--network", "10.55.0.0/24", "--port", "51999")
+	for _, want := range []string{"network 10.55.0.0/24, interface mesh0, listen port 51999, keepalive 25 s", ": overlay 10.55.0.1/24 with 0 peer(s); assignments held until", "hand\tnot composed: registered by hand"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("overlay set does not say %q:\n%s", want, out)
+		}
+	}
+	// Only what is given changes.
+	cli("overlay", "set", "--interface", "wg7")
+	var show struct {
+		Settings control.OverlaySettings `json:"settings"`
+		Nodes    []control.OverlayNode   `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(cli("overlay", "show", "--json")), &show); err != nil {
+		t.Fatal(err)
+	}
+	if show.Settings.Network != "10.55.0.0/24" || show.Settings.ListenPort != 51999 || show.Settings.Interface != "wg7" || len(show.Nodes) != 2 ||
+		show.Nodes[1].Address != "10.55.0.1" || show.Nodes[1].WireGuard != wgKey(t, s, "n1") || !strings.Contains(show.Nodes[0].Out, "registered by hand") {
+		t.Fatalf("overlay show: %+v", show)
+	}
+	if out := cli("node", "endpoint", "n1", "198.51.100.4:51999"); !strings.Contains(out, "node n1 is reached at 198.51.100.4:51999") {
+		t.Fatalf("node endpoint:\n%s", out)
+	}
+	if !strings.Contains(cli("overlay", "show"), "198.51.100.4:51999") {
+		t.Fatal("overlay show does not show the endpoint")
+	}
+	if _, errs, code := run(t, ctx, "node", "endpoint", "n1", "somewhere", "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "is not address:port") {
+		t.Fatalf("a bad endpoint: %d %s", code, errs)
+	}
+	if out := cli("assign", "n1", mod); !strings.Contains(out, "assignments held until the node reports its overlay applied") {
+		t.Fatalf("assign:\n%s", out)
+	}
+	if out := cli("nodes"); !strings.Contains(out, "ASSIGNMENTS") || !strings.Contains(out, "10.55.0.1") || !strings.Contains(out, "held until the node reports") {
+		t.Fatalf("nodes:\n%s", out)
+	}
+	before := len(declsOf(t, s, "n1"))
+	if out := cli("publish", "n1"); !strings.Contains(out, "n1\tpublished in seq") {
+		t.Fatalf("publish:\n%s", out)
+	}
+	if len(declsOf(t, s, "n1")) != before+1 {
+		t.Fatal("publish NODE sent nothing")
+	}
+	if out := cli("publish"); !strings.Contains(out, "n1\tpublished in seq") || !strings.Contains(out, "hand\tnot composed") {
+		t.Fatalf("publish:\n%s", out)
+	}
+	if out := cli("unassign", "n1", "web"); !strings.Contains(out, "n1\t") {
+		t.Fatalf("unassign:\n%s", out)
+	}
+	if _, errs, code := run(t, ctx, "unassign", "n1", "web", "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, `module "web" is not assigned to n1`) {
+		t.Fatalf("unassign twice: %d %s", code, errs)
+	}
+}

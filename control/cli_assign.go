@@ -1,0 +1,242 @@
+package control
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// overlayChangeFrom is what `overlay set` was told: only the flags given
+// change anything.
+func overlayChangeFrom(fs *flag.FlagSet) OverlayChange {
+	var ch OverlayChange
+	fs.Visit(func(f *flag.Flag) {
+		v := f.Value.(flag.Getter).Get()
+		switch f.Name {
+		case "network":
+			s := v.(string)
+			ch.Network = &s
+		case "interface":
+			s := v.(string)
+			ch.Interface = &s
+		case "port":
+			n := v.(int)
+			ch.ListenPort = &n
+		case "keepalive":
+			n := v.(int)
+			ch.Keepalive = &n
+		}
+	})
+	return ch
+}
+
+// printPublished says, a line a node, what publishing did.
+func (c *cli) printPublished(ps []*Published, out []*OutOfOverlayError) {
+	for _, p := range ps {
+		what := fmt.Sprintf("published in seq %d", p.Seq)
+		switch {
+		case !p.Sent && p.Seq != 0:
+			what = fmt.Sprintf("unchanged since seq %d", p.Seq)
+		case !p.Sent:
+			what = "unchanged, being published"
+		}
+		mods := strings.Join(p.Modules, ", ")
+		if p.Held != "" {
+			mods = "assignments " + p.Held
+		} else if mods == "" {
+			mods = "no modules"
+		}
+		fmt.Fprintf(c.stdout, "%s\t%s: overlay %s with %d peer(s); %s\n", p.Node, what, p.Address, p.Peers, mods)
+	}
+	for _, o := range out {
+		fmt.Fprintf(c.stdout, "%s\tnot composed: %s\n", o.Node, o.Why)
+	}
+}
+
+func (c *cli) publishedJSON(ps []*Published, out []*OutOfOverlayError) error {
+	left := map[string]string{}
+	for _, o := range out {
+		left[o.Node] = o.Why
+	}
+	if ps == nil {
+		ps = []*Published{}
+	}
+	return c.printJSON(map[string]any{"published": ps, "out_of_overlay": left})
+}
+
+func (c *cli) overlaySet(ch OverlayChange) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	s, err := cl.SetOverlay(c.ctx, ch)
+	if err != nil {
+		return err
+	}
+	ps, out, err := cl.PublishAll(c.ctx, false)
+	if c.json {
+		if jerr := c.publishedJSON(ps, out); jerr != nil {
+			return jerr
+		}
+		return err
+	}
+	fmt.Fprintf(c.stdout, "overlay: network %s, interface %s, listen port %d, keepalive %d s\n", s.Network, s.Interface, s.ListenPort, s.Keepalive)
+	c.printPublished(ps, out)
+	return err
+}
+
+// OverlayNode is one line of `overlay show`.
+type OverlayNode struct {
+	Node      string `json:"node"`
+	Address   string `json:"address,omitempty"`
+	Endpoint  string `json:"endpoint,omitempty"`
+	WireGuard string `json:"wireguard_key,omitempty"`
+	Out       string `json:"out_of_overlay,omitempty"`
+}
+
+func (c *cli) overlayShow() error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	s, err := cl.Overlay(c.ctx)
+	if err != nil {
+		return err
+	}
+	recs, err := cl.records(c.ctx)
+	if err != nil {
+		return err
+	}
+	var nodes []OverlayNode
+	for _, r := range recs {
+		n := OverlayNode{Node: r.Name, Endpoint: cl.endpoint(c.ctx, r.Name)}
+		n.WireGuard, n.Out = overlayKey(r)
+		if a, _, ok := cl.address(c.ctx, r.Name); ok {
+			n.Address = a.String()
+		}
+		nodes = append(nodes, n)
+	}
+	if c.json {
+		if nodes == nil {
+			nodes = []OverlayNode{}
+		}
+		return c.printJSON(map[string]any{"settings": s, "nodes": nodes})
+	}
+	fmt.Fprintf(c.stdout, "network %s, interface %s, listen port %d, keepalive %d s (set %s)\n\n", s.Network, s.Interface, s.ListenPort, s.Keepalive, s.Changed.Local().Format(time.RFC3339))
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tADDRESS\tENDPOINT\tWIREGUARD KEY")
+	for _, n := range nodes {
+		key := n.WireGuard
+		if n.Out != "" {
+			key = "out: " + n.Out
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.Node, dash(n.Address), dash(n.Endpoint), key)
+	}
+	return w.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (c *cli) nodeEndpoint(node, endpoint string) error {
+	if endpoint == "none" {
+		endpoint = ""
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.SetEndpoint(c.ctx, node, endpoint); err != nil {
+		return err
+	}
+	// The endpoint is in every other node's peers.
+	ps, out, err := cl.PublishAll(c.ctx, false)
+	if errors.Is(err, ErrNoOverlay) {
+		err, ps, out = nil, nil, nil
+	}
+	if c.json {
+		if jerr := c.publishedJSON(ps, out); jerr != nil {
+			return jerr
+		}
+		return err
+	}
+	if endpoint == "" {
+		fmt.Fprintf(c.stdout, "node %s has no endpoint: its peers wait for it to reach them\n", node)
+	} else {
+		fmt.Fprintf(c.stdout, "node %s is reached at %s\n", node, endpoint)
+	}
+	c.printPublished(ps, out)
+	return err
+}
+
+func (c *cli) assign(node, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	return c.changeOne(func(cl *Client) (*Published, error) { return cl.Assign(c.ctx, node, data, file) })
+}
+
+func (c *cli) unassign(node, module string) error {
+	return c.changeOne(func(cl *Client) (*Published, error) { return cl.Unassign(c.ctx, node, module) })
+}
+
+// changeOne changes one node's assignments with change, and says what was
+// published.
+func (c *cli) changeOne(change func(*Client) (*Published, error)) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	cl.DespiteBriefing = c.despiteBriefing
+	p, err := change(cl)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(p)
+	}
+	c.printPublished([]*Published{p}, nil)
+	return nil
+}
+
+// publish sends node's composition (every node's, without one) with a new
+// sequence, whether or not it changed: what a person asks for explicitly.
+func (c *cli) publish(nodes []string) error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	cl.DespiteBriefing = c.despiteBriefing
+	var ps []*Published
+	var out []*OutOfOverlayError
+	if len(nodes) == 0 {
+		ps, out, err = cl.PublishAll(c.ctx, true)
+	} else {
+		var p *Published
+		if p, err = cl.Publish(c.ctx, nodes[0], true); err == nil {
+			ps = append(ps, p)
+		}
+	}
+	if c.json && (err == nil || ps != nil) {
+		if jerr := c.publishedJSON(ps, out); jerr != nil {
+			return jerr
+		}
+		return err
+	}
+	c.printPublished(ps, out)
+	return err
+}

@@ -89,6 +89,7 @@ func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Window, "window", 10*time.Minute, "how far back a start counts")
 	fs.DurationVar(&cfg.Backoff, "backoff", 2*time.Second, "the pause before restarting an executor that failed")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long the executor has to stop after SIGTERM before SIGKILL")
+	fs.BoolVar(&cfg.Packages, "package-rollback", true, "roll back through the package manager (apt, pacman) when the known-good copy names its package version, else by copying")
 	fs.StringVar(&cfg.AgentUser, "agent-user", DefaultAgentUser, "the agent's user, made before the first start when missing (a tarball install); \"\" makes nothing")
 	fs.StringVar(&cfg.AgentState, "agent-state", DefaultAgentState, "the agent's state directory, made with its user")
 	return fs
@@ -139,6 +140,9 @@ func formatStatus(s State, dir string, now time.Time, window time.Duration) stri
 	default:
 		fmt.Fprintf(&b, "rolled back: yes, at %s: %s\n", ts(s.RolledBack.At), s.RolledBack.Reason)
 	}
+	if s.Failed != nil {
+		fmt.Fprintf(&b, "failed release: %s, rolled back from at %s (the executor does not install it again)\n", s.Failed.Version, ts(s.Failed.At))
+	}
 	if s.Halted == nil {
 		b.WriteString("halted: no\n")
 	} else {
@@ -156,7 +160,11 @@ func formatStatus(s State, dir string, now time.Time, window time.Duration) stri
 	if s.KnownGood == nil {
 		fmt.Fprintf(&b, "known good: none recorded (%s)\n", kg)
 	} else {
-		fmt.Fprintf(&b, "known good: %s, in %s\n", ts(s.KnownGood.At), kg)
+		fmt.Fprintf(&b, "known good: %s, in %s", ts(s.KnownGood.At), kg)
+		if s.KnownGood.Package != "" {
+			fmt.Fprintf(&b, " (package %s)", s.KnownGood.Package)
+		}
+		b.WriteString("\n")
 		for _, name := range sortedNames(s.KnownGood.Binaries) {
 			fmt.Fprintf(&b, "  %s sha256:%s\n", name, s.KnownGood.Binaries[name])
 		}

@@ -56,8 +56,11 @@
 // not retry a failed reinstall, and does not clear a halt by itself: a
 // person does, with `mesh-launch clear`.
 //
-// Known debt: the default reinstall bypasses the package manager, whose
-// database keeps naming the version that failed until the next declared
-// install; and a crash between the renames of a multi-binary install can
-// leave one binary new and one old (each file is whole).
+// The reinstall goes through the package manager (apt, pacman) when the
+// known-good copy names the package version it came from, checked against
+// the known-good digests; otherwise, or when that fails, it copies the
+// known-good binaries back — which bypasses the package manager, whose
+// database then keeps naming the version that failed. Known debt: a crash
+// between the renames of a multi-binary copy can leave one binary new and
+// one old (each file is whole).
 package launcher

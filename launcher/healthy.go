@@ -44,6 +44,15 @@ func DefaultInstalled() map[string]string {
 // was (every copy is staged before any is renamed) and is returned, after
 // the counter is cleared.
 func Healthy(stateDir string, binaries map[string]string) error {
+	return HealthyPackage(stateDir, binaries, "")
+}
+
+// HealthyPackage is Healthy for an executor run from the installed
+// package: pkgVersion (the package manager's version of the host's
+// package, when the running binaries are the installed ones) is kept with
+// the known-good copy, so a rollback can reinstall that release through
+// the package manager.
+func HealthyPackage(stateDir string, binaries map[string]string, pkgVersion string) error {
 	if err := checkDir(stateDir, true); err != nil {
 		return err
 	}
@@ -64,7 +73,7 @@ func Healthy(stateDir string, binaries map[string]string) error {
 	now := time.Now().UTC()
 	s.Starts, s.RolledBack, s.HealthyAt = nil, nil, now
 	if copyErr == nil && !kept {
-		s.KnownGood = &KnownGood{At: now, Binaries: sums}
+		s.KnownGood = &KnownGood{At: now, Binaries: sums, Package: pkgVersion}
 	}
 	if err := writeState(stateDir, s); err != nil {
 		return errors.Join(copyErr, err)

@@ -44,13 +44,18 @@ type Config struct {
 	// Poll is how often an idle launcher looks at the launch state again
 	// (5 s), so `mesh-launch clear` resumes it.
 	Poll time.Duration
-	// Reinstall puts the known-good binaries back (CopyReinstall). A
-	// package-manager reinstall, or a test's stub, goes here.
+	// Reinstall puts the known-good binaries back. When nil: through the
+	// package manager if Packages and the known-good copy names its
+	// package version, else (or when that fails) CopyReinstall. A test's
+	// stub goes here.
 	Reinstall func(ctx context.Context, knownGood string, installed map[string]string) error
 	// Stdout and Stderr are passed to the executor (os.Stdout, os.Stderr).
 	Stdout, Stderr *os.File
 	// Log is where the launcher says what it does (slog.Default()).
 	Log *slog.Logger
+	// Packages lets a rollback reinstall the known-good release through the
+	// package manager (falling back to copying the known-good binaries).
+	Packages bool
 	// AgentUser and AgentState: the agent's account and state directory,
 	// made before the first start when missing (a tarball install); an
 	// empty AgentUser makes nothing.
@@ -107,9 +112,7 @@ func (c Config) withDefaults() (Config, error) {
 			return c, e
 		}
 	}
-	if c.Reinstall == nil {
-		c.Reinstall = CopyReinstall
-	}
+
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
 	}
@@ -173,7 +176,17 @@ func (l *launcher) run(ctx context.Context) {
 			continue
 		case Rollback:
 			l.log.Warn("launcher: rolling back", "reason", st.RolledBack.Reason, "known_good", l.cfg.KnownGood)
-			if err := l.cfg.Reinstall(ctx, l.cfg.KnownGood, l.cfg.Installed); err != nil {
+			if l.cfg.Packages {
+				// The release that failed, as the package manager names it:
+				// the executor will not install it again.
+				if v := PackageVersion(ctx); v != "" && (st.KnownGood == nil || st.KnownGood.Package != v) {
+					update(l.cfg.StateDir, func(s *State) (bool, error) {
+						s.Failed = &FailedRelease{Version: v, At: time.Now().UTC(), Reason: st.RolledBack.Reason}
+						return true, nil
+					})
+				}
+			}
+			if err := l.reinstall(ctx, st); err != nil {
 				if ctx.Err() != nil {
 					// Stopped mid-reinstall: the mark stays unfinished, and
 					// the next launcher finishes it.

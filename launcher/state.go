@@ -61,6 +61,9 @@ type State struct {
 	// KnownGoodDir is the launcher's known-good directory, which Healthy
 	// writes into (DefaultStateDir/known-good when empty).
 	KnownGoodDir string `json:"known_good_dir,omitempty"`
+	// Failed is the last release rolled back from; Healthy keeps it, and
+	// only Clear drops it.
+	Failed *FailedRelease `json:"failed_release,omitempty"`
 }
 
 // Mark is a dated decision and why it was taken.
@@ -82,6 +85,19 @@ type RollbackMark struct {
 type KnownGood struct {
 	At       time.Time         `json:"at"`
 	Binaries map[string]string `json:"binaries"`
+	// Package is the version of the host's package these binaries came
+	// from, when the executor runs the installed package: a rollback
+	// reinstalls it through the package manager.
+	Package string `json:"package,omitempty"`
+}
+
+// FailedRelease is a release of the host's package the launcher rolled
+// back from: the executor does not install it again until a declaration
+// names another version or a person clears it (mesh-launch clear).
+type FailedRelease struct {
+	Version string    `json:"version"`
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason"`
 }
 
 // clone is a deep copy, so Decide never changes its argument.
@@ -350,6 +366,6 @@ func Clear(stateDir string) error {
 	if err != nil && !errors.Is(err, errCorrupt) {
 		return err
 	}
-	s.Halted, s.Starts = nil, nil
+	s.Halted, s.Starts, s.Failed = nil, nil, nil
 	return writeState(stateDir, s)
 }

@@ -243,14 +243,18 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	if src == store.Bundle {
 		node = "" // carried for any machine: it names no node
 	}
-	rep := engine.Apply(context.Background(), st, d, data, engine.Options{
+	opt := engine.Options{
 		Source: src, Plan: plan, Log: c.log, NodeID: node, Partial: c.partial,
 		// Sealed content opens with the key enrolment made, bound to the
 		// node and sequence the file itself names: a rescue file carries
 		// content the control side sealed for exactly that declaration.
 		Unseal:      serve.Unsealer(c.state, d.Node, d.Seq),
 		HostVersion: c.version,
-	})
+	}
+	if ls, err := launcher.ReadState(c.state); err == nil && ls.Failed != nil {
+		opt.FailedHostRelease = ls.Failed.Version
+	}
+	rep := engine.Apply(context.Background(), st, d, data, opt)
 	if !plan && rep.Outcome != shapes.Refused {
 		st.SaveReport(src, rep)
 	}
@@ -546,7 +550,14 @@ func (c *command) serve(args []string) int {
 		if agent := filepath.Join(filepath.Dir(exe), "mesh-agent"); fileExists(agent) {
 			bins["mesh-agent"] = agent
 		}
-		return launcher.Healthy(*stateDir, bins)
+		// Run from the installed package, the known-good copy also names
+		// the package's version: a rollback reinstalls it through the
+		// package manager.
+		pkg := ""
+		if samePath(exe, launcher.DefaultInstalled()["mesh-executor"]) {
+			pkg = launcher.PackageVersion(ctx)
+		}
+		return launcher.HealthyPackage(*stateDir, bins, pkg)
 	}
 	srv := serve.New(serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
 		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary})
@@ -556,6 +567,13 @@ func (c *command) serve(args []string) int {
 		return ExitFailed
 	}
 	return 0
+}
+
+// samePath tells whether two paths are one file once links are resolved.
+func samePath(a, b string) bool {
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	return err1 == nil && err2 == nil && ra == rb
 }
 
 func fileExists(p string) bool {

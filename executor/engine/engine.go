@@ -70,6 +70,10 @@ type Options struct {
 	// version: an upgrade is checked and noticed with them.
 	HostBinary  string
 	HostVersion string
+	// FailedHostRelease is the host's package version the launcher rolled
+	// back from (it crash-looped at start): never installed again until a
+	// declaration names another version or a person clears it.
+	FailedHostRelease string
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.

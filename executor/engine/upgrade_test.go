@@ -44,6 +44,7 @@ func TestHostUpgrade(t *testing.T) {
 		"0.4.0-1": "\x7fELF\x02\x01\x01garbage for another arch", // does not run here
 	}}
 	os.WriteFile(bin, []byte(says("0.1.0")), 0o755)
+	failed := ""
 	apply := func(version, running string) *shapes.Report {
 		t.Helper()
 		doc := h.doc(`{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"` + version + `"}`)
@@ -54,7 +55,7 @@ func TestHostUpgrade(t *testing.T) {
 		st, _ := store.Open(h.state)
 		st.Lock(time.Second)
 		defer st.Unlock()
-		return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pm, HostBinary: bin, HostVersion: running})
+		return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pm, HostBinary: bin, HostVersion: running, FailedHostRelease: failed})
 	}
 
 	// Installed, run once, says the declared version: the apply finishes
@@ -82,6 +83,12 @@ func TestHostUpgrade(t *testing.T) {
 		if rep.Outcome != shapes.Failed || rep.Upgraded != "" || !strings.Contains(rep.Lines[0].Detail, want) || !strings.Contains(rep.Lines[0].Detail, "the running host (0.2.0) carries on") {
 			t.Fatalf("%s: %+v", v, rep)
 		}
+	}
+	// A release the launcher rolled back from is not installed again.
+	failed = "0.5.0-1"
+	pm.log = nil
+	if rep := apply("0.5.0-1", "0.2.0"); rep.Outcome != shapes.Failed || len(pm.log) != 0 || !strings.Contains(rep.Lines[0].Detail, "crash-looped at start and the launcher rolled it back") {
+		t.Fatalf("a failed release: %+v %v", rep, pm.log)
 	}
 }
 

@@ -38,6 +38,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/executor/profile"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/launcher"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -381,6 +382,14 @@ func (s *Server) profile(_ context.Context, c *conn, _ any) error {
 	return c.Write(wire.KindProfileReply, &reply)
 }
 
+// failedRelease is the host release the launcher rolled back from, if any.
+func (s *Server) failedRelease() string {
+	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil && st.Failed != nil {
+		return st.Failed.Version
+	}
+	return ""
+}
+
 // noteUpgrade keeps what an apply reported about the host's own package.
 func (s *Server) noteUpgrade(rep *shapes.Report) {
 	if rep.Upgraded == "" {
@@ -722,7 +731,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return nil
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted,
-		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version})
+		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()})
 	s.record(st, store.Link, rep)
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
@@ -884,7 +893,7 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			continue
 		}
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
-			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version}
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

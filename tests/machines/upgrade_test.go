@@ -52,8 +52,8 @@ func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
 // starts the new binary; the agent notices the new build and is restarted
 // onto its own new binary; the node reports the version running. Then a
 // release that installs, passes its read-back and crash-loops: the
-// launcher rolls back once to the known-good copy, which reconciles and
-// says why the declared version is not the one running.
+// launcher rolls back once, through apt, to the known-good release, which
+// reconciles and says why it does not install the declared version again.
 func TestUpgradeThroughADeclaration(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the lab needs root (make test runs as root)")
@@ -73,7 +73,7 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, errOut, _ := m.Run(context.Background(), "/bin/sh", "-c",
-				"journalctl --no-pager -n 120 -u mesh-executor -u mesh-agent -u mesh-control 2>&1; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
+				"journalctl --no-pager -n 40 -u mesh-agent -u mesh-control 2>&1; journalctl --no-pager -n 60 -u mesh-executor -o cat 2>&1; ps -ef --forest 2>&1 | tail -40; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
 			t.Logf("the lab says:\n%s%s", out, errOut)
 		}
 	})
@@ -143,13 +143,18 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	untilTrue(t, 60*time.Second, "apt installed the broken release", func() bool {
 		return m.sh("dpkg-query -W -f='${Version}' nox-mesh-host") == "0.9.3-1"
 	})
-	untilTrue(t, 120*time.Second, "rolled back to the known-good 0.9.2", func() bool {
-		j := m.sh("journalctl --no-pager -u mesh-executor -o cat | grep -c 'reinstalling the known-good copy' || true")
-		return j != "0" && m.sh("/usr/bin/mesh-executor version 2>/dev/null || true") == "0.9.2"
+	// Rolled back through the package manager: dpkg says 0.9.2-1 again.
+	untilTrue(t, 180*time.Second, "rolled back to the known-good 0.9.2 through apt, and running", func() bool {
+		return m.sh("dpkg-query -W -f='${db:Status-Status} ${Version}' nox-mesh-host") == "installed 0.9.2-1" &&
+			m.sh("journalctl --no-pager -u mesh-executor -o cat | grep -c 'crash-looped at start and the launcher rolled it back' || true") != "0"
 	})
+	if got := m.sh("/usr/bin/mesh-executor version"); got != "0.9.2" {
+		t.Fatalf("after the rollback /usr/bin/mesh-executor says %s", got)
+	}
 	untilTrue(t, 60*time.Second, "the known-good host running again", func() bool { e, _ := node(); return e == "0.9.2" })
 	logs := m.sh("journalctl --no-pager -u mesh-executor -o cat")
-	for _, want := range []string{"a broken release: it crashes at start", `the installed host says version \"0.9.2\", not the declared 0.9.3-1`} {
+	for _, want := range []string{"a broken release: it crashes at start", "reinstalled the known-good release through the package manager",
+		"nox-mesh-host 0.9.3-1 crash-looped at start and the launcher rolled it back; it is not installed again"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the executor's journal does not say %q", want)
 		}

@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,19 +41,7 @@ const foundation = `{"version":1,"resources":[
 //  5. both are upgraded through a declaration; B is then declared a
 //     release that crash-loops, and rolls back through apt; B is retired.
 func TestMeshBornFromOneMachine(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("the labs need root (make test runs as root)")
-	}
-	dir := t.TempDir()
-	v1 := hostDeb(t, dir, "0.9.1", "b1", false)
-	v2 := hostDeb(t, dir, "0.9.2", "b2", false)
-	v3 := hostDeb(t, dir, "0.9.3", "b3", true)
-	ctlBin := filepath.Join(dir, "mesh-control")
-	b := exec.Command("go", "build", "-o", ctlBin, "./cmd/mesh-control")
-	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := b.CombinedOutput(); err != nil {
-		t.Fatalf("build mesh-control: %v\n%s", err, out)
-	}
+	v1, v2, v3, ctlBin := hostReleases(t)
 
 	A := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd, Name: "mesh-a"}), t: t}
 	B := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd, Name: "mesh-b"}), t: t}

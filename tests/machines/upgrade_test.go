@@ -44,6 +44,27 @@ func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
 	return debs[0]
 }
 
+// hostReleases builds the three releases the lifecycle tests install:
+// 0.9.1 and 0.9.2, and 0.9.3 which crash-loops; and mesh-control, the
+// control side the first node raises.
+func hostReleases(t *testing.T) (v1, v2, v3, ctlBin string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the labs need root (make test runs as root)")
+	}
+	dir := t.TempDir()
+	v1 = hostDeb(t, dir, "0.9.1", "b1", false)
+	v2 = hostDeb(t, dir, "0.9.2", "b2", false)
+	v3 = hostDeb(t, dir, "0.9.3", "b3", true)
+	ctlBin = filepath.Join(dir, "mesh-control")
+	b := exec.Command("go", "build", "-o", ctlBin, "./cmd/mesh-control")
+	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := b.CombinedOutput(); err != nil {
+		t.Fatalf("build mesh-control: %v\n%s", err, out)
+	}
+	return v1, v2, v3, ctlBin
+}
+
 // Upgrading the host through a declaration, on a systemd lab with the real
 // package manager, launcher and init: the first node of a mesh born on
 // this machine (its control side runs here too) is declared a new version
@@ -55,19 +76,7 @@ func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
 // launcher rolls back once, through apt, to the known-good release, which
 // reconciles and says why it does not install the declared version again.
 func TestUpgradeThroughADeclaration(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("the lab needs root (make test runs as root)")
-	}
-	dir := t.TempDir()
-	v1 := hostDeb(t, dir, "0.9.1", "b1", false)
-	v2 := hostDeb(t, dir, "0.9.2", "b2", false)
-	v3 := hostDeb(t, dir, "0.9.3", "b3", true)
-	ctlBin := filepath.Join(dir, "mesh-control")
-	b := exec.Command("go", "build", "-o", ctlBin, "./cmd/mesh-control")
-	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := b.CombinedOutput(); err != nil {
-		t.Fatalf("build mesh-control: %v\n%s", err, out)
-	}
+	v1, v2, v3, ctlBin := hostReleases(t)
 
 	m := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd}), t: t}
 	t.Cleanup(func() {

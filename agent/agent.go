@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -456,6 +458,11 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			return
 		}
 		hb.ExecutorError = err.Error()
+		// The executor is down: the launcher may have said why, beside
+		// the socket, where the agent may read.
+		if n := readNotice(filepath.Join(filepath.Dir(a.o.Socket), noticeName)); n != "" {
+			hb.ExecutorHalted = n
+		}
 	} else {
 		if s.Enrolling {
 			a.log.Info("the executor has an enrolment pending: carrying it out")
@@ -489,4 +496,24 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			s.ProfileDigest = newDigest
 		}
 	})
+}
+
+// noticeName is the launcher's notice beside the executor's socket
+// (launcher.NoticeFile; the agent links nothing of the launcher).
+const noticeName = "launcher.json"
+
+// readNotice returns the launcher's reason for starting nothing, or "".
+func readNotice(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 64<<10 {
+		return ""
+	}
+	var n struct {
+		Halted bool   `json:"halted"`
+		Reason string `json:"reason"`
+	}
+	if json.Unmarshal(b, &n) != nil || !n.Halted {
+		return ""
+	}
+	return n.Reason
 }

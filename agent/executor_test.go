@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +81,22 @@ func TestHostedStaysIdle(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The launcher halted (a release and its rollback both failed): no
+// executor answers, and the agent relays the launcher's reason from beside
+// the socket, so the node reads as halted and why, not as switched off.
+func TestLauncherHaltReportedUpward(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("halted")
+	run := t.TempDir()
+	notice := `{"halted":true,"reason":"halted; starting nothing until a person runs mesh-launch clear: the machine is the problem","at":"2026-11-30T00:00:00Z"}`
+	if err := os.WriteFile(filepath.Join(run, "launcher.json"), []byte(notice), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, id, filepath.Join(run, "executor.sock"))
+	waitFor(t, "the halt in the registry", func() bool {
+		ns, err := c.client.Nodes(context.Background())
+		return err == nil && len(ns) == 1 && strings.Contains(ns[0].ExecutorHalted, "the machine is the problem") && ns[0].ExecutorError != ""
+	})
 }

@@ -76,6 +76,10 @@ type Heartbeat struct {
 	// socket for this heartbeat; ExecutorError says why it could not be.
 	Executor      *ExecutorStatus `json:"executor,omitempty"`
 	ExecutorError string          `json:"executor_error,omitempty"`
+	// ExecutorHalted is the launcher's word, when the executor is not
+	// running because the launcher halted (a release and its rollback both
+	// failed) or cannot use its state: what a person has to look at.
+	ExecutorHalted string `json:"executor_halted,omitempty"`
 	// The last declaration the agent saw applied, and how it ended.
 	LastApplied        uint64         `json:"last_applied"`
 	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`

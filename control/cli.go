@@ -381,6 +381,8 @@ func (c *cli) nodes() error {
 			if n.ExecutorBuild != "" {
 				ex += " (" + n.ExecutorBuild + ")"
 			}
+		} else if n.ExecutorHalted != "" {
+			ex = "halted (" + n.ExecutorHalted + ")"
 		} else if n.ExecutorError != "" {
 			ex = "unreachable"
 		}

@@ -21,18 +21,21 @@ type NodeStatus struct {
 	NKey      string `json:"nkey"`
 	// State: "never heard from", "silent" (no heartbeat for three
 	// periods), or the agent's own state from its last heartbeat.
-	State           string         `json:"state"`
-	LastHeard       time.Time      `json:"last_heard,omitzero"`
-	ExecutorVersion string         `json:"executor_version,omitempty"`
-	ExecutorBuild   string         `json:"executor_build,omitempty"`
-	ExecutorError   string         `json:"executor_error,omitempty"`
-	Declared        uint64         `json:"declared"` // the newest sequence declared
-	Applied         uint64         `json:"applied"`  // the last the node applied
-	LastSeq         uint64         `json:"last_seq,omitempty"`
-	LastOutcome     shapes.Outcome `json:"last_outcome,omitempty"`
-	LastRefused     string         `json:"last_refused,omitempty"`
-	LastLinkError   string         `json:"last_link_error,omitempty"`
-	LastReport      *agent.Report  `json:"last_report,omitempty"`
+	State           string    `json:"state"`
+	LastHeard       time.Time `json:"last_heard,omitzero"`
+	ExecutorVersion string    `json:"executor_version,omitempty"`
+	ExecutorBuild   string    `json:"executor_build,omitempty"`
+	ExecutorError   string    `json:"executor_error,omitempty"`
+	// ExecutorHalted is the launcher's reason, as the agent relays it,
+	// for starting no executor on the node.
+	ExecutorHalted string         `json:"executor_halted,omitempty"`
+	Declared       uint64         `json:"declared"` // the newest sequence declared
+	Applied        uint64         `json:"applied"`  // the last the node applied
+	LastSeq        uint64         `json:"last_seq,omitempty"`
+	LastOutcome    shapes.Outcome `json:"last_outcome,omitempty"`
+	LastRefused    string         `json:"last_refused,omitempty"`
+	LastLinkError  string         `json:"last_link_error,omitempty"`
+	LastReport     *agent.Report  `json:"last_report,omitempty"`
 	// Briefing is what adoption found, as the node last reported it.
 	Briefing  *shapes.Briefing `json:"briefing,omitempty"`
 	Heartbeat *agent.Heartbeat
@@ -92,6 +95,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 				}
 			}
 			s.ExecutorError, s.LastLinkError = hb.ExecutorError, hb.LastLinkError
+			s.ExecutorHalted = hb.ExecutorHalted
 			s.State = hb.State
 			if now.Sub(hb.At) > 3*time.Duration(hb.Interval*float64(time.Second))+5*time.Second {
 				s.State = StateSilent

@@ -178,6 +178,7 @@ func (l *lab) config() Config {
 		KnownGood: l.kg,
 		MaxStarts: 3, Window: time.Minute, Backoff: 20 * time.Millisecond, Poll: 50 * time.Millisecond,
 		StopTimeout: 10 * time.Second,
+		Notice:      filepath.Join(l.dir, "run", "launcher.json"),
 		Reinstall: func(ctx context.Context, kg string, installed map[string]string) error {
 			l.mu.Lock()
 			l.reinstall = append(l.reinstall, fmt.Sprintf("%s -> %v", kg, installed))

@@ -56,6 +56,9 @@ type Config struct {
 	// Packages lets a rollback reinstall the known-good release through the
 	// package manager (falling back to copying the known-good binaries).
 	Packages bool
+	// Notice is where the launcher tells the agent it starts nothing
+	// (halted, or its state unusable), and why ("" says nothing).
+	Notice string
 	// AgentUser and AgentState: the agent's account and state directory,
 	// made before the first start when missing (a tarball install); an
 	// empty AgentUser makes nothing.
@@ -211,6 +214,9 @@ func (l *launcher) run(ctx context.Context) {
 			}
 			l.log.Warn("launcher: reinstalled the known-good copy", "known_good", l.cfg.KnownGood)
 		}
+		if l.said != "" {
+			l.notice("") // starting again
+		}
 		l.said = ""
 		if ctx.Err() != nil {
 			return
@@ -277,6 +283,7 @@ func (l *launcher) idle(ctx context.Context, msg, reason string) {
 	if l.said != msg+reason {
 		l.said = msg + reason
 		l.log.Error("launcher: "+msg, "reason", reason, "state", l.statePath())
+		l.notice(msg + ": " + reason)
 	}
 	sleep(ctx, l.cfg.Poll)
 }

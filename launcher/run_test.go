@@ -64,6 +64,11 @@ func TestRollbackThenHalt(t *testing.T) {
 	if n := strings.Count(l.logs.String(), "halted; starting nothing"); n != 1 {
 		t.Errorf("the idle launcher said it is halted %d times; once is enough", n)
 	}
+	// And says it where the agent can read it, to report upward.
+	n, err := ReadNotice(l.config().Notice)
+	if err != nil || n == nil || !n.Halted || !strings.Contains(n.Reason, "the machine is the problem") {
+		t.Errorf("the notice for the agent: %+v %v", n, err)
+	}
 	r.stop(5 * time.Second)
 }
 
@@ -191,7 +196,7 @@ func TestMeshLaunchStopsOnSIGTERM(t *testing.T) {
 	l := newLab(t)
 	l.script(l.installed, "up", "healthy-serve", 0)
 	bin := buildMeshLaunch(t)
-	cmd := exec.Command(bin, "--state", l.state, "--executor", l.installed, "--known-good", l.kg, "--agent-user=", "--", "serve", "--x")
+	cmd := exec.Command(bin, "--state", l.state, "--executor", l.installed, "--known-good", l.kg, "--agent-user=", "--notice=", "--", "serve", "--x")
 	cmd.Stdout, cmd.Stderr = l.out, l.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,76 @@
+package launcher
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// NoticeFile is where the launcher says, for the agent, that it starts
+// nothing: beside the executor's socket (the socket directory is root's
+// and the agent's group's), readable by that group only. The agent, which
+// cannot read the executor's private state, reports it upward with its
+// heartbeat: a node whose executor is halted says so and why, rather than
+// looking like a machine somebody switched off.
+const NoticeFile = "/run/mesh-host/launcher.json"
+
+// Notice is NoticeFile's content.
+type Notice struct {
+	Halted bool      `json:"halted"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+// ReadNotice reads the launcher's notice at path; nil when there is none
+// (the launcher is starting the executor).
+func ReadNotice(path string) (*Notice, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var n Notice
+	if err := json.Unmarshal(b, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// notice writes (reason != "") or removes (reason == "") the notice.
+func (l *launcher) notice(reason string) {
+	p := l.cfg.Notice
+	if p == "" {
+		return
+	}
+	if reason == "" {
+		os.Remove(p)
+		return
+	}
+	gid := 0
+	if l.cfg.AgentUser != "" {
+		if u, err := user.Lookup(l.cfg.AgentUser); err == nil {
+			gid, _ = strconv.Atoi(u.Gid)
+		}
+	}
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o750); err == nil && gid != 0 {
+		os.Chown(dir, 0, gid) // the agent's group may look in, as at its socket
+	}
+	b, _ := json.Marshal(&Notice{Halted: true, Reason: reason, At: time.Now().UTC()})
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o640); err != nil {
+		l.log.Warn("launcher: the notice for the agent could not be written", "err", err)
+		return
+	}
+	os.Chown(tmp, 0, gid)
+	os.Chmod(tmp, 0o640)
+	if err := os.Rename(tmp, p); err != nil {
+		l.log.Warn("launcher: the notice for the agent could not be written", "err", err)
+	}
+}

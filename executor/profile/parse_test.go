@@ -169,10 +169,10 @@ func TestParsePing(t *testing.T) {
 		{"ping-docker", "Docker/24.0.7 (linux)", ""},
 		{"ping-podman", "libpod API 4.3.1", ""},
 		{"ping-chunked", "Chunky/1", ""},
-		{"ping-500", "", `answered "HTTP/1.0 500 Internal Server Error"`},
+		{"ping-500", "", "answered 500"},
 		{"ping-wrongbody", "", `body "NOPE"`},
-		{"ping-truncated", "", "no complete HTTP answer"},
-		{"ping-nothttp", "", "not an HTTP answer"},
+		{"ping-truncated", "", "unexpected EOF"},
+		{"ping-nothttp", "", "malformed HTTP answer"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			server, err := parsePing([]byte(readTestdata(t, tc.file)))

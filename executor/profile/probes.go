@@ -1,12 +1,12 @@
 package profile
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/bits"
 	"net"
@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/dockerapi"
 )
 
 // Each probe proves its capability by using it. The shape is the same
@@ -25,14 +27,14 @@ import (
 
 // ---- container-runtime: a runtime answers _ping on its Docker-API socket.
 
-var runtimeSockets = []string{"/run/docker.sock", "/var/run/docker.sock", "/run/podman/podman.sock"}
-
-const pingRequest = "GET /_ping HTTP/1.0\r\nHost: d\r\n\r\n"
+// The sockets and the HTTP client are the container applier's too
+// (package dockerapi): the profile says present only where the applier
+// would find the same runtime.
 
 func probeContainerRuntime(ctx context.Context, o Options) Capability {
 	socks := o.sockets
 	if socks == nil {
-		for _, s := range runtimeSockets {
+		for _, s := range dockerapi.Sockets {
 			socks = append(socks, o.at(s))
 		}
 	}
@@ -62,85 +64,25 @@ func probeContainerRuntime(ctx context.Context, o Options) Capability {
 // ping asks the Docker-API socket at path for /_ping and returns what the
 // engine calls itself.
 func ping(ctx context.Context, path string) (string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
+	server, err := (&dockerapi.Client{Socket: path}).Ping(ctx)
+	var e *dockerapi.Error
+	if errors.As(err, &e) {
+		return "", fmt.Errorf("answered %d %s", e.Status, e.Message)
+	}
+	return server, err
+}
+
+// parsePing reads a captured answer to /_ping with the applier's own
+// parser.
+func parsePing(raw []byte) (string, error) {
+	r, err := dockerapi.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), "GET", 1<<10)
 	if err != nil {
 		return "", err
 	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
+	if r.Status != 200 {
+		return "", fmt.Errorf("answered %d", r.Status)
 	}
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	if _, err := io.WriteString(c, pingRequest); err != nil {
-		return "", err
-	}
-	raw, err := io.ReadAll(io.LimitReader(c, 64<<10))
-	if err != nil && len(raw) == 0 {
-		return "", err
-	}
-	return parsePing(raw)
-}
-
-// parsePing accepts only a complete "200" answer whose body is "OK" and
-// returns the engine's Server header (or its API version when it sends no
-// Server header).
-func parsePing(raw []byte) (string, error) {
-	head, body, ok := bytes.Cut(raw, []byte("\r\n\r\n"))
-	if !ok {
-		head, body, ok = bytes.Cut(raw, []byte("\n\n"))
-	}
-	if !ok {
-		return "", fmt.Errorf("no complete HTTP answer (%d bytes)", len(raw))
-	}
-	lines := strings.Split(strings.ReplaceAll(string(head), "\r\n", "\n"), "\n")
-	status := strings.Fields(lines[0])
-	if len(status) < 2 || !strings.HasPrefix(status[0], "HTTP/1.") {
-		return "", fmt.Errorf("not an HTTP answer: %q", lines[0])
-	}
-	if status[1] != "200" {
-		return "", fmt.Errorf("answered %q", lines[0])
-	}
-	hdr := map[string]string{}
-	for _, l := range lines[1:] {
-		if k, v, ok := strings.Cut(l, ":"); ok {
-			hdr[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
-		}
-	}
-	if strings.EqualFold(hdr["transfer-encoding"], "chunked") {
-		body = dechunk(body)
-	}
-	if b := strings.TrimSpace(string(body)); b != "OK" {
-		return "", fmt.Errorf("answered 200 with body %q, not OK", b)
-	}
-	switch {
-	case hdr["server"] != "":
-		return hdr["server"], nil
-	case hdr["libpod-api-version"] != "":
-		return "libpod API " + hdr["libpod-api-version"], nil
-	case hdr["api-version"] != "":
-		return "API " + hdr["api-version"], nil
-	}
-	return "", nil
-}
-
-// dechunk undoes chunked transfer encoding, as far as the data goes.
-func dechunk(b []byte) []byte {
-	var out []byte
-	for {
-		line, rest, ok := bytes.Cut(b, []byte("\r\n"))
-		if !ok {
-			return out
-		}
-		size, _, _ := bytes.Cut(line, []byte(";"))
-		n, err := strconv.ParseUint(strings.TrimSpace(string(size)), 16, 32)
-		if err != nil || n == 0 || int(n) > len(rest) {
-			return out
-		}
-		out = append(out, rest[:n]...)
-		b = bytes.TrimPrefix(rest[n:], []byte("\r\n"))
-	}
+	return dockerapi.PingAnswer(r)
 }
 
 // ---- package-manager: the machine's own package manager queries its database.

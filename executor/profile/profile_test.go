@@ -106,7 +106,7 @@ func serveDockerAPI(t *testing.T, answer string) string {
 						return
 					}
 				}
-				if !bytes.HasPrefix(req, []byte("GET /_ping HTTP/1.0\r\n")) {
+				if !bytes.HasPrefix(req, []byte("GET /_ping HTTP/1.1\r\n")) {
 					io.WriteString(c, "HTTP/1.0 404 Not Found\r\n\r\n")
 					return
 				}

@@ -15,9 +15,9 @@
 //
 // File and directory steps are batched here; every other shape runs
 // alone and registers itself (registerAlone) from its own file: action,
-// service, package, user, archive, overlay, opening. A shape with no
-// applier yet (container, network) is refused by name before anything is
-// touched.
+// service, package, user, archive, overlay, opening, container, network.
+// A shape with no applier, or whose applier finds nothing to drive here
+// (readyFor), is refused by name before anything is touched.
 package engine
 
 import (
@@ -226,6 +226,11 @@ func (r *run) check() error {
 		}
 		if !Applied[h.Type] {
 			return &Refusal{fmt.Sprintf("resource %s: this host cannot apply %q yet", h.Key(), h.Type)}
+		}
+		if ready := readyFor[h.Type]; ready != nil {
+			if err := ready(r); err != nil {
+				return &Refusal{fmt.Sprintf("resource %s: %v", h.Key(), err)}
+			}
 		}
 		// Every sealed content is opened now, so one that does not open
 		// refuses the declaration before anything is touched: never half

@@ -395,8 +395,11 @@ func TestRefusalsTouchNothing(t *testing.T) {
 	os.MkdirAll("/var/lib/mesh-host", 0o755)
 	link := h.p("innocent")
 	os.Symlink("/var/lib/mesh-host", link)
+	saved := runtimeSockets
+	runtimeSockets = []string{h.p("none.sock")}
+	defer func() { runtimeSockets = saved }()
 	cases := []struct{ name, doc, want string }{
-		{"not yet applied shape", h.doc(fileMot, `{"module":"w","id":"c","type":"container","name":"c","image":"x@sha256:`+strings.Repeat("a", 64)+`"}`), `resource w.c: this host cannot apply "container" yet`},
+		{"no container runtime", h.doc(fileMot, `{"module":"w","id":"c","type":"container","name":"c","image":"x@sha256:`+strings.Repeat("a", 64)+`"}`), `resource w.c: this host cannot apply 'container': no container runtime answered _ping (` + h.p("none.sock") + `: absent)`},
 		{"service without an init", h.doc(`{"module":"w","id":"s","type":"service","unit":"nginx","state":"running"}`), `resource w.s: initsys: no init this host can drive`},
 		{"sealed", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","sealed":"AAAA"}`), "sealed content for s.k could not be opened: this host has no sealing key"},
 		{"unknown owner", h.doc(`{"module":"s","id":"k","type":"file","path":"{root}/k","content":"x","owner":"no-such-user-here"}`), `resource s.k field owner: user "no-such-user-here" is not known to the name service`},

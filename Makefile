@@ -75,6 +75,13 @@ package:
 		DIST=$(DIST) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
 	done
 	tar -C $(DIST)/bin --owner=0 --group=0 --mode=0755 -czf $(DIST)/$(PKG_TARBALL) mesh-executor mesh-agent mesh-launch
+	# Cross-compiled static binaries: linux/arm64, and android/arm64 (the
+	# root helper and the app's agent; no libc, Android's loader only).
+	for t in linux/arm64 android/arm64; do os=$${t%/*}; arch=$${t#*/}; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
+			-o $(DIST)/$$os-$$arch/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch || exit 1; \
+		tar -C $(DIST)/$$os-$$arch --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-$$os-$$arch.tar.gz mesh-executor mesh-agent mesh-launch || exit 1; \
+	done
 	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
 
 clean:

@@ -36,6 +36,9 @@ type Options struct {
 	// EnrolPoll is how often a hosted agent asks the executor whether an
 	// enrolment was begun (2s when zero).
 	EnrolPoll time.Duration
+	// Episodic: the agent runs only now and then (inside an app), and
+	// opens the link only while it runs; its heartbeat says so.
+	Episodic bool
 	// Heartbeat is the heartbeat period (30s when zero).
 	Heartbeat time.Duration
 	// Version and Build are this agent's; Build is compared with the
@@ -444,7 +447,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	a.linkMu.Unlock()
 	hb := &Heartbeat{
 		Node: a.id.Node, Enrolment: a.id.Enrolment, At: time.Now().UTC(),
-		Interval: a.o.Heartbeat.Seconds(), State: StateEnrolled, Presence: "resident",
+		Interval: a.o.Heartbeat.Seconds(), State: StateEnrolled, Presence: a.presence(),
 		AgentVersion: a.o.Version, AgentBuild: a.o.Build,
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
@@ -516,4 +519,11 @@ func readNotice(path string) string {
 		return ""
 	}
 	return n.Reason
+}
+
+func (a *Agent) presence() string {
+	if a.o.Episodic {
+		return PresenceEpisodic
+	}
+	return PresenceResident
 }

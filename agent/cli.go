@@ -32,6 +32,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
 	state := fs.String("state", DefaultStateDir, "the agent's state directory")
 	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
+	episodic := fs.Bool("episodic", false, "the agent runs only now and then (inside an app): its heartbeat says so, and its silence is not read as an absence")
 	enrolPoll := fs.Duration("enrol-poll", 2*time.Second, "hosted: how often to ask the executor whether an enrolment was begun")
 	selfCheck := fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials as JSON, and exit")
 	showVersion := fs.Bool("version", false, "print the version and build, and exit")
@@ -97,7 +98,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
 
 	err = Run(ctx, Options{
-		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll,
+		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll, Episodic: *episodic,
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -99,4 +100,38 @@ func TestLauncherHaltReportedUpward(t *testing.T) {
 		ns, err := c.client.Nodes(context.Background())
 		return err == nil && len(ns) == 1 && strings.Contains(ns[0].ExecutorHalted, "the machine is the problem") && ns[0].ExecutorError != ""
 	})
+}
+
+// An episodic agent (an app, linked only while it runs) says so in its
+// heartbeat; when it stops, the control side reads its silence as the
+// ordinary case ("episodic"), where a resident node's is "silent".
+func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	for _, n := range []struct {
+		name     string
+		episodic bool
+		want     string
+	}{{"app", true, control.StateEpisodic}, {"server", false, control.StateSilent}} {
+		id, _ := c.addNode(n.name)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- agent.Run(ctx, agent.Options{Identity: id, Socket: ex.path, ExecutorUID: uint32(os.Getuid()), StateDir: t.TempDir(),
+				Heartbeat: 200 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(), Episodic: n.episodic})
+		}()
+		state := func() string {
+			ns, _ := c.client.Nodes(context.Background())
+			for _, s := range ns {
+				if s.Name == n.name {
+					return s.State
+				}
+			}
+			return ""
+		}
+		waitFor(t, n.name+" heard from", func() bool { return state() == agent.StateEnrolled })
+		cancel()
+		<-done
+		waitFor(t, n.name+" read as "+n.want, func() bool { return state() == n.want })
+	}
 }

@@ -51,6 +51,12 @@ const (
 	TriggerReconnect   = "reconnect"
 )
 
+// The presences a heartbeat says.
+const (
+	PresenceResident = "resident"
+	PresenceEpisodic = "episodic"
+)
+
 // The agent's states, as its heartbeat says.
 const (
 	StateHosted       = "hosted"       // no identity: idle, never dials
@@ -68,7 +74,9 @@ type Heartbeat struct {
 	// silent node from a slow one.
 	Interval float64 `json:"interval_seconds"`
 	State    string  `json:"state"`
-	// Presence is "resident" (always linked); "episodic" comes later.
+	// Presence is PresenceResident (linked whenever the machine is up) or
+	// PresenceEpisodic (an app: linked only while it runs), so the control
+	// side reads a node's silence for what it is.
 	Presence     string `json:"presence"`
 	AgentVersion string `json:"agent_version"`
 	AgentBuild   string `json:"agent_build"`

@@ -392,7 +392,11 @@ func (c *cli) nodes() error {
 		} else {
 			outcome = fmt.Sprintf("%s (seq %d)", outcome, n.LastSeq)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, n.State, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
+		state := n.State
+		if state == StateEpisodic {
+			state = "episodic, last seen " + ago(n.LastHeard)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, state, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}
 	return w.Flush()
 }

@@ -49,6 +49,8 @@ type NodeStatus struct {
 const (
 	StateNeverHeard = "never heard from"
 	StateSilent     = "silent"
+	// StateEpisodic: an episodic node (an app) between its runs.
+	StateEpisodic = "episodic"
 )
 
 func (c *Client) getJSON(ctx context.Context, key string, v any) bool {
@@ -99,6 +101,11 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			s.State = hb.State
 			if now.Sub(hb.At) > 3*time.Duration(hb.Interval*float64(time.Second))+5*time.Second {
 				s.State = StateSilent
+				if hb.Presence == agent.PresenceEpisodic {
+					// An app linked only while it runs: its silence is
+					// the ordinary case, said as a fact, not an alarm.
+					s.State = StateEpisodic
+				}
 			}
 		} else if s.LastReport != nil {
 			s.State = StateSilent

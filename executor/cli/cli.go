@@ -35,6 +35,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/profile"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -69,6 +70,9 @@ The daemon (what mesh-launch starts):
 Rescue and inspection, as root, with or without the daemon running:
   apply FILE     apply a local declaration (root-owned, not group/other-writable)
   plan FILE      print what apply would do; touch nothing
+  bundle [--out F]
+                 whether this host can be a first node (raise the control side from
+                 the carried bundle), as JSON; a partial host cannot, and says so (exit 2)
   reconcile [BUNDLE]
                  apply the carried bundle (default /usr/lib/nox-mesh-host/foundation.lock)
                  as the bundle source: trusted, kept apart from the link's and rescue's
@@ -109,6 +113,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("v", false, "log each step to standard error")
 	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
 	tokenFile := fs.String("token-file", "", "enrol: read the token from this root-only file instead of standard input")
+	outFile := fs.String("out", "", "bundle: write the report to this file instead of standard output")
 	if err := fs.Parse(rest); err != nil {
 		return ExitRefused
 	}
@@ -117,7 +122,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial}
+	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial || initsys.Android("")}
 	switch cmd {
 	case "apply", "plan":
 		if fs.NArg() != 1 {
@@ -130,6 +135,8 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 			c.wait = 2 * time.Minute
 		}
 		return c.enrolCmd(fs.Args(), *tokenFile, os.Stdin)
+	case "bundle":
+		return c.bundle(*outFile)
 	case "reconcile":
 		bundle := DefaultBundle
 		if fs.NArg() == 1 {
@@ -204,6 +211,50 @@ func (c *command) apply(file string, plan bool) int {
 // `mesh-executor reconcile` as the bundle source — trusted like a local
 // file, and kept apart from what the link and rescue files declare.
 const DefaultBundle = "/usr/lib/nox-mesh-host/foundation.lock"
+
+// bundleReport is what `mesh-executor bundle` returns: whether this host
+// can be a mesh's first node (raise the control side from the carried
+// bundle), and why not.
+type bundleReport struct {
+	FirstNode bool   `json:"first_node"`
+	Partial   bool   `json:"partial"`
+	Reason    string `json:"reason,omitempty"`
+	Bundle    string `json:"bundle"`
+	Present   bool   `json:"present"`
+	Resources int    `json:"resources,omitempty"`
+}
+
+// bundle says whether this host can be a first node, as a file (out, or
+// standard output): a partial host cannot — it may drive no init, so it
+// cannot raise the control side as a service — and the file says so.
+func (c *command) bundle(out string) int {
+	r := bundleReport{Bundle: DefaultBundle, Partial: c.partial}
+	if data, err := os.ReadFile(DefaultBundle); err == nil {
+		r.Present = true
+		if d, err := shapes.ParseTrusted(data); err == nil {
+			r.Resources = len(d.Resources)
+		}
+	}
+	code := 0
+	if c.partial {
+		r.Reason = "a partial host cannot be a first node: it may drive no init, so it cannot raise the control side as a service; enrol it into a mesh raised on another machine"
+		code = ExitRefused
+	} else {
+		r.FirstNode = true
+	}
+	b, _ := json.MarshalIndent(&r, "", "  ")
+	b = append(b, '\n')
+	if out == "" {
+		c.out.Write(b)
+	} else if err := os.WriteFile(out, b, 0o644); err != nil {
+		fmt.Fprintf(c.errw, "executor: bundle: %v\n", err)
+		return ExitFailed
+	}
+	if c.partial {
+		fmt.Fprintln(c.errw, "executor: "+r.Reason)
+	}
+	return code
+}
 
 // reconcile applies the carried bundle, if there is one.
 func (c *command) reconcile(bundle string) int {
@@ -511,6 +562,7 @@ func (c *command) serve(args []string) int {
 	stateDir := fs.String("state", DefaultState, "the executor's state directory")
 	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
 	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
+	agentUID := fs.Int("agent-uid", 0, "the agent's uid, numeric (an Android app's, which no passwd names); overrides --agent-user")
 	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
 	build := fs.String("build", Build, "the build id the agent compares at hello")
 	hostBinary := fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)")
@@ -523,13 +575,25 @@ func (c *command) serve(args []string) int {
 		log.Error("executor: serve runs as root")
 		return ExitRefused
 	}
-	u, err := user.Lookup(*agentUser)
-	if err != nil {
-		log.Error("executor: the agent's user is unknown", "user", *agentUser, "err", err)
-		return ExitRefused
+	var uid, gid int
+	if *agentUID > 0 {
+		// An Android app's uid: its gid is the same number, and the
+		// socket's directory is opened to that group alone.
+		uid, gid = *agentUID, *agentUID
+		*agentUser = strconv.Itoa(uid)
+	} else {
+		u, err := user.Lookup(*agentUser)
+		if err != nil {
+			log.Error("executor: the agent's user is unknown", "user", *agentUser, "err", err)
+			return ExitRefused
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	if !*partial && initsys.Android("") {
+		*partial = true
+		log.Info("executor: a partial host (Android: no init this host may drive): file, directory, action and archive only")
+	}
 	if _, err := store.Open(*stateDir); err != nil {
 		log.Error("executor: state", "err", err)
 		return ExitRefused

@@ -214,3 +214,22 @@ func TestReconcileAppliesTheCarriedBundle(t *testing.T) {
 		t.Fatalf("an open bundle: %d %s%s", code, out, errOut)
 	}
 }
+
+// A partial host cannot be a first node, and its bundle report says so;
+// a full host can.
+func TestBundleReport(t *testing.T) {
+	d := base(t)
+	out := filepath.Join(d, "bundle.json")
+	code, _, errOut := run("bundle", "--partial", "--state", filepath.Join(d, "state"), "--out", out)
+	var r bundleReport
+	b, _ := os.ReadFile(out)
+	if err := json.Unmarshal(b, &r); err != nil || code != ExitRefused || r.FirstNode || !r.Partial ||
+		!strings.Contains(r.Reason, "a partial host cannot be a first node") || !strings.Contains(errOut, "cannot be a first node") {
+		t.Fatalf("partial: exit %d %+v %v %s", code, r, err, errOut)
+	}
+	code, stdout, _ := run("bundle", "--state", filepath.Join(d, "state"))
+	r = bundleReport{}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != 0 || !r.FirstNode || r.Partial {
+		t.Fatalf("full: exit %d %+v %v", code, r, err)
+	}
+}

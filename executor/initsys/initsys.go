@@ -110,3 +110,20 @@ func trim(b []byte) []byte {
 	}
 	return b
 }
+
+// Android reports whether this machine is Android, where the host may drive
+// no init (init.rc services answer to the platform, not to a root helper):
+// the executor is then a partial host by itself. root prefixes the paths
+// read ("" for "/"): Android's build properties, and PID 1 being
+// /system/bin/init.
+func Android(root string) bool {
+	if _, err := os.Stat(filepath.Join(root, "/system/build.prop")); err != nil {
+		return false
+	}
+	exe, err := os.Readlink(filepath.Join(root, "/proc/1/exe"))
+	if err != nil {
+		// Not allowed to look (SELinux): the build properties are enough.
+		return true
+	}
+	return strings.TrimSuffix(exe, " (deleted)") == "/system/bin/init" || strings.HasSuffix(exe, "/init")
+}

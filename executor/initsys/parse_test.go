@@ -266,3 +266,33 @@ func TestDetectNamesPID1(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// Android is known by its build properties and PID 1 being
+// /system/bin/init; a Linux machine with another PID 1 is not.
+func TestAndroid(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		buildProp bool
+		pid1      string
+		want      bool
+	}{
+		{"android", true, "/system/bin/init", true},
+		{"android, pid 1 hidden", true, "", true},
+		{"linux with systemd", false, "/usr/lib/systemd/systemd", false},
+		{"linux, unknown pid 1", false, "/usr/bin/process_api", false},
+		{"build.prop, another init", true, "/usr/lib/systemd/systemd", false},
+	} {
+		root := t.TempDir()
+		if c.buildProp {
+			os.MkdirAll(filepath.Join(root, "system"), 0o755)
+			os.WriteFile(filepath.Join(root, "system/build.prop"), []byte("ro.build.version.sdk=34\n"), 0o644)
+		}
+		if c.pid1 != "" {
+			os.MkdirAll(filepath.Join(root, "proc/1"), 0o755)
+			os.Symlink(c.pid1, filepath.Join(root, "proc/1/exe"))
+		}
+		if got := Android(root); got != c.want {
+			t.Errorf("%s: Android = %v", c.name, got)
+		}
+	}
+}

@@ -28,6 +28,11 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	if sock := os.Getenv("E2E_DIAL"); sock != "" {
+		// A child standing in for another local user: can it speak to the
+		// executor? Exit 0 only if the executor answered its hello.
+		os.Exit(dialProbe(sock))
+	}
 	dir, err := os.MkdirTemp("", "e2e-bin-")
 	if err != nil {
 		panic(err)

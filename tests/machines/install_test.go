@@ -2,6 +2,7 @@ package machines
 
 import (
 	"context"
+	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,12 +42,19 @@ func TestInstall(t *testing.T) {
 		t.Fatalf("make package: %v\n%s", err, out)
 	}
 	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
-	for _, glob := range []string{"*.deb", "*.apk", "*.pkg.tar.zst", "*.tar.gz"} {
+	for _, glob := range []string{"*.deb", "*.apk", "*.pkg.tar.zst", "*-linux-amd64.tar.gz", "*-linux-arm64.tar.gz", "*-android-arm64.tar.gz"} {
 		if m, _ := filepath.Glob(filepath.Join(dist, glob)); len(m) != 1 {
 			t.Fatalf("make package made %d files %s in %s, want 1", len(m), glob, dist)
 		}
 	}
 	t.Logf("make package: %v", time.Since(start).Round(time.Millisecond))
+	// The cross-compiled binaries are what they say: AArch64, static
+	// (linux) or needing Android's loader alone (android), no libc.
+	for _, c := range []struct{ dir, interp string }{{"linux-arm64", ""}, {"android-arm64", "/system/bin/linker64"}} {
+		for _, b := range []string{"mesh-executor", "mesh-agent", "mesh-launch"} {
+			checkELF(t, filepath.Join(dist, c.dir, b), c.interp)
+		}
+	}
 
 	t.Run("DebOnSystemd", func(t *testing.T) { t.Parallel(); installDeb(t, debs[0]) })
 	for _, in := range []lab.Init{lab.OpenRC, lab.Runit, lab.S6} {
@@ -283,4 +291,32 @@ func running(t *testing.T, m *machine, in lab.Init) {
 	})
 	t.Logf("%s: agent %s and launcher %s exited; %s started them again (%s, %s)", in, agent, launcher, in,
 		v.agentPID(m), v.launcherPID(m))
+}
+
+// checkELF asserts p is an AArch64 executable whose only interpreter is
+// interp ("" for a static binary) and which needs no shared library.
+func checkELF(t *testing.T, p, interp string) {
+	t.Helper()
+	f, err := elf.Open(p)
+	if err != nil {
+		t.Fatalf("%s: %v", p, err)
+	}
+	defer f.Close()
+	if f.Machine != elf.EM_AARCH64 {
+		t.Errorf("%s is for %v, not AArch64", p, f.Machine)
+	}
+	got := ""
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			b := make([]byte, prog.Filesz)
+			prog.ReadAt(b, 0)
+			got = strings.TrimRight(string(b), "\x00")
+		}
+	}
+	if got != interp {
+		t.Errorf("%s: interpreter %q, want %q", p, got, interp)
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) != 0 {
+		t.Errorf("%s needs shared libraries %v", p, libs)
+	}
 }

@@ -46,7 +46,7 @@ fuzz:
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseGrant$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpenSealed$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParsePing -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/dockerapi -run '^$$' -fuzz FuzzReadResponse -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)
 
 lint:

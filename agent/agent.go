@@ -36,6 +36,8 @@ type Options struct {
 	// EnrolPoll is how often a hosted agent asks the executor whether an
 	// enrolment was begun (2s when zero).
 	EnrolPoll time.Duration
+	// Vsock, when set, is where the executor is instead of Socket.
+	Vsock *Vsock
 	// Episodic: the agent runs only now and then (inside an app), and
 	// opens the link only while it runs; its heartbeat says so.
 	Episodic bool
@@ -157,8 +159,8 @@ func runLinked(ctx context.Context, o Options) error {
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
 		log:    o.Log.With("node", o.Identity.Node),
-		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build},
-		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build},
+		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build},
+		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build},
 		linkUp: make(chan struct{}, 1),
 		hbNow:  make(chan struct{}, 1),
 	}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -32,6 +34,8 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
 	state := fs.String("state", DefaultStateDir, "the agent's state directory")
 	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
+	vsockAddr := fs.String("vsock", "", "the executor over vsock, CID:PORT, instead of --socket")
+	vsockSecret := fs.String("vsock-secret", "", "the file holding the vsock connection secret (read before the drop)")
 	episodic := fs.Bool("episodic", false, "the agent runs only now and then (inside an app): its heartbeat says so, and its silence is not read as an absence")
 	enrolPoll := fs.Duration("enrol-poll", 2*time.Second, "hosted: how often to ask the executor whether an enrolment was begun")
 	selfCheck := fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials as JSON, and exit")
@@ -68,6 +72,15 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		}
 	}
 
+	var vs *Vsock
+	if *vsockAddr != "" {
+		var err error
+		if vs, err = parseVsock(*vsockAddr, *vsockSecret); err != nil {
+			log.Error(err.Error())
+			return 1
+		}
+	}
+
 	// Drop everything before touching the network.
 	asRoot := os.Geteuid() == 0
 	if asRoot {
@@ -98,7 +111,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
 
 	err = Run(ctx, Options{
-		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll, Episodic: *episodic,
+		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll, Episodic: *episodic, Vsock: vs,
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {
@@ -139,4 +152,22 @@ func selfReport(stdout io.Writer, dropErr error) int {
 		return 1
 	}
 	return 0
+}
+
+// parseVsock reads --vsock CID:PORT and the secret file beside it.
+func parseVsock(addr, secretFile string) (*Vsock, error) {
+	c, p, ok := strings.Cut(addr, ":")
+	cid, err1 := strconv.ParseUint(c, 10, 32)
+	port, err2 := strconv.ParseUint(p, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("--vsock %q: CID:PORT", addr)
+	}
+	if secretFile == "" {
+		return nil, errors.New("--vsock needs --vsock-secret: vsock carries no peer credentials")
+	}
+	b, err := os.ReadFile(secretFile)
+	if err != nil {
+		return nil, fmt.Errorf("--vsock-secret: %w", err)
+	}
+	return &Vsock{CID: uint32(cid), Port: uint32(port), Secret: []byte(strings.TrimSpace(string(b)))}, nil
 }

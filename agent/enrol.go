@@ -75,7 +75,7 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 		return nil, fmt.Errorf("the agent's NKey: %w", err)
 	}
 	pub, _ := kp.PublicKey()
-	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, version: o.Version, build: o.Build}
+	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build}
 	defer ex.close()
 	if !reenrol {
 		o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", StateHosted, "agent_nkey", pub)

@@ -19,8 +19,11 @@ var ErrUpgraded = errors.New("the executor runs another build; exiting to be res
 // It dials lazily and says hello first; any error closes it, and the next
 // request dials again.
 type execClient struct {
-	path           string
-	uid            uint32
+	path string
+	uid  uint32
+	// vsock, when set, is where the executor is instead of path: no peer
+	// credentials there, so the hello presents the connection secret.
+	vsock          *Vsock
 	version, build string
 	conn           *wire.Conn
 	hello          *wire.HelloReply
@@ -39,12 +42,20 @@ func (e *execClient) connect() error {
 	if e.conn != nil {
 		return nil
 	}
-	c, err := wire.DialUnix(e.path, e.uid)
+	var c *wire.Conn
+	var err error
+	hello := &wire.Hello{Protocol: wire.ProtocolVersion, Version: e.version, Build: e.build}
+	if e.vsock != nil {
+		c, err = wire.DialVsock(e.vsock.CID, e.vsock.Port)
+		hello.Secret = e.vsock.Secret
+	} else {
+		c, err = wire.DialUnix(e.path, e.uid)
+	}
 	if err != nil {
 		return fmt.Errorf("executor unreachable: %w", err)
 	}
 	c.NetConn().SetDeadline(time.Now().Add(execTimeout))
-	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: e.version, Build: e.build}); err != nil {
+	if err := c.Write(wire.KindHello, hello); err != nil {
 		c.Close()
 		return fmt.Errorf("executor: hello: %w", err)
 	}
@@ -122,6 +133,13 @@ func (e *execClient) status() (*wire.StatusReply, error) {
 		return nil, err
 	}
 	return b.(*wire.StatusReply), nil
+}
+
+// Vsock is the executor's vsock address, and the connection secret its
+// hello presents.
+type Vsock struct {
+	CID, Port uint32
+	Secret    []byte
 }
 
 // answers pairs each request ask sends with the one reply it takes.

@@ -3,9 +3,11 @@ package tests
 import (
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -55,5 +57,38 @@ func TestGofmt(t *testing.T) {
 	}
 	if len(strings.TrimSpace(string(out))) > 0 {
 		t.Fatalf("not gofmt'd:\n%s", out)
+	}
+}
+
+// Every fuzz target runs longer in `make fuzz`: a target added without a
+// line there, or a line naming a target that is gone, fails here.
+func TestEveryFuzzTargetInMakeFuzz(t *testing.T) {
+	mk, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzz := string(mk)[strings.Index(string(mk), "\nfuzz:"):]
+	if i := strings.Index(fuzz[1:], "\n\n"); i > 0 {
+		fuzz = fuzz[:i+1]
+	}
+	found := map[string]bool{}
+	re := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(`)
+	filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			found[m[1]] = true
+			if !strings.Contains(fuzz, m[1]) {
+				t.Errorf("%s (%s) is not in make fuzz", m[1], p)
+			}
+		}
+		return nil
+	})
+	for _, m := range regexp.MustCompile(`Fuzz\w+`).FindAllString(fuzz, -1) {
+		if !found[m] {
+			t.Errorf("make fuzz names %s, which no test defines", m)
+		}
 	}
 }

@@ -146,6 +146,9 @@ type Hello struct {
 	Protocol int    `cbor:"1,keyasint"`
 	Version  string `cbor:"2,keyasint"` // the agent's version
 	Build    string `cbor:"3,keyasint"` // the agent's build id
+	// Secret is the connection secret, over vsock only (which carries no
+	// peer credentials); never sent over the unix socket.
+	Secret []byte `cbor:"4,keyasint,omitempty"`
 }
 
 // HelloReply answers Hello. The agent compares Build with its own: a

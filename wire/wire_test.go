@@ -68,7 +68,12 @@ func pipe() (agent, executor *Conn) {
 }
 
 // Every message of the table survives the codec, each way it may go.
-func TestEveryKindRoundTrips(t *testing.T) {
+func TestEveryKindRoundTrips(t *testing.T) { everyKindRoundTrips(t, pipe) }
+
+// everyKindRoundTrips sends every message of the table, each way it may
+// go, over connections pair makes: the conformance a transport passes.
+func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
+	t.Helper()
 	samples := map[Kind]any{
 		KindHello:       &Hello{Protocol: 1, Version: "v", Build: "b"},
 		KindHelloReply:  &HelloReply{Protocol: 1, Version: "v", Build: "b", Node: "n", State: "enrolled"},
@@ -103,7 +108,7 @@ func TestEveryKindRoundTrips(t *testing.T) {
 		if reflect.TypeOf(sample).Elem() != bodyType(s.Kind) {
 			t.Fatalf("%s: sample %T, table body %v", s.Kind, sample, bodyType(s.Kind))
 		}
-		agent, exec := pipe()
+		agent, exec := pair()
 		w, r := agent, exec
 		if s.Dir == ExecutorToAgent {
 			w, r = exec, agent

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"os/user"
@@ -562,6 +563,9 @@ func (c *command) serve(args []string) int {
 	stateDir := fs.String("state", DefaultState, "the executor's state directory")
 	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
 	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
+	vsockPort := fs.Uint("vsock-port", 0, "also listen for the agent on this vsock port (0: no vsock)")
+	vsockCIDs := fs.String("vsock-cids", "", "the context ids that may connect over vsock, comma-separated")
+	vsockSecret := fs.String("vsock-secret", "", "a root-only file holding the secret every vsock connection's hello must present")
 	agentUID := fs.Int("agent-uid", 0, "the agent's uid, numeric (an Android app's, which no passwd names); overrides --agent-user")
 	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
 	build := fs.String("build", Build, "the build id the agent compares at hello")
@@ -623,14 +627,74 @@ func (c *command) serve(args []string) int {
 		}
 		return launcher.HealthyPackage(*stateDir, bins, pkg)
 	}
-	srv := serve.New(serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary})
+	cfg := serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary}
+	var vln net.Listener
+	if *vsockPort != 0 {
+		if cfg.VsockCIDs, err = parseCIDs(*vsockCIDs); err != nil {
+			log.Error("executor: --vsock-cids", "err", err)
+			return ExitRefused
+		}
+		if cfg.VsockSecret, err = readSecret(*vsockSecret); err != nil {
+			log.Error("executor: --vsock-secret", "err", err)
+			return ExitRefused
+		}
+		if vln, err = wire.ListenVsock(uint32(*vsockPort)); err != nil {
+			log.Error("executor: vsock", "err", err)
+			return ExitFailed
+		}
+	}
+	srv := serve.New(cfg)
+	if vln != nil {
+		log.Info("executor: serving over vsock too", "port", *vsockPort, "cids", cfg.VsockCIDs)
+		go srv.Serve(ctx, vln)
+	}
 	log.Info("executor: serving", "socket", *socket, "agent", *agentUser, "uid", uid, "version", c.version)
 	if err := srv.Run(ctx, ln); err != nil {
 		log.Error("executor: serve", "err", err)
 		return ExitFailed
 	}
 	return 0
+}
+
+// parseCIDs reads a comma-separated list of vsock context ids.
+func parseCIDs(s string) ([]uint32, error) {
+	var out []uint32
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("context id %q: %w", f, err)
+		}
+		out = append(out, uint32(n))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("name the context ids that may connect: vsock is opened to named peers only")
+	}
+	return out, nil
+}
+
+// readSecret reads the vsock connection secret from a root-only file.
+func readSecret(p string) ([]byte, error) {
+	if p == "" {
+		return nil, errors.New("a vsock listener needs its connection secret (a root-only file)")
+	}
+	data, info, err := fsx.ReadRegular(p, 4096)
+	switch {
+	case err != nil:
+		return nil, err
+	case info.Kind == fsx.Absent:
+		return nil, fmt.Errorf("%s does not exist", p)
+	case info.UID != 0 || info.Mode&0o077 != 0:
+		return nil, fmt.Errorf("%s is uid %d mode %04o; the secret must be root's and readable by nobody else", p, info.UID, info.Mode)
+	}
+	secret := []byte(strings.TrimSpace(string(data)))
+	if len(secret) < 16 {
+		return nil, fmt.Errorf("%s holds %d bytes; a connection secret is at least 16", p, len(secret))
+	}
+	return secret, nil
 }
 
 // samePath tells whether two paths are one file once links are resolved.

@@ -70,6 +70,10 @@ type Config struct {
 	// HostBinary is where the host's package installs the executor
 	// (engine.DefaultHostBinary when ""): an upgrade runs it to check it.
 	HostBinary string
+	// VsockCIDs are the context ids that may connect over vsock, and
+	// VsockSecret the secret each connection's hello must present.
+	VsockCIDs   []uint32
+	VsockSecret []byte
 }
 
 // handler serves one request kind on a connection.
@@ -82,6 +86,9 @@ type conn struct {
 	// one at a time.
 	archive *engine.CacheWriter
 	sum     string
+	// vsock: the peer came over vsock (admitted by context id; its hello
+	// must present the connection secret).
+	vsock bool
 }
 
 // handlers is the executor's half of the protocol table: one handler per
@@ -242,14 +249,24 @@ func (s *Server) refuse(c *wire.Conn, code wire.Code, msg string, args ...any) {
 func (s *Server) handle(ctx context.Context, nc net.Conn) {
 	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor)}
 	defer s.endArchive(c) // a stream cut off leaves nothing
-	peer, err := wire.PeerOf(nc)
-	if err != nil {
-		s.refuse(c.Conn, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
-		return
-	}
-	if peer.UID != 0 && (s.cfg.AgentUID < 0 || peer.UID != uint32(s.cfg.AgentUID)) {
-		s.refuse(c.Conn, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
-		return
+	if cid, ok := wire.VsockCID(nc); ok {
+		// No peer credentials over vsock: the context id must be on the
+		// allow-list now, and the hello must present the secret.
+		if err := wire.CheckVsockPeer(cid, s.cfg.VsockCIDs); err != nil {
+			s.refuse(c.Conn, wire.CodeProtocol, "%v", err)
+			return
+		}
+		c.vsock = true
+	} else {
+		peer, err := wire.PeerOf(nc)
+		if err != nil {
+			s.refuse(c.Conn, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
+			return
+		}
+		if peer.UID != 0 && (s.cfg.AgentUID < 0 || peer.UID != uint32(s.cfg.AgentUID)) {
+			s.refuse(c.Conn, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
+			return
+		}
 	}
 	state := wire.StateNew
 	tokens, lastFill := float64(s.cfg.Burst), time.Now()
@@ -307,6 +324,11 @@ func (s *Server) identity() (*identity.Identity, error) {
 
 func (s *Server) hello(_ context.Context, c *conn, body any) error {
 	h := body.(*wire.Hello)
+	if c.vsock {
+		if err := wire.CheckSecret(h.Secret, s.cfg.VsockSecret); err != nil {
+			return &wire.Refusal{Code: wire.CodeProtocol, Reason: err.Error()}
+		}
+	}
 	if h.Protocol != wire.ProtocolVersion {
 		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
 	}

@@ -250,6 +250,13 @@ func open(run Runner, opts ...nftables.ConnOption) (*nft, error) {
 	return &nft{conn: conn, run: run}, nil
 }
 
+// FrontEnd names what owns the machine's ruleset, or keeps it out of
+// nftables — firewalld running, ufw active, iptables-legacy with rules —
+// as the Refused an opening would get; nil when there is none. The
+// profile names the firewall with it, so what it reports is what an
+// opening finds.
+func FrontEnd(ctx context.Context) error { return frontEnds(ctx, Run) }
+
 // frontEnds refuses what owns the ruleset, or keeps it out of nftables.
 func frontEnds(ctx context.Context, run Runner) error {
 	if out, code, err := run(ctx, "firewall-cmd", "--state"); err == nil && code == 0 && strings.TrimSpace(out) == "running" {

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
 	"io/fs"
 	"math/bits"
 	"net"
@@ -319,14 +320,11 @@ func probeFirewall(ctx context.Context, o Options) Capability {
 // frontends names a running firewalld or an active ufw, since either owns
 // the rules an opening would add to.
 func frontends(ctx context.Context) string {
-	var s string
-	if res, err := run(ctx, "firewall-cmd", "--state"); err == nil && res.Code == 0 && res.Stdout == "running" {
-		s += ", firewalld running"
+	var r *firewall.Refused
+	if err := firewall.FrontEnd(ctx); errors.As(err, &r) {
+		return ", " + r.Firewall + " owns the ruleset (an opening is refused with its name)"
 	}
-	if res, err := run(ctx, "ufw", "status"); err == nil && res.Code == 0 && strings.HasPrefix(res.Stdout, "Status: active") {
-		s += ", ufw active"
-	}
-	return s
+	return ""
 }
 
 // ---- overlay: WireGuard can be brought up, in the kernel or in userspace.

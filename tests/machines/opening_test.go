@@ -135,4 +135,27 @@ func TestOpeningThroughTheFoundFirewall(t *testing.T) {
 	if code != 2 || !strings.Contains(rep.Refused, `not "opening"`) {
 		t.Fatalf("exit %d %+v", code, rep)
 	}
+
+	// iptables-legacy with a rule loaded keeps the ruleset out of
+	// nftables: the profile names it, and an opening is refused with its
+	// name, nothing written.
+	srv.sh("iptables-legacy -A INPUT -p tcp --dport 9 -j DROP")
+	if prof := srv.sh("/usr/local/bin/mesh-executor profile"); !strings.Contains(prof, "iptables-legacy owns the ruleset") {
+		t.Fatalf("the profile does not name iptables-legacy:\n%s", prof)
+	}
+	nftBefore := srv.sh("nft list ruleset")
+	rep, _ = srv.apply(decl(open("10.231.7.2")))
+	if rep.Outcome != shapes.Failed || !strings.Contains(outcomesDetail(rep), "iptables-legacy has rules loaded") || srv.sh("nft list ruleset") != nftBefore {
+		t.Fatalf("an opening beside iptables-legacy: %+v", rep)
+	}
+}
+
+// outcomesDetail joins a report's line details and its refusal.
+func outcomesDetail(rep *shapes.Report) string {
+	var b strings.Builder
+	b.WriteString(rep.Refused)
+	for _, l := range rep.Lines {
+		b.WriteString(" " + l.Detail)
+	}
+	return b.String()
 }

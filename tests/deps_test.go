@@ -175,3 +175,22 @@ func diff(a, b string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// Every module a binary links is explained in docs/dependencies.md.
+func TestEveryModuleExplained(t *testing.T) {
+	doc, err := os.ReadFile("../docs/dependencies.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"mesh-executor", "mesh-agent", "mesh-launch", "mesh-control"} {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}}{{end}}{{end}}", "../cmd/"+c).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range strings.Fields(string(out)) {
+			if !strings.Contains(string(doc), "`"+m+"`") {
+				t.Errorf("%s links %s, which docs/dependencies.md does not explain", c, m)
+			}
+		}
+	}
+}

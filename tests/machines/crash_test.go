@@ -26,7 +26,11 @@ import (
 func TestKillNineMidApplyOfMixedShapes(t *testing.T) {
 	m := boot(t, lab.Options{Seed: map[string]string{
 		"/etc/systemd/system/lp-mix.service": fmt.Sprintf(unit, "mixed"),
+		"/root/fw.nft":                       foundRuleset,
 	}})
+	// A found firewall for the opening to be made through.
+	m.sh("nft -f /root/fw.nft")
+	operator := m.sh("nft list ruleset")
 	// An archive for the declaration, in the lab as root's file.
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)
@@ -51,7 +55,9 @@ func TestKillNineMidApplyOfMixedShapes(t *testing.T) {
 	}
 	res = append(res,
 		`{"module":"mix","id":"theme","type":"archive","url":"file:///root/theme.tgz","sha256":"`+hex.EncodeToString(sum[:])+`","destination":"/srv/mix"}`,
-		`{"module":"mix","id":"svc","type":"service","unit":"lp-mix","state":"running","enabled":true,"restart_on":["f000"]}`)
+		`{"module":"mix","id":"svc","type":"service","unit":"lp-mix","state":"running","enabled":true,"restart_on":["f000"]}`,
+		`{"module":"mix","id":"wg","type":"overlay","interface":"wgmix","address":"10.233.8.1/24","listen_port":51821,"peers":[]}`,
+		`{"module":"mix","id":"http","type":"opening","port":8081,"protocol":"tcp","path":"incoming"}`)
 	full := decl(res...)
 
 	// How long a whole apply takes here, to spread the kills over it.
@@ -90,6 +96,12 @@ func TestKillNineMidApplyOfMixedShapes(t *testing.T) {
 		if m.sh("systemctl is-active lp-mix") != "active" || m.sh("getent passwd lpmix >/dev/null && echo yes") != "yes" {
 			t.Fatalf("kill %d: the machine does not hold the declaration", i)
 		}
+		// Asserted from outside the executor: the tunnel's interface with
+		// its address, and the opening's rule in the found input chain.
+		if !strings.Contains(m.sh("ip -br addr show wgmix 2>&1 || true"), "10.233.8.1/24") ||
+			!strings.Contains(m.sh("nft list chain inet filter input"), `tcp dport 8081 accept comment "nox-mesh-host mix.http"`) {
+			t.Fatalf("kill %d: the overlay or the opening is not as declared:\n%s\n%s", i, m.sh("ip -br addr"), m.sh("nft list ruleset"))
+		}
 		// owned agrees with the machine: every declared thing listed, none interrupted.
 		out := m.sh("/usr/local/bin/mesh-executor owned --json")
 		var owned []struct {
@@ -120,5 +132,8 @@ func TestKillNineMidApplyOfMixedShapes(t *testing.T) {
 	}
 	if m.sh("getent passwd lpmix >/dev/null && echo yes") != "yes" {
 		t.Fatal("the user was deleted; it is only ever forgotten")
+	}
+	if m.sh("ip link show wgmix >/dev/null 2>&1 && echo yes || echo no") != "no" || m.sh("nft list ruleset") != operator {
+		t.Fatalf("the overlay or the opening outlived the undeclare, or the operator's rules changed:\n%s", m.sh("nft list ruleset"))
 	}
 }

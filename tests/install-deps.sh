@@ -28,6 +28,13 @@ declare -A need=(
   [pkill]=procps         # graphical-session: Xvfb killed, its socket left behind
   # tests/machines pacman_test.go: the pacman backend against a repository of its own
   [pacman]=pacman-package-manager
+  # selinux/selinux_test.go: the policy compiled, linked in a store of its own, searched
+  [policygentool]=selinux-policy-dev  # /usr/share/selinux/devel/Makefile
+  [checkmodule]=checkpolicy           # the Makefile's compiler
+  [semodule_unpackage]=semodule-utils # the .pp's file contexts read back
+  [semodule]=policycoreutils          # semodule -p: a policy root of the test's own
+  [sesearch]=setools                  # the linked policy's allow rules
+  [matchpathcon]=selinux-utils        # the linked file contexts
 )
 missing=()
 for cmd in "${!need[@]}"; do
@@ -37,6 +44,8 @@ for cmd in "${!need[@]}"; do
     missing+=("$pkg")
   fi
 done
+# selinux/selinux_test.go links against Debian's policy: it ships no command.
+[ -d /usr/share/selinux/default ] || missing+=(selinux-policy-default)
 if getent passwd nobody >/dev/null; then :; else
   echo "install-deps: the tests need the user 'nobody' (uid 65534)" >&2; exit 1
 fi

@@ -17,6 +17,7 @@
 package fsx
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -313,10 +314,20 @@ func Equal(p string, want []byte) (bool, Info, error) {
 	if info.Size != int64(len(want)) {
 		return false, info, nil
 	}
+	// The size matched: one read of up to one byte more than that, in the
+	// common case (a short read loops). A file grown since its size was
+	// read shows the extra byte and is not equal; no second read for EOF.
 	buf := make([]byte, len(want)+1)
-	n, err := io.ReadFull(f, buf)
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
-		return false, info, wrap("read", p, err)
+	n := 0
+	for n < len(want) {
+		m, err := f.Read(buf[n:])
+		if m <= 0 || err != nil {
+			if err != nil && err != io.EOF {
+				return false, info, wrap("read", p, err)
+			}
+			break
+		}
+		n += m
 	}
 	return n == len(want) && string(buf[:n]) == string(want), info, nil
 }
@@ -672,7 +683,7 @@ func Resolver() func(string) (string, error) {
 	// symbolic links: one read of a directory answers for a thousand
 	// files in it, instead of one readlink each.
 	links := map[string]map[string]bool{}
-	var resolve func(p string) (string, error)
+	var resolve, resolveDir func(p string) (string, error)
 	resolve = func(p string) (string, error) {
 		if rp, ok := dirs[p]; ok {
 			return rp, nil
@@ -681,21 +692,14 @@ func Resolver() func(string) (string, error) {
 		if base == "" || base == "." || base == ".." || !strings.HasPrefix(p, "/") {
 			return Resolve(p)
 		}
-		rd, err := resolve(path.Clean(dir))
+		rd, err := resolveDir(path.Clean(dir))
 		if err != nil {
 			return "", err
 		}
 		full := path.Join(rd, base)
 		ls, seen := links[rd]
 		if !seen {
-			if ents, err := os.ReadDir(rd); err == nil {
-				ls = map[string]bool{}
-				for _, e := range ents {
-					if e.Type()&os.ModeSymlink != 0 {
-						ls[e.Name()] = true
-					}
-				}
-			}
+			ls, _ = symlinksIn(rd)
 			links[rd] = ls // nil when unreadable: ask each name below
 		}
 		if ls != nil && !ls[base] {
@@ -717,7 +721,65 @@ func Resolver() func(string) (string, error) {
 		}
 		return rp, err
 	}
+	// resolveDir resolves a directory on the way. Most have no link
+	// anywhere on their path: one openat2 that refuses every link says so,
+	// and the directory is itself — without reading each ancestor's
+	// entries. Otherwise (a link on the way, or not there) it is resolved
+	// name by name.
+	resolveDir = func(d string) (string, error) {
+		if rd, ok := dirs[d]; ok {
+			return rd, nil
+		}
+		fd, err := unix.Openat2(unix.AT_FDCWD, d, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+		if err == nil {
+			unix.Close(fd)
+			dirs[d] = d
+			return d, nil
+		}
+		return resolve(d)
+	}
 	return resolve
+}
+
+// symlinksIn names the entries of dir that are symbolic links, from one
+// pass over its raw entries (their types as the filesystem records them),
+// without sorting or a stat each; nil when a filesystem does not record
+// types (then each name is asked by the caller).
+func symlinksIn(dir string) (map[string]bool, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	out := map[string]bool{}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return out, nil
+		}
+		for b := buf[:n]; len(b) >= 19; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
+			reclen := int(b[16]) | int(b[17])<<8
+			if reclen < 19 || reclen > len(b) {
+				return nil, fmt.Errorf("fsx: %s: a malformed directory entry", dir)
+			}
+			typ, name := b[18], b[19:reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			switch typ {
+			case unix.DT_LNK:
+				out[string(name)] = true
+			case unix.DT_UNKNOWN:
+				return nil, nil
+			}
+			b = b[reclen:]
+		}
+	}
 }
 
 // entriesAt counts the entries (other than . and ..) of an open directory.

@@ -1,8 +1,10 @@
 package fsx
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -64,5 +66,21 @@ func TestWriteFileLeftover(t *testing.T) {
 	os.Symlink("/etc/passwd", tmp)
 	if RemoveLeftover(p) {
 		t.Fatal("RemoveLeftover removed a symlink")
+	}
+}
+
+// symlinksIn names exactly the links among a directory's entries.
+func TestSymlinksIn(t *testing.T) {
+	d := t.TempDir()
+	os.WriteFile(filepath.Join(d, "file"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(d, "dir"), 0o755)
+	os.Symlink("/etc", filepath.Join(d, "link"))
+	os.Symlink("missing", filepath.Join(d, "dangling"))
+	for i := 0; i < 300; i++ { // more than one getdents buffer's worth of names
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("f%03d-%s", i, strings.Repeat("n", 100))), nil, 0o644)
+	}
+	got, err := symlinksIn(d)
+	if err != nil || len(got) != 2 || !got["link"] || !got["dangling"] {
+		t.Fatalf("symlinksIn = %v, %v", got, err)
 	}
 }

@@ -171,21 +171,7 @@ func TestNodeIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	refused := func(what, subject string) {
-		t.Helper()
-		nc.Flush()
-		timeout := time.After(3 * time.Second)
-		for {
-			select {
-			case err := <-errs:
-				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
-			}
-		}
-	}
+	refused := permissionRefused(t, nc, errs)
 	// Its own: bind, pull, ack.
 	js, _ := jetstream.NewWithAPIPrefix(nc, agent.APIPrefix)
 	own, err := js.Consumer(ctx, agent.DeclStream, "node-alpha")
@@ -370,21 +356,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 		t.Fatalf("alpha read %d bytes, not the archive's %d", len(got), len(content))
 	}
 
-	refused := func(what, subject string) {
-		t.Helper()
-		nc.Flush()
-		timeout := time.After(3 * time.Second)
-		for {
-			select {
-			case err := <-errs:
-				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
-			}
-		}
-	}
+	refused := permissionRefused(t, nc, errs)
 	chunkSubj := "$O." + agent.ArchiveBucket + ".C." + info.NUID
 	for _, subj := range []string{
 		chunkSubj, metaSubj, "$O." + agent.ArchiveBucket + ".C.new", // put
@@ -424,5 +396,26 @@ func TestNodeArchiveAccess(t *testing.T) {
 	}
 	if b, err := s.client.Archives.GetBytes(ctx, sum); err != nil || !bytes.Equal(b, content) {
 		t.Fatalf("the archive is not intact: %v", err)
+	}
+}
+
+// permissionRefused returns a check that the broker refused what was just
+// sent on nc (a subscribe or publish on subject), as the permission
+// violation errs receives from nc's error handler.
+func permissionRefused(t *testing.T, nc *nats.Conn, errs <-chan error) func(what, subject string) {
+	return func(what, subject string) {
+		t.Helper()
+		nc.Flush()
+		timeout := time.After(3 * time.Second)
+		for {
+			select {
+			case err := <-errs:
+				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
+			}
+		}
 	}
 }

@@ -254,21 +254,7 @@ func TestTokenCredentialCanOnlyEnrol(t *testing.T) {
 		return err == nil
 	})
 	defer nc.Close()
-	refused := func(what, subject string) {
-		t.Helper()
-		nc.Flush()
-		timeout := time.After(3 * time.Second)
-		for {
-			select {
-			case err := <-errs:
-				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
-			}
-		}
-	}
+	refused := permissionRefused(t, nc, errs)
 	for _, subj := range []string{"mesh.decl.beta", "mesh.>", "_INBOX.beta.>", "_INBOX.>", "_INBOX.enrol-0011223344556677.>"} {
 		nc.SubscribeSync(subj)
 		refused("subscribe", subj)

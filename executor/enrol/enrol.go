@@ -354,30 +354,7 @@ func writeJSON(dir, name string, v any) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(dir, name)
-	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fmt.Errorf("enrol: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("enrol: %w", err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
-		return fmt.Errorf("enrol: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return identity.WriteFile(dir, name, append(b, '\n'))
 }
 
 func encodePub(p ed25519.PublicKey) string { return base64.StdEncoding.EncodeToString(p) }

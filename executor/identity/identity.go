@@ -130,6 +130,11 @@ func WriteFloor(dir string, f Floor) error {
 	return writeDurably(dir, FloorFile, b)
 }
 
+// WriteFile writes name in dir, root-only (0600), through a temporary file
+// synced and renamed, and the directory synced: how the executor keeps
+// its identity, floor and keys, so a crash leaves the old file or the new.
+func WriteFile(dir, name string, data []byte) error { return writeDurably(dir, name, data) }
+
 // writeDurably writes name in dir, root-only, through a temporary file
 // synced and renamed, and the directory synced.
 func writeDurably(dir, name string, data []byte) error {

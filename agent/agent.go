@@ -416,8 +416,10 @@ func (a *Agent) report(seq uint64) *Report {
 func (a *Agent) heartbeats(ctx context.Context) {
 	t := time.NewTicker(a.o.Heartbeat)
 	defer t.Stop()
-	// Unlinked (revoked, perhaps), the agent looks at least this often
-	// whether root began a re-enrolment.
+	// Between heartbeats the agent looks at the executor at least this
+	// often: an upgraded executor (another build at the next hello) ends
+	// the agent within seconds rather than at its next request, and an
+	// unlinked agent (revoked, perhaps) sees a re-enrolment root began.
 	look := time.NewTicker(min(a.o.Heartbeat, 2*time.Second))
 	defer look.Stop()
 	for {
@@ -425,8 +427,14 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-look.C:
-			if nc := a.ncp.Load(); nc == nil || !nc.IsConnected() {
-				if s, err := a.hbExec.status(); err == nil && s.Enrolling {
+			s, err := a.hbExec.status()
+			switch {
+			case errors.Is(err, ErrUpgraded):
+				a.upgraded(err)
+				return
+			case err != nil:
+			case s.Enrolling:
+				if nc := a.ncp.Load(); nc == nil || !nc.IsConnected() {
 					a.log.Info("the executor has an enrolment pending: carrying it out")
 					a.cancel(errReenrol)
 				}

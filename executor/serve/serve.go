@@ -369,16 +369,17 @@ func (s *Server) findProfile(ctx context.Context) {
 	s.foundMu.Lock()
 	s.foundProfile, s.foundInv = prof, inv
 	s.foundMu.Unlock()
-	s.countHolds()
-}
-
-// countHolds puts how many things the host holds into the inventory (after
-// every apply: cheap) and names the result with a digest.
-func (s *Server) countHolds() {
 	holds := -1
 	if st, err := store.Open(s.cfg.StateDir); err == nil {
 		holds = len(st.Entries())
 	}
+	s.countHolds(holds)
+}
+
+// countHolds puts how many things the host holds (-1: unknown, keep the
+// last count) into the inventory — after every apply, from the store the
+// apply already has open — and names the result with a digest.
+func (s *Server) countHolds(holds int) {
 	s.foundMu.Lock()
 	defer s.foundMu.Unlock()
 	if s.foundProfile == nil {
@@ -767,7 +768,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	v.Outcome = rep.Outcome
 	v.Briefing = rep.Briefing.Summary(100)
 	v.Owned = enrol.Owned(st)
-	defer s.countHolds() // after the store is unlocked
+	s.countHolds(len(st.Entries())) // the store at hand: not opened again
 	if d.Retire && rep.Outcome != shapes.Failed {
 		// Retired: it holds nothing now, and drops its identity; back to
 		// hosted, it takes nothing more from the link.

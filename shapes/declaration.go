@@ -134,6 +134,9 @@ type unionDeclaration struct {
 	OwnsNothing bool           `json:"owns_nothing"`
 	Retire      bool           `json:"retire"`
 	Resources   []*anyResource `json:"resources"`
+	// shaped is what the fast reader makes of resources: each already in
+	// its own shape (Resources stays nil).
+	shaped []Resource
 }
 
 func parse(data []byte, allowAction bool) (*Declaration, error) {
@@ -159,16 +162,35 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 	if *raw.Version != Version {
 		return nil, versionError(*raw.Version)
 	}
-	if raw.Resources == nil {
+	if raw.Resources == nil && raw.shaped == nil {
 		return nil, &Error{Field: "resources", Reason: "missing; a declaration that holds nothing says so with \"resources\": [] and \"owns_nothing\": true"}
 	}
 	d := &Declaration{
 		Version: *raw.Version, Node: raw.Node, Enrolment: raw.Enrolment, Seq: raw.Seq,
 		Adopted: raw.Adopted, Taken: raw.Taken, OwnsNothing: raw.OwnsNothing, Retire: raw.Retire,
-		Resources: make([]Resource, 0, len(raw.Resources)),
+		// The fast reader has made each resource its shape, and checked
+		// the keys as it read.
+		Resources: raw.shaped,
 	}
-	names := make([]string, len(raw.Resources))
-	for i, u := range raw.Resources {
+	if slow {
+		if d.Resources, err = shapeAll(raw.Resources, data); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.validate(allowAction); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// shapeAll makes each resource read by encoding/json its own shape, and
+// then checks the keys: each resource carries only its own shape's fields,
+// each once and spelt exactly, none misspelt in a way encoding/json would
+// forgive.
+func shapeAll(raw []*anyResource, data []byte) ([]Resource, error) {
+	out := make([]Resource, 0, len(raw))
+	names := make([]string, len(raw))
+	for i, u := range raw {
 		if u == nil {
 			return nil, &Error{Resource: fmt.Sprintf("#%d", i), Reason: "not a resource object: null"}
 		}
@@ -184,21 +206,12 @@ func parse(data []byte, allowAction bool) (*Declaration, error) {
 			}
 			return nil, &Error{Resource: names[i], Field: "type", Reason: reason}
 		}
-		d.Resources = append(d.Resources, r)
+		out = append(out, r)
 	}
-	// Each resource carries only its own shape's fields, each once and
-	// spelt exactly: no key twice, none misspelt in a way encoding/json
-	// would forgive.
-	// (The fast path has checked all this as it read.)
-	if slow {
-		if err := checkKeys(data, names); err != nil {
-			return nil, err
-		}
-	}
-	if err := d.validate(allowAction); err != nil {
+	if err := checkKeys(data, names); err != nil {
 		return nil, err
 	}
-	return d, nil
+	return out, nil
 }
 
 // explain turns a failed one-pass decode into an error that names the

@@ -78,6 +78,21 @@ func FuzzFastDecode(f *testing.F) {
 		if err := checkKeys(data, names); err != nil {
 			t.Fatalf("fast accepted what checkKeys refuses (%v):\n%q", err, data)
 		}
+		// The fast reader hands back each resource in its own shape.
+		if slow.Resources != nil {
+			slow.shaped = make([]Resource, 0, len(slow.Resources))
+			for _, u := range slow.Resources {
+				if u == nil {
+					t.Fatalf("fast accepted a resource encoding/json reads as null:\n%q", data)
+				}
+				r, ok := u.shape()
+				if !ok {
+					t.Fatalf("fast accepted a resource of unknown type %q:\n%q", u.Type, data)
+				}
+				slow.shaped = append(slow.shaped, r)
+			}
+			slow.Resources = nil
+		}
 		if !reflect.DeepEqual(fast, &slow) {
 			t.Fatalf("fast and encoding/json differ on\n%q\nfast %+v\nslow %+v", data, fast, &slow)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 )
 
 // encoding/json matches field names case-insensitively and lets a repeated
@@ -14,8 +15,9 @@ import (
 // decoding, every object's keys are checked: spelled exactly as a field, and
 // each once.
 
-// fieldNames is every JSON field name of the vocabulary.
-var fieldNames = func() map[string]bool {
+// fieldNames is every JSON field name of the vocabulary (built on first
+// use: only the slow path asks).
+var fieldNames = sync.OnceValue(func() map[string]bool {
 	m := map[string]bool{}
 	var add func(t reflect.Type)
 	add = func(t reflect.Type) {
@@ -43,7 +45,7 @@ var fieldNames = func() map[string]bool {
 		add(reflect.TypeOf(mk()))
 	}
 	return m
-}()
+})
 
 // mapFields are the fields whose value is a map with keys of the
 // declaration's own choosing.
@@ -99,7 +101,7 @@ func (s *keyScanner) value(key, where string, resource bool) error {
 			s.ws()
 			if s.data[s.i] == '}' {
 				s.i++
-				if fields, ok := typeFields[typ]; ok && resource {
+				if fields, ok := typeFields()[typ]; ok && resource {
 					for _, k := range seen {
 						if !fields[k] {
 							return &Error{Resource: where, Type: typ, Field: k, Reason: "unknown field (refused, never skipped)"}
@@ -116,7 +118,7 @@ func (s *keyScanner) value(key, where string, resource bool) error {
 			if err != nil {
 				return err
 			}
-			if !mapFields[key] && !fieldNames[k] {
+			if !mapFields[key] && !fieldNames()[k] {
 				return &Error{Resource: where, Field: k, Reason: "unknown field (field names are exact and snake_case; refused, never skipped)"}
 			}
 			for _, prev := range seen {

@@ -172,6 +172,66 @@ func within(p, dir string) bool {
 // container's mount source): such a path may not be an ancestor of anything
 // protected either, since changing it changes what is inside.
 func pathReason(p string, container bool) string {
+	if !mayTouchProtected(p) {
+		return ""
+	}
+	return pathReasonScan(p, container)
+}
+
+// rootPrefixes holds the first one and the first two components of every
+// protected path, binary and init root ("/var", "/var/lib"): each of them
+// has at least two. A path can be within one of them, or (a container)
+// hold one, only if it shares them; most declared paths (under /srv, /opt,
+// /var/www) share none, and are passed without comparing them with each.
+var rootPrefixes = func() map[string]bool {
+	m := map[string]bool{}
+	for _, list := range [][]string{protectedPaths, binPaths, initRoots} {
+		for _, q := range list {
+			one, two := prefixes(q)
+			if one == "" || two == "" {
+				panic("shapes: a protected root of fewer than two components: " + q)
+			}
+			m[one], m[two] = true, true
+		}
+	}
+	return m
+}()
+
+// prefixes returns the first component of p and its first two ("/var",
+// "/var/lib" for "/var/lib/x"); two is "" when p has only one.
+func prefixes(p string) (one, two string) {
+	if len(p) < 2 || p[0] != '/' {
+		return "", ""
+	}
+	i := strings.IndexByte(p[1:], '/')
+	if i < 0 {
+		return p, ""
+	}
+	one = p[:1+i]
+	j := strings.IndexByte(p[2+i:], '/')
+	if j < 0 {
+		return one, p
+	}
+	return one, p[:2+i+j]
+}
+
+// mayTouchProtected is pathReason's quick answer: false when p can neither
+// be inside nor contain anything it checks. Anything unusual (not absolute,
+// the root) gets the full comparison.
+func mayTouchProtected(p string) bool {
+	one, two := prefixes(p)
+	switch {
+	case one == "":
+		return true
+	case two == "":
+		// One component: it may contain a root (a directory "/etc").
+		return rootPrefixes[one]
+	}
+	return rootPrefixes[two]
+}
+
+// pathReasonScan compares p with every protected path, binary and init root.
+func pathReasonScan(p string, container bool) string {
 	for _, q := range protectedPaths {
 		if within(p, q) {
 			return fmt.Sprintf("%s is inside the host's %s", p, q)

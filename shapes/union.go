@@ -3,6 +3,7 @@ package shapes
 import (
 	"reflect"
 	"strings"
+	"sync"
 )
 
 // anyResource has every field of every shape, so a whole declaration is
@@ -78,8 +79,10 @@ func (u *anyResource) shape() (Resource, bool) {
 	return nil, false
 }
 
-// typeFields is, for each shape, the JSON names of its fields.
-var typeFields = func() map[string]map[string]bool {
+// typeFields is, for each shape, the JSON names of its fields. Only the
+// slow path needs it (checkKeys): it is built by reflection on first use,
+// not at every start.
+var typeFields = sync.OnceValue(func() map[string]map[string]bool {
 	m := map[string]map[string]bool{}
 	for name, mk := range shapeTable {
 		fields := map[string]bool{}
@@ -102,4 +105,4 @@ var typeFields = func() map[string]map[string]bool {
 		m[name] = fields
 	}
 	return m
-}()
+})

@@ -100,8 +100,12 @@ type validator struct {
 	allowAction bool
 	r           Resource // the resource being validated
 	err         *Error   // the first error
-	files       map[string]bool
+	files       map[ident]bool
 }
+
+// ident is a resource's identity, module and id, as a map key: the same as
+// Key() without building the string, for every resource of every apply.
+type ident struct{ module, id string }
 
 func (v *validator) fail(field, format string, args ...any) {
 	if v.err != nil {
@@ -124,7 +128,7 @@ func (v *validator) failAs(sentinel error, field, format string, args ...any) {
 }
 
 func (d *Declaration) validate(allowAction bool) error {
-	v := &validator{d: d, allowAction: allowAction, files: map[string]bool{}}
+	v := &validator{d: d, allowAction: allowAction, files: make(map[ident]bool, len(d.Resources))}
 	if len(d.Resources) == 0 && !d.OwnsNothing {
 		v.fail("resources", "empty without \"owns_nothing\": true; emptiness is never read from a declaration that may be truncated")
 	}
@@ -142,7 +146,7 @@ func (d *Declaration) validate(allowAction bool) error {
 	if len(d.Node) > 128 || len(d.Enrolment) > 128 {
 		v.fail("node", "node and enrolment are at most 128 bytes")
 	}
-	seen := map[string]bool{}
+	seen := make(map[ident]bool, len(d.Resources))
 	for _, r := range d.Resources {
 		b := r.Head()
 		if !isIdent(b.Module) {
@@ -153,27 +157,29 @@ func (d *Declaration) validate(allowAction bool) error {
 			v.r = r
 			v.fail("id", "%q is not an id (letters, digits, _ and -, no dot)", b.ID)
 		}
-		if seen[b.Key()] {
+		id := ident{b.Module, b.ID}
+		if seen[id] {
 			v.r = r
 			v.fail("id", "declared twice; a resource's module and id are its identity")
 		}
-		seen[b.Key()] = true
+		seen[id] = true
 		if _, ok := r.(*File); ok {
-			v.files[b.Key()] = true
+			v.files[id] = true
 		}
 	}
-	targets := map[string]string{}
+	targets := make(map[[2]string]Resource, len(d.Resources))
 	for _, r := range d.Resources {
 		v.r = r
 		if _, isAction := r.(*Action); isAction && !allowAction {
 			v.failAs(ErrAction, "type", "%v", ErrAction)
 		}
 		r.validate(v)
-		if t := Target(r); t != "" && v.err == nil {
+		if kind, name := targetOf(r); kind != "" && v.err == nil {
+			t := [2]string{kind, name}
 			if other, dup := targets[t]; dup {
-				v.fail("", "%s is also declared by %s; one thing on the machine has one declaration", t, other)
+				v.fail("", "%s:%s is also declared by %s; one thing on the machine has one declaration", kind, name, other.Head().Key())
 			}
-			targets[t] = r.Head().Key()
+			targets[t] = r
 		}
 		if v.err == nil {
 			checkProtected(v, r, nil)
@@ -189,32 +195,42 @@ func (d *Declaration) validate(allowAction bool) error {
 }
 
 // Target names the thing on the machine a resource manages, such as
-// "file:/etc/motd" or "service:sshd.service". Two resources may not manage
+// "path:/etc/motd" or "service:sshd.service". Two resources may not manage
 // the same thing. An action manages nothing nameable and returns "".
 func Target(r Resource) string {
+	kind, name := targetOf(r)
+	if kind == "" {
+		return ""
+	}
+	return kind + ":" + name
+}
+
+// targetOf is Target in its two parts, kind and name, so that validation
+// compares targets without building a string for each.
+func targetOf(r Resource) (kind, name string) {
 	switch r := r.(type) {
 	case *File:
-		return "path:" + r.Path
+		return "path", r.Path
 	case *Directory:
-		return "path:" + r.Path
+		return "path", r.Path
 	case *Service:
-		return "service:" + NormaliseUnit(r.Unit)
+		return "service", NormaliseUnit(r.Unit)
 	case *Package:
-		return "package:" + r.Name
+		return "package", r.Name
 	case *User:
-		return "user:" + r.Name
+		return "user", r.Name
 	case *Archive:
-		return "archive:" + r.Destination
+		return "archive", r.Destination
 	case *Container:
-		return "container:" + r.Name
+		return "container", r.Name
 	case *Network:
-		return "network:" + r.Name
+		return "network", r.Name
 	case *Overlay:
-		return "overlay:" + r.Interface
+		return "overlay", r.Interface
 	case *Opening:
-		return fmt.Sprintf("opening:%s/%d/%s/%s", r.Path, r.Port, r.Protocol, r.From)
+		return "opening", fmt.Sprintf("%s/%d/%s/%s", r.Path, r.Port, r.Protocol, r.From)
 	}
-	return ""
+	return "", ""
 }
 
 func (v *validator) path(field, p string) {
@@ -225,13 +241,24 @@ func (v *validator) path(field, p string) {
 		v.fail(field, "contains a NUL byte")
 	case !strings.HasPrefix(p, "/"):
 		v.fail(field, "%q is not absolute", p)
-	case path.Clean(p) != p:
+	case !isCleanAbs(p):
 		v.fail(field, "%q is not clean (it would be %q)", p, path.Clean(p))
 	case p == "/":
 		v.fail(field, "the root directory is not a resource")
 	case len(p) > 4096:
 		v.fail(field, "longer than 4096 bytes")
 	}
+}
+
+// isCleanAbs reports whether an absolute path is what path.Clean would
+// make of it (no empty, "." or ".." component, no trailing slash), without
+// building the cleaned copy for each of a thousand paths.
+func isCleanAbs(p string) bool {
+	if p == "/" {
+		return true
+	}
+	return !strings.Contains(p, "//") && !strings.Contains(p, "/./") && !strings.Contains(p, "/../") &&
+		!strings.HasSuffix(p, "/") && !strings.HasSuffix(p, "/.") && !strings.HasSuffix(p, "/..")
 }
 
 func (v *validator) mode(field, m string) {
@@ -320,9 +347,9 @@ func (s *Service) validate(v *validator) {
 		v.fail("state", "%q is not one of running, stopped (or unset: the mesh must not start it)", s.State)
 	}
 	for _, ref := range s.RestartOn {
-		key := ref
-		if !strings.Contains(ref, ".") {
-			key = s.Module + "." + ref
+		key := ident{s.Module, ref}
+		if m, id, ok := strings.Cut(ref, "."); ok {
+			key = ident{m, id}
 		}
 		if !v.files[key] {
 			v.fail("restart_on", "%q names no file in this declaration (\"id\" is a file of module %s, \"module.id\" of another)", ref, s.Module)

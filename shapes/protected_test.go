@@ -1,0 +1,105 @@
+package shapes
+
+import (
+	"path"
+	"strings"
+	"testing"
+)
+
+// The quick answer of pathReason (mayTouchProtected) must never pass a path
+// the full comparison would refuse. Every root, each of its ancestors,
+// children, near-misses and drop-ins, and paths built from their
+// components, under both kinds of check.
+func TestPathReasonQuickAnswerAgreesWithTheScan(t *testing.T) {
+	var paths []string
+	comps := map[string]bool{}
+	for _, list := range [][]string{protectedPaths, binPaths, initRoots} {
+		for _, q := range list {
+			paths = append(paths, q, q+"/x", q+"x", q+".d", q+"/mesh-agent.service.d",
+				q+"/system/mesh-agent.service", q+"/service.d", q+"/mesh-.service.d", q+"/a/b/c")
+			for p := q; p != "/"; p = path.Dir(p) {
+				paths = append(paths, p, p+"x", p+"/y")
+			}
+			for _, c := range strings.Split(q, "/") {
+				comps[c] = true
+			}
+		}
+	}
+	comps["srv"], comps["opt"], comps["mesh-agent"], comps["x.d"] = true, true, true, true
+	var words []string
+	for c := range comps {
+		if c != "" {
+			words = append(words, c)
+		}
+	}
+	for _, a := range words {
+		for _, b := range words {
+			paths = append(paths, "/"+a, "/"+a+"/"+b)
+			for _, c := range []string{"mesh-agent", "nox-mesh-host", "system", "x"} {
+				paths = append(paths, "/"+a+"/"+b+"/"+c)
+			}
+		}
+	}
+	paths = append(paths, "/", "", "relative/etc/systemd", "//etc/systemd/mesh-agent", "/etc//systemd")
+	refused := 0
+	for _, p := range paths {
+		for _, container := range []bool{false, true} {
+			got, want := pathReason(p, container), pathReasonScan(p, container)
+			if got != want {
+				t.Errorf("pathReason(%q, %v) = %q; the full comparison says %q", p, container, got, want)
+			}
+			if want != "" {
+				refused++
+			}
+		}
+	}
+	// A positive control: the set above does reach the protected set.
+	if refused < 100 {
+		t.Fatalf("only %d of %d checks refused: the test no longer reaches the protected set", refused, 2*len(paths))
+	}
+}
+
+// isCleanAbs answers as path.Clean would, for every absolute path built
+// from a few awkward pieces.
+func TestIsCleanAbsAgreesWithPathClean(t *testing.T) {
+	pieces := []string{"", ".", "..", "...", "a", ".a", "a.", "/"}
+	var walk func(p string, depth int)
+	n := 0
+	walk = func(p string, depth int) {
+		if got, want := isCleanAbs(p), path.Clean(p) == p; got != want {
+			t.Errorf("isCleanAbs(%q) = %v; path.Clean says %v", p, got, want)
+		}
+		n++
+		if depth == 4 {
+			return
+		}
+		for _, c := range pieces {
+			walk(p+"/"+c, depth+1)
+			walk(p+c, depth+1)
+		}
+	}
+	walk("/", 0)
+	if n < 1000 {
+		t.Fatalf("only %d paths tried", n)
+	}
+}
+
+// The fast reader's written-out table of which keys each shape allows
+// says what the shapes' own fields say (every field it reads; env and
+// peers it leaves to the slow path).
+func TestTypeKeyMaskMatchesTheShapes(t *testing.T) {
+	if len(typeKeyMask) != len(typeFields()) {
+		t.Fatalf("typeKeyMask has %d shapes, the vocabulary %d", len(typeKeyMask), len(typeFields()))
+	}
+	for typ, fields := range typeFields() {
+		var want uint64
+		for i, k := range resourceKeys {
+			if fields[k] {
+				want |= 1 << i
+			}
+		}
+		if got := typeKeyMask[typ]; got != want {
+			t.Errorf("%s: typeKeyMask %b, the shape's fields %b", typ, got, want)
+		}
+	}
+}

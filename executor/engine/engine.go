@@ -129,10 +129,9 @@ type run struct {
 	// upgradedTo: the host's package now installs another version than the
 	// one running (checked to run): the daemon restarts onto it.
 	upgradedTo string
-	// declared is each resource's claim and the target it manages now
-	// ("source:module.id\x00target"): a resource that moves to another
-	// path leaves its old one undeclared.
-	declared map[string]bool
+	// declared is each resource's claim and the target it manages now: a
+	// resource that moves to another path leaves its old one undeclared.
+	declared map[claimTarget]bool
 	// unsealed is each sealed file's content, opened by check before
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
@@ -147,7 +146,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: map[string]bool{}, heldOK: map[string]bool{}, unitFiles: map[string]bool{},
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{},
 		unsealed: map[string][]byte{}}
 	defer func() {
 		if r.init != nil {
@@ -583,7 +582,14 @@ func (r *run) execute(batch []*step, after int) {
 
 // declare notes that st's claim manages st's target in this declaration.
 func (r *run) declare(st *step) {
-	r.declared[st.claim.Key()+"\x00"+st.target] = true
+	r.declared[claimTarget{st.claim, st.target}] = true
+}
+
+// claimTarget is a claim and the target it manages, as a map key (a
+// struct, not a joined string: built for every resource of every apply).
+type claimTarget struct {
+	claim  store.Claim
+	target string
 }
 
 // emit adds a line to the report, and streams it.

@@ -101,12 +101,6 @@ func (r *run) fileContent(f *shapes.File) (data []byte, want string, sealed bool
 // planFile observes a file and decides what, if anything, to do.
 func (r *run) planFile(st *step, f *shapes.File) error {
 	data, want, sealed := r.fileContent(f)
-	// size is how a line speaks of the content: its length (which the
-	// sealed form shows anyway), never its bytes or plain digest.
-	size := fmt.Sprintf("%d bytes", len(data))
-	if sealed {
-		size = "sealed, " + size
-	}
 	eq, info, err := fsx.Equal(f.Path, data)
 	if err != nil {
 		return err
@@ -156,6 +150,12 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 		return err
 	}
 
+	// size is how a line speaks of the content: its length (which the
+	// sealed form shows anyway), never its bytes or plain digest.
+	size := fmt.Sprintf("%d bytes", len(data))
+	if sealed {
+		size = "sealed, " + size
+	}
 	st.line.Outcome = shapes.Applied
 	drift := e != nil && e.Digest == want && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid
 	if drift {

@@ -26,7 +26,7 @@ func (r *run) removeUndeclared() {
 			claims = []store.Claim{e.Pending.Claim}
 		}
 		for _, c := range claims {
-			if c.Source == r.opt.Source && !r.declared[c.Key()+"\x00"+e.Target] {
+			if c.Source == r.opt.Source && !r.declared[claimTarget{c, e.Target}] {
 				mine = append(mine, c)
 			} else {
 				rest = append(rest, c)

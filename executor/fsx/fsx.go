@@ -692,18 +692,32 @@ func Resolver() func(string) (string, error) {
 		if base == "" || base == "." || base == ".." || !strings.HasPrefix(p, "/") {
 			return Resolve(p)
 		}
-		rd, err := resolveDir(path.Clean(dir))
+		// A clean path's directory is dir without its slash: no copy. A
+		// path that is not clean is resolved name by name, as the kernel
+		// would ("a/link/.." is not "a").
+		if len(dir) > 1 {
+			dir = dir[:len(dir)-1]
+		}
+		if path.Clean(dir) != dir {
+			return Resolve(p)
+		}
+		rd, err := resolveDir(dir)
 		if err != nil {
 			return "", err
 		}
-		full := path.Join(rd, base)
+		full := p
+		if rd != dir {
+			full = path.Join(rd, base)
+		}
 		ls, seen := links[rd]
 		if !seen {
 			ls, _ = symlinksIn(rd)
 			links[rd] = ls // nil when unreadable: ask each name below
 		}
 		if ls != nil && !ls[base] {
-			dirs[p] = full // not a link (or not there)
+			// Not a link (or not there): the answer, remembered only for a
+			// directory someone asks about, not for each of a thousand
+			// files.
 			return full, nil
 		}
 		if _, err := os.Readlink(full); err != nil {
@@ -736,7 +750,11 @@ func Resolver() func(string) (string, error) {
 			dirs[d] = d
 			return d, nil
 		}
-		return resolve(d)
+		rd, err := resolve(d)
+		if err == nil {
+			dirs[d] = rd
+		}
+		return rd, err
 	}
 	return resolve
 }

@@ -21,6 +21,11 @@ func TestResolverAgreesWithResolve(t *testing.T) {
 	for _, p := range []string{
 		d, d + "/real/sub/file", d + "/rel/sub/file", d + "/abs/file", d + "/abs/missing/deeper",
 		d + "/real/link-to-file", d + "/rel", d + "/nothing/here",
+		// Several names in one directory reached through a link: the
+		// directory is resolved once and remembered, the names each time.
+		d + "/rel/sub/other", d + "/rel/sub/third", d + "/abs/file2", d + "/abs/link-to-file",
+		// Not clean: the directory part is cleaned before it is looked up.
+		d + "/real//sub/file", d + "/real/./sub/file", d + "/rel/sub/../sub/file", d + "/abs/../x",
 	} {
 		want, err1 := Resolve(p)
 		got, err2 := r(p)

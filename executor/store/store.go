@@ -18,7 +18,8 @@
 //
 //	lock            flock: one applier at a time
 //	journal         checksummed JSON lines since the snapshot
-//	snapshot        the compacted state (gob), written atomically
+//	snapshot        the compacted state (a checksummed binary format, see
+//	                snapshot.go), written atomically
 //	originals/      kept originals, by content digest
 //	target-SOURCE.json  the declaration being applied for each source
 package store
@@ -27,7 +28,6 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
-	"encoding/gob"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -138,22 +138,6 @@ type record struct {
 	Target string  `json:"target"`
 	Entry  *Entry  `json:"entry,omitempty"`
 	Intent *Intent `json:"intent,omitempty"`
-}
-
-// The snapshot is gob, not JSON like the journal: it is read on every
-// apply, and gob reads a thousand entries four times faster. It is written
-// whole, fsync'd and renamed, so it is never torn; `owned --json` is the
-// way to read it as text.
-const (
-	snapshotName  = "snapshot"
-	snapshotMagic = "nox-mesh-host store snapshot v1\n"
-)
-
-type snapshot struct {
-	Version int      `json:"version"`
-	LastN   uint64   `json:"last_n"`
-	Order   uint64   `json:"order"`
-	Entries []*Entry `json:"entries"`
 }
 
 // Store is the open state directory. It is not safe for concurrent use; the
@@ -305,17 +289,21 @@ func (s *Store) load() error {
 	data, err := os.ReadFile(filepath.Join(s.dir, snapshotName))
 	switch {
 	case err == nil:
-		var snap snapshot
-		if !bytes.HasPrefix(data, []byte(snapshotMagic)) {
-			return fmt.Errorf("store: %s is not a snapshot of this store", snapshotName)
+		snap, err := decodeSnapshot(data)
+		if errors.Is(err, errSnapshotV1) {
+			// No release wrote v1, so there is nothing to convert from:
+			// the host's things come back as after a lost store.
+			return fmt.Errorf("%w: move %s aside, then re-enrol the node (the control side hands back what the host owned) or apply again", err, s.dir)
 		}
-		if err := gob.NewDecoder(bytes.NewReader(data[len(snapshotMagic):])).Decode(&snap); err != nil {
-			return fmt.Errorf("store: %s is damaged: %w", snapshotName, err)
-		}
-		if snap.Version != 1 {
-			return fmt.Errorf("store: snapshot.json has unknown version %d", snap.Version)
+		if err != nil {
+			return err
 		}
 		s.n, s.order = snap.LastN, snap.Order
+		if len(s.entries) == 0 {
+			// Sized once for the snapshot and some journal, rather than
+			// grown step by step on every load.
+			s.entries = make(map[string]*Entry, len(snap.Entries)+len(snap.Entries)/8+16)
+		}
 		for _, e := range snap.Entries {
 			s.entries[e.Target] = e
 		}
@@ -498,13 +486,8 @@ func (s *Store) Commit() error {
 // between the two is harmless: records at or below the snapshot's last
 // number are skipped when the journal is read again.
 func (s *Store) Compact() error {
-	snap := snapshot{Version: 1, LastN: s.n, Order: s.order, Entries: s.Entries()}
-	var buf bytes.Buffer
-	buf.WriteString(snapshotMagic)
-	if err := gob.NewEncoder(&buf).Encode(&snap); err != nil {
-		return fmt.Errorf("store: encode snapshot: %w", err)
-	}
-	if err := WriteFileAtomic(filepath.Join(s.dir, snapshotName), buf.Bytes()); err != nil {
+	data := encodeSnapshot(&snapshot{Version: snapshotVersion, LastN: s.n, Order: s.order, Entries: s.Entries()})
+	if err := WriteFileAtomic(filepath.Join(s.dir, snapshotName), data); err != nil {
 		return err
 	}
 	if err := s.journal.Truncate(0); err != nil {

@@ -98,9 +98,9 @@ func isIdent(s string) bool {
 type validator struct {
 	d           *Declaration
 	allowAction bool
-	r           Resource // the resource being validated
-	err         *Error   // the first error
-	files       map[ident]bool
+	r           Resource       // the resource being validated
+	err         *Error         // the first error
+	files       map[ident]bool // every identity; true for a file
 }
 
 // ident is a resource's identity, module and id, as a map key: the same as
@@ -128,7 +128,7 @@ func (v *validator) failAs(sentinel error, field, format string, args ...any) {
 }
 
 func (d *Declaration) validate(allowAction bool) error {
-	v := &validator{d: d, allowAction: allowAction, files: make(map[ident]bool, len(d.Resources))}
+	v := &validator{d: d, allowAction: allowAction}
 	if len(d.Resources) == 0 && !d.OwnsNothing {
 		v.fail("resources", "empty without \"owns_nothing\": true; emptiness is never read from a declaration that may be truncated")
 	}
@@ -146,7 +146,9 @@ func (d *Declaration) validate(allowAction bool) error {
 	if len(d.Node) > 128 || len(d.Enrolment) > 128 {
 		v.fail("node", "node and enrolment are at most 128 bytes")
 	}
+	// seen is every identity, true for a file (what restart_on may name).
 	seen := make(map[ident]bool, len(d.Resources))
+	v.files = seen
 	for _, r := range d.Resources {
 		b := r.Head()
 		if !isIdent(b.Module) {
@@ -158,14 +160,12 @@ func (d *Declaration) validate(allowAction bool) error {
 			v.fail("id", "%q is not an id (letters, digits, _ and -, no dot)", b.ID)
 		}
 		id := ident{b.Module, b.ID}
-		if seen[id] {
+		if _, dup := seen[id]; dup {
 			v.r = r
 			v.fail("id", "declared twice; a resource's module and id are its identity")
 		}
-		seen[id] = true
-		if _, ok := r.(*File); ok {
-			v.files[id] = true
-		}
+		_, isFile := r.(*File)
+		seen[id] = isFile
 	}
 	targets := make(map[[2]string]Resource, len(d.Resources))
 	for _, r := range d.Resources {

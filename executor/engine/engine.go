@@ -147,7 +147,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{},
-		unsealed: map[string][]byte{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources))}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -191,7 +191,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			}
 		}
 	}
-	rep.Lines = append(rep.Lines, r.lines...)
+	rep.Lines = r.lines
 	rep.Outcome = shapes.Derive(rep.Lines)
 	if rep.Outcome != shapes.Failed {
 		rep.Upgraded = r.upgradedTo

@@ -317,7 +317,12 @@ func Equal(p string, want []byte) (bool, Info, error) {
 	// The size matched: one read of up to one byte more than that, in the
 	// common case (a short read loops). A file grown since its size was
 	// read shows the extra byte and is not equal; no second read for EOF.
-	buf := make([]byte, len(want)+1)
+	var small [4096]byte // most declared files: no allocation to compare
+	buf := small[:]
+	if len(want)+1 > len(small) {
+		buf = make([]byte, len(want)+1)
+	}
+	buf = buf[:len(want)+1]
 	n := 0
 	for n < len(want) {
 		m, err := f.Read(buf[n:])

@@ -161,6 +161,17 @@ func TestTargetSavedOnce(t *testing.T) {
 	if !bytes.Equal(got, []byte("one")) {
 		t.Fatalf("target = %q", got)
 	}
+	// Another target of the same size, one longer than the compare's
+	// piece, and one differing only in its last byte: each is written.
+	big := bytes.Repeat([]byte("x"), 100<<10)
+	for _, next := range [][]byte{[]byte("two"), big, append(bytes.Clone(big[:len(big)-1]), 'y'), []byte("")} {
+		if err := s.SaveTarget(Local, next); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Target(Local); !bytes.Equal(got, next) {
+			t.Fatalf("target of %d bytes not saved (have %d bytes)", len(next), len(got))
+		}
+	}
 }
 
 // FuzzJournal feeds the journal reader arbitrary bytes: it never panics,

@@ -332,8 +332,11 @@ func nodeID(state string) string {
 func (c *command) report(rep *shapes.Report, plan bool) {
 	if c.json {
 		// One line: a report may hold thousands of lines, and it is read by
-		// programs.
-		b, _ := json.Marshal(rep)
+		// programs. Written by hand, as encoding/json would (see shapes).
+		b, err := rep.AppendJSON(make([]byte, 0, 64+96*len(rep.Lines)))
+		if err != nil {
+			b, _ = json.Marshal(rep)
+		}
 		c.out.Write(append(b, '\n'))
 		return
 	}

@@ -14,13 +14,13 @@
 // read-back, and an interrupted intent is kept as Pending, which says "the
 // host may have done this", until the next apply observes the machine.
 //
-// Layout of the directory (root, 0700):
+// Layout of the directory (root, 0700), which is itself flock'd by the one
+// applier:
 //
-//	lock            flock: one applier at a time
 //	journal         checksummed JSON lines since the snapshot
 //	snapshot        the compacted state (a checksummed binary format, see
 //	                snapshot.go), written atomically
-//	originals/      kept originals, by content digest
+//	originals/      kept originals, by content digest (made when first needed)
 //	target-SOURCE.json  the declaration being applied for each source
 package store
 
@@ -158,6 +158,8 @@ type Store struct {
 	// seen identifies the snapshot and journal as loaded.
 	seen [2]fileID
 	lock *os.File
+	// legacyLock is the "lock" file of earlier builds, when there is one.
+	legacyLock *os.File
 }
 
 // CompactAfter is how many journal records trigger a snapshot.
@@ -198,7 +200,7 @@ func ensureDir(dir string) error {
 	case fi.Mode().Perm()&0o077 != 0:
 		return fmt.Errorf("store: %s has mode %04o; the executor's state is private (0700)", dir, fi.Mode().Perm())
 	}
-	return os.MkdirAll(filepath.Join(dir, "originals"), 0o700)
+	return nil
 }
 
 // Dir is the state directory.
@@ -209,25 +211,22 @@ var ErrBusy = errors.New("store: another apply is running (the executor daemon o
 
 // Lock takes the one-applier lock, waiting up to wait for it. It opens the
 // journal for appending.
+//
+// The lock is flock(2) on the state directory itself: nothing to create on
+// a new node. A "lock" file, which earlier development builds locked
+// instead, is locked too when it is there, so such a build still running
+// beside this one (during an upgrade) is kept out as well.
 func (s *Store) Lock(wait time.Duration) error {
-	f, err := os.OpenFile(filepath.Join(s.dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
 	deadline := time.Now().Add(wait)
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
-			f.Close()
-			if err == unix.EWOULDBLOCK {
-				return ErrBusy
-			}
-			return fmt.Errorf("store: lock: %w", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	f, err := lockPath(s.dir, false, deadline)
+	if err != nil {
+		return err
+	}
+	if legacy, err := lockPath(filepath.Join(s.dir, "lock"), true, deadline); err != nil {
+		f.Close()
+		return err
+	} else if legacy != nil {
+		s.legacyLock = legacy
 	}
 	s.lock = f
 	// Another process may have written since we loaded: load again, now
@@ -255,11 +254,46 @@ func (s *Store) Lock(wait time.Duration) error {
 	return nil
 }
 
+// lockPath opens p (the state directory, or an optional file in it)
+// without following a link and takes an exclusive flock on it, trying
+// until deadline. An optional file that is not there is no lock: nil.
+func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
+	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if !optional {
+		flags |= unix.O_DIRECTORY
+	}
+	fd, err := unix.Open(p, flags, 0)
+	if err != nil {
+		if optional && err == unix.ENOENT {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("store: lock %s: %w", p, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return os.NewFile(uintptr(fd), p), nil
+		}
+		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
+			unix.Close(fd)
+			if err == unix.EWOULDBLOCK {
+				return nil, ErrBusy
+			}
+			return nil, fmt.Errorf("store: lock %s: %w", p, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Unlock closes the journal and releases the lock.
 func (s *Store) Unlock() {
 	if s.journal != nil {
 		s.journal.Close()
 		s.journal = nil
+	}
+	if s.legacyLock != nil {
+		s.legacyLock.Close()
+		s.legacyLock = nil
 	}
 	if s.lock != nil {
 		s.lock.Close()
@@ -349,10 +383,7 @@ func (s *Store) replayJournal(data []byte) int {
 
 // encodeRecord frames a record as "crc32hex json\n".
 func encodeRecord(buf *bytes.Buffer, r *record) error {
-	js, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
+	js := appendRecordJSON(make([]byte, 0, 512), r)
 	var crc [8]byte
 	hex.Encode(crc[:], binaryBE(crc32.ChecksumIEEE(js)))
 	buf.Write(crc[:])
@@ -525,6 +556,12 @@ func (s *Store) KeepOriginal(digest string, data []byte) error {
 	if got, err := os.ReadFile(p); err == nil && sha256Hex(got) == digest {
 		return nil
 	}
+	// originals/ is made the first time the host keeps something, not for
+	// every node that never does. Sync makes its name durable with the
+	// original's.
+	if err := os.Mkdir(filepath.Dir(p), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("store: keep original: %w", err)
+	}
 	f, err := os.OpenFile(p+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("store: keep original: %w", err)
@@ -691,10 +728,7 @@ func (s *Store) SaveReport(src Source, rep *shapes.Report) error {
 	for _, l := range rep.Lines {
 		sum.Lines[l.Outcome]++
 	}
-	data, err := json.Marshal(sum)
-	if err != nil {
-		return err
-	}
+	data := jsonSummary(nil, &sum)
 	p := filepath.Join(s.dir, "report-"+string(src)+".json")
 	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
 		return fmt.Errorf("store: save report: %w", err)

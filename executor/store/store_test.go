@@ -1,6 +1,8 @@
 package store
 
 import (
+	"golang.org/x/sys/unix"
+
 	"bytes"
 	"encoding/hex"
 	"hash/crc32"
@@ -143,6 +145,40 @@ func TestOneApplierAtATime(t *testing.T) {
 	if err := b.Lock(100 * time.Millisecond); err != ErrBusy {
 		t.Fatalf("second lock = %v, want ErrBusy", err)
 	}
+	a.Unlock()
+	if err := b.Lock(100 * time.Millisecond); err != nil {
+		t.Fatalf("lock after the first applier let go: %v", err)
+	}
+	b.Unlock()
+	if _, err := os.Lstat(filepath.Join(dir, "lock")); !os.IsNotExist(err) {
+		t.Fatalf("a lock file was made (%v); the directory itself is the lock", err)
+	}
+}
+
+// An earlier development build locked a "lock" file in the directory: while
+// one holds it, this build waits too (an upgrade may run the two side by
+// side for a moment).
+func TestTheEarlierBuildsLockFileIsHonoured(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Lock(100 * time.Millisecond); err != ErrBusy {
+		t.Fatalf("lock while an earlier build holds its lock file = %v, want ErrBusy", err)
+	}
+	f.Close()
+	if err := s.Lock(100 * time.Millisecond); err != nil {
+		t.Fatalf("lock once the earlier build let go: %v", err)
+	}
+	s.Unlock()
 }
 
 func TestTargetSavedOnce(t *testing.T) {

@@ -42,6 +42,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -72,7 +74,20 @@ func main() {
 	flag.StringVar(&c.cfAgent, "cf-agent", "auto", "cf-agent `binary` (auto: look in PATH; empty: leave it out)")
 	flag.StringVar(&c.jsonOut, "json", "", "results `file` (default DIR/results.json)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "give up on one run after this long")
+	only := flag.String("only", "", "run only these `scenarios` (comma-separated: converge,no-op,drift-repair,one-file); the default is all")
 	flag.Parse()
+	if *only != "" {
+		var keep []scenario
+		for _, name := range strings.Split(*only, ",") {
+			i := slices.Index(scenarios, scenario(name))
+			if i < 0 {
+				fmt.Fprintf(os.Stderr, "bench: -only: no scenario %q (have %v)\n", name, scenarios)
+				os.Exit(2)
+			}
+			keep = append(keep, scenarios[i])
+		}
+		scenarios = keep
+	}
 	if c.floor == "" {
 		c.floor = filepath.Join(c.dir, "bin", "mesh-bench-floor")
 	}

@@ -317,7 +317,9 @@ func Equal(p string, want []byte) (bool, Info, error) {
 	// The size matched: one read of up to one byte more than that, in the
 	// common case (a short read loops). A file grown since its size was
 	// read shows the extra byte and is not equal; no second read for EOF.
-	var small [4096]byte // most declared files: no allocation to compare
+	// Most declared files are small: compared without an allocation (and
+	// with a frame small enough not to grow the goroutine's stack).
+	var small [512]byte
 	buf := small[:]
 	if len(want)+1 > len(small) {
 		buf = make([]byte, len(want)+1)
@@ -680,14 +682,15 @@ var ErrNotExist = os.ErrNotExist
 
 // Resolver returns a Resolve that remembers the directories it resolved,
 // so checking a thousand paths in ten directories reads ten directories'
-// links once, and each final name once. It is for one apply: a link
-// changed afterwards is not seen.
+// links once (from the second name asked in each), and each final name
+// once. It is for one apply: a link changed afterwards is not seen.
 func Resolver() func(string) (string, error) {
 	dirs := map[string]string{"/": "/"}
 	// links holds, per resolved directory, which of its entries are
 	// symbolic links: one read of a directory answers for a thousand
 	// files in it, instead of one readlink each.
 	links := map[string]map[string]bool{}
+	once := map[string]bool{} // directories asked about one name so far
 	var resolve, resolveDir func(p string) (string, error)
 	resolve = func(p string) (string, error) {
 		if rp, ok := dirs[p]; ok {
@@ -715,7 +718,14 @@ func Resolver() func(string) (string, error) {
 			full = path.Join(rd, base)
 		}
 		ls, seen := links[rd]
-		if !seen {
+		switch {
+		case seen:
+		case !once[rd]:
+			// The first name asked in a directory is asked alone (one
+			// readlink below): /etc's hundred entries are not read to
+			// learn about one name in it.
+			once[rd] = true
+		default:
 			ls, _ = symlinksIn(rd)
 			links[rd] = ls // nil when unreadable: ask each name below
 		}

@@ -17,6 +17,7 @@ func TestResolverAgreesWithResolve(t *testing.T) {
 	os.Symlink(filepath.Join(d, "real/sub"), filepath.Join(d, "abs"))
 	os.Symlink("../real/sub/file", filepath.Join(d, "real/sub/../link-to-file"))
 	os.WriteFile(filepath.Join(d, "real/sub/file"), nil, 0o644)
+	os.Symlink("/etc", filepath.Join(d, "real/sub/ln"))
 	r := Resolver()
 	for _, p := range []string{
 		d, d + "/real/sub/file", d + "/rel/sub/file", d + "/abs/file", d + "/abs/missing/deeper",
@@ -26,6 +27,9 @@ func TestResolverAgreesWithResolve(t *testing.T) {
 		d + "/rel/sub/other", d + "/rel/sub/third", d + "/abs/file2", d + "/abs/link-to-file",
 		// Not clean: the directory part is cleaned before it is looked up.
 		d + "/real//sub/file", d + "/real/./sub/file", d + "/rel/sub/../sub/file", d + "/abs/../x",
+		// A link asked after other names in its directory (its entries
+		// read by then), and through a linked directory.
+		d + "/real/sub/ln", d + "/real/sub/ln/passwd", d + "/abs/ln/passwd",
 	} {
 		want, err1 := Resolve(p)
 		got, err2 := r(p)

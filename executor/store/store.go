@@ -658,9 +658,9 @@ func sameContent(p string, data []byte) bool {
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != int64(len(data)) {
 		return false
 	}
-	var buf [32 << 10]byte
+	buf := make([]byte, min(len(data)+1, 32<<10))
 	for off := 0; ; {
-		n, err := f.Read(buf[:])
+		n, err := f.Read(buf)
 		if n > len(data)-off || !bytes.Equal(buf[:n], data[off:off+n]) {
 			return false
 		}

@@ -198,9 +198,16 @@ func CopyReinstall(ctx context.Context, knownGood string, installed map[string]s
 		if real, err := filepath.EvalSymlinks(dst); err == nil {
 			dst = real
 		}
-		tmp, err := stage(dst, 0o755, func(w *os.File) error {
-			_, err := io.Copy(w, f)
+		label, err := securityLabel(dst)
+		if err != nil {
+			f.Close()
 			return err
+		}
+		tmp, err := stage(dst, 0o755, func(w *os.File) error {
+			if _, err := io.Copy(w, f); err != nil {
+				return err
+			}
+			return setSecurityLabel(w, label)
 		})
 		f.Close()
 		if err != nil {
@@ -215,6 +222,45 @@ func CopyReinstall(ctx context.Context, knownGood string, installed map[string]s
 	err = commit(staged)
 	staged = nil // commit removed what it did not rename
 	return err
+}
+
+// selinuxLabel is the extended attribute that holds a file's SELinux
+// context.
+const selinuxLabel = "security.selinux"
+
+// securityLabel reads the SELinux context of the binary a rollback is about
+// to replace, so the copy put in its place keeps it: a copy made in the
+// launcher's directory would otherwise carry that directory's label, and on
+// an enforcing system the executor would no longer enter its own domain.
+// Nil when there is none (no SELinux, or a file system without labels).
+func securityLabel(p string) ([]byte, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Lgetxattr(p, selinuxLabel, buf)
+		switch {
+		case err == nil:
+			return buf[:n], nil
+		case err == unix.ERANGE && len(buf) < 64<<10:
+			buf = make([]byte, 4*len(buf))
+		case err == unix.ENODATA || err == unix.ENOTSUP || err == unix.ENOENT:
+			return nil, nil
+		default:
+			return nil, fmt.Errorf("launcher: read the SELinux label of %s: %w", p, err)
+		}
+	}
+}
+
+// setSecurityLabel gives the staged copy the label the replaced binary had.
+// A file system that keeps no labels has nothing to give back; any other
+// refusal fails the rollback rather than leave a binary in the wrong domain.
+func setSecurityLabel(f *os.File, label []byte) error {
+	if label == nil {
+		return nil
+	}
+	if err := unix.Fsetxattr(int(f.Fd()), selinuxLabel, label, 0); err != nil && err != unix.ENOTSUP {
+		return fmt.Errorf("set the SELinux label %q: %w", strings.TrimRight(string(label), "\x00"), err)
+	}
+	return nil
 }
 
 func sortedNames(m map[string]string) []string {

@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -302,5 +303,57 @@ func TestCopyReinstall(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(bin, ".*")); len(left) != 0 {
 		t.Errorf("temporaries left after a refused reinstall: %v", left)
+	}
+}
+
+// A rollback by copying keeps the SELinux label of the binary it replaces
+// (and of the file a link at the installed path names), not the label the
+// launcher's own directory would give the copy; a binary without one gets
+// none.
+func TestCopyReinstallKeepsTheSELinuxLabel(t *testing.T) {
+	d := t.TempDir()
+	kg, bin := filepath.Join(d, "kg"), filepath.Join(d, "bin")
+	os.Mkdir(kg, 0o700)
+	os.Mkdir(bin, 0o755)
+	const execLabel = "system_u:object_r:mesh_executor_exec_t:s0\x00"
+	const agentLabel = "system_u:object_r:mesh_agent_exec_t:s0\x00"
+	const kgLabel = "system_u:object_r:mesh_executor_var_lib_t:s0\x00"
+	for name, label := range map[string]string{"mesh-executor": execLabel, "agent-v2": agentLabel} {
+		p := filepath.Join(bin, name)
+		os.WriteFile(p, []byte(name+" v2"), 0o755)
+		if err := unix.Setxattr(p, selinuxLabel, []byte(label), 0); err != nil {
+			if err == unix.ENOTSUP {
+				t.Skipf("%s keeps no security.* attributes here (%v): nothing to carry", d, err)
+			}
+			t.Fatal(err)
+		}
+	}
+	os.Symlink("agent-v2", filepath.Join(bin, "mesh-agent"))
+	os.WriteFile(filepath.Join(bin, "mesh-launch"), []byte("launch v2"), 0o755) // no label
+	for _, name := range []string{"mesh-executor", "mesh-agent", "mesh-launch"} {
+		p := filepath.Join(kg, name)
+		os.WriteFile(p, []byte(name+" v1"), 0o755)
+		unix.Setxattr(p, selinuxLabel, []byte(kgLabel), 0) // what the copy would otherwise bring
+	}
+	installed := map[string]string{}
+	for _, name := range []string{"mesh-executor", "mesh-agent", "mesh-launch"} {
+		installed[name] = filepath.Join(bin, name)
+	}
+	if err := CopyReinstall(context.Background(), kg, installed); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"mesh-executor": execLabel, "agent-v2": agentLabel, "mesh-launch": ""} {
+		p := filepath.Join(bin, name)
+		data, _ := os.ReadFile(p)
+		if !strings.HasSuffix(string(data), " v1") {
+			t.Errorf("%s holds %q, not the known-good copy", name, data)
+		}
+		got, err := securityLabel(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("%s is labelled %q after the rollback; it was %q", name, got, want)
+		}
 	}
 }

@@ -14,9 +14,9 @@ import (
 // encoding/json's reflection cost more than observing the thousand files
 // they describe. fastDecode reads the plain JSON a control plane writes
 // (objects, arrays, strings with the usual escapes, integers, booleans)
-// straight into unionDeclaration, with the strictness checkKeys adds on the
-// slow path built in: keys exact, none twice, each resource carrying only
-// its own shape's fields.
+// straight into each resource's own shape, with the strictness checkKeys
+// adds on the slow path built in: keys exact, none twice, each resource
+// carrying only its own shape's fields.
 //
 // Anything else — null, a number with a fraction or exponent, a \u escape,
 // invalid UTF-8, a key it does not know, a duplicate — makes it give up

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,8 +55,21 @@ var rules = []rule{
 	{"cmd/mesh-executor", "github.com/nats-io/...", "the executor binary links no broker client", false},
 	{"cmd/mesh-executor", "net/http", "the executor binary opens no connection off the machine", false},
 	{"cmd/mesh-executor", "crypto/tls", "the executor binary opens no connection off the machine", false},
+	// One place says how root runs a program.
+	{"executor/command", module + "/...", "command is how root runs a program: it imports nothing of ours, so every part of the executor can use it", false},
 	// Tests stay in tests.
 	{"...", "testing", "no production package imports testing", false},
+}
+
+// onlyIn lists imports that, within pkg, only the packages named may make
+// directly: the rest go through them.
+var onlyIn = []struct {
+	pkg, imp string
+	allowed  []string
+	why      string
+}{
+	{"executor/...", "os/exec", []string{"executor/command", "executor/engine"},
+		"root runs a program through executor/command (a fixed search path, never the inherited PATH; an environment of its own; its process group killed whole); engine also runs a declared action, by DESIGN.md's rules for actions"},
 }
 
 func match(pattern, path string) bool {
@@ -121,6 +135,11 @@ func TestImportRules(t *testing.T) {
 				if match(r.banned, d) && !(strings.HasSuffix(r.banned, "/...") && d == pkg) {
 					t.Errorf("%s imports %s: %s", rel, d, r.why)
 				}
+			}
+		}
+		for _, o := range onlyIn {
+			if match(o.pkg, rel) && !slices.Contains(o.allowed, rel) && slices.Contains(imports[pkg], o.imp) {
+				t.Errorf("%s imports %s: %s", rel, o.imp, o.why)
 			}
 		}
 	}

@@ -1,13 +1,13 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // owner is a resolved "user[:group]".
@@ -94,24 +94,25 @@ func (o *owners) group(name string) (int, error) {
 	return gid, nil
 }
 
+// getentTimeout bounds one question to the name service.
+const getentTimeout = 10 * time.Second
+
 // getent asks the name service for one entry. Exit status 2 is "not found".
 func getent(db, key string) ([]string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "getent", db, key)
-	cmd.Env = []string{"PATH=/usr/bin:/bin:/usr/sbin:/sbin"}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
-			what := "user"
-			if db == "group" {
-				what = "group"
-			}
-			return nil, fmt.Errorf("%s %q is not known to the name service (getent %s %s)", what, key, db, key)
+	argv := []string{"getent", db, key}
+	res, err := command.Run(context.Background(), argv, command.Options{Timeout: getentTimeout})
+	switch {
+	case err != nil:
+		return nil, err
+	case res.Code == 2:
+		what := "user"
+		if db == "group" {
+			what = "group"
 		}
-		return nil, fmt.Errorf("running %q failed: %w\n%s", cmd.Args, err, errb.String())
+		return nil, fmt.Errorf("%s %q is not known to the name service (getent %s %s)", what, key, db, key)
+	case res.Code != 0:
+		return nil, fmt.Errorf("running %q failed: exit status %d\n%s", argv, res.Code, res.Stderr)
 	}
-	line, _, _ := strings.Cut(out.String(), "\n")
+	line, _, _ := strings.Cut(res.Stdout, "\n")
 	return strings.Split(line, ":"), nil
 }

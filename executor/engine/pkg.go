@@ -3,9 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -31,7 +31,7 @@ func detectPackages() (packageManager, error) {
 	self := map[string]string{"dpkg-query": "dpkg", "pacman": "pacman", "apk": "apk-tools"}
 	var tried []string
 	for _, m := range []packageManager{apt{}, pacman{}, apk{}} {
-		if _, err := exec.LookPath(m.name()); err != nil {
+		if _, err := command.LookPath(m.name()); err != nil {
 			continue
 		}
 		tried = append(tried, m.name())
@@ -71,13 +71,13 @@ func (apt) installed(ctx context.Context, pkg string) (string, bool, error) {
 
 func (apt) install(ctx context.Context, pkg, version string) error {
 	target := pkg
-	argv := []string{"env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--no-install-recommends",
+	argv := []string{"apt-get", "install", "-y", "--no-install-recommends",
 		"-o", "DPkg::Lock::Timeout=10", "-o", "Dpkg::Options::=--force-confold"}
 	if version != "" {
 		target += "=" + version
 		argv = append(argv, "--allow-downgrades")
 	}
-	_, _, err := runTool(ctx, append(argv, "--", target)...)
+	_, _, err := runToolEnv(ctx, []string{"DEBIAN_FRONTEND=noninteractive"}, append(argv, "--", target)...)
 	if err != nil {
 		return lockedMessage("dpkg", err)
 	}

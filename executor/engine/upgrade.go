@@ -1,12 +1,11 @@
 package engine
 
 import (
-	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -35,15 +34,17 @@ func (r *run) checkHostUpgrade(p *shapes.Package, installed string) error {
 	if bin == "" {
 		bin = DefaultHostBinary
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, versionTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "version")
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	out, err := cmd.Output()
+	res, err := command.Run(r.ctx, []string{bin, "version"}, command.Options{Timeout: versionTimeout})
+	if err == nil && res.Code != 0 {
+		err = fmt.Errorf("exit status %d", res.Code)
+		if res.Stderr != "" {
+			err = fmt.Errorf("%w: %s", err, res.Stderr)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("the installed host does not run here: %s version: %v; the running host (%s) carries on", bin, err, r.opt.HostVersion)
 	}
-	got := strings.TrimSpace(string(out))
+	got := res.Stdout
 	if !SameRelease(p.Version, installed, got) {
 		return fmt.Errorf("the installed host says version %q, not the declared %s; the running host (%s) carries on", got, p.Version, r.opt.HostVersion)
 	}

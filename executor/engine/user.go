@@ -1,15 +1,13 @@
 package engine
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -40,22 +38,28 @@ type account struct {
 // shadowTools is accounts through getent, id, useradd and usermod.
 type shadowTools struct{}
 
+// toolTimeout bounds one of the machine's tools (getent, id, useradd, a
+// package manager's install).
+const toolTimeout = 2 * time.Minute
+
+// runTool runs one of the machine's tools through executor/command and
+// returns its standard output and exit code. A non-zero exit is also an
+// error naming argv and the tool's standard error; a caller that takes a
+// code for an answer (getent's 2, "no such entry") reads the code first.
 func runTool(ctx context.Context, argv ...string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = []string{actionPath}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return out.String(), ee.ExitCode(), fmt.Errorf("running %q failed: %w\n%s", argv, err, strings.TrimSpace(errb.String()))
-	}
+	return runToolEnv(ctx, nil, argv...)
+}
+
+// runToolEnv is runTool with extra "NAME=value" variables.
+func runToolEnv(ctx context.Context, env []string, argv ...string) (string, int, error) {
+	res, err := command.Run(ctx, argv, command.Options{Timeout: toolTimeout, Env: env})
 	if err != nil {
-		return "", -1, fmt.Errorf("running %q failed: %w", argv, err)
+		return "", -1, err
 	}
-	return out.String(), 0, nil
+	if res.Code != 0 {
+		return res.Stdout, res.Code, fmt.Errorf("running %q failed: exit status %d\n%s", argv, res.Code, res.Stderr)
+	}
+	return res.Stdout, 0, nil
 }
 
 func (shadowTools) lookup(ctx context.Context, name string) (account, bool, error) {

@@ -39,12 +39,9 @@
 package firewall
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +51,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // Mark starts the comment of every rule the host writes.
@@ -202,26 +201,25 @@ type Firewall interface {
 }
 
 // Runner runs a program and returns its standard output and exit code;
-// a program that is not there is an error wrapping exec.ErrNotFound.
+// a non-zero exit is also an error naming argv and its standard error, and
+// a program that is not there is an error wrapping command.ErrNotFound.
 type Runner func(ctx context.Context, argv ...string) (stdout string, code int, err error)
 
-// Run is the Runner of the machine: an empty environment but PATH.
+// runTimeout bounds one program of the firewall's.
+const runTimeout = 30 * time.Second
+
+// Run is the Runner of the machine: executor/command's, so the program is
+// found in the fixed search path, never the executor's inherited PATH, and
+// killed with its process group if it is not done within thirty seconds.
 func Run(ctx context.Context, argv ...string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return out.String(), ee.ExitCode(), fmt.Errorf("%q: %w: %s", argv, err, strings.TrimSpace(errb.String()))
-	}
+	res, err := command.Run(ctx, argv, command.Options{Timeout: runTimeout})
 	if err != nil {
 		return "", -1, err
 	}
-	return out.String(), 0, nil
+	if res.Code != 0 {
+		return res.Stdout, res.Code, fmt.Errorf("%q: exit status %d: %s", argv, res.Code, res.Stderr)
+	}
+	return res.Stdout, 0, nil
 }
 
 // Detect finds the machine's firewall: a front end that owns the ruleset

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 func spec(t *testing.T, path, proto string, port int, from string) Spec {
@@ -169,7 +171,7 @@ func stub(answers map[string]string) Runner {
 	return func(ctx context.Context, argv ...string) (string, int, error) {
 		out, ok := answers[argv[0]]
 		if !ok {
-			return "", -1, fmt.Errorf("%s: %w", argv[0], exec.ErrNotFound)
+			return "", -1, fmt.Errorf("%s: %w", argv[0], command.ErrNotFound)
 		}
 		return out, 0, nil
 	}

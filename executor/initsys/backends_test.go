@@ -38,7 +38,7 @@ func (f *fakeTools) tool(name, body string) {
 }
 
 func (f *fakeTools) tools(init string) tools {
-	return tools{init: init, path: []string{filepath.Join(f.dir, "bin"), "/usr/bin", "/bin"}, timeout: 10 * time.Second}
+	return tools{init: init, path: filepath.Join(f.dir, "bin") + ":/usr/bin:/bin", timeout: 10 * time.Second}
 }
 
 func (f *fakeTools) set(name, value string) {
@@ -60,9 +60,9 @@ func TestToolsEnvironmentAndStdin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "PATH=" + filepath.Join(f.dir, "bin") + ":/usr/bin:/bin\nstdin:\n/"
-	if r.stdout != want {
-		t.Fatalf("got %q, want %q", r.stdout, want)
+	want := "PATH=" + filepath.Join(f.dir, "bin") + ":/usr/bin:/bin\nLC_ALL=C\nstdin:\n/"
+	if r.Stdout != want {
+		t.Fatalf("got %q, want %q", r.Stdout, want)
 	}
 }
 

@@ -83,7 +83,7 @@ func (o *openrc) State(ctx context.Context, unit string) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	running, ok := openrcStatus(r.code)
+	running, ok := openrcStatus(r.Code)
 	if !ok {
 		return State{}, o.t.failure(r, "neither started (0) nor stopped (3)")
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // runit drives runit through sv and the two directories of its Debian
@@ -162,7 +164,7 @@ func (r *runit) status(ctx context.Context, dir string) (running, supervised boo
 	if err != nil {
 		return false, false, err
 	}
-	running, supervised, ok := svStatus(res.stdout+"\n"+res.stderr, res.code)
+	running, supervised, ok := svStatus(res.Stdout+"\n"+res.Stderr, res.Code)
 	if !ok {
 		return false, false, r.t.failure(res, "not a status sv gives")
 	}
@@ -250,14 +252,14 @@ func (r *runit) Restart(ctx context.Context, unit string) error {
 	if err != nil {
 		return err
 	}
-	old := svPid(before.stdout)
+	old := svPid(before.Stdout)
 	if err := r.sv(ctx, "restart", s.dir); err != nil {
 		return err
 	}
-	var last result
+	var last command.Result
 	ok, err := poll(ctx, time.Duration(r.wait)*time.Second, func() (bool, error) {
 		last, err = r.t.run(ctx, "sv", "status", s.dir)
-		pid := svPid(last.stdout)
+		pid := svPid(last.Stdout)
 		return pid != 0 && pid != old, err
 	})
 	if err != nil {

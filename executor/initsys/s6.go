@@ -127,7 +127,7 @@ func (s *s6) status(ctx context.Context, dir string) (running, supervised bool, 
 	if err != nil {
 		return false, false, err
 	}
-	running, supervised, ok := svstatUp(r.stdout, r.code)
+	running, supervised, ok := svstatUp(r.Stdout, r.Code)
 	if !ok {
 		return false, false, s.t.failure(r, "not a status s6-svstat gives")
 	}
@@ -176,7 +176,7 @@ func (s *s6) supervised(ctx context.Context, unit string) (string, bool, error) 
 	}
 	ok, err := poll(ctx, s.pickUp, func() (bool, error) {
 		r, err := s.t.run(ctx, "s6-svok", dir)
-		return err == nil && r.code == 0, err
+		return err == nil && r.Code == 0, err
 	})
 	if err != nil {
 		return "", false, err

@@ -6,64 +6,55 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // The inits other than systemd are driven through their own programs
-// (rc-service, sv, s6-svc, ...). Each runs from a fixed search path, never
-// the executor's inherited PATH, with an environment of only PATH, standard
-// input from /dev/null, its output captured up to a limit, in its own
-// process group, which is killed whole when its time is up.
-
-// toolPath is where the init's programs are looked for.
-var toolPath = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
-
-// toolOutputLimit caps what is kept of a program's output.
-const toolOutputLimit = 64 << 10
+// (rc-service, sv, s6-svc, ...), run by executor/command: from a fixed
+// search path, never the executor's inherited PATH, with an environment of
+// only PATH and LC_ALL=C, standard input from /dev/null, its output
+// captured up to a limit, in its own process group, which is killed whole
+// when its time is up.
 
 // toolTimeout bounds one program unless the caller's context is shorter.
-const toolTimeout = 60 * time.Second
+const toolTimeout = command.DefaultTimeout
 
 // tools runs one init's programs.
 type tools struct {
-	init    string   // "openrc", for messages
-	path    []string // search path; toolPath unless a test says otherwise
+	init    string // "openrc", for messages
+	path    string // search path, in PATH's form; command.SearchPath unless a test says otherwise
 	timeout time.Duration
 }
 
-func newTools(init string) tools { return tools{init: init, path: toolPath, timeout: toolTimeout} }
-
-// result is what one program did.
-type result struct {
-	argv           []string
-	stdout, stderr string // trimmed, capped
-	code           int    // exit status
+func newTools(init string) tools {
+	return tools{init: init, path: command.SearchPath, timeout: toolTimeout}
 }
 
-// output is the program's output for a message: stdout and stderr together.
-func (r result) output() string {
+// output is a program's output for a message: stdout and stderr together.
+func output(r command.Result) string {
 	switch {
-	case r.stdout == "":
-		return r.stderr
-	case r.stderr == "":
-		return r.stdout
+	case r.Stdout == "":
+		return r.Stderr
+	case r.Stderr == "":
+		return r.Stdout
 	}
-	return r.stdout + "\n" + r.stderr
+	return r.Stdout + "\n" + r.Stderr
 }
 
 // failure is the error for a program that answered something the backend
 // cannot accept: its argv, exit status and output.
-func (t tools) failure(r result, why string) error {
-	msg := fmt.Sprintf("initsys: %s: %q exited %d", t.init, r.argv, r.code)
+func (t tools) failure(r command.Result, why string) error {
+	msg := fmt.Sprintf("initsys: %s: %q exited %d", t.init, r.Argv, r.Code)
 	if why != "" {
 		msg += " (" + why + ")"
 	}
-	if out := r.output(); out != "" {
+	if out := output(r); out != "" {
 		msg += ": " + out
 	} else {
 		msg += " with no output"
@@ -71,87 +62,34 @@ func (t tools) failure(r result, why string) error {
 	return errors.New(msg)
 }
 
-// lookPath finds an executable regular file named name in the search path.
-func (t tools) lookPath(name string) (string, error) {
-	for _, dir := range t.path {
-		p := filepath.Join(dir, name)
-		fi, err := os.Stat(p)
-		if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("initsys: %s: %s is not installed (looked in %s)", t.init, name, strings.Join(t.path, ":"))
-}
-
 // run runs argv and waits for it. A non-zero exit is not an error here (the
-// caller reads result.code: `rc-service x status` says "stopped" with 3); an
-// error means the program could not be run or did not finish in time.
-func (t tools) run(ctx context.Context, argv ...string) (result, error) {
-	res := result{argv: argv, code: -1}
-	bin, err := t.lookPath(argv[0])
-	if err != nil {
-		return res, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, argv[1:]...)
-	cmd.Args[0] = argv[0]
-	cmd.Env = []string{"PATH=" + strings.Join(t.path, ":")}
-	cmd.Dir = "/"
-	// Stdin nil is /dev/null.
-	var stdout, stderr capped
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	// A daemon the program leaves behind (OpenRC's supervise-daemon) may
-	// keep its output open; the program's own exit is what counts.
-	cmd.WaitDelay = 2 * time.Second
-	err = cmd.Run()
-	res.stdout, res.stderr = strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String())
-	if cmd.ProcessState != nil {
-		res.code = cmd.ProcessState.ExitCode()
-	}
-	var exit *exec.ExitError
+// caller reads Result.Code: `rc-service x status` says "stopped" with 3); an
+// error means the program is not installed, could not be run or did not
+// finish in time.
+func (t tools) run(ctx context.Context, argv ...string) (command.Result, error) {
+	r, err := command.Run(ctx, argv, command.Options{Path: t.path, Timeout: t.timeout})
 	switch {
-	case ctx.Err() != nil && (err != nil || res.code != 0):
-		return res, fmt.Errorf("initsys: %s: %q killed, no answer in time (%v): %s", t.init, argv, ctx.Err(), res.output())
-	case err == nil, errors.Is(err, exec.ErrWaitDelay):
-		return res, nil
-	case errors.As(err, &exit) && exit.Exited():
-		return res, nil
-	default:
-		return res, fmt.Errorf("initsys: %s: %q: %v: %s", t.init, argv, err, res.output())
-	}
-}
-
-// must runs argv and fails unless it exits 0.
-func (t tools) must(ctx context.Context, argv ...string) (result, error) {
-	r, err := t.run(ctx, argv...)
-	if err != nil {
-		return r, err
-	}
-	if r.code != 0 {
-		return r, t.failure(r, "")
+	case errors.Is(err, command.ErrNotFound):
+		return r, fmt.Errorf("initsys: %s: %s is not installed (looked in %s)", t.init, argv[0], t.path)
+	case err != nil && output(r) != "":
+		return r, fmt.Errorf("initsys: %s: %w: %s", t.init, err, output(r))
+	case err != nil:
+		return r, fmt.Errorf("initsys: %s: %w", t.init, err)
 	}
 	return r, nil
 }
 
-// capped keeps the first toolOutputLimit bytes and accepts the rest, so a
-// chatty program never blocks on its output.
-type capped struct{ buf bytes.Buffer }
-
-func (c *capped) Write(p []byte) (int, error) {
-	if room := toolOutputLimit - c.buf.Len(); room > 0 {
-		if len(p) > room {
-			c.buf.Write(p[:room])
-		} else {
-			c.buf.Write(p)
-		}
+// must runs argv and fails unless it exits 0.
+func (t tools) must(ctx context.Context, argv ...string) (command.Result, error) {
+	r, err := t.run(ctx, argv...)
+	if err != nil {
+		return r, err
 	}
-	return len(p), nil
+	if r.Code != 0 {
+		return r, t.failure(r, "")
+	}
+	return r, nil
 }
-
-func (c *capped) String() string { return c.buf.String() }
 
 // serviceName turns a declared unit into the name an init other than
 // systemd knows: "x.service" means "x". A name that could leave the

@@ -1,7 +1,6 @@
 package overlay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -18,6 +16,8 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // The interface lives in the kernel where the kernel has WireGuard (made
@@ -31,10 +31,6 @@ import (
 // unit lives under /run: after a reboot the executor's next apply brings
 // the interface up again, as it must anyway (WireGuard's configuration is
 // not persistent).
-
-// searchPath is where the tools are looked for; never the executor's
-// inherited PATH.
-var searchPath = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
 
 // socketDir is where a userspace WireGuard listens for its configuration.
 const socketDir = "/var/run/wireguard"
@@ -57,33 +53,20 @@ type Backend struct {
 	Init Supervisor
 }
 
-func lookPath(name string) (string, error) {
-	for _, d := range searchPath {
-		p := filepath.Join(d, name)
-		if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found in %s", name, strings.Join(searchPath, ":"))
-}
-
-// run runs a tool from the search path with only PATH in its environment
-// and standard input from /dev/null.
+// run runs a tool through executor/command (from the fixed search path,
+// with only PATH and LC_ALL=C in its environment, standard input from
+// /dev/null, killed with its process group after a minute) and returns its
+// standard output; a non-zero exit is an error naming argv and its
+// standard error.
 func run(ctx context.Context, argv ...string) (string, error) {
-	bin, err := lookPath(argv[0])
+	res, err := command.Run(ctx, argv, command.Options{})
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, argv[1:]...)
-	cmd.Env = []string{"PATH=" + strings.Join(searchPath, ":")}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(errb.String()))
+	if res.Code != 0 {
+		return res.Stdout, fmt.Errorf("%s: exit status %d: %s", strings.Join(argv, " "), res.Code, res.Stderr)
 	}
-	return out.String(), nil
+	return res.Stdout, nil
 }
 
 // ipLink is what `ip -j -d addr show` says of one link.
@@ -184,7 +167,7 @@ func (b *Backend) Create(ctx context.Context, iface string) (string, error) {
 	if kerr == nil {
 		return "kernel WireGuard", nil
 	}
-	wg, err := lookPath("wireguard-go")
+	wg, err := command.LookPath("wireguard-go")
 	if err != nil {
 		return "", fmt.Errorf("no kernel WireGuard (%v) and no userspace one (%v)", kerr, err)
 	}
@@ -214,17 +197,16 @@ func (b *Backend) Create(ctx context.Context, iface string) (string, error) {
 }
 
 // startDetached runs wireguard-go without -f in a session of its own: it
-// starts its daemon and exits, so the daemon is the init's, not ours.
+// starts its daemon and exits, so the daemon is the init's, not ours. The
+// daemon is not killed when wireguard-go exits; it is, with its group, if
+// wireguard-go is not done within thirty seconds.
 func startDetached(ctx context.Context, wg, iface string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, wg, iface)
-	cmd.Env = []string{"PATH=" + strings.Join(searchPath, ":")}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.WaitDelay = 2 * time.Second // a daemon that kept our output is not waited for
-	out, err := cmd.CombinedOutput()
+	res, err := command.Run(ctx, []string{wg, iface}, command.Options{Timeout: 30 * time.Second, Session: true})
+	if err == nil && res.Code != 0 {
+		err = fmt.Errorf("exit status %d", res.Code)
+	}
 	if err != nil {
-		return fmt.Errorf("%w: %s", err, lastLine(string(out)))
+		return fmt.Errorf("%w: %s", err, lastLine(res.Stdout+"\n"+res.Stderr))
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
 	"io/fs"
 	"math/bits"
 	"net"
@@ -19,7 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/dockerapi"
+	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
 )
 
 // Each probe proves its capability by using it. The shape is the same
@@ -340,13 +341,13 @@ func probeOverlay(ctx context.Context, o Options) Capability {
 	}
 	var user string
 	for _, name := range []string{"wireguard-go", "wireguard"} {
-		if _, err := lookPath(name); err == nil {
+		if _, err := command.LookPath(name); err == nil {
 			user = name
 			break
 		}
 	}
 	if user == "" {
-		return absent(why + "; no userspace wireguard (neither wireguard-go nor wireguard on " + strings.Join(searchPath, ":") + ")")
+		return absent(why + "; no userspace wireguard (neither wireguard-go nor wireguard on " + command.SearchPath + ")")
 	}
 	tun, err := os.OpenFile(o.at("/dev/net/tun"), os.O_RDWR, 0)
 	if err != nil {

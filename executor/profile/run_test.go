@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 func TestRunAnswers(t *testing.T) {
@@ -15,7 +17,7 @@ func TestRunAnswers(t *testing.T) {
 		t.Fatalf("non-zero exit is an answer: %+v, %v", res, err)
 	}
 	res, err = run(t.Context(), "sh", "-c", `echo "PATH=$PATH LC_ALL=$LC_ALL HOME=$HOME"`)
-	if err != nil || res.Stdout != "PATH="+strings.Join(searchPath, ":")+" LC_ALL=C HOME=" {
+	if err != nil || res.Stdout != "PATH="+command.SearchPath+" LC_ALL=C HOME=" {
 		t.Fatalf("environment: %+v, %v", res, err)
 	}
 	if _, err := run(t.Context(), "no-such-command-anywhere"); err == nil || !strings.Contains(err.Error(), "not found") {
@@ -28,7 +30,7 @@ func TestRunKillsAHangingCommand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	type outcome struct {
-		res result
+		res command.Result
 		err error
 	}
 	done := make(chan outcome, 1)
@@ -38,7 +40,7 @@ func TestRunKillsAHangingCommand(t *testing.T) {
 	}()
 
 	// The runner must come back within the timeout plus its wait delay.
-	outer, stop := context.WithTimeout(t.Context(), 300*time.Millisecond+waitDelay+2*time.Second)
+	outer, stop := context.WithTimeout(t.Context(), 300*time.Millisecond+2500*time.Millisecond)
 	defer stop()
 	var o outcome
 	select {
@@ -80,7 +82,7 @@ func TestRunSleepThirty(t *testing.T) {
 		_, err := run(ctx, "sleep", "30")
 		done <- err
 	}()
-	outer, stop := context.WithTimeout(t.Context(), 200*time.Millisecond+waitDelay+2*time.Second)
+	outer, stop := context.WithTimeout(t.Context(), 200*time.Millisecond+2500*time.Millisecond)
 	defer stop()
 	select {
 	case err := <-done:

@@ -1,0 +1,228 @@
+// Package command is the one place that says how the root executor runs a
+// program of the machine's: getent, useradd, ip, iptables, rc-service, a
+// package manager, the installed host's own binary. The executor runs as
+// root, started by whatever started it, so nothing it inherited may steer
+// what runs or how:
+//
+//   - a bare name is looked for in SearchPath, a fixed list, never in the
+//     PATH the executor was started with (a root shell's PATH may name a
+//     directory someone else can write); an absolute name is used as given,
+//     and must be an executable regular file;
+//   - the program's environment is PATH=SearchPath and LC_ALL=C (so its
+//     output is the one the caller parses), plus the variables a caller
+//     names; nothing of the executor's own environment (LD_PRELOAD, HOME,
+//     a proxy) reaches it;
+//   - standard input is /dev/null and the working directory is "/";
+//   - it runs in a process group of its own, killed whole (SIGKILL to the
+//     group) when the caller's context ends or its timeout passes;
+//   - its standard output and standard error are each kept up to
+//     OutputLimit, and the rest is read and dropped, so a chatty program is
+//     never blocked on a full pipe;
+//   - a process it leaves behind holding its output cannot hold Run: the
+//     pipes are closed shortly after the program itself is done.
+//
+// Out of scope: a declared action. Actions run by DESIGN.md's own rules
+// (engine's action runner: the action's PATH only, one combined output,
+// what is left in the group killed after the action exits). Run does not
+// kill what a program leaves running after it exits by itself: an init's
+// tool (rc-service start) is expected to leave a daemon behind. Like
+// os/exec, it never invokes a shell.
+package command
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// SearchPath is where a bare program name is looked for, in order, and the
+// PATH every program is given. It is fixed: never the executor's inherited
+// PATH.
+const SearchPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// OutputLimit is how much of each of a program's standard output and
+// standard error is kept.
+const OutputLimit = 64 << 10
+
+// DefaultTimeout bounds a program when Options.Timeout is zero and the
+// caller's context does not end sooner.
+const DefaultTimeout = 60 * time.Second
+
+// waitDelay is how long Run waits, once the program is done (or killed),
+// for its output pipes to close before it closes them itself: a daemon it
+// left behind may hold them. It is short enough that a profile probe killed
+// at its deadline still answers within the profile's second of grace.
+const waitDelay = 500 * time.Millisecond
+
+// ErrNotFound is wrapped by the error LookPath and Run return when a bare
+// name is in no directory of the search path, or an absolute one does not
+// exist.
+var ErrNotFound = errors.New("not found")
+
+// Options are what a caller may change about how a program runs. The zero
+// value is the usual: DefaultTimeout, SearchPath, no extra variables.
+type Options struct {
+	// Env holds extra "NAME=value" variables, given after PATH and
+	// LC_ALL=C; it may not name either of those.
+	Env []string
+	// Timeout bounds the program unless the context ends sooner; zero
+	// means DefaultTimeout.
+	Timeout time.Duration
+	// Session starts the program in a session of its own (setsid), not only
+	// a process group of its own: for a program that daemonises (wireguard-go
+	// without -f), so what it leaves behind shares nothing with the
+	// executor's session. Its group is still killed if it is not done in time.
+	Session bool
+	// Path replaces SearchPath, in PATH's form, both to find a bare name and
+	// as the program's PATH. Only tests set it, to put fake tools first.
+	Path string
+}
+
+// Result is what one program did.
+type Result struct {
+	Argv []string
+	// Stdout and Stderr are the first OutputLimit bytes of each, trimmed of
+	// surrounding white space.
+	Stdout, Stderr string
+	// Code is the exit status; -1 when the program did not exit by itself
+	// (it was killed, or never started).
+	Code int
+}
+
+// LookPath finds the program name names: an absolute name as given, a bare
+// name in SearchPath, never in the inherited PATH. Either way it must be an
+// executable regular file. A relative name with a slash is refused.
+func LookPath(name string) (string, error) { return lookPath(name, SearchPath) }
+
+func lookPath(name, path string) (string, error) {
+	if filepath.IsAbs(name) {
+		return executable(name)
+	}
+	if name == "" || strings.ContainsRune(name, '/') || name == "." || name == ".." {
+		return "", fmt.Errorf("command: %q is neither an absolute path nor a bare name", name)
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue // "" or "." would mean the working directory
+		}
+		if p, err := executable(filepath.Join(dir, name)); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("command: %s: %w in %s", name, ErrNotFound, path)
+}
+
+// executable returns p if it is an executable regular file, following
+// symbolic links (/sbin/iptables is one on most machines).
+func executable(p string) (string, error) {
+	fi, err := os.Stat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("command: %s: %w", p, ErrNotFound)
+	case err != nil:
+		return "", fmt.Errorf("command: %w", err)
+	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+		return "", fmt.Errorf("command: %s is not an executable regular file (%v)", p, fi.Mode())
+	}
+	return p, nil
+}
+
+// Run runs argv and waits for it, as the package doc says: argv[0] through
+// LookPath (or Options.Path), an environment of PATH, LC_ALL=C and
+// Options.Env only, stdin /dev/null, in "/", in a process group of its own
+// that is killed whole when ctx ends or the timeout passes.
+//
+// A program that exits by itself has answered, whatever its status:
+// Result.Code says it, and the error is nil (`systemctl is-system-running`
+// says "degraded" with exit 1; getent says "no such entry" with 2). An error
+// means the program could not be found or started, or did not exit by
+// itself: killed at the deadline or cancellation, or by a signal. It names
+// argv, and wraps ErrNotFound, context.DeadlineExceeded or context.Canceled
+// where one of those is why.
+func Run(ctx context.Context, argv []string, opts Options) (Result, error) {
+	res := Result{Argv: argv, Code: -1}
+	if len(argv) == 0 {
+		return res, errors.New("command: no program to run")
+	}
+	path := opts.Path
+	if path == "" {
+		path = SearchPath
+	}
+	for _, kv := range opts.Env {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || name == "PATH" || name == "LC_ALL" {
+			return res, fmt.Errorf("command: %q: %q is not an extra variable it may be given", argv, kv)
+		}
+	}
+	bin, err := lookPath(argv[0], path)
+	if err != nil {
+		return res, err
+	}
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	cmd := exec.CommandContext(ctx, bin, argv[1:]...)
+	cmd.Args[0] = argv[0] // the name as the caller gave it
+	cmd.Env = append([]string{"PATH=" + path, "LC_ALL=C"}, opts.Env...)
+	cmd.Dir = "/"
+	// A nil Stdin is /dev/null to exec.Cmd.
+	var stdout, stderr capped
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Setsid also makes the program the leader of a new process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: !opts.Session, Setsid: opts.Session}
+	cmd.Cancel = func() error {
+		// The negative pid names the group: the program and what it forked.
+		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		if errors.Is(err, syscall.ESRCH) {
+			return os.ErrProcessDone
+		}
+		return err
+	}
+	cmd.WaitDelay = waitDelay
+
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("command: cannot start %q: %w", argv, err)
+	}
+	err = cmd.Wait()
+	res.Stdout, res.Stderr = strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String())
+	st := cmd.ProcessState
+	if st != nil {
+		res.Code = st.ExitCode()
+	}
+	switch {
+	case st != nil && st.Exited():
+		// Its own answer, even if the context ended as it exited, or
+		// something it left behind held the output past waitDelay.
+		return res, nil
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return res, fmt.Errorf("command: %q killed, no answer in time (%w)", argv, ctx.Err())
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("command: %q killed: %w", argv, ctx.Err())
+	default:
+		return res, fmt.Errorf("command: %q: %w", argv, err)
+	}
+}
+
+// capped keeps the first OutputLimit bytes written and accepts the rest, so
+// the program never blocks on its output.
+type capped struct{ buf bytes.Buffer }
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := OutputLimit - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string { return c.buf.String() }

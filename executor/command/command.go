@@ -6,8 +6,10 @@
 //
 //   - a bare name is looked for in SearchPath, a fixed list, never in the
 //     PATH the executor was started with (a root shell's PATH may name a
-//     directory someone else can write); an absolute name is used as given,
-//     and must be an executable regular file;
+//     directory someone else can write); an absolute name is used as given;
+//     either way it must be an executable regular file that only root could
+//     have put there (its file, its directory and the directory naming it
+//     root's and writable by no group or other);
 //   - the program's environment is PATH=SearchPath and LC_ALL=C (so its
 //     output is the one the caller parses), plus the variables a caller
 //     names; nothing of the executor's own environment (LD_PRELOAD, HOME,
@@ -108,19 +110,33 @@ func lookPath(name, path string) (string, error) {
 	if name == "" || strings.ContainsRune(name, '/') || name == "." || name == ".." {
 		return "", fmt.Errorf("command: %q is neither an absolute path nor a bare name", name)
 	}
+	var refused error // a copy found but not run, said if no other is
 	for _, dir := range filepath.SplitList(path) {
 		if !filepath.IsAbs(dir) {
 			continue // "" or "." would mean the working directory
 		}
-		if p, err := executable(filepath.Join(dir, name)); err == nil {
+		p, err := executable(filepath.Join(dir, name))
+		if err == nil {
 			return p, nil
 		}
+		if refused == nil && !errors.Is(err, ErrNotFound) {
+			refused = err
+		}
+	}
+	if refused != nil {
+		return "", refused
 	}
 	return "", fmt.Errorf("command: %s: %w in %s", name, ErrNotFound, path)
 }
 
 // executable returns p if it is an executable regular file, following
-// symbolic links (/sbin/iptables is one on most machines).
+// symbolic links (/sbin/iptables is one on most machines), that only root
+// (or the executor's own user) could have put there: the file it resolves
+// to, the directory that names it and the directory that holds it are
+// owned by root or the executor's user, and none is writable by group or
+// others. Root running a program any user could replace would be that
+// user running it as root (a /usr/local/bin left group-writable for
+// "staff" is the classic case).
 func executable(p string) (string, error) {
 	fi, err := os.Stat(p)
 	switch {
@@ -131,7 +147,36 @@ func executable(p string) (string, error) {
 	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
 		return "", fmt.Errorf("command: %s is not an executable regular file (%v)", p, fi.Mode())
 	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("command: %w", err)
+	}
+	for _, q := range []string{real, filepath.Dir(real), filepath.Dir(p)} {
+		if err := onlyRootWrites(q); err != nil {
+			return "", fmt.Errorf("command: %s is not run: %w", p, err)
+		}
+	}
 	return p, nil
+}
+
+// onlyRootWrites refuses q if anyone but root or the executor's own user
+// owns it, or group or others may write it.
+func onlyRootWrites(q string) error {
+	fi, err := os.Stat(q)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no owner to check", q)
+	}
+	switch uid := int(st.Uid); {
+	case uid != 0 && uid != os.Geteuid():
+		return fmt.Errorf("%s is owned by uid %d, who could replace it", q, uid)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s has mode %04o: its group or others could replace it", q, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // Run runs argv and waits for it, as the package doc says: argv[0] through

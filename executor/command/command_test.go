@@ -303,3 +303,66 @@ func TestSessionAndGroup(t *testing.T) {
 		}
 	}
 }
+
+// A program someone other than root (or the executor's own user) could
+// have replaced is not run: owned by another uid, writable by its group or
+// others, in a directory another could write, or reached through a link
+// into such a place. Found in the search path, the refusal is what is said
+// when no other copy is found.
+func TestProgramsOthersCouldReplaceAreRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the cases are files owned by another uid")
+	}
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	script := []byte("#!/bin/sh\necho ran >> " + marker + "\n")
+	write := func(p string, mode os.FileMode, uid int) string {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, script, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode)
+		os.Chown(p, uid, 0)
+		return p
+	}
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	safe := filepath.Join(dir, "safe")
+	os.Mkdir(safe, 0o755)
+	cases := []struct{ p, want string }{
+		{write(filepath.Join(dir, "other-owned"), 0o755, 12345), "owned by uid 12345"},
+		{write(filepath.Join(dir, "group-writable"), 0o775, 0), "mode 0775"},
+		{write(filepath.Join(dir, "world-writable"), 0o757, 0), "mode 0757"},
+		{write(filepath.Join(open, "tool"), 0o755, 0), "mode 0777"},
+	}
+	// A link in a safe directory to a program in the open one.
+	os.Symlink(filepath.Join(open, "tool"), filepath.Join(safe, "tool"))
+	cases = append(cases, struct{ p, want string }{filepath.Join(safe, "tool"), "mode 0777"})
+	for _, c := range cases {
+		if _, err := LookPath(c.p); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("LookPath(%s) = %v; want a refusal saying %q", c.p, err, c.want)
+		}
+		if _, err := Run(t.Context(), []string{c.p}, Options{}); err == nil {
+			t.Errorf("Run(%s) ran", c.p)
+		}
+	}
+	// Found by its bare name: the refusal is said, not "not found".
+	if _, err := Run(t.Context(), []string{"tool"}, Options{Path: open}); err == nil || !strings.Contains(err.Error(), "mode 0777") {
+		t.Errorf("a bare name found only in an open directory: %v", err)
+	}
+	// A later safe copy is found past a refused one.
+	good := write(filepath.Join(dir, "good", "tool"), 0o755, 0)
+	if p, err := lookPath("tool", open+":"+filepath.Dir(good)); err != nil || p != good {
+		t.Errorf("lookPath past a refused copy = %q, %v; want %s", p, err, good)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a program others could replace ran as root")
+	}
+	// The positive control: the same script, root's and 0755 in a safe
+	// directory, runs.
+	ok := write(filepath.Join(safe, "ok"), 0o755, 0)
+	if res, err := Run(t.Context(), []string{ok}, Options{}); err != nil || res.Code != 0 {
+		t.Fatalf("a program only root could write: %+v, %v", res, err)
+	}
+}

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // HostPackage is the host's own package, which a rollback reinstalls at
@@ -17,25 +18,28 @@ const HostPackage = "nox-mesh-host"
 
 // The launcher's own few words with the package manager. They are not the
 // engine's (executor/engine) on purpose: the launcher is what must work on
-// a machine where nothing else does, so it links nothing of the executor,
-// and asks only "which version is installed" and "install this one".
+// a machine where nothing else does, so it links nothing of the executor
+// but the leaf that says how root runs a program (executor/command), and
+// asks only "which version is installed" and "install this one".
 
 // PackageVersion asks the machine's package manager which version of the
 // host's package is installed: "" when none is, or when the machine has no
-// package manager the launcher knows (dpkg, pacman).
+// package manager the launcher knows (dpkg, pacman). Its programs run as
+// every program root runs (executor/command): from the fixed search path,
+// with an environment of their own.
 func PackageVersion(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := exec.LookPath("dpkg-query"); err == nil {
-		out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "--", HostPackage).Output()
-		if st, v, ok := strings.Cut(strings.TrimSpace(string(out)), " "); err == nil && ok && st == "installed" {
+	if _, err := command.LookPath("dpkg-query"); err == nil {
+		res, err := command.Run(ctx, []string{"dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "--", HostPackage}, command.Options{})
+		if st, v, ok := strings.Cut(res.Stdout, " "); err == nil && res.Code == 0 && ok && st == "installed" {
 			return v
 		}
 		return ""
 	}
-	if _, err := exec.LookPath("pacman"); err == nil {
-		out, err := exec.CommandContext(ctx, "pacman", "-Q", HostPackage).Output()
-		if f := strings.Fields(string(out)); err == nil && len(f) == 2 {
+	if _, err := command.LookPath("pacman"); err == nil {
+		res, err := command.Run(ctx, []string{"pacman", "-Q", HostPackage}, command.Options{})
+		if f := strings.Fields(res.Stdout); err == nil && res.Code == 0 && len(f) == 2 {
 			return f[1]
 		}
 	}
@@ -46,21 +50,21 @@ func PackageVersion(ctx context.Context) string {
 // package manager: apt from its sources (a downgrade allowed), pacman from
 // its package cache.
 func packageReinstall(ctx context.Context, version string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
 	run := func(argv ...string) error {
-		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+		res, err := command.Run(ctx, argv, command.Options{Timeout: 10 * time.Minute, Env: []string{"DEBIAN_FRONTEND=noninteractive"}})
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit status %d", res.Code)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(res.Stdout+"\n"+res.Stderr))
 		}
 		return nil
 	}
-	if _, err := exec.LookPath("apt-get"); err == nil {
+	if _, err := command.LookPath("apt-get"); err == nil {
 		return run("apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades",
 			"-o", "DPkg::Lock::Timeout=60", "-o", "Dpkg::Options::=--force-confold", "--", HostPackage+"="+version)
 	}
-	if _, err := exec.LookPath("pacman"); err == nil {
+	if _, err := command.LookPath("pacman"); err == nil {
 		m, _ := filepath.Glob("/var/cache/pacman/pkg/" + HostPackage + "-" + version + "-*.pkg.tar.*")
 		if len(m) == 0 {
 			return fmt.Errorf("pacman: %s %s is not in the package cache", HostPackage, version)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
 // The agent's account and state directory, as the packages make them.
@@ -45,16 +47,19 @@ func makeUser(ctx context.Context, name, home string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	run := func(argv ...string) error {
-		out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+		res, err := command.Run(ctx, argv, command.Options{})
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit status %d", res.Code)
+		}
 		if err != nil {
-			return fmt.Errorf("%v: %v: %s", argv, err, out)
+			return fmt.Errorf("%v: %v: %s", argv, err, strings.TrimSpace(res.Stdout+"\n"+res.Stderr))
 		}
 		return nil
 	}
-	if _, err := exec.LookPath("useradd"); err == nil {
+	if _, err := command.LookPath("useradd"); err == nil {
 		return run("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", home, "--shell", "/usr/sbin/nologin", name)
 	}
-	if _, err := exec.LookPath("adduser"); err == nil {
+	if _, err := command.LookPath("adduser"); err == nil {
 		if err := run("addgroup", "-S", name); err != nil {
 			return err
 		}

@@ -75,8 +75,8 @@ var onlyIn = []struct {
 	allowed  []string
 	why      string
 }{
-	{"executor/...", "os/exec", []string{"executor/command", "executor/engine"},
-		"root runs a program through executor/command (a fixed search path, never the inherited PATH; an environment of its own; its process group killed whole); engine also runs a declared action, by DESIGN.md's rules for actions"},
+	{"executor/...", "os/exec", []string{"executor/command"},
+		"root runs a program through executor/command (a fixed search path, never the inherited PATH; an environment of its own; its process group killed whole), a declared action too (command.Action, by DESIGN.md's rules for actions)"},
 }
 
 func match(pattern, path string) bool {

@@ -23,12 +23,13 @@
 //   - a process it leaves behind holding its output cannot hold Run: the
 //     pipes are closed shortly after the program itself is done.
 //
-// Out of scope: a declared action. Actions run by DESIGN.md's own rules
-// (engine's action runner: the action's PATH only, one combined output,
-// what is left in the group killed after the action exits). Run does not
-// kill what a program leaves running after it exits by itself: an init's
-// tool (rc-service start) is expected to leave a daemon behind. Like
-// os/exec, it never invokes a shell.
+// A declared action is run here too, but by DESIGN.md's own rules for
+// actions, not Run's (Action: the action's PATH only, one combined output,
+// what is left in the group killed after the action exits): so this is the
+// one package of the executor that starts a process (an import rule holds
+// it). Run does not kill what a program leaves running after it exits by
+// itself: an init's tool (rc-service start) is expected to leave a daemon
+// behind. Like os/exec, it never invokes a shell.
 package command
 
 import (

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -330,7 +331,7 @@ func TestActions(t *testing.T) {
 	envf := h.p("env")
 	envAct := act("env", "tr '\\0' '\\n' < /proc/$$/environ > "+envf+"; cat >> "+envf, "test -s "+envf, 5)
 	h.apply(h.doc(envAct))
-	if got := h.read("env"); got != actionPath+"\n" {
+	if got := h.read("env"); got != command.ActionPath+"\n" {
 		t.Fatalf("action environment %q", got)
 	}
 	// Undeclared, an action is forgotten.

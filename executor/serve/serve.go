@@ -28,6 +28,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -130,6 +131,11 @@ type Server struct {
 	// +checklocks:lastMu
 	upgradeTo string
 	lastMu    sync.Mutex
+	// quiet fires a moment after the last apply, to give its memory back
+	// (giveBack).
+	// +checklocks:quietMu
+	quiet   *time.Timer
+	quietMu sync.Mutex
 	// stop ends Run (set by Run): the clean exit of an upgrade.
 	stop context.CancelFunc
 	// streaming names the archives being streamed into the cache now, on
@@ -539,10 +545,29 @@ const reconnectEvery = 10 * time.Second
 
 func (s *Server) declaration(ctx context.Context, c *conn, body any) error {
 	defer s.restartIfUpgraded() // once the verdict is written
+	defer s.giveBack()
 	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c.Conn))
 	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
 	defer c.NetConn().SetWriteDeadline(time.Time{})
 	return c.Write(wire.KindVerdict, v)
+}
+
+// quietAfter is how long the daemon waits after an apply before it gives
+// the apply's memory back.
+const quietAfter = time.Second
+
+// giveBack returns to the system, once applies have stopped coming for a
+// moment, the heap a burst of them grew to: the daemon lives for months,
+// often on small machines, and Go's scavenger would return it only
+// gradually. One collection per quiet moment, not per apply.
+func (s *Server) giveBack() {
+	s.quietMu.Lock()
+	defer s.quietMu.Unlock()
+	if s.quiet == nil {
+		s.quiet = time.AfterFunc(quietAfter, debug.FreeOSMemory)
+		return
+	}
+	s.quiet.Reset(quietAfter)
 }
 
 func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {

@@ -160,14 +160,19 @@ func WriteFile(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	data = append(data, '\n')
+	return WriteBytes(path, append(data, '\n'), 0o600)
+}
+
+// WriteBytes replaces path with data, mode mode: a temporary beside it,
+// synced, then renamed, so a reader never sees half of it.
+func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
+	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -23,8 +23,9 @@ const usage = `usage: mesh-control COMMAND [flags]
 
   init     --dir DIR [--host NAME|IP]... [--url tls://HOST:PORT]
            make the control-plane key, the broker certificate and the control NKey
-  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL] [-v]
-           run the embedded broker (or use --nats URL) and keep the registry
+  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL [--broker-config FILE [--broker-pid FILE]]] [-v]
+           run the embedded broker (or use --nats URL) and keep the registry; with an
+           existing broker, keep FILE its configuration and send it SIGHUP on each change
   token issue (--new [--name NAME] | --node NAME) --dir DIR [--ttl 1h] [--broker-url URL]
            print, once, a one-time enrolment token that expires whether used or not;
            --node revokes the identity that node has now (a re-enrolment)
@@ -110,7 +111,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Var(&seals, "seal", "declare: MODULE.ID=PATH, seal PATH's content to the node's key as that file's content (repeatable)")
 	fs.Var(&hosts, "host", "init: another name or address for the broker certificate (repeatable)")
 	url := fs.String("url", "", "init: where client commands find the broker (default "+DefaultBrokerURL+")")
-	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222)")
+	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's")
+	brokerConfig := fs.String("broker-config", "", "serve --nats: keep this file the existing broker's configuration, equal to the registry")
+	brokerPID := fs.String("broker-pid", "", "serve --broker-config: the existing broker's pid file; it is sent SIGHUP to reload after each change")
 	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json)")
 	brokerURL := fs.String("broker-url", "", "node add: the broker as the node reaches it (default the URL used)")
 	last := fs.Int("last", 20, "reports: how many")
@@ -150,7 +153,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "init":
 		err = c.init(hosts, *url)
 	case "serve":
-		err = c.serve(*listen)
+		err = c.serve(*listen, *brokerConfig, *brokerPID)
 	case "node add":
 		err = c.nodeAdd(pos[0], *out, *brokerURL)
 	case "token issue":
@@ -242,12 +245,18 @@ func (c *cli) init(hosts []string, url string) error {
 	return nil
 }
 
-func (c *cli) serve(listen string) error {
+func (c *cli) serve(listen, brokerConfig, brokerPID string) error {
 	k, err := LoadKeys(c.dir)
 	if err != nil {
 		return err
 	}
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, Log: c.log})
+	if (brokerConfig != "" || brokerPID != "") && c.nats == "" {
+		return errors.New("--broker-config and --broker-pid are for an existing broker (serve --nats URL); the embedded one follows the registry by itself")
+	}
+	if brokerPID != "" && brokerConfig == "" {
+		return errors.New("--broker-pid says whom to tell that --broker-config changed: name the configuration file too")
+	}
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerPID: brokerPID, Log: c.log})
 }
 
 func (c *cli) connect() (*Client, error) {

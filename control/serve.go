@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
 )
 
 // ServeOptions configure Serve.
@@ -23,7 +27,17 @@ type ServeOptions struct {
 	// and present the certificate in the key directory (broker.crt), whose
 	// fingerprint is what nodes pin.
 	NATSURL string
-	Log     *slog.Logger
+	// BrokerConfig, with NATSURL, is a file kept equal to the registry:
+	// the existing broker's configuration (BrokerConfig, with its users),
+	// written again whenever a node is added or revoked or a token issued
+	// or spent, listening on Listen (default from the key directory).
+	BrokerConfig string
+	// BrokerPID, with BrokerConfig, is the existing broker's pid file: it
+	// is sent SIGHUP (nats-server reloads its configuration) after each
+	// write, so a revoked node is cut off at once. Without it the operator
+	// reloads the broker.
+	BrokerPID string
+	Log       *slog.Logger
 	// Ready, when set, is called with the broker's client URL once serve
 	// is up (tests).
 	Ready func(url string, s *Server)
@@ -60,16 +74,29 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 4)
-	if srv != nil {
+	var set func(nodes []*NodeRecord, tokens []*TokenRecord)
+	switch {
+	case srv != nil:
+		set = func(nodes []*NodeRecord, tokens []*TokenRecord) {
+			srv.SetNodes(nodes)
+			srv.SetTokens(tokens)
+		}
+	case o.BrokerConfig != "":
+		set, err = brokerFile(k, o, log)
+		if err != nil {
+			return err
+		}
+	default:
+		log.Info("using an existing broker: its users and permissions are its own business (mesh-control broker-config, or serve --broker-config)", "broker", url)
+	}
+	if set != nil {
 		ready := make(chan struct{})
-		go func() { errs <- c.keepUsers(ctx, srv, ready, log) }()
+		go func() { errs <- c.keepUsers(ctx, set, ready, log) }()
 		select {
 		case <-ready:
 		case err := <-errs:
 			return err
 		}
-	} else {
-		log.Info("using an existing broker: its users and permissions are its own business", "broker", url)
 	}
 	go func() { errs <- c.Record(ctx) }()
 	if srv != nil {
@@ -95,7 +122,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 // keepUsers watches the registry and makes the broker's users equal to it:
 // the nodes with their NKeys (none for a revoked node), and the one-time
 // credentials of tokens that may still be used.
-func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct{}, log *slog.Logger) error {
+func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*TokenRecord), ready chan<- struct{}, log *slog.Logger) error {
 	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", "token.*"})
 	if err != nil {
 		return fmt.Errorf("watching the registry: %w", err)
@@ -109,12 +136,11 @@ func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct
 		for _, n := range nodes {
 			list = append(list, n)
 		}
-		srv.SetNodes(list)
 		tl := make([]*TokenRecord, 0, len(tokens))
 		for _, t := range tokens {
 			tl = append(tl, t)
 		}
-		srv.SetTokens(tl)
+		set(list, tl)
 		log.Debug("broker users", "nodes", len(list), "tokens", len(tl))
 	}
 	// fold takes one entry in; changed says the broker's users may differ.
@@ -165,4 +191,48 @@ func (c *Client) keepUsers(ctx context.Context, srv *Server, ready chan<- struct
 			apply()
 		}
 	}
+}
+
+// brokerFile is keepUsers' sink for an existing broker: the configuration
+// BrokerConfig makes, with the registry's users, written atomically to
+// o.BrokerConfig, then SIGHUP to the pid in o.BrokerPID, if given, for
+// nats-server to reload it (a user it no longer lists is disconnected).
+func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, []*TokenRecord), error) {
+	listen := o.Listen
+	if listen == "" {
+		listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+	}
+	host, port, err := splitListen(listen)
+	if err != nil {
+		return nil, err
+	}
+	return func(nodes []*NodeRecord, tokens []*TokenRecord) {
+		conf := BrokerConfig(k, host, port, nodes, tokens, true)
+		if err := agent.WriteBytes(o.BrokerConfig, []byte(conf), 0o644); err != nil {
+			log.Error("the broker's configuration could not be written; the broker still lets in who it did", "file", o.BrokerConfig, "err", err)
+			return
+		}
+		if o.BrokerPID == "" {
+			log.Warn("the broker's configuration changed: reload the broker", "file", o.BrokerConfig)
+			return
+		}
+		if err := signalReload(o.BrokerPID); err != nil {
+			log.Error("the broker's configuration changed but the broker was not told; reload it", "file", o.BrokerConfig, "err", err)
+			return
+		}
+		log.Info("the broker reloads its users", "file", o.BrokerConfig, "nodes", len(nodes))
+	}, nil
+}
+
+// signalReload sends SIGHUP to the process whose pid the file holds.
+func signalReload(pidFile string) error {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return fmt.Errorf("%s does not hold a process id", pidFile)
+	}
+	return syscall.Kill(pid, syscall.SIGHUP)
 }

@@ -149,6 +149,14 @@ func newMesh(t *testing.T) *mesh {
 // newBareMesh is the control side serving, and the directories of one
 // machine; nothing runs on the machine yet.
 func newBareMesh(t *testing.T) *mesh {
+	m := newMeshDirs(t)
+	m.startControl()
+	return m
+}
+
+// newMeshDirs is the directories of a control side (initialised for a
+// broker on a free port of loopback) and of one machine; nothing runs.
+func newMeshDirs(t *testing.T) *mesh {
 	if os.Geteuid() != 0 {
 		t.Fatal("the end-to-end tests run as root: the executor is root")
 	}
@@ -163,7 +171,6 @@ func newBareMesh(t *testing.T) *mesh {
 	m.port = port
 	url := fmt.Sprintf("tls://127.0.0.1:%d", port)
 	m.run("mesh-control", "init", "--dir", m.ctl, "--url", url)
-	m.startControl()
 	return m
 }
 

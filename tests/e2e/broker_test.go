@@ -45,13 +45,7 @@ func TestExistingBrokerFollowsTheRegistry(t *testing.T) {
 	})
 
 	// A node added now connects once serve has told the broker.
-	agentConf := filepath.Join(m.base, "agent.json")
-	m.run("mesh-control", "node", "add", "n1", "--dir", m.ctl, "--out", agentConf)
-	id, err := os.ReadFile(filepath.Join(m.base, "executor-identity.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(m.state, "identity.json"), id, 0o600)
+	agentConf := m.addNode()
 	nkey := nodeNKey(t, agentConf)
 	eventually(t, "the node's NKey in the broker's configuration", func() bool {
 		b, _ := os.ReadFile(conf)

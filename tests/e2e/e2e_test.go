@@ -132,18 +132,26 @@ func eventually(t *testing.T, what string, f func() bool) {
 // Enrolment's tests start from newBareMesh and enrol.
 func newMesh(t *testing.T) *mesh {
 	m := newBareMesh(t)
+	agentConf := m.addNode()
+	m.startExecutor()
+	m.startAgent("--config", agentConf)
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	return m
+}
+
+// addNode registers n1 by hand (mesh-control node add) and installs the
+// executor's identity as a person would; it returns the agent's config.
+func (m *mesh) addNode() string {
+	m.t.Helper()
 	agentConf := filepath.Join(m.base, "agent.json")
 	m.run("mesh-control", "node", "add", "n1", "--dir", m.ctl, "--out", agentConf)
 	// The executor pins what the control side printed for it: root's file.
 	id, err := os.ReadFile(filepath.Join(m.base, "executor-identity.json"))
 	if err != nil {
-		t.Fatal(err)
+		m.t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(m.state, "identity.json"), id, 0o600)
-	m.startExecutor()
-	m.startAgent("--config", agentConf)
-	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
-	return m
+	return agentConf
 }
 
 // newBareMesh is the control side serving, and the directories of one

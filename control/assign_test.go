@@ -319,6 +319,20 @@ func TestOverlayCommands(t *testing.T) {
 			t.Fatalf("overlay set does not say %q:\n%s", want, out)
 		}
 	}
+	// On a mesh with an overlay, a raw declaration without it would take
+	// the node out of the mesh: refused, unless said.
+	raw := filepath.Join(dir, "raw.json")
+	os.WriteFile(raw, []byte(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"/etc/motd","content":"hi\n"}]}`), 0o600)
+	before0 := len(declsOf(t, s, "n1"))
+	if _, errs, code := run(t, ctx, "declare", "n1", raw, "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "this mesh has an overlay (mesh0 on 10.55.0.0/24) and the file declares none") {
+		t.Fatalf("a raw declaration without the overlay: exit %d\n%s", code, errs)
+	}
+	if len(declsOf(t, s, "n1")) != before0 {
+		t.Fatal("the refused declaration was sent")
+	}
+	if out := cli("declare", "n1", raw, "--without-overlay"); strings.TrimSpace(out) == "" || len(declsOf(t, s, "n1")) != before0+1 {
+		t.Fatalf("declare --without-overlay sent nothing: %q", out)
+	}
 	// Only what is given changes.
 	cli("overlay", "set", "--interface", "wg7")
 	var show struct {

@@ -50,9 +50,11 @@ const usage = `usage: mesh-control COMMAND [flags]
            take MODULE off NODE and publish the node's composition
   publish  [NODE] --dir DIR
            publish the node's composition (every node's) again, with a new sequence
-  declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]...
+  declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]... [--without-overlay]
            sign FILE for NODE with the next sequence and publish it; print the sequence;
-           --seal seals PATH's content to the node's key as file MODULE.ID's content
+           --seal seals PATH's content to the node's key as file MODULE.ID's content;
+           on a mesh with an overlay, a FILE without it is refused (use assign) unless
+           --without-overlay
   archive put FILE --dir DIR [--json]
            store FILE (a tar, gzipped or not) in the archive store under its sha256;
            print the sha256 and the URL an archive resource names it by (obj://SHA256)
@@ -105,6 +107,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.dir, "dir", "", "the key directory")
 	fs.StringVar(&c.nats, "nats", "", "the broker URL (client commands); serve: an existing broker instead of the embedded one")
 	fs.BoolVar(&c.json, "json", false, "JSON output")
+	fs.BoolVar(&c.withoutOverlay, "without-overlay", false, "declare: send a file without the overlay on a mesh that has one (the node takes its overlay down)")
 	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare, assign: assign to a node whose adoption briefing has a failed line (to push the fix)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 	var hosts, seals listFlag
@@ -223,6 +226,7 @@ type cli struct {
 	json, verbose  bool
 	// despiteBriefing: declare to a node whose briefing has a failed line.
 	despiteBriefing bool
+	withoutOverlay  bool
 	log             *slog.Logger
 }
 
@@ -326,6 +330,11 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	defer cl.Close()
 	cl.DespiteBriefing = c.despiteBriefing
 	cl.Seals = seals
+	if !c.withoutOverlay {
+		if err := withOverlay(c.ctx, cl, data); err != nil {
+			return err
+		}
+	}
 	seq, err := cl.Declare(c.ctx, node, data)
 	if err != nil {
 		return err
@@ -335,6 +344,33 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	}
 	fmt.Fprintln(c.stdout, seq)
 	return nil
+}
+
+// withOverlay refuses a raw declaration that would take a node out of the
+// mesh's overlay: sent as written, it replaces the node's whole
+// composition, and one without the overlay has the node remove it.
+func withOverlay(ctx context.Context, cl *Client, data []byte) error {
+	s, err := cl.Overlay(ctx)
+	if errors.Is(err, ErrNoOverlay) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var d struct {
+		Resources []struct {
+			Type string `json:"type"`
+		} `json:"resources"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return nil // the declaration's own checks say what is wrong with it
+	}
+	for _, r := range d.Resources {
+		if r.Type == shapes.TypeOverlay {
+			return nil
+		}
+	}
+	return fmt.Errorf("this mesh has an overlay (%s on %s) and the file declares none: sent as written it replaces the node's whole composition, and the node would take its overlay down; use assign (the overlay, then the node's modules), or declare --without-overlay to send it anyway", s.Interface, s.Network)
 }
 
 func (c *cli) archivePut(file string) error {

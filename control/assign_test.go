@@ -333,6 +333,13 @@ func TestOverlayCommands(t *testing.T) {
 	if out := cli("declare", "n1", raw, "--without-overlay"); strings.TrimSpace(out) == "" || len(declsOf(t, s, "n1")) != before0+1 {
 		t.Fatalf("declare --without-overlay sent nothing: %q", out)
 	}
+	// A declaration that holds nothing (a retirement) takes the overlay
+	// down with everything else, as it says: sent.
+	nothing := filepath.Join(dir, "nothing.json")
+	os.WriteFile(nothing, []byte(`{"version":1,"resources":[],"owns_nothing":true}`), 0o600)
+	if out := cli("declare", "n1", nothing); strings.TrimSpace(out) == "" || len(declsOf(t, s, "n1")) != before0+2 {
+		t.Fatalf("declare of a declaration holding nothing: %q", out)
+	}
 	// Only what is given changes.
 	cli("overlay", "set", "--interface", "wg7")
 	var show struct {

@@ -53,8 +53,8 @@ const usage = `usage: mesh-control COMMAND [flags]
   declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]... [--without-overlay]
            sign FILE for NODE with the next sequence and publish it; print the sequence;
            --seal seals PATH's content to the node's key as file MODULE.ID's content;
-           on a mesh with an overlay, a FILE without it is refused (use assign) unless
-           --without-overlay
+           on a mesh with an overlay, a FILE without it (holding something) is refused
+           (use assign) unless --without-overlay
   archive put FILE --dir DIR [--json]
            store FILE (a tar, gzipped or not) in the archive store under its sha256;
            print the sha256 and the URL an archive resource names it by (obj://SHA256)
@@ -358,12 +358,16 @@ func withOverlay(ctx context.Context, cl *Client, data []byte) error {
 		return err
 	}
 	var d struct {
-		Resources []struct {
+		OwnsNothing bool `json:"owns_nothing"`
+		Resources   []struct {
 			Type string `json:"type"`
 		} `json:"resources"`
 	}
-	if json.Unmarshal(data, &d) != nil {
-		return nil // the declaration's own checks say what is wrong with it
+	if json.Unmarshal(data, &d) != nil || d.OwnsNothing {
+		// Malformed: the declaration's own checks say what is wrong with
+		// it. Holding nothing (a retirement among them): the overlay goes
+		// with everything else, as asked.
+		return nil
 	}
 	for _, r := range d.Resources {
 		if r.Type == shapes.TypeOverlay {

@@ -7,26 +7,28 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 )
 
 // A declared action runs by DESIGN.md's rules for actions, which are not
-// Run's: its program is found on the action's own PATH (a declaration
-// names what it runs; its files are the declaration's business, not
-// checked for ownership as a tool of the machine's is), its output is one
-// stream, what it leaves in its process group is killed once it exits, and
-// a program that ran and failed is an answer, not an error. It lives here so
-// that this package stays the only one of the executor that starts a
-// process.
+// Run's: its program is found on the action's own PATH (a declaration names
+// what it runs, and its files are the declaration's business, not checked
+// for ownership as a tool of the machine's is; the PATH itself holds only
+// directories root alone could fill), its output is one stream, what it
+// leaves in its process group is killed once it exits, and a program that
+// ran and failed is an answer, not an error. It lives here so that this
+// package stays the only one of the executor that starts a process.
 
 // ActionOutputLimit bounds what of an action's output the host keeps for a
 // report.
 const ActionOutputLimit = 16 << 10
 
-// ActionPath is the whole environment an action gets.
-const ActionPath = "PATH=" + SearchPath
+// ActionEnv is the whole environment an action gets: PATH, SearchPath's
+// directories that only root could have filled (SafePath).
+func ActionEnv() string { return "PATH=" + SafePath(SearchPath) }
 
 // limitedBuffer keeps the first n bytes written and counts the rest.
 type limitedBuffer struct {
@@ -71,7 +73,7 @@ func Action(ctx context.Context, argv []string, timeout time.Duration) (code int
 	if !strings.Contains(argv[0], "/") {
 		cmd.Path, cmd.Err = actionLookPath(argv[0])
 	}
-	cmd.Env = []string{ActionPath}
+	cmd.Env = []string{ActionEnv()}
 	cmd.Dir = "/"
 	// A process that left the group (setsid) and kept the output open
 	// must not hold the executor past the action's end: the pipes are
@@ -116,11 +118,11 @@ func Action(ctx context.Context, argv []string, timeout time.Duration) (code int
 
 // actionLookPath finds a program on the action's PATH.
 func actionLookPath(name string) (string, error) {
-	for _, dir := range strings.Split(SearchPath, ":") {
+	for _, dir := range filepath.SplitList(SafePath(SearchPath)) {
 		p := dir + "/" + name
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%q is not on the action's PATH (%s)", name, SearchPath)
+	return "", fmt.Errorf("%q is not on the action's PATH (%s)", name, SafePath(SearchPath))
 }

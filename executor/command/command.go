@@ -86,7 +86,16 @@ type Options struct {
 	// Path replaces SearchPath, in PATH's form, both to find a bare name and
 	// as the program's PATH. Only tests set it, to put fake tools first.
 	Path string
+	// Gentle, for a package manager: at the deadline or cancellation only
+	// the program itself is asked to stop (SIGTERM, then SIGKILL after
+	// gentleGrace), never its process group, so the back end it runs
+	// (dpkg) finishes its transaction rather than leave the package
+	// database half configured for every later install.
+	Gentle bool
 }
+
+// gentleGrace is how long a Gentle program has between SIGTERM and SIGKILL.
+const gentleGrace = 10 * time.Second
 
 // Result is what one program did.
 type Result struct {
@@ -100,8 +109,11 @@ type Result struct {
 }
 
 // LookPath finds the program name names: an absolute name as given, a bare
-// name in SearchPath, never in the inherited PATH. Either way it must be an
-// executable regular file. A relative name with a slash is refused.
+// name in SearchPath's safe directories (SafePath), never in the inherited
+// PATH. Either way it must be an executable regular file only root could
+// have put there, and what it returns is the file itself, every link on
+// the way resolved: that is what is run, so no link can be swapped between
+// the check and the exec. A relative name with a slash is refused.
 func LookPath(name string) (string, error) { return lookPath(name, SearchPath) }
 
 func lookPath(name, path string) (string, error) {
@@ -116,7 +128,15 @@ func lookPath(name, path string) (string, error) {
 		if !filepath.IsAbs(dir) {
 			continue // "" or "." would mean the working directory
 		}
-		p, err := executable(filepath.Join(dir, name))
+		var p string
+		err := searchDir(dir)
+		if err == nil {
+			p, err = executable(filepath.Join(dir, name))
+		} else if _, serr := os.Stat(filepath.Join(dir, name)); serr == nil {
+			err = fmt.Errorf("command: %s is not run: %w", filepath.Join(dir, name), err)
+		} else {
+			err = ErrNotFound
+		}
 		if err == nil {
 			return p, nil
 		}
@@ -130,14 +150,15 @@ func lookPath(name, path string) (string, error) {
 	return "", fmt.Errorf("command: %s: %w in %s", name, ErrNotFound, path)
 }
 
-// executable returns p if it is an executable regular file, following
-// symbolic links (/sbin/iptables is one on most machines), that only root
-// (or the executor's own user) could have put there: the file it resolves
-// to, the directory that names it and the directory that holds it are
-// owned by root or the executor's user, and none is writable by group or
-// others. Root running a program any user could replace would be that
-// user running it as root (a /usr/local/bin left group-writable for
-// "staff" is the classic case).
+// executable returns the file p names, every symbolic link resolved
+// (/sbin/iptables is one on most machines), if it is an executable regular
+// file that only root (or the executor's own user) could have put there:
+// the file is owned by root or the executor's user and writable by no group
+// or other, and so is every directory on its resolved path and on the path
+// that names it — or, for a directory, it has the sticky bit (/tmp), which
+// keeps others from renaming or removing what root owns in it. Root running
+// a program any user could replace would be that user running it as root (a
+// /usr/local/bin left group-writable for "staff" is the classic case).
 func executable(p string) (string, error) {
 	fi, err := os.Stat(p)
 	switch {
@@ -152,17 +173,57 @@ func executable(p string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("command: %w", err)
 	}
-	for _, q := range []string{real, filepath.Dir(real), filepath.Dir(p)} {
-		if err := onlyRootWrites(q); err != nil {
+	if err := onlyRootWrites(real, false); err != nil {
+		return "", fmt.Errorf("command: %s is not run: %w", p, err)
+	}
+	for _, d := range []string{filepath.Dir(real), filepath.Dir(p)} {
+		if err := onlyRootAbove(d, true); err != nil {
 			return "", fmt.Errorf("command: %s is not run: %w", p, err)
 		}
 	}
-	return p, nil
+	return real, nil
 }
 
-// onlyRootWrites refuses q if anyone but root or the executor's own user
-// owns it, or group or others may write it.
-func onlyRootWrites(q string) error {
+// onlyRootAbove is onlyRootWrites for the directory d and each directory
+// above it: whoever may write one of them may rename what is below. sticky
+// accepts d itself with the sticky bit; those above always may have it.
+func onlyRootAbove(d string, sticky bool) error {
+	for {
+		if err := onlyRootWrites(d, sticky); err != nil {
+			return err
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return nil
+		}
+		d, sticky = up, true
+	}
+}
+
+// searchDir says whether dir may be searched for a program, and handed to
+// one as its PATH: only root could add a name to it (no sticky exception:
+// in /tmp anyone may create one), nor rename it or a directory above.
+func searchDir(dir string) error { return onlyRootAbove(dir, false) }
+
+// SafePath is the directories of path (in PATH's form) that only root could
+// have filled (searchDir), in order: the search path a program is given as
+// its own PATH. A directory others could write is left out rather than
+// given to a program that runs its helpers by name (dpkg runs ldconfig, a
+// maintainer script systemctl).
+func SafePath(path string) string {
+	var keep []string
+	for _, dir := range filepath.SplitList(path) {
+		if filepath.IsAbs(dir) && searchDir(dir) == nil {
+			keep = append(keep, dir)
+		}
+	}
+	return strings.Join(keep, ":")
+}
+
+// onlyRootWrites refuses q (followed if a link) if anyone but root or the
+// executor's own user owns it, or group or others may write it — unless
+// sticky allows a directory with the sticky bit.
+func onlyRootWrites(q string, sticky bool) error {
 	fi, err := os.Stat(q)
 	if err != nil {
 		return err
@@ -174,7 +235,7 @@ func onlyRootWrites(q string) error {
 	switch uid := int(st.Uid); {
 	case uid != 0 && uid != os.Geteuid():
 		return fmt.Errorf("%s is owned by uid %d, who could replace it", q, uid)
-	case fi.Mode().Perm()&0o022 != 0:
+	case fi.Mode().Perm()&0o022 != 0 && !(sticky && fi.IsDir() && fi.Mode()&os.ModeSticky != 0):
 		return fmt.Errorf("%s has mode %04o: its group or others could replace it", q, fi.Mode().Perm())
 	}
 	return nil
@@ -220,7 +281,7 @@ func Run(ctx context.Context, argv []string, opts Options) (Result, error) {
 
 	cmd := exec.CommandContext(ctx, bin, argv[1:]...)
 	cmd.Args[0] = argv[0] // the name as the caller gave it
-	cmd.Env = append([]string{"PATH=" + path, "LC_ALL=C"}, opts.Env...)
+	cmd.Env = append([]string{"PATH=" + SafePath(path), "LC_ALL=C"}, opts.Env...)
 	cmd.Dir = "/"
 	// A nil Stdin is /dev/null to exec.Cmd.
 	var stdout, stderr capped
@@ -229,13 +290,20 @@ func Run(ctx context.Context, argv []string, opts Options) (Result, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: !opts.Session, Setsid: opts.Session}
 	cmd.Cancel = func() error {
 		// The negative pid names the group: the program and what it forked.
-		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		target, sig := -cmd.Process.Pid, syscall.SIGKILL
+		if opts.Gentle {
+			target, sig = cmd.Process.Pid, syscall.SIGTERM
+		}
+		err := syscall.Kill(target, sig)
 		if errors.Is(err, syscall.ESRCH) {
 			return os.ErrProcessDone
 		}
 		return err
 	}
 	cmd.WaitDelay = waitDelay
+	if opts.Gentle {
+		cmd.WaitDelay = gentleGrace // then the program itself is killed
+	}
 
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("command: cannot start %q: %w", argv, err)

@@ -3,6 +3,7 @@ package command
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -364,5 +365,118 @@ func TestProgramsOthersCouldReplaceAreRefused(t *testing.T) {
 	ok := write(filepath.Join(safe, "ok"), 0o755, 0)
 	if res, err := Run(t.Context(), []string{ok}, Options{}); err != nil || res.Code != 0 {
 		t.Fatalf("a program only root could write: %+v, %v", res, err)
+	}
+}
+
+// A directory others could write is neither searched nor handed on: a
+// program root runs gets a PATH without it, so a helper it runs by name
+// (dpkg's ldconfig) cannot be planted there.
+func TestOpenDirectoriesLeftOutOfTheChildsPATH(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the tool and the planted helper are root's files")
+	}
+	dir := t.TempDir()
+	open, safe := filepath.Join(dir, "open"), filepath.Join(dir, "safe")
+	os.Mkdir(open, 0o755)
+	os.Chmod(open, 0o2775) // root:staff-style, group-writable
+	os.Mkdir(safe, 0o755)
+	marker := filepath.Join(dir, "helper-ran")
+	os.WriteFile(filepath.Join(open, "helper"), []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+	os.WriteFile(filepath.Join(safe, "pkgtool"), []byte("#!/bin/sh\necho \"$PATH\"\nhelper\nexit 0\n"), 0o755)
+	res, err := Run(t.Context(), []string{"pkgtool"}, Options{Path: open + ":" + safe + ":/usr/bin:/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Stdout, open) || !strings.Contains(res.Stdout, safe) {
+		t.Fatalf("the program's PATH is %q; it must hold %s and not %s", res.Stdout, safe, open)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a helper planted in a group-writable directory ran as root through the PATH a tool was given")
+	}
+	if got := SafePath(open + ":" + safe + ":relative:/usr/bin"); got != safe+":/usr/bin" {
+		t.Fatalf("SafePath = %q", got)
+	}
+}
+
+// What LookPath checked is what runs: the file itself, every link
+// resolved. A link in a directory others can write, flipped to another
+// program while root runs the tool again and again, never gets that
+// program run.
+func TestALinkOnTheWayCannotBeSwappedBetweenCheckAndExec(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the attacker's program is another uid's")
+	}
+	dir := t.TempDir()
+	open, safe := filepath.Join(dir, "open"), filepath.Join(dir, "safe")
+	os.Mkdir(open, 0o755)
+	os.Chmod(open, 0o777)
+	os.Mkdir(safe, 0o755)
+	marker := filepath.Join(dir, "theirs-ran")
+	theirs := filepath.Join(open, "theirs")
+	os.WriteFile(theirs, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+	os.Chown(theirs, 65534, 65534)
+	mid := filepath.Join(open, "mid")
+	os.Symlink("/bin/true", mid)
+	os.Symlink(mid, filepath.Join(safe, "tool"))
+	if p, err := LookPath(filepath.Join(safe, "tool")); err != nil || p != mustReal(t, "/bin/true") {
+		t.Fatalf("LookPath through a link = %q, %v; want the file itself, %s", p, err, mustReal(t, "/bin/true"))
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			target := "/bin/true"
+			if i%2 == 1 {
+				target = theirs
+			}
+			tmp := mid + ".new"
+			os.Remove(tmp)
+			os.Symlink(target, tmp)
+			os.Rename(tmp, mid)
+		}
+	}()
+	for range 400 {
+		Run(t.Context(), []string{filepath.Join(safe, "tool")}, Options{})
+	}
+	close(stop)
+	<-done
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a program swapped in through a link on the way ran as root")
+	}
+}
+
+func mustReal(t *testing.T, p string) string {
+	t.Helper()
+	r, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A package manager stopped at its deadline is stopped gently: the program
+// itself is asked to stop, and the back end it started (dpkg, in the middle
+// of its transaction) finishes rather than leave the database half
+// configured. Without Gentle the whole group is killed.
+func TestGentleStopLetsTheBackEndFinish(t *testing.T) {
+	dir := t.TempDir()
+	for _, gentle := range []bool{true, false} {
+		marker := filepath.Join(dir, fmt.Sprintf("finished-%v", gentle))
+		script := fmt.Sprintf("(sleep 1; touch %s) & wait", marker)
+		res, err := Run(t.Context(), []string{"/bin/sh", "-c", script}, Options{Timeout: 200 * time.Millisecond, Gentle: gentle})
+		if err == nil {
+			t.Fatalf("gentle=%v: a program past its deadline answered: %+v", gentle, res)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		_, statErr := os.Stat(marker)
+		if finished := statErr == nil; finished != gentle {
+			t.Errorf("gentle=%v: the back end finished = %v", gentle, finished)
+		}
 	}
 }

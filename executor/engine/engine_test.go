@@ -331,7 +331,7 @@ func TestActions(t *testing.T) {
 	envf := h.p("env")
 	envAct := act("env", "tr '\\0' '\\n' < /proc/$$/environ > "+envf+"; cat >> "+envf, "test -s "+envf, 5)
 	h.apply(h.doc(envAct))
-	if got := h.read("env"); got != command.ActionPath+"\n" {
+	if got := h.read("env"); got != command.ActionEnv()+"\n" {
 		t.Fatalf("action environment %q", got)
 	}
 	// Undeclared, an action is forgotten.

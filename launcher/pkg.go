@@ -51,7 +51,7 @@ func PackageVersion(ctx context.Context) string {
 // its package cache.
 func packageReinstall(ctx context.Context, version string) error {
 	run := func(argv ...string) error {
-		res, err := command.Run(ctx, argv, command.Options{Timeout: 10 * time.Minute, Env: []string{"DEBIAN_FRONTEND=noninteractive"}})
+		res, err := command.Run(ctx, argv, command.Options{Timeout: 30 * time.Minute, Env: []string{"DEBIAN_FRONTEND=noninteractive"}, Gentle: true})
 		if err == nil && res.Code != 0 {
 			err = fmt.Errorf("exit status %d", res.Code)
 		}

@@ -77,7 +77,7 @@ func (apt) install(ctx context.Context, pkg, version string) error {
 		target += "=" + version
 		argv = append(argv, "--allow-downgrades")
 	}
-	_, _, err := runToolEnv(ctx, []string{"DEBIAN_FRONTEND=noninteractive"}, append(argv, "--", target)...)
+	_, _, err := runInstall(ctx, []string{"DEBIAN_FRONTEND=noninteractive"}, append(argv, "--", target)...)
 	if err != nil {
 		return lockedMessage("dpkg", err)
 	}
@@ -110,7 +110,7 @@ func (pacman) install(ctx context.Context, pkg, version string) error {
 	if version != "" {
 		target += "=" + version
 	}
-	_, _, err := runTool(ctx, "pacman", "-S", "--noconfirm", "--needed", "--", target)
+	_, _, err := runInstall(ctx, nil, "pacman", "-S", "--noconfirm", "--needed", "--", target)
 	if err != nil {
 		return lockedMessage("pacman", err)
 	}
@@ -139,7 +139,7 @@ func (apk) install(ctx context.Context, pkg, version string) error {
 	if version != "" {
 		target += "=" + version
 	}
-	_, _, err := runTool(ctx, "apk", "add", "--", target)
+	_, _, err := runInstall(ctx, nil, "apk", "add", "--", target)
 	if err != nil {
 		return lockedMessage("apk", err)
 	}

@@ -39,8 +39,13 @@ type account struct {
 type shadowTools struct{}
 
 // toolTimeout bounds one of the machine's tools (getent, id, useradd, a
-// package manager's install).
+// package manager's query).
 const toolTimeout = 2 * time.Minute
+
+// installTimeout bounds a package manager's install: a slow mirror or a
+// small board may take long, and an install is stopped gently (its back end
+// finishes its transaction; see command.Options.Gentle).
+const installTimeout = 30 * time.Minute
 
 // runTool runs one of the machine's tools through executor/command and
 // returns its standard output and exit code. A non-zero exit is also an
@@ -50,9 +55,18 @@ func runTool(ctx context.Context, argv ...string) (string, int, error) {
 	return runToolEnv(ctx, nil, argv...)
 }
 
-// runToolEnv is runTool with extra "NAME=value" variables.
+// runInstall runs a package manager's install: runTool with extra
+// "NAME=value" variables, installTimeout, and a gentle stop.
+func runInstall(ctx context.Context, env []string, argv ...string) (string, int, error) {
+	return runWith(ctx, command.Options{Timeout: installTimeout, Env: env, Gentle: true}, argv...)
+}
+
 func runToolEnv(ctx context.Context, env []string, argv ...string) (string, int, error) {
-	res, err := command.Run(ctx, argv, command.Options{Timeout: toolTimeout, Env: env})
+	return runWith(ctx, command.Options{Timeout: toolTimeout, Env: env}, argv...)
+}
+
+func runWith(ctx context.Context, opts command.Options, argv ...string) (string, int, error) {
+	res, err := command.Run(ctx, argv, opts)
 	if err != nil {
 		return "", -1, err
 	}

@@ -192,6 +192,37 @@ func TestAgentConfinedInLinkedPolicy(t *testing.T) {
 	}
 }
 
+// A rollback by copying stages the known-good binary in /usr/bin (bin_t)
+// and gives it the label of the binary it replaces (launcher
+// CopyReinstall): the launcher's domain may relabel from bin_t to either
+// exec type, and replace such a file, in the linked policy.
+func TestRollbackMayCarryTheLabel(t *testing.T) {
+	needTools(t)
+	t.Parallel()
+	root, _, err := link(t, compile(t, nil))
+	if err != nil {
+		t.Fatalf("selinux: the modules do not link with selinux-policy-default: %v", err)
+	}
+	for _, c := range []struct{ target, perms string }{
+		{"bin_t", "relabelfrom"},
+		{"mesh_executor_exec_t", "relabelto rename unlink"},
+		{"mesh_agent_exec_t", "relabelto rename unlink"},
+	} {
+		for _, perm := range strings.Fields(c.perms) {
+			out, err := run("", "sesearch", "-A", "-s", "mesh_executor_t", "-t", c.target, "-c", "file", "-p", perm, policyFile(root))
+			if err != nil || !strings.Contains(string(out), "allow") {
+				t.Errorf("mesh_executor_t may not %s %s files: %v %s", perm, c.target, err, out)
+			}
+		}
+	}
+	// The positive control's mirror: nothing of this lets the agent
+	// relabel (its neverallow rules would not link).
+	out, _ := run("", "sesearch", "-A", "-s", "mesh_agent_t", "-c", "file", "-p", "relabelto", policyFile(root))
+	if strings.Contains(string(out), "allow") {
+		t.Errorf("the agent may relabel a file:\n%s", out)
+	}
+}
+
 // forbiddenAllows grants the agent one thing of each kind it must never
 // have. Each line below breaks a different neverallow rule.
 // The base policy itself forbids some of them (sys_module to all but the

@@ -66,10 +66,13 @@ func fastDecode(data []byte) (*unionDeclaration, error) {
 		case "enrolment":
 			d.Enrolment, err = r.str()
 		case "seq":
-			var v int
-			if v, err = r.int(); v < 0 {
+			// An unsigned field: encoding/json refuses any minus sign,
+			// "-0" too.
+			if r.ws(); r.i < len(r.data) && r.data[r.i] == '-' {
 				return errSlowPath
 			}
+			var v int
+			v, err = r.int()
 			d.Seq = uint64(v)
 		case "adopted":
 			d.Adopted, err = r.bool()

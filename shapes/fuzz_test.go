@@ -54,6 +54,8 @@ func FuzzFastDecode(f *testing.F) {
 		res(`{"module":"m","id":"f","type":"file","path":"/srv/x","content":"a\"b\\c\/d\n\t\r\b\f","mode":"0644","owner":"a:b"}`),
 		res(`{"module":"m","id":"f","type":"file","path":"/srv/x","content":"é ☃ \u00e9"}`),
 		`{"version":1,"seq":-1,"resources":[],"owns_nothing":true}`,
+		`{"version":1,"seq":-0,"resources":[],"owns_nothing":true}`,
+		`{"version":1,"seq": -0,"resources":[],"owns_nothing":true}`,
 		`{"version":1,"seq":1e3,"resources":[],"owns_nothing":true}`,
 		`{"version":1,"node":"a","node":"b","resources":[],"owns_nothing":true}`,
 		res(`{"module":"m","id":"f","type":"file","path":"/srv/x","PATH":"/y","content":""}`),

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -196,7 +197,9 @@ func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*Token
 // brokerFile is keepUsers' sink for an existing broker: the configuration
 // BrokerConfig makes, with the registry's users, written atomically to
 // o.BrokerConfig, then SIGHUP to the pid in o.BrokerPID, if given, for
-// nats-server to reload it (a user it no longer lists is disconnected).
+// nats-server to reload it (a user it no longer lists is disconnected). A
+// token's credential leaves the list when it stops being usable, not only
+// at the next change of the registry: the file is written again then.
 func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, []*TokenRecord), error) {
 	listen := o.Listen
 	if listen == "" {
@@ -206,7 +209,25 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 	if err != nil {
 		return nil, err
 	}
-	return func(nodes []*NodeRecord, tokens []*TokenRecord) {
+	var mu sync.Mutex
+	var expiry *time.Timer
+	var write func(nodes []*NodeRecord, tokens []*TokenRecord)
+	write = func(nodes []*NodeRecord, tokens []*TokenRecord) {
+		mu.Lock()
+		defer mu.Unlock()
+		if expiry != nil {
+			expiry.Stop()
+		}
+		now := time.Now()
+		var next time.Time
+		for _, t := range tokens {
+			if until := t.Expires.Add(tokenGrace); t.usable(now) && (next.IsZero() || until.Before(next)) {
+				next = until
+			}
+		}
+		if !next.IsZero() {
+			expiry = time.AfterFunc(time.Until(next)+time.Second, func() { write(nodes, tokens) })
+		}
 		conf := BrokerConfig(k, host, port, nodes, tokens, true)
 		if err := agent.WriteBytes(o.BrokerConfig, []byte(conf), 0o644); err != nil {
 			log.Error("the broker's configuration could not be written; the broker still lets in who it did", "file", o.BrokerConfig, "err", err)
@@ -221,11 +242,27 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 			return
 		}
 		log.Info("the broker reloads its users", "file", o.BrokerConfig, "nodes", len(nodes))
-	}, nil
+	}
+	return write, nil
 }
 
-// signalReload sends SIGHUP to the process whose pid the file holds.
+// signalReload sends SIGHUP to the process whose pid the file holds. The
+// file is believed only if no one but root or this process's user could
+// have written it: otherwise it could name any process to signal.
 func signalReload(pidFile string) error {
+	fi, err := os.Stat(pidFile)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", pidFile)
+	case !ok || (st.Uid != 0 && int(st.Uid) != os.Geteuid()):
+		return fmt.Errorf("%s is not root's or this user's: its pid is not believed", pidFile)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s may be written by others (mode %04o): its pid is not believed", pidFile, fi.Mode().Perm())
+	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return err

@@ -144,6 +144,11 @@ func run(c config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	defer func() {
+		if err := b.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: warning: emptying %s: %v\n", b.trash, err)
+		}
+	}()
 	b.printHeader(os.Stdout)
 	for _, s := range scenarios {
 		b.runScenario(s)

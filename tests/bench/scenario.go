@@ -38,7 +38,7 @@ type bench struct {
 	results  map[scenario]map[string]*series
 	failures []string // a tool that did not do its job, one line each
 
-	trash   string // run/trash: where reset trees wait to be deleted
+	trash   string // DIR/trash: where reset trees wait to be deleted (Close)
 	trashed int
 }
 
@@ -61,14 +61,17 @@ type sample struct {
 func newBench(c config) (*bench, error) {
 	b := &bench{cfg: c, files: benchtree.Files(c.files), results: map[scenario]map[string]*series{}}
 	run := filepath.Join(c.dir, "run")
-	if err := os.RemoveAll(run); err != nil {
+	// The trash is outside run and survives it: an earlier bench's run goes
+	// into it whole (a rename), and everything in it is deleted after the
+	// last scenario (Close), never between measurements.
+	b.trash = filepath.Join(c.dir, "trash")
+	if err := os.MkdirAll(b.trash, 0o700); err != nil {
+		return nil, err
+	}
+	if err := b.discard(run); err != nil {
 		return nil, err
 	}
 	if err := os.Mkdir(run, 0o755); err != nil {
-		return nil, err
-	}
-	b.trash = filepath.Join(run, "trash")
-	if err := os.Mkdir(b.trash, 0o700); err != nil {
 		return nil, err
 	}
 	if c.executor != "" {
@@ -134,9 +137,6 @@ func (b *bench) runScenario(s scenario) {
 		fmt.Print(".")
 	}
 	fmt.Println()
-	if err := b.emptyTrash(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: warning: emptying %s: %v\n", b.trash, err)
-	}
 }
 
 // runOnce sets the tool's world up for s (untimed), runs the tool once
@@ -192,11 +192,15 @@ func (b *bench) prepare(s scenario, t *tool, first bool) error {
 
 // reset empties t's tree and makes it forget what it applied.
 //
-// The old tree and state are moved aside, not deleted: on this kind of disk
-// (ext4 mounted with discard) deleting a thousand files makes the next writer
-// pay for it, even after sync(2) — a converge measured right after an rm -rf
-// took ~350 ms instead of ~40 ms. The trash is emptied after each scenario,
-// before the next one's warm-up round.
+// The old tree and state are moved aside, not deleted, and the trash is
+// emptied only once every scenario is measured (Close). Deleting makes the
+// next writers pay, each the more the more files it creates: on this kind
+// of disk (ext4 without a journal, mounted with discard) a converge
+// measured right after an rm -rf took ~350 ms instead of ~40 ms, even after
+// sync(2), and for a minute or more afterwards every new inode is searched
+// for past the recently deleted ones (ext4 will not reuse an inode freed
+// in the last 60–300 s) — a cost no tool's own work has, and one that
+// grows with how many inodes a tool creates.
 func (b *bench) reset(t *tool) error {
 	if err := b.discard(t.tree); err != nil {
 		return err
@@ -213,12 +217,15 @@ func (b *bench) reset(t *tool) error {
 // discard moves path (if it exists) into the trash.
 func (b *bench) discard(path string) error {
 	b.trashed++
-	err := os.Rename(path, filepath.Join(b.trash, fmt.Sprint(b.trashed)))
+	err := os.Rename(path, filepath.Join(b.trash, fmt.Sprintf("%d-%d", os.Getpid(), b.trashed)))
 	if os.IsNotExist(err) {
 		return nil
 	}
 	return err
 }
+
+// Close deletes what was moved aside, once nothing more is measured.
+func (b *bench) Close() error { return b.emptyTrash() }
 
 // emptyTrash deletes what reset moved aside, and syncs.
 func (b *bench) emptyTrash() error {

@@ -302,6 +302,12 @@ func ReadRegular(p string, max int64) ([]byte, Info, error) {
 // Equal reports whether the regular file at p holds exactly want, without
 // reading more than len(want)+1 bytes. Absent and non-regular return false
 // with the Info saying which.
+//
+// The file is compared a piece at a time: a small one in one read into a
+// buffer on the stack, a large one (a saved declaration) through a buffer
+// of at most equalChunk, not its whole size in fresh memory. The last read
+// asks for one byte more than is left: a file grown since its size was read
+// shows it and is not equal, without a further read for the end of file.
 func Equal(p string, want []byte) (bool, Info, error) {
 	f, info, err := openRegular(p)
 	if err != nil {
@@ -314,30 +320,36 @@ func Equal(p string, want []byte) (bool, Info, error) {
 	if info.Size != int64(len(want)) {
 		return false, info, nil
 	}
-	// The size matched: one read of up to one byte more than that, in the
-	// common case (a short read loops). A file grown since its size was
-	// read shows the extra byte and is not equal; no second read for EOF.
 	// Most declared files are small: compared without an allocation (and
 	// with a frame small enough not to grow the goroutine's stack).
 	var small [512]byte
 	buf := small[:]
 	if len(want)+1 > len(small) {
-		buf = make([]byte, len(want)+1)
+		buf = make([]byte, min(len(want)+1, equalChunk))
 	}
-	buf = buf[:len(want)+1]
-	n := 0
-	for n < len(want) {
-		m, err := f.Read(buf[n:])
-		if m <= 0 || err != nil {
-			if err != nil && err != io.EOF {
-				return false, info, wrap("read", p, err)
+	for off := 0; ; {
+		ask := min(len(buf), len(want)+1-off)
+		n, err := f.Read(buf[:ask])
+		if n > 0 {
+			if off+n > len(want) || string(buf[:n]) != string(want[off:off+n]) {
+				return false, info, nil
 			}
-			break
+			off += n
+			if off == len(want) && n < ask {
+				return true, info, nil // the byte more was not there
+			}
 		}
-		n += m
+		if err == io.EOF || n == 0 {
+			return off == len(want), info, nil
+		}
+		if err != nil {
+			return false, info, wrap("read", p, err)
+		}
 	}
-	return n == len(want) && string(buf[:n]) == string(want), info, nil
 }
+
+// equalChunk bounds the buffer Equal reads a large file through.
+const equalChunk = 64 << 10
 
 // Sum returns the sha256 of a regular file.
 func Sum(p string) ([32]byte, Info, error) {

@@ -1,6 +1,7 @@
 package fsx
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -91,5 +92,41 @@ func TestSymlinksIn(t *testing.T) {
 	got, err := symlinksIn(d)
 	if err != nil || len(got) != 2 || !got["link"] || !got["dangling"] {
 		t.Fatalf("symlinksIn = %v, %v", got, err)
+	}
+}
+
+// Equal compares files of every size against the bytes they should hold:
+// small ones in one read, large ones a piece at a time; one byte more,
+// less or different anywhere (first, last, at a piece's edge) is not equal.
+func TestEqualAtEverySize(t *testing.T) {
+	d := t.TempDir()
+	for _, size := range []int{0, 1, 511, 512, 513, equalChunk - 1, equalChunk, equalChunk + 1, 3*equalChunk + 17} {
+		want := make([]byte, size)
+		for i := range want {
+			want[i] = byte('a' + i%26)
+		}
+		p := filepath.Join(d, fmt.Sprint(size))
+		os.WriteFile(p, want, 0o644)
+		if eq, info, err := Equal(p, want); err != nil || !eq || info.Kind != Regular {
+			t.Fatalf("%d bytes, the same: %v %+v %v", size, eq, info, err)
+		}
+		var variants [][]byte
+		variants = append(variants, append(bytes.Clone(want), 'x'))
+		if size > 0 {
+			variants = append(variants, want[:size-1])
+			for _, at := range []int{0, size - 1, min(size-1, equalChunk-1), min(size-1, equalChunk)} {
+				v := bytes.Clone(want)
+				v[at] ^= 0x20
+				variants = append(variants, v)
+			}
+		}
+		for _, v := range variants {
+			if eq, _, err := Equal(p, v); err != nil || eq {
+				t.Fatalf("%d bytes on disk against %d other bytes: equal=%v err=%v", size, len(v), eq, err)
+			}
+		}
+	}
+	if eq, info, err := Equal(filepath.Join(d, "missing"), nil); eq || err != nil || info.Kind != Absent {
+		t.Fatalf("missing file: %v %+v %v", eq, info, err)
 	}
 }

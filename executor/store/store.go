@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -41,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"golang.org/x/sys/unix"
 )
@@ -631,8 +631,11 @@ func (s *Store) Target(src Source) ([]byte, error) {
 // here: Sync, which the engine calls before its first change, makes it
 // durable together with the intents.
 func (s *Store) SaveTarget(src Source, data []byte) error {
+	// Compared a piece at a time (fsx.Equal), not read whole: the target
+	// is looked at on every apply, and a large one would cost its size in
+	// fresh memory each time. Any doubt (unreadable) writes it again.
 	p := filepath.Join(s.dir, "target-"+string(src)+".json")
-	if sameContent(p, data) {
+	if same, _, err := fsx.Equal(p, data); err == nil && same {
 		return nil
 	}
 	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
@@ -643,35 +646,6 @@ func (s *Store) SaveTarget(src Source, data []byte) error {
 	}
 	s.unsynced = true
 	return nil
-}
-
-// sameContent reports whether the file p holds exactly data. It compares a
-// piece at a time rather than reading the file whole: the target is read
-// back on every apply, and a large one would cost its size in fresh memory
-// each time. Any doubt (unreadable, another size) is "not the same".
-func sameContent(p string, data []byte) bool {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != int64(len(data)) {
-		return false
-	}
-	buf := make([]byte, min(len(data)+1, 32<<10))
-	for off := 0; ; {
-		n, err := f.Read(buf)
-		if n > len(data)-off || !bytes.Equal(buf[:n], data[off:off+n]) {
-			return false
-		}
-		off += n
-		if err == io.EOF || n == 0 {
-			return off == len(data)
-		}
-		if err != nil {
-			return false
-		}
-	}
 }
 
 // Sync makes everything written to the state directory so far durable with

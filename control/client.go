@@ -94,6 +94,32 @@ func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Clien
 	if log == nil {
 		log = slog.Default()
 	}
+	// A broker of the operator's own reloads its users at every change of
+	// the registry (serve --broker-pid); a connection made in that moment
+	// may be cut, or find JetStream not answering yet. Such failures are
+	// tried again for a few seconds; a certificate that is not the pinned
+	// one is final at once.
+	deadline := time.Now().Add(connectRetry)
+	for {
+		c, final, err := connectOnce(ctx, k, url, log)
+		if err == nil || final || ctx.Err() != nil || time.Now().After(deadline) {
+			return c, err
+		}
+		log.Debug("broker: trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// connectRetry is how long Connect tries again after a failure that may
+// pass (see Connect).
+const connectRetry = 3 * time.Second
+
+// connectOnce is one attempt of Connect; final says trying again is no use.
+func connectOnce(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Client, bool, error) {
 	var pinErr atomic.Pointer[agent.PinError]
 	nc, err := nats.Connect(url,
 		nats.Name("mesh-control"),
@@ -105,21 +131,21 @@ func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Clien
 	)
 	if err != nil {
 		if pe := pinErr.Load(); pe != nil {
-			return nil, fmt.Errorf("%v (at %s)", pe, url)
+			return nil, true, fmt.Errorf("%v (at %s)", pe, url)
 		}
-		return nil, fmt.Errorf("broker at %s: %w", url, err)
+		return nil, false, fmt.Errorf("broker at %s: %w", url, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, false, err
 	}
 	c := &Client{Keys: k, NC: nc, JS: js, log: log}
 	if err := c.ensure(ctx); err != nil {
 		nc.Close()
-		return nil, err
+		return nil, false, err
 	}
-	return c, nil
+	return c, false, nil
 }
 
 // Close closes the connection.

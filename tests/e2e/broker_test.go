@@ -85,12 +85,23 @@ func startAbs(m *mesh, path string, args ...string) {
 }
 
 // nodeNKey is the public NKey in the agent configuration node add wrote.
+// node show is asked again if it fails: serve has the broker reload its
+// users right after node add, and a client connecting in that moment was
+// once refused (seen in a full parallel run, with the error logged here).
 func nodeNKey(t *testing.T, agentConf string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "node", "show", "n1", "--dir", filepath.Join(filepath.Dir(agentConf), "control"), "--json").Output()
-	if err != nil {
-		t.Fatalf("node show: %v", err)
-	}
+	var out []byte
+	eventually(t, "node show n1", func() bool {
+		cmd := exec.Command(filepath.Join(bin, "mesh-control"), "node", "show", "n1", "--dir", filepath.Join(filepath.Dir(agentConf), "control"), "--json")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		var err error
+		if out, err = cmd.Output(); err != nil {
+			t.Logf("node show: %v: %s", err, stderr.String())
+			return false
+		}
+		return true
+	})
 	for _, f := range strings.FieldsFunc(string(out), func(r rune) bool { return r == '"' }) {
 		if len(f) == 56 && strings.HasPrefix(f, "U") {
 			return f

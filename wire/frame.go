@@ -3,14 +3,19 @@ package wire
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"reflect"
 	"sync"
+	"time"
 
 	"github.com/fxamacker/cbor/v2"
+	"golang.org/x/sync/semaphore"
 )
 
 // A frame is a 6-byte header — kind (2 bytes) and body length (4 bytes),
@@ -57,16 +62,27 @@ type Conn struct {
 	r       *bufio.Reader
 	wmu     sync.Mutex
 	receive Direction // the direction of the messages this end reads
+	// closed ends a wait for the frame budget when the connection closes.
+	closed context.Context
+	close  context.CancelFunc
+	// held is what the last frame read took from budget (ReadRequest):
+	// given back when the next is read, or by Release.
+	held   int64
+	budget *Budget
 }
 
 // NewConn wraps c for the side that receives messages going in direction
 // receive: the executor receives AgentToExecutor.
 func NewConn(c net.Conn, receive Direction) *Conn {
-	return &Conn{c: c, r: bufio.NewReaderSize(c, 64<<10), receive: receive}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Conn{c: c, r: bufio.NewReaderSize(c, 64<<10), receive: receive, closed: ctx, close: cancel}
 }
 
-// Close closes the stream.
-func (c *Conn) Close() error { return c.c.Close() }
+// Close closes the stream. It may be called from any goroutine.
+func (c *Conn) Close() error {
+	c.close()
+	return c.c.Close()
+}
 
 // NetConn is the underlying stream.
 func (c *Conn) NetConn() net.Conn { return c.c }
@@ -99,6 +115,75 @@ func (c *Conn) Write(k Kind, body any) error {
 // not decode strictly is an error carrying its Code; the connection is
 // then unusable.
 func (c *Conn) Read() (Kind, any, error) {
+	return c.read(nil)
+}
+
+// Budget bounds the bytes of large frames being read at once, across every
+// connection that shares it (FrameBudget, in the connection rules).
+type Budget struct {
+	sem  *semaphore.Weighted
+	size int64
+}
+
+// NewBudget returns a budget of n bytes; n must be at least the largest
+// frame's limit.
+func NewBudget(n int64) *Budget { return &Budget{sem: semaphore.NewWeighted(n), size: n} }
+
+// ErrStalled is a frame that was begun and not finished within
+// FrameWithin, or one that did not begin within the state's wait.
+var ErrStalled = errors.New("wire: stalled")
+
+// ReadRequest is Read as the executor reads, by the connection rules: it
+// waits up to wait for a frame to begin (0: as long as it takes), then
+// gives the frame FrameWithin to be whole, and reads a body larger than
+// SmallFrame only once budget has room for it. What the frame took from
+// budget is given back when the next frame is read, or by Release. A frame
+// that does not come, or stalls, is ErrStalled.
+func (c *Conn) ReadRequest(wait time.Duration, budget *Budget) (Kind, any, error) {
+	c.Release()
+	var until time.Time
+	if wait > 0 {
+		until = time.Now().Add(wait)
+	}
+	c.c.SetReadDeadline(until)
+	if _, err := c.r.Peek(1); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, nil, fmt.Errorf("%w: no message came within %s", ErrStalled, wait)
+		}
+		return 0, nil, err
+	}
+	deadline := time.Now().Add(FrameWithin)
+	c.c.SetReadDeadline(deadline)
+	k, body, err := c.read(func(s *Spec, n uint32) error {
+		if budget == nil || n <= SmallFrame {
+			return nil
+		}
+		ctx, cancel := context.WithDeadline(c.closed, deadline)
+		defer cancel()
+		if err := budget.sem.Acquire(ctx, int64(n)); err != nil {
+			return fmt.Errorf("%w: a %s of %d bytes waited %s for the executor's budget of frames in flight (%d bytes)", ErrStalled, s.Name, n, FrameWithin, budget.size)
+		}
+		c.held, c.budget = int64(n), budget
+		return nil
+	})
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) && time.Now().After(deadline) {
+		err = fmt.Errorf("%w: a message begun was not whole within %s", ErrStalled, FrameWithin)
+	}
+	return k, body, err
+}
+
+// Release gives back what the last frame read took from its budget. It is
+// for the goroutine that reads.
+func (c *Conn) Release() {
+	if c.held > 0 {
+		c.budget.sem.Release(c.held)
+		c.held, c.budget = 0, nil
+	}
+}
+
+// read reads one frame; admit, when set, is asked once the header is
+// checked, before a byte of the body is read.
+func (c *Conn) read(admit func(s *Spec, n uint32) error) (Kind, any, error) {
 	var h [headerSize]byte
 	if _, err := io.ReadFull(c.r, h[:]); err != nil {
 		return 0, nil, err
@@ -115,17 +200,31 @@ func (c *Conn) Read() (Kind, any, error) {
 	if n > s.Max {
 		return k, nil, &Refusal{CodeTooLarge, fmt.Sprintf("%s of %d bytes, over its limit of %d", s.Name, n, s.Max)}
 	}
-	// Read as the bytes arrive, not allocated from the header's word: a
-	// peer that announces 64 MiB and trickles must not pin 64 MiB.
-	var buf bytes.Buffer
-	buf.Grow(int(min(n, 64<<10)))
-	if _, err := io.CopyN(&buf, c.r, int64(n)); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	var b []byte
+	if admit != nil {
+		// Admitted (small, or within the budget, which has counted it):
+		// the body is read into exactly its size.
+		if err := admit(s, n); err != nil {
+			return k, nil, err
 		}
-		return k, nil, err
+		b = make([]byte, n)
+		if _, err := io.ReadFull(c.r, b); err != nil {
+			return k, nil, err
+		}
+	} else {
+		// Read as the bytes arrive, not allocated from the header's
+		// word: a peer that announces 64 MiB and trickles must not pin
+		// 64 MiB.
+		var buf bytes.Buffer
+		buf.Grow(int(min(n, 64<<10)))
+		if _, err := io.CopyN(&buf, c.r, int64(n)); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return k, nil, err
+		}
+		b = buf.Bytes()
 	}
-	b := buf.Bytes()
 	body := s.Body()
 	if err := decMode.Unmarshal(b, body); err != nil {
 		return k, nil, &Refusal{CodeMalformed, fmt.Sprintf("%s body: %v", s.Name, err)}

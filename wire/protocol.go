@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -110,6 +111,69 @@ var byKind = func() map[Kind]*Spec {
 	}
 	return m
 }()
+
+// Next is the state a connection is in once the executor has served k,
+// sent in st with body: the transitions of the picture above, in one place.
+func Next(k Kind, st State, body any) State {
+	switch k {
+	case KindHello:
+		return StateReady
+	case KindArchive:
+		if a, ok := body.(*Archive); ok && !a.Last {
+			return StateArchiving
+		}
+		return StateReady
+	}
+	return st
+}
+
+// The connection rules: what the executor waits for, how long, and under
+// which lock it may write. They hold for every request kind alike; the
+// executor's server applies them in one loop, never handler by handler.
+//
+//   - A frame begun must be whole within FrameWithin. A peer that sends
+//     part of a header or of a body and stalls is closed then, and before
+//     then its connection is the first given up when another needs a slot:
+//     stalled connections cannot keep the agent out.
+//   - How long the executor waits for a frame to begin depends on the state
+//     (Wait): a new connection's hello within HelloWithin, an archive's next
+//     chunk within ChunkWithin; a ready connection may be idle as long as it
+//     likes, but an idle one gives its slot up to a newcomer when all are
+//     taken.
+//   - Every frame the executor sends is written by the connection's writer
+//     (never by a handler, and so never under the apply lock), and must be
+//     taken by the peer within ReplyWithin, or the connection is closed. A
+//     handler only queues its answer; report lines are queued without
+//     waiting, and dropped once the queue is full (the verdict says how the
+//     apply ended). A peer that never reads therefore costs the executor one
+//     connection and nothing else: applies, the drift timer and reconciles
+//     go on.
+//   - The bodies of frames larger than SmallFrame are read only within the
+//     executor's frame budget (FrameBudget bytes across all connections):
+//     concurrent large frames wait their turn instead of each taking its
+//     memory at once. A smaller frame needs no budget (slots × SmallFrame).
+const (
+	FrameWithin = 10 * time.Second
+	HelloWithin = 5 * time.Second
+	ChunkWithin = 2 * time.Minute
+	ReplyWithin = 5 * time.Second
+	SmallFrame  = 64 << 10
+	// FrameBudget admits one envelope of the largest size at a time, with
+	// room beside it for archive chunks and the other larger replies.
+	FrameBudget = MaxEnvelope + 64 + 4*(MaxArchiveChunk+256)
+)
+
+// Wait is how long the executor waits for a frame to begin in state st; 0
+// is as long as it takes.
+func Wait(st State) time.Duration {
+	switch st {
+	case StateNew:
+		return HelloWithin
+	case StateArchiving:
+		return ChunkWithin
+	}
+	return 0
+}
 
 // Lookup returns the table's row for k.
 func Lookup(k Kind) (*Spec, bool) {

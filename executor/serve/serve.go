@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -75,21 +74,9 @@ type Config struct {
 	// VsockSecret the secret each connection's hello must present.
 	VsockCIDs   []uint32
 	VsockSecret []byte
-}
-
-// handler serves one request kind on a connection.
-type handler func(s *Server, ctx context.Context, c *conn, body any) error
-
-// conn is one agent connection and what the executor keeps for it.
-type conn struct {
-	*wire.Conn
-	// archive is the archive stream in flight on this connection, if any:
-	// one at a time.
-	archive *engine.CacheWriter
-	sum     string
-	// vsock: the peer came over vsock (admitted by context id; its hello
-	// must present the connection secret).
-	vsock bool
+	// ArchiveCacheMax bounds the archive cache, streams in flight
+	// included (engine.MaxArchiveCacheBytes when 0).
+	ArchiveCacheMax uint64
 }
 
 // handlers is the executor's half of the protocol table: one handler per
@@ -152,6 +139,14 @@ type Server struct {
 	// +checklocks:foundMu
 	foundInv profile.Inventory
 	foundMu  sync.Mutex
+	// budget bounds the bytes of large frames read at once, across all
+	// connections (wire.FrameBudget).
+	budget *wire.Budget
+	// open is every connection holding a slot (conns), for admit to find
+	// one to give up.
+	// +checklocks:slotMu
+	open   map[*conn]bool
+	slotMu sync.Mutex
 }
 
 type lastApplied struct {
@@ -171,13 +166,17 @@ func New(cfg Config) *Server {
 		// choice, refused a genuine flurry of pushes.)
 		cfg.Rate, cfg.Burst = 500, 1000
 	}
+	if cfg.ArchiveCacheMax == 0 {
+		cfg.ArchiveCacheMax = engine.MaxArchiveCacheBytes
+	}
 	if cfg.LockWait == 0 {
 		cfg.LockWait = 10 * time.Minute
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}}
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{},
+		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}
@@ -230,97 +229,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("executor: accept: %w", err)
 		}
-		select {
-		case s.conns <- struct{}{}:
-			go func() {
-				defer func() { <-s.conns }()
-				s.handle(ctx, nc)
-			}()
-		default:
-			c := wire.NewConn(nc, wire.AgentToExecutor)
-			c.Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("executor: %d connections are open already; refused", s.cfg.MaxConns)})
-			c.Close()
-		}
-	}
-}
-
-// refuse sends a coded error and closes the connection.
-func (s *Server) refuse(c *wire.Conn, code wire.Code, msg string, args ...any) {
-	m := fmt.Sprintf("executor: "+msg, args...)
-	s.log.Warn("connection refused", "code", code.String(), "reason", m)
-	c.Write(wire.KindError, &wire.Error{Code: code, Message: m})
-	c.Close()
-}
-
-func (s *Server) handle(ctx context.Context, nc net.Conn) {
-	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor)}
-	defer s.endArchive(c) // a stream cut off leaves nothing
-	if cid, ok := wire.VsockCID(nc); ok {
-		// No peer credentials over vsock: the context id must be on the
-		// allow-list now, and the hello must present the secret.
-		if err := wire.CheckVsockPeer(cid, s.cfg.VsockCIDs); err != nil {
-			s.refuse(c.Conn, wire.CodeProtocol, "%v", err)
-			return
-		}
-		c.vsock = true
-	} else {
-		peer, err := wire.PeerOf(nc)
-		if err != nil {
-			s.refuse(c.Conn, wire.CodeProtocol, "cannot tell who is connecting: %v", err)
-			return
-		}
-		if peer.UID != 0 && (s.cfg.AgentUID < 0 || peer.UID != uint32(s.cfg.AgentUID)) {
-			s.refuse(c.Conn, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
-			return
-		}
-	}
-	state := wire.StateNew
-	tokens, lastFill := float64(s.cfg.Burst), time.Now()
-	for {
-		k, body, err := c.Read()
-		if err != nil {
-			var r *wire.Refusal
-			if errors.As(err, &r) {
-				s.refuse(c.Conn, r.Code, "%s", r.Reason)
-				return
-			}
-			if !errors.Is(err, io.EOF) {
-				s.log.Info("connection closed", "err", err)
-			}
-			c.Close()
-			return
-		}
-		if !wire.Allowed(k, state) {
-			if state == wire.StateArchiving {
-				s.refuse(c.Conn, wire.CodeProtocol, "%s is not allowed now: archive %s is streaming, and only its next chunk may come", k, c.sum)
-				return
-			}
-			s.refuse(c.Conn, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
-			return
-		}
-		now := time.Now()
-		tokens = min(float64(s.cfg.Burst), tokens+now.Sub(lastFill).Seconds()*s.cfg.Rate)
-		lastFill = now
-		if tokens < 1 {
-			s.refuse(c.Conn, wire.CodeBusy, "more than %g requests a second; refused", s.cfg.Rate)
-			return
-		}
-		tokens--
-		h, ok := handlers[k]
+		c, ok := s.admit(nc)
 		if !ok {
-			s.refuse(c.Conn, wire.CodeProtocol, "%s has no handler", k)
-			return
+			// Every slot is running a handler (no connection waits idle).
+			nc.SetWriteDeadline(time.Now().Add(wire.ReplyWithin))
+			wire.NewConn(nc, wire.AgentToExecutor).Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("executor: %d connections are busy already; refused", s.cfg.MaxConns)})
+			nc.Close()
+			continue
 		}
-		if err := h(s, ctx, c, body); err != nil {
-			s.refuse(c.Conn, wire.CodeOf(err), "%v", err)
-			return
-		}
-		switch {
-		case c.archive != nil:
-			state = wire.StateArchiving
-		case k == wire.KindHello || k == wire.KindArchive:
-			state = wire.StateReady
-		}
+		go s.handle(ctx, c)
 	}
 }
 
@@ -328,24 +245,24 @@ func (s *Server) identity() (*identity.Identity, error) {
 	return identity.Load(s.cfg.StateDir)
 }
 
-func (s *Server) hello(_ context.Context, c *conn, body any) error {
+func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
 	h := body.(*wire.Hello)
 	if c.vsock {
 		if err := wire.CheckSecret(h.Secret, s.cfg.VsockSecret); err != nil {
-			return &wire.Refusal{Code: wire.CodeProtocol, Reason: err.Error()}
+			return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: err.Error()}
 		}
 	}
 	if h.Protocol != wire.ProtocolVersion {
-		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
+		return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
 	}
 	reply := &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted"}
 	if id, err := s.identity(); err == nil && id != nil {
 		reply.Node, reply.State = id.Node, "enrolled"
 	}
-	return c.Write(wire.KindHelloReply, reply)
+	return wire.KindHelloReply, reply, nil
 }
 
-func (s *Server) status(_ context.Context, c *conn, _ any) error {
+func (s *Server) status(_ context.Context, _ *conn, _ any) (wire.Kind, any, error) {
 	s.lastMu.Lock()
 	last := s.last
 	s.lastMu.Unlock()
@@ -360,7 +277,7 @@ func (s *Server) status(_ context.Context, c *conn, _ any) error {
 	s.foundMu.Lock()
 	reply.ProfileDigest = s.found.Digest
 	s.foundMu.Unlock()
-	return c.Write(wire.KindStatusReply, reply)
+	return wire.KindStatusReply, reply, nil
 }
 
 // findProfile looks at what the machine can do and what it is, and keeps
@@ -404,11 +321,11 @@ func (s *Server) countHolds(holds int) {
 	s.found = wire.ProfileReply{Profile: s.foundProfile, Inventory: invJSON, Digest: hex.EncodeToString(sum[:8])}
 }
 
-func (s *Server) profile(_ context.Context, c *conn, _ any) error {
+func (s *Server) profile(_ context.Context, _ *conn, _ any) (wire.Kind, any, error) {
 	s.foundMu.Lock()
 	reply := s.found
 	s.foundMu.Unlock()
-	return c.Write(wire.KindProfileReply, &reply)
+	return wire.KindProfileReply, &reply, nil
 }
 
 // failedRelease is the host release the launcher rolled back from, if any.
@@ -448,29 +365,29 @@ func (s *Server) restartIfUpgraded() {
 // none, an empty offer; with one, the network half of the token, the
 // public keys and the proof made for the agent's NKey (never the secret),
 // and the machine's profile and inventory for the control side.
-func (s *Server) enrol(ctx context.Context, c *conn, body any) error {
+func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, error) {
 	e := body.(*wire.Enrol)
 	if !enrol.IsPending(s.cfg.StateDir) {
-		return c.Write(wire.KindEnrolOffer, &wire.EnrolOffer{})
+		return wire.KindEnrolOffer, &wire.EnrolOffer{}, nil
 	}
 	prof, _ := json.Marshal(profile.Detect(ctx, profile.Options{}))
 	inv, _ := profile.Collect(ctx, s.cfg.Version)
 	invJSON, _ := json.Marshal(inv)
 	offer, err := enrol.Offer(s.cfg.StateDir, e.AgentNKey, inv.Hostname, prof, invJSON)
 	if err != nil {
-		return &wire.Refusal{Code: wire.CodeInvalid, Reason: err.Error()}
+		return 0, nil, &wire.Refusal{Code: wire.CodeInvalid, Reason: err.Error()}
 	}
 	if offer == nil {
 		offer = &wire.EnrolOffer{}
 	}
 	s.log.Info("enrolment offered to the agent", "token", offer.Token, "agent_nkey", e.AgentNKey)
-	return c.Write(wire.KindEnrolOffer, offer)
+	return wire.KindEnrolOffer, offer, nil
 }
 
 // grant takes what the agent brought back from the control side: a grant,
 // verified and matched to this enrolment before anything is recorded, or
 // why there is none.
-func (s *Server) grant(_ context.Context, c *conn, body any) error {
+func (s *Server) grant(_ context.Context, _ *conn, body any) (wire.Kind, any, error) {
 	g := body.(*wire.GrantHandover)
 	if len(g.Envelope) == 0 {
 		by := g.RefusedBy
@@ -478,17 +395,24 @@ func (s *Server) grant(_ context.Context, c *conn, body any) error {
 			by = "agent"
 		}
 		if err := enrol.Refused(s.cfg.StateDir, by, g.Reason, g.Final); err != nil {
-			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 		}
 		s.log.Warn("enrolment: no grant", "refused_by", by, "reason", g.Reason, "final", g.Final)
-		return c.Write(wire.KindGrantReply, &wire.GrantReply{Reason: "noted: " + g.Reason})
+		return wire.KindGrantReply, &wire.GrantReply{Reason: "noted: " + g.Reason}, nil
 	}
+	reply := s.acceptGrant(g)
+	return wire.KindGrantReply, reply, nil
+}
+
+// acceptGrant records a grant under the apply lock, and returns the answer
+// for the loop to write once the lock is released.
+func (s *Server) acceptGrant(g *wire.GrantHandover) *wire.GrantReply {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	id, err := enrol.Accept(s.cfg.StateDir, g.Envelope)
 	if err != nil {
 		s.log.Warn("enrolment: grant refused", "reason", err.Error())
-		return c.Write(wire.KindGrantReply, &wire.GrantReply{Reason: "executor: " + err.Error()})
+		return &wire.GrantReply{Reason: "executor: " + err.Error()}
 	}
 	reply := &wire.GrantReply{Enrolled: true, Node: id.Node, Enrolment: id.Enrolment}
 	if len(g.StoreCopy) > 0 {
@@ -514,42 +438,17 @@ func (s *Server) grant(_ context.Context, c *conn, body any) error {
 		s.lastMu.Unlock()
 	}
 	s.log.Info("enrolled", "node", id.Node, "enrolment", id.Enrolment, "control_key", wire.KeyID(id.ControlKey))
-	return c.Write(wire.KindGrantReply, reply)
+	return reply
 }
-
-// stream writes report lines to c as the engine decides them. An agent
-// that stops reading must not hold the apply, and with it the store's lock:
-// each line gets a write deadline, and after one write fails the rest of
-// the lines are dropped (the verdict still says how it ended).
-func stream(c *wire.Conn) func(shapes.Line) {
-	broken := false
-	return func(l shapes.Line) {
-		if broken {
-			return
-		}
-		c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
-		if err := c.Write(wire.KindReportLine, &l); err != nil {
-			broken = true
-		}
-		c.NetConn().SetWriteDeadline(time.Time{})
-	}
-}
-
-// lineDeadline bounds how long one report line may wait for the agent.
-const lineDeadline = 5 * time.Second
 
 // reconnectEvery bounds how often the agent can make the executor
 // reconcile everything: a compromised agent must not turn reconnects into
 // a loop of full reconciles.
 const reconnectEvery = 10 * time.Second
 
-func (s *Server) declaration(ctx context.Context, c *conn, body any) error {
-	defer s.restartIfUpgraded() // once the verdict is written
+func (s *Server) declaration(ctx context.Context, c *conn, body any) (wire.Kind, any, error) {
 	defer s.giveBack()
-	v := s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, stream(c.Conn))
-	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
-	defer c.NetConn().SetWriteDeadline(time.Time{})
-	return c.Write(wire.KindVerdict, v)
+	return wire.KindVerdict, s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, c.line), nil
 }
 
 // quietAfter is how long the daemon waits after an apply before it gives
@@ -570,7 +469,7 @@ func (s *Server) giveBack() {
 	s.quiet.Reset(quietAfter)
 }
 
-func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {
+func (s *Server) reconnected(ctx context.Context, c *conn, _ any) (wire.Kind, any, error) {
 	s.lastMu.Lock()
 	recent := time.Since(s.lastReconnect) < reconnectEvery
 	if !recent {
@@ -579,13 +478,9 @@ func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {
 	s.lastMu.Unlock()
 	if recent {
 		// Answered, not refused: a link that flaps is not an attack.
-		return c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"})
+		return wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}, nil
 	}
-	defer s.restartIfUpgraded()
-	v := s.Reconcile(ctx, "reconnect", stream(c.Conn))
-	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
-	defer c.NetConn().SetWriteDeadline(time.Time{})
-	return c.Write(wire.KindVerdict, v)
+	return wire.KindVerdict, s.Reconcile(ctx, "reconnect", c.line), nil
 }
 
 // archiveChunk takes one chunk of an archive stream into the cache. The
@@ -596,21 +491,21 @@ func (s *Server) reconnected(ctx context.Context, c *conn, _ any) error {
 // from the link); chunks come in order, one stream per connection and per
 // digest, each bounded, the whole bounded; anything else ends the stream,
 // leaving nothing, and closes the connection.
-func (s *Server) archiveChunk(_ context.Context, c *conn, body any) error {
+func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
 	a := body.(*wire.Archive)
 	if c.archive == nil {
 		if !engine.ValidDigest(a.SHA256) {
-			return &wire.Refusal{Code: wire.CodeMalformed, Reason: fmt.Sprintf("archive digest %q is not 64 lower-case hex digits", a.SHA256)}
+			return 0, nil, &wire.Refusal{Code: wire.CodeMalformed, Reason: fmt.Sprintf("archive digest %q is not 64 lower-case hex digits", a.SHA256)}
 		}
 		id, err := s.identity()
 		if err != nil {
-			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 		}
 		if id == nil {
-			return &wire.Refusal{Code: wire.CodeNotEnrolled, Reason: "this host has no identity (hosted): it takes no archive from the link"}
+			return 0, nil, &wire.Refusal{Code: wire.CodeNotEnrolled, Reason: "this host has no identity (hosted): it takes no archive from the link"}
 		}
 		if a.Offset != 0 {
-			return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s: a stream starts at offset 0, not %d", a.SHA256, a.Offset)}
+			return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s: a stream starts at offset 0, not %d", a.SHA256, a.Offset)}
 		}
 		s.streamMu.Lock()
 		busy := s.streaming[a.SHA256]
@@ -619,32 +514,33 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) error {
 		}
 		s.streamMu.Unlock()
 		if busy {
-			return &wire.Refusal{Code: wire.CodeBusy, Reason: fmt.Sprintf("archive %s is being streamed on another connection", a.SHA256)}
+			return 0, nil, &wire.Refusal{Code: wire.CodeBusy, Reason: fmt.Sprintf("archive %s is being streamed on another connection", a.SHA256)}
 		}
-		limit := uint64(engine.MaxArchiveBytes)
-		if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used >= engine.MaxArchiveCacheBytes {
-			limit = 0
-		} else {
-			limit = min(limit, engine.MaxArchiveCacheBytes-used)
-		}
-		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, ".part", limit)
+		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, ".part", engine.MaxArchiveBytes)
 		if err != nil {
 			s.release(a.SHA256)
-			return &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 		}
 		c.archive, c.sum = w, a.SHA256
 	} else if a.SHA256 != c.sum {
-		return &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s while %s is streaming: one stream at a time", a.SHA256, c.sum)}
+		return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("archive %s while %s is streaming: one stream at a time", a.SHA256, c.sum)}
+	}
+	// The cache's bound is checked at every chunk against what is in it
+	// now — streams on other connections included, each .part as far as
+	// it got — not once when a stream starts: streams that start together
+	// must not each be promised the room that is left.
+	if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used+uint64(len(a.Chunk)) > s.cfg.ArchiveCacheMax {
+		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams in flight; this chunk would take it past its bound of %d", c.sum, used, s.cfg.ArchiveCacheMax)}
 	}
 	if err := c.archive.Write(a.Offset, a.Chunk); err != nil {
 		code := wire.CodeProtocol
 		if a.Offset == c.archive.Written() {
 			code = wire.CodeTooLarge // in order: over the bound, or the disk
 		}
-		return &wire.Refusal{Code: code, Reason: err.Error()}
+		return 0, nil, &wire.Refusal{Code: code, Reason: err.Error()}
 	}
 	if !a.Last {
-		return nil
+		return 0, nil, nil
 	}
 	w, sum := c.archive, c.sum
 	c.archive, c.sum = nil, ""
@@ -657,9 +553,7 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) error {
 	} else {
 		s.log.Info("archive stored in the cache", "sha256", sum, "bytes", w.Written())
 	}
-	c.NetConn().SetWriteDeadline(time.Now().Add(lineDeadline))
-	defer c.NetConn().SetWriteDeadline(time.Time{})
-	return c.Write(wire.KindArchiveAck, ack)
+	return wire.KindArchiveAck, ack, nil
 }
 
 // endArchive drops a stream the connection did not finish.

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -523,6 +524,46 @@ func child(mode, sock, dir string) int {
 	switch mode {
 	case "hello":
 		try("hello", hello())
+	case "large-bad-envelopes":
+		// Three envelopes of the largest size, signed by another key
+		// than the pinned one, sent at once on three connections.
+		_, forger, _ := ed25519.GenerateKey(rand.Reader)
+		payload := []byte(fmt.Sprintf(`{"version":1,"node":"n1","enrolment":"e-1","seq":99,"resources":[{"module":"m","id":"big","type":"file","path":"/tmp/never","content":%q}]}`, strings.Repeat("x", wire.MaxEnvelope-8<<10)))
+		bad, _ := wire.Seal(forger, wire.PurposeDeclaration, payload)
+		body, _ := wire.Encode(&wire.Declaration{Envelope: bad})
+		big := frame(wire.KindDeclaration, body)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				saw := observation{Attempt: fmt.Sprintf("large-%d", i)}
+				c, err := net.Dial("unix", sock)
+				if err == nil {
+					c.SetDeadline(time.Now().Add(2 * time.Minute))
+					c.Write(hello())
+					conn := wire.NewConn(c, wire.ExecutorToAgent)
+					if k, _, rerr := conn.Read(); rerr != nil || k != wire.KindHelloReply {
+						err = fmt.Errorf("hello: %v %v", k, rerr)
+					} else if _, err = c.Write(big); err == nil {
+						k, body, rerr := conn.Read()
+						err = rerr
+						if v, ok := body.(*wire.Verdict); ok {
+							saw.Reply, saw.Outcome, saw.Code = k.String(), string(v.Outcome), v.Code.String()
+						}
+					}
+					c.Close()
+				}
+				if err != nil {
+					saw.Reply = err.Error()
+				}
+				mu.Lock()
+				obs = append(obs, saw)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
 	case "attack":
 		for _, s := range wire.Table {
 			body, _ := wire.Encode(s.Body())
@@ -565,23 +606,39 @@ func child(mode, sock, dir string) int {
 // runChild runs the test binary as uid/gid 65534 in mode.
 func (e *env) runChild(mode string) []observation {
 	e.t.Helper()
+	return e.startChild(mode)()
+}
+
+// startChild starts the test binary as uid/gid 65534 in mode; the function
+// it returns waits for the child and returns what it observed.
+func (e *env) startChild(mode string) func() []observation {
+	e.t.Helper()
 	bin := filepath.Join(e.base, "serve.test")
-	self, _ := os.ReadFile(os.Args[0])
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		e.t.Fatal(err)
+	if _, err := os.Stat(bin); err != nil {
+		self, _ := os.ReadFile(os.Args[0])
+		if err := os.WriteFile(bin, self, 0o755); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = []string{"SERVE_TEST_CHILD=" + mode, "SERVE_TEST_SOCK=" + e.sock, "SERVE_TEST_DIR=" + e.base}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out, err := cmd.Output()
-	if err != nil {
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
 		e.t.Fatalf("child: %v", err)
 	}
-	var obs []observation
-	if err := json.Unmarshal(out, &obs); err != nil {
-		e.t.Fatalf("child said %q: %v", out, err)
+	return func() []observation {
+		e.t.Helper()
+		if err := cmd.Wait(); err != nil {
+			e.t.Fatalf("child: %v", err)
+		}
+		var obs []observation
+		if err := json.Unmarshal(out.Bytes(), &obs); err != nil {
+			e.t.Fatalf("child said %q: %v", out.Bytes(), err)
+		}
+		return obs
 	}
-	return obs
 }
 
 func TestOnlyRootAndTheAgentMayConnect(t *testing.T) {

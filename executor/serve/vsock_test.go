@@ -30,7 +30,11 @@ func TestVsockPeerAndSecret(t *testing.T) {
 	try := func(cid uint32, presented []byte) (wire.Kind, any) {
 		t.Helper()
 		a, x := net.Pipe()
-		go e.srv.handle(context.Background(), vsockConn{x, cid})
+		sc, ok := e.srv.admit(vsockConn{x, cid})
+		if !ok {
+			t.Fatal("no slot")
+		}
+		go e.srv.handle(context.Background(), sc)
 		c := wire.NewConn(a, wire.ExecutorToAgent)
 		defer c.Close()
 		go c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Build: "b", Secret: presented})

@@ -253,6 +253,9 @@ func (l *launcher) decide() (Action, State, error) {
 		if next.KnownGoodDir != l.cfg.KnownGood {
 			next.KnownGoodDir, changed = l.cfg.KnownGood, true
 		}
+		if exe, err := os.Executable(); err == nil && next.Launcher != exe {
+			next.Launcher, changed = exe, true
+		}
 		*s = next
 		return changed, nil
 	})

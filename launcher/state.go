@@ -61,6 +61,9 @@ type State struct {
 	// KnownGoodDir is the launcher's known-good directory, which Healthy
 	// writes into (DefaultStateDir/known-good when empty).
 	KnownGoodDir string `json:"known_good_dir,omitempty"`
+	// Launcher is the launcher's own binary, as it runs: the executor
+	// adds it to the protected set (with KnownGoodDir) wherever it is.
+	Launcher string `json:"launcher,omitempty"`
 	// Failed is the last release rolled back from; Healthy keeps it, and
 	// only Clear drops it.
 	Failed *FailedRelease `json:"failed_release,omitempty"`

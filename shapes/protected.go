@@ -2,7 +2,10 @@ package shapes
 
 import (
 	"fmt"
+	"path"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // The protected set: the installation owns the host, the host owns everything
@@ -12,19 +15,23 @@ var (
 	// ProtectedNames are the host's own units, scripts and service
 	// directories under every init, compared after normalising (unit
 	// suffixes, drop-in ".d", templates, ".rc").
-	ProtectedNames = []string{"mesh-executor", "mesh-agent", "mesh-launch", "nox-mesh-host"}
+	// "mesh-host" is Android's init file, mesh-host.rc.
+	ProtectedNames = []string{"mesh-executor", "mesh-agent", "mesh-launch", "nox-mesh-host", "mesh-host"}
 
 	// ProtectedAccounts are the agent's user and group: a declaration may
 	// neither manage that user nor add anyone to that group (its members
 	// may speak to the executor's socket).
 	ProtectedAccounts = []string{"mesh-agent"}
 
-	// protectedPaths are refused, with everything under them.
+	// protectedPaths are refused, with everything under them; the last is
+	// Android's (init/android/mesh-host.rc: the executor's state and the
+	// socket directory).
 	protectedPaths = []string{
 		"/usr/lib/nox-mesh-host",
 		"/var/lib/mesh-host",
 		"/run/mesh-host",
 		"/etc/mesh-host",
+		"/data/misc/mesh-host",
 	}
 
 	// binDirs hold the host's binaries.
@@ -40,6 +47,98 @@ var (
 		"/etc/init", "/system/etc/init", "/vendor/etc/init", "/odm/etc/init",
 	}
 )
+
+// The running instance's own paths: where this executor actually runs
+// from — its state, its socket's directory, the binary it was started
+// from, the agent's state, the launcher's binary and known-good copies —
+// which need not be where the lists above say (a --state elsewhere, a
+// binary in /opt, a test's scratch directory). The executor adds them at
+// start (ProtectRunning), as given and as the machine resolves them; from
+// then on they are refused like the rest of the protected set, with
+// everything under them, and so is anything that holds them.
+var (
+	running   atomic.Pointer[runningSet]
+	runningMu sync.Mutex // serialises ProtectRunning's copy-on-write
+)
+
+type runningSet struct {
+	paths []runningPath
+	// first holds the first component of each path ("/srv" for
+	// "/srv/mesh/state"): a path can be within one, or hold one, only if
+	// it shares it (or is "/").
+	first map[string]bool
+}
+
+type runningPath struct{ path, what string }
+
+// ProtectRunning adds paths (absolute; cleaned here, resolved by the
+// caller, which passes both forms) to the protected set of this process,
+// as what the running host uses them for ("state directory", "binary").
+// A relative or empty path, or "/", is ignored: the caller makes them
+// absolute, and the root is never the host's own.
+func ProtectRunning(what string, paths ...string) {
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	next := &runningSet{first: map[string]bool{}}
+	if cur := running.Load(); cur != nil {
+		next.paths = append(next.paths, cur.paths...)
+		for k := range cur.first {
+			next.first[k] = true
+		}
+	}
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "/") {
+			continue
+		}
+		p = path.Clean(p)
+		if p == "/" {
+			continue
+		}
+		dup := false
+		for _, q := range next.paths {
+			dup = dup || q.path == p
+		}
+		if dup {
+			continue
+		}
+		next.paths = append(next.paths, runningPath{p, what})
+		one, _ := prefixes(p)
+		next.first[one] = true
+	}
+	running.Store(next)
+}
+
+// Running lists the running instance's paths added so far, for status and
+// tests: "what: path".
+func Running() []string {
+	var out []string
+	if rs := running.Load(); rs != nil {
+		for _, q := range rs.paths {
+			out = append(out, q.what+": "+q.path)
+		}
+	}
+	return out
+}
+
+// runningReason is pathReason against the running instance's paths.
+func runningReason(p string, container bool) string {
+	rs := running.Load()
+	if rs == nil {
+		return ""
+	}
+	if one, _ := prefixes(p); one != "" && !rs.first[one] {
+		return ""
+	}
+	for _, q := range rs.paths {
+		if within(p, q.path) {
+			return fmt.Sprintf("%s is inside the running host's %s %s", p, q.what, q.path)
+		}
+		if container && within(q.path, p) {
+			return fmt.Sprintf("%s contains the running host's %s %s", p, q.what, q.path)
+		}
+	}
+	return ""
+}
 
 // binPaths are the host's binaries in every bin directory.
 var binPaths = func() []string {
@@ -172,6 +271,9 @@ func within(p, dir string) bool {
 // container's mount source): such a path may not be an ancestor of anything
 // protected either, since changing it changes what is inside.
 func pathReason(p string, container bool) string {
+	if why := runningReason(p, container); why != "" {
+		return why
+	}
 	if !mayTouchProtected(p) {
 		return ""
 	}

@@ -103,3 +103,47 @@ func TestTypeKeyMaskMatchesTheShapes(t *testing.T) {
 		}
 	}
 }
+
+// The running instance's paths are refused with everything under them,
+// and a path that holds one is refused as a directory, an archive's
+// destination or a container's mount; a path beside them passes.
+func TestProtectRunning(t *testing.T) {
+	t.Cleanup(func() { running.Store(nil) })
+	ProtectRunning("state directory", "/srv/mesh/../mesh/state/", "relative/ignored", "/")
+	ProtectRunning("binary", "/opt/mesh/bin/mesh-executor", "/srv/mesh/state")
+	if got := strings.Join(Running(), ", "); got != "state directory: /srv/mesh/state, binary: /opt/mesh/bin/mesh-executor" {
+		t.Fatalf("Running() = %s", got)
+	}
+	for _, c := range []struct {
+		typ, field, path string
+		refused          bool
+	}{
+		{"file", "path", "/srv/mesh/state/identity.json", true},
+		{"file", "path", "/srv/mesh/state", true},
+		{"directory", "path", "/srv/mesh/state/originals", true},
+		{"directory", "path", "/srv/mesh", true},
+		{"directory", "path", "/srv", true},
+		{"archive", "destination", "/opt", true},
+		{"file", "path", "/opt/mesh/bin/mesh-executor", true},
+		{"directory", "path", "/opt/mesh/bin", true},
+		{"file", "path", "/srv/mesh/stateful", false},
+		{"directory", "path", "/srv/mesh/other", false},
+		{"file", "path", "/opt/mesh/bin/mesh-executor.bak", false},
+		{"directory", "path", "/opt/other", false},
+	} {
+		extra := ""
+		if c.typ == "file" {
+			extra = `,"content":"x"`
+		}
+		if c.typ == "archive" {
+			extra = `,"url":"obj://` + strings.Repeat("a", 64) + `","sha256":"` + strings.Repeat("a", 64) + `"`
+		}
+		d, err := Parse([]byte(`{"version":1,"node":"n","enrolment":"e","seq":1,"resources":[{"module":"m","id":"x","type":"` + c.typ + `","` + c.field + `":"` + c.path + `"` + extra + `}]}`))
+		if err == nil {
+			err = CheckProtected(d, func(p string) (string, error) { return p, nil })
+		}
+		if refused := err != nil && strings.Contains(err.Error(), "running host's"); refused != c.refused {
+			t.Errorf("%s %s: err %v, refused as the running host's: %v, want %v", c.typ, c.path, err, refused, c.refused)
+		}
+	}
+}

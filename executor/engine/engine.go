@@ -156,6 +156,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	for _, m := range d.Taken {
 		r.taken[m] = true
 	}
+	protectSelf(st.Dir())
 	if err := r.check(); err != nil {
 		rep.Outcome, rep.Refused = shapes.Refused, err.Error()
 		return rep

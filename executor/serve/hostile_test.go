@@ -302,3 +302,55 @@ func TestArchiveCacheBoundHoldsAcrossStreams(t *testing.T) {
 		t.Fatalf("%d streams refused, want exactly 1: the cache bound was promised to both", refused)
 	}
 }
+
+// The protected set covers the running instance where it really runs
+// from: its state directory, its socket's directory and its own binary,
+// however a declaration names them — through a symbolic link, or with
+// "." and ".." on the way — and whatever holds them. Each is refused
+// whole, and nothing changes.
+func TestProtectedSetCoversTheRunningInstance(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	// The daemon is started again with its state named the long way
+	// round: the protected set holds where it really is.
+	e.stop()
+	e.start(Config{StateDir: e.base + "/tree/.././state/", Version: "test", Build: "b1", AgentUID: nobody})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(e.root, "to-base")
+	os.Symlink(e.base, link)
+	c := e.dial()
+	before := e.snapshot()
+	seq := 0
+	for _, r := range []string{
+		// The state, as it is, and through a link.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.state, "identity.json")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(link, "state", "floor")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, filepath.Join(link, "state", "originals")),
+		// The socket's directory, and a directory that holds it.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.base, "run", "other.sock")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, filepath.Join(link, "run")),
+		// The binary the daemon runs from, and an archive unpacked over
+		// the directory that holds it.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, self),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, filepath.Dir(self)),
+		// A directory holding all of it.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, e.base),
+	} {
+		seq++
+		_, v := e.push(c, e.seal(e.decl("n1", "e-1", seq, r)))
+		if v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "running host's") {
+			t.Errorf("%s: %+v, want refused as the running host's own", r, v)
+		}
+	}
+	if e.snapshot() != before {
+		t.Fatal("a declaration reached the running instance's own paths")
+	}
+	if _, err := os.Stat(filepath.Join(e.base, "run", "other.sock")); err == nil {
+		t.Fatal("a file was written into the socket's directory")
+	}
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", seq+1, file("motd", "still applies")))); v.Outcome != shapes.Applied {
+		t.Fatalf("an ordinary declaration after the refusals: %+v", v)
+	}
+}

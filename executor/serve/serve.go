@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -77,6 +78,9 @@ type Config struct {
 	// ArchiveCacheMax bounds the archive cache, streams in flight
 	// included (engine.MaxArchiveCacheBytes when 0).
 	ArchiveCacheMax uint64
+	// AgentState is the agent's state directory, which the protected set
+	// covers wherever it is.
+	AgentState string
 }
 
 // handlers is the executor's half of the protocol table: one handler per
@@ -188,6 +192,7 @@ func New(cfg Config) *Server {
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
+	s.protectRunning(ln)
 	s.Reconcile(ctx, "start", nil)
 	s.restartIfUpgraded()
 	go s.findProfile(ctx)
@@ -208,6 +213,23 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 	return s.Serve(ctx, ln)
+}
+
+// protectRunning adds to the protected set, before the first apply, the
+// paths this daemon runs from beyond its state and binary (which every
+// apply adds): its socket's directory, the agent's state, and the
+// launcher's binary and known-good copies as its launch state names them.
+func (s *Server) protectRunning(ln net.Listener) {
+	engine.ProtectRunning("state directory", s.cfg.StateDir)
+	if a, ok := ln.Addr().(*net.UnixAddr); ok && a.Name != "" {
+		engine.ProtectRunning("socket directory", filepath.Dir(a.Name))
+	}
+	engine.ProtectRunning("agent's state directory", s.cfg.AgentState)
+	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil {
+		engine.ProtectRunning("launcher's known-good directory", st.KnownGoodDir)
+		engine.ProtectRunning("launcher", st.Launcher)
+	}
+	s.log.Debug("the protected set covers the running instance", "paths", shapes.Running())
 }
 
 // Serve accepts connections on ln until ctx ends.

@@ -211,6 +211,23 @@ func refusedReply(format string, args ...any) *wire.EnrolReply {
 	return &wire.EnrolReply{Refused: "control: " + fmt.Sprintf(format, args...)}
 }
 
+// signedRefusal is a refusal the control key signs as well, so that the
+// executor may end its enrolment on it: of the token (proof "": no request
+// made with it can succeed) or of one request whose proof verified (proof
+// as it came). A request whose proof does not verify is never answered
+// with one (see wire.EnrolRefusal).
+func (c *Client) signedRefusal(token, proof string, format string, args ...any) *wire.EnrolReply {
+	r := refusedReply(format, args...)
+	payload, err := json.Marshal(&wire.EnrolRefusal{Token: token, Proof: proof, Reason: strings.TrimPrefix(r.Refused, "control: "), Issued: time.Now().UTC()})
+	if err == nil {
+		r.Refusal, err = wire.Seal(c.Keys.Control, wire.PurposeEnrolRefusal, payload)
+	}
+	if err != nil {
+		c.log.Error("enrolment: the refusal could not be signed; it goes unsigned", "token", token, "err", err)
+	}
+	return r
+}
+
 // enrol answers one request: the token must exist, be unused, unexpired and
 // unrevoked, the proof must verify under its secret over exactly the keys
 // presented; then the token is spent (compare-and-set, so two requests
@@ -237,11 +254,11 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	now := time.Now()
 	switch {
 	case !t.Revoked.IsZero():
-		return refusedReply("token %s was revoked at %s", id, t.Revoked.Format(time.RFC3339))
+		return c.signedRefusal(id, "", "token %s was revoked at %s", id, t.Revoked.Format(time.RFC3339))
 	case !t.Used.IsZero():
-		return refusedReply("token %s was used already, at %s (by node %s); a token enrols once", id, t.Used.Format(time.RFC3339), t.UsedBy)
+		return c.signedRefusal(id, "", "token %s was used already, at %s (by node %s); a token enrols once", id, t.Used.Format(time.RFC3339), t.UsedBy)
 	case !now.Before(t.Expires):
-		return refusedReply("token %s expired at %s, used or not; issue a new one", id, t.Expires.Format(time.RFC3339))
+		return c.signedRefusal(id, "", "token %s expired at %s, used or not; issue a new one", id, t.Expires.Format(time.RFC3339))
 	}
 	if err := req.Keys.Check(); err != nil {
 		return refusedReply("%v", err)
@@ -255,12 +272,26 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 		c.log.Warn("enrolment: proof refused", "token", id, "agent_nkey", req.Keys.AgentNKey)
 		return refusedReply("the enrolment proof does not verify over the keys presented: a key was substituted on the way, or the proof was not made with this token's secret")
 	}
+	// From here the request is exactly the executor's: its refusals are
+	// signed for it.
+	refuse := func(format string, args ...any) *wire.EnrolReply {
+		return c.signedRefusal(id, req.Proof, format, args...)
+	}
 	// Name the node.
 	name := t.Node
 	if t.New && name == "" {
 		if name, err = c.freeName(ctx, req.Hostname); err != nil {
-			return refusedReply("%v", err)
+			return refuse("%v", err)
 		}
+	}
+	// The identity the machine holds now: never left behind enrolled and
+	// silent. Decided before the token is spent, so a refusal leaves the
+	// token for the enrolment root means (with --replace, or another
+	// token).
+	replaced, why := c.heldIdentity(ctx, name, &t, &req.Keys, tid)
+	if why != "" {
+		c.log.Warn("enrolment: refused over the identity the machine holds", "token", id, "node", name, "held", req.Keys.Held.Name(), "why", why)
+		return refuse("%s", why)
 	}
 	// Spend the token first: whatever happens next, it never enrols twice.
 	t.Used, t.UsedBy = now.UTC(), name
@@ -269,10 +300,19 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	if _, err := c.KV.Update(ctx, tokenKey(id), spent, e.Revision()); err != nil {
 		return refusedReply("token %s was used already (a concurrent request took it)", id)
 	}
+	// Then revoke what this enrolment replaces, before the new identity
+	// exists: at no moment do both hold a live credential, and no grant is
+	// signed unless the old one is gone.
+	if replaced != nil {
+		if err := c.revokeReplaced(ctx, replaced, name); err != nil {
+			c.log.Error("enrolment: the identity it replaces was not revoked; no grant", "token", id, "node", name, "replaced", replaced.Name(), "err", err)
+			return c.signedRefusal(id, "", "%s was not revoked: %v (the token is spent; issue another)", replaced.Name(), err)
+		}
+	}
 	rec, err := c.enrolRecord(ctx, name, t.New, &t, &req)
 	if err != nil {
 		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
-		return refusedReply("the node record could not be written: %v (the token is spent; issue another)", err)
+		return c.signedRefusal(id, "", "the node record could not be written: %v (the token is spent; issue another)", err)
 	}
 	if err := c.freshQueue(ctx, name); err != nil {
 		return refusedReply("the node's queue: %v", err)
@@ -283,7 +323,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	g, err := c.signGrant(rec, &t, &req.Keys)
+	g, err := c.signGrant(rec, &t, &req.Keys, replaced)
 	if err != nil {
 		return refusedReply("signing the grant: %v", err)
 	}
@@ -297,6 +337,9 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 		} else {
 			reply.StoreCopy = sc
 		}
+	}
+	if replaced != nil {
+		c.log.Info("enrolled, replacing", "node", name, "replaced", replaced.Name())
 	}
 	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New, "store_copy", len(reply.StoreCopy) > 0)
 	c.afterEnrol(ctx, name)
@@ -340,6 +383,7 @@ func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *To
 	var rb [10]byte
 	rand.Read(rb[:])
 	keys := req.Keys
+	keys.Held = nil // the record keeps the node's keys, not what it replaced
 	now := time.Now().UTC()
 	for attempt := 0; attempt < 100; attempt++ {
 		rec, rev, err := c.Node(ctx, name)
@@ -384,8 +428,9 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 	return uc.Encode(c.Keys.Account)
 }
 
-// signGrant signs the grant for rec's new enrolment.
-func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys) ([]byte, error) {
+// signGrant signs the grant for rec's new enrolment; replaced, when not
+// nil, is the identity it replaced (revoked, or found not live).
+func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys, replaced *wire.HeldIdentity) ([]byte, error) {
 	token, err := c.UserJWT(rec.Name, keys.AgentNKey)
 	if err != nil {
 		return nil, err
@@ -394,6 +439,9 @@ func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys
 		Node: rec.Name, Enrolment: rec.Enrolment, Token: t.ID, SeqFloor: rec.NextSeq - 1,
 		IdentityKey: wire.KeyIDOf(keys.Identity), SealingKey: wire.KeyIDOf(keys.Sealing), WireGuardKey: wire.KeyIDOf(keys.WireGuard),
 		AgentNKey: keys.AgentNKey, UserJWT: token, Issued: time.Now().UTC(),
+	}
+	if replaced != nil {
+		g.ReplacedNode, g.ReplacedEnrolment = replaced.Node, replaced.Enrolment
 	}
 	payload, err := json.Marshal(&g)
 	if err != nil {
@@ -432,4 +480,84 @@ func (c *Client) storeCopy(ctx context.Context, rec *NodeRecord) ([]byte, error)
 		return nil, err
 	}
 	return wire.Seal(c.Keys.Control, wire.PurposeStoreCopy, payload)
+}
+
+// heldIdentity decides over the identity the machine holds (the request's
+// Keys.Held), for an enrolment as node name with token t. It returns the
+// identity this enrolment replaces (to be revoked, or already not live,
+// and said so in the grant), or why the request is refused; neither when
+// the machine holds nothing, or is enrolled again as the node it is.
+//
+//   - a token --node for the node it holds: that node's identity was
+//     revoked when the token was issued; nothing is left behind.
+//   - a held identity that is not live (no such node, another enrolment
+//     since, or revoked): nothing is left behind either.
+//   - a live one without Replace: refused — the machine would become a
+//     second node and leave this one enrolled and silent.
+//   - a live one with Replace: its signature must verify under the
+//     identity key the node's record holds, over this very request (so a
+//     compromised agent can neither forge one nor replay one to revoke
+//     another node); then it is replaced.
+func (c *Client) heldIdentity(ctx context.Context, name string, t *TokenRecord, keys *wire.EnrolKeys, tid [8]byte) (*wire.HeldIdentity, string) {
+	h := keys.Held
+	if h == nil {
+		return nil, ""
+	}
+	replaced := func() *wire.HeldIdentity {
+		if !h.Replace {
+			return nil
+		}
+		r := *h
+		r.Signature = nil
+		return &r
+	}
+	if !t.New && h.Node == name {
+		return replaced(), ""
+	}
+	rec, _, err := c.Node(ctx, h.Node)
+	if err != nil || rec.Enrolment != h.Enrolment || (rec.NKey == "" && !rec.Revoked.IsZero()) {
+		return replaced(), ""
+	}
+	target := "a new node"
+	if !t.New {
+		target = "node " + name
+	} else if t.Node != "" {
+		target = "a new node, " + name
+	}
+	if !h.Replace {
+		return nil, fmt.Sprintf("this machine is enrolled as %s, which is live: a token for %s would leave %s enrolled and silent. To replace it, run mesh-executor enrol --replace (the control side revokes %s in the same step); to enrol it as %s again, issue a token --node %s",
+			h.Name(), target, h.Node, h.Node, h.Node, h.Node)
+	}
+	switch {
+	case rec.Keys == nil || rec.Keys.Identity == "":
+		return nil, fmt.Sprintf("node %s's record holds no identity key to check the replacement against (it was not enrolled through a token): revoke it (mesh-control node revoke %s), then enrol again", h.Node, h.Node)
+	case !wire.VerifyHeld(rec.Keys.Identity, tid, keys):
+		return nil, fmt.Sprintf("the replacement of %s is not signed by that node's identity key over this request: only the machine holding %s may replace it", h.Name(), h.Node)
+	}
+	return replaced(), ""
+}
+
+// revokeReplaced revokes the identity an enrolment replaces: the node's
+// record loses its NKey (the broker refuses it, and cuts it off if
+// connected), updated with a revision check like every registry change.
+// Only that enrolment is revoked: if the record has moved on to another
+// enrolment since (re-enrolled elsewhere), or is revoked already, there
+// is nothing left to revoke.
+func (c *Client) revokeReplaced(ctx context.Context, h *wire.HeldIdentity, by string) error {
+	for attempt := 0; attempt < 100; attempt++ {
+		rec, rev, err := c.Node(ctx, h.Node)
+		if err != nil || rec.Enrolment != h.Enrolment || (rec.NKey == "" && !rec.Revoked.IsZero()) {
+			return nil
+		}
+		rec.NKey, rec.Revoked = "", time.Now().UTC()
+		data, _ := json.Marshal(rec)
+		if _, err = c.KV.Update(ctx, nodeKey(h.Node), data, rev); err == nil {
+			c.log.Info("node revoked", "node", h.Node, "why", "replaced by node "+by+" (enrol --replace)")
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: %w", err)
+		}
+	}
+	return fmt.Errorf("registry: node %s kept changing", h.Node)
 }

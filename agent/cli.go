@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -32,7 +33,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	config := fs.String("config", DefaultConfig, "the node's identity (JSON, 0600), written by enrolment; missing: stay hosted, never dial")
 	socket := fs.String("socket", wire.SocketPath, "the executor's socket")
 	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
-	state := fs.String("state", DefaultStateDir, "the agent's state directory")
+	state := fs.String("state", DefaultStateDir, "the agent's state directory, written by the agent (one agent holds it: a second is refused)")
 	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
 	vsockAddr := fs.String("vsock", "", "the executor over vsock, CID:PORT, instead of --socket")
 	vsockSecret := fs.String("vsock-secret", "", "the file holding the vsock connection secret (read before the drop)")
@@ -83,30 +84,41 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 
 	// Drop everything before touching the network.
 	asRoot := os.Geteuid() == 0
-	if asRoot {
-		uid, gid, err := LookupUser(*userName)
-		if err != nil {
-			log.Error(err.Error())
-			return 1
-		}
-		if err := PrepareStateDir(*state, uid, gid); err != nil {
-			log.Error(err.Error())
-			return 1
-		}
-	}
-	uid, gid, err := Drop(*userName)
 	if *selfCheck {
+		// A diagnosis, beside a running agent: it touches no state.
+		if asRoot {
+			if uid, gid, err := LookupUser(*userName); err == nil {
+				PrepareStateDir(*state, uid, gid)
+			}
+		}
+		_, _, err := Drop(*userName)
 		return selfReport(stdout, err)
 	}
+	if *state == "" {
+		log.Error("--state is required: the agent keeps there what must outlive a restart (the NKey a pending enrolment binds, the last sequence applied)")
+		return 2
+	}
+	lock, err := takeStateDir(*state, *userName, asRoot)
+	if err != nil {
+		log.Error(err.Error(), "state", *state)
+		return 1
+	}
+	defer lock.Close()
+	uid, gid, err := Drop(*userName)
 	if err != nil {
 		log.Error(err.Error())
 		return 1
 	}
-	if !asRoot {
-		if err := os.MkdirAll(*state, 0o700); err != nil {
-			log.Warn("state directory: "+err.Error()+"; keeping state in memory", "state", *state)
-			*state = ""
+	// The first write into the state directory, as the user the agent
+	// runs as: a directory it cannot write is refused here, not found out
+	// later as a memory that does not outlive a restart.
+	if err := lock.Record("mesh-agent"); err != nil {
+		var ae *AccessError
+		if errors.As(err, &ae) {
+			ae.Advice = fmt.Sprintf("the agent runs as uid %d gid %d and keeps its memory there: make the directory its own (chown %d:%d %s, mode 0700), or start the agent as root, which makes it so before dropping", uid, gid, uid, gid, ae.Path)
 		}
+		log.Error("refusing to start: the state directory is not writable: "+err.Error(), "state", *state)
+		return 1
 	}
 	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
 
@@ -122,6 +134,44 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		return 1
 	}
 	return 0
+}
+
+// StateLockRecord is the file in the agent's state directory that names
+// the agent holding the directory (LockDir).
+const StateLockRecord = "agent.lock"
+
+// takeStateDir makes the state directory if it is missing and locks it,
+// before anything in it is opened or created; as root, then makes it
+// userName's (PrepareStateDir), so a second agent started by mistake with
+// another --user is refused before it takes the directory from the first.
+func takeStateDir(dir, userName string, asRoot bool) (*DirLock, error) {
+	var uid, gid int
+	if asRoot {
+		var err error
+		if uid, gid, err = LookupUser(userName); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("refusing to start: the state directory cannot be made: %w", ExplainAccess("create", dir, err,
+			fmt.Sprintf("the agent runs as uid %d and keeps its memory there: make the directory for it (mode 0700, its own), or start the agent as root, which makes it", os.Geteuid())))
+	}
+	lock, err := LockDir(dir, StateLockRecord)
+	if err != nil {
+		return nil, err
+	}
+	if asRoot {
+		if err := PrepareStateDir(dir, uid, gid); err != nil {
+			lock.Close()
+			return nil, err
+		}
+	}
+	return lock, nil
 }
 
 // selfReport prints every thread's credentials after the drop.

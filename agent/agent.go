@@ -29,7 +29,8 @@ type Options struct {
 	// tests running unprivileged set it.
 	ExecutorUID uint32
 	// StateDir keeps the agent's memory across restarts; "" keeps it in
-	// memory only.
+	// memory only. One agent holds it at a time: the caller locks it
+	// first (LockDir; mesh-agent does, and refuses a second instance).
 	StateDir string
 	// ConfigPath is where enrolment writes the identity it brings back
 	// ("" keeps it in memory only).
@@ -122,6 +123,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
+	}
+	if o.Vsock == nil {
+		ctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go watchSocket(ctx, o.Socket, o.EnrolPoll, o.Log)
 	}
 	for {
 		if o.Identity == nil {

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // ErrUpgraded: the executor runs another build than this agent. The host
@@ -50,6 +54,9 @@ func (e *execClient) connect() error {
 		hello.Secret = e.vsock.Secret
 	} else {
 		c, err = wire.DialUnix(e.path, e.uid)
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("executor unreachable: %w", socketDenied(e.path, err))
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("executor unreachable: %w", err)
@@ -250,5 +257,51 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 	default:
 		e.close()
 		return nil, fmt.Errorf("executor answered an archive with %s", k)
+	}
+}
+
+// socketDenied says why the executor's socket refused this process, and
+// what to do: the executor makes its socket and the directory above it
+// its agent user's (root:agent 0660 in root:agent 0750), so an agent
+// started as anyone else is shut out by the kernel before the executor
+// hears of it.
+func socketDenied(path string, err error) error {
+	return ExplainAccess("connect to", path, err, fmt.Sprintf(
+		"this agent runs as uid %d gid %d; the executor lets in only its agent's user (mesh-executor serve --agent-user, mesh-agent by default): start the agent as that user (--user), or the executor with --agent-user naming this one",
+		os.Geteuid(), os.Getegid()))
+}
+
+// watchSocket says, as an error, when the executor's socket is there and
+// this process may not connect to it, and says again when it may. Every
+// other failure to reach the executor (not started yet, restarting) is
+// ordinary and is left to the requests that need it; this one lasts until
+// a person acts, and a hosted agent would otherwise mention it only at
+// debug level while it waits for an enrolment that can never come. It
+// asks the kernel with access(2) (the agent's real and effective ids are
+// one after the drop) rather than connecting, so the executor sees no
+// connection that says nothing. It ends once the socket is reachable, or
+// with ctx.
+func watchSocket(ctx context.Context, path string, every time.Duration, log *slog.Logger) {
+	denied := false
+	for {
+		err := unix.Access(path, unix.W_OK)
+		switch {
+		case err == nil:
+			if denied {
+				log.Info("the executor's socket is reachable now", "socket", path, "uid", os.Geteuid())
+			}
+			return
+		case errors.Is(err, fs.ErrPermission):
+			if !denied {
+				denied = true
+				log.Error(socketDenied(path, &fs.PathError{Op: "connect", Path: path, Err: err}).Error(),
+					"socket", path, "uid", os.Geteuid(), "gid", os.Getegid())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
 	}
 }

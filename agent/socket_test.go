@@ -1,0 +1,68 @@
+package agent_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+)
+
+// An agent that may not connect to the executor's socket says so at once,
+// as an error naming the socket, whose the file or directory in the way
+// is, its own uid, and what to do — not at debug level while it waits, as
+// a hosted agent, for an enrolment that cannot come.
+func TestSocketPermissionIsAnError(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root to make a socket the agent's user cannot reach")
+	}
+	bin := buildAgent(t)
+	uid, gid, err := agent.LookupUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	base := openDir(t)
+	listen := func(dir string, dirMode, sockMode os.FileMode) string {
+		os.Mkdir(dir, dirMode)
+		os.Chmod(dir, dirMode)
+		p := filepath.Join(dir, "executor.sock")
+		l, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		os.Chmod(p, sockMode)
+		return p
+	}
+	closedDir := listen(filepath.Join(base, "closed"), 0o700, 0o666)
+	closedSock := listen(filepath.Join(base, "open"), 0o755, 0o600)
+	for _, c := range []struct {
+		name, socket, blocker string
+	}{
+		{"the socket's directory root's 0700", closedDir, fmt.Sprintf("(%s is root's, mode 0700;", filepath.Dir(closedDir))},
+		{"the socket root's 0600", closedSock, "(it is root's, mode 0600;"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			state := filepath.Join(base, "state-"+filepath.Base(filepath.Dir(c.socket)))
+			os.Mkdir(state, 0o700)
+			os.Chown(state, uid, gid)
+			lines, exited, _ := runBinary(t, bin, nobody, func(l string) bool { return strings.Contains(l, "level=ERROR") },
+				"--user", "nobody", "--state", state, "--config", filepath.Join(base, "none.json"), "--socket", c.socket, "--enrol-poll", "100ms")
+			last := ""
+			if len(lines) > 0 {
+				last = lines[len(lines)-1]
+			}
+			for _, want := range []string{"level=ERROR", "cannot connect to " + c.socket + ": permission denied " + c.blocker,
+				fmt.Sprintf("this agent runs as uid %d gid %d", uid, gid), "--agent-user", "socket=" + c.socket, fmt.Sprintf("uid=%d", uid)} {
+				if exited || !strings.Contains(last, want) {
+					t.Fatalf("no error line saying %q (exited %v):\n%s", want, exited, strings.Join(lines, "\n"))
+				}
+			}
+		})
+	}
+}

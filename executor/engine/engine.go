@@ -123,6 +123,12 @@ type run struct {
 	unitDirty bool
 	// unitFiles are units a file of this declaration defines.
 	unitFiles map[string]bool
+	// unitAbsent: services whose unit the init did not know when the
+	// declaration was checked, brought by a file or a package of the same
+	// declaration (their found state is "absent"); unitGone: services the
+	// host applied before whose unit is gone now (removed by hand). By
+	// resource key.
+	unitAbsent, unitGone map[string]bool
 	// heldOK says, for each resource held on an adopted node, whether what
 	// was found is what is declared (ok) or differs (kept).
 	heldOK map[string]bool
@@ -146,7 +152,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{},
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitAbsent: map[string]bool{}, unitGone: map[string]bool{},
 		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources))}
 	defer func() {
 		if r.init != nil {
@@ -253,7 +259,11 @@ func (r *run) check() error {
 	}
 	// Units: the init resolves aliases, and an alias of the host's own
 	// unit is refused like its name.
+	packageBefore := false
 	for _, res := range d.Resources {
+		if _, ok := res.(*shapes.Package); ok {
+			packageBefore = true
+		}
 		svc, ok := res.(*shapes.Service)
 		if !ok {
 			continue
@@ -261,17 +271,26 @@ func (r *run) check() error {
 		if err := r.connectInit(); err != nil {
 			return &Refusal{fmt.Sprintf("resource %s: %v", svc.Key(), err)}
 		}
-		cur, err := r.init.State(r.ctx, shapes.NormaliseUnit(svc.Unit))
+		norm := shapes.NormaliseUnit(svc.Unit)
+		cur, err := r.init.State(r.ctx, norm)
 		if err != nil {
 			return &Refusal{fmt.Sprintf("resource %s: %v", svc.Key(), err)}
 		}
-		if !cur.Known && r.unitFiles[shapes.NormaliseUnit(svc.Unit)] {
-			// Defined by a file declared here: resolved after it is written.
-			r.units[svc.Key()] = shapes.NormaliseUnit(svc.Unit)
-			continue
-		}
 		if !cur.Known {
-			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one; declare its unit file before it)", svc.Key(), r.init.Name(), svc.Unit)}
+			switch {
+			case r.unitFiles[norm] || packageBefore:
+				// Defined by a file declared here, or brought by a
+				// package declared before it: resolved once they are
+				// applied. It did not exist before: found "absent".
+				r.units[svc.Key()], r.unitAbsent[svc.Key()] = norm, true
+				continue
+			case r.st.Get("service:"+norm) != nil:
+				// Applied before, and removed by hand since: that line
+				// fails, the rest of the declaration applies.
+				r.units[svc.Key()], r.unitGone[svc.Key()] = norm, true
+				continue
+			}
+			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one; declare its unit file or its package before it)", svc.Key(), r.init.Name(), svc.Unit)}
 		}
 		if shapes.ProtectedUnit(cur.Name) {
 			return &Refusal{fmt.Sprintf("resource %s field unit: %q is %s, the host's own unit: %v", svc.Key(), svc.Unit, cur.Name, shapes.ErrProtected)}

@@ -16,6 +16,9 @@ type fakePackages struct {
 	repo   map[string]string // what an install without a version gets
 	locked bool
 	log    []string
+	// onInstall runs after a package is installed: what its maintainer
+	// scripts do (bring a unit, start it).
+	onInstall func(name string)
 }
 
 func (f *fakePackages) name() string { return "fake" }
@@ -32,6 +35,9 @@ func (f *fakePackages) install(_ context.Context, p, v string) error {
 		v = f.repo[p]
 	}
 	f.have[p] = v
+	if f.onInstall != nil {
+		f.onInstall(p)
+	}
 	return nil
 }
 

@@ -60,14 +60,41 @@ func (r *run) service(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
+	if !cur.Known && r.unitGone[svc.Key()] {
+		// Removed by hand since the host applied it. A service never
+		// installs a unit: this line fails, its record stays (so the next
+		// apply says the same, rather than refusing the declaration), and
+		// the rest of the declaration applies.
+		st.line.Outcome = shapes.Failed
+		st.line.Detail = fmt.Sprintf("%s knows no unit %q any more: it was removed since the host last applied it (a service never installs one); nothing done, the rest applies", r.init.Name(), unit)
+		r.emit(st.line)
+		return
+	}
 	if !cur.Known {
-		r.fail(st, fmt.Errorf("%s knows no unit %q, even after its unit file was written", r.init.Name(), unit), rest)
+		r.fail(st, fmt.Errorf("%s knows no unit %q, even after the unit file or package declared before it was applied", r.init.Name(), unit), rest)
 		return
 	}
 	desired := desiredService(svc)
-	orig := &store.Original{Kind: shapes.TypeService, Running: cur.Running, Enabled: cur.Enabled}
-	if e != nil && e.Original != nil {
-		orig = e.Original // recorded once: later applies never overwrite it
+	// The state the unit was found in, recorded once (ADR 0118): whether
+	// it ran, and its enablement only where a declaration sets it — the
+	// first time one does, before the host has touched it. A unit this
+	// declaration brought (its unit file or package) was found absent,
+	// whatever its package's scripts did to it before this step looked.
+	var orig *store.Original
+	switch {
+	case e != nil && e.Original != nil:
+		o := *e.Original // later applies never overwrite it
+		if svc.Enabled != nil && !enablementKnown(&o) {
+			o.Enabled, o.EnabledSet = cur.Enabled, true
+		}
+		orig = &o
+	case r.unitAbsent[svc.Key()]:
+		orig = &store.Original{Kind: shapes.TypeService, Absent: true}
+	default:
+		orig = &store.Original{Kind: shapes.TypeService, Running: cur.Running}
+		if svc.Enabled != nil {
+			orig.Enabled, orig.EnabledSet = cur.Enabled, true
+		}
 	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypeService, Claims: withClaim(e, st.claim), Original: orig, Digest: desired}
 	if e != nil {
@@ -99,9 +126,21 @@ func (r *run) service(st *step, rest int) {
 	start := svc.State == "running" && !cur.Running
 	stop := svc.State == "stopped" && cur.Running
 	setEnabled := svc.Enabled != nil && *svc.Enabled != cur.IsEnabled()
+	if cur.Enabled == "masked" && (start || setEnabled) {
+		// The host never unmasks a unit: a mask is an operator's word
+		// that it must not run.
+		r.fail(st, fmt.Errorf("%s is masked: the init will not start or enable it, and the host never unmasks a unit (unmask it by hand if it should run)", unit), rest)
+		return
+	}
 	if !start && !stop && !setEnabled {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, describeState(cur)
-		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held) {
+		if e == nil && orig.Absent {
+			// Nothing to do to it, but it is new: this declaration
+			// brought it.
+			st.line.Outcome = shapes.Applied
+			st.line.Detail += "; brought by this declaration (found absent): undeclaring stops and disables it"
+		}
+		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held || *orig != *e.Original) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
 				return
@@ -128,7 +167,11 @@ func (r *run) service(st *step, rest int) {
 			did = append(did, "disabled at boot")
 		}
 	}
-	st.line.Detail = fmt.Sprintf("%s (found %s)", strings.Join(did, ", "), describeState(cur))
+	found := describeState(cur)
+	if orig.Absent {
+		found = "absent: this declaration brought it, " + found
+	}
+	st.line.Detail = fmt.Sprintf("%s (found %s)", strings.Join(did, ", "), found)
 	if e == nil {
 		st.line.Detail += "; the state it was found in is kept and given back when this is undeclared"
 	}
@@ -250,7 +293,42 @@ func worse(a, b shapes.Outcome) shapes.Outcome {
 	return a
 }
 
-// planServiceRemoval gives a unit back the state it was first found in.
+// enablementKnown reports whether o holds the unit's enablement as found:
+// recorded when a declaration first set it, or by a record written before
+// the host kept that apart (which recorded it always).
+func enablementKnown(o *store.Original) bool { return o.EnabledSet || o.Enabled != "" }
+
+// declaredOf reads back, from an entry's digest (desiredService), what
+// the last declaration of the unit set: its state ("" for none) and
+// whether it set enablement.
+func declaredOf(digest string) (state string, enabled bool) {
+	for _, f := range strings.Fields(digest) {
+		if v, ok := strings.CutPrefix(f, "state="); ok {
+			state = v
+		}
+		if v, ok := strings.CutPrefix(f, "enabled="); ok {
+			enabled = v != "-"
+		}
+	}
+	return state, enabled
+}
+
+// planServiceRemoval gives a unit back the state it was first found in
+// (ADR 0118), and only what the host changed:
+//
+//   - its running state only where the last declaration set a state: a
+//     unit declared with no state is forgotten, whatever it does now;
+//   - a unit the host started (found stopped, declared running) is
+//     stopped again; one found running, or one the host stopped, is left
+//     as it is — nothing is started on the way out;
+//   - its enablement only where the last declaration set enabled, and
+//     only back to disabled: one the host enabled is disabled again;
+//   - a unit found absent (this declaration's file or package brought
+//     it) is stopped and disabled: the mesh gave, the mesh takes back;
+//   - a masked unit is never unmasked; a unit whose found state is
+//     unknown, or that is gone, is left alone.
+//
+// Settings given back by their own resources never restart it.
 func (r *run) planServiceRemoval(st *step) {
 	e := st.entry
 	unit := strings.TrimPrefix(e.Target, "service:")
@@ -272,18 +350,43 @@ func (r *run) planServiceRemoval(st *step) {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
 		return
 	}
-	stop := cur.Running && !o.Running
-	disable := cur.IsEnabled() && o.Enabled != "" && !(initsys.State{Enabled: o.Enabled}).IsEnabled()
+	if !cur.Known {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the unit is gone (removed since); nothing to give back"
+		return
+	}
+	state, enabledSet := declaredOf(e.Digest)
+	masked := cur.Enabled == "masked"
+	var stop, disable bool
+	if o.Absent {
+		stop, disable = cur.Running, cur.IsEnabled() && !masked
+	} else {
+		stop = state == "running" && !o.Running && cur.Running
+		disable = enabledSet && enablementKnown(o) && !(initsys.State{Enabled: o.Enabled}).IsEnabled() && cur.IsEnabled() && !masked
+	}
 	if !stop && !disable {
 		st.line.Outcome = shapes.Forgotten
+		var why []string
 		switch {
+		case o.Absent:
+			why = append(why, "the mesh brought it, and it is "+describeState(cur)+" already")
+		case state == "":
+			why = append(why, "declared with no state: the host never started or stopped it")
 		case cur.Running && o.Running:
-			st.line.Detail = "it was running before the mesh; left as it is"
+			why = append(why, "it was running before the mesh")
 		case !cur.Running && o.Running:
-			st.line.Detail = "it was running before the mesh and is stopped now; never started on the way out"
+			why = append(why, "it was running before the mesh and is stopped now; never started on the way out")
+		case cur.Running:
+			why = append(why, "the host did not start it")
 		default:
-			st.line.Detail = "already as it was found (" + describeState(cur) + "); left as it is"
+			why = append(why, "stopped, as it was found")
 		}
+		switch {
+		case masked:
+			why = append(why, "it is masked, and the host never unmasks a unit")
+		case !o.Absent && !enabledSet:
+			why = append(why, "its enablement was never declared")
+		}
+		st.line.Detail = strings.Join(why, "; ") + "; left as it is (" + describeState(cur) + ")"
 		return
 	}
 	var did []string
@@ -295,6 +398,12 @@ func (r *run) planServiceRemoval(st *step) {
 	}
 	st.line.Outcome = shapes.Restored
 	st.line.Detail = strings.Join(did, " and ") + ", as the host found it"
+	if o.Absent {
+		st.line.Detail = strings.Join(did, " and ") + ": it did not exist before the declaration that brought it (the mesh gave, the mesh takes back)"
+	}
+	if masked && stop {
+		st.line.Detail += "; it is masked, and stays masked"
+	}
 	if r.opt.Plan {
 		st.line.Detail = "would be " + st.line.Detail
 	}

@@ -53,6 +53,9 @@ func (f *fakeInit) do(verb, u string, apply func(*initsys.State)) error {
 	return nil
 }
 func (f *fakeInit) Start(_ context.Context, u string) error {
+	if s := f.unit(u); s != nil && s.Enabled == "masked" {
+		return fmt.Errorf("unit %s is masked", u)
+	}
 	return f.do("start", u, func(s *initsys.State) { s.Running = true })
 }
 func (f *fakeInit) Stop(_ context.Context, u string) error {
@@ -62,6 +65,9 @@ func (f *fakeInit) Restart(_ context.Context, u string) error {
 	return f.do("restart", u, func(s *initsys.State) { s.Running = true })
 }
 func (f *fakeInit) SetEnabled(_ context.Context, u string, on bool) error {
+	if s := f.unit(u); s != nil && s.Enabled == "masked" {
+		return fmt.Errorf("unit %s is masked", u)
+	}
 	verb := "disable"
 	if on {
 		verb = "enable"
@@ -136,7 +142,7 @@ func TestServiceGivesBackTheStateItFound(t *testing.T) {
 			"applied", "stop cups.service", "forgotten", "", "never started on the way out"},
 		{"no state: the mesh must not start it",
 			func(f *fakeInit) { f.add("docker.service", false, "enabled") }, svc("docker", "docker", "", "", ""),
-			"unchanged", "", "forgotten", "", "already as it was found"},
+			"unchanged", "", "forgotten", "", "declared with no state: the host never started or stopped it"},
 		{"enabled by the mesh, found running: disabled again, not stopped",
 			func(f *fakeInit) { f.add("nm.service", true, "disabled") }, svc("nm", "nm", "running", "true", ""),
 			"applied", "enable nm.service", "restored", "disable nm.service", "disabled again, as the host found it"},

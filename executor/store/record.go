@@ -112,6 +112,8 @@ func jsonOriginal(b []byte, o *Original) []byte {
 		b = append(b, `,"enabled":`...)
 		b = shapes.AppendJSONString(b, o.Enabled)
 	}
+	b = jsonFlag(b, `,"enabled_set":true`, o.EnabledSet)
+	b = jsonFlag(b, `,"absent":true`, o.Absent)
 	return append(b, '}')
 }
 

@@ -62,8 +62,10 @@ const (
 	flagStub      = 1 << 3
 	entryFlags    = flagCreated | flagHeld | flagRecovered | flagStub
 
-	flagRunning   = 1 << 0 // Original
-	originalFlags = flagRunning
+	flagRunning    = 1 << 0 // Original
+	flagEnabledSet = 1 << 1
+	flagAbsent     = 1 << 2
+	originalFlags  = flagRunning | flagEnabledSet | flagAbsent
 
 	flagIntentCreated = 1 << 0 // Intent
 	intentFlags       = flagIntentCreated
@@ -141,7 +143,7 @@ func appendOriginal(b []byte, o *Original) []byte {
 	b = binary.AppendUvarint(b, uint64(o.Mode))
 	b = binary.AppendUvarint(b, uint64(o.UID))
 	b = binary.AppendUvarint(b, uint64(o.GID))
-	b = append(b, flag(o.Running, flagRunning))
+	b = append(b, flag(o.Running, flagRunning)|flag(o.EnabledSet, flagEnabledSet)|flag(o.Absent, flagAbsent))
 	return appendString(b, o.Enabled)
 }
 
@@ -441,7 +443,8 @@ func (r *snapReader) original() *Original {
 	o.Mode = r.u32("mode")
 	o.UID = r.u32("uid")
 	o.GID = r.u32("gid")
-	o.Running = r.flags(originalFlags, "original")&flagRunning != 0
+	f := r.flags(originalFlags, "original")
+	o.Running, o.EnabledSet, o.Absent = f&flagRunning != 0, f&flagEnabledSet != 0, f&flagAbsent != 0
 	o.Enabled = r.str()
 	return o
 }

@@ -79,6 +79,15 @@ type Original struct {
 	// its enablement at boot.
 	Running bool   `json:"running,omitempty"`
 	Enabled string `json:"enabled,omitempty"`
+	// EnabledSet: Enabled was recorded, the first time a declaration set
+	// the unit's enablement (before that the host never touched it, and
+	// an operator may change it freely). Records written before this
+	// field recorded Enabled always.
+	EnabledSet bool `json:"enabled_set,omitempty"`
+	// Absent: the unit did not exist before the declaration that first
+	// applied it (its unit file or its package came in that declaration):
+	// the mesh gave it, and undeclaring takes it back (stopped, disabled).
+	Absent bool `json:"absent,omitempty"`
 }
 
 // Entry is one thing on the machine the host holds.
@@ -178,6 +187,25 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
+// Peek opens dir for reading and creates nothing: the read-only commands
+// (status, owned, plan, briefing, inventory) use it, so that looking at a
+// machine leaves no trace on it. A dir that does not exist reads as an
+// empty store (exists false), which cannot be locked, so nothing is
+// written through it either.
+func Peek(dir string) (s *Store, exists bool, err error) {
+	s = &Store{dir: dir, entries: map[string]*Entry{}}
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return s, false, nil
+	}
+	if err := checkDir(dir); err != nil {
+		return nil, true, err
+	}
+	if err := s.load(); err != nil {
+		return nil, true, err
+	}
+	return s, true, nil
+}
+
 // ensureDir creates dir 0700 if missing and refuses one that another user
 // could write or that is reached through a link.
 func ensureDir(dir string) error {
@@ -187,6 +215,12 @@ func ensureDir(dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("store: create %s: %w", dir, err)
 	}
+	return checkDir(dir)
+}
+
+// checkDir refuses a state directory that another user could write or
+// that is reached through a link.
+func checkDir(dir string) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)

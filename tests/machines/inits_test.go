@@ -230,7 +230,7 @@ func serviceOn(t *testing.T, in lab.Init) {
 	rep, _ = m.apply(decl())
 	details := fmt.Sprint(rep.Lines)
 	if !strings.Contains(details, "stopped again and disabled again, as the host found it") ||
-		!strings.Contains(details, "it was running before the mesh; left as it is") {
+		!strings.Contains(details, "it was running before the mesh; its enablement was never declared; left as it is (running, enabled)") {
 		t.Fatalf("%+v", rep.Lines)
 	}
 	if v.running(m, "lp-web") || v.enabled(m, "lp-web") {

@@ -188,7 +188,7 @@ func TestServiceOnSystemd(t *testing.T) {
 	// Undeclared: given back the state it was first found in.
 	rep, _ = m.apply(decl())
 	details := fmt.Sprint(rep.Lines)
-	if !strings.Contains(details, "stopped again and disabled again, as the host found it") || !strings.Contains(details, "it was running before the mesh; left as it is") {
+	if !strings.Contains(details, "stopped again and disabled again, as the host found it") || !strings.Contains(details, "it was running before the mesh; its enablement was never declared; left as it is (running, enabled)") {
 		t.Fatalf("%+v", rep.Lines)
 	}
 	if m.sh("systemctl is-active lp-web || true") != "inactive" || m.sh("systemctl is-enabled lp-web || true") != "disabled" {

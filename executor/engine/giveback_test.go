@@ -1,0 +1,276 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// ADR 0118 as one table: how a unit was found × what was declared (state
+// running, stopped or none; enabled set or not) × whether the operator
+// changed it since → the exact give-back (what the init is asked to do)
+// and the report line, on undeclare. The same table runs on the real
+// inits in the lab (tests/machines, TestGiveBackTableOn*).
+//
+// Found: running (and enabled), stopped (and disabled), absent (brought by
+// a package of the same declaration whose maintainer script started and
+// enabled it), masked (stopped), unknown (a record from before the host
+// kept what it found). The operator's change flips the unit's running
+// state and its enablement (unmasking a masked one).
+func TestGiveBackTable(t *testing.T) {
+	rows := strings.Split(strings.TrimSpace(giveBackTable), "\n")
+	for _, row := range rows {
+		f := strings.Split(row, "|")
+		for i := range f {
+			f[i] = strings.TrimSpace(f[i])
+		}
+		c := giveBackCase{found: f[0], state: f[1], enabled: f[2] == "set", changed: f[3] == "changed",
+			apply: f[4], undeclare: f[5], transcript: f[6], detail: f[7]}
+		t.Run(strings.Join(f[:4], "/"), func(t *testing.T) { c.run(t) })
+	}
+	if len(rows) != 5*3*2*2 {
+		t.Fatalf("%d rows, want every combination (60)", len(rows))
+	}
+}
+
+// giveBackTable: found | state | enabled | operator | apply's outcome |
+// undeclare's outcome | the init's transcript on undeclare | the line says.
+// An apply that failed recorded nothing, so its undeclare has no line ("-").
+const giveBackTable = `
+running | running | set   | -       | unchanged | forgotten | | it was running before the mesh; left as it is (running, enabled)
+running | running | set   | changed | unchanged | forgotten | | it was running before the mesh and is stopped now; never started on the way out; left as it is (stopped, disabled)
+running | running | unset | -       | unchanged | forgotten | | it was running before the mesh; its enablement was never declared; left as it is (running, enabled)
+running | running | unset | changed | unchanged | forgotten | | it was running before the mesh and is stopped now; never started on the way out; its enablement was never declared; left as it is (stopped, disabled)
+running | stopped | set   | -       | applied   | forgotten | | it was running before the mesh and is stopped now; never started on the way out; left as it is (stopped, enabled)
+running | stopped | set   | changed | applied   | forgotten | | it was running before the mesh; left as it is (running, disabled)
+running | stopped | unset | -       | applied   | forgotten | | it was running before the mesh and is stopped now; never started on the way out; its enablement was never declared; left as it is (stopped, enabled)
+running | stopped | unset | changed | applied   | forgotten | | it was running before the mesh; its enablement was never declared; left as it is (running, disabled)
+running | none    | set   | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; left as it is (running, enabled)
+running | none    | set   | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; left as it is (stopped, disabled)
+running | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, enabled)
+running | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (stopped, disabled)
+stopped | running | set   | -       | applied   | restored  | disable u.service; stop u.service | stopped again and disabled again, as the host found it
+stopped | running | set   | changed | applied   | forgotten | | stopped, as it was found; left as it is (stopped, disabled)
+stopped | running | unset | -       | applied   | restored  | stop u.service | stopped again, as the host found it
+stopped | running | unset | changed | applied   | forgotten | | stopped, as it was found; its enablement was never declared; left as it is (stopped, enabled)
+stopped | stopped | set   | -       | applied   | restored  | disable u.service | disabled again, as the host found it
+stopped | stopped | set   | changed | applied   | forgotten | | the host did not start it; left as it is (running, disabled)
+stopped | stopped | unset | -       | unchanged | forgotten | | stopped, as it was found; its enablement was never declared; left as it is (stopped, disabled)
+stopped | stopped | unset | changed | unchanged | forgotten | | the host did not start it; its enablement was never declared; left as it is (running, enabled)
+stopped | none    | set   | -       | applied   | restored  | disable u.service | disabled again, as the host found it
+stopped | none    | set   | changed | applied   | forgotten | | declared with no state: the host never started or stopped it; left as it is (running, disabled)
+stopped | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (stopped, disabled)
+stopped | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, enabled)
+absent  | running | set   | -       | applied   | restored  | disable u.service; stop u.service | stopped again and disabled again: it did not exist before
+absent  | running | set   | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already; left as it is (stopped, disabled)
+absent  | running | unset | -       | applied   | restored  | disable u.service; stop u.service | it did not exist before the declaration that brought it (the mesh gave, the mesh takes back)
+absent  | running | unset | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
+absent  | stopped | set   | -       | applied   | restored  | disable u.service | disabled again: it did not exist before
+absent  | stopped | set   | changed | applied   | restored  | stop u.service | stopped again: it did not exist before
+absent  | stopped | unset | -       | applied   | restored  | disable u.service | disabled again: it did not exist before
+absent  | stopped | unset | changed | applied   | restored  | stop u.service | stopped again: it did not exist before
+absent  | none    | set   | -       | applied   | restored  | disable u.service; stop u.service | the mesh gave, the mesh takes back
+absent  | none    | set   | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
+absent  | none    | unset | -       | applied   | restored  | disable u.service; stop u.service | the mesh gave, the mesh takes back
+absent  | none    | unset | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
+masked  | running | set   | -       | failed    | -         | | u.service is masked: the init will not start or enable it, and the host never unmasks a unit
+masked  | running | set   | changed | failed    | -         | | u.service is masked
+masked  | running | unset | -       | failed    | -         | | u.service is masked
+masked  | running | unset | changed | failed    | -         | | u.service is masked
+masked  | stopped | set   | -       | failed    | -         | | u.service is masked
+masked  | stopped | set   | changed | failed    | -         | | u.service is masked
+masked  | stopped | unset | -       | unchanged | forgotten | | stopped, as it was found; it is masked, and the host never unmasks a unit; left as it is (stopped, masked)
+masked  | stopped | unset | changed | unchanged | forgotten | | the host did not start it; its enablement was never declared; left as it is (running, disabled)
+masked  | none    | set   | -       | failed    | -         | | u.service is masked
+masked  | none    | set   | changed | failed    | -         | | u.service is masked
+masked  | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; it is masked, and the host never unmasks a unit; left as it is (stopped, masked)
+masked  | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, disabled)
+unknown | running | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | running | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | running | unset | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | running | unset | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | stopped | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | stopped | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | stopped | unset | -       | unchanged | forgotten | | the state it was found in is unknown; left as it is
+unknown | stopped | unset | changed | unchanged | forgotten | | the state it was found in is unknown; left as it is
+unknown | none    | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | none    | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
+unknown | none    | unset | -       | unchanged | forgotten | | the state it was found in is unknown; left as it is
+unknown | none    | unset | changed | unchanged | forgotten | | the state it was found in is unknown; left as it is
+`
+
+type giveBackCase struct {
+	found, state                         string
+	enabled, changed                     bool
+	apply, undeclare, transcript, detail string
+}
+
+func (c giveBackCase) run(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	pk := &fakePackages{have: map[string]string{}, repo: map[string]string{"u": "1.0"}}
+	switch c.found {
+	case "running":
+		f.add("u.service", true, "enabled")
+	case "stopped", "unknown":
+		f.add("u.service", false, "disabled")
+	case "masked":
+		f.add("u.service", false, "masked")
+	case "absent":
+		// The package brings the unit, and its maintainer script starts
+		// and enables it before the service step looks.
+		pk.onInstall = func(string) { f.add("u.service", true, "enabled") }
+	}
+	state := c.state
+	if state == "none" {
+		state = ""
+	}
+	enabled := ""
+	if c.enabled {
+		enabled = "true"
+	}
+	res := []string{svc("u", "u", state, enabled, "")}
+	if c.found == "absent" {
+		res = append([]string{`{"module":"web","id":"pkg","type":"package","name":"u"}`}, res...)
+	}
+	apply := func(doc string) *shapes.Report {
+		t.Helper()
+		d, err := shapes.ParseTrusted([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.Open(h.state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Lock(time.Second)
+		defer st.Unlock()
+		return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pk,
+			Init: func() (initsys.Manager, error) { return f, nil }})
+	}
+	rep := apply(h.doc(res...))
+	line := rep.Lines[len(rep.Lines)-1]
+	if string(line.Outcome) != c.apply {
+		t.Fatalf("apply: %s, want %s: %+v", line.Outcome, c.apply, rep.Lines)
+	}
+	if c.apply == "failed" && !strings.Contains(line.Detail, c.detail) {
+		t.Fatalf("apply's line %q does not say %q", line.Detail, c.detail)
+	}
+	if c.found == "unknown" {
+		// A record written before the host kept what it found.
+		st, _ := store.Open(h.state)
+		st.Lock(time.Second)
+		e := *st.Get("service:u.service")
+		e.Original = nil
+		if err := st.Put(&e); err != nil {
+			t.Fatal(err)
+		}
+		st.Commit()
+		st.Unlock()
+	}
+	if c.changed {
+		u := f.units["u.service"]
+		u.Running = !u.Running
+		if u.Enabled == "enabled" {
+			u.Enabled = "disabled"
+		} else {
+			u.Enabled = "enabled"
+			if c.found == "masked" {
+				u.Enabled = "disabled" // unmasked by the operator
+			}
+		}
+	}
+	f.transcript()
+	// The plan says what the undeclare will do, and does nothing.
+	planned := h.applyWith(f, h.doc(), true)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("plan changed the unit: %s", got)
+	}
+	rep = apply(h.doc())
+	var got *shapes.Line
+	for i := range rep.Lines {
+		if rep.Lines[i].ID == "u" {
+			got = &rep.Lines[i]
+		}
+	}
+	transcript := f.transcript()
+	if c.undeclare == "-" {
+		if got != nil || transcript != "" {
+			t.Fatalf("an apply that failed left something to undeclare: %+v %q", rep.Lines, transcript)
+		}
+		return
+	}
+	if got == nil {
+		t.Fatalf("no line for the service on undeclare: %+v", rep.Lines)
+	}
+	if string(got.Outcome) != c.undeclare || transcript != c.transcript || !strings.Contains(got.Detail, c.detail) {
+		t.Fatalf("undeclare: %s %q, transcript %q; want %s %q, transcript %q", got.Outcome, got.Detail, transcript, c.undeclare, c.detail, c.transcript)
+	}
+	for _, l := range planned.Lines {
+		if l.ID == "u" && (l.Outcome != got.Outcome || strings.TrimPrefix(l.Detail, "would be ") != got.Detail) {
+			t.Fatalf("plan said %s %q, the apply %s %q", l.Outcome, l.Detail, got.Outcome, got.Detail)
+		}
+	}
+}
+
+// A unit removed by hand since the host applied it: that line fails, the
+// rest of the declaration (after it too) applies, and every later apply
+// says the same instead of refusing the declaration whole. Undeclared, it
+// is forgotten.
+func TestServiceWhoseUnitWasRemovedByHand(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("web.service", false, "disabled")
+	doc := func(content string) string {
+		return h.doc(svc("web", "web", "running", "", ""),
+			`{"module":"web","id":"conf","type":"file","path":"{root}/web.conf","content":"`+content+`"}`)
+	}
+	if rep := h.applyWith(f, doc("v1"), false); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep)
+	}
+	delete(f.units, "web.service") // removed by hand
+	for _, content := range []string{"v2", "v3"} {
+		rep := h.applyWith(f, doc(content), false)
+		if rep.Outcome != shapes.Failed || len(rep.Lines) != 2 {
+			t.Fatalf("%+v", rep)
+		}
+		if l := rep.Lines[0]; l.Outcome != shapes.Failed || !strings.Contains(l.Detail, `knows no unit "web.service" any more: it was removed since the host last applied it`) {
+			t.Fatalf("%+v", l)
+		}
+		if l := rep.Lines[1]; l.Outcome != shapes.Applied {
+			t.Fatalf("the resource after the removed unit was not applied: %+v", l)
+		}
+	}
+	rep := h.applyWith(f, h.doc(), false)
+	if l := rep.Lines[len(rep.Lines)-1]; l.ID != "web" || l.Outcome != shapes.Forgotten || !strings.Contains(l.Detail, "the unit is gone") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}
+
+// Settings given back by their own resources (a kept original restored)
+// never restart a running service (ADR 0118).
+func TestSettingsGivenBackDoNotRestart(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("nginx.service", true, "enabled")
+	writeFile(t, h.p("nginx.conf"), "the operator's")
+	doc := h.doc(`{"module":"web","id":"conf","type":"file","path":"{root}/nginx.conf","content":"the mesh's"}`,
+		svc("nginx", "nginx", "running", "", `,"restart_on":["conf"]`))
+	h.applyWith(f, doc, false)
+	if got := f.transcript(); got != "restart nginx.service" {
+		t.Fatalf("the declared change did not restart: %q", got)
+	}
+	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("giving the settings back touched the unit: %q (%+v)", got, rep.Lines)
+	}
+	if b, _ := os.ReadFile(h.p("nginx.conf")); string(b) != "the operator's" {
+		t.Fatalf("nginx.conf = %q", b)
+	}
+}

@@ -22,9 +22,12 @@ import (
 // when one is offered it dials the broker in the token with the token's
 // one-time credential (the certificate pinned inside the handshake, as
 // always), presents the executor's public keys, its own NKey and the
-// executor's proof, and hands whatever comes back — a grant, or why not —
-// to the executor, which alone decides. The agent never sees the token's
-// secret, so it cannot make a proof for a key of its own.
+// executor's proof, and hands whatever comes back — a grant, the control
+// side's signed refusal, or why there is neither — to the executor, which
+// alone decides. The agent never sees the token's secret, so it cannot
+// make a proof for a key of its own; and its own word ("refused") ends
+// nothing root began: only a grant, a signed refusal, root or the token's
+// expiry does.
 
 // seedFile keeps the agent's NKey seed while it is hosted; once enrolled
 // the seed lives in the config beside its grant.
@@ -172,7 +175,21 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 		return nil, tell("control", "the control side's answer does not decode", false)
 	}
 	if len(reply.Grant) == 0 {
-		return nil, tell("control", strings.TrimPrefix(reply.Refused, "control: "), true)
+		reason := strings.TrimPrefix(reply.Refused, "control: ")
+		if len(reply.Refusal) == 0 {
+			return nil, tell("control", reason, true)
+		}
+		// Signed: the executor judges whether it answers its own request
+		// and so ends the enrolment; the agent only carries it.
+		log.Warn("enrolment: refused by the control side (signed)", "reason", reason)
+		b, err := ex.ask(wire.KindGrant, &wire.GrantHandover{Envelope: reply.Refusal, RefusedBy: "control", Reason: reason, Final: true}, "grant")
+		if err != nil {
+			return nil, err
+		}
+		if gr := b.(*wire.GrantReply); gr.Reason != "" {
+			log.Info("enrolment: the executor on the refusal: " + gr.Reason)
+		}
+		return nil, nil
 	}
 	b, err := ex.ask(wire.KindGrant, &wire.GrantHandover{Envelope: reply.Grant, StoreCopy: reply.StoreCopy}, "grant")
 	if err != nil {

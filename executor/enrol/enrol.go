@@ -21,6 +21,20 @@
 // The agent never holds the secret, so it cannot make a proof for a key of
 // its own; and whatever it hands back is checked against what the executor
 // itself proved.
+//
+// An enrolled host that is enrolled again presents the identity it holds,
+// signed with that identity's key over the new request (wire.HeldIdentity).
+// The control side refuses a token that would leave that identity enrolled
+// and silent, unless root asked to replace it (enrol --replace); then it
+// revokes it in the same step as it grants the new one, and the grant says
+// so.
+//
+// What ends a pending enrolment: a grant accepted; a refusal signed by the
+// pinned key that answers this enrolment's own request (or refuses its
+// token); root (enrol --cancel, or enrol again); the token's expiry. The
+// agent's word — "the broker refused", "the control side refused", a grant
+// that does not verify — ends nothing: it is noted as the agent's word
+// (Result.Claimed), and the offer is held back for a while.
 package enrol
 
 import (
@@ -33,6 +47,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,6 +68,27 @@ const (
 // computer tomorrow.
 func SealingKEM() hpke.KEM { return hpke.MLKEM768X25519() }
 
+// How long past its token's expiry (by this machine's clock) a pending
+// enrolment is ended by the executor itself. Within it the control side
+// still answers, signed, that the token expired; the margin keeps a clock
+// a little ahead of the control side's from ending an enrolment the
+// control side would still grant.
+const ExpiryMargin = 15 * time.Minute
+
+// ReofferAfter is how long an enrolment the agent says was refused for good
+// is held back from the agent. The agent's word ends nothing, but an
+// enrolled agent leaves its link to carry an enrolment out: without the
+// pause it would leave it again at once, for a request that fails again.
+// After it the agent tries once more.
+const ReofferAfter = 5 * time.Minute
+
+// mu orders the daemon's changes to the pending enrolment (offers, grants
+// and refusals come on several connections at once), so that a refusal
+// noted as a grant is accepted cannot bring the enrolment back. Between
+// processes (root's enrol beside the daemon) the writes are whole-file
+// renames; the last one wins.
+var mu sync.Mutex
+
 // pending is an enrolment begun and not finished.
 type pending struct {
 	Token    string    `json:"token"`    // the whole token, secret included
@@ -62,38 +98,107 @@ type pending struct {
 	// AgentNKey is the NKey the last offer's proof was made for: a grant
 	// must name this one.
 	AgentNKey string `json:"agent_nkey,omitempty"`
+	// Held is the identity the host held when root began, as the last
+	// offer presented it (signed for AgentNKey): what the control side
+	// refuses to leave behind, or, with Replace, revokes.
+	Held *wire.HeldIdentity `json:"held,omitempty"`
+	// Claimed is when the agent last said the enrolment was refused for
+	// good: its word, which ends nothing, holds the offer back for
+	// ReofferAfter.
+	Claimed time.Time `json:"claimed,omitzero"`
 }
 
 // Result is how the last enrolment ended, or where it is: what
 // `mesh-executor enrol` waits for and prints.
 type Result struct {
+	// Final: the enrolment ended (enrolled, refused by a signed answer,
+	// cancelled by root, or its token expired).
 	Final     bool      `json:"final"`
 	Enrolled  bool      `json:"enrolled"`
 	Node      string    `json:"node,omitempty"`
 	Enrolment string    `json:"enrolment,omitempty"`
 	Token     string    `json:"token"`
-	RefusedBy string    `json:"refused_by,omitempty"` // executor, control, broker, agent
+	RefusedBy string    `json:"refused_by,omitempty"` // executor, control, broker, agent, root
 	Reason    string    `json:"reason,omitempty"`
 	At        time.Time `json:"at"`
+	// Claimed: the agent says the enrolment was refused for good (by
+	// RefusedBy), or handed over something that cannot enrol it. Nothing
+	// the executor can hold anyone to: the enrolment stays begun until a
+	// signed answer, root or the token's expiry ends it.
+	Claimed bool `json:"claimed,omitempty"`
+	// Expires is the token's expiry, for saying how long a claimed
+	// refusal leaves the enrolment begun.
+	Expires time.Time `json:"expires,omitzero"`
+	// Replaced names the identity an enrolment replaced ("node X
+	// (enrolment Y)"), revoked on the control side as it granted this one.
+	Replaced string `json:"replaced,omitempty"`
 }
 
 func (r *Result) String() string {
 	switch {
+	case r.Enrolled && r.Replaced != "":
+		return fmt.Sprintf("enrolled as node %s (enrolment %s), replacing %s: the control side revoked it in the same step", r.Node, r.Enrolment, r.Replaced)
 	case r.Enrolled:
 		return fmt.Sprintf("enrolled as node %s (enrolment %s)", r.Node, r.Enrolment)
+	case r.Final && r.RefusedBy == "root":
+		return "enrolment ended by root: " + r.Reason
 	case r.Final:
 		return fmt.Sprintf("enrolment refused by the %s: %s", r.RefusedBy, r.Reason)
+	case r.Claimed:
+		who := fmt.Sprintf("enrolment refused by the %s, as the agent reports it: %s", r.RefusedBy, r.Reason)
+		switch r.RefusedBy {
+		case "agent":
+			who = "enrolment refused by the agent: " + r.Reason
+		case "executor":
+			who = "enrolment refused by the executor: " + r.Reason + " (what the agent handed over)"
+		}
+		until := "the token expires"
+		if !r.Expires.IsZero() {
+			until += " (" + r.Expires.Local().Format(time.RFC3339) + ")"
+		}
+		return who + "\nthe agent's word ends nothing: the enrolment stays begun until " + until +
+			", a signed answer comes, or root ends it (mesh-executor enrol --cancel, or enrol again)"
 	case r.Reason != "":
 		return fmt.Sprintf("still trying (%s: %s)", r.RefusedBy, r.Reason)
 	}
 	return "waiting for the agent"
 }
 
-// Begin starts an enrolment with tok: it makes the identity and sealing
-// keys, and the WireGuard key if the executor has none, and keeps them
-// with the token until a grant is accepted. A pending enrolment is
-// replaced. The identity the host has now, if any, stays until then.
-func Begin(dir string, tok *wire.Token) error {
+// Refusal is a refusal of root's request made before anything changed:
+// `mesh-executor enrol` exits with "refused" on it.
+type Refusal string
+
+func (r Refusal) Error() string { return string(r) }
+
+// Options are root's choices when it begins an enrolment.
+type Options struct {
+	// Replace: the host is enrolled, and root asks that the new identity
+	// replace it — the control side revokes the old one in the same step
+	// as it grants the new. Without it, the control side refuses a token
+	// that would leave the identity the host holds enrolled and silent.
+	Replace bool
+}
+
+// Begin starts an enrolment with tok, without replacing; see BeginWith.
+func Begin(dir string, tok *wire.Token) error { return BeginWith(dir, tok, Options{}) }
+
+// BeginWith starts an enrolment with tok: it makes the identity and
+// sealing keys, and the WireGuard key if the executor has none, and keeps
+// them with the token until a grant is accepted. A pending enrolment is
+// replaced (root's new word ends the old). The identity the host has now,
+// if any, stays until then, and goes with the request (signed by its own
+// key) so the control side never leaves it behind silently.
+//
+// With o.Replace it refuses (a Refusal, before anything is written) a host
+// that holds no identity, or whose identity key is gone: nothing could be
+// replaced, or nothing could prove that this host holds what it names.
+func BeginWith(dir string, tok *wire.Token, o Options) error {
+	mu.Lock()
+	defer mu.Unlock()
+	held, err := heldIdentity(dir, o.Replace)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("enrol: %w", err)
 	}
@@ -116,32 +221,77 @@ func Begin(dir string, tok *wire.Token) error {
 	if _, _, err := overlay.EnsureKey(dir); err != nil {
 		return fmt.Errorf("enrol: %w", err)
 	}
-	p := pending{Token: enc, Identity: idKey.Seed(), Sealing: skb, Begun: time.Now().UTC()}
+	p := pending{Token: enc, Identity: idKey.Seed(), Sealing: skb, Begun: time.Now().UTC(), Held: held}
 	if err := writeJSON(dir, PendingFile, &p); err != nil {
 		return err
 	}
-	return writeJSON(dir, ResultFile, &Result{Token: tok.IDString(), At: time.Now().UTC()})
+	return writeJSON(dir, ResultFile, &Result{Token: tok.IDString(), At: time.Now().UTC(), Expires: tok.Expires.UTC()})
+}
+
+// Held reads the identity the host holds, as an enrolment would present
+// it (unsigned: the offer signs it); nil when hosted.
+func Held(dir string) (*wire.HeldIdentity, error) { return heldIdentity(dir, false) }
+
+func heldIdentity(dir string, replace bool) (*wire.HeldIdentity, error) {
+	id, err := identity.Load(dir)
+	if err != nil {
+		if replace {
+			return nil, Refusal(fmt.Sprintf("--replace: the identity this host holds does not read (%v): nothing can show the control side which node it is; revoke that node there (mesh-control node revoke NAME), then enrol without --replace", err))
+		}
+		// An identity that does not read is held by nobody: enrolling
+		// is how such a host gets a working one again.
+		return nil, nil
+	}
+	if id == nil {
+		if replace {
+			return nil, Refusal("--replace: this host holds no identity (it is hosted): there is nothing to replace; enrol without --replace")
+		}
+		return nil, nil
+	}
+	h := &wire.HeldIdentity{Node: id.Node, Enrolment: id.Enrolment, Replace: replace}
+	if replace {
+		k, err := LoadKeys(dir)
+		if err != nil || k == nil || k.Enrolment != id.Enrolment {
+			why := "it is not there"
+			if err != nil {
+				why = err.Error()
+			} else if k != nil {
+				why = "it is enrolment " + k.Enrolment + "'s"
+			}
+			return nil, Refusal(fmt.Sprintf("--replace: this host is enrolled as %s, but the identity key of that enrolment (%s) cannot be used (%s): nothing can show the control side that this host is %s. Revoke it there (mesh-control node revoke %s), then enrol without --replace",
+				h.Name(), filepath.Join(dir, KeysFile), why, id.Node, id.Node))
+		}
+	}
+	return h, nil
 }
 
 // Offer answers an agent that asks whether an enrolment is pending, with
-// its NKey. nil when none is.
+// its NKey. nil when none is (or its token has expired).
 func Offer(dir, agentNKey string, hostname string, profile, inventory []byte) (*wire.EnrolOffer, error) {
+	mu.Lock()
+	defer mu.Unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil || p == nil {
 		return nil, err
 	}
+	if expireLocked(dir, p, tok, time.Now()) {
+		return nil, nil
+	}
 	if !wire.ValidUserNKey(agentNKey) {
 		return nil, fmt.Errorf("enrol: the agent's NKey %q is not a NATS user public key", agentNKey)
 	}
-	keys, err := p.publicKeys(dir, agentNKey)
-	if err != nil {
-		return nil, err
-	}
-	if p.AgentNKey != agentNKey {
+	if p.AgentNKey != agentNKey || (p.Held != nil && p.Held.Signature == nil) {
 		p.AgentNKey = agentNKey
+		if err := p.signHeld(dir, tok); err != nil {
+			return nil, err
+		}
 		if err := writeJSON(dir, PendingFile, p); err != nil {
 			return nil, err
 		}
+	}
+	keys, err := p.offeredKeys(dir)
+	if err != nil {
+		return nil, err
 	}
 	return &wire.EnrolOffer{
 		Pending:     true,
@@ -159,10 +309,57 @@ func Offer(dir, agentNKey string, hostname string, profile, inventory []byte) (*
 	}, nil
 }
 
+// signHeld signs the held identity for the keys of an offer to
+// p.AgentNKey, with the key of that identity. Without a usable key the
+// claim goes unsigned: it can refuse this enrolment, never revoke; root
+// asked to replace, it is an error (BeginWith checked it could).
+func (p *pending) signHeld(dir string, tok *wire.Token) error {
+	if p.Held == nil {
+		return nil
+	}
+	p.Held.Signature = nil
+	keys, err := p.offeredKeys(dir)
+	if err != nil {
+		return err
+	}
+	old, err := LoadKeys(dir)
+	switch {
+	case err == nil && old != nil && old.Enrolment == p.Held.Enrolment:
+		wire.SignHeld(old.Identity, tok.ID, keys)
+		p.Held.Signature = keys.Held.Signature
+	case p.Held.Replace:
+		return fmt.Errorf("enrol: the identity key of %s is gone from %s, so the replacement cannot be signed; begin again", p.Held.Name(), KeysFile)
+	}
+	return nil
+}
+
+// offeredKeys are the keys the last offer presented, the held identity as
+// signed then included: what the proof is over, and what a grant or a
+// signed refusal must answer.
+func (p *pending) offeredKeys(dir string) (*wire.EnrolKeys, error) {
+	keys, err := p.publicKeys(dir, p.AgentNKey)
+	if err != nil {
+		return nil, err
+	}
+	if p.Held != nil {
+		h := *p.Held
+		keys.Held = &h
+	}
+	return keys, nil
+}
+
 // Accept takes what the agent brought back: a grant envelope, verified
 // here under the key the token pinned and matched to this enrolment before
-// anything is recorded. It returns the new identity.
+// anything is recorded; or the control side's signed refusal, which ends
+// the enrolment only if it answers this enrolment's own request. It
+// returns the new identity.
+//
+// What does not verify ends nothing: the agent is trusted for nothing, so
+// it cannot end what root began by handing over garbage. It is noted as
+// the agent's word (Result.Claimed).
 func Accept(dir string, envelope []byte) (*identity.Identity, error) {
+	mu.Lock()
+	defer mu.Unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil {
 		return nil, err
@@ -171,29 +368,38 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 		return nil, errors.New("no enrolment is pending on this host (run mesh-executor enrol first); the grant is not recorded")
 	}
 	payload, err := wire.Open(tok.ControlKey, wire.PurposeGrant, envelope)
+	if errors.Is(err, wire.ErrWrongPurpose) {
+		if refusal, rerr := wire.Open(tok.ControlKey, wire.PurposeEnrolRefusal, envelope); rerr == nil {
+			return nil, refusedLocked(dir, p, tok, refusal)
+		}
+	}
 	if err != nil {
-		return nil, refuse(dir, tok, fmt.Errorf("the grant does not verify under the control key the token pinned (%s): %w", wire.KeyID(tok.ControlKey), err))
+		return nil, claimLocked(dir, p, tok, "executor", fmt.Sprintf("the grant does not verify under the control key the token pinned (%s): %v", wire.KeyID(tok.ControlKey), err))
 	}
 	g, err := wire.ParseGrant(payload)
 	if err != nil {
-		return nil, refuse(dir, tok, err)
+		return nil, claimLocked(dir, p, tok, "executor", err.Error())
 	}
 	if p.AgentNKey == "" {
-		return nil, refuse(dir, tok, errors.New("a grant arrived before any proof was given out"))
+		// No proof was given out yet, so no grant can answer one: a
+		// stale grant, or a made-up one. The genuine one can still come.
+		noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: "executor", Reason: "a grant arrived before any proof was given out", Expires: tok.Expires.UTC()})
+		return nil, errors.New("a grant arrived before any proof was given out")
 	}
-	keys, err := p.publicKeys(dir, p.AgentNKey)
+	keys, err := p.offeredKeys(dir)
 	if err != nil {
 		return nil, err
 	}
 	if bad := g.Mismatch(tok.IDString(), keys); bad != "" {
 		// Not final: a compromised agent may hand over a stale or
 		// substituted grant; the genuine one can still come.
-		noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: "executor", Reason: "a grant for another enrolment was refused: " + bad})
+		noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: "executor", Reason: "a grant for another enrolment was refused: " + bad, Expires: tok.Expires.UTC()})
 		return nil, fmt.Errorf("the grant is not for this enrolment: %s", bad)
 	}
 	// Keys, then the floor, then the identity: until the identity is
 	// written the host is not enrolled, and a crash leaves the pending
-	// enrolment to finish again.
+	// enrolment to finish again (its offer keeps the held identity's
+	// signature, made while that identity's key was still there).
 	seed := ed25519.NewKeyFromSeed(p.Identity)
 	if err := writeJSON(dir, KeysFile, &storedKeys{Identity: seed.Seed(), Sealing: p.Sealing, Enrolment: g.Enrolment}); err != nil {
 		return nil, err
@@ -206,30 +412,100 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 		return nil, err
 	}
 	os.Remove(filepath.Join(dir, PendingFile))
-	noteResult(dir, &Result{Final: true, Enrolled: true, Node: g.Node, Enrolment: g.Enrolment, Token: tok.IDString()})
+	r := &Result{Final: true, Enrolled: true, Node: g.Node, Enrolment: g.Enrolment, Token: tok.IDString()}
+	if g.ReplacedNode != "" {
+		r.Replaced = (&wire.HeldIdentity{Node: g.ReplacedNode, Enrolment: g.ReplacedEnrolment}).Name()
+	}
+	noteResult(dir, r)
 	return id, nil
 }
 
-// Refused records that the agent could not get a grant: final when the
-// control side or the broker answered no (the pending enrolment is then
-// dropped: its token is spent or refused), passing when it could not reach
-// them (the agent tries again).
+// refusedLocked takes the control side's signed refusal: it ends the
+// enrolment when it answers this enrolment's own request (or refuses the
+// token itself); one that answers another request made with this token
+// (the agent's doing) ends nothing.
+func refusedLocked(dir string, p *pending, tok *wire.Token, payload []byte) error {
+	r, err := wire.ParseEnrolRefusal(payload)
+	if err != nil {
+		return claimLocked(dir, p, tok, "executor", err.Error())
+	}
+	var proof []byte
+	if p.AgentNKey != "" {
+		keys, err := p.offeredKeys(dir)
+		if err != nil {
+			return err
+		}
+		proof = wire.Proof(tok.Secret, tok.ID, keys)
+	}
+	if !r.Answers(tok.IDString(), proof) {
+		noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: "control", Expires: tok.Expires.UTC(),
+			Reason: "it refused a request this executor did not make (another proof, or another token): " + r.Reason})
+		return fmt.Errorf("the control side's refusal answers another request, not this enrolment's: %s", r.Reason)
+	}
+	os.Remove(filepath.Join(dir, PendingFile))
+	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "control", Reason: r.Reason, Expires: tok.Expires.UTC()})
+	return fmt.Errorf("the control side refused this enrolment (signed): %s", r.Reason)
+}
+
+// claimLocked notes what the agent says, or handed over, as its word: the
+// enrolment stays begun, held back from the agent for ReofferAfter.
+func claimLocked(dir string, p *pending, tok *wire.Token, by, reason string) error {
+	p.Claimed = time.Now().UTC()
+	if err := writeJSON(dir, PendingFile, p); err != nil {
+		return err
+	}
+	noteResult(dir, &Result{Claimed: true, Token: tok.IDString(), RefusedBy: by, Reason: reason, Expires: tok.Expires.UTC()})
+	return errors.New(reason)
+}
+
+// Refused records that the agent could not get a grant, by its account:
+// passing when it could not reach the broker or the control side (it
+// tries again), final when it says they refused. Either way it is only
+// the agent's word and ends nothing: a final one is noted as claimed and
+// holds the offer back for ReofferAfter. Only a signed refusal (Accept),
+// root (Cancel, or BeginWith again) or the token's expiry ends the
+// enrolment.
 func Refused(dir, by, reason string, final bool) error {
+	mu.Lock()
+	defer mu.Unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil || p == nil {
 		return err
 	}
 	if final {
-		os.Remove(filepath.Join(dir, PendingFile))
+		claimLocked(dir, p, tok, by, reason)
+		return nil
 	}
-	noteResult(dir, &Result{Final: final, Token: tok.IDString(), RefusedBy: by, Reason: reason})
+	noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: by, Reason: reason, Expires: tok.Expires.UTC()})
 	return nil
 }
 
-func refuse(dir string, tok *wire.Token, err error) error {
+// Cancel ends the pending enrolment on root's word (mesh-executor enrol
+// --cancel). It returns the token id of the enrolment ended, "" when none
+// was pending. The identity the host holds, if any, stays.
+func Cancel(dir string) (string, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	p, tok, err := loadPending(dir)
+	if err != nil || p == nil {
+		return "", err
+	}
+	if err := os.Remove(filepath.Join(dir, PendingFile)); err != nil {
+		return "", fmt.Errorf("enrol: %w", err)
+	}
+	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "root", Reason: "cancelled (mesh-executor enrol --cancel)", Expires: tok.Expires.UTC()})
+	return tok.IDString(), nil
+}
+
+// expireLocked ends p when its token expired more than ExpiryMargin ago.
+func expireLocked(dir string, p *pending, tok *wire.Token, now time.Time) bool {
+	if !now.After(tok.Expires.Add(ExpiryMargin)) {
+		return false
+	}
 	os.Remove(filepath.Join(dir, PendingFile))
-	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "executor", Reason: err.Error()})
-	return err
+	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "executor", Expires: tok.Expires.UTC(),
+		Reason: fmt.Sprintf("the token expired at %s (by this machine's clock) before the agent brought back a grant", tok.Expires.Local().Format(time.RFC3339))})
+	return true
 }
 
 func noteResult(dir string, r *Result) {
@@ -247,10 +523,66 @@ func ReadResult(dir string) (*Result, error) {
 	return &r, nil
 }
 
-// IsPending reports whether an enrolment is pending.
+// IsPending reports whether an enrolment is pending that the agent should
+// carry out now: the daemon asks it before every offer and status. It ends
+// one whose token expired more than ExpiryMargin ago, and holds back one
+// the agent said was refused for good until ReofferAfter has passed. A
+// pending file that does not read counts as pending, so that the offer
+// says what is wrong with it.
 func IsPending(dir string) bool {
-	_, err := os.Lstat(filepath.Join(dir, PendingFile))
-	return err == nil
+	if _, err := os.Lstat(filepath.Join(dir, PendingFile)); err != nil {
+		return false
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	p, tok, err := loadPending(dir)
+	switch {
+	case err != nil:
+		return true
+	case p == nil:
+		return false
+	}
+	now := time.Now()
+	if expireLocked(dir, p, tok, now) {
+		return false
+	}
+	return p.Claimed.IsZero() || now.After(p.Claimed.Add(ReofferAfter))
+}
+
+// PendingView is a pending enrolment as `mesh-executor status` shows it.
+type PendingView struct {
+	Token   string    `json:"token"`
+	Begun   time.Time `json:"begun"`
+	Expires time.Time `json:"expires"`
+	// Held is the identity the host holds, which the enrolment replaces
+	// (Held.Replace) or must not leave behind.
+	Held *wire.HeldIdentity `json:"held,omitempty"`
+	// HeldBack: the agent said it was refused for good; it is offered to
+	// the agent again after this.
+	HeldBack time.Time `json:"held_back_until,omitzero"`
+	// Expired: the token expired more than ExpiryMargin ago; the daemon
+	// ends the enrolment the next time the agent asks.
+	Expired bool `json:"expired,omitempty"`
+}
+
+// ReadPending reads the pending enrolment without changing anything (nil:
+// none is pending).
+func ReadPending(dir string) (*PendingView, error) {
+	p, tok, err := loadPending(dir)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	v := &PendingView{Token: tok.IDString(), Begun: p.Begun, Expires: tok.Expires.UTC(),
+		Expired: time.Now().After(tok.Expires.Add(ExpiryMargin))}
+	if p.Held != nil {
+		h := *p.Held
+		h.Signature = nil
+		v.Held = &h
+	}
+	if !p.Claimed.IsZero() && time.Now().Before(p.Claimed.Add(ReofferAfter)) {
+		v.HeldBack = p.Claimed.Add(ReofferAfter)
+	}
+	return v, nil
 }
 
 func (p *pending) publicKeys(dir, agentNKey string) (*wire.EnrolKeys, error) {

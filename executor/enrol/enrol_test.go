@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -130,10 +131,13 @@ func TestEnrolment(t *testing.T) {
 // hands over is refused, and nothing is recorded.
 func TestGrantRefusals(t *testing.T) {
 	c := newControl()
+	// claimed: what does not verify is noted as what the agent handed
+	// over, and ends nothing; the others are grants for another
+	// enrolment, noted as passing. Neither is final.
 	cases := map[string]struct {
-		grant func(t *testing.T, dir string, offer *wire.EnrolOffer) []byte
-		want  string
-		final bool
+		grant   func(t *testing.T, dir string, offer *wire.EnrolOffer) []byte
+		want    string
+		claimed bool
 	}{
 		"another control key": {func(t *testing.T, _ string, o *wire.EnrolOffer) []byte {
 			return newControl().grant(t, o, nil)
@@ -142,6 +146,12 @@ func TestGrantRefusals(t *testing.T) {
 			env, _ := wire.Seal(c.priv, wire.PurposeDeclaration, []byte(`{"node":"n1"}`))
 			return env
 		}, "signed for another purpose", true},
+		"garbage": {func(t *testing.T, _ string, o *wire.EnrolOffer) []byte {
+			return []byte("not an envelope")
+		}, "not a well-formed signed envelope", true},
+		"a grant that says it replaced a node this enrolment does not replace": {func(t *testing.T, _ string, o *wire.EnrolOffer) []byte {
+			return c.grant(t, o, func(g *wire.Grant) { g.ReplacedNode, g.ReplacedEnrolment = "other", "e-other" })
+		}, "this enrolment replaces nothing", false},
 		"another token": {func(t *testing.T, _ string, o *wire.EnrolOffer) []byte {
 			return c.grant(t, o, func(g *wire.Grant) { g.Token = "0011223344556677" })
 		}, "it answers token 0011223344556677", false},
@@ -182,15 +192,13 @@ func TestGrantRefusals(t *testing.T) {
 				t.Fatal("a floor was recorded")
 			}
 			r, _ := ReadResult(dir)
-			if r == nil || r.Enrolled || r.Final != tc.final || r.RefusedBy != "executor" {
+			if r == nil || r.Enrolled || r.Final || r.Claimed != tc.claimed || r.RefusedBy != "executor" {
 				t.Fatalf("result %+v", r)
 			}
-			// A passing refusal leaves the enrolment pending: the genuine
-			// grant still enrols.
-			if !tc.final {
-				if _, err := Accept(dir, c.grant(t, offer, nil)); err != nil {
-					t.Fatalf("the genuine grant after a refused one: %v", err)
-				}
+			// Whatever the agent handed over, the enrolment stays begun:
+			// the genuine grant still enrols.
+			if _, err := Accept(dir, c.grant(t, offer, nil)); err != nil {
+				t.Fatalf("the genuine grant after a refused one: %v", err)
 			}
 		})
 	}
@@ -201,21 +209,193 @@ func TestGrantRefusals(t *testing.T) {
 	}
 }
 
-func TestRefusedByTheControlSideEndsTheEnrolment(t *testing.T) {
+// The agent is trusted for nothing, so its word ends nothing root began:
+// a refusal it reports (final or not), garbage, a grant or a refusal
+// under another key. Each is noted for status as what it is; the genuine
+// grant still enrols afterwards.
+func TestTheAgentsWordEndsNothing(t *testing.T) {
+	c := newControl()
+	other := newControl()
+	cases := []struct {
+		name    string
+		handed  func(t *testing.T, dir string, o *wire.EnrolOffer) error
+		claimed bool
+		says    string
+	}{
+		{"unreachable, passing", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			return Refused(dir, "broker", "connection refused", false)
+		}, false, "still trying (broker: connection refused)"},
+		{"the broker refused, final in its word", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			return Refused(dir, "broker", "authorization violation", true)
+		}, true, "refused by the broker, as the agent reports it: authorization violation"},
+		{"the control side refused, final in its word, unsigned", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			return Refused(dir, "control", "token used", true)
+		}, true, "refused by the control, as the agent reports it: token used"},
+		{"the agent itself refused", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			return Refused(dir, "agent", "fingerprint mismatch", true)
+		}, true, "refused by the agent: fingerprint mismatch"},
+		{"no envelope at all, final", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			return Refused(dir, "", "", true)
+		}, true, "the agent's word ends nothing"},
+		{"garbage for a grant", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
+			_, err := Accept(dir, []byte{0xd2, 0x84, 0x40})
+			return err
+		}, true, "does not verify"},
+		{"a refusal signed by another key", func(t *testing.T, dir string, o *wire.EnrolOffer) error {
+			_, err := Accept(dir, other.refusal(t, o.Token, ""))
+			return err
+		}, true, "does not verify"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, offer := begin(t, dir, c)
+			tc.handed(t, dir, offer)
+			r, _ := ReadResult(dir)
+			if _, err := os.Stat(filepath.Join(dir, PendingFile)); err != nil || r == nil || r.Final || r.Claimed != tc.claimed || !strings.Contains(r.String(), tc.says) {
+				t.Fatalf("pending file: %v; result %+v: %s", err, r, r)
+			}
+			if v, err := ReadPending(dir); err != nil || v == nil || v.Token != offer.Token {
+				t.Fatalf("status's view: %+v %v", v, err)
+			}
+			// A claimed refusal holds the offer back (the agent would only
+			// leave its link for a request that fails again), and offers it
+			// again after ReofferAfter.
+			if IsPending(dir) == tc.claimed {
+				t.Fatalf("IsPending %v after a claim %v", IsPending(dir), tc.claimed)
+			}
+			if tc.claimed {
+				p, _, _ := loadPending(dir)
+				p.Claimed = time.Now().Add(-ReofferAfter - time.Second)
+				writeJSON(dir, PendingFile, p)
+				if !IsPending(dir) {
+					t.Fatal("not offered again after ReofferAfter")
+				}
+			}
+			if id, err := Accept(dir, c.grant(t, offer, nil)); err != nil || id.Node != "n1" {
+				t.Fatalf("the genuine grant after the agent's word: %v %v", id, err)
+			}
+		})
+	}
+}
+
+// refusal is a refusal the control side signs: of the token (proof ""),
+// or of the request with that proof.
+func (c *control) refusal(t *testing.T, token, proof string) []byte {
+	t.Helper()
+	b, _ := json.Marshal(&wire.EnrolRefusal{Token: token, Proof: proof, Reason: "refused for the test", Issued: time.Now()})
+	env, err := wire.Seal(c.priv, wire.PurposeEnrolRefusal, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// A refusal signed by the pinned key ends the enrolment when it answers
+// this enrolment's own request, or refuses its token; one that answers
+// another request made with the token (which anyone holding its one-time
+// credential could make) ends nothing.
+func TestSignedRefusal(t *testing.T) {
+	c := newControl()
+	cases := []struct {
+		name  string
+		env   func(t *testing.T, o *wire.EnrolOffer) []byte
+		final bool
+	}{
+		{"of the token", func(t *testing.T, o *wire.EnrolOffer) []byte { return c.refusal(t, o.Token, "") }, true},
+		{"of this request", func(t *testing.T, o *wire.EnrolOffer) []byte {
+			return c.refusal(t, o.Token, base64.StdEncoding.EncodeToString(o.Proof))
+		}, true},
+		{"of another request with this token", func(t *testing.T, o *wire.EnrolOffer) []byte {
+			return c.refusal(t, o.Token, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)))
+		}, false},
+		{"of another token", func(t *testing.T, o *wire.EnrolOffer) []byte { return c.refusal(t, "0011223344556677", "") }, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, offer := begin(t, dir, c)
+			if _, err := Accept(dir, tc.env(t, offer)); err == nil {
+				t.Fatal("a refusal accepted as a grant")
+			}
+			r, _ := ReadResult(dir)
+			_, statErr := os.Stat(filepath.Join(dir, PendingFile))
+			if r == nil || r.Final != tc.final || r.Claimed || r.RefusedBy != "control" || (statErr == nil) == tc.final {
+				t.Fatalf("result %+v, pending file %v", r, statErr)
+			}
+			if tc.final && !strings.Contains(r.String(), "refused by the control: refused for the test") {
+				t.Fatalf("says %q", r)
+			}
+			if id, _ := identity.Load(dir); id != nil {
+				t.Fatal("an identity was recorded")
+			}
+		})
+	}
+}
+
+// Root ends what root began: --cancel, or a new enrol. The identity the
+// host holds stays.
+func TestRootEndsTheEnrolment(t *testing.T) {
+	c := newControl()
 	dir := t.TempDir()
-	tok, _ := begin(t, dir, newControl())
-	if err := Refused(dir, "broker", "unreachable", false); err != nil {
-		t.Fatal(err)
-	}
-	if !IsPending(dir) {
-		t.Fatal("a passing failure ended the enrolment")
-	}
-	if err := Refused(dir, "control", "token used", true); err != nil {
-		t.Fatal(err)
+	_, offer := begin(t, dir, c)
+	if tok, err := Cancel(dir); err != nil || tok != offer.Token {
+		t.Fatalf("cancel: %q %v", tok, err)
 	}
 	r, _ := ReadResult(dir)
-	if IsPending(dir) || r == nil || !r.Final || r.RefusedBy != "control" || r.Token != tok.IDString() || !strings.Contains(r.String(), "refused by the control: token used") {
-		t.Fatalf("result %+v pending %v", r, IsPending(dir))
+	if IsPending(dir) || r == nil || !r.Final || r.RefusedBy != "root" || !strings.Contains(r.String(), "ended by root") {
+		t.Fatalf("after cancel: %+v", r)
+	}
+	if _, err := Accept(dir, c.grant(t, offer, nil)); err == nil || !strings.Contains(err.Error(), "no enrolment is pending") {
+		t.Fatalf("a grant after cancel: %v", err)
+	}
+	if tok, err := Cancel(dir); err != nil || tok != "" {
+		t.Fatalf("cancel with nothing pending: %q %v", tok, err)
+	}
+	// Begun again: the first token's grant answers nothing now.
+	_, first := begin(t, dir, c)
+	_, second := begin(t, dir, c)
+	if _, err := Accept(dir, c.grant(t, first, nil)); err == nil {
+		t.Fatal("the grant of an enrolment root replaced was accepted")
+	}
+	if _, err := Accept(dir, c.grant(t, second, nil)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The token's own expiry ends the enrolment, past a margin for a clock a
+// little ahead of the control side's.
+func TestTokenExpiryEndsTheEnrolment(t *testing.T) {
+	c := newControl()
+	for _, tc := range []struct {
+		name    string
+		expires time.Duration
+		ended   bool
+	}{
+		{"expired, within the margin", -time.Minute, false},
+		{"expired past the margin", -ExpiryMargin - time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tok := c.token()
+			tok.Expires = time.Now().Add(tc.expires).Truncate(time.Second)
+			if err := Begin(dir, tok); err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := ReadPending(dir); v == nil || v.Expired != tc.ended {
+				t.Fatalf("status's view: %+v", v)
+			}
+			if IsPending(dir) == tc.ended {
+				t.Fatalf("IsPending %v", !tc.ended)
+			}
+			r, _ := ReadResult(dir)
+			if tc.ended && (r == nil || !r.Final || !strings.Contains(r.Reason, "expired")) {
+				t.Fatalf("result %+v", r)
+			}
+			if o, err := Offer(dir, agentNKey, "", nil, nil); (o == nil) != tc.ended || err != nil {
+				t.Fatalf("offer %v %v", o, err)
+			}
+		})
 	}
 }
 

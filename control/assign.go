@@ -211,10 +211,14 @@ func (c *Client) changeAssignments(ctx context.Context, node string, change func
 // in place if the module is assigned already, otherwise after the others —
 // and publishes the node's composition. While the node's assignments are
 // held (Published.Held says why), it is recorded and goes out once the
-// hold ends; with DespiteBriefing a failed briefing does not hold it.
+// hold ends; with DespiteBriefing a failed briefing does not hold it. A
+// revoked node is assigned nothing (a *RevokedError).
 func (c *Client) Assign(ctx context.Context, node string, data []byte, file string) (*Published, error) {
 	module, resources, err := ReadModule(data)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.refuseRevoked(ctx, node); err != nil {
 		return nil, err
 	}
 	if err := c.changeAssignments(ctx, node, func(a *assignments) error {

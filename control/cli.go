@@ -29,8 +29,10 @@ const usage = `usage: mesh-control COMMAND [flags]
   token issue (--new [--name NAME] | --node NAME) --dir DIR [--ttl 1h] [--broker-url URL]
            print, once, a one-time enrolment token that expires whether used or not;
            --node revokes the identity that node has now (a re-enrolment)
-  node revoke NAME --dir DIR
-           revoke the node's identity: the broker refuses it from now on
+  node revoke NAME --dir DIR [--json]
+           revoke the node's identity: the broker refuses it from now on, and nothing
+           is declared, assigned or published to it until a machine enrols as it again
+           (token issue --node NAME); a node revoked already is said so (exit 0)
   node show NAME --dir DIR [--json]
            the node's record, keys, and the profile and inventory it reported
   node add NAME --dir DIR [--out FILE] [--broker-url URL]
@@ -59,7 +61,8 @@ const usage = `usage: mesh-control COMMAND [flags]
            store FILE (a tar, gzipped or not) in the archive store under its sha256;
            print the sha256 and the URL an archive resource names it by (obj://SHA256)
   nodes    --dir DIR [--json]
-           each node: last heard from, executor version, declared vs applied, outcome, state
+           each node: state (revoked, never heard from, silent, or what its agent says),
+           last heard from, executor version, declared vs applied, outcome
   reports  NODE --dir DIR [--last N] [--json]
            the node's last reports, with their lines
   broker-config --dir DIR [--listen HOST:PORT]
@@ -330,6 +333,11 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	defer cl.Close()
 	cl.DespiteBriefing = c.despiteBriefing
 	cl.Seals = seals
+	// A revoked node first: whatever else is wrong with the file, it
+	// could not reach the node.
+	if err := cl.refuseRevoked(c.ctx, node); err != nil {
+		return err
+	}
 	if !c.withoutOverlay {
 		if err := withOverlay(c.ctx, cl, data); err != nil {
 			return err

@@ -226,6 +226,11 @@ func (c *cli) publish(nodes []string) error {
 	if len(nodes) == 0 {
 		ps, out, err = cl.PublishAll(c.ctx, true)
 	} else {
+		// One node named: a revoked one is refused saying how it comes
+		// back, not as merely out of the overlay.
+		if err := cl.refuseRevoked(c.ctx, nodes[0]); err != nil {
+			return err
+		}
 		var p *Published
 		if p, err = cl.Publish(c.ctx, nodes[0], true); err == nil {
 			ps = append(ps, p)

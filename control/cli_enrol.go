@@ -53,8 +53,27 @@ func (c *cli) nodeRevoke(name string) error {
 		return err
 	}
 	defer cl.Close()
-	if err := cl.RevokeNode(c.ctx, name, "mesh-control node revoke"); err != nil {
+	rec, already, err := cl.Revoke(c.ctx, name, "mesh-control node revoke")
+	if err != nil {
 		return err
+	}
+	// Revoking a revoked node exits 0, saying that nothing was done and
+	// since when it is revoked: what was asked for holds, as with
+	// `kubectl cordon` of a cordoned node ("already cordoned", exit 0).
+	// A runbook for a lost machine, run again or by a second person,
+	// then goes on to its next step rather than stopping on an error,
+	// and the person reads that someone (or a token issued --node)
+	// revoked it before. An unknown node is an error (exit 1).
+	if c.json {
+		return c.printJSON(map[string]any{"node": name, "revoked": rec.Revoked, "already": already})
+	}
+	if already {
+		when := "at an unrecorded time"
+		if !rec.Revoked.IsZero() {
+			when = "at " + rec.Revoked.Local().Format(time.RFC3339) + " (" + ago(rec.Revoked) + ")"
+		}
+		fmt.Fprintf(c.stdout, "node %s was already revoked %s: nothing done; `token issue --node %s` enrols a machine as it again\n", name, when, name)
+		return nil
 	}
 	fmt.Fprintf(c.stdout, "node %s revoked: the broker refuses its credential from now on; `token issue --node %s` enrols a machine as it again\n", name, name)
 	return nil

@@ -365,6 +365,9 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err != nil {
 		return 0, err
 	}
+	if rec.IsRevoked() {
+		return 0, c.revokedError(ctx, rec)
+	}
 	// A node whose adoption briefing has a failed line is a node, but is
 	// assigned nothing until the failure is resolved.
 	if b := c.Briefing(ctx, node); b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {

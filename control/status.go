@@ -19,9 +19,12 @@ type NodeStatus struct {
 	Name      string `json:"name"`
 	Enrolment string `json:"enrolment"`
 	NKey      string `json:"nkey"`
-	// State: "never heard from", "silent" (no heartbeat for three
-	// periods), or the agent's own state from its last heartbeat.
-	State           string    `json:"state"`
+	// State: "revoked" (StateRevoked), "never heard from", "silent" (no
+	// heartbeat for three periods), or the agent's own state from its
+	// last heartbeat.
+	State string `json:"state"`
+	// Revoked is when the node's identity was revoked (zero: it is not).
+	Revoked         time.Time `json:"revoked,omitzero"`
 	LastHeard       time.Time `json:"last_heard,omitzero"`
 	ExecutorVersion string    `json:"executor_version,omitempty"`
 	ExecutorBuild   string    `json:"executor_build,omitempty"`
@@ -109,6 +112,11 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			}
 		} else if s.LastReport != nil {
 			s.State = StateSilent
+		}
+		if r.IsRevoked() {
+			// Whatever it last said, it says nothing more as this
+			// enrolment: the broker refuses it.
+			s.State, s.Revoked = StateRevoked, r.Revoked
 		}
 		out = append(out, s)
 	}

@@ -24,12 +24,9 @@ import (
 // kept what it found). The operator's change flips the unit's running
 // state and its enablement (unmasking a masked one).
 func TestGiveBackTable(t *testing.T) {
-	rows := strings.Split(strings.TrimSpace(giveBackTable), "\n")
+	rows := GiveBackRows(t, "testdata/giveback.table")
 	for _, row := range rows {
-		f := strings.Split(row, "|")
-		for i := range f {
-			f[i] = strings.TrimSpace(f[i])
-		}
+		f := row
 		c := giveBackCase{found: f[0], state: f[1], enabled: f[2] == "set", changed: f[3] == "changed",
 			apply: f[4], undeclare: f[5], transcript: f[6], detail: f[7]}
 		t.Run(strings.Join(f[:4], "/"), func(t *testing.T) { c.run(t) })
@@ -39,71 +36,29 @@ func TestGiveBackTable(t *testing.T) {
 	}
 }
 
-// giveBackTable: found | state | enabled | operator | apply's outcome |
-// undeclare's outcome | the init's transcript on undeclare | the line says.
-// An apply that failed recorded nothing, so its undeclare has no line ("-").
-const giveBackTable = `
-running | running | set   | -       | unchanged | forgotten | | it was running before the mesh; left as it is (running, enabled)
-running | running | set   | changed | unchanged | forgotten | | it was running before the mesh and is stopped now; never started on the way out; left as it is (stopped, disabled)
-running | running | unset | -       | unchanged | forgotten | | it was running before the mesh; its enablement was never declared; left as it is (running, enabled)
-running | running | unset | changed | unchanged | forgotten | | it was running before the mesh and is stopped now; never started on the way out; its enablement was never declared; left as it is (stopped, disabled)
-running | stopped | set   | -       | applied   | forgotten | | it was running before the mesh and is stopped now; never started on the way out; left as it is (stopped, enabled)
-running | stopped | set   | changed | applied   | forgotten | | it was running before the mesh; left as it is (running, disabled)
-running | stopped | unset | -       | applied   | forgotten | | it was running before the mesh and is stopped now; never started on the way out; its enablement was never declared; left as it is (stopped, enabled)
-running | stopped | unset | changed | applied   | forgotten | | it was running before the mesh; its enablement was never declared; left as it is (running, disabled)
-running | none    | set   | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; left as it is (running, enabled)
-running | none    | set   | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; left as it is (stopped, disabled)
-running | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, enabled)
-running | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (stopped, disabled)
-stopped | running | set   | -       | applied   | restored  | disable u.service; stop u.service | stopped again and disabled again, as the host found it
-stopped | running | set   | changed | applied   | forgotten | | stopped, as it was found; left as it is (stopped, disabled)
-stopped | running | unset | -       | applied   | restored  | stop u.service | stopped again, as the host found it
-stopped | running | unset | changed | applied   | forgotten | | stopped, as it was found; its enablement was never declared; left as it is (stopped, enabled)
-stopped | stopped | set   | -       | applied   | restored  | disable u.service | disabled again, as the host found it
-stopped | stopped | set   | changed | applied   | forgotten | | the host did not start it; left as it is (running, disabled)
-stopped | stopped | unset | -       | unchanged | forgotten | | stopped, as it was found; its enablement was never declared; left as it is (stopped, disabled)
-stopped | stopped | unset | changed | unchanged | forgotten | | the host did not start it; its enablement was never declared; left as it is (running, enabled)
-stopped | none    | set   | -       | applied   | restored  | disable u.service | disabled again, as the host found it
-stopped | none    | set   | changed | applied   | forgotten | | declared with no state: the host never started or stopped it; left as it is (running, disabled)
-stopped | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (stopped, disabled)
-stopped | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, enabled)
-absent  | running | set   | -       | applied   | restored  | disable u.service; stop u.service | stopped again and disabled again: it did not exist before
-absent  | running | set   | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already; left as it is (stopped, disabled)
-absent  | running | unset | -       | applied   | restored  | disable u.service; stop u.service | it did not exist before the declaration that brought it (the mesh gave, the mesh takes back)
-absent  | running | unset | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
-absent  | stopped | set   | -       | applied   | restored  | disable u.service | disabled again: it did not exist before
-absent  | stopped | set   | changed | applied   | restored  | stop u.service | stopped again: it did not exist before
-absent  | stopped | unset | -       | applied   | restored  | disable u.service | disabled again: it did not exist before
-absent  | stopped | unset | changed | applied   | restored  | stop u.service | stopped again: it did not exist before
-absent  | none    | set   | -       | applied   | restored  | disable u.service; stop u.service | the mesh gave, the mesh takes back
-absent  | none    | set   | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
-absent  | none    | unset | -       | applied   | restored  | disable u.service; stop u.service | the mesh gave, the mesh takes back
-absent  | none    | unset | changed | applied   | forgotten | | the mesh brought it, and it is stopped, disabled already
-masked  | running | set   | -       | failed    | -         | | u.service is masked: the init will not start or enable it, and the host never unmasks a unit
-masked  | running | set   | changed | failed    | -         | | u.service is masked
-masked  | running | unset | -       | failed    | -         | | u.service is masked
-masked  | running | unset | changed | failed    | -         | | u.service is masked
-masked  | stopped | set   | -       | failed    | -         | | u.service is masked
-masked  | stopped | set   | changed | failed    | -         | | u.service is masked
-masked  | stopped | unset | -       | unchanged | forgotten | | stopped, as it was found; it is masked, and the host never unmasks a unit; left as it is (stopped, masked)
-masked  | stopped | unset | changed | unchanged | forgotten | | the host did not start it; its enablement was never declared; left as it is (running, disabled)
-masked  | none    | set   | -       | failed    | -         | | u.service is masked
-masked  | none    | set   | changed | failed    | -         | | u.service is masked
-masked  | none    | unset | -       | unchanged | forgotten | | declared with no state: the host never started or stopped it; it is masked, and the host never unmasks a unit; left as it is (stopped, masked)
-masked  | none    | unset | changed | unchanged | forgotten | | declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, disabled)
-unknown | running | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | running | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | running | unset | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | running | unset | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | stopped | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | stopped | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | stopped | unset | -       | unchanged | forgotten | | the state it was found in is unknown; left as it is
-unknown | stopped | unset | changed | unchanged | forgotten | | the state it was found in is unknown; left as it is
-unknown | none    | set   | -       | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | none    | set   | changed | applied   | forgotten | | the state it was found in is unknown; left as it is
-unknown | none    | unset | -       | unchanged | forgotten | | the state it was found in is unknown; left as it is
-unknown | none    | unset | changed | unchanged | forgotten | | the state it was found in is unknown; left as it is
-`
+// GiveBackRows reads the table's rows, each split into its eight fields.
+func GiveBackRows(t *testing.T, file string) [][]string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Split(line, "|")
+		if len(f) != 8 {
+			t.Fatalf("%s: %q has %d fields, not 8", file, line, len(f))
+		}
+		for i := range f {
+			f[i] = strings.TrimSpace(f[i])
+		}
+		rows = append(rows, f)
+	}
+	return rows
+}
 
 type giveBackCase struct {
 	found, state                         string

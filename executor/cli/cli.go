@@ -68,7 +68,9 @@ The daemon (what mesh-launch starts):
   serve          listen on the local socket for the agent; reconcile at start,
                  on reconnect and on the drift timer
 
-Rescue and inspection, as root, with or without the daemon running:
+Rescue and inspection, as root, with or without the daemon running (the
+read-only ones — plan, owned, briefing, status, profile, inventory — create
+nothing, not even the state directory):
   apply FILE     apply a local declaration (root-owned, not group/other-writable)
   plan FILE      print what apply would do; touch nothing
   bundle [--out F]
@@ -88,8 +90,15 @@ Enrolment, as root:
   enrol          read a token on standard input (or --token-file F, root-only;
                  never the command line), make the node's keys, and wait
                  (--wait, default 2m) for the agent to bring back the grant.
-                 Exit 0 enrolled, 1 refused (it says by whom and why),
+                 Exit 0 enrolled, 1 refused (it says by whom and why; if only
+                 the agent says so, the enrolment stays begun until the token
+                 expires or --cancel), 2 refused before anything changed,
                  3 still pending.
+                 On an enrolled host, a token for another node (or --new) is
+                 refused by the control side unless --replace is given: then
+                 the new identity replaces the one held, which the control
+                 side revokes in the same step.
+  enrol --cancel end a pending enrolment (the identity held, if any, stays)
 
 Exit status of apply and plan: 0 applied (or nothing to do), 1 a step failed,
 2 refused (nothing touched).
@@ -115,6 +124,8 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
 	tokenFile := fs.String("token-file", "", "enrol: read the token from this root-only file instead of standard input")
 	outFile := fs.String("out", "", "bundle: write the report to this file instead of standard output")
+	replace := fs.Bool("replace", false, "enrol: replace the identity this host holds (the control side revokes it in the same step)")
+	cancel := fs.Bool("cancel", false, "enrol: end the pending enrolment")
 	if err := fs.Parse(rest); err != nil {
 		return ExitRefused
 	}
@@ -124,6 +135,10 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial || initsys.Android("")}
+	if cmd != "enrol" && (*replace || *cancel) {
+		fmt.Fprintf(stderr, "mesh-executor %s: --replace and --cancel are enrol's\n", cmd)
+		return ExitRefused
+	}
 	switch cmd {
 	case "apply", "plan":
 		if fs.NArg() != 1 {
@@ -135,7 +150,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		if !waitSet(fs) {
 			c.wait = 2 * time.Minute
 		}
-		return c.enrolCmd(fs.Args(), *tokenFile, os.Stdin)
+		return c.enrolCmd(fs.Args(), enrolFlags{tokenFile: *tokenFile, replace: *replace, cancel: *cancel}, os.Stdin)
 	case "bundle":
 		return c.bundle(*outFile)
 	case "reconcile":
@@ -281,11 +296,21 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	if err != nil {
 		return c.refuse(err.Error())
 	}
-	st, err := store.Open(c.state)
-	if err != nil {
-		return c.refuse(err.Error())
-	}
-	if !plan {
+	var st *store.Store
+	if plan {
+		// A plan changes nothing, the state directory included: on a
+		// machine the executor never ran on it plans against nothing held.
+		var exists bool
+		if st, exists, err = store.Peek(c.state); err != nil {
+			return c.refuse(err.Error())
+		}
+		if !exists && !c.json {
+			fmt.Fprintf(c.errw, "no state yet: %s does not exist; planned as if the host held nothing\n", c.state)
+		}
+	} else {
+		if st, err = store.Open(c.state); err != nil {
+			return c.refuse(err.Error())
+		}
 		if err := st.Lock(c.wait); err != nil {
 			return c.refuse(err.Error())
 		}
@@ -440,11 +465,42 @@ func describe(e *store.Entry) string {
 	return "held by the host"
 }
 
-func (c *command) owned() int {
-	st, err := store.Open(c.state)
+// needRoot says, for a command that reads the executor's state, that it
+// needs root, rather than letting it fail on the first directory it may
+// not read.
+func (c *command) needRoot(cmd string) bool {
+	if os.Geteuid() == 0 {
+		return true
+	}
+	fmt.Fprintf(c.errw, "mesh-executor: %s: needs root (the executor's state in %s is root's, mode 0700)\n", cmd, c.state)
+	return false
+}
+
+// peek opens the state for a read-only command, creating nothing; ok is
+// false when it failed (said on standard error).
+func (c *command) peek() (st *store.Store, exists, ok bool) {
+	st, exists, err := store.Peek(c.state)
 	if err != nil {
-		fmt.Fprintln(c.errw, err)
+		fmt.Fprintf(c.errw, "mesh-executor: %v\n", err)
+		return nil, exists, false
+	}
+	return st, exists, true
+}
+
+func (c *command) noState() string {
+	return fmt.Sprintf("no state yet: %s does not exist (this executor has not applied or enrolled anything here)", c.state)
+}
+
+func (c *command) owned() int {
+	if !c.needRoot("owned") {
+		return ExitRefused
+	}
+	st, exists, ok := c.peek()
+	if !ok {
 		return ExitFailed
+	}
+	if !exists {
+		return c.print([]ownedEntry{}, c.noState()+"\nthe host holds nothing on this machine\n")
 	}
 	var list []ownedEntry
 	var b strings.Builder
@@ -468,12 +524,16 @@ func (c *command) owned() int {
 }
 
 type statusReport struct {
-	State     string `json:"state"`
+	State string `json:"state"`
+	// NoState: the state directory does not exist (nothing applied or
+	// enrolled here yet); the command created nothing.
+	NoState   bool   `json:"no_state,omitempty"`
 	Node      string `json:"node,omitempty"`
 	Enrolment string `json:"enrolment,omitempty"`
 	// Enrolling: an enrolment was begun (mesh-executor enrol) and the
 	// agent has not finished it; LastEnrolment is how the last one went.
 	Enrolling     bool                     `json:"enrolling,omitempty"`
+	Pending       *enrol.PendingView       `json:"pending,omitempty"`
 	LastEnrolment *enrol.Result            `json:"last_enrolment,omitempty"`
 	Version       string                   `json:"version"`
 	Holds         int                      `json:"holds"`
@@ -486,17 +546,24 @@ type sourceStatus struct {
 }
 
 func (c *command) status() int {
-	st, err := store.Open(c.state)
-	if err != nil {
-		fmt.Fprintln(c.errw, err)
+	if !c.needRoot("status") {
+		return ExitRefused
+	}
+	st, exists, ok := c.peek()
+	if !ok {
 		return ExitFailed
 	}
-	s := statusReport{State: "hosted", Version: c.version, Holds: len(st.Entries()), Sources: map[string]*sourceStatus{}}
-	if id, err := identity.Load(c.state); err == nil && id != nil {
-		s.State, s.Node, s.Enrolment = "enrolled", id.Node, id.Enrolment
+	s := statusReport{State: "hosted", NoState: !exists, Version: c.version, Holds: len(st.Entries()), Sources: map[string]*sourceStatus{}}
+	if exists {
+		if id, err := identity.Load(c.state); err == nil && id != nil {
+			s.State, s.Node, s.Enrolment = "enrolled", id.Node, id.Enrolment
+		}
+		// Read as it is: enrol.IsPending is the daemon's, and may end an
+		// expired enrolment; status changes nothing.
+		s.Pending, _ = enrol.ReadPending(c.state)
+		s.Enrolling = s.Pending != nil
+		s.LastEnrolment, _ = enrol.ReadResult(c.state)
 	}
-	s.Enrolling = enrol.IsPending(c.state)
-	s.LastEnrolment, _ = enrol.ReadResult(c.state)
 	for _, src := range []store.Source{store.Link, store.Bundle, store.Local} {
 		data, _ := st.Report(src)
 		if data == nil {
@@ -509,15 +576,35 @@ func (c *command) status() int {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "state: %s\n", s.State)
+	if s.NoState {
+		fmt.Fprintf(&b, "%s\n", c.noState())
+	}
 	if s.Node != "" {
 		fmt.Fprintf(&b, "node: %s (enrolment %s)\n", s.Node, s.Enrolment)
 	}
-	if s.Enrolling {
-		fmt.Fprintf(&b, "enrolment: begun, waiting for the agent")
-		if s.LastEnrolment != nil && s.LastEnrolment.Reason != "" {
-			fmt.Fprintf(&b, " (%s)", s.LastEnrolment)
+	if p := s.Pending; p != nil {
+		fmt.Fprintf(&b, "enrolment: begun (token %s, expires %s)", p.Token, p.Expires.Local().Format(time.RFC3339))
+		switch {
+		case p.Held != nil && p.Held.Replace:
+			fmt.Fprintf(&b, ", replacing %s", p.Held.Name())
+		case p.Held != nil:
+			fmt.Fprintf(&b, ", over %s (not replacing it)", p.Held.Name())
 		}
 		b.WriteString("\n")
+		last := s.LastEnrolment
+		switch {
+		case p.Expired:
+			b.WriteString("  its token has expired: the daemon ends it the next time the agent asks\n")
+		case last != nil && last.Token == p.Token && last.Claimed:
+			fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(last.String(), "\n", "\n  "))
+			if !p.HeldBack.IsZero() {
+				fmt.Fprintf(&b, "  offered to the agent again after %s\n", p.HeldBack.Local().Format(time.RFC3339))
+			}
+		case last != nil && last.Token == p.Token && last.Reason != "":
+			fmt.Fprintf(&b, "  %s\n", last)
+		default:
+			b.WriteString("  waiting for the agent\n")
+		}
 	} else if s.LastEnrolment != nil && s.LastEnrolment.Final {
 		fmt.Fprintf(&b, "last enrolment: %s\n", s.LastEnrolment)
 	}
@@ -551,11 +638,21 @@ func (c *command) inventory() int {
 	if err != nil {
 		c.log.Warn("inventory incomplete", "err", err)
 	}
-	if st, err := store.Open(c.state); err == nil {
-		inv.Holds = len(st.Entries())
+	// What the host holds is root's to read; the rest of the inventory is
+	// anyone's. Either way nothing is created.
+	holds := " (not counted: the executor's state is root's)"
+	if os.Geteuid() == 0 {
+		switch st, exists, err := store.Peek(c.state); {
+		case err != nil:
+			holds = " (not counted: " + err.Error() + ")"
+		case !exists:
+			holds = " (no state yet: " + c.state + " does not exist)"
+		default:
+			inv.Holds, holds = len(st.Entries()), ""
+		}
 	}
-	text := fmt.Sprintf("hostname: %s\nmachine-id: %s\narchitecture: %s\nkernel: %s\nos: %s\nmemory: %d MiB\ncpus: %d\nhost version: %s\nholds: %d\n",
-		inv.Hostname, inv.MachineID, inv.Arch, inv.Kernel, inv.OSRelease, inv.MemoryBytes>>20, inv.CPUs, inv.HostVersion, inv.Holds)
+	text := fmt.Sprintf("hostname: %s\nmachine-id: %s\narchitecture: %s\nkernel: %s\nos: %s\nmemory: %d MiB\ncpus: %d\nhost version: %s\nholds: %d%s\n",
+		inv.Hostname, inv.MachineID, inv.Arch, inv.Kernel, inv.OSRelease, inv.MemoryBytes>>20, inv.CPUs, inv.HostVersion, inv.Holds, holds)
 	return c.print(inv, text)
 }
 
@@ -713,10 +810,15 @@ func fileExists(p string) bool {
 }
 
 func (c *command) briefing() int {
-	st, err := store.Open(c.state)
-	if err != nil {
-		fmt.Fprintln(c.errw, err)
+	if !c.needRoot("briefing") {
+		return ExitRefused
+	}
+	st, exists, ok := c.peek()
+	if !ok {
 		return ExitFailed
+	}
+	if !exists {
+		return c.print(map[string]any{"briefing": nil}, "no briefing: "+c.noState()+"\n")
 	}
 	b, err := st.Briefing()
 	if err != nil {

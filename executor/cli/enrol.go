@@ -17,10 +17,17 @@ import (
 // Exit statuses of enrol beyond 0 (enrolled) and 1 (refused).
 const exitEnrolPending = 3 // begun; the agent has not finished it within --wait
 
+// enrolFlags are enrol's own flags.
+type enrolFlags struct {
+	tokenFile string
+	replace   bool // replace the identity the host holds
+	cancel    bool // end the pending enrolment instead
+}
+
 // enrolCmd begins an enrolment with a token read from standard input or a
 // root-only file — never the command line, where any user could read it
 // in the process list — and waits for the agent to finish it.
-func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int {
+func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 	for _, a := range args {
 		if strings.HasPrefix(strings.TrimSpace(a), "nmt") {
 			fmt.Fprintln(c.errw, "executor: enrol: a token is never taken from the command line (any user can read it in the process list, and the shell keeps it); pipe it on standard input or name a root-only file with --token-file")
@@ -35,6 +42,10 @@ func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int
 		fmt.Fprintln(c.errw, "executor: enrol: run as root: it makes the node's keys in the executor's state")
 		return ExitRefused
 	}
+	if f.cancel {
+		return c.enrolCancel(f)
+	}
+	tokenFile := f.tokenFile
 	var raw string
 	if tokenFile != "" {
 		data, info, err := fsx.ReadRegular(tokenFile, 4096)
@@ -68,13 +79,26 @@ func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int
 		fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
 		return ExitRefused
 	}
-	if err := enrol.Begin(c.state, tok); err != nil {
+	held, _ := enrol.Held(c.state)
+	if err := enrol.BeginWith(c.state, tok, enrol.Options{Replace: f.replace}); err != nil {
 		fmt.Fprintf(c.errw, "executor: enrol: %v\n", err)
+		var refused enrol.Refusal
+		if errors.As(err, &refused) {
+			return ExitRefused
+		}
 		return ExitFailed
 	}
 	if !c.json {
-		fmt.Fprintf(c.out, "token %s, expires %s\ncontrol key pinned: %s\nbroker: %s (certificate sha256 %s)\nkeys made; the agent takes the enrolment from here\n",
+		fmt.Fprintf(c.out, "token %s, expires %s\ncontrol key pinned: %s\nbroker: %s (certificate sha256 %s)\n",
 			tok.IDString(), tok.Expires.Local().Format(time.RFC3339), wire.KeyID(tok.ControlKey), tok.BrokerURL, tok.FingerprintHex())
+		switch {
+		case held != nil && f.replace:
+			fmt.Fprintf(c.out, "this host is enrolled as %s: the new identity replaces it, and the control side revokes it in the same step\n", held.Name())
+		case held != nil:
+			fmt.Fprintf(c.out, "this host is enrolled as %s: it keeps that identity until a grant comes. A token for node %s enrols it as %s again; the control side refuses one that would make it another node while %s is live (then enrol with --replace, which revokes %s in the same step)\n",
+				held.Name(), held.Node, held.Node, held.Node, held.Node)
+		}
+		fmt.Fprintln(c.out, "keys made; the agent takes the enrolment from here")
 	}
 	deadline := time.Now().Add(c.wait)
 	var last string
@@ -85,9 +109,20 @@ func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int
 			return ExitFailed
 		}
 		if r != nil && r.Token == tok.IDString() {
-			if s := r.String(); s != last && !r.Final && r.Reason != "" && !c.json {
+			if s := r.String(); s != last && !r.Final && !r.Claimed && r.Reason != "" && !c.json {
 				fmt.Fprintln(c.errw, s)
 				last = s
+			}
+			if r.Claimed {
+				// Only the agent's word: the enrolment stays begun (the
+				// message says until when), but waiting on would only
+				// hide what it says.
+				if c.json {
+					c.print(r, "")
+				} else {
+					fmt.Fprintln(c.errw, r.String())
+				}
+				return ExitFailed
 			}
 			if r.Final {
 				text := r.String() + "\n"
@@ -106,7 +141,7 @@ func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int
 			}
 		}
 		if time.Now().After(deadline) {
-			msg := "the enrolment is pending: the agent has not finished it (are mesh-executor serve and mesh-agent running?); it completes when they do — `mesh-executor status` shows it"
+			msg := "the enrolment is pending: the agent has not finished it (are mesh-executor serve and mesh-agent running?); it completes when they do — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
 			if r != nil && r.Reason != "" {
 				msg += "; last: " + r.String()
 			}
@@ -115,4 +150,25 @@ func (c *command) enrolCmd(args []string, tokenFile string, stdin io.Reader) int
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// enrolCancel ends the pending enrolment on root's word.
+func (c *command) enrolCancel(f enrolFlags) int {
+	if f.replace || f.tokenFile != "" {
+		fmt.Fprintln(c.errw, "executor: enrol: --cancel ends the pending enrolment; it takes no token and no --replace")
+		return ExitRefused
+	}
+	token, err := enrol.Cancel(c.state)
+	if err != nil {
+		fmt.Fprintf(c.errw, "executor: enrol: --cancel: %v\n", err)
+		return ExitFailed
+	}
+	stays := "this host stays hosted"
+	if held, _ := enrol.Held(c.state); held != nil {
+		stays = "this host stays " + held.Name()
+	}
+	if token == "" {
+		return c.print(map[string]any{"cancelled": nil}, "no enrolment is pending; nothing to cancel ("+stays+")\n")
+	}
+	return c.print(map[string]any{"cancelled": token}, fmt.Sprintf("the enrolment of token %s is cancelled; %s\n", token, stays))
 }

@@ -702,6 +702,14 @@ func (c *command) serve(args []string) int {
 		log.Error("executor: state", "err", err)
 		return ExitRefused
 	}
+	// One daemon per state, before the socket is touched: a second one
+	// would take the socket from the first and apply beside it.
+	lock, err := lockServe(*stateDir)
+	if err != nil {
+		fmt.Fprintf(c.errw, "mesh-executor: serve: %v\n", err)
+		return ExitRefused
+	}
+	defer lock.Close()
 	ln, err := wire.ListenUnix(*socket, gid)
 	if err != nil {
 		log.Error("executor: socket", "err", err)

@@ -25,7 +25,8 @@ const usage = `usage: mesh-control COMMAND [flags]
            make the control-plane key, the broker certificate and the control NKey
   serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL [--broker-config FILE [--broker-pid FILE]]] [-v]
            run the embedded broker (or use --nats URL) and keep the registry; with an
-           existing broker, keep FILE its configuration and send it SIGHUP on each change
+           existing broker, keep FILE its configuration and send it SIGHUP on each change;
+           the embedded broker's store is in DIR: one serve holds DIR (a second is refused)
   token issue (--new [--name NAME] | --node NAME) --dir DIR [--ttl 1h] [--broker-url URL]
            print, once, a one-time enrolment token that expires whether used or not;
            --node revokes the identity that node has now (a re-enrolment)
@@ -253,17 +254,28 @@ func (c *cli) init(hosts []string, url string) error {
 }
 
 func (c *cli) serve(listen, brokerConfig, brokerPID string) error {
-	k, err := LoadKeys(c.dir)
-	if err != nil {
-		return err
-	}
 	if (brokerConfig != "" || brokerPID != "") && c.nats == "" {
 		return errors.New("--broker-config and --broker-pid are for an existing broker (serve --nats URL); the embedded one follows the registry by itself")
 	}
 	if brokerPID != "" && brokerConfig == "" {
 		return errors.New("--broker-pid says whom to tell that --broker-config changed: name the configuration file too")
 	}
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerPID: brokerPID, Log: c.log})
+	// The embedded broker's store is in the key directory: the directory
+	// is taken before anything in it is read (FileLock).
+	var lock *agent.DirLock
+	if c.nats == "" {
+		l, err := lockDir(c.dir, "serve")
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		lock = l
+	}
+	k, err := LoadKeys(c.dir)
+	if err != nil {
+		return err
+	}
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerPID: brokerPID, Lock: lock, Log: c.log})
 }
 
 func (c *cli) connect() (*Client, error) {

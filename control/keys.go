@@ -85,8 +85,15 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 		brokerURL = DefaultBrokerURL
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, agent.ExplainAccess("create", dir, err, "")
+	}
+	// Taken before anything in it is looked at: a serve running on it is
+	// named, rather than its keys merely found.
+	lock, err := lockDir(dir, "init")
+	if err != nil {
 		return nil, err
 	}
+	defer lock.Close()
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, err
 	}

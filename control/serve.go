@@ -38,7 +38,13 @@ type ServeOptions struct {
 	// write, so a revoked node is cut off at once. Without it the operator
 	// reloads the broker.
 	BrokerPID string
-	Log       *slog.Logger
+	// Lock is the key directory's lock (FileLock), when the caller took
+	// it before reading anything in the directory (mesh-control serve
+	// does). Nil: with the embedded broker, Serve takes it itself
+	// (StartServer). An existing broker (NATSURL) needs none: its store
+	// is its own, and several serve may share one.
+	Lock *agent.DirLock
+	Log  *slog.Logger
 	// Ready, when set, is called with the broker's client URL once serve
 	// is up (tests).
 	Ready func(url string, s *Server)
@@ -61,7 +67,12 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
 		}
 		var err error
-		if srv, err = StartServer(k, listen, log); err != nil {
+		if o.Lock != nil {
+			srv, err = startServer(k, listen, log)
+		} else {
+			srv, err = StartServer(k, listen, log)
+		}
+		if err != nil {
 			return err
 		}
 		defer srv.Shutdown()

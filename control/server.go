@@ -187,11 +187,35 @@ type Server struct {
 	auth *registryAuth
 	keys *Keys
 	host string
+	// lock is the key directory's, when the server took it (StartServer):
+	// released once the store is closed.
+	lock *agent.DirLock
 }
 
 // StartServer starts the embedded broker on listen (host:port; port 0
 // picks one). It lets in the control side; SetNodes lets in the nodes.
+//
+// The broker's JetStream store is in the key directory: StartServer takes
+// the directory's lock first (FileLock), so a key directory another serve
+// holds is refused (an *agent.HeldError) before its store is opened, and
+// holds it until Shutdown.
 func StartServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
+	lock, err := lockDir(k.Dir, "serve")
+	if err != nil {
+		return nil, err
+	}
+	s, err := startServer(k, listen, log)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	s.lock = lock
+	return s, nil
+}
+
+// startServer is StartServer for a caller holding the key directory's
+// lock.
+func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	host, port, err := splitListen(listen)
 	if err != nil {
 		return nil, err
@@ -292,10 +316,12 @@ func (s *Server) ClientURL() string {
 // NATS is the embedded server itself (tests read its monitoring state).
 func (s *Server) NATS() *server.Server { return s.ns }
 
-// Shutdown stops the broker and waits for it.
+// Shutdown stops the broker and waits for it; then the key directory is
+// free for another serve.
 func (s *Server) Shutdown() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
+	s.lock.Close()
 }
 
 // registryAuth authenticates clients by NKey against the registry: the

@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"os"
@@ -208,9 +209,12 @@ func brokerCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {
 // LoadKeys reads the key directory.
 func LoadKeys(dir string) (*Keys, error) {
 	k := &Keys{Dir: dir, BrokerURL: DefaultBrokerURL}
-	b, err := os.ReadFile(filepath.Join(dir, FileControlKey))
-	if err != nil {
+	b, err := readKeyFile(dir, FileControlKey)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("control key: %w (run mesh-control init --dir %s)", err, dir)
+	}
+	if err != nil {
+		return nil, err
 	}
 	blk, _ := pem.Decode(b)
 	if blk == nil {
@@ -227,9 +231,9 @@ func LoadKeys(dir string) (*Keys, error) {
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, FileBrokerCert), filepath.Join(dir, FileBrokerKey))
 	if err != nil {
 		// A directory for an existing broker may hold only its certificate.
-		b, err2 := os.ReadFile(filepath.Join(dir, FileBrokerCert))
+		b, err2 := readKeyFile(dir, FileBrokerCert)
 		if err2 != nil {
-			return nil, fmt.Errorf("broker certificate: %w", err)
+			return nil, fmt.Errorf("broker certificate: %w", err2)
 		}
 		blk, _ := pem.Decode(b)
 		if blk == nil || blk.Type != "CERTIFICATE" {
@@ -239,7 +243,7 @@ func LoadKeys(dir string) (*Keys, error) {
 	} else {
 		k.Fingerprint = agent.Fingerprint(cert.Certificate[0])
 	}
-	seed, err := os.ReadFile(filepath.Join(dir, FileNKey))
+	seed, err := readKeyFile(dir, FileNKey)
 	if err != nil {
 		return nil, fmt.Errorf("control NKey: %w", err)
 	}
@@ -267,6 +271,19 @@ func LoadKeys(dir string) (*Keys, error) {
 	return k, nil
 }
 
+// readKeyFile reads name in the key directory. One this process may not
+// read is said so, with whose it is and its mode (agent.ExplainAccess):
+// the keys are there, and "run init" would send the operator to make
+// others.
+func readKeyFile(dir, name string) ([]byte, error) {
+	p := filepath.Join(dir, name)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, agent.ExplainAccess("read", p, err, "")
+	}
+	return b, nil
+}
+
 // loadOrMakeAccount reads the nodes' account key, making it when the key
 // directory has none.
 func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
@@ -286,7 +303,7 @@ func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
 			return nil, err
 		}
 	} else if err != nil {
-		return nil, err
+		return nil, agent.ExplainAccess("read", p, err, "")
 	}
 	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
 	if err != nil {

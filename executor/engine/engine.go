@@ -129,6 +129,9 @@ type run struct {
 	// host applied before whose unit is gone now (removed by hand). By
 	// resource key.
 	unitAbsent, unitGone map[string]bool
+	// removing: the paths removeUndeclared has decided to remove so far,
+	// newest first, so a directory's decision counts what goes before it.
+	removing map[string]bool
 	// heldOK says, for each resource held on an adopted node, whether what
 	// was found is what is declared (ok) or differs (kept).
 	heldOK map[string]bool

@@ -1,10 +1,16 @@
 package engine
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -18,6 +24,7 @@ import (
 func (r *run) removeUndeclared() {
 	entries := r.st.Entries()
 	slices.Reverse(entries)
+	r.removing = map[string]bool{}
 	var batch []*step
 	for _, e := range entries {
 		var mine, rest []store.Claim
@@ -72,13 +79,7 @@ func (r *run) planRemoval(st *step) {
 	case e.Recovered && r.keepRecovered(st, p):
 		// Decided: forgotten, with the reason on the line.
 	case e.Type == shapes.TypeFile && e.Created:
-		st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
-		st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
-		st.change = func() error {
-			r.touch(parentOf(p))
-			return fsx.Remove(p)
-		}
-		st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+		r.planCreatedFileRemoval(st, p)
 	case e.Type == shapes.TypeFile && e.Original != nil:
 		o := e.Original
 		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("the original the host found is put back (%s)", attrs{o.Mode, o.UID, o.GID})
@@ -104,25 +105,7 @@ func (r *run) planRemoval(st *step) {
 			return nil, nil
 		}
 	case e.Type == shapes.TypeDirectory && e.Created:
-		// Decided when it runs, not when planned: everything the host put
-		// in it is removed before it (newest first), in the same batch.
-		st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
-		st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
-		st.change = func() error {
-			r.touch(parentOf(p))
-			err := fsx.RemoveDir(p)
-			if errors.Is(err, fsx.ErrNotEmpty) {
-				n, _ := fsx.CountEntries(p)
-				keep := *e
-				keep.Claims = nil
-				st.record, st.drop, st.readback = &keep, false, nil
-				st.line.Outcome = shapes.Kept
-				st.line.Detail = fmt.Sprintf("the host created it, but it holds %d entries the host did not create; kept, and removed once it is empty", n)
-				return nil
-			}
-			return err
-		}
-		st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+		r.planCreatedDirRemoval(st, p)
 	case e.Type == shapes.TypeDirectory && e.Original != nil:
 		o := e.Original
 		a := attrs{o.Mode, o.UID, o.GID}
@@ -226,4 +209,148 @@ func parentOf(p string) string {
 		}
 	}
 	return "/"
+}
+
+// planCreatedFileRemoval removes a file the host created. One edited by
+// hand since (its content is not what the host wrote) is removed too — the
+// host made it — but not without a word: the line says so, and its content
+// is kept (store.Salvage) for a person to get back.
+func (r *run) planCreatedFileRemoval(st *step, p string) {
+	e := st.entry
+	r.removing[p] = true
+	st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
+	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
+	st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+	remove := func() error {
+		r.touch(parentOf(p))
+		return fsx.Remove(p)
+	}
+	st.change = remove
+	content, info, err := fsx.ReadRegular(p, maxOriginal)
+	switch {
+	case info.Kind == fsx.Absent:
+		st.line.Detail = "the host created it; it was deleted already"
+		return
+	case err != nil && info.Kind == fsx.Regular:
+		// Too large to keep a copy of, or unreadable: not removed on a
+		// guess that it is still the host's.
+		delete(r.removing, p)
+		st.intent, st.change, st.readback, st.drop = nil, nil, nil, false
+		st.record = e
+		st.line.Outcome = shapes.Kept
+		st.line.Detail = fmt.Sprintf("the host created it, but cannot tell whether it was edited since (%v); kept, and still tracked", err)
+		return
+	case err != nil:
+		return // not a regular file: Remove says what it is
+	}
+	found, ok := r.writtenDigest(e, content)
+	if !ok || found == e.Digest {
+		return
+	}
+	sum := digest(content)
+	st.line.Detail = fmt.Sprintf("the host created it, and it was edited by hand since (%s written, sha256:%s found); removed, and its content kept for %d days (mesh-executor owned says where)",
+		shortDigest(e.Digest), sum[:12], store.SalvageKeep/(24*time.Hour))
+	c := firstClaim(e)
+	st.change = func() error {
+		if err := r.st.Salvage(store.Salvaged{Path: p, Digest: sum, Written: e.Digest, Removed: time.Now().UTC(), Module: c.Module, ID: c.ID}, content); err != nil {
+			return err
+		}
+		if err := r.st.Sync(); err != nil {
+			return err
+		}
+		return remove()
+	}
+}
+
+// writtenDigest is content's digest as the entry records what the host
+// wrote: plain, or keyed for sealed content (false when this host cannot
+// compute it).
+func (r *run) writtenDigest(e *store.Entry, content []byte) (string, bool) {
+	if strings.HasPrefix(e.Digest, "hmac-sha256:") {
+		if r.opt.Unseal == nil || len(r.opt.Unseal.DigestKey) == 0 {
+			return "", false
+		}
+		m := hmac.New(sha256.New, r.opt.Unseal.DigestKey)
+		m.Write(content)
+		return "hmac-sha256:" + hex.EncodeToString(m.Sum(nil)), true
+	}
+	return digest(content), true
+}
+
+// shortDigest names a recorded digest in a line: its kind and first
+// twelve digits.
+func shortDigest(d string) string {
+	kind, hexs, ok := strings.Cut(d, ":")
+	if !ok {
+		kind, hexs = "sha256", d
+	}
+	if len(hexs) > 12 {
+		hexs = hexs[:12]
+	}
+	return kind + ":" + hexs
+}
+
+// planCreatedDirRemoval removes a directory the host created when it will
+// be empty once what the host removes in this same apply is gone — decided
+// here, where plan and apply both decide, not when the removal runs. One
+// that holds something else is kept and still tracked (its line names it,
+// and every apply tries again), and removed once it is empty.
+func (r *run) planCreatedDirRemoval(st *step, p string) {
+	e := st.entry
+	left, err := r.leftIn(p)
+	if err != nil {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
+		return
+	}
+	if len(left) > 0 {
+		st.drop, st.record = false, e
+		st.line.Outcome = shapes.Kept
+		st.line.Detail = fmt.Sprintf("the host created it, but it holds %d entries the host did not create (%s); kept, and removed once it is empty", len(left), listSome(left, 3))
+		return
+	}
+	r.removing[p] = true
+	st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
+	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
+	st.change = func() error {
+		r.touch(parentOf(p))
+		err := fsx.RemoveDir(p)
+		if errors.Is(err, fsx.ErrNotEmpty) {
+			// Something arrived between the decision and now.
+			n, _ := fsx.CountEntries(p)
+			st.record, st.drop, st.readback = e, false, nil
+			st.line.Outcome = shapes.Kept
+			st.line.Detail = fmt.Sprintf("the host created it, but it holds %d entries the host did not create (they arrived during the apply); kept, and removed once it is empty", n)
+			return nil
+		}
+		return err
+	}
+	st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+}
+
+// leftIn lists what directory p will still hold once this apply's removals
+// planned so far (r.removing) are done; nothing for one already gone.
+func (r *run) leftIn(p string) ([]string, error) {
+	names, err := fsx.DirNames(p)
+	if err != nil {
+		if info, lerr := fsx.Lstat(p); lerr == nil && info.Kind == fsx.Absent {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var left []string
+	for _, n := range names {
+		if !r.removing[path.Join(p, n)] {
+			left = append(left, n)
+		}
+	}
+	sort.Strings(left)
+	return left, nil
+}
+
+// listSome names up to n items, and how many more there are.
+func listSome(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
 }

@@ -624,14 +624,20 @@ func removeAt(p string, want Kind, flags int, op string) error {
 
 // CountEntries counts what a directory holds, without following links.
 func CountEntries(p string) (int, error) {
+	names, err := DirNames(p)
+	return len(names), err
+}
+
+// DirNames lists the names a directory holds, without following links.
+func DirNames(p string) ([]string, error) {
 	fd, err := open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return 0, wrap("open", p, err)
+		return nil, wrap("open", p, err)
 	}
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
 	names, err := f.Readdirnames(-1)
-	return len(names), wrap("read directory", p, err)
+	return names, wrap("read directory", p, err)
 }
 
 // Syncfs flushes the whole filesystem holding the directory p to stable

@@ -21,6 +21,7 @@
 //	snapshot        the compacted state (a checksummed binary format, see
 //	                snapshot.go), written atomically
 //	originals/      kept originals, by content digest (made when first needed)
+//	salvaged.json   hand-edited files the host removed, whose content is kept (Salvage)
 //	target-SOURCE.json  the declaration being applied for each source
 package store
 
@@ -638,7 +639,18 @@ func sha256Hex(b []byte) string {
 // caller makes the records that stopped referring to it durable first
 // (Sync): otherwise a power cut could bring back a pending restore whose
 // original is gone.
-func (s *Store) ForgetOriginal(digest string) {
+func (s *Store) ForgetOriginal(digest string) { s.forgetOriginal(digest, false) }
+
+// forgetOriginal is ForgetOriginal; pruning says it is the salvaged list
+// that lets go of digest (which then no longer counts it).
+func (s *Store) forgetOriginal(digest string, pruning bool) {
+	if !pruning {
+		for _, x := range s.Salvaged() {
+			if x.Digest == digest {
+				return
+			}
+		}
+	}
 	for _, e := range s.entries {
 		if e.Original != nil && e.Original.Digest == digest {
 			return

@@ -1,0 +1,92 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Salvaged is the content of a file the host created and removed when it
+// was undeclared, after someone had edited it by hand: removing what the
+// host made is the rule (ADR 0118), but a person's edit is not thrown away
+// without a word. The content is kept in originals/ under its digest for
+// SalvageKeep, and `mesh-executor owned` says where.
+type Salvaged struct {
+	Path    string    `json:"path"`
+	Digest  string    `json:"digest"` // sha256 of the content, the file in originals/
+	Written string    `json:"written"`
+	Removed time.Time `json:"removed"`
+	Module  string    `json:"module,omitempty"`
+	ID      string    `json:"id,omitempty"`
+}
+
+// SalvageKeep is how long salvaged content is kept; SalvageMax bounds how
+// many are listed (the oldest go first).
+const (
+	SalvageKeep = 30 * 24 * time.Hour
+	SalvageMax  = 100
+)
+
+const salvageName = "salvaged.json"
+
+// Salvage keeps data, the content of a hand-edited file the host is about
+// to remove, and lists it; it is durable before the removal is (Sync).
+// Entries past SalvageKeep or SalvageMax are dropped, and their content
+// with them unless something else keeps it.
+func (s *Store) Salvage(v Salvaged, data []byte) error {
+	if err := s.KeepOriginal(v.Digest, data); err != nil {
+		return err
+	}
+	list := s.Salvaged()
+	list = append(list, v)
+	var keep []Salvaged
+	for i, x := range list {
+		if time.Since(x.Removed) > SalvageKeep || len(list)-i > SalvageMax {
+			if !s.originalInUse(x.Digest, list[i+1:]) {
+				s.forgetOriginal(x.Digest, true)
+			}
+			continue
+		}
+		keep = append(keep, x)
+	}
+	b, err := json.MarshalIndent(keep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := WriteFileAtomic(filepath.Join(s.dir, salvageName), append(b, '\n')); err != nil {
+		return fmt.Errorf("store: salvage: %w", err)
+	}
+	return nil
+}
+
+// originalInUse reports whether a later salvaged entry keeps digest too;
+// ForgetOriginal looks after the store's entries.
+func (s *Store) originalInUse(digest string, later []Salvaged) bool {
+	for _, x := range later {
+		if x.Digest == digest {
+			return true
+		}
+	}
+	return false
+}
+
+// Salvaged lists the salvaged contents still kept, oldest first.
+func (s *Store) Salvaged() []Salvaged {
+	b, err := os.ReadFile(filepath.Join(s.dir, salvageName))
+	if err != nil {
+		return nil
+	}
+	var list []Salvaged
+	if json.Unmarshal(b, &list) != nil {
+		return nil
+	}
+	return list
+}
+
+// OriginalPath is where a kept original's content is, for a person to
+// read back.
+func (s *Store) OriginalPath(digest string) string {
+	return filepath.Join(s.dir, "originals", digest)
+}

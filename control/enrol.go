@@ -518,11 +518,9 @@ func (c *Client) heldIdentity(ctx context.Context, name string, t *TokenRecord, 
 	if err != nil || rec.Enrolment != h.Enrolment || (rec.NKey == "" && !rec.Revoked.IsZero()) {
 		return replaced(), ""
 	}
-	target := "a new node"
+	target := "a new node (" + name + ")"
 	if !t.New {
 		target = "node " + name
-	} else if t.Node != "" {
-		target = "a new node, " + name
 	}
 	if !h.Replace {
 		return nil, fmt.Sprintf("this machine is enrolled as %s, which is live: a token for %s would leave %s enrolled and silent. To replace it, run mesh-executor enrol --replace (the control side revokes %s in the same step); to enrol it as %s again, issue a token --node %s",

@@ -66,7 +66,8 @@ const usage = `usage: mesh-executor COMMAND [--json] [--state DIR] [ARGS]
 
 The daemon (what mesh-launch starts):
   serve          listen on the local socket for the agent; reconcile at start,
-                 on reconnect and on the drift timer
+                 on reconnect and on the drift timer. One per --state: a second
+                 is refused, naming the first one's pid
 
 Rescue and inspection, as root, with or without the daemon running (the
 read-only ones — plan, owned, briefing, status, profile, inventory — create

@@ -556,17 +556,36 @@ func removeWritten(p string) error {
 	}
 }
 
-// planArchiveRemoval removes the files an archive wrote, deepest first.
+// planArchiveRemoval removes the files an archive wrote, deepest first, and
+// the directories it made that will then be empty — decided here, where
+// plan and apply both decide. A directory it made that holds what it did
+// not write is kept, and the archive's record with it (its line names it,
+// and every apply tries again), until it is empty.
 func (r *run) planArchiveRemoval(st *step) {
 	e := st.entry
-	st.drop = true
-	st.line.Outcome = shapes.Removed
-	st.line.Detail = fmt.Sprintf("the %d paths it wrote removed (directories only when empty)", len(e.Paths))
 	paths := append([]string(nil), e.Paths...)
 	sort.Sort(sort.Reverse(sort.StringSlice(paths)))
+	var gone []string
+	kept := map[string][]string{}
+	for _, p := range paths {
+		info, err := fsx.Lstat(p)
+		if err == nil && info.Kind == fsx.Dir {
+			left, err := r.leftIn(p)
+			if err != nil {
+				st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
+				return
+			}
+			if len(left) > 0 {
+				kept[p] = left
+				continue
+			}
+		}
+		r.removing[p] = true
+		gone = append(gone, p)
+	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.change = func() error {
-		for _, p := range paths {
+		for _, p := range gone {
 			if err := removeWritten(p); err != nil {
 				return err
 			}
@@ -574,6 +593,28 @@ func (r *run) planArchiveRemoval(st *step) {
 		}
 		return nil
 	}
+	if len(kept) == 0 {
+		st.drop = true
+		st.line.Outcome = shapes.Removed
+		st.line.Detail = fmt.Sprintf("the %d paths it wrote removed", len(e.Paths))
+		return
+	}
+	var names []string
+	for p, left := range kept {
+		names = append(names, fmt.Sprintf("%s (holds %s)", p, listSome(left, 3)))
+	}
+	sort.Strings(names)
+	n := *e
+	n.Paths = nil
+	for _, p := range e.Paths {
+		if kept[p] != nil {
+			n.Paths = append(n.Paths, p)
+		}
+	}
+	st.record, st.drop = &n, false
+	st.line.Outcome = shapes.Kept
+	st.line.Detail = fmt.Sprintf("%d of the %d paths it wrote removed; the directories it made that hold what it did not write are kept, and removed once empty: %s",
+		len(gone), len(e.Paths), listSome(names, 3))
 }
 
 func init() {

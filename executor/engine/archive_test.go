@@ -89,15 +89,28 @@ func TestArchiveUnpackRepairRemove(t *testing.T) {
 	h.absent("themes/theme/icons")
 	// Undeclared: the files it wrote are removed; what someone else put in
 	// its directories keeps them.
+	// The directory it made that holds such a file is kept, and the
+	// archive's record with it: every later report names it, and it goes
+	// once it is empty.
 	os.WriteFile(h.p("themes/theme/mine"), []byte("operator"), 0o644)
-	h.expect(h.apply(h.doc()), shapes.Removed, "ui.theme=removed")
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Kept, "ui.theme=kept")
+	if want := "1 of the 2 paths it wrote removed; the directories it made that hold what it did not write are kept, and removed once empty: " + h.p("themes/theme") + " (holds mine)"; rep.Lines[0].Detail != want || plan.Lines[0].Detail != want {
+		t.Fatalf("plan %q\napply %q\nwant %q", plan.Lines[0].Detail, rep.Lines[0].Detail, want)
+	}
 	h.absent("themes/theme/index.theme")
 	if h.read("themes/theme/mine") != "operator" {
 		t.Fatal("a file the archive did not write was removed")
 	}
+	h.expect(h.apply(h.doc()), shapes.Kept, "ui.theme=kept")
+	os.Remove(h.p("themes/theme/mine"))
+	h.expect(h.apply(h.doc()), shapes.Removed, "ui.theme=removed")
+	h.absent("themes/theme")
 	if _, err := os.Stat(dest); err != nil {
 		t.Fatal("the destination, which the host did not create, was removed")
 	}
+	h.expect(h.apply(h.doc()), shapes.Unchanged, "")
 }
 
 func TestArchiveRefusedWholeBeforeAByteIsWritten(t *testing.T) {

@@ -132,6 +132,9 @@ type run struct {
 	// removing: the paths removeUndeclared has decided to remove so far,
 	// newest first, so a directory's decision counts what goes before it.
 	removing map[string]bool
+	// declaredKids: the names each directory will hold of what this
+	// declaration declares (leftIn), made when first needed.
+	declaredKids map[string][]string
 	// heldOK says, for each resource held on an adopted node, whether what
 	// was found is what is declared (ok) or differs (kept).
 	heldOK map[string]bool

@@ -567,3 +567,37 @@ func TestBriefing(t *testing.T) {
 		t.Fatalf("%+v", rep.Briefing)
 	}
 }
+
+// A file the host created and someone edited by hand since is removed when
+// undeclared — the host made it — but the line says it had changed, and
+// its content is kept in the store for a person to get back.
+func TestEditedCreatedFileIsSalvaged(t *testing.T) {
+	h := newHarness(t)
+	h.apply(h.doc(dirEtc, fileMot))
+	os.WriteFile(h.p("etc/motd"), []byte("the operator's words\n"), 0o644)
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Removed, "base.motd=removed base.etc=removed")
+	want := "the host created it, and it was edited by hand since (sha256:"
+	if !strings.Contains(rep.Lines[0].Detail, want) || !strings.Contains(rep.Lines[0].Detail, "its content kept for 30 days") {
+		t.Fatalf("detail %q", rep.Lines[0].Detail)
+	}
+	if plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan said %q, apply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	h.absent("etc")
+	st, _ := store.Open(h.state)
+	got := st.Salvaged()
+	if len(got) != 1 || got[0].Path != h.p("etc/motd") || got[0].Module != "base" || got[0].ID != "motd" {
+		t.Fatalf("salvaged %+v", got)
+	}
+	if b, err := os.ReadFile(st.OriginalPath(got[0].Digest)); err != nil || string(b) != "the operator's words\n" {
+		t.Fatalf("salvaged content %q %v", b, err)
+	}
+	// Not edited: removed with no salvage.
+	h.apply(h.doc(dirEtc, fileMot))
+	rep = h.apply(h.doc())
+	if rep.Lines[0].Detail != "the host created it; removed" || len(st.Salvaged()) != 1 {
+		t.Fatalf("%+v %+v", rep.Lines, st.Salvaged())
+	}
+}

@@ -332,14 +332,27 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 func (r *run) leftIn(p string) ([]string, error) {
 	names, err := fsx.DirNames(p)
 	if err != nil {
-		if info, lerr := fsx.Lstat(p); lerr == nil && info.Kind == fsx.Absent {
-			return nil, nil
+		info, lerr := fsx.Lstat(p)
+		if lerr != nil || info.Kind != fsx.Absent {
+			return nil, err
 		}
-		return nil, err
+		names = nil
 	}
+	// What this declaration's own steps put there is there once the apply
+	// has run: a plan, which made none of it, counts it as the apply does.
+	if r.declaredKids == nil {
+		r.declaredKids = map[string][]string{}
+		for ct := range r.declared {
+			if dp, ok := strings.CutPrefix(ct.target, "path:"); ok {
+				r.declaredKids[path.Dir(dp)] = append(r.declaredKids[path.Dir(dp)], path.Base(dp))
+			}
+		}
+	}
+	seen := map[string]bool{}
 	var left []string
-	for _, n := range names {
-		if !r.removing[path.Join(p, n)] {
+	for _, n := range append(names, r.declaredKids[p]...) {
+		if !seen[n] && !r.removing[path.Join(p, n)] {
+			seen[n] = true
 			left = append(left, n)
 		}
 	}

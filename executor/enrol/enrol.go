@@ -472,6 +472,9 @@ func Refused(dir, by, reason string, final bool) error {
 	if err != nil || p == nil {
 		return err
 	}
+	if reason == "" {
+		reason = "it gave no reason"
+	}
 	if final {
 		claimLocked(dir, p, tok, by, reason)
 		return nil

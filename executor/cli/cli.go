@@ -521,6 +521,12 @@ func (c *command) owned() int {
 		list = []ownedEntry{}
 		b.WriteString("the host holds nothing on this machine\n")
 	}
+	if salvaged := st.Salvaged(); len(salvaged) > 0 {
+		fmt.Fprintf(&b, "\nfiles the host created, someone edited by hand, and the host removed when they were undeclared; their content is kept until the date shown:\n")
+		for _, x := range salvaged {
+			fmt.Fprintf(&b, "%s (%s.%s, removed %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), st.OriginalPath(x.Digest), x.Removed.Add(store.SalvageKeep).Format("2006-01-02"))
+		}
+	}
 	return c.print(list, b.String())
 }
 

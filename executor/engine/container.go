@@ -161,6 +161,12 @@ type inspected struct {
 
 func (i *inspected) label() string { return i.Config.Labels[specLabel] }
 
+// heldSig says what a held container was found as: which one (a container
+// made anew under the same name is another), its image, whether it ran.
+func heldSig(i inspected) string {
+	return fmt.Sprintf("found %s image %s running=%v", short12(strings.TrimPrefix(i.ID, "sha256:")), short12(strings.TrimPrefix(i.Image, "sha256:")), i.State.Running)
+}
+
 // imagePath is an API path naming an image reference: its slashes are the
 // route's own (the Engine API takes {name:.*}).
 func imagePath(ref, rest string) string {
@@ -265,16 +271,32 @@ func (r *run) container(st *step, rest int) {
 	n := &store.Entry{Target: st.target, Type: shapes.TypeContainer, Claims: withClaim(e, st.claim), Digest: want, Created: true}
 	if e != nil {
 		n.Order = e.Order
+		if !e.Held {
+			n.Original = e.Original // a container set aside when taken over
+		}
 	}
 	ours := found && cur.label() != ""
+	if !found && r.heldGone(st, e, c.Module, c.Key(), "removed") {
+		r.recordAndEmit(st, rest)
+		return
+	}
 	if found && !ours {
 		if r.d.Adopted && !r.taken[c.Module] && (e == nil || e.Held) {
 			// Held: found on an adopted node, its module not yet taken.
+			// What was found is remembered (which container, its image,
+			// whether it ran), so a change by something else is seen.
 			r.heldOK[c.Key()] = false // nothing proves it runs what is declared
-			n.Held, n.Digest, n.Created = true, "", false
+			n.Held, n.Digest, n.Created = true, heldSig(cur), false
 			st.line.Outcome = shapes.Held
 			st.line.Detail = fmt.Sprintf("found on an adopted node (%s, no %s label); held as found until module %s is taken", cur.State.Status, specLabel, c.Module)
-			if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {
+			if e != nil && e.Held {
+				n.Digest = e.Digest // what was found first, kept
+				if e.Digest != "" && e.Digest != heldSig(cur) {
+					st.line.Outcome = shapes.HeldChanged
+					st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found (%s; now %s); left as it is", c.Module, e.Digest, heldSig(cur))
+				}
+			}
+			if !r.opt.Plan && (e == nil || !e.Claimed(st.claim) || e.Digest == "") {
 				if err := r.st.Put(n); err != nil {
 					r.fail(st, err, rest)
 					return
@@ -327,7 +349,18 @@ func (r *run) container(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	if action == "replace" {
+	if action == "replace" && !ours {
+		// Taken over on an adopted node: the container found is not the
+		// host's to destroy. It is stopped and set aside under another
+		// name, whole (its image, configuration and data as they are);
+		// undeclaring gives it back.
+		if err := setAside(r.ctx, rt, cur.ID, aside(c.Name)); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+		n.Original = &store.Original{Kind: shapes.TypeContainer, Digest: cur.ID, Running: cur.State.Running}
+		st.line.Detail = fmt.Sprintf("found without the host's label on an adopted node whose module is taken; set aside, stopped, as %s (given back when this is undeclared), and replaced", aside(c.Name))
+	} else if action == "replace" {
 		if err := stopAndRemove(r.ctx, rt, c.Name); err != nil {
 			r.fail(st, err, rest)
 			return
@@ -390,26 +423,77 @@ func (r *run) removeContainer(st *step) {
 	case err != nil:
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
 		return
-	case !found:
+	case !found && (st.entry.Original == nil || st.entry.Original.Kind != shapes.TypeContainer):
 		st.line.Outcome, st.line.Detail = shapes.Removed, "container "+name+" is gone already"
 		return
-	case cur.label() == "":
+	case found && cur.label() == "":
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, fmt.Sprintf("container %s does not carry the host's %s label: not the host's to remove; left as it is", name, specLabel)
 		return
 	}
 	st.line.Outcome, st.line.Detail = shapes.Removed, "container "+name+" stopped and removed"
+	o := st.entry.Original
+	if o != nil && o.Kind == shapes.TypeContainer {
+		st.line.Outcome = shapes.Restored
+		st.line.Detail += fmt.Sprintf("; the container found here before the mesh took it over is given back (%s renamed %s%s)", aside(name), name, map[bool]string{true: ", started again", false: ", left stopped as it was found"}[o.Running])
+	}
 	if r.opt.Plan {
-		st.line.Detail = "container " + name + " would be stopped and removed"
+		st.line.Detail = strings.Replace(st.line.Detail, "container "+name+" stopped and removed", "container "+name+" would be stopped and removed", 1)
 		return
 	}
 	st.intent = &store.Intent{Op: "remove", Type: shapes.TypeContainer, Claim: firstClaim(st.entry)}
-	st.change = func() error { return stopAndRemove(r.ctx, rt, name) }
+	st.change = func() error {
+		if err := stopAndRemove(r.ctx, rt, name); err != nil {
+			return err
+		}
+		if o == nil || o.Kind != shapes.TypeContainer {
+			return nil
+		}
+		return giveBackAside(r.ctx, rt, o.Digest, name, o.Running)
+	}
 	st.readback = func() (*store.Entry, error) {
-		if _, found, err := inspectContainer(r.ctx, rt, name); err != nil || found {
-			return nil, errors.Join(err, fmt.Errorf("container %s is still there", name))
+		got, found, err := inspectContainer(r.ctx, rt, name)
+		switch {
+		case err != nil:
+			return nil, err
+		case o != nil && o.Kind == shapes.TypeContainer:
+			if !found || got.ID != o.Digest || got.State.Running != o.Running {
+				return nil, fmt.Errorf("container %s is not the one found before the mesh, as it was found (running=%v)", name, o.Running)
+			}
+		case found:
+			return nil, fmt.Errorf("container %s is still there", name)
 		}
 		return nil, nil
 	}
+}
+
+// aside is the name a container found on an adopted node is kept under
+// while the host's own runs under its name.
+func aside(name string) string { return name + "-found-by-mesh" }
+
+// setAside stops the container id and renames it to name.
+func setAside(ctx context.Context, rt *dockerapi.Client, id, name string) error {
+	q := url.Values{"t": {strconv.Itoa(stopTimeout)}}
+	if err := rt.Do(ctx, "POST", dockerapi.Path(q, "containers", id, "stop"), nil, nil); err != nil && !dockerapi.IsNotFound(err) {
+		return fmt.Errorf("set aside container %s: stop: %w", short12(id), err)
+	}
+	if err := rt.Do(ctx, "POST", dockerapi.Path(url.Values{"name": {name}}, "containers", id, "rename"), nil, nil); err != nil {
+		return fmt.Errorf("set aside container %s as %s: %w", short12(id), name, err)
+	}
+	return nil
+}
+
+// giveBackAside renames the container id set aside back to name, and
+// starts it if it ran when it was found.
+func giveBackAside(ctx context.Context, rt *dockerapi.Client, id, name string, running bool) error {
+	if err := rt.Do(ctx, "POST", dockerapi.Path(url.Values{"name": {name}}, "containers", id, "rename"), nil, nil); err != nil {
+		return fmt.Errorf("give back container %s as %s: %w", short12(id), name, err)
+	}
+	if running {
+		if err := rt.Do(ctx, "POST", dockerapi.Path(nil, "containers", name, "start"), nil, nil); err != nil {
+			return fmt.Errorf("give back container %s: start: %w", name, err)
+		}
+	}
+	return nil
 }
 
 func init() {

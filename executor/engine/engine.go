@@ -210,7 +210,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		rep.Upgraded = r.upgradedTo
 	}
 	if d.Adopted {
-		rep.Briefing = r.briefing(rep)
+		rep.Briefing = r.briefing(rep, r.observeRest())
 		if !opt.Plan {
 			if err := st.SaveBriefing(rep.Briefing); err != nil {
 				r.log.Warn("the briefing could not be kept", "err", err)
@@ -616,6 +616,39 @@ func (r *run) declare(st *step) {
 type claimTarget struct {
 	claim  store.Claim
 	target string
+}
+
+// heldGone reports, for a thing held on an adopted node (its module not yet
+// taken) that is gone now — deleted or removed by something other than the
+// mesh — that it was: the line says so (held-changed), the record keeps
+// it held, and nothing is made again before its module is taken (ADR 0100:
+// adoption holds what it finds, and finding nothing is not leave to
+// create).
+func (r *run) heldGone(st *step, e *store.Entry, module, key, what string) bool {
+	if !r.d.Adopted || r.taken[module] || e == nil || !e.Held {
+		return false
+	}
+	r.heldOK[key] = false
+	st.line.Outcome = shapes.HeldChanged
+	st.line.Detail = fmt.Sprintf("held until module %s is taken, and %s by something else since it was found; not made again before the module is taken", module, what)
+	if !e.Claimed(st.claim) {
+		n := *e
+		n.Claims = withClaim(e, st.claim)
+		st.record = &n
+	}
+	return true
+}
+
+// recordAndEmit records st.record, if any (not in a plan), and emits the
+// line: the end of an alone applier's step that changed nothing.
+func (r *run) recordAndEmit(st *step, rest int) {
+	if st.record != nil && !r.opt.Plan {
+		if err := r.st.Put(st.record); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+	}
+	r.emit(st.line)
 }
 
 // emit adds a line to the report, and streams it.

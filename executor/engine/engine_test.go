@@ -601,3 +601,89 @@ func TestEditedCreatedFileIsSalvaged(t *testing.T) {
 		t.Fatalf("%+v %+v", rep.Lines, st.Salvaged())
 	}
 }
+
+// ADR 0100: what adoption holds stays held. A held file or directory
+// deleted by something else is reported held-changed and not made again
+// before its module is taken; once taken, it converges.
+func TestHeldThingThatVanishesIsNotRecreated(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("operator's motd\n"), 0o644)
+	adopted := func(taken string) string {
+		return strings.Replace(h.doc(dirEtc, fileMot), `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	h.expect(h.apply(adopted("")), shapes.Held, "base.etc=held base.motd=held")
+	os.Remove(h.p("etc/motd"))
+	rep := h.apply(adopted(""))
+	h.expect(rep, shapes.HeldChanged, "base.etc=held base.motd=held-changed")
+	if !strings.Contains(rep.Lines[1].Detail, "deleted by something else since it was found; not made again before the module is taken") {
+		t.Fatalf("%q", rep.Lines[1].Detail)
+	}
+	h.absent("etc/motd")
+	os.Remove(h.p("etc"))
+	h.expect(h.apply(adopted("")), shapes.HeldChanged, "base.etc=held-changed base.motd=held-changed")
+	h.absent("etc")
+	if b := rep.Briefing; b == nil || b.Outcome != shapes.MarkKept {
+		t.Fatalf("briefing %+v", b)
+	}
+	// Taken: it converges like any other.
+	h.expect(h.apply(adopted(`"base"`)), shapes.Applied, "base.etc=applied base.motd=applied")
+	if h.read("etc/motd") != "hello\n" {
+		t.Fatal("not converged once taken")
+	}
+}
+
+// A held package or user removed by something else: held-changed, and not
+// installed or made again before its module is taken.
+func TestHeldPackageThatVanishesIsNotReinstalled(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{"curl": "7.88"}, repo: map[string]string{"curl": "8.0"}}
+	doc := strings.Replace(h.doc(`{"module":"m","id":"curl","type":"package","name":"curl"}`), `{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	if rep := h.applyPackages(f, doc); rep.Outcome != shapes.Held {
+		t.Fatalf("%+v", rep)
+	}
+	delete(f.have, "curl")
+	rep := h.applyPackages(f, doc)
+	if rep.Outcome != shapes.HeldChanged || len(f.log) != 0 || !strings.Contains(rep.Lines[0].Detail, "removed by something else") {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+}
+
+// A failed step on an adopted node stops the apply, not the briefing:
+// every later resource is observed (nothing changed) and gets its line;
+// one the host cannot tell is marked unknown.
+func TestAdoptionBriefingGoesOnAfterAFailure(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("operator's motd\n"), 0o644)
+	os.WriteFile(h.p("etc/same"), []byte("same\n"), 0o644)
+	doc := strings.Replace(h.doc(
+		`{"module":"a","id":"broken","type":"file","path":"{root}/nowhere/x","content":"x"}`,
+		fileMot,
+		`{"module":"base","id":"blocked","type":"file","path":"{root}/also-nowhere/y","content":"y"}`,
+		`{"module":"base","id":"same","type":"file","path":"{root}/etc/same","content":"same\n","mode":"0644"}`),
+		`{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	before := h.tree()
+	rep := h.apply(doc)
+	if rep.Outcome != shapes.Failed || len(rep.Lines) != 1 {
+		t.Fatalf("the apply did not stop at the failure: %+v", rep.Lines)
+	}
+	if h.tree() != before {
+		t.Fatal("observing changed the machine")
+	}
+	b := rep.Briefing
+	var got []string
+	for _, f := range b.Findings {
+		got = append(got, f.Module+"."+f.ID+"="+string(f.Mark))
+	}
+	if strings.Join(got, " ") != "a.broken=failed base.motd=kept base.blocked=unknown base.same=ok" || b.Outcome != shapes.MarkFailed {
+		t.Fatalf("findings %v (%s)\n%+v", got, b.Outcome, b.Findings)
+	}
+	if !strings.Contains(b.Findings[1].Detail, "observed only (the apply stopped at a.broken; nothing here was changed)") {
+		t.Fatalf("%q", b.Findings[1].Detail)
+	}
+	// Observing recorded nothing: the next apply after the fix holds them.
+	if n := len(mustStore(t, h.state).Entries()); n != 0 {
+		t.Fatalf("observing recorded %d entries", n)
+	}
+}

@@ -113,6 +113,9 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	a := r.wantAttrs(f.Key(), f.Mode, info, exists, defaultFileMode)
 	match := exists && eq && attrsOf(info) == a
 
+	if !exists && r.heldGone(st, e, f.Module, f.Key(), "deleted") {
+		return nil
+	}
 	if exists && r.d.Adopted && !r.taken[f.Module] && (e == nil || e.Held) {
 		r.heldOK[f.Key()] = match
 		return r.holdFile(st, f, e, info)
@@ -267,6 +270,9 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	e := st.entry
 	a := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
 
+	if !exists && r.heldGone(st, e, d.Module, d.Key(), "deleted") {
+		return nil
+	}
 	if exists && r.d.Adopted && !r.taken[d.Module] && (e == nil || e.Held) {
 		r.heldOK[d.Key()] = attrsOf(info) == a
 		st.line.Outcome = shapes.Held

@@ -165,9 +165,9 @@ func (r *run) removeNetwork(st *step) {
 	}
 	if len(foreign) > 0 {
 		slices.Sort(foreign)
-		keep := *e
-		keep.Claims = nil
-		st.record, st.drop = &keep, false
+		// Kept, and still tracked: its line names it, and every apply
+		// tries again.
+		st.record, st.drop = e, false
 		st.line.Outcome = shapes.Kept
 		st.line.Detail = fmt.Sprintf("network %s is still used by %s, which the host does not own; kept, and removed once nothing of another's is attached", name, strings.Join(foreign, ", "))
 		return

@@ -179,6 +179,10 @@ func (r *run) pkg(st *step, rest int) {
 	if e != nil {
 		n.Order, n.Created = e.Order, e.Created
 	}
+	if !ok && r.heldGone(st, e, p.Module, p.Key(), "removed") {
+		r.recordAndEmit(st, rest)
+		return
+	}
 	if ok && r.d.Adopted && !r.taken[p.Module] && (e == nil || e.Held) {
 		r.heldOK[p.Key()] = p.Version == "" || p.Version == have
 		n.Held, n.Digest = true, ""

@@ -169,6 +169,10 @@ func (r *run) user(st *step, rest int) {
 	if e != nil {
 		n.Order, n.Created = e.Order, e.Created
 	}
+	if !exists && r.heldGone(st, e, u.Module, u.Key(), "removed") {
+		r.recordAndEmit(st, rest)
+		return
+	}
 	if exists && r.d.Adopted && !r.taken[u.Module] && (e == nil || e.Held) {
 		ok := (u.Shell == "" || u.Shell == cur.Shell) && (u.Home == "" || u.Home == cur.Home)
 		for _, g := range u.Groups {

@@ -299,7 +299,7 @@ func TestContainerAndNetworkOnPodman(t *testing.T) {
 	// Once nothing of another's is attached, a later apply removes it.
 	m.sh("podman rm -f -t 0 lpforeign >/dev/null")
 	rep, _ = m.apply(decl())
-	expect(t, rep, shapes.Removed, ".=removed")
+	expect(t, rep, shapes.Removed, "app.net=removed")
 	if m.networkExists("lpnet") {
 		t.Fatal("lpnet is still there")
 	}
@@ -324,6 +324,45 @@ func TestContainerAndNetworkOnPodman(t *testing.T) {
 	expect(t, rep, shapes.Forgotten, "old.c=forgotten")
 	if got := m.podmanField("lpfound", `{{.Id}} {{.State.Status}} {{index .Config.Labels "nox-mesh-host.spec"}}`); got != found+" running" {
 		t.Fatalf("the held container was touched: %q", got)
+	}
+
+	// Held, then changed by something else (stopped): held-changed, left
+	// as it is; then removed by something else: held-changed, and not made
+	// again before its module is taken (ADR 0100).
+	rep, _ = m.apply(adopted(foundCtr))
+	expect(t, rep, shapes.Held, "old.c=held")
+	m.sh("podman stop -t 0 lpfound >/dev/null")
+	rep, _ = m.apply(adopted(foundCtr))
+	expect(t, rep, shapes.HeldChanged, "old.c=held-changed")
+	if !strings.Contains(rep.Lines[0].Detail, "changed by something else since it was found") || m.podmanField("lpfound", "{{.State.Status}}") != "exited" {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	m.sh("podman rm -f -t 0 lpfound >/dev/null")
+	rep, _ = m.apply(adopted(foundCtr))
+	expect(t, rep, shapes.HeldChanged, "old.c=held-changed")
+	if !strings.Contains(rep.Lines[0].Detail, "removed by something else since it was found; not made again before the module is taken") || m.podmanField("lpfound", "{{.Id}}") != "" {
+		t.Fatalf("a held container that vanished was made again: %+v", rep.Lines)
+	}
+	rep, _ = m.apply(`{"version":1,"adopted":true,"taken":[],"resources":[],"owns_nothing":true}`)
+	expect(t, rep, shapes.Forgotten, "old.c=forgotten")
+
+	// Taken over: the found container is set aside whole (stopped, another
+	// name), the host's runs under its name; undeclared, the host's goes
+	// and the found one comes back under its name, running as it was.
+	m.sh("podman run -d --name lpfound --network none " + ref + " >/dev/null")
+	found = m.podmanField("lpfound", "{{.Id}}")
+	rep, _ = m.apply(`{"version":1,"adopted":true,"taken":["old"],"resources":[` + foundCtr + `]}`)
+	expect(t, rep, shapes.Applied, "old.c=applied")
+	if got := m.podmanField("lpfound-found-by-mesh", "{{.Id}} {{.State.Status}}"); got != found+" exited" {
+		t.Fatalf("the found container was not set aside whole: %q (%+v)", got, rep.Lines)
+	}
+	if m.podmanField("lpfound", `{{index .Config.Labels "nox-mesh-host.spec"}}`) == "" {
+		t.Fatal("the host's container does not run under the name")
+	}
+	rep, _ = m.apply(`{"version":1,"adopted":true,"taken":["old"],"resources":[],"owns_nothing":true}`)
+	expect(t, rep, shapes.Restored, "old.c=restored")
+	if got := m.podmanField("lpfound", `{{.Id}} {{.State.Status}} {{index .Config.Labels "nox-mesh-host.spec"}}`); got != found+" running" {
+		t.Fatalf("the found container was not given back as it was found: %q (%+v)", got, rep.Lines)
 	}
 	m.sh("podman rm -f -t 0 lpfound >/dev/null")
 

@@ -127,6 +127,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	outFile := fs.String("out", "", "bundle: write the report to this file instead of standard output")
 	replace := fs.Bool("replace", false, "enrol: replace the identity this host holds (the control side revokes it in the same step)")
 	cancel := fs.Bool("cancel", false, "enrol: end the pending enrolment")
+	socket := fs.String("socket", wire.SocketPath, "enrol: the executor's socket, which the agent must reach")
 	if err := fs.Parse(rest); err != nil {
 		return ExitRefused
 	}
@@ -135,7 +136,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial || initsys.Android("")}
+	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial || initsys.Android(""), socket: *socket}
 	if cmd != "enrol" && (*replace || *cancel) {
 		fmt.Fprintf(stderr, "mesh-executor %s: --replace and --cancel are enrol's\n", cmd)
 		return ExitRefused
@@ -198,6 +199,8 @@ type command struct {
 	errw    io.Writer
 	log     *slog.Logger
 	partial bool
+	// socket is the executor's socket, for enrol's diagnosis.
+	socket string
 }
 
 func (c *command) print(v any, text string) int {
@@ -669,6 +672,7 @@ func (c *command) serve(args []string) int {
 	fs.SetOutput(c.errw)
 	stateDir := fs.String("state", DefaultState, "the executor's state directory")
 	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
+	agentState := fs.String("agent-state", "/var/lib/mesh-host/agent", "the agent's state directory (in the protected set wherever it is)")
 	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
 	vsockPort := fs.Uint("vsock-port", 0, "also listen for the agent on this vsock port (0: no vsock)")
 	vsockCIDs := fs.String("vsock-cids", "", "the context ids that may connect over vsock, comma-separated")
@@ -743,7 +747,7 @@ func (c *command) serve(args []string) int {
 		return launcher.HealthyPackage(*stateDir, bins, pkg)
 	}
 	cfg := serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary}
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary, AgentState: *agentState}
 	var vln net.Listener
 	if *vsockPort != 0 {
 		if cfg.VsockCIDs, err = parseCIDs(*vsockCIDs); err != nil {

@@ -141,7 +141,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 			}
 		}
 		if time.Now().After(deadline) {
-			msg := "the enrolment is pending: the agent has not finished it (are mesh-executor serve and mesh-agent running?); it completes when they do — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
+			msg := "the enrolment is pending: the agent has not finished it (" + agentDiagnosis(c.socket) + "); it completes when it does — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
 			if r != nil && r.Reason != "" {
 				msg += "; last: " + r.String()
 			}

@@ -1,0 +1,133 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// agentDiagnosis says, when an enrolment has waited in vain for the agent,
+// what root can see of why: no executor socket (the daemon is not
+// running), no mesh-agent process, or an agent whose user may not reach
+// the socket — the most common mistake, an agent started as another user
+// than the executor's --agent-user, which the agent itself logs as an
+// error but `enrol` would otherwise only guess at.
+func agentDiagnosis(sock string) string {
+	if _, err := os.Lstat(sock); err != nil {
+		return fmt.Sprintf("there is no executor socket at %s: mesh-executor serve is not running", sock)
+	}
+	agents := agentProcs()
+	if len(agents) == 0 {
+		return "no mesh-agent process is running"
+	}
+	for _, a := range agents {
+		if why := a.blockedAt(sock); why != "" {
+			return fmt.Sprintf("the agent (pid %d, uid %d, gid %d) may not connect to the executor's socket %s: %s; start the agent as the executor's --agent-user, or the executor with --agent-user naming the agent's", a.pid, a.uid, a.gid, sock, why)
+		}
+	}
+	return fmt.Sprintf("mesh-agent (pid %d) can reach %s: its log says why the enrolment has not finished", agents[0].pid, sock)
+}
+
+// proc is a running process as /proc shows it.
+type proc struct {
+	pid, uid, gid int
+	groups        []int
+}
+
+// agentProcs finds the processes named mesh-agent, with the ids they run
+// under now (the agent drops to its user in code).
+func agentProcs() []proc {
+	ents, _ := os.ReadDir("/proc")
+	var out []proc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "mesh-agent" {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		p := proc{pid: pid, uid: -1, gid: -1}
+		for _, line := range strings.Split(string(status), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			f := strings.Fields(v)
+			switch {
+			case k == "Uid" && len(f) > 1:
+				p.uid, _ = strconv.Atoi(f[1]) // effective
+			case k == "Gid" && len(f) > 1:
+				p.gid, _ = strconv.Atoi(f[1])
+			case k == "Groups":
+				for _, g := range f {
+					if n, err := strconv.Atoi(g); err == nil {
+						p.groups = append(p.groups, n)
+					}
+				}
+			}
+		}
+		if p.uid >= 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// blockedAt says what keeps p from connecting to sock — a directory on the
+// way it may not search, or the socket it may not write — or "".
+func (p proc) blockedAt(sock string) string {
+	if p.uid == 0 {
+		return ""
+	}
+	var dirs []string
+	for d := filepath.Dir(sock); ; d = filepath.Dir(d) {
+		dirs = append([]string{d}, dirs...)
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	for _, d := range dirs {
+		if why := p.lacks(d, 1, "search"); why != "" {
+			return why
+		}
+	}
+	return p.lacks(sock, 2, "write to")
+}
+
+// lacks says why p may not do bit (1 search, 2 write) on path, or "".
+func (p proc) lacks(path string, bit uint32, what string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	mode := uint32(fi.Mode().Perm())
+	var have uint32
+	switch {
+	case int(st.Uid) == p.uid:
+		have = mode >> 6
+	case int(st.Gid) == p.gid || containsInt(p.groups, int(st.Gid)):
+		have = mode >> 3
+	default:
+		have = mode
+	}
+	if have&bit != 0 {
+		return ""
+	}
+	return fmt.Sprintf("it may not %s %s (uid %d, gid %d, mode %04o)", what, path, st.Uid, st.Gid, mode)
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}

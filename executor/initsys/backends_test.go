@@ -361,3 +361,55 @@ func TestS6Backend(t *testing.T) {
 		t.Fatalf("missing: %+v %v", st, err)
 	}
 }
+
+// A service linked into runsvdir's directory without a down file that runsv
+// has not taken over yet (runit-helper linked it a moment ago) is started
+// by runsvdir when it next looks: State and Stop wait until it is
+// supervised, rather than say it is stopped (and so skip a declared stop).
+// Behind a down file it is stopped, and stopping it is nothing to do.
+func TestRunitWaitsForALinkedService(t *testing.T) {
+	f := newFakeTools(t)
+	root := t.TempDir()
+	r := &runit{t: f.tools("runit"), svDir: filepath.Join(root, "sv"), scanDir: filepath.Join(root, "service"), pickUp: 3 * time.Second, wait: 10}
+	os.MkdirAll(filepath.Join(r.svDir, "lp-new"), 0o755)
+	os.MkdirAll(r.scanDir, 0o755)
+	link := filepath.Join(r.scanDir, "lp-new")
+	if err := os.Symlink(filepath.Join(r.svDir, "lp-new"), link); err != nil {
+		t.Fatal(err)
+	}
+	// runsv takes it over (and runs it) at the third look.
+	f.tool("sv", `if [ "$1" = status ]; then
+  n=$(cat $S/looks 2>/dev/null || echo 0); echo $((n+1)) > $S/looks
+  if [ $n -lt 2 ]; then echo "warning: $2: unable to open supervise/ok: file does not exist"; exit 1; fi
+  echo "run: $2: (pid 12) 0s"; exit 0
+fi
+echo "ok: $*"`)
+	ctx := context.Background()
+	looks := "sv status " + link + "; sv status " + link + "; sv status " + link
+
+	os.WriteFile(filepath.Join(link, "down"), nil, 0o644)
+	if st, err := r.State(ctx, "lp-new"); err != nil || st.Running || st.IsEnabled() || f.log() != "sv status "+link {
+		t.Fatalf("behind a down file: %+v %v", st, err)
+	}
+	f.set("looks", "0")
+	if err := r.Stop(ctx, "lp-new"); err != nil || f.log() != "sv status "+link {
+		t.Fatalf("stop behind a down file: %v", err)
+	}
+
+	os.Remove(filepath.Join(link, "down"))
+	f.set("looks", "0")
+	st, err := r.State(ctx, "lp-new")
+	if err != nil || !st.Running || !st.IsEnabled() {
+		t.Fatalf("linked, not yet taken over: %+v %v", st, err)
+	}
+	if got := f.log(); got != looks+"; sv status "+link {
+		t.Fatalf("state ran %q", got)
+	}
+	f.set("looks", "0")
+	if err := r.Stop(ctx, "lp-new"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); got != looks+"; sv -w 10 down "+link {
+		t.Fatalf("stop ran %q", got)
+	}
+}

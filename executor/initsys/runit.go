@@ -20,7 +20,10 @@ import (
 // services runit supervises, normally links into /etc/sv.
 //
 // A unit is known when /etc/sv/NAME or SCANDIR/NAME is a directory
-// ("NAME.service" means NAME). It runs when `sv status` says "run:".
+// ("NAME.service" means NAME). It runs when `sv status` says "run:". A
+// linked one without a down file that runsv has not taken over yet is
+// about to run (runsvdir looks every 5 s): State and Stop wait until runsv
+// has it, and answer then.
 //
 // Runit has no "enable" apart from supervising: runsvdir starts whatever is
 // linked into its directory, at once and at every boot, unless the service
@@ -40,8 +43,9 @@ import (
 //
 // Start and Restart need the service supervised, that is, linked: runit
 // runs nothing it does not supervise, so starting an unlinked service is
-// an error that says to declare it enabled. Stopping an unsupervised
-// service is nothing to do: it is not running.
+// an error that says to declare it enabled. Stopping an unlinked service,
+// or a linked one behind a down file that runsv has not taken over yet, is
+// nothing to do: it is not running, and will not be.
 type runit struct {
 	t       tools
 	svDir   string        // the service definitions: /etc/sv
@@ -183,13 +187,27 @@ func (r *runit) State(ctx context.Context, unit string) (State, error) {
 	if !known {
 		return st, nil
 	}
-	if st.Running, _, err = r.status(ctx, s.dir); err != nil {
-		return State{}, err
-	}
 	down, err := exists(filepath.Join(s.dir, "down"))
 	if err != nil {
 		return State{}, fmt.Errorf("initsys: runit: %w", err)
 	}
+	running, supervised, err := r.status(ctx, s.dir)
+	if err != nil {
+		return State{}, err
+	}
+	if s.linked && !down && !supervised {
+		// Linked a moment ago (a package's runit-helper did): runsvdir
+		// starts it when it next looks. "Not running" would be true for a
+		// few seconds only, and a declared stop would be skipped: answer
+		// once runsv has it.
+		if _, err := r.supervised(ctx, unit); err != nil {
+			return State{}, err
+		}
+		if running, _, err = r.status(ctx, s.dir); err != nil {
+			return State{}, err
+		}
+	}
+	st.Running = running
 	st.Enabled = "disabled"
 	if s.linked && !down {
 		st.Enabled = "enabled"
@@ -304,7 +322,21 @@ func (r *runit) Stop(ctx context.Context, unit string) error {
 		return err
 	}
 	if !supervised {
-		return nil // nothing runs it: it is not running
+		if !s.linked {
+			return nil // runit runs only what it supervises: not running
+		}
+		down, err := exists(filepath.Join(s.dir, "down"))
+		if err != nil {
+			return fmt.Errorf("initsys: runit: %w", err)
+		}
+		if down {
+			return nil // runsv will take it over down
+		}
+		// Saying "stopped" now would be true for a few seconds only:
+		// runsvdir starts it when it next looks at its directory.
+		if _, err := r.supervised(ctx, unit); err != nil {
+			return err
+		}
 	}
 	return r.sv(ctx, "down", s.dir)
 }

@@ -290,10 +290,16 @@ func (r *run) check() error {
 				// applied. It did not exist before: found "absent".
 				r.units[svc.Key()], r.unitAbsent[svc.Key()] = norm, true
 				continue
-			case r.st.Get("service:"+norm) != nil:
+			case r.st.Get("service:"+norm) != nil || r.st.Get("service:"+strings.TrimSuffix(norm, ".service")) != nil:
 				// Applied before, and removed by hand since: that line
-				// fails, the rest of the declaration applies.
-				r.units[svc.Key()], r.unitGone[svc.Key()] = norm, true
+				// fails, the rest of the declaration applies. Its record
+				// is under the name the init gave it (bare on OpenRC,
+				// runit and s6).
+				name := norm
+				if r.st.Get("service:"+name) == nil {
+					name = strings.TrimSuffix(norm, ".service")
+				}
+				r.units[svc.Key()], r.unitGone[svc.Key()] = name, true
 				continue
 			}
 			return &Refusal{fmt.Sprintf("resource %s field unit: %s knows no unit %q (a service never installs one; declare its unit file or its package before it)", svc.Key(), r.init.Name(), svc.Unit)}

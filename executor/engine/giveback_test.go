@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -227,5 +228,47 @@ func TestSettingsGivenBackDoNotRestart(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(h.p("nginx.conf")); string(b) != "the operator's" {
 		t.Fatalf("nginx.conf = %q", b)
+	}
+}
+
+// On an init that names units bare (OpenRC, runit, s6), a unit this
+// declaration's package brought is recorded under the init's own name from
+// the first apply, so the second apply finds the same record — unchanged,
+// not a second record and the first given back — and the undeclare still
+// takes it back (found in the lab, TestGiveBackTableOnS6).
+func TestAbsentUnitKeepsOneRecordUnderTheInitsName(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	pk := &fakePackages{have: map[string]string{}, repo: map[string]string{"u": "1.0"}}
+	pk.onInstall = func(string) {
+		f.add("u", true, "enabled")
+		f.aliases["u.service"] = "u"
+	}
+	apply := func(doc string) *shapes.Report {
+		t.Helper()
+		d, err := shapes.ParseTrusted([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := store.Open(h.state)
+		st.Lock(time.Second)
+		defer st.Unlock()
+		return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pk,
+			Init: func() (initsys.Manager, error) { return f, nil }})
+	}
+	doc := h.doc(`{"module":"web","id":"pkg","type":"package","name":"u"}`, svc("u", "u", "running", "true", ""))
+	if rep := apply(doc); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	rep := apply(doc)
+	if rep.Outcome != shapes.Unchanged || f.transcript() != "" {
+		t.Fatalf("the second apply: %+v %q", rep.Lines, f.log)
+	}
+	if st, _ := store.Open(h.state); st.Get("service:u") == nil || st.Get("service:u.service") != nil {
+		t.Fatalf("recorded under %v", st.Entries())
+	}
+	rep = apply(h.doc())
+	if got := f.transcript(); got != "disable u; stop u" || !strings.Contains(fmt.Sprint(rep.Lines), "it did not exist before") {
+		t.Fatalf("undeclare: %q %+v", got, rep.Lines)
 	}
 }

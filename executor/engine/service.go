@@ -43,7 +43,19 @@ func (r *run) service(st *step, rest int) {
 	svc := st.res.(*shapes.Service)
 	r.reloadUnits()
 	unit := r.units[svc.Key()]
+	if r.unitAbsent[svc.Key()] {
+		// Brought by this declaration's package or unit file: now that
+		// they are applied, the unit goes by the init's own name for it
+		// (OpenRC, runit and s6 name it bare), as every later apply will
+		// find it — one record, not two.
+		if cur, err := r.init.State(r.ctx, unit); err == nil && cur.Known && cur.Name != "" && cur.Name != unit {
+			delete(r.declared, claimTarget{st.claim, "service:" + unit})
+			unit = cur.Name
+			r.units[svc.Key()] = unit
+		}
+	}
 	st.target = "service:" + unit
+	r.declare(st)
 	e := r.settle(r.st.Get(st.target), st.claim)
 	if r.yields(st, e) {
 		if st.record != nil && !r.opt.Plan {
@@ -68,6 +80,12 @@ func (r *run) service(st *step, rest int) {
 		st.line.Outcome = shapes.Failed
 		st.line.Detail = fmt.Sprintf("%s knows no unit %q any more: it was removed since the host last applied it (a service never installs one); nothing done, the rest applies", r.init.Name(), unit)
 		r.emit(st.line)
+		return
+	}
+	if !cur.Known && r.opt.Plan && r.unitAbsent[svc.Key()] {
+		st.line.Outcome = shapes.Applied
+		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
+		r.serviceDone(st, svc)
 		return
 	}
 	if !cur.Known {

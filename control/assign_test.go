@@ -340,7 +340,7 @@ func TestOverlayCommands(t *testing.T) {
 	os.WriteFile(nothing, []byte(`{"version":1,"resources":[],"owns_nothing":true}`), 0o600)
 	// Found by its sequence, not by counting: serve may republish a
 	// composition of its own meanwhile (a loaded machine made that race).
-	out := strings.TrimSpace(cli("declare", "n1", nothing))
+	out = strings.TrimSpace(cli("declare", "n1", nothing))
 	sent := false
 	for _, d := range declsOf(t, s, "n1") {
 		sent = sent || (fmt.Sprint(d.Seq) == out && d.OwnsNothing && len(d.Resources) == 0)

@@ -136,7 +136,15 @@ func assertGone(t testing.TB, g gone) {
 		t.Errorf("lab %s: PID 1 (host pid %d) is still there", g.name, g.pid)
 	}
 	if len(g.ns) > 0 {
-		if h := namespaceHolders(g.ns, g.ticks); len(h) > 0 {
+		// The kernel kills what is left in the lab's pid namespace when its
+		// PID 1 dies, but a process entered with nsenter (outside the lab's
+		// cgroup) may take a moment to be gone on a loaded machine: looked
+		// at until it is, for a few seconds, and an error if it is not.
+		h := namespaceHolders(g.ns, g.ticks)
+		for deadline := time.Now().Add(5 * time.Second); len(h) > 0 && time.Now().Before(deadline); h = namespaceHolders(g.ns, g.ticks) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(h) > 0 {
 			t.Errorf("lab %s: its namespaces live on: %s", g.name, strings.Join(h, "; "))
 		}
 	}

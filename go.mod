@@ -11,6 +11,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/nats-io/nkeys v0.4.16
+	github.com/pmezard/go-difflib v1.0.0
 	github.com/veraison/go-cose v1.3.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0

@@ -218,7 +218,7 @@ func (c *command) print(v any, text string) int {
 
 func (c *command) refuse(why string) int {
 	rep := &shapes.Report{Outcome: shapes.Refused, Source: string(store.Local), Refused: why, Lines: []shapes.Line{}}
-	c.report(rep, false)
+	c.report(rep, false, nil)
 	return ExitRefused
 }
 
@@ -335,11 +335,16 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	if ls, err := launcher.ReadState(c.state); err == nil && ls.Failed != nil {
 		opt.FailedHostRelease = ls.Failed.Version
 	}
+	var diffs map[string]string
+	if plan && !c.json {
+		diffs = map[string]string{}
+		opt.OnDiff = func(module, id, diff string) { diffs[module+"."+id] = diff }
+	}
 	rep := engine.Apply(context.Background(), st, d, data, opt)
 	if !plan && rep.Outcome != shapes.Refused {
 		st.SaveReport(src, rep)
 	}
-	c.report(rep, plan)
+	c.report(rep, plan, diffs)
 	switch {
 	case rep.Outcome == shapes.Refused:
 		return ExitRefused
@@ -358,7 +363,8 @@ func nodeID(state string) string {
 	return id.Node
 }
 
-func (c *command) report(rep *shapes.Report, plan bool) {
+// report prints rep; diffs (a plan's, by module.id) follow their lines.
+func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string) {
 	if c.json {
 		// One line: a report may hold thousands of lines, and it is read by
 		// programs. Written by hand, as encoding/json would (see shapes).
@@ -389,6 +395,11 @@ func (c *command) report(rep *shapes.Report, plan bool) {
 			name = "-"
 		}
 		fmt.Fprintf(c.out, "%-13s %-28s %-10s %s\n", l.Outcome, name, l.Type, l.Detail)
+		if d := diffs[name]; d != "" {
+			for _, dl := range strings.SplitAfter(strings.TrimSuffix(d, "\n"), "\n") {
+				fmt.Fprintf(c.out, "    %s", strings.TrimSuffix(dl, "\n")+"\n")
+			}
+		}
 	}
 	var parts []string
 	for _, o := range []shapes.Outcome{shapes.Failed, shapes.HeldChanged, shapes.Held, shapes.Kept, shapes.Repaired, shapes.Applied, shapes.Removed, shapes.Restored, shapes.Forgotten, shapes.Unchanged} {

@@ -43,6 +43,10 @@ type Options struct {
 	// NodeID is this node's id once enrolled; "" on a hosted machine, where
 	// a local file has nothing to be checked against.
 	NodeID string
+	// OnDiff, in a plan, is given the content diff of each file whose
+	// content would change (capped; sealed content never shown). For the
+	// person at the terminal: no report carries it.
+	OnDiff func(module, id, diff string)
 	// Plan observes only: nothing on the machine or in the store changes.
 	Plan bool
 	// Partial is a host that may drive no init, package manager or runtime

@@ -159,6 +159,9 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	if sealed {
 		size = "sealed, " + size
 	}
+	if r.opt.Plan && r.opt.OnDiff != nil && !eq {
+		r.planDiff(f, data, exists, sealed)
+	}
 	st.line.Outcome = shapes.Applied
 	drift := e != nil && e.Digest == want && e.Mode == a.mode && e.UID == a.uid && e.GID == a.gid
 	if drift {
@@ -391,4 +394,24 @@ func (r *run) startChange(st *step, e *store.Entry, typ, p string, exists bool, 
 	}
 	st.intent = in
 	return n, nil
+}
+
+// planDiff gives the plan's caller the content diff of f (OnDiff). Sealed
+// content is never shown, not even to root at the terminal: the plan says
+// only that it would change.
+func (r *run) planDiff(f *shapes.File, data []byte, exists, sealed bool) {
+	if sealed {
+		r.opt.OnDiff(f.Module, f.ID, "(sealed content: not shown)")
+		return
+	}
+	var found []byte
+	if exists {
+		b, _, err := fsx.ReadRegular(f.Path, maxDiffInput)
+		if err != nil {
+			r.opt.OnDiff(f.Module, f.ID, fmt.Sprintf("(not shown: %v)", err))
+			return
+		}
+		found = b
+	}
+	r.opt.OnDiff(f.Module, f.ID, contentDiff(f.Path, found, exists, data))
 }

@@ -464,6 +464,22 @@ func giveBackOn(t *testing.T, in lab.Init) {
 		t.Fatal("the units are not as declared after the apply; stopping before the undeclare")
 	}
 
+	// The same declaration again changes nothing: every line unchanged,
+	// one record per unit (a unit brought absent goes by the init's own
+	// name from its first apply — OpenRC, runit and s6 name it bare).
+	rep, code = m.apply(decl(together...))
+	for _, l := range rep.Lines {
+		if l.Outcome != shapes.Unchanged {
+			t.Errorf("the second apply of the same declaration: %s.%s %s %q", l.Module, l.ID, l.Outcome, l.Detail)
+		}
+	}
+	if again := read(units, "after the second apply"); fmt.Sprint(again) != fmt.Sprint(after) {
+		t.Errorf("the second apply changed units:\n%v\nwas\n%v", again, after)
+	}
+	if t.Failed() {
+		t.Fatalf("the second apply (exit %d) changed something; stopping before the undeclare", code)
+	}
+
 	// Unknown: records from before the host kept what it found.
 	var unknown []string
 	for _, r := range rows {

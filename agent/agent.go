@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -40,6 +42,15 @@ type Options struct {
 	EnrolPoll time.Duration
 	// Vsock, when set, is where the executor is instead of Socket.
 	Vsock *Vsock
+	// DialExecutor, when set, is how a linked agent reaches the executor
+	// instead of Socket or Vsock: each call returns a new stream speaking
+	// the wire protocol, with no peer credentials to check. mesh-agent
+	// never sets it. It is for running many agents in one process against
+	// an in-process stand-in of the executor (tests/bench/scale, over
+	// net.Pipe), where two unix sockets per agent would not fit the
+	// process's file descriptors. Run refuses it without an Identity; an
+	// agent that turns hosted (retired, re-enrolling) reaches Socket.
+	DialExecutor func() (net.Conn, error)
 	// Episodic: the agent runs only now and then (inside an app), and
 	// opens the link only while it runs; its heartbeat says so.
 	Episodic bool
@@ -124,7 +135,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
 	}
-	if o.Vsock == nil {
+	if o.DialExecutor != nil && o.Identity == nil {
+		return errors.New("agent: DialExecutor is for a linked agent: it needs an Identity")
+	}
+	if o.Vsock == nil && o.DialExecutor == nil {
 		ctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go watchSocket(ctx, o.Socket, o.EnrolPoll, o.Log)
@@ -161,7 +175,7 @@ func Run(ctx context.Context, o Options) error {
 				o.Log.Error("retired, but the agent's identity could not be dropped: "+err.Error(), "config", o.ConfigPath)
 			}
 		}
-		o.Log.Info("retired: the executor is hosted again; so is the agent", "node", o.Identity.Node, "state", StateHosted)
+		o.Log.Info("retired: the executor is hosted again; so is the agent", "node", o.Identity.Node, "state", link.StateHosted)
 		o.Identity = nil
 	}
 }
@@ -187,8 +201,8 @@ func runLinked(ctx context.Context, o Options) error {
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
 		log:    o.Log.With("node", o.Identity.Node),
-		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build},
-		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build},
+		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
 		linkUp: make(chan struct{}, 1),
 		hbNow:  make(chan struct{}, 1),
 	}
@@ -213,7 +227,7 @@ func runLinked(ctx context.Context, o Options) error {
 		}
 		a.nc = nc
 		a.ncp.Store(nc)
-		a.js, _ = jetstream.NewWithAPIPrefix(nc, APIPrefix)
+		a.js, _ = jetstream.NewWithAPIPrefix(nc, link.APIPrefix)
 		a.cons = nil
 		a.linked()
 		a.work(ctx)
@@ -300,7 +314,7 @@ func (a *Agent) linkFailed(e *LinkError) {
 	a.lastLog = e.Msg
 	a.linkMu.Unlock()
 	if !repeat {
-		a.log.Error("link: "+e.Msg, "reason", e.Reason, "state", StateDisconnected)
+		a.log.Error("link: "+e.Msg, "reason", e.Reason, "state", link.StateDisconnected)
 	}
 }
 
@@ -318,7 +332,7 @@ func (a *Agent) linked() {
 	if err := a.state.update(func(s *State) { s.LastLinked = now }); err != nil {
 		a.log.Warn("state: " + err.Error())
 	}
-	a.log.Info("linked", "broker", a.id.BrokerURL, "state", StateEnrolled)
+	a.log.Info("linked", "broker", a.id.BrokerURL, "state", link.StateEnrolled)
 	a.reconc.Store(true)
 	for _, ch := range []chan struct{}{a.linkUp, a.hbNow} {
 		select {
@@ -344,7 +358,7 @@ func (a *Agent) linkDown(err error) {
 	if err != nil {
 		msg += ": " + err.Error()
 	}
-	a.log.Warn(msg, "state", StateDisconnected)
+	a.log.Warn(msg, "state", link.StateDisconnected)
 }
 
 // work is the worker: it tells the executor when the link came back, and
@@ -408,7 +422,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	a.reconc.Store(false)
 	a.learnFloor()
 	r := a.report(v.Seq)
-	r.Trigger, r.Outcome = TriggerReconnect, v.Outcome
+	r.Trigger, r.Outcome = link.TriggerReconnect, v.Outcome
 	if lines != nil {
 		r.Lines = lines
 	}
@@ -416,7 +430,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 		r.Refused, r.Code, r.RefusedBy = v.Reason, v.Code.String(), "executor"
 	}
 	a.log.Info("the executor reconciled after the link came back", "seq", v.Seq, "outcome", v.Outcome)
-	return a.publishReports(ctx, []*Report{r})
+	return a.publishReports(ctx, []*link.Report{r})
 }
 
 // learnFloor raises the agent's memory of the last applied sequence to the
@@ -436,8 +450,8 @@ func (a *Agent) learnFloor() {
 	}
 }
 
-func (a *Agent) report(seq uint64) *Report {
-	return &Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Seq: seq, Trigger: TriggerDeclaration, Lines: []shapes.Line{}, At: time.Now().UTC()}
+func (a *Agent) report(seq uint64) *link.Report {
+	return &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration, Lines: []shapes.Line{}, At: time.Now().UTC()}
 }
 
 // heartbeats publishes a heartbeat every period while linked, and one as
@@ -484,9 +498,9 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	a.linkMu.Lock()
 	l := a.link
 	a.linkMu.Unlock()
-	hb := &Heartbeat{
+	hb := &link.Heartbeat{
 		Node: a.id.Node, Enrolment: a.id.Enrolment, At: time.Now().UTC(),
-		Interval: a.o.Heartbeat.Seconds(), State: StateEnrolled, Presence: a.presence(),
+		Interval: a.o.Heartbeat.Seconds(), State: link.StateEnrolled, Presence: a.presence(),
 		AgentVersion: a.o.Version, AgentBuild: a.o.Build,
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
@@ -511,7 +525,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.cancel(errReenrol)
 			return
 		}
-		hb.Executor = &ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
+		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
 		if s.ProfileDigest != "" && s.ProfileDigest != st.ProfileDigest {
 			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
 				pr := b.(*wire.ProfileReply)
@@ -526,7 +540,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		sig, err = a.id.Sign(data)
 	}
 	if err == nil {
-		err = nc.PublishMsg(&nats.Msg{Subject: a.id.Subjects.Heartbeat, Data: data, Header: nats.Header{SignatureHeader: []string{sig}}})
+		err = nc.PublishMsg(&nats.Msg{Subject: a.id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}})
 	}
 	if err != nil {
 		a.log.Warn("heartbeat: " + err.Error())
@@ -562,7 +576,7 @@ func readNotice(path string) string {
 
 func (a *Agent) presence() string {
 	if a.o.Episodic {
-		return PresenceEpisodic
+		return link.PresenceEpisodic
 	}
-	return PresenceResident
+	return link.PresenceResident
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -121,9 +122,9 @@ func (a *Agent) get(ctx context.Context, req directGet) ([]byte, uint64, error) 
 // executor under the digest the declaration pins, checking it as it reads.
 func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, error) {
 	url := "obj://" + name
-	meta, _, err := a.get(ctx, directGet{LastFor: "$O." + ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	meta, _, err := a.get(ctx, directGet{LastFor: "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
 	if errors.Is(err, errNotFound) {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then declare again)", url, ArchiveBucket)}
+		return 0, &archiveRefusal{fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then declare again)", url, link.ArchiveBucket)}
 	}
 	if err != nil {
 		return 0, err
@@ -133,12 +134,12 @@ func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, er
 		return 0, &archiveRefusal{fmt.Sprintf("archive %s: the store's record of it does not read (%v)", url, err)}
 	}
 	if info.Deleted {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s was deleted from the archive store %s", url, ArchiveBucket)}
+		return 0, &archiveRefusal{fmt.Sprintf("archive %s was deleted from the archive store %s", url, link.ArchiveBucket)}
 	}
 	if info.Size > wire.MaxArchiveBytes {
 		return 0, &archiveRefusal{fmt.Sprintf("archive %s holds %d bytes, over the %d a node takes", url, info.Size, uint64(wire.MaxArchiveBytes))}
 	}
-	chunks := "$O." + ArchiveBucket + ".C." + info.NUID
+	chunks := "$O." + link.ArchiveBucket + ".C." + info.NUID
 	h := sha256.New()
 	var read uint64
 	ack, err := a.exec.archive(ctx, sum, func(send func([]byte) error) error {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // Config is the agent's config file, written by `mesh-control node add`
@@ -52,7 +53,7 @@ type Identity struct {
 	ControlKey ed25519.PublicKey
 	Node       string
 	Enrolment  string
-	Subjects   Subjects
+	Subjects   link.Subjects
 	nkey       nkeys.KeyPair
 	nkeyPublic string
 	userJWT    string
@@ -118,7 +119,7 @@ func (c *Config) Identity() (*Identity, error) {
 	if u.Scheme != "tls" && u.Scheme != "nats" {
 		return nil, fmt.Errorf("broker_url %q: the scheme is tls:// (TLS is always required)", c.BrokerURL)
 	}
-	pin, err := ParseFingerprint(c.BrokerFingerprint)
+	pin, err := link.ParseFingerprint(c.BrokerFingerprint)
 	if err != nil {
 		return nil, fmt.Errorf("broker_fingerprint: %w", err)
 	}
@@ -126,7 +127,7 @@ func (c *Config) Identity() (*Identity, error) {
 	if err != nil || len(ck) != ed25519.PublicKeySize {
 		return nil, fmt.Errorf("control_key is not a base64 Ed25519 public key")
 	}
-	if err := ValidNodeName(c.Node); err != nil {
+	if err := link.ValidNodeName(c.Node); err != nil {
 		return nil, err
 	}
 	if c.Enrolment == "" || len(c.Enrolment) > 128 {
@@ -146,7 +147,7 @@ func (c *Config) Identity() (*Identity, error) {
 		ControlKey: ed25519.PublicKey(ck),
 		Node:       c.Node,
 		Enrolment:  c.Enrolment,
-		Subjects:   SubjectsOf(c.Node),
+		Subjects:   link.SubjectsOf(c.Node),
 		nkey:       kp,
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -40,9 +41,9 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := a.js.Consumer(cctx, DeclStream, a.id.Subjects.Consumer)
+	c, err := a.js.Consumer(cctx, link.DeclStream, a.id.Subjects.Consumer)
 	if err != nil {
-		return nil, fmt.Errorf("the broker has no declaration consumer %s on %s for this node, or refuses it: %w", a.id.Subjects.Consumer, DeclStream, err)
+		return nil, fmt.Errorf("the broker has no declaration consumer %s on %s for this node, or refuses it: %w", a.id.Subjects.Consumer, link.DeclStream, err)
 	}
 	a.cons = c
 	return c, nil
@@ -90,7 +91,7 @@ type candidate struct {
 }
 
 type settled struct {
-	report *Report // nil: acked without a report
+	report *link.Report // nil: acked without a report
 	msg    jetstream.Msg
 }
 
@@ -195,7 +196,7 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 	stop := keepInProgress(pending)
 	defer stop()
-	var r *Report
+	var r *link.Report
 	// The archives it names go to the executor's cache first, so the apply
 	// finds them there.
 	if err := a.streamArchives(ctx, best.msg.Data()); err != nil {
@@ -251,7 +252,7 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 	// A retire declaration that ran to its end leaves the executor
 	// hosted: the agent follows once its report is out.
-	if st, err := a.exec.status(); err == nil && st.State == StateHosted {
+	if st, err := a.exec.status(); err == nil && st.State == link.StateHosted {
 		a.cancel(ErrRetired)
 	}
 	return nil
@@ -286,7 +287,7 @@ func (a *Agent) settle(ctx context.Context, items []settled) error {
 	if len(items) == 0 {
 		return nil
 	}
-	var reports []*Report
+	var reports []*link.Report
 	for _, it := range items {
 		if it.report != nil {
 			if it.report.Lines == nil {
@@ -311,7 +312,7 @@ func (a *Agent) settle(ctx context.Context, items []settled) error {
 
 // publishReports puts reports on the broker and waits for the report
 // stream to have stored each.
-func (a *Agent) publishReports(ctx context.Context, reports []*Report) error {
+func (a *Agent) publishReports(ctx context.Context, reports []*link.Report) error {
 	if len(reports) == 0 {
 		return nil
 	}
@@ -325,7 +326,7 @@ func (a *Agent) publishReports(ctx context.Context, reports []*Report) error {
 		if err != nil {
 			return err
 		}
-		f, err := a.js.PublishMsgAsync(&nats.Msg{Subject: a.id.Subjects.Report, Data: data, Header: nats.Header{SignatureHeader: []string{sig}}})
+		f, err := a.js.PublishMsgAsync(&nats.Msg{Subject: a.id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}})
 		if err != nil {
 			return fmt.Errorf("report: %w", err)
 		}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -29,7 +29,7 @@ func publishSealed(t *testing.T, c *controlSide, node string, key ed25519.Privat
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := c.client.JS.Publish(ctx, agent.SubjectsOf(node).Decl, env); err != nil {
+	if _, err := c.client.JS.Publish(ctx, link.SubjectsOf(node).Decl, env); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -145,6 +145,6 @@ func TestDrainForwardsOnlyTheNewest(t *testing.T) {
 		}
 		n := ns[0]
 		return n.Declared == newest && n.Applied == newest && n.LastOutcome == shapes.Applied &&
-			n.LastSeq == newest && n.ExecutorVersion == "fake" && n.State == agent.StateEnrolled
+			n.LastSeq == newest && n.ExecutorVersion == "fake" && n.State == link.StateEnrolled
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -81,7 +82,7 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build}
 	defer ex.close()
 	if !reenrol {
-		o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", StateHosted, "agent_nkey", pub)
+		o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", link.StateHosted, "agent_nkey", pub)
 	}
 	lastErr := ""
 	for {
@@ -128,7 +129,7 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 		_, err := ex.ask(wire.KindGrant, &wire.GrantHandover{RefusedBy: by, Reason: reason, Final: final}, "grant")
 		return err
 	}
-	pin, err := ParseFingerprint(offer.Fingerprint)
+	pin, err := link.ParseFingerprint(offer.Fingerprint)
 	if err != nil || len(offer.Credential) != 32 || len(offer.ControlKey) != ed25519.PublicKeySize {
 		return nil, tell("agent", "the executor's offer is malformed", true)
 	}
@@ -141,9 +142,9 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	start := time.Now()
 	nc, err := nats.Connect(offer.BrokerURL,
 		nats.Name("mesh-agent/enrol"),
-		nats.Secure(PinnedTLS(pin, pins.note)),
+		nats.Secure(link.PinnedTLS(pin, pins.note)),
 		nats.Nkey(credPub, cred.Sign),
-		nats.CustomInboxPrefix(EnrolInbox(offer.Token)),
+		nats.CustomInboxPrefix(link.EnrolInbox(offer.Token)),
 		nats.Timeout(5*time.Second),
 		nats.NoReconnect(),
 	)

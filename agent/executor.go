@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -27,7 +28,10 @@ type execClient struct {
 	uid  uint32
 	// vsock, when set, is where the executor is instead of path: no peer
 	// credentials there, so the hello presents the connection secret.
-	vsock          *Vsock
+	vsock *Vsock
+	// dial, when set, is where the executor is instead of path and vsock
+	// (Options.DialExecutor).
+	dial           func() (net.Conn, error)
 	version, build string
 	conn           *wire.Conn
 	hello          *wire.HelloReply
@@ -49,10 +53,16 @@ func (e *execClient) connect() error {
 	var c *wire.Conn
 	var err error
 	hello := &wire.Hello{Protocol: wire.ProtocolVersion, Version: e.version, Build: e.build}
-	if e.vsock != nil {
+	switch {
+	case e.dial != nil:
+		var nc net.Conn
+		if nc, err = e.dial(); err == nil {
+			c = wire.NewConn(nc, wire.ExecutorToAgent)
+		}
+	case e.vsock != nil:
 		c, err = wire.DialVsock(e.vsock.CID, e.vsock.Port)
 		hello.Secret = e.vsock.Secret
-	} else {
+	default:
 		c, err = wire.DialUnix(e.path, e.uid)
 		if errors.Is(err, fs.ErrPermission) {
 			return fmt.Errorf("executor unreachable: %w", socketDenied(e.path, err))

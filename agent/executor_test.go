@@ -13,6 +13,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -129,7 +130,7 @@ func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
 			}
 			return ""
 		}
-		waitFor(t, n.name+" heard from", func() bool { return state() == agent.StateEnrolled })
+		waitFor(t, n.name+" heard from", func() bool { return state() == link.StateEnrolled })
 		cancel()
 		<-done
 		waitFor(t, n.name+" read as "+n.want, func() bool { return state() == n.want })

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -156,7 +157,7 @@ func describe(rs []*control.SignedReport) string {
 func hasReport(seq uint64, outcome shapes.Outcome) func([]*control.SignedReport) bool {
 	return func(rs []*control.SignedReport) bool {
 		for _, r := range rs {
-			if r.Seq == seq && r.Outcome == outcome && r.Trigger == agent.TriggerDeclaration {
+			if r.Seq == seq && r.Outcome == outcome && r.Trigger == link.TriggerDeclaration {
 				return true
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // LinkError is a failure to link, saying which side refused and why:
@@ -37,17 +38,17 @@ const (
 // the cause stays legible whatever the NATS client does with the TLS error.
 type pinWatch struct {
 	mu   sync.Mutex
-	last *PinError
+	last *link.PinError
 	at   time.Time
 }
 
-func (p *pinWatch) note(e *PinError) {
+func (p *pinWatch) note(e *link.PinError) {
 	p.mu.Lock()
 	p.last, p.at = e, time.Now()
 	p.mu.Unlock()
 }
 
-func (p *pinWatch) since(t time.Time) *PinError {
+func (p *pinWatch) since(t time.Time) *link.PinError {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.last != nil && !p.at.Before(t) {
@@ -57,8 +58,8 @@ func (p *pinWatch) since(t time.Time) *PinError {
 }
 
 // explain turns what the NATS client returned into a LinkError.
-func explain(url string, err error, pin *PinError) *LinkError {
-	var pe *PinError
+func explain(url string, err error, pin *link.PinError) *LinkError {
+	var pe *link.PinError
 	if errors.As(err, &pe) {
 		pin = pe
 	}
@@ -89,7 +90,7 @@ func explain(url string, err error, pin *PinError) *LinkError {
 func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 	opts := []nats.Option{
 		nats.Name("mesh-agent/" + id.Node),
-		nats.Secure(PinnedTLS(id.Pin, pins.note)),
+		nats.Secure(link.PinnedTLS(id.Pin, pins.note)),
 		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),
 		nats.Timeout(5 * time.Second),

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -53,7 +54,7 @@ func TestBrokerRestart(t *testing.T) {
 		}
 		seqs = append(seqs, s)
 	}
-	cz, _ := bare.NATS().Connz(&server.ConnzOptions{Account: control.AccountNodes})
+	cz, _ := bare.NATS().Connz(&server.ConnzOptions{Account: link.AccountNodes})
 	if cz.NumConns != 0 {
 		t.Fatalf("the node is connected to the broker that does not know it")
 	}
@@ -81,7 +82,7 @@ func TestBrokerRestart(t *testing.T) {
 			t.Errorf("seq %d not reported superseded by %d: %s", s, newest, describe(rs))
 		}
 	}
-	if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Trigger == agent.TriggerReconnect }) {
+	if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Trigger == link.TriggerReconnect }) {
 		t.Errorf("no report of the reconcile after the link came back: %s", describe(rs))
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -362,11 +362,11 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 // overlay resource, owns_nothing and retire — what a held node keeps. It
 // is empty for a node never declared to in this enrolment (a new one).
 func (c *Client) lastDeclared(ctx context.Context, rec *NodeRecord) (map[string]json.RawMessage, error) {
-	stream, err := c.JS.Stream(ctx, agent.DeclStream)
+	stream, err := c.JS.Stream(ctx, link.DeclStream)
 	if err != nil {
 		return nil, err
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, agent.SubjectsOf(rec.Name).Decl)
+	m, err := stream.GetLastMsgForSubject(ctx, link.SubjectsOf(rec.Name).Decl)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
 	}
@@ -526,7 +526,7 @@ func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published,
 // applied, unchanged or repaired, the node has joined and its assignments
 // may go out. It reports whether the node joined now.
 func (c *Client) noteReport(ctx context.Context, node string, data []byte) bool {
-	var r agent.Report
+	var r link.Report
 	if json.Unmarshal(data, &r) != nil || r.Node != node {
 		return false
 	}

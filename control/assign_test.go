@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -32,13 +33,13 @@ func reportAs(t *testing.T, id *agent.Identity, seq uint64, outcome shapes.Outco
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	data, _ := json.Marshal(&agent.Report{Node: id.Node, Enrolment: id.Enrolment, Seq: seq, Trigger: agent.TriggerDeclaration,
+	data, _ := json.Marshal(&link.Report{Node: id.Node, Enrolment: id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration,
 		Outcome: outcome, Lines: lines, Briefing: b, At: time.Now().UTC()})
 	sig, err := id.Sign(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{agent.SignatureHeader: []string{sig}}}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // addNode registers name and waits until the broker lets it in.
@@ -173,8 +174,8 @@ func TestNodeIsolation(t *testing.T) {
 	defer nc.Close()
 	refused := permissionRefused(t, nc, errs)
 	// Its own: bind, pull, ack.
-	js, _ := jetstream.NewWithAPIPrefix(nc, agent.APIPrefix)
-	own, err := js.Consumer(ctx, agent.DeclStream, "node-alpha")
+	js, _ := jetstream.NewWithAPIPrefix(nc, link.APIPrefix)
+	own, err := js.Consumer(ctx, link.DeclStream, "node-alpha")
 	if err != nil {
 		t.Fatalf("alpha cannot bind its own consumer: %v", err)
 	}
@@ -225,7 +226,7 @@ func TestNodeIsolation(t *testing.T) {
 	}
 	short, cancelShort := context.WithTimeout(ctx, time.Second)
 	defer cancelShort()
-	if _, err := js.Consumer(short, agent.DeclStream, "node-beta"); err == nil {
+	if _, err := js.Consumer(short, link.DeclStream, "node-beta"); err == nil {
 		t.Fatal("alpha bound beta's consumer")
 	}
 	// Publishing as B.
@@ -273,7 +274,7 @@ func TestNodeIsolation(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	// B's consumer is untouched, B's subjects empty but for its one declaration.
-	bc, err := s.client.JS.Consumer(ctx, agent.DeclStream, "node-beta")
+	bc, err := s.client.JS.Consumer(ctx, link.DeclStream, "node-beta")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func TestNodeIsolation(t *testing.T) {
 	for _, st := range []struct {
 		stream, subj string
 		want         uint64
-	}{{agent.ReportStream, "mesh.report.beta", 0}, {agent.HeartbeatStream, "mesh.heartbeat.beta", 0}, {agent.DeclStream, "mesh.decl.beta", 1}} {
+	}{{link.ReportStream, "mesh.report.beta", 0}, {link.HeartbeatStream, "mesh.heartbeat.beta", 0}, {link.DeclStream, "mesh.decl.beta", 1}} {
 		str, _ := s.client.JS.Stream(ctx, st.stream)
 		si, err := str.Info(ctx, jetstream.WithSubjectFilter(st.subj))
 		if err != nil {
@@ -318,7 +319,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 	if again, _, err := s.client.PutArchive(ctx, path); err != nil || again != sum {
 		t.Fatalf("put again: %s %v", again, err)
 	}
-	str, _ := s.client.JS.Stream(ctx, agent.ArchiveStream)
+	str, _ := s.client.JS.Stream(ctx, link.ArchiveStream)
 	before, _ := str.Info(ctx)
 
 	errs := make(chan error, 64)
@@ -336,7 +337,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 		return m
 	}
 	// It reads: the object's record, then its chunks in order.
-	metaSubj := "$O." + agent.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(sum))
+	metaSubj := "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(sum))
 	var info struct {
 		NUID   string `json:"nuid"`
 		Chunks int    `json:"chunks"`
@@ -347,7 +348,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 	var got []byte
 	seq := uint64(0)
 	for i := 0; i < info.Chunks; i++ {
-		m := get(fmt.Sprintf(`{"seq":%d,"next_by_subj":"$O.%s.C.%s"}`, seq, agent.ArchiveBucket, info.NUID))
+		m := get(fmt.Sprintf(`{"seq":%d,"next_by_subj":"$O.%s.C.%s"}`, seq, link.ArchiveBucket, info.NUID))
 		got = append(got, m.Data...)
 		n, _ := strconv.ParseUint(m.Header.Get(nats.JSSequence), 10, 64)
 		seq = n + 1
@@ -357,22 +358,22 @@ func TestNodeArchiveAccess(t *testing.T) {
 	}
 
 	refused := permissionRefused(t, nc, errs)
-	chunkSubj := "$O." + agent.ArchiveBucket + ".C." + info.NUID
+	chunkSubj := "$O." + link.ArchiveBucket + ".C." + info.NUID
 	for _, subj := range []string{
-		chunkSubj, metaSubj, "$O." + agent.ArchiveBucket + ".C.new", // put
-		"mesh.api.STREAM.MSG.DELETE." + agent.ArchiveStream, // delete
-		"mesh.api.STREAM.PURGE." + agent.ArchiveStream,
-		"mesh.api.STREAM.DELETE." + agent.ArchiveStream,
-		"mesh.api.STREAM.UPDATE." + agent.ArchiveStream,
-		"mesh.api.STREAM.INFO." + agent.ArchiveStream,
-		"mesh.api.STREAM.MSG.GET." + agent.ArchiveStream,
-		"mesh.api.CONSUMER.CREATE." + agent.ArchiveStream,
+		chunkSubj, metaSubj, "$O." + link.ArchiveBucket + ".C.new", // put
+		"mesh.api.STREAM.MSG.DELETE." + link.ArchiveStream, // delete
+		"mesh.api.STREAM.PURGE." + link.ArchiveStream,
+		"mesh.api.STREAM.DELETE." + link.ArchiveStream,
+		"mesh.api.STREAM.UPDATE." + link.ArchiveStream,
+		"mesh.api.STREAM.INFO." + link.ArchiveStream,
+		"mesh.api.STREAM.MSG.GET." + link.ArchiveStream,
+		"mesh.api.CONSUMER.CREATE." + link.ArchiveStream,
 		"mesh.api.DIRECT.GET.KV_" + control.Bucket, // the registry by the same door
-		"mesh.api.DIRECT.GET." + agent.DeclStream,
-		"$JS.API.DIRECT.GET." + agent.ArchiveStream,
-		"$JS.API.STREAM.MSG.DELETE." + agent.ArchiveStream,
-		"$JS.API.STREAM.PURGE." + agent.ArchiveStream,
-		"$JS.API.CONSUMER.CREATE." + agent.ArchiveStream,
+		"mesh.api.DIRECT.GET." + link.DeclStream,
+		"$JS.API.DIRECT.GET." + link.ArchiveStream,
+		"$JS.API.STREAM.MSG.DELETE." + link.ArchiveStream,
+		"$JS.API.STREAM.PURGE." + link.ArchiveStream,
+		"$JS.API.CONSUMER.CREATE." + link.ArchiveStream,
 	} {
 		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"seq":1}`)); err != nil {
 			t.Fatal(err)
@@ -385,7 +386,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 	}
 	// The store's answers, steered at its own subjects, stay in the nodes'
 	// account: nothing is added to the store.
-	for _, reply := range []string{chunkSubj, metaSubj, "$O." + agent.ArchiveBucket + ".M.bmV3"} {
+	for _, reply := range []string{chunkSubj, metaSubj, "$O." + link.ArchiveBucket + ".M.bmV3"} {
 		nc.PublishRequest(a.Subjects.ArchiveGet, reply, []byte(`{"last_by_subj":"`+metaSubj+`"}`))
 	}
 	nc.Flush()

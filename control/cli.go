@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -497,7 +498,7 @@ func (c *cli) reports(node string, last int) error {
 		case r.Outcome == shapes.Refused:
 			head += fmt.Sprintf(" by the %s [%s]: %s", r.RefusedBy, r.Code, r.Refused)
 		}
-		if r.Trigger == agent.TriggerReconnect {
+		if r.Trigger == link.TriggerReconnect {
 			head += "  (reconcile after the link came back)"
 		}
 		if r.Duplicate {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -124,24 +125,24 @@ func TestCommands(t *testing.T) {
 		m.Data = data
 		if signed {
 			sig, _ := id.Sign(data)
-			m.Header.Set(agent.SignatureHeader, sig)
+			m.Header.Set(link.SignatureHeader, sig)
 		}
 		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now := time.Now().UTC()
-	send(id.Subjects.Report, agent.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: agent.TriggerDeclaration, Outcome: shapes.Applied,
+	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied,
 		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now}, true)
-	send(id.Subjects.Report, agent.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 9, Outcome: shapes.Failed, At: now}, false)
-	send(id.Subjects.Heartbeat, agent.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: agent.StateEnrolled,
-		Presence: "resident", Executor: &agent.ExecutorStatus{Version: "1.2.3", Build: "abc", Seq: 2, Outcome: shapes.Applied}, LastApplied: 2}, true)
+	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 9, Outcome: shapes.Failed, At: now}, false)
+	send(id.Subjects.Heartbeat, link.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: link.StateEnrolled,
+		Presence: "resident", Executor: &link.ExecutorStatus{Version: "1.2.3", Build: "abc", Seq: 2, Outcome: shapes.Applied}, LastApplied: 2}, true)
 	nc.Flush()
 	for {
 		out, _, code = run(t, ctx, "nodes", "--dir", dir, "--json")
 		ns = nil
 		json.Unmarshal([]byte(out), &ns)
-		if code == 0 && len(ns) == 1 && ns[0].Applied == 2 && ns[0].ExecutorVersion == "1.2.3" && ns[0].LastOutcome == shapes.Applied && ns[0].State == agent.StateEnrolled {
+		if code == 0 && len(ns) == 1 && ns[0].Applied == 2 && ns[0].ExecutorVersion == "1.2.3" && ns[0].LastOutcome == shapes.Applied && ns[0].State == link.StateEnrolled {
 			break
 		}
 		if ctx.Err() != nil {

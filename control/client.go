@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -69,7 +70,7 @@ type Client struct {
 	NC   *nats.Conn
 	JS   jetstream.JetStream
 	KV   jetstream.KeyValue
-	// Archives is the object store of archives (agent.ArchiveBucket).
+	// Archives is the object store of archives (link.ArchiveBucket).
 	Archives jetstream.ObjectStore
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
@@ -120,10 +121,10 @@ const connectRetry = 3 * time.Second
 
 // connectOnce is one attempt of Connect; final says trying again is no use.
 func connectOnce(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Client, bool, error) {
-	var pinErr atomic.Pointer[agent.PinError]
+	var pinErr atomic.Pointer[link.PinError]
 	nc, err := nats.Connect(url,
 		nats.Name("mesh-control"),
-		nats.Secure(agent.PinnedTLS(k.Fingerprint, func(e *agent.PinError) { pinErr.Store(e) })),
+		nats.Secure(link.PinnedTLS(k.Fingerprint, func(e *link.PinError) { pinErr.Store(e) })),
 		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
 		nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1),
@@ -153,14 +154,14 @@ func (c *Client) Close() { c.NC.Close() }
 
 func (c *Client) ensure(ctx context.Context) error {
 	streams := []jetstream.StreamConfig{
-		{Name: agent.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
+		{Name: link.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute,
 			Description: "signed declarations, one subject per node"},
-		{Name: agent.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
+		{Name: link.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			Description: "reports from nodes"},
-		{Name: agent.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
+		{Name: link.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			Description: "heartbeats from nodes"},
 	}
@@ -177,10 +178,10 @@ func (c *Client) ensure(ctx context.Context) error {
 	}
 	c.KV = kv
 	obs, err := c.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: agent.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
+		Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
 	})
 	if err != nil {
-		return fmt.Errorf("archive store %s: %w", agent.ArchiveBucket, err)
+		return fmt.Errorf("archive store %s: %w", link.ArchiveBucket, err)
 	}
 	c.Archives = obs
 	return nil
@@ -261,7 +262,7 @@ func (c *Client) Node(ctx context.Context, name string) (*NodeRecord, uint64, er
 // pins. brokerURL is the broker as the node reaches it ("" for the
 // client's).
 func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Config, *ExecutorIdentity, error) {
-	if err := agent.ValidNodeName(name); err != nil {
+	if err := link.ValidNodeName(name); err != nil {
 		return nil, nil, err
 	}
 	if brokerURL == "" {
@@ -308,8 +309,8 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 // consumer: nothing addressed to an earlier node of that name, or an
 // earlier enrolment, is delivered again.
 func (c *Client) freshQueue(ctx context.Context, name string) error {
-	s := agent.SubjectsOf(name)
-	stream, err := c.JS.Stream(ctx, agent.DeclStream)
+	s := link.SubjectsOf(name)
+	stream, err := c.JS.Stream(ctx, link.DeclStream)
 	if err != nil {
 		return err
 	}
@@ -317,7 +318,7 @@ func (c *Client) freshQueue(ctx context.Context, name string) error {
 		return fmt.Errorf("emptying %s: %w", s.Decl, err)
 	}
 	stream.DeleteConsumer(ctx, s.Consumer) // one left by a node of the same name
-	if _, err := c.JS.CreateConsumer(ctx, agent.DeclStream, jetstream.ConsumerConfig{
+	if _, err := c.JS.CreateConsumer(ctx, link.DeclStream, jetstream.ConsumerConfig{
 		Durable:       s.Consumer,
 		Description:   "declarations of node " + name,
 		FilterSubject: s.Decl,
@@ -435,7 +436,7 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 		return 0, err
 	}
 	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
-	if _, err := c.JS.Publish(ctx, agent.SubjectsOf(node).Decl, env, jetstream.WithMsgID(msgID)); err != nil {
+	if _, err := c.JS.Publish(ctx, link.SubjectsOf(node).Decl, env, jetstream.WithMsgID(msgID)); err != nil {
 		return 0, fmt.Errorf("publishing sequence %d for %s: %w", seq, node, err)
 	}
 	return seq, nil

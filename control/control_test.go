@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -66,7 +66,7 @@ func TestDeclareSequencesUnderConcurrency(t *testing.T) {
 		}
 	}
 	// What is on the stream, in stream order.
-	cons, err := s.client.JS.OrderedConsumer(ctx, agent.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"mesh.decl.web1"}})
+	cons, err := s.client.JS.OrderedConsumer(ctx, link.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"mesh.decl.web1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@
 // The broker has two accounts: CONTROL (the control side, JetStream) and
 // NODES (every node, no JetStream), joined by service imports only. Each
 // node is an NKey user of NODES whose permissions are exactly its own
-// subjects (NodePermissions). The split exists because a NATS permission
+// subjects (link.NodePermissions). The split exists because a NATS permission
 // limits what a client publishes, not the reply subject it names: in one
 // account a node can have JetStream answer onto mesh.decl.<other>, and the
 // stream stores it (tried, and tested against in TestNodeIsolation).

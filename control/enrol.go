@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -59,7 +59,7 @@ func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl ti
 		ttl = DefaultTokenTTL
 	}
 	if name != "" {
-		if err := agent.ValidNodeName(name); err != nil {
+		if err := link.ValidNodeName(name); err != nil {
 			return "", nil, err
 		}
 	}
@@ -362,7 +362,7 @@ func (c *Client) freeName(ctx context.Context, hostname string) (string, error) 
 	if len(base) > 56 {
 		base = base[:56]
 	}
-	if agent.ValidNodeName(base) != nil {
+	if link.ValidNodeName(base) != nil {
 		base = "node"
 	}
 	for i := 1; i < 1000; i++ {
@@ -417,12 +417,12 @@ func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *To
 }
 
 // UserJWT is the node's broker credential: a NATS user JWT for its NKey,
-// issued by the nodes' account, with exactly NodePermissions, without
+// issued by the nodes' account, with exactly link.NodePermissions, without
 // expiry (revocation only).
 func (c *Client) UserJWT(node, nkey string) (string, error) {
 	uc := jwt.NewUserClaims(nkey)
 	uc.Name = node
-	pub, sub := NodePermissions(node)
+	pub, sub := link.NodePermissions(node)
 	uc.Pub.Allow.Add(pub...)
 	uc.Sub.Allow.Add(sub...)
 	return uc.Encode(c.Keys.Account)

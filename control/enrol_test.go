@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -56,8 +57,8 @@ func request(t *testing.T, s *served, text string, keys wire.EnrolKeys, mutate f
 	// The broker learns of a token from the registry's watch, a moment
 	// after it is issued; a person pasting it is never that quick.
 	for i := 0; ; i++ {
-		nc, err = nats.Connect(s.url, nats.Secure(agent.PinnedTLS(tok.FingerprintHex(), nil)), nats.Nkey(pub, cred.Sign),
-			nats.CustomInboxPrefix(agent.EnrolInbox(tok.IDString())), nats.NoReconnect())
+		nc, err = nats.Connect(s.url, nats.Secure(link.PinnedTLS(tok.FingerprintHex(), nil)), nats.Nkey(pub, cred.Sign),
+			nats.CustomInboxPrefix(link.EnrolInbox(tok.IDString())), nats.NoReconnect())
 		if err == nil {
 			break
 		}
@@ -101,9 +102,9 @@ func grantOf(t *testing.T, s *served, r *wire.EnrolReply) *wire.Grant {
 
 // connectAs connects with a grant's JWT and the machine's NKey.
 func connectAs(s *served, g *wire.Grant, m *machine) (*nats.Conn, error) {
-	return nats.Connect(s.url, nats.Secure(agent.PinnedTLS(s.keys.Fingerprint, nil)),
+	return nats.Connect(s.url, nats.Secure(link.PinnedTLS(s.keys.Fingerprint, nil)),
 		nats.Nkey(m.keys.AgentNKey, m.nkey.Sign), nats.Token(g.UserJWT),
-		nats.CustomInboxPrefix(agent.SubjectsOf(g.Node).Inbox), nats.NoReconnect())
+		nats.CustomInboxPrefix(link.SubjectsOf(g.Node).Inbox), nats.NoReconnect())
 }
 
 func eventually(t *testing.T, what string, f func() bool) {
@@ -248,8 +249,8 @@ func TestTokenCredentialCanOnlyEnrol(t *testing.T) {
 	var nc *nats.Conn
 	var err error
 	eventually(t, "the token's credential is let in", func() bool {
-		nc, err = nats.Connect(s.url, nats.Secure(agent.PinnedTLS(tok.FingerprintHex(), nil)), nats.Nkey(pub, cred.Sign),
-			nats.CustomInboxPrefix(agent.EnrolInbox(tok.IDString())), nats.NoReconnect(),
+		nc, err = nats.Connect(s.url, nats.Secure(link.PinnedTLS(tok.FingerprintHex(), nil)), nats.Nkey(pub, cred.Sign),
+			nats.CustomInboxPrefix(link.EnrolInbox(tok.IDString())), nats.NoReconnect(),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
 		return err == nil
 	})
@@ -260,7 +261,7 @@ func TestTokenCredentialCanOnlyEnrol(t *testing.T) {
 		refused("subscribe", subj)
 	}
 	for _, subj := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
-		"mesh.api.CONSUMER.INFO.MESH_DECL.node-beta", agent.ArchiveGet, "$JS.API.STREAM.INFO.MESH_DECL", "mesh.enrol.0011223344556677", "mesh.enrol.*"} {
+		"mesh.api.CONSUMER.INFO.MESH_DECL.node-beta", link.ArchiveGet, "$JS.API.STREAM.INFO.MESH_DECL", "mesh.enrol.0011223344556677", "mesh.enrol.*"} {
 		nc.Publish(subj, []byte("{}"))
 		refused("publish", subj)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -239,9 +240,9 @@ func LoadKeys(dir string) (*Keys, error) {
 		if blk == nil || blk.Type != "CERTIFICATE" {
 			return nil, fmt.Errorf("%s: not a PEM certificate", FileBrokerCert)
 		}
-		k.Fingerprint = agent.Fingerprint(blk.Bytes)
+		k.Fingerprint = link.Fingerprint(blk.Bytes)
 	} else {
-		k.Fingerprint = agent.Fingerprint(cert.Certificate[0])
+		k.Fingerprint = link.Fingerprint(cert.Certificate[0])
 	}
 	seed, err := readKeyFile(dir, FileNKey)
 	if err != nil {

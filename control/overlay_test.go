@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -23,8 +23,8 @@ func declsOf(t *testing.T, s *served, node string) []*shapes.Declaration {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	subj := agent.SubjectsOf(node).Decl
-	stream, err := s.client.JS.Stream(ctx, agent.DeclStream)
+	subj := link.SubjectsOf(node).Decl
+	stream, err := s.client.JS.Stream(ctx, link.DeclStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func declsOf(t *testing.T, s *served, node string) []*shapes.Declaration {
 	if n == 0 {
 		return nil
 	}
-	cons, err := s.client.JS.OrderedConsumer(ctx, agent.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	cons, err := s.client.JS.OrderedConsumer(ctx, link.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		t.Fatal(err)
 	}

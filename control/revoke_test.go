@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // heartbeatAs publishes a heartbeat signed by the node's NKey, as its
@@ -24,13 +25,13 @@ func heartbeatAs(t *testing.T, id *agent.Identity) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	data, _ := json.Marshal(&agent.Heartbeat{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30,
-		State: agent.StateEnrolled, Presence: agent.PresenceResident})
+	data, _ := json.Marshal(&link.Heartbeat{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30,
+		State: link.StateEnrolled, Presence: link.PresenceResident})
 	sig, err := id.Sign(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: data, Header: nats.Header{agent.SignatureHeader: []string{sig}}}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
@@ -53,7 +54,7 @@ func TestRevocationSaysTheTruth(t *testing.T) {
 	_, lost := enrolNode(t, s, "lost")
 	enrolNode(t, s, "kept")
 	heartbeatAs(t, lost)
-	eventually(t, "lost heard from as enrolled", func() bool { return status(t, s, "lost").State == agent.StateEnrolled })
+	eventually(t, "lost heard from as enrolled", func() bool { return status(t, s, "lost").State == link.StateEnrolled })
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
 		return run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -46,11 +46,11 @@ func lastEnvelope(t *testing.T, s *served, node string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := s.client.JS.Stream(ctx, agent.DeclStream)
+	stream, err := s.client.JS.Stream(ctx, link.DeclStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, agent.SubjectsOf(node).Decl)
+	m, err := stream.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +181,8 @@ func TestSealRefusedBeforeASequenceIsTaken(t *testing.T) {
 		t.Fatalf("unsealed: %v", err)
 	}
 	// Nothing of this was published to the node.
-	stream, _ := s.client.JS.Stream(ctx, agent.DeclStream)
-	if _, err := stream.GetLastMsgForSubject(ctx, agent.SubjectsOf("vault1").Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	stream, _ := s.client.JS.Stream(ctx, link.DeclStream)
+	if _, err := stream.GetLastMsgForSubject(ctx, link.SubjectsOf("vault1").Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("something was published: %v", err)
 	}
 }

@@ -24,7 +24,7 @@ type ServeOptions struct {
 	// NATSURL, when set, is an existing broker to use instead of the
 	// embedded one. Its users and permissions are then that broker's
 	// business: it must know the control side's NKey (control.nk's public
-	// half) with all permissions, each node's NKey with NodePermissions,
+	// half) with all permissions, each node's NKey with link.NodePermissions,
 	// and present the certificate in the key directory (broker.crt), whose
 	// fingerprint is what nodes pin.
 	NATSURL string

@@ -16,74 +16,12 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
-	"github.com/nox-mesh/nox-mesh-host/wire"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // MaxPayload is the largest message the embedded broker takes: a signed
 // declaration at its largest in practice (NATS advises against more).
 const MaxPayload = 8 << 20
-
-// The broker's accounts. The control side and its JetStream live in
-// CONTROL; nodes live in NODES, which has no JetStream and reaches CONTROL
-// only through the service imports below. That split is what keeps a node
-// off other nodes' declarations even through the broker's own replies: a
-// NATS permission limits the subjects a client publishes to, not the reply
-// subject it names, and within one account a node could have JetStream
-// answer "into" mesh.decl.<other> (it answers any reply subject, and a
-// stream stores what lands on its subjects). Across a service import the
-// answer goes to a private _R_ subject and back into NODES, where no stream
-// listens.
-const (
-	AccountControl = "CONTROL"
-	AccountNodes   = "NODES"
-)
-
-// serviceImports are what CONTROL exports and NODES imports: the subject in
-// CONTROL, the subject nodes use, and the response type.
-var serviceImports = []struct{ subject, to, response string }{
-	{"$JS.API.CONSUMER.INFO." + agent.DeclStream + ".*", agent.APIPrefix + ".CONSUMER.INFO." + agent.DeclStream + ".*", ""},
-	{"$JS.API.CONSUMER.MSG.NEXT." + agent.DeclStream + ".*", agent.APIPrefix + ".CONSUMER.MSG.NEXT." + agent.DeclStream + ".*", "stream"},
-	{"$JS.ACK." + agent.DeclStream + ".*.>", "", ""},
-	{"mesh.report.*", "", ""},
-	{"mesh.heartbeat.*", "", ""},
-	// Archives: a direct get of the archive store's stream, and nothing
-	// else of it (no put, no delete, no purge, no consumer, no info).
-	{"$JS.API.DIRECT.GET." + agent.ArchiveStream, agent.ArchiveGet, ""},
-	// Enrolment: a request to the responder, one answer back.
-	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
-}
-
-// NodePermissions are what node may do on the broker (in account NODES),
-// and nothing else:
-//
-//	publish    mesh.api.CONSUMER.INFO.MESH_DECL.node-<n>      bind its consumer
-//	           mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-<n>  pull its declarations
-//	           $JS.ACK.MESH_DECL.node-<n>.>                   ack (nak, in-progress) them
-//	           mesh.report.<n>, mesh.heartbeat.<n>            report upward
-//	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES          read archives (all nodes)
-//	subscribe  _INBOX.<n>.>                                   its own replies
-//
-// No consumer creation (its consumer is made by the control side with the
-// filter mesh.decl.<n>), no other JetStream or KV API (NODES imports no
-// other), no other node's subjects, no wider inbox. The archive store is
-// read-only to nodes and shared: every node may read every archive (they
-// are pinned by digest in signed declarations, not secrets); none may put,
-// delete or purge one.
-func NodePermissions(node string) (publish, subscribe []string) {
-	s := agent.SubjectsOf(node)
-	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat, s.ArchiveGet},
-		[]string{s.Inbox + ".>"}
-}
-
-// EnrolPermissions are what a token's one-time credential may do: make
-// its one enrolment request and hear the answer. Nothing else — not even
-// read the declarations stream or the archives.
-//
-//	publish    mesh.enrol.<token id>
-//	subscribe  _INBOX.enrol-<token id>.>
-func EnrolPermissions(tokenID string) (publish, subscribe []string) {
-	return []string{wire.EnrolSubjectPrefix + "." + tokenID}, []string{agent.EnrolInbox(tokenID) + ".>"}
-}
 
 // q quotes s for the nats-server configuration language.
 func q(s string) string {
@@ -115,7 +53,7 @@ func qs(ss []string) string {
 // BrokerConfig is a nats-server configuration with the embedded broker's
 // layout: TLS with the key directory's certificate, JetStream, the accounts
 // CONTROL and NODES with their exports and imports. With users, it lists
-// the control side's NKey and each node's with NodePermissions — what an
+// the control side's NKey and each node's with link.NodePermissions — what an
 // existing broker (serve --nats) needs, reloaded whenever a node is added.
 // The embedded broker is made from it without users, and authenticates
 // against the registry itself (registryAuth), so it never reloads.
@@ -124,19 +62,19 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 	fmt.Fprintf(&b, "server_name: \"mesh-control\"\nhost: %s\nport: %d\nmax_payload: %d\n", q(host), port, MaxPayload)
 	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n}\n", q(filepath.Join(k.Dir, "jetstream")))
-	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", AccountControl)
+	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", link.AccountControl)
 	if users {
 		fmt.Fprintf(&b, "    users: [{nkey: %s}]\n", q(k.NKeyPublic))
 	}
 	b.WriteString("    exports: [\n")
-	for _, si := range serviceImports {
-		if si.response != "" {
-			fmt.Fprintf(&b, "      {service: %s, response_type: %s}\n", q(si.subject), si.response)
+	for _, si := range link.ServiceImports {
+		if si.Response != "" {
+			fmt.Fprintf(&b, "      {service: %s, response_type: %s}\n", q(si.Subject), si.Response)
 		} else {
-			fmt.Fprintf(&b, "      {service: %s}\n", q(si.subject))
+			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
 		}
 	}
-	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", AccountNodes)
+	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", link.AccountNodes)
 	if users {
 		b.WriteString("    users: [\n")
 		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
@@ -144,7 +82,7 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 			if n.NKey == "" {
 				continue // revoked
 			}
-			pub, sub := NodePermissions(n.Name)
+			pub, sub := link.NodePermissions(n.Name)
 			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
 		}
 		now := time.Now()
@@ -152,17 +90,17 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 			if !t.usable(now) {
 				continue
 			}
-			pub, sub := EnrolPermissions(t.ID)
+			pub, sub := link.EnrolPermissions(t.ID)
 			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(t.Credential), qs(pub), qs(sub))
 		}
 		b.WriteString("    ]\n")
 	}
 	b.WriteString("    imports: [\n")
-	for _, si := range serviceImports {
-		if si.to != "" {
-			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", AccountControl, q(si.subject), q(si.to))
+	for _, si := range link.ServiceImports {
+		if si.To != "" {
+			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", link.AccountControl, q(si.Subject), q(si.To))
 		} else {
-			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", AccountControl, q(si.subject))
+			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountControl, q(si.Subject))
 		}
 	}
 	b.WriteString("    ]\n  }\n}\n")
@@ -271,7 +209,7 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 		if k == "" {
 			continue // an empty user filter would match every connection
 		}
-		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: AccountNodes})
+		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: link.AccountNodes})
 		if err != nil {
 			continue
 		}
@@ -383,7 +321,7 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 		return false
 	}
 	if nkey == a.control && o.Token == "" {
-		acc, err := a.ns.LookupAccount(AccountControl)
+		acc, err := a.ns.LookupAccount(link.AccountControl)
 		if err != nil {
 			return false
 		}
@@ -397,13 +335,13 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	var pubs, subs []string
 	switch {
 	case isNode && (node == "" || node == name):
-		pubs, subs = NodePermissions(name)
+		pubs, subs = link.NodePermissions(name)
 	case isToken && o.Token == "" && time.Now().Before(tok.until):
-		pubs, subs = EnrolPermissions(tok.id)
+		pubs, subs = link.EnrolPermissions(tok.id)
 	default:
 		return false
 	}
-	acc, err := a.ns.LookupAccount(AccountNodes)
+	acc, err := a.ns.LookupAccount(link.AccountNodes)
 	if err != nil {
 		return false
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -38,10 +38,10 @@ type NodeStatus struct {
 	LastOutcome    shapes.Outcome `json:"last_outcome,omitempty"`
 	LastRefused    string         `json:"last_refused,omitempty"`
 	LastLinkError  string         `json:"last_link_error,omitempty"`
-	LastReport     *agent.Report  `json:"last_report,omitempty"`
+	LastReport     *link.Report   `json:"last_report,omitempty"`
 	// Briefing is what adoption found, as the node last reported it.
 	Briefing  *shapes.Briefing `json:"briefing,omitempty"`
-	Heartbeat *agent.Heartbeat
+	Heartbeat *link.Heartbeat
 	// Address is the node's overlay address; Assignments its assigned
 	// modules, or why it is assigned nothing (AssignmentState).
 	Address     string `json:"overlay_address,omitempty"`
@@ -74,7 +74,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	var out []*NodeStatus
 	for _, r := range recs {
 		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
-		var rep agent.Report
+		var rep link.Report
 		if c.getJSON(ctx, "report."+r.Name, &rep) {
 			s.LastReport = &rep
 			s.LastSeq, s.LastOutcome, s.LastRefused, s.LastHeard = rep.Seq, rep.Outcome, rep.Refused, rep.At
@@ -84,7 +84,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
 		s.Address, s.Assignments = c.AssignmentState(ctx, r)
-		var hb agent.Heartbeat
+		var hb link.Heartbeat
 		if c.getJSON(ctx, "heartbeat."+r.Name, &hb) {
 			s.Heartbeat = &hb
 			if hb.At.After(s.LastHeard) {
@@ -104,7 +104,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			s.State = hb.State
 			if now.Sub(hb.At) > 3*time.Duration(hb.Interval*float64(time.Second))+5*time.Second {
 				s.State = StateSilent
-				if hb.Presence == agent.PresenceEpisodic {
+				if hb.Presence == link.PresenceEpisodic {
 					// An app linked only while it runs: its silence is
 					// the ordinary case, said as a fact, not an alarm.
 					s.State = StateEpisodic
@@ -126,7 +126,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 // SignedReport is a report as read back, with whether it carried the
 // node's signature.
 type SignedReport struct {
-	agent.Report
+	link.Report
 	StreamSeq uint64 `json:"report_stream_seq"`
 }
 
@@ -138,8 +138,8 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 	if err != nil {
 		return nil, 0, err
 	}
-	subj := agent.SubjectsOf(node).Report
-	stream, err := c.JS.Stream(ctx, agent.ReportStream)
+	subj := link.SubjectsOf(node).Report
+	stream, err := c.JS.Stream(ctx, link.ReportStream)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -150,7 +150,7 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 	if info.State.Subjects[subj] == 0 {
 		return nil, 0, nil
 	}
-	cons, err := c.JS.OrderedConsumer(ctx, agent.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	cons, err := c.JS.OrderedConsumer(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -160,8 +160,8 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 			return nil, 0, fmt.Errorf("reading %s: %w", subj, err)
 		}
 		md, _ := m.Metadata()
-		var r agent.Report
-		if agent.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(agent.SignatureHeader)) != nil ||
+		var r link.Report
+		if link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
 			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
 			skipped++
 		} else {
@@ -189,8 +189,8 @@ func (c *Client) Record(ctx context.Context) error {
 		}
 	}()
 	for _, x := range []struct{ stream, filter, kind string }{
-		{agent.ReportStream, "mesh.report.*", "report"},
-		{agent.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
+		{link.ReportStream, "mesh.report.*", "report"},
+		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
 	} {
 		cons, err := c.JS.CreateOrUpdateConsumer(ctx, x.stream, jetstream.ConsumerConfig{
 			Durable:       "control-recorder",
@@ -225,7 +225,7 @@ func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
 		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
 		return
 	}
-	if err := agent.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(agent.SignatureHeader)); err != nil {
+	if err := link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
 		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
 		return
 	}

@@ -44,6 +44,18 @@ var rules = []rule{
 	{"wire/...", module + "/executor/...", "wire imports only shapes of ours", false},
 	{"wire/...", module + "/agent/...", "wire imports only shapes of ours", false},
 	{"wire/...", module + "/control/...", "wire imports only shapes of ours", false},
+	// link is the contract of the NATS link (subjects, streams, isolation,
+	// messages, signatures, the pinned TLS) that the agent and the control
+	// side both import, so they cannot drift apart: it imports neither, and
+	// connects nowhere.
+	{"link/...", module + "/agent/...", "link is the contract both sides import: it imports neither", false},
+	{"link/...", module + "/control/...", "link is the contract both sides import: it imports neither", false},
+	{"link/...", module + "/executor/...", "link is the agent's and the control side's, never root's", false},
+	{"link/...", "github.com/nats-io/nats.go/...", "link names the link; the agent and the control side hold the clients", false},
+	{"link/...", "os", "link touches no file", true},
+	{"link/...", "net", "link opens no connection", true},
+	{"executor/...", module + "/link/...", "the executor has no part in the NATS link", false},
+	{"cmd/mesh-executor", module + "/link/...", "the executor has no part in the NATS link", false},
 	// The split: no root process links the agent's code, and the reverse.
 	{"agent/...", module + "/executor/...", "the agent is trusted for nothing and holds no root-only code", false},
 	{"executor/...", module + "/agent/...", "no root process links the agent's code", false},

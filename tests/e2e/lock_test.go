@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // storeSnapshot is every message of every stream of the control side's
@@ -132,7 +132,7 @@ func TestSecondServeLeavesTheStoreWhole(t *testing.T) {
 		before = now
 		return quiet
 	})
-	for _, name := range []string{agent.DeclStream, agent.ReportStream, agent.HeartbeatStream, "KV_" + control.Bucket, agent.ArchiveStream} {
+	for _, name := range []string{link.DeclStream, link.ReportStream, link.HeartbeatStream, "KV_" + control.Bucket, link.ArchiveStream} {
 		if len(before[name]) < 2 {
 			t.Fatalf("stream %s holds nothing to lose: %v", name, before[name])
 		}
@@ -160,8 +160,8 @@ func TestSecondServeLeavesTheStoreWhole(t *testing.T) {
 		t.Fatalf("the next sequence is %d, want %d", seq, last+1)
 	}
 	now := snapshotStore(t, m.ctl, url)
-	if decls := now[agent.DeclStream]; len(decls) != len(before[agent.DeclStream])+1 {
-		t.Fatalf("declarations after one more: %v, before %v", decls, before[agent.DeclStream])
+	if decls := now[link.DeclStream]; len(decls) != len(before[link.DeclStream])+1 {
+		t.Fatalf("declarations after one more: %v, before %v", decls, before[link.DeclStream])
 	}
 	if b, _ := os.ReadFile(filepath.Join(m.base, "mesh-control.log")); strings.Contains(string(b), "msg block") || strings.Contains(string(b), "lmb missing") {
 		t.Fatalf("the running broker lost blocks of its store:\n%s", b)

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -99,14 +99,14 @@ func firstLine(b []byte) string {
 
 // report is a report as the driver received it, checked to be the node's.
 type report struct {
-	agent.Report
+	link.Report
 	at   time.Time
 	size int
 }
 
 // decode checks that a is a report signed by the node, for its enrolment.
 func (b *bench) decode(a arrival) (*report, error) {
-	if err := agent.VerifySignature(b.m.rec.NKey, a.data, a.sig); err != nil {
+	if err := link.VerifySignature(b.m.rec.NKey, a.data, a.sig); err != nil {
 		return nil, fmt.Errorf("a report on mesh.report.%s: %v", node, err)
 	}
 	r := &report{at: a.at, size: len(a.data)}
@@ -133,7 +133,7 @@ func (b *bench) nextReport(ctx context.Context, within time.Duration) (*report, 
 			if err != nil {
 				return nil, err
 			}
-			if r.Trigger != agent.TriggerDeclaration {
+			if r.Trigger != link.TriggerDeclaration {
 				b.res.OtherReports++
 				continue
 			}
@@ -155,7 +155,7 @@ func (b *bench) drainReports() {
 	for {
 		select {
 		case a := <-b.m.reports:
-			if r, err := b.decode(a); err == nil && r.Trigger != agent.TriggerDeclaration {
+			if r, err := b.decode(a); err == nil && r.Trigger != link.TriggerDeclaration {
 				b.res.OtherReports++
 			}
 		default:
@@ -324,7 +324,7 @@ func (b *bench) runFlurry(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if r.Trigger != agent.TriggerDeclaration {
+			if r.Trigger != link.TriggerDeclaration {
 				b.res.OtherReports++
 				continue
 			}

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // The three binaries, as built by run.sh.
@@ -50,7 +50,7 @@ type mesh struct {
 	rec     *control.NodeRecord
 	reports chan arrival
 	subs    []*nats.Subscription
-	hb      chan agent.Heartbeat
+	hb      chan link.Heartbeat
 	hbSub   *nats.Subscription
 
 	mu      sync.Mutex
@@ -95,7 +95,7 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 	}
 	m := &mesh{cfg: c, work: work, ctl: filepath.Join(work, "control"), state: filepath.Join(work, "executor"),
 		tree: filepath.Join(work, "tree"), logs: filepath.Join(work, "logs"), procs: map[string]*proc{},
-		reports: make(chan arrival, 1<<16), hb: make(chan agent.Heartbeat, 64)}
+		reports: make(chan arrival, 1<<16), hb: make(chan link.Heartbeat, 64)}
 	// 0755 all the way down, so the agent (as nobody) reaches the socket
 	// directory, which the executor makes root:<agent's group> 0750.
 	for _, d := range []string{work, m.logs} {
@@ -166,9 +166,9 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 	}
 
 	// The driver listens before anything can report.
-	s := agent.SubjectsOf(node)
+	s := link.SubjectsOf(node)
 	sub, err := m.cl.NC.Subscribe(s.Report, func(msg *nats.Msg) {
-		m.reports <- arrival{at: time.Now(), data: msg.Data, sig: msg.Header.Get(agent.SignatureHeader)}
+		m.reports <- arrival{at: time.Now(), data: msg.Data, sig: msg.Header.Get(link.SignatureHeader)}
 	})
 	if err != nil {
 		return m, err
@@ -176,8 +176,8 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 	sub.SetPendingLimits(-1, -1)
 	m.subs = append(m.subs, sub)
 	if m.hbSub, err = m.cl.NC.Subscribe(s.Heartbeat, func(msg *nats.Msg) {
-		var h agent.Heartbeat
-		if agent.VerifySignature(m.rec.NKey, msg.Data, msg.Header.Get(agent.SignatureHeader)) == nil &&
+		var h link.Heartbeat
+		if link.VerifySignature(m.rec.NKey, msg.Data, msg.Header.Get(link.SignatureHeader)) == nil &&
 			json.Unmarshal(msg.Data, &h) == nil {
 			select {
 			case m.hb <- h:
@@ -208,7 +208,7 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 	for {
 		select {
 		case h := <-m.hb:
-			if h.Executor != nil && h.Executor.Build == build && h.State == agent.StateEnrolled {
+			if h.Executor != nil && h.Executor.Build == build && h.State == link.StateEnrolled {
 				m.hbSub.Unsubscribe()
 				return m, nil
 			}

@@ -101,3 +101,19 @@ func TestUserCreatedAndUnknownGroupFails(t *testing.T) {
 		t.Fatalf("%+v", rep.Lines)
 	}
 }
+
+// A held user removed by something else is held-changed, and not made
+// again before its module is taken (ADR 0100).
+func TestHeldUserThatVanishesIsNotMadeAgain(t *testing.T) {
+	h := newHarness(t)
+	f := &fakeAccounts{users: map[string]*account{"bob": {Shell: "/bin/sh", Home: "/home/bob", Groups: []string{"bob"}}}, groups: []string{"bob"}}
+	doc := strings.Replace(h.doc(`{"module":"people","id":"bob","type":"user","name":"bob"}`), `{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	if rep := h.applyAccounts(f, doc); rep.Outcome != shapes.Held {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	delete(f.users, "bob")
+	rep := h.applyAccounts(f, doc)
+	if rep.Outcome != shapes.HeldChanged || len(f.log) != 0 || f.users["bob"] != nil || !strings.Contains(rep.Lines[0].Detail, "removed by something else since it was found; not made again") {
+		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+}

@@ -1,0 +1,801 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// bench is one run.
+type bench struct {
+	cfg   config
+	log   *slog.Logger
+	res   *results
+	ctl   *controlProc
+	keys  *control.Keys
+	cl    *control.Client
+	fleet *fleet
+
+	active []*simNode // the nodes whose agents run (registered, and within the file descriptors)
+
+	agentsCtx  context.Context
+	stopAgents context.CancelFunc
+	watchStop  func()
+	baseline   memory // serve before any node was registered
+}
+
+// results are the figures, as -json writes them.
+type results struct {
+	Host        host    `json:"host"`
+	Requested   int     `json:"nodes_requested"`
+	BaselineCPU float64 `json:"control_cpu_percent_before_nodes"`
+
+	Registered       int     `json:"nodes_registered"`
+	RegisterSeconds  float64 `json:"register_seconds"`
+	RegisterRefused  int     `json:"register_refused"`
+	RegisterFirstErr string  `json:"register_first_error,omitempty"`
+	RegisterStopped  bool    `json:"register_stopped,omitempty"`
+
+	FDLimited   int     `json:"agents_left_out_for_file_descriptors,omitempty"`
+	FDsHere     int     `json:"open_files_agents_process"`
+	FDsControl  int     `json:"open_files_control"`
+	Agents      int     `json:"agents"`
+	Linked      int     `json:"agents_linked"`
+	LinkSeconds float64 `json:"link_seconds"`
+
+	Fanout     *fanoutResult   `json:"fanout_just_linked,omitempty"`
+	FanoutIdle *fanoutResult   `json:"fanout_after_idle,omitempty"`
+	Idle       *idleResult     `json:"idle,omitempty"`
+	Restart    *restartResult  `json:"restart,omitempty"`
+	Overlay    *overlayResult  `json:"overlay,omitempty"`
+	AgentLog   []string        `json:"agent_warnings,omitempty"`
+	Notes      []string        `json:"notes,omitempty"`
+	Targets    map[string]rowJ `json:"targets,omitempty"`
+}
+
+type rowJ struct {
+	Result  string `json:"result"`
+	Target  string `json:"target"`
+	Verdict string `json:"verdict"`
+}
+
+type fanoutResult struct {
+	Nodes          int     `json:"nodes"`
+	DeclareSeconds float64 `json:"declare_seconds"`
+	Declarers      int     `json:"declarers"`
+	DeclareErrors  int     `json:"declare_errors"`
+	FirstError     string  `json:"first_error,omitempty"`
+	Received       int     `json:"received"`
+	Recorded       int     `json:"recorded"`
+	ReceivedP50    float64 `json:"received_p50_seconds"`
+	ReceivedP100   float64 `json:"received_p100_seconds"`
+	RecordedP50    float64 `json:"recorded_p50_seconds"`
+	RecordedP100   float64 `json:"recorded_p100_seconds"`
+}
+
+type idleResult struct {
+	WindowSeconds float64 `json:"window_seconds"`
+	ControlCPU    float64 `json:"control_cpu_percent"`
+	AgentsCPU     float64 `json:"agents_process_cpu_percent"`
+	Heartbeats    uint64  `json:"heartbeats_in_window"`
+	BaselineKiB   uint64  `json:"control_rss_before_nodes_kib"`
+	RSSKiB        uint64  `json:"control_rss_kib"`
+	HWMKiB        uint64  `json:"control_rss_peak_kib"`
+	PerNodeKiB    float64 `json:"control_kib_per_node"`
+	AgentsRSSKiB  uint64  `json:"agents_process_rss_kib"`
+}
+
+type restartResult struct {
+	Nodes            int     `json:"nodes"`
+	StopSeconds      float64 `json:"stop_seconds"`
+	Killed           bool    `json:"killed"`
+	StartSeconds     float64 `json:"start_seconds"`
+	StartError       string  `json:"start_error,omitempty"`
+	Reconnected      int     `json:"reconnected"`
+	LinkedP100       float64 `json:"all_linked_after_serving_seconds"`
+	TotalSeconds     float64 `json:"stop_to_all_linked_seconds"`
+	Reconciled       int     `json:"executors_told"`
+	ReconciledP100   float64 `json:"stop_to_all_executors_told_seconds"`
+	ReconnectTimeout bool    `json:"cut_off"`
+}
+
+type overlayResult struct {
+	Nodes          int     `json:"nodes"`
+	BindSeconds    float64 `json:"bind_keys_seconds"`
+	CommandSeconds float64 `json:"command_seconds"`
+	CommandDone    bool    `json:"command_done"`
+	CommandError   string  `json:"command_error,omitempty"`
+	Applied        int     `json:"applied"`
+	Recorded       int     `json:"recorded"`
+	AppliedP50     float64 `json:"applied_p50_seconds"`
+	AppliedP100    float64 `json:"applied_p100_seconds"`
+	RecordedP100   float64 `json:"recorded_p100_seconds"`
+	CutOff         bool    `json:"cut_off"`
+	Skipped        string  `json:"skipped,omitempty"`
+}
+
+// setup starts the control side in work, connects the bench to it and
+// reads its memory before any node exists.
+func (b *bench) setup(ctx context.Context, work string) error {
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	logs := filepath.Join(work, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		return err
+	}
+	bin := b.cfg.controlBin
+	if bin == "" {
+		var err error
+		if bin, err = buildControl(ctx, filepath.Join(work, "bin")); err != nil {
+			return err
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	b.ctl = &controlProc{bin: bin, dir: filepath.Join(work, "control"), logs: logs, listen: fmt.Sprintf("127.0.0.1:%d", port)}
+	if _, err := b.ctl.run(ctx, "init", "init", "--dir", b.ctl.dir, "--url", b.ctl.url()); err != nil {
+		return err
+	}
+	if err := b.ctl.start(); err != nil {
+		return err
+	}
+	if err := b.ctl.waitServing(ctx, time.Minute); err != nil {
+		return err
+	}
+	if b.keys, err = keysOf(b.ctl.dir); err != nil {
+		return err
+	}
+	if b.cl, err = control.Connect(ctx, b.keys, b.ctl.url(), quiet); err != nil {
+		return fmt.Errorf("connecting to the control side's broker: %w", err)
+	}
+	b.fleet = newFleet(b.keys.ControlPublic(), b.cfg.heartbeat)
+	b.agentsCtx, b.stopAgents = context.WithCancel(context.Background())
+	if err := b.watchReports(ctx); err != nil {
+		return err
+	}
+	// Before any node: the control side's own idle CPU over a window, and
+	// its memory after it.
+	sleep(ctx, 2*time.Second)
+	pid := b.ctl.pid()
+	c0, err := sampleCPU(pid)
+	if err != nil {
+		return err
+	}
+	sleep(ctx, baselineWindow)
+	c1, err := sampleCPU(pid)
+	if err != nil {
+		return err
+	}
+	b.res.BaselineCPU = cpuPercent(c0, c1)
+	if b.baseline, err = readMemory(pid); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// baselineWindow is how long the control side's CPU is read before any
+// node is registered.
+const baselineWindow = 10 * time.Second
+
+// watchReports follows the registry's report.<node> keys, which the
+// control side's recorder writes once it has taken a node's report in:
+// what "recorded" means in the fan-out and the overlay.
+func (b *bench) watchReports(ctx context.Context) error {
+	if b.watchStop != nil {
+		b.watchStop()
+	}
+	w, err := b.cl.KV.WatchFiltered(ctx, []string{"report.*"}, jetstream.UpdatesOnly())
+	if err != nil {
+		return fmt.Errorf("watching the recorded reports: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range w.Updates() {
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			at := time.Now()
+			var r reportHead
+			if json.Unmarshal(e.Value(), &r) != nil {
+				continue
+			}
+			if n := b.fleet.byName[r.Node]; n != nil && "report."+r.Node == e.Key() {
+				n.noteRecorded(event{seq: r.Seq, at: at, trigger: r.Trigger, overlay: r.overlayApplied()})
+			}
+		}
+	}()
+	b.watchStop = func() {
+		w.Stop()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return nil
+}
+
+func nodeName(i int) string { return fmt.Sprintf("n%05d", i+1) }
+
+// register adds the nodes as `node add` does, a few at a time, until they
+// are all in or the control side has refused maxRefusals in a row.
+func (b *bench) register(ctx context.Context) error {
+	n := b.cfg.nodes
+	cfgs := make([]*agent.Config, n)
+	next := make(chan int)
+	var (
+		mu        sync.Mutex
+		inARow    int
+		refused   int
+		firstErr  string
+		stopped   atomic.Bool
+		wg        sync.WaitGroup
+		progress  atomic.Int64
+		lastPrint = time.Now()
+	)
+	start := time.Now()
+	for w := 0; w < b.cfg.registerWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				cfg, _, err := b.cl.AddNode(ctx, nodeName(i), "")
+				mu.Lock()
+				if err != nil {
+					refused++
+					inARow++
+					if firstErr == "" {
+						firstErr = fmt.Sprintf("%s: %v", nodeName(i), err)
+					}
+					if inARow >= b.cfg.maxRefusals {
+						stopped.Store(true)
+					}
+				} else {
+					inARow = 0
+					cfgs[i] = cfg
+				}
+				if p := progress.Add(1); time.Since(lastPrint) > 5*time.Second {
+					lastPrint = time.Now()
+					b.log.Info("registering", "done", p, "of", n, "refused", refused)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := 0; i < n && !stopped.Load() && ctx.Err() == nil; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	b.res.RegisterSeconds = time.Since(start).Seconds()
+	b.res.RegisterRefused, b.res.RegisterFirstErr, b.res.RegisterStopped = refused, firstErr, stopped.Load()
+	for _, cfg := range cfgs {
+		if cfg == nil {
+			continue
+		}
+		if _, err := b.fleet.add(cfg); err != nil {
+			return err
+		}
+	}
+	b.res.Registered = len(b.fleet.nodes)
+	b.log.Info("registered", "nodes", b.res.Registered, "of", n, "refused", refused, "seconds", fmt.Sprintf("%.1f", b.res.RegisterSeconds), "first_refusal", firstErr)
+	if b.res.Registered == 0 {
+		return fmt.Errorf("no node could be registered: %s", firstErr)
+	}
+	return ctx.Err()
+}
+
+// fdMargin is what the bench keeps of its file descriptors for itself
+// (its own connection, logs, the Go runtime) beyond one per agent.
+const fdMargin = 200
+
+// link starts the agents in batches, each waited for until every agent in
+// it says it linked. Each holds one NATS connection (one file descriptor
+// here; its executor is a pipe, none): as many as the process's open-file
+// limit allows.
+func (b *bench) link(ctx context.Context) error {
+	soft, _, err := openFiles()
+	if err != nil {
+		return err
+	}
+	fit := int(soft) - fdsInUse() - fdMargin
+	if fit < 1 {
+		return fmt.Errorf("the open-file limit (%d) leaves no room for an agent's connection", soft)
+	}
+	nodes := b.fleet.nodes
+	if len(nodes) > fit {
+		b.res.FDLimited = len(nodes) - fit
+		note := fmt.Sprintf("file descriptors: %s agents (one NATS connection each) do not fit this process's open-file limit of %d; %s are started, %s left out",
+			thousands(len(nodes)), soft, thousands(fit), thousands(len(nodes)-fit))
+		b.res.Notes = append(b.res.Notes, note)
+		b.log.Warn(note)
+		nodes = nodes[:fit]
+	}
+	b.active = nodes
+	b.res.Agents = len(nodes)
+	start := time.Now()
+	var last time.Time
+	for i := 0; i < len(nodes); i += b.cfg.startBatch {
+		batch := nodes[i:min(i+b.cfg.startBatch, len(nodes))]
+		for _, n := range batch {
+			n.start(b.agentsCtx)
+		}
+		waitFor(ctx, b.cfg.linkTimeout, func() bool {
+			for _, n := range batch {
+				if _, ok := n.linkedAfter(start); !ok {
+					return false
+				}
+			}
+			return true
+		})
+		b.log.Info("agents started", "started", i+len(batch), "of", len(nodes))
+	}
+	linked := 0
+	for _, n := range nodes {
+		if t, ok := n.linkedAfter(start); ok {
+			linked++
+			if t.After(last) {
+				last = t
+			}
+		}
+	}
+	b.res.Linked = linked
+	b.res.FDsHere, b.res.FDsControl = fdsInUse(), fdsOf(fmt.Sprint(b.ctl.pid()))
+	if !last.IsZero() {
+		b.res.LinkSeconds = last.Sub(start).Seconds()
+	}
+	if linked < len(nodes) {
+		note := fmt.Sprintf("%s of %s agents never linked (within %s a batch)", thousands(len(nodes)-linked), thousands(len(nodes)), b.cfg.linkTimeout)
+		b.res.Notes = append(b.res.Notes, note)
+		b.log.Warn(note)
+	}
+	if linked == 0 {
+		return fmt.Errorf("no agent linked: %v", b.fleet.logSummary())
+	}
+	return ctx.Err()
+}
+
+// fanoutBody is the declaration declared to every node: one small file.
+func fanoutBody() []byte {
+	return fmt.Appendf(nil, `{"version":1,"resources":[{"module":"bench","id":"fanout","type":"file","path":"/var/lib/mesh-bench/fanout","content":"fan-out %d\n","mode":"0644"}]}`, time.Now().UnixNano())
+}
+
+// fanoutFresh is the fan-out to a fleet that has just linked: every agent
+// is waiting on its first pull.
+func (b *bench) fanoutFresh(ctx context.Context) error {
+	r, err := b.fanout(ctx)
+	b.res.Fanout = r
+	return err
+}
+
+// fanoutIdle is the fan-out to a fleet that has been idle for the settle
+// and the idle window (a fleet's usual state when a declaration comes).
+func (b *bench) fanoutIdle(ctx context.Context) error {
+	r, err := b.fanout(ctx)
+	b.res.FanoutIdle = r
+	return err
+}
+
+// fanout declares one declaration to every running node, several declares
+// in flight, and times each node's receipt and recorded report from the
+// first declare.
+func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
+	nodes := b.active
+	body := fanoutBody()
+	seqs := make([]uint64, len(nodes))
+	next := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		errs     int
+		firstErr string
+	)
+	start := time.Now()
+	for w := 0; w < b.cfg.declarers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				seq, err := b.cl.Declare(ctx, nodes[i].name, body)
+				if err != nil {
+					mu.Lock()
+					errs++
+					if firstErr == "" {
+						firstErr = fmt.Sprintf("%s: %v", nodes[i].name, err)
+					}
+					mu.Unlock()
+					continue
+				}
+				seqs[i] = seq
+			}
+		}()
+	}
+	for i := range nodes {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	declared := time.Since(start)
+	b.log.Info("declared", "nodes", len(nodes), "seconds", fmt.Sprintf("%.2f", declared.Seconds()), "errors", errs)
+	var received, recorded []time.Duration
+	tally := func() bool {
+		received, recorded = received[:0], recorded[:0]
+		for i, n := range nodes {
+			if seqs[i] == 0 {
+				continue
+			}
+			if t, ok := n.receivedAt(seqs[i]); ok {
+				received = append(received, t.Sub(start))
+			}
+			if t, ok := n.recordedAt(seqs[i]); ok {
+				recorded = append(recorded, t.Sub(start))
+			}
+		}
+		return len(received) == len(nodes) && len(recorded) == len(nodes)
+	}
+	waitFor(ctx, b.cfg.fanoutTimeout-time.Since(start), tally)
+	tally()
+	r := &fanoutResult{Nodes: len(nodes), DeclareSeconds: declared.Seconds(), Declarers: b.cfg.declarers, DeclareErrors: errs, FirstError: firstErr,
+		Received: len(received), Recorded: len(recorded),
+		ReceivedP50: percentile(received, 50).Seconds(), ReceivedP100: percentile(received, 100).Seconds(),
+		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds()}
+	b.log.Info("fan-out", "received", r.Received, "recorded", r.Recorded, "of", len(nodes),
+		"received_p100", seconds(percentile(received, 100)), "recorded_p100", seconds(percentile(recorded, 100)))
+	return r, ctx.Err()
+}
+
+// idleWindow lets the fleet settle, then reads the control side's CPU over
+// the window and its memory after it.
+func (b *bench) idleWindow(ctx context.Context) error {
+	sleep(ctx, b.cfg.settle)
+	pid := b.ctl.pid()
+	if pid == 0 {
+		return errors.New("mesh-control serve is not running")
+	}
+	hb0 := b.heartbeatSeq(ctx)
+	c0, err := sampleCPU(pid)
+	if err != nil {
+		return err
+	}
+	a0, err := sampleCPU(os.Getpid())
+	if err != nil {
+		return err
+	}
+	b.log.Info("idle window", "seconds", b.cfg.idle.Seconds())
+	sleep(ctx, b.cfg.idle)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	c1, err := sampleCPU(pid)
+	if err != nil {
+		return err
+	}
+	a1, err := sampleCPU(os.Getpid())
+	if err != nil {
+		return err
+	}
+	hb1 := b.heartbeatSeq(ctx)
+	mem, err := readMemory(pid)
+	if err != nil {
+		return err
+	}
+	own, err := readMemory(os.Getpid())
+	if err != nil {
+		return err
+	}
+	r := &idleResult{WindowSeconds: c1.at.Sub(c0.at).Seconds(), ControlCPU: cpuPercent(c0, c1), AgentsCPU: cpuPercent(a0, a1),
+		BaselineKiB: b.baseline.RSS, RSSKiB: mem.RSS, HWMKiB: mem.HWM, AgentsRSSKiB: own.RSS}
+	if hb1 >= hb0 {
+		r.Heartbeats = hb1 - hb0
+	}
+	if n := len(b.active); n > 0 && mem.RSS > b.baseline.RSS {
+		r.PerNodeKiB = float64(mem.RSS-b.baseline.RSS) / float64(n)
+	}
+	b.res.Idle = r
+	b.log.Info("idle", "control_cpu_percent", fmt.Sprintf("%.2f", r.ControlCPU), "control_rss_mib", r.RSSKiB/1024, "per_node_kib", fmt.Sprintf("%.1f", r.PerNodeKiB), "heartbeats", r.Heartbeats)
+	return nil
+}
+
+// heartbeatSeq is the heartbeat stream's last sequence: how many
+// heartbeats the broker has stored so far.
+func (b *bench) heartbeatSeq(ctx context.Context) uint64 {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := b.cl.JS.Stream(cctx, link.HeartbeatStream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(cctx)
+	if err != nil {
+		return 0
+	}
+	return info.State.LastSeq
+}
+
+// restart stops serve as an init would, starts it again, and waits for
+// every agent to link again.
+func (b *bench) restart(ctx context.Context) error {
+	nodes := b.active
+	r := &restartResult{Nodes: len(nodes)}
+	b.res.Restart = r
+	stopAt := time.Now()
+	stopped, killed := b.ctl.stop(b.cfg.stopTimeout)
+	r.StopSeconds, r.Killed = stopped.Seconds(), killed
+	b.log.Info("serve stopped", "seconds", fmt.Sprintf("%.1f", r.StopSeconds), "killed", killed)
+	startAt := time.Now()
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if err = b.ctl.start(); err == nil {
+			err = b.ctl.waitServing(ctx, 2*time.Minute)
+		}
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		if r.StartError == "" {
+			r.StartError = err.Error()
+		}
+		b.log.Warn("serve did not start again; trying once more", "err", err)
+		b.ctl.stop(10 * time.Second)
+	}
+	if err != nil {
+		r.StartError = err.Error()
+		return nil // measured: it does not come back
+	}
+	servingAt := time.Now()
+	r.StartSeconds = servingAt.Sub(startAt).Seconds()
+	b.log.Info("serve started", "seconds", fmt.Sprintf("%.1f", r.StartSeconds))
+	tally := func() bool {
+		r.Reconnected, r.Reconciled = 0, 0
+		var lastLink, lastTold time.Time
+		for _, n := range nodes {
+			if t, ok := n.linkedAfter(stopAt); ok {
+				r.Reconnected++
+				if t.After(lastLink) {
+					lastLink = t
+				}
+			}
+			if t, ok := n.reconciledAfter(stopAt); ok {
+				r.Reconciled++
+				if t.After(lastTold) {
+					lastTold = t
+				}
+			}
+		}
+		if !lastLink.IsZero() {
+			r.TotalSeconds = lastLink.Sub(stopAt).Seconds()
+			r.LinkedP100 = max(0, lastLink.Sub(servingAt).Seconds())
+		}
+		if !lastTold.IsZero() {
+			r.ReconciledP100 = lastTold.Sub(stopAt).Seconds()
+		}
+		return r.Reconnected == len(nodes) && r.Reconciled == len(nodes)
+	}
+	r.ReconnectTimeout = !waitFor(ctx, b.cfg.restartTimeout-time.Since(stopAt), tally)
+	tally()
+	b.log.Info("reconnected", "linked", r.Reconnected, "executors_told", r.Reconciled, "of", len(nodes), "stop_to_all_linked_seconds", fmt.Sprintf("%.1f", r.TotalSeconds))
+	// The bench's own watch of the registry is made again on the new
+	// broker, whatever the client library did with the old one.
+	if err := b.watchReports(ctx); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// overlay binds a WireGuard key to up to overlayNodes node records (what
+// enrolment records; the nodes were registered by hand, which binds none),
+// then runs `mesh-control overlay set` as an operator does, and times
+// every node's receipt of its overlay and the record of its report.
+func (b *bench) overlay(ctx context.Context) error {
+	r := &overlayResult{}
+	b.res.Overlay = r
+	if b.res.Restart != nil && b.res.Restart.StartError != "" && b.ctl.pid() == 0 {
+		r.Skipped = "serve did not start again"
+		return nil
+	}
+	nodes := b.active
+	if b.cfg.overlayNodes > 0 && len(nodes) > b.cfg.overlayNodes {
+		nodes = nodes[:b.cfg.overlayNodes]
+	}
+	r.Nodes = len(nodes)
+	bindAt := time.Now()
+	for _, n := range nodes {
+		if err := b.bindKey(ctx, n.name); err != nil {
+			return err
+		}
+	}
+	r.BindSeconds = time.Since(bindAt).Seconds()
+	b.log.Info("WireGuard keys bound", "nodes", len(nodes), "seconds", fmt.Sprintf("%.1f", r.BindSeconds))
+	sleep(ctx, 2*time.Second)
+
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, b.cfg.overlayTimeout)
+	defer cancel()
+	cmdDone := make(chan error, 1)
+	go func() {
+		took, err := b.ctl.run(cctx, "overlay-set", "overlay", "set", "--dir", b.ctl.dir)
+		r.CommandSeconds = took.Seconds()
+		cmdDone <- err
+	}()
+	var applied, recorded []time.Duration
+	tally := func() bool {
+		applied, recorded = applied[:0], recorded[:0]
+		for _, n := range nodes {
+			a, rec := n.overlayAt(start)
+			if !a.IsZero() {
+				applied = append(applied, a.Sub(start))
+			}
+			if !rec.IsZero() {
+				recorded = append(recorded, rec.Sub(start))
+			}
+		}
+		return len(applied) == len(nodes) && len(recorded) == len(nodes)
+	}
+	lastPrint := time.Now()
+	r.CutOff = !waitFor(ctx, b.cfg.overlayTimeout, func() bool {
+		done := tally()
+		if time.Since(lastPrint) > 10*time.Second {
+			lastPrint = time.Now()
+			b.log.Info("overlay", "applied", len(applied), "recorded", len(recorded), "of", len(nodes))
+		}
+		return done
+	})
+	tally()
+	r.Applied, r.Recorded = len(applied), len(recorded)
+	r.AppliedP50, r.AppliedP100 = percentile(applied, 50).Seconds(), percentile(applied, 100).Seconds()
+	r.RecordedP100 = percentile(recorded, 100).Seconds()
+	// Every node has it (or the time is up): the command may still be
+	// publishing; it has what is left of the time to end by itself, and
+	// is ended (SIGTERM) after.
+	var cmdErr error
+	select {
+	case cmdErr = <-cmdDone:
+	case <-cctx.Done():
+		cmdErr = <-cmdDone
+	}
+	r.CommandDone = cmdErr == nil
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case cmdErr != nil && cctx.Err() != nil:
+		r.CommandError = fmt.Sprintf("still running when cut off at %s, and ended", b.cfg.overlayTimeout)
+	case cmdErr != nil:
+		r.CommandError = cmdErr.Error()
+	}
+	b.log.Info("overlay set", "applied", r.Applied, "recorded", r.Recorded, "of", r.Nodes, "applied_p100", fmt.Sprintf("%.1f", r.AppliedP100), "cut_off", r.CutOff)
+	return ctx.Err()
+}
+
+// bindKey gives node's registry record a WireGuard public key, as
+// enrolment records the one its executor made.
+func (b *bench) bindKey(ctx context.Context, node string) error {
+	var k [32]byte
+	rand.Read(k[:])
+	for attempt := 0; attempt < 10; attempt++ {
+		rec, rev, err := b.cl.Node(ctx, node)
+		if err != nil {
+			return err
+		}
+		rec.Keys = &wire.EnrolKeys{WireGuard: base64.StdEncoding.EncodeToString(k[:])}
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		if _, err = b.cl.KV.Update(ctx, "node."+node, data, rev); err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("binding a WireGuard key to %s: %w", node, err)
+		}
+	}
+	return fmt.Errorf("binding a WireGuard key to %s: the record kept changing", node)
+}
+
+// teardown ends the agents and serve, and removes the work directory.
+func (b *bench) teardown(work string) {
+	if b.stopAgents != nil {
+		b.stopAgents()
+		deadline := time.After(30 * time.Second)
+		for _, n := range b.fleet.nodes {
+			if !n.stopped(deadline) {
+				b.log.Warn("agents did not all stop within 30s")
+				break
+			}
+		}
+	}
+	if b.watchStop != nil {
+		b.watchStop()
+	}
+	if b.cl != nil {
+		b.cl.Close()
+	}
+	if b.ctl != nil {
+		if took, killed := b.ctl.stop(b.cfg.stopTimeout); killed {
+			b.log.Warn("serve did not stop; killed", "after", took)
+		}
+	}
+	if b.cfg.keep {
+		b.log.Info("kept " + work)
+		return
+	}
+	if err := os.RemoveAll(work); err != nil {
+		b.log.Warn("removing the work directory", "dir", work, "err", err)
+	}
+}
+
+// finish writes the JSON, if asked, and the agents' warnings, and returns
+// code.
+func (b *bench) finish(stdout, stderr io.Writer, code int) int {
+	if b.fleet != nil {
+		b.res.AgentLog = b.fleet.logSummary()
+		if len(b.res.AgentLog) > 0 {
+			fmt.Fprintln(stdout, "\nwhat the agents and stand-ins said (warnings and errors, by message):")
+			for _, l := range b.res.AgentLog {
+				fmt.Fprintln(stdout, "  "+l)
+			}
+		}
+	}
+	for _, n := range b.res.Notes {
+		fmt.Fprintln(stdout, "note: "+n)
+	}
+	if b.cfg.jsonOut != "" {
+		data, err := json.MarshalIndent(b.res, "", "  ")
+		if err == nil {
+			err = os.WriteFile(b.cfg.jsonOut, append(data, '\n'), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "scale bench: writing the figures:", err)
+			return exitBroken
+		}
+		fmt.Fprintf(stdout, "\nfigures written to %s\n", b.cfg.jsonOut)
+	}
+	return code
+}
+
+// waitFor calls done every 200 ms until it says true (true), or within
+// passes or ctx ends (false).
+func waitFor(ctx context.Context, within time.Duration, done func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if done() {
+			return true
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return false
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The simulated fleet: every node is the agent's own code (agent.Run: its
+// NATS link with its NKey and pinned TLS, its drain, its heartbeat and its
+// reports, one NATS connection each, as the real agent holds) against an
+// in-process stand-in for its executor. The stand-in speaks the wire
+// protocol over net.Pipe (agent.Options.DialExecutor): it answers hello,
+// status and reconnected, and for a declaration verifies the envelope
+// with the pinned control key and parses it as the executor would, checks
+// its address and sequence, and answers a line per resource, applied —
+// without touching the machine. Two unix sockets per agent (the worker's
+// and the heartbeat's, both ends in this process) would take four file
+// descriptors per node and cap the fleet far below 10,000 in one process.
+
+// standInVersion is the version the stand-in and the agents say; build is
+// the same on both sides (the agent leaves when they differ).
+const (
+	standInVersion = "bench"
+	standInBuild   = "bench-scale"
+)
+
+// event is something that happened to a node, stamped when the bench saw
+// it.
+type event struct {
+	seq     uint64
+	at      time.Time
+	trigger string // reports: declaration or reconnect
+	overlay bool   // the declaration carried the overlay; the report has its line applied
+}
+
+// simNode is one simulated node: its identity, its stand-in executor's
+// state, and what the bench saw of it.
+type simNode struct {
+	f    *fleet
+	name string
+	id   *agent.Identity
+
+	mu         sync.Mutex
+	applied    uint64
+	received   []event     // declarations the stand-in took (applied)
+	recorded   []event     // reports the control side recorded (KV report.<node>)
+	linked     []time.Time // the agent said "linked"
+	reconciled []time.Time // the agent told its executor the link came back
+	done       chan struct{}
+	exit       error
+}
+
+// fleet is the simulated nodes and their stand-ins.
+type fleet struct {
+	key       ed25519.PublicKey // the control key the stand-ins pin
+	heartbeat time.Duration
+	nodes     []*simNode
+	byName    map[string]*simNode
+
+	garbage atomic.Int64 // declarations a stand-in refused: the system did not do its job
+
+	phase atomic.Pointer[string] // what the bench is measuring now, for the log's counts
+	logMu sync.Mutex
+	logs  map[string]int // warnings and errors the agents logged, by phase and message
+}
+
+// setPhase names what the bench measures from now on.
+func (f *fleet) setPhase(name string) { f.phase.Store(&name) }
+
+func newFleet(key ed25519.PublicKey, heartbeat time.Duration) *fleet {
+	return &fleet{key: key, heartbeat: heartbeat, byName: map[string]*simNode{}, logs: map[string]int{}}
+}
+
+// add makes a node of an agent config (from control.Client.AddNode).
+func (f *fleet) add(cfg *agent.Config) (*simNode, error) {
+	id, err := cfg.Identity()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
+	}
+	n := &simNode{f: f, name: cfg.Node, id: id}
+	f.nodes = append(f.nodes, n)
+	f.byName[n.name] = n
+	return n, nil
+}
+
+// start runs n's agent until ctx ends.
+func (n *simNode) start(ctx context.Context) {
+	n.done = make(chan struct{})
+	go func() {
+		defer close(n.done)
+		err := agent.Run(ctx, agent.Options{
+			Identity:     n.id,
+			DialExecutor: n.dial,
+			Heartbeat:    n.f.heartbeat,
+			Version:      standInVersion,
+			Build:        standInBuild,
+			Log:          slog.New(agentLog{n}),
+		})
+		n.mu.Lock()
+		n.exit = err
+		n.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			n.f.noteLog("agent exited: " + strings.ReplaceAll(err.Error(), n.name, "NODE"))
+		}
+	}()
+}
+
+// stopped waits for n's agent to return, at most until deadline.
+func (n *simNode) stopped(deadline <-chan time.Time) bool {
+	if n.done == nil {
+		return true
+	}
+	select {
+	case <-n.done:
+		return true
+	case <-deadline:
+		return false
+	}
+}
+
+// dial is the agent's way to its executor: one end of a pipe whose other
+// end the stand-in serves.
+func (n *simNode) dial() (net.Conn, error) {
+	a, b := net.Pipe()
+	go n.serve(wire.NewConn(b, wire.AgentToExecutor))
+	return a, nil
+}
+
+// serve is the stand-in's end of one connection: the protocol's table
+// decides what is allowed when, as in the executor's server.
+func (n *simNode) serve(c *wire.Conn) {
+	defer c.Close()
+	st := wire.StateNew
+	for {
+		k, body, err := c.Read()
+		at := time.Now()
+		if err != nil {
+			return
+		}
+		if !wire.Allowed(k, st) {
+			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: k.String() + " is not allowed now"})
+			return
+		}
+		st = wire.Next(k, st, body)
+		switch b := body.(type) {
+		case *wire.Hello:
+			err = c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: standInVersion,
+				Build: standInBuild, Node: n.name, State: link.StateEnrolled})
+		case *wire.Status:
+			n.mu.Lock()
+			s := &wire.StatusReply{Version: standInVersion, Build: standInBuild, State: link.StateEnrolled, Node: n.name,
+				Seq: n.applied, Outcome: shapes.Applied}
+			n.mu.Unlock()
+			err = c.Write(wire.KindStatusReply, s)
+		case *wire.Reconnected:
+			n.mu.Lock()
+			n.reconciled = append(n.reconciled, at)
+			seq := n.applied
+			n.mu.Unlock()
+			err = c.Write(wire.KindVerdict, &wire.Verdict{Seq: seq, Outcome: shapes.Unchanged, Owned: []wire.OwnedEntry{}})
+		case *wire.Declaration:
+			lines, v := n.apply(b.Envelope, at)
+			for i := range lines {
+				if err = c.Write(wire.KindReportLine, &lines[i]); err != nil {
+					return
+				}
+			}
+			err = c.Write(wire.KindVerdict, v)
+		default:
+			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: "the bench's stand-in does not serve " + k.String()})
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// apply is the stand-in's apply: what the executor checks before it
+// touches anything (signature with the pinned key, purpose, the
+// declaration's strict parse, its address, its sequence), then a line per
+// resource, applied, and the owned entries a real apply would report.
+func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict) {
+	refuse := func(code wire.Code, reason string) ([]shapes.Line, *wire.Verdict) {
+		n.f.garbage.Add(1)
+		n.f.noteLog("stand-in refused a declaration: " + strings.ReplaceAll(reason, n.name, "NODE"))
+		return nil, &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: reason}
+	}
+	payload, err := wire.Open(n.f.key, wire.PurposeDeclaration, env)
+	if err != nil {
+		return refuse(wire.CodeOf(err), err.Error())
+	}
+	d, err := shapes.Parse(payload)
+	if err != nil {
+		return refuse(wire.CodeOf(err), err.Error())
+	}
+	if d.Node != n.name || d.Enrolment != n.id.Enrolment {
+		return refuse(wire.CodeAddress, fmt.Sprintf("addressed to %s/%s; this is %s/%s", d.Node, d.Enrolment, n.name, n.id.Enrolment))
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if d.Seq < n.applied {
+		return refuse(wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, n.applied))
+	}
+	if d.Seq == n.applied {
+		return nil, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Unchanged, Duplicate: true, Owned: []wire.OwnedEntry{}}
+	}
+	n.applied = d.Seq
+	lines := make([]shapes.Line, 0, len(d.Resources))
+	owned := make([]wire.OwnedEntry, 0, len(d.Resources))
+	overlay := false
+	for _, r := range d.Resources {
+		h := r.Head()
+		overlay = overlay || h.Type == shapes.TypeOverlay
+		lines = append(lines, shapes.Line{Module: h.Module, ID: h.ID, Type: h.Type, Outcome: shapes.Applied})
+		owned = append(owned, wire.OwnedEntry{Target: h.Type + ":" + h.Module + "." + h.ID, Type: h.Type, Module: h.Module, ID: h.ID})
+	}
+	n.received = append(n.received, event{seq: d.Seq, at: at, overlay: overlay})
+	return lines, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Derive(lines), Owned: owned}
+}
+
+// noteRecorded takes in a report the control side recorded.
+func (n *simNode) noteRecorded(e event) {
+	n.mu.Lock()
+	n.recorded = append(n.recorded, e)
+	n.mu.Unlock()
+}
+
+// receivedAt is when the stand-in took sequence seq, if it did.
+func (n *simNode) receivedAt(seq uint64) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.received {
+		if e.seq == seq {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// recordedAt is when the control side recorded the report of a
+// declaration's sequence seq, if it did.
+func (n *simNode) recordedAt(seq uint64) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.recorded {
+		if e.seq == seq && e.trigger == link.TriggerDeclaration {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// overlayAt is when the stand-in first took a declaration carrying the
+// overlay, and when a report with its overlay line applied was first
+// recorded, each after since.
+func (n *simNode) overlayAt(since time.Time) (applied, recorded time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.received {
+		if e.overlay && e.at.After(since) {
+			applied = e.at
+			break
+		}
+	}
+	for _, e := range n.recorded {
+		if e.overlay && e.at.After(since) {
+			recorded = e.at
+			break
+		}
+	}
+	return applied, recorded
+}
+
+// linkedAfter is when the agent first said "linked" after since.
+func (n *simNode) linkedAfter(since time.Time) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, t := range n.linked {
+		if t.After(since) {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// reconciledAfter is when the agent first told its executor that the link
+// came back, after since.
+func (n *simNode) reconciledAfter(since time.Time) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, t := range n.reconciled {
+		if t.After(since) {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// exited says whether n's agent has returned, and with what.
+func (n *simNode) exited() (bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.done == nil {
+		return false, nil
+	}
+	select {
+	case <-n.done:
+		return true, n.exit
+	default:
+		return false, nil
+	}
+}
+
+// maxLogKinds bounds the distinct messages the fleet keeps.
+const maxLogKinds = 40
+
+// noteLog counts a warning or error an agent (or its stand-in) said, in
+// the phase the bench is in.
+func (f *fleet) noteLog(msg string) {
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	if p := f.phase.Load(); p != nil {
+		msg = "[" + *p + "] " + msg
+	}
+	f.logMu.Lock()
+	defer f.logMu.Unlock()
+	if _, ok := f.logs[msg]; !ok && len(f.logs) >= maxLogKinds {
+		msg = "(other messages)"
+	}
+	f.logs[msg]++
+}
+
+// logSummary is the agents' warnings and errors, most frequent first.
+func (f *fleet) logSummary() []string {
+	f.logMu.Lock()
+	defer f.logMu.Unlock()
+	type kv struct {
+		msg string
+		n   int
+	}
+	var all []kv
+	for m, n := range f.logs {
+		all = append(all, kv{m, n})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].n > all[j].n || (all[i].n == all[j].n && all[i].msg < all[j].msg) })
+	out := make([]string, 0, len(all))
+	for _, x := range all {
+		out = append(out, fmt.Sprintf("%6d × %s", x.n, x.msg))
+	}
+	return out
+}
+
+// agentLog is each agent's logger: it notes when the agent links, and
+// counts its warnings and errors by message; the rest is dropped (ten
+// thousand agents' info lines would cost more than they say).
+type agentLog struct{ n *simNode }
+
+func (h agentLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+
+func (h agentLog) Handle(_ context.Context, r slog.Record) error {
+	switch {
+	case r.Message == "linked":
+		h.n.mu.Lock()
+		h.n.linked = append(h.n.linked, r.Time)
+		h.n.mu.Unlock()
+	case r.Level >= slog.LevelWarn:
+		// One message for every node: its name is said as NODE.
+		h.n.f.noteLog(r.Level.String() + " " + strings.ReplaceAll(r.Message, h.n.name, "NODE"))
+	}
+	return nil
+}
+
+func (h agentLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h agentLog) WithGroup(string) slog.Handler      { return h }
+
+// reportHead is what the bench reads of a recorded report.
+type reportHead struct {
+	Node    string        `json:"node"`
+	Seq     uint64        `json:"seq"`
+	Trigger string        `json:"trigger"`
+	Lines   []shapes.Line `json:"lines"`
+}
+
+// overlayApplied says whether a report's overlay line says applied (or
+// unchanged, or repaired: what the control side takes as joined).
+func (r *reportHead) overlayApplied() bool {
+	for _, l := range r.Lines {
+		if l.Module == control.OverlayModule && l.ID == control.OverlayID && l.Type == shapes.TypeOverlay {
+			return l.Outcome == shapes.Applied || l.Outcome == shapes.Unchanged || l.Outcome == shapes.Repaired
+		}
+	}
+	return false
+}
+
+// errStopped: the bench is stopping.
+var errStopped = errors.New("stopping")

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// clusterNotPossible is why CLUSTER=1 measures nothing yet (issue 14,
+// item 4 is not built).
+const clusterNotPossible = "not possible yet: `serve --nats` sets no replica count and `broker-config` writes a single server's file (issue 14, item 4)"
+
+func (b *bench) clusterRow() row {
+	why := clusterNotPossible
+	if !b.cfg.cluster {
+		why = "not run (CLUSTER=1); " + why
+	}
+	return targetRow(targetCluster, figure{why: why}, b.res.Requested, "")
+}
+
+// rows are the table: the issue's targets in its order, with the figures
+// that explain them.
+func (b *bench) rows() []row {
+	r := b.res
+	n := r.Agents
+	var rows []row
+
+	// Registration.
+	reg := fmt.Sprintf("%s of %s in %.1f s (%d at a time)", thousands(r.Registered), thousands(r.Requested), r.RegisterSeconds, b.cfg.registerWorkers)
+	if r.RegisterRefused > 0 {
+		reg += fmt.Sprintf("; %d refused, the first: %s", r.RegisterRefused, r.RegisterFirstErr)
+		if r.RegisterStopped {
+			reg += fmt.Sprintf("; stopped after %d in a row", b.cfg.maxRefusals)
+		}
+	}
+	rows = append(rows, targetRow(targetRegistrable, figure{value: float64(r.Registered), measured: true, failed: r.Registered < r.Requested}, r.Requested, reg))
+	if r.Agents > 0 {
+		l := fmt.Sprintf("%s of %s linked in %s (started in batches of %d)", thousands(r.Linked), thousands(r.Agents), secs(r.LinkSeconds), b.cfg.startBatch)
+		l += fmt.Sprintf("; open files once linked: %s here, %s in serve, of %s each", thousands(r.FDsHere), thousands(r.FDsControl), thousands(int(r.Host.NoFile)))
+		if r.FDLimited > 0 {
+			l += fmt.Sprintf("; %s registered nodes left out: one NATS connection each does not fit the open-file limit", thousands(r.FDLimited))
+		}
+		rows = append(rows, infoRow("agents linked (one NATS connection each)", l))
+	}
+
+	// Fan-out, to a fleet just linked and to a fleet that has idled.
+	rows = append(rows, b.fanoutRows(r.Fanout, "just linked", n)...)
+	rows = append(rows, b.fanoutRows(r.FanoutIdle, "after idle", n)...)
+
+	// Restart.
+	if s := r.Restart; s != nil {
+		var res string
+		fig := figure{value: s.TotalSeconds, measured: true}
+		switch {
+		case s.StartError != "" && s.StartSeconds == 0:
+			res = fmt.Sprintf("stop %s%s; serve did not start again: %s", secs(s.StopSeconds), killedNote(s), s.StartError)
+			fig.failed = true
+		default:
+			res = fmt.Sprintf("%s: stop %s%s, start %s, all linked %s after serving", secs(s.TotalSeconds), secs(s.StopSeconds), killedNote(s), secs(s.StartSeconds), secs(s.LinkedP100))
+			if s.Reconnected < s.Nodes {
+				res = fmt.Sprintf("%s of %s linked again within %s of the stop (stop %s%s, start %s)", thousands(s.Reconnected), thousands(s.Nodes), b.cfg.restartTimeout, secs(s.StopSeconds), killedNote(s), secs(s.StartSeconds))
+				fig.failed = true
+			}
+			if s.StartError != "" {
+				res += "; the first start failed: " + s.StartError
+			}
+			res += fmt.Sprintf("; %s of %s executors told the link came back, the last %s after the stop", thousands(s.Reconciled), thousands(s.Nodes), secs(s.ReconciledP100))
+		}
+		rows = append(rows, targetRow(targetRestart, fig, n, res))
+	} else {
+		rows = append(rows, targetRow(targetRestart, figure{why: "not reached"}, n, ""))
+	}
+
+	// Idle.
+	if i := r.Idle; i != nil {
+		cpu := figure{value: i.ControlCPU, measured: true}
+		res := fmt.Sprintf("%.1f %% of a core on %s nodes over %s (%s heartbeats stored)", i.ControlCPU, thousands(n), secs(i.WindowSeconds), thousands(int(i.Heartbeats)))
+		res += fmt.Sprintf("; %.1f %% before any node", r.BaselineCPU)
+		if n > 0 && n < targetIdleCPU.nodes {
+			x := extrapolate(r.BaselineCPU, i.ControlCPU, n, targetIdleCPU.nodes)
+			cpu.atScale = &x
+			res += fmt.Sprintf("; ≈ %.0f %% at %s, linearly", x, thousands(targetIdleCPU.nodes))
+		}
+		rows = append(rows, targetRow(targetIdleCPU, cpu, n, res))
+		mem := figure{value: i.PerNodeKiB, measured: n > 0}
+		rows = append(rows, targetRow(targetMemory, mem, n, fmt.Sprintf("%.0f KiB: VmRSS %s MiB on %s nodes, %s MiB before any (peak %s MiB)",
+			i.PerNodeKiB, mib(i.RSSKiB), thousands(n), mib(i.BaselineKiB), mib(i.HWMKiB))))
+		rows = append(rows, infoRow("this process (the agents and stand-ins), idle", fmt.Sprintf("%.1f %% of a core, VmRSS %s MiB (%.0f KiB per agent)",
+			i.AgentsCPU, mib(i.AgentsRSSKiB), float64(i.AgentsRSSKiB)/float64(max(n, 1)))))
+	} else {
+		rows = append(rows, targetRow(targetIdleCPU, figure{why: "not reached"}, n, ""), targetRow(targetMemory, figure{why: "not reached"}, n, ""))
+	}
+
+	// Overlay.
+	if o := r.Overlay; o != nil && o.Skipped == "" {
+		fig := figure{value: o.AppliedP100, measured: o.Applied > 0, failed: o.Applied < o.Nodes}
+		var res string
+		if o.Applied < o.Nodes {
+			res = fmt.Sprintf("%s of %s nodes applied within %s (cut off)", thousands(o.Applied), thousands(o.Nodes), b.cfg.overlayTimeout)
+			if o.Applied > 0 {
+				res += fmt.Sprintf(", p50 %s", secs(o.AppliedP50))
+			}
+		} else {
+			res = fmt.Sprintf("%s on %s nodes (p50 %s)", secs(o.AppliedP100), thousands(o.Nodes), secs(o.AppliedP50))
+		}
+		res += fmt.Sprintf("; %s recorded", thousands(o.Recorded))
+		if o.Recorded == o.Nodes {
+			res += fmt.Sprintf(", the last at %s", secs(o.RecordedP100))
+		}
+		if o.CommandDone {
+			res += fmt.Sprintf("; the command took %s", secs(o.CommandSeconds))
+		} else if o.CommandError != "" {
+			res += "; the command: " + o.CommandError
+		}
+		if o.Applied == 0 {
+			fig.why = "no node applied its overlay"
+		}
+		rows = append(rows, targetRow(targetOverlay, fig, o.Nodes, res))
+	} else {
+		why := "not reached"
+		if o != nil {
+			why = o.Skipped
+		}
+		rows = append(rows, targetRow(targetOverlay, figure{why: why}, 0, ""))
+	}
+	rows = append(rows, b.clusterRow())
+	return rows
+}
+
+// fanoutRows are the rows of one fan-out: until received (information),
+// and until recorded (the target).
+func (b *bench) fanoutRows(f *fanoutResult, when string, n int) []row {
+	t := targetFanout
+	t.name = fmt.Sprintf("%s (%s)", t.name, when)
+	if f == nil {
+		return []row{targetRow(t, figure{why: "not reached"}, n, "")}
+	}
+	recv := infoRow(fmt.Sprintf("one declaration to all nodes, until received (%s)", when),
+		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s, %d at a time%s",
+			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), f.Declarers, declareErrors(f)))
+	fig := figure{value: f.RecordedP100, measured: f.Recorded > 0, failed: f.Recorded < f.Nodes}
+	res := fmt.Sprintf("p50 %s, p100 %s on %s nodes", secs(f.RecordedP50), secs(f.RecordedP100), thousands(f.Nodes))
+	if f.Recorded < f.Nodes {
+		res = fmt.Sprintf("%s of %s recorded within %s (p50 %s)", thousands(f.Recorded), thousands(f.Nodes), b.cfg.fanoutTimeout, secs(f.RecordedP50))
+	}
+	if f.Recorded == 0 {
+		fig.why = "no report was recorded"
+	}
+	return []row{recv, targetRow(t, fig, n, res)}
+}
+
+// printTable prints the table and keeps it in the results.
+func (b *bench) printTable(w io.Writer) {
+	rows := b.rows()
+	writeTable(w, rows)
+	b.res.Targets = map[string]rowJ{}
+	var missed []string
+	for _, r := range rows {
+		b.res.Targets[r.measure] = rowJ{Result: r.result, Target: r.target, Verdict: r.verdict}
+		if isMiss(r.verdict) {
+			missed = append(missed, r.measure)
+		}
+	}
+	if len(missed) > 0 {
+		fmt.Fprintf(w, "\nMISS: %s\n", strings.Join(missed, "; "))
+	}
+}
+
+func secs(s float64) string { return seconds(time.Duration(s * float64(time.Second))) }
+
+func mib(kib uint64) string { return fmt.Sprintf("%.0f", float64(kib)/1024) }
+
+func killedNote(s *restartResult) string {
+	if s.Killed {
+		return " (killed: it did not stop within the limit)"
+	}
+	return ""
+}
+
+func declareErrors(f *fanoutResult) string {
+	if f.DeclareErrors == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d declares failed, the first: %s", f.DeclareErrors, f.FirstError)
+}

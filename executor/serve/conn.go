@@ -92,9 +92,6 @@ func lineSize(l *shapes.Line) int {
 func (o *outbox) push(m outgoing) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.cond.L == nil {
-		o.cond.L = &o.mu
-	}
 	if m.line {
 		n := lineSize(m.body.(*shapes.Line))
 		if o.closed || o.lineBytes+n > maxQueuedLineBytes {
@@ -121,9 +118,6 @@ func (o *outbox) push(m outgoing) bool {
 func (o *outbox) pop() (outgoing, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.cond.L == nil {
-		o.cond.L = &o.mu
-	}
 	for len(o.q) == 0 && !o.done && !o.closed {
 		o.cond.Wait()
 	}
@@ -147,9 +141,7 @@ func (o *outbox) pop() (outgoing, bool) {
 func (o *outbox) finish() {
 	o.mu.Lock()
 	o.done = true
-	if o.cond.L != nil {
-		o.cond.Broadcast()
-	}
+	o.cond.Broadcast()
 	o.mu.Unlock()
 }
 
@@ -166,9 +158,7 @@ func (o *outbox) stop() []func() {
 		}
 	}
 	o.q = nil
-	if o.cond.L != nil {
-		o.cond.Broadcast()
-	}
+	o.cond.Broadcast()
 	return after
 }
 
@@ -232,6 +222,7 @@ func (s *Server) admit(nc net.Conn) (*conn, bool) {
 		}
 	}
 	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor), written: make(chan struct{})}
+	c.out.cond.L = &c.out.mu
 	s.slotMu.Lock()
 	c.idle = time.Now()
 	s.open[c] = true

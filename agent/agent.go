@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +58,9 @@ type Options struct {
 	Episodic bool
 	// Heartbeat is the heartbeat period (30s when zero).
 	Heartbeat time.Duration
+	// Poll is how often the agent reads its declaration subject with no
+	// notice (2 minutes when zero, jittered by up to a quarter more).
+	Poll time.Duration
 	// Version and Build are this agent's; Build is compared with the
 	// executor's on every hello.
 	Version, Build string
@@ -72,10 +77,13 @@ type Agent struct {
 	log   *slog.Logger
 	state *stateStore
 
-	pins    pinWatch
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	cons    jetstream.Consumer
+	pins pinWatch
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	// wake says a notice came (link.Subjects.Notice); noticed is the
+	// highest stream sequence notices named since the last read.
+	wake    chan struct{}
+	noticed atomic.Uint64
 	exec    *execClient               // the worker's connection to the executor
 	hbExec  *execClient               // the heartbeat's
 	ncp     atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
@@ -134,6 +142,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
+	}
+	if o.Poll <= 0 {
+		o.Poll = pollEvery
 	}
 	if o.DialExecutor != nil && o.Identity == nil {
 		return errors.New("agent: DialExecutor is for a linked agent: it needs an Identity")
@@ -205,6 +216,7 @@ func runLinked(ctx context.Context, o Options) error {
 		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
 		linkUp: make(chan struct{}, 1),
 		hbNow:  make(chan struct{}, 1),
+		wake:   make(chan struct{}, 1),
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
@@ -228,7 +240,11 @@ func runLinked(ctx context.Context, o Options) error {
 		a.nc = nc
 		a.ncp.Store(nc)
 		a.js, _ = jetstream.NewWithAPIPrefix(nc, link.APIPrefix)
-		a.cons = nil
+		// The notices are heard for the life of the connection (the client
+		// subscribes again itself after a reconnect).
+		if _, err := nc.Subscribe(a.id.Subjects.Notice, a.notice); err != nil {
+			a.log.Warn("notices: " + err.Error())
+		}
 		a.linked()
 		a.work(ctx)
 		nc.Close()
@@ -362,9 +378,17 @@ func (a *Agent) linkDown(err error) {
 }
 
 // work is the worker: it tells the executor when the link came back, and
-// drains declarations, until ctx ends or the connection is closed for good.
+// reads the newest declaration on the node's subject — at every
+// (re)connect, at every notice and on a jittered timer — and drains it when
+// it is not the one last settled, until ctx ends or the connection is
+// closed for good. "Not the one last settled", not "newer": a stream made
+// anew starts its sequences again, and the signed sequence inside is what
+// the agent and the executor judge by.
 func (a *Agent) work(ctx context.Context) {
 	wait := a.o.RetryWait
+	read := true
+	poll := time.NewTimer(a.pollWait())
+	defer poll.Stop()
 	for ctx.Err() == nil && !a.nc.IsClosed() {
 		if !a.nc.IsConnected() {
 			select {
@@ -372,6 +396,7 @@ func (a *Agent) work(ctx context.Context) {
 			case <-a.linkUp:
 			case <-time.After(time.Second):
 			}
+			read = true
 			continue
 		}
 		if a.reconc.Load() {
@@ -384,31 +409,68 @@ func (a *Agent) work(ctx context.Context) {
 				wait = a.backoff(ctx, wait)
 				continue
 			}
+			read = true
 		}
-		msgs, err := a.collect(ctx)
-		if err != nil {
-			if ctx.Err() == nil && a.nc.IsConnected() {
-				a.log.Warn("declarations: " + err.Error())
-				wait = a.backoff(ctx, wait)
+		if read {
+			noticed := a.noticed.Swap(0)
+			m, err := a.readNewest(ctx, noticed)
+			if err == nil && m != nil && m.sseq != a.state.get().LastStreamSeq {
+				err = a.drain(ctx, m)
+				a.giveBack()
 			}
-			continue
-		}
-		if len(msgs) == 0 {
-			continue
-		}
-		if err := a.drain(ctx, msgs); err != nil {
-			if errors.Is(err, ErrUpgraded) {
-				a.upgraded(err)
-				return
+			if err != nil {
+				if errors.Is(err, ErrUpgraded) {
+					a.upgraded(err)
+					return
+				}
+				if ctx.Err() == nil && a.nc.IsConnected() {
+					a.log.Error("declarations: " + err.Error())
+					a.notify(noticed) // still to be read
+					wait = a.backoff(ctx, wait)
+				}
+				continue
 			}
-			if ctx.Err() == nil {
-				a.log.Error("drain: " + err.Error())
-				wait = a.backoff(ctx, wait)
-			}
-			continue
+			read, wait = false, a.o.RetryWait
 		}
-		a.giveBack()
-		wait = a.o.RetryWait
+		select {
+		case <-ctx.Done():
+		case <-a.linkUp:
+			read = true
+		case <-a.wake:
+			read = true
+		case <-poll.C:
+			read = true
+			poll.Reset(a.pollWait())
+		}
+	}
+}
+
+// pollWait is the next wait of the timer read: Poll, and up to a quarter
+// more.
+func (a *Agent) pollWait() time.Duration {
+	return a.o.Poll + rand.N(a.o.Poll/4+1)
+}
+
+// notice is the handler of the node's notices: the body names the stream
+// sequence of the new message (unsigned, a hint: a hostile broker may send
+// any, and costs the agent a few reads at most).
+func (a *Agent) notice(m *nats.Msg) {
+	seq, _ := strconv.ParseUint(string(m.Data), 10, 64)
+	a.notify(seq)
+}
+
+// notify wakes the worker to read; seq, when not 0, is the stream
+// sequence it should find at least.
+func (a *Agent) notify(seq uint64) {
+	for {
+		cur := a.noticed.Load()
+		if seq <= cur || a.noticed.CompareAndSwap(cur, seq) {
+			break
+		}
+	}
+	select {
+	case a.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -6,26 +6,32 @@
 // confined under every init. Without an identity it stays up idle and never
 // dials. With one, it connects out to NATS over TLS with the broker's
 // certificate checked against a pinned SHA-256 fingerprint inside the
-// handshake, authenticates with its own NKey, and pulls its declarations
-// from a durable JetStream consumer.
+// handshake, authenticates with its own NKey, and reads the newest
+// declaration on its own subject by a JetStream direct get — at every
+// (re)connect, whenever the control side's notice says there is a newer
+// one, and on a jittered timer for notices lost. Nothing on the broker is
+// kept per node but the subject's few messages: no consumer, no ack.
 //
-// The drain: everything waiting is fetched, each envelope verified against
-// the pinned control-plane key (wire.Open), parsed as a link declaration
-// (shapes.Parse: no action), and checked for this node, this enrolment and a
-// sequence not older than the last applied. What fails is reported upward as
-// refused and never reaches the executor. Of the rest only the newest is
-// forwarded, as the exact bytes published; after the executor's verdict each
-// older one is reported superseded, naming the one applied (or refused).
+// The drain: the newest message, if it is not the one last settled, is
+// verified against the pinned control-plane key (wire.Open), parsed as a
+// link declaration (shapes.Parse: no action), and checked for this node,
+// this enrolment and a sequence not older than the last applied. What fails
+// is reported upward as refused and never reaches the executor. What passes
+// is forwarded, as the exact bytes published; after the executor's verdict
+// the sequences between the last settled and it — which the agent never
+// needs to read — are reported superseded by it in one report (a range),
+// naming its outcome. The signed report is the acknowledgement: until it is
+// on the broker the message is not settled, and is read again.
 // The executor verifies everything again: the agent is trusted for nothing,
 // and its checks exist to refuse early and legibly and to keep garbage off
 // the socket.
 //
-// Names on the broker (one node's subjects; see Subjects):
+// Names on the broker (one node's subjects; see link.Subjects):
 //
-//	mesh.decl.<node>       declarations, stream MESH_DECL, durable pull consumer node-<node>
-//	mesh.api.CONSUMER.{INFO,MSG.NEXT}.MESH_DECL.node-<node>
-//	                       the JetStream API as the node reaches it (APIPrefix)
-//	$JS.ACK.MESH_DECL.node-<node>.>  its acks
+//	mesh.decl.<node>       declarations, stream MESH_DECL, the last few kept
+//	mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<node>
+//	                       the direct get of the newest, as the node reaches it (APIPrefix)
+//	mesh.notice.<node>     the control side's word that there is a newer one (core NATS)
 //	mesh.report.<node>     reports upward, stream MESH_REPORT
 //	mesh.heartbeat.<node>  heartbeats upward, stream MESH_HEARTBEAT
 //	_INBOX.<node>.>        the node's own reply inboxes

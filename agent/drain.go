@@ -1,12 +1,11 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,89 +16,70 @@ import (
 )
 
 const (
-	// maxDrain bounds one drain; more waiting is the next drain's.
-	maxDrain = 2048
-	// fetchBatch is one pull of the drain.
-	fetchBatch = 256
-	// waitFirst is how long one pull request waits for a first declaration.
-	waitFirst = 20 * time.Second
-	// inProgressEvery keeps the declarations of a long apply from being
-	// redelivered (the consumer's AckWait is longer).
-	inProgressEvery = 10 * time.Second
-	// retryLater is how soon a declaration comes back when the executor
-	// could not take it.
-	retryLater = 2 * time.Second
+	// readWithin bounds one direct get of the newest declaration.
+	readWithin = 5 * time.Second
+	// pollEvery is how often the agent reads its subject with no notice
+	// (core NATS notices are at most once), jittered by up to a quarter
+	// so a fleet that came up together does not read together.
+	pollEvery = 2 * time.Minute
+	// staleRetries is how many times the agent reads again, staleWait
+	// apart, when a notice names a message newer than the one it read (a
+	// replica not caught up yet, in a cluster).
+	staleRetries = 5
+	staleWait    = 200 * time.Millisecond
 )
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-// consumer binds the node's durable pull consumer, created by the control
-// side when the node was added (the node may not create consumers).
-func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
-	if a.cons != nil {
-		return a.cons, nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, err := a.js.Consumer(cctx, link.DeclStream, a.id.Subjects.Consumer)
-	if err != nil {
-		return nil, fmt.Errorf("the broker has no declaration consumer %s on %s for this node, or refuses it: %w", a.id.Subjects.Consumer, link.DeclStream, err)
-	}
-	a.cons = c
-	return c, nil
-}
-
-// collect waits for a first declaration, then takes everything else
-// waiting without waiting further.
-func (a *Agent) collect(ctx context.Context) ([]jetstream.Msg, error) {
-	c, err := a.consumer(ctx)
-	if err != nil {
-		return nil, err
-	}
-	wctx, cancel := context.WithTimeout(ctx, waitFirst)
-	first, err := c.Next(jetstream.FetchContext(wctx))
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.Canceled) {
-			return nil, nil
-		}
-		a.cons = nil // bind again: the consumer may have been made anew
-		return nil, err
-	}
-	msgs := []jetstream.Msg{first}
-	for len(msgs) < maxDrain {
-		b, err := c.FetchNoWait(min(fetchBatch, maxDrain-len(msgs)))
-		if err != nil {
-			break
-		}
-		n := 0
-		for m := range b.Messages() {
-			msgs = append(msgs, m)
-			n++
-		}
-		if n == 0 {
-			break
-		}
-	}
-	return msgs, nil
-}
-
-type candidate struct {
-	msg  jetstream.Msg
-	seq  uint64
+// declMsg is the newest message on the node's declaration subject, as the
+// broker handed it over: the envelope and its stream sequence. Nothing
+// else the broker says about it is used.
+type declMsg struct {
+	data []byte
 	sseq uint64
 }
 
-type settled struct {
-	report *link.Report // nil: acked without a report
-	msg    jetstream.Msg
+// newest reads the newest message on the node's own subject by direct get
+// (link.Subjects.DeclGet). nil, nil: there is none.
+func (a *Agent) newest(ctx context.Context) (*declMsg, error) {
+	rctx, cancel := context.WithTimeout(ctx, readWithin)
+	defer cancel()
+	m, err := a.nc.RequestWithContext(rctx, a.id.Subjects.DeclGet, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the newest declaration (%s): %w", a.id.Subjects.DeclGet, err)
+	}
+	switch st := m.Header.Get("Status"); st {
+	case "":
+	case "404":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("reading the newest declaration: the broker answered %s %s", st, m.Header.Get("Description"))
+	}
+	sseq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
+	if err != nil || sseq == 0 {
+		return nil, fmt.Errorf("reading the newest declaration: the broker's answer names no stream sequence (%q)", m.Header.Get(link.HeaderSequence))
+	}
+	if subj := m.Header.Get(link.HeaderSubject); subj != a.id.Subjects.Decl {
+		return nil, fmt.Errorf("reading the newest declaration: the broker answered with a message of %q, not %q", subj, a.id.Subjects.Decl)
+	}
+	return &declMsg{data: m.Data, sseq: sseq}, nil
 }
 
-func streamSeq(m jetstream.Msg) uint64 {
-	if md, err := m.Metadata(); err == nil {
-		return md.Sequence.Stream
+// readNewest is newest, read again a few times while a notice says there
+// is a newer message than the one read (noticed, a stream sequence; 0 for
+// none).
+func (a *Agent) readNewest(ctx context.Context, noticed uint64) (*declMsg, error) {
+	for i := 0; ; i++ {
+		m, err := a.newest(ctx)
+		if err != nil || i >= staleRetries || noticed == 0 || (m != nil && m.sseq >= noticed) {
+			return m, err
+		}
+		select {
+		case <-ctx.Done():
+			return m, nil
+		case <-time.After(staleWait):
+		}
 	}
-	return 0
 }
 
 // check is the agent's own verification of one envelope: the pinned key
@@ -137,118 +117,71 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, rea
 	return d.Seq, wire.CodeNone, ""
 }
 
-// drain settles msgs: refusals reported and acked at once; of the valid
-// ones only the newest forwarded to the executor; after its verdict, the
-// newest reported as the executor says and each older one as superseded by
-// it; all acked once their reports are on the broker. If the executor cannot
-// take the newest, the valid ones come back later (nak with delay).
-func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
-	floor := a.state.get().LastApplied
-	var (
-		best     *candidate
-		older    []*candidate
-		refusals []settled
-		dupes    []jetstream.Msg
-	)
-	for _, m := range msgs {
-		sseq := streamSeq(m)
-		seq, code, reason := a.check(m.Data(), floor)
-		if code == wire.CodeNone && best != nil && seq == best.seq {
-			if bytes.Equal(m.Data(), best.msg.Data()) {
-				dupes = append(dupes, m) // the same envelope delivered twice
-				continue
-			}
-			code, reason = wire.CodeConflict, fmt.Sprintf("sequence %d was published twice with other bytes", seq)
+// drain settles m, the newest message on the node's subject. Refused by
+// the agent's own checks, it is reported refused and never reaches the
+// executor. Otherwise it goes to the executor, its verdict is reported,
+// and the declarations between the last the agent settled and this one —
+// which it never needs to read — are reported superseded by it, in one
+// report. Only once the reports are on the broker is m settled (the
+// agent's state names its stream sequence): a failure before that means it
+// is read and forwarded again, and the executor answers a duplicate.
+func (a *Agent) drain(ctx context.Context, m *declMsg) error {
+	st := a.state.get()
+	seq, code, reason := a.check(m.data, st.LastApplied)
+	if code != wire.CodeNone {
+		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", code.String(), "reason", reason)
+		r := a.report(seq)
+		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, reason, code.String(), "agent"
+		if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
+			return err
 		}
-		if code != wire.CodeNone {
-			a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", sseq, "code", code.String(), "reason", reason)
-			r := a.report(seq)
-			r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = sseq, shapes.Refused, reason, code.String(), "agent"
-			refusals = append(refusals, settled{r, m})
-			continue
-		}
-		c := &candidate{msg: m, seq: seq, sseq: sseq}
-		switch {
-		case best == nil:
-			best = c
-		case seq > best.seq:
-			older = append(older, best)
-			best = c
-		default:
-			older = append(older, c)
-		}
+		return a.state.update(func(s *State) { s.LastStreamSeq = m.sseq })
 	}
-	var pending []jetstream.Msg
-	if best != nil {
-		pending = append([]jetstream.Msg{best.msg}, dupes...)
-		for _, c := range older {
-			pending = append(pending, c.msg)
-		}
-	}
-	if err := a.settle(ctx, refusals); err != nil {
-		for _, m := range pending {
-			m.NakWithDelay(retryLater)
-		}
-		return err
-	}
-	if best == nil {
-		return nil
-	}
-	stop := keepInProgress(pending)
-	defer stop()
 	var r *link.Report
 	// The archives it names go to the executor's cache first, so the apply
 	// finds them there.
-	if err := a.streamArchives(ctx, best.msg.Data()); err != nil {
+	if err := a.streamArchives(ctx, m.data); err != nil {
 		var ar *archiveRefusal
 		if !errors.As(err, &ar) {
-			stop()
-			for _, m := range pending {
-				m.NakWithDelay(retryLater)
-			}
 			return err
 		}
-		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", best.seq, "stream_seq", best.sseq, "reason", ar.msg)
-		r = a.report(best.seq)
-		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = best.sseq, shapes.Refused, ar.msg, CodeArchive, "agent"
+		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg)
+		r = a.report(seq)
+		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, ar.msg, CodeArchive, "agent"
 	} else {
-		a.log.Info("forwarding the newest declaration", "seq", best.seq, "superseding", len(older))
-		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: best.msg.Data()})
-		stop()
+		from := max(st.LastSeq, st.LastApplied) + 1
+		a.log.Info("forwarding the newest declaration", "seq", seq, "superseding", seq-min(from, seq))
+		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: m.data})
 		if err != nil {
-			for _, m := range pending {
-				m.NakWithDelay(retryLater)
-			}
 			return err
 		}
-		r = a.report(best.seq)
-		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = best.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
+		r = a.report(seq)
+		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = m.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		r.Owned = v.Owned
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}
-		a.log.Info("the executor's verdict", "seq", best.seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
+		a.log.Info("the executor's verdict", "seq", seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
 	}
-	stop()
 	// The superseded first, so the newest is the last word.
-	var out []settled
-	for _, c := range older {
-		s := a.report(c.seq)
-		s.StreamSeq, s.Outcome, s.SupersededBy, s.SupersededOutcome = c.sseq, shapes.Superseded, best.seq, r.Outcome
-		out = append(out, settled{s, c.msg})
+	var out []*link.Report
+	if from := max(st.LastSeq, st.LastApplied) + 1; from < seq {
+		s := a.report(seq - 1)
+		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, seq, r.Outcome
+		out = append(out, s)
 	}
-	for _, m := range dupes {
-		out = append(out, settled{nil, m})
-	}
-	out = append(out, settled{r, best.msg})
-	a.state.update(func(s *State) {
-		s.LastSeq, s.LastOutcome = best.seq, r.Outcome
-		if r.Outcome != shapes.Refused && best.seq >= s.LastApplied {
-			s.LastApplied, s.LastAppliedOutcome = best.seq, r.Outcome
-		}
-	})
-	if err := a.settle(ctx, out); err != nil {
+	out = append(out, r)
+	if err := a.publishReports(ctx, out); err != nil {
 		return err
+	}
+	if err := a.state.update(func(s *State) {
+		s.LastStreamSeq = m.sseq
+		s.LastSeq, s.LastOutcome = seq, r.Outcome
+		if r.Outcome != shapes.Refused && seq >= s.LastApplied {
+			s.LastApplied, s.LastAppliedOutcome = seq, r.Outcome
+		}
+	}); err != nil {
+		a.log.Warn("state: " + err.Error())
 	}
 	// A retire declaration that ran to its end leaves the executor
 	// hosted: the agent follows once its report is out.
@@ -258,60 +191,9 @@ func (a *Agent) drain(ctx context.Context, msgs []jetstream.Msg) error {
 	return nil
 }
 
-// keepInProgress tells the broker every inProgressEvery that msgs are
-// being worked on, until stop is called.
-func keepInProgress(msgs []jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	var once sync.Once
-	go func() {
-		t := time.NewTicker(inProgressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				for _, m := range msgs {
-					m.InProgress()
-				}
-			}
-		}
-	}()
-	return func() { once.Do(func() { close(done) }) }
-}
-
-// settle publishes the reports and then acks the messages. If a report
-// cannot be published, nothing is acked: the messages come back and are
-// settled again (at least once, never lost).
-func (a *Agent) settle(ctx context.Context, items []settled) error {
-	if len(items) == 0 {
-		return nil
-	}
-	var reports []*link.Report
-	for _, it := range items {
-		if it.report != nil {
-			if it.report.Lines == nil {
-				it.report.Lines = []shapes.Line{}
-			}
-			reports = append(reports, it.report)
-		}
-	}
-	if err := a.publishReports(ctx, reports); err != nil {
-		for _, it := range items {
-			it.msg.NakWithDelay(retryLater)
-		}
-		return err
-	}
-	for _, it := range items {
-		if err := it.msg.Ack(); err != nil {
-			a.log.Warn("ack: "+err.Error(), "stream_seq", streamSeq(it.msg))
-		}
-	}
-	return nil
-}
-
 // publishReports puts reports on the broker and waits for the report
-// stream to have stored each.
+// stream to have stored each: a report is the node's acknowledgement, so
+// it is not settled until the broker says so.
 func (a *Agent) publishReports(ctx context.Context, reports []*link.Report) error {
 	if len(reports) == 0 {
 		return nil

@@ -147,11 +147,23 @@ func describe(rs []*control.SignedReport) string {
 		if r.Refused != "" {
 			s += " (" + r.Code + ": " + r.Refused + ")"
 		}
+		if r.SupersededFrom != 0 && r.SupersededFrom != r.Seq {
+			s += " (from seq " + itoa(r.SupersededFrom) + ")"
+		}
 		if r.SupersededBy != 0 {
 			s += " by " + itoa(r.SupersededBy)
 		}
 	}
 	return s
+}
+
+// supersedes says whether r reports seq superseded by by.
+func supersedes(r *control.SignedReport, seq, by uint64) bool {
+	from := r.SupersededFrom
+	if from == 0 {
+		from = r.Seq
+	}
+	return r.Outcome == shapes.Superseded && r.SupersededBy == by && from <= seq && seq <= r.Seq
 }
 
 func hasReport(seq uint64, outcome shapes.Outcome) func([]*control.SignedReport) bool {
@@ -168,12 +180,19 @@ func hasReport(seq uint64, outcome shapes.Outcome) func([]*control.SignedReport)
 // runAgent runs the agent in this process until the test ends.
 func runAgent(t *testing.T, id *agent.Identity, socket string) (stop func() error) {
 	t.Helper()
+	return runAgentPolling(t, id, socket, 0)
+}
+
+// runAgentPolling is runAgent with the agent's timer read every poll (0:
+// the default, minutes).
+func runAgentPolling(t *testing.T, id *agent.Identity, socket string, poll time.Duration) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- agent.Run(ctx, agent.Options{
 			Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: t.TempDir(),
-			Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(),
+			Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(), Poll: poll,
 		})
 	}()
 	var err error

@@ -76,9 +76,7 @@ func TestBrokerRestart(t *testing.T) {
 		t.Fatalf("the executor heard Reconnected %d times, want 2 (the first link and the one after the restart)", reconnects)
 	}
 	for _, s := range seqs[:len(seqs)-1] {
-		if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool {
-			return r.Seq == s && r.Outcome == shapes.Superseded && r.SupersededBy == newest
-		}) {
+		if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return supersedes(r, s, newest) }) {
 			t.Errorf("seq %d not reported superseded by %d: %s", s, newest, describe(rs))
 		}
 	}

@@ -22,6 +22,10 @@ type State struct {
 	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`
 	LastSeq            uint64         `json:"last_seq,omitempty"`
 	LastOutcome        shapes.Outcome `json:"last_outcome,omitempty"`
+	// LastStreamSeq is the stream sequence of the last message on the
+	// node's subject the agent settled (reported): the one it does not
+	// read twice.
+	LastStreamSeq uint64 `json:"last_stream_seq,omitempty"`
 	// ProfileDigest names the profile and inventory last reported upward.
 	ProfileDigest string `json:"profile_digest,omitempty"`
 }

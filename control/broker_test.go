@@ -152,20 +152,16 @@ func TestPinFailsBeforeConnect(t *testing.T) {
 	}
 }
 
-// Node isolation: node A's NKey can take its own declarations, and
-// cannot subscribe to, pull, read or publish on node B's subjects; the
-// broker refuses each, and B's consumer and subjects are untouched.
+// Node isolation: node A's NKey can read the newest declaration on its own
+// subject and hear its own notices, and cannot subscribe to, read or
+// publish on node B's subjects, nor reach the stream by any other door;
+// the broker refuses each, and B's subjects are untouched.
 func TestNodeIsolation(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	_, a := enrolNode(t, s, "alpha")
 	enrolNode(t, s, "beta")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, n := range []string{"alpha", "beta"} {
-		if _, err := s.client.Declare(ctx, n, []byte(decl)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	errs := make(chan error, 64)
 	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
 	if err != nil {
@@ -173,45 +169,61 @@ func TestNodeIsolation(t *testing.T) {
 	}
 	defer nc.Close()
 	refused := permissionRefused(t, nc, errs)
-	// Its own: bind, pull, ack.
-	js, _ := jetstream.NewWithAPIPrefix(nc, link.APIPrefix)
-	own, err := js.Consumer(ctx, link.DeclStream, "node-alpha")
+	notices, err := nc.SubscribeSync(a.Subjects.Notice)
 	if err != nil {
-		t.Fatalf("alpha cannot bind its own consumer: %v", err)
+		t.Fatal(err)
 	}
-	m, err := own.Next(jetstream.FetchMaxWait(5 * time.Second))
+	nc.Flush()
+	for _, n := range []string{"beta", "alpha"} {
+		if _, err := s.client.Declare(ctx, n, []byte(decl)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Its own: the notice (alpha's only: beta's came first and was not
+	// heard), then the direct get of the newest.
+	n, err := notices.NextMsg(5 * time.Second)
 	if err != nil {
-		t.Fatalf("alpha cannot pull its own declaration: %v", err)
+		t.Fatalf("alpha heard no notice of its declaration: %v", err)
 	}
-	if m.Subject() != "mesh.decl.alpha" {
-		t.Fatalf("alpha got %s", m.Subject())
+	m, err := nc.Request(a.Subjects.DeclGet, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("alpha cannot read its own newest declaration: %v", err)
 	}
-	if err := m.DoubleAck(ctx); err != nil {
-		t.Fatalf("alpha cannot ack its own declaration: %v", err)
+	if got := m.Header.Get(link.HeaderSubject); got != "mesh.decl.alpha" || m.Header.Get("Status") != "" || len(m.Data) == 0 {
+		t.Fatalf("alpha read %q (status %q, %d bytes)", got, m.Header.Get("Status"), len(m.Data))
+	}
+	if string(n.Data) != m.Header.Get(link.HeaderSequence) {
+		t.Fatalf("the notice names stream sequence %q, the message is %q", n.Data, m.Header.Get(link.HeaderSequence))
+	}
+	if extra, err := notices.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("alpha heard a second notice: %s %q", extra.Subject, extra.Data)
 	}
 
-	// Subscribing to B's declarations, or anything wider than its inbox.
-	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>", "$JS.ACK.MESH_DECL.node-beta.>",
-		"mesh.enrol.*", "_INBOX.enrol-0011223344556677.>"} {
+	// Subscribing to B's declarations or notices, or anything wider than
+	// its inbox and its own notices.
+	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.notice.beta", "mesh.notice.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>",
+		"$JS.API.DIRECT.GET.>", "mesh.enrol.*", "_INBOX.enrol-0011223344556677.>"} {
 		if _, err := nc.SubscribeSync(subj); err != nil {
 			t.Fatal(err)
 		}
 		refused("subscribe", subj)
 	}
-	// Pulling, binding, reading or re-creating B's consumer, or reading the stream.
+	// Reading B's subject by any door, making a consumer, or reading the
+	// stream otherwise.
 	for _, subj := range []string{
-		"mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
-		"mesh.api.CONSUMER.INFO.MESH_DECL.node-beta",
+		"mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.beta",
+		"mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.*",
+		"mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.>",
+		"mesh.api.DIRECT.GET.MESH_DECL", // the form with the subject in its body
 		"mesh.api.CONSUMER.CREATE.MESH_DECL.sneak.mesh.decl.beta",
+		"mesh.api.CONSUMER.CREATE.MESH_DECL.sneak.mesh.decl.alpha",
+		"mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
 		"mesh.api.STREAM.MSG.GET.MESH_DECL",
-		"$JS.API.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
-		"$JS.API.CONSUMER.INFO.MESH_DECL.node-beta",
-		"$JS.API.CONSUMER.MSG.NEXT.MESH_DECL.node-alpha",
+		"$JS.API.DIRECT.GET.MESH_DECL.mesh.decl.beta",
+		"$JS.API.DIRECT.GET.MESH_DECL",
 		"$JS.API.CONSUMER.CREATE.MESH_DECL.sneak.mesh.decl.beta",
 		"$JS.API.CONSUMER.DURABLE.CREATE.MESH_DECL.sneak",
-		"$JS.API.CONSUMER.DELETE.MESH_DECL.node-beta",
 		"$JS.API.STREAM.MSG.GET.MESH_DECL",
-		"$JS.API.DIRECT.GET.MESH_DECL.mesh.decl.beta",
 		"$JS.API.STREAM.PURGE.MESH_DECL",
 		"$KV.mesh_nodes.node.beta",
 		"$JS.API.STREAM.INFO.MESH_DECL",
@@ -219,22 +231,22 @@ func TestNodeIsolation(t *testing.T) {
 		"mesh.enrol.0011223344556677",
 		"mesh.enrol.*",
 	} {
-		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"batch":1}`)); err != nil {
+		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"last_by_subj":"mesh.decl.beta"}`)); err != nil {
 			t.Fatal(err)
 		}
 		refused("publish", subj)
 	}
-	short, cancelShort := context.WithTimeout(ctx, time.Second)
-	defer cancelShort()
-	if _, err := js.Consumer(short, link.DeclStream, "node-beta"); err == nil {
-		t.Fatal("alpha bound beta's consumer")
-	}
-	// Publishing as B.
-	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha"} {
+	// Publishing as B, as the control side, or a notice.
+	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha", "mesh.notice.beta", "mesh.notice.alpha"} {
 		if err := nc.Publish(subj, []byte(`{"node":"beta","outcome":"applied"}`)); err != nil {
 			t.Fatal(err)
 		}
 		refused("publish", subj)
+	}
+	// Its own get with a body (a subject of its choosing inside): the
+	// broker answers a bad request, never B's message.
+	if m, err := nc.Request(a.Subjects.DeclGet, []byte(`{"last_by_subj":"mesh.decl.beta"}`), 5*time.Second); err == nil && m.Header.Get("Status") == "" {
+		t.Fatalf("alpha's get with a body was answered with a message of %s", m.Header.Get(link.HeaderSubject))
 	}
 
 	// Naming B's subjects as the reply: the broker answers A's requests
@@ -245,25 +257,20 @@ func TestNodeIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.PublishRequest(a.Subjects.ConsumerInfo, inbox, nil); err != nil {
+	if err := nc.PublishRequest(a.Subjects.DeclGet, inbox, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := probe.NextMsg(5 * time.Second); err != nil {
-		t.Fatalf("the positive control: alpha's consumer info request is not answered: %v", err)
+		t.Fatalf("the positive control: alpha's direct get is not answered: %v", err)
 	}
-	if _, err := s.client.Declare(ctx, "alpha", []byte(decl)); err != nil {
-		t.Fatal(err)
-	}
-	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta"} {
+	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.notice.beta"} {
 		for _, req := range []struct {
 			subj string
 			data []byte
 		}{
-			{a.Subjects.ConsumerInfo, nil},
-			{a.Subjects.ConsumerNext, []byte(`{"batch":1,"no_wait":true}`)},
+			{a.Subjects.DeclGet, nil},
 			{a.Subjects.Report, []byte(`{}`)},
 			{a.Subjects.Heartbeat, []byte(`{}`)},
-			{a.Subjects.AckPrefix + ".1.1.1.1.1.0", []byte("+ACK")},
 		} {
 			if err := nc.PublishRequest(req.subj, reply, req.data); err != nil {
 				t.Fatal(err)
@@ -273,18 +280,8 @@ func TestNodeIsolation(t *testing.T) {
 	nc.Flush()
 	time.Sleep(300 * time.Millisecond)
 
-	// B's consumer is untouched, B's subjects empty but for its one declaration.
-	bc, err := s.client.JS.Consumer(ctx, link.DeclStream, "node-beta")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := bc.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Delivered.Consumer != 0 || info.NumPending != 1 {
-		t.Fatalf("beta's consumer was touched: delivered %d, pending %d", info.Delivered.Consumer, info.NumPending)
-	}
+	// B's subjects empty but for its one declaration; nothing per node
+	// on the broker.
 	for _, st := range []struct {
 		stream, subj string
 		want         uint64
@@ -296,6 +293,9 @@ func TestNodeIsolation(t *testing.T) {
 		}
 		if si.State.Subjects[st.subj] != st.want {
 			t.Fatalf("%s holds %d messages, not %d: alpha got something in", st.subj, si.State.Subjects[st.subj], st.want)
+		}
+		if st.stream == link.DeclStream && si.State.Consumers != 0 {
+			t.Fatalf("%s has %d consumers: nothing per node is kept on the broker", st.stream, si.State.Consumers)
 		}
 	}
 }

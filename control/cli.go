@@ -492,6 +492,9 @@ func (c *cli) reports(node string, last int) error {
 	}
 	for _, r := range rs {
 		head := fmt.Sprintf("seq %d  %s", r.Seq, r.Outcome)
+		if r.SupersededFrom != 0 && r.SupersededFrom < r.Seq {
+			head = fmt.Sprintf("seq %d-%d  %s", r.SupersededFrom, r.Seq, r.Outcome)
+		}
 		switch {
 		case r.Outcome == shapes.Superseded:
 			head += fmt.Sprintf(" by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,6 @@ const Bucket = "mesh_nodes"
 
 // Retention of the streams, per node.
 const (
-	DeclsPerNode      = 4096 // a flurry of 1000 and more, all reported superseded
 	ReportsPerNode    = 2048
 	HeartbeatsPerNode = 16
 )
@@ -72,6 +72,9 @@ type Client struct {
 	KV   jetstream.KeyValue
 	// Archives is the object store of archives (link.ArchiveBucket).
 	Archives jetstream.ObjectStore
+	// decls is the declarations stream, as ensure found it (its cached
+	// info says direct get is allowed, so Declare's reads are direct).
+	decls jetstream.Stream
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
 	DespiteBriefing bool
@@ -155,9 +158,9 @@ func (c *Client) Close() { c.NC.Close() }
 func (c *Client) ensure(ctx context.Context) error {
 	streams := []jetstream.StreamConfig{
 		{Name: link.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
-			MaxMsgsPerSubject: DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
-			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute,
-			Description: "signed declarations, one subject per node"},
+			MaxMsgsPerSubject: link.DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute, AllowDirect: true,
+			Description: "signed declarations, one subject per node; nodes read the newest of theirs by direct get"},
 		{Name: link.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			Description: "reports from nodes"},
@@ -166,8 +169,15 @@ func (c *Client) ensure(ctx context.Context) error {
 			Description: "heartbeats from nodes"},
 	}
 	for _, sc := range streams {
-		if _, err := c.JS.CreateOrUpdateStream(ctx, sc); err != nil {
+		st, err := c.JS.CreateOrUpdateStream(ctx, sc)
+		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+		if sc.Name == link.DeclStream {
+			c.decls = st
+			if err := dropNodeConsumers(ctx, st, c.log); err != nil {
+				return err
+			}
 		}
 	}
 	kv, err := c.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -256,7 +266,7 @@ func (c *Client) Node(ctx context.Context, name string) (*NodeRecord, uint64, er
 }
 
 // AddNode registers a node: a record with a fresh enrolment id and NKey,
-// its durable consumer on MESH_DECL, its subject emptied of anything left
+// its subject emptied of anything left
 // by a node of the same name before. It returns the agent's config (with
 // the seed, which the control side does not keep) and what the executor
 // pins. brokerURL is the broker as the node reaches it ("" for the
@@ -305,30 +315,43 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
 }
 
-// freshQueue empties node's declaration subject and gives it a new durable
-// consumer: nothing addressed to an earlier node of that name, or an
-// earlier enrolment, is delivered again.
+// freshQueue empties node's declaration subject: nothing addressed to an
+// earlier node of that name, or an earlier enrolment, is read again.
 func (c *Client) freshQueue(ctx context.Context, name string) error {
 	s := link.SubjectsOf(name)
-	stream, err := c.JS.Stream(ctx, link.DeclStream)
-	if err != nil {
-		return err
-	}
-	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(s.Decl)); err != nil {
+	if err := c.decls.Purge(ctx, jetstream.WithPurgeSubject(s.Decl)); err != nil {
 		return fmt.Errorf("emptying %s: %w", s.Decl, err)
 	}
-	stream.DeleteConsumer(ctx, s.Consumer) // one left by a node of the same name
-	if _, err := c.JS.CreateConsumer(ctx, link.DeclStream, jetstream.ConsumerConfig{
-		Durable:       s.Consumer,
-		Description:   "declarations of node " + name,
-		FilterSubject: s.Decl,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
-		MaxAckPending: 2 * DeclsPerNode,
-	}); err != nil {
-		return fmt.Errorf("consumer %s: %w", s.Consumer, err)
+	return nil
+}
+
+// dropNodeConsumers deletes the per-node durable consumers ("node-<name>")
+// an earlier version made on the declarations stream: nodes read by direct
+// get now, and each consumer left is state the broker recovers at every
+// start. Only those are touched; the stream's info says whether there are
+// any consumers at all, so a control side with none pays nothing.
+func dropNodeConsumers(ctx context.Context, st jetstream.Stream, log *slog.Logger) error {
+	info := st.CachedInfo()
+	if info == nil || info.State.Consumers == 0 {
+		return nil
+	}
+	var names []string
+	l := st.ConsumerNames(ctx)
+	for n := range l.Name() {
+		if strings.HasPrefix(n, "node-") {
+			names = append(names, n)
+		}
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("listing the consumers of %s: %w", link.DeclStream, err)
+	}
+	for _, n := range names {
+		if err := st.DeleteConsumer(ctx, n); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("deleting the old per-node consumer %s on %s: %w", n, link.DeclStream, err)
+		}
+	}
+	if len(names) > 0 {
+		log.Info("deleted the per-node consumers of an earlier version: nodes read their declarations by direct get", "stream", link.DeclStream, "consumers", len(names))
 	}
 	return nil
 }
@@ -435,9 +458,51 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err != nil {
 		return 0, err
 	}
-	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
-	if _, err := c.JS.Publish(ctx, link.SubjectsOf(node).Decl, env, jetstream.WithMsgID(msgID)); err != nil {
-		return 0, fmt.Errorf("publishing sequence %d for %s: %w", seq, node, err)
+	if err := c.publishDecl(ctx, rec, seq, env); err != nil {
+		return 0, err
 	}
 	return seq, nil
+}
+
+// publishDecl puts env, the declaration of sequence seq, on rec's subject
+// so that the newest message there is always the newest declaration — the
+// agent reads only that one — and tells the node (link.Subjects.Notice).
+// Two declares to one node can take their sequences in one order and
+// publish in the other: each publishes only on top of the message it read
+// as the last (the broker checks, ExpectLastSequencePerSubject), and one
+// that finds a newer declaration there already publishes nothing (the node
+// reports it superseded with the others it never read).
+func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, env []byte) error {
+	s := link.SubjectsOf(rec.Name)
+	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
+	for attempt := 0; ; attempt++ {
+		var last uint64
+		m, err := c.decls.GetLastMsgForSubject(ctx, s.Decl)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return fmt.Errorf("publishing sequence %d for %s: reading the last on %s: %w", seq, rec.Name, s.Decl, err)
+		default:
+			if had, _ := strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64); had >= seq {
+				c.log.Info("a newer declaration is on the node's subject already: this one is superseded before it was published",
+					"node", rec.Name, "seq", seq, "newer", had)
+				return nil
+			}
+			last = m.Sequence
+		}
+		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: nats.Header{link.SeqHeader: []string{strconv.FormatUint(seq, 10)}}}
+		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) && attempt < 100 {
+			continue // another declare published meanwhile: look again
+		}
+		if err != nil {
+			return fmt.Errorf("publishing sequence %d for %s: %w", seq, rec.Name, err)
+		}
+		// The notice is a hint: lost, the node reads at its next connect
+		// or timer.
+		c.NC.Publish(s.Notice, []byte(strconv.FormatUint(ack.Sequence, 10)))
+		return nil
+	}
 }

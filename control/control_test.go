@@ -65,13 +65,29 @@ func TestDeclareSequencesUnderConcurrency(t *testing.T) {
 			t.Fatalf("sequences %v: not 1..%d, each once", seqs, n)
 		}
 	}
-	// What is on the stream, in stream order.
+	// What is on the stream, in stream order: the node reads only the
+	// newest, so the declarations must be on it in the order of their
+	// sequences, whatever order the declares published in, and the last
+	// is the last taken. (Some declares find a newer one there and
+	// publish nothing; the stream keeps the last few per node.)
+	str, err := s.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := str.Info(ctx, jetstream.WithSubjectFilter("mesh.decl.web1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := si.State.Subjects["mesh.decl.web1"]
+	if kept == 0 || kept > link.DeclsPerNode {
+		t.Fatalf("%d declarations kept for web1, want 1 to %d", kept, link.DeclsPerNode)
+	}
 	cons, err := s.client.JS.OrderedConsumer(ctx, link.DeclStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"mesh.decl.web1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := map[uint64]bool{}
-	for range n {
+	var order []uint64
+	for range kept {
 		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -84,11 +100,18 @@ func TestDeclareSequencesUnderConcurrency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.Node != "web1" || d.Enrolment != cfg.Enrolment || seen[d.Seq] || d.Seq < 1 || d.Seq > n {
+		if d.Node != "web1" || d.Enrolment != cfg.Enrolment || d.Seq < 1 || d.Seq > n {
 			t.Fatalf("declaration on the stream: node %q enrolment %q seq %d", d.Node, d.Enrolment, d.Seq)
 		}
-		seen[d.Seq] = true
+		if len(order) > 0 && d.Seq <= order[len(order)-1] {
+			t.Fatalf("declarations on the stream in the order %v, %d: an older one after a newer", order, d.Seq)
+		}
+		order = append(order, d.Seq)
 	}
+	if order[len(order)-1] != n {
+		t.Fatalf("the newest on the stream is %d, want %d (the last taken): %v", order[len(order)-1], n, order)
+	}
+	t.Logf("on the stream, in order: %v", order)
 	rec, _, err := s.client.Node(ctx, "web1")
 	if err != nil || rec.NextSeq != n+1 {
 		t.Fatalf("record %+v, %v: next sequence should be %d", rec, err, n+1)

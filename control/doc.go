@@ -14,9 +14,11 @@
 // On the broker:
 //
 //	stream MESH_DECL       mesh.decl.*       declarations (COSE envelopes); limits retention,
-//	                                         4096 kept per node; one durable pull consumer per
-//	                                         node, node-<node>, deliver-all, explicit ack,
-//	                                         made by `node add` (a node cannot make consumers)
+//	                                         link.DeclsPerNode kept per node, direct get
+//	                                         allowed: a node reads the newest of its own
+//	                                         subject, nothing is kept per node (no consumer);
+//	                                         each is published on top of the last read, in
+//	                                         sequence order, and noticed on mesh.notice.<n>
 //	stream MESH_REPORT     mesh.report.*     reports, 2048 kept per node
 //	stream MESH_HEARTBEAT  mesh.heartbeat.*  heartbeats, 16 kept per node
 //	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence
@@ -30,7 +32,8 @@
 //	                       composed.<n>      the digest and sequence of what it was last sent
 //
 // The broker has two accounts: CONTROL (the control side, JetStream) and
-// NODES (every node, no JetStream), joined by service imports only. Each
+// NODES (every node, no JetStream), joined by service imports (and the
+// stream export of the notices, core NATS). Each
 // node is an NKey user of NODES whose permissions are exactly its own
 // subjects (link.NodePermissions). The split exists because a NATS permission
 // limits what a client publishes, not the reply subject it names: in one

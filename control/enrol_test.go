@@ -260,8 +260,8 @@ func TestTokenCredentialCanOnlyEnrol(t *testing.T) {
 		nc.SubscribeSync(subj)
 		refused("subscribe", subj)
 	}
-	for _, subj := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-beta",
-		"mesh.api.CONSUMER.INFO.MESH_DECL.node-beta", link.ArchiveGet, "$JS.API.STREAM.INFO.MESH_DECL", "mesh.enrol.0011223344556677", "mesh.enrol.*"} {
+	for _, subj := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.beta",
+		"mesh.notice.beta", link.ArchiveGet, "$JS.API.STREAM.INFO.MESH_DECL", "mesh.enrol.0011223344556677", "mesh.enrol.*"} {
 		nc.Publish(subj, []byte("{}"))
 		refused("publish", subj)
 	}

@@ -74,6 +74,9 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
 		}
 	}
+	for _, subj := range link.StreamExports {
+		fmt.Fprintf(&b, "      {stream: %s}\n", q(subj))
+	}
 	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", link.AccountNodes)
 	if users {
 		b.WriteString("    users: [\n")
@@ -102,6 +105,9 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 		} else {
 			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountControl, q(si.Subject))
 		}
+	}
+	for _, subj := range link.StreamExports {
+		fmt.Fprintf(&b, "      {stream: {account: %s, subject: %s}}\n", link.AccountControl, q(subj))
 	}
 	b.WriteString("    ]\n  }\n}\n")
 	return b.String()

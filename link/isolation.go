@@ -24,9 +24,11 @@ type ServiceImport struct{ Subject, To, Response string }
 
 // ServiceImports are what CONTROL exports and NODES imports.
 var ServiceImports = []ServiceImport{
-	{"$JS.API.CONSUMER.INFO." + DeclStream + ".*", APIPrefix + ".CONSUMER.INFO." + DeclStream + ".*", ""},
-	{"$JS.API.CONSUMER.MSG.NEXT." + DeclStream + ".*", APIPrefix + ".CONSUMER.MSG.NEXT." + DeclStream + ".*", "stream"},
-	{"$JS.ACK." + DeclStream + ".*.>", "", ""},
+	// Declarations: the last-by-subject direct get of one node subject.
+	// The subject is in the request's subject, not its body, so a
+	// permission can hold a node to its own (the form with a body names
+	// the subject inside it, and is not imported).
+	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl.*", ""},
 	{"mesh.report.*", "", ""},
 	{"mesh.heartbeat.*", "", ""},
 	// Archives: a direct get of the archive store's stream, and nothing
@@ -36,26 +38,30 @@ var ServiceImports = []ServiceImport{
 	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
 }
 
+// StreamExports are the core-NATS subjects CONTROL publishes and NODES
+// hears: the notices that a node's subject has a new declaration.
+var StreamExports = []string{NoticePrefix + ".*"}
+
 // NodePermissions are what node may do on the broker (in account NODES),
 // and nothing else:
 //
-//	publish    mesh.api.CONSUMER.INFO.MESH_DECL.node-<n>      bind its consumer
-//	           mesh.api.CONSUMER.MSG.NEXT.MESH_DECL.node-<n>  pull its declarations
-//	           $JS.ACK.MESH_DECL.node-<n>.>                   ack (nak, in-progress) them
-//	           mesh.report.<n>, mesh.heartbeat.<n>            report upward
-//	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES          read archives (all nodes)
-//	subscribe  _INBOX.<n>.>                                   its own replies
+//	publish    mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<n>  read its newest declaration
+//	           mesh.report.<n>, mesh.heartbeat.<n>          report upward (the report is the ack)
+//	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES        read archives (all nodes)
+//	subscribe  _INBOX.<n>.>                                 its own replies
+//	           mesh.notice.<n>                              hear that there is a newer one
 //
-// No consumer creation (its consumer is made by the control side with the
-// filter mesh.decl.<n>), no other JetStream or KV API (NODES imports no
-// other), no other node's subjects, no wider inbox. The archive store is
+// No consumer (nothing on the broker is kept per node but its subjects'
+// messages: a consumer per node is state the broker recovers at start and
+// replicates in a cluster, N times), no other JetStream or KV API (NODES
+// imports no other), no other node's subjects, no wider inbox. The archive store is
 // read-only to nodes and shared: every node may read every archive (they
 // are pinned by digest in signed declarations, not secrets); none may put,
 // delete or purge one.
 func NodePermissions(node string) (publish, subscribe []string) {
 	s := SubjectsOf(node)
-	return []string{s.ConsumerInfo, s.ConsumerNext, s.AckPrefix + ".>", s.Report, s.Heartbeat, s.ArchiveGet},
-		[]string{s.Inbox + ".>"}
+	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet},
+		[]string{s.Inbox + ".>", s.Notice}
 }
 
 // EnrolPermissions are what a token's one-time credential may do: make

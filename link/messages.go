@@ -32,7 +32,13 @@ type Report struct {
 	Code      string `json:"code,omitempty"`
 	RefusedBy string `json:"refused_by,omitempty"`
 	// SupersededBy names the newer declaration that was forwarded instead,
-	// whatever the executor's verdict on it (SupersededOutcome).
+	// whatever the executor's verdict on it (SupersededOutcome). One
+	// superseded report covers the sequences SupersededFrom to Seq: the
+	// agent reads only the newest declaration, so those between the last
+	// it settled and the newest are settled by it together, whether or not
+	// the agent ever saw them (a sequence the control side spent without
+	// publishing is among them, and was superseded all the same).
+	SupersededFrom    uint64         `json:"superseded_from,omitempty"`
 	SupersededBy      uint64         `json:"superseded_by,omitempty"`
 	SupersededOutcome shapes.Outcome `json:"superseded_outcome,omitempty"`
 	// Duplicate: the executor had applied these exact bytes before.

@@ -6,7 +6,10 @@ import (
 
 // The streams the control side creates and the agent uses.
 const (
-	// DeclStream holds declarations, subjects mesh.decl.*, retention limits.
+	// DeclStream holds declarations, subjects mesh.decl.*, retention
+	// limits, a few messages per subject (DeclsPerNode), direct get
+	// allowed: a node reads the newest on its own subject (DeclGet) and
+	// nothing keeps per-node state on the broker.
 	DeclStream = "MESH_DECL"
 	// ReportStream holds reports upward, subjects mesh.report.*.
 	ReportStream = "MESH_REPORT"
@@ -18,11 +21,34 @@ const (
 	ArchiveStream = "OBJ_" + ArchiveBucket
 )
 
+// DeclsPerNode is how many declarations DeclStream keeps on each node's
+// subject. A node reads only the newest; the few before it are there for
+// a person looking back (and for the ordering check of Declare), not for
+// the node. The count is per subject, so the stream grows with N, never
+// with how often one node is declared to.
+const DeclsPerNode = 8
+
+// SeqHeader carries a declaration's sequence beside its envelope, for the
+// control side's own ordering of what it publishes (a newer declaration on
+// the subject already means an older one is not put after it). The agent
+// never reads it: the signed sequence inside the envelope is the only one
+// it trusts.
+const SeqHeader = "Mesh-Seq"
+
+// The headers a direct get answers with, beside the message's own.
+const (
+	HeaderSequence = "Nats-Sequence" // the message's stream sequence
+	HeaderSubject  = "Nats-Subject"  // the subject it was stored on
+)
+
 // ArchiveGet is the one request a node may make of the archive store: a
 // direct get of one of its messages (an object's metadata, the next chunk
 // of an object), read-only. The object store's own client API needs
 // consumers, which a node may not create.
 const ArchiveGet = APIPrefix + ".DIRECT.GET." + ArchiveStream
+
+// NoticePrefix is the subjects of the notices, one per node.
+const NoticePrefix = "mesh.notice"
 
 // APIPrefix is the JetStream API as a node sees it. Nodes live in their
 // own broker account without JetStream, and reach the control account's
@@ -38,14 +64,18 @@ type Subjects struct {
 	Decl      string // mesh.decl.<node>: where its declarations are published
 	Report    string // mesh.report.<node>
 	Heartbeat string // mesh.heartbeat.<node>
-	Consumer  string // node-<node>: its durable pull consumer on DeclStream
 	Inbox     string // _INBOX.<node>: the prefix of its reply subjects
-	// ConsumerInfo and ConsumerNext are the two JetStream API requests a
-	// node may make, as it makes them (under APIPrefix).
-	ConsumerInfo string
-	ConsumerNext string
-	// AckPrefix is where its acks go: <AckPrefix>.>.
-	AckPrefix string
+	// DeclGet is the one JetStream request a node makes of its
+	// declarations, as it makes it (under APIPrefix): a direct get of the
+	// last message on Decl, with no body. The answer carries the envelope,
+	// its stream sequence (HeaderSequence), or status 404 when there is
+	// none.
+	DeclGet string
+	// Notice is where the control side says, on core NATS, that Decl has
+	// a new message (the body is its stream sequence, unsigned: a hint to
+	// read, never a fact). Lost notices cost a wait, not a declaration:
+	// the agent also reads at every (re)connect and on a timer.
+	Notice string
 	// ArchiveGet reads the archive store (shared by all nodes, read-only).
 	ArchiveGet string
 }
@@ -53,17 +83,14 @@ type Subjects struct {
 // SubjectsOf returns the names of node, which must be a valid node name.
 func SubjectsOf(node string) Subjects {
 	return Subjects{
-		Node:      node,
-		Decl:      "mesh.decl." + node,
-		Report:    "mesh.report." + node,
-		Heartbeat: "mesh.heartbeat." + node,
-		Consumer:  "node-" + node,
-		Inbox:     "_INBOX." + node,
-
-		ConsumerInfo: APIPrefix + ".CONSUMER.INFO." + DeclStream + ".node-" + node,
-		ConsumerNext: APIPrefix + ".CONSUMER.MSG.NEXT." + DeclStream + ".node-" + node,
-		AckPrefix:    "$JS.ACK." + DeclStream + ".node-" + node,
-		ArchiveGet:   ArchiveGet,
+		Node:       node,
+		Decl:       "mesh.decl." + node,
+		Report:     "mesh.report." + node,
+		Heartbeat:  "mesh.heartbeat." + node,
+		Inbox:      "_INBOX." + node,
+		DeclGet:    APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl." + node,
+		Notice:     NoticePrefix + "." + node,
+		ArchiveGet: ArchiveGet,
 	}
 }
 

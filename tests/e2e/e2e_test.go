@@ -216,7 +216,9 @@ type report struct {
 	Code         string         `json:"code"`
 	RefusedBy    string         `json:"refused_by"`
 	SupersededBy uint64         `json:"superseded_by"`
-	Trigger      string         `json:"trigger"`
+	// SupersededFrom to Seq are the sequences a superseded report covers.
+	SupersededFrom uint64 `json:"superseded_from"`
+	Trigger        string `json:"trigger"`
 }
 
 func (m *mesh) reports(last int) []report {
@@ -330,7 +332,11 @@ func TestFlurryConvergesOnTheNewest(t *testing.T) {
 			}
 			switch {
 			case r.SupersededBy != 0:
-				superseded++
+				from := r.SupersededFrom
+				if from == 0 {
+					from = r.Seq
+				}
+				superseded += int(r.Seq - from + 1)
 			case r.Outcome == shapes.Applied || r.Outcome == shapes.Unchanged:
 				applied++
 			}

@@ -332,7 +332,14 @@ func (b *bench) runFlurry(ctx context.Context) error {
 				b.res.Flurry.DuplicateReports++ // a push's report, sent again
 				continue
 			}
-			got[r.Seq] = append(got[r.Seq], r)
+			// A superseded report covers SupersededFrom to Seq.
+			from := r.Seq
+			if r.Outcome == shapes.Superseded && r.SupersededFrom != 0 {
+				from = max(r.SupersededFrom, b.lastPush+1)
+			}
+			for s := from; s <= r.Seq; s++ {
+				got[s] = append(got[s], r)
+			}
 		case p := <-done:
 			if p.err != nil {
 				return fmt.Errorf("declare, after %d: %w", len(p.seqs), p.err)

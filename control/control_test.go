@@ -125,3 +125,39 @@ func TestDeclareSequencesUnderConcurrency(t *testing.T) {
 		t.Fatalf("a refused declare took a sequence: next %d", rec.NextSeq)
 	}
 }
+
+// The per-node durable consumers an earlier version made on MESH_DECL are
+// deleted when the control side connects (nothing per node is kept on the
+// broker); any other consumer of the stream is left alone.
+func TestOldNodeConsumersDeleted(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"node-web1", "node-web2", "audit"} {
+		if _, err := s.client.JS.CreateConsumer(ctx, link.DeclStream, jetstream.ConsumerConfig{
+			Durable: name, FilterSubject: "mesh.decl.web1", AckPolicy: jetstream.AckExplicitPolicy,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc, err := connect(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	str, err := s.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	names := str.ConsumerNames(ctx)
+	for n := range names.Name() {
+		left = append(left, n)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0] != "audit" {
+		t.Fatalf("consumers of %s after connecting: %v, want [audit]", link.DeclStream, left)
+	}
+}

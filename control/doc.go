@@ -23,7 +23,8 @@
 //	stream MESH_HEARTBEAT  mesh.heartbeat.*  heartbeats, 16 kept per node
 //	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence
 //	                       report.<n>        the last report that is not a superseded one
-//	                       heartbeat.<n>     the last heartbeat
+//	                       profile.<n>       what the node last said it can do and is
+//	                       (the last heartbeat is not here: MESH_HEARTBEAT keeps it, read by Nodes)
 //	                       overlay.settings  the overlay: network, interface, port, keepalive
 //	                       address.<n>       the node's overlay address; ip.<a> its claim on it
 //	                       endpoint.<n>      where its peers reach it (given by a person)

@@ -3,9 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -70,6 +68,10 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	hbs, err := c.lastHeartbeats(ctx, recs)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now()
 	var out []*NodeStatus
 	for _, r := range recs {
@@ -84,9 +86,8 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
 		s.Address, s.Assignments = c.AssignmentState(ctx, r)
-		var hb link.Heartbeat
-		if c.getJSON(ctx, "heartbeat."+r.Name, &hb) {
-			s.Heartbeat = &hb
+		if hb := hbs[r.Name]; hb != nil && hb.Enrolment == r.Enrolment {
+			s.Heartbeat = hb
 			if hb.At.After(s.LastHeard) {
 				s.LastHeard = hb.At
 			}
@@ -172,111 +173,6 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 		}
 		if md == nil || md.NumPending == 0 {
 			return reports, skipped, nil
-		}
-	}
-}
-
-// Record folds what nodes say into the registry until ctx ends: the last
-// report that is not a superseded one (report.<node>) and the last heartbeat
-// (heartbeat.<node>), each only if signed by the node's registered NKey and
-// for its current enrolment. It reads through durable consumers, so what
-// arrived while no recorder ran is folded in when one starts.
-func (c *Client) Record(ctx context.Context) error {
-	var ccs []jetstream.ConsumeContext
-	defer func() {
-		for _, cc := range ccs {
-			cc.Stop()
-		}
-	}()
-	for _, x := range []struct{ stream, filter, kind string }{
-		{link.ReportStream, "mesh.report.*", "report"},
-		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
-	} {
-		cons, err := c.JS.CreateOrUpdateConsumer(ctx, x.stream, jetstream.ConsumerConfig{
-			Durable:       "control-recorder",
-			Description:   "mesh-control serve: the registry's last report and heartbeat",
-			FilterSubject: x.filter,
-			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			MaxAckPending: 1, // in order: the last one stored is the last one sent
-		})
-		if err != nil {
-			return fmt.Errorf("recorder on %s: %w", x.stream, err)
-		}
-		kind := x.kind
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			c.record(ctx, kind, m)
-			m.Ack()
-		})
-		if err != nil {
-			return err
-		}
-		ccs = append(ccs, cc)
-	}
-	<-ctx.Done()
-	return nil
-}
-
-func (c *Client) record(ctx context.Context, kind string, m jetstream.Msg) {
-	subj := m.Subject()
-	node := subj[strings.LastIndexByte(subj, '.')+1:]
-	rec, _, err := c.Node(ctx, node)
-	if err != nil {
-		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
-		return
-	}
-	if err := link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
-		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
-		return
-	}
-	var head struct {
-		Node      string         `json:"node"`
-		Enrolment string         `json:"enrolment"`
-		Outcome   shapes.Outcome `json:"outcome"`
-	}
-	if err := json.Unmarshal(m.Data(), &head); err != nil || head.Node != node || head.Enrolment != rec.Enrolment {
-		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
-		return
-	}
-	if kind == "report" && head.Outcome == shapes.Superseded {
-		return
-	}
-	// A heartbeat that carries the profile and inventory (they changed):
-	// kept apart, as at enrolment.
-	var prof struct {
-		Profile   json.RawMessage `json:"profile"`
-		Inventory json.RawMessage `json:"inventory"`
-	}
-	if kind == "heartbeat" && json.Unmarshal(m.Data(), &prof) == nil && (len(prof.Profile) > 0 || len(prof.Inventory) > 0) {
-		c.keepProfile(ctx, node, prof.Profile, prof.Inventory)
-	}
-	if _, err := c.KV.Put(ctx, kind+"."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
-		c.log.Error("registry: "+err.Error(), "node", node)
-	}
-	// What the node owns is kept apart too, from every report that
-	// carries it (an apply's; not a refusal's): the copy handed back,
-	// signed, if the node is enrolled again after losing its store.
-	var own struct {
-		Seq   uint64            `json:"seq"`
-		Owned []wire.OwnedEntry `json:"owned"`
-		At    time.Time         `json:"at"`
-	}
-	if kind == "report" && json.Unmarshal(m.Data(), &own) == nil && own.Owned != nil {
-		data, _ := json.Marshal(&ownedCopy{Enrolment: head.Enrolment, Seq: own.Seq, Reported: own.At, Entries: own.Owned})
-		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil && !errors.Is(err, context.Canceled) {
-			c.log.Error("registry: "+err.Error(), "node", node)
-		}
-	}
-	// A briefing is kept apart: later reports without one do not erase
-	// what adoption found, and a failed line holds the node's assignments.
-	var b struct {
-		Briefing *shapes.Briefing `json:"briefing"`
-	}
-	if kind == "report" && json.Unmarshal(m.Data(), &b) == nil && b.Briefing != nil {
-		if data, err := json.Marshal(b.Briefing); err == nil {
-			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil && !errors.Is(err, context.Canceled) {
-				c.log.Error("registry: "+err.Error(), "node", node)
-			}
 		}
 	}
 }

@@ -1,0 +1,300 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The recorder's concurrency: how many messages of each stream may be
+// delivered and not yet acknowledged, and how many workers handle them.
+// One node's messages always go to one worker, in the order delivered, so
+// what is recorded last for a node is what it sent last; different nodes'
+// run side by side. With one in flight (as before), a fan-out to 10,000
+// nodes was recorded one registry round trip after another (issue 14).
+const (
+	recordInFlight = 1024
+	recordWorkers  = 16
+)
+
+// Record folds what nodes say into the registry until ctx ends: from each
+// report that is not a superseded one, report.<node> (and owned.<node>,
+// briefing.<node> when it carries them); from a heartbeat, only a changed
+// profile (profile.<node>). The last heartbeat itself is not written
+// anywhere: the heartbeat stream keeps it, and Nodes reads it there — a
+// registry write per heartbeat was most of an idle fleet's cost. Only what
+// is signed by the node's registered NKey, for its current enrolment, is
+// taken. It reads through durable consumers, so what arrived while no
+// recorder ran is folded in when one starts.
+func (c *Client) Record(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	keys, err := c.watchKeys(ctx)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, x := range []struct{ stream, filter, kind string }{
+		{link.ReportStream, "mesh.report.*", "report"},
+		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
+	} {
+		cons, err := c.JS.CreateOrUpdateConsumer(ctx, x.stream, jetstream.ConsumerConfig{
+			Durable:       "control-recorder",
+			Description:   "mesh-control serve: the registry's last report, and profiles from heartbeats",
+			FilterSubject: x.filter,
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			MaxAckPending: recordInFlight,
+		})
+		if err != nil {
+			return fmt.Errorf("recorder on %s: %w", x.stream, err)
+		}
+		lanes := make([]chan jetstream.Msg, recordWorkers)
+		for i := range lanes {
+			lanes[i] = make(chan jetstream.Msg, recordInFlight/recordWorkers)
+			wg.Add(1)
+			go func(lane chan jetstream.Msg, kind string) {
+				defer wg.Done()
+				w := &recorder{c: c, keys: keys, kind: kind, last: map[string]uint64{}}
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case m := <-lane:
+						w.record(ctx, m)
+						m.Ack()
+					}
+				}
+			}(lanes[i], x.kind)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			select {
+			case lanes[laneOf(m.Subject())] <- m:
+			case <-ctx.Done():
+			}
+		}, jetstream.PullMaxMessages(recordInFlight/2))
+		if err != nil {
+			return err
+		}
+		defer cc.Stop()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// laneOf is the worker of a subject's node.
+func laneOf(subject string) int {
+	h := fnv.New32a()
+	h.Write([]byte(subject))
+	return int(h.Sum32() % recordWorkers)
+}
+
+// recorder is one worker: the nodes hashed to it are its alone, so last
+// (the stream sequence it last recorded per node) needs no lock.
+type recorder struct {
+	c    *Client
+	keys *keyCache
+	kind string
+	last map[string]uint64
+}
+
+func (w *recorder) record(ctx context.Context, m jetstream.Msg) {
+	c := w.c
+	kind := w.kind
+	subj := m.Subject()
+	node := subj[strings.LastIndexByte(subj, '.')+1:]
+	// A heartbeat without a profile says nothing the registry keeps: it
+	// is the stream's to keep. Looked for before any decoding.
+	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) {
+		return
+	}
+	// Redelivered after a newer one of the same node was recorded (the
+	// ack was lost): not recorded over it.
+	if md, err := m.Metadata(); err == nil {
+		if md.Sequence.Stream <= w.last[node] {
+			return
+		}
+		defer func() { w.last[node] = md.Sequence.Stream }()
+	}
+	k, ok := w.keys.get(ctx, node)
+	if !ok {
+		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
+		return
+	}
+	if err := link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
+		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
+		return
+	}
+	var msg struct {
+		Node      string            `json:"node"`
+		Enrolment string            `json:"enrolment"`
+		Outcome   shapes.Outcome    `json:"outcome"`
+		Seq       uint64            `json:"seq"`
+		Owned     []wire.OwnedEntry `json:"owned"`
+		At        time.Time         `json:"at"`
+		Briefing  *shapes.Briefing  `json:"briefing"`
+		Profile   json.RawMessage   `json:"profile"`
+		Inventory json.RawMessage   `json:"inventory"`
+	}
+	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
+		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
+		return
+	}
+	if kind == "heartbeat" {
+		// It carries the profile and inventory (they changed): kept
+		// apart, as at enrolment.
+		c.keepProfile(ctx, node, msg.Profile, msg.Inventory)
+		return
+	}
+	if msg.Outcome == shapes.Superseded {
+		return
+	}
+	if _, err := c.KV.Put(ctx, "report."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
+		c.log.Error("registry: "+err.Error(), "node", node)
+	}
+	// What the node owns is kept apart too, from every report that
+	// carries it (an apply's; not a refusal's): the copy handed back,
+	// signed, if the node is enrolled again after losing its store.
+	if msg.Owned != nil {
+		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned})
+		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil && !errors.Is(err, context.Canceled) {
+			c.log.Error("registry: "+err.Error(), "node", node)
+		}
+	}
+	// A briefing is kept apart: later reports without one do not erase
+	// what adoption found, and a failed line holds the node's assignments.
+	if msg.Briefing != nil {
+		if data, err := json.Marshal(msg.Briefing); err == nil {
+			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil && !errors.Is(err, context.Canceled) {
+				c.log.Error("registry: "+err.Error(), "node", node)
+			}
+		}
+	}
+}
+
+// nodeKeys is what the recorder checks a message against: the node's
+// registered NKey and current enrolment.
+type nodeKeys struct{ nkey, enrolment string }
+
+// keyCache is the registry's node records as the recorder needs them,
+// kept by a watch of node.* rather than read per message. A node not in it
+// yet (added a moment ago, the watch behind) is read from the registry.
+type keyCache struct {
+	c  *Client
+	mu sync.RWMutex
+	m  map[string]nodeKeys
+}
+
+// watchKeys starts the cache and returns once it holds the registry as it
+// is now.
+func (c *Client) watchKeys(ctx context.Context) (*keyCache, error) {
+	kc := &keyCache{c: c, m: map[string]nodeKeys{}}
+	w, err := c.KV.Watch(ctx, "node.*")
+	if err != nil {
+		return nil, fmt.Errorf("recorder: watching the registry: %w", err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		defer w.Stop()
+		initial := true
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					if initial {
+						initial = false
+						close(ready)
+					}
+					continue
+				}
+				name := strings.TrimPrefix(e.Key(), "node.")
+				var r NodeRecord
+				kc.mu.Lock()
+				if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
+					delete(kc.m, name)
+				} else {
+					kc.m[name] = nodeKeys{r.NKey, r.Enrolment}
+				}
+				kc.mu.Unlock()
+			}
+		}
+	}()
+	select {
+	case <-ready:
+		return kc, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (kc *keyCache) get(ctx context.Context, node string) (nodeKeys, bool) {
+	kc.mu.RLock()
+	k, ok := kc.m[node]
+	kc.mu.RUnlock()
+	if ok {
+		return k, true
+	}
+	r, _, err := kc.c.Node(ctx, node)
+	if err != nil {
+		return nodeKeys{}, false
+	}
+	return nodeKeys{r.NKey, r.Enrolment}, true
+}
+
+// lastHeartbeats reads the last heartbeat of every node in recs from the
+// heartbeat stream (one pass, the last message per subject), each only if
+// signed by the node's registered NKey.
+func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[string]*link.Heartbeat, error) {
+	out := map[string]*link.Heartbeat{}
+	str, err := c.JS.Stream(ctx, link.HeartbeatStream)
+	if err != nil {
+		return nil, err
+	}
+	if info := str.CachedInfo(); info == nil || info.State.Msgs == 0 {
+		return out, nil
+	}
+	byName := make(map[string]*NodeRecord, len(recs))
+	for _, r := range recs {
+		byName[r.Name] = r
+	}
+	cons, err := c.JS.OrderedConsumer(ctx, link.HeartbeatStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"mesh.heartbeat.*"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("reading the heartbeats: %w", err)
+		}
+		subj := m.Subject()
+		name := subj[strings.LastIndexByte(subj, '.')+1:]
+		var hb link.Heartbeat
+		if r := byName[name]; r != nil && link.VerifySignature(r.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) == nil &&
+			json.Unmarshal(m.Data(), &hb) == nil && hb.Node == name {
+			out[name] = &hb
+		}
+		md, err := m.Metadata()
+		if err != nil || md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}

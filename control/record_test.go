@@ -1,0 +1,147 @@
+package control_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
+)
+
+// Heartbeats are not a registry write each: a node's fifty heartbeats
+// leave the registry's stream as it was, and `nodes` shows the last of them
+// (read from the heartbeat stream); one forged heartbeat after them is not
+// shown; one that carries a profile is kept as the node's profile. Many
+// nodes' reports are recorded with several in flight, each node's last one
+// last.
+func TestRecorderHeartbeatsAndReports(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, a := addNode(t, s, "alpha")
+	_, b := addNode(t, s, "beta")
+	nc, err := agent.Dial(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	send := func(id *agent.Identity, nc *nats.Conn, subj string, v any) {
+		t.Helper()
+		data, _ := json.Marshal(v)
+		sig, err := id.Sign(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishMsg(&nats.Msg{Subject: subj, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvStream := func() uint64 {
+		str, err := s.client.JS.Stream(ctx, "KV_mesh_nodes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return str.CachedInfo().State.LastSeq
+	}
+	before := kvStream()
+	start := time.Now().UTC().Truncate(time.Second)
+	var last time.Time
+	for i := range 50 {
+		last = start.Add(time.Duration(i) * time.Millisecond)
+		send(a, nc, a.Subjects.Heartbeat, &link.Heartbeat{Node: "alpha", Enrolment: a.Enrolment, At: last, Interval: 30, State: link.StateEnrolled, AgentVersion: fmt.Sprint(i)})
+	}
+	nc.Flush()
+	waitHeartbeat := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			ns, err := s.client.Nodes(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range ns {
+				if n.Name == "alpha" && n.Heartbeat != nil && n.Heartbeat.AgentVersion == want {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("nodes does not show alpha's heartbeat %q: %+v", want, ns)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitHeartbeat("49")
+	time.Sleep(500 * time.Millisecond) // the recorder has had them
+	if after := kvStream(); after != before {
+		t.Fatalf("the registry was written %d times for 50 heartbeats without a profile", after-before)
+	}
+	// A forged one (beta's key signing alpha's heartbeat): not shown.
+	send(b, nc, a.Subjects.Heartbeat, &link.Heartbeat{Node: "alpha", Enrolment: a.Enrolment, At: last.Add(time.Second), Interval: 30, State: link.StateEnrolled, AgentVersion: "forged"})
+	nc.Flush()
+	time.Sleep(300 * time.Millisecond)
+	if ns, _ := s.client.Nodes(ctx); ns[0].Heartbeat != nil && ns[0].Heartbeat.AgentVersion == "forged" {
+		t.Fatal("nodes shows a heartbeat not signed by the node")
+	}
+	// With a profile: kept.
+	send(a, nc, a.Subjects.Heartbeat, &link.Heartbeat{Node: "alpha", Enrolment: a.Enrolment, At: last.Add(2 * time.Second), Interval: 30, State: link.StateEnrolled,
+		AgentVersion: "p", Profile: json.RawMessage(`{"os":"testos"}`)})
+	nc.Flush()
+	waitHeartbeat("p")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e, err := s.client.KV.Get(ctx, "profile.alpha")
+		if err == nil && json.Valid(e.Value()) && string(e.Value()) != "" {
+			var kept struct {
+				Profile json.RawMessage `json:"profile"`
+			}
+			json.Unmarshal(e.Value(), &kept)
+			if string(kept.Profile) == `{"os":"testos"}` {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the profile a heartbeat carried is not kept: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Reports: 200 from each of two nodes, interleaved; each node's last
+	// is the one recorded.
+	ncb, err := agent.Dial(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ncb.Close()
+	for i := 1; i <= 200; i++ {
+		send(a, nc, a.Subjects.Report, &link.Report{Node: "alpha", Enrolment: a.Enrolment, Seq: uint64(i), Trigger: link.TriggerDeclaration, Outcome: "applied", At: time.Now()})
+		send(b, ncb, b.Subjects.Report, &link.Report{Node: "beta", Enrolment: b.Enrolment, Seq: uint64(i), Trigger: link.TriggerDeclaration, Outcome: "applied", At: time.Now()})
+	}
+	nc.Flush()
+	ncb.Flush()
+	for _, n := range []string{"alpha", "beta"} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var r link.Report
+			e, err := s.client.KV.Get(ctx, "report."+n)
+			if err == nil && json.Unmarshal(e.Value(), &r) == nil && r.Seq == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's last report recorded is %d, want 200 (%v)", n, r.Seq, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	for _, n := range []string{"alpha", "beta"} {
+		var r link.Report
+		e, _ := s.client.KV.Get(ctx, "report."+n)
+		if json.Unmarshal(e.Value(), &r); r.Seq != 200 {
+			t.Fatalf("%s's report went back to %d after 200", n, r.Seq)
+		}
+	}
+}

@@ -241,9 +241,24 @@ func running(t *testing.T, m *machine, in lab.Init) {
 
 	// The agent: its user's ids on every thread, no capability in any set
 	// (the bounding set included), no_new_privs.
+	// The agent starts as root and drops in its first milliseconds; on a
+	// tarball install its first starts may also fail until the launcher has
+	// made its user, and the init starts it again. So the one looked at is
+	// the one whose main thread is past the drop (its real uid the agent's
+	// user); every thread of it is then held to the whole rule below. An
+	// agent that never drops never gets here, and the test fails.
 	var agent string
-	untilTrue(t, 15*time.Second, "the agent running", func() bool { agent = v.agentPID(m); return agent != "" })
-	uid, gid := m.sh("id -u mesh-agent"), m.sh("id -g mesh-agent")
+	uid, gid := "", ""
+	untilTrue(t, 15*time.Second, "the agent running past its privilege drop", func() bool {
+		if uid == "" {
+			uid, gid = m.sh("id -u mesh-agent 2>/dev/null || true"), m.sh("id -g mesh-agent 2>/dev/null || true")
+			if uid == "" {
+				return false
+			}
+		}
+		agent = v.agentPID(m)
+		return agent != "" && m.sh("grep '^Uid:' /proc/"+agent+"/status 2>/dev/null | cut -f2 || true") == uid
+	})
 	threads := m.sh("for s in /proc/" + agent + "/task/*/status; do grep -E '^(Uid|Gid|Groups|Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' $s; echo; done")
 	n := 0
 	for _, th := range strings.Split(threads, "\n\n") {

@@ -28,9 +28,23 @@ func TestGiveBackTable(t *testing.T) {
 	rows := GiveBackRows(t, "testdata/giveback.table")
 	for _, row := range rows {
 		f := row
-		c := giveBackCase{found: f[0], state: f[1], enabled: f[2] == "set", changed: f[3] == "changed",
-			apply: f[4], undeclare: f[5], transcript: f[6], detail: f[7]}
-		t.Run(strings.Join(f[:4], "/"), func(t *testing.T) { c.run(t) })
+		// A found state that is unknown stays unknown through every later
+		// apply, of the same declaration or a changed one: each unknown
+		// row runs again with two more applies of each before the
+		// undeclare, which must then do what the row says.
+		again := []string{""}
+		if f[0] == "unknown" {
+			again = append(again, "same", "changed")
+		}
+		for _, a := range again {
+			c := giveBackCase{found: f[0], state: f[1], enabled: f[2] == "set", changed: f[3] == "changed",
+				again: a, apply: f[4], undeclare: f[5], transcript: f[6], detail: f[7]}
+			name := strings.Join(f[:4], "/")
+			if a != "" {
+				name += "/applied-again-" + a
+			}
+			t.Run(name, func(t *testing.T) { c.run(t) })
+		}
 	}
 	if len(rows) != 5*3*2*2 {
 		t.Fatalf("%d rows, want every combination (60)", len(rows))
@@ -62,9 +76,24 @@ func GiveBackRows(t *testing.T, file string) [][]string {
 }
 
 type giveBackCase struct {
-	found, state                         string
-	enabled, changed                     bool
+	found, state     string
+	enabled, changed bool
+	// again is applied twice after the operator's change, before the
+	// undeclare: "same" declaration, or a "changed" one (its state and
+	// enablement declared otherwise); "" for neither.
+	again                                string
 	apply, undeclare, transcript, detail string
+}
+
+// changedService is the row's service declared otherwise: another state
+// (running for none) and the other enablement (false for true, true for
+// unset), so that applying it changes the unit.
+func changedService(state string, enabled bool) string {
+	state = map[string]string{"running": "stopped", "stopped": "running", "": "running"}[state]
+	if enabled {
+		return svc("u", "u", state, "false", "")
+	}
+	return svc("u", "u", state, "true", "")
 }
 
 func (c giveBackCase) run(t *testing.T) {
@@ -139,6 +168,25 @@ func (c giveBackCase) run(t *testing.T) {
 			u.Enabled = "enabled"
 			if c.found == "masked" {
 				u.Enabled = "disabled" // unmasked by the operator
+			}
+		}
+	}
+	if c.again != "" {
+		doc := h.doc(res...)
+		if c.again == "changed" {
+			doc = h.doc(changedService(state, c.enabled))
+		}
+		for i := range 2 {
+			rep := apply(doc)
+			if line := rep.Lines[len(rep.Lines)-1]; line.Outcome == shapes.Failed {
+				t.Fatalf("applied again (%s, %d): %+v", c.again, i+1, rep.Lines)
+			}
+			st, err := store.Open(h.state)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := st.Get("service:u.service"); e == nil || e.Original != nil {
+				t.Fatalf("applied again (%s, %d), the found state is no longer unknown: %+v", c.again, i+1, e)
 			}
 		}
 	}

@@ -64,7 +64,7 @@ func (r *run) service(st *step, rest int) {
 				return
 			}
 		}
-		r.serviceDone(st, svc)
+		r.serviceDone(st, svc, false)
 		return
 	}
 	cur, err := r.init.State(r.ctx, unit)
@@ -85,7 +85,7 @@ func (r *run) service(st *step, rest int) {
 	if !cur.Known && r.opt.Plan && r.unitAbsent[svc.Key()] {
 		st.line.Outcome = shapes.Applied
 		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
-		r.serviceDone(st, svc)
+		r.serviceDone(st, svc, false)
 		return
 	}
 	if !cur.Known {
@@ -98,6 +98,12 @@ func (r *run) service(st *step, rest int) {
 	// first time one does, before the host has touched it. A unit this
 	// declaration brought (its unit file or package) was found absent,
 	// whatever its package's scripts did to it before this step looked.
+	// A record from before the host kept what it found (Original nil) has
+	// no found state, and none is made up for it: by now the unit's state
+	// may be the mesh's doing, and recording that as found would have an
+	// undeclare stop or disable what the mesh may never have changed. It
+	// stays unknown (nil), however often it is applied, and an undeclare
+	// leaves the unit alone.
 	var orig *store.Original
 	switch {
 	case e != nil && e.Original != nil:
@@ -106,6 +112,8 @@ func (r *run) service(st *step, rest int) {
 			o.Enabled, o.EnabledSet = cur.Enabled, true
 		}
 		orig = &o
+	case e != nil:
+		// unknown: stays so
 	case r.unitAbsent[svc.Key()]:
 		orig = &store.Original{Kind: shapes.TypeService, Absent: true}
 	default:
@@ -126,7 +134,7 @@ func (r *run) service(st *step, rest int) {
 		n.Held, n.Digest = true, ""
 		st.line.Outcome = shapes.Held
 		st.line.Detail = fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", describeState(cur), svc.Module)
-		if e != nil && (e.Original.Running != cur.Running || e.Original.Enabled != cur.Enabled) {
+		if e != nil && e.Original != nil && (e.Original.Running != cur.Running || e.Original.Enabled != cur.Enabled) {
 			st.line.Outcome = shapes.HeldChanged
 			st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found (now %s); left as it is", svc.Module, describeState(cur))
 		}
@@ -136,7 +144,7 @@ func (r *run) service(st *step, rest int) {
 				return
 			}
 		}
-		r.serviceDone(st, svc)
+		r.serviceDone(st, svc, false)
 		return
 	}
 	n.Held = false
@@ -152,19 +160,19 @@ func (r *run) service(st *step, rest int) {
 	}
 	if !start && !stop && !setEnabled {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, describeState(cur)
-		if e == nil && orig.Absent {
+		if e == nil && orig.Absent { // a new record always has orig
 			// Nothing to do to it, but it is new: this declaration
 			// brought it.
 			st.line.Outcome = shapes.Applied
 			st.line.Detail += "; brought by this declaration (found absent): undeclaring stops and disables it"
 		}
-		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held || *orig != *e.Original) {
+		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held || !sameOriginal(orig, e.Original)) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
 				return
 			}
 		}
-		r.serviceDone(st, svc)
+		r.serviceDone(st, svc, false)
 		return
 	}
 	st.line.Outcome = shapes.Applied
@@ -186,15 +194,18 @@ func (r *run) service(st *step, rest int) {
 		}
 	}
 	found := describeState(cur)
-	if orig.Absent {
+	if orig != nil && orig.Absent {
 		found = "absent: this declaration brought it, " + found
 	}
 	st.line.Detail = fmt.Sprintf("%s (found %s)", strings.Join(did, ", "), found)
-	if e == nil {
+	switch {
+	case e == nil:
 		st.line.Detail += "; the state it was found in is kept and given back when this is undeclared"
+	case orig == nil:
+		st.line.Detail += "; the state the host first found it in is unknown (its record is older than the host's keeping it): undeclaring leaves it as it is"
 	}
 	if r.opt.Plan {
-		r.serviceDone(st, svc)
+		r.serviceDone(st, svc, start)
 		return
 	}
 	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeService}
@@ -233,15 +244,27 @@ func (r *run) service(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	r.serviceDone(st, svc)
+	r.serviceDone(st, svc, start)
 }
 
 // serviceDone emits the service's line now, or, for one with restart_on,
 // after the apply's last step, when it is known whether a file it names
-// changed.
-func (r *run) serviceDone(st *step, svc *shapes.Service) {
+// changed. started: this step started the unit (a plan: would start it).
+// A plan does not start it, so the decision at the end cannot ask the
+// init whether it runs: it is told, the same in a plan and in the apply
+// (plan prints the lines the next apply would).
+func (r *run) serviceDone(st *step, svc *shapes.Service, started bool) {
 	if len(svc.RestartOn) > 0 {
-		r.restarts = append(r.restarts, pendingRestart{st: st, svc: svc})
+		p := pendingRestart{st: st, svc: svc, started: started}
+		if started {
+			// What changed before the start, the unit read as it
+			// started: no reason to restart it again.
+			p.read = map[string]bool{}
+			for _, key := range restartKeys(svc) {
+				p.read[key] = r.changed[key]
+			}
+		}
+		r.restarts = append(r.restarts, p)
 		return
 	}
 	r.emit(st.line)
@@ -250,11 +273,29 @@ func (r *run) serviceDone(st *step, svc *shapes.Service) {
 type pendingRestart struct {
 	st  *step
 	svc *shapes.Service
+	// started: the service's step started the unit, or in a plan would;
+	// read: then, which of the files it names had changed before.
+	started bool
+	read    map[string]bool
+}
+
+// restartKeys is the files svc's restart_on names, each as "module.id".
+func restartKeys(svc *shapes.Service) []string {
+	keys := make([]string, 0, len(svc.RestartOn))
+	for _, ref := range svc.RestartOn {
+		if !strings.Contains(ref, ".") {
+			ref = svc.Module + "." + ref
+		}
+		keys = append(keys, ref)
+	}
+	return keys
 }
 
 // restartOn restarts, after the apply's last step, each unit a changed file
 // names — drift repairs included. A unit declared with no state is
 // restarted only if it is running; a stopped one is never started by this.
+// A unit this apply started is restarted only for a file that changed
+// after it started: it read the others as it started.
 func (r *run) restartOn() {
 	for _, p := range r.restarts {
 		st, svc := p.st, p.svc
@@ -268,32 +309,46 @@ func (r *run) restartOn() {
 			}
 			continue
 		}
-		var changed []string
-		for _, ref := range svc.RestartOn {
-			key := ref
-			if !strings.Contains(ref, ".") {
-				key = svc.Module + "." + ref
-			}
-			if r.changed[key] {
+		var changed, read []string
+		for _, key := range restartKeys(svc) {
+			switch {
+			case !r.changed[key]:
+			case p.read[key]:
+				read = append(read, key)
+			default:
 				changed = append(changed, key)
 			}
 		}
+		if len(changed) == 0 && len(read) > 0 {
+			st.line.Detail += fmt.Sprintf("; %s changed before this apply started it: not restarted", strings.Join(read, ", "))
+		}
 		if len(changed) > 0 && svc.State != "stopped" {
 			unit := r.units[svc.Key()]
-			cur, err := r.init.State(r.ctx, unit)
+			why := fmt.Sprintf("%s changed", strings.Join(changed, ", "))
+			if p.started {
+				why += " after this apply started it"
+			}
+			// Started by its step, it runs, though a plan's init does not
+			// know it; otherwise the init says.
+			running, err := p.started, error(nil)
+			if !running {
+				var cur initsys.State
+				cur, err = r.init.State(r.ctx, unit)
+				running = cur.Running
+			}
 			switch {
 			case err != nil:
 				st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
-			case !cur.Running:
-				st.line.Detail += fmt.Sprintf("; %s changed, but the unit is not running: not started", strings.Join(changed, ", "))
+			case !running:
+				st.line.Detail += fmt.Sprintf("; %s, but the unit is not running: not started", why)
 			case r.opt.Plan:
-				st.line.Detail += fmt.Sprintf("; would be restarted: %s changed", strings.Join(changed, ", "))
+				st.line.Detail += "; would be restarted: " + why
 				st.line.Outcome = worse(st.line.Outcome, shapes.Applied)
 			default:
 				if err := r.init.Restart(r.ctx, unit); err != nil {
 					st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
 				} else {
-					st.line.Detail += fmt.Sprintf("; restarted: %s changed", strings.Join(changed, ", "))
+					st.line.Detail += "; restarted: " + why
 					st.line.Outcome = worse(st.line.Outcome, shapes.Applied)
 				}
 			}
@@ -309,6 +364,15 @@ func worse(a, b shapes.Outcome) shapes.Outcome {
 		return b
 	}
 	return a
+}
+
+// sameOriginal reports whether a and b record the same found state, nil
+// (unknown) being the same only as nil.
+func sameOriginal(a, b *store.Original) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // enablementKnown reports whether o holds the unit's enablement as found:

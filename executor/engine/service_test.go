@@ -223,6 +223,66 @@ func TestRestartOn(t *testing.T) {
 	}
 }
 
+// A unit this apply starts read its files as they are when it started:
+// a file restart_on names that changed before the start is not a reason to
+// restart it again, one that changes after it (declared after the service)
+// is. The plan says exactly what the apply then does (DESIGN, the engine).
+func TestRestartOnAUnitThisApplyStarts(t *testing.T) {
+	conf := func(id, content string) string {
+		return `{"module":"web","id":"` + id + `","type":"file","path":"{root}/` + id + `.conf","content":"` + content + `"}`
+	}
+	web := func(on string) string { return svc("web", "web", "running", "", `,"restart_on":[`+on+`]`) }
+	cases := []struct {
+		name    string
+		running bool // the unit as found
+		hands   bool // applied first, then stopped and its file edited by hand
+		decl    func(content string) []string
+		log     string
+		detail  string
+	}{
+		{"a file before it: started, not restarted", false, false,
+			func(c string) []string { return []string{conf("early", c), web(`"early"`)} },
+			"start web.service", "started (found stopped, enabled); the state it was found in is kept and given back when this is undeclared; web.early changed before this apply started it: not restarted"},
+		{"a file after it: started, then restarted", false, false,
+			func(c string) []string { return []string{conf("early", c), web(`"early","late"`), conf("late", c)} },
+			"start web.service; restart web.service", "; restarted: web.late changed after this apply started it"},
+		{"running already: restarted", true, false,
+			func(c string) []string { return []string{conf("early", c), web(`"early"`)} },
+			"restart web.service", "running, enabled; restarted: web.early changed"},
+		{"stopped by hand and its file edited: started, not restarted", false, true,
+			func(c string) []string { return []string{conf("early", c), web(`"early"`)} },
+			"start web.service", "service repaired: started (found stopped, enabled); web.early changed before this apply started it: not restarted"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := newFakeInit()
+			f.add("web.service", c.running, "enabled")
+			doc := h.doc(c.decl("v1")...)
+			if c.hands {
+				h.applyWith(f, doc, false)
+				f.units["web.service"].Running = false
+				writeFile(t, h.p("early.conf"), "edited")
+				f.transcript()
+			}
+			plan := h.applyWith(f, doc, true)
+			if got := f.transcript(); got != "" {
+				t.Fatalf("the plan touched the unit: %q", got)
+			}
+			rep := h.applyWith(f, doc, false)
+			if got := f.transcript(); got != c.log {
+				t.Fatalf("transcript %q, want %q (%+v)", got, c.log, rep.Lines)
+			}
+			if p, a := linesOf(plan), linesOf(rep); p != a {
+				t.Fatalf("plan and apply differ\nplan:\n%s\napply:\n%s", p, a)
+			}
+			if !strings.Contains(linesOf(rep), c.detail) {
+				t.Fatalf("no line says %q:\n%s", c.detail, linesOf(rep))
+			}
+		})
+	}
+}
+
 func TestServiceRefusals(t *testing.T) {
 	h := newHarness(t)
 	f := newFakeInit()
@@ -254,6 +314,65 @@ func TestServiceHeldOnAdoptedNode(t *testing.T) {
 	f.units["ssh.service"].Running = false
 	if rep = h.applyWith(f, adopted, false); rep.Outcome != shapes.HeldChanged || f.transcript() != "" {
 		t.Fatalf("%+v %q", rep.Lines, f.log)
+	}
+}
+
+// A held service whose record is from before the host kept what it found
+// (Original nil): held again, then applied once its module is taken, it
+// stays unknown, and its undeclare leaves the unit as it is (ADR 0118).
+func TestServiceHeldWithUnknownFoundState(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("ssh.service", true, "enabled")
+	adopted := func(taken string) string {
+		return strings.Replace(h.doc(svc("ssh", "ssh", "stopped", "false", "")), `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	if rep := h.applyWith(f, adopted(""), false); rep.Outcome != shapes.Held {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	forgetFound(t, h, "service:ssh.service")
+	for _, c := range []struct {
+		taken   string
+		outcome shapes.Outcome
+		log     string
+	}{
+		{"", shapes.Held, ""},
+		{`"web"`, shapes.Applied, "disable ssh.service; stop ssh.service"},
+		{`"web"`, shapes.Unchanged, ""},
+	} {
+		rep := h.applyWith(f, adopted(c.taken), false)
+		if rep.Outcome != c.outcome || f.transcript() != c.log {
+			t.Fatalf("taken [%s]: %s %+v %q, want %s %q", c.taken, rep.Outcome, rep.Lines, f.log, c.outcome, c.log)
+		}
+		if st, _ := store.Open(h.state); st.Get("service:ssh.service").Original != nil {
+			t.Fatalf("taken [%s]: the found state is no longer unknown: %+v", c.taken, st.Get("service:ssh.service"))
+		}
+	}
+	rep := h.applyWith(f, h.doc(), false)
+	if rep.Outcome != shapes.Forgotten || f.transcript() != "" || !strings.Contains(rep.Lines[0].Detail, "the state it was found in is unknown; left as it is") {
+		t.Fatalf("undeclare: %+v %q", rep.Lines, f.log)
+	}
+}
+
+// forgetFound makes target's record one from before the host kept what it
+// found: its Original dropped.
+func forgetFound(t *testing.T, h *harness, target string) {
+	t.Helper()
+	st, err := store.Open(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer st.Unlock()
+	e := *st.Get(target)
+	e.Original = nil
+	if err := st.Put(&e); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -52,6 +52,7 @@ fuzz:
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzFastDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzAppendJSONString -fuzztime $(FUZZTIME)
+	$(GO) test ./shapes -run '^$$' -fuzz FuzzParseRoster -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/engine -run '^$$' -fuzz FuzzReadArchive -fuzztime $(FUZZTIME) -fuzzminimizetime 5s

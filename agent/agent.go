@@ -84,16 +84,19 @@ type Agent struct {
 	// highest stream sequence notices named since the last read.
 	wake    chan struct{}
 	noticed atomic.Uint64
-	exec    *execClient               // the worker's connection to the executor
-	hbExec  *execClient               // the heartbeat's
-	ncp     atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp  chan struct{}
-	hbNow   chan struct{}
-	cancel  context.CancelCauseFunc
-	reconc  atomic.Bool // the executor has yet to hear that the link came back
-	linkMu  sync.Mutex
-	link    linkInfo
-	lastLog string // the last link error logged, to not repeat it every retry
+	// rosterDue says the roster is to be read (a roster notice came, or
+	// the last read failed).
+	rosterDue atomic.Bool
+	exec      *execClient               // the worker's connection to the executor
+	hbExec    *execClient               // the heartbeat's
+	ncp       atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp    chan struct{}
+	hbNow     chan struct{}
+	cancel    context.CancelCauseFunc
+	reconc    atomic.Bool // the executor has yet to hear that the link came back
+	linkMu    sync.Mutex
+	link      linkInfo
+	lastLog   string // the last link error logged, to not repeat it every retry
 	// quiet fires a moment after the last drain, to give the drain's
 	// memory back (giveBack).
 	quiet *time.Timer
@@ -245,6 +248,9 @@ func runLinked(ctx context.Context, o Options) error {
 		if _, err := nc.Subscribe(a.id.Subjects.Notice, a.notice); err != nil {
 			a.log.Warn("notices: " + err.Error())
 		}
+		if _, err := nc.Subscribe(a.id.Subjects.RosterNotice, a.rosterNotice); err != nil {
+			a.log.Warn("roster notices: " + err.Error())
+		}
 		a.linked()
 		a.work(ctx)
 		nc.Close()
@@ -387,6 +393,7 @@ func (a *Agent) linkDown(err error) {
 func (a *Agent) work(ctx context.Context) {
 	wait := a.o.RetryWait
 	read := true
+	a.rosterDue.Store(true)
 	poll := time.NewTimer(a.pollWait())
 	defer poll.Stop()
 	for ctx.Err() == nil && !a.nc.IsClosed() {
@@ -397,6 +404,7 @@ func (a *Agent) work(ctx context.Context) {
 			case <-time.After(time.Second):
 			}
 			read = true
+			a.rosterDue.Store(true)
 			continue
 		}
 		if a.reconc.Load() {
@@ -413,7 +421,16 @@ func (a *Agent) work(ctx context.Context) {
 		}
 		if read {
 			noticed := a.noticed.Swap(0)
-			m, err := a.readNewest(ctx, noticed)
+			// The roster first: a declaration whose overlay takes its
+			// peers from it finds the newest there.
+			var err error
+			if a.rosterDue.Load() {
+				err = a.syncRoster(ctx)
+			}
+			var m *declMsg
+			if err == nil {
+				m, err = a.readNewest(ctx, noticed)
+			}
 			if err == nil && m != nil && m.sseq != a.state.get().LastStreamSeq {
 				err = a.drain(ctx, m)
 				a.giveBack()
@@ -436,10 +453,12 @@ func (a *Agent) work(ctx context.Context) {
 		case <-ctx.Done():
 		case <-a.linkUp:
 			read = true
+			a.rosterDue.Store(true)
 		case <-a.wake:
 			read = true
 		case <-poll.C:
 			read = true
+			a.rosterDue.Store(true)
 			poll.Reset(a.pollWait())
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,27 +41,7 @@ type declMsg struct {
 // newest reads the newest message on the node's own subject by direct get
 // (link.Subjects.DeclGet). nil, nil: there is none.
 func (a *Agent) newest(ctx context.Context) (*declMsg, error) {
-	rctx, cancel := context.WithTimeout(ctx, readWithin)
-	defer cancel()
-	m, err := a.nc.RequestWithContext(rctx, a.id.Subjects.DeclGet, nil)
-	if err != nil {
-		return nil, fmt.Errorf("reading the newest declaration (%s): %w", a.id.Subjects.DeclGet, err)
-	}
-	switch st := m.Header.Get("Status"); st {
-	case "":
-	case "404":
-		return nil, nil
-	default:
-		return nil, fmt.Errorf("reading the newest declaration: the broker answered %s %s", st, m.Header.Get("Description"))
-	}
-	sseq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
-	if err != nil || sseq == 0 {
-		return nil, fmt.Errorf("reading the newest declaration: the broker's answer names no stream sequence (%q)", m.Header.Get(link.HeaderSequence))
-	}
-	if subj := m.Header.Get(link.HeaderSubject); subj != a.id.Subjects.Decl {
-		return nil, fmt.Errorf("reading the newest declaration: the broker answered with a message of %q, not %q", subj, a.id.Subjects.Decl)
-	}
-	return &declMsg{data: m.Data, sseq: sseq}, nil
+	return a.getLast(ctx, a.id.Subjects.DeclGet, a.id.Subjects.Decl, "declaration")
 }
 
 // readNewest is newest, read again a few times while a notice says there

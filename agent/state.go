@@ -26,6 +26,9 @@ type State struct {
 	// node's subject the agent settled (reported): the one it does not
 	// read twice.
 	LastStreamSeq uint64 `json:"last_stream_seq,omitempty"`
+	// LastRosterStreamSeq is the stream sequence of the last roster the
+	// agent settled (handed to the executor, or refused).
+	LastRosterStreamSeq uint64 `json:"last_roster_stream_seq,omitempty"`
 	// ProfileDigest names the profile and inventory last reported upward.
 	ProfileDigest string `json:"profile_digest,omitempty"`
 }

@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -167,11 +169,11 @@ func (c *Client) changeAssignments(ctx context.Context, node string, change func
 	if err != nil {
 		return fmt.Errorf("%w: a node's first declaration is the overlay, so nothing is assigned before there is one", err)
 	}
-	recs, err := c.records(ctx)
+	rec, _, err := c.Node(ctx, node)
 	if err != nil {
 		return err
 	}
-	ov, err := c.overlayOf(ctx, s, recs, node)
+	ov, err := c.overlayOf(ctx, s, rec)
 	if err != nil {
 		return err
 	}
@@ -310,19 +312,13 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 	if err != nil {
 		return nil, err
 	}
-	recs, err := c.records(ctx)
+	rec, _, err := c.Node(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	ov, err := c.overlayOf(ctx, s, recs, node)
+	ov, err := c.overlayOf(ctx, s, rec)
 	if err != nil {
 		return nil, err
-	}
-	var rec *NodeRecord
-	for _, r := range recs {
-		if r.Name == node {
-			rec = r
-		}
 	}
 	comp := &Composition{Node: node, Enrolment: rec.Enrolment, Overlay: ov, Decl: map[string]json.RawMessage{}}
 	raw, _ := json.Marshal(ov)
@@ -414,7 +410,6 @@ type Published struct {
 	Modules []string `json:"modules"`
 	Held    string   `json:"held,omitempty"`
 	Address string   `json:"address"`
-	Peers   int      `json:"peers"`
 }
 
 // claimStale is how long a claim to publish (a composedRecord with Seq 0)
@@ -434,7 +429,7 @@ func (c *Client) Publish(ctx context.Context, node string, force bool) (*Publish
 		if err != nil {
 			return nil, err
 		}
-		out := &Published{Node: node, Modules: comp.Modules, Held: comp.Held, Address: comp.Overlay.Address, Peers: len(comp.Overlay.Peers)}
+		out := &Published{Node: node, Modules: comp.Modules, Held: comp.Held, Address: comp.Overlay.Address}
 		if out.Modules == nil {
 			out.Modules = []string{}
 		}
@@ -494,27 +489,63 @@ func (c *Client) Publish(ctx context.Context, node string, force bool) (*Publish
 	return nil, fmt.Errorf("publishing the composition of %s: it kept changing", node)
 }
 
-// PublishAll publishes every node of the overlay's composition (force as
-// in Publish). Nodes out of the overlay are left out and named in out.
+// publishInFlight is how many nodes PublishAll publishes at once: each
+// publish is a handful of registry round trips and one broker publish, so
+// with one at a time a fleet's worth takes N times their latency.
+const publishInFlight = 16
+
+// PublishAll publishes the mesh's roster, then every node's composition
+// (force as in Publish), publishInFlight at a time. Nodes out of the
+// overlay are left out and named in out.
 func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
-	if _, err := c.Overlay(ctx); err != nil {
+	if _, err := c.PublishRoster(ctx); err != nil {
 		return nil, nil, err
 	}
 	recs, err := c.records(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
+	names := make([]string, len(recs))
+	for i, r := range recs {
+		names[i] = r.Name
+	}
+	return c.publishNodes(ctx, names, force)
+}
+
+// publishNodes publishes each of nodes (Publish), publishInFlight at a
+// time, and gives back what it did in nodes' order.
+func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
+	type result struct {
+		p   *Published
+		err error
+	}
+	res := make([]result, len(nodes))
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(publishInFlight, len(nodes)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				res[i].p, res[i].err = c.Publish(ctx, nodes[i], force)
+			}
+		}()
+	}
+	for i := range nodes {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
 	var errs []error
-	for _, r := range recs {
-		p, err := c.Publish(ctx, r.Name, force)
+	for _, r := range res {
 		var oe *OutOfOverlayError
 		switch {
-		case errors.As(err, &oe):
+		case errors.As(r.err, &oe):
 			out = append(out, oe)
-		case err != nil:
-			errs = append(errs, err)
+		case r.err != nil:
+			errs = append(errs, r.err)
 		default:
-			done = append(done, p)
+			done = append(done, r.p)
 		}
 	}
 	return done, out, errors.Join(errs...)
@@ -561,17 +592,18 @@ func (c *Client) noteReport(ctx context.Context, node string, data []byte) bool 
 	return true
 }
 
-// afterEnrol publishes, once enrolment has made node's queue, its first
-// composition (forced: one published while the queue was being made may
-// have been emptied with it) and everyone else's, whose peers changed. It
-// runs apart, so the grant is not kept waiting.
+// afterEnrol publishes, once enrolment has made node's queue, the roster
+// (the node's key is new in it) and then its first composition (forced:
+// one published while the queue was being made may have been emptied with
+// it). No other node's declaration changes: their peers are the roster's.
+// It runs apart, so the grant is not kept waiting.
 func (c *Client) afterEnrol(ctx context.Context, node string) {
 	go func() {
+		if _, err := c.PublishRoster(ctx); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
+			c.log.Error("the roster after an enrolment was not published", "node", node, "err", err)
+		}
 		if _, err := c.Publish(ctx, node, true); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
 			c.log.Error("the first composition of a new node was not published", "node", node, "err", err)
-		}
-		if _, _, err := c.PublishAll(ctx, false); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
-			c.log.Error("compositions after an enrolment not published", "node", node, "err", err)
 		}
 	}()
 }
@@ -582,12 +614,14 @@ func overlayFace(r *NodeRecord) string {
 	return r.Enrolment + "|" + key + "|" + out
 }
 
-// KeepComposed keeps every node's published composition equal to what it
-// composes now, until ctx ends: it watches the registry and publishes
-// (only what changed, see Publish) for every node when the overlay's
-// settings, a node's enrolment, key or revocation, or an endpoint change;
-// for a node when its assignments or briefing change or when it reports
-// its overlay applied for the first time. At start it publishes what
+// KeepComposed keeps the roster and every node's published composition
+// equal to what they compose now, until ctx ends: it watches the registry
+// and publishes (only what changed, see Publish and PublishRoster) the
+// roster when a node's enrolment, key or revocation or an endpoint
+// changes; every node when the overlay's settings change; a node when its
+// own record, assignments or briefing change or when it reports its
+// overlay applied for the first time. A node joining or leaving is one
+// roster published, not N declarations. At start it publishes what
 // changed while no one watched. A node being enrolled may be published to
 // here before enrolment has made its queue afresh, and that declaration
 // emptied with the old queue: afterEnrol, which runs once the queue is
@@ -599,7 +633,7 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 	}
 	defer w.Stop()
 	faces := map[string]string{}
-	all, dirty := false, map[string]bool{}
+	all, roster, dirty := false, false, map[string]bool{}
 	mark := func(e jetstream.KeyValueEntry) {
 		kind, node, _ := strings.Cut(e.Key(), ".")
 		put := e.Operation() == jetstream.KeyValuePut
@@ -608,14 +642,16 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 			var r NodeRecord
 			if !put || json.Unmarshal(e.Value(), &r) != nil {
 				delete(faces, node)
-				all = true
+				roster = true
 				return
 			}
 			if face := overlayFace(&r); faces[node] != face {
-				faces[node], all = face, true
+				faces[node], roster, dirty[node] = face, true, true
 			}
-		case "overlay", "endpoint":
-			all = true
+		case "overlay":
+			all, roster = true, true
+		case "endpoint":
+			roster = true
 		case "report":
 			if put && c.noteReport(ctx, node, e.Value()) {
 				dirty[node] = true
@@ -625,23 +661,28 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 		}
 	}
 	flush := func() {
+		defer func() { all, roster, dirty = false, false, map[string]bool{} }()
 		if _, err := c.Overlay(ctx); err != nil {
-			all, dirty = false, map[string]bool{}
 			return
+		}
+		if roster {
+			if _, err := c.PublishRoster(ctx); err != nil && ctx.Err() == nil {
+				c.log.Error("the roster was not published", "err", err)
+			}
 		}
 		if all {
 			for n := range faces {
 				dirty[n] = true
 			}
 		}
+		nodes := make([]string, 0, len(dirty))
 		for n := range dirty {
-			_, err := c.Publish(ctx, n, false)
-			var oe *OutOfOverlayError
-			if err != nil && !errors.As(err, &oe) && ctx.Err() == nil {
-				c.log.Error("a composition was not published", "node", n, "err", err)
-			}
+			nodes = append(nodes, n)
 		}
-		all, dirty = false, map[string]bool{}
+		sort.Strings(nodes)
+		if _, _, err := c.publishNodes(ctx, nodes, false); err != nil && ctx.Err() == nil {
+			c.log.Error("compositions were not published", "err", err)
+		}
 	}
 	initial := true
 	for {
@@ -653,7 +694,7 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 				return errors.New("the registry watch ended")
 			}
 			if e == nil {
-				initial, all = false, true
+				initial, all, roster = false, true, true
 				flush()
 				continue
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -94,13 +95,21 @@ func TestFirstDeclarationIsTheOverlayAlone(t *testing.T) {
 	var first *shapes.Declaration
 	eventually(t, "n1's first declaration", func() bool {
 		first = lastDecl(t, s, "n1")
-		return first != nil && len(overlayIn(t, first).Peers) == 1
+		return first != nil && len(overlayIn(t, s, first).Peers) == 1
 	})
-	// The enrolment changed the peer's overlay too: it is sent n1.
+	// The enrolment changed the roster, and so the peer's peers: n1 is
+	// among them. The peer's declaration did not change for it: every one
+	// it was sent carries the same overlay (no peer list to grow).
 	eventually(t, "n1 in the peer's overlay", func() bool {
 		d := lastDecl(t, s, "peer")
-		return d != nil && strings.Join(peerKeys(overlayIn(t, d)), ",") == wgKey(t, s, "n1")
+		return d != nil && strings.Join(peerKeys(overlayIn(t, s, d)), ",") == wgKey(t, s, "n1")
 	})
+	peerDecls := declsOf(t, s, "peer")
+	for _, d := range peerDecls {
+		if !reflect.DeepEqual(d.Resources, peerDecls[0].Resources) {
+			t.Fatalf("the peer was sent another declaration for n1's enrolment: %+v, then %+v", peerDecls[0].Resources[0], d.Resources[0])
+		}
+	}
 	for _, mod := range []string{webModule, dbModule} {
 		p, err := s.client.Assign(ctx, "n1", []byte(mod), "m.json")
 		if err != nil {
@@ -223,7 +232,7 @@ func TestBriefingHoldsAssignments(t *testing.T) {
 	var d *shapes.Declaration
 	eventually(t, "n1's overlay", func() bool {
 		d = lastDecl(t, s, "n1")
-		return d != nil && len(overlayIn(t, d).Peers) == 1
+		return d != nil && len(overlayIn(t, s, d).Peers) == 1
 	})
 	reportAs(t, id, d.Seq, shapes.Applied, []shapes.Line{overlayLine(shapes.Applied)}, nil)
 	recorded(t, s, "n1", d.Seq)
@@ -262,7 +271,7 @@ func TestBriefingHoldsAssignments(t *testing.T) {
 	}
 	eventually(t, "n1's overlay renewed, its modules as they were", func() bool {
 		d := lastDecl(t, s, "n1")
-		return overlayIn(t, d).Peers[0].Endpoint == "192.0.2.9:51820" && strings.Join(keys(d), " ") == "mesh.overlay web.root web.index"
+		return overlayIn(t, s, d).Peers[0].Endpoint == "192.0.2.9:51820" && strings.Join(keys(d), " ") == "mesh.overlay web.root web.index"
 	})
 
 	// --despite-briefing: the person pushes it through.
@@ -316,7 +325,7 @@ func TestOverlayCommands(t *testing.T) {
 	}
 	// (Published in seq 1 by the command or by serve, whichever was first.)
 	out := cli("overlay", "set", "--network", "10.55.0.0/24", "--port", "51999")
-	for _, want := range []string{"network 10.55.0.0/24, interface mesh0, listen port 51999, keepalive 25 s", ": overlay 10.55.0.1/24 with 0 peer(s); assignments held until", "hand\tnot composed: registered by hand"} {
+	for _, want := range []string{"network 10.55.0.0/24, interface mesh0, listen port 51999, keepalive 25 s", ": overlay 10.55.0.1/24, its peers the roster's; assignments held until", "roster\tseq ", "hand\tnot composed: registered by hand"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("overlay set does not say %q:\n%s", want, out)
 		}

@@ -23,6 +23,8 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // addNode registers name and waits until the broker lets it in.
@@ -418,5 +420,91 @@ func permissionRefused(t *testing.T, nc *nats.Conn, errs <-chan error) func(what
 				t.Fatalf("%s %s: the broker did not refuse it", what, subject)
 			}
 		}
+	}
+}
+
+// The roster: every node reads the newest by its one direct get and hears
+// its notice; none may publish one, a notice of one, or read the roster
+// stream any other way, nor steer the broker's answers into it.
+func TestNodeRosterAccess(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	_, a := enrolNode(t, s, "alpha")
+	errs := make(chan error, 64)
+	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	refused := permissionRefused(t, nc, errs)
+	notices, err := nc.SubscribeSync(a.Subjects.RosterNotice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	enrolNode(t, s, "beta")
+	var rp *control.RosterPublished
+	eventually(t, "a roster naming alpha and beta", func() bool {
+		r, err := s.client.LastRoster(ctx)
+		return err == nil && r != nil && len(r.Nodes) == 2
+	})
+	if _, err := notices.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("alpha heard no roster notice: %v", err)
+	}
+	m, err := nc.Request(a.Subjects.RosterGet, nil, 5*time.Second)
+	if err != nil || m.Header.Get("Status") != "" || m.Header.Get(link.HeaderSubject) != link.RosterSubject {
+		t.Fatalf("alpha cannot read the roster: %v %+v", err, m)
+	}
+	payload, err := wire.Open(s.client.Keys.ControlPublic(), wire.PurposeRoster, m.Data)
+	if err != nil {
+		t.Fatalf("the roster alpha read does not open: %v", err)
+	}
+	r, err := shapes.ParseRoster(payload)
+	if err != nil || len(r.Nodes) != 2 || r.Nodes[0].Node != "alpha" || r.Nodes[1].Node != "beta" {
+		t.Fatalf("the roster alpha read: %+v %v", r, err)
+	}
+	// Published again unchanged: nothing sent.
+	if rp, err = s.client.PublishRoster(ctx); err != nil || rp.Sent || rp.Seq != r.Seq {
+		t.Fatalf("the same roster again: %+v %v", rp, err)
+	}
+
+	for _, subj := range []string{link.RosterSubject, link.RosterNotice, "mesh.roster.x",
+		"$JS.API.DIRECT.GET.MESH_ROSTER.mesh.roster", "$JS.API.DIRECT.GET.MESH_ROSTER",
+		"mesh.api.DIRECT.GET.MESH_ROSTER", // the form with a body
+		"mesh.api.STREAM.MSG.GET.MESH_ROSTER", "mesh.api.STREAM.PURGE.MESH_ROSTER",
+		"mesh.api.CONSUMER.CREATE.MESH_ROSTER.sneak.mesh.roster",
+		"$JS.API.STREAM.PURGE.MESH_ROSTER", "$JS.API.STREAM.DELETE.MESH_ROSTER"} {
+		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"version":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		refused("publish", subj)
+	}
+	for _, subj := range []string{"mesh.roster", "mesh.roster.>", "mesh.roster-*"} {
+		if _, err := nc.SubscribeSync(subj); err != nil {
+			t.Fatal(err)
+		}
+		refused("subscribe", subj)
+	}
+	// Its own requests answered into the roster's subject: the answers
+	// stay in the nodes' account.
+	for _, req := range []string{a.Subjects.RosterGet, a.Subjects.DeclGet, a.Subjects.Report} {
+		if err := nc.PublishRequest(req, link.RosterSubject, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Flush()
+	time.Sleep(300 * time.Millisecond)
+	str, _ := s.client.JS.Stream(ctx, link.RosterStream)
+	si, err := str.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.client.LastRoster(ctx)
+	if err != nil || last == nil || last.Seq != r.Seq || si.State.Consumers != 0 {
+		t.Fatalf("the roster stream after alpha's attempts: last %+v (%v), %d consumers", last, err, si.State.Consumers)
 	}
 }

@@ -50,7 +50,7 @@ func (c *cli) printPublished(ps []*Published, out []*OutOfOverlayError) {
 		} else if mods == "" {
 			mods = "no modules"
 		}
-		fmt.Fprintf(c.stdout, "%s\t%s: overlay %s with %d peer(s); %s\n", p.Node, what, p.Address, p.Peers, mods)
+		fmt.Fprintf(c.stdout, "%s\t%s: overlay %s, its peers the roster's; %s\n", p.Node, what, p.Address, mods)
 	}
 	for _, o := range out {
 		fmt.Fprintf(c.stdout, "%s\tnot composed: %s\n", o.Node, o.Why)
@@ -86,6 +86,9 @@ func (c *cli) overlaySet(ch OverlayChange) error {
 		return err
 	}
 	fmt.Fprintf(c.stdout, "overlay: network %s, interface %s, listen port %d, keepalive %d s\n", s.Network, s.Interface, s.ListenPort, s.Keepalive)
+	if r, rerr := cl.LastRoster(c.ctx); rerr == nil && r != nil {
+		fmt.Fprintf(c.stdout, "roster\tseq %d: %d node(s)\n", r.Seq, len(r.Nodes))
+	}
 	c.printPublished(ps, out)
 	return err
 }
@@ -128,7 +131,15 @@ func (c *cli) overlayShow() error {
 		}
 		return c.printJSON(map[string]any{"settings": s, "nodes": nodes})
 	}
-	fmt.Fprintf(c.stdout, "network %s, interface %s, listen port %d, keepalive %d s (set %s)\n\n", s.Network, s.Interface, s.ListenPort, s.Keepalive, s.Changed.Local().Format(time.RFC3339))
+	fmt.Fprintf(c.stdout, "network %s, interface %s, listen port %d, keepalive %d s (set %s)\n", s.Network, s.Interface, s.ListenPort, s.Keepalive, s.Changed.Local().Format(time.RFC3339))
+	if r, err := cl.LastRoster(c.ctx); err != nil {
+		fmt.Fprintf(c.stdout, "roster: %v\n", err)
+	} else if r != nil {
+		fmt.Fprintf(c.stdout, "roster: seq %d, %d node(s), the peers every node's overlay takes\n", r.Seq, len(r.Nodes))
+	} else {
+		fmt.Fprintf(c.stdout, "roster: none published yet\n")
+	}
+	fmt.Fprintln(c.stdout)
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tADDRESS\tENDPOINT\tWIREGUARD KEY")
 	for _, n := range nodes {
@@ -160,13 +171,13 @@ func (c *cli) nodeEndpoint(node, endpoint string) error {
 	if err := cl.SetEndpoint(c.ctx, node, endpoint); err != nil {
 		return err
 	}
-	// The endpoint is in every other node's peers.
-	ps, out, err := cl.PublishAll(c.ctx, false)
+	// The endpoint is in the roster: every other node's peers.
+	rp, err := cl.PublishRoster(c.ctx)
 	if errors.Is(err, ErrNoOverlay) {
-		err, ps, out = nil, nil, nil
+		err = nil
 	}
 	if c.json {
-		if jerr := c.publishedJSON(ps, out); jerr != nil {
+		if jerr := c.printJSON(map[string]any{"node": node, "endpoint": endpoint, "roster": rp}); jerr != nil {
 			return jerr
 		}
 		return err
@@ -176,8 +187,19 @@ func (c *cli) nodeEndpoint(node, endpoint string) error {
 	} else {
 		fmt.Fprintf(c.stdout, "node %s is reached at %s\n", node, endpoint)
 	}
-	c.printPublished(ps, out)
+	c.printRoster(rp)
 	return err
+}
+
+// printRoster says what publishing the roster did.
+func (c *cli) printRoster(rp *RosterPublished) {
+	switch {
+	case rp == nil:
+	case rp.Sent:
+		fmt.Fprintf(c.stdout, "roster\tpublished in seq %d: %d node(s), %d bytes\n", rp.Seq, rp.Nodes, rp.Bytes)
+	default:
+		fmt.Fprintf(c.stdout, "roster\tunchanged since seq %d: %d node(s)\n", rp.Seq, rp.Nodes)
+	}
 }
 
 func (c *cli) assign(node, file string) error {

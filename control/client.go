@@ -75,6 +75,8 @@ type Client struct {
 	// decls is the declarations stream, as ensure found it (its cached
 	// info says direct get is allowed, so Declare's reads are direct).
 	decls jetstream.Stream
+	// rosters is the roster stream, as ensure found it.
+	rosters jetstream.Stream
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
 	DespiteBriefing bool
@@ -164,6 +166,10 @@ func (c *Client) ensure(ctx context.Context) error {
 		{Name: link.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			Description: "reports from nodes"},
+		{Name: link.RosterStream, Subjects: []string{link.RosterSubject}, Retention: jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: link.RostersKept, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			MaxMsgSize: MaxPayload, AllowDirect: true,
+			Description: "the mesh's roster (the overlay's peers), signed; every node reads the newest by direct get"},
 		{Name: link.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			Description: "heartbeats from nodes"},
@@ -172,6 +178,9 @@ func (c *Client) ensure(ctx context.Context) error {
 		st, err := c.JS.CreateOrUpdateStream(ctx, sc)
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+		if sc.Name == link.RosterStream {
+			c.rosters = st
 		}
 		if sc.Name == link.DeclStream {
 			c.decls = st
@@ -358,17 +367,17 @@ func dropNodeConsumers(ctx context.Context, st jetstream.Stream, log *slog.Logge
 
 // Nodes lists the registered node records.
 func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
-	l, err := c.KV.ListKeysFiltered(ctx, "node.*")
+	vals, err := c.values(ctx, "node.*")
 	if err != nil {
 		return nil, err
 	}
-	var out []*NodeRecord
-	for k := range l.Keys() {
-		r, _, err := c.Node(ctx, strings.TrimPrefix(k, "node."))
-		if err != nil {
-			continue // removed meanwhile
+	out := make([]*NodeRecord, 0, len(vals))
+	for k, v := range vals {
+		var r NodeRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return nil, fmt.Errorf("registry: %s: %w", k, err)
 		}
-		out = append(out, r)
+		out = append(out, &r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -104,16 +104,17 @@ func (s *OverlaySettings) check() error {
 	if s.Keepalive < 0 || s.Keepalive > 65535 {
 		return fmt.Errorf("overlay keepalive %d is out of range 0..65535 seconds", s.Keepalive)
 	}
-	probe := s.resource(netip.PrefixFrom(p.Addr().Next(), p.Bits()), nil)
+	probe := s.resource(netip.PrefixFrom(p.Addr().Next(), p.Bits()))
 	raw, _ := json.Marshal(probe)
 	return checkResources([]json.RawMessage{raw})
 }
 
-// resource is the overlay resource of a node at addr with peers.
-func (s *OverlaySettings) resource(addr netip.Prefix, peers []shapes.Peer) *shapes.Overlay {
+// resource is the overlay resource of a node at addr: its peers are the
+// roster's.
+func (s *OverlaySettings) resource(addr netip.Prefix) *shapes.Overlay {
 	return &shapes.Overlay{
 		Base:      shapes.Base{Module: OverlayModule, ID: OverlayID, Type: shapes.TypeOverlay},
-		Interface: s.Interface, Address: addr.String(), ListenPort: s.ListenPort, Peers: peers,
+		Interface: s.Interface, Address: addr.String(), ListenPort: s.ListenPort, Roster: true,
 	}
 }
 
@@ -404,44 +405,22 @@ func (c *Client) endpoint(ctx context.Context, node string) string {
 	return r.Endpoint
 }
 
-// overlayOf derives node's overlay resource: its address, and a peer for
-// every other live node with a key (by name, so the order is stable). A
+// overlayOf derives the overlay resource of node (its record rec): its
+// interface, port and address, its peers the mesh's roster (roster.go). A
 // node out of the overlay gets none, and the reason.
-func (c *Client) overlayOf(ctx context.Context, s *OverlaySettings, recs []*NodeRecord, node string) (*shapes.Overlay, error) {
+func (c *Client) overlayOf(ctx context.Context, s *OverlaySettings, rec *NodeRecord) (*shapes.Overlay, error) {
 	network, err := s.prefix()
 	if err != nil {
 		return nil, err
 	}
-	var self *NodeRecord
-	for _, r := range recs {
-		if r.Name == node {
-			self = r
-		}
+	if _, out := overlayKey(rec); out != "" {
+		return nil, &OutOfOverlayError{Node: rec.Name, Why: out}
 	}
-	if self == nil {
-		return nil, fmt.Errorf("no node %q in the registry", node)
-	}
-	if _, out := overlayKey(self); out != "" {
-		return nil, &OutOfOverlayError{Node: node, Why: out}
-	}
-	addr, err := c.allocate(ctx, node, network)
+	addr, err := c.allocate(ctx, rec.Name, network)
 	if err != nil {
 		return nil, err
 	}
-	var peers []shapes.Peer
-	for _, r := range recs {
-		key, out := overlayKey(r)
-		if r.Name == node || out != "" {
-			continue
-		}
-		a, err := c.allocate(ctx, r.Name, network)
-		if err != nil {
-			return nil, fmt.Errorf("peer %s: %w", r.Name, err)
-		}
-		peers = append(peers, shapes.Peer{PublicKey: key, Endpoint: c.endpoint(ctx, r.Name),
-			AllowedIPs: []string{netip.PrefixFrom(a, a.BitLen()).String()}, Keepalive: s.Keepalive})
-	}
-	return s.resource(netip.PrefixFrom(addr, network.Bits()), peers), nil
+	return s.resource(netip.PrefixFrom(addr, network.Bits())), nil
 }
 
 // OutOfOverlayError says why a node has no place in the overlay, and so is

@@ -34,13 +34,17 @@ var ServiceImports = []ServiceImport{
 	// Archives: a direct get of the archive store's stream, and nothing
 	// else of it (no put, no delete, no purge, no consumer, no info).
 	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, ""},
+	// The roster: the last-by-subject direct get of its one subject (the
+	// same for every node: it is the mesh's, signed, and no secret).
+	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGet, ""},
 	// Enrolment: a request to the responder, one answer back.
 	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
 }
 
 // StreamExports are the core-NATS subjects CONTROL publishes and NODES
-// hears: the notices that a node's subject has a new declaration.
-var StreamExports = []string{NoticePrefix + ".*"}
+// hears: the notices that a node's subject has a new declaration, and that
+// there is a new roster.
+var StreamExports = []string{NoticePrefix + ".*", RosterNotice}
 
 // NodePermissions are what node may do on the broker (in account NODES),
 // and nothing else:
@@ -48,8 +52,10 @@ var StreamExports = []string{NoticePrefix + ".*"}
 //	publish    mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<n>  read its newest declaration
 //	           mesh.report.<n>, mesh.heartbeat.<n>          report upward (the report is the ack)
 //	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES        read archives (all nodes)
+//	           mesh.api.DIRECT.GET.MESH_ROSTER.mesh.roster  read the mesh's roster (all nodes)
 //	subscribe  _INBOX.<n>.>                                 its own replies
 //	           mesh.notice.<n>                              hear that there is a newer one
+//	           mesh.roster-notice                           hear that there is a new roster
 //
 // No consumer (nothing on the broker is kept per node but its subjects'
 // messages: a consumer per node is state the broker recovers at start and
@@ -60,8 +66,8 @@ var StreamExports = []string{NoticePrefix + ".*"}
 // delete or purge one.
 func NodePermissions(node string) (publish, subscribe []string) {
 	s := SubjectsOf(node)
-	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet},
-		[]string{s.Inbox + ".>", s.Notice}
+	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet},
+		[]string{s.Inbox + ".>", s.Notice, s.RosterNotice}
 }
 
 // EnrolPermissions are what a token's one-time credential may do: make

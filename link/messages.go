@@ -55,6 +55,9 @@ type Report struct {
 const (
 	TriggerDeclaration = "declaration"
 	TriggerReconnect   = "reconnect"
+	// TriggerRoster: the executor applied the link's declaration again
+	// for a new roster (its overlay's peers); Seq is that declaration's.
+	TriggerRoster = "roster"
 )
 
 // The presences a heartbeat says.

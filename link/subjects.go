@@ -19,7 +19,28 @@ const (
 	// sha256 (hex); ArchiveStream is the stream behind it.
 	ArchiveBucket = "MESH_ARCHIVES"
 	ArchiveStream = "OBJ_" + ArchiveBucket
+	// RosterStream holds the mesh's roster (shapes.Roster, signed,
+	// wire.PurposeRoster) on one subject, RosterSubject: the overlay's
+	// peers, published once per change for every node instead of copied
+	// into each node's declaration. Direct get allowed; every node reads
+	// the newest (RosterGet).
+	RosterStream  = "MESH_ROSTER"
+	RosterSubject = "mesh.roster"
 )
+
+// RosterGet is the last-by-subject direct get of the roster, as a node
+// makes it (under APIPrefix), with no body.
+const RosterGet = APIPrefix + ".DIRECT.GET." + RosterStream + "." + RosterSubject
+
+// RosterNotice is where the control side says, on core NATS, that a new
+// roster is published (the body its stream sequence: a hint, as a node's
+// notice). One subject for the mesh, heard by every node. It is not under
+// NoticePrefix, whose one token is a node's name.
+const RosterNotice = "mesh.roster-notice"
+
+// RostersKept is how many rosters RosterStream keeps: a node reads only
+// the newest; the one before is there for a person looking back.
+const RostersKept = 2
 
 // DeclsPerNode is how many declarations DeclStream keeps on each node's
 // subject. A node reads only the newest; the few before it are there for
@@ -78,19 +99,24 @@ type Subjects struct {
 	Notice string
 	// ArchiveGet reads the archive store (shared by all nodes, read-only).
 	ArchiveGet string
+	// RosterGet reads the mesh's roster, RosterNotice says there is a new
+	// one (both the same for every node).
+	RosterGet, RosterNotice string
 }
 
 // SubjectsOf returns the names of node, which must be a valid node name.
 func SubjectsOf(node string) Subjects {
 	return Subjects{
-		Node:       node,
-		Decl:       "mesh.decl." + node,
-		Report:     "mesh.report." + node,
-		Heartbeat:  "mesh.heartbeat." + node,
-		Inbox:      "_INBOX." + node,
-		DeclGet:    APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl." + node,
-		Notice:     NoticePrefix + "." + node,
-		ArchiveGet: ArchiveGet,
+		Node:         node,
+		Decl:         "mesh.decl." + node,
+		Report:       "mesh.report." + node,
+		Heartbeat:    "mesh.heartbeat." + node,
+		Inbox:        "_INBOX." + node,
+		DeclGet:      APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl." + node,
+		Notice:       NoticePrefix + "." + node,
+		ArchiveGet:   ArchiveGet,
+		RosterGet:    RosterGet,
+		RosterNotice: RosterNotice,
 	}
 }
 

@@ -160,6 +160,12 @@ type Overlay struct {
 	Address    string `json:"address"`
 	ListenPort int    `json:"listen_port,omitempty"`
 	Peers      []Peer `json:"peers,omitempty"`
+	// Roster: the peers are the mesh's roster (Roster), every node in it
+	// but this one, as the executor holds it — signed by the control plane
+	// once per change rather than copied into every node's declaration, so
+	// a declaration's size does not grow with the mesh. Peers are then
+	// declared none.
+	Roster bool `json:"roster,omitempty"`
 }
 
 // Peer is one WireGuard peer of an Overlay. Keepalive is in seconds.

@@ -44,6 +44,7 @@ type anyResource struct {
 	Address     string            `json:"address"`
 	ListenPort  int               `json:"listen_port"`
 	Peers       []Peer            `json:"peers"`
+	Roster      bool              `json:"roster"`
 	Port        int               `json:"port"`
 	Protocol    string            `json:"protocol"`
 	From        string            `json:"from"`
@@ -72,7 +73,7 @@ func (u *anyResource) shape() (Resource, bool) {
 	case TypeNetwork:
 		return &Network{Base: b, Name: u.Name}, true
 	case TypeOverlay:
-		return &Overlay{Base: b, Interface: u.Interface, Address: u.Address, ListenPort: u.ListenPort, Peers: u.Peers}, true
+		return &Overlay{Base: b, Interface: u.Interface, Address: u.Address, ListenPort: u.ListenPort, Peers: u.Peers, Roster: u.Roster}, true
 	case TypeOpening:
 		return &Opening{Base: b, Port: u.Port, Protocol: u.Protocol, From: u.From, Path: u.Path}, true
 	}

@@ -489,6 +489,9 @@ func (o *Overlay) validate(v *validator) {
 	if o.ListenPort < 0 || o.ListenPort > 65535 {
 		v.fail("listen_port", "%d is out of range 0..65535", o.ListenPort)
 	}
+	if o.Roster && len(o.Peers) > 0 {
+		v.fail("peers", "declared beside roster: the peers are the roster's; declare either")
+	}
 	for i, p := range o.Peers {
 		field := fmt.Sprintf("peers[%d]", i)
 		if k, err := base64.StdEncoding.DecodeString(p.PublicKey); err != nil || len(k) != 32 {

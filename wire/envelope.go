@@ -22,6 +22,7 @@ const (
 	PurposeDeclaration Purpose = "application/nox-mesh.declaration+cose"
 	PurposeGrant       Purpose = "application/nox-mesh.grant+cose"
 	PurposeStoreCopy   Purpose = "application/nox-mesh.store-copy+cose"
+	PurposeRoster      Purpose = "application/nox-mesh.roster+cose"
 )
 
 // MaxEnvelope bounds a signed object: a declaration at its largest, and the

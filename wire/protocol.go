@@ -31,6 +31,7 @@ const (
 	KindGrantReply   Kind = 17 // executor: the grant is recorded (enrolled), or why not
 	KindProfile      Kind = 16 // agent: what can this machine do, and what is it
 	KindProfileReply Kind = 19 // executor: the profile and inventory, as last found
+	KindRoster       Kind = 18 // agent: the mesh's roster, an envelope exactly as published
 )
 
 // Direction is who may send a message.
@@ -47,7 +48,7 @@ type State uint8
 
 // The states of a connection:
 //
-//	new ──Hello──► ready ──Declaration/Reconnected/Status──► (reply) ──► ready
+//	new ──Hello──► ready ──Declaration/Roster/Reconnected/Status──► (reply) ──► ready
 //	 │               │ ▲
 //	 │       Archive │ │ Archive (Last) ──► ArchiveAck
 //	 │               ▼ │
@@ -95,6 +96,7 @@ var Table = []Spec{
 	{KindGrantReply, "grant-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(GrantReply) }},
 	{KindProfile, "profile", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Profile) }},
 	{KindProfileReply, "profile-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ProfileReply) }},
+	{KindRoster, "roster", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Roster) }},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -230,6 +232,15 @@ type HelloReply struct {
 // else: no "verified" flag, no parsed declaration, no sequence. The
 // executor verifies the bytes itself.
 type Declaration struct {
+	Envelope []byte `cbor:"1,keyasint"`
+}
+
+// Roster is the mesh's roster as the control plane published it: a COSE
+// envelope (PurposeRoster) over a shapes.Roster. The executor verifies it
+// under the pinned key, keeps it if it is newer than the one it holds, and
+// applies the link's declaration again when its overlay takes its peers
+// from the roster; the verdict says how that went.
+type Roster struct {
 	Envelope []byte `cbor:"1,keyasint"`
 }
 

@@ -96,6 +96,7 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindGrantReply:   &GrantReply{Enrolled: true, Node: "n", Enrolment: "e", Reason: "r", Recovered: 3},
 		KindProfile:      &Profile{},
 		KindProfileReply: &ProfileReply{Profile: []byte("{}"), Inventory: []byte("{}"), Digest: "d"},
+		KindRoster:       &Roster{Envelope: []byte{5}},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))

@@ -331,6 +331,9 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		// content the control side sealed for exactly that declaration.
 		Unseal:      serve.Unsealer(c.state, d.Node, d.Seq),
 		HostVersion: c.version,
+		// An overlay whose peers are the roster takes the one the host
+		// holds (the control plane's, verified now).
+		Roster: serve.HeldRoster(c.state),
 	}
 	if ls, err := launcher.ReadState(c.state); err == nil && ls.Failed != nil {
 		opt.FailedHostRelease = ls.Failed.Version

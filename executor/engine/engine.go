@@ -74,6 +74,10 @@ type Options struct {
 	// version: an upgrade is checked and noticed with them.
 	HostBinary  string
 	HostVersion string
+	// Roster is the mesh's roster this host holds, verified: the peers of
+	// an overlay declared with "roster": true (every node in it but this
+	// one). nil: it holds none, and such an overlay fails.
+	Roster *shapes.Roster
 	// FailedHostRelease is the host's package version the launcher rolled
 	// back from (it crash-looped at start): never installed again until a
 	// declaration names another version or a person clears it.

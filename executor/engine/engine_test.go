@@ -22,6 +22,9 @@ type harness struct {
 	t     *testing.T
 	state string
 	root  string
+	// roster and node, when set, are the Options' Roster and NodeID.
+	roster *shapes.Roster
+	node   string
 }
 
 func newHarness(t *testing.T) *harness {
@@ -64,7 +67,7 @@ func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
 		}
 		defer st.Unlock()
 	}
-	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan})
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan, Roster: h.roster, NodeID: h.node})
 }
 
 func (h *harness) apply(doc string) *shapes.Report { return h.run(store.Local, doc, false) }

@@ -118,6 +118,21 @@ func (r *run) overlay(st *step, rest int) {
 	if r.yieldAlone(st, e, rest) {
 		return
 	}
+	peersFrom := ""
+	if o.Roster {
+		if r.opt.Roster == nil {
+			r.fail(st, fmt.Errorf("its peers are the mesh's roster, and this host holds none yet (the agent brings it from the link)"), rest)
+			return
+		}
+		self := r.opt.NodeID
+		if self == "" {
+			self = r.d.Node
+		}
+		withPeers := *o
+		withPeers.Peers = r.opt.Roster.PeersFor(self)
+		o = &withPeers
+		peersFrom = fmt.Sprintf(" (the mesh's roster %d)", r.opt.Roster.Seq)
+	}
 	spec, err := overlaySpec(o)
 	if err != nil {
 		r.fail(st, err, rest)
@@ -186,7 +201,7 @@ func (r *run) overlay(st *step, rest int) {
 	ch := overlay.Diff(spec, cur)
 	if ch.None() {
 		st.line.Outcome = shapes.Unchanged
-		st.line.Detail = fmt.Sprintf("%s, public key %s, %d peers", b.Describe(o.Interface, cur), pub, len(spec.Peers))
+		st.line.Detail = fmt.Sprintf("%s, public key %s, %d peers%s", b.Describe(o.Interface, cur), pub, len(spec.Peers), peersFrom)
 		r.asDeclared(st, e, n, e != nil && e.Held, rest)
 		return
 	}
@@ -241,7 +256,7 @@ func (r *run) overlay(st *step, rest int) {
 		r.fail(st, fmt.Errorf("read back: %w", err), rest)
 		return
 	}
-	st.line.Detail = strings.Join(said, "; ") + fmt.Sprintf("; public key %s", pub)
+	st.line.Detail = strings.Join(said, "; ") + fmt.Sprintf("; public key %s, %d peers%s", pub, len(spec.Peers), peersFrom)
 	if err := r.st.Put(n); err != nil {
 		r.fail(st, err, rest)
 		return

@@ -230,3 +230,60 @@ func TestOverlaySpec(t *testing.T) {
 		t.Fatalf("a peer declared twice: %v", err)
 	}
 }
+
+// An overlay declared with "roster": true takes as peers every node of the
+// roster the host holds but itself: none held fails the step saying so; a
+// newer roster changes the peers in place; the same roster again changes
+// nothing.
+func TestOverlayPeersFromTheRoster(t *testing.T) {
+	h := newHarness(t)
+	f := withFakeWG(t)
+	h.node = "self"
+	decl := strings.Replace(h.doc(`{"module":"mesh","id":"wg","type":"overlay","interface":"wg0","address":"10.233.0.1/24","listen_port":51820,"roster":true}`),
+		`{"version":1,`, `{"version":1,"node":"self",`, 1)
+	rep := h.apply(decl)
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "holds none") || len(f.ifs) != 0 {
+		t.Fatalf("with no roster: %+v", rep)
+	}
+	keys := map[string]wgtypes.Key{}
+	for _, n := range []string{"self", "a", "b", "c"} {
+		k, _ := wgtypes.GeneratePrivateKey()
+		keys[n] = k.PublicKey()
+	}
+	roster := func(seq uint64, names ...string) *shapes.Roster {
+		r := &shapes.Roster{Version: 1, Seq: seq, Keepalive: 25}
+		for _, n := range names {
+			host := map[string]byte{"self": 1, "a": 2, "b": 3, "c": 4}[n]
+			r.Nodes = append(r.Nodes, shapes.RosterNode{Node: n, PublicKey: keys[n].String(), Address: netip.AddrFrom4([4]byte{10, 233, 0, host}).String() + "/32"})
+		}
+		return r
+	}
+	h.roster = roster(1, "self", "a", "b")
+	rep = h.apply(decl)
+	d := f.ifs["wg0"].Device
+	if outcomes(rep) != "mesh.wg=applied" || len(d.Peers) != 2 || !strings.Contains(rep.Lines[0].Detail, "2 peers") && !strings.Contains(rep.Lines[0].Detail, "peer") {
+		t.Fatalf("with a roster of three: %+v, %d peers", rep, len(d.Peers))
+	}
+	for _, p := range d.Peers {
+		if p.PublicKey == keys["self"] || p.PersistentKeepaliveInterval.Seconds() != 25 {
+			t.Fatalf("peer %v (keepalive %v): the node itself, or not the roster's keepalive", p.PublicKey, p.PersistentKeepaliveInterval)
+		}
+	}
+	f.log = nil
+	if rep = h.apply(decl); outcomes(rep) != "mesh.wg=unchanged" || len(f.log) != 0 {
+		t.Fatalf("the same roster again: %+v %v", rep, f.log)
+	}
+	// b leaves, c joins: one removed, one set, in place.
+	h.roster = roster(2, "a", "self", "c")
+	rep = h.apply(decl)
+	if outcomes(rep) != "mesh.wg=applied" || strings.Join(f.log, ",") != "remove peer,set peer" {
+		t.Fatalf("a newer roster: %+v %v", rep, f.log)
+	}
+	var got []wgtypes.Key
+	for _, p := range f.ifs["wg0"].Device.Peers {
+		got = append(got, p.PublicKey)
+	}
+	if len(got) != 2 || !slices.Contains(got, keys["a"]) || !slices.Contains(got, keys["c"]) {
+		t.Fatalf("peers after the newer roster: %v", got)
+	}
+}

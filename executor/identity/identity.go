@@ -158,3 +158,22 @@ func writeDurably(dir, name string, data []byte) error {
 	}
 	return syncDir(dir)
 }
+
+// RosterFile is the mesh's roster as last taken: the envelope exactly as
+// the control plane published it, verified again whenever it is used.
+const RosterFile = "roster.cose"
+
+// ReadRoster reads the roster's envelope; none is nil.
+func ReadRoster(dir string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(dir, RosterFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: roster: %w", err)
+	}
+	return b, nil
+}
+
+// WriteRoster keeps the roster's envelope durably.
+func WriteRoster(dir string, env []byte) error { return writeDurably(dir, RosterFile, env) }

@@ -362,7 +362,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		}
 		if rk != 0 {
 			m := outgoing{kind: rk, body: reply}
-			if k == wire.KindDeclaration || k == wire.KindReconnected {
+			if k == wire.KindDeclaration || k == wire.KindReconnected || k == wire.KindRoster {
 				// An apply that installed another version of the host
 				// ends the daemon once its verdict is written.
 				m.after = s.restartIfUpgraded

@@ -89,6 +89,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindHello:       (*Server).hello,
 	wire.KindDeclaration: (*Server).declaration,
 	wire.KindReconnected: (*Server).reconnected,
+	wire.KindRoster:      (*Server).roster,
 	wire.KindStatus:      (*Server).status,
 	wire.KindArchive:     (*Server).archiveChunk,
 	wire.KindEnrol:       (*Server).enrol,
@@ -614,6 +615,21 @@ func (s *Server) lastOutcome() shapes.Outcome {
 	return ""
 }
 
+// openRefusal is the refusal of an envelope that does not open under the
+// pinned key for the purpose expected.
+func openRefusal(err error) *wire.Verdict {
+	code := wire.CodeMalformed
+	switch {
+	case errors.Is(err, wire.ErrWrongKey):
+		code = wire.CodeWrongKey
+	case errors.Is(err, wire.ErrBadSignature):
+		code = wire.CodeSignature
+	case errors.Is(err, wire.ErrWrongPurpose):
+		code = wire.CodePurpose
+	}
+	return refusal(code, "%v", err)
+}
+
 func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
 	return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: "executor: " + strings.TrimPrefix(fmt.Sprintf(format, args...), "executor: ")}
 }
@@ -631,16 +647,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, env)
 	if err != nil {
-		code := wire.CodeMalformed
-		switch {
-		case errors.Is(err, wire.ErrWrongKey):
-			code = wire.CodeWrongKey
-		case errors.Is(err, wire.ErrBadSignature):
-			code = wire.CodeSignature
-		case errors.Is(err, wire.ErrWrongPurpose):
-			code = wire.CodePurpose
-		}
-		return refusal(code, "%v", err)
+		return openRefusal(err)
 	}
 	d, err := shapes.Parse(payload)
 	if err != nil {
@@ -694,7 +701,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 		return nil
 	}
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted,
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: HeldRoster(s.cfg.StateDir),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()})
 	s.record(st, store.Link, rep)
 	s.noteUpgrade(rep)
@@ -809,6 +816,12 @@ func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {
 func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Line)) *wire.Verdict {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
+	return s.reconcile(ctx, why, emit, false)
+}
+
+// reconcile is Reconcile with the apply lock held; onlyRoster applies
+// again only the targets whose overlay takes its peers from the roster.
+func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Line), onlyRoster bool) *wire.Verdict {
 	v := &wire.Verdict{Outcome: shapes.Unchanged}
 	st, err := store.Open(s.cfg.StateDir)
 	if err != nil {
@@ -856,8 +869,11 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
 			continue
 		}
+		if onlyRoster && !UsesRoster(d) {
+			continue
+		}
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
-			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()}
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease(), Roster: HeldRoster(s.cfg.StateDir)}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

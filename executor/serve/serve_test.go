@@ -681,7 +681,7 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// An empty hello says protocol 0, which is refused too.
 		"new/hello": "error protocol", "ready/hello": "error protocol",
 		"ready/declaration": "verdict refused malformed", "ready/reconnected": "verdict unchanged none",
-		"ready/status": "status-reply",
+		"ready/status": "status-reply", "ready/roster": "verdict refused malformed",
 		// No enrolment is pending: an empty offer, and a grant (or a
 		// refusal) handed over is answered and changes nothing.
 		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply", "ready/profile": "profile-reply",

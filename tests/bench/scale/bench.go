@@ -128,6 +128,8 @@ type overlayResult struct {
 	RecordedP100   float64 `json:"recorded_p100_seconds"`
 	CutOff         bool    `json:"cut_off"`
 	Skipped        string  `json:"skipped,omitempty"`
+	// RosterBytes is the size of the roster the first node took last.
+	RosterBytes int `json:"roster_bytes,omitempty"`
 }
 
 // setup starts the control side in work, connects the bench to it and
@@ -642,7 +644,7 @@ func (b *bench) overlay(ctx context.Context) error {
 	tally := func() bool {
 		applied, recorded = applied[:0], recorded[:0]
 		for _, n := range nodes {
-			a, rec := n.overlayAt(start)
+			a, rec := n.overlayAt(start, len(nodes))
 			if !a.IsZero() {
 				applied = append(applied, a.Sub(start))
 			}
@@ -662,6 +664,9 @@ func (b *bench) overlay(ctx context.Context) error {
 		return done
 	})
 	tally()
+	if len(nodes) > 0 {
+		r.RosterBytes = nodes[0].rosterBytes()
+	}
 	r.Applied, r.Recorded = len(applied), len(recorded)
 	r.AppliedP50, r.AppliedP100 = percentile(applied, 50).Seconds(), percentile(applied, 100).Seconds()
 	r.RecordedP100 = percentile(recorded, 100).Seconds()

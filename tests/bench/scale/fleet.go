@@ -57,10 +57,12 @@ type simNode struct {
 
 	mu         sync.Mutex
 	applied    uint64
-	received   []event     // declarations the stand-in took (applied)
-	recorded   []event     // reports the control side recorded (KV report.<node>)
-	linked     []time.Time // the agent said "linked"
-	reconciled []time.Time // the agent told its executor the link came back
+	received   []event       // declarations the stand-in took (applied)
+	roster     uint64        // the sequence of the roster it holds
+	rosters    []rosterEvent // the rosters it took
+	recorded   []event       // reports the control side recorded (KV report.<node>)
+	linked     []time.Time   // the agent said "linked"
+	reconciled []time.Time   // the agent told its executor the link came back
 	done       chan struct{}
 	exit       error
 }
@@ -181,6 +183,8 @@ func (n *simNode) serve(c *wire.Conn) {
 				}
 			}
 			err = c.Write(wire.KindVerdict, v)
+		case *wire.Roster:
+			err = c.Write(wire.KindVerdict, n.takeRoster(b.Envelope, at))
 		default:
 			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: "the bench's stand-in does not serve " + k.String()})
 			return
@@ -234,6 +238,44 @@ func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict)
 	return lines, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Derive(lines), Owned: owned}
 }
 
+// takeRoster is the stand-in's take of the mesh's roster: what the
+// executor checks (the pinned key, its purpose, a strict parse, newer than
+// the one held), then nothing to apply again (its declarations' overlays
+// are the bench's, not WireGuard's).
+func (n *simNode) takeRoster(env []byte, at time.Time) *wire.Verdict {
+	refuse := func(code wire.Code, reason string) *wire.Verdict {
+		n.f.garbage.Add(1)
+		n.f.noteLog("stand-in refused a roster: " + reason)
+		return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: reason}
+	}
+	payload, err := wire.Open(n.f.key, wire.PurposeRoster, env)
+	if err != nil {
+		return refuse(wire.CodeOf(err), err.Error())
+	}
+	r, err := shapes.ParseRoster(payload)
+	if err != nil {
+		return refuse(wire.CodeInvalid, err.Error())
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case r.Seq == n.roster:
+		return &wire.Verdict{Seq: n.applied, Outcome: shapes.Unchanged, Duplicate: true}
+	case r.Seq < n.roster:
+		return refuse(wire.CodeReplay, fmt.Sprintf("roster %d is older than the one held, %d", r.Seq, n.roster))
+	}
+	n.roster = r.Seq
+	n.rosters = append(n.rosters, rosterEvent{seq: r.Seq, nodes: len(r.Nodes), bytes: len(env), at: at})
+	return &wire.Verdict{Seq: n.applied, Outcome: shapes.Unchanged}
+}
+
+// rosterEvent is one roster a stand-in took.
+type rosterEvent struct {
+	seq          uint64
+	nodes, bytes int
+	at           time.Time
+}
+
 // noteRecorded takes in a report the control side recorded.
 func (n *simNode) noteRecorded(e event) {
 	n.mu.Lock()
@@ -269,7 +311,7 @@ func (n *simNode) recordedAt(seq uint64) (time.Time, bool) {
 // overlayAt is when the stand-in first took a declaration carrying the
 // overlay, and when a report with its overlay line applied was first
 // recorded, each after since.
-func (n *simNode) overlayAt(since time.Time) (applied, recorded time.Time) {
+func (n *simNode) overlayAt(since time.Time, peers int) (applied, recorded time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range n.received {
@@ -278,13 +320,40 @@ func (n *simNode) overlayAt(since time.Time) (applied, recorded time.Time) {
 			break
 		}
 	}
+	// Its peers come with the roster: applied once it holds one naming
+	// every node of the overlay too.
+	var roster time.Time
+	for _, e := range n.rosters {
+		if e.nodes >= peers && e.at.After(since) {
+			roster = e.at
+			break
+		}
+	}
+	if roster.IsZero() {
+		applied = time.Time{}
+	} else if roster.After(applied) && !applied.IsZero() {
+		applied = roster
+	}
 	for _, e := range n.recorded {
 		if e.overlay && e.at.After(since) {
 			recorded = e.at
 			break
 		}
 	}
+	if !recorded.IsZero() && !applied.IsZero() && applied.After(recorded) {
+		recorded = applied
+	}
 	return applied, recorded
+}
+
+// rosterBytes is the size of the last roster n took, 0 for none.
+func (n *simNode) rosterBytes() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.rosters) == 0 {
+		return 0
+	}
+	return n.rosters[len(n.rosters)-1].bytes
 }
 
 // linkedAfter is when the agent first said "linked" after since.

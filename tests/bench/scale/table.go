@@ -113,6 +113,9 @@ func (b *bench) rows() []row {
 		} else if o.CommandError != "" {
 			res += "; the command: " + o.CommandError
 		}
+		if o.RosterBytes > 0 {
+			res += fmt.Sprintf("; its roster %s bytes, one for every node", thousands(o.RosterBytes))
+		}
 		if o.Applied == 0 {
 			fig.why = "no node applied its overlay"
 		}

@@ -1,0 +1,100 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The mesh's roster (the overlay's peers) is read like a declaration — by
+// direct get of its one subject, at every (re)connect, at every roster
+// notice and on the timer — and handed to the executor when it is not the
+// one last settled. The agent checks it first (the pinned key, its
+// purpose, a roster that parses) so a broker's garbage stops here; the
+// executor checks it again and alone decides (only a newer one is taken).
+
+// rosterNotice is the handler of the roster's notices.
+func (a *Agent) rosterNotice(*nats.Msg) {
+	a.rosterDue.Store(true)
+	a.notify(0)
+}
+
+// getLast reads the newest message on subject by the last-by-subject
+// direct get req. nil, nil: there is none.
+func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMsg, error) {
+	rctx, cancel := context.WithTimeout(ctx, readWithin)
+	defer cancel()
+	m, err := a.nc.RequestWithContext(rctx, req, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the newest %s (%s): %w", what, req, err)
+	}
+	switch st := m.Header.Get("Status"); st {
+	case "":
+	case "404":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("reading the newest %s: the broker answered %s %s", what, st, m.Header.Get("Description"))
+	}
+	sseq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
+	if err != nil || sseq == 0 {
+		return nil, fmt.Errorf("reading the newest %s: the broker's answer names no stream sequence (%q)", what, m.Header.Get(link.HeaderSequence))
+	}
+	if subj := m.Header.Get(link.HeaderSubject); subj != subject {
+		return nil, fmt.Errorf("reading the newest %s: the broker answered with a message of %q, not %q", what, subj, subject)
+	}
+	return &declMsg{data: m.Data, sseq: sseq}, nil
+}
+
+// syncRoster settles the newest roster if it is not the one last settled.
+// A roster the agent refuses, or the executor refuses or applies again a
+// declaration for, is reported upward (trigger "roster"); one the
+// executor takes with nothing to apply again, or holds already, is not.
+func (a *Agent) syncRoster(ctx context.Context) error {
+	a.rosterDue.Store(false)
+	m, err := a.getLast(ctx, a.id.Subjects.RosterGet, link.RosterSubject, "roster")
+	if err != nil || m == nil || m.sseq == a.state.get().LastRosterStreamSeq {
+		if err != nil {
+			a.rosterDue.Store(true)
+		}
+		return err
+	}
+	var r *link.Report
+	payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, m.data)
+	if err == nil {
+		_, err = shapes.ParseRoster(payload)
+	}
+	if err != nil {
+		a.log.Warn("refused the mesh's roster; it does not reach the executor", "stream_seq", m.sseq, "reason", err.Error())
+		r = a.report(0)
+		r.Trigger, r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = link.TriggerRoster, m.sseq, shapes.Refused, "roster: "+err.Error(), wire.CodeOf(err).String(), "agent"
+	} else {
+		v, lines, err := a.exec.request(ctx, wire.KindRoster, &wire.Roster{Envelope: m.data})
+		if err != nil {
+			a.rosterDue.Store(true)
+			return err
+		}
+		a.log.Info("the executor's verdict on the mesh's roster", "stream_seq", m.sseq, "outcome", v.Outcome, "reason", v.Reason, "duplicate", v.Duplicate, "lines", len(lines))
+		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused || len(lines) > 0 {
+			r = a.report(v.Seq)
+			r.Trigger, r.StreamSeq, r.Outcome, r.Lines = link.TriggerRoster, m.sseq, v.Outcome, lines
+			if r.Lines == nil {
+				r.Lines = []shapes.Line{}
+			}
+			if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
+				r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
+			}
+		}
+	}
+	if r != nil {
+		if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
+			a.rosterDue.Store(true)
+			return err
+		}
+	}
+	return a.state.update(func(s *State) { s.LastRosterStreamSeq = m.sseq })
+}

@@ -1,6 +1,7 @@
 package shapes
 
 import (
+	"os"
 	"path"
 	"strings"
 	"testing"
@@ -144,6 +145,38 @@ func TestProtectRunning(t *testing.T) {
 		}
 		if refused := err != nil && strings.Contains(err.Error(), "running host's"); refused != c.refused {
 			t.Errorf("%s %s: err %v, refused as the running host's: %v, want %v", c.typ, c.path, err, refused, c.refused)
+		}
+	}
+}
+
+// Every path Android's init file gives the host — its state, its socket's
+// directory, its binaries, the init file itself — is in the static
+// protected set, so a declaration on a device cannot reach the running
+// instance whatever the executor was started with. Read from the init
+// file as shipped, so the two cannot drift apart.
+func TestAndroidInitPathsAreProtected(t *testing.T) {
+	rc, err := os.ReadFile("../init/android/mesh-host.rc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]bool{"/system/etc/init/mesh-host.rc": true}
+	for _, f := range strings.Fields(string(rc)) {
+		if strings.HasPrefix(f, "/data/misc/mesh-host") || strings.HasPrefix(f, "/system/bin/mesh-") {
+			paths[strings.TrimRight(f, ",;")] = true
+		}
+	}
+	if len(paths) < 5 {
+		t.Fatalf("found only %v in mesh-host.rc", paths)
+	}
+	for p := range paths {
+		for _, target := range []string{p, p + "/x"} {
+			d, err := Parse([]byte(`{"version":1,"node":"n","enrolment":"e","seq":1,"resources":[{"module":"m","id":"x","type":"file","path":"` + target + `","content":"x"}]}`))
+			if err == nil {
+				err = CheckProtected(d, func(p string) (string, error) { return p, nil })
+			}
+			if err == nil {
+				t.Errorf("a file at %s (from mesh-host.rc) is not refused", target)
+			}
 		}
 	}
 }

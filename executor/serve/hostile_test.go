@@ -313,7 +313,18 @@ func TestProtectedSetCoversTheRunningInstance(t *testing.T) {
 	// The daemon is started again with its state named the long way
 	// round: the protected set holds where it really is.
 	e.stop()
-	e.start(Config{StateDir: e.base + "/tree/.././state/", Version: "test", Build: "b1", AgentUID: nobody})
+	// The launcher says where it runs from and keeps its known-good
+	// copies (its state in the executor's), named the long way round too;
+	// the agent's state is given through a link.
+	for _, d := range []string{"opt/launch/bin", "opt/launch/known-good", "agent-real"} {
+		os.MkdirAll(filepath.Join(e.base, d), 0o755)
+	}
+	os.Symlink(filepath.Join(e.base, "agent-real"), filepath.Join(e.base, "agent-link"))
+	launch := fmt.Sprintf(`{"known_good_dir":%q,"launcher":%q}`, e.base+"/opt/./launch/known-good/", e.base+"/opt/launch/bin/../bin/mesh-launch")
+	if err := os.WriteFile(filepath.Join(e.state, "launch.json"), []byte(launch), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start(Config{StateDir: e.base + "/tree/.././state/", Version: "test", Build: "b1", AgentUID: nobody, AgentState: e.base + "/agent-link/"})
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -335,6 +346,13 @@ func TestProtectedSetCoversTheRunningInstance(t *testing.T) {
 		// the directory that holds it.
 		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, self),
 		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, filepath.Dir(self)),
+		// The agent's state, as it really is and as it was given.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.base, "agent-real", "agent.json")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.base, "agent-link", "nkey")),
+		// The launcher's binary and its known-good copies.
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.base, "opt", "launch", "bin", "mesh-launch")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"file","path":%q,"content":"x"}`, filepath.Join(e.base, "opt", "launch", "known-good", "mesh-executor")),
+		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, filepath.Join(link, "opt", "launch")),
 		// A directory holding all of it.
 		fmt.Sprintf(`{"module":"m","id":"x","type":"directory","path":%q}`, e.base),
 	} {

@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -310,14 +311,48 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 			return os.NewFile(uintptr(fd), p), nil
 		}
 		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
-			unix.Close(fd)
 			if err == unix.EWOULDBLOCK {
+				pid := flockHolder(fd)
+				unix.Close(fd)
+				if pid > 0 {
+					return nil, fmt.Errorf("%w: pid %d holds %s", ErrBusy, pid, p)
+				}
 				return nil, ErrBusy
 			}
+			unix.Close(fd)
 			return nil, fmt.Errorf("store: lock %s: %w", p, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// flockHolder is the pid holding a flock on fd's file, as the kernel lists
+// it in /proc/locks ("1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF", the
+// device as hexadecimal major:minor, the inode in decimal); 0 when it
+// cannot tell (no /proc, or the holder let go meanwhile). The lock is
+// the directory itself, which has no room for a pid file of its own that
+// a rescue command and the daemon would both keep current.
+func flockHolder(fd int) int {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0
+	}
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	data, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		// A blocked waiter's line starts "1: ->": skip it.
+		if len(f) < 6 || f[1] != "FLOCK" || f[3] != "WRITE" || f[5] != want {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[4]); err == nil && pid != os.Getpid() {
+			return pid
+		}
+	}
+	return 0
 }
 
 // Unlock closes the journal and releases the lock.

@@ -5,9 +5,13 @@ import (
 
 	"bytes"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -245,4 +249,30 @@ func FuzzJournal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Another process holding the applier's lock (the daemon mid-apply, a
+// rescue command) is named by its pid, as the kernel lists the lock.
+func TestTheLockHolderIsNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := open(t, dir)
+	s.Unlock()
+	holder := exec.Command("flock", "--exclusive", dir, "sleep", "30")
+	if err := holder.Start(); err != nil {
+		t.Skipf("util-linux flock: %v", err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	// flock runs sleep once it holds the lock: wait for that.
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = s.Lock(0); err != nil {
+			break
+		}
+		s.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d holds %s", holder.Process.Pid, dir)) {
+		t.Fatalf("lock while pid %d holds it: %v", holder.Process.Pid, err)
+	}
 }

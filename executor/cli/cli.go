@@ -463,6 +463,24 @@ type ownedEntry struct {
 	Claims   []store.Claim   `json:"claims"`
 	How      string          `json:"how"`
 	Original *store.Original `json:"original,omitempty"`
+	// Salvaged is set on the list's own kind of item (type "salvaged",
+	// target "salvaged:PATH", claimed by nobody): content the store keeps
+	// of a hand-edited file the host removed. It is an item of the same
+	// list rather than a list beside it, so that every reader of the list
+	// `owned --json` has always printed reads it still.
+	Salvaged *ownedSalvaged `json:"salvaged,omitempty"`
+}
+
+// ownedSalvaged says where salvaged content is and until when.
+type ownedSalvaged struct {
+	Path      string    `json:"path"`
+	Module    string    `json:"module"`
+	ID        string    `json:"id"`
+	Removed   time.Time `json:"removed"`
+	Digest    string    `json:"digest"`  // sha256 of the content kept
+	Written   string    `json:"written"` // what the host had written there
+	KeptAt    string    `json:"kept_at"`
+	KeptUntil time.Time `json:"kept_until"`
 }
 
 func describe(e *store.Entry) string {
@@ -541,7 +559,11 @@ func (c *command) owned() int {
 	if salvaged := st.Salvaged(); len(salvaged) > 0 {
 		fmt.Fprintf(&b, "\nfiles the host created, someone edited by hand, and the host removed when they were undeclared; their content is kept until the date shown:\n")
 		for _, x := range salvaged {
-			fmt.Fprintf(&b, "%s (%s.%s, removed %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), st.OriginalPath(x.Digest), x.Removed.Add(store.SalvageKeep).Format("2006-01-02"))
+			v := &ownedSalvaged{Path: x.Path, Module: x.Module, ID: x.ID, Removed: x.Removed, Digest: x.Digest, Written: x.Written,
+				KeptAt: st.OriginalPath(x.Digest), KeptUntil: x.Removed.Add(store.SalvageKeep)}
+			fmt.Fprintf(&b, "%s (%s.%s, removed %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), v.KeptAt, v.KeptUntil.Format("2006-01-02"))
+			list = append(list, ownedEntry{Target: "salvaged:" + x.Path, Type: "salvaged", Claims: []store.Claim{}, Salvaged: v,
+				How: fmt.Sprintf("salvaged: created by the host, edited by hand, removed when undeclared; its content is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
 		}
 	}
 	return c.print(list, b.String())

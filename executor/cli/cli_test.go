@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -231,5 +232,64 @@ func TestBundleReport(t *testing.T) {
 	r = bundleReport{}
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != 0 || !r.FirstNode || r.Partial {
 		t.Fatalf("full: exit %d %+v %v", code, r, err)
+	}
+}
+
+// `owned` says where salvaged content is kept and until when, in words and
+// in JSON: each one an item of the same list as the entries (so a reader
+// of the list reads it still), type "salvaged", claimed by nobody, its
+// keys snake_case, and no null where a list is meant.
+func TestOwnedShowsSalvagedContent(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	target := filepath.Join(d, "motd")
+	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", target, 1), 0o644)
+	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"resources":[],"owns_nothing":true}`, 0o644)
+	if code, out, _ := run("apply", "--state", state, f); code != ExitApplied {
+		t.Fatalf("apply: %d\n%s", code, out)
+	}
+	write(t, target, "the operator's words\n", 0o644)
+	if code, out, _ := run("apply", "--state", state, empty); code != 0 || !strings.Contains(out, "its content kept for 30 days") {
+		t.Fatalf("undeclare: %d\n%s", code, out)
+	}
+	st, _ := store.Open(state)
+	salvaged := st.Salvaged()
+	if len(salvaged) != 1 {
+		t.Fatalf("salvaged %+v", salvaged)
+	}
+	x := salvaged[0]
+	kept, until := st.OriginalPath(x.Digest), x.Removed.Add(store.SalvageKeep)
+
+	code, out, _ := run("owned", "--state", state)
+	want := "the host holds nothing on this machine\n\n" +
+		"files the host created, someone edited by hand, and the host removed when they were undeclared; their content is kept until the date shown:\n" +
+		target + " (m.f, removed " + x.Removed.Format(time.RFC3339) + "): " + kept + " until " + until.Format("2006-01-02") + "\n"
+	if code != 0 || out != want {
+		t.Fatalf("owned: %d\n%s\nwant\n%s", code, out, want)
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "the operator's words\n" {
+		t.Fatalf("kept at %s: %q %v", kept, b, err)
+	}
+
+	code, out, _ = run("owned", "--json", "--state", state)
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 1 {
+		t.Fatalf("owned --json: %d %v\n%s", code, err, out)
+	}
+	got, _ := json.Marshal(list[0])
+	wantJSON, _ := json.Marshal(map[string]any{
+		"target": "salvaged:" + target, "type": "salvaged", "claims": []any{},
+		"how": "salvaged: created by the host, edited by hand, removed when undeclared; its content is kept at " + kept + " until " + until.Format("2006-01-02"),
+		"salvaged": map[string]any{"path": target, "module": "m", "id": "f", "removed": x.Removed, "digest": x.Digest, "written": x.Written,
+			"kept_at": kept, "kept_until": until},
+	})
+	if string(got) != string(wantJSON) {
+		t.Fatalf("owned --json item\n got %s\nwant %s", got, wantJSON)
+	}
+
+	// Nothing salvaged, nothing held: an empty list, not null.
+	code, out, _ = run("owned", "--json", "--state", filepath.Join(d, "other"))
+	if code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("owned --json of nothing: %d %q", code, out)
 	}
 }

@@ -35,7 +35,10 @@ import (
 // Only a container carrying the host's label is ever removed or replaced.
 // One found by name without it is held on an adopted node (reported held,
 // never changed or removed) until its module is taken; anywhere else the
-// step fails and names it, since it is somebody's.
+// step fails and names it, since it is somebody's. Once its module is
+// taken it is set aside (stopped, renamed) for the host's own, and the
+// intent before that names it, so a kill at any instant of the take-over
+// still leaves the record that gives it back.
 
 // specLabel carries the digest of the declared spec a container was made
 // from; its presence is what makes a container the host's.
@@ -341,7 +344,36 @@ func (r *run) container(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if !r.intendNow(st, store.Intent{Op: action, Claim: st.claim, Type: shapes.TypeContainer, Created: true}, rest) {
+	takeOver := action == "replace" && !ours
+	if takeOver {
+		// What is needed to give the found container back (which one, and
+		// whether it ran; its name is the target's) goes into the intent,
+		// durable before it is stopped or renamed: killed at any instant
+		// after this, the next apply or undeclare finds it in the record
+		// and can still give it back, rather than losing it under the
+		// aside name.
+		o := &store.Original{Kind: shapes.TypeContainer, Digest: cur.ID, Running: cur.State.Running}
+		if p := n.Original; p != nil && p.Kind == shapes.TypeContainer && p.Digest == cur.ID {
+			o.Running = p.Running // an interrupted take-over stopped it: as it was found then
+		}
+		n.Original = o
+		if e != nil && e.Held {
+			// No longer held: its module is taken and the host is about to
+			// change it. Recorded first, so that what an interrupted
+			// take-over leaves is the host's to give back on undeclare
+			// (a held entry is only ever forgotten), and the host's own
+			// rename is never read as "removed by something else".
+			taken := *e
+			taken.Held, taken.Digest, taken.Claims, taken.Pending = false, "", withClaim(e, st.claim), nil
+			if err := r.st.Put(&taken); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+	}
+	// Every intent carries the container set aside, if any: a later
+	// interrupted step must not lose it either.
+	if !r.intendNow(st, store.Intent{Op: action, Claim: st.claim, Type: shapes.TypeContainer, Created: true, Original: n.Original}, rest) {
 		return
 	}
 	imageID, pulled, err := ensureImage(r.ctx, rt, c.Image)
@@ -349,7 +381,7 @@ func (r *run) container(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	if action == "replace" && !ours {
+	if takeOver {
 		// Taken over on an adopted node: the container found is not the
 		// host's to destroy. It is stopped and set aside under another
 		// name, whole (its image, configuration and data as they are);
@@ -358,7 +390,6 @@ func (r *run) container(st *step, rest int) {
 			r.fail(st, err, rest)
 			return
 		}
-		n.Original = &store.Original{Kind: shapes.TypeContainer, Digest: cur.ID, Running: cur.State.Running}
 		st.line.Detail = fmt.Sprintf("found without the host's label on an adopted node whose module is taken; set aside, stopped, as %s (given back when this is undeclared), and replaced", aside(c.Name))
 	} else if action == "replace" {
 		if err := stopAndRemove(r.ctx, rt, c.Name); err != nil {
@@ -419,20 +450,36 @@ func (r *run) removeContainer(st *step) {
 		return
 	}
 	cur, found, err := inspectContainer(r.ctx, rt, name)
+	o := st.entry.Original
+	if o != nil && o.Kind != shapes.TypeContainer {
+		o = nil
+	}
+	if err == nil && o != nil && !(found && cur.ID == o.Digest) {
+		// The container found before the mesh, set aside: gone since (by
+		// something else), there is nothing to give back.
+		var there bool
+		if _, there, err = inspectContainer(r.ctx, rt, o.Digest); err == nil && !there {
+			o = nil
+		}
+	}
 	switch {
 	case err != nil:
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
 		return
-	case !found && (st.entry.Original == nil || st.entry.Original.Kind != shapes.TypeContainer):
+	case !found && o == nil:
 		st.line.Outcome, st.line.Detail = shapes.Removed, "container "+name+" is gone already"
+		return
+	case found && cur.label() == "" && o != nil && cur.ID == o.Digest:
+		// A take-over interrupted before the rename: the found container
+		// is still under its name, perhaps stopped by the host.
+		r.restartFound(st, rt, name, cur, o)
 		return
 	case found && cur.label() == "":
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, fmt.Sprintf("container %s does not carry the host's %s label: not the host's to remove; left as it is", name, specLabel)
 		return
 	}
 	st.line.Outcome, st.line.Detail = shapes.Removed, "container "+name+" stopped and removed"
-	o := st.entry.Original
-	if o != nil && o.Kind == shapes.TypeContainer {
+	if o != nil {
 		st.line.Outcome = shapes.Restored
 		st.line.Detail += fmt.Sprintf("; the container found here before the mesh took it over is given back (%s renamed %s%s)", aside(name), name, map[bool]string{true: ", started again", false: ", left stopped as it was found"}[o.Running])
 	}
@@ -440,12 +487,12 @@ func (r *run) removeContainer(st *step) {
 		st.line.Detail = strings.Replace(st.line.Detail, "container "+name+" stopped and removed", "container "+name+" would be stopped and removed", 1)
 		return
 	}
-	st.intent = &store.Intent{Op: "remove", Type: shapes.TypeContainer, Claim: firstClaim(st.entry)}
+	st.intent = &store.Intent{Op: "remove", Type: shapes.TypeContainer, Claim: firstClaim(st.entry), Original: o}
 	st.change = func() error {
 		if err := stopAndRemove(r.ctx, rt, name); err != nil {
 			return err
 		}
-		if o == nil || o.Kind != shapes.TypeContainer {
+		if o == nil {
 			return nil
 		}
 		return giveBackAside(r.ctx, rt, o.Digest, name, o.Running)
@@ -455,12 +502,45 @@ func (r *run) removeContainer(st *step) {
 		switch {
 		case err != nil:
 			return nil, err
-		case o != nil && o.Kind == shapes.TypeContainer:
+		case o != nil:
 			if !found || got.ID != o.Digest || got.State.Running != o.Running {
 				return nil, fmt.Errorf("container %s is not the one found before the mesh, as it was found (running=%v)", name, o.Running)
 			}
 		case found:
 			return nil, fmt.Errorf("container %s is still there", name)
+		}
+		return nil, nil
+	}
+}
+
+// restartFound ends the undeclare of a take-over interrupted before the
+// found container was renamed: it is under its own name, never the host's
+// to remove, and is given back as it was found — started again if it ran
+// and the host had stopped it, otherwise left as it is.
+func (r *run) restartFound(st *step, rt *dockerapi.Client, name string, cur inspected, o *store.Original) {
+	if !o.Running || cur.State.Running {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, fmt.Sprintf("container %s is the one found here before the mesh, never set aside (the take-over was interrupted); not the host's to remove; left as it is", name)
+		return
+	}
+	st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("container %s, the one found here before the mesh, was stopped by a take-over that was interrupted; started again, as it was found", name)
+	if r.opt.Plan {
+		st.line.Detail = strings.Replace(st.line.Detail, "; started again", "; would be started again", 1)
+		return
+	}
+	st.intent = &store.Intent{Op: "restore", Type: shapes.TypeContainer, Claim: firstClaim(st.entry), Original: o}
+	st.change = func() error {
+		if err := rt.Do(r.ctx, "POST", dockerapi.Path(nil, "containers", o.Digest, "start"), nil, nil); err != nil {
+			return fmt.Errorf("give back container %s: start: %w", name, err)
+		}
+		return nil
+	}
+	st.readback = func() (*store.Entry, error) {
+		got, found, err := inspectContainer(r.ctx, rt, name)
+		switch {
+		case err != nil:
+			return nil, err
+		case !found || got.ID != o.Digest || !got.State.Running:
+			return nil, fmt.Errorf("container %s is not the one found before the mesh, running as it was found", name)
 		}
 		return nil, nil
 	}

@@ -39,14 +39,36 @@ func (s *Store) Salvage(v Salvaged, data []byte) error {
 	if err := s.KeepOriginal(v.Digest, data); err != nil {
 		return err
 	}
+	return s.keepSalvaged(append(s.Salvaged(), v))
+}
+
+// now is the clock salvaged content expires by; tests move it.
+var now = time.Now
+
+// expireSalvaged drops salvaged content kept past SalvageKeep. Lock runs
+// it, so it happens on every apply (the daemon's, every ten minutes at
+// least, and a rescue command's): were it left to the next Salvage, content
+// "kept for 30 days" would be kept for as long as nothing else is ever
+// salvaged. A list with nothing to drop is not written again.
+func (s *Store) expireSalvaged() error {
 	list := s.Salvaged()
-	list = append(list, v)
-	var keep []Salvaged
+	for _, x := range list {
+		if now().Sub(x.Removed) > SalvageKeep {
+			return s.keepSalvaged(list)
+		}
+	}
+	return nil
+}
+
+// keepSalvaged writes list, oldest first, less what is past SalvageKeep or
+// beyond SalvageMax, and forgets the content of what it drops unless an
+// entry kept, or the store's, still refers to it.
+func (s *Store) keepSalvaged(list []Salvaged) error {
+	keep := []Salvaged{}
+	var drop []string
 	for i, x := range list {
-		if time.Since(x.Removed) > SalvageKeep || len(list)-i > SalvageMax {
-			if !s.originalInUse(x.Digest, list[i+1:]) {
-				s.forgetOriginal(x.Digest, true)
-			}
+		if now().Sub(x.Removed) > SalvageKeep || len(list)-i > SalvageMax {
+			drop = append(drop, x.Digest)
 			continue
 		}
 		keep = append(keep, x)
@@ -58,13 +80,19 @@ func (s *Store) Salvage(v Salvaged, data []byte) error {
 	if err := WriteFileAtomic(filepath.Join(s.dir, salvageName), append(b, '\n')); err != nil {
 		return fmt.Errorf("store: salvage: %w", err)
 	}
+	// Forgotten only once the list that no longer names them is durable.
+	for _, d := range drop {
+		if !s.originalInUse(d, keep) {
+			s.forgetOriginal(d, true)
+		}
+	}
 	return nil
 }
 
-// originalInUse reports whether a later salvaged entry keeps digest too;
+// originalInUse reports whether a salvaged entry kept holds digest too;
 // ForgetOriginal looks after the store's entries.
-func (s *Store) originalInUse(digest string, later []Salvaged) bool {
-	for _, x := range later {
+func (s *Store) originalInUse(digest string, kept []Salvaged) bool {
+	for _, x := range kept {
 		if x.Digest == digest {
 			return true
 		}

@@ -22,6 +22,7 @@
 //	                snapshot.go), written atomically
 //	originals/      kept originals, by content digest (made when first needed)
 //	salvaged.json   hand-edited files the host removed, whose content is kept (Salvage)
+//	                for SalvageKeep, dropped at the first Lock after that
 //	target-SOURCE.json  the declaration being applied for each source
 package store
 
@@ -287,6 +288,10 @@ func (s *Store) Lock(wait time.Duration) error {
 			return fmt.Errorf("store: cut torn journal tail: %w", err)
 		}
 	}
+	// Salvaged content past SalvageKeep goes now, on every apply, not only
+	// when something else is salvaged. Not a reason to refuse the apply if
+	// it cannot: the next Lock tries again.
+	_ = s.expireSalvaged()
 	return nil
 }
 

@@ -65,10 +65,10 @@ func (a *Agent) readNewest(ctx context.Context, noticed uint64) (*declMsg, error
 // and the purpose, a link declaration (no action), this node, this
 // enrolment, not older than the last applied. It returns the declaration's
 // sequence, or why it is refused and the wire code of the refusal.
-func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, reason string) {
+func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, reason string, usesRoster bool) {
 	payload, err := wire.Open(a.id.ControlKey, wire.PurposeDeclaration, env)
 	if err != nil {
-		return 0, wire.CodeOf(err), err.Error()
+		return 0, wire.CodeOf(err), err.Error(), false
 	}
 	d, err := shapes.Parse(payload)
 	if err != nil {
@@ -78,22 +78,22 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, rea
 		}
 		json.Unmarshal(payload, &s)
 		if errors.Is(err, shapes.ErrAction) {
-			return s.Seq, wire.CodeAction, err.Error()
+			return s.Seq, wire.CodeAction, err.Error(), false
 		}
-		return s.Seq, wire.CodeInvalid, err.Error()
+		return s.Seq, wire.CodeInvalid, err.Error(), false
 	}
 	if d.Node != a.id.Node {
-		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node)
+		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node), false
 	}
 	if d.Enrolment != a.id.Enrolment {
-		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment)
+		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment), false
 	}
 	if d.Seq < floor {
-		return d.Seq, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor)
+		return d.Seq, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor), false
 	}
 	// The same sequence as the last applied goes on: the executor knows
 	// whether it is the same bytes (a no-op) or others (refused).
-	return d.Seq, wire.CodeNone, ""
+	return d.Seq, wire.CodeNone, "", d.UsesRoster()
 }
 
 // drain settles m, the newest message on the node's subject. Refused by
@@ -106,7 +106,7 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, rea
 // is read and forwarded again, and the executor answers a duplicate.
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	st := a.state.get()
-	seq, code, reason := a.check(m.data, st.LastApplied)
+	seq, code, reason, usesRoster := a.check(m.data, st.LastApplied)
 	if code != wire.CodeNone {
 		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", code.String(), "reason", reason)
 		r := a.report(seq)
@@ -115,6 +115,19 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			return err
 		}
 		return a.state.update(func(s *State) { s.LastStreamSeq = m.sseq })
+	}
+	// A node needs the mesh's roster only while its declaration's overlay
+	// takes its peers from it: one that starts to is handed the roster
+	// first, so its apply finds it; one that does not is never sent one.
+	if usesRoster != st.UsesRoster {
+		if err := a.state.update(func(s *State) { s.UsesRoster = usesRoster }); err != nil {
+			a.log.Warn("state: " + err.Error())
+		}
+		if usesRoster {
+			if err := a.syncRoster(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	var r *link.Report
 	// The archives it names go to the executor's cache first, so the apply

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -18,10 +20,21 @@ import (
 // purpose, a roster that parses) so a broker's garbage stops here; the
 // executor checks it again and alone decides (only a newer one is taken).
 
-// rosterNotice is the handler of the roster's notices.
+// rosterJitter spreads the reads a roster notice sets off: every node of
+// the mesh hears the same notice at once, and the roster is the same
+// bytes for all of them.
+const rosterJitter = time.Second
+
+// rosterNotice is the handler of the roster's notices: a node whose
+// declaration takes no peers from the roster ignores them.
 func (a *Agent) rosterNotice(*nats.Msg) {
-	a.rosterDue.Store(true)
-	a.notify(0)
+	if !a.state.get().UsesRoster {
+		return
+	}
+	time.AfterFunc(rand.N(rosterJitter), func() {
+		a.rosterDue.Store(true)
+		a.notify(0)
+	})
 }
 
 // getLast reads the newest message on subject by the last-by-subject
@@ -56,6 +69,9 @@ func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMs
 // executor takes with nothing to apply again, or holds already, is not.
 func (a *Agent) syncRoster(ctx context.Context) error {
 	a.rosterDue.Store(false)
+	if !a.state.get().UsesRoster {
+		return nil
+	}
 	m, err := a.getLast(ctx, a.id.Subjects.RosterGet, link.RosterSubject, "roster")
 	if err != nil || m == nil || m.sseq == a.state.get().LastRosterStreamSeq {
 		if err != nil {

@@ -107,3 +107,14 @@ func (r *Roster) PeersFor(node string) []Peer {
 	}
 	return out
 }
+
+// UsesRoster says whether d declares an overlay whose peers are the mesh's
+// roster: what decides whether its host needs the roster at all.
+func (d *Declaration) UsesRoster() bool {
+	for _, res := range d.Resources {
+		if o, ok := res.(*Overlay); ok && o.Roster {
+			return true
+		}
+	}
+	return false
+}

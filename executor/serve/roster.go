@@ -93,11 +93,4 @@ func openRoster(env []byte, id *identity.Identity) *shapes.Roster {
 
 // UsesRoster says whether d declares an overlay whose peers are the
 // roster's.
-func UsesRoster(d *shapes.Declaration) bool {
-	for _, res := range d.Resources {
-		if o, ok := res.(*shapes.Overlay); ok && o.Roster {
-			return true
-		}
-	}
-	return false
-}
+func UsesRoster(d *shapes.Declaration) bool { return d.UsesRoster() }

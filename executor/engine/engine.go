@@ -131,12 +131,13 @@ type run struct {
 	unitDirty bool
 	// unitFiles are units a file of this declaration defines.
 	unitFiles map[string]bool
-	// unitAbsent: services whose unit the init did not know when the
-	// declaration was checked, brought by a file or a package of the same
-	// declaration (their found state is "absent"); unitGone: services the
-	// host applied before whose unit is gone now (removed by hand). By
-	// resource key.
-	unitAbsent, unitGone map[string]bool
+	// unitComing: services whose unit the init did not know when the
+	// declaration was checked, to come with a unit file or a package
+	// declared before it (whether that makes its found state "absent" is
+	// the service step's to say: foundAbsent); unitGone: services the host
+	// applied before whose unit is gone now (removed by hand). By resource
+	// key.
+	unitComing, unitGone map[string]bool
 	// removing: the paths removeUndeclared has decided to remove so far,
 	// newest first, so a directory's decision counts what goes before it.
 	removing map[string]bool
@@ -166,7 +167,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
-		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitAbsent: map[string]bool{}, unitGone: map[string]bool{},
+		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
 		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources))}
 	defer func() {
 		if r.init != nil {
@@ -295,8 +296,11 @@ func (r *run) check() error {
 			case r.unitFiles[norm] || packageBefore:
 				// Defined by a file declared here, or brought by a
 				// package declared before it: resolved once they are
-				// applied. It did not exist before: found "absent".
-				r.units[svc.Key()], r.unitAbsent[svc.Key()] = norm, true
+				// applied. Not yet "absent" for that: a package declared
+				// before may not be the one that brings it, or one the
+				// host installed (foundAbsent decides, by who owns the
+				// unit's file).
+				r.units[svc.Key()], r.unitComing[svc.Key()] = norm, true
 				continue
 			case r.st.Get("service:"+norm) != nil || r.st.Get("service:"+strings.TrimSuffix(norm, ".service")) != nil:
 				// Applied before, and removed by hand since: that line

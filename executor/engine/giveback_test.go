@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +112,10 @@ func (c giveBackCase) run(t *testing.T) {
 	case "absent":
 		// The package brings the unit, and its maintainer script starts
 		// and enables it before the service step looks.
-		pk.onInstall = func(string) { f.add("u.service", true, "enabled") }
+		pk.onInstall = func(string) {
+			f.add("u.service", true, "enabled")
+			pk.brings("u", "u.service")
+		}
 	}
 	state := c.state
 	if state == "none" {
@@ -291,6 +296,7 @@ func TestAbsentUnitKeepsOneRecordUnderTheInitsName(t *testing.T) {
 	pk.onInstall = func(string) {
 		f.add("u", true, "enabled")
 		f.aliases["u.service"] = "u"
+		pk.brings("u", "u")
 	}
 	apply := func(doc string) *shapes.Report {
 		t.Helper()
@@ -318,5 +324,177 @@ func TestAbsentUnitKeepsOneRecordUnderTheInitsName(t *testing.T) {
 	rep = apply(h.doc())
 	if got := f.transcript(); got != "disable u; stop u" || !strings.Contains(fmt.Sprint(rep.Lines), "it did not exist before") {
 		t.Fatalf("undeclare: %q %+v", got, rep.Lines)
+	}
+}
+
+// A unit's found state is absent when the package that brings it — the one
+// whose file the unit's definition is, by the package manager's database —
+// is one the host installed (its own record says it was not found
+// installed), whenever the service's record is first made: in the same
+// apply as the package or a later one (issue 15). Any other package does
+// not count, not even one of the same declaration; a unit of a package
+// found installed is found as it is.
+func TestAUnitIsFoundAbsentOnlyWhenTheHostInstalledItsPackage(t *testing.T) {
+	pkgU := `{"module":"web","id":"pkg","type":"package","name":"u"}`
+	pkgOther := `{"module":"web","id":"other","type":"package","name":"other"}`
+	service := svc("u", "u", "running", "true", "")
+	const (
+		stopBoth = "disable u.service; stop u.service"
+		tookBack = "it did not exist before the declaration that brought it (the mesh gave, the mesh takes back)"
+		wasThere = "it was running before the mesh; left as it is (running, enabled)"
+	)
+	for _, c := range []struct {
+		name string
+		// installed: u is found installed, its unit running and enabled.
+		installed bool
+		// unitOf is the package that owns the unit's file, and brings
+		// the unit when the host installs it.
+		unitOf  string
+		applies [][]string
+		// The service's line on its first apply, and on undeclare.
+		apply                        shapes.Outcome
+		applyDetail, undeclareDetail string
+		undeclare                    shapes.Outcome
+		transcript                   string
+	}{
+		{name: "package and service in one declaration", unitOf: "u", applies: [][]string{{pkgU, service}},
+			apply: shapes.Applied, applyDetail: "brought by package u, which the host installed (found absent)", undeclare: shapes.Restored, undeclareDetail: tookBack, transcript: stopBoth},
+		{name: "package in one apply, service in a later one", unitOf: "u", applies: [][]string{{pkgU}, {pkgU, service}},
+			apply: shapes.Applied, applyDetail: "brought by package u, which the host installed (found absent)", undeclare: shapes.Restored, undeclareDetail: tookBack, transcript: stopBoth},
+		{name: "package in one apply, service alone in a later one", unitOf: "u", applies: [][]string{{pkgU}, {service}},
+			apply: shapes.Applied, applyDetail: "brought by package u, which the host installed (found absent)", undeclare: shapes.Restored, undeclareDetail: tookBack, transcript: stopBoth},
+		{name: "package found installed, service in the same declaration", installed: true, unitOf: "u", applies: [][]string{{pkgU, service}},
+			apply: shapes.Unchanged, applyDetail: "running, enabled", undeclare: shapes.Forgotten, undeclareDetail: wasThere},
+		{name: "package found installed, service in a later apply", installed: true, unitOf: "u", applies: [][]string{{pkgU}, {pkgU, service}},
+			apply: shapes.Unchanged, applyDetail: "running, enabled", undeclare: shapes.Forgotten, undeclareDetail: wasThere},
+		{name: "another package of the declaration, not the one that brings the unit", unitOf: "u-common", applies: [][]string{{pkgOther, service}},
+			apply: shapes.Unchanged, applyDetail: "running, enabled", undeclare: shapes.Forgotten, undeclareDetail: wasThere},
+		{name: "another package the host installed earlier, not the one that brings the unit", installed: true, unitOf: "u", applies: [][]string{{pkgOther}, {pkgOther, service}},
+			apply: shapes.Unchanged, applyDetail: "running, enabled", undeclare: shapes.Forgotten, undeclareDetail: wasThere},
+		{name: "a unit no package owns, the host having installed a package", installed: true, applies: [][]string{{pkgOther}, {pkgOther, service}},
+			apply: shapes.Unchanged, applyDetail: "running, enabled", undeclare: shapes.Forgotten, undeclareDetail: wasThere},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := newFakeInit()
+			pk := &fakePackages{have: map[string]string{}, repo: map[string]string{"u": "1.0", "other": "2.0"}}
+			if c.installed {
+				pk.have["u"] = "1.0"
+				f.add("u.service", true, "enabled")
+				if c.unitOf != "" {
+					pk.brings(c.unitOf, "u.service")
+				}
+			} else {
+				// Installing the package that owns the unit (or, where
+				// that is another one, the declared package) brings it,
+				// and its maintainer script starts and enables it before
+				// the service step looks.
+				pk.onInstall = func(string) {
+					f.add("u.service", true, "enabled")
+					pk.brings(c.unitOf, "u.service")
+				}
+			}
+			apply := func(doc string) *shapes.Report {
+				t.Helper()
+				d, err := shapes.ParseTrusted([]byte(doc))
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := store.Open(h.state)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st.Lock(time.Second)
+				defer st.Unlock()
+				return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pk,
+					Init: func() (initsys.Manager, error) { return f, nil }})
+			}
+			var line *shapes.Line
+			for i, res := range c.applies {
+				rep := apply(h.doc(res...))
+				for j := range rep.Lines {
+					if l := rep.Lines[j]; l.Outcome == shapes.Failed {
+						t.Fatalf("apply %d: %+v", i+1, rep.Lines)
+					} else if l.ID == "u" {
+						line = &rep.Lines[j]
+					}
+				}
+			}
+			if line == nil || line.Outcome != c.apply || !strings.Contains(line.Detail, c.applyDetail) {
+				t.Fatalf("the service's apply: %+v; want %s saying %q", line, c.apply, c.applyDetail)
+			}
+			f.transcript()
+			var got *shapes.Line
+			rep := apply(h.doc())
+			for i := range rep.Lines {
+				if rep.Lines[i].ID == "u" {
+					got = &rep.Lines[i]
+				}
+			}
+			if tr := f.transcript(); got == nil || got.Outcome != c.undeclare || !strings.Contains(got.Detail, c.undeclareDetail) || tr != c.transcript {
+				t.Fatalf("undeclare: %+v, transcript %q; want %s saying %q, transcript %q", got, tr, c.undeclare, c.undeclareDetail, c.transcript)
+			}
+		})
+	}
+}
+
+// Where the package manager cannot say who owns the unit's file, the found
+// state is not guessed (it is recorded once, and a wrong one outlives the
+// mistake): the service's line fails, nothing is recorded for it, and the
+// next apply asks again.
+func TestAFoundStateIsNotGuessedWhenThePackageManagerCannotSay(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	pk := &fakePackages{have: map[string]string{}, repo: map[string]string{"u": "1.0"}}
+	pk.onInstall = func(string) {
+		f.add("u.service", true, "enabled")
+		pk.brings("u", "u.service")
+	}
+	apply := func(doc string) *shapes.Report {
+		t.Helper()
+		d, err := shapes.ParseTrusted([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := store.Open(h.state)
+		st.Lock(time.Second)
+		defer st.Unlock()
+		return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: pk,
+			Init: func() (initsys.Manager, error) { return f, nil }})
+	}
+	pkg := `{"module":"web","id":"pkg","type":"package","name":"u"}`
+	if rep := apply(h.doc(pkg)); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	pk.ownersErr = errors.New("dpkg-query: error: the database is broken")
+	doc := h.doc(pkg, svc("u", "u", "running", "true", ""))
+	rep := apply(doc)
+	if l := rep.Lines[1]; l.Outcome != shapes.Failed || l.Detail != "cannot tell whether u.service comes with a package the host installed, so not the state it was found in either: dpkg-query: error: the database is broken" {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if st, _ := store.Open(h.state); st.Get("service:u.service") != nil {
+		t.Fatal("a found state was recorded that nobody could tell")
+	}
+	pk.ownersErr = nil
+	if rep := apply(doc); !strings.Contains(rep.Lines[1].Detail, "brought by package u, which the host installed (found absent)") {
+		t.Fatalf("asked again: %+v", rep.Lines)
+	}
+}
+
+// The files a unit's package may own: systemd's unit file in each of its
+// directories (an instance's by its template too), and the bare name's
+// OpenRC script and runit and s6 run scripts.
+func TestUnitDefinitions(t *testing.T) {
+	for unit, want := range map[string][]string{
+		"u.service":          {"/lib/systemd/system/u.service", "/usr/lib/systemd/system/u.service", "/etc/systemd/system/u.service", "/etc/init.d/u", "/etc/sv/u/run", "/etc/s6/scan/u/run"},
+		"getty@tty1.service": {"/lib/systemd/system/getty@.service", "/lib/systemd/system/getty@tty1.service", "/etc/init.d/getty@tty1"},
+		"u":                  {"/lib/systemd/system/u", "/etc/init.d/u", "/etc/service/u/run"},
+	} {
+		got := unitDefinitions(unit)
+		for _, p := range want {
+			if !slices.Contains(got, p) {
+				t.Errorf("%s: %s is not among %q", unit, p, got)
+			}
+		}
 	}
 }

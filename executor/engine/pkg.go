@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
@@ -22,6 +23,10 @@ type packageManager interface {
 	installed(ctx context.Context, pkg string) (version string, ok bool, err error)
 	// install installs pkg, at version when it is not "".
 	install(ctx context.Context, pkg, version string) error
+	// owners returns the packages whose files, by the package manager's
+	// own database, include any of paths (absolute and exact): a path no
+	// package owns, or that does not exist, adds none and is no error.
+	owners(ctx context.Context, paths []string) ([]string, error)
 }
 
 // detectPackages finds the machine's package manager by asking each one
@@ -53,6 +58,41 @@ func lockedMessage(mgr string, err error) error {
 	return err
 }
 
+// runOwners runs a package manager's who-owns query over several paths at
+// once, for its standard output. The query exits non-zero when a path has
+// no owner; that is an answer, not a failure, when every line of its
+// standard error says only that (it contains one of notOwned).
+func runOwners(ctx context.Context, notOwned []string, argv ...string) (string, error) {
+	res, err := command.Run(ctx, argv, command.Options{Timeout: toolTimeout})
+	if err != nil {
+		return "", err
+	}
+	if res.Code != 0 {
+		for _, l := range strings.Split(res.Stderr, "\n") {
+			if l = strings.TrimSpace(l); l != "" && !slices.ContainsFunc(notOwned, func(s string) bool { return strings.Contains(l, s) }) {
+				return "", fmt.Errorf("running %q failed: exit status %d\n%s", argv, res.Code, res.Stderr)
+			}
+		}
+		if res.Stderr == "" {
+			return "", fmt.Errorf("running %q failed: exit status %d", argv, res.Code)
+		}
+	}
+	return res.Stdout, nil
+}
+
+// ownerQuery keeps the paths a who-owns query can be asked about as they
+// are: dpkg-query -S reads its arguments as glob patterns, and a unit name
+// with a pattern's characters in it is no file any package ships.
+func ownerQuery(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if strings.HasPrefix(p, "/") && !strings.ContainsAny(p, "*?[]\\") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 type apt struct{}
 
 func (apt) name() string { return "dpkg-query" }
@@ -82,6 +122,45 @@ func (apt) install(ctx context.Context, pkg, version string) error {
 		return lockedMessage("dpkg", err)
 	}
 	return nil
+}
+
+// owners asks dpkg-query -S, which prints "pkg[:arch][, pkg…]: path" for
+// each path a package ships, with the diversions' lines beside them.
+func (apt) owners(ctx context.Context, paths []string) ([]string, error) {
+	paths = ownerQuery(paths)
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	out, err := runOwners(ctx, []string{"no path found matching pattern"}, append([]string{"dpkg-query", "-S", "--"}, paths...)...)
+	if err != nil {
+		return nil, err
+	}
+	return dpkgOwners(out, paths), nil
+}
+
+// dpkgOwners reads dpkg-query -S's answer about the paths asked: the
+// packages named on a line for one of them (several on a path they share,
+// an architecture qualifier dropped). A diversion's lines name the
+// diverting package for another path than the one shipped, and a pattern
+// dpkg matched beyond what was asked is not the unit's file: neither
+// counts.
+func dpkgOwners(out string, asked []string) []string {
+	ask := map[string]bool{}
+	for _, p := range asked {
+		ask[p] = true
+	}
+	var owners []string
+	for _, l := range strings.Split(out, "\n") {
+		pkgs, path, ok := strings.Cut(strings.TrimSpace(l), ": ")
+		if !ok || !ask[path] || strings.HasPrefix(pkgs, "diversion by ") || strings.HasPrefix(pkgs, "local diversion") {
+			continue
+		}
+		for _, p := range strings.Split(pkgs, ", ") {
+			name, _, _ := strings.Cut(p, ":")
+			owners = append(owners, name)
+		}
+	}
+	return owners
 }
 
 type pacman struct{}
@@ -117,6 +196,20 @@ func (pacman) install(ctx context.Context, pkg, version string) error {
 	return nil
 }
 
+// owners asks pacman -Qqo, which prints the owner's bare name for each
+// path a package owns.
+func (pacman) owners(ctx context.Context, paths []string) ([]string, error) {
+	paths = ownerQuery(paths)
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	out, err := runOwners(ctx, []string{"No package owns", "failed to read file", "cannot determine ownership", "failed to find"}, append([]string{"pacman", "-Qqo", "--"}, paths...)...)
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(out), nil
+}
+
 type apk struct{}
 
 func (apk) name() string { return "apk" }
@@ -144,6 +237,20 @@ func (apk) install(ctx context.Context, pkg, version string) error {
 		return lockedMessage("apk", err)
 	}
 	return nil
+}
+
+// owners asks apk info -q --who-owns, which prints the owners' bare
+// names for the paths a package owns.
+func (apk) owners(ctx context.Context, paths []string) ([]string, error) {
+	paths = ownerQuery(paths)
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	out, err := runOwners(ctx, []string{"Could not find owner package"}, append([]string{"apk", "info", "-q", "--who-owns", "--"}, paths...)...)
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(out), nil
 }
 
 func (r *run) packages() (packageManager, error) {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
@@ -43,7 +44,7 @@ func (r *run) service(st *step, rest int) {
 	svc := st.res.(*shapes.Service)
 	r.reloadUnits()
 	unit := r.units[svc.Key()]
-	if r.unitAbsent[svc.Key()] {
+	if r.unitComing[svc.Key()] {
 		// Brought by this declaration's package or unit file: now that
 		// they are applied, the unit goes by the init's own name for it
 		// (OpenRC, runit and s6 name it bare), as every later apply will
@@ -82,7 +83,7 @@ func (r *run) service(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if !cur.Known && r.opt.Plan && r.unitAbsent[svc.Key()] {
+	if !cur.Known && r.opt.Plan && r.unitComing[svc.Key()] {
 		st.line.Outcome = shapes.Applied
 		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
 		r.serviceDone(st, svc, false)
@@ -95,16 +96,18 @@ func (r *run) service(st *step, rest int) {
 	desired := desiredService(svc)
 	// The state the unit was found in, recorded once (ADR 0118): whether
 	// it ran, and its enablement only where a declaration sets it — the
-	// first time one does, before the host has touched it. A unit this
-	// declaration brought (its unit file or package) was found absent,
-	// whatever its package's scripts did to it before this step looked.
-	// A record from before the host kept what it found (Original nil) has
-	// no found state, and none is made up for it: by now the unit's state
-	// may be the mesh's doing, and recording that as found would have an
-	// undeclare stop or disable what the mesh may never have changed. It
-	// stays unknown (nil), however often it is applied, and an undeclare
-	// leaves the unit alone.
+	// first time one does, before the host has touched it. A unit the mesh
+	// brought (this declaration's unit file, or a package the host
+	// installed, in this apply or an earlier one: foundAbsent) was found
+	// absent, whatever its package's scripts did to it before this step
+	// looked. A record from before the host kept what it found (Original
+	// nil) has no found state, and none is made up for it: by now the
+	// unit's state may be the mesh's doing, and recording that as found
+	// would have an undeclare stop or disable what the mesh may never have
+	// changed. It stays unknown (nil), however often it is applied, and an
+	// undeclare leaves the unit alone.
 	var orig *store.Original
+	var broughtBy string // what brought a unit found absent
 	switch {
 	case e != nil && e.Original != nil:
 		o := *e.Original // later applies never overwrite it
@@ -114,9 +117,15 @@ func (r *run) service(st *step, rest int) {
 		orig = &o
 	case e != nil:
 		// unknown: stays so
-	case r.unitAbsent[svc.Key()]:
-		orig = &store.Original{Kind: shapes.TypeService, Absent: true}
 	default:
+		if broughtBy, err = r.foundAbsent(svc, unit); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+		if broughtBy != "" {
+			orig = &store.Original{Kind: shapes.TypeService, Absent: true}
+			break
+		}
 		orig = &store.Original{Kind: shapes.TypeService, Running: cur.Running}
 		if svc.Enabled != nil {
 			orig.Enabled, orig.EnabledSet = cur.Enabled, true
@@ -161,10 +170,9 @@ func (r *run) service(st *step, rest int) {
 	if !start && !stop && !setEnabled {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, describeState(cur)
 		if e == nil && orig.Absent { // a new record always has orig
-			// Nothing to do to it, but it is new: this declaration
-			// brought it.
+			// Nothing to do to it, but it is new: the mesh brought it.
 			st.line.Outcome = shapes.Applied
-			st.line.Detail += "; brought by this declaration (found absent): undeclaring stops and disables it"
+			st.line.Detail += "; brought by " + broughtBy + " (found absent): undeclaring stops and disables it"
 		}
 		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held || !sameOriginal(orig, e.Original)) {
 			if err := r.st.Put(n); err != nil {
@@ -195,7 +203,10 @@ func (r *run) service(st *step, rest int) {
 	}
 	found := describeState(cur)
 	if orig != nil && orig.Absent {
-		found = "absent: this declaration brought it, " + found
+		if broughtBy == "" { // recorded so by an earlier apply
+			broughtBy = "the mesh"
+		}
+		found = "absent: brought by " + broughtBy + ", " + found
 	}
 	st.line.Detail = fmt.Sprintf("%s (found %s)", strings.Join(did, ", "), found)
 	switch {
@@ -245,6 +256,96 @@ func (r *run) service(st *step, rest int) {
 		return
 	}
 	r.serviceDone(st, svc, start)
+}
+
+// foundAbsent says what brought the unit svc declares (unit, by the init's
+// name for it) when it was absent before the mesh, "" when it was not:
+//
+//   - a unit file of this declaration, where the init did not know the unit
+//     when the declaration was checked (so the host writes that file, it
+//     does not replace one);
+//   - the package that brings it — the one that owns the unit's file, by
+//     the package manager's own database — where that package's own record
+//     says the host installed it (it was not found installed).
+//
+// Asked of who brings the unit, not of what the declaration holds, it is
+// the same whether the package came in this apply or an earlier one, and
+// another package declared beside it counts for nothing. A unit of a
+// package that was found installed is found as it is.
+func (r *run) foundAbsent(svc *shapes.Service, unit string) (string, error) {
+	if r.unitComing[svc.Key()] && r.unitFiles[shapes.NormaliseUnit(svc.Unit)] {
+		return "this declaration's unit file", nil
+	}
+	installed := map[string]bool{}
+	for _, e := range r.st.Entries() {
+		typ, created := e.Type, e.Created
+		if p := e.Pending; p != nil {
+			// An install cut off before it was recorded: its intent says
+			// whether the package was there before.
+			typ, created = p.Type, created || p.Created
+		}
+		if typ == shapes.TypePackage && created && !e.Held {
+			installed[strings.TrimPrefix(e.Target, "package:")] = true
+		}
+	}
+	if len(installed) == 0 {
+		return "", nil // the host installed nothing: no package of its brings the unit
+	}
+	mgr, err := r.packages()
+	if err == nil {
+		var owners []string
+		if owners, err = mgr.owners(r.ctx, unitDefinitions(unit)); err == nil {
+			for _, o := range owners {
+				if installed[o] {
+					return fmt.Sprintf("package %s, which the host installed", o), nil
+				}
+			}
+			return "", nil
+		}
+	}
+	// Recorded once, the found state cannot be guessed: the line fails,
+	// nothing is recorded, and the next apply asks again.
+	return "", fmt.Errorf("cannot tell whether %s comes with a package the host installed, so not the state it was found in either: %w", unit, err)
+}
+
+// systemdUnitDirs are where systemd reads unit files.
+var systemdUnitDirs = []string{"/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system"}
+
+// scanDirs are the directories runit and s6 supervise from, whose entries
+// are normally links to a service definition elsewhere (/etc/sv on
+// Debian's runit).
+var scanDirs = []string{"/etc/service", "/etc/s6/scan", "/run/service", "/service"}
+
+// unitDefinitions are the files that may define unit, for a package to own:
+// systemd's unit file (an instance's by its template), OpenRC's script,
+// runit's and s6's run script. Every init is asked about at once, by the
+// name systemd gives a service and the bare one the others do; a path
+// through a link (a scanned directory's entry) also by what it leads to,
+// which is what a package ships. A path that does not exist is asked about
+// too: its package manager says no package owns it.
+func unitDefinitions(unit string) []string {
+	bare := strings.TrimSuffix(unit, ".service")
+	names := []string{unit}
+	if at := strings.Index(unit, "@"); at > 0 {
+		if dot := strings.LastIndex(unit, "."); dot > at {
+			names = append(names, unit[:at+1]+unit[dot:]) // u@x.service → u@.service
+		}
+	}
+	var paths []string
+	for _, d := range systemdUnitDirs {
+		for _, n := range names {
+			paths = append(paths, d+"/"+n)
+		}
+	}
+	paths = append(paths, "/etc/init.d/"+bare, "/etc/sv/"+bare+"/run")
+	for _, d := range scanDirs {
+		run := d + "/" + bare + "/run"
+		paths = append(paths, run)
+		if real, err := filepath.EvalSymlinks(run); err == nil && real != run {
+			paths = append(paths, real)
+		}
+	}
+	return paths
 }
 
 // serviceDone emits the service's line now, or, for one with restart_on,

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -112,12 +113,16 @@ func LoadConfig(path string) (*Identity, error) {
 
 // Identity checks every field of c.
 func (c *Config) Identity() (*Identity, error) {
-	u, err := url.Parse(c.BrokerURL)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("broker_url %q is not a URL with a host", c.BrokerURL)
-	}
-	if u.Scheme != "tls" && u.Scheme != "nats" {
-		return nil, fmt.Errorf("broker_url %q: the scheme is tls:// (TLS is always required)", c.BrokerURL)
+	// One URL, or a cluster's servers as a comma-separated list (the
+	// client also learns the others from whichever it reaches).
+	for _, one := range strings.Split(c.BrokerURL, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("broker_url %q is not a URL with a host (or a comma-separated list of them)", c.BrokerURL)
+		}
+		if u.Scheme != "tls" && u.Scheme != "nats" {
+			return nil, fmt.Errorf("broker_url %q: the scheme is tls:// (TLS is always required)", c.BrokerURL)
+		}
 	}
 	pin, err := link.ParseFingerprint(c.BrokerFingerprint)
 	if err != nil {

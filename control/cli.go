@@ -24,7 +24,8 @@ const usage = `usage: mesh-control COMMAND [flags]
 
   init     --dir DIR [--host NAME|IP]... [--url tls://HOST:PORT]
            make the control-plane key, the broker certificate and the control NKey
-  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL [--broker-config FILE [--broker-pid FILE]]] [-v]
+  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL[,URL...] [--replicas N]
+           [--broker-config FILE | --broker-accounts FILE] [--broker-pid FILE[,FILE...]]] [-v]
            run the embedded broker (or use --nats URL) and keep the registry; with an
            existing broker, keep FILE its configuration and send it SIGHUP on each change;
            the embedded broker's store is in DIR: one serve holds DIR (a second is refused)
@@ -69,6 +70,10 @@ const usage = `usage: mesh-control COMMAND [flags]
            the node's last reports, with their lines
   broker-config --dir DIR [--listen HOST:PORT]
            a nats-server configuration for an existing broker (serve --nats)
+  broker-config --dir DIR --cluster ROUTE,ROUTE,ROUTE --listen CLIENT,CLIENT,CLIENT --out OUTDIR [--store DIR]
+           each server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes
+           between them, TLS with DIR's certificate) and the accounts they all include
+           (OUTDIR/accounts.conf: serve --nats URLS --replicas 3 --broker-accounts it)
 
 Client commands talk to the broker (--nats URL, default the broker_url of DIR/control.json),
 TLS pinned to DIR/broker.crt, authenticated with DIR/control.nk.
@@ -121,8 +126,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	url := fs.String("url", "", "init: where client commands find the broker (default "+DefaultBrokerURL+")")
 	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's")
 	brokerConfig := fs.String("broker-config", "", "serve --nats: keep this file the existing broker's configuration, equal to the registry")
-	brokerPID := fs.String("broker-pid", "", "serve --broker-config: the existing broker's pid file; it is sent SIGHUP to reload after each change")
-	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json)")
+	brokerPID := fs.String("broker-pid", "", "serve --broker-config/--broker-accounts: the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
+	brokerAccounts := fs.String("broker-accounts", "", "serve --nats: keep this file (a cluster's "+AccountsFile+", from broker-config --cluster) the accounts every server includes, equal to the registry")
+	replicas := fs.Int("replicas", 0, "serve --nats: keep the control side's streams and registry at this many copies (3 on a three-server cluster); 0 keeps what exists")
+	cluster := fs.String("cluster", "", "broker-config: the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
+	store := fs.String("store", "", "broker-config --cluster: the directory each server's JetStream store is made under (default --out)")
+	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json); broker-config --cluster: the directory the configurations are written to")
 	brokerURL := fs.String("broker-url", "", "node add: the broker as the node reaches it (default the URL used)")
 	last := fs.Int("last", 20, "reports: how many")
 	isNew := fs.Bool("new", false, "token issue: for a machine the mesh has not seen")
@@ -161,7 +170,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "init":
 		err = c.init(hosts, *url)
 	case "serve":
-		err = c.serve(*listen, *brokerConfig, *brokerPID)
+		err = c.serve(*listen, *brokerConfig, *brokerAccounts, *brokerPID, *replicas)
 	case "node add":
 		err = c.nodeAdd(pos[0], *out, *brokerURL)
 	case "token issue":
@@ -179,7 +188,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "reports":
 		err = c.reports(pos[0], *last)
 	case "broker-config":
-		err = c.brokerConfig(*listen)
+		if *cluster != "" {
+			err = c.brokerCluster(*listen, *cluster, *out, *store)
+		} else {
+			err = c.brokerConfig(*listen)
+		}
 	case "node endpoint":
 		err = c.nodeEndpoint(pos[0], pos[1])
 	case "overlay set":
@@ -254,12 +267,15 @@ func (c *cli) init(hosts []string, url string) error {
 	return nil
 }
 
-func (c *cli) serve(listen, brokerConfig, brokerPID string) error {
-	if (brokerConfig != "" || brokerPID != "") && c.nats == "" {
-		return errors.New("--broker-config and --broker-pid are for an existing broker (serve --nats URL); the embedded one follows the registry by itself")
+func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int) error {
+	if (brokerConfig != "" || brokerAccounts != "" || brokerPID != "" || replicas != 0) && c.nats == "" {
+		return errors.New("--broker-config, --broker-accounts, --broker-pid and --replicas are for an existing broker (serve --nats URL); the embedded one follows the registry by itself and is one server")
 	}
-	if brokerPID != "" && brokerConfig == "" {
-		return errors.New("--broker-pid says whom to tell that --broker-config changed: name the configuration file too")
+	if brokerPID != "" && brokerConfig == "" && brokerAccounts == "" {
+		return errors.New("--broker-pid says whom to tell that --broker-config (or --broker-accounts) changed: name the file too")
+	}
+	if replicas < 0 || replicas > 5 {
+		return fmt.Errorf("--replicas %d: JetStream keeps 1 to 5 copies", replicas)
 	}
 	// The embedded broker's store is in the key directory: the directory
 	// is taken before anything in it is read (FileLock).
@@ -276,7 +292,7 @@ func (c *cli) serve(listen, brokerConfig, brokerPID string) error {
 	if err != nil {
 		return err
 	}
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerPID: brokerPID, Lock: lock, Log: c.log})
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log})
 }
 
 func (c *cli) connect() (*Client, error) {
@@ -522,6 +538,81 @@ func (c *cli) reports(node string, last int) error {
 	return nil
 }
 
+// brokerCluster writes a cluster's configurations into out: one per
+// server, with a fresh route secret they share, and the accounts they
+// include, listing the registry's users if the control side can be
+// reached (the first serve --broker-accounts writes them otherwise).
+func (c *cli) brokerCluster(listen, routes, out, store string) error {
+	k, err := LoadKeys(c.dir)
+	if err != nil {
+		return err
+	}
+	if out == "" {
+		return errors.New("--cluster writes a file per server: name the directory with --out")
+	}
+	servers, err := ParseCluster(listen, routes)
+	if err != nil {
+		return err
+	}
+	if store == "" {
+		store = out
+	}
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return err
+	}
+	nodes, tokens := c.registryUsers()
+	secret := RouteSecret()
+	rc, rk, err := RouteCertificate(servers)
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	files := map[string]string{AccountsFile: AccountsConfig(k, nodes, tokens, true), RouteCertFile: string(rc), RouteKeyFile: string(rk)}
+	for i, s := range servers {
+		files[s.Name+".conf"] = ClusterConfig(k, servers, i, abs, store, secret)
+	}
+	for name, text := range files {
+		if err := agent.WriteBytes(filepath.Join(out, name), []byte(text), 0o600); err != nil {
+			return err
+		}
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"servers": servers, "dir": out, "accounts": filepath.Join(out, AccountsFile), "nats": ClientURLs(servers)})
+	}
+	for _, s := range servers {
+		fmt.Fprintf(c.stdout, "%s\t%s\tclients %s, routes %s\n", s.Name, filepath.Join(out, s.Name+".conf"), s.Client, s.Route)
+	}
+	fmt.Fprintf(c.stdout, "accounts\t%s\t(included by each; serve --broker-accounts keeps it)\n", filepath.Join(out, AccountsFile))
+	fmt.Fprintf(c.stdout, "then: mesh-control serve --dir %s --nats %s --replicas %d --broker-accounts %s --broker-pid PIDFILE,...\n", c.dir, ClientURLs(servers), min(len(servers), 3), filepath.Join(out, AccountsFile))
+	return nil
+}
+
+// registryUsers is the registry's nodes and tokens, when the control side
+// can be reached; none otherwise (said so).
+func (c *cli) registryUsers() ([]*NodeRecord, []*TokenRecord) {
+	cl, err := c.connect()
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			c.log.Warn("no broker to read the registry from; the configuration lists no nodes", "err", err)
+		}
+		return nil, nil
+	}
+	defer cl.Close()
+	nodes, err := cl.records(c.ctx)
+	if err != nil {
+		c.log.Warn("the registry's nodes not read; the configuration lists none", "err", err)
+		return nil, nil
+	}
+	tokens, err := cl.tokens(c.ctx)
+	if err != nil {
+		c.log.Warn("the registry's tokens not read; the configuration lists none", "err", err)
+	}
+	return nodes, tokens
+}
+
 func (c *cli) brokerConfig(listen string) error {
 	k, err := LoadKeys(c.dir)
 	if err != nil {
@@ -534,20 +625,7 @@ func (c *cli) brokerConfig(listen string) error {
 	if err != nil {
 		return err
 	}
-	var nodes []*NodeRecord
-	var tokens []*TokenRecord
-	if cl, err := c.connect(); err == nil {
-		nodes, err = cl.records(c.ctx)
-		if err == nil {
-			tokens, err = cl.tokens(c.ctx)
-		}
-		cl.Close()
-		if err != nil {
-			return err
-		}
-	} else if !errors.Is(err, context.Canceled) {
-		c.log.Warn("no broker to read the registry from; the configuration lists no nodes", "err", err)
-	}
+	nodes, tokens := c.registryUsers()
 	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, tokens, true))
 	return nil
 }

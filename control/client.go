@@ -94,6 +94,18 @@ type Client struct {
 // Connect connects to url ("" for the key directory's broker_url) and makes
 // sure the streams and the registry bucket exist.
 func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Client, error) {
+	return ConnectReplicas(ctx, k, url, 0, log)
+}
+
+// ConnectReplicas is Connect, making (or changing) the control side's
+// streams, registry and archive store at replicas copies each — on a NATS
+// cluster, 3 (mesh-control serve --replicas). 0 keeps what exists at its
+// replica count and makes what is missing at 1: a client command never
+// changes how the cluster keeps the control side's state. Nothing is kept
+// per node on the broker (no consumer, no stream), so the replicated
+// assets are these few whatever the fleet's size, as NATS' maintainers
+// advise for a cluster.
+func ConnectReplicas(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger) (*Client, error) {
 	if url == "" {
 		url = k.BrokerURL
 	}
@@ -105,9 +117,16 @@ func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Clien
 	// may be cut, or find JetStream not answering yet. Such failures are
 	// tried again for a few seconds; a certificate that is not the pinned
 	// one is final at once.
-	deadline := time.Now().Add(connectRetry)
+	wait := connectRetry
+	if replicas > 1 {
+		// serve on a cluster: started with its servers (at boot, by an
+		// init), it finds JetStream without a meta leader until the
+		// routes are up and one is elected — seconds, or longer.
+		wait = clusterConnectRetry
+	}
+	deadline := time.Now().Add(wait)
 	for {
-		c, final, err := connectOnce(ctx, k, url, log)
+		c, final, err := connectOnce(ctx, k, url, replicas, log)
 		if err == nil || final || ctx.Err() != nil || time.Now().After(deadline) {
 			return c, err
 		}
@@ -124,8 +143,11 @@ func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Clien
 // pass (see Connect).
 const connectRetry = 3 * time.Second
 
+// clusterConnectRetry is connectRetry for serve on a cluster.
+const clusterConnectRetry = 2 * time.Minute
+
 // connectOnce is one attempt of Connect; final says trying again is no use.
-func connectOnce(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Client, bool, error) {
+func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger) (*Client, bool, error) {
 	var pinErr atomic.Pointer[link.PinError]
 	nc, err := nats.Connect(url,
 		nats.Name("mesh-control"),
@@ -147,7 +169,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, log *slog.Logger) (*C
 		return nil, false, err
 	}
 	c := &Client{Keys: k, NC: nc, JS: js, log: log}
-	if err := c.ensure(ctx); err != nil {
+	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err
 	}
@@ -157,7 +179,23 @@ func connectOnce(ctx context.Context, k *Keys, url string, log *slog.Logger) (*C
 // Close closes the connection.
 func (c *Client) Close() { c.NC.Close() }
 
-func (c *Client) ensure(ctx context.Context) error {
+// replicasOf is how many copies the stream keeps, 0 when it does not exist.
+func (c *Client) replicasOf(ctx context.Context, stream string) int {
+	st, err := c.JS.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	return st.CachedInfo().Config.Replicas
+}
+
+func (c *Client) ensure(ctx context.Context, replicas int) error {
+	// want is the replica count a stream is made or kept at.
+	want := func(stream string) int {
+		if replicas > 0 {
+			return replicas
+		}
+		return max(c.replicasOf(ctx, stream), 1)
+	}
 	streams := []jetstream.StreamConfig{
 		{Name: link.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: link.DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
@@ -175,6 +213,7 @@ func (c *Client) ensure(ctx context.Context) error {
 			Description: "heartbeats from nodes"},
 	}
 	for _, sc := range streams {
+		sc.Replicas = want(sc.Name)
 		st, err := c.JS.CreateOrUpdateStream(ctx, sc)
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
@@ -191,6 +230,7 @@ func (c *Client) ensure(ctx context.Context) error {
 	}
 	kv, err := c.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage,
+		Replicas: want("KV_" + Bucket),
 	})
 	if err != nil {
 		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
@@ -198,6 +238,7 @@ func (c *Client) ensure(ctx context.Context) error {
 	c.KV = kv
 	obs, err := c.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
+		Replicas: want(link.ArchiveStream),
 	})
 	if err != nil {
 		return fmt.Errorf("archive store %s: %w", link.ArchiveBucket, err)

@@ -317,7 +317,10 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	if err := c.freshQueue(ctx, name); err != nil {
 		return refusedReply("the node's queue: %v", err)
 	}
-	c.keepProfile(ctx, name, req.Profile, req.Inventory)
+	if err := c.keepProfile(ctx, name, req.Profile, req.Inventory); err != nil {
+		// The node reports them again on change; the enrolment stands.
+		c.log.Error(err.Error(), "node", name)
+	}
 	if c.brokerKnows != nil {
 		for deadline := time.Now().Add(5 * time.Second); !c.brokerKnows(name, rec.NKey) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
@@ -457,14 +460,15 @@ type keptProfile struct {
 	Inventory json.RawMessage `json:"inventory,omitempty"`
 }
 
-func (c *Client) keepProfile(ctx context.Context, node string, profile, inventory json.RawMessage) {
+func (c *Client) keepProfile(ctx context.Context, node string, profile, inventory json.RawMessage) error {
 	if len(profile) == 0 && len(inventory) == 0 {
-		return
+		return nil
 	}
 	data, _ := json.Marshal(&keptProfile{At: time.Now().UTC(), Profile: profile, Inventory: inventory})
 	if _, err := c.KV.Put(ctx, "profile."+node, data); err != nil {
-		c.log.Error("registry: "+err.Error(), "node", node)
+		return fmt.Errorf("registry: the profile of %s: %w", node, err)
 	}
+	return nil
 }
 
 // storeCopy signs, for rec's new enrolment, the last copy of what the node

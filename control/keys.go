@@ -163,6 +163,22 @@ func writeNew(dir, name string, data []byte, mode os.FileMode) error {
 }
 
 func brokerCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {
+	return selfSigned("nox-mesh broker", hosts, x509.ExtKeyUsageServerAuth)
+}
+
+// routeCertificate is the certificate a cluster's servers present to one
+// another on their routes, each side checking the other's against it (it
+// is its own authority): client and server authentication both, for the
+// route addresses. It is apart from the broker's, which nodes pin and
+// which need not allow client authentication.
+func routeCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {
+	return selfSigned("nox-mesh routes", hosts, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+}
+
+// selfSigned makes a P-256 key and a certificate for it, signed by itself,
+// naming loopback and hosts (names or addresses, each possibly a
+// comma-separated list).
+func selfSigned(cn string, hosts []string, ext ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -173,11 +189,11 @@ func brokerCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "nox-mesh broker"},
+		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().AddDate(20, 0, 0), // pinned, not chained: expiry is not the trust
 		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:           ext,
 		BasicConstraintsValid: true,
 		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		DNSNames:              []string{"localhost"},

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
@@ -50,14 +49,29 @@ func (c *Client) Record(ctx context.Context) error {
 		{link.ReportStream, "mesh.report.*", "report"},
 		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
 	} {
-		cons, err := c.JS.CreateOrUpdateConsumer(ctx, x.stream, jetstream.ConsumerConfig{
+		cfg := jetstream.ConsumerConfig{
 			Durable:       "control-recorder",
 			Description:   "mesh-control serve: the registry's last report, and profiles from heartbeats",
 			FilterSubject: x.filter,
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			MaxAckPending: recordInFlight,
-		})
+		}
+		// On a cluster the consumer's replicas are placed with the
+		// stream's, which may still be catching up (a stream just made or
+		// given more replicas answers "insufficient resources" for a
+		// while): tried again, not the end of serve.
+		var cons jetstream.Consumer
+		for wait, deadline := 250*time.Millisecond, time.Now().Add(2*time.Minute); ; wait = min(2*wait, 5*time.Second) {
+			if cons, err = c.JS.CreateOrUpdateConsumer(ctx, x.stream, cfg); err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+				break
+			}
+			c.log.Warn("the recorder's consumer not made yet; trying again", "stream", x.stream, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("recorder on %s: %w", x.stream, err)
 		}
@@ -73,7 +87,13 @@ func (c *Client) Record(ctx context.Context) error {
 					case <-ctx.Done():
 						return
 					case m := <-lane:
-						w.record(ctx, m)
+						if err := w.record(ctx, m); err != nil {
+							if ctx.Err() == nil {
+								c.log.Error(err.Error() + "; it comes again")
+							}
+							m.NakWithDelay(time.Second)
+							continue
+						}
 						m.Ack()
 					}
 				}
@@ -110,7 +130,11 @@ type recorder struct {
 	last map[string]uint64
 }
 
-func (w *recorder) record(ctx context.Context, m jetstream.Msg) {
+// record folds m into the registry. An error is a registry write that
+// did not happen (a cluster electing a leader, a server lost): the message
+// is not acknowledged, so it comes again and nothing a node said is lost.
+// What is ignored (unsigned, another node's, superseded) is no error.
+func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	c := w.c
 	kind := w.kind
 	subj := m.Subject()
@@ -118,24 +142,28 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) {
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding.
 	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) {
-		return
+		return nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the
 	// ack was lost): not recorded over it.
 	if md, err := m.Metadata(); err == nil {
 		if md.Sequence.Stream <= w.last[node] {
-			return
+			return nil
 		}
-		defer func() { w.last[node] = md.Sequence.Stream }()
+		defer func() {
+			if err == nil {
+				w.last[node] = md.Sequence.Stream
+			}
+		}()
 	}
 	k, ok := w.keys.get(ctx, node)
 	if !ok {
 		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
-		return
+		return nil
 	}
 	if err := link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
 		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
-		return
+		return nil
 	}
 	var msg struct {
 		Node      string            `json:"node"`
@@ -150,38 +178,38 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) {
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
-		return
+		return nil
 	}
 	if kind == "heartbeat" {
 		// It carries the profile and inventory (they changed): kept
 		// apart, as at enrolment.
-		c.keepProfile(ctx, node, msg.Profile, msg.Inventory)
-		return
+		return c.keepProfile(ctx, node, msg.Profile, msg.Inventory)
 	}
 	if msg.Outcome == shapes.Superseded {
-		return
+		return nil
 	}
-	if _, err := c.KV.Put(ctx, "report."+node, m.Data()); err != nil && !errors.Is(err, context.Canceled) {
-		c.log.Error("registry: "+err.Error(), "node", node)
+	if _, err := c.KV.Put(ctx, "report."+node, m.Data()); err != nil {
+		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
 	// What the node owns is kept apart too, from every report that
 	// carries it (an apply's; not a refusal's): the copy handed back,
 	// signed, if the node is enrolled again after losing its store.
 	if msg.Owned != nil {
 		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned})
-		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil && !errors.Is(err, context.Canceled) {
-			c.log.Error("registry: "+err.Error(), "node", node)
+		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil {
+			return fmt.Errorf("registry: what %s owns: %w", node, err)
 		}
 	}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
 		if data, err := json.Marshal(msg.Briefing); err == nil {
-			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil && !errors.Is(err, context.Canceled) {
-				c.log.Error("registry: "+err.Error(), "node", node)
+			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil {
+				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
 	}
+	return nil
 }
 
 // nodeKeys is what the recorder checks a message against: the node's

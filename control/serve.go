@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -33,11 +34,21 @@ type ServeOptions struct {
 	// written again whenever a node is added or revoked or a token issued
 	// or spent, listening on Listen (default from the key directory).
 	BrokerConfig string
-	// BrokerPID, with BrokerConfig, is the existing broker's pid file: it
-	// is sent SIGHUP (nats-server reloads its configuration) after each
-	// write, so a revoked node is cut off at once. Without it the operator
-	// reloads the broker.
+	// BrokerAccounts, with NATSURL, is the file a cluster's servers all
+	// include (AccountsFile, written by broker-config --cluster): only the
+	// accounts and their users, kept equal to the registry as BrokerConfig
+	// is. One of the two, not both.
+	BrokerAccounts string
+	// BrokerPID, with BrokerConfig or BrokerAccounts, is the existing
+	// broker's pid file, or a comma-separated list of them (a cluster's
+	// servers): each is sent SIGHUP (nats-server reloads its
+	// configuration) after each write, so a revoked node is cut off at
+	// once. Without it the operator reloads the broker.
 	BrokerPID string
+	// Replicas is how many copies a NATS cluster keeps of the control
+	// side's streams, registry and archive store (ConnectReplicas); 0
+	// keeps what exists.
+	Replicas int
 	// Lock is the key directory's lock (FileLock), when the caller took
 	// it before reading anything in the directory (mesh-control serve
 	// does). Nil: with the embedded broker, Serve takes it itself
@@ -78,7 +89,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		defer srv.Shutdown()
 		url = srv.ClientURL()
 	}
-	c, err := Connect(ctx, k, url, log)
+	c, err := ConnectReplicas(ctx, k, url, o.Replicas, log)
 	if err != nil {
 		return err
 	}
@@ -93,7 +104,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			srv.SetNodes(nodes)
 			srv.SetTokens(tokens)
 		}
-	case o.BrokerConfig != "":
+	case o.BrokerConfig != "" || o.BrokerAccounts != "":
 		set, err = brokerFile(k, o, log)
 		if err != nil {
 			return err
@@ -103,7 +114,15 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	}
 	if set != nil {
 		ready := make(chan struct{})
-		go func() { errs <- c.keepUsers(ctx, set, ready, log) }()
+		// The embedded broker takes a change at once; an existing one
+		// reloads its whole configuration for it (on every server of a
+		// cluster), and its JetStream API may not answer for a moment
+		// while it does: changes that come together are one reload.
+		window := 20 * time.Millisecond
+		if srv == nil {
+			window = 250 * time.Millisecond
+		}
+		go func() { errs <- c.keepUsers(ctx, set, window, ready, log) }()
 		select {
 		case <-ready:
 		case err := <-errs:
@@ -134,7 +153,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 // keepUsers watches the registry and makes the broker's users equal to it:
 // the nodes with their NKeys (none for a revoked node), and the one-time
 // credentials of tokens that may still be used.
-func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*TokenRecord), ready chan<- struct{}, log *slog.Logger) error {
+func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*TokenRecord), window time.Duration, ready chan<- struct{}, log *slog.Logger) error {
 	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", "token.*"})
 	if err != nil {
 		return fmt.Errorf("watching the registry: %w", err)
@@ -199,7 +218,7 @@ func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*Token
 				continue
 			}
 			// Drain what else arrived at once into one change.
-			coalesce(w, 20*time.Millisecond, func(e jetstream.KeyValueEntry) { fold(e) })
+			coalesce(w, window, func(e jetstream.KeyValueEntry) { fold(e) })
 			apply()
 		}
 	}
@@ -207,19 +226,34 @@ func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*Token
 
 // brokerFile is keepUsers' sink for an existing broker: the configuration
 // BrokerConfig makes, with the registry's users, written atomically to
-// o.BrokerConfig, then SIGHUP to the pid in o.BrokerPID, if given, for
-// nats-server to reload it (a user it no longer lists is disconnected). A
-// token's credential leaves the list when it stops being usable, not only
-// at the next change of the registry: the file is written again then.
+// o.BrokerConfig — or, for a cluster, only its accounts (AccountsConfig)
+// to o.BrokerAccounts, which every server includes — then SIGHUP to each
+// pid in o.BrokerPID, if given, for nats-server to reload it (a user it no
+// longer lists is disconnected). A token's credential leaves the list when
+// it stops being usable, not only at the next change of the registry: the
+// file is written again then.
 func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, []*TokenRecord), error) {
-	listen := o.Listen
-	if listen == "" {
-		listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+	file, render := o.BrokerConfig, func(nodes []*NodeRecord, tokens []*TokenRecord) string { return "" }
+	switch {
+	case o.BrokerConfig != "" && o.BrokerAccounts != "":
+		return nil, errors.New("--broker-config (one server's whole configuration) or --broker-accounts (the accounts a cluster's servers include), not both")
+	case o.BrokerAccounts != "":
+		file = o.BrokerAccounts
+		render = func(nodes []*NodeRecord, tokens []*TokenRecord) string { return AccountsConfig(k, nodes, tokens, true) }
+	default:
+		listen := o.Listen
+		if listen == "" {
+			listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+		}
+		host, port, err := splitListen(listen)
+		if err != nil {
+			return nil, err
+		}
+		render = func(nodes []*NodeRecord, tokens []*TokenRecord) string {
+			return BrokerConfig(k, host, port, nodes, tokens, true)
+		}
 	}
-	host, port, err := splitListen(listen)
-	if err != nil {
-		return nil, err
-	}
+	pids := splitList(o.BrokerPID)
 	var mu sync.Mutex
 	var expiry *time.Timer
 	var write func(nodes []*NodeRecord, tokens []*TokenRecord)
@@ -239,20 +273,20 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 		if !next.IsZero() {
 			expiry = time.AfterFunc(time.Until(next)+time.Second, func() { write(nodes, tokens) })
 		}
-		conf := BrokerConfig(k, host, port, nodes, tokens, true)
-		if err := agent.WriteBytes(o.BrokerConfig, []byte(conf), 0o644); err != nil {
-			log.Error("the broker's configuration could not be written; the broker still lets in who it did", "file", o.BrokerConfig, "err", err)
+		if err := agent.WriteBytes(file, []byte(render(nodes, tokens)), 0o644); err != nil {
+			log.Error("the broker's configuration could not be written; the broker still lets in who it did", "file", file, "err", err)
 			return
 		}
-		if o.BrokerPID == "" {
-			log.Warn("the broker's configuration changed: reload the broker", "file", o.BrokerConfig)
+		if len(pids) == 0 {
+			log.Warn("the broker's configuration changed: reload the broker", "file", file)
 			return
 		}
-		if err := signalReload(o.BrokerPID); err != nil {
-			log.Error("the broker's configuration changed but the broker was not told; reload it", "file", o.BrokerConfig, "err", err)
-			return
+		for _, p := range pids {
+			if err := signalReload(p); err != nil {
+				log.Error("the broker's configuration changed but a server was not told; reload it", "file", file, "pid_file", p, "err", err)
+			}
 		}
-		log.Info("the broker reloads its users", "file", o.BrokerConfig, "nodes", len(nodes))
+		log.Info("the broker reloads its users", "file", file, "servers", len(pids), "nodes", len(nodes))
 	}
 	return write, nil
 }

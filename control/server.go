@@ -58,10 +58,24 @@ func qs(ss []string) string {
 // The embedded broker is made from it without users, and authenticates
 // against the registry itself (registryAuth), so it never reloads.
 func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []*TokenRecord, users bool) string {
+	return serverConfig(k, "mesh-control", host, port, filepath.Join(k.Dir, "jetstream")) + AccountsConfig(k, nodes, tokens, users)
+}
+
+// serverConfig is the part of a server's configuration that is its own:
+// its name, where it listens, its TLS, its JetStream store.
+func serverConfig(k *Keys, name, host string, port int, store string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "server_name: \"mesh-control\"\nhost: %s\nport: %d\nmax_payload: %d\n", q(host), port, MaxPayload)
+	fmt.Fprintf(&b, "server_name: %s\nhost: %s\nport: %d\nmax_payload: %d\n", q(name), q(host), port, MaxPayload)
 	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n}\n", q(filepath.Join(k.Dir, "jetstream")))
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n}\n", q(store))
+	return b.String()
+}
+
+// AccountsConfig is the accounts block every server of the mesh's broker
+// has alike: CONTROL and NODES, their exports and imports, and with users
+// the control side's NKey, each node's and each usable token's.
+func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users bool) string {
+	var b strings.Builder
 	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", link.AccountControl)
 	if users {
 		fmt.Fprintf(&b, "    users: [{nkey: %s}]\n", q(k.NKeyPublic))

@@ -26,13 +26,7 @@ func TestExistingBrokerFollowsTheRegistry(t *testing.T) {
 
 	// The operator's broker, from the configuration mesh-control writes
 	// (before any node: only the control side may connect).
-	natsServer := filepath.Join(base, "nats-server")
-	b := exec.Command("go", "build", "-o", natsServer, "github.com/nats-io/nats-server/v2")
-	b.Dir = "../.."
-	b.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := b.CombinedOutput(); err != nil {
-		t.Fatalf("build nats-server: %v\n%s", err, out)
-	}
+	natsServer := buildNATSServer(t, base)
 	conf, pidFile := filepath.Join(base, "broker.conf"), filepath.Join(base, "broker.pid")
 	os.WriteFile(conf, []byte(m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen)), 0o644)
 	startAbs(m, natsServer, "-c", conf, "-P", pidFile)
@@ -71,6 +65,20 @@ func TestExistingBrokerFollowsTheRegistry(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
 		return bytes.Contains(b, []byte("authorization refused by the broker"))
 	})
+}
+
+// buildNATSServer builds nats-server from the module the project depends
+// on (the version the embedded broker is) into dir.
+func buildNATSServer(t *testing.T, dir string) string {
+	t.Helper()
+	natsServer := filepath.Join(dir, "nats-server")
+	b := exec.Command("go", "build", "-o", natsServer, "github.com/nats-io/nats-server/v2")
+	b.Dir = "../.."
+	b.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := b.CombinedOutput(); err != nil {
+		t.Fatalf("build nats-server: %v\n%s", err, out)
+	}
+	return natsServer
 }
 
 // startAbs is mesh.start for a program outside the test's bin directory.

@@ -91,28 +91,8 @@ func (m *mesh) run(name string, args ...string) string {
 // start runs a daemon for the test's lifetime, its output in the log.
 func (m *mesh) start(name string, cred *syscall.Credential, args ...string) *exec.Cmd {
 	m.t.Helper()
-	cmd := exec.Command(filepath.Join(bin, name), args...)
-	logf, _ := os.Create(filepath.Join(m.base, name+".log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
-	if err := cmd.Start(); err != nil {
-		m.t.Fatal(err)
-	}
+	cmd := startLogged(m, name, filepath.Join(bin, name), cred, args...)
 	m.procs = append(m.procs, cmd)
-	m.t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-		}
-		if m.t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			m.t.Logf("%s log:\n%s", name, b)
-		}
-	})
 	return cmd
 }
 

@@ -1,4 +1,7 @@
-package main
+// Package fleet simulates nodes for the fleet-scale bench (make
+// bench-scale) and the cluster tests: many agents in one process, each
+// against a stand-in for its executor.
+package fleet
 
 import (
 	"context"
@@ -20,7 +23,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
-// The simulated fleet: every node is the agent's own code (agent.Run: its
+// Every node is the agent's own code (agent.Run: its
 // NATS link with its NKey and pinned TLS, its drain, its heartbeat and its
 // reports, one NATS connection each, as the real agent holds) against an
 // in-process stand-in for its executor. The stand-in speaks the wire
@@ -39,28 +42,29 @@ const (
 	standInBuild   = "bench-scale"
 )
 
-// event is something that happened to a node, stamped when the bench saw
+// Event is something that happened to a node, stamped when the bench saw
 // it.
-type event struct {
-	seq     uint64
-	at      time.Time
-	trigger string // reports: declaration or reconnect
-	overlay bool   // the declaration carried the overlay; the report has its line applied
+type Event struct {
+	Seq     uint64
+	At      time.Time
+	Trigger string // reports: declaration or reconnect
+	Overlay bool   // the declaration carried the overlay; the report has its line applied
 }
 
-// simNode is one simulated node: its identity, its stand-in executor's
+// Node is one simulated node: its identity, its stand-in executor's
 // state, and what the bench saw of it.
-type simNode struct {
-	f    *fleet
-	name string
+type Node struct {
+	f *Fleet
+	// Name is the node's name.
+	Name string
 	id   *agent.Identity
 
 	mu         sync.Mutex
 	applied    uint64
-	received   []event       // declarations the stand-in took (applied)
+	received   []Event       // declarations the stand-in took (applied)
 	roster     uint64        // the sequence of the roster it holds
 	rosters    []rosterEvent // the rosters it took
-	recorded   []event       // reports the control side recorded (KV report.<node>)
+	recorded   []Event       // reports the control side recorded (KV report.<node>)
 	linked     []time.Time   // the agent said "linked"
 	reconciled []time.Time   // the agent told its executor the link came back
 	done       chan struct{}
@@ -68,13 +72,16 @@ type simNode struct {
 }
 
 // fleet is the simulated nodes and their stand-ins.
-type fleet struct {
+type Fleet struct {
 	key       ed25519.PublicKey // the control key the stand-ins pin
 	heartbeat time.Duration
-	nodes     []*simNode
-	byName    map[string]*simNode
+	// Nodes are the simulated nodes, in the order added; ByName by name.
+	Nodes  []*Node
+	ByName map[string]*Node
 
-	garbage atomic.Int64 // declarations a stand-in refused: the system did not do its job
+	// Garbage counts what a stand-in refused (a declaration or roster that
+	// did not verify or was not its own): the system did not do its job.
+	Garbage atomic.Int64 // declarations a stand-in refused: the system did not do its job
 
 	phase atomic.Pointer[string] // what the bench is measuring now, for the log's counts
 	logMu sync.Mutex
@@ -82,26 +89,26 @@ type fleet struct {
 }
 
 // setPhase names what the bench measures from now on.
-func (f *fleet) setPhase(name string) { f.phase.Store(&name) }
+func (f *Fleet) SetPhase(name string) { f.phase.Store(&name) }
 
-func newFleet(key ed25519.PublicKey, heartbeat time.Duration) *fleet {
-	return &fleet{key: key, heartbeat: heartbeat, byName: map[string]*simNode{}, logs: map[string]int{}}
+func New(key ed25519.PublicKey, heartbeat time.Duration) *Fleet {
+	return &Fleet{key: key, heartbeat: heartbeat, ByName: map[string]*Node{}, logs: map[string]int{}}
 }
 
 // add makes a node of an agent config (from control.Client.AddNode).
-func (f *fleet) add(cfg *agent.Config) (*simNode, error) {
+func (f *Fleet) Add(cfg *agent.Config) (*Node, error) {
 	id, err := cfg.Identity()
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
 	}
-	n := &simNode{f: f, name: cfg.Node, id: id}
-	f.nodes = append(f.nodes, n)
-	f.byName[n.name] = n
+	n := &Node{f: f, Name: cfg.Node, id: id}
+	f.Nodes = append(f.Nodes, n)
+	f.ByName[n.Name] = n
 	return n, nil
 }
 
 // start runs n's agent until ctx ends.
-func (n *simNode) start(ctx context.Context) {
+func (n *Node) Start(ctx context.Context) {
 	n.done = make(chan struct{})
 	go func() {
 		defer close(n.done)
@@ -117,13 +124,13 @@ func (n *simNode) start(ctx context.Context) {
 		n.exit = err
 		n.mu.Unlock()
 		if err != nil && ctx.Err() == nil {
-			n.f.noteLog("agent exited: " + strings.ReplaceAll(err.Error(), n.name, "NODE"))
+			n.f.noteLog("agent exited: " + strings.ReplaceAll(err.Error(), n.Name, "NODE"))
 		}
 	}()
 }
 
 // stopped waits for n's agent to return, at most until deadline.
-func (n *simNode) stopped(deadline <-chan time.Time) bool {
+func (n *Node) Stopped(deadline <-chan time.Time) bool {
 	if n.done == nil {
 		return true
 	}
@@ -137,7 +144,7 @@ func (n *simNode) stopped(deadline <-chan time.Time) bool {
 
 // dial is the agent's way to its executor: one end of a pipe whose other
 // end the stand-in serves.
-func (n *simNode) dial() (net.Conn, error) {
+func (n *Node) dial() (net.Conn, error) {
 	a, b := net.Pipe()
 	go n.serve(wire.NewConn(b, wire.AgentToExecutor))
 	return a, nil
@@ -145,7 +152,7 @@ func (n *simNode) dial() (net.Conn, error) {
 
 // serve is the stand-in's end of one connection: the protocol's table
 // decides what is allowed when, as in the executor's server.
-func (n *simNode) serve(c *wire.Conn) {
+func (n *Node) serve(c *wire.Conn) {
 	defer c.Close()
 	st := wire.StateNew
 	for {
@@ -162,10 +169,10 @@ func (n *simNode) serve(c *wire.Conn) {
 		switch b := body.(type) {
 		case *wire.Hello:
 			err = c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: standInVersion,
-				Build: standInBuild, Node: n.name, State: link.StateEnrolled})
+				Build: standInBuild, Node: n.Name, State: link.StateEnrolled})
 		case *wire.Status:
 			n.mu.Lock()
-			s := &wire.StatusReply{Version: standInVersion, Build: standInBuild, State: link.StateEnrolled, Node: n.name,
+			s := &wire.StatusReply{Version: standInVersion, Build: standInBuild, State: link.StateEnrolled, Node: n.Name,
 				Seq: n.applied, Outcome: shapes.Applied}
 			n.mu.Unlock()
 			err = c.Write(wire.KindStatusReply, s)
@@ -199,10 +206,10 @@ func (n *simNode) serve(c *wire.Conn) {
 // touches anything (signature with the pinned key, purpose, the
 // declaration's strict parse, its address, its sequence), then a line per
 // resource, applied, and the owned entries a real apply would report.
-func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict) {
+func (n *Node) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict) {
 	refuse := func(code wire.Code, reason string) ([]shapes.Line, *wire.Verdict) {
-		n.f.garbage.Add(1)
-		n.f.noteLog("stand-in refused a declaration: " + strings.ReplaceAll(reason, n.name, "NODE"))
+		n.f.Garbage.Add(1)
+		n.f.noteLog("stand-in refused a declaration: " + strings.ReplaceAll(reason, n.Name, "NODE"))
 		return nil, &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: reason}
 	}
 	payload, err := wire.Open(n.f.key, wire.PurposeDeclaration, env)
@@ -213,8 +220,8 @@ func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict)
 	if err != nil {
 		return refuse(wire.CodeOf(err), err.Error())
 	}
-	if d.Node != n.name || d.Enrolment != n.id.Enrolment {
-		return refuse(wire.CodeAddress, fmt.Sprintf("addressed to %s/%s; this is %s/%s", d.Node, d.Enrolment, n.name, n.id.Enrolment))
+	if d.Node != n.Name || d.Enrolment != n.id.Enrolment {
+		return refuse(wire.CodeAddress, fmt.Sprintf("addressed to %s/%s; this is %s/%s", d.Node, d.Enrolment, n.Name, n.id.Enrolment))
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -234,7 +241,7 @@ func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict)
 		lines = append(lines, shapes.Line{Module: h.Module, ID: h.ID, Type: h.Type, Outcome: shapes.Applied})
 		owned = append(owned, wire.OwnedEntry{Target: h.Type + ":" + h.Module + "." + h.ID, Type: h.Type, Module: h.Module, ID: h.ID})
 	}
-	n.received = append(n.received, event{seq: d.Seq, at: at, overlay: overlay})
+	n.received = append(n.received, Event{Seq: d.Seq, At: at, Overlay: overlay})
 	return lines, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Derive(lines), Owned: owned}
 }
 
@@ -242,9 +249,9 @@ func (n *simNode) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict)
 // executor checks (the pinned key, its purpose, a strict parse, newer than
 // the one held), then nothing to apply again (its declarations' overlays
 // are the bench's, not WireGuard's).
-func (n *simNode) takeRoster(env []byte, at time.Time) *wire.Verdict {
+func (n *Node) takeRoster(env []byte, at time.Time) *wire.Verdict {
 	refuse := func(code wire.Code, reason string) *wire.Verdict {
-		n.f.garbage.Add(1)
+		n.f.Garbage.Add(1)
 		n.f.noteLog("stand-in refused a roster: " + reason)
 		return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: reason}
 	}
@@ -265,31 +272,31 @@ func (n *simNode) takeRoster(env []byte, at time.Time) *wire.Verdict {
 		return refuse(wire.CodeReplay, fmt.Sprintf("roster %d is older than the one held, %d", r.Seq, n.roster))
 	}
 	n.roster = r.Seq
-	n.rosters = append(n.rosters, rosterEvent{seq: r.Seq, nodes: len(r.Nodes), bytes: len(env), at: at})
+	n.rosters = append(n.rosters, rosterEvent{Seq: r.Seq, Nodes: len(r.Nodes), Bytes: len(env), At: at})
 	return &wire.Verdict{Seq: n.applied, Outcome: shapes.Unchanged}
 }
 
 // rosterEvent is one roster a stand-in took.
 type rosterEvent struct {
-	seq          uint64
-	nodes, bytes int
-	at           time.Time
+	Seq          uint64
+	Nodes, Bytes int
+	At           time.Time
 }
 
 // noteRecorded takes in a report the control side recorded.
-func (n *simNode) noteRecorded(e event) {
+func (n *Node) NoteRecorded(e Event) {
 	n.mu.Lock()
 	n.recorded = append(n.recorded, e)
 	n.mu.Unlock()
 }
 
 // receivedAt is when the stand-in took sequence seq, if it did.
-func (n *simNode) receivedAt(seq uint64) (time.Time, bool) {
+func (n *Node) ReceivedAt(seq uint64) (time.Time, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range n.received {
-		if e.seq == seq {
-			return e.at, true
+		if e.Seq == seq {
+			return e.At, true
 		}
 	}
 	return time.Time{}, false
@@ -297,12 +304,12 @@ func (n *simNode) receivedAt(seq uint64) (time.Time, bool) {
 
 // recordedAt is when the control side recorded the report of a
 // declaration's sequence seq, if it did.
-func (n *simNode) recordedAt(seq uint64) (time.Time, bool) {
+func (n *Node) RecordedAt(seq uint64) (time.Time, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range n.recorded {
-		if e.seq == seq && e.trigger == link.TriggerDeclaration {
-			return e.at, true
+		if e.Seq == seq && e.Trigger == link.TriggerDeclaration {
+			return e.At, true
 		}
 	}
 	return time.Time{}, false
@@ -311,12 +318,12 @@ func (n *simNode) recordedAt(seq uint64) (time.Time, bool) {
 // overlayAt is when the stand-in first took a declaration carrying the
 // overlay, and when a report with its overlay line applied was first
 // recorded, each after since.
-func (n *simNode) overlayAt(since time.Time, peers int) (applied, recorded time.Time) {
+func (n *Node) OverlayAt(since time.Time, peers int) (applied, recorded time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range n.received {
-		if e.overlay && e.at.After(since) {
-			applied = e.at
+		if e.Overlay && e.At.After(since) {
+			applied = e.At
 			break
 		}
 	}
@@ -324,8 +331,8 @@ func (n *simNode) overlayAt(since time.Time, peers int) (applied, recorded time.
 	// every node of the overlay too.
 	var roster time.Time
 	for _, e := range n.rosters {
-		if e.nodes >= peers && e.at.After(since) {
-			roster = e.at
+		if e.Nodes >= peers && e.At.After(since) {
+			roster = e.At
 			break
 		}
 	}
@@ -335,8 +342,8 @@ func (n *simNode) overlayAt(since time.Time, peers int) (applied, recorded time.
 		applied = roster
 	}
 	for _, e := range n.recorded {
-		if e.overlay && e.at.After(since) {
-			recorded = e.at
+		if e.Overlay && e.At.After(since) {
+			recorded = e.At
 			break
 		}
 	}
@@ -347,17 +354,17 @@ func (n *simNode) overlayAt(since time.Time, peers int) (applied, recorded time.
 }
 
 // rosterBytes is the size of the last roster n took, 0 for none.
-func (n *simNode) rosterBytes() int {
+func (n *Node) RosterBytes() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.rosters) == 0 {
 		return 0
 	}
-	return n.rosters[len(n.rosters)-1].bytes
+	return n.rosters[len(n.rosters)-1].Bytes
 }
 
 // linkedAfter is when the agent first said "linked" after since.
-func (n *simNode) linkedAfter(since time.Time) (time.Time, bool) {
+func (n *Node) LinkedAfter(since time.Time) (time.Time, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, t := range n.linked {
@@ -370,7 +377,7 @@ func (n *simNode) linkedAfter(since time.Time) (time.Time, bool) {
 
 // reconciledAfter is when the agent first told its executor that the link
 // came back, after since.
-func (n *simNode) reconciledAfter(since time.Time) (time.Time, bool) {
+func (n *Node) ReconciledAfter(since time.Time) (time.Time, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, t := range n.reconciled {
@@ -382,7 +389,7 @@ func (n *simNode) reconciledAfter(since time.Time) (time.Time, bool) {
 }
 
 // exited says whether n's agent has returned, and with what.
-func (n *simNode) exited() (bool, error) {
+func (n *Node) Exited() (bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.done == nil {
@@ -401,7 +408,7 @@ const maxLogKinds = 40
 
 // noteLog counts a warning or error an agent (or its stand-in) said, in
 // the phase the bench is in.
-func (f *fleet) noteLog(msg string) {
+func (f *Fleet) noteLog(msg string) {
 	if len(msg) > 200 {
 		msg = msg[:200] + "…"
 	}
@@ -417,7 +424,7 @@ func (f *fleet) noteLog(msg string) {
 }
 
 // logSummary is the agents' warnings and errors, most frequent first.
-func (f *fleet) logSummary() []string {
+func (f *Fleet) LogSummary() []string {
 	f.logMu.Lock()
 	defer f.logMu.Unlock()
 	type kv struct {
@@ -439,7 +446,7 @@ func (f *fleet) logSummary() []string {
 // agentLog is each agent's logger: it notes when the agent links, and
 // counts its warnings and errors by message; the rest is dropped (ten
 // thousand agents' info lines would cost more than they say).
-type agentLog struct{ n *simNode }
+type agentLog struct{ n *Node }
 
 func (h agentLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
 
@@ -451,7 +458,7 @@ func (h agentLog) Handle(_ context.Context, r slog.Record) error {
 		h.n.mu.Unlock()
 	case r.Level >= slog.LevelWarn:
 		// One message for every node: its name is said as NODE.
-		h.n.f.noteLog(r.Level.String() + " " + strings.ReplaceAll(r.Message, h.n.name, "NODE"))
+		h.n.f.noteLog(r.Level.String() + " " + strings.ReplaceAll(r.Message, h.n.Name, "NODE"))
 	}
 	return nil
 }
@@ -459,17 +466,17 @@ func (h agentLog) Handle(_ context.Context, r slog.Record) error {
 func (h agentLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h agentLog) WithGroup(string) slog.Handler      { return h }
 
-// reportHead is what the bench reads of a recorded report.
-type reportHead struct {
+// ReportHead is what the bench reads of a recorded report.
+type ReportHead struct {
 	Node    string        `json:"node"`
 	Seq     uint64        `json:"seq"`
 	Trigger string        `json:"trigger"`
 	Lines   []shapes.Line `json:"lines"`
 }
 
-// overlayApplied says whether a report's overlay line says applied (or
+// OverlayApplied says whether a report's overlay line says applied (or
 // unchanged, or repaired: what the control side takes as joined).
-func (r *reportHead) overlayApplied() bool {
+func (r *ReportHead) OverlayApplied() bool {
 	for _, l := range r.Lines {
 		if l.Module == control.OverlayModule && l.ID == control.OverlayID && l.Type == shapes.TypeOverlay {
 			return l.Outcome == shapes.Applied || l.Outcome == shapes.Unchanged || l.Outcome == shapes.Repaired

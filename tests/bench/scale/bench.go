@@ -19,6 +19,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/tests/fleet"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -30,9 +31,9 @@ type bench struct {
 	ctl   *controlProc
 	keys  *control.Keys
 	cl    *control.Client
-	fleet *fleet
+	fleet *fleet.Fleet
 
-	active []*simNode // the nodes whose agents run (registered, and within the file descriptors)
+	active []*fleet.Node // the nodes whose agents run (registered, and within the file descriptors)
 
 	agentsCtx  context.Context
 	stopAgents context.CancelFunc
@@ -169,7 +170,7 @@ func (b *bench) setup(ctx context.Context, work string) error {
 	if b.cl, err = control.Connect(ctx, b.keys, b.ctl.url(), quiet); err != nil {
 		return fmt.Errorf("connecting to the control side's broker: %w", err)
 	}
-	b.fleet = newFleet(b.keys.ControlPublic(), b.cfg.heartbeat)
+	b.fleet = fleet.New(b.keys.ControlPublic(), b.cfg.heartbeat)
 	b.agentsCtx, b.stopAgents = context.WithCancel(context.Background())
 	if err := b.watchReports(ctx); err != nil {
 		return err
@@ -217,12 +218,12 @@ func (b *bench) watchReports(ctx context.Context) error {
 				continue
 			}
 			at := time.Now()
-			var r reportHead
+			var r fleet.ReportHead
 			if json.Unmarshal(e.Value(), &r) != nil {
 				continue
 			}
-			if n := b.fleet.byName[r.Node]; n != nil && "report."+r.Node == e.Key() {
-				n.noteRecorded(event{seq: r.Seq, at: at, trigger: r.Trigger, overlay: r.overlayApplied()})
+			if n := b.fleet.ByName[r.Node]; n != nil && "report."+r.Node == e.Key() {
+				n.NoteRecorded(fleet.Event{Seq: r.Seq, At: at, Trigger: r.Trigger, Overlay: r.OverlayApplied()})
 			}
 		}
 	}()
@@ -294,11 +295,11 @@ func (b *bench) register(ctx context.Context) error {
 		if cfg == nil {
 			continue
 		}
-		if _, err := b.fleet.add(cfg); err != nil {
+		if _, err := b.fleet.Add(cfg); err != nil {
 			return err
 		}
 	}
-	b.res.Registered = len(b.fleet.nodes)
+	b.res.Registered = len(b.fleet.Nodes)
 	b.log.Info("registered", "nodes", b.res.Registered, "of", n, "refused", refused, "seconds", fmt.Sprintf("%.1f", b.res.RegisterSeconds), "first_refusal", firstErr)
 	if b.res.Registered == 0 {
 		return fmt.Errorf("no node could be registered: %s", firstErr)
@@ -323,7 +324,7 @@ func (b *bench) link(ctx context.Context) error {
 	if fit < 1 {
 		return fmt.Errorf("the open-file limit (%d) leaves no room for an agent's connection", soft)
 	}
-	nodes := b.fleet.nodes
+	nodes := b.fleet.Nodes
 	if len(nodes) > fit {
 		b.res.FDLimited = len(nodes) - fit
 		note := fmt.Sprintf("file descriptors: %s agents (one NATS connection each) do not fit this process's open-file limit of %d; %s are started, %s left out",
@@ -339,11 +340,11 @@ func (b *bench) link(ctx context.Context) error {
 	for i := 0; i < len(nodes); i += b.cfg.startBatch {
 		batch := nodes[i:min(i+b.cfg.startBatch, len(nodes))]
 		for _, n := range batch {
-			n.start(b.agentsCtx)
+			n.Start(b.agentsCtx)
 		}
 		waitFor(ctx, b.cfg.linkTimeout, func() bool {
 			for _, n := range batch {
-				if _, ok := n.linkedAfter(start); !ok {
+				if _, ok := n.LinkedAfter(start); !ok {
 					return false
 				}
 			}
@@ -353,7 +354,7 @@ func (b *bench) link(ctx context.Context) error {
 	}
 	linked := 0
 	for _, n := range nodes {
-		if t, ok := n.linkedAfter(start); ok {
+		if t, ok := n.LinkedAfter(start); ok {
 			linked++
 			if t.After(last) {
 				last = t
@@ -371,7 +372,7 @@ func (b *bench) link(ctx context.Context) error {
 		b.log.Warn(note)
 	}
 	if linked == 0 {
-		return fmt.Errorf("no agent linked: %v", b.fleet.logSummary())
+		return fmt.Errorf("no agent linked: %v", b.fleet.LogSummary())
 	}
 	return ctx.Err()
 }
@@ -417,12 +418,12 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				seq, err := b.cl.Declare(ctx, nodes[i].name, body)
+				seq, err := b.cl.Declare(ctx, nodes[i].Name, body)
 				if err != nil {
 					mu.Lock()
 					errs++
 					if firstErr == "" {
-						firstErr = fmt.Sprintf("%s: %v", nodes[i].name, err)
+						firstErr = fmt.Sprintf("%s: %v", nodes[i].Name, err)
 					}
 					mu.Unlock()
 					continue
@@ -448,10 +449,10 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 			if seqs[i] == 0 {
 				continue
 			}
-			if t, ok := n.receivedAt(seqs[i]); ok {
+			if t, ok := n.ReceivedAt(seqs[i]); ok {
 				received = append(received, t.Sub(start))
 			}
-			if t, ok := n.recordedAt(seqs[i]); ok {
+			if t, ok := n.RecordedAt(seqs[i]); ok {
 				recorded = append(recorded, t.Sub(start))
 			}
 		}
@@ -572,13 +573,13 @@ func (b *bench) restart(ctx context.Context) error {
 		r.Reconnected, r.Reconciled = 0, 0
 		var lastLink, lastTold time.Time
 		for _, n := range nodes {
-			if t, ok := n.linkedAfter(stopAt); ok {
+			if t, ok := n.LinkedAfter(stopAt); ok {
 				r.Reconnected++
 				if t.After(lastLink) {
 					lastLink = t
 				}
 			}
-			if t, ok := n.reconciledAfter(stopAt); ok {
+			if t, ok := n.ReconciledAfter(stopAt); ok {
 				r.Reconciled++
 				if t.After(lastTold) {
 					lastTold = t
@@ -623,7 +624,7 @@ func (b *bench) overlay(ctx context.Context) error {
 	r.Nodes = len(nodes)
 	bindAt := time.Now()
 	for _, n := range nodes {
-		if err := b.bindKey(ctx, n.name); err != nil {
+		if err := b.bindKey(ctx, n.Name); err != nil {
 			return err
 		}
 	}
@@ -644,7 +645,7 @@ func (b *bench) overlay(ctx context.Context) error {
 	tally := func() bool {
 		applied, recorded = applied[:0], recorded[:0]
 		for _, n := range nodes {
-			a, rec := n.overlayAt(start, len(nodes))
+			a, rec := n.OverlayAt(start, len(nodes))
 			if !a.IsZero() {
 				applied = append(applied, a.Sub(start))
 			}
@@ -665,7 +666,7 @@ func (b *bench) overlay(ctx context.Context) error {
 	})
 	tally()
 	if len(nodes) > 0 {
-		r.RosterBytes = nodes[0].rosterBytes()
+		r.RosterBytes = nodes[0].RosterBytes()
 	}
 	r.Applied, r.Recorded = len(applied), len(recorded)
 	r.AppliedP50, r.AppliedP100 = percentile(applied, 50).Seconds(), percentile(applied, 100).Seconds()
@@ -722,8 +723,8 @@ func (b *bench) teardown(work string) {
 	if b.stopAgents != nil {
 		b.stopAgents()
 		deadline := time.After(30 * time.Second)
-		for _, n := range b.fleet.nodes {
-			if !n.stopped(deadline) {
+		for _, n := range b.fleet.Nodes {
+			if !n.Stopped(deadline) {
 				b.log.Warn("agents did not all stop within 30s")
 				break
 			}
@@ -753,7 +754,7 @@ func (b *bench) teardown(work string) {
 // code.
 func (b *bench) finish(stdout, stderr io.Writer, code int) int {
 	if b.fleet != nil {
-		b.res.AgentLog = b.fleet.logSummary()
+		b.res.AgentLog = b.fleet.LogSummary()
 		if len(b.res.AgentLog) > 0 {
 			fmt.Fprintln(stdout, "\nwhat the agents and stand-ins said (warnings and errors, by message):")
 			for _, l := range b.res.AgentLog {

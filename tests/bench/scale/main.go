@@ -10,7 +10,7 @@
 // each runs the agent's own code (agent.Run: its NATS link with its own
 // NKey and the pinned certificate, one connection per node as the real
 // agent holds, its drain, heartbeat and reports) against an in-process
-// stand-in for its executor that speaks the wire protocol (see fleet.go).
+// stand-in for its executor that speaks the wire protocol (tests/fleet).
 //
 // In order, it measures:
 //
@@ -175,7 +175,7 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		}
 		log.Info("phase: " + s.name)
 		if b.fleet != nil {
-			b.fleet.setPhase(s.name)
+			b.fleet.SetPhase(s.name)
 		}
 		if err := s.f(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -192,10 +192,10 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		return exitBroken
 	}
 	b.res.Host.LoadEnd = loadAverage()
-	b.fleet.setPhase("teardown")
+	b.fleet.SetPhase("teardown")
 	b.printTable(stdout)
 	code := exitOK
-	if n := b.fleet.garbage.Load(); n > 0 {
+	if n := b.fleet.Garbage.Load(); n > 0 {
 		fmt.Fprintf(stderr, "scale bench: the stand-ins refused %d declarations (not signed, not theirs, or replayed): the system did not do its job\n", n)
 		code = exitWrong
 	}

@@ -274,6 +274,9 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 	if brokerPID != "" && brokerConfig == "" && brokerAccounts == "" {
 		return errors.New("--broker-pid says whom to tell that --broker-config (or --broker-accounts) changed: name the file too")
 	}
+	if brokerConfig != "" && brokerAccounts != "" {
+		return errors.New("--broker-config (one server's whole configuration) or --broker-accounts (the accounts a cluster's servers include), not both")
+	}
 	if replicas < 0 || replicas > 5 {
 		return fmt.Errorf("--replicas %d: JetStream keeps 1 to 5 copies", replicas)
 	}
@@ -547,12 +550,12 @@ func (c *cli) brokerCluster(listen, routes, out, store string) error {
 	if err != nil {
 		return err
 	}
-	if out == "" {
-		return errors.New("--cluster writes a file per server: name the directory with --out")
-	}
 	servers, err := ParseCluster(listen, routes)
 	if err != nil {
 		return err
+	}
+	if out == "" {
+		return errors.New("--cluster writes a file per server: name the directory with --out")
 	}
 	if store == "" {
 		store = out

@@ -55,8 +55,9 @@ const usage = `usage: mesh-control COMMAND [flags]
            take MODULE off NODE and publish the node's composition
   publish  [NODE] --dir DIR
            publish the node's composition (every node's) again, with a new sequence
-  declare  NODE FILE --dir DIR [--seal MODULE.ID=PATH]... [--without-overlay]
-           sign FILE for NODE with the next sequence and publish it; print the sequence;
+  declare  NODE[,NODE...] FILE --dir DIR [--seal MODULE.ID=PATH]... [--without-overlay]
+           sign FILE for NODE with the next sequence and publish it; print the sequence
+           (several nodes: their declares pipelined, a line each);
            --seal seals PATH's content to the node's key as file MODULE.ID's content;
            on a mesh with an overlay, a FILE without it (holding something) is refused
            (use assign) unless --without-overlay
@@ -365,6 +366,9 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	defer cl.Close()
 	cl.DespiteBriefing = c.despiteBriefing
 	cl.Seals = seals
+	if strings.Contains(node, ",") {
+		return c.declareMany(cl, splitList(node), data)
+	}
 	// A revoked node first: whatever else is wrong with the file, it
 	// could not reach the node.
 	if err := cl.refuseRevoked(c.ctx, node); err != nil {
@@ -383,6 +387,48 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 		return c.printJSON(map[string]any{"node": node, "seq": seq})
 	}
 	fmt.Fprintln(c.stdout, seq)
+	return nil
+}
+
+// declareMany declares data to each of nodes (DeclareAll), a line each:
+// the sequence, or why not; it fails if any was not declared to.
+func (c *cli) declareMany(cl *Client, nodes []string, data []byte) error {
+	if !c.withoutOverlay {
+		if err := withOverlay(c.ctx, cl, data); err != nil {
+			return err
+		}
+	}
+	seqs, errs := cl.DeclareAll(c.ctx, nodes, data)
+	failed := 0
+	type line struct {
+		Node  string `json:"node"`
+		Seq   uint64 `json:"seq,omitempty"`
+		Error string `json:"error,omitempty"`
+	}
+	lines := make([]line, len(nodes))
+	for i, n := range nodes {
+		lines[i] = line{Node: n, Seq: seqs[i]}
+		if errs[i] != nil {
+			failed++
+			lines[i] = line{Node: n, Error: errs[i].Error()}
+		}
+	}
+	if c.json {
+		if err := c.printJSON(lines); err != nil {
+			return err
+		}
+	} else {
+		for _, l := range lines {
+			if l.Error != "" {
+				fmt.Fprintf(c.stdout, "%s\tnot declared: %s\n", l.Node, l.Error)
+			} else {
+				fmt.Fprintf(c.stdout, "%s\t%d\n", l.Node, l.Seq)
+			}
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
+	}
 	return nil
 }
 

@@ -439,12 +439,21 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err != nil {
 		return 0, err
 	}
+	return c.declare(ctx, rec, rev, c.Briefing(ctx, node), m, nil)
+}
+
+// declare is Declare for node record rec (at registry revision rev) whose
+// briefing is b, of the declaration m; last, when known, is the newest
+// message on the node's subject (nil: read it). DeclareAll reads those for
+// many nodes at once; the rules are the same.
+func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *shapes.Briefing, m map[string]json.RawMessage, last *lastOnSubject) (uint64, error) {
+	node := rec.Name
 	if rec.IsRevoked() {
 		return 0, c.revokedError(ctx, rec)
 	}
 	// A node whose adoption briefing has a failed line is a node, but is
 	// assigned nothing until the failure is resolved.
-	if b := c.Briefing(ctx, node); b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
+	if b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
 		why := ""
 		for _, f := range b.Findings {
 			if f.Mark == shapes.MarkFailed {
@@ -490,10 +499,12 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 1000 {
 			return 0, fmt.Errorf("registry: taking a sequence for %s: %w", node, err)
 		}
-		// Another declare took it: read again and take the next one.
+		// Another declare took it: read again and take the next one; the
+		// subject's newest is read again too.
 		if rec, rev, err = c.Node(ctx, node); err != nil {
 			return 0, err
 		}
+		last = nil
 	}
 	if seals != nil {
 		if err := seals.seal(m, rec, seq); err != nil {
@@ -508,7 +519,7 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err != nil {
 		return 0, err
 	}
-	if err := c.publishDecl(ctx, rec, seq, env); err != nil {
+	if err := c.publishDecl(ctx, rec, seq, env, last); err != nil {
 		return 0, err
 	}
 	return seq, nil
@@ -522,24 +533,30 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 // as the last (the broker checks, ExpectLastSequencePerSubject), and one
 // that finds a newer declaration there already publishes nothing (the node
 // reports it superseded with the others it never read).
-func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, env []byte) error {
+func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, env []byte, known *lastOnSubject) error {
 	s := link.SubjectsOf(rec.Name)
 	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
 	for attempt := 0; ; attempt++ {
-		var last uint64
-		m, err := c.decls.GetLastMsgForSubject(ctx, s.Decl)
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-		case err != nil:
-			return fmt.Errorf("publishing sequence %d for %s: reading the last on %s: %w", seq, rec.Name, s.Decl, err)
-		default:
-			if had, _ := strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64); had >= seq {
-				c.log.Info("a newer declaration is on the node's subject already: this one is superseded before it was published",
-					"node", rec.Name, "seq", seq, "newer", had)
-				return nil
+		on := known
+		known = nil // known once: after a refused publish, read again
+		if on == nil {
+			on = &lastOnSubject{}
+			m, err := c.decls.GetLastMsgForSubject(ctx, s.Decl)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+			case err != nil:
+				return fmt.Errorf("publishing sequence %d for %s: reading the last on %s: %w", seq, rec.Name, s.Decl, err)
+			default:
+				on.stream = m.Sequence
+				on.seq, _ = strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64)
 			}
-			last = m.Sequence
 		}
+		if on.stream != 0 && on.seq >= seq {
+			c.log.Info("a newer declaration is on the node's subject already: this one is superseded before it was published",
+				"node", rec.Name, "seq", seq, "newer", on.seq)
+			return nil
+		}
+		last := on.stream
 		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: nats.Header{link.SeqHeader: []string{strconv.FormatUint(seq, 10)}}}
 		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
 		var apiErr *jetstream.APIError

@@ -79,7 +79,6 @@ type rowJ struct {
 type fanoutResult struct {
 	Nodes          int     `json:"nodes"`
 	DeclareSeconds float64 `json:"declare_seconds"`
-	Declarers      int     `json:"declarers"`
 	DeclareErrors  int     `json:"declare_errors"`
 	FirstError     string  `json:"first_error,omitempty"`
 	Received       int     `json:"received"`
@@ -404,42 +403,25 @@ func (b *bench) fanoutIdle(ctx context.Context) error {
 func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	nodes := b.active
 	body := fanoutBody()
-	seqs := make([]uint64, len(nodes))
-	next := make(chan int)
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Name
+	}
 	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
 		errs     int
 		firstErr string
 	)
+	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
 	start := time.Now()
-	for w := 0; w < b.cfg.declarers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				seq, err := b.cl.Declare(ctx, nodes[i].Name, body)
-				if err != nil {
-					mu.Lock()
-					errs++
-					if firstErr == "" {
-						firstErr = fmt.Sprintf("%s: %v", nodes[i].Name, err)
-					}
-					mu.Unlock()
-					continue
-				}
-				seqs[i] = seq
+	seqs, derrs := b.cl.DeclareAll(ctx, names, body)
+	for i, err := range derrs {
+		if err != nil {
+			errs++
+			if firstErr == "" {
+				firstErr = fmt.Sprintf("%s: %v", names[i], err)
 			}
-		}()
-	}
-	for i := range nodes {
-		if ctx.Err() != nil {
-			break
 		}
-		next <- i
 	}
-	close(next)
-	wg.Wait()
 	declared := time.Since(start)
 	b.log.Info("declared", "nodes", len(nodes), "seconds", fmt.Sprintf("%.2f", declared.Seconds()), "errors", errs)
 	var received, recorded []time.Duration
@@ -460,7 +442,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	}
 	waitFor(ctx, b.cfg.fanoutTimeout-time.Since(start), tally)
 	tally()
-	r := &fanoutResult{Nodes: len(nodes), DeclareSeconds: declared.Seconds(), Declarers: b.cfg.declarers, DeclareErrors: errs, FirstError: firstErr,
+	r := &fanoutResult{Nodes: len(nodes), DeclareSeconds: declared.Seconds(), DeclareErrors: errs, FirstError: firstErr,
 		Received: len(received), Recorded: len(recorded),
 		ReceivedP50: percentile(received, 50).Seconds(), ReceivedP100: percentile(received, 100).Seconds(),
 		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds()}

@@ -74,7 +74,6 @@ type config struct {
 	heartbeat       time.Duration
 	registerWorkers int
 	maxRefusals     int
-	declarers       int
 	startBatch      int
 	settle          time.Duration
 	idle            time.Duration
@@ -104,7 +103,6 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", 30*time.Second, "the agents' heartbeat period")
 	flag.IntVar(&c.registerWorkers, "register-workers", 4, "node adds in flight at once")
 	flag.IntVar(&c.maxRefusals, "max-refusals", 20, "stop registering after this many refusals in a row")
-	flag.IntVar(&c.declarers, "declarers", 16, "declares in flight at once in the fan-out")
 	flag.IntVar(&c.startBatch, "start-batch", 250, "agents started at once, each batch waited for until linked")
 	flag.DurationVar(&c.settle, "settle", 10*time.Second, "quiet time before the idle window")
 	flag.DurationVar(&c.idle, "idle", 0, "the idle window (default: one heartbeat period)")
@@ -208,8 +206,8 @@ func checkConfig(c config) error {
 		return fmt.Errorf("-nodes must be at least 1")
 	case !filepath.IsAbs(c.dir):
 		return fmt.Errorf("-dir must be absolute")
-	case c.registerWorkers < 1 || c.declarers < 1 || c.startBatch < 1 || c.maxRefusals < 1:
-		return fmt.Errorf("-register-workers, -declarers, -start-batch and -max-refusals must be at least 1")
+	case c.registerWorkers < 1 || c.startBatch < 1 || c.maxRefusals < 1:
+		return fmt.Errorf("-register-workers, -start-batch and -max-refusals must be at least 1")
 	case c.heartbeat < time.Second:
 		return fmt.Errorf("-heartbeat must be at least 1s")
 	}

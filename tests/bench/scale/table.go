@@ -140,8 +140,8 @@ func (b *bench) fanoutRows(f *fanoutResult, when string, n int) []row {
 		return []row{targetRow(t, figure{why: "not reached"}, n, "")}
 	}
 	recv := infoRow(fmt.Sprintf("one declaration to all nodes, until received (%s)", when),
-		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s, %d at a time%s",
-			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), f.Declarers, declareErrors(f)))
+		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s (one DeclareAll: `declare n1,n2,…`)%s",
+			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), declareErrors(f)))
 	fig := figure{value: f.RecordedP100, measured: f.Recorded > 0, failed: f.Recorded < f.Nodes}
 	res := fmt.Sprintf("p50 %s, p100 %s on %s nodes", secs(f.RecordedP50), secs(f.RecordedP100), thousands(f.Nodes))
 	if f.Recorded < f.Nodes {

@@ -1,0 +1,182 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// One declaration to many nodes (DeclareAll) is many declares, each by
+// Declare's rules (declare), with what each reads of the broker read for
+// all of them at once: the node records and briefings from one snapshot
+// of the registry, and the newest message on every node's subject by
+// batched direct gets — so each node costs its sequence's compare-and-set
+// and its publish, with many in flight. Declare one node at a time costs
+// five round trips each; at 10,000 nodes on 2 cores that was 33 s.
+
+// lastOnSubject is the newest message on a node's subject: its stream
+// sequence (0: none) and the declaration sequence it carries.
+type lastOnSubject struct {
+	stream, seq uint64
+}
+
+// declareInFlight is how many nodes DeclareAll declares to at once.
+const declareInFlight = 64
+
+// multiLastBatch is how many subjects one batched direct get names: the
+// broker answers at most 1,024 messages to one.
+const multiLastBatch = 1000
+
+// entries reads the registry's current entries under filters in one pass,
+// by key (values, with their revisions).
+func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
+	w, err := c.KV.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
+	}
+	defer w.Stop()
+	out := map[string]jetstream.KeyValueEntry{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("registry: the watch ended before it delivered everything")
+			}
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = e
+		}
+	}
+}
+
+// lastOnSubjects reads the newest message on each node's declaration
+// subject with batched direct gets (multi_last), multiLastBatch subjects a
+// request. A node absent from the answer has none.
+func (c *Client) lastOnSubjects(ctx context.Context, nodes []string) (map[string]*lastOnSubject, error) {
+	out := make(map[string]*lastOnSubject, len(nodes))
+	for i := 0; i < len(nodes); i += multiLastBatch {
+		chunk := nodes[i:min(i+multiLastBatch, len(nodes))]
+		subjects := make([]string, len(chunk))
+		for j, n := range chunk {
+			subjects[j] = link.SubjectsOf(n).Decl
+			out[n] = &lastOnSubject{}
+		}
+		req, _ := json.Marshal(map[string]any{"multi_last": subjects, "batch": len(subjects)})
+		inbox := c.NC.NewRespInbox()
+		sub, err := c.NC.SubscribeSync(inbox)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.NC.PublishRequest("$JS.API.DIRECT.GET."+link.DeclStream, inbox, req); err != nil {
+			sub.Unsubscribe()
+			return nil, err
+		}
+		err = func() error {
+			defer sub.Unsubscribe()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				m, err := sub.NextMsg(time.Until(deadline))
+				if err != nil {
+					return fmt.Errorf("reading the newest declarations of %d nodes: %w", len(chunk), err)
+				}
+				switch st := m.Header.Get("Status"); st {
+				case "204": // the end of the batch
+					return nil
+				case "404": // none of them has a declaration
+					return nil
+				case "":
+				default:
+					return fmt.Errorf("reading the newest declarations of %d nodes: the broker answered %s %s", len(chunk), st, m.Header.Get("Description"))
+				}
+				node := strings.TrimPrefix(m.Header.Get(link.HeaderSubject), "mesh.decl.")
+				if l, ok := out[node]; ok {
+					l.stream, _ = strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
+					l.seq, _ = strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64)
+				}
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// DeclareAll signs decl for each of nodes and publishes it, as Declare
+// does for one, declareInFlight at a time; it returns each node's sequence
+// or why it was not declared to, in nodes' order. Sealed content is bound
+// to one node and is declared one node at a time (Declare).
+func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([]uint64, []error) {
+	seqs, errs := make([]uint64, len(nodes)), make([]error, len(nodes))
+	fail := func(err error) ([]uint64, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return seqs, errs
+	}
+	if len(c.Seals) > 0 {
+		return fail(errors.New("sealed content is bound to one node: declare it to one node at a time"))
+	}
+	if err := json.Unmarshal(decl, new(map[string]json.RawMessage)); err != nil {
+		return fail(fmt.Errorf("declaration: %w", err))
+	}
+	snap, err := c.entries(ctx, "node.*", "briefing.*")
+	if err != nil {
+		return fail(err)
+	}
+	last, err := c.lastOnSubjects(ctx, nodes)
+	if err != nil {
+		return fail(err)
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(declareInFlight, len(nodes)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				seqs[i], errs[i] = c.declareFrom(ctx, snap, last[nodes[i]], nodes[i], decl)
+			}
+		}()
+	}
+	for i := range nodes {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return seqs, errs
+}
+
+// declareFrom is one node's declare of DeclareAll, from the snapshot.
+func (c *Client) declareFrom(ctx context.Context, snap map[string]jetstream.KeyValueEntry, last *lastOnSubject, node string, decl []byte) (uint64, error) {
+	e, ok := snap[nodeKey(node)]
+	if !ok {
+		return 0, fmt.Errorf("no node %q in the registry", node)
+	}
+	var rec NodeRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return 0, fmt.Errorf("node %q: %w", node, err)
+	}
+	var b *shapes.Briefing
+	if be, ok := snap["briefing."+node]; ok {
+		b = new(shapes.Briefing)
+		if json.Unmarshal(be.Value(), b) != nil {
+			b = nil
+		}
+	}
+	var m map[string]json.RawMessage
+	json.Unmarshal(decl, &m) // each its own map: declare fills it in
+	return c.declare(ctx, &rec, e.Revision(), b, m, last)
+}

@@ -755,7 +755,14 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	p := e.Pending
 	n := *e
 	n.Pending, n.Stub = nil, false
-	n.Digest = "" // unknown: observe again
+	// What an interrupted change may have written is unknown: observe
+	// again. An interrupted removal wrote nothing — the thing is there as
+	// recorded, or gone — so what the host last wrote is still known, and
+	// a removal resumed after a kill does not take the host's own content
+	// for a hand edit.
+	if p.Op != "remove" {
+		n.Digest = ""
+	}
 	if e.Stub {
 		n.Claims = []store.Claim{p.Claim}
 		n.Created = p.Created

@@ -234,6 +234,13 @@ func (w *crashWorld) undeclaredIn(d string) []string {
 func (w *crashWorld) completeApply(t *testing.T, decl string) (*report, time.Duration) {
 	t.Helper()
 	rep, res := apply(t, context.Background(), "apply", w.state, decl)
+	// Nothing in these worlds is edited by hand: a line saying so took
+	// the host's own content for a person's.
+	for _, l := range rep.Lines {
+		if strings.Contains(l.Detail, "edited by hand") {
+			t.Errorf("apply %s: %s.%s: %s", filepath.Base(decl), l.Module, l.ID, l.Detail)
+		}
+	}
 	if res.exit != 0 {
 		t.Fatalf("apply %s: exit %d, outcome %s:\n%s", filepath.Base(decl), res.exit, rep.Outcome, failedLines(rep))
 	}

@@ -53,7 +53,9 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // The files of enrolment in the executor's state directory (root, 0600).
@@ -88,6 +90,55 @@ const ReofferAfter = 5 * time.Minute
 // processes (root's enrol beside the daemon) the writes are whole-file
 // renames; the last one wins.
 var mu sync.Mutex
+
+// LockFile is the enrolment's lock in the state directory: the daemon
+// (offers, grants, refusals) and `mesh-executor enrol` (begin, cancel)
+// are two processes changing one pending enrolment, and take it in turn.
+const LockFile = "enrol.lock"
+
+// lockWait is how long one waits for the other.
+var lockWait = 10 * time.Second
+
+// lock takes mu and the enrolment's lock on dir (never through a link);
+// what holds it past lockWait is named by its pid. Only a beginning makes
+// the lock file (create): before one there is no enrolment to change, and
+// a refusal leaves the state directory as it was.
+func lock(dir string, create bool) (func(), error) {
+	mu.Lock()
+	p := filepath.Join(dir, LockFile)
+	flags := unix.O_RDWR | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK
+	if create {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			mu.Unlock()
+			return nil, fmt.Errorf("enrol: %w", err)
+		}
+		flags |= unix.O_CREAT
+	}
+	fd, err := unix.Open(p, flags, 0o600)
+	if errors.Is(err, unix.ENOENT) && !create {
+		return mu.Unlock, nil
+	}
+	if err != nil {
+		mu.Unlock()
+		return nil, fmt.Errorf("enrol: the lock %s: %w", p, err)
+	}
+	for deadline := time.Now().Add(lockWait); ; {
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd); mu.Unlock() }, nil
+		}
+		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
+			who := ""
+			if pid := store.FlockHolder(fd); pid > 0 {
+				who = fmt.Sprintf(" (pid %d holds it)", pid)
+			}
+			unix.Close(fd)
+			mu.Unlock()
+			return nil, fmt.Errorf("enrol: the enrolment of %s is being changed by another process%s: %w", dir, who, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 // pending is an enrolment begun and not finished.
 type pending struct {
@@ -193,8 +244,15 @@ func Begin(dir string, tok *wire.Token) error { return BeginWith(dir, tok, Optio
 // that holds no identity, or whose identity key is gone: nothing could be
 // replaced, or nothing could prove that this host holds what it names.
 func BeginWith(dir string, tok *wire.Token, o Options) error {
-	mu.Lock()
-	defer mu.Unlock()
+	// Refused before anything is made, then checked again under the lock.
+	if _, err := heldIdentity(dir, o.Replace); err != nil {
+		return err
+	}
+	unlock, err := lock(dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	held, err := heldIdentity(dir, o.Replace)
 	if err != nil {
 		return err
@@ -268,8 +326,11 @@ func heldIdentity(dir string, replace bool) (*wire.HeldIdentity, error) {
 // Offer answers an agent that asks whether an enrolment is pending, with
 // its NKey. nil when none is (or its token has expired).
 func Offer(dir, agentNKey string, hostname string, profile, inventory []byte) (*wire.EnrolOffer, error) {
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil || p == nil {
 		return nil, err
@@ -358,8 +419,11 @@ func (p *pending) offeredKeys(dir string) (*wire.EnrolKeys, error) {
 // it cannot end what root began by handing over garbage. It is noted as
 // the agent's word (Result.Claimed).
 func Accept(dir string, envelope []byte) (*identity.Identity, error) {
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil {
 		return nil, err
@@ -466,8 +530,11 @@ func claimLocked(dir string, p *pending, tok *wire.Token, by, reason string) err
 // root (Cancel, or BeginWith again) or the token's expiry ends the
 // enrolment.
 func Refused(dir, by, reason string, final bool) error {
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil || p == nil {
 		return err
@@ -487,8 +554,11 @@ func Refused(dir, by, reason string, final bool) error {
 // --cancel). It returns the token id of the enrolment ended, "" when none
 // was pending. The identity the host holds, if any, stays.
 func Cancel(dir string) (string, error) {
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	p, tok, err := loadPending(dir)
 	if err != nil || p == nil {
 		return "", err
@@ -536,8 +606,11 @@ func IsPending(dir string) bool {
 	if _, err := os.Lstat(filepath.Join(dir, PendingFile)); err != nil {
 		return false
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return true // say so at the offer
+	}
+	defer unlock()
 	p, tok, err := loadPending(dir)
 	switch {
 	case err != nil:

@@ -6,9 +6,12 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -465,5 +468,50 @@ func TestRecover(t *testing.T) {
 		if len(st.Entries()) != 0 {
 			t.Errorf("%s: the store holds entries", name)
 		}
+	}
+}
+
+// The daemon and `mesh-executor enrol` are two processes changing one
+// pending enrolment: each takes the enrolment's lock, and another process
+// holding it past the wait is named by its pid, nothing changed.
+func TestAnotherProcessHoldingTheEnrolmentIsNamed(t *testing.T) {
+	c := newControl()
+	dir := t.TempDir()
+	begin(t, dir, c)
+	before, _ := os.ReadFile(filepath.Join(dir, PendingFile))
+	lockPath := filepath.Join(dir, LockFile)
+	holder := exec.Command("flock", "--exclusive", lockPath, "sleep", "30")
+	if err := holder.Start(); err != nil {
+		t.Skipf("util-linux flock: %v", err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	// Until flock holds it: an open of our own finds it taken.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		f, err := os.Open(lockPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		f.Close()
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("flock never took the lock")
+		}
+	}
+	saved := lockWait
+	lockWait = 300 * time.Millisecond
+	defer func() { lockWait = saved }()
+	want := fmt.Sprintf("pid %d holds it", holder.Process.Pid)
+	_, err := Cancel(dir)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("cancel while another process holds the enrolment: %v, want it to say %q", err, want)
+	}
+	if err := BeginWith(dir, c.token(), Options{}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("begin while another process holds the enrolment: %v", err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, PendingFile)); !bytes.Equal(before, after) {
+		t.Fatal("the pending enrolment changed while another process held it")
 	}
 }

@@ -317,7 +317,7 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 		}
 		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
 			if err == unix.EWOULDBLOCK {
-				pid := flockHolder(fd)
+				pid := FlockHolder(fd)
 				unix.Close(fd)
 				if pid > 0 {
 					return nil, fmt.Errorf("%w: pid %d holds %s", ErrBusy, pid, p)
@@ -331,13 +331,13 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 	}
 }
 
-// flockHolder is the pid holding a flock on fd's file, as the kernel lists
+// FlockHolder is the pid holding a flock on fd's file, as the kernel lists
 // it in /proc/locks ("1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF", the
 // device as hexadecimal major:minor, the inode in decimal); 0 when it
 // cannot tell (no /proc, or the holder let go meanwhile). The lock is
 // the directory itself, which has no room for a pid file of its own that
 // a rescue command and the daemon would both keep current.
-func flockHolder(fd int) int {
+func FlockHolder(fd int) int {
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil {
 		return 0

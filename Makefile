@@ -39,7 +39,7 @@ bench:
 # executor) against `mesh-control serve` and its embedded broker, a child
 # process built into the bench's work directory. Prints a table, MISS for
 # each target missed; docs/benchmarks.md keeps the figures. CLUSTER=1 asks
-# for three servers (not possible yet: it says so). BENCH_SCALE_ARGS go to
+# for three servers (not measured yet: it says so). BENCH_SCALE_ARGS go to
 # the bench (e.g. "-overlay-timeout 5m").
 NODES   ?= 10000
 CLUSTER ?=

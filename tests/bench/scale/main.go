@@ -97,7 +97,7 @@ const (
 func main() {
 	var c config
 	flag.IntVar(&c.nodes, "nodes", 10000, "nodes to register and simulate")
-	flag.BoolVar(&c.cluster, "cluster", false, "measure against a three-server NATS cluster (not possible yet: says so)")
+	flag.BoolVar(&c.cluster, "cluster", false, "measure against a three-server NATS cluster (not measured yet: says so)")
 	flag.StringVar(&c.dir, "dir", "/var/tmp/mesh-bench", "work `directory` on a real disk; this bench uses DIR/scale (removed at the end unless -keep)")
 	flag.StringVar(&c.controlBin, "control", "", "the mesh-control `binary` (default: built into DIR/scale/bin)")
 	flag.DurationVar(&c.heartbeat, "heartbeat", 30*time.Second, "the agents' heartbeat period")

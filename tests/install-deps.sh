@@ -7,6 +7,7 @@ declare -A need=(
   [getent]=libc-bin      # owners resolve through the name service
   [gofmt]=""             # comes with Go
   [setpriv]=util-linux   # the hostile-user tests drop to another uid
+  [flock]=util-linux     # another process holding a lock (store, enrolment)
   # tests/lab: disposable machines with a real init as PID 1
   [nsenter]=util-linux   # commands run inside a lab's namespaces
   [ip]=iproute2          # the veth between two labs

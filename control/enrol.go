@@ -465,7 +465,7 @@ func (c *Client) keepProfile(ctx context.Context, node string, profile, inventor
 		return nil
 	}
 	data, _ := json.Marshal(&keptProfile{At: time.Now().UTC(), Profile: profile, Inventory: inventory})
-	if _, err := c.KV.Put(ctx, "profile."+node, data); err != nil {
+	if _, err := c.putRetrying(ctx, "profile."+node, data); err != nil {
 		return fmt.Errorf("registry: the profile of %s: %w", node, err)
 	}
 	return nil

@@ -188,7 +188,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if msg.Outcome == shapes.Superseded {
 		return nil
 	}
-	if _, err := c.KV.Put(ctx, "report."+node, m.Data()); err != nil {
+	if _, err := c.putRetrying(ctx, "report."+node, m.Data()); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
 	// What the node owns is kept apart too, from every report that
@@ -196,7 +196,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// signed, if the node is enrolled again after losing its store.
 	if msg.Owned != nil {
 		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned})
-		if _, err := c.KV.Put(ctx, "owned."+node, data); err != nil {
+		if _, err := c.putRetrying(ctx, "owned."+node, data); err != nil {
 			return fmt.Errorf("registry: what %s owns: %w", node, err)
 		}
 	}
@@ -204,12 +204,35 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
 		if data, err := json.Marshal(msg.Briefing); err == nil {
-			if _, err := c.KV.Put(ctx, "briefing."+node, data); err != nil {
+			if _, err := c.putRetrying(ctx, "briefing."+node, data); err != nil {
 				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
 	}
 	return nil
+}
+
+// putRetryFor is how long the recorder tries a registry write again
+// before it gives the message back: on a cluster that lost a server, the
+// registry answers again once its stream has a new leader (seconds), and
+// a write tried again then is surer than a redelivery, which needs the
+// consumer's own failover to have kept what was delivered.
+const putRetryFor = 20 * time.Second
+
+// putRetrying is KV.Put, tried again for up to putRetryFor.
+func (c *Client) putRetrying(ctx context.Context, key string, data []byte) (uint64, error) {
+	deadline := time.Now().Add(putRetryFor)
+	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		rev, err := c.KV.Put(ctx, key, data)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return rev, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // nodeKeys is what the recorder checks a message against: the node's

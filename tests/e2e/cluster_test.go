@@ -102,6 +102,11 @@ func TestClusterLosesAServerMidFanout(t *testing.T) {
 
 	// The fleet: registered, in the servers' users, linked.
 	f := fleet.New(keys.ControlPublic(), 30*time.Second)
+	// A node whose server dies is told nothing while it reconnects: a
+	// notice sent then is lost (notices are hints), and the node reads its
+	// subject at the reconnect and on its timer. The timer is the
+	// backstop; here it is short, so the test waits seconds, not minutes.
+	f.Poll = 5 * time.Second
 	var mu sync.Mutex
 	work := make(chan int)
 	var wg sync.WaitGroup

@@ -75,6 +75,9 @@ type Node struct {
 type Fleet struct {
 	key       ed25519.PublicKey // the control key the stand-ins pin
 	heartbeat time.Duration
+	// Poll is each agent's read of its subject with no notice (the
+	// agent's default when zero).
+	Poll time.Duration
 	// Nodes are the simulated nodes, in the order added; ByName by name.
 	Nodes  []*Node
 	ByName map[string]*Node
@@ -116,6 +119,7 @@ func (n *Node) Start(ctx context.Context) {
 			Identity:     n.id,
 			DialExecutor: n.dial,
 			Heartbeat:    n.f.heartbeat,
+			Poll:         n.f.Poll,
 			Version:      standInVersion,
 			Build:        standInBuild,
 			Log:          slog.New(agentLog{n}),

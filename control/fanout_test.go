@@ -3,6 +3,8 @@ package control_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -125,5 +127,29 @@ func TestDeclareAll(t *testing.T) {
 	sealer.Seals = map[string][]byte{"m.x": []byte("secret")}
 	if _, errs := sealer.DeclareAll(ctx, nodes[:2], []byte(decl)); errs[0] == nil || !strings.Contains(errs[0].Error(), "one node at a time") {
 		t.Fatalf("sealed content to many: %v", errs[0])
+	}
+}
+
+// `mesh-control declare n1,n2,... FILE` declares to each, a line each;
+// one it could not declare to is named and the command fails.
+func TestDeclareManyCommand(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []string{"m1", "m2"} {
+		if _, _, err := s.client.AddNode(ctx, n, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(dir, "d.json")
+	os.WriteFile(file, []byte(decl), 0o600)
+	out, errs, code := run(t, ctx, "declare", "m1,m2", file, "--dir", dir, "--nats", s.url)
+	if code != 0 || out != "m1\t1\nm2\t1\n" {
+		t.Fatalf("declare m1,m2: exit %d\n%s%s", code, out, errs)
+	}
+	out, errs, code = run(t, ctx, "declare", "m2,nobody", file, "--dir", dir, "--nats", s.url)
+	if code != 1 || !strings.Contains(out, "m2\t2\n") || !strings.Contains(out, "nobody\tnot declared: no node \"nobody\"") || !strings.Contains(errs, "1 of 2 node(s) not declared to") {
+		t.Fatalf("declare m2,nobody: exit %d\n%s%s", code, out, errs)
 	}
 }

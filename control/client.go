@@ -424,6 +424,45 @@ func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
 	return out, nil
 }
 
+// entries reads the registry's current entries under filters in one pass
+// (a watch that delivers what is there and ends), keyed by key.
+func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
+	w, err := c.KV.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
+	}
+	defer w.Stop()
+	out := map[string]jetstream.KeyValueEntry{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("registry: the watch ended before it delivered everything")
+			}
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = e
+		}
+	}
+}
+
+// values reads the registry's current values under filters in one pass
+// (entries, without their revisions), keyed by key.
+func (c *Client) values(ctx context.Context, filters ...string) (map[string][]byte, error) {
+	es, err := c.entries(ctx, filters...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(es))
+	for k, e := range es {
+		out[k] = e.Value()
+	}
+	return out, nil
+}
+
 // Declare signs decl for node and publishes it: node, enrolment and seq are
 // set from the registry, seq taken with compare-and-set so two declares never
 // share one. A declaration every node would refuse (it does not parse as a

@@ -36,31 +36,6 @@ const declareInFlight = 64
 // broker answers at most 1,024 messages to one.
 const multiLastBatch = 1000
 
-// entries reads the registry's current entries under filters in one pass,
-// by key (values, with their revisions).
-func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
-	w, err := c.KV.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
-	}
-	defer w.Stop()
-	out := map[string]jetstream.KeyValueEntry{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("registry: the watch ended before it delivered everything")
-			}
-			if e == nil {
-				return out, nil
-			}
-			out[e.Key()] = e
-		}
-	}
-}
-
 // lastOnSubjects reads the newest message on each node's declaration
 // subject with batched direct gets (multi_last), multiLastBatch subjects a
 // request. A node absent from the answer has none.

@@ -39,31 +39,6 @@ import (
 // published again. Nothing a node reads.
 const DigestHeader = "Mesh-Digest"
 
-// values reads the registry's current values under filters in one pass
-// (a watch that delivers what is there and ends), keyed by key.
-func (c *Client) values(ctx context.Context, filters ...string) (map[string][]byte, error) {
-	w, err := c.KV.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
-	}
-	defer w.Stop()
-	out := map[string][]byte{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("registry: the watch ended before it delivered everything")
-			}
-			if e == nil {
-				return out, nil
-			}
-			out[e.Key()] = e.Value()
-		}
-	}
-}
-
 // RosterPublished says what PublishRoster did.
 type RosterPublished struct {
 	// Seq is the roster's sequence; Sent says this call published it

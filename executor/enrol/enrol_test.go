@@ -482,7 +482,7 @@ func TestAnotherProcessHoldingTheEnrolmentIsNamed(t *testing.T) {
 	lockPath := filepath.Join(dir, LockFile)
 	holder := exec.Command("flock", "--exclusive", lockPath, "sleep", "30")
 	if err := holder.Start(); err != nil {
-		t.Skipf("util-linux flock: %v", err)
+		t.Fatalf("util-linux flock (tests/install-deps.sh installs it): %v", err)
 	}
 	defer func() { holder.Process.Kill(); holder.Wait() }()
 	// Until flock holds it: an open of our own finds it taken.

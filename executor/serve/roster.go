@@ -69,6 +69,14 @@ func HeldRoster(stateDir string) *shapes.Roster {
 	if err != nil || id == nil {
 		return nil
 	}
+	return heldRoster(stateDir, id)
+}
+
+// heldRoster is HeldRoster for the identity id, already read.
+func heldRoster(stateDir string, id *identity.Identity) *shapes.Roster {
+	if id == nil {
+		return nil
+	}
 	env, err := identity.ReadRoster(stateDir)
 	if err != nil {
 		return nil
@@ -90,7 +98,3 @@ func openRoster(env []byte, id *identity.Identity) *shapes.Roster {
 	}
 	return r
 }
-
-// UsesRoster says whether d declares an overlay whose peers are the
-// roster's.
-func UsesRoster(d *shapes.Declaration) bool { return d.UsesRoster() }

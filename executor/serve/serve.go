@@ -701,7 +701,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 		return nil
 	}
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: HeldRoster(s.cfg.StateDir),
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()})
 	s.record(st, store.Link, rep)
 	s.noteUpgrade(rep)
@@ -835,6 +835,8 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}
+	// The roster is read once for every target it applies to.
+	roster := heldRoster(s.cfg.StateDir, id)
 	var all []shapes.Line
 	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
 		raw, err := st.Target(src)
@@ -869,11 +871,11 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
 			continue
 		}
-		if onlyRoster && !UsesRoster(d) {
+		if onlyRoster && !d.UsesRoster() {
 			continue
 		}
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
-			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease(), Roster: HeldRoster(s.cfg.StateDir)}
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease(), Roster: roster}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

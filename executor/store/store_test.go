@@ -259,7 +259,7 @@ func TestTheLockHolderIsNamed(t *testing.T) {
 	s.Unlock()
 	holder := exec.Command("flock", "--exclusive", dir, "sleep", "30")
 	if err := holder.Start(); err != nil {
-		t.Skipf("util-linux flock: %v", err)
+		t.Fatalf("util-linux flock (tests/install-deps.sh installs it): %v", err)
 	}
 	defer func() { holder.Process.Kill(); holder.Wait() }()
 	// flock runs sleep once it holds the lock: wait for that.

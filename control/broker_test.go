@@ -164,13 +164,7 @@ func TestNodeIsolation(t *testing.T) {
 	enrolNode(t, s, "beta")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	errs := make(chan error, 64)
-	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	refused := permissionRefused(t, nc, errs)
+	nc, refused := dialWatched(t, a)
 	notices, err := nc.SubscribeSync(a.Subjects.Notice)
 	if err != nil {
 		t.Fatal(err)
@@ -324,12 +318,7 @@ func TestNodeArchiveAccess(t *testing.T) {
 	str, _ := s.client.JS.Stream(ctx, link.ArchiveStream)
 	before, _ := str.Info(ctx)
 
-	errs := make(chan error, 64)
-	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, refused := dialWatched(t, a)
 	get := func(req string) *nats.Msg {
 		t.Helper()
 		m, err := nc.Request(a.Subjects.ArchiveGet, []byte(req), 5*time.Second)
@@ -359,7 +348,6 @@ func TestNodeArchiveAccess(t *testing.T) {
 		t.Fatalf("alpha read %d bytes, not the archive's %d", len(got), len(content))
 	}
 
-	refused := permissionRefused(t, nc, errs)
 	chunkSubj := "$O." + link.ArchiveBucket + ".C." + info.NUID
 	for _, subj := range []string{
 		chunkSubj, metaSubj, "$O." + link.ArchiveBucket + ".C.new", // put
@@ -405,6 +393,20 @@ func TestNodeArchiveAccess(t *testing.T) {
 // permissionRefused returns a check that the broker refused what was just
 // sent on nc (a subscribe or publish on subject), as the permission
 // violation errs receives from nc's error handler.
+// dialWatched dials as the node id, as its agent does, and returns the
+// connection (closed when the test ends) and permissionRefused's check on
+// the errors the broker sends it.
+func dialWatched(t *testing.T, id *agent.Identity) (*nats.Conn, func(what, subject string)) {
+	t.Helper()
+	errs := make(chan error, 64)
+	nc, err := agent.Dial(id, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, permissionRefused(t, nc, errs)
+}
+
 func permissionRefused(t *testing.T, nc *nats.Conn, errs <-chan error) func(what, subject string) {
 	return func(what, subject string) {
 		t.Helper()
@@ -434,13 +436,7 @@ func TestNodeRosterAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, a := enrolNode(t, s, "alpha")
-	errs := make(chan error, 64)
-	nc, err := agent.Dial(a, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	refused := permissionRefused(t, nc, errs)
+	nc, refused := dialWatched(t, a)
 	notices, err := nc.SubscribeSync(a.Subjects.RosterNotice)
 	if err != nil {
 		t.Fatal(err)

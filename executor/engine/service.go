@@ -308,9 +308,6 @@ func (r *run) foundAbsent(svc *shapes.Service, unit string) (string, error) {
 	return "", fmt.Errorf("cannot tell whether %s comes with a package the host installed, so not the state it was found in either: %w", unit, err)
 }
 
-// systemdUnitDirs are where systemd reads unit files.
-var systemdUnitDirs = []string{"/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system"}
-
 // scanDirs are the directories runit and s6 supervise from, whose entries
 // are normally links to a service definition elsewhere (/etc/sv on
 // Debian's runit).
@@ -332,7 +329,7 @@ func unitDefinitions(unit string) []string {
 		}
 	}
 	var paths []string
-	for _, d := range systemdUnitDirs {
+	for _, d := range unitDirs {
 		for _, n := range names {
 			paths = append(paths, d+"/"+n)
 		}

@@ -179,22 +179,33 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 // Close closes the connection.
 func (c *Client) Close() { c.NC.Close() }
 
-// replicasOf is how many copies the stream keeps, 0 when it does not exist.
-func (c *Client) replicasOf(ctx context.Context, stream string) int {
+// replicasOf is how many copies the stream keeps, 0 when it does not
+// exist. Any other failure is an error, never a guess: a client command
+// that took a broker's passing silence for "no stream" would make it again
+// at one copy, taking a cluster's replicas away.
+func (c *Client) replicasOf(ctx context.Context, stream string) (int, error) {
 	st, err := c.JS.Stream(ctx, stream)
-	if err != nil {
-		return 0
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
 	}
-	return st.CachedInfo().Config.Replicas
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return st.CachedInfo().Config.Replicas, nil
 }
 
 func (c *Client) ensure(ctx context.Context, replicas int) error {
 	// want is the replica count a stream is made or kept at.
+	var wantErr error
 	want := func(stream string) int {
 		if replicas > 0 {
 			return replicas
 		}
-		return max(c.replicasOf(ctx, stream), 1)
+		n, err := c.replicasOf(ctx, stream)
+		if err != nil && wantErr == nil {
+			wantErr = err
+		}
+		return max(n, 1)
 	}
 	streams := []jetstream.StreamConfig{
 		{Name: link.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
@@ -213,7 +224,9 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 			Description: "heartbeats from nodes"},
 	}
 	for _, sc := range streams {
-		sc.Replicas = want(sc.Name)
+		if sc.Replicas = want(sc.Name); wantErr != nil {
+			return wantErr
+		}
 		st, err := c.JS.CreateOrUpdateStream(ctx, sc)
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
@@ -228,9 +241,13 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 			}
 		}
 	}
+	kvReplicas, obsReplicas := want("KV_"+Bucket), want(link.ArchiveStream)
+	if wantErr != nil {
+		return wantErr
+	}
 	kv, err := c.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage,
-		Replicas: want("KV_" + Bucket),
+		Replicas: kvReplicas,
 	})
 	if err != nil {
 		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
@@ -238,7 +255,7 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	c.KV = kv
 	obs, err := c.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
-		Replicas: want(link.ArchiveStream),
+		Replicas: obsReplicas,
 	})
 	if err != nil {
 		return fmt.Errorf("archive store %s: %w", link.ArchiveBucket, err)

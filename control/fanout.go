@@ -138,7 +138,10 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 func (c *Client) declareFrom(ctx context.Context, snap map[string]jetstream.KeyValueEntry, last *lastOnSubject, node string, decl []byte) (uint64, error) {
 	e, ok := snap[nodeKey(node)]
 	if !ok {
-		return 0, fmt.Errorf("no node %q in the registry", node)
+		// Not in the snapshot (added since, or the watch's first pass
+		// short): read on its own, as Declare does, which says so if it
+		// truly is not there.
+		return c.Declare(ctx, node, decl)
 	}
 	var rec NodeRecord
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {

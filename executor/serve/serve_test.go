@@ -620,13 +620,25 @@ func (e *env) startChild(mode string) func() []observation {
 			e.t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = []string{"SERVE_TEST_CHILD=" + mode, "SERVE_TEST_SOCK=" + e.sock, "SERVE_TEST_DIR=" + e.base}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	var cmd *exec.Cmd
 	var out bytes.Buffer
-	cmd.Stdout = &out
-	if err := cmd.Start(); err != nil {
-		e.t.Fatalf("child: %v", err)
+	// A fork elsewhere in this process (the daemon under test starts
+	// programs) may hold the copy's write descriptor for a moment: exec
+	// then says "text file busy", and is tried again (golang/go#22315).
+	for attempt := 0; ; attempt++ {
+		cmd = exec.Command(bin, "-test.run=^$")
+		cmd.Env = []string{"SERVE_TEST_CHILD=" + mode, "SERVE_TEST_SOCK=" + e.sock, "SERVE_TEST_DIR=" + e.base}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		out.Reset()
+		cmd.Stdout = &out
+		err := cmd.Start()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ETXTBSY) || attempt >= 20 {
+			e.t.Fatalf("child: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	return func() []observation {
 		e.t.Helper()

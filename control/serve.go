@@ -129,12 +129,12 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			return err
 		}
 	}
-	go func() { errs <- c.Record(ctx) }()
+	go func() { errs <- keepRunning(ctx, log, "recorder", c.Record) }()
 	if srv != nil {
 		c.brokerKnows = srv.Knows
 	}
-	go func() { errs <- c.Enrolments(ctx) }()
-	go func() { errs <- c.KeepComposed(ctx) }()
+	go func() { errs <- keepRunning(ctx, log, "enrolment responder", c.Enrolments) }()
+	go func() { errs <- keepRunning(ctx, log, "publisher", c.KeepComposed) }()
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {
 		o.Ready(url, srv)
@@ -147,6 +147,26 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			return nil
 		}
 		return err
+	}
+}
+
+// keepRunning runs part until ctx ends, starting it again after a pause
+// when it fails: against an existing broker — a cluster reloading its
+// users, electing a leader — a watch or a consumer can fail for a moment
+// ("jetstream not enabled" while an account reloads), and one part's
+// moment must not end serve and leave the registry unrecorded.
+func keepRunning(ctx context.Context, log *slog.Logger, name string, part func(context.Context) error) error {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		err := part(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Error("serve: the "+name+" stopped; starting it again", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 }
 

@@ -67,7 +67,14 @@ type Options struct {
 	// RetryWait is the first wait after a failed attempt (1s when zero),
 	// doubled up to 30s; the link's reconnect wait is twice it.
 	RetryWait time.Duration
-	Log       *slog.Logger
+	// GiveBack is what the agent calls a quiet second after a drain to
+	// return the drain's memory to the system (debug.FreeOSMemory when
+	// nil: a full collection of its own small heap). Many agents in one
+	// process share one heap, where each agent's call would be a full
+	// collection of all of them: the simulated fleet (tests/fleet) gives
+	// its own.
+	GiveBack func()
+	Log      *slog.Logger
 }
 
 // Agent is one running agent.
@@ -84,6 +91,11 @@ type Agent struct {
 	// highest stream sequence notices named since the last read.
 	wake    chan struct{}
 	noticed atomic.Uint64
+	// carried is the newest declaration a notice carried since the last
+	// read (link.Subjects.Notice): read from the notice, it needs no
+	// direct get. As untrusted as any bytes the broker hands over: it is
+	// checked as a read one is.
+	carried atomic.Pointer[declMsg]
 	// rosterDue says the roster is to be read (a roster notice came, or
 	// the last read failed).
 	rosterDue atomic.Bool
@@ -114,7 +126,7 @@ const quietAfter = time.Second
 // about a millisecond, not per declaration.
 func (a *Agent) giveBack() {
 	if a.quiet == nil {
-		a.quiet = time.AfterFunc(quietAfter, debug.FreeOSMemory)
+		a.quiet = time.AfterFunc(quietAfter, a.o.GiveBack)
 		return
 	}
 	a.quiet.Reset(quietAfter)
@@ -145,6 +157,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
+	}
+	if o.GiveBack == nil {
+		o.GiveBack = debug.FreeOSMemory
 	}
 	if o.Poll <= 0 {
 		o.Poll = pollEvery
@@ -287,6 +302,10 @@ func (a *Agent) backoff(ctx context.Context, d time.Duration) time.Duration {
 	return min(d*2, 30*time.Second)
 }
 
+// linkPing is how often the agent pings the broker on a quiet link
+// (nats.go's own default).
+const linkPing = 2 * time.Minute
+
 // dial connects to the broker, retrying until ctx ends. Every failure is
 // logged legibly (and kept for the next heartbeat).
 func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
@@ -298,7 +317,14 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			nats.ReconnectWait(2*a.o.RetryWait),
 			nats.IgnoreAuthErrorAbort(),
 			nats.ReconnectBufSize(-1), // nothing queued while unlinked: a failure is said, not hidden
-			nats.PingInterval(20*time.Second),
+			// The library's ping, every 2 minutes (two unanswered: the
+			// link is down): a connection that dies says so at once (EOF,
+			// reset); a ping finds only a silent path. Every ping is an
+			// answer the broker writes: at 20 s, 10,000 nodes were 500
+			// writes a second of an idle broker, each growing the
+			// connection's writer to 32 KiB of stack until the next
+			// collection (issue 14: memory per node).
+			nats.PingInterval(linkPing),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkDown(err)
 			}),
@@ -392,7 +418,9 @@ func (a *Agent) linkDown(err error) {
 // the agent and the executor judge by.
 func (a *Agent) work(ctx context.Context) {
 	wait := a.o.RetryWait
-	read := true
+	// read says the subject is to be read; byNotice, that only notices
+	// asked since the last read (not a connect, not the timer).
+	read, byNotice := true, false
 	a.rosterDue.Store(true)
 	poll := time.NewTimer(a.pollWait())
 	defer poll.Stop()
@@ -403,7 +431,7 @@ func (a *Agent) work(ctx context.Context) {
 			case <-a.linkUp:
 			case <-time.After(time.Second):
 			}
-			read = true
+			read, byNotice = true, false
 			a.rosterDue.Store(true)
 			continue
 		}
@@ -417,10 +445,11 @@ func (a *Agent) work(ctx context.Context) {
 				wait = a.backoff(ctx, wait)
 				continue
 			}
-			read = true
+			read, byNotice = true, false
 		}
 		if read {
 			noticed := a.noticed.Swap(0)
+			carried := a.carried.Swap(nil)
 			// The roster first: a declaration whose overlay takes its
 			// peers from it finds the newest there.
 			var err error
@@ -428,9 +457,18 @@ func (a *Agent) work(ctx context.Context) {
 				err = a.syncRoster(ctx)
 			}
 			var m *declMsg
-			if err == nil {
+			switch {
+			case err != nil:
+			case byNotice && carried != nil && carried.sseq >= noticed && carried.sseq > a.state.get().LastStreamSeq:
+				// Woken by notices only, and the newest of them carried
+				// its declaration: nothing to read. (At a connect or on
+				// the timer the subject is read: what a notice carried
+				// before the link went down may not be the newest.)
+				m = carried
+			default:
 				m, err = a.readNewest(ctx, noticed)
 			}
+			byNotice = true
 			if err == nil && m != nil && m.sseq != a.state.get().LastStreamSeq {
 				err = a.drain(ctx, m)
 				a.giveBack()
@@ -452,12 +490,12 @@ func (a *Agent) work(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-a.linkUp:
-			read = true
+			read, byNotice = true, false
 			a.rosterDue.Store(true)
 		case <-a.wake:
 			read = true
 		case <-poll.C:
-			read = true
+			read, byNotice = true, false
 			a.rosterDue.Store(true)
 			poll.Reset(a.pollWait())
 		}
@@ -470,11 +508,26 @@ func (a *Agent) pollWait() time.Duration {
 	return a.o.Poll + rand.N(a.o.Poll/4+1)
 }
 
-// notice is the handler of the node's notices: the body names the stream
-// sequence of the new message (unsigned, a hint: a hostile broker may send
-// any, and costs the agent a few reads at most).
+// notice is the handler of the node's notices (link.Subjects.Notice): the
+// new message's stream sequence in a header and the declaration's envelope
+// as the body, or, from an older control side, the sequence as the body.
+// Both unsigned hints: a hostile broker may send any sequence, which costs
+// the agent a few reads at most, and any body, which is checked as a read
+// declaration is (signature, purpose, address, sequence) before anything
+// reaches the executor.
 func (a *Agent) notice(m *nats.Msg) {
-	seq, _ := strconv.ParseUint(string(m.Data), 10, 64)
+	seq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
+	if err != nil || seq == 0 {
+		seq, _ = strconv.ParseUint(string(m.Data), 10, 64)
+	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
+		c := &declMsg{data: m.Data, sseq: seq}
+		for {
+			cur := a.carried.Load()
+			if (cur != nil && cur.sseq >= seq) || a.carried.CompareAndSwap(cur, c) {
+				break
+			}
+		}
+	}
 	a.notify(seq)
 }
 

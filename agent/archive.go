@@ -41,16 +41,10 @@ const CodeArchive = "archive"
 // archiveRequestTimeout bounds one read of the store.
 const archiveRequestTimeout = 10 * time.Second
 
-// linkArchives are the obj:// archives of a verified envelope, one per digest.
-func (a *Agent) linkArchives(env []byte) []*shapes.Archive {
-	payload, err := wire.Open(a.id.ControlKey, wire.PurposeDeclaration, env)
-	if err != nil {
-		return nil
-	}
-	d, err := shapes.Parse(payload)
-	if err != nil {
-		return nil
-	}
+// linkArchives are the obj:// archives of a checked declaration, one per
+// digest (it was opened and parsed once, by check: an envelope is verified
+// once by the agent, not once per use).
+func linkArchives(d *shapes.Declaration) []*shapes.Archive {
 	seen := map[string]bool{}
 	var out []*shapes.Archive
 	for _, r := range d.Resources {
@@ -62,11 +56,12 @@ func (a *Agent) linkArchives(env []byte) []*shapes.Archive {
 	return out
 }
 
-// streamArchives streams every obj:// archive of env to the executor. An
+// streamArchives streams every obj:// archive of d (checked: check) to the
+// executor. An
 // *archiveRefusal is final for this declaration; any other error is the
 // link's or the executor's, and passes.
-func (a *Agent) streamArchives(ctx context.Context, env []byte) error {
-	for _, ar := range a.linkArchives(env) {
+func (a *Agent) streamArchives(ctx context.Context, d *shapes.Declaration) error {
+	for _, ar := range linkArchives(d) {
 		name := strings.TrimPrefix(ar.URL, "obj://")
 		start := time.Now()
 		n, err := a.streamArchive(ctx, name, ar.SHA256)

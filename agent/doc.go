@@ -8,9 +8,12 @@
 // certificate checked against a pinned SHA-256 fingerprint inside the
 // handshake, authenticates with its own NKey, and reads the newest
 // declaration on its own subject by a JetStream direct get — at every
-// (re)connect, whenever the control side's notice says there is a newer
-// one, and on a jittered timer for notices lost. Nothing on the broker is
-// kept per node but the subject's few messages: no consumer, no ack.
+// (re)connect and on a jittered timer for notices lost. While linked, the
+// control side's notice of a new declaration carries it (the envelope and
+// its stream sequence), and the agent takes it from there without a read;
+// a notice that carries none, from an older control side, is a word to
+// read. Nothing on the broker is kept per node but the subject's few
+// messages: no consumer, no ack.
 //
 // The drain: the newest message, if it is not the one last settled, is
 // verified against the pinned control-plane key (wire.Open), parsed as a
@@ -31,7 +34,7 @@
 //	mesh.decl.<node>       declarations, stream MESH_DECL, the last few kept
 //	mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<node>
 //	                       the direct get of the newest, as the node reaches it (APIPrefix)
-//	mesh.notice.<node>     the control side's word that there is a newer one (core NATS)
+//	mesh.notice.<node>     the control side's word that there is a newer one, carrying it (core NATS)
 //	mesh.report.<node>     reports upward, stream MESH_REPORT
 //	mesh.heartbeat.<node>  heartbeats upward, stream MESH_HEARTBEAT
 //	_INBOX.<node>.>        the node's own reply inboxes

@@ -64,13 +64,14 @@ func (a *Agent) readNewest(ctx context.Context, noticed uint64) (*declMsg, error
 // check is the agent's own verification of one envelope: the pinned key
 // and the purpose, a link declaration (no action), this node, this
 // enrolment, not older than the last applied. It returns the declaration's
-// sequence, or why it is refused and the wire code of the refusal.
-func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, reason string, usesRoster bool) {
+// sequence and the declaration, or why it is refused and the wire code of
+// the refusal.
+func (a *Agent) check(env []byte, floor uint64) (seq uint64, d *shapes.Declaration, code wire.Code, reason string) {
 	payload, err := wire.Open(a.id.ControlKey, wire.PurposeDeclaration, env)
 	if err != nil {
-		return 0, wire.CodeOf(err), err.Error(), false
+		return 0, nil, wire.CodeOf(err), err.Error()
 	}
-	d, err := shapes.Parse(payload)
+	d, err = shapes.Parse(payload)
 	if err != nil {
 		// Signed, so its sequence is the control plane's word.
 		var s struct {
@@ -78,22 +79,22 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, rea
 		}
 		json.Unmarshal(payload, &s)
 		if errors.Is(err, shapes.ErrAction) {
-			return s.Seq, wire.CodeAction, err.Error(), false
+			return s.Seq, nil, wire.CodeAction, err.Error()
 		}
-		return s.Seq, wire.CodeInvalid, err.Error(), false
+		return s.Seq, nil, wire.CodeInvalid, err.Error()
 	}
 	if d.Node != a.id.Node {
-		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node), false
+		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node)
 	}
 	if d.Enrolment != a.id.Enrolment {
-		return d.Seq, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment), false
+		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment)
 	}
 	if d.Seq < floor {
-		return d.Seq, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor), false
+		return d.Seq, nil, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor)
 	}
 	// The same sequence as the last applied goes on: the executor knows
 	// whether it is the same bytes (a no-op) or others (refused).
-	return d.Seq, wire.CodeNone, "", d.UsesRoster()
+	return d.Seq, d, wire.CodeNone, ""
 }
 
 // drain settles m, the newest message on the node's subject. Refused by
@@ -106,7 +107,7 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, code wire.Code, rea
 // is read and forwarded again, and the executor answers a duplicate.
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	st := a.state.get()
-	seq, code, reason, usesRoster := a.check(m.data, st.LastApplied)
+	seq, d, code, reason := a.check(m.data, st.LastApplied)
 	if code != wire.CodeNone {
 		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", code.String(), "reason", reason)
 		r := a.report(seq)
@@ -119,7 +120,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	// A node needs the mesh's roster only while its declaration's overlay
 	// takes its peers from it: one that starts to is handed the roster
 	// first, so its apply finds it; one that does not is never sent one.
-	if usesRoster != st.UsesRoster {
+	if usesRoster := d.UsesRoster(); usesRoster != st.UsesRoster {
 		if err := a.state.update(func(s *State) { s.UsesRoster = usesRoster }); err != nil {
 			a.log.Warn("state: " + err.Error())
 		}
@@ -132,7 +133,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	var r *link.Report
 	// The archives it names go to the executor's cache first, so the apply
 	// finds them there.
-	if err := a.streamArchives(ctx, m.data); err != nil {
+	if err := a.streamArchives(ctx, d); err != nil {
 		var ar *archiveRefusal
 		if !errors.As(err, &ar) {
 			return err

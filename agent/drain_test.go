@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -18,11 +19,22 @@ import (
 
 const motd = `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"/tmp/mesh-test/motd","content":"%d\n","mode":"0644"}]}`
 
+// How a hand-made declaration is noticed: not at all (only the agent's
+// timer finds it), by a notice naming its stream sequence only (as an
+// older control side sent), or by one carrying it (as the control side
+// does: the agent reads nothing).
+type noticeKind int
+
+const (
+	noNotice noticeKind = iota
+	hintNotice
+	carriedNotice
+)
+
 // publishSealed signs a declaration by hand, as the control side would or
-// as a forger would, and publishes it on node's subject; notify says so
-// on the node's notice subject, as the control side does (without, only
-// the agent's timer finds it).
-func publishSealed(t *testing.T, c *controlSide, node string, key ed25519.PrivateKey, purpose wire.Purpose, decl map[string]any, notify bool) {
+// as a forger would, publishes it on node's subject and notices it as
+// notify says.
+func publishSealed(t *testing.T, c *controlSide, node string, key ed25519.PrivateKey, purpose wire.Purpose, decl map[string]any, notify noticeKind) {
 	t.Helper()
 	payload, _ := json.Marshal(decl)
 	env, err := wire.Seal(key, purpose, payload)
@@ -35,8 +47,12 @@ func publishSealed(t *testing.T, c *controlSide, node string, key ed25519.Privat
 	if err != nil {
 		t.Fatal(err)
 	}
-	if notify {
+	switch notify {
+	case hintNotice:
 		c.client.NC.Publish(link.SubjectsOf(node).Notice, []byte(fmt.Sprint(ack.Sequence)))
+	case carriedNotice:
+		c.client.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Data: env,
+			Header: nats.Header{link.HeaderSequence: []string{fmt.Sprint(ack.Sequence)}}})
 	}
 }
 
@@ -109,14 +125,14 @@ func TestDrainForwardsOnlyTheNewest(t *testing.T) {
 		key    ed25519.PrivateKey
 		purp   wire.Purpose
 		decl   map[string]any
-		notify bool
+		notify noticeKind
 	}{
-		{"wrong-key", 0, other, wire.PurposeDeclaration, base("drain", 1000, file("forged")), true},
-		{"wrong-purpose", 0, c.keys.Control, wire.PurposeGrant, base("drain", 1001, file("grant")), true},
-		{"address", 1002, c.keys.Control, wire.PurposeDeclaration, base("other", 1002, file("other node")), true},
+		{"wrong-key", 0, other, wire.PurposeDeclaration, base("drain", 1000, file("forged")), carriedNotice},
+		{"wrong-purpose", 0, c.keys.Control, wire.PurposeGrant, base("drain", 1001, file("grant")), carriedNotice},
+		{"address", 1002, c.keys.Control, wire.PurposeDeclaration, base("other", 1002, file("other node")), hintNotice},
 		{"action", 1003, c.keys.Control, wire.PurposeDeclaration, base("drain", 1003,
-			[]any{map[string]any{"module": "m", "id": "a", "type": "action", "run": []string{"/bin/true"}, "verify": []string{"/bin/true"}}}), true},
-		{"replay", s1, c.keys.Control, wire.PurposeDeclaration, base("drain", s1, file("old")), false},
+			[]any{map[string]any{"module": "m", "id": "a", "type": "action", "run": []string{"/bin/true"}, "verify": []string{"/bin/true"}}}), carriedNotice},
+		{"replay", s1, c.keys.Control, wire.PurposeDeclaration, base("drain", s1, file("old")), noNotice},
 	}
 	for _, b := range bad {
 		publishSealed(t, c, "drain", b.key, b.purp, b.decl, b.notify)
@@ -166,4 +182,51 @@ func TestDrainForwardsOnlyTheNewest(t *testing.T) {
 		return n.Declared == newest && n.Applied == newest && n.LastOutcome == shapes.Applied &&
 			n.LastSeq == newest && n.ExecutorVersion == "fake" && n.State == link.StateEnrolled
 	})
+}
+
+// A notice that carries a declaration is taken as read: a linked agent
+// reads nothing more. Shown by a signed declaration that is only in a
+// notice, never on the stream — the executor gets it, which a read could
+// not have found. A forged one carried so is refused as a read one is
+// (TestDrainForwardsOnlyTheNewest), and so is a genuine older one.
+func TestNoticeCarriesTheDeclaration(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, cfg := c.addNode("carried")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path) // the timer minutes away: only notices wake it
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	s1 := c.declare("carried", fmt.Sprintf(motd, 1))
+	c.reports("carried", "seq 1 applied", hasReport(s1, shapes.Applied))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	last, err := c.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := last.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	carry := func(seq uint64, sseq uint64) {
+		payload, _ := json.Marshal(map[string]any{"version": 1, "node": "carried", "enrolment": cfg.Enrolment, "seq": seq, "resources": file(fmt.Sprint(seq))})
+		env, err := wire.Seal(c.keys.Control, wire.PurposeDeclaration, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.client.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf("carried").Notice, Data: env,
+			Header: nats.Header{link.HeaderSequence: []string{fmt.Sprint(sseq)}}})
+	}
+	carry(s1+1, info.State.LastSeq+100)
+	c.reports("carried", "the carried declaration applied", hasReport(s1+1, shapes.Applied))
+	// A genuine older one, carried with a newer stream sequence: refused
+	// as a replay, never forwarded.
+	carry(s1, info.State.LastSeq+101)
+	c.reports("carried", "the carried replay refused", func(rs []*control.SignedReport) bool {
+		return slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Code == "replay" && r.Seq == s1 })
+	})
+	decls, _, garbage := ex.snapshot()
+	if want := []uint64{s1, s1 + 1}; !slices.Equal(decls, want) || len(garbage) != 0 {
+		t.Fatalf("the executor got %v (garbage %q), want %v", decls, garbage, want)
+	}
 }

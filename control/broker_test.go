@@ -176,7 +176,7 @@ func TestNodeIsolation(t *testing.T) {
 		}
 	}
 	// Its own: the notice (alpha's only: beta's came first and was not
-	// heard), then the direct get of the newest.
+	// heard), carrying it, and the direct get of the newest.
 	n, err := notices.NextMsg(5 * time.Second)
 	if err != nil {
 		t.Fatalf("alpha heard no notice of its declaration: %v", err)
@@ -188,8 +188,11 @@ func TestNodeIsolation(t *testing.T) {
 	if got := m.Header.Get(link.HeaderSubject); got != "mesh.decl.alpha" || m.Header.Get("Status") != "" || len(m.Data) == 0 {
 		t.Fatalf("alpha read %q (status %q, %d bytes)", got, m.Header.Get("Status"), len(m.Data))
 	}
-	if string(n.Data) != m.Header.Get(link.HeaderSequence) {
-		t.Fatalf("the notice names stream sequence %q, the message is %q", n.Data, m.Header.Get(link.HeaderSequence))
+	// The notice carries what the direct get reads: the envelope, and
+	// its stream sequence.
+	if n.Header.Get(link.HeaderSequence) != m.Header.Get(link.HeaderSequence) || !bytes.Equal(n.Data, m.Data) {
+		t.Fatalf("the notice carries stream sequence %q and %d bytes, the message is %q and %d bytes",
+			n.Header.Get(link.HeaderSequence), len(n.Data), m.Header.Get(link.HeaderSequence), len(m.Data))
 	}
 	if extra, err := notices.NextMsg(300 * time.Millisecond); err == nil {
 		t.Fatalf("alpha heard a second notice: %s %q", extra.Subject, extra.Data)

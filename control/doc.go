@@ -19,6 +19,7 @@
 //	                                         subject, nothing is kept per node (no consumer);
 //	                                         each is published on top of the last read, in
 //	                                         sequence order, and noticed on mesh.notice.<n>
+//	                                         (the notice carries the envelope)
 //	stream MESH_REPORT     mesh.report.*     reports, 2048 kept per node
 //	stream MESH_HEARTBEAT  mesh.heartbeat.*  heartbeats, 16 kept per node
 //	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence

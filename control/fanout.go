@@ -115,6 +115,20 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 	if err != nil {
 		return fail(err)
 	}
+	// Parsed once, as the first node of the snapshot would receive it:
+	// the nodes' copies differ only in node, enrolment and seq.
+	for _, n := range nodes {
+		if e, ok := snap[nodeKey(n)]; ok {
+			var rec NodeRecord
+			var m map[string]json.RawMessage
+			if json.Unmarshal(e.Value(), &rec) == nil && json.Unmarshal(decl, &m) == nil {
+				if err := probe(rec.NextSeq, func(seq uint64) ([]byte, error) { return fillDecl(m, &rec, seq) }); err != nil {
+					return fail(err)
+				}
+				break
+			}
+		}
+	}
 	work := make(chan int)
 	var wg sync.WaitGroup
 	for range min(declareInFlight, len(nodes)) {
@@ -156,5 +170,5 @@ func (c *Client) declareFrom(ctx context.Context, snap map[string]jetstream.KeyV
 	}
 	var m map[string]json.RawMessage
 	json.Unmarshal(decl, &m) // each its own map: declare fills it in
-	return c.declare(ctx, &rec, e.Revision(), b, m, last)
+	return c.declare(ctx, &rec, e.Revision(), b, m, last, true)
 }

@@ -122,6 +122,25 @@ func TestDeclareAll(t *testing.T) {
 			t.Fatalf("%s: newest on its subject is %s/%s seq %d; its last taken is %d", name, d.Node, d.Enrolment, d.Seq, rec.NextSeq-1)
 		}
 	}
+	// A declaration every node would refuse (an action) is refused for
+	// all of them, parsed once, before a sequence is taken.
+	before := make([]uint64, 3)
+	for i, name := range nodes[:3] {
+		rec, _, err := s.client.Node(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[i] = rec.NextSeq
+	}
+	action := `{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/true"],"verify":["/bin/true"]}]}`
+	if _, errs := s.client.DeclareAll(ctx, nodes[:3], []byte(action)); errs[0] == nil || !strings.Contains(errs[0].Error(), "refused before signing") {
+		t.Fatalf("an action to many: %v", errs[0])
+	}
+	for i, name := range nodes[:3] {
+		if rec, _, _ := s.client.Node(ctx, name); rec.NextSeq != before[i] {
+			t.Fatalf("%s: a refused declaration took sequence %d", name, before[i])
+		}
+	}
 	// Sealed content is one node's: refused for many.
 	sealer := *s.client
 	sealer.Seals = map[string][]byte{"m.x": []byte("secret")}

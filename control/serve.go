@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 )
@@ -89,7 +90,11 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		defer srv.Shutdown()
 		url = srv.ClientURL()
 	}
-	c, err := ConnectReplicas(ctx, k, url, o.Replicas, log)
+	var inproc nats.InProcessConnProvider
+	if srv != nil {
+		inproc = srv.ns
+	}
+	c, err := connectReplicas(ctx, k, url, o.Replicas, log, inproc)
 	if err != nil {
 		return err
 	}

@@ -93,9 +93,13 @@ type Subjects struct {
 	// none.
 	DeclGet string
 	// Notice is where the control side says, on core NATS, that Decl has
-	// a new message (the body is its stream sequence, unsigned: a hint to
-	// read, never a fact). Lost notices cost a wait, not a declaration:
-	// the agent also reads at every (re)connect and on a timer.
+	// a new message, and hands it over (NoticeMsg): its envelope as the
+	// body, its stream sequence in HeaderSequence. A linked node so needs
+	// no read (a fan-out to 10,000 nodes was 20,000 more messages through
+	// the broker's service imports). Unsigned, a hint, never a fact: the
+	// envelope is checked as a read one is, and lost notices cost a wait,
+	// not a declaration — the agent also reads at every (re)connect and
+	// on a timer.
 	Notice string
 	// ArchiveGet reads the archive store (shared by all nodes, read-only).
 	ArchiveGet string

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -340,3 +341,67 @@ func TestOwnedEmptyIsNotAbsent(t *testing.T) {
 		}
 	}
 }
+
+// readGrowing reads exactly n bytes however they arrive, says a short
+// stream is short, and holds at most what arrived (doubled), not what the
+// header announced.
+func TestReadGrowing(t *testing.T) {
+	data := make([]byte, 300<<10)
+	rand.Read(data)
+	for _, tc := range []struct {
+		name  string
+		n     int
+		r     func(io.Reader) io.Reader
+		short bool
+	}{
+		{"empty", 0, func(r io.Reader) io.Reader { return r }, false},
+		{"one byte", 1, func(r io.Reader) io.Reader { return r }, false},
+		{"the first allocation exactly", 64 << 10, func(r io.Reader) io.Reader { return r }, false},
+		{"one past it", 64<<10 + 1, func(r io.Reader) io.Reader { return r }, false},
+		{"large, a byte at a time", 200 << 10, iotestOneByte, false},
+		{"large, in halves", 300 << 10, iotestHalf, false},
+		{"short by one", 1000, func(r io.Reader) io.Reader { return io.LimitReader(r, 999) }, true},
+		{"short, large", 200 << 10, func(r io.Reader) io.Reader { return io.LimitReader(r, 100<<10) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := readGrowing(tc.r(bytes.NewReader(data)), tc.n)
+			if tc.short {
+				if !errors.Is(err, io.ErrUnexpectedEOF) {
+					t.Fatalf("a short stream: got %v, want io.ErrUnexpectedEOF", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data[:tc.n]) {
+				t.Fatalf("read %d bytes, not the %d sent", len(got), tc.n)
+			}
+			if cap(got) > 2*tc.n+(64<<10) {
+				t.Fatalf("%d bytes held %d of memory", tc.n, cap(got))
+			}
+		})
+	}
+	// A peer that announces 64 MiB and sends ten bytes pins no more than
+	// the first allocation.
+	r := &countingReader{r: bytes.NewReader(data[:10])}
+	if _, err := readGrowing(r, 64<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("got %v", err)
+	}
+	if r.maxBuf > 64<<10 {
+		t.Fatalf("a 10-byte trickle was read into %d bytes", r.maxBuf)
+	}
+}
+
+type countingReader struct {
+	r      io.Reader
+	maxBuf int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	c.maxBuf = max(c.maxBuf, cap(p))
+	return c.r.Read(p)
+}
+
+func iotestOneByte(r io.Reader) io.Reader { return iotest.OneByteReader(r) }
+func iotestHalf(r io.Reader) io.Reader    { return iotest.HalfReader(r) }

@@ -39,6 +39,7 @@ type bench struct {
 	stopAgents context.CancelFunc
 	watchStop  func()
 	baseline   memory // serve before any node was registered
+	profiles   int    // CPU profiles written (-profile)
 }
 
 // results are the figures, as -json writes them.
@@ -145,7 +146,7 @@ func (b *bench) setup(ctx context.Context, work string) error {
 	bin := b.cfg.controlBin
 	if bin == "" {
 		var err error
-		if bin, err = buildControl(ctx, filepath.Join(work, "bin")); err != nil {
+		if bin, err = buildControl(ctx, filepath.Join(work, "bin"), b.cfg.profile != ""); err != nil {
 			return err
 		}
 	}
@@ -153,7 +154,7 @@ func (b *bench) setup(ctx context.Context, work string) error {
 	if err != nil {
 		return err
 	}
-	b.ctl = &controlProc{bin: bin, dir: filepath.Join(work, "control"), logs: logs, listen: fmt.Sprintf("127.0.0.1:%d", port)}
+	b.ctl = &controlProc{profile: b.cfg.profile, bin: bin, dir: filepath.Join(work, "control"), logs: logs, listen: fmt.Sprintf("127.0.0.1:%d", port)}
 	if _, err := b.ctl.run(ctx, "init", "init", "--dir", b.ctl.dir, "--url", b.ctl.url()); err != nil {
 		return err
 	}
@@ -401,6 +402,7 @@ func (b *bench) fanoutIdle(ctx context.Context) error {
 // in flight, and times each node's receipt and recorded report from the
 // first declare.
 func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
+	defer b.profiled("fanout")()
 	nodes := b.active
 	body := fanoutBody()
 	names := make([]string, len(nodes))
@@ -455,6 +457,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 // the window and its memory after it.
 func (b *bench) idleWindow(ctx context.Context) error {
 	sleep(ctx, b.cfg.settle)
+	defer b.profiled("idle")()
 	pid := b.ctl.pid()
 	if pid == 0 {
 		return errors.New("mesh-control serve is not running")

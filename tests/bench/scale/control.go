@@ -24,6 +24,9 @@ type controlProc struct {
 	dir    string // its key directory (and the broker's store)
 	logs   string
 	listen string // host:port, the same at every start
+	// profile is where serve writes CPU profiles when signalled (-profile;
+	// a build with -tags benchprofile), "" for none.
+	profile string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -79,6 +82,9 @@ func (c *controlProc) start() error {
 	defer logf.Close()
 	cmd := exec.Command(c.bin, "serve", "--dir", c.dir, "--listen", c.listen)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if c.profile != "" {
+		cmd.Env = append(os.Environ(), "MESH_BENCH_PROFILE="+c.profile)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("mesh-control serve: %w", err)

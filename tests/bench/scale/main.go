@@ -85,6 +85,7 @@ type config struct {
 	overlayTimeout  time.Duration
 	jsonOut         string
 	keep            bool
+	profile         string
 }
 
 // The exit codes, as the other benches'.
@@ -114,6 +115,7 @@ func main() {
 	flag.DurationVar(&c.overlayTimeout, "overlay-timeout", 2*time.Minute, "how long `overlay set` may take to reach every node before it is cut off")
 	flag.StringVar(&c.jsonOut, "json", "", "also write the figures to this `file` as JSON")
 	flag.BoolVar(&c.keep, "keep", false, "keep DIR/scale (logs, the broker's store) for a look afterwards")
+	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile)")
 	flag.Parse()
 	if c.idle <= 0 {
 		c.idle = c.heartbeat
@@ -248,9 +250,13 @@ func loadAverage() string {
 }
 
 // buildControl builds mesh-control into dir, when no -control was given.
-func buildControl(ctx context.Context, dir string) (string, error) {
+func buildControl(ctx context.Context, dir string, profile bool) (string, error) {
 	out := filepath.Join(dir, "mesh-control")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/mesh-control")
+	args := []string{"build", "-trimpath", "-o", out}
+	if profile {
+		args = append(args, "-tags", "benchprofile")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/mesh-control")...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building mesh-control (run from the repository, or give -control): %w\n%s", err, b)

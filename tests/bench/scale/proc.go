@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -163,4 +166,36 @@ func fdsOf(pid string) int {
 		return 0
 	}
 	return len(es)
+}
+
+// profiled starts CPU profiles of this process (the agents, the bench's
+// own declares) and of serve for one phase, when -profile names a
+// directory, and returns what ends them. With no -profile it does nothing.
+func (b *bench) profiled(phase string) func() {
+	dir := b.cfg.profile
+	if dir == "" {
+		return func() {}
+	}
+	b.profiles++
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("agents-%s-%d.pprof", phase, b.profiles)))
+	if err != nil {
+		b.log.Warn("profile: " + err.Error())
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.log.Warn("profile: " + err.Error())
+		f.Close()
+		return func() {}
+	}
+	pid := b.ctl.pid()
+	if pid != 0 {
+		syscall.Kill(pid, syscall.SIGUSR1)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if pid != 0 {
+			syscall.Kill(pid, syscall.SIGUSR2)
+		}
+	}
 }

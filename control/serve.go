@@ -134,6 +134,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			return err
 		}
 	}
+	go giveBackWhenQuiet(ctx, log)
 	go func() { errs <- keepRunning(ctx, log, "recorder", c.Record) }()
 	if srv != nil {
 		c.brokerKnows = srv.Knows

@@ -110,6 +110,9 @@ func (f *Fleet) Add(cfg *agent.Config) (*Node, error) {
 	return n, nil
 }
 
+// NKey is the node's public NKey, its user name on the broker.
+func (n *Node) NKey() string { return n.id.NKeyPublic() }
+
 // start runs n's agent until ctx ends.
 func (n *Node) Start(ctx context.Context) {
 	n.done = make(chan struct{})

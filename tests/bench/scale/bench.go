@@ -40,6 +40,11 @@ type bench struct {
 	watchStop  func()
 	baseline   memory // serve before any node was registered
 	profiles   int    // CPU profiles written (-profile)
+
+	// CLUSTER=1: the three servers, and the accounts file serve keeps
+	// for them.
+	servers  *clusterServers
+	accounts string
 }
 
 // results are the figures, as -json writes them.
@@ -100,6 +105,8 @@ type idleResult struct {
 	HWMKiB        uint64  `json:"control_rss_peak_kib"`
 	PerNodeKiB    float64 `json:"control_kib_per_node"`
 	AgentsRSSKiB  uint64  `json:"agents_process_rss_kib"`
+	// Servers are the cluster's servers (CLUSTER=1).
+	Servers []clusterServerResult `json:"cluster_servers,omitempty"`
 }
 
 type restartResult struct {
@@ -150,25 +157,31 @@ func (b *bench) setup(ctx context.Context, work string) error {
 			return err
 		}
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	b.ctl = &controlProc{profile: b.cfg.profile, bin: bin, dir: filepath.Join(work, "control"), logs: logs, listen: fmt.Sprintf("127.0.0.1:%d", port)}
-	if _, err := b.ctl.run(ctx, "init", "init", "--dir", b.ctl.dir, "--url", b.ctl.url()); err != nil {
-		return err
-	}
-	if err := b.ctl.start(); err != nil {
-		return err
-	}
-	if err := b.ctl.waitServing(ctx, time.Minute); err != nil {
-		return err
-	}
-	if b.keys, err = keysOf(b.ctl.dir); err != nil {
-		return err
-	}
-	if b.cl, err = control.Connect(ctx, b.keys, b.ctl.url(), quiet); err != nil {
-		return fmt.Errorf("connecting to the control side's broker: %w", err)
+	if b.cfg.cluster {
+		if err := b.setupCluster(ctx, work, bin); err != nil {
+			return err
+		}
+	} else {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		b.ctl = &controlProc{profile: b.cfg.profile, bin: bin, dir: filepath.Join(work, "control"), logs: logs, listen: fmt.Sprintf("127.0.0.1:%d", port)}
+		if _, err := b.ctl.run(ctx, "init", "init", "--dir", b.ctl.dir, "--url", b.ctl.url()); err != nil {
+			return err
+		}
+		if err := b.ctl.start(); err != nil {
+			return err
+		}
+		if err := b.ctl.waitServing(ctx, time.Minute); err != nil {
+			return err
+		}
+		if b.keys, err = keysOf(b.ctl.dir); err != nil {
+			return err
+		}
+		if b.cl, err = control.Connect(ctx, b.keys, b.ctl.url(), quiet); err != nil {
+			return fmt.Errorf("connecting to the control side's broker: %w", err)
+		}
 	}
 	b.fleet = fleet.New(b.keys.ControlPublic(), b.cfg.heartbeat)
 	b.agentsCtx, b.stopAgents = context.WithCancel(context.Background())
@@ -193,6 +206,15 @@ func (b *bench) setup(ctx context.Context, work string) error {
 		return err
 	}
 	return ctx.Err()
+}
+
+// brokerURL is what a node is given as its broker: every server's
+// address on a cluster ("" is the control side's own).
+func (b *bench) brokerURL() string {
+	if b.servers != nil {
+		return b.servers.urls
+	}
+	return ""
 }
 
 // baselineWindow is how long the control side's CPU is read before any
@@ -261,7 +283,7 @@ func (b *bench) register(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				cfg, _, err := b.cl.AddNode(ctx, nodeName(i), "")
+				cfg, _, err := b.addNode(ctx, nodeName(i))
 				mu.Lock()
 				if err != nil {
 					refused++
@@ -335,6 +357,9 @@ func (b *bench) link(ctx context.Context) error {
 	}
 	b.active = nodes
 	b.res.Agents = len(nodes)
+	if err := b.waitAccounts(ctx); err != nil {
+		return err
+	}
 	start := time.Now()
 	var last time.Time
 	for i := 0; i < len(nodes); i += b.cfg.startBatch {
@@ -467,6 +492,12 @@ func (b *bench) idleWindow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var s0 serverSample
+	if b.servers != nil {
+		if s0, err = b.sampleServers(); err != nil {
+			return err
+		}
+	}
 	a0, err := sampleCPU(os.Getpid())
 	if err != nil {
 		return err
@@ -479,6 +510,16 @@ func (b *bench) idleWindow(ctx context.Context) error {
 	c1, err := sampleCPU(pid)
 	if err != nil {
 		return err
+	}
+	var servers []clusterServerResult
+	if b.servers != nil {
+		s1, err := b.sampleServers()
+		if err != nil {
+			return err
+		}
+		if servers, err = b.serversIdle(s0, s1); err != nil {
+			return err
+		}
 	}
 	a1, err := sampleCPU(os.Getpid())
 	if err != nil {
@@ -494,7 +535,7 @@ func (b *bench) idleWindow(ctx context.Context) error {
 		return err
 	}
 	r := &idleResult{WindowSeconds: c1.at.Sub(c0.at).Seconds(), ControlCPU: cpuPercent(c0, c1), AgentsCPU: cpuPercent(a0, a1),
-		BaselineKiB: b.baseline.RSS, RSSKiB: mem.RSS, HWMKiB: mem.HWM, AgentsRSSKiB: own.RSS}
+		BaselineKiB: b.baseline.RSS, RSSKiB: mem.RSS, HWMKiB: mem.HWM, AgentsRSSKiB: own.RSS, Servers: servers}
 	if hb1 >= hb0 {
 		r.Heartbeats = hb1 - hb0
 	}
@@ -725,6 +766,9 @@ func (b *bench) teardown(work string) {
 		if took, killed := b.ctl.stop(b.cfg.stopTimeout); killed {
 			b.log.Warn("serve did not stop; killed", "after", took)
 		}
+	}
+	if b.servers != nil {
+		b.servers.stop()
 	}
 	if b.cfg.keep {
 		b.log.Info("kept " + work)

@@ -27,6 +27,9 @@ type controlProc struct {
 	// profile is where serve writes CPU profiles when signalled (-profile;
 	// a build with -tags benchprofile), "" for none.
 	profile string
+	// serveArgs, when set, are serve's arguments instead of the embedded
+	// broker's (CLUSTER=1).
+	serveArgs []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -80,7 +83,11 @@ func (c *controlProc) start() error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(c.bin, "serve", "--dir", c.dir, "--listen", c.listen)
+	args := c.serveArgs
+	if args == nil {
+		args = []string{"serve", "--dir", c.dir, "--listen", c.listen}
+	}
+	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if c.profile != "" {
 		cmd.Env = append(os.Environ(), "MESH_BENCH_PROFILE="+c.profile)

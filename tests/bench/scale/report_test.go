@@ -84,9 +84,15 @@ func TestJudge(t *testing.T) {
 }
 
 func TestTargetRow(t *testing.T) {
-	r := targetRow(targetCluster, figure{why: clusterNotPossible}, 10000, "")
-	if r.result != clusterNotPossible || r.verdict != "MISS (not measured)" || r.target != targetCluster.text {
+	const notRun = "not run (CLUSTER=1 runs it)"
+	r := targetRow(targetCluster, figure{why: notRun}, 10000, "")
+	if r.result != notRun || r.verdict != "MISS (not measured)" || r.target != targetCluster.text {
 		t.Fatalf("cluster row: %+v", r)
+	}
+	// A cluster's worst server, measured below scale, is carried to it.
+	x := 30.0
+	if v := judge(targetCluster, figure{value: 3, measured: true, atScale: &x}, 1000); !isMiss(v) {
+		t.Fatalf("3 %% on 1,000 nodes, 30 %% at 10,000: %q", v)
 	}
 	r = targetRow(targetFanout, figure{why: "no report was recorded"}, 300, "0 of 300 recorded")
 	if r.result != "0 of 300 recorded; no report was recorded" {

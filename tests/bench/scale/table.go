@@ -7,16 +7,32 @@ import (
 	"time"
 )
 
-// clusterNotPossible is why CLUSTER=1 measures nothing yet (issue 14,
-// item 4 is not built).
-const clusterNotPossible = "not measured yet: the cluster is built (`broker-config --cluster`, `serve --replicas 3`; `TestClusterLosesAServerMidFanout` at 500 nodes) but this bench does not run one"
-
+// clusterRow is the cluster's target: each server's idle CPU, the worst
+// of the three judged (CLUSTER=1).
 func (b *bench) clusterRow() row {
-	why := clusterNotPossible
+	i := b.res.Idle
 	if !b.cfg.cluster {
-		why = "not run (CLUSTER=1); " + why
+		return targetRow(targetCluster, figure{why: "not run (CLUSTER=1 runs it)"}, b.res.Requested, "")
 	}
-	return targetRow(targetCluster, figure{why: why}, b.res.Requested, "")
+	if i == nil || len(i.Servers) == 0 {
+		return targetRow(targetCluster, figure{why: "not reached"}, b.res.Agents, "")
+	}
+	worst := 0.0
+	var each []string
+	for _, s := range i.Servers {
+		worst = max(worst, s.CPU)
+		each = append(each, fmt.Sprintf("%s %.1f %% (VmRSS %s MiB)", s.Name, s.CPU, mib(s.RSSKiB)))
+	}
+	n := b.res.Agents
+	fig := figure{value: worst, measured: true}
+	res := fmt.Sprintf("%s on %s nodes over %s (%s heartbeats stored); serve itself %.1f %%", strings.Join(each, ", "),
+		thousands(n), secs(i.WindowSeconds), thousands(int(i.Heartbeats)), i.ControlCPU)
+	if n > 0 && n < targetCluster.nodes {
+		x := worst * float64(targetCluster.nodes) / float64(n)
+		fig.atScale = &x
+		res += fmt.Sprintf("; ≈ %.0f %% at %s, linearly", x, thousands(targetCluster.nodes))
+	}
+	return targetRow(targetCluster, fig, n, res)
 }
 
 // rows are the table: the issue's targets in its order, with the figures
@@ -42,6 +58,10 @@ func (b *bench) rows() []row {
 			l += fmt.Sprintf("; %s registered nodes left out: one NATS connection each does not fit the open-file limit", thousands(r.FDLimited))
 		}
 		rows = append(rows, infoRow("agents linked (one NATS connection each)", l))
+	}
+
+	if b.cfg.cluster {
+		return append(rows, b.clusterRows(n)...)
 	}
 
 	// Fan-out, to a fleet just linked and to a fleet that has idled.
@@ -129,6 +149,29 @@ func (b *bench) rows() []row {
 	}
 	rows = append(rows, b.clusterRow())
 	return rows
+}
+
+// clusterRows are CLUSTER=1's rows after the registration: the fan-outs
+// (information: their target is the embedded broker's) and the cluster's
+// target.
+func (b *bench) clusterRows(n int) []row {
+	var rows []row
+	for _, f := range []struct {
+		r    *fanoutResult
+		when string
+	}{{b.res.Fanout, "just linked"}, {b.res.FanoutIdle, "after idle"}} {
+		if f.r == nil {
+			continue
+		}
+		for _, r := range b.fanoutRows(f.r, f.when+", cluster", n) {
+			r.target, r.verdict = "— (the target is the embedded broker's)", "—"
+			rows = append(rows, r)
+		}
+	}
+	// The embedded broker's restart, idle, memory and overlay targets
+	// are not this run's: `make bench-scale` without CLUSTER measures
+	// them.
+	return append(rows, b.clusterRow())
 }
 
 // fanoutRows are the rows of one fan-out: until received (information),

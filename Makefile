@@ -38,9 +38,10 @@ bench:
 # code, in this one process, each against an in-process stand-in for its
 # executor) against `mesh-control serve` and its embedded broker, a child
 # process built into the bench's work directory. Prints a table, MISS for
-# each target missed; docs/benchmarks.md keeps the figures. CLUSTER=1 asks
-# for three servers (not measured yet: it says so). BENCH_SCALE_ARGS go to
-# the bench (e.g. "-overlay-timeout 5m").
+# each target missed; docs/benchmarks.md keeps the figures. CLUSTER=1
+# measures against three nats-server processes (built from the module)
+# configured by broker-config --cluster. BENCH_SCALE_ARGS go to the bench
+# (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles).
 NODES   ?= 10000
 CLUSTER ?=
 bench-scale:

@@ -106,15 +106,6 @@ func Connect(ctx context.Context, k *Keys, url string, log *slog.Logger) (*Clien
 // assets are these few whatever the fleet's size, as NATS' maintainers
 // advise for a cluster.
 func ConnectReplicas(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger) (*Client, error) {
-	return connectReplicas(ctx, k, url, replicas, log, nil)
-}
-
-// connectReplicas is ConnectReplicas; with inproc, the connection is made
-// inside this process to the broker serve embeds (no socket, no TLS: the
-// NKey is still checked), which carries all the recorder's traffic — at a
-// fan-out to 10,000 nodes, TLS on the loopback for 40,000 messages the
-// process sent to itself.
-func connectReplicas(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger, inproc nats.InProcessConnProvider) (*Client, error) {
 	if url == "" {
 		url = k.BrokerURL
 	}
@@ -135,7 +126,7 @@ func connectReplicas(ctx context.Context, k *Keys, url string, replicas int, log
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		c, final, err := connectOnce(ctx, k, url, replicas, log, inproc)
+		c, final, err := connectOnce(ctx, k, url, replicas, log)
 		if err == nil || final || ctx.Err() != nil || time.Now().After(deadline) {
 			return c, err
 		}
@@ -156,24 +147,16 @@ const connectRetry = 3 * time.Second
 const clusterConnectRetry = 2 * time.Minute
 
 // connectOnce is one attempt of Connect; final says trying again is no use.
-func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger, inproc nats.InProcessConnProvider) (*Client, bool, error) {
+func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger) (*Client, bool, error) {
 	var pinErr atomic.Pointer[link.PinError]
-	opts := []nats.Option{
+	nc, err := nats.Connect(url,
 		nats.Name("mesh-control"),
+		nats.Secure(link.PinnedTLS(k.Fingerprint, func(e *link.PinError) { pinErr.Store(e) })),
 		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
-		nats.Timeout(5 * time.Second),
+		nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500 * time.Millisecond),
-	}
-	if inproc != nil {
-		// In-process, the broker lets the client choose; the scheme
-		// says none (tls:// would ask for it).
-		opts = append(opts, nats.InProcessServer(inproc))
-		url = "nats://" + strings.TrimPrefix(strings.TrimPrefix(url, "tls://"), "nats://")
-	} else {
-		opts = append(opts, nats.Secure(link.PinnedTLS(k.Fingerprint, func(e *link.PinError) { pinErr.Store(e) })))
-	}
-	nc, err := nats.Connect(url, opts...)
+		nats.ReconnectWait(500*time.Millisecond),
+	)
 	if err != nil {
 		if pe := pinErr.Load(); pe != nil {
 			return nil, true, fmt.Errorf("%v (at %s)", pe, url)

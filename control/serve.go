@@ -91,10 +91,10 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	}
 	// Over TCP and TLS even to the broker serve embeds: an in-process
 	// connection (nats.InProcessServer, a net.Pipe) was measured at
-	// 10,000 nodes and left out — no faster fan-out, and a reconnect
-	// storm took 27–29 s instead of 17–20 (the broker's writes to the
-	// recorder block on a pipe where a socket has a buffer, and 778 of
-	// the nodes' reads timed out behind them).
+	// 10,000 nodes and left out — no fan-out faster beyond the runs'
+	// spread, and the three restarts measured with it were the slowest
+	// (26–31 s; 16–20 s in four of five without). A pipe has no buffer:
+	// the broker's writes to the recorder wait for its reads.
 	c, err := ConnectReplicas(ctx, k, url, o.Replicas, log)
 	if err != nil {
 		return err

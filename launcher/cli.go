@@ -67,6 +67,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// Flags is mesh-launch's command line, for what checks the files that
+// start it (tests/initfiles_test.go).
+func Flags(out io.Writer) *flag.FlagSet {
+	var cfg Config
+	return runFlags(&cfg, out)
+}
+
 func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("mesh-launch", flag.ContinueOnError)
 	fs.SetOutput(out)

@@ -24,14 +24,14 @@ var (
 	ProtectedAccounts = []string{"mesh-agent"}
 
 	// protectedPaths are refused, with everything under them; the last is
-	// Android's (init/android/mesh-host.rc: the executor's state and the
-	// socket directory).
+	// Android's (init/android/mesh-host.rc and docs/android.md: the
+	// executor's state and the socket directory).
 	protectedPaths = []string{
 		"/usr/lib/nox-mesh-host",
 		"/var/lib/mesh-host",
 		"/run/mesh-host",
 		"/etc/mesh-host",
-		"/data/misc/mesh-host",
+		"/data/adb/mesh-host",
 	}
 
 	// binDirs hold the host's binaries.

@@ -161,7 +161,7 @@ func TestAndroidInitPathsAreProtected(t *testing.T) {
 	}
 	paths := map[string]bool{"/system/etc/init/mesh-host.rc": true}
 	for _, f := range strings.Fields(string(rc)) {
-		if strings.HasPrefix(f, "/data/misc/mesh-host") || strings.HasPrefix(f, "/system/bin/mesh-") {
+		if strings.HasPrefix(f, "/data/adb/mesh-host") || strings.HasPrefix(f, "/system/bin/mesh-") {
 			paths[strings.TrimRight(f, ",;")] = true
 		}
 	}

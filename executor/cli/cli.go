@@ -702,25 +702,59 @@ func (c *command) inventory() int {
 	return c.print(inv, text)
 }
 
+// serveFlags are serve's options.
+type serveFlags struct {
+	stateDir, socket, agentState, agentUser, vsockCIDs, vsockSecret, build, hostBinary *string
+	vsockPort                                                                          *uint
+	agentUID                                                                           *int
+	drift                                                                              *time.Duration
+	partial                                                                            *bool
+}
+
+// serveFlagSet is serve's command line, defined once: serve parses it,
+// and so does the test of the init files that start serve with flags of
+// their own (Android's mesh-host.rc), so a file cannot name a flag the
+// binary does not have.
+func serveFlagSet(errw io.Writer) (*flag.FlagSet, *serveFlags) {
+	fs := flag.NewFlagSet("mesh-executor serve", flag.ContinueOnError)
+	fs.SetOutput(errw)
+	return fs, &serveFlags{
+		stateDir:    fs.String("state", DefaultState, "the executor's state directory"),
+		socket:      fs.String("socket", wire.SocketPath, "the socket the agent connects to"),
+		agentState:  fs.String("agent-state", "/var/lib/mesh-host/agent", "the agent's state directory (in the protected set wherever it is)"),
+		agentUser:   fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect"),
+		vsockPort:   fs.Uint("vsock-port", 0, "also listen for the agent on this vsock port (0: no vsock)"),
+		vsockCIDs:   fs.String("vsock-cids", "", "the context ids that may connect over vsock, comma-separated"),
+		vsockSecret: fs.String("vsock-secret", "", "a root-only file holding the secret every vsock connection's hello must present"),
+		agentUID:    fs.Int("agent-uid", 0, "the agent's uid, numeric (an Android app's, which no passwd names); overrides --agent-user"),
+		drift:       fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)"),
+		build:       fs.String("build", Build, "the build id the agent compares at hello"),
+		hostBinary:  fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)"),
+		partial:     fs.Bool("partial", false, "a partial host: file, directory, action and archive only"),
+	}
+}
+
+// ServeFlags is serve's command line, for what checks the files that
+// start it (tests/initfiles_test.go): parse an init file's arguments with
+// it and a flag the binary lacks is an error.
+func ServeFlags(errw io.Writer) *flag.FlagSet {
+	fs, _ := serveFlagSet(errw)
+	return fs
+}
+
 // serve runs the daemon until SIGTERM or SIGINT.
 func (c *command) serve(args []string) int {
-	fs := flag.NewFlagSet("mesh-executor serve", flag.ContinueOnError)
-	fs.SetOutput(c.errw)
-	stateDir := fs.String("state", DefaultState, "the executor's state directory")
-	socket := fs.String("socket", wire.SocketPath, "the socket the agent connects to")
-	agentState := fs.String("agent-state", "/var/lib/mesh-host/agent", "the agent's state directory (in the protected set wherever it is)")
-	agentUser := fs.String("agent-user", "mesh-agent", "the agent's user: the only one besides root that may connect")
-	vsockPort := fs.Uint("vsock-port", 0, "also listen for the agent on this vsock port (0: no vsock)")
-	vsockCIDs := fs.String("vsock-cids", "", "the context ids that may connect over vsock, comma-separated")
-	vsockSecret := fs.String("vsock-secret", "", "a root-only file holding the secret every vsock connection's hello must present")
-	agentUID := fs.Int("agent-uid", 0, "the agent's uid, numeric (an Android app's, which no passwd names); overrides --agent-user")
-	drift := fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)")
-	build := fs.String("build", Build, "the build id the agent compares at hello")
-	hostBinary := fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)")
-	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
+	fs, f := serveFlagSet(c.errw)
 	if err := fs.Parse(args); err != nil {
 		return ExitRefused
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(c.errw, "mesh-executor: serve: unexpected %q\n", fs.Arg(0))
+		return ExitRefused
+	}
+	stateDir, socket, agentState, agentUser := f.stateDir, f.socket, f.agentState, f.agentUser
+	vsockPort, vsockCIDs, vsockSecret, agentUID := f.vsockPort, f.vsockCIDs, f.vsockSecret, f.agentUID
+	drift, build, hostBinary, partial := f.drift, f.build, f.hostBinary, f.partial
 	log := slog.New(slog.NewTextHandler(c.errw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if os.Geteuid() != 0 {
 		log.Error("executor: serve runs as root")

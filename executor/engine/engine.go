@@ -87,6 +87,8 @@ type Options struct {
 	// manager in tests.
 	accounts accounts
 	packages packageManager
+	// repositoryPaths replace the machine's (repositoryPaths) in tests.
+	repositoryPaths []string
 }
 
 // batchLimit bounds how many steps share one durable intent group.
@@ -122,6 +124,12 @@ type run struct {
 	units    map[string]string // service key -> the unit's canonical name
 	restarts []pendingRestart  // services with restart_on, decided last
 	changed  map[string]bool   // "module.id" of lines applied or repaired
+	// repoFiles are the files of this declaration that configure a
+	// package manager's repositories (by "module.id"); repoDirty: one of
+	// them changed since the index was last refreshed; refreshed: the
+	// index was refreshed in this apply (refreshFor).
+	repoFiles            map[string]bool
+	repoDirty, refreshed bool
 	// declaredDirs are the directories declared so far, in stated order.
 	declaredDirs map[string]bool
 	// forget are kept originals no entry needs once the apply's records
@@ -270,6 +278,12 @@ func (r *run) check() error {
 	for _, res := range d.Resources {
 		if f, ok := res.(*shapes.File); ok && isUnitPath(f.Path) {
 			r.unitFiles[path.Base(f.Path)] = true
+		}
+		if f, ok := res.(*shapes.File); ok && r.repositoryFile(f.Path) {
+			if r.repoFiles == nil {
+				r.repoFiles = map[string]bool{}
+			}
+			r.repoFiles[f.Module+"."+f.ID] = true
 		}
 	}
 	// Units: the init resolves aliases, and an alias of the host's own
@@ -674,6 +688,9 @@ func (r *run) emit(l shapes.Line) {
 	r.lines = append(r.lines, l)
 	if l.Outcome == shapes.Applied || l.Outcome == shapes.Repaired {
 		r.changed[l.Module+"."+l.ID] = true
+		if r.repoFiles[l.Module+"."+l.ID] {
+			r.repoDirty = true
+		}
 	}
 	if r.opt.OnLine != nil {
 		r.opt.OnLine(l)

@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -27,6 +29,63 @@ type packageManager interface {
 	// own database, include any of paths (absolute and exact): a path no
 	// package owns, or that does not exist, adds none and is no error.
 	owners(ctx context.Context, paths []string) ([]string, error)
+	// known says whether the package index, as of its last refresh,
+	// offers pkg at version (at any version when it is "").
+	known(ctx context.Context, pkg, version string) (bool, error)
+	// refresh brings the package index up to the repositories'.
+	refresh(ctx context.Context) error
+}
+
+// repositoryPaths are where a machine's package managers read which
+// repositories to use and which keys to trust: a file of a declaration
+// changed under one of them makes the index stale for the packages
+// declared after it.
+var repositoryPaths = []string{
+	"/etc/apt/sources.list", "/etc/apt/sources.list.d/", "/etc/apt/trusted.gpg", "/etc/apt/trusted.gpg.d/", "/etc/apt/keyrings/",
+	"/etc/pacman.conf", "/etc/pacman.d/",
+	"/etc/apk/repositories", "/etc/apk/keys/",
+}
+
+// repositoryFile says whether path configures a package manager's
+// repositories (repositoryPaths; the tests' own, under their scratch tree).
+func (r *run) repositoryFile(path string) bool {
+	paths := repositoryPaths
+	if r.opt.repositoryPaths != nil {
+		paths = r.opt.repositoryPaths
+	}
+	return slices.ContainsFunc(paths, func(p string) bool {
+		return path == p || strings.HasSuffix(p, "/") && strings.HasPrefix(path, p)
+	})
+}
+
+// refreshFor refreshes the package index once per apply, and only when
+// it is needed for p: a repository file of this declaration changed since
+// the index was last refreshed, or the index does not offer p at its
+// declared version and has not been refreshed in this apply. ("a file
+// writes the repository's configuration, a package names the version"
+// failed for every release published after the node's last refresh: no
+// applier refreshed.)
+func (r *run) refreshFor(mgr packageManager, p *shapes.Package) error {
+	need := r.repoDirty
+	why := "a repository file of this declaration changed"
+	if !need && !r.refreshed {
+		ok, err := mgr.known(r.ctx, p.Name, p.Version)
+		if err != nil {
+			return fmt.Errorf("asking the package index for %s: %w", p.Name, err)
+		}
+		need = !ok
+		why = fmt.Sprintf("the index does not offer %s %s", p.Name, cmp.Or(p.Version, "at any version"))
+	}
+	if !need {
+		return nil
+	}
+	start := time.Now()
+	if err := mgr.refresh(r.ctx); err != nil {
+		return fmt.Errorf("refreshing the package index (%s): %w", why, err)
+	}
+	r.refreshed, r.repoDirty = true, false
+	r.log.Info("engine: package index refreshed", "why", why, "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // detectPackages finds the machine's package manager by asking each one
@@ -124,6 +183,39 @@ func (apt) install(ctx context.Context, pkg, version string) error {
 	return nil
 }
 
+// known asks apt-cache madison, which prints "pkg | version | source" for
+// each version the index offers (nothing for a package it does not know).
+func (apt) known(ctx context.Context, pkg, version string) (bool, error) {
+	out, _, err := runTool(ctx, "apt-cache", "madison", "--", pkg)
+	if err != nil {
+		return false, err
+	}
+	return madisonOffers(out, pkg, version), nil
+}
+
+// madisonOffers reads apt-cache madison's lines for pkg at version (any
+// version when "").
+func madisonOffers(out, pkg, version string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Split(l, "|")
+		if len(f) < 3 || strings.TrimSpace(f[0]) != pkg {
+			continue
+		}
+		if version == "" || strings.TrimSpace(f[1]) == version {
+			return true
+		}
+	}
+	return false
+}
+
+func (apt) refresh(ctx context.Context) error {
+	_, _, err := runInstall(ctx, []string{"DEBIAN_FRONTEND=noninteractive"}, "apt-get", "update", "-o", "DPkg::Lock::Timeout=10")
+	if err != nil {
+		return lockedMessage("dpkg", err)
+	}
+	return nil
+}
+
 // owners asks dpkg-query -S, which prints "pkg[:arch][, pkg…]: path" for
 // each path a package ships, with the diversions' lines beside them.
 func (apt) owners(ctx context.Context, paths []string) ([]string, error) {
@@ -196,6 +288,35 @@ func (pacman) install(ctx context.Context, pkg, version string) error {
 	return nil
 }
 
+// known asks pacman -Si, which prints the sync databases' one version of
+// pkg ("Version : 1.2-1") and exits 1 when none has it.
+func (pacman) known(ctx context.Context, pkg, version string) (bool, error) {
+	out, code, err := runTool(ctx, "pacman", "-Si", "--", pkg)
+	if code == 1 {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if version == "" {
+		return true, nil
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "Version" && strings.TrimSpace(v) == version {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (pacman) refresh(ctx context.Context) error {
+	_, _, err := runInstall(ctx, nil, "pacman", "-Sy", "--noconfirm")
+	if err != nil {
+		return lockedMessage("pacman", err)
+	}
+	return nil
+}
+
 // owners asks pacman -Qqo, which prints the owner's bare name for each
 // path a package owns.
 func (pacman) owners(ctx context.Context, paths []string) ([]string, error) {
@@ -233,6 +354,30 @@ func (apk) install(ctx context.Context, pkg, version string) error {
 		target += "=" + version
 	}
 	_, _, err := runInstall(ctx, nil, "apk", "add", "--", target)
+	if err != nil {
+		return lockedMessage("apk", err)
+	}
+	return nil
+}
+
+// known asks apk search --exact, which prints "pkg-version" for each
+// version the indexes offer.
+func (apk) known(ctx context.Context, pkg, version string) (bool, error) {
+	out, _, err := runTool(ctx, "apk", "search", "--exact", "--all", "--", pkg)
+	if err != nil {
+		return false, err
+	}
+	for _, f := range strings.Fields(out) {
+		v, ok := strings.CutPrefix(f, pkg+"-")
+		if ok && (version == "" || v == version) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (apk) refresh(ctx context.Context) error {
+	_, _, err := runInstall(ctx, nil, "apk", "update")
 	if err != nil {
 		return lockedMessage("apk", err)
 	}
@@ -332,6 +477,10 @@ func (r *run) pkg(st *step, rest int) {
 	}
 	if r.opt.Plan {
 		r.emit(st.line)
+		return
+	}
+	if err := r.refreshFor(mgr, p); err != nil {
+		r.fail(st, err, rest)
 		return
 	}
 	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypePackage, Created: !ok}, rest) {

@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"maps"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +27,26 @@ type fakePackages struct {
 	files map[string]string
 	// ownersErr is what asking who owns a file fails with, if it does.
 	ownersErr error
+	// index is what the package index offers (package → versions) as of
+	// its last refresh, upstream what the repositories offer now (a
+	// refresh copies it over); a nil index offers everything.
+	index, upstream map[string][]string
+	refreshes       int
+}
+
+func (f *fakePackages) known(_ context.Context, p, v string) (bool, error) {
+	if f.index == nil {
+		return true, nil
+	}
+	vs, ok := f.index[p]
+	return ok && (v == "" || slices.Contains(vs, v)), nil
+}
+
+func (f *fakePackages) refresh(context.Context) error {
+	f.refreshes++
+	f.log = append(f.log, "refresh")
+	f.index = maps.Clone(f.upstream)
+	return nil
 }
 
 // brings makes pkg the owner of a unit's file: unit's definition on
@@ -105,6 +128,80 @@ func TestPackagePresentPinnedNeverUpgradedNeverRemoved(t *testing.T) {
 	}
 }
 
+// The package index is refreshed once per apply, and only when needed: a
+// declared version it does not offer (a release published after the
+// node's last refresh), or a repository file of the same declaration
+// changed before the package. Never for what is installed as declared,
+// never twice for two unknown packages, never in a plan.
+func TestPackageIndexRefreshedOnlyWhenNeeded(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{"curl": "7.88"},
+		index:    map[string][]string{"curl": {"7.88"}, "jq": {"1.6"}},
+		upstream: map[string][]string{"curl": {"7.88", "8.0"}, "jq": {"1.6", "1.7"}, "new": {"1.0"}}}
+	for i, c := range []struct {
+		name      string
+		resources []string
+		plan      bool
+		want      string // the package manager's calls
+		refreshes int
+	}{
+		{"what the index offers: no refresh", []string{`{"module":"m","id":"jq","type":"package","name":"jq","version":"1.6"}`}, false, "install jq=1.6", 0},
+		{"installed as declared: no refresh", []string{`{"module":"m","id":"jq","type":"package","name":"jq","version":"1.6"}`}, false, "", 0},
+		{"a plan never refreshes", []string{`{"module":"m","id":"curl","type":"package","name":"curl","version":"8.0"}`}, true, "", 0},
+		{"a release after the last refresh: once, for both", []string{
+			`{"module":"m","id":"curl","type":"package","name":"curl","version":"8.0"}`,
+			`{"module":"m","id":"new","type":"package","name":"new"}`}, false, "refresh;install curl=8.0;install new=", 1},
+		{"unknown even after it: refreshed once, then apt's own failure", []string{
+			`{"module":"m","id":"jq","type":"package","name":"jq","version":"9.9"}`}, false, "refresh;install jq=9.9", 1},
+	} {
+		f.log = nil
+		f.refreshes = 0
+		if i == 4 {
+			f.upstream = map[string][]string{"jq": {"1.6"}}
+		}
+		doc := h.doc(c.resources...)
+		var rep *shapes.Report
+		if c.plan {
+			d, _ := shapes.ParseTrusted([]byte(doc))
+			st, _ := store.Open(h.state)
+			rep = Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: f, Plan: true})
+		} else {
+			rep = h.applyPackages(f, doc)
+		}
+		if got := strings.Join(f.log, ";"); got != c.want || f.refreshes != c.refreshes {
+			t.Fatalf("%s: calls %q (%d refreshes), want %q (%d): %+v", c.name, got, f.refreshes, c.want, c.refreshes, rep.Lines)
+		}
+	}
+	// A repository file written by the same declaration, before the
+	// package: refreshed even though the index offers some version.
+	f = &fakePackages{have: map[string]string{}, index: map[string][]string{"tool": {"1.0"}}, upstream: map[string][]string{"tool": {"1.0", "2.0"}},
+		repo: map[string]string{"tool": "2.0"}}
+	os.MkdirAll(h.p("etc/apt/sources.list.d"), 0o755)
+	withRepo := h.doc(
+		`{"module":"m","id":"repo","type":"file","path":"{root}/etc/apt/sources.list.d/extra.list","content":"deb [trusted=yes] file:/srv/extra ./\\n"}`,
+		`{"module":"m","id":"tool","type":"package","name":"tool"}`)
+	apply := func() *shapes.Report {
+		d, err := shapes.ParseTrusted([]byte(withRepo))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := store.Open(h.state)
+		st.Lock(time.Second)
+		defer st.Unlock()
+		return Apply(context.Background(), st, d, []byte(withRepo), Options{Source: store.Local, packages: f,
+			repositoryPaths: []string{h.p("etc/apt/sources.list.d") + "/"}})
+	}
+	rep := apply()
+	if got := strings.Join(f.log, ";"); got != "refresh;install tool=" || f.have["tool"] != "2.0" {
+		t.Fatalf("a repository file changed before the package: calls %q: %+v", got, rep.Lines)
+	}
+	// The same again: the file unchanged, the package installed: nothing.
+	f.log = nil
+	if rep = apply(); len(f.log) != 0 {
+		t.Fatalf("nothing changed, yet: %q: %+v", f.log, rep.Lines)
+	}
+}
+
 func TestPackageLockedDatabaseIsAClearFailure(t *testing.T) {
 	h := newHarness(t)
 	f := &fakePackages{have: map[string]string{}, locked: true}
@@ -135,5 +232,25 @@ func TestDpkgOwners(t *testing.T) {
 				t.Fatalf("%q: %q, want %q", c.out, got, c.want)
 			}
 		})
+	}
+}
+
+// apt-cache madison's lines (as apt 2.6 prints them) read as the
+// versions the index offers.
+func TestMadisonOffers(t *testing.T) {
+	out := "  lp-hello |        2.0 | file:/srv/repo ./ Packages\n  lp-hello |        1.0 | file:/srv/repo ./ Packages\nlp-hello-extra | 3.0 | file:/srv/repo ./ Packages\n"
+	for _, c := range []struct {
+		pkg, version string
+		want         bool
+	}{
+		{"lp-hello", "", true}, {"lp-hello", "1.0", true}, {"lp-hello", "2.0", true},
+		{"lp-hello", "3.0", false}, {"lp-hell", "", false}, {"lp-other", "", false},
+	} {
+		if got := madisonOffers(out, c.pkg, c.version); got != c.want {
+			t.Errorf("%s %q: %v, want %v", c.pkg, c.version, got, c.want)
+		}
+	}
+	if madisonOffers("", "lp-hello", "") {
+		t.Error("nothing offered, yet found")
 	}
 }

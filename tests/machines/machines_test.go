@@ -75,6 +75,13 @@ func (m *machine) sh(cmd string) string {
 // it with the executor, as a person at the machine would.
 func (m *machine) apply(doc string, args ...string) (*shapes.Report, int) {
 	m.t.Helper()
+	rep, code, _ := m.applyLogged(doc, args...)
+	return rep, code
+}
+
+// applyLogged is apply, with what the executor logged (its standard error).
+func (m *machine) applyLogged(doc string, args ...string) (*shapes.Report, int, string) {
+	m.t.Helper()
 	if err := m.WriteFile("/root/decl.json", []byte(doc), 0o600); err != nil {
 		m.t.Fatal(err)
 	}
@@ -96,7 +103,7 @@ func (m *machine) apply(doc string, args ...string) (*shapes.Report, int) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		m.t.Fatalf("report %q: %v\n%s", out, err, stderr)
 	}
-	return &rep, code
+	return &rep, code, stderr
 }
 
 func asExit(err error) (int, bool) {
@@ -228,19 +235,27 @@ func deb(t *testing.T, dir, name, version string) string {
 // (/srv/repo, trusted, no network) and makes it apt's only source.
 func (m *machine) serveRepo(debs ...string) {
 	m.t.Helper()
+	m.publishRepo("/srv/repo", debs...)
+	m.WriteFile("/etc/apt/sources.list", []byte("deb [trusted=yes] file:/srv/repo ./\n"), 0o644)
+	m.sh("rm -f /etc/apt/sources.list.d/*; apt-get update -qq -o APT::Get::List-Cleanup=1 >/dev/null 2>&1 || apt-get update")
+}
+
+// publishRepo puts debs in the repository at dir, as a release is
+// published: the node's package index does not know them until it is
+// refreshed.
+func (m *machine) publishRepo(dir string, debs ...string) {
+	m.t.Helper()
 	var index strings.Builder
 	for _, p := range debs {
 		b, _ := os.ReadFile(p)
-		if err := m.WriteFile("/srv/repo/"+filepath.Base(p), b, 0o644); err != nil {
+		if err := m.WriteFile(dir+"/"+filepath.Base(p), b, 0o644); err != nil {
 			m.t.Fatal(err)
 		}
 		info, _ := exec.Command("dpkg-deb", "-f", p).Output()
 		sum := sha256.Sum256(b)
 		fmt.Fprintf(&index, "%sFilename: ./%s\nSize: %d\nSHA256: %s\n\n", info, filepath.Base(p), len(b), hex.EncodeToString(sum[:]))
 	}
-	m.WriteFile("/srv/repo/Packages", []byte(index.String()), 0o644)
-	m.WriteFile("/etc/apt/sources.list", []byte("deb [trusted=yes] file:/srv/repo ./\n"), 0o644)
-	m.sh("rm -f /etc/apt/sources.list.d/*; apt-get update -qq -o APT::Get::List-Cleanup=1 >/dev/null 2>&1 || apt-get update")
+	m.WriteFile(dir+"/Packages", []byte(index.String()), 0o644)
 }
 
 // The package shape against dpkg and apt, with packages built by the test
@@ -282,6 +297,33 @@ func TestPackageOnApt(t *testing.T) {
 	rep, code = m.apply(decl(`{"module":"base","id":"nope","type":"package","name":"lp-nowhere"}`))
 	if code != 1 || rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "lp-nowhere") {
 		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+
+	// A release published after the node's last refresh: the declaration
+	// naming it has the index refreshed, once, and installs it.
+	m.publishRepo("/srv/repo", deb(t, dir, "lp-hello", "1.0"), deb(t, dir, "lp-hello", "2.0"), deb(t, dir, "lp-hello", "3.0"))
+	refreshes := func(stderr string) int { return strings.Count(stderr, "package index refreshed") }
+	hello3 := `{"module":"base","id":"hello","type":"package","name":"lp-hello","version":"3.0"}`
+	rep, code, log := m.applyLogged(decl(hello3), "apply", "-v")
+	expect(t, rep, shapes.Applied, "base.hello=applied base.nope=forgotten") // the one that failed, recorded, no longer declared
+	if code != 0 || m.sh("dpkg-query -W -f='${Version}' lp-hello") != "3.0" || refreshes(log) != 1 {
+		t.Fatalf("a release published after the last refresh: exit %d, %d refreshes, %+v\n%s", code, refreshes(log), rep.Lines, log)
+	}
+	// As declared: nothing to refresh for.
+	rep, _, log = m.applyLogged(decl(hello3), "apply", "-v")
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged")
+	if refreshes(log) != 0 {
+		t.Fatalf("refreshed for a package installed as declared:\n%s", log)
+	}
+	// A file of the declaration writes a repository's configuration; a
+	// package after it is one only that repository has.
+	m.publishRepo("/srv/repo2", deb(t, dir, "lp-extra", "1.0"))
+	rep, code, log = m.applyLogged(decl(hello3,
+		`{"module":"base","id":"repo2","type":"file","path":"/etc/apt/sources.list.d/lp-extra.list","content":"deb [trusted=yes] file:/srv/repo2 ./\n"}`,
+		`{"module":"base","id":"extra","type":"package","name":"lp-extra"}`), "apply", "-v")
+	expect(t, rep, shapes.Applied, "base.hello=unchanged base.repo2=applied base.extra=applied")
+	if code != 0 || m.sh("dpkg-query -W -f='${Version}' lp-extra") != "1.0" || refreshes(log) != 1 {
+		t.Fatalf("a package of a repository the same declaration configures: exit %d, %d refreshes, %+v\n%s", code, refreshes(log), rep.Lines, log)
 	}
 }
 

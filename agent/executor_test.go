@@ -104,16 +104,17 @@ func TestLauncherHaltReportedUpward(t *testing.T) {
 }
 
 // An episodic agent (an app, linked only while it runs) says so in its
-// heartbeat; when it stops, the control side reads its silence as the
-// ordinary case ("episodic"), where a resident node's is "silent".
+// heartbeat, and the control side marks it so. When either stops, the
+// control side keeps what it last said and how long ago: no "silent"
+// threshold of its own (issue 16: disconnection is the node's to say).
 func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
 	for _, n := range []struct {
 		name     string
 		episodic bool
-		want     string
-	}{{"app", true, control.StateEpisodic}, {"server", false, control.StateSilent}} {
+		presence string
+	}{{"app", true, link.PresenceEpisodic}, {"server", false, link.PresenceResident}} {
 		id, _ := c.addNode(n.name)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -121,18 +122,23 @@ func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
 			done <- agent.Run(ctx, agent.Options{Identity: id, Socket: ex.path, ExecutorUID: uint32(os.Getuid()), StateDir: t.TempDir(),
 				Heartbeat: 200 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(), Episodic: n.episodic})
 		}()
-		state := func() string {
+		status := func() *control.NodeStatus {
 			ns, _ := c.client.Nodes(context.Background())
 			for _, s := range ns {
 				if s.Name == n.name {
-					return s.State
+					return s
 				}
 			}
-			return ""
+			return &control.NodeStatus{}
 		}
-		waitFor(t, n.name+" heard from", func() bool { return state() == link.StateEnrolled })
+		waitFor(t, n.name+" heard from", func() bool { s := status(); return s.State == link.StateEnrolled && s.Presence == n.presence })
 		cancel()
 		<-done
-		waitFor(t, n.name+" read as "+n.want, func() bool { return state() == n.want })
+		// Many heartbeat periods later: what it last said, heard longer
+		// ago, and nothing the control side made up.
+		time.Sleep(time.Second)
+		if s := status(); s.State != link.StateEnrolled || s.Presence != n.presence || time.Since(s.LastHeard) < 800*time.Millisecond {
+			t.Fatalf("%s after its agent stopped: state %q, presence %q, last heard %v ago", n.name, s.State, s.Presence, time.Since(s.LastHeard))
+		}
 	}
 }

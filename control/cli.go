@@ -528,8 +528,10 @@ func (c *cli) nodes() error {
 			outcome = fmt.Sprintf("%s (seq %d)", outcome, n.LastSeq)
 		}
 		state := n.State
-		if state == StateEpisodic {
-			state = "episodic, last seen " + ago(n.LastHeard)
+		if n.Presence == link.PresenceEpisodic {
+			// An app, linked only while it runs: its silence is the
+			// ordinary case, said as a fact, not an alarm.
+			state += " (episodic)"
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, state, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}

@@ -17,10 +17,16 @@ type NodeStatus struct {
 	Name      string `json:"name"`
 	Enrolment string `json:"enrolment"`
 	NKey      string `json:"nkey"`
-	// State: "revoked" (StateRevoked), "never heard from", "silent" (no
-	// heartbeat for three periods), or the agent's own state from its
-	// last heartbeat.
+	// State: "revoked" (StateRevoked), "never heard from", or the
+	// agent's own state from its last heartbeat. The control side keeps
+	// no "silent" threshold of its own: how long ago the node was last
+	// heard (LastHeard) is the fact, and a node that was disconnected says
+	// so itself when its link returns.
 	State string `json:"state"`
+	// Presence is the node's own word on how it links: "resident"
+	// (whenever its machine is up) or "episodic" (an app, linked only
+	// while it runs, whose silence is the ordinary case).
+	Presence string `json:"presence,omitempty"`
 	// Revoked is when the node's identity was revoked (zero: it is not).
 	Revoked         time.Time `json:"revoked,omitzero"`
 	LastHeard       time.Time `json:"last_heard,omitzero"`
@@ -46,13 +52,9 @@ type NodeStatus struct {
 	Assignments string `json:"assignments,omitempty"`
 }
 
-// The registry's states beyond the agent's own.
-const (
-	StateNeverHeard = "never heard from"
-	StateSilent     = "silent"
-	// StateEpisodic: an episodic node (an app) between its runs.
-	StateEpisodic = "episodic"
-)
+// StateNeverHeard is the registry's state of a node that has said
+// nothing yet (beyond the agent's own states and StateRevoked).
+const StateNeverHeard = "never heard from"
 
 func (c *Client) getJSON(ctx context.Context, key string, v any) bool {
 	e, err := c.KV.Get(ctx, key)
@@ -72,7 +74,6 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
 	var out []*NodeStatus
 	for _, r := range recs {
 		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
@@ -102,17 +103,11 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			}
 			s.ExecutorError, s.LastLinkError = hb.ExecutorError, hb.LastLinkError
 			s.ExecutorHalted = hb.ExecutorHalted
-			s.State = hb.State
-			if now.Sub(hb.At) > 3*time.Duration(hb.Interval*float64(time.Second))+5*time.Second {
-				s.State = StateSilent
-				if hb.Presence == link.PresenceEpisodic {
-					// An app linked only while it runs: its silence is
-					// the ordinary case, said as a fact, not an alarm.
-					s.State = StateEpisodic
-				}
-			}
+			s.State, s.Presence = hb.State, hb.Presence
 		} else if s.LastReport != nil {
-			s.State = StateSilent
+			// Reported, and no heartbeat kept: it was linked and
+			// enrolled when it last spoke.
+			s.State = link.StateEnrolled
 		}
 		if r.IsRevoked() {
 			// Whatever it last said, it says nothing more as this

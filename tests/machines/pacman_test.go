@@ -104,7 +104,25 @@ func pacmanLab(t *testing.T, pkgs ...pacPkg) *machine {
 		t.Fatal("pacman is missing (Debian package pacman-package-manager; tests/install-deps.sh installs it)")
 	}
 	m := boot(t, lab.Options{Init: lab.S6})
-	pkgs = append(pkgs, pacPkg{name: "pacman", version: "6.0.2-3"})
+	m.publishPacRepo(append(pkgs, pacPkg{name: "pacman", version: "6.0.2-3"})...)
+	conf := "[options]\nArchitecture = auto\nSigLevel = Never\nLocalFileSigLevel = Never\n\n" +
+		"[pacrepo]\nServer = file:///srv/pacrepo\n"
+	if err := m.WriteFile("/etc/pacman.conf", []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.sh("pacman -Sy --noconfirm >/dev/null && pacman -S --noconfirm pacman >/dev/null")
+	if got := m.sh("pacman -Q pacman"); got != "pacman 6.0.2-3" {
+		t.Fatalf("pacman's database: %q", got)
+	}
+	return m
+}
+
+// publishPacRepo makes /srv/pacrepo hold exactly pkgs, as a release is
+// published: the machine's sync database does not know them until it is
+// refreshed (pacman -Sy).
+func (m *machine) publishPacRepo(pkgs ...pacPkg) {
+	t := m.t
+	t.Helper()
 	var db bytes.Buffer
 	tw := tar.NewWriter(&db)
 	for _, p := range pkgs {
@@ -128,16 +146,6 @@ func pacmanLab(t *testing.T, pkgs ...pacPkg) *machine {
 	if err := m.WriteFile("/srv/pacrepo/pacrepo.db", gzipped(t, db.Bytes()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	conf := "[options]\nArchitecture = auto\nSigLevel = Never\nLocalFileSigLevel = Never\n\n" +
-		"[pacrepo]\nServer = file:///srv/pacrepo\n"
-	if err := m.WriteFile("/etc/pacman.conf", []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m.sh("pacman -Sy --noconfirm >/dev/null && pacman -S --noconfirm pacman >/dev/null")
-	if got := m.sh("pacman -Q pacman"); got != "pacman 6.0.2-3" {
-		t.Fatalf("pacman's database: %q", got)
-	}
-	return m
 }
 
 // pacQ is what pacman's own database says of name: "name version", or "".
@@ -227,6 +235,25 @@ func TestPacmanBackend(t *testing.T) {
 		t.Fatalf("exit %d %+v", code, rep.Lines)
 	}
 
+	// A release published after the machine's last refresh (a pacman
+	// repository holds one version of each package: the new one): the pin
+	// of it has the sync database refreshed, once, and installs it.
+	m.publishPacRepo(pacPkg{name: "lp-hello", version: "2.0-1", files: map[string]string{"usr/share/lp-hello/version": "2.0-1\n"}},
+		lpOther, pacPkg{name: "pacman", version: "6.0.2-3"})
+	// Published later than the machine's copy, as a release is (pacman
+	// fetches a database only when it is newer, to the second).
+	m.sh("touch -d @$(( $(date +%s) + 60 )) /srv/pacrepo/pacrepo.db")
+	rep, code, log := m.applyLogged(decl(pinned("2.0-1"), other), "apply", "-v")
+	expect(t, rep, shapes.Applied, "base.hello=applied base.other=unchanged base.nowhere=forgotten")
+	if code != 0 || m.pacQ("lp-hello") != "lp-hello 2.0-1" || strings.Count(log, "package index refreshed") != 1 {
+		t.Fatalf("a release published after the last refresh: exit %d %s %+v\n%s", code, m.pacQ("lp-hello"), rep.Lines, log)
+	}
+	rep, _, log = m.applyLogged(decl(pinned("2.0-1"), other), "apply", "-v")
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged base.other=unchanged")
+	if strings.Contains(log, "package index refreshed") {
+		t.Fatalf("refreshed for packages installed as declared:\n%s", log)
+	}
+
 	// Undeclared: forgotten, never uninstalled.
 	rep, code = m.apply(decl())
 	if code != 0 || !strings.Contains(outcomes(rep), "base.hello=forgotten") || !strings.Contains(outcomes(rep), "base.other=forgotten") {
@@ -237,7 +264,7 @@ func TestPacmanBackend(t *testing.T) {
 			t.Fatalf("undeclared package line %s.%s %s: %s", l.Module, l.ID, l.Outcome, l.Detail)
 		}
 	}
-	if m.pacQ("lp-hello") != "lp-hello 1.0-1" || m.pacQ("lp-other") != "lp-other 3.1-2" {
+	if m.pacQ("lp-hello") != "lp-hello 2.0-1" || m.pacQ("lp-other") != "lp-other 3.1-2" {
 		t.Fatal("uninstalled")
 	}
 	// Nothing is left to forget.

@@ -560,6 +560,11 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	if lines != nil {
 		r.Lines = lines
 	}
+	a.linkMu.Lock()
+	if l := a.link; !l.lastLinked.IsZero() && l.lastLinked.Before(l.since) {
+		r.DisconnectedFrom, r.DisconnectedTo = l.lastLinked.UTC(), l.since.UTC()
+	}
+	a.linkMu.Unlock()
 	if v.Code != wire.CodeNone {
 		r.Refused, r.Code, r.RefusedBy = v.Reason, v.Code.String(), "executor"
 	}

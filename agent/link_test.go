@@ -34,7 +34,9 @@ func TestBrokerRestart(t *testing.T) {
 	c.reports("restart", "seq 1 applied", hasReport(s1, shapes.Applied))
 
 	// Down.
+	stopping := time.Now()
 	c.stop()
+	stopped := time.Now()
 	// Up without the node: publish while it cannot link.
 	bare, err := control.StartServer(c.keys, c.listen, logger())
 	if err != nil {
@@ -65,6 +67,7 @@ func TestBrokerRestart(t *testing.T) {
 	}
 
 	// Up again, with the registry.
+	starting := time.Now()
 	c.start()
 	newest := seqs[len(seqs)-1]
 	rs := c.reports("restart", "the newest applied after the restart", hasReport(newest, shapes.Applied))
@@ -80,8 +83,20 @@ func TestBrokerRestart(t *testing.T) {
 			t.Errorf("seq %d not reported superseded by %d: %s", s, newest, describe(rs))
 		}
 	}
-	if !slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Trigger == link.TriggerReconnect }) {
-		t.Errorf("no report of the reconcile after the link came back: %s", describe(rs))
+	i := slices.IndexFunc(rs, func(r *control.SignedReport) bool {
+		return r.Trigger == link.TriggerReconnect && r.At.After(starting)
+	})
+	if i < 0 {
+		t.Fatalf("no report of the reconcile after the link came back: %s", describe(rs))
+	}
+	// It says the node was disconnected, from about when the broker went
+	// down (its last heartbeat, or the drop the agent noticed a moment
+	// after) to when it linked again.
+	r := rs[i]
+	if r.DisconnectedFrom.IsZero() || r.DisconnectedFrom.After(starting) || r.DisconnectedFrom.Before(stopping.Add(-2*time.Second)) ||
+		r.DisconnectedTo.Before(starting) || r.DisconnectedTo.After(r.At) {
+		t.Errorf("the reconnect report says disconnected from %v to %v; the broker stopped at %v–%v and started again at %v",
+			r.DisconnectedFrom, r.DisconnectedTo, stopping, stopped, starting)
 	}
 }
 

@@ -48,7 +48,14 @@ type Report struct {
 	// Owned: what the host made for the link after this apply, for the
 	// control side's copy (handed back after a lost store).
 	Owned []wire.OwnedEntry `json:"owned"`
-	At    time.Time         `json:"at"`
+	// DisconnectedFrom and DisconnectedTo, on a reconnect report: the
+	// node was without its link from the last moment the agent knew it
+	// linked (kept across its restarts) to the moment it linked again.
+	// Disconnection is the node's to say: heard nothing meanwhile, the
+	// control side cannot tell it from a machine switched off.
+	DisconnectedFrom time.Time `json:"disconnected_from,omitzero"`
+	DisconnectedTo   time.Time `json:"disconnected_to,omitzero"`
+	At               time.Time `json:"at"`
 }
 
 // The triggers of a report.

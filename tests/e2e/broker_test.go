@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/tests/fleet"
 )
 
 // With a broker of the operator's own (a real nats-server process, not the
@@ -72,11 +73,8 @@ func TestExistingBrokerFollowsTheRegistry(t *testing.T) {
 func buildNATSServer(t *testing.T, dir string) string {
 	t.Helper()
 	natsServer := filepath.Join(dir, "nats-server")
-	b := exec.Command("go", "build", "-o", natsServer, "github.com/nats-io/nats-server/v2")
-	b.Dir = "../.."
-	b.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := b.CombinedOutput(); err != nil {
-		t.Fatalf("build nats-server: %v\n%s", err, out)
+	if err := fleet.BuildNATSServer(t.Context(), natsServer); err != nil {
+		t.Fatal(err)
 	}
 	return natsServer
 }

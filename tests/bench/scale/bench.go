@@ -52,6 +52,9 @@ type results struct {
 	Host        host    `json:"host"`
 	Requested   int     `json:"nodes_requested"`
 	BaselineCPU float64 `json:"control_cpu_percent_before_nodes"`
+	// ServersBaselineCPU: each cluster server's, before any node
+	// (CLUSTER=1).
+	ServersBaselineCPU []float64 `json:"cluster_servers_cpu_percent_before_nodes,omitempty"`
 
 	Registered       int     `json:"nodes_registered"`
 	RegisterSeconds  float64 `json:"register_seconds"`
@@ -196,12 +199,27 @@ func (b *bench) setup(ctx context.Context, work string) error {
 	if err != nil {
 		return err
 	}
+	var s0 serverSample
+	if b.servers != nil {
+		if s0, err = b.sampleServers(); err != nil {
+			return err
+		}
+	}
 	sleep(ctx, baselineWindow)
 	c1, err := sampleCPU(pid)
 	if err != nil {
 		return err
 	}
 	b.res.BaselineCPU = cpuPercent(c0, c1)
+	if b.servers != nil {
+		s1, err := b.sampleServers()
+		if err != nil {
+			return err
+		}
+		for i := range s0 {
+			b.res.ServersBaselineCPU = append(b.res.ServersBaselineCPU, cpuPercent(s0[i], s1[i]))
+		}
+	}
 	if b.baseline, err = readMemory(pid); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/tests/fleet"
 )
 
 // CLUSTER=1: the control side against a three-server NATS cluster, as an
@@ -61,10 +62,8 @@ func (s *clusterServers) stop() {
 // connects the bench.
 func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 	nats := filepath.Join(work, "bin", "nats-server")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", nats, "github.com/nats-io/nats-server/v2")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building nats-server: %w\n%s", err, out)
+	if err := fleet.BuildNATSServer(ctx, nats); err != nil {
+		return err
 	}
 	var clients, routes, urls []string
 	for range 3 {

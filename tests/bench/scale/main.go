@@ -139,6 +139,12 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	b.res.Host = hostInfo()
 	b.res.Requested = c.nodes
 	work := filepath.Join(c.dir, "scale")
+	unlock, err := lockWork(work)
+	if err != nil {
+		fmt.Fprintln(stderr, "scale bench:", err)
+		return exitBroken
+	}
+	defer unlock()
 	defer b.teardown(work)
 	if err := b.setup(ctx, work); err != nil {
 		fmt.Fprintln(stderr, "scale bench: starting the control side:", err)
@@ -278,4 +284,27 @@ func keysOf(dir string) (*control.Keys, error) {
 		return nil, fmt.Errorf("the control side's keys: %w", err)
 	}
 	return k, nil
+}
+
+// lockWork takes WORK.lock for this run: the bench empties WORK when it
+// starts and removes it when it ends, so a second run on the same
+// directory would tear the first one's control side away under it (both
+// then failed with a missing log file). The second is refused, naming the
+// first.
+func lockWork(work string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(work), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(work+".lock", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(work + ".lock")
+		f.Close()
+		return nil, fmt.Errorf("another bench-scale (pid %s) is running in %s; wait for it, or give this one another -dir", strings.TrimSpace(string(pid)), filepath.Dir(work))
+	}
+	f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { f.Close() }, nil
 }

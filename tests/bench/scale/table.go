@@ -17,20 +17,30 @@ func (b *bench) clusterRow() row {
 	if i == nil || len(i.Servers) == 0 {
 		return targetRow(targetCluster, figure{why: "not reached"}, b.res.Agents, "")
 	}
-	worst := 0.0
+	n := b.res.Agents
+	worst, worstAtScale := 0.0, 0.0
 	var each []string
-	for _, s := range i.Servers {
+	for k, s := range i.Servers {
 		worst = max(worst, s.CPU)
 		each = append(each, fmt.Sprintf("%s %.1f %% (VmRSS %s MiB)", s.Name, s.CPU, mib(s.RSSKiB)))
+		// Carried to the target's fleet as the embedded broker's idle
+		// CPU is: what the server spends with no node, and what each
+		// node added.
+		none := 0.0
+		if k < len(b.res.ServersBaselineCPU) {
+			none = b.res.ServersBaselineCPU[k]
+		}
+		worstAtScale = max(worstAtScale, extrapolate(none, s.CPU, n, targetCluster.nodes))
 	}
-	n := b.res.Agents
 	fig := figure{value: worst, measured: true}
 	res := fmt.Sprintf("%s on %s nodes over %s (%s heartbeats stored); serve itself %.1f %%", strings.Join(each, ", "),
 		thousands(n), secs(i.WindowSeconds), thousands(int(i.Heartbeats)), i.ControlCPU)
+	if len(b.res.ServersBaselineCPU) > 0 {
+		res += fmt.Sprintf("; before any node %s %%", strings.Trim(fmt.Sprintf("%.1f", b.res.ServersBaselineCPU), "[]"))
+	}
 	if n > 0 && n < targetCluster.nodes {
-		x := worst * float64(targetCluster.nodes) / float64(n)
-		fig.atScale = &x
-		res += fmt.Sprintf("; ≈ %.0f %% at %s, linearly", x, thousands(targetCluster.nodes))
+		fig.atScale = &worstAtScale
+		res += fmt.Sprintf("; ≈ %.0f %% at %s, linearly", worstAtScale, thousands(targetCluster.nodes))
 	}
 	return targetRow(targetCluster, fig, n, res)
 }

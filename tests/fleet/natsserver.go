@@ -1,0 +1,20 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+)
+
+// BuildNATSServer builds nats-server, at the version the module requires,
+// into out: the real broker processes of a cluster (the cluster test and
+// `make bench-scale CLUSTER=1`), or an operator's own broker.
+func BuildNATSServer(ctx context.Context, out string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "github.com/nats-io/nats-server/v2")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building nats-server: %w\n%s", err, b)
+	}
+	return nil
+}

@@ -94,7 +94,10 @@ func (f *fakePackages) install(_ context.Context, p, v string) error {
 	return nil
 }
 
-func (h *harness) applyPackages(f *fakePackages, doc string) *shapes.Report {
+// applyPackages applies doc with f as the package manager; with repos,
+// those are the repository paths (repositoryPaths) instead of the
+// machine's.
+func (h *harness) applyPackages(f *fakePackages, doc string, repos ...string) *shapes.Report {
 	h.t.Helper()
 	d, err := shapes.ParseTrusted([]byte(doc))
 	if err != nil {
@@ -103,7 +106,7 @@ func (h *harness) applyPackages(f *fakePackages, doc string) *shapes.Report {
 	st, _ := store.Open(h.state)
 	st.Lock(time.Second)
 	defer st.Unlock()
-	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: f})
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: f, repositoryPaths: repos})
 }
 
 func TestPackagePresentPinnedNeverUpgradedNeverRemoved(t *testing.T) {
@@ -180,17 +183,7 @@ func TestPackageIndexRefreshedOnlyWhenNeeded(t *testing.T) {
 	withRepo := h.doc(
 		`{"module":"m","id":"repo","type":"file","path":"{root}/etc/apt/sources.list.d/extra.list","content":"deb [trusted=yes] file:/srv/extra ./\\n"}`,
 		`{"module":"m","id":"tool","type":"package","name":"tool"}`)
-	apply := func() *shapes.Report {
-		d, err := shapes.ParseTrusted([]byte(withRepo))
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, _ := store.Open(h.state)
-		st.Lock(time.Second)
-		defer st.Unlock()
-		return Apply(context.Background(), st, d, []byte(withRepo), Options{Source: store.Local, packages: f,
-			repositoryPaths: []string{h.p("etc/apt/sources.list.d") + "/"}})
-	}
+	apply := func() *shapes.Report { return h.applyPackages(f, withRepo, h.p("etc/apt/sources.list.d")+"/") }
 	rep := apply()
 	if got := strings.Join(f.log, ";"); got != "refresh;install tool=" || f.have["tool"] != "2.0" {
 		t.Fatalf("a repository file changed before the package: calls %q: %+v", got, rep.Lines)

@@ -135,6 +135,7 @@ func (a *Agent) giveBack() {
 type linkInfo struct {
 	up         bool
 	since      time.Time
+	downSince  time.Time // when this run's link went down
 	lastLinked time.Time // before this link came up
 	unlinked   time.Duration
 	lastErr    string
@@ -390,11 +391,36 @@ func (a *Agent) linked() {
 	}
 }
 
+// linkSaid is the link as the executor is told it with each status:
+// up since when, or down since the last moment the agent knew it linked
+// (kept across its restarts). A hosted agent has no link to speak of.
+func (a *Agent) linkSaid() *wire.AgentLink {
+	if a.id == nil {
+		return nil
+	}
+	a.linkMu.Lock()
+	l := a.link
+	a.linkMu.Unlock()
+	switch {
+	case l.up:
+		return &wire.AgentLink{Up: true, Since: l.since.UTC()}
+	case !l.downSince.IsZero():
+		return &wire.AgentLink{Since: l.downSince.UTC()}
+	}
+	if last := a.state.get().LastLinked; !last.IsZero() {
+		return &wire.AgentLink{Since: last.UTC()}
+	}
+	return &wire.AgentLink{}
+}
+
 func (a *Agent) linkDown(err error) {
 	now := time.Now()
 	a.linkMu.Lock()
 	was := a.link.up
 	a.link.up = false
+	if was {
+		a.link.downSince = now
+	}
 	a.linkMu.Unlock()
 	if !was {
 		return
@@ -549,7 +575,15 @@ func (a *Agent) notify(seq uint64) {
 // reconnected tells the executor the link came back (it reconciles), and
 // reports what it did.
 func (a *Agent) reconnected(ctx context.Context) error {
-	v, lines, err := a.exec.request(ctx, wire.KindReconnected, &wire.Reconnected{})
+	// The disconnection as the agent knew it: the executor says what it
+	// did in it.
+	var rc wire.Reconnected
+	a.linkMu.Lock()
+	if l := a.link; !l.lastLinked.IsZero() && l.lastLinked.Before(l.since) {
+		rc.From, rc.To = l.lastLinked.UTC(), l.since.UTC()
+	}
+	a.linkMu.Unlock()
+	v, lines, err := a.exec.request(ctx, wire.KindReconnected, &rc)
 	if err != nil {
 		return err
 	}
@@ -560,11 +594,8 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	if lines != nil {
 		r.Lines = lines
 	}
-	a.linkMu.Lock()
-	if l := a.link; !l.lastLinked.IsZero() && l.lastLinked.Before(l.since) {
-		r.DisconnectedFrom, r.DisconnectedTo = l.lastLinked.UTC(), l.since.UTC()
-	}
-	a.linkMu.Unlock()
+	r.DisconnectedFrom, r.DisconnectedTo = rc.From, rc.To
+	r.Meanwhile, r.MeanwhileMore = v.Meanwhile, v.MeanwhileMore
 	if v.Code != wire.CodeNone {
 		r.Refused, r.Code, r.RefusedBy = v.Reason, v.Code.String(), "executor"
 	}
@@ -575,7 +606,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 // learnFloor raises the agent's memory of the last applied sequence to the
 // executor's own (after a lost state directory, say).
 func (a *Agent) learnFloor() {
-	s, err := a.exec.status()
+	s, err := a.exec.status(a.linkSaid())
 	if err != nil {
 		return
 	}
@@ -609,7 +640,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-look.C:
-			s, err := a.hbExec.status()
+			s, err := a.hbExec.status(a.linkSaid())
 			switch {
 			case errors.Is(err, ErrUpgraded):
 				a.upgraded(err)
@@ -647,7 +678,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		LastLinkError: l.lastErr,
 	}
 	newDigest := ""
-	if s, err := a.hbExec.status(); err != nil {
+	if s, err := a.hbExec.status(a.linkSaid()); err != nil {
 		if errors.Is(err, ErrUpgraded) {
 			a.upgraded(err)
 			return
@@ -664,7 +695,8 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.cancel(errReenrol)
 			return
 		}
-		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey}
+		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
+			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason}
 		if s.ProfileDigest != "" && s.ProfileDigest != st.ProfileDigest {
 			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
 				pr := b.(*wire.ProfileReply)

@@ -92,7 +92,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 			}
 		}
 		_, _, err := Drop(*userName)
-		return selfReport(stdout, err)
+		return selfReport(stdout, version, build, err)
 	}
 	if *state == "" {
 		log.Error("--state is required: the agent keeps there what must outlive a restart (the NKey a pending enrolment binds, the last sequence applied)")
@@ -174,17 +174,22 @@ func takeStateDir(dir, userName string, asRoot bool) (*DirLock, error) {
 	return lock, nil
 }
 
-// selfReport prints every thread's credentials after the drop.
-func selfReport(stdout io.Writer, dropErr error) int {
+// selfReport prints every thread's credentials after the drop, and the
+// version and build that did it: the executor runs an upgrade's new agent
+// this way (as root, so the agent's own drop is what is tried) before it
+// commits to the release.
+func selfReport(stdout io.Writer, version, build string, dropErr error) int {
 	type thread struct {
 		TID   string `json:"tid"`
 		Creds *Creds `json:"creds"`
 	}
 	out := struct {
 		Confined bool     `json:"confined"`
+		Version  string   `json:"version"`
+		Build    string   `json:"build"`
 		Error    string   `json:"error,omitempty"`
 		Threads  []thread `json:"threads"`
-	}{Confined: dropErr == nil}
+	}{Confined: dropErr == nil, Version: version, Build: build}
 	if dropErr != nil {
 		out.Error = dropErr.Error()
 	}

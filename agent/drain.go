@@ -178,7 +178,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	}
 	// A retire declaration that ran to its end leaves the executor
 	// hosted: the agent follows once its report is out.
-	if st, err := a.exec.status(); err == nil && st.State == link.StateHosted {
+	if st, err := a.exec.status(a.linkSaid()); err == nil && st.State == link.StateHosted {
 		a.cancel(ErrRetired)
 	}
 	return nil

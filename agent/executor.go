@@ -143,9 +143,9 @@ func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wi
 	}
 }
 
-// status asks the executor's state.
-func (e *execClient) status() (*wire.StatusReply, error) {
-	b, err := e.ask(wire.KindStatus, &wire.Status{}, "status")
+// status asks the executor's state, saying the link's (nil: nothing).
+func (e *execClient) status(l *wire.AgentLink) (*wire.StatusReply, error) {
+	b, err := e.ask(wire.KindStatus, &wire.Status{Link: l}, "status")
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,24 @@ type fakeExecutor struct {
 	holding    chan uint64   // a held declaration's sequence
 	release    chan struct{} // closes to let a held declaration go
 	changed    chan struct{}
+	// did is what this executor "did" (as its history keeps it), and
+	// links what the agent said of its link with each status.
+	did   []shapes.Activity
+	links []wire.AgentLink
+}
+
+// doing records an apply the executor made, for a later Reconnected.
+func (f *fakeExecutor) doing(a shapes.Activity) {
+	f.mu.Lock()
+	f.did = append(f.did, a)
+	f.mu.Unlock()
+}
+
+// linksSaid is what the agent said of its link, status by status.
+func (f *fakeExecutor) linksSaid() []wire.AgentLink {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]wire.AgentLink(nil), f.links...)
 }
 
 func newFakeExecutor(t *testing.T, key ed25519.PublicKey, build string) *fakeExecutor {
@@ -107,16 +125,26 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: "fake", Build: f.build, Node: "", State: "enrolled"})
 		case *wire.Status:
 			f.mu.Lock()
+			if b.Link != nil {
+				f.links = append(f.links, *b.Link)
+			}
 			s := &wire.StatusReply{Version: "fake", Build: f.build, State: "enrolled", Seq: f.applied, Outcome: shapes.Applied}
 			f.mu.Unlock()
 			c.Write(wire.KindStatusReply, s)
 		case *wire.Reconnected:
 			f.mu.Lock()
 			f.reconnects++
-			seq := f.applied
+			v := &wire.Verdict{Seq: f.applied, Outcome: shapes.Unchanged}
+			// As the executor answers (store.History): what it did
+			// within the interval the agent names.
+			for _, a := range f.did {
+				if !b.From.IsZero() && !a.At.Before(b.From) && !a.At.After(b.To) {
+					v.Meanwhile = append(v.Meanwhile, a)
+				}
+			}
 			f.mu.Unlock()
 			f.notify()
-			c.Write(wire.KindVerdict, &wire.Verdict{Seq: seq, Outcome: shapes.Unchanged})
+			c.Write(wire.KindVerdict, v)
 		case *wire.Declaration:
 			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
 			var d struct {

@@ -61,6 +61,14 @@ func TestBrokerRestart(t *testing.T) {
 		t.Fatalf("the node is connected to the broker that does not know it")
 	}
 	cl.Close()
+	// Meanwhile, root applies a rescue file at the machine.
+	rescue := shapes.Activity{At: time.Now().UTC(), Source: "local", Trigger: "rescue", Outcome: shapes.Applied, Changed: 2}
+	ex.doing(rescue)
+	// And the executor is told the link is down, with each status.
+	waitFor(t, "the executor told the link is down", func() bool {
+		ls := ex.linksSaid()
+		return len(ls) > 0 && !ls[len(ls)-1].Up && !ls[len(ls)-1].Since.Before(stopping.Add(-time.Second))
+	})
 	bare.Shutdown()
 	if _, r, _ := ex.snapshot(); r != 1 {
 		t.Fatalf("Reconnected %d times while unlinked", r)
@@ -98,6 +106,14 @@ func TestBrokerRestart(t *testing.T) {
 		t.Errorf("the reconnect report says disconnected from %v to %v; the broker stopped at %v–%v and started again at %v",
 			r.DisconnectedFrom, r.DisconnectedTo, stopping, stopped, starting)
 	}
+	// And what the executor did meanwhile, by its own account.
+	if len(r.Meanwhile) != 1 || r.Meanwhile[0].Trigger != "rescue" || r.Meanwhile[0].Changed != 2 || r.Meanwhile[0].At.Sub(rescue.At).Abs() > time.Millisecond {
+		t.Errorf("the reconnect report says the executor did %+v meanwhile; it applied %+v", r.Meanwhile, rescue)
+	}
+	waitFor(t, "the executor told the link is up again", func() bool {
+		ls := ex.linksSaid()
+		return len(ls) > 0 && ls[len(ls)-1].Up && !ls[len(ls)-1].Since.Before(starting)
+	})
 }
 
 // Link failures say which side refused and why.

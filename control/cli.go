@@ -516,6 +516,9 @@ func (c *cli) nodes() error {
 			if n.ExecutorBuild != "" {
 				ex += " (" + n.ExecutorBuild + ")"
 			}
+			if n.RolledBackFrom != "" {
+				ex += ", rolled back from " + n.RolledBackFrom
+			}
 		} else if n.ExecutorHalted != "" {
 			ex = "halted (" + n.ExecutorHalted + ")"
 		} else if n.ExecutorError != "" {
@@ -575,6 +578,24 @@ func (c *cli) reports(node string, last int) error {
 			head += "  (already applied: nothing done)"
 		}
 		fmt.Fprintf(c.stdout, "%s  %s\n", r.At.Local().Format(time.RFC3339), head)
+		if !r.DisconnectedFrom.IsZero() {
+			fmt.Fprintf(c.stdout, "    disconnected from %s to %s (%s)", r.DisconnectedFrom.Local().Format(time.RFC3339),
+				r.DisconnectedTo.Local().Format(time.RFC3339), r.DisconnectedTo.Sub(r.DisconnectedFrom).Round(time.Second))
+			if len(r.Meanwhile) == 0 {
+				fmt.Fprint(c.stdout, "; meanwhile the executor changed nothing")
+			}
+			fmt.Fprintln(c.stdout)
+			if r.MeanwhileMore > 0 {
+				fmt.Fprintf(c.stdout, "    meanwhile: %d earlier apply(s) not listed\n", r.MeanwhileMore)
+			}
+			for _, a := range r.Meanwhile {
+				fmt.Fprintf(c.stdout, "    meanwhile %s  %s (%s", a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)
+				if a.Seq != 0 {
+					fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
+				}
+				fmt.Fprintf(c.stdout, "): %d changed, %d failed\n", a.Changed, a.Failed)
+			}
+		}
 		for _, l := range r.Lines {
 			d := ""
 			if l.Detail != "" {

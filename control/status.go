@@ -35,7 +35,11 @@ type NodeStatus struct {
 	ExecutorError   string    `json:"executor_error,omitempty"`
 	// ExecutorHalted is the launcher's reason, as the agent relays it,
 	// for starting no executor on the node.
-	ExecutorHalted string         `json:"executor_halted,omitempty"`
+	ExecutorHalted string `json:"executor_halted,omitempty"`
+	// RolledBackFrom is the host release the node's launcher rolled back
+	// from, and RollbackReason why, as the node last said.
+	RolledBackFrom string         `json:"rolled_back_from,omitempty"`
+	RollbackReason string         `json:"rollback_reason,omitempty"`
 	Declared       uint64         `json:"declared"` // the newest sequence declared
 	Applied        uint64         `json:"applied"`  // the last the node applied
 	LastSeq        uint64         `json:"last_seq,omitempty"`
@@ -97,6 +101,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			}
 			if hb.Executor != nil {
 				s.ExecutorVersion, s.ExecutorBuild = hb.Executor.Version, hb.Executor.Build
+				s.RolledBackFrom, s.RollbackReason = hb.Executor.RolledBackFrom, hb.Executor.RollbackReason
 				if hb.Executor.Seq > s.Applied {
 					s.Applied = hb.Executor.Seq
 				}

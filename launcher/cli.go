@@ -18,6 +18,7 @@ import (
 const usage = `usage: mesh-launch [FLAGS] [-- ARGS for mesh-executor (default: serve --state DIR)]
        mesh-launch status [--state DIR] [--window D] [--json]
        mesh-launch clear [--state DIR]
+       mesh-launch agent-start [--state DIR] [--agent PATH] [-- AGENT COMMAND]
 
 mesh-launch is what the init starts: it supervises the executor, counts its
 starts, rolls back once to the known-good copy, and halts. It exits only on
@@ -26,6 +27,11 @@ SIGTERM or SIGINT (after stopping the executor), with status 0.
   status   the launch state: recent starts, rolled back, halted and why
   clear    clear a halt and the start counter (root only); a running
            launcher resumes within a few seconds
+  agent-start
+           count one start of the agent (root, run by the init before each
+           start of the agent), and when an upgrade's agent crash-loops,
+           ask the running launcher to roll back; then exec AGENT COMMAND,
+           if given. The agent is started whatever happens here.
 
 Flags of the launcher:
 `
@@ -39,6 +45,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return statusCmd(args[1:], stdout, stderr)
 		case "clear":
 			return clearCmd(args[1:], stdout, stderr)
+		case "agent-start":
+			return agentStartCmd(args[1:], stderr)
 		case "help", "-h", "-help", "--help":
 			fmt.Fprint(stdout, usage)
 			runFlags(&Config{}, stdout).PrintDefaults()
@@ -201,4 +209,64 @@ func clearCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "cleared: the launcher starts the executor again (the rolled-back mark, if any, stays until it reconciles)")
 	return 0
+}
+
+// AgentStartFlags is agent-start's command line, for what checks the init
+// files that run it (tests/initfiles_test.go).
+func AgentStartFlags(out io.Writer) *flag.FlagSet {
+	fs, _ := agentStartFlagSet(out)
+	return fs
+}
+
+type agentStartFlags struct {
+	dir, agent *string
+	maxStarts  *int
+	window     *time.Duration
+}
+
+func agentStartFlagSet(out io.Writer) (*flag.FlagSet, agentStartFlags) {
+	fs := flag.NewFlagSet("mesh-launch agent-start", flag.ContinueOnError)
+	fs.SetOutput(out)
+	return fs, agentStartFlags{
+		dir:       fs.String("state", DefaultStateDir, "the executor's state directory, which holds the launch state"),
+		agent:     fs.String("agent", DefaultInstalled()["mesh-agent"], "the agent's installed path: the binary whose starts are counted"),
+		maxStarts: fs.Int("max-starts", 5, "starts within --window, the agent not staying up, before an upgrade is rolled back"),
+		window:    fs.Duration("window", 10*time.Minute, "how far back a start counts"),
+	}
+}
+
+// agentStartCmd counts a start of the agent, then execs the agent's
+// command when one follows "--". Nothing here keeps the agent from
+// starting: an unusable launch state is said and the agent started.
+func agentStartCmd(args []string, stderr io.Writer) int {
+	fs, f := agentStartFlagSet(stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	command := fs.Args()
+	if len(command) > 0 && !slices.Contains(args, "--") {
+		fmt.Fprintf(stderr, "mesh-launch agent-start: unexpected %q (the agent's command follows --)\n", command[0])
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	switch {
+	case os.Geteuid() != 0:
+		log.Error("mesh-launch agent-start: not root: this start of the agent is not counted (the init runs agent-start as root)")
+	default:
+		act, why, err := AgentStarting(*f.dir, *f.agent, Policy{MaxStarts: *f.maxStarts, Window: *f.window})
+		switch {
+		case err != nil:
+			log.Error("mesh-launch agent-start: this start of the agent is not counted; starting it all the same", "err", err)
+		case act == AgentRollback:
+			log.Error("mesh-launch agent-start: rolling back", "reason", why, "state", *f.dir+"/"+StateFile)
+		case act == AgentLoops:
+			log.Error("mesh-launch agent-start: the agent crash-loops", "reason", why)
+		}
+	}
+	if len(command) == 0 {
+		return 0
+	}
+	err := syscall.Exec(command[0], command, os.Environ())
+	fmt.Fprintf(stderr, "mesh-launch agent-start: exec %s: %v\n", command[0], err)
+	return 1
 }

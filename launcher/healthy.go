@@ -32,6 +32,12 @@ func DefaultInstalled() map[string]string {
 // then clears the start counter and the rolled_back mark in the launch
 // state. It never clears a halt (only a person does, with Clear).
 //
+// The agent proves itself apart (AgentProven): while the installed
+// mesh-agent is neither the known-good one nor a binary seen to stay up,
+// the known-good copy is left as it is — a release whose executor
+// reconciles and whose agent crash-loops is not known good — and the
+// counter is still cleared.
+//
 // Important: if one of the binaries is the calling program's own (same
 // path as os.Executable()) and the file installed there is no longer the
 // one running — an upgrade installed but not yet started — the known-good
@@ -69,9 +75,24 @@ func HealthyPackage(stateDir string, binaries map[string]string, pkgVersion stri
 	if kg == "" {
 		kg = filepath.Join(stateDir, KnownGoodDir)
 	}
-	sums, kept, copyErr := keepKnownGood(kg, binaries)
+	var sums map[string]string
+	var kept bool
+	var copyErr error
+	if agent, ok := binaries["mesh-agent"]; ok && agentUnproven(s, agent) {
+		// The executor reconciled, but the agent beside it has not yet
+		// been seen to stay up: the release is not known good yet
+		// (AgentProven, then Healthy again, makes it so).
+		kept = true
+	} else {
+		sums, kept, copyErr = keepKnownGood(kg, binaries)
+	}
 	now := time.Now().UTC()
-	s.Starts, s.RolledBack, s.HealthyAt = nil, nil, now
+	s.Starts, s.HealthyAt = nil, now
+	if s.RolledBack != nil && s.RolledBack.Reinstalled {
+		// A mark not yet acted on (the agent's crash loop, set while this
+		// executor ran) stays for the launcher to finish.
+		s.RolledBack = nil
+	}
 	if copyErr == nil && !kept {
 		s.KnownGood = &KnownGood{At: now, Binaries: sums, Package: pkgVersion}
 	}

@@ -55,7 +55,11 @@ func stub(mode string) int {
 	case "healthy-serve": // reconciles, then serves until SIGTERM
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM)
-		if err := Healthy(state, map[string]string{"mesh-executor": os.Getenv("STUB_INSTALLED")}); err != nil {
+		bins := map[string]string{"mesh-executor": os.Getenv("STUB_INSTALLED")}
+		if a := os.Getenv("STUB_AGENT"); a != "" {
+			bins["mesh-agent"] = a // the agent beside it, as the executor passes it
+		}
+		if err := Healthy(state, bins); err != nil {
 			return fail(err)
 		}
 		say("serving")

@@ -317,10 +317,25 @@ func (l *launcher) child(ctx context.Context) (*os.ProcessState, error) {
 	l.log.Info("launcher: started the executor", "pid", pid, "path", l.cfg.Executor, "args", l.cfg.Args)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-		return cmd.ProcessState, nil
-	case <-ctx.Done():
+	// While the executor runs, the launch state is looked at every Poll:
+	// a rollback mark set meanwhile (the agent of an upgrade crash-loops,
+	// `mesh-launch agent-start` said so) stops the executor, and the next
+	// decision finishes the rollback — the launcher's one path for it.
+	poll := time.NewTicker(l.cfg.Poll)
+	defer poll.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			return cmd.ProcessState, nil
+		case <-ctx.Done():
+			break wait
+		case <-poll.C:
+			if st, err := ReadState(l.cfg.StateDir); err == nil && st.RolledBack != nil && !st.RolledBack.Reinstalled {
+				l.log.Warn("launcher: a rollback was asked for while the executor runs; stopping it to reinstall the known-good release", "reason", st.RolledBack.Reason)
+				break wait
+			}
+		}
 	}
 	select {
 	case <-done:

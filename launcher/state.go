@@ -40,7 +40,8 @@ const (
 //	  "halted": {"at": ..., "reason": ...},
 //	  "healthy_at": ...,                            the last Healthy
 //	  "known_good": {"at": ..., "binaries": {"mesh-executor": "<sha256>"}},
-//	  "known_good_dir": "/var/lib/mesh-host/executor/known-good"
+//	  "known_good_dir": "/var/lib/mesh-host/executor/known-good",
+//	  "agent": {"starts": [...], "proven": "<sha256>", "proven_at": ...}
 //	}
 //
 // Times are UTC. Every field may be absent; a missing file is the zero
@@ -50,7 +51,9 @@ type State struct {
 	// Decide keeps only those within the window.
 	Starts []time.Time `json:"starts,omitempty"`
 	// RolledBack is the rollback mark: set (before the reinstall) when the
-	// launcher rolls back, cleared only by Healthy.
+	// launcher rolls back, or by `mesh-launch agent-start` when the agent
+	// of an upgrade crash-loops (then the running launcher acts on it);
+	// cleared only by Healthy, once the reinstall is done.
 	RolledBack *RollbackMark `json:"rolled_back,omitempty"`
 	// Halted is set when the launcher gives up; only Clear clears it.
 	Halted *Mark `json:"halted,omitempty"`
@@ -67,6 +70,8 @@ type State struct {
 	// Failed is the last release rolled back from; Healthy keeps it, and
 	// only Clear drops it.
 	Failed *FailedRelease `json:"failed_release,omitempty"`
+	// Agent is the agent's starts and the binary last proven (agent.go).
+	Agent *AgentLaunch `json:"agent,omitempty"`
 }
 
 // Mark is a dated decision and why it was taken.
@@ -114,6 +119,11 @@ func (s State) clone() State {
 	if s.Halted != nil {
 		h := *s.Halted
 		c.Halted = &h
+	}
+	if s.Agent != nil {
+		a := *s.Agent
+		a.Starts = append([]time.Time(nil), s.Agent.Starts...)
+		c.Agent = &a
 	}
 	if s.KnownGood != nil {
 		k := *s.KnownGood

@@ -55,7 +55,13 @@ type Report struct {
 	// control side cannot tell it from a machine switched off.
 	DisconnectedFrom time.Time `json:"disconnected_from,omitzero"`
 	DisconnectedTo   time.Time `json:"disconnected_to,omitzero"`
-	At               time.Time `json:"at"`
+	// Meanwhile is what the executor did in that interval, by its own
+	// history: each apply that changed something or failed (drift
+	// repaired, a rescue file applied), oldest first; MeanwhileMore
+	// counts the older ones left out.
+	Meanwhile     []shapes.Activity `json:"meanwhile,omitempty"`
+	MeanwhileMore int               `json:"meanwhile_more,omitempty"`
+	At            time.Time         `json:"at"`
 }
 
 // The triggers of a report.
@@ -133,4 +139,9 @@ type ExecutorStatus struct {
 	Outcome shapes.Outcome `json:"outcome,omitempty"`
 	// WireGuardKey is the public half of the node's overlay key.
 	WireGuardKey string `json:"wireguard_key,omitempty"`
+	// RolledBackFrom is the host release the node's launcher rolled back
+	// from, and RollbackReason why (the executor or the agent
+	// crash-looped after the upgrade).
+	RolledBackFrom string `json:"rolled_back_from,omitempty"`
+	RollbackReason string `json:"rollback_reason,omitempty"`
 }

@@ -1,5 +1,7 @@
 package shapes
 
+import "time"
+
 // Outcome is what happened to one resource, or to an apply as a whole.
 type Outcome string
 
@@ -73,4 +75,32 @@ func Derive(lines []Line) Outcome {
 		}
 	}
 	return worst
+}
+
+// Activity is one apply that did something — changed the machine, or
+// failed — as the executor's history keeps it: what a node says it did
+// while its link was down (drift repaired, a rescue file applied).
+type Activity struct {
+	At      time.Time `json:"at" cbor:"1,keyasint"`
+	Source  string    `json:"source" cbor:"2,keyasint"`  // link, local (rescue), bundle
+	Trigger string    `json:"trigger" cbor:"3,keyasint"` // declaration, start, drift, reconnect, rescue, reconcile
+	Seq     uint64    `json:"seq,omitempty" cbor:"4,keyasint,omitempty"`
+	Outcome Outcome   `json:"outcome" cbor:"5,keyasint"`
+	// Changed counts the lines that changed the machine (applied,
+	// repaired, removed, restored); Failed the failed ones.
+	Changed int `json:"changed" cbor:"6,keyasint"`
+	Failed  int `json:"failed" cbor:"7,keyasint"`
+}
+
+// Did reports whether rep is worth an Activity, and counts its lines.
+func Did(rep *Report) (changed, failed int, ok bool) {
+	for _, l := range rep.Lines {
+		switch l.Outcome {
+		case Applied, Repaired, Removed, Restored:
+			changed++
+		case Failed:
+			failed++
+		}
+	}
+	return changed, failed, changed+failed > 0
 }

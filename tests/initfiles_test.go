@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -182,5 +183,60 @@ func TestAndroidInitFileMatchesItsDocs(t *testing.T) {
 				t.Errorf("%s: docs/android.md gives --%s, mesh-host.rc does not", side.name, k)
 			}
 		}
+	}
+}
+
+// Every init that starts the agent has mesh-launch count each start as
+// root first, with the executor's launch state: the agent of an upgrade
+// that crash-loops is rolled back only if its starts are counted. systemd
+// runs it as ExecStartPre=+ (root, outside the agent's sandbox); the
+// others exec the agent through it, so every respawn passes there too.
+func TestAgentStartsAreCounted(t *testing.T) {
+	for _, file := range []string{
+		"../init/systemd/mesh-agent.service",
+		"../init/openrc/mesh-agent",
+		"../init/runit/mesh-agent/run",
+		"../init/s6/mesh-agent/run",
+	} {
+		t.Run(strings.TrimPrefix(file, "../init/"), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var args []string
+			for _, line := range strings.Split(string(data), "\n") {
+				line = strings.TrimRight(strings.TrimSpace(line), `"`)
+				if strings.HasPrefix(line, "#") {
+					continue
+				}
+				if i := strings.Index(line, "mesh-launch agent-start "); i >= 0 {
+					args = strings.Fields(line[i+len("mesh-launch agent-start "):])
+				} else if i := strings.Index(line, `command_args="agent-start `); i >= 0 {
+					args = strings.Fields(line[i+len(`command_args="agent-start `):])
+				}
+			}
+			if args == nil {
+				t.Fatal("no mesh-launch agent-start: the agent's starts are not counted")
+			}
+			var agent []string
+			if i := slices.Index(args, "--"); i >= 0 {
+				args, agent = args[:i], args[i+1:]
+			}
+			l := parsed(t, "mesh-launch agent-start", launcher.AgentStartFlags(io.Discard), args)
+			if l["state"] != "/var/lib/mesh-host/executor" {
+				t.Errorf("agent-start --state %q: the executor's launch state is /var/lib/mesh-host/executor", l["state"])
+			}
+			switch {
+			case strings.HasSuffix(file, ".service"):
+				if !strings.Contains(string(data), "ExecStartPre=+/usr/bin/mesh-launch agent-start ") || !strings.Contains(string(data), "StartLimitIntervalSec=0") {
+					t.Error("systemd: agent-start is not run as root before each start, or the init gives up restarting on its own")
+				}
+				if agent != nil {
+					t.Errorf("systemd: agent-start execs %v; the unit starts the agent itself, confined", agent)
+				}
+			case len(agent) == 0 || agent[0] != "/usr/bin/mesh-agent" || !slices.Contains(agent, "--user"):
+				t.Errorf("agent-start is followed by %v, not the agent dropping to its user", agent)
+			}
+		})
 	}
 }

@@ -30,8 +30,13 @@ var (
 
 func init() {
 	var err error
-	// Deterministic: the same message is always the same bytes.
-	if encMode, err = cbor.CoreDetEncOptions().EncMode(); err != nil {
+	// Deterministic: the same message is always the same bytes. Times go
+	// as Unix seconds, with their fraction when they have one (a float64:
+	// to the microsecond today): an interval said to the second would
+	// take in what happened in the second before it.
+	enc := cbor.CoreDetEncOptions()
+	enc.Time = cbor.TimeUnixDynamic
+	if encMode, err = enc.EncMode(); err != nil {
 		panic(err)
 	}
 	// Strict: no duplicate keys, no unknown fields, no indefinite lengths,

@@ -83,9 +83,9 @@ var Table = []Spec{
 	{KindHelloReply, "hello-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(HelloReply) }},
 	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }},
 	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }},
-	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Reconnected) }},
+	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Reconnected) }},
 	{KindVerdict, "verdict", ExecutorToAgent, nil, 8 << 20, func() any { return new(Verdict) }},
-	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Status) }},
+	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Status) }},
 	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
 	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }},
@@ -246,10 +246,27 @@ type Roster struct {
 
 // Reconnected says the link came back: declarations may have been missed,
 // and the machine may have drifted.
-type Reconnected struct{}
+type Reconnected struct {
+	// From and To: the agent was without its link from From (the last
+	// moment it knew it linked) to To (when it linked again), when it
+	// knows: the verdict then says what the executor did meanwhile.
+	From time.Time `cbor:"1,keyasint,omitzero"`
+	To   time.Time `cbor:"2,keyasint,omitzero"`
+}
 
-// Status asks the executor's state.
-type Status struct{}
+// Status asks the executor's state, and says the agent's link: the
+// executor keeps it to answer `mesh-executor status` (enrolled, and
+// disconnected since when). nil from an agent that says nothing.
+type Status struct {
+	Link *AgentLink `cbor:"1,keyasint,omitempty"`
+}
+
+// AgentLink is the agent's link as it says it: up since Since, or down
+// since Since (the last moment it knew it linked; zero: never linked).
+type AgentLink struct {
+	Up    bool      `cbor:"1,keyasint"`
+	Since time.Time `cbor:"2,keyasint,omitzero"`
+}
 
 // StatusReply is the executor's state, for the heartbeat.
 type StatusReply struct {
@@ -270,6 +287,12 @@ type StatusReply struct {
 	// ProfileDigest names the profile and inventory as last found: when
 	// it changes, the agent asks for them (Profile) and reports them.
 	ProfileDigest string `cbor:"9,keyasint,omitempty"`
+	// RolledBackFrom is the host release the launcher last rolled back
+	// from (its package version), and RollbackReason why: the executor
+	// crash-looped, or the agent did. Reported upward with the heartbeat,
+	// so the rollback is known once the link is back.
+	RolledBackFrom string `cbor:"10,keyasint,omitempty"`
+	RollbackReason string `cbor:"11,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.
@@ -287,7 +310,16 @@ type Verdict struct {
 	// control side keeps the last copy and hands it back, signed, when the
 	// node is enrolled again after losing its store.
 	Owned []OwnedEntry `cbor:"7,keyasint"`
+	// Meanwhile, on the verdict of a Reconnected that named the
+	// disconnection: the applies that did something in it (drift
+	// repaired, rescue files), oldest first, at most MaxMeanwhile of the
+	// newest; MeanwhileMore counts those left out.
+	Meanwhile     []shapes.Activity `cbor:"8,keyasint,omitempty"`
+	MeanwhileMore int               `cbor:"9,keyasint,omitempty"`
 }
+
+// MaxMeanwhile bounds Verdict.Meanwhile.
+const MaxMeanwhile = 100
 
 // Error refuses the connection; the executor closes it after sending.
 type Error struct {

@@ -336,7 +336,7 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		Roster: serve.HeldRoster(c.state),
 	}
 	if ls, err := launcher.ReadState(c.state); err == nil && ls.Failed != nil {
-		opt.FailedHostRelease = ls.Failed.Version
+		opt.FailedHostRelease, opt.FailedHostReason = ls.Failed.Version, ls.Failed.Reason
 	}
 	var diffs map[string]string
 	if plan && !c.json {
@@ -345,7 +345,11 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	}
 	rep := engine.Apply(context.Background(), st, d, data, opt)
 	if !plan && rep.Outcome != shapes.Refused {
-		st.SaveReport(src, rep)
+		trigger := "rescue" // root applied a local file
+		if src == store.Bundle {
+			trigger = "reconcile" // mesh-executor reconcile: the carried bundle
+		}
+		st.SaveReport(src, trigger, rep)
 	}
 	c.report(rep, plan, diffs)
 	switch {
@@ -584,6 +588,33 @@ type statusReport struct {
 	Version       string                   `json:"version"`
 	Holds         int                      `json:"holds"`
 	Sources       map[string]*sourceStatus `json:"sources"`
+	// Link is the agent's link as it last told the daemon, enrolled only:
+	// "enrolled" and disconnected is a state of its own, said with since
+	// when (the seeds' lifecycle: no fixed "silent" threshold).
+	Link *serve.LinkState `json:"link,omitempty"`
+}
+
+// linkSilentAfter: an agent that has said nothing for this long (it says
+// its link every few seconds, and the daemon keeps it once a minute) is
+// not running, or not reaching the executor.
+const linkSilentAfter = 3 * time.Minute
+
+// linkLine says the link as the agent last told it.
+func linkLine(l *serve.LinkState, now time.Time) string {
+	ts := func(t time.Time) string { return t.Local().Format(time.RFC3339) }
+	var b strings.Builder
+	switch {
+	case l.Up:
+		fmt.Fprintf(&b, "link: linked since %s", ts(l.Since))
+	case l.Since.IsZero():
+		b.WriteString("link: disconnected (never linked)")
+	default:
+		fmt.Fprintf(&b, "link: disconnected since %s (%s)", ts(l.Since), now.Sub(l.Since).Round(time.Second))
+	}
+	if age := now.Sub(l.SaidAt); age > linkSilentAfter {
+		fmt.Fprintf(&b, "; but the agent has said nothing since %s: is it running?", ts(l.SaidAt))
+	}
+	return b.String() + "\n"
 }
 
 type sourceStatus struct {
@@ -620,8 +651,18 @@ func (c *command) status() int {
 			s.Sources[string(src)] = &sourceStatus{Seq: rep.Seq, Outcome: rep.Outcome}
 		}
 	}
+	if s.State == "enrolled" {
+		s.Link, _ = serve.ReadLinkState(c.state)
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "state: %s\n", s.State)
+	state := s.State
+	if s.Link != nil && !s.Link.Up {
+		state += ", disconnected"
+	}
+	fmt.Fprintf(&b, "state: %s\n", state)
+	if s.Link != nil {
+		b.WriteString(linkLine(s.Link, time.Now()))
+	}
 	if s.NoState {
 		fmt.Fprintf(&b, "%s\n", c.noState())
 	}
@@ -798,14 +839,20 @@ func (c *command) serve(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The agent is the one installed beside the executor: Healthy keeps
+	// it with the executor, once it is proven to stay up (serve).
+	agentBin := ""
+	if exe, err := os.Executable(); err == nil && fileExists(filepath.Join(filepath.Dir(exe), "mesh-agent")) {
+		agentBin = filepath.Join(filepath.Dir(exe), "mesh-agent")
+	}
 	healthy := func() error {
 		exe, err := os.Executable()
 		if err != nil {
 			return err
 		}
 		bins := map[string]string{"mesh-executor": exe}
-		if agent := filepath.Join(filepath.Dir(exe), "mesh-agent"); fileExists(agent) {
-			bins["mesh-agent"] = agent
+		if agentBin != "" {
+			bins["mesh-agent"] = agentBin
 		}
 		// Run from the installed package, the known-good copy also names
 		// the package's version: a rollback reinstalls it through the
@@ -817,7 +864,7 @@ func (c *command) serve(args []string) int {
 		return launcher.HealthyPackage(*stateDir, bins, pkg)
 	}
 	cfg := serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary, AgentState: *agentState}
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary, AgentState: *agentState, AgentBinary: agentBin, AgentUser: *agentUser}
 	var vln net.Listener
 	if *vsockPort != 0 {
 		if cfg.VsockCIDs, err = parseCIDs(*vsockCIDs); err != nil {

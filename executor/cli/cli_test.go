@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -291,5 +294,45 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 	code, out, _ = run("owned", "--json", "--state", filepath.Join(d, "other"))
 	if code != 0 || strings.TrimSpace(out) != "[]" {
 		t.Fatalf("owned --json of nothing: %d %q", code, out)
+	}
+}
+
+// Enrolled and disconnected is a state of its own: status says since
+// when, as the agent last told the daemon, and says when the agent itself
+// has gone quiet.
+func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	if _, err := store.Open(state); err != nil {
+		t.Fatal(err)
+	}
+	pub, _, _ := ed25519.GenerateKey(nil)
+	if err := identity.Save(state, &identity.Identity{Node: "n1", Enrolment: "e-1", ControlKey: pub}); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-90 * time.Minute).UTC()
+	keep := func(l serve.LinkState) {
+		t.Helper()
+		b, _ := json.Marshal(l)
+		if err := os.WriteFile(filepath.Join(state, serve.LinkFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keep(serve.LinkState{Up: false, Since: since, SaidAt: time.Now().UTC()})
+	code, out, _ := run("status", "--state", state)
+	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s)") || strings.Contains(out, "said nothing") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	code, out, _ = run("status", "--json", "--state", state)
+	var s struct {
+		State string           `json:"state"`
+		Link  *serve.LinkState `json:"link"`
+	}
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.State != "enrolled" || s.Link == nil || s.Link.Up || !s.Link.Since.Equal(since) {
+		t.Errorf("exit %d, %v: %s", code, err, out)
+	}
+	keep(serve.LinkState{Up: true, Since: since, SaidAt: time.Now().Add(-time.Hour).UTC()})
+	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
+		t.Errorf("a linked node whose agent went quiet:\n%s", out)
 	}
 }

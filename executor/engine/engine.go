@@ -74,6 +74,11 @@ type Options struct {
 	// version: an upgrade is checked and noticed with them.
 	HostBinary  string
 	HostVersion string
+	// AgentUser is the agent's user (DefaultAgentUser when ""): an
+	// upgrade's new agent, installed beside HostBinary, is run once as
+	// root with --self-check, dropping itself to this user, before the
+	// host commits to the release.
+	AgentUser string
 	// Roster is the mesh's roster this host holds, verified: the peers of
 	// an overlay declared with "roster": true (every node in it but this
 	// one). nil: it holds none, and such an overlay fails.
@@ -82,6 +87,8 @@ type Options struct {
 	// back from (it crash-looped at start): never installed again until a
 	// declaration names another version or a person clears it.
 	FailedHostRelease string
+	// FailedHostReason is why the launcher rolled it back.
+	FailedHostReason string
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.

@@ -424,7 +424,11 @@ func (r *run) pkg(st *step, rest int) {
 		return
 	}
 	if p.Name == HostPackage && p.Version != "" && p.Version == r.opt.FailedHostRelease {
-		r.fail(st, fmt.Errorf("%s %s crash-looped at start and the launcher rolled it back; it is not installed again until a declaration names another version (or a person runs mesh-launch clear); the running host (%s) carries on", p.Name, p.Version, r.opt.HostVersion), rest)
+		why := ""
+		if r.opt.FailedHostReason != "" {
+			why = " (" + r.opt.FailedHostReason + ")"
+		}
+		r.fail(st, fmt.Errorf("%s %s crash-looped at start and the launcher rolled it back%s; it is not installed again until a declaration names another version (or a person runs mesh-launch clear); the running host (%s) carries on", p.Name, p.Version, why, r.opt.HostVersion), rest)
 		return
 	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypePackage, Claims: withClaim(e, st.claim), Digest: "version=" + p.Version}

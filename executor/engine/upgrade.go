@@ -1,7 +1,12 @@
 package engine
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -48,10 +53,64 @@ func (r *run) checkHostUpgrade(p *shapes.Package, installed string) error {
 	if !SameRelease(p.Version, installed, got) {
 		return fmt.Errorf("the installed host says version %q, not the declared %s; the running host (%s) carries on", got, p.Version, r.opt.HostVersion)
 	}
-	if got != r.opt.HostVersion {
-		r.upgradedTo = got
+	if got == r.opt.HostVersion {
+		return nil // the running host is the installed one: nothing to commit to
+	}
+	if err := r.checkHostAgent(filepath.Join(filepath.Dir(bin), "mesh-agent"), p, installed); err != nil {
+		return err
+	}
+	r.upgradedTo = got
+	return nil
+}
+
+// DefaultAgentUser is the agent's user the packages make.
+const DefaultAgentUser = "mesh-agent"
+
+// checkHostAgent runs the new release's agent before the host commits to
+// it: `mesh-agent --self-check --user U`, as root, so the new binary's own
+// privilege drop is what is tried (it must end confined: its uid and gid,
+// no other group, no capability, no_new_privs, on every thread), and it
+// must say the declared version. A release whose agent cannot start here
+// would otherwise become a node that applies and never speaks. A host
+// with no agent beside its executor (Android's root helper: the agent is
+// the app) has none to try.
+func (r *run) checkHostAgent(agent string, p *shapes.Package, installed string) error {
+	if _, err := os.Lstat(agent); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	u := r.opt.AgentUser
+	if u == "" {
+		u = DefaultAgentUser
+	}
+	res, err := command.Run(r.ctx, []string{agent, "--self-check", "--user", u}, command.Options{Timeout: versionTimeout})
+	var self struct {
+		Confined bool   `json:"confined"`
+		Version  string `json:"version"`
+		Error    string `json:"error"`
+	}
+	if err == nil {
+		if jerr := json.Unmarshal([]byte(res.Stdout), &self); jerr != nil {
+			err = fmt.Errorf("exit status %d, and it printed no self-check (%v): %s", res.Code, jerr, firstLine(res.Stderr))
+		}
+	}
+	switch {
+	case err != nil:
+	case !self.Confined:
+		err = fmt.Errorf("it does not drop to user %s: %s", u, self.Error)
+	case res.Code != 0:
+		err = fmt.Errorf("exit status %d: %s", res.Code, firstLine(res.Stderr))
+	case !SameRelease(p.Version, installed, self.Version):
+		err = fmt.Errorf("it says version %q, not the declared %s", self.Version, p.Version)
+	}
+	if err != nil {
+		return fmt.Errorf("the installed agent does not pass its self-check: %s --self-check --user %s: %v; the running host (%s) carries on", agent, u, err, r.opt.HostVersion)
 	}
 	return nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
 }
 
 // SameRelease reports whether a binary stamped version bin is the release

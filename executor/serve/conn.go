@@ -36,7 +36,11 @@ type conn struct {
 	// vsock: the peer came over vsock (admitted by context id; its hello
 	// must present the connection secret).
 	vsock bool
-	out   outbox
+	// pid and uid: the peer's, from its credentials at connect (none
+	// over vsock).
+	pid int32
+	uid uint32
+	out outbox
 	// written is closed when the writer has ended.
 	written chan struct{}
 
@@ -311,6 +315,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 			s.refuse(c, wire.CodeProtocol, "refused a connection from uid %d (pid %d): only root and the agent (uid %d) may connect", peer.UID, peer.PID, s.cfg.AgentUID)
 			return
 		}
+		c.pid, c.uid = peer.PID, peer.UID
 	}
 	state := wire.StateNew
 	tokens, lastFill := float64(s.cfg.Burst), time.Now()

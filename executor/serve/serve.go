@@ -31,6 +31,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
@@ -78,6 +79,14 @@ type Config struct {
 	// ArchiveCacheMax bounds the archive cache, streams in flight
 	// included (engine.MaxArchiveCacheBytes when 0).
 	ArchiveCacheMax uint64
+	// AgentBinary is the agent as installed (beside the executor): the
+	// binary an agent that stays up AgentProofAfter proves good
+	// (DefaultAgentProofAfter when 0). "" proves nothing.
+	AgentBinary     string
+	AgentProofAfter time.Duration
+	// AgentUser is the agent's user name: an upgrade's new agent is tried
+	// dropping to it (engine.Options.AgentUser).
+	AgentUser string
 	// AgentState is the agent's state directory, which the protected set
 	// covers wherever it is.
 	AgentState string
@@ -122,7 +131,10 @@ type Server struct {
 	// it run; once the apply is answered, the daemon exits 0 onto it.
 	// +checklocks:lastMu
 	upgradeTo string
-	lastMu    sync.Mutex
+	// link is the agent's link as it last said it (linkstate.go).
+	// +checklocks:lastMu
+	link   LinkState
+	lastMu sync.Mutex
 	// quiet fires a moment after the last apply, to give its memory back
 	// (giveBack).
 	// +checklocks:quietMu
@@ -152,6 +164,16 @@ type Server struct {
 	// +checklocks:slotMu
 	open   map[*conn]bool
 	slotMu sync.Mutex
+	// reconciled: a reconcile of this process ran to its end (Healthy was
+	// called), so the release's executor half is proven.
+	reconciled atomic.Bool
+	// agentSeen is when each agent process was first heard from, and
+	// agentProven the installed agent binary last proven (agentproof.go).
+	// +checklocks:agentMu
+	agentSeen map[int32]time.Time
+	// +checklocks:agentMu
+	agentProven agentKey
+	agentMu     sync.Mutex
 }
 
 type lastApplied struct {
@@ -171,6 +193,9 @@ func New(cfg Config) *Server {
 		// choice, refused a genuine flurry of pushes.)
 		cfg.Rate, cfg.Burst = 500, 1000
 	}
+	if cfg.AgentProofAfter == 0 {
+		cfg.AgentProofAfter = DefaultAgentProofAfter
+	}
 	if cfg.ArchiveCacheMax == 0 {
 		cfg.ArchiveCacheMax = engine.MaxArchiveCacheBytes
 	}
@@ -181,7 +206,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{},
-		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}}
+		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}
@@ -285,7 +310,9 @@ func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, er
 	return wire.KindHelloReply, reply, nil
 }
 
-func (s *Server) status(_ context.Context, _ *conn, _ any) (wire.Kind, any, error) {
+func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
+	go s.proveAgent(c.pid, c.uid)
+	s.noteLink(body.(*wire.Status).Link)
 	s.lastMu.Lock()
 	last := s.last
 	s.lastMu.Unlock()
@@ -297,6 +324,9 @@ func (s *Server) status(_ context.Context, _ *conn, _ any) (wire.Kind, any, erro
 		reply.WireGuardKey = k.PublicKey().String()
 	}
 	reply.Enrolling = enrol.IsPending(s.cfg.StateDir)
+	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil && st.Failed != nil {
+		reply.RolledBackFrom, reply.RollbackReason = st.Failed.Version, clip(st.Failed.Reason, 1024)
+	}
 	s.foundMu.Lock()
 	reply.ProfileDigest = s.found.Digest
 	s.foundMu.Unlock()
@@ -351,12 +381,13 @@ func (s *Server) profile(_ context.Context, _ *conn, _ any) (wire.Kind, any, err
 	return wire.KindProfileReply, &reply, nil
 }
 
-// failedRelease is the host release the launcher rolled back from, if any.
-func (s *Server) failedRelease() string {
+// failedRelease is the host release the launcher rolled back from, if
+// any, and why.
+func (s *Server) failedRelease() (version, why string) {
 	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil && st.Failed != nil {
-		return st.Failed.Version
+		return st.Failed.Version, st.Failed.Reason
 	}
-	return ""
+	return "", ""
 }
 
 // noteUpgrade keeps what an apply reported about the host's own package.
@@ -492,18 +523,32 @@ func (s *Server) giveBack() {
 	s.quiet.Reset(quietAfter)
 }
 
-func (s *Server) reconnected(ctx context.Context, c *conn, _ any) (wire.Kind, any, error) {
+func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind, any, error) {
+	r := body.(*wire.Reconnected)
 	s.lastMu.Lock()
 	recent := time.Since(s.lastReconnect) < reconnectEvery
 	if !recent {
 		s.lastReconnect = time.Now()
 	}
 	s.lastMu.Unlock()
+	var v *wire.Verdict
 	if recent {
 		// Answered, not refused: a link that flaps is not an attack.
-		return wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}, nil
+		v = &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}
+	} else {
+		v = s.Reconcile(ctx, "reconnect", c.line)
 	}
-	return wire.KindVerdict, s.Reconcile(ctx, "reconnect", c.line), nil
+	// What this executor did while the link was down, from its own
+	// history: the agent names the interval and learns only counts and
+	// triggers, which it reports upward.
+	if !r.From.IsZero() && !r.To.Before(r.From) {
+		acts, more, err := store.History(s.cfg.StateDir, r.From, r.To, wire.MaxMeanwhile)
+		if err != nil {
+			s.log.Warn("the history of applies could not be read", "err", err)
+		}
+		v.Meanwhile, v.MeanwhileMore = acts, more
+	}
+	return wire.KindVerdict, v, nil
 }
 
 // archiveChunk takes one chunk of an archive stream into the cache. The
@@ -701,9 +746,10 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 		return nil
 	}
+	failed, failedWhy := s.failedRelease()
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
-		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease()})
-	s.record(st, store.Link, rep)
+		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
+	s.record(st, store.Link, "declaration", rep)
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)
@@ -791,8 +837,8 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	}
 }
 
-func (s *Server) record(st *store.Store, src store.Source, rep *shapes.Report) {
-	st.SaveReport(src, rep)
+func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report) {
+	st.SaveReport(src, trigger, rep)
 	if src == store.Link {
 		s.lastMu.Lock()
 		s.last = lastApplied{Seq: rep.Seq, Outcome: rep.Outcome}
@@ -874,13 +920,14 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		if onlyRoster && !d.UsesRoster() {
 			continue
 		}
+		failed, failedWhy := s.failedRelease()
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
-			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, FailedHostRelease: s.failedRelease(), Roster: roster}
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}
 		rep := engine.Apply(ctx, st, d, raw, opt)
-		s.record(st, src, rep)
+		s.record(st, src, why, rep)
 		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {
@@ -889,10 +936,19 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	}
 	v.Outcome = shapes.Derive(all)
 	s.log.Info("reconciled", "trigger", why, "outcome", v.Outcome, "lines", len(all))
+	s.reconciled.Store(true)
 	if s.cfg.Healthy != nil {
 		if err := s.cfg.Healthy(); err != nil {
 			s.log.Warn("could not record this build as known-good", "err", err)
 		}
 	}
 	return v
+}
+
+// clip bounds a string carried in a reply of bounded size.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
 }

@@ -783,7 +783,13 @@ func WriteFileAtomic(p string, data []byte) error {
 // the heartbeat. It is a convenience, not a record: it is not synced, and
 // the journal, not this, is what the host holds. (The lines themselves go
 // to whoever asked for the apply.)
-func (s *Store) SaveReport(src Source, rep *shapes.Report) error {
+//
+// An apply that did something (shapes.Did) is also kept in the history,
+// with its trigger (History): what the node did while its link was down.
+func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error {
+	if changed, failed, ok := shapes.Did(rep); ok {
+		s.note(shapes.Activity{At: time.Now().UTC(), Source: string(src), Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome, Changed: changed, Failed: failed})
+	}
 	sum := ReportSummary{Source: rep.Source, Seq: rep.Seq, Outcome: rep.Outcome, Lines: map[shapes.Outcome]int{}}
 	for _, l := range rep.Lines {
 		sum.Lines[l.Outcome]++

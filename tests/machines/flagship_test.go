@@ -190,6 +190,10 @@ func TestMeshBornFromOneMachine(t *testing.T) {
 	if !A.pings(addr["b"]) {
 		t.Fatal("the overlay did not survive the upgrade")
 	}
+	// 0.9.2 is known good on B once both halves ran (its agent stayed up).
+	untilTrue(t, 90*time.Second, "b holds 0.9.2 as known-good", func() bool {
+		return B.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.2"
+	})
 	// B is declared a release that crash-loops: rolled back once, through
 	// apt, and it says why it does not install that release again.
 	A.WriteFile("/root/broken.json", []byte(`{"version":1,"resources":[{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"0.9.3-1"}]}`), 0o600)

@@ -13,11 +13,19 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/lab"
 )
 
+// How a release the tests build is broken.
+const (
+	brokenNot      = ""
+	brokenExecutor = "executor"  // says its version, crashes at every start
+	brokenAgent    = "agent"     // its agent passes its self-check, exits at every start
+	brokenAgentAll = "agent-all" // its agent exits at once, self-check included
+)
+
 // hostDeb builds the host's .deb at version with build id build, as `make
 // package` does (static binaries stamped with both, nfpm). A broken one
-// carries an executor that says its version and crashes at every start:
-// a release that installs and passes its read-back, then crash-loops.
-func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
+// installs and crash-loops, its executor (passing its read-back) or its
+// agent (passing its self-check, or not even that).
+func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 	t.Helper()
 	dist := filepath.Join(dir, version)
 	ld := "-s -w -X main.version=" + version + " -X main.build=" + build
@@ -26,9 +34,17 @@ func hostDeb(t *testing.T, dir, version, build string, broken bool) string {
 	if out, err := b.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", version, err, out)
 	}
-	if broken {
-		script := "#!/bin/sh\n[ \"$1\" = version ] && { echo " + version + "; exit 0; }\necho 'a broken release: it crashes at start' >&2\nexit 1\n"
-		if err := os.WriteFile(filepath.Join(dist, "bin", "mesh-executor"), []byte(script), 0o755); err != nil {
+	bin, script := "", ""
+	switch broken {
+	case brokenExecutor:
+		bin, script = "mesh-executor", "#!/bin/sh\n[ \"$1\" = version ] && { echo "+version+"; exit 0; }\necho 'a broken release: it crashes at start' >&2\nexit 1\n"
+	case brokenAgent:
+		bin, script = "mesh-agent", "#!/bin/sh\n[ \"$1\" = --self-check ] && { echo '{\"confined\":true,\"version\":\""+version+"\"}'; exit 0; }\necho 'a broken release: its agent exits at start' >&2\nexit 1\n"
+	case brokenAgentAll:
+		bin, script = "mesh-agent", "#!/bin/sh\necho 'a broken release: its agent exits at once' >&2\nexit 1\n"
+	}
+	if bin != "" {
+		if err := os.WriteFile(filepath.Join(dist, "bin", bin), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,9 +69,9 @@ func hostReleases(t *testing.T) (v1, v2, v3, ctlBin string) {
 		t.Fatal("the labs need root (make test runs as root)")
 	}
 	dir := t.TempDir()
-	v1 = hostDeb(t, dir, "0.9.1", "b1", false)
-	v2 = hostDeb(t, dir, "0.9.2", "b2", false)
-	v3 = hostDeb(t, dir, "0.9.3", "b3", true)
+	v1 = hostDeb(t, dir, "0.9.1", "b1", brokenNot)
+	v2 = hostDeb(t, dir, "0.9.2", "b2", brokenNot)
+	v3 = hostDeb(t, dir, "0.9.3", "b3", brokenExecutor)
 	ctlBin = filepath.Join(dir, "mesh-control")
 	b := exec.Command("go", "build", "-o", ctlBin, "./cmd/mesh-control")
 	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
@@ -75,8 +91,18 @@ func hostReleases(t *testing.T) (v1, v2, v3, ctlBin string) {
 // release that installs, passes its read-back and crash-loops: the
 // launcher rolls back once, through apt, to the known-good release, which
 // reconciles and says why it does not install the declared version again.
+//
+// Then the agent's half: a release whose agent passes its self-check and
+// exits at every start is installed and started; the agent's starts,
+// counted by mesh-launch before each, trip the same rollback, and the node
+// says so upward once its known-good agent links again. A release whose
+// agent fails even its self-check is never committed to: the running
+// host carries on, and says why.
 func TestUpgradeThroughADeclaration(t *testing.T) {
 	v1, v2, v3, ctlBin := hostReleases(t)
+	dir := t.TempDir()
+	v4 := hostDeb(t, dir, "0.9.4", "b4", brokenAgent)
+	v5 := hostDeb(t, dir, "0.9.5", "b5", brokenAgentAll)
 
 	m := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd}), t: t}
 	t.Cleanup(func() {
@@ -86,7 +112,7 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 			t.Logf("the lab says:\n%s%s", out, errOut)
 		}
 	})
-	m.serveRepo(v1, v2, v3)
+	m.serveRepo(v1, v2, v3, v4, v5)
 	m.sh("apt-get install -y -qq nox-mesh-host=0.9.1-1 >/dev/null 2>&1 || apt-get install -y nox-mesh-host=0.9.1-1")
 	for _, u := range []string{"mesh-executor", "mesh-agent"} {
 		untilTrue(t, 20*time.Second, u+" active", func() bool { return m.sh("systemctl is-active "+u+" || true") == "active" })
@@ -142,7 +168,9 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	if now := m.sh("systemctl show -p MainPID --value mesh-executor"); now != launcherPID {
 		t.Fatalf("the init restarted the executor's unit (launcher %s, then %s)", launcherPID, now)
 	}
-	untilTrue(t, 30*time.Second, "0.9.2 is known-good", func() bool {
+	// Known good once both halves ran: the executor reconciled, and the
+	// agent stayed up (serve.DefaultAgentProofAfter).
+	untilTrue(t, 90*time.Second, "0.9.2 is known-good", func() bool {
 		return m.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.2"
 	})
 
@@ -163,12 +191,63 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	untilTrue(t, 60*time.Second, "the known-good host running again", func() bool { e, _ := node(); return e == "0.9.2" })
 	logs := m.sh("journalctl --no-pager -u mesh-executor -o cat")
 	for _, want := range []string{"a broken release: it crashes at start", "reinstalled the known-good release through the package manager",
-		"nox-mesh-host 0.9.3-1 crash-looped at start and the launcher rolled it back; it is not installed again"} {
+		"nox-mesh-host 0.9.3-1 crash-looped at start and the launcher rolled it back (", "without a reconcile running to its end: reinstalling the known-good copy); it is not installed again"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the executor's journal does not say %q", want)
 		}
 	}
 	if !strings.Contains(m.sh("mesh-launch status --state /var/lib/mesh-host/executor 2>&1 || true"), "halted: no") {
 		t.Fatal("the launcher halted after one rollback that worked")
+	}
+
+	// A release whose agent exits at every start (its self-check passes):
+	// the executor half upgrades and reconciles, but the release is not
+	// known good until its agent stays up; the agent's starts trip the
+	// rollback, through apt, back to 0.9.2, both halves.
+	rolledBack := func() (from, why string) {
+		var ns []struct {
+			RolledBackFrom string `json:"rolled_back_from"`
+			RollbackReason string `json:"rollback_reason"`
+		}
+		json.Unmarshal([]byte(m.sh("mesh-control nodes --json "+ctl+" 2>/dev/null || true")), &ns)
+		if len(ns) != 1 {
+			return "", ""
+		}
+		return ns[0].RolledBackFrom, ns[0].RollbackReason
+	}
+	m.WriteFile("/root/agent-broken.json", []byte(`{"version":1,"resources":[{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"0.9.4-1"}]}`), 0o600)
+	m.sh("mesh-control declare a /root/agent-broken.json " + ctl)
+	untilTrue(t, 60*time.Second, "apt installed the release whose agent crash-loops", func() bool {
+		return m.sh("dpkg-query -W -f='${Version}' nox-mesh-host") == "0.9.4-1"
+	})
+	untilTrue(t, 180*time.Second, "rolled back to 0.9.2 through apt for the agent's crash loop, and said so upward", func() bool {
+		from, why := rolledBack()
+		return m.sh("dpkg-query -W -f='${db:Status-Status} ${Version}' nox-mesh-host") == "installed 0.9.2-1" &&
+			from == "0.9.4-1" && strings.Contains(why, "the agent crash-loops")
+	})
+	if got := m.sh("/var/lib/mesh-host/executor/known-good/mesh-agent --version"); !strings.Contains(got, "0.9.2") {
+		t.Errorf("the known-good agent is %q: the release whose agent crash-looped became known good", got)
+	}
+	untilTrue(t, 60*time.Second, "node a runs 0.9.2 again, both halves", func() bool { e, a := node(); return e == "0.9.2" && a == "0.9.2" })
+	agentLog := m.sh("journalctl --no-pager -u mesh-agent -o cat")
+	for _, want := range []string{"a broken release: its agent exits at start", "mesh-launch agent-start: rolling back"} {
+		if !strings.Contains(agentLog, want) {
+			t.Errorf("the agent's journal does not say %q", want)
+		}
+	}
+	if rep := m.sh("mesh-control reports a --last 3 " + ctl); !strings.Contains(rep, "0.9.4-1 crash-looped at start and the launcher rolled it back (the agent started") {
+		t.Errorf("the report on the declared 0.9.4-1 does not say why it is not installed:\n%s", rep)
+	}
+
+	// A release whose agent does not even pass its self-check: never
+	// committed to; 0.9.2 carries on, executor and agent, and says why.
+	m.WriteFile("/root/agent-dead.json", []byte(`{"version":1,"resources":[{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"0.9.5-1"}]}`), 0o600)
+	m.sh("mesh-control declare a /root/agent-dead.json " + ctl)
+	untilTrue(t, 60*time.Second, "the upgrade to 0.9.5 fails on its agent's self-check", func() bool {
+		return strings.Contains(m.sh("mesh-control reports a --last 1 "+ctl), "the installed agent does not pass its self-check")
+	})
+	time.Sleep(5 * time.Second) // the heartbeat after the verdict
+	if e, a := node(); e != "0.9.2" || a != "0.9.2" {
+		t.Errorf("after a release whose agent fails its self-check, the node runs executor %s and agent %s; the running host carries on", e, a)
 	}
 }

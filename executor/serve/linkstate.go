@@ -1,0 +1,78 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// LinkFile, in the executor's state directory, is the agent's link as the
+// agent last told the daemon (with every status request, every few
+// seconds): what `mesh-executor status`, a process of its own, shows.
+// It is the agent's word, kept for a person to read, and drives nothing.
+const LinkFile = "link.json"
+
+// linkRefresh is how often the file is written again while nothing
+// changes, so its SaidAt tells a silent agent from a steady link.
+const linkRefresh = time.Minute
+
+// LinkState is LinkFile's content.
+type LinkState struct {
+	// Up: linked since Since; otherwise without the link since Since (the
+	// last moment the agent knew it linked; zero: never).
+	Up    bool      `json:"up"`
+	Since time.Time `json:"since,omitzero"`
+	// SaidAt is when the agent last said so.
+	SaidAt time.Time `json:"said_at"`
+}
+
+// ReadLinkState reads LinkFile in dir; nil when the agent never said.
+func ReadLinkState(dir string) (*LinkState, error) {
+	b, err := os.ReadFile(filepath.Join(dir, LinkFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var l LinkState
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// noteLink keeps what the agent said of its link: written when it
+// changes, and at most once a linkRefresh otherwise.
+func (s *Server) noteLink(l *wire.AgentLink) {
+	if l == nil {
+		return
+	}
+	now := time.Now().UTC()
+	s.lastMu.Lock()
+	prev := s.link
+	same := prev.Up == l.Up && prev.Since.Equal(l.Since)
+	if same && now.Sub(prev.SaidAt) < linkRefresh {
+		s.lastMu.Unlock()
+		return
+	}
+	s.link = LinkState{Up: l.Up, Since: l.Since.UTC(), SaidAt: now}
+	cur := s.link
+	s.lastMu.Unlock()
+	b, _ := json.Marshal(cur)
+	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, LinkFile), b); err != nil {
+		s.log.Warn("the agent's link state could not be kept", "err", err)
+	}
+	if !same {
+		if cur.Up {
+			s.log.Info("the agent says it is linked", "since", cur.Since)
+		} else {
+			s.log.Info("the agent says it is disconnected", "since", cur.Since)
+		}
+	}
+}

@@ -1,0 +1,76 @@
+package serve
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// While the link is down the executor goes on (here, it restarts and
+// repairs a drift); when the agent says the link is back and names the
+// interval, the verdict says what was done in it, from the executor's own
+// history — and nothing from before it, nor what changed nothing.
+func TestReconnectSaysWhatWasDoneMeanwhile(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	from := time.Now()
+	e.stop()
+	motd := filepath.Join(e.root, "motd")
+	os.WriteFile(motd, []byte("drift\n"), 0o644)
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	e.dial() // served after the start reconcile, which repairs it
+	if b, _ := os.ReadFile(motd); string(b) != "hello\n" {
+		t.Fatalf("the start reconcile did not repair the file: %q", b)
+	}
+	to := time.Now()
+
+	c = e.dial()
+	_, v := send(t, c, wire.KindReconnected, &wire.Reconnected{From: from, To: to})
+	if len(v.Meanwhile) != 1 {
+		t.Fatalf("meanwhile: %+v, want the one repair", v.Meanwhile)
+	}
+	if a := v.Meanwhile[0]; a.Trigger != "start" || a.Source != "link" || a.Outcome != shapes.Repaired || a.Changed != 1 || a.Seq != 1 {
+		t.Errorf("meanwhile: %+v", a)
+	}
+	// Without an interval (an agent that never linked before), nothing.
+	e.stop()
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	c = e.dial()
+	if _, v := send(t, c, wire.KindReconnected, &wire.Reconnected{}); len(v.Meanwhile) != 0 {
+		t.Errorf("meanwhile with no interval: %+v", v.Meanwhile)
+	}
+}
+
+// The agent says its link with every status; the daemon keeps it for
+// `mesh-executor status`, a process of its own.
+func TestStatusKeepsWhatTheAgentSaysOfItsLink(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	ask := func(l *wire.AgentLink) {
+		t.Helper()
+		if err := c.Write(wire.KindStatus, &wire.Status{Link: l}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _, err := c.Read(); err != nil || k != wire.KindStatusReply {
+			t.Fatalf("status: %v %v", k, err)
+		}
+	}
+	since := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	ask(&wire.AgentLink{Up: false, Since: since})
+	l, err := ReadLinkState(e.state)
+	if err != nil || l == nil || l.Up || !l.Since.Equal(since) || time.Since(l.SaidAt) > time.Minute {
+		t.Fatalf("kept: %+v %v", l, err)
+	}
+	ask(nil) // says nothing: nothing changes
+	ask(&wire.AgentLink{Up: true, Since: since.Add(time.Hour)})
+	if l, _ := ReadLinkState(e.state); l == nil || !l.Up || !l.Since.Equal(since.Add(time.Hour)) {
+		t.Fatalf("kept after the link came back: %+v", l)
+	}
+}

@@ -82,15 +82,23 @@ DIST        ?= dist
 PKG_ARCH    ?= amd64
 PKG_VERSION ?= $(shell v=$$(git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null) && echo $${v\#v} || echo 0.0.$$(git rev-list --count HEAD 2>/dev/null || echo 0))
 PKG_TARBALL := nox-mesh-host-$(PKG_VERSION)-linux-$(PKG_ARCH).tar.gz
+# The carried bundle the packages ship (/usr/lib/nox-mesh-host/foundation.lock)
+# and whose SHA-256 the executor is stamped with: `mesh-executor reconcile`
+# applies that bundle and no other. BUNDLE=FILE builds packages that carry
+# another (docs/operations.md, "Another bundle").
+BUNDLE      ?= packaging/foundation.lock
+BUNDLE_SHA   = $(shell sha256sum < $(BUNDLE) | cut -d' ' -f1)
 
 package:
+	@test -s $(BUNDLE) || { echo "BUNDLE=$(BUNDLE): no such bundle"; exit 1; }
 	rm -rf $(DIST) && mkdir -p $(DIST)/bin
-	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
-		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch
+	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
+		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
 	for p in deb apk archlinux; do \
-		DIST=$(DIST) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
+		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
 	done
-	tar -C $(DIST)/bin --owner=0 --group=0 --mode=0755 -czf $(DIST)/$(PKG_TARBALL) mesh-executor mesh-agent mesh-launch
+	cp $(BUNDLE) $(DIST)/bin/foundation.lock
+	tar -C $(DIST)/bin --owner=0 --group=0 --mode=0755 -czf $(DIST)/$(PKG_TARBALL) mesh-executor mesh-agent mesh-launch mesh-control foundation.lock
 	# Cross-compiled static binaries: linux/arm64, and android/arm64 (the
 	# root helper and the app's agent; no libc, Android's loader only).
 	for t in linux/arm64 android/arm64; do os=$${t%/*}; arch=$${t#*/}; \

@@ -104,7 +104,7 @@ func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Window, "window", 10*time.Minute, "how far back a start counts")
 	fs.DurationVar(&cfg.Backoff, "backoff", 2*time.Second, "the pause before restarting an executor that failed")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long the executor has to stop after SIGTERM before SIGKILL")
-	fs.BoolVar(&cfg.Packages, "package-rollback", true, "roll back through the package manager (apt, pacman) when the known-good copy names its package version, else by copying")
+	fs.BoolVar(&cfg.Packages, "package-rollback", true, "roll back through the package manager (apt, pacman, apk) when the known-good copy names its package version, else by copying")
 	fs.StringVar(&cfg.AgentUser, "agent-user", DefaultAgentUser, "the agent's user, made before the first start when missing (a tarball install); \"\" makes nothing")
 	fs.StringVar(&cfg.Notice, "notice", NoticeFile, "where the launcher tells the agent it starts nothing, and why (\"\": nowhere)")
 	fs.StringVar(&cfg.AgentState, "agent-state", DefaultAgentState, "the agent's state directory, made with its user")

@@ -46,17 +46,24 @@
 // also fails MaxStarts times, the node halts, because a second failure is a
 // different diagnosis.
 //
+// The agent's starts are supervised too (agent.go): the init runs
+// `mesh-launch agent-start` as root before each, which counts them in the
+// same launch state; an upgrade whose agent crash-loops sets the same
+// rollback mark, which the running launcher acts on while the executor
+// runs (it looks every Poll), and a release becomes known good only when
+// its agent, too, has stayed up (the executor proves it: AgentProven).
+//
 // Out of scope: the launcher does not restart itself (the init does, and it
 // never exits on its own for that reason: halted, or unable to read its
 // state, it stays up idle); it never asks the init for anything; it does not
-// talk to the agent, whose halting the agent reports itself; it reads no
-// declaration and has no package manager of its own — the default
-// reinstall copies files, and a package-manager reinstall is a
-// Config.Reinstall. It deliberately does not roll back a second time, does
+// talk to the agent but through the notice file beside its socket; it reads
+// no declaration, and says two things only to the package manager (which
+// version is installed, install this one: pkg.go). It deliberately does not roll back a second time, does
 // not retry a failed reinstall, and does not clear a halt by itself: a
 // person does, with `mesh-launch clear`.
 //
-// The reinstall goes through the package manager (apt, pacman) when the
+// The reinstall goes through the package manager (apt, pacman; apk
+// written to its manual, not run here) when the
 // known-good copy names the package version it came from, checked against
 // the known-good digests; otherwise, or when that fails, it copies the
 // known-good binaries back — which bypasses the package manager, whose

@@ -24,7 +24,7 @@ const HostPackage = "nox-mesh-host"
 
 // PackageVersion asks the machine's package manager which version of the
 // host's package is installed: "" when none is, or when the machine has no
-// package manager the launcher knows (dpkg, pacman). Its programs run as
+// package manager the launcher knows (dpkg, pacman, apk). Its programs run as
 // every program root runs (executor/command): from the fixed search path,
 // with an environment of their own.
 func PackageVersion(ctx context.Context) string {
@@ -42,6 +42,32 @@ func PackageVersion(ctx context.Context) string {
 		if f := strings.Fields(res.Stdout); err == nil && res.Code == 0 && len(f) == 2 {
 			return f[1]
 		}
+		return ""
+	}
+	if _, err := command.LookPath("apk"); err == nil {
+		return apkInstalled(ctx)
+	}
+	return ""
+}
+
+// apkInstalled asks apk which version of the host's package is
+// installed, as the engine's apk applier asks: `apk info -e -v NAME`
+// prints "NAME-VERSION" (e.g. nox-mesh-host-0.9.2-r1), or nothing and
+// exit 1 when it is not installed. Written to apk-tools' manual; no
+// Alpine machine was reachable to run it on (README: what was run).
+func apkInstalled(ctx context.Context) string {
+	res, err := command.Run(ctx, []string{"apk", "info", "-e", "-v", "--", HostPackage}, command.Options{})
+	if err != nil || res.Code != 0 {
+		return ""
+	}
+	return apkVersion(res.Stdout)
+}
+
+// apkVersion is the version in apk's "NAME-VERSION" line.
+func apkVersion(out string) string {
+	s := strings.TrimSpace(out)
+	if v, ok := strings.CutPrefix(s, HostPackage+"-"); ok && !strings.ContainsAny(v, " \n") {
+		return v
 	}
 	return ""
 }
@@ -71,7 +97,14 @@ func packageReinstall(ctx context.Context, version string) error {
 		}
 		return run("pacman", "-U", "--noconfirm", m[0])
 	}
-	return errors.New("no package manager the launcher knows (apt, pacman)")
+	if _, err := command.LookPath("apk"); err == nil {
+		// apk installs the version pinned from its repositories, or from
+		// its cache (/etc/apk/cache) when the machine keeps one: apk add
+		// NAME=VERSION allows a downgrade. Written to apk-tools' manual,
+		// not run here.
+		return run("apk", "add", "--", HostPackage+"="+version)
+	}
+	return errors.New("no package manager the launcher knows (apt, pacman, apk)")
 }
 
 // reinstall puts the known-good release back: through the package manager

@@ -14,6 +14,8 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -48,6 +50,13 @@ import (
 // Build is this binary's build id, which the agent compares with its own
 // at hello; cmd/mesh-executor sets it from its link-time stamp.
 var Build = "dev"
+
+// BundleDigest is the SHA-256 (hex) of the carried bundle the package was
+// built with, fixed at build time (cmd/mesh-executor's main.bundle, which
+// `make package` stamps from BUNDLE): `mesh-executor reconcile` applies a
+// bundle only if it is that one. Empty in a build that carries none (go
+// build, a developer's): such a build takes any bundle, and says so.
+var BundleDigest = ""
 
 // DefaultState is the executor's state directory.
 const DefaultState = "/var/lib/mesh-host/executor"
@@ -242,15 +251,21 @@ type bundleReport struct {
 	Bundle    string `json:"bundle"`
 	Present   bool   `json:"present"`
 	Resources int    `json:"resources,omitempty"`
+	// Pinned is the digest this build takes (BundleDigest), and Digest
+	// the file's; reconcile refuses the file when they differ.
+	Pinned string `json:"pinned_sha256,omitempty"`
+	Digest string `json:"sha256,omitempty"`
 }
 
 // bundle says whether this host can be a first node, as a file (out, or
 // standard output): a partial host cannot — it may drive no init, so it
 // cannot raise the control side as a service — and the file says so.
 func (c *command) bundle(out string) int {
-	r := bundleReport{Bundle: DefaultBundle, Partial: c.partial}
+	r := bundleReport{Bundle: DefaultBundle, Partial: c.partial, Pinned: BundleDigest}
 	if data, err := os.ReadFile(DefaultBundle); err == nil {
 		r.Present = true
+		sum := sha256.Sum256(data)
+		r.Digest = hex.EncodeToString(sum[:])
 		if d, err := shapes.ParseTrusted(data); err == nil {
 			r.Resources = len(d.Resources)
 		}
@@ -276,12 +291,28 @@ func (c *command) bundle(out string) int {
 	return code
 }
 
-// reconcile applies the carried bundle, if there is one.
+// reconcile applies the carried bundle, if there is one: only the one
+// this build carries (BundleDigest), checked on the very bytes applied.
 func (c *command) reconcile(bundle string) int {
 	if _, err := os.Lstat(bundle); errors.Is(err, os.ErrNotExist) {
 		return c.print(map[string]string{"bundle": bundle, "outcome": string(shapes.Unchanged)}, "no carried bundle at "+bundle+"; nothing to apply\n")
 	}
+	if BundleDigest == "" {
+		c.log.Warn("this build pins no bundle (built without BUNDLE): the bundle is applied as it is", "bundle", bundle)
+	}
 	return c.applyFrom(bundle, false, store.Bundle)
+}
+
+// checkBundle refuses a bundle that is not the one this build carries.
+func checkBundle(file string, data []byte) error {
+	if BundleDigest == "" {
+		return nil
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); got != BundleDigest {
+		return fmt.Errorf("executor: the bundle %s has sha256 %s; this build carries the bundle with sha256 %s, fixed when it was built — it applies no other (to carry another, build the package with BUNDLE=FILE; to apply a file once, use mesh-executor apply)", file, got, BundleDigest)
+	}
+	return nil
 }
 
 func (c *command) applyFrom(file string, plan bool, src store.Source) int {
@@ -295,6 +326,11 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	data, err := ReadLocalFile(file)
 	if err != nil {
 		return c.refuse(err.Error())
+	}
+	if src == store.Bundle {
+		if err := checkBundle(file, data); err != nil {
+			return c.refuse(err.Error())
+		}
 	}
 	d, err := shapes.ParseTrusted(data)
 	if err != nil {

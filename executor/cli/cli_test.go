@@ -3,7 +3,9 @@ package cli
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -334,5 +336,40 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	keep(serve.LinkState{Up: true, Since: since, SaidAt: time.Now().Add(-time.Hour).UTC()})
 	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
 		t.Errorf("a linked node whose agent went quiet:\n%s", out)
+	}
+}
+
+// The carried bundle is pinned at build time: reconcile applies the one
+// the build carries and refuses any other, saying both digests, with
+// nothing on the machine changed.
+func TestReconcileTakesOnlyThePinnedBundle(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	target := filepath.Join(d, "motd")
+	good := strings.Replace(decl, "%s", target, 1)
+	bundle := write(t, filepath.Join(d, "foundation.lock"), good, 0o644)
+	sum := sha256.Sum256([]byte(good))
+	defer func(old string) { BundleDigest = old }(BundleDigest)
+	BundleDigest = hex.EncodeToString(sum[:])
+
+	// Another bundle at the same path: refused, both digests said.
+	other := strings.Replace(good, `"x\n"`, `"y\n"`, 1)
+	write(t, bundle, other, 0o644)
+	osum := sha256.Sum256([]byte(other))
+	code, out, errOut := run("reconcile", "--state", state, bundle)
+	errOut += out
+	if code != ExitRefused || !strings.Contains(errOut, "has sha256 "+hex.EncodeToString(osum[:])) || !strings.Contains(errOut, "carries the bundle with sha256 "+BundleDigest) {
+		t.Fatalf("exit %d:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Fatal("a refused bundle changed the machine")
+	}
+	// The one the build carries: applied.
+	write(t, bundle, good, 0o644)
+	if code, out, errOut := run("reconcile", "--state", state, bundle); code != ExitApplied {
+		t.Fatalf("exit %d:\n%s%s", code, out, errOut)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "x\n" {
+		t.Fatalf("the pinned bundle was not applied: %q", b)
 	}
 }

@@ -11,15 +11,19 @@ case "$1" in
 upgrade | failed-upgrade) ;;
 *)
 	if command -v systemctl >/dev/null 2>&1 && [ -f /usr/lib/systemd/system/mesh-executor.service ]; then
+		# The control side, when the carried bundle raised it here: its
+		# binary goes with the package.
 		if [ -d /run/systemd/system ]; then
-			systemctl stop mesh-agent.service mesh-executor.service || true
+			systemctl stop mesh-agent.service mesh-executor.service mesh-control.service || true
 		fi
-		systemctl disable mesh-agent.service mesh-executor.service || true
+		systemctl disable mesh-agent.service mesh-executor.service mesh-control.service || true
 	elif command -v rc-service >/dev/null 2>&1 && [ -x /etc/init.d/mesh-executor ]; then
 		rc-service mesh-agent stop || true
 		rc-service mesh-executor stop || true
+		rc-service -i mesh-control stop 2>/dev/null || true
 		rc-update del mesh-agent default || true
 		rc-update del mesh-executor default || true
+		rc-update del mesh-control default 2>/dev/null || true
 	fi
 	;;
 esac

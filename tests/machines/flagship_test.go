@@ -11,27 +11,14 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/lab"
 )
 
-// foundation is the carried bundle of the first node: it raises the
-// control side as a service on the machine — its keys made once (an
-// action, which only a trusted source may carry), its unit, the service
-// enabled and running. The mesh-control binary itself is put there by the
-// test, as the operator's own install would.
-const foundation = `{"version":1,"resources":[
- {"module":"control","id":"state","type":"directory","path":"/var/lib/mesh-control","mode":"0700"},
- {"module":"control","id":"init","type":"action",
-  "run":["/usr/local/bin/mesh-control","init","--dir","/var/lib/mesh-control/keys","--host","10.231.7.1","--url","tls://10.231.7.1:4222"],
-  "verify":["/usr/bin/test","-f","/var/lib/mesh-control/keys/control.key"],"timeout":30},
- {"module":"control","id":"unit","type":"file","path":"/etc/systemd/system/mesh-control.service","content":
-  "[Unit]\nDescription=the mesh's control side (raised by the carried bundle)\n[Service]\nExecStart=/usr/local/bin/mesh-control serve --dir /var/lib/mesh-control/keys --listen 0.0.0.0:4222\nRestart=always\n[Install]\nWantedBy=multi-user.target\n"},
- {"module":"control","id":"svc","type":"service","unit":"mesh-control.service","enabled":true,"state":"running"}
-]}`
-
 // The flagship: a mesh born from one machine, and its second node, on two
 // systemd labs joined by a veth, with the real .deb, apt, launcher, broker,
 // WireGuard (wireguard-go under systemd) and systemd:
 //
 //  1. A installs the .deb; `mesh-executor reconcile` applies the carried
-//     bundle, which raises the control side as a service;
+//     bundle the package ships (packaging/foundation.lock, its digest
+//     pinned in the executor), which raises the control side as a service
+//     from the package's own mesh-control and unit;
 //  2. a token from it, and `enrol` on the same machine: node one walks the
 //     ordinary path, and its first link declaration (the overlay) leaves
 //     the bundle's work in place;
@@ -41,7 +28,7 @@ const foundation = `{"version":1,"resources":[
 //  5. both are upgraded through a declaration; B is then declared a
 //     release that crash-loops, and rolls back through apt; B is retired.
 func TestMeshBornFromOneMachine(t *testing.T) {
-	v1, v2, v3, ctlBin := hostReleases(t)
+	v1, v2, v3, _ := hostReleases(t)
 
 	A := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd, Name: "mesh-a"}), t: t}
 	B := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd, Name: "mesh-b"}), t: t}
@@ -65,14 +52,10 @@ func TestMeshBornFromOneMachine(t *testing.T) {
 	}
 
 	// 1. The carried bundle raises the control side on A.
-	if err := A.CopyIn(ctlBin, "/usr/local/bin/mesh-control"); err != nil {
-		t.Fatal(err)
-	}
-	A.WriteFile("/usr/lib/nox-mesh-host/foundation.lock", []byte(foundation), 0o644)
 	if out := A.sh("mesh-executor reconcile 2>&1; echo exit $?"); !strings.HasSuffix(out, "exit 0") {
 		t.Fatalf("mesh-executor reconcile:\n%s", out)
 	}
-	const ctl = "--dir /var/lib/mesh-control/keys"
+	const ctl = "--dir /var/lib/mesh-control"
 	untilTrue(t, 30*time.Second, "the control side serves", func() bool {
 		return A.sh("mesh-control nodes "+ctl+" >/dev/null 2>&1 && echo ok || true") == "ok"
 	})
@@ -83,7 +66,8 @@ func TestMeshBornFromOneMachine(t *testing.T) {
 		m    *machine
 		name string
 	}{{A, "a"}, {B, "b"}} {
-		token := A.sh("mesh-control token issue --new --name " + n.name + " " + ctl + " 2>/dev/null")
+		// The broker as the node reaches it, over the underlay.
+		token := A.sh("mesh-control token issue --new --name " + n.name + " --broker-url tls://10.231.7.1:4222 " + ctl + " 2>/dev/null")
 		if err := n.m.WriteFile("/root/token", []byte(token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}

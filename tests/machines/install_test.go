@@ -120,8 +120,36 @@ func installDeb(t *testing.T, deb string) {
 	}
 	running(t, m, lab.Systemd)
 
+	// The carried bundle is the one the package was built with: a copy
+	// changed on the machine is refused, saying both digests, and nothing
+	// changes; the one shipped raises the control side as a service.
+	if got := m.sh("systemctl is-enabled mesh-control.service || true"); got != "disabled" {
+		t.Errorf("the package enables the control side itself (%s); the bundle does", got)
+	}
+	m.sh("cp /usr/lib/nox-mesh-host/foundation.lock /root/foundation.lock; sed -i 's/0700/0750/' /usr/lib/nox-mesh-host/foundation.lock")
+	out := m.sh("mesh-executor reconcile 2>&1; echo exit $?")
+	want := m.sh("sha256sum < /root/foundation.lock | cut -d' ' -f1")
+	if !strings.HasSuffix(out, "exit 2") || !strings.Contains(out, "has sha256 "+m.sh("sha256sum < /usr/lib/nox-mesh-host/foundation.lock | cut -d' ' -f1")) ||
+		!strings.Contains(out, "carries the bundle with sha256 "+want) {
+		t.Errorf("a changed bundle, reconciled:\n%s", out)
+	}
+	if m.sh("test -e /var/lib/mesh-control && echo yes || echo no") != "no" {
+		t.Error("a refused bundle changed the machine")
+	}
+	m.sh("cp /root/foundation.lock /usr/lib/nox-mesh-host/foundation.lock")
+	if out := m.sh("mesh-executor reconcile 2>&1; echo exit $?"); !strings.HasSuffix(out, "exit 0") {
+		t.Errorf("the shipped bundle, reconciled:\n%s", out)
+	}
+	untilTrue(t, 30*time.Second, "the control side the bundle raised serves", func() bool {
+		return m.sh("systemctl is-active mesh-control.service || true") == "active" &&
+			m.sh("mesh-control nodes --dir /var/lib/mesh-control >/dev/null 2>&1 && echo ok || true") == "ok"
+	})
+	if out := m.sh("mesh-executor reconcile 2>&1; echo exit $?"); !strings.HasSuffix(out, "exit 0") || !strings.Contains(out, "unchanged") {
+		t.Errorf("the bundle again:\n%s", out)
+	}
+
 	// systemd's own view of what confines each unit.
-	for _, u := range []string{"mesh-executor.service", "mesh-agent.service"} {
+	for _, u := range []string{"mesh-executor.service", "mesh-agent.service", "mesh-control.service"} {
 		out, _, _ := m.Run(context.Background(), "systemd-analyze", "security", "--no-pager", u)
 		score := regexp.MustCompile(`Overall exposure level for ` + regexp.QuoteMeta(u) + `: ([0-9.]+) (\S+)`).FindStringSubmatch(out)
 		if score == nil {

@@ -2,6 +2,8 @@ package machines
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -28,8 +30,15 @@ const (
 func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 	t.Helper()
 	dist := filepath.Join(dir, version)
-	ld := "-s -w -X main.version=" + version + " -X main.build=" + build
-	b := exec.Command("go", "build", "-trimpath", "-ldflags", ld, "-o", filepath.Join(dist, "bin")+"/", "./cmd/mesh-executor", "./cmd/mesh-agent", "./cmd/mesh-launch")
+	// The carried bundle the package ships, its digest stamped in the
+	// executor, as make package does.
+	bundle, err := os.ReadFile("../../packaging/foundation.lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bundle)
+	ld := "-s -w -X main.version=" + version + " -X main.build=" + build + " -X main.bundle=" + hex.EncodeToString(sum[:])
+	b := exec.Command("go", "build", "-trimpath", "-ldflags", ld, "-o", filepath.Join(dist, "bin")+"/", "./cmd/mesh-executor", "./cmd/mesh-agent", "./cmd/mesh-launch", "./cmd/mesh-control")
 	b.Dir, b.Env = "../..", append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if out, err := b.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", version, err, out)
@@ -49,7 +58,7 @@ func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 		}
 	}
 	n := exec.Command("go", "run", "github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2", "package", "-f", "packaging/nfpm.yaml", "-p", "deb", "-t", dist+"/")
-	n.Dir, n.Env = "../..", append(os.Environ(), "DIST="+dist, "PKG_VERSION="+version, "PKG_ARCH=amd64")
+	n.Dir, n.Env = "../..", append(os.Environ(), "DIST="+dist, "BUNDLE=packaging/foundation.lock", "PKG_VERSION="+version, "PKG_ARCH=amd64")
 	if out, err := n.CombinedOutput(); err != nil {
 		t.Fatalf("nfpm %s: %v\n%s", version, err, out)
 	}

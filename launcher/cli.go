@@ -157,7 +157,19 @@ func formatStatus(s State, dir string, now time.Time, window time.Duration) stri
 		fmt.Fprintf(&b, "rolled back: yes, at %s: %s\n", ts(s.RolledBack.At), s.RolledBack.Reason)
 	}
 	if s.Failed != nil {
-		fmt.Fprintf(&b, "failed release: %s, rolled back from at %s (the executor does not install it again)\n", s.Failed.Version, ts(s.Failed.At))
+		fmt.Fprintf(&b, "failed release: %s, rolled back from at %s (the executor does not install it again): %s\n", s.Failed.Version, ts(s.Failed.At), s.Failed.Reason)
+	}
+	if a := s.Agent; a != nil {
+		fmt.Fprintf(&b, "agent: %d starts within %v", len(recent(a.Starts, now, window)), window)
+		if len(a.Starts) > 0 {
+			fmt.Fprintf(&b, " (last %s)", ts(a.Starts[len(a.Starts)-1]))
+		}
+		if a.Proven != "" {
+			fmt.Fprintf(&b, "; stayed up on sha256:%s, %s", a.Proven, ts(a.ProvenAt))
+		} else {
+			b.WriteString("; never seen to stay up")
+		}
+		b.WriteString("\n")
 	}
 	if s.Halted == nil {
 		b.WriteString("halted: no\n")

@@ -138,7 +138,7 @@ func TestMeshBornFromOneMachine(t *testing.T) {
 	untilTrue(t, 60*time.Second, "b pings a through the overlay", func() bool { return B.pings(addr["a"]) })
 	// The overlay, node one's first link declaration, left the bundle's
 	// work be: the control side still runs, owned by the bundle.
-	if A.sh("systemctl is-active mesh-control") != "active" || !strings.Contains(A.sh("mesh-executor owned"), "bundle:control.svc") {
+	if A.sh("systemctl is-active mesh-control") != "active" || !strings.Contains(A.sh("mesh-executor owned"), "bundle:control.serve") {
 		t.Fatalf("the bundle's work after the overlay:\n%s", A.sh("mesh-executor owned"))
 	}
 

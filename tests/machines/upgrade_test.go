@@ -117,7 +117,7 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, errOut, _ := m.Run(context.Background(), "/bin/sh", "-c",
-				"journalctl --no-pager -n 40 -u mesh-agent -u mesh-control 2>&1; journalctl --no-pager -n 60 -u mesh-executor -o cat 2>&1; ps -ef --forest 2>&1 | tail -40; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
+				"journalctl --no-pager -n 40 -u mesh-agent -u lab-control 2>&1; journalctl --no-pager -n 60 -u mesh-executor -o cat 2>&1; ps -ef --forest 2>&1 | tail -40; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
 			t.Logf("the lab says:\n%s%s", out, errOut)
 		}
 	})
@@ -134,7 +134,7 @@ func TestUpgradeThroughADeclaration(t *testing.T) {
 	}
 	const ctl = "--dir /root/ctl"
 	m.sh("mesh-control init " + ctl + " >/dev/null")
-	m.sh("systemd-run --unit mesh-control /usr/local/bin/mesh-control serve " + ctl)
+	m.sh("systemd-run --unit lab-control /usr/local/bin/mesh-control serve " + ctl)
 	untilTrue(t, 20*time.Second, "the control side serves", func() bool {
 		return m.sh("mesh-control nodes "+ctl+" >/dev/null 2>&1 && echo ok || true") == "ok"
 	})

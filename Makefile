@@ -64,6 +64,8 @@ fuzz:
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpenSealed$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/dockerapi -run '^$$' -fuzz FuzzReadResponse -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/edit -run '^$$' -fuzz '^FuzzRegion$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/edit -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

@@ -155,6 +155,8 @@ var typeKeyMask = map[string]uint64{
 	TypeNetwork:   keyMask("name"),
 	TypeOverlay:   keyMask("interface", "address", "listen_port"),
 	TypeOpening:   keyMask("port", "protocol", "from", "path"),
+	TypeRegion:    keyMask("path", "content"),
+	TypeKeys:      keyMask("path"),
 }
 
 // keyMask is the bits of module, id, type and the keys named.

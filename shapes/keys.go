@@ -49,7 +49,7 @@ var fieldNames = sync.OnceValue(func() map[string]bool {
 
 // mapFields are the fields whose value is a map with keys of the
 // declaration's own choosing.
-var mapFields = map[string]bool{"env": true}
+var mapFields = map[string]bool{"env": true, "set": true}
 
 type keyScanner struct {
 	data      []byte

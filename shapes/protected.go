@@ -428,6 +428,10 @@ func checkProtected(v *validator, r Resource, m *machine) {
 		checkPath("path", r.Path, true)
 	case *Archive:
 		checkPath("destination", r.Destination, true)
+	case *Region:
+		checkPath("path", r.Path, false)
+	case *Keys:
+		checkPath("path", r.Path, false)
 	case *Container:
 		for _, m := range r.Mounts {
 			if src, _, _, ok := ParseMount(m); ok && strings.HasPrefix(src, "/") {

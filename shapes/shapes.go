@@ -18,6 +18,8 @@ const (
 	TypeNetwork   = "network"
 	TypeOverlay   = "overlay"
 	TypeOpening   = "opening"
+	TypeRegion    = "region"
+	TypeKeys      = "keys"
 )
 
 // shapeTable is the vocabulary. Every addition widens what a compromised
@@ -34,12 +36,14 @@ var shapeTable = map[string]func() Resource{
 	TypeNetwork:   func() Resource { return new(Network) },
 	TypeOverlay:   func() Resource { return new(Overlay) },
 	TypeOpening:   func() Resource { return new(Opening) },
+	TypeRegion:    func() Resource { return new(Region) },
+	TypeKeys:      func() Resource { return new(Keys) },
 }
 
 // TypeNames lists the known shapes in a fixed order, for error messages.
 func TypeNames() []string {
 	return []string{TypeFile, TypeDirectory, TypeAction, TypeService, TypePackage, TypeUser,
-		TypeArchive, TypeContainer, TypeNetwork, TypeOverlay, TypeOpening}
+		TypeArchive, TypeContainer, TypeNetwork, TypeOverlay, TypeOpening, TypeRegion, TypeKeys}
 }
 
 // File is a regular file with exactly one of Content (text), Bytes (base64)
@@ -185,6 +189,48 @@ type Opening struct {
 	Protocol string `json:"protocol"`
 	From     string `json:"from,omitempty"`
 	Path     string `json:"path"`
+}
+
+// Region is a block of lines the mesh owns inside a file it does not (ADR
+// 0102: the mesh writes into a shared file, never over it), between two
+// marker lines naming the resource: "<comment> BEGIN mesh <module.id>" and
+// "<comment> END mesh <module.id>". The file must exist; everything
+// outside the markers is never touched; undeclared, the block and its
+// markers go, and the rest of the file is as it is. Comment is the marker
+// lines' comment leader ("#" when unset).
+type Region struct {
+	Base
+	Path    string  `json:"path"`
+	Content *string `json:"content"`
+	Comment string  `json:"comment,omitempty"`
+}
+
+// Text is the region's content ("" when unset, which validation refuses).
+func (g *Region) Text() string {
+	if g.Content == nil {
+		return ""
+	}
+	return *g.Content
+}
+
+// CommentLeader is the region's comment leader, "#" when unset.
+func (g *Region) CommentLeader() string {
+	if g.Comment == "" {
+		return "#"
+	}
+	return g.Comment
+}
+
+// Keys is the values of keys in a configuration file the mesh does not
+// own: Format "equals" ("key = value": sysctl.conf, environment files) or
+// "space" ("Key value": sshd_config). What each key held before the mesh
+// first set it (or its absence) is recorded, and given back when it is
+// undeclared.
+type Keys struct {
+	Base
+	Path   string            `json:"path"`
+	Format string            `json:"format"`
+	Set    map[string]string `json:"set"`
 }
 
 // ParseMode parses an octal mode string such as "0644". It accepts three or

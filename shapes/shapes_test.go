@@ -40,8 +40,8 @@ func TestExampleDecodesEveryShape(t *testing.T) {
 
 // The vocabulary's size is a decision: every shape widens what a
 // compromised control plane can express.
-func TestVocabularyIsEleven(t *testing.T) {
-	if len(shapeTable) != 11 || len(TypeNames()) != 11 {
+func TestVocabularyIsThirteen(t *testing.T) {
+	if len(shapeTable) != 13 || len(TypeNames()) != 13 {
 		t.Fatalf("the vocabulary has %d shapes; a change is a decision, update DESIGN and this test", len(shapeTable))
 	}
 	for _, n := range TypeNames() {
@@ -105,9 +105,23 @@ func TestRefusals(t *testing.T) {
 		{"duplicate identity", res(f("") + "," + f("")), "resource m.f (file) field id: declared twice"},
 		{"same path twice", res(f("") + `,{"module":"n","id":"g","type":"file","path":"/srv/x","content":"y"}`), "path:/srv/x is also declared by m.f"},
 		{"bad module", res(`{"module":"a.b","id":"f","type":"file","path":"/srv/x","content":""}`), `field module: "a.b" is not a module name`},
-		{"restart_on dangling", res(`{"module":"m","id":"s","type":"service","unit":"nginx","restart_on":["conf"]}`), `resource m.s (service) field restart_on: "conf" names no file in this declaration`},
-		{"restart_on other module dangling", res(f("") + `,{"module":"n","id":"s","type":"service","unit":"nginx","restart_on":["f"]}`), `"f" names no file`},
+		{"restart_on dangling", res(`{"module":"m","id":"s","type":"service","unit":"nginx","restart_on":["conf"]}`), `resource m.s (service) field restart_on: "conf" names no file, region or keys in this declaration`},
+		{"restart_on other module dangling", res(f("") + `,{"module":"n","id":"s","type":"service","unit":"nginx","restart_on":["f"]}`), `"f" names no file, region or keys`},
 		{"bad state", res(`{"module":"m","id":"s","type":"service","unit":"nginx","state":"started"}`), `field state: "started" is not one of running, stopped`},
+		{"region without content", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts"}`), `resource m.r (region) field content: missing`},
+		{"region holding a marker", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts","content":"a\n# END mesh m.r\n"}`), `field content: line 2 is a region's marker (m.r)`},
+		{"region holding another's marker", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts","content":"// BEGIN mesh x.y"}`), `line 1 is a region's marker (x.y)`},
+		{"region comment with a blank", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts","content":"","comment":"# #"}`), `field comment: "# #" is not a comment leader`},
+		{"region in a file declared whole", res(f("") + `,{"module":"m","id":"r","type":"region","path":"/srv/x","content":""}`), `field path: /srv/x is declared whole by m.f`},
+		{"region and keys in one file", res(`{"module":"m","id":"r","type":"region","path":"/etc/x","content":""},{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1"}}`), `field path: /etc/x is edited as a region by m.r too`},
+		{"keys without format", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","set":{"a":"1"}}`), `field format: "" is not one of equals`},
+		{"keys setting nothing", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{}}`), `field set: 0 keys`},
+		{"keys bad key", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a b":"1"}}`), `field set: "a b" is not a key`},
+		{"keys value of two lines", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1\n2"}}`), `field set: the value of a is not one line`},
+		{"keys empty value, space format", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":""}}`), `the value of Port is not one line`},
+		{"keys one key twice without case", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22","port":"23"}}`), `Port and port are one key in the space format`},
+		{"keys one key by two", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22"}},{"module":"n","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"PORT":"23"}}`), `field set: PORT in /etc/x is set by m.k too`},
+		{"keys in two formats", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22"}},{"module":"n","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1"}}`), `field format: /etc/x is read in the space format by m.k`},
 		{"action without verify", `{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/true"]}]}`, "resource m.a (action) field verify: missing"},
 		{"image not pinned", res(`{"module":"m","id":"c","type":"container","name":"app","image":"nginx:latest"}`), `field image: "nginx:latest" is not pinned by digest`},
 		{"bad port", res(`{"module":"m","id":"c","type":"container","name":"app","image":"x@sha256:` + strings.Repeat("a", 64) + `","ports":["80"]}`), `field ports: "80" is not`},
@@ -190,6 +204,10 @@ func TestProtectedSet(t *testing.T) {
 		{"container mount", `{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","mounts":["/var/lib/mesh-host:/x"]}`, "inside the host's /var/lib/mesh-host"},
 		{"container mount root", `{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","mounts":["/:/host"]}`, "the root directory"},
 		{"container mount var", `{"module":"m","id":"c","type":"container","name":"c","image":"x@sha256:` + strings.Repeat("a", 64) + `","mounts":["/var:/host"]}`, "contains the host's /var/lib/mesh-host"},
+		{"region in the agent's unit", `{"module":"m","id":"r","type":"region","path":"/usr/lib/systemd/system/mesh-agent.service","content":"User=root\n"}`, "host's own unit"},
+		{"region in the bundle", `{"module":"m","id":"r","type":"region","path":"/usr/lib/nox-mesh-host/foundation.lock","content":""}`, "inside the host's /usr/lib/nox-mesh-host"},
+		{"keys in the executor's unit", `{"module":"m","id":"k","type":"keys","path":"/etc/systemd/system/mesh-executor.service.d/x.conf","format":"equals","set":{"ExecStart":"/bin/sh"}}`, "(mesh-executor.service.d)"},
+		{"keys in the agent's config", `{"module":"m","id":"k","type":"keys","path":"/var/lib/mesh-host/agent/config.json","format":"equals","set":{"a":"b"}}`, "inside the host's /var/lib/mesh-host"},
 		{"agent user", `{"module":"m","id":"u","type":"user","name":"mesh-agent","shell":"/bin/sh"}`, "mesh-agent is the host's agent account"},
 		{"agent group", `{"module":"m","id":"u","type":"user","name":"mallory","groups":["mesh-agent"]}`, "mesh-agent is the host's agent account"},
 		{"home in state", `{"module":"m","id":"u","type":"user","name":"mallory","home":"/var/lib/mesh-host/agent"}`, "inside the host's"},

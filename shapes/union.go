@@ -48,6 +48,9 @@ type anyResource struct {
 	Port        int               `json:"port"`
 	Protocol    string            `json:"protocol"`
 	From        string            `json:"from"`
+	Comment     string            `json:"comment"`
+	Format      string            `json:"format"`
+	Set         map[string]string `json:"set"`
 }
 
 // shape copies u into its own shape; ok is false for an unknown type.
@@ -76,6 +79,10 @@ func (u *anyResource) shape() (Resource, bool) {
 		return &Overlay{Base: b, Interface: u.Interface, Address: u.Address, ListenPort: u.ListenPort, Peers: u.Peers, Roster: u.Roster}, true
 	case TypeOpening:
 		return &Opening{Base: b, Port: u.Port, Protocol: u.Protocol, From: u.From, Path: u.Path}, true
+	case TypeRegion:
+		return &Region{Base: b, Path: u.Path, Content: u.Content, Comment: u.Comment}, true
+	case TypeKeys:
+		return &Keys{Base: b, Path: u.Path, Format: u.Format, Set: u.Set}, true
 	}
 	return nil, false
 }

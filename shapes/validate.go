@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -164,8 +166,14 @@ func (d *Declaration) validate(allowAction bool) error {
 			v.r = r
 			v.fail("id", "declared twice; a resource's module and id are its identity")
 		}
-		_, isFile := r.(*File)
-		seen[id] = isFile
+		// restart_on may name a file, a region or keys: what changes a
+		// configuration the unit reads.
+		switch r.(type) {
+		case *File, *Region, *Keys:
+			seen[id] = true
+		default:
+			seen[id] = false
+		}
 	}
 	targets := make(map[[2]string]Resource, len(d.Resources))
 	for _, r := range d.Resources {
@@ -191,7 +199,67 @@ func (d *Declaration) validate(allowAction bool) error {
 	if v.err != nil {
 		return v.err
 	}
+	if v.sharedFiles(d.Resources); v.err != nil {
+		return v.err
+	}
 	return nil
+}
+
+// sharedFiles checks what a declaration writes into shared files: a file
+// declared whole is not also edited (region, keys), a file is not both a
+// region's and keys', keys of one file are read in one format, and no key
+// is set by two resources.
+func (v *validator) sharedFiles(rs []Resource) {
+	whole := map[string]Resource{}
+	edited := map[string]Resource{}
+	type keyAt struct{ path, key string }
+	keys := map[keyAt]Resource{}
+	for _, r := range rs {
+		switch x := r.(type) {
+		case *File:
+			whole[x.Path] = r
+		case *Directory:
+			whole[x.Path] = r
+		}
+	}
+	for _, r := range rs {
+		var p string
+		switch x := r.(type) {
+		case *Region:
+			p = x.Path
+		case *Keys:
+			p = x.Path
+		default:
+			continue
+		}
+		v.r = r
+		if w, ok := whole[p]; ok {
+			v.fail("path", "%s is declared whole by %s; a file the mesh writes whole is not also edited in place", p, w.Head().Key())
+			return
+		}
+		if o, ok := edited[p]; ok && o.Head().Type != r.Head().Type {
+			v.fail("path", "%s is edited as a %s by %s too; one shared file takes regions or keys, not both", p, o.Head().Type, o.Head().Key())
+			return
+		}
+		if o, ok := edited[p]; ok && r.Head().Type == TypeKeys && o.(*Keys).Format != r.(*Keys).Format {
+			v.fail("format", "%s is read in the %s format by %s; one file has one format", p, o.(*Keys).Format, o.Head().Key())
+			return
+		}
+		edited[p] = r
+		if k, ok := r.(*Keys); ok {
+			for name := range k.Set {
+				at := keyAt{p, name}
+				if k.Format == "space" {
+					at.key = strings.ToLower(name)
+				}
+				if o, dup := keys[at]; dup {
+					v.fail("set", "%s in %s is set by %s too; one key has one declaration", name, p, o.Head().Key())
+					return
+				}
+				keys[at] = r
+			}
+		}
+	}
 }
 
 // Target names the thing on the machine a resource manages, such as
@@ -229,8 +297,23 @@ func targetOf(r Resource) (kind, name string) {
 		return "overlay", r.Interface
 	case *Opening:
 		return "opening", fmt.Sprintf("%s/%d/%s/%s", r.Path, r.Port, r.Protocol, r.From)
+	case *Region:
+		return "region", r.Path + "#" + r.Key()
+	case *Keys:
+		return "keys", r.Path + "#" + r.Key()
 	}
 	return "", ""
+}
+
+// EditTarget splits the target of a region or keys resource,
+// "region:<path>#<module.id>", into the file and the resource's name.
+func EditTarget(target string) (kind, path, name string, ok bool) {
+	kind, rest, ok := strings.Cut(target, ":")
+	i := strings.LastIndexByte(rest, '#')
+	if !ok || i < 0 || (kind != "region" && kind != "keys") {
+		return "", "", "", false
+	}
+	return kind, rest[:i], rest[i+1:], true
 }
 
 func (v *validator) path(field, p string) {
@@ -352,7 +435,7 @@ func (s *Service) validate(v *validator) {
 			key = ident{m, id}
 		}
 		if !v.files[key] {
-			v.fail("restart_on", "%q names no file in this declaration (\"id\" is a file of module %s, \"module.id\" of another)", ref, s.Module)
+			v.fail("restart_on", "%q names no file, region or keys in this declaration (\"id\" is one of module %s, \"module.id\" of another)", ref, s.Module)
 		}
 	}
 }
@@ -512,6 +595,65 @@ func (o *Overlay) validate(v *validator) {
 		}
 		if p.Keepalive < 0 || p.Keepalive > 65535 {
 			v.fail(field+".keepalive", "%d is out of range 0..65535 seconds", p.Keepalive)
+		}
+	}
+}
+
+// MaxRegionContent bounds a region's block.
+const MaxRegionContent = 1 << 20
+
+func (g *Region) validate(v *validator) {
+	v.path("path", g.Path)
+	switch {
+	case g.Content == nil:
+		v.fail("content", "missing; the block's lines (\"\" for an empty block)")
+		return
+	case len(g.Text()) > MaxRegionContent:
+		v.fail("content", "%d bytes, over the limit of %d", len(g.Text()), MaxRegionContent)
+	case strings.ContainsRune(g.Text(), 0):
+		v.fail("content", "holds a NUL byte; a region is lines of text")
+	}
+	for i, l := range strings.Split(g.Text(), "\n") {
+		if _, name, ok := ParseRegionMarker([]byte(l)); ok {
+			v.fail("content", "line %d is a region's marker (%s): one file must not read two ways", i+1, name)
+			break
+		}
+	}
+	if c := g.Comment; c != "" && (len(c) > MaxRegionComment || strings.ContainsAny(c, " \t\r\n\x00")) {
+		v.fail("comment", "%q is not a comment leader (1 to %d bytes, no blank): \"#\", \"//\", \";\"", c, MaxRegionComment)
+	}
+}
+
+// MaxKeys bounds the keys one resource sets.
+const MaxKeys = 256
+
+func (k *Keys) validate(v *validator) {
+	v.path("path", k.Path)
+	space := k.Format == "space"
+	if k.Format != "equals" && !space {
+		v.fail("format", "%q is not one of equals (key = value), space (Key value)", k.Format)
+		return
+	}
+	if len(k.Set) == 0 || len(k.Set) > MaxKeys {
+		v.fail("set", "%d keys; a keys resource sets 1 to %d", len(k.Set), MaxKeys)
+		return
+	}
+	folded := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(k.Set)) {
+		if !ValidKeyName(name) {
+			v.fail("set", "%q is not a key (letters, digits and ._-/, at most 128 bytes)", name)
+			return
+		}
+		if !ValidKeyValue(k.Set[name], space) {
+			v.fail("set", "the value of %s is not one line of at most 4096 bytes without blanks at its ends (nor empty, in the space format)", name)
+			return
+		}
+		if space {
+			if o, dup := folded[strings.ToLower(name)]; dup {
+				v.fail("set", "%s and %s are one key in the space format (sshd compares keys without case)", o, name)
+				return
+			}
+			folded[strings.ToLower(name)] = name
 		}
 	}
 }

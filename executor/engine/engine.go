@@ -106,7 +106,8 @@ const batchLimit = 512
 var Applied = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true}
 
 // partialShapes are what a partial host can ever apply.
-var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true}
+var partialShapes = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeAction: true, shapes.TypeArchive: true,
+	shapes.TypeRegion: true, shapes.TypeKeys: true}
 
 // Refusal is a declaration refused whole, before anything was touched.
 type Refusal struct{ Reason string }
@@ -771,9 +772,13 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	if e == nil || e.Pending == nil {
 		return e
 	}
-	if p, ok := strings.CutPrefix(e.Target, "path:"); ok && !r.opt.Plan {
-		if fsx.RemoveLeftover(p) {
-			r.log.Info("removed what an interrupted write left", "path", fsx.TempName(p))
+	file, ok := strings.CutPrefix(e.Target, "path:")
+	if !ok {
+		_, file, _, ok = shapes.EditTarget(e.Target) // a region's or keys' file
+	}
+	if ok && !r.opt.Plan {
+		if fsx.RemoveLeftover(file) {
+			r.log.Info("removed what an interrupted write left", "path", fsx.TempName(file))
 		}
 	}
 	p := e.Pending

@@ -299,6 +299,53 @@ func ReadRegular(p string, max int64) ([]byte, Info, error) {
 	return buf[:n], info, nil
 }
 
+// selinuxLabel is the extended attribute that holds a file's SELinux
+// context.
+const selinuxLabel = "security.selinux"
+
+// ReadLabeled is ReadRegular, and the file's SELinux label read from the
+// same descriptor (nil when it has none, or the file system keeps none):
+// what the host needs to rewrite a file it does not own (a region, keys)
+// and leave it labelled as it was.
+func ReadLabeled(p string, max int64) (data []byte, info Info, label []byte, err error) {
+	f, info, err := openRegular(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, Info{Kind: Absent}, nil, nil
+		}
+		return nil, info, nil, err
+	}
+	defer f.Close()
+	if info.Size > max {
+		return nil, info, nil, fmt.Errorf("read %s: %d bytes, over the limit of %d", p, info.Size, max)
+	}
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Fgetxattr(int(f), selinuxLabel, buf)
+		if err == nil {
+			label = buf[:n]
+			break
+		}
+		if err == unix.ERANGE && len(buf) < 64<<10 {
+			buf = make([]byte, 4*len(buf))
+			continue
+		}
+		if err != unix.ENODATA && err != unix.ENOTSUP {
+			return nil, info, nil, wrap("read the SELinux label of", p, err)
+		}
+		break
+	}
+	data = make([]byte, info.Size+1)
+	n, err := io.ReadFull(f, data)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, info, nil, wrap("read", p, err)
+	}
+	if int64(n) > info.Size {
+		return nil, info, nil, fmt.Errorf("read %s: it grew while being read", p)
+	}
+	return data[:n], info, label, nil
+}
+
 // Equal reports whether the regular file at p holds exactly want, without
 // reading more than len(want)+1 bytes. Absent and non-regular return false
 // with the Info saying which.
@@ -374,6 +421,10 @@ type WriteOptions struct {
 	// Sync fsyncs the file before the rename. The engine leaves it off and
 	// syncs the filesystem once per batch instead, before it records.
 	Sync bool
+	// Label is the SELinux context to give the new file (ReadLabeled's of
+	// the file it replaces); nil gives none, and the file system's default
+	// applies.
+	Label []byte
 }
 
 // WriteFile replaces p with data atomically: a new file is written beside
@@ -437,6 +488,11 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 	}
 	if err := unix.Fchmod(fd, o.Mode); err != nil {
 		return wrap("chmod", p, err)
+	}
+	if o.Label != nil {
+		if err := unix.Fsetxattr(fd, selinuxLabel, o.Label, 0); err != nil {
+			return wrap("set the SELinux label "+strings.TrimRight(string(o.Label), "\x00")+" on", p, err)
+		}
 	}
 	if o.Sync {
 		if err := unix.Fsync(fd); err != nil {

@@ -466,3 +466,54 @@ func reason(detail string) string {
 	}
 	return detail
 }
+
+// Writing into a shared file the attacker controls the path of (a region
+// or keys in a file of its home): a link to root's file, a link on the
+// way, a FIFO, or a link swapped in before the mesh's lines are taken out
+// again — each refused, naming what it found, root's files untouched.
+func TestHostileLinksAndFIFOsAtAnEditedFile(t *testing.T) {
+	edits := map[string]func(path string) resource{
+		"region": func(p string) resource { return regionRes("app", "hosts", p, "10.0.0.5 db\n") },
+		"keys":   func(p string) resource { return keysRes("app", "conf", p, map[string]string{"listen": "0.0.0.0"}) },
+	}
+	for kind, mk := range edits {
+		t.Run(kind, func(t *testing.T) {
+			e := newHostileEnv(t)
+			t.Run("a_link_to_roots_file", func(t *testing.T) {
+				target := filepath.Join(e.attacker, "hosts")
+				attack(t, symlinkOp(filepath.Join(e.victim, victimName), target))
+				for _, verb := range []string{"plan", "apply"} {
+					blocked(t, e.applyDecl(t, verb, e.state(kind+"-link-"+verb), "link", decl(mk(target))), "symbolic link")
+				}
+				e.unharmed(t)
+			})
+			t.Run("a_link_on_the_way", func(t *testing.T) {
+				sub := filepath.Join(e.attacker, "etc")
+				attack(t, symlinkOp(e.victim, sub))
+				blocked(t, e.applyDecl(t, "apply", e.state(kind+"-parent"), "parent", decl(mk(filepath.Join(sub, victimName)))), "symbolic link")
+				e.unharmed(t)
+			})
+			t.Run("a_fifo", func(t *testing.T) {
+				target := filepath.Join(e.attacker, "fifo")
+				attack(t, mkfifoOp(target))
+				start := time.Now()
+				blocked(t, e.applyDecl(t, "apply", e.state(kind+"-fifo"), "fifo", decl(mk(target))), "not a regular file")
+				if took := time.Since(start); took > 5*time.Second {
+					t.Errorf("the apply took %v with a FIFO in place", took)
+				}
+				e.unharmed(t)
+			})
+			t.Run("a_link_swapped_in_before_the_give_back", func(t *testing.T) {
+				target := filepath.Join(e.attacker, "app.conf")
+				attack(t, writeOp(target, "# the attacker's own file\nlisten = 127.0.0.1\n"))
+				st := e.state(kind + "-swap")
+				if rep := e.applyDecl(t, "apply", st, "swap", decl(mk(target))); rep.Outcome != "applied" {
+					t.Fatalf("the first apply: %+v", rep)
+				}
+				attack(t, removeOp(target), symlinkOp(filepath.Join(e.victim, victimName), target))
+				blocked(t, e.applyDecl(t, "apply", st, "swap-none", ownsNothing()), "symbolic link")
+				e.unharmed(t)
+			})
+		})
+	}
+}

@@ -244,6 +244,9 @@ type resource struct {
 	Content *string `json:"content,omitempty"`
 	Mode    string  `json:"mode,omitempty"`
 	Owner   string  `json:"owner,omitempty"`
+	// A keys resource's.
+	Format string            `json:"format,omitempty"`
+	Set    map[string]string `json:"set,omitempty"`
 }
 
 type declaration struct {
@@ -258,6 +261,14 @@ func dirRes(module, id, path, mode string) resource {
 
 func fileRes(module, id, path, content, mode string) resource {
 	return resource{Module: module, ID: id, Type: "file", Path: path, Content: &content, Mode: mode, Owner: "root:root"}
+}
+
+func regionRes(module, id, path, content string) resource {
+	return resource{Module: module, ID: id, Type: "region", Path: path, Content: &content}
+}
+
+func keysRes(module, id, path string, set map[string]string) resource {
+	return resource{Module: module, ID: id, Type: "keys", Path: path, Format: "equals", Set: set}
 }
 
 func ownsNothing() declaration {

@@ -1,0 +1,231 @@
+package engine
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+func region(id, content string) string {
+	return `{"module":"m","id":"` + id + `","type":"region","path":"{root}/hosts","content":` + quote(content) + `}`
+}
+
+func quote(s string) string {
+	b, _ := shapesJSON(s)
+	return b
+}
+
+// A region: written into a file that is there, owner, mode and label
+// kept; drift inside repaired, changes outside left; two regions in one
+// file independent; undeclared, the file byte for byte as it would be
+// without the block; a region never creates a file.
+func TestRegion(t *testing.T) {
+	h := newHarness(t)
+	found := "127.0.0.1 localhost\n::1 localhost" // no final newline
+	os.WriteFile(h.p("hosts"), []byte(found), 0o640)
+	os.Chown(h.p("hosts"), 7, 8)
+	const label = "system_u:object_r:net_conf_t:s0\x00"
+	labelled := unix.Setxattr(h.p("hosts"), "security.selinux", []byte(label), 0) == nil
+	if !labelled {
+		t.Log("this file system keeps no SELinux label: its keeping is not checked here")
+	}
+
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Applied, "m.db=applied")
+	want := found + "\n# BEGIN mesh m.db\n10.0.0.5 db\n# END mesh m.db\n"
+	if got := h.read("hosts"); got != want {
+		t.Fatalf("hosts:\n%q\nwant\n%q", got, want)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(h.p("hosts"), &st)
+	if st.Mode&0o7777 != 0o640 || st.Uid != 7 || st.Gid != 8 {
+		t.Errorf("owner and mode not kept: %o %d:%d", st.Mode&0o7777, st.Uid, st.Gid)
+	}
+	if labelled {
+		buf := make([]byte, 256)
+		n, err := unix.Getxattr(h.p("hosts"), "security.selinux", buf)
+		if err != nil || string(buf[:n]) != label {
+			t.Errorf("the SELinux label was not kept: %q %v", buf[:n], err)
+		}
+	}
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Unchanged, "m.db=unchanged")
+
+	// Changes outside the block are not drift; inside, they are.
+	os.WriteFile(h.p("hosts"), []byte("# a person's line\n"+h.read("hosts")+"10.9.9.9 theirs\n"), 0o640)
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Unchanged, "m.db=unchanged")
+	os.WriteFile(h.p("hosts"), []byte(strings.Replace(h.read("hosts"), "10.0.0.5 db", "10.0.0.6 db", 1)), 0o640)
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Repaired, "m.db=repaired")
+
+	// A second region in the same file, independent of the first.
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"), region("web", "10.0.0.7 web\n10.0.0.8 web2\n"))), shapes.Applied, "m.db=unchanged m.web=applied")
+	if got := h.read("hosts"); !strings.Contains(got, "# BEGIN mesh m.web\n10.0.0.7 web\n10.0.0.8 web2\n# END mesh m.web\n") || !strings.Contains(got, "10.9.9.9 theirs") {
+		t.Fatalf("hosts:\n%s", got)
+	}
+	// Undeclared one at a time: the other block and the person's lines stay.
+	h.expect(h.apply(h.doc(region("web", "10.0.0.7 web\n10.0.0.8 web2\n"))), shapes.Removed, "m.web=unchanged m.db=removed")
+	if got, want := h.read("hosts"), "# a person's line\n"+found+"\n10.9.9.9 theirs\n# BEGIN mesh m.web\n10.0.0.7 web\n10.0.0.8 web2\n# END mesh m.web\n"; got != want {
+		t.Fatalf("hosts after m.db went:\n%q\nwant\n%q", got, want)
+	}
+	h.expect(h.apply(h.doc()), shapes.Removed, "m.web=removed")
+	if got, want := h.read("hosts"), "# a person's line\n"+found+"\n10.9.9.9 theirs\n"; got != want {
+		t.Fatalf("hosts after both went:\n%q\nwant\n%q", got, want)
+	}
+
+	// Appended to a file with no final newline and given back: that file,
+	// byte for byte.
+	os.WriteFile(h.p("hosts"), []byte(found), 0o640)
+	h.expect(h.apply(h.doc(region("db", "x"))), shapes.Applied, "m.db=applied")
+	h.expect(h.apply(h.doc()), shapes.Removed, "m.db=removed")
+	if got := h.read("hosts"); got != found {
+		t.Fatalf("given back %q, found %q", got, found)
+	}
+
+	// Never created.
+	h2 := newHarness(t)
+	rep := h2.apply(h2.doc(region("db", "x")))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "does not exist; a region writes into a file that is there and never creates one") {
+		t.Fatalf("%+v", rep)
+	}
+	h2.absent("hosts")
+}
+
+// Markers that do not pair up: the file is left to a person, the step
+// fails saying which lines; and a hostile file (a link, a FIFO, a second
+// name) is refused with nothing written.
+func TestRegionRefusesWhatItCannotReadAsItsOwn(t *testing.T) {
+	h := newHarness(t)
+	broken := "a\n# BEGIN mesh m.db\nb\n"
+	os.WriteFile(h.p("hosts"), []byte(broken), 0o644)
+	rep := h.apply(h.doc(region("db", "x")))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "the markers of m.db are broken (BEGIN at lines [2], END at lines [])") || h.read("hosts") != broken {
+		t.Fatalf("%+v\n%q", rep, h.read("hosts"))
+	}
+	os.WriteFile(h.p("target"), []byte("mine\n"), 0o600)
+	for _, c := range []struct {
+		name, want string
+		plant      func(p string)
+	}{
+		{"symlink", "symbolic link", func(p string) { os.Symlink(h.p("target"), p) }},
+		{"fifo", "not a regular file", func(p string) { syscall.Mkfifo(p, 0o644) }},
+		{"hardlink", "hard", func(p string) { os.Link(h.p("target"), p) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			os.Remove(h.p("hosts"))
+			c.plant(h.p("hosts"))
+			rep := h.apply(h.doc(region("db", "x")))
+			if rep.Outcome != shapes.Failed || !strings.Contains(strings.ToLower(rep.Lines[0].Detail), c.want) {
+				t.Fatalf("%+v", rep)
+			}
+			if b, _ := os.ReadFile(h.p("target")); string(b) != "mine\n" {
+				t.Fatalf("the file behind the %s was written: %q", c.name, b)
+			}
+		})
+	}
+}
+
+func keys(id, format, set string) string {
+	return `{"module":"m","id":"` + id + `","type":"keys","path":"{root}/sshd_config","format":"` + format + `","set":` + set + `}`
+}
+
+// Keys: each key's found value (or absence) recorded once at first apply;
+// drift repaired; a key dropped from "set" given back at once; the whole
+// resource undeclared gives back every key — found values restored, lines
+// the mesh added taken out — but never a value a person changed since;
+// comments and other lines untouched; a key found twice refused by name.
+func TestKeys(t *testing.T) {
+	h := newHarness(t)
+	found := "# sshd\nPort 22\nPasswordAuthentication yes\nX11Forwarding yes\nMatch User backup\n  PasswordAuthentication yes\n"
+	os.WriteFile(h.p("sshd_config"), []byte(found), 0o600)
+	set := `{"PasswordAuthentication":"no","PermitRootLogin":"no","X11Forwarding":"no"}`
+	h.expect(h.apply(h.doc(keys("ssh", "space", set))), shapes.Applied, "m.ssh=applied")
+	want := "# sshd\nPort 22\nPasswordAuthentication no\nX11Forwarding no\nPermitRootLogin no\nMatch User backup\n  PasswordAuthentication yes\n"
+	if got := h.read("sshd_config"); got != want {
+		t.Fatalf("sshd_config:\n%s\nwant\n%s", got, want)
+	}
+	h.expect(h.apply(h.doc(keys("ssh", "space", set))), shapes.Unchanged, "m.ssh=unchanged")
+	os.WriteFile(h.p("sshd_config"), []byte(strings.Replace(h.read("sshd_config"), "PermitRootLogin no", "PermitRootLogin yes", 1)+"# a person's comment\n"), 0o600)
+	h.expect(h.apply(h.doc(keys("ssh", "space", set))), shapes.Repaired, "m.ssh=repaired")
+
+	// X11Forwarding dropped from set: given back now (found "yes").
+	set2 := `{"PasswordAuthentication":"no","PermitRootLogin":"no"}`
+	rep := h.apply(h.doc(keys("ssh", "space", set2)))
+	h.expect(rep, shapes.Applied, "m.ssh=applied")
+	if got := h.read("sshd_config"); !strings.Contains(got, "X11Forwarding yes\n") || !strings.Contains(rep.Lines[0].Detail, `X11Forwarding given back "yes"`) {
+		t.Fatalf("%s\n%+v", got, rep)
+	}
+	// A person sets PasswordAuthentication themselves, after the mesh:
+	// undeclared, it is theirs and left; PermitRootLogin, which the mesh
+	// added, is taken out.
+	os.WriteFile(h.p("sshd_config"), []byte(strings.Replace(h.read("sshd_config"), "PasswordAuthentication no", "PasswordAuthentication without-password", 1)), 0o600)
+	h.apply(h.doc(keys("ssh", "space", set2))) // repaired back to "no" while declared
+	os.WriteFile(h.p("sshd_config"), []byte(strings.Replace(h.read("sshd_config"), "PasswordAuthentication no", "PasswordAuthentication keyboard", 1)), 0o600)
+	rep = h.apply(h.doc())
+	h.expect(rep, shapes.Restored, "m.ssh=restored")
+	if !strings.Contains(rep.Lines[0].Detail, `PasswordAuthentication holds "keyboard", not what the mesh set: left as it is`) || !strings.Contains(rep.Lines[0].Detail, "PermitRootLogin taken out (the mesh added it)") {
+		t.Errorf("%+v", rep.Lines[0])
+	}
+	if got, want := h.read("sshd_config"), "# sshd\nPort 22\nPasswordAuthentication keyboard\nX11Forwarding yes\nMatch User backup\n  PasswordAuthentication yes\n# a person's comment\n"; got != want {
+		t.Fatalf("given back:\n%q\nwant\n%q", got, want)
+	}
+
+	// Set and undeclared with nobody else touching it: the file as found.
+	os.WriteFile(h.p("sshd_config"), []byte(found), 0o600)
+	h.expect(h.apply(h.doc(keys("ssh", "space", set))), shapes.Applied, "m.ssh=applied")
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.ssh=restored")
+	if got := h.read("sshd_config"); got != found {
+		t.Fatalf("given back:\n%q\nwant\n%q", got, found)
+	}
+
+	// A key twice: refused by name, nothing written.
+	twice := "Port 22\nport 2222\n"
+	os.WriteFile(h.p("sshd_config"), []byte(twice), 0o600)
+	rep = h.apply(h.doc(keys("ssh", "space", `{"Port":"22"}`)))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "Port is set 2 times (lines [1 2])") || h.read("sshd_config") != twice {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+// The equals format, and a plan: nothing changes, the line says what
+// would, and a plan's lines are the apply's.
+func TestKeysEqualsAndPlan(t *testing.T) {
+	h := newHarness(t)
+	found := "net.ipv4.ip_forward=0\n; comment\nvm.swappiness = 60\n"
+	os.WriteFile(h.p("sshd_config"), []byte(found), 0o644)
+	doc := h.doc(keys("sysctl", "equals", `{"net.ipv4.ip_forward":"1","kernel.panic":"10"}`))
+	plan := h.run("local", doc, true)
+	if plan.Outcome != shapes.Applied || !strings.Contains(plan.Lines[0].Detail, "would: set kernel.panic, net.ipv4.ip_forward") || h.read("sshd_config") != found {
+		t.Fatalf("plan %+v", plan)
+	}
+	h.expect(h.apply(doc), shapes.Applied, "m.sysctl=applied")
+	if got, want := h.read("sshd_config"), "net.ipv4.ip_forward=1\n; comment\nvm.swappiness = 60\nkernel.panic = 10\n"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.sysctl=restored")
+	if got := h.read("sshd_config"); got != found {
+		t.Fatalf("given back %q, found %q", got, found)
+	}
+}
+
+// restart_on may name a region or keys: what changes a configuration the
+// unit reads (validation; the restart itself is the service's, tested
+// with files).
+func TestRestartOnNamesRegionsAndKeys(t *testing.T) {
+	for _, doc := range []string{
+		`{"version":1,"resources":[{"module":"m","id":"r","type":"region","path":"/etc/x","content":""},{"module":"m","id":"s","type":"service","unit":"x","restart_on":["r"]}]}`,
+		`{"version":1,"resources":[{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"A":"b"}},{"module":"n","id":"s","type":"service","unit":"x","restart_on":["m.k"]}]}`,
+	} {
+		if _, err := shapes.Parse([]byte(doc)); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+func shapesJSON(s string) (string, error) {
+	b, err := json.Marshal(s)
+	return string(b), err
+}

@@ -1,0 +1,297 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/edit"
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// Keys set the values of keys in a configuration file the mesh does not
+// own (executor/edit: comments and other lines untouched; a key found
+// twice refused by name). What each key held when the mesh first set it —
+// its value, or its absence — is recorded once, like a unit's found state,
+// and given back when the key is undeclared (dropped from "set", or the
+// whole resource): its found value put back, or its line taken out if the
+// mesh added it — but only while the key still holds what the mesh set;
+// a value a person changed since is theirs, and is left. The file is
+// rewritten like a region's: atomically, owner, mode and label kept.
+//
+// The record (keysRecord) is kept as a kept original, named by its
+// digest in the entry (Original{Kind: "keys"}), written before the file
+// changes: a kill between leaves a record that says at worst what the
+// mesh was about to set, and the found values, which is what a give back
+// needs.
+
+func init() {
+	registerAlone(shapes.TypeKeys, (*run).keys, (*run).removeKeys)
+}
+
+// keysRecord is what the host keeps of a keys resource, by key as the
+// format compares it.
+type keysRecord struct {
+	// Format is the file's, as declared ("equals", "space").
+	Format string `json:"format"`
+	// Names is each key as declared.
+	Names map[string]string `json:"names"`
+	// Found is each key's value when the mesh first set it; null: absent.
+	Found map[string]*string `json:"found"`
+	// Set is what the mesh set.
+	Set map[string]string `json:"set"`
+}
+
+func fold(f edit.Format, key string) string {
+	if f == edit.Space {
+		return strings.ToLower(key)
+	}
+	return key
+}
+
+// keysOriginal reads the record an entry names; a missing one is empty.
+func (r *run) keysOriginal(e *store.Entry) (keysRecord, error) {
+	rec := keysRecord{Names: map[string]string{}, Found: map[string]*string{}, Set: map[string]string{}}
+	if e == nil || e.Original == nil || e.Original.Kind != "keys" || e.Original.Digest == "" {
+		return rec, nil
+	}
+	data, err := r.st.Original(e.Original.Digest)
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return rec, fmt.Errorf("the record of %s does not parse: %w", e.Target, err)
+	}
+	return rec, nil
+}
+
+// giveBack is the change that gives key back, and what the line says of
+// it; no change when there is nothing to give back.
+func giveBack(kf *edit.Keys, rec keysRecord, fk string) (*edit.Change, string, error) {
+	name := rec.Names[fk]
+	cur, present, err := kf.Get(name)
+	switch {
+	case err != nil:
+		return nil, "", err
+	case !present:
+		return nil, name + " is gone already", nil
+	case cur != rec.Set[fk]:
+		return nil, fmt.Sprintf("%s holds %q, not what the mesh set: left as it is", name, cur), nil
+	case rec.Found[fk] == nil:
+		return &edit.Change{Key: name, Remove: true}, name + " taken out (the mesh added it)", nil
+	}
+	return &edit.Change{Key: name, Value: *rec.Found[fk]}, fmt.Sprintf("%s given back %q", name, *rec.Found[fk]), nil
+}
+
+func (r *run) keys(st *step, rest int) {
+	k := st.res.(*shapes.Keys)
+	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yieldAlone(st, e, rest) {
+		return
+	}
+	format, _ := edit.ParseFormat(k.Format)
+	data, info, label, err := editedFile(k.Path, "keys")
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	old, err := r.keysOriginal(e)
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	kf := edit.ParseKeys(data, format)
+	rec := keysRecord{Format: k.Format, Names: map[string]string{}, Found: map[string]*string{}, Set: map[string]string{}}
+	var changes []edit.Change
+	var set, back []string
+	for _, name := range slices.Sorted(maps.Keys(k.Set)) {
+		want := k.Set[name]
+		cur, present, err := kf.Get(name)
+		if err != nil {
+			r.fail(st, fmt.Errorf("%s: %w", k.Path, err), rest)
+			return
+		}
+		fk := fold(format, name)
+		found, known := old.Found[fk]
+		if !known {
+			// The first time the mesh sets this key: what it held.
+			found = nil
+			if present {
+				v := cur
+				found = &v
+			}
+		}
+		rec.Names[fk], rec.Found[fk], rec.Set[fk] = name, found, want
+		if !present || cur != want {
+			changes = append(changes, edit.Change{Key: name, Value: want})
+			set = append(set, name)
+		}
+	}
+	for _, fk := range slices.Sorted(maps.Keys(old.Set)) {
+		if _, still := rec.Set[fk]; still {
+			continue
+		}
+		c, said, err := giveBack(kf, old, fk)
+		if err != nil {
+			r.fail(st, fmt.Errorf("%s: %w", k.Path, err), rest)
+			return
+		}
+		if c != nil {
+			changes = append(changes, *c)
+		}
+		back = append(back, said)
+	}
+	blob, _ := json.Marshal(rec)
+	orig := &store.Original{Kind: "keys", Digest: digest(blob)}
+	var declared strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(k.Set)) {
+		fmt.Fprintf(&declared, "%s\x00%s\n", name, k.Set[name])
+	}
+	n := &store.Entry{Target: st.target, Type: shapes.TypeKeys, Claims: withClaim(e, st.claim), Digest: digest([]byte(k.Format + "\n" + declared.String())), Original: orig}
+	if e != nil {
+		n.Order = e.Order
+	}
+	stale := e == nil || e.Original == nil || e.Original.Digest != orig.Digest
+	if len(changes) == 0 {
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d keys in %s as declared", len(k.Set), k.Path)
+		if len(back) > 0 {
+			st.line.Detail += "; " + strings.Join(back, "; ")
+		}
+		if stale && !r.opt.Plan {
+			if err := r.st.KeepOriginal(orig.Digest, blob); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+			r.forgetOld(e, orig)
+		}
+		r.asDeclared(st, e, n, stale, rest)
+		return
+	}
+	st.line.Outcome = changedOutcome(e, n)
+	var parts []string
+	if len(set) > 0 {
+		parts = append(parts, "set "+strings.Join(set, ", "))
+	}
+	parts = append(parts, back...)
+	st.line.Detail = fmt.Sprintf("%s in %s; other lines untouched", strings.Join(parts, "; "), k.Path)
+	out, err := kf.Apply(changes)
+	if err != nil {
+		r.fail(st, fmt.Errorf("%s: %w", k.Path, err), rest)
+		return
+	}
+	if r.opt.Plan {
+		st.line.Detail = "would: " + st.line.Detail
+		if r.opt.OnDiff != nil {
+			r.opt.OnDiff(k.Module, k.ID, contentDiff(k.Path, data, true, out))
+		}
+		r.emit(st.line)
+		return
+	}
+	// The record first, then the intent that names it, then the file.
+	if err := r.st.KeepOriginal(orig.Digest, blob); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeKeys, Original: orig}, rest) {
+		return
+	}
+	if err := rewrite(k.Path, out, info, label); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	if err := readBackKeys(k.Path, format, changes); err != nil {
+		r.fail(st, fmt.Errorf("read back %s: %w", k.Path, err), rest)
+		return
+	}
+	if err := r.st.Put(n); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	r.forgetOld(e, orig)
+	r.emit(st.line)
+}
+
+// forgetOld lets the record e named go, once another replaces it.
+func (r *run) forgetOld(e *store.Entry, now *store.Original) {
+	if e != nil && e.Original != nil && e.Original.Kind == "keys" && e.Original.Digest != "" && e.Original.Digest != now.Digest {
+		r.forget = append(r.forget, e.Original.Digest)
+	}
+}
+
+// readBackKeys reads the file again and checks every change took.
+func readBackKeys(path string, f edit.Format, changes []edit.Change) error {
+	data, _, err := fsx.ReadRegular(path, maxEdited)
+	if err != nil {
+		return err
+	}
+	kf := edit.ParseKeys(data, f)
+	for _, c := range changes {
+		v, present, err := kf.Get(c.Key)
+		switch {
+		case err != nil:
+			return err
+		case c.Remove && present:
+			return fmt.Errorf("%s is still there", c.Key)
+		case !c.Remove && (!present || v != c.Value):
+			return fmt.Errorf("%s holds %q, not %q", c.Key, v, c.Value)
+		}
+	}
+	return nil
+}
+
+// removeKeys gives back every key of an undeclared keys resource.
+func (r *run) removeKeys(st *step) {
+	e := st.entry
+	path, _, data, info, label, ok := editedForRemoval(st)
+	if !ok {
+		return
+	}
+	rec, err := r.keysOriginal(e)
+	if err != nil {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
+		return
+	}
+	if len(rec.Set) == 0 {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "no record of what the mesh set in "+path+"; nothing given back"
+		return
+	}
+	format, ok := edit.ParseFormat(rec.Format)
+	if !ok {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("the record of %s names no format (%q); nothing given back", e.Target, rec.Format), false
+		return
+	}
+	kf := edit.ParseKeys(data, format)
+	var changes []edit.Change
+	var said []string
+	for _, fk := range slices.Sorted(maps.Keys(rec.Set)) {
+		c, s, err := giveBack(kf, rec, fk)
+		if err != nil {
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
+			return
+		}
+		if c != nil {
+			changes = append(changes, *c)
+		}
+		said = append(said, s)
+	}
+	if len(changes) == 0 {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "nothing to give back in "+path+": "+strings.Join(said, "; ")
+		return
+	}
+	out, err := kf.Apply(changes)
+	if err != nil {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
+		return
+	}
+	st.line.Outcome, st.line.Detail = shapes.Restored, strings.Join(said, "; ")+" in "+path
+	if r.opt.Plan {
+		st.line.Detail = "would be: " + st.line.Detail
+	}
+	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e)}
+	st.change = func() error { return rewrite(path, out, info, label) }
+	st.readback = func() (*store.Entry, error) { return nil, readBackKeys(path, format, changes) }
+}

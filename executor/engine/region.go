@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/edit"
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// A region is a block of lines the mesh owns inside a file it does not
+// (ADR 0102), between marker lines naming the resource (executor/edit).
+// The file must be there — a region never creates one — and a regular
+// file of one name; it is rewritten whole and atomically (a new file
+// beside it, renamed over it: a kill leaves it before or after, never
+// half written), with its owner, mode and SELinux label kept. Only the
+// block is compared: drift inside it is repaired, changes outside it are
+// the file's owner's. The block is the host's creation: undeclared, the
+// block and its markers go and the rest of the file stays byte for byte
+// (the newline the host added before an appended block too, when the file
+// had none and the block is still its end). Found markers that do not
+// pair up fail the step and the file is left to a person.
+
+func init() {
+	registerAlone(shapes.TypeRegion, (*run).region, (*run).removeRegion)
+}
+
+// maxEdited bounds a shared file the host writes into.
+const maxEdited = 16 << 20
+
+// editedFile reads a shared file for a region or keys: it must be there.
+func editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
+	data, info, label, err := fsx.ReadLabeled(path, maxEdited)
+	if err != nil {
+		return nil, info, nil, err
+	}
+	if info.Kind == fsx.Absent {
+		return nil, info, nil, fmt.Errorf("%s does not exist; %s writes into a file that is there and never creates one (declare the file, or the package that brings it, before it)", path, what)
+	}
+	return data, info, label, nil
+}
+
+// rewrite replaces a shared file with data, its owner, mode and label as
+// found, synced before the rename: the step records only after.
+func rewrite(path string, data []byte, info fsx.Info, label []byte) error {
+	return fsx.WriteFile(path, data, fsx.WriteOptions{Mode: info.Mode, UID: int(info.UID), GID: int(info.GID), Label: label, Sync: true})
+}
+
+// editedForRemoval reads the file of an undeclared region or keys, for
+// its remover; ok is false when that decided the step already (the
+// target unreadable, the file gone: nothing to give back).
+func editedForRemoval(st *step) (path, name string, data []byte, info fsx.Info, label []byte, ok bool) {
+	e := st.entry
+	st.drop = true
+	_, path, name, ok = shapes.EditTarget(e.Target)
+	if !ok {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%q is not the target of a region or keys", e.Target), false
+		return "", "", nil, info, nil, false
+	}
+	data, info, label, err := fsx.ReadLabeled(path, maxEdited)
+	switch {
+	case err != nil:
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
+		return "", "", nil, info, nil, false
+	case info.Kind == fsx.Absent:
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, path+" is gone; nothing to give back"
+		return "", "", nil, info, nil, false
+	}
+	return path, name, data, info, label, true
+}
+
+// regionNewline is the Original of a region appended to a file that did
+// not end in a newline: the host added one before the block, and gives it
+// back with the block.
+var regionNewline = &store.Original{Kind: "region", Absent: true}
+
+func (r *run) region(st *step, rest int) {
+	g := st.res.(*shapes.Region)
+	e := r.settle(r.st.Get(st.target), st.claim)
+	if r.yieldAlone(st, e, rest) {
+		return
+	}
+	want := edit.Normalise(g.Text())
+	ed := edit.Region{Comment: g.CommentLeader(), Name: g.Key()}
+	data, info, label, err := editedFile(g.Path, "a region")
+	if err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	cur, found, err := ed.Current(data)
+	if err != nil {
+		r.fail(st, fmt.Errorf("%s: %w", g.Path, err), rest)
+		return
+	}
+	n := &store.Entry{Target: st.target, Type: shapes.TypeRegion, Claims: withClaim(e, st.claim), Digest: digest([]byte(want)), Created: true}
+	if e != nil {
+		n.Order, n.Original = e.Order, e.Original
+	}
+	lines := strings.Count(want, "\n")
+	if found && cur == want {
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("the block in %s as declared (%d lines)", g.Path, lines)
+		r.asDeclared(st, e, n, false, rest)
+		return
+	}
+	out, added, err := ed.Set(data, want)
+	if err != nil {
+		r.fail(st, fmt.Errorf("%s: %w", g.Path, err), rest)
+		return
+	}
+	st.line.Outcome = changedOutcome(e, n)
+	verb := map[bool]string{true: "rewritten", false: "added at the end"}[found]
+	if r.opt.Plan {
+		verb = "would be " + verb
+	}
+	st.line.Detail = fmt.Sprintf("the block %s in %s (%d lines); the rest of the file untouched", verb, g.Path, lines)
+	if r.opt.Plan {
+		if r.opt.OnDiff != nil {
+			r.opt.OnDiff(g.Module, g.ID, contentDiff(g.Path+" (the block "+g.Key()+")", []byte(cur), found, []byte(want)))
+		}
+		r.emit(st.line)
+		return
+	}
+	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeRegion, Created: true}
+	if added {
+		in.Original, n.Original = regionNewline, regionNewline
+	}
+	if !r.intendNow(st, in, rest) {
+		return
+	}
+	if err := rewrite(g.Path, out, info, label); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	back, _, err := fsx.ReadRegular(g.Path, maxEdited)
+	if err == nil {
+		if cur, found, err = ed.Current(back); err == nil && (!found || cur != want) {
+			err = errors.New("the block is not as written")
+		}
+	}
+	if err != nil {
+		r.fail(st, fmt.Errorf("read back %s: %w", g.Path, err), rest)
+		return
+	}
+	if err := r.st.Put(n); err != nil {
+		r.fail(st, err, rest)
+		return
+	}
+	r.emit(st.line)
+}
+
+// removeRegion takes an undeclared region's block and markers out of its
+// file, and nothing else. A file gone, or a block gone, leaves nothing to
+// do; markers that do not pair up fail the line and keep the record.
+func (r *run) removeRegion(st *step) {
+	e := st.entry
+	path, name, data, info, label, ok := editedForRemoval(st)
+	if !ok {
+		return
+	}
+	ed := edit.Region{Name: name}
+	out, removed, err := ed.Remove(data, e.Original != nil && e.Original.Kind == "region" && e.Original.Absent)
+	if err != nil {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
+		return
+	}
+	if !removed {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the block of "+name+" is no longer in "+path+"; nothing to remove"
+		return
+	}
+	st.line.Outcome, st.line.Detail = shapes.Removed, fmt.Sprintf("the block and its markers taken out of %s; the rest of the file as it is", path)
+	if r.opt.Plan {
+		st.line.Detail = fmt.Sprintf("the block and its markers would be taken out of %s", path)
+	}
+	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
+	st.change = func() error { return rewrite(path, out, info, label) }
+	st.readback = func() (*store.Entry, error) {
+		back, _, err := fsx.ReadRegular(path, maxEdited)
+		if err != nil {
+			return nil, err
+		}
+		if _, found, err := ed.Find(back); err != nil || found {
+			return nil, fmt.Errorf("the block of %s is still in %s", name, path)
+		}
+		return nil, nil
+	}
+}

@@ -157,6 +157,7 @@ var typeKeyMask = map[string]uint64{
 	TypeOpening:   keyMask("port", "protocol", "from", "path"),
 	TypeRegion:    keyMask("path", "content"),
 	TypeKeys:      keyMask("path"),
+	TypeProcess:   keyMask("name", "state"),
 }
 
 // keyMask is the bits of module, id, type and the keys named.

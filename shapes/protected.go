@@ -428,6 +428,11 @@ func checkProtected(v *validator, r Resource, m *machine) {
 		checkPath("path", r.Path, true)
 	case *Archive:
 		checkPath("destination", r.Destination, true)
+	case *Process:
+		if isProtectedName(NormaliseUnit(r.Name)) {
+			v.failAs(ErrProtected, "name", "%s is the host's own unit: %v", r.Name, ErrProtected)
+		}
+		checkAccount("user", r.User)
 	case *Region:
 		checkPath("path", r.Path, false)
 	case *Keys:

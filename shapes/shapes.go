@@ -20,6 +20,7 @@ const (
 	TypeOpening   = "opening"
 	TypeRegion    = "region"
 	TypeKeys      = "keys"
+	TypeProcess   = "process"
 )
 
 // shapeTable is the vocabulary. Every addition widens what a compromised
@@ -38,12 +39,13 @@ var shapeTable = map[string]func() Resource{
 	TypeOpening:   func() Resource { return new(Opening) },
 	TypeRegion:    func() Resource { return new(Region) },
 	TypeKeys:      func() Resource { return new(Keys) },
+	TypeProcess:   func() Resource { return new(Process) },
 }
 
 // TypeNames lists the known shapes in a fixed order, for error messages.
 func TypeNames() []string {
 	return []string{TypeFile, TypeDirectory, TypeAction, TypeService, TypePackage, TypeUser,
-		TypeArchive, TypeContainer, TypeNetwork, TypeOverlay, TypeOpening, TypeRegion, TypeKeys}
+		TypeArchive, TypeContainer, TypeNetwork, TypeOverlay, TypeOpening, TypeRegion, TypeKeys, TypeProcess}
 }
 
 // File is a regular file with exactly one of Content (text), Bytes (base64)
@@ -232,6 +234,25 @@ type Keys struct {
 	Format string            `json:"format"`
 	Set    map[string]string `json:"set"`
 }
+
+// Process is the mesh's own long-running program, defined under
+// whichever init the machine has (a systemd unit with hardening defaults,
+// an OpenRC script, a runit or s6 service directory), run as User (never
+// root), started and read back running as that user. Exec[0] may be a
+// file an archive of the same declaration unpacked. Undeclared: stopped
+// and its definition removed. Its name may not be a unit the mesh did not
+// create.
+type Process struct {
+	Base
+	Name  string            `json:"name"`
+	Exec  []string          `json:"exec"`
+	User  string            `json:"user"`
+	Env   map[string]string `json:"env,omitempty"`
+	State string            `json:"state,omitempty"`
+}
+
+// Running reports whether the process is declared running (the default).
+func (p *Process) Running() bool { return p.State != "stopped" }
 
 // ParseMode parses an octal mode string such as "0644". It accepts three or
 // four octal digits and nothing above 07777.

@@ -40,8 +40,8 @@ func TestExampleDecodesEveryShape(t *testing.T) {
 
 // The vocabulary's size is a decision: every shape widens what a
 // compromised control plane can express.
-func TestVocabularyIsThirteen(t *testing.T) {
-	if len(shapeTable) != 13 || len(TypeNames()) != 13 {
+func TestVocabularyIsFourteen(t *testing.T) {
+	if len(shapeTable) != 14 || len(TypeNames()) != 14 {
 		t.Fatalf("the vocabulary has %d shapes; a change is a decision, update DESIGN and this test", len(shapeTable))
 	}
 	for _, n := range TypeNames() {
@@ -121,6 +121,13 @@ func TestRefusals(t *testing.T) {
 		{"keys empty value, space format", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":""}}`), `the value of Port is not one line`},
 		{"keys one key twice without case", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22","port":"23"}}`), `Port and port are one key in the space format`},
 		{"keys one key by two", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22"}},{"module":"n","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"PORT":"23"}}`), `field set: PORT in /etc/x is set by m.k too`},
+		{"process name with a dot", res(`{"module":"m","id":"p","type":"process","name":"app.service","exec":["/opt/app"],"user":"app"}`), `field name: "app.service" is not a process's name`},
+		{"process relative program", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["app"],"user":"app"}`), `field exec: "app": the program is an absolute, clean path`},
+		{"process word with a blank", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["/opt/app","a b"],"user":"app"}`), `field exec: "a b" holds a character`},
+		{"process word with a dollar", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["/opt/app","$HOME"],"user":"app"}`), `"$HOME" holds a character`},
+		{"process as root", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["/opt/app"],"user":"root"}`), `field user: a process the mesh runs is never root`},
+		{"process env value with a quote", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["/opt/app"],"user":"app","env":{"A":"x'y"}}`), `field env: the value of A holds a character`},
+		{"process and a service of its unit", res(`{"module":"m","id":"p","type":"process","name":"app","exec":["/opt/app"],"user":"app"},{"module":"m","id":"s","type":"service","unit":"app.service"}`), `service:app.service is also declared by m.p`},
 		{"keys in two formats", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"space","set":{"Port":"22"}},{"module":"n","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1"}}`), `field format: /etc/x is read in the space format by m.k`},
 		{"action without verify", `{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/true"]}]}`, "resource m.a (action) field verify: missing"},
 		{"image not pinned", res(`{"module":"m","id":"c","type":"container","name":"app","image":"nginx:latest"}`), `field image: "nginx:latest" is not pinned by digest`},
@@ -208,6 +215,8 @@ func TestProtectedSet(t *testing.T) {
 		{"region in the bundle", `{"module":"m","id":"r","type":"region","path":"/usr/lib/nox-mesh-host/foundation.lock","content":""}`, "inside the host's /usr/lib/nox-mesh-host"},
 		{"keys in the executor's unit", `{"module":"m","id":"k","type":"keys","path":"/etc/systemd/system/mesh-executor.service.d/x.conf","format":"equals","set":{"ExecStart":"/bin/sh"}}`, "(mesh-executor.service.d)"},
 		{"keys in the agent's config", `{"module":"m","id":"k","type":"keys","path":"/var/lib/mesh-host/agent/config.json","format":"equals","set":{"a":"b"}}`, "inside the host's /var/lib/mesh-host"},
+		{"process as the agent's unit", `{"module":"m","id":"p","type":"process","name":"mesh-agent","exec":["/bin/sleep","1"],"user":"app"}`, "mesh-agent is the host's own unit"},
+		{"process as the agent's user", `{"module":"m","id":"p","type":"process","name":"app","exec":["/bin/sleep","1"],"user":"mesh-agent"}`, "mesh-agent is the host's agent account"},
 		{"agent user", `{"module":"m","id":"u","type":"user","name":"mesh-agent","shell":"/bin/sh"}`, "mesh-agent is the host's agent account"},
 		{"agent group", `{"module":"m","id":"u","type":"user","name":"mallory","groups":["mesh-agent"]}`, "mesh-agent is the host's agent account"},
 		{"home in state", `{"module":"m","id":"u","type":"user","name":"mallory","home":"/var/lib/mesh-host/agent"}`, "inside the host's"},

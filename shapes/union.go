@@ -51,6 +51,8 @@ type anyResource struct {
 	Comment     string            `json:"comment"`
 	Format      string            `json:"format"`
 	Set         map[string]string `json:"set"`
+	Exec        []string          `json:"exec"`
+	User        string            `json:"user"`
 }
 
 // shape copies u into its own shape; ok is false for an unknown type.
@@ -83,6 +85,8 @@ func (u *anyResource) shape() (Resource, bool) {
 		return &Region{Base: b, Path: u.Path, Content: u.Content, Comment: u.Comment}, true
 	case TypeKeys:
 		return &Keys{Base: b, Path: u.Path, Format: u.Format, Set: u.Set}, true
+	case TypeProcess:
+		return &Process{Base: b, Name: u.Name, Exec: u.Exec, User: u.User, Env: u.Env, State: u.State}, true
 	}
 	return nil, false
 }

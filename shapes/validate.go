@@ -301,6 +301,10 @@ func targetOf(r Resource) (kind, name string) {
 		return "region", r.Path + "#" + r.Key()
 	case *Keys:
 		return "keys", r.Path + "#" + r.Key()
+	case *Process:
+		// The unit it is, so a service of the same unit is one thing
+		// declared twice.
+		return "service", NormaliseUnit(r.Name)
 	}
 	return "", ""
 }
@@ -655,6 +659,64 @@ func (k *Keys) validate(v *validator) {
 			}
 			folded[strings.ToLower(name)] = name
 		}
+	}
+}
+
+// processWord is what a process's command line, environment values and
+// user may hold: no blank, quote, $, % or backslash, so that no init's
+// format (a systemd unit, an OpenRC script, a run script) quotes or
+// expands any of it. A value that needs more goes in a file the program
+// reads.
+var (
+	processWord = newCharset("A-Za-z0-9_./:=@+,-", "A-Za-z0-9_./:=@+,-", 1, 1024)
+	processName = newCharset("A-Za-z0-9_@-", "A-Za-z0-9_@-", 1, 64)
+	envName     = newCharset("A-Za-z_", "A-Za-z0-9_", 1, 128)
+	userName    = newCharset("a-z_", "a-z0-9_-", 1, 32)
+)
+
+// MaxProcessWords bounds a process's command line and environment.
+const MaxProcessWords = 64
+
+func (p *Process) validate(v *validator) {
+	if !processName.MatchString(p.Name) {
+		v.fail("name", "%q is not a process's name (letters, digits, _, - and @; no dot: the unit is NAME.service, /etc/init.d/NAME, /etc/sv/NAME)", p.Name)
+	}
+	switch {
+	case len(p.Exec) == 0 || len(p.Exec) > MaxProcessWords:
+		v.fail("exec", "%d words; a command line is 1 to %d", len(p.Exec), MaxProcessWords)
+		return
+	case !strings.HasPrefix(p.Exec[0], "/") || !isCleanAbs(p.Exec[0]) || p.Exec[0] == "/":
+		v.fail("exec", "%q: the program is an absolute, clean path", p.Exec[0])
+	}
+	for _, w := range p.Exec {
+		if !processWord.MatchString(w) {
+			v.fail("exec", "%q holds a character an init's definition would quote or expand (only letters, digits and _./:=@+,-): put such values in a file the program reads", w)
+			return
+		}
+	}
+	switch {
+	case !userName.MatchString(p.User):
+		v.fail("user", "%q is not a user's name (a process runs as a named user)", p.User)
+	case p.User == "root":
+		v.fail("user", "a process the mesh runs is never root: name the user it runs as")
+	}
+	if len(p.Env) > MaxProcessWords {
+		v.fail("env", "%d variables; at most %d", len(p.Env), MaxProcessWords)
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+		if !envName.MatchString(k) {
+			v.fail("env", "%q is not a variable's name", k)
+			return
+		}
+		if val := p.Env[k]; val != "" && !processWord.MatchString(val) {
+			v.fail("env", "the value of %s holds a character an init's definition would quote or expand (only letters, digits and _./:=@+,-)", k)
+			return
+		}
+	}
+	switch p.State {
+	case "", "running", "stopped":
+	default:
+		v.fail("state", "%q is not one of running, stopped (unset: running)", p.State)
 	}
 }
 

@@ -131,7 +131,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	stateDir := fs.String("state", DefaultState, "the executor's state directory")
 	wait := fs.Duration("wait", 5*time.Minute, "how long apply waits for another applier to finish")
 	verbose := fs.Bool("v", false, "log each step to standard error")
-	partial := fs.Bool("partial", false, "a partial host: file, directory, action and archive only")
+	partial := fs.Bool("partial", false, "a partial host: file, directory, region, keys, action and archive only")
 	tokenFile := fs.String("token-file", "", "enrol: read the token from this root-only file instead of standard input")
 	outFile := fs.String("out", "", "bundle: write the report to this file instead of standard output")
 	replace := fs.Bool("replace", false, "enrol: replace the identity this host holds (the control side revokes it in the same step)")
@@ -807,7 +807,7 @@ func serveFlagSet(errw io.Writer) (*flag.FlagSet, *serveFlags) {
 		drift:       fs.Duration("drift", 10*time.Minute, "how often to look for drift (0: never)"),
 		build:       fs.String("build", Build, "the build id the agent compares at hello"),
 		hostBinary:  fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)"),
-		partial:     fs.Bool("partial", false, "a partial host: file, directory, action and archive only"),
+		partial:     fs.Bool("partial", false, "a partial host: file, directory, region, keys, action and archive only"),
 	}
 }
 
@@ -854,7 +854,7 @@ func (c *command) serve(args []string) int {
 	}
 	if !*partial && initsys.Android("") {
 		*partial = true
-		log.Info("executor: a partial host (Android: no init this host may drive): file, directory, action and archive only")
+		log.Info("executor: a partial host (Android: no init this host may drive): file, directory, region, keys, action and archive only")
 	}
 	if _, err := store.Open(*stateDir); err != nil {
 		log.Error("executor: state", "err", err)

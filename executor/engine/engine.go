@@ -50,7 +50,7 @@ type Options struct {
 	// Plan observes only: nothing on the machine or in the store changes.
 	Plan bool
 	// Partial is a host that may drive no init, package manager or runtime
-	// (Android): file, directory, action and archive only.
+	// (Android): file, directory, region, keys, action and archive only.
 	Partial bool
 	Log     *slog.Logger
 	// OnLine, when set, is given each report line as it is decided, so a
@@ -259,7 +259,7 @@ func (r *run) check() error {
 	for _, res := range d.Resources {
 		h := res.Head()
 		if r.opt.Partial && !partialShapes[h.Type] {
-			return &Refusal{fmt.Sprintf("resource %s: a partial host applies only file, directory, action and archive, not %q", h.Key(), h.Type)}
+			return &Refusal{fmt.Sprintf("resource %s: a partial host applies only file, directory, region, keys, action and archive, not %q", h.Key(), h.Type)}
 		}
 		if !Applied[h.Type] {
 			return &Refusal{fmt.Sprintf("resource %s: this host cannot apply %q yet", h.Key(), h.Type)}
@@ -347,6 +347,9 @@ func (r *run) check() error {
 			}
 		}
 		r.units[svc.Key()] = cur.Name
+	}
+	if err := r.checkProcesses(); err != nil {
+		return err
 	}
 	o := newOwners()
 	r.owners = map[string]owner{}

@@ -447,7 +447,7 @@ func TestPartialHostRefusesByName(t *testing.T) {
 	d, _ := shapes.ParseTrusted([]byte(h.doc(`{"module":"p","id":"n","type":"package","name":"nginx"}`)))
 	st, _ := store.Open(h.state)
 	rep := Apply(context.Background(), st, d, nil, Options{Source: store.Local, Plan: true, Partial: true})
-	if !strings.Contains(rep.Refused, `a partial host applies only file, directory, action and archive, not "package"`) {
+	if !strings.Contains(rep.Refused, `a partial host applies only file, directory, region, keys, action and archive, not "package"`) {
 		t.Fatalf("%+v", rep)
 	}
 }

@@ -176,7 +176,7 @@ func TestOpeningRefusedOnAPartialHost(t *testing.T) {
 	st.Lock(time.Second)
 	defer st.Unlock()
 	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Partial: true})
-	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `a partial host applies only file, directory, action and archive, not "opening"`) || len(f.log) != 0 {
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `a partial host applies only file, directory, region, keys, action and archive, not "opening"`) || len(f.log) != 0 {
 		t.Fatalf("%+v %q", rep, f.log)
 	}
 }

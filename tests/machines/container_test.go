@@ -224,7 +224,7 @@ func TestContainerAndNetworkOnPodman(t *testing.T) {
 	}
 	// A partial host refuses the shape by name.
 	rep, _ = m.apply(decl(nw), "apply", "--partial")
-	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `a partial host applies only file, directory, action and archive, not "network"`) {
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `a partial host applies only file, directory, region, keys, action and archive, not "network"`) {
 		t.Fatalf("partial: %+v", rep)
 	}
 

@@ -357,7 +357,7 @@ func TestUserOnTheShadowTools(t *testing.T) {
 	}
 	// A partial host refuses a user by name.
 	rep, code := m.apply(decl(alice), "apply", "--partial")
-	if code != 2 || !strings.Contains(rep.Refused, `a partial host applies only file, directory, action and archive, not "user"`) {
+	if code != 2 || !strings.Contains(rep.Refused, `a partial host applies only file, directory, region, keys, action and archive, not "user"`) {
 		t.Fatalf("exit %d %+v", code, rep)
 	}
 }

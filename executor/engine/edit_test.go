@@ -211,9 +211,43 @@ func TestKeysEqualsAndPlan(t *testing.T) {
 	}
 }
 
-// restart_on may name a region or keys: what changes a configuration the
-// unit reads (validation; the restart itself is the service's, tested
-// with files).
+// restart_on may name a region or keys: the unit is restarted after the
+// apply when one of them changed what it reads, and not when none did.
+func TestRestartOnARegionOrKeysChange(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("sshd.service", true, "enabled")
+	writeFile(t, h.p("hosts"), "127.0.0.1 localhost\n")
+	writeFile(t, h.p("sshd_config"), "Port 22\n")
+	doc := func(block, value string) string {
+		return h.doc(region("db", block), keys("ssh", "space", `{"PasswordAuthentication":"`+value+`"}`),
+			svc("sshd", "sshd", "running", "", `,"restart_on":["m.db","m.ssh"]`))
+	}
+	h.applyWith(f, doc("10.0.0.5 db", "no"), false)
+	if got := f.transcript(); got != "restart sshd.service" {
+		t.Fatalf("the region and keys applied, and the unit: %q", got)
+	}
+	h.applyWith(f, doc("10.0.0.5 db", "no"), false)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("nothing changed, and the unit: %q", got)
+	}
+	h.applyWith(f, doc("10.0.0.5 db", "yes"), false)
+	if got := f.transcript(); got != "restart sshd.service" {
+		t.Fatalf("a key changed, and the unit: %q", got)
+	}
+	h.applyWith(f, doc("10.0.0.6 db", "yes"), false)
+	if got := f.transcript(); got != "restart sshd.service" {
+		t.Fatalf("the block changed, and the unit: %q", got)
+	}
+	// The region in a plan: what would change, nothing changed.
+	before := h.read("hosts")
+	plan := h.run("local", h.doc(region("db", "10.0.0.7 db")), true)
+	if plan.Lines[0].Outcome != shapes.Applied || !strings.Contains(plan.Lines[0].Detail, "the block would be rewritten") || h.read("hosts") != before {
+		t.Fatalf("plan %+v", plan.Lines)
+	}
+}
+
+// restart_on may name a region or keys, of this module or another.
 func TestRestartOnNamesRegionsAndKeys(t *testing.T) {
 	for _, doc := range []string{
 		`{"version":1,"resources":[{"module":"m","id":"r","type":"region","path":"/etc/x","content":""},{"module":"m","id":"s","type":"service","unit":"x","restart_on":["r"]}]}`,

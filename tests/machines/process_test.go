@@ -125,3 +125,30 @@ func processOn(t *testing.T, in lab.Init) {
 	}
 	t.Logf("%s: the whole scenario in %v", in, time.Since(start).Round(time.Millisecond))
 }
+
+// A process whose program an archive of the same declaration unpacks (the
+// bundle's way: the program and its files carried, then run): applied in
+// the stated order, and undeclared together.
+func TestProcessFromAnArchiveOnSystemd(t *testing.T) {
+	t.Parallel()
+	m := boot(t, lab.Options{Init: lab.Systemd})
+	m.sh("useradd --system --no-create-home --shell /usr/sbin/nologin lp-app")
+	m.sh("mkdir -p /root/pkg/bin && cp /bin/sleep /root/pkg/bin/lp-sleep && tar -C /root/pkg -czf /root/app.tgz bin")
+	sum := strings.Fields(m.sh("sha256sum /root/app.tgz"))[0]
+	doc := decl(`{"module":"app","id":"dir","type":"directory","path":"/opt/lp"}`,
+		`{"module":"app","id":"bundle","type":"archive","url":"file:///root/app.tgz","sha256":"`+sum+`","destination":"/opt/lp"}`,
+		`{"module":"app","id":"run","type":"process","name":"lp-run","exec":["/opt/lp/bin/lp-sleep","100005"],"user":"lp-app"}`)
+	rep, code := m.apply(doc)
+	expect(t, rep, shapes.Applied, "app.dir=applied app.bundle=applied app.run=applied")
+	if code != 0 || m.sh("systemctl is-active lp-run") != "active" {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+	if got := m.sh(`ps -o user= -C lp-sleep`); got != "lp-app" {
+		t.Fatalf("the archive's program runs as %q", got)
+	}
+	rep, _ = m.apply(decl())
+	expect(t, rep, shapes.Removed, "app.run=removed app.bundle=removed app.dir=removed")
+	if m.sh("test -e /opt/lp/bin/lp-sleep -o -e /etc/systemd/system/lp-run.service && echo left || true") != "" {
+		t.Fatal("the archive's program or the unit left behind")
+	}
+}

@@ -96,6 +96,10 @@ package:
 	rm -rf $(DIST) && mkdir -p $(DIST)/bin
 	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
 		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	# Completions (bash, zsh, fish) and man pages, from each binary's own
+	# command definitions (cmdline), made by binaries built for this host.
+	$(GO) build -o $(DIST)/host/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	sh packaging/gen-share.sh $(DIST)/host $(DIST)
 	for p in deb apk archlinux; do \
 		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
 	done

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -27,22 +28,73 @@ const (
 // Main runs mesh-agent with args (without the program name) and returns the
 // exit code: 0 when stopped, and when the executor runs another build (the
 // init restarts the agent onto its new binary); 1 when it cannot run.
-func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {
+// agentFlags are mesh-agent's flags' values.
+type agentFlags struct {
+	config, socket, userName, state, vsockAddr, vsockSecret *string
+	heartbeat, enrolPoll                                    *time.Duration
+	episodic, selfCheck, showVersion, verbose               *bool
+}
+
+// flagSet is mesh-agent's command line, defined once: Main parses it, and
+// Program makes the manual and completions from it.
+func flagSet(out io.Writer) (*flag.FlagSet, agentFlags) {
 	fs := flag.NewFlagSet("mesh-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	config := fs.String("config", DefaultConfig, "the node's identity (JSON, 0600), written by enrolment; missing: stay hosted, never dial")
-	socket := fs.String("socket", wire.SocketPath, "the executor's socket")
-	userName := fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)")
-	state := fs.String("state", DefaultStateDir, "the agent's state directory, written by the agent (one agent holds it: a second is refused)")
-	heartbeat := fs.Duration("heartbeat", 30*time.Second, "the heartbeat period")
-	vsockAddr := fs.String("vsock", "", "the executor over vsock, CID:PORT, instead of --socket")
-	vsockSecret := fs.String("vsock-secret", "", "the file holding the vsock connection secret (read before the drop)")
-	episodic := fs.Bool("episodic", false, "the agent runs only now and then (inside an app): its heartbeat says so, and its silence is not read as an absence")
-	enrolPoll := fs.Duration("enrol-poll", 2*time.Second, "hosted: how often to ask the executor whether an enrolment was begun")
-	selfCheck := fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials as JSON, and exit")
-	showVersion := fs.Bool("version", false, "print the version and build, and exit")
-	verbose := fs.Bool("v", false, "debug logging")
+	fs.SetOutput(out)
+	fs.Usage = func() {}
+	return fs, agentFlags{
+		config:      fs.String("config", DefaultConfig, "the node's identity (JSON, 0600), written by enrolment; missing: stay hosted, never dial"),
+		socket:      fs.String("socket", wire.SocketPath, "the executor's socket"),
+		userName:    fs.String("user", DefaultUser, "the user to drop to when started as root (and to be, when not)"),
+		state:       fs.String("state", DefaultStateDir, "the agent's state directory, written by the agent (one agent holds it: a second is refused)"),
+		heartbeat:   fs.Duration("heartbeat", 30*time.Second, "the heartbeat period"),
+		vsockAddr:   fs.String("vsock", "", "the executor over vsock, CID:PORT, instead of --socket"),
+		vsockSecret: fs.String("vsock-secret", "", "the file holding the vsock connection secret (read before the drop)"),
+		episodic:    fs.Bool("episodic", false, "the agent runs only now and then (inside an app): its heartbeat says so, and its silence is not read as an absence"),
+		enrolPoll:   fs.Duration("enrol-poll", 2*time.Second, "hosted: how often to ask the executor whether an enrolment was begun"),
+		selfCheck:   fs.Bool("self-check", false, "drop privileges, print the kernel's view of every thread's credentials, the version and build as JSON, and exit"),
+		showVersion: fs.Bool("version", false, "print the version and build, and exit"),
+		verbose:     fs.Bool("v", false, "debug logging"),
+	}
+}
+
+// Program is mesh-agent's manual and completions.
+func Program() cmdline.Program {
+	fs, _ := flagSet(io.Discard)
+	return cmdline.Program{Name: "mesh-agent", Section: 8,
+		Summary: "the unprivileged link agent of nox-mesh-host",
+		Description: `mesh-agent holds the node's one outbound link: it dials the broker (TLS pinned to the control
+side's certificate, its own NKey), verifies every declaration against the pinned control-plane key,
+hands the newest to the executor over its local socket and reports upward. Started as root it drops
+itself to its user (no group but its own, no capability, no_new_privs) before it touches the
+network; it is trusted for nothing.`,
+		Commands: []cmdline.Command{
+			{Name: "", Summary: "run the agent", Flags: fs},
+			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
+			{Name: "man", Summary: "print the manual page (roff)"},
+		}}
+}
+
+func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "completion" || args[0] == "man") {
+		text, err := Program().Generate(args, version)
+		if err != nil {
+			fmt.Fprintf(stderr, "mesh-agent: %v\n", err)
+			return 2
+		}
+		fmt.Fprint(stdout, text)
+		return 0
+	}
+	fs, f := flagSet(stderr)
+	config, socket, userName, state, heartbeat := f.config, f.socket, f.userName, f.state, f.heartbeat
+	vsockAddr, vsockSecret, episodic, enrolPoll, selfCheck := f.vsockAddr, f.vsockSecret, f.episodic, f.enrolPoll, f.selfCheck
+	showVersion, verbose := f.showVersion, f.verbose
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			p := Program()
+			p.Help(stdout, p.Commands[0])
+			return 0
+		}
+		fmt.Fprintln(stderr, "(mesh-agent --help: its flags)")
 		return 2
 	}
 	if fs.NArg() != 0 {

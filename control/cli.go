@@ -8,191 +8,252 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
-const usage = `usage: mesh-control COMMAND [flags]
+// DefaultControlDir is the key directory of a control side installed as
+// a service (the packages' mesh-control.service, raised by the carried
+// bundle), and DirEnv the variable that names another.
+const (
+	DefaultControlDir = "/var/lib/mesh-control"
+	DirEnv            = "MESH_CONTROL_DIR"
+)
 
-  init     --dir DIR [--host NAME|IP]... [--url tls://HOST:PORT]
-           make the control-plane key, the broker certificate and the control NKey
-  serve    --dir DIR [--listen 127.0.0.1:4222] [--nats URL[,URL...] [--replicas N]
-           [--broker-config FILE | --broker-accounts FILE] [--broker-pid FILE[,FILE...]]] [-v]
-           run the embedded broker (or use --nats URL) and keep the registry; with an
-           existing broker, keep FILE its configuration and send it SIGHUP on each change;
-           the embedded broker's store is in DIR: one serve holds DIR (a second is refused)
-  token issue (--new [--name NAME] | --node NAME) --dir DIR [--ttl 1h] [--broker-url URL]
-           print, once, a one-time enrolment token that expires whether used or not;
-           --node revokes the identity that node has now (a re-enrolment)
-  node revoke NAME --dir DIR [--json]
-           revoke the node's identity: the broker refuses it from now on, and nothing
-           is declared, assigned or published to it until a machine enrols as it again
-           (token issue --node NAME); a node revoked already is said so (exit 0)
-  node show NAME --dir DIR [--json]
-           the node's record, keys, and the profile and inventory it reported
-  node add NAME --dir DIR [--out FILE] [--broker-url URL]
-           register a node by hand (no enrolment): write its agent config and
-           executor-identity.json, to be installed on the node by a person
-  node endpoint NAME ADDRESS:PORT|none --dir DIR
-           where the node's peers reach it on the underlay (none: they wait for it)
-  overlay set --dir DIR [--network CIDR] [--interface NAME] [--port N] [--keepalive S]
-           set the mesh's overlay (defaults 10.99.0.0/16, mesh0, 51820, 25) and publish
-           every node's composition
-  overlay show --dir DIR [--json]
-           the overlay, each node's address, endpoint and WireGuard key
-  assign   NODE FILE --dir DIR [--despite-briefing]
-           assign the module FILE (resources of one module) to NODE and publish the node's
-           composition: the overlay, then its modules in the order assigned
-  unassign NODE MODULE --dir DIR
-           take MODULE off NODE and publish the node's composition
-  publish  [NODE] --dir DIR
-           publish the node's composition (every node's) again, with a new sequence
-  declare  NODE[,NODE...] FILE --dir DIR [--seal MODULE.ID=PATH]... [--without-overlay]
-           sign FILE for NODE with the next sequence and publish it; print the sequence
-           (several nodes: their declares pipelined, a line each);
-           --seal seals PATH's content to the node's key as file MODULE.ID's content;
-           on a mesh with an overlay, a FILE without it (holding something) is refused
-           (use assign) unless --without-overlay
-  archive put FILE --dir DIR [--json]
-           store FILE (a tar, gzipped or not) in the archive store under its sha256;
-           print the sha256 and the URL an archive resource names it by (obj://SHA256)
-  nodes    --dir DIR [--json]
-           each node: state (revoked, never heard from, silent, or what its agent says),
-           last heard from, executor version, declared vs applied, outcome
-  reports  NODE --dir DIR [--last N] [--json]
-           the node's last reports, with their lines
-  broker-config --dir DIR [--listen HOST:PORT]
-           a nats-server configuration for an existing broker (serve --nats)
-  broker-config --dir DIR --cluster ROUTE,ROUTE,ROUTE --listen CLIENT,CLIENT,CLIENT --out OUTDIR [--store DIR]
-           each server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes
-           between them, TLS with DIR's certificate) and the accounts they all include
-           (OUTDIR/accounts.conf: serve --nats URLS --replicas 3 --broker-accounts it)
+// DefaultDir is --dir's default: $MESH_CONTROL_DIR, else DefaultControlDir.
+func DefaultDir() string {
+	if d := os.Getenv(DirEnv); d != "" {
+		return d
+	}
+	return DefaultControlDir
+}
 
-Client commands talk to the broker (--nats URL, default the broker_url of DIR/control.json),
-TLS pinned to DIR/broker.crt, authenticated with DIR/control.nk.
-`
+// commands are mesh-control's commands: what each takes (its positional
+// arguments, from min to max of them, and its flags by name, defined once
+// in (*options).define) and what it does. Its --help, the usage, the shell
+// completions and the man page are all made from this table (cmdline).
+var commands = []cmdline.Def{
+	cmdline.D("init", "", 0, 0, []string{"dir", "host", "url", "json"},
+		"make the control-plane key, the broker certificate and the control NKey in the key directory"),
+	cmdline.D("serve", "", 0, 0, []string{"dir", "listen", "nats", "replicas", "broker-config", "broker-accounts", "broker-pid"},
+		`run the embedded broker (or use --nats URL) and keep the registry; with an existing broker,
+keep FILE its configuration and send it SIGHUP on each change; the embedded broker's store is in
+the key directory: one serve holds it (a second is refused)`),
+	cmdline.D("token issue", "", 0, 0, []string{"dir", "nats", "new", "name", "node", "ttl", "broker-url", "json"},
+		`print, once, a one-time enrolment token that expires whether used or not (--new, or --node NAME,
+which revokes the identity that node has now: a re-enrolment)`),
+	cmdline.D("node revoke", "NAME", 1, 1, []string{"dir", "nats", "json"},
+		`revoke the node's identity: the broker refuses it from now on, and nothing is declared, assigned
+or published to it until a machine enrols as it again (token issue --node NAME); a node revoked
+already is said so (exit 0)`),
+	cmdline.D("node show", "NAME", 1, 1, []string{"dir", "nats", "json"},
+		"the node's record, keys, and the profile and inventory it reported"),
+	cmdline.D("node add", "NAME", 1, 1, []string{"dir", "nats", "out", "broker-url", "json"},
+		`register a node by hand (no enrolment): write its agent config and executor-identity.json, to
+be installed on the node by a person`),
+	cmdline.D("node endpoint", "NAME ADDRESS:PORT|none", 2, 2, []string{"dir", "nats", "json"},
+		"where the node's peers reach it on the underlay (none: they wait for it)"),
+	cmdline.D("overlay set", "", 0, 0, []string{"dir", "nats", "network", "interface", "port", "keepalive", "json"},
+		`set the mesh's overlay (defaults 10.99.0.0/16, mesh0, 51820, 25) and publish every node's
+composition`),
+	cmdline.D("overlay show", "", 0, 0, []string{"dir", "nats", "json"},
+		"the overlay, each node's address, endpoint and WireGuard key"),
+	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "json"},
+		`assign the module FILE (resources of one module) to NODE and publish the node's composition:
+the overlay, then its modules in the order assigned`),
+	cmdline.D("unassign", "NODE MODULE", 2, 2, []string{"dir", "nats", "json"},
+		"take MODULE off NODE and publish the node's composition"),
+	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "json"},
+		"publish the node's composition (every node's) again, with a new sequence"),
+	cmdline.D("declare", "NODE[,NODE...] FILE", 2, 2, []string{"dir", "nats", "seal", "without-overlay", "despite-briefing", "json"},
+		`sign FILE for NODE with the next sequence and publish it; print the sequence (several nodes:
+their declares pipelined, a line each); on a mesh with an overlay, a FILE without it (holding
+something) is refused (use assign) unless --without-overlay`),
+	cmdline.D("archive put", "FILE", 1, 1, []string{"dir", "nats", "json"},
+		`store FILE (a tar, gzipped or not) in the archive store under its sha256; print the sha256 and
+the URL an archive resource names it by (obj://SHA256)`),
+	cmdline.D("nodes", "", 0, 0, []string{"dir", "nats", "json"},
+		`each node: its state (revoked, never heard from, or what its agent says), when it was last
+heard from, executor version, declared vs applied, last outcome`),
+	cmdline.D("reports", "NODE", 1, 1, []string{"dir", "nats", "last", "json"},
+		"the node's last reports, with their lines"),
+	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store"},
+		`a nats-server configuration for an existing broker (serve --nats); with --cluster, each
+server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes between them, TLS
+with the key directory's certificate) and the accounts they all include (OUTDIR/accounts.conf:
+serve --nats URLS --replicas 3 --broker-accounts it)`),
+	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-control"),
+	cmdline.D("man", "", 0, 0, nil, "print mesh-control's manual page (roff)"),
+	cmdline.D("version", "", 0, 0, nil, "print the version and build"),
+}
 
-// Main runs mesh-control with args (without the program name).
+// Version and Build are set by cmd/mesh-control from its link-time stamp.
+var Version, Build = "dev", "dev"
+
+// options are every command's flags' values; a command defines only its
+// own (define), so its --help lists only them.
+type options struct {
+	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
+	cluster, store, out, brokerURL, forNode, newName                string
+	json, verbose, withoutOverlay, despiteBriefing, isNew           bool
+	hosts, seals                                                    listFlag
+	replicas, last                                                  int
+	ttl                                                             time.Duration
+}
+
+// define defines the flag name in fs: the one place each flag is written.
+func (o *options) define(fs *flag.FlagSet, name string) {
+	switch name {
+	case "dir":
+		fs.StringVar(&o.dir, "dir", DefaultDir(), "the key directory ($"+DirEnv+" sets the default)")
+	case "nats":
+		fs.StringVar(&o.nats, "nats", "", "the broker's URL (client commands: default the broker_url of DIR/control.json); serve: an existing broker instead of the embedded one")
+	case "json":
+		fs.BoolVar(&o.json, "json", false, "JSON output")
+	case "host":
+		fs.Var(&o.hosts, "host", "another name or address for the broker certificate (repeatable)")
+	case "url":
+		fs.StringVar(&o.url, "url", "", "where client commands find the broker (default "+DefaultBrokerURL+")")
+	case "listen":
+		fs.StringVar(&o.listen, "listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's; broker-config --cluster: the servers' client addresses, in the order of --cluster")
+	case "replicas":
+		fs.IntVar(&o.replicas, "replicas", 0, "with --nats: keep the control side's streams and registry at this many copies (3 on a three-server cluster); 0 keeps what exists")
+	case "broker-config":
+		fs.StringVar(&o.brokerConfig, "broker-config", "", "with --nats: keep this file the existing broker's configuration, equal to the registry")
+	case "broker-accounts":
+		fs.StringVar(&o.brokerAccounts, "broker-accounts", "", "with --nats: keep this file (a cluster's "+AccountsFile+", from broker-config --cluster) the accounts every server includes, equal to the registry")
+	case "broker-pid":
+		fs.StringVar(&o.brokerPID, "broker-pid", "", "with --broker-config or --broker-accounts: the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
+	case "new":
+		fs.BoolVar(&o.isNew, "new", false, "for a machine the mesh has not seen")
+	case "name":
+		fs.StringVar(&o.newName, "name", "", "with --new: the name the node gets (default: from its hostname)")
+	case "node":
+		fs.StringVar(&o.forNode, "node", "", "for this existing node (revokes its identity now)")
+	case "ttl":
+		fs.DurationVar(&o.ttl, "ttl", DefaultTokenTTL, "how long the token lives, used or not")
+	case "broker-url":
+		fs.StringVar(&o.brokerURL, "broker-url", "", "the broker as the node reaches it (default the URL used)")
+	case "out":
+		fs.StringVar(&o.out, "out", "", "node add: the agent config file (default NAME/agent.json); broker-config --cluster: the directory the configurations are written to")
+	case "network":
+		fs.String("network", DefaultOverlayNetwork, "the prefix node addresses are allocated from")
+	case "interface":
+		fs.String("interface", DefaultOverlayInterface, "the WireGuard interface on every node")
+	case "port":
+		fs.Int("port", DefaultOverlayPort, "the WireGuard listen port on every node")
+	case "keepalive":
+		fs.Int("keepalive", DefaultOverlayKeepalive, "the keepalive on every peer, seconds (0: none)")
+	case "despite-briefing":
+		fs.BoolVar(&o.despiteBriefing, "despite-briefing", false, "assign to a node whose adoption briefing has a failed line (to push the fix)")
+	case "without-overlay":
+		fs.BoolVar(&o.withoutOverlay, "without-overlay", false, "send a file without the overlay on a mesh that has one (the node takes its overlay down)")
+	case "seal":
+		fs.Var(&o.seals, "seal", "MODULE.ID=PATH: seal PATH's content to the node's key as that file's content (repeatable)")
+	case "last":
+		fs.IntVar(&o.last, "last", 20, "how many")
+	case "cluster":
+		fs.StringVar(&o.cluster, "cluster", "", "the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
+	case "store":
+		fs.StringVar(&o.store, "store", "", "with --cluster: the directory each server's JetStream store is made under (default --out)")
+	case "v":
+		fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	default:
+		panic("control: no flag " + name)
+	}
+}
+
+// flagSet is command i's flag set, its flags defined into o.
+func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
+	c := commands[i]
+	fs := flag.NewFlagSet("mesh-control "+c.Name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	for _, f := range c.Flags {
+		o.define(fs, f)
+	}
+	if c.Flags != nil {
+		o.define(fs, "v")
+	}
+	return fs
+}
+
+// table is mesh-control's commands, with the options the last flag set
+// made is bound to (Main makes one).
+func table(o *options) cmdline.Table {
+	return cmdline.NewTable(cmdline.Program{Name: "mesh-control", Section: 1,
+		Summary: "the control side of a nox mesh: keys, the broker, the registry, declarations and reports",
+		Description: `mesh-control keeps a mesh's control plane: the signing key, the embedded NATS broker (or an
+existing one), the node registry and enrolment tokens; it signs and publishes declarations and
+compositions, and shows what nodes report. Client commands talk to the broker (--nats URL, default
+the broker_url of DIR/control.json), TLS pinned to DIR/broker.crt, authenticated with
+DIR/control.nk. DIR is --dir, else $MESH_CONTROL_DIR, else /var/lib/mesh-control (where the
+packages' service keeps it). Exit status: 0 done, 1 failed, 2 a usage error.`},
+		commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
+}
+
+// Program is mesh-control's manual, completions and help.
+func Program() cmdline.Program { return table(new(options)).Program }
+
+// Main runs mesh-control with args (without the program name). Exit
+// status: 0 done (and --help), 1 failed, 2 a usage error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return 2
-		}
+	var o options
+	i, pos, fs, code, done := table(&o).Dispatch(args, Version, stdout, stderr)
+	if done {
+		return code
+	}
+	cmd := commands[i].Name
+	if cmd == "version" {
+		fmt.Fprintf(stdout, "mesh-control %s build %s\n", Version, Build)
 		return 0
 	}
-	cmd, rest := args[0], args[1:]
-	if cmd == "node" || cmd == "token" {
-		subs := map[string][]string{"node": {"add", "revoke", "show", "endpoint"}, "token": {"issue"}}[cmd]
-		if len(rest) == 0 || !slices.Contains(subs, rest[0]) {
-			fmt.Fprintf(stderr, "mesh-control %s: the subcommand is one of %s\n", cmd, strings.Join(subs, ", "))
-			return 2
-		}
-		cmd, rest = cmd+" "+rest[0], rest[1:]
-	}
-	if cmd == "overlay" {
-		if len(rest) == 0 || (rest[0] != "set" && rest[0] != "show") {
-			fmt.Fprintln(stderr, "mesh-control overlay: the subcommand is one of set, show")
-			return 2
-		}
-		cmd, rest = "overlay "+rest[0], rest[1:]
-	}
-	if cmd == "archive" {
-		if len(rest) == 0 || rest[0] != "put" {
-			fmt.Fprintln(stderr, "mesh-control archive: the subcommand is put")
-			return 2
-		}
-		cmd, rest = "archive put", rest[1:]
-	}
-	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr}
-	fs := flag.NewFlagSet("mesh-control "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&c.dir, "dir", "", "the key directory")
-	fs.StringVar(&c.nats, "nats", "", "the broker URL (client commands); serve: an existing broker instead of the embedded one")
-	fs.BoolVar(&c.json, "json", false, "JSON output")
-	fs.BoolVar(&c.withoutOverlay, "without-overlay", false, "declare: send a file without the overlay on a mesh that has one (the node takes its overlay down)")
-	fs.BoolVar(&c.despiteBriefing, "despite-briefing", false, "declare, assign: assign to a node whose adoption briefing has a failed line (to push the fix)")
-	fs.BoolVar(&c.verbose, "v", false, "debug logging")
-	var hosts, seals listFlag
-	fs.Var(&seals, "seal", "declare: MODULE.ID=PATH, seal PATH's content to the node's key as that file's content (repeatable)")
-	fs.Var(&hosts, "host", "init: another name or address for the broker certificate (repeatable)")
-	url := fs.String("url", "", "init: where client commands find the broker (default "+DefaultBrokerURL+")")
-	listen := fs.String("listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's")
-	brokerConfig := fs.String("broker-config", "", "serve --nats: keep this file the existing broker's configuration, equal to the registry")
-	brokerPID := fs.String("broker-pid", "", "serve --broker-config/--broker-accounts: the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
-	brokerAccounts := fs.String("broker-accounts", "", "serve --nats: keep this file (a cluster's "+AccountsFile+", from broker-config --cluster) the accounts every server includes, equal to the registry")
-	replicas := fs.Int("replicas", 0, "serve --nats: keep the control side's streams and registry at this many copies (3 on a three-server cluster); 0 keeps what exists")
-	cluster := fs.String("cluster", "", "broker-config: the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
-	store := fs.String("store", "", "broker-config --cluster: the directory each server's JetStream store is made under (default --out)")
-	out := fs.String("out", "", "node add: the agent config file (default NAME/agent.json); broker-config --cluster: the directory the configurations are written to")
-	brokerURL := fs.String("broker-url", "", "node add: the broker as the node reaches it (default the URL used)")
-	last := fs.Int("last", 20, "reports: how many")
-	isNew := fs.Bool("new", false, "token issue: for a machine the mesh has not seen")
-	forNode := fs.String("node", "", "token issue: for this existing node (revokes its identity now)")
-	newName := fs.String("name", "", "token issue --new: the name the node gets (default: from its hostname)")
-	ttl := fs.Duration("ttl", DefaultTokenTTL, "token issue: how long the token lives, used or not")
-	fs.String("network", DefaultOverlayNetwork, "overlay set: the prefix node addresses are allocated from")
-	fs.String("interface", DefaultOverlayInterface, "overlay set: the WireGuard interface on every node")
-	fs.Int("port", DefaultOverlayPort, "overlay set: the WireGuard listen port on every node")
-	fs.Int("keepalive", DefaultOverlayKeepalive, "overlay set: the keepalive on every peer, seconds (0: none)")
-	pos, err := parseInterleaved(fs, rest)
-	if err != nil {
+	if o.dir == "" {
+		fmt.Fprintf(stderr, "mesh-control %s: --dir is empty: name the key directory\n", cmd)
 		return 2
 	}
-	if c.dir == "" {
-		fmt.Fprintf(stderr, "mesh-control %s: --dir is required\n", cmd)
-		return 2
-	}
-	want := map[string]int{"token issue": 0, "node revoke": 1, "node show": 1, "init": 0, "serve": 0, "node add": 1, "declare": 2, "archive put": 1, "nodes": 0, "reports": 1, "broker-config": 0,
-		"node endpoint": 2, "overlay set": 0, "overlay show": 0, "assign": 2, "unassign": 2, "publish": 1}
-	n, ok := want[cmd]
-	if !ok {
-		fmt.Fprintf(stderr, "mesh-control: unknown command %q\n\n%s", cmd, usage)
-		return 2
-	}
-	if len(pos) != n && !(cmd == "publish" && len(pos) == 0) {
-		fmt.Fprintf(stderr, "mesh-control %s: takes %d argument(s), got %d\n\n%s", cmd, n, len(pos), usage)
-		return 2
-	}
+	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr, dir: o.dir, nats: o.nats, json: o.json, verbose: o.verbose,
+		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay}
 	level := slog.LevelInfo
 	if c.verbose {
 		level = slog.LevelDebug
 	}
 	c.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var err error
 	switch cmd {
 	case "init":
-		err = c.init(hosts, *url)
+		err = c.init(o.hosts, o.url)
 	case "serve":
-		err = c.serve(*listen, *brokerConfig, *brokerAccounts, *brokerPID, *replicas)
+		err = c.serve(o.listen, o.brokerConfig, o.brokerAccounts, o.brokerPID, o.replicas)
 	case "node add":
-		err = c.nodeAdd(pos[0], *out, *brokerURL)
+		err = c.nodeAdd(pos[0], o.out, o.brokerURL)
 	case "token issue":
-		err = c.tokenIssue(*isNew, *forNode, *newName, *ttl, *brokerURL)
+		err = c.tokenIssue(o.isNew, o.forNode, o.newName, o.ttl, o.brokerURL)
 	case "node revoke":
 		err = c.nodeRevoke(pos[0])
 	case "node show":
 		err = c.nodeShow(pos[0])
 	case "declare":
-		err = c.declare(pos[0], pos[1], seals)
+		err = c.declare(pos[0], pos[1], o.seals)
 	case "archive put":
 		err = c.archivePut(pos[0])
 	case "nodes":
 		err = c.nodes()
 	case "reports":
-		err = c.reports(pos[0], *last)
+		err = c.reports(pos[0], o.last)
 	case "broker-config":
-		if *cluster != "" {
-			err = c.brokerCluster(*listen, *cluster, *out, *store)
+		if o.cluster != "" {
+			err = c.brokerCluster(o.listen, o.cluster, o.out, o.store)
 		} else {
-			err = c.brokerConfig(*listen)
+			err = c.brokerConfig(o.listen)
 		}
 	case "node endpoint":
 		err = c.nodeEndpoint(pos[0], pos[1])
@@ -219,25 +280,6 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
-// parseInterleaved parses flags anywhere among the positional arguments.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-}
-
 type cli struct {
 	ctx            context.Context
 	stdout, stderr io.Writer
@@ -259,6 +301,9 @@ func (c *cli) init(hosts []string, url string) error {
 	k, err := Init(c.dir, hosts, url)
 	if err != nil {
 		return err
+	}
+	if onlyLoopback(hosts) {
+		fmt.Fprintf(c.stderr, "mesh-control init: warning: the broker certificate names only 127.0.0.1, ::1 and localhost. Nodes pin its fingerprint and reach it by any address, but a TLS client that checks names (the nats tool, a monitoring probe) will not accept it by another: give --host NAME for each name or address the broker is reached by (a new init: move %s aside first)\n", c.dir)
 	}
 	if c.json {
 		return c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL})
@@ -700,4 +745,22 @@ func (c *cli) brokerConfig(listen string) error {
 	nodes, tokens := c.registryUsers()
 	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, tokens, true))
 	return nil
+}
+
+// onlyLoopback reports whether the certificate's names would be loopback's
+// alone: no --host, or only loopback ones.
+func onlyLoopback(hosts []string) bool {
+	for _, h := range hosts {
+		for _, n := range strings.Split(h, ",") {
+			n = strings.TrimSpace(n)
+			if n == "" || n == "localhost" {
+				continue
+			}
+			if ip := net.ParseIP(n); ip != nil && ip.IsLoopback() {
+				continue
+			}
+			return false
+		}
+	}
+	return true
 }

@@ -167,3 +167,27 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("broker-config: %s", out)
 	}
 }
+
+// The key directory of a control side installed as a service is the
+// default, $MESH_CONTROL_DIR another; init warns when the broker
+// certificate would name loopback alone, and not when --host names more.
+func TestDirDefaultAndTheLoopbackWarning(t *testing.T) {
+	ctx := context.Background()
+	t.Setenv(control.DirEnv, "")
+	if got := control.DefaultDir(); got != "/var/lib/mesh-control" {
+		t.Fatalf("the default key directory is %q", got)
+	}
+	dir := filepath.Join(t.TempDir(), "keys")
+	t.Setenv(control.DirEnv, dir)
+	_, errs, code := run(t, ctx, "init")
+	if code != 0 || !strings.Contains(errs, "warning: the broker certificate names only 127.0.0.1, ::1 and localhost") || !strings.Contains(errs, "give --host NAME") {
+		t.Fatalf("init with $%s and no --host: exit %d\n%s", control.DirEnv, code, errs)
+	}
+	if _, err := control.LoadKeys(dir); err != nil {
+		t.Fatalf("init did not use $%s: %v", control.DirEnv, err)
+	}
+	_, errs, code = run(t, ctx, "init", "--dir", filepath.Join(t.TempDir(), "k2"), "--host", "127.0.0.1,mesh.example.org")
+	if code != 0 || strings.Contains(errs, "warning") {
+		t.Fatalf("init --host naming more than loopback: exit %d\n%s", code, errs)
+	}
+}

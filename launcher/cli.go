@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/cmdline"
 )
 
 const usage = `usage: mesh-launch [FLAGS] [-- ARGS for mesh-executor (default: serve --state DIR)]
@@ -46,7 +49,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		case "clear":
 			return clearCmd(args[1:], stdout, stderr)
 		case "agent-start":
-			return agentStartCmd(args[1:], stderr)
+			return agentStartCmd(args[1:], stdout, stderr)
+		case "version", "--version", "-version":
+			fmt.Fprintf(stdout, "mesh-launch %s build %s\n", Version, Build)
+			return 0
+		case "completion", "man":
+			text, err := Program().Generate(args, Version)
+			if err != nil {
+				fmt.Fprintf(stderr, "mesh-launch: %v\n", err)
+				return 2
+			}
+			fmt.Fprint(stdout, text)
+			return 0
 		case "help", "-h", "-help", "--help":
 			fmt.Fprint(stdout, usage)
 			runFlags(&Config{}, stdout).PrintDefaults()
@@ -111,14 +125,20 @@ func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
 	return fs
 }
 
+func statusFlagSet(out io.Writer) (fs *flag.FlagSet, dir *string, window *time.Duration, asJSON *bool) {
+	fs = flag.NewFlagSet("mesh-launch status", flag.ContinueOnError)
+	fs.SetOutput(out)
+	dir = fs.String("state", DefaultStateDir, "the executor's state directory")
+	window = fs.Duration("window", 10*time.Minute, "how far back a start counts")
+	asJSON = fs.Bool("json", false, "print the launch state as JSON")
+	return fs, dir, window, asJSON
+}
+
 func statusCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("mesh-launch status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dir := fs.String("state", DefaultStateDir, "the executor's state directory")
-	window := fs.Duration("window", 10*time.Minute, "how far back a start counts")
-	asJSON := fs.Bool("json", false, "print the launch state as JSON")
+	fs, dir, window, asJSON := statusFlagSet(stderr)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr(err, "status", stdout)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "mesh-launch status: unexpected %q\n", fs.Arg(0))
@@ -200,12 +220,17 @@ func formatStatus(s State, dir string, now time.Time, window time.Duration) stri
 	return b.String()
 }
 
-func clearCmd(args []string, stdout, stderr io.Writer) int {
+func clearFlagSet(out io.Writer) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet("mesh-launch clear", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dir := fs.String("state", DefaultStateDir, "the executor's state directory")
+	fs.SetOutput(out)
+	return fs, fs.String("state", DefaultStateDir, "the executor's state directory")
+}
+
+func clearCmd(args []string, stdout, stderr io.Writer) int {
+	fs, dir := clearFlagSet(stderr)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr(err, "clear", stdout)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "mesh-launch clear: unexpected %q\n", fs.Arg(0))
@@ -250,10 +275,11 @@ func agentStartFlagSet(out io.Writer) (*flag.FlagSet, agentStartFlags) {
 // agentStartCmd counts a start of the agent, then execs the agent's
 // command when one follows "--". Nothing here keeps the agent from
 // starting: an unusable launch state is said and the agent started.
-func agentStartCmd(args []string, stderr io.Writer) int {
+func agentStartCmd(args []string, stdout, stderr io.Writer) int {
 	fs, f := agentStartFlagSet(stderr)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr(err, "agent-start", stdout)
 	}
 	command := fs.Args()
 	if len(command) > 0 && !slices.Contains(args, "--") {
@@ -281,4 +307,45 @@ func agentStartCmd(args []string, stderr io.Writer) int {
 	err := syscall.Exec(command[0], command, os.Environ())
 	fmt.Fprintf(stderr, "mesh-launch agent-start: exec %s: %v\n", command[0], err)
 	return 1
+}
+
+// Version and Build are set by cmd/mesh-launch from its link-time stamp.
+var Version, Build = "dev", "dev"
+
+// Program is mesh-launch's manual and completions, from its own flag sets.
+func Program() cmdline.Program {
+	var cfg Config
+	run := runFlags(&cfg, io.Discard)
+	status, _, _, _ := statusFlagSet(io.Discard)
+	clear, _ := clearFlagSet(io.Discard)
+	agent, _ := agentStartFlagSet(io.Discard)
+	return cmdline.Program{Name: "mesh-launch", Section: 8,
+		Summary: "the launcher of nox-mesh-host: supervises the executor, rolls back once, halts",
+		Description: `mesh-launch is what the init starts: it starts mesh-executor serve, counts its starts (and,
+through agent-start, the agent's), rolls back once to the known-good release when an upgrade
+crash-loops, and halts, staying up idle, when that fails too. It exits only on SIGTERM or SIGINT.`,
+		Commands: []cmdline.Command{
+			{Name: "", Args: "[-- ARGS for mesh-executor]", Summary: "supervise the executor (default arguments: serve --state DIR)", Flags: run},
+			{Name: "status", Summary: "the launch state: recent starts, rolled back, halted and why, the agent's starts", Flags: status},
+			{Name: "clear", Summary: "clear a halt and the start counter (root only); a running launcher resumes within seconds", Flags: clear},
+			{Name: "agent-start", Args: "[-- AGENT COMMAND]", Summary: "count one start of the agent (root, run by the init before each); when an upgrade's agent crash-loops, ask the running launcher to roll back; then exec the agent's command", Flags: agent},
+			{Name: "version", Summary: "print the version and build"},
+			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
+			{Name: "man", Summary: "print the manual page (roff)"},
+		}}
+}
+
+// helpOr answers a subcommand's --help (exit 0, on standard output), or
+// says a usage error (2).
+func helpOr(err error, name string, stdout io.Writer) int {
+	if !errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	p := Program()
+	for _, c := range p.Commands {
+		if c.Name == name {
+			p.Help(stdout, c)
+		}
+	}
+	return 0
 }

@@ -240,3 +240,53 @@ func TestAgentStartsAreCounted(t *testing.T) {
 		})
 	}
 }
+
+// The unit files, the init scripts and SECURITY.md cite only documents in
+// the repository: a unit's Documentation= names a document the packages
+// install from the repository (file:/usr/share/doc/nox-mesh-host/…), and
+// every *.md named in them is a file here.
+func TestCitedDocumentsAreInTheRepository(t *testing.T) {
+	nfpm, err := os.ReadFile("../packaging/nfpm.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("../init/*/*")
+	more, _ := filepath.Glob("../init/*/*/*")
+	files = append(append(files, more...), "../SECURITY.md")
+	mdRe := regexp.MustCompile("[A-Za-z0-9_./-]+\\.md\\b")
+	for _, f := range files {
+		if fi, err := os.Stat(f); err != nil || fi.IsDir() {
+			continue
+		}
+		data, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(data), "\n") {
+			if doc, ok := strings.CutPrefix(line, "Documentation="); ok {
+				for _, uri := range strings.Fields(doc) {
+					p, ok := strings.CutPrefix(uri, "file:/usr/share/doc/nox-mesh-host/")
+					if !ok {
+						t.Errorf("%s: Documentation=%s is not a document the packages install", f, uri)
+						continue
+					}
+					if !strings.Contains(string(nfpm), "dst: /usr/share/doc/nox-mesh-host/"+p) {
+						t.Errorf("%s cites %s, which the packages do not install", f, uri)
+					}
+				}
+			}
+			if strings.Contains(line, "http://") || strings.Contains(line, "https://") {
+				t.Errorf("%s cites the web: %s", f, strings.TrimSpace(line))
+			}
+		}
+		for _, m := range mdRe.FindAllString(string(data), -1) {
+			m = strings.TrimPrefix(m, "/usr/share/doc/nox-mesh-host/") // installed from the repository: checked above
+			found := false
+			for _, base := range []string{"..", "../docs", filepath.Dir(f)} {
+				if _, err := os.Stat(filepath.Join(base, m)); err == nil {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("%s cites %s, which is not in the repository", f, m)
+			}
+		}
+	}
+}

@@ -36,6 +36,9 @@ declare -A need=(
   [semodule]=policycoreutils          # semodule -p: a policy root of the test's own
   [sesearch]=setools                  # the linked policy's allow rules
   [matchpathcon]=selinux-utils        # the linked file contexts
+  # cmdline: the completions generated for each binary, read by each shell
+  [zsh]=zsh
+  [fish]=fish
 )
 missing=()
 for cmd in "${!need[@]}"; do

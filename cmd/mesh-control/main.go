@@ -12,7 +12,15 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/control"
 )
 
+// version and build are set at build time (-ldflags "-X main.version=…
+// -X main.build=…").
+var (
+	version = "dev"
+	build   = "dev"
+)
+
 func main() {
+	control.Version, control.Build = version, build
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := control.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -9,6 +9,14 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/launcher"
 )
 
+// version and build are set at build time (-ldflags "-X main.version=…
+// -X main.build=…").
+var (
+	version = "dev"
+	build   = "dev"
+)
+
 func main() {
+	launcher.Version, launcher.Build = version, build
 	os.Exit(launcher.Main(os.Args[1:], os.Stdout, os.Stderr))
 }

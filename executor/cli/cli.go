@@ -28,12 +28,14 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
@@ -71,106 +73,138 @@ const (
 // maxLocalFile bounds a rescue file.
 const maxLocalFile = shapes.MaxDeclarationSize
 
-const usage = `usage: mesh-executor COMMAND [--json] [--state DIR] [ARGS]
+// commands are mesh-executor's commands: their positional arguments
+// (from min to max), their flags by name (defined once, in
+// (*options).define; serve's are serveFlagSet's) and what each does. The
+// usage, each command's --help, the completions and the man page are made
+// from this table (cmdline).
+var commands = []cmdline.Def{
+	cmdline.D("serve", "", 0, 0, nil, `the daemon (what mesh-launch starts): listen on the local socket for the agent; reconcile at
+start, on reconnect and on the drift timer. One per --state: a second is refused, naming the
+first one's pid`),
+	cmdline.D("apply", "FILE", 1, 1, []string{"state", "json", "wait", "partial", "v"}, `apply a local declaration (root-owned, not group- or other-writable): rescue. Exit 0 applied
+(or nothing to do), 1 a step failed, 2 refused (nothing touched)`),
+	cmdline.D("plan", "FILE", 1, 1, []string{"state", "json", "partial", "v"}, `print what apply would do, with content diffs; touch nothing (not even the state directory)`),
+	cmdline.D("reconcile", "[BUNDLE]", 0, 1, []string{"state", "json", "wait", "partial", "v"}, `apply the carried bundle (default /usr/lib/nox-mesh-host/foundation.lock) as the bundle
+source: only the bundle whose digest this build was stamped with`),
+	cmdline.D("bundle", "", 0, 0, []string{"state", "out", "partial"}, `whether this host can be a first node (raise the control side from the carried bundle), as
+JSON, with the bundle's digest and the one this build carries; a partial host cannot, and says
+so (exit 2)`),
+	cmdline.D("owned", "", 0, 0, []string{"state", "json"}, "what the host holds on this machine, and why"),
+	cmdline.D("briefing", "", 0, 0, []string{"state", "json"}, "what adoption found on this machine, and what to look at"),
+	cmdline.D("status", "", 0, 0, []string{"state", "json"}, `hosted or enrolled (and disconnected since when), the last apply of each source`),
+	cmdline.D("profile", "", 0, 0, []string{"json"}, "what this machine can be asked to do"),
+	cmdline.D("inventory", "", 0, 0, []string{"state", "json"}, "what this machine is"),
+	cmdline.D("enrol", "", 0, 0, []string{"state", "json", "wait", "token-file", "replace", "cancel", "socket", "v"}, `read a token on standard input (or --token-file, root-only; never the command line), make the
+node's keys, and wait for the agent to bring back the grant. Exit 0 enrolled, 1 refused (saying by
+whom and why), 2 refused before anything changed, 3 still pending. On an enrolled host, a token
+for another node is refused by the control side unless --replace; --cancel ends a pending
+enrolment`),
+	cmdline.D("version", "", 0, 0, []string{"json"}, "this binary's version"),
+	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-executor"),
+	cmdline.D("man", "", 0, 0, nil, "print mesh-executor's manual page (roff)"),
+}
 
-The daemon (what mesh-launch starts):
-  serve          listen on the local socket for the agent; reconcile at start,
-                 on reconnect and on the drift timer. One per --state: a second
-                 is refused, naming the first one's pid
+// options are the commands' flags' values.
+type options struct {
+	json, verbose, partial, replace, cancel bool
+	state, tokenFile, out, socket           string
+	wait                                    time.Duration
+}
 
-Rescue and inspection, as root, with or without the daemon running (the
-read-only ones — plan, owned, briefing, status, profile, inventory — create
-nothing, not even the state directory):
-  apply FILE     apply a local declaration (root-owned, not group/other-writable)
-  plan FILE      print what apply would do; touch nothing
-  bundle [--out F]
-                 whether this host can be a first node (raise the control side from
-                 the carried bundle), as JSON; a partial host cannot, and says so (exit 2)
-  reconcile [BUNDLE]
-                 apply the carried bundle (default /usr/lib/nox-mesh-host/foundation.lock)
-                 as the bundle source: trusted, kept apart from the link's and rescue's
-  owned          what the host holds on this machine, and why
-  briefing       what adoption found on this machine, and what to look at
-  status         hosted or enrolled, targets and last outcomes
-  profile        what this machine can be asked to do
-  inventory      what this machine is
-  version        this binary's version
+// define defines flag name in fs: the one place each flag is written.
+func (o *options) define(fs *flag.FlagSet, name string) {
+	switch name {
+	case "json":
+		fs.BoolVar(&o.json, "json", false, "print JSON")
+	case "state":
+		fs.StringVar(&o.state, "state", DefaultState, "the executor's state directory")
+	case "wait":
+		fs.DurationVar(&o.wait, "wait", 5*time.Minute, "how long to wait for another applier to finish (enrol: for the grant, default 2m)")
+	case "v":
+		fs.BoolVar(&o.verbose, "v", false, "log each step to standard error")
+	case "partial":
+		fs.BoolVar(&o.partial, "partial", false, "a partial host: file, directory, region, keys, action and archive only")
+	case "token-file":
+		fs.StringVar(&o.tokenFile, "token-file", "", "read the token from this root-only file instead of standard input")
+	case "out":
+		fs.StringVar(&o.out, "out", "", "write the report to this file instead of standard output")
+	case "replace":
+		fs.BoolVar(&o.replace, "replace", false, "replace the identity this host holds (the control side revokes it in the same step)")
+	case "cancel":
+		fs.BoolVar(&o.cancel, "cancel", false, "end the pending enrolment")
+	case "socket":
+		fs.StringVar(&o.socket, "socket", wire.SocketPath, "the executor's socket, which the agent must reach")
+	default:
+		panic("cli: no flag " + name)
+	}
+}
 
-Enrolment, as root:
-  enrol          read a token on standard input (or --token-file F, root-only;
-                 never the command line), make the node's keys, and wait
-                 (--wait, default 2m) for the agent to bring back the grant.
-                 Exit 0 enrolled, 1 refused (it says by whom and why; if only
-                 the agent says so, the enrolment stays begun until the token
-                 expires or --cancel), 2 refused before anything changed,
-                 3 still pending.
-                 On an enrolled host, a token for another node (or --new) is
-                 refused by the control side unless --replace is given: then
-                 the new identity replaces the one held, which the control
-                 side revokes in the same step.
-  enrol --cancel end a pending enrolment (the identity held, if any, stays)
+// flagSet is command i's flags (serve's own set for serve).
+func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
+	c := commands[i]
+	if c.Name == "serve" {
+		fs, _ := serveFlagSet(out)
+		return fs
+	}
+	fs := flag.NewFlagSet("mesh-executor "+c.Name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	for _, f := range c.Flags {
+		o.define(fs, f)
+	}
+	return fs
+}
 
-Exit status of apply and plan: 0 applied (or nothing to do), 1 a step failed,
-2 refused (nothing touched).
-`
+// table is mesh-executor's commands, their flags bound to o.
+func table(o *options) cmdline.Table {
+	return cmdline.NewTable(cmdline.Program{Name: "mesh-executor", Section: 8,
+		Summary: "the root executor of nox-mesh-host: applies, reads back and records",
+		Description: `mesh-executor is the node's root half. As a daemon (serve, started by mesh-launch) it applies
+what the control plane signed, verifying every declaration again itself, and reconciles at
+start, on reconnect and on a timer. At the machine, root drives it directly: apply and plan a
+local file (rescue), reconcile the carried bundle, enrol, and inspect what the host holds. The
+read-only commands (plan, owned, briefing, status, profile, inventory) create nothing, not even
+the state directory.`}, commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
+}
+
+// Program is mesh-executor's manual, completions and help.
+func Program() cmdline.Program { return table(new(options)).Program }
 
 // Main runs the command line and returns the exit status.
 func Main(version string, args []string, stdout, stderr io.Writer) int {
-	if len(args) < 1 {
-		fmt.Fprint(stderr, usage)
-		return ExitRefused
-	}
-	cmd, rest := args[0], args[1:]
-	if cmd == "serve" {
+	if len(args) > 0 && args[0] == "serve" && !slices.Contains(args, "--help") && !slices.Contains(args, "-h") {
+		// serve parses its own flags (serveFlagSet), positional ones refused.
 		c := &command{version: version, out: stdout, errw: stderr}
-		return c.serve(rest)
+		return c.serve(args[1:])
 	}
-	fs := flag.NewFlagSet("mesh-executor "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print JSON")
-	stateDir := fs.String("state", DefaultState, "the executor's state directory")
-	wait := fs.Duration("wait", 5*time.Minute, "how long apply waits for another applier to finish")
-	verbose := fs.Bool("v", false, "log each step to standard error")
-	partial := fs.Bool("partial", false, "a partial host: file, directory, region, keys, action and archive only")
-	tokenFile := fs.String("token-file", "", "enrol: read the token from this root-only file instead of standard input")
-	outFile := fs.String("out", "", "bundle: write the report to this file instead of standard output")
-	replace := fs.Bool("replace", false, "enrol: replace the identity this host holds (the control side revokes it in the same step)")
-	cancel := fs.Bool("cancel", false, "enrol: end the pending enrolment")
-	socket := fs.String("socket", wire.SocketPath, "enrol: the executor's socket, which the agent must reach")
-	if err := fs.Parse(rest); err != nil {
-		return ExitRefused
+	var o options
+	i, pos, fs, code, done := table(&o).Dispatch(args, version, stdout, stderr)
+	if done {
+		if code == 2 {
+			code = ExitRefused
+		}
+		return code
 	}
 	level := slog.LevelWarn
-	if *verbose {
+	if o.verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	c := &command{version: version, json: *asJSON, state: *stateDir, wait: *wait, out: stdout, errw: stderr, log: log, partial: *partial || initsys.Android(""), socket: *socket}
-	if cmd != "enrol" && (*replace || *cancel) {
-		fmt.Fprintf(stderr, "mesh-executor %s: --replace and --cancel are enrol's\n", cmd)
-		return ExitRefused
-	}
-	switch cmd {
+	c := &command{version: version, json: o.json, state: o.state, wait: o.wait, out: stdout, errw: stderr, log: log, partial: o.partial || initsys.Android(""), socket: o.socket}
+	switch commands[i].Name {
 	case "apply", "plan":
-		if fs.NArg() != 1 {
-			fmt.Fprintf(stderr, "mesh-executor %s: name one declaration file\n", cmd)
-			return ExitRefused
-		}
-		return c.apply(fs.Arg(0), cmd == "plan")
+		return c.apply(pos[0], commands[i].Name == "plan")
 	case "enrol":
 		if !waitSet(fs) {
 			c.wait = 2 * time.Minute
 		}
-		return c.enrolCmd(fs.Args(), enrolFlags{tokenFile: *tokenFile, replace: *replace, cancel: *cancel}, os.Stdin)
+		return c.enrolCmd(pos, enrolFlags{tokenFile: o.tokenFile, replace: o.replace, cancel: o.cancel}, os.Stdin)
 	case "bundle":
-		return c.bundle(*outFile)
+		return c.bundle(o.out)
 	case "reconcile":
 		bundle := DefaultBundle
-		if fs.NArg() == 1 {
-			bundle = fs.Arg(0)
-		} else if fs.NArg() > 1 {
-			fmt.Fprintln(stderr, "mesh-executor reconcile: at most one bundle file")
-			return ExitRefused
+		if len(pos) == 1 {
+			bundle = pos[0]
 		}
 		return c.reconcile(bundle)
 	case "owned":
@@ -185,11 +219,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return c.inventory()
 	case "version":
 		return c.print(map[string]string{"version": version}, version+"\n")
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
 	}
-	fmt.Fprintf(stderr, "mesh-executor: unknown command %q\n%s", cmd, usage)
 	return ExitRefused
 }
 

@@ -75,6 +75,13 @@ func pgrep(name string) func(m *machine) string {
 	return func(m *machine) string { return m.sh("pgrep -x " + name + " || true") }
 }
 
+// launcherPID is the executor's launcher: mesh-launch, but not the short
+// `mesh-launch agent-start` that counts the agent's start before it execs
+// the agent (the inits but systemd start the agent through it).
+func launcherPID(m *machine) string {
+	return m.sh("pgrep -f '^/usr/bin/mesh-launch --state' || true")
+}
+
 func mainPID(unit string) func(m *machine) string {
 	return func(m *machine) string {
 		if p := m.sh("systemctl show -p MainPID --value " + unit); p != "0" {
@@ -88,11 +95,11 @@ var inits = map[lab.Init]byInit{
 	lab.Systemd: {"journalctl -u mesh-agent --no-pager -o cat",
 		"systemctl status --no-pager mesh-executor mesh-agent; journalctl --no-pager -n 60 -u mesh-executor -u mesh-agent", mainPID("mesh-executor.service"), mainPID("mesh-agent.service")},
 	lab.OpenRC: {"cat /var/log/mesh-agent.log",
-		"rc-status; tail -n 30 /var/log/mesh-executor.log /var/log/mesh-agent.log", pgrep("mesh-launch"), pgrep("mesh-agent")},
+		"rc-status; tail -n 30 /var/log/mesh-executor.log /var/log/mesh-agent.log", launcherPID, pgrep("mesh-agent")},
 	lab.Runit: {"cat /var/log/mesh-agent/current",
-		"sv status /etc/service/*; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", pgrep("mesh-launch"), pgrep("mesh-agent")},
+		"sv status /etc/service/*; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", launcherPID, pgrep("mesh-agent")},
 	lab.S6: {"cat /var/log/mesh-agent/current",
-		"s6-svstat /etc/s6/scan/mesh-executor /etc/s6/scan/mesh-agent; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", pgrep("mesh-launch"), pgrep("mesh-agent")},
+		"s6-svstat /etc/s6/scan/mesh-executor /etc/s6/scan/mesh-agent; tail -n 30 /var/log/mesh-executor/current /var/log/mesh-agent/current", launcherPID, pgrep("mesh-agent")},
 }
 
 func installDeb(t *testing.T, deb string) {
@@ -119,6 +126,22 @@ func installDeb(t *testing.T, deb string) {
 		t.Errorf("Restart= %q, want always for both", got)
 	}
 	running(t, m, lab.Systemd)
+
+	// Completions and man pages, from each binary's own definitions.
+	for _, f := range []string{"/usr/share/bash-completion/completions/mesh-control", "/usr/share/zsh/vendor-completions/_mesh-executor",
+		"/usr/share/fish/vendor_completions.d/mesh-launch.fish", "/usr/share/man/man1/mesh-control.1", "/usr/share/man/man8/mesh-executor.8"} {
+		if m.sh("test -s "+f+" && echo yes || true") != "yes" {
+			t.Errorf("the package does not install %s", f)
+		}
+	}
+	if got := m.sh(`bash -c '. /usr/share/bash-completion/completions/mesh-control && COMP_WORDS=(mesh-control node a) COMP_CWORD=2 && _mesh_control && echo "${COMPREPLY[*]}"'`); got != "add" {
+		t.Errorf("bash completes mesh-control node a<TAB> to %q", got)
+	}
+	for _, b := range []string{"mesh-control", "mesh-launch", "mesh-agent"} {
+		if got := m.sh(b + " --version"); !strings.Contains(got, b+" ") {
+			t.Errorf("%s --version says %q", b, got)
+		}
+	}
 
 	// The carried bundle is the one the package was built with: a copy
 	// changed on the machine is refused, saying both digests, and nothing

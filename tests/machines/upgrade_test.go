@@ -43,6 +43,11 @@ func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 	if out, err := b.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", version, err, out)
 	}
+	// Completions and man pages, from the binaries as built (before a
+	// broken one replaces its binary), as make package makes them.
+	if out, err := exec.Command("sh", "../../packaging/gen-share.sh", filepath.Join(dist, "bin"), dist).CombinedOutput(); err != nil {
+		t.Fatalf("gen-share %s: %v\n%s", version, err, out)
+	}
 	bin, script := "", ""
 	switch broken {
 	case brokenExecutor:

@@ -1,0 +1,475 @@
+// Package cmdline turns a program's own command definitions — its
+// subcommands and the flag.FlagSet each parses — into what an operator's
+// shell and manual read: completions for bash, zsh and fish, and a man
+// page. One definition, so the help a command prints, what the shell
+// completes and what the manual says cannot drift apart.
+//
+// It is the standard library's flag package and nothing more: a command
+// library (cobra, kong, urfave/cli) would bring this too, at the price of
+// a dependency in the executor, whose list is kept short on purpose
+// (docs/dependencies.md).
+package cmdline
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Command is one subcommand of a program ("" for a program that has
+// none): its words ("node add"), its positional arguments as the usage
+// line writes them ("NAME FILE"), what it does, and the flags it parses.
+type Command struct {
+	Name    string
+	Args    string
+	Summary string
+	Flags   *flag.FlagSet
+}
+
+// Program is a program's manual: its name, a one-line summary, a longer
+// description, and its commands.
+type Program struct {
+	Name        string
+	Section     int
+	Summary     string
+	Description string
+	Commands    []Command
+}
+
+// flags lists a flag set's flags, in its own (sorted) order.
+func flags(fs *flag.FlagSet) []*flag.Flag {
+	var out []*flag.Flag
+	if fs != nil {
+		fs.VisitAll(func(f *flag.Flag) { out = append(out, f) })
+	}
+	return out
+}
+
+// Help writes a command's help: its usage line, what it does, and its
+// flags — only its own.
+func (p Program) Help(w io.Writer, c Command) {
+	name := strings.TrimSpace(p.Name + " " + c.Name)
+	fmt.Fprintf(w, "usage: %s", name)
+	if c.Args != "" {
+		fmt.Fprintf(w, " %s", c.Args)
+	}
+	if len(flags(c.Flags)) > 0 {
+		fmt.Fprint(w, " [flags]")
+	}
+	fmt.Fprintf(w, "\n\n%s\n", indent(c.Summary, "  "))
+	if fs := flags(c.Flags); len(fs) > 0 {
+		fmt.Fprint(w, "\nflags:\n")
+		c.Flags.SetOutput(w)
+		c.Flags.PrintDefaults()
+	}
+}
+
+func indent(s, by string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = by + strings.TrimSpace(l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// word is the first word of a command, and the rest.
+func word(name string) (string, string) {
+	first, rest, _ := strings.Cut(name, " ")
+	return first, rest
+}
+
+// tree groups the commands by first word, keeping their order.
+func (p Program) tree() (firsts []string, seconds map[string][]string, byName map[string]Command) {
+	seconds, byName = map[string][]string{}, map[string]Command{}
+	for _, c := range p.Commands {
+		f, s := word(c.Name)
+		if f == "" && len(p.Commands) > 1 {
+			byName[""] = c // the program run without a command: its flags come first
+			continue
+		}
+		if !slices.Contains(firsts, f) {
+			firsts = append(firsts, f)
+		}
+		if s != "" {
+			seconds[f] = append(seconds[f], s)
+		}
+		byName[c.Name] = c
+	}
+	return firsts, seconds, byName
+}
+
+func flagWords(c Command) string {
+	var ws []string
+	for _, f := range flags(c.Flags) {
+		ws = append(ws, "--"+f.Name)
+	}
+	return strings.Join(ws, " ")
+}
+
+func funcName(prog string) string { return "_" + strings.NewReplacer("-", "_", ".", "_").Replace(prog) }
+
+// Bash is the program's bash completion (complete -F).
+func (p Program) Bash() string {
+	firsts, seconds, byName := p.tree()
+	var b strings.Builder
+	fn := funcName(p.Name)
+	fmt.Fprintf(&b, "# bash completion for %s, generated from its own command definitions.\n", p.Name)
+	fmt.Fprintf(&b, "%s() {\n\tlocal cur=${COMP_WORDS[COMP_CWORD]} flags=\n", fn)
+	if len(firsts) == 1 && firsts[0] == "" {
+		fmt.Fprintf(&b, "\tflags=%q\n", flagWords(byName[""]))
+	} else {
+		fmt.Fprintf(&b, "\tif [ \"$COMP_CWORD\" -eq 1 ]; then\n\t\tCOMPREPLY=($(compgen -W %q -- \"$cur\"))\n\t\treturn\n\tfi\n", strings.TrimSpace(strings.Join(firsts, " ")+" "+flagWords(byName[""])))
+		b.WriteString("\tcase \"${COMP_WORDS[1]}\" in\n")
+		for _, f := range firsts {
+			fmt.Fprintf(&b, "\t%s)\n", f)
+			if subs := seconds[f]; len(subs) > 0 {
+				fmt.Fprintf(&b, "\t\tif [ \"$COMP_CWORD\" -eq 2 ]; then\n\t\t\tCOMPREPLY=($(compgen -W %q -- \"$cur\"))\n\t\t\treturn\n\t\tfi\n", strings.Join(subs, " "))
+				b.WriteString("\t\tcase \"${COMP_WORDS[2]}\" in\n")
+				for _, s := range subs {
+					fmt.Fprintf(&b, "\t\t%s) flags=%q ;;\n", s, flagWords(byName[f+" "+s]))
+				}
+				b.WriteString("\t\tesac\n\t\t;;\n")
+				continue
+			}
+			fmt.Fprintf(&b, "\t\tflags=%q\n\t\t;;\n", flagWords(byName[f]))
+		}
+		if bare, ok := byName[""]; ok {
+			fmt.Fprintf(&b, "\t*)\n\t\tflags=%q\n\t\t;;\n", flagWords(bare))
+		}
+		b.WriteString("\tesac\n")
+	}
+	b.WriteString("\tCOMPREPLY=($(compgen -W \"$flags\" -- \"$cur\"))\n}\n")
+	fmt.Fprintf(&b, "complete -o default -F %s %s\n", fn, p.Name)
+	return b.String()
+}
+
+// Zsh is the program's zsh completion (a #compdef file).
+func (p Program) Zsh() string {
+	firsts, seconds, byName := p.tree()
+	var b strings.Builder
+	fn := funcName(p.Name)
+	fmt.Fprintf(&b, "#compdef %s\n# zsh completion for %s, generated from its own command definitions.\n", p.Name, p.Name)
+	fmt.Fprintf(&b, "%s() {\n", fn)
+	if len(firsts) == 1 && firsts[0] == "" {
+		fmt.Fprintf(&b, "\tcompadd -- %s\n}\n", flagWords(byName[""]))
+	} else {
+		fmt.Fprintf(&b, "\tif (( CURRENT == 2 )); then\n\t\tcompadd -- %s\n\t\treturn\n\tfi\n", strings.TrimSpace(strings.Join(firsts, " ")+" "+flagWords(byName[""])))
+		b.WriteString("\tcase \"${words[2]}\" in\n")
+		for _, f := range firsts {
+			fmt.Fprintf(&b, "\t%s)\n", f)
+			if subs := seconds[f]; len(subs) > 0 {
+				fmt.Fprintf(&b, "\t\tif (( CURRENT == 3 )); then\n\t\t\tcompadd -- %s\n\t\t\treturn\n\t\tfi\n", strings.Join(subs, " "))
+				b.WriteString("\t\tcase \"${words[3]}\" in\n")
+				for _, s := range subs {
+					fmt.Fprintf(&b, "\t\t%s) compadd -- %s ;;\n", s, flagWords(byName[f+" "+s]))
+				}
+				b.WriteString("\t\tesac\n\t\t;;\n")
+				continue
+			}
+			fmt.Fprintf(&b, "\t\tcompadd -- %s\n\t\t;;\n", flagWords(byName[f]))
+		}
+		if bare, ok := byName[""]; ok {
+			fmt.Fprintf(&b, "\t*)\n\t\tcompadd -- %s\n\t\t;;\n", flagWords(bare))
+		}
+		b.WriteString("\tesac\n}\n")
+	}
+	fmt.Fprintf(&b, "%s \"$@\"\n", fn)
+	return b.String()
+}
+
+// fishQuote quotes s for fish, in single quotes.
+func fishQuote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return l
+}
+
+// Fish is the program's fish completion (complete -c lines).
+func (p Program) Fish() string {
+	firsts, seconds, byName := p.tree()
+	var b strings.Builder
+	fmt.Fprintf(&b, "# fish completion for %s, generated from its own command definitions.\n", p.Name)
+	fmt.Fprintf(&b, "complete -c %s -f\n", p.Name)
+	flagLines := func(cond string, c Command) {
+		for _, f := range flags(c.Flags) {
+			fmt.Fprintf(&b, "complete -c %s", p.Name)
+			if cond != "" {
+				fmt.Fprintf(&b, " -n %s", fishQuote(cond))
+			}
+			fmt.Fprintf(&b, " -l %s -d %s\n", f.Name, fishQuote(firstLine(f.Usage)))
+		}
+	}
+	if len(firsts) == 1 && firsts[0] == "" {
+		flagLines("", byName[""])
+		return b.String()
+	}
+	fmt.Fprintf(&b, "complete -c %s -n __fish_use_subcommand -a %s\n", p.Name, fishQuote(strings.Join(firsts, " ")))
+	if bare, ok := byName[""]; ok {
+		flagLines("__fish_use_subcommand", bare)
+	}
+	for _, f := range firsts {
+		if subs := seconds[f]; len(subs) > 0 {
+			fmt.Fprintf(&b, "complete -c %s -n %s -a %s\n", p.Name,
+				fishQuote("__fish_seen_subcommand_from "+f+"; and not __fish_seen_subcommand_from "+strings.Join(subs, " ")), fishQuote(strings.Join(subs, " ")))
+			for _, s := range subs {
+				flagLines("__fish_seen_subcommand_from "+f+"; and __fish_seen_subcommand_from "+s, byName[f+" "+s])
+			}
+			continue
+		}
+		flagLines("__fish_seen_subcommand_from "+f, byName[f])
+	}
+	return b.String()
+}
+
+// roff escapes text for a man page.
+func roff(s string) string {
+	s = strings.NewReplacer(`\`, `\e`, "-", `\-`).Replace(s)
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, ".") || strings.HasPrefix(l, "'") {
+			l = `\&` + l
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
+}
+
+// Man is the program's manual page (roff, man(7)).
+func (p Program) Man(version string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, ".TH %s %d \"\" \"nox-mesh-host %s\" \"nox-mesh-host\"\n", strings.ToUpper(p.Name), p.Section, roff(version))
+	fmt.Fprintf(&b, ".SH NAME\n%s \\- %s\n", p.Name, roff(p.Summary))
+	b.WriteString(".SH SYNOPSIS\n")
+	for _, c := range p.Commands {
+		fmt.Fprintf(&b, ".B %s\n", strings.TrimSpace(p.Name+" "+c.Name))
+		if c.Args != "" {
+			fmt.Fprintf(&b, ".I %s\n", roff(c.Args))
+		}
+		if len(flags(c.Flags)) > 0 {
+			b.WriteString("[flags]\n")
+		}
+		b.WriteString(".br\n")
+	}
+	fmt.Fprintf(&b, ".SH DESCRIPTION\n%s\n", roff(p.Description))
+	section := ".SH COMMANDS\n"
+	if len(p.Commands) == 1 && p.Commands[0].Name == "" {
+		section = ".SH OPTIONS\n"
+	}
+	b.WriteString(section)
+	for _, c := range p.Commands {
+		if c.Name != "" {
+			fmt.Fprintf(&b, ".SS %s\n", strings.TrimSpace(c.Name+" "+c.Args))
+		}
+		fmt.Fprintf(&b, "%s\n", roff(c.Summary))
+		for _, f := range flags(c.Flags) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(&b, ".TP\n.B \\-\\-%s", roff(f.Name))
+			if name != "" {
+				fmt.Fprintf(&b, " \\fI%s\\fR", roff(name))
+			}
+			b.WriteString("\n" + roff(usage))
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
+				fmt.Fprintf(&b, " (default %s)", roff(f.DefValue))
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString(".SH SEE ALSO\n/usr/share/doc/nox-mesh-host/operations.md, /usr/share/doc/nox-mesh-host/declaration.md, /usr/share/doc/nox-mesh-host/SECURITY.md\n")
+	return b.String()
+}
+
+// Find is the command whose words begin args, and the rest of args.
+func (p Program) Find(args []string) (Command, []string, bool) {
+	for _, n := range []int{2, 1} {
+		if len(args) < n {
+			continue
+		}
+		name := strings.Join(args[:n], " ")
+		for _, c := range p.Commands {
+			if c.Name == name {
+				return c, args[n:], true
+			}
+		}
+	}
+	return Command{}, args, false
+}
+
+// Generate answers "completion bash|zsh|fish" and "man": the text, or an
+// error naming what it takes.
+func (p Program) Generate(args []string, version string) (string, error) {
+	switch {
+	case len(args) == 1 && args[0] == "man":
+		return p.Man(version), nil
+	case len(args) == 2 && args[0] == "completion":
+		switch args[1] {
+		case "bash":
+			return p.Bash(), nil
+		case "zsh":
+			return p.Zsh(), nil
+		case "fish":
+			return p.Fish(), nil
+		}
+	}
+	return "", fmt.Errorf("%s: completion bash|zsh|fish, or man", p.Name)
+}
+
+// Parse parses fs's flags wherever they stand among the positional
+// arguments ("plan FILE --state D" as "plan --state D FILE"), and returns
+// the positional ones; "--" ends the flags.
+func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// Def is one row of a program's table of commands: its words, its
+// positional arguments as the usage writes them and how many (Min to
+// Max), the names of its flags, and what it does.
+type Def struct {
+	Name, Args string
+	Min, Max   int
+	Flags      []string
+	Summary    string
+}
+
+// Table is a program's commands, each with the flag set it parses.
+type Table struct {
+	Program
+	Defs []Def
+	// FlagSet makes command i's flag set, its flags bound to fresh
+	// values, writing its errors to out.
+	FlagSet func(i int, out io.Writer) *flag.FlagSet
+}
+
+// NewTable makes a program's table: its manual's commands are the
+// definitions, with the flag sets flagSet makes.
+func NewTable(p Program, defs []Def, flagSet func(i int, out io.Writer) *flag.FlagSet) Table {
+	p.Commands = nil
+	for i, d := range defs {
+		p.Commands = append(p.Commands, Command{Name: d.Name, Args: d.Args, Summary: d.Summary, Flags: flagSet(i, io.Discard)})
+	}
+	return Table{Program: p, Defs: defs, FlagSet: flagSet}
+}
+
+// Usage lists the commands, each with the first clause of what it does.
+func (t Table) Usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: %s COMMAND [ARGS] [flags]   (%s COMMAND --help: its own)\n\n", t.Name, t.Name)
+	width := 0
+	for _, d := range t.Defs {
+		width = max(width, len(d.Name))
+	}
+	for _, d := range t.Defs {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, d.Name, gist(d.Summary))
+	}
+}
+
+// gist is a summary's first clause.
+func gist(summary string) string {
+	s := strings.Join(strings.Fields(summary), " ")
+	if i := strings.Index(s, "; "); i > 0 {
+		s = s[:i]
+	}
+	if len(s) > 76 {
+		s = s[:strings.LastIndexByte(s[:75], ' ')] + " …"
+	}
+	return s
+}
+
+// Dispatch runs the parts of a command line every command shares: the
+// usage (no command, help, --help), --version (as the command
+// "version"), finding the command (of one word or two), its flags
+// wherever they stand, its --help (on standard output, exit 0), the
+// number of its arguments, and completion and man. done says it answered
+// and code is the exit status; otherwise the command is Defs[i], its
+// positional arguments pos, its parsed flag set fs.
+func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer) (i int, pos []string, fs *flag.FlagSet, code int, done bool) {
+	if len(args) == 0 {
+		t.Usage(stderr)
+		return 0, nil, nil, 2, true
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		if len(args) > 1 {
+			return t.Dispatch(append(slices.Clone(args[1:]), "--help"), version, stdout, stderr)
+		}
+		t.Usage(stdout)
+		return 0, nil, nil, 0, true
+	case "--version", "-version":
+		args = []string{"version"}
+	}
+	i = -1
+	for n := min(2, len(args)); n >= 1 && i < 0; n-- {
+		i = slices.IndexFunc(t.Defs, func(d Def) bool { return d.Name == strings.Join(args[:n], " ") })
+		if i >= 0 {
+			args = args[n:]
+		}
+	}
+	if i < 0 {
+		var subs []string
+		for _, d := range t.Defs {
+			if first, second, ok := strings.Cut(d.Name, " "); ok && first == args[0] {
+				subs = append(subs, second)
+			}
+		}
+		if len(subs) > 0 {
+			fmt.Fprintf(stderr, "%s %s: the subcommand is one of %s\n", t.Name, args[0], strings.Join(subs, ", "))
+		} else {
+			fmt.Fprintf(stderr, "%s: unknown command %q (%s --help lists them)\n", t.Name, args[0], t.Name)
+		}
+		return 0, nil, nil, 2, true
+	}
+	d := t.Defs[i]
+	fs = t.FlagSet(i, stderr)
+	fs.Usage = func() {}
+	pos, err := Parse(fs, args)
+	switch {
+	case err == flag.ErrHelp:
+		t.Help(stdout, t.Commands[i])
+		return i, nil, fs, 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
+		return i, nil, fs, 2, true
+	case len(pos) < d.Min || len(pos) > d.Max:
+		what := d.Args
+		if d.Max == 0 {
+			what = "no arguments"
+		}
+		fmt.Fprintf(stderr, "%s %s: takes %s, got %d argument(s) (%s %s --help)\n", t.Name, d.Name, what, len(pos), t.Name, d.Name)
+		return i, nil, fs, 2, true
+	}
+	if d.Name == "completion" || d.Name == "man" {
+		text, err := t.Generate(append([]string{d.Name}, pos...), version)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s %s: %v\n", t.Name, d.Name, err)
+			return i, nil, fs, 2, true
+		}
+		fmt.Fprint(stdout, text)
+		return i, nil, fs, 0, true
+	}
+	return i, pos, fs, 0, false
+}
+
+// D is a Def, written in a table's row.
+func D(name, args string, min, max int, flags []string, summary string) Def {
+	return Def{Name: name, Args: args, Min: min, Max: max, Flags: flags, Summary: summary}
+}

@@ -1,0 +1,186 @@
+package cmdline_test
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/cmdline"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/executor/cli"
+	"github.com/nox-mesh/nox-mesh-host/launcher"
+)
+
+// programs are every binary's definitions.
+func programs() []cmdline.Program {
+	return []cmdline.Program{control.Program(), cli.Program(), launcher.Program(), agent.Program()}
+}
+
+// Each shell reads each binary's completion without a syntax error, and
+// it offers every command and every flag the definitions have.
+func TestCompletionsReadByEachShell(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range programs() {
+		for shell, script := range map[string]string{"bash": p.Bash(), "zsh": p.Zsh(), "fish": p.Fish()} {
+			f := filepath.Join(dir, p.Name+"."+shell)
+			if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			check := map[string][]string{"bash": {"bash", "-n", f}, "zsh": {"zsh", "-n", f}, "fish": {"fish", "--no-execute", f}}[shell]
+			if out, err := exec.Command(check[0], check[1:]...).CombinedOutput(); err != nil {
+				t.Errorf("%s does not read %s's completion: %v\n%s\n%s", shell, p.Name, err, out, script)
+			}
+			for _, c := range p.Commands {
+				for _, w := range strings.Fields(c.Name) {
+					if !strings.Contains(script, w) {
+						t.Errorf("%s's %s completion does not offer %q", p.Name, shell, w)
+					}
+				}
+				visit(c.Flags, func(fl *flagT) {
+					if !strings.Contains(script, fl.Name) {
+						t.Errorf("%s's %s completion does not offer --%s of %q", p.Name, shell, fl.Name, c.Name)
+					}
+				})
+			}
+		}
+	}
+}
+
+// bash completes what a person types: the commands, the words after the
+// first, and a command's own flags — not another's.
+func TestBashCompletesWhatIsTyped(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.bash")
+	os.WriteFile(f, []byte(control.Program().Bash()), 0o644)
+	complete := func(line string) string {
+		t.Helper()
+		words := strings.Fields(line)
+		if strings.HasSuffix(line, " ") {
+			words = append(words, "")
+		}
+		script := "source " + f + "\nCOMP_WORDS=(" + quoteAll(words) + ")\nCOMP_CWORD=" + itoa(len(words)-1) + "\n_mesh_control\necho \"${COMPREPLY[*]}\"\n"
+		out, err := exec.Command("bash", "-c", script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got := complete("mesh-control no"); got != "node nodes" {
+		t.Errorf("mesh-control no<TAB>: %q", got)
+	}
+	if got := complete("mesh-control node "); got != "revoke show add endpoint" {
+		t.Errorf("mesh-control node <TAB>: %q", got)
+	}
+	if got := complete("mesh-control declare n1 f.json --s"); got != "--seal" {
+		t.Errorf("declare --s<TAB>: %q", got)
+	}
+	if got := complete("mesh-control nodes --s"); got != "" {
+		t.Errorf("nodes --s<TAB> offers another command's flag: %q", got)
+	}
+}
+
+func quoteAll(ws []string) string {
+	var q []string
+	for _, w := range ws {
+		q = append(q, "'"+w+"'")
+	}
+	return strings.Join(q, " ")
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+type flagT = flag.Flag
+
+// Each binary's manual page renders (groff, as man does), with a section
+// for every command and every flag.
+func TestManPagesRender(t *testing.T) {
+	for _, p := range programs() {
+		page := p.Man("1.2.3")
+		cmd := exec.Command("groff", "-man", "-Tutf8", "-ww")
+		cmd.Stdin = strings.NewReader(page)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil || errb.Len() > 0 {
+			t.Errorf("%s: groff: %v\n%s", p.Name, err, errb.String())
+			continue
+		}
+		text := regexp.MustCompile(".\b").ReplaceAllString(out.String(), "")
+		for _, c := range p.Commands {
+			if c.Name != "" && !strings.Contains(text, c.Name) {
+				t.Errorf("%s's manual has no %q", p.Name, c.Name)
+			}
+			visit(c.Flags, func(fl *flagT) {
+				if !strings.Contains(text, "--"+fl.Name) && !strings.Contains(text, "‐‐"+fl.Name) {
+					t.Errorf("%s's manual has no --%s", p.Name, fl.Name)
+				}
+			})
+		}
+		if !strings.Contains(text, "1.2.3") {
+			t.Errorf("%s's manual does not say its version", p.Name)
+		}
+	}
+}
+
+func visit(fs *flag.FlagSet, fn func(*flag.Flag)) {
+	if fs != nil {
+		fs.VisitAll(fn)
+	}
+}
+
+// Every command of every binary answers --help on standard output, exit
+// 0, listing its own flags and no other command's; and --version says
+// the version.
+func TestEveryCommandsHelpIsItsOwn(t *testing.T) {
+	mains := map[string]func(args []string, out, errw *bytes.Buffer) int{
+		"mesh-control":  func(a []string, o, e *bytes.Buffer) int { return control.Main(context.Background(), a, o, e) },
+		"mesh-executor": func(a []string, o, e *bytes.Buffer) int { return cli.Main("1.2.3", a, o, e) },
+		"mesh-launch":   func(a []string, o, e *bytes.Buffer) int { return launcher.Main(a, o, e) },
+		"mesh-agent": func(a []string, o, e *bytes.Buffer) int {
+			return agent.Main(context.Background(), "1.2.3", "b", a, o, e)
+		},
+	}
+	for _, p := range programs() {
+		run := mains[p.Name]
+		all := map[string]bool{}
+		for _, c := range p.Commands {
+			visit(c.Flags, func(f *flag.Flag) { all[f.Name] = true })
+		}
+		for _, c := range p.Commands {
+			if c.Name == "version" || c.Name == "completion" || c.Name == "man" {
+				continue
+			}
+			var out, errw bytes.Buffer
+			args := append(strings.Fields(c.Name), "--help")
+			if code := run(args, &out, &errw); code != 0 {
+				t.Errorf("%s %s --help: exit %d\n%s", p.Name, c.Name, code, errw.String())
+				continue
+			}
+			own := map[string]bool{}
+			visit(c.Flags, func(f *flag.Flag) { own[f.Name] = true })
+			listed := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(out.String(), -1)
+			got := map[string]bool{}
+			for _, m := range listed {
+				got[m[1]] = true
+				if !own[m[1]] {
+					t.Errorf("%s %s --help lists -%s, another command's", p.Name, c.Name, m[1])
+				}
+			}
+			for f := range own {
+				if !got[f] {
+					t.Errorf("%s %s --help does not list its -%s", p.Name, c.Name, f)
+				}
+			}
+		}
+		var out, errw bytes.Buffer
+		if code := run([]string{"--version"}, &out, &errw); code != 0 || !strings.Contains(out.String(), map[string]string{"mesh-control": "dev", "mesh-launch": "dev"}[p.Name]) {
+			t.Errorf("%s --version: exit %d %q %q", p.Name, code, out.String(), errw.String())
+		}
+	}
+}

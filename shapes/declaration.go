@@ -226,7 +226,7 @@ func explain(data []byte, fast error) error {
 		if json.Unmarshal(data, &v) == nil && v.Version != nil && *v.Version != Version {
 			return versionError(*v.Version)
 		}
-		return &Error{Field: fieldOf(err), Reason: cleanJSONError(err)}
+		return &Error{Field: fieldOf(err), Reason: cleanJSONError(err) + where(data, err)}
 	}
 	if raw.Version != nil && *raw.Version != Version {
 		return versionError(*raw.Version)
@@ -267,6 +267,30 @@ func fieldOf(err error) string {
 		return strings.TrimSuffix(strings.TrimPrefix(s, `json: unknown field "`), `"`)
 	}
 	return ""
+}
+
+// where says where in data a decoding error is, as a person finds it in
+// an editor: " at line L, column C" (columns count bytes, from 1).
+func where(data []byte, err error) string {
+	var off int64 = -1
+	var se *json.SyntaxError
+	var ute *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		off = se.Offset
+	case errors.As(err, &ute):
+		off = ute.Offset
+	}
+	if off < 0 || off > int64(len(data)) {
+		return ""
+	}
+	// The offset is just past what was read when the decoder stopped.
+	if off > 0 {
+		off--
+	}
+	line := 1 + bytes.Count(data[:off], []byte("\n"))
+	col := int(off) - bytes.LastIndexByte(data[:off], '\n')
+	return fmt.Sprintf(" at line %d, column %d", line, col)
 }
 
 func cleanJSONError(err error) string {

@@ -108,6 +108,8 @@ func TestRefusals(t *testing.T) {
 		{"restart_on dangling", res(`{"module":"m","id":"s","type":"service","unit":"nginx","restart_on":["conf"]}`), `resource m.s (service) field restart_on: "conf" names no file, region or keys in this declaration`},
 		{"restart_on other module dangling", res(f("") + `,{"module":"n","id":"s","type":"service","unit":"nginx","restart_on":["f"]}`), `"f" names no file, region or keys`},
 		{"bad state", res(`{"module":"m","id":"s","type":"service","unit":"nginx","state":"started"}`), `field state: "started" is not one of running, stopped`},
+		{"a JSON syntax error names its line and column", "{\"version\":1,\n \"resources\":[\n  {\"module\":\"m\" \"id\":\"x\"}]}", `after object key:value pair at line 3, column 17`},
+		{"a wrong JSON type names its line and column", "{\"version\":\"1\",\"resources\":[]}", `field version: expected int, got JSON string at line 1, column 14`},
 		{"region without content", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts"}`), `resource m.r (region) field content: missing`},
 		{"region holding a marker", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts","content":"a\n# END mesh m.r\n"}`), `field content: line 2 is a region's marker (m.r)`},
 		{"region holding another's marker", res(`{"module":"m","id":"r","type":"region","path":"/etc/hosts","content":"// BEGIN mesh x.y"}`), `line 1 is a region's marker (x.y)`},

@@ -93,7 +93,7 @@ so (exit 2)`),
 	cmdline.D("owned", "", 0, 0, []string{"state", "json"}, "what the host holds on this machine, and why"),
 	cmdline.D("briefing", "", 0, 0, []string{"state", "json"}, "what adoption found on this machine, and what to look at"),
 	cmdline.D("status", "", 0, 0, []string{"state", "json"}, `hosted or enrolled (and disconnected since when), the last apply of each source`),
-	cmdline.D("profile", "", 0, 0, []string{"json"}, "what this machine can be asked to do"),
+	cmdline.D("profile", "", 0, 0, []string{"state", "json"}, "what this machine can be asked to do"),
 	cmdline.D("inventory", "", 0, 0, []string{"state", "json"}, "what this machine is"),
 	cmdline.D("enrol", "", 0, 0, []string{"state", "json", "wait", "token-file", "replace", "cancel", "socket", "v"}, `read a token on standard input (or --token-file, root-only; never the command line), make the
 node's keys, and wait for the agent to bring back the grant. Exit 0 enrolled, 1 refused (saying by

@@ -142,7 +142,8 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	}
 
 	// Failed: exit 1.
-	fail := write(t, filepath.Join(d, "fail.json"), strings.Replace(decl, "%s", filepath.Join(d, "no/such/dir/f"), 1), 0o644)
+	os.Mkdir(filepath.Join(d, "adir"), 0o755) // a directory where a file is declared: the step fails
+	fail := write(t, filepath.Join(d, "fail.json"), strings.Replace(decl, "%s", filepath.Join(d, "adir"), 1), 0o644)
 	if code, out, _ = run("apply", "--state", state, fail); code != ExitFailed || !strings.Contains(out, "outcome: failed") {
 		t.Fatalf("exit %d\n%s", code, out)
 	}

@@ -351,6 +351,9 @@ func (r *run) check() error {
 	if err := r.checkProcesses(); err != nil {
 		return err
 	}
+	if err := r.checkParents(); err != nil {
+		return err
+	}
 	o := newOwners()
 	r.owners = map[string]owner{}
 	for _, res := range d.Resources {
@@ -920,4 +923,41 @@ func joinClaims(cs []store.Claim) string {
 		s = append(s, c.Key())
 	}
 	return strings.Join(s, ", ")
+}
+
+// checkParents refuses, before anything changes, a file or directory
+// whose parent directory is neither on the machine nor declared as a
+// directory before it: the apply would otherwise fail half-way, at the
+// first write that has nowhere to go. A package or archive declared
+// before it may bring the directory (/etc/nginx/conf.d), so after one the
+// machine is left to answer at the write.
+func (r *run) checkParents() error {
+	declared := map[string]bool{}
+	brings := false
+	for _, res := range r.d.Resources {
+		var p string
+		switch x := res.(type) {
+		case *shapes.File:
+			p = x.Path
+		case *shapes.Directory:
+			p = x.Path
+		case *shapes.Package, *shapes.Archive:
+			brings = true
+			continue
+		default:
+			continue
+		}
+		parent := path.Dir(p)
+		if !brings && !declared[parent] && parent != p {
+			// Absent only: what stands there otherwise (a link, a file)
+			// is refused at the write, by fsx, which never follows it.
+			if info, err := fsx.Lstat(parent); err == nil && info.Kind == fsx.Absent || errors.Is(err, fsx.ErrNotExist) {
+				return &Refusal{fmt.Sprintf("resource %s field path: the directory %s is not there, and no directory resource before it declares it (declare it, or the package that brings it, first)", res.Head().Key(), parent)}
+			}
+		}
+		if _, ok := res.(*shapes.Directory); ok {
+			declared[p] = true
+		}
+	}
+	return nil
 }

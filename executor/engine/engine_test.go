@@ -277,6 +277,7 @@ func TestCompletePerSource(t *testing.T) {
 
 func TestActions(t *testing.T) {
 	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
 	flag := h.p("flag")
 	act := func(id, run, verify string, timeout int) string {
 		return fmt.Sprintf(`{"module":"a","id":%q,"type":"action","run":["/bin/sh","-c",%q],"verify":["/bin/sh","-c",%q],"timeout":%d}`, id, run, verify, timeout)
@@ -295,7 +296,7 @@ func TestActions(t *testing.T) {
 	if d := rep.Lines[1].Detail; !strings.Contains(d, "the action ran without error and its own verify still fails") || !strings.Contains(d, "1 later resources not attempted") {
 		t.Errorf("detail %q", d)
 	}
-	h.absent("etc") // stopped: nothing after the failed step
+	h.absent("etc/motd") // stopped: nothing after the failed step
 
 	// A failing run says its exit status and output.
 	bad := act("bad", "echo broken >&2; exit 3", "false", 5)
@@ -454,25 +455,35 @@ func TestPartialHostRefusesByName(t *testing.T) {
 
 func TestFailureStopsAndSaysWhere(t *testing.T) {
 	h := newHarness(t)
-	// The file's directory is not declared and does not exist.
+	// A directory stands where the file is declared: found only at the
+	// step, which fails; the rest is not attempted.
+	os.Mkdir(h.p("b"), 0o755)
 	doc := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"1"}`,
-		`{"module":"m","id":"b","type":"file","path":"{root}/missing/b","content":"2"}`,
+		`{"module":"m","id":"b","type":"file","path":"{root}/b","content":"2"}`,
 		`{"module":"m","id":"c","type":"file","path":"{root}/c","content":"3"}`)
 	rep := h.apply(doc)
 	h.expect(rep, shapes.Failed, "m.a=applied m.b=failed")
-	if d := rep.Lines[1].Detail; !strings.Contains(d, "parent directory "+h.p("missing")+" does not exist") || !strings.Contains(d, "(1 later resources not attempted)") {
+	if d := rep.Lines[1].Detail; !strings.Contains(d, h.p("b")+": not a regular file (it is a directory)") || !strings.Contains(d, "(1 later resources not attempted)") {
 		t.Fatalf("detail %q", d)
 	}
-	h.absent("c")
-	// plan says so too, before the apply finds out.
-	plan := h.run(store.Local, doc, true)
-	if plan.Outcome != shapes.Failed || !strings.Contains(plan.Lines[1].Detail, "does not exist") {
-		t.Fatalf("plan did not foresee the missing parent: %+v", plan.Lines)
+}
+
+// A file or directory whose parent is neither on the machine nor declared
+// before it is refused whole, before anything changes: not found out
+// half-way at its write. Declared before it, the directory is made first.
+func TestAParentNeitherThereNorDeclaredIsRefused(t *testing.T) {
+	h := newHarness(t)
+	a := `{"module":"m","id":"a","type":"file","path":"{root}/a","content":"1"}`
+	b := `{"module":"m","id":"b","type":"file","path":"{root}/missing/b","content":"2"}`
+	rep := h.apply(h.doc(a, b))
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "resource m.b field path: the directory "+h.p("missing")+" is not there, and no directory resource before it declares it") {
+		t.Fatalf("%+v", rep)
 	}
-	// What worked is recorded; a failed apply does not remove anything.
-	st := mustStore(t, h.state)
-	if st.Get("path:"+h.p("a")) == nil || st.Get("path:"+h.p("b")) != nil {
-		t.Fatal("store does not match what happened")
+	h.absent("a")
+	dir := `{"module":"m","id":"d","type":"directory","path":"{root}/missing"}`
+	h.expect(h.apply(h.doc(a, dir, b)), shapes.Applied, "m.a=applied m.d=applied m.b=applied")
+	if rep := h.apply(h.doc(`{"module":"m","id":"deep","type":"directory","path":"{root}/x/y"}`)); rep.Outcome != shapes.Refused {
+		t.Fatalf("a directory whose parent is not there: %+v", rep)
 	}
 }
 
@@ -565,7 +576,8 @@ func TestBriefing(t *testing.T) {
 	}
 	// A failing line makes the briefing failed, whatever else it says.
 	os.Chmod(h.p("etc"), 0o755)
-	bad := strings.Replace(doc, h.p("etc/new"), h.p("nowhere/new"), 1)
+	os.Mkdir(h.p("etc/adir"), 0o755)
+	bad := strings.Replace(doc, h.p("etc/new"), h.p("etc/adir"), 1)
 	if rep = h.apply(bad); rep.Briefing.Outcome != shapes.MarkFailed {
 		t.Fatalf("%+v", rep.Briefing)
 	}
@@ -660,8 +672,12 @@ func TestAdoptionBriefingGoesOnAfterAFailure(t *testing.T) {
 	os.Mkdir(h.p("etc"), 0o755)
 	os.WriteFile(h.p("etc/motd"), []byte("operator's motd\n"), 0o644)
 	os.WriteFile(h.p("etc/same"), []byte("same\n"), 0o644)
+	// A directory where a file is declared fails its step; a regular
+	// file where a directory would be makes what is below it unknowable.
+	os.Mkdir(h.p("adir"), 0o755)
+	os.WriteFile(h.p("also-nowhere"), []byte("a file\n"), 0o644)
 	doc := strings.Replace(h.doc(
-		`{"module":"a","id":"broken","type":"file","path":"{root}/nowhere/x","content":"x"}`,
+		`{"module":"a","id":"broken","type":"file","path":"{root}/adir","content":"x"}`,
 		fileMot,
 		`{"module":"base","id":"blocked","type":"file","path":"{root}/also-nowhere/y","content":"y"}`,
 		`{"module":"base","id":"same","type":"file","path":"{root}/etc/same","content":"same\n","mode":"0644"}`),

@@ -67,14 +67,14 @@ be installed on the node by a person`),
 composition`),
 	cmdline.D("overlay show", "", 0, 0, []string{"dir", "nats", "json"},
 		"the overlay, each node's address, endpoint and WireGuard key"),
-	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "json"},
+	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "wait", "json"},
 		`assign the module FILE (resources of one module) to NODE and publish the node's composition:
 the overlay, then its modules in the order assigned`),
 	cmdline.D("unassign", "NODE MODULE", 2, 2, []string{"dir", "nats", "json"},
 		"take MODULE off NODE and publish the node's composition"),
-	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "json"},
+	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "wait", "json"},
 		"publish the node's composition (every node's) again, with a new sequence"),
-	cmdline.D("declare", "NODE[,NODE...] FILE", 2, 2, []string{"dir", "nats", "seal", "without-overlay", "despite-briefing", "json"},
+	cmdline.D("declare", "NODE[,NODE...] FILE", 2, 2, []string{"dir", "nats", "seal", "without-overlay", "despite-briefing", "wait", "json"},
 		`sign FILE for NODE with the next sequence and publish it; print the sequence (several nodes:
 their declares pipelined, a line each); on a mesh with an overlay, a FILE without it (holding
 something) is refused (use assign) unless --without-overlay`),
@@ -108,6 +108,7 @@ type options struct {
 	hosts, seals                                                    listFlag
 	replicas, last                                                  int
 	ttl                                                             time.Duration
+	wait                                                            waitFlag
 }
 
 // define defines the flag name in fs: the one place each flag is written.
@@ -165,6 +166,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.StringVar(&o.cluster, "cluster", "", "the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
 	case "store":
 		fs.StringVar(&o.store, "store", "", "with --cluster: the directory each server's JetStream store is made under (default --out)")
+	case "wait":
+		fs.Var(&o.wait, "wait", "wait for the node's report (--wait: 2m; --wait=5m), print it, and exit by its outcome: 0 applied or unchanged, 1 failed, 2 refused, 3 no report in time")
 	case "v":
 		fs.BoolVar(&o.verbose, "v", false, "debug logging")
 	default:
@@ -221,7 +224,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr, dir: o.dir, nats: o.nats, json: o.json, verbose: o.verbose,
-		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay}
+		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay, wait: o.wait.d}
 	level := slog.LevelInfo
 	if c.verbose {
 		level = slog.LevelDebug
@@ -268,6 +271,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "publish":
 		err = c.publish(pos)
 	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		fmt.Fprintf(stderr, "mesh-control %s: %v\n", cmd, err)
+		return ee.code
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "mesh-control %s: %v\n", cmd, err)
 		return 1
@@ -288,7 +296,10 @@ type cli struct {
 	// despiteBriefing: declare to a node whose briefing has a failed line.
 	despiteBriefing bool
 	withoutOverlay  bool
-	log             *slog.Logger
+	// wait: how long declare, assign and publish wait for the reports
+	// (0: they do not).
+	wait time.Duration
+	log  *slog.Logger
 }
 
 func (c *cli) printJSON(v any) error {
@@ -429,10 +440,13 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]any{"node": node, "seq": seq})
+		if err := c.printJSON(map[string]any{"node": node, "seq": seq}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(c.stdout, seq)
 	}
-	fmt.Fprintln(c.stdout, seq)
-	return nil
+	return c.await(cl, []nodeSeq{{node, seq}})
 }
 
 // declareMany declares data to each of nodes (DeclareAll), a line each:
@@ -474,7 +488,11 @@ func (c *cli) declareMany(cl *Client, nodes []string, data []byte) error {
 	if failed > 0 {
 		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
 	}
-	return nil
+	var want []nodeSeq
+	for _, l := range lines {
+		want = append(want, nodeSeq{l.Node, l.Seq})
+	}
+	return c.await(cl, want)
 }
 
 // withOverlay refuses a raw declaration that would take a node out of the
@@ -606,48 +624,7 @@ func (c *cli) reports(node string, last int) error {
 		fmt.Fprintf(c.stdout, "no reports from %s\n", node)
 	}
 	for _, r := range rs {
-		head := fmt.Sprintf("seq %d  %s", r.Seq, r.Outcome)
-		if r.SupersededFrom != 0 && r.SupersededFrom < r.Seq {
-			head = fmt.Sprintf("seq %d-%d  %s", r.SupersededFrom, r.Seq, r.Outcome)
-		}
-		switch {
-		case r.Outcome == shapes.Superseded:
-			head += fmt.Sprintf(" by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)
-		case r.Outcome == shapes.Refused:
-			head += fmt.Sprintf(" by the %s [%s]: %s", r.RefusedBy, r.Code, r.Refused)
-		}
-		if r.Trigger == link.TriggerReconnect {
-			head += "  (reconcile after the link came back)"
-		}
-		if r.Duplicate {
-			head += "  (already applied: nothing done)"
-		}
-		fmt.Fprintf(c.stdout, "%s  %s\n", r.At.Local().Format(time.RFC3339), head)
-		if !r.DisconnectedFrom.IsZero() {
-			fmt.Fprintf(c.stdout, "    disconnected from %s to %s (%s)", r.DisconnectedFrom.Local().Format(time.RFC3339),
-				r.DisconnectedTo.Local().Format(time.RFC3339), r.DisconnectedTo.Sub(r.DisconnectedFrom).Round(time.Second))
-			if len(r.Meanwhile) == 0 {
-				fmt.Fprint(c.stdout, "; meanwhile the executor changed nothing")
-			}
-			fmt.Fprintln(c.stdout)
-			if r.MeanwhileMore > 0 {
-				fmt.Fprintf(c.stdout, "    meanwhile: %d earlier apply(s) not listed\n", r.MeanwhileMore)
-			}
-			for _, a := range r.Meanwhile {
-				fmt.Fprintf(c.stdout, "    meanwhile %s  %s (%s", a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)
-				if a.Seq != 0 {
-					fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
-				}
-				fmt.Fprintf(c.stdout, "): %d changed, %d failed\n", a.Changed, a.Failed)
-			}
-		}
-		for _, l := range r.Lines {
-			d := ""
-			if l.Detail != "" {
-				d = "  " + l.Detail
-			}
-			fmt.Fprintf(c.stdout, "    %s.%s  %s  %s%s\n", l.Module, l.ID, l.Type, l.Outcome, d)
-		}
+		c.printReport(r)
 	}
 	if skipped > 0 {
 		fmt.Fprintf(c.stdout, "(%d message(s) on mesh.report.%s not signed by the node: ignored)\n", skipped, node)
@@ -763,4 +740,52 @@ func onlyLoopback(hosts []string) bool {
 		}
 	}
 	return true
+}
+
+// printReport prints one report and its lines, as reports does.
+func (c *cli) printReport(r *SignedReport) {
+	head := fmt.Sprintf("seq %d  %s", r.Seq, r.Outcome)
+	if r.SupersededFrom != 0 && r.SupersededFrom < r.Seq {
+		head = fmt.Sprintf("seq %d-%d  %s", r.SupersededFrom, r.Seq, r.Outcome)
+	}
+	switch {
+	case r.Outcome == shapes.Superseded:
+		head += fmt.Sprintf(" by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)
+	case r.Outcome == shapes.Refused:
+		// Who refused is said once: not "by the executor: executor: refused:".
+		why := strings.TrimPrefix(strings.TrimPrefix(r.Refused, r.RefusedBy+": "), "refused: ")
+		head += fmt.Sprintf(" by the %s [%s]: %s", r.RefusedBy, r.Code, why)
+	}
+	if r.Trigger == link.TriggerReconnect {
+		head += "  (reconcile after the link came back)"
+	}
+	if r.Duplicate {
+		head += "  (already applied: nothing done)"
+	}
+	fmt.Fprintf(c.stdout, "%s  %s\n", r.At.Local().Format(time.RFC3339), head)
+	if !r.DisconnectedFrom.IsZero() {
+		fmt.Fprintf(c.stdout, "    disconnected from %s to %s (%s)", r.DisconnectedFrom.Local().Format(time.RFC3339),
+			r.DisconnectedTo.Local().Format(time.RFC3339), r.DisconnectedTo.Sub(r.DisconnectedFrom).Round(time.Second))
+		if len(r.Meanwhile) == 0 {
+			fmt.Fprint(c.stdout, "; meanwhile the executor changed nothing")
+		}
+		fmt.Fprintln(c.stdout)
+		if r.MeanwhileMore > 0 {
+			fmt.Fprintf(c.stdout, "    meanwhile: %d earlier apply(s) not listed\n", r.MeanwhileMore)
+		}
+		for _, a := range r.Meanwhile {
+			fmt.Fprintf(c.stdout, "    meanwhile %s  %s (%s", a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)
+			if a.Seq != 0 {
+				fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
+			}
+			fmt.Fprintf(c.stdout, "): %d changed, %d failed\n", a.Changed, a.Failed)
+		}
+	}
+	for _, l := range r.Lines {
+		d := ""
+		if l.Detail != "" {
+			d = "  " + l.Detail
+		}
+		fmt.Fprintf(c.stdout, "    %s.%s  %s  %s%s\n", l.Module, l.ID, l.Type, l.Outcome, d)
+	}
 }

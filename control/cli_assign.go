@@ -228,10 +228,13 @@ func (c *cli) changeOne(change func(*Client) (*Published, error)) error {
 		return err
 	}
 	if c.json {
-		return c.printJSON(p)
+		if err := c.printJSON(p); err != nil {
+			return err
+		}
+	} else {
+		c.printPublished([]*Published{p}, nil)
 	}
-	c.printPublished([]*Published{p}, nil)
-	return nil
+	return c.await(cl, []nodeSeq{{p.Node, p.Seq}})
 }
 
 // publish sends node's composition (every node's, without one) with a new
@@ -262,8 +265,17 @@ func (c *cli) publish(nodes []string) error {
 		if jerr := c.publishedJSON(ps, out); jerr != nil {
 			return jerr
 		}
+	} else {
+		c.printPublished(ps, out)
+	}
+	if err != nil {
 		return err
 	}
-	c.printPublished(ps, out)
-	return err
+	var want []nodeSeq
+	for _, p := range ps {
+		if p.Sent {
+			want = append(want, nodeSeq{p.Node, p.Seq})
+		}
+	}
+	return c.await(cl, want)
 }

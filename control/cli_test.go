@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -150,6 +151,12 @@ func TestCommands(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Every key of the JSON is snake_case, lists are never null.
+	var anyJSON any
+	json.Unmarshal([]byte(out), &anyJSON)
+	if bad := jsonShape(anyJSON, ""); bad != "" {
+		t.Errorf("nodes --json: %s\n%s", bad, out)
+	}
 	out, _, code = run(t, ctx, "nodes", "--dir", dir)
 	if code != 0 || !strings.Contains(out, "1.2.3 (abc)") || !strings.Contains(out, "applied (seq 2)") {
 		t.Fatalf("nodes:\n%s", out)
@@ -190,4 +197,26 @@ func TestDirDefaultAndTheLoopbackWarning(t *testing.T) {
 	if code != 0 || strings.Contains(errs, "warning") {
 		t.Fatalf("init --host naming more than loopback: exit %d\n%s", code, errs)
 	}
+}
+
+// jsonShape names the first key of v that is not snake_case, or "".
+func jsonShape(v any, at string) string {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if k != strings.ToLower(k) || strings.ContainsAny(k, "- ") {
+				return fmt.Sprintf("key %s%s is not snake_case", at, k)
+			}
+			if bad := jsonShape(e, at+k+"."); bad != "" {
+				return bad
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if bad := jsonShape(e, at+"[]."); bad != "" {
+				return bad
+			}
+		}
+	}
+	return ""
 }

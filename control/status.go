@@ -49,7 +49,7 @@ type NodeStatus struct {
 	LastReport     *link.Report   `json:"last_report,omitempty"`
 	// Briefing is what adoption found, as the node last reported it.
 	Briefing  *shapes.Briefing `json:"briefing,omitempty"`
-	Heartbeat *link.Heartbeat
+	Heartbeat *link.Heartbeat  `json:"heartbeat,omitempty"`
 	// Address is the node's overlay address; Assignments its assigned
 	// modules, or why it is assigned nothing (AssignmentState).
 	Address     string `json:"overlay_address,omitempty"`

@@ -15,14 +15,23 @@ if [ "$(id -u)" != 0 ]; then echo "make demo runs as root (the executor does)"; 
 rm -rf "$D"; install -d -m 0755 "$D" "$D/machine" "$D/machine/etc" "$D/machine/srv"
 install -d -m 0700 "$D/control" "$D/executor" "$D/decl"
 pids=()
+# On success the scratch directory goes; on a failure its logs stay, and
+# the demo says where (control.log, executor.log, agent.log).
 cleanup() {
+	status=$?
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	rm -rf "$D"
+	if [ "$status" -eq 0 ]; then
+		rm -rf "$D"
+	else
+		echo "make demo failed (exit $status): its logs are kept in $D (control.log, executor.log, agent.log)" >&2
+	fi
 }
 trap cleanup EXIT
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@" || echo "(exit status $?)"; }
-say() { printf '\n\033[36m# %s\033[0m\n' "$*"; }
+# Colour only on a terminal, and never with NO_COLOR set (no-color.org).
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then bold=$'\033[1m' cyan=$'\033[36m' plain=$'\033[0m'; else bold= cyan= plain=; fi
+step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"; "$@" || echo "(exit status $?)"; }
+say() { printf '\n%s# %s%s\n' "$cyan" "$*" "$plain"; }
 port=$(( 20000 + RANDOM % 20000 ))
 CTL="--dir $D/control"
 

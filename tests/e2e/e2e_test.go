@@ -437,3 +437,38 @@ func TestBriefingUpwardHoldsAssignments(t *testing.T) {
 		return b != nil && b["outcome"] == "kept"
 	})
 }
+
+// declare --wait: the node's report printed, and the exit status its
+// outcome: 0 applied, 1 failed, 2 refused by the node, 3 no report in
+// time (the agent stopped).
+func TestDeclareWaitsForTheReport(t *testing.T) {
+	m := newMesh(t)
+	declare := func(doc string, wait string) (string, int) {
+		t.Helper()
+		f := filepath.Join(m.base, "w.json")
+		os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
+		cmd := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl, wait)
+		out, _ := cmd.CombinedOutput()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	out, code := declare(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/waited","content":"x\n"}]}`, "--wait")
+	if code != 0 || !strings.Contains(out, "applied") || !strings.Contains(out, "m.f  file  applied") {
+		t.Fatalf("applied: exit %d\n%s", code, out)
+	}
+	os.Mkdir(filepath.Join(m.tree, "adir"), 0o755)
+	out, code = declare(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/adir","content":"x\n"}]}`, "--wait=1m")
+	if code != 1 || !strings.Contains(out, "m.f  file  failed") {
+		t.Fatalf("failed: exit %d\n%s", code, out)
+	}
+	out, code = declare(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/nowhere/f","content":"x\n"}]}`, "--wait")
+	if code != 2 || !strings.Contains(out, "refused by the executor") || !strings.Contains(out, "is not there, and no directory resource before it declares it") {
+		t.Fatalf("refused: exit %d\n%s", code, out)
+	}
+	agent := m.procs[len(m.procs)-1]
+	agent.Process.Signal(syscall.SIGTERM)
+	agent.Wait()
+	out, code = declare(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/waited","content":"y\n"}]}`, "--wait=2s")
+	if code != 3 || !strings.Contains(out, "no report within 2s from n1") {
+		t.Fatalf("timed out: exit %d\n%s", code, out)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -268,7 +269,7 @@ type OwnedEntry struct {
 	// Digest is what the host last wrote and read back (a file's sha256,
 	// or a keyed digest for sealed content).
 	Digest string `json:"digest,omitempty" cbor:"5,keyasint,omitempty"`
-	Mode   uint32 `json:"mode,omitempty" cbor:"6,keyasint,omitempty"`
+	Mode   Mode   `json:"mode,omitempty" cbor:"6,keyasint,omitempty"`
 	UID    uint32 `json:"uid,omitempty" cbor:"7,keyasint,omitempty"`
 	GID    uint32 `json:"gid,omitempty" cbor:"8,keyasint,omitempty"`
 }
@@ -379,4 +380,31 @@ func ParseGrant(payload []byte) (*Grant, error) {
 		return nil, fmt.Errorf("grant: node, enrolment and token are required")
 	}
 	return &g, nil
+}
+
+// Mode is a file's permission bits: a number on the wire (CBOR), and in
+// JSON — what a person reads in a report — the octal string a declaration
+// writes ("0644"); a number is read too, as releases before wrote it.
+type Mode uint32
+
+// MarshalJSON writes the mode as "0644".
+func (m Mode) MarshalJSON() ([]byte, error) { return []byte(fmt.Sprintf("\"%04o\"", uint32(m))), nil }
+
+// UnmarshalJSON reads "0644", or a number.
+func (m *Mode) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
+		n, err := strconv.ParseUint(s[1:len(s)-1], 8, 32)
+		if err != nil || n > 0o7777 {
+			return fmt.Errorf("wire: mode %s is not an octal mode", s)
+		}
+		*m = Mode(n)
+		return nil
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("wire: mode %s is not a mode", s)
+	}
+	*m = Mode(n)
+	return nil
 }

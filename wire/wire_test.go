@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -405,3 +406,21 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 func iotestOneByte(r io.Reader) io.Reader { return iotest.OneByteReader(r) }
 func iotestHalf(r io.Reader) io.Reader    { return iotest.HalfReader(r) }
+
+// A mode reads in a report as a declaration writes it, "0750"; a number
+// (what releases before wrote) still reads.
+func TestModeJSON(t *testing.T) {
+	b, _ := json.Marshal(OwnedEntry{Target: "path:/x", Mode: 0o750})
+	if !strings.Contains(string(b), `"mode":"0750"`) {
+		t.Fatalf("%s", b)
+	}
+	var e OwnedEntry
+	for in, want := range map[string]Mode{`{"mode":"0750"}`: 0o750, `{"mode":488}`: 0o750, `{"mode":"4755"}`: 0o4755} {
+		if err := json.Unmarshal([]byte(in), &e); err != nil || e.Mode != want {
+			t.Errorf("%s: %o %v", in, e.Mode, err)
+		}
+	}
+	if err := json.Unmarshal([]byte(`{"mode":"0999"}`), &e); err == nil {
+		t.Error("a mode of 9s read")
+	}
+}

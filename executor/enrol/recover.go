@@ -66,7 +66,7 @@ func Recover(dir string, id *identity.Identity, envelope []byte, wait time.Durat
 		}
 		if err := st.Put(&store.Entry{
 			Target: e.Target, Type: e.Type, Claims: []store.Claim{{Source: store.Link, Module: e.Module, ID: e.ID}},
-			Created: true, Recovered: true, Digest: e.Digest, Mode: e.Mode, UID: e.UID, GID: e.GID,
+			Created: true, Recovered: true, Digest: e.Digest, Mode: uint32(e.Mode), UID: e.UID, GID: e.GID,
 		}); err != nil {
 			return nil, err
 		}
@@ -90,7 +90,7 @@ func Owned(st *store.Store) []wire.OwnedEntry {
 		for _, c := range e.Claims {
 			if c.Source == store.Link {
 				out = append(out, wire.OwnedEntry{Target: e.Target, Type: e.Type, Module: c.Module, ID: c.ID,
-					Digest: e.Digest, Mode: e.Mode, UID: e.UID, GID: e.GID})
+					Digest: e.Digest, Mode: wire.Mode(e.Mode), UID: e.UID, GID: e.GID})
 				break
 			}
 		}

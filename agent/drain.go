@@ -144,11 +144,13 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	} else {
 		from := max(st.LastSeq, st.LastApplied) + 1
 		a.log.Info("forwarding the newest declaration", "seq", seq, "superseding", seq-min(from, seq))
+		handed := time.Now()
 		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: m.data})
 		if err != nil {
 			return err
 		}
 		r = a.report(seq)
+		r.ApplySeconds = time.Since(handed).Seconds()
 		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = m.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		r.Owned = v.Owned
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {

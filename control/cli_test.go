@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,7 +67,10 @@ func TestCommands(t *testing.T) {
 
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan int, 1)
-	go func() { _, _, c := run(t, sctx, "serve", "--dir", dir); served <- c }()
+	ml, _ := net.Listen("tcp", "127.0.0.1:0")
+	metricsAddr := ml.Addr().String()
+	ml.Close()
+	go func() { _, _, c := run(t, sctx, "serve", "--dir", dir, "--metrics", metricsAddr); served <- c }()
 	defer func() { stop(); <-served }()
 	// A client command as soon as the broker answers.
 	out2 := filepath.Join(t.TempDir(), "web1", "agent.json")
@@ -134,7 +140,7 @@ func TestCommands(t *testing.T) {
 	}
 	now := time.Now().UTC()
 	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied,
-		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now}, true)
+		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now, ApplySeconds: 0.25}, true)
 	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 9, Outcome: shapes.Failed, At: now}, false)
 	send(id.Subjects.Heartbeat, link.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: link.StateEnrolled,
 		Presence: "resident", Executor: &link.ExecutorStatus{Version: "1.2.3", Build: "abc", Seq: 2, Outcome: shapes.Applied}, LastApplied: 2}, true)
@@ -151,6 +157,69 @@ func TestCommands(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The fleet at a glance, for Prometheus: what the registry says of
+	// each node, and what this serve recorded.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.LegacyValidation) // the strictest names
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("/metrics is not Prometheus' text format: %v", err)
+	}
+	metric := func(name string, labels ...string) float64 {
+		t.Helper()
+		f := families[name]
+		if f == nil {
+			t.Fatalf("/metrics has no %s", name)
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+		t.Fatalf("/metrics has no %s%v", name, labels)
+		return 0
+	}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"mesh_nodes", []string{"state", "enrolled"}, 1},
+		{"mesh_node_applied_sequence", []string{"node", "web1"}, 2},
+		{"mesh_node_declared_sequence", []string{"node", "web1"}, 2},
+		{"mesh_node_last_outcome", []string{"node", "web1", "outcome", "applied"}, 1},
+		{"mesh_node_link_error", []string{"node", "web1"}, 0},
+		{"mesh_reports_total", []string{"outcome", "applied", "trigger", "declaration"}, 1},
+		{"mesh_apply_duration_seconds", nil, 1},
+		{"mesh_registry_up", nil, 1},
+	} {
+		if got := metric(c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if age := metric("mesh_node_last_heard_seconds", "node", "web1"); age < 0 || age > 60 {
+		t.Errorf("web1 last heard %v s ago", age)
+	}
+
 	// Every key of the JSON is snake_case, lists are never null.
 	var anyJSON any
 	json.Unmarshal([]byte(out), &anyJSON)

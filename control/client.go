@@ -77,6 +77,9 @@ type Client struct {
 	decls jetstream.Stream
 	// rosters is the roster stream, as ensure found it.
 	rosters jetstream.Stream
+	// metrics counts what the recorder records (serve --metrics); nil
+	// counts nothing.
+	metrics *fleetMetrics
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
 	DespiteBriefing bool

@@ -173,6 +173,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		Owned     []wire.OwnedEntry `json:"owned"`
 		At        time.Time         `json:"at"`
 		Briefing  *shapes.Briefing  `json:"briefing"`
+		Trigger   string            `json:"trigger"`
+		ApplySecs float64           `json:"apply_seconds"`
 		Profile   json.RawMessage   `json:"profile"`
 		Inventory json.RawMessage   `json:"inventory"`
 	}
@@ -186,11 +188,13 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		return c.keepProfile(ctx, node, msg.Profile, msg.Inventory)
 	}
 	if msg.Outcome == shapes.Superseded {
+		c.metrics.recorded(msg.Outcome, msg.Trigger, 0)
 		return nil
 	}
 	if _, err := c.putRetrying(ctx, "report."+node, m.Data()); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
+	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplySecs)
 	// What the node owns is kept apart too, from every report that
 	// carries it (an apply's; not a refusal's): the copy handed back,
 	// signed, if the node is enrolled again after losing its store.

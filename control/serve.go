@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -56,6 +57,10 @@ type ServeOptions struct {
 	// is its own, and several serve may share one.
 	Lock *agent.DirLock
 	Log  *slog.Logger
+	// Metrics, when set, is the address /metrics is served on (Prometheus'
+	// text format): the fleet as the registry says it, and what this
+	// serve recorded.
+	Metrics string
 	// Ready, when set, is called with the broker's client URL once serve
 	// is up (tests).
 	Ready func(url string, s *Server)
@@ -136,6 +141,14 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		}
 	}
 	go giveBackWhenQuiet(ctx, log)
+	if o.Metrics != "" {
+		c.metrics = newMetrics()
+		ln, err := net.Listen("tcp", o.Metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics %s: %w", o.Metrics, err)
+		}
+		go func() { errs <- serveMetrics(ctx, ln, c, c.metrics, log) }()
+	}
 	go func() { errs <- keepRunning(ctx, log, "recorder", c.Record) }()
 	if srv != nil {
 		c.brokerKnows = srv.Knows

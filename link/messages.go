@@ -53,6 +53,9 @@ type Report struct {
 	// linked (kept across its restarts) to the moment it linked again.
 	// Disconnection is the node's to say: heard nothing meanwhile, the
 	// control side cannot tell it from a machine switched off.
+	// ApplySeconds is how long the executor took, from the declaration
+	// handed over to its verdict (a declaration's report).
+	ApplySeconds     float64   `json:"apply_seconds,omitempty"`
 	DisconnectedFrom time.Time `json:"disconnected_from,omitzero"`
 	DisconnectedTo   time.Time `json:"disconnected_to,omitzero"`
 	// Meanwhile is what the executor did in that interval, by its own

@@ -817,11 +817,11 @@ func (c *command) inventory() int {
 
 // serveFlags are serve's options.
 type serveFlags struct {
-	stateDir, socket, agentState, agentUser, vsockCIDs, vsockSecret, build, hostBinary *string
-	vsockPort                                                                          *uint
-	agentUID                                                                           *int
-	drift                                                                              *time.Duration
-	partial                                                                            *bool
+	stateDir, socket, agentState, agentUser, vsockCIDs, vsockSecret, build, hostBinary, metricsFile *string
+	vsockPort                                                                                       *uint
+	agentUID                                                                                        *int
+	drift                                                                                           *time.Duration
+	partial                                                                                         *bool
 }
 
 // serveFlagSet is serve's command line, defined once: serve parses it,
@@ -844,6 +844,7 @@ func serveFlagSet(errw io.Writer) (*flag.FlagSet, *serveFlags) {
 		build:       fs.String("build", Build, "the build id the agent compares at hello"),
 		hostBinary:  fs.String("host-binary", engine.DefaultHostBinary, "where the host's package installs the executor (an upgrade runs it to check it)"),
 		partial:     fs.Bool("partial", false, "a partial host: file, directory, region, keys, action and archive only"),
+		metricsFile: fs.String("metrics-file", "", "write the executor's metrics after each apply, in Prometheus' text format, to this file (node_exporter's textfile collector, e.g. /var/lib/prometheus/node-exporter/mesh-executor.prom)"),
 	}
 }
 
@@ -936,7 +937,7 @@ func (c *command) serve(args []string) int {
 		return launcher.HealthyPackage(*stateDir, bins, pkg)
 	}
 	cfg := serve.Config{StateDir: *stateDir, Version: c.version, Build: *build, AgentUID: uid,
-		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary, AgentState: *agentState, AgentBinary: agentBin, AgentUser: *agentUser}
+		DriftEvery: *drift, Partial: *partial, Log: log, Healthy: healthy, HostBinary: *hostBinary, AgentState: *agentState, AgentBinary: agentBin, AgentUser: *agentUser, MetricsFile: *f.metricsFile}
 	var vln net.Listener
 	if *vsockPort != 0 {
 		if cfg.VsockCIDs, err = parseCIDs(*vsockCIDs); err != nil {

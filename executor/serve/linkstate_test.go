@@ -1,10 +1,15 @@
 package serve
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -72,5 +77,48 @@ func TestStatusKeepsWhatTheAgentSaysOfItsLink(t *testing.T) {
 	ask(&wire.AgentLink{Up: true, Since: since.Add(time.Hour)})
 	if l, _ := ReadLinkState(e.state); l == nil || !l.Up || !l.Since.Equal(since.Add(time.Hour)) {
 		t.Fatalf("kept after the link came back: %+v", l)
+	}
+}
+
+// --metrics-file: after each apply, the executor's metrics in Prometheus'
+// text format (node_exporter's textfile collector): applies by source and
+// outcome, the last apply of each source, what it holds, whether the
+// agent says it is linked.
+func TestMetricsFile(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	prom := filepath.Join(e.base, "mesh-executor.prom")
+	e.start(Config{StateDir: e.state, Version: "1.2.3", Build: "b1", AgentUID: nobody, MetricsFile: prom})
+	c := e.dial()
+	if err := c.Write(wire.KindStatus, &wire.Status{Link: &wire.AgentLink{Up: true, Since: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Read()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	b, err := os.ReadFile(prom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("not Prometheus' text format: %v\n%s", err, b)
+	}
+	for _, want := range []string{
+		`mesh_executor_info{version="1.2.3",build="b1"} 1`,
+		`mesh_executor_applies_total{source="link",outcome="applied"} 1`,
+		`mesh_executor_last_apply_failed{source="link"} 0`,
+		`mesh_executor_link_sequence 1`,
+		`mesh_executor_holds 1`,
+		`mesh_executor_agent_linked 1`,
+	} {
+		if !strings.Contains(string(b), want+"\n") {
+			t.Errorf("the metrics file lacks %s:\n%s", want, b)
+		}
+	}
+	if f := families["mesh_executor_last_apply_duration_seconds"]; f == nil || f.GetMetric()[0].GetGauge().GetValue() <= 0 {
+		t.Errorf("no apply duration: %v", f)
 	}
 }

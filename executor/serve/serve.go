@@ -87,6 +87,9 @@ type Config struct {
 	// AgentUser is the agent's user name: an upgrade's new agent is tried
 	// dropping to it (engine.Options.AgentUser).
 	AgentUser string
+	// MetricsFile, when set, is written after each apply in Prometheus'
+	// text format, for node_exporter's textfile collector (metrics.go).
+	MetricsFile string
 	// AgentState is the agent's state directory, which the protected set
 	// covers wherever it is.
 	AgentState string
@@ -174,6 +177,8 @@ type Server struct {
 	// +checklocks:agentMu
 	agentProven agentKey
 	agentMu     sync.Mutex
+	// metrics is what the metrics file says (metrics.go).
+	metrics execMetrics
 }
 
 type lastApplied struct {
@@ -747,9 +752,10 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return nil
 	}
 	failed, failedWhy := s.failedRelease()
+	began := time.Now()
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
-	s.record(st, store.Link, "declaration", rep)
+	s.record(st, store.Link, "declaration", rep, time.Since(began))
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)
@@ -837,8 +843,9 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	}
 }
 
-func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report) {
+func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report, took time.Duration) {
 	st.SaveReport(src, trigger, rep)
+	s.noteApply(string(src), string(rep.Outcome), rep.Seq, took, len(st.Entries()))
 	if src == store.Link {
 		s.lastMu.Lock()
 		s.last = lastApplied{Seq: rep.Seq, Outcome: rep.Outcome}
@@ -926,8 +933,9 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}
+		began := time.Now()
 		rep := engine.Apply(ctx, st, d, raw, opt)
-		s.record(st, src, why, rep)
+		s.record(st, src, why, rep, time.Since(began))
 		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {

@@ -44,7 +44,7 @@ func DefaultDir() string {
 var commands = []cmdline.Def{
 	cmdline.D("init", "", 0, 0, []string{"dir", "host", "url", "json"},
 		"make the control-plane key, the broker certificate and the control NKey in the key directory"),
-	cmdline.D("serve", "", 0, 0, []string{"dir", "listen", "nats", "replicas", "broker-config", "broker-accounts", "broker-pid", "metrics"},
+	cmdline.D("serve", "", 0, 0, []string{"dir", "listen", "nats", "replicas", "broker-config", "broker-accounts", "broker-pid", "metrics", "ui"},
 		`run the embedded broker (or use --nats URL) and keep the registry; with an existing broker,
 keep FILE its configuration and send it SIGHUP on each change; the embedded broker's store is in
 the key directory: one serve holds it (a second is refused)`),
@@ -103,7 +103,7 @@ var Version, Build = "dev", "dev"
 // own (define), so its --help lists only them.
 type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
-	cluster, store, out, brokerURL, forNode, newName, metrics       string
+	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
 	json, verbose, withoutOverlay, despiteBriefing, isNew           bool
 	hosts, seals                                                    listFlag
 	replicas, last                                                  int
@@ -168,6 +168,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.StringVar(&o.store, "store", "", "with --cluster: the directory each server's JetStream store is made under (default --out)")
 	case "metrics":
 		fs.StringVar(&o.metrics, "metrics", "", "serve /metrics (Prometheus' text format) on this address, e.g. 127.0.0.1:9469: nodes by state, last heard, declared and applied, outcomes, apply durations, link errors")
+	case "ui":
+		fs.StringVar(&o.ui, "ui", "", "serve the read-only status page on this address, e.g. 127.0.0.1:9470: every node's state, last heard, versions, outcome, last report and briefing, and each node's timeline")
 	case "wait":
 		fs.Var(&o.wait, "wait", "wait for the node's report (--wait: 2m; --wait=5m), print it, and exit by its outcome: 0 applied or unchanged, 1 failed, 2 refused, 3 no report in time")
 	case "v":
@@ -237,7 +239,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "init":
 		err = c.init(o.hosts, o.url)
 	case "serve":
-		err = c.serve(o.listen, o.brokerConfig, o.brokerAccounts, o.brokerPID, o.replicas, o.metrics)
+		err = c.serve(o.listen, o.brokerConfig, o.brokerAccounts, o.brokerPID, o.replicas, o.metrics, o.ui)
 	case "node add":
 		err = c.nodeAdd(pos[0], o.out, o.brokerURL)
 	case "token issue":
@@ -326,7 +328,7 @@ func (c *cli) init(hosts []string, url string) error {
 	return nil
 }
 
-func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics string) error {
+func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics, ui string) error {
 	if (brokerConfig != "" || brokerAccounts != "" || brokerPID != "" || replicas != 0) && c.nats == "" {
 		return errors.New("--broker-config, --broker-accounts, --broker-pid and --replicas are for an existing broker (serve --nats URL); the embedded one follows the registry by itself and is one server")
 	}
@@ -354,7 +356,7 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 	if err != nil {
 		return err
 	}
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics})
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui})
 }
 
 func (c *cli) connect() (*Client, error) {

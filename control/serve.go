@@ -61,6 +61,8 @@ type ServeOptions struct {
 	// text format): the fleet as the registry says it, and what this
 	// serve recorded.
 	Metrics string
+	// UI, when set, is the address the read-only status page is served on.
+	UI string
 	// Ready, when set, is called with the broker's client URL once serve
 	// is up (tests).
 	Ready func(url string, s *Server)
@@ -148,6 +150,13 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			return fmt.Errorf("--metrics %s: %w", o.Metrics, err)
 		}
 		go func() { errs <- serveMetrics(ctx, ln, c, c.metrics, log) }()
+	}
+	if o.UI != "" {
+		ln, err := net.Listen("tcp", o.UI)
+		if err != nil {
+			return fmt.Errorf("--ui %s: %w", o.UI, err)
+		}
+		go func() { errs <- serveUI(ctx, ln, c, log) }()
 	}
 	go func() { errs <- keepRunning(ctx, log, "recorder", c.Record) }()
 	if srv != nil {

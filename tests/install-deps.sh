@@ -39,6 +39,8 @@ declare -A need=(
   # cmdline: the completions generated for each binary, read by each shell
   [zsh]=zsh
   [fish]=fish
+  # control: the status page (serve --ui) loaded in a real headless browser
+  [chromium-headless-shell]=chromium-headless-shell
 )
 missing=()
 for cmd in "${!need[@]}"; do

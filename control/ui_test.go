@@ -1,0 +1,140 @@
+package control_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// The status page, in a real headless Chromium (Debian's
+// chromium-headless-shell): it loads, shows every node with its state and
+// versions, and a node's failed line with its detail, on the overview and
+// on the node's own page with its timeline; it answers GET alone. The
+// screenshot is kept in tests/artifacts/status-page.png.
+func TestStatusPageInChromium(t *testing.T) {
+	chromium, err := exec.LookPath("chromium-headless-shell")
+	if err != nil {
+		t.Fatalf("chromium-headless-shell (Debian's package, installed by tests/install-deps.sh): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "keys")
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := l.Addr().String()
+	l.Close()
+	if _, errs, code := run(t, ctx, "init", "--dir", dir, "--url", "tls://"+port); code != 0 {
+		t.Fatal(errs)
+	}
+	ul, _ := net.Listen("tcp", "127.0.0.1:0")
+	ui := ul.Addr().String()
+	ul.Close()
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan int, 1)
+	go func() { _, _, c := run(t, sctx, "serve", "--dir", dir, "--listen", port, "--ui", ui); served <- c }()
+	defer func() { stop(); <-served }()
+	cfg := filepath.Join(t.TempDir(), "web1", "agent.json")
+	for {
+		_, errs, code := run(t, ctx, "node", "add", "web1", "--dir", dir, "--out", cfg)
+		if code == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("node add: %s", errs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	run(t, ctx, "node", "add", "db1", "--dir", dir, "--out", filepath.Join(t.TempDir(), "db1", "agent.json"))
+	id, err := agent.LoadConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nc *nats.Conn
+	for nc == nil {
+		// The broker takes the node's user a moment after node add.
+		if nc, err = agent.Dial(id); err != nil && ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer nc.Close()
+	send := func(subj string, v any) {
+		data, _ := json.Marshal(v)
+		m := nats.NewMsg(subj)
+		m.Data = data
+		sig, _ := id.Sign(data)
+		m.Header.Set(link.SignatureHeader, sig)
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 1, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "site", ID: "conf", Type: "file", Outcome: shapes.Applied}}, At: now.Add(-time.Minute)})
+	const detail = "the unit lp-site.service failed to start: exit status 3 <script>alert(1)</script>"
+	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Failed,
+		Lines: []shapes.Line{{Module: "site", ID: "conf", Type: "file", Outcome: shapes.Unchanged}, {Module: "site", ID: "svc", Type: "service", Outcome: shapes.Failed, Detail: detail}}, At: now})
+	send(id.Subjects.Heartbeat, link.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: link.StateEnrolled, Presence: link.PresenceResident,
+		AgentVersion: "0.9.2", Executor: &link.ExecutorStatus{Version: "0.9.2", Build: "b2", Seq: 2, Outcome: shapes.Failed}, LastApplied: 2})
+	nc.Flush()
+
+	page := func(path string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, chromium, "--no-sandbox", "--disable-gpu", "--dump-dom", "http://"+ui+path).Output()
+		if err != nil {
+			t.Fatalf("chromium %s: %v", path, err)
+		}
+		return string(out)
+	}
+	var dom string
+	for {
+		dom = page("/")
+		if strings.Contains(dom, "site.svc") || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, want := range []string{"web1", "db1", "never heard from", "0.9.2", ">failed<", "site.svc", "the unit lp-site.service failed to start: exit status 3 &lt;script&gt;alert(1)&lt;/script&gt;"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the overview in Chromium lacks %q:\n%s", want, dom)
+		}
+	}
+	if strings.Contains(dom, "<script>alert(1)</script>") {
+		t.Error("a node's words are put in the page unescaped")
+	}
+	node := page("/node/web1")
+	if !strings.Contains(node, `class="tl bad"`) || !strings.Contains(node, `class="tl changed"`) || !strings.Contains(node, "seq 2") || !strings.Contains(node, "site.svc") {
+		t.Errorf("web1's page lacks its timeline or its failed line:\n%s", node)
+	}
+	// Kept for a person to look at.
+	shot, _ := filepath.Abs("../tests/artifacts/status-page.png")
+	os.MkdirAll(filepath.Dir(shot), 0o755)
+	if out, err := exec.CommandContext(ctx, chromium, "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,700", "--screenshot="+shot, "http://"+ui+"/").CombinedOutput(); err != nil {
+		t.Fatalf("chromium --screenshot: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(shot); err != nil || fi.Size() < 2000 {
+		t.Fatalf("the screenshot %s: %v", shot, err)
+	}
+	t.Logf("the status page, as Chromium drew it: %s", shot)
+
+	// Read-only.
+	resp, err := http.Post("http://"+ui+"/", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST answered %d, want 405", resp.StatusCode)
+	}
+}

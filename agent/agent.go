@@ -87,6 +87,10 @@ type Agent struct {
 	pins pinWatch
 	nc   *nats.Conn
 	js   jetstream.JetStream
+	// planning holds back a second plan request while one is answered:
+	// plans come from a person at the control side, one at a time; more at
+	// once are dropped (the person asks again), never queued without bound.
+	planning atomic.Bool
 	// wake says a notice came (link.Subjects.Notice); noticed is the
 	// highest stream sequence notices named since the last read.
 	wake    chan struct{}
@@ -266,6 +270,9 @@ func runLinked(ctx context.Context, o Options) error {
 		}
 		if _, err := nc.Subscribe(a.id.Subjects.RosterNotice, a.rosterNotice); err != nil {
 			a.log.Warn("roster notices: " + err.Error())
+		}
+		if _, err := nc.Subscribe(a.id.Subjects.Plan, a.planRequest); err != nil {
+			a.log.Warn("plan requests: " + err.Error())
 		}
 		a.linked()
 		a.work(ctx)

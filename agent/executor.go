@@ -165,6 +165,7 @@ var answers = map[wire.Kind]wire.Kind{
 	wire.KindEnrol:   wire.KindEnrolOffer,
 	wire.KindGrant:   wire.KindGrantReply,
 	wire.KindProfile: wire.KindProfileReply,
+	wire.KindPlan:    wire.KindPlanReply,
 }
 
 // ask sends one request whose answer is one message (status, enrol,

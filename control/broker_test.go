@@ -201,7 +201,7 @@ func TestNodeIsolation(t *testing.T) {
 	// Subscribing to B's declarations or notices, or anything wider than
 	// its inbox and its own notices.
 	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.notice.beta", "mesh.notice.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>",
-		"$JS.API.DIRECT.GET.>", "mesh.enrol.*", "_INBOX.enrol-0011223344556677.>"} {
+		"$JS.API.DIRECT.GET.>", "mesh.enrol.*", "_INBOX.enrol-0011223344556677.>", "mesh.plan.beta", "mesh.plan.*"} {
 		if _, err := nc.SubscribeSync(subj); err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestNodeIsolation(t *testing.T) {
 		refused("publish", subj)
 	}
 	// Publishing as B, as the control side, or a notice.
-	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha", "mesh.notice.beta", "mesh.notice.alpha"} {
+	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha", "mesh.notice.beta", "mesh.notice.alpha", "mesh.plan.beta", "mesh.plan.alpha"} {
 		if err := nc.Publish(subj, []byte(`{"node":"beta","outcome":"applied"}`)); err != nil {
 			t.Fatal(err)
 		}

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -78,6 +80,11 @@ the overlay, then its modules in the order assigned`),
 		`sign FILE for NODE with the next sequence and publish it; print the sequence (several nodes:
 their declares pipelined, a line each); on a mesh with an overlay, a FILE without it (holding
 something) is refused (use assign) unless --without-overlay`),
+	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "wait", "json"},
+		`ask NODE what FILE would do there, changing nothing: the executor plans it on the path an apply
+takes and answers with the lines an apply would report, and the content diffs of the files the
+mesh holds as it wrote them (never content the mesh did not write). Exit as --wait: 0, 1 a line
+would fail, 2 refused, 3 no answer in time (the node must be linked)`),
 	cmdline.D("archive put", "FILE", 1, 1, []string{"dir", "nats", "json"},
 		`store FILE (a tar, gzipped or not) in the archive store under its sha256; print the sha256 and
 the URL an archive resource names it by (obj://SHA256)`),
@@ -252,6 +259,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.declare(pos[0], pos[1], o.seals)
 	case "archive put":
 		err = c.archivePut(pos[0])
+	case "plan":
+		err = c.plan(pos[0], pos[1], o.wait.d)
 	case "nodes":
 		err = c.nodes()
 	case "reports":
@@ -792,4 +801,43 @@ func (c *cli) printReport(r *SignedReport) {
 		}
 		fmt.Fprintf(c.stdout, "    %s.%s  %s  %s%s\n", l.Module, l.ID, l.Type, l.Outcome, d)
 	}
+}
+
+// plan asks a node for a plan of file and prints its answer.
+func (c *cli) plan(node, file string, wait time.Duration) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	id, err := cl.Plan(c.ctx, node, data)
+	if err != nil {
+		return err
+	}
+	if wait <= 0 {
+		wait = DefaultWait
+	}
+	r, err := cl.WaitPlan(c.ctx, node, id, wait)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		if err := c.printJSON(r); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(c.stdout, "plan on %s (nothing was changed):\n", node)
+		c.printReport(r)
+		for _, k := range slices.Sorted(maps.Keys(r.Diffs)) {
+			fmt.Fprintf(c.stdout, "\n%s:\n%s\n", k, strings.TrimRight(r.Diffs[k], "\n"))
+		}
+	}
+	if code := outcomeExit(r); code != ExitApplied {
+		return &exitError{code, fmt.Sprintf("%s would %s", node, map[int]string{ExitFailed: "fail a line", ExitRefused: "refuse it"}[code])}
+	}
+	return nil
 }

@@ -191,6 +191,12 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		c.metrics.recorded(msg.Outcome, msg.Trigger, 0)
 		return nil
 	}
+	if msg.Trigger == link.TriggerPlan {
+		// What a declaration would do: the stream keeps it for the one
+		// who asked (WaitPlan); the node's last report stays its last
+		// apply's.
+		return nil
+	}
 	if _, err := c.putRetrying(ctx, "report."+node, m.Data()); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}

@@ -44,7 +44,7 @@ var ServiceImports = []ServiceImport{
 // StreamExports are the core-NATS subjects CONTROL publishes and NODES
 // hears: the notices that a node's subject has a new declaration, and that
 // there is a new roster.
-var StreamExports = []string{NoticePrefix + ".*", RosterNotice}
+var StreamExports = []string{NoticePrefix + ".*", RosterNotice, PlanPrefix + ".*"}
 
 // NodePermissions are what node may do on the broker (in account NODES),
 // and nothing else:
@@ -56,6 +56,7 @@ var StreamExports = []string{NoticePrefix + ".*", RosterNotice}
 //	subscribe  _INBOX.<n>.>                                 its own replies
 //	           mesh.notice.<n>                              hear that there is a newer one
 //	           mesh.roster-notice                           hear that there is a new roster
+//	           mesh.plan.<n>                                hear a plan request (answered on mesh.report.<n>)
 //
 // No consumer (nothing on the broker is kept per node but its subjects'
 // messages: a consumer per node is state the broker recovers at start and
@@ -67,7 +68,7 @@ var StreamExports = []string{NoticePrefix + ".*", RosterNotice}
 func NodePermissions(node string) (publish, subscribe []string) {
 	s := SubjectsOf(node)
 	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet},
-		[]string{s.Inbox + ".>", s.Notice, s.RosterNotice}
+		[]string{s.Inbox + ".>", s.Notice, s.RosterNotice, s.Plan}
 }
 
 // EnrolPermissions are what a token's one-time credential may do: make

@@ -53,6 +53,11 @@ type Report struct {
 	// linked (kept across its restarts) to the moment it linked again.
 	// Disconnection is the node's to say: heard nothing meanwhile, the
 	// control side cannot tell it from a machine switched off.
+	// PlanID and Diffs, on a plan's report: the request answered, and the
+	// content diffs the executor shows (files the mesh holds, as it wrote
+	// them), by "module.id".
+	PlanID string            `json:"plan_id,omitempty"`
+	Diffs  map[string]string `json:"diffs,omitempty"`
 	// ApplySeconds is how long the executor took, from the declaration
 	// handed over to its verdict (a declaration's report).
 	ApplySeconds     float64   `json:"apply_seconds,omitempty"`
@@ -74,6 +79,9 @@ const (
 	// TriggerRoster: the executor applied the link's declaration again
 	// for a new roster (its overlay's peers); Seq is that declaration's.
 	TriggerRoster = "roster"
+	// TriggerPlan: what a declaration would do (PlanID names the request);
+	// nothing was changed, and the registry keeps no such report.
+	TriggerPlan = "plan"
 )
 
 // The presences a heartbeat says.

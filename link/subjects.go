@@ -71,6 +71,10 @@ const ArchiveGet = APIPrefix + ".DIRECT.GET." + ArchiveStream
 // NoticePrefix is the subjects of the notices, one per node.
 const NoticePrefix = "mesh.notice"
 
+// PlanPrefix is the subjects of plan requests, one per node (core NATS,
+// like the notices): the node answers on its report subject.
+const PlanPrefix = "mesh.plan"
+
 // APIPrefix is the JetStream API as a node sees it. Nodes live in their
 // own broker account without JetStream, and reach the control account's
 // JetStream through service imports mapped under this prefix (the plain
@@ -106,6 +110,9 @@ type Subjects struct {
 	// RosterGet reads the mesh's roster, RosterNotice says there is a new
 	// one (both the same for every node).
 	RosterGet, RosterNotice string
+	// Plan is where the control side asks the node for a plan (a signed
+	// wire.PlanRequest); the answer is a report, trigger plan.
+	Plan string
 }
 
 // SubjectsOf returns the names of node, which must be a valid node name.
@@ -121,6 +128,7 @@ func SubjectsOf(node string) Subjects {
 		ArchiveGet:   ArchiveGet,
 		RosterGet:    RosterGet,
 		RosterNotice: RosterNotice,
+		Plan:         PlanPrefix + "." + node,
 	}
 }
 

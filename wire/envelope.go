@@ -23,6 +23,9 @@ const (
 	PurposeGrant       Purpose = "application/nox-mesh.grant+cose"
 	PurposeStoreCopy   Purpose = "application/nox-mesh.store-copy+cose"
 	PurposeRoster      Purpose = "application/nox-mesh.roster+cose"
+	// PurposePlan: a request that a node plan a declaration and say what
+	// it would do, changing nothing (mesh-control plan NODE FILE).
+	PurposePlan Purpose = "application/nox-mesh.plan+cose"
 )
 
 // MaxEnvelope bounds a signed object: a declaration at its largest, and the

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -32,6 +33,8 @@ const (
 	KindProfile      Kind = 16 // agent: what can this machine do, and what is it
 	KindProfileReply Kind = 19 // executor: the profile and inventory, as last found
 	KindRoster       Kind = 18 // agent: the mesh's roster, an envelope exactly as published
+	KindPlan         Kind = 20 // agent: a plan request, an envelope exactly as published
+	KindPlanReply    Kind = 21 // executor: what the declaration would do, nothing changed
 )
 
 // Direction is who may send a message.
@@ -97,6 +100,8 @@ var Table = []Spec{
 	{KindProfile, "profile", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Profile) }},
 	{KindProfileReply, "profile-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ProfileReply) }},
 	{KindRoster, "roster", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Roster) }},
+	{KindPlan, "plan", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Plan) }},
+	{KindPlanReply, "plan-reply", ExecutorToAgent, nil, 8 << 20, func() any { return new(PlanReply) }},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -421,4 +426,37 @@ type ProfileReply struct {
 	Profile   []byte `cbor:"1,keyasint"`
 	Inventory []byte `cbor:"2,keyasint"`
 	Digest    string `cbor:"3,keyasint"`
+}
+
+// Plan carries a plan request's envelope exactly as published (signed by
+// the control plane for PurposePlan; PlanRequest its payload).
+type Plan struct {
+	Envelope []byte `cbor:"1,keyasint"`
+}
+
+// PlanRequest is what the control side signs to ask a node for a plan:
+// addressed to the node and its enrolment, named (ID, which the node's
+// answer carries), good until NotAfter, and the declaration to plan.
+type PlanRequest struct {
+	Node        string          `json:"node"`
+	Enrolment   string          `json:"enrolment"`
+	ID          string          `json:"id"`
+	NotAfter    time.Time       `json:"not_after"`
+	Declaration json.RawMessage `json:"declaration"`
+}
+
+// PlanWithin is how long a plan request is good for.
+const PlanWithin = 5 * time.Minute
+
+// PlanReply is what the declaration would do: the lines an apply would
+// report, nothing changed. Diffs, by "module.id", are shown only for
+// files the mesh holds and that are as it wrote them (so a plan never
+// shows content the control plane did not declare); Refused says why the
+// executor would not plan it.
+type PlanReply struct {
+	Outcome shapes.Outcome    `cbor:"1,keyasint"`
+	Lines   []shapes.Line     `cbor:"2,keyasint"`
+	Diffs   map[string]string `cbor:"3,keyasint,omitempty"`
+	Code    Code              `cbor:"4,keyasint"`
+	Refused string            `cbor:"5,keyasint,omitempty"`
 }

@@ -107,6 +107,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindEnrol:       (*Server).enrol,
 	wire.KindGrant:       (*Server).grant,
 	wire.KindProfile:     (*Server).profile,
+	wire.KindPlan:        (*Server).plan,
 }
 
 // Handled lists the request kinds the executor serves.

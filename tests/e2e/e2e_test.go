@@ -472,3 +472,54 @@ func TestDeclareWaitsForTheReport(t *testing.T) {
 		t.Fatalf("timed out: exit %d\n%s", code, out)
 	}
 }
+
+// mesh-control plan NODE FILE: the node plans it on the path an apply
+// takes and answers with the lines and the diffs, nothing changed on the
+// machine nor in the registry; a diff is shown only for a file the mesh
+// holds as it wrote it — never a found file's content, nor a drift's.
+func TestPlanOverTheLink(t *testing.T) {
+	m := newMesh(t)
+	seq := m.declare(`{"version":1,"resources":[{"module":"m","id":"motd","type":"file","path":"{root}/motd","content":"v1\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("%+v", r)
+	}
+	os.WriteFile(filepath.Join(m.tree, "found"), []byte("the machine's secret\n"), 0o600)
+	plan := func(doc string) (string, int) {
+		t.Helper()
+		f := filepath.Join(m.base, "plan.json")
+		os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
+		cmd := exec.Command(filepath.Join(bin, "mesh-control"), "plan", "n1", f, "--dir", m.ctl, "--wait=30s")
+		out, _ := cmd.CombinedOutput()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	doc := `{"version":1,"resources":[{"module":"m","id":"motd","type":"file","path":"{root}/motd","content":"v2\n"},
+		{"module":"m","id":"new","type":"file","path":"{root}/new","content":"n\n"},
+		{"module":"m","id":"found","type":"file","path":"{root}/found","content":"mine\n"}]}`
+	out, code := plan(doc)
+	if code != 0 || !strings.Contains(out, "plan on n1 (nothing was changed)") || !strings.Contains(out, "-v1") || !strings.Contains(out, "+v2") {
+		t.Fatalf("plan: exit %d\n%s", code, out)
+	}
+	if !strings.Contains(out, "m.found:\n(not shown: a file the mesh does not hold; its content is the machine's)") || strings.Contains(out, "secret") {
+		t.Errorf("a found file's content crossed the link:\n%s", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "v1\n" {
+		t.Fatalf("the plan changed the machine: motd %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(m.tree, "new")); err == nil {
+		t.Fatal("the plan made a file")
+	}
+	if n := m.node(); n["last_seq"] != float64(seq) || n["applied"] != float64(seq) {
+		t.Errorf("the plan moved the registry's view of n1: %v", n)
+	}
+	// A drift is the machine's: not shown either.
+	os.WriteFile(filepath.Join(m.tree, "motd"), []byte("a drift with a secret\n"), 0o644)
+	out, code = plan(doc)
+	if code != 0 || !strings.Contains(out, "m.motd:\n(not shown: it differs from what the mesh wrote; its content is the machine's)") || strings.Contains(out, "secret") {
+		t.Errorf("a drift's content crossed the link: exit %d\n%s", code, out)
+	}
+	// Refused by the executor: exit 2, nothing changed.
+	out, code = plan(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/nowhere/f","content":"x"}]}`)
+	if code != 2 || !strings.Contains(out, "is not there, and no directory resource before it declares it") {
+		t.Errorf("a plan the executor refuses: exit %d\n%s", code, out)
+	}
+}

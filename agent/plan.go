@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// planRequest is the handler of the plan subject (mesh-control plan NODE
+// FILE): the request is checked as a declaration is — signed by the pinned
+// key for its own purpose, addressed to this node and enrolment, not past
+// its time — before the executor sees it (which checks it all again), and
+// the answer is a report, trigger plan, naming the request. A request this
+// agent refuses is answered too, saying why.
+func (a *Agent) planRequest(m *nats.Msg) {
+	if !a.planning.CompareAndSwap(false, true) {
+		a.log.Warn("a plan request while another is answered; dropped")
+		return
+	}
+	env := append([]byte(nil), m.Data...)
+	go func() {
+		defer a.planning.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		r := a.plan(ctx, env)
+		if r == nil {
+			return
+		}
+		if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
+			a.log.Warn("the plan's report could not be published", "err", err)
+		}
+	}()
+}
+
+// plan answers one plan request's envelope with the report to publish; nil
+// when it names no request this node can answer (not signed by the pinned
+// key: nobody to answer).
+func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
+	payload, err := wire.Open(a.id.ControlKey, wire.PurposePlan, env)
+	if err != nil {
+		a.log.Warn("a plan request that does not verify; dropped", "reason", err.Error())
+		return nil
+	}
+	var req wire.PlanRequest
+	if err := json.Unmarshal(payload, &req); err != nil {
+		a.log.Warn("a plan request that does not parse; dropped", "reason", err.Error())
+		return nil
+	}
+	r := &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Trigger: link.TriggerPlan, PlanID: req.ID, Lines: []shapes.Line{}, At: time.Now().UTC()}
+	refuse := func(code wire.Code, reason string) *link.Report {
+		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, reason, code.String(), "agent"
+		return r
+	}
+	switch {
+	case req.Node != a.id.Node || req.Enrolment != a.id.Enrolment:
+		return refuse(wire.CodeAddress, fmt.Sprintf("the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, a.id.Node, a.id.Enrolment))
+	case time.Now().After(req.NotAfter):
+		return refuse(wire.CodeReplay, "the plan request is past its time")
+	}
+	b, err := a.exec.ask(wire.KindPlan, &wire.Plan{Envelope: env}, "plan")
+	if err != nil {
+		return refuse(wire.CodeInternal, "the executor could not be asked: "+err.Error())
+	}
+	p := b.(*wire.PlanReply)
+	r.Outcome, r.Lines, r.Diffs = p.Outcome, p.Lines, p.Diffs
+	if p.Outcome == shapes.Refused || p.Code != wire.CodeNone {
+		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, p.Refused, p.Code.String(), "executor"
+	}
+	a.log.Info("planned", "plan", req.ID, "outcome", r.Outcome)
+	return r
+}

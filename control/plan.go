@@ -1,0 +1,79 @@
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// Plan asks node what decl would do there, changing nothing: a plan
+// request signed for its own purpose (wire.PurposePlan: no node takes it
+// for a declaration), addressed to the node and its enrolment, good for
+// wire.PlanWithin, sent on the node's plan subject (core NATS: a node not
+// linked now does not plan it). It takes no sequence. The node answers with
+// a report, trigger plan, carrying the returned ID (WaitPlan).
+func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(decl, &m); err != nil {
+		return "", fmt.Errorf("declaration: %w", err)
+	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	if rec.IsRevoked() {
+		return "", c.revokedError(ctx, rec)
+	}
+	data, err := fillDecl(m, rec, 0)
+	if err != nil {
+		return "", err
+	}
+	if _, err := shapes.Parse(data); err != nil {
+		return "", fmt.Errorf("refused before signing: %w", err)
+	}
+	var nonce [12]byte
+	rand.Read(nonce[:])
+	id := hex.EncodeToString(nonce[:])
+	payload, err := json.Marshal(wire.PlanRequest{Node: rec.Name, Enrolment: rec.Enrolment, ID: id, NotAfter: time.Now().Add(wire.PlanWithin).UTC(), Declaration: data})
+	if err != nil {
+		return "", err
+	}
+	env, err := wire.Seal(c.Keys.Control, wire.PurposePlan, payload)
+	if err != nil {
+		return "", err
+	}
+	if err := c.NC.Publish(link.SubjectsOf(rec.Name).Plan, env); err != nil {
+		return "", err
+	}
+	return id, c.NC.FlushTimeout(10 * time.Second)
+}
+
+// WaitPlan waits up to within for node's answer to plan request id.
+func (c *Client) WaitPlan(ctx context.Context, node, id string, within time.Duration) (*SignedReport, error) {
+	deadline := time.Now().Add(within)
+	for {
+		rs, _, err := c.Reports(ctx, node, 20)
+		if err == nil {
+			for _, r := range rs {
+				if r.Trigger == link.TriggerPlan && r.PlanID == id {
+					return r, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, &exitError{ExitTimedOut, fmt.Sprintf("no plan from %s within %v (is it linked? a plan request is not kept for a node away)", node, within)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -98,7 +98,10 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindGrantReply:   &GrantReply{Enrolled: true, Node: "n", Enrolment: "e", Reason: "r", Recovered: 3},
 		KindProfile:      &Profile{},
 		KindProfileReply: &ProfileReply{Profile: []byte("{}"), Inventory: []byte("{}"), Digest: "d"},
-		KindRoster:       &Roster{Envelope: []byte{5}},
+		KindPlan:         &Plan{Envelope: []byte{5, 6}},
+		KindPlanReply: &PlanReply{Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "m", ID: "i", Type: "file", Outcome: shapes.Applied}},
+			Diffs: map[string]string{"m.i": "-a\n+b\n"}, Code: CodeInvalid, Refused: "r"},
+		KindRoster: &Roster{Envelope: []byte{5}},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))

@@ -150,7 +150,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			return err
 		}
 		r = a.report(seq)
-		r.ApplySeconds = time.Since(handed).Seconds()
+		r.ApplyMS = max(1, time.Since(handed).Milliseconds()) // 0 reads "not measured"
 		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = m.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		r.Owned = v.Owned
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {

@@ -69,7 +69,7 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 		return refuse(wire.CodeInternal, "the executor could not be asked: "+err.Error())
 	}
 	p := b.(*wire.PlanReply)
-	r.Outcome, r.Lines, r.Diffs = p.Outcome, p.Lines, p.Diffs
+	r.Outcome, r.Lines, r.Diffs = p.Outcome, p.Lines, link.DiffList(p.Diffs)
 	if p.Outcome == shapes.Refused || p.Code != wire.CodeNone {
 		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, p.Refused, p.Code.String(), "executor"
 	}

@@ -37,7 +37,7 @@ func ReadCreds(statusPath string) (*Creds, error) {
 		return nil, err
 	}
 	defer f.Close()
-	c := &Creds{NoNewPrivs: -1}
+	c := &Creds{NoNewPrivs: -1, Groups: []int{}} // none is [], not null
 	seen := 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {

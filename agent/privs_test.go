@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"bufio"
+	"errors"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,5 +138,10 @@ func TestPrivilegeDrop(t *testing.T) {
 	// Root may start it only to drop to an unprivileged user.
 	if out, err := exec.Command(bin, "--user", "root", "--state", state, "--self-check").CombinedOutput(); err == nil {
 		t.Fatalf("mesh-agent --user root ran: %s", out)
+	}
+	// The self-check an upgrade runs prints the JSON form every output keeps.
+	out, err := exec.Command(bin, "--user", "nobody", "--self-check").Output()
+	if err := errors.Join(err, jsonform.Check(out)); err != nil || !strings.Contains(string(out), `"confined": true`) {
+		t.Fatalf("--self-check: %v\n%s", err, out)
 	}
 }

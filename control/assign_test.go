@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -395,6 +396,12 @@ func TestOverlayCommands(t *testing.T) {
 	}
 	if out := cli("publish"); !strings.Contains(out, "n1\tpublished in seq") || !strings.Contains(out, "hand\tnot composed") {
 		t.Fatalf("publish:\n%s", out)
+	}
+	// The same, in the JSON form every output keeps.
+	for _, args := range [][]string{{"publish"}, {"publish", "n1"}, {"assign", "n1", mod}, {"nodes"}} {
+		if err := jsonform.Check([]byte(cli(append(args, "--json")...))); err != nil {
+			t.Errorf("%v --json: %v", args, err)
+		}
 	}
 	if out := cli("unassign", "n1", "web"); !strings.Contains(out, "n1\t") {
 		t.Fatalf("unassign:\n%s", out)

@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -832,8 +830,8 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 	} else {
 		fmt.Fprintf(c.stdout, "plan on %s (nothing was changed):\n", node)
 		c.printReport(r)
-		for _, k := range slices.Sorted(maps.Keys(r.Diffs)) {
-			fmt.Fprintf(c.stdout, "\n%s:\n%s\n", k, strings.TrimRight(r.Diffs[k], "\n"))
+		for _, d := range r.Diffs {
+			fmt.Fprintf(c.stdout, "\n%s:\n%s\n", d.Resource, strings.TrimRight(d.Diff, "\n"))
 		}
 	}
 	if code := outcomeExit(r); code != ExitApplied {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"net"
@@ -140,7 +140,7 @@ func TestCommands(t *testing.T) {
 	}
 	now := time.Now().UTC()
 	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied,
-		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now, ApplySeconds: 0.25}, true)
+		Lines: []shapes.Line{{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}, At: now, ApplyMS: 250}, true)
 	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 9, Outcome: shapes.Failed, At: now}, false)
 	send(id.Subjects.Heartbeat, link.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: link.StateEnrolled,
 		Presence: "resident", Executor: &link.ExecutorStatus{Version: "1.2.3", Build: "abc", Seq: 2, Outcome: shapes.Applied}, LastApplied: 2}, true)
@@ -220,11 +220,15 @@ func TestCommands(t *testing.T) {
 		t.Errorf("web1 last heard %v s ago", age)
 	}
 
-	// Every key of the JSON is snake_case, lists are never null.
-	var anyJSON any
-	json.Unmarshal([]byte(out), &anyJSON)
-	if bad := jsonShape(anyJSON, ""); bad != "" {
-		t.Errorf("nodes --json: %s\n%s", bad, out)
+	// Every JSON output keeps one form (snake_case, no null, integers).
+	if err := jsonform.Check([]byte(out)); err != nil {
+		t.Errorf("nodes --json: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{{"reports", "web1"}, {"node", "show", "web1"}} {
+		js, errs, code := run(t, ctx, append(args, "--dir", dir, "--json")...)
+		if err := jsonform.Check([]byte(js)); code != 0 || err != nil {
+			t.Errorf("%v --json: exit %d, %v\n%s%s", args, code, err, js, errs)
+		}
 	}
 	out, _, code = run(t, ctx, "nodes", "--dir", dir)
 	if code != 0 || !strings.Contains(out, "1.2.3 (abc)") || !strings.Contains(out, "applied (seq 2)") {
@@ -241,6 +245,20 @@ func TestCommands(t *testing.T) {
 	out, _, code = run(t, ctx, "broker-config", "--dir", dir)
 	if code != 0 || !strings.Contains(out, id.NKeyPublic()) || !strings.Contains(out, "accounts") {
 		t.Fatalf("broker-config: %s", out)
+	}
+
+	// The commands that change something say what they did in the same
+	// JSON form; the last revokes web1.
+	for _, args := range [][]string{
+		{"declare", "web1", declFile},
+		{"overlay", "set", "--network", "10.55.0.0/24"}, {"overlay", "show"}, {"node", "endpoint", "web1", "192.0.2.1:51820"},
+		{"token", "issue", "--new", "--name", "web2"}, {"node", "add", "web3", "--out", filepath.Join(t.TempDir(), "web3.json")},
+		{"node", "revoke", "web1"},
+	} {
+		js, errs, code := run(t, ctx, append(args, "--dir", dir, "--json")...)
+		if err := jsonform.Check([]byte(js)); code != 0 || err != nil {
+			t.Errorf("%v --json: exit %d, %v\n%s%s", args, code, err, js, errs)
+		}
 	}
 }
 
@@ -266,26 +284,4 @@ func TestDirDefaultAndTheLoopbackWarning(t *testing.T) {
 	if code != 0 || strings.Contains(errs, "warning") {
 		t.Fatalf("init --host naming more than loopback: exit %d\n%s", code, errs)
 	}
-}
-
-// jsonShape names the first key of v that is not snake_case, or "".
-func jsonShape(v any, at string) string {
-	switch x := v.(type) {
-	case map[string]any:
-		for k, e := range x {
-			if k != strings.ToLower(k) || strings.ContainsAny(k, "- ") {
-				return fmt.Sprintf("key %s%s is not snake_case", at, k)
-			}
-			if bad := jsonShape(e, at+k+"."); bad != "" {
-				return bad
-			}
-		}
-	case []any:
-		for _, e := range x {
-			if bad := jsonShape(e, at+"[]."); bad != "" {
-				return bad
-			}
-		}
-	}
-	return ""
 }

@@ -44,7 +44,7 @@ func newMetrics() *fleetMetrics {
 }
 
 // recorded counts one report the recorder kept.
-func (m *fleetMetrics) recorded(outcome shapes.Outcome, trigger string, applySeconds float64) {
+func (m *fleetMetrics) recorded(outcome shapes.Outcome, trigger string, applyMS int64) {
 	if m == nil {
 		return
 	}
@@ -52,8 +52,8 @@ func (m *fleetMetrics) recorded(outcome shapes.Outcome, trigger string, applySec
 		trigger = link.TriggerDeclaration
 	}
 	m.reports.WithLabelValues(string(outcome), trigger).Inc()
-	if applySeconds > 0 {
-		m.apply.Observe(applySeconds)
+	if applyMS > 0 {
+		m.apply.Observe(float64(applyMS) / 1000)
 	}
 }
 

@@ -174,7 +174,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		At        time.Time         `json:"at"`
 		Briefing  *shapes.Briefing  `json:"briefing"`
 		Trigger   string            `json:"trigger"`
-		ApplySecs float64           `json:"apply_seconds"`
+		ApplyMS   int64             `json:"apply_ms"`
 		Profile   json.RawMessage   `json:"profile"`
 		Inventory json.RawMessage   `json:"inventory"`
 	}
@@ -200,7 +200,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if _, err := c.putRetrying(ctx, "report."+node, m.Data()); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
-	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplySecs)
+	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplyMS)
 	// What the node owns is kept apart too, from every report that
 	// carries it (an apply's; not a refusal's): the copy handed back,
 	// signed, if the node is enrolled again after losing its store.

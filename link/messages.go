@@ -2,6 +2,8 @@ package link
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -47,7 +49,10 @@ type Report struct {
 	Briefing *shapes.Briefing `json:"briefing,omitempty"`
 	// Owned: what the host made for the link after this apply, for the
 	// control side's copy (handed back after a lost store).
-	Owned []wire.OwnedEntry `json:"owned"`
+	//
+	// Absent (nil) when the executor said nothing of it (a refusal), an
+	// empty list when the host holds nothing: omitzero keeps the two apart.
+	Owned []wire.OwnedEntry `json:"owned,omitzero"`
 	// DisconnectedFrom and DisconnectedTo, on a reconnect report: the
 	// node was without its link from the last moment the agent knew it
 	// linked (kept across its restarts) to the moment it linked again.
@@ -55,12 +60,13 @@ type Report struct {
 	// control side cannot tell it from a machine switched off.
 	// PlanID and Diffs, on a plan's report: the request answered, and the
 	// content diffs the executor shows (files the mesh holds, as it wrote
-	// them), by "module.id".
-	PlanID string            `json:"plan_id,omitempty"`
-	Diffs  map[string]string `json:"diffs,omitempty"`
-	// ApplySeconds is how long the executor took, from the declaration
-	// handed over to its verdict (a declaration's report).
-	ApplySeconds     float64   `json:"apply_seconds,omitempty"`
+	// them), in the order of the resources' "module.id" (a list, not a
+	// map keyed by data: every JSON output keeps snake_case keys).
+	PlanID string `json:"plan_id,omitempty"`
+	Diffs  []Diff `json:"diffs,omitempty"`
+	// ApplyMS is how long the executor took, in whole milliseconds, from
+	// the declaration handed over to its verdict (a declaration's report).
+	ApplyMS          int64     `json:"apply_ms,omitempty"`
 	DisconnectedFrom time.Time `json:"disconnected_from,omitzero"`
 	DisconnectedTo   time.Time `json:"disconnected_to,omitzero"`
 	// Meanwhile is what the executor did in that interval, by its own
@@ -155,4 +161,19 @@ type ExecutorStatus struct {
 	// crash-looped after the upgrade).
 	RolledBackFrom string `json:"rolled_back_from,omitempty"`
 	RollbackReason string `json:"rollback_reason,omitempty"`
+}
+
+// Diff is one file's content diff in a plan's report.
+type Diff struct {
+	Resource string `json:"resource"` // module.id
+	Diff     string `json:"diff"`
+}
+
+// DiffList orders the executor's diffs by resource for the report.
+func DiffList(m map[string]string) []Diff {
+	var out []Diff
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, Diff{Resource: k, Diff: m[k]})
+	}
+	return out
 }

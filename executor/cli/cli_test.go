@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,6 +116,7 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", target, 1), 0o644)
 
 	code, out, _ := run("apply", "--json", "--state", state, f)
+	form(t, "apply --json", out)
 	var rep shapes.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != ExitApplied {
 		t.Fatalf("exit %d, %v\n%s", code, err, out)
@@ -132,6 +134,7 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	// Refused: exit 2, "refused" carries the reason, nothing touched.
 	bad := write(t, filepath.Join(d, "bad.json"), `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"`+target+`","content":"y","colour":1}]}`, 0o644)
 	code, out, _ = run("apply", "--json", "--state", state, bad)
+	form(t, "apply --json (refused)", out)
 	rep = shapes.Report{}
 	json.Unmarshal([]byte(out), &rep)
 	if code != ExitRefused || rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "field colour: unknown field") {
@@ -154,13 +157,17 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	if b, _ := os.ReadFile(target); code != 0 || string(b) != "drift" || !strings.Contains(out, "repaired") {
 		t.Fatalf("plan: exit %d, file %q\n%s", code, b, out)
 	}
+	_, out, _ = run("plan", "--json", "--state", state, f)
+	form(t, "plan --json", out)
 
 	// owned and status speak JSON too.
 	code, out, _ = run("owned", "--json", "--state", state)
+	form(t, "owned --json", out)
 	if code != 0 || !strings.Contains(out, `"target": "path:`+target+`"`) {
 		t.Fatalf("owned: %d\n%s", code, out)
 	}
 	code, out, _ = run("status", "--json", "--state", state)
+	form(t, "status --json", out)
 	if code != 0 || !strings.Contains(out, `"state": "hosted"`) {
 		t.Fatalf("status: %d\n%s", code, out)
 	}
@@ -327,6 +334,7 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 		t.Errorf("exit %d:\n%s", code, out)
 	}
 	code, out, _ = run("status", "--json", "--state", state)
+	form(t, "status --json (disconnected)", out)
 	var s struct {
 		State string           `json:"state"`
 		Link  *serve.LinkState `json:"link"`
@@ -372,5 +380,13 @@ func TestReconcileTakesOnlyThePinnedBundle(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "x\n" {
 		t.Fatalf("the pinned bundle was not applied: %q", b)
+	}
+}
+
+// form fails t when out breaks the form every JSON output keeps.
+func form(t *testing.T, what, out string) {
+	t.Helper()
+	if err := jsonform.Check([]byte(out)); err != nil {
+		t.Errorf("%s: %v\n%s", what, err, out)
 	}
 }

@@ -23,12 +23,17 @@ func agentDiagnosis(sock string) string {
 	if len(agents) == 0 {
 		return "no mesh-agent process is running"
 	}
+	// Each agent is said of: a machine may run more than one (containers,
+	// another mesh's), and the one that cannot reach is the one to name.
+	var says []string
 	for _, a := range agents {
 		if why := a.blockedAt(sock); why != "" {
-			return fmt.Sprintf("the agent (pid %d, uid %d, gid %d) may not connect to the executor's socket %s: %s; start the agent as the executor's --agent-user, or the executor with --agent-user naming the agent's", a.pid, a.uid, a.gid, sock, why)
+			says = append(says, fmt.Sprintf("the agent (pid %d, uid %d, gid %d) may not connect to the executor's socket %s: %s; start the agent as the executor's --agent-user, or the executor with --agent-user naming the agent's", a.pid, a.uid, a.gid, sock, why))
+		} else {
+			says = append(says, fmt.Sprintf("mesh-agent (pid %d, uid %d) can reach %s: its log says why the enrolment has not finished", a.pid, a.uid, sock))
 		}
 	}
-	return fmt.Sprintf("mesh-agent (pid %d) can reach %s: its log says why the enrolment has not finished", agents[0].pid, sock)
+	return strings.Join(says, "\n")
 }
 
 // proc is a running process as /proc shows it.

@@ -8,7 +8,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -455,6 +457,11 @@ func TestDeclareWaitsForTheReport(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "applied") || !strings.Contains(out, "m.f  file  applied") {
 		t.Fatalf("applied: exit %d\n%s", code, out)
 	}
+	// --json prints the report in the form every JSON output keeps.
+	js, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", filepath.Join(m.base, "w.json"), "--dir", m.ctl, "--wait", "--json").Output()
+	if err := errors.Join(err, jsonform.Check(js)); err != nil || !strings.Contains(string(js), `"outcome": "unchanged"`) {
+		t.Fatalf("declare --wait --json: %v\n%s", err, js)
+	}
 	os.Mkdir(filepath.Join(m.tree, "adir"), 0o755)
 	out, code = declare(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"{root}/adir","content":"x\n"}]}`, "--wait=1m")
 	if code != 1 || !strings.Contains(out, "m.f  file  failed") {
@@ -507,6 +514,10 @@ func TestPlanOverTheLink(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(m.tree, "new")); err == nil {
 		t.Fatal("the plan made a file")
+	}
+	js, err := exec.Command(filepath.Join(bin, "mesh-control"), "plan", "n1", filepath.Join(m.base, "plan.json"), "--dir", m.ctl, "--json").Output()
+	if err := errors.Join(err, jsonform.Check(js)); err != nil || !strings.Contains(string(js), `"resource": "m.motd"`) {
+		t.Errorf("plan --json: %v\n%s", err, js)
 	}
 	if n := m.node(); n["last_seq"] != float64(seq) || n["applied"] != float64(seq) {
 		t.Errorf("the plan moved the registry's view of n1: %v", n)

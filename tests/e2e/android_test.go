@@ -45,7 +45,7 @@ func TestAndroidSplit(t *testing.T) {
 	}
 	// The episodic agent says what it is.
 	eventually(t, "the heartbeat says episodic", func() bool {
-		hb, _ := m.node()["Heartbeat"].(map[string]any)
+		hb, _ := m.node()["heartbeat"].(map[string]any)
 		return hb != nil && hb["presence"] == "episodic"
 	})
 	// Another app cannot reach the executor: the socket's directory is

@@ -430,7 +430,7 @@ func TestDisconnectionIsASituation(t *testing.T) {
 		if n == nil {
 			return false
 		}
-		hb, _ = n["Heartbeat"].(map[string]any)
+		hb, _ = n["heartbeat"].(map[string]any)
 		u, _ := hb["unlinked_seconds"].(float64)
 		return u >= 3
 	})

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,7 +184,9 @@ func (c *cli) nodeShow(name string) error {
 	}
 	w.Flush()
 	var inv map[string]any
-	if json.Unmarshal(v.Inventory, &inv) == nil && len(inv) > 0 {
+	dec := json.NewDecoder(bytes.NewReader(v.Inventory))
+	dec.UseNumber() // memory_bytes as 25275990016, not 2.5275990016e+10
+	if dec.Decode(&inv) == nil && len(inv) > 0 {
 		fmt.Fprintln(c.stdout, "\ninventory:")
 		for _, k := range []string{"hostname", "machine_id", "arch", "kernel", "os_release", "memory_bytes", "cpus", "host_version", "holds"} {
 			if x, ok := inv[k]; ok {

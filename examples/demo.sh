@@ -6,14 +6,18 @@
 # /tmp/mesh-demo (the examples' paths are absolute there) — and the report
 # read back on the control side. Then the rescue command, driving the
 # executor directly with a local file. Everything it started is stopped,
-# and the scratch directory removed, when it ends.
+# and the scratch directory removed, when it ends. Each step that should
+# work must, each refusal shown must be refused: anything else fails the
+# demo (tests/e2e runs it, MESH_DEMO_DIR naming another scratch directory).
 set -euo pipefail
 BIN=$(readlink -f "${1:-bin}")
 HERE=$(cd "$(dirname "$0")" && pwd)
-D=/tmp/mesh-demo
+D=${MESH_DEMO_DIR:-/tmp/mesh-demo}
 if [ "$(id -u)" != 0 ]; then echo "make demo runs as root (the executor does)"; exit 1; fi
 rm -rf "$D"; install -d -m 0755 "$D" "$D/machine" "$D/machine/etc" "$D/machine/srv"
 install -d -m 0700 "$D/control" "$D/executor" "$D/decl"
+# The examples' paths are under /tmp/mesh-demo: moved to $D.
+for f in mesh-v1.json mesh-v2.json demo.json; do sed "s#/tmp/mesh-demo#$D#g" "$HERE/$f" >"$D/decl/$f"; chmod 0600 "$D/decl/$f"; done
 pids=()
 # On success the scratch directory goes; on a failure its logs stay, and
 # the demo says where (control.log, executor.log, agent.log).
@@ -30,7 +34,12 @@ cleanup() {
 trap cleanup EXIT
 # Colour only on a terminal, and never with NO_COLOR set (no-color.org).
 if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then bold=$'\033[1m' cyan=$'\033[36m' plain=$'\033[0m'; else bold= cyan= plain=; fi
-step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"; "$@" || echo "(exit status $?)"; }
+# step runs a command that must work; refused one that must be refused.
+step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"; "$@"; }
+refused() {
+	printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"
+	if "$@"; then echo "make demo: that should have been refused" >&2; return 1; else echo "(refused: exit status $?)"; fi
+}
 say() { printf '\n%s# %s%s\n' "$cyan" "$*" "$plain"; }
 port=$(( 20000 + RANDOM % 20000 ))
 CTL="--dir $D/control"
@@ -56,39 +65,37 @@ for _ in $(seq 100); do "$BIN/mesh-control" nodes $CTL 2>/dev/null | grep -q " e
 sleep 1
 step "$BIN/mesh-control" node show demo $CTL
 say "The token is spent: presented again, the control side says so."
-printf '%s\n' "$TOKEN" | step "$BIN/mesh-executor" enrol --state "$D/executor" --wait 30s
+printf '%s\n' "$TOKEN" | refused "$BIN/mesh-executor" enrol --state "$D/executor" --wait 30s
 
 # The motd is already there: the host keeps its original and gives it back.
 printf 'the machine'"'"'s own motd\n' > "$D/machine/etc/motd"
-say "Declare: the control side gives it the next sequence, signs it, and publishes it."
-step "$BIN/mesh-control" declare demo "$HERE/mesh-v1.json" $CTL
-sleep 1.5
-step "$BIN/mesh-control" reports demo $CTL --last 1
+say "Declare: the control side gives it the next sequence, signs it, publishes it, and (--wait) prints the node's report."
+step "$BIN/mesh-control" declare demo "$D/decl/mesh-v1.json" $CTL --wait=60s
 step find "$D/machine" -type f
 
 say "Someone edits app.conf by hand; the drift timer (3 s here, 10 min by default) puts it right."
 echo 'workers = 64' >> "$D/machine/etc/app/app.conf"
 sleep 4
 step cat "$D/machine/etc/app/app.conf"
+if grep -q 'workers = 64' "$D/machine/etc/app/app.conf"; then echo "make demo: the drift was not put right" >&2; exit 1; fi
 
 say "A second declaration: what the link applied and no longer declares is removed or given back."
-step "$BIN/mesh-control" declare demo "$HERE/mesh-v2.json" $CTL
-sleep 1.5
-step "$BIN/mesh-control" reports demo $CTL --last 1
+step "$BIN/mesh-control" declare demo "$D/decl/mesh-v2.json" $CTL --wait=60s
+step "$BIN/mesh-control" reports demo $CTL --last 2
 step "$BIN/mesh-control" nodes $CTL
 step "$BIN/mesh-executor" owned --state "$D/executor"
 
 say "Rescue: root drives the executor directly with a local file (it may carry an action; the link may not)."
-install -m 0600 "$HERE/demo.json" "$D/decl/rescue.json"
+install -m 0600 "$D/decl/demo.json" "$D/decl/rescue.json"
 say "On an enrolled node a local file must name the node: this one names none, and is refused."
-step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/rescue.json"
-sed 's/"node": ""/"node": "demo"/' "$HERE/demo.json" > "$D/decl/rescue.json"
+refused "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/rescue.json"
+sed 's/"node": ""/"node": "demo"/' "$D/decl/demo.json" > "$D/decl/rescue.json"
 say "Named, it is applied — recorded as the local source, so it undoes nothing the link applied."
 step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/rescue.json"
 step "$BIN/mesh-executor" plan --state "$D/executor" "$D/decl/rescue.json"
 say "An unsafe local file (writable by others) is refused; nothing changes."
-install -m 0666 "$HERE/demo.json" "$D/decl/open.json"
-step "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/open.json"
+install -m 0666 "$D/decl/demo.json" "$D/decl/open.json"
+refused "$BIN/mesh-executor" apply --state "$D/executor" "$D/decl/open.json"
 step "$BIN/mesh-executor" status --state "$D/executor"
 say "What this machine can be asked to do:"
 step "$BIN/mesh-executor" profile

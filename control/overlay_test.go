@@ -252,6 +252,19 @@ func TestOverlayAddressesStableAndUnique(t *testing.T) {
 	if _, err := s.client.OverlayAddress(ctx, names[1]); err == nil || !strings.Contains(err.Error(), "is full") {
 		t.Fatalf("a third node in a /30: %v", err)
 	}
+	// An allocation for the network before (a roster composed a moment
+	// before the change) takes nothing and gives nothing back: alpha stays
+	// in the /30 and names[1] still finds it full.
+	held, _ := s.client.OverlayAddress(ctx, "alpha")
+	if _, err := s.client.Allocate(ctx, "alpha", netip.MustParsePrefix(other)); err == nil || !strings.Contains(err.Error(), "the overlay network became 10.96.0.0/30") {
+		t.Fatalf("an allocation in the network before: %v", err)
+	}
+	if now, err := s.client.OverlayAddress(ctx, "alpha"); err != nil || now != held {
+		t.Fatalf("alpha moved from %s to %s (%v)", held, now, err)
+	}
+	if _, err := s.client.OverlayAddress(ctx, names[1]); err == nil || !strings.Contains(err.Error(), "is full") {
+		t.Fatalf("a third node in a /30, after a stale allocation: %v", err)
+	}
 
 	// Settings a node would refuse are refused here.
 	for _, bad := range []control.OverlayChange{

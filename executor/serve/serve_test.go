@@ -514,6 +514,10 @@ func child(mode, sock, dir string) int {
 				o.Outcome, o.Code = string(body.(*wire.Verdict).Outcome), body.(*wire.Verdict).Code.String()
 				break
 			}
+			if k == wire.KindPlanReply {
+				o.Outcome, o.Code = string(body.(*wire.PlanReply).Outcome), body.(*wire.PlanReply).Code.String()
+				break
+			}
 			if k == wire.KindArchiveAck {
 				o.Outcome = map[bool]string{true: "stored", false: "not-stored"}[body.(*wire.ArchiveAck).Stored]
 				break
@@ -700,6 +704,8 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// No enrolment is pending: an empty offer, and a grant (or a
 		// refusal) handed over is answered and changes nothing.
 		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply", "ready/profile": "profile-reply",
+		// An empty plan request is no envelope: answered, refused.
+		"ready/plan": "plan-reply refused malformed",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

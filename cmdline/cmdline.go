@@ -350,6 +350,10 @@ type Def struct {
 	Min, Max   int
 	Flags      []string
 	Summary    string
+	// Vet, when set, has the command's own word on its positional
+	// arguments before they are counted: a refusal that says more than
+	// "takes no arguments" (a secret given where any user can read it).
+	Vet func(pos []string) error
 }
 
 // Table is a program's commands, each with the flag set it parses.
@@ -449,6 +453,9 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	case err != nil:
 		fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
 		return i, nil, fs, 2, true
+	case d.Vet != nil && d.Vet(pos) != nil:
+		fmt.Fprintf(stderr, "%s %s: %v\n", t.Name, d.Name, d.Vet(pos))
+		return i, nil, fs, 2, true
 	case len(pos) < d.Min || len(pos) > d.Max:
 		what := d.Args
 		if d.Max == 0 {
@@ -468,6 +475,9 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	}
 	return i, pos, fs, 0, false
 }
+
+// Vetted is d with Vet set.
+func (d Def) Vetted(vet func(pos []string) error) Def { d.Vet = vet; return d }
 
 // D is a Def, written in a table's row.
 func D(name, args string, min, max int, flags []string, summary string) Def {

@@ -99,7 +99,7 @@ so (exit 2)`),
 node's keys, and wait for the agent to bring back the grant. Exit 0 enrolled, 1 refused (saying by
 whom and why), 2 refused before anything changed, 3 still pending. On an enrolled host, a token
 for another node is refused by the control side unless --replace; --cancel ends a pending
-enrolment`),
+enrolment`).Vetted(noTokenInArgs),
 	cmdline.D("version", "", 0, 0, []string{"json"}, "this binary's version"),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-executor"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-executor's manual page (roff)"),

@@ -24,16 +24,21 @@ type enrolFlags struct {
 	cancel    bool // end the pending enrolment instead
 }
 
+// noTokenInArgs refuses a token given on the command line, saying why
+// (the table's Vet for enrol).
+func noTokenInArgs(pos []string) error {
+	for _, a := range pos {
+		if strings.HasPrefix(strings.TrimSpace(a), "nmt") {
+			return errors.New("a token is never taken from the command line (any user can read it in the process list, and the shell keeps it); pipe it on standard input or name a root-only file with --token-file")
+		}
+	}
+	return nil
+}
+
 // enrolCmd begins an enrolment with a token read from standard input or a
 // root-only file — never the command line, where any user could read it
 // in the process list — and waits for the agent to finish it.
 func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
-	for _, a := range args {
-		if strings.HasPrefix(strings.TrimSpace(a), "nmt") {
-			fmt.Fprintln(c.errw, "executor: enrol: a token is never taken from the command line (any user can read it in the process list, and the shell keeps it); pipe it on standard input or name a root-only file with --token-file")
-			return ExitRefused
-		}
-	}
 	if len(args) > 0 {
 		fmt.Fprintf(c.errw, "executor: enrol: unexpected argument %q\n", args[0])
 		return ExitRefused

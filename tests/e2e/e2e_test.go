@@ -409,9 +409,10 @@ func TestArchiveOverTheLink(t *testing.T) {
 func TestBriefingUpwardHoldsAssignments(t *testing.T) {
 	m := newMesh(t)
 	os.WriteFile(filepath.Join(m.tree, "motd"), []byte("the machine's own\n"), 0o644)
+	os.Mkdir(filepath.Join(m.tree, "adir"), 0o755) // a directory where a file is declared: the line fails
 	seq := m.declare(`{"version":1,"adopted":true,"resources":[` +
 		`{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"mesh\n"},` +
-		`{"module":"base","id":"broken","type":"file","path":"{root}/missing/dir/x","content":"x"}]}`)
+		`{"module":"base","id":"broken","type":"file","path":"{root}/adir","content":"x"}]}`)
 	r := m.reportFor(seq)
 	if r.Outcome != shapes.Failed {
 		t.Fatalf("%+v", r)

@@ -705,7 +705,7 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// refusal) handed over is answered and changes nothing.
 		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply", "ready/profile": "profile-reply",
 		// An empty plan request is no envelope: answered, refused.
-		"ready/plan": "plan-reply refused malformed",
+		"ready/plan":      "plan-reply refused malformed",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

@@ -35,6 +35,9 @@ func reportAs(t *testing.T, id *agent.Identity, seq uint64, outcome shapes.Outco
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	if b != nil && b.At.IsZero() { // as the executor's: the apply's sequence and time
+		b.Seq, b.At = seq, time.Now().UTC()
+	}
 	data, _ := json.Marshal(&link.Report{Node: id.Node, Enrolment: id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration,
 		Outcome: outcome, Lines: lines, Briefing: b, At: time.Now().UTC()})
 	sig, err := id.Sign(data)

@@ -3,9 +3,24 @@ package control
 import (
 	"context"
 	"net/netip"
+	"time"
 )
 
 // Allocate is allocate, for a test that races the overlay's settings.
 func (c *Client) Allocate(ctx context.Context, node string, network netip.Prefix) (netip.Addr, error) {
 	return c.allocate(ctx, node, network)
+}
+
+// Lane is one recorder lane, for a test of two serve processes' lanes
+// recording one node's reports.
+type Lane struct{ w *recorder }
+
+// Lane is a new lane of c's recorder.
+func (c *Client) Lane() *Lane {
+	return &Lane{&recorder{c: c, kind: "report", last: map[string]uint64{}, kept: map[string]kept{}}}
+}
+
+// PutReport keeps data as node's last report, unless a newer one is there.
+func (l *Lane) PutReport(ctx context.Context, node string, data []byte, seq uint64, at time.Time) error {
+	return l.w.putNewest(ctx, "report."+node, data, seq, at, orderOf)
 }

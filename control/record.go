@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
@@ -81,7 +82,7 @@ func (c *Client) Record(ctx context.Context) error {
 			wg.Add(1)
 			go func(lane chan jetstream.Msg, kind string) {
 				defer wg.Done()
-				w := &recorder{c: c, keys: keys, kind: kind, last: map[string]uint64{}}
+				w := &recorder{c: c, keys: keys, kind: kind, last: map[string]uint64{}, kept: map[string]kept{}}
 				for {
 					select {
 					case <-ctx.Done():
@@ -128,6 +129,7 @@ type recorder struct {
 	keys *keyCache
 	kind string
 	last map[string]uint64
+	kept map[string]kept // by registry key: what this lane wrote there last
 }
 
 // record folds m into the registry. An error is a registry write that
@@ -197,7 +199,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// apply's.
 		return nil
 	}
-	if _, err := c.putRetrying(ctx, "report."+node, m.Data()); err != nil {
+	if err := w.putNewest(ctx, "report."+node, m.Data(), msg.Seq, msg.At, orderOf); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
 	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplyMS)
@@ -206,7 +208,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// signed, if the node is enrolled again after losing its store.
 	if msg.Owned != nil {
 		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned})
-		if _, err := c.putRetrying(ctx, "owned."+node, data); err != nil {
+		if err := w.putNewest(ctx, "owned."+node, data, msg.Seq, msg.At, ownedOrderOf); err != nil {
 			return fmt.Errorf("registry: what %s owns: %w", node, err)
 		}
 	}
@@ -214,12 +216,108 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
 		if data, err := json.Marshal(msg.Briefing); err == nil {
-			if _, err := c.putRetrying(ctx, "briefing."+node, data); err != nil {
+			if err := w.putNewest(ctx, "briefing."+node, data, msg.Briefing.Seq, msg.Briefing.At, orderOf); err != nil {
 				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
 	}
 	return nil
+}
+
+// kept is a value in the registry as this recorder knows it: its
+// revision (0: no value) and its order.
+type kept struct {
+	rev uint64
+	seq uint64
+	at  time.Time
+}
+
+// newer reports whether (seq, at) comes after k's value: a higher
+// sequence, or the same one said later (a reconnect's report of the
+// sequence applied). A report of sequence 0 (an envelope that did not
+// verify names none) is ordered by the node's time alone. The sequence
+// comes first because it is the control side's, where the node's clock
+// may step back.
+func (k kept) newer(seq uint64, at time.Time) bool {
+	if k.rev == 0 {
+		return true // nothing there
+	}
+	if seq == 0 || k.seq == 0 || seq == k.seq {
+		return at.After(k.at)
+	}
+	return seq > k.seq
+}
+
+// orderOf reads the order of a report or a briefing kept in the registry.
+func orderOf(b []byte) (uint64, time.Time) {
+	var v struct {
+		Seq uint64    `json:"seq"`
+		At  time.Time `json:"at"`
+	}
+	json.Unmarshal(b, &v)
+	return v.Seq, v.At
+}
+
+// ownedOrderOf reads the order of an owned copy kept in the registry.
+func ownedOrderOf(b []byte) (uint64, time.Time) {
+	var v ownedCopy
+	json.Unmarshal(b, &v)
+	return v.Seq, v.Reported
+}
+
+// putNewest writes data, of order (seq, at), to key unless the registry
+// holds a newer value there. Two serve processes record one node's
+// reports, whichever takes each; a plain Put would let the slower write
+// an older report over a newer one, and the registry would claim less
+// than happened. The write is an Update on the revision this lane wrote
+// last — no read in the steady state, where one lane records a node's
+// reports in a row (the fan-out's cost, docs/benchmarks.md) — and only
+// when that revision is not the key's (the first write since start, or
+// the other process wrote since) is the value read and compared first.
+// A transient registry error is tried again for up to putRetryFor.
+func (w *recorder) putNewest(ctx context.Context, key string, data []byte, seq uint64, at time.Time, order func([]byte) (uint64, time.Time)) error {
+	deadline := time.Now().Add(putRetryFor)
+	last, known := w.kept[key]
+	for wait := 200 * time.Millisecond; ; {
+		var err error
+		if !known {
+			var e jetstream.KeyValueEntry
+			switch e, err = w.c.KV.Get(ctx, key); {
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				last, known, err = kept{}, true, nil
+			case err == nil:
+				s, a := order(e.Value())
+				last, known = kept{rev: e.Revision(), seq: s, at: a}, true
+			}
+		}
+		if known {
+			if !last.newer(seq, at) {
+				return nil // a newer one is there (this an older, or a redelivery)
+			}
+			var rev uint64
+			if last.rev == 0 {
+				rev, err = w.c.KV.Create(ctx, key, data)
+			} else {
+				rev, err = w.c.KV.Update(ctx, key, data, last.rev)
+			}
+			if err == nil {
+				w.kept[key] = kept{rev: rev, seq: seq, at: at}
+				return nil
+			}
+			known = false // written by another since, or not answered: read it again
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			select { // not answered: wait before trying again
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 2*time.Second)
+		}
+	}
 }
 
 // putRetryFor is how long the recorder tries a registry write again

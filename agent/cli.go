@@ -137,12 +137,9 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	// Drop everything before touching the network.
 	asRoot := os.Geteuid() == 0
 	if *selfCheck {
-		// A diagnosis, beside a running agent: it touches no state.
-		if asRoot {
-			if uid, gid, err := LookupUser(*userName); err == nil {
-				PrepareStateDir(*state, uid, gid)
-			}
-		}
+		// A diagnosis, beside a running agent: it touches no state (it
+		// made the state directory --user's, and `--self-check --user
+		// nobody` took a running agent's directory from it).
 		_, _, err := Drop(*userName)
 		return selfReport(stdout, version, build, err)
 	}

@@ -139,9 +139,23 @@ func TestPrivilegeDrop(t *testing.T) {
 	if out, err := exec.Command(bin, "--user", "root", "--state", state, "--self-check").CombinedOutput(); err == nil {
 		t.Fatalf("mesh-agent --user root ran: %s", out)
 	}
-	// The self-check an upgrade runs prints the JSON form every output keeps.
-	out, err := exec.Command(bin, "--user", "nobody", "--self-check").Output()
-	if err := errors.Join(err, jsonform.Check(out)); err != nil || !strings.Contains(string(out), `"confined": true`) {
-		t.Fatalf("--self-check: %v\n%s", err, out)
+	// The self-check an upgrade runs prints the JSON form every output
+	// keeps, and touches no state: not the directory it is named (a
+	// running agent's), nor one it would have made.
+	fresh, held := filepath.Join(base, "fresh"), filepath.Join(base, "held")
+	os.Mkdir(held, 0o750) // another agent's, say: root's here
+	for _, st := range []string{held, fresh} {
+		before, _ := os.Stat(st)
+		out, err := exec.Command(bin, "--user", "nobody", "--state", st, "--self-check").Output()
+		if err := errors.Join(err, jsonform.Check(out)); err != nil || !strings.Contains(string(out), `"confined": true`) {
+			t.Fatalf("--self-check: %v\n%s", err, out)
+		}
+		after, err := os.Stat(st)
+		if before == nil && err == nil {
+			t.Errorf("--self-check made %s", st)
+		}
+		if before != nil && (after == nil || after.Sys().(*syscall.Stat_t).Uid != before.Sys().(*syscall.Stat_t).Uid || after.Mode() != before.Mode()) {
+			t.Errorf("--self-check changed %s: %v to %v", st, before.Mode(), after)
+		}
 	}
 }

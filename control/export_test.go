@@ -3,7 +3,6 @@ package control
 import (
 	"context"
 	"net/netip"
-	"time"
 )
 
 // Allocate is allocate, for a test that races the overlay's settings.
@@ -20,7 +19,8 @@ func (c *Client) Lane() *Lane {
 	return &Lane{&recorder{c: c, kind: "report", last: map[string]uint64{}, kept: map[string]kept{}}}
 }
 
-// PutReport keeps data as node's last report, unless a newer one is there.
-func (l *Lane) PutReport(ctx context.Context, node string, data []byte, seq uint64, at time.Time) error {
-	return l.w.putNewest(ctx, "report."+node, data, seq, at, orderOf)
+// PutReport keeps data, the report of stream sequence recorded, as node's
+// last report, unless a newer one is there.
+func (l *Lane) PutReport(ctx context.Context, node string, data []byte, recorded uint64) error {
+	return l.w.putNewest(ctx, "report."+node, withRecorded(data, recorded), recorded)
 }

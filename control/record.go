@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -148,7 +149,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	}
 	// Redelivered after a newer one of the same node was recorded (the
 	// ack was lost): not recorded over it.
+	var recorded uint64 // the report's place in its stream: the order of a node's reports
 	if md, err := m.Metadata(); err == nil {
+		recorded = md.Sequence.Stream
 		if md.Sequence.Stream <= w.last[node] {
 			return nil
 		}
@@ -199,7 +202,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// apply's.
 		return nil
 	}
-	if err := w.putNewest(ctx, "report."+node, m.Data(), msg.Seq, msg.At, orderOf); err != nil {
+	if err := w.putNewest(ctx, "report."+node, withRecorded(m.Data(), recorded), recorded); err != nil {
 		return fmt.Errorf("registry: the report of %s: %w", node, err)
 	}
 	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplyMS)
@@ -207,8 +210,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// carries it (an apply's; not a refusal's): the copy handed back,
 	// signed, if the node is enrolled again after losing its store.
 	if msg.Owned != nil {
-		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned})
-		if err := w.putNewest(ctx, "owned."+node, data, msg.Seq, msg.At, ownedOrderOf); err != nil {
+		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned, Recorded: recorded})
+		if err := w.putNewest(ctx, "owned."+node, data, recorded); err != nil {
 			return fmt.Errorf("registry: what %s owns: %w", node, err)
 		}
 	}
@@ -216,7 +219,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
 		if data, err := json.Marshal(msg.Briefing); err == nil {
-			if err := w.putNewest(ctx, "briefing."+node, data, msg.Briefing.Seq, msg.Briefing.At, orderOf); err != nil {
+			if err := w.putNewest(ctx, "briefing."+node, withRecorded(data, recorded), recorded); err != nil {
 				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
@@ -225,57 +228,51 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 }
 
 // kept is a value in the registry as this recorder knows it: its
-// revision (0: no value) and its order.
-type kept struct {
-	rev uint64
-	seq uint64
-	at  time.Time
+// revision (0: no value) and the recorded sequence it carries.
+type kept struct{ rev, recorded uint64 }
+
+// withRecorded adds "recorded_seq": the report's sequence in its stream
+// (the broker's: a node's reports are in the order the node sent them, and
+// no clock of the node's or sequence of the control side's orders them
+// as surely — a refusal names whatever sequence it was sent) to a JSON
+// object the recorder keeps. Spliced in, not decoded and encoded: the
+// node's report is kept as it sent it.
+func withRecorded(obj []byte, recorded uint64) []byte {
+	t := bytes.TrimRight(obj, " \t\r\n")
+	if len(t) < 2 || t[len(t)-1] != '}' || recorded == 0 {
+		return obj
+	}
+	sep := ","
+	if len(bytes.TrimSpace(t[:len(t)-1])) == 1 { // "{": an empty object
+		sep = ""
+	}
+	out := append(bytes.Clone(t[:len(t)-1]), sep+`"recorded_seq":`...)
+	out = strconv.AppendUint(out, recorded, 10)
+	return append(out, '}')
 }
 
-// newer reports whether (seq, at) comes after k's value: a higher
-// sequence, or the same one said later (a reconnect's report of the
-// sequence applied). A report of sequence 0 (an envelope that did not
-// verify names none) is ordered by the node's time alone. The sequence
-// comes first because it is the control side's, where the node's clock
-// may step back.
-func (k kept) newer(seq uint64, at time.Time) bool {
-	if k.rev == 0 {
-		return true // nothing there
-	}
-	if seq == 0 || k.seq == 0 || seq == k.seq {
-		return at.After(k.at)
-	}
-	return seq > k.seq
-}
-
-// orderOf reads the order of a report or a briefing kept in the registry.
-func orderOf(b []byte) (uint64, time.Time) {
+// recordedOf reads "recorded_seq" from a value the recorder kept (0 in
+// one kept before it wrote it: older than any it writes now).
+func recordedOf(b []byte) uint64 {
 	var v struct {
-		Seq uint64    `json:"seq"`
-		At  time.Time `json:"at"`
+		Recorded uint64 `json:"recorded_seq"`
 	}
 	json.Unmarshal(b, &v)
-	return v.Seq, v.At
+	return v.Recorded
 }
 
-// ownedOrderOf reads the order of an owned copy kept in the registry.
-func ownedOrderOf(b []byte) (uint64, time.Time) {
-	var v ownedCopy
-	json.Unmarshal(b, &v)
-	return v.Seq, v.Reported
-}
-
-// putNewest writes data, of order (seq, at), to key unless the registry
-// holds a newer value there. Two serve processes record one node's
-// reports, whichever takes each; a plain Put would let the slower write
-// an older report over a newer one, and the registry would claim less
-// than happened. The write is an Update on the revision this lane wrote
-// last — no read in the steady state, where one lane records a node's
-// reports in a row (the fan-out's cost, docs/benchmarks.md) — and only
-// when that revision is not the key's (the first write since start, or
-// the other process wrote since) is the value read and compared first.
-// A transient registry error is tried again for up to putRetryFor.
-func (w *recorder) putNewest(ctx context.Context, key string, data []byte, seq uint64, at time.Time, order func([]byte) (uint64, time.Time)) error {
+// putNewest writes data, the report of stream sequence recorded (or what
+// the recorder keeps of it), to key unless the registry holds a newer one.
+// Two serve processes record one node's reports, whichever takes each; a
+// plain Put would let the slower write an older report over a newer one,
+// and the registry would claim less than happened. The write is an Update
+// on the revision this lane wrote last — no read in the steady state,
+// where one lane records a node's reports in a row (the fan-out's cost,
+// docs/benchmarks.md) — and only when that revision is not the key's (the
+// first write since start, or the other process wrote since) is the
+// value read and compared first. A transient registry error is tried
+// again for up to putRetryFor.
+func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recorded uint64) error {
 	deadline := time.Now().Add(putRetryFor)
 	last, known := w.kept[key]
 	for wait := 200 * time.Millisecond; ; {
@@ -286,12 +283,11 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, seq u
 			case errors.Is(err, jetstream.ErrKeyNotFound):
 				last, known, err = kept{}, true, nil
 			case err == nil:
-				s, a := order(e.Value())
-				last, known = kept{rev: e.Revision(), seq: s, at: a}, true
+				last, known = kept{rev: e.Revision(), recorded: recordedOf(e.Value())}, true
 			}
 		}
 		if known {
-			if !last.newer(seq, at) {
+			if last.rev != 0 && recorded <= last.recorded {
 				return nil // a newer one is there (this an older, or a redelivery)
 			}
 			var rev uint64
@@ -301,7 +297,7 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, seq u
 				rev, err = w.c.KV.Update(ctx, key, data, last.rev)
 			}
 			if err == nil {
-				w.kept[key] = kept{rev: rev, seq: seq, at: at}
+				w.kept[key] = kept{rev: rev, recorded: recorded}
 				return nil
 			}
 			known = false // written by another since, or not answered: read it again

@@ -150,8 +150,9 @@ func TestRecorderHeartbeatsAndReports(t *testing.T) {
 
 // Two serve processes record one node's reports, whichever takes each: the
 // slower writing an older report after a newer one leaves the newer as the
-// node's last, in either order; a refusal that names no sequence is
-// ordered by the node's time.
+// node's last, in either order. Older is the report's place in the
+// stream, not its sequence: a refusal carries whatever sequence it was
+// sent (a forged 1003), and the next apply's report still comes after it.
 func TestLastReportNeverGoesBack(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -162,38 +163,36 @@ func TestLastReportNeverGoesBack(t *testing.T) {
 	}
 	defer c2.Close()
 	one, two := s.client.Lane(), c2.Lane()
-	t0 := time.Now().UTC()
-	report := func(seq uint64, at time.Time, outcome shapes.Outcome) []byte {
-		b, _ := json.Marshal(&link.Report{Node: "n", Seq: seq, Outcome: outcome, At: at, Lines: []shapes.Line{}})
-		return b
-	}
 	last := func() (uint64, shapes.Outcome) {
 		e, err := s.client.KV.Get(ctx, "report.n")
 		if err != nil {
 			t.Fatal(err)
 		}
 		var r link.Report
-		json.Unmarshal(e.Value(), &r)
+		if err := json.Unmarshal(e.Value(), &r); err != nil {
+			t.Fatalf("%v: %s", err, e.Value())
+		}
 		return r.Seq, r.Outcome
 	}
 	for i, step := range []struct {
-		lane    *control.Lane
-		seq     uint64
-		at      time.Duration
-		outcome shapes.Outcome
-		want    uint64
-		wantOut shapes.Outcome
+		lane     *control.Lane
+		recorded uint64
+		seq      uint64
+		outcome  shapes.Outcome
+		want     uint64
+		wantOut  shapes.Outcome
 	}{
-		{one, 4, 0, shapes.Applied, 4, shapes.Applied},
-		{two, 6, 2 * time.Second, shapes.Applied, 6, shapes.Applied},     // the other process, newer
-		{one, 5, 1 * time.Second, shapes.Failed, 6, shapes.Applied},      // the slower one, older: dropped
-		{two, 5, 1 * time.Second, shapes.Failed, 6, shapes.Applied},      // and by the lane that wrote 6
-		{two, 6, 3 * time.Second, shapes.Unchanged, 6, shapes.Unchanged}, // the same sequence said later
-		{one, 0, 4 * time.Second, shapes.Refused, 0, shapes.Refused},     // a forged one's refusal, later
-		{two, 0, 1 * time.Second, shapes.Failed, 0, shapes.Refused},      // one said before it: dropped
-		{one, 7, 5 * time.Second, shapes.Applied, 7, shapes.Applied},
+		{one, 10, 4, shapes.Applied, 4, shapes.Applied},
+		{two, 12, 6, shapes.Applied, 6, shapes.Applied},       // the other process, newer
+		{one, 11, 5, shapes.Failed, 6, shapes.Applied},        // the slower one, older: dropped
+		{two, 11, 5, shapes.Failed, 6, shapes.Applied},        // and by the lane that wrote 6
+		{two, 13, 6, shapes.Unchanged, 6, shapes.Unchanged},   // the same sequence, said later
+		{one, 14, 1003, shapes.Refused, 1003, shapes.Refused}, // a refusal, of whatever it was sent
+		{two, 15, 7, shapes.Applied, 7, shapes.Applied},       // the next apply comes after it
+		{one, 14, 1003, shapes.Refused, 7, shapes.Applied},    // redelivered: older
 	} {
-		if err := step.lane.PutReport(ctx, "n", report(step.seq, t0.Add(step.at), step.outcome), step.seq, t0.Add(step.at)); err != nil {
+		b, _ := json.Marshal(&link.Report{Node: "n", Seq: step.seq, Outcome: step.outcome, Lines: []shapes.Line{}})
+		if err := step.lane.PutReport(ctx, "n", b, step.recorded); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
 		if seq, out := last(); seq != step.want || out != step.wantOut {

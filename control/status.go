@@ -184,6 +184,7 @@ type ownedCopy struct {
 	Seq       uint64            `json:"seq"`
 	Reported  time.Time         `json:"reported"`
 	Entries   []wire.OwnedEntry `json:"entries"`
+	Recorded  uint64            `json:"recorded_seq,omitempty"` // the report's stream sequence (withRecorded)
 }
 
 // Briefing returns the last briefing a node reported, or nil.

@@ -63,7 +63,11 @@ type Report struct {
 	// them), in the order of the resources' "module.id" (a list, not a
 	// map keyed by data: every JSON output keeps snake_case keys).
 	PlanID string `json:"plan_id,omitempty"`
-	Diffs  []Diff `json:"diffs,omitempty"`
+	// RecordedSeq is the control side's, not the node's: the report's
+	// sequence in the report stream, added to the registry's copy of a
+	// node's last report by the recorder, which keeps the newest by it.
+	RecordedSeq uint64 `json:"recorded_seq,omitempty"`
+	Diffs       []Diff `json:"diffs,omitempty"`
 	// ApplyMS is how long the executor took, in whole milliseconds, from
 	// the declaration handed over to its verdict (a declaration's report).
 	ApplyMS          int64     `json:"apply_ms,omitempty"`

@@ -268,13 +268,19 @@ func recordedOf(b []byte) uint64 {
 // and the registry would claim less than happened. The write is an Update
 // on the revision this lane wrote last — no read in the steady state,
 // where one lane records a node's reports in a row (the fan-out's cost,
-// docs/benchmarks.md) — and only when that revision is not the key's (the
-// first write since start, or the other process wrote since) is the
-// value read and compared first. A transient registry error is tried
+// docs/benchmarks.md); a key this lane has not written is first created;
+// only when that fails, or the revision is not the key's (the other
+// process wrote since), is the value read and compared first. A transient registry error is tried
 // again for up to putRetryFor.
 func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recorded uint64) error {
 	deadline := time.Now().Add(putRetryFor)
 	last, known := w.kept[key]
+	if !known {
+		// Not written by this lane yet: first guessed absent (a Create, one
+		// round trip, where a read and a write would be two: the first
+		// report of each node of a new fleet), read if it is not.
+		last, known = kept{}, true
+	}
 	for wait := 200 * time.Millisecond; ; {
 		var err error
 		if !known {

@@ -273,7 +273,6 @@ func recordedOf(b []byte) uint64 {
 // process wrote since), is the value read and compared first. A transient registry error is tried
 // again for up to putRetryFor.
 func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recorded uint64) error {
-	deadline := time.Now().Add(putRetryFor)
 	last, known := w.kept[key]
 	if !known {
 		// Not written by this lane yet: first guessed absent (a Create, one
@@ -281,45 +280,36 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recor
 		// report of each node of a new fleet), read if it is not.
 		last, known = kept{}, true
 	}
-	for wait := 200 * time.Millisecond; ; {
-		var err error
+	return retryRegistry(ctx, func() error {
 		if !known {
-			var e jetstream.KeyValueEntry
-			switch e, err = w.c.KV.Get(ctx, key); {
+			e, err := w.c.KV.Get(ctx, key)
+			switch {
 			case errors.Is(err, jetstream.ErrKeyNotFound):
-				last, known, err = kept{}, true, nil
-			case err == nil:
-				last, known = kept{rev: e.Revision(), recorded: recordedOf(e.Value())}, true
+				last = kept{}
+			case err != nil:
+				return err
+			default:
+				last = kept{rev: e.Revision(), recorded: recordedOf(e.Value())}
 			}
+			known = true
 		}
-		if known {
-			if last.rev != 0 && recorded <= last.recorded {
-				return nil // a newer one is there (this an older, or a redelivery)
-			}
-			var rev uint64
-			if last.rev == 0 {
-				rev, err = w.c.KV.Create(ctx, key, data)
-			} else {
-				rev, err = w.c.KV.Update(ctx, key, data, last.rev)
-			}
-			if err == nil {
-				w.kept[key] = kept{rev: rev, recorded: recorded}
-				return nil
-			}
+		if last.rev != 0 && recorded <= last.recorded {
+			return nil // a newer one is there (this an older, or a redelivery)
+		}
+		var rev uint64
+		var err error
+		if last.rev == 0 {
+			rev, err = w.c.KV.Create(ctx, key, data)
+		} else {
+			rev, err = w.c.KV.Update(ctx, key, data, last.rev)
+		}
+		if err != nil {
 			known = false // written by another since, or not answered: read it again
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			select { // not answered: wait before trying again
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, 2*time.Second)
-		}
-	}
+		w.kept[key] = kept{rev: rev, recorded: recorded}
+		return nil
+	}, func(err error) bool { return errors.Is(err, jetstream.ErrKeyExists) })
 }
 
 // putRetryFor is how long the recorder tries a registry write again
@@ -330,18 +320,34 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recor
 const putRetryFor = 20 * time.Second
 
 // putRetrying is KV.Put, tried again for up to putRetryFor.
-func (c *Client) putRetrying(ctx context.Context, key string, data []byte) (uint64, error) {
+func (c *Client) putRetrying(ctx context.Context, key string, data []byte) (rev uint64, err error) {
+	err = retryRegistry(ctx, func() error {
+		rev, err = c.KV.Put(ctx, key, data)
+		return err
+	}, nil)
+	return rev, err
+}
+
+// retryRegistry calls try until it succeeds, ctx ends or putRetryFor
+// passes: an error at once says is tried again at once (a compare-and-set
+// lost to another writer), any other after a wait that grows (the
+// registry did not answer).
+func retryRegistry(ctx context.Context, try func() error, atOnce func(error) bool) error {
 	deadline := time.Now().Add(putRetryFor)
-	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		rev, err := c.KV.Put(ctx, key, data)
+	for wait := 200 * time.Millisecond; ; {
+		err := try()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return rev, err
+			return err
+		}
+		if atOnce != nil && atOnce(err) {
+			continue
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return ctx.Err()
 		case <-time.After(wait):
 		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 

@@ -453,8 +453,7 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	case err != nil:
 		fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
 		return i, nil, fs, 2, true
-	case d.Vet != nil && d.Vet(pos) != nil:
-		fmt.Fprintf(stderr, "%s %s: %v\n", t.Name, d.Name, d.Vet(pos))
+	case d.Vet != nil && vet(d.Vet, pos, stderr, t.Name+" "+d.Name):
 		return i, nil, fs, 2, true
 	case len(pos) < d.Min || len(pos) > d.Max:
 		what := d.Args
@@ -474,6 +473,15 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		return i, nil, fs, 0, true
 	}
 	return i, pos, fs, 0, false
+}
+
+// vet says what f refuses of pos, as the program's name, and whether it did.
+func vet(f func([]string) error, pos []string, stderr io.Writer, name string) bool {
+	err := f(pos)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	}
+	return err != nil
 }
 
 // Vetted is d with Vet set.

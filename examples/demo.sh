@@ -14,6 +14,9 @@ BIN=$(readlink -f "${1:-bin}")
 HERE=$(cd "$(dirname "$0")" && pwd)
 D=${MESH_DEMO_DIR:-/tmp/mesh-demo}
 if [ "$(id -u)" != 0 ]; then echo "make demo runs as root (the executor does)"; exit 1; fi
+# One demo per scratch directory: a second would remove the first's.
+exec 9>"$D.lock"
+if ! flock -n 9; then echo "make demo: another demo is running in $D (it holds $D.lock); wait for it, or give MESH_DEMO_DIR another directory" >&2; exit 1; fi
 rm -rf "$D"; install -d -m 0755 "$D" "$D/machine" "$D/machine/etc" "$D/machine/srv"
 install -d -m 0700 "$D/control" "$D/executor" "$D/decl"
 # The examples' paths are under /tmp/mesh-demo: moved to $D.

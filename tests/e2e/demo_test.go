@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runDemo runs examples/demo.sh with binaries from dir in a scratch
@@ -98,5 +99,39 @@ func TestDemoKeepsItsLogsOnFailure(t *testing.T) {
 		if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(scratch)) {
 			t.Errorf("left running: %s", bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
 		}
+	}
+}
+
+// A second demo on the same scratch directory is refused, saying why,
+// and removes nothing of the first's.
+func TestSecondDemoRefused(t *testing.T) {
+	base, err := os.MkdirTemp("", "demo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	scratch := filepath.Join(base, "mesh-demo")
+	os.Mkdir(scratch, 0o755)
+	os.WriteFile(filepath.Join(scratch, "control.log"), []byte("the first demo's\n"), 0o644)
+	holder := exec.Command("flock", scratch+".lock", "sleep", "30")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	for i := 0; i < 100; i++ { // until flock holds it
+		if exec.Command("flock", "-n", scratch+".lock", "true").Run() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd := exec.Command("bash", "examples/demo.sh", bin)
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "MESH_DEMO_DIR="+scratch, "NO_COLOR=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another demo is running in "+scratch) {
+		t.Fatalf("a second demo: %v\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(scratch, "control.log")); string(b) != "the first demo's\n" {
+		t.Fatal("the second demo removed the first's scratch directory")
 	}
 }

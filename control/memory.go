@@ -13,51 +13,81 @@ import (
 // 10,000 nodes allocates hundreds of MiB, the heap grows to twice what is
 // live, and Go's scavenger would return it only over minutes; the
 // connections' goroutine stacks, grown while they wrote, shrink only at a
-// collection. One collection after the burst costs a fraction of a second
-// of CPU, once; a quiet fleet (heartbeats only) costs nothing.
+// collection (by half, and only when less than a quarter is in use).
 //
-// What it does not do is collect on a timer: measured at 10,000 nodes
-// (docs/benchmarks.md, session 3), a forced collection every 10 s held
-// serve at 62 KiB a node but doubled its idle CPU (4 → 9.6 % of a core),
-// every 30 s 81 KiB at 6.6 %; the live heap (each connection's state in
-// the broker, 37 KiB) leaves no room for a limit under 60 KiB that does
-// not have the collector run all the time.
+// A quiet serve also collects (and gives back) once it holds more garbage
+// than quietSlack, at most once every quietGap. Left to the runtime
+// (GOGC=100), a quiet serve holds as much garbage as it has live data —
+// the broker's state for every connection, 39 KiB a node — before a
+// collection comes, and the stacks stay as large as the last burst grew
+// them. Measured at 10,000 nodes (docs/benchmarks.md, session 6): 91–94
+// KiB a node without, 75 KiB with, at 5.8–7.2 % of a core idle against
+// 3.5–5.0 %. A collection on a timer was measured before (session 3):
+// every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
+// 6.6 % — a timer collects whether or not there is garbage; this collects
+// when there is. Never during a burst: there the runtime's own pacing
+// costs the fan-out the least CPU.
 
 // burstCheck is how often serve looks at how much it allocated.
 const burstCheck = 5 * time.Second
-
-// quietWatch decides, one interval at a time, when a burst has passed.
-type quietWatch struct{ inBurst bool }
 
 // burstFloor is the least allocation in one interval that is a burst;
 // above it, a burst is also a quarter of the live heap.
 const burstFloor = 64 << 20
 
-// step takes the bytes allocated in the last interval and the live heap,
-// and says whether now is the time to give memory back: the first quiet
-// interval after a burst.
-func (q *quietWatch) step(allocated, live uint64) bool {
+// quietSlack is how much garbage a quiet serve holds before it collects:
+// an eighth of the live heap, at least quietFloor (a small fleet's serve
+// is left to the runtime).
+func quietSlack(live uint64) uint64 { return max(quietFloor, live/8) }
+
+const quietFloor = 16 << 20
+
+// quietGap is the least time between two collections of a quiet serve: a
+// steady load just under a burst would otherwise have it collect at every
+// look (a collection of a 10,000-node serve's heap is half a second of
+// CPU).
+const quietGap = 20 * time.Second
+
+// quietWatch decides, one interval at a time, when to give memory back.
+type quietWatch struct {
+	inBurst bool
+	since   time.Duration // since the last give-back
+}
+
+// step takes the bytes allocated in the last interval (of burstCheck),
+// the live heap (as the last collection found it) and the heap's objects
+// now (live and not yet collected), and says whether now is the time to
+// give memory back: the first quiet interval after a burst, and, no more
+// often than every quietGap, when a quiet serve holds more garbage than
+// quietSlack.
+func (q *quietWatch) step(allocated, live, objects uint64) bool {
+	q.since += burstCheck
 	if allocated > max(burstFloor, live/4) {
 		q.inBurst = true
 		return false
 	}
-	was := q.inBurst
+	give := q.inBurst || (q.since >= quietGap && objects > live+quietSlack(live))
 	q.inBurst = false
-	return was
+	if give {
+		q.since = 0
+	}
+	return give
 }
 
 // giveBackWhenQuiet runs until ctx ends.
 func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
-	samples := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/live:bytes"}}
-	read := func() (allocs, live uint64) {
+	samples := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
+	read := func() (allocs, live, objects uint64) {
 		metrics.Read(samples)
-		if samples[0].Value.Kind() != metrics.KindUint64 || samples[1].Value.Kind() != metrics.KindUint64 {
-			return 0, 0
+		for _, s := range samples {
+			if s.Value.Kind() != metrics.KindUint64 {
+				return 0, 0, 0
+			}
 		}
-		return samples[0].Value.Uint64(), samples[1].Value.Uint64()
+		return samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
 	}
 	var q quietWatch
-	last, _ := read()
+	last, _, _ := read()
 	t := time.NewTicker(burstCheck)
 	defer t.Stop()
 	for {
@@ -66,8 +96,8 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 			return
 		case <-t.C:
 		}
-		allocs, live := read()
-		if q.step(allocs-last, live) {
+		allocs, live, objects := read()
+		if q.step(allocs-last, live, objects) {
 			start := time.Now()
 			debug.FreeOSMemory()
 			log.Debug("a burst passed: memory given back", "took", time.Since(start).Round(time.Millisecond))

@@ -2,29 +2,44 @@ package control
 
 import "testing"
 
-// Memory is given back once, at the first quiet interval after a burst:
-// not while it lasts, not while the fleet is quiet, and a burst is
-// measured against the live heap as it grows.
+// Memory is given back at the first quiet interval after a burst (not
+// while it lasts), and while the fleet is quiet only when the garbage is
+// over the slack, no more often than quietGap; a burst is measured
+// against the live heap as it grows.
 func TestQuietWatch(t *testing.T) {
 	const mib = 1 << 20
+	if steps := int(quietGap / burstCheck); steps != 4 {
+		t.Fatalf("the table is written for a quietGap of 4 intervals, it is %d", steps)
+	}
 	var q quietWatch
 	for i, c := range []struct {
-		allocated, live uint64
-		want            bool
+		allocated, live, objects uint64
+		want                     bool
 	}{
-		{10 * mib, 300 * mib, false},  // heartbeats only
-		{10 * mib, 300 * mib, false},  // still quiet: nothing to give
-		{500 * mib, 300 * mib, false}, // a fan-out
-		{400 * mib, 350 * mib, false}, // still going
-		{12 * mib, 350 * mib, true},   // passed: give back once
-		{12 * mib, 350 * mib, false},  // and not again
-		{70 * mib, 40 * mib, false},   // above the floor on a small heap: a burst
-		{30 * mib, 40 * mib, true},
-		{100 * mib, 800 * mib, false}, // under a quarter of a large heap: quiet
-		{100 * mib, 800 * mib, false},
+		{10 * mib, 300 * mib, 310 * mib, false},  // heartbeats only: little garbage
+		{10 * mib, 300 * mib, 320 * mib, false},  // still under the slack (37.5 MiB)
+		{500 * mib, 300 * mib, 800 * mib, false}, // a fan-out
+		{400 * mib, 350 * mib, 900 * mib, false}, // still going: the runtime paces it
+		{12 * mib, 350 * mib, 700 * mib, true},   // passed: give back once
+		{12 * mib, 350 * mib, 362 * mib, false},  // and not again
+		{12 * mib, 350 * mib, 420 * mib, false},  // over the slack, but too soon after
+		{12 * mib, 350 * mib, 430 * mib, false},
+		{12 * mib, 350 * mib, 440 * mib, true}, // quietGap since the last: collect
+		{12 * mib, 350 * mib, 362 * mib, false},
+		{70 * mib, 40 * mib, 110 * mib, false}, // above the floor on a small heap: a burst
+		{30 * mib, 40 * mib, 70 * mib, true},
+		{10 * mib, 40 * mib, 50 * mib, false}, // a small heap's garbage under the floor (16 MiB)
+		{10 * mib, 40 * mib, 54 * mib, false},
+		{10 * mib, 40 * mib, 55 * mib, false},
+		{10 * mib, 40 * mib, 55 * mib, false},
+		{10 * mib, 40 * mib, 55 * mib, false},    // a gap has passed: still under the floor
+		{100 * mib, 800 * mib, 810 * mib, false}, // under a quarter of a large heap: quiet
+		{100 * mib, 800 * mib, 890 * mib, false}, // over its slack (100 MiB)? not yet
+		{100 * mib, 800 * mib, 901 * mib, true},
 	} {
-		if got := q.step(c.allocated, c.live); got != c.want {
-			t.Fatalf("interval %d (%d MiB allocated, %d MiB live): give back %v, want %v", i, c.allocated/mib, c.live/mib, got, c.want)
+		if got := q.step(c.allocated, c.live, c.objects); got != c.want {
+			t.Fatalf("interval %d (%d MiB allocated, %d MiB live, %d MiB of objects): give back %v, want %v",
+				i, c.allocated/mib, c.live/mib, c.objects/mib, got, c.want)
 		}
 	}
 }

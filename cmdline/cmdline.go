@@ -342,6 +342,27 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// flagError is what the flag package said of a command line, except that
+// of a flag that only stands alone like a boolean (--wait, or --wait=5m)
+// it does not say "invalid boolean value": the flag's own reason is the
+// whole of it.
+func flagError(fs *flag.FlagSet, said string) string {
+	const prefix = "invalid boolean value "
+	if !strings.HasPrefix(said, prefix) {
+		return said
+	}
+	_, rest, ok := strings.Cut(said, " for -")
+	name, reason, ok2 := strings.Cut(rest, ": ")
+	f := fs.Lookup(name)
+	if !ok || !ok2 || f == nil {
+		return said
+	}
+	if fmt.Sprintf("%T", f.Value) == "*flag.boolValue" {
+		return said // a true boolean: the flag package's words are right
+	}
+	return "-" + name + ": " + reason
+}
+
 // Def is one row of a program's table of commands: its words, its
 // positional arguments as the usage writes them and how many (Min to
 // Max), the names of its flags, and what it does.
@@ -443,9 +464,12 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		return 0, nil, nil, 2, true
 	}
 	d := t.Defs[i]
-	fs = t.FlagSet(i, stderr)
+	var said strings.Builder // the flag package's words, said again in ours
+	fs = t.FlagSet(i, &said)
 	fs.Usage = func() {}
 	pos, err := Parse(fs, args)
+	fs.SetOutput(stderr)
+	io.WriteString(stderr, flagError(fs, said.String()))
 	switch {
 	case err == flag.ErrHelp:
 		t.Help(stdout, t.Commands[i])

@@ -184,3 +184,22 @@ func TestEveryCommandsHelpIsItsOwn(t *testing.T) {
 		}
 	}
 }
+
+// A flag that stands alone like a boolean but takes a value (--wait, or
+// --wait=5m) says its own reason for a bad value, not the flag package's
+// "invalid boolean value"; a true boolean keeps the flag package's words.
+func TestAFlagSaysItsOwnReason(t *testing.T) {
+	for _, c := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"declare", "--wait=abc", "n1", "f.json"}, `-wait: "abc" is not a time to wait`, "invalid boolean value"},
+		{[]string{"declare", "--json=maybe", "n1", "f.json"}, `invalid boolean value "maybe" for -json`, ""},
+	} {
+		var out, errw bytes.Buffer
+		code := control.Main(context.Background(), c.args, &out, &errw)
+		if code != 2 || !strings.Contains(errw.String(), c.want) || (c.not != "" && strings.Contains(errw.String(), c.not)) {
+			t.Errorf("mesh-control %s: exit %d, said %q; want exit 2 and %q", strings.Join(c.args, " "), code, errw.String(), c.want)
+		}
+	}
+}

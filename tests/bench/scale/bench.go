@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,12 @@ type fanoutResult struct {
 	ReceivedP100   float64 `json:"received_p100_seconds"`
 	RecordedP50    float64 `json:"recorded_p50_seconds"`
 	RecordedP100   float64 `json:"recorded_p100_seconds"`
+	// The CPU each process used from the first declare until every node's
+	// report was recorded (or the wait ended): what the two cores went to.
+	ControlCPUSeconds float64 `json:"control_cpu_seconds"`
+	AgentsCPUSeconds  float64 `json:"agents_cpu_seconds"`
+	WallSeconds       float64 `json:"wall_seconds"`
+	Cores             int     `json:"cores"`
 }
 
 type idleResult struct {
@@ -456,6 +463,8 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		errs     int
 		firstErr string
 	)
+	c0, cerr := sampleCPU(b.ctl.pid())
+	a0, aerr := sampleCPU(os.Getpid())
 	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
 	start := time.Now()
 	seqs, derrs := b.cl.DeclareAll(ctx, names, body)
@@ -487,10 +496,19 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	}
 	waitFor(ctx, b.cfg.fanoutTimeout-time.Since(start), tally)
 	tally()
+	c1, cerr1 := sampleCPU(b.ctl.pid())
+	a1, aerr1 := sampleCPU(os.Getpid())
 	r := &fanoutResult{Nodes: len(nodes), DeclareSeconds: declared.Seconds(), DeclareErrors: errs, FirstError: firstErr,
+		WallSeconds: time.Since(start).Seconds(), Cores: runtime.NumCPU(),
 		Received: len(received), Recorded: len(recorded),
 		ReceivedP50: percentile(received, 50).Seconds(), ReceivedP100: percentile(received, 100).Seconds(),
 		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds()}
+	if cerr == nil && cerr1 == nil && c1.ticks >= c0.ticks {
+		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
+	}
+	if aerr == nil && aerr1 == nil && a1.ticks >= a0.ticks {
+		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
+	}
 	b.log.Info("fan-out", "received", r.Received, "recorded", r.Recorded, "of", len(nodes),
 		"received_p100", seconds(percentile(received, 100)), "recorded_p100", seconds(percentile(recorded, 100)))
 	return r, ctx.Err()

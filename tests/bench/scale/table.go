@@ -196,7 +196,7 @@ func (b *bench) fanoutRows(f *fanoutResult, when string, n int) []row {
 		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s (one DeclareAll: `declare n1,n2,…`)%s",
 			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), declareErrors(f)))
 	fig := figure{value: f.RecordedP100, measured: f.Recorded > 0, failed: f.Recorded < f.Nodes}
-	res := fmt.Sprintf("p50 %s, p100 %s on %s nodes", secs(f.RecordedP50), secs(f.RecordedP100), thousands(f.Nodes))
+	res := fmt.Sprintf("p50 %s, p100 %s on %s nodes%s", secs(f.RecordedP50), secs(f.RecordedP100), thousands(f.Nodes), fanoutCPU(f))
 	if f.Recorded < f.Nodes {
 		res = fmt.Sprintf("%s of %s recorded within %s (p50 %s)", thousands(f.Recorded), thousands(f.Nodes), b.cfg.fanoutTimeout, secs(f.RecordedP50))
 	}
@@ -239,4 +239,15 @@ func declareErrors(f *fanoutResult) string {
 		return ""
 	}
 	return fmt.Sprintf("; %d declares failed, the first: %s", f.DeclareErrors, f.FirstError)
+}
+
+// fanoutCPU says what the cores went to during a fan-out: each process's
+// CPU time against the wall time times the cores.
+func fanoutCPU(f *fanoutResult) string {
+	if f.WallSeconds <= 0 || f.Cores <= 0 || f.ControlCPUSeconds+f.AgentsCPUSeconds == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; CPU meanwhile: serve %.1f s, this process %.1f s, of %.1f s × %d cores (%.0f %%)",
+		f.ControlCPUSeconds, f.AgentsCPUSeconds, f.WallSeconds, f.Cores,
+		(f.ControlCPUSeconds+f.AgentsCPUSeconds)/(f.WallSeconds*float64(f.Cores))*100)
 }

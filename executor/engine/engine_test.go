@@ -399,7 +399,10 @@ func TestAdoptionHolds(t *testing.T) {
 func TestRefusalsTouchNothing(t *testing.T) {
 	h := newHarness(t)
 	h.apply(h.doc(dirEtc, fileMot))
-	os.MkdirAll("/var/lib/mesh-host", 0o755)
+	// A link into the protected directory, which need not exist on this
+	// host (a dangling link is followed all the same): the test makes
+	// nothing outside its own tree (it made an empty /var/lib/mesh-host
+	// on the host, which the labs, overlaying the host's root, then saw).
 	link := h.p("innocent")
 	os.Symlink("/var/lib/mesh-host", link)
 	saved := runtimeSockets

@@ -14,31 +14,31 @@ func TestQuietWatch(t *testing.T) {
 	var q quietWatch
 	for i, c := range []struct {
 		allocated, live, objects uint64
-		want                     bool
+		want                     giveBack
 	}{
-		{10 * mib, 300 * mib, 310 * mib, false},  // heartbeats only: little garbage
-		{10 * mib, 300 * mib, 320 * mib, false},  // still under the slack (37.5 MiB)
-		{500 * mib, 300 * mib, 800 * mib, false}, // a fan-out
-		{400 * mib, 350 * mib, 900 * mib, false}, // still going: the runtime paces it
-		{12 * mib, 350 * mib, 700 * mib, true},   // passed: give back once
-		{12 * mib, 350 * mib, 362 * mib, false},  // and not again
-		{12 * mib, 350 * mib, 420 * mib, false},  // over the slack, but too soon after
-		{12 * mib, 350 * mib, 430 * mib, false},
-		{12 * mib, 350 * mib, 440 * mib, true}, // quietGap since the last: collect
-		{12 * mib, 350 * mib, 362 * mib, false},
-		{70 * mib, 40 * mib, 110 * mib, false}, // above the floor on a small heap: a burst
-		{30 * mib, 40 * mib, 70 * mib, true},
-		{10 * mib, 40 * mib, 50 * mib, false}, // a small heap's garbage under the floor (16 MiB)
-		{10 * mib, 40 * mib, 54 * mib, false},
-		{10 * mib, 40 * mib, 55 * mib, false},
-		{10 * mib, 40 * mib, 55 * mib, false},
-		{10 * mib, 40 * mib, 55 * mib, false},    // a gap has passed: still under the floor
-		{100 * mib, 800 * mib, 810 * mib, false}, // under a quarter of a large heap: quiet
-		{100 * mib, 800 * mib, 890 * mib, false}, // over its slack (100 MiB)? not yet
-		{100 * mib, 800 * mib, 901 * mib, true},
+		{10 * mib, 300 * mib, 310 * mib, keep},       // heartbeats only: little garbage
+		{10 * mib, 300 * mib, 320 * mib, keep},       // still under the slack (37.5 MiB)
+		{500 * mib, 300 * mib, 800 * mib, keep},      // a fan-out
+		{400 * mib, 350 * mib, 900 * mib, keep},      // still going: the runtime paces it
+		{12 * mib, 350 * mib, 700 * mib, afterBurst}, // passed: give back once
+		{12 * mib, 350 * mib, 362 * mib, keep},       // and not again
+		{12 * mib, 350 * mib, 420 * mib, keep},       // over the slack, but too soon after
+		{12 * mib, 350 * mib, 430 * mib, keep},
+		{12 * mib, 350 * mib, 440 * mib, garbage}, // quietGap since the last: collect
+		{12 * mib, 350 * mib, 362 * mib, keep},
+		{70 * mib, 40 * mib, 110 * mib, keep}, // above the floor on a small heap: a burst
+		{30 * mib, 40 * mib, 70 * mib, afterBurst},
+		{10 * mib, 40 * mib, 50 * mib, keep}, // a small heap's garbage under the floor (16 MiB)
+		{10 * mib, 40 * mib, 54 * mib, keep},
+		{10 * mib, 40 * mib, 55 * mib, keep},
+		{10 * mib, 40 * mib, 55 * mib, keep},
+		{10 * mib, 40 * mib, 55 * mib, keep},    // a gap has passed: still under the floor
+		{100 * mib, 800 * mib, 810 * mib, keep}, // under a quarter of a large heap: quiet
+		{100 * mib, 800 * mib, 890 * mib, keep}, // over its slack (100 MiB)? not yet
+		{100 * mib, 800 * mib, 901 * mib, garbage},
 	} {
 		if got := q.step(c.allocated, c.live, c.objects); got != c.want {
-			t.Fatalf("interval %d (%d MiB allocated, %d MiB live, %d MiB of objects): give back %v, want %v",
+			t.Fatalf("interval %d (%d MiB allocated, %d MiB live, %d MiB of objects): gave back %d, want %d",
 				i, c.allocated/mib, c.live/mib, c.objects/mib, got, c.want)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,6 +187,15 @@ func Run(ctx context.Context, o Options) error {
 			o.Identity = id
 		}
 		err := runLinked(ctx, o)
+		if errors.Is(err, errEarlierLayout) {
+			// A control side of an earlier version: it knows only the
+			// layout by kind, and this agent speaks it too.
+			id := *o.Identity
+			id.Layout, id.Subjects = link.LayoutByKind, link.NodeSubjects(id.Node, link.LayoutByKind)
+			o.Identity = &id
+			o.Log.Warn("the broker refused this agent's subjects by node: the control side is of an earlier version; linking again with the subjects by kind (upgrade the control side)", "node", id.Node)
+			continue
+		}
 		if errors.Is(err, errReenrol) {
 			// Root began an enrolment on a host that has an identity: carry
 			// it out; if it ends without a grant, go on as before.
@@ -220,6 +230,19 @@ var ErrRetired = errors.New("the executor holds no identity")
 
 // errReenrol: the executor has an enrolment pending for the agent.
 var errReenrol = errors.New("an enrolment is pending")
+
+// errEarlierLayout: the broker refused a publish under link.UpPrefix, as a
+// control side of an earlier version does (it gives every node the
+// layout by kind).
+var errEarlierLayout = errors.New("the control side knows only the layout by kind")
+
+// earlierLayout says whether err is the broker refusing a publish to one
+// of id's subjects by node: what a control side of an earlier version
+// answers, whatever the connection asked for.
+func earlierLayout(id *Identity, err error) bool {
+	return strings.HasPrefix(id.Subjects.DeclGet, link.UpPrefix+".") && errors.Is(err, nats.ErrPermissionViolation) &&
+		strings.Contains(err.Error(), `Publish to "`+link.UpPrefix+"."+id.Node+".")
+}
 
 // runLinked runs the agent with its identity until ctx ends, the executor
 // turns out to run another build (ErrUpgraded) or to hold no identity
@@ -290,6 +313,9 @@ func runLinked(ctx context.Context, o Options) error {
 	if errors.Is(context.Cause(ctx), errReenrol) {
 		return errReenrol
 	}
+	if errors.Is(context.Cause(ctx), errEarlierLayout) {
+		return errEarlierLayout
+	}
 	return nil
 }
 
@@ -341,6 +367,10 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(time.Now().Add(-10*time.Second))))
 			}),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				if earlierLayout(a.id, err) {
+					a.cancel(errEarlierLayout)
+					return
+				}
 				if le := explain(a.id.BrokerURL, err, nil); le.Reason == LinkAuthorization {
 					a.linkFailed(le) // revoked, most likely: said once, legibly
 					return

@@ -54,6 +54,9 @@ type Identity struct {
 	ControlKey ed25519.PublicKey
 	Node       string
 	Enrolment  string
+	// Layout is how the node's subjects are named (link.Layout): this
+	// agent's own, link.LayoutByNode; Subjects are its names in it.
+	Layout     link.Layout
 	Subjects   link.Subjects
 	nkey       nkeys.KeyPair
 	nkeyPublic string
@@ -152,7 +155,8 @@ func (c *Config) Identity() (*Identity, error) {
 		ControlKey: ed25519.PublicKey(ck),
 		Node:       c.Node,
 		Enrolment:  c.Enrolment,
-		Subjects:   link.SubjectsOf(c.Node),
+		Layout:     link.LayoutByNode,
+		Subjects:   link.NodeSubjects(c.Node, link.LayoutByNode),
 		nkey:       kp,
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,

@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -229,4 +231,66 @@ func TestNoticeCarriesTheDeclaration(t *testing.T) {
 	if want := []uint64{s1, s1 + 1}; !slices.Equal(decls, want) || len(garbage) != 0 {
 		t.Fatalf("the executor got %v (garbage %q), want %v", decls, garbage, want)
 	}
+}
+
+// An agent of an earlier version (link.LayoutByKind: it asks for no
+// layout in its connection's name) keeps working against this control
+// side: it hears its notice, reads its declaration, and its report and
+// heartbeats are taken — beside an agent of this version on the same
+// broker, each given its own layout's permissions only.
+func TestAnAgentOfTheEarlierLayoutStillWorks(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	for _, l := range []link.Layout{link.LayoutByKind, link.LayoutByNode} {
+		node := map[link.Layout]string{link.LayoutByKind: "earlier", link.LayoutByNode: "current"}[l]
+		id, _ := c.addNode(node)
+		if id.Layout != link.LayoutByNode {
+			t.Fatalf("this agent's identity has layout %d, not LayoutByNode", id.Layout)
+		}
+		id.Layout, id.Subjects = l, link.NodeSubjects(node, l)
+		ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+		runAgent(t, id, ex.path) // the timer minutes away: only the notice wakes it
+		waitFor(t, node+"'s first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+		seq := c.declare(node, fmt.Sprintf(motd, 1))
+		c.reports(node, node+"'s declaration applied", hasReport(seq, shapes.Applied))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		waitFor(t, node+"'s heartbeat stored", func() bool {
+			hb, err := c.client.JS.Stream(ctx, link.HeartbeatStream)
+			if err != nil {
+				return false
+			}
+			_, err = hb.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Heartbeat)
+			return err == nil
+		})
+		cancel()
+		// The other layout's door is shut to it.
+		other := link.NodeSubjects(node, 1-l)
+		nc, err := agent.Dial(id, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nc.Request(other.DeclGet, nil, 2*time.Second); err == nil {
+			t.Fatalf("%s (layout %d) read its declaration through the other layout's %s", node, l, other.DeclGet)
+		}
+		nc.Close()
+	}
+}
+
+// An agent of this version against a control side of an earlier one
+// (which gives every node the permissions of the layout by kind, whatever
+// its connection asks for): the broker refuses its publishes by node, and
+// the agent links again with its subjects by kind, rather than stay
+// linked and deaf. The earlier control side is the broker's answer: a
+// connection that does not ask for the layout by node is given the
+// layout by kind, as an earlier control side gives every connection.
+func TestAgentFallsBackToAnEarlierControlSide(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("newer")
+	id.Layout = link.LayoutByKind // the connection asks for nothing; its subjects stay by node
+	if !strings.HasPrefix(id.Subjects.DeclGet, link.UpPrefix+".") {
+		t.Fatalf("this agent's subjects are not by node: %s", id.Subjects.DeclGet)
+	}
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgentPolling(t, id, ex.path, 300*time.Millisecond) // it reads on its timer too: the notice may come before the fallback
+	seq := c.declare("newer", fmt.Sprintf(motd, 1))
+	c.reports("newer", "the declaration applied after the fallback", hasReport(seq, shapes.Applied))
 }

@@ -85,11 +85,16 @@ func explain(url string, err error, pin *link.PinError) *LinkError {
 }
 
 // linkOptions are the options every connection of this node's identity
-// uses: TLS pinned inside the handshake, its NKey, its own inbox prefix
-// (the only subjects it may subscribe to).
+// uses: its name (which asks for its layout of subjects), TLS pinned
+// inside the handshake, its NKey, its own inbox prefix (the only subjects
+// it may subscribe to).
 func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
+	name := "mesh-agent/" + id.Node
+	if id.Layout == link.LayoutByNode {
+		name += " " + link.LayoutTag
+	}
 	opts := []nats.Option{
-		nats.Name("mesh-agent/" + id.Node),
+		nats.Name(name),
 		nats.Secure(link.PinnedTLS(id.Pin, pins.note)),
 		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),

@@ -159,8 +159,27 @@ func TestPinFailsBeforeConnect(t *testing.T) {
 // publish on node B's subjects, nor reach the stream by any other door;
 // the broker refuses each, and B's subjects are untouched.
 func TestNodeIsolation(t *testing.T) {
+	for _, l := range []link.Layout{link.LayoutByNode, link.LayoutByKind} {
+		t.Run(map[link.Layout]string{link.LayoutByNode: "by node", link.LayoutByKind: "by kind (an earlier agent)"}[l], func(t *testing.T) {
+			nodeIsolation(t, l)
+		})
+	}
+}
+
+// inLayout is id as an agent of layout l has it.
+func inLayout(id *agent.Identity, l link.Layout) *agent.Identity {
+	c := *id
+	c.Layout, c.Subjects = l, link.NodeSubjects(id.Node, l)
+	return &c
+}
+
+// nodeIsolation is TestNodeIsolation with node alpha's agent of layout l:
+// whichever it asks for, it reaches its own subjects through its own
+// layout's doors, and nothing of beta's through either's.
+func nodeIsolation(t *testing.T, l link.Layout) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	_, a := enrolNode(t, s, "alpha")
+	a = inLayout(a, l)
 	enrolNode(t, s, "beta")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -201,7 +220,10 @@ func TestNodeIsolation(t *testing.T) {
 	// Subscribing to B's declarations or notices, or anything wider than
 	// its inbox and its own notices.
 	for _, subj := range []string{"mesh.decl.beta", "mesh.decl.*", "mesh.notice.beta", "mesh.notice.*", "mesh.>", ">", "_INBOX.beta.>", "_INBOX.>",
-		"$JS.API.DIRECT.GET.>", "mesh.enrol.*", "_INBOX.enrol-0011223344556677.>", "mesh.plan.beta", "mesh.plan.*"} {
+		"$JS.API.DIRECT.GET.>", "mesh.enrol.*", "_INBOX.enrol-0011223344556677.>", "mesh.plan.beta", "mesh.plan.*",
+		// B's by node, and its own by the layout it did not ask for.
+		"mesh.notice.beta.>", "mesh.notice.beta.plan", "mesh.notice.beta.inbox.>", "mesh.notice.*.>", "mesh.notice.>",
+		link.NodeSubjects("alpha", 1-l).Plan, link.NodeSubjects("alpha", 1-l).Inbox + ".>"} {
 		if _, err := nc.SubscribeSync(subj); err != nil {
 			t.Fatal(err)
 		}
@@ -229,6 +251,12 @@ func TestNodeIsolation(t *testing.T) {
 		// The enrolment subjects: a node cannot ask for another grant.
 		"mesh.enrol.0011223344556677",
 		"mesh.enrol.*",
+		// B's by the other layout, and its own by the layout it did not
+		// ask for.
+		link.UpPrefix + ".beta.decl",
+		link.UpPrefix + ".*.decl",
+		link.UpPrefix + ".>",
+		link.NodeSubjects("alpha", 1-l).DeclGet,
 	} {
 		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"last_by_subj":"mesh.decl.beta"}`)); err != nil {
 			t.Fatal(err)
@@ -236,7 +264,9 @@ func TestNodeIsolation(t *testing.T) {
 		refused("publish", subj)
 	}
 	// Publishing as B, as the control side, or a notice.
-	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha", "mesh.notice.beta", "mesh.notice.alpha", "mesh.plan.beta", "mesh.plan.alpha"} {
+	for _, subj := range []string{"mesh.report.beta", "mesh.heartbeat.beta", "mesh.decl.beta", "mesh.decl.alpha", "mesh.notice.beta", "mesh.notice.alpha", "mesh.plan.beta", "mesh.plan.alpha",
+		link.UpPrefix + ".beta.report", link.UpPrefix + ".beta.heartbeat", link.NodeSubjects("alpha", 1-l).Report, link.NodeSubjects("alpha", 1-l).Heartbeat,
+		"mesh.notice.beta.plan", "mesh.notice.alpha.plan", "mesh.notice.alpha.x"} {
 		if err := nc.Publish(subj, []byte(`{"node":"beta","outcome":"applied"}`)); err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +292,8 @@ func TestNodeIsolation(t *testing.T) {
 	if _, err := probe.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("the positive control: alpha's direct get is not answered: %v", err)
 	}
-	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.notice.beta"} {
+	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.notice.beta",
+		link.UpPrefix + ".beta.report", link.UpPrefix + ".beta.heartbeat", link.UpPrefix + ".beta.decl"} {
 		for _, req := range []struct {
 			subj string
 			data []byte

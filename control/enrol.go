@@ -420,12 +420,12 @@ func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *To
 }
 
 // UserJWT is the node's broker credential: a NATS user JWT for its NKey,
-// issued by the nodes' account, with exactly link.NodePermissions, without
-// expiry (revocation only).
+// issued by the nodes' account, with exactly link.NodePermissionsEither (the
+// agent it is for may be of either layout), without expiry (revocation only).
 func (c *Client) UserJWT(node, nkey string) (string, error) {
 	uc := jwt.NewUserClaims(nkey)
 	uc.Name = node
-	pub, sub := link.NodePermissions(node)
+	pub, sub := link.NodePermissionsEither(node)
 	uc.Pub.Allow.Add(pub...)
 	uc.Sub.Allow.Add(sub...)
 	return uc.Encode(c.Keys.Account)

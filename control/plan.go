@@ -49,8 +49,10 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if err != nil {
 		return "", err
 	}
-	if err := c.NC.Publish(link.SubjectsOf(rec.Name).Plan, env); err != nil {
-		return "", err
+	for _, subj := range link.PlanSubjects(rec.Name) { // its agent hears one, of either layout
+		if err := c.NC.Publish(subj, env); err != nil {
+			return "", err
+		}
 	}
 	return id, c.NC.FlushTimeout(10 * time.Second)
 }

@@ -53,7 +53,7 @@ func qs(ss []string) string {
 // BrokerConfig is a nats-server configuration with the embedded broker's
 // layout: TLS with the key directory's certificate, JetStream, the accounts
 // CONTROL and NODES with their exports and imports. With users, it lists
-// the control side's NKey and each node's with link.NodePermissions — what an
+// the control side's NKey and each node's with link.NodePermissionsEither — what an
 // existing broker (serve --nats) needs, reloaded whenever a node is added.
 // The embedded broker is made from it without users, and authenticates
 // against the registry itself (registryAuth), so it never reloads.
@@ -81,7 +81,12 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 		fmt.Fprintf(&b, "    users: [{nkey: %s}]\n", q(k.NKeyPublic))
 	}
 	b.WriteString("    exports: [\n")
+	exported := map[string]bool{}
 	for _, si := range link.ServiceImports {
+		if exported[si.Subject] {
+			continue // imported under two names: exported once
+		}
+		exported[si.Subject] = true
 		if si.Response != "" {
 			fmt.Fprintf(&b, "      {service: %s, response_type: %s}\n", q(si.Subject), si.Response)
 		} else {
@@ -99,7 +104,7 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 			if n.NKey == "" {
 				continue // revoked
 			}
-			pub, sub := link.NodePermissions(n.Name)
+			pub, sub := link.NodePermissionsEither(n.Name) // its agent may be of either layout
 			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
 		}
 		now := time.Now()
@@ -306,7 +311,9 @@ type tokenUser struct {
 // JWT (issued by the nodes' account, for that NKey and node: a JWT that
 // does not verify refuses the connection) or without (registered by hand);
 // a token's one-time credential while the token may be used. Everyone is
-// given the permissions the registry says, whatever a JWT claims.
+// given the permissions the registry says, whatever a JWT claims; a node
+// those of the layout its connection's name asks for (link.LayoutOf), and
+// of that one only.
 func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	if c.Kind() != server.CLIENT {
 		return false
@@ -355,7 +362,7 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	var pubs, subs []string
 	switch {
 	case isNode && (node == "" || node == name):
-		pubs, subs = link.NodePermissions(name)
+		pubs, subs = link.NodePermissions(name, link.LayoutOf(o.Name))
 	case isToken && o.Token == "" && time.Now().Before(tok.until):
 		pubs, subs = link.EnrolPermissions(tok.id)
 	default:

@@ -1,6 +1,10 @@
 package link
 
-import "github.com/nox-mesh/nox-mesh-host/wire"
+import (
+	"slices"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
 
 // The broker's accounts. The control side and its JetStream live in
 // CONTROL; nodes live in NODES, which has no JetStream and reaches CONTROL
@@ -22,32 +26,42 @@ const (
 // response type ("" singleton by default, "stream", "singleton").
 type ServiceImport struct{ Subject, To, Response string }
 
-// ServiceImports are what CONTROL exports and NODES imports.
+// ServiceImports are what CONTROL exports and NODES imports: each service
+// once for each layout whose name for it differs.
 var ServiceImports = []ServiceImport{
 	// Declarations: the last-by-subject direct get of one node subject.
 	// The subject is in the request's subject, not its body, so a
 	// permission can hold a node to its own (the form with a body names
 	// the subject inside it, and is not imported).
 	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl.*", ""},
+	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", UpPrefix + ".*.decl", ""},
 	{"mesh.report.*", "", ""},
+	{"mesh.report.*", UpPrefix + ".*.report", ""},
 	{"mesh.heartbeat.*", "", ""},
+	{"mesh.heartbeat.*", UpPrefix + ".*.heartbeat", ""},
 	// Archives: a direct get of the archive store's stream, and nothing
 	// else of it (no put, no delete, no purge, no consumer, no info).
 	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, ""},
+	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGetByNode, ""},
 	// The roster: the last-by-subject direct get of its one subject (the
 	// same for every node: it is the mesh's, signed, and no secret).
 	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGet, ""},
+	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGetByNode, ""},
 	// Enrolment: a request to the responder, one answer back.
 	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
 }
 
 // StreamExports are the core-NATS subjects CONTROL publishes and NODES
-// hears: the notices that a node's subject has a new declaration, and that
-// there is a new roster.
-var StreamExports = []string{NoticePrefix + ".*", RosterNotice, PlanPrefix + ".*"}
+// hears: the notices that a node's subject has a new declaration, that
+// there is a new roster, and the plan requests (of LayoutByKind, and
+// under the notice of LayoutByNode). Not mesh.notice.>: a node of
+// LayoutByNode has its inbox under its notice subject, and each
+// subscription an import covers is mirrored in CONTROL (2.5 KiB a node,
+// for nothing: replies never come from there).
+var StreamExports = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}
 
-// NodePermissions are what node may do on the broker (in account NODES),
-// and nothing else:
+// NodePermissions are what node may do on the broker (in account NODES)
+// in layout l, and nothing else. LayoutByKind:
 //
 //	publish    mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<n>  read its newest declaration
 //	           mesh.report.<n>, mesh.heartbeat.<n>          report upward (the report is the ack)
@@ -58,17 +72,51 @@ var StreamExports = []string{NoticePrefix + ".*", RosterNotice, PlanPrefix + ".*
 //	           mesh.roster-notice                           hear that there is a new roster
 //	           mesh.plan.<n>                                hear a plan request (answered on mesh.report.<n>)
 //
-// No consumer (nothing on the broker is kept per node but its subjects'
-// messages: a consumer per node is state the broker recovers at start and
-// replicates in a cluster, N times), no other JetStream or KV API (NODES
-// imports no other), no other node's subjects, no wider inbox. The archive store is
-// read-only to nodes and shared: every node may read every archive (they
-// are pinned by digest in signed declarations, not secrets); none may put,
-// delete or purge one.
-func NodePermissions(node string) (publish, subscribe []string) {
-	s := SubjectsOf(node)
+// LayoutByNode, the same doors under other names:
+//
+//	publish    mesh.up.<n>.>          .decl (read its newest), .report, .heartbeat
+//	           mesh.get.archive       read archives (all nodes)
+//	           mesh.get.roster        read the mesh's roster (all nodes)
+//	subscribe  mesh.notice.<n>        hear that there is a newer one
+//	           mesh.notice.<n>.>      .inbox.* (its replies), .plan (plan requests)
+//	           mesh.roster-notice     hear that there is a new roster
+//
+// In NODES nothing but ServiceImports answers under mesh.up, nothing
+// listens there, and nothing but the control side's notices and plan
+// requests (StreamExports) and the answers to a node's own requests speak
+// under mesh.notice, so the wildcards give a node no more than the list. No consumer (nothing on the broker is kept per node
+// but its subjects' messages: a consumer per node is state the broker
+// recovers at start and replicates in a cluster, N times), no other
+// JetStream or KV API (NODES imports no other), no other node's subjects,
+// no wider inbox. The archive store is read-only to nodes and shared:
+// every node may read every archive (they are pinned by digest in signed
+// declarations, not secrets); none may put, delete or purge one.
+func NodePermissions(node string, l Layout) (publish, subscribe []string) {
+	s := NodeSubjects(node, l)
+	if l == LayoutByNode {
+		return []string{UpPrefix + "." + node + ".>", s.ArchiveGet, s.RosterGet},
+			[]string{s.Notice, s.Notice + ".>", s.RosterNotice}
+	}
 	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet},
 		[]string{s.Inbox + ".>", s.Notice, s.RosterNotice, s.Plan}
+}
+
+// NodePermissionsEither is both layouts' permissions at once, for where
+// one node's permissions are written before it connects (a broker's
+// configuration file, the user JWT of its grant): its agent may be of
+// either layout.
+func NodePermissionsEither(node string) (publish, subscribe []string) {
+	p1, s1 := NodePermissions(node, LayoutByKind)
+	p2, s2 := NodePermissions(node, LayoutByNode)
+	union := func(a, b []string) []string {
+		for _, x := range b {
+			if !slices.Contains(a, x) {
+				a = append(a, x)
+			}
+		}
+		return a
+	}
+	return union(p1, p2), union(s1, s2)
 }
 
 // EnrolPermissions are what a token's one-time credential may do: make

@@ -2,6 +2,7 @@ package link
 
 import (
 	"fmt"
+	"strings"
 )
 
 // The streams the control side creates and the agent uses.
@@ -115,7 +116,8 @@ type Subjects struct {
 	Plan string
 }
 
-// SubjectsOf returns the names of node, which must be a valid node name.
+// SubjectsOf returns the names of node, which must be a valid node name:
+// in CONTROL, and as a node of LayoutByKind uses them (NodeSubjects).
 func SubjectsOf(node string) Subjects {
 	return Subjects{
 		Node:         node,
@@ -130,6 +132,74 @@ func SubjectsOf(node string) Subjects {
 		RosterNotice: RosterNotice,
 		Plan:         PlanPrefix + "." + node,
 	}
+}
+
+// Layout is how a node's own subjects are named in the nodes' account.
+// The names in CONTROL (the streams' subjects, the notices) are the same
+// in both; only the names a node uses, and so its permissions, differ.
+//
+// LayoutByKind is the first: each of a node's subjects sits under its
+// kind's prefix (mesh.report.<node>, mesh.plan.<node>, _INBOX.<node>, the
+// JetStream API's direct get of mesh.decl.<node>), nine permission
+// subjects up to eight tokens deep. LayoutByNode puts what a node
+// publishes under mesh.up.<node> and what it hears under its notice
+// subject, mesh.notice.<node> (the notice itself, .inbox for its replies,
+// .plan for plan requests): five. The broker builds a tree of every
+// connection's permissions, a map per token; at 10,000 nodes the tree was
+// 11.5 KiB a node by kind and 4.5 by node, the largest part of the
+// broker's memory per node after its client state (docs/benchmarks.md,
+// session 6).
+//
+// An agent asks for LayoutByNode by ending its connection's name with
+// LayoutTag; any other connection is given LayoutByKind, so an agent of an
+// earlier version keeps working against a newer control side; and an
+// agent of this version against an earlier control side, which refuses
+// its publishes by node, links again by kind (agent.earlierLayout). Which
+// layout a node asks for is no privilege: each holds it to its own
+// subjects alike.
+type Layout int
+
+const (
+	LayoutByKind Layout = iota
+	LayoutByNode
+)
+
+// LayoutTag ends the connection name of an agent that uses LayoutByNode.
+const LayoutTag = "link/by-node"
+
+// LayoutOf is the layout a connection named name asks for.
+func LayoutOf(name string) Layout {
+	if strings.HasSuffix(name, " "+LayoutTag) {
+		return LayoutByNode
+	}
+	return LayoutByKind
+}
+
+// The names of LayoutByNode: a node's own publishes under UpPrefix.<node>,
+// and the two reads every node shares.
+const (
+	UpPrefix         = "mesh.up"
+	ArchiveGetByNode = "mesh.get.archive"
+	RosterGetByNode  = "mesh.get.roster"
+)
+
+// NodeSubjects are node's names as its agent uses them in layout l (the
+// names in CONTROL, Decl among them, are SubjectsOf's in both).
+func NodeSubjects(node string, l Layout) Subjects {
+	s := SubjectsOf(node)
+	if l == LayoutByNode {
+		up := UpPrefix + "." + node
+		s.DeclGet, s.Report, s.Heartbeat = up+".decl", up+".report", up+".heartbeat"
+		s.ArchiveGet, s.RosterGet = ArchiveGetByNode, RosterGetByNode
+		s.Inbox, s.Plan = s.Notice+".inbox", s.Notice+".plan"
+	}
+	return s
+}
+
+// PlanSubjects are where the control side asks node for a plan: under
+// each layout's name, so that an agent of either hears it.
+func PlanSubjects(node string) []string {
+	return []string{NodeSubjects(node, LayoutByKind).Plan, NodeSubjects(node, LayoutByNode).Plan}
 }
 
 // ValidNodeName checks that name can be one subject token, a consumer name

@@ -1,0 +1,84 @@
+package link
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Each layout holds a node to names that are its own or shared by every
+// node, never another's: every permission subject names the node or is
+// one of the shared reads; the two layouts' lists differ, and Either is
+// exactly both, each subject once.
+func TestLayoutsHoldANodeToItsOwn(t *testing.T) {
+	shared := []string{ArchiveGet, RosterGet, ArchiveGetByNode, RosterGetByNode, RosterNotice}
+	for _, l := range []Layout{LayoutByKind, LayoutByNode} {
+		pub, sub := NodePermissions("n1", l)
+		for _, p := range append(slices.Clone(pub), sub...) {
+			if !slices.Contains(shared, p) && !slices.Contains(strings.Split(p, "."), "n1") {
+				t.Errorf("layout %d: %q names neither the node nor a shared read", l, p)
+			}
+			if strings.Contains(p, "*") || (strings.Contains(p, ">") && !strings.HasSuffix(p, ".n1.>") && !strings.Contains(p, ".n1.")) {
+				t.Errorf("layout %d: %q is wider than the node's own", l, p)
+			}
+		}
+		s := NodeSubjects("n1", l)
+		for _, own := range []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet} {
+			if !covered(pub, own) {
+				t.Errorf("layout %d: the node may not publish to its own %q", l, own)
+			}
+		}
+		for _, own := range []string{s.Notice, s.Plan, s.RosterNotice, s.Inbox + ".x"} {
+			if !covered(sub, own) {
+				t.Errorf("layout %d: the node may not hear its own %q", l, own)
+			}
+		}
+		other := NodeSubjects("n1", 1-l)
+		if covered(pub, other.DeclGet) || covered(sub, other.Plan) {
+			t.Errorf("layout %d also opens the other layout's doors", l)
+		}
+	}
+	pub, sub := NodePermissionsEither("n1")
+	for _, l := range []Layout{LayoutByKind, LayoutByNode} {
+		p, s := NodePermissions("n1", l)
+		for _, x := range append(p, s...) {
+			if !slices.Contains(pub, x) && !slices.Contains(sub, x) {
+				t.Errorf("Either lacks %q of layout %d", x, l)
+			}
+		}
+	}
+	for _, list := range [][]string{pub, sub} {
+		if c := slices.Compact(slices.Sorted(slices.Values(list))); len(c) != len(list) {
+			t.Errorf("Either lists a subject twice: %v", list)
+		}
+	}
+	if LayoutOf("mesh-agent/n1 "+LayoutTag) != LayoutByNode || LayoutOf("mesh-agent/n1") != LayoutByKind || LayoutOf(LayoutTag) != LayoutByKind {
+		t.Error("LayoutOf reads the connection's name wrong")
+	}
+}
+
+// covered says whether subject matches one of the permission subjects
+// (NATS' wildcards: * one token, > the rest).
+func covered(perms []string, subject string) bool {
+	for _, p := range perms {
+		pt, st := strings.Split(p, "."), strings.Split(subject, ".")
+		ok := true
+		for i, tok := range pt {
+			if tok == ">" {
+				ok = len(st) > i
+				break
+			}
+			if i >= len(st) || (tok != "*" && tok != st[i]) {
+				ok = false
+				break
+			}
+			if i == len(pt)-1 && len(st) != len(pt) {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}

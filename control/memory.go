@@ -22,8 +22,9 @@ import (
 // the broker's state for every connection, 39 KiB a node — before a
 // collection comes, and the stacks stay as large as the last burst grew
 // them. Measured at 10,000 nodes (docs/benchmarks.md, session 6): 91–94
-// KiB a node without, 75 KiB with, at 5.8–7.2 % of a core idle against
-// 3.5–5.0 %. A collection on a timer was measured before (session 3):
+// KiB a node without, 74 KiB with, 65–70 KiB with two collections after a
+// burst, at 5–6.6 % of a core idle against 3.5–5.0 %. A collection on a
+// timer was measured before (session 3):
 // every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
 // 6.6 % — a timer collects whether or not there is garbage; this collects
 // when there is. Never during a burst: there the runtime's own pacing

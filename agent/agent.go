@@ -238,9 +238,10 @@ var errEarlierLayout = errors.New("the control side knows only the layout by kin
 
 // earlierLayout says whether err is the broker refusing a publish to one
 // of id's subjects by node: what a control side of an earlier version
-// answers, whatever the connection asked for.
+// answers, whatever the connection asked for. (Only an agent publishing
+// by node publishes there.)
 func earlierLayout(id *Identity, err error) bool {
-	return strings.HasPrefix(id.Subjects.DeclGet, link.UpPrefix+".") && errors.Is(err, nats.ErrPermissionViolation) &&
+	return errors.Is(err, nats.ErrPermissionViolation) &&
 		strings.Contains(err.Error(), `Publish to "`+link.UpPrefix+"."+id.Node+".")
 }
 

@@ -357,8 +357,10 @@ func flagError(fs *flag.FlagSet, said string) string {
 	if !ok || !ok2 || f == nil {
 		return said
 	}
-	if fmt.Sprintf("%T", f.Value) == "*flag.boolValue" {
-		return said // a true boolean: the flag package's words are right
+	if g, ok := f.Value.(flag.Getter); ok {
+		if _, isBool := g.Get().(bool); isBool {
+			return said // a true boolean: the flag package's words are right
+		}
 	}
 	return "-" + name + ": " + reason
 }

@@ -49,6 +49,7 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"flag"
 	"fmt"
 	"io"
@@ -156,10 +157,11 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "fleet scale bench — %s, %d cores, load %s, %s nodes requested, heartbeat %s\n",
 		b.res.Host.Date, b.res.Host.Cores, b.res.Host.LoadStart, thousands(c.nodes), c.heartbeat)
 	if b.servers != nil {
-		fmt.Fprintf(stdout, "control side: mesh-control serve, pid %d, against a three-server NATS cluster (%s); agents: this process, pid %d\n\n", b.ctl.pid(), b.servers.urls, os.Getpid())
+		fmt.Fprintf(stdout, "control side: mesh-control serve, pid %d, against a three-server NATS cluster (%s); agents: this process, pid %d\n", b.ctl.pid(), b.servers.urls, os.Getpid())
 	} else {
-		fmt.Fprintf(stdout, "control side: mesh-control serve (embedded broker), pid %d; agents: this process, pid %d\n\n", b.ctl.pid(), os.Getpid())
+		fmt.Fprintf(stdout, "control side: mesh-control serve (embedded broker), pid %d; agents: this process, pid %d\n", b.ctl.pid(), os.Getpid())
 	}
+	fmt.Fprintf(stdout, "broker: %s\n\n", brokerBuild(b.ctl.bin))
 
 	steps := []struct {
 		name string
@@ -271,6 +273,27 @@ func buildControl(ctx context.Context, dir string, profile bool) (string, error)
 		return "", fmt.Errorf("building mesh-control (run from the repository, or give -control): %w\n%s", err, b)
 	}
 	return out, nil
+}
+
+// brokerBuild says which nats-server bin links: as published, or with
+// packaging/nats-overlay.sh's change (the Makefile's workspace), which
+// moves the fan-out's and memory's figures.
+func brokerBuild(bin string) string {
+	const mod = "github.com/nats-io/nats-server/v2"
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	for _, d := range info.Deps {
+		if d.Path != mod {
+			continue
+		}
+		if d.Replace != nil {
+			return fmt.Sprintf("nats-server %s with packaging/nats-overlay.sh's change (from %s)", d.Version, d.Replace.Path)
+		}
+		return fmt.Sprintf("nats-server %s as published (not through the Makefile: packaging/nats-overlay.sh's change is not in it)", d.Version)
+	}
+	return "nats-server not linked"
 }
 
 // quiet is a logger for the bench's own control-side connection.

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# nats-overlay.sh DIR: makes DIR/go.work, a Go workspace of this module that
+# builds the embedded broker (nats-server, linked by mesh-control) with one
+# line changed, and prints its absolute path. The Makefile hands it to every
+# go command it runs (GOWORK); a go command run without it builds the broker
+# as published, which works the same, only slower and larger at scale.
+#
+# The change: nats-server v2.15's (*client).flushOutbound copies a
+# connection's pending buffers into a local array of 1,024 slices, 24 KiB on
+# the stack of whichever goroutine writes. Every connection's writer grows to
+# 32 KiB the first time it writes after a collection shrank it, and the array
+# is zeroed at every write. Measured at 10,000 nodes (make bench-scale,
+# docs/benchmarks.md "Session 7"): a quarter of serve's CPU in a fan-out
+# (zeroing it 8 %, growing and shrinking stacks 17 %) and 4 to 7 KiB of
+# memory per node. With 8 slices on the stack the rare longer list is
+# appended to the heap: the same writes, in the same order.
+#
+# DIR/nats-server is the module cache's own copy of the module (its
+# non-test Go files and go.mod), made here and never committed; the script
+# refuses when the line it changes is not there exactly once (a nats-server
+# upgrade: look again, then change PATTERN). `go build -overlay` cannot do
+# this: it refuses to replace files in the module cache.
+set -euo pipefail
+dir=${1:?usage: nats-overlay.sh DIR}
+GO=${GO:-go}
+mod=github.com/nats-io/nats-server/v2
+PATTERN='	var _orig [nbMaxVectorSize][]byte'
+REPLACE='	var _orig [8][]byte // nox-mesh-host: packaging/nats-overlay.sh says why'
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+# The module's version and directory as this module resolves them
+# (downloaded if missing); never through a workspace of ours.
+export GOWORK=off GOFLAGS=
+ver=$($GO list -m -f '{{.Version}}' "$mod")
+src=$($GO list -m -f '{{.Dir}}' "$mod" 2>/dev/null || true)
+if [ -z "$src" ] || [ ! -f "$src/server/client.go" ]; then
+	$GO mod download "$mod" >&2
+	src=$($GO list -m -f '{{.Dir}}' "$mod")
+fi
+n=$(grep -cxF -- "$PATTERN" "$src/server/client.go" || true)
+if [ "$n" != 1 ]; then
+	echo "nats-overlay.sh: $src/server/client.go has the line to change $n times, not once (a nats-server upgrade?)" >&2
+	exit 1
+fi
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+copy=$dir/nats-server
+stamp="$src $PATTERN -> $REPLACE"
+if [ "$(cat "$copy/.made-from" 2>/dev/null)" != "$stamp" ]; then
+	rm -rf "$copy" "$copy.tmp"
+	mkdir -p "$copy.tmp"
+	(cd "$src" && find . -type f \( -name '*.go' ! -name '*_test.go' -o -name go.mod -o -name LICENSE \) \
+		! -path './test/*' -print0 | xargs -0 cp --parents --no-preserve=mode -t "$copy.tmp")
+	awk -v p="$PATTERN" -v r="$REPLACE" '$0 == p { print r; next } { print }' \
+		"$src/server/client.go" > "$copy.tmp/server/client.go"
+	printf '%s\n' "$stamp" > "$copy.tmp/.made-from"
+	mv "$copy.tmp" "$copy"
+fi
+gover=$(awk '$1 == "go" { print $2; exit }' go.mod)
+cat > "$dir/go.work.tmp" <<EOF
+go $gover
+
+use $root
+
+replace $mod $ver => $copy
+EOF
+mv "$dir/go.work.tmp" "$dir/go.work"
+echo "$dir/go.work"

@@ -1,0 +1,103 @@
+package tests
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The broker the Makefile builds (packaging/nats-overlay.sh) is the
+// module's own nats-server with one line changed and nothing else: every
+// other file of the copy is the module cache's byte for byte, and the one
+// changed line is flushOutbound's array. A carried patch that grew without
+// review would fail here.
+func TestTheBrokerPatchIsOneLine(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command("bash", "packaging/nats-overlay.sh", dir)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("nats-overlay.sh: %v\n%s", err, out)
+	}
+	work := strings.TrimSpace(string(out))
+	if work != filepath.Join(dir, "go.work") {
+		t.Fatalf("nats-overlay.sh printed %q, want %s", work, filepath.Join(dir, "go.work"))
+	}
+	gowork, err := os.ReadFile(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyDir := filepath.Join(dir, "nats-server")
+	list := exec.Command("go", "list", "-m", "-f", "{{.Version}} {{.Dir}}", "github.com/nats-io/nats-server/v2")
+	list.Dir = ".."
+	list.Env = append(os.Environ(), "GOWORK=off")
+	got, err := list.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver, modDir, _ := strings.Cut(strings.TrimSpace(string(got)), " ")
+	if want := "replace github.com/nats-io/nats-server/v2 " + ver + " => " + copyDir; !strings.Contains(string(gowork), want) {
+		t.Errorf("go.work says\n%s\nwithout %q", gowork, want)
+	}
+	// Through the workspace, the module resolves to the copy.
+	list = exec.Command("go", "list", "-m", "-f", "{{with .Replace}}{{.Dir}}{{end}}", "github.com/nats-io/nats-server/v2")
+	list.Dir = ".."
+	list.Env = append(os.Environ(), "GOWORK="+work)
+	if got, err := list.Output(); err != nil || strings.TrimSpace(string(got)) != copyDir {
+		t.Errorf("through the workspace nats-server is %q (%v), want the copy %s", got, err, copyDir)
+	}
+
+	changed := 0
+	err = filepath.WalkDir(copyDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == ".made-from" {
+			return err
+		}
+		rel, _ := filepath.Rel(copyDir, p)
+		mine, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		theirs, err := os.ReadFile(filepath.Join(modDir, rel))
+		if err != nil {
+			t.Errorf("%s is in the copy and not in the module: %v", rel, err)
+			return nil
+		}
+		if bytes.Equal(mine, theirs) {
+			return nil
+		}
+		changed++
+		if rel != filepath.Join("server", "client.go") {
+			t.Errorf("%s differs from the module's", rel)
+			return nil
+		}
+		a, b := strings.Split(string(theirs), "\n"), strings.Split(string(mine), "\n")
+		if len(a) != len(b) {
+			t.Errorf("server/client.go: %d lines, the module's %d", len(b), len(a))
+			return nil
+		}
+		for i := range a {
+			if a[i] == b[i] {
+				continue
+			}
+			if strings.TrimSpace(a[i]) != "var _orig [nbMaxVectorSize][]byte" || !strings.HasPrefix(strings.TrimSpace(b[i]), "var _orig [8][]byte //") {
+				t.Errorf("server/client.go:%d: %q in place of %q", i+1, b[i], a[i])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed != 1 {
+		t.Errorf("%d files of the copy differ from the module's, want 1 (server/client.go)", changed)
+	}
+	// The copy holds every non-test Go file the module's packages build from.
+	if _, err := os.Stat(filepath.Join(copyDir, "server", "server.go")); err != nil {
+		t.Error(err)
+	}
+}

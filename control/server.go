@@ -93,8 +93,9 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
 		}
 	}
-	for _, subj := range link.StreamExports {
-		fmt.Fprintf(&b, "      {stream: %s}\n", q(subj))
+	b.WriteString("    ]\n    imports: [\n")
+	for _, subj := range link.Notices {
+		fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountNodes, q(subj))
 	}
 	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", link.AccountNodes)
 	if users {
@@ -117,16 +118,17 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 		}
 		b.WriteString("    ]\n")
 	}
-	b.WriteString("    imports: [\n")
+	b.WriteString("    exports: [\n")
+	for _, subj := range link.Notices {
+		fmt.Fprintf(&b, "      {service: %s}\n", q(subj))
+	}
+	b.WriteString("    ]\n    imports: [\n")
 	for _, si := range link.ServiceImports {
 		if si.To != "" {
 			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", link.AccountControl, q(si.Subject), q(si.To))
 		} else {
 			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountControl, q(si.Subject))
 		}
-	}
-	for _, subj := range link.StreamExports {
-		fmt.Fprintf(&b, "      {stream: {account: %s, subject: %s}}\n", link.AccountControl, q(subj))
 	}
 	b.WriteString("    ]\n  }\n}\n")
 	return b.String()

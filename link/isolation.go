@@ -42,23 +42,27 @@ var ServiceImports = []ServiceImport{
 	// Archives: a direct get of the archive store's stream, and nothing
 	// else of it (no put, no delete, no purge, no consumer, no info).
 	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, ""},
-	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGetByNode, ""},
+	{"$JS.API.DIRECT.GET." + ArchiveStream, UpPrefix + ".*.archive", ""},
 	// The roster: the last-by-subject direct get of its one subject (the
 	// same for every node: it is the mesh's, signed, and no secret).
 	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGet, ""},
-	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGetByNode, ""},
+	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, UpPrefix + ".*.roster", ""},
 	// Enrolment: a request to the responder, one answer back.
 	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
 }
 
-// StreamExports are the core-NATS subjects CONTROL publishes and NODES
-// hears: the notices that a node's subject has a new declaration, that
-// there is a new roster, and the plan requests (of LayoutByKind, and
-// under the notice of LayoutByNode). Not mesh.notice.>: a node of
-// LayoutByNode has its inbox under its notice subject, and each
-// subscription an import covers is mirrored in CONTROL (2.5 KiB a node,
-// for nothing: replies never come from there).
-var StreamExports = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}
+// Notices are the core-NATS subjects CONTROL publishes and NODES hears:
+// the notices that a node's subject has a new declaration, that there is
+// a new roster, and the plan requests (of LayoutByKind, and under the
+// notice of LayoutByNode). NODES exports them as services and CONTROL
+// imports them, the reverse of the doors above: a service import is one
+// subscription in CONTROL for every node, where a stream import would
+// mirror each node's own subscription into CONTROL (three a node, 1.5 KiB
+// at 10,000 nodes). Nothing answers them and nothing in CONTROL hears
+// them. Not mesh.notice.>: a node of LayoutByNode has its inbox under its
+// notice subject, and answers to its requests come back there from the
+// doors above, not from CONTROL's publishes.
+var Notices = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}
 
 // NodePermissions are what node may do on the broker (in account NODES)
 // in layout l, and nothing else. LayoutByKind:
@@ -74,16 +78,16 @@ var StreamExports = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", Rost
 //
 // LayoutByNode, the same doors under other names:
 //
-//	publish    mesh.up.<n>.>          .decl (read its newest), .report, .heartbeat
-//	           mesh.get.archive       read archives (all nodes)
-//	           mesh.get.roster        read the mesh's roster (all nodes)
+//	publish    mesh.up.<n>.>          .decl (read its newest), .report, .heartbeat,
+//	                                  .archive (read archives: all nodes alike),
+//	                                  .roster (read the mesh's roster: all nodes alike)
 //	subscribe  mesh.notice.<n>        hear that there is a newer one
 //	           mesh.notice.<n>.>      .inbox.* (its replies), .plan (plan requests)
 //	           mesh.roster-notice     hear that there is a new roster
 //
 // In NODES nothing but ServiceImports answers under mesh.up, nothing
 // listens there, and nothing but the control side's notices and plan
-// requests (StreamExports) and the answers to a node's own requests speak
+// requests (Notices) and the answers to a node's own requests speak
 // under mesh.notice, so the wildcards give a node no more than the list. No consumer (nothing on the broker is kept per node
 // but its subjects' messages: a consumer per node is state the broker
 // recovers at start and replicates in a cluster, N times), no other
@@ -94,7 +98,7 @@ var StreamExports = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", Rost
 func NodePermissions(node string, l Layout) (publish, subscribe []string) {
 	s := NodeSubjects(node, l)
 	if l == LayoutByNode {
-		return []string{UpPrefix + "." + node + ".>", s.ArchiveGet, s.RosterGet},
+		return []string{UpPrefix + "." + node + ".>"},
 			[]string{s.Notice, s.Notice + ".>", s.RosterNotice}
 	}
 	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet},

@@ -11,7 +11,7 @@ import (
 // one of the shared reads; the two layouts' lists differ, and Either is
 // exactly both, each subject once.
 func TestLayoutsHoldANodeToItsOwn(t *testing.T) {
-	shared := []string{ArchiveGet, RosterGet, ArchiveGetByNode, RosterGetByNode, RosterNotice}
+	shared := []string{ArchiveGet, RosterGet, RosterNotice}
 	for _, l := range []Layout{LayoutByKind, LayoutByNode} {
 		pub, sub := NodePermissions("n1", l)
 		for _, p := range append(slices.Clone(pub), sub...) {

@@ -141,14 +141,17 @@ func SubjectsOf(node string) Subjects {
 // LayoutByKind is the first: each of a node's subjects sits under its
 // kind's prefix (mesh.report.<node>, mesh.plan.<node>, _INBOX.<node>, the
 // JetStream API's direct get of mesh.decl.<node>), nine permission
-// subjects up to eight tokens deep. LayoutByNode puts what a node
-// publishes under mesh.up.<node> and what it hears under its notice
-// subject, mesh.notice.<node> (the notice itself, .inbox for its replies,
-// .plan for plan requests): five. The broker builds a tree of every
-// connection's permissions, a map per token; at 10,000 nodes the tree was
-// 11.5 KiB a node by kind and 4.5 by node, the largest part of the
-// broker's memory per node after its client state (docs/benchmarks.md,
-// session 6).
+// subjects up to eight tokens deep. LayoutByNode puts all a node
+// publishes under mesh.up.<node> (its reads of the archives and the
+// roster too, each under its own name though every node reads the same)
+// and what it hears under its notice subject, mesh.notice.<node> (the
+// notice itself, .inbox for its replies, .plan for plan requests): four.
+// The broker builds a tree of every connection's permissions, a map per
+// token; at 10,000 nodes the tree was 11.5 KiB a node by kind, 4.5 by
+// node with the shared reads under names of their own (mesh.get.archive,
+// mesh.get.roster: never in a release), the largest part of the broker's
+// memory per node after its client state (docs/benchmarks.md, sessions 6
+// and 7).
 //
 // An agent asks for LayoutByNode by ending its connection's name with
 // LayoutTag; any other connection is given LayoutByKind, so an agent of an
@@ -175,13 +178,11 @@ func LayoutOf(name string) Layout {
 	return LayoutByKind
 }
 
-// The names of LayoutByNode: a node's own publishes under UpPrefix.<node>,
-// and the two reads every node shares.
-const (
-	UpPrefix         = "mesh.up"
-	ArchiveGetByNode = "mesh.get.archive"
-	RosterGetByNode  = "mesh.get.roster"
-)
+// UpPrefix is where a node of LayoutByNode publishes, under its name:
+// its reads (.decl, and the two every node shares, .archive and .roster),
+// its reports and heartbeats. One permission subject, UpPrefix.<node>.>,
+// covers them all.
+const UpPrefix = "mesh.up"
 
 // NodeSubjects are node's names as its agent uses them in layout l (the
 // names in CONTROL, Decl among them, are SubjectsOf's in both).
@@ -190,7 +191,7 @@ func NodeSubjects(node string, l Layout) Subjects {
 	if l == LayoutByNode {
 		up := UpPrefix + "." + node
 		s.DeclGet, s.Report, s.Heartbeat = up+".decl", up+".report", up+".heartbeat"
-		s.ArchiveGet, s.RosterGet = ArchiveGetByNode, RosterGetByNode
+		s.ArchiveGet, s.RosterGet = up+".archive", up+".roster"
 		s.Inbox, s.Plan = s.Notice+".inbox", s.Notice+".plan"
 	}
 	return s

@@ -59,6 +59,7 @@ type Identity struct {
 	Layout     link.Layout
 	Subjects   link.Subjects
 	nkey       nkeys.KeyPair
+	signer     *link.Signer // nkey's, derived once
 	nkeyPublic string
 	userJWT    string
 }
@@ -149,6 +150,10 @@ func (c *Config) Identity() (*Identity, error) {
 	if err != nil || !nkeys.IsValidPublicUserKey(pub) {
 		return nil, fmt.Errorf("nkey_seed is not a user NKey seed")
 	}
+	signer, err := link.NewSigner(kp)
+	if err != nil {
+		return nil, err
+	}
 	return &Identity{
 		BrokerURL:  c.BrokerURL,
 		Pin:        pin,
@@ -158,6 +163,7 @@ func (c *Config) Identity() (*Identity, error) {
 		Layout:     link.LayoutByNode,
 		Subjects:   link.NodeSubjects(c.Node, link.LayoutByNode),
 		nkey:       kp,
+		signer:     signer,
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,
 	}, nil

@@ -1,6 +1,4 @@
 package agent
 
-import "github.com/nox-mesh/nox-mesh-host/link"
-
 // Sign signs data with the node's NKey, for link.SignatureHeader.
-func (id *Identity) Sign(data []byte) (string, error) { return link.Sign(id.nkey, data) }
+func (id *Identity) Sign(data []byte) (string, error) { return id.signer.Sign(data), nil }

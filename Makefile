@@ -11,8 +11,8 @@ BUILD   ?= $(VERSION)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
 # Every go command here builds the embedded broker with one line changed
-# (nats-server's flushOutbound: a quarter of serve's CPU in a fan-out to
-# 10,000 nodes and 4-7 KiB of memory a node): a Go workspace made from the
+# (nats-server's flushOutbound: a fifth of serve's CPU in a fan-out to
+# 10,000 nodes): a Go workspace (.build/nats) made from the
 # module cache's copy, never committed. packaging/nats-overlay.sh says why.
 NATS_WORK := $(shell bash packaging/nats-overlay.sh .build/nats)
 ifeq ($(NATS_WORK),)

@@ -19,7 +19,8 @@ func TestTheBrokerPatchIsOneLine(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command("bash", "packaging/nats-overlay.sh", dir)
 	cmd.Dir = ".."
-	cmd.Env = append(os.Environ(), "GOWORK=off")
+	copyDir := filepath.Join(dir, "nats-server")
+	cmd.Env = append(os.Environ(), "GOWORK=off", "NATS_COPY_DIR="+copyDir)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("nats-overlay.sh: %v\n%s", err, out)
@@ -32,7 +33,6 @@ func TestTheBrokerPatchIsOneLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyDir := filepath.Join(dir, "nats-server")
 	list := exec.Command("go", "list", "-m", "-f", "{{.Version}} {{.Dir}}", "github.com/nats-io/nats-server/v2")
 	list.Dir = ".."
 	list.Env = append(os.Environ(), "GOWORK=off")

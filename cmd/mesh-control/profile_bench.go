@@ -91,3 +91,11 @@ func init() {
 		debug.SetMemoryLimit(n)
 	}
 }
+
+// An experiment for the bench: MESH_BENCH_GOGC sets serve's GOGC (the
+// bench's own process keeps its own).
+func init() {
+	if n, err := strconv.Atoi(os.Getenv("MESH_BENCH_GOGC")); err == nil && n > 0 {
+		debug.SetGCPercent(n)
+	}
+}

@@ -58,7 +58,8 @@ func buildImage(t *testing.T, repo string) *ociImage {
 	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module app\n\ngo 1.22\n"), 0o644)
 	build := exec.Command("go", "build", "-o", "app", ".")
 	build.Dir = dir
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	// A module of its own: not the workspace the Makefile builds in.
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the image's program: %v\n%s", err, out)
 	}

@@ -147,11 +147,11 @@ func SubjectsOf(node string) Subjects {
 // and what it hears under its notice subject, mesh.notice.<node> (the
 // notice itself, .inbox for its replies, .plan for plan requests): four.
 // The broker builds a tree of every connection's permissions, a map per
-// token; at 10,000 nodes the tree was 11.5 KiB a node by kind, 4.5 by
-// node with the shared reads under names of their own (mesh.get.archive,
-// mesh.get.roster: never in a release), the largest part of the broker's
-// memory per node after its client state (docs/benchmarks.md, sessions 6
-// and 7).
+// token, about 1.1 KiB a subject; at 10,000 nodes the trees were 11.5 KiB
+// a node by kind, 6.6 by node with the shared reads under names of their
+// own (mesh.get.archive, mesh.get.roster: never in a release), 4.5 as
+// now, the largest part of the broker's memory per node after its client
+// state (docs/benchmarks.md, sessions 6 and 7).
 //
 // An agent asks for LayoutByNode by ending its connection's name with
 // LayoutTag; any other connection is given LayoutByKind, so an agent of an

@@ -12,9 +12,9 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
 # Every go command here builds the embedded broker with one line changed
 # (nats-server's flushOutbound: a fifth of serve's CPU in a fan-out to
-# 10,000 nodes): a Go workspace (.build/nats) made from the
+# 10,000 nodes): a Go workspace made beside the Go build cache from the
 # module cache's copy, never committed. packaging/nats-overlay.sh says why.
-NATS_WORK := $(shell bash packaging/nats-overlay.sh .build/nats)
+NATS_WORK := $(shell bash packaging/nats-overlay.sh)
 ifeq ($(NATS_WORK),)
 $(error packaging/nats-overlay.sh made no workspace; what it said is above)
 endif
@@ -124,4 +124,4 @@ package:
 	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
 
 clean:
-	rm -rf $(BIN) .build
+	rm -rf $(BIN)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# nats-overlay.sh DIR: makes DIR/go.work, a Go workspace of this module that
+# nats-overlay.sh: makes a Go workspace of this module (go.work) that
 # builds the embedded broker (nats-server, linked by mesh-control) with one
-# line changed, and prints its absolute path. The Makefile hands it to every
-# go command it runs (GOWORK); a go command run without it builds the broker
-# as published, which works the same, only slower and larger at scale.
+# line changed, and prints the workspace file's absolute path. The Makefile
+# hands it to every go command it runs (GOWORK); a go command run without
+# it builds the broker as published, which works the same, only slower at
+# scale.
 #
 # The change: nats-server v2.15's (*client).flushOutbound copies a
 # connection's pending buffers into a local array of 1,024 slices, 24 KiB on
@@ -18,14 +19,15 @@
 #
 # The copy is the module cache's own module (its non-test Go files and
 # go.mod) with the line changed, made here and never committed, beside the
-# Go build cache (or in NATS_COPY_DIR): outside the repository, where
-# gofmt, grep and the tests that walk the tree would take it for ours. The
-# script refuses when the line it changes is not there exactly once (a
-# nats-server upgrade: look again, then change PATTERN). `go build
-# -overlay` cannot do this: it refuses to replace files in the module
-# cache.
+# Go build cache (NATS_BASE, by default GOCACHE's parent/nox-mesh-host-nats):
+# outside the repository, where gofmt, grep and the tests that walk the tree
+# would take it for ours. Each checkout's go.work sits there too and names
+# the copy by a relative path, so the binaries' build information says the
+# same wherever they are built ("=> ../v2.15.2-<hash>"). The script refuses
+# when the line it changes is not there exactly once (a nats-server
+# upgrade: look again, then change PATTERN). `go build -overlay` cannot do
+# this: it refuses to replace files in the module cache.
 set -euo pipefail
-dir=${1:?usage: nats-overlay.sh DIR}
 GO=${GO:-go}
 mod=github.com/nats-io/nats-server/v2
 PATTERN='	var _orig [nbMaxVectorSize][]byte'
@@ -47,15 +49,14 @@ if [ "$n" != 1 ]; then
 	echo "nats-overlay.sh: $src/server/client.go has the line to change $n times, not once (a nats-server upgrade?)" >&2
 	exit 1
 fi
+stamp="$ver $PATTERN -> $REPLACE"
+base=${NATS_BASE:-$(dirname "$($GO env GOCACHE)")/nox-mesh-host-nats}
+mkdir -p "$base"
+base=$(cd "$base" && pwd)
+name=$ver-$(printf '%s' "$stamp" | sha256sum | cut -c1-12)
+copy=$base/$name
+dir=$base/work-$(printf '%s' "$root" | sha256sum | cut -c1-12)
 mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-stamp="$src $PATTERN -> $REPLACE"
-if [ -z "${NATS_COPY_DIR:-}" ]; then
-	cache=$($GO env GOCACHE)
-	NATS_COPY_DIR=$(dirname "$cache")/nox-mesh-host-nats/$ver-$(printf '%s' "$stamp" | sha256sum | cut -c1-12)
-fi
-mkdir -p "$(dirname "$NATS_COPY_DIR")"
-copy=$NATS_COPY_DIR
 if [ "$(cat "$copy/.made-from" 2>/dev/null)" != "$stamp" ]; then
 	# Made aside and moved in whole: two builds at once each make their
 	# own, and the first to move it in wins.
@@ -78,7 +79,7 @@ go $gover
 
 use $root
 
-replace $mod $ver => $copy
+replace $mod $ver => ../$name
 EOF
 mv "$dir/go.work.tmp.$$" "$dir/go.work"
 echo "$dir/go.work"

@@ -88,9 +88,9 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 		}
 		exported[si.Subject] = true
 		if si.Response != "" {
-			fmt.Fprintf(&b, "      {service: %s, response_type: %s}\n", q(si.Subject), si.Response)
+			fmt.Fprintf(&b, "      {service: %s, response_type: %s, accounts: [%s]}\n", q(si.Subject), si.Response, link.AccountNodes)
 		} else {
-			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
+			fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(si.Subject), link.AccountNodes)
 		}
 	}
 	b.WriteString("    ]\n    imports: [\n")
@@ -120,7 +120,7 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 	}
 	b.WriteString("    exports: [\n")
 	for _, subj := range link.Notices {
-		fmt.Fprintf(&b, "      {service: %s}\n", q(subj))
+		fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(subj), link.AccountControl)
 	}
 	b.WriteString("    ]\n    imports: [\n")
 	for _, si := range link.ServiceImports {

@@ -59,7 +59,11 @@ var ServiceImports = []ServiceImport{
 // subscription in CONTROL for every node, where a stream import would
 // mirror each node's own subscription into CONTROL (three a node, 1.5 KiB
 // at 10,000 nodes). Nothing answers them and nothing in CONTROL hears
-// them. Not mesh.notice.>: a node of LayoutByNode has its inbox under its
+// them. Each export names the one account that may import it. A notice
+// so carries the broker's Nats-Request-Info header (CONTROL's account and
+// its connection's round trip, nothing of another node's), as reports and
+// heartbeats carry it the other way; the agent reads no header of a
+// notice but the sequence's. Not mesh.notice.>: a node of LayoutByNode has its inbox under its
 // notice subject, and answers to its requests come back there from the
 // doors above, not from CONTROL's publishes.
 var Notices = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}

@@ -57,9 +57,29 @@ func TestTheBrokerPatchIsOneLine(t *testing.T) {
 		t.Errorf("through the workspace nats-server is %q (%v), want the copy %s", got, err, copyDir)
 	}
 
+	checkCopy(t, copyDir, modDir)
+	// Under make, the copy the Makefile's workspace builds with is held
+	// to the same: the one a release is built from.
+	if w := os.Getenv("GOWORK"); w != "" && w != "off" {
+		b, err := os.ReadFile(w)
+		if err != nil {
+			t.Fatalf("GOWORK %s: %v", w, err)
+		}
+		if i := strings.Index(string(b), prefix); i >= 0 {
+			rel, _, _ := strings.Cut(string(b)[i+len(prefix)-len("../"+ver+"-"):], "\n")
+			t.Run("make's copy", func(t *testing.T) { checkCopy(t, filepath.Join(filepath.Dir(w), rel), modDir) })
+		}
+	}
+}
+
+// checkCopy fails unless copyDir is the module at modDir with
+// flushOutbound's array line changed and nothing else (beside the copy's
+// own .made-from and .sums).
+func checkCopy(t *testing.T, copyDir, modDir string) {
+	t.Helper()
 	changed := 0
-	err = filepath.WalkDir(copyDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == ".made-from" {
+	err := filepath.WalkDir(copyDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == ".made-from" || d.Name() == ".sums" {
 			return err
 		}
 		rel, _ := filepath.Rel(copyDir, p)

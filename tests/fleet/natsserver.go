@@ -9,10 +9,12 @@ import (
 
 // BuildNATSServer builds nats-server, at the version the module requires,
 // into out: the real broker processes of a cluster (the cluster test and
-// `make bench-scale CLUSTER=1`), or an operator's own broker.
+// `make bench-scale CLUSTER=1`), or an operator's own broker: as
+// published, never through the Makefile's workspace (GOWORK, whose
+// change is the embedded broker's: packaging/nats-overlay.sh).
 func BuildNATSServer(ctx context.Context, out string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "github.com/nats-io/nats-server/v2")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building nats-server: %w\n%s", err, b)
 	}

@@ -292,6 +292,14 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	if _, err := probe.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("the positive control: alpha's direct get is not answered: %v", err)
 	}
+	for _, get := range []string{a.Subjects.RosterGet, a.Subjects.ArchiveGet} {
+		if err := nc.PublishRequest(get, inbox, []byte(`{"last_by_subj":"$O.`+link.ArchiveBucket+`.M.none"}`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := probe.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("the positive control: alpha's %s is not answered: %v", get, err)
+		}
+	}
 	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.notice.beta",
 		link.UpPrefix + ".beta.report", link.UpPrefix + ".beta.heartbeat", link.UpPrefix + ".beta.decl"} {
 		for _, req := range []struct {
@@ -301,6 +309,9 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 			{a.Subjects.DeclGet, nil},
 			{a.Subjects.Report, []byte(`{}`)},
 			{a.Subjects.Heartbeat, []byte(`{}`)},
+			// The shared reads answer too (a 404 for a missing archive).
+			{a.Subjects.ArchiveGet, []byte(`{"last_by_subj":"$O.` + link.ArchiveBucket + `.M.none"}`)},
+			{a.Subjects.RosterGet, nil},
 		} {
 			if err := nc.PublishRequest(req.subj, reply, req.data); err != nil {
 				t.Fatal(err)

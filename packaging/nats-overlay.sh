@@ -84,7 +84,7 @@ if ! valid "$copy"; then
 		! -path './test/*' -print0 | xargs -0 cp --parents --no-preserve=mode -t "$tmp")
 	awk -v p="$PATTERN" -v r="$REPLACE" '$0 == p { print r; next } { print }' \
 		"$src/server/client.go" > "$tmp/server/client.go"
-	(cd "$tmp" && find . -type f -print0 | sort -z | xargs -0 sha256sum > .sums)
+	(cd "$tmp" && find . -type f ! -name .sums -print0 | sort -z | xargs -0 sha256sum > .sums)
 	printf '%s\n' "$stamp" > "$tmp/.made-from"
 	chmod -R a-w "$tmp"
 	if [ -e "$copy" ] && ! valid "$copy"; then

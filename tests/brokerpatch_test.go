@@ -22,7 +22,11 @@ func TestTheBrokerPatchIsOneLine(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOWORK=off", "NATS_BASE="+base)
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("nats-overlay.sh: %v\n%s", err, out)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("nats-overlay.sh: %v\n%s%s", err, out, stderr)
 	}
 	work := strings.TrimSpace(string(out))
 	if filepath.Dir(filepath.Dir(work)) != base || filepath.Base(work) != "go.work" {

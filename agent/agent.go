@@ -172,6 +172,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.EnrolPoll <= 0 {
 		o.EnrolPoll = 2 * time.Second
 	}
+	if o.Look <= 0 || o.Look > o.Heartbeat {
+		o.Look = min(o.Heartbeat, 2*time.Second)
+	}
 	if o.GiveBack == nil {
 		o.GiveBack = debug.FreeOSMemory
 	}
@@ -679,11 +682,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 	// often: an upgraded executor (another build at the next hello) ends
 	// the agent within seconds rather than at its next request, and an
 	// unlinked agent (revoked, perhaps) sees a re-enrolment root began.
-	every := a.o.Look
-	if every <= 0 {
-		every = 2 * time.Second
-	}
-	look := time.NewTicker(min(a.o.Heartbeat, every))
+	look := time.NewTicker(a.o.Look)
 	defer look.Stop()
 	for {
 		select {

@@ -63,9 +63,9 @@ var ServiceImports = []ServiceImport{
 // so carries the broker's Nats-Request-Info header (CONTROL's account and
 // its connection's round trip, nothing of another node's), as reports and
 // heartbeats carry it the other way; the agent reads no header of a
-// notice but the sequence's. Not mesh.notice.>: a node of LayoutByNode has its inbox under its
-// notice subject, and answers to its requests come back there from the
-// doors above, not from CONTROL's publishes.
+// notice but the sequence's. Not mesh.notice.>: a node of LayoutByNode
+// has its inbox under its notice subject, and answers to its requests
+// come back there from the doors above, not from CONTROL's publishes.
 var Notices = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}
 
 // NodePermissions are what node may do on the broker (in account NODES)

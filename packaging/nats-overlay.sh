@@ -28,6 +28,16 @@
 # upgrade: look again, then change PATTERN). `go build -overlay` cannot do
 # this: it refuses to replace files in the module cache.
 set -euo pipefail
+case $# in
+0) ;;
+*)
+	case $1 in
+	-h | --help) echo "usage: nats-overlay.sh   (no arguments; NATS_BASE and GO from the environment) — prints the go.work to build with" ;;
+	*) echo "nats-overlay.sh: takes no arguments, got \"$*\" (NATS_BASE and GO come from the environment; --help)" >&2 && exit 2 ;;
+	esac
+	exit 0
+	;;
+esac
 GO=${GO:-go}
 mod=github.com/nats-io/nats-server/v2
 PATTERN='	var _orig [nbMaxVectorSize][]byte'

@@ -68,6 +68,54 @@ func TestExecutorErrorRetries(t *testing.T) {
 	}
 }
 
+// The executor turns hosted — a retire declaration ran to its end, or it
+// lost its state and refuses what it is handed — and the agent follows:
+// it drops its identity (its config file) and is hosted too. It asks the
+// executor after those declarations only, not after every one.
+func TestAgentFollowsTheExecutorIntoHosted(t *testing.T) {
+	for _, tc := range []struct {
+		name, decl string
+		lost       bool
+	}{
+		{"retire", `{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`, false},
+		{"state lost", fmt.Sprintf(motd, 1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startControl(t, t.TempDir(), "127.0.0.1:0")
+			id, _ := c.addNode("leaving")
+			ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+			config := filepath.Join(t.TempDir(), "agent.json")
+			if err := os.WriteFile(config, []byte("{}"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- agent.Run(ctx, agent.Options{
+					Identity: id, ConfigPath: config, Socket: ex.path, ExecutorUID: uint32(os.Getuid()), StateDir: t.TempDir(),
+					Heartbeat: time.Minute, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(),
+				})
+			}()
+			defer func() { cancel(); <-done }()
+			waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+			// An applied declaration first: the agent stays.
+			s := c.declare("leaving", fmt.Sprintf(motd, 0))
+			c.reports("leaving", "the first applied", hasReport(s, shapes.Applied))
+			if _, err := os.Stat(config); err != nil {
+				t.Fatalf("after an applied declaration the agent dropped its identity: %v", err)
+			}
+			ex.mu.Lock()
+			ex.hosted = tc.lost
+			ex.mu.Unlock()
+			c.declare("leaving", tc.decl)
+			waitFor(t, "the agent to drop its identity", func() bool {
+				_, err := os.Stat(config)
+				return errors.Is(err, os.ErrNotExist)
+			})
+		})
+	}
+}
+
 // Hosted: without an identity Run stays up, never dials and never ends
 // on its own.
 func TestHostedStaysIdle(t *testing.T) {

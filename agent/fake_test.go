@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -40,6 +41,9 @@ type fakeExecutor struct {
 	// links what the agent said of its link with each status.
 	did   []shapes.Activity
 	links []wire.AgentLink
+	// hosted: it holds no identity (a retire declaration ran to its end,
+	// or its state was lost): it says so and refuses declarations.
+	hosted bool
 }
 
 // doing records an apply the executor made, for a later Reconnected.
@@ -128,9 +132,15 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			if b.Link != nil {
 				f.links = append(f.links, *b.Link)
 			}
-			s := &wire.StatusReply{Version: "fake", Build: f.build, State: "enrolled", Seq: f.applied, Outcome: shapes.Applied}
+			s := &wire.StatusReply{Version: "fake", Build: f.build, State: link.StateEnrolled, Seq: f.applied, Outcome: shapes.Applied}
+			if f.hosted {
+				s.State = link.StateHosted
+			}
 			f.mu.Unlock()
 			c.Write(wire.KindStatusReply, s)
+		case *wire.Enrol:
+			// As a hosted executor with no enrolment begun answers.
+			c.Write(wire.KindEnrolOffer, &wire.EnrolOffer{})
 		case *wire.Reconnected:
 			f.mu.Lock()
 			f.reconnects++
@@ -148,7 +158,8 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 		case *wire.Declaration:
 			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
 			var d struct {
-				Seq uint64 `json:"seq"`
+				Seq    uint64 `json:"seq"`
+				Retire bool   `json:"retire"`
 			}
 			if err == nil {
 				if _, perr := shapes.Parse(payload); perr != nil {
@@ -157,6 +168,11 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				json.Unmarshal(payload, &d)
 			}
 			f.mu.Lock()
+			if err == nil && f.hosted {
+				f.mu.Unlock()
+				c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Refused, Code: wire.CodeAddress, Reason: "this host holds no identity"})
+				continue
+			}
 			if err != nil {
 				f.garbage = append(f.garbage, err.Error())
 				f.mu.Unlock()
@@ -184,6 +200,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			if d.Seq > f.applied {
 				f.applied = d.Seq
 			}
+			f.hosted = f.hosted || d.Retire
 			f.mu.Unlock()
 			c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied})
 		}

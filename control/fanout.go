@@ -110,13 +110,24 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 	if err := json.Unmarshal(decl, new(map[string]json.RawMessage)); err != nil {
 		return fail(fmt.Errorf("declaration: %w", err))
 	}
+	// The registry's snapshot and the subjects' newest declarations are
+	// read side by side: both come before the first publish.
+	var (
+		last    map[string]*lastOnSubject
+		lastErr error
+		read    = make(chan struct{})
+	)
+	go func() {
+		defer close(read)
+		last, lastErr = c.lastOnSubjects(ctx, nodes)
+	}()
 	snap, err := c.entries(ctx, "node.*", "briefing.*")
+	<-read
 	if err != nil {
 		return fail(err)
 	}
-	last, err := c.lastOnSubjects(ctx, nodes)
-	if err != nil {
-		return fail(err)
+	if lastErr != nil {
+		return fail(lastErr)
 	}
 	// Parsed once, as the first node of the snapshot would receive it:
 	// the nodes' copies differ only in node, enrolment and seq.

@@ -549,3 +549,78 @@ func TestNodeRosterAccess(t *testing.T) {
 		t.Fatalf("the roster stream after alpha's attempts: last %+v (%v), %d consumers", last, err, si.State.Consumers)
 	}
 }
+
+// A node's request through one of its own doors names its reply subject,
+// and nats-server passes a JetStream acknowledgement subject
+// ($JS.ACK.<stream>.<consumer>.…) through a service import as it is, where
+// it rewrites any other reply: an answer aimed there would land in the
+// control side's account, and an empty one (a read of nothing, 404) would
+// acknowledge that consumer's message — the recorder's, say, a report it
+// was handed and has not recorded yet. The broker refuses the publish: a
+// reply must be a subject its publisher may subscribe to, and a node may
+// subscribe to its own inbox and notices only. Tried through every door
+// with the acknowledgement subject of a message really pending; the
+// message is still pending after, and its subject does acknowledge it
+// (the positive control).
+func TestANodeCannotAcknowledgeForTheControlSide(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	_, a := enrolNode(t, s, "alpha")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, refused := dialWatched(t, a)
+
+	probe, err := s.client.JS.CreateOrUpdateConsumer(ctx, link.ReportStream, jetstream.ConsumerConfig{
+		Durable: "known", FilterSubject: "mesh.report.alpha", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.JS.Publish(ctx, "mesh.report.alpha", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := probe.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered jetstream.Msg
+	for m := range batch.Messages() {
+		delivered = m
+	}
+	if delivered == nil || !strings.HasPrefix(delivered.Reply(), "$JS.ACK.") {
+		t.Fatalf("no message delivered to the probe (%v)", batch.Error())
+	}
+	pending := func() int {
+		info, err := probe.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumAckPending
+	}
+	if p := pending(); p != 1 {
+		t.Fatalf("%d messages pending, want 1", p)
+	}
+	for _, door := range []struct {
+		subj string
+		data []byte
+	}{
+		{a.Subjects.DeclGet, nil}, // nothing declared yet: an empty 404
+		{a.Subjects.Report, nil},
+		{a.Subjects.Heartbeat, nil},
+		{a.Subjects.ArchiveGet, []byte(`{"last_by_subj":"$O.` + link.ArchiveBucket + `.M.none"}`)},
+		{a.Subjects.RosterGet, nil},
+	} {
+		if err := nc.PublishRequest(door.subj, delivered.Reply(), door.data); err != nil {
+			t.Fatal(err)
+		}
+		refused("publish with the reply", delivered.Reply())
+	}
+	time.Sleep(200 * time.Millisecond)
+	if p := pending(); p != 1 {
+		t.Fatalf("%d messages pending after the node's tries, want 1: it acknowledged the control side's message", p)
+	}
+	if err := delivered.DoubleAck(ctx); err != nil {
+		t.Fatalf("the positive control: the acknowledgement subject does not acknowledge: %v", err)
+	}
+	if p := pending(); p != 0 {
+		t.Fatalf("the positive control: %d pending after the control side's own ack", p)
+	}
+}

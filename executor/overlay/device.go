@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -295,8 +296,9 @@ func (b *Backend) Remove(ctx context.Context, iface string) error {
 	// Whatever still serves the socket (started in its own session, or
 	// by someone else) is asked to end.
 	if pid, err := socketPeer(filepath.Join(socketDir, iface+".sock")); err == nil && pid > 1 {
-		syscall.Kill(pid, syscall.SIGTERM)
-		waitFor(ctx, 5*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+		if err := endProcess(ctx, pid); err != nil {
+			return fmt.Errorf("the WireGuard process serving %s (pid %d): %w", iface, pid, err)
+		}
 	}
 	if _, err := net.InterfaceByName(iface); err == nil {
 		if _, err := run(ctx, "ip", "link", "del", "dev", iface); err != nil {
@@ -307,6 +309,51 @@ func (b *Backend) Remove(ctx context.Context, iface string) error {
 	}
 	return nil
 }
+
+// endProcess asks pid to end (SIGTERM) and waits for it; one still there
+// after processGrace is killed and waited for again. It is held by a pidfd
+// from the first signal on, so a pid the kernel gives to another process
+// meanwhile is never signalled. An error says it is still there: the
+// removal is not done, and not recorded as done (until session 8 the wait
+// ended silently after 5 s, and a loaded machine's read-back could find
+// wireguard-go still running after the removal was reported).
+func endProcess(ctx context.Context, pid int) error {
+	signal := func(sig unix.Signal) error { return unix.Kill(pid, sig) }
+	ended := func() bool { return unix.Kill(pid, 0) != nil }
+	fd, err := unix.PidfdOpen(pid, 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return nil // ended already
+	case errors.Is(err, unix.ENOSYS):
+		// A kernel before 5.3 (an older Android device's): by pid, as
+		// before pidfds; a pid given again within the grace is the risk.
+	case err != nil:
+		return fmt.Errorf("pidfd_open: %w", err)
+	default:
+		defer unix.Close(fd)
+		signal = func(sig unix.Signal) error { return unix.PidfdSendSignal(fd, sig, nil, 0) }
+		ended = func() bool {
+			// Readable once the process has ended (a zombie too: it holds
+			// nothing any more, and its parent reaps it).
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, 0)
+			return err == nil && n == 1
+		}
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := signal(sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("%s: %w", sig, err)
+		}
+		if waitFor(ctx, processGrace, ended) == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("still running %s after SIGTERM and SIGKILL", 2*processGrace)
+}
+
+// processGrace is how long a WireGuard process is given to end after each
+// signal.
+var processGrace = 5 * time.Second // a test shortens it
 
 // Gone reads back that iface is no more.
 func (b *Backend) Gone(iface string) error {

@@ -27,8 +27,12 @@ import (
 // timer was measured before (session 3):
 // every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
 // 6.6 % — a timer collects whether or not there is garbage; this collects
-// when there is. Never during a burst: there a collection costs the
-// fan-out CPU, and the runtime is told to collect less often (burstPacing).
+// when there is. Never during a burst: there the runtime paces itself.
+// Told to collect less often through a fan-out (GOGC 300 from the first
+// 250 ms at a burst's rate, while the live heap held steady), serve spent
+// 0.3–0.4 s less CPU in each fan-out to 10,000 nodes but held 1–4 KiB a
+// node more once quiet and peaked 150 MiB higher (docs/benchmarks.md,
+// session 8): the fan-out had room, the memory target had not.
 
 // burstCheck is how often serve looks at how much it allocated.
 const burstCheck = 5 * time.Second
@@ -36,81 +40,6 @@ const burstCheck = 5 * time.Second
 // burstFloor is the least allocation in one interval that is a burst;
 // above it, a burst is also a quarter of the live heap.
 const burstFloor = 64 << 20
-
-// isBurst says whether allocated bytes over a time of over is a burst:
-// the rate of burstFloor, or a quarter of the live heap, per burstCheck.
-func isBurst(allocated, live uint64, over time.Duration) bool {
-	return allocated > max(burstFloor, live/4)/uint64(burstCheck/over)
-}
-
-// During a burst serve collects less often: the runtime's percentage
-// (GOGC, 100 unless the operator set it) is raised to burstGCPercent from
-// the first burstLook that allocates at a burst's rate until the first
-// quiet burstCheck, when it is put back before the collections that give
-// the burst's memory back. A collection of a 10,000-node serve marks
-// ~300 MB that the broker keeps live for its connections, and the fan-out's
-// garbage is short-lived: at 100, a fan-out to 10,000 nodes ran one or two
-// collections (0.4–0.8 s of serve's 4.5 s of CPU, docs/benchmarks.md,
-// session 8), all of it spent on two shared cores the fan-out needs. The
-// cost is memory while the burst lasts (the heap may grow to four times
-// the live data instead of two); a GOMEMLIMIT the operator sets still
-// holds, and a GOGC of off or above burstGCPercent is left alone.
-const (
-	burstGCPercent = 300
-	burstLook      = 250 * time.Millisecond
-)
-
-// burstPacing raises and restores the runtime's collection percentage.
-type burstPacing struct {
-	raised bool
-	before int // the percentage to put back
-	set    func(int) int
-	// The live heap the last two collections found: only a serve whose
-	// live data holds steady is paced. One whose connections are still
-	// coming (a fleet linking, live data growing at every collection)
-	// is not: collected less often while it grows, its long-lived
-	// connection state was spread over more spans among the garbage,
-	// and it held 20–40 MB more once quiet (docs/benchmarks.md, session 8).
-	cycles           uint64
-	live, beforeLive uint64
-}
-
-// steady says whether the last two collections found the same live heap,
-// within an eighth.
-func (p *burstPacing) steady() bool {
-	return p.beforeLive > 0 && max(p.live, p.beforeLive)-min(p.live, p.beforeLive) <= p.live/8
-}
-
-// look takes the bytes allocated over the last burstLook, the collections
-// run so far and the live heap the last one found, and raises the
-// percentage when a steady serve allocates at a burst's rate.
-func (p *burstPacing) look(allocated, cycles, live uint64) {
-	if cycles != p.cycles {
-		p.cycles, p.beforeLive, p.live = cycles, p.live, live
-		if p.raised && !p.steady() {
-			p.restore() // the live data grew: connections coming, not a fan-out
-			return
-		}
-	}
-	if p.raised || !p.steady() || !isBurst(allocated, live, burstLook) {
-		return
-	}
-	before := p.set(burstGCPercent)
-	if before < 0 || before >= burstGCPercent {
-		p.set(before) // off, or the operator's is higher already
-		return
-	}
-	p.raised, p.before = true, before
-}
-
-// restore puts the percentage back: once a whole burstCheck was quiet, or
-// when a collection found the live data grown.
-func (p *burstPacing) restore() {
-	if p.raised {
-		p.set(p.before)
-		p.raised = false
-	}
-}
 
 // quietSlack is how much garbage a quiet serve holds before it collects:
 // an eighth of the live heap, at least quietFloor (a small fleet's serve
@@ -148,7 +77,7 @@ const (
 // quietSlack.
 func (q *quietWatch) step(allocated, live, objects uint64) giveBack {
 	q.since += burstCheck
-	if isBurst(allocated, live, burstCheck) {
+	if allocated > max(burstFloor, live/4) {
 		q.inBurst = true
 		return keep
 	}
@@ -168,9 +97,7 @@ func (q *quietWatch) step(allocated, live, objects uint64) giveBack {
 
 // giveBackWhenQuiet runs until ctx ends.
 func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
-	samples := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/objects:bytes"},
-		{Name: "/gc/cycles/total:gc-cycles"}}
-	var cycles uint64
+	samples := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
 	read := func() (allocs, live, objects uint64) {
 		metrics.Read(samples)
 		for _, s := range samples {
@@ -178,40 +105,20 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 				return 0, 0, 0
 			}
 		}
-		cycles = samples[3].Value.Uint64()
 		return samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
 	}
 	var q quietWatch
-	pacing := &burstPacing{set: debug.SetGCPercent}
-	defer pacing.restore()
 	last, _, _ := read()
-	lastLook := last
 	t := time.NewTicker(burstCheck)
 	defer t.Stop()
-	look := time.NewTicker(burstLook)
-	defer look.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-look.C:
-			allocs, live, _ := read()
-			was := pacing.raised
-			pacing.look(allocs-lastLook, cycles, live)
-			if pacing.raised && !was {
-				log.Debug("a burst: collecting less often", "gc_percent", burstGCPercent, "live_mib", live>>20)
-			}
-			lastLook = allocs
-			continue
 		case <-t.C:
 		}
 		allocs, live, objects := read()
-		give := q.step(allocs-last, live, objects)
-		if !q.inBurst && pacing.raised {
-			pacing.restore()
-			log.Debug("the burst passed: collecting as before", "gc_percent", pacing.before)
-		}
-		switch give {
+		switch give := q.step(allocs-last, live, objects); give {
 		case afterBurst:
 			// Two collections: the burst's write buffers sit in the
 			// broker's pools until the second, and a writer's stack

@@ -180,10 +180,10 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	}
 	// A retire declaration that ran to its end leaves the executor
 	// hosted: the agent follows once its report is out. So does an
-	// executor that lost its state, which refuses what it is handed.
-	// Asked only then: after every declaration, it was a round trip to
-	// the executor per declaration for nothing.
-	if !d.Retire && (r.Outcome != shapes.Refused || r.RefusedBy != "executor") {
+	// executor that lost its state: it refuses what it is handed as not
+	// enrolled. Asked only then: after every declaration, it was a round
+	// trip to the executor per declaration for nothing.
+	if !d.Retire && r.Code != wire.CodeNotEnrolled.String() {
 		return nil
 	}
 	if st, err := a.exec.status(a.linkSaid()); err == nil && st.State == link.StateHosted {

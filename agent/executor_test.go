@@ -105,6 +105,12 @@ func TestAgentFollowsTheExecutorIntoHosted(t *testing.T) {
 				t.Fatalf("after an applied declaration the agent dropped its identity: %v", err)
 			}
 			ex.mu.Lock()
+			asked := ex.statusAfterDecl
+			ex.mu.Unlock()
+			if asked != 0 {
+				t.Fatalf("the agent asked its executor's state after an applied declaration (%d times): a round trip for nothing", asked)
+			}
+			ex.mu.Lock()
 			ex.hosted = tc.lost
 			ex.mu.Unlock()
 			c.declare("leaving", tc.decl)
@@ -112,6 +118,12 @@ func TestAgentFollowsTheExecutorIntoHosted(t *testing.T) {
 				_, err := os.Stat(config)
 				return errors.Is(err, os.ErrNotExist)
 			})
+			ex.mu.Lock()
+			asked = ex.statusAfterDecl
+			ex.mu.Unlock()
+			if asked != 1 {
+				t.Fatalf("the agent asked its executor's state %d times after the declaration that left it hosted, want once", asked)
+			}
 		})
 	}
 }

@@ -44,6 +44,9 @@ type fakeExecutor struct {
 	// hosted: it holds no identity (a retire declaration ran to its end,
 	// or its state was lost): it says so and refuses declarations.
 	hosted bool
+	// statusAfterDecl counts the status requests that came right after a
+	// declaration on one connection: the agent's look after a drain.
+	statusAfterDecl int
 }
 
 // doing records an apply the executor made, for a later Reconnected.
@@ -111,6 +114,7 @@ func (f *fakeExecutor) accept() {
 func (f *fakeExecutor) serve(c *wire.Conn) {
 	defer c.Close()
 	state := wire.StateNew
+	afterDecl := false // the last request on this connection was a Declaration
 	for {
 		k, body, err := c.Read()
 		if err != nil {
@@ -123,12 +127,17 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: k.String() + " not allowed now"})
 			return
 		}
+		wasDecl := afterDecl
+		_, afterDecl = body.(*wire.Declaration)
 		switch b := body.(type) {
 		case *wire.Hello:
 			state = wire.StateReady
 			c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: "fake", Build: f.build, Node: "", State: "enrolled"})
 		case *wire.Status:
 			f.mu.Lock()
+			if wasDecl {
+				f.statusAfterDecl++
+			}
 			if b.Link != nil {
 				f.links = append(f.links, *b.Link)
 			}
@@ -170,7 +179,9 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.mu.Lock()
 			if err == nil && f.hosted {
 				f.mu.Unlock()
-				c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Refused, Code: wire.CodeAddress, Reason: "this host holds no identity"})
+				// As the executor refuses one (serve.go).
+				c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Refused, Code: wire.CodeNotEnrolled,
+					Reason: "this host has no identity (hosted): it takes no declaration from the link"})
 				continue
 			}
 			if err != nil {

@@ -557,11 +557,12 @@ func TestNodeRosterAccess(t *testing.T) {
 // control side's account, and an empty one (a read of nothing, 404) would
 // acknowledge that consumer's message — the recorder's, say, a report it
 // was handed and has not recorded yet. The broker refuses the publish: a
-// reply must be a subject its publisher may subscribe to, and a node may
-// subscribe to its own inbox and notices only. Tried through every door
-// with the acknowledgement subject of a message really pending; the
-// message is still pending after, and its subject does acknowledge it
-// (the positive control).
+// client's reply may not be one of its reserved forms ($JS.ACK.…, a
+// service import's reply, a gateway's), whatever the permissions
+// (nats-server's isReservedReply); this test holds the pinned version to
+// it. Tried through every door with the acknowledgement subject of a
+// message really pending; the message is still pending after, and its
+// subject does acknowledge it (the positive control).
 func TestANodeCannotAcknowledgeForTheControlSide(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	_, a := enrolNode(t, s, "alpha")

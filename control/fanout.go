@@ -63,9 +63,10 @@ func (c *Client) lastOnSubjects(ctx context.Context, nodes []string) (map[string
 		}
 		err = func() error {
 			defer sub.Unsubscribe()
-			deadline := time.Now().Add(10 * time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
 			for {
-				m, err := sub.NextMsg(time.Until(deadline))
+				m, err := sub.NextMsgWithContext(cctx)
 				if err != nil {
 					return fmt.Errorf("reading the newest declarations of %d nodes: %w", len(chunk), err)
 				}
@@ -117,11 +118,16 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 		lastErr error
 		read    = make(chan struct{})
 	)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
 		defer close(read)
-		last, lastErr = c.lastOnSubjects(ctx, nodes)
+		last, lastErr = c.lastOnSubjects(rctx, nodes)
 	}()
 	snap, err := c.entries(ctx, "node.*", "briefing.*")
+	if err != nil {
+		cancel() // the other read is of no use now
+	}
 	<-read
 	if err != nil {
 		return fail(err)

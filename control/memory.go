@@ -30,8 +30,9 @@ import (
 // when there is. Never during a burst: there the runtime paces itself.
 // Told to collect less often through a fan-out (GOGC 300 from the first
 // 250 ms at a burst's rate, while the live heap held steady), serve spent
-// 0.3–0.4 s less CPU in each fan-out to 10,000 nodes but held 1–4 KiB a
-// node more once quiet and peaked 150 MiB higher (docs/benchmarks.md,
+// less CPU in each fan-out to 10,000 nodes (3.0–3.8 s against 3.4–3.8,
+// two runs without) but held 56–60 KiB a node once quiet against 55–56,
+// and peaked at 955–1,102 MiB against 881–897 (docs/benchmarks.md,
 // session 8): the fan-out had room, the memory target had not.
 
 // burstCheck is how often serve looks at how much it allocated.

@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +11,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -286,17 +287,22 @@ func (b *Backend) Configure(ctx context.Context, want Spec, c Changes) error {
 
 // Remove takes iface away: a kernel interface is deleted; a userspace one's
 // process is stopped (its unit under systemd, otherwise the process that
-// serves its socket), which removes its link.
+// holds its socket), which removes its link.
 func (b *Backend) Remove(ctx context.Context, iface string) error {
 	if b.Init != nil && b.Init.Name() == "systemd" {
 		if err := b.Init.Stop(ctx, Unit(iface)); err != nil && !strings.Contains(err.Error(), "not loaded") {
 			return fmt.Errorf("stop %s: %w", Unit(iface), err)
 		}
 	}
-	// Whatever still serves the socket (started in its own session, or
-	// by someone else) is asked to end.
-	if pid, err := socketPeer(filepath.Join(socketDir, iface+".sock")); err == nil && pid > 1 {
-		if err := endProcess(ctx, pid); err != nil {
+	// Whatever still holds the socket (started in its own session, or by
+	// someone else) is made to end.
+	sock := filepath.Join(socketDir, iface+".sock")
+	pids, inodes, err := socketHolders(sock)
+	if err != nil {
+		return fmt.Errorf("the process serving %s: %w", iface, err)
+	}
+	for _, pid := range pids {
+		if err := endProcess(ctx, pid, func() bool { return holding(pid, inodes) }); err != nil {
 			return fmt.Errorf("the WireGuard process serving %s (pid %d): %w", iface, pid, err)
 		}
 	}
@@ -310,23 +316,27 @@ func (b *Backend) Remove(ctx context.Context, iface string) error {
 	return nil
 }
 
-// endProcess asks pid to end (SIGTERM) and waits for it; one still there
-// after processGrace is killed and waited for again. It is held by a pidfd
-// from the first signal on, so a pid the kernel gives to another process
-// meanwhile is never signalled. An error says it is still there: the
-// removal is not done, and not recorded as done (until session 8 the wait
-// ended silently after 5 s, and a loaded machine's read-back could find
-// wireguard-go still running after the removal was reported).
-func endProcess(ctx context.Context, pid int) error {
+// endProcess makes pid end: SIGTERM, and SIGKILL if it is still there after
+// processGrace; an error says it is still there after the second grace, and
+// the removal is not done, nor recorded as done. Until session 8 the wait
+// ended silently after 5 s. The process is held by a pidfd, and signalled
+// only if, once held, it still is the one (still): a pid the kernel gave to
+// another process meanwhile is never signalled. On a kernel without pidfds
+// (before 5.3: an older Android device's), or where a seccomp filter
+// refuses them (EPERM), it is signalled by pid after the same check, as
+// before pidfds — the pid given again between check and signal is the risk
+// left there.
+func endProcess(ctx context.Context, pid int, still func() bool) error {
+	if pid <= 1 || pid == os.Getpid() {
+		return fmt.Errorf("pid %d is not a process to end", pid)
+	}
 	signal := func(sig unix.Signal) error { return unix.Kill(pid, sig) }
 	ended := func() bool { return unix.Kill(pid, 0) != nil }
 	fd, err := unix.PidfdOpen(pid, 0)
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		return nil // ended already
-	case errors.Is(err, unix.ENOSYS):
-		// A kernel before 5.3 (an older Android device's): by pid, as
-		// before pidfds; a pid given again within the grace is the risk.
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
 	case err != nil:
 		return fmt.Errorf("pidfd_open: %w", err)
 	default:
@@ -340,12 +350,19 @@ func endProcess(ctx context.Context, pid int) error {
 			return err == nil && n == 1
 		}
 	}
+	if !still() {
+		return nil // it let go meanwhile, or the pid is another's now
+	}
 	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
 		if err := signal(sig); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("%s: %w", sig, err)
+			return fmt.Errorf("%s: %w", unix.SignalName(sig), err)
 		}
-		if waitFor(ctx, processGrace, ended) == nil {
+		err := waitFor(ctx, processGrace, ended)
+		if err == nil {
 			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for it to end after %s: %w", unix.SignalName(sig), err)
 		}
 	}
 	return fmt.Errorf("still running %s after SIGTERM and SIGKILL", 2*processGrace)
@@ -355,40 +372,90 @@ func endProcess(ctx context.Context, pid int) error {
 // signal.
 var processGrace = 5 * time.Second // a test shortens it
 
-// Gone reads back that iface is no more.
+// Gone reads back that iface is no more: no interface, and no process
+// holding its socket.
 func (b *Backend) Gone(iface string) error {
 	if _, err := net.InterfaceByName(iface); err == nil {
 		return fmt.Errorf("interface %s is still there", iface)
 	}
-	if _, err := os.Stat(filepath.Join(socketDir, iface+".sock")); err == nil {
-		if _, err := socketPeer(filepath.Join(socketDir, iface+".sock")); err == nil {
-			return fmt.Errorf("a WireGuard process still serves %s", iface)
-		}
+	pids, _, err := socketHolders(filepath.Join(socketDir, iface+".sock"))
+	if err != nil {
+		return fmt.Errorf("reading who holds %s's socket: %w", iface, err)
+	}
+	if len(pids) > 0 {
+		return fmt.Errorf("a WireGuard process (pid %d) still holds %s's socket", pids[0], iface)
 	}
 	return nil
 }
 
-// socketPeer connects to a unix socket and returns the pid of the process
-// that accepted (SO_PEERCRED).
-func socketPeer(p string) (int, error) {
-	conn, err := net.DialTimeout("unix", p, 2*time.Second)
+// socketHolders returns the processes that hold the unix socket bound at
+// path open, and the socket's inodes: the listening socket and the
+// connections it accepted (which carry its path) are found in
+// /proc/net/unix, their holders in /proc/PID/fd. Not SO_PEERCRED of a
+// connection: that names the process that called listen(), and wireguard-go
+// listens before it daemonises — the process it names has exited (its pid
+// may be another's by now), and the daemon holding the socket was never
+// signalled; the interface's deletion ended it a moment later, after the
+// removal was read back (the s6 lab's failure under load).
+func socketHolders(path string) ([]int, map[uint64]bool, error) {
+	inodes, err := socketInodes(path)
+	if err != nil || len(inodes) == 0 {
+		return nil, inodes, err
+	}
+	procs, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
+	var pids []int
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if holding(pid, inodes) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, inodes, nil
+}
+
+// socketInodes reads /proc/net/unix for the sockets bound at path.
+func socketInodes(path string) (map[uint64]bool, error) {
+	f, err := os.Open("/proc/net/unix")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var cred *syscall.Ucred
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
+	defer f.Close()
+	inodes := map[uint64]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Scan() // the header: Num RefCount Protocol Flags Type St Inode Path
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 8 || fields[7] != path {
+			continue
+		}
+		if ino, err := strconv.ParseUint(fields[6], 10, 64); err == nil {
+			inodes[ino] = true
+		}
 	}
-	if serr != nil {
-		return 0, serr
+	return inodes, sc.Err()
+}
+
+// holding says whether pid holds one of inodes open.
+func holding(pid int, inodes map[uint64]bool) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false // gone, or no longer readable
 	}
-	return int(cred.Pid), nil
+	for _, fd := range fds {
+		link, err := os.Readlink(dir + "/" + fd.Name())
+		if !strings.HasPrefix(link, "socket:[") || err != nil {
+			continue
+		}
+		if ino, err := strconv.ParseUint(strings.TrimSuffix(link[len("socket:["):], "]"), 10, 64); err == nil && inodes[ino] {
+			return true
+		}
+	}
+	return false
 }

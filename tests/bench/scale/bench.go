@@ -478,6 +478,13 @@ func (b *bench) fanoutIdle(ctx context.Context) error {
 // in flight, and times each node's receipt and recorded report from the
 // first declare.
 func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
+	// This process holds the 10,000 simulated agents in one heap (2 GB):
+	// a collection of it landing in the window by chance was up to 0.9 s
+	// of CPU on the two cores the fan-out shares (session 8), a cost of
+	// the simulation — each real agent collects its own small heap, on
+	// its own machine. Collected before the window (and its profiles),
+	// not in it.
+	runtime.GC()
 	defer b.profiled("fanout")()
 	nodes := b.active
 	body := fanoutBody()
@@ -489,12 +496,6 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		errs     int
 		firstErr string
 	)
-	// This process holds the 10,000 simulated agents in one heap (2 GB):
-	// a collection of it landing in the window by chance was up to 0.9 s
-	// of CPU on the two cores the fan-out shares (session 8), a cost of
-	// the simulation — each real agent collects its own small heap, on
-	// its own machine. Collected before the window, not in it.
-	runtime.GC()
 	speed := verifyMicros()
 	c0, cerr := sampleCPU(b.ctl.pid())
 	a0, aerr := sampleCPU(os.Getpid())

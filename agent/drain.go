@@ -136,6 +136,9 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	if err := a.streamArchives(ctx, d); err != nil {
 		var ar *archiveRefusal
 		if !errors.As(err, &ar) {
+			if wire.CodeOf(err) == wire.CodeNotEnrolled {
+				a.followIfHosted() // it takes no archive: it holds no identity
+			}
 			return err
 		}
 		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg)
@@ -183,13 +186,18 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	// executor that lost its state: it refuses what it is handed as not
 	// enrolled. Asked only then: after every declaration, it was a round
 	// trip to the executor per declaration for nothing.
-	if !d.Retire && r.Code != wire.CodeNotEnrolled.String() {
-		return nil
+	if d.Retire || r.Code == wire.CodeNotEnrolled.String() {
+		a.followIfHosted()
 	}
+	return nil
+}
+
+// followIfHosted ends the linked agent (ErrRetired) when its executor says
+// it holds no identity: the agent is hosted too, ready for an enrolment.
+func (a *Agent) followIfHosted() {
 	if st, err := a.exec.status(a.linkSaid()); err == nil && st.State == link.StateHosted {
 		a.cancel(ErrRetired)
 	}
-	return nil
 }
 
 // publishReports puts reports on the broker and waits for the report

@@ -147,6 +147,19 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			}
 			f.mu.Unlock()
 			c.Write(wire.KindStatusReply, s)
+		case *wire.Archive:
+			f.mu.Lock()
+			hosted := f.hosted
+			f.mu.Unlock()
+			if hosted {
+				// As the executor refuses a stream (serve.go): an Error, and
+				// the connection closed.
+				c.Write(wire.KindError, &wire.Error{Code: wire.CodeNotEnrolled, Message: "this host has no identity (hosted): it takes no archive from the link"})
+				return
+			}
+			if b.Last {
+				c.Write(wire.KindArchiveAck, &wire.ArchiveAck{SHA256: b.SHA256, Stored: true})
+			}
 		case *wire.Enrol:
 			// As a hosted executor with no enrolment begun answers.
 			c.Write(wire.KindEnrolOffer, &wire.EnrolOffer{})

@@ -84,6 +84,11 @@ type Options struct {
 	// real agents make each on its own machine: the fleet looks less often.
 	Look time.Duration
 	Log  *slog.Logger
+
+	// fellBack: the control side refused this identity's subjects by
+	// node, and it links by kind; at the link's next return it tries by
+	// node again (the control side may have been upgraded meanwhile).
+	fellBack bool
 }
 
 // Agent is one running agent.
@@ -203,8 +208,18 @@ func Run(ctx context.Context, o Options) error {
 			// layout by kind, and this agent speaks it too.
 			id := *o.Identity
 			id.Layout, id.Subjects = link.LayoutByKind, link.NodeSubjects(id.Node, link.LayoutByKind)
-			o.Identity = &id
+			o.Identity, o.fellBack = &id, true
 			o.Log.Warn("the broker refused this agent's subjects by node: the control side is of an earlier version; linking again with the subjects by kind (upgrade the control side)", "node", id.Node)
+			continue
+		}
+		if errors.Is(err, errTryByNode) {
+			// The link came back after a fallback: a control side is
+			// upgraded by restarting it. By node again; an earlier one
+			// refuses, and the fallback above is taken again.
+			id := *o.Identity
+			id.Layout, id.Subjects = link.LayoutByNode, link.NodeSubjects(id.Node, link.LayoutByNode)
+			o.Identity, o.fellBack = &id, false
+			o.Log.Info("the link came back: trying the subjects by node again (the control side may have been upgraded)", "node", id.Node)
 			continue
 		}
 		if errors.Is(err, errReenrol) {
@@ -246,6 +261,10 @@ var errReenrol = errors.New("an enrolment is pending")
 // control side of an earlier version does (it gives every node the
 // layout by kind).
 var errEarlierLayout = errors.New("the control side knows only the layout by kind")
+
+// errTryByNode: the link came back to an agent that fell back to the
+// layout by kind (Options.fellBack).
+var errTryByNode = errors.New("the link came back after a fallback to the layout by kind")
 
 // earlierLayout says whether err is the broker refusing a publish to one
 // of id's subjects by node: what a control side of an earlier version
@@ -328,6 +347,9 @@ func runLinked(ctx context.Context, o Options) error {
 	if errors.Is(context.Cause(ctx), errEarlierLayout) {
 		return errEarlierLayout
 	}
+	if errors.Is(context.Cause(ctx), errTryByNode) {
+		return errTryByNode
+	}
 	return nil
 }
 
@@ -374,7 +396,13 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkDown(err)
 			}),
-			nats.ReconnectHandler(func(*nats.Conn) { a.linked() }),
+			nats.ReconnectHandler(func(*nats.Conn) {
+				if a.o.fellBack {
+					a.cancel(errTryByNode)
+					return
+				}
+				a.linked()
+			}),
 			nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(time.Now().Add(-10*time.Second))))
 			}),

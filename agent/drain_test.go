@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"github.com/nats-io/nats-server/v2/server"
 	"slices"
 	"strings"
 	"testing"
@@ -282,6 +283,9 @@ func TestAnAgentOfTheEarlierLayoutStillWorks(t *testing.T) {
 // linked and deaf. The earlier control side is the broker's answer: a
 // connection that does not ask for the layout by node is given the
 // layout by kind, as an earlier control side gives every connection.
+// When the link comes back (a control side is upgraded by restarting
+// it), the agent tries its subjects by node again, and keeps them where
+// they are taken.
 func TestAgentFallsBackToAnEarlierControlSide(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	id, _ := c.addNode("newer")
@@ -293,4 +297,32 @@ func TestAgentFallsBackToAnEarlierControlSide(t *testing.T) {
 	runAgentPolling(t, id, ex.path, 300*time.Millisecond) // it reads on its timer too: the notice may come before the fallback
 	seq := c.declare("newer", fmt.Sprintf(motd, 1))
 	c.reports("newer", "the declaration applied after the fallback", hasReport(seq, shapes.Applied))
+	if name := agentConnName(t, c, id); name == "" || strings.HasSuffix(name, link.LayoutTag) {
+		t.Fatalf("the agent's connection is %q: not linked by kind after the fallback", name)
+	}
+
+	// The control side comes back (upgraded): the agent links by node.
+	c.stop()
+	c.start()
+	waitFor(t, "the agent linked by node", func() bool {
+		return strings.HasSuffix(agentConnName(t, c, id), " "+link.LayoutTag)
+	})
+	seq = c.declare("newer", fmt.Sprintf(motd, 2))
+	c.reports("newer", "a declaration applied by node", hasReport(seq, shapes.Applied))
+}
+
+// agentConnName is the name of id's connection on c's broker ("" when it
+// has none).
+func agentConnName(t *testing.T, c *controlSide, id *agent.Identity) string {
+	t.Helper()
+	cz, err := c.srv.NATS().Connz(&server.ConnzOptions{Limit: 1024, Username: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ci := range cz.Conns {
+		if ci.AuthorizedUser == id.NKeyPublic() {
+			return ci.Name
+		}
+	}
+	return ""
 }

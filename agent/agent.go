@@ -206,20 +206,16 @@ func Run(ctx context.Context, o Options) error {
 		if errors.Is(err, errEarlierLayout) {
 			// A control side of an earlier version: it knows only the
 			// layout by kind, and this agent speaks it too.
-			id := *o.Identity
-			id.Layout, id.Subjects = link.LayoutByKind, link.NodeSubjects(id.Node, link.LayoutByKind)
-			o.Identity, o.fellBack = &id, true
-			o.Log.Warn("the broker refused this agent's subjects by node: the control side is of an earlier version; linking again with the subjects by kind (upgrade the control side)", "node", id.Node)
+			o.Identity, o.fellBack = o.Identity.inLayout(link.LayoutByKind), true
+			o.Log.Warn("the broker refused this agent's subjects by node: the control side is of an earlier version; linking again with the subjects by kind (upgrade the control side)", "node", o.Identity.Node)
 			continue
 		}
 		if errors.Is(err, errTryByNode) {
 			// The link came back after a fallback: a control side is
 			// upgraded by restarting it. By node again; an earlier one
 			// refuses, and the fallback above is taken again.
-			id := *o.Identity
-			id.Layout, id.Subjects = link.LayoutByNode, link.NodeSubjects(id.Node, link.LayoutByNode)
-			o.Identity, o.fellBack = &id, false
-			o.Log.Info("the link came back: trying the subjects by node again (the control side may have been upgraded)", "node", id.Node)
+			o.Identity, o.fellBack = o.Identity.inLayout(link.LayoutByNode), false
+			o.Log.Info("the link came back: trying the subjects by node again (the control side may have been upgraded)", "node", o.Identity.Node)
 			continue
 		}
 		if errors.Is(err, errReenrol) {

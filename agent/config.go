@@ -205,3 +205,10 @@ func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
+
+// inLayout is a copy of id with its subjects in layout l.
+func (id *Identity) inLayout(l link.Layout) *Identity {
+	c := *id
+	c.Layout, c.Subjects = l, link.NodeSubjects(c.Node, l)
+	return &c
+}

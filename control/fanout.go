@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"golang.org/x/sync/errgroup"
 )
 
 // One declaration to many nodes (DeclareAll) is many declares, each by
@@ -114,26 +115,14 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 	// The registry's snapshot and the subjects' newest declarations are
 	// read side by side: both come before the first publish.
 	var (
-		last    map[string]*lastOnSubject
-		lastErr error
-		read    = make(chan struct{})
+		snap map[string]jetstream.KeyValueEntry
+		last map[string]*lastOnSubject
 	)
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		defer close(read)
-		last, lastErr = c.lastOnSubjects(rctx, nodes)
-	}()
-	snap, err := c.entries(ctx, "node.*", "briefing.*")
-	if err != nil {
-		cancel() // the other read is of no use now
-	}
-	<-read
-	if err != nil {
+	g, gctx := errgroup.WithContext(ctx) // either failing ends the other
+	g.Go(func() (err error) { snap, err = c.entries(gctx, "node.*", "briefing.*"); return err })
+	g.Go(func() (err error) { last, err = c.lastOnSubjects(gctx, nodes); return err })
+	if err := g.Wait(); err != nil {
 		return fail(err)
-	}
-	if lastErr != nil {
-		return fail(lastErr)
 	}
 	// Parsed once, as the first node of the snapshot would receive it:
 	// the nodes' copies differ only in node, enrolment and seq.

@@ -148,11 +148,12 @@ func SubjectsOf(node string) Subjects {
 // notice itself, .inbox for its replies, .plan for plan requests): four.
 // The broker builds a tree of every connection's permissions, a map per
 // token, about 1.1 KiB a subject; at 10,000 nodes the trees were 11.5 KiB
-// a node by kind, 6.6 by node (setPermissions' allocations in session
-// 7's heap profiles; session 6 counted 5.7 of it) with the shared reads under names of their
-// own (mesh.get.archive, mesh.get.roster: never in a release), 4.5 as
-// now, the largest part of the broker's memory per node after its client
-// state (docs/benchmarks.md, sessions 6 and 7).
+// a node by kind, 6.6 by node with the shared reads under names of their
+// own (mesh.get.archive, mesh.get.roster: never in a release;
+// setPermissions' allocations in session 7's heap profiles, of which
+// session 6 counted 5.7), 4.5 as now: the largest part of the broker's
+// memory per node after its client state (docs/benchmarks.md, sessions 6
+// and 7).
 //
 // An agent asks for LayoutByNode by ending its connection's name with
 // LayoutTag; any other connection is given LayoutByKind, so an agent of an

@@ -664,6 +664,9 @@ type statusReport struct {
 	// "enrolled" and disconnected is a state of its own, said with since
 	// when (the seeds' lifecycle: no fixed "silent" threshold).
 	Link *serve.LinkState `json:"link,omitempty"`
+	// Faults counts the panics the daemon recovered from at its request
+	// boundary, with the last one (its stack is in the daemon's log).
+	Faults *serve.Faults `json:"faults,omitempty"`
 }
 
 // linkSilentAfter: an agent that has said nothing for this long (it says
@@ -726,6 +729,9 @@ func (c *command) status() int {
 	if s.State == "enrolled" {
 		s.Link, _ = serve.ReadLinkState(c.state)
 	}
+	if f, err := serve.ReadFaults(c.state); err == nil && f.Recovered > 0 {
+		s.Faults = &f
+	}
 	var b strings.Builder
 	state := s.State
 	if s.Link != nil && !s.Link.Up {
@@ -768,6 +774,10 @@ func (c *command) status() int {
 		fmt.Fprintf(&b, "last enrolment: %s\n", s.LastEnrolment)
 	}
 	fmt.Fprintf(&b, "version: %s\nholds: %d\n", s.Version, s.Holds)
+	if f := s.Faults; f != nil {
+		fmt.Fprintf(&b, "internal errors: %d recovered (the daemon went on); the last at %s serving %s: %s — the daemon's log has its stack\n",
+			f.Recovered, f.LastAt.Local().Format(time.RFC3339), f.LastIn, f.LastPanic)
+	}
 	var names []string
 	for n := range s.Sources {
 		names = append(names, n)

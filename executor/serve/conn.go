@@ -358,7 +358,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		if !s.begin(c) {
 			return
 		}
-		rk, reply, err := h(s, ctx, c, body)
+		rk, reply, err := s.call(h, ctx, c, k, body)
 		c.Release() // the request's bytes are no longer needed
 		s.end(c)
 		if err != nil {

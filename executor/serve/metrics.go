@@ -30,6 +30,9 @@ type execMetrics struct {
 	applies map[[2]string]int // source, outcome → count
 	last    map[string]lastApply
 	holds   int
+	// panics counts the panics recovered at the request boundary
+	// (recover.go) since the daemon started.
+	panics int
 }
 
 type lastApply struct {
@@ -54,9 +57,19 @@ func (s *Server) noteApply(src, outcome string, seq uint64, took time.Duration, 
 	if holds >= 0 {
 		m.holds = holds
 	}
-	text := s.metricsText()
 	m.mu.Unlock()
-	if err := writeTextfile(s.cfg.MetricsFile, text); err != nil {
+	s.writeMetrics()
+}
+
+// writeMetrics writes the file as the counts are now, when there is one.
+func (s *Server) writeMetrics() {
+	if s.cfg.MetricsFile == "" {
+		return
+	}
+	m := &s.metrics
+	m.mu.Lock() // held while writing: two writers would share the temporary file
+	defer m.mu.Unlock()
+	if err := writeTextfile(s.cfg.MetricsFile, s.metricsText()); err != nil {
 		s.log.Warn("the metrics file could not be written", "path", s.cfg.MetricsFile, "err", err)
 	}
 }
@@ -104,6 +117,8 @@ func (s *Server) metricsText() string {
 	fmt.Fprintf(&b, "mesh_executor_link_sequence %d\n", m.last["link"].seq)
 	family("mesh_executor_holds", "gauge", "What the host holds on this machine (entries of its store).")
 	fmt.Fprintf(&b, "mesh_executor_holds %d\n", m.holds)
+	family("mesh_executor_recovered_panics_total", "counter", "Panics recovered at the request boundary since the daemon started: each answered as an internal error, its stack in the log.")
+	fmt.Fprintf(&b, "mesh_executor_recovered_panics_total %d\n", m.panics)
 	s.lastMu.Lock()
 	l := s.link
 	s.lastMu.Unlock()

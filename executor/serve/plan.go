@@ -84,8 +84,11 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	}
 	for _, r := range d.Resources {
 		f, ok := r.(*shapes.File)
+		if !ok {
+			continue
+		}
 		diff, has := diffs[f.Key()]
-		if !ok || !has {
+		if !has {
 			continue
 		}
 		if why := s.mayShow(st, f.Path); why != "" {

@@ -180,6 +180,8 @@ type Server struct {
 	agentMu     sync.Mutex
 	// metrics is what the metrics file says (metrics.go).
 	metrics execMetrics
+	// faultMu orders the writes of FaultsFile (recover.go).
+	faultMu sync.Mutex
 }
 
 type lastApplied struct {
@@ -225,9 +227,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
 	s.protectRunning(ln)
-	s.Reconcile(ctx, "start", nil)
-	s.restartIfUpgraded()
-	go s.findProfile(ctx)
+	s.guard("the start reconcile", func() {
+		s.Reconcile(ctx, "start", nil)
+		s.restartIfUpgraded()
+	})
+	go s.guard("finding the profile", func() { s.findProfile(ctx) })
 	if s.cfg.DriftEvery > 0 {
 		go func() {
 			t := time.NewTicker(s.cfg.DriftEvery)
@@ -237,9 +241,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					s.Reconcile(ctx, "drift", nil)
-					s.restartIfUpgraded()
-					s.findProfile(ctx)
+					s.guard("the drift reconcile", func() {
+						s.Reconcile(ctx, "drift", nil)
+						s.restartIfUpgraded()
+						s.findProfile(ctx)
+					})
 				}
 			}
 		}()

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
-	"github.com/nox-mesh/nox-mesh-host/shapes/shapegen"
+	"github.com/nox-mesh/nox-mesh-host/tests/shapegen"
 )
 
 // Every shape through the rescue command's two doors, generated: planned

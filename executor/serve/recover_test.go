@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
-	"github.com/nox-mesh/nox-mesh-host/shapes/shapegen"
+	"github.com/nox-mesh/nox-mesh-host/tests/shapegen"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 

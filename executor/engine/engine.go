@@ -608,37 +608,45 @@ func (r *run) execute(batch []*step, after int) {
 		}
 		done = append(done, st)
 	}
-	// What was done is durable before it is recorded.
+	// What was done is durable before it is recorded. A step whose change
+	// cannot be made durable, or recorded (a full disk under the store,
+	// an I/O error), changed the machine all the same: the report says so,
+	// one failed line for each, with what it changed — never "1 failed"
+	// over a batch that changed two hundred files. Their intents stay
+	// pending, so the next apply settles each by looking.
+	var unrecorded error
 	if len(done) > 0 {
 		if err := r.syncTouched(); err != nil {
-			r.fail(done[0], err, 0)
-			return
+			unrecorded = err
 		}
 	}
+	var last *step // the last failed line, held back for the apply's stop
 	for _, st := range done {
-		var err error
-		switch {
-		case st.drop:
-			err = r.st.Drop(st.target)
-			if st.entry != nil && st.entry.Original != nil && st.entry.Original.Digest != "" {
-				r.forget = append(r.forget, st.entry.Original.Digest)
+		if unrecorded == nil {
+			if unrecorded = r.record(st); unrecorded == nil {
+				r.emit(st.line)
+				continue
 			}
-		case st.record != nil:
-			if st.res != nil && st.record.Recovered {
-				// Declared again and applied: the host's own once more.
-				rec := *st.record
-				rec.Recovered = false
-				st.record = &rec
-			}
-			err = r.st.Put(st.record)
 		}
-		if err != nil {
-			r.fail(st, err, 0)
-			return
+		if st.change == nil {
+			r.emit(st.line) // it changed nothing: its line stands as observed
+			continue
 		}
-		r.emit(st.line)
+		if st.line.Module != "" {
+			r.changed[st.line.Module+"."+st.line.ID] = true // restart_on: the machine did change
+		}
+		st.line.Detail = fmt.Sprintf("changed on the machine (%s: %s) but not recorded: %v; the next apply reads it back", st.line.Outcome, st.line.Detail, unrecorded)
+		st.line.Outcome = shapes.Failed
+		if last != nil {
+			r.emit(last.line)
+		}
+		last = st
 	}
-	if failedAt >= 0 {
+	switch {
+	case failedAt >= 0:
+		if last != nil {
+			r.emit(last.line)
+		}
 		// Later intents never started. The failed step's own intent stays
 		// pending: its change may have half happened, and the next apply
 		// settles it by looking.
@@ -649,7 +657,33 @@ func (r *run) execute(batch []*step, after int) {
 		}
 		rest := len(batch) - failedAt - 1 + after
 		r.fail(batch[failedAt], nil, rest)
+	case last != nil:
+		r.fail(last, nil, after)
+	case unrecorded != nil:
+		r.fail(&step{line: shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: unrecorded.Error()}}, nil, after)
 	}
+}
+
+// record writes what a step did into the store: its entry, or its drop.
+func (r *run) record(st *step) error {
+	switch {
+	case st.drop:
+		if err := r.st.Drop(st.target); err != nil {
+			return err
+		}
+		if st.entry != nil && st.entry.Original != nil && st.entry.Original.Digest != "" {
+			r.forget = append(r.forget, st.entry.Original.Digest)
+		}
+	case st.record != nil:
+		if st.res != nil && st.record.Recovered {
+			// Declared again and applied: the host's own once more.
+			rec := *st.record
+			rec.Recovered = false
+			st.record = &rec
+		}
+		return r.st.Put(st.record)
+	}
+	return nil
 }
 
 // declare notes that st's claim manages st's target in this declaration.

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"golang.org/x/sys/unix"
+)
+
+// The store's disk fills in the middle of a batch of file steps, after
+// their changes are made: every file the apply changed on the machine has
+// a line that says so (failed: changed, not recorded), none is reported as
+// untouched, and the next apply, with space again, reads each back and
+// records it without writing it a second time.
+func TestAFullStoreStillReportsEveryChange(t *testing.T) {
+	h := newHarness(t)
+	if err := os.MkdirAll(h.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", h.state, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
+		t.Skipf("no tmpfs to fill (%v): this test needs root and a mount namespace that allows it", err)
+	}
+	t.Cleanup(func() { unix.Unmount(h.state, unix.MNT_DETACH) })
+
+	const n = 200
+	var rs []string
+	for i := range n {
+		rs = append(rs, fmt.Sprintf(`{"module":"m","id":"f%d","type":"file","path":"{root}/f%d","content":"%d\n"}`, i, i, i))
+	}
+	doc := h.doc(rs...)
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(h.state, "filler")
+	fill := func() {
+		f, err := os.OpenFile(filler, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := make([]byte, 4096)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				return // full
+			}
+		}
+	}
+	filled := false
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, OnLine: func(l shapes.Line) {
+		if !filled && l.Outcome == shapes.Applied {
+			filled = true
+			fill() // the first record is written; the next cannot be
+		}
+	}})
+	st.Unlock()
+	if !filled {
+		t.Fatalf("no line was applied: %+v", rep)
+	}
+	changed := 0
+	for i := range n {
+		if b, err := os.ReadFile(h.p(fmt.Sprint("f", i))); err == nil && string(b) == fmt.Sprintf("%d\n", i) {
+			changed++
+		}
+	}
+	said, notRecorded := 0, 0
+	for _, l := range rep.Lines {
+		if l.Type != shapes.TypeFile {
+			continue
+		}
+		switch {
+		case l.Outcome == shapes.Applied:
+			said++
+		case l.Outcome == shapes.Failed && strings.Contains(l.Detail, "changed on the machine (applied") && strings.Contains(l.Detail, "not recorded") && strings.Contains(l.Detail, "no space left"):
+			said++
+			notRecorded++
+		}
+	}
+	if rep.Outcome != shapes.Failed || changed != n || said != n || notRecorded == 0 {
+		t.Fatalf("%d files changed on the machine; the report says %d of them (%d not recorded), outcome %s\n%s", changed, said, notRecorded, rep.Outcome, outcomes(rep))
+	}
+
+	// Space again: the next apply settles each pending intent by looking,
+	// and finds every file as declared.
+	os.Remove(filler)
+	again := h.apply(doc)
+	if again.Outcome == shapes.Failed {
+		t.Fatalf("with space again: %s\n%+v", again.Outcome, again.Lines)
+	}
+	for _, l := range again.Lines {
+		if l.Outcome != shapes.Unchanged && l.Outcome != shapes.Applied {
+			t.Fatalf("with space again: %+v", l)
+		}
+	}
+	if third := h.apply(doc); third.Outcome != shapes.Unchanged {
+		t.Fatalf("third apply: %s [%s]", third.Outcome, outcomes(third))
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // The existing broker's configuration follows more than the registry's
@@ -58,6 +60,64 @@ func TestBrokerPIDFileMustBeOurs(t *testing.T) {
 		os.Chown(p, 12345, 12345)
 		if err := signalReload(p); err == nil || !strings.Contains(err.Error(), "not believed") {
 			t.Fatalf("another user's pid file: %v", err)
+		}
+	}
+}
+
+// Every broker the control side makes or configures fsyncs a JetStream
+// write before acknowledging it (sync_interval: always): the embedded one
+// as it runs, and each configuration broker-config writes — one server's
+// and each server's of a cluster — read by nats-server's own parser.
+func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
+	dir := t.TempDir()
+	k, err := Init(filepath.Join(dir, "keys"), nil, "tls://127.0.0.1:14222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := s.ns.JetStreamConfig()
+	s.Shutdown()
+	if js == nil || !js.SyncAlways {
+		t.Errorf("the embedded broker acknowledges before it syncs: %+v", js)
+	}
+
+	confs := map[string]string{"broker-config": BrokerConfig(k, "127.0.0.1", 14222, nil, nil, true)}
+	servers, err := ParseCluster("127.0.0.1:14222,127.0.0.1:14223,127.0.0.1:14224", "127.0.0.1:16222,127.0.0.1:16223,127.0.0.1:16224")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdir := filepath.Join(dir, "cluster")
+	os.MkdirAll(cdir, 0o700)
+	if err := os.WriteFile(filepath.Join(cdir, AccountsFile), []byte(AccountsConfig(k, nil, nil, true)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rc, rk, err := RouteCertificate(servers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cdir, RouteCertFile), rc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cdir, RouteKeyFile), rk, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i, sv := range servers {
+		confs["broker-config --cluster, "+sv.Name] = ClusterConfig(k, servers, i, cdir, filepath.Join(dir, "store"), "sekrit")
+	}
+	for name, conf := range confs {
+		path := filepath.Join(cdir, strings.NewReplacer(" ", "", ",", "-").Replace(name)+".conf")
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(path)
+		switch {
+		case err != nil:
+			t.Errorf("%s: nats-server refuses the configuration: %v\n%s", name, err, conf)
+		case !opts.SyncAlways:
+			t.Errorf("%s: JetStream acknowledges before it syncs (no sync_interval: always):\n%s", name, conf)
 		}
 	}
 }

@@ -67,7 +67,16 @@ func serverConfig(k *Keys, name, host string, port int, store string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: %s\nhost: %s\nport: %d\nmax_payload: %d\n", q(name), q(host), port, MaxPayload)
 	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n}\n", q(store))
+	// sync_interval: always — JetStream fsyncs each write before it
+	// acknowledges it. nats-server's default flushes every two minutes, so
+	// a power cut loses what was acknowledged in between: a node added, a
+	// token's one-time use, a revocation, a sequence a node has already
+	// applied (the next declare would reuse it). Acknowledged must mean on
+	// disk, as etcd and PostgreSQL have it; the NATS maintainers advise the
+	// same where that is the promise. Every broker the control side makes
+	// or writes a configuration for (embedded, broker-config, --cluster)
+	// has its server part from here.
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n  sync_interval: always\n}\n", q(store))
 	return b.String()
 }
 

@@ -565,6 +565,16 @@ func ago(t time.Time) string {
 	return d.String() + " ago"
 }
 
+// skewShort is a clock skew in a table's few words: "+8760h0m0s" (ahead)
+// or "-2m0s" (behind).
+func skewShort(ms int64) string {
+	d := (time.Duration(ms) * time.Millisecond).Round(time.Second)
+	if d > 0 {
+		return "+" + d.String()
+	}
+	return d.String()
+}
+
 func (c *cli) nodes() error {
 	cl, err := c.connect()
 	if err != nil {
@@ -609,6 +619,9 @@ func (c *cli) nodes() error {
 			// An app, linked only while it runs: its silence is the
 			// ordinary case, said as a fact, not an alarm.
 			state += " (episodic)"
+		}
+		if n.ClockSkewMS != 0 {
+			state += ", clock " + skewShort(n.ClockSkewMS)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, state, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}
@@ -801,6 +814,12 @@ func (c *cli) printReport(r *SignedReport) {
 	}
 }
 
+// refusedForTime says whether a plan was refused for its time: past it
+// (the node's clock ahead), or good for longer than a plan is (behind).
+func refusedForTime(r *SignedReport) bool {
+	return r.Outcome == shapes.Refused && strings.Contains(r.Refused, "the plan request ") && strings.Contains(r.Refused, "good until")
+}
+
 // plan asks a node for a plan of file and prints its answer.
 func (c *cli) plan(node, file string, wait time.Duration) error {
 	data, err := os.ReadFile(file)
@@ -822,6 +841,18 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 	r, err := cl.WaitPlan(c.ctx, node, id, wait)
 	if err != nil {
 		return err
+	}
+	if refusedForTime(r) {
+		// A plan request is good for wire.PlanWithin by the control side's
+		// clock, and judged by the node's: said beside the refusal when the
+		// two differ, or the operator looks for the fault elsewhere.
+		if ns, err := cl.Nodes(c.ctx); err == nil {
+			for _, n := range ns {
+				if n.Name == node && n.ClockSkewMS != 0 {
+					r.Refused += "; the two clocks differ: " + SkewText(n.ClockSkewMS)
+				}
+			}
+		}
 	}
 	if c.json {
 		if err := c.printJSON(r); err != nil {

@@ -154,6 +154,9 @@ func (c *cli) nodeShow(name string) error {
 	}
 	if s := v.Status; s != nil {
 		fmt.Fprintf(w, "state\t%s, last heard %s\n", s.State, ago(s.LastHeard))
+		if s.ClockSkewMS != 0 {
+			fmt.Fprintf(w, "clock\t%s (at its last heartbeat)\n", SkewText(s.ClockSkewMS))
+		}
 		fmt.Fprintf(w, "sequences\tdeclared %d, applied %d\n", s.Declared, s.Applied)
 	}
 	w.Flush()

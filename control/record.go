@@ -425,11 +425,18 @@ func (kc *keyCache) get(ctx context.Context, node string) (nodeKeys, bool) {
 	return nodeKeys{r.NKey, r.Enrolment}, true
 }
 
+// heardBeat is a heartbeat with when the broker received it: the control
+// side's clock, not the node's (heardAt).
+type heardBeat struct {
+	*link.Heartbeat
+	Received time.Time
+}
+
 // lastHeartbeats reads the last heartbeat of every node in recs from the
 // heartbeat stream (one pass, the last message per subject), each only if
 // signed by the node's registered NKey.
-func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[string]*link.Heartbeat, error) {
-	out := map[string]*link.Heartbeat{}
+func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[string]*heardBeat, error) {
+	out := map[string]*heardBeat{}
 	str, err := c.JS.Stream(ctx, link.HeartbeatStream)
 	if err != nil {
 		return nil, err
@@ -455,11 +462,15 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 		subj := m.Subject()
 		name := subj[strings.LastIndexByte(subj, '.')+1:]
 		var hb link.Heartbeat
+		md, err := m.Metadata()
 		if r := byName[name]; r != nil && link.VerifySignature(r.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) == nil &&
 			json.Unmarshal(m.Data(), &hb) == nil && hb.Node == name {
-			out[name] = &hb
+			h := &heardBeat{Heartbeat: &hb}
+			if err == nil {
+				h.Received = md.Timestamp
+			}
+			out[name] = h
 		}
-		md, err := m.Metadata()
 		if err != nil || md.NumPending == 0 {
 			return out, nil
 		}

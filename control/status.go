@@ -28,8 +28,17 @@ type NodeStatus struct {
 	// while it runs, whose silence is the ordinary case).
 	Presence string `json:"presence,omitempty"`
 	// Revoked is when the node's identity was revoked (zero: it is not).
-	Revoked         time.Time `json:"revoked,omitzero"`
-	LastHeard       time.Time `json:"last_heard,omitzero"`
+	Revoked time.Time `json:"revoked,omitzero"`
+	// LastHeard is when the broker received the node's last heartbeat or
+	// report: the control side's clock, never the node's own, so a node
+	// whose clock is a year fast does not look alive once it is stopped,
+	// nor one a year slow dead while it heartbeats.
+	LastHeard time.Time `json:"last_heard,omitzero"`
+	// ClockSkewMS is how far the node's clock was ahead of the broker's
+	// (negative: behind) at its last heartbeat, in milliseconds; set only
+	// past ClockSkewShown. The node's own times (a report's, the
+	// executor's) are read with it in mind.
+	ClockSkewMS     int64  `json:"clock_skew_ms,omitempty"`
 	ExecutorVersion string    `json:"executor_version,omitempty"`
 	ExecutorBuild   string    `json:"executor_build,omitempty"`
 	ExecutorError   string    `json:"executor_error,omitempty"`
@@ -54,6 +63,36 @@ type NodeStatus struct {
 	// modules, or why it is assigned nothing (AssignmentState).
 	Address     string `json:"overlay_address,omitempty"`
 	Assignments string `json:"assignments,omitempty"`
+}
+
+// ClockSkewShown is the difference between a node's clock and the
+// broker's from which it is shown beside the node: past what a heartbeat's
+// time in flight and an ordinary NTP drift add up to.
+const ClockSkewShown = time.Minute
+
+// clockSkew is how far a node's own time (said) was ahead of the broker's
+// receipt of it, when that is past ClockSkewShown; 0 otherwise.
+func clockSkew(said, received time.Time) time.Duration {
+	if said.IsZero() || received.IsZero() {
+		return 0
+	}
+	d := said.Sub(received)
+	if d.Abs() < ClockSkewShown {
+		return 0
+	}
+	return d.Round(time.Second)
+}
+
+// SkewText says a node's clock skew for a person ("" when none is shown).
+func SkewText(ms int64) string {
+	d := time.Duration(ms) * time.Millisecond
+	switch {
+	case ms > 0:
+		return fmt.Sprintf("its clock is %s ahead of the control side's", d.Round(time.Second))
+	case ms < 0:
+		return fmt.Sprintf("its clock is %s behind the control side's", (-d).Round(time.Second))
+	}
+	return ""
 }
 
 // StateNeverHeard is the registry's state of a node that has said
@@ -84,17 +123,24 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 		var rep link.Report
 		if c.getJSON(ctx, "report."+r.Name, &rep) {
 			s.LastReport = &rep
-			s.LastSeq, s.LastOutcome, s.LastRefused, s.LastHeard = rep.Seq, rep.Outcome, rep.Refused, rep.At
+			s.LastSeq, s.LastOutcome, s.LastRefused = rep.Seq, rep.Outcome, rep.Refused
+			if e, err := c.KV.Get(ctx, "report."+r.Name); err == nil {
+				s.LastHeard = e.Created() // recorded on the control side's clock
+			}
 			if rep.Outcome != shapes.Refused && rep.Outcome != shapes.Superseded && rep.Seq > s.Applied {
 				s.Applied = rep.Seq
 			}
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
 		s.Address, s.Assignments = c.AssignmentState(ctx, r)
-		if hb := hbs[r.Name]; hb != nil && hb.Enrolment == r.Enrolment {
+		if h := hbs[r.Name]; h != nil && h.Enrolment == r.Enrolment {
+			hb := h.Heartbeat
 			s.Heartbeat = hb
-			if hb.At.After(s.LastHeard) {
-				s.LastHeard = hb.At
+			if h.Received.After(s.LastHeard) {
+				s.LastHeard = h.Received
+			}
+			if skew := clockSkew(hb.At, h.Received); skew != 0 {
+				s.ClockSkewMS = skew.Milliseconds()
 			}
 			if hb.LastApplied > s.Applied {
 				s.Applied = hb.LastApplied

@@ -55,9 +55,11 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	case req.Node != id.Node || req.Enrolment != id.Enrolment:
 		return refuse(wire.CodeAddress, "the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, id.Node, id.Enrolment)
 	case time.Now().After(req.NotAfter):
-		return refuse(wire.CodeReplay, "the plan request was good until %s; it is past", req.NotAfter.UTC().Format(time.RFC3339))
+		// This node's own time is said: a refusal for time is as often a
+		// clock that is off as a request that is late.
+		return refuse(wire.CodeReplay, "the plan request was good until %s; it is past (this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
 	case req.NotAfter.Sub(time.Now()) > wire.PlanWithin+time.Minute:
-		return refuse(wire.CodeInvalid, "the plan request is good until %s, further off than %v", req.NotAfter.UTC().Format(time.RFC3339), wire.PlanWithin)
+		return refuse(wire.CodeInvalid, "the plan request is good until %s, further off than %v (this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), wire.PlanWithin, time.Now().UTC().Format(time.RFC3339))
 	}
 	d, err := shapes.Parse(req.Declaration) // the link's parser: no action
 	if err != nil {

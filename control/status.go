@@ -39,9 +39,9 @@ type NodeStatus struct {
 	// past ClockSkewShown. The node's own times (a report's, the
 	// executor's) are read with it in mind.
 	ClockSkewMS     int64  `json:"clock_skew_ms,omitempty"`
-	ExecutorVersion string    `json:"executor_version,omitempty"`
-	ExecutorBuild   string    `json:"executor_build,omitempty"`
-	ExecutorError   string    `json:"executor_error,omitempty"`
+	ExecutorVersion string `json:"executor_version,omitempty"`
+	ExecutorBuild   string `json:"executor_build,omitempty"`
+	ExecutorError   string `json:"executor_error,omitempty"`
 	// ExecutorHalted is the launcher's reason, as the agent relays it,
 	// for starting no executor on the node.
 	ExecutorHalted string `json:"executor_halted,omitempty"`

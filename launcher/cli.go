@@ -25,7 +25,9 @@ const usage = `usage: mesh-launch [FLAGS] [-- ARGS for mesh-executor (default: s
 
 mesh-launch is what the init starts: it supervises the executor, counts its
 starts, rolls back once to the known-good copy, and halts. It exits only on
-SIGTERM or SIGINT (after stopping the executor), with status 0.
+SIGTERM or SIGINT (after stopping the executor), with status 0 — or at
+once, with status 1, when another mesh-launch holds the state directory
+(it names its pid; one launcher per state directory).
 
   status   the launch state: recent starts, rolled back, halted and why
   clear    clear a halt and the start counter (root only); a running
@@ -40,7 +42,8 @@ Flags of the launcher:
 `
 
 // Main is the mesh-launch command line; it returns the exit status: 0, 1
-// for a failed status or clear, 2 for a usage error.
+// for a failed status or clear or a launcher refused because another holds
+// its state directory, 2 for a usage error.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
@@ -84,6 +87,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if err := Run(ctx, cfg); err != nil {
 		fmt.Fprintf(stderr, "mesh-launch: %v\n", err)
+		if held := (*HeldError)(nil); errors.As(err, &held) {
+			return 1
+		}
 		return 2
 	}
 	return 0
@@ -169,6 +175,13 @@ func formatStatus(s State, dir string, now time.Time, window time.Duration) stri
 	}
 	b.WriteString("\n")
 	switch {
+	case s.RolledBack == nil && s.LastRollback != nil:
+		// Healthy cleared the mark: the release reinstalled reconciled.
+		fmt.Fprintf(&b, "rolled back: yes, at %s: %s; the release reinstalled has reconciled since", ts(s.LastRollback.At), s.LastRollback.Reason)
+		if !s.HealthyAt.IsZero() {
+			fmt.Fprintf(&b, " (%s)", ts(s.HealthyAt))
+		}
+		b.WriteString(", so a later release may be rolled back once in its turn\n")
 	case s.RolledBack == nil:
 		b.WriteString("rolled back: no\n")
 	case !s.RolledBack.Reinstalled:
@@ -323,7 +336,8 @@ func Program() cmdline.Program {
 		Summary: "the launcher of nox-mesh-host: supervises the executor, rolls back once, halts",
 		Description: `mesh-launch is what the init starts: it starts mesh-executor serve, counts its starts (and,
 through agent-start, the agent's), rolls back once to the known-good release when an upgrade
-crash-loops, and halts, staying up idle, when that fails too. It exits only on SIGTERM or SIGINT.`,
+crash-loops, and halts, staying up idle, when that fails too. It exits only on SIGTERM or SIGINT,
+or at once with status 1 when another mesh-launch holds its state directory (named by pid).`,
 		Commands: []cmdline.Command{
 			{Name: "", Args: "[-- ARGS for mesh-executor]", Summary: "supervise the executor (default arguments: serve --state DIR)", Flags: run},
 			{Name: "status", Summary: "the launch state: recent starts, rolled back, halted and why, the agent's starts", Flags: status},

@@ -130,9 +130,18 @@ func (c Config) withDefaults() (Config, error) {
 
 // Run supervises the executor until ctx ends, by Decide's algorithm (see
 // the package doc). It returns an error only for a Config it cannot use,
-// at once; otherwise it never returns before ctx ends — halted, or unable
-// to read or write its state, it says so and stays up idle, because an
-// exit would only have the init start it again. When ctx ends it sends the
+// at once, or a *HeldError when another launcher supervises StateDir;
+// otherwise it never returns before ctx ends — halted, or unable to read
+// or write its state, it says so and stays up idle, because an exit would
+// only have the init start it again.
+//
+// A launcher refused for another one's lock does return, though the init
+// may start it again (systemd's Restart=always, every RestartSec): each
+// such start is refused before it counts or starts anything, and says
+// again which pid holds the directory, which is what the operator needs to
+// see; and once that one is stopped, the init's own launcher takes over by
+// itself at its next start. Staying up idle instead would hide, behind a
+// service that looks running, that it supervises nothing. When ctx ends it sends the
 // executor's process group SIGTERM, waits up to StopTimeout, then SIGKILL,
 // and returns nil.
 //
@@ -144,6 +153,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	l := &launcher{cfg: cfg, log: cfg.Log, policy: Policy{MaxStarts: cfg.MaxStarts, Window: cfg.Window}}
+	// The lock before anything is made, counted or started. A state
+	// directory that cannot be locked for another reason (not private, a
+	// link planted as the lock) is said by the loop, which tries again.
+	var held *HeldError
+	if err := l.takeLock(); errors.As(err, &held) {
+		return err
+	}
+	defer l.releaseLock()
 	if cfg.AgentUser != "" {
 		if made, err := EnsureAgentUser(ctx, cfg.AgentUser, cfg.AgentState); err != nil {
 			l.log.Error("launcher: the agent's user: "+err.Error(), "user", cfg.AgentUser)
@@ -151,8 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 			l.log.Info("launcher: made the agent's user and its state directory (a tarball install has no package to)", "user", cfg.AgentUser, "state", cfg.AgentState)
 		}
 	}
-	l.run(ctx)
-	return nil
+	return l.run(ctx)
 }
 
 type launcher struct {
@@ -161,10 +177,42 @@ type launcher struct {
 	policy Policy
 	// said is the last idle reason logged, so an idle launcher says it once.
 	said string
+	// lock is RunLockFile, held open (lockRun) while this launcher runs.
+	lock *os.File
 }
 
-func (l *launcher) run(ctx context.Context) {
+// takeLock takes the state directory's launcher lock, making the
+// directory first if it is missing.
+func (l *launcher) takeLock() error {
+	if err := checkDir(l.cfg.StateDir, true); err != nil {
+		return err
+	}
+	f, err := lockRun(l.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	l.lock = f
+	return nil
+}
+
+func (l *launcher) releaseLock() {
+	if l.lock != nil {
+		l.lock.Close()
+		l.lock = nil
+	}
+}
+
+func (l *launcher) run(ctx context.Context) error {
 	for ctx.Err() == nil {
+		if l.lock == nil {
+			var held *HeldError
+			if err := l.takeLock(); errors.As(err, &held) {
+				return err
+			} else if err != nil {
+				l.idle(ctx, "cannot take the launcher's lock in the state directory; starting nothing until it can", err.Error())
+				continue
+			}
+		}
 		act, st, err := l.decide()
 		if err != nil {
 			l.idle(ctx, "cannot use the launch state; starting nothing until it can", err.Error())
@@ -193,7 +241,7 @@ func (l *launcher) run(ctx context.Context) {
 				if ctx.Err() != nil {
 					// Stopped mid-reinstall: the mark stays unfinished, and
 					// the next launcher finishes it.
-					return
+					return nil
 				}
 				if l.halt(fmt.Sprintf("the rollback to the known-good copy in %s failed: %v; a person has to look, then run mesh-launch clear", l.cfg.KnownGood, err)) != nil {
 					// Unrecorded, the next round tries the reinstall
@@ -207,6 +255,8 @@ func (l *launcher) run(ctx context.Context) {
 					return false, nil
 				}
 				s.RolledBack.Reinstalled = true
+				last := *s.RolledBack
+				s.LastRollback = &last
 				return true, nil
 			}); err != nil {
 				// The next decision reinstalls again, which is harmless.
@@ -219,12 +269,12 @@ func (l *launcher) run(ctx context.Context) {
 		}
 		l.said = ""
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		status, err := l.child(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return
+			return nil
 		case err != nil:
 			l.log.Error("launcher: the executor could not be started", "path", l.cfg.Executor, "err", err, "retry_in", l.cfg.Backoff)
 			sleep(ctx, l.cfg.Backoff)
@@ -235,6 +285,7 @@ func (l *launcher) run(ctx context.Context) {
 			sleep(ctx, l.cfg.Backoff)
 		}
 	}
+	return nil
 }
 
 func (l *launcher) statePath() string { return filepath.Join(l.cfg.StateDir, StateFile) }

@@ -23,6 +23,10 @@ const StateFile = "launch.json"
 // unless Config.KnownGood says otherwise.
 const KnownGoodDir = "known-good"
 
+// RunLockFile, in the state directory, is the supervising launcher's lock
+// (lockRun): one `mesh-launch` per state directory, held for its life.
+const RunLockFile = "launcher.lock"
+
 const (
 	lockFile     = "launch.lock"
 	maxStateSize = 1 << 20
@@ -37,6 +41,7 @@ const (
 //	{
 //	  "starts": ["2026-05-01T10:00:00.1Z", ...],   start attempts since the last healthy report
 //	  "rolled_back": {"at": ..., "reason": ..., "reinstalled": true},
+//	  "last_rollback": {"at": ..., "reason": ..., "reinstalled": true},
 //	  "halted": {"at": ..., "reason": ...},
 //	  "healthy_at": ...,                            the last Healthy
 //	  "known_good": {"at": ..., "binaries": {"mesh-executor": "<sha256>"}},
@@ -55,6 +60,13 @@ type State struct {
 	// of an upgrade crash-loops (then the running launcher acts on it);
 	// cleared only by Healthy, once the reinstall is done.
 	RolledBack *RollbackMark `json:"rolled_back,omitempty"`
+	// LastRollback is the last rollback whose reinstall finished. It is
+	// the record and RolledBack the decision: Healthy clears the mark
+	// once the release reinstalled reconciles (a later release may be
+	// rolled back once in its turn), and status, reading the mark alone,
+	// said "rolled back: no" of a node just rolled back. Nothing clears
+	// it; the next rollback replaces it.
+	LastRollback *RollbackMark `json:"last_rollback,omitempty"`
 	// Halted is set when the launcher gives up; only Clear clears it.
 	Halted *Mark `json:"halted,omitempty"`
 	// HealthyAt is when the executor last reported a reconcile run to its end.
@@ -115,6 +127,10 @@ func (s State) clone() State {
 	if s.RolledBack != nil {
 		r := *s.RolledBack
 		c.RolledBack = &r
+	}
+	if s.LastRollback != nil {
+		r := *s.LastRollback
+		c.LastRollback = &r
 	}
 	if s.Halted != nil {
 		h := *s.Halted
@@ -312,15 +328,33 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// lockState takes the launch state's write lock, waiting up to lockWait.
-func lockState(dir string) (unlock func(), err error) {
-	p := filepath.Join(dir, lockFile)
+// openLock opens (creating it 0600) the lock file p in the state
+// directory without following a link, and refuses it unless it is this
+// user's own private regular file with one name: a link planted there
+// steers nothing.
+func openLock(p string) (*os.File, error) {
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("launcher: the lock %s is a symbolic link; refused", p)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("launcher: lock: %w", err)
 	}
 	if err := checkOwnFile(f, p); err != nil {
 		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// lockState takes the launch state's write lock, waiting up to lockWait.
+// It guards one read-modify-write of StateFile, by whoever makes it (the
+// launcher, Healthy in the executor, agent-start, Clear); the supervising
+// launcher's own lock for its life is lockRun's.
+func lockState(dir string) (unlock func(), err error) {
+	p := filepath.Join(dir, lockFile)
+	f, err := openLock(p)
+	if err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(lockWait)

@@ -1,0 +1,58 @@
+package control
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// A plan refused for its time is told apart from other refusals, in both
+// ways the executor refuses one (executor/serve/plan.go's words): past its
+// time (the node's clock ahead) and good for too long (behind). The CLI
+// then says the two clocks differ, when the node's heartbeat showed it.
+func TestAPlanRefusedForItsTime(t *testing.T) {
+	for _, c := range []struct {
+		refused string
+		want    bool
+	}{
+		{"executor: the plan request was good until 2026-12-02T10:00:00Z; it is past", true},
+		{"executor: the plan request is good until 2027-12-02T10:00:00Z, further off than 5m0s", true},
+		{"executor: the plan request is addressed to node \"n2\" enrolment \"e\"; this is node \"n1\" enrolment \"e\"", false},
+		{"executor: resource base.motd: path: \"x\" is not absolute", false},
+	} {
+		r := &SignedReport{Report: link.Report{Outcome: shapes.Refused, Refused: c.refused}}
+		if got := refusedForTime(r); got != c.want {
+			t.Errorf("%q: %v, want %v", c.refused, got, c.want)
+		}
+	}
+	if got := SkewText(-90_000); got != "its clock is 1m30s behind the control side's" {
+		t.Errorf("SkewText: %q", got)
+	}
+}
+
+// A plan's report reads as a plan wherever it is printed (reports, plan):
+// labelled with its request, not a sequence, and in the conditional — never
+// "seq 0 applied" among the applies.
+func TestAPlanReadsAsAPlan(t *testing.T) {
+	var b strings.Builder
+	c := &cli{stdout: &b}
+	c.printReport(&SignedReport{Report: link.Report{Seq: 0, Trigger: link.TriggerPlan, PlanID: "9f2c", Outcome: shapes.Applied, Lines: []shapes.Line{
+		{Module: "m", ID: "motd", Type: "file", Outcome: shapes.Applied, Detail: "content replaced"},
+		{Module: "m", ID: "old", Type: "file", Outcome: shapes.Removed},
+		{Module: "m", ID: "dir", Type: "directory", Outcome: shapes.Unchanged},
+	}}})
+	c.printReport(&SignedReport{Report: link.Report{Seq: 4, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied, Lines: []shapes.Line{
+		{Module: "m", ID: "motd", Type: "file", Outcome: shapes.Applied, Detail: "content replaced"}}}})
+	out := b.String()
+	for _, want := range []string{"plan 9f2c  would apply\n", "m.motd  file  would apply  content replaced\n", "m.old  file  would remove\n",
+		"m.dir  directory  would change nothing\n", "seq 4  applied\n", "m.motd  file  applied  content replaced\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the reports lack %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "seq 0") {
+		t.Errorf("a plan shown as an apply of sequence 0:\n%s", out)
+	}
+}

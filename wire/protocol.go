@@ -78,30 +78,37 @@ type Spec struct {
 	// Max is the largest body accepted, checked before a byte is allocated.
 	Max  uint32
 	Body func() any // a new, empty body to decode into
+	// Answer, for a request, is the one reply that ends it, and Streamed
+	// the reply it may send any number of before that (0: none). Error
+	// may end any request. A request unanswered (an archive's chunk but
+	// the last) has none. The agent reads every reply against its
+	// request's row (Answers): a reply of another kind is never taken for
+	// the answer, and a connection that carries one is closed.
+	Answer, Streamed Kind
 }
 
 // Table is the whole protocol. A kind not in it closes the connection.
 var Table = []Spec{
-	{KindHello, "hello", AgentToExecutor, []State{StateNew}, 4 << 10, func() any { return new(Hello) }},
-	{KindHelloReply, "hello-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(HelloReply) }},
-	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }},
-	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }},
-	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Reconnected) }},
-	{KindVerdict, "verdict", ExecutorToAgent, nil, 8 << 20, func() any { return new(Verdict) }},
-	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Status) }},
-	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }},
-	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }},
-	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }},
-	{KindArchiveAck, "archive-ack", ExecutorToAgent, nil, 4 << 10, func() any { return new(ArchiveAck) }},
-	{KindEnrol, "enrol", AgentToExecutor, []State{StateReady}, 256, func() any { return new(Enrol) }},
-	{KindEnrolOffer, "enrol-offer", ExecutorToAgent, nil, 1 << 20, func() any { return new(EnrolOffer) }},
-	{KindGrant, "grant", AgentToExecutor, []State{StateReady}, 64 << 10, func() any { return new(GrantHandover) }},
-	{KindGrantReply, "grant-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(GrantReply) }},
-	{KindProfile, "profile", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Profile) }},
-	{KindProfileReply, "profile-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ProfileReply) }},
-	{KindRoster, "roster", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Roster) }},
-	{KindPlan, "plan", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Plan) }},
-	{KindPlanReply, "plan-reply", ExecutorToAgent, nil, 8 << 20, func() any { return new(PlanReply) }},
+	{KindHello, "hello", AgentToExecutor, []State{StateNew}, 4 << 10, func() any { return new(Hello) }, KindHelloReply, 0},
+	{KindHelloReply, "hello-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(HelloReply) }, 0, 0},
+	{KindDeclaration, "declaration", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Declaration) }, KindVerdict, KindReportLine},
+	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }, 0, 0},
+	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Reconnected) }, KindVerdict, KindReportLine},
+	{KindVerdict, "verdict", ExecutorToAgent, nil, 8 << 20, func() any { return new(Verdict) }, 0, 0},
+	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Status) }, KindStatusReply, 0},
+	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }, 0, 0},
+	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }, 0, 0},
+	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }, KindArchiveAck, 0},
+	{KindArchiveAck, "archive-ack", ExecutorToAgent, nil, 4 << 10, func() any { return new(ArchiveAck) }, 0, 0},
+	{KindEnrol, "enrol", AgentToExecutor, []State{StateReady}, 256, func() any { return new(Enrol) }, KindEnrolOffer, 0},
+	{KindEnrolOffer, "enrol-offer", ExecutorToAgent, nil, 1 << 20, func() any { return new(EnrolOffer) }, 0, 0},
+	{KindGrant, "grant", AgentToExecutor, []State{StateReady}, 64 << 10, func() any { return new(GrantHandover) }, KindGrantReply, 0},
+	{KindGrantReply, "grant-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(GrantReply) }, 0, 0},
+	{KindProfile, "profile", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Profile) }, KindProfileReply, 0},
+	{KindProfileReply, "profile-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ProfileReply) }, 0, 0},
+	{KindRoster, "roster", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Roster) }, KindVerdict, KindReportLine},
+	{KindPlan, "plan", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Plan) }, KindPlanReply, 0},
+	{KindPlanReply, "plan-reply", ExecutorToAgent, nil, 8 << 20, func() any { return new(PlanReply) }, 0, 0},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -116,8 +123,39 @@ var byKind = func() map[Kind]*Spec {
 		}
 		m[s.Kind] = s
 	}
+	for _, s := range m {
+		a, st := m[s.Answer], m[s.Streamed]
+		switch {
+		case s.Dir == ExecutorToAgent && (s.Answer != 0 || s.Streamed != 0):
+			panic(fmt.Sprintf("wire: kind %d (%s): a reply answers nothing", s.Kind, s.Name))
+		case s.Dir == AgentToExecutor && (a == nil || a.Dir != ExecutorToAgent || a.Kind == KindError):
+			panic(fmt.Sprintf("wire: kind %d (%s): a request needs its own reply kind as its answer", s.Kind, s.Name))
+		case s.Streamed != 0 && (st == nil || st.Dir != ExecutorToAgent || s.Streamed == s.Answer):
+			panic(fmt.Sprintf("wire: kind %d (%s): what it streams is a reply other than its answer", s.Kind, s.Name))
+		}
+	}
 	return m
 }()
+
+// Answers says whether reply belongs to request req, and if so whether it
+// ends it (its Answer, or an Error) or comes before the end (Streamed).
+// A connection carries one request at a time, and a request given up
+// (its deadline, its context) closes the connection: so the replies read
+// after a request are its own, and one that Answers refuses is a broken
+// peer, never a late answer to be taken for this one.
+func Answers(req, reply Kind) (belongs, ends bool) {
+	s, ok := byKind[req]
+	if !ok || s.Dir != AgentToExecutor {
+		return false, false
+	}
+	switch reply {
+	case s.Answer, KindError:
+		return true, true
+	case s.Streamed:
+		return reply != 0, false
+	}
+	return false, false
+}
 
 // Next is the state a connection is in once the executor has served k,
 // sent in st with body: the transitions of the picture above, in one place.
@@ -271,6 +309,11 @@ type Status struct {
 type AgentLink struct {
 	Up    bool      `cbor:"1,keyasint"`
 	Since time.Time `cbor:"2,keyasint,omitzero"`
+	// Revoked, while down: the broker has refused this node's credential
+	// since then (an authorization violation for its NKey: the control
+	// side revoked it, or enrolled another machine as the node). The agent
+	// then tries seldom; nothing but a new enrolment brings the link back.
+	Revoked time.Time `cbor:"3,keyasint,omitzero"`
 }
 
 // StatusReply is the executor's state, for the heartbeat.

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -305,30 +305,6 @@ func TestArchiveChunkBoundsAndState(t *testing.T) {
 	}
 }
 
-// A closing executor removes its own socket file, never one another
-// executor has put at the same path since.
-func TestSocketRemovedOnlyIfOurs(t *testing.T) {
-	dir := t.TempDir()
-	path := dir + "/run/executor.sock"
-	old, err := ListenUnix(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Another executor takes the path (removing the stale file first).
-	newer, err := ListenUnix(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old.Close()
-	if _, err := net.Dial("unix", path); err != nil {
-		t.Fatalf("the old executor removed the new one's socket: %v", err)
-	}
-	newer.Close()
-	if _, err := os.Lstat(path); !os.IsNotExist(err) {
-		t.Fatal("the socket was left behind")
-	}
-}
-
 // A verdict that owns nothing says so ([]), distinct from one that does
 // not carry the list (a refusal): the control side's copy follows the
 // first and ignores the second.
@@ -425,5 +401,41 @@ func TestModeJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"mode":"0999"}`), &e); err == nil {
 		t.Error("a mode of 9s read")
+	}
+}
+
+// Every request names the reply that ends it, and no reply belongs to a
+// request it does not answer: a plan's answer is never taken for a
+// declaration's verdict, nor a declaration's lines for a plan's answer.
+func TestEveryReplyBelongsToItsRequest(t *testing.T) {
+	want := map[Kind][]Kind{
+		KindHello:       {KindHelloReply},
+		KindDeclaration: {KindVerdict, KindReportLine},
+		KindReconnected: {KindVerdict, KindReportLine},
+		KindRoster:      {KindVerdict, KindReportLine},
+		KindStatus:      {KindStatusReply},
+		KindArchive:     {KindArchiveAck},
+		KindEnrol:       {KindEnrolOffer},
+		KindGrant:       {KindGrantReply},
+		KindProfile:     {KindProfileReply},
+		KindPlan:        {KindPlanReply},
+	}
+	for _, req := range Table {
+		for _, reply := range Table {
+			belongs, ends := Answers(req.Kind, reply.Kind)
+			wanted := reply.Kind == KindError || slices.Contains(want[req.Kind], reply.Kind)
+			if req.Dir != AgentToExecutor {
+				wanted = false
+			}
+			if belongs != wanted {
+				t.Errorf("%s answered by %s: %v, want %v", req.Name, reply.Name, belongs, wanted)
+			}
+			if belongs && ends != (reply.Kind != KindReportLine) {
+				t.Errorf("%s answered by %s ends it: %v", req.Name, reply.Name, ends)
+			}
+		}
+		if req.Dir == AgentToExecutor && want[req.Kind] == nil {
+			t.Errorf("%s: a request this test does not know the answer of", req.Name)
+		}
 	}
 }

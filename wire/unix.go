@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,22 +22,39 @@ const (
 )
 
 // ListenUnix creates the socket at path for the group gid and listens.
+//
+// A socket already at path is taken over only when it is stale: a
+// connection to it refused (ECONNREFUSED) means nothing listens there any
+// more (an executor killed with -9 leaves its file). A connection accepted
+// means another executor serves it — one with another state directory but
+// the same --socket — and is refused, naming the path and that process:
+// taking the file over left that executor running and unreachable while
+// its agent's status still said linked, and the taker removed the file on
+// exit. Anything else (the file gone meanwhile aside) is no proof of
+// staleness, and nothing is removed. The check, the removal and the bind
+// are made holding a flock on the socket directory, so two executors
+// starting together cannot each find the same stale file and one remove
+// the other's fresh socket.
 func ListenUnix(path string, gid int) (net.Listener, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
 	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := removeStale(path); err != nil {
+		return nil, err
+	}
+	// The directory is opened to the group only once the path is known to
+	// be this executor's to take: a refused one changes nothing.
 	if err := os.Chown(dir, 0, gid); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
 	}
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("wire: %s exists and is not a socket; not removing it", path)
-		}
-		os.Remove(path) // a stale socket of an earlier executor
 	}
 	old := syscall.Umask(0o077)
 	ln, err := net.Listen("unix", path)
@@ -64,6 +82,72 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 	}
 	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
 }
+
+// lockDir takes an exclusive flock on the socket directory for the
+// check-remove-bind of ListenUnix. It waits: every holder holds it for a
+// few system calls only.
+func lockDir(dir string) (unlock func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("wire: socket directory %s: %w", dir, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("wire: lock the socket directory %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// removeStale removes the socket at path if nothing listens on it, and
+// refuses a path another process serves or that is not a socket.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("wire: socket %s: %w", path, err)
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("wire: %s exists and is not a socket; not removing it", path)
+	}
+	c, err := net.DialTimeout("unix", path, probeTimeout)
+	switch {
+	case err == nil:
+		who := "another executor"
+		if p, perr := PeerOf(c); perr == nil && p.PID > 0 {
+			who += fmt.Sprintf(" (pid %d)", p.PID)
+		}
+		c.Close()
+		return fmt.Errorf("wire: %s: %s is serving it; refusing to take its socket (stop it first, or give this one another --socket)", path, who)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		// Stale: nothing listens. Removed by the identity just seen, in
+		// case it changed since (a file put there by something that does
+		// not take the directory's lock is left).
+		if fi2, lerr := os.Lstat(path); lerr == nil && fileIdentity(fi2) == fileIdentity(fi) {
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("wire: remove the stale socket %s: %w", path, err)
+			}
+			return nil
+		}
+		return fmt.Errorf("wire: %s changed while it was looked at; not removing it", path)
+	case errors.Is(err, syscall.ENOENT):
+		return nil // gone meanwhile
+	default:
+		return fmt.Errorf("wire: %s: cannot tell whether another executor serves it (%w); not removing it", path, err)
+	}
+}
+
+// probeTimeout bounds the connection ListenUnix makes to a socket already
+// at its path. A live executor accepts at once; one whose backlog is full
+// is busy, hence alive, and is not taken over either.
+const probeTimeout = 5 * time.Second
 
 // ownSocket is a listener that, closed, removes its socket file only if
 // that file is still the one it created.

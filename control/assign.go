@@ -58,10 +58,41 @@ type Assignment struct {
 	File      string            `json:"file,omitempty"`
 	Resources []json.RawMessage `json:"resources"`
 	Assigned  time.Time         `json:"assigned"`
+	// PendingFrom, while the node has not yet answered a composition
+	// carrying this assignment, is the first sequence that can carry it:
+	// a refusal by the node of such a composition, naming the module,
+	// gives the assignment back (settleAssignments); the node's taking one
+	// keeps it (PendingFrom cleared). Previous is the module as it was
+	// assigned before, put back then (none: the module is taken off).
+	PendingFrom uint64      `json:"pending_from,omitempty"`
+	Previous    *Assignment `json:"previous,omitempty"`
 }
 
 type assignments struct {
 	Modules []Assignment `json:"modules"`
+	// GivenBack are the newest assignments the node refused and that were
+	// given back (at most maxGivenBack): what `nodes` and `assign` say.
+	GivenBack []GivenBack `json:"given_back,omitempty"`
+}
+
+// GivenBack is an assignment given back because the node refused it.
+type GivenBack struct {
+	Module string    `json:"module"`
+	Seq    uint64    `json:"seq"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+const maxGivenBack = 5
+
+// pending says whether any assignment awaits the node's answer.
+func (a *assignments) pending() bool {
+	for _, m := range a.Modules {
+		if m.PendingFrom != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // joinedRecord says the node reported its overlay applied in an enrolment
@@ -223,10 +254,22 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 	if err := c.refuseRevoked(ctx, node); err != nil {
 		return nil, err
 	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		return nil, err
+	}
 	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
-		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC()}
+		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC(), PendingFrom: max(rec.NextSeq, 1)}
 		for i := range a.Modules {
 			if a.Modules[i].Module == module {
+				prev := a.Modules[i]
+				if prev.PendingFrom != 0 && prev.Previous != nil {
+					prev = *prev.Previous // still unanswered: what the node last took
+				}
+				if prev.PendingFrom == 0 {
+					prev.Previous = nil
+					m.Previous = &prev
+				}
 				a.Modules[i] = m
 				return nil
 			}
@@ -351,6 +394,50 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 	sum := sha256.Sum256(body)
 	comp.Digest = hex.EncodeToString(sum[:])
 	return comp, nil
+}
+
+// ComposeWith is node's composition as it would be with the module in data
+// assigned (in place, or after the others), as a declaration body for a
+// plan: nothing is kept. A hold is not applied: the plan shows what the
+// node would be told once it ends.
+func (c *Client) ComposeWith(ctx context.Context, node string, data []byte) ([]byte, error) {
+	module, resources, err := ReadModule(data)
+	if err != nil {
+		return nil, err
+	}
+	s, err := c.Overlay(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: a node's first declaration is the overlay, so nothing is assigned before there is one", err)
+	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	ov, err := c.overlayOf(ctx, s, rec)
+	if err != nil {
+		return nil, err
+	}
+	a, _, err := c.assignments(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	raw, _ := json.Marshal(ov)
+	all, placed := []json.RawMessage{raw}, false
+	for _, m := range a.Modules {
+		if m.Module == module {
+			all, placed = append(all, resources...), true
+			continue
+		}
+		all = append(all, m.Resources...)
+	}
+	if !placed {
+		all = append(all, resources...)
+	}
+	if err := checkResources(all); err != nil {
+		return nil, fmt.Errorf("composed with the overlay and the other modules: %w", err)
+	}
+	body, _ := json.Marshal(map[string]any{"version": 1, "resources": all})
+	return body, nil
 }
 
 // lastDeclared is the last declaration on rec's subject for its current
@@ -592,6 +679,63 @@ func (c *Client) noteReport(ctx context.Context, node string, data []byte) bool 
 	return true
 }
 
+// errNoChange ends a changeAssignments that finds nothing to change.
+var errNoChange = errors.New("nothing to change")
+
+// settleAssignments takes in a node's report for the assignments that
+// await its answer: a composition it took (any outcome but refused or
+// superseded) at or past an assignment's PendingFrom keeps the assignment;
+// one it refused, naming an awaiting module's resource, gives that
+// assignment back — the module as it was before, or none — and says so
+// (GivenBack, the log). Without it, a module the node refuses (a path in
+// its protected set) stays assigned, and every later composition is
+// refused until someone unassigns it by hand. It returns the modules
+// given back.
+func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Report) []string {
+	if r.Outcome == shapes.Superseded || r.Node != node {
+		return nil
+	}
+	var back []string
+	err := c.changeAssignments(ctx, node, func(a *assignments) error {
+		back = nil
+		changed := false
+		kept := a.Modules[:0:0]
+		for _, m := range a.Modules {
+			switch {
+			case m.PendingFrom == 0 || r.Seq < m.PendingFrom:
+			case r.Outcome != shapes.Refused:
+				m.PendingFrom, m.Previous, changed = 0, nil, true
+			case strings.Contains(r.Refused, "resource "+m.Module+"."):
+				back, changed = append(back, m.Module), true
+				a.GivenBack = append(a.GivenBack, GivenBack{Module: m.Module, Seq: r.Seq, Reason: r.Refused, At: time.Now().UTC()})
+				if m.Previous == nil {
+					continue
+				}
+				m = *m.Previous
+			}
+			kept = append(kept, m)
+		}
+		if !changed {
+			return errNoChange
+		}
+		if n := len(a.GivenBack); n > maxGivenBack {
+			a.GivenBack = a.GivenBack[n-maxGivenBack:]
+		}
+		a.Modules = kept
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, errNoChange) && ctx.Err() == nil {
+			c.log.Error("the node's answer to its assignments was not taken in", "node", node, "seq", r.Seq, "err", err)
+		}
+		return nil
+	}
+	for _, m := range back {
+		c.log.Warn("the node refused a module; its assignment is given back", "node", node, "module", m, "seq", r.Seq, "reason", r.Refused)
+	}
+	return back
+}
+
 // afterEnrol publishes, once enrolment has made node's queue, the roster
 // (the node's key is new in it) and then its first composition (forced:
 // one published while the queue was being made may have been emptied with
@@ -633,6 +777,9 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 	}
 	defer w.Stop()
 	faces := map[string]string{}
+	// pending: the nodes with an assignment awaiting their answer, from
+	// the watch itself, so a report costs a read more only for them.
+	pending := map[string]bool{}
 	all, roster, dirty := false, false, map[string]bool{}
 	mark := func(e jetstream.KeyValueEntry) {
 		kind, node, _ := strings.Cut(e.Key(), ".")
@@ -656,7 +803,15 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 			if put && c.noteReport(ctx, node, e.Value()) {
 				dirty[node] = true
 			}
-		case "briefing", "assign":
+			var r link.Report
+			if put && pending[node] && json.Unmarshal(e.Value(), &r) == nil {
+				c.settleAssignments(ctx, node, &r) // its change comes back through the watch
+			}
+		case "assign":
+			var a assignments
+			pending[node] = put && json.Unmarshal(e.Value(), &a) == nil && a.pending()
+			dirty[node] = true
+		case "briefing":
 			dirty[node] = true
 		}
 	}
@@ -751,8 +906,19 @@ func (c *Client) AssignmentState(ctx context.Context, rec *NodeRecord) (address,
 	if held := c.holdOf(ctx, rec, false); held != "" {
 		return address, held
 	}
+	state = strings.Join(names, ", ")
 	if len(names) == 0 {
-		return address, "none"
+		state = "none"
 	}
-	return address, strings.Join(names, ", ")
+	if n := len(a.GivenBack); n > 0 {
+		// Said until the next assignment.
+		g, since := a.GivenBack[n-1], true
+		for _, m := range a.Modules {
+			since = since && m.Assigned.Before(g.At)
+		}
+		if since {
+			state += fmt.Sprintf("; %s given back (refused at seq %d)", g.Module, g.Seq)
+		}
+	}
+	return address, state
 }

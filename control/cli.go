@@ -67,9 +67,11 @@ be installed on the node by a person`),
 composition`),
 	cmdline.D("overlay show", "", 0, 0, []string{"dir", "nats", "json"},
 		"the overlay, each node's address, endpoint and WireGuard key"),
-	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "wait", "json"},
+	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "wait", "json", "plan"},
 		`assign the module FILE (resources of one module) to NODE and publish the node's composition:
-the overlay, then its modules in the order assigned`),
+the overlay, then its modules in the order assigned. A module the node refuses is given back
+(the assignment as it was before). --plan asks the node what the composition would do, and keeps
+nothing`),
 	cmdline.D("unassign", "NODE MODULE", 2, 2, []string{"dir", "nats", "json"},
 		"take MODULE off NODE and publish the node's composition"),
 	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "wait", "json"},
@@ -109,7 +111,7 @@ var Version, Build = "dev", "dev"
 type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
-	json, verbose, withoutOverlay, despiteBriefing, isNew           bool
+	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
 	hosts, seals                                                    listFlag
 	replicas, last                                                  int
 	ttl                                                             time.Duration
@@ -159,6 +161,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.Int("port", DefaultOverlayPort, "the WireGuard listen port on every node")
 	case "keepalive":
 		fs.Int("keepalive", DefaultOverlayKeepalive, "the keepalive on every peer, seconds (0: none)")
+	case "plan":
+		fs.BoolVar(&o.plan, "plan", false, "assign: ask the node for a plan of the composition with the module, and keep nothing")
 	case "despite-briefing":
 		fs.BoolVar(&o.despiteBriefing, "despite-briefing", false, "assign to a node whose adoption briefing has a failed line (to push the fix)")
 	case "without-overlay":
@@ -276,7 +280,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "overlay show":
 		err = c.overlayShow()
 	case "assign":
-		err = c.assign(pos[0], pos[1])
+		if o.plan {
+			err = c.assignPlan(pos[0], pos[1])
+		} else {
+			err = c.assign(pos[0], pos[1])
+		}
 	case "unassign":
 		err = c.unassign(pos[0], pos[1])
 	case "publish":

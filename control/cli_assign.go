@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // overlayChangeFrom is what `overlay set` was told: only the flags given
@@ -207,7 +209,86 @@ func (c *cli) assign(node, file string) error {
 	if err != nil {
 		return err
 	}
-	return c.changeOne(func(cl *Client) (*Published, error) { return cl.Assign(c.ctx, node, data, file) })
+	var seq uint64
+	err = c.changeOne(func(cl *Client) (*Published, error) {
+		p, err := cl.Assign(c.ctx, node, data, file)
+		if p != nil {
+			seq = p.Seq
+		}
+		return p, err
+	})
+	var ee *exitError
+	if c.wait > 0 && seq != 0 && errors.As(err, &ee) && ee.code == ExitRefused {
+		// Refused by the node: the assignment is given back now, by
+		// this command, as serve does on hearing the report.
+		if back := c.giveBack(node, seq); back != "" {
+			return &exitError{ExitRefused, ee.msg + "; " + back}
+		}
+	}
+	return err
+}
+
+// giveBack takes in node's report of seq for its assignments awaiting it
+// (serve may have done so already), and says what was given back ("" when
+// nothing was).
+func (c *cli) giveBack(node string, seq uint64) string {
+	cl, err := c.connect()
+	if err != nil {
+		return ""
+	}
+	defer cl.Close()
+	rs, _, err := cl.Reports(c.ctx, node, 50)
+	if err != nil {
+		return ""
+	}
+	for _, r := range rs {
+		if r.Trigger == link.TriggerDeclaration && r.Seq == seq {
+			cl.settleAssignments(c.ctx, node, &r.Report)
+		}
+	}
+	a, _, err := cl.assignments(c.ctx, node)
+	if err != nil {
+		return ""
+	}
+	var back []string
+	for _, g := range a.GivenBack {
+		if g.Seq == seq {
+			back = append(back, g.Module)
+		}
+	}
+	if len(back) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept", strings.Join(back, ", "))
+}
+
+// assignPlan asks node for a plan of its composition with the module in
+// file assigned, and keeps nothing: the assignments and the sequence are
+// as they were.
+func (c *cli) assignPlan(node, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	decl, err := cl.ComposeWith(c.ctx, node, data)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp("", "mesh-assign-plan-*.json")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(decl); err != nil {
+		return err
+	}
+	tmp.Close()
+	return c.plan(node, tmp.Name(), c.wait)
 }
 
 func (c *cli) unassign(node, module string) error {

@@ -108,6 +108,83 @@ type Result struct {
 	Code int
 }
 
+// ErrorLine is the one line of a failed program's output that says what
+// went wrong, for a report that has room for one: the first line, of
+// standard error and then of standard output, that says an error (see
+// errorWords, case aside); failing that, the last line of standard error,
+// else of standard output, that is not decoration (a box drawn around a
+// banner, a rule of dashes); failing that, the last non-empty line. ""
+// when the program printed nothing.
+//
+// It is one rule for every caller, because a last line is often not the
+// error: wireguard-go prints its error to standard output and then a boxed
+// banner to standard error, and its box's bottom edge ("└───…┘") was
+// reported in place of "UAPI listen error: unix socket in use".
+func (r Result) ErrorLine() string {
+	streams := [][]string{nonEmptyLines(r.Stderr), nonEmptyLines(r.Stdout)}
+	for _, lines := range streams {
+		for _, l := range lines {
+			if !decoration(l) && saysError(l) {
+				return l
+			}
+		}
+	}
+	for _, lines := range streams {
+		for i := len(lines) - 1; i >= 0; i-- {
+			if !decoration(lines[i]) {
+				return lines[i]
+			}
+		}
+	}
+	for _, lines := range streams {
+		if len(lines) > 0 {
+			return lines[len(lines)-1]
+		}
+	}
+	return ""
+}
+
+// nonEmptyLines is s's lines, trimmed, the empty ones left out.
+func nonEmptyLines(s string) []string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// errorWords are what a line that says an error says, in lower case.
+var errorWords = []string{"error", "failed", "failure", "fatal", "cannot", "can't", "unable", "denied", "not permitted", "no such"}
+
+func saysError(line string) bool {
+	l := strings.ToLower(line)
+	for _, w := range errorWords {
+		if strings.Contains(l, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// decoration tells a line of a drawn box or banner: one that begins or
+// ends with a box-drawing or block character (U+2500–U+259F: the box's
+// edges and its framed text alike), or is made of rule characters alone.
+func decoration(line string) bool {
+	box := func(r rune) bool { return r >= 0x2500 && r <= 0x259F }
+	rs := []rune(line)
+	if box(rs[0]) || box(rs[len(rs)-1]) {
+		return true
+	}
+	for _, r := range rs {
+		if !strings.ContainsRune("-=_*#~+|. \t", r) {
+			return false
+		}
+	}
+	return true
+}
+
 // LookPath finds the program name names: an absolute name as given, a bare
 // name in SearchPath's safe directories (SafePath), never in the inherited
 // PATH. Either way it must be an executable regular file only root could

@@ -201,21 +201,18 @@ func (b *Backend) Create(ctx context.Context, iface string) (string, error) {
 // startDetached runs wireguard-go without -f in a session of its own: it
 // starts its daemon and exits, so the daemon is the init's, not ours. The
 // daemon is not killed when wireguard-go exits; it is, with its group, if
-// wireguard-go is not done within thirty seconds.
+// wireguard-go is not done within thirty seconds. A failure says the line
+// of its output that names the error (command.Result.ErrorLine): its
+// error goes to standard output and its banner to standard error, after.
 func startDetached(ctx context.Context, wg, iface string) error {
 	res, err := command.Run(ctx, []string{wg, iface}, command.Options{Timeout: 30 * time.Second, Session: true})
 	if err == nil && res.Code != 0 {
 		err = fmt.Errorf("exit status %d", res.Code)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %s", err, lastLine(res.Stdout+"\n"+res.Stderr))
+		return fmt.Errorf("%w: %s", err, res.ErrorLine())
 	}
 	return nil
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
 }
 
 func waitFor(ctx context.Context, d time.Duration, ok func() bool) error {

@@ -32,15 +32,15 @@ const (
 // its agent's status still said linked, and the taker removed the file on
 // exit. Anything else (the file gone meanwhile aside) is no proof of
 // staleness, and nothing is removed. The check, the removal and the bind
-// are made holding a flock on the socket directory, so two executors
-// starting together cannot each find the same stale file and one remove
-// the other's fresh socket.
+// are made holding a flock on PATH.lock beside the socket (lockPath), so
+// two executors starting together cannot each find the same stale file
+// and one remove the other's fresh socket.
 func ListenUnix(path string, gid int) (net.Listener, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
 	}
-	unlock, err := lockDir(dir)
+	unlock, err := lockPath(path)
 	if err != nil {
 		return nil, err
 	}
@@ -83,13 +83,26 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
 }
 
-// lockDir takes an exclusive flock on the socket directory for the
-// check-remove-bind of ListenUnix. It waits: every holder holds it for a
-// few system calls only.
-func lockDir(dir string) (unlock func(), err error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+// lockPath takes an exclusive flock on path+".lock", a file of root's
+// (the executor's) mode 0600 beside the socket, for the check-remove-bind
+// of ListenUnix. It waits: every holder holds it for a few system calls
+// only. Not the socket directory itself: the agent's group may open that
+// (0750), and an agent holding a flock on it would keep every executor
+// from starting.
+func lockPath(path string) (unlock func(), err error) {
+	p := path + ".lock"
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("wire: socket directory %s: %w", dir, err)
+		return nil, fmt.Errorf("wire: the socket's lock %s: %w", p, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("wire: the socket's lock %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Nlink != 1 || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("wire: the socket's lock %s must be a regular file of the executor's, with one name, for nobody else (it is mode %04o, uid %d, %d names)", p, st.Mode&0o7777, st.Uid, st.Nlink)
 	}
 	for {
 		err = unix.Flock(fd, unix.LOCK_EX)
@@ -99,7 +112,7 @@ func lockDir(dir string) (unlock func(), err error) {
 	}
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("wire: lock the socket directory %s: %w", dir, err)
+		return nil, fmt.Errorf("wire: lock %s: %w", p, err)
 	}
 	return func() { unix.Close(fd) }, nil
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -20,10 +21,17 @@ import (
 // binary.
 var ErrUpgraded = errors.New("the executor runs another build; exiting to be restarted onto the new binary")
 
-// execClient is one connection to the executor, one request at a time.
-// It dials lazily and says hello first; any error closes it, and the next
-// request dials again.
+// execClient is one connection to the executor, one request at a time:
+// mu is held from a request's first byte written to its last reply read,
+// so the worker, a plan and whatever else shares the client take turns,
+// and the replies read after a request are that request's. A request
+// given up (an error, a deadline, its context) closes the connection, so
+// a reply it left unread can never be read as the answer to the next; and
+// every reply is checked against the request's row of the protocol's table
+// (wire.Answers). It dials lazily and says hello first; the next request
+// after a close dials again.
 type execClient struct {
+	mu   sync.Mutex
 	path string
 	uid  uint32
 	// vsock, when set, is where the executor is instead of path: no peer
@@ -39,7 +47,15 @@ type execClient struct {
 
 const execTimeout = 10 * time.Second
 
+// close closes the connection once the request on it, if any, has ended.
 func (e *execClient) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.drop()
+}
+
+// drop closes the connection; mu is held.
+func (e *execClient) drop() {
 	if e.conn != nil {
 		e.conn.Close()
 		e.conn = nil
@@ -108,6 +124,8 @@ func (e *execClient) connect() error {
 // request has no deadline of its own (an apply may take long); ctx ends it
 // by closing the connection.
 func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wire.Verdict, []shapes.Line, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if err := e.connect(); err != nil {
 		return nil, nil, err
 	}
@@ -115,18 +133,22 @@ func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wi
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	if err := c.Write(kind, body); err != nil {
-		e.close()
+		e.drop()
 		return nil, nil, fmt.Errorf("executor: %s: %w", kind, err)
 	}
 	var lines []shapes.Line
 	for {
 		k, b, err := c.Read()
 		if err != nil {
-			e.close()
+			e.drop()
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
 			return nil, nil, fmt.Errorf("executor: reading the answer to %s: %w", kind, err)
+		}
+		if belongs, _ := wire.Answers(kind, k); !belongs {
+			e.drop()
+			return nil, nil, fmt.Errorf("executor answered %s with %s, which belongs to no such request; the connection is closed", kind, k)
 		}
 		switch b := b.(type) {
 		case *shapes.Line:
@@ -134,10 +156,10 @@ func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wi
 		case *wire.Verdict:
 			return b, lines, nil
 		case *wire.Error:
-			e.close()
+			e.drop()
 			return nil, nil, fmt.Errorf("executor closed the connection: %w", b)
 		default:
-			e.close()
+			e.drop()
 			return nil, nil, fmt.Errorf("executor answered %s with %s", kind, k)
 		}
 	}
@@ -159,18 +181,26 @@ type Vsock struct {
 	Secret    []byte
 }
 
-// answers pairs each request ask sends with the one reply it takes.
-var answers = map[wire.Kind]wire.Kind{
-	wire.KindStatus:  wire.KindStatusReply,
-	wire.KindEnrol:   wire.KindEnrolOffer,
-	wire.KindGrant:   wire.KindGrantReply,
-	wire.KindProfile: wire.KindProfileReply,
-	wire.KindPlan:    wire.KindPlanReply,
+// ask sends one request whose answer is one message (status, enrol,
+// grant, profile, plan) and returns that answer, of the kind the
+// protocol's table pairs with it.
+func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
+	return e.askIf(nil, kind, body, what)
 }
 
-// ask sends one request whose answer is one message (status, enrol,
-// grant) and returns that answer, of the kind the table pairs with it.
-func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
+// askIf is ask with still, when not nil, called once the connection is
+// this request's — after the requests before it have ended, which may be
+// long (an apply) — and the request not sent if still says it is not
+// wanted any more: its error is returned. A plan request past its time
+// is thus never handed over however long it waited for its turn.
+func (e *execClient) askIf(still func() error, kind wire.Kind, body any, what string) (any, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if still != nil {
+		if err := still(); err != nil {
+			return nil, err
+		}
+	}
 	if err := e.connect(); err != nil {
 		return nil, err
 	}
@@ -182,21 +212,21 @@ func (e *execClient) ask(kind wire.Kind, body any, what string) (any, error) {
 		}
 	}()
 	if err := c.Write(kind, body); err != nil {
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor: %s: %w", what, err)
 	}
 	k, b, err := c.Read()
 	if err != nil {
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor: %s: %w", what, err)
 	}
 	if eb, ok := b.(*wire.Error); ok {
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor closed the connection: %w", eb)
 	}
-	if k != answers[kind] {
-		e.close()
-		return nil, fmt.Errorf("executor answered %s with %s", what, k)
+	if belongs, ends := wire.Answers(kind, k); !belongs || !ends {
+		e.drop()
+		return nil, fmt.Errorf("executor answered %s with %s, which is not its answer; the connection is closed", what, k)
 	}
 	return b, nil
 }
@@ -211,6 +241,8 @@ const archiveWriteTimeout = 2 * time.Minute
 // connection is closed before the last chunk, and the executor keeps
 // nothing of the stream.
 func (e *execClient) archive(ctx context.Context, sum string, fill func(send func([]byte) error) error) (*wire.ArchiveAck, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if err := e.connect(); err != nil {
 		return nil, err
 	}
@@ -232,7 +264,7 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 				err = fmt.Errorf("executor closed the connection: %w", we)
 			}
 		}
-		e.close()
+		e.drop()
 		return err
 	}
 	if err := fill(func(b []byte) error {
@@ -241,7 +273,7 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 		}
 		return nil
 	}); err != nil {
-		e.close()
+		e.drop()
 		return nil, err
 	}
 	if err := write(nil, true); err != nil {
@@ -256,17 +288,17 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 	}()
 	k, b, err := c.Read()
 	if err != nil {
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor: archive %s: %w", sum, err)
 	}
 	switch b := b.(type) {
 	case *wire.ArchiveAck:
 		return b, nil
 	case *wire.Error:
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor closed the connection: %w", b)
 	default:
-		e.close()
+		e.drop()
 		return nil, fmt.Errorf("executor answered an archive with %s", k)
 	}
 }

@@ -47,6 +47,8 @@ type fakeExecutor struct {
 	// statusAfterDecl counts the status requests that came right after a
 	// declaration on one connection: the agent's look after a drain.
 	statusAfterDecl int
+	// plans counts the plan requests answered.
+	plans int
 }
 
 // doing records an apply the executor made, for a later Reconnected.
@@ -177,6 +179,20 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.mu.Unlock()
 			f.notify()
 			c.Write(wire.KindVerdict, v)
+		case *wire.Plan:
+			// As the executor answers a plan it verifies: the lines an
+			// apply would report, nothing changed.
+			if _, err := wire.Open(f.key, wire.PurposePlan, b.Envelope); err != nil {
+				f.mu.Lock()
+				f.garbage = append(f.garbage, err.Error())
+				f.mu.Unlock()
+				c.Write(wire.KindPlanReply, &wire.PlanReply{Outcome: shapes.Refused, Code: wire.CodeOf(err), Refused: err.Error(), Lines: []shapes.Line{}})
+				continue
+			}
+			f.mu.Lock()
+			f.plans++
+			f.mu.Unlock()
+			c.Write(wire.KindPlanReply, &wire.PlanReply{Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "base", ID: "planned", Type: "file", Outcome: shapes.Applied}}})
 		case *wire.Declaration:
 			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
 			var d struct {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -62,9 +63,25 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 	case req.Node != a.id.Node || req.Enrolment != a.id.Enrolment:
 		return refuse(wire.CodeAddress, fmt.Sprintf("the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, a.id.Node, a.id.Enrolment))
 	case time.Now().After(req.NotAfter):
-		return refuse(wire.CodeReplay, "the plan request is past its time")
+		a.log.Warn("a plan request past its time; not handed to the executor", "plan", req.ID, "not_after", req.NotAfter)
+		return refuse(wire.CodeReplay, (&pastTime{req.NotAfter, time.Now()}).Error())
 	}
-	b, err := a.exec.ask(wire.KindPlan, &wire.Plan{Envelope: env}, "plan")
+	// The worker's connection, in turn: a plan waits for the apply before
+	// it (the executor plans against what an apply wrote anyway), and is
+	// looked at again once its turn comes, so one that waited past its
+	// time (the agent stopped, a long apply) is never run.
+	a.log.Info("asking the executor for a plan", "plan", req.ID)
+	b, err := a.exec.askIf(func() error {
+		if now := time.Now(); now.After(req.NotAfter) {
+			return &pastTime{req.NotAfter, now}
+		}
+		return nil
+	}, wire.KindPlan, &wire.Plan{Envelope: env}, "plan")
+	var late *pastTime
+	if errors.As(err, &late) {
+		a.log.Warn("a plan request past its time; not handed to the executor", "plan", req.ID, "not_after", req.NotAfter)
+		return refuse(wire.CodeReplay, late.Error())
+	}
 	if err != nil {
 		return refuse(wire.CodeInternal, "the executor could not be asked: "+err.Error())
 	}
@@ -75,4 +92,14 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 	}
 	a.log.Info("planned", "plan", req.ID, "outcome", r.Outcome)
 	return r
+}
+
+// pastTime: a plan request's NotAfter passed before the agent handed it
+// over. Its report says both times: the control side's clock set the one,
+// this node's reads the other.
+type pastTime struct{ notAfter, now time.Time }
+
+func (p *pastTime) Error() string {
+	return fmt.Sprintf("the plan request was good until %s; it is past (this node's clock reads %s): not run",
+		p.notAfter.UTC().Format(time.RFC3339), p.now.UTC().Format(time.RFC3339))
 }

@@ -117,6 +117,7 @@ func TestRefusals(t *testing.T) {
 		{"region in a file declared whole", res(f("") + `,{"module":"m","id":"r","type":"region","path":"/srv/x","content":""}`), `field path: /srv/x is declared whole by m.f`},
 		{"region and keys in one file", res(`{"module":"m","id":"r","type":"region","path":"/etc/x","content":""},{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1"}}`), `field path: /etc/x is edited as a region by m.r too`},
 		{"keys without format", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","set":{"a":"1"}}`), `field format: "" is not one of equals`},
+		{"keys setting Match", res(`{"module":"m","id":"k","type":"keys","path":"/etc/ssh/sshd_config","format":"space","set":{"match":"all"}}`), `field set: match starts a conditional block, not a key`},
 		{"keys setting nothing", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{}}`), `field set: 0 keys`},
 		{"keys bad key", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a b":"1"}}`), `field set: "a b" is not a key`},
 		{"keys value of two lines", res(`{"module":"m","id":"k","type":"keys","path":"/etc/x","format":"equals","set":{"a":"1\n2"}}`), `field set: the value of a is not one line`},

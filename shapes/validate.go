@@ -652,6 +652,13 @@ func (k *Keys) validate(v *validator) {
 			v.fail("set", "the value of %s is not one line of at most 4096 bytes without blanks at its ends (nor empty, in the space format)", name)
 			return
 		}
+		if space && strings.EqualFold(name, "Match") {
+			// Not a key: it starts a block that every line after it
+			// belongs to (sshd_config), and the space format sets only
+			// the global part's keys, before the first Match.
+			v.fail("set", "%s starts a conditional block, not a key; the space format sets only the keys before the file's first Match line (write the block with a region)", name)
+			return
+		}
 		if space {
 			if o, dup := folded[strings.ToLower(name)]; dup {
 				v.fail("set", "%s and %s are one key in the space format (sshd compares keys without case)", o, name)

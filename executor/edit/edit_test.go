@@ -91,6 +91,25 @@ func TestKeys(t *testing.T) {
 		t.Error("an equals key compared without case")
 	}
 
+	// INI sections: the global part ends at the first one; a key in a
+	// section is that section's, and a key added goes before it.
+	ini := "top = 1\n\n[server]\nport = 80\n"
+	k = ParseKeys([]byte(ini), Equals)
+	if _, ok, _ := k.Get("port"); ok {
+		t.Error("a section's key read as the file's")
+	}
+	out, err = k.Apply([]Change{{Key: "port", Value: "8080"}, {Key: "top", Value: "2"}})
+	if want := "top = 2\n\nport = 8080\n[server]\nport = 80\n"; err != nil || string(out) != want {
+		t.Fatalf("Apply in an INI file = %q, want %q (%v)", out, want, err)
+	}
+	if err := Check(out, Equals, []Change{{Key: "port", Value: "8080"}, {Key: "top", Value: "2"}}); err != nil {
+		t.Fatalf("Check after Apply: %v", err)
+	}
+	// What could never be read back is caught before a byte is written.
+	if err := Check([]byte("Port 22\nMatch all\n"), Space, []Change{{Key: "Match", Value: "all"}}); err == nil {
+		t.Error("Check took a Match line for a key")
+	}
+
 	twice := ParseKeys([]byte("a = 1\nb = 2\na = 3\n"), Equals)
 	if _, err := twice.Apply([]Change{{Key: "a", Value: "9"}}); err == nil || !strings.Contains(err.Error(), "a is set 2 times (lines [1 3])") {
 		t.Errorf("a key twice: %v", err)
@@ -150,12 +169,13 @@ func FuzzKeys(f *testing.F) {
 	f.Add([]byte("Port 22\nMatch all\n"), "PasswordAuthentication", "no", true)
 	f.Add([]byte("a=1\nb = 2"), "b", "3", false)
 	f.Add([]byte(""), "k", "", false)
+	f.Add([]byte("a=1\n[s]\nb=2\n"), "b", "3", false)
 	f.Fuzz(func(t *testing.T, file []byte, key, value string, space bool) {
 		fm := Equals
 		if space {
 			fm = Space
 		}
-		if !shapes.ValidKeyName(key) || !shapes.ValidKeyValue(value, space) {
+		if !shapes.ValidKeyName(key) || !shapes.ValidKeyValue(value, space) || space && strings.EqualFold(key, "Match") {
 			return // refused by validation
 		}
 		k := ParseKeys(file, fm)

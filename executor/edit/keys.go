@@ -13,7 +13,10 @@ type Format int
 const (
 	// Equals: "key = value" or "key=value" (sysctl.conf, environment
 	// files). Keys compare exactly; lines starting with # or ; are
-	// comments.
+	// comments. In a file with INI sections the global part ends at the
+	// first section's "[name]" line, and a key is looked for, and added,
+	// only before it: a key added at the end would be the last section's,
+	// and a key found in a section is that section's, not the file's.
 	Equals Format = iota + 1
 	// Space: "Key value" (sshd_config). Keys compare without case, as
 	// sshd's do; lines starting with # are comments; the file's global
@@ -87,6 +90,10 @@ func ParseKeys(data []byte, f Format) *Keys {
 		}
 		if s == l.end || data[s] == '#' || (f == Equals && data[s] == ';') {
 			continue
+		}
+		if f == Equals && data[s] == '[' {
+			k.global = l.start // the first INI section: the global part ends
+			return k
 		}
 		var key string
 		var vs int
@@ -210,6 +217,27 @@ func (k *Keys) Apply(changes []Change) ([]byte, error) {
 	}
 	out.Write(k.data[at:])
 	return out.Bytes(), nil
+}
+
+// Check says whether data, read in format f, holds every change: each key
+// set holds its value once, each key removed is not there. The engine asks
+// it of a file's new content before writing it, and of the file after: a
+// change that could never be read back is refused before the file is
+// touched, instead of being written again at every apply.
+func Check(data []byte, f Format, changes []Change) error {
+	kf := ParseKeys(data, f)
+	for _, c := range changes {
+		v, present, err := kf.Get(c.Key)
+		switch {
+		case err != nil:
+			return err
+		case c.Remove && present:
+			return fmt.Errorf("%s is still there", c.Key)
+		case !c.Remove && (!present || v != c.Value):
+			return fmt.Errorf("%s holds %q, not %q", c.Key, v, c.Value)
+		}
+	}
+	return nil
 }
 
 // Line is how a key the host adds is written.

@@ -150,3 +150,34 @@ func (g Region) Remove(data []byte, addedNewline bool) (out []byte, removed bool
 	out = append(out, data[:start]...)
 	return append(out, data[b.End:]...), true, nil
 }
+
+// Whole returns g's block in data as it stands, its marker lines
+// included: what the host keeps of a block it found, to give it back byte
+// for byte.
+func (g Region) Whole(data []byte) (whole []byte, found bool, err error) {
+	b, found, err := g.Find(data)
+	if err != nil || !found {
+		return nil, found, err
+	}
+	return bytes.Clone(data[b.Start:b.End]), true, nil
+}
+
+// Replace puts whole (a block Whole returned) in place of g's block in
+// data, or at the end when data has none; the rest of the file is kept.
+func (g Region) Replace(data, whole []byte) ([]byte, error) {
+	b, found, err := g.Find(data)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		out := bytes.Clone(data)
+		if len(out) > 0 && out[len(out)-1] != '\n' {
+			out = append(out, '\n')
+		}
+		return append(out, whole...), nil
+	}
+	out := make([]byte, 0, len(data)-(b.End-b.Start)+len(whole))
+	out = append(out, data[:b.Start]...)
+	out = append(out, whole...)
+	return append(out, data[b.End:]...), nil
+}

@@ -263,3 +263,59 @@ func shapesJSON(s string) (string, error) {
 	b, err := json.Marshal(s)
 	return string(b), err
 }
+
+// Shared files and what was there before the mesh: a block between
+// markers of the resource's name that a person wrote first is found
+// content — kept, and given back byte for byte, never removed as the
+// mesh's own; on an adopted node a region and keys are held like a found
+// file until their module is taken, and then set; and a key the format
+// can only place in a section (INI) reads back, set and given back.
+func TestFoundBlocksAndAdoptionInSharedFiles(t *testing.T) {
+	h := newHarness(t)
+	person := "127.0.0.1 localhost\n; BEGIN mesh m.db\n10.0.0.1 theirs\n; END mesh m.db\n# after\n"
+	os.WriteFile(h.p("hosts"), []byte(person), 0o644)
+	rep := h.apply(h.doc(region("db", "10.0.0.5 db")))
+	h.expect(rep, shapes.Applied, "m.db=applied")
+	if !strings.Contains(rep.Lines[0].Detail, "found in") || !strings.Contains(h.read("hosts"), "10.0.0.5 db") || strings.Contains(h.read("hosts"), "theirs") {
+		t.Fatalf("%+v\n%s", rep.Lines[0], h.read("hosts"))
+	}
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Unchanged, "m.db=unchanged")
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.db=restored")
+	if got := h.read("hosts"); got != person {
+		t.Fatalf("given back:\n%q\nwant the person's block as found:\n%q", got, person)
+	}
+
+	adopted := func(taken string, res ...string) string {
+		return strings.Replace(h.doc(res...), `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	sshd := "Port 22\nPasswordAuthentication yes\n"
+	os.WriteFile(h.p("sshd_config"), []byte(sshd), 0o600)
+	hosts := h.read("hosts")
+	set := `{"PasswordAuthentication":"no"}`
+	rep = h.apply(adopted("", region("db", "10.0.0.5 db"), keys("ssh", "space", set)))
+	h.expect(rep, shapes.Held, "m.db=held m.ssh=held")
+	if h.read("sshd_config") != sshd || h.read("hosts") != hosts {
+		t.Fatalf("an adopted node's found files were edited before the module was taken:\n%s\n%s", h.read("sshd_config"), h.read("hosts"))
+	}
+	if rep.Briefing == nil || rep.Briefing.Outcome == "ok" {
+		t.Errorf("the briefing says the held edits are as declared: %+v", rep.Briefing)
+	}
+	rep = h.apply(adopted(`"m"`, region("db", "10.0.0.5 db"), keys("ssh", "space", set)))
+	h.expect(rep, shapes.Applied, "m.db=applied m.ssh=applied")
+	if !strings.Contains(h.read("sshd_config"), "PasswordAuthentication no\n") || !strings.Contains(h.read("hosts"), "10.0.0.5 db") {
+		t.Fatalf("taken, not set:\n%s\n%s", h.read("sshd_config"), h.read("hosts"))
+	}
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.ssh=restored m.db=restored") // the person's block, found again
+	if h.read("sshd_config") != sshd || h.read("hosts") != hosts {
+		t.Fatalf("given back:\n%q\n%q", h.read("sshd_config"), h.read("hosts"))
+	}
+
+	ini := "top = 1\n\n[server]\nport = 80\n"
+	os.WriteFile(h.p("sshd_config"), []byte(ini), 0o644)
+	h.expect(h.apply(h.doc(keys("ini", "equals", `{"port":"8080"}`))), shapes.Applied, "m.ini=applied")
+	h.expect(h.apply(h.doc(keys("ini", "equals", `{"port":"8080"}`))), shapes.Unchanged, "m.ini=unchanged")
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.ini=restored")
+	if got := h.read("sshd_config"); got != ini {
+		t.Fatalf("given back %q, found %q", got, ini)
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -23,6 +24,13 @@ import (
 // (the newline the host added before an appended block too, when the file
 // had none and the block is still its end). Found markers that do not
 // pair up fail the step and the file is left to a person.
+//
+// A block already between markers of the resource's name when the mesh
+// first declares it was written by someone else (a person, a script): it
+// is found content like any other, kept whole in the store and put back
+// byte for byte on undeclare, never taken for the mesh's own and removed.
+// On an adopted node a region is held until its module is taken: the
+// file is a found thing the mesh does not edit yet.
 
 func init() {
 	registerAlone(shapes.TypeRegion, (*run).region, (*run).removeRegion)
@@ -97,12 +105,44 @@ func (r *run) region(st *step, rest int) {
 	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypeRegion, Claims: withClaim(e, st.claim), Digest: digest([]byte(want)), Created: true}
 	if e != nil {
-		n.Order, n.Original = e.Order, e.Original
+		n.Order, n.Original, n.Created = e.Order, e.Original, e.Created
+	}
+	if r.d.Adopted && !r.taken[g.Module] && (e == nil || e.Held) {
+		r.heldOK[g.Key()] = found && cur == want
+		st.line.Outcome = shapes.Held
+		st.line.Detail = fmt.Sprintf("%s found on an adopted node; held as found, no block written, until module %s is taken", g.Path, g.Module)
+		if e == nil || !e.Claimed(st.claim) {
+			h := &store.Entry{Target: st.target, Type: shapes.TypeRegion, Claims: withClaim(e, st.claim), Held: true}
+			if e != nil {
+				h.Order = e.Order
+			}
+			st.record = h
+		}
+		r.recordAndEmit(st, rest)
+		return
+	}
+	var keepFound []byte
+	if found && (e == nil || e.Held) {
+		// Markers of this name the mesh did not write: found content.
+		if keepFound, _, err = ed.Whole(data); err != nil {
+			r.fail(st, fmt.Errorf("%s: %w", g.Path, err), rest)
+			return
+		}
+		n.Created, n.Original = false, &store.Original{Kind: "region", Digest: digest(keepFound)}
 	}
 	lines := strings.Count(want, "\n")
 	if found && cur == want {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("the block in %s as declared (%d lines)", g.Path, lines)
-		r.asDeclared(st, e, n, false, rest)
+		if keepFound != nil {
+			st.line.Detail = fmt.Sprintf("a block of this name found in %s, as declared; held by the host from now (kept as found, given back as found)", g.Path)
+			if !r.opt.Plan {
+				if err := r.st.KeepOriginal(n.Original.Digest, keepFound); err != nil {
+					r.fail(st, err, rest)
+					return
+				}
+			}
+		}
+		r.asDeclared(st, e, n, keepFound != nil, rest)
 		return
 	}
 	out, added, err := ed.Set(data, want)
@@ -116,6 +156,9 @@ func (r *run) region(st *step, rest int) {
 		verb = "would be " + verb
 	}
 	st.line.Detail = fmt.Sprintf("the block %s in %s (%d lines); the rest of the file untouched", verb, g.Path, lines)
+	if keepFound != nil {
+		st.line.Detail = fmt.Sprintf("a block of this name found in %s, written before the mesh declared it: kept, to be given back as found; %s", g.Path, st.line.Detail)
+	}
 	if r.opt.Plan {
 		if r.opt.OnDiff != nil {
 			r.opt.OnDiff(g.Module, g.ID, contentDiff(g.Path+" (the block "+g.Key()+")", []byte(cur), found, []byte(want)))
@@ -123,8 +166,14 @@ func (r *run) region(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeRegion, Created: true}
-	if added {
+	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeRegion, Created: n.Created, Original: n.Original}
+	if keepFound != nil {
+		if err := r.st.KeepOriginal(n.Original.Digest, keepFound); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
+	}
+	if added && n.Original == nil {
 		in.Original, n.Original = regionNewline, regionNewline
 	}
 	if !r.intendNow(st, in, rest) {
@@ -161,6 +210,10 @@ func (r *run) removeRegion(st *step) {
 		return
 	}
 	ed := edit.Region{Name: name}
+	if o := e.Original; o != nil && o.Kind == "region" && o.Digest != "" {
+		r.restoreFoundRegion(st, path, data, info, label, ed)
+		return
+	}
 	out, removed, err := ed.Remove(data, e.Original != nil && e.Original.Kind == "region" && e.Original.Absent)
 	if err != nil {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
@@ -185,5 +238,50 @@ func (r *run) removeRegion(st *step) {
 			return nil, fmt.Errorf("the block of %s is still in %s", name, path)
 		}
 		return nil, nil
+	}
+}
+
+// restoreFoundRegion puts back, on undeclare, the block that was between
+// the resource's markers before the mesh declared it, byte for byte,
+// markers included.
+func (r *run) restoreFoundRegion(st *step, path string, data []byte, info fsx.Info, label []byte, ed edit.Region) {
+	e := st.entry
+	fail := func(err error) {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
+	}
+	found, err := r.st.Original(e.Original.Digest)
+	if err != nil {
+		fail(err)
+		return
+	}
+	cur, _, err := ed.Whole(data)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if bytes.Equal(cur, found) {
+		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("the block found in %s is as it was found; left", path)
+		return
+	}
+	out, err := ed.Replace(data, found)
+	if err != nil {
+		fail(err)
+		return
+	}
+	st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("the block found in %s before the mesh declared it is put back as found; the rest of the file as it is", path)
+	if r.opt.Plan {
+		st.line.Detail = fmt.Sprintf("the block found in %s would be put back as found", path)
+	}
+	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: e.Original}
+	st.change = func() error { return rewrite(path, out, info, label) }
+	st.readback = func() (*store.Entry, error) {
+		back, _, err := fsx.ReadRegular(path, maxEdited)
+		if err != nil {
+			return nil, err
+		}
+		if cur, _, err := ed.Whole(back); err != nil || !bytes.Equal(cur, found) {
+			return nil, fmt.Errorf("the block of %s in %s is not as it was found", ed.Name, path)
+		}
+		return nil, nil // the drop's record lets the kept block go
 	}
 }

@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -124,14 +123,6 @@ func serveMetrics(ctx context.Context, ln net.Listener, c *Client, m *fleetMetri
 	reg.MustRegister(m.reports, m.apply, newFleet(c))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		hs.Close()
-	}()
 	log.Info("metrics served", "address", "http://"+ln.Addr().String()+"/metrics")
-	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serveHTTP(ctx, ln, mux, log)
 }

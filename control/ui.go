@@ -3,7 +3,6 @@ package control
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -151,16 +150,8 @@ func (u *uiServer) node(ctx context.Context, w http.ResponseWriter, name string)
 
 // serveUI serves the status page on ln until ctx ends.
 func serveUI(ctx context.Context, ln net.Listener, c *Client, log *slog.Logger) error {
-	hs := &http.Server{Handler: &uiServer{c: c, log: log}, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		hs.Close()
-	}()
 	log.Info("status page served", "address", "http://"+ln.Addr().String()+"/")
-	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serveHTTP(ctx, ln, &uiServer{c: c, log: log}, log)
 }
 
 // triggerWord is how a report's trigger reads on the page.

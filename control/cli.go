@@ -290,6 +290,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "publish":
 		err = c.publish(pos)
 	}
+	if err != nil && cmd != "init" && cmd != "serve" {
+		err = c.explainStoreError(err)
+	}
 	var ee *exitError
 	if errors.As(err, &ee) {
 		fmt.Fprintf(stderr, "mesh-control %s: %v\n", cmd, err)

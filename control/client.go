@@ -151,8 +151,30 @@ const clusterConnectRetry = 2 * time.Minute
 
 // connectOnce is one attempt of Connect; final says trying again is no use.
 func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *slog.Logger) (*Client, bool, error) {
+	nc, final, err := dialBroker(k, url)
+	if err != nil {
+		return nil, final, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, false, err
+	}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log}
+	if err := c.ensure(ctx, replicas); err != nil {
+		nc.Close()
+		return nil, false, err
+	}
+	return c, false, nil
+}
+
+// dialBroker connects to the broker at url as the control side: TLS
+// pinned to the key directory's broker certificate, the control NKey. It
+// touches no stream; final says trying again is no use (the certificate is
+// not the pinned one).
+func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
 	var pinErr atomic.Pointer[link.PinError]
-	nc, err := nats.Connect(url,
+	nc, err = nats.Connect(url,
 		nats.Name("mesh-control"),
 		nats.Secure(link.PinnedTLS(k.Fingerprint, func(e *link.PinError) { pinErr.Store(e) })),
 		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
@@ -166,17 +188,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		}
 		return nil, false, fmt.Errorf("broker at %s: %w", url, err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, false, err
-	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log}
-	if err := c.ensure(ctx, replicas); err != nil {
-		nc.Close()
-		return nil, false, err
-	}
-	return c, false, nil
+	return nc, false, nil
 }
 
 // Close closes the connection.

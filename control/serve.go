@@ -135,12 +135,25 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		if srv == nil {
 			window = 250 * time.Millisecond
 		}
-		go func() { errs <- c.keepUsers(ctx, set, window, ready, log) }()
+		var reopened func() <-chan struct{}
+		if srv != nil {
+			reopened = srv.Reopened
+		}
+		go func() { errs <- c.keepUsers(ctx, set, window, ready, reopened, log) }()
 		select {
 		case <-ready:
 		case err := <-errs:
 			return err
 		}
+	}
+	if srv != nil {
+		// The embedded broker's store after a full disk: serve says so to
+		// a command that failed, and opens the store again once there is
+		// room (see store.go).
+		if err := answerStore(c.NC, srv); err != nil {
+			return err
+		}
+		go srv.keepStoreWriting(ctx, log)
 	}
 	go giveBackWhenQuiet(ctx, log)
 	if o.Metrics != "" {
@@ -158,12 +171,12 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		}
 		go func() { errs <- serveUI(ctx, ln, c, log) }()
 	}
-	go func() { errs <- keepRunning(ctx, log, "recorder", c.Record) }()
+	go func() { errs <- keepRunning(ctx, log, "recorder", untilReopened(srv, c.Record)) }()
 	if srv != nil {
 		c.brokerKnows = srv.Knows
 	}
-	go func() { errs <- keepRunning(ctx, log, "enrolment responder", c.Enrolments) }()
-	go func() { errs <- keepRunning(ctx, log, "publisher", c.KeepComposed) }()
+	go func() { errs <- keepRunning(ctx, log, "enrolment responder", untilReopened(srv, c.Enrolments)) }()
+	go func() { errs <- keepRunning(ctx, log, "publisher", untilReopened(srv, c.KeepComposed)) }()
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {
 		o.Ready(url, srv)
@@ -201,16 +214,22 @@ func keepRunning(ctx context.Context, log *slog.Logger, name string, part func(c
 
 // keepUsers watches the registry and makes the broker's users equal to it:
 // the nodes with their NKeys (none for a revoked node), and the one-time
-// credentials of tokens that may still be used.
-func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*TokenRecord), window time.Duration, ready chan<- struct{}, log *slog.Logger) error {
+// credentials of tokens that may still be used. When reopened (non-nil)
+// says the broker's store was opened anew, the watch is made again and
+// the registry read whole (see Server.Reopened).
+func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*TokenRecord), window time.Duration, ready chan<- struct{}, reopened func() <-chan struct{}, log *slog.Logger) error {
+	var again <-chan struct{} // nil: never
+	if reopened != nil {
+		again = reopened()
+	}
 	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", "token.*"})
 	if err != nil {
 		return fmt.Errorf("watching the registry: %w", err)
 	}
-	defer w.Stop()
+	defer func() { w.Stop() }()
 	nodes := map[string]*NodeRecord{}
 	tokens := map[string]*TokenRecord{}
-	initial := true
+	initial, readied := true, false
 	apply := func() {
 		list := make([]*NodeRecord, 0, len(nodes))
 		for _, n := range nodes {
@@ -253,6 +272,15 @@ func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*Token
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-again:
+			again = reopened()
+			w.Stop()
+			if w, err = c.KV.WatchFiltered(ctx, []string{"node.*", "token.*"}); err != nil {
+				return fmt.Errorf("watching the registry after the store was opened anew: %w", err)
+			}
+			clear(nodes)
+			clear(tokens)
+			initial = true
 		case e, ok := <-w.Updates():
 			if !ok {
 				return fmt.Errorf("the registry watch ended")
@@ -260,7 +288,10 @@ func (c *Client) keepUsers(ctx context.Context, set func([]*NodeRecord, []*Token
 			if e == nil { // the initial values are all in
 				apply()
 				initial = false
-				close(ready)
+				if !readied {
+					close(ready)
+					readied = true
+				}
 				continue
 			}
 			if !fold(e) || initial {

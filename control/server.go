@@ -164,6 +164,16 @@ type Server struct {
 	// lock is the key directory's, when the server took it (StartServer):
 	// released once the store is closed.
 	lock *agent.DirLock
+	// opts is the configuration the broker started with: its store is
+	// opened again with it after a full disk (see store.go).
+	opts *server.Options
+	// kick has keepStoreWriting look at the store now: the broker's log
+	// named a write that failed.
+	kick chan struct{}
+	mu   sync.Mutex
+	// reopened is closed when the store is opened anew (see Reopened).
+	// +checklocks:mu
+	reopened chan struct{}
 }
 
 // StartServer starts the embedded broker on listen (host:port; port 0
@@ -212,14 +222,15 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns.SetLoggerV2(&serverLog{log.With("part", "broker")}, false, false, false)
+	srv := &Server{ns: ns, auth: auth, keys: k, host: host, opts: opts, kick: make(chan struct{}, 1), reopened: make(chan struct{})}
+	ns.SetLoggerV2(&serverLog{l: log.With("part", "broker"), onError: srv.noteWriteError}, false, false, false)
 	auth.ns = ns
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("the embedded broker did not start on %s", listen)
 	}
-	return &Server{ns: ns, auth: auth, keys: k, host: host}, nil
+	return srv, nil
 }
 
 // SetNodes makes the registered nodes the broker's node users, at once: a
@@ -391,12 +402,24 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 }
 
 // serverLog sends the broker's log to slog. Its notices (a banner at start)
-// are debug; its warnings and errors stay what they are.
-type serverLog struct{ l *slog.Logger }
+// are debug; its warnings and errors stay what they are. Each error line
+// also goes to onError, when set: the broker tells of a failed write only
+// in its log (see store.go).
+type serverLog struct {
+	l       *slog.Logger
+	onError func(line string)
+}
 
 func (s *serverLog) Noticef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
 func (s *serverLog) Warnf(f string, v ...any)   { s.l.Warn(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Fatalf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Errorf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Fatalf(f string, v ...any)  { s.error(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Errorf(f string, v ...any)  { s.error(fmt.Sprintf(f, v...)) }
 func (s *serverLog) Debugf(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }
 func (s *serverLog) Tracef(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }
+
+func (s *serverLog) error(line string) {
+	s.l.Error(line)
+	if s.onError != nil {
+		s.onError(line)
+	}
+}

@@ -37,6 +37,23 @@ func mountImage(t *testing.T, img, dir string) {
 	t.Cleanup(func() { exec.Command("umount", dir).Run() })
 }
 
+// moveControl moves the control directory, as init left it, onto a
+// filesystem mount mounts at m.ctl.
+func (m *mesh) moveControl(mount func()) {
+	m.t.Helper()
+	initial := m.ctl + ".init"
+	if err := os.Rename(m.ctl, initial); err != nil {
+		m.t.Fatal(err)
+	}
+	if err := os.Mkdir(m.ctl, 0o700); err != nil {
+		m.t.Fatal(err)
+	}
+	mount()
+	if out, err := exec.Command("cp", "-a", initial+"/.", m.ctl).CombinedOutput(); err != nil {
+		m.t.Fatalf("cp: %v\n%s", err, out)
+	}
+}
+
 // copyFile copies src to dst, as it is now.
 func copyFile(t *testing.T, src, dst string) {
 	t.Helper()
@@ -99,17 +116,7 @@ func TestAcknowledgedWritesSurviveAPowerCut(t *testing.T) {
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
 	}
-	initial := m.ctl + ".init"
-	if err := os.Rename(m.ctl, initial); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(m.ctl, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	mountImage(t, img, m.ctl)
-	if out, err := exec.Command("cp", "-a", initial+"/.", m.ctl).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v\n%s", err, out)
-	}
+	m.moveControl(func() { mountImage(t, img, m.ctl) })
 	syncDir(t, m.ctl)
 
 	serve := m.startControl()

@@ -39,9 +39,9 @@ func (e *errServeHeld) Error() string {
 // returned file stays open (the process's life); the kernel drops it when
 // the process dies, so a stale file is no lock.
 //
-// A second serve on the same state would take the socket from the first
-// (ListenUnix replaces it) and apply beside it; it must stop here, before
-// it touches anything.
+// A second serve on the same state would apply beside the first (on
+// another socket: ListenUnix refuses one a live executor serves); it must
+// stop here, before it touches anything.
 func lockServe(state string) (*os.File, error) {
 	p := filepath.Join(state, ServeLockFile)
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0o600)

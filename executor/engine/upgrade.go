@@ -90,7 +90,7 @@ func (r *run) checkHostAgent(agent string, p *shapes.Package, installed string) 
 	}
 	if err == nil {
 		if jerr := json.Unmarshal([]byte(res.Stdout), &self); jerr != nil {
-			err = fmt.Errorf("exit status %d, and it printed no self-check (%v): %s", res.Code, jerr, firstLine(res.Stderr))
+			err = fmt.Errorf("exit status %d, and it printed no self-check (%v): %s", res.Code, jerr, res.ErrorLine())
 		}
 	}
 	switch {
@@ -98,7 +98,7 @@ func (r *run) checkHostAgent(agent string, p *shapes.Package, installed string) 
 	case !self.Confined:
 		err = fmt.Errorf("it does not drop to user %s: %s", u, self.Error)
 	case res.Code != 0:
-		err = fmt.Errorf("exit status %d: %s", res.Code, firstLine(res.Stderr))
+		err = fmt.Errorf("exit status %d: %s", res.Code, res.ErrorLine())
 	case !SameRelease(p.Version, installed, self.Version):
 		err = fmt.Errorf("it says version %q, not the declared %s", self.Version, p.Version)
 	}
@@ -106,11 +106,6 @@ func (r *run) checkHostAgent(agent string, p *shapes.Package, installed string) 
 		return fmt.Errorf("the installed agent does not pass its self-check: %s --self-check --user %s: %v; the running host (%s) carries on", agent, u, err, r.opt.HostVersion)
 	}
 	return nil
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
-	return s
 }
 
 // SameRelease reports whether a binary stamped version bin is the release

@@ -17,12 +17,15 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
-// needLoop skips a test that needs a loop device (a filesystem image
-// mounted as a disk) where the machine has none to give.
+// needLoop skips a test that needs a loop device and an ext4 image (a
+// filesystem image mounted as a disk) where the machine has none to give.
 func needLoop(t *testing.T) {
 	t.Helper()
 	if out, err := exec.Command("losetup", "-f").CombinedOutput(); err != nil {
 		t.Skipf("no free loop device (losetup -f: %v: %s): a power cut is played on a filesystem image mounted through one", err, strings.TrimSpace(string(out)))
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skipf("no mkfs.ext4 (e2fsprogs) to make the filesystem image a power cut is played on: %v", err)
 	}
 }
 

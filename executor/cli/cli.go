@@ -681,6 +681,11 @@ func linkLine(l *serve.LinkState, now time.Time) string {
 	switch {
 	case l.Up:
 		fmt.Fprintf(&b, "link: linked since %s", ts(l.Since))
+	case !l.Revoked.IsZero():
+		// Not "disconnected": waiting does not bring it back, and the
+		// agent tries only seldom (up to once an hour).
+		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node NAME, then mesh-executor enrol, enrols this machine again",
+			ts(l.Revoked), now.Sub(l.Revoked).Round(time.Second))
 	case l.Since.IsZero():
 		b.WriteString("link: disconnected (never linked)")
 	default:
@@ -734,7 +739,10 @@ func (c *command) status() int {
 	}
 	var b strings.Builder
 	state := s.State
-	if s.Link != nil && !s.Link.Up {
+	switch {
+	case s.Link != nil && !s.Link.Up && !s.Link.Revoked.IsZero():
+		state += ", revoked"
+	case s.Link != nil && !s.Link.Up:
 		state += ", disconnected"
 	}
 	fmt.Fprintf(&b, "state: %s\n", state)

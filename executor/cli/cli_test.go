@@ -342,6 +342,14 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &s); err != nil || s.State != "enrolled" || s.Link == nil || s.Link.Up || !s.Link.Since.Equal(since) {
 		t.Errorf("exit %d, %v: %s", code, err, out)
 	}
+	// Refused by the broker: revoked, said as such and not as a
+	// disconnection, with when the agent first saw it.
+	revoked := since.Add(time.Hour)
+	keep(serve.LinkState{Up: false, Since: since, Revoked: revoked, SaidAt: time.Now().UTC()})
+	code, out, _ = run("status", "--state", state)
+	if code != 0 || !strings.HasPrefix(out, "state: enrolled, revoked\nlink: revoked by the control side at "+revoked.Local().Format(time.RFC3339)+" (30m0s)") || strings.Contains(out, "disconnected") {
+		t.Errorf("a revoked node: exit %d:\n%s", code, out)
+	}
 	keep(serve.LinkState{Up: true, Since: since, SaidAt: time.Now().Add(-time.Hour).UTC()})
 	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
 		t.Errorf("a linked node whose agent went quiet:\n%s", out)

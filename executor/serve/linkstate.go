@@ -27,6 +27,12 @@ type LinkState struct {
 	// last moment the agent knew it linked; zero: never).
 	Up    bool      `json:"up"`
 	Since time.Time `json:"since,omitzero"`
+	// Revoked, while down: the broker has refused the node's credential
+	// since then, as the agent first saw it (the control side revoked the
+	// node, or enrolled another machine as it). Status says so rather than
+	// "disconnected": the link comes back with a new enrolment, not by
+	// waiting.
+	Revoked time.Time `json:"revoked,omitzero"`
 	// SaidAt is when the agent last said so.
 	SaidAt time.Time `json:"said_at"`
 }
@@ -56,12 +62,12 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 	now := time.Now().UTC()
 	s.lastMu.Lock()
 	prev := s.link
-	same := prev.Up == l.Up && prev.Since.Equal(l.Since)
+	same := prev.Up == l.Up && prev.Since.Equal(l.Since) && prev.Revoked.Equal(l.Revoked)
 	if same && now.Sub(prev.SaidAt) < linkRefresh {
 		s.lastMu.Unlock()
 		return
 	}
-	s.link = LinkState{Up: l.Up, Since: l.Since.UTC(), SaidAt: now}
+	s.link = LinkState{Up: l.Up, Since: l.Since.UTC(), Revoked: l.Revoked.UTC(), SaidAt: now}
 	cur := s.link
 	s.lastMu.Unlock()
 	b, _ := json.Marshal(cur)
@@ -69,9 +75,12 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 		s.log.Warn("the agent's link state could not be kept", "err", err)
 	}
 	if !same {
-		if cur.Up {
+		switch {
+		case cur.Up:
 			s.log.Info("the agent says it is linked", "since", cur.Since)
-		} else {
+		case !cur.Revoked.IsZero():
+			s.log.Warn("the agent says the broker refuses the node's credential: revoked by the control side", "revoked", cur.Revoked, "since", cur.Since)
+		default:
 			s.log.Info("the agent says it is disconnected", "since", cur.Since)
 		}
 	}

@@ -74,8 +74,16 @@ func TestStatusKeepsWhatTheAgentSaysOfItsLink(t *testing.T) {
 		t.Fatalf("kept: %+v %v", l, err)
 	}
 	ask(nil) // says nothing: nothing changes
+	// Refused by the broker: revoked, kept with when the agent first saw
+	// it, and the same said again writes nothing new.
+	revoked := since.Add(30 * time.Minute)
+	ask(&wire.AgentLink{Since: since, Revoked: revoked})
+	l, err = ReadLinkState(e.state)
+	if err != nil || l == nil || l.Up || !l.Since.Equal(since) || !l.Revoked.Equal(revoked) {
+		t.Fatalf("kept after a revocation: %+v %v", l, err)
+	}
 	ask(&wire.AgentLink{Up: true, Since: since.Add(time.Hour)})
-	if l, _ := ReadLinkState(e.state); l == nil || !l.Up || !l.Since.Equal(since.Add(time.Hour)) {
+	if l, _ := ReadLinkState(e.state); l == nil || !l.Up || !l.Since.Equal(since.Add(time.Hour)) || !l.Revoked.IsZero() {
 		t.Fatalf("kept after the link came back: %+v", l)
 	}
 }

@@ -68,6 +68,11 @@ type Options struct {
 	// RetryWait is the first wait after a failed attempt (1s when zero),
 	// doubled up to 30s; the link's reconnect wait is twice it.
 	RetryWait time.Duration
+	// RevokedWait is the first wait after the broker refused this node's
+	// credential (twice RetryWait when zero: the ordinary reconnect wait),
+	// doubled at each wait up to revokedWaitMax, with jitter
+	// (revokedDelay).
+	RevokedWait time.Duration
 	// GiveBack is what the agent calls a quiet second after a drain to
 	// return the drain's memory to the system (debug.FreeOSMemory when
 	// nil: a full collection of its own small heap). Many agents in one
@@ -157,6 +162,11 @@ type linkInfo struct {
 	lastLinked time.Time // before this link came up
 	unlinked   time.Duration
 	lastErr    string
+	// revoked is when the broker first refused this node's credential
+	// since the link was last up (zero: it has not), and revokedWaits how
+	// many waits the agent has chosen since (revokedDelay).
+	revoked      time.Time
+	revokedWaits int
 }
 
 // Run runs the agent until ctx ends (nil) or the executor turns out to run
@@ -170,6 +180,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.RetryWait <= 0 {
 		o.RetryWait = time.Second
+	}
+	if o.RevokedWait <= 0 {
+		o.RevokedWait = 2 * o.RetryWait
 	}
 	if o.Socket == "" {
 		o.Socket = wire.SocketPath
@@ -378,7 +391,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 		start := time.Now()
 		opts := append(linkOptions(a.id, &a.pins),
 			nats.MaxReconnects(-1),
-			nats.ReconnectWait(2*a.o.RetryWait),
+			nats.CustomReconnectDelay(a.reconnectDelay),
 			nats.IgnoreAuthErrorAbort(),
 			nats.ReconnectBufSize(-1), // nothing queued while unlinked: a failure is said, not hidden
 			// The library's ping, every 2 minutes (two unanswered: the
@@ -422,14 +435,85 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		wait = a.backoff(ctx, wait)
+		if d, revoked := a.revokedDelay(); revoked {
+			a.sleep(ctx, d)
+		} else {
+			wait = a.backoff(ctx, wait)
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 	}
 }
 
+// revokedWaitMax is the longest wait between attempts of a node whose
+// credential the broker refuses.
+const revokedWaitMax = time.Hour
+
+// revokedDelay is the wait before the next attempt to link when the broker
+// has refused this node's credential (revoked): RevokedWait, doubled at
+// each wait chosen since up to revokedWaitMax, a quarter of it either way
+// at random. It starts at the ordinary pace because a refusal is not
+// always a revocation: a broker learns of a node just added or enrolled a
+// moment after the node may first try, and those first tries cost little.
+// A revoked credential comes back only with a new enrolment,
+// which reaches the agent through the executor (the look, every few
+// seconds, sees it begun) and not through the broker: trying every few
+// seconds for ever was load on the broker and noise in its log (an
+// authentication error each), and gained nothing. The jitter keeps a
+// fleet revoked at once (a control side's key rotated, say) from coming
+// back in step.
+func (a *Agent) revokedDelay() (time.Duration, bool) {
+	a.linkMu.Lock()
+	revoked, n := !a.link.revoked.IsZero(), a.link.revokedWaits
+	if revoked {
+		a.link.revokedWaits++
+	}
+	a.linkMu.Unlock()
+	if !revoked {
+		return 0, false
+	}
+	d := a.o.RevokedWait
+	for i := 0; i < n && d < revokedWaitMax; i++ {
+		d *= 2
+	}
+	d = min(d, revokedWaitMax)
+	return d - d/4 + rand.N(d/2+1), true
+}
+
+// reconnectDelay is the NATS client's wait before each attempt to link
+// again (nats.CustomReconnectDelay): twice RetryWait with up to a second
+// of jitter (what the client's own ReconnectWait and TLS jitter did), or
+// revokedDelay once the broker refuses the credential. The client's
+// handlers run after the attempt's failure on a goroutine of their own,
+// so the connection's last error is read here too: the first wait after a
+// refusal is already the longer one.
+func (a *Agent) reconnectDelay(int) time.Duration {
+	if nc := a.ncp.Load(); nc != nil {
+		if err := nc.LastError(); err != nil && explain(a.id.BrokerURL, err, nil).Reason == LinkAuthorization {
+			a.refused(explain(a.id.BrokerURL, err, nil))
+		}
+	}
+	if d, revoked := a.revokedDelay(); revoked {
+		return d
+	}
+	return 2*a.o.RetryWait + rand.N(time.Second)
+}
+
+// sleep waits d, or until ctx ends.
+func (a *Agent) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 func (a *Agent) linkFailed(e *LinkError) {
+	if e.Reason == LinkAuthorization {
+		a.refused(e)
+	}
 	a.linkMu.Lock()
 	a.link.lastErr = e.Msg
 	repeat := a.lastLog == e.Msg
@@ -440,11 +524,28 @@ func (a *Agent) linkFailed(e *LinkError) {
 	}
 }
 
+// refused notes a refusal of this node's credential by the broker, and
+// says the first since the link was up: the node is revoked, and what the
+// agent does now.
+func (a *Agent) refused(e *LinkError) {
+	a.linkMu.Lock()
+	first := a.link.revoked.IsZero()
+	if first {
+		a.link.revoked = time.Now()
+	}
+	a.linkMu.Unlock()
+	if first {
+		a.log.Error("the broker refuses this node's credential: revoked by the control side (node revoke, or another machine enrolled as this node), unless the broker has yet to learn of a node just added; trying again less and less often, up to once an hour, until a new enrolment (mesh-control token issue --node NAME, then mesh-executor enrol)",
+			"reason", e.Msg, "state", link.StateDisconnected)
+	}
+}
+
 func (a *Agent) linked() {
 	now := time.Now()
 	prev := a.state.get().LastLinked
 	a.linkMu.Lock()
 	a.link.up, a.link.since, a.link.lastLinked = true, now, prev
+	a.link.revoked, a.link.revokedWaits = time.Time{}, 0
 	a.link.unlinked = 0
 	if !prev.IsZero() {
 		a.link.unlinked = now.Sub(prev)
@@ -478,12 +579,12 @@ func (a *Agent) linkSaid() *wire.AgentLink {
 	case l.up:
 		return &wire.AgentLink{Up: true, Since: l.since.UTC()}
 	case !l.downSince.IsZero():
-		return &wire.AgentLink{Since: l.downSince.UTC()}
+		return &wire.AgentLink{Since: l.downSince.UTC(), Revoked: l.revoked.UTC()}
 	}
 	if last := a.state.get().LastLinked; !last.IsZero() {
-		return &wire.AgentLink{Since: last.UTC()}
+		return &wire.AgentLink{Since: last.UTC(), Revoked: l.revoked.UTC()}
 	}
-	return &wire.AgentLink{}
+	return &wire.AgentLink{Revoked: l.revoked.UTC()}
 }
 
 func (a *Agent) linkDown(err error) {

@@ -26,7 +26,7 @@ endif
 export GOWORK := $(NATS_WORK)
 endif
 
-.PHONY: all build test test-deps demo bench bench-scale fuzz lint deps clean package
+.PHONY: all build test test-deps demo bench bench-scale chaos fuzz lint deps clean package
 
 all: build
 
@@ -61,6 +61,18 @@ NODES   ?= 10000
 CLUSTER ?=
 bench-scale:
 	$(GO) run ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(BENCH_SCALE_ARGS)
+
+# The chaos run: a control side, NODES_CHAOS nodes (real executors and
+# agents, each in its own namespace and state) and the real CLI, driven by
+# STEPS steps of operators' commands and faults drawn from SEED (empty: a
+# seed from the clock, printed), the invariants checked after each. A
+# failure prints its seed and steps: make chaos SEED=N replays it.
+# docs/chaos.md. `make test` runs a few fixed seeds (TestChaosShort).
+SEED        ?=
+STEPS       ?= 200
+NODES_CHAOS ?= 3
+chaos:
+	$(GO) run ./tests/chaos -steps $(STEPS) -nodes $(NODES_CHAOS) $(if $(SEED),-seed $(SEED)) $(CHAOS_ARGS)
 
 # Longer fuzzing than the seeds `make test` runs.
 FUZZTIME ?= 60s

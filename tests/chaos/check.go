@@ -1,0 +1,459 @@
+package main
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// line is a report's line, as the control side and the rescue command
+// print it.
+type line struct {
+	Module  string `json:"module"`
+	ID      string `json:"id"`
+	Type    string `json:"type"`
+	Outcome string `json:"outcome"`
+	Detail  string `json:"detail"`
+}
+
+type report struct {
+	Seq          uint64 `json:"seq"`
+	Trigger      string `json:"trigger"`
+	Outcome      string `json:"outcome"`
+	Lines        []line `json:"lines"`
+	StreamSeq    uint64 `json:"report_stream_seq"`
+	SupersededBy uint64 `json:"superseded_by"`
+	Owned        []struct {
+		Target string `json:"target"`
+		Type   string `json:"type"`
+		Digest string `json:"digest"`
+		Mode   string `json:"mode"`
+	} `json:"owned"`
+}
+
+type nodeView struct {
+	Name     string `json:"name"`
+	State    string `json:"state"`
+	Declared uint64 `json:"declared"`
+	Applied  uint64 `json:"applied"`
+}
+
+func (w *world) nodesView() (map[string]nodeView, error) {
+	out, code, err := w.control("nodes", "--json")
+	if err != nil || code != 0 {
+		return nil, fmt.Errorf("mesh-control nodes: exit %d %v: %s", code, err, firstLine(out))
+	}
+	var vs []nodeView
+	if err := json.Unmarshal([]byte(jsonArray(out)), &vs); err != nil {
+		return nil, fmt.Errorf("mesh-control nodes --json: %v", err)
+	}
+	m := map[string]nodeView{}
+	for _, v := range vs {
+		m[v.Name] = v
+	}
+	return m, nil
+}
+
+func jsonArray(out string) string {
+	i := strings.Index(out, "[")
+	if i < 0 {
+		return ""
+	}
+	var v json.RawMessage
+	if err := json.NewDecoder(strings.NewReader(out[i:])).Decode(&v); err != nil {
+		return ""
+	}
+	return string(v)
+}
+
+func (w *world) reports(n *node) []report {
+	out, code, err := w.control("reports", n.name, "--json", "--last", "200")
+	if err != nil || code != 0 {
+		return nil
+	}
+	var r struct {
+		Reports []report `json:"reports"`
+	}
+	json.Unmarshal([]byte(jsonPart(out)), &r)
+	return r.Reports
+}
+
+func (w *world) newestReport(n *node) uint64 {
+	var max uint64
+	for _, r := range w.reports(n) {
+		if r.StreamSeq > max {
+			max = r.StreamSeq
+		}
+	}
+	return max
+}
+
+// linkSeq is the sequence the node's own store says the link applied.
+func (w *world) linkSeq(n *node) (uint64, error) {
+	out, code, err := w.cli(time.Minute, "", "mesh-executor", "status", "--state", n.state, "--json")
+	if err != nil || code != 0 {
+		return 0, fmt.Errorf("mesh-executor status: exit %d %v %s", code, err, firstLine(out))
+	}
+	var st struct {
+		Sources map[string]struct {
+			Seq uint64 `json:"seq"`
+		} `json:"sources"`
+	}
+	if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
+		return 0, err
+	}
+	return st.Sources["link"].Seq, nil
+}
+
+// converged waits, up to bound, for the control side's view of n to be
+// the node's own: the newest declared has been answered, and what the
+// control side says applied is what the node's store says.
+func (w *world) converged(n *node, bound time.Duration) bool {
+	var why string
+	start := time.Now()
+	ok := w.eventually(bound, func() bool {
+		vs, err := w.nodesView()
+		if err != nil {
+			why = err.Error()
+			return false
+		}
+		v, found := vs[n.name]
+		if !found {
+			why = "not listed"
+			return false
+		}
+		own, err := w.linkSeq(n)
+		if err != nil {
+			why = err.Error()
+			return false
+		}
+		// Answered: a report names it, or the control side counts it
+		// applied (a re-enrolment starts the reports afresh).
+		answered := v.Declared == 0 || v.Applied >= v.Declared
+		for _, r := range w.reports(n) {
+			if r.Seq == v.Declared && r.Trigger == "declaration" {
+				answered = true
+			}
+		}
+		if !answered {
+			why = fmt.Sprintf("no report for the newest declared, seq %d (applied %d, the node's store says %d)", v.Declared, v.Applied, own)
+			return false
+		}
+		if v.Applied != own {
+			why = fmt.Sprintf("the control side says applied %d, the node's store %d", v.Applied, own)
+			return false
+		}
+		return true
+	})
+	if d := time.Since(start); d > 20*time.Second {
+		w.logf("  (%s converged after %s)", n.name, d.Round(time.Second))
+	}
+	if !ok {
+		w.violate(n, "converges", "%s: the control side's view did not converge to the node's within %s: %s", n.name, bound, why)
+	}
+	return ok
+}
+
+// afterStep checks every invariant that holds now.
+func (w *world) afterStep() {
+	w.scanPanics()
+	for _, p := range w.procs {
+		w.check("no-unexpected-exit")
+		if !p.running() && !p.expected {
+			p.expected = true
+			tail := tailOf(p.log, 1500)
+			w.violate(w.nodeOfProc(p), "no-unexpected-exit", "%s exited (%v) without being asked:\n%s", p.name, p.cmd.ProcessState, tail)
+			// Started again, as its init would, so the run goes on.
+			if n := w.nodeOfProc(p); n != nil && p == n.exec {
+				w.startExecutor(n)
+			} else if n != nil && p == n.agentP {
+				w.startAgent(n)
+			} else if p == w.serve {
+				w.startServe()
+			}
+		}
+	}
+	w.checkAcknowledged()
+	for _, n := range w.nodes {
+		if !w.quiet(n) {
+			continue
+		}
+		if !w.converged(n, w.cfg.bound) {
+			continue
+		}
+		w.checkMachine(n)
+	}
+}
+
+// quiet is a node with no fault in force: its processes run, its disk
+// has room, its identity stands.
+func (w *world) quiet(n *node) bool {
+	_, err := os.Stat(n.filler)
+	return n.exec.running() && !n.exec.stopped && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked
+}
+
+// checkAcknowledged: every node enrolled and token issued is listed,
+// every acknowledged sequence is the newest declared or older, every
+// acknowledged revocation stands.
+func (w *world) checkAcknowledged() {
+	vs, err := w.nodesView()
+	w.check("acknowledged-kept")
+	if err != nil {
+		w.violate(nil, "acknowledged-kept", "%v", err)
+		return
+	}
+	for _, n := range w.nodes {
+		v, ok := vs[n.name]
+		w.check("acknowledged-kept")
+		switch {
+		case !ok:
+			w.violate(n, "acknowledged-kept", "node %s, enrolled, is not listed by mesh-control nodes", n.name)
+		case v.Declared < n.acked:
+			w.violate(n, "acknowledged-kept", "node %s: declared %d, but seq %d was acknowledged", n.name, v.Declared, n.acked)
+		case n.revoked && v.State != "revoked":
+			w.violate(n, "acknowledged-kept", "node %s: revoked, but listed as %q", n.name, v.State)
+		}
+	}
+	for _, s := range w.spareNames {
+		w.check("acknowledged-kept")
+		if _, ok := vs[s]; !ok {
+			w.violate(nil, "acknowledged-kept", "the node %s a token was issued for is not listed by mesh-control nodes", s)
+		}
+	}
+}
+
+type ownedEntry struct {
+	Target string `json:"target"`
+	Type   string `json:"type"`
+	Claims []struct {
+		Source string `json:"source"`
+		Module string `json:"module"`
+		ID     string `json:"id"`
+	} `json:"claims"`
+	How string `json:"how"`
+}
+
+// checkMachine compares, on a quiet node, what its store says it owns
+// with the machine, and what changed on the machine since it was last
+// quiet with the reports of that time.
+func (w *world) checkMachine(n *node) {
+	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
+	w.check("owned-on-machine")
+	if err != nil || code != 0 {
+		w.violate(n, "owned-on-machine", "mesh-executor owned: exit %d %v %s", code, err, firstLine(out))
+		return
+	}
+	var owned []ownedEntry
+	json.Unmarshal([]byte(jsonArray(out)), &owned)
+	claimed := map[string]bool{}
+	for _, o := range owned {
+		p, ok := strings.CutPrefix(o.Target, "path:")
+		if !ok || !strings.HasPrefix(p, n.tree+"/") {
+			continue
+		}
+		claimed[p] = true
+		w.check("owned-on-machine")
+		fi, err := os.Lstat(p)
+		if err != nil {
+			w.violate(n, "owned-on-machine", "%s's store owns %s (%s), which the machine does not hold: %v", n.name, p, o.Type, err)
+			continue
+		}
+		switch o.Type {
+		case "directory":
+			if !fi.IsDir() {
+				w.violate(n, "owned-on-machine", "%s's store owns the directory %s; the machine holds a %s", n.name, p, fi.Mode().Type())
+			}
+		case "file":
+			b, err := os.ReadFile(p)
+			if !fi.Mode().IsRegular() || err != nil {
+				w.violate(n, "owned-on-machine", "%s's store owns the file %s; the machine holds a %s (%v)", n.name, p, fi.Mode().Type(), err)
+				continue
+			}
+			if msg := fileMatches(b, fi.Mode().Perm(), o); msg != "" {
+				w.violate(n, "owned-on-machine", "%s's store owns the file %s: %s", n.name, p, msg)
+			}
+		}
+	}
+	// The reverse: each path the mesh may declare that the machine holds
+	// is claimed by the store.
+	after := snapshot(n.tree)
+	for p := range after {
+		if declarable(n, p) {
+			w.check("machine-in-store")
+			if !claimed[p] {
+				w.violate(n, "machine-in-store", "%s holds %s, which no store claims (a leftover, or a write not recorded)", n.name, p)
+			}
+		}
+	}
+	w.checkReportDigests(n, after)
+	w.checkChanges(n, after)
+	n.before = after
+	n.lastReport = w.newestReport(n)
+	n.rescue = nil
+}
+
+// fileMatches checks a file against its claim: its content names one of
+// the claiming resources, and its mode is the one that content says.
+func fileMatches(b []byte, perm os.FileMode, o ownedEntry) string {
+	head, _, _ := bytes.Cut(b, []byte("\n"))
+	var mod, id, mode string
+	var v int
+	if _, err := fmt.Sscanf(string(head), "chaos %s v%d mode=%s", &id, &v, &mode); err != nil {
+		return fmt.Sprintf("content %.60q is none the mesh declared", b)
+	}
+	mod, id, _ = strings.Cut(id, ".")
+	named := false
+	for _, c := range o.Claims {
+		if c.Module == mod && c.ID == id {
+			named = true
+		}
+	}
+	if !named {
+		return fmt.Sprintf("content is %s.%s's, claimed by %+v", mod, id, o.Claims)
+	}
+	if got := fmt.Sprintf("%04o", perm); got != mode {
+		return fmt.Sprintf("mode %s, declared with its content as %s", got, mode)
+	}
+	return ""
+}
+
+// declarable is a path inside a module's directory: the only places the
+// run declares anything.
+func declarable(n *node, p string) bool {
+	for _, side := range []string{"L", "R"} {
+		rel, err := filepath.Rel(filepath.Join(n.tree, side), p)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		mod := strings.Split(rel, string(filepath.Separator))[0]
+		return contains(modNames, mod) || mod == "r1" || mod == "r2"
+	}
+	return false
+}
+
+// checkReportDigests: the newest report's copy of the store names, for
+// each link file, the digest and mode the machine holds.
+func (w *world) checkReportDigests(n *node, after map[string]entry) {
+	rs := w.reports(n)
+	sort.Slice(rs, func(i, j int) bool { return rs[i].StreamSeq < rs[j].StreamSeq })
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i].Owned == nil {
+			continue
+		}
+		for _, o := range rs[i].Owned {
+			p, ok := strings.CutPrefix(o.Target, "path:")
+			if !ok || o.Type != "file" || !strings.HasPrefix(p, filepath.Join(n.tree, "L")+"/") {
+				continue
+			}
+			w.check("report-store-copy")
+			e, ok := after[p]
+			switch {
+			case !ok:
+				w.violate(n, "report-store-copy", "%s's newest report (seq %d) says the node owns %s; the machine does not hold it", n.name, rs[i].Seq, p)
+			case hex.EncodeToString(e.digest[:]) != o.Digest || fmt.Sprintf("%04o", e.mode.Perm()) != o.Mode:
+				w.violate(n, "report-store-copy", "%s's newest report (seq %d) says %s is %s %s; the machine holds %x %04o", n.name, rs[i].Seq, p, o.Digest, o.Mode, e.digest, e.mode.Perm())
+			}
+		}
+		return
+	}
+}
+
+// checkChanges: each path that changed since the node was last quiet is
+// one the mesh declares, and a report line (or a rescue's) says it.
+func (w *world) checkChanges(n *node, after map[string]entry) {
+	said := map[string][]string{}
+	var lines []line
+	for _, r := range w.reports(n) {
+		if r.StreamSeq > n.lastReport {
+			lines = append(lines, r.Lines...)
+		}
+	}
+	lines = append(lines, n.rescue...)
+	for _, l := range lines {
+		switch l.Outcome {
+		case "unchanged", "held", "kept", "forgotten":
+			continue
+		}
+		if p := idPath(n, l.Module, l.ID); p != "" {
+			said[p] = append(said[p], l.Outcome)
+		}
+	}
+	changed := map[string]string{}
+	for p, b := range n.before {
+		a, ok := after[p]
+		switch {
+		case !ok:
+			changed[p] = "removed"
+		case a != b:
+			changed[p] = "changed"
+		}
+	}
+	for p := range after {
+		if _, ok := n.before[p]; !ok {
+			changed[p] = "created"
+		}
+	}
+	for p, what := range changed {
+		w.check("nothing-outside")
+		if !declarable(n, p) {
+			w.violate(n, "nothing-outside", "%s: %s was %s, and nothing declares it", n.name, p, what)
+			continue
+		}
+		w.check("report-says-change")
+		if len(said[p]) == 0 {
+			w.violate(n, "report-says-change", "%s: %s was %s since the node was last quiet, and no report line says so", n.name, p, what)
+		}
+	}
+}
+
+func tailOf(path string, max int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
+
+// figures is what a run did, printed at its end.
+func (w *world) figures(steps []step) string {
+	var b strings.Builder
+	kinds := map[string]int{}
+	for _, s := range steps {
+		kinds[s.Kind]++
+	}
+	fmt.Fprintf(&b, "steps: %d (%s)\n", len(steps), sortedCounts(kinds))
+	total := 0
+	for _, c := range w.faults {
+		total += c
+	}
+	fmt.Fprintf(&b, "faults injected: %d (%s)\n", total, sortedCounts(w.faults))
+	total = 0
+	for _, c := range w.checks {
+		total += c
+	}
+	fmt.Fprintf(&b, "invariant checks: %d (%s)\n", total, sortedCounts(w.checks))
+	if len(w.known) > 0 {
+		fmt.Fprintf(&b, "known faults seen: %s\n", sortedCounts(w.known))
+	}
+	fmt.Fprintf(&b, "violations: %d\n", len(w.violations))
+	return b.String()
+}
+
+func sortedCounts(m map[string]int) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var parts []string
+	for _, k := range ks {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,394 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// docJSON is the declaration of ms for n: the link's modules under L/,
+// a rescue file's under R/ and naming the node.
+func docJSON(n *node, ms []module, rescue bool) []byte {
+	var rs []map[string]any
+	for _, m := range ms {
+		dir := modDir(n, m.Name)
+		rs = append(rs, map[string]any{"module": m.Name, "id": "dir", "type": "directory", "path": dir})
+		if m.Subdir != "" {
+			rs = append(rs, map[string]any{"module": m.Name, "id": "sub", "type": "directory", "path": dir + "/" + m.Subdir})
+		}
+		for _, f := range m.Files {
+			id := fileID(f.Name)
+			rs = append(rs, map[string]any{"module": m.Name, "id": id, "type": "file", "path": dir + "/" + f.Name,
+				"content": fileContent(m.Name, id, f), "mode": f.Mode})
+		}
+	}
+	d := map[string]any{"version": 1, "resources": rs}
+	if rescue {
+		d["node"] = n.name
+	}
+	b, _ := json.Marshal(d)
+	return b
+}
+
+func modDir(n *node, mod string) string {
+	if strings.HasPrefix(mod, "r") {
+		return filepath.Join(n.tree, "R", mod)
+	}
+	return filepath.Join(n.tree, "L", mod)
+}
+
+func fileID(name string) string { return "f_" + strings.ReplaceAll(name, "/", "_") }
+
+// fileContent names the resource and the mode it is declared with: what
+// the machine holds can be checked against any store claim on its own.
+func fileContent(mod, id string, f fileRes) string {
+	return fmt.Sprintf("chaos %s.%s v%d mode=%s\n%s", mod, id, f.Version, f.Mode, strings.Repeat(".", f.Pad))
+}
+
+// idPath is the path a report line's resource names, "" for one that is
+// not a path (the overlay).
+func idPath(n *node, mod, id string) string {
+	if !contains(modNames, mod) && mod != "r1" && mod != "r2" {
+		return ""
+	}
+	dir := modDir(n, mod)
+	switch {
+	case id == "dir":
+		return dir
+	case id == "sub":
+		return dir + "/sub"
+	case strings.HasPrefix(id, "f_sub_"):
+		return dir + "/sub/" + strings.TrimPrefix(id, "f_sub_")
+	case strings.HasPrefix(id, "f_"):
+		return dir + "/" + strings.TrimPrefix(id, "f_")
+	}
+	return ""
+}
+
+func (w *world) writeDoc(n *node, b []byte) string {
+	f := filepath.Join(w.base, fmt.Sprintf("step-%d-%s.json", w.stepN, n.name))
+	os.WriteFile(f, b, 0o600)
+	return f
+}
+
+func (w *world) nodeNamed(name string) *node {
+	for _, n := range w.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+func (w *world) procNamed(name string) *proc {
+	if name == "serve" {
+		return w.serve
+	}
+	n := w.nodeNamed(strings.Split(name, "/")[0])
+	if strings.HasSuffix(name, "/executor") {
+		return n.exec
+	}
+	return n.agentP
+}
+
+// ack notes a sequence the control side acknowledged for a node.
+func (w *world) ack(name string, seq uint64) {
+	if n := w.nodeNamed(name); n != nil && seq > n.acked {
+		n.acked = seq
+	}
+}
+
+// expectRefusal is an operator's command the control side must refuse,
+// saying why.
+func (w *world) expectRefusal(n *node, what string, out string, code int, err error, why string) {
+	w.check("refused-legibly")
+	if err != nil || code == 0 || !strings.Contains(out, why) {
+		w.violate(n, "refused-legibly", "%s: expected a refusal saying %q, got exit %d %v:\n%s", what, why, code, err, out)
+	}
+}
+
+func (w *world) expectOK(n *node, what string, out string, code int, err error) bool {
+	w.check("command-answers")
+	if err != nil || code != 0 {
+		w.violate(n, "command-answers", "%s: exit %d %v:\n%s", what, code, err, out)
+		return false
+	}
+	return true
+}
+
+// do runs one step.
+func (w *world) do(s step) {
+	n := w.nodeNamed(s.Node)
+	if s.Known != "" && n != nil {
+		n.known, n.knownUntil = s.Known, s.N+5
+	}
+	switch s.Kind {
+	case "declare":
+		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		args := []string{"declare", n.name, f, "--json"}
+		if w.overlay {
+			args = append(args, "--without-overlay")
+		}
+		out, code, err := w.control(args...)
+		if n.revoked {
+			w.expectRefusal(n, "declare to a revoked node", out, code, err, "revoked")
+			return
+		}
+		if w.expectOK(n, "declare", out, code, err) {
+			var r struct {
+				Seq uint64 `json:"seq"`
+			}
+			json.Unmarshal([]byte(jsonPart(out)), &r)
+			w.ack(n.name, r.Seq)
+		}
+	case "assign":
+		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		out, code, err := w.control("assign", n.name, f, "--json")
+		switch {
+		case !w.overlay:
+			w.expectRefusal(n, "assign before an overlay", out, code, err, "no overlay is set")
+		case n.revoked:
+			w.expectRefusal(n, "assign to a revoked node", out, code, err, "revoked")
+		case w.expectOK(n, "assign", out, code, err):
+			var r struct {
+				Seq  uint64 `json:"seq"`
+				Sent bool   `json:"sent"`
+			}
+			json.Unmarshal([]byte(jsonPart(out)), &r)
+			if r.Sent {
+				w.ack(n.name, r.Seq)
+			}
+		}
+	case "unassign":
+		out, code, err := w.control("unassign", n.name, s.Module, "--json")
+		if code == 0 && err == nil {
+			var r struct {
+				Seq  uint64 `json:"seq"`
+				Sent bool   `json:"sent"`
+			}
+			json.Unmarshal([]byte(jsonPart(out)), &r)
+			if r.Sent {
+				w.ack(n.name, r.Seq)
+			}
+		} else {
+			w.logf("  unassign refused: %s", firstLine(out))
+		}
+	case "publish":
+		out, code, err := w.control("publish", n.name, "--json")
+		if !w.overlay {
+			w.expectRefusal(n, "publish before an overlay", out, code, err, "no overlay is set")
+			return
+		}
+		if n.revoked {
+			w.expectRefusal(n, "publish to a revoked node", out, code, err, "revoked")
+			return
+		}
+		if w.expectOK(n, "publish", out, code, err) {
+			w.ackPublished(out)
+		}
+	case "plan":
+		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		wait := "--wait=90s"
+		if s.Known != "" {
+			wait = "--wait=3s"
+		}
+		out, code, err := w.control("plan", n.name, f, "--json", wait)
+		w.check("plan-answers")
+		if s.Known == "" && (err != nil || code == 3) {
+			w.violate(n, "plan-answers", "a plan to a linked node had no answer: exit %d %v\n%s", code, err, out)
+		}
+	case "overlay":
+		out, code, err := w.control("overlay", "set", "--network", "10.231.0.0/24", "--interface", "chaos0",
+			"--keepalive", strconv.Itoa(s.Arg), "--json")
+		if w.expectOK(nil, "overlay set", out, code, err) {
+			w.overlay = true
+			w.ackPublished(out)
+		}
+	case "revoke":
+		out, code, err := w.control("node", "revoke", n.name, "--json")
+		if w.expectOK(n, "node revoke", out, code, err) {
+			n.revoked = true
+			w.faults["revoke"]++
+		}
+	case "reenrol":
+		w.check("reenrol")
+		if err := w.enrol(n, "--node", n.name); err != nil {
+			w.violate(n, "reenrol", "%v", err)
+		}
+	case "token":
+		w.spares++
+		name := fmt.Sprintf("spare%d", w.spares)
+		out, code, err := w.control("token", "issue", "--new", "--name", name)
+		if w.expectOK(nil, "token issue", out, code, err) {
+			w.spareNames = append(w.spareNames, name)
+		}
+	case "rescue":
+		f := w.writeDoc(n, docJSON(n, s.Doc, true))
+		out, code, err := w.cli(2*time.Minute, "", "mesh-executor", "apply", f, "--state", n.state, "--json", "--wait", "90s")
+		w.check("rescue-applies")
+		if err != nil || (code != 0 && code != 1) {
+			w.violate(n, "rescue-applies", "mesh-executor apply: exit %d %v\n%s", code, err, out)
+		}
+		var r struct {
+			Lines []line `json:"lines"`
+		}
+		json.Unmarshal([]byte(jsonPart(out)), &r)
+		n.rescue = append(n.rescue, r.Lines...)
+	case "kill":
+		w.faults["kill -9 "+procKind(s.Proc)]++
+		w.end(w.procNamed(s.Proc), syscall.SIGKILL)
+	case "start":
+		if strings.HasSuffix(s.Proc, "/executor") {
+			w.startExecutor(n)
+		} else {
+			w.startAgent(n)
+		}
+	case "stop":
+		w.faults["SIGSTOP "+procKind(s.Proc)]++
+		p := w.procNamed(s.Proc)
+		p.cmd.Process.Signal(syscall.SIGSTOP)
+		p.stopped = true
+	case "cont":
+		p := w.procNamed(s.Proc)
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		p.stopped = false
+	case "restart-serve":
+		w.faults["restart serve"]++
+		w.end(w.serve, syscall.SIGTERM)
+		w.startServe()
+	case "kill-serve":
+		w.faults["kill -9 serve"]++
+		w.end(w.serve, syscall.SIGKILL)
+		w.startServe()
+	case "second":
+		w.faults["second "+procKind(s.Proc)]++
+		w.second(n, s.Proc)
+	case "second-socket":
+		w.faults["second executor on the socket"]++
+		w.secondOnSocket(n)
+	case "disk-full":
+		w.faults["full disk (node state)"]++
+		fill(n.filler)
+	case "disk-free":
+		os.Remove(n.filler)
+	default:
+		panic("no such step kind " + s.Kind)
+	}
+}
+
+func procKind(name string) string {
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		return name[i+1:]
+	}
+	return name
+}
+
+func (w *world) ackPublished(out string) {
+	var r struct {
+		Published []struct {
+			Node string `json:"node"`
+			Seq  uint64 `json:"seq"`
+			Sent bool   `json:"sent"`
+		} `json:"published"`
+	}
+	json.Unmarshal([]byte(jsonPart(out)), &r)
+	for _, p := range r.Published {
+		if p.Sent {
+			w.ack(p.Node, p.Seq)
+		}
+	}
+}
+
+// second starts another instance of the daemon name on the same state,
+// which must be refused, saying so, within a bound.
+func (w *world) second(n *node, name string) {
+	var argv []string
+	switch procKind(name) {
+	case "serve":
+		argv = []string{filepath.Join(w.bin, "mesh-control"), "serve", "--dir", w.ctl, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort())}
+	case "executor":
+		// The same state, another socket: the state's lock must refuse it.
+		argv = []string{filepath.Join(w.bin, "mesh-executor"), "serve", "--state", n.state, "--socket", n.sock + ".second",
+			"--agent-user", "nobody", "--agent-state", n.agent, "--drift", "0", "--build", "chaos"}
+	case "agent":
+		argv = w.agentArgv(n)
+	}
+	p := w.start(name+"#second", argv)
+	w.check("second-refused")
+	select {
+	case <-p.ended:
+		if p.cmd.ProcessState.ExitCode() == 0 {
+			w.violate(n, "second-refused", "a second %s exited 0: it must say it was refused", name)
+		}
+	case <-time.After(30 * time.Second):
+		w.violate(n, "second-refused", "a second %s on the same state still runs after 30s", name)
+		w.end(p, syscall.SIGTERM)
+	}
+	p.expected = true
+}
+
+// secondOnSocket starts an executor with a state of its own on n's
+// socket: it must be refused, and n's executor must stay reachable.
+func (w *world) secondOnSocket(n *node) {
+	state, _ := os.MkdirTemp(w.base, "second-state-")
+	os.Chmod(state, 0o700)
+	p := w.start(n.name+"/executor#socket", []string{filepath.Join(w.bin, "mesh-executor"), "serve", "--state", state, "--socket", n.sock,
+		"--agent-user", "nobody", "--agent-state", n.agent + ".second", "--drift", "0", "--build", "chaos"})
+	w.check("second-refused")
+	select {
+	case <-p.ended:
+	case <-time.After(5 * time.Second):
+		w.violate(n, "second-refused", "a second executor on %s's socket still runs after 5s", n.name)
+		w.end(p, syscall.SIGTERM)
+	}
+	p.expected = true
+	w.check("socket-kept")
+	if _, err := os.Stat(n.sock); err != nil {
+		w.violate(n, "socket-kept", "%s's executor socket is gone after a second executor ended: %v", n.name, err)
+		// What was broken is healed, so the run goes on to find the next.
+		w.end(n.exec, syscall.SIGTERM)
+		w.startExecutor(n)
+	}
+}
+
+// fill writes to path until the filesystem holding it is full.
+func fill(path string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<16)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+// jsonPart is the first JSON value in a command's output (standard
+// output, which comes first, then standard error).
+func jsonPart(out string) string {
+	i := strings.Index(out, "{")
+	if i < 0 {
+		return ""
+	}
+	var v json.RawMessage
+	if err := json.NewDecoder(strings.NewReader(out[i:])).Decode(&v); err != nil {
+		return ""
+	}
+	return string(v)
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+)
+
+// A step is one thing an operator or the machine does. The whole list is
+// drawn from the seed before anything runs, against a model of which
+// faults are in force, so that a seed names one run exactly: nothing a
+// step observes changes which steps follow.
+type step struct {
+	N    int    `json:"n"`
+	Kind string `json:"kind"`
+	Node string `json:"node,omitempty"`
+	// Proc is the process a fault or a recovery acts on: serve, or
+	// NODE/executor, NODE/agent.
+	Proc string `json:"proc,omitempty"`
+	// Module is what assign and unassign name.
+	Module string `json:"module,omitempty"`
+	// Doc is what declare, assign, plan and rescue send: modules, each a
+	// directory of its own under the node's tree.
+	Doc []module `json:"doc,omitempty"`
+	// Arg is a step's number: the overlay's keepalive, a fault's length.
+	Arg int `json:"arg,omitempty"`
+	// Known names the fault, listed in knownFaults, that this step
+	// provokes on purpose: its violations are counted as known.
+	Known string `json:"known,omitempty"`
+}
+
+// A module is a directory under the node's tree (L/NAME for the link,
+// R/NAME for a rescue file) and what is declared in it. Each file's
+// content names its module, id and mode, so that what a store claims can
+// be checked against the machine without a model of which version won.
+type module struct {
+	Name  string    `json:"name"`
+	Files []fileRes `json:"files"`
+	// Subdir, when set, is a directory inside the module's, declared
+	// before the files that live in it.
+	Subdir string `json:"subdir,omitempty"`
+}
+
+type fileRes struct {
+	Name    string `json:"name"` // relative to the module's directory: "x" or "sub/x"
+	Mode    string `json:"mode"`
+	Version uint32 `json:"version"`
+	Pad     int    `json:"pad,omitempty"`
+}
+
+func (s step) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%3d %s", s.N, s.Kind)
+	for _, x := range []string{s.Node, s.Proc, s.Module} {
+		if x != "" {
+			b.WriteString(" " + x)
+		}
+	}
+	if s.Arg != 0 {
+		fmt.Fprintf(&b, " %d", s.Arg)
+	}
+	if len(s.Doc) > 0 {
+		var ms []string
+		for _, m := range s.Doc {
+			ms = append(ms, fmt.Sprintf("%s(%d)", m.Name, len(m.Files)))
+		}
+		b.WriteString(" [" + strings.Join(ms, " ") + "]")
+	}
+	if s.Known != "" {
+		b.WriteString(" (known: " + s.Known + ")")
+	}
+	return b.String()
+}
+
+// knownFaults are the faults the system is known to have now, each being
+// fixed elsewhere. Their steps stay in the draw, so the instrument sees
+// the day they are fixed (-strict counts them as failures), but their
+// violations do not fail a run.
+var knownFaults = map[string]string{
+	"plan-to-paused-agent":  "a plan sent to a paused agent is run when it resumes, and the next answer is read as the plan's",
+	"socket-takeover":       "a second executor with another state directory takes a live executor's socket over and removes it on exit",
+	"control-disk-full":     "after the control side's disk was full, node add and declare keep failing until serve restarts",
+	"revoked-agent-retries": "a revoked node's agent retries every few seconds for ever, and status says disconnected, not revoked",
+}
+
+// The kinds of step, with the weights they are drawn by.
+var weights = []struct {
+	kind string
+	w    int
+}{
+	{"declare", 10}, {"assign", 9}, {"unassign", 4}, {"publish", 3}, {"plan", 4},
+	{"overlay", 2}, {"revoke", 1}, {"reenrol", 2}, {"token", 2}, {"rescue", 6},
+	{"kill", 4}, {"stop", 3}, {"restart-serve", 2}, {"kill-serve", 1}, {"second", 3},
+	{"disk-full", 2}, {"plan-paused", 1}, {"second-socket", 1},
+}
+
+// simNode is the generator's model of one node: what is in force, never
+// what the system did.
+type simNode struct {
+	name          string
+	execDown      bool
+	execStopped   bool
+	agentDown     bool
+	agentStopped  bool
+	diskFull      bool
+	revoked       bool
+	assigned      []string
+	modules       map[string]module // the last version of each module assigned
+	pendingEvents int
+}
+
+func (n *simNode) healthy() bool {
+	return !n.execDown && !n.execStopped && !n.agentDown && !n.agentStopped && !n.diskFull
+}
+
+// plan draws the seed's steps. A fault is undone by a step drawn with it
+// and run a few steps later; all faults are undone by the last step.
+func planSteps(seed uint64, count, nodes int) []step {
+	r := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos"
+	var ns []*simNode
+	for i := 1; i <= nodes; i++ {
+		ns = append(ns, &simNode{name: fmt.Sprintf("n%d", i), modules: map[string]module{}})
+	}
+	overlay := false
+	var steps []step
+	// pending recoveries: at step index, the step to run.
+	pending := map[int][]step{}
+	total := 0
+	for _, x := range weights {
+		total += x.w
+	}
+	pick := func() *simNode { return ns[r.IntN(len(ns))] }
+	healthyNode := func() *simNode {
+		var hs []*simNode
+		for _, n := range ns {
+			if n.healthy() && !n.revoked {
+				hs = append(hs, n)
+			}
+		}
+		if len(hs) == 0 {
+			return nil
+		}
+		return hs[r.IntN(len(hs))]
+	}
+	addStep := func(s step) {
+		s.N = len(steps) + 1
+		steps = append(steps, s)
+	}
+	later := func(s step) {
+		at := len(steps) + 1 + r.IntN(4)
+		pending[at] = append(pending[at], s)
+	}
+	undo := func(n *simNode, s step) {
+		switch s.Kind {
+		case "cont":
+			if strings.HasSuffix(s.Proc, "executor") {
+				n.execStopped = false
+			} else {
+				n.agentStopped = false
+			}
+		case "start":
+			if strings.HasSuffix(s.Proc, "executor") {
+				n.execDown = false
+			} else {
+				n.agentDown = false
+			}
+		case "disk-free":
+			n.diskFull = false
+		}
+		n.pendingEvents--
+	}
+	nodeOf := func(name string) *simNode {
+		for _, n := range ns {
+			if n.name == name {
+				return n
+			}
+		}
+		return nil
+	}
+	for len(steps) < count {
+		var due []int
+		for at := range pending {
+			if at <= len(steps) {
+				due = append(due, at)
+			}
+		}
+		sort.Ints(due)
+		for _, at := range due {
+			for _, s := range pending[at] {
+				undo(nodeOf(s.Node), s)
+				addStep(s)
+			}
+			delete(pending, at)
+		}
+		if len(steps) >= count {
+			break
+		}
+		x := r.IntN(total)
+		kind := ""
+		for _, w := range weights {
+			if x < w.w {
+				kind = w.kind
+				break
+			}
+			x -= w.w
+		}
+		switch kind {
+		case "declare", "plan":
+			n := healthyNode()
+			if kind == "declare" {
+				n = pick()
+			}
+			if n == nil {
+				continue
+			}
+			addStep(step{Kind: kind, Node: n.name, Doc: genDoc(r, 1+r.IntN(3))})
+		case "assign":
+			n := pick()
+			m := genModule(r, modNames[r.IntN(len(modNames))])
+			if overlay && !n.revoked && !contains(n.assigned, m.Name) {
+				n.assigned = append(n.assigned, m.Name)
+			}
+			if overlay && !n.revoked {
+				n.modules[m.Name] = m
+			}
+			addStep(step{Kind: kind, Node: n.name, Doc: []module{m}})
+		case "unassign":
+			n := pick()
+			if len(n.assigned) == 0 {
+				continue
+			}
+			i := r.IntN(len(n.assigned))
+			m := n.assigned[i]
+			if !n.revoked {
+				n.assigned = append(n.assigned[:i:i], n.assigned[i+1:]...)
+			}
+			addStep(step{Kind: kind, Node: n.name, Module: m})
+		case "publish":
+			n := pick()
+			addStep(step{Kind: kind, Node: n.name})
+		case "overlay":
+			overlay = true
+			addStep(step{Kind: kind, Arg: []int{0, 10, 25, 60}[r.IntN(4)]})
+		case "revoke":
+			n := pick()
+			n.revoked = true
+			addStep(step{Kind: kind, Node: n.name})
+		case "reenrol":
+			n := pick()
+			if !n.healthy() {
+				continue
+			}
+			n.revoked = false
+			addStep(step{Kind: kind, Node: n.name})
+		case "token":
+			addStep(step{Kind: kind})
+		case "rescue":
+			n := pick()
+			if n.execStopped || n.diskFull {
+				continue
+			}
+			addStep(step{Kind: kind, Node: n.name, Doc: genRescue(r)})
+		case "kill", "stop":
+			n := pick()
+			if n.pendingEvents > 0 {
+				continue
+			}
+			proc := []string{"executor", "agent"}[r.IntN(2)]
+			s := step{Kind: kind, Node: n.name, Proc: n.name + "/" + proc}
+			back := step{Kind: "start", Node: n.name, Proc: s.Proc}
+			if kind == "stop" {
+				back.Kind = "cont"
+			}
+			switch {
+			case proc == "executor" && kind == "kill":
+				n.execDown = true
+			case proc == "executor":
+				n.execStopped = true
+			case kind == "kill":
+				n.agentDown = true
+			default:
+				n.agentStopped = true
+			}
+			n.pendingEvents++
+			addStep(s)
+			later(back)
+		case "restart-serve", "kill-serve":
+			addStep(step{Kind: kind, Proc: "serve"})
+		case "second":
+			n := pick()
+			proc := []string{"executor", "agent", "serve"}[r.IntN(3)]
+			if proc == "serve" {
+				addStep(step{Kind: kind, Proc: "serve"})
+			} else {
+				addStep(step{Kind: kind, Node: n.name, Proc: n.name + "/" + proc})
+			}
+		case "second-socket":
+			n := healthyNode()
+			if n == nil {
+				continue
+			}
+			addStep(step{Kind: kind, Node: n.name, Proc: n.name + "/executor", Known: "socket-takeover"})
+		case "disk-full":
+			n := pick()
+			if n.pendingEvents > 0 {
+				continue
+			}
+			n.diskFull = true
+			n.pendingEvents++
+			addStep(step{Kind: kind, Node: n.name})
+			later(step{Kind: "disk-free", Node: n.name})
+		case "plan-paused":
+			n := healthyNode()
+			if n == nil || n.pendingEvents > 0 {
+				continue
+			}
+			// The agent is stopped, a plan is sent and given up, and the
+			// agent goes on a step later.
+			n.agentStopped = true
+			n.pendingEvents++
+			addStep(step{Kind: "stop", Node: n.name, Proc: n.name + "/agent", Known: "plan-to-paused-agent"})
+			addStep(step{Kind: "plan", Node: n.name, Doc: genDoc(r, 1), Known: "plan-to-paused-agent"})
+			at := len(steps) + 1
+			pending[at] = append(pending[at], step{Kind: "cont", Node: n.name, Proc: n.name + "/agent", Known: "plan-to-paused-agent"})
+		}
+	}
+	// Every fault still in force is undone at the end, so the run ends on
+	// a quiet mesh whose convergence is checked.
+	var rest []int
+	for at := range pending {
+		rest = append(rest, at)
+	}
+	sort.Ints(rest)
+	for _, at := range rest {
+		for _, s := range pending[at] {
+			undo(nodeOf(s.Node), s)
+			addStep(s)
+		}
+	}
+	return steps
+}
+
+var modNames = []string{"a", "b", "c", "d", "e"}
+
+var fileNames = []string{"x", "y", "z", "w"}
+
+var modes = []string{"0644", "0600", "0640", "0444", "0755"}
+
+func genModule(r *rand.Rand, name string) module {
+	m := module{Name: name}
+	if r.IntN(3) == 0 {
+		m.Subdir = "sub"
+	}
+	n := 1 + r.IntN(3)
+	seen := map[string]bool{}
+	for i := 0; i < n; i++ {
+		f := fileNames[r.IntN(len(fileNames))]
+		if m.Subdir != "" && r.IntN(2) == 0 {
+			f = m.Subdir + "/" + f
+		}
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		fr := fileRes{Name: f, Mode: modes[r.IntN(len(modes))], Version: r.Uint32() % 4}
+		if r.IntN(5) == 0 {
+			fr.Pad = r.IntN(20000)
+		}
+		m.Files = append(m.Files, fr)
+	}
+	return m
+}
+
+func genDoc(r *rand.Rand, n int) []module {
+	perm := r.Perm(len(modNames))
+	var ms []module
+	for _, i := range perm[:n] {
+		ms = append(ms, genModule(r, modNames[i]))
+	}
+	return ms
+}
+
+func genRescue(r *rand.Rand) []module {
+	names := []string{"r1", "r2"}
+	var ms []module
+	for _, i := range r.Perm(2)[:1+r.IntN(2)] {
+		ms = append(ms, genModule(r, names[i]))
+	}
+	return ms
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,422 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is a daemon of the run: its log, and how it ended.
+type proc struct {
+	name string // serve, n1/executor, n1/agent
+	log  string
+	cmd  *exec.Cmd
+	// ended is closed when the process has been waited for.
+	ended chan struct{}
+	// expected is set before the run ends it on purpose: its exit is no
+	// violation.
+	expected bool
+	stopped  bool
+	// scanned is how much of the log the panic scan has read.
+	scanned int64
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.ended:
+		return false
+	default:
+		return true
+	}
+}
+
+// node is one machine: its own state directories and socket, its own
+// network namespace (the executor's, with a private /run/wireguard, so
+// that its overlay touches nothing of the machine's), its scratch tree.
+type node struct {
+	name   string
+	base   string
+	state  string // the executor's state: a small tmpfs, so it can be filled
+	agent  string // the agent's state directory
+	sock   string
+	tree   string
+	wg     string // bind-mounted on /run/wireguard in the executor's mount namespace
+	netns  string // /run/netns name
+	exec   *proc
+	agentP *proc
+	// revoked is what the control side acknowledged.
+	revoked bool
+	// acked is the newest sequence the control side acknowledged for it.
+	acked uint64
+	// filler is the file that fills the state's tmpfs.
+	filler string
+	// known, until knownUntil, is the known fault a violation on this node
+	// is counted under.
+	known      string
+	knownUntil int
+	// Between convergences: the tree and the newest report seen when the
+	// node was last quiet, and the rescue lines since.
+	before     map[string]entry
+	lastReport uint64
+	rescue     []line
+}
+
+// world is the whole run: the control side, the nodes, the figures.
+type world struct {
+	cfg    config
+	bin    string
+	base   string
+	ctl    string
+	port   int
+	serve  *proc
+	nodes  []*node
+	procs  []*proc
+	out    io.Writer
+	mu     sync.Mutex
+	faults map[string]int
+	checks map[string]int
+	// violations and known are the invariants that failed: each fails
+	// the run, or is counted under its known fault.
+	violations []string
+	known      map[string]int
+	stepN      int
+	cleanup    []func()
+	overlay    bool
+	spares     int
+	spareNames []string
+}
+
+func (w *world) logf(format string, a ...any) {
+	fmt.Fprintf(w.out, format+"\n", a...)
+}
+
+func (w *world) cli(timeout time.Duration, stdin string, name string, args ...string) (string, int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(w.bin, name), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	out.Write(errb.Bytes())
+	if ctx.Err() != nil {
+		return out.String(), -1, fmt.Errorf("%s %s: no answer in %s", name, strings.Join(args, " "), timeout)
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+		err = nil
+	}
+	return out.String(), code, err
+}
+
+// control runs a mesh-control client command against the run's control
+// side.
+func (w *world) control(args ...string) (string, int, error) {
+	args = append(args, "--dir", w.ctl)
+	return w.cli(90*time.Second, "", "mesh-control", args...)
+}
+
+func (w *world) start(name string, argv []string) *proc {
+	logPath := filepath.Join(w.base, "logs", strings.ReplaceAll(name, "/", "-")+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		panic(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	fi, _ := f.Stat()
+	p := &proc{name: name, log: logPath, cmd: cmd, ended: make(chan struct{}), scanned: fi.Size()}
+	if err := cmd.Start(); err != nil {
+		panic(fmt.Sprintf("start %s: %v", name, err))
+	}
+	go func() { cmd.Wait(); f.Close(); close(p.ended) }()
+	w.procs = append(w.procs, p)
+	return p
+}
+
+// end stops p on purpose and waits for it.
+func (w *world) end(p *proc, sig syscall.Signal) {
+	p.expected = true
+	if p.stopped {
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		p.stopped = false
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.ended:
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.ended
+	}
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// eventually polls f until it holds or bound passes; a bound hit is said.
+func (w *world) eventually(bound time.Duration, f func() bool) bool {
+	deadline := time.Now().Add(bound)
+	for !f() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return true
+}
+
+func (w *world) startServe() {
+	w.serve = w.start("serve", []string{filepath.Join(w.bin, "mesh-control"), "serve", "--dir", w.ctl,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", w.port)})
+	if !w.eventually(60*time.Second, func() bool { _, code, err := w.control("nodes"); return err == nil && code == 0 }) {
+		w.violate(nil, "serve-up", "mesh-control serve did not answer `nodes` within 60s of its start")
+	}
+}
+
+// executorArgv is the executor's command line: in a mount namespace of
+// its own where the node's wireguard directory is /run/wireguard, and in
+// the node's network namespace, so that the wireguard-go it starts is the
+// node's alone and outlives the executor as it would on a machine.
+func (w *world) executorArgv(n *node, state, sock string) []string {
+	script := fmt.Sprintf(`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.wg, n.netns)
+	return []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
+		filepath.Join(w.bin, "mesh-executor"), "serve", "--state", state, "--socket", sock,
+		"--agent-user", "nobody", "--agent-state", n.agent, "--drift", "0", "--build", "chaos"}
+}
+
+func (w *world) startExecutor(n *node) {
+	argv := w.executorArgv(n, n.state, n.sock)
+	p := w.start(n.name+"/executor", argv)
+	n.exec = p
+	if !w.eventually(30*time.Second, func() bool { _, err := os.Stat(n.sock); return err == nil || !p.running() }) || !p.running() {
+		w.violate(n, "executor-up", "%s: the executor's socket %s did not appear within 30s of its start", n.name, n.sock)
+	}
+}
+
+func (w *world) agentArgv(n *node) []string {
+	return []string{filepath.Join(w.bin, "mesh-agent"), "--socket", n.sock, "--user", "nobody",
+		"--state", n.agent, "--config", filepath.Join(n.agent, "config.json"), "--heartbeat", "1s", "--enrol-poll", "200ms"}
+}
+
+func (w *world) startAgent(n *node) {
+	n.agentP = w.start(n.name+"/agent", w.agentArgv(n))
+}
+
+// setup makes the control side and the nodes, each enrolled with a token
+// as an operator would.
+func (w *world) setup() error {
+	w.ctl = filepath.Join(w.base, "control")
+	w.port = freePort()
+	os.MkdirAll(filepath.Join(w.base, "logs"), 0o755)
+	if out, code, err := w.cli(time.Minute, "", "mesh-control", "init", "--dir", w.ctl, "--url", fmt.Sprintf("tls://127.0.0.1:%d", w.port)); err != nil || code != 0 {
+		return fmt.Errorf("mesh-control init: %v %d\n%s", err, code, out)
+	}
+	w.startServe()
+	if err := os.MkdirAll("/run/wireguard", 0o755); err != nil {
+		return err
+	}
+	for i := 1; i <= w.cfg.nodes; i++ {
+		n := &node{name: fmt.Sprintf("n%d", i)}
+		n.base = filepath.Join(w.base, n.name)
+		n.state = filepath.Join(n.base, "executor")
+		n.agent = filepath.Join(n.base, "agent")
+		n.sock = filepath.Join(n.base, "run", "executor.sock")
+		n.tree = filepath.Join(n.base, "tree")
+		n.wg = filepath.Join(n.base, "wireguard")
+		n.netns = fmt.Sprintf("chaos%d-%s", os.Getpid()%100000, n.name)
+		n.filler = filepath.Join(n.state, "zz-filler")
+		for _, d := range []string{n.state, n.tree, n.wg, filepath.Join(n.tree, "L"), filepath.Join(n.tree, "R"), filepath.Join(n.tree, "found")} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		os.Chmod(n.base, 0o755)
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", n.state).CombinedOutput(); err != nil {
+			return fmt.Errorf("a tmpfs for %s's state: %v %s", n.name, err, out)
+		}
+		w.cleanup = append(w.cleanup, func() { exec.Command("umount", "-l", n.state).Run() })
+		if out, err := exec.Command("ip", "netns", "add", n.netns).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip netns add %s: %v %s", n.netns, err, out)
+		}
+		w.cleanup = append(w.cleanup, func() { w.endNetns(n) })
+		// What the host did not create: never declared, never touched.
+		os.WriteFile(filepath.Join(n.tree, "found", "notes"), []byte("the machine's own\n"), 0o600)
+		os.WriteFile(filepath.Join(n.tree, "L", "found-beside"), []byte("found beside the mesh's\n"), 0o644)
+		w.nodes = append(w.nodes, n)
+		w.startExecutor(n)
+		w.startAgent(n)
+		if err := w.enrol(n, "--new", "--name", n.name); err != nil {
+			return err
+		}
+	}
+	for _, n := range w.nodes {
+		if !w.converged(n, w.cfg.bound) {
+			return fmt.Errorf("%s never heard from after enrolment", n.name)
+		}
+		n.before = snapshot(n.tree)
+		n.lastReport = w.newestReport(n)
+	}
+	return nil
+}
+
+// enrol issues a token (tokenArgs) and enrols n's executor with it.
+func (w *world) enrol(n *node, tokenArgs ...string) error {
+	tok, code, err := w.control(append([]string{"token", "issue"}, tokenArgs...)...)
+	if err != nil || code != 0 {
+		return fmt.Errorf("token issue %v: %v exit %d\n%s", tokenArgs, err, code, tok)
+	}
+	token := lastLine(tok)
+	out, code, err := w.cli(2*time.Minute, token+"\n", "mesh-executor", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s")
+	if err != nil || code != 0 {
+		return fmt.Errorf("enrol %s: %v exit %d\n%s", n.name, err, code, out)
+	}
+	n.revoked = false
+	return nil
+}
+
+func lastLine(s string) string {
+	// The token is what token issue prints on standard output; the rest
+	// (what to do with it) is on standard error, merged here.
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.Contains(l, " ") {
+			return l
+		}
+	}
+	return strings.TrimSpace(s)
+}
+
+// endNetns ends what lives on in the node's network namespace (its
+// wireguard-go) and removes the namespace.
+func (w *world) endNetns(n *node) {
+	target, err := os.Stat("/run/netns/" + n.netns)
+	if err == nil {
+		pids, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+		for _, p := range pids {
+			if fi, err := os.Stat(p); err == nil && os.SameFile(fi, target) {
+				if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil && pid != os.Getpid() {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	}
+	exec.Command("ip", "netns", "del", n.netns).Run()
+}
+
+func (w *world) close() {
+	for _, p := range w.procs {
+		if p.running() {
+			w.end(p, syscall.SIGTERM)
+		}
+	}
+	for i := len(w.cleanup) - 1; i >= 0; i-- {
+		w.cleanup[i]()
+	}
+}
+
+// The tree, as an operator would compare it: each path's type, mode and
+// content digest.
+type entry struct {
+	dir    bool
+	mode   os.FileMode
+	digest [32]byte
+}
+
+func snapshot(root string) map[string]entry {
+	m := map[string]entry{}
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || p == root {
+			return nil
+		}
+		e := entry{dir: fi.IsDir(), mode: fi.Mode()}
+		if fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			e.digest = sha256.Sum256(b)
+		}
+		m[p] = e
+		return nil
+	})
+	return m
+}
+
+// panicLine is what a Go runtime crash leaves in a log.
+var panicLine = regexp.MustCompile(`(?m)^(panic: |fatal error: |goroutine \d+ \[)`)
+
+// scanPanics reads what each log gained since the last scan.
+func (w *world) scanPanics() {
+	for _, p := range w.procs {
+		f, err := os.Open(p.log)
+		if err != nil {
+			continue
+		}
+		f.Seek(p.scanned, 0)
+		var buf bytes.Buffer
+		n, _ := buf.ReadFrom(f)
+		f.Close()
+		p.scanned += n
+		w.check("no-panic")
+		if loc := panicLine.FindIndex(buf.Bytes()); loc != nil {
+			end := loc[0] + 1500
+			if end > buf.Len() {
+				end = buf.Len()
+			}
+			w.violate(w.nodeOfProc(p), "no-panic", "%s panicked:\n%s", p.name, buf.Bytes()[loc[0]:end])
+		}
+	}
+}
+
+func (w *world) nodeOfProc(p *proc) *node {
+	for _, n := range w.nodes {
+		if strings.HasPrefix(p.name, n.name+"/") {
+			return n
+		}
+	}
+	return nil
+}
+
+func (w *world) check(name string) {
+	w.checks[name]++
+}
+
+// violate records an invariant that failed, under the node's known fault
+// if one is in force there.
+func (w *world) violate(n *node, inv string, format string, a ...any) {
+	msg := fmt.Sprintf("step %d: invariant %s: %s", w.stepN, inv, fmt.Sprintf(format, a...))
+	if n != nil && n.known != "" && w.stepN <= n.knownUntil && !w.cfg.strict {
+		w.known[n.known]++
+		w.logf("  KNOWN (%s) %s", n.known, msg)
+		return
+	}
+	w.violations = append(w.violations, msg)
+	w.logf("  VIOLATION %s", msg)
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

@@ -65,12 +65,18 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	if err != nil {
 		return refuse(wire.CodeInvalid, "%v", err)
 	}
+	s.applyMu.Lock() // one thing at a time: a plan reads what an apply writes
+	defer s.applyMu.Unlock()
+	// Its time again, and the store read, once the lock is held: a plan
+	// that waited behind a long apply may be past its time now, and is
+	// planned against what that apply left, not what was before it.
+	if time.Now().After(req.NotAfter) {
+		return refuse(wire.CodeReplay, "the plan request was good until %s; it is past (it waited for an apply; this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+	}
 	st, _, err := store.Peek(s.cfg.StateDir)
 	if err != nil {
 		return refuse(wire.CodeInternal, "%v", err)
 	}
-	s.applyMu.Lock() // one thing at a time: a plan reads what an apply writes
-	defer s.applyMu.Unlock()
 	diffs := map[string]string{}
 	failed, failedWhy := s.failedRelease()
 	rep := engine.Apply(ctx, st, d, req.Declaration, engine.Options{Source: store.Link, NodeID: id.Node, Plan: true, Partial: s.cfg.Partial, Log: s.log,

@@ -161,3 +161,29 @@ func nonAction() []string {
 	}
 	return out
 }
+
+// A plan that waits behind an apply past its time is not planned: its time
+// is checked again once the apply lock is held.
+func TestAPlanThatWaitedPastItsTimeIsRefused(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	body, _ := json.Marshal(wire.PlanRequest{Node: "n1", Enrolment: "e-1", ID: "late", NotAfter: time.Now().Add(2 * time.Second),
+		Declaration: e.decl("n1", "e-1", 0, file("motd", "v1\n"))})
+	env, err := wire.Seal(e.priv, wire.PurposePlan, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.dial()
+	e.srv.applyMu.Lock() // an apply that takes its time
+	if err := c.Write(wire.KindPlan, &wire.Plan{Envelope: env}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	e.srv.applyMu.Unlock()
+	k, reply, err := c.Read()
+	if err != nil || k != wire.KindPlanReply {
+		t.Fatalf("%v %+v %v", k, reply, err)
+	}
+	if p := reply.(*wire.PlanReply); p.Outcome != shapes.Refused || p.Code != wire.CodeReplay || !strings.Contains(p.Refused, "it waited for an apply") {
+		t.Fatalf("a plan that waited past its time: %+v", p)
+	}
+}

@@ -801,7 +801,7 @@ func (c *cli) printReport(r *SignedReport) {
 		head += "  (reconcile after the link came back)"
 	}
 	if r.Duplicate {
-		head += "  (already applied: nothing done)"
+		head += "  (already applied: nothing done now; its lines are of when it was)"
 	}
 	fmt.Fprintf(c.stdout, "%s  %s\n", r.At.Local().Format(time.RFC3339), head)
 	if !r.DisconnectedFrom.IsZero() {

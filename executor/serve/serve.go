@@ -730,7 +730,15 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	switch {
 	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
+		// Applied already (the agent hands it over again after a
+		// connection broke before the verdict): nothing is done, and the
+		// report says what that apply did, so it never loses its lines.
 		v.Outcome, v.Duplicate = s.lastOutcome(), true
+		if kept := readKeptLines(s.cfg.StateDir, d.Seq, digest); kept != nil && emit != nil {
+			for _, l := range kept {
+				emit(l)
+			}
+		}
 		return v
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
@@ -763,6 +771,11 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
 	s.record(st, store.Link, "declaration", rep, time.Since(began))
+	if rep.Outcome != shapes.Refused {
+		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
+			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
+		}
+	}
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)

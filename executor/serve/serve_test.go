@@ -189,10 +189,11 @@ func TestPushedDeclarationIsVerifiedAppliedAndStreamed(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "hello\n" {
 		t.Fatal("not applied")
 	}
-	// Re-delivery of the same bytes: a no-op that says so.
+	// Re-delivery of the same bytes: a no-op that says so, with the lines
+	// of the apply it repeats (a report sent again never loses them).
 	os.WriteFile(filepath.Join(e.root, "motd"), []byte("drift"), 0o644)
 	lines, v = e.push(c, env1)
-	if !v.Duplicate || len(lines) != 0 || v.Outcome != shapes.Applied {
+	if !v.Duplicate || len(lines) != 1 || lines[0].Outcome != shapes.Applied || v.Outcome != shapes.Applied {
 		t.Fatalf("re-delivery: %+v %+v", v, lines)
 	}
 	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "drift" {

@@ -92,3 +92,45 @@ func TestEveryFaultIsUndone(t *testing.T) {
 		}
 	}
 }
+
+// The machine checks can fail: a change no line says, a change outside
+// what the mesh declares, a file whose content or mode is not what its
+// claim says.
+func TestTheMachineChecksCanFail(t *testing.T) {
+	n := &node{name: "n1", tree: "/t"}
+	before := map[string]entry{"/t/L/a": {dir: true, mode: 0o755}, "/t/found/notes": {mode: 0o600}}
+	after := map[string]entry{"/t/L/a": {dir: true, mode: 0o755}, "/t/L/a/x": {mode: 0o644}, "/t/found/notes": {mode: 0o644}}
+	ch := changes(before, after)
+	if len(ch) != 2 || ch["/t/L/a/x"] != "created" || ch["/t/found/notes"] != "changed" {
+		t.Fatalf("changes: %v", ch)
+	}
+	said := []line{{Module: "a", ID: "f_x", Outcome: "applied"}}
+	if msg := unexplained(n, "/t/L/a/x", "created", said); msg != "" {
+		t.Errorf("a change a line says: %s", msg)
+	}
+	if msg := unexplained(n, "/t/L/a/x", "created", []line{{Module: "a", ID: "f_x", Outcome: "unchanged"}}); msg == "" {
+		t.Error("a change only an unchanged line names passed")
+	}
+	if msg := unexplained(n, "/t/found/notes", "changed", said); !strings.Contains(msg, "nothing declares it") {
+		t.Errorf("a change outside the declared: %q", msg)
+	}
+	o := ownedEntry{}
+	o.Claims = append(o.Claims, struct {
+		Source string `json:"source"`
+		Module string `json:"module"`
+		ID     string `json:"id"`
+	}{"link", "a", "f_x"})
+	good := []byte(fileContent("a", "f_x", fileRes{Name: "x", Mode: "0640", Version: 2}))
+	if msg := fileMatches(good, 0o640, o); msg != "" {
+		t.Errorf("a file as declared: %s", msg)
+	}
+	if msg := fileMatches(good, 0o644, o); !strings.Contains(msg, "mode 0644") {
+		t.Errorf("a file with another mode: %q", msg)
+	}
+	if msg := fileMatches([]byte(fileContent("b", "f_x", fileRes{Mode: "0640"})), 0o640, o); msg == "" {
+		t.Error("another resource's content passed")
+	}
+	if msg := fileMatches([]byte("truncated"), 0o640, o); msg == "" {
+		t.Error("content the mesh never declared passed")
+	}
+}

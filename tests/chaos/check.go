@@ -94,7 +94,9 @@ func (w *world) newestReport(n *node) uint64 {
 	return max
 }
 
-// linkSeq is the sequence the node's own store says the link applied.
+// linkSeq is the sequence the node's own store says the link applied,
+// once the node says its link is up: a quiet node is a linked one, so the
+// next step's plan reaches it.
 func (w *world) linkSeq(n *node) (uint64, error) {
 	out, code, err := w.cli(time.Minute, "", "mesh-executor", "status", "--state", n.state, "--json")
 	if err != nil || code != 0 {
@@ -104,9 +106,15 @@ func (w *world) linkSeq(n *node) (uint64, error) {
 		Sources map[string]struct {
 			Seq uint64 `json:"seq"`
 		} `json:"sources"`
+		Link struct {
+			Up bool `json:"up"`
+		} `json:"link"`
 	}
 	if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
 		return 0, err
+	}
+	if !st.Link.Up {
+		return 0, fmt.Errorf("the node's link is down (mesh-executor status)")
 	}
 	return st.Sources["link"].Seq, nil
 }
@@ -198,7 +206,7 @@ func (w *world) quiet(n *node) bool {
 	return n.exec.running() && !n.exec.stopped && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked
 }
 
-// checkAcknowledged: every node enrolled and token issued is listed,
+// checkAcknowledged: every node enrolled is listed,
 // every acknowledged sequence is the newest declared or older, every
 // acknowledged revocation stands.
 func (w *world) checkAcknowledged() {
@@ -218,12 +226,6 @@ func (w *world) checkAcknowledged() {
 			w.violate(n, "acknowledged-kept", "node %s: declared %d, but seq %d was acknowledged", n.name, v.Declared, n.acked)
 		case n.revoked && v.State != "revoked":
 			w.violate(n, "acknowledged-kept", "node %s: revoked, but listed as %q", n.name, v.State)
-		}
-	}
-	for _, s := range w.spareNames {
-		w.check("acknowledged-kept")
-		if _, ok := vs[s]; !ok {
-			w.violate(nil, "acknowledged-kept", "the node %s a token was issued for is not listed by mesh-control nodes", s)
 		}
 	}
 }
@@ -367,7 +369,6 @@ func (w *world) checkReportDigests(n *node, after map[string]entry) {
 // checkChanges: each path that changed since the node was last quiet is
 // one the mesh declares, and a report line (or a rescue's) says it.
 func (w *world) checkChanges(n *node, after map[string]entry) {
-	said := map[string][]string{}
 	var lines []line
 	for _, r := range w.reports(n) {
 		if r.StreamSeq > n.lastReport {
@@ -375,17 +376,24 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 		}
 	}
 	lines = append(lines, n.rescue...)
-	for _, l := range lines {
-		switch l.Outcome {
-		case "unchanged", "held", "kept", "forgotten":
-			continue
-		}
-		if p := idPath(n, l.Module, l.ID); p != "" {
-			said[p] = append(said[p], l.Outcome)
+	for p, what := range changes(n.before, after) {
+		w.check("nothing-outside")
+		w.check("report-says-change")
+		if msg := unexplained(n, p, what, lines); msg != "" {
+			inv := "report-says-change"
+			if !declarable(n, p) {
+				inv = "nothing-outside"
+			}
+			w.violate(n, inv, "%s: %s", n.name, msg)
 		}
 	}
+}
+
+// changes is each path created, removed or changed (type, mode, content)
+// between two snapshots.
+func changes(before, after map[string]entry) map[string]string {
 	changed := map[string]string{}
-	for p, b := range n.before {
+	for p, b := range before {
 		a, ok := after[p]
 		switch {
 		case !ok:
@@ -395,21 +403,30 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 		}
 	}
 	for p := range after {
-		if _, ok := n.before[p]; !ok {
+		if _, ok := before[p]; !ok {
 			changed[p] = "created"
 		}
 	}
-	for p, what := range changed {
-		w.check("nothing-outside")
-		if !declarable(n, p) {
-			w.violate(n, "nothing-outside", "%s: %s was %s, and nothing declares it", n.name, p, what)
+	return changed
+}
+
+// unexplained says why the change what at p is not one the mesh made and
+// said: outside what it declares, or with no line of a report saying it
+// changed that resource; "" when it is.
+func unexplained(n *node, p, what string, lines []line) string {
+	if !declarable(n, p) {
+		return fmt.Sprintf("%s was %s, and nothing declares it", p, what)
+	}
+	for _, l := range lines {
+		switch l.Outcome {
+		case "unchanged", "held", "kept", "forgotten":
 			continue
 		}
-		w.check("report-says-change")
-		if len(said[p]) == 0 {
-			w.violate(n, "report-says-change", "%s: %s was %s since the node was last quiet, and no report line says so", n.name, p, what)
+		if idPath(n, l.Module, l.ID) == p {
+			return ""
 		}
 	}
+	return fmt.Sprintf("%s was %s since the node was last quiet, and no report line says so", p, what)
 }
 
 func tailOf(path string, max int) string {

@@ -31,8 +31,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"time"
 )
 
@@ -112,7 +114,20 @@ func run(c config, out io.Writer) (result, error) {
 		}
 	}
 	steps := planSteps(c.seed, c.steps, c.nodes)
+	// Interrupted, the run still ends what it started: the agents have
+	// dropped to another user, so the parent's death does not reach them.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; ok {
+			fmt.Fprintf(mw, "chaos: interrupted at step %d; ending what the run started\n", w.stepN)
+			w.close()
+			os.Exit(130)
+		}
+	}()
 	defer func() {
+		signal.Stop(sig)
+		close(sig)
 		w.close()
 		if !c.keep && len(w.violations) == 0 {
 			os.RemoveAll(base)

@@ -97,7 +97,6 @@ type world struct {
 	cleanup    []func()
 	overlay    bool
 	spares     int
-	spareNames []string
 }
 
 func (w *world) logf(format string, a ...any) {
@@ -256,7 +255,7 @@ func (w *world) setup() error {
 			}
 		}
 		os.Chmod(n.base, 0o755)
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", n.state).CombinedOutput(); err != nil {
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", n.state).CombinedOutput(); err != nil {
 			return fmt.Errorf("a tmpfs for %s's state: %v %s", n.name, err, out)
 		}
 		w.cleanup = append(w.cleanup, func() { exec.Command("umount", "-l", n.state).Run() })

@@ -715,10 +715,24 @@ func (a *Agent) pollWait() time.Duration {
 // the agent a few reads at most, and any body, which is checked as a read
 // declaration is (signature, purpose, address, sequence) before anything
 // reaches the executor.
+//
+// What is not a notice is dropped without a word: a message whose headers
+// name another subject than the node's own declarations (the answer to
+// another node's request, which that node named as its reply: the broker
+// delivers it here), or one that carries no sequence at all (a publish
+// acknowledgement sent here the same way). Reporting them would let
+// another node make this one say it refused things.
 func (a *Agent) notice(m *nats.Msg) {
+	if subj := m.Header.Get(link.HeaderSubject); subj != "" && subj != a.id.Subjects.Decl {
+		a.log.Debug("dropped a notice that names another subject", "subject", subj)
+		return
+	}
 	seq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
 	if err != nil || seq == 0 {
-		seq, _ = strconv.ParseUint(string(m.Data), 10, 64)
+		if seq, err = strconv.ParseUint(string(m.Data), 10, 64); err != nil || seq == 0 {
+			a.log.Debug("dropped a notice that names no sequence")
+			return
+		}
 	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
 		c := &declMsg{data: m.Data, sseq: seq}
 		for {

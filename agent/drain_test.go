@@ -337,3 +337,49 @@ func agentConnName(t *testing.T, c *controlSide, id *agent.Identity) string {
 	}
 	return ""
 }
+
+// What another node makes the broker deliver to this node's notice
+// subject — the answer to a read of its own declaration, or the
+// acknowledgement of its own report, each sent here by naming this node's
+// notice as the reply — is no notice: dropped without a report (else n1
+// could make n2 say it refused things) and nothing reaches n2's executor;
+// a genuine notice after them is taken.
+func TestAnotherNodesAnswerIsNoNotice(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id1, _ := c.addNode("n1")
+	id2, _ := c.addNode("n2")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id2, ex.path) // the timer minutes away: only notices wake it
+	waitFor(t, "n2's first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	s2 := c.declare("n2", fmt.Sprintf(motd, 1))
+	c.reports("n2", "n2's declaration applied", hasReport(s2, shapes.Applied))
+	// n1's declaration is newer on the stream than n2's: its answer, sent
+	// to n2, names a stream sequence n2 has not seen.
+	s1 := c.declare("n1", fmt.Sprintf(motd, 1))
+
+	nc, err := agent.Dial(id1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for range 3 {
+		if err := nc.PublishRequest(id1.Subjects.DeclGet, id2.Subjects.Notice, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishRequest(id1.Subjects.Report, id2.Subjects.Notice, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Flush()
+	// A genuine one after them, so the wait below has an end.
+	s3 := c.declare("n2", fmt.Sprintf(motd, 2))
+	rs := c.reports("n2", "n2's next declaration applied", hasReport(s3, shapes.Applied))
+	for _, r := range rs {
+		if r.Outcome == shapes.Refused {
+			t.Fatalf("n2 reported a refusal of what n1 sent it: %s", describe(rs))
+		}
+	}
+	if decls, _, garbage := ex.snapshot(); !slices.Equal(decls, []uint64{s2, s3}) || len(garbage) != 0 {
+		t.Fatalf("n2's executor got %v (garbage %q), want %v; n1's declaration was %d", decls, garbage, []uint64{s2, s3}, s1)
+	}
+}

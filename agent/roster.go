@@ -26,9 +26,26 @@ import (
 const rosterJitter = time.Second
 
 // rosterNotice is the handler of the roster's notices: a node whose
-// declaration takes no peers from the roster ignores them.
-func (a *Agent) rosterNotice(*nats.Msg) {
-	if !a.state.get().UsesRoster {
+// declaration takes no peers from the roster ignores them, and so does one
+// that holds that roster already or whose notice names no roster newer
+// than it — the one subject every node hears, a message another node sent
+// here as the reply of its own request (a read of the roster, a publish's
+// acknowledgement) would otherwise set off a read on every node.
+func (a *Agent) rosterNotice(m *nats.Msg) {
+	st := a.state.get()
+	if !st.UsesRoster {
+		return
+	}
+	if subj := m.Header.Get(link.HeaderSubject); subj != "" && subj != link.RosterSubject {
+		return
+	}
+	seq, err := strconv.ParseUint(string(m.Data), 10, 64)
+	if err != nil || seq == 0 {
+		if seq, err = strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64); err != nil || seq == 0 {
+			return
+		}
+	}
+	if seq <= st.LastRosterStreamSeq {
 		return
 	}
 	time.AfterFunc(rand.N(rosterJitter), func() {

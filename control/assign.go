@@ -258,6 +258,9 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 	if err != nil {
 		return nil, err
 	}
+	if err := c.checkProfile(ctx, node, module, resources); err != nil {
+		return nil, err
+	}
 	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
 		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC(), PendingFrom: max(rec.NextSeq, 1)}
 		for i := range a.Modules {
@@ -403,6 +406,9 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 func (c *Client) ComposeWith(ctx context.Context, node string, data []byte) ([]byte, error) {
 	module, resources, err := ReadModule(data)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.checkProfile(ctx, node, module, resources); err != nil {
 		return nil, err
 	}
 	s, err := c.Overlay(ctx)

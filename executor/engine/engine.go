@@ -169,6 +169,9 @@ type run struct {
 	// declared is each resource's claim and the target it manages now: a
 	// resource that moves to another path leaves its old one undeclared.
 	declared map[claimTarget]bool
+	// declaredTargets: what declares each target of declared, made when
+	// first needed, once every step has declared its own (declaredBy).
+	declaredTargets map[string]string
 	// unsealed is each sealed file's content, opened by check before
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.

@@ -172,7 +172,7 @@ func (r *run) service(st *step, rest int) {
 		if e == nil && orig.Absent { // a new record always has orig
 			// Nothing to do to it, but it is new: the mesh brought it.
 			st.line.Outcome = shapes.Applied
-			st.line.Detail += "; brought by " + broughtBy + " (found absent): undeclaring stops and disables it"
+			st.line.Detail += "; brought by " + broughtBy + " (found absent): " + absentGiveBack(svc)
 		}
 		if !r.opt.Plan && (e == nil || e.Digest != desired || !e.Claimed(st.claim) || e.Held || !sameOriginal(orig, e.Original)) {
 			if err := r.st.Put(n); err != nil {
@@ -258,6 +258,18 @@ func (r *run) service(st *step, rest int) {
 	r.serviceDone(st, svc, start)
 }
 
+// absentGiveBack says, for a unit found absent, what undeclaring svc will
+// do to it once nothing that brought it is declared (planServiceRemoval).
+func absentGiveBack(svc *shapes.Service) string {
+	switch {
+	case svc.State != "":
+		return "undeclaring stops and disables it"
+	case svc.Enabled != nil:
+		return "declared with no state, undeclaring never stops it; it disables it"
+	}
+	return "declared with no state, undeclaring never stops or disables it"
+}
+
 // foundAbsent says what brought the unit svc declares (unit, by the init's
 // name for it) when it was absent before the mesh, "" when it was not:
 //
@@ -306,6 +318,78 @@ func (r *run) foundAbsent(svc *shapes.Service, unit string) (string, error) {
 	// Recorded once, the found state cannot be guessed: the line fails,
 	// nothing is recorded, and the next apply asks again.
 	return "", fmt.Errorf("cannot tell whether %s comes with a package the host installed, so not the state it was found in either: %w", unit, err)
+}
+
+// stillBrought says what, of what brought a unit found absent, a
+// declaration still names once this apply is done — "" when nothing does:
+//
+//   - a unit file defining it (unitDefinitions) that a declaration still
+//     declares;
+//   - a package that owns the unit's file, by the package manager's own
+//     database, that a declaration still declares: of this source, under
+//     any module or id, or of another source.
+//
+// A unit is given back to absent only when nothing that brought it is
+// declared any more. While base still installs openssh-server, the unit it
+// brings is base's as much as sshd's: unassigning sshd must not stop it.
+// The package manager is asked only when a package the host has a record
+// of is still declared; when it cannot say, nothing is guessed (the line
+// fails and the record stays, for the next apply to ask again).
+func (r *run) stillBrought(unit string) (string, error) {
+	for _, p := range unitDefinitions(unit) {
+		if by := r.declaredBy("path:" + p); by != "" {
+			return fmt.Sprintf("its unit file %s, which %s still declares", p, by), nil
+		}
+	}
+	pkgs := map[string]string{} // package name → what still declares it
+	for _, e := range r.st.Entries() {
+		if name, ok := strings.CutPrefix(e.Target, "package:"); ok {
+			if by := r.declaredBy(e.Target); by != "" {
+				pkgs[name] = by
+			}
+		}
+	}
+	if len(pkgs) == 0 {
+		return "", nil
+	}
+	mgr, err := r.packages()
+	if err == nil {
+		var owners []string
+		if owners, err = mgr.owners(r.ctx, unitDefinitions(unit)); err == nil {
+			for _, o := range owners {
+				if by, ok := pkgs[o]; ok {
+					return fmt.Sprintf("package %s, which %s still declares", o, by), nil
+				}
+			}
+			return "", nil
+		}
+	}
+	return "", fmt.Errorf("cannot tell whether %s came with a package still declared, so not whether to give it back to absent: %w", unit, err)
+}
+
+// declaredBy names what declares target once this apply is done: a
+// resource of this declaration (module.id), or a claim of another source
+// (source:module.id); "" when nothing does.
+func (r *run) declaredBy(target string) string {
+	if r.declaredTargets == nil {
+		r.declaredTargets = make(map[string]string, len(r.declared))
+		for ct := range r.declared {
+			if _, ok := r.declaredTargets[ct.target]; !ok {
+				r.declaredTargets[ct.target] = ct.claim.Module + "." + ct.claim.ID
+			}
+		}
+	}
+	if by, ok := r.declaredTargets[target]; ok {
+		return by
+	}
+	if e := r.st.Get(target); e != nil {
+		for _, c := range e.Claims {
+			if c.Source != r.opt.Source {
+				return c.Key()
+			}
+		}
+	}
+	return ""
 }
 
 // scanDirs are the directories runit and s6 supervise from, whose entries
@@ -503,8 +587,13 @@ func declaredOf(digest string) (state string, enabled bool) {
 //     as it is — nothing is started on the way out;
 //   - its enablement only where the last declaration set enabled, and
 //     only back to disabled: one the host enabled is disabled again;
-//   - a unit found absent (this declaration's file or package brought
-//     it) is stopped and disabled: the mesh gave, the mesh takes back;
+//   - a unit found absent (a unit file or package the mesh declared
+//     brought it) is stopped and disabled once nothing that brought it is
+//     declared any more: the mesh gave, the mesh takes back. While a
+//     declaration still names its package or unit file (another module's,
+//     or the same under another id) it is forgotten, left as it is; and a
+//     unit declared with no state is never stopped, only disabled where
+//     enabled was declared;
 //   - a masked unit is never unmasked; a unit whose found state is
 //     unknown, or that is gone, is left alone.
 //
@@ -537,9 +626,30 @@ func (r *run) planServiceRemoval(st *step) {
 	state, enabledSet := declaredOf(e.Digest)
 	masked := cur.Enabled == "masked"
 	var stop, disable bool
+	var bringer string // what still declared brought a unit found absent
 	if o.Absent {
-		stop, disable = cur.Running, cur.IsEnabled() && !masked
-	} else {
+		if bringer, err = r.stillBrought(unit); err != nil {
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
+			return
+		}
+	}
+	switch {
+	case bringer != "":
+		// The package (or unit file) that brought it is still declared,
+		// by another module or under another id: the unit is that
+		// declaration's now, as much as it would be had the package
+		// been declared alone. Giving it back to absent while it stays
+		// would stop the ssh daemon base installs when sshd goes.
+	case o.Absent:
+		// The mesh gave, the mesh takes back — but only what the
+		// declaration said: a unit declared with no state was never
+		// started by the mesh, and is never stopped on its way out,
+		// whoever installed it (the container runtime a network names
+		// only for restart_on). Its enablement goes back to absent
+		// (disabled) where a state or enabled was declared.
+		stop = state != "" && cur.Running
+		disable = (state != "" || enabledSet) && cur.IsEnabled() && !masked
+	default:
 		stop = state == "running" && !o.Running && cur.Running
 		disable = enabledSet && enablementKnown(o) && !(initsys.State{Enabled: o.Enabled}).IsEnabled() && cur.IsEnabled() && !masked
 	}
@@ -547,10 +657,12 @@ func (r *run) planServiceRemoval(st *step) {
 		st.line.Outcome = shapes.Forgotten
 		var why []string
 		switch {
-		case o.Absent:
-			why = append(why, "the mesh brought it, and it is "+describeState(cur)+" already")
+		case bringer != "":
+			why = append(why, "it came with "+bringer+": a unit is given back to absent only once what brought it is undeclared")
 		case state == "":
 			why = append(why, "declared with no state: the host never started or stopped it")
+		case o.Absent:
+			why = append(why, "the mesh brought it, and it is "+describeState(cur)+" already")
 		case cur.Running && o.Running:
 			why = append(why, "it was running before the mesh")
 		case !cur.Running && o.Running:
@@ -563,7 +675,7 @@ func (r *run) planServiceRemoval(st *step) {
 		switch {
 		case masked:
 			why = append(why, "it is masked, and the host never unmasks a unit")
-		case !o.Absent && !enabledSet:
+		case bringer == "" && !enabledSet && (!o.Absent || state == ""):
 			why = append(why, "its enablement was never declared")
 		}
 		st.line.Detail = strings.Join(why, "; ") + "; left as it is (" + describeState(cur) + ")"

@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// crossHarness applies declarations composed of several modules, with a
+// transcript init and a fake package manager whose installs bring units
+// the way Debian's maintainer scripts do (started and enabled).
+type crossHarness struct {
+	*harness
+	f  *fakeInit
+	pk *fakePackages
+}
+
+func newCrossHarness(t *testing.T) *crossHarness {
+	h := &crossHarness{harness: newHarness(t), f: newFakeInit(),
+		pk: &fakePackages{have: map[string]string{}, repo: map[string]string{}, files: map[string]string{}}}
+	return h
+}
+
+// bringsUnit makes installing pkg bring unit, started and enabled by the
+// package's own scripts before the service step looks.
+func (h *crossHarness) bringsUnit(pkg, unit string) {
+	h.pk.repo[pkg] = "1.0"
+	prev := h.pk.onInstall
+	h.pk.onInstall = func(p string) {
+		if prev != nil {
+			prev(p)
+		}
+		if p == pkg {
+			h.f.add(unit, true, "enabled")
+			h.pk.brings(pkg, unit)
+		}
+	}
+}
+
+func (h *crossHarness) applyDoc(doc string, plan bool) *shapes.Report {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatalf("parse: %v\n%s", err, doc)
+	}
+	st, err := store.Open(h.state)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if !plan {
+		st.Lock(time.Second)
+		defer st.Unlock()
+	}
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: plan, packages: h.pk,
+		Init: func() (initsys.Manager, error) { return h.f, nil }})
+}
+
+// lineOf is the report's line for module.id, nil when there is none.
+func lineOf(rep *shapes.Report, module, id string) *shapes.Line {
+	for i := range rep.Lines {
+		if rep.Lines[i].Module == module && rep.Lines[i].ID == id {
+			return &rep.Lines[i]
+		}
+	}
+	return nil
+}
+
+// The lockout ADR 0118 exists to prevent, across modules. Module base
+// declares the ssh daemon's package (the host installs it; its scripts
+// start and enable the unit); module sshd declares the unit, its settings
+// and restart_on. Unassigning sshd while base is still assigned leaves the
+// daemon running and enabled: the unit came with a package a declaration
+// still names, so it is not given back to "absent". The same for the
+// container runtime a private network names only for restart_on (no
+// state): undeclaring it never stops it, whoever installed it.
+func TestUnassigningAModuleNeverStopsAUnitAnotherModulesPackageBrought(t *testing.T) {
+	pkg := func(module, name string) string {
+		return `{"module":"` + module + `","id":"` + name + `","type":"package","name":"` + name + `"}`
+	}
+	conf := func(module, id string) string {
+		return `{"module":"` + module + `","id":"` + id + `","type":"file","path":"{root}/` + module + `-` + id + `","content":"x"}`
+	}
+	service := func(module, id, unit, state, enabled, restartOn string) string {
+		s := `{"module":"` + module + `","id":"` + id + `","type":"service","unit":"` + unit + `"`
+		if state != "" {
+			s += `,"state":"` + state + `"`
+		}
+		if enabled != "" {
+			s += `,"enabled":` + enabled
+		}
+		return s + `,"restart_on":["` + restartOn + `"]}`
+	}
+	for _, c := range []struct {
+		name, pkg, unit string
+		// kept: the declaration that stays; all: it and the module
+		// unassigned, which names the unit.
+		kept, all []string
+		module    string // the unassigned module
+		detail    string // what the unassigned unit's line says
+	}{
+		{name: "sshd unassigned, base keeps openssh-server", pkg: "openssh-server", unit: "ssh.service",
+			kept:   []string{pkg("base", "openssh-server")},
+			all:    []string{pkg("base", "openssh-server"), conf("sshd", "config"), service("sshd", "ssh", "ssh", "running", "true", "config")},
+			module: "sshd", detail: "it came with package openssh-server, which base.openssh-server still declares"},
+		{name: "net unassigned, the runtime named only for restart_on", pkg: "containerd", unit: "docker.service",
+			kept:   []string{pkg("runtime", "containerd")},
+			all:    []string{pkg("runtime", "containerd"), conf("net", "registry"), service("net", "docker", "docker", "", "", "registry")},
+			module: "net", detail: "left as it is (running, enabled)"},
+		{name: "net unassigned with its package, the runtime named only for restart_on", pkg: "containerd", unit: "docker.service",
+			kept:   nil,
+			all:    []string{pkg("net", "containerd"), conf("net", "registry"), service("net", "docker", "docker", "", "", "registry")},
+			module: "net", detail: "declared with no state: the host never started or stopped it; its enablement was never declared; left as it is (running, enabled)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newCrossHarness(t)
+			h.bringsUnit(c.pkg, c.unit)
+			if rep := h.applyDoc(h.doc(c.all...), false); rep.Outcome == shapes.Failed {
+				t.Fatalf("assign: %+v", rep.Lines)
+			}
+			h.f.transcript()
+			kept := h.doc(c.kept...)
+			plan := h.applyDoc(kept, true)
+			rep := h.applyDoc(kept, false)
+			id := strings.TrimSuffix(c.unit, ".service")
+			l, pl := lineOf(rep, c.module, id), lineOf(plan, c.module, id)
+			if got := h.f.transcript(); got != "" {
+				t.Fatalf("unassigning %s asked the init: %q (%+v)", c.module, got, l)
+			}
+			if l == nil || l.Outcome != shapes.Forgotten || !strings.Contains(l.Detail, c.detail) {
+				t.Fatalf("unassigning %s: %+v; want forgotten saying %q", c.module, l, c.detail)
+			}
+			if pl == nil || pl.Outcome != l.Outcome || pl.Detail != l.Detail {
+				t.Fatalf("the plan said %+v, the apply %+v", pl, l)
+			}
+			if u := h.f.units[c.unit]; !u.Running || u.Enabled != "enabled" {
+				t.Fatalf("%s is %+v", c.unit, u)
+			}
+			// Then the package's module goes too: the package is
+			// forgotten, never uninstalled, and the unit it brought,
+			// which no declaration names now, is left as it is.
+			if c.kept != nil {
+				h.applyDoc(h.doc(), false)
+				if got := h.f.transcript(); got != "" {
+					t.Fatalf("unassigning the package's module asked the init: %q", got)
+				}
+			}
+		})
+	}
+}
+
+// The other order: the package's module goes first (the package is
+// forgotten, never uninstalled), then the unit's. Nothing that brought the
+// unit is declared any more, so it is given back to absent: stopped and
+// disabled, the mesh having given it. And a package another source still
+// declares (the bundle) keeps the unit as it is, as one of this source does.
+func TestAUnitIsGivenBackToAbsentOnlyOnceItsPackageIsUndeclared(t *testing.T) {
+	pkg := `{"module":"base","id":"sshd-pkg","type":"package","name":"openssh-server"}`
+	service := `{"module":"sshd","id":"ssh","type":"service","unit":"ssh","state":"running","enabled":true}`
+	t.Run("package first, then the unit", func(t *testing.T) {
+		h := newCrossHarness(t)
+		h.bringsUnit("openssh-server", "ssh.service")
+		h.applyDoc(h.doc(pkg, service), false)
+		h.f.transcript()
+		rep := h.applyDoc(h.doc(service), false)
+		if got := h.f.transcript(); got != "" || lineOf(rep, "base", "sshd-pkg").Outcome != shapes.Forgotten {
+			t.Fatalf("the package undeclared: %q %+v", got, rep.Lines)
+		}
+		rep = h.applyDoc(h.doc(), false)
+		if got := h.f.transcript(); got != "disable ssh.service; stop ssh.service" {
+			t.Fatalf("the unit undeclared after its package: %q %+v", got, rep.Lines)
+		}
+	})
+	t.Run("package declared by another source", func(t *testing.T) {
+		h := newCrossHarness(t)
+		h.bringsUnit("openssh-server", "ssh.service")
+		st, _ := store.Open(h.state)
+		st.Lock(time.Second)
+		d, _ := shapes.ParseTrusted([]byte(h.doc(pkg)))
+		Apply(context.Background(), st, d, []byte(h.doc(pkg)), Options{Source: store.Bundle, packages: h.pk})
+		st.Unlock()
+		h.applyDoc(h.doc(service), false)
+		h.f.transcript()
+		rep := h.applyDoc(h.doc(), false)
+		l := lineOf(rep, "sshd", "ssh")
+		if got := h.f.transcript(); got != "" || l == nil || !strings.Contains(l.Detail, "package openssh-server, which bundle:base.sshd-pkg still declares") {
+			t.Fatalf("%q %+v", got, rep.Lines)
+		}
+	})
+}

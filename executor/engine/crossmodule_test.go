@@ -192,3 +192,54 @@ func TestAUnitIsGivenBackToAbsentOnlyOnceItsPackageIsUndeclared(t *testing.T) {
 		}
 	})
 }
+
+// A resource renamed — its id in a new catalogue version, or moved to
+// another module — manages the same unit: the state the unit was first
+// found in stays with it (it is the unit's, not the id's), the rename
+// changes nothing on the machine, and undeclaring the new id gives back
+// what was found before the old one touched it. A package renamed beside
+// it still brings the unit, so its unit found absent is not given back
+// while the package is declared under its new id.
+func TestARenamedResourceKeepsTheUnitsFoundState(t *testing.T) {
+	for _, c := range []struct{ name, first, renamed string }{
+		{"new id", `{"module":"web","id":"pf","type":"service","unit":"pf","state":"running","enabled":true}`,
+			`{"module":"web","id":"packet-filter","type":"service","unit":"pf","state":"running","enabled":true}`},
+		{"another module", `{"module":"web","id":"pf","type":"service","unit":"pf","state":"running","enabled":true}`,
+			`{"module":"edge","id":"pf","type":"service","unit":"pf.service","state":"running","enabled":true}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newCrossHarness(t)
+			h.f.add("pf.service", false, "disabled")
+			h.applyDoc(h.doc(c.first), false)
+			if got := h.f.transcript(); got != "enable pf.service; start pf.service" {
+				t.Fatalf("first apply: %q", got)
+			}
+			for i := range 2 {
+				rep := h.applyDoc(h.doc(c.renamed), false)
+				if got := h.f.transcript(); got != "" || rep.Outcome == shapes.Failed || rep.Outcome == shapes.Restored {
+					t.Fatalf("renamed (%d): %q %+v", i+1, got, rep.Lines)
+				}
+			}
+			st, _ := store.Open(h.state)
+			if e := st.Get("service:pf.service"); e == nil || e.Original == nil || e.Original.Running || e.Original.Absent {
+				t.Fatalf("the found state after the rename: %+v", e)
+			}
+			rep := h.applyDoc(h.doc(), false)
+			if got := h.f.transcript(); got != "disable pf.service; stop pf.service" || rep.Outcome != shapes.Restored {
+				t.Fatalf("undeclared after the rename: %q %+v", got, rep.Lines)
+			}
+		})
+	}
+	t.Run("package and unit renamed, then the unit undeclared", func(t *testing.T) {
+		h := newCrossHarness(t)
+		h.bringsUnit("openssh-server", "ssh.service")
+		service := `{"module":"sshd","id":"ssh","type":"service","unit":"ssh","state":"running"}`
+		h.applyDoc(h.doc(`{"module":"base","id":"sshd","type":"package","name":"openssh-server"}`, service), false)
+		renamed := `{"module":"base","id":"openssh","type":"package","name":"openssh-server"}`
+		h.applyDoc(h.doc(renamed, strings.Replace(service, `"id":"ssh"`, `"id":"daemon"`, 1)), false)
+		h.applyDoc(h.doc(renamed), false)
+		if got := h.f.transcript(); got != "" {
+			t.Fatalf("the unit was given back while its package is declared under its new id: %q", got)
+		}
+	})
+}

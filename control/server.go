@@ -61,6 +61,13 @@ func BrokerConfig(k *Keys, host string, port int, nodes []*NodeRecord, tokens []
 	return serverConfig(k, "mesh-control", host, port, filepath.Join(k.Dir, "jetstream")) + AccountsConfig(k, nodes, tokens, users)
 }
 
+// JetStreamSync is the sync_interval every broker's configuration writes
+// (serverConfig says why it is "always"). Only the fleet bench's
+// comparison build (-tags benchnosync: what fsync before each
+// acknowledgement costs a fan-out) sets it to "", nats-server's default;
+// the Makefile and the packages never do.
+var JetStreamSync = "always"
+
 // serverConfig is the part of a server's configuration that is its own:
 // its name, where it listens, its TLS, its JetStream store.
 func serverConfig(k *Keys, name, host string, port int, store string) string {
@@ -76,7 +83,11 @@ func serverConfig(k *Keys, name, host string, port int, store string) string {
 	// same where that is the promise. Every broker the control side makes
 	// or writes a configuration for (embedded, broker-config, --cluster)
 	// has its server part from here.
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n  sync_interval: always\n}\n", q(store))
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %s\n", q(store))
+	if JetStreamSync != "" {
+		fmt.Fprintf(&b, "  sync_interval: %s\n", JetStreamSync)
+	}
+	b.WriteString("}\n")
 	return b.String()
 }
 

@@ -170,7 +170,7 @@ func (b *bench) setup(ctx context.Context, work string) error {
 	bin := b.cfg.controlBin
 	if bin == "" {
 		var err error
-		if bin, err = buildControl(ctx, filepath.Join(work, "bin"), b.cfg.profile != ""); err != nil {
+		if bin, err = buildControl(ctx, filepath.Join(work, "bin"), b.cfg.profile != "", b.cfg.syncDefault); err != nil {
 			return err
 		}
 	}

@@ -87,6 +87,7 @@ type config struct {
 	jsonOut         string
 	keep            bool
 	profile         string
+	syncDefault     bool
 }
 
 // The exit codes, as the other benches'.
@@ -116,6 +117,7 @@ func main() {
 	flag.DurationVar(&c.overlayTimeout, "overlay-timeout", 2*time.Minute, "how long `overlay set` may take to reach every node before it is cut off")
 	flag.StringVar(&c.jsonOut, "json", "", "also write the figures to this `file` as JSON")
 	flag.BoolVar(&c.keep, "keep", false, "keep DIR/scale (logs, the broker's store) for a look afterwards")
+	flag.BoolVar(&c.syncDefault, "sync-default", false, "build serve with nats-server's default sync interval (-tags benchnosync), to measure what fsync before each acknowledgement costs; acknowledged writes are then not durable")
 	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile)")
 	flag.Parse()
 	if c.idle <= 0 {
@@ -161,7 +163,8 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	} else {
 		fmt.Fprintf(stdout, "control side: mesh-control serve (embedded broker), pid %d; agents: this process, pid %d\n", b.ctl.pid(), os.Getpid())
 	}
-	fmt.Fprintf(stdout, "broker: %s\n\n", brokerBuild(b.ctl.bin))
+	fmt.Fprintf(stdout, "broker: %s\n", brokerBuild(b.ctl.bin))
+	fmt.Fprintf(stdout, "JetStream: %s\n\n", syncMode(b.ctl.bin))
 
 	steps := []struct {
 		name string
@@ -261,11 +264,18 @@ func loadAverage() string {
 }
 
 // buildControl builds mesh-control into dir, when no -control was given.
-func buildControl(ctx context.Context, dir string, profile bool) (string, error) {
+func buildControl(ctx context.Context, dir string, profile, syncDefault bool) (string, error) {
 	out := filepath.Join(dir, "mesh-control")
 	args := []string{"build", "-trimpath", "-o", out}
+	var tags []string
 	if profile {
-		args = append(args, "-tags", "benchprofile")
+		tags = append(tags, "benchprofile")
+	}
+	if syncDefault {
+		tags = append(tags, "benchnosync")
+	}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/mesh-control")...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -273,6 +283,22 @@ func buildControl(ctx context.Context, dir string, profile bool) (string, error)
 		return "", fmt.Errorf("building mesh-control (run from the repository, or give -control): %w\n%s", err, b)
 	}
 	return out, nil
+}
+
+// syncMode says how bin's broker syncs JetStream: the fan-out's figures
+// include an fsync before each acknowledgement unless it was built for the
+// comparison (-sync-default).
+func syncMode(bin string) string {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-tags" && strings.Contains(s.Value, "benchnosync") {
+			return "nats-server's default sync interval (a comparison build: acknowledged writes not durable)"
+		}
+	}
+	return "sync_interval always (an fsync before each acknowledgement, as shipped)"
 }
 
 // brokerBuild says which nats-server bin links: as published, or with

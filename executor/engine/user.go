@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,6 +21,20 @@ import (
 // the tools replace a user's set unless told to append, and that would
 // silently remove every group that lets a login use the machine. A user is
 // forgotten, never deleted, when undeclared.
+//
+// A user the host did not create keeps the shell and home it was found
+// with, recorded once (a kept original), the first time the host applies
+// it, and undeclaring gives back each of the two the host changed — as a
+// unit gets back the state it was found in (ADR 0118). The other way, to
+// refuse a found user unless a declaration says to take it over, was not
+// taken: on a hardened server the found users are the operator's logins
+// and service accounts, a module that sets a login shell or moves a home
+// is doing what it was written for, and refusing would only make every
+// such module carry an opt-in; what must not happen is that the change
+// outlives the module that made it, which the give-back prevents. One the
+// operator changed since (its shell or home is no longer what the mesh
+// set) is left as the operator has it: that change is theirs. Groups
+// added stay: pruning them could cut a login off the machine.
 
 // accounts is the executor's seam to the user databases.
 type accounts interface {
@@ -167,7 +182,17 @@ func (r *run) user(st *step, rest int) {
 	}
 	n := &store.Entry{Target: st.target, Type: shapes.TypeUser, Claims: withClaim(e, st.claim), Digest: userDigest(u)}
 	if e != nil {
-		n.Order, n.Created = e.Order, e.Created
+		// Found once: later applies never overwrite it. A record with
+		// none, of a user the host did not create, is older than the
+		// host's keeping it, and none is made up for it: by now the shell
+		// and home may be the mesh's doing.
+		n.Order, n.Created, n.Original = e.Order, e.Created, e.Original
+	}
+	if e == nil && exists {
+		if n.Original, err = r.keepFoundUser(cur); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
 	}
 	if !exists && r.heldGone(st, e, u.Module, u.Key(), "removed") {
 		r.recordAndEmit(st, rest)
@@ -213,7 +238,12 @@ func (r *run) user(st *step, rest int) {
 	switch {
 	case !exists:
 		st.line.Detail = "created"
-		n.Created = true
+		if e != nil && e.Original != nil {
+			// Removed by hand since it was found: what the host makes
+			// now is its own, and what was found no longer applies.
+			r.forget = append(r.forget, e.Original.Digest)
+		}
+		n.Created, n.Original = true, nil
 	default:
 		var did []string
 		if shell != "" {
@@ -226,6 +256,13 @@ func (r *run) user(st *step, rest int) {
 			did = append(did, "added to "+strings.Join(missing, ", "))
 		}
 		st.line.Detail = strings.Join(did, "; ")
+		switch {
+		case n.Created || (shell == "" && home == ""):
+		case e == nil:
+			st.line.Detail += "; the shell and home it was found with are kept, and given back when this is undeclared"
+		case n.Original == nil:
+			st.line.Detail += "; the shell and home it was first found with are unknown (its record is older than the host's keeping them): undeclaring leaves them as they are"
+		}
 	}
 	// The shadow tools make and chown a home by path. A link on the way to
 	// it, or at it, planted by a user who can write a directory above it,
@@ -245,7 +282,11 @@ func (r *run) user(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}, rest) {
+	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}
+	if e == nil {
+		in.Original = n.Original
+	}
+	if !r.intendNow(st, in, rest) {
 		return
 	}
 	if !exists {
@@ -288,8 +329,135 @@ func userDigest(u *shapes.User) string {
 	return "shell=" + u.Shell + " home=" + u.Home + " groups=" + strings.Join(g, ",")
 }
 
+// foundUser is what the host keeps of a user it found: the two things it
+// may change and can give back. Groups are never given back (they are
+// added, never pruned).
+type foundUser struct {
+	Shell string `json:"shell"`
+	Home  string `json:"home"`
+}
+
+// keepFoundUser keeps a found user's shell and home as a kept original
+// (durable before any change is made; not in a plan) and returns the
+// record's Original for it.
+func (r *run) keepFoundUser(cur account) (*store.Original, error) {
+	data, err := json.Marshal(foundUser{Shell: cur.Shell, Home: cur.Home})
+	if err != nil {
+		return nil, err
+	}
+	o := &store.Original{Kind: shapes.TypeUser, Digest: digest(data)}
+	if !r.opt.Plan {
+		if err := r.st.KeepOriginal(o.Digest, data); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// declaredUser reads back, from an entry's digest (userDigest), the shell
+// and home the last declaration set ("" for one it did not).
+func declaredUser(d string) (shell, home string) {
+	rest, _, _ := strings.Cut(d, " groups=")
+	rest = strings.TrimPrefix(rest, "shell=")
+	shell, home, _ = strings.Cut(rest, " home=")
+	return shell, home
+}
+
+// planUserRemoval gives a found user back the shell and home it was found
+// with, each only where the host changed it and it is still what the mesh
+// set; a user the host created, or whose found state is unknown, is
+// forgotten. Never deleted; its groups stay.
+func (r *run) planUserRemoval(st *step) {
+	e := st.entry
+	name := strings.TrimPrefix(e.Target, "user:")
+	st.drop = true
+	forgotten := func(why string) {
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, why+"; a user is never deleted; its groups stay"
+	}
+	switch {
+	case e.Created:
+		forgotten("the host created it")
+		return
+	case e.Original == nil:
+		forgotten("the shell and home it was found with are unknown (its record is older than the host's keeping them); left as it is")
+		return
+	}
+	fail := func(err error) {
+		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, "cannot give the user back the shell and home it was found with: "+err.Error(), false
+	}
+	data, err := r.st.Original(e.Original.Digest)
+	var found foundUser
+	if err == nil {
+		err = json.Unmarshal(data, &found)
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	acc := r.accounts()
+	cur, ok, err := acc.lookup(r.ctx, name)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if !ok {
+		forgotten("it is gone (removed since); nothing to give back")
+		return
+	}
+	declShell, declHome := declaredUser(e.Digest)
+	var shell, home string // what is given back; "" for nothing
+	var did, left []string
+	give := func(what, declared, now, was string, to *string) {
+		switch {
+		case declared == "" || now == was:
+		case now != declared:
+			left = append(left, fmt.Sprintf("the %s is %s, not what the mesh set: left", what, now))
+		case was == "":
+			left = append(left, fmt.Sprintf("it was found with no %s, which the host cannot give back: left %s", what, now))
+		default:
+			*to = was
+			if what == "home" {
+				did = append(did, fmt.Sprintf("home %s → %s (contents not moved)", now, was))
+			} else {
+				did = append(did, fmt.Sprintf("shell %s → %s", now, was))
+			}
+		}
+	}
+	give("shell", declShell, cur.Shell, found.Shell, &shell)
+	give("home", declHome, cur.Home, found.Home, &home)
+	if len(did) == 0 {
+		why := "its shell and home are as it was found"
+		if len(left) > 0 {
+			why = strings.Join(left, "; ")
+		}
+		forgotten(why)
+		return
+	}
+	st.line.Outcome = shapes.Restored
+	st.line.Detail = strings.Join(did, ", ") + ": given back as the host found it"
+	if len(left) > 0 {
+		st.line.Detail += "; " + strings.Join(left, "; ")
+	}
+	st.line.Detail += "; its groups stay"
+	if r.opt.Plan {
+		st.line.Detail = "would be " + st.line.Detail
+	}
+	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: e.Original}
+	st.change = func() error { return acc.modify(r.ctx, name, shell, home, nil) }
+	st.readback = func() (*store.Entry, error) {
+		got, ok, err := acc.lookup(r.ctx, name)
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			return nil, fmt.Errorf("the name service does not know %s any more", name)
+		case (shell != "" && got.Shell != shell) || (home != "" && got.Home != home):
+			return nil, fmt.Errorf("%s has shell %s and home %s, not as it was found", name, got.Shell, got.Home)
+		}
+		return nil, nil
+	}
+}
+
 func init() {
-	registerAlone(shapes.TypeUser, (*run).user, func(r *run, st *step) {
-		st.line.Outcome, st.line.Detail = shapes.Forgotten, "a user is never deleted; its groups stay"
-	})
+	registerAlone(shapes.TypeUser, (*run).user, (*run).planUserRemoval)
 }

@@ -81,10 +81,11 @@ func TestUserGroupsAddedNeverPruned(t *testing.T) {
 	if rep = h.applyAccounts(f, doc); rep.Outcome != shapes.Repaired {
 		t.Fatalf("%+v", rep.Lines)
 	}
-	// Undeclared: forgotten, never deleted.
+	// Undeclared: never deleted, its groups kept; the shell it was found
+	// with is given back (TestAFoundUsersShellAndHomeAreGivenBack).
 	f.log = nil
 	rep = h.applyAccounts(f, h.doc())
-	if rep.Outcome != shapes.Forgotten || len(f.log) != 0 || f.users["alice"] == nil {
+	if rep.Outcome != shapes.Restored || strings.Join(f.log, "; ") != "usermod alice shell=/bin/sh home= append=" || f.users["alice"] == nil || !slices.Contains(f.users["alice"].Groups, "sudo") {
 		t.Fatalf("%+v %q", rep.Lines, f.log)
 	}
 }
@@ -116,4 +117,103 @@ func TestHeldUserThatVanishesIsNotMadeAgain(t *testing.T) {
 	if rep.Outcome != shapes.HeldChanged || len(f.log) != 0 || f.users["bob"] != nil || !strings.Contains(rep.Lines[0].Detail, "removed by something else since it was found; not made again") {
 		t.Fatalf("%+v %q", rep.Lines, f.log)
 	}
+}
+
+// A user the host found (it did not create it) keeps the shell and home it
+// was found with, recorded once, the first time the host applies it; the
+// host changes them as declared, and undeclaring gives back each one it
+// changed — unless something else changed it since (then it is the
+// operator's, and left). Groups are added, never pruned, and stay. A user
+// the host created is forgotten, never deleted; one whose record is older
+// than the host's keeping what it found is left as it is.
+func TestAFoundUsersShellAndHomeAreGivenBack(t *testing.T) {
+	const alice = `{"module":"people","id":"alice","type":"user","name":"alice","shell":"/bin/bash","home":"/srv/alice","groups":["sudo"]}`
+	for _, c := range []struct {
+		name string
+		// first is applied before alice's declaration (found as she is).
+		first string
+		// operator changes alice after the apply.
+		operator   func(a *account)
+		unknown    bool
+		undeclare  shapes.Outcome
+		transcript string
+		detail     string
+	}{
+		{name: "changed by the mesh: given back", undeclare: shapes.Restored,
+			transcript: "usermod alice shell=/bin/sh home=/home/alice append=",
+			detail:     "shell /bin/bash → /bin/sh, home /srv/alice → /home/alice (contents not moved): given back as the host found it; its groups stay"},
+		{name: "found as declared first, changed by a later declaration: given back to the first found",
+			first:      `{"module":"people","id":"alice","type":"user","name":"alice","shell":"/bin/sh"}`,
+			undeclare:  shapes.Restored,
+			transcript: "usermod alice shell=/bin/sh home=/home/alice append=",
+			detail:     "given back as the host found it"},
+		{name: "the shell changed since by the operator: left, the home given back",
+			operator:   func(a *account) { a.Shell = "/bin/zsh" },
+			undeclare:  shapes.Restored,
+			transcript: "usermod alice shell= home=/home/alice append=",
+			detail:     "home /srv/alice → /home/alice (contents not moved): given back as the host found it; the shell is /bin/zsh, not what the mesh set: left; its groups stay"},
+		{name: "a record from before the host kept what it found", unknown: true, undeclare: shapes.Forgotten,
+			detail: "the shell and home it was found with are unknown"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := &fakeAccounts{users: map[string]*account{
+				"alice": {Shell: "/bin/sh", Home: "/home/alice", Groups: []string{"alice"}},
+			}, groups: []string{"sudo", "alice"}}
+			if c.first != "" {
+				if rep := h.applyAccounts(f, h.doc(c.first)); rep.Outcome != shapes.Unchanged {
+					t.Fatalf("%+v", rep.Lines)
+				}
+			}
+			rep := h.applyAccounts(f, h.doc(alice))
+			if rep.Outcome != shapes.Applied || !strings.Contains(rep.Lines[0].Detail, "shell /bin/sh → /bin/bash") {
+				t.Fatalf("%+v %q", rep.Lines, f.log)
+			}
+			if c.unknown {
+				forgetFound(t, h, "user:alice")
+			}
+			if c.operator != nil {
+				c.operator(f.users["alice"])
+			}
+			f.log = nil
+			st, _ := store.Open(h.state)
+			plan := Apply(context.Background(), st, mustParse(t, h.doc()), []byte(h.doc()), Options{Source: store.Local, Plan: true, accounts: f})
+			if len(f.log) != 0 {
+				t.Fatalf("the plan changed the user: %q", f.log)
+			}
+			rep = h.applyAccounts(f, h.doc())
+			l := rep.Lines[0]
+			if p := plan.Lines[0]; p.Outcome != l.Outcome || strings.TrimPrefix(p.Detail, "would be ") != l.Detail {
+				t.Fatalf("the plan said %+v, the apply %+v", p, l)
+			}
+			if l.Outcome != c.undeclare || strings.Join(f.log, "; ") != c.transcript || !strings.Contains(l.Detail, c.detail) {
+				t.Fatalf("undeclare: %+v, transcript %q; want %s saying %q, transcript %q", l, f.log, c.undeclare, c.detail, c.transcript)
+			}
+			if g := f.users["alice"].Groups; !slices.Contains(g, "sudo") {
+				t.Fatalf("groups pruned: %v", g)
+			}
+			if st, _ := store.Open(h.state); st.Get("user:alice") != nil {
+				t.Fatal("still recorded after the undeclare")
+			}
+		})
+	}
+	t.Run("created by the host: forgotten, never deleted", func(t *testing.T) {
+		h := newHarness(t)
+		f := &fakeAccounts{users: map[string]*account{}, groups: []string{"sudo"}}
+		h.applyAccounts(f, h.doc(alice))
+		f.log = nil
+		rep := h.applyAccounts(f, h.doc())
+		if l := rep.Lines[0]; l.Outcome != shapes.Forgotten || len(f.log) != 0 || f.users["alice"] == nil || !strings.Contains(l.Detail, "never deleted") {
+			t.Fatalf("%+v %q", l, f.log)
+		}
+	})
+}
+
+func mustParse(t *testing.T, doc string) *shapes.Declaration {
+	t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The short run make test includes: a few fixed seeds, each against a
@@ -18,7 +19,12 @@ var shortSeeds = []struct {
 }{
 	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay, a plan to a paused agent"},
 	{2, 40, "kills and restarts of both daemons, rescue files beside the link's"},
-	{3, 40, "a full state disk on a node, serve restarted"},
+	// Found: a declaration the executor refused while its state disk was
+	// full (its log: "applied source=link seq=3 outcome=refused") is
+	// counted applied by the control side (nodes: applied 3) while the
+	// node's store says 2, and the view does not converge once the disk
+	// has room again, until the next declaration.
+	{3, 40, "a full state disk on a node during an assign"},
 }
 
 func TestChaosShort(t *testing.T) {
@@ -32,7 +38,7 @@ func TestChaosShort(t *testing.T) {
 	os.Chmod(filepath.Dir(bin), 0o755)
 	for _, c := range shortSeeds {
 		var out strings.Builder
-		res, err := run(config{seed: c.seed, steps: c.steps, nodes: 3, bin: bin}, &out)
+		res, err := run(config{seed: c.seed, steps: c.steps, nodes: 3, bin: bin, bound: 90 * time.Second}, &out)
 		if err != nil {
 			t.Fatalf("seed %d: %v\n%s", c.seed, err, out.String())
 		}

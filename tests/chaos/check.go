@@ -123,6 +123,12 @@ func (w *world) linkSeq(n *node) (uint64, error) {
 // the node's own: the newest declared has been answered, and what the
 // control side says applied is what the node's store says.
 func (w *world) converged(n *node, bound time.Duration) bool {
+	// A node that did not converge is said once at the full bound; until
+	// it converges again it is looked at briefly, so one divergence does
+	// not cost every later step the bound.
+	if n.diverged {
+		bound = 10 * time.Second
+	}
 	var why string
 	start := time.Now()
 	ok := w.eventually(bound, func() bool {
@@ -162,6 +168,7 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 	if d := time.Since(start); d > 20*time.Second {
 		w.logf("  (%s converged after %s)", n.name, d.Round(time.Second))
 	}
+	n.diverged = !ok
 	if !ok {
 		w.violate(n, "converges", "%s: the control side's view did not converge to the node's within %s: %s", n.name, bound, why)
 	}

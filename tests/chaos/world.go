@@ -73,6 +73,8 @@ type node struct {
 	before     map[string]entry
 	lastReport uint64
 	rescue     []line
+	// diverged is a node whose last convergence check hit its bound.
+	diverged bool
 }
 
 // world is the whole run: the control side, the nodes, the figures.

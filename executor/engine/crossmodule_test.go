@@ -243,3 +243,40 @@ func TestARenamedResourceKeepsTheUnitsFoundState(t *testing.T) {
 		}
 	})
 }
+
+// On an adopted node a held unit is held-changed only where something else
+// changed what the host recorded of it: whether it ran, and its enablement
+// once a declaration set it. A unit held with no enabled declared, found
+// and left as it is, was said held-changed at every apply after the first
+// (its unrecorded enablement compared as changed); a unit brought by a
+// package the host installed recorded its enablement only at the next
+// apply, so an operator's change in between went unseen. Both found by the
+// differential test against the model (seeds 5 and 436).
+func TestAHeldUnitIsChangedOnlyInWhatWasRecorded(t *testing.T) {
+	adopted := func(h *crossHarness, res ...string) string {
+		return strings.Replace(h.doc(res...), `{"version":1,`, `{"version":1,"adopted":true,`, 1)
+	}
+	t.Run("no enabled declared, nothing changed", func(t *testing.T) {
+		h := newCrossHarness(t)
+		h.f.add("mu.service", false, "disabled")
+		doc := adopted(h, `{"module":"m","id":"mu","type":"service","unit":"mu","state":"stopped"}`)
+		for i := range 3 {
+			if rep := h.applyDoc(doc, false); rep.Outcome != shapes.Held {
+				t.Fatalf("apply %d: %+v", i+1, rep.Lines)
+			}
+		}
+	})
+	t.Run("brought by the host's package, enablement changed by the operator", func(t *testing.T) {
+		h := newCrossHarness(t)
+		h.bringsUnit("p", "pu.service")
+		doc := adopted(h, `{"module":"base","id":"p","type":"package","name":"p"}`,
+			`{"module":"m","id":"pu","type":"service","unit":"pu","state":"running","enabled":true}`)
+		if rep := h.applyDoc(doc, false); lineOf(rep, "m", "pu").Outcome != shapes.Held {
+			t.Fatalf("%+v", rep.Lines)
+		}
+		h.f.units["pu.service"].Enabled = "disabled"
+		if rep := h.applyDoc(doc, false); lineOf(rep, "m", "pu").Outcome != shapes.HeldChanged {
+			t.Fatalf("the operator's change since it was found went unseen: %+v", rep.Lines)
+		}
+	})
+}

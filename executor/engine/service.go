@@ -123,10 +123,15 @@ func (r *run) service(st *step, rest int) {
 			return
 		}
 		if broughtBy != "" {
-			orig = &store.Original{Kind: shapes.TypeService, Absent: true}
-			break
+			// Running as first looked at, absent or not: a held unit is
+			// told changed against it (never given back: absent is).
+			orig = &store.Original{Kind: shapes.TypeService, Absent: true, Running: cur.Running}
+		} else {
+			orig = &store.Original{Kind: shapes.TypeService, Running: cur.Running}
 		}
-		orig = &store.Original{Kind: shapes.TypeService, Running: cur.Running}
+		// Enablement, where declared, as first looked at, absent or not:
+		// recorded at a later apply instead, it would take an operator's
+		// change since for what was found.
 		if svc.Enabled != nil {
 			orig.Enabled, orig.EnabledSet = cur.Enabled, true
 		}
@@ -143,11 +148,17 @@ func (r *run) service(st *step, rest int) {
 		n.Held, n.Digest = true, ""
 		st.line.Outcome = shapes.Held
 		st.line.Detail = fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", describeState(cur), svc.Module)
-		if e != nil && e.Original != nil && (e.Original.Running != cur.Running || e.Original.Enabled != cur.Enabled) {
+		// Changed since it was found in what the host recorded of it:
+		// whether it ran, and its enablement only once a declaration set
+		// it (before, an unrecorded enablement is no change: comparing it
+		// said held-changed of every held unit with no enabled declared).
+		if e != nil && orig != nil && (orig.Running != cur.Running || enablementKnown(orig) && orig.Enabled != cur.Enabled) {
 			st.line.Outcome = shapes.HeldChanged
 			st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found (now %s); left as it is", svc.Module, describeState(cur))
 		}
-		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim)) {
+		// The enablement first declared while held is recorded then, as
+		// it would be were the module taken.
+		if !r.opt.Plan && (e == nil || !e.Claimed(st.claim) || !sameOriginal(orig, e.Original)) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
 				return

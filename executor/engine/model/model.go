@@ -1,0 +1,435 @@
+// Package model is ADR 0118 (what undeclaring gives back) and adoption's
+// hold (ADR 0100), for services and packages across modules, written as a
+// small pure function to be read beside the ADR: a machine's found state,
+// the declarations one source sends over time and the operator's changes
+// in between go in; what each apply must ask of the init and the package
+// manager, each resource's report line, and the machine after, come out.
+//
+// It is kept apart from the engine on purpose: it shares no code with it,
+// and is written from the seeds (DESIGN.md, ADR 0118, ADR 0100,
+// docs/declaration.md), so that a test can hold the engine to it
+// (executor/engine's TestTheEngineFollowsTheModel) and a disagreement is
+// a question for the ADR, not a difference of implementation. It knows
+// nothing of files, paths, transcripts of real inits or the store's
+// format; it touches nothing.
+//
+// The rules, each with where it is written:
+//
+//   - A service never installs a unit; one whose unit the init does not
+//     know refuses the declaration whole, unless a package declared before
+//     it may bring it; if none did, its line fails and the apply stops
+//     (DESIGN.md, the engine §4).
+//   - The state a unit is first found in is recorded once, the first time
+//     the host applies the service: running or not, and its enablement
+//     the first time a declaration sets it. A unit whose package the host
+//     installed (its package's record says it was not found installed) is
+//     found absent (ADR 0118, Decision).
+//   - On an adopted node, what is found for a module not taken is held:
+//     nothing changed, the line held, or held-changed when something else
+//     changed it since it was first held; undeclared, forgotten (ADR 0100).
+//     A package not found is installed all the same: finding nothing is
+//     not finding something.
+//   - A package is installed when absent, never upgraded without a version,
+//     and forgotten, never uninstalled, when undeclared.
+//   - Undeclared, a unit gets back the state it was found in, only what
+//     the host changed: one the host started is stopped again, one it
+//     enabled disabled again, nothing is started or enabled on the way out
+//     (ADR 0118, Decision).
+//   - A unit found absent is stopped and disabled — the mesh gave, the mesh
+//     takes back — only once nothing that brought it is declared: while any
+//     declaration still names its package it is forgotten (the lockout ADR
+//     0118 exists to prevent: unassigning sshd while base still installs
+//     openssh-server). Declared with no state, it is never stopped, and
+//     disabled only where enabled was declared (ADR 0118: a service with no
+//     state says the mesh must not start it).
+//   - A resource renamed (another id, another module) manages the same
+//     unit: the found state is the unit's, and the old name is released.
+package model
+
+import (
+	"slices"
+	"sort"
+)
+
+// World is a machine before the mesh: its units, and the packages its
+// package manager can install, each bringing at most one unit, which its
+// scripts start and enable as it is installed (as Debian's do).
+type World struct {
+	Units    map[string]Unit
+	Packages map[string]Package
+}
+
+// Unit is a unit's state on the machine.
+type Unit struct{ Running, Enabled bool }
+
+// Package is a package of the world: installed before the mesh or not, and
+// the unit it brings ("" for none).
+type Package struct {
+	Installed bool
+	Brings    string
+}
+
+// Resource is one declared resource: a package (Name is the package's) or
+// a service (Name is the unit; State "running", "stopped" or "" for none;
+// Enabled nil where the declaration does not set it).
+type Resource struct {
+	Kind       string // "package" or "service"
+	Module, ID string
+	Name       string
+	State      string
+	Enabled    *bool
+}
+
+// Key is the resource's "module.id", as a report line names it.
+func (r Resource) Key() string { return r.Module + "." + r.ID }
+
+// Declaration is what one source declares at once, in stated order.
+type Declaration struct {
+	Adopted   bool
+	Taken     map[string]bool
+	Resources []Resource
+}
+
+// Event is one thing that happens: an apply of a declaration, or the
+// operator flipping a unit's running state or enablement by hand.
+type Event struct {
+	Apply *Declaration
+	// The operator's change, when Apply is nil.
+	Unit                     string
+	FlipRunning, FlipEnabled bool
+}
+
+// Result is what an apply must do and say.
+type Result struct {
+	Refused bool
+	// Lines: each line's outcome by "module.id" (a removal's line goes by
+	// the name it was last declared under).
+	Lines map[string]string
+	// Init is what the init is asked, "verb unit", sorted; Installs the
+	// packages installed, sorted.
+	Init, Installs []string
+}
+
+// Run is the model: the world, then the events, in order; one result per
+// event (an operator's change has an empty one), and the machine at the end.
+func Run(w World, events []Event) ([]Result, World) {
+	h := newHost(w)
+	var out []Result
+	for _, e := range events {
+		if e.Apply == nil {
+			h.operator(e.Unit, e.FlipRunning, e.FlipEnabled)
+			out = append(out, Result{})
+			continue
+		}
+		out = append(out, h.apply(*e.Apply))
+	}
+	return out, h.machine()
+}
+
+// found is the state a unit was first found in (ADR 0118).
+type found struct {
+	absent       bool
+	running      bool
+	enabledKnown bool // recorded: a declaration set enabled
+	enabled      bool
+}
+
+// unitRecord is what the host keeps of a unit it applied.
+type unitRecord struct {
+	claims []string // module.id, in the order they were first applied
+	found  found
+	held   bool
+	// what the last declaration that applied it (not held) set; digest:
+	// that declaration, for repaired (drift) against applied.
+	state      string
+	enabledSet bool
+	digest     string
+}
+
+type pkgRecord struct {
+	claims  []string
+	created bool // the host installed it
+	held    bool
+}
+
+type host struct {
+	units     map[string]*Unit
+	installed map[string]bool
+	brings    map[string]string
+	unitRec   map[string]*unitRecord
+	pkgRec    map[string]*pkgRecord
+}
+
+func newHost(w World) *host {
+	h := &host{units: map[string]*Unit{}, installed: map[string]bool{}, brings: map[string]string{},
+		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{}}
+	for n, u := range w.Units {
+		u := u
+		h.units[n] = &u
+	}
+	for n, p := range w.Packages {
+		h.installed[n] = p.Installed
+		h.brings[n] = p.Brings
+	}
+	return h
+}
+
+func (h *host) machine() World {
+	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}}
+	for n, u := range h.units {
+		w.Units[n] = *u
+	}
+	for n := range h.brings {
+		w.Packages[n] = Package{Installed: h.installed[n], Brings: h.brings[n]}
+	}
+	return w
+}
+
+func (h *host) operator(unit string, running, enabled bool) {
+	u := h.units[unit]
+	if u == nil {
+		return
+	}
+	u.Running = u.Running != running
+	u.Enabled = u.Enabled != enabled
+}
+
+// bringer is the package that brings unit ("" for a unit no package does).
+func (h *host) bringer(unit string) string {
+	for p, u := range h.brings {
+		if u == unit {
+			return p
+		}
+	}
+	return ""
+}
+
+func (h *host) apply(d Declaration) Result {
+	res := Result{Lines: map[string]string{}}
+	// Refused whole, touching nothing: a service whose unit is unknown with
+	// no package before it, or two services of one unit.
+	pkgBefore := false
+	seenUnit := map[string]bool{}
+	for _, r := range d.Resources {
+		if r.Kind == "package" {
+			pkgBefore = true
+			continue
+		}
+		if h.units[r.Name] == nil && !pkgBefore {
+			return Result{Refused: true}
+		}
+		if seenUnit[r.Name] {
+			return Result{Refused: true}
+		}
+		seenUnit[r.Name] = true
+	}
+	declared := map[string]bool{} // "kind:name module.id"
+	declaredTarget := map[string]bool{}
+	for _, r := range d.Resources {
+		declared[r.Kind+":"+r.Name+" "+r.Key()] = true
+		declaredTarget[r.Kind+":"+r.Name] = true
+	}
+	held := func(r Resource) bool { return d.Adopted && !d.Taken[r.Module] }
+	for _, r := range d.Resources {
+		if r.Kind == "package" {
+			h.applyPackage(r, held(r), &res)
+			continue
+		}
+		if !h.applyService(r, held(r), &res) {
+			// A failed step stops the apply: nothing is removed.
+			sort.Strings(res.Init)
+			sort.Strings(res.Installs)
+			return res
+		}
+	}
+	h.remove(declared, declaredTarget, &res)
+	sort.Strings(res.Init)
+	sort.Strings(res.Installs)
+	return res
+}
+
+func addClaim(claims []string, c string) []string {
+	if slices.Contains(claims, c) {
+		return claims
+	}
+	return append(slices.Clone(claims), c)
+}
+
+func (h *host) applyPackage(r Resource, hold bool, res *Result) {
+	rec := h.pkgRec[r.Name]
+	if h.installed[r.Name] && hold && (rec == nil || rec.held) {
+		res.Lines[r.Key()] = "held"
+		if rec == nil {
+			rec = &pkgRecord{held: true}
+			h.pkgRec[r.Name] = rec
+		}
+		rec.claims = addClaim(rec.claims, r.Key())
+		return
+	}
+	if rec == nil {
+		rec = &pkgRecord{}
+		h.pkgRec[r.Name] = rec
+	}
+	rec.claims, rec.held = addClaim(rec.claims, r.Key()), false
+	if h.installed[r.Name] {
+		res.Lines[r.Key()] = "unchanged"
+		return
+	}
+	res.Lines[r.Key()] = "applied"
+	res.Installs = append(res.Installs, r.Name)
+	h.installed[r.Name], rec.created = true, true
+	if u := h.brings[r.Name]; u != "" && h.units[u] == nil {
+		h.units[u] = &Unit{Running: true, Enabled: true}
+	}
+}
+
+// applyService reports false when its line failed (the apply stops).
+func (h *host) applyService(r Resource, hold bool, res *Result) bool {
+	cur := h.units[r.Name]
+	if cur == nil {
+		res.Lines[r.Key()] = "failed"
+		return false
+	}
+	desired := r.State + "/" + enabledWord(r.Enabled)
+	rec := h.unitRec[r.Name]
+	isNew := rec == nil
+	if isNew {
+		rec = &unitRecord{}
+		p := h.pkgRec[h.bringer(r.Name)]
+		rec.found.absent = p != nil && p.created && !p.held
+		rec.found.running = cur.Running // as first looked at, absent or not
+		h.unitRec[r.Name] = rec
+	}
+	if r.Enabled != nil && !rec.found.enabledKnown {
+		rec.found.enabledKnown, rec.found.enabled = true, cur.Enabled
+	}
+	rec.claims = addClaim(rec.claims, r.Key())
+	if hold && (isNew || rec.held) {
+		// Changed by something else since it was found: in what the host
+		// recorded of it — whether it ran, and its enablement once a
+		// declaration set it.
+		f := rec.found
+		res.Lines[r.Key()] = "held"
+		if !isNew && (f.running != cur.Running || f.enabledKnown && f.enabled != cur.Enabled) {
+			res.Lines[r.Key()] = "held-changed"
+		}
+		rec.held = true
+		return true
+	}
+	rec.held = false
+	start := r.State == "running" && !cur.Running
+	stop := r.State == "stopped" && cur.Running
+	setEnabled := r.Enabled != nil && *r.Enabled != cur.Enabled
+	outcome := "unchanged"
+	switch {
+	case start || stop || setEnabled:
+		outcome = "applied"
+		if rec.digest == desired {
+			outcome = "repaired"
+		}
+	case isNew && rec.found.absent:
+		outcome = "applied" // nothing to do, but the mesh brought it
+	}
+	if setEnabled {
+		verb := "disable"
+		if *r.Enabled {
+			verb = "enable"
+		}
+		res.Init = append(res.Init, verb+" "+r.Name)
+		cur.Enabled = *r.Enabled
+	}
+	if start {
+		res.Init = append(res.Init, "start "+r.Name)
+		cur.Running = true
+	}
+	if stop {
+		res.Init = append(res.Init, "stop "+r.Name)
+		cur.Running = false
+	}
+	res.Lines[r.Key()] = outcome
+	rec.state, rec.enabledSet, rec.digest = r.State, r.Enabled != nil, desired
+	return true
+}
+
+func enabledWord(e *bool) string {
+	switch {
+	case e == nil:
+		return "-"
+	case *e:
+		return "true"
+	}
+	return "false"
+}
+
+// remove undoes what the declaration no longer declares: a name no longer
+// declared is released where the thing is still declared under another;
+// otherwise a package is forgotten, and a unit given back.
+func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
+	release := func(kind, name string, claims []string) (mine, rest []string) {
+		for _, c := range claims {
+			if declared[kind+":"+name+" "+c] {
+				rest = append(rest, c)
+			} else {
+				mine = append(mine, c)
+			}
+		}
+		return mine, rest
+	}
+	for name, rec := range h.pkgRec {
+		mine, rest := release("package", name, rec.claims)
+		if len(mine) == 0 {
+			continue
+		}
+		res.Lines[mine[0]] = "forgotten"
+		if len(rest) > 0 {
+			rec.claims = rest
+			continue
+		}
+		delete(h.pkgRec, name)
+	}
+	for name, rec := range h.unitRec {
+		mine, rest := release("service", name, rec.claims)
+		if len(mine) == 0 {
+			continue
+		}
+		if len(rest) > 0 {
+			res.Lines[mine[0]] = "forgotten"
+			rec.claims = rest
+			continue
+		}
+		delete(h.unitRec, name)
+		res.Lines[mine[0]] = h.giveBack(name, rec, declaredTarget, res)
+	}
+}
+
+// giveBack returns a unit to the state it was found in (ADR 0118) and
+// says how: restored, or forgotten.
+func (h *host) giveBack(name string, rec *unitRecord, declaredTarget map[string]bool, res *Result) string {
+	cur := h.units[name]
+	if rec.held || cur == nil {
+		return "forgotten"
+	}
+	var stop, disable bool
+	switch f := rec.found; {
+	case f.absent && declaredTarget["package:"+h.bringer(name)]:
+		// what brought it is still declared: the unit is left
+	case f.absent:
+		stop = rec.state != "" && cur.Running
+		disable = (rec.state != "" || rec.enabledSet) && cur.Enabled
+	default:
+		stop = rec.state == "running" && !f.running && cur.Running
+		disable = rec.enabledSet && f.enabledKnown && !f.enabled && cur.Enabled
+	}
+	if !stop && !disable {
+		return "forgotten"
+	}
+	if disable {
+		res.Init = append(res.Init, "disable "+name)
+		cur.Enabled = false
+	}
+	if stop {
+		res.Init = append(res.Init, "stop "+name)
+		cur.Running = false
+	}
+	return "restored"
+}

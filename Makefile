@@ -130,15 +130,21 @@ package:
 	for p in deb apk archlinux; do \
 		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
 	done
-	cp $(BUNDLE) $(DIST)/bin/foundation.lock
-	tar -C $(DIST)/bin --owner=0 --group=0 --mode=0755 -czf $(DIST)/$(PKG_TARBALL) mesh-executor mesh-agent mesh-launch mesh-control foundation.lock
-	# Cross-compiled static binaries: linux/arm64, and android/arm64 (the
-	# root helper and the app's agent; no libc, Android's loader only).
-	for t in linux/arm64 android/arm64; do os=$${t%/*}; arch=$${t#*/}; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
-			-o $(DIST)/$$os-$$arch/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch || exit 1; \
-		tar -C $(DIST)/$$os-$$arch --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-$$os-$$arch.tar.gz mesh-executor mesh-agent mesh-launch || exit 1; \
-	done
+	# The tarballs: the files at the paths the packages install them
+	# (packaging/tarball.sh), `tar -xzf … -C /` on a machine with no
+	# package manager; linux carries the control side and the bundle, so a
+	# first node is raised from the tarball alone.
+	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE)
+	# Cross-compiled static binaries: linux/arm64 (with the control side
+	# and the bundle it is stamped with), and android/arm64 (the root
+	# helper and the app's agent; no libc, Android's loader only; a partial
+	# host raises no control side).
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
+		-o $(DIST)/linux-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	sh packaging/tarball.sh $(DIST)/linux-arm64 $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz $(BUNDLE)
+	CGO_ENABLED=0 GOOS=android GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
+		-o $(DIST)/android-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch
+	tar -C $(DIST)/android-arm64 --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-android-arm64.tar.gz mesh-executor mesh-agent mesh-launch
 	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
 
 clean:

@@ -14,7 +14,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/lab"
 )
 
-// Installing the host (issue 7, init/ and Packages): `make package` builds
+// Installing the host (init/ and packaging/): `make package` builds
 // the packages once, then each init boots a lab of its own, two at a time:
 //
 //   - systemd: the .deb installed with dpkg -i, as an operator would; the
@@ -57,6 +57,8 @@ func TestInstall(t *testing.T) {
 	}
 
 	t.Run("DebOnSystemd", func(t *testing.T) { t.Parallel(); installDeb(t, debs[0]) })
+	tarballs, _ := filepath.Glob(filepath.Join(dist, "*-linux-amd64.tar.gz"))
+	t.Run("TarballOnSystemd", func(t *testing.T) { t.Parallel(); installTarball(t, tarballs[0]) })
 	for _, in := range []lab.Init{lab.OpenRC, lab.Runit, lab.S6} {
 		t.Run("ByHandOn"+string(in), func(t *testing.T) { t.Parallel(); installByHand(t, in, filepath.Join(dist, "bin")) })
 	}
@@ -189,6 +191,36 @@ func installDeb(t *testing.T, deb string) {
 		}
 	}
 	t.Logf("the .deb on systemd: %v", time.Since(start).Round(time.Millisecond))
+}
+
+// installTarball installs from the tarball alone — no package manager, no
+// postinstall — as docs/operations.md says: unpacked at /, the agent's user
+// and the state directories made by systemd from the files it carries, the
+// two units enabled; then the carried bundle raises the control side,
+// which the tarball carries with its unit.
+func installTarball(t *testing.T, tarball string) {
+	start := time.Now()
+	m := &machine{Machine: lab.Boot(t, lab.Options{Init: lab.Systemd}), t: t}
+	if err := m.CopyIn(tarball, "/root/nox-mesh-host.tar.gz"); err != nil {
+		t.Fatal(err)
+	}
+	if m.sh("id -u mesh-agent 2>/dev/null || echo none") != "none" {
+		t.Fatal("the lab has a mesh-agent user before the install")
+	}
+	t.Logf("tar:\n%s", m.sh("tar -xzvf /root/nox-mesh-host.tar.gz -C / 2>&1 | tail -n 40"))
+	m.sh("systemd-sysusers && systemd-tmpfiles --create && systemctl daemon-reload && systemctl enable --now mesh-executor.service mesh-agent.service 2>&1")
+	for _, u := range []string{"mesh-executor.service", "mesh-agent.service"} {
+		untilTrue(t, 60*time.Second, u+" active", func() bool { return m.sh("systemctl is-active "+u+" || true") == "active" })
+	}
+	running(t, m, lab.Systemd)
+	if out := m.sh("mesh-executor reconcile 2>&1; echo exit $?"); !strings.HasSuffix(out, "exit 0") {
+		t.Fatalf("the carried bundle, reconciled from the tarball's files:\n%s", out)
+	}
+	untilTrue(t, 30*time.Second, "the control side the bundle raised serves", func() bool {
+		return m.sh("systemctl is-active mesh-control.service || true") == "active" &&
+			m.sh("mesh-control nodes --dir /var/lib/mesh-control >/dev/null 2>&1 && echo ok || true") == "ok"
+	})
+	t.Logf("the tarball on systemd: %v", time.Since(start).Round(time.Millisecond))
 }
 
 func installByHand(t *testing.T, in lab.Init, bin string) {

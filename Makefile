@@ -49,7 +49,7 @@ demo: build
 bench:
 	bash tests/bench/run.sh
 
-# The fleet at scale (issue 14): NODES simulated nodes (the agent's own link
+# The fleet at scale: NODES simulated nodes (the agent's own link
 # code, in this one process, each against an in-process stand-in for its
 # executor) against `mesh-control serve` and its embedded broker, a child
 # process built into the bench's work directory. Prints a table, MISS for

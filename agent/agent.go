@@ -400,7 +400,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			// answer the broker writes: at 20 s, 10,000 nodes were 500
 			// writes a second of an idle broker, each growing the
 			// connection's writer to 32 KiB of stack until the next
-			// collection (issue 14: memory per node).
+			// collection: a broker's memory per node.
 			nats.PingInterval(linkPing),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkDown(err)

@@ -180,7 +180,7 @@ func TestLauncherHaltReportedUpward(t *testing.T) {
 // An episodic agent (an app, linked only while it runs) says so in its
 // heartbeat, and the control side marks it so. When either stops, the
 // control side keeps what it last said and how long ago: no "silent"
-// threshold of its own (issue 16: disconnection is the node's to say).
+// threshold of its own: disconnection is the node's to say.
 func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")

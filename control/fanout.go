@@ -33,7 +33,7 @@ type lastOnSubject struct {
 // declareInFlight is how many nodes DeclareAll declares to at once: each
 // is two round trips (the sequence's compare-and-set, the publish), and
 // with 64 a fan-out to 10,000 nodes left the two cores 6 % idle waiting on
-// them; 256 keep the broker busy (docs/benchmarks.md, session 7).
+// them; 256 keep the broker busy (docs/benchmarks.md, the fan-out).
 const declareInFlight = 256
 
 // multiLastBatch is how many subjects one batched direct get names: the

@@ -21,19 +21,18 @@ import (
 // (GOGC=100), a quiet serve holds as much garbage as it has live data —
 // the broker's state for every connection, 39 KiB a node — before a
 // collection comes, and the stacks stay as large as the last burst grew
-// them. Measured at 10,000 nodes (docs/benchmarks.md, session 6): 91–94
-// KiB a node without, 74 KiB with, 65–70 KiB with two collections after a
-// burst, at 5–6.6 % of a core idle against 3.5–5.0 %. A collection on a
-// timer was measured before (session 3):
-// every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
+// them. Measured at 10,000 nodes (make bench-scale): 91–94 KiB a node
+// without, 74 KiB with, 65–70 KiB with two collections after a burst, at
+// 5–6.6 % of a core idle against 3.5–5.0 %. A collection on a timer,
+// measured the same way: every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
 // 6.6 % — a timer collects whether or not there is garbage; this collects
 // when there is. Never during a burst: there the runtime paces itself.
 // Told to collect less often through a fan-out (GOGC 300 from the first
 // 250 ms at a burst's rate, while the live heap held steady), serve spent
 // less CPU in each fan-out to 10,000 nodes (3.0–3.8 s against 3.4–3.8,
 // two runs without) but held 56–60 KiB a node once quiet against 55–56,
-// and peaked at 955–1,102 MiB against 881–897 (docs/benchmarks.md,
-// session 8): the fan-out had room, the memory target had not.
+// and peaked at 955–1,102 MiB against 881–897 (make bench-scale): the
+// fan-out had room, the memory target had not.
 
 // burstCheck is how often serve looks at how much it allocated.
 const burstCheck = 5 * time.Second

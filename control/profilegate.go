@@ -9,11 +9,10 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
-// The node's profile is the input to deciding what it runs (the seeds'
-// lifecycle, step 4): a module whose resources need a capability the node
-// said it lacks is refused at assign, naming the capability and the
-// node's own reason, before anything is kept — where it used to be kept,
-// published, and refused by the node.
+// The node's profile is the input to deciding what it runs: a module whose
+// resources need a capability the node said it lacks is refused at assign,
+// naming the capability and the node's own reason, before anything is kept
+// — rather than kept, published, and refused by the node.
 
 // needs is the capability of executor/profile each shape needs (shapes
 // not listed need none the profile says).

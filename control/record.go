@@ -22,8 +22,8 @@ import (
 // delivered and not yet acknowledged, and how many workers handle them.
 // One node's messages always go to one worker, in the order delivered, so
 // what is recorded last for a node is what it sent last; different nodes'
-// run side by side. With one in flight (as before), a fan-out to 10,000
-// nodes was recorded one registry round trip after another (issue 14).
+// run side by side. With one in flight, a fan-out to 10,000 nodes is
+// recorded one registry round trip after another.
 const (
 	recordInFlight = 1024
 	recordWorkers  = 16

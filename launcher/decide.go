@@ -43,7 +43,7 @@ func (a Action) String() string {
 	return fmt.Sprintf("Action(%d)", int(a))
 }
 
-// Decide is the seeds' algorithm, as a pure function: given the launch
+// Decide is the launcher's algorithm, as a pure function: given the launch
 // state and the time, what to do and the state to persist before doing it
 // (which already counts the start it asks for). It never changes s.
 //

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Decide is the seeds' algorithm, whole: every branch, the window's edges,
+// Decide is the launcher's algorithm, whole: every branch, the window's edges,
 // and that the state it returns already counts the start it asks for.
 func TestDecide(t *testing.T) {
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)

@@ -2,7 +2,7 @@
 // the executor, counts its starts, rolls back once to the known-good copy
 // kept on the node, and halts — and nothing else.
 //
-// The policy is the seeds' algorithm, decided before each start by Decide,
+// The policy is decided before each start by Decide,
 // a pure function of the launch state and the time:
 //
 //	┌─► halted? ──yes──► Idle: say so, start nothing, stay up

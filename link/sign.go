@@ -21,7 +21,7 @@ const SignatureHeader = "Mesh-Signature"
 // private key derived once. nkeys' KeyPair.Sign derives it
 // from the encoded seed at every signature, which doubled the cost of
 // each report and heartbeat (a second scalar multiplication: in a fan-out
-// to 10,000 simulated nodes, 0.2 s of CPU; docs/benchmarks.md, session 7).
+// to 10,000 simulated nodes, 0.2 s of CPU; make bench-scale).
 type Signer struct{ key ed25519.PrivateKey }
 
 // NewSigner derives kp's signing key.

@@ -150,10 +150,9 @@ func SubjectsOf(node string) Subjects {
 // token, about 1.1 KiB a subject; at 10,000 nodes the trees were 11.5 KiB
 // a node by kind, 6.6 by node with the shared reads under names of their
 // own (mesh.get.archive, mesh.get.roster: never in a release;
-// setPermissions' allocations in session 7's heap profiles, of which
-// session 6 counted 5.7), 4.5 as now: the largest part of the broker's
-// memory per node after its client state (docs/benchmarks.md, sessions 6
-// and 7).
+// setPermissions' allocations in heap profiles of make bench-scale), 4.5
+// as now: the largest part of the broker's memory per node after its
+// client state.
 //
 // An agent asks for LayoutByNode by ending its connection's name with
 // LayoutTag; any other connection is given LayoutByKind, so an agent of an

@@ -11,7 +11,7 @@
 # the stack of whichever goroutine writes: it is zeroed at every write, and
 # every connection's writer grows to 32 KiB the first time it writes after
 # a collection shrank it. Measured at 10,000 nodes (make bench-scale,
-# docs/benchmarks.md "Session 7"): in a fan-out, serve's CPU in
+# docs/benchmarks.md): in a fan-out, serve's CPU in
 # flushOutbound, in growing stacks and in shrinking them went from 1.86 s to
 # 0.78 s (a third of serve's CPU to a seventh), its peak memory from 1,211 to 938
 # MiB. With 8 slices on the stack the rare longer list is appended to the

@@ -122,7 +122,7 @@ func policyFile(root string) string {
 }
 
 // The policy compiles to a .pp per module, and each carries the file
-// contexts of DESIGN.md's Names table.
+// contexts of the names and paths in docs/operations.md.
 func TestCompiles(t *testing.T) {
 	needTools(t)
 	dir := compile(t, nil)

@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// The import rules of DESIGN.md. This is a statement of policy: each rule
+// The import rules of the folders. This is a statement of policy: each rule
 // says why. DO NOT CHANGE THIS DATA TO FIX BUILDS; change it when the design
 // changes, in a commit that says so.
 const module = "github.com/nox-mesh/nox-mesh-host"
@@ -88,7 +88,7 @@ var onlyIn = []struct {
 	why      string
 }{
 	{"executor/...", "os/exec", []string{"executor/command"},
-		"root runs a program through executor/command (a fixed search path, never the inherited PATH; an environment of its own; its process group killed whole), a declared action too (command.Action, by DESIGN.md's rules for actions)"},
+		"root runs a program through executor/command (a fixed search path, never the inherited PATH; an environment of its own; its process group killed whole), a declared action too (command.Action, by the rules for actions in docs/declaration.md)"},
 }
 
 func match(pattern, path string) bool {

@@ -19,7 +19,7 @@ declare -A need=(
   [s6-svscan]=s6         # s6 as a lab's PID 1
   # tests/machines profile_test.go: each capability produced for real in a lab
   [podman]=podman        # container-runtime: podman.socket answers _ping in a lab
-  [runc]=runc            # podman's runtime in labs (crun cannot run here: LAB.md §2)
+  [runc]=runc            # podman's runtime in labs (crun's setrlimit needs CAP_SYS_RESOURCE)
   [nft]=nftables         # firewall: `nft list tables` in a lab's netns
   [iptables-nft]=iptables  # opening: iptables-nft found instead of native nftables
   [Xvfb]=xvfb            # graphical-session: an X server on /tmp/.X11-unix

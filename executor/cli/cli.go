@@ -662,7 +662,7 @@ type statusReport struct {
 	Sources       map[string]*sourceStatus `json:"sources"`
 	// Link is the agent's link as it last told the daemon, enrolled only:
 	// "enrolled" and disconnected is a state of its own, said with since
-	// when (the seeds' lifecycle: no fixed "silent" threshold).
+	// when: no fixed "silent" threshold decides it.
 	Link *serve.LinkState `json:"link,omitempty"`
 	// Faults counts the panics the daemon recovered from at its request
 	// boundary, with the last one (its stack is in the daemon's log).

@@ -13,11 +13,12 @@ import (
 	"time"
 )
 
-// A declared action runs by DESIGN.md's rules for actions, which are not
-// Run's: its program is found on the action's own PATH (a declaration names
-// what it runs, and its files are the declaration's business, not checked
-// for ownership as a tool of the machine's is; the PATH itself holds only
-// directories root alone could fill), its output is one stream, what it
+// A declared action runs by the rules for actions (docs/declaration.md,
+// action), which are not Run's: its program is found on the action's own
+// PATH (a declaration names what it runs, and its files are the
+// declaration's business, not checked for ownership as a tool of the
+// machine's is; the PATH itself holds only directories root alone could
+// fill), its output is one stream, what it
 // leaves in its process group is killed once it exits, and a program that
 // ran and failed is an answer, not an error. It lives here so that this
 // package stays the only one of the executor that starts a process.
@@ -57,10 +58,10 @@ func (l *limitedBuffer) String() string {
 	return s
 }
 
-// Action runs an action's argument vector the way DESIGN.md says an action
-// runs: no shell, an empty environment but PATH, standard input from
-// /dev/null, output captured up to a limit, and its own process group
-// killed whole on timeout and once it exits. It reports the exit code (-1
+// Action runs an action's argument vector the way an action runs: no
+// shell, an empty environment but PATH, standard input from /dev/null,
+// output captured up to a limit, and its own process group killed whole
+// on timeout and once it exits. It reports the exit code (-1
 // if it did not exit by itself) and the output.
 func Action(ctx context.Context, argv []string, timeout time.Duration) (code int, output string, err error) {
 	if len(argv) == 0 {

@@ -23,7 +23,7 @@
 //   - a process it leaves behind holding its output cannot hold Run: the
 //     pipes are closed shortly after the program itself is done.
 //
-// A declared action is run here too, but by DESIGN.md's own rules for
+// A declared action is run here too, but by the rules for
 // actions, not Run's (Action: the action's PATH only, one combined output,
 // what is left in the group killed after the action exits): so this is the
 // one package of the executor that starts a process (an import rule holds

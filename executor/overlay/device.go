@@ -315,8 +315,8 @@ func (b *Backend) Remove(ctx context.Context, iface string) error {
 
 // endProcess makes pid end: SIGTERM, and SIGKILL if it is still there after
 // processGrace; an error says it is still there after the second grace, and
-// the removal is not done, nor recorded as done. Until session 8 the wait
-// ended silently after 5 s. The process is held by a pidfd, and signalled
+// the removal is not done, nor recorded as done (a wait that ended silently
+// would record a removal that did not happen). The process is held by a pidfd, and signalled
 // only if, once held, it still is the one (still): a pid the kernel gave to
 // another process meanwhile is never signalled. On a kernel without pidfds
 // (before 5.3: an older Android device's), or where a seccomp filter

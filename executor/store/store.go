@@ -250,9 +250,9 @@ var ErrBusy = errors.New("store: another apply is running (the executor daemon o
 // journal for appending.
 //
 // The lock is flock(2) on the state directory itself: nothing to create on
-// a new node. A "lock" file, which earlier development builds locked
-// instead, is locked too when it is there, so such a build still running
-// beside this one (during an upgrade) is kept out as well.
+// a new node. A "lock" file in the directory is locked too when it is
+// there, so a build that locks that file instead, still running beside
+// this one, is kept out as well.
 func (s *Store) Lock(wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	f, err := lockPath(s.dir, false, deadline)

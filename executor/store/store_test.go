@@ -159,9 +159,9 @@ func TestOneApplierAtATime(t *testing.T) {
 	}
 }
 
-// An earlier development build locked a "lock" file in the directory: while
-// one holds it, this build waits too (an upgrade may run the two side by
-// side for a moment).
+// A build that locks a "lock" file in the directory instead: while one
+// holds it, this build waits too (an upgrade may run the two side by side
+// for a moment).
 func TestTheEarlierBuildsLockFileIsHonoured(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	s, err := Open(dir)

@@ -33,7 +33,8 @@ nmh_dirs() {
 
 nmh_enable() {
 	# $1: "start" to start as well (Debian's idiom); Alpine and Arch
-	# enable only, and the seeds' second line starts.
+	# enable only, and the operator's second line starts
+	# (rc-service, systemctl start).
 	if command -v systemctl >/dev/null 2>&1 && [ -f /usr/lib/systemd/system/mesh-executor.service ]; then
 		if [ -d /run/systemd/system ]; then
 			systemctl daemon-reload

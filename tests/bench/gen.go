@@ -11,7 +11,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/bench/internal/benchtree"
 )
 
-// declaration is the v1 declaration as DESIGN.md spells it, reduced to the
+// declaration is the v1 declaration as docs/declaration.md spells it, reduced to the
 // fields the bench uses. node and enrolment are empty: the bench's host is
 // not enrolled, and a local file applied before enrolment names no node.
 type declaration struct {

@@ -36,6 +36,4 @@
 // At most two labs run at once in one process; a third Boot waits for a slot.
 // A test that needs two labs at once must therefore not run in parallel with
 // another test that holds one and waits for a second.
-//
-// Facts this rests on, and their measurements, are in shared/LAB.md.
 package lab

@@ -171,9 +171,11 @@ func serveRegistry(t *testing.T, m *machine, img *ociImage) *registry {
 	return g
 }
 
-// podmanLab boots a lab with podman configured as LAB.md §2.3 says it runs
-// here (runc, no pids limit, vfs storage on the overlay root) and the
-// test's registry named insecure, and its API socket started.
+// podmanLab boots a lab with podman configured the one way it runs in a
+// lab (runc, as crun's setrlimit of RLIMIT_MEMLOCK needs CAP_SYS_RESOURCE;
+// no pids limit, as the lab's cgroup has no pids controller; vfs storage
+// on the overlay root) and the test's registry named insecure, and its API
+// socket started.
 func podmanLab(t *testing.T) *machine {
 	m := boot(t, lab.Options{Seed: map[string]string{
 		"/etc/containers/containers.conf": "[containers]\npids_limit = 0\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",

@@ -13,7 +13,7 @@ import (
 // What a service's found state is, and what undeclaring one gives back
 // (ADR 0118), on the real inits, for three cases the give-back table
 // (giveback_test.go) does not hold: a unit whose package the host installed
-// an apply before the service was declared (issue 15); a unit removed by
+// an apply before the service was declared; a unit removed by
 // hand since the host applied it; and a service whose settings are given
 // back while it runs. Each init's own tools (giveBackInits) seed, read and
 // build the packages, as the table's test does.

@@ -142,7 +142,9 @@ const dpkgLocker = `perl -e 'open(my $f, "+<", "/var/lib/dpkg/lock-frontend") or
 func TestProfileOnSystemd(t *testing.T) {
 	t.Parallel()
 	m := boot(t, lab.Options{Seed: map[string]string{
-		// LAB.md §2.3: the only podman configuration that runs in a lab.
+		// The only podman configuration that runs in a lab: runc (crun's
+		// setrlimit of RLIMIT_MEMLOCK needs CAP_SYS_RESOURCE), no pids
+		// limit (the lab's cgroup has no pids controller).
 		"/etc/containers/containers.conf": "[containers]\npids_limit = 0\n[engine]\nruntime = \"runc\"\n",
 		// Storage: vfs, as the kernel's overlay does not stack on the lab's
 		// overlayfs root without fuse-overlayfs.

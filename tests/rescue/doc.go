@@ -1,7 +1,7 @@
 // Package rescue holds end-to-end tests of the rescue command,
 // `mesh-executor apply|plan|owned FILE`, driven as a real binary, as root,
 // against a real filesystem. It has no code of its own; the tests prove two
-// of DESIGN.md's claims about the executor from the outside:
+// of the executor's claims (SECURITY.md) from the outside:
 //
 //   - crash_test.go: the store tells the truth after kill -9 at any instant.
 //     An apply of a thousand files, a re-apply with changed content, and an

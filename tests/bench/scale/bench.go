@@ -480,7 +480,7 @@ func (b *bench) fanoutIdle(ctx context.Context) error {
 func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	// This process holds the 10,000 simulated agents in one heap (2 GB):
 	// a collection of it landing in the window by chance was up to 0.9 s
-	// of CPU on the two cores the fan-out shares (session 8), a cost of
+	// of CPU on the two cores the fan-out shares, a cost of
 	// the simulation — each real agent collects its own small heap, on
 	// its own machine. Collected before the window (and its profiles),
 	// not in it.

@@ -1,6 +1,5 @@
-// Command mesh-bench-scale measures the fleet side at scale, as issue 14
-// ("The fleet at scale", item 6) asks, so every later change to it is
-// measured against the same instrument. `make bench-scale` runs it
+// Command mesh-bench-scale measures the fleet side at scale, so every
+// change to it is measured against the same instrument. `make bench-scale` runs it
 // (NODES=N, default 10000; CLUSTER=1 for a three-server cluster).
 //
 // The control side is the real `mesh-control serve` with its embedded NATS

@@ -10,9 +10,8 @@ import (
 	"unicode/utf8"
 )
 
-// The issue's targets (issue 14, "The fleet at scale"), on this machine's
-// kind (2 cores), embedded broker. Each is stated for a fleet size: a
-// figure that grows with the fleet and meets its target on a smaller fleet
+// The fleet's targets, on this machine's kind (2 cores), embedded broker.
+// Each is stated for a fleet size: a figure that grows with the fleet and meets its target on a smaller fleet
 // proves nothing about the stated one, and is said so, not PASS.
 var (
 	targetRegistrable = target{name: "nodes registrable", limit: 10000, atLeast: true, nodes: 10000, scales: true,

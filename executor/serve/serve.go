@@ -866,7 +866,10 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report, took time.Duration) {
 	st.SaveReport(src, trigger, rep)
 	s.noteApply(string(src), string(rep.Outcome), rep.Seq, took, len(st.Entries()))
-	if src == store.Link {
+	if src == store.Link && rep.Outcome != shapes.Refused {
+		// The last applied: a refused declaration (a full disk refuses
+		// one before the floor moves) is not, and the status the agent
+		// reports upward must not say it was.
 		s.lastMu.Lock()
 		s.last = lastApplied{Seq: rep.Seq, Outcome: rep.Outcome}
 		s.lastMu.Unlock()

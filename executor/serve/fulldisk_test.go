@@ -1,0 +1,74 @@
+package serve
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
+)
+
+// A declaration refused because the state's disk is full is not applied,
+// and the status the agent reports upward says the last one that was —
+// where the control side counted the refused one as applied, and its
+// view of the node stayed wrong until the next declaration.
+func TestAFullStateDiskRefusesAndStatusKeepsTheLastApplied(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "v1\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	e.stop()
+	// The state onto a small tmpfs, as it was.
+	saved := map[string][]byte{}
+	filepath.Walk(e.state, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			saved[p], _ = os.ReadFile(p)
+		}
+		return nil
+	})
+	if err := unix.Mount("tmpfs", e.state, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
+		t.Skipf("no tmpfs to fill (%v)", err)
+	}
+	t.Cleanup(func() { unix.Unmount(e.state, unix.MNT_DETACH) })
+	for p, b := range saved {
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	c = e.dial()
+	f, err := os.Create(filepath.Join(e.state, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	_, v := e.push(c, e.seal(e.decl("n1", "e-1", 2, file("motd", "v2\n"))))
+	if v.Outcome != shapes.Refused {
+		t.Fatalf("a declaration on a full state disk: %+v", v)
+	}
+	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+		t.Fatal(err)
+	}
+	k, body, err := c.Read()
+	if err != nil || k != wire.KindStatusReply {
+		t.Fatalf("%v %v", k, err)
+	}
+	if st := body.(*wire.StatusReply); st.Seq != 1 || st.Outcome == shapes.Refused {
+		t.Fatalf("status after a refused declaration says seq %d %s, want 1 as applied (or reconciled since)", st.Seq, st.Outcome)
+	}
+	// Space again: the same declaration is applied.
+	os.Remove(filepath.Join(e.state, "filler"))
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 2, file("motd", "v2\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("with space again: %+v", v)
+	}
+}

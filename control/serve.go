@@ -199,9 +199,16 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 // moment must not end serve and leave the registry unrecorded.
 func keepRunning(ctx context.Context, log *slog.Logger, name string, part func(context.Context) error) error {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		began := time.Now()
 		err := part(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if time.Since(began) > time.Minute {
+			// It ran a good while: this stop is a new one, not the
+			// next of a run of failures (a store reopened after a full
+			// disk stops each part once).
+			wait = time.Second
 		}
 		log.Error("serve: the "+name+" stopped; starting it again", "err", err, "in", wait)
 		select {

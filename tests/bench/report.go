@@ -15,7 +15,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/bench/internal/benchtree"
 )
 
-// The issue's targets for mesh-executor on a 2-core machine, durable
+// The targets for mesh-executor on a 2-core machine, durable
 // throughout. Times are against cf-agent and the floor measured in the same
 // run; the floor ratio applies only where the work is a check or one file.
 const (
@@ -44,7 +44,7 @@ type row struct {
 	Failed       string    `json:"failed,omitempty"`
 }
 
-// target is one of the issue's targets, judged.
+// target is one of the targets, judged.
 type target struct {
 	Scenario string  `json:"scenario"`
 	Check    string  `json:"check"`
@@ -100,7 +100,7 @@ func (b *bench) rows() []row {
 	return rows
 }
 
-// targets judges mesh-executor's rows against the issue's targets.
+// targets judges mesh-executor's rows against the targets.
 func (b *bench) targets(rows []row) []target {
 	var ts []target
 	for _, r := range rows {

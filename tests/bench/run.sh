@@ -2,8 +2,7 @@
 # tests/bench/run.sh — what `make bench` runs.
 #
 # Measures `mesh-executor apply` (the rescue command) against the physical
-# floor and CFEngine's cf-agent, as the "Speed, in make bench" section
-# asks. It:
+# floor and CFEngine's cf-agent (docs/benchmarks.md). It:
 #   1. refuses to run anywhere but root and a real disk (fsync on tmpfs is free,
 #      and the figures would lie);
 #   2. installs Debian's cfengine3 when cf-agent is missing, and then makes sure

@@ -14,7 +14,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/tests/bench/internal/benchtree"
 )
 
-// A scenario is one of the four measurements.
+// A scenario is one of the four measurements.
 type scenario string
 
 const (

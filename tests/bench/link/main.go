@@ -1,5 +1,5 @@
-// Command mesh-bench-link measures the link, as the issue's "Speed and
-// size, in make bench" section asks: the real system on one machine — a
+// Command mesh-bench-link measures the link (docs/benchmarks.md): the
+// real system on one machine — a
 // control side with its embedded NATS broker (TLS, JetStream), the executor
 // as root and the agent as an unprivileged user, each its own process, over
 // loopback, on a real disk — and times what an operator waits for:

@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// The targets for the link on a 2-core machine.
+// The link's targets on a 2-core machine.
 const (
 	pushP50Limit   = 10.0   // ms
 	pushP99Limit   = 30.0   // ms

@@ -21,8 +21,8 @@ import (
 // configured by `mesh-control broker-config --cluster`, and `mesh-control
 // serve --nats URL,URL,URL --replicas 3 --broker-accounts F --broker-pid
 // P1,P2,P3`. The nodes, simulated here as for the embedded broker, are
-// given every server's address and connect to one of them. What the issue
-// asks of it is each server's idle CPU at 30 s heartbeats; the
+// given every server's address and connect to one of them. Its target
+// is each server's idle CPU at 30 s heartbeats; the
 // registration, the linking and a fan-out are measured on the way as
 // information (their targets are the embedded broker's).
 

@@ -38,7 +38,7 @@
 //     as an operator runs it; the time until every node's stand-in applied
 //     a declaration carrying the overlay, and until its report is recorded.
 //
-// It prints a table with the targets and MISS for each one missed
+// It prints a table with the fleet's targets and MISS for each one missed
 // (a target stated for 10,000 nodes and met on fewer is said so, not
 // PASS), and optionally writes the figures as JSON. Exit status: 0 when
 // it measured (targets may be missed), 1 when the system did the job

@@ -30,7 +30,7 @@ var (
 		unit: "%", text: "≤ 10 % at 10,000 nodes"}
 )
 
-// target is one row of the issue's table.
+// target is one row of the targets' table.
 type target struct {
 	name string
 	// limit is the most the figure may be, or with atLeast the least.
@@ -140,8 +140,8 @@ func seconds(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
-// thousands prints n with thousands separated by commas, as the issue
-// writes fleet sizes.
+// thousands prints n with thousands separated by commas, as the targets
+// write fleet sizes.
 func thousands(n int) string {
 	s := fmt.Sprint(n)
 	if n < 0 {

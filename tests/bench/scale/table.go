@@ -45,7 +45,7 @@ func (b *bench) clusterRow() row {
 	return targetRow(targetCluster, fig, n, res)
 }
 
-// rows are the table: the targets in its order, with the figures
+// rows are the table: the targets in their order, with the figures
 // that explain them.
 func (b *bench) rows() []row {
 	r := b.res

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 )
 
-// The shape of the tree, as the issue states it: files of about 200 bytes
+// The shape of the tree the targets are stated for: files of about 200 bytes
 // spread over ten directories, directories 0755 and files 0644.
 const (
 	Dirs     = 10

@@ -29,6 +29,14 @@ declare -A need=(
   [pkill]=procps         # graphical-session: Xvfb killed, its socket left behind
   # tests/machines pacman_test.go: the pacman backend against a repository of its own
   [pacman]=pacman-package-manager
+  # tests/lab apktools.go: Alpine's apk built from the vendored apk-tools
+  # source (static; its libraries' headers and archives are checked below)
+  [cc]=gcc
+  [meson]=meson
+  [ninja]=ninja-build
+  [pkg-config]=pkg-config
+  # tests/machines alpine_test.go: busybox httpd serves the lab's apk repository
+  [busybox]=busybox-static
   # selinux/selinux_test.go: the policy compiled, linked in a store of its own, searched
   [policygentool]=selinux-policy-dev  # /usr/share/selinux/devel/Makefile
   [checkmodule]=checkpolicy           # the Makefile's compiler
@@ -50,6 +58,11 @@ for cmd in "${!need[@]}"; do
     missing+=("$pkg")
   fi
 done
+# apk-tools links zlib, OpenSSL and zstd statically: their -dev packages
+# ship no command either.
+[ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+[ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+[ -f /usr/include/zstd.h ] || missing+=(libzstd-dev)
 # selinux/selinux_test.go links against Debian's policy: it ships no command.
 [ -d /usr/share/selinux/default ] || missing+=(selinux-policy-default)
 if getent passwd nobody >/dev/null; then :; else

@@ -385,7 +385,7 @@ func (r *run) check() error {
 // loop names none of them.
 var aloneAppliers = map[string]func(r *run, st *step, rest int){}
 
-// removers undo, by DESIGN.md's table, an entry of a shape registered
+// removers undo, by docs/declaration.md's table, an entry of a shape registered
 // with registerAlone; nil means forgotten with the applier's own words.
 var removers = map[string]func(r *run, st *step){}
 

@@ -331,7 +331,7 @@ func TestAbsentUnitKeepsOneRecordUnderTheInitsName(t *testing.T) {
 // whose file the unit's definition is, by the package manager's database —
 // is one the host installed (its own record says it was not found
 // installed), whenever the service's record is first made: in the same
-// apply as the package or a later one (issue 15). Any other package does
+// apply as the package or a later one. Any other package does
 // not count, not even one of the same declaration; a unit of a package
 // found installed is found as it is.
 func TestAUnitIsFoundAbsentOnlyWhenTheHostInstalledItsPackage(t *testing.T) {

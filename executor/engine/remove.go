@@ -17,7 +17,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
-// removeUndeclared undoes, by DESIGN.md's table, what this source applied
+// removeUndeclared undoes, by docs/declaration.md's table, what this source applied
 // earlier and no longer declares, newest first. What another source still
 // declares is only released by this one; what the host found is given back;
 // what it held is forgotten, never removed.

@@ -20,10 +20,11 @@ var shortSeeds = []struct {
 	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay, a plan to a paused agent"},
 	{2, 40, "kills and restarts of both daemons, rescue files beside the link's"},
 	// Found: a declaration the executor refused while its state disk was
-	// full (its log: "applied source=link seq=3 outcome=refused") is
+	// full (its log: "applied source=link seq=3 outcome=refused") was
 	// counted applied by the control side (nodes: applied 3) while the
-	// node's store says 2, and the view does not converge once the disk
-	// has room again, until the next declaration.
+	// node's store said 2, and the view did not converge once the disk
+	// had room again, until the next declaration: the executor's status
+	// named the refused sequence as its last applied.
 	{3, 40, "a full state disk on a node during an assign"},
 }
 

@@ -6,7 +6,8 @@
 // manager, each resource's report line, and the machine after, come out.
 //
 // It is kept apart from the engine on purpose: it shares no code with it,
-// and is written from the seeds (DESIGN.md, ADR 0118, ADR 0100,
+// and is written from the design (ADR 0118, what undeclaring gives back;
+// ADR 0100, a node in use is adopted before it is converged;
 // docs/declaration.md), so that a test can hold the engine to it
 // (executor/engine's TestTheEngineFollowsTheModel) and a disagreement is
 // a question for the ADR, not a difference of implementation. It knows
@@ -18,7 +19,7 @@
 //   - A service never installs a unit; one whose unit the init does not
 //     know refuses the declaration whole, unless a package declared before
 //     it may bring it; if none did, its line fails and the apply stops
-//     (DESIGN.md, the engine §4).
+//     (docs/declaration.md, the engine).
 //   - The state a unit is first found in is recorded once, the first time
 //     the host applies the service: running or not, and its enablement
 //     the first time a declaration sets it. A unit whose package the host

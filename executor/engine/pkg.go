@@ -331,6 +331,31 @@ func (pacman) owners(ctx context.Context, paths []string) ([]string, error) {
 	return strings.Fields(out), nil
 }
 
+// apk drives Alpine's apk. The commands it runs are the same in apk-tools
+// 2 and 3 (current Alpine ships 3; the tests run 3.0.6, built from its
+// source), and their answers differ in these ways, each handled where it
+// is read:
+//   - search: 3 exits 1 when nothing matches, where 2 exits 0 with no
+//     output (known);
+//   - a failed add: both print the solver's reasons ("unable to select
+//     packages: … (no such package)", "breaks: world[NAME=VERSION]") as
+//     errors (install keeps them);
+//   - info: 3 keeps 2's output for -e -v ("NAME-VERSION") and for -q
+//     --who-owns (bare names), its query format being opt-in (installed,
+//     owners); who-owns exits with the number of paths no package owns;
+//   - the index: 3's add refreshes on its own a remote repository's index
+//     older than four hours (--cache-max-age), 2's only with -U or apk
+//     update; the applier asks apk update itself when the index it has
+//     does not offer the declared version (refreshFor), so with either an
+//     index fresher than that is refreshed once;
+//   - trust: both need the repository's index signed by a key in
+//     /etc/apk/keys; 2 matches a signature to its key by the key's file
+//     name, 3 does so for v2 packages and indexes and by the key itself
+//     for v3 ones.
+//
+// Both record an exact pin (add NAME=VERSION) in /etc/apk/world, where it
+// stays when the package is forgotten: a person's apk upgrade keeps that
+// version until someone changes the pin.
 type apk struct{}
 
 func (apk) name() string { return "apk" }
@@ -361,11 +386,20 @@ func (apk) install(ctx context.Context, pkg, version string) error {
 }
 
 // known asks apk search --exact, which prints "pkg-version" for each
-// version the indexes offer.
+// version the indexes offer. apk-tools 3 exits 1 when none does and says
+// nothing more; a query that fails says why on standard error.
 func (apk) known(ctx context.Context, pkg, version string) (bool, error) {
-	out, _, err := runTool(ctx, "apk", "search", "--exact", "--all", "--", pkg)
+	argv := []string{"apk", "search", "--exact", "--all", "--", pkg}
+	res, err := command.Run(ctx, argv, command.Options{Timeout: toolTimeout})
 	if err != nil {
 		return false, err
+	}
+	out := res.Stdout
+	if res.Code == 1 && strings.TrimSpace(out) == "" && strings.TrimSpace(res.Stderr) == "" {
+		return false, nil
+	}
+	if res.Code != 0 {
+		return false, fmt.Errorf("running %q failed: exit status %d\n%s", argv, res.Code, res.Stderr)
 	}
 	for _, f := range strings.Fields(out) {
 		v, ok := strings.CutPrefix(f, pkg+"-")

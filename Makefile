@@ -10,21 +10,6 @@ BIN     := bin
 BUILD   ?= $(VERSION)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
-# Every go command here builds the embedded broker with one line changed
-# (nats-server's flushOutbound: a third of serve's CPU in a fan-out to
-# 10,000 nodes, a seventh once changed): a Go workspace made beside the
-# Go build cache from the module cache's copy, never committed.
-# packaging/nats-overlay.sh says why. NATS_OVERLAY=off builds the broker as
-# published (no workspace: e.g. with GOFLAGS=-mod=mod, which a workspace
-# refuses).
-NATS_OVERLAY ?= on
-ifneq ($(NATS_OVERLAY),off)
-NATS_WORK := $(shell GO='$(GO)' bash packaging/nats-overlay.sh)
-ifeq ($(NATS_WORK),)
-$(error packaging/nats-overlay.sh made no workspace (what it said is above); NATS_OVERLAY=off builds without it)
-endif
-export GOWORK := $(NATS_WORK)
-endif
 
 .PHONY: all build test test-deps demo bench bench-scale chaos fuzz lint deps clean package
 

@@ -10,8 +10,7 @@ import (
 // BuildNATSServer builds nats-server, at the version the module requires,
 // into out: the real broker processes of a cluster (the cluster test and
 // `make bench-scale CLUSTER=1`), or an operator's own broker: as
-// published, never through the Makefile's workspace (GOWORK, whose
-// change is the embedded broker's: packaging/nats-overlay.sh).
+// published (GOWORK=off: never through a workspace a caller may have).
 func BuildNATSServer(ctx context.Context, out string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "github.com/nats-io/nats-server/v2")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")

@@ -300,9 +300,9 @@ func syncMode(bin string) string {
 	return "sync_interval always (an fsync before each acknowledgement, as shipped)"
 }
 
-// brokerBuild says which nats-server bin links: as published, or with
-// packaging/nats-overlay.sh's change (the Makefile's workspace), which
-// moves the fan-out's and memory's figures.
+// brokerBuild says which nats-server bin links, and whether it is the
+// module as published: a replaced one (a workspace, a replace directive)
+// moves the fan-out's and memory's figures, and is said.
 func brokerBuild(bin string) string {
 	const mod = "github.com/nats-io/nats-server/v2"
 	info, err := buildinfo.ReadFile(bin)
@@ -314,9 +314,9 @@ func brokerBuild(bin string) string {
 			continue
 		}
 		if d.Replace != nil {
-			return fmt.Sprintf("nats-server %s with packaging/nats-overlay.sh's change (from %s)", d.Version, d.Replace.Path)
+			return fmt.Sprintf("nats-server %s REPLACED by %s (not as published)", d.Version, d.Replace.Path)
 		}
-		return fmt.Sprintf("nats-server %s as published (not through the Makefile: packaging/nats-overlay.sh's change is not in it)", d.Version)
+		return fmt.Sprintf("nats-server %s as published", d.Version)
 	}
 	return "nats-server not linked"
 }

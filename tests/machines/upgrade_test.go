@@ -29,6 +29,13 @@ const (
 // agent (passing its self-check, or not even that).
 func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 	t.Helper()
+	return hostPackage(t, dir, version, build, broken, "deb")
+}
+
+// hostPackage is hostDeb for nfpm's packager (deb, apk, archlinux), with
+// env added to nfpm's environment (APK_SIGN_KEY, for one).
+func hostPackage(t *testing.T, dir, version, build, broken, packager string, env ...string) string {
+	t.Helper()
 	dist := filepath.Join(dir, version)
 	// The carried bundle the package ships, its digest stamped in the
 	// executor, as make package does.
@@ -62,16 +69,17 @@ func hostDeb(t *testing.T, dir, version, build string, broken string) string {
 			t.Fatal(err)
 		}
 	}
-	n := exec.Command("go", "run", "github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2", "package", "-f", "packaging/nfpm.yaml", "-p", "deb", "-t", dist+"/")
-	n.Dir, n.Env = "../..", append(os.Environ(), "DIST="+dist, "BUNDLE=packaging/foundation.lock", "PKG_VERSION="+version, "PKG_ARCH=amd64")
+	n := exec.Command("go", "run", "github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2", "package", "-f", "packaging/nfpm.yaml", "-p", packager, "-t", dist+"/")
+	n.Dir, n.Env = "../..", append(append(os.Environ(), "DIST="+dist, "BUNDLE=packaging/foundation.lock", "PKG_VERSION="+version, "PKG_ARCH=amd64"), env...)
 	if out, err := n.CombinedOutput(); err != nil {
 		t.Fatalf("nfpm %s: %v\n%s", version, err, out)
 	}
-	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
-	if len(debs) != 1 {
-		t.Fatalf("nfpm made %v", debs)
+	ext := map[string]string{"deb": "*.deb", "apk": "*.apk", "archlinux": "*.pkg.tar.zst"}[packager]
+	pkgs, _ := filepath.Glob(filepath.Join(dist, ext))
+	if len(pkgs) != 1 {
+		t.Fatalf("nfpm made %v", pkgs)
 	}
-	return debs[0]
+	return pkgs[0]
 }
 
 // hostReleases builds the three releases the lifecycle tests install:

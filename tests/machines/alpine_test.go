@@ -1,0 +1,437 @@
+package machines
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/tests/lab"
+)
+
+// Alpine, as near as this machine gets to one: an OpenRC lab (OpenRC is
+// PID 1, as on Alpine) whose package manager is the real apk, built from
+// the vendored apk-tools source (lab.APKTools), with Debian's own package
+// managers taken out of the lab so that everything the host does with
+// packages goes through apk. Its repository is the test's own: packages
+// signed with a key the test makes, an index made by `apk mkndx` and signed
+// with that key, served over HTTP by busybox httpd inside the lab, and the
+// lab trusting the key in /etc/apk/keys as Alpine trusts its developers'
+// keys. Nothing in the path under test passes --allow-untrusted.
+//
+// Served over HTTP rather than read from a directory because apk reads a
+// local repository's index afresh on every run, and caches a remote one
+// (in /var/cache/apk): only a remote repository can be stale, which is
+// what makes the applier's refresh-when-a-version-is-missing a question.
+
+// apkKeyName is the public key's file name in /etc/apk/keys. apk trusts a
+// v2 package's signature (nfpm's .apk is one) by that name, which nfpm
+// takes from the maintainer's address; v3 packages and indexes are
+// matched by the key itself, whatever the file is called.
+const apkKeyName = "maintainers@nox-mesh.invalid.rsa.pub"
+
+// apkRepo is the test's repository: its key, and what it publishes.
+type apkRepo struct {
+	t    *testing.T
+	apk  string // the apk built from the vendored source, on the host
+	dir  string // scratch on the host
+	key  string // the private key (PEM), on the host
+	keys string // a directory holding only the public key, on the host
+	pub  []byte
+	tool apkFile // the apk-tools package, which every publication holds
+	n    int
+}
+
+// apkFile is one package of a publication.
+type apkFile struct{ name, version, path string }
+
+// apkFixture is a package the test builds with `apk mkpkg`.
+type apkFixture struct {
+	name, version string
+	files         map[string]string // path (no leading /) → content; "#!" ones are 0755
+}
+
+func newAPKRepo(t *testing.T) *apkRepo {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the labs need root (make test runs as root)")
+	}
+	r := &apkRepo{t: t, apk: lab.APKTools(t), dir: t.TempDir()}
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pub = pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})
+	r.key = filepath.Join(r.dir, "signing.rsa")
+	r.keys = filepath.Join(r.dir, "keys")
+	if err := os.WriteFile(r.key, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(r.keys, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.keys, apkKeyName), r.pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// apk-tools itself, holding the apk the lab runs: on Alpine, apk's own
+	// database knows apk-tools, and that is how the executor and the
+	// profile tell an apk machine.
+	bin, err := os.ReadFile(r.apk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tool = r.build(apkFixture{name: "apk-tools", version: "3.0.6-r0", files: map[string]string{"sbin/apk": string(bin)}})
+	return r
+}
+
+// run runs the host's apk (building and indexing happen on the host, as
+// a distribution's builders do).
+func (r *apkRepo) run(args ...string) string {
+	r.t.Helper()
+	out, err := exec.Command(r.apk, args...).CombinedOutput()
+	if err != nil {
+		r.t.Fatalf("apk %q: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// build makes p's package with apk mkpkg, signed with the repository's key.
+func (r *apkRepo) build(p apkFixture) apkFile {
+	r.t.Helper()
+	root := filepath.Join(r.dir, "src", p.name+"-"+p.version)
+	for f, c := range p.files {
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(c, "#!") || strings.HasPrefix(f, "sbin/") {
+			mode = 0o755
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755); err != nil {
+			r.t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), []byte(c), mode); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	out := filepath.Join(r.dir, "built", p.name+"-"+p.version+".apk")
+	os.MkdirAll(filepath.Dir(out), 0o755)
+	r.run("mkpkg", "-I", "name:"+p.name, "-I", "version:"+p.version, "-I", "arch:noarch",
+		"-I", "description:test package "+p.name, "-I", "license:MIT", "-F", root, "-o", out, "--sign-key", r.key)
+	return apkFile{p.name, p.version, out}
+}
+
+// publish makes the lab's repository hold exactly apk-tools and pkgs, with
+// an index signed by the repository's key, as a release is published: a
+// machine that cached the index before does not see them until apk update.
+// mkndx checks each package's signature against the repository's key
+// (--keys-dir): an unsigned package cannot be published.
+func (r *apkRepo) publish(m *machine, pkgs ...apkFile) {
+	r.t.Helper()
+	r.n++
+	out := filepath.Join(r.dir, fmt.Sprintf("pub-%d", r.n))
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	args := []string{"mkndx", "--keys-dir", r.keys, "--sign-key", r.key, "-o", filepath.Join(out, "Packages.adb")}
+	for _, p := range append([]apkFile{r.tool}, pkgs...) {
+		// The name the index's default pkgname-spec gives it.
+		dst := filepath.Join(out, p.name+"-"+p.version+".apk")
+		data, err := os.ReadFile(p.path)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, data, 0o644); err != nil {
+			r.t.Fatal(err)
+		}
+		args = append(args, dst)
+	}
+	r.run(args...)
+	// Emptied, not replaced: httpd serves the directory it started in.
+	m.sh("mkdir -p /srv/apkrepo && find /srv/apkrepo -mindepth 1 -delete")
+	files, _ := filepath.Glob(filepath.Join(out, "*"))
+	for _, f := range files {
+		if err := m.CopyIn(f, "/srv/apkrepo/"+filepath.Base(f)); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// alpineLab boots the Alpine-like lab on r: OpenRC, apk with its database
+// made from r (apk-tools installed from it), the key trusted, the
+// repository served holding pkgs, and no dpkg, apt or pacman left for
+// anything to find.
+func alpineLab(t *testing.T, r *apkRepo, pkgs ...apkFile) *machine {
+	t.Helper()
+	m := boot(t, lab.Options{Init: lab.OpenRC})
+	if err := m.CopyIn(r.apk, "/sbin/apk"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WriteFile("/etc/apk/keys/"+apkKeyName, r.pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WriteFile("/etc/apk/repositories", []byte("http://127.0.0.1:8080/Packages.adb\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.sh("rm -f /usr/bin/dpkg-query /usr/bin/dpkg /usr/bin/apt-get /usr/bin/apt /usr/bin/apt-cache /usr/bin/pacman")
+	m.sh("ip link set lo up && mkdir -p /srv/apkrepo /var/cache/apk && busybox httpd -p 127.0.0.1:8080 -h /srv/apkrepo </dev/null >/dev/null 2>&1")
+	r.publish(m, pkgs...)
+	m.sh("apk add --initdb apk-tools >/dev/null")
+	if got := m.sh("apk info -e -v apk-tools"); got != "apk-tools-3.0.6-r0" {
+		t.Fatalf("apk's database: %q", got)
+	}
+	return m
+}
+
+// apkQ is what apk's own database says of name: "name-version", or "".
+func (m *machine) apkQ(name string) string {
+	m.t.Helper()
+	return m.sh("apk info -e -v " + name + " 2>/dev/null || true")
+}
+
+// The seeds' two lines on the Alpine-like lab, as written: `apk add
+// nox-mesh-host` from a signed repository (the .apk signed as nfpm signs
+// it, the index by apk mkndx), then rc-update add and rc-service start for
+// the executor and the agent. The package's post-install makes the
+// agent's user and the state directories and adds both to the default
+// runlevel (so the seeds' rc-update add finds them there); the executor (through its launcher) and
+// the agent come up, the agent not as root (running, as for the other
+// inits). apk's database says the package is installed and owns the init
+// scripts. And the trust is real: with the key taken out of /etc/apk/keys,
+// apk refuses the repository's index.
+func TestAlpineInstall(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	pkg := hostPackage(t, t.TempDir(), "0.9.1", "b1", brokenNot, "apk", "APK_SIGN_KEY="+r.key)
+	m := alpineLab(t, r, apkFile{"nox-mesh-host", "0.9.1-r1", pkg})
+	if m.sh("id -u mesh-agent 2>/dev/null || echo none") != "none" {
+		t.Fatal("the lab has a mesh-agent user before the install")
+	}
+	// Alpine's adduser and addgroup are busybox's, and the post-install
+	// uses them where shadow's useradd is absent. Debian's busybox is built
+	// without either applet, so here the post-install makes the user with
+	// useradd; a busybox that has them takes useradd's place, and the
+	// post-install Alpine's branch.
+	if m.sh("busybox --list | grep -cx -e adduser -e addgroup || true") == "2" {
+		m.sh("rm -f /usr/sbin/useradd /usr/sbin/groupadd && ln -sf /bin/busybox /usr/sbin/adduser && ln -sf /bin/busybox /usr/sbin/addgroup")
+		t.Log("the post-install makes mesh-agent with busybox's adduser and addgroup")
+	} else {
+		t.Log("this busybox has no adduser or addgroup: the post-install makes mesh-agent with useradd, not Alpine's busybox branch")
+	}
+
+	t.Logf("apk add nox-mesh-host:\n%s", m.sh("apk add nox-mesh-host 2>&1"))
+	t.Logf("rc-update add, rc-service start:\n%s", m.sh("rc-update add mesh-executor default 2>&1 && rc-service mesh-executor start 2>&1 && "+
+		"rc-update add mesh-agent default 2>&1 && rc-service mesh-agent start 2>&1"))
+
+	if got := m.apkQ("nox-mesh-host"); got != "nox-mesh-host-0.9.1-r1" {
+		t.Fatalf("apk's database says %q", got)
+	}
+	if got := m.sh("apk info -q --who-owns /etc/init.d/mesh-executor /etc/init.d/mesh-agent /usr/bin/mesh-executor"); got != "nox-mesh-host" {
+		t.Errorf("apk info --who-owns the init scripts and the executor: %q", got)
+	}
+	if got := m.sh("rc-update show default | awk '{print $1}' | sort | tr '\\n' ' '"); !strings.Contains(got, "mesh-agent mesh-executor") {
+		t.Errorf("the default runlevel holds %q", got)
+	}
+	pw := strings.Split(m.sh("getent passwd mesh-agent"), ":")
+	if len(pw) != 7 || pw[0] != "mesh-agent" || pw[2] == "0" || pw[5] != "/var/lib/mesh-host/agent" || !strings.HasSuffix(pw[6], "/nologin") {
+		t.Errorf("the post-install's mesh-agent: %q", pw)
+	}
+	running(t, m, lab.OpenRC)
+
+	// Trust: the same repository, its key no longer trusted, is refused.
+	m.sh("mv /etc/apk/keys/" + apkKeyName + " /root/")
+	out := m.sh("apk update 2>&1; echo rc=$?")
+	if strings.HasSuffix(out, "rc=0") || !strings.Contains(out, "UNTRUSTED") {
+		t.Fatalf("apk update with the repository's key untrusted:\n%s", out)
+	}
+}
+
+var (
+	apkHello = apkFixture{name: "lp-hello", version: "1.0-r0", files: map[string]string{"usr/share/lp-hello/version": "1.0-r0\n"}}
+	apkOther = apkFixture{name: "lp-other", version: "3.1-r2", files: map[string]string{"usr/share/lp-other/version": "3.1-r2\n"}}
+)
+
+// The package applier on apk, the same table as on dpkg and pacman
+// (TestPacmanBackend): installed from the repository and read back from
+// apk's database, unchanged on re-apply, an exact pin kept, a pin the
+// repository does not hold failing with what is installed left alone, a
+// locked database a clear failure, a package the repository lacks failing
+// in apk's words, a release published after the machine's last refresh
+// installed by its pin after one refresh (and none when nothing is
+// missing), and forgotten, never uninstalled, when undeclared.
+func TestAlpinePackageApplier(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	hello, other := r.build(apkHello), r.build(apkOther)
+	m := alpineLab(t, r, hello, other)
+	m.profile("").present(t, "package-manager", "apk")
+
+	helloRes := `{"module":"base","id":"hello","type":"package","name":"lp-hello"}`
+	rep, code := m.apply(decl(helloRes))
+	expect(t, rep, shapes.Applied, "base.hello=applied")
+	if code != 0 || m.apkQ("lp-hello") != "lp-hello-1.0-r0" || m.sh("cat /usr/share/lp-hello/version") != "1.0-r0" {
+		t.Fatalf("not installed from the repository: exit %d %+v", code, rep.Lines)
+	}
+	if d := rep.Lines[0].Detail; d != "installed 1.0-r0" {
+		t.Fatalf("detail %q", d)
+	}
+	rep, code = m.apply(decl(helloRes))
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged")
+	if code != 0 || !strings.Contains(rep.Lines[0].Detail, "1.0-r0 installed") {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+
+	pinned := func(v string) string {
+		return `{"module":"base","id":"hello","type":"package","name":"lp-hello","version":"` + v + `"}`
+	}
+	rep, _ = m.apply(decl(pinned("1.0-r0")))
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged")
+	rep, code = m.apply(decl(pinned("2.0-r0")))
+	if code != 1 || rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "2.0-r0") {
+		t.Fatalf("a pin the repository lacks: exit %d %+v", code, rep.Lines)
+	}
+	t.Logf("pin 2.0-r0, repository 1.0-r0: %q", rep.Lines[0].Detail)
+	if m.apkQ("lp-hello") != "lp-hello-1.0-r0" {
+		t.Fatalf("lp-hello changed: %q", m.apkQ("lp-hello"))
+	}
+
+	// A locked database (another apk holds /lib/apk/db/lock): a clear
+	// failure at once, and nothing installed.
+	otherRes := `{"module":"base","id":"other","type":"package","name":"lp-other"}`
+	m.sh("setsid flock /lib/apk/db/lock sleep 300 </dev/null >/dev/null 2>&1 & echo $! >/root/lock.pid")
+	untilTrue(t, 10*time.Second, "another process holding apk's lock", func() bool {
+		return m.sh("flock -n /lib/apk/db/lock true && echo free || echo held") == "held"
+	})
+	rep, code = m.apply(decl(helloRes, otherRes))
+	if code != 1 || outcomes(rep) != "base.hello=unchanged base.other=failed" ||
+		!strings.Contains(rep.Lines[1].Detail, "the apk package database is locked by another process; nothing was installed") {
+		t.Fatalf("exit %d %s %+v", code, outcomes(rep), rep.Lines)
+	}
+	if m.apkQ("lp-other") != "" {
+		t.Fatal("lp-other installed under the lock")
+	}
+	m.sh("kill -- -$(cat /root/lock.pid)") // flock and the sleep holding its descriptor
+	untilTrue(t, 10*time.Second, "apk's lock released", func() bool {
+		return m.sh("flock -n /lib/apk/db/lock true && echo free || echo held") == "free"
+	})
+	rep, _ = m.apply(decl(helloRes, otherRes))
+	expect(t, rep, shapes.Applied, "base.hello=unchanged base.other=applied")
+	if m.apkQ("lp-other") != "lp-other-3.1-r2" {
+		t.Fatalf("lp-other: %q", m.apkQ("lp-other"))
+	}
+
+	// A package the repository lacks fails, in apk's words.
+	nowhere := `{"module":"base","id":"nowhere","type":"package","name":"lp-nowhere"}`
+	rep, code = m.apply(decl(helloRes, otherRes, nowhere))
+	if code != 1 || rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[2].Detail, "lp-nowhere (no such package)") {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+
+	// A release published after the machine's last refresh: its pin has
+	// the index refreshed, once, and installs it.
+	r.publish(m, r.build(apkFixture{name: "lp-hello", version: "2.0-r0", files: map[string]string{"usr/share/lp-hello/version": "2.0-r0\n"}}), other)
+	if got := m.sh("apk search --exact --all lp-hello"); got != "lp-hello-1.0-r0" {
+		t.Fatalf("the machine's index is not stale: apk search says %q", got)
+	}
+	rep, code, log := m.applyLogged(decl(pinned("2.0-r0"), otherRes), "apply", "-v")
+	expect(t, rep, shapes.Applied, "base.hello=applied base.other=unchanged base.nowhere=forgotten")
+	if code != 0 || m.apkQ("lp-hello") != "lp-hello-2.0-r0" || strings.Count(log, "package index refreshed") != 1 {
+		t.Fatalf("a release published after the last refresh: exit %d %s %+v\n%s", code, m.apkQ("lp-hello"), rep.Lines, log)
+	}
+	if got := m.sh("cat /usr/share/lp-hello/version"); got != "2.0-r0" {
+		t.Fatalf("lp-hello's file says %q", got)
+	}
+	rep, _, log = m.applyLogged(decl(pinned("2.0-r0"), otherRes), "apply", "-v")
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged base.other=unchanged")
+	if strings.Contains(log, "package index refreshed") {
+		t.Fatalf("refreshed for packages installed as declared:\n%s", log)
+	}
+
+	// Undeclared: forgotten, never uninstalled.
+	rep, code = m.apply(decl())
+	var lines []string
+	for _, l := range rep.Lines {
+		lines = append(lines, l.Module+"."+l.ID+"="+string(l.Outcome))
+	}
+	sort.Strings(lines)
+	if code != 0 || strings.Join(lines, " ") != "base.hello=forgotten base.other=forgotten" {
+		t.Fatalf("exit %d %s %+v", code, outcomes(rep), rep.Lines)
+	}
+	if m.apkQ("lp-hello") != "lp-hello-2.0-r0" || m.apkQ("lp-other") != "lp-other-3.1-r2" {
+		t.Fatal("uninstalled")
+	}
+	rep, _ = m.apply(decl())
+	if len(rep.Lines) != 0 {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}
+
+// Found absent on apk: a service whose init script came with a package the
+// host installed (apk info --who-owns says so) was absent before the mesh,
+// and undeclaring it stops it and takes it out of the runlevel; one whose
+// package the operator had installed and started is found as it was and
+// left running. As Alpine's packages do, neither package starts or adds
+// its service itself.
+func TestAlpineFoundAbsentByWhoOwns(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	script := func(n string) string {
+		return "#!/sbin/openrc-run\ncommand=/bin/sleep\ncommand_args=100000\ncommand_background=true\npidfile=/run/" + n + ".pid\n"
+	}
+	late := r.build(apkFixture{name: "lp-late", version: "1.0-r0", files: map[string]string{"etc/init.d/lp-late": script("lp-late")}})
+	had := r.build(apkFixture{name: "lp-had", version: "1.0-r0", files: map[string]string{"etc/init.d/lp-had": script("lp-had")}})
+	m := alpineLab(t, r, late, had)
+	m.sh("apk add lp-had >/dev/null && rc-update add lp-had default >/dev/null && rc-service lp-had start >/dev/null 2>&1")
+
+	pkg := func(u string) string {
+		return `{"module":"web","id":"pkg-` + u + `","type":"package","name":"` + u + `"}`
+	}
+	svc := func(u string) string {
+		return `{"module":"web","id":"` + u + `","type":"service","unit":"` + u + `","state":"running","enabled":true}`
+	}
+	rep, code := m.apply(decl(pkg("lp-late"), pkg("lp-had"), svc("lp-late"), svc("lp-had")))
+	expect(t, rep, shapes.Applied, "web.pkg-lp-late=applied web.pkg-lp-had=unchanged web.lp-late=applied web.lp-had=unchanged")
+	if d := rep.Lines[2].Detail; code != 0 || !strings.Contains(d, "found absent: brought by package lp-late, which the host installed") {
+		t.Fatalf("exit %d, lp-late: %q", code, d)
+	}
+	if got := m.sh("rc-service lp-late status 2>&1 || true"); !strings.Contains(got, "started") {
+		t.Fatalf("lp-late: %s", got)
+	}
+
+	rep, _ = m.apply(decl())
+	got := map[string]shapes.Line{}
+	for _, l := range rep.Lines {
+		got[l.ID] = l
+	}
+	if l := got["lp-late"]; l.Outcome != shapes.Restored || !strings.Contains(l.Detail, "it did not exist before the declaration that brought it") {
+		t.Errorf("lp-late undeclared: %s %q", l.Outcome, l.Detail)
+	}
+	if l := got["lp-had"]; l.Outcome != shapes.Forgotten || !strings.Contains(l.Detail, "it was running before the mesh") {
+		t.Errorf("lp-had undeclared: %s %q", l.Outcome, l.Detail)
+	}
+	if s := m.sh("rc-service lp-late status 2>&1 || true"); !strings.Contains(s, "stopped") {
+		t.Errorf("lp-late after the undeclare: %s", s)
+	}
+	if s := m.sh("rc-update show default"); strings.Contains(s, "lp-late") || !strings.Contains(s, "lp-had") {
+		t.Errorf("the default runlevel after the undeclare: %s", s)
+	}
+	if s := m.sh("rc-service lp-had status 2>&1 || true"); !strings.Contains(s, "started") {
+		t.Errorf("lp-had after the undeclare: %s", s)
+	}
+	if m.apkQ("lp-late") != "lp-late-1.0-r0" || m.apkQ("lp-had") != "lp-had-1.0-r0" {
+		t.Error("a package was uninstalled")
+	}
+}

@@ -53,8 +53,8 @@ func PackageVersion(ctx context.Context) string {
 // apkInstalled asks apk which version of the host's package is
 // installed, as the engine's apk applier asks: `apk info -e -v NAME`
 // prints "NAME-VERSION" (e.g. nox-mesh-host-0.9.2-r1), or nothing and
-// exit 1 when it is not installed. Written to apk-tools' manual; no
-// Alpine machine was reachable to run it on (README: what was run).
+// exit 1 when it is not installed (apk-tools 2 and 3 alike;
+// TestAlpineRollbackThroughAPK runs 3).
 func apkInstalled(ctx context.Context) string {
 	res, err := command.Run(ctx, []string{"apk", "info", "-e", "-v", "--", HostPackage}, command.Options{})
 	if err != nil || res.Code != 0 {
@@ -100,8 +100,11 @@ func packageReinstall(ctx context.Context, version string) error {
 	if _, err := command.LookPath("apk"); err == nil {
 		// apk installs the version pinned from its repositories, or from
 		// its cache (/etc/apk/cache) when the machine keeps one: apk add
-		// NAME=VERSION allows a downgrade. Written to apk-tools' manual,
-		// not run here.
+		// NAME=VERSION allows a downgrade, and leaves that pin in
+		// /etc/apk/world until a declaration names another version. The
+		// repository must still offer the known-good version (Alpine's
+		// keep one version of a package; a machine that must roll back
+		// from them keeps a cache).
 		return run("apk", "add", "--", HostPackage+"="+version)
 	}
 	return errors.New("no package manager the launcher knows (apt, pacman, apk)")

@@ -435,3 +435,50 @@ func TestAlpineFoundAbsentByWhoOwns(t *testing.T) {
 		t.Error("a package was uninstalled")
 	}
 }
+
+// The launcher's rollback through apk: the host installed from the signed
+// repository at 0.9.1 and running until its launcher keeps that release
+// as known good; then a release whose executor crash-loops at every start
+// is installed with apk (here by hand, as an operator would; the
+// declaration's way is TestUpgradeThroughADeclaration's on apt) and its
+// executor started by the launcher. The launcher rolls back once,
+// through `apk add nox-mesh-host=0.9.1-r1` (a downgrade, from the same
+// repository), checks the binaries against its known-good digests, and
+// runs the known-good host again; apk's database says 0.9.1-r1.
+func TestAlpineRollbackThroughAPK(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	dir := t.TempDir()
+	good := hostPackage(t, dir, "0.9.1", "b1", brokenNot, "apk", "APK_SIGN_KEY="+r.key)
+	broken := hostPackage(t, dir, "0.9.3", "b3", brokenExecutor, "apk", "APK_SIGN_KEY="+r.key)
+	m := alpineLab(t, r, apkFile{"nox-mesh-host", "0.9.1-r1", good}, apkFile{"nox-mesh-host", "0.9.3-r1", broken})
+	m.sh("apk add nox-mesh-host=0.9.1-r1 >/dev/null 2>&1 && rc-service mesh-executor start >/dev/null 2>&1 && rc-service mesh-agent start >/dev/null 2>&1")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _, _ := m.Run(t.Context(), "/bin/sh", "-c", "tail -n 60 /var/log/mesh-executor.log; mesh-launch status --state /var/lib/mesh-host/executor 2>&1")
+			t.Logf("the executor's log:\n%s", out)
+		}
+	})
+	untilTrue(t, 120*time.Second, "0.9.1 is known-good", func() bool {
+		return m.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.1"
+	})
+	m.sh("apk add nox-mesh-host=0.9.3-r1 >/dev/null 2>&1")
+	if got := m.apkQ("nox-mesh-host"); got != "nox-mesh-host-0.9.3-r1" {
+		t.Fatalf("apk installed %q", got)
+	}
+	// The running executor exits; the launcher starts the new binary.
+	m.sh("pkill -x -TERM mesh-executor")
+	untilTrue(t, 180*time.Second, "rolled back to the known-good 0.9.1 through apk", func() bool {
+		return m.apkQ("nox-mesh-host") == "nox-mesh-host-0.9.1-r1" &&
+			m.sh("grep -c 'reinstalled the known-good release through the package manager' /var/log/mesh-executor.log || true") != "0"
+	})
+	if got := m.sh("/usr/bin/mesh-executor version"); got != "0.9.1" {
+		t.Fatalf("after the rollback /usr/bin/mesh-executor says %s", got)
+	}
+	untilTrue(t, 30*time.Second, "the known-good executor serving again", func() bool {
+		return m.sh("mesh-executor status 2>/dev/null | grep -c 'state: hosted' || true") == "1"
+	})
+	if log := m.sh("cat /var/log/mesh-executor.log"); !strings.Contains(log, "a broken release: it crashes at start") {
+		t.Errorf("the broken release never ran:\n%s", log)
+	}
+}

@@ -150,13 +150,25 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 		// Answered: a report names it, or the control side counts it
 		// applied (a re-enrolment starts the reports afresh).
 		answered := v.Declared == 0 || v.Applied >= v.Declared
+		var reported uint64 // the newest sequence a report says was applied
 		for _, r := range w.reports(n) {
 			if r.Seq == v.Declared && r.Trigger == "declaration" {
 				answered = true
 			}
+			if r.Trigger == "declaration" && r.Outcome != "superseded" && r.Outcome != "refused" {
+				reported = max(reported, r.Seq)
+			}
 		}
 		if !answered {
 			why = fmt.Sprintf("no report for the newest declared, seq %d (applied %d, the node's store says %d)", v.Declared, v.Applied, own)
+			return false
+		}
+		// The status says applied before the agent's report is on the
+		// broker (a paused agent resumed, say): the report of what the
+		// node applied last is what the machine's changes are checked
+		// against, so it must be there first.
+		if own > 0 && reported < own {
+			why = fmt.Sprintf("the node's store says %d, and no report of it yet (newest reported %d)", own, reported)
 			return false
 		}
 		if v.Applied != own {
@@ -291,6 +303,11 @@ func (w *world) checkMachine(n *node) {
 	}
 	// The reverse: each path the mesh may declare that the machine holds
 	// is claimed by the store.
+	// The newest report is marked before the machine is looked at: a
+	// report that lands in between is read again at the next check, where
+	// the change it says will be, never skipped while its change is not
+	// yet in this snapshot.
+	mark := w.newestReport(n)
 	after := snapshot(n.tree)
 	for p := range after {
 		if declarable(n, p) {
@@ -303,7 +320,7 @@ func (w *world) checkMachine(n *node) {
 	w.checkReportDigests(n, after)
 	w.checkChanges(n, after)
 	n.before = after
-	n.lastReport = w.newestReport(n)
+	n.lastReport = mark
 	n.rescue = nil
 }
 

@@ -201,12 +201,12 @@ func (w *world) do(s step) {
 	case "plan":
 		f := w.writeDoc(n, docJSON(n, s.Doc, false))
 		wait := "--wait=60s"
-		if s.Known != "" {
+		if s.Paused {
 			wait = "--wait=3s"
 		}
 		out, code, err := w.control("plan", n.name, f, "--json", wait)
 		w.check("plan-answers")
-		if s.Known == "" && (err != nil || code == 3) {
+		if !s.Paused && (err != nil || code == 3) {
 			w.violate(n, "plan-answers", "a plan to a linked node had no answer: exit %d %v\n%s", code, err, out)
 		}
 	case "overlay":

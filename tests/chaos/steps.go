@@ -28,6 +28,9 @@ type step struct {
 	// Known names the fault, listed in knownFaults, that this step
 	// provokes on purpose: its violations are counted as known.
 	Known string `json:"known,omitempty"`
+	// Paused: a plan sent to a node whose agent is stopped — given up
+	// after a moment, as an operator would, and not expected answered.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // A module is a directory under the node's tree (L/NAME for the link,
@@ -69,6 +72,9 @@ func (s step) String() string {
 	}
 	if s.Known != "" {
 		b.WriteString(" (known: " + s.Known + ")")
+	}
+	if s.Paused {
+		b.WriteString(" (to a paused agent)")
 	}
 	return b.String()
 }
@@ -318,7 +324,7 @@ func planSteps(seed uint64, count, nodes int) []step {
 			n.agentStopped = true
 			n.pendingEvents++
 			addStep(step{Kind: "stop", Node: n.name, Proc: n.name + "/agent"})
-			addStep(step{Kind: "plan", Node: n.name, Doc: genDoc(r, 1)})
+			addStep(step{Kind: "plan", Node: n.name, Doc: genDoc(r, 1), Paused: true})
 			at := len(steps) + 1
 			pending[at] = append(pending[at], step{Kind: "cont", Node: n.name, Proc: n.name + "/agent"})
 		}

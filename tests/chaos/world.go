@@ -279,8 +279,8 @@ func (w *world) setup() error {
 		if !w.converged(n, w.cfg.bound) {
 			return fmt.Errorf("%s never heard from after enrolment", n.name)
 		}
+		n.lastReport = w.newestReport(n) // before the look, as checkMachine does
 		n.before = snapshot(n.tree)
-		n.lastReport = w.newestReport(n)
 	}
 	return nil
 }

@@ -202,12 +202,12 @@ func (m *machine) apkQ(name string) string {
 	return m.sh("apk info -e -v " + name + " 2>/dev/null || true")
 }
 
-// The seeds' two lines on the Alpine-like lab, as written: `apk add
+// The operator's two lines on the Alpine-like lab, as the lifecycle has them: `apk add
 // nox-mesh-host` from a signed repository (the .apk signed as nfpm signs
 // it, the index by apk mkndx), then rc-update add and rc-service start for
 // the executor and the agent. The package's post-install makes the
 // agent's user and the state directories and adds both to the default
-// runlevel (so the seeds' rc-update add finds them there); the executor (through its launcher) and
+// runlevel (so the second line's rc-update add finds them there); the executor (through its launcher) and
 // the agent come up, the agent not as root (running, as for the other
 // inits). apk's database says the package is installed and owns the init
 // scripts. And the trust is real: with the key taken out of /etc/apk/keys,

@@ -151,12 +151,13 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 		// applied (a re-enrolment starts the reports afresh).
 		answered := v.Declared == 0 || v.Applied >= v.Declared
 		var reported uint64 // the newest sequence a report says was applied
+		anyReport := false
 		for _, r := range w.reports(n) {
 			if r.Seq == v.Declared && r.Trigger == "declaration" {
 				answered = true
 			}
 			if r.Trigger == "declaration" && r.Outcome != "superseded" && r.Outcome != "refused" {
-				reported = max(reported, r.Seq)
+				reported, anyReport = max(reported, r.Seq), true
 			}
 		}
 		if !answered {
@@ -167,7 +168,11 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 		// broker (a paused agent resumed, say): the report of what the
 		// node applied last is what the machine's changes are checked
 		// against, so it must be there first.
-		if own > 0 && reported < own {
+		// (A re-enrolled node's reports start afresh — those signed by its
+		// old key are not listed — while its store names what the old
+		// enrolment applied: until its first report, there is none to wait
+		// for.)
+		if own > 0 && anyReport && reported < own {
 			why = fmt.Sprintf("the node's store says %d, and no report of it yet (newest reported %d)", own, reported)
 			return false
 		}

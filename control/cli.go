@@ -877,6 +877,12 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 		return err
 	}
 	defer cl.Close()
+	return c.planOf(cl, node, data, wait)
+}
+
+// planOf asks node for a plan of the declaration data and prints its
+// answer: plan's, and assign --plan's of the composition it would send.
+func (c *cli) planOf(cl *Client, node string, data []byte, wait time.Duration) error {
 	id, err := cl.Plan(c.ctx, node, data)
 	if err != nil {
 		return err

@@ -279,16 +279,7 @@ func (c *cli) assignPlan(node, file string) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp("", "mesh-assign-plan-*.json")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(decl); err != nil {
-		return err
-	}
-	tmp.Close()
-	return c.plan(node, tmp.Name(), c.wait)
+	return c.planOf(cl, node, decl, c.wait)
 }
 
 func (c *cli) unassign(node, module string) error {

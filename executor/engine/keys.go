@@ -107,17 +107,7 @@ func (r *run) keys(st *step, rest int) {
 			v, present, err := kf.Get(name)
 			as = as && err == nil && present && v == want
 		}
-		r.heldOK[k.Key()] = as
-		st.line.Outcome = shapes.Held
-		st.line.Detail = fmt.Sprintf("%s found on an adopted node; held as found, no key set, until module %s is taken", k.Path, k.Module)
-		if e == nil || !e.Claimed(st.claim) {
-			h := &store.Entry{Target: st.target, Type: shapes.TypeKeys, Claims: withClaim(e, st.claim), Held: true}
-			if e != nil {
-				h.Order = e.Order
-			}
-			st.record = h
-		}
-		r.recordAndEmit(st, rest)
+		r.holdEdited(st, e, k.Key(), as, fmt.Sprintf("%s found on an adopted node; held as found, no key set, until module %s is taken", k.Path, k.Module), rest)
 		return
 	}
 	old, err := r.keysOriginal(e)

@@ -108,17 +108,7 @@ func (r *run) region(st *step, rest int) {
 		n.Order, n.Original, n.Created = e.Order, e.Original, e.Created
 	}
 	if r.d.Adopted && !r.taken[g.Module] && (e == nil || e.Held) {
-		r.heldOK[g.Key()] = found && cur == want
-		st.line.Outcome = shapes.Held
-		st.line.Detail = fmt.Sprintf("%s found on an adopted node; held as found, no block written, until module %s is taken", g.Path, g.Module)
-		if e == nil || !e.Claimed(st.claim) {
-			h := &store.Entry{Target: st.target, Type: shapes.TypeRegion, Claims: withClaim(e, st.claim), Held: true}
-			if e != nil {
-				h.Order = e.Order
-			}
-			st.record = h
-		}
-		r.recordAndEmit(st, rest)
+		r.holdEdited(st, e, g.Key(), found && cur == want, fmt.Sprintf("%s found on an adopted node; held as found, no block written, until module %s is taken", g.Path, g.Module), rest)
 		return
 	}
 	var keepFound []byte
@@ -284,4 +274,22 @@ func (r *run) restoreFoundRegion(st *step, path string, data []byte, info fsx.In
 		}
 		return nil, nil // the drop's record lets the kept block go
 	}
+}
+
+// holdEdited holds a region or keys on an adopted node until its module is
+// taken, like a found file: nothing written, the line says so, and the
+// record says held (so its removal forgets, never gives anything back).
+// as says whether the file already holds what is declared (the briefing's
+// "as declared").
+func (r *run) holdEdited(st *step, e *store.Entry, key string, as bool, detail string, rest int) {
+	r.heldOK[key] = as
+	st.line.Outcome, st.line.Detail = shapes.Held, detail
+	if e == nil || !e.Claimed(st.claim) {
+		h := &store.Entry{Target: st.target, Type: st.line.Type, Claims: withClaim(e, st.claim), Held: true}
+		if e != nil {
+			h.Order = e.Order
+		}
+		st.record = h
+	}
+	r.recordAndEmit(st, rest)
 }

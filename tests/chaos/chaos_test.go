@@ -54,11 +54,11 @@ func TestChaosShort(t *testing.T) {
 // A seed names one run: the steps derive from it alone, so make chaos
 // SEED=N replays a failure step for step.
 func TestStepsDeriveFromTheSeedAlone(t *testing.T) {
-	a, b := planSteps(7, 300, 3), planSteps(7, 300, 3)
+	a, b := planSteps(7, 300, 3, true), planSteps(7, 300, 3, true)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("the same seed drew two step lists")
 	}
-	if reflect.DeepEqual(a, planSteps(8, 300, 3)) {
+	if reflect.DeepEqual(a, planSteps(8, 300, 3, true)) {
 		t.Fatal("two seeds drew the same step list")
 	}
 }
@@ -70,7 +70,7 @@ func TestEveryFaultIsUndone(t *testing.T) {
 	kinds := map[string]bool{}
 	for seed := uint64(1); seed <= 20; seed++ {
 		open := map[string]int{}
-		for _, s := range planSteps(seed, 200, 3) {
+		for _, s := range planSteps(seed, 200, 3, true) {
 			kinds[s.Kind] = true
 			switch s.Kind {
 			case "stop", "kill":
@@ -81,6 +81,10 @@ func TestEveryFaultIsUndone(t *testing.T) {
 				open[s.Node+"/disk"]++
 			case "disk-free":
 				open[s.Node+"/disk"]--
+			case "ctl-disk-full":
+				open["control/disk"]++
+			case "ctl-disk-free":
+				open["control/disk"]--
 			}
 		}
 		for what, c := range open {
@@ -89,7 +93,7 @@ func TestEveryFaultIsUndone(t *testing.T) {
 			}
 		}
 	}
-	for _, w := range weights {
+	for _, w := range append(weights, ctlWeights...) {
 		k := w.kind
 		if k == "plan-paused" {
 			k = "plan"
@@ -139,5 +143,39 @@ func TestTheMachineChecksCanFail(t *testing.T) {
 	}
 	if msg := fileMatches([]byte("truncated"), 0o640, o); msg == "" {
 		t.Error("content the mesh never declared passed")
+	}
+}
+
+// The control side's disk faults are drawn only where they can be done
+// and undone: no power cut without an image to copy, and while the disk
+// is full serve is not restarted, cut or filled again.
+func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
+	cuts := 0
+	for seed := uint64(1); seed <= 20; seed++ {
+		for _, s := range planSteps(seed, 200, 3, false) {
+			if s.Kind == "power-cut" {
+				t.Fatalf("seed %d drew a power cut without a loop device: %s", seed, s)
+			}
+		}
+		full := false
+		for _, s := range planSteps(seed, 200, 3, true) {
+			switch s.Kind {
+			case "ctl-disk-full":
+				if full {
+					t.Errorf("seed %d: %s while the control disk is full already", seed, s)
+				}
+				full = true
+			case "ctl-disk-free":
+				full = false
+			case "power-cut", "restart-serve", "kill-serve":
+				cuts++
+				if full {
+					t.Errorf("seed %d: %s while the control disk is full", seed, s)
+				}
+			}
+		}
+	}
+	if cuts == 0 {
+		t.Error("no seed drew a power cut or a restart of serve")
 	}
 }

@@ -6,7 +6,8 @@
 // steps — declare, assign, unassign, publish, plan, overlay set, revoke,
 // re-enrol, token issue, rescue apply, and faults: kill -9 and
 // SIGSTOP/SIGCONT of any process, serve restarted or killed, a second
-// instance of any daemon, a node's state disk full — and after each step
+// instance of any daemon, a node's state disk full, the control side's
+// disk full, a power cut of the control side — and after each step
 // checks the invariants an operator relies on: nothing panicked or exited
 // unasked; what the control side acknowledged is there; what each store
 // says it owns is on its machine exactly, and the reverse; the control
@@ -19,10 +20,10 @@
 // (make chaos STEPS=2000) is something to watch; TestChaosShort runs a
 // few seeds of it under go test.
 //
-// Out of scope: a clock off by hours (the binaries are static and Linux
-// has no namespace for the wall clock, so it would mean changing the
-// machine's own); a power cut of the control side (an image of its
-// filesystem copied) is a test of its own in control/.
+// Out of scope: a clock off by hours (the binaries are static, so no fake
+// clock can be put in, and Linux has no namespace for the wall clock, so
+// it would mean changing the machine's own); a second mesh-launch (the
+// run starts the executor itself, not through the launcher).
 package main
 
 import (
@@ -113,7 +114,12 @@ func run(c config, out io.Writer) (result, error) {
 			return result{}, err
 		}
 	}
-	steps := planSteps(c.seed, c.steps, c.nodes)
+	var why string
+	w.loop, why = loopAvailable()
+	if !w.loop {
+		fmt.Fprintf(mw, "chaos: %s: the control side is on a tmpfs, and no power cut is drawn\n", why)
+	}
+	steps := planSteps(c.seed, c.steps, c.nodes, w.loop)
 	// Interrupted, the run still ends what it started: the agents have
 	// dropped to another user, so the parent's death does not reach them.
 	sig := make(chan os.Signal, 1)

@@ -129,6 +129,11 @@ func (w *world) expectOK(n *node, what string, out string, code int, err error) 
 // do runs one step.
 func (w *world) do(s step) {
 	n := w.nodeNamed(s.Node)
+	if w.ctlFull {
+		// What the broker freed since (a block of messages removed) is
+		// taken again: the disk stays full for the whole fault.
+		fillUp(w.ctlFiller)
+	}
 	if s.Known != "" && n != nil {
 		n.known, n.knownUntil = s.Known, s.N+5
 	}
@@ -140,6 +145,9 @@ func (w *world) do(s step) {
 			args = append(args, "--without-overlay")
 		}
 		out, code, err := w.control(args...)
+		if w.ctlFull && w.refusedFull(n, "declare", out, code, err, "revoked") {
+			return
+		}
 		if n.revoked {
 			w.expectRefusal(n, "declare to a revoked node", out, code, err, "revoked")
 			return
@@ -154,6 +162,9 @@ func (w *world) do(s step) {
 	case "assign":
 		f := w.writeDoc(n, docJSON(n, s.Doc, false))
 		out, code, err := w.control("assign", n.name, f, "--json")
+		if w.ctlFull && w.refusedFull(n, "assign", out, code, err, "no overlay is set|revoked") {
+			return
+		}
 		switch {
 		case !w.overlay && n.revoked:
 			w.expectRefusal(n, "assign to a revoked node before an overlay", out, code, err, "no overlay is set|revoked")
@@ -173,6 +184,9 @@ func (w *world) do(s step) {
 		}
 	case "unassign":
 		out, code, err := w.control("unassign", n.name, s.Module, "--json")
+		if w.ctlFull && w.refusedFull(n, "unassign", out, code, err, "is not assigned") {
+			return
+		}
 		if code == 0 && err == nil {
 			var r struct {
 				Seq  uint64 `json:"seq"`
@@ -187,6 +201,9 @@ func (w *world) do(s step) {
 		}
 	case "publish":
 		out, code, err := w.control("publish", n.name, "--json")
+		if w.ctlFull && w.refusedFull(n, "publish", out, code, err, "no overlay is set|revoked") {
+			return
+		}
 		if !w.overlay {
 			w.expectRefusal(n, "publish before an overlay", out, code, err, "no overlay is set|revoked")
 			return
@@ -204,25 +221,54 @@ func (w *world) do(s step) {
 		if s.Paused {
 			wait = "--wait=3s"
 		}
+		if w.ctlFull {
+			// The node's answer cannot be recorded: the plan is answered
+			// or refused saying the disk is full, soon.
+			wait = "--wait=10s"
+		}
 		out, code, err := w.control("plan", n.name, f, "--json", wait)
 		w.check("plan-answers")
+		if w.ctlFull && err == nil && code != 0 && strings.Contains(out, diskFullSays) {
+			return
+		}
 		if !s.Paused && (err != nil || code == 3) {
 			w.violate(n, "plan-answers", "a plan to a linked node had no answer: exit %d %v\n%s", code, err, out)
 		}
 	case "overlay":
 		out, code, err := w.control("overlay", "set", "--network", "10.231.0.0/24", "--interface", "chaos0",
 			"--keepalive", strconv.Itoa(s.Arg), "--json")
+		if w.ctlFull && w.refusedFull(nil, "overlay set", out, code, err, "") {
+			return
+		}
 		if w.expectOK(nil, "overlay set", out, code, err) {
 			w.overlay = true
 			w.ackPublished(out)
 		}
 	case "revoke":
 		out, code, err := w.control("node", "revoke", n.name, "--json")
+		// Revoking a revoked node writes nothing, and answers so.
+		if w.ctlFull && !n.revoked && w.refusedFull(n, "node revoke", out, code, err, "") {
+			return
+		}
 		if w.expectOK(n, "node revoke", out, code, err) {
 			n.revoked = true
 			w.faults["revoke"]++
 		}
 	case "reenrol":
+		if w.ctlFull {
+			out, code, err := w.control("token", "issue", "--node", n.name)
+			if w.refusedFull(n, "token issue --node", out, code, err, "") {
+				return
+			}
+			// Issued on a full disk (a violation said): enrolled with, so
+			// the model follows what was acknowledged.
+			if out, code, err := w.cli(2*time.Minute, lastLine(out)+"\n", "mesh-executor", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s"); err != nil || code != 0 {
+				w.violate(n, "reenrol", "enrol %s: %v exit %d\n%s", n.name, err, code, out)
+			} else {
+				n.revoked = false
+			}
+			return
+		}
 		w.check("reenrol")
 		if err := w.enrol(n, "--node", n.name); err != nil {
 			w.violate(n, "reenrol", "%v", err)
@@ -231,6 +277,9 @@ func (w *world) do(s step) {
 		w.spares++
 		name := fmt.Sprintf("spare%d", w.spares)
 		out, code, err := w.control("token", "issue", "--new", "--name", name)
+		if w.ctlFull && w.refusedFull(nil, "token issue", out, code, err, "") {
+			return
+		}
 		w.expectOK(nil, "token issue", out, code, err)
 	case "rescue":
 		f := w.writeDoc(n, docJSON(n, s.Doc, true))
@@ -281,6 +330,15 @@ func (w *world) do(s step) {
 		fill(n.filler)
 	case "disk-free":
 		os.Remove(n.filler)
+	case "power-cut":
+		w.faults["power cut (control side)"]++
+		w.powerCut()
+	case "ctl-disk-full":
+		w.faults["full disk (control side)"]++
+		w.ctlFull = true
+		fillUp(w.ctlFiller)
+	case "ctl-disk-free":
+		w.ctlFree()
 	default:
 		panic("no such step kind " + s.Kind)
 	}

@@ -82,11 +82,13 @@ func (s step) String() string {
 // knownFaults are the faults the system is known to have now, each being
 // fixed: a step that meets one is labelled with its name (step.Known), its
 // violations are counted and printed but do not fail a run, and -strict
-// fails them, to see the day one is fixed. None is known now: a plan sent
-// to a paused agent, a second executor on a live socket, the control
-// side's full disk and a revoked agent's retries were listed here until
-// they were fixed, and a run now fails on them like on anything else.
-var knownFaults = map[string]string{}
+// fails them, to see the day one is fixed. A plan sent to a paused agent,
+// a second executor on a live socket, writes on the control side's full
+// disk and a revoked agent's retries were listed here until they were
+// fixed, and a run now fails on them like on anything else.
+var knownFaults = map[string]string{
+	"control-full-reads": "mesh-control nodes (a read) fails while the control side's disk is full: every client command first makes its streams (CreateOrUpdateStream), and the broker rewrites a stream's meta.inf for it",
+}
 
 // The kinds of step, with the weights they are drawn by.
 var weights = []struct {
@@ -97,6 +99,18 @@ var weights = []struct {
 	{"overlay", 2}, {"revoke", 1}, {"reenrol", 2}, {"token", 2}, {"rescue", 6},
 	{"kill", 4}, {"stop", 3}, {"restart-serve", 2}, {"kill-serve", 1}, {"second", 3},
 	{"disk-full", 2}, {"plan-paused", 1}, {"second-socket", 1},
+}
+
+// ctlWeights are the faults of the control side's disk, drawn beside
+// weights' kinds (with these weights out of the sum of both) from a
+// stream of the seed's own: a seed draws from weights what it drew before
+// these kinds were added, with theirs put in between, so that a seed kept
+// for what it found still provokes it.
+var ctlWeights = []struct {
+	kind string
+	w    int
+}{
+	{"power-cut", 1}, {"ctl-disk-full", 1},
 }
 
 // simNode is the generator's model of one node: what is in force, never
@@ -120,8 +134,15 @@ func (n *simNode) healthy() bool {
 
 // plan draws the seed's steps. A fault is undone by a step drawn with it
 // and run a few steps later; all faults are undone by the last step.
-func planSteps(seed uint64, count, nodes int) []step {
-	r := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos"
+// loop says whether the control side is on a filesystem image that can
+// be copied (a loop device): without one, no power cut is drawn.
+func planSteps(seed uint64, count, nodes int, loop bool) []step {
+	r := rand.New(rand.NewPCG(seed, 0x6368616f73))      // "chaos"
+	rc := rand.New(rand.NewPCG(seed, 0x63746c6469736b)) // "ctldisk": the control side's faults
+	// ctlFull: the control side's disk is full. What an operator's
+	// command would write is refused then, so the model counts no write
+	// made while it is (no assignment, revocation, overlay).
+	ctlFull := false
 	var ns []*simNode
 	for i := 1; i <= nodes; i++ {
 		ns = append(ns, &simNode{name: fmt.Sprintf("n%d", i), modules: map[string]module{}})
@@ -130,9 +151,12 @@ func planSteps(seed uint64, count, nodes int) []step {
 	var steps []step
 	// pending recoveries: at step index, the step to run.
 	pending := map[int][]step{}
-	total := 0
+	total, ctlTotal := 0, 0
 	for _, x := range weights {
 		total += x.w
+	}
+	for _, x := range ctlWeights {
+		ctlTotal += x.w
 	}
 	pick := func() *simNode { return ns[r.IntN(len(ns))] }
 	healthyNode := func() *simNode {
@@ -156,6 +180,10 @@ func planSteps(seed uint64, count, nodes int) []step {
 		pending[at] = append(pending[at], s)
 	}
 	undo := func(n *simNode, s step) {
+		if s.Kind == "ctl-disk-free" {
+			ctlFull = false
+			return
+		}
 		switch s.Kind {
 		case "cont":
 			if strings.HasSuffix(s.Proc, "executor") {
@@ -200,14 +228,24 @@ func planSteps(seed uint64, count, nodes int) []step {
 		if len(steps) >= count {
 			break
 		}
-		x := r.IntN(total)
 		kind := ""
-		for _, w := range weights {
-			if x < w.w {
-				kind = w.kind
-				break
+		if x := rc.IntN(total + ctlTotal); x < ctlTotal {
+			for _, w := range ctlWeights {
+				if x < w.w {
+					kind = w.kind
+					break
+				}
+				x -= w.w
 			}
-			x -= w.w
+		} else {
+			x := r.IntN(total)
+			for _, w := range weights {
+				if x < w.w {
+					kind = w.kind
+					break
+				}
+				x -= w.w
+			}
 		}
 		switch kind {
 		case "declare", "plan":
@@ -222,10 +260,10 @@ func planSteps(seed uint64, count, nodes int) []step {
 		case "assign":
 			n := pick()
 			m := genModule(r, modNames[r.IntN(len(modNames))])
-			if overlay && !n.revoked && !contains(n.assigned, m.Name) {
+			if overlay && !n.revoked && !ctlFull && !contains(n.assigned, m.Name) {
 				n.assigned = append(n.assigned, m.Name)
 			}
-			if overlay && !n.revoked {
+			if overlay && !n.revoked && !ctlFull {
 				n.modules[m.Name] = m
 			}
 			addStep(step{Kind: kind, Node: n.name, Doc: []module{m}})
@@ -236,7 +274,7 @@ func planSteps(seed uint64, count, nodes int) []step {
 			}
 			i := r.IntN(len(n.assigned))
 			m := n.assigned[i]
-			if !n.revoked {
+			if !n.revoked && !ctlFull {
 				n.assigned = append(n.assigned[:i:i], n.assigned[i+1:]...)
 			}
 			addStep(step{Kind: kind, Node: n.name, Module: m})
@@ -244,18 +282,18 @@ func planSteps(seed uint64, count, nodes int) []step {
 			n := pick()
 			addStep(step{Kind: kind, Node: n.name})
 		case "overlay":
-			overlay = true
+			overlay = overlay || !ctlFull
 			addStep(step{Kind: kind, Arg: []int{0, 10, 25, 60}[r.IntN(4)]})
 		case "revoke":
 			n := pick()
-			n.revoked = true
+			n.revoked = n.revoked || !ctlFull
 			addStep(step{Kind: kind, Node: n.name})
 		case "reenrol":
 			n := pick()
 			if !n.healthy() {
 				continue
 			}
-			n.revoked = false
+			n.revoked = n.revoked && ctlFull
 			addStep(step{Kind: kind, Node: n.name})
 		case "token":
 			addStep(step{Kind: kind})
@@ -290,7 +328,25 @@ func planSteps(seed uint64, count, nodes int) []step {
 			addStep(s)
 			later(back)
 		case "restart-serve", "kill-serve":
+			// Serve is not started on a full disk: a run of its own to
+			// try, not drawn here (see docs/chaos.md).
+			if ctlFull {
+				continue
+			}
 			addStep(step{Kind: kind, Proc: "serve"})
+		case "power-cut":
+			if !loop || ctlFull {
+				continue
+			}
+			addStep(step{Kind: kind, Proc: "serve"})
+		case "ctl-disk-full":
+			if ctlFull {
+				continue
+			}
+			ctlFull = true
+			addStep(step{Kind: kind})
+			at := len(steps) + 1 + rc.IntN(4)
+			pending[at] = append(pending[at], step{Kind: "ctl-disk-free"})
 		case "second":
 			n := pick()
 			proc := []string{"executor", "agent", "serve"}[r.IntN(3)]

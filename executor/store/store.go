@@ -396,6 +396,18 @@ func (s *Store) identity() [2]fileID {
 
 func (s *Store) load() error {
 	s.seen = s.identity()
+	// The journal is read before the snapshot: a reader without the lock
+	// (Peek: the rescue command's owned and status, a plan) may meet the
+	// daemon compacting — a new snapshot renamed in, then the journal
+	// emptied. Read in this order, a compaction in between leaves a
+	// journal whose records the newer snapshot already holds (skipped by
+	// their number); read the other way, an old snapshot and an emptied
+	// journal made a store that had lost the last apply.
+	jpath := filepath.Join(s.dir, "journal")
+	journal, jerr := os.ReadFile(jpath)
+	if jerr != nil && !errors.Is(jerr, os.ErrNotExist) {
+		return fmt.Errorf("store: %w", jerr)
+	}
 	data, err := os.ReadFile(filepath.Join(s.dir, snapshotName))
 	switch {
 	case err == nil:
@@ -420,15 +432,10 @@ func (s *Store) load() error {
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("store: %w", err)
 	}
-	jpath := filepath.Join(s.dir, "journal")
-	data, err = os.ReadFile(jpath)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+	if jerr != nil {
+		return nil // no journal
 	}
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	s.jsize = int64(s.replayJournal(data))
+	s.jsize = int64(s.replayJournal(journal))
 	return nil
 }
 

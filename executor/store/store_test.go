@@ -276,3 +276,52 @@ func TestTheLockHolderIsNamed(t *testing.T) {
 		t.Fatalf("lock while pid %d holds it: %v", holder.Process.Pid, err)
 	}
 }
+
+// A reader without the lock (Peek: the rescue command's owned and status,
+// a plan) never sees the store go back while the writer compacts: the
+// writer only adds here, so what a reader counts never falls. Read
+// snapshot-first, a compaction between the two reads left an old snapshot
+// and an emptied journal: a store that had lost the last apply.
+func TestAReaderNeverSeesACompactionHalfWay(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := open(t, dir)
+	defer s.Unlock()
+	stop := make(chan struct{})
+	fell := make(chan string, 1)
+	go func() {
+		last := 0
+		for {
+			select {
+			case <-stop:
+				close(fell)
+				return
+			default:
+			}
+			r, _, err := Peek(dir)
+			if err != nil {
+				continue
+			}
+			n := len(r.Entries())
+			if n < last {
+				fell <- fmt.Sprintf("a reader saw %d entries after %d", n, last)
+				close(fell)
+				return
+			}
+			last = n
+		}
+	}()
+	for i := range 2000 {
+		target := fmt.Sprintf("path:/f%d", i)
+		s.Intend(target, Intent{Op: "create", Created: true, Claim: claim, Type: "file"})
+		s.Put(&Entry{Target: target, Type: "file", Claims: []Claim{claim}, Created: true, Digest: "d"})
+		if i%5 == 0 {
+			if err := s.Compact(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	close(stop)
+	if msg, ok := <-fell; ok {
+		t.Fatal(msg)
+	}
+}

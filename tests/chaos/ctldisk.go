@@ -206,6 +206,10 @@ func (w *world) ctlFree() {
 		w.violate(nil, "writes-again", "removing the filler: %v", err)
 	}
 	w.ctlFull = false
+	// Serve opens the store anew when its next look finds room, which
+	// may be after a write was taken already (a stream that held no
+	// error takes writes at once): two steps more.
+	w.reopenUntil = w.stepN + 2
 	w.check("writes-again")
 	var out string
 	var code int

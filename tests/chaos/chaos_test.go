@@ -17,7 +17,7 @@ var shortSeeds = []struct {
 	steps int
 	why   string
 }{
-	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay, a plan to a paused agent"},
+	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay; the control side's disk full twice, and a power cut"},
 	{2, 40, "kills and restarts of both daemons, rescue files beside the link's"},
 	// Found: a declaration the executor refused while its state disk was
 	// full (its log: "applied source=link seq=3 outcome=refused") was

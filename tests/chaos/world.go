@@ -215,7 +215,14 @@ func (w *world) startServe() {
 // the node's network namespace, so that the wireguard-go it starts is the
 // node's alone and outlives the executor as it would on a machine.
 func (w *world) executorArgv(n *node, state, sock string) []string {
-	script := fmt.Sprintf(`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.wg, n.netns)
+	// The new mount namespace starts as a copy of the machine's, with
+	// every control side's disk mounted in it (this run's and any other
+	// run's): each is detached there, or the executor and the
+	// wireguard-go it leaves behind would hold a disk a power cut has
+	// unmounted, and its loop device and deleted image, for as long as
+	// they live.
+	script := fmt.Sprintf(`awk '$5 ~ /\/chaos-[0-9]+-[0-9]+\/control$/ {print $5}' /proc/self/mountinfo | while read m; do umount -l "$m"; done; `+
+		`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.wg, n.netns)
 	return []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
 		filepath.Join(w.bin, "mesh-executor"), "serve", "--state", state, "--socket", sock,
 		"--agent-user", "nobody", "--agent-state", n.agent, "--drift", "0", "--build", "chaos"}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -242,7 +243,7 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 		if sc.Replicas = want(sc.Name); wantErr != nil {
 			return wantErr
 		}
-		st, err := c.JS.CreateOrUpdateStream(ctx, sc)
+		st, err := c.streamAsWanted(ctx, sc)
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
@@ -260,23 +261,56 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	if wantErr != nil {
 		return wantErr
 	}
-	kv, err := c.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage,
-		Replicas: kvReplicas,
-	})
+	kvc := jetstream.KeyValueConfig{Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage, Replicas: kvReplicas}
+	kv, err := c.JS.KeyValue(ctx, Bucket)
+	if err == nil {
+		st, serr := kv.Status(ctx)
+		if serr != nil || st.History() != int64(kvc.History) || st.Config().Replicas != kvc.Replicas || st.Config().Description != kvc.Description {
+			err = errors.New("not as wanted")
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
+		if kv, err = c.JS.CreateOrUpdateKeyValue(ctx, kvc); err != nil {
+			return fmt.Errorf("registry bucket %s: %w", Bucket, err)
+		}
 	}
 	c.KV = kv
-	obs, err := c.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage,
-		Replicas: obsReplicas,
-	})
+	osc := jetstream.ObjectStoreConfig{Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage, Replicas: obsReplicas}
+	obs, err := c.JS.ObjectStore(ctx, link.ArchiveBucket)
+	if err == nil {
+		st, serr := obs.Status(ctx)
+		if serr != nil || st.Replicas() != osc.Replicas || st.Description() != osc.Description {
+			err = errors.New("not as wanted")
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("archive store %s: %w", link.ArchiveBucket, err)
+		if obs, err = c.JS.CreateOrUpdateObjectStore(ctx, osc); err != nil {
+			return fmt.Errorf("archive store %s: %w", link.ArchiveBucket, err)
+		}
 	}
 	c.Archives = obs
 	return nil
+}
+
+// streamAsWanted returns the stream sc names, made or updated only when it
+// is missing or differs from sc in what sc sets. Every command starts by
+// ensuring the streams: an update the stream does not need still makes the
+// broker rewrite its metadata on disk, so on a full disk no command — not
+// even a read — got past this point.
+func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := c.JS.Stream(ctx, sc.Name)
+	if err == nil {
+		have := st.CachedInfo().Config
+		if slices.Equal(have.Subjects, sc.Subjects) && have.Retention == sc.Retention && have.MaxMsgsPerSubject == sc.MaxMsgsPerSubject &&
+			have.Discard == sc.Discard && have.Storage == sc.Storage && (sc.MaxMsgSize == 0 || have.MaxMsgSize == sc.MaxMsgSize) &&
+			(sc.Duplicates == 0 || have.Duplicates == sc.Duplicates) && have.AllowDirect == sc.AllowDirect &&
+			have.Description == sc.Description && have.Replicas == sc.Replicas {
+			return st, nil
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, err
+	}
+	return c.JS.CreateOrUpdateStream(ctx, sc)
 }
 
 // MaxArchiveBytes is the largest archive a node takes (wire.MaxArchiveBytes).

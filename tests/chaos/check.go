@@ -237,10 +237,6 @@ func (w *world) quiet(n *node) bool {
 func (w *world) checkAcknowledged() {
 	vs, err := w.nodesView()
 	w.check("acknowledged-kept")
-	if err != nil && w.ctlFull && strings.Contains(err.Error(), diskFullSays) {
-		w.knownViolation("control-full-reads", "acknowledged-kept", "%v", err)
-		return
-	}
 	if err != nil {
 		w.violate(nil, "acknowledged-kept", "%v", err)
 		return

@@ -88,7 +88,6 @@ func (s step) String() string {
 // fixed, and a run now fails on them like on anything else.
 var knownFaults = map[string]string{
 	"control-reopen-timeout": "a command in the second after the control side's disk has room again fails with a bare \"context deadline exceeded\" or \"no responders available\": serve opens the broker's store anew (JetStream shut down and enabled again) once it sees room, and a command asking JetStream meanwhile waits out its time, with no reason said",
-	"control-full-reads":     "mesh-control nodes (a read) fails while the control side's disk is full: every client command first makes its streams (CreateOrUpdateStream), and the broker rewrites a stream's meta.inf for it",
 }
 
 // The kinds of step, with the weights they are drawn by.

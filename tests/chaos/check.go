@@ -73,15 +73,23 @@ func jsonArray(out string) string {
 }
 
 func (w *world) reports(n *node) []report {
+	rs, _ := w.reportsOr(n)
+	return rs
+}
+
+// reportsOr is reports, saying when they could not be read: a check that
+// holds the machine to what reports say must not take "could not read"
+// for "none".
+func (w *world) reportsOr(n *node) ([]report, error) {
 	out, code, err := w.control("reports", n.name, "--json", "--last", "200")
 	if err != nil || code != 0 {
-		return nil
+		return nil, fmt.Errorf("mesh-control reports %s: exit %d %v %s", n.name, code, err, firstLine(out))
 	}
 	var r struct {
 		Reports []report `json:"reports"`
 	}
 	json.Unmarshal([]byte(jsonPart(out)), &r)
-	return r.Reports
+	return r.Reports, nil
 }
 
 func (w *world) newestReport(n *node) uint64 {
@@ -325,6 +333,10 @@ func (w *world) checkMachine(n *node) {
 	}
 	w.checkReportDigests(n, after)
 	w.checkChanges(n, after)
+	if n.keepBefore {
+		n.keepBefore = false
+		return
+	}
 	n.before = after
 	n.lastReport = mark
 	n.rescue = nil
@@ -399,8 +411,16 @@ func (w *world) checkReportDigests(n *node, after map[string]entry) {
 // checkChanges: each path that changed since the node was last quiet is
 // one the mesh declares, and a report line (or a rescue's) says it.
 func (w *world) checkChanges(n *node, after map[string]entry) {
+	rs, err := w.reportsOr(n)
+	if err != nil {
+		// Not read: the changes stay to be checked against the next
+		// look's reports (n.before is kept), never against none.
+		w.logf("  (%s: the reports could not be read (%v); its changes are checked at its next quiet step)", n.name, err)
+		n.keepBefore = true
+		return
+	}
 	var lines []line
-	for _, r := range w.reports(n) {
+	for _, r := range rs {
 		if r.StreamSeq > n.lastReport {
 			lines = append(lines, r.Lines...)
 		}

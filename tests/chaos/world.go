@@ -72,6 +72,9 @@ type node struct {
 	// node was last quiet, and the rescue lines since.
 	before     map[string]entry
 	lastReport uint64
+	// keepBefore: this look's reports could not be read, so before and
+	// lastReport stay as they were for the next look.
+	keepBefore bool
 	rescue     []line
 	// diverged is a node whose last convergence check hit its bound.
 	diverged bool

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -119,5 +120,38 @@ func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
 		case !opts.SyncAlways:
 			t.Errorf("%s: JetStream acknowledges before it syncs (no sync_interval: always):\n%s", name, conf)
 		}
+	}
+}
+
+// A command that fails in the seconds after the broker's store was opened
+// anew is told so (serve's answer on StoreSubject, which the CLI puts
+// before the error), where the broker's own answer was a bare timeout;
+// once the store has settled, nothing is said.
+func TestAFailureRightAfterTheStoreReopensIsExplained(t *testing.T) {
+	dir := t.TempDir()
+	k, err := Init(filepath.Join(dir, "keys"), nil, "tls://127.0.0.1:14222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	if p := s.Problem(); p != nil {
+		t.Fatalf("a fresh store has a problem: %v", p)
+	}
+	if err := s.reopen(); err != nil {
+		t.Fatal(err)
+	}
+	var re *ReopenedError
+	if p := s.Problem(); !errors.As(p, &re) || !strings.Contains(p.Error(), "opened anew") || !strings.Contains(p.Error(), "run it again") {
+		t.Fatalf("right after a reopen: %v", p)
+	}
+	s.mu.Lock()
+	s.reopenedAt = time.Now().Add(-reopenSettle - time.Second)
+	s.mu.Unlock()
+	if p := s.Problem(); p != nil {
+		t.Fatalf("a settled store has a problem: %v", p)
 	}
 }

@@ -185,6 +185,9 @@ type Server struct {
 	// reopened is closed when the store is opened anew (see Reopened).
 	// +checklocks:mu
 	reopened chan struct{}
+	// reopenedAt is when the store was last opened anew.
+	// +checklocks:mu
+	reopenedAt time.Time
 }
 
 // StartServer starts the embedded broker on listen (host:port; port 0

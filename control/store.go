@@ -113,7 +113,9 @@ func (s *Server) room() (uint64, error) {
 
 // Problem says what keeps the broker's store from taking writes now, nil
 // when nothing does: a *DiskFullError when its disk has no room (whether a
-// stream has failed yet or not), or the write error a stream holds.
+// stream has failed yet or not), the write error a stream holds, or, in
+// the seconds after the store was opened anew, a *ReopenedError — what a
+// command that timed out then is told, where it was told nothing.
 func (s *Server) Problem() error {
 	werr := s.writeError()
 	room, err := s.room()
@@ -126,7 +128,16 @@ func (s *Server) Problem() error {
 	if werr != nil && strings.Contains(werr.Error(), "no space left") {
 		return &DiskFullError{Dir: s.storeDir(), Err: werr}
 	}
-	return werr
+	if werr != nil {
+		return werr
+	}
+	s.mu.Lock()
+	at := s.reopenedAt
+	s.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < reopenSettle {
+		return &ReopenedError{Dir: s.storeDir(), At: at}
+	}
+	return nil
 }
 
 // reopen has the broker read its store anew: JetStream shut down (its
@@ -149,8 +160,25 @@ func (s *Server) reopen() error {
 	s.mu.Lock()
 	close(s.reopened)
 	s.reopened = make(chan struct{})
+	s.reopenedAt = time.Now()
 	s.mu.Unlock()
 	return nil
+}
+
+// reopenSettle is how long after the store is opened anew a command that
+// failed is told so: the streams, the registry's watch and the recorder
+// come back within it, and a command in between may time out.
+const reopenSettle = 15 * time.Second
+
+// ReopenedError says a command failed in the moments after the broker's
+// store was opened anew, where the broker's own answer is a timeout.
+type ReopenedError struct {
+	Dir string
+	At  time.Time
+}
+
+func (e *ReopenedError) Error() string {
+	return fmt.Sprintf("the broker's store in %s was opened anew at %s, once its disk had room again; a command in the seconds after may time out: run it again", e.Dir, e.At.Local().Format(time.RFC3339))
 }
 
 // Reopened is closed when the broker's store is next opened anew. What

@@ -23,6 +23,7 @@ type line struct {
 }
 
 type report struct {
+	Enrolment    string `json:"enrolment"`
 	Seq          uint64 `json:"seq"`
 	Trigger      string `json:"trigger"`
 	Outcome      string `json:"outcome"`
@@ -38,10 +39,11 @@ type report struct {
 }
 
 type nodeView struct {
-	Name     string `json:"name"`
-	State    string `json:"state"`
-	Declared uint64 `json:"declared"`
-	Applied  uint64 `json:"applied"`
+	Name      string `json:"name"`
+	Enrolment string `json:"enrolment"`
+	State     string `json:"state"`
+	Declared  uint64 `json:"declared"`
+	Applied   uint64 `json:"applied"`
 }
 
 func (w *world) nodesView() (map[string]nodeView, error) {
@@ -164,7 +166,10 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 			if r.Seq == v.Declared && r.Trigger == "declaration" {
 				answered = true
 			}
-			if r.Trigger == "declaration" && r.Outcome != "superseded" && r.Outcome != "refused" {
+			// Of this enrolment only: a re-enrolled node keeps its agent's
+			// key, so the old enrolment's reports, of higher sequences,
+			// are listed beside the new one's.
+			if r.Trigger == "declaration" && r.Outcome != "superseded" && r.Outcome != "refused" && r.Enrolment == v.Enrolment {
 				reported, anyReport = max(reported, r.Seq), true
 			}
 		}
@@ -184,6 +189,7 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 			why = fmt.Sprintf("the node's store says %d, and no report of it yet (newest reported %d)", own, reported)
 			return false
 		}
+		n.enrolment = v.Enrolment
 		if v.Applied != own {
 			why = fmt.Sprintf("the control side says applied %d, the node's store %d", v.Applied, own)
 			return false
@@ -387,7 +393,7 @@ func (w *world) checkReportDigests(n *node, after map[string]entry) {
 	rs := w.reports(n)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].StreamSeq < rs[j].StreamSeq })
 	for i := len(rs) - 1; i >= 0; i-- {
-		if rs[i].Owned == nil {
+		if rs[i].Owned == nil || (n.enrolment != "" && rs[i].Enrolment != n.enrolment) {
 			continue
 		}
 		for _, o := range rs[i].Owned {

@@ -72,6 +72,9 @@ type node struct {
 	// node was last quiet, and the rescue lines since.
 	before     map[string]entry
 	lastReport uint64
+	// enrolment is the node's as the control side last said it: reports
+	// of an earlier one are not this one's state.
+	enrolment string
 	// keepBefore: this look's reports could not be read, so before and
 	// lastReport stay as they were for the next look.
 	keepBefore bool

@@ -8,6 +8,8 @@ declare -A need=(
   [gofmt]=""             # comes with Go
   [setpriv]=util-linux   # the hostile-user tests drop to another uid
   [flock]=util-linux     # another process holding a lock (store, enrolment)
+  [losetup]=mount        # the power-cut test and the chaos run: the control side's disk, an image through a loop device
+  [mkfs.ext4]=e2fsprogs  # the filesystem of that image
   # tests/lab: disposable machines with a real init as PID 1
   [nsenter]=util-linux   # commands run inside a lab's namespaces
   [ip]=iproute2          # the veth between two labs

@@ -30,7 +30,7 @@ var shortSeeds = []struct {
 
 func TestChaosShort(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the chaos run needs root: the executor is root, and each node gets a network namespace and a tmpfs")
+		t.Fatal("the chaos run needs root (make test runs as root): the executor is root, and each node gets a network namespace and a tmpfs")
 	}
 	bin := filepath.Join(t.TempDir(), "bin")
 	if err := build(bin); err != nil {

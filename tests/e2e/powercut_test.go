@@ -22,10 +22,10 @@ import (
 func needLoop(t *testing.T) {
 	t.Helper()
 	if out, err := exec.Command("losetup", "-f").CombinedOutput(); err != nil {
-		t.Skipf("no free loop device (losetup -f: %v: %s): a power cut is played on a filesystem image mounted through one", err, strings.TrimSpace(string(out)))
+		t.Fatalf("a free loop device (losetup -f: %v: %s): a power cut is played on a filesystem image mounted through one", err, strings.TrimSpace(string(out)))
 	}
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skipf("no mkfs.ext4 (e2fsprogs) to make the filesystem image a power cut is played on: %v", err)
+		t.Fatalf("mkfs.ext4 (e2fsprogs, which tests/install-deps.sh installs) to make the filesystem image a power cut is played on: %v", err)
 	}
 }
 

@@ -70,15 +70,7 @@ func TestBrokerPIDFileMustBeOurs(t *testing.T) {
 // as it runs, and each configuration broker-config writes — one server's
 // and each server's of a cluster — read by nats-server's own parser.
 func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
-	dir := t.TempDir()
-	k, err := Init(filepath.Join(dir, "keys"), nil, "tls://127.0.0.1:14222")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, k, s := embeddedBroker(t)
 	js := s.ns.JetStreamConfig()
 	s.Shutdown()
 	if js == nil || !js.SyncAlways {
@@ -128,15 +120,7 @@ func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
 // before the error), where the broker's own answer was a bare timeout;
 // once the store has settled, nothing is said.
 func TestAFailureRightAfterTheStoreReopensIsExplained(t *testing.T) {
-	dir := t.TempDir()
-	k, err := Init(filepath.Join(dir, "keys"), nil, "tls://127.0.0.1:14222")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, s := embeddedBroker(t)
 	defer s.Shutdown()
 	if p := s.Problem(); p != nil {
 		t.Fatalf("a fresh store has a problem: %v", p)
@@ -154,4 +138,19 @@ func TestAFailureRightAfterTheStoreReopensIsExplained(t *testing.T) {
 	if p := s.Problem(); p != nil {
 		t.Fatalf("a settled store has a problem: %v", p)
 	}
+}
+
+// embeddedBroker is a key directory made in a temporary directory and its
+// embedded broker started, for a test of the broker's own settings.
+func embeddedBroker(t *testing.T) (dir string, k *Keys, s *Server) {
+	t.Helper()
+	dir = t.TempDir()
+	k, err := Init(filepath.Join(dir, "keys"), nil, "tls://127.0.0.1:14222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err = StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	return dir, k, s
 }

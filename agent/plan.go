@@ -100,6 +100,5 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 type pastTime struct{ notAfter, now time.Time }
 
 func (p *pastTime) Error() string {
-	return fmt.Sprintf("the plan request was good until %s; it is past (this node's clock reads %s): not run",
-		p.notAfter.UTC().Format(time.RFC3339), p.now.UTC().Format(time.RFC3339))
+	return wire.PlanPast(p.notAfter, p.now, "") + ": not run"
 }

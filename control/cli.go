@@ -19,6 +19,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // DefaultControlDir is the key directory of a control side installed as
@@ -863,7 +864,7 @@ func planVerb(o shapes.Outcome) string {
 // refusedForTime says whether a plan was refused for its time: past it
 // (the node's clock ahead), or good for longer than a plan is (behind).
 func refusedForTime(r *SignedReport) bool {
-	return r.Outcome == shapes.Refused && strings.Contains(r.Refused, "the plan request ") && strings.Contains(r.Refused, "good until")
+	return r.Outcome == shapes.Refused && wire.IsPlanTimeRefusal(r.Refused)
 }
 
 // plan asks a node for a plan of file and prints its answer.

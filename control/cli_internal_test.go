@@ -3,13 +3,15 @@ package control
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
-// A plan refused for its time is told apart from other refusals, in both
-// ways the executor refuses one (executor/serve/plan.go's words): past its
+// A plan refused for its time is told apart from other refusals, in every
+// way the executor and the agent refuse one (wire's words, one place): past its
 // time (the node's clock ahead) and good for too long (behind). The CLI
 // then says the two clocks differ, when the node's heartbeat showed it.
 func TestAPlanRefusedForItsTime(t *testing.T) {
@@ -17,8 +19,10 @@ func TestAPlanRefusedForItsTime(t *testing.T) {
 		refused string
 		want    bool
 	}{
-		{"executor: the plan request was good until 2026-12-02T10:00:00Z; it is past", true},
-		{"executor: the plan request is good until 2027-12-02T10:00:00Z, further off than 5m0s", true},
+		{"executor: " + wire.PlanPast(time.Now().Add(-time.Hour), time.Now(), ""), true},
+		{"executor: " + wire.PlanPast(time.Now().Add(-time.Hour), time.Now(), "it waited for an apply"), true},
+		{"agent: " + wire.PlanPast(time.Now().Add(-time.Hour), time.Now(), "") + ": not run", true},
+		{"executor: " + wire.PlanTooFar(time.Now().Add(time.Hour), time.Now()), true},
 		{"executor: the plan request is addressed to node \"n2\" enrolment \"e\"; this is node \"n1\" enrolment \"e\"", false},
 		{"executor: resource base.motd: path: \"x\" is not absolute", false},
 	} {

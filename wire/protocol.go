@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -490,6 +491,37 @@ type PlanRequest struct {
 
 // PlanWithin is how long a plan request is good for.
 const PlanWithin = 5 * time.Minute
+
+// The words of a plan request refused for its time, by the executor or by
+// the agent, in one place: the control side finds them (IsPlanTimeRefusal)
+// to add how far the node's clock is off, since such a refusal is as often
+// a clock that is off as a request that is late.
+const (
+	planPastWords  = "the plan request was good until "
+	planFarWords   = "the plan request is good until "
+	planClockWords = "this node's clock reads "
+)
+
+// PlanPast is the refusal of a plan request past its time at now, by this
+// node's clock; why, when not "", says why it came late.
+func PlanPast(notAfter, now time.Time, why string) string {
+	if why != "" {
+		why += "; "
+	}
+	return planPastWords + notAfter.UTC().Format(time.RFC3339) + "; it is past (" + why + planClockWords + now.UTC().Format(time.RFC3339) + ")"
+}
+
+// PlanTooFar is the refusal of a plan request good for longer than
+// PlanWithin from now, by this node's clock.
+func PlanTooFar(notAfter, now time.Time) string {
+	return planFarWords + notAfter.UTC().Format(time.RFC3339) + ", further off than " + PlanWithin.String() + " (" + planClockWords + now.UTC().Format(time.RFC3339) + ")"
+}
+
+// IsPlanTimeRefusal says whether a refusal's text is PlanPast's or
+// PlanTooFar's.
+func IsPlanTimeRefusal(refused string) bool {
+	return strings.Contains(refused, planPastWords) || strings.Contains(refused, planFarWords)
+}
 
 // PlanReply is what the declaration would do: the lines an apply would
 // report, nothing changed. Diffs, by "module.id", are shown only for

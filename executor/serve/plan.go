@@ -57,9 +57,9 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	case time.Now().After(req.NotAfter):
 		// This node's own time is said: a refusal for time is as often a
 		// clock that is off as a request that is late.
-		return refuse(wire.CodeReplay, "the plan request was good until %s; it is past (this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, time.Now(), ""))
 	case req.NotAfter.Sub(time.Now()) > wire.PlanWithin+time.Minute:
-		return refuse(wire.CodeInvalid, "the plan request is good until %s, further off than %v (this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), wire.PlanWithin, time.Now().UTC().Format(time.RFC3339))
+		return refuse(wire.CodeInvalid, "%s", wire.PlanTooFar(req.NotAfter, time.Now()))
 	}
 	d, err := shapes.Parse(req.Declaration) // the link's parser: no action
 	if err != nil {
@@ -71,7 +71,7 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	// that waited behind a long apply may be past its time now, and is
 	// planned against what that apply left, not what was before it.
 	if time.Now().After(req.NotAfter) {
-		return refuse(wire.CodeReplay, "the plan request was good until %s; it is past (it waited for an apply; this node's clock reads %s)", req.NotAfter.UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, time.Now(), "it waited for an apply"))
 	}
 	st, _, err := store.Peek(s.cfg.StateDir)
 	if err != nil {

@@ -329,12 +329,28 @@ func (w *world) checkMachine(n *node) {
 	// yet in this snapshot.
 	mark := w.newestReport(n)
 	after := snapshot(n.tree)
+	var unclaimed []string
 	for p := range after {
 		if declarable(n, p) {
 			w.check("machine-in-store")
 			if !claimed[p] {
-				w.violate(n, "machine-in-store", "%s holds %s, which no store claims (a leftover, or a write not recorded)", n.name, p)
+				unclaimed = append(unclaimed, p)
 			}
+		}
+	}
+	if len(unclaimed) > 0 {
+		// Looked at again a moment later, to tell a leftover from a look
+		// that raced an apply (the node was not as quiet as the run took
+		// it to be): both are violations, of the system or of the run.
+		time.Sleep(time.Second)
+		later := w.claimedPaths(n)
+		sort.Strings(unclaimed)
+		for _, p := range unclaimed {
+			how := "still unclaimed a second later"
+			if later[p] {
+				how = "claimed a second later: the look raced an apply"
+			}
+			w.violate(n, "machine-in-store", "%s holds %s, which no store claims (a leftover, or a write not recorded; %s)", n.name, p, how)
 		}
 	}
 	w.checkReportDigests(n, after)
@@ -346,6 +362,24 @@ func (w *world) checkMachine(n *node) {
 	n.before = after
 	n.lastReport = mark
 	n.rescue = nil
+}
+
+// claimedPaths is the set of paths n's store claims now (nil when it
+// cannot be read).
+func (w *world) claimedPaths(n *node) map[string]bool {
+	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
+	if err != nil || code != 0 {
+		return nil
+	}
+	var owned []ownedEntry
+	json.Unmarshal([]byte(jsonArray(out)), &owned)
+	m := map[string]bool{}
+	for _, o := range owned {
+		if p, ok := strings.CutPrefix(o.Target, "path:"); ok {
+			m[p] = true
+		}
+	}
+	return m
 }
 
 // fileMatches checks a file against its claim: its content names one of

@@ -314,6 +314,10 @@ func (w *world) setup() error {
 
 // enrol issues a token (tokenArgs) and enrols n's executor with it.
 func (w *world) enrol(n *node, tokenArgs ...string) error {
+	var before nodeView
+	if vs, err := w.nodesView(); err == nil {
+		before = vs[n.name]
+	}
 	tok, code, err := w.control(append([]string{"token", "issue"}, tokenArgs...)...)
 	if err != nil || code != 0 {
 		return fmt.Errorf("token issue %v: %v exit %d\n%s", tokenArgs, err, code, tok)
@@ -324,7 +328,33 @@ func (w *world) enrol(n *node, tokenArgs ...string) error {
 		return fmt.Errorf("enrol %s: %v exit %d\n%s", n.name, err, code, out)
 	}
 	n.revoked = false
-	return nil
+	return w.firstComposition(n, before)
+}
+
+// firstComposition waits, once n is enrolled anew, for the control side
+// to publish the new enrolment's first composition (it does so on its
+// own, after the grant): until then the node looks converged — the
+// control side's view and the node's store both name the old enrolment's
+// last sequence — while the declaration that replaces it is on its way,
+// and a look at the machine would race its apply. Without an overlay no
+// composition is published.
+func (w *world) firstComposition(n *node, before nodeView) error {
+	if !w.overlay || w.ctlFull {
+		return nil
+	}
+	var last nodeView
+	if w.eventually(w.cfg.bound, func() bool {
+		vs, err := w.nodesView()
+		if err != nil {
+			return false
+		}
+		last = vs[n.name]
+		return last.Enrolment != "" && last.Enrolment != before.Enrolment && last.Declared > before.Declared
+	}) {
+		return nil
+	}
+	return fmt.Errorf("%s re-enrolled, and no composition of its new enrolment was published within %s (before: enrolment %s declared %d; now: enrolment %s declared %d)",
+		n.name, w.cfg.bound, before.Enrolment, before.Declared, last.Enrolment, last.Declared)
 }
 
 func lastLine(s string) string {

@@ -56,7 +56,7 @@ func TestBrokerRestart(t *testing.T) {
 		}
 		seqs = append(seqs, s)
 	}
-	cz, _ := bare.NATS().Connz(&server.ConnzOptions{Account: link.AccountNodes})
+	cz, _ := bare.NATS().Connz(&server.ConnzOptions{Account: link.NodeAccount("restart")})
 	if cz.NumConns != 0 {
 		t.Fatalf("the node is connected to the broker that does not know it")
 	}

@@ -280,7 +280,7 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 
 	// Naming B's subjects as the reply: the broker answers A's requests
 	// (the positive control shows it does), but the answers stay in the
-	// nodes' account and never reach B's streams.
+	// asking node's own account and never reach B's streams.
 	inbox := a.Subjects.Inbox + ".probe"
 	probe, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -302,17 +302,7 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	}
 	for _, reply := range []string{"mesh.decl.beta", "mesh.report.beta", "mesh.heartbeat.beta", "mesh.notice.beta",
 		link.UpPrefix + ".beta.report", link.UpPrefix + ".beta.heartbeat", link.UpPrefix + ".beta.decl"} {
-		for _, req := range []struct {
-			subj string
-			data []byte
-		}{
-			{a.Subjects.DeclGet, nil},
-			{a.Subjects.Report, []byte(`{}`)},
-			{a.Subjects.Heartbeat, []byte(`{}`)},
-			// The shared reads answer too (a 404 for a missing archive).
-			{a.Subjects.ArchiveGet, []byte(`{"last_by_subj":"$O.` + link.ArchiveBucket + `.M.none"}`)},
-			{a.Subjects.RosterGet, nil},
-		} {
+		for _, req := range nodeRequests(a) {
 			if err := nc.PublishRequest(req.subj, reply, req.data); err != nil {
 				t.Fatal(err)
 			}
@@ -623,5 +613,123 @@ func TestANodeCannotAcknowledgeForTheControlSide(t *testing.T) {
 	}
 	if p := pending(); p != 0 {
 		t.Fatalf("the positive control: %d pending after the control side's own ack", p)
+	}
+}
+
+// No node reaches another through the broker's answers: alpha names each
+// subject beta hears (in either layout) as the reply of each request it
+// may make, and beta, listening on all of them, hears none of it — while
+// the same requests with alpha's own inbox as the reply are answered (the
+// positive control), and beta's subscriptions do hear what the control
+// side sends it (the other positive control: the silence is not a dead
+// subscription).
+func TestNoNodeReachesAnotherThroughReplies(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	_, alpha := enrolNode(t, s, "alpha")
+	_, beta := enrolNode(t, s, "beta")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.client.Declare(ctx, "alpha", []byte(decl)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Beta, in both layouts at once, hears everything it may.
+	heard := make(chan *nats.Msg, 256)
+	var betaReplies []string
+	for _, l := range []link.Layout{link.LayoutByNode, link.LayoutByKind} {
+		b := inLayout(beta, l)
+		nc, err := agent.Dial(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		_, subs := link.NodePermissions("beta", l)
+		for _, subj := range subs {
+			if _, err := nc.ChanSubscribe(subj, heard); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nc.Flush()
+		// A subject under each of its subscriptions, as a reply names one.
+		for _, subj := range subs {
+			betaReplies = append(betaReplies, strings.ReplaceAll(strings.ReplaceAll(subj, ".>", ".probe"), ".*", ".probe"))
+		}
+	}
+
+	for _, l := range []link.Layout{link.LayoutByNode, link.LayoutByKind} {
+		a := inLayout(alpha, l)
+		nc, err := agent.Dial(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests := nodeRequests(a)
+		// The positive control: each is answered on alpha's own inbox.
+		own := a.Subjects.Inbox + ".own"
+		answers, err := nc.SubscribeSync(own)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range requests {
+			if err := nc.PublishRequest(r.subj, own, r.data); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := answers.NextMsg(5 * time.Second); err != nil {
+				t.Fatalf("layout %d: alpha's %s is not answered on its own inbox: %v", l, r.subj, err)
+			}
+		}
+		probes := 0
+		for _, reply := range betaReplies {
+			if reply == link.RosterNotice {
+				continue // the mesh's one roster notice is alpha's too: it lands in alpha's own account
+			}
+			for _, r := range requests {
+				if err := nc.PublishRequest(r.subj, reply, r.data); err != nil {
+					t.Fatal(err)
+				}
+				probes++
+			}
+		}
+		nc.Flush()
+		if probes < 24 {
+			t.Fatalf("only %d probes", probes)
+		}
+		select {
+		case m := <-heard:
+			t.Fatalf("layout %d: beta heard %s (%d bytes, headers %v): alpha reached it through an answer", l, m.Subject, len(m.Data), m.Header)
+		case <-time.After(time.Second):
+		}
+		nc.Close()
+	}
+
+	// Beta's subscriptions are live: its own declaration's notice arrives.
+	if _, err := s.client.Declare(ctx, "beta", []byte(decl)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-heard:
+		if !strings.HasPrefix(m.Subject, "mesh.notice.beta") {
+			t.Fatalf("beta heard %s, not its notice", m.Subject)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("beta heard no notice of its own declaration: the subscriptions above proved nothing")
+	}
+}
+
+// nodeRequest is one request a node may make of the broker.
+type nodeRequest struct {
+	subj string
+	data []byte
+}
+
+// nodeRequests are every request id may make: its declaration's direct
+// get, a report, a heartbeat, and the shared reads (an archive's, a 404
+// for a missing one, and the roster's), each answered.
+func nodeRequests(id *agent.Identity) []nodeRequest {
+	return []nodeRequest{
+		{id.Subjects.DeclGet, nil},
+		{id.Subjects.Report, []byte(`{}`)},
+		{id.Subjects.Heartbeat, []byte(`{}`)},
+		{id.Subjects.ArchiveGet, []byte(`{"last_by_subj":"$O.` + link.ArchiveBucket + `.M.none"}`)},
+		{id.Subjects.RosterGet, nil},
 	}
 }

@@ -33,14 +33,18 @@
 //	                       joined.<n>        the enrolment it reported its overlay applied in
 //	                       composed.<n>      the digest and sequence of what it was last sent
 //
-// The broker has two accounts: CONTROL (the control side, JetStream) and
-// NODES (every node, no JetStream), joined by service imports (and the
-// stream export of the notices, core NATS). Each
-// node is an NKey user of NODES whose permissions are exactly its own
-// subjects (link.NodePermissions). The split exists because a NATS permission
-// limits what a client publishes, not the reply subject it names: in one
-// account a node can have JetStream answer onto mesh.decl.<other>, and the
-// stream stores it (tried, and tested against in TestNodeIsolation).
+// The broker has an account for the control side, CONTROL (JetStream),
+// one for each node (named as the node, no JetStream), and NODES for the
+// enrolment tokens, joined by service imports (and the stream exports of
+// the notices, core NATS); each node's account imports only its own
+// subjects (link.NodeImports), and its one user, the node's NKey, has
+// permissions for exactly those (link.NodePermissions). The split exists
+// because a NATS permission limits what a client publishes, not the reply
+// subject it names: a service answers onto that reply in the account the
+// request came from, so in an account shared with the control side a node
+// could have JetStream answer onto mesh.decl.<other>, and in one shared
+// with other nodes onto their notice subjects (tried, and tested against in
+// TestNodeIsolation and TestNoNodeReachesAnotherThroughReplies).
 // Reports and heartbeats also carry the node's NKey signature in the
 // Mesh-Signature header, and the control side records only those that
 // verify against the node's registered key.

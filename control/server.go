@@ -92,8 +92,11 @@ func serverConfig(k *Keys, name, host string, port int, store string) string {
 }
 
 // AccountsConfig is the accounts block every server of the mesh's broker
-// has alike: CONTROL and NODES, their exports and imports, and with users
-// the control side's NKey, each node's and each usable token's.
+// has alike: CONTROL and its exports, NODES (the enrolment tokens), and
+// with users the control side's NKey, each usable token's, and each
+// node's account of its own (link.NodeAccount) with its one user and its
+// imports. Without users (the embedded broker) the nodes' accounts are
+// made as each node first connects (registryAuth.nodeAccount).
 func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", link.AccountControl)
@@ -107,27 +110,23 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 			continue // imported under two names: exported once
 		}
 		exported[si.Subject] = true
-		if si.Response != "" {
-			fmt.Fprintf(&b, "      {service: %s, response_type: %s, accounts: [%s]}\n", q(si.Subject), si.Response, link.AccountNodes)
+		if si.Node > 0 {
+			fmt.Fprintf(&b, "      {service: %s, account_token_position: %d}\n", q(si.Subject), si.Node)
 		} else {
-			fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(si.Subject), link.AccountNodes)
+			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
 		}
 	}
-	b.WriteString("    ]\n    imports: [\n")
-	for _, subj := range link.Notices {
-		fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountNodes, q(subj))
+	fmt.Fprintf(&b, "      {service: %s, response_type: singleton, accounts: [%s]}\n", q(link.EnrolService), link.AccountNodes)
+	for _, n := range link.Notices {
+		if n.Node > 0 {
+			fmt.Fprintf(&b, "      {stream: %s, account_token_position: %d}\n", q(n.Subject), n.Node)
+		} else {
+			fmt.Fprintf(&b, "      {stream: %s}\n", q(n.Subject))
+		}
 	}
 	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", link.AccountNodes)
 	if users {
 		b.WriteString("    users: [\n")
-		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-		for _, n := range nodes {
-			if n.NKey == "" {
-				continue // revoked
-			}
-			pub, sub := link.NodePermissionsEither(n.Name) // its agent may be of either layout
-			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
-		}
 		now := time.Now()
 		for _, t := range tokens {
 			if !t.usable(now) {
@@ -138,19 +137,27 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 		}
 		b.WriteString("    ]\n")
 	}
-	b.WriteString("    exports: [\n")
-	for _, subj := range link.Notices {
-		fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(subj), link.AccountControl)
-	}
-	b.WriteString("    ]\n    imports: [\n")
-	for _, si := range link.ServiceImports {
-		if si.To != "" {
-			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", link.AccountControl, q(si.Subject), q(si.To))
-		} else {
-			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountControl, q(si.Subject))
+	fmt.Fprintf(&b, "    imports: [\n      {service: {account: %s, subject: %s}}\n    ]\n  }\n", link.AccountControl, q(link.EnrolService))
+	if users {
+		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+		for _, n := range nodes {
+			if n.NKey == "" {
+				continue // revoked
+			}
+			pub, sub := link.NodePermissionsEither(n.Name) // its agent may be of either layout
+			fmt.Fprintf(&b, "  %s {\n    users: [{nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}]\n    imports: [\n",
+				q(link.NodeAccount(n.Name)), q(n.NKey), qs(pub), qs(sub))
+			services, notices := link.NodeImports(n.Name)
+			for _, si := range services {
+				fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", link.AccountControl, q(si.Subject), q(si.To))
+			}
+			for _, subj := range notices {
+				fmt.Fprintf(&b, "      {stream: {account: %s, subject: %s}}\n", link.AccountControl, q(subj))
+			}
+			b.WriteString("    ]\n  }\n")
 		}
 	}
-	b.WriteString("    ]\n  }\n}\n")
+	b.WriteString("}\n")
 	return b.String()
 }
 
@@ -258,19 +265,19 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 		}
 	}
 	s.auth.mu.Lock()
-	var gone []string
+	gone := map[string]string{} // NKey → the node it was
 	for k, name := range s.auth.nodes {
 		if m[k] != name {
-			gone = append(gone, k)
+			gone[k] = name
 		}
 	}
 	s.auth.nodes = m
 	s.auth.mu.Unlock()
-	for _, k := range gone {
+	for k, name := range gone {
 		if k == "" {
 			continue // an empty user filter would match every connection
 		}
-		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: link.AccountNodes})
+		cz, err := s.ns.Connz(&server.ConnzOptions{User: k, Account: link.NodeAccount(name)})
 		if err != nil {
 			continue
 		}
@@ -335,6 +342,9 @@ type registryAuth struct {
 	mu      sync.Mutex
 	nodes   map[string]string    // NKey public → node name
 	tokens  map[string]tokenUser // one-time credential's NKey → token
+	// accMu makes each node's account once, however many of its
+	// connections arrive at once.
+	accMu sync.Mutex
 }
 
 type tokenUser struct {
@@ -396,16 +406,19 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	tok, isToken := a.tokens[nkey]
 	a.mu.Unlock()
 	var pubs, subs []string
+	var acc *server.Account
 	switch {
 	case isNode && (node == "" || node == name):
 		pubs, subs = link.NodePermissions(name, link.LayoutOf(o.Name))
+		acc, err = a.nodeAccount(name)
 	case isToken && o.Token == "" && time.Now().Before(tok.until):
 		pubs, subs = link.EnrolPermissions(tok.id)
+		acc, err = a.ns.LookupAccount(link.AccountNodes)
 	default:
 		return false
 	}
-	acc, err := a.ns.LookupAccount(link.AccountNodes)
 	if err != nil {
+		a.ns.Errorf("node %s refused: its account: %v", name, err)
 		return false
 	}
 	c.RegisterUser(&server.User{Username: nkey, Account: acc, Permissions: &server.Permissions{
@@ -413,6 +426,42 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 		Subscribe: &server.SubjectPermission{Allow: subs},
 	}})
 	return true
+}
+
+// nodeAccount is node's own account (link.NodeAccount), made with its
+// imports the first time the node connects to this broker: the embedded
+// broker's configuration lists no node (AccountsConfig without users), so
+// a node enrolled while it runs has an account at once. An account stays
+// once made (a revoked node's is left without users; the broker has no
+// call to take an account away): it holds the node's imports, which reach
+// only the node's own subjects, and no user.
+func (a *registryAuth) nodeAccount(node string) (*server.Account, error) {
+	name := link.NodeAccount(node)
+	a.accMu.Lock()
+	defer a.accMu.Unlock()
+	if acc, err := a.ns.LookupAccount(name); err == nil {
+		return acc, nil
+	}
+	ctl, err := a.ns.LookupAccount(link.AccountControl)
+	if err != nil {
+		return nil, err
+	}
+	acc, err := a.ns.RegisterAccount(name)
+	if err != nil {
+		return nil, err
+	}
+	services, notices := link.NodeImports(node)
+	for _, si := range services {
+		if err := acc.AddServiceImport(ctl, si.To, si.Subject); err != nil {
+			return nil, fmt.Errorf("import %s as %s: %w", si.Subject, si.To, err)
+		}
+	}
+	for _, subj := range notices {
+		if err := acc.AddMappedStreamImport(ctl, subj, subj); err != nil {
+			return nil, fmt.Errorf("import the notices %s: %w", subj, err)
+		}
+	}
+	return acc, nil
 }
 
 // serverLog sends the broker's log to slog. Its notices (a banner at start)

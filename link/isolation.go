@@ -2,74 +2,117 @@ package link
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // The broker's accounts. The control side and its JetStream live in
-// CONTROL; nodes live in NODES, which has no JetStream and reaches CONTROL
-// only through the service imports below. That split is what keeps a node
-// off other nodes' declarations even through the broker's own replies: a
-// NATS permission limits the subjects a client publishes to, not the reply
-// subject it names, and within one account a node could have JetStream
-// answer "into" mesh.decl.<other> (it answers any reply subject, and a
-// stream stores what lands on its subjects). Across a service import the
-// answer goes to a private _R_ subject and back into NODES, where no stream
-// listens.
+// CONTROL; each node lives in an account of its own (NodeAccount), which
+// reaches CONTROL only through the imports below; the enrolment tokens,
+// before they are nodes, live in NODES, which imports enrolment alone.
+//
+// A NATS permission limits the subject a client publishes to, never the
+// reply subject it names, and a service answers onto that reply in the
+// account the request came from. So wherever two nodes share an account,
+// one node can have the broker deliver the answer to its own request (a
+// read of its declaration or of the roster, a report's acknowledgement)
+// onto the other's notice, plan or inbox subject. In an account of its
+// own, the answer lands where only the node itself can hear it: the
+// account, not the permission, is the fence. This is NATS' own way of
+// isolating tenants (its documentation: accounts are isolated subject
+// namespaces, joined only by explicit exports and imports); the exports
+// hold each node to the imports that name it by account_token_position —
+// the token of the subject at that position must be the importing
+// account's name — so one export serves every node and no node can import
+// another's.
 const (
 	AccountControl = "CONTROL"
 	AccountNodes   = "NODES"
 )
 
-// ServiceImport is one service CONTROL exports and NODES imports: the
-// subject in CONTROL, the subject nodes use (To; "" is the same), and the
-// response type ("" singleton by default, "stream", "singleton").
-type ServiceImport struct{ Subject, To, Response string }
+// NodeAccount is the name of node's own account: the node's name itself,
+// which account_token_position compares with the node's token of each
+// subject. Node names are lower case (ValidNodeName), so none is CONTROL
+// or NODES, nor the broker's own $SYS or $G.
+func NodeAccount(node string) string { return node }
 
-// ServiceImports are what CONTROL exports and NODES imports: each service
-// once for each layout whose name for it differs.
-var ServiceImports = []ServiceImport{
-	// Declarations: the last-by-subject direct get of one node subject.
-	// The subject is in the request's subject, not its body, so a
-	// permission can hold a node to its own (the form with a body names
-	// the subject inside it, and is not imported).
-	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl.*", ""},
-	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", UpPrefix + ".*.decl", ""},
-	{"mesh.report.*", "", ""},
-	{"mesh.report.*", UpPrefix + ".*.report", ""},
-	{"mesh.heartbeat.*", "", ""},
-	{"mesh.heartbeat.*", UpPrefix + ".*.heartbeat", ""},
-	// Archives: a direct get of the archive store's stream, and nothing
-	// else of it (no put, no delete, no purge, no consumer, no info).
-	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, ""},
-	{"$JS.API.DIRECT.GET." + ArchiveStream, UpPrefix + ".*.archive", ""},
-	// The roster: the last-by-subject direct get of its one subject (the
-	// same for every node: it is the mesh's, signed, and no secret).
-	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGet, ""},
-	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, UpPrefix + ".*.roster", ""},
-	// Enrolment: a request to the responder, one answer back.
-	{wire.EnrolSubjectPrefix + ".*", "", "singleton"},
+// ServiceImport is one service CONTROL exports and each node's account
+// imports: the subject in CONTROL, the subject the node uses (To; "" is
+// the same), and Node, the position (from 1) of the node's token in
+// Subject ("*" there), or 0 for what every node reads alike (the
+// archives, the roster). In To, "*" is the node's name too.
+type ServiceImport struct {
+	Subject, To string
+	Node        uint
 }
 
-// Notices are the core-NATS subjects CONTROL publishes and NODES hears:
-// the notices that a node's subject has a new declaration, that there is
-// a new roster, and the plan requests (of LayoutByKind, and under the
-// notice of LayoutByNode). NODES exports them as services and CONTROL
-// imports them, the reverse of the doors above: a service import is one
-// subscription in CONTROL for every node, where a stream import would
-// mirror each node's own subscription into CONTROL (three a node, 1.5 KiB
-// at 10,000 nodes). Nothing answers them and nothing in CONTROL hears
-// them. Each export names the one account that may import it. A notice
-// so carries the broker's Nats-Request-Info header (CONTROL's account and
-// its connection's round trip, nothing of another node's), as reports and
-// heartbeats carry it the other way; the agent reads no header of a
-// notice but the sequence's. Not mesh.notice.>: a node of LayoutByNode
-// has its inbox under its notice subject, and answers to its requests
-// come back there from the doors above, not from CONTROL's publishes.
-var Notices = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNotice, PlanPrefix + ".*"}
+// ServiceImports are what CONTROL exports and each node imports: each
+// service once for each layout whose name for it differs.
+var ServiceImports = []ServiceImport{
+	// Declarations: the last-by-subject direct get of one node subject.
+	// The subject is in the request's subject, not its body, so the export
+	// holds a node to its own (the form with a body names the subject
+	// inside it, and is not imported).
+	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", APIPrefix + ".DIRECT.GET." + DeclStream + ".mesh.decl.*", 8},
+	{"$JS.API.DIRECT.GET." + DeclStream + ".mesh.decl.*", UpPrefix + ".*.decl", 8},
+	{"mesh.report.*", "", 3},
+	{"mesh.report.*", UpPrefix + ".*.report", 3},
+	{"mesh.heartbeat.*", "", 3},
+	{"mesh.heartbeat.*", UpPrefix + ".*.heartbeat", 3},
+	// Archives: a direct get of the archive store's stream, and nothing
+	// else of it (no put, no delete, no purge, no consumer, no info).
+	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, 0},
+	{"$JS.API.DIRECT.GET." + ArchiveStream, UpPrefix + ".*.archive", 0},
+	// The roster: the last-by-subject direct get of its one subject (the
+	// same for every node: it is the mesh's, signed, and no secret).
+	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, RosterGet, 0},
+	{"$JS.API.DIRECT.GET." + RosterStream + "." + RosterSubject, UpPrefix + ".*.roster", 0},
+}
 
-// NodePermissions are what node may do on the broker (in account NODES)
-// in layout l, and nothing else. LayoutByKind:
+// EnrolService is the one service NODES imports: an enrolment request
+// to the responder, one answer back (a singleton response).
+const EnrolService = wire.EnrolSubjectPrefix + ".*"
+
+// Notice is one core-NATS subject CONTROL publishes and exports as a
+// stream, and Node the position of the node's token in it ("*"), or 0
+// for the one every node hears.
+type Notice struct {
+	Subject string
+	Node    uint
+}
+
+// Notices are the notices that a node's subject has a new declaration,
+// that there is a new roster, and the plan requests (of LayoutByKind, and
+// under the notice of LayoutByNode). Each node's account imports its own
+// as streams: a stream import puts a shadow of the node's subscription in
+// CONTROL, one for each subject it hears. Nothing answers them. Not
+// mesh.notice.>: a node of LayoutByNode has its inbox under its notice
+// subject, and the answers to its requests come back there from the
+// services above, in its own account, not from CONTROL's publishes.
+var Notices = []Notice{{NoticePrefix + ".*", 3}, {NoticePrefix + ".*.plan", 3}, {RosterNotice, 0}, {PlanPrefix + ".*", 3}}
+
+// NodeImports are the imports of node's account, each subject with the
+// node's name in its place: services (the subject in CONTROL, and the
+// node's name for it) and the notices it hears.
+func NodeImports(node string) (services []ServiceImport, notices []string) {
+	for _, si := range ServiceImports {
+		to := si.To
+		if to == "" {
+			to = si.Subject
+		}
+		services = append(services, ServiceImport{Subject: strings.ReplaceAll(si.Subject, "*", node), To: strings.ReplaceAll(to, "*", node), Node: si.Node})
+	}
+	for _, n := range Notices {
+		notices = append(notices, strings.ReplaceAll(n.Subject, "*", node))
+	}
+	return services, notices
+}
+
+// NodePermissions are what node may do on the broker, in its own account,
+// in layout l, and nothing else. The account already confines what the
+// node reaches; the permissions hold it, within its account, to the
+// subjects its layout uses. LayoutByKind:
 //
 //	publish    mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<n>  read its newest declaration
 //	           mesh.report.<n>, mesh.heartbeat.<n>          report upward (the report is the ack)
@@ -89,13 +132,13 @@ var Notices = []string{NoticePrefix + ".*", NoticePrefix + ".*.plan", RosterNoti
 //	           mesh.notice.<n>.>      .inbox.* (its replies), .plan (plan requests)
 //	           mesh.roster-notice     hear that there is a new roster
 //
-// In NODES nothing but ServiceImports answers under mesh.up, nothing
-// listens there, and nothing but the control side's notices and plan
-// requests (Notices) and the answers to a node's own requests speak
-// under mesh.notice, so the wildcards give a node no more than the list. No consumer (nothing on the broker is kept per node
+// In the node's account nothing but its ServiceImports answers under
+// mesh.up, nothing listens there, and nothing but its notices and plan
+// requests (Notices) and the answers to its own requests speak under
+// mesh.notice, so the wildcards give a node no more than the list. No consumer (nothing on the broker is kept per node
 // but its subjects' messages: a consumer per node is state the broker
 // recovers at start and replicates in a cluster, N times), no other
-// JetStream or KV API (NODES imports no other), no other node's subjects,
+// JetStream or KV API (its account imports no other), no other node's subjects,
 // no wider inbox. The archive store is read-only to nodes and shared:
 // every node may read every archive (they are pinned by digest in signed
 // declarations, not secrets); none may put, delete or purge one.

@@ -82,3 +82,48 @@ func covered(perms []string, subject string) bool {
 	}
 	return false
 }
+
+// Each export holds a node to its own: the position it names is the "*"
+// of its subject, a node's imports put the node's name there (and only
+// there), and what is shared by every node names no node at all.
+func TestEachNodesImportsNameItsOwn(t *testing.T) {
+	check := func(what, subject string, pos uint) {
+		toks := strings.Split(subject, ".")
+		stars := strings.Count(subject, "*")
+		switch {
+		case pos == 0 && stars != 0:
+			t.Errorf("%s %q: shared, yet it has a wildcard", what, subject)
+		case pos > 0 && (int(pos) > len(toks) || toks[pos-1] != "*" || stars != 1):
+			t.Errorf("%s %q: the node's position %d is not its one wildcard", what, subject, pos)
+		}
+	}
+	for _, si := range ServiceImports {
+		check("service", si.Subject, si.Node)
+	}
+	for _, n := range Notices {
+		check("notice", n.Subject, n.Node)
+	}
+	services, notices := NodeImports("n1")
+	if len(services) != len(ServiceImports) || len(notices) != len(Notices) {
+		t.Fatalf("%d services and %d notices imported, of %d and %d", len(services), len(notices), len(ServiceImports), len(Notices))
+	}
+	for i, si := range services {
+		if strings.Contains(si.Subject+si.To, "*") || strings.Contains(si.Subject+si.To, ">") {
+			t.Errorf("import %q as %q: a wildcard", si.Subject, si.To)
+		}
+		if si.Node > 0 && strings.Split(si.Subject, ".")[si.Node-1] != "n1" {
+			t.Errorf("import %q: not the node's own at position %d", si.Subject, si.Node)
+		}
+		if ServiceImports[i].Node == 0 && strings.Contains(si.Subject, "n1") {
+			t.Errorf("import %q: a shared service names the node", si.Subject)
+		}
+	}
+	for i, subj := range notices {
+		if Notices[i].Node > 0 && strings.Split(subj, ".")[Notices[i].Node-1] != "n1" {
+			t.Errorf("notice %q: not the node's own", subj)
+		}
+	}
+	if NodeAccount("n1") == AccountControl || NodeAccount("n1") == AccountNodes || ValidNodeName(AccountControl) == nil || ValidNodeName(AccountNodes) == nil {
+		t.Error("a node's account could be named as CONTROL or NODES")
+	}
+}

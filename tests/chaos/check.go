@@ -48,6 +48,7 @@ type nodeView struct {
 
 func (w *world) nodesView() (map[string]nodeView, error) {
 	out, code, err := w.control("nodes", "--json")
+	w.lastNodes = out
 	if err != nil || code != 0 {
 		return nil, fmt.Errorf("mesh-control nodes: exit %d %v: %s", code, err, firstLine(out))
 	}
@@ -117,7 +118,8 @@ func (w *world) linkSeq(n *node) (uint64, error) {
 			Seq uint64 `json:"seq"`
 		} `json:"sources"`
 		Link struct {
-			Up bool `json:"up"`
+			Up    bool      `json:"up"`
+			Since time.Time `json:"since"`
 		} `json:"link"`
 	}
 	if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
@@ -125,6 +127,12 @@ func (w *world) linkSeq(n *node) (uint64, error) {
 	}
 	if !st.Link.Up {
 		return 0, fmt.Errorf("the node's link is down (mesh-executor status)")
+	}
+	// The agent tells the executor of a lost link a moment after: a link
+	// up since before serve last started is one that serve's end broke,
+	// and a plan sent now would find no one listening.
+	if st.Link.Since.Before(w.serveStarted) {
+		return 0, fmt.Errorf("the node's link, up since %s, is from before serve started at %s: not linked again yet", st.Link.Since.Format(time.RFC3339Nano), w.serveStarted.Format(time.RFC3339Nano))
 	}
 	return st.Sources["link"].Seq, nil
 }
@@ -255,12 +263,20 @@ func (w *world) checkAcknowledged() {
 		w.violate(nil, "acknowledged-kept", "%v", err)
 		return
 	}
+	said := w.lastNodes
+	var again map[string]nodeView
 	for _, n := range w.nodes {
 		v, ok := vs[n.name]
 		w.check("acknowledged-kept")
 		switch {
 		case !ok:
-			w.violate(n, "acknowledged-kept", "node %s, enrolled, is not listed by mesh-control nodes", n.name)
+			// Asked again at once, to tell a node lost from a listing
+			// that left it out; both are violations.
+			if again == nil {
+				again, _ = w.nodesView()
+			}
+			_, listed := again[n.name]
+			w.violate(n, "acknowledged-kept", "node %s, enrolled, is not listed by mesh-control nodes (listed when asked again at once: %v); it said: %.600q", n.name, listed, said)
 		case v.Declared < n.acked:
 			w.violate(n, "acknowledged-kept", "node %s: declared %d, but seq %d was acknowledged", n.name, v.Declared, n.acked)
 		case n.revoked && v.State != "revoked":

@@ -104,7 +104,12 @@ type world struct {
 	stepN      int
 	cleanup    []func()
 	overlay    bool
-	spares     int
+	lastNodes  string // what mesh-control nodes --json said last
+	// serveStarted: when serve was last started; a node's link that
+	// began before it is the link the old serve ended, whatever the
+	// executor was last told.
+	serveStarted time.Time
+	spares       int
 	// The control side's disk: loop, whether it is an ext4 image (img,
 	// the one mounted now) or a tmpfs; ctlFull, whether it is full now
 	// (ctlFiller fills it); cuts, the power cuts so far.
@@ -209,6 +214,7 @@ func (w *world) eventually(bound time.Duration, f func() bool) bool {
 }
 
 func (w *world) startServe() {
+	w.serveStarted = time.Now()
 	w.serve = w.start("serve", []string{filepath.Join(w.bin, "mesh-control"), "serve", "--dir", w.ctl,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", w.port)})
 	if !w.eventually(60*time.Second, func() bool { _, code, err := w.control("nodes"); return err == nil && code == 0 }) {

@@ -491,32 +491,100 @@ func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
 }
 
 // entries reads the registry's current entries under filters in one pass
-// (a watch that delivers what is there and ends), keyed by key.
+// (a watch that delivers what is there), keyed by key.
+//
+// The watch's own end-of-values marker is not taken for the end: it comes
+// once the consumer's pending count, as the server gave it at the
+// consumer's creation, is reached (or a message says none is pending), and
+// that is the one way a listing comes back short with no error — as a
+// control side under load did, listing none of its nodes once (the chaos
+// run; NATS' issue tracker has the count seen short). A listing read short is no listing:
+// the roster composed from one leaves nodes out of every overlay. So the
+// keys the stream holds under filters are counted first, and the watch is
+// read until it has delivered each of them (deleted keys too: a delete is
+// the last message of its key), or the listing fails saying so. A key
+// written meanwhile is delivered too, and counts for nothing.
 func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
-	w, err := c.KV.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	want, err := c.registryKeys(ctx, filters)
+	if err != nil {
+		return nil, fmt.Errorf("registry: counting %s: %w", strings.Join(filters, ", "), err)
+	}
+	w, err := c.KV.WatchFiltered(ctx, filters)
 	if err != nil {
 		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
 	}
 	defer w.Stop()
+	out, err := readListing(ctx, w.Updates(), want, listingIdle)
+	if err != nil {
+		return nil, fmt.Errorf("registry: reading %s: %w", strings.Join(filters, ", "), err)
+	}
+	return out, nil
+}
+
+// readListing reads a watch's updates until it has delivered every key of
+// want and its end-of-values marker, and returns the keys it holds (a
+// deleted key is not held). It waits up to idle past the marker for keys
+// not delivered yet, then fails saying how many came.
+func readListing(ctx context.Context, updates <-chan jetstream.KeyValueEntry, want map[string]bool, idle time.Duration) (map[string]jetstream.KeyValueEntry, error) {
 	out := map[string]jetstream.KeyValueEntry{}
-	for {
+	seen := map[string]bool{}
+	marked := false
+	var waited <-chan time.Time
+	for !marked || len(seen) < len(want) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
+		case <-waited:
+			return nil, fmt.Errorf("the watch delivered %d of the %d keys there", len(seen), len(want))
+		case e, ok := <-updates:
 			if !ok {
-				return nil, errors.New("registry: the watch ended before it delivered everything")
+				return nil, errors.New("the watch ended before it delivered everything")
 			}
 			if e == nil {
-				return out, nil
+				marked = true
+				if len(seen) < len(want) {
+					waited = time.After(idle)
+				}
+				continue
 			}
-			out[e.Key()] = e
+			if want[e.Key()] {
+				seen[e.Key()] = true
+			}
+			if e.Operation() == jetstream.KeyValuePut {
+				out[e.Key()] = e
+			} else {
+				delete(out, e.Key())
+			}
 		}
 	}
+	return out, nil
 }
 
-// values reads the registry's current values under filters in one pass
-// (entries, without their revisions), keyed by key.
+// listingIdle is how long entries waits, past the watch's end-of-values
+// marker, for keys the registry holds and the watch has not delivered.
+const listingIdle = 10 * time.Second
+
+// registryKeys is the set of keys the registry's stream holds under
+// filters, as it says without a consumer (its per-subject state).
+func (c *Client) registryKeys(ctx context.Context, filters []string) (map[string]bool, error) {
+	str, err := c.JS.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, err
+	}
+	keys := map[string]bool{}
+	prefix := "$KV." + Bucket + "."
+	for _, f := range filters {
+		info, err := str.Info(ctx, jetstream.WithSubjectFilter(prefix+f))
+		if err != nil {
+			return nil, err
+		}
+		for subj := range info.State.Subjects {
+			keys[strings.TrimPrefix(subj, prefix)] = true
+		}
+	}
+	return keys, nil
+}
+
 func (c *Client) values(ctx context.Context, filters ...string) (map[string][]byte, error) {
 	es, err := c.entries(ctx, filters...)
 	if err != nil {

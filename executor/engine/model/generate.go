@@ -1,0 +1,273 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// The sequences the engine is held to the model on. They live here, beside
+// the model, and not in a test of the engine, because two tests draw the
+// same ones: the engine's against a transcript init
+// (executor/engine TestTheEngineFollowsTheModel) and the lab's on real
+// systemd, OpenRC, runit and s6 (tests/machines TestModelSampleOn*). One
+// generator means a seed names one sequence wherever it is run.
+
+// Sequence is a generated sequence: a world, a catalogue of modules that
+// changes, and the steps taken, all drawn from Seed.
+type Sequence struct {
+	Seed    uint64
+	World   World
+	Adopted bool
+	Steps   []Step
+}
+
+// Step is the operator's change (Decl nil, Op says what), or a declaration
+// applied after What says what changed.
+type Step struct {
+	What string
+	Decl *Declaration
+	Op   Event
+}
+
+// Events is the sequence as Run takes it.
+func (s Sequence) Events() []Event {
+	var events []Event
+	for _, st := range s.Steps {
+		if st.Decl == nil {
+			events = append(events, st.Op)
+		} else {
+			events = append(events, Event{Apply: st.Decl})
+		}
+	}
+	return events
+}
+
+// String is the sequence as a failure prints it: the world, then each step
+// and what it applies.
+func (s Sequence) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "world (adopted=%v):\n", s.Adopted)
+	for _, n := range slices.Sorted(maps.Keys(s.World.Units)) {
+		u := s.World.Units[n]
+		fmt.Fprintf(&b, "  unit %s running=%v enabled=%v\n", n, u.Running, u.Enabled)
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.World.Packages)) {
+		p := s.World.Packages[n]
+		fmt.Fprintf(&b, "  package %s installed=%v brings=%s\n", n, p.Installed, p.Brings)
+	}
+	for i, st := range s.Steps {
+		fmt.Fprintf(&b, "%2d. %s\n", i+1, st.What)
+		if st.Decl != nil {
+			fmt.Fprintf(&b, "    apply %s\n", describeDecl(*st.Decl))
+		}
+	}
+	return b.String()
+}
+
+func describeDecl(d Declaration) string {
+	var parts []string
+	for _, r := range d.Resources {
+		s := r.Key() + "=" + r.Kind + ":" + r.Name
+		if r.Kind == "service" {
+			s += "(" + r.State + "," + enabledWord(r.Enabled) + ")"
+		}
+		parts = append(parts, s)
+	}
+	taken := slices.Sorted(maps.Keys(d.Taken))
+	return fmt.Sprintf("[%s] taken=%v", strings.Join(parts, " "), taken)
+}
+
+// Generate draws a sequence from seed: two units found on the machine
+// (mu0, mu1), three packages (mp0..mp2) each bringing a unit (mpu0..mpu2;
+// one found installed, at times), four modules (ma..md) sharing them out —
+// a unit's service and a package each in at most one module, a package
+// often in another than its unit's — and eight to fourteen steps: modules
+// assigned and unassigned, resources renamed, moved and declared anew,
+// modules taken on an adopted node, the operator flipping a unit.
+func Generate(seed uint64) Sequence {
+	rnd := rand.New(rand.NewPCG(seed, 0x0118))
+	s := Sequence{Seed: seed, Adopted: rnd.IntN(2) == 0,
+		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}}}
+	bit := func() bool { return rnd.IntN(2) == 0 }
+	for _, u := range []string{"mu0", "mu1"} {
+		s.World.Units[u] = Unit{Running: bit(), Enabled: bit()}
+	}
+	for i := range 3 {
+		p, u := fmt.Sprintf("mp%d", i), fmt.Sprintf("mpu%d", i)
+		pk := Package{Brings: u, Installed: rnd.IntN(4) == 0}
+		if pk.Installed {
+			s.World.Units[u] = Unit{Running: bit(), Enabled: bit()}
+		}
+		s.World.Packages[p] = pk
+	}
+	modules := []string{"ma", "mb", "mc", "md"}
+	// The catalogue: each module's resources, packages then services.
+	catalogue := map[string][]Resource{}
+	state := func() string { return []string{"running", "stopped", ""}[rnd.IntN(3)] }
+	enabled := func() *bool {
+		switch rnd.IntN(3) {
+		case 0:
+			return nil
+		case 1:
+			v := true
+			return &v
+		}
+		v := false
+		return &v
+	}
+	// One thing on the machine has one declaration: a package is in one
+	// module at most, as a unit's service is.
+	for _, p := range slices.Sorted(maps.Keys(s.World.Packages)) {
+		if rnd.IntN(4) > 0 {
+			m := modules[rnd.IntN(len(modules))]
+			catalogue[m] = append(catalogue[m], Resource{Kind: "package", Module: m, ID: p, Name: p})
+		}
+	}
+	for _, u := range []string{"mu0", "mu1", "mpu0", "mpu1", "mpu2"} {
+		if rnd.IntN(5) == 0 {
+			continue
+		}
+		m := modules[rnd.IntN(len(modules))]
+		catalogue[m] = append(catalogue[m], Resource{Kind: "service", Module: m, ID: u, Name: u, State: state(), Enabled: enabled()})
+	}
+	assigned, taken := map[string]bool{}, map[string]bool{}
+	compose := func() *Declaration {
+		d := &Declaration{Adopted: s.Adopted, Taken: map[string]bool{}}
+		for m := range taken {
+			d.Taken[m] = true
+		}
+		for _, kind := range []string{"package", "service"} {
+			for _, m := range modules {
+				if !assigned[m] {
+					continue
+				}
+				for _, r := range catalogue[m] {
+					if r.Kind == kind {
+						d.Resources = append(d.Resources, r)
+					}
+				}
+			}
+		}
+		return d
+	}
+	// The first step assigns a module; later ones are drawn.
+	first := modules[rnd.IntN(len(modules))]
+	assigned[first] = true
+	s.Steps = append(s.Steps, Step{What: "assign " + first, Decl: compose()})
+	steps := 8 + rnd.IntN(7)
+	for len(s.Steps) < steps {
+		m := modules[rnd.IntN(len(modules))]
+		var what string
+		switch k := rnd.IntN(10); {
+		case k < 3:
+			if assigned[m] {
+				what = "unassign " + m
+			} else {
+				what = "assign " + m
+			}
+			assigned[m] = !assigned[m]
+		case k < 5:
+			units := slices.Sorted(maps.Keys(s.World.Units))
+			for _, p := range slices.Sorted(maps.Keys(s.World.Packages)) {
+				units = append(units, s.World.Packages[p].Brings)
+			}
+			u := units[rnd.IntN(len(units))]
+			ev := Event{Unit: u, FlipRunning: bit()}
+			ev.FlipEnabled = !ev.FlipRunning || bit()
+			s.Steps = append(s.Steps, Step{What: fmt.Sprintf("the operator flips %s (running %v, enabled %v)", u, ev.FlipRunning, ev.FlipEnabled), Op: ev})
+			continue
+		case k < 6 && len(catalogue[m]) > 0:
+			i := rnd.IntN(len(catalogue[m]))
+			r := &catalogue[m][i]
+			old := r.Key()
+			if strings.HasSuffix(r.ID, "r") {
+				r.ID = strings.TrimSuffix(r.ID, "r")
+			} else {
+				r.ID += "r"
+			}
+			what = "rename " + old + " to " + r.Key()
+		case k < 7 && len(catalogue[m]) > 0:
+			i := rnd.IntN(len(catalogue[m]))
+			r := catalogue[m][i]
+			to := modules[rnd.IntN(len(modules))]
+			if to == m || slices.ContainsFunc(catalogue[to], func(x Resource) bool { return x.Name == r.Name }) {
+				continue
+			}
+			catalogue[m] = slices.Delete(catalogue[m], i, i+1)
+			r.Module = to
+			catalogue[to] = append(catalogue[to], r)
+			sort.SliceStable(catalogue[to], func(a, b int) bool {
+				return catalogue[to][a].Kind == "package" && catalogue[to][b].Kind != "package"
+			})
+			what = "move " + m + "." + r.ID + " to module " + to
+		case k < 8:
+			var svcs []int
+			for i, r := range catalogue[m] {
+				if r.Kind == "service" {
+					svcs = append(svcs, i)
+				}
+			}
+			if len(svcs) == 0 {
+				continue
+			}
+			r := &catalogue[m][svcs[rnd.IntN(len(svcs))]]
+			r.State, r.Enabled = state(), enabled()
+			what = fmt.Sprintf("a new catalogue declares %s (%s, %s)", r.Key(), r.State, enabledWord(r.Enabled))
+		case k < 9 && s.Adopted:
+			if taken[m] {
+				continue
+			}
+			taken[m] = true
+			what = "take " + m
+		default:
+			what = "apply again"
+		}
+		s.Steps = append(s.Steps, Step{What: what, Decl: compose()})
+	}
+	return s
+}
+
+// EngineDoc is the declaration as the engine reads it (the JSON of
+// docs/declaration.md): each resource with its module and id, a package by
+// name, a service by unit with its state and enablement where set.
+func EngineDoc(d Declaration) string {
+	taken, _ := json.Marshal(append([]string{}, slices.Sorted(maps.Keys(d.Taken))...))
+	if len(d.Resources) == 0 {
+		return fmt.Sprintf(`{"version":1,"adopted":%v,"taken":%s,"resources":[],"owns_nothing":true}`, d.Adopted, taken)
+	}
+	var res []string
+	for _, r := range d.Resources {
+		m := map[string]any{"module": r.Module, "id": r.ID, "type": r.Kind}
+		if r.Kind == "package" {
+			m["name"] = r.Name
+		} else {
+			m["unit"] = r.Name
+			if r.State != "" {
+				m["state"] = r.State
+			}
+			if r.Enabled != nil {
+				m["enabled"] = *r.Enabled
+			}
+		}
+		b, _ := json.Marshal(m)
+		res = append(res, string(b))
+	}
+	return fmt.Sprintf(`{"version":1,"adopted":%v,"taken":%s,"resources":[%s]}`, d.Adopted, taken, strings.Join(res, ","))
+}
+
+// Renamed is the declaration with every resource's Name (the package or
+// unit it manages) passed through name; ids and modules stay, so a report
+// line's "module.id" is the model's. The lab runs several sequences on one
+// machine, each on packages and units of its own.
+func (d Declaration) Renamed(name func(string) string) Declaration {
+	c := Declaration{Adopted: d.Adopted, Taken: d.Taken, Resources: slices.Clone(d.Resources)}
+	for i := range c.Resources {
+		c.Resources[i].Name = name(c.Resources[i].Name)
+	}
+	return c
+}

@@ -121,9 +121,19 @@ type giveBackInit struct {
 	pkg func(unit string) (files map[string]string, postinst string)
 	// read is a shell loop over $UNITS printing "UNIT RUN EN" lines.
 	read string
-	// flip is the operator's change, in shell: running ↔ stopped and
-	// enabled ↔ disabled; a masked unit is unmasked and started.
-	flip func(unit string, cur gbState) string
+	// run is the operator's start (on) or stop of a unit, in shell; enable
+	// has it started at boot (on) or not. Each is run only to change the
+	// unit (never to ask for what it already is).
+	run, enable func(unit string, on bool) string
+}
+
+// flip is the operator's change, in shell: running ↔ stopped and enabled
+// ↔ disabled; a masked unit (systemd's only) is unmasked and started.
+func (g giveBackInit) flip(u string, cur gbState) string {
+	if cur.en == "masked" {
+		return "systemctl unmask " + u + " && systemctl start " + u
+	}
+	return g.run(u, cur.run != "running") + " && " + g.enable(u, cur.en != "enabled")
 }
 
 // gbCommand is what every gb unit runs: long enough to outlive the test.
@@ -164,13 +174,11 @@ var giveBackInits = map[lab.Init]giveBackInit{
 		read: `systemctl show -p Id,ActiveState,UnitFileState $(for u in $UNITS; do echo $u.service; done) |
 awk -F= 'function out() { if (id != "") print substr(id, 1, length(id)-8), (a == "active" ? "running" : a == "inactive" ? "stopped" : a), (e == "" ? "none" : e); id = a = e = "" }
 	/^Id=/ { id = $2 } /^ActiveState=/ { a = $2 } /^UnitFileState=/ { e = $2 } /^$/ { out() } END { out() }'`,
-		flip: func(u string, cur gbState) string {
-			s := "systemctl "
-			if cur.en == "masked" {
-				return s + "unmask " + u + " && " + s + "start " + u
-			}
-			cmd := s + map[bool]string{true: "stop ", false: "start "}[cur.run == "running"] + u
-			return cmd + " && " + s + map[bool]string{true: "disable ", false: "enable "}[cur.en == "enabled"] + u
+		run: func(u string, on bool) string {
+			return "systemctl " + map[bool]string{true: "start ", false: "stop "}[on] + u
+		},
+		enable: func(u string, on bool) string {
+			return "systemctl " + map[bool]string{true: "enable ", false: "disable "}[on] + u
 		},
 	},
 	lab.OpenRC: {
@@ -196,9 +204,11 @@ for u in $UNITS; do
 	e=disabled; printf '%s\n' "$levels" | grep -Eq "^ *$u \|" && e=enabled
 	echo "$u $r $e"
 done`,
-		flip: func(u string, cur gbState) string {
-			cmd := "rc-service " + u + map[bool]string{true: " stop", false: " start"}[cur.run == "running"]
-			return cmd + " && rc-update " + map[bool]string{true: "del ", false: "add "}[cur.en == "enabled"] + u + " default"
+		run: func(u string, on bool) string {
+			return "rc-service " + u + map[bool]string{true: " start", false: " stop"}[on]
+		},
+		enable: func(u string, on bool) string {
+			return "rc-update " + map[bool]string{true: "add ", false: "del "}[on] + u + " default"
 		},
 	},
 	lab.Runit: {
@@ -225,11 +235,10 @@ done`,
 	e=disabled; [ -d $d ] && [ ! -e $d/down ] && e=enabled
 	echo "$u $r $e"
 done`,
-		flip: func(u string, cur gbState) string {
-			d := "/etc/service/" + u
-			cmd := "sv -w 10 " + map[bool]string{true: "down ", false: "up "}[cur.run == "running"] + d
-			return cmd + " && " + map[bool]string{true: "touch ", false: "rm -f "}[cur.en == "enabled"] + d + "/down"
+		run: func(u string, on bool) string {
+			return "sv -w 10 " + map[bool]string{true: "up ", false: "down "}[on] + "/etc/service/" + u
 		},
+		enable: func(u string, on bool) string { return downFile("/etc/service/"+u, on) },
 	},
 	lab.S6: {
 		// s6's notion of enabled: no down file (s6-svstat's normallyup);
@@ -257,12 +266,20 @@ done`,
 	e=$2; [ "$2" = true ] && e=enabled; [ "$2" = false ] && e=disabled
 	echo "$u $r $e"
 done`,
-		flip: func(u string, cur gbState) string {
-			d := "/etc/s6/scan/" + u
-			cmd := "s6-svc -T 10000 " + map[bool]string{true: "-wd -d ", false: "-wu -u "}[cur.run == "running"] + d
-			return cmd + " && " + map[bool]string{true: "touch ", false: "rm -f "}[cur.en == "enabled"] + d + "/down"
+		run: func(u string, on bool) string {
+			return "s6-svc -T 10000 " + map[bool]string{true: "-wu -u ", false: "-wd -d "}[on] + "/etc/s6/scan/" + u
 		},
+		enable: func(u string, on bool) string { return downFile("/etc/s6/scan/"+u, on) },
 	},
+}
+
+// downFile is enabling (on) or disabling a runit or s6 service directory
+// dir: a service with a down file is not started when its supervisor is.
+func downFile(dir string, on bool) string {
+	if on {
+		return "rm -f " + dir + "/down"
+	}
+	return "touch " + dir + "/down"
 }
 
 // readUnits reads the units' states with the init's own tools.

@@ -398,28 +398,110 @@ func NewTable(p Program, defs []Def, flagSet func(i int, out io.Writer) *flag.Fl
 	return Table{Program: p, Defs: defs, FlagSet: flagSet}
 }
 
-// Usage lists the commands, each with the first clause of what it does.
+// usageWidth is the width the command listings are wrapped to: a
+// terminal's customary 80 columns, so a line is never cut short or
+// broken by the terminal in the middle of a word.
+const usageWidth = 80
+
+// Usage lists the commands, each with the first clause of what it does,
+// wrapped rather than cut: a description that ends in "…" hides what an
+// operator reads the listing for.
 func (t Table) Usage(w io.Writer) {
 	fmt.Fprintf(w, "usage: %s COMMAND [ARGS] [flags]   (%s COMMAND --help: its own)\n\n", t.Name, t.Name)
-	width := 0
+	var rows [][2]string
 	for _, d := range t.Defs {
-		width = max(width, len(d.Name))
+		rows = append(rows, [2]string{d.Name, gist(d.Summary)})
 	}
+	listRows(w, rows)
+}
+
+// Subcommands are the second words of the commands whose first word is
+// group ("node" → revoke, show, …), in the table's order; none when group
+// is not a group of commands.
+func (t Table) Subcommands(group string) []Def {
+	var subs []Def
 	for _, d := range t.Defs {
-		fmt.Fprintf(w, "  %-*s  %s\n", width, d.Name, gist(d.Summary))
+		if first, _, ok := strings.Cut(d.Name, " "); ok && first == group {
+			subs = append(subs, d)
+		}
+	}
+	return subs
+}
+
+// GroupUsage lists a group's subcommands ("mesh-control node --help"),
+// each by name with the first clause of what it does: a line each, as
+// the names leave the most room for it (each one's --help has its
+// arguments and flags).
+func (t Table) GroupUsage(w io.Writer, group string) {
+	fmt.Fprintf(w, "usage: %s %s SUBCOMMAND [ARGS] [flags]\n\n", t.Name, group)
+	var rows [][2]string
+	for _, d := range t.Subcommands(group) {
+		_, second, _ := strings.Cut(d.Name, " ")
+		rows = append(rows, [2]string{second, gist(d.Summary)})
+	}
+	listRows(w, rows)
+	fmt.Fprintf(w, "\n%s %s SUBCOMMAND --help: its arguments and flags\n", t.Name, group)
+}
+
+// listRows writes rows of a name and its description in two columns, the
+// description wrapped to usageWidth under itself.
+func listRows(w io.Writer, rows [][2]string) {
+	width := 0
+	for _, r := range rows {
+		width = max(width, len(r[0]))
+	}
+	for _, r := range rows {
+		lines := wrap(r[1], max(usageWidth-4-width, 32))
+		fmt.Fprintf(w, "  %-*s  %s\n", width, r[0], lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(w, "  %*s  %s\n", width, "", l)
+		}
 	}
 }
 
-// gist is a summary's first clause.
+// wrap breaks s into lines of at most width characters at spaces; a word
+// longer than width stands on a line of its own, whole.
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = word
+		case len([]rune(line))+1+len([]rune(word)) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	return append(lines, line)
+}
+
+// gist is a summary's first clause: up to its first "; " or the end of
+// its first sentence — what the command does, before how and when —
+// never inside parentheses, whose clause would be left open.
 func gist(summary string) string {
 	s := strings.Join(strings.Fields(summary), " ")
-	if i := strings.Index(s, "; "); i > 0 {
-		s = s[:i]
+	depth := 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '(':
+			depth++
+		case ')':
+			depth = max(depth-1, 0)
+		case ';':
+			if depth == 0 && strings.HasPrefix(s[i:], "; ") {
+				return s[:i]
+			}
+		case '.':
+			// A sentence's end, not "e.g. x" or a version's dots.
+			if depth == 0 && i+2 < len(s) && s[i+1] == ' ' && s[i+2] >= 'A' && s[i+2] <= 'Z' {
+				return s[:i]
+			}
+		}
 	}
-	if len(s) > 76 {
-		s = s[:strings.LastIndexByte(s[:75], ' ')] + " …"
-	}
-	return s
+	return strings.TrimSuffix(s, ".")
 }
 
 // Dispatch runs the parts of a command line every command shares: the
@@ -453,13 +535,23 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	}
 	if i < 0 {
 		var subs []string
-		for _, d := range t.Defs {
-			if first, second, ok := strings.Cut(d.Name, " "); ok && first == args[0] {
-				subs = append(subs, second)
-			}
+		for _, d := range t.Subcommands(args[0]) {
+			_, second, _ := strings.Cut(d.Name, " ")
+			subs = append(subs, second)
 		}
 		if len(subs) > 0 {
-			fmt.Fprintf(stderr, "%s %s: the subcommand is one of %s\n", t.Name, args[0], strings.Join(subs, ", "))
+			// A group of commands ("node"): its --help lists them (exit
+			// 0); anything else says which exist (exit 2).
+			rest := args[1:]
+			switch {
+			case len(rest) > 0 && isHelp(rest[0]):
+				t.GroupUsage(stdout, args[0])
+				return 0, nil, nil, 0, true
+			case len(rest) > 0 && !strings.HasPrefix(rest[0], "-"):
+				fmt.Fprintf(stderr, "%s %s: no subcommand %q: the subcommand is one of %s (%s %s --help)\n", t.Name, args[0], rest[0], strings.Join(subs, ", "), t.Name, args[0])
+			default:
+				fmt.Fprintf(stderr, "%s %s: the subcommand is one of %s (%s %s --help)\n", t.Name, args[0], strings.Join(subs, ", "), t.Name, args[0])
+			}
 		} else {
 			fmt.Fprintf(stderr, "%s: unknown command %q (%s --help lists them)\n", t.Name, args[0], t.Name)
 		}
@@ -499,6 +591,11 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		return i, nil, fs, 0, true
 	}
 	return i, pos, fs, 0, false
+}
+
+// isHelp says whether arg asks for help, as the flag package takes it.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "--help" || arg == "-help" || arg == "help"
 }
 
 // vet says what f refuses of pos, as the program's name, and whether it did.

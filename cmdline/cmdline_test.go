@@ -75,7 +75,7 @@ func TestBashCompletesWhatIsTyped(t *testing.T) {
 	if got := complete("mesh-control no"); got != "node nodes" {
 		t.Errorf("mesh-control no<TAB>: %q", got)
 	}
-	if got := complete("mesh-control node "); got != "revoke show add endpoint" {
+	if got := complete("mesh-control node "); got != "revoke delete show add endpoint" {
 		t.Errorf("mesh-control node <TAB>: %q", got)
 	}
 	if got := complete("mesh-control declare n1 f.json --s"); got != "--seal" {
@@ -200,6 +200,72 @@ func TestAFlagSaysItsOwnReason(t *testing.T) {
 		code := control.Main(context.Background(), c.args, &out, &errw)
 		if code != 2 || !strings.Contains(errw.String(), c.want) || (c.not != "" && strings.Contains(errw.String(), c.not)) {
 			t.Errorf("mesh-control %s: exit %d, said %q; want exit 2 and %q", strings.Join(c.args, " "), code, errw.String(), c.want)
+		}
+	}
+}
+
+// A group of commands ("node", "token") answers --help with its
+// subcommands, a line each, exit 0; with no subcommand or an unknown one
+// it exits 2 naming those there are. No listing cuts a description short
+// ("…"): the top-level one wraps it under itself, within 80 columns.
+func TestGroupsListTheirSubcommands(t *testing.T) {
+	main := func(args ...string) (string, string, int) {
+		var out, errw bytes.Buffer
+		code := control.Main(context.Background(), args, &out, &errw)
+		return out.String(), errw.String(), code
+	}
+	groups := map[string][]string{}
+	for _, c := range control.Program().Commands {
+		if first, second, ok := strings.Cut(c.Name, " "); ok {
+			groups[first] = append(groups[first], second)
+		}
+	}
+	for _, g := range []string{"node", "token", "overlay", "archive"} {
+		subs := groups[g]
+		if len(subs) == 0 {
+			t.Fatalf("mesh-control has no group %s", g)
+		}
+		for _, args := range [][]string{{g, "--help"}, {g, "-h"}, {"help", g}} {
+			out, errs, code := main(args...)
+			if code != 0 || errs != "" {
+				t.Errorf("mesh-control %s: exit %d\n%s", strings.Join(args, " "), code, errs)
+			}
+			for _, s := range subs {
+				if !regexp.MustCompile(`(?m)^  ` + s + `  +\S`).MatchString(out) {
+					t.Errorf("mesh-control %s does not list %s with what it does:\n%s", strings.Join(args, " "), s, out)
+				}
+			}
+			if n := strings.Count(strings.TrimSpace(out), "\n"); n != len(subs)+3 {
+				t.Errorf("mesh-control %s: %d lines for %d subcommands (one each):\n%s", strings.Join(args, " "), n+1, len(subs), out)
+			}
+		}
+		for _, args := range [][]string{{g}, {g, "frob"}, {g, "--json"}} {
+			out, errs, code := main(args...)
+			if code != 2 || out != "" || !strings.Contains(errs, strings.Join(subs, ", ")) {
+				t.Errorf("mesh-control %s: exit %d, want 2 naming %v\n%s%s", strings.Join(args, " "), code, subs, out, errs)
+			}
+		}
+	}
+	if _, errs, _ := main("node", "frob"); !strings.Contains(errs, `no subcommand "frob"`) {
+		t.Errorf("mesh-control node frob does not name what it did not find: %s", errs)
+	}
+	out, _, code := main("help")
+	if code != 0 || strings.Contains(out, "…") {
+		t.Fatalf("mesh-control help: exit %d\n%s", code, out)
+	}
+	for i, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		if i > 0 && len([]rune(l)) > 80 {
+			t.Errorf("mesh-control help: a line over 80 columns: %q", l)
+		}
+	}
+	// Every word of every description is there, wrapped or not.
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{
+		"assign the module FILE (resources of one module) to NODE and publish the node's composition: the overlay, then its modules in the order assigned",
+		"each node: its state (revoked, never heard from, or what its agent says), when it was last heard from, executor version, declared vs applied, last outcome",
+	} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("mesh-control help cuts %q:\n%s", want, out)
 		}
 	}
 }

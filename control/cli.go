@@ -50,22 +50,35 @@ var commands = []cmdline.Def{
 keep FILE its configuration and send it SIGHUP on each change; the embedded broker's store is in
 the key directory: one serve holds it (a second is refused)`),
 	cmdline.D("token issue", "", 0, 0, []string{"dir", "nats", "new", "name", "node", "ttl", "broker-url", "json"},
-		`print, once, a one-time enrolment token that expires whether used or not (--new, or --node NAME,
+		`print, once, a one-time enrolment token; it expires whether used or not (--new, or --node NAME,
 which revokes the identity that node has now: a re-enrolment)`),
+	cmdline.D("token list", "", 0, 0, []string{"dir", "nats", "json"},
+		`list the enrolment tokens; each one's id, the node it is for, new or re-enrolment, when issued,
+when it expires, and whether used (by which node), revoked, expired or usable (a token's record
+goes a day after it expires)`),
+	cmdline.D("token revoke", "ID", 1, 1, []string{"dir", "nats", "json"},
+		`make a token unusable now; it enrols no one and the broker refuses its one-time credential from
+then on. A used token is refused (it enrols no one again: node revoke NAME cuts off the machine it
+enrolled), as is an unknown one; a token revoked already is said so (exit 0)`),
 	cmdline.D("node revoke", "NAME", 1, 1, []string{"dir", "nats", "json"},
-		`revoke the node's identity: the broker refuses it from now on, and nothing is declared, assigned
+		`revoke the node's identity; the broker refuses it from now on, and nothing is declared, assigned
 or published to it until a machine enrols as it again (token issue --node NAME); a node revoked
 already is said so (exit 0)`),
+	cmdline.D("node delete", "NAME", 1, 1, []string{"dir", "nats", "json"},
+		`remove a revoked node from the control side; its registry records (the node, its address and its
+claim, endpoint, assignments, composition, last report, briefing, profile and owned copy), its
+declarations, reports and heartbeats, and the re-enrolment tokens issued for it, so the name can
+be used again. A live node is refused: revoke it first`),
 	cmdline.D("node show", "NAME", 1, 1, []string{"dir", "nats", "json"},
 		"the node's record, keys, and the profile and inventory it reported"),
 	cmdline.D("node add", "NAME", 1, 1, []string{"dir", "nats", "out", "broker-url", "json"},
-		`register a node by hand (no enrolment): write its agent config and executor-identity.json, to
+		`register a node by hand (no enrolment); write its agent config and executor-identity.json, to
 be installed on the node by a person`),
 	cmdline.D("node endpoint", "NAME ADDRESS:PORT|none", 2, 2, []string{"dir", "nats", "json"},
-		"where the node's peers reach it on the underlay (none: they wait for it)"),
+		"where the node's peers reach it on the underlay; none: they wait for it"),
 	cmdline.D("overlay set", "", 0, 0, []string{"dir", "nats", "network", "interface", "port", "keepalive", "json"},
-		`set the mesh's overlay (defaults 10.99.0.0/16, mesh0, 51820, 25) and publish every node's
-composition`),
+		`set the mesh's overlay and publish every node's composition; what is not given is, the first
+time, 10.99.0.0/16, mesh0, port 51820, keepalive 25`),
 	cmdline.D("overlay show", "", 0, 0, []string{"dir", "nats", "json"},
 		"the overlay, each node's address, endpoint and WireGuard key"),
 	cmdline.D("assign", "NODE FILE", 2, 2, []string{"dir", "nats", "despite-briefing", "wait", "json", "plan"},
@@ -254,6 +267,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.nodeAdd(pos[0], o.out, o.brokerURL)
 	case "token issue":
 		err = c.tokenIssue(o.isNew, o.forNode, o.newName, o.ttl, o.brokerURL)
+	case "token list":
+		err = c.tokenList()
+	case "token revoke":
+		err = c.tokenRevoke(pos[0])
+	case "node delete":
+		err = c.nodeDelete(pos[0])
 	case "node revoke":
 		err = c.nodeRevoke(pos[0])
 	case "node show":
@@ -340,11 +359,13 @@ func (c *cli) init(hosts []string, url string) error {
 		fmt.Fprintf(c.stderr, "mesh-control init: warning: the broker certificate names only 127.0.0.1, ::1 and localhost. Nodes pin its fingerprint and reach it by any address, but a TLS client that checks names (the nats tool, a monitoring probe) will not accept it by another: give --host NAME for each name or address the broker is reached by (a new init: move %s aside first)\n", c.dir)
 	}
 	if c.json {
-		return c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL})
+		err = c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL})
+	} else {
+		fmt.Fprintf(c.stdout, "control key id:            %s\ncontrol public key:        %s\nbroker certificate sha256: %s\nbroker url:                %s\n",
+			k.KeyID(), k.ControlPublicBase64(), k.Fingerprint, k.BrokerURL)
 	}
-	fmt.Fprintf(c.stdout, "control key id:            %s\ncontrol public key:        %s\nbroker certificate sha256: %s\nbroker url:                %s\n",
-		k.KeyID(), k.ControlPublicBase64(), k.Fingerprint, k.BrokerURL)
-	return nil
+	c.next("mesh-control serve" + c.dirFlag())
+	return err
 }
 
 func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics, ui string) error {
@@ -375,7 +396,8 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 	if err != nil {
 		return err
 	}
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui})
+	ready := func(url string, _ *Server) { c.nextAfterServe(k, url, listen) }
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui, Ready: ready})
 }
 
 func (c *cli) connect() (*Client, error) {

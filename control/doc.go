@@ -33,9 +33,10 @@
 //	                       joined.<n>        the enrolment it reported its overlay applied in
 //	                       composed.<n>      the digest and sequence of what it was last sent
 //
-// The broker has an account for the control side, CONTROL (JetStream),
-// one for each node (named as the node, no JetStream), and NODES for the
-// enrolment tokens, joined by service imports (and the stream exports of
+// The embedded broker has an account for the control side, CONTROL
+// (JetStream), one for each node (named as the node, no JetStream), and
+// NODES for the enrolment tokens (an existing broker's nodes share NODES:
+// AccountsConfig says why), joined by service imports (and the stream exports of
 // the notices, core NATS); each node's account imports only its own
 // subjects (link.NodeImports), and its one user, the node's NKey, has
 // permissions for exactly those (link.NodePermissions). The split exists

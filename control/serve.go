@@ -26,8 +26,7 @@ type ServeOptions struct {
 	// NATSURL, when set, is an existing broker to use instead of the
 	// embedded one. Its users and permissions are then that broker's
 	// business: it must know the control side's NKey (control.nk's public
-	// half) with all permissions, each node's NKey in an account of its own
-	// with link.NodeImports and link.NodePermissions (AccountsConfig),
+	// half) with all permissions, each node's NKey with link.NodePermissions,
 	// and present the certificate in the key directory (broker.crt), whose
 	// fingerprint is what nodes pin.
 	NATSURL string
@@ -344,7 +343,6 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 	pids := splitList(o.BrokerPID)
 	var mu sync.Mutex
 	var expiry *time.Timer
-	accounts := map[string]bool{} // the nodes' accounts the file held when last written
 	var write func(nodes []*NodeRecord, tokens []*TokenRecord)
 	write = func(nodes []*NodeRecord, tokens []*TokenRecord) {
 		mu.Lock()
@@ -370,44 +368,15 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 			log.Warn("the broker's configuration changed: reload the broker", "file", file)
 			return
 		}
-		listed := map[string]bool{}
-		added := false
-		for _, n := range nodes {
-			if n.NKey != "" {
-				listed[n.Name] = true
-				added = added || !accounts[n.Name]
+		for _, p := range pids {
+			if err := signalReload(p); err != nil {
+				log.Error("the broker's configuration changed but a server was not told; reload it", "file", file, "pid_file", p, "err", err)
 			}
 		}
-		accounts = listed
-		reload := func() {
-			for _, p := range pids {
-				if err := signalReload(p); err != nil {
-					log.Error("the broker's configuration changed but a server was not told; reload it", "file", file, "pid_file", p, "err", err)
-				}
-			}
-		}
-		reload()
-		if added {
-			// nats-server (2.15.2) wires the imports of an account that a
-			// reload introduces to the exporting account as the reload
-			// parsed it, not to the one serving: its services answer "no
-			// responders" until the account is reloaded once more as an
-			// existing one. So a new node's account is reloaded twice; the
-			// second signal, a moment after the first, is not merged with
-			// it (nats-server takes its signals one at a time, and queues
-			// one while it reloads). TestExistingBrokerFollowsTheRegistry
-			// fails without it.
-			time.Sleep(reloadAgainAfter)
-			reload()
-		}
-		log.Info("the broker reloads its users", "file", file, "servers", len(pids), "nodes", len(nodes), "new_accounts", added)
+		log.Info("the broker reloads its users", "file", file, "servers", len(pids), "nodes", len(nodes))
 	}
 	return write, nil
 }
-
-// reloadAgainAfter is how long after a reload that introduced a node's
-// account the broker is told to reload again (brokerFile says why).
-const reloadAgainAfter = 250 * time.Millisecond
 
 // signalReload sends SIGHUP to the process whose pid the file holds. The
 // file is believed only if no one but root or this process's user could

@@ -92,11 +92,25 @@ func serverConfig(k *Keys, name, host string, port int, store string) string {
 }
 
 // AccountsConfig is the accounts block every server of the mesh's broker
-// has alike: CONTROL and its exports, NODES (the enrolment tokens), and
-// with users the control side's NKey, each usable token's, and each
-// node's account of its own (link.NodeAccount) with its one user and its
-// imports. Without users (the embedded broker) the nodes' accounts are
-// made as each node first connects (registryAuth.nodeAccount).
+// has alike. Its two forms share CONTROL (the control side, JetStream) and
+// NODES (the enrolment tokens), and differ in where the nodes live:
+//
+//   - Without users, the embedded broker's: each node in an account of its
+//     own, made as it first connects (registryAuth.nodeAccount), importing
+//     its own subjects (link.NodeImports) from CONTROL's exports, which hold
+//     the importer to the subject naming it (account_token_position).
+//   - With users, an existing broker's or a cluster's (broker-config,
+//     --broker-config, --broker-accounts): every node an NKey user of
+//     NODES with permissions on its own subjects only, NODES importing
+//     every service once with wildcards, and exporting the notices, which
+//     CONTROL imports. Not an account each: such a broker learns of a node
+//     by a configuration reload, and nats-server 2.15.2 wires the imports of
+//     an account a reload introduces to the exporting account as that
+//     reload parsed it — its services answer "no responders", and a
+//     subscription to one of its stream imports crashed every server of a
+//     cluster (Sublist.Insert on a nil sublist, from addShadowSub). In one
+//     account nodes can have the broker's answers delivered onto each
+//     other's subjects; the agent drops what is no notice (SECURITY.md).
 func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n", link.AccountControl)
@@ -110,23 +124,47 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 			continue // imported under two names: exported once
 		}
 		exported[si.Subject] = true
-		if si.Node > 0 {
+		switch {
+		case users:
+			fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(si.Subject), link.AccountNodes)
+		case si.Node > 0:
 			fmt.Fprintf(&b, "      {service: %s, account_token_position: %d}\n", q(si.Subject), si.Node)
-		} else {
+		default:
 			fmt.Fprintf(&b, "      {service: %s}\n", q(si.Subject))
 		}
 	}
 	fmt.Fprintf(&b, "      {service: %s, response_type: singleton, accounts: [%s]}\n", q(link.EnrolService), link.AccountNodes)
-	for _, n := range link.Notices {
-		if n.Node > 0 {
-			fmt.Fprintf(&b, "      {stream: %s, account_token_position: %d}\n", q(n.Subject), n.Node)
-		} else {
-			fmt.Fprintf(&b, "      {stream: %s}\n", q(n.Subject))
+	if !users {
+		for _, n := range link.Notices {
+			if n.Node > 0 {
+				fmt.Fprintf(&b, "      {stream: %s, account_token_position: %d}\n", q(n.Subject), n.Node)
+			} else {
+				fmt.Fprintf(&b, "      {stream: %s}\n", q(n.Subject))
+			}
 		}
 	}
-	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n", link.AccountNodes)
+	b.WriteString("    ]\n")
+	if users {
+		// The notices, from NODES: a service import is one subscription
+		// in CONTROL for every node, where a stream import would mirror
+		// each node's own subscription into CONTROL.
+		b.WriteString("    imports: [\n")
+		for _, n := range link.Notices {
+			fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountNodes, q(n.Subject))
+		}
+		b.WriteString("    ]\n")
+	}
+	fmt.Fprintf(&b, "  }\n  %s {\n", link.AccountNodes)
 	if users {
 		b.WriteString("    users: [\n")
+		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+		for _, n := range nodes {
+			if n.NKey == "" {
+				continue // revoked
+			}
+			pub, sub := link.NodePermissionsEither(n.Name) // its agent may be of either layout
+			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(n.NKey), qs(pub), qs(sub))
+		}
 		now := time.Now()
 		for _, t := range tokens {
 			if !t.usable(now) {
@@ -135,29 +173,23 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 			pub, sub := link.EnrolPermissions(t.ID)
 			fmt.Fprintf(&b, "      {nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}\n", q(t.Credential), qs(pub), qs(sub))
 		}
+		b.WriteString("    ]\n    exports: [\n")
+		for _, n := range link.Notices {
+			fmt.Fprintf(&b, "      {service: %s, accounts: [%s]}\n", q(n.Subject), link.AccountControl)
+		}
 		b.WriteString("    ]\n")
 	}
-	fmt.Fprintf(&b, "    imports: [\n      {service: {account: %s, subject: %s}}\n    ]\n  }\n", link.AccountControl, q(link.EnrolService))
+	b.WriteString("    imports: [\n")
 	if users {
-		sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-		for _, n := range nodes {
-			if n.NKey == "" {
-				continue // revoked
-			}
-			pub, sub := link.NodePermissionsEither(n.Name) // its agent may be of either layout
-			fmt.Fprintf(&b, "  %s {\n    users: [{nkey: %s, permissions: {publish: {allow: %s}, subscribe: {allow: %s}}}]\n    imports: [\n",
-				q(link.NodeAccount(n.Name)), q(n.NKey), qs(pub), qs(sub))
-			services, notices := link.NodeImports(n.Name)
-			for _, si := range services {
+		for _, si := range link.ServiceImports {
+			if si.To != "" {
 				fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}, to: %s}\n", link.AccountControl, q(si.Subject), q(si.To))
+			} else {
+				fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n", link.AccountControl, q(si.Subject))
 			}
-			for _, subj := range notices {
-				fmt.Fprintf(&b, "      {stream: {account: %s, subject: %s}}\n", link.AccountControl, q(subj))
-			}
-			b.WriteString("    ]\n  }\n")
 		}
 	}
-	b.WriteString("}\n")
+	fmt.Fprintf(&b, "      {service: {account: %s, subject: %s}}\n    ]\n  }\n}\n", link.AccountControl, q(link.EnrolService))
 	return b.String()
 }
 

@@ -8,9 +8,11 @@ import (
 )
 
 // The broker's accounts. The control side and its JetStream live in
-// CONTROL; each node lives in an account of its own (NodeAccount), which
-// reaches CONTROL only through the imports below; the enrolment tokens,
-// before they are nodes, live in NODES, which imports enrolment alone.
+// CONTROL; in the embedded broker each node lives in an account of its own
+// (NodeAccount), which reaches CONTROL only through the imports below; the
+// enrolment tokens, before they are nodes, live in NODES. (An existing
+// broker keeps its nodes in NODES too, importing the same services with
+// their wildcards: control.AccountsConfig says why.)
 //
 // A NATS permission limits the subject a client publishes to, never the
 // reply subject it names, and a service answers onto that reply in the

@@ -97,11 +97,13 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		fmt.Fprintln(stderr, "(mesh-agent --help: its flags)")
 		return 2
 	}
-	if fs.NArg() != 0 {
+	// "version" as a command, as the other three binaries take it.
+	asCommand := fs.NArg() == 1 && fs.Arg(0) == "version"
+	if fs.NArg() != 0 && !asCommand {
 		fmt.Fprintf(stderr, "mesh-agent: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if *showVersion {
+	if *showVersion || asCommand {
 		fmt.Fprintf(stdout, "mesh-agent %s build %s\n", version, build)
 		return 0
 	}

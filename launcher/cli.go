@@ -82,6 +82,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Args = fs.Args()
 	}
+	if uid := os.Geteuid(); uid != 0 {
+		// It makes the agent's user, takes the state directory's lock and
+		// starts the executor, which is root's: as anyone else each of
+		// these fails, and it would go on trying them for ever.
+		fmt.Fprintf(stderr, "mesh-launch: runs as root (uid %d here): it starts the executor, which is root's; the init starts it (mesh-launch status needs no root)\n", uid)
+		return 1
+	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

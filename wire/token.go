@@ -97,6 +97,9 @@ func ParseToken(s string) (*Token, error) {
 		}
 		return r
 	}, s)
+	if s == "" {
+		return nil, errors.New("token: no token given (an empty line or file)")
+	}
 	if !strings.HasPrefix(s, TokenPrefix) {
 		if strings.HasPrefix(s, "nmt") {
 			return nil, fmt.Errorf("token: version %q is not one this host reads (it reads %s)", strings.SplitN(s, "-", 2)[0], TokenPrefix)

@@ -69,6 +69,11 @@ func TestTokenRefusals(t *testing.T) {
 			t.Errorf("%s: %v, want ErrMistyped", name, err)
 		}
 	}
+	for _, empty := range []string{"", "\n", "  \t\r\n"} {
+		if _, err := ParseToken(empty); err == nil || !strings.Contains(err.Error(), "no token given") {
+			t.Errorf("%q: %v, want it to say no token was given", empty, err)
+		}
+	}
 	if _, err := ParseToken("hello"); err == nil || !strings.Contains(err.Error(), "not an enrolment token") {
 		t.Errorf("not a token: %v", err)
 	}

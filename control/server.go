@@ -375,8 +375,9 @@ type registryAuth struct {
 	nodes   map[string]string    // NKey public → node name
 	tokens  map[string]tokenUser // one-time credential's NKey → token
 	// accMu makes each node's account once, however many of its
-	// connections arrive at once.
+	// connections arrive at once; made holds those made whole.
 	accMu sync.Mutex
+	made  map[string]*server.Account
 }
 
 type tokenUser struct {
@@ -471,8 +472,12 @@ func (a *registryAuth) nodeAccount(node string) (*server.Account, error) {
 	name := link.NodeAccount(node)
 	a.accMu.Lock()
 	defer a.accMu.Unlock()
-	if acc, err := a.ns.LookupAccount(name); err == nil {
+	if acc := a.made[name]; acc != nil {
 		return acc, nil
+	}
+	if _, err := a.ns.LookupAccount(name); err == nil {
+		// Registered, and an import failed: never handed out half made.
+		return nil, fmt.Errorf("account %s was made without all its imports", name)
 	}
 	ctl, err := a.ns.LookupAccount(link.AccountControl)
 	if err != nil {
@@ -493,6 +498,10 @@ func (a *registryAuth) nodeAccount(node string) (*server.Account, error) {
 			return nil, fmt.Errorf("import the notices %s: %w", subj, err)
 		}
 	}
+	if a.made == nil {
+		a.made = map[string]*server.Account{}
+	}
+	a.made[name] = acc
 	return acc, nil
 }
 

@@ -93,6 +93,9 @@ so (exit 2)`),
 	cmdline.D("owned", "", 0, 0, []string{"state", "json"}, "what the host holds on this machine, and why"),
 	cmdline.D("briefing", "", 0, 0, []string{"state", "json"}, "what adoption found on this machine, and what to look at"),
 	cmdline.D("status", "", 0, 0, []string{"state", "json"}, `hosted or enrolled (and disconnected since when), the last apply of each source`),
+	cmdline.D("doctor", "", 0, 0, []string{"state", "json", "socket"}, `check what to look at when a node misbehaves: the state directory, the daemon, the identity,
+the link, the clock, the disk, the init and recorded faults; a line each, with what to do. Exit 0
+when nothing failed, 1 when something did (a warning does not fail)`),
 	cmdline.D("profile", "", 0, 0, []string{"state", "json"}, "what this machine can be asked to do"),
 	cmdline.D("inventory", "", 0, 0, []string{"state", "json"}, "what this machine is"),
 	cmdline.D("enrol", "", 0, 0, []string{"state", "json", "wait", "token-file", "replace", "cancel", "socket", "v"}, `read a token on standard input (or --token-file, root-only; never the command line), make the
@@ -163,8 +166,8 @@ func table(o *options) cmdline.Table {
 what the control plane signed, verifying every declaration again itself, and reconciles at
 start, on reconnect and on a timer. At the machine, root drives it directly: apply and plan a
 local file (rescue), reconcile the carried bundle, enrol, and inspect what the host holds. The
-read-only commands (plan, owned, briefing, status, profile, inventory) create nothing, not even
-the state directory.`}, commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
+read-only commands (plan, owned, briefing, status, doctor, profile, inventory) create nothing,
+not even the state directory.`}, commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
 }
 
 // Program is mesh-executor's manual, completions and help.
@@ -213,6 +216,8 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return c.briefing()
 	case "status":
 		return c.status()
+	case "doctor":
+		return c.doctor()
 	case "profile":
 		return c.profile()
 	case "inventory":

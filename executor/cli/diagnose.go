@@ -17,7 +17,7 @@ import (
 // error but `enrol` would otherwise only guess at.
 func agentDiagnosis(sock string) string {
 	if _, err := os.Lstat(sock); err != nil {
-		return fmt.Sprintf("there is no executor socket at %s: mesh-executor serve is not running", sock)
+		return noSocket(sock)
 	}
 	agents := agentProcs()
 	if len(agents) == 0 {
@@ -34,6 +34,11 @@ func agentDiagnosis(sock string) string {
 		}
 	}
 	return strings.Join(says, "\n")
+}
+
+// noSocket says that there is no executor socket at sock.
+func noSocket(sock string) string {
+	return fmt.Sprintf("there is no executor socket at %s: mesh-executor serve is not running", sock)
 }
 
 // proc is a running process as /proc shows it.

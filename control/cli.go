@@ -105,6 +105,11 @@ the URL an archive resource names it by (obj://SHA256)`),
 	cmdline.D("nodes", "", 0, 0, []string{"dir", "nats", "json"},
 		`each node: its state (revoked, never heard from, or what its agent says), when it was last
 heard from, executor version, declared vs applied, last outcome`),
+	cmdline.D("status", "", 0, 0, []string{"dir", "nats", "json"},
+		`the fleet at a glance: nodes by state as nodes shows them (counts, names, the one last heard
+longest ago), those with a failed or held line in their last report or briefing, the executor and
+agent versions in use, the broker, its store (a full disk) and the registry, and the overlay. Exit
+1 when the control side cannot be read`),
 	cmdline.D("reports", "NODE", 1, 1, []string{"dir", "nats", "last", "json"},
 		"the node's last reports, with their lines"),
 	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store"},
@@ -285,6 +290,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.plan(pos[0], pos[1], o.wait.d)
 	case "nodes":
 		err = c.nodes()
+	case "status":
+		err = c.status()
 	case "reports":
 		err = c.reports(pos[0], o.last)
 	case "broker-config":

@@ -1,0 +1,358 @@
+package control
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// statusNamesShown is how many names `status` prints in a group before
+// "and N more" (its --json lists them all).
+const statusNamesShown = 10
+
+// nodeGroup is some of the nodes: how many, and their names, sorted.
+type nodeGroup struct {
+	Count int      `json:"count"`
+	Names []string `json:"names"`
+}
+
+func (g *nodeGroup) add(name string) { g.Count++; g.Names = append(g.Names, name) }
+
+// text is the group's names for a person: up to statusNamesShown of them,
+// then "and N more".
+func (g *nodeGroup) text() string {
+	if g.Count == 0 {
+		return ""
+	}
+	if len(g.Names) <= statusNamesShown {
+		return strings.Join(g.Names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(g.Names[:statusNamesShown], ", "), len(g.Names)-statusNamesShown)
+}
+
+// stateGroup is the nodes in one state, as `nodes` shows it, and the one
+// of them last heard longest ago.
+type stateGroup struct {
+	State string `json:"state"`
+	nodeGroup
+	// Episodic is how many of them are apps, linked only while they run.
+	Episodic int `json:"episodic,omitempty"`
+	// OldestHeard is the earliest last heard among them, and OldestNode
+	// the node it is; absent when none of them was heard.
+	OldestHeard time.Time `json:"oldest_heard,omitzero"`
+	OldestNode  string    `json:"oldest_node,omitempty"`
+}
+
+// versionCount is how many nodes run one version and build.
+type versionCount struct {
+	Version string `json:"version"`
+	Build   string `json:"build,omitempty"`
+	Count   int    `json:"count"`
+}
+
+func (v versionCount) text() string {
+	s := dash(v.Version)
+	if v.Build != "" {
+		s += " (" + v.Build + ")"
+	}
+	return fmt.Sprintf("%s: %d", s, v.Count)
+}
+
+// fleetStatus is `mesh-control status`: the fleet at a glance, from the
+// view `nodes` prints (Client.Nodes), and the control side itself.
+type fleetStatus struct {
+	Broker struct {
+		URL       string `json:"url,omitempty"`
+		Reachable bool   `json:"reachable"`
+	} `json:"broker"`
+	// Store is the broker's JetStream store as serve says it: Answered
+	// false when nobody answered (no serve, or a broker of the
+	// operator's own, whose store is its own to watch).
+	Store struct {
+		Answered bool   `json:"answered"`
+		DiskFull bool   `json:"disk_full"`
+		Problem  string `json:"problem,omitempty"`
+	} `json:"store"`
+	Registry struct {
+		Answered bool   `json:"answered"`
+		Error    string `json:"error,omitempty"`
+	} `json:"registry"`
+	Total  int           `json:"total"`
+	States []*stateGroup `json:"states"`
+	// Failed and Held are the nodes whose last report has a failed (held)
+	// line, or whose briefing has a failed (kept) one.
+	Failed           nodeGroup      `json:"failed"`
+	Held             nodeGroup      `json:"held"`
+	ExecutorVersions []versionCount `json:"executor_versions"`
+	AgentVersions    []versionCount `json:"agent_versions"`
+	Overlay          struct {
+		Set       bool   `json:"set"`
+		Network   string `json:"network,omitempty"`
+		Interface string `json:"interface,omitempty"`
+		Error     string `json:"error,omitempty"`
+		// Addressed is how many nodes have an overlay address; Applied how
+		// many last reported the overlay's line applied or unchanged.
+		Addressed int `json:"addressed"`
+		Applied   int `json:"applied"`
+	} `json:"overlay"`
+}
+
+// statusStates are the states `status` always shows, 0 or not, in this
+// order; any other a node says follows them.
+var statusStates = []string{link.StateEnrolled, link.StateDisconnected, StateRevoked, StateNeverHeard}
+
+// tally fills the node part of s from the view `nodes` prints: each node
+// counted in the state it shows there.
+func (s *fleetStatus) tally(ns []*NodeStatus) {
+	byState := map[string]*stateGroup{}
+	for _, st := range statusStates {
+		byState[st] = &stateGroup{State: st, nodeGroup: nodeGroup{Names: []string{}}}
+	}
+	ex, ag := map[versionCount]int{}, map[versionCount]int{}
+	ns = slices.Clone(ns)
+	slices.SortFunc(ns, func(a, b *NodeStatus) int { return strings.Compare(a.Name, b.Name) })
+	s.Failed.Names, s.Held.Names = []string{}, []string{}
+	for _, n := range ns {
+		s.Total++
+		g := byState[n.State]
+		if g == nil {
+			g = &stateGroup{State: n.State, nodeGroup: nodeGroup{Names: []string{}}}
+			byState[n.State] = g
+		}
+		g.add(n.Name)
+		if n.Presence == link.PresenceEpisodic {
+			g.Episodic++
+		}
+		if !n.LastHeard.IsZero() && (g.OldestHeard.IsZero() || n.LastHeard.Before(g.OldestHeard)) {
+			g.OldestHeard, g.OldestNode = n.LastHeard, n.Name
+		}
+		failed, held := linesOf(n)
+		if failed {
+			s.Failed.add(n.Name)
+		}
+		if held {
+			s.Held.add(n.Name)
+		}
+		if n.Address != "" {
+			s.Overlay.Addressed++
+		}
+		if overlayApplied(n.LastReport) {
+			s.Overlay.Applied++
+		}
+		if n.State == StateRevoked {
+			continue // it runs nothing the mesh reaches any more
+		}
+		if n.ExecutorVersion != "" || n.ExecutorBuild != "" {
+			ex[versionCount{Version: n.ExecutorVersion, Build: n.ExecutorBuild}]++
+		}
+		if hb := n.Heartbeat; hb != nil && (hb.AgentVersion != "" || hb.AgentBuild != "") {
+			ag[versionCount{Version: hb.AgentVersion, Build: hb.AgentBuild}]++
+		}
+	}
+	for _, st := range statusStates {
+		s.States = append(s.States, byState[st])
+		delete(byState, st)
+	}
+	var others []*stateGroup
+	for _, g := range byState {
+		others = append(others, g)
+	}
+	slices.SortFunc(others, func(a, b *stateGroup) int { return strings.Compare(a.State, b.State) })
+	s.States = append(s.States, others...)
+	s.ExecutorVersions, s.AgentVersions = versionList(ex), versionList(ag)
+}
+
+// linesOf says whether the node's last report has a failed line (a held
+// one), or its briefing a failed finding (a kept one).
+func linesOf(n *NodeStatus) (failed, held bool) {
+	if r := n.LastReport; r != nil {
+		for _, l := range r.Lines {
+			switch l.Outcome {
+			case shapes.Failed:
+				failed = true
+			case shapes.Held, shapes.HeldChanged:
+				held = true
+			}
+		}
+	}
+	if b := n.Briefing; b != nil {
+		for _, f := range b.Findings {
+			switch f.Mark {
+			case shapes.MarkFailed:
+				failed = true
+			case shapes.MarkKept:
+				held = true
+			}
+		}
+	}
+	return failed, held
+}
+
+// overlayApplied says whether a report's overlay line says the node holds
+// the overlay (a plan's does not: it changed nothing).
+func overlayApplied(r *link.Report) bool {
+	if r == nil || r.Trigger == link.TriggerPlan {
+		return false
+	}
+	for _, l := range r.Lines {
+		if l.Module == OverlayModule && l.ID == OverlayID {
+			return l.Outcome != shapes.Failed
+		}
+	}
+	return false
+}
+
+// versionList is counts, the most used first.
+func versionList(m map[versionCount]int) []versionCount {
+	out := []versionCount{}
+	for v, n := range m {
+		v.Count = n
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b versionCount) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Version, b.Version), strings.Compare(a.Build, b.Build))
+	})
+	return out
+}
+
+// storeAnswer asks serve, over cl's connection, what keeps the broker's
+// store from writing (StoreSubject); answered is false when nobody
+// answers.
+func storeAnswer(ctx context.Context, cl *Client) (answered bool, problem string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := cl.NC.RequestWithContext(ctx, StoreSubject, nil)
+	if err != nil {
+		return false, ""
+	}
+	var st storeState
+	if json.Unmarshal(m.Data, &st) != nil {
+		return false, ""
+	}
+	return true, st.Problem
+}
+
+// status prints the fleet at a glance. The control side not read (no
+// keys, no broker, the registry not listed) fails it; what the nodes say
+// does not.
+func (c *cli) status() error {
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var s fleetStatus
+	s.Broker.URL, s.Broker.Reachable = cl.NC.ConnectedUrlRedacted(), true
+	s.Store.Answered, s.Store.Problem = storeAnswer(c.ctx, cl)
+	// DiskFullError's own words, as serve answers them.
+	s.Store.DiskFull = strings.Contains(s.Store.Problem, " is full (")
+	ns, rerr := cl.Nodes(c.ctx)
+	s.Registry.Answered = rerr == nil
+	if rerr != nil {
+		s.Registry.Error = rerr.Error()
+	}
+	s.tally(ns)
+	o, oerr := cl.Overlay(c.ctx)
+	switch {
+	case oerr == nil:
+		s.Overlay.Set, s.Overlay.Network, s.Overlay.Interface = true, o.Network, o.Interface
+	case !errors.Is(oerr, ErrNoOverlay):
+		s.Overlay.Error = oerr.Error()
+	}
+	if c.json {
+		if err := c.printJSON(&s); err != nil {
+			return err
+		}
+	} else {
+		c.printStatus(&s)
+	}
+	if rerr != nil {
+		return fmt.Errorf("the registry's nodes were not read: %w", rerr)
+	}
+	return nil
+}
+
+// stateLabel is a state as status heads it: "enrolled" is what a linked
+// agent says of itself.
+func stateLabel(st string) string {
+	if st == link.StateEnrolled {
+		return "enrolled (linked at its last word)"
+	}
+	return st
+}
+
+func (c *cli) printStatus(s *fleetStatus) {
+	w := c.stdout
+	fmt.Fprintf(w, "broker:    %s, reachable\n", s.Broker.URL)
+	switch {
+	case s.Store.Problem != "":
+		fmt.Fprintf(w, "store:     cannot write: %s\n", s.Store.Problem)
+	case s.Store.Answered:
+		fmt.Fprintln(w, "store:     takes writes")
+	default:
+		fmt.Fprintln(w, "store:     no answer from serve (not running, or a broker of your own: its store is yours to watch)")
+	}
+	if !s.Registry.Answered {
+		fmt.Fprintf(w, "registry:  not read: %s\n", s.Registry.Error)
+		return
+	}
+	fmt.Fprintf(w, "registry:  read, %d node(s)\n", s.Total)
+	fmt.Fprintln(w, "\nnodes by state (as mesh-control nodes shows them):")
+	for _, g := range s.States {
+		line := fmt.Sprintf("  %-36s %d", stateLabel(g.State), g.Count)
+		if g.Count > 0 {
+			line += "  " + g.text()
+		}
+		if g.Episodic > 0 {
+			line += fmt.Sprintf(" (%d episodic)", g.Episodic)
+		}
+		fmt.Fprintln(w, line)
+		if g.OldestNode != "" && g.State != StateRevoked {
+			which := "last heard longest ago"
+			if g.Count == 1 {
+				which = "last heard"
+			}
+			fmt.Fprintf(w, "  %-36s %s: %s, %s (%s)\n", "", which, g.OldestNode, g.OldestHeard.Local().Format(time.RFC3339), ago(g.OldestHeard))
+		}
+	}
+	fmt.Fprintln(w)
+	for _, l := range []struct {
+		head string
+		g    *nodeGroup
+	}{{"a failed line (last report or briefing)", &s.Failed}, {"a held line (last report or briefing)", &s.Held}} {
+		line := fmt.Sprintf("%-42s %d", l.head+":", l.g.Count)
+		if l.g.Count > 0 {
+			line += "  " + l.g.text()
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, v := range []struct {
+		head string
+		vs   []versionCount
+	}{{"executor versions", s.ExecutorVersions}, {"agent versions", s.AgentVersions}} {
+		var parts []string
+		for _, x := range v.vs {
+			parts = append(parts, x.text())
+		}
+		if len(parts) == 0 {
+			parts = []string{"none reported"}
+		}
+		fmt.Fprintf(w, "%-42s %s\n", v.head+" (nodes not revoked):", strings.Join(parts, ", "))
+	}
+	switch {
+	case s.Overlay.Set:
+		fmt.Fprintf(w, "%-42s %s on %s; %d node(s) addressed, %d last reported it applied\n", "overlay:", s.Overlay.Network, s.Overlay.Interface, s.Overlay.Addressed, s.Overlay.Applied)
+	case s.Overlay.Error != "":
+		fmt.Fprintf(w, "%-42s not read: %s\n", "overlay:", s.Overlay.Error)
+	default:
+		fmt.Fprintf(w, "%-42s not set (mesh-control overlay set)\n", "overlay:")
+	}
+}

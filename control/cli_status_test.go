@@ -1,0 +1,176 @@
+package control_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
+)
+
+// status says the fleet at a glance from the view nodes prints: one node
+// linked (its heartbeat recorded, its last report with the overlay applied
+// and a failed line, its briefing a kept one), one revoked, one never
+// heard from; the versions the linked one runs; the broker, its store and
+// the registry answering; the overlay and who applied it. The same in
+// --json, in the one form every command keeps. Without a control side, or
+// with a flag it does not take, it says so and prints nothing.
+func TestStatusCommand(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, web := enrolNode(t, s, "web1")
+	_, gone := enrolNode(t, s, "gone1")
+	enrolNode(t, s, "quiet1")
+	cli := func(args ...string) (string, string, int) {
+		t.Helper()
+		return run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)
+	}
+	if _, errs, code := cli("overlay", "set", "--network", "10.77.0.0/24"); code != 0 {
+		t.Fatalf("overlay set: %s", errs)
+	}
+	// web1: the overlay applied, a line failed, its briefing kept one.
+	reportAs(t, web, 1, shapes.Failed, []shapes.Line{overlayLine(shapes.Unchanged), {Module: "site", ID: "svc", Type: "service", Outcome: shapes.Failed, Detail: "exit status 3"}},
+		&shapes.Briefing{Outcome: shapes.MarkKept, Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "site", ID: "conf", Type: "file"}}})
+	nc, err := agent.Dial(web, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := json.Marshal(link.Heartbeat{Node: "web1", Enrolment: web.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
+		Presence: link.PresenceResident, AgentVersion: "0.9.2", AgentBuild: "a7", Executor: &link.ExecutorStatus{Version: "0.9.2", Build: "b2", Seq: 1}, LastApplied: 1})
+	sig, _ := web.Sign(hb)
+	if err := nc.PublishMsg(&nats.Msg{Subject: web.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	heartbeatAs(t, gone)
+	if _, _, err := s.client.Revoke(ctx, "gone1", "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web1 heard from with its report and executor", func() bool {
+		n := status(t, s, "web1")
+		return n.State == link.StateEnrolled && n.ExecutorVersion == "0.9.2" && n.LastReport != nil && n.Briefing != nil
+	})
+
+	out, errs, code := cli("status")
+	if code != 0 || errs != "" {
+		t.Fatalf("status: exit %d, stderr %q\n%s", code, errs, out)
+	}
+	// Read with its columns' spaces as one.
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{
+		"broker: " + s.url + ", reachable",
+		"store: takes writes",
+		"registry: read, 3 node(s)",
+		"enrolled (linked at its last word) 1 web1",
+		"last heard: web1",
+		"disconnected 0",
+		"revoked 1 gone1",
+		"never heard from 1 quiet1",
+		"a failed line (last report or briefing): 1 web1",
+		"a held line (last report or briefing): 1 web1",
+		"executor versions (nodes not revoked): 0.9.2 (b2): 1",
+		"agent versions (nodes not revoked): 0.9.2 (a7): 1",
+		"overlay: 10.77.0.0/24 on mesh0; 2 node(s) addressed, 1 last reported it applied", // not the revoked one
+	} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+
+	js, errs, code := cli("status", "--json")
+	if code != 0 || errs != "" {
+		t.Fatalf("status --json: exit %d, stderr %q", code, errs)
+	}
+	if err := jsonform.Check([]byte(js)); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, js)
+	}
+	var got struct {
+		Broker struct {
+			Reachable bool `json:"reachable"`
+		} `json:"broker"`
+		Store struct {
+			Answered bool `json:"answered"`
+			DiskFull bool `json:"disk_full"`
+		} `json:"store"`
+		Registry struct {
+			Answered bool `json:"answered"`
+		} `json:"registry"`
+		Total  int `json:"total"`
+		States []struct {
+			State      string   `json:"state"`
+			Count      int      `json:"count"`
+			Names      []string `json:"names"`
+			OldestNode string   `json:"oldest_node"`
+		} `json:"states"`
+		Failed struct {
+			Count int      `json:"count"`
+			Names []string `json:"names"`
+		} `json:"failed"`
+		ExecutorVersions []struct {
+			Version string `json:"version"`
+			Build   string `json:"build"`
+			Count   int    `json:"count"`
+		} `json:"executor_versions"`
+		Overlay struct {
+			Set       bool `json:"set"`
+			Addressed int  `json:"addressed"`
+			Applied   int  `json:"applied"`
+		} `json:"overlay"`
+	}
+	if err := json.Unmarshal([]byte(js), &got); err != nil {
+		t.Fatal(err)
+	}
+	states := map[string][]string{}
+	for _, g := range got.States {
+		if g.Count != len(g.Names) {
+			t.Errorf("state %s: count %d, names %v", g.State, g.Count, g.Names)
+		}
+		states[g.State] = g.Names
+	}
+	if !got.Broker.Reachable || !got.Store.Answered || got.Store.DiskFull || !got.Registry.Answered || got.Total != 3 || !got.Overlay.Set || got.Overlay.Addressed != 2 || got.Overlay.Applied != 1 ||
+		strings.Join(states[link.StateEnrolled], ",") != "web1" || strings.Join(states[control.StateRevoked], ",") != "gone1" ||
+		strings.Join(states[control.StateNeverHeard], ",") != "quiet1" || len(states[link.StateDisconnected]) != 0 ||
+		got.Failed.Count != 1 || got.Failed.Names[0] != "web1" ||
+		len(got.ExecutorVersions) != 1 || got.ExecutorVersions[0] != (struct {
+		Version string `json:"version"`
+		Build   string `json:"build"`
+		Count   int    `json:"count"`
+	}{"0.9.2", "b2", 1}) {
+		t.Fatalf("status --json:\n%s", js)
+	}
+	// The same states as nodes --json: one rule, read from one view.
+	nj, _, _ := cli("nodes", "--json")
+	var ns []*control.NodeStatus
+	if err := json.Unmarshal([]byte(nj), &ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		found := false
+		for _, name := range states[n.State] {
+			found = found || name == n.Name
+		}
+		if !found {
+			t.Errorf("nodes says %s is %q; status does not: %v", n.Name, n.State, states)
+		}
+	}
+
+	// A stranger: no control side, a flag status does not take.
+	out, errs, code = run(t, ctx, "status", "--dir", filepath.Join(t.TempDir(), "none"))
+	if code != 1 || out != "" || !strings.HasPrefix(errs, "mesh-control status: ") {
+		t.Fatalf("status without a control side: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	out, errs, code = cli("status", "--frob")
+	if code != 2 || out != "" || !strings.Contains(errs, "frob") {
+		t.Fatalf("status --frob: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}

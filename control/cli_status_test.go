@@ -3,6 +3,8 @@ package control_test
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -173,4 +175,42 @@ func TestStatusCommand(t *testing.T) {
 	if code != 2 || out != "" || !strings.Contains(errs, "frob") {
 		t.Fatalf("status --frob: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+}
+
+// On a full control disk status says so on its store line, and in --json,
+// and exits 0 (the control side was read); with room again, the store
+// takes writes. The key directory is on a small tmpfs (root: mount).
+func TestStatusOnAFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs for the control side's disk")
+	}
+	dir := filepath.Join(t.TempDir(), "ctl")
+	os.Mkdir(dir, 0o700)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	s := serve(t, dir, "127.0.0.1:0")
+	cmd := func(args ...string) (string, string, int) {
+		t.Helper()
+		return run(t, context.Background(), append(args, "--dir", dir, "--nats", s.url)...)
+	}
+	filler := filepath.Join(dir, "filler")
+	fillDisk(t, filler)
+	full := "store:     cannot write: the disk holding " + filepath.Join(dir, "jetstream") + " is full"
+	out, errs, code := cmd("status")
+	if code != 0 || !strings.Contains(out, full) || !strings.Contains(out, "registry:  read") {
+		t.Fatalf("status on a full disk: exit %d, want %q\n%s%s", code, full, out, errs)
+	}
+	js, _, code := cmd("status", "--json")
+	if code != 0 || !strings.Contains(js, `"disk_full": true`) {
+		t.Fatalf("status --json on a full disk: exit %d\n%s", code, js)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "status says the store takes writes once there is room", func() bool {
+		out, _, code := cmd("status")
+		return code == 0 && strings.Contains(out, "store:     takes writes")
+	})
 }

@@ -54,6 +54,22 @@ func TestReadOnlyCommandsCreateNothing(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(base, "out")); !os.IsNotExist(err) {
 		t.Fatal("plan wrote the file it planned")
 	}
+	// doctor looks too: with no daemon it fails its check of the daemon
+	// (exit 1), and makes nothing either.
+	for _, args := range [][]string{{"doctor"}, {"doctor", "--json"}} {
+		res, err := runExecutor(ctx, append(args[:1:1], append([]string{"--state", state, "--socket", filepath.Join(base, "run", "executor.sock")}, args[1:]...)...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.exit != 1 || !strings.Contains(string(res.stdout), "daemon") {
+			t.Errorf("%v: exit %d, want 1 and the daemon's check:\n%s%s", args, res.exit, res.stdout, res.stderr)
+		}
+		for _, p := range []string{parent, filepath.Join(base, "run")} {
+			if _, err := os.Lstat(p); !os.IsNotExist(err) {
+				t.Fatalf("%v created %s: %v", args, p, err)
+			}
+		}
+	}
 }
 
 // Run by anyone but root, the commands that read the executor's state say

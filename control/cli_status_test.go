@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -181,15 +180,7 @@ func TestStatusCommand(t *testing.T) {
 // and exits 0 (the control side was read); with room again, the store
 // takes writes. The key directory is on a small tmpfs (root: mount).
 func TestStatusOnAFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs for the control side's disk")
-	}
-	dir := filepath.Join(t.TempDir(), "ctl")
-	os.Mkdir(dir, 0o700)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	dir := smallDisk(t)
 	s := serve(t, dir, "127.0.0.1:0")
 	cmd := func(args ...string) (string, string, int) {
 		t.Helper()

@@ -36,15 +36,7 @@ func fillDisk(t *testing.T, path string) {
 // disk is full; once there is room again they work, without a restart.
 // The key directory is on a small tmpfs (root: mount).
 func TestTokenAndNodeCommandsOnAFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs for the control side's disk")
-	}
-	dir := filepath.Join(t.TempDir(), "ctl")
-	os.Mkdir(dir, 0o700)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() }) // after serve stops: cleanups run last first
+	dir := smallDisk(t)
 	s := serve(t, dir, "127.0.0.1:0")
 	// No deadline of the test's own, as a person runs a command: a write
 	// the broker does not answer ends at the client's own time for it.
@@ -120,4 +112,21 @@ func TestTokenAndNodeCommandsOnAFullDisk(t *testing.T) {
 			t.Errorf("token revoke %s again: exit %d\n%s", id, code, out)
 		}
 	}
+}
+
+// smallDisk is a key directory on a 48 MiB tmpfs of its own, to be filled
+// (root: mount; the test fails saying so otherwise, as CI runs as root). It
+// is unmounted after serve stops: cleanups run last first.
+func smallDisk(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root, to mount a small tmpfs for the control side's disk")
+	}
+	dir := filepath.Join(t.TempDir(), "ctl")
+	os.Mkdir(dir, 0o700)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	return dir
 }

@@ -300,14 +300,12 @@ type ownedEntry struct {
 // with the machine, and what changed on the machine since it was last
 // quiet with the reports of that time.
 func (w *world) checkMachine(n *node) {
-	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
+	owned, err := w.ownedBy(n)
 	w.check("owned-on-machine")
-	if err != nil || code != 0 {
-		w.violate(n, "owned-on-machine", "mesh-executor owned: exit %d %v %s", code, err, firstLine(out))
+	if err != nil {
+		w.violate(n, "owned-on-machine", "%v", err)
 		return
 	}
-	var owned []ownedEntry
-	json.Unmarshal([]byte(jsonArray(out)), &owned)
 	claimed := map[string]bool{}
 	for _, o := range owned {
 		p, ok := strings.CutPrefix(o.Target, "path:")
@@ -383,12 +381,10 @@ func (w *world) checkMachine(n *node) {
 // claimedPaths is the set of paths n's store claims now (nil when it
 // cannot be read).
 func (w *world) claimedPaths(n *node) map[string]bool {
-	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
-	if err != nil || code != 0 {
+	owned, err := w.ownedBy(n)
+	if err != nil {
 		return nil
 	}
-	var owned []ownedEntry
-	json.Unmarshal([]byte(jsonArray(out)), &owned)
 	m := map[string]bool{}
 	for _, o := range owned {
 		if p, ok := strings.CutPrefix(o.Target, "path:"); ok {
@@ -396,6 +392,19 @@ func (w *world) claimedPaths(n *node) map[string]bool {
 		}
 	}
 	return m
+}
+
+// ownedBy is what n's store claims, as mesh-executor owned --json says.
+func (w *world) ownedBy(n *node) ([]ownedEntry, error) {
+	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
+	if err != nil || code != 0 {
+		return nil, fmt.Errorf("mesh-executor owned: exit %d %v %s", code, err, firstLine(out))
+	}
+	var owned []ownedEntry
+	if err := json.Unmarshal([]byte(jsonArray(out)), &owned); err != nil {
+		return nil, fmt.Errorf("mesh-executor owned --json: %w: %s", err, firstLine(out))
+	}
+	return owned, nil
 }
 
 // fileMatches checks a file against its claim: its content names one of

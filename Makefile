@@ -27,6 +27,7 @@ test-deps:
 test: test-deps
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
+	$(GO) test -count=1 -tags chaosclock ./clock
 
 demo: build
 	bash examples/demo.sh $(BIN)

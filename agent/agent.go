@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -388,7 +389,7 @@ const linkPing = 2 * time.Minute
 func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 	wait := a.o.RetryWait
 	for {
-		start := time.Now()
+		start := clock.Now()
 		opts := append(linkOptions(a.id, &a.pins),
 			nats.MaxReconnects(-1),
 			nats.CustomReconnectDelay(a.reconnectDelay),
@@ -413,7 +414,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 				a.linked()
 			}),
 			nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(time.Now().Add(-10*time.Second))))
+				a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(clock.Now().Add(-10*time.Second))))
 			}),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				if earlierLayout(a.id, err) {
@@ -531,7 +532,7 @@ func (a *Agent) refused(e *LinkError) {
 	a.linkMu.Lock()
 	first := a.link.revoked.IsZero()
 	if first {
-		a.link.revoked = time.Now()
+		a.link.revoked = clock.Now()
 	}
 	a.linkMu.Unlock()
 	if first {
@@ -541,7 +542,7 @@ func (a *Agent) refused(e *LinkError) {
 }
 
 func (a *Agent) linked() {
-	now := time.Now()
+	now := clock.Now()
 	prev := a.state.get().LastLinked
 	a.linkMu.Lock()
 	a.link.up, a.link.since, a.link.lastLinked = true, now, prev
@@ -588,7 +589,7 @@ func (a *Agent) linkSaid() *wire.AgentLink {
 }
 
 func (a *Agent) linkDown(err error) {
-	now := time.Now()
+	now := clock.Now()
 	a.linkMu.Lock()
 	was := a.link.up
 	a.link.up = false
@@ -809,7 +810,7 @@ func (a *Agent) learnFloor() {
 }
 
 func (a *Agent) report(seq uint64) *link.Report {
-	return &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration, Lines: []shapes.Line{}, At: time.Now().UTC()}
+	return &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration, Lines: []shapes.Line{}, At: clock.Now().UTC()}
 }
 
 // heartbeats publishes a heartbeat every period while linked, and one as
@@ -857,7 +858,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	l := a.link
 	a.linkMu.Unlock()
 	hb := &link.Heartbeat{
-		Node: a.id.Node, Enrolment: a.id.Enrolment, At: time.Now().UTC(),
+		Node: a.id.Node, Enrolment: a.id.Enrolment, At: clock.Now().UTC(),
 		Interval: a.o.Heartbeat.Seconds(), State: link.StateEnrolled, Presence: a.presence(),
 		AgentVersion: a.o.Version, AgentBuild: a.o.Build,
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
@@ -906,7 +907,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		return
 	}
 	a.state.update(func(s *State) {
-		s.LastLinked = time.Now()
+		s.LastLinked = clock.Now()
 		if newDigest != "" {
 			s.ProfileDigest = newDigest
 		}

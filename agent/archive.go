@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -63,12 +64,12 @@ func linkArchives(d *shapes.Declaration) []*shapes.Archive {
 func (a *Agent) streamArchives(ctx context.Context, d *shapes.Declaration) error {
 	for _, ar := range linkArchives(d) {
 		name := strings.TrimPrefix(ar.URL, "obj://")
-		start := time.Now()
+		start := clock.Now()
 		n, err := a.streamArchive(ctx, name, ar.SHA256)
 		if err != nil {
 			return err
 		}
-		a.log.Info("archive streamed to the executor", "url", ar.URL, "sha256", ar.SHA256, "bytes", n, "took", time.Since(start).Round(time.Millisecond))
+		a.log.Info("archive streamed to the executor", "url", ar.URL, "sha256", ar.SHA256, "bytes", n, "took", clock.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }

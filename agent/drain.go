@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -147,13 +148,13 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	} else {
 		from := max(st.LastSeq, st.LastApplied) + 1
 		a.log.Info("forwarding the newest declaration", "seq", seq, "superseding", seq-min(from, seq))
-		handed := time.Now()
+		handed := clock.Now()
 		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: m.data})
 		if err != nil {
 			return err
 		}
 		r = a.report(seq)
-		r.ApplyMS = max(1, time.Since(handed).Milliseconds()) // 0 reads "not measured"
+		r.ApplyMS = max(1, clock.Since(handed).Milliseconds()) // 0 reads "not measured"
 		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = m.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		r.Owned = v.Owned
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {

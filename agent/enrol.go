@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -139,7 +140,7 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	}
 	credPub, _ := cred.PublicKey()
 	pins := &pinWatch{}
-	start := time.Now()
+	start := clock.Now()
 	nc, err := nats.Connect(offer.BrokerURL,
 		nats.Name("mesh-agent/enrol"),
 		nats.Secure(link.PinnedTLS(pin, pins.note)),

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
@@ -87,7 +88,7 @@ func (e *execClient) connect() error {
 	if err != nil {
 		return fmt.Errorf("executor unreachable: %w", err)
 	}
-	c.NetConn().SetDeadline(time.Now().Add(execTimeout))
+	c.NetConn().SetDeadline(clock.Deadline(execTimeout))
 	if err := c.Write(wire.KindHello, hello); err != nil {
 		c.Close()
 		return fmt.Errorf("executor: hello: %w", err)
@@ -205,7 +206,7 @@ func (e *execClient) askIf(still func() error, kind wire.Kind, body any, what st
 		return nil, err
 	}
 	c := e.conn
-	c.NetConn().SetDeadline(time.Now().Add(execTimeout))
+	c.NetConn().SetDeadline(clock.Deadline(execTimeout))
 	defer func() {
 		if e.conn != nil {
 			e.conn.NetConn().SetDeadline(time.Time{})
@@ -251,14 +252,14 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 	defer stop()
 	var off uint64
 	write := func(b []byte, last bool) error {
-		c.NetConn().SetWriteDeadline(time.Now().Add(archiveWriteTimeout))
+		c.NetConn().SetWriteDeadline(clock.Deadline(archiveWriteTimeout))
 		err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Offset: off, Chunk: b, Last: last})
 		off += uint64(len(b))
 		return err
 	}
 	// A write the executor cut off: its reason, if it said one.
 	said := func(err error) error {
-		c.NetConn().SetReadDeadline(time.Now().Add(time.Second))
+		c.NetConn().SetReadDeadline(clock.Deadline(time.Second))
 		if _, b, rerr := c.Read(); rerr == nil {
 			if we, ok := b.(*wire.Error); ok {
 				err = fmt.Errorf("executor closed the connection: %w", we)
@@ -280,7 +281,7 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 		return nil, said(fmt.Errorf("executor: archive %s: %w", sum, err))
 	}
 	c.NetConn().SetWriteDeadline(time.Time{})
-	c.NetConn().SetReadDeadline(time.Now().Add(archiveWriteTimeout))
+	c.NetConn().SetReadDeadline(clock.Deadline(archiveWriteTimeout))
 	defer func() {
 		if e.conn != nil {
 			e.conn.NetConn().SetReadDeadline(time.Time{})

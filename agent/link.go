@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
@@ -44,7 +45,7 @@ type pinWatch struct {
 
 func (p *pinWatch) note(e *link.PinError) {
 	p.mu.Lock()
-	p.last, p.at = e, time.Now()
+	p.last, p.at = e, clock.Now()
 	p.mu.Unlock()
 }
 
@@ -114,7 +115,7 @@ func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 // reconnection and its handlers (see Run).
 func Dial(id *Identity, extra ...nats.Option) (*nats.Conn, error) {
 	pins := &pinWatch{}
-	start := time.Now()
+	start := clock.Now()
 	nc, err := nats.Connect(id.BrokerURL, append(linkOptions(id, pins), extra...)...)
 	if err != nil {
 		return nil, explain(id.BrokerURL, err, pins.since(start))

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // A state directory is held by one process at a time. Two processes
@@ -94,12 +96,12 @@ func LockDir(dir, record string) (*DirLock, error) {
 			return nil, fmt.Errorf("lock %s: %w", abs, err)
 		}
 		held := &HeldError{Dir: abs}
-		for deadline := time.Now().Add(recordWait); ; {
+		for deadline := clock.Deadline(recordWait); ; {
 			if pid, what, ok := readRecord(filepath.Join(abs, record)); ok {
 				held.PID, held.What = pid, what
 				break
 			}
-			if time.Now().After(deadline) {
+			if clock.Past(deadline) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)

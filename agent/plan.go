@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -54,7 +55,7 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 		a.log.Warn("a plan request that does not parse; dropped", "reason", err.Error())
 		return nil
 	}
-	r := &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Trigger: link.TriggerPlan, PlanID: req.ID, Lines: []shapes.Line{}, At: time.Now().UTC()}
+	r := &link.Report{Node: a.id.Node, Enrolment: a.id.Enrolment, Trigger: link.TriggerPlan, PlanID: req.ID, Lines: []shapes.Line{}, At: clock.Now().UTC()}
 	refuse := func(code wire.Code, reason string) *link.Report {
 		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, reason, code.String(), "agent"
 		return r
@@ -62,9 +63,9 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 	switch {
 	case req.Node != a.id.Node || req.Enrolment != a.id.Enrolment:
 		return refuse(wire.CodeAddress, fmt.Sprintf("the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, a.id.Node, a.id.Enrolment))
-	case time.Now().After(req.NotAfter):
+	case clock.Now().After(req.NotAfter):
 		a.log.Warn("a plan request past its time; not handed to the executor", "plan", req.ID, "not_after", req.NotAfter)
-		return refuse(wire.CodeReplay, (&pastTime{req.NotAfter, time.Now()}).Error())
+		return refuse(wire.CodeReplay, (&pastTime{req.NotAfter, clock.Now()}).Error())
 	}
 	// The worker's connection, in turn: a plan waits for the apply before
 	// it (the executor plans against what an apply wrote anyway), and is
@@ -72,7 +73,7 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 	// time (the agent stopped, a long apply) is never run.
 	a.log.Info("asking the executor for a plan", "plan", req.ID)
 	b, err := a.exec.askIf(func() error {
-		if now := time.Now(); now.After(req.NotAfter) {
+		if now := clock.Now(); now.After(req.NotAfter) {
 			return &pastTime{req.NotAfter, now}
 		}
 		return nil

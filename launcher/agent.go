@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // The agent's starts are supervised like the executor's, from the other
@@ -110,7 +112,7 @@ func AgentStarting(stateDir, agentPath string, p Policy) (AgentAction, string, e
 	var why string
 	_, err := update(stateDir, func(s *State) (bool, error) {
 		var next State
-		act, next, why = DecideAgent(*s, time.Now(), p, sum)
+		act, next, why = DecideAgent(*s, clock.Now(), p, sum)
 		*s = next
 		return true, nil
 	})
@@ -137,7 +139,7 @@ func AgentProven(stateDir, sum string) error {
 		if s.Agent == nil {
 			s.Agent = &AgentLaunch{}
 		}
-		s.Agent.Proven, s.Agent.ProvenAt, s.Agent.Starts = sum, time.Now().UTC(), nil
+		s.Agent.Proven, s.Agent.ProvenAt, s.Agent.Starts = sum, clock.Now().UTC(), nil
 		return true, nil
 	})
 	return err

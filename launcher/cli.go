@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
 )
 
@@ -167,7 +168,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s\n", data)
 		return 0
 	}
-	fmt.Fprint(stdout, formatStatus(s, *dir, time.Now(), *window))
+	fmt.Fprint(stdout, formatStatus(s, *dir, clock.Now(), *window))
 	return 0
 }
 

@@ -11,9 +11,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // DefaultInstalled is where the host's binaries are installed, by name:
@@ -86,7 +87,7 @@ func HealthyPackage(stateDir string, binaries map[string]string, pkgVersion stri
 	} else {
 		sums, kept, copyErr = keepKnownGood(kg, binaries)
 	}
-	now := time.Now().UTC()
+	now := clock.Now().UTC()
 	s.Starts, s.HealthyAt = nil, now
 	if s.RolledBack != nil && s.RolledBack.Reinstalled {
 		// A mark not yet acted on (the agent's crash loop, set while this

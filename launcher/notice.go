@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // NoticeFile is where the launcher says, for the agent, that it starts
@@ -62,7 +64,7 @@ func (l *launcher) notice(reason string) {
 	if err := os.MkdirAll(dir, 0o750); err == nil && gid != 0 {
 		os.Chown(dir, 0, gid) // the agent's group may look in, as at its socket
 	}
-	b, _ := json.Marshal(&Notice{Halted: true, Reason: reason, At: time.Now().UTC()})
+	b, _ := json.Marshal(&Notice{Halted: true, Reason: reason, At: clock.Now().UTC()})
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o640); err != nil {
 		l.log.Warn("launcher: the notice for the agent could not be written", "err", err)

@@ -12,6 +12,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // Config is the launcher's configuration; the zero value of each field is
@@ -232,7 +234,7 @@ func (l *launcher) run(ctx context.Context) error {
 				// the executor will not install it again.
 				if v := PackageVersion(ctx); v != "" && (st.KnownGood == nil || st.KnownGood.Package != v) {
 					update(l.cfg.StateDir, func(s *State) (bool, error) {
-						s.Failed = &FailedRelease{Version: v, At: time.Now().UTC(), Reason: st.RolledBack.Reason}
+						s.Failed = &FailedRelease{Version: v, At: clock.Now().UTC(), Reason: st.RolledBack.Reason}
 						return true, nil
 					})
 				}
@@ -299,7 +301,7 @@ func (l *launcher) decide() (Action, State, error) {
 	var act Action
 	st, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
 		var next State
-		act, next = Decide(*s, time.Now(), l.policy)
+		act, next = Decide(*s, clock.Now(), l.policy)
 		changed := act != Idle
 		if next.KnownGoodDir != l.cfg.KnownGood {
 			next.KnownGoodDir, changed = l.cfg.KnownGood, true
@@ -320,7 +322,7 @@ func (l *launcher) decide() (Action, State, error) {
 func (l *launcher) halt(reason string) error {
 	l.log.Error("launcher: halting", "reason", reason, "state", l.statePath())
 	_, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
-		s.Halted = &Mark{At: time.Now().UTC(), Reason: reason}
+		s.Halted = &Mark{At: clock.Now().UTC(), Reason: reason}
 		if s.RolledBack != nil && !s.RolledBack.Reinstalled {
 			s.RolledBack = nil
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // One launcher supervises a state directory. A second one, started by hand
@@ -68,8 +70,8 @@ func lockRun(dir string) (*os.File, error) {
 			return nil, fmt.Errorf("launcher: lock %s: %w", p, err)
 		}
 		held := &HeldError{Dir: dir}
-		for deadline := time.Now().Add(recordWait); ; time.Sleep(50 * time.Millisecond) {
-			if held.PID = readRunPid(p); held.PID > 0 || time.Now().After(deadline) {
+		for deadline := clock.Deadline(recordWait); ; time.Sleep(50 * time.Millisecond) {
+			if held.PID = readRunPid(p); held.PID > 0 || clock.Past(deadline) {
 				break
 			}
 		}

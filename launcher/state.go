@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // DefaultStateDir is the executor's state directory, where the launch state
@@ -357,7 +359,7 @@ func lockState(dir string) (unlock func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(lockWait)
+	deadline := clock.Deadline(lockWait)
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
@@ -367,7 +369,7 @@ func lockState(dir string) (unlock func(), err error) {
 			f.Close()
 			return nil, fmt.Errorf("launcher: lock %s: %w", p, err)
 		}
-		if time.Now().After(deadline) {
+		if clock.Past(deadline) {
 			f.Close()
 			return nil, fmt.Errorf("launcher: %s is held by another process for over %v", p, lockWait)
 		}

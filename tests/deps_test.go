@@ -33,6 +33,8 @@ var except = map[[2]string][]string{
 }
 
 var rules = []rule{
+	// clock is how a node reads the time: a leaf, so every part can.
+	{"clock", module + "/...", "clock imports nothing of ours: the agent, the executor, the launcher and wire all read the time through it", false},
 	// shapes is the vocabulary: pure data.
 	{"shapes/...", module + "/...", "shapes imports nothing of ours: everything else depends on it", false},
 	{"shapes/...", "os", "shapes never touches the machine", true},
@@ -41,9 +43,9 @@ var rules = []rule{
 	{"shapes/...", "golang.org/x/sys/...", "shapes makes no system calls", false},
 	{"shapes/...", "net", "shapes opens no connection", true},
 	// wire carries bytes across boundaries and decides nothing.
-	{"wire/...", module + "/executor/...", "wire imports only shapes of ours", false},
-	{"wire/...", module + "/agent/...", "wire imports only shapes of ours", false},
-	{"wire/...", module + "/control/...", "wire imports only shapes of ours", false},
+	{"wire/...", module + "/executor/...", "wire imports only shapes and clock of ours", false},
+	{"wire/...", module + "/agent/...", "wire imports only shapes and clock of ours", false},
+	{"wire/...", module + "/control/...", "wire imports only shapes and clock of ours", false},
 	// link is the contract of the NATS link (subjects, streams, isolation,
 	// messages, signatures, the pinned TLS) that the agent and the control
 	// side both import, so they cannot drift apart: it imports neither, and

@@ -16,6 +16,8 @@ import (
 
 	"github.com/fxamacker/cbor/v2"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // A frame is a 6-byte header — kind (2 bytes) and body length (4 bytes),
@@ -148,7 +150,7 @@ func (c *Conn) ReadRequest(wait time.Duration, budget *Budget) (Kind, any, error
 	c.Release()
 	var until time.Time
 	if wait > 0 {
-		until = time.Now().Add(wait)
+		until = clock.Deadline(wait)
 	}
 	c.c.SetReadDeadline(until)
 	if _, err := c.r.Peek(1); err != nil {
@@ -157,7 +159,7 @@ func (c *Conn) ReadRequest(wait time.Duration, budget *Budget) (Kind, any, error
 		}
 		return 0, nil, err
 	}
-	deadline := time.Now().Add(FrameWithin)
+	deadline := clock.Deadline(FrameWithin)
 	c.c.SetReadDeadline(deadline)
 	k, body, err := c.read(func(s *Spec, n uint32) error {
 		if budget == nil || n <= SmallFrame {
@@ -171,7 +173,7 @@ func (c *Conn) ReadRequest(wait time.Duration, budget *Budget) (Kind, any, error
 		c.held, c.budget = int64(n), budget
 		return nil
 	})
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) && time.Now().After(deadline) {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) && clock.Past(deadline) {
 		err = fmt.Errorf("%w: a message begun was not whole within %s", ErrStalled, FrameWithin)
 	}
 	return k, body, err

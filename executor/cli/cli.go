@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
@@ -752,7 +753,7 @@ func (c *command) status() int {
 	}
 	fmt.Fprintf(&b, "state: %s\n", state)
 	if s.Link != nil {
-		b.WriteString(linkLine(s.Link, time.Now()))
+		b.WriteString(linkLine(s.Link, clock.Now()))
 	}
 	if s.NoState {
 		fmt.Fprintf(&b, "%s\n", c.noState())

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
@@ -56,7 +57,7 @@ func (c *command) doctor() int {
 	if !c.needRoot("doctor") {
 		return ExitRefused
 	}
-	now := time.Now()
+	now := clock.Now()
 	dir, exists := stateCheck(c.state)
 	var id *identity.Identity
 	var idErr error
@@ -262,7 +263,7 @@ func linkCheck(enrolled bool, l *serve.LinkState, err error, now time.Time) chec
 // clock synchronized.
 func clockCheck() check {
 	ch := check{Check: "clock", Status: checkOK}
-	ch.Detail = "skew not checked here (the executor dials nothing off the machine; mesh-control nodes shows a skew over a minute): this clock reads " + time.Now().UTC().Format(time.RFC3339)
+	ch.Detail = "skew not checked here (the executor dials nothing off the machine; mesh-control nodes shows a skew over a minute): this clock reads " + clock.Now().UTC().Format(time.RFC3339)
 	var tx unix.Timex // Modes 0: read only
 	if st, err := unix.Adjtimex(&tx); err == nil {
 		if st == unix.TIME_ERROR || tx.Status&unix.STA_UNSYNC != 0 {

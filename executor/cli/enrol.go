@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -105,7 +106,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		}
 		fmt.Fprintln(c.out, "keys made; the agent takes the enrolment from here")
 	}
-	deadline := time.Now().Add(c.wait)
+	deadline := clock.Deadline(c.wait)
 	var last string
 	for {
 		r, err := enrol.ReadResult(c.state)
@@ -145,7 +146,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 				return code
 			}
 		}
-		if time.Now().After(deadline) {
+		if clock.Past(deadline) {
 			msg := "the enrolment is pending: the agent has not finished it (" + agentDiagnosis(c.socket) + "); it completes when it does — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
 			if r != nil && r.Reason != "" {
 				msg += "; last: " + r.String()

@@ -31,6 +31,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // Sockets are where a runtime's Engine API is looked for, in order.
@@ -228,7 +230,7 @@ func (c *Client) doLimit(ctx context.Context, method, path string, in any, limit
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(clock.Deadline(0)) })
 	defer stop()
 	wrap := func(err error) error {
 		if ctx.Err() != nil {

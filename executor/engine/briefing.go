@@ -3,8 +3,8 @@ package engine
 import (
 	"fmt"
 	"strings"
-	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -18,7 +18,7 @@ import (
 // without a change (observeRest): an adoption's briefing covers every
 // declared resource, not only those before the failure.
 func (r *run) briefing(rep *shapes.Report, rest []shapes.Line) *shapes.Briefing {
-	b := &shapes.Briefing{Node: r.d.Node, Seq: r.d.Seq, At: time.Now().UTC(), Findings: []shapes.Finding{}, LookAt: []string{}}
+	b := &shapes.Briefing{Node: r.d.Node, Seq: r.d.Seq, At: clock.Now().UTC(), Findings: []shapes.Finding{}, LookAt: []string{}}
 	for _, l := range append(append([]shapes.Line(nil), rep.Lines...), rest...) {
 		key := l.Module + "." + l.ID
 		f := shapes.Finding{Module: l.Module, ID: l.ID, Type: l.Type, Detail: l.Detail}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -79,12 +80,12 @@ func (r *run) refreshFor(mgr packageManager, p *shapes.Package) error {
 	if !need {
 		return nil
 	}
-	start := time.Now()
+	start := clock.Now()
 	if err := mgr.refresh(r.ctx); err != nil {
 		return fmt.Errorf("refreshing the package index (%s): %w", why, err)
 	}
 	r.refreshed, r.repoDirty = true, false
-	r.log.Info("engine: package index refreshed", "why", why, "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("engine: package index refreshed", "why", why, "took", clock.Since(start).Round(time.Millisecond))
 	return nil
 }
 

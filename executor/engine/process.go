@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -247,7 +248,7 @@ func (r *run) driveProcess(unit string, cur initsys.State, want, redefined bool)
 // exec and whose real and effective uid are uid.
 func (r *run) runsAs(exec []string, uid int, within time.Duration) error {
 	want := []byte(strings.Join(exec, "\x00") + "\x00")
-	deadline := time.Now().Add(within)
+	deadline := clock.Deadline(within)
 	for {
 		found, err := findProcess(want)
 		if err != nil {
@@ -258,7 +259,7 @@ func (r *run) runsAs(exec []string, uid int, within time.Duration) error {
 				return nil
 			}
 		}
-		if time.Now().After(deadline) {
+		if clock.Past(deadline) {
 			if len(found) > 0 {
 				return fmt.Errorf("%s runs, but as uid %v, not %d", exec[0], found, uid)
 			}

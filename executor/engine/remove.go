@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -252,7 +253,7 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 		shortDigest(e.Digest), sum[:12], store.SalvageKeep/(24*time.Hour))
 	c := firstClaim(e)
 	st.change = func() error {
-		if err := r.st.Salvage(store.Salvaged{Path: p, Digest: sum, Written: e.Digest, Removed: time.Now().UTC(), Module: c.Module, ID: c.ID}, content); err != nil {
+		if err := r.st.Salvage(store.Salvaged{Path: p, Digest: sum, Written: e.Digest, Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, content); err != nil {
 			return err
 		}
 		if err := r.st.Sync(); err != nil {

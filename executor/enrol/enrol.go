@@ -51,6 +51,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -122,12 +123,12 @@ func lock(dir string, create bool) (func(), error) {
 		mu.Unlock()
 		return nil, fmt.Errorf("enrol: the lock %s: %w", p, err)
 	}
-	for deadline := time.Now().Add(lockWait); ; {
+	for deadline := clock.Deadline(lockWait); ; {
 		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			return func() { unix.Close(fd); mu.Unlock() }, nil
 		}
-		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
+		if err != unix.EWOULDBLOCK || clock.Past(deadline) {
 			who := ""
 			if pid := store.FlockHolder(fd); pid > 0 {
 				who = fmt.Sprintf(" (pid %d holds it)", pid)
@@ -279,11 +280,11 @@ func BeginWith(dir string, tok *wire.Token, o Options) error {
 	if _, _, err := overlay.EnsureKey(dir); err != nil {
 		return fmt.Errorf("enrol: %w", err)
 	}
-	p := pending{Token: enc, Identity: idKey.Seed(), Sealing: skb, Begun: time.Now().UTC(), Held: held}
+	p := pending{Token: enc, Identity: idKey.Seed(), Sealing: skb, Begun: clock.Now().UTC(), Held: held}
 	if err := writeJSON(dir, PendingFile, &p); err != nil {
 		return err
 	}
-	return writeJSON(dir, ResultFile, &Result{Token: tok.IDString(), At: time.Now().UTC(), Expires: tok.Expires.UTC()})
+	return writeJSON(dir, ResultFile, &Result{Token: tok.IDString(), At: clock.Now().UTC(), Expires: tok.Expires.UTC()})
 }
 
 // Held reads the identity the host holds, as an enrolment would present
@@ -335,7 +336,7 @@ func Offer(dir, agentNKey string, hostname string, profile, inventory []byte) (*
 	if err != nil || p == nil {
 		return nil, err
 	}
-	if expireLocked(dir, p, tok, time.Now()) {
+	if expireLocked(dir, p, tok, clock.Now()) {
 		return nil, nil
 	}
 	if !wire.ValidUserNKey(agentNKey) {
@@ -514,7 +515,7 @@ func refusedLocked(dir string, p *pending, tok *wire.Token, payload []byte) erro
 // claimLocked notes what the agent says, or handed over, as its word: the
 // enrolment stays begun, held back from the agent for ReofferAfter.
 func claimLocked(dir string, p *pending, tok *wire.Token, by, reason string) error {
-	p.Claimed = time.Now().UTC()
+	p.Claimed = clock.Now().UTC()
 	if err := writeJSON(dir, PendingFile, p); err != nil {
 		return err
 	}
@@ -582,7 +583,7 @@ func expireLocked(dir string, p *pending, tok *wire.Token, now time.Time) bool {
 }
 
 func noteResult(dir string, r *Result) {
-	r.At = time.Now().UTC()
+	r.At = clock.Now().UTC()
 	writeJSON(dir, ResultFile, r)
 }
 
@@ -618,7 +619,7 @@ func IsPending(dir string) bool {
 	case p == nil:
 		return false
 	}
-	now := time.Now()
+	now := clock.Now()
 	if expireLocked(dir, p, tok, now) {
 		return false
 	}
@@ -649,13 +650,13 @@ func ReadPending(dir string) (*PendingView, error) {
 		return nil, err
 	}
 	v := &PendingView{Token: tok.IDString(), Begun: p.Begun, Expires: tok.Expires.UTC(),
-		Expired: time.Now().After(tok.Expires.Add(ExpiryMargin))}
+		Expired: clock.Now().After(tok.Expires.Add(ExpiryMargin))}
 	if p.Held != nil {
 		h := *p.Held
 		h.Signature = nil
 		v.Held = &h
 	}
-	if !p.Claimed.IsZero() && time.Now().Before(p.Claimed.Add(ReofferAfter)) {
+	if !p.Claimed.IsZero() && clock.Now().Before(p.Claimed.Add(ReofferAfter)) {
 		v.HeldBack = p.Claimed.Add(ReofferAfter)
 	}
 	return v, nil

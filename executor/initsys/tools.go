@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
@@ -148,13 +149,13 @@ func removeFile(p string) error {
 
 // poll calls ready every interval until it says true, fails, or wait is over.
 func poll(ctx context.Context, wait time.Duration, ready func() (bool, error)) (bool, error) {
-	deadline := time.Now().Add(wait)
+	deadline := clock.Deadline(wait)
 	for {
 		ok, err := ready()
 		if err != nil || ok {
 			return ok, err
 		}
-		if time.Now().After(deadline) {
+		if clock.Past(deadline) {
 			return false, nil
 		}
 		select {

@@ -19,6 +19,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
 )
 
@@ -216,9 +217,9 @@ func startDetached(ctx context.Context, wg, iface string) error {
 }
 
 func waitFor(ctx context.Context, d time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(d)
+	deadline := clock.Deadline(d)
 	for !ok() {
-		if time.Now().After(deadline) {
+		if clock.Past(deadline) {
 			return errors.New("timed out")
 		}
 		select {

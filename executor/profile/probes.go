@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/dockerapi"
 	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
@@ -372,7 +373,7 @@ func genlFamily(ctx context.Context, name string) (bool, error) {
 	defer syscall.Close(fd)
 	wait := defaultTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		wait = max(time.Until(dl), time.Millisecond)
+		wait = max(clock.Left(dl), time.Millisecond)
 	}
 	tv := syscall.NsecToTimeval(wait.Nanoseconds())
 	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv); err != nil {

@@ -31,6 +31,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // Capability is one line of the profile: a yes/no and the detail or reason.
@@ -94,7 +96,7 @@ func Detect(ctx context.Context, opt Options) Profile {
 	if opt.Timeout <= 0 {
 		opt.Timeout = defaultTimeout
 	}
-	p := Profile{DetectedAt: time.Now().UTC(), Capabilities: make([]Capability, len(Names))}
+	p := Profile{DetectedAt: clock.Now().UTC(), Capabilities: make([]Capability, len(Names))}
 
 	type answer struct {
 		i int

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/launcher"
 )
 
@@ -43,7 +44,7 @@ func (s *Server) proveAgent(pid int32, uid uint32) {
 	if s.cfg.AgentBinary == "" || pid <= 0 || uid == 0 || uid != uint32(s.cfg.AgentUID) {
 		return
 	}
-	now := time.Now()
+	now := clock.Now()
 	if !s.agentMu.TryLock() {
 		return // a proof runs already; the next status comes in seconds
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -178,7 +179,7 @@ func (s *Server) writer(c *conn) {
 			}
 			return
 		}
-		c.NetConn().SetWriteDeadline(time.Now().Add(wire.ReplyWithin))
+		c.NetConn().SetWriteDeadline(clock.Deadline(wire.ReplyWithin))
 		err := c.Write(m.kind, m.body)
 		if m.after != nil {
 			m.after()
@@ -228,7 +229,7 @@ func (s *Server) admit(nc net.Conn) (*conn, bool) {
 	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor), written: make(chan struct{})}
 	c.out.cond.L = &c.out.mu
 	s.slotMu.Lock()
-	c.idle = time.Now()
+	c.idle = clock.Now()
 	s.open[c] = true
 	s.slotMu.Unlock()
 	return c, true
@@ -268,7 +269,7 @@ func (s *Server) begin(c *conn) bool {
 // end marks c as waiting for its next frame.
 func (s *Server) end(c *conn) {
 	s.slotMu.Lock()
-	c.busy, c.idle = false, time.Now()
+	c.busy, c.idle = false, clock.Now()
 	s.slotMu.Unlock()
 }
 
@@ -318,7 +319,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		c.pid, c.uid = peer.PID, peer.UID
 	}
 	state := wire.StateNew
-	tokens, lastFill := float64(s.cfg.Burst), time.Now()
+	tokens, lastFill := float64(s.cfg.Burst), clock.Now()
 	for {
 		k, body, err := c.ReadRequest(wire.Wait(state), s.budget)
 		if err != nil {
@@ -342,7 +343,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 			s.refuse(c, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
 			return
 		}
-		now := time.Now()
+		now := clock.Now()
 		tokens = min(float64(s.cfg.Burst), tokens+now.Sub(lastFill).Seconds()*s.cfg.Rate)
 		lastFill = now
 		if tokens < 1 {

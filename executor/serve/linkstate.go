@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -59,7 +60,7 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 	if l == nil {
 		return
 	}
-	now := time.Now().UTC()
+	now := clock.Now().UTC()
 	s.lastMu.Lock()
 	prev := s.link
 	same := prev.Up == l.Up && prev.Since.Equal(l.Since) && prev.Revoked.Equal(l.Revoked)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -53,7 +54,7 @@ func (s *Server) noteApply(src, outcome string, seq uint64, took time.Duration, 
 		m.applies, m.last = map[[2]string]int{}, map[string]lastApply{}
 	}
 	m.applies[[2]string{src, outcome}]++
-	m.last[src] = lastApply{at: time.Now(), took: took, outcome: shapes.Outcome(outcome), seq: seq}
+	m.last[src] = lastApply{at: clock.Now(), took: took, outcome: shapes.Outcome(outcome), seq: seq}
 	if holds >= 0 {
 		m.holds = holds
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -54,12 +55,12 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	switch {
 	case req.Node != id.Node || req.Enrolment != id.Enrolment:
 		return refuse(wire.CodeAddress, "the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, id.Node, id.Enrolment)
-	case time.Now().After(req.NotAfter):
+	case clock.Now().After(req.NotAfter):
 		// This node's own time is said: a refusal for time is as often a
 		// clock that is off as a request that is late.
-		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, time.Now(), ""))
-	case req.NotAfter.Sub(time.Now()) > wire.PlanWithin+time.Minute:
-		return refuse(wire.CodeInvalid, "%s", wire.PlanTooFar(req.NotAfter, time.Now()))
+		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, clock.Now(), ""))
+	case req.NotAfter.Sub(clock.Now()) > wire.PlanWithin+time.Minute:
+		return refuse(wire.CodeInvalid, "%s", wire.PlanTooFar(req.NotAfter, clock.Now()))
 	}
 	d, err := shapes.Parse(req.Declaration) // the link's parser: no action
 	if err != nil {
@@ -70,8 +71,8 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	// Its time again, and the store read, once the lock is held: a plan
 	// that waited behind a long apply may be past its time now, and is
 	// planned against what that apply left, not what was before it.
-	if time.Now().After(req.NotAfter) {
-		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, time.Now(), "it waited for an apply"))
+	if clock.Now().After(req.NotAfter) {
+		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, clock.Now(), "it waited for an apply"))
 	}
 	st, _, err := store.Peek(s.cfg.StateDir)
 	if err != nil {

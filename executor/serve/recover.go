@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -105,7 +106,7 @@ func (s *Server) recovered(where string, p any) error {
 		s.log.Warn("the faults count could not be read; counting from here", "err", err)
 	}
 	f.Recovered++
-	f.LastAt, f.LastIn, f.LastPanic = time.Now().UTC(), where, msg
+	f.LastAt, f.LastIn, f.LastPanic = clock.Now().UTC(), where, msg
 	b, _ := json.Marshal(f)
 	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, FaultsFile), b); err != nil {
 		s.log.Warn("the faults count could not be kept", "err", err)

@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
@@ -292,7 +293,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		c, ok := s.admit(nc)
 		if !ok {
 			// Every slot is running a handler (no connection waits idle).
-			nc.SetWriteDeadline(time.Now().Add(wire.ReplyWithin))
+			nc.SetWriteDeadline(clock.Deadline(wire.ReplyWithin))
 			wire.NewConn(nc, wire.AgentToExecutor).Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("executor: %d connections are busy already; refused", s.cfg.MaxConns)})
 			nc.Close()
 			continue
@@ -538,9 +539,9 @@ func (s *Server) giveBack() {
 func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind, any, error) {
 	r := body.(*wire.Reconnected)
 	s.lastMu.Lock()
-	recent := time.Since(s.lastReconnect) < reconnectEvery
+	recent := clock.Since(s.lastReconnect) < reconnectEvery
 	if !recent {
-		s.lastReconnect = time.Now()
+		s.lastReconnect = clock.Now()
 	}
 	s.lastMu.Unlock()
 	var v *wire.Verdict
@@ -767,10 +768,10 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		return nil
 	}
 	failed, failedWhy := s.failedRelease()
-	began := time.Now()
+	began := clock.Now()
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
-	s.record(st, store.Link, "declaration", rep, time.Since(began))
+	s.record(st, store.Link, "declaration", rep, clock.Since(began))
 	if rep.Outcome != shapes.Refused {
 		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
@@ -956,9 +957,9 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}
-		began := time.Now()
+		began := clock.Now()
 		rep := engine.Apply(ctx, st, d, raw, opt)
-		s.record(st, src, why, rep, time.Since(began))
+		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // Salvaged is the content of a file the host created and removed when it
@@ -43,7 +45,7 @@ func (s *Store) Salvage(v Salvaged, data []byte) error {
 }
 
 // now is the clock salvaged content expires by; tests move it.
-var now = time.Now
+var now = clock.Now
 
 // expireSalvaged drops salvaged content kept past SalvageKeep. Lock runs
 // it, so it happens on every apply (the daemon's, every ten minutes at

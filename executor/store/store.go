@@ -43,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"golang.org/x/sys/unix"
@@ -254,7 +255,7 @@ var ErrBusy = errors.New("store: another apply is running (the executor daemon o
 // there, so a build that locks that file instead, still running beside
 // this one, is kept out as well.
 func (s *Store) Lock(wait time.Duration) error {
-	deadline := time.Now().Add(wait)
+	deadline := clock.Deadline(wait)
 	f, err := lockPath(s.dir, false, deadline)
 	if err != nil {
 		return err
@@ -315,7 +316,7 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 		if err == nil {
 			return os.NewFile(uintptr(fd), p), nil
 		}
-		if err != unix.EWOULDBLOCK || time.Now().After(deadline) {
+		if err != unix.EWOULDBLOCK || clock.Past(deadline) {
 			if err == unix.EWOULDBLOCK {
 				pid := FlockHolder(fd)
 				unix.Close(fd)
@@ -795,7 +796,7 @@ func WriteFileAtomic(p string, data []byte) error {
 // with its trigger (History): what the node did while its link was down.
 func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error {
 	if changed, failed, ok := shapes.Did(rep); ok {
-		s.note(shapes.Activity{At: time.Now().UTC(), Source: string(src), Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome, Changed: changed, Failed: failed})
+		s.note(shapes.Activity{At: clock.Now().UTC(), Source: string(src), Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome, Changed: changed, Failed: failed})
 	}
 	sum := ReportSummary{Source: rep.Source, Seq: rep.Seq, Outcome: rep.Outcome, Lines: map[shapes.Outcome]int{}}
 	for _, l := range rep.Lines {

@@ -37,8 +37,12 @@ declare -A need=(
   [meson]=meson
   [ninja]=ninja-build
   [pkg-config]=pkg-config
-  # tests/machines alpine_test.go: busybox httpd serves the lab's apk repository
-  [busybox]=busybox-static
+  # tests/lab busybox.go: Alpine's busybox (adduser, addgroup, and httpd,
+  # which serves the lab's apk repository), built from Debian's busybox
+  # source package, which apt-get source fetches
+  [dpkg-source]=dpkg-dev
+  [bzip2]=bzip2
+  [make]=make
   # selinux/selinux_test.go: the policy compiled, linked in a store of its own, searched
   [policygentool]=selinux-policy-dev  # /usr/share/selinux/devel/Makefile
   [checkmodule]=checkpolicy           # the Makefile's compiler

@@ -41,14 +41,17 @@ const apkKeyName = "maintainers@nox-mesh.invalid.rsa.pub"
 
 // apkRepo is the test's repository: its key, and what it publishes.
 type apkRepo struct {
-	t    *testing.T
-	apk  string // the apk built from the vendored source, on the host
-	dir  string // scratch on the host
-	key  string // the private key (PEM), on the host
-	keys string // a directory holding only the public key, on the host
-	pub  []byte
-	tool apkFile // the apk-tools package, which every publication holds
-	n    int
+	t   *testing.T
+	apk string // the apk built from the vendored source, on the host
+	// busybox is Alpine's busybox as near as Debian's source gets it
+	// (lab.BusyboxAlpine), on the host: the lab's /bin/busybox.
+	busybox string
+	dir     string // scratch on the host
+	key     string // the private key (PEM), on the host
+	keys    string // a directory holding only the public key, on the host
+	pub     []byte
+	tool    apkFile // the apk-tools package, which every publication holds
+	n       int
 }
 
 // apkFile is one package of a publication.
@@ -65,7 +68,7 @@ func newAPKRepo(t *testing.T) *apkRepo {
 	if os.Geteuid() != 0 {
 		t.Fatal("the labs need root (make test runs as root)")
 	}
-	r := &apkRepo{t: t, apk: lab.APKTools(t), dir: t.TempDir()}
+	r := &apkRepo{t: t, apk: lab.APKTools(t), busybox: lab.BusyboxAlpine(t), dir: t.TempDir()}
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
@@ -187,6 +190,16 @@ func alpineLab(t *testing.T, r *apkRepo, pkgs ...apkFile) *machine {
 		t.Fatal(err)
 	}
 	m.sh("rm -f /usr/bin/dpkg-query /usr/bin/dpkg /usr/bin/apt-get /usr/bin/apt /usr/bin/apt-cache /usr/bin/pacman")
+	// Alpine's accounts are busybox's: adduser, addgroup, deluser and
+	// delgroup are links to /bin/busybox, and shadow's useradd and its
+	// kin are not installed. Debian's own adduser (a Perl script of the
+	// same name) and shadow's tools are taken out of the lab, so anything
+	// that makes a user here does so with busybox's applets.
+	if err := m.CopyIn(r.busybox, "/bin/busybox"); err != nil {
+		t.Fatal(err)
+	}
+	m.sh("rm -f /usr/sbin/useradd /usr/sbin/groupadd /usr/sbin/userdel /usr/sbin/groupdel /usr/sbin/usermod /usr/sbin/groupmod && " +
+		"for a in " + strings.Join(lab.BusyboxApplets, " ") + "; do rm -f /usr/sbin/$a /usr/bin/$a /sbin/$a /bin/$a; ln -s /bin/busybox /usr/sbin/$a; done")
 	m.sh("ip link set lo up && mkdir -p /srv/apkrepo /var/cache/apk && busybox httpd -p 127.0.0.1:8080 -h /srv/apkrepo </dev/null >/dev/null 2>&1")
 	r.publish(m, pkgs...)
 	m.sh("apk add --initdb apk-tools >/dev/null")
@@ -220,16 +233,10 @@ func TestAlpineInstall(t *testing.T) {
 	if m.sh("id -u mesh-agent 2>/dev/null || echo none") != "none" {
 		t.Fatal("the lab has a mesh-agent user before the install")
 	}
-	// Alpine's adduser and addgroup are busybox's, and the post-install
-	// uses them where shadow's useradd is absent. Debian's busybox is built
-	// without either applet, so here the post-install makes the user with
-	// useradd; a busybox that has them takes useradd's place, and the
-	// post-install Alpine's branch.
-	if m.sh("busybox --list | grep -cx -e adduser -e addgroup || true") == "2" {
-		m.sh("rm -f /usr/sbin/useradd /usr/sbin/groupadd && ln -sf /bin/busybox /usr/sbin/adduser && ln -sf /bin/busybox /usr/sbin/addgroup")
-		t.Log("the post-install makes mesh-agent with busybox's adduser and addgroup")
-	} else {
-		t.Log("this busybox has no adduser or addgroup: the post-install makes mesh-agent with useradd, not Alpine's busybox branch")
+	// Alpine's adduser and addgroup are busybox's (alpineLab): with no
+	// useradd on the machine, the post-install takes its busybox branch.
+	if got := m.sh("command -v useradd || echo none; readlink /usr/sbin/adduser /usr/sbin/addgroup"); got != "none\n/bin/busybox\n/bin/busybox" {
+		t.Fatalf("the lab's account tools: %q", got)
 	}
 
 	t.Logf("apk add nox-mesh-host:\n%s", m.sh("apk add nox-mesh-host 2>&1"))
@@ -245,9 +252,19 @@ func TestAlpineInstall(t *testing.T) {
 	if got := m.sh("rc-update show default | awk '{print $1}' | sort | tr '\\n' ' '"); !strings.Contains(got, "mesh-agent mesh-executor") {
 		t.Errorf("the default runlevel holds %q", got)
 	}
+	// busybox's adduser -S: a system uid (100-999), the group addgroup -S
+	// made as its primary group, the comment given with -g, no password.
 	pw := strings.Split(m.sh("getent passwd mesh-agent"), ":")
-	if len(pw) != 7 || pw[0] != "mesh-agent" || pw[2] == "0" || pw[5] != "/var/lib/mesh-host/agent" || !strings.HasSuffix(pw[6], "/nologin") {
-		t.Errorf("the post-install's mesh-agent: %q", pw)
+	gr := strings.Split(m.sh("getent group mesh-agent"), ":")
+	if len(pw) != 7 || pw[0] != "mesh-agent" || len(pw[2]) != 3 || pw[2] < "100" || len(gr) != 4 || pw[3] != gr[2] ||
+		pw[4] != "nox-mesh-host link agent" || pw[5] != "/var/lib/mesh-host/agent" || !strings.HasSuffix(pw[6], "/nologin") {
+		t.Errorf("the post-install's mesh-agent: %q, its group %q", pw, gr)
+	}
+	if sp := strings.Split(m.sh("grep ^mesh-agent: /etc/shadow"), ":"); len(sp) < 2 || (sp[1] != "!" && sp[1] != "*") {
+		t.Errorf("mesh-agent's shadow entry: %q (no password expected)", sp)
+	}
+	if got := m.sh("stat -c '%U:%G %a' /var/lib/mesh-host/agent"); got != "mesh-agent:mesh-agent 700" {
+		t.Errorf("the agent's state directory: %s", got)
 	}
 	running(t, m, lab.OpenRC)
 

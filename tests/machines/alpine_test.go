@@ -461,7 +461,9 @@ func TestAlpineFoundAbsentByWhoOwns(t *testing.T) {
 // executor started by the launcher. The launcher rolls back once,
 // through `apk add nox-mesh-host=0.9.1-r1` (a downgrade, from the same
 // repository), checks the binaries against its known-good digests, and
-// runs the known-good host again; apk's database says 0.9.1-r1.
+// runs the known-good host again; apk's database says 0.9.1-r1. Then a
+// second failure, with the known-good release failing too: rolled back
+// through apk once more, then halted.
 func TestAlpineRollbackThroughAPK(t *testing.T) {
 	t.Parallel()
 	r := newAPKRepo(t)
@@ -498,4 +500,49 @@ func TestAlpineRollbackThroughAPK(t *testing.T) {
 	if log := m.sh("cat /var/log/mesh-executor.log"); !strings.Contains(log, "a broken release: it crashes at start") {
 		t.Errorf("the broken release never ran:\n%s", log)
 	}
+	untilTrue(t, 60*time.Second, "the rollback's mark cleared by the known-good release's reconcile", func() bool {
+		return strings.Contains(m.sh("mesh-launch status --state /var/lib/mesh-host/executor 2>&1 || true"), "the release reinstalled has reconciled since")
+	})
+
+	// A second failure: the broken release again, and this time the
+	// machine is at fault too — a file that is not a socket where the
+	// executor's socket goes, which no executor removes. The launcher
+	// rolls back once more through apk, the known-good release fails at
+	// start as well, and the launcher halts: a different diagnosis, for a
+	// person. It stays up, idle, starting nothing; once the machine is
+	// mended, mesh-launch clear resumes it.
+	const sock = "/run/mesh-host/executor.sock"
+	m.sh("apk add nox-mesh-host=0.9.3-r1 >/dev/null 2>&1")
+	m.sh("rm -f " + sock + " && echo 'not a socket' >" + sock + " && pkill -x -TERM mesh-executor")
+	status := func() string { return m.sh("mesh-launch status --state /var/lib/mesh-host/executor 2>&1 || true") }
+	untilTrue(t, 180*time.Second, "the launcher halted after the known-good release failed too", func() bool {
+		return strings.Contains(status(), "halted: yes")
+	})
+	st := status()
+	if !strings.Contains(st, "after the rollback to the known-good copy") || !strings.Contains(st, "the machine is the problem") {
+		t.Errorf("the halt does not say why:\n%s", st)
+	}
+	t.Logf("mesh-launch status, halted:\n%s", st)
+	if got := m.apkQ("nox-mesh-host"); got != "nox-mesh-host-0.9.1-r1" {
+		t.Errorf("after the second rollback apk's database says %q", got)
+	}
+	log := m.sh("cat /var/log/mesh-executor.log")
+	if n := strings.Count(log, "reinstalled the known-good release through the package manager"); n != 2 {
+		t.Errorf("%d rollbacks through apk, want one for each broken release's crash loop", n)
+	}
+	if !strings.Contains(log, sock+" exists and is not a socket") {
+		t.Errorf("the known-good executor's failure is not in its log:\n%s", log)
+	}
+	// Idle: the init's process is up, and no executor is started again.
+	time.Sleep(5 * time.Second)
+	if got := m.sh("rc-service mesh-executor status 2>&1 || true"); !strings.Contains(got, "started") {
+		t.Errorf("the halted launcher's service: %s", got)
+	}
+	if got := m.sh("pgrep -x mesh-executor || echo none"); got != "none" {
+		t.Errorf("an executor runs on a halted node: %s", got)
+	}
+	m.sh("rm -f " + sock + " && mesh-launch clear --state /var/lib/mesh-host/executor >/dev/null")
+	untilTrue(t, 60*time.Second, "the known-good executor serving after mesh-launch clear", func() bool {
+		return m.sh("mesh-executor status 2>/dev/null | grep -c 'state: hosted' || true") == "1"
+	})
 }

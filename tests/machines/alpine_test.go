@@ -1,9 +1,11 @@
 package machines
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
@@ -545,4 +547,179 @@ func TestAlpineRollbackThroughAPK(t *testing.T) {
 	untilTrue(t, 60*time.Second, "the known-good executor serving after mesh-launch clear", func() bool {
 		return m.sh("mesh-executor status 2>/dev/null | grep -c 'state: hosted' || true") == "1"
 	})
+}
+
+// A mesh born on the Alpine-like lab, and its second node, on two such
+// labs joined by a veth, with the .apk from the signed repository, apk,
+// the launcher and OpenRC, as on dpkg (TestMeshBornFromOneMachine):
+//
+//  1. A installs the host with the seeds' lines; `mesh-executor reconcile`
+//     (the package's executor, which pins the carried bundle's digest)
+//     applies the bundle, which raises the control side as the OpenRC
+//     service the package carries (its unit named mesh-control.service in
+//     the bundle, as for systemd);
+//  2. A enrols against it with a token, node one; B installs and enrols
+//     against A over the veth, node two; a module reaches both;
+//  3. 0.9.2 and 0.9.3 are published after both last read the index; both
+//     are upgraded to 0.9.2-r1 through a declaration (apk refreshes its
+//     index and installs it, the host checks the new binary, exits, the
+//     launcher starts it, the agent follows) and report it running;
+//  4. B is declared 0.9.3-r1, whose executor crash-loops: the launcher
+//     rolls back through apk to the known-good 0.9.2-r1, which reconciles
+//     and says why it does not install the declared release again.
+func TestAlpineMeshBornAndUpgraded(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	dir, key := t.TempDir(), "APK_SIGN_KEY="+r.key
+	v1 := apkFile{"nox-mesh-host", "0.9.1-r1", hostPackage(t, dir, "0.9.1", "b1", brokenNot, "apk", key)}
+	v2 := apkFile{"nox-mesh-host", "0.9.2-r1", hostPackage(t, dir, "0.9.2", "b2", brokenNot, "apk", key)}
+	v3 := apkFile{"nox-mesh-host", "0.9.3-r1", hostPackage(t, dir, "0.9.3", "b3", brokenExecutor, "apk", key)}
+	A, B := alpineLab(t, r, v1), alpineLab(t, r, v1)
+	for _, m := range []*machine{A, B} {
+		m := m
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _, _ := m.Run(context.Background(), "/bin/sh", "-c",
+					"tail -n 40 /var/log/mesh-executor.log /var/log/mesh-agent.log /var/log/mesh-control.log 2>&1; mesh-launch status --state /var/lib/mesh-host/executor 2>&1; apk info -v nox-mesh-host 2>&1")
+				t.Logf("%s says:\n%s", m.Name(), out)
+			}
+		})
+	}
+	lab.Link(t, A.Machine, B.Machine, "10.231.31.1/24", "10.231.31.2/24")
+	for _, m := range []*machine{A, B} {
+		// The lab's test-built executor (boot's) is not the package's:
+		// the commands below are the package's, found on the PATH.
+		m.sh("rm -f /usr/local/bin/mesh-executor")
+		m.sh("apk add nox-mesh-host >/dev/null 2>&1 && rc-update add mesh-executor default >/dev/null 2>&1 && rc-service mesh-executor start >/dev/null 2>&1 && " +
+			"rc-update add mesh-agent default >/dev/null 2>&1 && rc-service mesh-agent start >/dev/null 2>&1")
+		untilTrue(t, 30*time.Second, m.Name()+": the host runs", func() bool {
+			return strings.HasPrefix(m.sh("mesh-executor status 2>/dev/null || true"), "state: hosted")
+		})
+	}
+
+	// 1. The carried bundle raises the control side on A.
+	if out := A.sh("mesh-executor reconcile 2>&1; echo exit $?"); !strings.HasSuffix(out, "exit 0") {
+		t.Fatalf("mesh-executor reconcile:\n%s", out)
+	}
+	const ctl = "--dir /var/lib/mesh-control"
+	untilTrue(t, 30*time.Second, "the control side serves", func() bool {
+		return A.sh("mesh-control nodes "+ctl+" >/dev/null 2>&1 && echo ok || true") == "ok"
+	})
+	if got := A.sh("rc-service mesh-control status 2>&1 || true"); !strings.Contains(got, "started") {
+		t.Fatalf("the bundle's control side under OpenRC: %s", got)
+	}
+	if got := A.sh("rc-update show default"); !strings.Contains(got, "mesh-control") {
+		t.Errorf("the bundle's control side is not in the default runlevel:\n%s", got)
+	}
+	if got := A.sh("stat -c '%a' /var/lib/mesh-control && test -s /var/lib/mesh-control/control.key && echo keyed"); got != "700\nkeyed" {
+		t.Errorf("the control side's state: %q", got)
+	}
+
+	// 2. Node one, then node two, each with its own token, over the veth.
+	for _, n := range []struct {
+		m    *machine
+		name string
+	}{{A, "a"}, {B, "b"}} {
+		token := A.sh("mesh-control token issue --new --name " + n.name + " --broker-url tls://10.231.31.1:4222 " + ctl + " 2>/dev/null")
+		if err := n.m.WriteFile("/root/token", []byte(token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out := n.m.sh("mesh-executor enrol --token-file /root/token --wait 60s 2>&1 || true"); !strings.Contains(out, "enrolled as node "+n.name) {
+			t.Fatalf("%s: enrol: %s", n.name, out)
+		}
+	}
+	type nodeState struct {
+		Name            string `json:"name"`
+		ExecutorVersion string `json:"executor_version"`
+		Heartbeat       *struct {
+			AgentVersion string `json:"agent_version"`
+		}
+	}
+	nodes := func() map[string]nodeState {
+		var ns []nodeState
+		json.Unmarshal([]byte(A.sh("mesh-control nodes --json "+ctl+" 2>/dev/null || true")), &ns)
+		out := map[string]nodeState{}
+		for _, n := range ns {
+			out[n.Name] = n
+		}
+		return out
+	}
+	runs := func(v string) func() bool {
+		return func() bool {
+			ns := nodes()
+			for _, n := range []string{"a", "b"} {
+				if ns[n].ExecutorVersion != v || ns[n].Heartbeat == nil || ns[n].Heartbeat.AgentVersion != v {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	untilTrue(t, 60*time.Second, "both nodes heard from, running 0.9.1", runs("0.9.1"))
+	// Declared whole, each time, as on apt (no overlay is set, so there
+	// is no composition to assign into).
+	declare := func(file string, nodes []string, resources ...string) {
+		A.WriteFile(file, []byte(`{"version":1,"resources":[`+strings.Join(resources, ",")+`]}`), 0o600)
+		for _, n := range nodes {
+			A.sh("mesh-control declare " + n + " " + file + " " + ctl)
+		}
+	}
+	site := `{"module":"site","id":"conf","type":"file","path":"/etc/lp-site.conf","content":"greeting=hello\n"}`
+	host := func(v string) string {
+		return `{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"` + v + `"}`
+	}
+	declare("/root/site.json", []string{"a", "b"}, site)
+	for _, m := range []*machine{A, B} {
+		untilTrue(t, 60*time.Second, m.Name()+": the module applied", func() bool {
+			return m.sh("cat /etc/lp-site.conf 2>/dev/null || true") == "greeting=hello"
+		})
+	}
+
+	// 3. Releases published after both machines last read the index, and
+	// both upgraded through a declaration.
+	for _, m := range []*machine{A, B} {
+		r.publish(m, v1, v2, v3)
+	}
+	declare("/root/host.json", []string{"a", "b"}, site, host("0.9.2-r1"))
+	untilTrue(t, 180*time.Second, "both report 0.9.2 running, executor and agent", runs("0.9.2"))
+	for _, m := range []*machine{A, B} {
+		if got := m.apkQ("nox-mesh-host"); got != "nox-mesh-host-0.9.2-r1" {
+			t.Fatalf("%s: apk's database says %q", m.Name(), got)
+		}
+	}
+	if rep := A.sh("mesh-control reports b --last 5 " + ctl); !strings.Contains(rep, "0.9.1-r1 → 0.9.2-r1") || !strings.Contains(rep, "restarts onto it") {
+		t.Fatalf("b's report of the upgrade:\n%s", rep)
+	}
+	if got := A.sh("rc-service mesh-control status 2>&1 || true"); !strings.Contains(got, "started") {
+		t.Fatalf("the control side after A's upgrade: %s", got)
+	}
+
+	// 4. B is declared a release that crash-loops: rolled back once,
+	// through apk, to the known-good 0.9.2-r1.
+	untilTrue(t, 90*time.Second, "b holds 0.9.2 as known-good", func() bool {
+		return B.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.2"
+	})
+	declare("/root/broken.json", []string{"b"}, site, host("0.9.3-r1"))
+	untilTrue(t, 60*time.Second, "apk installed the broken release on b", func() bool {
+		return B.apkQ("nox-mesh-host") == "nox-mesh-host-0.9.3-r1" || strings.Contains(B.sh("cat /var/log/mesh-executor.log"), "a broken release")
+	})
+	untilTrue(t, 180*time.Second, "b rolled back to 0.9.2-r1 through apk, and running", func() bool {
+		return B.apkQ("nox-mesh-host") == "nox-mesh-host-0.9.2-r1" &&
+			B.sh("grep -c 'crash-looped at start and the launcher rolled it back' /var/log/mesh-executor.log || true") != "0"
+	})
+	untilTrue(t, 60*time.Second, "b runs 0.9.2 again", func() bool { return nodes()["b"].ExecutorVersion == "0.9.2" })
+	log := B.sh("cat /var/log/mesh-executor.log")
+	for _, want := range []string{"a broken release: it crashes at start", "reinstalled the known-good release through the package manager",
+		"nox-mesh-host 0.9.3-r1 crash-looped at start and the launcher rolled it back ("} {
+		if !strings.Contains(log, want) {
+			t.Errorf("b's executor log does not say %q", want)
+		}
+	}
+	if got := B.sh("grep -c 'nox-mesh-host=0.9.2-r1' /etc/apk/world || true"); got != "1" {
+		t.Errorf("b's /etc/apk/world after the rollback:\n%s", B.sh("cat /etc/apk/world"))
+	}
+	// A goes on: its control side, its own release.
+	if nodes()["a"].ExecutorVersion != "0.9.2" || !strings.Contains(A.sh("rc-service mesh-control status 2>&1 || true"), "started") {
+		t.Fatal("b's rollback disturbed a")
+	}
 }

@@ -357,7 +357,7 @@ func TestOverlayCommands(t *testing.T) {
 	out = strings.TrimSpace(cli("declare", "n1", nothing))
 	sent := false
 	for _, d := range declsOf(t, s, "n1") {
-		sent = sent || (fmt.Sprint(d.Seq) == out && d.OwnsNothing && len(d.Resources) == 0)
+		sent = sent || (fmt.Sprintf("declared seq %d to n1", d.Seq) == out && d.OwnsNothing && len(d.Resources) == 0)
 	}
 	if !sent {
 		t.Fatalf("declare of a declaration holding nothing: %q, not in the stream", out)

@@ -91,9 +91,10 @@ nothing`),
 	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "wait", "json"},
 		"publish the node's composition (every node's) again, with a new sequence"),
 	cmdline.D("declare", "NODE[,NODE...] FILE", 2, 2, []string{"dir", "nats", "seal", "without-overlay", "despite-briefing", "wait", "json"},
-		`sign FILE for NODE with the next sequence and publish it; print the sequence (several nodes:
-their declares pipelined, a line each); on a mesh with an overlay, a FILE without it (holding
-something) is refused (use assign) unless --without-overlay`),
+		`sign FILE for NODE with the next sequence and publish it; say the sequence ("declared seq 7 to
+NODE"; --json: {"node", "seq"}; several nodes: their declares pipelined, a line each); on a mesh
+with an overlay, a FILE without it (holding something) is refused (use assign) unless
+--without-overlay`),
 	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "wait", "json"},
 		`ask NODE what FILE would do there, changing nothing: the executor plans it on the path an apply
 takes and answers with the lines an apply would report, and the content diffs of the files the
@@ -201,7 +202,7 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "wait":
 		fs.Var(&o.wait, "wait", "wait for the node's report (--wait: 2m; --wait=5m), print it, and exit by its outcome: 0 applied or unchanged, 1 failed, 2 refused, 3 no report in time")
 	case "v":
-		fs.BoolVar(&o.verbose, "v", false, "debug logging")
+		fs.BoolVar(&o.verbose, "v", false, "log on standard error what the command does (serve: its debug lines too); without it a command prints its result and its errors only")
 	default:
 		panic("control: no flag " + name)
 	}
@@ -255,13 +256,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-control %s: --dir is empty: name the key directory\n", cmd)
 		return 2
 	}
-	c := &cli{ctx: ctx, stdout: stdout, stderr: stderr, dir: o.dir, nats: o.nats, json: o.json, verbose: o.verbose,
-		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay, wait: o.wait.d}
-	level := slog.LevelInfo
-	if c.verbose {
-		level = slog.LevelDebug
-	}
-	c.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	c := &cli{ctx: ctx, cmd: cmd, stdout: stdout, stderr: stderr, dir: o.dir, nats: o.nats, json: o.json, verbose: o.verbose,
+		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay, wait: o.wait.d,
+		log: commandLog(cmd, stderr, o.verbose)}
 	var err error
 	switch cmd {
 	case "init":
@@ -339,6 +336,7 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
 type cli struct {
 	ctx            context.Context
+	cmd            string // as typed: "declare", "token issue"
 	stdout, stderr io.Writer
 	dir, nats      string
 	json, verbose  bool
@@ -475,7 +473,7 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	cl.DespiteBriefing = c.despiteBriefing
 	cl.Seals = seals
 	if strings.Contains(node, ",") {
-		return c.declareMany(cl, splitList(node), data)
+		return c.declareMany(cl, splitList(node), file, data)
 	}
 	// A revoked node first: whatever else is wrong with the file, it
 	// could not reach the node.
@@ -489,27 +487,39 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	}
 	seq, err := cl.Declare(c.ctx, node, data)
 	if err != nil {
-		return err
+		return inFile(file, data, err)
 	}
 	if c.json {
 		if err := c.printJSON(map[string]any{"node": node, "seq": seq}); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintln(c.stdout, seq)
+		fmt.Fprintln(c.stdout, declaredLine(node, seq))
 	}
 	return c.await(cl, []nodeSeq{{node, seq}})
 }
 
-// declareMany declares data to each of nodes (DeclareAll), a line each:
-// the sequence, or why not; it fails if any was not declared to.
-func (c *cli) declareMany(cl *Client, nodes []string, data []byte) error {
+// declaredLine says what declare did for one node, labelled, so a person
+// reading it later — in a terminal's scrollback, a job's log — knows what
+// the number is and whose it is. Scripts read --json.
+func declaredLine(node string, seq uint64) string {
+	return fmt.Sprintf("declared seq %d to %s", seq, node)
+}
+
+// declareMany declares data, file's content, to each of nodes
+// (DeclareAll), a line each: the sequence, or why not; it fails if any was
+// not declared to. A refusal of the file itself is the same for every
+// node, and is said once, placed in the file.
+func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) error {
 	if !c.withoutOverlay {
 		if err := withOverlay(c.ctx, cl, data); err != nil {
 			return err
 		}
 	}
 	seqs, errs := cl.DeclareAll(c.ctx, nodes, data)
+	if fe := (*FileError)(nil); len(errs) > 0 && errors.As(inFile(file, data, errs[0]), &fe) && sameError(errs) {
+		return fe
+	}
 	failed := 0
 	type line struct {
 		Node  string `json:"node"`
@@ -531,9 +541,9 @@ func (c *cli) declareMany(cl *Client, nodes []string, data []byte) error {
 	} else {
 		for _, l := range lines {
 			if l.Error != "" {
-				fmt.Fprintf(c.stdout, "%s\tnot declared: %s\n", l.Node, l.Error)
+				fmt.Fprintf(c.stdout, "not declared to %s: %s\n", l.Node, l.Error)
 			} else {
-				fmt.Fprintf(c.stdout, "%s\t%d\n", l.Node, l.Seq)
+				fmt.Fprintln(c.stdout, declaredLine(l.Node, l.Seq))
 			}
 		}
 	}
@@ -545,6 +555,17 @@ func (c *cli) declareMany(cl *Client, nodes []string, data []byte) error {
 		want = append(want, nodeSeq{l.Node, l.Seq})
 	}
 	return c.await(cl, want)
+}
+
+// sameError says whether every one of errs is the one error: DeclareAll's
+// when the declaration itself was refused, before any node was tried.
+func sameError(errs []error) bool {
+	for _, e := range errs {
+		if e != errs[0] {
+			return false
+		}
+	}
+	return true
 }
 
 // withOverlay refuses a raw declaration that would take a node out of the
@@ -755,21 +776,27 @@ func (c *cli) registryUsers() ([]*NodeRecord, []*TokenRecord) {
 	cl, err := c.connect()
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
-			c.log.Warn("no broker to read the registry from; the configuration lists no nodes", "err", err)
+			c.warn("no broker to read the registry from, so the configuration lists no nodes (serve --broker-config writes them once it runs): %v", err)
 		}
 		return nil, nil
 	}
 	defer cl.Close()
 	nodes, err := cl.records(c.ctx)
 	if err != nil {
-		c.log.Warn("the registry's nodes not read; the configuration lists none", "err", err)
+		c.warn("the registry's nodes not read, so the configuration lists none: %v", err)
 		return nil, nil
 	}
 	tokens, err := cl.tokens(c.ctx)
 	if err != nil {
-		c.log.Warn("the registry's tokens not read; the configuration lists none", "err", err)
+		c.warn("the registry's tokens not read, so the configuration lists none: %v", err)
 	}
 	return nodes, tokens
+}
+
+// warn says on standard error, as a sentence, something the command did
+// not do that the person may count on; the command still does the rest.
+func (c *cli) warn(format string, args ...any) {
+	fmt.Fprintf(c.stderr, "mesh-control %s: warning: %s\n", c.cmd, fmt.Sprintf(format, args...))
 }
 
 func (c *cli) brokerConfig(listen string) error {
@@ -907,7 +934,7 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 		return err
 	}
 	defer cl.Close()
-	return c.planOf(cl, node, data, wait)
+	return inFile(file, data, c.planOf(cl, node, data, wait))
 }
 
 // planOf asks node for a plan of the declaration data and prints its

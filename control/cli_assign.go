@@ -209,13 +209,16 @@ func (c *cli) assign(node, file string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkModuleFile(file, data); err != nil {
+		return err
+	}
 	var seq uint64
 	err = c.changeOne(func(cl *Client) (*Published, error) {
 		p, err := cl.Assign(c.ctx, node, data, file)
 		if p != nil {
 			seq = p.Seq
 		}
-		return p, err
+		return p, inFile(file, data, err)
 	})
 	var ee *exitError
 	if c.wait > 0 && seq != 0 && errors.As(err, &ee) && ee.code == ExitRefused {
@@ -270,6 +273,9 @@ func (c *cli) assignPlan(node, file string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkModuleFile(file, data); err != nil {
+		return err
+	}
 	cl, err := c.connect()
 	if err != nil {
 		return err
@@ -277,7 +283,7 @@ func (c *cli) assignPlan(node, file string) error {
 	defer cl.Close()
 	decl, err := cl.ComposeWith(c.ctx, node, data)
 	if err != nil {
-		return err
+		return inFile(file, data, err)
 	}
 	return c.planOf(cl, node, decl, c.wait)
 }

@@ -105,7 +105,7 @@ func TestCommands(t *testing.T) {
 	os.WriteFile(declFile, []byte(decl), 0o644)
 	for want := 1; want <= 2; want++ {
 		out, errs, code = run(t, ctx, "declare", "web1", declFile, "--dir", dir)
-		if code != 0 || strings.TrimSpace(out) != strconv.Itoa(want) {
+		if code != 0 || out != "declared seq "+strconv.Itoa(want)+" to web1\n" {
 			t.Fatalf("declare: %q %s", out, errs)
 		}
 	}

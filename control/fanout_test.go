@@ -164,11 +164,11 @@ func TestDeclareManyCommand(t *testing.T) {
 	file := filepath.Join(dir, "d.json")
 	os.WriteFile(file, []byte(decl), 0o600)
 	out, errs, code := run(t, ctx, "declare", "m1,m2", file, "--dir", dir, "--nats", s.url)
-	if code != 0 || out != "m1\t1\nm2\t1\n" {
+	if code != 0 || out != "declared seq 1 to m1\ndeclared seq 1 to m2\n" {
 		t.Fatalf("declare m1,m2: exit %d\n%s%s", code, out, errs)
 	}
 	out, errs, code = run(t, ctx, "declare", "m2,nobody", file, "--dir", dir, "--nats", s.url)
-	if code != 1 || !strings.Contains(out, "m2\t2\n") || !strings.Contains(out, "nobody\tnot declared: no node \"nobody\"") || !strings.Contains(errs, "1 of 2 node(s) not declared to") {
+	if code != 1 || !strings.Contains(out, "declared seq 2 to m2\n") || !strings.Contains(out, "not declared to nobody: no node \"nobody\"") || !strings.Contains(errs, "1 of 2 node(s) not declared to") {
 		t.Fatalf("declare m2,nobody: exit %d\n%s%s", code, out, errs)
 	}
 }

@@ -298,7 +298,14 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	t.Secret = nil // spent: nothing is left to prove with
 	spent, _ := json.Marshal(&t)
 	if _, err := c.KV.Update(ctx, tokenKey(id), spent, e.Revision()); err != nil {
-		return refusedReply("token %s was used already (a concurrent request took it)", id)
+		if changedMeanwhile(err) {
+			return refusedReply("token %s was used already (a concurrent request took it)", id)
+		}
+		// The store refused the write (a full disk): the token is not
+		// spent, and nothing else was done, so the agent's next request
+		// with it can enrol. Serve says what keeps the store from writing.
+		c.log.Error("enrolment: the token could not be spent; nothing done", "token", id, "node", name, "err", err)
+		return refusedReply("token %s could not be spent, so nothing was done (%s); the token is unused, and the agent asks again", id, c.storeWhy(ctx, err))
 	}
 	// Then revoke what this enrolment replaces, before the new identity
 	// exists: at no moment do both hold a live credential, and no grant is
@@ -312,7 +319,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	rec, err := c.enrolRecord(ctx, name, t.New, &t, &req)
 	if err != nil {
 		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
-		return c.signedRefusal(id, "", "the node record could not be written: %v (the token is spent; issue another)", err)
+		return c.signedRefusal(id, "", "the node record could not be written: %s (the token is spent; issue another)", c.storeWhy(ctx, err))
 	}
 	if err := c.freshQueue(ctx, name); err != nil {
 		return refusedReply("the node's queue: %v", err)
@@ -347,6 +354,16 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New, "store_copy", len(reply.StoreCopy) > 0)
 	c.afterEnrol(ctx, name)
 	return reply
+}
+
+// storeWhy is err, after what serve says keeps the broker's store from
+// writing when something does (a full disk), which the store's own error
+// (a timeout, "insufficient resources") does not say.
+func (c *Client) storeWhy(ctx context.Context, err error) string {
+	if answered, p := storeAnswer(ctx, c); answered && p != "" {
+		return p + ": " + err.Error()
+	}
+	return err.Error()
 }
 
 // freeName derives a node name from a hostname that no node has yet.

@@ -72,10 +72,14 @@ const (
 func SealingKEM() hpke.KEM { return hpke.MLKEM768X25519() }
 
 // How long past its token's expiry (by this machine's clock) a pending
-// enrolment is ended by the executor itself. Within it the control side
-// still answers, signed, that the token expired; the margin keeps a clock
-// a little ahead of the control side's from ending an enrolment the
-// control side would still grant.
+// enrolment is ended by the executor itself, and how long it must have
+// been pending by then. Within it the control side still answers, signed,
+// that the token expired. The margin keeps a clock a little ahead of the
+// control side's from ending an enrolment the control side would still
+// grant; the time pending, measured on this clock alone, keeps a clock
+// hours ahead from ending at once, unasked, an enrolment with a token
+// issued a minute ago: the control side, whose clock the token's expiry
+// is written by, judges it then.
 const ExpiryMargin = 15 * time.Minute
 
 // ReofferAfter is how long an enrolment the agent says was refused for good
@@ -571,9 +575,15 @@ func Cancel(dir string) (string, error) {
 	return tok.IDString(), nil
 }
 
-// expireLocked ends p when its token expired more than ExpiryMargin ago.
+// expired says whether p has outlived its token by this machine's clock
+// (see ExpiryMargin).
+func expired(p *pending, tok *wire.Token, now time.Time) bool {
+	return now.After(tok.Expires.Add(ExpiryMargin)) && now.Sub(p.Begun) > ExpiryMargin
+}
+
+// expireLocked ends p when it has outlived its token (expired).
 func expireLocked(dir string, p *pending, tok *wire.Token, now time.Time) bool {
-	if !now.After(tok.Expires.Add(ExpiryMargin)) {
+	if !expired(p, tok, now) {
 		return false
 	}
 	os.Remove(filepath.Join(dir, PendingFile))
@@ -637,8 +647,9 @@ type PendingView struct {
 	// HeldBack: the agent said it was refused for good; it is offered to
 	// the agent again after this.
 	HeldBack time.Time `json:"held_back_until,omitzero"`
-	// Expired: the token expired more than ExpiryMargin ago; the daemon
-	// ends the enrolment the next time the agent asks.
+	// Expired: the token expired more than ExpiryMargin ago, and the
+	// enrolment has been pending that long; the daemon ends it the next
+	// time the agent asks.
 	Expired bool `json:"expired,omitempty"`
 }
 
@@ -650,7 +661,7 @@ func ReadPending(dir string) (*PendingView, error) {
 		return nil, err
 	}
 	v := &PendingView{Token: tok.IDString(), Begun: p.Begun, Expires: tok.Expires.UTC(),
-		Expired: clock.Now().After(tok.Expires.Add(ExpiryMargin))}
+		Expired: expired(p, tok, clock.Now())}
 	if p.Held != nil {
 		h := *p.Held
 		h.Signature = nil

@@ -367,22 +367,36 @@ func TestRootEndsTheEnrolment(t *testing.T) {
 }
 
 // The token's own expiry ends the enrolment, past a margin for a clock a
-// little ahead of the control side's.
+// little ahead of the control side's, and only once it has been pending
+// that long by this clock: a clock hours ahead does not end at once an
+// enrolment with a token issued a minute ago.
 func TestTokenExpiryEndsTheEnrolment(t *testing.T) {
 	c := newControl()
 	for _, tc := range []struct {
 		name    string
-		expires time.Duration
+		expires time.Duration // from now, by this clock
+		begun   time.Duration // from now, by this clock
 		ended   bool
 	}{
-		{"expired, within the margin", -time.Minute, false},
-		{"expired past the margin", -ExpiryMargin - time.Minute, true},
+		{"expired, within the margin", -time.Minute, -time.Hour, false},
+		{"expired past the margin, pending past it", -ExpiryMargin - time.Minute, -ExpiryMargin - time.Minute, true},
+		{"expired past the margin, just begun", -ExpiryMargin - time.Minute, 0, false},
+		{"issued a minute ago by a control side 3h behind this clock", -3*time.Hour + 59*time.Minute, 0, false},
+		{"the same, pending past the margin", -3*time.Hour + 59*time.Minute, -ExpiryMargin - time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			tok := c.token()
 			tok.Expires = time.Now().Add(tc.expires).Truncate(time.Second)
 			if err := Begin(dir, tok); err != nil {
+				t.Fatal(err)
+			}
+			p, _, err := loadPending(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Begun = time.Now().Add(tc.begun).UTC()
+			if err := writeJSON(dir, PendingFile, p); err != nil {
 				t.Fatal(err)
 			}
 			if v, _ := ReadPending(dir); v == nil || v.Expired != tc.ended {

@@ -210,15 +210,17 @@ func TestHealthyWaitsForTheAgent(t *testing.T) {
 	}
 }
 
-// apk's "NAME-VERSION" line, as `apk info -e -v` prints it.
+// apk's "NAME-VERSION[ - DESCRIPTION]" line, as `apk info -e -v -v`
+// prints it (the description left out where /etc/apk/config says quiet).
 func TestApkVersion(t *testing.T) {
 	for out, want := range map[string]string{
-		"nox-mesh-host-0.9.2-r1\n":   "0.9.2-r1",
-		"nox-mesh-host-1.0_rc1-r0":   "1.0_rc1-r0",
-		"":                           "",
-		"nox-mesh-hostile-0.1-r0\n":  "",
-		"WARNING: something\nfoo\n":  "",
-		"nox-mesh-host-0.9.2-r1 x86": "",
+		"nox-mesh-host-0.9.2-r1\n":                           "0.9.2-r1",
+		"nox-mesh-host-0.9.2-r1 - node host of a nox mesh\n": "0.9.2-r1",
+		"nox-mesh-host-1.0_rc1-r0":                           "1.0_rc1-r0",
+		"":                                                   "",
+		"nox-mesh-hostile-0.1-r0\n":                          "",
+		"WARNING: something\nfoo\n":                          "",
+		"nox-mesh-host-0.9.2-r1 x86":                         "",
 	} {
 		if got := apkVersion(out); got != want {
 			t.Errorf("apkVersion(%q) = %q, want %q", out, got, want)

@@ -62,9 +62,8 @@
 // not retry a failed reinstall, and does not clear a halt by itself: a
 // person does, with `mesh-launch clear`.
 //
-// The reinstall goes through the package manager (apt, pacman; apk
-// written to its manual, not run here) when the
-// known-good copy names the package version it came from, checked against
+// The reinstall goes through the package manager (apt, pacman, apk) when
+// the known-good copy names the package version it came from, checked against
 // the known-good digests; otherwise, or when that fails, it copies the
 // known-good binaries back — which bypasses the package manager, whose
 // database then keeps naming the version that failed. Known debt: a crash

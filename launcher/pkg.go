@@ -51,22 +51,30 @@ func PackageVersion(ctx context.Context) string {
 }
 
 // apkInstalled asks apk which version of the host's package is
-// installed, as the engine's apk applier asks: `apk info -e -v NAME`
-// prints "NAME-VERSION" (e.g. nox-mesh-host-0.9.2-r1), or nothing and
-// exit 1 when it is not installed (apk-tools 2 and 3 alike;
-// TestAlpineRollbackThroughAPK runs 3).
+// installed, as the engine's apk applier asks: `apk info -e -v -v NAME`
+// prints "NAME-VERSION - DESCRIPTION" (e.g. nox-mesh-host-0.9.2-r1 - …),
+// or nothing and exit 1 when it is not installed (apk-tools 2 and 3
+// alike; TestAlpineRollbackThroughAPK runs 3). The second -v keeps the
+// version printed where apk-tools 3's /etc/apk/config says quiet (then
+// the line is "NAME-VERSION"); a version not read leaves the known-good
+// copy without its package version, and a rollback would copy the
+// binaries back behind apk's back.
 func apkInstalled(ctx context.Context) string {
-	res, err := command.Run(ctx, []string{"apk", "info", "-e", "-v", "--", HostPackage}, command.Options{})
+	res, err := command.Run(ctx, []string{"apk", "info", "-e", "-v", "-v", "--", HostPackage}, command.Options{})
 	if err != nil || res.Code != 0 {
 		return ""
 	}
 	return apkVersion(res.Stdout)
 }
 
-// apkVersion is the version in apk's "NAME-VERSION" line.
+// apkVersion is the version in the first field of apk's line
+// "NAME-VERSION[ - DESCRIPTION]".
 func apkVersion(out string) string {
-	s := strings.TrimSpace(out)
-	if v, ok := strings.CutPrefix(s, HostPackage+"-"); ok && !strings.ContainsAny(v, " \n") {
+	f := strings.Fields(out)
+	if len(f) == 0 || len(f) > 1 && f[1] != "-" {
+		return ""
+	}
+	if v, ok := strings.CutPrefix(f[0], HostPackage+"-"); ok && v != "" && v[0] >= '0' && v[0] <= '9' {
 		return v
 	}
 	return ""

@@ -340,10 +340,26 @@ func (pacman) owners(ctx context.Context, paths []string) ([]string, error) {
 //     output (known);
 //   - a failed add: both print the solver's reasons ("unable to select
 //     packages: … (no such package)", "breaks: world[NAME=VERSION]") as
-//     errors (install keeps them);
-//   - info: 3 keeps 2's output for -e -v ("NAME-VERSION") and for -q
-//     --who-owns (bare names), its query format being opt-in (installed,
-//     owners); who-owns exits with the number of paths no package owns;
+//     errors (install keeps them); a locked database both say as
+//     "Unable to lock database" (lockedMessage);
+//   - info: 3 keeps 2's output for -e and for --who-owns (bare names
+//     with -q, "PATH is owned by NAME-VERSION" without), its query
+//     format being opt-in; who-owns exits with the number of paths no
+//     package owns;
+//   - configuration: 3 reads global options from /etc/apk/config (or
+//     $APK_CONFIG) before the command line's, 2 has no such file. Its
+//     quiet and verbose shift what info and search print — "NAME" or
+//     "NAME-VERSION" or "NAME-VERSION - DESCRIPTION" — so the applier asks
+//     for more than it needs (info -e -v -v, search -v: a quiet there
+//     still leaves the version) and reads each line's first field
+//     (apkVersionOf), and reads who-owns in either of its forms
+//     (apkOwners); what it cannot read (a query format set there: json)
+//     fails, saying what apk printed, rather than being taken for an
+//     answer;
+//   - questions: 2 asks before a change with /etc/apk/interactive only
+//     on a terminal, 3 also where its configuration says interactive,
+//     and then goes on at the end of its input; the applier's apk has no
+//     terminal and reads nothing (command.Run), so neither asks;
 //   - the index: 3's add refreshes on its own a remote repository's index
 //     older than four hours (--cache-max-age), 2's only with -U or apk
 //     update; the applier asks apk update itself when the index it has
@@ -362,16 +378,34 @@ type apk struct{}
 func (apk) name() string { return "apk" }
 
 func (apk) installed(ctx context.Context, pkg string) (string, bool, error) {
-	out, code, err := runTool(ctx, "apk", "info", "-e", "-v", "--", pkg)
+	argv := []string{"apk", "info", "-e", "-v", "-v", "--", pkg}
+	out, code, err := runTool(ctx, argv...)
 	if code == 1 || (err == nil && strings.TrimSpace(out) == "") {
 		return "", false, nil
 	}
 	if err != nil {
 		return "", false, err
 	}
-	// "name-1.2.3-r0"
-	s := strings.TrimSpace(out)
-	return strings.TrimPrefix(s, pkg+"-"), true, nil
+	v, ok := apkVersionOf(pkg, out)
+	if !ok {
+		return "", false, fmt.Errorf("running %q printed %q, not %s-VERSION: an /etc/apk/config that changes what apk info prints?", argv, strings.TrimSpace(out), pkg)
+	}
+	return v, true, nil
+}
+
+// apkVersionOf reads pkg's version from the first field of apk's line
+// "NAME-VERSION[ - DESCRIPTION]" (info -e, search), e.g. "1.2.3-r0" from
+// "name-1.2.3-r0 - a description".
+func apkVersionOf(pkg, line string) (string, bool) {
+	f := strings.Fields(line)
+	if len(f) == 0 || len(f) > 1 && f[1] != "-" {
+		return "", false
+	}
+	v, ok := strings.CutPrefix(f[0], pkg+"-")
+	if !ok || v == "" || v[0] < '0' || v[0] > '9' {
+		return "", false
+	}
+	return v, true
 }
 
 func (apk) install(ctx context.Context, pkg, version string) error {
@@ -386,11 +420,12 @@ func (apk) install(ctx context.Context, pkg, version string) error {
 	return nil
 }
 
-// known asks apk search --exact, which prints "pkg-version" for each
-// version the indexes offer. apk-tools 3 exits 1 when none does and says
-// nothing more; a query that fails says why on standard error.
+// known asks apk search --exact, which prints "pkg-version" (and, more
+// verbose, " - description") on a line for each version the indexes
+// offer. apk-tools 3 exits 1 when none does and says nothing more; a query
+// that fails says why on standard error.
 func (apk) known(ctx context.Context, pkg, version string) (bool, error) {
-	argv := []string{"apk", "search", "--exact", "--all", "--", pkg}
+	argv := []string{"apk", "search", "-v", "--exact", "--all", "--", pkg}
 	res, err := command.Run(ctx, argv, command.Options{Timeout: toolTimeout})
 	if err != nil {
 		return false, err
@@ -402,9 +437,8 @@ func (apk) known(ctx context.Context, pkg, version string) (bool, error) {
 	if res.Code != 0 {
 		return false, fmt.Errorf("running %q failed: exit status %d\n%s", argv, res.Code, res.Stderr)
 	}
-	for _, f := range strings.Fields(out) {
-		v, ok := strings.CutPrefix(f, pkg+"-")
-		if ok && (version == "" || v == version) {
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := apkVersionOf(pkg, line); ok && (version == "" || v == version) {
 			return true, nil
 		}
 	}
@@ -420,17 +454,68 @@ func (apk) refresh(ctx context.Context) error {
 }
 
 // owners asks apk info -q --who-owns, which prints the owners' bare
-// names for the paths a package owns.
+// names for the paths a package owns (apkOwners).
 func (apk) owners(ctx context.Context, paths []string) ([]string, error) {
 	paths = ownerQuery(paths)
 	if len(paths) == 0 {
 		return nil, nil
 	}
-	out, err := runOwners(ctx, []string{"Could not find owner package"}, append([]string{"apk", "info", "-q", "--who-owns", "--"}, paths...)...)
+	argv := append([]string{"apk", "info", "-q", "--who-owns", "--"}, paths...)
+	out, err := runOwners(ctx, []string{"Could not find owner package"}, argv...)
 	if err != nil {
 		return nil, err
 	}
-	return strings.Fields(out), nil
+	names, err := apkOwners(out)
+	if err != nil {
+		return nil, fmt.Errorf("running %q: %w", argv, err)
+	}
+	return names, nil
+}
+
+// apkOwners reads apk info --who-owns's answer: a bare name a line (-q),
+// or, where a verbose in apk-tools 3's /etc/apk/config outweighs the -q,
+// "PATH [symlink target ]is owned by NAME-VERSION", whose name is what
+// precedes the version ("-1.2.3-r0": an apk version holds one '-', before
+// its release). Anything else is refused, saying what apk printed.
+func apkOwners(out string) ([]string, error) {
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if _, nv, ok := strings.Cut(line, " is owned by "); ok {
+			name, ok := "", false
+			if r := strings.LastIndex(nv, "-r"); r > 0 {
+				if i := strings.LastIndexByte(nv[:r], '-'); i > 0 {
+					name, ok = nv[:i], true
+				}
+			}
+			if !ok || strings.ContainsAny(name, " \t") {
+				return nil, fmt.Errorf("apk printed %q, which names no package-version", line)
+			}
+			names = append(names, name)
+			continue
+		}
+		if !apkName(line) {
+			return nil, fmt.Errorf("apk printed %q, which is not a package's name: an /etc/apk/config that sets a query format?", line)
+		}
+		names = append(names, line)
+	}
+	return names, nil
+}
+
+// apkName reports whether s can be an apk package's name.
+func apkName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._+-", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *run) packages() (packageManager, error) {

@@ -247,3 +247,39 @@ func TestMadisonOffers(t *testing.T) {
 		t.Error("nothing offered, yet found")
 	}
 }
+
+// apk's answers in each form apk-tools 2 and 3 give them, the forms an
+// /etc/apk/config's quiet or verbose makes included (3 reads global
+// options there): the version and the owners read the same, and what is
+// neither (a query format's JSON) is refused rather than taken for one.
+func TestAPKAnswersInEveryVerbosity(t *testing.T) {
+	for line, want := range map[string]string{
+		"lp-hello-1.0-r0":                  "1.0-r0",
+		"lp-hello-1.0-r0 - test package\n": "1.0-r0",
+		"lp-hello-2.0_rc1-r3 - a - b":      "2.0_rc1-r3",
+		"lp-hello":                         "",
+		"lp-hello-extra-1.0-r0":            "",
+		"lp-hello-1.0-r0 x86_64":           "",
+		`[{"name":"lp-hello"}]`:            "",
+		"":                                 "",
+	} {
+		if got, ok := apkVersionOf("lp-hello", line); got != want || ok != (want != "") {
+			t.Errorf("apkVersionOf(%q) = %q %v, want %q", line, got, ok, want)
+		}
+	}
+	for out, want := range map[string]string{
+		"lp-late\nlp-had\n": "lp-late lp-had",
+		"/etc/init.d/lp-late is owned by lp-late-1.0-r0\n/usr/bin/x symlink target is owned by lp-rust-r-2.1_p3-r12\n": "lp-late lp-rust-r",
+		"": "",
+	} {
+		got, err := apkOwners(out)
+		if err != nil || strings.Join(got, " ") != want {
+			t.Errorf("apkOwners(%q) = %q, %v; want %q", out, got, err, want)
+		}
+	}
+	for _, out := range []string{`[{"query":"/etc/init.d/lp-late","name":"lp-late"}]`, "/x is owned by nothing", "lp late"} {
+		if got, err := apkOwners(out); err == nil {
+			t.Errorf("apkOwners(%q) = %q, want it refused", out, got)
+		}
+	}
+}

@@ -407,21 +407,12 @@ func TestAlpinePackageApplier(t *testing.T) {
 func TestAlpineFoundAbsentByWhoOwns(t *testing.T) {
 	t.Parallel()
 	r := newAPKRepo(t)
-	script := func(n string) string {
-		return "#!/sbin/openrc-run\ncommand=/bin/sleep\ncommand_args=100000\ncommand_background=true\npidfile=/run/" + n + ".pid\n"
-	}
-	late := r.build(apkFixture{name: "lp-late", version: "1.0-r0", files: map[string]string{"etc/init.d/lp-late": script("lp-late")}})
-	had := r.build(apkFixture{name: "lp-had", version: "1.0-r0", files: map[string]string{"etc/init.d/lp-had": script("lp-had")}})
+	late := r.build(apkSleeper("lp-late"))
+	had := r.build(apkSleeper("lp-had"))
 	m := alpineLab(t, r, late, had)
 	m.sh("apk add lp-had >/dev/null && rc-update add lp-had default >/dev/null && rc-service lp-had start >/dev/null 2>&1")
 
-	pkg := func(u string) string {
-		return `{"module":"web","id":"pkg-` + u + `","type":"package","name":"` + u + `"}`
-	}
-	svc := func(u string) string {
-		return `{"module":"web","id":"` + u + `","type":"service","unit":"` + u + `","state":"running","enabled":true}`
-	}
-	rep, code := m.apply(decl(pkg("lp-late"), pkg("lp-had"), svc("lp-late"), svc("lp-had")))
+	rep, code := m.apply(decl(webPackage("lp-late"), webPackage("lp-had"), webService("lp-late"), webService("lp-had")))
 	expect(t, rep, shapes.Applied, "web.pkg-lp-late=applied web.pkg-lp-had=unchanged web.lp-late=applied web.lp-had=unchanged")
 	if d := rep.Lines[2].Detail; code != 0 || !strings.Contains(d, "found absent: brought by package lp-late, which the host installed") {
 		t.Fatalf("exit %d, lp-late: %q", code, d)
@@ -452,6 +443,75 @@ func TestAlpineFoundAbsentByWhoOwns(t *testing.T) {
 	}
 	if m.apkQ("lp-late") != "lp-late-1.0-r0" || m.apkQ("lp-had") != "lp-had-1.0-r0" {
 		t.Error("a package was uninstalled")
+	}
+}
+
+// apkSleeper is package n at 1.0-r0 holding an OpenRC script of its own
+// name that runs a sleep, neither added to a runlevel nor started by the
+// package (as Alpine's packages do).
+func apkSleeper(n string) apkFixture {
+	return apkFixture{name: n, version: "1.0-r0", files: map[string]string{
+		"etc/init.d/" + n: "#!/sbin/openrc-run\ncommand=/bin/sleep\ncommand_args=100000\ncommand_background=true\npidfile=/run/" + n + ".pid\n"}}
+}
+
+// webPackage and webService are the resources of module web for package
+// or service u.
+func webPackage(u string) string {
+	return `{"module":"web","id":"pkg-` + u + `","type":"package","name":"` + u + `"}`
+}
+
+func webService(u string) string {
+	return `{"module":"web","id":"` + u + `","type":"service","unit":"` + u + `","state":"running","enabled":true}`
+}
+
+// apk-tools 3 reads global options from /etc/apk/config before the
+// command line's (2 has no such file), and a quiet or verbose there
+// changes what info and search print: "NAME" without its version, or
+// "PATH is owned by NAME-VERSION" in place of who-owns' bare names. The
+// applier reads apk the same whatever that file says: with quiet, a
+// package installed and read back at its version, unchanged on
+// re-apply, a release published after the last refresh found by search
+// after one; with verbose, the same, and who-owns deciding "found
+// absent" for a unit its package brought.
+func TestAlpineApplierWhateverAPKConfigSays(t *testing.T) {
+	t.Parallel()
+	r := newAPKRepo(t)
+	hello, late := r.build(apkHello), r.build(apkSleeper("lp-late"))
+	m := alpineLab(t, r, hello, late)
+	helloAt := func(v string) string {
+		return `{"module":"base","id":"hello","type":"package","name":"lp-hello","version":"` + v + `"}`
+	}
+
+	m.WriteFile("/etc/apk/config", []byte("quiet\n"), 0o644)
+	// The premise: with quiet, what the applier once asked says no version.
+	if got := m.sh("apk info -e -v apk-tools"); got != "apk-tools" {
+		t.Fatalf("apk info -e -v under a quiet /etc/apk/config: %q", got)
+	}
+	rep, code := m.apply(decl(helloAt("1.0-r0")))
+	expect(t, rep, shapes.Applied, "base.hello=applied")
+	if d := rep.Lines[0].Detail; code != 0 || d != "installed 1.0-r0" {
+		t.Fatalf("quiet: exit %d, %q", code, d)
+	}
+	rep, _ = m.apply(decl(helloAt("1.0-r0")))
+	expect(t, rep, shapes.Unchanged, "base.hello=unchanged")
+	r.publish(m, r.build(apkFixture{name: "lp-hello", version: "2.0-r0", files: map[string]string{"usr/share/lp-hello/version": "2.0-r0\n"}}), late)
+	rep, code, log := m.applyLogged(decl(helloAt("2.0-r0")), "apply", "-v")
+	expect(t, rep, shapes.Applied, "base.hello=applied")
+	if code != 0 || m.sh("APK_CONFIG=/dev/null apk info -e -v lp-hello") != "lp-hello-2.0-r0" || strings.Count(log, "package index refreshed") != 1 {
+		t.Fatalf("quiet: a release published after the last refresh: exit %d %+v\n%s", code, rep.Lines, log)
+	}
+
+	m.WriteFile("/etc/apk/config", []byte("verbose\n"), 0o644)
+	if got := m.sh("apk info -q --who-owns /sbin/apk"); got != "/sbin/apk is owned by apk-tools-3.0.6-r0" {
+		t.Fatalf("apk info -q --who-owns under a verbose /etc/apk/config: %q", got)
+	}
+	rep, code = m.apply(decl(helloAt("2.0-r0"), webPackage("lp-late"), webService("lp-late")))
+	expect(t, rep, shapes.Applied, "base.hello=unchanged web.pkg-lp-late=applied web.lp-late=applied")
+	if d := rep.Lines[0].Detail; !strings.Contains(d, "2.0-r0 installed") {
+		t.Errorf("verbose: lp-hello read back as %q", d)
+	}
+	if d := rep.Lines[2].Detail; code != 0 || !strings.Contains(d, "found absent: brought by package lp-late, which the host installed") {
+		t.Fatalf("verbose: exit %d, lp-late: %q", code, d)
 	}
 }
 

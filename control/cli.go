@@ -259,6 +259,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &cli{ctx: ctx, cmd: cmd, stdout: stdout, stderr: stderr, dir: o.dir, nats: o.nats, json: o.json, verbose: o.verbose,
 		despiteBriefing: o.despiteBriefing, withoutOverlay: o.withoutOverlay, wait: o.wait.d,
 		log: commandLog(cmd, stderr, o.verbose)}
+	if isTerminal(stderr) {
+		c.tty = stderr
+	}
 	var err error
 	switch cmd {
 	case "init":
@@ -347,6 +350,9 @@ type cli struct {
 	// (0: they do not).
 	wait time.Duration
 	log  *slog.Logger
+	// tty is standard error when it is a terminal, for what only a person
+	// watching is told (progress); nil otherwise.
+	tty io.Writer
 }
 
 func (c *cli) printJSON(v any) error {

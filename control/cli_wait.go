@@ -2,8 +2,13 @@ package control
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -96,13 +101,18 @@ func outcomeExit(r *SignedReport) int {
 }
 
 // await waits up to c.wait for each node's report on its sequence, prints
-// each (the report's lines, as reports does), and ends with the worst
-// status: timed out, refused, failed, else 0.
+// each (the report's lines, as reports does) and then a summary in
+// Puppet's manner — a line a node and the total — and ends with the worst
+// status: timed out, refused, failed, else 0. On a terminal it says, while
+// it waits, how many have answered (progress); a pipe or a file gets the
+// reports and the summary only. --json prints the reports alone, a JSON
+// value each, as scripts read them.
 func (c *cli) await(cl *Client, want []nodeSeq) error {
 	if c.wait <= 0 || len(want) == 0 {
 		return nil
 	}
-	deadline := time.Now().Add(c.wait)
+	start := time.Now()
+	deadline := start.Add(c.wait)
 	got := map[int]*SignedReport{}
 	for len(got) < len(want) && time.Now().Before(deadline) {
 		for i, w := range want {
@@ -122,12 +132,15 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		if len(got) == len(want) {
 			break
 		}
+		c.progress("waiting for the nodes' reports: %d of %d answered (%v of %v)", len(got), len(want), time.Since(start).Round(time.Second), c.wait)
 		select {
 		case <-c.ctx.Done():
+			c.progress("")
 			return c.ctx.Err()
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+	c.progress("")
 	worst, why := ExitApplied, ""
 	var missing []string
 	for i, w := range want {
@@ -146,6 +159,10 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 			worst, why = code, fmt.Sprintf("%s: seq %d %s", w.node, w.seq, r.Outcome)
 		}
 	}
+	if !c.json {
+		fmt.Fprintln(c.stdout)
+		c.printSummary(want, got)
+	}
 	if len(missing) > 0 {
 		return &exitError{ExitTimedOut, fmt.Sprintf("no report within %v from %s", c.wait, strings.Join(missing, ", "))}
 	}
@@ -153,4 +170,110 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		return &exitError{worst, why}
 	}
 	return nil
+}
+
+// tally is what a node's report did, counted by its lines as a person
+// asks after an apply: how many changed the machine, were already as
+// declared, failed, or were held (found on an adopted node and kept as
+// found, changed by something else or not).
+type tally struct{ changed, unchanged, failed, held int }
+
+func tallyOf(r *SignedReport) tally {
+	var t tally
+	t.changed, t.failed, _ = shapes.Did(&shapes.Report{Lines: r.Lines})
+	for _, l := range r.Lines {
+		switch l.Outcome {
+		case shapes.Unchanged:
+			t.unchanged++
+		case shapes.Held, shapes.HeldChanged:
+			t.held++
+		}
+	}
+	return t
+}
+
+func (t *tally) add(o tally) {
+	t.changed += o.changed
+	t.unchanged += o.unchanged
+	t.failed += o.failed
+	t.held += o.held
+}
+
+func (t tally) String() string {
+	s := fmt.Sprintf("%d changed, %d unchanged, %d failed", t.changed, t.unchanged, t.failed)
+	if t.held > 0 {
+		s += fmt.Sprintf(", %d held", t.held)
+	}
+	return s
+}
+
+// printSummary says, after the reports, a line for each node waited for
+// — its sequence, its outcome and its lines counted, or that it did not
+// answer — and the total: "2 nodes: 2 applied (5 changed, 1 unchanged, 0
+// failed), 0 no answer". A fleet's worth of reports scrolls by; this is
+// what is left on the screen.
+func (c *cli) printSummary(want []nodeSeq, got map[int]*SignedReport) {
+	var total tally
+	var applied, failed, refused, none int
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	for i, n := range want {
+		r := got[i]
+		if r == nil {
+			none++
+			fmt.Fprintf(w, "%s\tseq %d\tno answer\twithin %v\n", n.node, n.seq, c.wait)
+			continue
+		}
+		outcome := string(r.Outcome)
+		if r.Outcome == shapes.Superseded {
+			outcome = fmt.Sprintf("superseded by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)
+		}
+		switch outcomeExit(r) {
+		case ExitRefused:
+			refused++
+			fmt.Fprintf(w, "%s\tseq %d\t%s\tby the %s\n", n.node, n.seq, outcome, r.RefusedBy)
+			continue
+		case ExitFailed:
+			failed++
+		default:
+			applied++
+		}
+		t := tallyOf(r)
+		total.add(t)
+		fmt.Fprintf(w, "%s\tseq %d\t%s\t%s\n", n.node, n.seq, outcome, t)
+	}
+	w.Flush()
+	nodes := "nodes"
+	if len(want) == 1 {
+		nodes = "node"
+	}
+	line := fmt.Sprintf("%d %s: %d applied", len(want), nodes, applied)
+	if failed > 0 {
+		line += fmt.Sprintf(", %d failed", failed)
+	}
+	if refused > 0 {
+		line += fmt.Sprintf(", %d refused", refused)
+	}
+	fmt.Fprintf(c.stdout, "%s (%s), %d no answer\n", line, total, none)
+}
+
+// progress says, on a terminal only, how the wait is going, on one line
+// written over each time ("" clears it): a person sees it move; a pipe or
+// a log file would keep every version of it.
+func (c *cli) progress(format string, args ...any) {
+	if c.tty == nil {
+		return
+	}
+	// \r to the line's start, ESC [K erases what a longer line left.
+	fmt.Fprintf(c.tty, "\r%s\x1b[K", fmt.Sprintf(format, args...))
+}
+
+// isTerminal says whether w is a terminal: a file descriptor on which
+// the terminal's attributes can be read (what isatty(3) asks).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }

@@ -1,0 +1,195 @@
+package control_test
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// terminal opens a pseudo-terminal, as a person's shell has one: the file
+// a program writes to (a terminal, as isatty(3) sees it), and what was
+// written to it, read from the other side, once the program is done with
+// it (done closes it).
+func terminal(t *testing.T) (tty *os.File, done func() string) {
+	t.Helper()
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("no pseudo-terminal: %v", err)
+	}
+	fd := int(ptmx.Fd())
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err = os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen strings.Builder
+	copied := make(chan struct{})
+	go func() {
+		io.Copy(&seen, ptmx) // ends with EIO once the terminal's side is closed
+		close(copied)
+	}()
+	return tty, func() string {
+		tty.Close()
+		<-copied
+		ptmx.Close()
+		return seen.String()
+	}
+}
+
+// refusal is a node's answer that refuses what was declared.
+var refusal = []shapes.Line{{Outcome: shapes.Refused}}
+
+// answering makes the enrolled nodes answer every declaration to them as
+// their agents would, with a report signed by the node: lines says each
+// node's lines (refusal: the executor refuses it); a node not in it stays
+// silent.
+func answering(t *testing.T, s *served, ids map[string]*agent.Identity, lines map[string][]shapes.Line) {
+	t.Helper()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	for name, ls := range lines {
+		id := ids[name]
+		nc, err := agent.Dial(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer nc.Close()
+			var answered uint64
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				rec, _, err := s.client.Node(t.Context(), name)
+				if err != nil || rec.NextSeq <= answered+1 {
+					continue
+				}
+				answered = rec.NextSeq - 1
+				r := link.Report{Node: name, Enrolment: id.Enrolment, Seq: answered, Trigger: link.TriggerDeclaration,
+					Outcome: shapes.Derive(ls), Lines: ls, At: time.Now().UTC()}
+				if len(ls) == 1 && ls[0].Outcome == shapes.Refused {
+					r.Outcome, r.Lines, r.Refused, r.Code, r.RefusedBy = shapes.Refused, nil, "executor: refused: /etc is the host's", "invalid", "executor"
+				}
+				data, _ := json.Marshal(r)
+				m := nats.NewMsg(id.Subjects.Report)
+				m.Data = data
+				sig, _ := id.Sign(data)
+				m.Header.Set(link.SignatureHeader, sig)
+				nc.PublishMsg(m)
+				nc.Flush()
+			}
+		}()
+	}
+}
+
+var anySeq = regexp.MustCompile(`seq \d+`)
+
+// declare --wait ends with a summary in Puppet's manner, a line a node and
+// the total, on a terminal or not; while it waits, a terminal is told how
+// many nodes answered, and a pipe is not.
+func TestWaitSaysProgressAndASummary(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	ids := map[string]*agent.Identity{}
+	for _, n := range []string{"web1", "web2", "web3", "web4"} {
+		_, ids[n] = enrolNode(t, s, n)
+	}
+	line := func(id string, o shapes.Outcome) shapes.Line {
+		return shapes.Line{Module: "base", ID: id, Type: "file", Outcome: o}
+	}
+	answering(t, s, ids, map[string][]shapes.Line{
+		"web1": {line("motd", shapes.Applied), line("issue", shapes.Applied), line("hosts", shapes.Unchanged)},
+		"web2": {line("motd", shapes.Applied), line("issue", shapes.Failed), line("found", shapes.Held)},
+		"web4": refusal,
+		// web3 never answers.
+	})
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+
+	for _, c := range []struct {
+		nodes, wait string
+		tty         bool
+		code        int
+		// lines are the summary's, in order, and the total last.
+		lines []string
+		// progress is what a terminal is told while waiting ("": nothing).
+		progress string
+	}{
+		{"web1", "--wait=20s", false, 0, []string{
+			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
+			"1 node: 1 applied (2 changed, 1 unchanged, 0 failed), 0 no answer"}, ""},
+		{"web1,web2", "--wait=20s", false, control.ExitFailed, []string{
+			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
+			"web2  seq N  failed   1 changed, 0 unchanged, 1 failed, 1 held",
+			"2 nodes: 1 applied, 1 failed (3 changed, 1 unchanged, 1 failed, 1 held), 0 no answer"}, ""},
+		{"web1,web3", "--wait=2s", true, control.ExitTimedOut, []string{
+			"web1  seq N  applied    2 changed, 1 unchanged, 0 failed",
+			"web3  seq N  no answer  within 2s",
+			"2 nodes: 1 applied (2 changed, 1 unchanged, 0 failed), 1 no answer"}, "waiting for the nodes' reports: 1 of 2 answered"},
+		{"web4,web1", "--wait=20s", false, control.ExitRefused, []string{
+			"web4  seq N  refused  by the executor",
+			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
+			"2 nodes: 1 applied, 1 refused (2 changed, 1 unchanged, 0 failed), 0 no answer"}, ""},
+		{"web3", "--wait=1s", false, control.ExitTimedOut, []string{
+			"web3  seq N  no answer  within 1s",
+			"1 node: 0 applied (0 changed, 0 unchanged, 0 failed), 1 no answer"}, ""},
+	} {
+		t.Run(c.nodes, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			var errOut io.Writer = &stderr
+			seen := func() string { return "" }
+			if c.tty {
+				tty, done := terminal(t)
+				errOut, seen = tty, done
+			}
+			code := control.Main(ctx, []string{"declare", c.nodes, file, c.wait, "--dir", dir, "--nats", s.url}, &stdout, errOut)
+			onTerminal := seen()
+			out := stdout.String()
+			t.Logf("standard output:\n%s", out)
+			if code != c.code {
+				t.Errorf("exit %d, want %d\n%s%s%s", code, c.code, out, stderr.String(), onTerminal)
+			}
+			// Each node's sequence is as many as were declared to it
+			// before: said as N, so a case stands on its own.
+			tail := strings.Split(strings.TrimRight(anySeq.ReplaceAllString(out, "seq N"), "\n"), "\n")
+			if len(tail) < len(c.lines) || strings.Join(tail[len(tail)-len(c.lines):], "\n") != strings.Join(c.lines, "\n") {
+				t.Errorf("the summary is not\n%s\nstandard output:\n%s", strings.Join(c.lines, "\n"), out)
+			}
+			progress := strings.Contains(out+stderr.String()+onTerminal, "waiting for")
+			if c.progress == "" && progress || c.progress != "" && !strings.Contains(onTerminal, c.progress) {
+				t.Errorf("progress said where it should not be, or not on the terminal:\nstandard output:\n%s\nstandard error:\n%s\nterminal:\n%q", out, stderr.String(), onTerminal)
+			}
+			// Cleared before what follows it: the terminal's line after
+			// the last progress is the command's complaint alone (a
+			// terminal ends its lines \r\n).
+			if want := "\r\x1b[Kmesh-control declare: no report within 2s from web3 (seq N)\r\n"; c.tty && !strings.HasSuffix(anySeq.ReplaceAllString(onTerminal, "seq N"), want) {
+				t.Errorf("the terminal does not end %q: %q", want, onTerminal)
+			}
+		})
+	}
+}

@@ -619,14 +619,17 @@ func TestAlpineRollbackThroughAPK(t *testing.T) {
 //     service the package carries (its unit named mesh-control.service in
 //     the bundle, as for systemd);
 //  2. A enrols against it with a token, node one; B installs and enrols
-//     against A over the veth, node two; a module reaches both;
+//     against A over the veth, node two; both get the overlay first
+//     (wireguard-go, without systemd) and ping each other through it,
+//     then a module;
 //  3. 0.9.2 and 0.9.3 are published after both last read the index; both
 //     are upgraded to 0.9.2-r1 through a declaration (apk refreshes its
 //     index and installs it, the host checks the new binary, exits, the
 //     launcher starts it, the agent follows) and report it running;
 //  4. B is declared 0.9.3-r1, whose executor crash-loops: the launcher
 //     rolls back through apk to the known-good 0.9.2-r1, which reconciles
-//     and says why it does not install the declared release again.
+//     and says why it does not install the declared release again; the
+//     overlay holds.
 func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 	t.Parallel()
 	r := newAPKRepo(t)
@@ -674,6 +677,7 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 	if got := A.sh("stat -c '%a' /var/lib/mesh-control && test -s /var/lib/mesh-control/control.key && echo keyed"); got != "700\nkeyed" {
 		t.Errorf("the control side's state: %q", got)
 	}
+	A.sh("mesh-control overlay set --network 10.99.31.0/24 " + ctl)
 
 	// 2. Node one, then node two, each with its own token, over the veth.
 	for _, n := range []struct {
@@ -687,9 +691,11 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 		if out := n.m.sh("mesh-executor enrol --token-file /root/token --wait 60s 2>&1 || true"); !strings.Contains(out, "enrolled as node "+n.name) {
 			t.Fatalf("%s: enrol: %s", n.name, out)
 		}
+		A.sh(fmt.Sprintf("mesh-control node endpoint %s 10.231.31.%d:51820 %s", n.name, map[string]int{"a": 1, "b": 2}[n.name], ctl))
 	}
 	type nodeState struct {
 		Name            string `json:"name"`
+		Address         string `json:"overlay_address"`
 		ExecutorVersion string `json:"executor_version"`
 		Heartbeat       *struct {
 			AgentVersion string `json:"agent_version"`
@@ -716,23 +722,38 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 		}
 	}
 	untilTrue(t, 60*time.Second, "both nodes heard from, running 0.9.1", runs("0.9.1"))
-	// Declared whole, each time, as on apt (no overlay is set, so there
-	// is no composition to assign into).
-	declare := func(file string, nodes []string, resources ...string) {
+	// The overlay first (wireguard-go, left to daemonise without systemd):
+	// they ping each other through it.
+	addr := map[string]string{}
+	untilTrue(t, 90*time.Second, "both nodes have the overlay up", func() bool {
+		ns := nodes()
+		for _, n := range []string{"a", "b"} {
+			if addr[n] = strings.Split(ns[n].Address, "/")[0]; addr[n] == "" {
+				return false
+			}
+		}
+		return A.sh("ip -br addr show mesh0 2>/dev/null || true") != "" && B.sh("ip -br addr show mesh0 2>/dev/null || true") != ""
+	})
+	untilTrue(t, 60*time.Second, "a pings b through the overlay", func() bool { return A.pings(addr["b"]) })
+	untilTrue(t, 60*time.Second, "b pings a through the overlay", func() bool { return B.pings(addr["a"]) })
+	// Then modules, each assigned after the overlay.
+	assign := func(file string, nodes []string, resources ...string) {
 		A.WriteFile(file, []byte(`{"version":1,"resources":[`+strings.Join(resources, ",")+`]}`), 0o600)
 		for _, n := range nodes {
-			A.sh("mesh-control declare " + n + " " + file + " " + ctl)
+			A.sh("mesh-control assign " + n + " " + file + " " + ctl)
 		}
 	}
-	site := `{"module":"site","id":"conf","type":"file","path":"/etc/lp-site.conf","content":"greeting=hello\n"}`
 	host := func(v string) string {
 		return `{"module":"host","id":"pkg","type":"package","name":"nox-mesh-host","version":"` + v + `"}`
 	}
-	declare("/root/site.json", []string{"a", "b"}, site)
+	assign("/root/site.json", []string{"a", "b"}, `{"module":"site","id":"conf","type":"file","path":"/etc/lp-site.conf","content":"greeting=hello\n"}`)
 	for _, m := range []*machine{A, B} {
 		untilTrue(t, 60*time.Second, m.Name()+": the module applied", func() bool {
 			return m.sh("cat /etc/lp-site.conf 2>/dev/null || true") == "greeting=hello"
 		})
+	}
+	if !strings.Contains(A.sh("mesh-executor owned"), "bundle:control.serve") {
+		t.Fatalf("the bundle's work after the link's declarations:\n%s", A.sh("mesh-executor owned"))
 	}
 
 	// 3. Releases published after both machines last read the index, and
@@ -740,7 +761,7 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 	for _, m := range []*machine{A, B} {
 		r.publish(m, v1, v2, v3)
 	}
-	declare("/root/host.json", []string{"a", "b"}, site, host("0.9.2-r1"))
+	assign("/root/host.json", []string{"a", "b"}, host("0.9.2-r1"))
 	untilTrue(t, 180*time.Second, "both report 0.9.2 running, executor and agent", runs("0.9.2"))
 	for _, m := range []*machine{A, B} {
 		if got := m.apkQ("nox-mesh-host"); got != "nox-mesh-host-0.9.2-r1" {
@@ -759,7 +780,7 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 	untilTrue(t, 90*time.Second, "b holds 0.9.2 as known-good", func() bool {
 		return B.sh("/var/lib/mesh-host/executor/known-good/mesh-executor version 2>/dev/null || true") == "0.9.2"
 	})
-	declare("/root/broken.json", []string{"b"}, site, host("0.9.3-r1"))
+	assign("/root/broken.json", []string{"b"}, host("0.9.3-r1"))
 	untilTrue(t, 60*time.Second, "apk installed the broken release on b", func() bool {
 		return B.apkQ("nox-mesh-host") == "nox-mesh-host-0.9.3-r1" || strings.Contains(B.sh("cat /var/log/mesh-executor.log"), "a broken release")
 	})
@@ -778,8 +799,11 @@ func TestAlpineMeshBornAndUpgraded(t *testing.T) {
 	if got := B.sh("grep -c 'nox-mesh-host=0.9.2-r1' /etc/apk/world || true"); got != "1" {
 		t.Errorf("b's /etc/apk/world after the rollback:\n%s", B.sh("cat /etc/apk/world"))
 	}
-	// A goes on: its control side, its own release.
+	// A goes on: its control side, its own release; the overlay holds.
 	if nodes()["a"].ExecutorVersion != "0.9.2" || !strings.Contains(A.sh("rc-service mesh-control status 2>&1 || true"), "started") {
 		t.Fatal("b's rollback disturbed a")
+	}
+	if !A.pings(addr["b"]) {
+		t.Fatal("the overlay did not survive the upgrade and the rollback")
 	}
 }

@@ -613,11 +613,12 @@ func TestAlpineRollbackThroughAPK(t *testing.T) {
 // labs joined by a veth, with the .apk from the signed repository, apk,
 // the launcher and OpenRC, as on dpkg (TestMeshBornFromOneMachine):
 //
-//  1. A installs the host with the seeds' lines; `mesh-executor reconcile`
-//     (the package's executor, which pins the carried bundle's digest)
-//     applies the bundle, which raises the control side as the OpenRC
-//     service the package carries (its unit named mesh-control.service in
-//     the bundle, as for systemd);
+//  1. A installs the host with the operator's two lines (apk add, then
+//     rc-update and rc-service); `mesh-executor reconcile` (the package's
+//     executor, which pins the carried bundle's digest) applies the
+//     bundle, which raises the control side as the OpenRC service the
+//     package carries (its unit named mesh-control.service in the
+//     bundle, as for systemd);
 //  2. A enrols against it with a token, node one; B installs and enrols
 //     against A over the veth, node two; both get the overlay first
 //     (wireguard-go, without systemd) and ping each other through it,

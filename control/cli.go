@@ -94,7 +94,7 @@ nothing`),
 		`sign FILE for NODE with the next sequence and publish it; say the sequence ("declared seq 7 to
 NODE"; --json: {"node", "seq"}; several nodes: their declares pipelined, a line each); on a mesh
 with an overlay, a FILE without it (holding something) is refused (use assign) unless
---without-overlay`),
+declared --without-overlay`),
 	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "wait", "json"},
 		`ask NODE what FILE would do there, changing nothing: the executor plans it on the path an apply
 takes and answers with the lines an apply would report, and the content diffs of the files the
@@ -103,9 +103,10 @@ would fail, 2 refused, 3 no answer in time (the node must be linked)`),
 	cmdline.D("archive put", "FILE", 1, 1, []string{"dir", "nats", "json"},
 		`store FILE (a tar, gzipped or not) in the archive store under its sha256; print the sha256 and
 the URL an archive resource names it by (obj://SHA256)`),
-	cmdline.D("nodes", "", 0, 0, []string{"dir", "nats", "json"},
+	cmdline.D("nodes", "", 0, 0, []string{"dir", "nats", "json", "names"},
 		`each node: its state (revoked, never heard from, or what its agent says), when it was last
-heard from, executor version, declared vs applied, last outcome`),
+heard from, executor version, declared vs applied, last outcome; --names: the names alone, a line
+each (what bash completes a node with)`),
 	cmdline.D("status", "", 0, 0, []string{"dir", "nats", "json"},
 		`the fleet at a glance: nodes by state as nodes shows them (counts, names, the one last heard
 longest ago), those with a failed or held line in their last report or briefing, the executor and
@@ -132,6 +133,7 @@ type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
 	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
+	names                                                           bool
 	hosts, seals                                                    listFlag
 	replicas, last                                                  int
 	ttl                                                             time.Duration
@@ -191,6 +193,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.Var(&o.seals, "seal", "MODULE.ID=PATH: seal PATH's content to the node's key as that file's content (repeatable)")
 	case "last":
 		fs.IntVar(&o.last, "last", 20, "how many")
+	case "names":
+		fs.BoolVar(&o.names, "names", false, "the node names alone, a line each")
 	case "cluster":
 		fs.StringVar(&o.cluster, "cluster", "", "the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
 	case "store":
@@ -242,6 +246,11 @@ func Program() cmdline.Program { return table(new(options)).Program }
 // Main runs mesh-control with args (without the program name). Exit
 // status: 0 done (and --help), 1 failed, 2 a usage error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 2 && args[0] == "completion" && args[1] == "bash" {
+		// cmdline's, and node names over it (bashCompletion).
+		fmt.Fprint(stdout, bashCompletion())
+		return 0
+	}
 	var o options
 	i, pos, fs, code, done := table(&o).Dispatch(args, Version, stdout, stderr)
 	if done {
@@ -289,7 +298,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "plan":
 		err = c.plan(pos[0], pos[1], o.wait.d)
 	case "nodes":
-		err = c.nodes()
+		if o.names {
+			err = c.nodeNames()
+		} else {
+			err = c.nodes()
+		}
 	case "status":
 		err = c.status()
 	case "reports":

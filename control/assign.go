@@ -114,6 +114,17 @@ type composedRecord struct {
 	Held      string    `json:"held,omitempty"`
 }
 
+// ModuleFileError is ReadModule's refusal of a module file. Resource
+// ("#N", the Nth from 0, or "module.id"; "" for the file itself) and
+// Field name what in the file is refused, so the refusal can be placed in
+// it (mesh-control says FILE:LINE:COLUMN).
+type ModuleFileError struct {
+	Resource, Field string
+	Reason          string
+}
+
+func (e *ModuleFileError) Error() string { return "module file: " + e.Reason }
+
 // ReadModule reads a module file: a declaration body whose resources all
 // name one module, which is the module's name. Only "version" (1) and
 // "resources" may be set: node, enrolment and sequence are set when it is
@@ -132,16 +143,16 @@ func ReadModule(data []byte) (string, []json.RawMessage, error) {
 		switch k {
 		case "version":
 			if string(bytes.TrimSpace(v)) != "1" {
-				return "", nil, fmt.Errorf("module file: version %s; this control side composes version 1", v)
+				return "", nil, &ModuleFileError{Field: k, Reason: fmt.Sprintf("version %s; this control side composes version 1", v)}
 			}
 		case "resources":
 		default:
-			return "", nil, fmt.Errorf("module file: field %q: a module is its resources (node, enrolment and seq are set when it is composed; adopted, taken, owns_nothing and retire are the node's)", k)
+			return "", nil, &ModuleFileError{Field: k, Reason: fmt.Sprintf("field %q: a module is its resources (node, enrolment and seq are set when it is composed; adopted, taken, owns_nothing and retire are the node's)", k)}
 		}
 	}
 	var resources []json.RawMessage
 	if err := json.Unmarshal(top["resources"], &resources); err != nil || len(resources) == 0 {
-		return "", nil, errors.New("module file: no resources")
+		return "", nil, &ModuleFileError{Field: "resources", Reason: "no resources"}
 	}
 	module := ""
 	for i, r := range resources {
@@ -151,11 +162,11 @@ func ReadModule(data []byte) (string, []json.RawMessage, error) {
 		case i == 0:
 			module = head.Module
 		case head.Module != module:
-			return "", nil, fmt.Errorf("module file: resource %d is of module %q, the first of %q; a file is one module", i, head.Module, module)
+			return "", nil, &ModuleFileError{Resource: fmt.Sprintf("#%d", i), Field: "module", Reason: fmt.Sprintf("resource %d is of module %q, the first of %q; a file is one module", i, head.Module, module)}
 		}
 	}
 	if module == OverlayModule {
-		return "", nil, fmt.Errorf("module file: module %q is the overlay's, composed by the control side", OverlayModule)
+		return "", nil, &ModuleFileError{Resource: "#0", Field: "module", Reason: fmt.Sprintf("module %q is the overlay's, composed by the control side", OverlayModule)}
 	}
 	probe, _ := json.Marshal(map[string]any{"version": 1, "node": "probe", "enrolment": "probe", "seq": 1, "resources": resources})
 	d, err := shapes.Parse(probe)
@@ -164,7 +175,7 @@ func ReadModule(data []byte) (string, []json.RawMessage, error) {
 	}
 	for _, r := range d.Resources {
 		if f, ok := r.(*shapes.File); ok && f.Sealed != nil {
-			return "", nil, fmt.Errorf("module file: %s has sealed content, which is bound to one sequence; a module goes out at every composition (declare --seal)", f.Key())
+			return "", nil, &ModuleFileError{Resource: f.Key(), Field: "sealed", Reason: fmt.Sprintf("%s has sealed content, which is bound to one sequence; a module goes out at every composition (declare --seal)", f.Key())}
 		}
 	}
 	return module, resources, nil

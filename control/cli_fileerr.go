@@ -32,16 +32,17 @@ func (e *FileError) Error() string {
 	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Column, e.Msg)
 }
 
-// Unwrap returns the refusal placed (a *shapes.Error, a *json.SyntaxError).
+// Unwrap returns the refusal placed (a *shapes.Error, a *ModuleFileError,
+// a *json.SyntaxError).
 func (e *FileError) Unwrap() error { return e.Err }
 
 // inFile places err, a command's failure on the file it read as data, in
 // that file when it is a refusal of the file's text: JSON that does not
 // parse, or a value of the wrong kind (found again in data itself, never
 // trusted from an error that may be of other bytes), or a refusal by
-// shapes naming a resource and field the file holds. Any other error, and
-// one that names what the file does not hold (a module assigned before,
-// the overlay), is returned as it is.
+// shapes or ReadModule naming a resource and field the file holds. Any
+// other error, and one that names what the file does not hold (a module
+// assigned before, the overlay), is returned as it is.
 func inFile(file string, data []byte, err error) error {
 	if err == nil {
 		return nil
@@ -50,19 +51,28 @@ func inFile(file string, data []byte, err error) error {
 		syn *json.SyntaxError
 		typ *json.UnmarshalTypeError
 		se  *shapes.Error
+		me  *ModuleFileError
 	)
+	var resource, field string
 	switch {
 	case errors.As(err, &syn), errors.As(err, &typ):
 		if fe := checkJSON(file, data); fe != nil {
 			return fe
 		}
+		return err
 	case errors.As(err, &se):
-		if at, ok := locate(data, se.Resource, se.Field); ok {
-			line, col := lineCol(data, at)
-			return &FileError{File: file, Line: line, Column: col, Msg: placeSaid.ReplaceAllString(err.Error(), ""), Err: err}
-		}
+		resource, field = se.Resource, se.Field
+	case errors.As(err, &me):
+		resource, field = me.Resource, me.Field
+	default:
+		return err
 	}
-	return err
+	at, ok := locate(data, resource, field)
+	if !ok {
+		return err
+	}
+	line, col := lineCol(data, at)
+	return &FileError{File: file, Line: line, Column: col, Msg: placeSaid.ReplaceAllString(err.Error(), ""), Err: err}
 }
 
 // checkModuleFile refuses a module file whose text is at fault, placed

@@ -96,6 +96,20 @@ func TestFileErrorsArePlacedInTheFile(t *testing.T) {
 		{"a module file's resource a list", moduleErr, `{"resources": [
    {"module": "web", "id": "index", "type": "file", "path": "/srv/www/index.html"},
    ["web", "about"]]}`, `["web", "about"]`, "a JSON array: each resource must be an object"},
+		{"a module file with a node's field", moduleErr, `{"resources": [
+  {"module": "web", "id": "index", "type": "file", "path": "/srv/www/index.html"}],
+ "adopted": true}`, `"adopted"`, `module file: field "adopted": a module is its resources`},
+		{"a module file of two modules", moduleErr, `{"resources": [
+  {"module": "web", "id": "index", "type": "file", "path": "/srv/www/index.html"},
+  {"id": "motd", "type": "file", "path": "/etc/motd",
+   "module": "base"}]}`, `"module": "base"`, `resource 1 is of module "base", the first of "web"; a file is one module`},
+		{"a module file of the overlay's module", moduleErr, `{"resources": [
+  {"type": "directory", "path": "/x", "module": "mesh", "id": "a"}]}`, `"module": "mesh"`, `module "mesh" is the overlay's`},
+		{"a module file with sealed content", moduleErr, `{"resources": [
+  {"module": "db", "id": "creds", "type": "file", "path": "/etc/db",
+   "sealed": "AAAA"}]}`, `"sealed"`, "db.creds has sealed content"},
+		{"a module file of no resources", moduleErr, `{"version": 1,
+  "resources": []}`, `"resources"`, "module file: no resources"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			data := []byte(c.text)

@@ -160,7 +160,9 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		}
 	}
 	if !c.json {
-		fmt.Fprintln(c.stdout)
+		if len(got) > 0 {
+			fmt.Fprintln(c.stdout) // the reports above, the summary apart
+		}
 		c.printSummary(want, got)
 	}
 	if len(missing) > 0 {

@@ -139,25 +139,27 @@ func TestWaitSaysProgressAndASummary(t *testing.T) {
 		lines []string
 		// progress is what a terminal is told while waiting ("": nothing).
 		progress string
+		// before is the line before the summary.
+		before string
 	}{
 		{"web1", "--wait=20s", false, 0, []string{
 			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
-			"1 node: 1 applied (2 changed, 1 unchanged, 0 failed), 0 no answer"}, ""},
+			"1 node: 1 applied (2 changed, 1 unchanged, 0 failed), 0 no answer"}, "", ""},
 		{"web1,web2", "--wait=20s", false, control.ExitFailed, []string{
 			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
 			"web2  seq N  failed   1 changed, 0 unchanged, 1 failed, 1 held",
-			"2 nodes: 1 applied, 1 failed (3 changed, 1 unchanged, 1 failed, 1 held), 0 no answer"}, ""},
+			"2 nodes: 1 applied, 1 failed (3 changed, 1 unchanged, 1 failed, 1 held), 0 no answer"}, "", ""},
 		{"web1,web3", "--wait=2s", true, control.ExitTimedOut, []string{
 			"web1  seq N  applied    2 changed, 1 unchanged, 0 failed",
 			"web3  seq N  no answer  within 2s",
-			"2 nodes: 1 applied (2 changed, 1 unchanged, 0 failed), 1 no answer"}, "waiting for the nodes' reports: 1 of 2 answered"},
+			"2 nodes: 1 applied (2 changed, 1 unchanged, 0 failed), 1 no answer"}, "waiting for the nodes' reports: 1 of 2 answered", ""},
 		{"web4,web1", "--wait=20s", false, control.ExitRefused, []string{
 			"web4  seq N  refused  by the executor",
 			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
-			"2 nodes: 1 applied, 1 refused (2 changed, 1 unchanged, 0 failed), 0 no answer"}, ""},
+			"2 nodes: 1 applied, 1 refused (2 changed, 1 unchanged, 0 failed), 0 no answer"}, "", ""},
 		{"web3", "--wait=1s", false, control.ExitTimedOut, []string{
 			"web3  seq N  no answer  within 1s",
-			"1 node: 0 applied (0 changed, 0 unchanged, 0 failed), 1 no answer"}, ""},
+			"1 node: 0 applied (0 changed, 0 unchanged, 0 failed), 1 no answer"}, "", "declared seq N to web3"},
 	} {
 		t.Run(c.nodes, func(t *testing.T) {
 			var stdout, stderr syncBuffer
@@ -177,7 +179,9 @@ func TestWaitSaysProgressAndASummary(t *testing.T) {
 			// Each node's sequence is as many as were declared to it
 			// before: said as N, so a case stands on its own.
 			tail := strings.Split(strings.TrimRight(anySeq.ReplaceAllString(out, "seq N"), "\n"), "\n")
-			if len(tail) < len(c.lines) || strings.Join(tail[len(tail)-len(c.lines):], "\n") != strings.Join(c.lines, "\n") {
+			// Apart from the reports by a blank line; with none, right
+			// under what was declared.
+			if len(tail) < len(c.lines)+1 || strings.Join(tail[len(tail)-len(c.lines)-1:], "\n") != strings.Join(append([]string{c.before}, c.lines...), "\n") {
 				t.Errorf("the summary is not\n%s\nstandard output:\n%s", strings.Join(c.lines, "\n"), out)
 			}
 			progress := strings.Contains(out+stderr.String()+onTerminal, "waiting for")

@@ -316,7 +316,16 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 			return c.signedRefusal(id, "", "%s was not revoked: %v (the token is spent; issue another)", replaced.Name(), err)
 		}
 	}
-	rec, err := c.enrolRecord(ctx, name, t.New, &t, &req)
+	var rb [10]byte
+	rand.Read(rb[:])
+	enrolment := "e-" + hex.EncodeToString(rb[:])
+	if !t.New {
+		// Before the record names the new enrolment, or the composer
+		// (KeepComposed, watching the record) would compose for it the
+		// overlay alone.
+		c.carryJoin(ctx, name, enrolment)
+	}
+	rec, err := c.enrolRecord(ctx, name, enrolment, t.New, &t, &req)
 	if err != nil {
 		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
 		return c.signedRefusal(id, "", "the node record could not be written: %s (the token is spent; issue another)", c.storeWhy(ctx, err))
@@ -397,11 +406,36 @@ func (c *Client) freeName(ctx context.Context, hostname string) (string, error) 
 	return "", fmt.Errorf("no free node name for hostname %q", hostname)
 }
 
+// carryJoin carries a re-enrolled node's join (it reported its overlay
+// applied in its enrolment, so its assignments go out) over to its new
+// enrolment. A node's assignments are held until it reports its overlay
+// applied in its enrolment, and a held node is composed what it was last
+// declared in that enrolment: for a node re-enrolled, nothing yet, so
+// without the join its first composition would be the overlay alone —
+// every resource its modules made removed (files, services, packages),
+// then made again once it reported the overlay. A node that never joined
+// in its last enrolment has nothing to carry. A failed write leaves the
+// hold as it was, which is said in the log.
+func (c *Client) carryJoin(ctx context.Context, name, enrolment string) {
+	rec, _, err := c.Node(ctx, name)
+	if err != nil {
+		return
+	}
+	var j joinedRecord
+	e, err := c.KV.Get(ctx, joinedKey(name))
+	if err != nil || json.Unmarshal(e.Value(), &j) != nil || j.Enrolment != rec.Enrolment {
+		return
+	}
+	j.Enrolment = enrolment
+	data, _ := json.Marshal(&j)
+	if _, err := c.KV.Update(ctx, joinedKey(name), data, e.Revision()); err != nil {
+		c.log.Warn("re-enrolment: the node's join was not carried over; its assignments are held until it reports its overlay applied", "node", name, "err", err)
+	}
+}
+
 // enrolRecord makes the node's record (new) or renews it (a re-enrolment:
-// a new enrolment id and NKey, its sequences kept going).
-func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *TokenRecord, req *wire.EnrolRequest) (*NodeRecord, error) {
-	var rb [10]byte
-	rand.Read(rb[:])
+// the new enrolment id and NKey, its sequences kept going).
+func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew bool, t *TokenRecord, req *wire.EnrolRequest) (*NodeRecord, error) {
 	keys := req.Keys
 	keys.Held = nil // the record keeps the node's keys, not what it replaced
 	now := time.Now().UTC()
@@ -415,7 +449,7 @@ func (c *Client) enrolRecord(ctx context.Context, name string, isNew bool, t *To
 		} else if err != nil {
 			return nil, err
 		}
-		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, "e-"+hex.EncodeToString(rb[:]), time.Time{}
+		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys = now, t.ID, &keys
 		data, _ := json.Marshal(rec)
 		if isNew {

@@ -219,11 +219,19 @@ func (m *mesh) declare(doc string) uint64 {
 	m.t.Helper()
 	f := filepath.Join(m.base, "decl.json")
 	os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
-	seq, err := strconv.ParseUint(m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl), 10, 64)
-	if err != nil {
-		m.t.Fatal(err)
+	return declaredSeq(m.t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--json"))
+}
+
+// declaredSeq is the sequence declare --json says it declared.
+func declaredSeq(t *testing.T, out string) uint64 {
+	t.Helper()
+	var d struct {
+		Seq uint64 `json:"seq"`
 	}
-	return seq
+	if err := json.Unmarshal([]byte(out), &d); err != nil || d.Seq == 0 {
+		t.Fatalf("declare --json: %v\n%s", err, out)
+	}
+	return d.Seq
 }
 
 func (m *mesh) reportFor(seq uint64) report {
@@ -427,8 +435,7 @@ func TestBriefingUpwardHoldsAssignments(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "has a failed briefing line (base.broken") {
 		t.Fatalf("a node with a failed briefing line was assigned more: %s", out)
 	}
-	fix := m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--despite-briefing")
-	fixSeq, _ := strconv.ParseUint(fix, 10, 64)
+	fixSeq := declaredSeq(t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--despite-briefing", "--json"))
 	if r := m.reportFor(fixSeq); r.Outcome != shapes.Held {
 		t.Fatalf("the fix: %+v", r)
 	}

@@ -521,10 +521,7 @@ func TestSealedContentEndToEnd(t *testing.T) {
 	os.WriteFile(sf, secret, 0o600)
 	f := filepath.Join(m.base, "decl.json")
 	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"resources":[{"module":"db","id":"creds","type":"file","path":"{root}/creds","mode":"0600"}]}`, "{root}", m.tree)), 0o600)
-	seq, err := strconv.ParseUint(m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	seq := declaredSeq(t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf, "--json"))
 	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
 		t.Fatalf("report %+v", r)
 	}

@@ -76,11 +76,21 @@ func (c *cli) overlaySet(ch OverlayChange) error {
 		return err
 	}
 	defer cl.Close()
+	return c.overlaySetOn(cl, ch)
+}
+
+func (c *cli) overlaySetOn(cl *Client, ch OverlayChange) error {
 	s, err := cl.SetOverlay(c.ctx, ch)
 	if err != nil {
 		return err
 	}
 	ps, out, err := cl.PublishAll(c.ctx, false)
+	if err != nil {
+		// The settings are kept: a failure to publish them (a full disk)
+		// must not read as a change refused. Serve publishes them to every
+		// node once it can write (KeepComposed watches the settings).
+		err = fmt.Errorf("the overlay is set (%s on %s), and was not published to every node: %w; serve publishes it once it can write, or run mesh-control publish", s.Interface, s.Network, err)
+	}
 	if c.json {
 		if jerr := c.publishedJSON(ps, out); jerr != nil {
 			return jerr

@@ -2,6 +2,8 @@ package control
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/netip"
 )
 
@@ -23,4 +25,12 @@ func (c *Client) Lane() *Lane {
 // last report, unless a newer one is there.
 func (l *Lane) PutReport(ctx context.Context, node string, data []byte, recorded uint64) error {
 	return l.w.putNewest(ctx, "report."+node, withRecorded(data, recorded), recorded)
+}
+
+// OverlaySetOn is `mesh-control overlay set` on a client already made
+// ready (Connect makes the streams as they should be), for a test that
+// changes a stream between the two.
+func OverlaySetOn(cl *Client, stdout io.Writer, ch OverlayChange) error {
+	c := &cli{ctx: context.Background(), cmd: "overlay set", stdout: stdout, stderr: io.Discard, log: slog.New(slog.DiscardHandler)}
+	return c.overlaySetOn(cl, ch)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
 )
 
@@ -277,6 +278,15 @@ func answerStore(nc *nats.Conn, srv *Server) error {
 	return nil
 }
 
+// mayBeTheStore says whether err may come of a store that cannot write:
+// the broker did not answer in time, or answered with a JetStream error.
+func mayBeTheStore(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.As(err, &api) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoStreamResponse)
+}
+
 // storeProblem asks serve, over a new connection to the broker, what
 // keeps its store from writing: "" when nothing does, or when nobody
 // answers (no serve, a broker of the operator's own).
@@ -302,10 +312,12 @@ func storeProblem(ctx context.Context, k *Keys, url string) string {
 // explainStoreError puts what keeps the broker's store from writing, as
 // serve says it, before err: a command that failed for a full disk says
 // so, where the broker's own answer is a timeout. err is returned as it is
-// when the store is well, or serve does not answer.
+// when the store is well, when serve does not answer, and when the store
+// cannot have caused it (mayBeTheStore): a refusal of the control side's
+// own ("this mesh has an overlay…") is not put down to the disk.
 func (c *cli) explainStoreError(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || !mayBeTheStore(err) {
+		return err
 	}
 	k, kerr := LoadKeys(c.dir)
 	if kerr != nil {

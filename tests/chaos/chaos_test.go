@@ -26,6 +26,7 @@ var shortSeeds = []struct {
 	// had room again, until the next declaration: the executor's status
 	// named the refused sequence as its last applied.
 	{3, 40, "a full state disk on a node during an assign"},
+	{182, 40, "a node's clock hours off and a plan sent to it; a launcher killed, and a second one started by hand"},
 }
 
 func TestChaosShort(t *testing.T) {
@@ -85,6 +86,10 @@ func TestEveryFaultIsUndone(t *testing.T) {
 				open["control/disk"]++
 			case "ctl-disk-free":
 				open["control/disk"]--
+			case "clock-off":
+				open[s.Node+"/clock"]++
+			case "clock-right":
+				open[s.Node+"/clock"]--
 			}
 		}
 		for what, c := range open {
@@ -92,6 +97,9 @@ func TestEveryFaultIsUndone(t *testing.T) {
 				t.Errorf("seed %d: %s left with %d faults in force", seed, what, c)
 			}
 		}
+	}
+	if !kinds["clock-off"] {
+		t.Error("no seed drew a clock off")
 	}
 	for _, w := range append(weights, ctlWeights...) {
 		k := w.kind

@@ -109,7 +109,7 @@ func (w *world) newestReport(n *node) uint64 {
 // once the node says its link is up: a quiet node is a linked one, so the
 // next step's plan reaches it.
 func (w *world) linkSeq(n *node) (uint64, error) {
-	out, code, err := w.cli(time.Minute, "", "mesh-executor", "status", "--state", n.state, "--json")
+	out, code, err := w.onNode(n, time.Minute, "", "status", "--state", n.state, "--json")
 	if err != nil || code != 0 {
 		return 0, fmt.Errorf("mesh-executor status: exit %d %v %s", code, err, firstLine(out))
 	}
@@ -131,7 +131,8 @@ func (w *world) linkSeq(n *node) (uint64, error) {
 	// The agent tells the executor of a lost link a moment after: a link
 	// up since before serve last started is one that serve's end broke,
 	// and a plan sent now would find no one listening.
-	if st.Link.Since.Before(w.serveStarted) {
+	// The node says when by its own clock, off by n.skew.
+	if st.Link.Since.Add(-n.skew).Before(w.serveStarted) {
 		return 0, fmt.Errorf("the node's link, up since %s, is from before serve started at %s: not linked again yet", st.Link.Since.Format(time.RFC3339Nano), w.serveStarted.Format(time.RFC3339Nano))
 	}
 	return st.Sources["link"].Seq, nil
@@ -250,7 +251,7 @@ func (w *world) afterStep() {
 // or the node's reports cannot be recorded.
 func (w *world) quiet(n *node) bool {
 	_, err := os.Stat(n.filler)
-	return !w.ctlFull && n.exec.running() && !n.exec.stopped && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked
+	return !w.ctlFull && n.exec.running() && !n.exec.stopped && !n.childKilled && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked
 }
 
 // checkAcknowledged: every node enrolled is listed,
@@ -396,7 +397,7 @@ func (w *world) claimedPaths(n *node) map[string]bool {
 
 // ownedBy is what n's store claims, as mesh-executor owned --json says.
 func (w *world) ownedBy(n *node) ([]ownedEntry, error) {
-	out, code, err := w.cli(time.Minute, "", "mesh-executor", "owned", "--state", n.state, "--json")
+	out, code, err := w.onNode(n, time.Minute, "", "owned", "--state", n.state, "--json")
 	if err != nil || code != 0 {
 		return nil, fmt.Errorf("mesh-executor owned: exit %d %v %s", code, err, firstLine(out))
 	}

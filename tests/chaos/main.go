@@ -179,7 +179,9 @@ func sortedKeys(m map[string]string) []string {
 }
 
 // build makes the three binaries into dir, stamped with one build id as
-// a release would be (the agent compares its build with the executor's).
+// a release would be (the agent compares its build with the executor's),
+// with the tag chaosclock: a node's programs then read their clock off by
+// clock.SkewEnv, which is how the run gives a node a clock hours off.
 func build(dir string) error {
 	root, err := moduleRoot()
 	if err != nil {
@@ -188,8 +190,8 @@ func build(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, c := range []string{"mesh-executor", "mesh-agent", "mesh-control"} {
-		b := exec.Command("go", "build", "-ldflags", "-X main.version=chaos -X main.build=chaos", "-o", filepath.Join(dir, c), "./cmd/"+c)
+	for _, c := range []string{"mesh-executor", "mesh-agent", "mesh-control", "mesh-launch"} {
+		b := exec.Command("go", "build", "-tags", "chaosclock", "-ldflags", "-X main.version=chaos -X main.build=chaos", "-o", filepath.Join(dir, c), "./cmd/"+c)
 		b.Dir = root
 		b.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := b.CombinedOutput(); err != nil {

@@ -234,10 +234,22 @@ func (w *world) do(s step) {
 		if !s.Paused && (err != nil || code == 3) {
 			w.violate(n, "plan-answers", "a plan to a linked node had no answer: exit %d %v\n%s", code, err, out)
 		}
+		if !s.Paused && err == nil && code != 3 && n.skewShown {
+			// A plan request is good for minutes by the control side's
+			// clock: a node hours off refuses it, and the operator is
+			// told the two clocks differ.
+			w.check("plan-says-clocks-differ")
+			if !strings.Contains(out, "the two clocks differ") {
+				w.violate(n, "plan-says-clocks-differ", "a plan to a node whose clock is %s off was not refused saying the clocks differ: exit %d\n%s", n.skew, code, out)
+			}
+		}
 	case "overlay":
 		out, code, err := w.control("overlay", "set", "--network", "10.231.0.0/24", "--interface", "chaos0",
 			"--keepalive", strconv.Itoa(s.Arg), "--json")
 		if w.ctlFull && w.refusedFull(nil, "overlay set", out, code, err, "") {
+			// Its settings may be kept though their publishing was
+			// refused, which it says: the overlay is set then.
+			w.overlay = w.overlay || strings.Contains(out, "the overlay is set (")
 			return
 		}
 		if w.expectOK(nil, "overlay set", out, code, err) {
@@ -260,11 +272,23 @@ func (w *world) do(s step) {
 			if w.refusedFull(n, "token issue --node", out, code, err, "") {
 				return
 			}
-			// Issued on a full disk (a violation said): enrolled with, so
-			// the model follows what was acknowledged.
-			if out, code, err := w.cli(2*time.Minute, lastLine(out)+"\n", "mesh-executor", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s"); err != nil || code != 0 {
+			// Issued on a full disk (into room the broker's files had):
+			// enrolled with, so the model follows what was acknowledged.
+			out, code, err = w.onNode(n, 2*time.Minute, lastLine(out)+"\n", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s")
+			switch {
+			case err == nil && code != 0 && strings.Contains(out, diskFullSays) && strings.Contains(out, " is full"):
+				// Refused for the disk: the token is not spent, nothing is
+				// recorded, and it says so. The operator ends the pending
+				// enrolment (which the agent would carry out minutes
+				// later, behind the model's back); the node keeps its
+				// earlier enrolment, revoked or not.
+				w.check("refused-legibly")
+				if out, code, err := w.onNode(n, time.Minute, "", "enrol", "--cancel", "--state", n.state); err != nil || code != 0 {
+					w.violate(n, "reenrol", "enrol --cancel %s after a refusal: %v exit %d\n%s", n.name, err, code, out)
+				}
+			case err != nil || code != 0:
 				w.violate(n, "reenrol", "enrol %s: %v exit %d\n%s", n.name, err, code, out)
-			} else {
+			default:
 				n.revoked = false
 			}
 			return
@@ -283,7 +307,7 @@ func (w *world) do(s step) {
 		w.expectOK(nil, "token issue", out, code, err)
 	case "rescue":
 		f := w.writeDoc(n, docJSON(n, s.Doc, true))
-		out, code, err := w.cli(2*time.Minute, "", "mesh-executor", "apply", f, "--state", n.state, "--json", "--wait", "90s")
+		out, code, err := w.onNode(n, 2*time.Minute, "", "apply", f, "--state", n.state, "--json", "--wait", "90s")
 		w.check("rescue-applies")
 		if err != nil || (code != 0 && code != 1) {
 			w.violate(n, "rescue-applies", "mesh-executor apply: exit %d %v\n%s", code, err, out)
@@ -294,23 +318,48 @@ func (w *world) do(s step) {
 		json.Unmarshal([]byte(jsonPart(out)), &r)
 		n.rescue = append(n.rescue, r.Lines...)
 	case "kill":
+		if procKind(s.Proc) == "executor" {
+			w.killExecutor(n, s.N%3 == 0)
+			break
+		}
 		w.faults["kill -9 "+procKind(s.Proc)]++
 		w.end(w.procNamed(s.Proc), syscall.SIGKILL)
 	case "start":
-		if strings.HasSuffix(s.Proc, "/executor") {
+		switch {
+		case strings.HasSuffix(s.Proc, "/executor") && n.childKilled:
+			// Its launcher starts it again, after its backoff (1s).
+			n.childKilled = false
+			w.check("launcher-restarts")
+			if !w.eventually(30*time.Second, func() bool { return w.executorPid(n) != 0 }) {
+				w.violate(n, "launcher-restarts", "%s's launcher has not started an executor again within 30s of the last one's kill -9:\n%s", n.name, tailOf(n.exec.log, 1500))
+			}
+		case strings.HasSuffix(s.Proc, "/executor"):
 			w.startExecutor(n)
-		} else {
+		default:
 			w.startAgent(n)
 		}
 	case "stop":
 		w.faults["SIGSTOP "+procKind(s.Proc)]++
 		p := w.procNamed(s.Proc)
-		p.cmd.Process.Signal(syscall.SIGSTOP)
+		if procKind(s.Proc) == "executor" {
+			// The executor, not its launcher, which would only stop
+			// restarting it.
+			if pid := w.executorPid(n); pid != 0 {
+				syscall.Kill(pid, syscall.SIGSTOP)
+				p.stoppedPid = pid
+			}
+		} else {
+			p.cmd.Process.Signal(syscall.SIGSTOP)
+		}
 		p.stopped = true
 	case "cont":
 		p := w.procNamed(s.Proc)
-		p.cmd.Process.Signal(syscall.SIGCONT)
-		p.stopped = false
+		if p.stoppedPid != 0 {
+			syscall.Kill(p.stoppedPid, syscall.SIGCONT)
+		} else {
+			p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+		p.stopped, p.stoppedPid = false, 0
 	case "restart-serve":
 		w.faults["restart serve"]++
 		w.end(w.serve, syscall.SIGTERM)
@@ -328,11 +377,21 @@ func (w *world) do(s step) {
 			w.logf("  (the first %s is down: no second instance started)", s.Proc)
 			break
 		}
+		if procKind(s.Proc) == "executor" && s.N%2 == 0 {
+			w.faults["second launcher"]++
+			w.secondLauncher(n)
+			break
+		}
 		w.faults["second "+procKind(s.Proc)]++
 		w.second(n, s.Proc)
 	case "second-socket":
 		w.faults["second executor on the socket"]++
 		w.secondOnSocket(n)
+	case "clock-off":
+		w.faults["node clock off by hours"]++
+		w.setClock(n, time.Duration(s.Arg)*time.Hour)
+	case "clock-right":
+		w.setClock(n, 0)
 	case "disk-full":
 		w.faults["full disk (node state)"]++
 		fill(n.filler)
@@ -475,4 +534,121 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
+}
+
+// setClock starts n's executor and agent again on a clock off by skew
+// (none: the right one), as a machine rebooted onto a wrong clock, then
+// checks that the control side shows the skew beside the node (one over
+// a minute) or shows none, by its own clock, once the node has said
+// anything. A node it cannot hear from (revoked, a full control disk)
+// is not looked at.
+func (w *world) setClock(n *node, skew time.Duration) {
+	w.end(n.agentP, syscall.SIGTERM)
+	w.end(n.exec, syscall.SIGTERM)
+	n.skew, n.skewShown = skew, false
+	w.startExecutor(n)
+	w.startAgent(n)
+	if n.revoked || w.ctlFull {
+		return
+	}
+	w.check("clock-skew-shown")
+	var said int64
+	ok := w.eventually(60*time.Second, func() bool {
+		out, code, err := w.control("nodes", "--json")
+		if err != nil || code != 0 {
+			return false
+		}
+		var ns []struct {
+			Name        string `json:"name"`
+			ClockSkewMS int64  `json:"clock_skew_ms"`
+		}
+		if json.Unmarshal([]byte(jsonArray(out)), &ns) != nil {
+			return false
+		}
+		for _, v := range ns {
+			if v.Name == n.name {
+				said = v.ClockSkewMS
+				off := time.Duration(v.ClockSkewMS)*time.Millisecond - skew
+				return off > -time.Minute && off < time.Minute && (skew != 0) == (v.ClockSkewMS != 0)
+			}
+		}
+		return false
+	})
+	if !ok {
+		w.violate(n, "clock-skew-shown", "%s's clock is %s off; 60s after its executor and agent started on it, mesh-control nodes shows a skew of %s", n.name, skew, time.Duration(said)*time.Millisecond)
+		return
+	}
+	n.skewShown = skew != 0
+}
+
+// killExecutor kills n's executor with -9: the executor alone, which its
+// launcher must start again by itself (the step that undoes it looks), or
+// with whole (the launcher killed -9, as a service's main process dies):
+// the executor must then end on its parent-death signal, and the step
+// that undoes it starts the service again, as the init would.
+func (w *world) killExecutor(n *node, whole bool) {
+	pid := w.executorPid(n)
+	if !whole {
+		w.faults["kill -9 executor (its launcher restarts it)"]++
+		if pid == 0 {
+			w.logf("  (no executor under %s's launcher to kill)", n.name)
+		} else {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		n.childKilled = true
+		return
+	}
+	w.faults["kill -9 launcher (and so its executor)"]++
+	w.end(n.exec, syscall.SIGKILL)
+	if pid == 0 {
+		return
+	}
+	w.check("executor-ends-with-launcher")
+	gone := w.eventually(20*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+	if !gone {
+		w.violate(n, "executor-ends-with-launcher", "%s's executor (pid %d) still runs 20s after its launcher was killed: it holds the state the next launcher's executor needs", n.name, pid)
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// secondLauncher starts another mesh-launch on n's state, as a person
+// might by hand while the init's runs: it must be refused at once, saying
+// so, and count nothing in the launch state the first one keeps.
+func (w *world) secondLauncher(n *node) {
+	before, berr := w.launchStarts(n)
+	p := w.start(n.name+"/launcher#second", w.executorArgv(n, n.state, n.sock))
+	w.check("second-refused")
+	select {
+	case <-p.ended:
+		if p.cmd.ProcessState.ExitCode() == 0 {
+			w.violate(n, "second-refused", "a second mesh-launch on %s's state exited 0: it must say it was refused", n.name)
+		}
+	case <-time.After(30 * time.Second):
+		w.violate(n, "second-refused", "a second mesh-launch on %s's state still runs after 30s", n.name)
+		w.end(p, syscall.SIGTERM)
+	}
+	p.expected = true
+	if berr != nil || n.childKilled {
+		return
+	}
+	w.check("second-counts-nothing")
+	if after, err := w.launchStarts(n); err == nil && after > before {
+		w.violate(n, "second-counts-nothing", "the launch state of %s counts %d starts after a second mesh-launch was refused, %d before", n.name, after, before)
+	}
+}
+
+// launchStarts is how many starts n's launch state counts now, as
+// mesh-launch status --json says.
+func (w *world) launchStarts(n *node) (int, error) {
+	out, code, err := w.cliEnv(n.env(), time.Minute, "", "mesh-launch", "status", "--state", n.state, "--json")
+	if err != nil || code != 0 {
+		return 0, fmt.Errorf("mesh-launch status: exit %d %v %s", code, err, firstLine(out))
+	}
+	var st struct {
+		Starts []time.Time `json:"starts"`
+	}
+	if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
+		return 0, err
+	}
+	return len(st.Starts), nil
 }

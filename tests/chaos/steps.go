@@ -113,6 +113,12 @@ var ctlWeights = []struct {
 	{"power-cut", 1}, {"ctl-disk-full", 1},
 }
 
+// clockEvery: one step in about this many is a node's clock put hours
+// off, drawn from a stream of the seed's own, as ctlWeights' kinds are: a
+// seed draws from weights and ctlWeights what it drew before the clock
+// was drawn, with the clock's steps put in between.
+const clockEvery = 40
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -123,6 +129,7 @@ type simNode struct {
 	agentStopped  bool
 	diskFull      bool
 	revoked       bool
+	clockOff      bool
 	assigned      []string
 	modules       map[string]module // the last version of each module assigned
 	pendingEvents int
@@ -139,6 +146,7 @@ func (n *simNode) healthy() bool {
 func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	r := rand.New(rand.NewPCG(seed, 0x6368616f73))      // "chaos"
 	rc := rand.New(rand.NewPCG(seed, 0x63746c6469736b)) // "ctldisk": the control side's faults
+	rk := rand.New(rand.NewPCG(seed, 0x636c6f636b))     // "clock": a node's clock off
 	// ctlFull: the control side's disk is full. What an operator's
 	// command would write is refused then, so the model counts no write
 	// made while it is (no assignment, revocation, overlay).
@@ -199,6 +207,8 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			}
 		case "disk-free":
 			n.diskFull = false
+		case "clock-right":
+			n.clockOff = false
 		}
 		n.pendingEvents--
 	}
@@ -227,6 +237,26 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		}
 		if len(steps) >= count {
 			break
+		}
+		if rk.IntN(clockEvery) == 0 {
+			// A node's clock off by 1 to 6 hours, ahead or behind, for 2
+			// to 7 steps: its executor and agent run on it (started again
+			// with it, as after a reboot on a wrong clock), then on the
+			// right one.
+			n := ns[rk.IntN(len(ns))]
+			if n.pendingEvents > 0 {
+				continue
+			}
+			hours := 1 + rk.IntN(6)
+			if rk.IntN(2) == 0 {
+				hours = -hours
+			}
+			n.clockOff = true
+			n.pendingEvents++
+			addStep(step{Kind: "clock-off", Node: n.name, Arg: hours})
+			at := len(steps) + 2 + rk.IntN(6)
+			pending[at] = append(pending[at], step{Kind: "clock-right", Node: n.name})
+			continue
 		}
 		kind := ""
 		if x := rc.IntN(total + ctlTotal); x < ctlTotal {

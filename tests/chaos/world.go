@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
 // proc is a daemon of the run: its log, and how it ended.
@@ -31,6 +33,9 @@ type proc struct {
 	// violation.
 	expected bool
 	stopped  bool
+	// stoppedPid is the process SIGSTOP went to when it is not this one
+	// (a launcher's executor).
+	stoppedPid int
 	// scanned is how much of the log the panic scan has read.
 	scanned int64
 }
@@ -81,6 +86,20 @@ type node struct {
 	rescue     []line
 	// diverged is a node whose last convergence check hit its bound.
 	diverged bool
+	// skew is how far the node's clock is off now (the clock-off step):
+	// its executor, agent and commands run with clock.SkewEnv set to it.
+	// skewShown: the control side showed it, so a plan refused for its
+	// time must say the clocks differ.
+	skew      time.Duration
+	skewShown bool
+	// childKilled: the executor under n's launcher was killed, and the
+	// step that looks for the launcher's new one has not come yet.
+	childKilled bool
+}
+
+// env is what n's programs run with: its clock's skew.
+func (n *node) env() []string {
+	return append(os.Environ(), clock.SkewEnv+"="+n.skew.String())
 }
 
 // world is the whole run: the control side, the nodes, the figures.
@@ -128,9 +147,19 @@ func (w *world) logf(format string, a ...any) {
 }
 
 func (w *world) cli(timeout time.Duration, stdin string, name string, args ...string) (string, int, error) {
+	return w.cliEnv(nil, timeout, stdin, name, args...)
+}
+
+// onNode runs a mesh-executor command on n's machine (with its clock).
+func (w *world) onNode(n *node, timeout time.Duration, stdin string, args ...string) (string, int, error) {
+	return w.cliEnv(n.env(), timeout, stdin, "mesh-executor", args...)
+}
+
+func (w *world) cliEnv(env []string, timeout time.Duration, stdin string, name string, args ...string) (string, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(w.bin, name), args...)
+	cmd.Env = env
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin != "" {
@@ -164,6 +193,9 @@ func (w *world) start(name string, argv []string) *proc {
 		panic(err)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
+	if n := w.nodeNamed(strings.Split(name, "/")[0]); n != nil {
+		cmd.Env = n.env()
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	fi, _ := f.Stat()
@@ -181,7 +213,10 @@ func (w *world) end(p *proc, sig syscall.Signal) {
 	p.expected = true
 	if p.stopped {
 		p.cmd.Process.Signal(syscall.SIGCONT)
-		p.stopped = false
+		if p.stoppedPid != 0 {
+			syscall.Kill(p.stoppedPid, syscall.SIGCONT)
+		}
+		p.stopped, p.stoppedPid = false, 0
 	}
 	p.cmd.Process.Signal(sig)
 	select {
@@ -222,10 +257,14 @@ func (w *world) startServe() {
 	}
 }
 
-// executorArgv is the executor's command line: in a mount namespace of
-// its own where the node's wireguard directory is /run/wireguard, and in
-// the node's network namespace, so that the wireguard-go it starts is the
-// node's alone and outlives the executor as it would on a machine.
+// executorArgv is the executor's command line, as the init starts it:
+// mesh-launch, which starts and supervises mesh-executor serve (restarts
+// it after it dies, counts its starts, rolls back, halts), in a mount
+// namespace of its own where the node's wireguard directory is
+// /run/wireguard, and in the node's network namespace, so that the
+// wireguard-go the executor starts is the node's alone and outlives the
+// executor as it would on a machine. A rollback reinstalls by copying
+// (no package here) over the run's binaries, the same bytes.
 func (w *world) executorArgv(n *node, state, sock string) []string {
 	// The new mount namespace starts as a copy of the machine's, with
 	// every control side's disk mounted in it (this run's and any other
@@ -236,8 +275,40 @@ func (w *world) executorArgv(n *node, state, sock string) []string {
 	script := fmt.Sprintf(`awk '$5 ~ /\/chaos-[0-9]+-[0-9]+\/control$/ {print $5}' /proc/self/mountinfo | while read m; do umount -l "$m"; done; `+
 		`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.wg, n.netns)
 	return []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
-		filepath.Join(w.bin, "mesh-executor"), "serve", "--state", state, "--socket", sock,
+		filepath.Join(w.bin, "mesh-launch"), "--state", state,
+		"--executor", filepath.Join(w.bin, "mesh-executor"), "--agent", filepath.Join(w.bin, "mesh-agent"),
+		"--package-rollback=false", "--agent-user", "", "--notice", "", "--backoff", "1s", "--stop-timeout", "10s", "--",
+		"serve", "--state", state, "--socket", sock,
 		"--agent-user", "nobody", "--agent-state", n.agent, "--drift", "0", "--build", "chaos"}
+}
+
+// executorPid is the pid of the executor n's launcher runs now, 0 when
+// none does (between a death and the launcher's restart).
+func (w *world) executorPid(n *node) int {
+	launcher := n.exec.cmd.Process.Pid
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so after the ")".
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		j := strings.IndexByte(s, '(')
+		if i < 0 || j < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 || s[j+1:i] != "mesh-executor" {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(fields[1]); ppid == launcher {
+			pid, _ := strconv.Atoi(strings.TrimSpace(s[:j]))
+			return pid
+		}
+	}
+	return 0
 }
 
 func (w *world) startExecutor(n *node) {
@@ -329,7 +400,7 @@ func (w *world) enrol(n *node, tokenArgs ...string) error {
 		return fmt.Errorf("token issue %v: %v exit %d\n%s", tokenArgs, err, code, tok)
 	}
 	token := lastLine(tok)
-	out, code, err := w.cli(2*time.Minute, token+"\n", "mesh-executor", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s")
+	out, code, err := w.onNode(n, 2*time.Minute, token+"\n", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s")
 	if err != nil || code != 0 {
 		return fmt.Errorf("enrol %s: %v exit %d\n%s", n.name, err, code, out)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -240,6 +241,36 @@ func storeAnswer(ctx context.Context, cl *Client) (answered bool, problem string
 	return true, st.Problem
 }
 
+// readFleet reads the fleet at a glance over cl: the broker, serve's
+// word on its store, the registry's nodes tallied as `nodes` shows them,
+// and the overlay. `status` prints it and the status page shows it, so
+// that the two cannot say different things of one fleet; the nodes come
+// back too, for the page's table. The error is the registry's alone
+// (status fails on it, the page says it): what the nodes say, the store
+// or the overlay are part of the status, not failures of reading it.
+func readFleet(ctx context.Context, cl *Client) (*fleetStatus, []*NodeStatus, error) {
+	s := &fleetStatus{}
+	s.Broker.URL, s.Broker.Reachable = cl.NC.ConnectedUrlRedacted(), true
+	s.Store.Answered, s.Store.Problem = storeAnswer(ctx, cl)
+	// DiskFullError's own words, as serve answers them.
+	s.Store.DiskFull = strings.Contains(s.Store.Problem, " is full (")
+	ns, rerr := cl.Nodes(ctx)
+	s.Registry.Answered = rerr == nil
+	if rerr != nil {
+		s.Registry.Error = rerr.Error()
+		rerr = fmt.Errorf("the registry's nodes were not read: %w", rerr)
+	}
+	s.tally(ns)
+	o, oerr := cl.Overlay(ctx)
+	switch {
+	case oerr == nil:
+		s.Overlay.Set, s.Overlay.Network, s.Overlay.Interface = true, o.Network, o.Interface
+	case !errors.Is(oerr, ErrNoOverlay):
+		s.Overlay.Error = oerr.Error()
+	}
+	return s, ns, rerr
+}
+
 // status prints the fleet at a glance. The control side not read (no
 // keys, no broker, the registry not listed) fails it; what the nodes say
 // does not.
@@ -249,35 +280,15 @@ func (c *cli) status() error {
 		return err
 	}
 	defer cl.Close()
-	var s fleetStatus
-	s.Broker.URL, s.Broker.Reachable = cl.NC.ConnectedUrlRedacted(), true
-	s.Store.Answered, s.Store.Problem = storeAnswer(c.ctx, cl)
-	// DiskFullError's own words, as serve answers them.
-	s.Store.DiskFull = strings.Contains(s.Store.Problem, " is full (")
-	ns, rerr := cl.Nodes(c.ctx)
-	s.Registry.Answered = rerr == nil
-	if rerr != nil {
-		s.Registry.Error = rerr.Error()
-	}
-	s.tally(ns)
-	o, oerr := cl.Overlay(c.ctx)
-	switch {
-	case oerr == nil:
-		s.Overlay.Set, s.Overlay.Network, s.Overlay.Interface = true, o.Network, o.Interface
-	case !errors.Is(oerr, ErrNoOverlay):
-		s.Overlay.Error = oerr.Error()
-	}
+	s, _, rerr := readFleet(c.ctx, cl)
 	if c.json {
-		if err := c.printJSON(&s); err != nil {
+		if err := c.printJSON(s); err != nil {
 			return err
 		}
 	} else {
-		c.printStatus(&s)
+		printParts(c.stdout, s.parts())
 	}
-	if rerr != nil {
-		return fmt.Errorf("the registry's nodes were not read: %w", rerr)
-	}
-	return nil
+	return rerr
 }
 
 // stateLabel is a state as status heads it: "enrolled" is what a linked
@@ -289,50 +300,72 @@ func stateLabel(st string) string {
 	return st
 }
 
-func (c *cli) printStatus(s *fleetStatus) {
-	w := c.stdout
-	fmt.Fprintf(w, "broker:    %s, reachable\n", s.Broker.URL)
+// statusRow is one line of the status as a person reads it: what it is
+// about and what it says. Class is "bad" for what wants a look now and
+// "note" for what may (a held line, a store nobody answered for), as the
+// page's style names them; the text says the same in words.
+type statusRow struct {
+	Head, Value, Class string
+}
+
+// statusPart is a group of rows under an optional title; Indent and Width
+// are how the text lays out its heads (the page has a table for that).
+type statusPart struct {
+	Title  string
+	Indent string
+	Width  int
+	Rows   []statusRow
+}
+
+// parts is the status in the words both `status` and the status page
+// say it, one group of lines at a time. When the registry was not read it
+// ends there: the rest would be counts of nothing.
+func (s *fleetStatus) parts() []statusPart {
+	control := statusPart{Width: 10, Rows: []statusRow{{Head: "broker:", Value: s.Broker.URL + ", reachable"}}}
 	switch {
 	case s.Store.Problem != "":
-		fmt.Fprintf(w, "store:     cannot write: %s\n", s.Store.Problem)
+		control.Rows = append(control.Rows, statusRow{"store:", "cannot write: " + s.Store.Problem, "bad"})
 	case s.Store.Answered:
-		fmt.Fprintln(w, "store:     takes writes")
+		control.Rows = append(control.Rows, statusRow{"store:", "takes writes", ""})
 	default:
-		fmt.Fprintln(w, "store:     no answer from serve (not running, or a broker of your own: its store is yours to watch)")
+		control.Rows = append(control.Rows, statusRow{"store:", "no answer from serve (not running, or a broker of your own: its store is yours to watch)", "note"})
 	}
 	if !s.Registry.Answered {
-		fmt.Fprintf(w, "registry:  not read: %s\n", s.Registry.Error)
-		return
+		control.Rows = append(control.Rows, statusRow{"registry:", "not read: " + s.Registry.Error, "bad"})
+		return []statusPart{control}
 	}
-	fmt.Fprintf(w, "registry:  read, %d node(s)\n", s.Total)
-	fmt.Fprintln(w, "\nnodes by state (as mesh-control nodes shows them):")
+	control.Rows = append(control.Rows, statusRow{"registry:", fmt.Sprintf("read, %d node(s)", s.Total), ""})
+
+	states := statusPart{Title: "nodes by state (as mesh-control nodes shows them):", Indent: "  ", Width: 36}
 	for _, g := range s.States {
-		line := fmt.Sprintf("  %-36s %d", stateLabel(g.State), g.Count)
+		value := fmt.Sprint(g.Count)
 		if g.Count > 0 {
-			line += "  " + g.text()
+			value += "  " + g.text()
 		}
 		if g.Episodic > 0 {
-			line += fmt.Sprintf(" (%d episodic)", g.Episodic)
+			value += fmt.Sprintf(" (%d episodic)", g.Episodic)
 		}
-		fmt.Fprintln(w, line)
+		states.Rows = append(states.Rows, statusRow{Head: stateLabel(g.State), Value: value})
 		if g.OldestNode != "" && g.State != StateRevoked {
 			which := "last heard longest ago"
 			if g.Count == 1 {
 				which = "last heard"
 			}
-			fmt.Fprintf(w, "  %-36s %s: %s, %s (%s)\n", "", which, g.OldestNode, g.OldestHeard.Local().Format(time.RFC3339), ago(g.OldestHeard))
+			states.Rows = append(states.Rows, statusRow{Value: fmt.Sprintf("%s: %s, %s (%s)", which, g.OldestNode, g.OldestHeard.Local().Format(time.RFC3339), ago(g.OldestHeard))})
 		}
 	}
-	fmt.Fprintln(w)
+
+	fleet := statusPart{Width: 42}
 	for _, l := range []struct {
-		head string
-		g    *nodeGroup
-	}{{"a failed line (last report or briefing)", &s.Failed}, {"a held line (last report or briefing)", &s.Held}} {
-		line := fmt.Sprintf("%-42s %d", l.head+":", l.g.Count)
+		head, class string
+		g           *nodeGroup
+	}{{"a failed line (last report or briefing)", "bad", &s.Failed}, {"a held line (last report or briefing)", "note", &s.Held}} {
+		row := statusRow{Head: l.head + ":", Value: fmt.Sprint(l.g.Count)}
 		if l.g.Count > 0 {
-			line += "  " + l.g.text()
+			row.Value += "  " + l.g.text()
+			row.Class = l.class
 		}
-		fmt.Fprintln(w, line)
+		fleet.Rows = append(fleet.Rows, row)
 	}
 	for _, v := range []struct {
 		head string
@@ -345,14 +378,33 @@ func (c *cli) printStatus(s *fleetStatus) {
 		if len(parts) == 0 {
 			parts = []string{"none reported"}
 		}
-		fmt.Fprintf(w, "%-42s %s\n", v.head+" (nodes not revoked):", strings.Join(parts, ", "))
+		fleet.Rows = append(fleet.Rows, statusRow{Head: v.head + " (nodes not revoked):", Value: strings.Join(parts, ", ")})
 	}
+	overlay := statusRow{Head: "overlay:"}
 	switch {
 	case s.Overlay.Set:
-		fmt.Fprintf(w, "%-42s %s on %s; %d node(s) addressed, %d last reported it applied\n", "overlay:", s.Overlay.Network, s.Overlay.Interface, s.Overlay.Addressed, s.Overlay.Applied)
+		overlay.Value = fmt.Sprintf("%s on %s; %d node(s) addressed, %d last reported it applied", s.Overlay.Network, s.Overlay.Interface, s.Overlay.Addressed, s.Overlay.Applied)
 	case s.Overlay.Error != "":
-		fmt.Fprintf(w, "%-42s not read: %s\n", "overlay:", s.Overlay.Error)
+		overlay.Value, overlay.Class = "not read: "+s.Overlay.Error, "bad"
 	default:
-		fmt.Fprintf(w, "%-42s not set (mesh-control overlay set)\n", "overlay:")
+		overlay.Value = "not set (mesh-control overlay set)"
+	}
+	fleet.Rows = append(fleet.Rows, overlay)
+	return []statusPart{control, states, fleet}
+}
+
+// printParts writes the status as text: each part after a blank line,
+// its title, then its rows with their heads in a column.
+func printParts(w io.Writer, parts []statusPart) {
+	for i, p := range parts {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if p.Title != "" {
+			fmt.Fprintln(w, p.Title)
+		}
+		for _, r := range p.Rows {
+			fmt.Fprintf(w, "%s%-*s %s\n", p.Indent, p.Width, r.Head, r.Value)
+		}
 	}
 }

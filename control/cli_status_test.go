@@ -29,38 +29,11 @@ func TestStatusCommand(t *testing.T) {
 	s := serve(t, dir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, web := enrolNode(t, s, "web1")
-	_, gone := enrolNode(t, s, "gone1")
-	enrolNode(t, s, "quiet1")
+	statusFleet(t, ctx, s, dir)
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
 		return run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)
 	}
-	if _, errs, code := cli("overlay", "set", "--network", "10.77.0.0/24"); code != 0 {
-		t.Fatalf("overlay set: %s", errs)
-	}
-	// web1: the overlay applied, a line failed, its briefing kept one.
-	reportAs(t, web, 1, shapes.Failed, []shapes.Line{overlayLine(shapes.Unchanged), {Module: "site", ID: "svc", Type: "service", Outcome: shapes.Failed, Detail: "exit status 3"}},
-		&shapes.Briefing{Outcome: shapes.MarkKept, Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "site", ID: "conf", Type: "file"}}})
-	nc, err := agent.Dial(web, nats.NoReconnect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hb, _ := json.Marshal(link.Heartbeat{Node: "web1", Enrolment: web.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
-		Presence: link.PresenceResident, AgentVersion: "0.9.2", AgentBuild: "a7", Executor: &link.ExecutorStatus{Version: "0.9.2", Build: "b2", Seq: 1}, LastApplied: 1})
-	sig, _ := web.Sign(hb)
-	if err := nc.PublishMsg(&nats.Msg{Subject: web.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
-	heartbeatAs(t, gone)
-	if _, _, err := s.client.Revoke(ctx, "gone1", "test"); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "web1 heard from with its report and executor", func() bool {
-		n := status(t, s, "web1")
-		return n.State == link.StateEnrolled && n.ExecutorVersion == "0.9.2" && n.LastReport != nil && n.Briefing != nil
-	})
 
 	out, errs, code := cli("status")
 	if code != 0 || errs != "" {
@@ -174,6 +147,43 @@ func TestStatusCommand(t *testing.T) {
 	if code != 2 || out != "" || !strings.Contains(errs, "frob") {
 		t.Fatalf("status --frob: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+}
+
+// statusFleet makes the fleet the status tests read: web1 linked (its
+// heartbeat with versions, its last report with the overlay applied and a
+// failed line, its briefing a kept one), gone1 revoked, quiet1 never heard
+// from, and the overlay set; it returns once the registry shows web1's.
+func statusFleet(t *testing.T, ctx context.Context, s *served, dir string) {
+	t.Helper()
+	_, web := enrolNode(t, s, "web1")
+	_, gone := enrolNode(t, s, "gone1")
+	enrolNode(t, s, "quiet1")
+	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.77.0.0/24", "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("overlay set: %s", errs)
+	}
+	// web1: the overlay applied, a line failed, its briefing kept one.
+	reportAs(t, web, 1, shapes.Failed, []shapes.Line{overlayLine(shapes.Unchanged), {Module: "site", ID: "svc", Type: "service", Outcome: shapes.Failed, Detail: "exit status 3"}},
+		&shapes.Briefing{Outcome: shapes.MarkKept, Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "site", ID: "conf", Type: "file"}}})
+	nc, err := agent.Dial(web, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := json.Marshal(link.Heartbeat{Node: "web1", Enrolment: web.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
+		Presence: link.PresenceResident, AgentVersion: "0.9.2", AgentBuild: "a7", Executor: &link.ExecutorStatus{Version: "0.9.2", Build: "b2", Seq: 1}, LastApplied: 1})
+	sig, _ := web.Sign(hb)
+	if err := nc.PublishMsg(&nats.Msg{Subject: web.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	heartbeatAs(t, gone)
+	if _, _, err := s.client.Revoke(ctx, "gone1", "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web1 heard from with its report and executor", func() bool {
+		n := status(t, s, "web1")
+		return n.State == link.StateEnrolled && n.ExecutorVersion == "0.9.2" && n.LastReport != nil && n.Briefing != nil
+	})
+
 }
 
 // On a full control disk status says so on its store line, and in --json,

@@ -29,6 +29,13 @@ type served struct {
 // serve runs control.Serve with an embedded broker on a free port.
 func serve(t *testing.T, dir, listen string) *served {
 	t.Helper()
+	return serveWith(t, dir, control.ServeOptions{Listen: listen})
+}
+
+// serveWith is serve with options of the test's own (its status page:
+// UI); Log and Ready are serve's.
+func serveWith(t *testing.T, dir string, o control.ServeOptions) *served {
+	t.Helper()
 	k, err := control.LoadKeys(dir)
 	if err != nil {
 		k, err = control.Init(dir, nil, "")
@@ -44,7 +51,8 @@ func serve(t *testing.T, dir, listen string) *served {
 	ready := make(chan up, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- control.Serve(ctx, k, control.ServeOptions{Listen: listen, Log: quiet(), Ready: func(u string, s *control.Server) { ready <- up{u, s} }})
+		o.Log, o.Ready = quiet(), func(u string, s *control.Server) { ready <- up{u, s} }
+		done <- control.Serve(ctx, k, o)
 	}()
 	var u up
 	select {

@@ -93,29 +93,24 @@ func (u *uiServer) render(w http.ResponseWriter, page string, data any) {
 	fmt.Fprint(w, b.String())
 }
 
-// uiOverview is the overview page's data.
+// uiOverview is the overview page's data: the fleet at a glance in the
+// words `mesh-control status` says it (Status, from readFleet and parts),
+// then every node.
 type uiOverview struct {
 	Now    time.Time
+	Status []statusPart
 	Nodes  []*NodeStatus
-	Counts map[string]int
-	Failed int
 	Error  string
 }
 
 func (u *uiServer) overview(ctx context.Context, w http.ResponseWriter) {
-	data := uiOverview{Now: time.Now(), Counts: map[string]int{}}
-	ns, err := u.c.Nodes(ctx)
+	data := uiOverview{Now: time.Now()}
+	s, ns, err := readFleet(ctx, u.c)
 	if err != nil {
-		data.Error = "the registry could not be read: " + err.Error()
+		data.Error = err.Error()
 	}
 	slices.SortFunc(ns, func(a, b *NodeStatus) int { return strings.Compare(a.Name, b.Name) })
-	for _, n := range ns {
-		data.Counts[n.State]++
-		if n.LastOutcome == shapes.Failed || n.LastOutcome == shapes.Refused {
-			data.Failed++
-		}
-	}
-	data.Nodes = ns
+	data.Status, data.Nodes = s.parts(), ns
 	u.render(w, "overview.html", data)
 }
 

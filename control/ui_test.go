@@ -3,11 +3,15 @@ package control_test
 import (
 	"context"
 	"encoding/json"
+	"html"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -137,4 +142,115 @@ func TestStatusPageInChromium(t *testing.T) {
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST answered %d, want 405", resp.StatusCode)
 	}
+}
+
+// The status page's overview says what `mesh-control status` says of the
+// same fleet, line for line and in the same words (the two are made by
+// one piece of code), with what wants a look marked for the eye: read by
+// a plain GET from a real serve --ui, beside the status command run
+// against the same serve.
+func TestStatusPageSaysWhatStatusSays(t *testing.T) {
+	dir := t.TempDir()
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ui := ul.Addr().String()
+	ul.Close()
+	s := serveWith(t, dir, control.ServeOptions{Listen: "127.0.0.1:0", UI: ui})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	statusFleet(t, ctx, s, dir)
+
+	resp, err := http.Get("http://" + ui + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /: %d, %v\n%s", resp.StatusCode, err, body)
+	}
+	out, errs, code := run(t, ctx, "status", "--dir", dir, "--nats", s.url)
+	if code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errs)
+	}
+	rows := statusRows(t, string(body))
+
+	// Line for line: what status prints, its columns' spaces as one, is
+	// what the page's status table says, in order. Only how long ago a
+	// node was last heard may have moved on between the two reads.
+	var said, shown []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = flatAgo(l); l != "" {
+			said = append(said, l)
+		}
+	}
+	for _, r := range rows {
+		shown = append(shown, flatAgo(r.head+" "+r.value))
+	}
+	if strings.Join(said, "\n") != strings.Join(shown, "\n") {
+		t.Errorf("the page does not say what status says:\nstatus:\n%s\n\npage:\n%s", strings.Join(said, "\n"), strings.Join(shown, "\n"))
+	}
+
+	// What wants a look is marked so, and nothing else.
+	for _, tc := range []struct {
+		head, value, class string
+	}{
+		{"store:", "takes writes", ""},
+		{"registry:", "read, 3 node(s)", ""},
+		{"enrolled (linked at its last word)", "1 web1", ""},
+		{"revoked", "1 gone1", ""},
+		{"never heard from", "1 quiet1", ""},
+		{"a failed line (last report or briefing):", "1 web1", "bad"},
+		{"a held line (last report or briefing):", "1 web1", "note"},
+		{"executor versions (nodes not revoked):", "0.9.2 (b2): 1", ""},
+		{"agent versions (nodes not revoked):", "0.9.2 (a7): 1", ""},
+		{"overlay:", "10.77.0.0/24 on mesh0; 2 node(s) addressed, 1 last reported it applied", ""},
+	} {
+		t.Run(tc.head, func(t *testing.T) {
+			i := slices.IndexFunc(rows, func(r statusRowShown) bool { return r.head == tc.head })
+			if i < 0 {
+				t.Fatalf("no %q on the page", tc.head)
+			}
+			if got := rows[i]; flatAgo(got.value) != tc.value || got.class != tc.class {
+				t.Errorf("%q: %q (class %q), want %q (class %q)", tc.head, got.value, got.class, tc.value, tc.class)
+			}
+		})
+	}
+}
+
+// statusRowShown is a row of the page's status table: a title row has
+// the title as its head and no value.
+type statusRowShown struct{ head, value, class string }
+
+// statusRows reads the page's status table (id="status"), its cells
+// unescaped, in the page's order.
+func statusRows(t *testing.T, page string) []statusRowShown {
+	t.Helper()
+	start := strings.Index(page, `<table class="status" id="status">`)
+	end := strings.Index(page[max(start, 0):], "</table>")
+	if start < 0 || end < 0 {
+		t.Fatalf("the page has no status table:\n%s", page)
+	}
+	cell := regexp.MustCompile(`<th colspan="2">(.*?)</th>|<td class="head">(.*?)</td><td(?: class="(\w+)")?>(.*?)</td>`)
+	var rows []statusRowShown
+	for _, m := range cell.FindAllStringSubmatch(page[start:start+end], -1) {
+		if m[1] != "" {
+			rows = append(rows, statusRowShown{head: html.UnescapeString(m[1])})
+			continue
+		}
+		rows = append(rows, statusRowShown{head: html.UnescapeString(m[2]), class: m[3], value: html.UnescapeString(m[4])})
+	}
+	if len(rows) == 0 {
+		t.Fatalf("the page's status table has no rows:\n%s", page[start:start+end])
+	}
+	return rows
+}
+
+// flatAgo is s with its spaces as one and how long ago anything was
+// ("12s ago") as "… ago".
+func flatAgo(s string) string {
+	s = regexp.MustCompile(`[0-9][0-9hms.µ]* ago`).ReplaceAllString(s, "… ago")
+	return strings.Join(strings.Fields(s), " ")
 }

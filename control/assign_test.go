@@ -30,22 +30,35 @@ const (
 // does.
 func reportAs(t *testing.T, id *agent.Identity, seq uint64, outcome shapes.Outcome, lines []shapes.Line, b *shapes.Briefing) {
 	t.Helper()
+	if b != nil && b.At.IsZero() { // as the executor's: the apply's sequence and time
+		b.Seq, b.At = seq, time.Now().UTC()
+	}
+	sendReports(t, id, link.Report{Seq: seq, Trigger: link.TriggerDeclaration, Outcome: outcome, Lines: lines, Briefing: b})
+}
+
+// sendReports publishes reports in order, each signed by the node's NKey
+// as its agent does, over one connection; each is the node's, and now
+// unless it says when.
+func sendReports(t *testing.T, id *agent.Identity, reps ...link.Report) {
+	t.Helper()
 	nc, err := agent.Dial(id, nats.NoReconnect())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if b != nil && b.At.IsZero() { // as the executor's: the apply's sequence and time
-		b.Seq, b.At = seq, time.Now().UTC()
-	}
-	data, _ := json.Marshal(&link.Report{Node: id.Node, Enrolment: id.Enrolment, Seq: seq, Trigger: link.TriggerDeclaration,
-		Outcome: outcome, Lines: lines, Briefing: b, At: time.Now().UTC()})
-	sig, err := id.Sign(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
-		t.Fatal(err)
+	for _, r := range reps {
+		r.Node, r.Enrolment = id.Node, id.Enrolment
+		if r.At.IsZero() {
+			r.At = time.Now().UTC()
+		}
+		data, _ := json.Marshal(&r)
+		sig, err := id.Sign(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)

@@ -113,7 +113,8 @@ longest ago), those with a failed or held line in their last report or briefing,
 agent versions in use, the broker, its store (a full disk) and the registry, and the overlay. Exit
 1 when the control side cannot be read`),
 	cmdline.D("reports", "NODE", 1, 1, []string{"dir", "nats", "last", "json"},
-		"the node's last reports, with their lines"),
+		`the node's last reports, with their lines; then a summary as --wait's: a row a report (its
+outcome, its lines changed, unchanged, failed and held) and the total`),
 	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store"},
 		`a nats-server configuration for an existing broker (serve --nats); with --cluster, each
 server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes between them, TLS
@@ -733,6 +734,16 @@ func (c *cli) reports(node string, last int) error {
 	}
 	if skipped > 0 {
 		fmt.Fprintf(c.stdout, "(%d message(s) on mesh.report.%s not signed by the node: ignored)\n", skipped, node)
+	}
+	if len(rs) > 0 {
+		// What the reports above did, counted as --wait counts it: a
+		// row each, and the total, left on the screen when they scroll.
+		rows := make([]summaryRow, len(rs))
+		for i, r := range rs {
+			rows[i] = summaryRow{seq: r.Seq, r: r}
+		}
+		fmt.Fprintln(c.stdout)
+		c.summarize(rows, "report", false)
 	}
 	return nil
 }

@@ -180,10 +180,10 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 // found, changed by something else or not).
 type tally struct{ changed, unchanged, failed, held int }
 
-func tallyOf(r *SignedReport) tally {
+func tallyOf(lines []shapes.Line) tally {
 	var t tally
-	t.changed, t.failed, _ = shapes.Did(&shapes.Report{Lines: r.Lines})
-	for _, l := range r.Lines {
+	t.changed, t.failed, _ = shapes.Did(&shapes.Report{Lines: lines})
+	for _, l := range lines {
 		switch l.Outcome {
 		case shapes.Unchanged:
 			t.unchanged++
@@ -209,22 +209,63 @@ func (t tally) String() string {
 	return s
 }
 
+// summaryRow is one row of a summary of applies: the node it is about
+// ("" in one node's own reports, where every row is that node's), the
+// sequence, and the report (nil: none came within --wait).
+type summaryRow struct {
+	node string
+	seq  uint64
+	r    *SignedReport
+}
+
 // printSummary says, after the reports, a line for each node waited for
 // — its sequence, its outcome and its lines counted, or that it did not
 // answer — and the total: "2 nodes: 2 applied (5 changed, 1 unchanged, 0
 // failed), 0 no answer". A fleet's worth of reports scrolls by; this is
 // what is left on the screen.
 func (c *cli) printSummary(want []nodeSeq, got map[int]*SignedReport) {
-	var total tally
-	var applied, failed, refused, none int
-	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	rows := make([]summaryRow, len(want))
 	for i, n := range want {
-		r := got[i]
-		if r == nil {
+		rows[i] = summaryRow{node: n.node, seq: n.seq, r: got[i]}
+	}
+	c.summarize(rows, "node", true)
+}
+
+// summarize writes a summary of applies in Puppet's manner: a row each —
+// who, the sequence, the outcome and the lines counted ("3 changed, 1
+// unchanged, 0 failed"), who refused it, or that no report came — then
+// the total ("2 nodes: 1 applied, 1 failed (3 changed, …)"). noun is what
+// a row counts ("node", "report"); waited says the rows are what --wait
+// asked for, so the total says how many did not answer. --wait and
+// reports say it alike, from this one place. A plan changed nothing and
+// a report of an apply done before (Duplicate) did nothing now: each is
+// said on its row, and neither adds to the lines counted.
+func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
+	var total tally
+	var applied, failed, refused, plans, none int
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	// A row's cells: the node (when the rows are of several), what was
+	// asked ("seq 7", "plan ID"), then what became of it.
+	row := func(n summaryRow, cells ...string) {
+		if n.node != "" {
+			cells = append([]string{n.node}, cells...)
+		}
+		fmt.Fprintln(w, strings.Join(cells, "\t"))
+	}
+	for _, n := range rows {
+		r := n.r
+		switch {
+		case r == nil:
 			none++
-			fmt.Fprintf(w, "%s\tseq %d\tno answer\twithin %v\n", n.node, n.seq, c.wait)
+			row(n, fmt.Sprintf("seq %d", n.seq), "no answer", fmt.Sprintf("within %v", c.wait))
+			continue
+		case r.Trigger == link.TriggerPlan:
+			plans++
+			t := tallyOf(r.Lines)
+			row(n, "plan "+r.PlanID, planVerb(r.Outcome), fmt.Sprintf("%d would change, %d would fail (a plan: nothing changed)", t.changed, t.failed))
 			continue
 		}
+		seq := fmt.Sprintf("seq %d", n.seq)
 		outcome := string(r.Outcome)
 		if r.Outcome == shapes.Superseded {
 			outcome = fmt.Sprintf("superseded by seq %d (%s)", r.SupersededBy, r.SupersededOutcome)
@@ -232,30 +273,41 @@ func (c *cli) printSummary(want []nodeSeq, got map[int]*SignedReport) {
 		switch outcomeExit(r) {
 		case ExitRefused:
 			refused++
-			fmt.Fprintf(w, "%s\tseq %d\t%s\tby the %s\n", n.node, n.seq, outcome, r.RefusedBy)
+			row(n, seq, outcome, "by the "+r.RefusedBy)
 			continue
 		case ExitFailed:
 			failed++
 		default:
 			applied++
 		}
-		t := tallyOf(r)
+		if r.Duplicate {
+			row(n, seq, outcome, "already applied: nothing done now")
+			continue
+		}
+		t := tallyOf(r.Lines)
 		total.add(t)
-		fmt.Fprintf(w, "%s\tseq %d\t%s\t%s\n", n.node, n.seq, outcome, t)
+		row(n, seq, outcome, t.String())
 	}
 	w.Flush()
-	nodes := "nodes"
-	if len(want) == 1 {
-		nodes = "node"
+	nouns := noun + "s"
+	if len(rows) == 1 {
+		nouns = noun
 	}
-	line := fmt.Sprintf("%d %s: %d applied", len(want), nodes, applied)
+	line := fmt.Sprintf("%d %s: %d applied", len(rows), nouns, applied)
 	if failed > 0 {
 		line += fmt.Sprintf(", %d failed", failed)
 	}
 	if refused > 0 {
 		line += fmt.Sprintf(", %d refused", refused)
 	}
-	fmt.Fprintf(c.stdout, "%s (%s), %d no answer\n", line, total, none)
+	line += fmt.Sprintf(" (%s)", total)
+	if plans > 0 {
+		line += fmt.Sprintf(", %d plan(s)", plans)
+	}
+	if waited {
+		line += fmt.Sprintf(", %d no answer", none)
+	}
+	fmt.Fprintln(c.stdout, line)
 }
 
 // progress says, on a terminal only, how the wait is going, on one line

@@ -110,6 +110,9 @@ func answering(t *testing.T, s *served, ids map[string]*agent.Identity, lines ma
 
 var anySeq = regexp.MustCompile(`seq \d+`)
 
+// reportHead is the start of a report as reports prints it: its time.
+var reportHead = regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT`)
+
 // declare --wait ends with a summary in Puppet's manner, a line a node and
 // the total, on a terminal or not; while it waits, a terminal is told how
 // many nodes answered, and a pipe is not.
@@ -193,6 +196,76 @@ func TestWaitSaysProgressAndASummary(t *testing.T) {
 			// terminal ends its lines \r\n).
 			if want := "\r\x1b[Kmesh-control declare: no report within 2s from web3 (seq N)\r\n"; c.tty && !strings.HasSuffix(anySeq.ReplaceAllString(onTerminal, "seq N"), want) {
 				t.Errorf("the terminal does not end %q: %q", want, onTerminal)
+			}
+		})
+	}
+}
+
+// reports ends with the summary --wait says, of the reports it printed: a
+// row each (its sequence, outcome and lines counted; who refused it; a
+// plan as a plan; an apply done before as nothing done now) and the total.
+// Neither a plan nor a report of an earlier apply adds to the lines
+// counted.
+func TestReportsEndWithASummary(t *testing.T) {
+	s, _, _, cli := servedCLI(t)
+	line := func(id string, o shapes.Outcome) shapes.Line {
+		return shapes.Line{Module: "base", ID: id, Type: "file", Outcome: o}
+	}
+	for _, c := range []struct {
+		node    string
+		reports []link.Report
+		// summary is the lines after the blank line, spaces as one.
+		summary []string
+	}{
+		{"applies", []link.Report{
+			{Seq: 1, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied, Lines: []shapes.Line{line("motd", shapes.Applied), line("issue", shapes.Applied), line("hosts", shapes.Unchanged)}},
+			{Seq: 2, Trigger: link.TriggerReconnect, Outcome: shapes.Unchanged, Lines: []shapes.Line{line("motd", shapes.Unchanged), line("issue", shapes.Unchanged), line("hosts", shapes.Unchanged)}},
+		}, []string{
+			"seq 1 applied 2 changed, 1 unchanged, 0 failed",
+			"seq 2 unchanged 0 changed, 3 unchanged, 0 failed",
+			"2 reports: 2 applied (2 changed, 4 unchanged, 0 failed)",
+		}},
+		{"failed-refused", []link.Report{
+			{Seq: 1, Trigger: link.TriggerDeclaration, Outcome: shapes.Failed, Lines: []shapes.Line{line("motd", shapes.Applied), line("issue", shapes.Failed), line("found", shapes.Held)}},
+			{Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Refused, Refused: "executor: refused: /etc is the host's", Code: "invalid", RefusedBy: "executor"},
+		}, []string{
+			"seq 1 failed 1 changed, 0 unchanged, 1 failed, 1 held",
+			"seq 2 refused by the executor",
+			"2 reports: 0 applied, 1 failed, 1 refused (1 changed, 0 unchanged, 1 failed, 1 held)",
+		}},
+		{"plan-duplicate", []link.Report{
+			{Seq: 1, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied, Lines: []shapes.Line{line("motd", shapes.Applied)}},
+			{Trigger: link.TriggerPlan, PlanID: "p1", Outcome: shapes.Applied, Lines: []shapes.Line{line("motd", shapes.Applied), line("issue", shapes.Failed)}},
+			{Seq: 1, Trigger: link.TriggerDeclaration, Outcome: shapes.Applied, Duplicate: true, Lines: []shapes.Line{line("motd", shapes.Applied)}},
+		}, []string{
+			"seq 1 applied 1 changed, 0 unchanged, 0 failed",
+			"plan p1 would apply 1 would change, 1 would fail (a plan: nothing changed)",
+			"seq 1 applied already applied: nothing done now",
+			"3 reports: 2 applied (1 changed, 0 unchanged, 0 failed), 1 plan(s)",
+		}},
+	} {
+		t.Run(c.node, func(t *testing.T) {
+			_, id := enrolNode(t, s, c.node)
+			sendReports(t, id, c.reports...)
+			var out string
+			eventually(t, "the reports read", func() bool {
+				o, errs, code := cli("reports", c.node)
+				if code != 0 {
+					t.Fatalf("reports: exit %d: %s", code, errs)
+				}
+				out = o
+				return len(reportHead.FindAllString(o, -1)) == len(c.reports)
+			})
+			before, after, ok := strings.Cut(out, "\n\n")
+			if !ok || !strings.Contains(before, "seq 1") {
+				t.Fatalf("no summary apart from the reports:\n%s", out)
+			}
+			var got []string
+			for _, l := range strings.Split(strings.TrimSpace(after), "\n") {
+				got = append(got, strings.Join(strings.Fields(l), " "))
+			}
+			if strings.Join(got, "\n") != strings.Join(c.summary, "\n") {
+				t.Errorf("the summary is\n%s\nwant\n%s\nstandard output:\n%s", strings.Join(got, "\n"), strings.Join(c.summary, "\n"), out)
 			}
 		})
 	}

@@ -32,6 +32,8 @@ var uiPages = template.Must(template.New("").Funcs(template.FuncMap{
 	"outcome": outcomeClass,
 	"time":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"trigger": triggerWord,
+	// An apply's lines counted as reports and --wait count them.
+	"tally": func(lines []shapes.Line) string { return tallyOf(lines).String() },
 }).ParseFS(uiFiles, "ui/*.html"))
 
 // uiAgo says how long ago t was, as nodes does.

@@ -146,7 +146,8 @@ func TestStatusPageInChromium(t *testing.T) {
 
 // The status page's overview says what `mesh-control status` says of the
 // same fleet, line for line and in the same words (the two are made by
-// one piece of code), with what wants a look marked for the eye: read by
+// one piece of code), with what wants a look marked for the eye, and
+// counts a report's lines as reports does: read by
 // a plain GET from a real serve --ui, beside the status command run
 // against the same serve.
 func TestStatusPageSaysWhatStatusSays(t *testing.T) {
@@ -191,6 +192,22 @@ func TestStatusPageSaysWhatStatusSays(t *testing.T) {
 	}
 	if strings.Join(said, "\n") != strings.Join(shown, "\n") {
 		t.Errorf("the page does not say what status says:\nstatus:\n%s\n\npage:\n%s", strings.Join(said, "\n"), strings.Join(shown, "\n"))
+	}
+
+	// Its last report counted as reports counts it, on the overview and
+	// on the node's own page.
+	const counted = "0 changed, 1 unchanged, 1 failed"
+	if !strings.Contains(string(body), counted) {
+		t.Errorf("the overview does not count web1's last report (%q):\n%s", counted, body)
+	}
+	if resp, err := http.Get("http://" + ui + "/node/web1"); err != nil {
+		t.Error(err)
+	} else {
+		node, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(node), counted) {
+			t.Errorf("web1's page does not count its report (%q):\n%s", counted, node)
+		}
 	}
 
 	// What wants a look is marked so, and nothing else.

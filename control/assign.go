@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -407,7 +408,33 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 	body, _ := json.Marshal(comp.Decl)
 	sum := sha256.Sum256(body)
 	comp.Digest = hex.EncodeToString(sum[:])
+	// The roster's floor is left out of the digest: it follows every
+	// roster published, and a node joining or leaving is one roster
+	// published, not a declaration to every node. A composition sent for
+	// another reason carries the floor of its moment.
+	if floor := c.rosterFloor(ctx); floor != 0 && c.nodeAccepts(ctx, node, shapes.AcceptsRosterMin) {
+		floored := *ov
+		floored.RosterMin = floor
+		comp.Overlay = &floored
+		resources[0], _ = json.Marshal(&floored)
+		comp.Decl["resources"], _ = json.Marshal(resources)
+	}
 	return comp, nil
+}
+
+// nodeAccepts says whether node's executor reads field (shapes.Accepts),
+// as its profile last said (at enrolment, and whenever it changes, as on
+// an upgrade). A node that said nothing reads only what every release
+// reads.
+func (c *Client) nodeAccepts(ctx context.Context, node, field string) bool {
+	var kp keptProfile
+	if !c.getJSON(ctx, "profile."+node, &kp) || len(kp.Profile) == 0 {
+		return false
+	}
+	var prof struct {
+		Accepts []string `json:"accepts"`
+	}
+	return json.Unmarshal(kp.Profile, &prof) == nil && slices.Contains(prof.Accepts, field)
 }
 
 // ComposeWith is node's composition as it would be with the module in data

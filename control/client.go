@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +94,17 @@ type Client struct {
 	// node's first connection is not refused.
 	brokerKnows func(node, nkey string) bool
 	log         *slog.Logger
+	// floor is the newest roster sequence this client knows published
+	// (rosterFloor), shared by the client's copies.
+	floor *floorCache
+}
+
+// floorCache is the newest roster sequence known published, and when it
+// was last read.
+type floorCache struct {
+	mu   sync.Mutex
+	seq  uint64
+	read time.Time
 }
 
 // Connect connects to url ("" for the key directory's broker_url) and makes
@@ -161,7 +173,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}}
 	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err

@@ -136,6 +136,7 @@ func (c *Client) PublishRoster(ctx context.Context) (*RosterPublished, error) {
 			lastSeq, _ = strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64)
 			lastStream = m.Sequence
 			if m.Header.Get(DigestHeader) == digest {
+				c.noteRoster(lastSeq)
 				return &RosterPublished{Seq: lastSeq, Nodes: len(r.Nodes), Bytes: len(m.Data)}, nil
 			}
 		}
@@ -159,11 +160,41 @@ func (c *Client) PublishRoster(ctx context.Context) (*RosterPublished, error) {
 		if err != nil {
 			return nil, fmt.Errorf("roster: publishing %d nodes (%d bytes): %w", len(r.Nodes), len(env), err)
 		}
+		c.noteRoster(r.Seq)
 		c.NC.Publish(link.RosterNotice, []byte(strconv.FormatUint(ack.Sequence, 10)))
 		c.log.Info("published the mesh's roster", "seq", r.Seq, "nodes", len(r.Nodes), "bytes", len(env))
 		return &RosterPublished{Seq: r.Seq, Sent: true, Nodes: len(r.Nodes), Bytes: len(env)}, nil
 	}
 	return nil, errors.New("roster: it kept changing; not published")
+}
+
+// rosterFloor is the sequence of the newest roster published (0: none),
+// what a composition's overlay takes as its roster_min. It is read at most
+// once a second, and never goes back: a floor a moment old is lower than
+// the newest, which only lets a node take a roster a moment older, while
+// the roster this process publishes raises it at once (noteRoster), so a
+// node enrolled is composed a floor that names the roster with it in.
+func (c *Client) rosterFloor(ctx context.Context) uint64 {
+	f := c.floor
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if time.Since(f.read) < time.Second {
+		return f.seq
+	}
+	m, err := c.rosters.GetLastMsgForSubject(ctx, link.RosterSubject)
+	if err != nil {
+		return f.seq
+	}
+	seq, _ := strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64)
+	f.seq, f.read = max(f.seq, seq), time.Now()
+	return f.seq
+}
+
+// noteRoster raises the roster floor to seq, a roster just published.
+func (c *Client) noteRoster(seq uint64) {
+	c.floor.mu.Lock()
+	c.floor.seq = max(c.floor.seq, seq)
+	c.floor.mu.Unlock()
 }
 
 // LastRoster is the roster last published, verified under the control

@@ -338,3 +338,14 @@ func decodeResource(index int, data json.RawMessage) (Resource, error) {
 	}
 	return r, nil
 }
+
+// Accepts names the fields this build reads beyond those every release
+// of declaration version 1 reads. Every reader of a declaration is strict
+// (an unknown field refuses it whole), so a field added later is written
+// by the control side only to a host that says it reads it: the executor
+// says Accepts with its status, the agent relays it with the heartbeat.
+// A name is "shape.field" and is never reused for another meaning.
+var Accepts = []string{AcceptsRosterMin}
+
+// AcceptsRosterMin: the overlay's roster_min (Overlay.RosterMin).
+const AcceptsRosterMin = "overlay.roster_min"

@@ -1,6 +1,7 @@
 package shapes
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,6 +55,24 @@ func TestOverlayRosterOrPeers(t *testing.T) {
 	}
 	if _, err := Parse([]byte(strings.Replace(base, "%s", `,"peers":[{"public_key":"`+keyA+`","allowed_ips":["10.99.0.2/32"]}]`, 1))); err == nil {
 		t.Fatal("an overlay with both roster and peers parsed")
+	}
+}
+
+// roster_min bounds the roster's sequence, and only with roster.
+func TestOverlayRosterMin(t *testing.T) {
+	base := `{"version":1,"node":"n","enrolment":"e","seq":1,"resources":[{"module":"mesh","id":"overlay","type":"overlay","interface":"mesh0","address":"10.99.0.1/16"%s}]}`
+	d, err := Parse([]byte(strings.Replace(base, "%s", `,"roster":true,"roster_min":7`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := d.Resources[0].(*Overlay); !o.Roster || o.RosterMin != 7 {
+		t.Fatalf("read %+v", o)
+	}
+	if _, err := Parse([]byte(strings.Replace(base, "%s", `,"roster_min":7`, 1))); err == nil || !strings.Contains(err.Error(), "roster_min") {
+		t.Fatalf("roster_min without roster: %v", err)
+	}
+	if !slices.Contains(Accepts, AcceptsRosterMin) {
+		t.Fatal("this build reads roster_min and does not say so")
 	}
 }
 

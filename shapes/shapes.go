@@ -172,6 +172,16 @@ type Overlay struct {
 	// a declaration's size does not grow with the mesh. Peers are then
 	// declared none.
 	Roster bool `json:"roster,omitempty"`
+	// RosterMin is the oldest roster the peers may be taken from: the
+	// newest the control side had published when it composed this
+	// declaration. A host holding an older roster fails the step until a
+	// newer one comes, so that the first roster a host takes is never one
+	// from before the mesh was as it is now (a revoked node still in it):
+	// a roster is taken if newer than the one held, and a host holding
+	// none would take any signed one. Only with Roster. A host that does
+	// not read it refuses the declaration (unknown field), so the control
+	// side writes it only to a host that says it reads it (Accepts).
+	RosterMin uint64 `json:"roster_min,omitempty"`
 }
 
 // Peer is one WireGuard peer of an Overlay. Keepalive is in seconds.

@@ -45,6 +45,7 @@ type anyResource struct {
 	ListenPort  int               `json:"listen_port"`
 	Peers       []Peer            `json:"peers"`
 	Roster      bool              `json:"roster"`
+	RosterMin   uint64            `json:"roster_min"`
 	Port        int               `json:"port"`
 	Protocol    string            `json:"protocol"`
 	From        string            `json:"from"`
@@ -78,7 +79,7 @@ func (u *anyResource) shape() (Resource, bool) {
 	case TypeNetwork:
 		return &Network{Base: b, Name: u.Name}, true
 	case TypeOverlay:
-		return &Overlay{Base: b, Interface: u.Interface, Address: u.Address, ListenPort: u.ListenPort, Peers: u.Peers, Roster: u.Roster}, true
+		return &Overlay{Base: b, Interface: u.Interface, Address: u.Address, ListenPort: u.ListenPort, Peers: u.Peers, Roster: u.Roster, RosterMin: u.RosterMin}, true
 	case TypeOpening:
 		return &Opening{Base: b, Port: u.Port, Protocol: u.Protocol, From: u.From, Path: u.Path}, true
 	case TypeRegion:

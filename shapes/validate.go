@@ -579,6 +579,9 @@ func (o *Overlay) validate(v *validator) {
 	if o.Roster && len(o.Peers) > 0 {
 		v.fail("peers", "declared beside roster: the peers are the roster's; declare either")
 	}
+	if o.RosterMin != 0 && !o.Roster {
+		v.fail("roster_min", "set without roster: it bounds the sequence of the roster the peers are taken from")
+	}
 	for i, p := range o.Peers {
 		field := fmt.Sprintf("peers[%d]", i)
 		if k, err := base64.StdEncoding.DecodeString(p.PublicKey); err != nil || len(k) != 32 {

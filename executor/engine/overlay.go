@@ -124,6 +124,14 @@ func (r *run) overlay(st *step, rest int) {
 			r.fail(st, fmt.Errorf("its peers are the mesh's roster, and this host holds none yet (the agent brings it from the link)"), rest)
 			return
 		}
+		if r.opt.Roster.Seq < o.RosterMin {
+			// The roster held is older than the mesh this declaration was
+			// composed for (a first roster taken from a replay, say): its
+			// peers may include a node revoked since. Nothing is changed
+			// until the newer one comes; the executor applies again then.
+			r.fail(st, fmt.Errorf("its peers are the mesh's roster from seq %d on, and this host holds seq %d, older (the agent brings the newer one from the link)", o.RosterMin, r.opt.Roster.Seq), rest)
+			return
+		}
 		self := r.opt.NodeID
 		if self == "" {
 			self = r.d.Node

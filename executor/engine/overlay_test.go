@@ -286,4 +286,18 @@ func TestOverlayPeersFromTheRoster(t *testing.T) {
 	if len(got) != 2 || !slices.Contains(got, keys["a"]) || !slices.Contains(got, keys["c"]) {
 		t.Fatalf("peers after the newer roster: %v", got)
 	}
+
+	// A declaration composed when the mesh's roster was 3 is not applied
+	// from roster 2, which still names c: nothing changes until roster 3.
+	floored := strings.Replace(decl, `"roster":true`, `"roster":true,"roster_min":3`, 1)
+	h.roster = roster(2, "a", "self", "c")
+	f.log = nil
+	rep = h.apply(floored)
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "from seq 3 on, and this host holds seq 2") || len(f.log) != 0 {
+		t.Fatalf("a roster older than the declaration's floor: %+v %v", rep, f.log)
+	}
+	h.roster = roster(3, "a", "self")
+	if rep = h.apply(floored); outcomes(rep) != "mesh.wg=applied" || len(f.ifs["wg0"].Device.Peers) != 1 {
+		t.Fatalf("the roster the floor names: %+v", rep)
+	}
 }

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
 // Capability is one line of the profile: a yes/no and the detail or reason.
@@ -47,6 +48,13 @@ type Capability struct {
 type Profile struct {
 	DetectedAt   time.Time    `json:"detected_at"`
 	Capabilities []Capability `json:"capabilities"` // always the eight, in the fixed order of Names
+	// Accepts names the declaration fields this executor reads beyond
+	// those every release reads (shapes.Accepts). It travels with the
+	// profile — at enrolment, and again whenever the profile changes, as
+	// it does when the host is upgraded — so the control side writes a
+	// newer field only to a node that reads it, before the node has sent
+	// anything else.
+	Accepts []string `json:"accepts,omitempty"`
 }
 
 // Names are the eight capabilities, in the order a Profile lists them.
@@ -96,7 +104,7 @@ func Detect(ctx context.Context, opt Options) Profile {
 	if opt.Timeout <= 0 {
 		opt.Timeout = defaultTimeout
 	}
-	p := Profile{DetectedAt: clock.Now().UTC(), Capabilities: make([]Capability, len(Names))}
+	p := Profile{DetectedAt: clock.Now().UTC(), Capabilities: make([]Capability, len(Names)), Accepts: shapes.Accepts}
 
 	type answer struct {
 		i int

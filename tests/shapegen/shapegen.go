@@ -145,6 +145,9 @@ func (g *Gen) Resource(typ, module, id string) map[string]any {
 				p["keepalive"] = 25
 			}
 			r["peers"] = []any{p}
+		} else if g.coin() {
+			r["roster"] = true
+			opt("roster_min", 1+g.R.IntN(1000))
 		}
 	case shapes.TypeOpening:
 		r["port"] = 1 + g.R.IntN(65535)

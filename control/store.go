@@ -279,10 +279,14 @@ func answerStore(nc *nats.Conn, srv *Server) error {
 }
 
 // mayBeTheStore says whether err may come of a store that cannot write:
-// the broker did not answer in time, or answered with a JetStream error.
+// the broker did not answer in time, or answered with a JetStream error,
+// or a node's answer was waited for in vain (what it sends is recorded
+// before it is seen).
 func mayBeTheStore(err error) bool {
 	var api *jetstream.APIError
+	var ee *exitError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.As(err, &ee) && ee.code == ExitTimedOut ||
 		errors.Is(err, nats.ErrNoResponders) || errors.As(err, &api) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoStreamResponse)
 }

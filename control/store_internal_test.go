@@ -25,6 +25,8 @@ func TestOnlyTheStoresErrorsArePutDownToIt(t *testing.T) {
 		{fmt.Errorf("nodes: %w", nats.ErrNoResponders), true},
 		{fmt.Errorf("registry: the overlay settings: %w", &jetstream.APIError{Code: 500, ErrorCode: 10077, Description: "insufficient resources"}), true},
 		{fmt.Errorf("publish: %w", jetstream.ErrNoStreamResponse), true},
+		{&exitError{ExitTimedOut, "no plan from n1 within 10s"}, true},
+		{&exitError{2, "usage"}, false},
 		{errors.New("this mesh has an overlay (chaos0 on 10.231.0.0/24) and the file declares none"), false},
 		{errors.New("node n1 is revoked"), false},
 		{fmt.Errorf("assign: %w", ErrNoOverlay), false},

@@ -740,6 +740,13 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 				emit(l)
 			}
 		}
+		// And what the store owns now, as an apply's verdict says it: the
+		// report sent again is the newest, and the control side keeps the
+		// newest report's copy to hand back to a node that lost its store
+		// (one without it left an older apply's copy as the newest).
+		if st, err := store.Open(s.cfg.StateDir); err == nil {
+			v.Owned = enrol.Owned(st)
+		}
 		return v
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)

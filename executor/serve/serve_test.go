@@ -196,6 +196,12 @@ func TestPushedDeclarationIsVerifiedAppliedAndStreamed(t *testing.T) {
 	if !v.Duplicate || len(lines) != 1 || lines[0].Outcome != shapes.Applied || v.Outcome != shapes.Applied {
 		t.Fatalf("re-delivery: %+v %+v", v, lines)
 	}
+	// With what the store owns, as the first answer had: the control side
+	// keeps the newest report's copy to hand back to a node that lost its
+	// store, and a report sent again is the newest.
+	if len(v.Owned) == 0 {
+		t.Fatalf("re-delivery: no copy of what the store owns: %+v", v)
+	}
 	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "drift" {
 		t.Fatal("a re-delivery applied again")
 	}

@@ -311,6 +311,36 @@ func (w *world) lookAtMachine(n *node, again bool) {
 		w.violate(n, "owned-on-machine", "%v", err)
 		return
 	}
+	// A claim whose path is gone, and whose claim is gone a second later,
+	// is a look that raced a removal (a held composition went out after
+	// the node converged): the node converges again and is looked at once
+	// more, as for a write (below).
+	if !again {
+		var missing []string
+		for _, o := range owned {
+			if p, ok := strings.CutPrefix(o.Target, "path:"); ok && strings.HasPrefix(p, n.tree+"/") {
+				if _, err := os.Lstat(p); err != nil {
+					missing = append(missing, p)
+				}
+			}
+		}
+		if len(missing) > 0 {
+			time.Sleep(time.Second)
+			later := w.claimedPaths(n)
+			raced := later != nil
+			for _, p := range missing {
+				raced = raced && !later[p]
+			}
+			if raced {
+				w.check("looked-again")
+				w.logf("  (the look at %s raced a removal: %d path(s) no longer claimed a second later; looking again once it converges)", n.name, len(missing))
+				if w.converged(n, w.cfg.bound) {
+					w.lookAtMachine(n, true)
+				}
+				return
+			}
+		}
+	}
 	claimed := map[string]bool{}
 	for _, o := range owned {
 		p, ok := strings.CutPrefix(o.Target, "path:")

@@ -29,13 +29,34 @@ type Command struct {
 }
 
 // Program is a program's manual: its name, a one-line summary, a longer
-// description, and its commands.
+// description, and its commands; then the sections a person turns to when
+// the command did something unexpected — what its exit status meant, what
+// in its environment it read, which files it used — and examples.
 type Program struct {
 	Name        string
 	Section     int
 	Summary     string
 	Description string
 	Commands    []Command
+	// ExitStatus is each status the program exits with and what it
+	// means, and Environment each variable it reads. Empty: the
+	// program's entry in houseSections says them (house.go).
+	ExitStatus  []Entry
+	Environment []Entry
+	// Files are files the manual names beyond those the flags default to:
+	// FILES lists every absolute path a flag defaults to, with the
+	// flag's own words, so a flag's default and the manual cannot
+	// differ; Files adds the rest (a key directory's contents, a
+	// bundle). With houseSections' for the program.
+	Files []Entry
+	// Examples are command lines (Term) and what each does.
+	Examples []Entry
+}
+
+// Entry is one item of a manual's list section: a term — a status, a
+// variable, a path, a command line — and what it is.
+type Entry struct {
+	Term, Text string
 }
 
 // flags lists a flag set's flags, in its own (sorted) order.
@@ -242,8 +263,12 @@ func roff(s string) string {
 	return strings.Join(out, "\n")
 }
 
-// Man is the program's manual page (roff, man(7)).
+// Man is the program's manual page (roff, man(7)), with the sections
+// man-pages(7) gives and in its order: NAME, SYNOPSIS, DESCRIPTION,
+// COMMANDS (OPTIONS for a program of no commands), EXIT STATUS,
+// ENVIRONMENT, FILES, EXAMPLES, SEE ALSO.
 func (p Program) Man(version string) string {
+	house := houseSections[p.Name]
 	var b strings.Builder
 	fmt.Fprintf(&b, ".TH %s %d \"\" \"nox-mesh-host %s\" \"nox-mesh-host\"\n", strings.ToUpper(p.Name), p.Section, roff(version))
 	fmt.Fprintf(&b, ".SH NAME\n%s \\- %s\n", p.Name, roff(p.Summary))
@@ -282,8 +307,70 @@ func (p Program) Man(version string) string {
 			b.WriteString("\n")
 		}
 	}
-	b.WriteString(".SH SEE ALSO\n/usr/share/doc/nox-mesh-host/operations.md, /usr/share/doc/nox-mesh-host/declaration.md, /usr/share/doc/nox-mesh-host/SECURITY.md\n")
+	entries(&b, "EXIT STATUS", either(p.ExitStatus, house.ExitStatus), false)
+	entries(&b, "ENVIRONMENT", either(p.Environment, house.Environment), false)
+	entries(&b, "FILES", append(p.flagFiles(), append(p.Files, house.Files...)...), false)
+	entries(&b, "EXAMPLES", either(p.Examples, house.Examples), true)
+	b.WriteString(".SH SEE ALSO\n")
+	var others []string
+	for _, h := range housePrograms {
+		if h.name != p.Name {
+			others = append(others, fmt.Sprintf(".BR %s (%d)", roff(h.name), h.section))
+		}
+	}
+	b.WriteString(strings.Join(others, ",\n") + "\n.PP\n")
+	b.WriteString("/usr/share/doc/nox-mesh-host/operations.md, /usr/share/doc/nox-mesh-host/declaration.md, /usr/share/doc/nox-mesh-host/SECURITY.md\n")
 	return b.String()
+}
+
+// either is a, or b when a is empty: a program's own section before the
+// house's word for it.
+func either(a, b []Entry) []Entry {
+	if len(a) > 0 {
+		return a
+	}
+	return b
+}
+
+// entries writes a list section, a tagged paragraph an entry (an entry
+// of no term a plain paragraph); code sets the terms in bold as what is
+// typed (an example's command line). No entries, no section.
+func entries(b *strings.Builder, title string, es []Entry, code bool) {
+	if len(es) == 0 {
+		return
+	}
+	fmt.Fprintf(b, ".SH %s\n", title)
+	for _, e := range es {
+		if e.Term == "" { // a paragraph of its own: what the section has to say is not a list
+			fmt.Fprintf(b, ".PP\n%s\n", roff(e.Text))
+			continue
+		}
+		if code {
+			fmt.Fprintf(b, ".TP\n.B %s\n%s\n", roff(e.Term), roff(e.Text))
+			continue
+		}
+		fmt.Fprintf(b, ".TP\n%s\n%s\n", roff(e.Term), roff(e.Text))
+	}
+}
+
+// flagFiles are the absolute paths the program's flags default to, each
+// once (the first flag's words say what it is), sorted: the files and
+// directories the program uses when told nothing else.
+func (p Program) flagFiles() []Entry {
+	seen := map[string]bool{}
+	var out []Entry
+	for _, c := range p.Commands {
+		for _, f := range flags(c.Flags) {
+			if !strings.HasPrefix(f.DefValue, "/") || seen[f.DefValue] {
+				continue
+			}
+			seen[f.DefValue] = true
+			_, usage := flag.UnquoteUsage(f)
+			out = append(out, Entry{Term: f.DefValue, Text: fmt.Sprintf("%s (--%s)", usage, f.Name)})
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Term, b.Term) })
+	return out
 }
 
 // Find is the command whose words begin args, and the rest of args.

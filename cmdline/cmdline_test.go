@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,16 +103,10 @@ type flagT = flag.Flag
 // for every command and every flag.
 func TestManPagesRender(t *testing.T) {
 	for _, p := range programs() {
-		page := p.Man("1.2.3")
-		cmd := exec.Command("groff", "-man", "-Tutf8", "-ww")
-		cmd.Stdin = strings.NewReader(page)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil || errb.Len() > 0 {
-			t.Errorf("%s: groff: %v\n%s", p.Name, err, errb.String())
+		text, ok := render(t, p)
+		if !ok {
 			continue
 		}
-		text := regexp.MustCompile(".\b").ReplaceAllString(out.String(), "")
 		for _, c := range p.Commands {
 			if c.Name != "" && !strings.Contains(text, c.Name) {
 				t.Errorf("%s's manual has no %q", p.Name, c.Name)
@@ -126,6 +121,144 @@ func TestManPagesRender(t *testing.T) {
 			t.Errorf("%s's manual does not say its version", p.Name)
 		}
 	}
+}
+
+// render is p's manual page as man shows it (groff -man, its overstrikes
+// removed); ok is false, and the test failed, when groff complained.
+func render(t *testing.T, p cmdline.Program) (text string, ok bool) {
+	t.Helper()
+	cmd := exec.Command("groff", "-man", "-Tutf8", "-ww")
+	cmd.Stdin = strings.NewReader(p.Man("1.2.3"))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil || errb.Len() > 0 {
+		t.Errorf("%s: groff: %v\n%s", p.Name, err, errb.String())
+		return "", false
+	}
+	return regexp.MustCompile(".\b").ReplaceAllString(out.String(), ""), true
+}
+
+// Each binary's manual has the sections a person looks for, in
+// man-pages(7)'s order, each with something to say: FILES has every path
+// a flag defaults to, SEE ALSO names the other three programs.
+func TestManPagesHaveTheirSections(t *testing.T) {
+	progs := map[string]cmdline.Program{}
+	for _, p := range programs() {
+		progs[p.Name] = p
+	}
+	for _, c := range []struct {
+		name string
+		// commands is the heading of the commands' section.
+		commands string
+		// says is what the sections say, section by section.
+		says map[string][]string
+	}{
+		{"mesh-control", "COMMANDS", map[string][]string{
+			"EXIT STATUS": {"0", "1", "2", "3", "a command line it does not take", "did not report within the time"},
+			"ENVIRONMENT": {"MESH_CONTROL_DIR"},
+			"FILES":       {"/var/lib/mesh-control", "DIR/control.key", "DIR/broker.crt", "DIR/control.json"},
+			"EXAMPLES":    {"mesh-control init", "mesh-control serve", "mesh-control status"},
+		}},
+		{"mesh-executor", "COMMANDS", map[string][]string{
+			"EXIT STATUS": {"0", "1", "2", "refused whole, nothing touched"},
+			"ENVIRONMENT": {"reads no environment variable"},
+			"FILES":       {"/var/lib/mesh-host/executor", "/run/mesh-host/executor.sock", "/usr/lib/nox-mesh-host/foundation.lock"},
+			"EXAMPLES":    {"mesh-executor doctor", "mesh-executor apply rescue.json"},
+		}},
+		{"mesh-launch", "COMMANDS", map[string][]string{
+			"EXIT STATUS": {"0", "1", "2", "another mesh-launch holds the state directory"},
+			"ENVIRONMENT": {"reads no environment variable"},
+			"FILES":       {"/var/lib/mesh-host/executor", "/run/mesh-host/launcher.json"},
+			"EXAMPLES":    {"mesh-launch status", "mesh-launch clear"},
+		}},
+		{"mesh-agent", "COMMANDS", map[string][]string{
+			"EXIT STATUS": {"0", "1", "2", "its state directory held by another agent"},
+			"ENVIRONMENT": {"reads no environment variable"},
+			"FILES":       {"/var/lib/mesh-host/agent/config.json", "/var/lib/mesh-host/agent", "/run/mesh-host/executor.sock"},
+			"EXAMPLES":    {"mesh-agent --config"},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, ok := progs[c.name]
+			if !ok {
+				t.Fatalf("no program %s among the binaries' definitions", c.name)
+			}
+			text, ok := render(t, p)
+			if !ok {
+				return
+			}
+			sections := manSections(text)
+			var heads []string
+			for _, s := range sections {
+				heads = append(heads, s.head)
+			}
+			want := []string{"NAME", "SYNOPSIS", "DESCRIPTION", c.commands, "EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"}
+			if strings.Join(heads, ", ") != strings.Join(want, ", ") {
+				t.Fatalf("sections %s, want %s", strings.Join(heads, ", "), strings.Join(want, ", "))
+			}
+			body := map[string]string{}
+			for _, s := range sections {
+				body[s.head] = s.body
+				if strings.TrimSpace(s.body) == "" {
+					t.Errorf("%s says nothing", s.head)
+				}
+			}
+			for head, says := range c.says {
+				for _, w := range says {
+					if !strings.Contains(body[head], w) {
+						t.Errorf("%s does not say %q:\n%s", head, w, body[head])
+					}
+				}
+			}
+			// Every path a flag defaults to, and the other programs.
+			for _, cmd := range p.Commands {
+				visit(cmd.Flags, func(f *flagT) {
+					if strings.HasPrefix(f.DefValue, "/") && !strings.Contains(body["FILES"], f.DefValue) {
+						t.Errorf("FILES lacks %s (--%s's default)", f.DefValue, f.Name)
+					}
+				})
+			}
+			for other, q := range progs {
+				if ref := fmt.Sprintf("%s(%d)", other, q.Section); other != c.name && !strings.Contains(body["SEE ALSO"], ref) {
+					t.Errorf("SEE ALSO does not name %s:\n%s", ref, body["SEE ALSO"])
+				}
+			}
+		})
+	}
+}
+
+// manSection is a section of a rendered manual page: its heading and
+// what is under it, its lines joined as one.
+type manSection struct{ head, body string }
+
+// manSections splits a rendered page at its headings (a line in capitals
+// at the margin), its header and footer lines left out; a body's lines
+// are joined with their spaces as one, as groff breaks them where it
+// likes (a word hyphenated at a line's end is whole again).
+func manSections(text string) []manSection {
+	heading := regexp.MustCompile(`^[A-Z][A-Z ]+$`)
+	var out []manSection
+	for _, l := range strings.Split(text, "\n") {
+		switch {
+		case heading.MatchString(l):
+			out = append(out, manSection{head: l})
+		case len(out) > 0:
+			out[len(out)-1].body += " " + strings.TrimSpace(l)
+		}
+	}
+	for i := range out {
+		b := strings.ReplaceAll(out[i].body, "‐ ", "") // groff's hyphen at a break
+		b = strings.ReplaceAll(b, "‐", "-")
+		out[i].body = strings.Join(strings.Fields(b), " ")
+	}
+	if n := len(out); n > 0 {
+		// The footer ("nox-mesh-host 1.2.3 … MESH-CONTROL(1)") follows the last section.
+		last := &out[n-1]
+		if i := strings.LastIndex(last.body, "nox-mesh-host 1.2.3"); i >= 0 {
+			last.body = last.body[:i]
+		}
+	}
+	return out
 }
 
 func visit(fs *flag.FlagSet, fn func(*flag.Flag)) {

@@ -237,7 +237,32 @@ existing one), the node registry and enrolment tokens; it signs and publishes de
 compositions, and shows what nodes report. Client commands talk to the broker (--nats URL, default
 the broker_url of DIR/control.json), TLS pinned to DIR/broker.crt, authenticated with
 DIR/control.nk. DIR is --dir, else $MESH_CONTROL_DIR, else /var/lib/mesh-control (where the
-packages' service keeps it). Exit status: 0 done, 1 failed, 2 a usage error.`},
+packages' service keeps it).`,
+		ExitStatus: []cmdline.Entry{
+			{Term: "0", Text: "done; with --wait, every node applied (or found nothing to change); --help"},
+			{Term: "1", Text: "failed: the control side could not be read or refused the command; with --wait, a line failed on a node"},
+			{Term: "2", Text: "a command line it does not take; with --wait, a node refused what was declared"},
+			{Term: "3", Text: "with --wait, a node did not report within the time"},
+		},
+		Environment: []cmdline.Entry{
+			{Term: DirEnv, Text: "the key directory when --dir is not given (else " + DefaultControlDir + ")"},
+		},
+		Files: []cmdline.Entry{
+			{Term: "DIR/" + FileControlKey, Text: "the control plane's Ed25519 signing key (0600): whoever holds it declares what every node runs"},
+			{Term: "DIR/" + FileControlPub, Text: "its public key, which every node pins"},
+			{Term: "DIR/" + FileBrokerCert + ", DIR/" + FileBrokerKey, Text: "the broker's certificate, which nodes and clients pin, and its key (0600)"},
+			{Term: "DIR/" + FileNKey, Text: "the control side's broker user (0600)"},
+			{Term: "DIR/" + FileNodesAccount, Text: "the nodes' account key, which signs each node's credential (0600)"},
+			{Term: "DIR/" + FileSettings, Text: "the broker's URL client commands dial when --nats is not given"},
+		},
+		Examples: []cmdline.Entry{
+			{Term: "mesh-control init --url tls://10.0.0.1:4222", Text: "make the key directory of a new mesh"},
+			{Term: "mesh-control serve --listen 0.0.0.0:4222 --ui 127.0.0.1:8080", Text: "run the control side and its broker, with the status page on loopback"},
+			{Term: "mesh-control token issue --new --name web1 > web1.token", Text: "a token for a new machine, carried to it: mesh-executor enrol reads it on standard input"},
+			{Term: "mesh-control declare web1 site.json --wait", Text: "sign and send a declaration to web1, wait for its report and summarize it"},
+			{Term: "mesh-control status", Text: "the fleet at a glance: nodes by state, failed and held lines, versions, the broker"},
+		},
+	},
 		commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
 }
 

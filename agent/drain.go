@@ -121,14 +121,19 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	// A node needs the mesh's roster only while its declaration's overlay
 	// takes its peers from it: one that starts to is handed the roster
 	// first, so its apply finds it; one that does not is never sent one.
-	if usesRoster := d.UsesRoster(); usesRoster != st.UsesRoster {
+	// So is one whose floor (roster_min) is newer than the roster last
+	// handed over; otherwise the roster comes with its notice, and a
+	// declaration costs no read of it (at 10,000 nodes, a fan-out would be
+	// 10,000 reads of the whole roster).
+	usesRoster := d.UsesRoster()
+	if usesRoster != st.UsesRoster {
 		if err := a.state.update(func(s *State) { s.UsesRoster = usesRoster }); err != nil {
 			a.log.Warn("state: " + err.Error())
 		}
-		if usesRoster {
-			if err := a.syncRoster(ctx); err != nil {
-				return err
-			}
+	}
+	if usesRoster && (!st.UsesRoster || d.RosterFloor() > st.LastRosterSeq) {
+		if err := a.syncRoster(ctx); err != nil {
+			return err
 		}
 	}
 	var r *link.Report

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -49,6 +50,16 @@ type fakeExecutor struct {
 	statusAfterDecl int
 	// plans counts the plan requests answered.
 	plans int
+	// events is each roster and declaration taken, in order: "roster N"
+	// (the roster's own sequence), "decl N".
+	events []string
+}
+
+// eventsSeen is what rosters and declarations reached it, in order.
+func (f *fakeExecutor) eventsSeen() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.events...)
 }
 
 // doing records an apply the executor made, for a later Reconnected.
@@ -193,6 +204,23 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.plans++
 			f.mu.Unlock()
 			c.Write(wire.KindPlanReply, &wire.PlanReply{Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "base", ID: "planned", Type: "file", Outcome: shapes.Applied}}})
+		case *wire.Roster:
+			// As the executor takes a roster: verified, then answered;
+			// nothing applied again here.
+			payload, err := wire.Open(f.key, wire.PurposeRoster, b.Envelope)
+			var r *shapes.Roster
+			if err == nil {
+				r, err = shapes.ParseRoster(payload)
+			}
+			f.mu.Lock()
+			if err != nil {
+				f.garbage = append(f.garbage, err.Error())
+			} else {
+				f.events = append(f.events, fmt.Sprintf("roster %d", r.Seq))
+			}
+			f.mu.Unlock()
+			f.notify()
+			c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged})
 		case *wire.Declaration:
 			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
 			var d struct {
@@ -227,6 +255,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				return
 			}
 			f.decls = append(f.decls, d.Seq)
+			f.events = append(f.events, fmt.Sprintf("decl %d", d.Seq))
 			hold, release := f.holdNext, f.release
 			f.holdNext = false
 			f.mu.Unlock()

@@ -90,16 +90,32 @@ func (a *Agent) syncRoster(ctx context.Context) error {
 		return nil
 	}
 	m, err := a.getLast(ctx, a.id.Subjects.RosterGet, link.RosterSubject, "roster")
-	if err != nil || m == nil || m.sseq == a.state.get().LastRosterStreamSeq {
+	if err != nil || m == nil {
 		if err != nil {
 			a.rosterDue.Store(true)
 		}
 		return err
 	}
+	if st := a.state.get(); m.sseq == st.LastRosterStreamSeq {
+		if st.LastRosterSeq == 0 {
+			// Settled by a release that kept no roster sequence: kept
+			// now, so a floor is not read again for every declaration.
+			if payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, m.data); err == nil {
+				if ro, err := shapes.ParseRoster(payload); err == nil {
+					return a.state.update(func(s *State) { s.LastRosterSeq = ro.Seq })
+				}
+			}
+		}
+		return nil
+	}
 	var r *link.Report
+	var rosterSeq uint64
 	payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, m.data)
 	if err == nil {
-		_, err = shapes.ParseRoster(payload)
+		var ro *shapes.Roster
+		if ro, err = shapes.ParseRoster(payload); err == nil {
+			rosterSeq = ro.Seq
+		}
 	}
 	if err != nil {
 		a.log.Warn("refused the mesh's roster; it does not reach the executor", "stream_seq", m.sseq, "reason", err.Error())
@@ -129,5 +145,10 @@ func (a *Agent) syncRoster(ctx context.Context) error {
 			return err
 		}
 	}
-	return a.state.update(func(s *State) { s.LastRosterStreamSeq = m.sseq })
+	return a.state.update(func(s *State) {
+		s.LastRosterStreamSeq = m.sseq
+		if rosterSeq != 0 {
+			s.LastRosterSeq = rosterSeq
+		}
+	})
 }

@@ -29,6 +29,9 @@ type State struct {
 	// LastRosterStreamSeq is the stream sequence of the last roster the
 	// agent settled (handed to the executor, or refused).
 	LastRosterStreamSeq uint64 `json:"last_roster_stream_seq,omitempty"`
+	// LastRosterSeq is that roster's own sequence: a declaration whose
+	// overlay names a newer floor (roster_min) has the newest read first.
+	LastRosterSeq uint64 `json:"last_roster_seq,omitempty"`
 	// UsesRoster: the last declaration handed over takes its overlay's
 	// peers from the roster, so the roster is read and handed over too.
 	UsesRoster bool `json:"uses_roster,omitempty"`

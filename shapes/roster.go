@@ -108,6 +108,18 @@ func (r *Roster) PeersFor(node string) []Peer {
 	return out
 }
 
+// RosterFloor is the oldest roster d's overlays may take their peers from
+// (the highest roster_min; 0: any).
+func (d *Declaration) RosterFloor() uint64 {
+	var floor uint64
+	for _, res := range d.Resources {
+		if o, ok := res.(*Overlay); ok && o.Roster {
+			floor = max(floor, o.RosterMin)
+		}
+	}
+	return floor
+}
+
 // UsesRoster says whether d declares an overlay whose peers are the mesh's
 // roster: what decides whether its host needs the roster at all.
 func (d *Declaration) UsesRoster() bool {

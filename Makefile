@@ -11,7 +11,7 @@ BUILD   ?= $(VERSION)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.build=$(BUILD)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-deps demo bench bench-scale chaos fuzz lint deps clean package
+.PHONY: all build test test-deps demo bench bench-scale chaos fuzz lint deps clean package package-files deb apk arch tarball
 
 all: build
 
@@ -105,14 +105,10 @@ BUNDLE      ?= packaging/foundation.lock
 BUNDLE_SHA   = $(shell sha256sum < $(BUNDLE) | cut -d' ' -f1)
 
 package:
-	@test -s $(BUNDLE) || { echo "BUNDLE=$(BUNDLE): no such bundle"; exit 1; }
-	rm -rf $(DIST) && mkdir -p $(DIST)/bin
-	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
-		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	# Completions (bash, zsh, fish) and man pages, from each binary's own
-	# command definitions (cmdline), made by binaries built for this host.
-	$(GO) build -o $(DIST)/host/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	sh packaging/gen-share.sh $(DIST)/host $(DIST)
+	rm -rf $(DIST)
+	# The version and build this make computed, so that a commit landing
+	# meanwhile cannot stamp the binaries with another than the packages'.
+	$(MAKE) --no-print-directory package-files PKG_VERSION=$(PKG_VERSION) BUILD=$(BUILD)
 	for p in deb apk archlinux; do \
 		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
 	done
@@ -120,18 +116,41 @@ package:
 	# (packaging/tarball.sh), `tar -xzf … -C /` on a machine with no
 	# package manager; linux carries the control side and the bundle, so a
 	# first node is raised from the tarball alone.
-	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE)
+	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share
 	# Cross-compiled static binaries: linux/arm64 (with the control side
 	# and the bundle it is stamped with), and android/arm64 (the root
 	# helper and the app's agent; no libc, Android's loader only; a partial
 	# host raises no control side).
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
 		-o $(DIST)/linux-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	sh packaging/tarball.sh $(DIST)/linux-arm64 $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz $(BUNDLE)
+	sh packaging/tarball.sh $(DIST)/linux-arm64 $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz $(BUNDLE) $(DIST)/share
 	CGO_ENABLED=0 GOOS=android GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
 		-o $(DIST)/android-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch
 	tar -C $(DIST)/android-arm64 --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-android-arm64.tar.gz mesh-executor mesh-agent mesh-launch
 	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
+
+# What every package carries, into $(DIST)/: the static binaries, stamped
+# (bin/), and the completions (bash, zsh, fish) and man pages (share/),
+# from each binary's own command definitions (cmdline), made by binaries
+# built for this host (host/). package and each of deb, apk, arch and
+# tarball start from it, so one system's package is the same as that
+# system's from package.
+package-files:
+	@test -s $(BUNDLE) || { echo "BUNDLE=$(BUNDLE): no such bundle"; exit 1; }
+	rm -rf $(DIST)/bin $(DIST)/host $(DIST)/share && mkdir -p $(DIST)/bin
+	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
+		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	$(GO) build -o $(DIST)/host/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	sh packaging/gen-share.sh $(DIST)/host $(DIST)
+
+# One system's package on request, into $(DIST)/ beside what is there
+# already (package starts $(DIST)/ afresh): make deb, make apk, make arch
+# (nfpm's archlinux), make tarball (linux/PKG_ARCH, as package's).
+deb apk arch: package-files
+	DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $(if $(filter arch,$@),archlinux,$@) -t $(DIST)/
+
+tarball: package-files
+	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share
 
 clean:
 	rm -rf $(BIN)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# packaging/tarball.sh BINDIR OUT BUNDLE
+# packaging/tarball.sh BINDIR OUT BUNDLE [SHAREDIR]
 #
 # Makes the tarball OUT (…tar.gz) of the host for a machine with no
 # package manager: the files at the paths the packages install them, so
@@ -14,6 +14,8 @@
 #                                                   looks (they are not put in /etc: a systemd
 #                                                   machine has no use for them there)
 #   usr/share/doc/nox-mesh-host/                     operations.md, declaration.md, SECURITY.md
+#   usr/share/man/man{1,8}/, the completions'        from SHAREDIR (packaging/gen-share.sh's,
+#     directories (bash, zsh, fish)                 when given), where the packages put them
 #
 # The bundle's service is mesh-control.service, so a first node raised from
 # the tarball needs mesh-control and its unit: both go in together or not
@@ -22,7 +24,7 @@
 # from the files above; on the other inits mesh-launch makes them at its
 # first start.
 set -eu
-bindir=$1 out=$2 bundle=${3:-}
+bindir=$1 out=$2 bundle=${3:-} share=${4:-}
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 install -d -m 0755 "$root/usr/bin" "$root/usr/lib/systemd/system" "$root/usr/share/nox-mesh-host/init" "$root/usr/share/doc/nox-mesh-host"
@@ -51,4 +53,11 @@ done
 for d in docs/operations.md docs/declaration.md SECURITY.md; do
 	install -m 0644 "$d" "$root/usr/share/doc/nox-mesh-host/"
 done
+if [ -n "$share" ]; then
+	# The man pages and completions, as packaging/nfpm.yaml installs them.
+	for d in man/man1:man1 man/man8:man8 bash-completion/completions:bash zsh/site-functions:zsh fish/vendor_completions.d:fish; do
+		install -d -m 0755 "$root/usr/share/${d%%:*}"
+		install -m 0644 "$share/${d#*:}"/* "$root/usr/share/${d%%:*}/"
+	done
+fi
 tar -C "$root" --owner=0 --group=0 --numeric-owner --sort=name -czf "$out" usr

@@ -267,7 +267,7 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	if err := opts.ProcessConfigString(BrokerConfig(k, host, port, nil, nil, false)); err != nil {
 		return nil, fmt.Errorf("broker configuration: %w", err)
 	}
-	auth := &registryAuth{control: k.NKeyPublic, account: k.AccountPublic, nodes: map[string]string{}, tokens: map[string]tokenUser{}}
+	auth := &registryAuth{control: k.NKeyPublic, account: k.AccountPublic, nodes: map[string]string{}, tokens: map[string]tokenUser{}, known: make(chan struct{}), quit: make(chan struct{})}
 	opts.CustomClientAuthentication = auth
 	opts.AlwaysEnableNonce = true // the NKey challenge
 	opts.NoSigs = true
@@ -305,6 +305,7 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 	}
 	s.auth.nodes = m
 	s.auth.mu.Unlock()
+	s.auth.set(true)
 	for k, name := range gone {
 		if k == "" {
 			continue // an empty user filter would match every connection
@@ -332,6 +333,7 @@ func (s *Server) SetTokens(tokens []*TokenRecord) {
 	s.auth.mu.Lock()
 	s.auth.tokens = m
 	s.auth.mu.Unlock()
+	s.auth.set(false)
 }
 
 // Knows reports whether the broker lets in node's NKey now.
@@ -357,6 +359,7 @@ func (s *Server) NATS() *server.Server { return s.ns }
 // Shutdown stops the broker and waits for it; then the key directory is
 // free for another serve.
 func (s *Server) Shutdown() {
+	s.auth.quitOnce.Do(func() { close(s.auth.quit) })
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 	s.lock.Close()
@@ -378,6 +381,39 @@ type registryAuth struct {
 	// connections arrive at once; made holds those made whole.
 	accMu sync.Mutex
 	made  map[string]*server.Account
+	// known is closed once the registry's nodes and tokens have been set
+	// (SetNodes and SetTokens, the first time): until then a node is not
+	// known to be refused (see Check).
+	known               chan struct{}
+	quit                chan struct{} // closed at Shutdown: nothing waits for known then
+	quitOnce            sync.Once
+	nodesSet            sync.Once
+	setMu               sync.Mutex
+	haveNodes, haveToks bool
+}
+
+// registryWait is how long a node's connection waits for serve to read
+// the registry when it comes before (serve starting): longer than a
+// client waits for its connect to be answered, so the client gives up and
+// tries again as after any failed connect, rather than being told its
+// credential is refused — which an agent takes for its revocation and
+// waits for, longer each time (a fleet relinking after serve's restart
+// took two minutes so).
+const registryWait = 30 * time.Second
+
+// set notes that the nodes (or the tokens) have been set once; known is
+// closed when both have.
+func (a *registryAuth) set(nodes bool) {
+	a.setMu.Lock()
+	defer a.setMu.Unlock()
+	if nodes {
+		a.haveNodes = true
+	} else {
+		a.haveToks = true
+	}
+	if a.haveNodes && a.haveToks {
+		a.nodesSet.Do(func() { close(a.known) })
+	}
 }
 
 type tokenUser struct {
@@ -433,6 +469,17 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 		}
 		c.RegisterUser(&server.User{Username: nkey, Account: acc})
 		return true
+	}
+	select {
+	case <-a.known:
+	default:
+		t := time.NewTimer(registryWait)
+		select {
+		case <-a.known:
+		case <-a.quit:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	a.mu.Lock()
 	name, isNode := a.nodes[nkey]

@@ -184,7 +184,7 @@ func (w *world) do(s step) {
 		}
 	case "unassign":
 		out, code, err := w.control("unassign", n.name, s.Module, "--json")
-		if w.ctlFull && w.refusedFull(n, "unassign", out, code, err, "is not assigned") {
+		if w.ctlFull && w.refusedFull(n, "unassign", out, code, err, "is not assigned|revoked") {
 			return
 		}
 		if code == 0 && err == nil {

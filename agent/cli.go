@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -164,7 +165,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	// runs as: a directory it cannot write is refused here, not found out
 	// later as a memory that does not outlive a restart.
 	if err := lock.Record("mesh-agent"); err != nil {
-		var ae *AccessError
+		var ae *statedir.AccessError
 		if errors.As(err, &ae) {
 			ae.Advice = fmt.Sprintf("the agent runs as uid %d gid %d and keeps its memory there: make the directory its own (chown %d:%d %s, mode 0700), or start the agent as root, which makes it so before dropping", uid, gid, uid, gid, ae.Path)
 		}
@@ -188,14 +189,14 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 }
 
 // StateLockRecord is the file in the agent's state directory that names
-// the agent holding the directory (LockDir).
+// the agent holding the directory (statedir.LockDir).
 const StateLockRecord = "agent.lock"
 
 // takeStateDir makes the state directory if it is missing and locks it,
 // before anything in it is opened or created; as root, then makes it
 // userName's (PrepareStateDir), so a second agent started by mistake with
 // another --user is refused before it takes the directory from the first.
-func takeStateDir(dir, userName string, asRoot bool) (*DirLock, error) {
+func takeStateDir(dir, userName string, asRoot bool) (*statedir.DirLock, error) {
 	var uid, gid int
 	if asRoot {
 		var err error
@@ -209,10 +210,10 @@ func takeStateDir(dir, userName string, asRoot bool) (*DirLock, error) {
 			return nil, fmt.Errorf("state directory: %w", err)
 		}
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("refusing to start: the state directory cannot be made: %w", ExplainAccess("create", dir, err,
+		return nil, fmt.Errorf("refusing to start: the state directory cannot be made: %w", statedir.ExplainAccess("create", dir, err,
 			fmt.Sprintf("the agent runs as uid %d and keeps its memory there: make the directory for it (mode 0700, its own), or start the agent as root, which makes it", os.Geteuid())))
 	}
-	lock, err := LockDir(dir, StateLockRecord)
+	lock, err := statedir.LockDir(dir, StateLockRecord)
 	if err != nil {
 		return nil, err
 	}

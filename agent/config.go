@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/nats-io/nkeys"
@@ -167,43 +166,6 @@ func (c *Config) Identity() (*Identity, error) {
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,
 	}, nil
-}
-
-// WriteFile writes v as indented JSON to path, mode 0600, atomically (a
-// temporary file in the same directory, synced, renamed).
-func WriteFile(path string, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return WriteBytes(path, append(data, '\n'), 0o600)
-}
-
-// WriteBytes replaces path with data, mode mode: a temporary beside it,
-// synced, then renamed, so a reader never sees half of it.
-func WriteBytes(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // inLayout is a copy of id with its subjects in layout l.

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -221,7 +222,7 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 		return nil, err
 	}
 	if o.ConfigPath != "" {
-		if err := WriteFile(o.ConfigPath, cfg); err != nil {
+		if err := statedir.WriteFile(o.ConfigPath, cfg); err != nil {
 			log.Error("enrolled, but the identity could not be kept; after a restart this agent is hosted again and the node must be re-enrolled", "config", o.ConfigPath, "err", err)
 		} else if o.StateDir != "" {
 			os.Remove(filepath.Join(o.StateDir, seedFile))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
 )
@@ -310,7 +311,7 @@ func (e *execClient) archive(ctx context.Context, sum string, fill func(send fun
 // started as anyone else is shut out by the kernel before the executor
 // hears of it.
 func socketDenied(path string, err error) error {
-	return ExplainAccess("connect to", path, err, fmt.Sprintf(
+	return statedir.ExplainAccess("connect to", path, err, fmt.Sprintf(
 		"this agent runs as uid %d gid %d; the executor lets in only its agent's user (mesh-executor serve --agent-user, mesh-agent by default): start the agent as that user (--user), or the executor with --agent-user naming this one",
 		os.Geteuid(), os.Getegid()))
 }

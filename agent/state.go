@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // State is what the agent keeps across restarts, in agent.json in its state
@@ -78,5 +79,5 @@ func (st *stateStore) update(f func(*State)) error {
 	if st.path == "" {
 		return nil
 	}
-	return WriteFile(st.path, st.s)
+	return statedir.WriteFile(st.path, st.s)
 }

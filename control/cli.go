@@ -15,10 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -433,7 +433,7 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 	}
 	// The embedded broker's store is in the key directory: the directory
 	// is taken before anything in it is read (FileLock).
-	var lock *agent.DirLock
+	var lock *statedir.DirLock
 	if c.nats == "" {
 		l, err := lockDir(c.dir, "serve")
 		if err != nil {
@@ -482,10 +482,10 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	if err != nil {
 		return err
 	}
-	if err := agent.WriteFile(out, cfg); err != nil {
+	if err := statedir.WriteFile(out, cfg); err != nil {
 		return err
 	}
-	if err := agent.WriteFile(exPath, ex); err != nil {
+	if err := statedir.WriteFile(exPath, ex); err != nil {
 		return err
 	}
 	if c.json {
@@ -810,7 +810,7 @@ func (c *cli) brokerCluster(listen, routes, out, store string) error {
 		files[s.Name+".conf"] = ClusterConfig(k, servers, i, abs, store, secret)
 	}
 	for name, text := range files {
-		if err := agent.WriteBytes(filepath.Join(out, name), []byte(text), 0o600); err != nil {
+		if err := statedir.WriteBytes(filepath.Join(out, name), []byte(text), 0o600); err != nil {
 			return err
 		}
 	}

@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nkeys"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -87,7 +87,7 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 		brokerURL = DefaultBrokerURL
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, agent.ExplainAccess("create", dir, err, "")
+		return nil, statedir.ExplainAccess("create", dir, err, "")
 	}
 	// Taken before anything in it is looked at: a serve running on it is
 	// named, rather than its keys merely found.
@@ -289,14 +289,14 @@ func LoadKeys(dir string) (*Keys, error) {
 }
 
 // readKeyFile reads name in the key directory. One this process may not
-// read is said so, with whose it is and its mode (agent.ExplainAccess):
+// read is said so, with whose it is and its mode (statedir.ExplainAccess):
 // the keys are there, and "run init" would send the operator to make
 // others.
 func readKeyFile(dir, name string) ([]byte, error) {
 	p := filepath.Join(dir, name)
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return nil, agent.ExplainAccess("read", p, err, "")
+		return nil, statedir.ExplainAccess("read", p, err, "")
 	}
 	return b, nil
 }
@@ -320,7 +320,7 @@ func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
 			return nil, err
 		}
 	} else if err != nil {
-		return nil, agent.ExplainAccess("read", p, err, "")
+		return nil, statedir.ExplainAccess("read", p, err, "")
 	}
 	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
 	if err != nil {

@@ -6,12 +6,12 @@ import (
 	"io/fs"
 	"path/filepath"
 
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // FileLock, in the key directory, names the mesh-control process holding
 // the directory ("PID WHAT"); the lock itself is flock(2) on the
-// directory (agent.LockDir).
+// directory (statedir.LockDir).
 //
 // The embedded broker keeps its JetStream store in the key directory, and
 // nats-server does not lock its store: a second serve on one directory
@@ -29,15 +29,15 @@ const FileLock = "control.lock"
 // A key directory reached through a symlink is locked where it is, so
 // two serves naming it by two paths still exclude each other: the
 // control side crosses no privilege boundary in following it.
-func lockDir(dir, what string) (*agent.DirLock, error) {
+func lockDir(dir, what string) (*statedir.DirLock, error) {
 	real, err := filepath.EvalSymlinks(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s does not exist (run mesh-control init --dir %s)", dir, dir)
 	}
 	if err != nil {
-		return nil, agent.ExplainAccess("open", dir, err, "")
+		return nil, statedir.ExplainAccess("open", dir, err, "")
 	}
-	l, err := agent.LockDir(real, FileLock)
+	l, err := statedir.LockDir(real, FileLock)
 	if err != nil {
 		return nil, err
 	}

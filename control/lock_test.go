@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // A key directory is held by one serve: a second serve on it (another
@@ -35,7 +35,7 @@ func TestServeRefusesAHeldKeyDirectory(t *testing.T) {
 			t.Fatalf("%v while a serve holds the directory: exit %d, want 1 saying %q\n%s%s", args, code, want, out, errs)
 		}
 	}
-	var held *agent.HeldError
+	var held *statedir.HeldError
 	if _, err := control.StartServer(s.keys, "127.0.0.1:0", quiet()); !errors.As(err, &held) || held.PID != os.Getpid() || held.Dir != dir {
 		t.Fatalf("StartServer on a held directory: %v", err)
 	}

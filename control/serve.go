@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // ServeOptions configure Serve.
@@ -55,7 +55,7 @@ type ServeOptions struct {
 	// does). Nil: with the embedded broker, Serve takes it itself
 	// (StartServer). An existing broker (NATSURL) needs none: its store
 	// is its own, and several serve may share one.
-	Lock *agent.DirLock
+	Lock *statedir.DirLock
 	Log  *slog.Logger
 	// Metrics, when set, is the address /metrics is served on (Prometheus'
 	// text format): the fleet as the registry says it, and what this
@@ -360,7 +360,7 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 		if !next.IsZero() {
 			expiry = time.AfterFunc(time.Until(next)+time.Second, func() { write(nodes, tokens) })
 		}
-		if err := agent.WriteBytes(file, []byte(render(nodes, tokens)), 0o644); err != nil {
+		if err := statedir.WriteBytes(file, []byte(render(nodes, tokens)), 0o644); err != nil {
 			log.Error("the broker's configuration could not be written; the broker still lets in who it did", "file", file, "err", err)
 			return
 		}

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
-	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // MaxPayload is the largest message the embedded broker takes: a signed
@@ -213,7 +213,7 @@ type Server struct {
 	host string
 	// lock is the key directory's, when the server took it (StartServer):
 	// released once the store is closed.
-	lock *agent.DirLock
+	lock *statedir.DirLock
 	// opts is the configuration the broker started with: its store is
 	// opened again with it after a full disk (see store.go).
 	opts *server.Options
@@ -234,7 +234,7 @@ type Server struct {
 //
 // The broker's JetStream store is in the key directory: StartServer takes
 // the directory's lock first (FileLock), so a key directory another serve
-// holds is refused (an *agent.HeldError) before its store is opened, and
+// holds is refused (an *statedir.HeldError) before its store is opened, and
 // holds it until Shutdown.
 func StartServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	lock, err := lockDir(k.Dir, "serve")

@@ -35,6 +35,11 @@ var except = map[[2]string][]string{
 var rules = []rule{
 	// clock is how a node reads the time: a leaf, so every part can.
 	{"clock", module + "/...", "clock imports nothing of ours: the agent, the executor, the launcher and wire all read the time through it", false},
+	// statedir holds and writes a state directory for the agent and the
+	// control side alike: neither side's.
+	{"statedir", module + "/agent/...", "statedir is how both sides hold a state directory: it imports neither", false},
+	{"statedir", module + "/control/...", "statedir is how both sides hold a state directory: it imports neither", false},
+	{"statedir", module + "/executor/...", "statedir is how both sides hold a state directory: it imports neither", false},
 	// shapes is the vocabulary: pure data.
 	{"shapes/...", module + "/...", "shapes imports nothing of ours: everything else depends on it", false},
 	{"shapes/...", "os", "shapes never touches the machine", true},

@@ -1,4 +1,4 @@
-package agent
+package statedir
 
 import (
 	"errors"

@@ -1,0 +1,44 @@
+package statedir
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+)
+
+// WriteFile writes v as indented JSON to path, mode 0600, atomically (a
+// temporary file in the same directory, synced, renamed).
+func WriteFile(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteBytes(path, append(data, '\n'), 0o600)
+}
+
+// WriteBytes replaces path with data, mode mode: a temporary beside it,
+// synced, then renamed, so a reader never sees half of it.
+func WriteBytes(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -311,9 +311,15 @@ func TestEveryCommandsHelpIsItsOwn(t *testing.T) {
 				}
 			}
 		}
+		// --version says the same on all four: the name, the version and
+		// the build.
 		var out, errw bytes.Buffer
-		if code := run([]string{"--version"}, &out, &errw); code != 0 || !strings.Contains(out.String(), map[string]string{"mesh-control": "dev", "mesh-launch": "dev"}[p.Name]) {
+		if code := run([]string{"--version"}, &out, &errw); code != 0 || !regexp.MustCompile(`^`+p.Name+` \S+ build \S+\n$`).MatchString(out.String()) {
 			t.Errorf("%s --version: exit %d %q %q", p.Name, code, out.String(), errw.String())
+		}
+		out.Reset()
+		if code := run([]string{"version"}, &out, &errw); code != 0 || out.Len() == 0 {
+			t.Errorf("%s version: exit %d %q %q", p.Name, code, out.String(), errw.String())
 		}
 	}
 }

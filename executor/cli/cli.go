@@ -104,7 +104,7 @@ node's keys, and wait for the agent to bring back the grant. Exit 0 enrolled, 1 
 whom and why), 2 refused before anything changed, 3 still pending. On an enrolled host, a token
 for another node is refused by the control side unless --replace; --cancel ends a pending
 enrolment`).Vetted(noTokenInArgs),
-	cmdline.D("version", "", 0, 0, []string{"json"}, "this binary's version"),
+	cmdline.D("version", "", 0, 0, []string{"json"}, "this binary's version, bare (--version says it with the build, as the other programs do)"),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-executor"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-executor's manual page (roff)"),
 }
@@ -176,6 +176,14 @@ func Program() cmdline.Program { return table(new(options)).Program }
 
 // Main runs the command line and returns the exit status.
 func Main(version string, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		// The form all four programs print. The version command prints the
+		// version bare: a running host reads the installed one's to decide
+		// an upgrade (engine.checkHostUpgrade), and every release before
+		// reads it so.
+		fmt.Fprintf(stdout, "mesh-executor %s build %s\n", version, Build)
+		return 0
+	}
 	if len(args) > 0 && args[0] == "serve" && !slices.Contains(args, "--help") && !slices.Contains(args, "-h") {
 		// serve parses its own flags (serveFlagSet), positional ones refused.
 		c := &command{version: version, out: stdout, errw: stderr}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/tests/lab"
 )
 
@@ -38,6 +39,9 @@ type profCapability struct {
 type profiled struct {
 	DetectedAt   time.Time        `json:"detected_at"`
 	Capabilities []profCapability `json:"capabilities"`
+	// Accepts: the declaration fields the executor reads beyond every
+	// release's (shapes.Accepts), which the control side reads.
+	Accepts []string `json:"accepts"`
 }
 
 // profile runs `mesh-executor profile --json` in the lab, behind prefix (a
@@ -60,6 +64,9 @@ func (m *machine) profile(prefix string) profiled {
 	}
 	if !slices.Equal(names, profCapabilities) {
 		m.t.Fatalf("profile lists %q, want the eight in order %q", names, profCapabilities)
+	}
+	if !slices.Equal(p.Accepts, shapes.Accepts) {
+		m.t.Fatalf("profile says it accepts %q, this build reads %q", p.Accepts, shapes.Accepts)
 	}
 	if p.DetectedAt.IsZero() || p.DetectedAt.Before(start.Add(-time.Minute)) || p.DetectedAt.After(time.Now().Add(time.Minute)) {
 		m.t.Fatalf("detected_at %v, not the time of this run (%v)", p.DetectedAt, start)

@@ -101,6 +101,9 @@ func TestEveryFaultIsUndone(t *testing.T) {
 	if !kinds["clock-off"] {
 		t.Error("no seed drew a clock off")
 	}
+	if !kinds["pause-serve"] {
+		t.Error("no seed drew a pause of serve")
+	}
 	for _, w := range append(weights, ctlWeights...) {
 		k := w.kind
 		if k == "plan-paused" {

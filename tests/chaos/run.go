@@ -387,6 +387,17 @@ func (w *world) do(s step) {
 	case "second-socket":
 		w.faults["second executor on the socket"]++
 		w.secondOnSocket(n)
+	case "pause-serve":
+		// Stopped and continued within the step: what it answers after
+		// is checked by every invariant, and it must answer at once.
+		w.faults["SIGSTOP serve (continued)"]++
+		w.serve.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(time.Duration(s.Arg) * time.Second)
+		w.serve.cmd.Process.Signal(syscall.SIGCONT)
+		w.check("serve-up")
+		if !w.eventually(60*time.Second, func() bool { _, code, err := w.control("nodes", "--json"); return err == nil && code == 0 }) {
+			w.violate(nil, "serve-up", "mesh-control serve did not answer `nodes` within 60s of its continuing after a pause of %ds", s.Arg)
+		}
 	case "clock-off":
 		w.faults["node clock off by hours"]++
 		w.setClock(n, time.Duration(s.Arg)*time.Hour)

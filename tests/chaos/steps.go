@@ -119,6 +119,11 @@ var ctlWeights = []struct {
 // was drawn, with the clock's steps put in between.
 const clockEvery = 40
 
+// pauseEvery: one step in about this many pauses serve (SIGSTOP, then
+// SIGCONT 2 to 10 seconds later: a control machine that stalls, a virtual
+// machine moved), drawn from a fourth stream of the seed's own.
+const pauseEvery = 50
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -147,6 +152,7 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	r := rand.New(rand.NewPCG(seed, 0x6368616f73))      // "chaos"
 	rc := rand.New(rand.NewPCG(seed, 0x63746c6469736b)) // "ctldisk": the control side's faults
 	rk := rand.New(rand.NewPCG(seed, 0x636c6f636b))     // "clock": a node's clock off
+	rp := rand.New(rand.NewPCG(seed, 0x7061757365))     // "pause": serve paused
 	// ctlFull: the control side's disk is full. What an operator's
 	// command would write is refused then, so the model counts no write
 	// made while it is (no assignment, revocation, overlay).
@@ -237,6 +243,10 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		}
 		if len(steps) >= count {
 			break
+		}
+		if rp.IntN(pauseEvery) == 0 {
+			addStep(step{Kind: "pause-serve", Proc: "serve", Arg: 2 + rp.IntN(9)})
+			continue
 		}
 		if rk.IntN(clockEvery) == 0 {
 			// A node's clock off by 1 to 6 hours, ahead or behind, for 2

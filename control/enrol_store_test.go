@@ -23,7 +23,26 @@ func TestATokenTheStoreCannotSpendIsLeftUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newMachine(t)
-	stream, err := s.client.JS.Stream(ctx, "KV_mesh_nodes")
+	release := holdStream(t, s, "KV_mesh_nodes")
+	r, err := request(t, s, text, m.keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Grant) != 0 || strings.Contains(r.Refused, "used already") || !strings.Contains(r.Refused, "could not be spent") || !strings.Contains(r.Refused, "unused") {
+		t.Fatalf("an enrolment the store could not record: %+v", r)
+	}
+	release()
+	grantOf(t, s, must(request(t, s, text, m.keys, nil)))
+}
+
+// holdStream holds the stream name to the bytes it has (DiscardNew): the
+// next write to it is refused, as on a full disk, until release. A
+// command's client makes its streams as they should be when it connects,
+// so the hold is for what a client already connected does.
+func holdStream(t *testing.T, s *served, name string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	stream, err := s.client.JS.Stream(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,19 +51,14 @@ func TestATokenTheStoreCannotSpendIsLeftUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := info.Config
-	held.MaxBytes, held.Discard = int64(info.State.Bytes), jetstream.DiscardNew
+	held.MaxBytes, held.Discard = max(int64(info.State.Bytes), 1), jetstream.DiscardNew
 	if _, err := s.client.JS.UpdateStream(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	r, err := request(t, s, text, m.keys, nil)
-	if err != nil {
-		t.Fatal(err)
+	return func() {
+		t.Helper()
+		if _, err := s.client.JS.UpdateStream(ctx, info.Config); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if len(r.Grant) != 0 || strings.Contains(r.Refused, "used already") || !strings.Contains(r.Refused, "could not be spent") || !strings.Contains(r.Refused, "unused") {
-		t.Fatalf("an enrolment the store could not record: %+v", r)
-	}
-	if _, err := s.client.JS.UpdateStream(ctx, info.Config); err != nil {
-		t.Fatal(err)
-	}
-	grantOf(t, s, must(request(t, s, text, m.keys, nil)))
 }

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 )
@@ -19,28 +18,14 @@ func TestAnOverlaySetButNotPublishedSaysItIsSet(t *testing.T) {
 	s := serve(t, dir, "127.0.0.1:0")
 	ctx := context.Background()
 	enrolNode(t, s, "n1")
-	stream, err := s.client.JS.Stream(ctx, link.DeclStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := info.Config
-	held.MaxBytes, held.Discard = max(int64(info.State.Bytes), 1), jetstream.DiscardNew
-	if _, err := s.client.JS.UpdateStream(ctx, held); err != nil {
-		t.Fatal(err)
-	}
+	release := holdStream(t, s, link.DeclStream)
+	defer release()
 	var out strings.Builder
-	err = control.OverlaySetOn(s.client, &out, control.OverlayChange{})
+	err := control.OverlaySetOn(s.client, &out, control.OverlayChange{})
 	if err == nil || !strings.Contains(err.Error(), "the overlay is set (") || !strings.Contains(err.Error(), "was not published to every node") {
 		t.Fatalf("overlay set, its publishing refused: %v\n%s", err, out.String())
 	}
 	if _, err := s.client.Overlay(ctx); err != nil {
 		t.Fatalf("the overlay it said was set: %v", err)
-	}
-	if _, err := s.client.JS.UpdateStream(ctx, info.Config); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -3,7 +3,6 @@ package control
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -224,23 +223,6 @@ func versionList(m map[versionCount]int) []versionCount {
 	return out
 }
 
-// storeAnswer asks serve, over cl's connection, what keeps the broker's
-// store from writing (StoreSubject); answered is false when nobody
-// answers.
-func storeAnswer(ctx context.Context, cl *Client) (answered bool, problem string) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	m, err := cl.NC.RequestWithContext(ctx, StoreSubject, nil)
-	if err != nil {
-		return false, ""
-	}
-	var st storeState
-	if json.Unmarshal(m.Data, &st) != nil {
-		return false, ""
-	}
-	return true, st.Problem
-}
-
 // readFleet reads the fleet at a glance over cl: the broker, serve's
 // word on its store, the registry's nodes tallied as `nodes` shows them,
 // and the overlay. `status` prints it and the status page shows it, so
@@ -251,7 +233,7 @@ func storeAnswer(ctx context.Context, cl *Client) (answered bool, problem string
 func readFleet(ctx context.Context, cl *Client) (*fleetStatus, []*NodeStatus, error) {
 	s := &fleetStatus{}
 	s.Broker.URL, s.Broker.Reachable = cl.NC.ConnectedUrlRedacted(), true
-	s.Store.Answered, s.Store.Problem = storeAnswer(ctx, cl)
+	s.Store.Answered, s.Store.Problem = askStore(ctx, cl.NC)
 	// DiskFullError's own words, as serve answers them.
 	s.Store.DiskFull = strings.Contains(s.Store.Problem, " is full (")
 	ns, rerr := cl.Nodes(ctx)

@@ -369,7 +369,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 // writing when something does (a full disk), which the store's own error
 // (a timeout, "insufficient resources") does not say.
 func (c *Client) storeWhy(ctx context.Context, err error) string {
-	if answered, p := storeAnswer(ctx, c); answered && p != "" {
+	if answered, p := askStore(ctx, c.NC); answered && p != "" {
 		return p + ": " + err.Error()
 	}
 	return err.Error()

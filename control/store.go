@@ -291,26 +291,33 @@ func mayBeTheStore(err error) bool {
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoStreamResponse)
 }
 
-// storeProblem asks serve, over a new connection to the broker, what
-// keeps its store from writing: "" when nothing does, or when nobody
-// answers (no serve, a broker of the operator's own).
-func storeProblem(ctx context.Context, k *Keys, url string) string {
+// askStore asks serve, over nc, what keeps the broker's store from
+// writing (StoreSubject): answered is false when nobody answers (no
+// serve, a broker of the operator's own); problem is "" when nothing does.
+func askStore(ctx context.Context, nc *nats.Conn) (answered bool, problem string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	m, err := nc.RequestWithContext(ctx, StoreSubject, nil)
+	if err != nil {
+		return false, ""
+	}
+	var st storeState
+	if json.Unmarshal(m.Data, &st) != nil {
+		return false, ""
+	}
+	return true, st.Problem
+}
+
+// storeProblem is askStore's problem over a new connection to the broker
+// at url: what a command whose own connection failed is told.
+func storeProblem(ctx context.Context, k *Keys, url string) string {
 	nc, _, err := dialBroker(k, url)
 	if err != nil {
 		return ""
 	}
 	defer nc.Close()
-	m, err := nc.RequestWithContext(ctx, StoreSubject, nil)
-	if err != nil {
-		return ""
-	}
-	var st storeState
-	if json.Unmarshal(m.Data, &st) != nil {
-		return ""
-	}
-	return st.Problem
+	_, p := askStore(ctx, nc)
+	return p
 }
 
 // explainStoreError puts what keeps the broker's store from writing, as

@@ -80,6 +80,16 @@ func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMs
 	return &declMsg{data: m.Data, sseq: sseq}, nil
 }
 
+// openRoster verifies a roster envelope under the pinned key and reads
+// the roster in it.
+func (a *Agent) openRoster(env []byte) (*shapes.Roster, error) {
+	payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, env)
+	if err != nil {
+		return nil, err
+	}
+	return shapes.ParseRoster(payload)
+}
+
 // syncRoster settles the newest roster if it is not the one last settled.
 // A roster the agent refuses, or the executor refuses or applies again a
 // declaration for, is reported upward (trigger "roster"); one the
@@ -100,22 +110,17 @@ func (a *Agent) syncRoster(ctx context.Context) error {
 		if st.LastRosterSeq == 0 {
 			// Settled by a release that kept no roster sequence: kept
 			// now, so a floor is not read again for every declaration.
-			if payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, m.data); err == nil {
-				if ro, err := shapes.ParseRoster(payload); err == nil {
-					return a.state.update(func(s *State) { s.LastRosterSeq = ro.Seq })
-				}
+			if ro, err := a.openRoster(m.data); err == nil {
+				return a.state.update(func(s *State) { s.LastRosterSeq = ro.Seq })
 			}
 		}
 		return nil
 	}
 	var r *link.Report
 	var rosterSeq uint64
-	payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, m.data)
+	ro, err := a.openRoster(m.data)
 	if err == nil {
-		var ro *shapes.Roster
-		if ro, err = shapes.ParseRoster(payload); err == nil {
-			rosterSeq = ro.Seq
-		}
+		rosterSeq = ro.Seq
 	}
 	if err != nil {
 		a.log.Warn("refused the mesh's roster; it does not reach the executor", "stream_seq", m.sseq, "reason", err.Error())

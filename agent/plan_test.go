@@ -97,7 +97,7 @@ func TestAPlanDuringAnApplyKeepsEachAnswerItsOwn(t *testing.T) {
 	waitFor(t, "the agent to ask for the plan", func() bool { return h.count("asking the executor for a plan") > 0 })
 	ex.unhold()
 
-	p, err := c.client.WaitPlan(ctx, "mixture", planID, 20*time.Second)
+	p, err := c.client.WaitPlan(ctx, "mixture", planID, 20*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestAPlanPastItsTimeIsNeverRun(t *testing.T) {
 	ex.unhold()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := c.client.WaitPlan(ctx, "late", "late-plan", 20*time.Second)
+	p, err := c.client.WaitPlan(ctx, "late", "late-plan", 20*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1002,7 +1002,9 @@ func (c *cli) planOf(cl *Client, node string, data []byte, wait time.Duration) e
 	if wait <= 0 {
 		wait = DefaultWait
 	}
-	r, err := cl.WaitPlan(c.ctx, node, id, wait)
+	start := time.Now()
+	r, err := cl.WaitPlan(c.ctx, node, id, wait, func() { c.waiting("the node's plan", 0, 1, start, wait) })
+	c.progress("")
 	if err != nil {
 		return err
 	}

@@ -132,7 +132,7 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		if len(got) == len(want) {
 			break
 		}
-		c.progress("waiting for the nodes' reports: %d of %d answered (%v of %v)", len(got), len(want), time.Since(start).Round(time.Second), c.wait)
+		c.waiting("the nodes' reports", len(got), len(want), start, c.wait)
 		select {
 		case <-c.ctx.Done():
 			c.progress("")
@@ -319,6 +319,14 @@ func (c *cli) progress(format string, args ...any) {
 	}
 	// \r to the line's start, ESC [K erases what a longer line left.
 	fmt.Fprintf(c.tty, "\r%s\x1b[K", fmt.Sprintf(format, args...))
+}
+
+// waiting says, on a terminal only (progress), what a command waits for
+// and how far it is: "waiting for WHAT: N of M answered (5s of 2m0s)" —
+// the same words for every wait on nodes' answers (declare --wait's
+// reports, plan's), so a person reads them alike.
+func (c *cli) waiting(what string, answered, of int, start time.Time, within time.Duration) {
+	c.progress("waiting for %s: %d of %d answered (%v of %v)", what, answered, of, time.Since(start).Round(time.Second), within)
 }
 
 // isTerminal says whether w is a terminal: a file descriptor on which

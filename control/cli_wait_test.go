@@ -270,3 +270,37 @@ func TestReportsEndWithASummary(t *testing.T) {
 		})
 	}
 }
+
+// plan waits for the node's answer as declare --wait waits for reports,
+// and says so alike on a terminal (and on a pipe, nothing): assign --plan
+// asks through the same wait (planOf). The terminal's line is cleared
+// before the command's complaint.
+func TestPlanSaysProgressOnATerminal(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	enrolNode(t, s, "quiet") // enrolled, and never answers
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	for _, onTTY := range []bool{true, false} {
+		t.Run(map[bool]string{true: "terminal", false: "pipe"}[onTTY], func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			var errOut io.Writer = &stderr
+			seen := func() string { return "" }
+			if onTTY {
+				tty, done := terminal(t)
+				errOut, seen = tty, done
+			}
+			code := control.Main(ctx, []string{"plan", "quiet", file, "--wait=2s", "--dir", dir, "--nats", s.url}, &stdout, errOut)
+			said := seen() + stderr.String()
+			if code != control.ExitTimedOut {
+				t.Errorf("exit %d, want %d\n%s%s", code, control.ExitTimedOut, stdout.String(), said)
+			}
+			const progress = "waiting for the node's plan: 0 of 1 answered ("
+			if got := strings.Contains(said+stdout.String(), progress); got != onTTY {
+				t.Errorf("progress said: %v, want %v\n%q", got, onTTY, said)
+			}
+			if want := "\r\x1b[Kmesh-control plan: no plan from quiet within 2s"; onTTY && !strings.Contains(said, want) {
+				t.Errorf("the progress is not cleared before the complaint: %q", said)
+			}
+		})
+	}
+}

@@ -58,7 +58,9 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 }
 
 // WaitPlan waits up to within for node's answer to plan request id.
-func (c *Client) WaitPlan(ctx context.Context, node, id string, within time.Duration) (*SignedReport, error) {
+// waiting, when not nil, is called before each wait between two looks: a
+// command tells a person on a terminal that it waits (cli.waiting).
+func (c *Client) WaitPlan(ctx context.Context, node, id string, within time.Duration, waiting func()) (*SignedReport, error) {
 	deadline := time.Now().Add(within)
 	for {
 		rs, _, err := c.Reports(ctx, node, 20)
@@ -71,6 +73,9 @@ func (c *Client) WaitPlan(ctx context.Context, node, id string, within time.Dura
 		}
 		if time.Now().After(deadline) {
 			return nil, &exitError{ExitTimedOut, fmt.Sprintf("no plan from %s within %v (is it linked? a plan request is not kept for a node away)", node, within)}
+		}
+		if waiting != nil {
+			waiting()
 		}
 		select {
 		case <-ctx.Done():

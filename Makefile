@@ -2,6 +2,7 @@
 #   make demo   the main job on an embedded default
 #   make test   every test, installing the Debian packages the tests need
 SHELL   := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO      ?= go
 BIN     := bin
@@ -103,31 +104,45 @@ PKG_TARBALL := nox-mesh-host-$(PKG_VERSION)-linux-$(PKG_ARCH).tar.gz
 # another (docs/operations.md, "Another bundle").
 BUNDLE      ?= packaging/foundation.lock
 BUNDLE_SHA   = $(shell sha256sum < $(BUNDLE) | cut -d' ' -f1)
+# The package targets say only the files they made, a path a line, which
+# a script may read; V=1 says every command as make runs it, and nfpm's
+# own words. Errors are said either way (on standard error), and a
+# failed nfpm fails the target through the pipe (pipefail).
+ifeq ($(V),1)
+Q    :=
+MADE := cat
+else
+Q    := @
+# nfpm says its errors on standard output, beside the packager it uses
+# and the package it made: the package's path is kept, the errors go to
+# standard error.
+MADE := awk '/^created package: /{ print substr($$0, 18); next } /^using [a-z]+ packager\.\.\.$$/{ next } { print > "/dev/stderr" }'
+endif
 
 package:
-	rm -rf $(DIST)
-	# The version and build this make computed, so that a commit landing
-	# meanwhile cannot stamp the binaries with another than the packages'.
-	$(MAKE) --no-print-directory package-files PKG_VERSION=$(PKG_VERSION) BUILD=$(BUILD)
-	for p in deb apk archlinux; do \
-		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ || exit 1; \
+	$(Q)rm -rf $(DIST)
+	@# The version and build this make computed, so that a commit landing
+	@# meanwhile cannot stamp the binaries with another than the packages'.
+	$(Q)$(MAKE) --no-print-directory package-files PKG_VERSION=$(PKG_VERSION) BUILD=$(BUILD)
+	$(Q)for p in deb apk archlinux; do \
+		DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $$p -t $(DIST)/ | $(MADE) || exit 1; \
 	done
-	# The tarballs: the files at the paths the packages install them
-	# (packaging/tarball.sh), `tar -xzf … -C /` on a machine with no
-	# package manager; linux carries the control side and the bundle, so a
-	# first node is raised from the tarball alone.
-	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share
-	# Cross-compiled static binaries: linux/arm64 (with the control side
-	# and the bundle it is stamped with), and android/arm64 (the root
-	# helper and the app's agent; no libc, Android's loader only; a partial
-	# host raises no control side).
-	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
+	@# The tarballs: the files at the paths the packages install them
+	@# (packaging/tarball.sh), `tar -xzf … -C /` on a machine with no
+	@# package manager; linux carries the control side and the bundle, so a
+	@# first node is raised from the tarball alone.
+	$(Q)sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share && echo $(DIST)/$(PKG_TARBALL)
+	@# Cross-compiled static binaries: linux/arm64 (with the control side
+	@# and the bundle it is stamped with), and android/arm64 (the root
+	@# helper and the app's agent; no libc, Android's loader only; a partial
+	@# host raises no control side).
+	$(Q)CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
 		-o $(DIST)/linux-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	sh packaging/tarball.sh $(DIST)/linux-arm64 $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz $(BUNDLE) $(DIST)/share
-	CGO_ENABLED=0 GOOS=android GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
+	$(Q)sh packaging/tarball.sh $(DIST)/linux-arm64 $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz $(BUNDLE) $(DIST)/share && echo $(DIST)/nox-mesh-host-$(PKG_VERSION)-linux-arm64.tar.gz
+	$(Q)CGO_ENABLED=0 GOOS=android GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' \
 		-o $(DIST)/android-arm64/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch
-	tar -C $(DIST)/android-arm64 --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-android-arm64.tar.gz mesh-executor mesh-agent mesh-launch
-	cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && ls -l
+	$(Q)tar -C $(DIST)/android-arm64 --owner=0 --group=0 --mode=0755 -czf $(DIST)/nox-mesh-host-$(PKG_VERSION)-android-arm64.tar.gz mesh-executor mesh-agent mesh-launch && echo $(DIST)/nox-mesh-host-$(PKG_VERSION)-android-arm64.tar.gz
+	$(Q)cd $(DIST) && sha256sum *.deb *.apk *.pkg.tar.zst *.tar.gz > SHA256SUMS && echo $(DIST)/SHA256SUMS
 
 # What every package carries, into $(DIST)/: the static binaries, stamped
 # (bin/), and the completions (bash, zsh, fish) and man pages (share/),
@@ -136,21 +151,22 @@ package:
 # tarball start from it, so one system's package is the same as that
 # system's from package.
 package-files:
-	@test -s $(BUNDLE) || { echo "BUNDLE=$(BUNDLE): no such bundle"; exit 1; }
-	rm -rf $(DIST)/bin $(DIST)/host $(DIST)/share && mkdir -p $(DIST)/bin
-	GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
+	@test -s $(BUNDLE) || { echo "BUNDLE=$(BUNDLE): no such bundle" >&2; exit 1; }
+	$(Q)rm -rf $(DIST)/bin $(DIST)/host $(DIST)/share && mkdir -p $(DIST)/bin
+	$(Q)GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(PKG_VERSION) -X main.build=$(BUILD) -X main.bundle=$(BUNDLE_SHA)' \
 		-o $(DIST)/bin/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	$(GO) build -o $(DIST)/host/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
-	sh packaging/gen-share.sh $(DIST)/host $(DIST)
+	@# Stamped too: each man page's header says the version it documents.
+	$(Q)$(GO) build -ldflags '-X main.version=$(PKG_VERSION) -X main.build=$(BUILD)' -o $(DIST)/host/ ./cmd/mesh-executor ./cmd/mesh-agent ./cmd/mesh-launch ./cmd/mesh-control
+	$(Q)sh packaging/gen-share.sh $(DIST)/host $(DIST)
 
 # One system's package on request, into $(DIST)/ beside what is there
 # already (package starts $(DIST)/ afresh): make deb, make apk, make arch
 # (nfpm's archlinux), make tarball (linux/PKG_ARCH, as package's).
 deb apk arch: package-files
-	DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $(if $(filter arch,$@),archlinux,$@) -t $(DIST)/
+	$(Q)DIST=$(DIST) BUNDLE=$(BUNDLE) PKG_VERSION=$(PKG_VERSION) PKG_ARCH=$(PKG_ARCH) $(NFPM) package -f packaging/nfpm.yaml -p $(if $(filter arch,$@),archlinux,$@) -t $(DIST)/ | $(MADE)
 
 tarball: package-files
-	sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share
+	$(Q)sh packaging/tarball.sh $(DIST)/bin $(DIST)/$(PKG_TARBALL) $(BUNDLE) $(DIST)/share && echo $(DIST)/$(PKG_TARBALL)
 
 clean:
 	rm -rf $(BIN)

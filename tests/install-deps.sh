@@ -53,6 +53,9 @@ declare -A need=(
   # cmdline: the completions generated for each binary, read by each shell
   [zsh]=zsh
   [fish]=fish
+  # tests/packages_test.go: make deb, apk, arch and tarball, each package listed
+  [dpkg-deb]=dpkg        # the .deb
+  [zstd]=zstd            # the Arch package (tar --zstd)
   # control: the status page (serve --ui) loaded in a real headless browser
   [chromium-headless-shell]=chromium-headless-shell
 )

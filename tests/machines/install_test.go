@@ -38,14 +38,24 @@ func TestInstall(t *testing.T) {
 	start := time.Now()
 	build := exec.Command("make", "package", "DIST="+dist)
 	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("make package: %v\n%s", err, out)
+	var stderr strings.Builder
+	build.Stderr = &stderr
+	out, err := build.Output()
+	if err != nil {
+		t.Fatalf("make package: %v\n%s%s", err, out, stderr.String())
 	}
 	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
+	var made []string
 	for _, glob := range []string{"*.deb", "*.apk", "*.pkg.tar.zst", "*-linux-amd64.tar.gz", "*-linux-arm64.tar.gz", "*-android-arm64.tar.gz"} {
-		if m, _ := filepath.Glob(filepath.Join(dist, glob)); len(m) != 1 {
+		m, _ := filepath.Glob(filepath.Join(dist, glob))
+		if len(m) != 1 {
 			t.Fatalf("make package made %d files %s in %s, want 1", len(m), glob, dist)
 		}
+		made = append(made, m[0])
+	}
+	// Quietly: the paths of what it made, and nothing else.
+	if want := strings.Join(append(made, filepath.Join(dist, "SHA256SUMS")), "\n") + "\n"; string(out) != want {
+		t.Errorf("make package said\n%s\nwant the paths of what it made alone:\n%s", out, want)
 	}
 	t.Logf("make package: %v", time.Since(start).Round(time.Millisecond))
 	// The cross-compiled binaries are what they say: AArch64, static

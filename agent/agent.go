@@ -66,8 +66,17 @@ type Options struct {
 	// Version and Build are this agent's; Build is compared with the
 	// executor's on every hello.
 	Version, Build string
+	// Dialer, when set, opens the link's connections to the broker
+	// (nats.SetCustomDialer) in place of the client library's own. The
+	// simulated fleet gives each of its nodes a loopback address of its
+	// own to dial from, as every real node has an address of its own: ten
+	// thousand connections from one address to one port leave the kernel
+	// searching a full range of ports at every connect (a third of the
+	// bench's CPU while a fleet linked again).
+	Dialer nats.CustomDialer
 	// RetryWait is the first wait after a failed attempt (1s when zero),
-	// doubled up to 30s; the link's reconnect wait is twice it.
+	// doubled up to 30s; the waits between attempts to link are drawn
+	// from it (linkWait).
 	RetryWait time.Duration
 	// RevokedWait is the first wait after the broker refused this node's
 	// credential (twice RetryWait when zero: the ordinary reconnect wait),
@@ -387,7 +396,7 @@ const linkPing = 2 * time.Minute
 // dial connects to the broker, retrying until ctx ends. Every failure is
 // logged legibly (and kept for the next heartbeat).
 func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
-	wait := a.o.RetryWait
+	attempts := 0
 	for {
 		start := clock.Now()
 		opts := append(linkOptions(a.id, &a.pins),
@@ -403,6 +412,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			// connection's writer to 32 KiB of stack until the next
 			// collection: a broker's memory per node.
 			nats.PingInterval(linkPing),
+			nats.SetCustomDialer(a.o.Dialer),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkDown(err)
 			}),
@@ -436,15 +446,41 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		attempts++
 		if d, revoked := a.revokedDelay(); revoked {
 			a.sleep(ctx, d)
 		} else {
-			wait = a.backoff(ctx, wait)
+			a.sleep(ctx, a.linkWait(attempts))
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// The waits between attempts to link (linkWait), in RetryWaits: a window
+// of linkWindowFirst, doubled at each failed attempt up to linkWindowMax.
+const (
+	linkWindowFirst = 4
+	linkWindowMax   = 60
+)
+
+// linkWait is the wait before attempt+1 to link, after attempt failed
+// ones (or, for attempt 1, after the link was lost): RetryWait, and a
+// part of a window drawn at random (full jitter), the window growing
+// with the failed attempts. When the control side restarts, every node
+// of the fleet loses its link at the same instant: a window the same for
+// every attempt brought them all back within a second of one another, a
+// storm the broker answered in 2–14 s, so the nodes that gave up came back
+// in the next second's storm; a window that grows spreads each round of
+// those that failed over longer than the last. The agent's first dial and
+// the client library's reconnection (reconnectDelay) both wait so.
+func (a *Agent) linkWait(attempt int) time.Duration {
+	w, most := linkWindowFirst*a.o.RetryWait, linkWindowMax*a.o.RetryWait
+	for i := 1; i < attempt && w < most; i++ {
+		w *= 2
+	}
+	return a.o.RetryWait + rand.N(min(w, most)+1)
 }
 
 // revokedWaitMax is the longest wait between attempts of a node whose
@@ -483,13 +519,13 @@ func (a *Agent) revokedDelay() (time.Duration, bool) {
 }
 
 // reconnectDelay is the NATS client's wait before each attempt to link
-// again (nats.CustomReconnectDelay): twice RetryWait with up to a second
-// of jitter (what the client's own ReconnectWait and TLS jitter did), or
-// revokedDelay once the broker refuses the credential. The client's
+// again (nats.CustomReconnectDelay, which counts the attempts since the
+// link was lost from 1): linkWait, or revokedDelay once the broker
+// refuses the credential. The client's
 // handlers run after the attempt's failure on a goroutine of their own,
 // so the connection's last error is read here too: the first wait after a
 // refusal is already the longer one.
-func (a *Agent) reconnectDelay(int) time.Duration {
+func (a *Agent) reconnectDelay(attempt int) time.Duration {
 	if nc := a.ncp.Load(); nc != nil {
 		if err := nc.LastError(); err != nil && explain(a.id.BrokerURL, err, nil).Reason == LinkAuthorization {
 			a.refused(explain(a.id.BrokerURL, err, nil))
@@ -498,7 +534,7 @@ func (a *Agent) reconnectDelay(int) time.Duration {
 	if d, revoked := a.revokedDelay(); revoked {
 		return d
 	}
-	return 2*a.o.RetryWait + rand.N(time.Second)
+	return a.linkWait(attempt)
 }
 
 // sleep waits d, or until ctx ends.

@@ -99,7 +99,7 @@ func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 		nats.Secure(link.PinnedTLS(id.Pin, pins.note)),
 		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),
-		nats.Timeout(5 * time.Second),
+		nats.Timeout(link.ConnectTimeout),
 	}
 	if id.userJWT != "" {
 		// The grant's user JWT rides as the connect token beside the NKey

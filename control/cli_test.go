@@ -120,11 +120,14 @@ func TestCommands(t *testing.T) {
 	}
 
 	// The node speaks, by hand, as its agent would: a signed report and
-	// heartbeat, and one report nobody signed.
-	nc, err := agent.Dial(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// heartbeat, and one report nobody signed. The broker learns of a node
+	// added a moment after the registry has it, as an agent finds (it
+	// tries again).
+	var nc *nats.Conn
+	eventually(t, "the broker lets the added node in", func() bool {
+		nc, err = agent.Dial(id)
+		return err == nil
+	})
 	defer nc.Close()
 	send := func(subj string, v any, signed bool) {
 		data, _ := json.Marshal(v)

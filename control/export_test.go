@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"time"
 )
 
 // Allocate is allocate, for a test that races the overlay's settings.
@@ -33,4 +34,13 @@ func (l *Lane) PutReport(ctx context.Context, node string, data []byte, recorded
 func OverlaySetOn(cl *Client, stdout io.Writer, ch OverlayChange) error {
 	c := &cli{ctx: context.Background(), cmd: "overlay set", stdout: stdout, stderr: io.Discard, log: slog.New(slog.DiscardHandler)}
 	return c.overlaySetOn(cl, ch)
+}
+
+// Linking is linking, for the test of what serve says while a fleet links
+// again.
+func (s *Server) Linking() (linked, of int) { return s.linking() }
+
+// SayRelinking is sayRelinking, said every period.
+func (s *Server) SayRelinking(ctx context.Context, log *slog.Logger, every time.Duration) {
+	s.sayRelinking(ctx, log, every)
 }

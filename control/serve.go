@@ -174,6 +174,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	go func() { errs <- keepRunning(ctx, log, "recorder", untilReopened(srv, c.Record)) }()
 	if srv != nil {
 		c.brokerKnows = srv.Knows
+		go srv.sayRelinking(ctx, log, relinkingEvery)
 	}
 	go func() { errs <- keepRunning(ctx, log, "enrolment responder", untilReopened(srv, c.Enrolments)) }()
 	go func() { errs <- keepRunning(ctx, log, "publisher", untilReopened(srv, c.KeepComposed)) }()

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"log/slog"
@@ -73,7 +74,8 @@ var JetStreamSync = "always"
 func serverConfig(k *Keys, name, host string, port int, store string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: %s\nhost: %s\nport: %d\nmax_payload: %d\n", q(name), q(host), port, MaxPayload)
-	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 5\n}\n", q(k.CertFile()), q(k.KeyFile()))
+	// The handshake's timeout is the link's (link.ConnectTimeout says why).
+	fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: %d\n}\n", q(k.CertFile()), q(k.KeyFile()), int(link.ConnectTimeout/time.Second))
 	// sync_interval: always — JetStream fsyncs each write before it
 	// acknowledges it. nats-server's default flushes every two minutes, so
 	// a power cut loses what was acknowledged in between: a node added, a
@@ -572,5 +574,63 @@ func (s *serverLog) error(line string) {
 	s.l.Error(line)
 	if s.onError != nil {
 		s.onError(line)
+	}
+}
+
+// linking says how many of the nodes the broker lets in are linked to it
+// now, of how many.
+func (s *Server) linking() (linked, of int) {
+	a := s.auth
+	a.mu.Lock()
+	names := make([]string, 0, len(a.nodes))
+	for _, name := range a.nodes {
+		names = append(names, link.NodeAccount(name))
+	}
+	a.mu.Unlock()
+	a.accMu.Lock()
+	defer a.accMu.Unlock()
+	for _, name := range names {
+		if acc := a.made[name]; acc != nil && acc.NumLocalConnections() > 0 {
+			linked++
+		}
+	}
+	return linked, len(names)
+}
+
+// Relinking is how often serve says, after it starts, how many nodes have
+// linked again, and for how long at most.
+const (
+	relinkingEvery = 5 * time.Second
+	relinkingFor   = 10 * time.Minute
+)
+
+// sayRelinking logs, while the fleet links again after serve's start (a
+// restart: every node at once), how many nodes have linked of how many,
+// every period (relinkingEvery), until all have or relinkingFor has
+// passed — a storm of reconnections the operator can watch end, or see
+// stop short.
+func (s *Server) sayRelinking(ctx context.Context, log *slog.Logger, every time.Duration) {
+	start := time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		linked, of := s.linking()
+		took := time.Since(start).Round(time.Second)
+		if linked >= of {
+			if of > 0 {
+				log.Info("every node has linked again", "nodes", of, "after", took.String())
+			}
+			return
+		}
+		if took >= relinkingFor {
+			log.Warn("not every node has linked again", "linked", linked, "of", of, "after", took.String())
+			return
+		}
+		log.Info("nodes linking again", "linked", linked, "of", of, "after", took.String())
 	}
 }

@@ -7,7 +7,20 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
+
+// ConnectTimeout is how long a connection to the broker may take, from the
+// dial through the TLS handshake to the broker's answer to CONNECT: the
+// agent's link waits that long (nats.Timeout), and the broker gives a TLS
+// handshake as long (its tls timeout; it adds a second for the
+// authentication). Sized for a storm, when a whole fleet links again at
+// once after the control side's restart: connections queue behind one
+// another on a busy broker, and a connection given up on is work done for
+// nothing, done again at the next attempt. At 5 s, a fleet of 10,000
+// relinking made 30,000 connections, the broker taking 2–14 s to answer
+// many of them (docs/benchmarks.md).
+const ConnectTimeout = 20 * time.Second
 
 // Fingerprint is the pin of a certificate: the SHA-256 of its DER bytes, in
 // lower-case hex without separators.

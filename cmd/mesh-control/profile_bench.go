@@ -6,7 +6,8 @@ package main
 // mesh-control with -tags benchprofile when asked for -profile): with
 // MESH_BENCH_PROFILE set to a directory, SIGUSR1 starts a CPU profile into
 // it (serve-PID-N.pprof) and SIGUSR2 ends it and writes the heap's
-// profile and the runtime's memory statistics beside it (.heap, .mem). A release build has none of
+// profile and the runtime's memory statistics beside it (.heap, .mem);
+// MESH_BENCH_PROFILE_FROM_START starts the first profile at once. A release build has none of
 // this: the tag is never set by the Makefile or the packages.
 
 import (
@@ -30,6 +31,12 @@ func init() {
 	}
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	if os.Getenv("MESH_BENCH_PROFILE_FROM_START") != "" {
+		// From the first instant (a restart's storm of reconnections): a
+		// signal sent at the start could come before Notify and end the
+		// process.
+		sig <- syscall.SIGUSR1
+	}
 	go func() {
 		var f *os.File
 		n := 0

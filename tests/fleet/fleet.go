@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -58,6 +60,9 @@ type Node struct {
 	// Name is the node's name.
 	Name string
 	id   *agent.Identity
+	// dialer dials the broker from the node's own loopback address
+	// (loopbackDialer); nil: the client library's own.
+	dialer nats.CustomDialer
 
 	mu         sync.Mutex
 	applied    uint64
@@ -104,10 +109,28 @@ func (f *Fleet) Add(cfg *agent.Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
 	}
-	n := &Node{f: f, Name: cfg.Node, id: id}
+	n := &Node{f: f, Name: cfg.Node, id: id, dialer: loopbackDialer(cfg.BrokerURL, len(f.Nodes))}
 	f.Nodes = append(f.Nodes, n)
 	f.ByName[n.Name] = n
 	return n, nil
+}
+
+// loopbackDialer dials from a loopback address of the k-th node's own
+// (127.1.0.0 on), when the broker is on this machine's loopback: a real
+// node links from an address of its own, and ten thousand connections
+// from one address to one port leave the kernel searching its range of
+// ports at every connect (agent.Options.Dialer). Nil for any other broker.
+func loopbackDialer(brokerURL string, k int) nats.CustomDialer {
+	first, _, _ := strings.Cut(brokerURL, ",") // a cluster's servers are on one machine
+	u, err := url.Parse(first)
+	if err != nil {
+		return nil
+	}
+	if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+		return nil
+	}
+	from := net.IPv4(127, byte(1+k>>16), byte(k>>8), byte(k))
+	return &net.Dialer{Timeout: link.ConnectTimeout, LocalAddr: &net.TCPAddr{IP: from}}
 }
 
 // NKey is the node's public NKey, its user name on the broker.
@@ -121,6 +144,7 @@ func (n *Node) Start(ctx context.Context) {
 		err := agent.Run(ctx, agent.Options{
 			Identity:     n.id,
 			DialExecutor: n.dial,
+			Dialer:       n.dialer,
 			Heartbeat:    n.f.heartbeat,
 			Poll:         n.f.Poll,
 			Version:      standInVersion,

@@ -640,6 +640,8 @@ func (b *bench) restart(ctx context.Context) error {
 	r := &restartResult{Nodes: len(nodes)}
 	b.res.Restart = r
 	stopAt := time.Now()
+	endProfile := b.profiledRestart()
+	defer endProfile()
 	stopped, killed := b.ctl.stop(b.cfg.stopTimeout)
 	r.StopSeconds, r.Killed = stopped.Seconds(), killed
 	b.log.Info("serve stopped", "seconds", fmt.Sprintf("%.1f", r.StopSeconds), "killed", killed)
@@ -693,6 +695,7 @@ func (b *bench) restart(ctx context.Context) error {
 	}
 	r.ReconnectTimeout = !waitFor(ctx, b.cfg.restartTimeout-time.Since(stopAt), tally)
 	tally()
+	endProfile()
 	b.log.Info("reconnected", "linked", r.Reconnected, "executors_told", r.Reconciled, "of", len(nodes), "stop_to_all_linked_seconds", fmt.Sprintf("%.1f", r.TotalSeconds))
 	// The bench's own watch of the registry is made again on the new
 	// broker, whatever the client library did with the old one.

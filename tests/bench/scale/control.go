@@ -27,6 +27,9 @@ type controlProc struct {
 	// profile is where serve writes CPU profiles when signalled (-profile;
 	// a build with -tags benchprofile), "" for none.
 	profile string
+	// profileFromStart: the next start profiles from its first instant
+	// (the restart's storm), until SIGUSR2.
+	profileFromStart bool
 	// serveArgs, when set, are serve's arguments instead of the embedded
 	// broker's (CLUSTER=1).
 	serveArgs []string
@@ -91,6 +94,10 @@ func (c *controlProc) start() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if c.profile != "" {
 		cmd.Env = append(os.Environ(), "MESH_BENCH_PROFILE="+c.profile)
+		if c.profileFromStart {
+			cmd.Env = append(cmd.Env, "MESH_BENCH_PROFILE_FROM_START=1")
+			c.profileFromStart = false
+		}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -197,5 +198,39 @@ func (b *bench) profiled(phase string) func() {
 		if pid != 0 {
 			syscall.Kill(pid, syscall.SIGUSR2)
 		}
+	}
+}
+
+// profiledRestart profiles the restart, from serve's stop until every
+// node has linked again: this process's from now, serve's from its new
+// start's first instant (a signal could not reach it before its handler).
+// The function it returns ends both, once (it is called twice).
+func (b *bench) profiledRestart() func() {
+	if b.cfg.profile == "" {
+		return func() {}
+	}
+	b.ctl.mu.Lock()
+	b.ctl.profileFromStart = true
+	b.ctl.mu.Unlock()
+	b.profiles++
+	f, err := os.Create(filepath.Join(b.cfg.profile, fmt.Sprintf("agents-restart-%d.pprof", b.profiles)))
+	if err != nil {
+		b.log.Warn("profile: " + err.Error())
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.log.Warn("profile: " + err.Error())
+		f.Close()
+		return func() {}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+			if pid := b.ctl.pid(); pid != 0 {
+				syscall.Kill(pid, syscall.SIGUSR2)
+			}
+		})
 	}
 }

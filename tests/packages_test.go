@@ -21,11 +21,11 @@ const packageVersion = "1.2.3"
 // way.
 func hostFiles(zsh string) map[string]string {
 	files := map[string]string{
-		"usr/lib/nox-mesh-host/foundation.lock":      "-rw-r--r--",
-		"usr/share/doc/nox-mesh-host/operations.md":  "-rw-r--r--",
-		"usr/share/doc/nox-mesh-host/declaration.md": "-rw-r--r--",
-		"usr/share/doc/nox-mesh-host/SECURITY.md":    "-rw-r--r--",
-		"usr/share/man/man1/mesh-control.1":          "-rw-r--r--",
+		"usr/lib/nox-mesh-host/foundation.lock": "-rw-r--r--",
+		"usr/share/man/man1/mesh-control.1":     "-rw-r--r--",
+	}
+	for _, d := range []string{"docs/operations.md", "docs/declaration.md", "SECURITY.md"} {
+		files["usr/share/doc/nox-mesh-host/"+filepath.Base(d)] = "-rw-r--r--"
 	}
 	for _, p := range []string{"mesh-executor", "mesh-agent", "mesh-launch", "mesh-control"} {
 		files["usr/bin/"+p] = "-rwxr-xr-x"

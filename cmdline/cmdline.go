@@ -51,7 +51,21 @@ type Program struct {
 	Files []Entry
 	// Examples are command lines (Term) and what each does.
 	Examples []Entry
+	// Asks: the program itself knows some arguments' values, which no
+	// definition can list (mesh-control: the mesh's node names, asked of
+	// the control side), and answers `NAME __complete WORD...` (AskCommand)
+	// with them. Each shell's completion asks it first, at every word.
+	Asks bool
 }
+
+// AskCommand is the hidden command a program that Asks answers for its
+// shells' completions, as cobra's programs answer theirs: its arguments
+// are the words of the line after the program's name, up to the cursor,
+// the last the word being typed ("" at a space). It prints the values
+// that word may take, a line each, already matched to what is typed, and
+// exits 0 — or exits 1 where it has nothing to say, and the completion
+// offers what the definitions do (commands, flags, files).
+const AskCommand = "__complete"
 
 // Entry is one item of a manual's list section: a term — a status, a
 // variable, a path, a command line — and what it is.
@@ -131,6 +145,43 @@ func flagWords(c Command) string {
 	return strings.Join(ws, " ")
 }
 
+// fileArgs are the words of a usage line that name a file or directory
+// argument: where the completions offer files.
+var fileArgs = []string{"FILE", "BUNDLE", "DIR"}
+
+// takesFile says whether one of c's positional arguments is a file.
+func takesFile(c Command) bool {
+	for _, a := range strings.Fields(c.Args) {
+		if slices.Contains(fileArgs, strings.Trim(a, "[].")) {
+			return true
+		}
+	}
+	return false
+}
+
+// isBool says whether f stands alone (--json, --wait), taking no value in
+// the next word.
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// valueFlags are the flags of any of p's commands that take a value in
+// the next word, each as it may be typed (-state and --state): after one,
+// the completions offer files, as bash's default does.
+func (p Program) valueFlags() []string {
+	var out []string
+	for _, c := range p.Commands {
+		for _, f := range flags(c.Flags) {
+			if !isBool(f) && !slices.Contains(out, "--"+f.Name) {
+				out = append(out, "-"+f.Name, "--"+f.Name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func funcName(prog string) string { return "_" + strings.NewReplacer("-", "_", ".", "_").Replace(prog) }
 
 // Bash is the program's bash completion (complete -F).
@@ -140,6 +191,22 @@ func (p Program) Bash() string {
 	fn := funcName(p.Name)
 	fmt.Fprintf(&b, "# bash completion for %s, generated from its own command definitions.\n", p.Name)
 	fmt.Fprintf(&b, "%s() {\n\tlocal cur=${COMP_WORDS[COMP_CWORD]} flags=\n", fn)
+	if p.Asks {
+		// The line as typed, split at white space: COMP_WORDS splits a
+		// URL at its colons.
+		fmt.Fprintf(&b, `	# What only the program knows (%s): asked first.
+	if [ -n "${COMP_LINE-}" ]; then
+		local line=${COMP_LINE:0:COMP_POINT} asked words
+		read -ra words <<<"$line"
+		if [[ $line == *[[:space:]] ]]; then words+=(""); fi
+		if asked=$("${words[0]/#\~/$HOME}" %s "${words[@]:1}" 2>/dev/null); then
+			compopt +o default 2>/dev/null
+			COMPREPLY=($asked)
+			return
+		fi
+	fi
+`, AskCommand, AskCommand)
+	}
 	if len(firsts) == 1 && firsts[0] == "" {
 		fmt.Fprintf(&b, "\tflags=%q\n", flagWords(byName[""]))
 	} else {
@@ -168,17 +235,36 @@ func (p Program) Bash() string {
 	return b.String()
 }
 
-// Zsh is the program's zsh completion (a #compdef file).
+// Zsh is the program's zsh completion (a #compdef file): the commands,
+// a command's own flags, and files where a file is taken — a file
+// argument (FILE), a flag's value — as bash's default offers them; what
+// the program answers first when it Asks.
 func (p Program) Zsh() string {
 	firsts, seconds, byName := p.tree()
 	var b strings.Builder
 	fn := funcName(p.Name)
 	fmt.Fprintf(&b, "#compdef %s\n# zsh completion for %s, generated from its own command definitions.\n", p.Name, p.Name)
-	fmt.Fprintf(&b, "%s() {\n", fn)
+	fmt.Fprintf(&b, "%s() {\n\tlocal -a flags values\n\tlocal files=0 asked\n", fn)
+	fmt.Fprintf(&b, "\tvalues=(%s)\n", strings.Join(p.valueFlags(), " "))
+	if p.Asks {
+		fmt.Fprintf(&b, `	# What only the program knows (%s): asked first.
+	if asked=$("${words[1]/#\~/$HOME}" %s "${(@)words[2,CURRENT-1]}" "$PREFIX" 2>/dev/null); then
+		compadd -- ${(f)asked}
+		return
+	fi
+`, AskCommand, AskCommand)
+	}
+	set := func(indent string, c Command) {
+		fmt.Fprintf(&b, "%sflags=(%s)", indent, flagWords(c))
+		if takesFile(c) {
+			b.WriteString("; files=1")
+		}
+	}
 	if len(firsts) == 1 && firsts[0] == "" {
-		fmt.Fprintf(&b, "\tcompadd -- %s\n}\n", flagWords(byName[""]))
+		set("\t", byName[""])
+		b.WriteString("\n")
 	} else {
-		fmt.Fprintf(&b, "\tif (( CURRENT == 2 )); then\n\t\tcompadd -- %s\n\t\treturn\n\tfi\n", strings.TrimSpace(strings.Join(firsts, " ")+" "+flagWords(byName[""])))
+		fmt.Fprintf(&b, "\tif (( CURRENT == 2 )) && [[ $PREFIX != -* ]]; then\n\t\tcompadd -- %s\n\t\treturn\n\tfi\n", strings.Join(firsts, " "))
 		b.WriteString("\tcase \"${words[2]}\" in\n")
 		for _, f := range firsts {
 			fmt.Fprintf(&b, "\t%s)\n", f)
@@ -186,18 +272,28 @@ func (p Program) Zsh() string {
 				fmt.Fprintf(&b, "\t\tif (( CURRENT == 3 )); then\n\t\t\tcompadd -- %s\n\t\t\treturn\n\t\tfi\n", strings.Join(subs, " "))
 				b.WriteString("\t\tcase \"${words[3]}\" in\n")
 				for _, s := range subs {
-					fmt.Fprintf(&b, "\t\t%s) compadd -- %s ;;\n", s, flagWords(byName[f+" "+s]))
+					fmt.Fprintf(&b, "\t\t%s) ", s)
+					set("", byName[f+" "+s])
+					b.WriteString(" ;;\n")
 				}
 				b.WriteString("\t\tesac\n\t\t;;\n")
 				continue
 			}
-			fmt.Fprintf(&b, "\t\tcompadd -- %s\n\t\t;;\n", flagWords(byName[f]))
+			set("\t\t", byName[f])
+			b.WriteString("\n\t\t;;\n")
 		}
-		if bare, ok := byName[""]; ok {
-			fmt.Fprintf(&b, "\t*)\n\t\tcompadd -- %s\n\t\t;;\n", flagWords(bare))
-		}
-		b.WriteString("\tesac\n}\n")
+		// The program run without a command: its own flags.
+		b.WriteString("\t*)\n")
+		set("\t\t", byName[""])
+		b.WriteString("\n\t\t;;\n\tesac\n")
 	}
+	b.WriteString(`	if [[ $PREFIX != -* ]] && (( ${values[(Ie)${words[CURRENT-1]}]} || files )); then
+		_files
+		return
+	fi
+	compadd -- $flags
+}
+`)
 	fmt.Fprintf(&b, "%s \"$@\"\n", fn)
 	return b.String()
 }
@@ -212,39 +308,82 @@ func firstLine(s string) string {
 	return l
 }
 
-// Fish is the program's fish completion (complete -c lines).
+// Fish is the program's fish completion (complete -c lines): the
+// commands, each command's flags, and files where a file is taken — a
+// file argument (FILE), a flag's value — and nowhere else; what the
+// program answers first when it Asks.
 func (p Program) Fish() string {
 	firsts, seconds, byName := p.tree()
 	var b strings.Builder
 	fmt.Fprintf(&b, "# fish completion for %s, generated from its own command definitions.\n", p.Name)
 	fmt.Fprintf(&b, "complete -c %s -f\n", p.Name)
-	flagLines := func(cond string, c Command) {
-		for _, f := range flags(c.Flags) {
-			fmt.Fprintf(&b, "complete -c %s", p.Name)
-			if cond != "" {
-				fmt.Fprintf(&b, " -n %s", fishQuote(cond))
+	// files is the condition under which a file may be typed: not where
+	// the program answers (it said what may be).
+	files := func(cond string) string { return cond }
+	if p.Asks {
+		ask := strings.TrimPrefix(funcName(p.Name), "_") + "_ask"
+		// The program is asked once a line: each rule's condition runs
+		// it, so the answer is kept for the line it was asked of.
+		fmt.Fprintf(&b, `# What only the program knows (%s): asked first.
+function __%s
+	set -l line (commandline -cp)
+	if test "$line" != "$__%s_line"
+		set -g __%s_line $line
+		set -l cur (commandline -ct)
+		set -l words (commandline -opc) "$cur"
+		set -l prog (string replace -r '^~' $HOME -- $words[1])
+		set -g __%s_said ($prog %s $words[2..-1] 2>/dev/null)
+		set -g __%s_status $status
+	end
+	return $__%s_status
+end
+complete -c %s -n __%s -a '$__%s_said'
+`, AskCommand, ask, ask, ask, ask, AskCommand, ask, ask, p.Name, ask, ask)
+		files = func(cond string) string {
+			if cond == "" {
+				return "not __" + ask
 			}
-			fmt.Fprintf(&b, " -l %s -d %s\n", f.Name, fishQuote(firstLine(f.Usage)))
+			return cond + "; and not __" + ask
+		}
+	}
+	rule := func(cond string) {
+		fmt.Fprintf(&b, "complete -c %s", p.Name)
+		if cond != "" {
+			fmt.Fprintf(&b, " -n %s", fishQuote(cond))
+		}
+	}
+	lines := func(cond string, c Command) {
+		for _, f := range flags(c.Flags) {
+			rule(cond)
+			fmt.Fprintf(&b, " -l %s", f.Name)
+			if !isBool(f) {
+				b.WriteString(" -r -F") // its value: a file, or what is typed
+			}
+			fmt.Fprintf(&b, " -d %s\n", fishQuote(firstLine(f.Usage)))
+		}
+		if takesFile(c) {
+			rule(files(cond))
+			b.WriteString(" -F\n")
 		}
 	}
 	if len(firsts) == 1 && firsts[0] == "" {
-		flagLines("", byName[""])
+		lines("", byName[""])
 		return b.String()
 	}
 	fmt.Fprintf(&b, "complete -c %s -n __fish_use_subcommand -a %s\n", p.Name, fishQuote(strings.Join(firsts, " ")))
 	if bare, ok := byName[""]; ok {
-		flagLines("__fish_use_subcommand", bare)
+		lines("__fish_use_subcommand", bare)
 	}
 	for _, f := range firsts {
 		if subs := seconds[f]; len(subs) > 0 {
 			fmt.Fprintf(&b, "complete -c %s -n %s -a %s\n", p.Name,
 				fishQuote("__fish_seen_subcommand_from "+f+"; and not __fish_seen_subcommand_from "+strings.Join(subs, " ")), fishQuote(strings.Join(subs, " ")))
 			for _, s := range subs {
-				flagLines("__fish_seen_subcommand_from "+f+"; and __fish_seen_subcommand_from "+s, byName[f+" "+s])
+				lines("__fish_seen_subcommand_from "+f+"; and __fish_seen_subcommand_from "+s, byName[f+" "+s])
 			}
 			continue
 		}
-		flagLines("__fish_seen_subcommand_from "+f, byName[f])
+		lines("__fish_seen_subcommand_from "+f, byName[f])
 	}
 	return b.String()
 }
@@ -390,7 +529,7 @@ func (p Program) Find(args []string) (Command, []string, bool) {
 }
 
 // Generate answers "completion bash|zsh|fish" and "man": the text, or an
-// error naming what it takes.
+// error naming what it takes (the caller says the program's name).
 func (p Program) Generate(args []string, version string) (string, error) {
 	switch {
 	case len(args) == 1 && args[0] == "man":
@@ -404,8 +543,9 @@ func (p Program) Generate(args []string, version string) (string, error) {
 		case "fish":
 			return p.Fish(), nil
 		}
+		return "", fmt.Errorf("completion: no shell %q: bash, zsh or fish", args[1])
 	}
-	return "", fmt.Errorf("%s: completion bash|zsh|fish, or man", p.Name)
+	return "", fmt.Errorf("completion bash|zsh|fish, or man")
 }
 
 // Parse parses fs's flags wherever they stand among the positional
@@ -671,7 +811,7 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	if d.Name == "completion" || d.Name == "man" {
 		text, err := t.Generate(append([]string{d.Name}, pos...), version)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s %s: %v\n", t.Name, d.Name, err)
+			fmt.Fprintf(stderr, "%s: %v\n", t.Name, err)
 			return i, nil, fs, 2, true
 		}
 		fmt.Fprint(stdout, text)
@@ -700,4 +840,57 @@ func (d Def) Vetted(vet func(pos []string) error) Def { d.Vet = vet; return d }
 // D is a Def, written in a table's row.
 func D(name, args string, min, max int, flags []string, summary string) Def {
 	return Def{Name: name, Args: args, Min: min, Max: max, Flags: flags, Summary: summary}
+}
+
+// Place says where the word being typed stands on a command line, for a
+// program that Asks: words are the line's words after the program's name,
+// up to the cursor, the last the one being typed. It finds the command
+// (of two words or one, both typed whole), gives the words between to the
+// command's flag set (fs: their values, --dir and the like, as the
+// command would take them), and says which positional argument the last
+// word is, from 0 — or -1 when it is a flag or a flag's value. ok is
+// false when no command is typed yet.
+func (t Table) Place(words []string) (i int, fs *flag.FlagSet, arg int, ok bool) {
+	if len(words) < 2 {
+		return 0, nil, 0, false
+	}
+	typed, cur := words[:len(words)-1], words[len(words)-1]
+	n := 0
+	for k := min(2, len(typed)); k >= 1 && n == 0; k-- {
+		if j := slices.IndexFunc(t.Defs, func(d Def) bool { return d.Name == strings.Join(typed[:k], " ") }); j >= 0 {
+			i, n = j, k
+		}
+	}
+	if n == 0 {
+		return 0, nil, 0, false
+	}
+	fs = t.FlagSet(i, io.Discard)
+	for j := n; j < len(typed); j++ {
+		w := typed[j]
+		if w == "--" { // the rest are arguments, the word typed among them
+			return i, fs, arg + len(typed) - j - 1, true
+		}
+		if len(w) < 2 || w[0] != '-' {
+			arg++
+			continue
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(w, "-"), "=")
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+		case hasValue:
+			fs.Set(name, value)
+		case isBool(f):
+			fs.Set(name, "true")
+		case j+1 < len(typed):
+			j++
+			fs.Set(name, typed[j])
+		default:
+			return i, fs, -1, true // the word typed is this flag's value
+		}
+	}
+	if strings.HasPrefix(cur, "-") {
+		return i, fs, -1, true
+	}
+	return i, fs, arg, true
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -405,6 +406,69 @@ func TestGroupsListTheirSubcommands(t *testing.T) {
 	} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("mesh-control help cuts %q:\n%s", want, out)
+		}
+	}
+}
+
+// zsh and fish offer files where a file is taken — a FILE argument, a
+// flag's value — and not where none is: the commands, and a command's
+// flags, there. fish completes for real (complete -C); zsh runs its
+// completion file as its autoload does, with compadd and _files said as
+// what they are given, since only a zsh reading a terminal completes.
+func TestZshAndFishOfferFilesWhereAFileIsTaken(t *testing.T) {
+	dir := t.TempDir()
+	cwd := t.TempDir()
+	os.WriteFile(filepath.Join(cwd, "site.json"), nil, 0o644)
+	scripts := map[string]string{}
+	for _, p := range []cmdline.Program{cli.Program(), agent.Program()} {
+		for shell, script := range map[string]string{"zsh": p.Zsh(), "fish": p.Fish()} {
+			f := filepath.Join(dir, p.Name+"."+shell)
+			os.WriteFile(f, []byte(script), 0o644)
+			scripts[p.Name+"."+shell] = f
+		}
+	}
+	complete := map[string][]string{
+		"zsh": {"zsh", "-fc", `compadd() { [[ $1 == -- ]] && shift; local w; for w; do [[ $w == ${PREFIX}* ]] && print -r -- $w; done; }
+_files() { print -r -- '<files>'; }
+words=(${(z)2})
+[[ $2 == *' ' ]] && words+=('')
+CURRENT=${#words}
+PREFIX=${words[CURRENT]}
+source "$1" | xargs`, "zsh"},
+		"fish": {"fish", "--no-config", "-c", `source $argv[1]
+complete -C $argv[2] | string replace -r '\t.*' '' | string join ' '; true`},
+	}
+	for _, c := range []struct {
+		line string
+		// files: the shell offers files (site.json, the one here; zsh's
+		// <files>), and nothing else.
+		files bool
+		want  string
+	}{
+		{"mesh-executor apply s", true, ""},
+		{"mesh-executor plan ", true, ""},
+		{"mesh-executor reconcile s", true, ""},
+		{"mesh-executor doctor --state s", true, ""},
+		{"mesh-executor apply --st", false, "--state"},
+		{"mesh-executor do", false, "doctor"},
+		{"mesh-executor status s", false, ""},
+		{"mesh-agent --config s", true, ""},
+		{"mesh-agent --conf", false, "--config"},
+	} {
+		for _, shell := range []string{"zsh", "fish"} {
+			t.Run(shell+" "+c.line, func(t *testing.T) {
+				want := c.want
+				if c.files {
+					want = map[string]string{"zsh": "<files>", "fish": "site.json"}[shell]
+				}
+				args := append(slices.Clone(complete[shell]), scripts[strings.Fields(c.line)[0]+"."+shell], c.line)
+				run := exec.Command(args[0], args[1:]...)
+				run.Dir = cwd
+				out, err := run.CombinedOutput()
+				if got := strings.TrimSpace(string(out)); err != nil || got != want {
+					t.Errorf("%q<TAB>: %q, want %q (%v)", c.line, got, want, err)
+				}
+			})
 		}
 	}
 }

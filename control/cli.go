@@ -230,7 +230,7 @@ func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
 // table is mesh-control's commands, with the options the last flag set
 // made is bound to (Main makes one).
 func table(o *options) cmdline.Table {
-	return cmdline.NewTable(cmdline.Program{Name: "mesh-control", Section: 1,
+	return cmdline.NewTable(cmdline.Program{Name: "mesh-control", Section: 1, Asks: true,
 		Summary: "the control side of a nox mesh: keys, the broker, the registry, declarations and reports",
 		Description: `mesh-control keeps a mesh's control plane: the signing key, the embedded NATS broker (or an
 existing one), the node registry and enrolment tokens; it signs and publishes declarations and
@@ -272,10 +272,8 @@ func Program() cmdline.Program { return table(new(options)).Program }
 // Main runs mesh-control with args (without the program name). Exit
 // status: 0 done (and --help), 1 failed, 2 a usage error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 2 && args[0] == "completion" && args[1] == "bash" {
-		// cmdline's, and node names over it (bashCompletion).
-		fmt.Fprint(stdout, bashCompletion())
-		return 0
+	if len(args) > 0 && args[0] == cmdline.AskCommand {
+		return complete(ctx, args[1:], stdout)
 	}
 	var o options
 	i, pos, fs, code, done := table(&o).Dispatch(args, Version, stdout, stderr)

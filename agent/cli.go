@@ -72,7 +72,20 @@ network; it is trusted for nothing.`,
 			{Name: "", Summary: "run the agent", Flags: fs},
 			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
 			{Name: "man", Summary: "print the manual page (roff)"},
-		}}
+		},
+		ExitStatus: []cmdline.Entry{
+			{Term: "0", Text: "the agent stopped on SIGTERM or SIGINT; --help, --version"},
+			{Term: "1", Text: "it could not start or run: its identity unreadable, its state directory held by another agent or not writable, its user not found to drop to"},
+			{Term: "2", Text: "a command line it does not take"},
+		},
+		Environment: []cmdline.Entry{
+			{Term: "", Text: "mesh-agent reads no environment variable: its identity is its configuration file, its settings are its flags."},
+		},
+		Examples: []cmdline.Entry{
+			{Term: "mesh-agent --config /var/lib/mesh-host/agent/config.json --state /var/lib/mesh-host/agent --socket /run/mesh-host/executor.sock --user mesh-agent", Text: "what the packages' init runs (through mesh-launch agent-start): the agent as root drops to mesh-agent before it dials"},
+			{Term: "mesh-agent --version", Text: "its version and build, which must be the executor's"},
+		},
+	}
 }
 
 func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {

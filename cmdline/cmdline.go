@@ -39,15 +39,15 @@ type Program struct {
 	Description string
 	Commands    []Command
 	// ExitStatus is each status the program exits with and what it
-	// means, and Environment each variable it reads. Empty: the
-	// program's entry in houseSections says them (house.go).
+	// means, and Environment each variable it reads: each program's own
+	// words, beside its commands.
 	ExitStatus  []Entry
 	Environment []Entry
 	// Files are files the manual names beyond those the flags default to:
 	// FILES lists every absolute path a flag defaults to, with the
 	// flag's own words, so a flag's default and the manual cannot
 	// differ; Files adds the rest (a key directory's contents, a
-	// bundle). With houseSections' for the program.
+	// bundle).
 	Files []Entry
 	// Examples are command lines (Term) and what each does.
 	Examples []Entry
@@ -407,7 +407,6 @@ func roff(s string) string {
 // COMMANDS (OPTIONS for a program of no commands), EXIT STATUS,
 // ENVIRONMENT, FILES, EXAMPLES, SEE ALSO.
 func (p Program) Man(version string) string {
-	house := houseSections[p.Name]
 	var b strings.Builder
 	fmt.Fprintf(&b, ".TH %s %d \"\" \"nox-mesh-host %s\" \"nox-mesh-host\"\n", strings.ToUpper(p.Name), p.Section, roff(version))
 	fmt.Fprintf(&b, ".SH NAME\n%s \\- %s\n", p.Name, roff(p.Summary))
@@ -446,10 +445,10 @@ func (p Program) Man(version string) string {
 			b.WriteString("\n")
 		}
 	}
-	entries(&b, "EXIT STATUS", either(p.ExitStatus, house.ExitStatus), false)
-	entries(&b, "ENVIRONMENT", either(p.Environment, house.Environment), false)
-	entries(&b, "FILES", append(p.flagFiles(), append(p.Files, house.Files...)...), false)
-	entries(&b, "EXAMPLES", either(p.Examples, house.Examples), true)
+	entries(&b, "EXIT STATUS", p.ExitStatus, false)
+	entries(&b, "ENVIRONMENT", p.Environment, false)
+	entries(&b, "FILES", append(p.flagFiles(), p.Files...), false)
+	entries(&b, "EXAMPLES", p.Examples, true)
 	b.WriteString(".SH SEE ALSO\n")
 	var others []string
 	for _, h := range housePrograms {
@@ -460,15 +459,6 @@ func (p Program) Man(version string) string {
 	b.WriteString(strings.Join(others, ",\n") + "\n.PP\n")
 	b.WriteString("/usr/share/doc/nox-mesh-host/operations.md, /usr/share/doc/nox-mesh-host/declaration.md, /usr/share/doc/nox-mesh-host/SECURITY.md\n")
 	return b.String()
-}
-
-// either is a, or b when a is empty: a program's own section before the
-// house's word for it.
-func either(a, b []Entry) []Entry {
-	if len(a) > 0 {
-		return a
-	}
-	return b
 }
 
 // entries writes a list section, a tagged paragraph an entry (an entry

@@ -354,7 +354,21 @@ or at once with status 1 when another mesh-launch holds its state directory (nam
 			{Name: "version", Summary: "print the version and build"},
 			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
 			{Name: "man", Summary: "print the manual page (roff)"},
-		}}
+		},
+		ExitStatus: []cmdline.Entry{
+			{Term: "0", Text: "the launcher stopped on SIGTERM or SIGINT; status, clear and agent-start done; --help"},
+			{Term: "1", Text: "another mesh-launch holds the state directory (it is named by pid), or status or clear failed"},
+			{Term: "2", Text: "a command line it does not take"},
+		},
+		Environment: []cmdline.Entry{
+			{Term: "", Text: "mesh-launch reads no environment variable: its flags say what it starts, and the executor is started with the arguments given after --."},
+		},
+		Examples: []cmdline.Entry{
+			{Term: "mesh-launch --state /var/lib/mesh-host/executor -- serve --state /var/lib/mesh-host/executor --socket /run/mesh-host/executor.sock --agent-user mesh-agent", Text: "what the packages' init runs: supervise the executor's daemon"},
+			{Term: "mesh-launch status", Text: "recent starts, whether it rolled back or halted and why, the agent's starts"},
+			{Term: "mesh-launch clear", Text: "clear a halt once the machine is mended; the running launcher resumes within seconds"},
+		},
+	}
 }
 
 // helpOr answers a subcommand's --help (exit 0, on standard output), or

@@ -168,7 +168,26 @@ what the control plane signed, verifying every declaration again itself, and rec
 start, on reconnect and on a timer. At the machine, root drives it directly: apply and plan a
 local file (rescue), reconcile the carried bundle, enrol, and inspect what the host holds. The
 read-only commands (plan, owned, briefing, status, doctor, profile, inventory) create nothing,
-not even the state directory.`}, commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
+not even the state directory.`,
+		ExitStatus: []cmdline.Entry{
+			{Term: "0", Text: "done: applied, or nothing to do; a read-only command answered; --help"},
+			{Term: "1", Text: "failed: the apply ran and a step failed, or doctor found a check failing"},
+			{Term: "2", Text: "refused whole, nothing touched: a declaration refused before any step, a command run as a user that is not root where root is needed, or a command line it does not take"},
+		},
+		Environment: []cmdline.Entry{
+			{Term: "", Text: "mesh-executor reads no environment variable: what it does is its flags, its state directory and what the control plane signed. The init's environment is not passed on to what it runs."},
+		},
+		Files: []cmdline.Entry{
+			{Term: "/usr/lib/nox-mesh-host/foundation.lock", Text: "the carried bundle the packages ship: reconcile applies it, and no other unless given one (a build stamped with its digest takes no other)"},
+		},
+		Examples: []cmdline.Entry{
+			{Term: "mesh-executor doctor", Text: "check the state directory, the daemon, the identity, the agent and the broker, a line each with what to do when it fails"},
+			{Term: "mesh-executor plan rescue.json", Text: "say what applying the local declaration rescue.json would do, with content diffs, touching nothing"},
+			{Term: "mesh-executor apply rescue.json", Text: "apply it (rescue, when the control side cannot be reached)"},
+			{Term: "mesh-executor enrol < token", Text: "enrol this machine with a token read on standard input"},
+			{Term: "mesh-executor reconcile", Text: "apply the carried bundle: raise the control side on a mesh's first node"},
+		},
+	}, commands, func(i int, out io.Writer) *flag.FlagSet { return flagSet(i, o, out) })
 }
 
 // Program is mesh-executor's manual, completions and help.

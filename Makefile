@@ -42,12 +42,15 @@ bench:
 # process built into the bench's work directory. Prints a table, MISS for
 # each target missed; docs/benchmarks.md keeps the figures. CLUSTER=1
 # measures against three nats-server processes (built from the module)
-# configured by broker-config --cluster. BENCH_SCALE_ARGS go to the bench
+# configured by broker-config --cluster; CONTENDED=1 keeps one core busy
+# throughout (a process of the bench's own) and judges the contended
+# targets. BENCH_SCALE_ARGS go to the bench
 # (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles).
 NODES   ?= 10000
 CLUSTER ?=
+CONTENDED ?=
 bench-scale:
-	$(GO) run ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(BENCH_SCALE_ARGS)
+	$(GO) run ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(if $(filter 1,$(CONTENDED)),-contended) $(BENCH_SCALE_ARGS)
 
 # The chaos run: a control side, NODES_CHAOS nodes (real executors and
 # agents, each in its own namespace and state) and the real CLI, driven by

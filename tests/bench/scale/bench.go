@@ -28,7 +28,9 @@ import (
 // bench is one run.
 type bench struct {
 	cfg   config
-	log   *slog.Logger
+	// burner keeps one core busy (-contended).
+	burner *burner
+	log    *slog.Logger
 	res   *results
 	ctl   *controlProc
 	keys  *control.Keys
@@ -53,6 +55,10 @@ type bench struct {
 type results struct {
 	Host        host    `json:"host"`
 	Requested   int     `json:"nodes_requested"`
+	// Contended: a burner kept one core busy (-contended); BurnerCPU is
+	// the share of a core it took over the run.
+	Contended bool    `json:"contended,omitempty"`
+	BurnerCPU float64 `json:"burner_cpu_percent,omitempty"`
 	BaselineCPU float64 `json:"control_cpu_percent_before_nodes"`
 	// ServersBaselineCPU: each cluster server's, before any node
 	// (CLUSTER=1).

@@ -87,6 +87,7 @@ type config struct {
 	keep            bool
 	profile         string
 	syncDefault     bool
+	contended       bool
 }
 
 // The exit codes, as the other benches'.
@@ -97,6 +98,9 @@ const (
 )
 
 func main() {
+	if os.Getenv(burnEnv) != "" {
+		burn()
+	}
 	var c config
 	flag.IntVar(&c.nodes, "nodes", 10000, "nodes to register and simulate")
 	flag.BoolVar(&c.cluster, "cluster", false, "measure against a three-server NATS cluster (nats-server processes built from the module): registration, linking, fan-outs and each server's idle CPU")
@@ -118,7 +122,17 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "keep DIR/scale (logs, the broker's store) for a look afterwards")
 	flag.BoolVar(&c.syncDefault, "sync-default", false, "build serve with nats-server's default sync interval (-tags benchnosync), to measure what fsync before each acknowledgement costs; acknowledged writes are then not durable")
 	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile)")
+	flag.BoolVar(&c.contended, "contended", false, "keep one core busy throughout with a process of the bench's own, and judge by the contended targets (a control machine that is not idle)")
 	flag.Parse()
+	if c.contended {
+		restartSet := false
+		flag.Visit(func(f *flag.Flag) { restartSet = restartSet || f.Name == "restart-timeout" })
+		if !restartSet {
+			// The contended target is 180 s from serve's return; the
+			// timeout runs from the stop.
+			c.restartTimeout = 4 * time.Minute
+		}
+	}
 	if c.idle <= 0 {
 		c.idle = c.heartbeat
 	}
@@ -161,6 +175,14 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "control side: mesh-control serve, pid %d, against a three-server NATS cluster (%s); agents: this process, pid %d\n", b.ctl.pid(), b.servers.urls, os.Getpid())
 	} else {
 		fmt.Fprintf(stdout, "control side: mesh-control serve (embedded broker), pid %d; agents: this process, pid %d\n", b.ctl.pid(), os.Getpid())
+	}
+	if c.contended {
+		if b.burner, err = startBurner(); err != nil {
+			fmt.Fprintln(stderr, "scale bench:", err)
+			return exitBroken
+		}
+		b.res.Contended = true
+		fmt.Fprintf(stdout, "contended: a process of the bench's own (pid %d) spins on one core from now to the end; the contended targets are judged\n", b.burner.cmd.Process.Pid)
 	}
 	fmt.Fprintf(stdout, "broker: %s\n", brokerBuild(b.ctl.bin))
 	fmt.Fprintf(stdout, "JetStream: %s\n\n", syncMode(b.ctl.bin))
@@ -206,7 +228,14 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	}
 	b.res.Host.LoadEnd = loadAverage()
 	b.fleet.SetPhase("teardown")
+	if b.burner != nil {
+		b.res.BurnerCPU = b.burner.stop()
+		b.burner = nil
+	}
 	b.printTable(stdout)
+	if b.res.Contended {
+		fmt.Fprintf(stdout, "\ncontended: the burner took %.0f %% of a core over the run\n", b.res.BurnerCPU)
+	}
 	code := exitOK
 	if n := b.fleet.Garbage.Load(); n > 0 {
 		fmt.Fprintf(stderr, "scale bench: the stand-ins refused %d declarations (not signed, not theirs, or replayed): the system did not do its job\n", n)

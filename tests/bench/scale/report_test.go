@@ -185,3 +185,35 @@ func TestExtrapolate(t *testing.T) {
 		}
 	}
 }
+
+// A contended run judges the fan-out, the restart and the overlay by their
+// contended targets, and gives the idle CPU and the memory none.
+func TestContendedTargets(t *testing.T) {
+	quiet, busy := config{}, config{contended: true}
+	for _, c := range []struct {
+		name        string
+		t           target
+		f           figure
+		n           int
+		quiet, busy string
+	}{
+		{"fan-out in 15 s", targetFanout, figure{value: 15, measured: true}, 10000, "MISS", "PASS"},
+		{"fan-out in 25 s", targetFanout, figure{value: 25, measured: true}, 10000, "MISS", "MISS"},
+		{"relinked in 150 s", targetRestart, figure{value: 150, measured: true}, 10000, "MISS", "PASS"},
+		{"overlay in 100 s", targetOverlay, figure{value: 100, measured: true}, 1000, "MISS", "PASS"},
+		{"overlay cut off", targetOverlay, figure{value: 100, measured: true, failed: true}, 1000, "MISS", "MISS"},
+		{"idle at 30 %", targetIdleCPU, figure{value: 30, measured: true}, 10000, "MISS", "—"},
+		{"memory", targetMemory, figure{value: 90, measured: true}, 10000, "MISS", "—"},
+	} {
+		if got := quiet.judgedRow(c.t, c.f, c.n, "").verdict; got != c.quiet {
+			t.Errorf("%s, quiet: %q, want %q", c.name, got, c.quiet)
+		}
+		r := busy.judgedRow(c.t, c.f, c.n, "")
+		if r.verdict != c.busy {
+			t.Errorf("%s, contended: %q, want %q", c.name, r.verdict, c.busy)
+		}
+		if r.measure != c.t.name || (c.busy != "—") != strings.HasSuffix(r.target, ", contended") {
+			t.Errorf("%s, contended: the row %+v does not say its contended target", c.name, r)
+		}
+	}
+}

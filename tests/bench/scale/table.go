@@ -82,6 +82,9 @@ func (b *bench) rows() []row {
 	if s := r.Restart; s != nil {
 		var res string
 		fig := figure{value: s.TotalSeconds, measured: true}
+		if b.cfg.contended {
+			fig.value = s.LinkedP100 // its target runs from serve's return
+		}
 		switch {
 		case s.StartError != "" && s.StartSeconds == 0:
 			res = fmt.Sprintf("stop %s%s; serve did not start again: %s", secs(s.StopSeconds), killedNote(s), s.StartError)
@@ -97,9 +100,9 @@ func (b *bench) rows() []row {
 			}
 			res += fmt.Sprintf("; %s of %s executors told the link came back, the last %s after the stop", thousands(s.Reconciled), thousands(s.Nodes), secs(s.ReconciledP100))
 		}
-		rows = append(rows, targetRow(targetRestart, fig, n, res))
+		rows = append(rows, b.cfg.judgedRow(targetRestart, fig, n, res))
 	} else {
-		rows = append(rows, targetRow(targetRestart, figure{why: "not reached"}, n, ""))
+		rows = append(rows, b.cfg.judgedRow(targetRestart, figure{why: "not reached"}, n, ""))
 	}
 
 	// Idle.
@@ -112,14 +115,14 @@ func (b *bench) rows() []row {
 			cpu.atScale = &x
 			res += fmt.Sprintf("; ≈ %.0f %% at %s, linearly", x, thousands(targetIdleCPU.nodes))
 		}
-		rows = append(rows, targetRow(targetIdleCPU, cpu, n, res))
+		rows = append(rows, b.cfg.judgedRow(targetIdleCPU, cpu, n, res))
 		mem := figure{value: i.PerNodeKiB, measured: n > 0}
-		rows = append(rows, targetRow(targetMemory, mem, n, fmt.Sprintf("%.0f KiB: VmRSS %s MiB on %s nodes, %s MiB before any (peak %s MiB)",
+		rows = append(rows, b.cfg.judgedRow(targetMemory, mem, n, fmt.Sprintf("%.0f KiB: VmRSS %s MiB on %s nodes, %s MiB before any (peak %s MiB)",
 			i.PerNodeKiB, mib(i.RSSKiB), thousands(n), mib(i.BaselineKiB), mib(i.HWMKiB))))
 		rows = append(rows, infoRow("this process (the agents and stand-ins), idle", fmt.Sprintf("%.1f %% of a core, VmRSS %s MiB (%.0f KiB per agent)",
 			i.AgentsCPU, mib(i.AgentsRSSKiB), float64(i.AgentsRSSKiB)/float64(max(n, 1)))))
 	} else {
-		rows = append(rows, targetRow(targetIdleCPU, figure{why: "not reached"}, n, ""), targetRow(targetMemory, figure{why: "not reached"}, n, ""))
+		rows = append(rows, b.cfg.judgedRow(targetIdleCPU, figure{why: "not reached"}, n, ""), b.cfg.judgedRow(targetMemory, figure{why: "not reached"}, n, ""))
 	}
 
 	// Overlay.
@@ -149,13 +152,13 @@ func (b *bench) rows() []row {
 		if o.Applied == 0 {
 			fig.why = "no node applied its overlay"
 		}
-		rows = append(rows, targetRow(targetOverlay, fig, o.Nodes, res))
+		rows = append(rows, b.cfg.judgedRow(targetOverlay, fig, o.Nodes, res))
 	} else {
 		why := "not reached"
 		if o != nil {
 			why = o.Skipped
 		}
-		rows = append(rows, targetRow(targetOverlay, figure{why: why}, 0, ""))
+		rows = append(rows, b.cfg.judgedRow(targetOverlay, figure{why: why}, 0, ""))
 	}
 	rows = append(rows, b.clusterRow())
 	return rows
@@ -187,7 +190,7 @@ func (b *bench) clusterRows(n int) []row {
 // fanoutRows are the rows of one fan-out: until received (information),
 // and until recorded (the target).
 func (b *bench) fanoutRows(f *fanoutResult, when string, n int) []row {
-	t := targetFanout
+	t := *b.cfg.targetOf(targetFanout)
 	t.name = fmt.Sprintf("%s (%s)", t.name, when)
 	if f == nil {
 		return []row{targetRow(t, figure{why: "not reached"}, n, "")}

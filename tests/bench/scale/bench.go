@@ -27,15 +27,15 @@ import (
 
 // bench is one run.
 type bench struct {
-	cfg   config
+	cfg config
 	// burner keeps one core busy (-contended).
 	burner *burner
 	log    *slog.Logger
-	res   *results
-	ctl   *controlProc
-	keys  *control.Keys
-	cl    *control.Client
-	fleet *fleet.Fleet
+	res    *results
+	ctl    *controlProc
+	keys   *control.Keys
+	cl     *control.Client
+	fleet  *fleet.Fleet
 
 	active []*fleet.Node // the nodes whose agents run (registered, and within the file descriptors)
 
@@ -53,12 +53,12 @@ type bench struct {
 
 // results are the figures, as -json writes them.
 type results struct {
-	Host        host    `json:"host"`
-	Requested   int     `json:"nodes_requested"`
+	Host      host `json:"host"`
+	Requested int  `json:"nodes_requested"`
 	// Contended: a burner kept one core busy (-contended); BurnerCPU is
 	// the share of a core it took over the run.
-	Contended bool    `json:"contended,omitempty"`
-	BurnerCPU float64 `json:"burner_cpu_percent,omitempty"`
+	Contended   bool    `json:"contended,omitempty"`
+	BurnerCPU   float64 `json:"burner_cpu_percent,omitempty"`
 	BaselineCPU float64 `json:"control_cpu_percent_before_nodes"`
 	// ServersBaselineCPU: each cluster server's, before any node
 	// (CLUSTER=1).

@@ -248,8 +248,8 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 			MaxMsgSize: MaxPayload, AllowDirect: true,
 			Description: "the mesh's roster (the overlay's peers), signed; every node reads the newest by direct get"},
 		{Name: link.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
-			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
-			Description: "heartbeats from nodes"},
+			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage, AllowDirect: true,
+			Description: "heartbeats from nodes; each node reads back its own newest by direct get (the broker's time of it)"},
 	}
 	for _, sc := range streams {
 		if sc.Replicas = want(sc.Name); wantErr != nil {

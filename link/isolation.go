@@ -62,6 +62,11 @@ var ServiceImports = []ServiceImport{
 	{"mesh.report.*", UpPrefix + ".*.report", 3},
 	{"mesh.heartbeat.*", "", 3},
 	{"mesh.heartbeat.*", UpPrefix + ".*.heartbeat", 3},
+	// Its own newest heartbeat read back, for the broker's time of it
+	// (Subjects.HeartbeatGet): last-by-subject, the subject in the
+	// request's, as the declarations' read.
+	{"$JS.API.DIRECT.GET." + HeartbeatStream + ".mesh.heartbeat.*", APIPrefix + ".DIRECT.GET." + HeartbeatStream + ".mesh.heartbeat.*", 8},
+	{"$JS.API.DIRECT.GET." + HeartbeatStream + ".mesh.heartbeat.*", UpPrefix + ".*.heartbeat-get", 8},
 	// Archives: a direct get of the archive store's stream, and nothing
 	// else of it (no put, no delete, no purge, no consumer, no info).
 	{"$JS.API.DIRECT.GET." + ArchiveStream, ArchiveGet, 0},
@@ -118,6 +123,8 @@ func NodeImports(node string) (services []ServiceImport, notices []string) {
 //
 //	publish    mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<n>  read its newest declaration
 //	           mesh.report.<n>, mesh.heartbeat.<n>          report upward (the report is the ack)
+//	           mesh.api.DIRECT.GET.MESH_HEARTBEAT.mesh.heartbeat.<n>
+//	                                                        read back its own newest heartbeat (its clock)
 //	           mesh.api.DIRECT.GET.OBJ_MESH_ARCHIVES        read archives (all nodes)
 //	           mesh.api.DIRECT.GET.MESH_ROSTER.mesh.roster  read the mesh's roster (all nodes)
 //	subscribe  _INBOX.<n>.>                                 its own replies
@@ -128,6 +135,7 @@ func NodeImports(node string) (services []ServiceImport, notices []string) {
 // LayoutByNode, the same doors under other names:
 //
 //	publish    mesh.up.<n>.>          .decl (read its newest), .report, .heartbeat,
+//	                                  .heartbeat-get (read back its own newest heartbeat),
 //	                                  .archive (read archives: all nodes alike),
 //	                                  .roster (read the mesh's roster: all nodes alike)
 //	subscribe  mesh.notice.<n>        hear that there is a newer one
@@ -150,7 +158,7 @@ func NodePermissions(node string, l Layout) (publish, subscribe []string) {
 		return []string{UpPrefix + "." + node + ".>"},
 			[]string{s.Notice, s.Notice + ".>", s.RosterNotice}
 	}
-	return []string{s.DeclGet, s.Report, s.Heartbeat, s.ArchiveGet, s.RosterGet},
+	return []string{s.DeclGet, s.Report, s.Heartbeat, s.HeartbeatGet, s.ArchiveGet, s.RosterGet},
 		[]string{s.Inbox + ".>", s.Notice, s.RosterNotice, s.Plan}
 }
 

@@ -59,8 +59,9 @@ const SeqHeader = "Mesh-Seq"
 
 // The headers a direct get answers with, beside the message's own.
 const (
-	HeaderSequence = "Nats-Sequence" // the message's stream sequence
-	HeaderSubject  = "Nats-Subject"  // the subject it was stored on
+	HeaderSequence  = "Nats-Sequence"   // the message's stream sequence
+	HeaderSubject   = "Nats-Subject"    // the subject it was stored on
+	HeaderTimeStamp = "Nats-Time-Stamp" // when the broker stored it, by its clock (RFC 3339)
 )
 
 // ArchiveGet is the one request a node may make of the archive store: a
@@ -114,6 +115,13 @@ type Subjects struct {
 	// Plan is where the control side asks the node for a plan (a signed
 	// wire.PlanRequest); the answer is a report, trigger plan.
 	Plan string
+	// HeartbeatGet reads back the node's own newest heartbeat (a direct
+	// get of the last message on Heartbeat, with no body): its time as
+	// the node said it, beside the broker's time of receipt
+	// (HeaderTimeStamp) — how far the node's clock is off the control
+	// side's, measured as mesh-control nodes measures it. Nothing else of
+	// the heartbeats, and no other node's.
+	HeartbeatGet string
 }
 
 // SubjectsOf returns the names of node, which must be a valid node name:
@@ -131,6 +139,7 @@ func SubjectsOf(node string) Subjects {
 		RosterGet:    RosterGet,
 		RosterNotice: RosterNotice,
 		Plan:         PlanPrefix + "." + node,
+		HeartbeatGet: APIPrefix + ".DIRECT.GET." + HeartbeatStream + ".mesh.heartbeat." + node,
 	}
 }
 
@@ -193,6 +202,7 @@ func NodeSubjects(node string, l Layout) Subjects {
 		up := UpPrefix + "." + node
 		s.DeclGet, s.Report, s.Heartbeat = up+".decl", up+".report", up+".heartbeat"
 		s.ArchiveGet, s.RosterGet = up+".archive", up+".roster"
+		s.HeartbeatGet = up + ".heartbeat-get"
 		s.Inbox, s.Plan = s.Notice+".inbox", s.Notice+".plan"
 	}
 	return s

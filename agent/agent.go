@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -172,6 +173,11 @@ type linkInfo struct {
 	lastLinked time.Time // before this link came up
 	unlinked   time.Duration
 	lastErr    string
+	// skew and skewAt are the clock's last measure against the broker's
+	// (measureClock), skewAt zero until one; clockTried is when the agent
+	// last asked.
+	skew               time.Duration
+	skewAt, clockTried time.Time
 	// revoked is when the broker first refused this node's credential
 	// since the link was last up (zero: it has not), and revokedWaits how
 	// many waits the agent has chosen since (revokedDelay).
@@ -431,6 +437,13 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 					a.cancel(errEarlierLayout)
 					return
 				}
+				if strings.Contains(err.Error(), `"`+a.id.Subjects.HeartbeatGet+`"`) {
+					// A control side of an earlier release, which grants
+					// no read back of the heartbeat: the clock goes
+					// unmeasured (measureClock), nothing more.
+					a.log.Debug("the broker refused the heartbeat's read back: " + err.Error())
+					return
+				}
 				if le := explain(a.id.BrokerURL, err, nil); le.Reason == LinkAuthorization {
 					a.linkFailed(le) // revoked, most likely: said once, legibly
 					return
@@ -612,16 +625,73 @@ func (a *Agent) linkSaid() *wire.AgentLink {
 	a.linkMu.Lock()
 	l := a.link
 	a.linkMu.Unlock()
+	said := &wire.AgentLink{Revoked: l.revoked.UTC(), Error: wire.LinkErrorText(l.lastErr), ClockSkew: l.skew, ClockAt: l.skewAt.UTC()}
 	switch {
 	case l.up:
-		return &wire.AgentLink{Up: true, Since: l.since.UTC()}
+		said.Up, said.Since, said.Revoked, said.Error = true, l.since.UTC(), time.Time{}, ""
 	case !l.downSince.IsZero():
-		return &wire.AgentLink{Since: l.downSince.UTC(), Revoked: l.revoked.UTC()}
+		said.Since = l.downSince.UTC()
+	default:
+		said.Since = a.state.get().LastLinked.UTC()
 	}
-	if last := a.state.get().LastLinked; !last.IsZero() {
-		return &wire.AgentLink{Since: last.UTC(), Revoked: l.revoked.UTC()}
+	return said
+}
+
+// clockEvery is how often the agent measures its clock against the
+// broker's while linked: a request a node each time, and a clock drifts
+// slowly; the first heartbeat of each link measures it at once.
+const clockEvery = 10 * time.Minute
+
+// clockDue says whether the clock is to be measured after this heartbeat,
+// and notes the try.
+func (a *Agent) clockDue(now time.Time) bool {
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
+	if !a.link.clockTried.IsZero() && a.link.clockTried.After(a.link.since) && now.Sub(a.link.clockTried) < clockEvery {
+		return false
 	}
-	return &wire.AgentLink{Revoked: l.revoked.UTC()}
+	a.link.clockTried = now
+	return true
+}
+
+// measureClock reads back the node's newest heartbeat (subject, its
+// HeartbeatGet) and says how far the time the node stamped on it was
+// ahead of the broker's time of receipt — the skew mesh-control nodes
+// shows, measured alike — and that time as the node said it. sent is the
+// time of the heartbeat just published: the read can pass it on its way
+// to the stream, and is made again, a few times, while it finds an older
+// one (which, found last, is measured all the same: each heartbeat
+// against its own receipt).
+func measureClock(nc *nats.Conn, subject string, sent time.Time) (skew time.Duration, at time.Time, err error) {
+	for try := 0; ; try++ {
+		skew, at, err = readClock(nc, subject)
+		if err != nil || !at.Before(sent) || try == 4 {
+			return skew, at, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// readClock is one read of measureClock's.
+func readClock(nc *nats.Conn, subject string) (skew time.Duration, at time.Time, err error) {
+	m, err := nc.Request(subject, nil, 5*time.Second)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("reading back the heartbeat: %w", err)
+	}
+	if st := m.Header.Get("Status"); st != "" {
+		return 0, time.Time{}, fmt.Errorf("reading back the heartbeat: status %s %s", st, m.Header.Get("Description"))
+	}
+	received, err := time.Parse(time.RFC3339Nano, m.Header.Get(link.HeaderTimeStamp))
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("reading back the heartbeat: the broker's time of it: %w", err)
+	}
+	var hb struct {
+		At time.Time `json:"at"`
+	}
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.At.IsZero() {
+		return 0, time.Time{}, fmt.Errorf("reading back the heartbeat: no time in it (%v)", err)
+	}
+	return hb.At.Sub(received).Round(time.Millisecond), hb.At, nil
 }
 
 func (a *Agent) linkDown(err error) {
@@ -941,6 +1011,17 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	if err != nil {
 		a.log.Warn("heartbeat: " + err.Error())
 		return
+	}
+	if a.clockDue(clock.Now()) {
+		// A control side of an earlier release grants no read back: the
+		// clock goes unmeasured, said at debug, tried again later.
+		if skew, at, err := measureClock(nc, a.id.Subjects.HeartbeatGet, hb.At); err != nil {
+			a.log.Debug("clock: " + err.Error())
+		} else {
+			a.linkMu.Lock()
+			a.link.skew, a.link.skewAt = skew, at
+			a.linkMu.Unlock()
+		}
 	}
 	a.state.update(func(s *State) {
 		s.LastLinked = clock.Now()

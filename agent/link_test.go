@@ -69,6 +69,11 @@ func TestBrokerRestart(t *testing.T) {
 		ls := ex.linksSaid()
 		return len(ls) > 0 && !ls[len(ls)-1].Up && !ls[len(ls)-1].Since.Before(stopping.Add(-time.Second))
 	})
+	// And why: the bare broker refuses the node it does not know.
+	waitFor(t, "the executor told why the link is down", func() bool {
+		ls := ex.linksSaid()
+		return len(ls) > 0 && !ls[len(ls)-1].Up && strings.Contains(ls[len(ls)-1].Error, "authorization refused by the broker at "+c.url)
+	})
 	bare.Shutdown()
 	if _, r, _ := ex.snapshot(); r != 1 {
 		t.Fatalf("Reconnected %d times while unlinked", r)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -96,7 +98,7 @@ var Table = []Spec{
 	{KindReportLine, "report-line", ExecutorToAgent, nil, 64 << 10, func() any { return new(shapes.Line) }, 0, 0},
 	{KindReconnected, "reconnected", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Reconnected) }, KindVerdict, KindReportLine},
 	{KindVerdict, "verdict", ExecutorToAgent, nil, 8 << 20, func() any { return new(Verdict) }, 0, 0},
-	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 128, func() any { return new(Status) }, KindStatusReply, 0},
+	{KindStatus, "status", AgentToExecutor, []State{StateReady}, 128 + MaxLinkError, func() any { return new(Status) }, KindStatusReply, 0},
 	{KindStatusReply, "status-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(StatusReply) }, 0, 0},
 	{KindError, "error", ExecutorToAgent, nil, 4 << 10, func() any { return new(Error) }, 0, 0},
 	{KindArchive, "archive", AgentToExecutor, []State{StateReady, StateArchiving}, MaxArchiveChunk + 256, func() any { return new(Archive) }, KindArchiveAck, 0},
@@ -315,6 +317,42 @@ type AgentLink struct {
 	// side revoked it, or enrolled another machine as the node). The agent
 	// then tries seldom; nothing but a new enrolment brings the link back.
 	Revoked time.Time `cbor:"3,keyasint,omitzero"`
+	// Error, while down: why the agent last failed to reach the broker,
+	// as its log says it (an address unreachable, a certificate not the
+	// pinned one, a credential refused). The agent's word, for a person:
+	// the executor keeps at most MaxLinkError bytes of it, printable.
+	Error string `cbor:"4,keyasint,omitempty"`
+	// ClockSkew is how far the machine's clock was ahead of the broker's
+	// (negative: behind) by the agent's last measure, at ClockAt by the
+	// machine's clock: its own newest heartbeat read back (link.Subjects
+	// HeartbeatGet), its time against the broker's receipt of it, as the
+	// control side measures a node's skew. ClockAt zero: never measured.
+	ClockSkew time.Duration `cbor:"5,keyasint,omitempty"`
+	ClockAt   time.Time     `cbor:"6,keyasint,omitzero"`
+}
+
+// MaxLinkError is the most of AgentLink.Error that is said (LinkErrorText):
+// a line, not a log, and room for it in a status's frame.
+const MaxLinkError = 512
+
+// LinkErrorText is s as AgentLink.Error carries it: at most MaxLinkError
+// bytes, cut at a character, every control character (an escape
+// sequence's start among them) and every byte that is no UTF-8 as
+// U+FFFD. The agent says it so, to fit its frame; the executor makes it
+// so again, trusting the agent for nothing, before root's terminal may
+// be shown it.
+func LinkErrorText(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			r = utf8.RuneError
+		}
+		if b.Len()+utf8.RuneLen(r) > MaxLinkError {
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // StatusReply is the executor's state, for the heartbeat.

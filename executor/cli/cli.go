@@ -724,6 +724,9 @@ func linkLine(l *serve.LinkState, now time.Time) string {
 	default:
 		fmt.Fprintf(&b, "link: disconnected since %s (%s)", ts(l.Since), now.Sub(l.Since).Round(time.Second))
 	}
+	if !l.Up && l.Revoked.IsZero() && l.LastError != "" {
+		fmt.Fprintf(&b, "; the agent's last error: %s", l.LastError)
+	}
 	if age := now.Sub(l.SaidAt); age > linkSilentAfter {
 		fmt.Fprintf(&b, "; but the agent has said nothing since %s: is it running?", ts(l.SaidAt))
 	}

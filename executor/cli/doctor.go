@@ -77,7 +77,7 @@ func (c *command) doctor() int {
 		daemonCheck(c.state, c.socket),
 		identityCheck(exists, id, idErr, pending),
 		linkCheck(id != nil, link, linkErr, now),
-		clockCheck(),
+		clockCheck(id != nil, link),
 		diskCheck(c.state),
 		initCheck(c.partial),
 		faultsCheck(faults, faultsErr),
@@ -246,6 +246,9 @@ func linkCheck(enrolled bool, l *serve.LinkState, err error, now time.Time) chec
 		// linkLine says the fix itself; once is enough.
 		ch.Detail, _, _ = strings.Cut(ch.Detail, ": the broker refuses")
 		ch.Detail += ": the broker refuses this node's credential"
+	case !l.Up && l.LastError != "":
+		ch.Status = checkWarn
+		ch.Fix = "mend what the agent's last error names — the broker's address (broker_url in its configuration), the broker's certificate (the pinned fingerprint), a firewall between; the executor holds the machine as last declared meanwhile"
 	case !l.Up:
 		ch.Status = checkWarn
 		ch.Fix = "the executor holds the machine as last declared meanwhile; the agent's log says why it cannot reach the broker (address, certificate, firewall)"
@@ -256,14 +259,37 @@ func linkCheck(enrolled bool, l *serve.LinkState, err error, now time.Time) chec
 	return ch
 }
 
-// clockCheck says what can be known here of the clock. The executor dials
-// nothing off the machine, and keeps no skew the control side measured
-// (the control side shows it: mesh-control nodes, clock_skew_ms), so the
-// skew is not checked here; the kernel says whether something keeps the
-// clock synchronized.
-func clockCheck() check {
+// skewFixed is the clock's skew from which doctor asks for it to be
+// set right: the control side's own threshold (mesh-control nodes shows
+// a skew from a minute), past a heartbeat's time in flight.
+const skewFixed = time.Minute
+
+// clockCheck says the clock against the control side's — the broker's, as
+// the agent last measured it over its link (its own newest heartbeat read
+// back: the skew mesh-control nodes shows, measured alike) and told the
+// executor (LinkFile): the executor dials nothing off the machine — and
+// whether the kernel says something keeps it synchronized.
+func clockCheck(enrolled bool, l *serve.LinkState) check {
 	ch := check{Check: "clock", Status: checkOK}
-	ch.Detail = "skew not checked here (the executor dials nothing off the machine; mesh-control nodes shows a skew over a minute): this clock reads " + clock.Now().UTC().Format(time.RFC3339)
+	skew := time.Duration(0)
+	switch {
+	case !enrolled:
+		ch.Detail = "not measured: a hosted node has no broker to measure against"
+	case l == nil || l.ClockAt.IsZero():
+		ch.Detail = "not measured yet: the agent measures it against the broker's at its first heartbeat of each link (a control side of an earlier release does not let it; mesh-control nodes shows a skew over a minute)"
+	default:
+		skew = time.Duration(l.ClockSkewMS) * time.Millisecond
+		how := fmt.Sprintf("%s ahead of", skew)
+		if skew < 0 {
+			how = fmt.Sprintf("%s behind", -skew)
+		}
+		ch.Detail = fmt.Sprintf("%s the broker's (the control side's), as the agent measured at %s", how, stamp(l.ClockAt))
+		if skew.Abs() >= skewFixed {
+			ch.Status = checkWarn
+			ch.Fix = "set this clock right and keep it synchronized (timedatectl set-ntp true, or chronyd or ntpd): while it is off, plan requests are refused for their time and the node's reports carry its wrong times"
+		}
+	}
+	ch.Detail += "; this clock reads " + clock.Now().UTC().Format(time.RFC3339)
 	var tx unix.Timex // Modes 0: read only
 	if st, err := unix.Adjtimex(&tx); err == nil {
 		if st == unix.TIME_ERROR || tx.Status&unix.STA_UNSYNC != 0 {

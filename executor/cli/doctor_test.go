@@ -270,12 +270,38 @@ func TestDoctorIdentityAndLink(t *testing.T) {
 		{"never said", true, nil, checkWarn, "the agent has never told the executor of its link"},
 		{"linked", true, &serve.LinkState{Up: true, Since: since, SaidAt: now}, checkOK, "linked since " + stamp(since)},
 		{"disconnected", true, &serve.LinkState{Since: since, SaidAt: now}, checkWarn, "disconnected since " + stamp(since) + " (1h0m0s)"},
+		{"disconnected, saying why", true, &serve.LinkState{Since: since, SaidAt: now, LastError: "broker unreachable at tls://10.0.0.1:4222: connection refused"}, checkWarn,
+			"disconnected since " + stamp(since) + " (1h0m0s); the agent's last error: broker unreachable at tls://10.0.0.1:4222: connection refused"},
 		{"revoked", true, &serve.LinkState{Since: since, Revoked: since, SaidAt: now}, checkFail, "revoked by the control side at " + stamp(since) + " (1h0m0s): the broker refuses this node's credential"},
 		{"silent", true, &serve.LinkState{Up: true, Since: since, SaidAt: since}, checkWarn, "linked since " + stamp(since) + "; but the agent has said nothing since " + stamp(since) + ": is it running?"},
 	} {
 		ch := linkCheck(c.enrolled, c.l, nil, now)
 		if ch.Status != c.status || ch.Detail != c.detail || (ch.Status != checkOK) != (ch.Fix != "") {
 			t.Errorf("%s: %+v\nwant %s %q", c.name, ch, c.status, c.detail)
+		}
+	}
+}
+
+// The clock against the control side's, as the agent measured it: said
+// either way, and past a minute a warning with what to do.
+func TestDoctorClock(t *testing.T) {
+	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name     string
+		enrolled bool
+		l        *serve.LinkState
+		status   string
+		detail   string
+	}{
+		{"hosted", false, nil, checkOK, "not measured: a hosted node has no broker to measure against"},
+		{"not yet", true, &serve.LinkState{Up: true}, checkOK, "not measured yet: the agent measures it"},
+		{"close", true, &serve.LinkState{ClockSkewMS: 250, ClockAt: at}, checkOK, "250ms ahead of the broker's (the control side's), as the agent measured at " + stamp(at)},
+		{"behind", true, &serve.LinkState{ClockSkewMS: -(3 * time.Hour).Milliseconds(), ClockAt: at}, checkWarn, "3h0m0s behind the broker's (the control side's), as the agent measured at " + stamp(at)},
+		{"ahead a minute", true, &serve.LinkState{ClockSkewMS: time.Minute.Milliseconds(), ClockAt: at}, checkWarn, "1m0s ahead of the broker's"},
+	} {
+		ch := clockCheck(c.enrolled, c.l)
+		if ch.Status != c.status || !strings.HasPrefix(ch.Detail, c.detail) || !strings.Contains(ch.Detail, "; this clock reads ") || (ch.Status != checkOK) != (ch.Fix != "") {
+			t.Errorf("%s: %+v\nwant %s %q…", c.name, ch, c.status, c.detail)
 		}
 	}
 }

@@ -36,9 +36,22 @@ type LinkState struct {
 	Revoked time.Time `json:"revoked,omitzero"`
 	// SaidAt is when the agent last said so.
 	SaidAt time.Time `json:"said_at"`
+	// LastError, while down: why the agent last failed to reach the
+	// broker, in its words (wire.AgentLink.Error), kept printable and
+	// short.
+	LastError string `json:"last_error,omitempty"`
+	// ClockSkewMS is how far this machine's clock was ahead of the
+	// broker's (negative: behind), in milliseconds, as the agent last
+	// measured it, at ClockAt by this machine's clock (zero: never).
+	ClockSkewMS int64     `json:"clock_skew_ms,omitempty"`
+	ClockAt     time.Time `json:"clock_at,omitzero"`
 }
 
 // ReadLinkState reads LinkFile in dir; nil when the agent never said.
+// The file is read by the release that wrote it and by the one before or
+// after it (a rollback, an upgrade): a field one does not know is passed
+// over, one it misses is its zero — as encoding/json reads, and as this
+// must go on reading (no DisallowUnknownFields).
 func ReadLinkState(dir string) (*LinkState, error) {
 	b, err := os.ReadFile(filepath.Join(dir, LinkFile))
 	if errors.Is(err, os.ErrNotExist) {
@@ -63,19 +76,24 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 	now := clock.Now().UTC()
 	s.lastMu.Lock()
 	prev := s.link
-	same := prev.Up == l.Up && prev.Since.Equal(l.Since) && prev.Revoked.Equal(l.Revoked)
+	next := LinkState{Up: l.Up, Since: l.Since.UTC(), Revoked: l.Revoked.UTC(), SaidAt: now,
+		LastError: wire.LinkErrorText(l.Error), ClockSkewMS: l.ClockSkew.Milliseconds(), ClockAt: l.ClockAt.UTC()}
+	// moved: the link's state changed, which the log says; same: nothing
+	// the file holds did, which is written again once a linkRefresh.
+	moved := prev.Up != next.Up || !prev.Since.Equal(next.Since) || !prev.Revoked.Equal(next.Revoked)
+	same := !moved && prev.LastError == next.LastError && prev.ClockSkewMS == next.ClockSkewMS && prev.ClockAt.Equal(next.ClockAt)
 	if same && now.Sub(prev.SaidAt) < linkRefresh {
 		s.lastMu.Unlock()
 		return
 	}
-	s.link = LinkState{Up: l.Up, Since: l.Since.UTC(), Revoked: l.Revoked.UTC(), SaidAt: now}
+	s.link = next
 	cur := s.link
 	s.lastMu.Unlock()
 	b, _ := json.Marshal(cur)
 	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, LinkFile), b); err != nil {
 		s.log.Warn("the agent's link state could not be kept", "err", err)
 	}
-	if !same {
+	if moved {
 		switch {
 		case cur.Up:
 			s.log.Info("the agent says it is linked", "since", cur.Since)

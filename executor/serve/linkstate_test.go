@@ -86,6 +86,38 @@ func TestStatusKeepsWhatTheAgentSaysOfItsLink(t *testing.T) {
 	if l, _ := ReadLinkState(e.state); l == nil || !l.Up || !l.Since.Equal(since.Add(time.Hour)) || !l.Revoked.IsZero() {
 		t.Fatalf("kept after the link came back: %+v", l)
 	}
+	// Down, with why and the clock's measure: the reason kept printable
+	// (an escape sequence is not passed to root's terminal) and short,
+	// whatever the agent sends.
+	at := since.Add(90 * time.Minute)
+	ask(&wire.AgentLink{Since: at, Error: "broker unreachable at tls://10.0.0.1:4222: connection refused\x1b[2J", ClockSkew: -3 * time.Hour, ClockAt: at})
+	l, err = ReadLinkState(e.state)
+	if err != nil || l == nil || l.Up || l.LastError != "broker unreachable at tls://10.0.0.1:4222: connection refused\uFFFD[2J" ||
+		l.ClockSkewMS != (-3*time.Hour).Milliseconds() || !l.ClockAt.Equal(at) {
+		t.Fatalf("kept with an error and a measure: %+v %v", l, err)
+	}
+	ask(&wire.AgentLink{Since: at, Error: strings.Repeat("é", wire.MaxLinkError/2+14)}) // past what is kept, within the frame
+	if l, _ := ReadLinkState(e.state); l == nil || len(l.LastError) != wire.MaxLinkError || l.LastError != strings.Repeat("é", wire.MaxLinkError/2) {
+		t.Fatalf("a long error kept as %d bytes: %+v", len(l.LastError), l)
+	}
+}
+
+// The link file is read by the release that wrote it and by the one
+// before or after (a rollback, an upgrade): a file without this
+// release's fields reads with them empty, one with fields it does not
+// know reads all the same.
+func TestLinkStateIsReadByEitherRelease(t *testing.T) {
+	for _, c := range []struct{ name, file string }{
+		{"an earlier release's", `{"up":false,"since":"2026-12-03T10:00:00Z","said_at":"2026-12-03T11:00:00Z"}`},
+		{"a later release's", `{"up":false,"since":"2026-12-03T10:00:00Z","said_at":"2026-12-03T11:00:00Z","last_error":"refused","clock_skew_ms":-5000,"clock_at":"2026-12-03T10:59:00Z","a_later_field":{"x":1}}`},
+	} {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, LinkFile), []byte(c.file), 0o600)
+		l, err := ReadLinkState(dir)
+		if err != nil || l == nil || l.Up || l.Since.IsZero() || l.SaidAt.IsZero() {
+			t.Errorf("%s: %+v %v", c.name, l, err)
+		}
+	}
 }
 
 // --metrics-file: after each apply, the executor's metrics in Prometheus'

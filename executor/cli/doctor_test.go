@@ -259,13 +259,7 @@ func TestDoctorIdentityAndLink(t *testing.T) {
 	}
 
 	since := now.Add(-time.Hour)
-	for _, c := range []struct {
-		name     string
-		enrolled bool
-		l        *serve.LinkState
-		status   string
-		detail   string
-	}{
+	for _, c := range []linkCase{
 		{"hosted", false, nil, checkOK, "none: a hosted node has no link"},
 		{"never said", true, nil, checkWarn, "the agent has never told the executor of its link"},
 		{"linked", true, &serve.LinkState{Up: true, Since: since, SaidAt: now}, checkOK, "linked since " + stamp(since)},
@@ -282,17 +276,22 @@ func TestDoctorIdentityAndLink(t *testing.T) {
 	}
 }
 
+// linkCase is a check of what the agent last said (linkCheck,
+// clockCheck): enrolled or not, the link file, and the status and detail
+// doctor says of it.
+type linkCase struct {
+	name     string
+	enrolled bool
+	l        *serve.LinkState
+	status   string
+	detail   string
+}
+
 // The clock against the control side's, as the agent measured it: said
 // either way, and past a minute a warning with what to do.
 func TestDoctorClock(t *testing.T) {
 	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	for _, c := range []struct {
-		name     string
-		enrolled bool
-		l        *serve.LinkState
-		status   string
-		detail   string
-	}{
+	for _, c := range []linkCase{
 		{"hosted", false, nil, checkOK, "not measured: a hosted node has no broker to measure against"},
 		{"not yet", true, &serve.LinkState{Up: true}, checkOK, "not measured yet: the agent measures it"},
 		{"close", true, &serve.LinkState{ClockSkewMS: 250, ClockAt: at}, checkOK, "250ms ahead of the broker's (the control side's), as the agent measured at " + stamp(at)},

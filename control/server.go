@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/statedir"
+	"golang.org/x/sys/unix"
 )
 
 // MaxPayload is the largest message the embedded broker takes: a signed
@@ -222,7 +224,10 @@ type Server struct {
 	// kick has keepStoreWriting look at the store now: the broker's log
 	// named a write that failed.
 	kick chan struct{}
-	mu   sync.Mutex
+	// tooMany: the registry has more nodes than the broker holds
+	// connections (brokerMaxConn), said once each time it comes to be.
+	tooMany atomic.Bool
+	mu      sync.Mutex
 	// reopened is closed when the store is opened anew (see Reopened).
 	// +checklocks:mu
 	reopened chan struct{}
@@ -271,6 +276,7 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	}
 	auth := &registryAuth{control: k.NKeyPublic, account: k.AccountPublic, nodes: map[string]string{}, tokens: map[string]tokenUser{}, known: make(chan struct{}), quit: make(chan struct{})}
 	opts.CustomClientAuthentication = auth
+	opts.MaxConn = brokerMaxConn()
 	opts.AlwaysEnableNonce = true // the NKey challenge
 	opts.NoSigs = true
 	ns, err := server.NewServer(opts)
@@ -308,6 +314,11 @@ func (s *Server) SetNodes(nodes []*NodeRecord) {
 	s.auth.nodes = m
 	s.auth.mu.Unlock()
 	s.auth.set(true)
+	if most := s.opts.MaxConn; most > 0 {
+		if over := len(m) > most; over != s.tooMany.Swap(over) && over {
+			s.ns.Warnf("%d nodes, and the broker holds %d connections at most (the open-file limit less a reserve for its store): nodes past that are refused until the limit is raised (LimitNOFILE)", len(m), most)
+		}
+	}
 	for k, name := range gone {
 		if k == "" {
 			continue // an empty user filter would match every connection
@@ -634,3 +645,26 @@ func (s *Server) sayRelinking(ctx context.Context, log *slog.Logger, every time.
 		log.Info("nodes linking again", "linked", linked, "of", of, "after", took.String())
 	}
 }
+
+// brokerMaxConn is how many client connections the embedded broker holds
+// at most: the process's open-file limit less a reserve for its store
+// (fdReserve). nats-server's own default, 65,536, is past most limits: a
+// fleet of 10,000 relinking at once after a restart held 20,000 files of
+// a 20,000 limit, with connections the nodes had given up on not yet
+// closed, and the store could not open its blocks ("too many open files"
+// in a read of the registry). Refused at its accept, a connection over
+// the limit costs a file for a moment, and its node tries again later. 0
+// (nats-server's default) when the limit cannot be read or is none.
+func brokerMaxConn() int {
+	var r unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) != nil || r.Cur == unix.RLIM_INFINITY || r.Cur > 1<<30 {
+		return 0
+	}
+	return max(1, int(r.Cur)-fdReserve(int(r.Cur)))
+}
+
+// fdReserve is the files kept for the broker's store, its listeners and
+// the control side's own connections out of a limit of n: a twentieth, at
+// least 256 — the store holds a few files open for each stream and opens
+// a message block for a read.
+func fdReserve(n int) int { return max(256, n/20) }

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -620,13 +619,18 @@ func (c *Client) Publish(ctx context.Context, node string, force bool) (*Publish
 	return nil, fmt.Errorf("publishing the composition of %s: it kept changing", node)
 }
 
-// publishInFlight is how many nodes PublishAll publishes at once: each
-// publish is a handful of registry round trips and one broker publish, so
-// with one at a time a fleet's worth takes N times their latency.
-const publishInFlight = 16
+// PublishAll's window of nodes published at once (flight): each publish
+// is a handful of registry round trips and one broker publish, so with
+// one at a time a fleet's worth takes N times their latency. It starts at
+// 16 and opens or closes with the broker's answers.
+const (
+	publishFirst = 16
+	publishLeast = 4
+	publishMost  = 256
+)
 
 // PublishAll publishes the mesh's roster, then every node's composition
-// (force as in Publish), publishInFlight at a time. Nodes out of the
+// (force as in Publish), many at a time (flight). Nodes out of the
 // overlay are left out and named in out.
 func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
 	if _, err := c.PublishRoster(ctx); err != nil {
@@ -643,30 +647,20 @@ func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published,
 	return c.publishNodes(ctx, names, force)
 }
 
-// publishNodes publishes each of nodes (Publish), publishInFlight at a
-// time, and gives back what it did in nodes' order.
+// publishNodes publishes each of nodes (Publish), many at a time
+// (flight), and gives back what it did in nodes' order.
 func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
 	type result struct {
 		p   *Published
 		err error
 	}
 	res := make([]result, len(nodes))
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(publishInFlight, len(nodes)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				res[i].p, res[i].err = c.Publish(ctx, nodes[i], force)
-			}
-		}()
+	for i, err := range newFlight(publishFirst, publishLeast, publishMost).fly(ctx, len(nodes), func(i int) (err error) {
+		res[i].p, err = c.Publish(ctx, nodes[i], force)
+		return err
+	}) {
+		res[i].err = err
 	}
-	for i := range nodes {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
 	var errs []error
 	for _, r := range res {
 		var oe *OutOfOverlayError

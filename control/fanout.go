@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,11 +29,17 @@ type lastOnSubject struct {
 	stream, seq uint64
 }
 
-// declareInFlight is how many nodes DeclareAll declares to at once: each
-// is two round trips (the sequence's compare-and-set, the publish), and
-// with 64 a fan-out to 10,000 nodes left the two cores 6 % idle waiting on
-// them; 256 keep the broker busy (docs/benchmarks.md, the fan-out).
-const declareInFlight = 256
+// DeclareAll's window of nodes declared to at once (flight): each is two
+// round trips (the sequence's compare-and-set, the publish). A constant 64
+// left a quiet machine's two cores 6 % idle waiting on them in a fan-out
+// to 10,000 nodes, and 256 kept the broker busy (docs/benchmarks.md, the
+// fan-out); a busy broker answers 256 late. It starts at 64 and opens or
+// closes with the broker's answers.
+const (
+	declareFirst = 64
+	declareLeast = 8
+	declareMost  = 512
+)
 
 // multiLastBatch is how many subjects one batched direct get names: the
 // broker answers at most 1,024 messages to one.
@@ -95,7 +100,7 @@ func (c *Client) lastOnSubjects(ctx context.Context, nodes []string) (map[string
 }
 
 // DeclareAll signs decl for each of nodes and publishes it, as Declare
-// does for one, declareInFlight at a time; it returns each node's sequence
+// does for one, many at a time (flight); it returns each node's sequence
 // or why it was not declared to, in nodes' order. Sealed content is bound
 // to one node and is declared one node at a time (Declare).
 func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([]uint64, []error) {
@@ -138,22 +143,10 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 			}
 		}
 	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(declareInFlight, len(nodes)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				seqs[i], errs[i] = c.declareFrom(ctx, snap, last[nodes[i]], nodes[i], decl)
-			}
-		}()
-	}
-	for i := range nodes {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
+	errs = newFlight(declareFirst, declareLeast, declareMost).fly(ctx, len(nodes), func(i int) (err error) {
+		seqs[i], err = c.declareFrom(ctx, snap, last[nodes[i]], nodes[i], decl)
+		return err
+	})
 	return seqs, errs
 }
 

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -114,6 +115,10 @@ func (f *Fleet) Add(cfg *agent.Config) (*Node, error) {
 	f.ByName[n.Name] = n
 	return n, nil
 }
+
+// ownAddress is a node's own loopback address in a message, as a dial
+// error names it.
+var ownAddress = regexp.MustCompile(`127\.1\.\d+\.\d+:0`)
 
 // loopbackDialer dials from a loopback address of the k-th node's own
 // (127.1.0.0 on), when the broker is on this machine's loopback: a real
@@ -452,6 +457,9 @@ const maxLogKinds = 40
 // noteLog counts a warning or error an agent (or its stand-in) said, in
 // the phase the bench is in.
 func (f *Fleet) noteLog(msg string) {
+	// Each node dials from an address of its own (loopbackDialer): one
+	// message, whichever node said it.
+	msg = ownAddress.ReplaceAllString(msg, "127.1.N.N:0")
 	if len(msg) > 200 {
 		msg = msg[:200] + "…"
 	}

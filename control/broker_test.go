@@ -180,9 +180,18 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	_, a := enrolNode(t, s, "alpha")
 	a = inLayout(a, l)
-	enrolNode(t, s, "beta")
+	_, b := enrolNode(t, s, "beta")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Beta has a newest heartbeat a get could read.
+	bc, err := agent.Dial(b, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bc.Request(b.Subjects.Heartbeat, []byte(`{"node":"beta"}`), 5*time.Second); err != nil {
+		t.Fatalf("beta's heartbeat: %v", err)
+	}
+	bc.Close()
 	nc, refused := dialWatched(t, a)
 	notices, err := nc.SubscribeSync(a.Subjects.Notice)
 	if err != nil {
@@ -206,6 +215,13 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	}
 	if got := m.Header.Get(link.HeaderSubject); got != "mesh.decl.alpha" || m.Header.Get("Status") != "" || len(m.Data) == 0 {
 		t.Fatalf("alpha read %q (status %q, %d bytes)", got, m.Header.Get("Status"), len(m.Data))
+	}
+	// Its own newest heartbeat, read back.
+	if _, err := nc.Request(a.Subjects.Heartbeat, []byte(`{"node":"alpha"}`), 5*time.Second); err != nil {
+		t.Fatalf("alpha's heartbeat: %v", err)
+	}
+	if hb, err := nc.Request(a.Subjects.HeartbeatGet, nil, 5*time.Second); err != nil || hb.Header.Get(link.HeaderSubject) != "mesh.heartbeat.alpha" || hb.Header.Get("Status") != "" {
+		t.Fatalf("alpha cannot read back its own newest heartbeat: %v", err)
 	}
 	// The notice carries what the direct get reads: the envelope, and
 	// its stream sequence.
@@ -257,6 +273,13 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 		link.UpPrefix + ".*.decl",
 		link.UpPrefix + ".>",
 		link.NodeSubjects("alpha", 1-l).DeclGet,
+		// B's heartbeats, by either layout's read of one's own.
+		link.SubjectsOf("beta").HeartbeatGet,
+		"mesh.api.DIRECT.GET.MESH_HEARTBEAT.mesh.heartbeat.*",
+		"mesh.api.DIRECT.GET.MESH_HEARTBEAT",
+		"$JS.API.DIRECT.GET.MESH_HEARTBEAT.mesh.heartbeat.beta",
+		link.UpPrefix + ".beta.heartbeat-get",
+		link.NodeSubjects("alpha", 1-l).HeartbeatGet,
 	} {
 		if err := nc.PublishRequest(subj, a.Subjects.Inbox+".x", []byte(`{"last_by_subj":"mesh.decl.beta"}`)); err != nil {
 			t.Fatal(err)
@@ -274,8 +297,13 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	}
 	// Its own get with a body (a subject of its choosing inside): the
 	// broker answers a bad request, never B's message.
-	if m, err := nc.Request(a.Subjects.DeclGet, []byte(`{"last_by_subj":"mesh.decl.beta"}`), 5*time.Second); err == nil && m.Header.Get("Status") == "" {
-		t.Fatalf("alpha's get with a body was answered with a message of %s", m.Header.Get(link.HeaderSubject))
+	for get, body := range map[string]string{
+		a.Subjects.DeclGet:      `{"last_by_subj":"mesh.decl.beta"}`,
+		a.Subjects.HeartbeatGet: `{"last_by_subj":"mesh.heartbeat.beta"}`,
+	} {
+		if m, err := nc.Request(get, []byte(body), 5*time.Second); err == nil && m.Header.Get("Status") == "" {
+			t.Fatalf("alpha's get %s with a body was answered with a message of %s", get, m.Header.Get(link.HeaderSubject))
+		}
 	}
 
 	// Naming B's subjects as the reply: the broker answers A's requests

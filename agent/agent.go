@@ -178,6 +178,8 @@ type linkInfo struct {
 	// last asked.
 	skew               time.Duration
 	skewAt, clockTried time.Time
+	// clockFrom is when the link's first measure may be made (linked).
+	clockFrom time.Time
 	// revoked is when the broker first refused this node's credential
 	// since the link was last up (zero: it has not), and revokedWaits how
 	// many waits the agent has chosen since (revokedDelay).
@@ -597,6 +599,10 @@ func (a *Agent) linked() {
 	a.link.up, a.link.since, a.link.lastLinked = true, now, prev
 	a.link.revoked, a.link.revokedWaits = time.Time{}, 0
 	a.link.unlinked = 0
+	// Not at once: a fleet links again all together after the control
+	// side's restart, and a read back by every node in that moment was
+	// load where the broker had least to spare.
+	a.link.clockFrom = now.Add(rand.N(min(clockEvery, clockSpread*a.o.Heartbeat) + 1))
 	if !prev.IsZero() {
 		a.link.unlinked = now.Sub(prev)
 	}
@@ -639,14 +645,21 @@ func (a *Agent) linkSaid() *wire.AgentLink {
 
 // clockEvery is how often the agent measures its clock against the
 // broker's while linked: a request a node each time, and a clock drifts
-// slowly; the first heartbeat of each link measures it at once.
-const clockEvery = 10 * time.Minute
+// slowly. A link's first measure comes with a heartbeat drawn at random
+// within clockSpread heartbeat periods of its start (at most clockEvery).
+const (
+	clockEvery  = 10 * time.Minute
+	clockSpread = 10
+)
 
 // clockDue says whether the clock is to be measured after this heartbeat,
 // and notes the try.
 func (a *Agent) clockDue(now time.Time) bool {
 	a.linkMu.Lock()
 	defer a.linkMu.Unlock()
+	if now.Before(a.link.clockFrom) {
+		return false
+	}
 	if !a.link.clockTried.IsZero() && a.link.clockTried.After(a.link.since) && now.Sub(a.link.clockTried) < clockEvery {
 		return false
 	}

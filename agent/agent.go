@@ -142,7 +142,11 @@ type Agent struct {
 	reconc    atomic.Bool // the executor has yet to hear that the link came back
 	linkMu    sync.Mutex
 	link      linkInfo
-	lastLog   string // the last link error logged, to not repeat it every retry
+	// lastLog is the last link error logged, lastLogAt when it was last
+	// said, and repeats how many times it came since (linkFailed).
+	lastLog   string
+	lastLogAt time.Time
+	repeats   int
 	// quiet fires a moment after the last drain, to give the drain's
 	// memory back (giveBack).
 	quiet *time.Timer
@@ -566,14 +570,40 @@ func (a *Agent) linkFailed(e *LinkError) {
 	if e.Reason == LinkAuthorization {
 		a.refused(e)
 	}
+	now := clock.Deadline(0) // the runtime's clock: a pace, not a stamp
 	a.linkMu.Lock()
 	a.link.lastErr = e.Msg
-	repeat := a.lastLog == e.Msg
-	a.lastLog = e.Msg
+	say, repeats := true, 0
+	switch {
+	case a.lastLog != e.Msg:
+		a.lastLog, a.repeats = e.Msg, 0
+	case now.Sub(a.lastLogAt) < a.linkLogEvery():
+		a.repeats++
+		say = false
+	default:
+		repeats, a.repeats = a.repeats, 0
+	}
+	if say {
+		a.lastLogAt = now
+	}
 	a.linkMu.Unlock()
-	if !repeat {
+	switch {
+	case !say:
+	case repeats > 0:
+		a.log.Error("link: "+e.Msg, "reason", e.Reason, "state", link.StateDisconnected, "again", repeats)
+	default:
 		a.log.Error("link: "+e.Msg, "reason", e.Reason, "state", link.StateDisconnected)
 	}
+}
+
+// linkLogEvery is how often an agent that cannot link says the same error
+// again: once a longest wait between its attempts (linkWindowMax
+// RetryWaits), with how many times it came since, where every attempt
+// said it (a node off its broker for a year wrote a line a minute) or
+// only the first did (the log then looked as if the agent had stopped
+// trying).
+func (a *Agent) linkLogEvery() time.Duration {
+	return (linkWindowMax + 1) * a.o.RetryWait
 }
 
 // refused notes a refusal of this node's credential by the broker, and

@@ -173,32 +173,15 @@ func fdsOf(pid string) int {
 // own declares) and of serve for one phase, when -profile names a
 // directory, and returns what ends them. With no -profile it does nothing.
 func (b *bench) profiled(phase string) func() {
-	dir := b.cfg.profile
-	if dir == "" {
-		return func() {}
-	}
-	b.profiles++
-	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("agents-%s-%d.pprof", phase, b.profiles)))
-	if err != nil {
-		b.log.Warn("profile: " + err.Error())
-		return func() {}
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.log.Warn("profile: " + err.Error())
-		f.Close()
+	if b.cfg.profile == "" {
 		return func() {}
 	}
 	pid := b.ctl.pid()
-	if pid != 0 {
+	end, ok := b.profileHere(phase, func() int { return pid })
+	if ok && pid != 0 {
 		syscall.Kill(pid, syscall.SIGUSR1)
 	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		if pid != 0 {
-			syscall.Kill(pid, syscall.SIGUSR2)
-		}
-	}
+	return end
 }
 
 // profiledRestart profiles the restart, from serve's stop until every
@@ -212,25 +195,31 @@ func (b *bench) profiledRestart() func() {
 	b.ctl.mu.Lock()
 	b.ctl.profileFromStart = true
 	b.ctl.mu.Unlock()
+	var once sync.Once
+	end, _ := b.profileHere("restart", b.ctl.pid)
+	return func() { once.Do(end) }
+}
+
+// profileHere starts this process's CPU profile for phase and returns what
+// ends it and serve's (SIGUSR2 to the pid servePID says then, if any),
+// and whether it started.
+func (b *bench) profileHere(phase string, servePID func() int) (func(), bool) {
 	b.profiles++
-	f, err := os.Create(filepath.Join(b.cfg.profile, fmt.Sprintf("agents-restart-%d.pprof", b.profiles)))
+	f, err := os.Create(filepath.Join(b.cfg.profile, fmt.Sprintf("agents-%s-%d.pprof", phase, b.profiles)))
 	if err != nil {
 		b.log.Warn("profile: " + err.Error())
-		return func() {}
+		return func() {}, false
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.log.Warn("profile: " + err.Error())
 		f.Close()
-		return func() {}
+		return func() {}, false
 	}
-	var once sync.Once
 	return func() {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			f.Close()
-			if pid := b.ctl.pid(); pid != 0 {
-				syscall.Kill(pid, syscall.SIGUSR2)
-			}
-		})
-	}
+		pprof.StopCPUProfile()
+		f.Close()
+		if pid := servePID(); pid != 0 {
+			syscall.Kill(pid, syscall.SIGUSR2)
+		}
+	}, true
 }

@@ -87,20 +87,19 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 		return
 	}
 	s.link = next
-	cur := s.link
 	s.lastMu.Unlock()
-	b, _ := json.Marshal(cur)
+	b, _ := json.Marshal(next)
 	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, LinkFile), b); err != nil {
 		s.log.Warn("the agent's link state could not be kept", "err", err)
 	}
 	if moved {
 		switch {
-		case cur.Up:
-			s.log.Info("the agent says it is linked", "since", cur.Since)
-		case !cur.Revoked.IsZero():
-			s.log.Warn("the agent says the broker refuses the node's credential: revoked by the control side", "revoked", cur.Revoked, "since", cur.Since)
+		case next.Up:
+			s.log.Info("the agent says it is linked", "since", next.Since)
+		case !next.Revoked.IsZero():
+			s.log.Warn("the agent says the broker refuses the node's credential: revoked by the control side", "revoked", next.Revoked, "since", next.Since)
 		default:
-			s.log.Info("the agent says it is disconnected", "since", cur.Since)
+			s.log.Info("the agent says it is disconnected", "since", next.Since)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -649,14 +650,22 @@ func (c *Client) PublishAll(ctx context.Context, force bool) (done []*Published,
 
 // publishNodes publishes each of nodes (Publish), many at a time
 // (flight), and gives back what it did in nodes' order.
-func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (done []*Published, out []*OutOfOverlayError, err error) {
+func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (published []*Published, out []*OutOfOverlayError, err error) {
 	type result struct {
 		p   *Published
 		err error
 	}
 	res := make([]result, len(nodes))
+	var mu sync.Mutex
+	done := 0
 	for i, err := range newFlight(publishFirst, publishLeast, publishMost).fly(ctx, len(nodes), func(i int) (err error) {
 		res[i].p, err = c.Publish(ctx, nodes[i], force)
+		if c.Published != nil {
+			mu.Lock()
+			done++
+			c.Published(done, len(nodes))
+			mu.Unlock()
+		}
 		return err
 	}) {
 		res[i].err = err
@@ -670,10 +679,10 @@ func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (
 		case r.err != nil:
 			errs = append(errs, r.err)
 		default:
-			done = append(done, r.p)
+			published = append(published, r.p)
 		}
 	}
-	return done, out, errors.Join(errs...)
+	return published, out, errors.Join(errs...)
 }
 
 // noteReport takes in a node's last report (KV report.<n>, written by the

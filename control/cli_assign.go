@@ -70,6 +70,24 @@ func (c *cli) publishedJSON(ps []*Published, out []*OutOfOverlayError) error {
 	return c.printJSON(map[string]any{"published": ps, "out_of_overlay": left})
 }
 
+// publishing has cl say, on a terminal only (progress), how far a publish
+// to every node is — a fleet's worth takes a while — and returns what
+// clears the line once it is done.
+func (c *cli) publishing(cl *Client) func() {
+	var last time.Time
+	cl.Published = func(done, of int) {
+		if done < of && time.Since(last) < 100*time.Millisecond {
+			return // a line a tenth of a second is enough to see it move
+		}
+		last = time.Now()
+		c.progress("publishing to the nodes: %d of %d done", done, of)
+	}
+	return func() {
+		cl.Published = nil
+		c.progress("")
+	}
+}
+
 func (c *cli) overlaySet(ch OverlayChange) error {
 	cl, err := c.connect()
 	if err != nil {
@@ -84,7 +102,9 @@ func (c *cli) overlaySetOn(cl *Client, ch OverlayChange) error {
 	if err != nil {
 		return err
 	}
+	end := c.publishing(cl)
 	ps, out, err := cl.PublishAll(c.ctx, false)
+	end()
 	if err != nil {
 		// The settings are kept: a failure to publish them (a full disk)
 		// must not read as a change refused. Serve publishes them to every
@@ -337,7 +357,9 @@ func (c *cli) publish(nodes []string) error {
 	var ps []*Published
 	var out []*OutOfOverlayError
 	if len(nodes) == 0 {
+		end := c.publishing(cl)
 		ps, out, err = cl.PublishAll(c.ctx, true)
+		end()
 	} else {
 		// One node named: a revoked one is refused saying how it comes
 		// back, not as merely out of the overlay.

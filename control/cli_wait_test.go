@@ -304,3 +304,38 @@ func TestPlanSaysProgressOnATerminal(t *testing.T) {
 		})
 	}
 }
+
+// A publish to every node (publish, overlay set) says on a terminal how
+// many nodes are done of how many, and clears the line after; a pipe gets
+// none of it.
+func TestPublishingSaysProgressOnATerminal(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	for _, n := range []string{"p1", "p2", "p3"} {
+		enrolNode(t, s, n)
+	}
+	for _, c := range []struct {
+		args  []string
+		onTTY bool
+	}{
+		{[]string{"overlay", "set", "--network", "10.66.0.0/24"}, true},
+		{[]string{"publish"}, true},
+		{[]string{"publish"}, false},
+	} {
+		var stdout, stderr syncBuffer
+		var errOut io.Writer = &stderr
+		seen := func() string { return "" }
+		if c.onTTY {
+			tty, done := terminal(t)
+			errOut, seen = tty, done
+		}
+		code := control.Main(ctx, append(c.args, "--dir", dir, "--nats", s.url), &stdout, errOut)
+		said := seen() + stderr.String()
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", c.args, code, stdout.String(), said)
+		}
+		const last = "\rpublishing to the nodes: 3 of 3 done\x1b[K\r\x1b[K"
+		if got := strings.Contains(said+stdout.String(), last); got != c.onTTY {
+			t.Errorf("%v on a terminal %v: progress said and cleared %v\n%q", c.args, c.onTTY, got, said)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +46,9 @@ type bench struct {
 	baseline   memory // serve before any node was registered
 	profiles   int    // CPU profiles written (-profile)
 
+	// pauseMidFanout: this fan-out stops one of the cluster's servers for
+	// a while (fanoutIdle, CLUSTER=1).
+	pauseMidFanout bool
 	// CLUSTER=1: the three servers, and the accounts file serve keeps
 	// for them.
 	servers  *clusterServers
@@ -116,6 +120,13 @@ type fanoutResult struct {
 	// a fixed piece of work took as much longer in the profiles (its host
 	// is shared): runs are compared on the work they did, with this beside.
 	VerifyMicros float64 `json:"verify_micros"`
+	// Paused, CLUSTER=1's fan-out after idle: the server stopped
+	// (SIGSTOP) for PausedSeconds from PausedAt seconds after the first
+	// declare, then continued — a server of the cluster that stops
+	// answering mid fan-out, and every node must still record.
+	Paused        string  `json:"paused_server,omitempty"`
+	PausedAt      float64 `json:"paused_at_seconds,omitempty"`
+	PausedSeconds float64 `json:"paused_seconds,omitempty"`
 }
 
 type idleResult struct {
@@ -475,9 +486,44 @@ func (b *bench) fanoutFresh(ctx context.Context) error {
 // fanoutIdle is the fan-out to a fleet that has been idle for the settle
 // and the idle window (a fleet's usual state when a declaration comes).
 func (b *bench) fanoutIdle(ctx context.Context) error {
+	if b.servers != nil {
+		b.pauseMidFanout = true
+		defer func() { b.pauseMidFanout = false }()
+	}
 	r, err := b.fanout(ctx)
 	b.res.FanoutIdle = r
 	return err
+}
+
+// The cluster's server stopped mid fan-out (pauseMidFanout): which, when,
+// for how long.
+const (
+	pausedServer = 1
+	pauseAfter   = time.Second
+	pauseFor     = 10 * time.Second
+)
+
+// pauseServer stops the cluster's pausedServer pauseAfter from now for
+// pauseFor, then continues it, and says so in r; done is closed once it
+// runs again.
+func (b *bench) pauseServer(ctx context.Context, r *fanoutResult) (done chan struct{}) {
+	done = make(chan struct{})
+	pid := b.servers.pid(pausedServer)
+	if pid == 0 {
+		close(done)
+		return done
+	}
+	r.Paused, r.PausedAt, r.PausedSeconds = b.servers.names[pausedServer], pauseAfter.Seconds(), pauseFor.Seconds()
+	go func() {
+		defer close(done)
+		sleep(ctx, pauseAfter)
+		syscall.Kill(pid, syscall.SIGSTOP)
+		b.log.Info("cluster server stopped (SIGSTOP)", "server", r.Paused)
+		sleep(ctx, pauseFor)
+		syscall.Kill(pid, syscall.SIGCONT)
+		b.log.Info("cluster server continued (SIGCONT)", "server", r.Paused)
+	}()
+	return done
 }
 
 // fanout declares one declaration to every running node, several declares
@@ -507,6 +553,11 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	a0, aerr := sampleCPU(os.Getpid())
 	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
 	start := time.Now()
+	var paused fanoutResult
+	if b.pauseMidFanout {
+		pausing := b.pauseServer(ctx, &paused)
+		defer func() { <-pausing }() // running again before the next measure
+	}
 	seqs, derrs := b.cl.DeclareAll(ctx, names, body)
 	for i, err := range derrs {
 		if err != nil {
@@ -543,6 +594,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		Received: len(received), Recorded: len(recorded),
 		ReceivedP50: percentile(received, 50).Seconds(), ReceivedP100: percentile(received, 100).Seconds(),
 		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds()}
+	r.Paused, r.PausedAt, r.PausedSeconds = paused.Paused, paused.PausedAt, paused.PausedSeconds
 	if cerr == nil && cerr1 == nil && c1.ticks >= c0.ticks {
 		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
 	}

@@ -165,21 +165,25 @@ func (b *bench) rows() []row {
 }
 
 // clusterRows are CLUSTER=1's rows after the registration: the fan-outs
-// (information: their target is the embedded broker's) and the cluster's
-// target.
+// and the cluster's target.
 func (b *bench) clusterRows(n int) []row {
-	var rows []row
-	for _, f := range []struct {
-		r    *fanoutResult
-		when string
-	}{{b.res.Fanout, "just linked"}, {b.res.FanoutIdle, "after idle"}} {
-		if f.r == nil {
-			continue
+	// The fan-out just linked is judged as the embedded broker's; the one
+	// after idle stops a server mid-way, and every node must still record.
+	rows := b.fanoutRows(b.res.Fanout, "just linked, cluster", n)
+	if f := b.res.FanoutIdle; f != nil {
+		rs := b.fanoutRows(f, "after idle, cluster", n)
+		last := &rs[len(rs)-1]
+		last.target = "every node records, a server stopped mid fan-out"
+		last.verdict = verdictPass
+		if f.Recorded < f.Nodes {
+			last.verdict = verdictMiss
 		}
-		for _, r := range b.fanoutRows(f.r, f.when+", cluster", n) {
-			r.target, r.verdict = "— (the target is the embedded broker's)", "—"
-			rows = append(rows, r)
+		if f.Paused != "" {
+			last.result += fmt.Sprintf("; server %s stopped (SIGSTOP) %s after the first declare for %s", f.Paused, secs(f.PausedAt), secs(f.PausedSeconds))
+		} else {
+			last.verdict = verdictMiss + " (no server was stopped)"
 		}
+		rows = append(rows, rs...)
 	}
 	// The embedded broker's restart, idle, memory and overlay targets
 	// are not this run's: `make bench-scale` without CLUSTER measures

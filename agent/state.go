@@ -38,7 +38,18 @@ type State struct {
 	UsesRoster bool `json:"uses_roster,omitempty"`
 	// ProfileDigest names the profile and inventory last reported upward.
 	ProfileDigest string `json:"profile_digest,omitempty"`
+	// Format is the file's format, stateFormat when written (absent, in
+	// what releases before the field wrote: 1).
+	Format int `json:"format,omitempty"`
 }
+
+// stateFormat is the state file's format. The file is read loosely, in
+// every format: it is the agent's memory, never a promise (the executor
+// keeps the floor that matters), and the release a rollback returns to
+// must start on a later release's file rather than stop a node. A field
+// unknown is passed over, one missing is its zero; a later format that
+// changes what a field means renames it.
+const stateFormat = 1
 
 type stateStore struct {
 	path string // "" keeps it in memory only
@@ -63,6 +74,9 @@ func openState(dir string) (*stateStore, error) {
 		// Only memory is lost: the executor keeps the floor that matters.
 		return st, fmt.Errorf("state %s unreadable, starting afresh: %w", st.path, err)
 	}
+	if st.s.Format > stateFormat {
+		return st, fmt.Errorf("state %s is in format v%d, written by a later release; this agent reads formats up to v%d and keeps what it knows of it", st.path, st.s.Format, stateFormat)
+	}
 	return st, nil
 }
 
@@ -76,6 +90,7 @@ func (st *stateStore) update(f func(*State)) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	f(&st.s)
+	st.s.Format = stateFormat
 	if st.path == "" {
 		return nil
 	}

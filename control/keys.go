@@ -34,7 +34,7 @@ const (
 	FileBrokerCert = "broker.crt"   // the broker's self-signed ECDSA P-256 certificate, PEM
 	FileBrokerKey  = "broker.key"   // its private key, PKCS#8 PEM (0600)
 	FileNKey       = "control.nk"   // the NKey seed of the control side's broker user (0600)
-	FileSettings   = "control.json" // {"broker_url": "tls://127.0.0.1:4222"}
+	FileSettings   = "control.json" // {"broker_url": "tls://127.0.0.1:4222", "format": 1}
 	// FileNodesAccount is the NKey seed of the nodes' account: it signs the
 	// user JWT each grant carries (0600). Made by init, or on first use by
 	// a key directory made before enrolment existed.
@@ -76,7 +76,17 @@ func (k *Keys) KeyFile() string { return filepath.Join(k.Dir, FileBrokerKey) }
 
 type settings struct {
 	BrokerURL string `json:"broker_url"`
+	// Format is the key directory's format, settingsFormat as init writes
+	// it; a directory made before the field (or without the file) is
+	// format 1. Its other files are keys and certificates in their own
+	// standard formats (PEM, base64, NKey seeds).
+	Format int `json:"format,omitempty"`
 }
+
+// settingsFormat is the key directory's format. A later one is refused:
+// the directory holds the keys the fleet trusts, and a release that does
+// not know what a later one keeps there must not half read it.
+const settingsFormat = 1
 
 // Init makes the key directory: the control-plane signing key, the broker's
 // self-signed certificate for 127.0.0.1, ::1, localhost and hosts, and the
@@ -139,7 +149,7 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 	if err := writeNew(dir, FileNKey, append(seed, '\n'), 0o600); err != nil {
 		return nil, err
 	}
-	s, _ := json.MarshalIndent(settings{BrokerURL: brokerURL}, "", "  ")
+	s, _ := json.MarshalIndent(settings{BrokerURL: brokerURL, Format: settingsFormat}, "", "  ")
 	if err := writeNew(dir, FileSettings, append(s, '\n'), 0o600); err != nil {
 		return nil, err
 	}
@@ -278,6 +288,9 @@ func LoadKeys(dir string) (*Keys, error) {
 		var s settings
 		if err := json.Unmarshal(b, &s); err != nil {
 			return nil, fmt.Errorf("%s: %w", FileSettings, err)
+		}
+		if s.Format > settingsFormat {
+			return nil, fmt.Errorf("%s: the key directory %s is in format v%d, written by a later mesh-control; this one reads formats up to v%d", FileSettings, dir, s.Format, settingsFormat)
 		}
 		if s.BrokerURL != "" {
 			k.BrokerURL = s.BrokerURL

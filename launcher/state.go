@@ -48,7 +48,8 @@ const (
 //	  "healthy_at": ...,                            the last Healthy
 //	  "known_good": {"at": ..., "binaries": {"mesh-executor": "<sha256>"}},
 //	  "known_good_dir": "/var/lib/mesh-host/executor/known-good",
-//	  "agent": {"starts": [...], "proven": "<sha256>", "proven_at": ...}
+//	  "agent": {"starts": [...], "proven": "<sha256>", "proven_at": ...},
+//	  "format": 1
 //	}
 //
 // Times are UTC. Every field may be absent; a missing file is the zero
@@ -86,7 +87,17 @@ type State struct {
 	Failed *FailedRelease `json:"failed_release,omitempty"`
 	// Agent is the agent's starts and the binary last proven (agent.go).
 	Agent *AgentLaunch `json:"agent,omitempty"`
+	// Format is the file's format, stateFormat when written (absent, in
+	// what releases before the field wrote: 1).
+	Format int `json:"format,omitempty"`
 }
+
+// stateFormat is the launch state's format. The file is read in every
+// format, a later one too, as far as this release knows it: the launcher
+// is what rolls a node back, and the release it reinstalls must start on
+// the state the failed one left. A later format that changes what a field
+// means renames it.
+const stateFormat = 1
 
 // Mark is a dated decision and why it was taken.
 type Mark struct {
@@ -241,6 +252,7 @@ func checkDir(dir string, create bool) error {
 
 // writeState replaces the launch state atomically. Callers hold the lock.
 func writeState(dir string, s State) error {
+	s.Format = stateFormat
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return fmt.Errorf("launcher: %w", err)

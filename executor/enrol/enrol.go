@@ -38,6 +38,7 @@
 package enrol
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/hpke"
 	"crypto/rand"
@@ -45,6 +46,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -162,6 +164,7 @@ type pending struct {
 	// good: its word, which ends nothing, holds the offer back for
 	// ReofferAfter.
 	Claimed time.Time `json:"claimed,omitzero"`
+	formatField
 }
 
 // Result is how the last enrolment ended, or where it is: what
@@ -188,6 +191,7 @@ type Result struct {
 	// Replaced names the identity an enrolment replaced ("node X
 	// (enrolment Y)"), revoked on the control side as it granted this one.
 	Replaced string `json:"replaced,omitempty"`
+	formatField
 }
 
 func (r *Result) String() string {
@@ -715,6 +719,7 @@ type storedKeys struct {
 	Identity  []byte `json:"identity"`
 	Sealing   []byte `json:"sealing"`
 	Enrolment string `json:"enrolment"`
+	formatField
 }
 
 // Keys are the executor's private keys.
@@ -741,6 +746,19 @@ func LoadKeys(dir string) (*Keys, error) {
 	return &Keys{Identity: ed25519.NewKeyFromSeed(s.Identity), Sealing: sk, Enrolment: s.Enrolment}, nil
 }
 
+// filesFormat is the format of the enrolment's files (PendingFile,
+// ResultFile, KeysFile). A later one is refused, by its number, before
+// the fields are: they are decoded strictly.
+const filesFormat = 1
+
+// formatField is the field that says a file's format. It is read, but not
+// yet written: the releases before the field decode the files strictly
+// and refuse it, so format 1 leaves it out, and a release may write it
+// only once the release a rollback returns to reads it.
+type formatField struct {
+	Format int `json:"format,omitempty"`
+}
+
 // readJSON reads a root-only file of dir into v; ok is false when it does
 // not exist. A file anyone but root could have written is refused.
 func readJSON(dir, name string, v any) (ok bool, err error) {
@@ -761,13 +779,25 @@ func readJSON(dir, name string, v any) (ok bool, err error) {
 	if !fi.Mode().IsRegular() || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 {
 		return false, fmt.Errorf("enrol: %s must be a regular file of the executor's, readable by nobody else (it is %v, uid %d)", p, fi.Mode(), st.Uid)
 	}
-	dec := json.NewDecoder(f)
+	b, err := io.ReadAll(io.LimitReader(f, maxFileSize))
+	if err != nil {
+		return false, fmt.Errorf("enrol: %w", err)
+	}
+	var ff formatField
+	if json.Unmarshal(b, &ff) == nil && ff.Format > filesFormat {
+		return false, fmt.Errorf("enrol: %s is in format v%d, written by a later release; this executor reads formats up to v%d", p, ff.Format, filesFormat)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return false, fmt.Errorf("enrol: %s: %w", p, err)
 	}
 	return true, nil
 }
+
+// maxFileSize bounds what readJSON reads: the files are a few hundred
+// bytes, and one past this does not decode.
+const maxFileSize = 1 << 20
 
 func writeJSON(dir, name string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")

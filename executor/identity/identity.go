@@ -31,6 +31,21 @@ type file struct {
 	Node       string `json:"node"`
 	Enrolment  string `json:"enrolment"`
 	ControlKey string `json:"control_key"` // base64 Ed25519 public key
+	// Format is the file's format. It is read, but not yet written: the
+	// file is decoded strictly, and the releases before the field refuse
+	// it, so format 1 leaves it out and a release may write it only once
+	// the release a rollback returns to reads it.
+	Format int `json:"format,omitempty"`
+}
+
+// fileFormat is identity.json's format, and FloorFile's: a later one is
+// refused, since misreading what the executor pins or its sequence floor
+// would let in what it must refuse.
+const fileFormat = 1
+
+// laterFormat is the error for a file of a later format than fileFormat.
+func laterFormat(p string, format int) error {
+	return fmt.Errorf("identity: %s is in format v%d, written by a later release; this executor reads formats up to v%d", p, format, fileFormat)
 }
 
 // Load reads the identity from dir. A missing file is not an error: the
@@ -59,6 +74,9 @@ func Load(dir string) (*Identity, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
 		return nil, fmt.Errorf("identity: %s: %w", p, err)
+	}
+	if raw.Format > fileFormat {
+		return nil, laterFormat(p, raw.Format)
 	}
 	key, err := base64.StdEncoding.DecodeString(raw.ControlKey)
 	if err != nil || len(key) != ed25519.PublicKeySize {
@@ -103,6 +121,10 @@ func syncDir(dir string) error {
 type Floor struct {
 	Seq    uint64 `json:"seq"`
 	Digest string `json:"digest"`
+	// Format is the file's format: fileFormat when written, absent (1)
+	// in what releases before the field wrote, which read the file
+	// loosely and pass it over.
+	Format int `json:"format,omitempty"`
 }
 
 // FloorFile is the floor's file in the state directory.
@@ -121,11 +143,15 @@ func ReadFloor(dir string) (Floor, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return f, fmt.Errorf("identity: sequence floor %s: %w", FloorFile, err)
 	}
+	if f.Format > fileFormat {
+		return Floor{}, laterFormat(filepath.Join(dir, FloorFile), f.Format)
+	}
 	return f, nil
 }
 
 // WriteFloor writes the floor durably.
 func WriteFloor(dir string, f Floor) error {
+	f.Format = fileFormat
 	b, _ := json.Marshal(f)
 	return writeDurably(dir, FloorFile, b)
 }

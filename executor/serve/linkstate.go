@@ -45,7 +45,16 @@ type LinkState struct {
 	// measured it, at ClockAt by this machine's clock (zero: never).
 	ClockSkewMS int64     `json:"clock_skew_ms,omitempty"`
 	ClockAt     time.Time `json:"clock_at,omitzero"`
+	// Format is the file's format, linkFormat when written (absent, in
+	// what releases before the field wrote: 1).
+	Format int `json:"format,omitempty"`
 }
+
+// linkFormat is LinkFile's format. The file is read in every format, a
+// later one too, as far as this release knows it (ReadLinkState): it is
+// for a person to read and drives nothing. A later format that changes
+// what a field means renames it.
+const linkFormat = 1
 
 // ReadLinkState reads LinkFile in dir; nil when the agent never said.
 // The file is read by the release that wrote it and by the one before or
@@ -77,7 +86,7 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 	s.lastMu.Lock()
 	prev := s.link
 	next := LinkState{Up: l.Up, Since: l.Since.UTC(), Revoked: l.Revoked.UTC(), SaidAt: now,
-		LastError: wire.LinkErrorText(l.Error), ClockSkewMS: l.ClockSkew.Milliseconds(), ClockAt: l.ClockAt.UTC()}
+		LastError: wire.LinkErrorText(l.Error), ClockSkewMS: l.ClockSkew.Milliseconds(), ClockAt: l.ClockAt.UTC(), Format: linkFormat}
 	// moved: the link's state changed, which the log says; same: nothing
 	// the file holds did, which is written again once a linkRefresh.
 	moved := prev.Up != next.Up || !prev.Since.Equal(next.Since) || !prev.Revoked.Equal(next.Revoked)

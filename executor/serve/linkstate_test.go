@@ -110,6 +110,7 @@ func TestLinkStateIsReadByEitherRelease(t *testing.T) {
 	for _, c := range []struct{ name, file string }{
 		{"an earlier release's", `{"up":false,"since":"2026-12-03T10:00:00Z","said_at":"2026-12-03T11:00:00Z"}`},
 		{"a later release's", `{"up":false,"since":"2026-12-03T10:00:00Z","said_at":"2026-12-03T11:00:00Z","last_error":"refused","clock_skew_ms":-5000,"clock_at":"2026-12-03T10:59:00Z","a_later_field":{"x":1}}`},
+		{"a later format's", `{"format":2,"up":false,"since":"2026-12-03T10:00:00Z","said_at":"2026-12-03T11:00:00Z","a_later_field":{"x":1}}`},
 	} {
 		dir := t.TempDir()
 		os.WriteFile(filepath.Join(dir, LinkFile), []byte(c.file), 0o600)

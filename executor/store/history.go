@@ -29,12 +29,25 @@ const (
 	historyKeep     = 200
 )
 
+// historyFormat is the history's format, carried by each line (a line of
+// the releases before the field, without it, is format 1): the lines are
+// appended one by one, by whichever release runs, so each says its own.
+const historyFormat = 1
+
+// historyLine is a line of the history: an activity and its format. The
+// releases before the field read a line as the activity alone, passing
+// the format over.
+type historyLine struct {
+	Format int `json:"format,omitempty"`
+	shapes.Activity
+}
+
 // note appends an activity to the history. Like SaveReport it is a
 // convenience, not a record: not synced, written after the apply; a line
 // cut short by a crash is skipped when read, so it never says more than
 // happened.
 func (s *Store) note(a shapes.Activity) error {
-	line, err := json.Marshal(a)
+	line, err := json.Marshal(historyLine{Format: historyFormat, Activity: a})
 	if err != nil {
 		return err
 	}
@@ -82,25 +95,37 @@ func readLines(p string) [][]byte {
 // History returns the activities kept in dir from `from` to `to` (inclusive),
 // oldest first, at most max of the newest, and how many more there were.
 // It reads the file alone, without the store's lock: a line is whole or
-// skipped.
+// skipped. Lines of a later format are left out, and the error says how
+// many, with both formats: the rest is still returned.
 func History(dir string, from, to time.Time, max int) (acts []shapes.Activity, more int, err error) {
 	p := filepath.Join(dir, historyFile)
 	if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
 		return nil, 0, nil
 	}
+	later, newest := 0, 0
 	for _, line := range readLines(p) {
-		var a shapes.Activity
+		var a historyLine
 		if json.Unmarshal(line, &a) != nil {
 			continue // cut short by a crash: says nothing
+		}
+		if a.Format > historyFormat {
+			later++
+			if a.Format > newest {
+				newest = a.Format
+			}
+			continue
 		}
 		if a.At.Before(from) || a.At.After(to) {
 			continue
 		}
-		acts = append(acts, a)
+		acts = append(acts, a.Activity)
+	}
+	if later > 0 {
+		err = fmt.Errorf("store: %s holds lines in format v%d, written by a later release (%d), left out; this executor reads formats up to v%d", historyFile, newest, later, historyFormat)
 	}
 	if len(acts) > max {
 		more = len(acts) - max
 		acts = acts[more:]
 	}
-	return acts, more, nil
+	return acts, more, err
 }

@@ -29,6 +29,10 @@ func appendRecordJSON(b []byte, r *record) []byte {
 		b = append(b, `,"intent":`...)
 		b = jsonIntent(b, r.Intent)
 	}
+	if r.Format != 0 {
+		b = append(b, `,"format":`...)
+		b = strconv.AppendInt(b, int64(r.Format), 10)
+	}
 	return append(b, '}')
 }
 

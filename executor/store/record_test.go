@@ -26,6 +26,8 @@ func randomize(t *testing.T, rng *rand.Rand, v reflect.Value) {
 		v.SetString(words[rng.IntN(len(words))])
 	case reflect.Uint, reflect.Uint32, reflect.Uint64:
 		v.SetUint(rng.Uint64() >> rng.IntN(64) & (1<<uint(v.Type().Bits()) - 1))
+	case reflect.Int:
+		v.SetInt(int64(rng.IntN(5)))
 	case reflect.Bool:
 		v.SetBool(rng.IntN(2) == 0)
 	case reflect.Pointer:

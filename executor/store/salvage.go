@@ -22,6 +22,11 @@ type Salvaged struct {
 	Removed time.Time `json:"removed"`
 	Module  string    `json:"module,omitempty"`
 	ID      string    `json:"id,omitempty"`
+	// Format is the entry's format (salvageFormat when written; absent, in
+	// what releases before the field wrote, it is 1). The list is a JSON
+	// array, which has no place for a version of its own, and an entry's
+	// field is passed over by the releases before it.
+	Format int `json:"format,omitempty"`
 }
 
 // SalvageKeep is how long salvaged content is kept; SalvageMax bounds how
@@ -33,15 +38,25 @@ const (
 
 const salvageName = "salvaged.json"
 
+// salvageFormat is the salvaged list's format: the newest an entry may
+// carry.
+const salvageFormat = 1
+
 // Salvage keeps data, the content of a hand-edited file the host is about
 // to remove, and lists it; it is durable before the removal is (Sync).
 // Entries past SalvageKeep or SalvageMax are dropped, and their content
-// with them unless something else keeps it.
+// with them unless something else keeps it. A list holding an entry of a
+// later format is refused, not written over: its content would be
+// forgotten with it.
 func (s *Store) Salvage(v Salvaged, data []byte) error {
+	list, err := s.readSalvaged()
+	if err != nil {
+		return err
+	}
 	if err := s.KeepOriginal(v.Digest, data); err != nil {
 		return err
 	}
-	return s.keepSalvaged(append(s.Salvaged(), v))
+	return s.keepSalvaged(append(list, v))
 }
 
 // now is the clock salvaged content expires by; tests move it.
@@ -53,7 +68,10 @@ var now = clock.Now
 // "kept for 30 days" would be kept for as long as nothing else is ever
 // salvaged. A list with nothing to drop is not written again.
 func (s *Store) expireSalvaged() error {
-	list := s.Salvaged()
+	list, err := s.readSalvaged()
+	if err != nil {
+		return nil // a later release's list: left as it is (Salvage says why)
+	}
 	for _, x := range list {
 		if now().Sub(x.Removed) > SalvageKeep {
 			return s.keepSalvaged(list)
@@ -73,6 +91,7 @@ func (s *Store) keepSalvaged(list []Salvaged) error {
 			drop = append(drop, x.Digest)
 			continue
 		}
+		x.Format = salvageFormat
 		keep = append(keep, x)
 	}
 	b, err := json.MarshalIndent(keep, "", "  ")
@@ -102,17 +121,31 @@ func (s *Store) originalInUse(digest string, kept []Salvaged) bool {
 	return false
 }
 
-// Salvaged lists the salvaged contents still kept, oldest first.
+// Salvaged lists the salvaged contents still kept, oldest first; a later
+// release's entries as far as this one reads them, for a person to see.
 func (s *Store) Salvaged() []Salvaged {
+	list, _ := s.readSalvaged()
+	return list
+}
+
+// readSalvaged reads the list. One that does not parse lists nothing, as
+// it always did; an entry of a later format is an error naming both
+// formats, with the list as read.
+func (s *Store) readSalvaged() ([]Salvaged, error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, salvageName))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	var list []Salvaged
 	if json.Unmarshal(b, &list) != nil {
-		return nil
+		return nil, nil
 	}
-	return list
+	for _, x := range list {
+		if x.Format > salvageFormat {
+			return list, fmt.Errorf("store: %s lists %s in format v%d, written by a later release; this executor reads formats up to v%d and does not write the list over", salvageName, x.Path, x.Format, salvageFormat)
+		}
+	}
+	return list, nil
 }
 
 // OriginalPath is where a kept original's content is, for a person to

@@ -152,7 +152,17 @@ type record struct {
 	Target string  `json:"target"`
 	Entry  *Entry  `json:"entry,omitempty"`
 	Intent *Intent `json:"intent,omitempty"`
+	// Format is the record's format, absent in format 1 (journalFormat),
+	// which every release so far wrote: a later format writes it, and a
+	// reader refuses a format past its own rather than replay a record it
+	// would misread.
+	Format int `json:"format,omitempty"`
 }
+
+// journalFormat is the journal's format: the newest a record may carry.
+// Format 1 leaves the field out, so no byte is added to every record,
+// and the releases before the field read the journal as they always did.
+const journalFormat = 1
 
 // Store is the open state directory. It is not safe for concurrent use; the
 // lock makes sure one process applies at a time.
@@ -436,13 +446,17 @@ func (s *Store) load() error {
 	if jerr != nil {
 		return nil // no journal
 	}
-	s.jsize = int64(s.replayJournal(journal))
-	return nil
+	good, err := s.replayJournal(journal)
+	s.jsize = int64(good)
+	return err
 }
 
 // replayJournal applies the whole records at the start of data and returns
-// how many bytes they take. It stops at the first torn or damaged record.
-func (s *Store) replayJournal(data []byte) int {
+// how many bytes they take. It stops at the first torn or damaged record,
+// and fails at a record of a later format: Lock cuts the journal after
+// the last good record, which must never take a later release's records
+// for a torn tail.
+func (s *Store) replayJournal(data []byte) (int, error) {
 	good := 0
 	for off := 0; off < len(data); {
 		nl := bytes.IndexByte(data[off:], '\n')
@@ -454,6 +468,9 @@ func (s *Store) replayJournal(data []byte) int {
 			break
 		}
 		if rec.N > s.n {
+			if rec.Format > journalFormat {
+				return good, fmt.Errorf("store: journal record %d is in format v%d, written by a later release; this executor reads formats up to v%d: run that release, or move %s aside and re-enrol the node", rec.N, rec.Format, journalFormat, s.dir)
+			}
 			s.replay(rec)
 			s.n = rec.N
 		}
@@ -461,7 +478,7 @@ func (s *Store) replayJournal(data []byte) int {
 		good = off
 		s.nrec++
 	}
-	return good
+	return good, nil
 }
 
 // encodeRecord frames a record as "crc32hex json\n".
@@ -488,6 +505,16 @@ func decodeRecord(line []byte) (*record, bool) {
 	}
 	var r record
 	if json.Unmarshal(line[9:], &r) != nil {
+		// Whole (its checksum holds) yet not a record of this release's:
+		// one of a later format, whose fields may have changed, is named
+		// as such rather than taken for a torn tail and cut.
+		var later struct {
+			N      uint64 `json:"n"`
+			Format int    `json:"format"`
+		}
+		if json.Unmarshal(line[9:], &later) == nil && later.Format > journalFormat {
+			return &record{N: later.N, Format: later.Format}, true
+		}
 		return nil, false
 	}
 	return &r, true

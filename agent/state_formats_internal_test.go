@@ -18,6 +18,7 @@ func TestEveryAgentStateFormatThatShippedIsRead(t *testing.T) {
 	goldens := map[string]State{
 		"91009a6": first, // the first release of the agent
 		"9d97354": last,  // the last release before the format field
+		"5d5c15c": last,  // the first with it
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, want State) {
 		st, err := openState(filepath.Join(golden.Dir, release))

@@ -19,6 +19,7 @@ func TestEveryKeyDirectoryFormatThatShippedIsRead(t *testing.T) {
 	goldens := map[string][]string{
 		"91009a6": {control.FileNodesAccount},
 		"9d97354": nil,
+		"5d5c15c": nil, // the first with the format field
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, missing []string) {
 		k, err := control.LoadKeys(keyDirWith(t, golden.Path(release, control.FileSettings), missing))

@@ -43,8 +43,9 @@ func TestEveryLaunchStateFormatThatShippedIsRead(t *testing.T) {
 	last.LastRollback = &RollbackMark{At: at(8), Reason: "crash-looped", Reinstalled: true}
 	last.Agent = &AgentLaunch{Starts: []time.Time{at(9)}, Proven: "cd34", ProvenAt: at(10)}
 	goldens := map[string]State{
-		"92e28c4": first, // the first release of the launcher
-		"9d97354": last,  // the last release before the format field
+		"92e28c4": first,            // the first release of the launcher
+		"9d97354": last,             // the last release before the format field
+		"5d5c15c": withFormat(last), // the first with it
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, want State) {
 		data, err := os.ReadFile(golden.Path(release, StateFile))
@@ -83,4 +84,9 @@ func TestALaterLaunchStateFormatIsRead(t *testing.T) {
 	if again, err := ReadState(d); err != nil || again.Format != stateFormat || len(again.Starts) != 1 {
 		t.Errorf("read back %+v, %v", again, err)
 	}
+}
+
+func withFormat(s State) State {
+	s.Format = stateFormat
+	return s
 }

@@ -25,14 +25,14 @@ func inDir(t *testing.T, release, name string) string {
 	return dir
 }
 
-// Every identity and floor a release wrote is read. Neither has changed
-// shape since it was first written, so one golden each, named by the
-// commit that first wrote it.
+// Every identity and floor a release wrote is read, each golden named by
+// the commit that first wrote its shape: the identity has one, the floor
+// two (its format field came with 5d5c15c).
 func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the identity is read only when it is root's; run as root")
 	}
-	golden.Releases(t, "2d9627c", "c4a83c5")
+	golden.Releases(t, "2d9627c", "c4a83c5", "5d5c15c")
 	id, err := Load(inDir(t, "2d9627c", FileName))
 	if err != nil {
 		t.Fatal(err)
@@ -40,12 +40,14 @@ func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 	if id.Node != "workstation" || id.Enrolment != "e-7f3a" || len(id.ControlKey) != 32 || id.ControlKey[31] != 31 {
 		t.Errorf("read %+v", id)
 	}
-	f, err := ReadFloor(inDir(t, "c4a83c5", FloorFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f.Seq != 42 || f.Digest != "9f86d081884c7d65" {
-		t.Errorf("floor %+v", f)
+	for _, release := range []string{"c4a83c5", "5d5c15c"} {
+		f, err := ReadFloor(inDir(t, release, FloorFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Seq != 42 || f.Digest != "9f86d081884c7d65" {
+			t.Errorf("%s: floor %+v", release, f)
+		}
 	}
 }
 

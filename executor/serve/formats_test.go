@@ -18,6 +18,7 @@ func TestEveryLinkStateFormatThatShippedIsRead(t *testing.T) {
 		"a61a636": {Since: since, SaidAt: said},
 		"2e0a4c6": {Since: since, SaidAt: said, Revoked: since.Add(time.Minute)},
 		"9d97354": {Since: since, SaidAt: said, LastError: "dial tcp 10.0.0.1:4222: connection refused", ClockSkewMS: -1500, ClockAt: since.Add(-10 * time.Minute)},
+		"5d5c15c": {Since: since, SaidAt: said, LastError: "dial tcp 10.0.0.1:4222: connection refused", ClockSkewMS: -1500, ClockAt: since.Add(-10 * time.Minute), Format: 1},
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, want LinkState) {
 		l, err := ReadLinkState(filepath.Join(golden.Dir, release))
@@ -25,7 +26,7 @@ func TestEveryLinkStateFormatThatShippedIsRead(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 		if l.Up != want.Up || !l.Since.Equal(want.Since) || !l.SaidAt.Equal(want.SaidAt) || !l.Revoked.Equal(want.Revoked) ||
-			l.LastError != want.LastError || l.ClockSkewMS != want.ClockSkewMS || !l.ClockAt.Equal(want.ClockAt) || l.Format != 0 {
+			l.LastError != want.LastError || l.ClockSkewMS != want.ClockSkewMS || !l.ClockAt.Equal(want.ClockAt) || l.Format != want.Format {
 			t.Errorf("read %+v; want %+v", l, want)
 		}
 	})

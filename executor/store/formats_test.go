@@ -57,6 +57,7 @@ var goldens = []struct {
 	{dir: "46ba576", entries: goldenEntries, salvage: true, lastN: 8, lastOrders: 5},
 	{dir: "a61a636", entries: goldenEntries, salvage: true, history: true, lastN: 8, lastOrders: 5},
 	{dir: "9d97354", entries: goldenEntriesGiveBack, salvage: true, history: true, lastN: 9, lastOrders: 6},
+	{dir: "5d5c15c", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, lastN: 9, lastOrders: 6},
 }
 
 func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
@@ -91,6 +92,9 @@ func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
 			case g.salvage:
 				if b, err := s.Original(goldenSalvaged.Digest); err != nil || string(b) != "edited by hand\n" {
 					t.Errorf("salvaged content %q, %v", b, err)
+				}
+				if want := map[bool]int{true: salvageFormat}[g.formatField]; salvaged[0].Format != want {
+					t.Errorf("salvaged in format %d; want %d", salvaged[0].Format, want)
 				}
 			}
 			acts, more, err := History(dir, time.Time{}, time.Now().Add(time.Hour), 10)

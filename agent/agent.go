@@ -1055,6 +1055,16 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		a.log.Warn("heartbeat: " + err.Error())
 		return
 	}
+	// Linked as of the heartbeat's sending, not of the clock's measure
+	// after it: that read can take seconds, and a link lost meanwhile
+	// would move "last linked" past what the executor did unlinked (the
+	// reconnect report's meanwhile).
+	a.state.update(func(s *State) {
+		s.LastLinked = clock.Now()
+		if newDigest != "" {
+			s.ProfileDigest = newDigest
+		}
+	})
 	if a.clockDue(clock.Now()) {
 		// A control side of an earlier release grants no read back: the
 		// clock goes unmeasured, said at debug, tried again later.
@@ -1066,12 +1076,6 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.linkMu.Unlock()
 		}
 	}
-	a.state.update(func(s *State) {
-		s.LastLinked = clock.Now()
-		if newDigest != "" {
-			s.ProfileDigest = newDigest
-		}
-	})
 }
 
 // noticeName is the launcher's notice beside the executor's socket

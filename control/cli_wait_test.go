@@ -282,15 +282,10 @@ func TestPlanSaysProgressOnATerminal(t *testing.T) {
 	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
 	for _, onTTY := range []bool{true, false} {
 		t.Run(map[bool]string{true: "terminal", false: "pipe"}[onTTY], func(t *testing.T) {
-			var stdout, stderr syncBuffer
-			var errOut io.Writer = &stderr
-			seen := func() string { return "" }
-			if onTTY {
-				tty, done := terminal(t)
-				errOut, seen = tty, done
-			}
+			var stdout syncBuffer
+			errOut, seen := stderrOn(t, onTTY)
 			code := control.Main(ctx, []string{"plan", "quiet", file, "--wait=2s", "--dir", dir, "--nats", s.url}, &stdout, errOut)
-			said := seen() + stderr.String()
+			said := seen()
 			if code != control.ExitTimedOut {
 				t.Errorf("exit %d, want %d\n%s%s", code, control.ExitTimedOut, stdout.String(), said)
 			}
@@ -321,15 +316,10 @@ func TestPublishingSaysProgressOnATerminal(t *testing.T) {
 		{[]string{"publish"}, true},
 		{[]string{"publish"}, false},
 	} {
-		var stdout, stderr syncBuffer
-		var errOut io.Writer = &stderr
-		seen := func() string { return "" }
-		if c.onTTY {
-			tty, done := terminal(t)
-			errOut, seen = tty, done
-		}
+		var stdout syncBuffer
+		errOut, seen := stderrOn(t, c.onTTY)
 		code := control.Main(ctx, append(c.args, "--dir", dir, "--nats", s.url), &stdout, errOut)
-		said := seen() + stderr.String()
+		said := seen()
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s%s", c.args, code, stdout.String(), said)
 		}
@@ -338,4 +328,15 @@ func TestPublishingSaysProgressOnATerminal(t *testing.T) {
 			t.Errorf("%v on a terminal %v: progress said and cleared %v\n%q", c.args, c.onTTY, got, said)
 		}
 	}
+}
+
+// stderrOn is a command's standard error in a test: a terminal (terminal)
+// when onTTY, else a buffer; said reads what was written to it.
+func stderrOn(t *testing.T, onTTY bool) (w io.Writer, said func() string) {
+	t.Helper()
+	if onTTY {
+		return terminal(t)
+	}
+	b := new(syncBuffer)
+	return b, b.String
 }

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -656,18 +655,10 @@ func (c *Client) publishNodes(ctx context.Context, nodes []string, force bool) (
 		err error
 	}
 	res := make([]result, len(nodes))
-	var mu sync.Mutex
-	done := 0
 	for i, err := range newFlight(publishFirst, publishLeast, publishMost).fly(ctx, len(nodes), func(i int) (err error) {
 		res[i].p, err = c.Publish(ctx, nodes[i], force)
-		if c.Published != nil {
-			mu.Lock()
-			done++
-			c.Published(done, len(nodes))
-			mu.Unlock()
-		}
 		return err
-	}) {
+	}, c.Progress) {
 		res[i].err = err
 	}
 	var errs []error

@@ -559,7 +559,9 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 			return err
 		}
 	}
+	end := c.fanningOut(cl, "declaring to the nodes")
 	seqs, errs := cl.DeclareAll(c.ctx, nodes, data)
+	end()
 	if fe := (*FileError)(nil); len(errs) > 0 && errors.As(inFile(file, data, errs[0]), &fe) && sameError(errs) {
 		return fe
 	}

@@ -70,20 +70,20 @@ func (c *cli) publishedJSON(ps []*Published, out []*OutOfOverlayError) error {
 	return c.printJSON(map[string]any{"published": ps, "out_of_overlay": left})
 }
 
-// publishing has cl say, on a terminal only (progress), how far a publish
-// to every node is — a fleet's worth takes a while — and returns what
-// clears the line once it is done.
-func (c *cli) publishing(cl *Client) func() {
+// fanningOut has cl say, on a terminal only (progress), how far a fan-out
+// is — "WHAT: N of M done"; a fleet's worth takes a while — and returns
+// what clears the line once it is done.
+func (c *cli) fanningOut(cl *Client, what string) func() {
 	var last time.Time
-	cl.Published = func(done, of int) {
+	cl.Progress = func(done, of int) {
 		if done < of && time.Since(last) < 100*time.Millisecond {
 			return // a line a tenth of a second is enough to see it move
 		}
 		last = time.Now()
-		c.progress("publishing to the nodes: %d of %d done", done, of)
+		c.progress("%s: %d of %d done", what, done, of)
 	}
 	return func() {
-		cl.Published = nil
+		cl.Progress = nil
 		c.progress("")
 	}
 }
@@ -102,7 +102,7 @@ func (c *cli) overlaySetOn(cl *Client, ch OverlayChange) error {
 	if err != nil {
 		return err
 	}
-	end := c.publishing(cl)
+	end := c.fanningOut(cl, "publishing to the nodes")
 	ps, out, err := cl.PublishAll(c.ctx, false)
 	end()
 	if err != nil {
@@ -357,7 +357,7 @@ func (c *cli) publish(nodes []string) error {
 	var ps []*Published
 	var out []*OutOfOverlayError
 	if len(nodes) == 0 {
-		end := c.publishing(cl)
+		end := c.fanningOut(cl, "publishing to the nodes")
 		ps, out, err = cl.PublishAll(c.ctx, true)
 		end()
 	} else {

@@ -300,21 +300,27 @@ func TestPlanSaysProgressOnATerminal(t *testing.T) {
 	}
 }
 
-// A publish to every node (publish, overlay set) says on a terminal how
-// many nodes are done of how many, and clears the line after; a pipe gets
-// none of it.
-func TestPublishingSaysProgressOnATerminal(t *testing.T) {
+// A fan-out (declare to many nodes, publish, overlay set) says on a
+// terminal how many nodes are done of how many, and clears the line
+// after; a pipe gets none of it.
+func TestFanOutsSayProgressOnATerminal(t *testing.T) {
 	s, dir, ctx, _ := servedCLI(t)
 	for _, n := range []string{"p1", "p2", "p3"} {
 		enrolNode(t, s, n)
 	}
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	const publishing, declaring = "\rpublishing to the nodes: 3 of 3 done\x1b[K\r\x1b[K", "\rdeclaring to the nodes: 3 of 3 done\x1b[K\r\x1b[K"
 	for _, c := range []struct {
 		args  []string
 		onTTY bool
+		says  string
 	}{
-		{[]string{"overlay", "set", "--network", "10.66.0.0/24"}, true},
-		{[]string{"publish"}, true},
-		{[]string{"publish"}, false},
+		{[]string{"overlay", "set", "--network", "10.66.0.0/24"}, true, publishing},
+		{[]string{"publish"}, true, publishing},
+		{[]string{"publish"}, false, publishing},
+		{[]string{"declare", "p1,p2,p3", file, "--without-overlay"}, true, declaring},
+		{[]string{"declare", "p1,p2,p3", file, "--without-overlay"}, false, declaring},
 	} {
 		var stdout syncBuffer
 		errOut, seen := stderrOn(t, c.onTTY)
@@ -323,8 +329,7 @@ func TestPublishingSaysProgressOnATerminal(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s%s", c.args, code, stdout.String(), said)
 		}
-		const last = "\rpublishing to the nodes: 3 of 3 done\x1b[K\r\x1b[K"
-		if got := strings.Contains(said+stdout.String(), last); got != c.onTTY {
+		if got := strings.Contains(said+stdout.String(), c.says); got != c.onTTY {
 			t.Errorf("%v on a terminal %v: progress said and cleared %v\n%q", c.args, c.onTTY, got, said)
 		}
 	}

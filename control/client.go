@@ -85,10 +85,10 @@ type Client struct {
 	// DespiteBriefing lets Declare assign to a node whose briefing has a
 	// failed line: the way to push the fix.
 	DespiteBriefing bool
-	// Published, when set, is told after each node PublishAll has done
-	// (published, left out or failed) how many of how many are done; it
-	// is called from the publishing goroutines, one at a time.
-	Published func(done, of int)
+	// Progress, when set, is told after each node a fan-out (DeclareAll,
+	// PublishAll) has done — declared or published, left out or failed —
+	// how many are done of how many; one call at a time.
+	Progress func(done, of int)
 	// Seals are file contents Declare seals to the node's key
 	// ("module.id" → plaintext, see seal.go): each names a file resource
 	// of the declaration that leaves content and bytes out.

@@ -146,7 +146,7 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 	errs = newFlight(declareFirst, declareLeast, declareMost).fly(ctx, len(nodes), func(i int) (err error) {
 		seqs[i], err = c.declareFrom(ctx, snap, last[nodes[i]], nodes[i], decl)
 		return err
-	})
+	}, c.Progress)
 	return seqs, errs
 }
 

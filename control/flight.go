@@ -114,8 +114,12 @@ func brokerDistress(err error) bool {
 
 // fly runs do for each of n items, as many at once as f lets, and waits
 // for all; an item not started because ctx ended is given ctx's error.
-func (f *flight) fly(ctx context.Context, n int, do func(i int) error) []error {
+// progress, when set, is told after each item how many are done of n,
+// one call at a time.
+func (f *flight) fly(ctx context.Context, n int, do func(i int) error, progress func(done, of int)) []error {
 	errs := make([]error, n)
+	var mu sync.Mutex
+	done := 0
 	var wg sync.WaitGroup
 	for i := range n {
 		epoch, err := f.acquire(ctx)
@@ -129,6 +133,12 @@ func (f *flight) fly(ctx context.Context, n int, do func(i int) error) []error {
 			start := time.Now()
 			errs[i] = do(i)
 			f.release(epoch, time.Since(start), errs[i])
+			if progress != nil {
+				mu.Lock()
+				done++
+				progress(done, n)
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()

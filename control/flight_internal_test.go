@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -75,11 +76,13 @@ func TestFlightAdaptsToTheBrokersAnswers(t *testing.T) {
 }
 
 // fly never has more in flight than the window, gives each item its own
-// result, and an item not started once ctx ended its error.
+// result, says its progress item by item, and gives an item not started
+// once ctx ended its error.
 func TestFlightHoldsItsWindow(t *testing.T) {
 	f := newFlight(3, 1, 3)
 	var now, most atomic.Int32
 	var mu sync.Mutex
+	var said []int
 	errs := f.fly(context.Background(), 50, func(i int) error {
 		n := now.Add(1)
 		mu.Lock()
@@ -91,7 +94,15 @@ func TestFlightHoldsItsWindow(t *testing.T) {
 			return fmt.Errorf("item %d", i)
 		}
 		return nil
+	}, func(done, of int) {
+		if of != 50 {
+			t.Errorf("progress of %d items, want 50", of)
+		}
+		said = append(said, done) // one call at a time: no lock
 	})
+	if len(said) != 50 || !slices.IsSorted(said) || said[49] != 50 {
+		t.Fatalf("progress said %v, want 1 to 50 in order", said)
+	}
 	if m := most.Load(); m > 3 || m < 2 {
 		t.Fatalf("at most %d in flight, window 3", m)
 	}
@@ -104,7 +115,7 @@ func TestFlightHoldsItsWindow(t *testing.T) {
 	block := make(chan struct{})
 	done := make(chan []error)
 	go func() {
-		done <- newFlight(1, 1, 1).fly(ctx, 3, func(int) error { <-block; return nil })
+		done <- newFlight(1, 1, 1).fly(ctx, 3, func(int) error { <-block; return nil }, nil)
 	}()
 	time.Sleep(20 * time.Millisecond)
 	cancel()

@@ -409,6 +409,10 @@ const linkPing = 2 * time.Minute
 // logged legibly (and kept for the next heartbeat).
 func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 	attempts := 0
+	// One for the attempts and the link they make, which reconnects
+	// through it: a connection left open by a failed handshake is closed
+	// at the next dial (lastConnDialer).
+	dialer := newLastConnDialer(a.o.Dialer)
 	for {
 		start := clock.Now()
 		opts := append(linkOptions(a.id, &a.pins),
@@ -424,7 +428,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			// connection's writer to 32 KiB of stack until the next
 			// collection: a broker's memory per node.
 			nats.PingInterval(linkPing),
-			nats.SetCustomDialer(a.o.Dialer),
+			nats.SetCustomDialer(dialer),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				a.linkDown(err)
 			}),

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -66,8 +67,22 @@ func TestAFullStateDiskRefusesAndStatusKeepsTheLastApplied(t *testing.T) {
 	if st := body.(*wire.StatusReply); st.Seq != 1 || st.Outcome == shapes.Refused {
 		t.Fatalf("status after a refused declaration says seq %d %s, want 1 as applied (or reconciled since)", st.Seq, st.Outcome)
 	}
-	// Space again: the same declaration is applied.
+	// Space again: the same declaration is applied. The filler's pages are
+	// given back once no one holds it open; the disk is waited for until
+	// it says so (once, under make test's load, the next write still met
+	// a full disk).
 	os.Remove(filepath.Join(e.state, "filler"))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(e.state, &st); err != nil {
+			t.Fatal(err)
+		}
+		if free := st.Bavail * uint64(st.Bsize); free >= 512<<10 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the state disk has %d bytes free 10 s after the filler's removal", free)
+		}
+	}
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 2, file("motd", "v2\n")))); v.Outcome != shapes.Applied {
 		t.Fatalf("with space again: %+v", v)
 	}

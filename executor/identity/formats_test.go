@@ -30,7 +30,7 @@ func inDir(t *testing.T, release, name string) string {
 // two (its format field came with 5d5c15c).
 func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the identity is read only when it is root's; run as root")
+		t.Fatal("the identity is read only when it is root's: run as root (make test does)")
 	}
 	golden.Releases(t, "2d9627c", "c4a83c5", "5d5c15c")
 	id, err := Load(inDir(t, "2d9627c", FileName))
@@ -57,7 +57,7 @@ func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 // the floor with it, which they pass over.
 func TestALaterIdentityFormatIsRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the identity is read only when it is root's; run as root")
+		t.Fatal("the identity is read only when it is root's: run as root (make test does)")
 	}
 	const later = "is in format v2, written by a later release; this executor reads formats up to v1"
 	dir := t.TempDir()

@@ -932,7 +932,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	a.reconc.Store(false)
 	a.learnFloor()
 	r := a.report(v.Seq)
-	r.Trigger, r.Outcome = link.TriggerReconnect, v.Outcome
+	r.Trigger, r.Outcome, r.Owned = link.TriggerReconnect, v.Outcome, v.Owned
 	if lines != nil {
 		r.Lines = lines
 	}

@@ -53,6 +53,10 @@ type fakeExecutor struct {
 	// events is each roster and declaration taken, in order: "roster N"
 	// (the roster's own sequence), "decl N".
 	events []string
+	// owned is what the store owns after a reconcile; when set, a
+	// Reconnected's verdict says it, and a roster taken is answered as one
+	// that applied the overlay again (a line), saying it too.
+	owned []wire.OwnedEntry
 }
 
 // eventsSeen is what rosters and declarations reached it, in order.
@@ -179,7 +183,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 		case *wire.Reconnected:
 			f.mu.Lock()
 			f.reconnects++
-			v := &wire.Verdict{Seq: f.applied, Outcome: shapes.Unchanged}
+			v := &wire.Verdict{Seq: f.applied, Outcome: shapes.Unchanged, Owned: f.owned}
 			// As the executor answers (store.History): what it did
 			// within the interval the agent names.
 			for _, a := range f.did {
@@ -218,9 +222,14 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			} else {
 				f.events = append(f.events, fmt.Sprintf("roster %d", r.Seq))
 			}
+			v := &wire.Verdict{Seq: f.applied, Outcome: shapes.Unchanged}
+			if f.owned != nil && err == nil {
+				v.Outcome, v.Owned = shapes.Applied, f.owned
+				c.Write(wire.KindReportLine, &shapes.Line{Module: "net", ID: "wg", Type: "overlay", Outcome: shapes.Applied})
+			}
 			f.mu.Unlock()
 			f.notify()
-			c.Write(wire.KindVerdict, &wire.Verdict{Outcome: shapes.Unchanged})
+			c.Write(wire.KindVerdict, v)
 		case *wire.Declaration:
 			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
 			var d struct {

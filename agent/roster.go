@@ -135,7 +135,7 @@ func (a *Agent) syncRoster(ctx context.Context) error {
 		a.log.Info("the executor's verdict on the mesh's roster", "stream_seq", m.sseq, "outcome", v.Outcome, "reason", v.Reason, "duplicate", v.Duplicate, "lines", len(lines))
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused || len(lines) > 0 {
 			r = a.report(v.Seq)
-			r.Trigger, r.StreamSeq, r.Outcome, r.Lines = link.TriggerRoster, m.sseq, v.Outcome, lines
+			r.Trigger, r.StreamSeq, r.Outcome, r.Lines, r.Owned = link.TriggerRoster, m.sseq, v.Outcome, lines, v.Owned
 			if r.Lines == nil {
 				r.Lines = []shapes.Line{}
 			}

@@ -974,6 +974,14 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		}
 	}
 	v.Outcome = shapes.Derive(all)
+	// What the store owns after it, as a declaration's verdict says it: a
+	// reconcile the roster or a reconnect set off applies the link target
+	// again, and may finish what its declaration's apply left undone; the
+	// report of it is then the newest, and the control side's copy (the
+	// one handed back after a lost store) must be this one.
+	if id != nil {
+		v.Owned = enrol.Owned(st)
+	}
 	s.log.Info("reconciled", "trigger", why, "outcome", v.Outcome, "lines", len(all))
 	s.reconciled.Store(true)
 	if s.cfg.Healthy != nil {

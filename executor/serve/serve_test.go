@@ -1057,3 +1057,44 @@ func TestStatusCarriesTheOverlayPublicKey(t *testing.T) {
 		t.Fatalf("status %+v", s)
 	}
 }
+
+// A reconcile the link sets off (a reconnect, a roster taken) may finish
+// what the declaration's apply left undone: its verdict says what the store
+// owns after it, as an apply's does, so the report of it — the newest —
+// gives the control side the copy it hands back after a lost store, not
+// the copy of the apply that failed.
+func TestAReconcileSaysWhatTheStoreOwnsAfterIt(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	blocker := filepath.Join(e.root, "sub")
+	if err := os.WriteFile(blocker, []byte("in the way\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	decl := e.decl("n1", "e-1", 1, file("motd", "hello\n"),
+		`{"module":"m","id":"deep","type":"file","path":"{root}/sub/deep","content":"deep\n"}`)
+	_, v := e.push(c, e.seal(decl))
+	if v.Outcome != shapes.Failed {
+		t.Fatalf("the apply with a file in the way: %+v, want failed", v)
+	}
+	owns := func(v *wire.Verdict) map[string]string {
+		m := map[string]string{}
+		for _, o := range v.Owned {
+			m[o.Target] = o.Digest
+		}
+		return m
+	}
+	deep := "path:" + filepath.Join(e.root, "sub", "deep")
+	if _, ok := owns(v)[deep]; ok {
+		t.Fatalf("the failed apply's verdict claims %s: %+v", deep, v.Owned)
+	}
+	os.Remove(blocker)
+	os.Mkdir(blocker, 0o755)
+	_, v = send(t, c, wire.KindReconnected, &wire.Reconnected{})
+	sum := sha256.Sum256([]byte("deep\n"))
+	if got := owns(v)[deep]; got != hex.EncodeToString(sum[:]) {
+		t.Fatalf("the reconcile that wrote %s: verdict %+v owns it as %q, want its digest", deep, v, got)
+	}
+	if _, ok := owns(v)["path:"+filepath.Join(e.root, "motd")]; !ok {
+		t.Fatalf("the reconcile's verdict leaves out what the store owned before: %+v", v.Owned)
+	}
+}

@@ -45,7 +45,7 @@ func DefaultDir() string {
 var commands = []cmdline.Def{
 	cmdline.D("init", "", 0, 0, []string{"dir", "host", "url", "json"},
 		"make the control-plane key, the broker certificate and the control NKey in the key directory"),
-	cmdline.D("serve", "", 0, 0, []string{"dir", "listen", "nats", "replicas", "broker-config", "broker-accounts", "broker-pid", "metrics", "ui"},
+	cmdline.D("serve", "", 0, 0, []string{"dir", "listen", "nats", "replicas", "broker-config", "broker-accounts", "broker-pid", "metrics", "ui", "archive-grace"},
 		`run the embedded broker (or use --nats URL) and keep the registry; with an existing broker,
 keep FILE its configuration and send it SIGHUP on each change; the embedded broker's store is in
 the key directory: one serve holds it (a second is refused)`),
@@ -137,7 +137,7 @@ type options struct {
 	names                                                           bool
 	hosts, seals                                                    listFlag
 	replicas, last                                                  int
-	ttl                                                             time.Duration
+	ttl, archiveGrace                                               time.Duration
 	wait                                                            waitFlag
 }
 
@@ -202,6 +202,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.StringVar(&o.store, "store", "", "with --cluster: the directory each server's JetStream store is made under (default --out)")
 	case "metrics":
 		fs.StringVar(&o.metrics, "metrics", "", "serve /metrics (Prometheus' text format) on this address, e.g. 127.0.0.1:9469: nodes by state, last heard, declared and applied, outcomes, apply durations, link errors")
+	case "archive-grace":
+		fs.DurationVar(&o.archiveGrace, "archive-grace", DefaultArchiveGrace, "an archive no kept declaration and no assignment names leaves the store this long after it was put (0: never)")
 	case "ui":
 		fs.StringVar(&o.ui, "ui", "", "serve the read-only status page on this address, e.g. 127.0.0.1:9470: every node's state, last heard, versions, outcome, last report and briefing, and each node's timeline")
 	case "wait":
@@ -300,7 +302,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "init":
 		err = c.init(o.hosts, o.url)
 	case "serve":
-		err = c.serve(o.listen, o.brokerConfig, o.brokerAccounts, o.brokerPID, o.replicas, o.metrics, o.ui)
+		err = c.serve(o.listen, o.brokerConfig, o.brokerAccounts, o.brokerPID, o.replicas, o.metrics, o.ui, o.archiveGrace)
 	case "node add":
 		err = c.nodeAdd(pos[0], o.out, o.brokerURL)
 	case "token issue":
@@ -416,7 +418,7 @@ func (c *cli) init(hosts []string, url string) error {
 	return err
 }
 
-func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics, ui string) error {
+func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics, ui string, archiveGrace time.Duration) error {
 	if (brokerConfig != "" || brokerAccounts != "" || brokerPID != "" || replicas != 0) && c.nats == "" {
 		return errors.New("--broker-config, --broker-accounts, --broker-pid and --replicas are for an existing broker (serve --nats URL); the embedded one follows the registry by itself and is one server")
 	}
@@ -445,7 +447,7 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 		return err
 	}
 	ready := func(url string, _ *Server) { c.nextAfterServe(k, url, listen) }
-	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui, Ready: ready})
+	return Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui, ArchiveGrace: archiveGrace, Ready: ready})
 }
 
 func (c *cli) connect() (*Client, error) {

@@ -63,6 +63,10 @@ type ServeOptions struct {
 	Metrics string
 	// UI, when set, is the address the read-only status page is served on.
 	UI string
+	// ArchiveGrace is how long an archive no kept declaration and no
+	// assignment names stays in the store after it was put
+	// (PruneArchives); 0 keeps every archive.
+	ArchiveGrace time.Duration
 	// Ready, when set, is called with the broker's client URL once serve
 	// is up (tests).
 	Ready func(url string, s *Server)
@@ -178,6 +182,10 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	}
 	go func() { errs <- keepRunning(ctx, log, "enrolment responder", untilReopened(srv, c.Enrolments)) }()
 	go func() { errs <- keepRunning(ctx, log, "publisher", untilReopened(srv, c.KeepComposed)) }()
+	if o.ArchiveGrace > 0 {
+		prune := func(ctx context.Context) error { return c.keepArchivesPruned(ctx, o.ArchiveGrace, log) }
+		go func() { errs <- keepRunning(ctx, log, "archive pruner", untilReopened(srv, prune)) }()
+	}
 	log.Info("serving", "broker", url, "control_key", k.KeyID(), "broker_fingerprint", k.Fingerprint)
 	if o.Ready != nil {
 		o.Ready(url, srv)

@@ -1,0 +1,69 @@
+package control_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/control"
+)
+
+// The archive store keeps what a kept declaration or an assignment names,
+// and what was put within the grace; the rest goes. Without it the store
+// kept every archive ever put, for as long as the control side lived (the
+// soak's first finding).
+func TestArchivesNoDeclarationNamesArePruned(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	put := func(name string) string {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), name+".tar")
+		os.WriteFile(p, []byte("the bytes of "+name), 0o600)
+		sum, _, err := s.client.PutArchive(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	declared, assigned, named := put("declared"), put("assigned"), put("nothing")
+	archive := func(module, sum string) string {
+		return fmt.Sprintf(`{"version":1,"resources":[{"module":%q,"id":"d","type":"directory","path":"/srv/%s"},`+
+			`{"module":%q,"id":"a","type":"archive","url":%q,"sha256":%q,"destination":"/srv/%s"}]}`, module, module, module, control.ArchiveURL(sum), sum, module)
+	}
+	addNode(t, s, "d1")
+	if _, err := s.client.Declare(ctx, "d1", []byte(archive("decl", declared))); err != nil {
+		t.Fatal(err)
+	}
+	// Assigned to a node whose overlay is not applied yet: held, in no
+	// declaration, and kept all the same.
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	enrolNode(t, s, "n1")
+	if p, err := s.client.Assign(ctx, "n1", []byte(archive("asg", assigned)), "m.json"); err != nil || p.Held == "" {
+		t.Fatalf("assign: %+v %v (want it held)", p, err)
+	}
+	if removed, err := s.client.PruneArchives(ctx, time.Hour); err != nil || len(removed) != 0 {
+		t.Fatalf("within the grace: removed %v (%v), want none", removed, err)
+	}
+	removed, err := s.client.PruneArchives(ctx, 0)
+	if err != nil || !slices.Equal(removed, []string{named}) {
+		t.Fatalf("past the grace: removed %v (%v), want only the archive nothing names, %s", removed, err, named)
+	}
+	for _, sum := range []string{declared, assigned} {
+		if info, err := s.client.Archives.GetInfo(ctx, sum); err != nil || info.Deleted {
+			t.Fatalf("%s, named, is gone: %v", sum, err)
+		}
+	}
+	if info, err := s.client.Archives.GetInfo(ctx, named); err == nil && !info.Deleted {
+		t.Fatalf("%s, named by nothing, is still in the store", named)
+	}
+	if removed, err := s.client.PruneArchives(ctx, 0); err != nil || len(removed) != 0 {
+		t.Fatalf("again: removed %v (%v), want none", removed, err)
+	}
+}

@@ -79,23 +79,10 @@ func (c *Client) archivesNamed(ctx context.Context) (map[string]bool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the declarations: %w", err)
 	}
-	var cons jetstream.Consumer
 	if info.State.Msgs > 0 {
-		if cons, err = c.JS.OrderedConsumer(ctx, link.DeclStream, jetstream.OrderedConsumerConfig{}); err != nil {
-			return nil, fmt.Errorf("read the declarations: %w", err)
+		if err := c.readStream(ctx, link.DeclStream, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg) bool { note(m.Data()); return true }); err != nil {
+			return nil, fmt.Errorf("the declarations: %w", err)
 		}
-	}
-	for left := info.State.Msgs; left > 0; {
-		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("read the declarations: %w", err)
-		}
-		note(m.Data())
-		md, err := m.Metadata()
-		if err != nil || md.NumPending == 0 {
-			break
-		}
-		left = md.NumPending
 	}
 	keys, err := c.KV.ListKeysFiltered(ctx, assignKey("*"))
 	if errors.Is(err, jetstream.ErrNoKeysFound) {

@@ -448,17 +448,9 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 	for _, r := range recs {
 		byName[r.Name] = r
 	}
-	cons, err := c.JS.OrderedConsumer(ctx, link.HeartbeatStream, jetstream.OrderedConsumerConfig{
+	err = c.readStream(ctx, link.HeartbeatStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"mesh.heartbeat.*"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return nil, err
-	}
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("reading the heartbeats: %w", err)
-		}
+	}, func(m jetstream.Msg) bool {
 		subj := m.Subject()
 		name := subj[strings.LastIndexByte(subj, '.')+1:]
 		var hb link.Heartbeat
@@ -471,8 +463,10 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 			}
 			out[name] = h
 		}
-		if err != nil || md.NumPending == 0 {
-			return out, nil
-		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the heartbeats: %w", err)
 	}
+	return out, nil
 }

@@ -197,30 +197,24 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 	if info.State.Subjects[subj] == 0 {
 		return nil, 0, nil
 	}
-	cons, err := c.JS.OrderedConsumer(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	err = c.readStream(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}}, func(m jetstream.Msg) bool {
+		md, _ := m.Metadata()
+		var r link.Report
+		if md == nil || link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
+			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
+			skipped++
+			return true
+		}
+		reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
+		if last > 0 && len(reports) > last {
+			reports = reports[1:]
+		}
+		return true
+	})
 	if err != nil {
 		return nil, 0, err
 	}
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return nil, 0, fmt.Errorf("reading %s: %w", subj, err)
-		}
-		md, _ := m.Metadata()
-		var r link.Report
-		if link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
-			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
-			skipped++
-		} else {
-			reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
-			if last > 0 && len(reports) > last {
-				reports = reports[1:]
-			}
-		}
-		if md == nil || md.NumPending == 0 {
-			return reports, skipped, nil
-		}
-	}
+	return reports, skipped, nil
 }
 
 // ownedCopy is the control side's copy of what a node last reported it

@@ -58,6 +58,10 @@ func main() {
 	flag.BoolVar(&c.strict, "strict", false, "count the known faults' violations as failures (to see one fixed)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, declarations) after the run")
 	flag.StringVar(&c.bin, "bin", "", "the binaries' directory (default: built into the work directory)")
+	var sc soakConfig
+	flag.DurationVar(&sc.length, "soak", 0, "soak for this long instead: no faults, many declarations, every state sampled, and a fail for whatever grows (make soak)")
+	flag.DurationVar(&sc.every, "soak-every", 10*time.Second, "how often the soak samples")
+	flag.DurationVar(&sc.revoke, "soak-revoke", 2*time.Minute, "how often the soak revokes a node and enrols it again (0: never)")
 	flag.Parse()
 	if c.seed == 0 {
 		c.seed = uint64(time.Now().UnixNano()) % 1000000
@@ -65,6 +69,17 @@ func main() {
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "chaos: runs as root (the executor is root; nodes get network namespaces and tmpfs state)")
 		os.Exit(2)
+	}
+	if sc.length > 0 {
+		res, err := soak(c, sc, os.Stdout)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			os.Exit(2)
+		}
+		if len(res.grew) > 0 || len(res.failed) > 0 || len(res.violations) > 0 {
+			os.Exit(1)
+		}
+		return
 	}
 	res, err := run(c, os.Stdout)
 	if err != nil {
@@ -87,60 +102,15 @@ type result struct {
 // the invariants after each; it returns an error only when the mesh
 // could not be set up.
 func run(c config, out io.Writer) (result, error) {
-	if c.nodes == 0 {
-		c.nodes = 3
-	}
-	if c.bound == 0 {
-		c.bound = 2 * time.Minute
-	}
-	base, err := os.MkdirTemp("", fmt.Sprintf("chaos-%d-", c.seed))
+	w, mw, done, err := newWorld(c, out, "chaos")
 	if err != nil {
 		return result{}, err
 	}
-	os.Chmod(base, 0o755) // the agent, as nobody, reaches its socket below
-	logf, err := os.Create(filepath.Join(base, "run.log"))
-	if err != nil {
-		return result{}, err
-	}
-	defer logf.Close()
-	w := &world{cfg: c, base: base, faults: map[string]int{}, checks: map[string]int{}, known: map[string]int{}}
-	mw := io.MultiWriter(out, logf)
-	w.out = mw
-	fmt.Fprintf(mw, "chaos: seed %d, %d steps, %d nodes, work directory %s\n", c.seed, c.steps, c.nodes, base)
-	w.bin = c.bin
-	if w.bin == "" {
-		w.bin = filepath.Join(base, "bin")
-		if err := build(w.bin); err != nil {
-			return result{}, err
-		}
-	}
-	var why string
-	w.loop, why = loopAvailable()
-	if !w.loop {
-		fmt.Fprintf(mw, "chaos: %s: the control side is on a tmpfs, and no power cut is drawn\n", why)
-	}
+	defer done()
 	steps := planSteps(c.seed, c.steps, c.nodes, w.loop)
-	// Interrupted, the run still ends what it started: the agents have
-	// dropped to another user, so the parent's death does not reach them.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		if _, ok := <-sig; ok {
-			fmt.Fprintf(mw, "chaos: interrupted at step %d; ending what the run started\n", w.stepN)
-			w.close()
-			os.Exit(130)
-		}
-	}()
-	defer func() {
-		signal.Stop(sig)
-		close(sig)
-		w.close()
-		if !c.keep && len(w.violations) == 0 {
-			os.RemoveAll(base)
-		}
-	}()
+	fmt.Fprintf(mw, "chaos: seed %d, %d steps, %d nodes, work directory %s\n", c.seed, c.steps, c.nodes, w.base)
 	if err := w.setup(); err != nil {
-		return result{}, fmt.Errorf("setting the mesh up: %w (logs in %s)", err, base)
+		return result{}, fmt.Errorf("setting the mesh up: %w (logs in %s)", err, w.base)
 	}
 	start := time.Now()
 	for _, s := range steps {
@@ -164,9 +134,69 @@ func run(c config, out io.Writer) (result, error) {
 		for _, s := range steps {
 			fmt.Fprintf(mw, "  %s\n", s)
 		}
-		fmt.Fprintf(mw, "logs: %s\n", base)
+		fmt.Fprintf(mw, "logs: %s\n", w.base)
 	}
 	return res, nil
+}
+
+// newWorld makes the run's work directory and binaries, and a world that
+// writes to out and to its run.log; done ends what the run started (also
+// on an interrupt) and removes the directory unless kept or failed.
+func newWorld(c config, out io.Writer, kind string) (w *world, mw io.Writer, done func(), err error) {
+	if c.nodes == 0 {
+		c.nodes = 3
+	}
+	if c.bound == 0 {
+		c.bound = 2 * time.Minute
+	}
+	// Named chaos-SEED-N whatever the kind: the executors' mount namespaces
+	// detach every such run's control disk (executorArgv).
+	base, err := os.MkdirTemp("", fmt.Sprintf("chaos-%d-", c.seed))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	os.Chmod(base, 0o755) // the agent, as nobody, reaches its socket below
+	logf, err := os.Create(filepath.Join(base, "run.log"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w = &world{cfg: c, base: base, faults: map[string]int{}, checks: map[string]int{}, known: map[string]int{}}
+	mw = io.MultiWriter(out, logf)
+	w.out = mw
+	w.bin = c.bin
+	if w.bin == "" {
+		w.bin = filepath.Join(base, "bin")
+		if err := build(w.bin); err != nil {
+			logf.Close()
+			return nil, nil, nil, err
+		}
+	}
+	var why string
+	w.loop, why = loopAvailable()
+	if !w.loop {
+		fmt.Fprintf(mw, "%s: %s: the control side is on a tmpfs, and no power cut is drawn\n", kind, why)
+	}
+	// Interrupted, the run still ends what it started: the agents have
+	// dropped to another user, so the parent's death does not reach them.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; ok {
+			fmt.Fprintf(mw, "%s: interrupted at step %d; ending what the run started\n", kind, w.stepN)
+			w.close()
+			os.Exit(130)
+		}
+	}()
+	done = func() {
+		signal.Stop(sig)
+		close(sig)
+		w.close()
+		if !c.keep && len(w.violations) == 0 {
+			os.RemoveAll(base)
+		}
+		logf.Close()
+	}
+	return w, mw, done, nil
 }
 
 func sortedKeys(m map[string]string) []string {

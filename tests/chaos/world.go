@@ -137,6 +137,14 @@ type world struct {
 	ctlFiller string
 	ctlFull   bool
 	cuts      int
+	// drift is how often each executor looks for drift: never in the
+	// chaos run (a repair would be a change no step made), often in the
+	// soak.
+	drift time.Duration
+	// archiveGrace is serve's: never in the chaos run (it puts no
+	// archive), a minute in the soak, so that what it puts is pruned
+	// within the run.
+	archiveGrace time.Duration
 	// reopenUntil is the last step at which serve may still be opening
 	// the broker's store anew after the control side's disk was freed.
 	reopenUntil int
@@ -251,7 +259,7 @@ func (w *world) eventually(bound time.Duration, f func() bool) bool {
 func (w *world) startServe() {
 	w.serveStarted = time.Now()
 	w.serve = w.start("serve", []string{filepath.Join(w.bin, "mesh-control"), "serve", "--dir", w.ctl,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", w.port)})
+		"--listen", fmt.Sprintf("127.0.0.1:%d", w.port), "--archive-grace", w.archiveGrace.String()})
 	if !w.eventually(60*time.Second, func() bool { _, code, err := w.control("nodes"); return err == nil && code == 0 }) {
 		w.violate(nil, "serve-up", "mesh-control serve did not answer `nodes` within 60s of its start")
 	}
@@ -279,7 +287,7 @@ func (w *world) executorArgv(n *node, state, sock string) []string {
 		"--executor", filepath.Join(w.bin, "mesh-executor"), "--agent", filepath.Join(w.bin, "mesh-agent"),
 		"--package-rollback=false", "--agent-user", "", "--notice", "", "--backoff", "1s", "--stop-timeout", "10s", "--",
 		"serve", "--state", state, "--socket", sock,
-		"--agent-user", "nobody", "--agent-state", n.agent, "--drift", "0", "--build", "chaos"}
+		"--agent-user", "nobody", "--agent-state", n.agent, "--drift", w.drift.String(), "--build", "chaos"}
 }
 
 // executorPid is the pid of the executor n's launcher runs now, 0 when

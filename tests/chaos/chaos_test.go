@@ -217,14 +217,15 @@ func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
 // every state and daemon sampled. What grows with each apply — a
 // descriptor or a file left behind per declaration, a store never
 // compacted — shows within a few hundred declarations; what grows slowly
-// and is bounded far off is make soak's to see.
+// and is bounded far off, and memory (the broker warms up for minutes),
+// are make soak's to judge.
 func TestSoakShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the soak needs root (make test runs as root): the executor is root, and each node gets a network namespace and a tmpfs")
 	}
 	var out strings.Builder
 	res, err := soak(config{seed: 5, nodes: 2, bin: testBin(t), bound: 90 * time.Second},
-		soakConfig{length: 2 * time.Minute, every: 4 * time.Second, revoke: 40 * time.Second}, &out)
+		soakConfig{length: 2 * time.Minute, every: 4 * time.Second, revoke: 40 * time.Second, warming: true}, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}

@@ -45,12 +45,14 @@ bench:
 # configured by broker-config --cluster; CONTENDED=1 keeps one core busy
 # throughout (a process of the bench's own) and judges the contended
 # targets. BENCH_SCALE_ARGS go to the bench
-# (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles).
+# (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles);
+# TAGS=benchconstwindow builds the bench with the fan-outs' window held at
+# 256, to compare with the adapting one.
 NODES   ?= 10000
 CLUSTER ?=
 CONTENDED ?=
 bench-scale:
-	$(GO) run ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(if $(filter 1,$(CONTENDED)),-contended) $(BENCH_SCALE_ARGS)
+	$(GO) run $(if $(TAGS),-tags $(TAGS)) ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(if $(filter 1,$(CONTENDED)),-contended) $(BENCH_SCALE_ARGS)
 
 # The chaos run: a control side, NODES_CHAOS nodes (real executors and
 # agents, each in its own namespace and state) and the real CLI, driven by

@@ -41,7 +41,15 @@ type flight struct {
 // agent's own patience is counted in seconds.
 const slowAnswer = 2 * time.Second
 
+// constWindow, when not 0, holds every fan-out's window there, as it was
+// before it adapted: set only by a comparison build of the fleet bench
+// (flight_benchconst.go), to measure what the adapting does.
+var constWindow int
+
 func newFlight(start, lo, hi int) *flight {
+	if constWindow > 0 {
+		start, lo, hi = constWindow, constWindow, constWindow
+	}
 	f := &flight{limit: float64(start), min: float64(lo), max: float64(hi), slowStart: true, slow: slowAnswer}
 	f.cond = sync.NewCond(&f.mu)
 	return f

@@ -125,3 +125,18 @@ func TestFlightHoldsItsWindow(t *testing.T) {
 		t.Fatalf("a flight whose context ended: %v", errs)
 	}
 }
+
+// The comparison build's window (constWindow) holds whatever the broker
+// answers: the bench compares it with the adapting one.
+func TestAConstantWindowHolds(t *testing.T) {
+	constWindow = 256
+	defer func() { constWindow = 0 }()
+	f := newFlight(64, 8, 512)
+	for i, took := range []time.Duration{time.Millisecond, 3 * time.Second, time.Millisecond} {
+		e, _ := f.acquire(context.Background())
+		f.release(e, took, nil)
+		if f.window() != 256 {
+			t.Fatalf("after answer %d (%s): window %d, want 256 held", i, took, f.window())
+		}
+	}
+}

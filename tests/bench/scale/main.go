@@ -58,6 +58,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -185,7 +186,8 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "contended: a process of the bench's own (pid %d) spins on one core from now to the end; the contended targets are judged\n", b.burner.cmd.Process.Pid)
 	}
 	fmt.Fprintf(stdout, "broker: %s\n", brokerBuild(b.ctl.bin))
-	fmt.Fprintf(stdout, "JetStream: %s\n\n", syncMode(b.ctl.bin))
+	fmt.Fprintf(stdout, "JetStream: %s\n", syncMode(b.ctl.bin))
+	fmt.Fprintf(stdout, "fan-out window: %s\n\n", windowMode())
 
 	steps := []struct {
 		name string
@@ -311,6 +313,19 @@ func buildControl(ctx context.Context, dir string, profile, syncDefault bool) (s
 		return "", fmt.Errorf("building mesh-control (run from the repository, or give -control): %w\n%s", err, b)
 	}
 	return out, nil
+}
+
+// windowMode says how this bench's fan-outs hold their window: adapting,
+// as shipped, or held constant by a comparison build (TAGS=benchconstwindow).
+func windowMode() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "-tags" && strings.Contains(s.Value, "benchconstwindow") {
+				return "held at 256 (a comparison build: TAGS=benchconstwindow)"
+			}
+		}
+	}
+	return "adapting to the broker's answers (as shipped)"
 }
 
 // syncMode says how bin's broker syncs JetStream: the fan-out's figures

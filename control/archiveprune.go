@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,6 +57,13 @@ func (c *Client) PruneArchives(ctx context.Context, grace time.Duration) ([]stri
 			continue // another serve of the same cluster removed it first
 		} else if err != nil {
 			return removed, fmt.Errorf("remove archive %s: %w", info.Name, err)
+		}
+		// The store's delete leaves the object's record, marked deleted,
+		// for as long as the store lives: one message an archive ever put.
+		// Nothing reads a deleted record (the agent's read of one is an
+		// archive not found either way), so it goes too.
+		if err := c.purgeArchiveRecord(ctx, info.Name); err != nil {
+			return removed, err
 		}
 		removed = append(removed, info.Name)
 	}
@@ -122,4 +130,24 @@ func (c *Client) keepArchivesPruned(ctx context.Context, grace time.Duration, lo
 			log.Info("archives no declaration names removed from the store", "count", len(removed), "grace", grace)
 		}
 	}
+}
+
+// purgeArchiveRecord removes the record (meta message) of the archive
+// named sum from the archive store's stream.
+func (c *Client) purgeArchiveRecord(ctx context.Context, sum string) error {
+	st, err := c.JS.Stream(ctx, link.ArchiveStream)
+	if err != nil {
+		return fmt.Errorf("the archive store: %w", err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(archiveRecordSubject(sum))); err != nil {
+		return fmt.Errorf("remove the record of archive %s: %w", sum, err)
+	}
+	return nil
+}
+
+// archiveRecordSubject is where the object store keeps an archive's
+// record: the bucket's meta subject, the name base64url-encoded
+// (nats.go's object store layout).
+func archiveRecordSubject(sum string) string {
+	return "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(sum))
 }

@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // The archive store keeps what a kept declaration or an assignment names,
@@ -62,6 +65,23 @@ func TestArchivesNoDeclarationNamesArePruned(t *testing.T) {
 	}
 	if info, err := s.client.Archives.GetInfo(ctx, named); err == nil && !info.Deleted {
 		t.Fatalf("%s, named by nothing, is still in the store", named)
+	}
+	// Nothing of it is left: not its chunks, nor its record marked
+	// deleted (one message an archive ever put, for as long as the store
+	// lived).
+	str, err := s.client.JS.Stream(ctx, link.ArchiveStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := str.Info(ctx, jetstream.WithSubjectFilter("$O."+link.ArchiveBucket+".>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs := si.State.Subjects["$O."+link.ArchiveBucket+".M."+base64.URLEncoding.EncodeToString([]byte(named))]; recs != 0 {
+		t.Fatalf("the removed archive's record is still in the stream (%d message)", recs)
+	}
+	if si.State.Msgs != 4 { // the two kept archives: a record and a chunk each
+		t.Fatalf("the archive stream holds %d messages, want the 4 of the two kept archives: %v", si.State.Msgs, si.State.Subjects)
 	}
 	if removed, err := s.client.PruneArchives(ctx, 0); err != nil || len(removed) != 0 {
 		t.Fatalf("again: removed %v (%v), want none", removed, err)

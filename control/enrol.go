@@ -181,16 +181,41 @@ func (c *Client) Enrolments(ctx context.Context) error {
 		return err
 	}
 	// Tokens past their grace are of no use to anyone: their records go.
+	// So do the registry's delete markers, hourly (PruneRegistry).
 	prune := time.NewTicker(10 * time.Minute)
 	defer prune.Stop()
+	var marked time.Time
 	for {
 		c.pruneTokens(ctx, time.Now())
+		if time.Since(marked) >= time.Hour {
+			if err := c.PruneRegistry(ctx, registryMarkerAge); err != nil && ctx.Err() == nil {
+				c.log.Warn("registry: its delete markers could not be removed", "err", err)
+			}
+			marked = time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-prune.C:
 		}
 	}
+}
+
+// registryMarkerAge is how long a key's delete marker stays in the
+// registry: nats.go's own default, time enough for every watch to have
+// seen the delete.
+const registryMarkerAge = 30 * time.Minute
+
+// PruneRegistry removes from the registry the markers its deletes left
+// (a token pruned, a node deleted, an assignment taken off) once older
+// than olderThan (negative: all). A delete in a key-value bucket leaves a
+// message saying so, kept as the key's last for as long as the bucket
+// lives: one for every token ever issued, without this.
+func (c *Client) PruneRegistry(ctx context.Context, olderThan time.Duration) error {
+	if err := c.KV.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(olderThan)); err != nil {
+		return fmt.Errorf("registry: remove the delete markers: %w", err)
+	}
+	return nil
 }
 
 // pruneTokens deletes the records of tokens expired for longer than the

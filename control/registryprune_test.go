@@ -1,0 +1,53 @@
+package control_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/control"
+)
+
+// A key deleted from the registry leaves a marker, the key's last message,
+// for as long as the registry lives; PruneRegistry removes those older than
+// it is told, and leaves the keys that hold values alone.
+func TestTheRegistrysDeleteMarkersGo(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv := s.client.KV
+	for _, k := range []string{"token.gone", "token.kept"} {
+		if _, err := kv.Put(ctx, k, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Purge(ctx, "token.gone"); err != nil {
+		t.Fatal(err)
+	}
+	messagesOf := func(key string) uint64 {
+		t.Helper()
+		str, err := s.client.JS.Stream(ctx, "KV_"+control.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subj := "$KV." + control.Bucket + "." + key
+		info, err := str.Info(ctx, jetstream.WithSubjectFilter(subj))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects[subj]
+	}
+	if n := messagesOf("token.gone"); n != 1 {
+		t.Fatalf("the purged key has %d messages, want its marker", n)
+	}
+	if err := s.client.PruneRegistry(ctx, time.Hour); err != nil || messagesOf("token.gone") != 1 {
+		t.Fatalf("a marker younger than asked went (or %v)", err)
+	}
+	if err := s.client.PruneRegistry(ctx, -1); err != nil || messagesOf("token.gone") != 0 {
+		t.Fatalf("the marker is still there (or %v)", err)
+	}
+	if e, err := kv.Get(ctx, "token.kept"); err != nil || string(e.Value()) != `{}` || messagesOf("token.kept") != 1 {
+		t.Fatalf("a live key was touched: %v", err)
+	}
+}

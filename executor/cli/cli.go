@@ -578,6 +578,9 @@ type ownedEntry struct {
 	// list rather than a list beside it, so that every reader of the list
 	// `owned --json` has always printed reads it still.
 	Salvaged *ownedSalvaged `json:"salvaged,omitempty"`
+	// Paths, on an archive, are the files and directories it wrote: what
+	// the host holds is each of them, not the archive's record alone.
+	Paths []string `json:"paths,omitempty"`
 }
 
 // ownedSalvaged says where salvaged content is and until when.
@@ -650,7 +653,7 @@ func (c *command) owned() int {
 	var list []ownedEntry
 	var b strings.Builder
 	for _, e := range st.Entries() {
-		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original}
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths}
 		if oe.Claims == nil {
 			oe.Claims = []store.Claim{}
 		}
@@ -660,6 +663,9 @@ func (c *command) owned() int {
 			cl = append(cl, x.Key())
 		}
 		fmt.Fprintf(&b, "%-40s %-10s %-30s %s\n", e.Target, e.Type, strings.Join(cl, ","), oe.How)
+		for _, p := range e.Paths {
+			fmt.Fprintf(&b, "  %s\n", p) // what an archive wrote
+		}
 	}
 	if list == nil {
 		list = []ownedEntry{}

@@ -1,15 +1,18 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -396,5 +399,51 @@ func form(t *testing.T, what, out string) {
 	t.Helper()
 	if err := jsonform.Check([]byte(out)); err != nil {
 		t.Errorf("%s: %v\n%s", what, err, out)
+	}
+}
+
+// owned lists what an archive wrote, file by file, in both forms: what
+// the host holds is each of them, not the archive's record alone.
+func TestOwnedListsWhatAnArchiveWrote(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	for _, name := range []string{"one", "two"} {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: 3, Typeflag: tar.TypeReg})
+		tw.Write([]byte("hi\n"))
+	}
+	tw.Close()
+	archive := write(t, filepath.Join(d, "a.tar"), tb.String(), 0o644)
+	sum := sha256.Sum256(tb.Bytes())
+	dest := filepath.Join(d, "dest")
+	f := write(t, filepath.Join(d, "a.json"), fmt.Sprintf(`{"version":1,"resources":[{"module":"m","id":"d","type":"directory","path":%q},`+
+		`{"module":"m","id":"a","type":"archive","url":"file://%s","sha256":"%x","destination":%q}]}`, dest, archive, sum, dest), 0o644)
+	if code, out, _ := run("apply", "--state", state, f); code != ExitApplied {
+		t.Fatalf("apply: exit %d\n%s", code, out)
+	}
+	code, out, _ := run("owned", "--json", "--state", state)
+	var list []struct {
+		Type  string   `json:"type"`
+		Paths []string `json:"paths"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil {
+		t.Fatalf("owned --json: exit %d %v\n%s", code, err, out)
+	}
+	var paths []string
+	for _, e := range list {
+		if e.Type == "archive" {
+			paths = e.Paths
+		}
+	}
+	want := []string{filepath.Join(dest, "one"), filepath.Join(dest, "two")}
+	if !slices.Equal(paths, want) {
+		t.Fatalf("owned --json: the archive's paths %v, want %v\n%s", paths, want, out)
+	}
+	_, out, _ = run("owned", "--state", state)
+	for _, p := range want {
+		if !strings.Contains(out, p) {
+			t.Fatalf("owned does not list %s:\n%s", p, out)
+		}
 	}
 }

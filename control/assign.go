@@ -547,6 +547,11 @@ type Published struct {
 // between claiming and publishing holds nothing after it.
 const claimStale = time.Minute
 
+// claimWait is how long Publish waits for another process's claim on the
+// same composition to land (a declare: milliseconds) before it says the
+// composition is being published, with no sequence.
+const claimWait = 10 * time.Second
+
 // Publish composes node's declaration and publishes it, unless force is
 // false and node was last sent exactly this composition (for its current
 // enrolment). Several processes may publish at once: each claims with
@@ -554,6 +559,12 @@ const claimStale = time.Minute
 // while publishing publishes the current composition again, so the newest
 // sequence always carries the newest composition.
 func (c *Client) Publish(ctx context.Context, node string, force bool) (*Published, error) {
+	// Another process publishing exactly this composition (serve's
+	// publisher, told of the same assignment) is waited for, a few
+	// seconds at most, so that the sequence it lands in is the one said
+	// and waited on (assign --wait): without it the loser of the claim
+	// said "being published" with no sequence, and waited for none.
+	waitClaim := time.Now().Add(claimWait)
 	for attempt := 0; attempt < 10; attempt++ {
 		comp, err := c.Compose(ctx, node)
 		if err != nil {
@@ -574,6 +585,15 @@ func (c *Client) Publish(ctx context.Context, node string, force bool) (*Publish
 		}
 		if !force && prev.Enrolment == comp.Enrolment && prev.Digest == comp.Digest &&
 			(prev.Seq != 0 || time.Since(prev.Claimed) < claimStale) {
+			if prev.Seq == 0 && time.Now().Before(waitClaim) {
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+				attempt-- // a wait, not an attempt
+				continue
+			}
 			out.Seq = prev.Seq
 			return out, nil
 		}

@@ -79,6 +79,10 @@ type soakSample struct {
 	vals map[string]float64
 }
 
+// minSamples is the fewest samples a soak judges: half of them make the
+// second half a line is fitted to.
+const minSamples = 10
+
 // soakResult is what a soak found: the series that grew, and the table.
 type soakResult struct {
 	grew       []string
@@ -100,6 +104,11 @@ func (s *soaker) count(kind string, err error) {
 
 // soak runs the mesh for cfg.length and judges what grew.
 func soak(c config, cfg soakConfig, out io.Writer) (soakResult, error) {
+	if cfg.every <= 0 || int(cfg.length/cfg.every)+2 < minSamples {
+		least := time.Duration(minSamples-2) * max(cfg.every, time.Second)
+		return soakResult{}, fmt.Errorf("%s sampled every %s is too few samples to judge growth (%d at least): give it %s or more (-soak %s, or SOAK_TIME=%s)",
+			cfg.length, cfg.every, minSamples, least, least, least)
+	}
 	w, mw, done, err := newWorld(c, out, "soak")
 	if err != nil {
 		return soakResult{}, err

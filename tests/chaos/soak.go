@@ -317,19 +317,26 @@ func (s *soaker) client(n *node) (*control.Client, error) {
 	if cl != nil {
 		return cl, nil
 	}
-	k, err := control.LoadKeys(s.w.ctl)
+	cl, err := s.connect()
 	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if cl, err = control.Connect(ctx, k, "", slog.New(slog.DiscardHandler)); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	s.clients[n] = cl
 	s.mu.Unlock()
 	return cl, nil
+}
+
+// connect is a client of the run's control side, as its key directory
+// says.
+func (s *soaker) connect() (*control.Client, error) {
+	k, err := control.LoadKeys(s.w.ctl)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return control.Connect(ctx, k, "", slog.New(slog.DiscardHandler))
 }
 
 func (s *soaker) dropClient(n *node) {
@@ -436,15 +443,12 @@ func (s *soaker) streams(v map[string]float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if s.cl == nil {
-		k, err := control.LoadKeys(s.w.ctl)
+		cl, err := s.connect()
 		if err != nil {
 			s.count("sample the streams", err)
 			return
 		}
-		if s.cl, err = control.Connect(ctx, k, "", slog.New(slog.DiscardHandler)); err != nil {
-			s.count("sample the streams", err)
-			return
-		}
+		s.cl = cl
 	}
 	names := s.cl.JS.StreamNames(ctx)
 	for name := range names.Name() {

@@ -888,7 +888,7 @@ func (a *Agent) notice(m *nats.Msg) {
 			return
 		}
 	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
-		c := &declMsg{data: m.Data, sseq: seq}
+		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader)}
 		for {
 			cur := a.carried.Load()
 			if (cur != nil && cur.sseq >= seq) || a.carried.CompareAndSwap(cur, c) {
@@ -1013,7 +1013,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	hb := &link.Heartbeat{
 		Node: a.id.Node, Enrolment: a.id.Enrolment, At: clock.Now().UTC(),
 		Interval: a.o.Heartbeat.Seconds(), State: link.StateEnrolled, Presence: a.presence(),
-		AgentVersion: a.o.Version, AgentBuild: a.o.Build,
+		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability,
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
 		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),
@@ -1039,7 +1039,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		}
 		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
 			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason}
-		if s.ProfileDigest != "" && s.ProfileDigest != st.ProfileDigest {
+		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability) {
 			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
 				pr := b.(*wire.ProfileReply)
 				hb.Profile, hb.Inventory = pr.Profile, pr.Inventory
@@ -1066,7 +1066,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	a.state.update(func(s *State) {
 		s.LastLinked = clock.Now()
 		if newDigest != "" {
-			s.ProfileDigest = newDigest
+			s.ProfileDigest, s.ToldCapability = newDigest, link.Capability
 		}
 	})
 	if a.clockDue(clock.Now()) {

@@ -39,6 +39,11 @@ func (e *archiveRefusal) Error() string { return e.msg }
 // CodeArchive is the report code of a declaration refused for an archive.
 const CodeArchive = "archive"
 
+// CodeSkew is the report code of a declaration refused because the
+// control side that published it is outside the version skew policy
+// (link.CheckControl).
+const CodeSkew = "skew"
+
 // archiveRequestTimeout bounds one read of the store.
 const archiveRequestTimeout = 10 * time.Second
 

@@ -32,11 +32,14 @@ const (
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
 // declMsg is the newest message on the node's declaration subject, as the
-// broker handed it over: the envelope and its stream sequence. Nothing
-// else the broker says about it is used.
+// broker handed it over: the envelope, its stream sequence, and the
+// capability the control side said beside it (link.CapabilityHeader, as
+// sent: "" from a release before it). Nothing else the broker says about
+// it is used.
 type declMsg struct {
-	data []byte
-	sseq uint64
+	data       []byte
+	sseq       uint64
+	capability string
 }
 
 // newest reads the newest message on the node's own subject by direct get
@@ -109,10 +112,24 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, d *shapes.Declarati
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	st := a.state.get()
 	seq, d, code, reason := a.check(m.data, st.LastApplied)
-	if code != wire.CodeNone {
-		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", code.String(), "reason", reason)
+	codeName := code.String()
+	if code == wire.CodeNone {
+		// The control side's own declaration, to this node: from a
+		// control side outside the version skew policy it is refused
+		// all the same, and said so, before the executor reads a field
+		// it may not know.
+		c, err := link.HeaderCapability(m.capability)
+		if err == nil {
+			err = link.CheckControl(c)
+		}
+		if err != nil {
+			codeName, reason = CodeSkew, err.Error()
+		}
+	}
+	if reason != "" {
+		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", codeName, "reason", reason)
 		r := a.report(seq)
-		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, reason, code.String(), "agent"
+		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, reason, codeName, "agent"
 		if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
 			return err
 		}

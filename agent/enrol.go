@@ -166,7 +166,8 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	data, _ := json.Marshal(&req)
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, wire.EnrolSubjectPrefix+"."+offer.Token, data)
+	msg, err := nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: wire.EnrolSubjectPrefix + "." + offer.Token, Data: data,
+		Header: nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}})
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, tell("broker", "no enrolment responder answers on the broker (is mesh-control serve running?)", false)

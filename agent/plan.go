@@ -27,11 +27,12 @@ func (a *Agent) planRequest(m *nats.Msg) {
 		return
 	}
 	env := append([]byte(nil), m.Data...)
+	capability := m.Header.Get(link.CapabilityHeader)
 	go func() {
 		defer a.planning.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		r := a.plan(ctx, env)
+		r := a.plan(ctx, env, capability)
 		if r == nil {
 			return
 		}
@@ -43,8 +44,10 @@ func (a *Agent) planRequest(m *nats.Msg) {
 
 // plan answers one plan request's envelope with the report to publish; nil
 // when it names no request this node can answer (not signed by the pinned
-// key: nobody to answer).
-func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
+// key: nobody to answer). capability is what the control side said beside
+// it (link.CapabilityHeader), held to the version skew policy as a
+// declaration's is.
+func (a *Agent) plan(ctx context.Context, env []byte, capability string) *link.Report {
 	payload, err := wire.Open(a.id.ControlKey, wire.PurposePlan, env)
 	if err != nil {
 		a.log.Warn("a plan request that does not verify; dropped", "reason", err.Error())
@@ -60,7 +63,15 @@ func (a *Agent) plan(ctx context.Context, env []byte) *link.Report {
 		r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, reason, code.String(), "agent"
 		return r
 	}
+	skew, err := link.HeaderCapability(capability)
+	if err == nil {
+		err = link.CheckControl(skew)
+	}
 	switch {
+	case err != nil:
+		r = refuse(wire.CodeNone, err.Error())
+		r.Code = CodeSkew
+		return r
 	case req.Node != a.id.Node || req.Enrolment != a.id.Enrolment:
 		return refuse(wire.CodeAddress, fmt.Sprintf("the plan request is addressed to node %q enrolment %q; this is node %q enrolment %q", req.Node, req.Enrolment, a.id.Node, a.id.Enrolment))
 	case clock.Now().After(req.NotAfter):

@@ -138,12 +138,7 @@ func TestAPlanPastItsTimeIsNeverRun(t *testing.T) {
 	}
 	// Signed by hand as Plan signs it, good for a few seconds only.
 	notAfter := time.Now().Add(3 * time.Second).UTC()
-	payload, _ := json.Marshal(wire.PlanRequest{Node: "late", Enrolment: id.Enrolment, ID: "late-plan", NotAfter: notAfter,
-		Declaration: json.RawMessage(fmt.Sprintf(`{"version":1,"node":"late","enrolment":%q,"seq":0,"resources":[]}`, id.Enrolment))})
-	env, err := wire.Seal(c.keys.Control, wire.PurposePlan, payload)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := sealPlan(t, c, id, "late-plan", notAfter)
 	for _, subj := range link.PlanSubjects("late") {
 		c.client.NC.Publish(subj, env)
 	}
@@ -169,4 +164,17 @@ func TestAPlanPastItsTimeIsNeverRun(t *testing.T) {
 	if plans != 0 {
 		t.Errorf("the executor was asked %d plan(s) past their time", plans)
 	}
+}
+
+// sealPlan is a plan request of nothing for id's node, signed by hand as
+// Plan signs one.
+func sealPlan(t *testing.T, c *controlSide, id *agent.Identity, planID string, notAfter time.Time) []byte {
+	t.Helper()
+	payload, _ := json.Marshal(wire.PlanRequest{Node: id.Node, Enrolment: id.Enrolment, ID: planID, NotAfter: notAfter,
+		Declaration: json.RawMessage(fmt.Sprintf(`{"version":1,"node":%q,"enrolment":%q,"seq":0,"resources":[]}`, id.Node, id.Enrolment))})
+	env, err := wire.Seal(c.keys.Control, wire.PurposePlan, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
 }

@@ -77,7 +77,7 @@ func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMs
 	if subj := m.Header.Get(link.HeaderSubject); subj != subject {
 		return nil, fmt.Errorf("reading the newest %s: the broker answered with a message of %q, not %q", what, subj, subject)
 	}
-	return &declMsg{data: m.Data, sseq: sseq}, nil
+	return &declMsg{data: m.Data, sseq: sseq, capability: m.Header.Get(link.CapabilityHeader)}, nil
 }
 
 // openRoster verifies a roster envelope under the pinned key and reads

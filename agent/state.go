@@ -38,6 +38,10 @@ type State struct {
 	UsesRoster bool `json:"uses_roster,omitempty"`
 	// ProfileDigest names the profile and inventory last reported upward.
 	ProfileDigest string `json:"profile_digest,omitempty"`
+	// ToldCapability is the link capability the agent said with that
+	// profile: an agent of another capability (an upgrade) says the
+	// profile again, so the control side keeps the capability beside it.
+	ToldCapability int `json:"told_capability,omitempty"`
 	// Format is the file's format, stateFormat when written (absent, in
 	// what releases before the field wrote: 1).
 	Format int `json:"format,omitempty"`

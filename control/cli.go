@@ -732,6 +732,10 @@ func (c *cli) nodes() error {
 		if n.ClockSkewMS != 0 {
 			state += ", clock " + skewShort(n.ClockSkewMS)
 		}
+		if n.OutsideSkew != "" {
+			// Nothing is declared to it: the reason, at the line.
+			state += fmt.Sprintf(", link capability %d: outside the version skew policy", n.Capability)
+		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, state, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}
 	return w.Flush()

@@ -53,6 +53,13 @@ type NodeRecord struct {
 	Enrolled time.Time       `json:"enrolled,omitzero"`
 	Token    string          `json:"token,omitempty"`
 	Keys     *wire.EnrolKeys `json:"keys,omitempty"`
+	// Capability is the link capability the node's agent last said (at
+	// enrolment, then with each profile it reports; 0: a release before
+	// it, or a node added by hand that has not said yet). Every
+	// declaration to the node is held to the version skew policy by it
+	// (link.CheckNode): it is here, in the record each declaration reads
+	// to take its sequence, so the check costs no read.
+	Capability int `json:"capability,omitempty"`
 }
 
 // ExecutorIdentity is what the executor pins (its identity.json):
@@ -666,6 +673,9 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 	if rec.IsRevoked() {
 		return 0, c.revokedError(ctx, rec)
 	}
+	if err := link.CheckNode(node, rec.Capability); err != nil {
+		return 0, fmt.Errorf("refused by the control side: %w", err)
+	}
 	// A node whose adoption briefing has a failed line is a node, but is
 	// assigned nothing until the failure is resolved.
 	if b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
@@ -765,7 +775,8 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 			return nil
 		}
 		last := on.stream
-		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: nats.Header{link.SeqHeader: []string{strconv.FormatUint(seq, 10)}}}
+		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: nats.Header{link.SeqHeader: []string{strconv.FormatUint(seq, 10)},
+			link.CapabilityHeader: []string{link.CapabilityValue}}}
 		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -779,7 +790,8 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		// read; it is a hint all the same: lost, the node reads at its
 		// next connect or timer.
 		c.NC.PublishMsg(&nats.Msg{Subject: s.Notice, Data: env,
-			Header: nats.Header{link.HeaderSequence: []string{strconv.FormatUint(ack.Sequence, 10)}}})
+			Header: nats.Header{link.HeaderSequence: []string{strconv.FormatUint(ack.Sequence, 10)},
+				link.CapabilityHeader: []string{link.CapabilityValue}}})
 		return nil
 	}
 }

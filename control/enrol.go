@@ -167,7 +167,7 @@ const EnrolQueue = "mesh-control-enrol"
 // Enrolments answers enrolment requests until ctx ends.
 func (c *Client) Enrolments(ctx context.Context) error {
 	sub, err := c.NC.QueueSubscribe(wire.EnrolSubjectPrefix+".*", EnrolQueue, func(m *nats.Msg) {
-		reply := c.enrol(ctx, m.Subject, m.Data)
+		reply := c.enrol(ctx, m.Subject, m.Header.Get(link.CapabilityHeader), m.Data)
 		data, _ := json.Marshal(reply)
 		if err := m.Respond(data); err != nil {
 			c.log.Warn("enrolment: the answer could not be sent", "err", err)
@@ -257,7 +257,12 @@ func (c *Client) signedRefusal(token, proof string, format string, args ...any) 
 // unrevoked, the proof must verify under its secret over exactly the keys
 // presented; then the token is spent (compare-and-set, so two requests
 // cannot both use it), the node record made or renewed, and a grant signed.
-func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.EnrolReply {
+//
+// capability is what the agent said beside its request
+// (link.CapabilityHeader): a node outside the version skew policy is
+// refused before anything is spent, the refusal signed, so that its
+// executor ends the enrolment saying why; the token stays unused.
+func (c *Client) enrol(ctx context.Context, subject, capability string, data []byte) *wire.EnrolReply {
 	id := strings.TrimPrefix(subject, wire.EnrolSubjectPrefix+".")
 	var req wire.EnrolRequest
 	dec := json.NewDecoder(strings.NewReader(string(data)))
@@ -309,6 +314,13 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 			return refuse("%v", err)
 		}
 	}
+	agentCap, err := link.HeaderCapability(capability)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	if err := link.CheckNode(name, agentCap); err != nil {
+		return refuse("%v (the token is unused)", err)
+	}
 	// The identity the machine holds now: never left behind enrolled and
 	// silent. Decided before the token is spent, so a refusal leaves the
 	// token for the enrolment root means (with --replace, or another
@@ -350,7 +362,7 @@ func (c *Client) enrol(ctx context.Context, subject string, data []byte) *wire.E
 		// overlay alone.
 		c.carryJoin(ctx, name, enrolment)
 	}
-	rec, err := c.enrolRecord(ctx, name, enrolment, t.New, &t, &req)
+	rec, err := c.enrolRecord(ctx, name, enrolment, t.New, &t, &req, agentCap)
 	if err != nil {
 		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
 		return c.signedRefusal(id, "", "the node record could not be written: %s (the token is spent; issue another)", c.storeWhy(ctx, err))
@@ -460,7 +472,7 @@ func (c *Client) carryJoin(ctx context.Context, name, enrolment string) {
 
 // enrolRecord makes the node's record (new) or renews it (a re-enrolment:
 // the new enrolment id and NKey, its sequences kept going).
-func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew bool, t *TokenRecord, req *wire.EnrolRequest) (*NodeRecord, error) {
+func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew bool, t *TokenRecord, req *wire.EnrolRequest, capability int) (*NodeRecord, error) {
 	keys := req.Keys
 	keys.Held = nil // the record keeps the node's keys, not what it replaced
 	now := time.Now().UTC()
@@ -475,7 +487,7 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 			return nil, err
 		}
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
-		rec.Enrolled, rec.Token, rec.Keys = now, t.ID, &keys
+		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
 		data, _ := json.Marshal(rec)
 		if isNew {
 			_, err = c.KV.Create(ctx, nodeKey(name), data)

@@ -47,6 +47,13 @@ func newMachine(t *testing.T) *machine {
 // or the connection error.
 func request(t *testing.T, s *served, text string, keys wire.EnrolKeys, mutate func(*wire.EnrolRequest)) (*wire.EnrolReply, error) {
 	t.Helper()
+	return requestWith(t, s, text, keys, mutate, nil)
+}
+
+// requestWith is request with headers beside it, as an agent sends its
+// capability (nil: none, as a release before it).
+func requestWith(t *testing.T, s *served, text string, keys wire.EnrolKeys, mutate func(*wire.EnrolRequest), h nats.Header) (*wire.EnrolReply, error) {
+	t.Helper()
 	tok, err := wire.ParseToken(text)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +80,7 @@ func request(t *testing.T, s *served, text string, keys wire.EnrolKeys, mutate f
 		mutate(&req)
 	}
 	data, _ := json.Marshal(&req)
-	m, err := nc.Request(wire.EnrolSubjectPrefix+"."+tok.IDString(), data, 10*time.Second)
+	m, err := nc.RequestMsg(&nats.Msg{Subject: wire.EnrolSubjectPrefix + "." + tok.IDString(), Data: data, Header: h}, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -156,14 +163,7 @@ func enrolNode(t *testing.T, s *served, name string) (*agent.Config, *agent.Iden
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grantOf(t, s, r)
-	seed, _ := m.nkey.Seed()
-	cfg := &agent.Config{BrokerURL: s.url, BrokerFingerprint: s.keys.Fingerprint, ControlKey: s.keys.ControlPublicBase64(),
-		Node: g.Node, Enrolment: g.Enrolment, NKeySeed: string(seed), UserJWT: g.UserJWT}
-	id, err := cfg.Identity()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, id := identityOf(t, s, m, grantOf(t, s, r))
 	eventually(t, "node "+name+" let in", func() bool {
 		nc, err := agent.Dial(id)
 		if err == nil {
@@ -171,6 +171,20 @@ func enrolNode(t *testing.T, s *served, name string) (*agent.Config, *agent.Iden
 		}
 		return err == nil
 	})
+	return cfg, id
+}
+
+// identityOf is the agent's config and identity that machine m holds
+// once granted g.
+func identityOf(t *testing.T, s *served, m *machine, g *wire.Grant) (*agent.Config, *agent.Identity) {
+	t.Helper()
+	seed, _ := m.nkey.Seed()
+	cfg := &agent.Config{BrokerURL: s.url, BrokerFingerprint: s.keys.Fingerprint, ControlKey: s.keys.ControlPublicBase64(),
+		Node: g.Node, Enrolment: g.Enrolment, NKeySeed: string(seed), UserJWT: g.UserJWT}
+	id, err := cfg.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return cfg, id
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -31,6 +32,9 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if rec.IsRevoked() {
 		return "", c.revokedError(ctx, rec)
 	}
+	if err := link.CheckNode(rec.Name, rec.Capability); err != nil {
+		return "", fmt.Errorf("refused by the control side: %w", err)
+	}
 	data, err := fillDecl(m, rec, 0)
 	if err != nil {
 		return "", err
@@ -50,7 +54,7 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 		return "", err
 	}
 	for _, subj := range link.PlanSubjects(rec.Name) { // its agent hears one, of either layout
-		if err := c.NC.Publish(subj, env); err != nil {
+		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}}); err != nil {
 			return "", err
 		}
 	}

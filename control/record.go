@@ -182,6 +182,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		ApplyMS   int64             `json:"apply_ms"`
 		Profile   json.RawMessage   `json:"profile"`
 		Inventory json.RawMessage   `json:"inventory"`
+		// Capability, on a heartbeat (link.Heartbeat): the agent sends
+		// the profile again whenever it is not the one it last said.
+		Capability int `json:"capability"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -190,7 +193,10 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if kind == "heartbeat" {
 		// It carries the profile and inventory (they changed): kept
 		// apart, as at enrolment.
-		return c.keepProfile(ctx, node, msg.Profile, msg.Inventory)
+		if err := c.keepProfile(ctx, node, msg.Profile, msg.Inventory); err != nil {
+			return err
+		}
+		return c.noteCapability(ctx, node, msg.Enrolment, msg.Capability)
 	}
 	if msg.Outcome == shapes.Superseded {
 		c.metrics.recorded(msg.Outcome, msg.Trigger, 0)
@@ -469,4 +475,32 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 		return nil, fmt.Errorf("the heartbeats: %w", err)
 	}
 	return out, nil
+}
+
+// noteCapability keeps in node's record the link capability its agent said
+// (link.Heartbeat), when it is not the one kept and the record is still of
+// that enrolment: the version skew policy is checked against it at each
+// declaration (link.CheckNode).
+func (c *Client) noteCapability(ctx context.Context, node, enrolment string, capability int) error {
+	for attempt := 0; attempt < 100; attempt++ {
+		e, err := c.KV.Get(ctx, nodeKey(node))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil // gone: nothing to note
+		} else if err != nil {
+			return fmt.Errorf("registry: the capability of %s: %w", node, err) // the heartbeat comes again
+		}
+		var rec NodeRecord
+		if json.Unmarshal(e.Value(), &rec) != nil || rec.Enrolment != enrolment || rec.Capability == capability {
+			return nil // enrolled again since, or nothing new
+		}
+		rev := e.Revision()
+		rec.Capability = capability
+		data, _ := json.Marshal(&rec)
+		if _, err = c.KV.Update(ctx, nodeKey(node), data, rev); err == nil {
+			return nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: the capability of %s: %w", node, err)
+		}
+	}
+	return fmt.Errorf("registry: the capability of %s: the record kept changing", node)
 }

@@ -38,7 +38,12 @@ type NodeStatus struct {
 	// (negative: behind) at its last heartbeat, in milliseconds; set only
 	// past ClockSkewShown. The node's own times (a report's, the
 	// executor's) are read with it in mind.
-	ClockSkewMS     int64  `json:"clock_skew_ms,omitempty"`
+	ClockSkewMS int64 `json:"clock_skew_ms,omitempty"`
+	// Capability is the link capability the node's agent last said (0: a
+	// release before it); OutsideSkew, when set, is why this control side
+	// declares nothing to it (link.CheckNode), and what to upgrade.
+	Capability      int    `json:"capability"`
+	OutsideSkew     string `json:"outside_skew,omitempty"`
 	ExecutorVersion string `json:"executor_version,omitempty"`
 	ExecutorBuild   string `json:"executor_build,omitempty"`
 	ExecutorError   string `json:"executor_error,omitempty"`
@@ -120,6 +125,10 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	var out []*NodeStatus
 	for _, r := range recs {
 		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
+		s.Capability = r.Capability
+		if err := link.CheckNode(r.Name, r.Capability); err != nil && !r.IsRevoked() {
+			s.OutsideSkew = err.Error()
+		}
 		var rep link.Report
 		if c.getJSON(ctx, "report."+r.Name, &rep) {
 			s.LastReport = &rep

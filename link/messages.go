@@ -123,6 +123,11 @@ type Heartbeat struct {
 	Presence     string `json:"presence"`
 	AgentVersion string `json:"agent_version"`
 	AgentBuild   string `json:"agent_build"`
+	// Capability is the agent's link capability (link.Capability; 0, or
+	// absent, from a release before it). The control side keeps it from a
+	// heartbeat that carries the profile, which the agent sends again
+	// whenever its capability is not the one it last said.
+	Capability int `json:"capability,omitempty"`
 	// Executor is the executor's own account of itself, asked over the
 	// socket for this heartbeat; ExecutorError says why it could not be.
 	Executor      *ExecutorStatus `json:"executor,omitempty"`

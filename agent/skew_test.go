@@ -1,0 +1,107 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The agent holds the control side to the version skew policy by the
+// capability it says beside what it publishes (link.CapabilityHeader): a
+// genuine declaration, or plan request, from a control side too far ahead
+// never reaches the executor, and is reported refused, saying both
+// capabilities and what to upgrade; one with no capability said (a
+// release before it) is within the policy and applied. Its heartbeat says
+// its own capability.
+func TestTheAgentHoldsTheControlSideToTheSkewPolicy(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, cfg := c.addNode("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	s1 := c.declare("n1", fmt.Sprintf(motd, 1))
+	c.reports("n1", "seq 1 applied", hasReport(s1, shapes.Applied))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	decls, err := c.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := decls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := strconv.Itoa(link.Capability + link.Skew + 1)
+	// Signed by the pinned key and addressed right, carried by a notice
+	// as publishDecl carries one, with the capability given.
+	carry := func(seq, sseq uint64, capability string) {
+		payload, _ := json.Marshal(map[string]any{"version": 1, "node": "n1", "enrolment": cfg.Enrolment, "seq": seq, "resources": file(fmt.Sprint(seq))})
+		env, err := wire.Seal(c.keys.Control, wire.PurposeDeclaration, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := nats.Header{link.HeaderSequence: []string{fmt.Sprint(sseq)}}
+		if capability != "" {
+			h.Set(link.CapabilityHeader, capability)
+		}
+		c.client.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf("n1").Notice, Data: env, Header: h})
+	}
+	carry(s1+1, info.State.LastSeq+100, far)
+	rs := c.reports("n1", "the declaration from a control side too far ahead refused", func(rs []*control.SignedReport) bool {
+		return slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Seq == s1+1 && r.Outcome == shapes.Refused })
+	})
+	r := rs[slices.IndexFunc(rs, func(r *control.SignedReport) bool { return r.Seq == s1+1 })]
+	if r.Code != "skew" || r.RefusedBy != "agent" || !strings.Contains(r.Refused, "the control side speaks link capability "+far) ||
+		!strings.Contains(r.Refused, "upgrade this agent") {
+		t.Fatalf("the refusal: code %q by %q: %q", r.Code, r.RefusedBy, r.Refused)
+	}
+	carry(s1+2, info.State.LastSeq+101, "")
+	c.reports("n1", "a declaration with no capability said applied", hasReport(s1+2, shapes.Applied))
+	if got, _, _ := ex.snapshot(); !slices.Equal(got, []uint64{s1, s1 + 2}) {
+		t.Fatalf("the executor got %v, want %v", got, []uint64{s1, s1 + 2})
+	}
+
+	// A plan request alike.
+	env := sealPlan(t, c, id, "skewed-plan", time.Now().Add(time.Minute).UTC())
+	c.client.NC.PublishMsg(&nats.Msg{Subject: id.Subjects.Plan, Data: env, Header: nats.Header{link.CapabilityHeader: []string{far}}})
+	p, err := c.client.WaitPlan(ctx, "n1", "skewed-plan", 20*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Outcome != shapes.Refused || p.Code != "skew" || !strings.Contains(p.Refused, "upgrade this agent") {
+		t.Fatalf("the plan's report: %s, code %q: %q", p.Outcome, p.Code, p.Refused)
+	}
+	ex.mu.Lock()
+	plans := ex.plans
+	ex.mu.Unlock()
+	if plans != 0 {
+		t.Fatalf("the executor was asked %d plan(s)", plans)
+	}
+
+	hbs, err := c.client.JS.Stream(ctx, link.HeartbeatStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *jetstream.RawStreamMsg
+	waitFor(t, "a heartbeat", func() bool {
+		m, err = hbs.GetLastMsgForSubject(ctx, link.SubjectsOf("n1").Heartbeat)
+		return err == nil
+	})
+	var hb link.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Capability != link.Capability {
+		t.Fatalf("the heartbeat says capability %d (%v), want %d", hb.Capability, err, link.Capability)
+	}
+}

@@ -66,6 +66,17 @@ type mesh struct {
 	sock  string
 	port  int
 	procs []*exec.Cmd
+	// from, when it names a binary, is the directory it runs from instead
+	// of bin: a previous release's (skew_test.go).
+	from map[string]string
+}
+
+// binary is the path the mesh runs name from.
+func (m *mesh) binary(name string) string {
+	if d := m.from[name]; d != "" {
+		return filepath.Join(d, name)
+	}
+	return filepath.Join(bin, name)
 }
 
 func freePort(t *testing.T) int {
@@ -81,7 +92,7 @@ func (m *mesh) run(name string, args ...string) string {
 	m.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	cmd := exec.CommandContext(ctx, m.binary(name), args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -93,7 +104,7 @@ func (m *mesh) run(name string, args ...string) string {
 // start runs a daemon for the test's lifetime, its output in the log.
 func (m *mesh) start(name string, cred *syscall.Credential, args ...string) *exec.Cmd {
 	m.t.Helper()
-	cmd := startLogged(m, name, filepath.Join(bin, name), cred, args...)
+	cmd := startLogged(m, name, m.binary(name), cred, args...)
 	m.procs = append(m.procs, cmd)
 	return cmd
 }

@@ -44,7 +44,7 @@ func (m *mesh) enrol(token string, extra ...string) (code int, stdout, stderr st
 	m.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "mesh-executor"), append([]string{"enrol", "--state", m.state, "--wait", "60s"}, extra...)...)
+	cmd := exec.CommandContext(ctx, m.binary("mesh-executor"), append([]string{"enrol", "--state", m.state, "--wait", "60s"}, extra...)...)
 	cmd.Stdin = strings.NewReader(token + "\n")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -82,7 +82,7 @@ func (m *mesh) nodeNamed(name string) map[string]any {
 }
 
 func (m *mesh) executorStatus() map[string]any {
-	out, err := exec.Command(filepath.Join(bin, "mesh-executor"), "status", "--state", m.state, "--json").Output()
+	out, err := exec.Command(m.binary("mesh-executor"), "status", "--state", m.state, "--json").Output()
 	if err != nil {
 		m.t.Fatalf("status: %v", err)
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -113,6 +114,9 @@ type Agent struct {
 	id    *Identity
 	log   *slog.Logger
 	state *stateStore
+	// ctlKey is the control key in force as the executor last said
+	// (controlKey); nil: the identity's.
+	ctlKey atomic.Pointer[ed25519.PublicKey]
 
 	pins pinWatch
 	nc   *nats.Conn
@@ -888,7 +892,7 @@ func (a *Agent) notice(m *nats.Msg) {
 			return
 		}
 	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
-		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader)}
+		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader)}
 		for {
 			cur := a.carried.Load()
 			if (cur != nil && cur.sseq >= seq) || a.carried.CompareAndSwap(cur, c) {

@@ -40,6 +40,9 @@ type declMsg struct {
 	data       []byte
 	sseq       uint64
 	capability string
+	// rotations is the control key's rotations sent beside it
+	// (link.RotationHeader, as sent).
+	rotations string
 }
 
 // newest reads the newest message on the node's own subject by direct get
@@ -70,8 +73,8 @@ func (a *Agent) readNewest(ctx context.Context, noticed uint64) (*declMsg, error
 // enrolment, not older than the last applied. It returns the declaration's
 // sequence and the declaration, or why it is refused and the wire code of
 // the refusal.
-func (a *Agent) check(env []byte, floor uint64) (seq uint64, d *shapes.Declaration, code wire.Code, reason string) {
-	payload, err := wire.Open(a.id.ControlKey, wire.PurposeDeclaration, env)
+func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declaration, code wire.Code, reason string) {
+	payload, err := a.open(wire.PurposeDeclaration, m.data, m.rotations)
 	if err != nil {
 		return 0, nil, wire.CodeOf(err), err.Error()
 	}
@@ -111,7 +114,7 @@ func (a *Agent) check(env []byte, floor uint64) (seq uint64, d *shapes.Declarati
 // is read and forwarded again, and the executor answers a duplicate.
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	st := a.state.get()
-	seq, d, code, reason := a.check(m.data, st.LastApplied)
+	seq, d, code, reason := a.check(m, st.LastApplied)
 	codeName := code.String()
 	if code == wire.CodeNone {
 		// The control side's own declaration, to this node: from a

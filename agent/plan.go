@@ -27,12 +27,12 @@ func (a *Agent) planRequest(m *nats.Msg) {
 		return
 	}
 	env := append([]byte(nil), m.Data...)
-	capability := m.Header.Get(link.CapabilityHeader)
+	capability, rotations := m.Header.Get(link.CapabilityHeader), m.Header.Get(link.RotationHeader)
 	go func() {
 		defer a.planning.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		r := a.plan(ctx, env, capability)
+		r := a.plan(ctx, env, capability, rotations)
 		if r == nil {
 			return
 		}
@@ -47,8 +47,8 @@ func (a *Agent) planRequest(m *nats.Msg) {
 // key: nobody to answer). capability is what the control side said beside
 // it (link.CapabilityHeader), held to the version skew policy as a
 // declaration's is.
-func (a *Agent) plan(ctx context.Context, env []byte, capability string) *link.Report {
-	payload, err := wire.Open(a.id.ControlKey, wire.PurposePlan, env)
+func (a *Agent) plan(ctx context.Context, env []byte, capability, rotations string) *link.Report {
+	payload, err := a.open(wire.PurposePlan, env, rotations)
 	if err != nil {
 		a.log.Warn("a plan request that does not verify; dropped", "reason", err.Error())
 		return nil

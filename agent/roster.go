@@ -77,13 +77,13 @@ func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMs
 	if subj := m.Header.Get(link.HeaderSubject); subj != subject {
 		return nil, fmt.Errorf("reading the newest %s: the broker answered with a message of %q, not %q", what, subj, subject)
 	}
-	return &declMsg{data: m.Data, sseq: sseq, capability: m.Header.Get(link.CapabilityHeader)}, nil
+	return &declMsg{data: m.Data, sseq: sseq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader)}, nil
 }
 
 // openRoster verifies a roster envelope under the pinned key and reads
 // the roster in it.
 func (a *Agent) openRoster(env []byte) (*shapes.Roster, error) {
-	payload, err := wire.Open(a.id.ControlKey, wire.PurposeRoster, env)
+	payload, err := a.open(wire.PurposeRoster, env, "")
 	if err != nil {
 		return nil, err
 	}

@@ -69,6 +69,12 @@ already is said so (exit 0)`),
 claim, endpoint, assignments, composition, last report, briefing, profile and owned copy), its
 declarations, reports and heartbeats, and the re-enrolment tokens issued for it, so the name can
 be used again. A live node is refused: revoke it first`),
+	cmdline.D("key rotate", "", 0, 0, []string{"dir", "nats", "recovery-key", "json"},
+		`rotate the control-plane key (serve carries it out): a new key, announced to every enrolled node
+in a statement addressed to it, signed by the key retired and by the new one, which the node takes
+with the first message the new key signs; the roster and each node's newest declaration are
+signed again to carry it. --recovery-key FILE signs it with the offline recovery key instead,
+for when the control key is stolen (docs/operations.md, Rotating the control key)`),
 	cmdline.D("node show", "NAME", 1, 1, []string{"dir", "nats", "json"},
 		"the node's record, keys, and the profile and inventory it reported"),
 	cmdline.D("node add", "NAME", 1, 1, []string{"dir", "nats", "out", "broker-url", "json"},
@@ -133,6 +139,7 @@ var Version, Build = "dev", "dev"
 type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
+	recoveryKey                                                     string
 	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
 	names                                                           bool
 	hosts, seals                                                    listFlag
@@ -194,6 +201,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.Var(&o.seals, "seal", "MODULE.ID=PATH: seal PATH's content to the node's key as that file's content (repeatable)")
 	case "last":
 		fs.IntVar(&o.last, "last", 20, "how many")
+	case "recovery-key":
+		fs.StringVar(&o.recoveryKey, "recovery-key", "", "the recovery key's file ("+FileRecoveryKey+", kept off this machine): sign the rotation with it, the control key being stolen")
 	case "names":
 		fs.BoolVar(&o.names, "names", false, "the node names alone, a line each")
 	case "cluster":
@@ -317,6 +326,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.nodeRevoke(pos[0])
 	case "node show":
 		err = c.nodeShow(pos[0])
+	case "key rotate":
+		err = c.keyRotate(o.recoveryKey)
 	case "declare":
 		err = c.declare(pos[0], pos[1], o.seals)
 	case "archive put":

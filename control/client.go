@@ -60,6 +60,13 @@ type NodeRecord struct {
 	// (link.CheckNode): it is here, in the record each declaration reads
 	// to take its sequence, so the check costs no read.
 	Capability int `json:"capability,omitempty"`
+	// Rotations are the control key's rotations addressed to this
+	// enrolment (wire.KeyRotation envelopes, oldest first, at most
+	// wire.MaxRotationChain): sent beside every declaration and plan
+	// (link.RotationHeader), so that the node, however long it was away,
+	// takes them with the first one signed by a key it does not hold yet.
+	// An enrolment starts with none: its token pins the key in force.
+	Rotations [][]byte `json:"rotations,omitempty"`
 }
 
 // ExecutorIdentity is what the executor pins (its identity.json):
@@ -733,7 +740,7 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 	if err != nil {
 		return 0, err
 	}
-	env, err := wire.Seal(c.Keys.Control, wire.PurposeDeclaration, payload)
+	env, err := wire.Seal(c.Keys.Signer(), wire.PurposeDeclaration, payload)
 	if err != nil {
 		return 0, err
 	}
@@ -741,6 +748,18 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 		return 0, err
 	}
 	return seq, nil
+}
+
+// linkHeader is what the control side says beside all it publishes for
+// rec's node to act on (a declaration, its notice, a plan request): its
+// link capability, and the control key's rotations the node may not have
+// taken yet.
+func linkHeader(rec *NodeRecord) nats.Header {
+	h := nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}
+	if len(rec.Rotations) > 0 {
+		h.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
+	}
+	return h
 }
 
 // publishDecl puts env, the declaration of sequence seq, on rec's subject
@@ -775,8 +794,8 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 			return nil
 		}
 		last := on.stream
-		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: nats.Header{link.SeqHeader: []string{strconv.FormatUint(seq, 10)},
-			link.CapabilityHeader: []string{link.CapabilityValue}}}
+		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: linkHeader(rec)}
+		msg.Header.Set(link.SeqHeader, strconv.FormatUint(seq, 10))
 		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -789,9 +808,9 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		// The notice carries the declaration, so a linked node needs no
 		// read; it is a hint all the same: lost, the node reads at its
 		// next connect or timer.
-		c.NC.PublishMsg(&nats.Msg{Subject: s.Notice, Data: env,
-			Header: nats.Header{link.HeaderSequence: []string{strconv.FormatUint(ack.Sequence, 10)},
-				link.CapabilityHeader: []string{link.CapabilityValue}}})
+		notice := &nats.Msg{Subject: s.Notice, Data: env, Header: linkHeader(rec)}
+		notice.Header.Set(link.HeaderSequence, strconv.FormatUint(ack.Sequence, 10))
+		c.NC.PublishMsg(notice)
 		return nil
 	}
 }

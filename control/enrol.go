@@ -245,7 +245,7 @@ func (c *Client) signedRefusal(token, proof string, format string, args ...any) 
 	r := refusedReply(format, args...)
 	payload, err := json.Marshal(&wire.EnrolRefusal{Token: token, Proof: proof, Reason: strings.TrimPrefix(r.Refused, "control: "), Issued: time.Now().UTC()})
 	if err == nil {
-		r.Refusal, err = wire.Seal(c.Keys.Control, wire.PurposeEnrolRefusal, payload)
+		r.Refusal, err = wire.Seal(c.Keys.Signer(), wire.PurposeEnrolRefusal, payload)
 	}
 	if err != nil {
 		c.log.Error("enrolment: the refusal could not be signed; it goes unsigned", "token", token, "err", err)
@@ -379,7 +379,7 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	g, err := c.signGrant(rec, &t, &req.Keys, replaced)
+	g, err := c.signGrant(rec, &t, &req.Keys, replaced, agentCap)
 	if err != nil {
 		return refusedReply("signing the grant: %v", err)
 	}
@@ -488,6 +488,7 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 		}
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
+		rec.Rotations = nil // its token pinned the key in force
 		data, _ := json.Marshal(rec)
 		if isNew {
 			_, err = c.KV.Create(ctx, nodeKey(name), data)
@@ -521,7 +522,11 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 
 // signGrant signs the grant for rec's new enrolment; replaced, when not
 // nil, is the identity it replaced (revoked, or found not live).
-func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys, replaced *wire.HeldIdentity) ([]byte, error) {
+//
+// capability is the agent's (link.Capability): a grant names the recovery
+// key only to a node whose executor reads the field (capability 1 on; the
+// agent and the executor of a node are one release).
+func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys, replaced *wire.HeldIdentity, capability int) ([]byte, error) {
 	token, err := c.UserJWT(rec.Name, keys.AgentNKey)
 	if err != nil {
 		return nil, err
@@ -534,11 +539,14 @@ func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys
 	if replaced != nil {
 		g.ReplacedNode, g.ReplacedEnrolment = replaced.Node, replaced.Enrolment
 	}
+	if c.Keys.Recovery != nil && capability >= 1 {
+		g.RecoveryKey = base64.StdEncoding.EncodeToString(c.Keys.Recovery)
+	}
 	payload, err := json.Marshal(&g)
 	if err != nil {
 		return nil, err
 	}
-	return wire.Seal(c.Keys.Control, wire.PurposeGrant, payload)
+	return wire.Seal(c.Keys.Signer(), wire.PurposeGrant, payload)
 }
 
 // keptProfile is what a node last said it can do and is.
@@ -571,7 +579,7 @@ func (c *Client) storeCopy(ctx context.Context, rec *NodeRecord) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	return wire.Seal(c.Keys.Control, wire.PurposeStoreCopy, payload)
+	return wire.Seal(c.Keys.Signer(), wire.PurposeStoreCopy, payload)
 }
 
 // heldIdentity decides over the identity the machine holds (the request's

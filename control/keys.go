@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nkeys"
@@ -39,6 +40,13 @@ const (
 	// user JWT each grant carries (0600). Made by init, or on first use by
 	// a key directory made before enrolment existed.
 	FileNodesAccount = "nodes-account.nk"
+	// FileRecoveryKey is the offline recovery key (Ed25519, PKCS#8 PEM,
+	// 0600), made by init for the operator to move off the machine: it
+	// signs a rotation of the control key when that key is stolen (key
+	// rotate --recovery-key), and nothing else. FileRecoveryPub, its
+	// public half, stays: every grant names it, and nodes pin it.
+	FileRecoveryKey = "recovery.key"
+	FileRecoveryPub = "recovery.pub"
 )
 
 // DefaultBrokerURL is where the embedded broker listens unless told.
@@ -46,8 +54,11 @@ const DefaultBrokerURL = "tls://127.0.0.1:4222"
 
 // Keys is the key directory, loaded.
 type Keys struct {
-	Dir         string
+	Dir string
+	// Control is the control-plane key as loaded; Signer is the one to
+	// sign with, which a rotation serve carries out changes (mu).
 	Control     ed25519.PrivateKey
+	mu          sync.RWMutex
 	Fingerprint string // SHA-256 of broker.crt's DER, hex
 	NKey        nkeys.KeyPair
 	NKeyPublic  string
@@ -55,10 +66,27 @@ type Keys struct {
 	// Account signs node users' JWTs; AccountPublic is its public half.
 	Account       nkeys.KeyPair
 	AccountPublic string
+	// Recovery is the recovery key's public half (FileRecoveryPub); nil
+	// in a key directory made before it.
+	Recovery ed25519.PublicKey
+}
+
+// Signer is the control-plane key to sign with now.
+func (k *Keys) Signer() ed25519.PrivateKey {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.Control
+}
+
+// setSigner makes next the key signed with from now on.
+func (k *Keys) setSigner(next ed25519.PrivateKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.Control = next
 }
 
 // ControlPublic is the control-plane public key.
-func (k *Keys) ControlPublic() ed25519.PublicKey { return k.Control.Public().(ed25519.PublicKey) }
+func (k *Keys) ControlPublic() ed25519.PublicKey { return k.Signer().Public().(ed25519.PublicKey) }
 
 // ControlPublicBase64 is the control-plane public key as the configs carry it.
 func (k *Keys) ControlPublicBase64() string {
@@ -127,6 +155,19 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 		return nil, err
 	}
 	if err := writeNew(dir, FileControlPub, []byte(base64.StdEncoding.EncodeToString(pub)+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	// The recovery key, for the operator to take off this machine.
+	rpub, rpriv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	if rder, err := x509.MarshalPKCS8PrivateKey(rpriv); err != nil {
+		return nil, err
+	} else if err := writeNew(dir, FileRecoveryKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: rder}), 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeNew(dir, FileRecoveryPub, []byte(base64.StdEncoding.EncodeToString(rpub)+"\n"), 0o644); err != nil {
 		return nil, err
 	}
 	// The broker's certificate.
@@ -243,17 +284,17 @@ func LoadKeys(dir string) (*Keys, error) {
 	if err != nil {
 		return nil, err
 	}
-	blk, _ := pem.Decode(b)
-	if blk == nil {
-		return nil, fmt.Errorf("%s: not PEM", FileControlKey)
+	if k.Control, err = parsePrivate(FileControlKey, b); err != nil {
+		return nil, err
 	}
-	pk, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", FileControlKey, err)
-	}
-	var ok bool
-	if k.Control, ok = pk.(ed25519.PrivateKey); !ok {
-		return nil, fmt.Errorf("%s: not an Ed25519 key", FileControlKey)
+	if b, err := os.ReadFile(filepath.Join(dir, FileRecoveryPub)); err == nil {
+		r, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+		if err != nil || len(r) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("%s: not a base64 Ed25519 public key", FileRecoveryPub)
+		}
+		k.Recovery = ed25519.PublicKey(r)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, statedir.ExplainAccess("read", filepath.Join(dir, FileRecoveryPub), err, "")
 	}
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, FileBrokerCert), filepath.Join(dir, FileBrokerKey))
 	if err != nil {
@@ -297,6 +338,24 @@ func LoadKeys(dir string) (*Keys, error) {
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
+	}
+	return k, nil
+}
+
+// parsePrivate reads an Ed25519 private key in PKCS#8 PEM; name says
+// whose, in an error.
+func parsePrivate(name string, b []byte) (ed25519.PrivateKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, fmt.Errorf("%s: not PEM", name)
+	}
+	pk, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	k, ok := pk.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: not an Ed25519 key", name)
 	}
 	return k, nil
 }

@@ -49,12 +49,12 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if err != nil {
 		return "", err
 	}
-	env, err := wire.Seal(c.Keys.Control, wire.PurposePlan, payload)
+	env, err := wire.Seal(c.Keys.Signer(), wire.PurposePlan, payload)
 	if err != nil {
 		return "", err
 	}
 	for _, subj := range link.PlanSubjects(rec.Name) { // its agent hears one, of either layout
-		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}}); err != nil {
+		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: linkHeader(rec)}); err != nil {
 			return "", err
 		}
 	}

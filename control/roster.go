@@ -125,7 +125,9 @@ func (c *Client) PublishRoster(ctx context.Context) (*RosterPublished, error) {
 		if err != nil {
 			return nil, err
 		}
-		digest := rosterDigest(r)
+		// The key that signs it is part of what it is: a rotation
+		// publishes the same roster again, signed by the new key.
+		digest := rosterDigest(r) + "." + wire.KeyID(c.Keys.ControlPublic())
 		var lastSeq, lastStream uint64
 		m, err := c.rosters.GetLastMsgForSubject(ctx, link.RosterSubject)
 		switch {
@@ -145,7 +147,7 @@ func (c *Client) PublishRoster(ctx context.Context) (*RosterPublished, error) {
 		if err != nil {
 			return nil, err
 		}
-		env, err := wire.Seal(c.Keys.Control, wire.PurposeRoster, payload)
+		env, err := wire.Seal(c.Keys.Signer(), wire.PurposeRoster, payload)
 		if err != nil {
 			return nil, err
 		}

@@ -159,6 +159,9 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		}
 		go srv.keepStoreWriting(ctx, log)
 	}
+	if err := answerKeys(c, log); err != nil {
+		return err
+	}
 	go giveBackWhenQuiet(ctx, log)
 	if o.Metrics != "" {
 		c.metrics = newMetrics()

@@ -93,3 +93,11 @@ func CheckNode(node string, c int) error {
 func CheckControl(c int) error {
 	return checkSkew("the control side", c, "this agent", Capability)
 }
+
+// RotationHeader carries, beside each declaration and plan request the
+// control side publishes, the statements of the control key's rotations
+// addressed to that node and still kept (wire.EncodeRotationChain),
+// oldest first: a node that was away through a rotation takes it with the
+// first message signed by the new key. Each statement is signed, twice;
+// the header only carries them.
+const RotationHeader = "Mesh-Key-Rotation"

@@ -17,7 +17,9 @@ func WriteFile(path string, v any) error {
 }
 
 // WriteBytes replaces path with data, mode mode: a temporary beside it,
-// synced, then renamed, so a reader never sees half of it.
+// synced, then renamed, so a reader never sees half of it; and the
+// directory synced, so that once it returns a power cut leaves the new
+// file, not the old.
 func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
@@ -40,5 +42,13 @@ func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

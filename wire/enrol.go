@@ -328,6 +328,11 @@ type Grant struct {
 	// executor that asked for a replacement accepts no grant without it.
 	ReplacedNode      string `json:"replaced_node,omitempty"`
 	ReplacedEnrolment string `json:"replaced_enrolment,omitempty"`
+	// RecoveryKey, base64, is the control plane's offline recovery key,
+	// which the executor pins beside the control key (wire.ByRecovery).
+	// Only an agent of link capability 1 or later is granted one: the
+	// executors before it refuse a grant with a field they do not know.
+	RecoveryKey string `json:"recovery_key,omitempty"`
 }
 
 // KeyIDOf names a public key in its text form: the first 8 bytes of the

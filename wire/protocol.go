@@ -38,6 +38,10 @@ const (
 	KindRoster       Kind = 18 // agent: the mesh's roster, an envelope exactly as published
 	KindPlan         Kind = 20 // agent: a plan request, an envelope exactly as published
 	KindPlanReply    Kind = 21 // executor: what the declaration would do, nothing changed
+	// KindKeyRotation: agent: the control key's rotations, as published
+	// beside a declaration; none asks only which key is in force.
+	KindKeyRotation      Kind = 22
+	KindKeyRotationReply Kind = 23 // executor: the control key in force, after those it took
 )
 
 // Direction is who may send a message.
@@ -112,6 +116,8 @@ var Table = []Spec{
 	{KindRoster, "roster", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Roster) }, KindVerdict, KindReportLine},
 	{KindPlan, "plan", AgentToExecutor, []State{StateReady}, MaxEnvelope + 64, func() any { return new(Plan) }, KindPlanReply, 0},
 	{KindPlanReply, "plan-reply", ExecutorToAgent, nil, 8 << 20, func() any { return new(PlanReply) }, 0, 0},
+	{KindKeyRotation, "key-rotation", AgentToExecutor, []State{StateReady}, MaxRotationChain * 4 << 10, func() any { return new(KeyRotations) }, KindKeyRotationReply, 0},
+	{KindKeyRotationReply, "key-rotation-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(KeyRotationReply) }, 0, 0},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -572,4 +578,20 @@ type PlanReply struct {
 	Diffs   map[string]string `cbor:"3,keyasint,omitempty"`
 	Code    Code              `cbor:"4,keyasint"`
 	Refused string            `cbor:"5,keyasint,omitempty"`
+}
+
+// KeyRotations carries the statements of the control key's rotations
+// (KeyRotation envelopes, oldest first) exactly as published; none asks
+// only which key is in force.
+type KeyRotations struct {
+	Envelopes [][]byte `cbor:"1,keyasint,omitempty"`
+}
+
+// KeyRotationReply is the control key in force once the executor has
+// judged the statements (identity.TakeRotations), how many it took, and
+// why it refused one.
+type KeyRotationReply struct {
+	ControlKey []byte `cbor:"1,keyasint"`
+	Taken      int    `cbor:"2,keyasint,omitempty"`
+	Refused    string `cbor:"3,keyasint,omitempty"`
 }

@@ -101,7 +101,9 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindPlan:         &Plan{Envelope: []byte{5, 6}},
 		KindPlanReply: &PlanReply{Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "m", ID: "i", Type: "file", Outcome: shapes.Applied}},
 			Diffs: map[string]string{"m.i": "-a\n+b\n"}, Code: CodeInvalid, Refused: "r"},
-		KindRoster: &Roster{Envelope: []byte{5}},
+		KindRoster:           &Roster{Envelope: []byte{5}},
+		KindKeyRotation:      &KeyRotations{Envelopes: [][]byte{{7}, {8, 9}}},
+		KindKeyRotationReply: &KeyRotationReply{ControlKey: []byte{1, 2}, Taken: 2, Refused: "r"},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))
@@ -419,6 +421,7 @@ func TestEveryReplyBelongsToItsRequest(t *testing.T) {
 		KindGrant:       {KindGrantReply},
 		KindProfile:     {KindProfileReply},
 		KindPlan:        {KindPlanReply},
+		KindKeyRotation: {KindKeyRotationReply},
 	}
 	for _, req := range Table {
 		for _, reply := range Table {

@@ -469,6 +469,16 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 		noteResult(dir, &Result{Token: tok.IDString(), RefusedBy: "executor", Reason: "a grant for another enrolment was refused: " + bad, Expires: tok.Expires.UTC()})
 		return nil, fmt.Errorf("the grant is not for this enrolment: %s", bad)
 	}
+	// The control key in force, and the recovery key the grant names,
+	// for this enrolment.
+	ck := &identity.ControlKeys{Node: g.Node, Enrolment: g.Enrolment, Key: tok.ControlKey}
+	if g.RecoveryKey != "" {
+		b, err := base64.StdEncoding.DecodeString(g.RecoveryKey)
+		if err != nil || len(b) != ed25519.PublicKeySize {
+			return nil, claimLocked(dir, p, tok, "executor", "the grant's recovery_key is not a base64 Ed25519 public key")
+		}
+		ck.Recovery = ed25519.PublicKey(b)
+	}
 	// Keys, then the floor, then the identity: until the identity is
 	// written the host is not enrolled, and a crash leaves the pending
 	// enrolment to finish again (its offer keeps the held identity's
@@ -480,7 +490,12 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 	if err := identity.WriteFloor(dir, identity.Floor{Seq: g.SeqFloor}); err != nil {
 		return nil, err
 	}
-	id := &identity.Identity{Node: g.Node, Enrolment: g.Enrolment, ControlKey: tok.ControlKey}
+	// Before the identity, so an enrolled host never lacks the recovery
+	// key it was granted, nor keeps an earlier enrolment's rotations.
+	if err := identity.SaveControlKeys(dir, ck); err != nil {
+		return nil, err
+	}
+	id := &identity.Identity{Node: g.Node, Enrolment: g.Enrolment, ControlKey: tok.ControlKey, Keys: ck}
 	if err := identity.Save(dir, id); err != nil {
 		return nil, err
 	}

@@ -25,6 +25,10 @@ type Identity struct {
 	Node       string            `json:"node"`
 	Enrolment  string            `json:"enrolment"`
 	ControlKey ed25519.PublicKey `json:"-"`
+	// Keys, when not nil, is what rotations have made of the control key
+	// since enrolment (KeysFile): ControlKey is then its Key, the key
+	// in force, and no longer the one enrolment pinned.
+	Keys *ControlKeys `json:"-"`
 }
 
 type file struct {
@@ -53,22 +57,11 @@ func laterFormat(p string, format int) error {
 // root could have written is refused.
 func Load(dir string) (*Identity, error) {
 	p := filepath.Join(dir, FileName)
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("identity: %w", err)
+	f, err := openRoots(p)
+	if f == nil || err != nil {
+		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("identity: %w", err)
-	}
-	st := fi.Sys().(*syscall.Stat_t)
-	if !fi.Mode().IsRegular() || st.Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
-		return nil, fmt.Errorf("identity: %s must be a regular file owned by root and writable by nobody else (it is %v, uid %d)", p, fi.Mode(), st.Uid)
-	}
 	var raw file
 	dec := json.NewDecoder(f)
 	dec.DisallowUnknownFields()
@@ -85,7 +78,41 @@ func Load(dir string) (*Identity, error) {
 	if raw.Node == "" || raw.Enrolment == "" {
 		return nil, fmt.Errorf("identity: %s: node and enrolment are required", p)
 	}
-	return &Identity{Node: raw.Node, Enrolment: raw.Enrolment, ControlKey: key}, nil
+	id := &Identity{Node: raw.Node, Enrolment: raw.Enrolment, ControlKey: key}
+	ck, err := LoadControlKeys(dir)
+	if err != nil {
+		return nil, err
+	}
+	// Kept for this enrolment only: one left by an earlier enrolment of
+	// the machine says nothing of the key this one pinned.
+	if ck != nil && ck.Node == id.Node && ck.Enrolment == id.Enrolment {
+		id.Keys, id.ControlKey = ck, ck.Key
+	}
+	return id, nil
+}
+
+// openRoots opens p, which only root may have written: a regular file,
+// root's, writable by nobody else, not through a symbolic link. Missing
+// is nil, nil.
+func openRoots(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || st.Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
+		f.Close()
+		return nil, fmt.Errorf("identity: %s must be a regular file owned by root and writable by nobody else (it is %v, uid %d)", p, fi.Mode(), st.Uid)
+	}
+	return f, nil
 }
 
 // Save writes the identity into dir, root-only, durably.
@@ -97,10 +124,13 @@ func Save(dir string, id *Identity) error {
 	return writeDurably(dir, FileName, append(b, '\n'))
 }
 
-// Remove drops the identity: the host is hosted again.
+// Remove drops the identity, and what rotations made of its control key:
+// the host is hosted again.
 func Remove(dir string) error {
-	if err := os.Remove(filepath.Join(dir, FileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("identity: %w", err)
+	for _, f := range []string{FileName, KeysFile} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("identity: %w", err)
+		}
 	}
 	return syncDir(dir)
 }

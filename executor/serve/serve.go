@@ -109,6 +109,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindGrant:       (*Server).grant,
 	wire.KindProfile:     (*Server).profile,
 	wire.KindPlan:        (*Server).plan,
+	wire.KindKeyRotation: (*Server).keyRotation,
 }
 
 // Handled lists the request kinds the executor serves.

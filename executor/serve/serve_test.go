@@ -712,8 +712,10 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// refusal) handed over is answered and changes nothing.
 		"ready/enrol": "enrol-offer", "ready/grant": "grant-reply", "ready/profile": "profile-reply",
 		// An empty plan request is no envelope: answered, refused.
-		"ready/plan":      "plan-reply refused malformed",
-		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
+		"ready/plan": "plan-reply refused malformed",
+		// No rotation carried: answered with the key in force.
+		"ready/key-rotation": "key-rotation-reply",
+		"envelope/forged":    "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",
 		// An empty archive chunk names no digest.

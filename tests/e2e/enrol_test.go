@@ -332,20 +332,30 @@ func (m *mesh) lastEnvelope() []byte {
 	return b
 }
 
-// pushEnvelope hands env to the executor as the agent would.
-func pushEnvelope(t *testing.T, sock string, env []byte) *wire.Verdict {
+// helloAsAgent is a connection to the executor at sock, its hello said as
+// the agent of this build says it.
+func helloAsAgent(t *testing.T, sock string) *wire.Conn {
 	t.Helper()
 	c, err := wire.DialUnix(sock, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Build: "e2e"}); err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
 	if _, _, err := c.Read(); err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
+	return c
+}
+
+// pushEnvelope hands env to the executor as the agent would.
+func pushEnvelope(t *testing.T, sock string, env []byte) *wire.Verdict {
+	t.Helper()
+	c := helloAsAgent(t, sock)
+	defer c.Close()
 	if err := c.Write(wire.KindDeclaration, &wire.Declaration{Envelope: env}); err != nil {
 		t.Fatal(err)
 	}

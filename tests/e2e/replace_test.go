@@ -118,17 +118,8 @@ func TestTheAgentCannotEndAnEnrolment(t *testing.T) {
 	if code, _, errOut := m.enrol(m.issue("--new"), "--wait", "1s"); code != 3 {
 		t.Fatalf("enrol with no agent: exit %d\n%s", code, errOut)
 	}
-	c, err := wire.DialUnix(m.sock, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := helloAsAgent(t, m.sock)
 	defer c.Close()
-	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Build: "e2e"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := c.Read(); err != nil {
-		t.Fatal(err)
-	}
 	for _, g := range []*wire.GrantHandover{
 		{Final: true},
 		{RefusedBy: "control", Reason: "made up by the agent", Final: true},

@@ -1,0 +1,68 @@
+package agent
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// controlKey is the control key the agent's own checks use: the one its
+// enrolment pinned (its config), until its executor says another is in
+// force — after a rotation the executor took (learnControlKey).
+func (a *Agent) controlKey() ed25519.PublicKey {
+	if k := a.ctlKey.Load(); k != nil {
+		return *k
+	}
+	return a.id.ControlKey
+}
+
+// open is wire.Open under the control key, for the agent's early checks.
+// An envelope signed by another key is taken to the executor first, with
+// the rotations the control side sent beside it (link.RotationHeader, as
+// sent): the executor judges them against what it pinned and says which
+// key is in force — the control key rotated, or this agent started with
+// its enrolment's key after a rotation its executor took. The agent
+// believes no rotation of its own reading; it checks again under the key
+// the executor holds.
+func (a *Agent) open(purpose wire.Purpose, env []byte, rotations string) ([]byte, error) {
+	payload, err := wire.Open(a.controlKey(), purpose, env)
+	if !errors.Is(err, wire.ErrWrongKey) {
+		return payload, err
+	}
+	refused, lerr := a.learnControlKey(rotations)
+	if lerr != nil {
+		return nil, fmt.Errorf("%w (the executor could not be asked which control key is in force: %v)", err, lerr)
+	}
+	if payload, err = wire.Open(a.controlKey(), purpose, env); !errors.Is(err, wire.ErrWrongKey) {
+		return payload, err
+	}
+	if refused != "" {
+		return nil, fmt.Errorf("%w; a rotation of the control key came with it, and was refused: %s", err, refused)
+	}
+	return nil, fmt.Errorf("%w; no rotation from the control key this node holds came with it: if the control key was rotated longer ago than the control side keeps its rotations, enrol this node again (mesh-executor enrol)", err)
+}
+
+// learnControlKey hands the executor the rotations (a RotationHeader's
+// value; "" asks only) and takes the key it says is in force. It returns
+// the executor's refusal of a rotation, if any.
+func (a *Agent) learnControlKey(rotations string) (refused string, err error) {
+	chain, err := wire.DecodeRotationChain(rotations)
+	if err != nil {
+		return err.Error(), nil
+	}
+	b, err := a.exec.ask(wire.KindKeyRotation, &wire.KeyRotations{Envelopes: chain}, "key rotation")
+	if err != nil {
+		return "", err
+	}
+	r := b.(*wire.KeyRotationReply)
+	if len(r.ControlKey) == ed25519.PublicKeySize {
+		k := ed25519.PublicKey(r.ControlKey)
+		if !k.Equal(a.controlKey()) {
+			a.log.Warn("the control key in force is another", "from", wire.KeyID(a.controlKey()), "to", wire.KeyID(k), "rotations_taken", r.Taken)
+		}
+		a.ctlKey.Store(&k)
+	}
+	return r.Refused, nil
+}

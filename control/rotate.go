@@ -1,0 +1,323 @@
+package control
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// KeysSubject is where serve carries out a rotation of the control key
+// (mesh-control key rotate), in the control side's account: serve holds
+// the key it signs with, so the rotation is its own, and no declaration it
+// signs falls between the old key and the new.
+const KeysSubject = "mesh.control.keys"
+
+// rotationKey is the registry's record of the control key's rotations.
+const rotationKey = "keys.rotation"
+
+// rotationRecord is rotationKey: the last rotation's sequence, and the
+// key in force after it.
+type rotationRecord struct {
+	Seq uint64    `json:"seq"`
+	Key string    `json:"key"` // key id
+	By  string    `json:"by"`
+	At  time.Time `json:"at"`
+}
+
+// RotateRequest asks serve for a rotation; RecoveryKeyFile, when set,
+// names the recovery key's file (on this machine, as serve reads it):
+// the rotation is then signed by it, not by the key it retires.
+type RotateRequest struct {
+	RecoveryKeyFile string `json:"recovery_key_file,omitempty"`
+}
+
+// RotateResult is what a rotation did.
+type RotateResult struct {
+	From string `json:"from"` // key ids
+	To   string `json:"to"`
+	By   string `json:"by"`
+	Seq  uint64 `json:"seq"`
+	// Nodes is how many enrolled nodes were addressed a statement;
+	// Republished how many had their newest declaration signed again by
+	// the new key (a new sequence), which carries the rotation to them.
+	Nodes       int `json:"nodes"`
+	Republished int `json:"republished"`
+	// Held are nodes whose newest declaration holds sealed content, bound
+	// to its sequence, so it is not signed again: each takes the rotation
+	// with its next declaration.
+	Held []string `json:"held,omitempty"`
+	// LeftBehind are nodes of a release before rotations (link
+	// capability 0): they cannot take one, and refuse what the new key
+	// signs until they are upgraded and enrolled again.
+	LeftBehind []string `json:"left_behind,omitempty"`
+	Error      string   `json:"error,omitempty"`
+}
+
+// rotateMu: one rotation at a time in this serve.
+var rotateMu sync.Mutex
+
+// answerKeys carries out rotations asked on KeysSubject until nc drains.
+func answerKeys(c *Client, log *slog.Logger) error {
+	_, err := c.NC.Subscribe(KeysSubject, func(m *nats.Msg) {
+		go func() {
+			var req RotateRequest
+			res := &RotateResult{}
+			if err := json.Unmarshal(m.Data, &req); err != nil {
+				res.Error = "the request does not decode: " + err.Error()
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+				r, err := c.RotateKey(ctx, req)
+				cancel()
+				if r != nil {
+					res = r
+				}
+				if err != nil {
+					res.Error = err.Error()
+					log.Error("the control key was not rotated", "err", err)
+				} else {
+					log.Warn("the control key rotated", "from", res.From, "to", res.To, "by", res.By, "seq", res.Seq, "nodes", res.Nodes, "republished", res.Republished)
+				}
+			}
+			b, _ := json.Marshal(res)
+			m.Respond(b)
+		}()
+	})
+	if err != nil {
+		return fmt.Errorf("answering on %s: %w", KeysSubject, err)
+	}
+	return nil
+}
+
+// RotateKey rotates the control key, in serve: a new key; for every
+// enrolled node a statement addressed to its enrolment, signed by the key
+// retired (or the recovery key) and by the new one, kept in its record and
+// sent beside everything published to it from now on; the new key
+// written in place of the old and signed with from then on; the roster,
+// and each node's newest declaration, signed again by it, so that each
+// node takes the rotation at its next message or link.
+func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResult, error) {
+	rotateMu.Lock()
+	defer rotateMu.Unlock()
+	k := c.Keys
+	old := k.Signer()
+	oldPub := old.Public().(ed25519.PublicKey)
+	authority, by := old, wire.ByKey
+	if req.RecoveryKeyFile != "" {
+		b, err := os.ReadFile(req.RecoveryKeyFile)
+		if err != nil {
+			return nil, statedir.ExplainAccess("read", req.RecoveryKeyFile, err, "")
+		}
+		rk, err := parsePrivate(req.RecoveryKeyFile, b)
+		if err != nil {
+			return nil, err
+		}
+		if k.Recovery == nil {
+			return nil, fmt.Errorf("this key directory has no recovery key (%s): its nodes pinned none", FileRecoveryPub)
+		}
+		if !k.Recovery.Equal(rk.Public()) {
+			return nil, fmt.Errorf("%s is not this control side's recovery key (%s is key %s, the file's is %s)", req.RecoveryKeyFile, FileRecoveryPub, wire.KeyID(k.Recovery), wire.KeyID(rk.Public().(ed25519.PublicKey)))
+		}
+		authority, by = rk, wire.ByRecovery
+	}
+	recs, err := c.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := &RotateResult{From: wire.KeyID(oldPub), By: by}
+	var addressed []*NodeRecord
+	for _, r := range recs {
+		if r.IsRevoked() || r.Enrolment == "" {
+			continue
+		}
+		if r.Capability < 1 {
+			res.LeftBehind = append(res.LeftBehind, r.Name)
+			continue
+		}
+		addressed = append(addressed, r)
+	}
+	if len(res.LeftBehind) > 0 && by == wire.ByKey {
+		return res, fmt.Errorf("nodes of a release before rotations (link capability 0) cannot take one, and would refuse all the new key signs: %v — upgrade them first (docs/operations.md, Version skew), or revoke them", res.LeftBehind)
+	}
+	_, next, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	nextPub := next.Public().(ed25519.PublicKey)
+	res.To = wire.KeyID(nextPub)
+	// The sequence, taken first: a rotation cut off after it leaves a
+	// gap, never a sequence used twice.
+	var rr rotationRecord
+	for attempt := 0; ; attempt++ {
+		e, err := c.KV.Get(ctx, rotationKey)
+		var rev uint64
+		rr = rotationRecord{}
+		if err == nil {
+			json.Unmarshal(e.Value(), &rr)
+			rev = e.Revision()
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("registry: %w", err)
+		}
+		rr = rotationRecord{Seq: rr.Seq + 1, Key: rr.Key, By: by, At: time.Now().UTC()}
+		data, _ := json.Marshal(&rr)
+		if rev == 0 {
+			_, err = c.KV.Create(ctx, rotationKey, data)
+		} else {
+			_, err = c.KV.Update(ctx, rotationKey, data, rev)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 100 {
+			return nil, fmt.Errorf("registry: the rotation's sequence: %w", err)
+		}
+	}
+	res.Seq = rr.Seq
+	// The new key on disk before any statement names it: no node can
+	// take a key this side could lose.
+	if err := writeKeyFile(k.Dir, FileControlKey+".next", next); err != nil {
+		return nil, err
+	}
+	recovery := ""
+	if k.Recovery != nil {
+		recovery = base64.StdEncoding.EncodeToString(k.Recovery)
+	}
+	for _, r := range addressed {
+		env, err := wire.SealRotation(authority, next, wire.KeyRotation{Node: r.Name, Enrolment: r.Enrolment, Seq: rr.Seq, By: by,
+			From: wire.KeyID(oldPub), Recovery: recovery, Issued: time.Now().UTC()})
+		if err != nil {
+			return nil, err
+		}
+		if err := c.addRotation(ctx, r.Name, r.Enrolment, env, by == wire.ByRecovery); err != nil {
+			return nil, err
+		}
+		res.Nodes++
+	}
+	// The switch: the new key in place of the old (the retired key's
+	// file is gone with it: nothing is signed by it again), made durable
+	// by control.pub's write, which syncs the directory; then signed with.
+	if err := os.Rename(filepath.Join(k.Dir, FileControlKey+".next"), filepath.Join(k.Dir, FileControlKey)); err != nil {
+		return nil, err
+	}
+	if err := statedir.WriteBytes(filepath.Join(k.Dir, FileControlPub), []byte(base64.StdEncoding.EncodeToString(nextPub)+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	k.setSigner(next)
+	rr.Key = res.To
+	data, _ := json.Marshal(&rr)
+	if _, err := c.KV.Put(ctx, rotationKey, data); err != nil {
+		return res, fmt.Errorf("registry: the rotation's record: %w", err)
+	}
+	// Everything the nodes read signed again by the new key.
+	if _, err := c.Overlay(ctx); err == nil {
+		if _, err := c.PublishRoster(ctx); err != nil {
+			return res, fmt.Errorf("the roster, signed again: %w", err)
+		}
+	}
+	for _, r := range addressed {
+		switch ok, err := c.republish(ctx, r.Name, oldPub); {
+		case err != nil:
+			return res, fmt.Errorf("%s's newest declaration, signed again: %w", r.Name, err)
+		case ok:
+			res.Republished++
+		case !ok:
+			res.Held = append(res.Held, r.Name)
+		}
+	}
+	return res, nil
+}
+
+// addRotation adds env to node's record (of enrolment), keeping the last
+// wire.MaxRotationChain; a recovery's statement replaces them all, since
+// it is taken whatever key the node holds.
+func (c *Client) addRotation(ctx context.Context, node, enrolment string, env []byte, alone bool) error {
+	for attempt := 0; attempt < 100; attempt++ {
+		rec, rev, err := c.Node(ctx, node)
+		if err != nil || rec.Enrolment != enrolment {
+			return nil // gone, or enrolled again: its token pins the new key
+		}
+		if alone {
+			rec.Rotations = [][]byte{env}
+		} else {
+			rec.Rotations = append(rec.Rotations, env)
+			if n := len(rec.Rotations); n > wire.MaxRotationChain {
+				rec.Rotations = slices.Clone(rec.Rotations[n-wire.MaxRotationChain:])
+			}
+		}
+		data, _ := json.Marshal(rec)
+		if _, err = c.KV.Update(ctx, nodeKey(node), data, rev); err == nil {
+			return nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: %s's rotation: %w", node, err)
+		}
+	}
+	return fmt.Errorf("registry: %s's record kept changing", node)
+}
+
+// republish declares node's newest declaration again, signed by the key
+// in force, under a new sequence — unless it is signed by that key
+// already (true), or holds sealed content, which is bound to its sequence
+// and which this side cannot read back (false: the node takes the
+// rotation with its next declaration). A node never declared to has none
+// to carry it: its first will.
+func (c *Client) republish(ctx context.Context, node string, retired ed25519.PublicKey) (bool, error) {
+	m, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	payload, err := wire.Open(retired, wire.PurposeDeclaration, m.Data)
+	if err != nil {
+		return true, nil // not the retired key's: signed since, by the new one
+	}
+	var d map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &d); err != nil {
+		return false, err
+	}
+	var resources []map[string]json.RawMessage
+	json.Unmarshal(d["resources"], &resources)
+	for _, r := range resources {
+		if _, sealed := r["sealed"]; sealed {
+			return false, nil
+		}
+	}
+	delete(d, "node")
+	delete(d, "enrolment")
+	delete(d, "seq")
+	body, _ := json.Marshal(d)
+	signer := *c
+	signer.DespiteBriefing, signer.Seals = true, nil
+	if _, err := signer.Declare(ctx, node, body); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// writeKeyFile writes an Ed25519 private key as PKCS#8 PEM, 0600, durably
+// (statedir.WriteBytes).
+func writeKeyFile(dir, name string, key ed25519.PrivateKey) error {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return statedir.WriteBytes(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// controlKey reads a private key file of the key directory.
+func readPrivate(t *testing.T, path string) ed25519.PrivateKey {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: not PEM", path)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.(ed25519.PrivateKey)
+}
+
+// heldKey is the control key a node's executor holds in force, by id.
+func (m *mesh) heldKey() string {
+	m.t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.state, "control-keys.json"))
+	if err != nil {
+		return ""
+	}
+	var ck struct {
+		Key string `json:"control_key"`
+	}
+	json.Unmarshal(b, &ck)
+	return ck.Key
+}
+
+// rotationsTo hands the node's executor a chain of rotations as the agent
+// would, and returns its answer.
+func rotationsTo(t *testing.T, sock string, envs ...[]byte) *wire.KeyRotationReply {
+	t.Helper()
+	c := helloAsAgent(t, sock)
+	defer c.Close()
+	if err := c.Write(wire.KindKeyRotation, &wire.KeyRotations{Envelopes: envs}); err != nil {
+		t.Fatal(err)
+	}
+	k, b, err := c.Read()
+	if err != nil || k != wire.KindKeyRotationReply {
+		t.Fatalf("the executor's answer: kind %d, %v", k, err)
+	}
+	return b.(*wire.KeyRotationReply)
+}
+
+func pubB64(k ed25519.PrivateKey) string {
+	b, _ := json.Marshal([]byte(k.Public().(ed25519.PublicKey)))
+	return strings.Trim(string(b), `"`)
+}
+
+// The control key rotates with real processes: a node online takes the
+// rotation with the declaration the new key signs again for it; a node
+// offline through it takes it when its agent comes back; a declaration
+// signed by the retired key is refused from then on; a rotation signed
+// by one key alone is refused; and when the control key is stolen (here,
+// used to move a node onto a thief's key), the recovery key, pinned at
+// enrolment, brings the node back onto a key of the control side's.
+func TestTheControlKeyRotates(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	m2 := m.second("n2")
+	m2.startExecutor()
+	away := m2.startAgent("--config", m2.agentConfig())
+	m2.enrolled(m.issue("--new", "--name", "n2"), "n2")
+	decl := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"%s\n"}]}`
+	s1 := m.declare(fmt.Sprintf(decl, "before"))
+	if r := m.reportFor(s1); r.Outcome != shapes.Applied {
+		t.Fatalf("n1 before the rotation: %+v", r)
+	}
+	f := filepath.Join(m.base, "decl2.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(fmt.Sprintf(decl, "before"), "{root}", m2.tree)), 0o600)
+	m.run("mesh-control", "declare", "--dir", m.ctl, "--wait=30s", "n2", f)
+
+	retired := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+	if got := m.heldKey(); got != pubB64(retired) {
+		t.Fatalf("n1 holds %q before any rotation, want the key it enrolled with", got)
+	}
+	// n2 away through the rotation.
+	away.Process.Signal(syscall.SIGTERM)
+	away.Wait()
+
+	out := m.run("mesh-control", "key", "rotate", "--dir", m.ctl)
+	if !strings.Contains(out, "announced to 2 node(s)") || !strings.Contains(out, "2 signed again") {
+		t.Fatalf("key rotate:\n%s", out)
+	}
+	current := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+	if current.Equal(retired) {
+		t.Fatal("key rotate left the control key as it was")
+	}
+	eventually(t, "n1 takes the rotation", func() bool { return m.heldKey() == pubB64(current) })
+	s2 := m.declare(fmt.Sprintf(decl, "after"))
+	if r := m.reportFor(s2); r.Outcome != shapes.Applied {
+		t.Fatalf("n1 after the rotation: %+v", r)
+	}
+
+	// The retired key's signature is refused from now on, whoever
+	// carries it.
+	var idf struct{ Enrolment string }
+	b, _ := os.ReadFile(filepath.Join(m.state, "identity.json"))
+	json.Unmarshal(b, &idf)
+	payload := fmt.Sprintf(`{"version":1,"node":"n1","enrolment":%q,"seq":%d,"resources":[]}`, idf.Enrolment, s2+10)
+	env, err := wire.Seal(retired, wire.PurposeDeclaration, []byte(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := pushEnvelope(t, m.sock, env); v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "other than the pinned") {
+		t.Fatalf("a declaration signed by the retired key: %+v", v)
+	}
+
+	// A rotation signed by one key alone: by the key in force over a
+	// statement the key it names did not sign, or by the new key alone.
+	thief := newKey(t)
+	stmt := wire.KeyRotation{Node: "n1", Enrolment: idf.Enrolment, Seq: 99, By: wire.ByKey, From: wire.KeyID(current.Public().(ed25519.PublicKey)), To: pubB64(thief)}
+	stmtJSON, _ := json.Marshal(&stmt)
+	innerByOther, _ := wire.Seal(newKey(t), wire.PurposeKeyRotationNew, stmtJSON)
+	oneOuter, _ := wire.Seal(current, wire.PurposeKeyRotation, innerByOther)
+	innerByNew, _ := wire.Seal(thief, wire.PurposeKeyRotationNew, stmtJSON)
+	newAlone, _ := wire.Seal(thief, wire.PurposeKeyRotation, innerByNew)
+	for name, e := range map[string][]byte{"signed by the key in force alone": oneOuter, "signed by the new key alone": newAlone} {
+		r := rotationsTo(t, m.sock, e)
+		if r.Taken != 0 || !ed25519.PublicKey(r.ControlKey).Equal(current.Public()) || m.heldKey() != pubB64(current) {
+			t.Fatalf("a rotation %s: %+v", name, r)
+		}
+	}
+
+	// n2 comes back, and takes the rotation with its newest declaration.
+	m2.startAgent("--config", m2.agentConfig())
+	eventually(t, "n2 takes the rotation on its return", func() bool { return m2.heldKey() == pubB64(current) })
+	if b, _ := os.ReadFile(filepath.Join(m2.tree, "motd")); string(b) != "before\n" {
+		t.Fatalf("n2's motd after its return: %q", b)
+	}
+
+	// The control key stolen: the thief moves n1 onto a key of its own,
+	// with a rotation the stolen key and its key both sign — which n1
+	// cannot tell from one of the control side's.
+	theft, err := wire.SealRotation(current, thief, wire.KeyRotation{Node: "n1", Enrolment: idf.Enrolment, Seq: 1000, By: wire.ByKey,
+		From: wire.KeyID(current.Public().(ed25519.PublicKey))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rotationsTo(t, m.sock, theft); r.Taken != 1 || m.heldKey() != pubB64(thief) {
+		t.Fatalf("the thief's rotation: %+v", r)
+	}
+	// The recovery key, from its safe place, takes the fleet back.
+	safe := filepath.Join(t.TempDir(), "recovery.key")
+	os.Rename(filepath.Join(m.ctl, "recovery.key"), safe)
+	out = m.run("mesh-control", "key", "rotate", "--dir", m.ctl, "--recovery-key", safe)
+	if !strings.Contains(out, "signed by the recovery key") {
+		t.Fatalf("key rotate --recovery-key:\n%s", out)
+	}
+	recovered := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+	eventually(t, "n1 back on the control side's key", func() bool { return m.heldKey() == pubB64(recovered) })
+	s3 := m.declare(fmt.Sprintf(decl, "recovered"))
+	if r := m.reportFor(s3); r.Outcome != shapes.Applied {
+		t.Fatalf("n1 after the recovery: %+v", r)
+	}
+	// The thief's key signs nothing n1 takes now, nor can it rotate n1
+	// again: n1 holds neither of its keys.
+	again, _ := wire.SealRotation(thief, newKey(t), wire.KeyRotation{Node: "n1", Enrolment: idf.Enrolment, Seq: 2000, By: wire.ByKey, From: wire.KeyID(thief.Public().(ed25519.PublicKey))})
+	if r := rotationsTo(t, m.sock, again); r.Taken != 0 || m.heldKey() != pubB64(recovered) {
+		t.Fatalf("the thief rotating again after the recovery: %+v", r)
+	}
+}
+
+func newKey(t *testing.T) ed25519.PrivateKey {
+	_, k, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}

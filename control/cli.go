@@ -419,12 +419,17 @@ func (c *cli) init(hosts []string, url string) error {
 	if onlyLoopback(hosts) {
 		fmt.Fprintf(c.stderr, "mesh-control init: warning: the broker certificate names only 127.0.0.1, ::1 and localhost. Nodes pin its fingerprint and reach it by any address, but a TLS client that checks names (the nats tool, a monitoring probe) will not accept it by another: give --host NAME for each name or address the broker is reached by (a new init: move %s aside first)\n", c.dir)
 	}
+	recovery := filepath.Join(c.dir, FileRecoveryKey)
 	if c.json {
-		err = c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL})
+		err = c.printJSON(map[string]string{"control_key_id": k.KeyID(), "control_key": k.ControlPublicBase64(), "broker_fingerprint": k.Fingerprint, "broker_url": k.BrokerURL,
+			"recovery_key_id": wire.KeyID(k.Recovery), "recovery_key_file": recovery})
 	} else {
-		fmt.Fprintf(c.stdout, "control key id:            %s\ncontrol public key:        %s\nbroker certificate sha256: %s\nbroker url:                %s\n",
-			k.KeyID(), k.ControlPublicBase64(), k.Fingerprint, k.BrokerURL)
+		fmt.Fprintf(c.stdout, "control key id:            %s\ncontrol public key:        %s\nbroker certificate sha256: %s\nbroker url:                %s\nrecovery key id:           %s\n",
+			k.KeyID(), k.ControlPublicBase64(), k.Fingerprint, k.BrokerURL, wire.KeyID(k.Recovery))
 	}
+	// The one key that undoes a theft of the control key is no use on
+	// the machine the thief is on.
+	fmt.Fprintf(c.stderr, "mesh-control init: move %s off this machine, to offline media: it signs one thing, a rotation of the control key when that key is stolen (mesh-control key rotate --recovery-key FILE); every node pins its public half when it enrols\n", recovery)
 	c.next("mesh-control serve" + c.dirFlag())
 	return err
 }

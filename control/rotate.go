@@ -30,6 +30,10 @@ import (
 // signs falls between the old key and the new.
 const KeysSubject = "mesh.control.keys"
 
+// keysQueue: of several serves on one broker, one carries out a rotation.
+// The others sign with the key they loaded until they are started again.
+const keysQueue = "mesh-control-keys"
+
 // rotationKey is the registry's record of the control key's rotations.
 const rotationKey = "keys.rotation"
 
@@ -76,7 +80,7 @@ var rotateMu sync.Mutex
 
 // answerKeys carries out rotations asked on KeysSubject until nc drains.
 func answerKeys(c *Client, log *slog.Logger) error {
-	_, err := c.NC.Subscribe(KeysSubject, func(m *nats.Msg) {
+	_, err := c.NC.QueueSubscribe(KeysSubject, keysQueue, func(m *nats.Msg) {
 		go func() {
 			var req RotateRequest
 			res := &RotateResult{}

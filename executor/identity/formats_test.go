@@ -32,7 +32,7 @@ func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the identity is read only when it is root's: run as root (make test does)")
 	}
-	golden.Releases(t, "2d9627c", "c4a83c5", "5d5c15c")
+	golden.Releases(t, "2d9627c", "c4a83c5", "5d5c15c", "1b40289")
 	id, err := Load(inDir(t, "2d9627c", FileName))
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +48,29 @@ func TestEveryIdentityFormatThatShippedIsRead(t *testing.T) {
 		if f.Seq != 42 || f.Digest != "9f86d081884c7d65" {
 			t.Errorf("%s: floor %+v", release, f)
 		}
+	}
+}
+
+// The control keys a release wrote (from 1b40289, the first to keep
+// them) are read, and put the key in force in place of the one
+// identity.json pinned at enrolment.
+func TestEveryControlKeysFormatThatShippedIsRead(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the identity is read only when it is root's: run as root (make test does)")
+	}
+	dir := inDir(t, "1b40289", KeysFile)
+	b, err := os.ReadFile(golden.Path("1b40289", FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, FileName), b, 0o600)
+	id, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Keys == nil || id.ControlKey[0] != 32 || id.ControlKey[31] != 63 || id.Keys.Recovery[0] != 64 || id.Keys.Seq != 2 ||
+		len(id.Keys.Taken) != 2 || id.Keys.Taken[1].To != "cccccccccccccccc" {
+		t.Errorf("read %+v", id.Keys)
 	}
 }
 

@@ -1042,7 +1042,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			return
 		}
 		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
-			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason}
+			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason, ControlKeyID: s.ControlKeyID}
 		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability) {
 			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
 				pr := b.(*wire.ProfileReply)

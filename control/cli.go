@@ -748,6 +748,9 @@ func (c *cli) nodes() error {
 		if n.ClockSkewMS != 0 {
 			state += ", clock " + skewShort(n.ClockSkewMS)
 		}
+		if n.RotationPending && n.State != StateRevoked {
+			state += ", control key " + n.ControlKeyID + ": the rotation not taken yet"
+		}
 		if n.OutsideSkew != "" {
 			// Nothing is declared to it: the reason, at the line.
 			state += fmt.Sprintf(", link capability %d: outside the version skew policy", n.Capability)

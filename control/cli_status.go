@@ -89,8 +89,11 @@ type fleetStatus struct {
 	States []*stateGroup `json:"states"`
 	// Failed and Held are the nodes whose last report has a failed (held)
 	// line, or whose briefing has a failed (kept) one.
-	Failed           nodeGroup      `json:"failed"`
-	Held             nodeGroup      `json:"held"`
+	Failed nodeGroup `json:"failed"`
+	Held   nodeGroup `json:"held"`
+	// RotationPending are the nodes whose executor, at its last
+	// heartbeat, held a control key other than the one signed with now.
+	RotationPending  nodeGroup      `json:"rotation_pending"`
 	ExecutorVersions []versionCount `json:"executor_versions"`
 	AgentVersions    []versionCount `json:"agent_versions"`
 	Overlay          struct {
@@ -119,7 +122,7 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 	ex, ag := map[versionCount]int{}, map[versionCount]int{}
 	ns = slices.Clone(ns)
 	slices.SortFunc(ns, func(a, b *NodeStatus) int { return strings.Compare(a.Name, b.Name) })
-	s.Failed.Names, s.Held.Names = []string{}, []string{}
+	s.Failed.Names, s.Held.Names, s.RotationPending.Names = []string{}, []string{}, []string{}
 	for _, n := range ns {
 		s.Total++
 		g := byState[n.State]
@@ -140,6 +143,9 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 		}
 		if held {
 			s.Held.add(n.Name)
+		}
+		if n.RotationPending && n.State != StateRevoked {
+			s.RotationPending.add(n.Name)
 		}
 		if n.Address != "" {
 			s.Overlay.Addressed++
@@ -341,7 +347,8 @@ func (s *fleetStatus) parts() []statusPart {
 	for _, l := range []struct {
 		head, class string
 		g           *nodeGroup
-	}{{"a failed line (last report or briefing)", "bad", &s.Failed}, {"a held line (last report or briefing)", "note", &s.Held}} {
+	}{{"a failed line (last report or briefing)", "bad", &s.Failed}, {"a held line (last report or briefing)", "note", &s.Held},
+		{"a control key rotation not taken yet", "note", &s.RotationPending}} {
 		row := statusRow{Head: l.head + ":", Value: fmt.Sprint(l.g.Count)}
 		if l.g.Count > 0 {
 			row.Value += "  " + l.g.text()

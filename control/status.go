@@ -42,8 +42,13 @@ type NodeStatus struct {
 	// Capability is the link capability the node's agent last said (0: a
 	// release before it); OutsideSkew, when set, is why this control side
 	// declares nothing to it (link.CheckNode), and what to upgrade.
-	Capability      int    `json:"capability"`
-	OutsideSkew     string `json:"outside_skew,omitempty"`
+	Capability  int    `json:"capability"`
+	OutsideSkew string `json:"outside_skew,omitempty"`
+	// ControlKeyID is the control key the node's executor holds in force,
+	// as its last heartbeat said; RotationPending, that it is not the key
+	// this control side signs with (a rotation not taken yet).
+	ControlKeyID    string `json:"control_key_id,omitempty"`
+	RotationPending bool   `json:"rotation_pending,omitempty"`
 	ExecutorVersion string `json:"executor_version,omitempty"`
 	ExecutorBuild   string `json:"executor_build,omitempty"`
 	ExecutorError   string `json:"executor_error,omitempty"`
@@ -157,6 +162,9 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 			if hb.Executor != nil {
 				s.ExecutorVersion, s.ExecutorBuild = hb.Executor.Version, hb.Executor.Build
 				s.RolledBackFrom, s.RollbackReason = hb.Executor.RolledBackFrom, hb.Executor.RollbackReason
+				if s.ControlKeyID = hb.Executor.ControlKeyID; s.ControlKeyID != "" && s.ControlKeyID != c.Keys.KeyID() {
+					s.RotationPending = true
+				}
 				if hb.Executor.Seq > s.Applied {
 					s.Applied = hb.Executor.Seq
 				}

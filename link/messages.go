@@ -170,6 +170,9 @@ type ExecutorStatus struct {
 	// crash-looped after the upgrade).
 	RolledBackFrom string `json:"rolled_back_from,omitempty"`
 	RollbackReason string `json:"rollback_reason,omitempty"`
+	// ControlKeyID is the control key the executor holds in force: the
+	// control side tells from it which nodes have taken a rotation.
+	ControlKeyID string `json:"control_key_id,omitempty"`
 }
 
 // Diff is one file's content diff in a plan's report.

@@ -386,6 +386,9 @@ type StatusReply struct {
 	// so the rollback is known once the link is back.
 	RolledBackFrom string `cbor:"10,keyasint,omitempty"`
 	RollbackReason string `cbor:"11,keyasint,omitempty"`
+	// ControlKeyID is the control key in force (KeyID), once enrolled:
+	// the one enrolment pinned, or the last a rotation brought in.
+	ControlKeyID string `cbor:"12,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.

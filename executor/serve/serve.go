@@ -332,7 +332,7 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 	s.lastMu.Unlock()
 	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
 	if id, err := s.identity(); err == nil && id != nil {
-		reply.Node, reply.State = id.Node, "enrolled"
+		reply.Node, reply.State, reply.ControlKeyID = id.Node, "enrolled", wire.KeyID(id.ControlKey)
 	}
 	if k, ok, err := overlay.LoadKey(s.cfg.StateDir); err == nil && ok {
 		reply.WireGuardKey = k.PublicKey().String()

@@ -110,6 +110,17 @@ func TestTheControlKeyRotates(t *testing.T) {
 		t.Fatal("key rotate left the control key as it was")
 	}
 	eventually(t, "n1 takes the rotation", func() bool { return m.heldKey() == pubB64(current) })
+	// nodes says which have taken it: n1, heard since, and not n2, away.
+	eventually(t, "nodes to say n1 holds the new key", func() bool {
+		n1 := m.nodeNamed("n1")
+		return n1["control_key_id"] == wire.KeyID(current.Public().(ed25519.PublicKey)) && n1["rotation_pending"] == nil
+	})
+	if n2 := m.nodeNamed("n2"); n2["rotation_pending"] != true || n2["control_key_id"] != wire.KeyID(retired.Public().(ed25519.PublicKey)) {
+		t.Fatalf("nodes on n2, away through the rotation: key %v, pending %v", n2["control_key_id"], n2["rotation_pending"])
+	}
+	if st := m.run("mesh-control", "status", "--dir", m.ctl); !strings.Contains(st, "a control key rotation not taken yet:") || !strings.Contains(st, "n2") {
+		t.Fatalf("status while n2 is away:\n%s", st)
+	}
 	s2 := m.declare(fmt.Sprintf(decl, "after"))
 	if r := m.reportFor(s2); r.Outcome != shapes.Applied {
 		t.Fatalf("n1 after the rotation: %+v", r)
@@ -148,6 +159,7 @@ func TestTheControlKeyRotates(t *testing.T) {
 	// n2 comes back, and takes the rotation with its newest declaration.
 	m2.startAgent("--config", m2.agentConfig())
 	eventually(t, "n2 takes the rotation on its return", func() bool { return m2.heldKey() == pubB64(current) })
+	eventually(t, "nodes to say n2 holds the new key", func() bool { return m.nodeNamed("n2")["rotation_pending"] == nil })
 	if b, _ := os.ReadFile(filepath.Join(m2.tree, "motd")); string(b) != "before\n" {
 		t.Fatalf("n2's motd after its return: %q", b)
 	}

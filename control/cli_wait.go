@@ -1,6 +1,8 @@
 package control
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -114,39 +116,59 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 	start := time.Now()
 	deadline := start.Add(c.wait)
 	got := map[int]*SignedReport{}
-	for len(got) < len(want) && time.Now().Before(deadline) {
-		for i, w := range want {
-			if got[i] != nil || w.seq == 0 {
-				continue
-			}
-			rs, _, err := cl.Reports(c.ctx, w.node, 50)
-			if err != nil {
-				continue
-			}
-			for _, r := range rs {
-				if answers(r, w.seq) {
+	// What each node's reports may answer, by node: one watch of all
+	// their report subjects (Client.WatchReports).
+	byNode := map[string][]int{}
+	var nodes []string
+	for i, w := range want {
+		if w.seq == 0 {
+			continue
+		}
+		if byNode[w.node] == nil {
+			nodes = append(nodes, w.node)
+		}
+		byNode[w.node] = append(byNode[w.node], i)
+	}
+	missing := 0
+	for i := range want {
+		if want[i].seq != 0 {
+			missing++
+		}
+	}
+	ctx, cancel := context.WithDeadline(c.ctx, deadline)
+	defer cancel()
+	if missing > 0 {
+		err := cl.WatchReports(ctx, nodes, 250*time.Millisecond, func() bool {
+			c.waiting("the nodes' reports", len(got), len(want), start, c.wait)
+			return true
+		}, func(node string, r *SignedReport) bool {
+			for _, i := range byNode[node] {
+				if got[i] == nil && answers(r, want[i].seq) {
 					got[i] = r
+					missing--
 				}
 			}
-		}
-		if len(got) == len(want) {
-			break
-		}
-		c.waiting("the nodes' reports", len(got), len(want), start, c.wait)
-		select {
-		case <-c.ctx.Done():
+			if missing > 0 {
+				c.waiting("the nodes' reports", len(got), len(want), start, c.wait)
+			}
+			return missing > 0
+		})
+		if c.ctx.Err() != nil {
 			c.progress("")
 			return c.ctx.Err()
-		case <-time.After(250 * time.Millisecond):
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			c.progress("")
+			return err
 		}
 	}
 	c.progress("")
 	worst, why := ExitApplied, ""
-	var missing []string
+	var late []string
 	for i, w := range want {
 		r := got[i]
 		if r == nil {
-			missing = append(missing, fmt.Sprintf("%s (seq %d)", w.node, w.seq))
+			late = append(late, fmt.Sprintf("%s (seq %d)", w.node, w.seq))
 			continue
 		}
 		if c.json {
@@ -165,8 +187,8 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		}
 		c.printSummary(want, got)
 	}
-	if len(missing) > 0 {
-		return &exitError{ExitTimedOut, fmt.Sprintf("no report within %v from %s", c.wait, strings.Join(missing, ", "))}
+	if len(late) > 0 {
+		return &exitError{ExitTimedOut, fmt.Sprintf("no report within %v from %s", c.wait, strings.Join(late, ", "))}
 	}
 	if worst != ExitApplied {
 		return &exitError{worst, why}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
@@ -344,4 +345,62 @@ func stderrOn(t *testing.T, onTTY bool) (w io.Writer, said func() string) {
 	}
 	b := new(syncBuffer)
 	return b, b.String
+}
+
+// declare --wait reads the nodes' reports through one consumer of the
+// report stream, whatever the number of nodes and however long it waits:
+// it read each node's whole report subject anew four times a second, a
+// consumer each time, which at a fleet's size is the broker's whole work.
+// The consumers made are counted as the broker is asked for them.
+func TestWaitReadsThroughOneConsumer(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	ids := map[string]*agent.Identity{}
+	nodes := []string{"w1", "w2", "w3", "w4", "w5"}
+	for _, n := range nodes {
+		_, ids[n] = enrolNode(t, s, n)
+	}
+	answering(t, s, ids, map[string][]shapes.Line{"w1": {{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}}})
+	// The others have reported before (a reconnect each), and say nothing
+	// of what is declared now: there is something to read on every
+	// subject, every time.
+	for _, n := range nodes[1:] {
+		nc, err := agent.Dial(ids[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := json.Marshal(link.Report{Node: n, Enrolment: ids[n].Enrolment, Trigger: link.TriggerReconnect, Outcome: shapes.Unchanged, At: time.Now().UTC()})
+		sig, _ := ids[n].Sign(data)
+		js, _ := jetstream.New(nc)
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: ids[n].Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+	}
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+
+	var count int
+	var mu sync.Mutex
+	sub, err := s.client.NC.Subscribe("$JS.API.CONSUMER.CREATE.>", func(m *nats.Msg) {
+		if strings.Contains(m.Subject, link.ReportStream) {
+			mu.Lock()
+			count++
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	s.client.NC.Flush()
+	var stdout, stderr syncBuffer
+	code := control.Main(ctx, []string{"declare", strings.Join(nodes, ","), file, "--wait=3s", "--dir", dir, "--nats", s.url}, &stdout, &stderr)
+	if code != control.ExitTimedOut || !strings.Contains(stdout.String(), "1 applied") {
+		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if count != 1 {
+		t.Fatalf("the wait made %d consumers of the report stream, want 1", count)
+	}
 }

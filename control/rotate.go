@@ -250,8 +250,17 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 
 // addRotation adds env to node's record (of enrolment), keeping the last
 // wire.MaxRotationChain; a recovery's statement replaces them all, since
-// it is taken whatever key the node holds.
+// it is taken whatever key the node holds. A chain holds one statement
+// retiring each key: one that retires the key env retires is of a
+// rotation cut off before its switch (serve stopped, or killed, between
+// the statements and the new key's taking over), whose key never signed
+// anything — taken by a node, it would leave the node on that key, past
+// env's reach.
 func (c *Client) addRotation(ctx context.Context, node, enrolment string, env []byte, alone bool) error {
+	added, err := wire.PeekRotation(env)
+	if err != nil {
+		return err
+	}
 	for attempt := 0; attempt < 100; attempt++ {
 		rec, rev, err := c.Node(ctx, node)
 		if err != nil || rec.Enrolment != enrolment {
@@ -260,6 +269,10 @@ func (c *Client) addRotation(ctx context.Context, node, enrolment string, env []
 		if alone {
 			rec.Rotations = [][]byte{env}
 		} else {
+			rec.Rotations = slices.DeleteFunc(rec.Rotations, func(e []byte) bool {
+				r, err := wire.PeekRotation(e)
+				return err != nil || (r.By == wire.ByKey && r.From == added.From)
+			})
 			rec.Rotations = append(rec.Rotations, env)
 			if n := len(rec.Rotations); n > wire.MaxRotationChain {
 				rec.Rotations = slices.Clone(rec.Rotations[n-wire.MaxRotationChain:])

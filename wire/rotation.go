@@ -147,6 +147,20 @@ func OpenRotation(current, recovery ed25519.PublicKey, env []byte) (*KeyRotation
 	return r, nil
 }
 
+// PeekRotation reads what a rotation envelope says without verifying
+// it: for the control side's bookkeeping of the statements it signed
+// itself, never for taking one.
+func PeekRotation(env []byte) (*KeyRotation, error) {
+	var outer, inner cose.Sign1Message
+	if err := outer.UnmarshalCBOR(env); err != nil || outer.Payload == nil {
+		return nil, fmt.Errorf("key rotation: %w", ErrMalformed)
+	}
+	if err := inner.UnmarshalCBOR(outer.Payload); err != nil || inner.Payload == nil {
+		return nil, fmt.Errorf("key rotation: %w: the inner statement", ErrMalformed)
+	}
+	return ParseRotation(inner.Payload)
+}
+
 // ParseRotation decodes a statement strictly.
 func ParseRotation(payload []byte) (*KeyRotation, error) {
 	var r KeyRotation

@@ -59,10 +59,16 @@ func (a *Agent) learnControlKey(rotations string) (refused string, err error) {
 	r := b.(*wire.KeyRotationReply)
 	if len(r.ControlKey) == ed25519.PublicKeySize {
 		k := ed25519.PublicKey(r.ControlKey)
-		if !k.Equal(a.controlKey()) {
+		changed := !k.Equal(a.controlKey())
+		if changed {
 			a.log.Warn("the control key in force is another", "from", wire.KeyID(a.controlKey()), "to", wire.KeyID(k), "rotations_taken", r.Taken)
 		}
 		a.ctlKey.Store(&k)
+		if changed {
+			// A roster the new key signed, passed over before, is read
+			// again now (syncRoster).
+			a.rosterDue.Store(true)
+		}
 	}
 	return r.Refused, nil
 }

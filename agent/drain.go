@@ -151,7 +151,11 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			a.log.Warn("state: " + err.Error())
 		}
 	}
-	if usesRoster && (!st.UsesRoster || d.RosterFloor() > st.LastRosterSeq) {
+	// And so is one whose roster is due: a rotation just taken (by the
+	// check above) makes the roster the new key signed readable, which
+	// the executor must hold before this declaration's overlay is
+	// applied.
+	if usesRoster && (!st.UsesRoster || d.RosterFloor() > st.LastRosterSeq || a.rosterDue.Load()) {
 		if err := a.syncRoster(ctx); err != nil {
 			return err
 		}

@@ -95,6 +95,13 @@ func newFakeExecutor(t *testing.T, key ed25519.PublicKey, build string) *fakeExe
 	return f
 }
 
+// pinned is the control key the fake holds in force.
+func (f *fakeExecutor) pinned() ed25519.PublicKey {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.key
+}
+
 func (f *fakeExecutor) notify() {
 	select {
 	case f.changed <- struct{}{}:
@@ -197,7 +204,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 		case *wire.Plan:
 			// As the executor answers a plan it verifies: the lines an
 			// apply would report, nothing changed.
-			if _, err := wire.Open(f.key, wire.PurposePlan, b.Envelope); err != nil {
+			if _, err := wire.Open(f.pinned(), wire.PurposePlan, b.Envelope); err != nil {
 				f.mu.Lock()
 				f.garbage = append(f.garbage, err.Error())
 				f.mu.Unlock()
@@ -208,10 +215,25 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.plans++
 			f.mu.Unlock()
 			c.Write(wire.KindPlanReply, &wire.PlanReply{Outcome: shapes.Applied, Lines: []shapes.Line{{Module: "base", ID: "planned", Type: "file", Outcome: shapes.Applied}}})
+		case *wire.KeyRotations:
+			// As the executor takes rotations: each the key in force and
+			// the new one signed, in order; answered with the key after.
+			f.mu.Lock()
+			taken := 0
+			for _, env := range b.Envelopes {
+				if r, err := wire.OpenRotation(f.key, nil, env); err == nil {
+					f.key, _ = r.NewKey()
+					taken++
+					f.events = append(f.events, fmt.Sprintf("rotation %d", r.Seq))
+				}
+			}
+			key := f.key
+			f.mu.Unlock()
+			c.Write(wire.KindKeyRotationReply, &wire.KeyRotationReply{ControlKey: key, Taken: taken})
 		case *wire.Roster:
 			// As the executor takes a roster: verified, then answered;
 			// nothing applied again here.
-			payload, err := wire.Open(f.key, wire.PurposeRoster, b.Envelope)
+			payload, err := wire.Open(f.pinned(), wire.PurposeRoster, b.Envelope)
 			var r *shapes.Roster
 			if err == nil {
 				r, err = shapes.ParseRoster(payload)
@@ -231,7 +253,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.notify()
 			c.Write(wire.KindVerdict, v)
 		case *wire.Declaration:
-			payload, err := wire.Open(f.key, wire.PurposeDeclaration, b.Envelope)
+			payload, err := wire.Open(f.pinned(), wire.PurposeDeclaration, b.Envelope)
 			var d struct {
 				Seq    uint64 `json:"seq"`
 				Retire bool   `json:"retire"`

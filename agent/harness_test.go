@@ -187,11 +187,18 @@ func runAgent(t *testing.T, id *agent.Identity, socket string) (stop func() erro
 // the default, minutes).
 func runAgentPolling(t *testing.T, id *agent.Identity, socket string, poll time.Duration) (stop func() error) {
 	t.Helper()
+	return runAgentIn(t, id, socket, poll, t.TempDir())
+}
+
+// runAgentIn is runAgentPolling with the agent's state in dir: an agent
+// started again where one stopped.
+func runAgentIn(t *testing.T, id *agent.Identity, socket string, poll time.Duration, dir string) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- agent.Run(ctx, agent.Options{
-			Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: t.TempDir(),
+			Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: dir,
 			Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(), Poll: poll,
 		})
 	}()

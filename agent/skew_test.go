@@ -105,3 +105,72 @@ func TestTheAgentHoldsTheControlSideToTheSkewPolicy(t *testing.T) {
 		t.Fatalf("the heartbeat says capability %d (%v), want %d", hb.Capability, err, link.Capability)
 	}
 }
+
+// A rotation of the control key reaches a node's roster as well as its
+// declarations: the roster the new key signed, met before the rotation
+// (read first, by a node linking again), is passed over rather than
+// settled as refused, and
+// read again once the declaration that carries the rotation is taken —
+// before that declaration, whose overlay takes its peers from it, reaches
+// the executor.
+func TestARotationReachesTheRoster(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A node of this release, as its heartbeat would have said.
+	rec, rev, err := c.client.Node(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Capability = link.Capability
+	data, _ := json.Marshal(rec)
+	if _, err := c.client.KV.Update(ctx, "node.n1", data, rev); err != nil {
+		t.Fatal(err)
+	}
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	state := t.TempDir()
+	stop := runAgentIn(t, id, ex.path, 0, state)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	if _, err := c.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.PublishRoster(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s1 := c.declare("n1", fmt.Sprintf(overlayDecl, ""))
+	waitFor(t, "the overlay declaration", func() bool { return slices.Contains(ex.eventsSeen(), fmt.Sprintf("decl %d", s1)) })
+
+	// Away through the rotation: linking again, the agent reads the
+	// roster before the declaration, as it always does.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	before := c.client.Keys.ControlPublic()
+	res, err := c.client.RotateKey(ctx, control.RotateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgentIn(t, id, ex.path, 0, state)
+	r, err := c.client.LastRoster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the roster the new key signed handed over", func() bool {
+		return slices.Contains(ex.eventsSeen(), fmt.Sprintf("roster %d", r.Seq))
+	})
+	ev := ex.eventsSeen()
+	rot, ros := slices.Index(ev, fmt.Sprintf("rotation %d", res.Seq)), slices.Index(ev, fmt.Sprintf("roster %d", r.Seq))
+	if rot < 0 || ros < rot || c.client.Keys.ControlPublic().Equal(before) {
+		t.Fatalf("the executor saw %v; want the rotation, then the new roster", ev)
+	}
+	if _, _, garbage := ex.snapshot(); len(garbage) != 0 {
+		t.Fatalf("the executor was handed what it could not verify: %v", garbage)
+	}
+	rs, _, _ := c.client.Reports(ctx, "n1", 50)
+	for _, rp := range rs {
+		if rp.Trigger == link.TriggerRoster && rp.Outcome == shapes.Refused {
+			t.Fatalf("a roster reported refused: %s", rp.Refused)
+		}
+	}
+}

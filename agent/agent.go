@@ -330,6 +330,9 @@ func runLinked(ctx context.Context, o Options) error {
 		hbNow:  make(chan struct{}, 1),
 		wake:   make(chan struct{}, 1),
 	}
+	// The broker certificates a rotation announced, accepted from the
+	// first dial (takePins).
+	a.id.setPins(st.get().BrokerPins)
 	ctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
 	var wg sync.WaitGroup
@@ -892,7 +895,7 @@ func (a *Agent) notice(m *nats.Msg) {
 			return
 		}
 	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
-		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader)}
+		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader), pins: m.Header.Get(link.PinsHeader)}
 		for {
 			cur := a.carried.Load()
 			if (cur != nil && cur.sseq >= seq) || a.carried.CompareAndSwap(cur, c) {
@@ -1017,7 +1020,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	hb := &link.Heartbeat{
 		Node: a.id.Node, Enrolment: a.id.Enrolment, At: clock.Now().UTC(),
 		Interval: a.o.Heartbeat.Seconds(), State: link.StateEnrolled, Presence: a.presence(),
-		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability,
+		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability, BrokerPinsSeq: st.PinsSeq,
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
 		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -61,6 +62,30 @@ type Identity struct {
 	signer     *link.Signer // nkey's, derived once
 	nkeyPublic string
 	userJWT    string
+	// pins, when set, are the broker certificates a rotation announced
+	// (wire.BrokerPins), accepted in place of Pin; shared by the copies
+	// of the identity (inLayout).
+	pins *pinSet
+}
+
+type pinSet struct{ p atomic.Pointer[[]string] }
+
+// Pins are the broker certificates this node accepts now: those the
+// control side last announced, or the one its enrolment pinned.
+func (id *Identity) Pins() []string {
+	if id.pins != nil {
+		if p := id.pins.p.Load(); p != nil && len(*p) > 0 {
+			return *p
+		}
+	}
+	return []string{id.Pin}
+}
+
+// setPins makes pins the certificates accepted from the next handshake.
+func (id *Identity) setPins(pins []string) {
+	if id.pins != nil {
+		id.pins.p.Store(&pins)
+	}
 }
 
 // NKeyPublic is the public half of the node's NKey (the broker's user name).
@@ -165,6 +190,7 @@ func (c *Config) Identity() (*Identity, error) {
 		signer:     signer,
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,
+		pins:       &pinSet{},
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
 	"fmt"
 
@@ -71,4 +72,38 @@ func (a *Agent) learnControlKey(rotations string) (refused string, err error) {
 		}
 	}
 	return r.Refused, nil
+}
+
+// takePins takes the broker certificates the control side announces
+// beside a declaration (a link.PinsHeader value; "" is none): a statement
+// the control key signed, newer than the one taken last, is kept in the
+// agent's state and accepted from the next handshake on. What does not
+// verify is passed over: the header is the broker's to carry, not to say.
+func (a *Agent) takePins(header string) {
+	if header == "" {
+		return
+	}
+	env, err := base64.StdEncoding.DecodeString(header)
+	if err != nil {
+		return
+	}
+	payload, err := wire.Open(a.controlKey(), wire.PurposeBrokerPins, env)
+	if err != nil {
+		a.log.Warn("passed over a statement of the broker's certificates that does not verify", "reason", err.Error())
+		return
+	}
+	p, err := wire.ParseBrokerPins(payload)
+	if err != nil {
+		a.log.Warn("passed over a statement of the broker's certificates", "reason", err.Error())
+		return
+	}
+	if p.Seq <= a.state.get().PinsSeq {
+		return
+	}
+	if err := a.state.update(func(s *State) { s.BrokerPins, s.PinsSeq = p.Pins, p.Seq }); err != nil {
+		a.log.Warn("state: " + err.Error())
+		return
+	}
+	a.id.setPins(p.Pins)
+	a.log.Warn("the broker's certificates, as the control side announces them", "seq", p.Seq, "pins", p.Pins)
 }

@@ -41,8 +41,9 @@ type declMsg struct {
 	sseq       uint64
 	capability string
 	// rotations is the control key's rotations sent beside it
-	// (link.RotationHeader, as sent).
-	rotations string
+	// (link.RotationHeader, as sent); pins, the broker certificates the
+	// control side announces (link.PinsHeader).
+	rotations, pins string
 }
 
 // newest reads the newest message on the node's own subject by direct get
@@ -128,6 +129,11 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		if err != nil {
 			codeName, reason = CodeSkew, err.Error()
 		}
+	}
+	if reason == "" {
+		// The control side's own declaration: what it says of the
+		// broker's certificates beside it is taken too.
+		a.takePins(m.pins)
 	}
 	if reason != "" {
 		a.log.Warn("refused a declaration; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "code", codeName, "reason", reason)

@@ -96,7 +96,7 @@ func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 	}
 	opts := []nats.Option{
 		nats.Name(name),
-		nats.Secure(link.PinnedTLS(id.Pin, pins.note)),
+		nats.Secure(link.PinnedTLSSet(id.Pins, pins.note)),
 		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),
 		nats.Timeout(link.ConnectTimeout),

@@ -78,7 +78,7 @@ func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMs
 	if subj := m.Header.Get(link.HeaderSubject); subj != subject {
 		return nil, fmt.Errorf("reading the newest %s: the broker answered with a message of %q, not %q", what, subj, subject)
 	}
-	return &declMsg{data: m.Data, sseq: sseq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader)}, nil
+	return &declMsg{data: m.Data, sseq: sseq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader), pins: m.Header.Get(link.PinsHeader)}, nil
 }
 
 // openRoster verifies a roster envelope under the pinned key and reads

@@ -42,6 +42,11 @@ type State struct {
 	// profile: an agent of another capability (an upgrade) says the
 	// profile again, so the control side keeps the capability beside it.
 	ToldCapability int `json:"told_capability,omitempty"`
+	// BrokerPins are the broker certificates the control side last
+	// announced (wire.BrokerPins, sequence PinsSeq), accepted in place of
+	// the one the config pinned: a rotation of the broker's certificate.
+	BrokerPins []string `json:"broker_pins,omitempty"`
+	PinsSeq    uint64   `json:"pins_seq,omitempty"`
 	// Format is the file's format, stateFormat when written (absent, in
 	// what releases before the field wrote: 1).
 	Format int `json:"format,omitempty"`

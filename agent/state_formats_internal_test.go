@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestEveryAgentStateFormatThatShippedIsRead(t *testing.T) {
 			t.Errorf("last linked %v; want %v", got.LastLinked, want.LastLinked)
 		}
 		got.LastLinked = want.LastLinked
-		if got != want {
+		if !reflect.DeepEqual(got, want) {
 			t.Errorf("read %+v; want %+v", got, want)
 		}
 	})

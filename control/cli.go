@@ -75,6 +75,12 @@ in a statement addressed to it, signed by the key retired and by the new one, wh
 with the first message the new key signs; the roster and each node's newest declaration are
 signed again to carry it. --recovery-key FILE signs it with the offline recovery key instead,
 for when the control key is stolen (docs/operations.md, Rotating the control key)`),
+	cmdline.D("cert rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
+		`rotate the broker's certificate (serve carries it out), in two steps: first a new certificate,
+announced to every node in a statement the control key signs — nodes accept both from then on,
+and say so with their heartbeat; then, with --switch once every node has taken it (refused
+otherwise, naming those that have not; --force switches anyway), the broker presents the new one,
+linked nodes staying linked, and nodes accept it alone`),
 	cmdline.D("node show", "NAME", 1, 1, []string{"dir", "nats", "json"},
 		"the node's record, keys, and the profile and inventory it reported"),
 	cmdline.D("node add", "NAME", 1, 1, []string{"dir", "nats", "out", "broker-url", "json"},
@@ -140,6 +146,7 @@ type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
 	recoveryKey                                                     string
+	switchCert, force                                               bool
 	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
 	names                                                           bool
 	hosts, seals                                                    listFlag
@@ -201,6 +208,10 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.Var(&o.seals, "seal", "MODULE.ID=PATH: seal PATH's content to the node's key as that file's content (repeatable)")
 	case "last":
 		fs.IntVar(&o.last, "last", 20, "how many")
+	case "switch":
+		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker to the certificate announced")
+	case "force":
+		fs.BoolVar(&o.force, "force", false, "cert rotate --switch: although some nodes have not taken the new certificate (they must be enrolled again)")
 	case "recovery-key":
 		fs.StringVar(&o.recoveryKey, "recovery-key", "", "the recovery key's file ("+FileRecoveryKey+", kept off this machine): sign the rotation with it, the control key being stolen")
 	case "names":
@@ -328,6 +339,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.nodeShow(pos[0])
 	case "key rotate":
 		err = c.keyRotate(o.recoveryKey)
+	case "cert rotate":
+		err = c.certRotate(o.switchCert, o.force)
 	case "declare":
 		err = c.declare(pos[0], pos[1], o.seals)
 	case "archive put":

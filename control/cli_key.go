@@ -1,14 +1,10 @@
 package control
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/nats-io/nats.go"
 )
 
 // keyRotate asks serve to rotate the control key (KeysSubject) and says
@@ -26,17 +22,9 @@ func (c *cli) keyRotate(recoveryKey string) error {
 		return err
 	}
 	defer cl.Close()
-	data, _ := json.Marshal(&RotateRequest{RecoveryKeyFile: recoveryKey})
-	m, err := cl.NC.Request(KeysSubject, data, 10*time.Minute)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return errors.New("no serve answers on the broker: the rotation is serve's to carry out (it holds the key it signs with); start mesh-control serve")
-	}
-	if err != nil {
-		return fmt.Errorf("asking serve for the rotation: %w", err)
-	}
 	var res RotateResult
-	if err := json.Unmarshal(m.Data, &res); err != nil {
-		return fmt.Errorf("serve's answer does not decode: %w", err)
+	if err := askServe(cl, KeysSubject, &RotateRequest{RecoveryKeyFile: recoveryKey}, &res); err != nil {
+		return err
 	}
 	if c.json {
 		if err := c.printJSON(&res); err != nil {
@@ -54,6 +42,50 @@ func (c *cli) keyRotate(recoveryKey string) error {
 		}
 		if len(res.LeftBehind) > 0 {
 			fmt.Fprintf(c.stdout, "left behind, of a release before rotations: %s — upgrade and enrol them again\n", strings.Join(res.LeftBehind, ", "))
+		}
+	}
+	if res.Error != "" {
+		return errors.New(res.Error)
+	}
+	return nil
+}
+
+// certRotate asks serve for a step of the broker certificate's rotation
+// (CertSubject) and says what it did.
+func (c *cli) certRotate(switchCert, force bool) error {
+	if force && !switchCert {
+		return errors.New("--force is for --switch: the announcement needs none")
+	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var res CertResult
+	if err := askServe(cl, CertSubject, &CertRequest{Switch: switchCert, Force: force}, &res); err != nil {
+		return err
+	}
+	if c.json {
+		if err := c.printJSON(&res); err != nil {
+			return err
+		}
+	} else if res.Error == "" {
+		switch res.Phase {
+		case "announced":
+			fmt.Fprintf(c.stdout, "broker certificate %s announced beside %s (statement %d) to %d node(s); %d declaration(s) signed again to carry it\n",
+				res.Next, res.Current, res.Seq, res.Nodes, res.Republished)
+			if len(res.Held) > 0 {
+				fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — each takes it with its next declaration\n", strings.Join(res.Held, ", "))
+			}
+			c.next("mesh-control cert rotate --switch" + c.dirFlag() + "    # once mesh-control nodes --json shows every node's heartbeat.broker_pins_seq at " + fmt.Sprint(res.Seq))
+		case "switched":
+			fmt.Fprintf(c.stdout, "the broker presents certificate %s now; nodes accept it alone (statement %d)\n", res.Current, res.Seq)
+			if len(res.NotYet) > 0 {
+				fmt.Fprintf(c.stdout, "switched despite: %s — they cannot link until enrolled again\n", strings.Join(res.NotYet, ", "))
+			}
+			if res.Reload != "" {
+				fmt.Fprintf(c.stdout, "still to do: %s\n", res.Reload)
+			}
 		}
 	}
 	if res.Error != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -207,7 +208,7 @@ func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
 	var pinErr atomic.Pointer[link.PinError]
 	nc, err = nats.Connect(url,
 		nats.Name("mesh-control"),
-		nats.Secure(link.PinnedTLS(k.Fingerprint, func(e *link.PinError) { pinErr.Store(e) })),
+		nats.Secure(link.PinnedTLSSet(func() []string { return []string{k.BrokerFingerprint()} }, func(e *link.PinError) { pinErr.Store(e) })),
 		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
 		nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1),
@@ -452,7 +453,7 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 	}
 	cfg := &agent.Config{
 		BrokerURL:         brokerURL,
-		BrokerFingerprint: c.Keys.Fingerprint,
+		BrokerFingerprint: c.Keys.BrokerFingerprint(),
 		ControlKey:        c.Keys.ControlPublicBase64(),
 		Node:              name,
 		Enrolment:         rec.Enrolment,
@@ -752,12 +753,15 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 
 // linkHeader is what the control side says beside all it publishes for
 // rec's node to act on (a declaration, its notice, a plan request): its
-// link capability, and the control key's rotations the node may not have
-// taken yet.
-func linkHeader(rec *NodeRecord) nats.Header {
+// link capability, the control key's rotations the node may not have
+// taken yet, and the broker certificates nodes accept (cert rotate).
+func (c *Client) linkHeader(rec *NodeRecord) nats.Header {
 	h := nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}
 	if len(rec.Rotations) > 0 {
 		h.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
+	}
+	if p := c.Keys.BrokerPins(); p != nil {
+		h.Set(link.PinsHeader, base64.StdEncoding.EncodeToString(p))
 	}
 	return h
 }
@@ -794,7 +798,7 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 			return nil
 		}
 		last := on.stream
-		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: linkHeader(rec)}
+		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: c.linkHeader(rec)}
 		msg.Header.Set(link.SeqHeader, strconv.FormatUint(seq, 10))
 		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
 		var apiErr *jetstream.APIError
@@ -808,7 +812,7 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		// The notice carries the declaration, so a linked node needs no
 		// read; it is a hint all the same: lost, the node reads at its
 		// next connect or timer.
-		notice := &nats.Msg{Subject: s.Notice, Data: env, Header: linkHeader(rec)}
+		notice := &nats.Msg{Subject: s.Notice, Data: env, Header: c.linkHeader(rec)}
 		notice.Header.Set(link.HeaderSequence, strconv.FormatUint(ack.Sequence, 10))
 		c.NC.PublishMsg(notice)
 		return nil

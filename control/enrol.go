@@ -78,9 +78,9 @@ func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl ti
 	if brokerURL == "" {
 		brokerURL = c.Keys.BrokerURL
 	}
-	fp, err := hex.DecodeString(c.Keys.Fingerprint)
+	fp, err := hex.DecodeString(c.Keys.BrokerFingerprint())
 	if err != nil || len(fp) != 32 {
-		return "", nil, fmt.Errorf("the broker fingerprint %q is not a SHA-256", c.Keys.Fingerprint)
+		return "", nil, fmt.Errorf("the broker fingerprint %q is not a SHA-256", c.Keys.BrokerFingerprint())
 	}
 	tok := &wire.Token{BrokerURL: brokerURL, ControlKey: c.Keys.ControlPublic(), Expires: time.Now().Add(ttl).Truncate(time.Second)}
 	rand.Read(tok.ID[:])

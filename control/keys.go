@@ -47,6 +47,9 @@ const (
 	// public half, stays: every grant names it, and nodes pin it.
 	FileRecoveryKey = "recovery.key"
 	FileRecoveryPub = "recovery.pub"
+	// FileBrokerPins is the newest statement of the broker certificates
+	// nodes accept (cert rotate): sent beside every declaration.
+	FileBrokerPins = "broker-pins.cose"
 )
 
 // DefaultBrokerURL is where the embedded broker listens unless told.
@@ -69,6 +72,34 @@ type Keys struct {
 	// Recovery is the recovery key's public half (FileRecoveryPub); nil
 	// in a key directory made before it.
 	Recovery ed25519.PublicKey
+	// pins is the newest statement of the broker's certificates
+	// (FileBrokerPins, a wire.BrokerPins envelope): nil when none.
+	pins []byte
+}
+
+// BrokerFingerprint is the broker certificate's fingerprint now (a
+// rotation's switch changes it in serve).
+func (k *Keys) BrokerFingerprint() string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.Fingerprint
+}
+
+// BrokerPins is the newest statement of the broker's certificates, nil
+// when none was made.
+func (k *Keys) BrokerPins() []byte {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.pins
+}
+
+func (k *Keys) setBroker(fingerprint string, pins []byte) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if fingerprint != "" {
+		k.Fingerprint = fingerprint
+	}
+	k.pins = pins
 }
 
 // Signer is the control-plane key to sign with now.
@@ -310,6 +341,9 @@ func LoadKeys(dir string) (*Keys, error) {
 		k.Fingerprint = link.Fingerprint(blk.Bytes)
 	} else {
 		k.Fingerprint = link.Fingerprint(cert.Certificate[0])
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, FileBrokerPins)); err == nil {
+		k.pins = b
 	}
 	seed, err := readKeyFile(dir, FileNKey)
 	if err != nil {

@@ -54,7 +54,7 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 		return "", err
 	}
 	for _, subj := range link.PlanSubjects(rec.Name) { // its agent hears one, of either layout
-		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: linkHeader(rec)}); err != nil {
+		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: c.linkHeader(rec)}); err != nil {
 			return "", err
 		}
 	}

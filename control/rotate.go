@@ -80,24 +80,44 @@ var rotateMu sync.Mutex
 
 // answerKeys carries out rotations asked on KeysSubject until nc drains.
 func answerKeys(c *Client, log *slog.Logger) error {
-	_, err := c.NC.QueueSubscribe(KeysSubject, keysQueue, func(m *nats.Msg) {
+	return answerServe(c, KeysSubject, func() *RotateResult { return &RotateResult{} }, func(ctx context.Context, req RotateRequest) (*RotateResult, error) {
+		res, err := c.RotateKey(ctx, req)
+		if res == nil {
+			res = &RotateResult{}
+		}
+		if err != nil {
+			log.Error("the control key was not rotated", "err", err)
+		} else {
+			log.Warn("the control key rotated", "from", res.From, "to", res.To, "by", res.By, "seq", res.Seq, "nodes", res.Nodes, "republished", res.Republished)
+		}
+		return res, err
+	})
+}
+
+// served is a result serve answers a command with: its error said in it.
+type served interface{ setError(string) }
+
+func (r *RotateResult) setError(e string) { r.Error = e }
+func (r *CertResult) setError(e string)   { r.Error = e }
+
+// answerServe answers each request on subject (one serve of several, by
+// keysQueue) with what do makes of it (never nil), decoded and encoded as
+// JSON, the error in the result (fresh: a request that does not decode);
+// each in its own goroutine, for up to 10 minutes.
+func answerServe[Q any, R served](c *Client, subject string, fresh func() R, do func(context.Context, Q) (R, error)) error {
+	_, err := c.NC.QueueSubscribe(subject, keysQueue, func(m *nats.Msg) {
 		go func() {
-			var req RotateRequest
-			res := &RotateResult{}
+			var req Q
+			res := fresh()
 			if err := json.Unmarshal(m.Data, &req); err != nil {
-				res.Error = "the request does not decode: " + err.Error()
+				res.setError("the request does not decode: " + err.Error())
 			} else {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-				r, err := c.RotateKey(ctx, req)
+				r, err := do(ctx, req)
 				cancel()
-				if r != nil {
-					res = r
-				}
+				res = r
 				if err != nil {
-					res.Error = err.Error()
-					log.Error("the control key was not rotated", "err", err)
-				} else {
-					log.Warn("the control key rotated", "from", res.From, "to", res.To, "by", res.By, "seq", res.Seq, "nodes", res.Nodes, "republished", res.Republished)
+					res.setError(err.Error())
 				}
 			}
 			b, _ := json.Marshal(res)
@@ -105,7 +125,24 @@ func answerKeys(c *Client, log *slog.Logger) error {
 		}()
 	})
 	if err != nil {
-		return fmt.Errorf("answering on %s: %w", KeysSubject, err)
+		return fmt.Errorf("answering on %s: %w", subject, err)
+	}
+	return nil
+}
+
+// askServe asks serve on subject with req, and decodes its answer into
+// res; what serve found wrong is res's, not the error's.
+func askServe(cl *Client, subject string, req, res any) error {
+	data, _ := json.Marshal(req)
+	m, err := cl.NC.Request(subject, data, 10*time.Minute)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return errors.New("no serve answers on the broker: the rotation is serve's to carry out (it holds the keys it signs with); start mesh-control serve")
+	}
+	if err != nil {
+		return fmt.Errorf("asking serve for the rotation: %w", err)
+	}
+	if err := json.Unmarshal(m.Data, res); err != nil {
+		return fmt.Errorf("serve's answer does not decode: %w", err)
 	}
 	return nil
 }

@@ -162,6 +162,13 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	if err := answerKeys(c, log); err != nil {
 		return err
 	}
+	var pids []string
+	if o.BrokerPID != "" {
+		pids = strings.Split(o.BrokerPID, ",")
+	}
+	if err := answerCert(c, srv, pids, log); err != nil {
+		return err
+	}
 	go giveBackWhenQuiet(ctx, log)
 	if o.Metrics != "" {
 		c.metrics = newMetrics()

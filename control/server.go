@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"log/slog"
@@ -234,6 +235,20 @@ type Server struct {
 	// reopenedAt is when the store was last opened anew.
 	// +checklocks:mu
 	reopenedAt time.Time
+	// cert is the certificate the broker presents (SwitchCertificate).
+	cert *atomic.Pointer[tls.Certificate]
+}
+
+// SwitchCertificate has the broker present the key directory's
+// certificate, as it is on disk now, from the next handshake on: linked
+// clients stay linked.
+func (s *Server) SwitchCertificate() error {
+	c, err := tls.LoadX509KeyPair(s.keys.CertFile(), s.keys.KeyFile())
+	if err != nil {
+		return fmt.Errorf("the broker's certificate: %w", err)
+	}
+	s.cert.Store(&c)
+	return nil
 }
 
 // StartServer starts the embedded broker on listen (host:port; port 0
@@ -276,6 +291,16 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	}
 	auth := &registryAuth{control: k.NKeyPublic, account: k.AccountPublic, nodes: map[string]string{}, tokens: map[string]tokenUser{}, known: make(chan struct{}), quit: make(chan struct{})}
 	opts.CustomClientAuthentication = auth
+	// The certificate is handed at each handshake from cert, so that a
+	// rotation (cert rotate --switch) changes it without a reload — which
+	// would rebuild the accounts this broker makes as nodes connect.
+	cert := new(atomic.Pointer[tls.Certificate])
+	if opts.TLSConfig != nil && len(opts.TLSConfig.Certificates) == 1 {
+		c := opts.TLSConfig.Certificates[0]
+		cert.Store(&c)
+		opts.TLSConfig.Certificates = nil
+		opts.TLSConfig.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }
+	}
 	opts.MaxConn = brokerMaxConn()
 	opts.AlwaysEnableNonce = true // the NKey challenge
 	opts.NoSigs = true
@@ -283,7 +308,7 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &Server{ns: ns, auth: auth, keys: k, host: host, opts: opts, kick: make(chan struct{}, 1), reopened: make(chan struct{})}
+	srv := &Server{ns: ns, auth: auth, keys: k, host: host, opts: opts, kick: make(chan struct{}, 1), reopened: make(chan struct{}), cert: cert}
 	ns.SetLoggerV2(&serverLog{l: log.With("part", "broker"), onError: srv.noteWriteError}, false, false, false)
 	auth.ns = ns
 	go ns.Start()

@@ -101,3 +101,10 @@ func CheckControl(c int) error {
 // first message signed by the new key. Each statement is signed, twice;
 // the header only carries them.
 const RotationHeader = "Mesh-Key-Rotation"
+
+// PinsHeader carries, beside each declaration and plan request, the
+// control side's newest statement of the broker certificates a node
+// accepts (a wire.BrokerPins envelope, base64), while a rotation of the
+// broker's certificate is under way: signed by the control key, the
+// header only carries it.
+const PinsHeader = "Mesh-Broker-Pins"

@@ -128,6 +128,10 @@ type Heartbeat struct {
 	// heartbeat that carries the profile, which the agent sends again
 	// whenever its capability is not the one it last said.
 	Capability int `json:"capability,omitempty"`
+	// BrokerPinsSeq is the sequence of the broker certificates'
+	// statement the agent took last (wire.BrokerPins; 0: none): the
+	// control side switches the broker's certificate once every node has.
+	BrokerPinsSeq uint64 `json:"broker_pins_seq,omitempty"`
 	// Executor is the executor's own account of itself, asked over the
 	// socket for this heartbeat; ExecutorError says why it could not be.
 	Executor      *ExecutorStatus `json:"executor,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -58,6 +59,13 @@ func (e *PinError) Error() string {
 // the caller through the NATS client unwrapped or wrapped, and the callback
 // keeps the legible cause either way.
 func PinnedTLS(pin string, onMismatch func(*PinError)) *tls.Config {
+	return PinnedTLSSet(func() []string { return []string{pin} }, onMismatch)
+}
+
+// PinnedTLSSet is PinnedTLS for a set of certificates, asked at each
+// handshake: the broker's certificate, and the one replacing it while a
+// rotation announces both (wire.BrokerPins).
+func PinnedTLSSet(pins func() []string, onMismatch func(*PinError)) *tls.Config {
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: true, // replaced by the pin below, checked in the handshake
@@ -66,8 +74,9 @@ func PinnedTLS(pin string, onMismatch func(*PinError)) *tls.Config {
 				return errors.New("the broker presented no certificate")
 			}
 			got := Fingerprint(cs.PeerCertificates[0].Raw)
-			if got != pin {
-				e := &PinError{Got: got, Pinned: pin}
+			set := pins()
+			if !slices.Contains(set, got) {
+				e := &PinError{Got: got, Pinned: strings.Join(set, " or ")}
 				if onMismatch != nil {
 					onMismatch(e)
 				}

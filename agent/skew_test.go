@@ -2,8 +2,13 @@ package agent_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -172,5 +177,56 @@ func TestARotationReachesTheRoster(t *testing.T) {
 		if rp.Trigger == link.TriggerRoster && rp.Outcome == shapes.Refused {
 			t.Fatalf("a roster reported refused: %s", rp.Refused)
 		}
+	}
+}
+
+// The broker certificates a node accepts change only by a statement the
+// control key signs, carried beside a declaration: one signed by another
+// key is passed over; the genuine one is kept in the agent's state and
+// accepted from the next handshake.
+func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, cfg := c.addNode("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	state := t.TempDir()
+	runAgentIn(t, id, ex.path, 0, state)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	decls, err := c.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := decls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := strings.Repeat("ee", 32)
+	carry := func(seq uint64, signer ed25519.PrivateKey) {
+		payload, _ := json.Marshal(map[string]any{"version": 1, "node": "n1", "enrolment": cfg.Enrolment, "seq": seq, "resources": file(fmt.Sprint(seq))})
+		env, _ := wire.Seal(c.keys.Control, wire.PurposeDeclaration, payload)
+		pins, _ := json.Marshal(&wire.BrokerPins{Seq: seq, Pins: []string{id.Pin, theirs}, Issued: time.Now().UTC()})
+		stmt, _ := wire.Seal(signer, wire.PurposeBrokerPins, pins)
+		c.client.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf("n1").Notice, Data: env, Header: nats.Header{
+			link.HeaderSequence: []string{fmt.Sprint(info.State.LastSeq + 100 + seq)}, link.PinsHeader: []string{base64.StdEncoding.EncodeToString(stmt)}}})
+	}
+	pinned := func() []string {
+		var st struct {
+			Pins []string `json:"broker_pins"`
+		}
+		b, _ := os.ReadFile(filepath.Join(state, "agent.json"))
+		json.Unmarshal(b, &st)
+		return st.Pins
+	}
+	_, other, _ := ed25519.GenerateKey(rand.Reader)
+	carry(1, other)
+	c.reports("n1", "seq 1 applied", hasReport(1, shapes.Applied))
+	if p := pinned(); len(p) != 0 || len(id.Pins()) != 1 {
+		t.Fatalf("a statement another key signed was taken: %v", p)
+	}
+	carry(2, c.keys.Control)
+	c.reports("n1", "seq 2 applied", hasReport(2, shapes.Applied))
+	if p := pinned(); len(p) != 2 || p[1] != theirs || !slices.Contains(id.Pins(), theirs) {
+		t.Fatalf("the control key's statement: state %v, accepted %v", p, id.Pins())
 	}
 }

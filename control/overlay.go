@@ -326,12 +326,33 @@ func (c *Client) allocate(ctx context.Context, node string, network netip.Prefix
 }
 
 // claimFree claims the lowest free address of network for node: first
-// among those no claim names, then among those whose node is gone.
+// among those no claim names, then among those whose node is gone. A
+// network found full while a claim is not its node's address (the loser
+// of two allocations for one node, giving its claim back; an allocation
+// between its claim and its pointer) is looked at again, a moment later,
+// a few times: such a claim is about to be given back or to be the
+// node's, and only a network full of nodes' addresses is full.
 func (c *Client) claimFree(ctx context.Context, node string, network netip.Prefix) (netip.Addr, uint64, error) {
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		a, rev, passing, err := c.claimFreeOnce(ctx, node, network)
+		if err == nil || !passing || wait > 640*time.Millisecond {
+			return a, rev, err
+		}
+		select {
+		case <-ctx.Done():
+			return a, rev, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// claimFreeOnce is one look of claimFree; passing says, of a network
+// found full, that a claim in it is not its node's address.
+func (c *Client) claimFreeOnce(ctx context.Context, node string, network netip.Prefix) (netip.Addr, uint64, bool, error) {
 	taken := map[netip.Addr]bool{}
 	l, err := c.KV.ListKeysFiltered(ctx, "ip.>")
 	if err != nil {
-		return netip.Addr{}, 0, fmt.Errorf("registry: listing overlay addresses: %w", err)
+		return netip.Addr{}, 0, false, fmt.Errorf("registry: listing overlay addresses: %w", err)
 	}
 	for k := range l.Keys() {
 		if a, err := netip.ParseAddr(strings.ReplaceAll(strings.TrimPrefix(k, "ip."), "_", ":")); err == nil {
@@ -353,24 +374,28 @@ func (c *Client) claimFree(ctx context.Context, node string, network netip.Prefi
 			continue
 		}
 		if rev, err := c.KV.Create(ctx, ipKey(a), []byte(node)); err == nil {
-			return a, rev, nil
+			return a, rev, false, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return netip.Addr{}, 0, fmt.Errorf("registry: claiming overlay address %s: %w", a, err)
+			return netip.Addr{}, 0, false, fmt.Errorf("registry: claiming overlay address %s: %w", a, err)
 		}
 	}
+	passing := false
 	for a := range hosts {
 		owner, rev := c.claimOwner(ctx, a)
 		if owner == "" {
 			continue
 		}
 		if _, _, err := c.Node(ctx, owner); err == nil {
+			if at, _, ok := c.address(ctx, owner); !ok || at != a {
+				passing = true
+			}
 			continue
 		}
 		if rev, err := c.KV.Update(ctx, ipKey(a), []byte(node), rev); err == nil {
-			return a, rev, nil
+			return a, rev, false, nil
 		}
 	}
-	return netip.Addr{}, 0, fmt.Errorf("overlay network %s is full: every address is a node's", network)
+	return netip.Addr{}, 0, passing, fmt.Errorf("overlay network %s is full: every address is a node's", network)
 }
 
 // release gives node's claim on a back, if it still is node's.

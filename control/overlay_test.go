@@ -401,3 +401,42 @@ func TestOverlayPeersFromEnrolmentKeys(t *testing.T) {
 		t.Fatalf("an unchanged composition was sent again (%d → %d)", before, n)
 	}
 }
+
+// A tiny network is not said full while one of its addresses is claimed
+// only in passing — the loser of two allocations for one node, giving its
+// claim back a moment later: the allocation looks again, and takes it.
+func TestAClaimInPassingDoesNotFillTheNetwork(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tiny := "10.95.0.0/30"
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{Network: &tiny}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b"} {
+		if _, _, err := s.client.AddNode(ctx, n, s.url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := s.client.OverlayAddress(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's second claim, as the loser of a race holds it for a moment.
+	other := "10.95.0.1"
+	if a.Addr().String() == other {
+		other = "10.95.0.2"
+	}
+	key := "ip." + other
+	if _, err := s.client.KV.Create(ctx, key, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		s.client.KV.Delete(context.Background(), key)
+	}()
+	b, err := s.client.OverlayAddress(ctx, "b")
+	if err != nil || b.Addr().String() != other {
+		t.Fatalf("b, while a's second claim was being given back: %s %v", b, err)
+	}
+}

@@ -761,7 +761,11 @@ func (c *cli) nodes() error {
 		if n.ClockSkewMS != 0 {
 			state += ", clock " + skewShort(n.ClockSkewMS)
 		}
-		if n.RotationPending && n.State != StateRevoked {
+		switch {
+		case n.State == StateRevoked:
+		case n.RotationOutOfReach:
+			state += ", control key " + n.ControlKeyID + ": no rotation from it is kept, enrol it again"
+		case n.RotationPending:
 			state += ", control key " + n.ControlKeyID + ": the rotation not taken yet"
 		}
 		if n.OutsideSkew != "" {

@@ -3,6 +3,7 @@ package control_test
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -88,5 +90,51 @@ func TestARotationCutOffIsReplacedByTheNext(t *testing.T) {
 	rec, _, _ = s.client.Node(ctx, "n1")
 	if got := walk(t, enrolled, rec.Rotations); !got.Equal(s.client.Keys.ControlPublic()) || len(rec.Rotations) != 2 {
 		t.Fatalf("after another rotation: the chain (%d) leads to %s, the control side signs with %s", len(rec.Rotations), wire.KeyID(got), wire.KeyID(s.client.Keys.ControlPublic()))
+	}
+}
+
+// nodes tells a node that has not taken a rotation from one that cannot:
+// no rotation kept retires the key it holds, and it is to be enrolled
+// again.
+func TestNodesSaysWhoCannotTakeARotation(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	text, _, err := s.client.IssueToken(ctx, "n1", true, time.Hour, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMachine(t)
+	_, id := identityOf(t, s, m, grantOf(t, s, must(requestWith(t, s, text, m.keys, nil, nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}}))))
+	enrolled := wire.KeyID(s.client.Keys.ControlPublic())
+	if _, err := s.client.RotateKey(ctx, control.RotateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	var nc *nats.Conn
+	eventually(t, "n1 let in", func() bool { nc, err = agent.Dial(id); return err == nil })
+	defer nc.Close()
+	for _, c := range []struct {
+		holds            string
+		pending, unreach bool
+	}{
+		{enrolled, true, false},
+		{"00000000000000aa", true, true},
+		{wire.KeyID(s.client.Keys.ControlPublic()), false, false},
+	} {
+		data, _ := json.Marshal(link.Heartbeat{Node: "n1", Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
+			Executor: &link.ExecutorStatus{Version: "v", ControlKeyID: c.holds}})
+		sig, _ := id.Sign(data)
+		if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+		eventually(t, "nodes to read the heartbeat", func() bool {
+			ns, err := s.client.Nodes(ctx)
+			return err == nil && len(ns) == 1 && ns[0].ControlKeyID == c.holds
+		})
+		ns, _ := s.client.Nodes(ctx)
+		if ns[0].RotationPending != c.pending || ns[0].RotationOutOfReach != c.unreach {
+			t.Errorf("a node holding %s: pending %v, out of reach %v", c.holds, ns[0].RotationPending, ns[0].RotationOutOfReach)
+		}
 	}
 }

@@ -49,6 +49,10 @@ type NodeStatus struct {
 	// this control side signs with (a rotation not taken yet).
 	ControlKeyID    string `json:"control_key_id,omitempty"`
 	RotationPending bool   `json:"rotation_pending,omitempty"`
+	// RotationOutOfReach: no rotation kept for the node retires the key it
+	// holds (away through more than the registry keeps): it cannot take
+	// one, and is to be enrolled again.
+	RotationOutOfReach bool `json:"rotation_out_of_reach,omitempty"`
 	ExecutorVersion string `json:"executor_version,omitempty"`
 	ExecutorBuild   string `json:"executor_build,omitempty"`
 	ExecutorError   string `json:"executor_error,omitempty"`
@@ -164,6 +168,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 				s.RolledBackFrom, s.RollbackReason = hb.Executor.RolledBackFrom, hb.Executor.RollbackReason
 				if s.ControlKeyID = hb.Executor.ControlKeyID; s.ControlKeyID != "" && s.ControlKeyID != c.Keys.KeyID() {
 					s.RotationPending = true
+					s.RotationOutOfReach = !rotationFrom(r.Rotations, s.ControlKeyID)
 				}
 				if hb.Executor.Seq > s.Applied {
 					s.Applied = hb.Executor.Seq
@@ -251,4 +256,15 @@ func (c *Client) Briefing(ctx context.Context, node string) *shapes.Briefing {
 		return nil
 	}
 	return &b
+}
+
+// rotationFrom says whether chain holds a rotation a node holding key id
+// can take: one the key retires, or one the recovery key signed.
+func rotationFrom(chain [][]byte, id string) bool {
+	for _, env := range chain {
+		if r, err := wire.PeekRotation(env); err == nil && (r.From == id || r.By == wire.ByRecovery) {
+			return true
+		}
+	}
+	return false
 }

@@ -77,7 +77,7 @@ signed again to carry it. --recovery-key FILE signs it with the offline recovery
 for when the control key is stolen (docs/operations.md, Rotating the control key)`),
 	cmdline.D("cert rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
 		`rotate the broker's certificate (serve carries it out), in two steps: first a new certificate,
-announced to every node in a statement the control key signs — nodes accept both from then on,
+announced to every node in a statement the control key signs: nodes accept both from then on,
 and say so with their heartbeat; then, with --switch once every node has taken it (refused
 otherwise, naming those that have not; --force switches anyway), the broker presents the new one,
 linked nodes staying linked, and nodes accept it alone`),

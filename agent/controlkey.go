@@ -42,7 +42,7 @@ func (a *Agent) open(purpose wire.Purpose, env []byte, rotations string) ([]byte
 	if refused != "" {
 		return nil, fmt.Errorf("%w; a rotation of the control key came with it, and was refused: %s", err, refused)
 	}
-	return nil, fmt.Errorf("%w; no rotation from the control key this node holds came with it: if the control key was rotated longer ago than the control side keeps its rotations, enrol this node again (mesh-executor enrol)", err)
+	return nil, fmt.Errorf("%w; no rotation from the control key this node holds (%s) came with it: signed before a rotation this node has taken (declare again), or, if the control key was rotated longer ago than the control side keeps its rotations, enrol this node again (mesh-executor enrol)", err, wire.KeyID(a.controlKey()))
 }
 
 // learnControlKey hands the executor the rotations (a RotationHeader's

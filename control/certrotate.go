@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -159,9 +160,11 @@ func (c *Client) RotateCert(ctx context.Context, req CertRequest, srv *Server, p
 	if len(res.NotYet) > 0 && !req.Force {
 		return res, fmt.Errorf("not switched: %d node(s) have not taken the new certificate yet, and could not link after the switch: %s — wait for them (mesh-control nodes), or switch with --force and enrol them again", len(res.NotYet), strings.Join(res.NotYet, ", "))
 	}
-	// The key first: a crash between the two leaves a pair that does not
-	// match, which serve refuses to start on, saying so, rather than a
-	// certificate presented with the wrong key.
+	// The key first: a crash between the two leaves the new key beside
+	// the old certificate and the new one still announced
+	// (broker.crt.next), which serve finishes as it starts
+	// (FinishCertSwitch) — never a certificate presented with a key not
+	// its own.
 	if err := os.Rename(nextKey, k.KeyFile()); err != nil {
 		return nil, err
 	}
@@ -245,4 +248,24 @@ func certHosts(path string) ([]string, error) {
 		}
 	}
 	return hosts, nil
+}
+
+// FinishCertSwitch finishes a switch of the broker's certificate cut off
+// between its two renames: the key in place is broker.crt.next's, so the
+// certificate follows it. It says whether there was one to finish.
+func FinishCertSwitch(dir string) (bool, error) {
+	cert, key := filepath.Join(dir, FileBrokerCert), filepath.Join(dir, FileBrokerKey)
+	if _, err := os.Stat(cert + ".next"); err != nil {
+		return false, nil
+	}
+	if _, err := tls.LoadX509KeyPair(cert, key); err == nil {
+		return false, nil // the pair in place matches: nothing cut off
+	}
+	if _, err := tls.LoadX509KeyPair(cert+".next", key); err != nil {
+		return false, nil // not this: the key is no announced certificate's either
+	}
+	if err := os.Rename(cert+".next", cert); err != nil {
+		return false, fmt.Errorf("finishing the switch of the broker's certificate: %w", err)
+	}
+	return true, nil
 }

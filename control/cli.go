@@ -471,6 +471,11 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 		defer l.Close()
 		lock = l
 	}
+	if done, err := FinishCertSwitch(c.dir); err != nil {
+		return err
+	} else if done {
+		c.log.Warn("serve: a switch of the broker's certificate cut off between its key and its certificate was finished", "dir", c.dir)
+	}
 	k, err := LoadKeys(c.dir)
 	if err != nil {
 		return err

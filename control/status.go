@@ -52,10 +52,10 @@ type NodeStatus struct {
 	// RotationOutOfReach: no rotation kept for the node retires the key it
 	// holds (away through more than the registry keeps): it cannot take
 	// one, and is to be enrolled again.
-	RotationOutOfReach bool `json:"rotation_out_of_reach,omitempty"`
-	ExecutorVersion string `json:"executor_version,omitempty"`
-	ExecutorBuild   string `json:"executor_build,omitempty"`
-	ExecutorError   string `json:"executor_error,omitempty"`
+	RotationOutOfReach bool   `json:"rotation_out_of_reach,omitempty"`
+	ExecutorVersion    string `json:"executor_version,omitempty"`
+	ExecutorBuild      string `json:"executor_build,omitempty"`
+	ExecutorError      string `json:"executor_error,omitempty"`
 	// ExecutorHalted is the launcher's reason, as the agent relays it,
 	// for starting no executor on the node.
 	ExecutorHalted string `json:"executor_halted,omitempty"`

@@ -16,10 +16,14 @@ func TestEveryAgentStateFormatThatShippedIsRead(t *testing.T) {
 	first := State{LastLinked: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC), LastApplied: 7, LastAppliedOutcome: "applied", LastSeq: 8, LastOutcome: "refused"}
 	last := first
 	last.ProfileDigest, last.LastStreamSeq, last.LastRosterStreamSeq, last.LastRosterSeq, last.UsesRoster = "sha256:ef56", 41, 12, 5, true
+	rotated := last
+	rotated.ToldCapability, rotated.PinsSeq = 1, 2
+	rotated.BrokerPins = []string{strings.Repeat("a", 64), strings.Repeat("b", 64)}
 	goldens := map[string]State{
-		"91009a6": first, // the first release of the agent
-		"9d97354": last,  // the last release before the format field
-		"5d5c15c": last,  // the first with it
+		"91009a6": first,   // the first release of the agent
+		"9d97354": last,    // the last release before the format field
+		"5d5c15c": last,    // the first with it
+		"3c69c07": rotated, // the first with the capability said and the broker's pins
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, want State) {
 		st, err := openState(filepath.Join(golden.Dir, release))

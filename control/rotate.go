@@ -264,18 +264,18 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 	rr.Key = res.To
 	data, _ := json.Marshal(&rr)
 	if _, err := c.KV.Put(ctx, rotationKey, data); err != nil {
-		return res, fmt.Errorf("registry: the rotation's record: %w", err)
+		return res, fmt.Errorf("the control key rotated to %s and is signed with; but the registry's record of the rotation was not written: %w (the next rotation numbers itself from the last it finds)", res.To, err)
 	}
 	// Everything the nodes read signed again by the new key.
 	if _, err := c.Overlay(ctx); err == nil {
 		if _, err := c.PublishRoster(ctx); err != nil {
-			return res, fmt.Errorf("the roster, signed again: %w", err)
+			return res, fmt.Errorf("the control key rotated to %s and is signed with; but the roster was not signed again: %w (mesh-control publish, once the broker takes writes, carries it)", res.To, err)
 		}
 	}
 	for _, r := range addressed {
 		switch ok, err := c.republish(ctx, r.Name, oldPub); {
 		case err != nil:
-			return res, fmt.Errorf("%s's newest declaration, signed again: %w", r.Name, err)
+			return res, fmt.Errorf("the control key rotated to %s and is signed with; but %s's newest declaration was not signed again: %w (it takes the rotation with its next declaration; mesh-control publish sends one)", res.To, r.Name, err)
 		case ok:
 			res.Republished++
 		case !ok:

@@ -243,7 +243,43 @@ func (w *world) afterStep() {
 			continue
 		}
 		w.checkMachine(n)
+		w.checkKeyInForce(n)
 	}
+}
+
+// checkKeyInForce: a node converged that has taken a declaration from the
+// link holds, within the bound, the control key the control side signs
+// with — a rotation reaches every node that is not cut off, whatever
+// happened while it was (a rotation rides on a declaration: a node never
+// declared to takes it with its first).
+func (w *world) checkKeyInForce(n *node) {
+	var floor struct {
+		Seq uint64 `json:"seq"`
+	}
+	if b, err := os.ReadFile(filepath.Join(n.state, "link-floor.json")); err != nil || json.Unmarshal(b, &floor) != nil || floor.Seq == 0 {
+		return
+	}
+	w.check("key-in-force")
+	var held, want string
+	if w.eventually(w.cfg.bound, func() bool {
+		pub, err := os.ReadFile(filepath.Join(w.ctl, "control.pub"))
+		if err != nil {
+			return false
+		}
+		want = strings.TrimSpace(string(pub))
+		var ck struct {
+			Key string `json:"control_key"`
+		}
+		b, err := os.ReadFile(filepath.Join(n.state, "control-keys.json"))
+		if err != nil || json.Unmarshal(b, &ck) != nil {
+			return false
+		}
+		held = ck.Key
+		return held == want
+	}) {
+		return
+	}
+	w.violate(n, "key-in-force", "%s holds control key %q; the control side signs with %s", n.name, held, want)
 }
 
 // quiet is a node with no fault in force: its processes run, its disk

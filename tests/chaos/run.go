@@ -297,6 +297,11 @@ func (w *world) do(s step) {
 		if err := w.enrol(n, "--node", n.name); err != nil {
 			w.violate(n, "reenrol", "%v", err)
 		}
+	case "key-rotate":
+		out, code, err := w.control("key", "rotate", "--json")
+		if w.expectOK(nil, "key rotate", out, code, err) {
+			w.faults["key-rotate"]++
+		}
 	case "token":
 		w.spares++
 		name := fmt.Sprintf("spare%d", w.spares)

@@ -124,6 +124,13 @@ const clockEvery = 40
 // machine moved), drawn from a fourth stream of the seed's own.
 const pauseEvery = 50
 
+// rotateEvery: one step in about this many rotates the control key (key
+// rotate), drawn from a fifth stream of the seed's own, so that a seed
+// draws what it drew before rotations were drawn, with them put in
+// between: whatever the faults in force, every node ends holding the key
+// the control side signs with.
+const rotateEvery = 30
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -153,6 +160,7 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	rc := rand.New(rand.NewPCG(seed, 0x63746c6469736b)) // "ctldisk": the control side's faults
 	rk := rand.New(rand.NewPCG(seed, 0x636c6f636b))     // "clock": a node's clock off
 	rp := rand.New(rand.NewPCG(seed, 0x7061757365))     // "pause": serve paused
+	rr := rand.New(rand.NewPCG(seed, 0x726f74617465))   // "rotate": the control key rotated
 	// ctlFull: the control side's disk is full. What an operator's
 	// command would write is refused then, so the model counts no write
 	// made while it is (no assignment, revocation, overlay).
@@ -243,6 +251,10 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		}
 		if len(steps) >= count {
 			break
+		}
+		if rr.IntN(rotateEvery) == 0 && !ctlFull {
+			addStep(step{Kind: "key-rotate"})
+			continue
 		}
 		if rp.IntN(pauseEvery) == 0 {
 			addStep(step{Kind: "pause-serve", Proc: "serve", Arg: 2 + rp.IntN(9)})

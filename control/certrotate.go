@@ -128,12 +128,12 @@ func (c *Client) RotateCert(ctx context.Context, req CertRequest, srv *Server, p
 				continue
 			}
 			res.Nodes++
-			switch ok, err := c.republish(ctx, r.Name, k.ControlPublic()); {
+			switch signed, held, err := c.republish(ctx, r.Name, k.ControlPublic()); {
 			case err != nil:
 				return res, fmt.Errorf("%s's newest declaration, signed again: %w", r.Name, err)
-			case ok:
+			case signed:
 				res.Republished++
-			default:
+			case held:
 				res.Held = append(res.Held, r.Name)
 			}
 		}

@@ -273,12 +273,12 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 		}
 	}
 	for _, r := range addressed {
-		switch ok, err := c.republish(ctx, r.Name, oldPub); {
+		switch signed, held, err := c.republish(ctx, r.Name, oldPub); {
 		case err != nil:
 			return res, fmt.Errorf("the control key rotated to %s and is signed with; but %s's newest declaration was not signed again: %w (it takes the rotation with its next declaration; mesh-control publish sends one)", res.To, r.Name, err)
-		case ok:
+		case signed:
 			res.Republished++
-		case !ok:
+		case held:
 			res.Held = append(res.Held, r.Name)
 		}
 	}
@@ -326,32 +326,32 @@ func (c *Client) addRotation(ctx context.Context, node, enrolment string, env []
 }
 
 // republish declares node's newest declaration again, signed by the key
-// in force, under a new sequence — unless it is signed by that key
-// already (true), or holds sealed content, which is bound to its sequence
-// and which this side cannot read back (false: the node takes the
-// rotation with its next declaration). A node never declared to has none
-// to carry it: its first will.
-func (c *Client) republish(ctx context.Context, node string, retired ed25519.PublicKey) (bool, error) {
+// in force, under a new sequence (signed) — unless there is none (a node
+// never declared to takes a rotation with its first declaration), it is
+// signed by the key in force already, or it holds sealed content, which
+// is bound to its sequence and which this side cannot read back (held:
+// the node takes the rotation with its next declaration).
+func (c *Client) republish(ctx context.Context, node string, retired ed25519.PublicKey) (signed, held bool, err error) {
 	m, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return true, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	payload, err := wire.Open(retired, wire.PurposeDeclaration, m.Data)
 	if err != nil {
-		return true, nil // not the retired key's: signed since, by the new one
+		return false, false, nil // not the retired key's: signed since, by the new one
 	}
 	var d map[string]json.RawMessage
 	if err := json.Unmarshal(payload, &d); err != nil {
-		return false, err
+		return false, false, err
 	}
 	var resources []map[string]json.RawMessage
 	json.Unmarshal(d["resources"], &resources)
 	for _, r := range resources {
 		if _, sealed := r["sealed"]; sealed {
-			return false, nil
+			return false, true, nil
 		}
 	}
 	delete(d, "node")
@@ -361,9 +361,9 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 	signer := *c
 	signer.DespiteBriefing, signer.Seals = true, nil
 	if _, err := signer.Declare(ctx, node, body); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return true, nil
+	return true, false, nil
 }
 
 // writeKeyFile writes an Ed25519 private key as PKCS#8 PEM, 0600, durably

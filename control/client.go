@@ -347,6 +347,10 @@ func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) 
 // MaxArchiveBytes is the largest archive a node takes (wire.MaxArchiveBytes).
 const MaxArchiveBytes = wire.MaxArchiveBytes
 
+// archivePutWithin bounds a whole archive put (PutArchive), however slowly
+// the broker acknowledges its chunks.
+const archivePutWithin = 10 * time.Minute
+
 // ArchiveURL is the URL a declaration names an archive in the store by.
 func ArchiveURL(sum string) string { return "obj://" + sum }
 
@@ -383,6 +387,15 @@ func (c *Client) PutArchive(ctx context.Context, path string) (string, int64, er
 	// Hashed again as it goes in: a file changed between the two reads is
 	// not stored under a digest it does not have.
 	h.Reset()
+	// A deadline for the whole put: without one, nats.go gives each
+	// chunk's acknowledgement its default 5 s, which a busy machine's
+	// broker, syncing each write to disk, can take longer than (a put
+	// failed so in make soak beside make test).
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, archivePutWithin)
+		defer cancel()
+	}
 	info, err := c.Archives.Put(ctx, jetstream.ObjectMeta{Name: sum, Description: filepath.Base(path)}, io.TeeReader(io.LimitReader(f, MaxArchiveBytes+1), h))
 	if err != nil {
 		return "", 0, fmt.Errorf("archive store: %w", err)

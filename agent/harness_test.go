@@ -2,16 +2,20 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 func logger() *slog.Logger {
@@ -226,4 +230,32 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// carry sends a declaration of seq (a file named by it), signed by the
+// control key and addressed to node's enrolment, on node's notice subject
+// as publishDecl sends one, with h beside it: its stream sequence is past
+// any on the stream (a message the agent has not read), by seq.
+func (c *controlSide) carry(t *testing.T, node, enrolment string, seq uint64, h nats.Header) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	decls, err := c.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := decls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := json.Marshal(map[string]any{"version": 1, "node": node, "enrolment": enrolment, "seq": seq, "resources": file(fmt.Sprint(seq))})
+	env, err := wire.Seal(c.keys.Control, wire.PurposeDeclaration, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h == nil {
+		h = nats.Header{}
+	}
+	h.Set(link.HeaderSequence, fmt.Sprint(info.State.LastSeq+100+seq))
+	c.client.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Data: env, Header: h})
 }

@@ -173,32 +173,12 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 			return nil, fmt.Errorf("%s already holds keys (%s); not overwriting them", dir, f)
 		}
 	}
-	// The control-plane key.
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
+	// The control-plane key, and the recovery key for the operator to take
+	// off this machine.
+	if err := newSigningKey(dir, FileControlKey, FileControlPub); err != nil {
 		return nil, err
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		return nil, err
-	}
-	if err := writeNew(dir, FileControlKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return nil, err
-	}
-	if err := writeNew(dir, FileControlPub, []byte(base64.StdEncoding.EncodeToString(pub)+"\n"), 0o644); err != nil {
-		return nil, err
-	}
-	// The recovery key, for the operator to take off this machine.
-	rpub, rpriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	if rder, err := x509.MarshalPKCS8PrivateKey(rpriv); err != nil {
-		return nil, err
-	} else if err := writeNew(dir, FileRecoveryKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: rder}), 0o600); err != nil {
-		return nil, err
-	}
-	if err := writeNew(dir, FileRecoveryPub, []byte(base64.StdEncoding.EncodeToString(rpub)+"\n"), 0o644); err != nil {
+	if err := newSigningKey(dir, FileRecoveryKey, FileRecoveryPub); err != nil {
 		return nil, err
 	}
 	// The broker's certificate.
@@ -226,6 +206,32 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 		return nil, err
 	}
 	return LoadKeys(dir)
+}
+
+// newSigningKey makes an Ed25519 key in dir: its private half in
+// keyFile (PKCS#8 PEM, 0600), its public half in pubFile (base64).
+func newSigningKey(dir, keyFile, pubFile string) error {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	b, err := privatePEM(priv)
+	if err != nil {
+		return err
+	}
+	if err := writeNew(dir, keyFile, b, 0o600); err != nil {
+		return err
+	}
+	return writeNew(dir, pubFile, []byte(base64.StdEncoding.EncodeToString(pub)+"\n"), 0o644)
+}
+
+// privatePEM is key as PKCS#8 PEM (parsePrivate reads it back).
+func privatePEM(key ed25519.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
 func writeNew(dir, name string, data []byte, mode os.FileMode) error {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -369,9 +367,9 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 // writeKeyFile writes an Ed25519 private key as PKCS#8 PEM, 0600, durably
 // (statedir.WriteBytes).
 func writeKeyFile(dir, name string, key ed25519.PrivateKey) error {
-	der, err := x509.MarshalPKCS8PrivateKey(key)
+	b, err := privatePEM(key)
 	if err != nil {
 		return err
 	}
-	return statedir.WriteBytes(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	return statedir.WriteBytes(filepath.Join(dir, name), b, 0o600)
 }

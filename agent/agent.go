@@ -828,6 +828,14 @@ func (a *Agent) work(ctx context.Context) {
 				m = carried
 			default:
 				m, err = a.readNewest(ctx, noticed)
+				// A read may find the subject staler than a notice that
+				// came meanwhile (the broker's answer and the notice race):
+				// the newer of the two goes on, so that the notice's wake,
+				// taken by this read, does not leave its declaration
+				// behind.
+				if err == nil && carried != nil && carried.sseq > a.state.get().LastStreamSeq && (m == nil || carried.sseq > m.sseq) {
+					m = carried
+				}
 			}
 			byNotice = true
 			if err == nil && m != nil && m.sseq != a.state.get().LastStreamSeq {
@@ -841,7 +849,12 @@ func (a *Agent) work(ctx context.Context) {
 				}
 				if ctx.Err() == nil && a.nc.IsConnected() {
 					a.log.Error("declarations: " + err.Error())
-					a.notify(noticed) // still to be read
+					// Still to be read, and what a notice carried still
+					// to be offered.
+					if carried != nil {
+						a.carry(carried)
+					}
+					a.notify(noticed)
 					wait = a.backoff(ctx, wait)
 				}
 				continue
@@ -895,15 +908,20 @@ func (a *Agent) notice(m *nats.Msg) {
 			return
 		}
 	} else if len(m.Data) > 0 && len(m.Data) <= wire.MaxEnvelope {
-		c := &declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader), pins: m.Header.Get(link.PinsHeader)}
-		for {
-			cur := a.carried.Load()
-			if (cur != nil && cur.sseq >= seq) || a.carried.CompareAndSwap(cur, c) {
-				break
-			}
-		}
+		a.carry(&declMsg{data: m.Data, sseq: seq, capability: m.Header.Get(link.CapabilityHeader), rotations: m.Header.Get(link.RotationHeader), pins: m.Header.Get(link.PinsHeader)})
 	}
 	a.notify(seq)
+}
+
+// carry keeps c as the declaration a notice carried, unless one of a newer
+// stream sequence is kept already.
+func (a *Agent) carry(c *declMsg) {
+	for {
+		cur := a.carried.Load()
+		if (cur != nil && cur.sseq >= c.sseq) || a.carried.CompareAndSwap(cur, c) {
+			return
+		}
+	}
 }
 
 // notify wakes the worker to read; seq, when not 0, is the stream

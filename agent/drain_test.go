@@ -383,3 +383,37 @@ func TestAnotherNodesAnswerIsNoNotice(t *testing.T) {
 		t.Fatalf("n2's executor got %v (garbage %q), want %v; n1's declaration was %d", decls, garbage, []uint64{s2, s3}, s1)
 	}
 }
+
+// A notice's declaration is not lost to a read the timer makes meanwhile:
+// while the executor is busy, a notice carries a newer declaration and the
+// timer falls due too, so the worker, free again, has both to choose from.
+// The timer's read finds the subject staler than the notice (here, the
+// carried declarations are on no stream at all), and the newer of the two
+// goes on. Each round is a coin toss for a worker that let the timer's
+// read drop what the notice carried.
+func TestACarriedDeclarationOutlastsATimerRead(t *testing.T) {
+	const poll = 50 * time.Millisecond
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, cfg := c.addNode("carried")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgentPolling(t, id, ex.path, poll)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	var want []uint64
+	for seq := uint64(1); seq < 16; seq += 2 {
+		ex.hold()
+		c.carry(t, "carried", cfg.Enrolment, seq, nil)
+		select {
+		case <-ex.holding:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("declaration %d never reached the executor", seq)
+		}
+		c.carry(t, "carried", cfg.Enrolment, seq+1, nil)
+		time.Sleep(4 * poll) // the notice and the timer both wait
+		ex.unhold()
+		c.reports("carried", fmt.Sprintf("the carried declaration %d applied", seq+1), hasReport(seq+1, shapes.Applied))
+		want = append(want, seq, seq+1)
+	}
+	if decls, _, _ := ex.snapshot(); !slices.Equal(decls, want) {
+		t.Fatalf("the executor got %v, want %v", decls, want)
+	}
+}

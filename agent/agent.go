@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -137,15 +138,19 @@ type Agent struct {
 	// rosterDue says the roster is to be read (a roster notice came, or
 	// the last read failed).
 	rosterDue atomic.Bool
-	exec      *execClient               // the worker's connection to the executor
-	hbExec    *execClient               // the heartbeat's
-	ncp       atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp    chan struct{}
-	hbNow     chan struct{}
-	cancel    context.CancelCauseFunc
-	reconc    atomic.Bool // the executor has yet to hear that the link came back
-	linkMu    sync.Mutex
-	link      linkInfo
+	// rekeyAnswer is the control side's answer to the executor's rekey
+	// request (link.RekeyHeader), for the heartbeat loop to hand over:
+	// the notice handler makes no request of the executor.
+	rekeyAnswer atomic.Pointer[[]byte]
+	exec        *execClient               // the worker's connection to the executor
+	hbExec      *execClient               // the heartbeat's
+	ncp         atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp      chan struct{}
+	hbNow       chan struct{}
+	cancel      context.CancelCauseFunc
+	reconc      atomic.Bool // the executor has yet to hear that the link came back
+	linkMu      sync.Mutex
+	link        linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -901,6 +906,18 @@ func (a *Agent) notice(m *nats.Msg) {
 		a.log.Debug("dropped a notice that names another subject", "subject", subj)
 		return
 	}
+	if m.Header.Get(link.RekeyHeader) != "" {
+		// The answer to a rekey request: the executor judges it.
+		if len(m.Data) > 0 && len(m.Data) <= wire.MaxRekeyAnswer {
+			b := bytes.Clone(m.Data)
+			a.rekeyAnswer.Store(&b)
+			select {
+			case a.hbNow <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
 	seq, err := strconv.ParseUint(m.Header.Get(link.HeaderSequence), 10, 64)
 	if err != nil || seq == 0 {
 		if seq, err = strconv.ParseUint(string(m.Data), 10, 64); err != nil || seq == 0 {
@@ -1023,10 +1040,36 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		case <-t.C:
 		case <-a.hbNow:
 		}
+		if ans := a.rekeyAnswer.Swap(nil); ans != nil {
+			a.handRekey(*ans)
+		}
 		nc := a.ncp.Load()
 		if nc != nil && nc.IsConnected() {
 			a.heartbeat(nc)
 		}
+	}
+}
+
+// handRekey hands the control side's answer to a rekey request to the
+// executor. One it begins an enrolment with shows in its status as an
+// enrolment pending, which the heartbeat turns to (errReenrol).
+func (a *Agent) handRekey(env []byte) {
+	b, err := a.hbExec.ask(wire.KindRekey, &wire.Rekey{Envelope: env}, "rekey")
+	if err != nil {
+		if errors.Is(err, ErrUpgraded) {
+			a.upgraded(err)
+			return
+		}
+		a.log.Warn("rekey: the answer could not be handed to the executor", "err", err.Error())
+		return
+	}
+	switch r := b.(*wire.RekeyReply); {
+	case r.Begun:
+		a.log.Info("rekey: the control side answered; the executor begins an enrolment with new keys", "token", r.Token)
+	default:
+		// A copy sent again after the first began the enrolment is
+		// refused too ("no rekey is pending"): said, not alarmed.
+		a.log.Info("rekey: the executor did not take an answer", "reason", r.Refused)
 	}
 }
 
@@ -1062,6 +1105,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.cancel(errReenrol)
 			return
 		}
+		hb.Rekey = s.Rekey
 		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
 			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason, ControlKeyID: s.ControlKeyID}
 		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability) {

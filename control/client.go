@@ -68,6 +68,19 @@ type NodeRecord struct {
 	// takes them with the first one signed by a key it does not hold yet.
 	// An enrolment starts with none: its token pins the key in force.
 	Rotations [][]byte `json:"rotations,omitempty"`
+	// Rekey is the control side's answer to the node's last rekey
+	// request (answerRekey): sent again to each copy of the request, so
+	// a lost notice costs a heartbeat, never a second token.
+	Rekey *RekeyRecord `json:"rekey,omitempty"`
+}
+
+// RekeyRecord is a rekey request answered: its nonce, the token issued
+// for it, and the signed answer (a wire.RekeyAnswer envelope).
+type RekeyRecord struct {
+	Nonce  string    `json:"nonce"`
+	Token  string    `json:"token"`
+	Issued time.Time `json:"issued"`
+	Answer []byte    `json:"answer"`
 }
 
 // ExecutorIdentity is what the executor pins (its identity.json):

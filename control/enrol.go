@@ -45,6 +45,9 @@ type TokenRecord struct {
 	Used       time.Time `json:"used,omitzero"`
 	UsedBy     string    `json:"used_by,omitempty"`
 	Revoked    time.Time `json:"revoked,omitzero"`
+	// Rekey: issued to the node itself, on its request signed by its
+	// identity key (mesh-executor rekey), sealed to its sealing key.
+	Rekey bool `json:"rekey,omitempty"`
 }
 
 func tokenKey(id string) string { return "token." + id }
@@ -55,6 +58,14 @@ func tokenKey(id string) string { return "token." + id }
 // not seen (isNew true; name, if given, is the node it becomes). It returns
 // the token as a person carries it; the control side cannot print it again.
 func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl time.Duration, brokerURL string) (string, *TokenRecord, error) {
+	return c.issueToken(ctx, name, isNew, ttl, brokerURL, false)
+}
+
+// issueToken is IssueToken; rekey makes the token a rekey's (answerRekey):
+// for an existing node, which it does not revoke at issue — the
+// enrolment it makes replaces the node's identity in the same step as it
+// grants the new one, and the node asked for it with its identity key.
+func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl time.Duration, brokerURL string, rekey bool) (string, *TokenRecord, error) {
 	if ttl <= 0 {
 		ttl = DefaultTokenTTL
 	}
@@ -97,12 +108,12 @@ func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl ti
 		return "", nil, err
 	}
 	rec := &TokenRecord{ID: tok.IDString(), Node: name, New: isNew, Secret: tok.Secret[:], Credential: credPub,
-		Issued: time.Now().UTC(), Expires: tok.Expires.UTC()}
+		Issued: time.Now().UTC(), Expires: tok.Expires.UTC(), Rekey: rekey}
 	data, _ := json.Marshal(rec)
 	if _, err := c.KV.Create(ctx, tokenKey(rec.ID), data); err != nil {
 		return "", nil, fmt.Errorf("registry: %w", err)
 	}
-	if !isNew {
+	if !isNew && !rekey {
 		if err := c.RevokeNode(ctx, name, "a re-enrolment token was issued for it (token "+rec.ID+")"); err != nil {
 			c.KV.Purge(context.Background(), tokenKey(rec.ID))
 			return "", nil, err
@@ -489,6 +500,7 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
 		rec.Rotations = nil // its token pinned the key in force
+		rec.Rekey = nil     // the enrolment that asked is replaced
 		data, _ := json.Marshal(rec)
 		if isNew {
 			_, err = c.KV.Create(ctx, nodeKey(name), data)

@@ -144,7 +144,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	node := subj[strings.LastIndexByte(subj, '.')+1:]
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding.
-	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) {
+	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) {
 		return nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the
@@ -185,6 +185,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// Capability, on a heartbeat (link.Heartbeat): the agent sends
 		// the profile again whenever it is not the one it last said.
 		Capability int `json:"capability"`
+		// Rekey, on a heartbeat: the executor asks for new keys.
+		Rekey *wire.RekeyRequest `json:"rekey"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -193,6 +195,14 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if kind == "heartbeat" {
 		// It carries the profile and inventory (they changed): kept
 		// apart, as at enrolment.
+		if msg.Rekey != nil {
+			if err := c.answerRekey(ctx, node, msg.Enrolment, msg.Rekey); err != nil {
+				return err
+			}
+		}
+		if msg.Profile == nil && msg.Inventory == nil {
+			return nil
+		}
 		if err := c.keepProfile(ctx, node, msg.Profile, msg.Inventory); err != nil {
 			return err
 		}

@@ -108,3 +108,10 @@ const RotationHeader = "Mesh-Key-Rotation"
 // broker's certificate is under way: signed by the control key, the
 // header only carries it.
 const PinsHeader = "Mesh-Broker-Pins"
+
+// RekeyHeader marks a message on a node's notice subject that is not a
+// notice but the control side's answer to the node's rekey request (a
+// wire.RekeyAnswer envelope as the body; the header's value is the
+// request's nonce). Signed by the control key, the agent only carries it
+// to the executor, which alone judges it.
+const RekeyHeader = "Mesh-Rekey"

@@ -132,6 +132,11 @@ type Heartbeat struct {
 	// statement the agent took last (wire.BrokerPins; 0: none): the
 	// control side switches the broker's certificate once every node has.
 	BrokerPinsSeq uint64 `json:"broker_pins_seq,omitempty"`
+	// Rekey is the executor's request that the node's keys be renewed
+	// (mesh-executor rekey), signed by its identity key, sent with each
+	// heartbeat until the control side's answer comes (RekeyHeader). A
+	// control side of a release before it reads past the field.
+	Rekey *wire.RekeyRequest `json:"rekey,omitempty"`
 	// Executor is the executor's own account of itself, asked over the
 	// socket for this heartbeat; ExecutorError says why it could not be.
 	Executor      *ExecutorStatus `json:"executor,omitempty"`

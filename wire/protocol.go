@@ -42,6 +42,8 @@ const (
 	// beside a declaration; none asks only which key is in force.
 	KindKeyRotation      Kind = 22
 	KindKeyRotationReply Kind = 23 // executor: the control key in force, after those it took
+	KindRekey            Kind = 24 // agent: the control side's answer to the node's rekey request
+	KindRekeyReply       Kind = 25 // executor: the enrolment it began with the answer's token, or why none
 )
 
 // Direction is who may send a message.
@@ -118,6 +120,8 @@ var Table = []Spec{
 	{KindPlanReply, "plan-reply", ExecutorToAgent, nil, 8 << 20, func() any { return new(PlanReply) }, 0, 0},
 	{KindKeyRotation, "key-rotation", AgentToExecutor, []State{StateReady}, MaxRotationChain * 4 << 10, func() any { return new(KeyRotations) }, KindKeyRotationReply, 0},
 	{KindKeyRotationReply, "key-rotation-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(KeyRotationReply) }, 0, 0},
+	{KindRekey, "rekey", AgentToExecutor, []State{StateReady}, MaxRekeyAnswer, func() any { return new(Rekey) }, KindRekeyReply, 0},
+	{KindRekeyReply, "rekey-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(RekeyReply) }, 0, 0},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -389,6 +393,10 @@ type StatusReply struct {
 	// ControlKeyID is the control key in force (KeyID), once enrolled:
 	// the one enrolment pinned, or the last a rotation brought in.
 	ControlKeyID string `cbor:"12,keyasint,omitempty"`
+	// Rekey is the rekey root asked for (mesh-executor rekey), signed by
+	// the identity key, while it waits for the control side's answer:
+	// the agent carries it in its heartbeats.
+	Rekey *RekeyRequest `cbor:"13,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.

@@ -104,6 +104,8 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindRoster:           &Roster{Envelope: []byte{5}},
 		KindKeyRotation:      &KeyRotations{Envelopes: [][]byte{{7}, {8, 9}}},
 		KindKeyRotationReply: &KeyRotationReply{ControlKey: []byte{1, 2}, Taken: 2, Refused: "r"},
+		KindRekey:            &Rekey{Envelope: []byte{3, 4}},
+		KindRekeyReply:       &RekeyReply{Begun: true, Token: "t", Refused: "r"},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))
@@ -422,6 +424,7 @@ func TestEveryReplyBelongsToItsRequest(t *testing.T) {
 		KindProfile:     {KindProfileReply},
 		KindPlan:        {KindPlanReply},
 		KindKeyRotation: {KindKeyRotationReply},
+		KindRekey:       {KindRekeyReply},
 	}
 	for _, req := range Table {
 		for _, reply := range Table {

@@ -104,6 +104,10 @@ node's keys, and wait for the agent to bring back the grant. Exit 0 enrolled, 1 
 whom and why), 2 refused before anything changed, 3 still pending. On an enrolled host, a token
 for another node is refused by the control side unless --replace; --cancel ends a pending
 enrolment`).Vetted(noTokenInArgs),
+	cmdline.D("rekey", "", 0, 0, []string{"state", "json", "wait", "cancel", "socket"}, `renew the node's keys (identity, sealing, WireGuard, the agent's NKey) without a token: the
+request, signed by the identity key, goes to the control side over the link, and its answer
+begins an enrolment that replaces this one under the same node name. Exit 0 renewed, 1 refused,
+2 refused before anything changed, 3 still pending; --cancel ends a pending rekey`),
 	cmdline.D("version", "", 0, 0, []string{"json"}, "this binary's version, bare (--version says it with the build, as the other programs do)"),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-executor"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-executor's manual page (roff)"),
@@ -136,7 +140,7 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "replace":
 		fs.BoolVar(&o.replace, "replace", false, "replace the identity this host holds (the control side revokes it in the same step)")
 	case "cancel":
-		fs.BoolVar(&o.cancel, "cancel", false, "end the pending enrolment")
+		fs.BoolVar(&o.cancel, "cancel", false, "end the pending enrolment (rekey: the pending rekey)")
 	case "socket":
 		fs.StringVar(&o.socket, "socket", wire.SocketPath, "the executor's socket, which the agent must reach")
 	default:
@@ -230,6 +234,11 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 			c.wait = 2 * time.Minute
 		}
 		return c.enrolCmd(pos, enrolFlags{tokenFile: o.tokenFile, replace: o.replace, cancel: o.cancel}, os.Stdin)
+	case "rekey":
+		if !waitSet(fs) {
+			c.wait = 2 * time.Minute
+		}
+		return c.rekeyCmd(o.cancel)
 	case "bundle":
 		return c.bundle(o.out)
 	case "reconcile":
@@ -693,12 +702,15 @@ type statusReport struct {
 	Enrolment string `json:"enrolment,omitempty"`
 	// Enrolling: an enrolment was begun (mesh-executor enrol) and the
 	// agent has not finished it; LastEnrolment is how the last one went.
-	Enrolling     bool                     `json:"enrolling,omitempty"`
-	Pending       *enrol.PendingView       `json:"pending,omitempty"`
-	LastEnrolment *enrol.Result            `json:"last_enrolment,omitempty"`
-	Version       string                   `json:"version"`
-	Holds         int                      `json:"holds"`
-	Sources       map[string]*sourceStatus `json:"sources"`
+	Enrolling     bool               `json:"enrolling,omitempty"`
+	Pending       *enrol.PendingView `json:"pending,omitempty"`
+	LastEnrolment *enrol.Result      `json:"last_enrolment,omitempty"`
+	// Rekey: root asked for the node's keys to be renewed (mesh-executor
+	// rekey), and the control side has not answered yet.
+	Rekey   *enrol.RekeyView         `json:"rekey,omitempty"`
+	Version string                   `json:"version"`
+	Holds   int                      `json:"holds"`
+	Sources map[string]*sourceStatus `json:"sources"`
 	// Link is the agent's link as it last told the daemon, enrolled only:
 	// "enrolled" and disconnected is a state of its own, said with since
 	// when: no fixed "silent" threshold decides it.
@@ -762,6 +774,7 @@ func (c *command) status() int {
 		s.Pending, _ = enrol.ReadPending(c.state)
 		s.Enrolling = s.Pending != nil
 		s.LastEnrolment, _ = enrol.ReadResult(c.state)
+		s.Rekey, _ = enrol.ReadRekey(c.state)
 	}
 	for _, src := range []store.Source{store.Link, store.Bundle, store.Local} {
 		data, _ := st.Report(src)
@@ -796,6 +809,9 @@ func (c *command) status() int {
 	}
 	if s.Node != "" {
 		fmt.Fprintf(&b, "node: %s (enrolment %s)\n", s.Node, s.Enrolment)
+	}
+	if r := s.Rekey; r != nil {
+		fmt.Fprintf(&b, "rekey: asked for since %s; waiting for the control side's answer (the agent carries the request with its heartbeats)\n", r.Begun.Local().Format(time.RFC3339))
 	}
 	if p := s.Pending; p != nil {
 		fmt.Fprintf(&b, "enrolment: begun (token %s, expires %s)", p.Token, p.Expires.Local().Format(time.RFC3339))

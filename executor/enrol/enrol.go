@@ -59,6 +59,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // The files of enrolment in the executor's state directory (root, 0600).
@@ -164,6 +165,10 @@ type pending struct {
 	// good: its word, which ends nothing, holds the offer back for
 	// ReofferAfter.
 	Claimed time.Time `json:"claimed,omitzero"`
+	// WireGuard is a new WireGuard private key (Options.NewWireGuard),
+	// presented instead of the executor's own and put in its place when
+	// the grant is accepted.
+	WireGuard []byte `json:"wireguard,omitempty"`
 	formatField
 }
 
@@ -237,6 +242,10 @@ type Options struct {
 	// as it grants the new. Without it, the control side refuses a token
 	// that would leave the identity the host holds enrolled and silent.
 	Replace bool
+	// NewWireGuard: the enrolment makes the executor a new WireGuard key
+	// too, which takes the place of the one it has once the grant is
+	// accepted (a rekey: every key of the node's is new).
+	NewWireGuard bool
 }
 
 // Begin starts an enrolment with tok, without replacing; see BeginWith.
@@ -262,6 +271,11 @@ func BeginWith(dir string, tok *wire.Token, o Options) error {
 		return err
 	}
 	defer unlock()
+	return beginLocked(dir, tok, o)
+}
+
+// beginLocked is BeginWith under the enrolment's lock.
+func beginLocked(dir string, tok *wire.Token, o Options) error {
 	held, err := heldIdentity(dir, o.Replace)
 	if err != nil {
 		return err
@@ -289,8 +303,20 @@ func BeginWith(dir string, tok *wire.Token, o Options) error {
 		return fmt.Errorf("enrol: %w", err)
 	}
 	p := pending{Token: enc, Identity: idKey.Seed(), Sealing: skb, Begun: clock.Now().UTC(), Held: held}
+	if o.NewWireGuard {
+		wg, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			return fmt.Errorf("enrol: WireGuard key: %w", err)
+		}
+		p.WireGuard = wg[:]
+	}
 	if err := writeJSON(dir, PendingFile, &p); err != nil {
 		return err
+	}
+	// Root's new word ends a rekey it asked for before: this enrolment
+	// takes its place (a rekey's own answer begins one too).
+	if err := os.Remove(filepath.Join(dir, RekeyFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("enrol: %w", err)
 	}
 	return writeJSON(dir, ResultFile, &Result{Token: tok.IDString(), At: clock.Now().UTC(), Expires: tok.Expires.UTC()})
 }
@@ -486,6 +512,17 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 	seed := ed25519.NewKeyFromSeed(p.Identity)
 	if err := writeJSON(dir, KeysFile, &storedKeys{Identity: seed.Seed(), Sealing: p.Sealing, Enrolment: g.Enrolment}); err != nil {
 		return nil, err
+	}
+	if p.WireGuard != nil {
+		// The key the grant names: the overlay takes it at its next
+		// apply (the interface's key is read back against this file).
+		wg, err := p.wireGuard(dir)
+		if err != nil {
+			return nil, err
+		}
+		if err := overlay.SaveKey(dir, wg); err != nil {
+			return nil, err
+		}
 	}
 	if err := identity.WriteFloor(dir, identity.Floor{Seq: g.SeqFloor}); err != nil {
 		return nil, err
@@ -701,12 +738,9 @@ func (p *pending) publicKeys(dir, agentNKey string) (*wire.EnrolKeys, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enrol: the pending sealing key: %w", err)
 	}
-	wg, ok, err := overlay.LoadKey(dir)
+	wg, err := p.wireGuard(dir)
 	if err != nil {
 		return nil, err
-	}
-	if !ok {
-		return nil, errors.New("enrol: the WireGuard key made at enrol is gone")
 	}
 	return &wire.EnrolKeys{
 		Identity:  encodePub(idPub),
@@ -714,6 +748,26 @@ func (p *pending) publicKeys(dir, agentNKey string) (*wire.EnrolKeys, error) {
 		WireGuard: wg.PublicKey().String(),
 		AgentNKey: agentNKey,
 	}, nil
+}
+
+// wireGuard is the WireGuard key the enrolment presents: a new one made
+// for it, or the executor's own.
+func (p *pending) wireGuard(dir string) (wgtypes.Key, error) {
+	if p.WireGuard != nil {
+		k, err := wgtypes.NewKey(p.WireGuard)
+		if err != nil {
+			return k, errors.New("enrol: the pending WireGuard key is damaged")
+		}
+		return k, nil
+	}
+	wg, ok, err := overlay.LoadKey(dir)
+	if err != nil {
+		return wg, err
+	}
+	if !ok {
+		return wg, errors.New("enrol: the WireGuard key made at enrol is gone")
+	}
+	return wg, nil
 }
 
 func loadPending(dir string) (*pending, *wire.Token, error) {

@@ -86,6 +86,19 @@ func EnsureKey(dir string) (k wgtypes.Key, made bool, err error) {
 	return k, made, nil
 }
 
+// SaveKey makes k the executor's private key (and its public half beside
+// it), durably: a rekey's new key, once the grant that names it is
+// accepted.
+func SaveKey(dir string, k wgtypes.Key) error {
+	if err := writeDurably(dir, KeyFile, []byte(k.String()+"\n"), 0o600); err != nil {
+		return fmt.Errorf("keep the executor's WireGuard key: %w", err)
+	}
+	if err := writeDurably(dir, PubFile, []byte(k.PublicKey().String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write the WireGuard public key: %w", err)
+	}
+	return nil
+}
+
 // writeDurably writes name in dir through a new temporary file, synced,
 // renamed over it, and the directory synced.
 func writeDurably(dir, name string, data []byte, mode os.FileMode) error {

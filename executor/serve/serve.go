@@ -110,6 +110,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindProfile:     (*Server).profile,
 	wire.KindPlan:        (*Server).plan,
 	wire.KindKeyRotation: (*Server).keyRotation,
+	wire.KindRekey:       (*Server).rekey,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -338,6 +339,13 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 		reply.WireGuardKey = k.PublicKey().String()
 	}
 	reply.Enrolling = enrol.IsPending(s.cfg.StateDir)
+	if !reply.Enrolling {
+		if r, err := enrol.RekeyRequest(s.cfg.StateDir); err == nil {
+			reply.Rekey = r
+		} else {
+			s.log.Warn("the pending rekey's request could not be made", "err", err.Error())
+		}
+	}
 	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil && st.Failed != nil {
 		reply.RolledBackFrom, reply.RollbackReason = st.Failed.Version, clip(st.Failed.Reason, 1024)
 	}

@@ -715,7 +715,9 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		"ready/plan": "plan-reply refused malformed",
 		// No rotation carried: answered with the key in force.
 		"ready/key-rotation": "key-rotation-reply",
-		"envelope/forged":    "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
+		// No rekey is pending: an answer handed over is refused.
+		"ready/rekey":     "rekey-reply",
+		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",
 		// An empty archive chunk names no digest.

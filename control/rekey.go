@@ -1,0 +1,152 @@
+package control
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// rekeyTokenTTL is how long the token a rekey answer carries lives: the
+// agent turns to it within a heartbeat of the answer; a node that goes
+// away before asks again (a new token) when it is back.
+const rekeyTokenTTL = time.Hour
+
+// answerRekey answers a node's request that its keys be renewed (the
+// steps: wire.RekeyRequest), carried in its heartbeat: checked against
+// the identity key its record holds, then a token for the node, sealed to
+// the sealing key its record holds, in an answer this side signs, kept in
+// the record and sent on the node's notice subject. The same request
+// again (the agent sends it with each heartbeat until the answer comes)
+// is sent the same answer; a new one (root asked again) gets a new token,
+// and the one before, unused, is revoked.
+//
+// What it refuses is said in the log and changes nothing: the request is
+// the node's word, carried by an agent trusted for nothing. An error is a
+// registry write that did not happen; the heartbeat comes again.
+func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *wire.RekeyRequest) error {
+	log := c.log.With("node", node, "enrolment", enrolment)
+	if req.Node != node || req.Enrolment != enrolment {
+		log.Warn("rekey: a request for another node or enrolment; refused", "asked_node", req.Node, "asked_enrolment", req.Enrolment)
+		return nil
+	}
+	rec, rev, err := c.Node(ctx, node)
+	if err != nil {
+		return nil
+	}
+	if rec.Enrolment != enrolment || rec.NKey == "" {
+		log.Warn("rekey: a request from an enrolment that is not the node's live one; refused")
+		return nil
+	}
+	if rec.Keys == nil {
+		log.Warn("rekey: refused: the node's record holds no keys to check the request against (it was added by hand): issue it a token (mesh-control token issue --node " + node + ")")
+		return nil
+	}
+	if err := req.Check(rec.Keys.Identity); err != nil {
+		log.Warn("rekey: refused: " + err.Error())
+		return nil
+	}
+	if r := rec.Rekey; r != nil && r.Nonce == req.Nonce {
+		return c.sendRekey(node, r)
+	}
+	sealing, err := base64.StdEncoding.DecodeString(rec.Keys.Sealing)
+	if err != nil {
+		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
+		return nil
+	}
+	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, "", true)
+	if err != nil {
+		return fmt.Errorf("rekey of %s: %w", node, err)
+	}
+	sealed, err := wire.SealRekeyToken(sealing, node, req.Nonce, text)
+	if err != nil {
+		// Not a key the token can be sealed to: asking again changes
+		// nothing, so it is refused, not tried again.
+		c.KV.Purge(context.Background(), tokenKey(t.ID))
+		log.Warn("rekey: refused: " + err.Error())
+		return nil
+	}
+	payload, _ := json.Marshal(&wire.RekeyAnswer{Node: node, Enrolment: enrolment, Nonce: req.Nonce, Token: sealed, Expires: t.Expires})
+	env, err := wire.Seal(c.Keys.Signer(), wire.PurposeRekey, payload)
+	if err == nil {
+		err = c.keepRekey(ctx, rec, rev, &RekeyRecord{Nonce: req.Nonce, Token: t.ID, Issued: time.Now().UTC(), Answer: env})
+	}
+	if err != nil {
+		// Nothing names the token: withdrawn, so no live token is left
+		// behind for an answer never sent.
+		c.KV.Purge(context.Background(), tokenKey(t.ID))
+		return fmt.Errorf("rekey of %s: %w", node, err)
+	}
+	log.Info("rekey: the node asked for new keys, proved by its identity key; a token for it sent, sealed to it", "token", t.ID, "expires", t.Expires)
+	rec, _, err = c.Node(ctx, node)
+	if err != nil || rec.Rekey == nil {
+		return nil
+	}
+	return c.sendRekey(node, rec.Rekey)
+}
+
+// keepRekey puts r in the node's record (rec, at revision rev, as read),
+// and revokes the token of the answer it replaces if that is unused. A
+// record changed meanwhile is read again; one whose enrolment changed is
+// left alone, and the token withdrawn by the caller.
+func (c *Client) keepRekey(ctx context.Context, rec *NodeRecord, rev uint64, r *RekeyRecord) error {
+	for attempt := 0; attempt < 100; attempt++ {
+		enrolment, before := rec.Enrolment, rec.Rekey
+		rec.Rekey = r
+		data, _ := json.Marshal(rec)
+		_, err := c.KV.Update(ctx, nodeKey(rec.Name), data, rev)
+		if err == nil {
+			if before != nil && before.Token != r.Token {
+				c.revokeToken(ctx, before.Token)
+			}
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("registry: %w", err)
+		}
+		if rec, rev, err = c.Node(ctx, rec.Name); err != nil {
+			return err
+		}
+		if rec.Enrolment != enrolment {
+			return fmt.Errorf("node %s was enrolled again meanwhile", rec.Name)
+		}
+	}
+	return fmt.Errorf("registry: node %s kept changing", rec.Name)
+}
+
+// revokeToken revokes token id if it is unused; what fails is only said.
+func (c *Client) revokeToken(ctx context.Context, id string) {
+	for attempt := 0; attempt < 10; attempt++ {
+		e, err := c.KV.Get(ctx, tokenKey(id))
+		if err != nil {
+			return
+		}
+		var t TokenRecord
+		if json.Unmarshal(e.Value(), &t) != nil || !t.Used.IsZero() || !t.Revoked.IsZero() {
+			return
+		}
+		t.Revoked = time.Now().UTC()
+		data, _ := json.Marshal(&t)
+		if _, err := c.KV.Update(ctx, tokenKey(id), data, e.Revision()); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+			if err != nil {
+				c.log.Warn("rekey: the token of an earlier answer was not revoked", "token", id, "err", err)
+			}
+			return
+		}
+	}
+}
+
+// sendRekey sends the answer kept in r on node's notice subject
+// (link.RekeyHeader). Core NATS: a node away hears it with the next copy
+// of its request.
+func (c *Client) sendRekey(node string, r *RekeyRecord) error {
+	return c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Data: r.Answer,
+		Header: nats.Header{link.RekeyHeader: []string{r.Nonce}}})
+}

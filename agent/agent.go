@@ -1105,7 +1105,9 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.cancel(errReenrol)
 			return
 		}
-		hb.Rekey = s.Rekey
+		if hb.Rekey = s.Rekey; hb.Rekey != nil {
+			hb.RekeyBroker = a.id.BrokerURL
+		}
 		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
 			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason, ControlKeyID: s.ControlKeyID}
 		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability) {

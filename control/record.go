@@ -186,7 +186,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// the profile again whenever it is not the one it last said.
 		Capability int `json:"capability"`
 		// Rekey, on a heartbeat: the executor asks for new keys.
-		Rekey *wire.RekeyRequest `json:"rekey"`
+		Rekey       *wire.RekeyRequest `json:"rekey"`
+		RekeyBroker string             `json:"rekey_broker"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -196,7 +197,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// It carries the profile and inventory (they changed): kept
 		// apart, as at enrolment.
 		if msg.Rekey != nil {
-			if err := c.answerRekey(ctx, node, msg.Enrolment, msg.Rekey); err != nil {
+			if err := c.answerRekey(ctx, node, msg.Enrolment, msg.Rekey, msg.RekeyBroker); err != nil {
 				return err
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,7 +32,12 @@ const rekeyTokenTTL = time.Hour
 // What it refuses is said in the log and changes nothing: the request is
 // the node's word, carried by an agent trusted for nothing. An error is a
 // registry write that did not happen; the heartbeat comes again.
-func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *wire.RekeyRequest) error {
+//
+// broker is where the node says it reaches the broker, which the token
+// names (a node reaches the broker at an address of its own, which this
+// side cannot know); one that is not a tls:// address is not taken, and
+// the token names this side's own.
+func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *wire.RekeyRequest, broker string) error {
 	log := c.log.With("node", node, "enrolment", enrolment)
 	if req.Node != node || req.Enrolment != enrolment {
 		log.Warn("rekey: a request for another node or enrolment; refused", "asked_node", req.Node, "asked_enrolment", req.Enrolment)
@@ -61,7 +67,10 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
 		return nil
 	}
-	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, "", true)
+	if u, err := url.Parse(broker); err != nil || u.Scheme != "tls" || u.Hostname() == "" || u.Port() == "" || len(broker) > 512 {
+		broker = ""
+	}
+	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, broker, true)
 	if err != nil {
 		return fmt.Errorf("rekey of %s: %w", node, err)
 	}

@@ -48,9 +48,10 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	broker := "tls://node-side.example:4222" // where the node reaches the broker
 	heartbeat := func(r *wire.RekeyRequest) {
 		t.Helper()
-		data, _ := json.Marshal(&link.Heartbeat{Node: "n1", Enrolment: g.Enrolment, At: time.Now().UTC(), Rekey: r})
+		data, _ := json.Marshal(&link.Heartbeat{Node: "n1", Enrolment: g.Enrolment, At: time.Now().UTC(), Rekey: r, RekeyBroker: broker})
 		sig, _ := id.Sign(data)
 		if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
 			t.Fatal(err)
@@ -95,6 +96,9 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	if !s.keys.ControlPublic().Equal(ed25519.PublicKey(tok.ControlKey)) {
 		t.Fatal("the token pins another control key")
 	}
+	if tok.BrokerURL != broker {
+		t.Fatalf("the token names broker %s, not where the node reaches it (%s)", tok.BrokerURL, broker)
+	}
 	rec, _, err := s.client.Node(ctx, "n1")
 	if err != nil || rec.NKey == "" || !rec.Revoked.IsZero() || rec.Rekey == nil || rec.Rekey.Token != tok.IDString() {
 		t.Fatalf("n1's record after the answer: %+v %v", rec, err)
@@ -108,11 +112,16 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	if again, _, _ := next(); string(again.Data) != string(msg.Data) {
 		t.Fatal("the same request was given another answer")
 	}
-	// A new request: a new token, and the one before revoked.
+	// A new request: a new token, and the one before revoked. A broker
+	// address that is not one is not put in the token: this side's own is.
+	broker = "file:///etc/passwd"
 	heartbeat(wire.SignRekey(idKey, "n1", g.Enrolment, nonce(4)))
 	_, a4, tok4 := next()
 	if a4.Nonce != nonce(4) || tok4.IDString() == tok.IDString() {
 		t.Fatalf("a new request's answer: %+v", a4)
+	}
+	if tok4.BrokerURL != s.client.Keys.BrokerURL {
+		t.Fatalf("the token names broker %s", tok4.BrokerURL)
 	}
 	if tr := tokenRecord(t, s, tok.IDString()); tr.Revoked.IsZero() {
 		t.Fatal("the token of the answer replaced is still live")

@@ -137,6 +137,12 @@ type Heartbeat struct {
 	// heartbeat until the control side's answer comes (RekeyHeader). A
 	// control side of a release before it reads past the field.
 	Rekey *wire.RekeyRequest `json:"rekey,omitempty"`
+	// RekeyBroker, beside Rekey, is where this agent reaches the broker,
+	// for the token the answer carries: the control side knows only its
+	// own address for it. The agent's word, unsigned: a wrong one can
+	// only fail this node's own enrolment, whose token pins the broker's
+	// certificate.
+	RekeyBroker string `json:"rekey_broker,omitempty"`
 	// Executor is the executor's own account of itself, asked over the
 	// socket for this heartbeat; ExecutorError says why it could not be.
 	Executor      *ExecutorStatus `json:"executor,omitempty"`

@@ -297,6 +297,26 @@ func (w *world) do(s step) {
 		if err := w.enrol(n, "--node", n.name); err != nil {
 			w.violate(n, "reenrol", "%v", err)
 		}
+	case "rekey":
+		// The node's keys renewed over the link: it is enrolled again as
+		// itself, and goes on as the node it was (what it holds, what it
+		// is declared), which the invariants then hold it to.
+		var before nodeView
+		if vs, err := w.nodesView(); err == nil {
+			before = vs[n.name]
+		}
+		out, code, err := w.onNode(n, 2*time.Minute, "", "rekey", "--state", n.state, "--socket", n.sock, "--wait", "90s")
+		w.check("rekey")
+		if err != nil || code != 0 || !strings.Contains(out, "rekeyed: enrolled as node "+n.name) {
+			w.violate(n, "rekey", "mesh-executor rekey %s: %v exit %d\n%s", n.name, err, code, out)
+			// No rekey left pending behind the model's back.
+			w.onNode(n, time.Minute, "", "rekey", "--cancel", "--state", n.state)
+			return
+		}
+		w.faults["rekey"]++
+		if err := w.firstComposition(n, before); err != nil {
+			w.violate(n, "rekey", "%v", err)
+		}
 	case "key-rotate":
 		out, code, err := w.control("key", "rotate", "--json")
 		if w.expectOK(nil, "key rotate", out, code, err) {

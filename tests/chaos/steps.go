@@ -131,6 +131,11 @@ const pauseEvery = 50
 // the control side signs with.
 const rotateEvery = 30
 
+// rekeyEvery: one step in about this many renews a node's keys
+// (mesh-executor rekey on a node that runs and is not revoked), drawn,
+// with the node, from a sixth stream of the seed's own.
+const rekeyEvery = 40
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -161,6 +166,7 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	rk := rand.New(rand.NewPCG(seed, 0x636c6f636b))     // "clock": a node's clock off
 	rp := rand.New(rand.NewPCG(seed, 0x7061757365))     // "pause": serve paused
 	rr := rand.New(rand.NewPCG(seed, 0x726f74617465))   // "rotate": the control key rotated
+	rq := rand.New(rand.NewPCG(seed, 0x72656b6579))     // "rekey": a node's keys renewed
 	// ctlFull: the control side's disk is full. What an operator's
 	// command would write is refused then, so the model counts no write
 	// made while it is (no assignment, revocation, overlay).
@@ -255,6 +261,18 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		if rr.IntN(rotateEvery) == 0 && !ctlFull {
 			addStep(step{Kind: "key-rotate"})
 			continue
+		}
+		if rq.IntN(rekeyEvery) == 0 && !ctlFull {
+			var hs []*simNode
+			for _, n := range ns {
+				if n.healthy() && !n.revoked {
+					hs = append(hs, n)
+				}
+			}
+			if len(hs) > 0 {
+				addStep(step{Kind: "rekey", Node: hs[rq.IntN(len(hs))].name})
+				continue
+			}
 		}
 		if rp.IntN(pauseEvery) == 0 {
 			addStep(step{Kind: "pause-serve", Proc: "serve", Arg: 2 + rp.IntN(9)})

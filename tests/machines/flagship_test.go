@@ -24,7 +24,8 @@ import (
 //     the bundle's work in place;
 //  3. B installs the .deb and enrols with a token from A;
 //  4. both get the overlay first, then a module with a file and a service;
-//     they ping each other through the overlay;
+//     they ping each other through the overlay; B renews its keys
+//     (mesh-executor rekey) and the overlay carries on with its new one;
 //  5. both are upgraded through a declaration; B is then declared a
 //     release that crash-loops, and rolls back through apt; B is retired.
 func TestMeshBornFromOneMachine(t *testing.T) {
@@ -155,6 +156,26 @@ func TestMeshBornFromOneMachine(t *testing.T) {
 		untilTrue(t, 60*time.Second, m.Name()+": the module applied", func() bool {
 			return m.sh("systemctl is-active lp-site 2>/dev/null || true") == "active" && m.sh("cat /etc/lp-site.conf 2>/dev/null || true") == "greeting=hello"
 		})
+	}
+
+	// B renews its keys over the link: its WireGuard key too, which A's
+	// overlay takes from the roster; they ping through the overlay again,
+	// and B's module is not taken away by its new enrolment.
+	wgWas := B.sh("cat /var/lib/mesh-host/executor/wireguard.pub")
+	if out := B.sh("mesh-executor rekey --wait 90s 2>&1 || true"); !strings.Contains(out, "rekeyed: enrolled as node b") || !strings.Contains(out, "replacing node b") {
+		t.Fatalf("b: rekey: %s", out)
+	}
+	wgNow := B.sh("cat /var/lib/mesh-host/executor/wireguard.pub")
+	if wgNow == wgWas {
+		t.Fatal("b's WireGuard key is the one before the rekey")
+	}
+	untilTrue(t, 90*time.Second, "b's new WireGuard key on its interface and in a's peers", func() bool {
+		return B.sh("wg show mesh0 public-key 2>/dev/null || true") == wgNow && strings.Contains(A.sh("wg show mesh0 peers 2>/dev/null || true"), wgNow)
+	})
+	untilTrue(t, 60*time.Second, "a pings b through the overlay after b's rekey", func() bool { return A.pings(addr["b"]) })
+	untilTrue(t, 60*time.Second, "b pings a through the overlay after its rekey", func() bool { return B.pings(addr["a"]) })
+	if B.sh("systemctl is-active lp-site 2>/dev/null || true") != "active" || B.sh("cat /etc/lp-site.conf 2>/dev/null || true") != "greeting=hello" {
+		t.Fatal("b's module after its rekey:\n" + B.sh("mesh-executor owned"))
 	}
 
 	// 5. Upgrade both through a declaration.

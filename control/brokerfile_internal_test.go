@@ -94,6 +94,9 @@ func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cdir, RouteCertFile), rc, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(cdir, RouteCAFile), rc, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(cdir, RouteKeyFile), rk, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -75,12 +75,14 @@ in a statement addressed to it, signed by the key retired and by the new one, wh
 with the first message the new key signs; the roster and each node's newest declaration are
 signed again to carry it. --recovery-key FILE signs it with the offline recovery key instead,
 for when the control key is stolen (docs/operations.md, Rotating the control key)`),
-	cmdline.D("cert rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
+	cmdline.D("cert rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "routes", "broker-pid", "json"},
 		`rotate the broker's certificate (serve carries it out), in two steps: first a new certificate,
 announced to every node in a statement the control key signs: nodes accept both from then on,
 and say so with their heartbeat; then, with --switch once every node has taken it (refused
 otherwise, naming those that have not; --force switches anyway), the broker presents the new one,
-linked nodes staying linked, and nodes accept it alone`),
+linked nodes staying linked, and nodes accept it alone. With --routes DIR, a cluster's route
+certificate in the same two steps: the servers accept both, then present the new one and, once
+each does on its route port, accept it alone`),
 	cmdline.D("node show", "NAME", 1, 1, []string{"dir", "nats", "json"},
 		"the node's record, keys, and the profile and inventory it reported"),
 	cmdline.D("node add", "NAME", 1, 1, []string{"dir", "nats", "out", "broker-url", "json"},
@@ -145,7 +147,7 @@ var Version, Build = "dev", "dev"
 type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
-	recoveryKey                                                     string
+	recoveryKey, routes                                             string
 	switchCert, force                                               bool
 	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
 	names                                                           bool
@@ -177,7 +179,7 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "broker-accounts":
 		fs.StringVar(&o.brokerAccounts, "broker-accounts", "", "with --nats: keep this file (a cluster's "+AccountsFile+", from broker-config --cluster) the accounts every server includes, equal to the registry")
 	case "broker-pid":
-		fs.StringVar(&o.brokerPID, "broker-pid", "", "with --broker-config or --broker-accounts: the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
+		fs.StringVar(&o.brokerPID, "broker-pid", "", "with --broker-config or --broker-accounts (cert rotate: with --routes): the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
 	case "new":
 		fs.BoolVar(&o.isNew, "new", false, "for a machine the mesh has not seen")
 	case "name":
@@ -208,8 +210,10 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.Var(&o.seals, "seal", "MODULE.ID=PATH: seal PATH's content to the node's key as that file's content (repeatable)")
 	case "last":
 		fs.IntVar(&o.last, "last", 20, "how many")
+	case "routes":
+		fs.StringVar(&o.routes, "routes", "", "cert rotate: rotate a cluster's route certificate instead, in this directory (what broker-config --cluster wrote); --broker-pid: the servers' pid files, to reload them")
 	case "switch":
-		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker to the certificate announced")
+		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced")
 	case "force":
 		fs.BoolVar(&o.force, "force", false, "cert rotate --switch: although some nodes have not taken the new certificate (they must be enrolled again)")
 	case "recovery-key":
@@ -340,6 +344,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "key rotate":
 		err = c.keyRotate(o.recoveryKey)
 	case "cert rotate":
+		if o.routes != "" {
+			err = c.routesRotate(o.routes, o.switchCert, o.force, o.brokerPID)
+			break
+		}
+		if o.brokerPID != "" {
+			err = errors.New("--broker-pid is for --routes: the broker's own certificate is switched by serve, which reloads the broker it was told of")
+			break
+		}
 		err = c.certRotate(o.switchCert, o.force)
 	case "declare":
 		err = c.declare(pos[0], pos[1], o.seals)
@@ -852,7 +864,7 @@ func (c *cli) brokerCluster(listen, routes, out, store string) error {
 	if err != nil {
 		return err
 	}
-	files := map[string]string{AccountsFile: AccountsConfig(k, nodes, tokens, true), RouteCertFile: string(rc), RouteKeyFile: string(rk)}
+	files := map[string]string{AccountsFile: AccountsConfig(k, nodes, tokens, true), RouteCertFile: string(rc), RouteKeyFile: string(rk), RouteCAFile: string(rc)}
 	for i, s := range servers {
 		files[s.Name+".conf"] = ClusterConfig(k, servers, i, abs, store, secret)
 	}

@@ -93,3 +93,58 @@ func (c *cli) certRotate(switchCert, force bool) error {
 	}
 	return nil
 }
+
+// routesRotate carries out a step of a cluster's route certificate's
+// rotation (RotateRoutes) in dir, and says what it did. The files are the
+// operator's, beside the servers' configurations: no serve is asked.
+func (c *cli) routesRotate(dir string, switchCert, force bool, pidList string) error {
+	if force {
+		return errors.New("--force is for the broker's certificate: a route switch waits for the servers by itself, and is run again for one that was not reloaded")
+	}
+	var pids []string
+	if pidList != "" {
+		pids = strings.Split(pidList, ",")
+	}
+	res, err := RotateRoutes(dir, switchCert, pids)
+	if res == nil {
+		return err
+	}
+	if c.json {
+		if perr := c.printJSON(res); perr != nil {
+			return perr
+		}
+		return err
+	}
+	switch res.Phase {
+	case "announced":
+		fmt.Fprintf(c.stdout, "route certificate %s announced beside %s: each server accepts both once reloaded (%s)\n", res.Next, res.Current, filepath.Join(dir, RouteCAFile))
+		if res.Reload != "" {
+			fmt.Fprintf(c.stdout, "still to do: %s\n", res.Reload)
+		}
+		c.next("mesh-control cert rotate --routes " + dir + " --switch" + pidFlag(pidList) + "    # once every server is reloaded")
+	case "switched":
+		fmt.Fprintf(c.stdout, "every server presents route certificate %s on its route port and accepts it alone\n", res.Current)
+		if res.Reload != "" {
+			fmt.Fprintf(c.stdout, "still to do: %s\n", res.Reload)
+		}
+	case "switching":
+		for _, s := range res.Servers {
+			fmt.Fprintf(c.stdout, "%s\t%s\tpresents %s\n", s.Name, s.Route, orNone(s.Presents))
+		}
+	}
+	return err
+}
+
+func pidFlag(pids string) string {
+	if pids == "" {
+		return ""
+	}
+	return " --broker-pid " + pids
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "nothing (it did not answer)"
+	}
+	return s
+}

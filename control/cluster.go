@@ -97,10 +97,11 @@ func RouteSecret() string {
 // name, client address, TLS, a JetStream store of its own under
 // storeBase), the cluster block — its route address, the route user and
 // secret the others present, TLS on the routes with the routes'
-// certificate (RouteCertFile in dir), which is also the one authority a
-// route's peer is checked against (every server has the same; a route to
-// anything else fails) — and the shared accounts, included from
-// AccountsFile beside it.
+// certificate (RouteCertFile in dir), which is also, in RouteCAFile, the
+// one authority a route's peer is checked against (every server has the
+// same; a route to anything else fails; while a rotation of it is under
+// way, RotateRoutes, the next one too) — and the shared accounts,
+// included from AccountsFile beside it.
 func ClusterConfig(k *Keys, servers []ClusterServer, i int, dir, storeBase, secret string) string {
 	s := servers[i]
 	host, port, _ := splitListen(s.Client)
@@ -109,8 +110,8 @@ func ClusterConfig(k *Keys, servers []ClusterServer, i int, dir, storeBase, secr
 	b.WriteString(serverConfig(k, s.Name, host, port, filepath.Join(storeBase, s.Name)))
 	fmt.Fprintf(&b, "cluster {\n  name: %s\n  host: %s\n  port: %d\n", q(ClusterName), q(rhost), rport)
 	fmt.Fprintf(&b, "  authorization {\n    user: %s\n    password: %s\n    timeout: 5\n  }\n", q(routeUser), q(secret))
-	rc, rk := filepath.Join(dir, RouteCertFile), filepath.Join(dir, RouteKeyFile)
-	fmt.Fprintf(&b, "  tls {\n    cert_file: %s\n    key_file: %s\n    ca_file: %s\n    timeout: 5\n  }\n", q(rc), q(rk), q(rc))
+	rc, rk, ca := filepath.Join(dir, RouteCertFile), filepath.Join(dir, RouteKeyFile), filepath.Join(dir, RouteCAFile)
+	fmt.Fprintf(&b, "  tls {\n    cert_file: %s\n    key_file: %s\n    ca_file: %s\n    timeout: 5\n  }\n", q(rc), q(rk), q(ca))
 	var routes []string
 	for j, o := range servers {
 		if j != i {

@@ -45,6 +45,12 @@ func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
+	return SyncDir(dir)
+}
+
+// SyncDir syncs directory dir, so that the renames and removals made in
+// it outlast a power cut.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

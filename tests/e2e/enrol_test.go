@@ -42,16 +42,15 @@ func (m *mesh) issue(args ...string) string {
 // enrol runs mesh-executor enrol with token on standard input.
 func (m *mesh) enrol(token string, extra ...string) (code int, stdout, stderr string) {
 	m.t.Helper()
-	return m.executorCommand(token+"\n", append([]string{"enrol", "--state", m.state, "--wait", "60s"}, extra...)...)
+	return m.runCode("mesh-executor", token+"\n", append([]string{"enrol", "--state", m.state, "--wait", "60s"}, extra...)...)
 }
 
-// executorCommand runs mesh-executor with args and stdin, and says how it
-// ended.
-func (m *mesh) executorCommand(stdin string, args ...string) (code int, stdout, stderr string) {
+// runCode runs the binary name with args and stdin, and says how it ended.
+func (m *mesh) runCode(name, stdin string, args ...string) (code int, stdout, stderr string) {
 	m.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, m.binary("mesh-executor"), args...)
+	cmd := exec.CommandContext(ctx, m.binary(name), args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -22,7 +22,7 @@ import (
 // rekey runs mesh-executor rekey with extra.
 func (m *mesh) rekey(extra ...string) (code int, stdout, stderr string) {
 	m.t.Helper()
-	return m.executorCommand("", append([]string{"rekey", "--state", m.state, "--socket", m.sock}, extra...)...)
+	return m.runCode("mesh-executor", "", append([]string{"rekey", "--state", m.state, "--socket", m.sock}, extra...)...)
 }
 
 // nodeKeys is what n1's record says of its keys and enrolment.

@@ -239,6 +239,13 @@ func Run(ctx context.Context, o Options) error {
 		go watchSocket(ctx, o.Socket, o.EnrolPoll, o.Log)
 	}
 	for {
+		if o.Identity != nil {
+			// An enrolment cut off after the executor recorded its grant
+			// (the config still names the enrolment it replaced).
+			if id := finishGranted(o); id != nil {
+				o.Identity = id
+			}
+		}
 		if o.Identity == nil {
 			id, err := hosted(ctx, o, false)
 			if err != nil || id == nil {

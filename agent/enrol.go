@@ -97,6 +97,15 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 				o.Log.Debug("hosted: the executor: " + err.Error())
 				lastErr = err.Error()
 			}
+		case !b.(*wire.EnrolOffer).Pending && len(b.(*wire.EnrolOffer).Granted) > 0:
+			// Stopped after the executor recorded a grant for this NKey:
+			// finished from its copy.
+			id, err := keepGrant(o, kp, b.(*wire.EnrolOffer).Granted, b.(*wire.EnrolOffer))
+			if err == nil {
+				o.Log.Info("enrolled: finished from the executor's copy of the grant", "node", id.Node, "enrolment", id.Enrolment)
+				return id, nil
+			}
+			o.Log.Warn("the executor's copy of the grant was not taken", "err", err)
 		case !b.(*wire.EnrolOffer).Pending:
 			if reenrol {
 				o.Log.Info("no enrolment pending any more: going on with the identity held")
@@ -205,13 +214,34 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	}
 	// The executor has recorded it; the agent reads what it needs from
 	// the same grant (its JWT), checked against the pinned key as well.
-	payload, err := wire.Open(ed25519.PublicKey(offer.ControlKey), wire.PurposeGrant, reply.Grant)
+	id, err := keepGrant(o, kp, reply.Grant, offer)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("enrolled", "node", id.Node, "enrolment", id.Enrolment, "recovered", gr.Recovered)
+	return id, nil
+}
+
+// keepGrant makes the agent's identity from a grant the executor recorded
+// (offer says where the broker is, its certificate and the control key the
+// token pinned), checked under that key, and writes it to its config; the
+// NKey's seed kept apart while hosted is then dropped.
+func keepGrant(o Options, kp nkeys.KeyPair, grant []byte, offer *wire.EnrolOffer) (*Identity, error) {
+	pin, err := link.ParseFingerprint(offer.Fingerprint)
+	if err != nil {
+		return nil, fmt.Errorf("the grant's broker fingerprint: %w", err)
+	}
+	payload, err := wire.Open(ed25519.PublicKey(offer.ControlKey), wire.PurposeGrant, grant)
 	if err != nil {
 		return nil, fmt.Errorf("the grant: %w", err)
 	}
 	g, err := wire.ParseGrant(payload)
 	if err != nil {
 		return nil, err
+	}
+	pub, _ := kp.PublicKey()
+	if g.AgentNKey != pub {
+		return nil, fmt.Errorf("the grant is for NKey %s, not this agent's (%s)", g.AgentNKey, pub)
 	}
 	seed, _ := kp.Seed()
 	cfg := &Config{
@@ -224,11 +254,46 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	}
 	if o.ConfigPath != "" {
 		if err := statedir.WriteFile(o.ConfigPath, cfg); err != nil {
-			log.Error("enrolled, but the identity could not be kept; after a restart this agent is hosted again and the node must be re-enrolled", "config", o.ConfigPath, "err", err)
+			o.Log.Error("enrolled, but the identity could not be kept; the agent finishes from the executor's copy of the grant when it starts again", "config", o.ConfigPath, "err", err)
 		} else if o.StateDir != "" {
 			os.Remove(filepath.Join(o.StateDir, seedFile))
 		}
 	}
-	log.Info("enrolled", "node", g.Node, "enrolment", g.Enrolment, "recovered", gr.Recovered)
 	return id, nil
+}
+
+// finishGranted finishes an enrolment the agent was stopped in after the
+// executor recorded its grant and before the agent wrote its config (kill
+// -9, a power cut): the NKey's seed is still kept apart, and the executor
+// holds a grant for it (enrol.Granted). It returns the identity so made,
+// or nil when there is none to finish.
+func finishGranted(o Options) *Identity {
+	if o.StateDir == "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(o.StateDir, seedFile)); err != nil {
+		return nil
+	}
+	kp, err := hostedKey(o.StateDir)
+	if err != nil {
+		return nil
+	}
+	pub, _ := kp.PublicKey()
+	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build}
+	defer ex.close()
+	b, err := ex.ask(wire.KindEnrol, &wire.Enrol{AgentNKey: pub}, "enrol")
+	if err != nil {
+		return nil
+	}
+	offer := b.(*wire.EnrolOffer)
+	if offer.Pending || len(offer.Granted) == 0 {
+		return nil
+	}
+	id, err := keepGrant(o, kp, offer.Granted, offer)
+	if err != nil {
+		o.Log.Warn("the executor's copy of the grant was not taken", "err", err)
+		return nil
+	}
+	o.Log.Info("enrolled: finished from the executor's copy of the grant (the agent had stopped before keeping it)", "node", id.Node, "enrolment", id.Enrolment)
+	return id
 }

@@ -489,6 +489,11 @@ type EnrolOffer struct {
 	Hostname    string    `cbor:"10,keyasint,omitempty"`
 	Profile     []byte    `cbor:"11,keyasint,omitempty"` // JSON
 	Inventory   []byte    `cbor:"12,keyasint,omitempty"` // JSON
+	// Granted, with no enrolment pending, is the grant the executor
+	// accepted for the NKey the agent asked with (with BrokerURL,
+	// Fingerprint and ControlKey of its token): an agent stopped between
+	// the executor's recording and its own finishes from it.
+	Granted []byte `cbor:"13,keyasint,omitempty"`
 }
 
 // GrantHandover brings the executor the grant envelope exactly as the

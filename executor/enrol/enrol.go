@@ -532,6 +532,13 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 	if err := identity.SaveControlKeys(dir, ck); err != nil {
 		return nil, err
 	}
+	// The grant, kept for the agent it names: an agent cut off between
+	// this recording and its own (its config written) finishes from it
+	// (Granted), rather than holding on to the identity replaced.
+	if err := writeJSON(dir, GrantedFile, &granted{Grant: envelope, BrokerURL: tok.BrokerURL, Fingerprint: tok.FingerprintHex(),
+		ControlKey: tok.ControlKey, AgentNKey: p.AgentNKey, Node: g.Node, Enrolment: g.Enrolment}); err != nil {
+		return nil, err
+	}
 	id := &identity.Identity{Node: g.Node, Enrolment: g.Enrolment, ControlKey: tok.ControlKey, Keys: ck}
 	if err := identity.Save(dir, id); err != nil {
 		return nil, err
@@ -789,6 +796,41 @@ type storedKeys struct {
 	Sealing   []byte `json:"sealing"`
 	Enrolment string `json:"enrolment"`
 	formatField
+}
+
+// GrantedFile is the grant the executor accepted last, with what the
+// agent it names needs to finish its own half (Granted).
+const GrantedFile = "enrolment-granted.json"
+
+// granted is GrantedFile.
+type granted struct {
+	Grant       []byte `json:"grant"`
+	BrokerURL   string `json:"broker_url"`
+	Fingerprint string `json:"fingerprint"`
+	ControlKey  []byte `json:"control_key"`
+	AgentNKey   string `json:"agent_nkey"`
+	Node        string `json:"node"`
+	Enrolment   string `json:"enrolment"`
+	formatField
+}
+
+// Granted is, for an agent asking with agentNKey, the grant the executor
+// accepted for that NKey, when it is the enrolment the host holds: an
+// agent stopped after the executor recorded the grant and before it wrote
+// its own config (kill -9, a power cut) finishes from it. nil when there
+// is none for that NKey. The grant is the control side's, signed: the
+// agent checks it as it checks the one it brought.
+func Granted(dir, agentNKey string) (*wire.EnrolOffer, error) {
+	var g granted
+	ok, err := readJSON(dir, GrantedFile, &g)
+	if !ok || g.AgentNKey != agentNKey {
+		return nil, err
+	}
+	id, err := identity.Load(dir)
+	if err != nil || id == nil || id.Node != g.Node || id.Enrolment != g.Enrolment {
+		return nil, err
+	}
+	return &wire.EnrolOffer{Granted: g.Grant, BrokerURL: g.BrokerURL, Fingerprint: g.Fingerprint, ControlKey: g.ControlKey}, nil
 }
 
 // Keys are the executor's private keys.

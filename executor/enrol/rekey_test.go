@@ -221,3 +221,27 @@ func TestRekeyRefusals(t *testing.T) {
 		t.Fatalf("without the identity key: %v", err)
 	}
 }
+
+// The grant an executor accepted is handed back to the agent that holds
+// the NKey it names — the agent stopped before keeping its own half — and
+// to no other, and only while the host holds that enrolment.
+func TestGrantedIsKeptForItsAgent(t *testing.T) {
+	c := newControl()
+	dir := t.TempDir()
+	_, offer := begin(t, dir, c)
+	grant := c.grant(t, offer, nil)
+	if _, err := Accept(dir, grant); err != nil {
+		t.Fatal(err)
+	}
+	g, err := Granted(dir, agentNKey)
+	if err != nil || g == nil || string(g.Granted) != string(grant) || g.BrokerURL != "tls://127.0.0.1:4222" || !c.pub.Equal(ed25519.PublicKey(g.ControlKey)) || g.Pending {
+		t.Fatalf("granted: %+v %v", g, err)
+	}
+	if g, _ := Granted(dir, "UOTHERNKEY"); g != nil {
+		t.Fatal("handed to an agent of another NKey")
+	}
+	os.Remove(filepath.Join(dir, "identity.json"))
+	if g, _ := Granted(dir, agentNKey); g != nil {
+		t.Fatal("handed back while the host holds no identity")
+	}
+}

@@ -444,6 +444,9 @@ func (s *Server) restartIfUpgraded() {
 func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, error) {
 	e := body.(*wire.Enrol)
 	if !enrol.IsPending(s.cfg.StateDir) {
+		if g, err := enrol.Granted(s.cfg.StateDir, e.AgentNKey); err == nil && g != nil {
+			return wire.KindEnrolOffer, g, nil
+		}
 		return wire.KindEnrolOffer, &wire.EnrolOffer{}, nil
 	}
 	prof, _ := json.Marshal(profile.Detect(ctx, profile.Options{}))

@@ -193,3 +193,57 @@ func TestANodeRenewsItsKeys(t *testing.T) {
 		}
 	}
 }
+
+// An agent stopped after the executor recorded a grant and before the
+// agent kept its own config (kill -9, a power cut, in that instant)
+// finishes from the executor's copy of the grant when it starts again: its
+// config still names the enrolment the grant replaced (revoked: the broker
+// refuses it), its new NKey's seed is still kept apart. Made here as that
+// instant leaves the files: the config before a rekey written back, the
+// seed of the one after put back beside it.
+func TestAnAgentStoppedBeforeKeepingItsGrantFinishes(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	before, err := os.ReadFile(m.agentConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := m.rekey("--wait", "60s"); code != 0 {
+		t.Fatalf("rekey: exit %d\n%s%s", code, out, errOut)
+	}
+	after, _ := os.ReadFile(m.agentConfig())
+	var cfg struct {
+		Enrolment string `json:"enrolment"`
+		Seed      string `json:"nkey_seed"`
+	}
+	if err := json.Unmarshal(after, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ag := m.agentProc()
+	ag.Process.Kill()
+	ag.Wait()
+	if err := os.WriteFile(m.agentConfig(), before, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(m.agentState(), "nkey.seed")
+	if err := os.WriteFile(seed, []byte(cfg.Seed+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(seed, 65534, 65534)
+	m.startAgent("--config", m.agentConfig())
+	eventually(t, "the agent's config names the new enrolment", func() bool {
+		b, _ := os.ReadFile(m.agentConfig())
+		return bytes.Contains(b, []byte(cfg.Enrolment))
+	})
+	if _, err := os.Stat(seed); !os.IsNotExist(err) {
+		t.Fatalf("the seed kept apart is still there: %v", err)
+	}
+	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"finished\n"}]}`
+	if r := m.reportFor(m.declare(motd)); r.Outcome != shapes.Applied {
+		t.Fatalf("after finishing: %+v", r)
+	}
+	logb, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+	if !bytes.Contains(logb, []byte("finished from the executor's copy of the grant")) {
+		t.Fatal("the agent does not say it finished from the executor's copy")
+	}
+}

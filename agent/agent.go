@@ -139,9 +139,13 @@ type Agent struct {
 	// the last read failed).
 	rosterDue atomic.Bool
 	// rekeyAnswer is the control side's answer to the executor's rekey
-	// request (link.RekeyHeader), for the heartbeat loop to hand over:
-	// the notice handler makes no request of the executor.
-	rekeyAnswer atomic.Pointer[[]byte]
+	// request (link.RekeyHeader) and the rotations sent beside it, for
+	// the heartbeat loop to hand over when rekeyNow says so: the notice
+	// handler makes no request of the executor. Not hbNow: a heartbeat
+	// sent for each answer carries the request again, which the control
+	// side answers again.
+	rekeyAnswer atomic.Pointer[rekeyMsg]
+	rekeyNow    chan struct{}
 	exec        *execClient               // the worker's connection to the executor
 	hbExec      *execClient               // the heartbeat's
 	ncp         atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
@@ -335,12 +339,13 @@ func runLinked(ctx context.Context, o Options) error {
 	}
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
-		log:    o.Log.With("node", o.Identity.Node),
-		exec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		hbExec: &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		linkUp: make(chan struct{}, 1),
-		hbNow:  make(chan struct{}, 1),
-		wake:   make(chan struct{}, 1),
+		log:      o.Log.With("node", o.Identity.Node),
+		exec:     &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		hbExec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		linkUp:   make(chan struct{}, 1),
+		hbNow:    make(chan struct{}, 1),
+		rekeyNow: make(chan struct{}, 1),
+		wake:     make(chan struct{}, 1),
 	}
 	// The broker certificates a rotation announced, accepted from the
 	// first dial (takePins).
@@ -916,10 +921,9 @@ func (a *Agent) notice(m *nats.Msg) {
 	if m.Header.Get(link.RekeyHeader) != "" {
 		// The answer to a rekey request: the executor judges it.
 		if len(m.Data) > 0 && len(m.Data) <= wire.MaxRekeyAnswer {
-			b := bytes.Clone(m.Data)
-			a.rekeyAnswer.Store(&b)
+			a.rekeyAnswer.Store(&rekeyMsg{env: bytes.Clone(m.Data), rotations: m.Header.Get(link.RotationHeader)})
 			select {
-			case a.hbNow <- struct{}{}:
+			case a.rekeyNow <- struct{}{}:
 			default:
 			}
 		}
@@ -1044,11 +1048,13 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				}
 			}
 			continue
+		case <-a.rekeyNow:
+			if ans := a.rekeyAnswer.Swap(nil); ans != nil {
+				a.handRekey(ans)
+			}
+			continue
 		case <-t.C:
 		case <-a.hbNow:
-		}
-		if ans := a.rekeyAnswer.Swap(nil); ans != nil {
-			a.handRekey(*ans)
 		}
 		nc := a.ncp.Load()
 		if nc != nil && nc.IsConnected() {
@@ -1057,11 +1063,25 @@ func (a *Agent) heartbeats(ctx context.Context) {
 	}
 }
 
+// rekeyMsg is an answer to a rekey request, as it came: its envelope and
+// the control key's rotations sent beside it.
+type rekeyMsg struct {
+	env       []byte
+	rotations string
+}
+
 // handRekey hands the control side's answer to a rekey request to the
-// executor. One it begins an enrolment with shows in its status as an
+// executor, once the agent's own check passes it: signed by the control
+// key in force, after the rotations beside it (a node that missed a
+// rotation takes it here, the answer being signed by the new key). One
+// the executor begins an enrolment with shows in its status as an
 // enrolment pending, which the heartbeat turns to (errReenrol).
-func (a *Agent) handRekey(env []byte) {
-	b, err := a.hbExec.ask(wire.KindRekey, &wire.Rekey{Envelope: env}, "rekey")
+func (a *Agent) handRekey(m *rekeyMsg) {
+	if _, err := a.open(wire.PurposeRekey, m.env, m.rotations); err != nil {
+		a.log.Warn("rekey: passed over an answer that does not verify", "reason", err.Error())
+		return
+	}
+	b, err := a.hbExec.ask(wire.KindRekey, &wire.Rekey{Envelope: m.env}, "rekey")
 	if err != nil {
 		if errors.Is(err, ErrUpgraded) {
 			a.upgraded(err)

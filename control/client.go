@@ -121,6 +121,10 @@ type Client struct {
 	// ("module.id" → plaintext, see seal.go): each names a file resource
 	// of the declaration that leaves content and bytes out.
 	Seals map[string][]byte
+	// rekeySent is when each rekey answer was last sent (answerRekey),
+	// by node and nonce; shared by the copies of a Client made to sign
+	// with other settings.
+	rekeySent *sync.Map
 	// brokerKnows, set when the broker is the embedded one, says whether it
 	// lets a node's NKey in yet: a grant is answered once it does, so the
 	// node's first connection is not refused.
@@ -205,7 +209,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}}
 	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err

@@ -44,3 +44,6 @@ func (s *Server) Linking() (linked, of int) { return s.linking() }
 func (s *Server) SayRelinking(ctx context.Context, log *slog.Logger, every time.Duration) {
 	s.sayRelinking(ctx, log, every)
 }
+
+// RekeyResend is how often one rekey answer is sent again.
+const RekeyResend = rekeyResend

@@ -20,6 +20,9 @@ import (
 // away before asks again (a new token) when it is back.
 const rekeyTokenTTL = time.Hour
 
+// rekeyResend is how often one answer is sent again to the same request.
+const rekeyResend = 10 * time.Second
+
 // answerRekey answers a node's request that its keys be renewed (the
 // steps: wire.RekeyRequest), carried in its heartbeat: checked against
 // the identity key its record holds, then a token for the node, sealed to
@@ -60,7 +63,12 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		return nil
 	}
 	if r := rec.Rekey; r != nil && r.Nonce == req.Nonce {
-		return c.sendRekey(node, r)
+		// Sent again, at most every rekeyResend: a backlog of heartbeats
+		// read after serve's restart is one answer, not one each.
+		if last, ok := c.rekeySent.Load(node + "/" + r.Nonce); ok && time.Since(last.(time.Time)) < rekeyResend {
+			return nil
+		}
+		return c.sendRekey(rec, r)
 	}
 	sealing, err := base64.StdEncoding.DecodeString(rec.Keys.Sealing)
 	if err != nil {
@@ -98,7 +106,7 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 	if err != nil || rec.Rekey == nil {
 		return nil
 	}
-	return c.sendRekey(node, rec.Rekey)
+	return c.sendRekey(rec, rec.Rekey)
 }
 
 // keepRekey puts r in the node's record (rec, at revision rev, as read),
@@ -152,10 +160,14 @@ func (c *Client) revokeToken(ctx context.Context, id string) {
 	}
 }
 
-// sendRekey sends the answer kept in r on node's notice subject
-// (link.RekeyHeader). Core NATS: a node away hears it with the next copy
-// of its request.
-func (c *Client) sendRekey(node string, r *RekeyRecord) error {
-	return c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Data: r.Answer,
-		Header: nats.Header{link.RekeyHeader: []string{r.Nonce}}})
+// sendRekey sends the answer kept in r on rec's node's notice subject
+// (link.RekeyHeader), with what the control side says beside all it sends
+// a node (linkHeader): a node that missed a rotation of the control key
+// takes it with the answer, which the new key signed. Core NATS: a node
+// away hears it with the next copy of its request.
+func (c *Client) sendRekey(rec *NodeRecord, r *RekeyRecord) error {
+	h := c.linkHeader(rec)
+	h.Set(link.RekeyHeader, r.Nonce)
+	c.rekeySent.Store(rec.Name+"/"+r.Nonce, time.Now())
+	return c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(rec.Name).Notice, Data: r.Answer, Header: h})
 }

@@ -247,3 +247,24 @@ func TestAnAgentStoppedBeforeKeepingItsGrantFinishes(t *testing.T) {
 		t.Fatal("the agent does not say it finished from the executor's copy")
 	}
 }
+
+// A rekey of a node that has not taken the control key's last rotation
+// (never declared to, it takes one with its first declaration): the answer
+// the new key signs comes with the rotation, which the node takes first.
+func TestARekeyAfterARotationTheNodeMissed(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	keys := filepath.Join(m.state, "control-keys.json")
+	was, _ := os.ReadFile(keys)
+	m.run("mesh-control", "key", "rotate", "--dir", m.ctl)
+	if now, _ := os.ReadFile(keys); !bytes.Equal(now, was) {
+		t.Fatal("the node took the rotation before the rekey")
+	}
+	if code, out, errOut := m.rekey("--wait", "60s"); code != 0 || !strings.Contains(out, "rekeyed: enrolled as node n1") {
+		t.Fatalf("rekey: exit %d\n%s%s", code, out, errOut)
+	}
+	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"rotated and rekeyed\n"}]}`
+	if r := m.reportFor(m.declare(motd)); r.Outcome != shapes.Applied {
+		t.Fatalf("after the rekey: %+v", r)
+	}
+}

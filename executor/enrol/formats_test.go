@@ -28,9 +28,10 @@ func copyGolden(t *testing.T, dir, release, name string) {
 // written) and the result, first and as the release before the format
 // field left it; the pending enrolment as that release left it (the
 // first release's was not made again: its code's dependencies could not
-// be fetched where the goldens were made).
+// be fetched where the goldens were made), and as a rekey leaves it; a
+// rekey pending; the grant kept for the agent.
 func TestEveryEnrolmentFormatThatShippedIsRead(t *testing.T) {
-	golden.Releases(t, "c4a83c5", "9d97354")
+	golden.Releases(t, "c4a83c5", "9d97354", "2de1e35")
 	dir := t.TempDir()
 	copyGolden(t, dir, "c4a83c5", KeysFile)
 	k, err := LoadKeys(dir)
@@ -47,6 +48,23 @@ func TestEveryEnrolmentFormatThatShippedIsRead(t *testing.T) {
 	}
 	if tok.ID != [8]byte{1, 2, 3, 4, 5, 6, 7, 8} || tok.BrokerURL != "tls://control.example:4222" || len(p.Identity) != 32 || p.Begun.IsZero() {
 		t.Errorf("pending %+v, token %+v", p, tok)
+	}
+	// A rekey's files (2de1e35): the rekey pending, the pending
+	// enrolment its answer begins (with its new WireGuard key), and the
+	// grant kept for the agent.
+	copyGolden(t, dir, "2de1e35", RekeyFile)
+	var rk rekeyPending
+	if ok, err := readJSON(dir, RekeyFile, &rk); !ok || err != nil || rk.Node != "n1" || rk.Enrolment != "e-new" || len(rk.Nonce) != 32 || rk.Begun.IsZero() {
+		t.Errorf("rekey pending %+v, %v", rk, err)
+	}
+	copyGolden(t, dir, "2de1e35", PendingFile)
+	if p, _, err := loadPending(dir); err != nil || len(p.WireGuard) != 32 || p.Held == nil || !p.Held.Replace {
+		t.Errorf("a rekey's pending enrolment %+v, %v", p, err)
+	}
+	copyGolden(t, dir, "2de1e35", GrantedFile)
+	var g granted
+	if ok, err := readJSON(dir, GrantedFile, &g); !ok || err != nil || len(g.Grant) == 0 || g.AgentNKey == "" || g.Node != "n1" || len(g.ControlKey) != 32 {
+		t.Errorf("granted %+v, %v", g, err)
 	}
 	at := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
 	for _, c := range []struct {

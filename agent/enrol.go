@@ -156,7 +156,7 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 		nats.Secure(link.PinnedTLS(pin, pins.note)),
 		nats.Nkey(credPub, cred.Sign),
 		nats.CustomInboxPrefix(link.EnrolInbox(offer.Token)),
-		nats.Timeout(5*time.Second),
+		nats.Timeout(link.ConnectTimeout), // as the link's: a busy broker's handshake is waited for
 		nats.NoReconnect(),
 	)
 	if err != nil {

@@ -204,7 +204,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 	if err != nil {
 		return nil, final, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(apiTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, false, err
@@ -217,6 +217,14 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 	return c, false, nil
 }
 
+// apiTimeout is how long a JetStream request the control side makes
+// without a deadline of its own (a KV read or write, a stream's info, a
+// publish's acknowledgement) waits for the broker: nats.go's 5 s by
+// default, which a busy control machine's broker, syncing each write,
+// overran (every command failed across a 7 s stall, TestCommandsOutlast-
+// AStalledBroker); a command slows with its broker rather than failing.
+const apiTimeout = 30 * time.Second
+
 // dialBroker connects to the broker at url as the control side: TLS
 // pinned to the key directory's broker certificate, the control NKey. It
 // touches no stream; final says trying again is no use (the certificate is
@@ -227,7 +235,9 @@ func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
 		nats.Name("mesh-control"),
 		nats.Secure(link.PinnedTLSSet(func() []string { return []string{k.BrokerFingerprint()} }, func(e *link.PinError) { pinErr.Store(e) })),
 		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
-		nats.Timeout(5*time.Second),
+		// A handshake the broker is slow to answer is waited for, as the
+		// agents' is (link.ConnectTimeout).
+		nats.Timeout(link.ConnectTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),
 	)

@@ -994,7 +994,22 @@ func TestArchiveStreamViolations(t *testing.T) {
 		if err := c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b[:10]}); err != nil {
 			t.Fatal(err)
 		}
-		// The same digest on another connection waits its turn.
+		// Once the daemon holds that stream (a chunk but the last is
+		// answered by nothing: its handler is watched instead, or, on a
+		// busy machine, the second connection came first), the same
+		// digest on another connection waits its turn.
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			e.srv.streamMu.Lock()
+			held := len(e.srv.streaming) != 0
+			e.srv.streamMu.Unlock()
+			if held {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the first chunk never began a stream")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		c2 := e.dial()
 		c2.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Chunk: b, Last: true})
 		if werr := readError(t, c2.NetConn(), c2); werr.Code != wire.CodeBusy {

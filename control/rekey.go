@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,8 +39,8 @@ const rekeyResend = 10 * time.Second
 //
 // broker is where the node says it reaches the broker, which the token
 // names (a node reaches the broker at an address of its own, which this
-// side cannot know); one that is not a tls:// address is not taken, and
-// the token names this side's own.
+// side cannot know); one that is not tls:// addresses (brokerURLs) is not
+// taken, and the token names this side's own.
 func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *wire.RekeyRequest, broker string) error {
 	log := c.log.With("node", node, "enrolment", enrolment)
 	if req.Node != node || req.Enrolment != enrolment {
@@ -75,7 +76,7 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
 		return nil
 	}
-	if u, err := url.Parse(broker); err != nil || u.Scheme != "tls" || u.Hostname() == "" || u.Port() == "" || len(broker) > 512 {
+	if !brokerURLs(broker) {
 		broker = ""
 	}
 	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, broker, true)
@@ -107,6 +108,21 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		return nil
 	}
 	return c.sendRekey(rec, rec.Rekey)
+}
+
+// brokerURLs says whether s is a broker address as a node's config holds
+// it: tls://host:port, or a cluster's list of them, comma-separated.
+func brokerURLs(s string) bool {
+	if s == "" || len(s) > 2048 {
+		return false
+	}
+	for _, one := range strings.Split(s, ",") {
+		u, err := url.Parse(one)
+		if err != nil || u.Scheme != "tls" || u.Hostname() == "" || u.Port() == "" || u.Path != "" || u.User != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // keepRekey puts r in the node's record (rec, at revision rev, as read),

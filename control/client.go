@@ -221,8 +221,9 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 // without a deadline of its own (a KV read or write, a stream's info, a
 // publish's acknowledgement) waits for the broker: nats.go's 5 s by
 // default, which a busy control machine's broker, syncing each write,
-// overran (every command failed across a 7 s stall, TestCommandsOutlast-
-// AStalledBroker); a command slows with its broker rather than failing.
+// overran (every command failed across a 7 s stall of serve:
+// TestCommandsOutlastAStalledBroker); a command slows with its broker
+// rather than failing.
 const apiTimeout = 30 * time.Second
 
 // dialBroker connects to the broker at url as the control side: TLS

@@ -204,7 +204,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 	if err != nil {
 		return nil, final, err
 	}
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(apiTimeout))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, false, err
@@ -216,15 +216,6 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 	}
 	return c, false, nil
 }
-
-// apiTimeout is how long a JetStream request the control side makes
-// without a deadline of its own (a KV read or write, a stream's info, a
-// publish's acknowledgement) waits for the broker: nats.go's 5 s by
-// default, which a busy control machine's broker, syncing each write,
-// overran (every command failed across a 7 s stall of serve:
-// TestCommandsOutlastAStalledBroker); a command slows with its broker
-// rather than failing.
-const apiTimeout = 30 * time.Second
 
 // dialBroker connects to the broker at url as the control side: TLS
 // pinned to the key directory's broker certificate, the control NKey. It

@@ -12,10 +12,9 @@ import (
 
 // The operator's commands outlast a broker that stalls, as a busy control
 // machine's does: serve (its embedded broker inside) is stopped for 7 s
-// — longer than the 5 s nats.go gives a connection and a JetStream
-// request by default — as each command starts, so the stall meets its
-// connection's handshake and what follows; each command waits, and ends
-// as it would have.
+// — longer than the 5 s nats.go gives a connection's handshake by
+// default — as each command starts, so the stall meets the handshake;
+// each command waits, and ends as it would have.
 func TestCommandsOutlastAStalledBroker(t *testing.T) {
 	m := newMesh(t)
 	serve := m.procs[0]

@@ -137,7 +137,11 @@ func (c *Client) keepRekey(ctx context.Context, rec *NodeRecord, rev uint64, r *
 		_, err := c.KV.Update(ctx, nodeKey(rec.Name), data, rev)
 		if err == nil {
 			if before != nil && before.Token != r.Token {
-				c.revokeToken(ctx, before.Token)
+				// Unused, it enrols no one now; used, it changed nothing.
+				var used *TokenUsedError
+				if _, _, err := c.RevokeToken(ctx, before.Token); err != nil && !errors.As(err, &used) {
+					c.log.Warn("rekey: the token of an earlier answer was not revoked", "token", before.Token, "err", err)
+				}
 			}
 			return nil
 		}
@@ -152,28 +156,6 @@ func (c *Client) keepRekey(ctx context.Context, rec *NodeRecord, rev uint64, r *
 		}
 	}
 	return fmt.Errorf("registry: node %s kept changing", rec.Name)
-}
-
-// revokeToken revokes token id if it is unused; what fails is only said.
-func (c *Client) revokeToken(ctx context.Context, id string) {
-	for attempt := 0; attempt < 10; attempt++ {
-		e, err := c.KV.Get(ctx, tokenKey(id))
-		if err != nil {
-			return
-		}
-		var t TokenRecord
-		if json.Unmarshal(e.Value(), &t) != nil || !t.Used.IsZero() || !t.Revoked.IsZero() {
-			return
-		}
-		t.Revoked = time.Now().UTC()
-		data, _ := json.Marshal(&t)
-		if _, err := c.KV.Update(ctx, tokenKey(id), data, e.Revision()); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
-			if err != nil {
-				c.log.Warn("rekey: the token of an earlier answer was not revoked", "token", id, "err", err)
-			}
-			return
-		}
-	}
 }
 
 // sendRekey sends the answer kept in r on rec's node's notice subject

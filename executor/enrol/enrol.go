@@ -343,19 +343,28 @@ func heldIdentity(dir string, replace bool) (*wire.HeldIdentity, error) {
 	}
 	h := &wire.HeldIdentity{Node: id.Node, Enrolment: id.Enrolment, Replace: replace}
 	if replace {
-		k, err := LoadKeys(dir)
-		if err != nil || k == nil || k.Enrolment != id.Enrolment {
-			why := "it is not there"
-			if err != nil {
-				why = err.Error()
-			} else if k != nil {
-				why = "it is enrolment " + k.Enrolment + "'s"
-			}
+		if _, why := identityKey(dir, id); why != "" {
 			return nil, Refusal(fmt.Sprintf("--replace: this host is enrolled as %s, but the identity key of that enrolment (%s) cannot be used (%s): nothing can show the control side that this host is %s. Revoke it there (mesh-control node revoke %s), then enrol without --replace",
 				h.Name(), filepath.Join(dir, KeysFile), why, id.Node, id.Node))
 		}
 	}
 	return h, nil
+}
+
+// identityKey is the keys of the enrolment id names, or why they cannot
+// be used (what signs for the identity the host holds: a replacement, a
+// rekey's request).
+func identityKey(dir string, id *identity.Identity) (*Keys, string) {
+	k, err := LoadKeys(dir)
+	switch {
+	case err != nil:
+		return nil, err.Error()
+	case k == nil:
+		return nil, "it is not there"
+	case k.Enrolment != id.Enrolment:
+		return nil, "it is enrolment " + k.Enrolment + "'s"
+	}
+	return k, ""
 }
 
 // Offer answers an agent that asks whether an enrolment is pending, with

@@ -89,14 +89,8 @@ func rekeyIdentity(dir string) (*identity.Identity, *Keys, error) {
 	if id == nil {
 		return nil, nil, Refusal("this host holds no identity (it is hosted): there are no keys to renew; enrol it")
 	}
-	k, err := LoadKeys(dir)
-	if err != nil || k == nil || k.Enrolment != id.Enrolment {
-		why := "it is not there"
-		if err != nil {
-			why = err.Error()
-		} else if k != nil {
-			why = "it is enrolment " + k.Enrolment + "'s"
-		}
+	k, why := identityKey(dir, id)
+	if why != "" {
 		return nil, nil, Refusal(fmt.Sprintf("this host is enrolled as %s, but the identity key of that enrolment (%s) cannot be used (%s): nothing can prove to the control side that this host is %s. Issue a token for it (mesh-control token issue --node %s) and enrol with it",
 			(&wire.HeldIdentity{Node: id.Node, Enrolment: id.Enrolment}).Name(), filepath.Join(dir, KeysFile), why, id.Node, id.Node))
 	}
@@ -151,9 +145,10 @@ func RekeyRequest(dir string) (*wire.RekeyRequest, error) {
 	if err != nil || r == nil || id == nil || r.Node != id.Node || r.Enrolment != id.Enrolment {
 		return nil, err
 	}
-	k, err := LoadKeys(dir)
-	if err != nil || k == nil || k.Enrolment != id.Enrolment {
-		return nil, err
+	// Without its key it asks nothing (BeginRekey refused such a host).
+	k, _ := identityKey(dir, id)
+	if k == nil {
+		return nil, nil
 	}
 	return wire.SignRekey(k.Identity, r.Node, r.Enrolment, r.Nonce), nil
 }

@@ -30,6 +30,9 @@ const (
 	routeNextKey  = RouteKeyFile + ".next"
 )
 
+// routeLockRecord is where the rotation holding dir's lock says its pid.
+const routeLockRecord = ".routes-rotate.pid"
+
 // routeProbeWait is how long a switch waits for every server to present
 // the new certificate on its route port (they reload on SIGHUP within a
 // second; one on another machine, reloaded by hand, is waited for by
@@ -80,6 +83,16 @@ type RouteResult struct {
 func RotateRoutes(dir string, switchCert bool, pids []string) (*RouteResult, error) {
 	servers, confs, err := clusterServers(dir)
 	if err != nil {
+		return nil, err
+	}
+	// One rotation at a time: two announcing at once would each write a
+	// next key and certificate, the pair left behind not one.
+	l, err := statedir.LockDir(dir, routeLockRecord)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	if err := l.Record("mesh-control cert rotate --routes"); err != nil {
 		return nil, err
 	}
 	cur := filepath.Join(dir, RouteCertFile)

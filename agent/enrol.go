@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -151,14 +152,28 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 	credPub, _ := cred.PublicKey()
 	pins := &pinWatch{}
 	start := clock.Now()
-	nc, err := nats.Connect(offer.BrokerURL,
-		nats.Name("mesh-agent/enrol"),
-		nats.Secure(link.PinnedTLS(pin, pins.note)),
-		nats.Nkey(credPub, cred.Sign),
-		nats.CustomInboxPrefix(link.EnrolInbox(offer.Token)),
-		nats.Timeout(link.ConnectTimeout), // as the link's: a busy broker's handshake is waited for
-		nats.NoReconnect(),
-	)
+	dial := func(signIn nats.Option) (*nats.Conn, error) {
+		return nats.Connect(offer.BrokerURL,
+			nats.Name("mesh-agent/enrol"),
+			nats.Secure(link.PinnedTLS(pin, pins.note)),
+			signIn,
+			nats.CustomInboxPrefix(link.EnrolInbox(offer.Token)),
+			nats.Timeout(link.ConnectTimeout), // as the link's: a busy broker's handshake is waited for
+			nats.NoReconnect(),
+		)
+	}
+	nc, err := dial(nats.Nkey(credPub, cred.Sign))
+	if err != nil && explain(offer.BrokerURL, err, pins.since(start)).Reason == LinkAuthorization {
+		// A broker in NATS operator mode knows no NKey user: it knows the
+		// token as an account of its own, whose key is the same one-time
+		// credential (control.TokenAccountID), and takes a user JWT that
+		// key signs. The token does not say which broker it is, so the
+		// NKey is tried first, and this when it is refused.
+		var signIn nats.Option
+		if signIn, err = tokenSignIn(offer.Credential, offer.Token); err == nil {
+			nc, err = dial(signIn)
+		}
+	}
 	if err != nil {
 		le := explain(offer.BrokerURL, err, pins.since(start))
 		switch le.Reason {
@@ -296,4 +311,31 @@ func finishGranted(o Options) *Identity {
 	}
 	o.Log.Info("enrolled: finished from the executor's copy of the grant (the agent had stopped before keeping it)", "node", id.Node, "enrolment", id.Enrolment)
 	return id
+}
+
+// tokenSignIn is how a token's one-time credential signs in to a broker
+// in operator mode: a user JWT for the credential's user key, issued by
+// the same key as the token's account. The permissions it writes are the
+// token's own subjects; the account, which imports the token's enrolment
+// subject alone, is what holds the credential to them.
+func tokenSignIn(credential []byte, tokenID string) (nats.Option, error) {
+	user, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, credential)
+	if err != nil {
+		return nil, err
+	}
+	account, err := nkeys.FromRawSeed(nkeys.PrefixByteAccount, credential)
+	if err != nil {
+		return nil, err
+	}
+	pub, _ := user.PublicKey()
+	uc := jwt.NewUserClaims(pub)
+	uc.Name = "enrol-" + tokenID
+	ps, ss := link.EnrolPermissions(tokenID)
+	uc.Pub.Allow.Add(ps...)
+	uc.Sub.Allow.Add(ss...)
+	token, err := uc.Encode(account)
+	if err != nil {
+		return nil, err
+	}
+	return nats.UserJWT(func() (string, error) { return token, nil }, user.Sign), nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -97,16 +98,36 @@ func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.Secure(link.PinnedTLSSet(id.Pins, pins.note)),
-		nats.Nkey(id.nkeyPublic, id.nkey.Sign),
 		nats.CustomInboxPrefix(id.Subjects.Inbox),
 		nats.Timeout(link.ConnectTimeout),
 	}
-	if id.userJWT != "" {
+	switch {
+	case signsInByJWT(id.userJWT):
+		// A broker in operator mode: the JWT is the credential, the
+		// NKey's signature over the nonce proves it is this node's.
+		userJWT := id.userJWT
+		opts = append(opts, nats.UserJWT(func() (string, error) { return userJWT, nil }, id.nkey.Sign))
+	case id.userJWT != "":
 		// The grant's user JWT rides as the connect token beside the NKey
 		// and its signature over the nonce (see control's registryAuth).
-		opts = append(opts, nats.Token(id.userJWT))
+		opts = append(opts, nats.Nkey(id.nkeyPublic, id.nkey.Sign), nats.Token(id.userJWT))
+	default:
+		opts = append(opts, nats.Nkey(id.nkeyPublic, id.nkey.Sign))
 	}
 	return opts
+}
+
+// signsInByJWT says whether a grant's user JWT is for a broker in NATS
+// operator mode: issued on behalf of the node's own account (its issuer
+// account), which only such a broker resolves. The control side issues
+// that form only when its broker is one (control.UserJWT); any other
+// broker takes the NKey, and the JWT beside it as the connect token.
+func signsInByJWT(token string) bool {
+	if token == "" {
+		return false
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	return err == nil && uc.IssuerAccount != ""
 }
 
 // Dial connects once with id's identity: the broker certificate pinned,

@@ -101,7 +101,31 @@ func TestEveryBrokerSyncsBeforeItAcknowledges(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, sv := range servers {
-		confs["broker-config --cluster, "+sv.Name] = ClusterConfig(k, servers, i, cdir, filepath.Join(dir, "store"), "sekrit")
+		conf, err := ClusterConfig(k, servers, i, cdir, filepath.Join(dir, "store"), "sekrit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		confs["broker-config --cluster, "+sv.Name] = conf
+	}
+	// Operator mode (--resolver), one server's and a cluster's.
+	if _, err := MakeOperator(k.Dir); err != nil {
+		t.Fatal(err)
+	}
+	ko, err := LoadKeys(k.Dir)
+	if err != nil || ko.Operator == nil {
+		t.Fatalf("the operator keys made are not loaded: %v", err)
+	}
+	rconf, err := ko.ResolverConfig(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	confs["broker-config --resolver"] = serverConfig(ko, "mesh-control", "127.0.0.1", 14222, filepath.Join(dir, "store")) + rconf
+	for i, sv := range servers {
+		conf, err := ClusterConfig(ko, servers, i, cdir, filepath.Join(dir, "store"), "sekrit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		confs["broker-config --cluster --resolver, "+sv.Name] = conf
 	}
 	for name, conf := range confs {
 		path := filepath.Join(cdir, strings.NewReplacer(" ", "", ",", "-").Replace(name)+".conf")

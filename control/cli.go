@@ -129,11 +129,13 @@ agent versions in use, the broker, its store (a full disk) and the registry, and
 	cmdline.D("reports", "NODE", 1, 1, []string{"dir", "nats", "last", "json"},
 		`the node's last reports, with their lines; then a summary as --wait's: a row a report (its
 outcome, its lines changed, unchanged, failed and held) and the total`),
-	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store"},
+	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store", "resolver"},
 		`a nats-server configuration for an existing broker (serve --nats); with --cluster, each
 server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes between them, TLS
 with the key directory's certificate) and the accounts they all include (OUTDIR/accounts.conf:
-serve --nats URLS --replicas 3 --broker-accounts it)`),
+serve --nats URLS --replicas 3 --broker-accounts it); with --resolver, in NATS operator mode:
+each node in an account of its own, which serve pushes to the servers (no accounts file, no
+reload); the key directory keeps the operator's keys, and stays in that mode`),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-control"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-control's manual page (roff)"),
 	cmdline.D("version", "", 0, 0, nil, "print the version and build"),
@@ -148,7 +150,7 @@ type options struct {
 	dir, nats, url, listen, brokerConfig, brokerPID, brokerAccounts string
 	cluster, store, out, brokerURL, forNode, newName, metrics, ui   string
 	recoveryKey, routes                                             string
-	switchCert, force                                               bool
+	switchCert, force, resolver                                     bool
 	json, verbose, withoutOverlay, despiteBriefing, isNew, plan     bool
 	names                                                           bool
 	hosts, seals                                                    listFlag
@@ -222,6 +224,8 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 		fs.BoolVar(&o.names, "names", false, "the node names alone, a line each")
 	case "cluster":
 		fs.StringVar(&o.cluster, "cluster", "", "the servers' route addresses, HOST:PORT,... (one per server; --listen their client addresses, in the same order; --out the directory to write to)")
+	case "resolver":
+		fs.BoolVar(&o.resolver, "resolver", false, "NATS operator mode: every account a JWT, each node's own, pushed by serve to the servers' account resolver (the operator's keys are made in the key directory once)")
 	case "store":
 		fs.StringVar(&o.store, "store", "", "with --cluster: the directory each server's JetStream store is made under (default --out)")
 	case "metrics":
@@ -371,9 +375,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.reports(pos[0], o.last)
 	case "broker-config":
 		if o.cluster != "" {
-			err = c.brokerCluster(o.listen, o.cluster, o.out, o.store)
+			err = c.brokerCluster(o.listen, o.cluster, o.out, o.store, o.resolver)
 		} else {
-			err = c.brokerConfig(o.listen)
+			err = c.brokerConfig(o.listen, o.store, o.resolver)
 		}
 	case "node endpoint":
 		err = c.nodeEndpoint(pos[0], pos[1])
@@ -836,8 +840,8 @@ func (c *cli) reports(node string, last int) error {
 // server, with a fresh route secret they share, and the accounts they
 // include, listing the registry's users if the control side can be
 // reached (the first serve --broker-accounts writes them otherwise).
-func (c *cli) brokerCluster(listen, routes, out, store string) error {
-	k, err := LoadKeys(c.dir)
+func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) error {
+	k, err := c.brokerKeys(resolver)
 	if err != nil {
 		return err
 	}
@@ -854,7 +858,6 @@ func (c *cli) brokerCluster(listen, routes, out, store string) error {
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
-	nodes, tokens := c.registryUsers()
 	secret := RouteSecret()
 	rc, rk, err := RouteCertificate(servers)
 	if err != nil {
@@ -864,14 +867,32 @@ func (c *cli) brokerCluster(listen, routes, out, store string) error {
 	if err != nil {
 		return err
 	}
-	files := map[string]string{AccountsFile: AccountsConfig(k, nodes, tokens, true), RouteCertFile: string(rc), RouteKeyFile: string(rk), RouteCAFile: string(rc)}
+	files := map[string]string{RouteCertFile: string(rc), RouteKeyFile: string(rk), RouteCAFile: string(rc)}
+	if k.Operator == nil {
+		c.warnSharedAccount()
+		nodes, tokens := c.registryUsers()
+		files[AccountsFile] = AccountsConfig(k, nodes, tokens, true)
+	}
 	for i, s := range servers {
-		files[s.Name+".conf"] = ClusterConfig(k, servers, i, abs, store, secret)
+		if files[s.Name+".conf"], err = ClusterConfig(k, servers, i, abs, store, secret); err != nil {
+			return err
+		}
 	}
 	for name, text := range files {
 		if err := statedir.WriteBytes(filepath.Join(out, name), []byte(text), 0o600); err != nil {
 			return err
 		}
+	}
+	if k.Operator != nil {
+		if c.json {
+			return c.printJSON(map[string]any{"servers": servers, "dir": out, "operator": k.Operator.OperatorPublic, "nats": ClientURLs(servers)})
+		}
+		for _, s := range servers {
+			fmt.Fprintf(c.stdout, "%s\t%s\tclients %s, routes %s\n", s.Name, filepath.Join(out, s.Name+".conf"), s.Client, s.Route)
+		}
+		fmt.Fprintf(c.stdout, "operator\t%s\t(every account a JWT; serve pushes each node's)\n", k.Operator.OperatorPublic)
+		fmt.Fprintf(c.stdout, "then: mesh-control serve --dir %s --nats %s --replicas %d\n", c.dir, ClientURLs(servers), min(len(servers), 3))
+		return nil
 	}
 	if c.json {
 		return c.printJSON(map[string]any{"servers": servers, "dir": out, "accounts": filepath.Join(out, AccountsFile), "nats": ClientURLs(servers)})
@@ -913,8 +934,8 @@ func (c *cli) warn(format string, args ...any) {
 	fmt.Fprintf(c.stderr, "mesh-control %s: warning: %s\n", c.cmd, fmt.Sprintf(format, args...))
 }
 
-func (c *cli) brokerConfig(listen string) error {
-	k, err := LoadKeys(c.dir)
+func (c *cli) brokerConfig(listen, store string, resolver bool) error {
+	k, err := c.brokerKeys(resolver)
 	if err != nil {
 		return err
 	}
@@ -925,9 +946,46 @@ func (c *cli) brokerConfig(listen string) error {
 	if err != nil {
 		return err
 	}
+	if k.Operator != nil {
+		if store == "" {
+			store = filepath.Join(k.Dir, "jetstream")
+		}
+		rc, err := k.ResolverConfig(store)
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(c.stdout, serverConfig(k, "mesh-control", host, port, store)+rc)
+		return nil
+	}
+	if store != "" {
+		return errors.New("--store is for --cluster and --resolver; a configuration from a file keeps its store in the key directory")
+	}
+	c.warnSharedAccount()
 	nodes, tokens := c.registryUsers()
 	fmt.Fprint(c.stdout, BrokerConfig(k, host, port, nodes, tokens, true))
 	return nil
+}
+
+// warnSharedAccount says what the configuration-file form of an existing
+// broker does not give: an account per node (see AccountsConfig).
+func (c *cli) warnSharedAccount() {
+	c.warn("this form keeps every node in one account (NODES), where a node can have the broker deliver the answers to its own requests onto another node's subjects; --resolver (NATS operator mode) gives each node its own, as the embedded broker does")
+}
+
+// brokerKeys loads the key directory for broker-config: with resolver,
+// its operator keys made first where it has none. A key directory in
+// operator mode stays in it: serve refuses a configuration from a file
+// there.
+func (c *cli) brokerKeys(resolver bool) (*Keys, error) {
+	if resolver {
+		if _, err := LoadKeys(c.dir); err != nil {
+			return nil, err
+		}
+		if _, err := MakeOperator(c.dir); err != nil {
+			return nil, err
+		}
+	}
+	return LoadKeys(c.dir)
 }
 
 // onlyLoopback reports whether the certificate's names would be loopback's

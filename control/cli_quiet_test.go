@@ -61,9 +61,11 @@ func TestClientCommandsAreQuietWithoutV(t *testing.T) {
 		t.Errorf("node revoke -v: exit %d, no log of the revocation:\n%s", code, errs)
 	}
 	// broker-config without a broker still writes the configuration, and
-	// says, as a sentence, that it lists no node.
+	// says, as sentences, that its form shares one account among nodes
+	// and that it lists no node.
 	out, errs, code := run(t, ctx, "broker-config", "--dir", dir, "--nats", "tls://127.0.0.1:1")
-	if code != 0 || !strings.Contains(out, "accounts") || !strings.HasPrefix(errs, "mesh-control broker-config: warning: no broker to read the registry from") || logLine.MatchString(errs) {
+	if code != 0 || !strings.Contains(out, "accounts") || !strings.HasPrefix(errs, "mesh-control broker-config: warning: this form keeps every node in one account") ||
+		!strings.Contains(errs, "\nmesh-control broker-config: warning: no broker to read the registry from") || logLine.MatchString(errs) {
 		t.Errorf("broker-config with no broker: exit %d\n%s%s", code, out, errs)
 	}
 }

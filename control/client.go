@@ -125,9 +125,9 @@ type Client struct {
 	// by node and nonce; shared by the copies of a Client made to sign
 	// with other settings.
 	rekeySent *sync.Map
-	// brokerKnows, set when the broker is the embedded one, says whether it
-	// lets a node's NKey in yet: a grant is answered once it does, so the
-	// node's first connection is not refused.
+	// brokerKnows, set when the broker is the embedded one or in operator
+	// mode, says whether it lets a node's NKey in yet: a grant is answered
+	// once it does, so the node's first connection is not refused.
 	brokerKnows func(node, nkey string) bool
 	log         *slog.Logger
 	// floor is the newest roster sequence this client knows published
@@ -222,11 +222,17 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 // touches no stream; final says trying again is no use (the certificate is
 // not the pinned one).
 func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
+	return dialAs(k, url, "mesh-control", k.signIn())
+}
+
+// dialAs is dialBroker signing in as signIn says, the connection named
+// name.
+func dialAs(k *Keys, url, name string, signIn nats.Option) (nc *nats.Conn, final bool, err error) {
 	var pinErr atomic.Pointer[link.PinError]
 	nc, err = nats.Connect(url,
-		nats.Name("mesh-control"),
+		nats.Name(name),
 		nats.Secure(link.PinnedTLSSet(func() []string { return []string{k.BrokerFingerprint()} }, func(e *link.PinError) { pinErr.Store(e) })),
-		nats.Nkey(k.NKeyPublic, k.NKey.Sign),
+		signIn,
 		// A handshake the broker is slow to answer is waited for, as the
 		// agents' is (link.ConnectTimeout).
 		nats.Timeout(link.ConnectTimeout),
@@ -240,6 +246,16 @@ func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
 		return nil, false, fmt.Errorf("broker at %s: %w", url, err)
 	}
 	return nc, false, nil
+}
+
+// signIn is how the control side's connections authenticate: the control
+// NKey's signature over the broker's nonce — with a user JWT of CONTROL
+// beside it when the broker is in operator mode.
+func (k *Keys) signIn() nats.Option {
+	if k.Operator == nil {
+		return nats.Nkey(k.NKeyPublic, k.NKey.Sign)
+	}
+	return nats.UserJWT(func() (string, error) { return k.userJWT(k.Operator.Control, "mesh-control") }, k.NKey.Sign)
 }
 
 // Close closes the connection.
@@ -483,6 +499,12 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 	if err := c.freshQueue(ctx, name); err != nil {
 		return undo(err)
 	}
+	// The user JWT a grant would carry: a broker in operator mode signs
+	// in no one without one; any other takes the NKey.
+	userJWT, err := c.UserJWT(name, pub)
+	if err != nil {
+		return undo(err)
+	}
 	cfg := &agent.Config{
 		BrokerURL:         brokerURL,
 		BrokerFingerprint: c.Keys.BrokerFingerprint(),
@@ -490,6 +512,7 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 		Node:              name,
 		Enrolment:         rec.Enrolment,
 		NKeySeed:          string(seed),
+		UserJWT:           userJWT,
 	}
 	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
 }

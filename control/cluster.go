@@ -102,7 +102,7 @@ func RouteSecret() string {
 // same; a route to anything else fails; while a rotation of it is under
 // way, RotateRoutes, the next one too) — and the shared accounts,
 // included from AccountsFile beside it.
-func ClusterConfig(k *Keys, servers []ClusterServer, i int, dir, storeBase, secret string) string {
+func ClusterConfig(k *Keys, servers []ClusterServer, i int, dir, storeBase, secret string) (string, error) {
 	s := servers[i]
 	host, port, _ := splitListen(s.Client)
 	rhost, rport, _ := splitListen(s.Route)
@@ -119,8 +119,18 @@ func ClusterConfig(k *Keys, servers []ClusterServer, i int, dir, storeBase, secr
 		}
 	}
 	fmt.Fprintf(&b, "  routes: %s\n}\n", qs(routes))
+	if k.Operator != nil {
+		// Operator mode: the accounts are the resolver's, which the
+		// servers pass among themselves.
+		rc, err := k.ResolverConfig(filepath.Join(storeBase, s.Name))
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(rc)
+		return b.String(), nil
+	}
 	fmt.Fprintf(&b, "include %s\n", q(AccountsFile))
-	return b.String()
+	return b.String(), nil
 }
 
 // ClientURLs is the cluster's client addresses as one NATS URL list (what

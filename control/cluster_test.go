@@ -32,7 +32,10 @@ func TestParseCluster(t *testing.T) {
 func TestClusterConfig(t *testing.T) {
 	k := &Keys{Dir: "/etc/mesh"}
 	s, _ := ParseCluster("10.0.0.1:4222,10.0.0.2:4222,10.0.0.3:4222", "10.0.0.1:6222,10.0.0.2:6222,10.0.0.3:6222")
-	conf := ClusterConfig(k, s, 1, "/etc/nats/mesh", "/var/lib/nats", "sekrit")
+	conf, err := ClusterConfig(k, s, 1, "/etc/nats/mesh", "/var/lib/nats", "sekrit")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{`server_name: "mesh-broker-2"`, `host: "10.0.0.2"`, "port: 4222", `store_dir: "/var/lib/nats/mesh-broker-2"`,
 		`name: "mesh"`, "port: 6222", `password: "sekrit"`, `ca_file: "/etc/nats/mesh/routes-ca.crt"`,
 		`"nats-route://mesh-route:sekrit@10.0.0.1:6222", "nats-route://mesh-route:sekrit@10.0.0.3:6222"`, `include "accounts.conf"`} {

@@ -523,9 +523,15 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 // UserJWT is the node's broker credential: a NATS user JWT for its NKey,
 // issued by the nodes' account, with exactly link.NodePermissionsEither (the
 // agent it is for may be of either layout), without expiry (revocation only).
+// For a broker in operator mode the nodes' account key signs it on behalf of
+// the node's own account (NodeAccountID), which lists that key; the agent
+// signs in with the JWT itself then (the issuer account says so).
 func (c *Client) UserJWT(node, nkey string) (string, error) {
 	uc := jwt.NewUserClaims(nkey)
 	uc.Name = node
+	if c.Keys.Operator != nil {
+		uc.IssuerAccount = NodeAccountID(node)
+	}
 	pub, sub := link.NodePermissionsEither(node)
 	uc.Pub.Allow.Add(pub...)
 	uc.Sub.Allow.Add(sub...)

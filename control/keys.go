@@ -72,6 +72,11 @@ type Keys struct {
 	// Recovery is the recovery key's public half (FileRecoveryPub); nil
 	// in a key directory made before it.
 	Recovery ed25519.PublicKey
+	// Operator is the operator-mode key set of an existing broker
+	// (broker-config --resolver); nil when the broker is the embedded one
+	// or configured from a file. With it, every connection of the control
+	// side signs in with a user JWT, and grants name the node's account.
+	Operator *Operator
 	// pins is the newest statement of the broker's certificates
 	// (FileBrokerPins, a wire.BrokerPins envelope): nil when none.
 	pins []byte
@@ -365,6 +370,9 @@ func LoadKeys(dir string) (*Keys, error) {
 		return nil, err
 	}
 	k.AccountPublic, _ = k.Account.PublicKey()
+	if k.Operator, err = loadOperator(dir); err != nil {
+		return nil, err
+	}
 	if b, err := os.ReadFile(filepath.Join(dir, FileSettings)); err == nil {
 		var s settings
 		if err := json.Unmarshal(b, &s); err != nil {

@@ -83,6 +83,12 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	}
 	url := o.NATSURL
 	var srv *Server
+	if url == "" && k.Operator != nil {
+		return fmt.Errorf("the key directory %s is set up for an existing broker in operator mode (%s, from broker-config --resolver): serve --nats URL, the embedded broker does not sign in its users by JWT", k.Dir, FileBrokerOperator)
+	}
+	if k.Operator != nil && (o.BrokerConfig != "" || o.BrokerAccounts != "") {
+		return errors.New("a broker in operator mode takes its accounts from serve over its system account: no --broker-config, no --broker-accounts")
+	}
 	if url == "" {
 		listen := o.Listen
 		if listen == "" {
@@ -121,6 +127,13 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 			srv.SetNodes(nodes)
 			srv.SetTokens(tokens)
 		}
+	case k.Operator != nil:
+		rs, err := newResolverSink(k, url, log)
+		if err != nil {
+			return err
+		}
+		defer rs.close()
+		set, c.brokerKnows = rs.set, rs.knows
 	case o.BrokerConfig != "" || o.BrokerAccounts != "":
 		set, err = brokerFile(k, o, log)
 		if err != nil {

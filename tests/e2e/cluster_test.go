@@ -35,7 +35,18 @@ const clusterNodes = 500
 // is recorded in the registry — nothing is lost. The control side's
 // streams and registry are at three replicas; nothing is kept per node on
 // the broker (no consumer on the declarations).
+//
+// Run with both forms of an existing broker's accounts: the file serve
+// keeps and the servers reload (nodes sharing NODES), and NATS operator
+// mode (--resolver: an account per node, pushed to the servers'
+// resolvers — the form a reload could not give, which crashed every
+// server of this cluster).
 func TestClusterLosesAServerMidFanout(t *testing.T) {
+	t.Run("accounts file", func(t *testing.T) { clusterLosesAServerMidFanout(t, false) })
+	t.Run("operator mode", func(t *testing.T) { clusterLosesAServerMidFanout(t, true) })
+}
+
+func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 	m := newMeshDirs(t)
 	base := m.base
 	natsServer := buildNATSServer(t, base)
@@ -47,7 +58,11 @@ func TestClusterLosesAServerMidFanout(t *testing.T) {
 		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
 	}
 	confDir := filepath.Join(base, "cluster")
-	out := m.run("mesh-control", "broker-config", "--dir", m.ctl, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", confDir)
+	args := []string{"broker-config", "--dir", m.ctl, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", confDir}
+	if resolver {
+		args = append(args, "--resolver")
+	}
+	out := m.run("mesh-control", args...)
 	t.Logf("broker-config --cluster:\n%s", out)
 	var servers []*exec.Cmd
 	var pids []string
@@ -64,8 +79,10 @@ func TestClusterLosesAServerMidFanout(t *testing.T) {
 	urlList := strings.Join(urls, ",")
 
 	// Two control sides on it.
-	serveArgs := []string{"serve", "--dir", m.ctl, "--nats", urlList, "--replicas", "3",
-		"--broker-accounts", filepath.Join(confDir, control.AccountsFile), "--broker-pid", strings.Join(pids, ",")}
+	serveArgs := []string{"serve", "--dir", m.ctl, "--nats", urlList, "--replicas", "3"}
+	if !resolver {
+		serveArgs = append(serveArgs, "--broker-accounts", filepath.Join(confDir, control.AccountsFile), "--broker-pid", strings.Join(pids, ","))
+	}
 	controlA := startLogged(m, "control-a", filepath.Join(bin, "mesh-control"), nil, serveArgs...)
 	startLogged(m, "control-b", filepath.Join(bin, "mesh-control"), nil, serveArgs...)
 
@@ -160,6 +177,18 @@ func TestClusterLosesAServerMidFanout(t *testing.T) {
 		nkeys = append(nkeys, rec.NKey)
 	}
 	eventually(t, "every node in the servers' accounts", func() bool {
+		if resolver {
+			// Each server's resolver holds each node's account: pushed
+			// through one, passed on to the others.
+			for i := range 3 {
+				for _, n := range f.Nodes {
+					if _, err := os.Stat(filepath.Join(confDir, fmt.Sprintf("mesh-broker-%d", i+1), "accounts", control.NodeAccountID(n.Name)+".jwt")); err != nil {
+						return false
+					}
+				}
+			}
+			return true
+		}
 		b, _ := os.ReadFile(filepath.Join(confDir, control.AccountsFile))
 		for _, k := range nkeys {
 			if !bytes.Contains(b, []byte(k)) {

@@ -1,0 +1,271 @@
+package control
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// An existing broker in NATS operator mode (broker-config --resolver).
+//
+// Isolation between nodes needs each node in an account of its own (see
+// link's package comment: a NATS permission never limits the reply subject
+// a request names, and the answer lands in the requester's account). A
+// broker configured from a file learns of a new account by a reload, and
+// nats-server 2.15.2 wires a reload-introduced account's imports wrongly
+// (AccountsConfig says how). NATS' own way for accounts that come and go
+// at run time is operator mode: every account is a JWT the operator key
+// signs, pushed to the servers' account resolver over the system account
+// ($SYS.REQ.CLAIMS.UPDATE), which a cluster's servers pass among
+// themselves — no file, no reload. So here:
+//
+//   - the operator, system and CONTROL account keys are made once in the
+//     key directory (MakeOperator); the configuration preloads the system
+//     and CONTROL accounts, and serve signs in to each as a user whose JWT
+//     it issues with its control NKey;
+//   - each node has an account of its own (NodeAccountID), pushed by serve
+//     when it enrols and again whenever its record changes: it imports
+//     only its own subjects from CONTROL, lists the nodes' account key
+//     (nodes-account.nk) as its signing key, and revokes every user JWT
+//     issued before its current enrolment — or all of them once the node
+//     is revoked;
+//   - each usable enrolment token has an account of its own too
+//     (TokenAccountID): the token's one-time credential as an account key,
+//     importing the token's enrolment subject alone, expiring with the
+//     token; the agent signs its own user JWT with it (a JWT's permissions
+//     are its issuer's to write, so the account, never the permissions, is
+//     the fence), and serve deletes the account once the token is spent.
+
+// The key directory's files of an existing broker in operator mode (0600
+// each): the operator's key signs every account; the system account's and
+// CONTROL's keys sign the user JWTs serve signs in with.
+const (
+	FileBrokerOperator = "broker-operator.nk"
+	FileBrokerSystem   = "broker-system.nk"
+	FileBrokerControl  = "broker-control.nk"
+)
+
+// accountsDir is the resolver's directory beside a server's JetStream
+// store: one JWT file per account.
+const accountsDir = "accounts"
+
+// Operator is the key set of a broker in operator mode.
+type Operator struct {
+	Operator, System, Control                   nkeys.KeyPair
+	OperatorPublic, SystemPublic, ControlPublic string
+}
+
+// loadOperator reads the key directory's operator keys: nil without an
+// error when it has none (the broker is the embedded one, or configured
+// from a file).
+func loadOperator(dir string) (*Operator, error) {
+	if _, err := os.Stat(filepath.Join(dir, FileBrokerOperator)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	o := &Operator{}
+	for _, f := range []struct {
+		name   string
+		prefix nkeys.PrefixByte
+		kp     *nkeys.KeyPair
+		pub    *string
+	}{
+		{FileBrokerOperator, nkeys.PrefixByteOperator, &o.Operator, &o.OperatorPublic},
+		{FileBrokerSystem, nkeys.PrefixByteAccount, &o.System, &o.SystemPublic},
+		{FileBrokerControl, nkeys.PrefixByteAccount, &o.Control, &o.ControlPublic},
+	} {
+		b, err := readKeyFile(dir, f.name)
+		if err != nil {
+			return nil, fmt.Errorf("the broker's operator keys: %w", err)
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+		if nkeys.Prefix(pub) != f.prefix {
+			return nil, fmt.Errorf("%s: not an NKey seed of the right kind", f.name)
+		}
+		*f.kp, *f.pub = kp, pub
+	}
+	return o, nil
+}
+
+// MakeOperator makes the key directory's operator keys where it has none,
+// and loads them. Made once: every server and every serve of the mesh
+// trusts the same operator.
+func MakeOperator(dir string) (*Operator, error) {
+	for _, f := range []struct {
+		name string
+		make func() (nkeys.KeyPair, error)
+	}{
+		{FileBrokerSystem, nkeys.CreateAccount},
+		{FileBrokerControl, nkeys.CreateAccount},
+		// The operator's last: its presence says the set is whole.
+		{FileBrokerOperator, nkeys.CreateOperator},
+	} {
+		if _, err := os.Stat(filepath.Join(dir, f.name)); err == nil {
+			continue
+		}
+		kp, err := f.make()
+		if err != nil {
+			return nil, err
+		}
+		seed, _ := kp.Seed()
+		if err := writeNew(dir, f.name, append(seed, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+	}
+	return loadOperator(dir)
+}
+
+// OperatorJWT is the operator's self-signed JWT, naming the system
+// account.
+func (o *Operator) OperatorJWT() (string, error) {
+	oc := jwt.NewOperatorClaims(o.OperatorPublic)
+	oc.Name = "nox-mesh"
+	oc.SystemAccount = o.SystemPublic
+	return oc.Encode(o.Operator)
+}
+
+// SystemAccountJWT is the system account's: serve's second connection
+// pushes and deletes accounts through it.
+func (o *Operator) SystemAccountJWT() (string, error) {
+	ac := jwt.NewAccountClaims(o.SystemPublic)
+	ac.Name = "SYS"
+	return ac.Encode(o.Operator)
+}
+
+// ControlAccountJWT is CONTROL's: JetStream, and the services and notices
+// the nodes' and tokens' accounts import. Its exports are public: only
+// the operator signs an account, and each account it signs imports only
+// its own node's (or token's) subjects — the importing account's JWT, not
+// the export, names which.
+func (o *Operator) ControlAccountJWT() (string, error) {
+	ac := jwt.NewAccountClaims(o.ControlPublic)
+	ac.Name = link.AccountControl
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit, Streams: jwt.NoLimit, Consumer: jwt.NoLimit}
+	exported := map[string]bool{}
+	for _, si := range link.ServiceImports {
+		if exported[si.Subject] {
+			continue
+		}
+		exported[si.Subject] = true
+		ac.Exports.Add(&jwt.Export{Type: jwt.Service, Subject: jwt.Subject(si.Subject)})
+	}
+	ac.Exports.Add(&jwt.Export{Type: jwt.Service, Subject: jwt.Subject(link.EnrolService), ResponseType: jwt.ResponseTypeSingleton})
+	for _, n := range link.Notices {
+		ac.Exports.Add(&jwt.Export{Type: jwt.Stream, Subject: jwt.Subject(n.Subject)})
+	}
+	return ac.Encode(o.Operator)
+}
+
+// NodeAccountID is the public key naming node's account. It is derived
+// from the node's name, not made: the registry keeps nothing more, and no
+// one holds its private half (it is a hash, not a key anyone made), so
+// only the signing key the account lists issues its users.
+func NodeAccountID(node string) string {
+	h := sha256.Sum256([]byte("nox-mesh-host node account\x00" + node))
+	b, _ := nkeys.Encode(nkeys.PrefixByteAccount, h[:])
+	return string(b)
+}
+
+// TokenAccountID is the account of a token whose one-time credential is
+// the user NKey credential: the same Ed25519 key, named as an account.
+func TokenAccountID(credential string) (string, error) {
+	raw, err := nkeys.Decode(nkeys.PrefixByteUser, []byte(credential))
+	if err != nil {
+		return "", fmt.Errorf("token credential: %w", err)
+	}
+	b, err := nkeys.Encode(nkeys.PrefixByteAccount, raw)
+	return string(b), err
+}
+
+// nodeAccountClaims is n's account as the registry has it now. Every user
+// JWT issued up to the second before its current enrolment is revoked
+// (the grant's JWT is issued after the record is written, so it is not);
+// a revoked node's account revokes all and lists no signing key.
+func (k *Keys) nodeAccountClaims(n *NodeRecord) *jwt.AccountClaims {
+	ac := jwt.NewAccountClaims(NodeAccountID(n.Name))
+	ac.Name = n.Name
+	if n.NKey == "" {
+		ac.Revocations = jwt.RevocationList{}
+		ac.Revocations.Revoke(jwt.All, time.Unix(max(n.Revoked.Unix(), n.Enrolled.Unix(), 1), 0))
+		return ac
+	}
+	ac.SigningKeys.Add(k.AccountPublic)
+	if !n.Enrolled.IsZero() {
+		ac.Revocations = jwt.RevocationList{}
+		ac.Revocations.Revoke(jwt.All, time.Unix(n.Enrolled.Unix()-1, 0))
+	}
+	services, notices := link.NodeImports(n.Name)
+	for _, si := range services {
+		ac.Imports.Add(&jwt.Import{Type: jwt.Service, Account: k.Operator.ControlPublic, Subject: jwt.Subject(si.Subject), LocalSubject: jwt.RenamingSubject(si.To)})
+	}
+	for _, subj := range notices {
+		ac.Imports.Add(&jwt.Import{Type: jwt.Stream, Account: k.Operator.ControlPublic, Subject: jwt.Subject(subj)})
+	}
+	return ac
+}
+
+// tokenAccountClaims is t's account while t may be used: its enrolment
+// request and nothing else, until the token's last moment.
+func (k *Keys) tokenAccountClaims(t *TokenRecord) (*jwt.AccountClaims, error) {
+	id, err := TokenAccountID(t.Credential)
+	if err != nil {
+		return nil, err
+	}
+	ac := jwt.NewAccountClaims(id)
+	ac.Name = "token-" + t.ID
+	ac.Expires = t.Expires.Add(tokenGrace).Unix()
+	ac.Limits.Conn = 4
+	ac.Limits.LeafNodeConn = 0
+	subj := wire.EnrolSubjectPrefix + "." + t.ID
+	ac.Imports.Add(&jwt.Import{Type: jwt.Service, Account: k.Operator.ControlPublic, Subject: jwt.Subject(subj)})
+	return ac, nil
+}
+
+// userJWT is a user JWT for the control NKey in the account whose key is
+// issuer: how serve signs in to CONTROL and to the system account.
+func (k *Keys) userJWT(issuer nkeys.KeyPair, name string) (string, error) {
+	uc := jwt.NewUserClaims(k.NKeyPublic)
+	uc.Name = name
+	return uc.Encode(issuer)
+}
+
+// ResolverConfig is the operator-mode part of a server's configuration:
+// the operator, the system account, the full resolver in store's
+// accounts directory (deletion allowed: a spent token's account is
+// deleted), and CONTROL and the system account preloaded.
+func (k *Keys) ResolverConfig(store string) (string, error) {
+	o := k.Operator
+	op, err := o.OperatorJWT()
+	if err != nil {
+		return "", err
+	}
+	sys, err := o.SystemAccountJWT()
+	if err != nil {
+		return "", err
+	}
+	ctl, err := o.ControlAccountJWT()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "operator: %s\nsystem_account: %s\n", q(op), q(o.SystemPublic))
+	fmt.Fprintf(&b, "resolver {\n  type: full\n  dir: %s\n  allow_delete: true\n  interval: \"2m\"\n  timeout: \"5s\"\n}\n", q(filepath.Join(store, accountsDir)))
+	fmt.Fprintf(&b, "resolver_preload {\n  %s: %s\n  %s: %s\n}\n", o.SystemPublic, q(sys), o.ControlPublic, q(ctl))
+	return b.String(), nil
+}

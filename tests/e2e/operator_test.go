@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// An existing broker in NATS operator mode (broker-config --resolver): a
+// real nats-server whose every account is a JWT the operator key signs,
+// each node's own pushed by serve through the system account. A node
+// enrols with a token (whose one-time credential signs in as an account of
+// its own) and is declared to; another node's answers cannot be steered
+// onto its subjects (each request's answer lands in the requester's own
+// account); a revoked node is cut off, a deleted node's account leaves the
+// resolver, and a token revoked takes its account with it.
+func TestAnExistingBrokerInOperatorMode(t *testing.T) {
+	m := newMeshDirs(t)
+	url := fmt.Sprintf("tls://127.0.0.1:%d", m.port)
+	listen := fmt.Sprintf("127.0.0.1:%d", m.port)
+	store := filepath.Join(m.base, "broker-store")
+	natsServer := buildNATSServer(t, m.base)
+	conf := filepath.Join(m.base, "broker.conf")
+	os.WriteFile(conf, []byte(m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen, "--resolver", "--store", store)), 0o600)
+	startAbs(m, natsServer, "-c", conf)
+
+	// The key directory stays in operator mode: the embedded broker is
+	// refused there, as a configuration from a file is.
+	if code, _, stderr := m.runCode("mesh-control", "", "serve", "--dir", m.ctl, "--listen", "127.0.0.1:0"); code == 0 || !strings.Contains(stderr, "operator mode") {
+		t.Fatalf("the embedded broker from a key directory in operator mode: exit %d: %s", code, stderr)
+	}
+	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--nats", url)
+	eventually(t, "the control side serves", func() bool { code, _, _ := m.runCode("mesh-control", "", "nodes", "--dir", m.ctl); return code == 0 })
+
+	// n1 enrols with a token, and is declared to.
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	eventually(t, "n1 heard from through the broker in operator mode", func() bool { return m.node()["executor_version"] == "e2e" })
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"through a broker in operator mode\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("a declaration through the broker in operator mode: %+v", r)
+	}
+
+	// n2, added by hand, and a probe of each node signing in with its own
+	// credentials.
+	n2conf := filepath.Join(m.base, "n2.json")
+	m.run("mesh-control", "node", "add", "n2", "--dir", m.ctl, "--out", n2conf)
+	n1 := probeClient(t, m.agentConfig(), url)
+	n2 := probeClient(t, n2conf, url)
+	heard := make(chan *nats.Msg, 64)
+	for _, subj := range []string{"mesh.notice.n2", "mesh.notice.n2.>", "mesh.plan.n2", "_INBOX.n2.>"} {
+		if _, err := n2.ChanSubscribe(subj, heard); err != nil {
+			t.Fatalf("n2 hears %s: %v", subj, err)
+		}
+	}
+	n2.Flush()
+	s1 := link.NodeSubjects("n1", link.LayoutByNode)
+	requests := []string{s1.DeclGet, s1.RosterGet, s1.HeartbeatGet, s1.ArchiveGet}
+	own, err := n1.SubscribeSync(s1.Inbox + ".probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range requests {
+		// The positive control: with its own inbox as the reply, each is
+		// answered.
+		if err := n1.PublishRequest(req, s1.Inbox+".probe", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := own.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("n1's own request %s, answered to its own inbox: %v", req, err)
+		}
+		for _, reply := range []string{"mesh.notice.n2", "mesh.notice.n2.inbox.x", "mesh.plan.n2", "_INBOX.n2.x"} {
+			if err := n1.PublishRequest(req, reply, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	n1.Flush()
+	select {
+	case msg := <-heard:
+		t.Fatalf("n2 heard n1's answer on %s: %q", msg.Subject, msg.Data)
+	case <-time.After(2 * time.Second):
+	}
+	// n2's listener works: the control side's notice reaches it.
+	f := filepath.Join(m.base, "n2-decl.json")
+	os.WriteFile(f, []byte(`{"version":1,"owns_nothing":true,"resources":[]}`), 0o600)
+	m.run("mesh-control", "declare", "n2", f, "--dir", m.ctl)
+	select {
+	case <-heard:
+	case <-time.After(10 * time.Second):
+		t.Fatal("n2 never heard its own notice: the probe above proves nothing")
+	}
+
+	// Revoked: the broker cuts n1's connections and refuses the next.
+	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
+	m.run("mesh-control", "node", "revoke", "n1", "--dir", m.ctl)
+	eventually(t, "the revoked node's probe connection cut", func() bool { return n1.IsClosed() || !n1.IsConnected() })
+	eventually(t, "the revoked node refused by the broker", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+		return strings.Contains(string(b), "authorization refused by the broker")
+	})
+
+	// A deleted node's account leaves the resolver.
+	accounts := filepath.Join(store, "accounts")
+	n2account := filepath.Join(accounts, control.NodeAccountID("n2")+".jwt")
+	if _, err := os.Stat(n2account); err != nil {
+		t.Fatalf("n2's account is not in the resolver: %v", err)
+	}
+	m.run("mesh-control", "node", "revoke", "n2", "--dir", m.ctl)
+	m.run("mesh-control", "node", "delete", "n2", "--dir", m.ctl)
+	eventually(t, "the deleted node's account out of the resolver", func() bool { _, err := os.Stat(n2account); return os.IsNotExist(err) })
+
+	// A token's account is there while the token may be used, and goes
+	// with its revocation.
+	t3, err := wire.ParseToken(m.issue("--new", "--name", "n3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, _ := nkeys.FromRawSeed(nkeys.PrefixByteAccount, t3.Credential[:])
+	pub, _ := kp.PublicKey()
+	t3account := filepath.Join(accounts, pub+".jwt")
+	eventually(t, "the token's account in the resolver", func() bool { _, err := os.Stat(t3account); return err == nil })
+	m.run("mesh-control", "token", "revoke", t3.IDString(), "--dir", m.ctl)
+	eventually(t, "the revoked token's account out of the resolver", func() bool { _, err := os.Stat(t3account); return os.IsNotExist(err) })
+}
+
+// probeClient signs in as the node whose agent configuration is conf.
+func probeClient(t *testing.T, conf, url string) *nats.Conn {
+	t.Helper()
+	var c agent.Config
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.FromSeed([]byte(c.NKeySeed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin, err := link.ParseFingerprint(c.BrokerFingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Until serve has pushed the node's account, the broker refuses it.
+	var nc *nats.Conn
+	eventually(t, c.Node+" signs in with its own credentials", func() bool {
+		nc, err = nats.Connect(url, nats.Secure(link.PinnedTLS(pin, nil)),
+			nats.UserJWT(func() (string, error) { return c.UserJWT, nil }, kp.Sign),
+			nats.CustomInboxPrefix(link.NodeSubjects(c.Node, link.LayoutByNode).Inbox), nats.NoReconnect())
+		return err == nil
+	})
+	t.Cleanup(nc.Close)
+	return nc
+}

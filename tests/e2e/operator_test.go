@@ -60,35 +60,45 @@ func TestAnExistingBrokerInOperatorMode(t *testing.T) {
 	m.run("mesh-control", "node", "add", "n2", "--dir", m.ctl, "--out", n2conf)
 	n1 := probeClient(t, m.agentConfig(), url)
 	n2 := probeClient(t, n2conf, url)
+	// Every subject n2 hears, in either layout: what n1 names as the reply
+	// of each request it may make, in either layout, must never reach it.
 	heard := make(chan *nats.Msg, 64)
-	for _, subj := range []string{"mesh.notice.n2", "mesh.notice.n2.>", "mesh.plan.n2", "_INBOX.n2.>"} {
+	for _, subj := range []string{"mesh.notice.n2", "mesh.notice.n2.>", "mesh.plan.n2", "_INBOX.n2.>", "mesh.roster-notice"} {
 		if _, err := n2.ChanSubscribe(subj, heard); err != nil {
 			t.Fatalf("n2 hears %s: %v", subj, err)
 		}
 	}
 	n2.Flush()
-	s1 := link.NodeSubjects("n1", link.LayoutByNode)
-	requests := []string{s1.DeclGet, s1.RosterGet, s1.HeartbeatGet, s1.ArchiveGet}
-	own, err := n1.SubscribeSync(s1.Inbox + ".probe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, req := range requests {
-		// The positive control: with its own inbox as the reply, each is
-		// answered.
-		if err := n1.PublishRequest(req, s1.Inbox+".probe", []byte("{}")); err != nil {
+	replies := []string{"mesh.notice.n2", "mesh.notice.n2.plan", "mesh.notice.n2.inbox.x", "mesh.plan.n2", "_INBOX.n2.x", "mesh.roster-notice"}
+	probes := 0
+	for _, l := range []link.Layout{link.LayoutByNode, link.LayoutByKind} {
+		s1 := link.NodeSubjects("n1", l)
+		own, err := n1.SubscribeSync(s1.Inbox + ".probe")
+		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := own.NextMsg(5 * time.Second); err != nil {
-			t.Fatalf("n1's own request %s, answered to its own inbox: %v", req, err)
-		}
-		for _, reply := range []string{"mesh.notice.n2", "mesh.notice.n2.inbox.x", "mesh.plan.n2", "_INBOX.n2.x"} {
-			if err := n1.PublishRequest(req, reply, []byte("{}")); err != nil {
+		for _, req := range []string{s1.DeclGet, s1.RosterGet, s1.HeartbeatGet, s1.ArchiveGet, s1.Report, s1.Heartbeat} {
+			// The positive control: with its own inbox as the reply, each
+			// is answered (a read, or JetStream's acknowledgement of a
+			// report or heartbeat, which the recorder ignores: n1's NKey
+			// did not sign it).
+			if err := n1.PublishRequest(req, s1.Inbox+".probe", []byte("{}")); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := own.NextMsg(5 * time.Second); err != nil {
+				t.Fatalf("n1's own request %s, answered to its own inbox: %v", req, err)
+			}
+			for _, reply := range replies {
+				if err := n1.PublishRequest(req, reply, []byte("{}")); err != nil {
+					t.Fatal(err)
+				}
+				probes++
+			}
 		}
+		own.Unsubscribe()
 	}
 	n1.Flush()
+	t.Logf("%d probes of replies onto n2's subjects", probes)
 	select {
 	case msg := <-heard:
 		t.Fatalf("n2 heard n1's answer on %s: %q", msg.Subject, msg.Data)

@@ -96,6 +96,7 @@ fuzz:
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzDecodeRotationChain$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseBrokerPins$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseRekeyAnswer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./wire -run '^$$' -fuzz '^FuzzParseUserJWT$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpenSealed$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/dockerapi -run '^$$' -fuzz FuzzReadResponse -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/profile -run '^$$' -fuzz FuzzParseProc -fuzztime $(FUZZTIME)

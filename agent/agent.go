@@ -350,6 +350,9 @@ func runLinked(ctx context.Context, o Options) error {
 	// The broker certificates a rotation announced, accepted from the
 	// first dial (takePins).
 	a.id.setPins(st.get().BrokerPins)
+	if s := st.get(); s.UserJWT != "" && a.jwtFor(s.UserJWT) == nil {
+		a.id.setJWT(s.UserJWT, s.JWTIssuer)
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	a.cancel = cancel
 	var wg sync.WaitGroup
@@ -918,6 +921,10 @@ func (a *Agent) notice(m *nats.Msg) {
 		a.log.Debug("dropped a notice that names another subject", "subject", subj)
 		return
 	}
+	if m.Header.Get(link.UserJWTHeader) != "" {
+		a.takeUserJWT(m.Data)
+		return
+	}
 	if m.Header.Get(link.RekeyHeader) != "" {
 		// The answer to a rekey request: the executor judges it.
 		if len(m.Data) > 0 && len(m.Data) <= wire.MaxRekeyAnswer {
@@ -1108,7 +1115,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	hb := &link.Heartbeat{
 		Node: a.id.Node, Enrolment: a.id.Enrolment, At: clock.Now().UTC(),
 		Interval: a.o.Heartbeat.Seconds(), State: link.StateEnrolled, Presence: a.presence(),
-		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability, BrokerPinsSeq: st.PinsSeq,
+		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability, BrokerPinsSeq: st.PinsSeq, JWTIssuer: a.id.credentialIssuer(),
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
 		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),

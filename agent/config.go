@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
 )
@@ -62,6 +63,10 @@ type Identity struct {
 	signer     *link.Signer // nkey's, derived once
 	nkeyPublic string
 	userJWT    string
+	// renewed, when set, is the user JWT the control side sent in place
+	// of userJWT (wire.UserJWT: the nodes' account key rotated), kept in
+	// the agent's state; shared by the copies of the identity.
+	renewed *jwtSet
 	// pins, when set, are the broker certificates a rotation announced
 	// (wire.BrokerPins), accepted in place of Pin; shared by the copies
 	// of the identity (inLayout).
@@ -69,6 +74,42 @@ type Identity struct {
 }
 
 type pinSet struct{ p atomic.Pointer[[]string] }
+
+// jwtSet holds a user JWT and the key that issued it.
+type jwtSet struct{ p atomic.Pointer[[2]string] }
+
+// credential is the user JWT the node signs in with now: the one the
+// control side renewed, or its grant's.
+func (id *Identity) credential() string {
+	if id.renewed != nil {
+		if p := id.renewed.p.Load(); p != nil {
+			return p[0]
+		}
+	}
+	return id.userJWT
+}
+
+// credentialIssuer is the key that issued credential ("": none, or not a
+// JWT).
+func (id *Identity) credentialIssuer() string {
+	if id.renewed != nil {
+		if p := id.renewed.p.Load(); p != nil {
+			return p[1]
+		}
+	}
+	if uc, err := jwt.DecodeUserClaims(id.userJWT); err == nil {
+		return uc.Issuer
+	}
+	return ""
+}
+
+// setJWT makes token, issued by issuer, the user JWT the node signs in
+// with from its next connection.
+func (id *Identity) setJWT(token, issuer string) {
+	if id.renewed != nil {
+		id.renewed.p.Store(&[2]string{token, issuer})
+	}
+}
 
 // Pins are the broker certificates this node accepts now: those the
 // control side last announced, or the one its enrolment pinned.
@@ -190,6 +231,7 @@ func (c *Config) Identity() (*Identity, error) {
 		signer:     signer,
 		nkeyPublic: pub,
 		userJWT:    c.UserJWT,
+		renewed:    &jwtSet{},
 		pins:       &pinSet{},
 	}, nil
 }

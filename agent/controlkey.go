@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -106,4 +107,63 @@ func (a *Agent) takePins(header string) {
 	}
 	a.id.setPins(p.Pins)
 	a.log.Warn("the broker's certificates, as the control side announces them", "seq", p.Seq, "pins", p.Pins)
+}
+
+// takeUserJWT takes the broker credential the control side renewed (a
+// link.UserJWTHeader notice): a wire.UserJWT statement the control key in
+// force signed, for this node's enrolment, whose JWT is for this node's
+// NKey and of the form a broker in operator mode takes. It is kept in the
+// agent's state and signed in with from the next connection; the
+// heartbeat names its issuer from then on. What does not verify is passed
+// over: a JWT the broker made up would lock the node out of its link.
+func (a *Agent) takeUserJWT(env []byte) {
+	if len(env) == 0 || len(env) > wire.MaxUserJWT {
+		return
+	}
+	payload, err := wire.Open(a.controlKey(), wire.PurposeUserJWT, env)
+	if err != nil {
+		a.log.Warn("passed over a renewed broker credential that does not verify", "reason", err.Error())
+		return
+	}
+	u, err := wire.ParseUserJWT(payload)
+	if err == nil && (u.Node != a.id.Node || u.Enrolment != a.id.Enrolment) {
+		err = fmt.Errorf("it is for %s/%s, not this node's enrolment", u.Node, u.Enrolment)
+	}
+	if err == nil {
+		err = a.jwtFor(u.JWT)
+	}
+	if err != nil {
+		a.log.Warn("passed over a renewed broker credential", "reason", err.Error())
+		return
+	}
+	if u.JWT == a.id.credential() {
+		return
+	}
+	uc, _ := jwt.DecodeUserClaims(u.JWT)
+	if err := a.state.update(func(s *State) { s.UserJWT, s.JWTIssuer = u.JWT, uc.Issuer }); err != nil {
+		a.log.Warn("state: " + err.Error())
+		return
+	}
+	a.id.setJWT(u.JWT, uc.Issuer)
+	a.log.Warn("the broker credential, renewed by the control side: signed in with from the next connection", "issuer", uc.Issuer)
+	select {
+	case a.hbNow <- struct{}{}:
+	default:
+	}
+}
+
+// jwtFor says why token is not a user JWT this node can sign in with to a
+// broker in operator mode, nil when it is: for its NKey, on behalf of an
+// account (the node's own), its signature sound.
+func (a *Agent) jwtFor(token string) error {
+	uc, err := jwt.DecodeUserClaims(token)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the JWT does not decode: %w", err)
+	case uc.Subject != a.id.nkeyPublic:
+		return errors.New("the JWT is for another NKey than this node's")
+	case uc.IssuerAccount == "":
+		return errors.New("the JWT names no account (not one a broker in operator mode takes)")
+	}
+	return nil
 }

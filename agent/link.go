@@ -104,9 +104,9 @@ func linkOptions(id *Identity, pins *pinWatch) []nats.Option {
 	switch {
 	case signsInByJWT(id.userJWT):
 		// A broker in operator mode: the JWT is the credential, the
-		// NKey's signature over the nonce proves it is this node's.
-		userJWT := id.userJWT
-		opts = append(opts, nats.UserJWT(func() (string, error) { return userJWT, nil }, id.nkey.Sign))
+		// NKey's signature over the nonce proves it is this node's. Read
+		// at each connection: the control side may have renewed it.
+		opts = append(opts, nats.UserJWT(func() (string, error) { return id.credential(), nil }, id.nkey.Sign))
 	case id.userJWT != "":
 		// The grant's user JWT rides as the connect token beside the NKey
 		// and its signature over the nonce (see control's registryAuth).

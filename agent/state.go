@@ -47,6 +47,11 @@ type State struct {
 	// the one the config pinned: a rotation of the broker's certificate.
 	BrokerPins []string `json:"broker_pins,omitempty"`
 	PinsSeq    uint64   `json:"pins_seq,omitempty"`
+	// UserJWT is the user JWT the control side renewed (wire.UserJWT),
+	// signed in with in place of the grant's; JWTIssuer the key that
+	// issued it.
+	UserJWT   string `json:"user_jwt,omitempty"`
+	JWTIssuer string `json:"jwt_issuer,omitempty"`
 	// Format is the file's format, stateFormat when written (absent, in
 	// what releases before the field wrote: 1).
 	Format int `json:"format,omitempty"`

@@ -75,6 +75,13 @@ in a statement addressed to it, signed by the key retired and by the new one, wh
 with the first message the new key signs; the roster and each node's newest declaration are
 signed again to carry it. --recovery-key FILE signs it with the offline recovery key instead,
 for when the control key is stolen (docs/operations.md, Rotating the control key)`),
+	cmdline.D("account-key rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
+		`rotate the nodes' account key of a broker in NATS operator mode (broker-config --resolver; serve
+carries it out), in two steps: first a new key, listed beside the old in every node's account,
+and each node sent a user JWT of it, signed by the control key, which it signs in with from then
+on and names in its heartbeat; then, with --switch once every node has (refused otherwise, naming
+those that have not; --force switches anyway), every account lists the new key alone, and the
+broker disconnects whoever signed in with a JWT of the old one`),
 	cmdline.D("cert rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "routes", "broker-pid", "json"},
 		`rotate the broker's certificate (serve carries it out), in two steps: first a new certificate,
 announced to every node in a statement the control key signs: nodes accept both from then on,
@@ -215,9 +222,9 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "routes":
 		fs.StringVar(&o.routes, "routes", "", "cert rotate: rotate a cluster's route certificate instead, in this directory (what broker-config --cluster wrote); --broker-pid: the servers' pid files, to reload them")
 	case "switch":
-		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced")
+		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced; account-key rotate: to the key announced")
 	case "force":
-		fs.BoolVar(&o.force, "force", false, "cert rotate --switch: although some nodes have not taken the new certificate (they must be enrolled again)")
+		fs.BoolVar(&o.force, "force", false, "cert rotate --switch, account-key rotate --switch: although some nodes have not taken the new certificate or key (they must be enrolled again)")
 	case "recovery-key":
 		fs.StringVar(&o.recoveryKey, "recovery-key", "", "the recovery key's file ("+FileRecoveryKey+", kept off this machine): sign the rotation with it, the control key being stolen")
 	case "names":
@@ -347,6 +354,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.nodeShow(pos[0])
 	case "key rotate":
 		err = c.keyRotate(o.recoveryKey)
+	case "account-key rotate":
+		err = c.accountKeyRotate(o.switchCert, o.force)
 	case "cert rotate":
 		if o.routes != "" {
 			err = c.routesRotate(o.routes, o.switchCert, o.force, o.brokerPID)

@@ -52,8 +52,11 @@ func (c *cli) keyRotate(recoveryKey string) error {
 
 // certRotate asks serve for a step of the broker certificate's rotation
 // (CertSubject) and says what it did.
-func (c *cli) certRotate(switchCert, force bool) error {
-	if force && !switchCert {
+// rotationStep asks serve for one step of a rotation on subject (req,
+// answered into res, whose error is *failed), and prints it: as JSON, or
+// as say says it when it did not fail.
+func (c *cli) rotationStep(subject string, switching, force bool, req, res any, failed *string, say func()) error {
+	if force && !switching {
 		return errors.New("--force is for --switch: the announcement needs none")
 	}
 	cl, err := c.connect()
@@ -61,15 +64,25 @@ func (c *cli) certRotate(switchCert, force bool) error {
 		return err
 	}
 	defer cl.Close()
-	var res CertResult
-	if err := askServe(cl, CertSubject, &CertRequest{Switch: switchCert, Force: force}, &res); err != nil {
+	if err := askServe(cl, subject, req, res); err != nil {
 		return err
 	}
 	if c.json {
-		if err := c.printJSON(&res); err != nil {
+		if err := c.printJSON(res); err != nil {
 			return err
 		}
-	} else if res.Error == "" {
+	} else if *failed == "" {
+		say()
+	}
+	if *failed != "" {
+		return errors.New(*failed)
+	}
+	return nil
+}
+
+func (c *cli) certRotate(switchCert, force bool) error {
+	var res CertResult
+	return c.rotationStep(CertSubject, switchCert, force, &CertRequest{Switch: switchCert, Force: force}, &res, &res.Error, func() {
 		switch res.Phase {
 		case "announced":
 			fmt.Fprintf(c.stdout, "broker certificate %s announced beside %s (statement %d) to %d node(s); %d declaration(s) signed again to carry it\n",
@@ -87,11 +100,7 @@ func (c *cli) certRotate(switchCert, force bool) error {
 				fmt.Fprintf(c.stdout, "still to do: %s\n", res.Reload)
 			}
 		}
-	}
-	if res.Error != "" {
-		return errors.New(res.Error)
-	}
-	return nil
+	})
 }
 
 // routesRotate carries out a step of a cluster's route certificate's
@@ -147,4 +156,21 @@ func orNone(s string) string {
 		return "nothing (it did not answer)"
 	}
 	return s
+}
+
+func (c *cli) accountKeyRotate(switchKey, force bool) error {
+	var res AccountKeyResult
+	return c.rotationStep(AccountKeySubject, switchKey, force, &AccountKeyRequest{Switch: switchKey, Force: force}, &res, &res.Error, func() {
+		switch res.Phase {
+		case "announced":
+			fmt.Fprintf(c.stdout, "nodes' account key %s announced beside %s; %d of %d node(s) sign in with a JWT of it so far (each is sent one at its next heartbeat)\n",
+				res.Next, res.Current, res.Nodes-len(res.NotYet), res.Nodes)
+			c.next("mesh-control account-key rotate --switch" + c.dirFlag() + "    # once mesh-control nodes --json shows every node's heartbeat.jwt_issuer at " + res.Next)
+		case "switched":
+			fmt.Fprintf(c.stdout, "the nodes' account key is %s now; every node's account lists it alone\n", res.Current)
+			if len(res.NotYet) > 0 {
+				fmt.Fprintf(c.stdout, "switched despite: %s - they cannot link until enrolled again\n", strings.Join(res.NotYet, ", "))
+			}
+		}
+	})
 }

@@ -125,6 +125,9 @@ type Client struct {
 	// by node and nonce; shared by the copies of a Client made to sign
 	// with other settings.
 	rekeySent *sync.Map
+	// jwtSent is when each node was last sent its renewed broker
+	// credential (renewUserJWT).
+	jwtSent *sync.Map
 	// brokerKnows, set when the broker is the embedded one or in operator
 	// mode, says whether it lets a node's NKey in yet: a grant is answered
 	// once it does, so the node's first connection is not refused.
@@ -209,7 +212,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}, jwtSent: &sync.Map{}}
 	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err

@@ -535,7 +535,7 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 	pub, sub := link.NodePermissionsEither(node)
 	uc.Pub.Allow.Add(pub...)
 	uc.Sub.Allow.Add(sub...)
-	return uc.Encode(c.Keys.Account)
+	return uc.Encode(c.Keys.nodesIssuer())
 }
 
 // signGrant signs the grant for rec's new enrolment; replaced, when not

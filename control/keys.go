@@ -40,6 +40,9 @@ const (
 	// user JWT each grant carries (0600). Made by init, or on first use by
 	// a key directory made before enrolment existed.
 	FileNodesAccount = "nodes-account.nk"
+	// FileNodesAccountNext is the nodes' account key announced to replace
+	// it (account-key rotate), until the switch renames it over it.
+	FileNodesAccountNext = "nodes-account.nk.next"
 	// FileRecoveryKey is the offline recovery key (Ed25519, PKCS#8 PEM,
 	// 0600), made by init for the operator to move off the machine: it
 	// signs a rotation of the control key when that key is stolen (key
@@ -67,8 +70,13 @@ type Keys struct {
 	NKeyPublic  string
 	BrokerURL   string // from control.json
 	// Account signs node users' JWTs; AccountPublic is its public half.
+	// Both are as loaded: nodesIssuer and nodesSigningKeys say which key
+	// signs and which are accepted while a rotation is under way (mu).
 	Account       nkeys.KeyPair
 	AccountPublic string
+	// accountNext is the nodes' account key announced (FileNodesAccountNext),
+	// nil when none; account is the one in force (mu).
+	accountNext, account nkeys.KeyPair
 	// Recovery is the recovery key's public half (FileRecoveryPub); nil
 	// in a key directory made before it.
 	Recovery ed25519.PublicKey
@@ -370,6 +378,10 @@ func LoadKeys(dir string) (*Keys, error) {
 		return nil, err
 	}
 	k.AccountPublic, _ = k.Account.PublicKey()
+	k.account = k.Account
+	if k.accountNext, err = loadAccountNext(dir); err != nil {
+		return nil, err
+	}
 	if k.Operator, err = loadOperator(dir); err != nil {
 		return nil, err
 	}
@@ -450,4 +462,70 @@ func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
 		return nil, fmt.Errorf("%s: not an account NKey seed", FileNodesAccount)
 	}
 	return kp, nil
+}
+
+// loadAccountNext reads the nodes' account key announced, nil when none.
+func loadAccountNext(dir string) (nkeys.KeyPair, error) {
+	p := filepath.Join(dir, FileNodesAccountNext)
+	seed, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, statedir.ExplainAccess("read", p, err, "")
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", FileNodesAccountNext, err)
+	}
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
+		return nil, fmt.Errorf("%s: not an account NKey seed", FileNodesAccountNext)
+	}
+	return kp, nil
+}
+
+// nodesIssuer is the key that signs a node's user JWT now: the one
+// announced while a rotation is under way (a JWT it signs outlives the
+// switch), else the one in force.
+func (k *Keys) nodesIssuer() nkeys.KeyPair {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.accountNext != nil {
+		return k.accountNext
+	}
+	if k.account != nil {
+		return k.account
+	}
+	return k.Account
+}
+
+// nodesIssuerPublic is nodesIssuer's public half.
+func (k *Keys) nodesIssuerPublic() string {
+	pub, _ := k.nodesIssuer().PublicKey()
+	return pub
+}
+
+// nodesSigningKeys are the keys a node's account accepts as its users'
+// issuers: the one in force, and the one announced.
+func (k *Keys) nodesSigningKeys() []string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	cur := k.account
+	if cur == nil {
+		cur = k.Account
+	}
+	pub, _ := cur.PublicKey()
+	keys := []string{pub}
+	if k.accountNext != nil {
+		next, _ := k.accountNext.PublicKey()
+		keys = append(keys, next)
+	}
+	return keys
+}
+
+// setNodesAccount puts cur in force, and next (nil: none) announced.
+func (k *Keys) setNodesAccount(cur, next nkeys.KeyPair) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.account, k.accountNext = cur, next
 }

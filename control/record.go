@@ -188,6 +188,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// Rekey, on a heartbeat: the executor asks for new keys.
 		Rekey       *wire.RekeyRequest `json:"rekey"`
 		RekeyBroker string             `json:"rekey_broker"`
+		// JWTIssuer, on a heartbeat: who issued the JWT the agent signs
+		// in with (renewUserJWT).
+		JWTIssuer string `json:"jwt_issuer"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -200,6 +203,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 			if err := c.answerRekey(ctx, node, msg.Enrolment, msg.Rekey, msg.RekeyBroker); err != nil {
 				return err
 			}
+		}
+		if msg.JWTIssuer != "" {
+			c.renewUserJWT(ctx, node, msg.Enrolment, msg.JWTIssuer)
 		}
 		if msg.Profile == nil && msg.Inventory == nil {
 			return nil

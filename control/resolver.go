@@ -205,7 +205,7 @@ func (k *Keys) nodeAccountClaims(n *NodeRecord) *jwt.AccountClaims {
 		ac.Revocations.Revoke(jwt.All, time.Unix(max(n.Revoked.Unix(), n.Enrolled.Unix(), 1), 0))
 		return ac
 	}
-	ac.SigningKeys.Add(k.AccountPublic)
+	ac.SigningKeys.Add(k.nodesSigningKeys()...)
 	if !n.Enrolled.IsZero() {
 		ac.Revocations = jwt.RevocationList{}
 		ac.Revocations.Revoke(jwt.All, time.Unix(n.Enrolled.Unix()-1, 0))

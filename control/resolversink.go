@@ -48,6 +48,20 @@ type resolverSink struct {
 	// listed: the resolver's own list was read once, and what in it the
 	// registry does not name deleted.
 	listed bool
+	// setMu makes one set at a time: the registry's watch, and again.
+	setMu sync.Mutex
+	// lastNodes and lastTokens are what set was given last (setMu).
+	lastNodes  []*NodeRecord
+	lastTokens []*TokenRecord
+}
+
+// again pushes the accounts once more from the registry as set last had
+// it: the keys they list changed (account-key rotate).
+func (r *resolverSink) again() {
+	r.setMu.Lock()
+	nodes, tokens := r.lastNodes, r.lastTokens
+	r.setMu.Unlock()
+	r.set(nodes, tokens)
 }
 
 // newResolverSink signs in to the system account at url.
@@ -111,6 +125,9 @@ type wanted struct {
 }
 
 func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
+	r.setMu.Lock()
+	defer r.setMu.Unlock()
+	r.lastNodes, r.lastTokens = nodes, tokens
 	want := map[string]wanted{}
 	for _, n := range nodes {
 		ac := r.k.nodeAccountClaims(n)

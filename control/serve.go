@@ -121,6 +121,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	defer cancel()
 	errs := make(chan error, 4)
 	var set func(nodes []*NodeRecord, tokens []*TokenRecord)
+	var resolver *resolverSink
 	switch {
 	case srv != nil:
 		set = func(nodes []*NodeRecord, tokens []*TokenRecord) {
@@ -134,6 +135,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		}
 		defer rs.close()
 		set, c.brokerKnows = rs.set, rs.knows
+		resolver = rs
 	case o.BrokerConfig != "" || o.BrokerAccounts != "":
 		set, err = brokerFile(k, o, log)
 		if err != nil {
@@ -180,6 +182,9 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		pids = strings.Split(o.BrokerPID, ",")
 	}
 	if err := answerCert(c, srv, pids, log); err != nil {
+		return err
+	}
+	if err := answerAccountKey(c, resolver, log); err != nil {
 		return err
 	}
 	go giveBackWhenQuiet(ctx, log)

@@ -115,3 +115,9 @@ const PinsHeader = "Mesh-Broker-Pins"
 // request's nonce). Signed by the control key, the agent only carries it
 // to the executor, which alone judges it.
 const RekeyHeader = "Mesh-Rekey"
+
+// UserJWTHeader marks a message on a node's notice subject that is not a
+// notice either: the node's broker credential renewed (its body a
+// wire.UserJWT envelope), sent when its heartbeat says it signs in with a
+// JWT the nodes' account key in force did not issue.
+const UserJWTHeader = "Mesh-User-JWT"

@@ -132,6 +132,11 @@ type Heartbeat struct {
 	// statement the agent took last (wire.BrokerPins; 0: none): the
 	// control side switches the broker's certificate once every node has.
 	BrokerPinsSeq uint64 `json:"broker_pins_seq,omitempty"`
+	// JWTIssuer is the key that issued the user JWT the agent signs in
+	// with ("": none): under a broker in operator mode the control side
+	// sends one of the nodes' account key in force when it differs
+	// (UserJWTHeader), and switches keys once every node has it.
+	JWTIssuer string `json:"jwt_issuer,omitempty"`
 	// Rekey is the executor's request that the node's keys be renewed
 	// (mesh-executor rekey), signed by its identity key, sent with each
 	// heartbeat until the control side's answer comes (RekeyHeader). A

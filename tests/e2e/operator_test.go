@@ -27,32 +27,7 @@ import (
 // account); a revoked node is cut off, a deleted node's account leaves the
 // resolver, and a token revoked takes its account with it.
 func TestAnExistingBrokerInOperatorMode(t *testing.T) {
-	m := newMeshDirs(t)
-	url := fmt.Sprintf("tls://127.0.0.1:%d", m.port)
-	listen := fmt.Sprintf("127.0.0.1:%d", m.port)
-	store := filepath.Join(m.base, "broker-store")
-	natsServer := buildNATSServer(t, m.base)
-	conf := filepath.Join(m.base, "broker.conf")
-	os.WriteFile(conf, []byte(m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen, "--resolver", "--store", store)), 0o600)
-	startAbs(m, natsServer, "-c", conf)
-
-	// The key directory stays in operator mode: the embedded broker is
-	// refused there, as a configuration from a file is.
-	if code, _, stderr := m.runCode("mesh-control", "", "serve", "--dir", m.ctl, "--listen", "127.0.0.1:0"); code == 0 || !strings.Contains(stderr, "operator mode") {
-		t.Fatalf("the embedded broker from a key directory in operator mode: exit %d: %s", code, stderr)
-	}
-	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--nats", url)
-	eventually(t, "the control side serves", func() bool { code, _, _ := m.runCode("mesh-control", "", "nodes", "--dir", m.ctl); return code == 0 })
-
-	// n1 enrols with a token, and is declared to.
-	m.startExecutor()
-	m.startAgent("--config", m.agentConfig())
-	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
-	eventually(t, "n1 heard from through the broker in operator mode", func() bool { return m.node()["executor_version"] == "e2e" })
-	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"through a broker in operator mode\n"}]}`)
-	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
-		t.Fatalf("a declaration through the broker in operator mode: %+v", r)
-	}
+	m, url, store := operatorMesh(t)
 
 	// n2, added by hand, and a probe of each node signing in with its own
 	// credentials.
@@ -147,33 +122,148 @@ func TestAnExistingBrokerInOperatorMode(t *testing.T) {
 	eventually(t, "the revoked token's account out of the resolver", func() bool { _, err := os.Stat(t3account); return os.IsNotExist(err) })
 }
 
-// probeClient signs in as the node whose agent configuration is conf.
+// operatorMesh is a real nats-server in operator mode, from the
+// configuration broker-config --resolver writes (its store under the
+// returned directory), serve on it, and n1 enrolled with a token and
+// declared to.
+func operatorMesh(t *testing.T) (m *mesh, url, store string) {
+	m = newMeshDirs(t)
+	url = fmt.Sprintf("tls://127.0.0.1:%d", m.port)
+	listen := fmt.Sprintf("127.0.0.1:%d", m.port)
+	store = filepath.Join(m.base, "broker-store")
+	natsServer := buildNATSServer(t, m.base)
+	conf := filepath.Join(m.base, "broker.conf")
+	os.WriteFile(conf, []byte(m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen, "--resolver", "--store", store)), 0o600)
+	startAbs(m, natsServer, "-c", conf)
+
+	// The key directory stays in operator mode: the embedded broker is
+	// refused there, as a configuration from a file is.
+	if code, _, stderr := m.runCode("mesh-control", "", "serve", "--dir", m.ctl, "--listen", "127.0.0.1:0"); code == 0 || !strings.Contains(stderr, "operator mode") {
+		t.Fatalf("the embedded broker from a key directory in operator mode: exit %d: %s", code, stderr)
+	}
+	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--nats", url)
+	eventually(t, "the control side serves", func() bool { code, _, _ := m.runCode("mesh-control", "", "nodes", "--dir", m.ctl); return code == 0 })
+
+	// n1 enrols with a token, and is declared to.
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	eventually(t, "n1 heard from through the broker in operator mode", func() bool { return m.node()["executor_version"] == "e2e" })
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"through a broker in operator mode\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("a declaration through the broker in operator mode: %+v", r)
+	}
+	return m, url, store
+}
+
+// The nodes' account key, a trust anchor in operator mode, rotates: a new
+// key announced, every node's account lists both, and n1 is sent a JWT of
+// the new key, which it keeps and names in its heartbeat; the switch is
+// refused while n2 (added by hand, no agent) has not, naming it, and
+// forced goes on: the accounts list the new key alone, n1 is cut off its
+// old JWT's connection and signs in again with the new, and a JWT of the
+// old key is refused.
+func TestTheNodesAccountKeyRotates(t *testing.T) {
+	m, url, _ := operatorMesh(t)
+	n2conf := filepath.Join(m.base, "n2", "n2.json")
+	m.run("mesh-control", "node", "add", "n2", "--dir", m.ctl, "--out", n2conf)
+	old, err := control.LoadKeys(m.ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer := func() string {
+		hb, _ := m.node()["heartbeat"].(map[string]any)
+		s, _ := hb["jwt_issuer"].(string)
+		return s
+	}
+	if issuer() != old.AccountPublic {
+		t.Fatalf("n1 signs in with a JWT of %q, not the nodes' account key %s", issuer(), old.AccountPublic)
+	}
+	if code, _, stderr := m.runCode("mesh-control", "", "account-key", "rotate", "--switch", "--dir", m.ctl); code == 0 || !strings.Contains(stderr, "account-key rotate first") {
+		t.Fatalf("a switch with nothing announced: exit %d: %s", code, stderr)
+	}
+
+	out := m.run("mesh-control", "account-key", "rotate", "--dir", m.ctl, "--json")
+	var res control.AccountKeyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Phase != "announced" || res.Next == "" || res.Next == old.AccountPublic {
+		t.Fatalf("account-key rotate: %v\n%s", err, out)
+	}
+	eventually(t, "n1 signs in with a JWT of the new key", func() bool { return issuer() == res.Next })
+
+	code, _, stderr := m.runCode("mesh-control", "", "account-key", "rotate", "--switch", "--dir", m.ctl)
+	if code == 0 || !strings.Contains(stderr, "n2") || strings.Contains(stderr, "n1") {
+		t.Fatalf("a switch while n2 has not taken the new key: exit %d: %s", code, stderr)
+	}
+	// A connection of a JWT of the old key, made while both are listed,
+	// is cut at the switch.
+	pre, err := dialAs(m.agentConfig(), url)
+	if err != nil {
+		t.Fatalf("the grant's JWT, of the old key, while both are listed: %v", err)
+	}
+	defer pre.Close()
+	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
+	if out := m.run("mesh-control", "account-key", "rotate", "--switch", "--force", "--dir", m.ctl); !strings.Contains(out, "switched despite: n2") {
+		t.Fatalf("a forced switch:\n%s", out)
+	}
+	now, err := control.LoadKeys(m.ctl)
+	if err != nil || now.AccountPublic != res.Next {
+		t.Fatalf("the key directory's nodes' account key after the switch: %v %v", err, now)
+	}
+	if _, err := os.Stat(filepath.Join(m.ctl, control.FileNodesAccountNext)); !os.IsNotExist(err) {
+		t.Fatalf("the announced key is still beside it: %v", err)
+	}
+	eventually(t, "the old key's connection cut", func() bool { return !pre.IsConnected() })
+	// n1, cut off its connection of the old JWT, links again with the new.
+	eventually(t, "n1 linked again", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+		return strings.Contains(string(b), "linked")
+	})
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"after the nodes' account key rotated\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("a declaration after the switch: %+v", r)
+	}
+	// The grant's JWT, of the old key, is refused now.
+	if nc, err := dialAs(m.agentConfig(), url); err == nil {
+		nc.Close()
+		t.Fatal("a JWT of the old nodes' account key still signs in")
+	}
+}
+
+// probeClient signs in as the node whose agent configuration is conf,
+// with its grant's JWT.
 func probeClient(t *testing.T, conf, url string) *nats.Conn {
 	t.Helper()
-	var c agent.Config
-	b, err := os.ReadFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		t.Fatal(err)
-	}
-	kp, err := nkeys.FromSeed([]byte(c.NKeySeed))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pin, err := link.ParseFingerprint(c.BrokerFingerprint)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Until serve has pushed the node's account, the broker refuses it.
 	var nc *nats.Conn
-	eventually(t, c.Node+" signs in with its own credentials", func() bool {
-		nc, err = nats.Connect(url, nats.Secure(link.PinnedTLS(pin, nil)),
-			nats.UserJWT(func() (string, error) { return c.UserJWT, nil }, kp.Sign),
-			nats.CustomInboxPrefix(link.NodeSubjects(c.Node, link.LayoutByNode).Inbox), nats.NoReconnect())
+	eventually(t, conf+": signs in with its own credentials", func() bool {
+		var err error
+		nc, err = dialAs(conf, url)
 		return err == nil
 	})
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// dialAs signs in once with the grant's JWT in the agent configuration
+// conf.
+func dialAs(conf, url string) (*nats.Conn, error) {
+	var c agent.Config
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed([]byte(c.NKeySeed))
+	if err != nil {
+		return nil, err
+	}
+	pin, err := link.ParseFingerprint(c.BrokerFingerprint)
+	if err != nil {
+		return nil, err
+	}
+	return nats.Connect(url, nats.Secure(link.PinnedTLS(pin, nil)),
+		nats.UserJWT(func() (string, error) { return c.UserJWT, nil }, kp.Sign),
+		nats.CustomInboxPrefix(link.NodeSubjects(c.Node, link.LayoutByNode).Inbox), nats.NoReconnect())
 }

@@ -1,0 +1,207 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// The nodes' account key (nodes-account.nk) in NATS operator mode signs
+// the user JWT with which every node signs in, and each node's account
+// lists it: its thief could sign in as any node (SECURITY.md). It is
+// rotated as NATS' signing keys are, in two steps:
+//
+//   - announce: a new key beside the old (FileNodesAccountNext); every
+//     node's account lists both, JWTs are issued by the new one from then
+//     on, and each node whose heartbeat says it signs in with a JWT the
+//     new key did not issue is sent one (renewUserJWT), signed by the
+//     control key, which the agent keeps and signs in with from its next
+//     connection;
+//   - switch, once every node's heartbeat names the new key: the new key
+//     takes the old one's place, every account lists it alone, and the
+//     broker disconnects whoever signed in with a JWT of the old one.
+
+// AccountKeySubject is where serve rotates the nodes' account key
+// (mesh-control account-key rotate), in the control side's account.
+const AccountKeySubject = "mesh.control.account-key"
+
+// AccountKeyRequest asks serve to announce a new nodes' account key
+// (Switch false), or to switch to the one announced.
+type AccountKeyRequest struct {
+	Switch bool `json:"switch,omitempty"`
+	// Force switches although some nodes have not taken a JWT of the new
+	// key: they cannot link afterwards until enrolled again.
+	Force bool `json:"force,omitempty"`
+}
+
+// AccountKeyResult is what a step of the rotation did.
+type AccountKeyResult struct {
+	Phase   string `json:"phase"` // "announced" or "switched"
+	Current string `json:"current"`
+	Next    string `json:"next,omitempty"`
+	Nodes   int    `json:"nodes"`
+	// NotYet are the nodes whose last heartbeat did not name the new key
+	// (a switch refuses while there are any, unless forced).
+	NotYet []string `json:"not_yet,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+func (r *AccountKeyResult) setError(e string) { r.Error = e }
+
+// answerAccountKey carries out the rotations asked on AccountKeySubject;
+// rs is the resolver's sink, which pushes the accounts again.
+func answerAccountKey(c *Client, rs *resolverSink, log *slog.Logger) error {
+	return answerServe(c, AccountKeySubject, func() *AccountKeyResult { return &AccountKeyResult{} }, func(ctx context.Context, req AccountKeyRequest) (*AccountKeyResult, error) {
+		res, err := c.RotateAccountKey(ctx, req, rs)
+		if res == nil {
+			res = &AccountKeyResult{}
+		}
+		if err != nil {
+			log.Error("the nodes' account key was not rotated", "err", err)
+		} else {
+			log.Warn("the nodes' account key rotation", "phase", res.Phase, "current", res.Current, "next", res.Next)
+		}
+		return res, err
+	})
+}
+
+// RotateAccountKey is one step of the nodes' account key's rotation, in
+// serve (see above).
+func (c *Client) RotateAccountKey(ctx context.Context, req AccountKeyRequest, rs *resolverSink) (*AccountKeyResult, error) {
+	rotateMu.Lock()
+	defer rotateMu.Unlock()
+	k := c.Keys
+	if k.Operator == nil || rs == nil {
+		return nil, errors.New("the nodes' account key is rotated only for a broker in operator mode (broker-config --resolver): any other broker lets a node in by its NKey, and the key can only narrow that (SECURITY.md)")
+	}
+	cur := k.nodesSigningKeys()[0]
+	res := &AccountKeyResult{Current: cur}
+	nextPath := filepath.Join(k.Dir, FileNodesAccountNext)
+	if !req.Switch {
+		next, err := loadAccountNext(k.Dir)
+		if err != nil {
+			return nil, err
+		}
+		if next == nil {
+			if next, err = nkeys.CreateAccount(); err != nil {
+				return nil, err
+			}
+			seed, _ := next.Seed()
+			if err := writeNew(k.Dir, FileNodesAccountNext, append(seed, '\n'), 0o600); err != nil {
+				return nil, err
+			}
+		}
+		k.setNodesAccount(k.current(), next)
+		rs.again()
+		res.Phase, res.Next = "announced", k.nodesIssuerPublic()
+		res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next)
+		return res, err
+	}
+	next, err := loadAccountNext(k.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if next == nil {
+		return nil, errors.New("no nodes' account key was announced: account-key rotate first, then --switch")
+	}
+	res.Phase = "switched"
+	res.Next, _ = next.PublicKey()
+	if res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next); err != nil {
+		return nil, err
+	}
+	if len(res.NotYet) > 0 && !req.Force {
+		return res, fmt.Errorf("not switched: %d node(s) do not sign in with a JWT of the new key yet, and could not link after the switch: %s — wait for their next heartbeat (mesh-control nodes), or switch with --force and enrol them again", len(res.NotYet), strings.Join(res.NotYet, ", "))
+	}
+	// The new key over the old, in one rename: a crash leaves either the
+	// rotation announced (both keys) or switched, never no key.
+	if err := os.Rename(nextPath, filepath.Join(k.Dir, FileNodesAccount)); err != nil {
+		return nil, err
+	}
+	k.setNodesAccount(next, nil)
+	rs.again()
+	res.Current = res.Next
+	return res, nil
+}
+
+// current is the nodes' account key in force.
+func (k *Keys) current() nkeys.KeyPair {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.account != nil {
+		return k.account
+	}
+	return k.Account
+}
+
+// notYetIssuedBy is how many nodes are live, and which of them last said
+// they sign in with a JWT another key than issuer issued.
+func (c *Client) notYetIssuedBy(ctx context.Context, issuer string) (int, []string, error) {
+	ns, err := c.Nodes(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	live, notYet := 0, []string(nil)
+	for _, n := range ns {
+		if n.State == StateRevoked {
+			continue
+		}
+		live++
+		if n.Heartbeat == nil || n.Heartbeat.JWTIssuer != issuer {
+			notYet = append(notYet, n.Name)
+		}
+	}
+	return live, notYet, nil
+}
+
+// jwtResend is how often a node is sent its renewed JWT while its
+// heartbeats still name another issuer.
+const jwtResend = 10 * time.Second
+
+// renewUserJWT sends node a user JWT of the nodes' account key that
+// issues them now, when its heartbeat says it signs in with one another
+// key issued (issuer): signed by the control key, on its notice subject
+// (link.UserJWTHeader). The JWT is for the NKey the registry holds for the
+// node's live enrolment, never one the heartbeat names. What fails is said
+// in the log; the next heartbeat asks again.
+func (c *Client) renewUserJWT(ctx context.Context, node, enrolment, issuer string) {
+	if c.Keys.Operator == nil || issuer == c.Keys.nodesIssuerPublic() {
+		return
+	}
+	if last, ok := c.jwtSent.Load(node); ok && time.Since(last.(time.Time)) < jwtResend {
+		return
+	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil || rec.NKey == "" || rec.Enrolment != enrolment {
+		return
+	}
+	token, err := c.UserJWT(node, rec.NKey)
+	if err != nil {
+		c.log.Error("a node's renewed broker credential not issued", "node", node, "err", err)
+		return
+	}
+	payload, _ := json.Marshal(&wire.UserJWT{Node: node, Enrolment: enrolment, JWT: token, Issued: time.Now().UTC()})
+	env, err := wire.Seal(c.Keys.Signer(), wire.PurposeUserJWT, payload)
+	if err != nil {
+		c.log.Error("a node's renewed broker credential not signed", "node", node, "err", err)
+		return
+	}
+	h := c.linkHeader(rec)
+	h.Set(link.UserJWTHeader, "1")
+	c.jwtSent.Store(node, time.Now())
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Data: env, Header: h}); err != nil {
+		c.log.Error("a node's renewed broker credential not sent", "node", node, "err", err)
+		return
+	}
+	c.log.Info("a node signs in with a JWT of another key than the nodes' account key in force: sent it one", "node", node, "its_issuer", issuer)
+}

@@ -32,7 +32,8 @@ const resolverWindow = 32
 // its record says, each usable token's — through serve's own connection
 // to the system account, pushing only what changed, and deleting the
 // accounts of tokens spent or past and of nodes deleted. What the broker
-// refuses is said in the log and tried again at the next change.
+// refuses, or does not answer, is said in the log and tried again: at the
+// next change, or after a wait that grows while it keeps failing.
 type resolverSink struct {
 	k   *Keys
 	nc  *nats.Conn
@@ -53,15 +54,31 @@ type resolverSink struct {
 	// lastNodes and lastTokens are what set was given last (setMu).
 	lastNodes  []*NodeRecord
 	lastTokens []*TokenRecord
+	// retry is the set again after one that left something undone, and
+	// retryWait the wait before it (setMu): the registry may not change
+	// again for a long while, and a node whose account a moment's failure
+	// left out could not sign in until it did.
+	retry     *time.Timer
+	retryWait time.Duration
+	closed    bool
 }
+
+// Bounds of the wait before a set that left something undone is tried
+// again: doubled from the first to the last while it keeps failing.
+const (
+	resolverRetryFirst = 2 * time.Second
+	resolverRetryLast  = 2 * time.Minute
+)
 
 // again pushes the accounts once more from the registry as set last had
 // it: the keys they list changed (account-key rotate).
 func (r *resolverSink) again() {
 	r.setMu.Lock()
-	nodes, tokens := r.lastNodes, r.lastTokens
+	nodes, tokens, closed := r.lastNodes, r.lastTokens, r.closed
 	r.setMu.Unlock()
-	r.set(nodes, tokens)
+	if !closed {
+		r.set(nodes, tokens)
+	}
 }
 
 // newResolverSink signs in to the system account at url.
@@ -74,7 +91,15 @@ func newResolverSink(k *Keys, url string, log *slog.Logger) (*resolverSink, erro
 	return &resolverSink{k: k, nc: nc, log: log, pushed: map[string][32]byte{}, known: map[string]string{}}, nil
 }
 
-func (r *resolverSink) close() { r.nc.Close() }
+func (r *resolverSink) close() {
+	r.setMu.Lock()
+	r.closed = true
+	if r.retry != nil {
+		r.retry.Stop()
+	}
+	r.setMu.Unlock()
+	r.nc.Close()
+}
 
 // knows says whether the broker has taken node's account for nkey: a
 // grant waits for it, or the agent's first sign-in would be refused.
@@ -128,6 +153,19 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	r.setMu.Lock()
 	defer r.setMu.Unlock()
 	r.lastNodes, r.lastTokens = nodes, tokens
+	if r.retry != nil {
+		r.retry.Stop()
+		r.retry = nil
+	}
+	undone := false
+	defer func() {
+		if !undone || r.closed {
+			r.retryWait = 0
+			return
+		}
+		r.retryWait = min(max(2*r.retryWait, resolverRetryFirst), resolverRetryLast)
+		r.retry = time.AfterFunc(r.retryWait, r.again)
+	}()
 	want := map[string]wanted{}
 	for _, n := range nodes {
 		ac := r.k.nodeAccountClaims(n)
@@ -182,7 +220,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 				failed++
 				fmu.Unlock()
 				delete(r.pushed, id)
-				r.log.Error("the broker did not take an account; tried again at the next change", "account", w.claims.Name, "err", err)
+				r.log.Error("the broker did not take an account; tried again", "account", w.claims.Name, "err", err)
 				return
 			}
 			r.pushed[id] = digests[id]
@@ -196,11 +234,13 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 		}()
 	}
 	wg.Wait()
+	undone = failed > 0
 	if !r.listed {
 		// What the resolver holds from before this serve: accounts of
 		// nodes deleted and tokens spent while it was away.
 		if ids, err := r.list(); err != nil {
-			r.log.Error("the broker's accounts not listed; those the registry no longer names stay until the next serve", "err", err)
+			undone = true
+			r.log.Error("the broker's accounts not listed; tried again", "err", err)
 		} else {
 			r.listed = true
 			for _, id := range ids {
@@ -212,7 +252,8 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	}
 	if len(gone) > 0 {
 		if err := r.delete(gone); err != nil {
-			r.log.Error("the broker did not delete accounts the registry no longer names; tried again at the next change", "accounts", len(gone), "err", err)
+			undone = true
+			r.log.Error("the broker did not delete accounts the registry no longer names; tried again", "accounts", len(gone), "err", err)
 		} else {
 			r.mu.Lock()
 			for _, id := range gone {

@@ -227,6 +227,32 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 		nc.Close()
 		t.Fatal("a JWT of the old nodes' account key still signs in")
 	}
+
+	// A rekey after it: the token's account, the grant's JWT of the key
+	// in force, the renewed JWT of the NKey the rekey replaced left
+	// behind in the agent's state and passed over.
+	before := filepath.Join(m.base, "before-rekey.json")
+	b, _ := os.ReadFile(m.agentConfig())
+	os.WriteFile(before, b, 0o600)
+	if code, out, errOut := m.rekey("--wait", "60s"); code != 0 || !strings.Contains(out, "rekeyed: enrolled as node n1") {
+		t.Fatalf("rekey in operator mode: exit %d\n%s%s", code, out, errOut)
+	}
+	nc, err := dialAs(m.agentConfig(), url)
+	if err != nil {
+		t.Fatalf("the rekey's grant does not sign in: %v", err)
+	}
+	nc.Close()
+	if nc, err := dialAs(before, url); err == nil {
+		nc.Close()
+		t.Fatal("the NKey the rekey replaced still signs in")
+	}
+	seq = m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"after a rekey in operator mode\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("a declaration after the rekey: %+v", r)
+	}
+	if issuer() != res.Next {
+		t.Fatalf("after the rekey n1 signs in with a JWT of %q, not of the key in force %s", issuer(), res.Next)
+	}
 }
 
 // probeClient signs in as the node whose agent configuration is conf,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
@@ -89,25 +90,7 @@ func TestAnExistingBrokerInOperatorMode(t *testing.T) {
 		t.Fatal("n2 never heard its own notice: the probe above proves nothing")
 	}
 
-	// Revoked: the broker cuts n1's connections and refuses the next.
-	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
-	m.run("mesh-control", "node", "revoke", "n1", "--dir", m.ctl)
-	eventually(t, "the revoked node's probe connection cut", func() bool { return n1.IsClosed() || !n1.IsConnected() })
-	eventually(t, "the revoked node refused by the broker", func() bool {
-		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
-		return strings.Contains(string(b), "authorization refused by the broker")
-	})
-
-	// A deleted node's account leaves the resolver.
 	accounts := filepath.Join(store, "accounts")
-	n2account := filepath.Join(accounts, control.NodeAccountID("n2")+".jwt")
-	if _, err := os.Stat(n2account); err != nil {
-		t.Fatalf("n2's account is not in the resolver: %v", err)
-	}
-	m.run("mesh-control", "node", "revoke", "n2", "--dir", m.ctl)
-	m.run("mesh-control", "node", "delete", "n2", "--dir", m.ctl)
-	eventually(t, "the deleted node's account out of the resolver", func() bool { _, err := os.Stat(n2account); return os.IsNotExist(err) })
-
 	// A token's account is there while the token may be used, and goes
 	// with its revocation.
 	t3, err := wire.ParseToken(m.issue("--new", "--name", "n3"))
@@ -118,6 +101,47 @@ func TestAnExistingBrokerInOperatorMode(t *testing.T) {
 	pub, _ := kp.PublicKey()
 	t3account := filepath.Join(accounts, pub+".jwt")
 	eventually(t, "the token's account in the resolver", func() bool { _, err := os.Stat(t3account); return err == nil })
+	// Its holder signs its own JWT, with every permission: its account
+	// still reaches nothing but its enrolment subject.
+	tc := tokenHolder(t, url, t3)
+	for _, subj := range []string{"$JS.API.INFO", "$JS.API.DIRECT.GET.MESH_DECL.mesh.decl.n1", "$JS.API.STREAM.NAMES", "mesh.up.n1.decl", "mesh.heartbeat.n1", "mesh.enrol.0000000000000000"} {
+		// JetStream's API answers in every account, and in its own
+		// says only that it has none.
+		if msg, err := tc.Request(subj, []byte("{}"), time.Second); err == nil && !strings.Contains(string(msg.Data), "not enabled for account") {
+			t.Errorf("the token's holder asked %s and was answered: %s", subj, msg.Data)
+		}
+	}
+	heardT := make(chan *nats.Msg, 8)
+	if _, err := tc.ChanSubscribe(">", heardT); err != nil {
+		t.Fatal(err)
+	}
+	tc.Flush()
+	m.run("mesh-control", "declare", "n2", f, "--dir", m.ctl)
+	select {
+	case msg := <-heardT:
+		t.Errorf("the token's holder heard %s", msg.Subject)
+	case <-time.After(2 * time.Second):
+	}
+	tc.Close()
+
+	// Revoked: the broker cuts n1's connections and refuses the next.
+	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
+	m.run("mesh-control", "node", "revoke", "n1", "--dir", m.ctl)
+	eventually(t, "the revoked node's probe connection cut", func() bool { return n1.IsClosed() || !n1.IsConnected() })
+	eventually(t, "the revoked node refused by the broker", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+		return strings.Contains(string(b), "authorization refused by the broker")
+	})
+
+	// A deleted node's account leaves the resolver.
+	n2account := filepath.Join(accounts, control.NodeAccountID("n2")+".jwt")
+	if _, err := os.Stat(n2account); err != nil {
+		t.Fatalf("n2's account is not in the resolver: %v", err)
+	}
+	m.run("mesh-control", "node", "revoke", "n2", "--dir", m.ctl)
+	m.run("mesh-control", "node", "delete", "n2", "--dir", m.ctl)
+	eventually(t, "the deleted node's account out of the resolver", func() bool { _, err := os.Stat(n2account); return os.IsNotExist(err) })
+
 	m.run("mesh-control", "token", "revoke", t3.IDString(), "--dir", m.ctl)
 	eventually(t, "the revoked token's account out of the resolver", func() bool { _, err := os.Stat(t3account); return os.IsNotExist(err) })
 }
@@ -267,6 +291,29 @@ func probeClient(t *testing.T, conf, url string) *nats.Conn {
 		return err == nil
 	})
 	t.Cleanup(nc.Close)
+	return nc
+}
+
+// tokenHolder signs in as the holder of token would to a broker in
+// operator mode, with a user JWT the token's credential signs for itself,
+// every subject allowed.
+func tokenHolder(t *testing.T, url string, token *wire.Token) *nats.Conn {
+	t.Helper()
+	user, _ := nkeys.FromRawSeed(nkeys.PrefixByteUser, token.Credential[:])
+	account, _ := nkeys.FromRawSeed(nkeys.PrefixByteAccount, token.Credential[:])
+	pub, _ := user.PublicKey()
+	uc := jwt.NewUserClaims(pub)
+	uc.Pub.Allow.Add(">")
+	uc.Sub.Allow.Add(">")
+	tok, err := uc.Encode(account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.Secure(link.PinnedTLS(token.FingerprintHex(), nil)),
+		nats.UserJWT(func() (string, error) { return tok, nil }, user.Sign), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("the token's holder signs in: %v", err)
+	}
 	return nc
 }
 

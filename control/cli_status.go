@@ -72,6 +72,10 @@ type fleetStatus struct {
 	Broker struct {
 		URL       string `json:"url,omitempty"`
 		Reachable bool   `json:"reachable"`
+		// OperatorMode: a broker of the operator's own in NATS operator
+		// mode (broker-config --resolver), each node in an account of
+		// its own that serve pushes to it.
+		OperatorMode bool `json:"operator_mode,omitempty"`
 	} `json:"broker"`
 	// Store is the broker's JetStream store as serve says it: Answered
 	// false when nobody answered (no serve, or a broker of the
@@ -239,6 +243,7 @@ func versionList(m map[versionCount]int) []versionCount {
 func readFleet(ctx context.Context, cl *Client) (*fleetStatus, []*NodeStatus, error) {
 	s := &fleetStatus{}
 	s.Broker.URL, s.Broker.Reachable = cl.NC.ConnectedUrlRedacted(), true
+	s.Broker.OperatorMode = cl.Keys.Operator != nil
 	s.Store.Answered, s.Store.Problem = askStore(ctx, cl.NC)
 	// DiskFullError's own words, as serve answers them.
 	s.Store.DiskFull = strings.Contains(s.Store.Problem, " is full (")
@@ -309,7 +314,11 @@ type statusPart struct {
 // say it, one group of lines at a time. When the registry was not read it
 // ends there: the rest would be counts of nothing.
 func (s *fleetStatus) parts() []statusPart {
-	control := statusPart{Width: 10, Rows: []statusRow{{Head: "broker:", Value: s.Broker.URL + ", reachable"}}}
+	broker := s.Broker.URL + ", reachable"
+	if s.Broker.OperatorMode {
+		broker += ", in NATS operator mode (an account per node)"
+	}
+	control := statusPart{Width: 10, Rows: []statusRow{{Head: "broker:", Value: broker}}}
 	switch {
 	case s.Store.Problem != "":
 		control.Rows = append(control.Rows, statusRow{"store:", "cannot write: " + s.Store.Problem, "bad"})

@@ -30,6 +30,10 @@ import (
 func TestAnExistingBrokerInOperatorMode(t *testing.T) {
 	m, url, store := operatorMesh(t)
 
+	if out := m.run("mesh-control", "status", "--dir", m.ctl); !strings.Contains(out, "in NATS operator mode") {
+		t.Errorf("status does not say the broker is in operator mode:\n%s", out)
+	}
+
 	// n2, added by hand, and a probe of each node signing in with its own
 	// credentials.
 	n2conf := filepath.Join(m.base, "n2.json")

@@ -178,6 +178,11 @@ func (c *Client) renewUserJWT(ctx context.Context, node, enrolment, issuer strin
 	if c.Keys.Operator == nil || issuer == c.Keys.nodesIssuerPublic() {
 		return
 	}
+	// Another serve of this key directory may have announced or switched
+	// a key since this one read them.
+	if err := c.Keys.refreshNodesAccount(); err != nil || issuer == c.Keys.nodesIssuerPublic() {
+		return
+	}
 	if last, ok := c.jwtSent.Load(node); ok && time.Since(last.(time.Time)) < jwtResend {
 		return
 	}

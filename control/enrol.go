@@ -531,6 +531,11 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 	uc.Name = node
 	if c.Keys.Operator != nil {
 		uc.IssuerAccount = NodeAccountID(node)
+		// Issued by the key another serve of this key directory may
+		// have announced or switched to meanwhile (account-key rotate).
+		if err := c.Keys.refreshNodesAccount(); err != nil {
+			return "", err
+		}
 	}
 	pub, sub := link.NodePermissionsEither(node)
 	uc.Pub.Allow.Add(pub...)

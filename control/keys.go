@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nkeys"
@@ -75,8 +76,10 @@ type Keys struct {
 	Account       nkeys.KeyPair
 	AccountPublic string
 	// accountNext is the nodes' account key announced (FileNodesAccountNext),
-	// nil when none; account is the one in force (mu).
+	// nil when none; account is the one in force (mu). accountFiles is
+	// how their files were when last read (refreshNodesAccount).
 	accountNext, account nkeys.KeyPair
+	accountFiles         string
 	// Recovery is the recovery key's public half (FileRecoveryPub); nil
 	// in a key directory made before it.
 	Recovery ed25519.PublicKey
@@ -379,6 +382,7 @@ func LoadKeys(dir string) (*Keys, error) {
 	}
 	k.AccountPublic, _ = k.Account.PublicKey()
 	k.account = k.Account
+	k.accountFiles = nodesAccountFiles(dir)
 	if k.accountNext, err = loadAccountNext(dir); err != nil {
 		return nil, err
 	}
@@ -525,7 +529,50 @@ func (k *Keys) nodesSigningKeys() []string {
 
 // setNodesAccount puts cur in force, and next (nil: none) announced.
 func (k *Keys) setNodesAccount(cur, next nkeys.KeyPair) {
+	files := nodesAccountFiles(k.Dir)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.account, k.accountNext = cur, next
+	k.account, k.accountNext, k.accountFiles = cur, next, files
+}
+
+// nodesAccountFiles says how the nodes' account key's files are now: a
+// change of either is seen by comparing it with the last.
+func nodesAccountFiles(dir string) string {
+	var b strings.Builder
+	for _, name := range []string{FileNodesAccount, FileNodesAccountNext} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			fmt.Fprintf(&b, "%s %d %d;", name, fi.Size(), fi.ModTime().UnixNano())
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				fmt.Fprintf(&b, "%d;", st.Ino)
+			}
+		}
+	}
+	return b.String()
+}
+
+// refreshNodesAccount reads the nodes' account keys again when their
+// files changed since last read: several serves may share one key
+// directory and one broker, and the one that carried out a step of the
+// rotation (account-key rotate) changed them under the others, whose
+// pushes would otherwise list the keys as they were.
+func (k *Keys) refreshNodesAccount() error {
+	now := nodesAccountFiles(k.Dir)
+	k.mu.RLock()
+	same := now == k.accountFiles
+	k.mu.RUnlock()
+	if same {
+		return nil
+	}
+	cur, err := loadOrMakeAccount(k.Dir)
+	if err != nil {
+		return err
+	}
+	next, err := loadAccountNext(k.Dir)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.account, k.accountNext, k.accountFiles = cur, next, now
+	return nil
 }

@@ -153,6 +153,9 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	r.setMu.Lock()
 	defer r.setMu.Unlock()
 	r.lastNodes, r.lastTokens = nodes, tokens
+	if err := r.k.refreshNodesAccount(); err != nil {
+		r.log.Error("the nodes' account keys not read again; the accounts list them as before", "err", err)
+	}
 	if r.retry != nil {
 		r.retry.Stop()
 		r.retry = nil

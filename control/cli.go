@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -987,14 +988,52 @@ func (c *cli) warnSharedAccount() {
 // there.
 func (c *cli) brokerKeys(resolver bool) (*Keys, error) {
 	if resolver {
-		if _, err := LoadKeys(c.dir); err != nil {
+		k, err := LoadKeys(c.dir)
+		if err != nil {
 			return nil, err
+		}
+		if k.Operator == nil {
+			c.warnEnrolledBefore()
 		}
 		if _, err := MakeOperator(c.dir); err != nil {
 			return nil, err
 		}
 	}
 	return LoadKeys(c.dir)
+}
+
+// warnEnrolledBefore says, as the key directory moves to operator mode,
+// which nodes hold a credential of the form before, which a broker in
+// operator mode refuses: each must enrol again.
+func (c *cli) warnEnrolledBefore() {
+	cl, err := c.connect()
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			c.warn("the registry was not read (%v): nodes enrolled before this key directory moved to operator mode, if any, hold a broker credential such a broker refuses, and must enrol again (mesh-control token issue --node NAME)", err)
+		}
+		return
+	}
+	nodes, err := cl.records(c.ctx)
+	cl.Close()
+	if err != nil {
+		c.warn("the registry's nodes were not read (%v): those enrolled before this key directory moved to operator mode, if any, must enrol again", err)
+		return
+	}
+	var live []string
+	for _, n := range nodes {
+		if n.NKey != "" {
+			live = append(live, n.Name)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	sort.Strings(live)
+	shown := live
+	if len(shown) > 10 {
+		shown = append(shown[:10:10], fmt.Sprintf("and %d more", len(live)-10))
+	}
+	c.warn("%d node(s) enrolled before this key directory moved to operator mode hold a broker credential such a broker refuses (%s): once serve runs on it, enrol each again (mesh-control token issue --node NAME, then mesh-executor enrol --replace on its machine)", len(live), strings.Join(shown, ", "))
 }
 
 // onlyLoopback reports whether the certificate's names would be loopback's

@@ -419,3 +419,21 @@ func freeAddr(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// broker-config --resolver, moving a key directory to operator mode, names
+// the nodes enrolled before it (their grant's credential is of the form
+// such a broker refuses), and says how to enrol them again; once moved, it
+// says nothing more.
+func TestMovingToOperatorModeNamesTheNodesToEnrolAgain(t *testing.T) {
+	s, _, _, cmd := servedCLI(t)
+	enrolNode(t, s, "web1")
+	enrolNode(t, s, "web2")
+	out, errs, code := cmd("broker-config", "--resolver", "--listen", "127.0.0.1:4222")
+	if code != 0 || !strings.Contains(out, "operator:") || !strings.Contains(errs, "2 node(s) enrolled before") ||
+		!strings.Contains(errs, "web1, web2") || !strings.Contains(errs, "token issue --node NAME") {
+		t.Fatalf("broker-config --resolver over enrolled nodes: exit %d\n%s", code, errs)
+	}
+	if _, errs, _ := cmd("broker-config", "--resolver", "--listen", "127.0.0.1:4222"); strings.Contains(errs, "enrolled before") {
+		t.Fatalf("said again once the key directory is in operator mode:\n%s", errs)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -960,6 +961,9 @@ func (c *cli) brokerConfig(listen, store string, resolver bool) error {
 		if store == "" {
 			store = filepath.Join(k.Dir, "jetstream")
 		}
+		if err := c.carryStore(k, store, listen); err != nil {
+			return err
+		}
 		rc, err := k.ResolverConfig(store)
 		if err != nil {
 			return err
@@ -980,6 +984,45 @@ func (c *cli) brokerConfig(listen, store string, resolver bool) error {
 // broker does not give: an account per node (see AccountsConfig).
 func (c *cli) warnSharedAccount() {
 	c.warn("this form keeps every node in one account (NODES), where a node can have the broker deliver the answers to its own requests onto another node's subjects; --resolver (NATS operator mode) gives each node its own, as the embedded broker does")
+}
+
+// carryStore carries the control side's streams over to operator mode in
+// store, a server's JetStream store: nats-server keeps an account's
+// streams in a directory named as the account, CONTROL before and the
+// CONTROL account's public key in operator mode, so without this a broker
+// in operator mode on the same store would start with none — no registry,
+// no declarations. The directory is renamed only with no broker on the
+// store: the key directory's lock taken (no embedded broker runs) and
+// nothing answering at listen.
+func (c *cli) carryStore(k *Keys, store, listen string) error {
+	from := filepath.Join(store, "jetstream", link.AccountControl)
+	to := filepath.Join(store, "jetstream", k.Operator.ControlPublic)
+	if _, err := os.Stat(from); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if _, err := os.Stat(to); err == nil {
+		c.warn("%s and %s both hold streams: the second is operator mode's, and the first is left as it is", from, to)
+		return nil
+	}
+	if conn, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
+		conn.Close()
+		return fmt.Errorf("a broker answers at %s: stop it (serve, or the broker on %s), then run this again — the control side's streams (%s) are carried over to operator mode by renaming their directory, with no broker on the store", listen, store, from)
+	}
+	l, err := lockDir(k.Dir, "broker-config")
+	if err != nil {
+		return fmt.Errorf("carrying the control side's streams over to operator mode: %w", err)
+	}
+	defer l.Close()
+	if err := os.Rename(from, to); err != nil {
+		return fmt.Errorf("carrying the control side's streams over to operator mode: %w", err)
+	}
+	if err := statedir.SyncDir(filepath.Dir(to)); err != nil {
+		return err
+	}
+	c.warn("the control side's streams carried over to operator mode: %s is now %s", from, to)
+	return nil
 }
 
 // brokerKeys loads the key directory for broker-config: with resolver,

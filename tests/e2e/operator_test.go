@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,4 +344,60 @@ func dialAs(conf, url string) (*nats.Conn, error) {
 	return nats.Connect(url, nats.Secure(link.PinnedTLS(pin, nil)),
 		nats.UserJWT(func() (string, error) { return c.UserJWT, nil }, kp.Sign),
 		nats.CustomInboxPrefix(link.NodeSubjects(c.Node, link.LayoutByNode).Inbox), nats.NoReconnect())
+}
+
+// A control side that ran the embedded broker moves to a broker of its own
+// in operator mode on the same store: broker-config --resolver refuses
+// while the embedded broker runs, then carries the control side's streams
+// over (nats-server names an account's directory after the account, CONTROL
+// before, its public key now), so the registry, the declarations and their
+// sequences are there under the new broker. The node, whose credential is
+// of the form before, enrols again with a token and is declared to after
+// its last sequence.
+func TestTheStoreCarriesOverToOperatorMode(t *testing.T) {
+	m := newMeshDirs(t)
+	url := fmt.Sprintf("tls://127.0.0.1:%d", m.port)
+	listen := fmt.Sprintf("127.0.0.1:%d", m.port)
+	embedded := m.startControl()
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	eventually(t, "n1 heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	before := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"before\n"}]}`)
+	if r := m.reportFor(before); r.Outcome != shapes.Applied {
+		t.Fatalf("before the move: %+v", r)
+	}
+
+	if code, _, stderr := m.runCode("mesh-control", "", "broker-config", "--dir", m.ctl, "--resolver", "--listen", listen); code == 0 || !strings.Contains(stderr, "stop it") {
+		t.Fatalf("broker-config --resolver with the embedded broker running: exit %d\n%s", code, stderr)
+	}
+	embedded.Process.Signal(syscall.SIGTERM)
+	embedded.Wait()
+	code, conf, stderr := m.runCode("mesh-control", "", "broker-config", "--dir", m.ctl, "--resolver", "--listen", listen)
+	if code != 0 || !strings.Contains(stderr, "carried over to operator mode") {
+		t.Fatalf("broker-config --resolver with no broker: exit %d\n%s", code, stderr)
+	}
+	confFile := filepath.Join(m.base, "broker.conf")
+	os.WriteFile(confFile, []byte(conf), 0o600)
+	startAbs(m, buildNATSServer(t, m.base), "-c", confFile)
+	m.start("mesh-control", nil, "serve", "--dir", m.ctl, "--nats", url)
+	eventually(t, "the control side serves on the broker in operator mode", func() bool {
+		code, _, _ := m.runCode("mesh-control", "", "nodes", "--dir", m.ctl)
+		return code == 0
+	})
+	if m.node() == nil {
+		t.Fatal("n1 is not in the registry under the broker in operator mode")
+	}
+
+	// Enrolled again: its credential was of the form before.
+	if code, out, errOut := m.enrol(m.issue("--node", "n1"), "--replace"); code != 0 || !strings.Contains(out, "enrolled as node n1") {
+		t.Fatalf("n1 enrolled again: exit %d\n%s%s", code, out, errOut)
+	}
+	after := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"after\n"}]}`)
+	if after <= before {
+		t.Fatalf("the sequence went back: %d after %d", after, before)
+	}
+	if r := m.reportFor(after); r.Outcome != shapes.Applied {
+		t.Fatalf("after the move: %+v", r)
+	}
 }

@@ -46,7 +46,8 @@ bench:
 # process built into the bench's work directory. Prints a table, MISS for
 # each target missed; docs/benchmarks.md keeps the figures. CLUSTER=1
 # measures against three nats-server processes (built from the module)
-# configured by broker-config --cluster; CONTENDED=1 keeps one core busy
+# configured by broker-config --cluster (RESOLVER=1: in NATS operator mode,
+# broker-config --cluster --resolver); CONTENDED=1 keeps one core busy
 # throughout (a process of the bench's own) and judges the contended
 # targets. BENCH_SCALE_ARGS go to the bench
 # (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles);
@@ -54,9 +55,10 @@ bench:
 # 256, to compare with the adapting one.
 NODES   ?= 10000
 CLUSTER ?=
+RESOLVER ?=
 CONTENDED ?=
 bench-scale:
-	$(GO) run $(if $(TAGS),-tags $(TAGS)) ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(if $(filter 1,$(CONTENDED)),-contended) $(BENCH_SCALE_ARGS)
+	$(GO) run $(if $(TAGS),-tags $(TAGS)) ./tests/bench/scale -nodes $(NODES) $(if $(filter 1,$(CLUSTER)),-cluster) $(if $(filter 1,$(RESOLVER)),-resolver) $(if $(filter 1,$(CONTENDED)),-contended) $(BENCH_SCALE_ARGS)
 
 # The chaos run: a control side, NODES_CHAOS nodes (real executors and
 # agents, each in its own namespace and state) and the real CLI, driven by

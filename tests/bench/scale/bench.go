@@ -53,6 +53,9 @@ type bench struct {
 	// for them.
 	servers  *clusterServers
 	accounts string
+	// resolvers are the servers' account resolvers' directories, with
+	// -resolver (operator mode): each holds every node's account.
+	resolvers []string
 }
 
 // results are the figures, as -json writes them.

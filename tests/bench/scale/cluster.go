@@ -84,8 +84,11 @@ func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 		return err
 	}
 	conf := filepath.Join(work, "cluster")
-	if _, err := b.ctl.run(ctx, "broker-config", "broker-config", "--dir", b.ctl.dir, "--cluster", strings.Join(routes, ","),
-		"--listen", strings.Join(clients, ","), "--out", conf); err != nil {
+	args := []string{"broker-config", "--dir", b.ctl.dir, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", conf}
+	if b.cfg.resolver {
+		args = append(args, "--resolver")
+	}
+	if _, err := b.ctl.run(ctx, "broker-config", args...); err != nil {
 		return err
 	}
 	s := &clusterServers{urls: strings.Join(urls, ",")}
@@ -109,9 +112,15 @@ func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 		go func() { c.Wait(); close(done) }()
 		s.names, s.cmds, s.done, s.pids = append(s.names, name), append(s.cmds, c), append(s.done, done), append(s.pids, pid)
 	}
-	b.ctl.serveArgs = []string{"serve", "--dir", b.ctl.dir, "--nats", s.urls, "--replicas", "3",
-		"--broker-accounts", filepath.Join(conf, control.AccountsFile), "--broker-pid", strings.Join(s.pids, ",")}
-	b.accounts = filepath.Join(conf, control.AccountsFile)
+	b.ctl.serveArgs = []string{"serve", "--dir", b.ctl.dir, "--nats", s.urls, "--replicas", "3"}
+	if b.cfg.resolver {
+		for _, name := range s.names {
+			b.resolvers = append(b.resolvers, filepath.Join(conf, name, "accounts"))
+		}
+	} else {
+		b.ctl.serveArgs = append(b.ctl.serveArgs, "--broker-accounts", filepath.Join(conf, control.AccountsFile), "--broker-pid", strings.Join(s.pids, ","))
+		b.accounts = filepath.Join(conf, control.AccountsFile)
+	}
 	if err := b.ctl.start(); err != nil {
 		return err
 	}
@@ -182,6 +191,24 @@ type clusterServerResult struct {
 // registered node's NKey (serve writes it and has the servers reload):
 // an agent that dials before its user is loaded is refused and backs off.
 func (b *bench) waitAccounts(ctx context.Context) error {
+	if len(b.resolvers) > 0 {
+		// Operator mode: every server's resolver holds every node's
+		// account, pushed through one and passed on to the others.
+		ok := waitFor(ctx, 5*time.Minute, func() bool {
+			for _, dir := range b.resolvers {
+				for _, n := range b.fleet.Nodes {
+					if _, err := os.Stat(filepath.Join(dir, control.NodeAccountID(n.Name)+".jwt")); err != nil {
+						return false
+					}
+				}
+			}
+			return true
+		})
+		if !ok {
+			return errors.New("the servers' resolvers did not hold every node's account within 5 minutes")
+		}
+		return nil
+	}
 	if b.accounts == "" {
 		return nil
 	}

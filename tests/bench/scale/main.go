@@ -89,6 +89,7 @@ type config struct {
 	profile         string
 	syncDefault     bool
 	contended       bool
+	resolver        bool
 }
 
 // The exit codes, as the other benches'.
@@ -123,8 +124,13 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "keep DIR/scale (logs, the broker's store) for a look afterwards")
 	flag.BoolVar(&c.syncDefault, "sync-default", false, "build serve with nats-server's default sync interval (-tags benchnosync), to measure what fsync before each acknowledgement costs; acknowledged writes are then not durable")
 	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile)")
+	flag.BoolVar(&c.resolver, "resolver", false, "with -cluster: the servers in NATS operator mode (broker-config --resolver), an account per node pushed by serve, instead of the accounts file they reload")
 	flag.BoolVar(&c.contended, "contended", false, "keep one core busy throughout with a process of the bench's own, and judge by the contended targets (a control machine that is not idle)")
 	flag.Parse()
+	if c.resolver && !c.cluster {
+		fmt.Fprintln(os.Stderr, "-resolver is for -cluster: the embedded broker gives each node an account of its own by itself")
+		os.Exit(exitBroken)
+	}
 	if c.contended {
 		restartSet := false
 		flag.Visit(func(f *flag.Flag) { restartSet = restartSet || f.Name == "restart-timeout" })
@@ -173,7 +179,11 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "fleet scale bench — %s, %d cores, load %s, %s nodes requested, heartbeat %s\n",
 		b.res.Host.Date, b.res.Host.Cores, b.res.Host.LoadStart, thousands(c.nodes), c.heartbeat)
 	if b.servers != nil {
-		fmt.Fprintf(stdout, "control side: mesh-control serve, pid %d, against a three-server NATS cluster (%s); agents: this process, pid %d\n", b.ctl.pid(), b.servers.urls, os.Getpid())
+		form := "its accounts from a file serve keeps, nodes sharing one"
+		if c.resolver {
+			form = "in NATS operator mode, an account per node"
+		}
+		fmt.Fprintf(stdout, "control side: mesh-control serve, pid %d, against a three-server NATS cluster (%s; %s); agents: this process, pid %d\n", b.ctl.pid(), b.servers.urls, form, os.Getpid())
 	} else {
 		fmt.Fprintf(stdout, "control side: mesh-control serve (embedded broker), pid %d; agents: this process, pid %d\n", b.ctl.pid(), os.Getpid())
 	}

@@ -44,7 +44,8 @@ import (
 //     importing the token's enrolment subject alone, expiring with the
 //     token; the agent signs its own user JWT with it (a JWT's permissions
 //     are its issuer's to write, so the account, never the permissions, is
-//     the fence), and serve deletes the account once the token is spent.
+//     the fence), and serve deletes the account once the token is revoked
+//     or past its grace.
 
 // The key directory's files of an existing broker in operator mode (0600
 // each): the operator's key signs every account; the system account's and
@@ -247,7 +248,7 @@ func (k *Keys) userJWT(issuer nkeys.KeyPair, name string) (string, error) {
 
 // ResolverConfig is the operator-mode part of a server's configuration:
 // the operator, the system account, the full resolver in store's
-// accounts directory (deletion allowed: a spent token's account is
+// accounts directory (deletion allowed: a revoked or past token's account is
 // deleted), and CONTROL and the system account preloaded.
 func (k *Keys) ResolverConfig(store string) (string, error) {
 	o := k.Operator

@@ -31,7 +31,7 @@ const resolverWindow = 32
 // the resolver's accounts equal to the registry — each node's account as
 // its record says, each usable token's — through serve's own connection
 // to the system account, pushing only what changed, and deleting the
-// accounts of tokens spent or past and of nodes deleted. What the broker
+// accounts of tokens revoked or past and of nodes deleted. What the broker
 // refuses, or does not answer, is said in the log and tried again: at the
 // next change, or after a wait that grows while it keeps failing.
 type resolverSink struct {
@@ -240,7 +240,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	undone = failed > 0
 	if !r.listed {
 		// What the resolver holds from before this serve: accounts of
-		// nodes deleted and tokens spent while it was away.
+		// nodes deleted and tokens revoked or past while it was away.
 		if ids, err := r.list(); err != nil {
 			undone = true
 			r.log.Error("the broker's accounts not listed; tried again", "err", err)

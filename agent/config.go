@@ -63,6 +63,9 @@ type Identity struct {
 	signer     *link.Signer // nkey's, derived once
 	nkeyPublic string
 	userJWT    string
+	// userJWTIssuer is the key that issued userJWT, read once: the
+	// heartbeat names it every period.
+	userJWTIssuer string
 	// renewed, when set, is the user JWT the control side sent in place
 	// of userJWT (wire.UserJWT: the nodes' account key rotated), kept in
 	// the agent's state; shared by the copies of the identity.
@@ -97,7 +100,12 @@ func (id *Identity) credentialIssuer() string {
 			return p[1]
 		}
 	}
-	if uc, err := jwt.DecodeUserClaims(id.userJWT); err == nil {
+	return id.userJWTIssuer
+}
+
+// issuerOf is the key that issued a user JWT, "" when it is none.
+func issuerOf(token string) string {
+	if uc, err := jwt.DecodeUserClaims(token); err == nil {
 		return uc.Issuer
 	}
 	return ""
@@ -220,19 +228,20 @@ func (c *Config) Identity() (*Identity, error) {
 		return nil, err
 	}
 	return &Identity{
-		BrokerURL:  c.BrokerURL,
-		Pin:        pin,
-		ControlKey: ed25519.PublicKey(ck),
-		Node:       c.Node,
-		Enrolment:  c.Enrolment,
-		Layout:     link.LayoutByNode,
-		Subjects:   link.NodeSubjects(c.Node, link.LayoutByNode),
-		nkey:       kp,
-		signer:     signer,
-		nkeyPublic: pub,
-		userJWT:    c.UserJWT,
-		renewed:    &jwtSet{},
-		pins:       &pinSet{},
+		BrokerURL:     c.BrokerURL,
+		Pin:           pin,
+		ControlKey:    ed25519.PublicKey(ck),
+		Node:          c.Node,
+		Enrolment:     c.Enrolment,
+		Layout:        link.LayoutByNode,
+		Subjects:      link.NodeSubjects(c.Node, link.LayoutByNode),
+		nkey:          kp,
+		signer:        signer,
+		nkeyPublic:    pub,
+		userJWT:       c.UserJWT,
+		userJWTIssuer: issuerOf(c.UserJWT),
+		renewed:       &jwtSet{},
+		pins:          &pinSet{},
 	}, nil
 }
 

@@ -67,6 +67,12 @@ const (
 	PendingFile = "enrolment-pending.json"
 	ResultFile  = "enrolment-result.json"
 	KeysFile    = "keys.json"
+	// PendingWireGuardFile is the new WireGuard key a rekey's enrolment
+	// presents, kept beside the pending enrolment rather than in it: the
+	// release before reads the pending file strictly, and a rollback
+	// during a rekey then finishes it as an ordinary replacement, with
+	// the WireGuard key the executor has (see pendingWireGuard).
+	PendingWireGuardFile = "enrolment-pending-wireguard.json"
 )
 
 // SealingKEM is the KEM of the sealing key: ML-KEM-768 with X25519, so
@@ -167,9 +173,48 @@ type pending struct {
 	Claimed time.Time `json:"claimed,omitzero"`
 	// WireGuard is a new WireGuard private key (Options.NewWireGuard),
 	// presented instead of the executor's own and put in its place when
-	// the grant is accepted.
+	// the grant is accepted. Read from a pending file a development
+	// build wrote with it inside; written to PendingWireGuardFile.
 	WireGuard []byte `json:"wireguard,omitempty"`
 	formatField
+}
+
+// pendingWireGuard is PendingWireGuardFile: the new WireGuard key, and
+// the pending identity's public key it belongs to — a file left by an
+// enrolment a rollback finished, or ended, answers to no later one.
+type pendingWireGuard struct {
+	Key      []byte `json:"key"`
+	Identity string `json:"identity"`
+	formatField
+}
+
+// writePending writes p, its new WireGuard key (if any) first and in its
+// own file, so the pending file holds only what the release before reads.
+func writePending(dir string, p *pending) error {
+	q := *p
+	if q.WireGuard != nil {
+		if err := writeJSON(dir, PendingWireGuardFile, &pendingWireGuard{Key: q.WireGuard, Identity: pendingIdentity(&q)}); err != nil {
+			return err
+		}
+		q.WireGuard = nil
+	}
+	return writeJSON(dir, PendingFile, &q)
+}
+
+// removePending ends the pending enrolment's files: the pending file
+// first, whose absence says none is pending.
+func removePending(dir string) error {
+	err := os.Remove(filepath.Join(dir, PendingFile))
+	os.Remove(filepath.Join(dir, PendingWireGuardFile))
+	return err
+}
+
+// pendingIdentity names the pending enrolment by its identity key.
+func pendingIdentity(p *pending) string {
+	if len(p.Identity) != ed25519.SeedSize {
+		return ""
+	}
+	return encodePub(ed25519.NewKeyFromSeed(p.Identity).Public().(ed25519.PublicKey))
 }
 
 // Result is how the last enrolment ended, or where it is: what
@@ -310,7 +355,9 @@ func beginLocked(dir string, tok *wire.Token, o Options) error {
 		}
 		p.WireGuard = wg[:]
 	}
-	if err := writeJSON(dir, PendingFile, &p); err != nil {
+	// An earlier enrolment's new WireGuard key goes with it.
+	os.Remove(filepath.Join(dir, PendingWireGuardFile))
+	if err := writePending(dir, &p); err != nil {
 		return err
 	}
 	// Root's new word ends a rekey it asked for before: this enrolment
@@ -390,7 +437,7 @@ func Offer(dir, agentNKey string, hostname string, profile, inventory []byte) (*
 		if err := p.signHeld(dir, tok); err != nil {
 			return nil, err
 		}
-		if err := writeJSON(dir, PendingFile, p); err != nil {
+		if err := writePending(dir, p); err != nil {
 			return nil, err
 		}
 	}
@@ -552,7 +599,7 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 	if err := identity.Save(dir, id); err != nil {
 		return nil, err
 	}
-	os.Remove(filepath.Join(dir, PendingFile))
+	removePending(dir)
 	r := &Result{Final: true, Enrolled: true, Node: g.Node, Enrolment: g.Enrolment, Token: tok.IDString()}
 	if g.ReplacedNode != "" {
 		r.Replaced = (&wire.HeldIdentity{Node: g.ReplacedNode, Enrolment: g.ReplacedEnrolment}).Name()
@@ -583,7 +630,7 @@ func refusedLocked(dir string, p *pending, tok *wire.Token, payload []byte) erro
 			Reason: "it refused a request this executor did not make (another proof, or another token): " + r.Reason})
 		return fmt.Errorf("the control side's refusal answers another request, not this enrolment's: %s", r.Reason)
 	}
-	os.Remove(filepath.Join(dir, PendingFile))
+	removePending(dir)
 	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "control", Reason: r.Reason, Expires: tok.Expires.UTC()})
 	return fmt.Errorf("the control side refused this enrolment (signed): %s", r.Reason)
 }
@@ -592,7 +639,7 @@ func refusedLocked(dir string, p *pending, tok *wire.Token, payload []byte) erro
 // enrolment stays begun, held back from the agent for ReofferAfter.
 func claimLocked(dir string, p *pending, tok *wire.Token, by, reason string) error {
 	p.Claimed = clock.Now().UTC()
-	if err := writeJSON(dir, PendingFile, p); err != nil {
+	if err := writePending(dir, p); err != nil {
 		return err
 	}
 	noteResult(dir, &Result{Claimed: true, Token: tok.IDString(), RefusedBy: by, Reason: reason, Expires: tok.Expires.UTC()})
@@ -640,7 +687,7 @@ func Cancel(dir string) (string, error) {
 	if err != nil || p == nil {
 		return "", err
 	}
-	if err := os.Remove(filepath.Join(dir, PendingFile)); err != nil {
+	if err := removePending(dir); err != nil {
 		return "", fmt.Errorf("enrol: %w", err)
 	}
 	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "root", Reason: "cancelled (mesh-executor enrol --cancel)", Expires: tok.Expires.UTC()})
@@ -658,7 +705,7 @@ func expireLocked(dir string, p *pending, tok *wire.Token, now time.Time) bool {
 	if !expired(p, tok, now) {
 		return false
 	}
-	os.Remove(filepath.Join(dir, PendingFile))
+	removePending(dir)
 	noteResult(dir, &Result{Final: true, Token: tok.IDString(), RefusedBy: "executor", Expires: tok.Expires.UTC(),
 		Reason: fmt.Sprintf("the token expired at %s (by this machine's clock) before the agent brought back a grant", tok.Expires.Local().Format(time.RFC3339))})
 	return true
@@ -687,6 +734,7 @@ func ReadResult(dir string) (*Result, error) {
 // says what is wrong with it.
 func IsPending(dir string) bool {
 	if _, err := os.Lstat(filepath.Join(dir, PendingFile)); err != nil {
+		dropLeftWireGuard(dir)
 		return false
 	}
 	unlock, err := lock(dir, false)
@@ -706,6 +754,23 @@ func IsPending(dir string) bool {
 		return false
 	}
 	return p.Claimed.IsZero() || now.After(p.Claimed.Add(ReofferAfter))
+}
+
+// dropLeftWireGuard removes a new WireGuard key no pending enrolment
+// names any more: left by the release before, rolled back to during a
+// rekey, which finished or ended the enrolment without knowing the file.
+func dropLeftWireGuard(dir string) {
+	if _, err := os.Lstat(filepath.Join(dir, PendingWireGuardFile)); err != nil {
+		return
+	}
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	if _, err := os.Lstat(filepath.Join(dir, PendingFile)); errors.Is(err, os.ErrNotExist) {
+		os.Remove(filepath.Join(dir, PendingWireGuardFile))
+	}
 }
 
 // PendingView is a pending enrolment as `mesh-executor status` shows it.
@@ -795,6 +860,18 @@ func loadPending(dir string) (*pending, *wire.Token, error) {
 	tok, err := wire.ParseToken(p.Token)
 	if err != nil {
 		return nil, nil, fmt.Errorf("enrol: the pending token: %w", err)
+	}
+	if p.WireGuard == nil {
+		var wg pendingWireGuard
+		ok, err := readJSON(dir, PendingWireGuardFile, &wg)
+		if err != nil {
+			return nil, nil, err
+		}
+		// Another enrolment's (one a rollback began or finished): this
+		// one presents the executor's own key, as it was begun to.
+		if ok && wg.Identity == pendingIdentity(&p) {
+			p.WireGuard = wg.Key
+		}
 	}
 	return &p, tok, nil
 }

@@ -1,6 +1,7 @@
 package enrol
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
@@ -136,6 +137,14 @@ func TestRekey(t *testing.T) {
 	if k.Held == nil || k.Held.Node != "n1" || k.Held.Enrolment != "e-new" || !k.Held.Replace || !wire.VerifyHeld(old.Identity, tok.ID, &k) {
 		t.Fatalf("the enrolment does not replace n1 under its identity key's signature: %+v", k.Held)
 	}
+	// The new WireGuard key is kept beside the pending file, which holds
+	// only what the release before reads (it decodes it strictly).
+	if b, _ := os.ReadFile(filepath.Join(dir, PendingFile)); bytes.Contains(b, []byte(`"wireguard"`)) {
+		t.Fatalf("the pending file carries the new WireGuard key:\n%s", b)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, PendingWireGuardFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v %v", PendingWireGuardFile, fi, err)
+	}
 	// The WireGuard key is the executor's only once the grant is taken.
 	if wg, _, _ := overlay.LoadKey(dir); wg.PublicKey().String() != old.WireGuard {
 		t.Fatal("the new WireGuard key was put in place before the grant")
@@ -153,6 +162,52 @@ func TestRekey(t *testing.T) {
 	}
 	if keys, _ := LoadKeys(dir); keys == nil || keys.Enrolment != "e-newer" || base64.StdEncoding.EncodeToString(keys.Identity.Public().(ed25519.PublicKey)) != k.Identity {
 		t.Fatalf("the keys after the grant: %+v", keys)
+	}
+	if _, err := os.Stat(filepath.Join(dir, PendingWireGuardFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the new WireGuard key's file outlived its enrolment: %v", err)
+	}
+}
+
+// A new WireGuard key left by a rekey's enrolment that the release before
+// finished (rolled back to, it does not know the file) is no later
+// enrolment's: that one presents the executor's own key, and the file goes
+// once nothing is pending.
+func TestALeftWireGuardKeyIsNoLaterEnrolments(t *testing.T) {
+	c := newControl()
+	dir := t.TempDir()
+	_, offer := begin(t, dir, c)
+	if _, err := Accept(dir, c.grant(t, offer, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := BeginWith(dir, c.token(), Options{Replace: true, NewWireGuard: true}); err != nil {
+		t.Fatal(err)
+	}
+	left, err := os.ReadFile(filepath.Join(dir, PendingWireGuardFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Root's next enrolment, begun by the release before (which leaves
+	// the file), and this release reading it.
+	if err := BeginWith(dir, c.token(), Options{Replace: true}); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, PendingWireGuardFile), left, 0o600)
+	next, err := Offer(dir, agentNKey, "host", nil, nil)
+	if err != nil || next == nil {
+		t.Fatalf("the offer: %+v %v", next, err)
+	}
+	if next.Keys.WireGuard != offer.Keys.WireGuard {
+		t.Fatalf("a later enrolment presented the key left behind: %s, not the executor's own %s", next.Keys.WireGuard, offer.Keys.WireGuard)
+	}
+	if _, err := Cancel(dir); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, PendingWireGuardFile), left, 0o600)
+	if IsPending(dir) {
+		t.Fatal("pending after the cancel")
+	}
+	if _, err := os.Stat(filepath.Join(dir, PendingWireGuardFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the key left behind with nothing pending: %v", err)
 	}
 }
 

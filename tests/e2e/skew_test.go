@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // previousRelease is testdata/previous-release: the commit of the release
@@ -149,5 +151,82 @@ func TestThePreviousReleaseRunsWithThisOne(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "from this release\n" {
 		t.Fatalf("motd: %q", b)
+	}
+}
+
+// A rollback to the release before while a rekey's enrolment is pending:
+// that release reads the pending enrolment (its files are read strictly,
+// so the new WireGuard key is kept beside it, in a file it does not know)
+// and finishes it as an ordinary replacement, presenting the WireGuard
+// key the executor has. Back on this release, the new key nobody names
+// any more is removed, and the node is declared to.
+func TestARollbackDuringARekeyFinishesIt(t *testing.T) {
+	prev := buildPrevious(t)
+	_, version := previousRelease(t)
+	m := newBareMesh(t)
+	executor := m.startExecutor()
+	agent := m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	before, _, keys := m.nodeKeys()
+	wgBefore := keys["wireguard"]
+
+	// The enrolment a rekey's answer begins (every key new, the
+	// WireGuard key too), made as the answer makes it, with the node's
+	// daemons stopped: then the launcher rolls the node back.
+	for _, p := range []*exec.Cmd{agent, executor} {
+		p.Process.Signal(syscall.SIGTERM)
+		p.Wait()
+	}
+	os.Remove(m.sock)
+	tok, err := wire.ParseToken(m.issue("--node", "n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := enrol.BeginWith(m.state, tok, enrol.Options{Replace: true, NewWireGuard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(m.state, enrol.PendingWireGuardFile)); err != nil {
+		t.Fatalf("the rekey's new WireGuard key: %v", err)
+	}
+
+	m.from = map[string]string{"mesh-executor": prev, "mesh-agent": prev}
+	if p := m.executorStatus()["pending"]; p == nil {
+		t.Fatalf("the release before does not read the rekey's pending enrolment: %v", m.executorStatus())
+	}
+	m.start("mesh-executor", nil, "serve", "--state", m.state, "--socket", m.sock, "--agent-user", "nobody", "--drift", "0", "--build", "prev")
+	eventually(t, "the executor's socket", func() bool { _, err := os.Stat(m.sock); return err == nil })
+	m.startAgent("--config", m.agentConfig())
+	eventually(t, "the rekey's enrolment finished by the release before", func() bool {
+		e, _, _ := m.nodeKeys()
+		n := m.node()
+		return e != "" && e != before && n["executor_version"] == version && n["state"] == link.StateEnrolled
+	})
+	if _, _, keys := m.nodeKeys(); keys["wireguard"] != wgBefore {
+		t.Fatalf("the release before presented WireGuard key %v, not the executor's own %v", keys["wireguard"], wgBefore)
+	}
+	s1 := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"rolled back\n"}]}`)
+	if r := m.reportFor(s1); r.Outcome != shapes.Applied {
+		t.Fatalf("seq %d on the release before: %+v", s1, r)
+	}
+	if _, err := os.Stat(filepath.Join(m.state, enrol.PendingWireGuardFile)); err != nil {
+		t.Fatalf("the release before removed a file it does not know: %v", err)
+	}
+
+	// This release again: the key left behind goes, and the node goes on.
+	for _, p := range m.procs[len(m.procs)-2:] {
+		p.Process.Signal(syscall.SIGTERM)
+		p.Wait()
+	}
+	os.Remove(m.sock)
+	m.from = nil
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	eventually(t, "the key no enrolment names removed", func() bool {
+		_, err := os.Stat(filepath.Join(m.state, enrol.PendingWireGuardFile))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	s2 := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"this release\n"}]}`)
+	if r := m.reportFor(s2); r.Outcome != shapes.Applied {
+		t.Fatalf("seq %d back on this release: %+v", s2, r)
 	}
 }

@@ -29,9 +29,10 @@ func copyGolden(t *testing.T, dir, release, name string) {
 // field left it; the pending enrolment as that release left it (the
 // first release's was not made again: its code's dependencies could not
 // be fetched where the goldens were made), and as a rekey leaves it; a
-// rekey pending; the grant kept for the agent.
+// rekey pending; the grant kept for the agent; and a rekey's pending
+// enrolment with its new WireGuard key in a file of its own.
 func TestEveryEnrolmentFormatThatShippedIsRead(t *testing.T) {
-	golden.Releases(t, "c4a83c5", "9d97354", "2de1e35")
+	golden.Releases(t, "c4a83c5", "9d97354", "2de1e35", "5c04c94")
 	dir := t.TempDir()
 	copyGolden(t, dir, "c4a83c5", KeysFile)
 	k, err := LoadKeys(dir)
@@ -60,6 +61,14 @@ func TestEveryEnrolmentFormatThatShippedIsRead(t *testing.T) {
 	copyGolden(t, dir, "2de1e35", PendingFile)
 	if p, _, err := loadPending(dir); err != nil || len(p.WireGuard) != 32 || p.Held == nil || !p.Held.Replace {
 		t.Errorf("a rekey's pending enrolment %+v, %v", p, err)
+	}
+	// A rekey's pending enrolment since 5c04c94: the new WireGuard key
+	// in a file of its own, beside a pending file the release before
+	// reads.
+	copyGolden(t, dir, "5c04c94", PendingFile)
+	copyGolden(t, dir, "5c04c94", PendingWireGuardFile)
+	if p, _, err := loadPending(dir); err != nil || len(p.WireGuard) != 32 || p.Held == nil || !p.Held.Replace {
+		t.Errorf("a rekey's pending enrolment, its WireGuard key beside it %+v, %v", p, err)
 	}
 	copyGolden(t, dir, "2de1e35", GrantedFile)
 	var g granted

@@ -6,13 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -54,10 +51,22 @@ type AccountKeyResult struct {
 	// NotYet are the nodes whose last heartbeat did not name the new key
 	// (a switch refuses while there are any, unless forced).
 	NotYet []string `json:"not_yet,omitempty"`
-	Error  string   `json:"error,omitempty"`
+	// ControlCurrent and ControlNext are the control side's signing key
+	// in force and announced.
+	ControlCurrent string `json:"control_current,omitempty"`
+	ControlNext    string `json:"control_next,omitempty"`
+	Error          string `json:"error,omitempty"`
+	// after is what serve does once the answer is sent.
+	after func()
 }
 
 func (r *AccountKeyResult) setError(e string) { r.Error = e }
+
+func (r *AccountKeyResult) afterAnswer() {
+	if r.after != nil {
+		r.after()
+	}
+}
 
 // answerAccountKey carries out the rotations asked on AccountKeySubject;
 // rs is the resolver's sink, which pushes the accounts again.
@@ -76,72 +85,67 @@ func answerAccountKey(c *Client, rs *resolverSink, log *slog.Logger) error {
 	})
 }
 
-// RotateAccountKey is one step of the nodes' account key's rotation, in
-// serve (see above).
+// RotateAccountKey is one step of the rotation of the account signing
+// keys, in serve (see above): the nodes' account key, and the control
+// side's signing key, which issues the users serve and the commands sign
+// in to CONTROL and the system account with. Both are announced together
+// and switched together; the switch's pushes, which make the broker cut
+// every connection of a key switched from (serve's own, and the command's
+// that asked, among them), are made once the answer is sent (res.after).
 func (c *Client) RotateAccountKey(ctx context.Context, req AccountKeyRequest, rs *resolverSink) (*AccountKeyResult, error) {
 	rotateMu.Lock()
 	defer rotateMu.Unlock()
 	k := c.Keys
 	if k.Operator == nil || rs == nil {
-		return nil, errors.New("the nodes' account key is rotated only for a broker in operator mode (broker-config --resolver): any other broker lets a node in by its NKey, and the key can only narrow that (SECURITY.md)")
+		return nil, errors.New("the account signing keys are rotated only for a broker in operator mode (broker-config --resolver): any other broker lets a node in by its NKey, and the nodes' account key can only narrow that (SECURITY.md); the control NKey is rotated by making it anew with serve stopped (docs/operations.md)")
 	}
-	cur := k.nodesSigningKeys()[0]
-	res := &AccountKeyResult{Current: cur}
-	nextPath := filepath.Join(k.Dir, FileNodesAccountNext)
+	if err := k.nodes.refresh(); err != nil {
+		return nil, err
+	}
+	if err := k.Operator.signing.refresh(); err != nil {
+		return nil, err
+	}
+	res := &AccountKeyResult{Current: k.nodes.accepted()[0], ControlCurrent: k.Operator.signing.accepted()[0]}
 	if !req.Switch {
-		next, err := loadAccountNext(k.Dir)
-		if err != nil {
+		if err := k.nodes.announce(); err != nil {
 			return nil, err
 		}
-		if next == nil {
-			if next, err = nkeys.CreateAccount(); err != nil {
-				return nil, err
-			}
-			seed, _ := next.Seed()
-			if err := writeNew(k.Dir, FileNodesAccountNext, append(seed, '\n'), 0o600); err != nil {
-				return nil, err
-			}
+		if err := k.Operator.signing.announce(); err != nil {
+			return nil, err
 		}
-		k.setNodesAccount(k.current(), next)
 		rs.again()
-		res.Phase, res.Next = "announced", k.nodesIssuerPublic()
+		res.Phase, res.Next, res.ControlNext = "announced", k.nodes.issuerPublic(), k.Operator.signing.issuerPublic()
+		var err error
 		res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next)
 		return res, err
 	}
-	next, err := loadAccountNext(k.Dir)
-	if err != nil {
-		return nil, err
-	}
+	next := k.nodes.announced()
 	if next == nil {
-		return nil, errors.New("no nodes' account key was announced: account-key rotate first, then --switch")
+		return nil, errors.New("no account signing key was announced: account-key rotate first, then --switch")
 	}
 	res.Phase = "switched"
 	res.Next, _ = next.PublicKey()
+	var err error
 	if res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next); err != nil {
 		return nil, err
 	}
 	if len(res.NotYet) > 0 && !req.Force {
 		return res, fmt.Errorf("not switched: %d node(s) do not sign in with a JWT of the new key yet, and could not link after the switch: %s — wait for their next heartbeat (mesh-control nodes), or switch with --force and enrol them again", len(res.NotYet), strings.Join(res.NotYet, ", "))
 	}
-	// The new key over the old, in one rename: a crash leaves either the
-	// rotation announced (both keys) or switched, never no key.
-	if err := os.Rename(nextPath, filepath.Join(k.Dir, FileNodesAccount)); err != nil {
+	if err := k.nodes.switchOver(); err != nil {
 		return nil, err
 	}
-	k.setNodesAccount(next, nil)
-	rs.again()
-	res.Current = res.Next
-	return res, nil
-}
-
-// current is the nodes' account key in force.
-func (k *Keys) current() nkeys.KeyPair {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	if k.account != nil {
-		return k.account
+	res.Current, res.Next = res.Next, ""
+	// A rotation announced before the control side had a signing key of
+	// its own has none to switch to: it is announced at the next.
+	if k.Operator.signing.announced() != nil {
+		if err := k.Operator.signing.switchOver(); err != nil {
+			return nil, err
+		}
+		res.ControlCurrent = k.Operator.signing.accepted()[0]
 	}
-	return k.Account
+	res.after = rs.again
+	return res, nil
 }
 
 // notYetIssuedBy is how many nodes are live, and which of them last said
@@ -175,12 +179,12 @@ const jwtResend = 10 * time.Second
 // node's live enrolment, never one the heartbeat names. What fails is said
 // in the log; the next heartbeat asks again.
 func (c *Client) renewUserJWT(ctx context.Context, node, enrolment, issuer string) {
-	if c.Keys.Operator == nil || issuer == c.Keys.nodesIssuerPublic() {
+	if c.Keys.Operator == nil || issuer == c.Keys.nodes.issuerPublic() {
 		return
 	}
 	// Another serve of this key directory may have announced or switched
 	// a key since this one read them.
-	if err := c.Keys.refreshNodesAccount(); err != nil || issuer == c.Keys.nodesIssuerPublic() {
+	if err := c.Keys.nodes.refresh(); err != nil || issuer == c.Keys.nodes.issuerPublic() {
 		return
 	}
 	if last, ok := c.jwtSent.Load(node); ok && time.Since(last.(time.Time)) < jwtResend {

@@ -11,11 +11,11 @@ import (
 )
 
 // Several serves may share one key directory and one broker; the one that
-// carries out a step of the nodes' account key's rotation changes the key
+// carries out a step of the account signing keys' rotation changes the key
 // files under the others, which read them again before they push an
 // account or issue a JWT: else, once the rotation is announced, another
 // serve's pushes would list the old key alone, and after the switch its
-// grants would carry JWTs the broker refuses.
+// grants would carry JWTs the broker refuses, and its own sign-in too.
 func TestServesOfOneKeyDirectoryFollowTheRotation(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "keys")
 	if _, err := Init(dir, nil, "tls://127.0.0.1:14222"); err != nil {
@@ -48,36 +48,74 @@ func TestServesOfOneKeyDirectoryFollowTheRotation(t *testing.T) {
 		return uc.Issuer
 	}
 	listed := func(k *Keys) []string {
-		if err := k.refreshNodesAccount(); err != nil {
+		if err := k.nodes.refresh(); err != nil {
 			t.Fatal(err)
 		}
 		return k.nodeAccountClaims(&NodeRecord{Name: "n1", NKey: "U"}).SigningKeys.Keys()
 	}
+	// The control side's users: issued by its signing key as the files
+	// say, and listed by the system account and CONTROL.
+	controlIssuer := func(k *Keys) string {
+		token, err := k.Operator.userJWT(k.Operator.ControlPublic, "mesh-control")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uc, err := jwt.DecodeUserClaims(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uc.IssuerAccount != k.Operator.ControlPublic {
+			t.Fatalf("a CONTROL user issued for account %s", uc.IssuerAccount)
+		}
+		return uc.Issuer
+	}
+	controlOld := controlIssuer(b)
 
 	// a announces.
-	next, _ := nkeys.CreateAccount()
-	nextPub, _ := next.PublicKey()
-	seed, _ := next.Seed()
-	if err := writeNew(dir, FileNodesAccountNext, append(seed, '\n'), 0o600); err != nil {
+	if err := a.nodes.announce(); err != nil {
 		t.Fatal(err)
 	}
-	a.setNodesAccount(a.current(), next)
+	if err := a.Operator.signing.announce(); err != nil {
+		t.Fatal(err)
+	}
+	nextPub := a.nodes.issuerPublic()
+	controlNext := a.Operator.signing.issuerPublic()
+	if nextPub == old || controlNext == controlOld {
+		t.Fatal("nothing new announced")
+	}
 	if got := listed(b); !slices.Contains(got, old) || !slices.Contains(got, nextPub) {
 		t.Fatalf("the other serve's accounts list %v after the announcement, not both %s and %s", got, old, nextPub)
 	}
 	if got := issuedBy(b); got != nextPub {
 		t.Fatalf("the other serve issues JWTs of %s after the announcement, not of %s", got, nextPub)
 	}
+	if got := controlIssuer(b); got != controlNext {
+		t.Fatalf("the other serve signs in with a JWT of %s after the announcement, not of %s", got, controlNext)
+	}
+	if got := b.Operator.controlAccountClaims().SigningKeys.Keys(); !slices.Contains(got, controlOld) || !slices.Contains(got, controlNext) {
+		t.Fatalf("the other serve's CONTROL lists %v after the announcement", got)
+	}
 
 	// a switches.
-	if err := os.Rename(filepath.Join(dir, FileNodesAccountNext), filepath.Join(dir, FileNodesAccount)); err != nil {
+	if err := a.nodes.switchOver(); err != nil {
 		t.Fatal(err)
 	}
-	a.setNodesAccount(next, nil)
+	if err := a.Operator.signing.switchOver(); err != nil {
+		t.Fatal(err)
+	}
 	if got := listed(b); len(got) != 1 || got[0] != nextPub {
 		t.Fatalf("the other serve's accounts list %v after the switch, not %s alone", got, nextPub)
 	}
 	if got := issuedBy(b); got != nextPub {
 		t.Fatalf("the other serve issues JWTs of %s after the switch", got)
+	}
+	if got := controlIssuer(b); got != controlNext {
+		t.Fatalf("the other serve signs in with a JWT of %s after the switch", got)
+	}
+	if got := b.Operator.systemAccountClaims().SigningKeys.Keys(); len(got) != 1 || got[0] != controlNext {
+		t.Fatalf("the other serve's system account lists %v after the switch, not %s alone", got, controlNext)
+	}
+	if _, err := os.Stat(filepath.Join(dir, FileNodesAccountNext)); !os.IsNotExist(err) {
+		t.Fatalf("the key announced is still beside the one switched to: %v", err)
 	}
 }

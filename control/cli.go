@@ -77,9 +77,17 @@ in a statement addressed to it, signed by the key retired and by the new one, wh
 with the first message the new key signs; the roster and each node's newest declaration are
 signed again to carry it. --recovery-key FILE signs it with the offline recovery key instead,
 for when the control key is stolen (docs/operations.md, Rotating the control key)`),
+	cmdline.D("nkey rotate", "", 0, 0, []string{"dir", "json"},
+		`make the control NKey (control.nk) anew: the key serve and the commands sign in with to the
+embedded broker, or to an existing broker configured from a file. Run with every serve of the key
+directory stopped (refused while the embedded broker's serve holds it): each signs in with the new
+key from its next start. The embedded broker lets it in as serve starts; an existing broker once
+its configuration is written again (broker-config) and loaded, which cuts the old key's
+connections. In operator mode there is no control NKey: see account-key rotate`),
 	cmdline.D("account-key rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
-		`rotate the nodes' account key of a broker in NATS operator mode (broker-config --resolver; serve
-carries it out), in two steps: first a new key, listed beside the old in every node's account,
+		`rotate the account signing keys of a broker in NATS operator mode (broker-config --resolver; serve
+carries it out): the nodes' account key, and the control side's signing key, which issues the users
+serve and the commands sign in with. In two steps: first a new key, listed beside the old in every node's account,
 and each node sent a user JWT of it, signed by the control key, which it signs in with from then
 on and names in its heartbeat; then, with --switch once every node has (refused otherwise, naming
 those that have not; --force switches anyway), every account lists the new key alone, and the
@@ -358,6 +366,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.keyRotate(o.recoveryKey)
 	case "account-key rotate":
 		err = c.accountKeyRotate(o.switchCert, o.force)
+	case "nkey rotate":
+		err = c.nkeyRotate()
 	case "cert rotate":
 		if o.routes != "" {
 			err = c.routesRotate(o.routes, o.switchCert, o.force, o.brokerPID)

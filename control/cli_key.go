@@ -165,9 +165,11 @@ func (c *cli) accountKeyRotate(switchKey, force bool) error {
 		case "announced":
 			fmt.Fprintf(c.stdout, "nodes' account key %s announced beside %s; %d of %d node(s) sign in with a JWT of it so far (each is sent one at its next heartbeat)\n",
 				res.Next, res.Current, res.Nodes-len(res.NotYet), res.Nodes)
+			fmt.Fprintf(c.stdout, "control side's signing key %s announced beside %s: serve and the commands sign in with it from their next connection\n", res.ControlNext, res.ControlCurrent)
 			c.next("mesh-control account-key rotate --switch" + c.dirFlag() + "    # once mesh-control nodes --json shows every node's heartbeat.jwt_issuer at " + res.Next)
 		case "switched":
 			fmt.Fprintf(c.stdout, "the nodes' account key is %s now; every node's account lists it alone\n", res.Current)
+			fmt.Fprintf(c.stdout, "the control side's signing key is %s now; the system account and CONTROL list it alone, and the broker cuts the connections of the key switched from (serves sign in again with the new one)\n", res.ControlCurrent)
 			if len(res.NotYet) > 0 {
 				fmt.Fprintf(c.stdout, "switched despite: %s - they cannot link until enrolled again\n", strings.Join(res.NotYet, ", "))
 			}

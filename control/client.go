@@ -241,6 +241,12 @@ func dialAs(k *Keys, url, name string, signIn nats.Option) (nc *nats.Conn, final
 		nats.Timeout(link.ConnectTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),
+		// A reconnection refused for its credential is tried again, not
+		// given up after the second: in operator mode a rotation's switch
+		// cuts the connections of the key switched from, and a serve of
+		// another key directory copy may sign in once before the broker
+		// has taken the accounts that list the key switched to.
+		nats.IgnoreAuthErrorAbort(),
 	)
 	if err != nil {
 		if pe := pinErr.Load(); pe != nil {
@@ -252,13 +258,13 @@ func dialAs(k *Keys, url, name string, signIn nats.Option) (nc *nats.Conn, final
 }
 
 // signIn is how the control side's connections authenticate: the control
-// NKey's signature over the broker's nonce — with a user JWT of CONTROL
-// beside it when the broker is in operator mode.
+// NKey's signature over the broker's nonce — or, when the broker is in
+// operator mode, a user of CONTROL (Operator.signIn).
 func (k *Keys) signIn() nats.Option {
 	if k.Operator == nil {
 		return nats.Nkey(k.NKeyPublic, k.NKey.Sign)
 	}
-	return nats.UserJWT(func() (string, error) { return k.userJWT(k.Operator.Control, "mesh-control") }, k.NKey.Sign)
+	return k.Operator.signIn(k.Operator.ControlPublic, "mesh-control")
 }
 
 // Close closes the connection.

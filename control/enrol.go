@@ -533,14 +533,14 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 		uc.IssuerAccount = NodeAccountID(node)
 		// Issued by the key another serve of this key directory may
 		// have announced or switched to meanwhile (account-key rotate).
-		if err := c.Keys.refreshNodesAccount(); err != nil {
+		if err := c.Keys.nodes.refresh(); err != nil {
 			return "", err
 		}
 	}
 	pub, sub := link.NodePermissionsEither(node)
 	uc.Pub.Allow.Add(pub...)
 	uc.Sub.Allow.Add(sub...)
-	return uc.Encode(c.Keys.nodesIssuer())
+	return uc.Encode(c.Keys.nodes.issuer())
 }
 
 // signGrant signs the grant for rec's new enrolment; replaced, when not

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nkeys"
@@ -71,15 +70,11 @@ type Keys struct {
 	NKeyPublic  string
 	BrokerURL   string // from control.json
 	// Account signs node users' JWTs; AccountPublic is its public half.
-	// Both are as loaded: nodesIssuer and nodesSigningKeys say which key
-	// signs and which are accepted while a rotation is under way (mu).
+	// Both are as loaded: nodes says which key signs and which are
+	// accepted while a rotation is under way.
 	Account       nkeys.KeyPair
 	AccountPublic string
-	// accountNext is the nodes' account key announced (FileNodesAccountNext),
-	// nil when none; account is the one in force (mu). accountFiles is
-	// how their files were when last read (refreshNodesAccount).
-	accountNext, account nkeys.KeyPair
-	accountFiles         string
+	nodes         *signingKey
 	// Recovery is the recovery key's public half (FileRecoveryPub); nil
 	// in a key directory made before it.
 	Recovery ed25519.PublicKey
@@ -377,15 +372,11 @@ func LoadKeys(dir string) (*Keys, error) {
 	if k.NKeyPublic, err = k.NKey.PublicKey(); err != nil || !nkeys.IsValidPublicUserKey(k.NKeyPublic) {
 		return nil, fmt.Errorf("%s: not a user NKey seed", FileNKey)
 	}
-	if k.Account, err = loadOrMakeAccount(dir); err != nil {
+	if k.nodes, err = loadSigningKey(dir, FileNodesAccount, true); err != nil {
 		return nil, err
 	}
+	k.Account = k.nodes.current()
 	k.AccountPublic, _ = k.Account.PublicKey()
-	k.account = k.Account
-	k.accountFiles = nodesAccountFiles(dir)
-	if k.accountNext, err = loadAccountNext(dir); err != nil {
-		return nil, err
-	}
 	if k.Operator, err = loadOperator(dir); err != nil {
 		return nil, err
 	}
@@ -435,144 +426,4 @@ func readKeyFile(dir, name string) ([]byte, error) {
 		return nil, statedir.ExplainAccess("read", p, err, "")
 	}
 	return b, nil
-}
-
-// loadOrMakeAccount reads the nodes' account key, making it when the key
-// directory has none.
-func loadOrMakeAccount(dir string) (nkeys.KeyPair, error) {
-	p := filepath.Join(dir, FileNodesAccount)
-	seed, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
-		kp, err := nkeys.CreateAccount()
-		if err != nil {
-			return nil, err
-		}
-		s, _ := kp.Seed()
-		if err := writeNew(dir, FileNodesAccount, append(s, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, err
-		}
-		seed, err = os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
-	} else if err != nil {
-		return nil, statedir.ExplainAccess("read", p, err, "")
-	}
-	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", FileNodesAccount, err)
-	}
-	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
-		return nil, fmt.Errorf("%s: not an account NKey seed", FileNodesAccount)
-	}
-	return kp, nil
-}
-
-// loadAccountNext reads the nodes' account key announced, nil when none.
-func loadAccountNext(dir string) (nkeys.KeyPair, error) {
-	p := filepath.Join(dir, FileNodesAccountNext)
-	seed, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, statedir.ExplainAccess("read", p, err, "")
-	}
-	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", FileNodesAccountNext, err)
-	}
-	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
-		return nil, fmt.Errorf("%s: not an account NKey seed", FileNodesAccountNext)
-	}
-	return kp, nil
-}
-
-// nodesIssuer is the key that signs a node's user JWT now: the one
-// announced while a rotation is under way (a JWT it signs outlives the
-// switch), else the one in force.
-func (k *Keys) nodesIssuer() nkeys.KeyPair {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	if k.accountNext != nil {
-		return k.accountNext
-	}
-	if k.account != nil {
-		return k.account
-	}
-	return k.Account
-}
-
-// nodesIssuerPublic is nodesIssuer's public half.
-func (k *Keys) nodesIssuerPublic() string {
-	pub, _ := k.nodesIssuer().PublicKey()
-	return pub
-}
-
-// nodesSigningKeys are the keys a node's account accepts as its users'
-// issuers: the one in force, and the one announced.
-func (k *Keys) nodesSigningKeys() []string {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	cur := k.account
-	if cur == nil {
-		cur = k.Account
-	}
-	pub, _ := cur.PublicKey()
-	keys := []string{pub}
-	if k.accountNext != nil {
-		next, _ := k.accountNext.PublicKey()
-		keys = append(keys, next)
-	}
-	return keys
-}
-
-// setNodesAccount puts cur in force, and next (nil: none) announced.
-func (k *Keys) setNodesAccount(cur, next nkeys.KeyPair) {
-	files := nodesAccountFiles(k.Dir)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.account, k.accountNext, k.accountFiles = cur, next, files
-}
-
-// nodesAccountFiles says how the nodes' account key's files are now: a
-// change of either is seen by comparing it with the last.
-func nodesAccountFiles(dir string) string {
-	var b strings.Builder
-	for _, name := range []string{FileNodesAccount, FileNodesAccountNext} {
-		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
-			fmt.Fprintf(&b, "%s %d %d;", name, fi.Size(), fi.ModTime().UnixNano())
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				fmt.Fprintf(&b, "%d;", st.Ino)
-			}
-		}
-	}
-	return b.String()
-}
-
-// refreshNodesAccount reads the nodes' account keys again when their
-// files changed since last read: several serves may share one key
-// directory and one broker, and the one that carried out a step of the
-// rotation (account-key rotate) changed them under the others, whose
-// pushes would otherwise list the keys as they were.
-func (k *Keys) refreshNodesAccount() error {
-	now := nodesAccountFiles(k.Dir)
-	k.mu.RLock()
-	same := now == k.accountFiles
-	k.mu.RUnlock()
-	if same {
-		return nil
-	}
-	cur, err := loadOrMakeAccount(k.Dir)
-	if err != nil {
-		return err
-	}
-	next, err := loadAccountNext(k.Dir)
-	if err != nil {
-		return err
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.account, k.accountNext, k.accountFiles = cur, next, now
-	return nil
 }

@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -29,10 +31,12 @@ import (
 // ($SYS.REQ.CLAIMS.UPDATE), which a cluster's servers pass among
 // themselves — no file, no reload. So here:
 //
-//   - the operator, system and CONTROL account keys are made once in the
-//     key directory (MakeOperator); the configuration preloads the system
-//     and CONTROL accounts, and serve signs in to each as a user whose JWT
-//     it issues with its control NKey;
+//   - the operator's key is made once in the key directory (MakeOperator),
+//     with the system and CONTROL accounts' public keys and the control
+//     side's signing key; the configuration preloads those two accounts,
+//     serve pushes them again when the signing keys they list change, and
+//     serve and each command sign in to them as users whose JWTs that key
+//     issues;
 //   - each node has an account of its own (NodeAccountID), pushed by serve
 //     when it enrols and again whenever its record changes: it imports
 //     only its own subjects from CONTROL, lists the nodes' account key
@@ -47,13 +51,23 @@ import (
 //     the fence), and serve deletes the account once the token is revoked
 //     or past its grace.
 
-// The key directory's files of an existing broker in operator mode (0600
-// each): the operator's key signs every account; the system account's and
-// CONTROL's keys sign the user JWTs serve signs in with.
+// The key directory's files of an existing broker in operator mode. The
+// operator's key (0600) signs every account. The system account and
+// CONTROL are kept by their public halves alone: their identity keys are
+// made, named and forgotten, for an account's identity key issues its
+// users for ever, and an account's ID cannot change without moving its
+// streams; the users serve signs in with are issued by the control side's
+// signing key (FileBrokerSigning, 0600), which both accounts list, and
+// which rotates (account-key rotate) as the nodes' account key does.
 const (
-	FileBrokerOperator = "broker-operator.nk"
-	FileBrokerSystem   = "broker-system.nk"
-	FileBrokerControl  = "broker-control.nk"
+	FileBrokerOperator   = "broker-operator.nk"
+	FileBrokerSystemPub  = "broker-system.pub"
+	FileBrokerControlPub = "broker-control.pub"
+	FileBrokerSigning    = "broker-signing.nk"
+	// The identity seeds a key directory of an earlier build kept: read
+	// for their public halves, and removed by MakeOperator.
+	fileBrokerSystemSeed  = "broker-system.nk"
+	fileBrokerControlSeed = "broker-control.nk"
 )
 
 // accountsDir is the resolver's directory beside a server's JetStream
@@ -62,8 +76,15 @@ const accountsDir = "accounts"
 
 // Operator is the key set of a broker in operator mode.
 type Operator struct {
-	Operator, System, Control                   nkeys.KeyPair
+	Operator                                    nkeys.KeyPair
 	OperatorPublic, SystemPublic, ControlPublic string
+	// signing issues the users of the system account and CONTROL.
+	signing *signingKey
+	// session is this process's user key: serve and each command sign in
+	// with a key of their own, made at start and never written, under a
+	// JWT signing issues (userJWT).
+	sessionOnce sync.Once
+	session     nkeys.KeyPair
 }
 
 // loadOperator reads the key directory's operator keys: nil without an
@@ -74,58 +95,96 @@ func loadOperator(dir string) (*Operator, error) {
 		return nil, nil
 	}
 	o := &Operator{}
+	b, err := readKeyFile(dir, FileBrokerOperator)
+	if err != nil {
+		return nil, fmt.Errorf("the broker's operator keys: %w", err)
+	}
+	if o.Operator, err = nkeys.FromSeed([]byte(strings.TrimSpace(string(b)))); err != nil {
+		return nil, fmt.Errorf("%s: %w", FileBrokerOperator, err)
+	}
+	if o.OperatorPublic, err = o.Operator.PublicKey(); err != nil || nkeys.Prefix(o.OperatorPublic) != nkeys.PrefixByteOperator {
+		return nil, fmt.Errorf("%s: not an operator NKey seed", FileBrokerOperator)
+	}
 	for _, f := range []struct {
-		name   string
-		prefix nkeys.PrefixByte
-		kp     *nkeys.KeyPair
-		pub    *string
+		pub, seed string
+		id        *string
 	}{
-		{FileBrokerOperator, nkeys.PrefixByteOperator, &o.Operator, &o.OperatorPublic},
-		{FileBrokerSystem, nkeys.PrefixByteAccount, &o.System, &o.SystemPublic},
-		{FileBrokerControl, nkeys.PrefixByteAccount, &o.Control, &o.ControlPublic},
+		{FileBrokerSystemPub, fileBrokerSystemSeed, &o.SystemPublic},
+		{FileBrokerControlPub, fileBrokerControlSeed, &o.ControlPublic},
 	} {
-		b, err := readKeyFile(dir, f.name)
-		if err != nil {
+		if *f.id, err = accountPublic(dir, f.pub, f.seed); err != nil {
 			return nil, fmt.Errorf("the broker's operator keys: %w", err)
 		}
-		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
-		}
-		if nkeys.Prefix(pub) != f.prefix {
-			return nil, fmt.Errorf("%s: not an NKey seed of the right kind", f.name)
-		}
-		*f.kp, *f.pub = kp, pub
+	}
+	if o.signing, err = loadSigningKey(dir, FileBrokerSigning, false); err != nil {
+		return nil, fmt.Errorf("the broker's operator keys: %w (broker-config --resolver makes it)", err)
 	}
 	return o, nil
 }
 
+// accountPublic reads an account's public key from its file, or from the
+// identity seed an earlier build kept instead.
+func accountPublic(dir, pubFile, seedFile string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, pubFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		seed, serr := readKeyFile(dir, seedFile)
+		if serr != nil {
+			return "", fmt.Errorf("%s: %w", pubFile, err)
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", seedFile, err)
+		}
+		pub, _ := kp.PublicKey()
+		b = []byte(pub)
+	} else if err != nil {
+		return "", err
+	}
+	pub := strings.TrimSpace(string(b))
+	if !nkeys.IsValidPublicAccountKey(pub) {
+		return "", fmt.Errorf("%s: not an account's public key", pubFile)
+	}
+	return pub, nil
+}
+
 // MakeOperator makes the key directory's operator keys where it has none,
 // and loads them. Made once: every server and every serve of the mesh
-// trusts the same operator.
+// trusts the same operator. An identity seed an earlier build kept is
+// replaced by its public half.
 func MakeOperator(dir string) (*Operator, error) {
-	for _, f := range []struct {
-		name string
-		make func() (nkeys.KeyPair, error)
-	}{
-		{FileBrokerSystem, nkeys.CreateAccount},
-		{FileBrokerControl, nkeys.CreateAccount},
-		// The operator's last: its presence says the set is whole.
-		{FileBrokerOperator, nkeys.CreateOperator},
+	for _, f := range []struct{ pub, seed string }{
+		{FileBrokerSystemPub, fileBrokerSystemSeed},
+		{FileBrokerControlPub, fileBrokerControlSeed},
 	} {
-		if _, err := os.Stat(filepath.Join(dir, f.name)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, f.pub)); err == nil {
+			os.Remove(filepath.Join(dir, f.seed))
 			continue
 		}
-		kp, err := f.make()
+		pub, err := accountPublic(dir, f.pub, f.seed)
+		if err != nil {
+			// None yet: an account key made, named, and forgotten.
+			kp, err := nkeys.CreateAccount()
+			if err != nil {
+				return nil, err
+			}
+			pub, _ = kp.PublicKey()
+		}
+		if err := writeNew(dir, f.pub, []byte(pub+"\n"), 0o644); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		os.Remove(filepath.Join(dir, f.seed))
+	}
+	if _, err := loadSigningKey(dir, FileBrokerSigning, true); err != nil {
+		return nil, err
+	}
+	// The operator's last: its presence says the set is whole.
+	if _, err := os.Stat(filepath.Join(dir, FileBrokerOperator)); err != nil {
+		kp, err := nkeys.CreateOperator()
 		if err != nil {
 			return nil, err
 		}
 		seed, _ := kp.Seed()
-		if err := writeNew(dir, f.name, append(seed, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := writeNew(dir, FileBrokerOperator, append(seed, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, err
 		}
 	}
@@ -141,22 +200,29 @@ func (o *Operator) OperatorJWT() (string, error) {
 	return oc.Encode(o.Operator)
 }
 
-// SystemAccountJWT is the system account's: serve's second connection
+// systemAccountClaims is the system account's: serve's second connection
 // pushes and deletes accounts through it.
-func (o *Operator) SystemAccountJWT() (string, error) {
+func (o *Operator) systemAccountClaims() *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(o.SystemPublic)
 	ac.Name = "SYS"
-	return ac.Encode(o.Operator)
+	ac.SigningKeys.Add(o.signing.accepted()...)
+	return ac
 }
 
-// ControlAccountJWT is CONTROL's: JetStream, and the services and notices
-// the nodes' and tokens' accounts import. Its exports are public: only
-// the operator signs an account, and each account it signs imports only
-// its own node's (or token's) subjects — the importing account's JWT, not
-// the export, names which.
-func (o *Operator) ControlAccountJWT() (string, error) {
+// SystemAccountJWT is the system account's claims, signed.
+func (o *Operator) SystemAccountJWT() (string, error) {
+	return o.systemAccountClaims().Encode(o.Operator)
+}
+
+// controlAccountClaims is CONTROL's: JetStream, and the services and
+// notices the nodes' and tokens' accounts import. Its exports are public:
+// only the operator signs an account, and each account it signs imports
+// only its own node's (or token's) subjects — the importing account's
+// JWT, not the export, names which.
+func (o *Operator) controlAccountClaims() *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(o.ControlPublic)
 	ac.Name = link.AccountControl
+	ac.SigningKeys.Add(o.signing.accepted()...)
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit, Streams: jwt.NoLimit, Consumer: jwt.NoLimit}
 	exported := map[string]bool{}
 	for _, si := range link.ServiceImports {
@@ -170,7 +236,48 @@ func (o *Operator) ControlAccountJWT() (string, error) {
 	for _, n := range link.Notices {
 		ac.Exports.Add(&jwt.Export{Type: jwt.Stream, Subject: jwt.Subject(n.Subject)})
 	}
-	return ac.Encode(o.Operator)
+	return ac
+}
+
+// ControlAccountJWT is CONTROL's claims, signed.
+func (o *Operator) ControlAccountJWT() (string, error) {
+	return o.controlAccountClaims().Encode(o.Operator)
+}
+
+// userJWT is a user JWT of this process's session key in account (the
+// system account's or CONTROL's), issued by the control side's signing key
+// as its files say now: a serve reconnecting after another carried out a
+// rotation's switch signs in with the key switched to.
+func (o *Operator) userJWT(account, name string) (string, error) {
+	if err := o.signing.refresh(); err != nil {
+		return "", err
+	}
+	uc := jwt.NewUserClaims(o.sessionPublic())
+	uc.Name = name
+	uc.IssuerAccount = account
+	return uc.Encode(o.signing.issuer())
+}
+
+// sessionKey is this process's user key (see Operator.session).
+func (o *Operator) sessionKey() nkeys.KeyPair {
+	o.sessionOnce.Do(func() {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			panic(fmt.Sprintf("a user NKey: %v", err)) // crypto/rand failed
+		}
+		o.session = kp
+	})
+	return o.session
+}
+
+func (o *Operator) sessionPublic() string {
+	pub, _ := o.sessionKey().PublicKey()
+	return pub
+}
+
+// signIn is a connection's sign-in to account as name.
+func (o *Operator) signIn(account, name string) nats.Option {
+	return nats.UserJWT(func() (string, error) { return o.userJWT(account, name) }, o.sessionKey().Sign)
 }
 
 // NodeAccountID is the public key naming node's account. It is derived
@@ -206,7 +313,7 @@ func (k *Keys) nodeAccountClaims(n *NodeRecord) *jwt.AccountClaims {
 		ac.Revocations.Revoke(jwt.All, time.Unix(max(n.Revoked.Unix(), n.Enrolled.Unix(), 1), 0))
 		return ac
 	}
-	ac.SigningKeys.Add(k.nodesSigningKeys()...)
+	ac.SigningKeys.Add(k.nodes.accepted()...)
 	if !n.Enrolled.IsZero() {
 		ac.Revocations = jwt.RevocationList{}
 		ac.Revocations.Revoke(jwt.All, time.Unix(n.Enrolled.Unix()-1, 0))
@@ -236,14 +343,6 @@ func (k *Keys) tokenAccountClaims(t *TokenRecord) (*jwt.AccountClaims, error) {
 	subj := wire.EnrolSubjectPrefix + "." + t.ID
 	ac.Imports.Add(&jwt.Import{Type: jwt.Service, Account: k.Operator.ControlPublic, Subject: jwt.Subject(subj)})
 	return ac, nil
-}
-
-// userJWT is a user JWT for the control NKey in the account whose key is
-// issuer: how serve signs in to CONTROL and to the system account.
-func (k *Keys) userJWT(issuer nkeys.KeyPair, name string) (string, error) {
-	uc := jwt.NewUserClaims(k.NKeyPublic)
-	uc.Name = name
-	return uc.Encode(issuer)
 }
 
 // ResolverConfig is the operator-mode part of a server's configuration:

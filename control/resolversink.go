@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,8 +84,7 @@ func (r *resolverSink) again() {
 
 // newResolverSink signs in to the system account at url.
 func newResolverSink(k *Keys, url string, log *slog.Logger) (*resolverSink, error) {
-	signIn := nats.UserJWT(func() (string, error) { return k.userJWT(k.Operator.System, "mesh-control-system") }, k.NKey.Sign)
-	nc, _, err := dialAs(k, url, "mesh-control/resolver", signIn)
+	nc, _, err := dialAs(k, url, "mesh-control/resolver", k.Operator.signIn(k.Operator.SystemPublic, "mesh-control-system"))
 	if err != nil {
 		return nil, fmt.Errorf("signing in to the broker's system account (operator mode): %w", err)
 	}
@@ -153,8 +153,11 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	r.setMu.Lock()
 	defer r.setMu.Unlock()
 	r.lastNodes, r.lastTokens = nodes, tokens
-	if err := r.k.refreshNodesAccount(); err != nil {
+	if err := r.k.nodes.refresh(); err != nil {
 		r.log.Error("the nodes' account keys not read again; the accounts list them as before", "err", err)
+	}
+	if err := r.k.Operator.signing.refresh(); err != nil {
+		r.log.Error("the control side's signing keys not read again; the accounts list them as before", "err", err)
 	}
 	if r.retry != nil {
 		r.retry.Stop()
@@ -170,6 +173,13 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 		r.retry = time.AfterFunc(r.retryWait, r.again)
 	}()
 	want := map[string]wanted{}
+	// The system account and CONTROL, for the signing keys they list:
+	// pushed after the others (last below), for when they drop a key the
+	// broker cuts the connections it issued — this one's, perhaps.
+	o := r.k.Operator
+	for _, ac := range []*jwt.AccountClaims{o.systemAccountClaims(), o.controlAccountClaims()} {
+		want[ac.Subject] = wanted{claims: ac}
+	}
 	for _, n := range nodes {
 		ac := r.k.nodeAccountClaims(n)
 		want[ac.Subject] = wanted{claims: ac, node: n.Name, nkey: n.NKey}
@@ -205,12 +215,25 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	}
 	r.mu.Unlock()
 
+	last := func(id string) bool { return id == o.SystemPublic || id == o.ControlPublic }
+	slices.SortStableFunc(todo, func(a, b string) int {
+		switch {
+		case last(a) == last(b):
+			return 0
+		case last(a):
+			return 1
+		}
+		return -1
+	})
 	sem := make(chan struct{}, resolverWindow)
 	var wg sync.WaitGroup
 	failed := 0
 	var fmu sync.Mutex
 	for _, id := range todo {
 		w := want[id]
+		if last(id) {
+			wg.Wait() // every other account taken first
+		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -247,7 +270,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 		} else {
 			r.listed = true
 			for _, id := range ids {
-				if _, ok := want[id]; !ok && id != r.k.Operator.SystemPublic && id != r.k.Operator.ControlPublic {
+				if _, ok := want[id]; !ok {
 					gone = append(gone, id)
 				}
 			}

@@ -120,6 +120,11 @@ func answerServe[Q any, R served](c *Client, subject string, fresh func() R, do 
 			}
 			b, _ := json.Marshal(res)
 			m.Respond(b)
+			if a, ok := any(res).(interface{ afterAnswer() }); ok {
+				// The answer out before what may cut the asker off.
+				c.NC.Flush()
+				a.afterAnswer()
+			}
 		}()
 	})
 	if err != nil {

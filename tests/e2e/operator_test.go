@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -200,6 +201,14 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The system account's and CONTROL's identity keys are nowhere: an
+	// identity key issues its account's users for ever, and cannot be
+	// rotated away.
+	for _, f := range []string{"broker-system.nk", "broker-control.nk"} {
+		if _, err := os.Stat(filepath.Join(m.ctl, f)); !os.IsNotExist(err) {
+			t.Fatalf("the key directory keeps %s: %v", f, err)
+		}
+	}
 	issuer := func() string {
 		hb, _ := m.node()["heartbeat"].(map[string]any)
 		s, _ := hb["jwt_issuer"].(string)
@@ -224,12 +233,26 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 		t.Fatalf("a switch while n2 has not taken the new key: exit %d: %s", code, stderr)
 	}
 	// A connection of a JWT of the old key, made while both are listed,
-	// is cut at the switch.
+	// is cut at the switch; so is a user of CONTROL whom the control
+	// side's old signing key issued (a thief of it, or a serve that has
+	// not signed in again).
 	pre, err := dialAs(m.agentConfig(), url)
 	if err != nil {
 		t.Fatalf("the grant's JWT, of the old key, while both are listed: %v", err)
 	}
 	defer pre.Close()
+	oldSigning, err := os.ReadFile(filepath.Join(m.ctl, control.FileBrokerSigning))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ControlNext == "" || res.ControlNext == res.ControlCurrent {
+		t.Fatalf("no control signing key announced: %+v", res)
+	}
+	preControl, err := controlUser(old, oldSigning, url)
+	if err != nil {
+		t.Fatalf("a CONTROL user of the old signing key while both are listed: %v", err)
+	}
+	defer preControl.Close()
 	os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
 	if out := m.run("mesh-control", "account-key", "rotate", "--switch", "--force", "--dir", m.ctl); !strings.Contains(out, "switched despite: n2") {
 		t.Fatalf("a forced switch:\n%s", out)
@@ -242,6 +265,17 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 		t.Fatalf("the announced key is still beside it: %v", err)
 	}
 	eventually(t, "the old key's connection cut", func() bool { return !pre.IsConnected() })
+	eventually(t, "the old control signing key's connection cut", func() bool { return !preControl.IsConnected() })
+	if nc, err := controlUser(old, oldSigning, url); err == nil {
+		nc.Close()
+		t.Fatal("a CONTROL user of the old control signing key still signs in")
+	}
+	if signing, _ := os.ReadFile(filepath.Join(m.ctl, control.FileBrokerSigning)); bytes.Equal(signing, oldSigning) {
+		t.Fatal("the control side's signing key is the same after the switch")
+	}
+	// serve, cut off too, signed in again with the new key; a command
+	// signs in with it.
+	m.run("mesh-control", "nodes", "--dir", m.ctl)
 	// n1, cut off its connection of the old JWT, links again with the new.
 	eventually(t, "n1 linked again", func() bool {
 		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
@@ -282,6 +316,25 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 	if issuer() != res.Next {
 		t.Fatalf("after the rekey n1 signs in with a JWT of %q, not of the key in force %s", issuer(), res.Next)
 	}
+}
+
+// controlUser signs in to CONTROL as a user whose JWT signing (the
+// seed of a control side's signing key) issued, with a key of its own.
+func controlUser(k *control.Keys, signing []byte, url string) (*nats.Conn, error) {
+	issuer, err := nkeys.FromSeed(bytes.TrimSpace(signing))
+	if err != nil {
+		return nil, err
+	}
+	user, _ := nkeys.CreateUser()
+	pub, _ := user.PublicKey()
+	uc := jwt.NewUserClaims(pub)
+	uc.IssuerAccount = k.Operator.ControlPublic
+	tok, err := uc.Encode(issuer)
+	if err != nil {
+		return nil, err
+	}
+	return nats.Connect(url, nats.Secure(link.PinnedTLS(k.Fingerprint, nil)),
+		nats.UserJWT(func() (string, error) { return tok, nil }, user.Sign), nats.NoReconnect(), nats.Timeout(5*time.Second))
 }
 
 // probeClient signs in as the node whose agent configuration is conf,

@@ -1,0 +1,196 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
+)
+
+// signingKey is an account signing key of NATS operator mode, kept in the
+// key directory as file (an account NKey seed, 0600), rotated as NATS'
+// signing keys are (account-key rotate): the key announced to replace it
+// waits beside it as file+".next" — the account lists both, and what it
+// signs from then on it signs with the new one — until the switch renames
+// it over the old, and the account lists it alone. Several serves may
+// share one key directory: refresh reads the files again when they
+// changed under it.
+type signingKey struct {
+	dir, file string
+	mu        sync.RWMutex
+	// cur is the key in force, next the one announced (nil: none); files
+	// is how their files were when last read.
+	cur, next nkeys.KeyPair
+	files     string
+}
+
+// loadSigningKey reads the signing key file of dir, and the one announced
+// beside it; a missing file is made when make says so, else an error.
+func loadSigningKey(dir, file string, make bool) (*signingKey, error) {
+	s := &signingKey{dir: dir, file: file}
+	files := s.stat()
+	cur, err := s.read(file, make)
+	if err != nil {
+		return nil, err
+	}
+	next, err := s.read(file+".next", false)
+	if errors.Is(err, os.ErrNotExist) {
+		next, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.cur, s.next, s.files = cur, next, files
+	return s, nil
+}
+
+// read reads one of the key's files; a missing one is made when make says
+// so, and is otherwise an error that wraps os.ErrNotExist.
+func (s *signingKey) read(name string, make bool) (nkeys.KeyPair, error) {
+	p := filepath.Join(s.dir, name)
+	seed, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) && make {
+		kp, cerr := nkeys.CreateAccount()
+		if cerr != nil {
+			return nil, cerr
+		}
+		b, _ := kp.Seed()
+		if werr := writeNew(s.dir, name, append(b, '\n'), 0o600); werr != nil && !errors.Is(werr, os.ErrExist) {
+			return nil, werr
+		}
+		seed, err = os.ReadFile(p)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if err != nil {
+		return nil, statedir.ExplainAccess("read", p, err, "")
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
+		return nil, fmt.Errorf("%s: not an account NKey seed", name)
+	}
+	return kp, nil
+}
+
+// stat says how the key's files are now: a change of either is seen by
+// comparing it with the last.
+func (s *signingKey) stat() string {
+	var b strings.Builder
+	for _, name := range []string{s.file, s.file + ".next"} {
+		if fi, err := os.Stat(filepath.Join(s.dir, name)); err == nil {
+			fmt.Fprintf(&b, "%s %d %d;", name, fi.Size(), fi.ModTime().UnixNano())
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				fmt.Fprintf(&b, "%d;", st.Ino)
+			}
+		}
+	}
+	return b.String()
+}
+
+// refresh reads the files again when they changed since last read: the
+// serve that carried out a step of the rotation changed them under the
+// others, which would otherwise sign and list the keys as they were.
+func (s *signingKey) refresh() error {
+	now := s.stat()
+	s.mu.RLock()
+	same := now == s.files
+	s.mu.RUnlock()
+	if same {
+		return nil
+	}
+	fresh, err := loadSigningKey(s.dir, s.file, false)
+	if err != nil {
+		return err
+	}
+	s.set(fresh.cur, fresh.next)
+	return nil
+}
+
+// set puts cur in force, and next (nil: none) announced.
+func (s *signingKey) set(cur, next nkeys.KeyPair) {
+	files := s.stat()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur, s.next, s.files = cur, next, files
+}
+
+// current is the key in force.
+func (s *signingKey) current() nkeys.KeyPair {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cur
+}
+
+// announced is the key announced, nil when none.
+func (s *signingKey) announced() nkeys.KeyPair {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.next
+}
+
+// issuer is the key that signs now: the one announced while a rotation
+// is under way (what it signs outlives the switch), else the one in force.
+func (s *signingKey) issuer() nkeys.KeyPair {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.next != nil {
+		return s.next
+	}
+	return s.cur
+}
+
+// issuerPublic is issuer's public half.
+func (s *signingKey) issuerPublic() string {
+	pub, _ := s.issuer().PublicKey()
+	return pub
+}
+
+// accepted are the keys the account lists: the one in force, and the one
+// announced.
+func (s *signingKey) accepted() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	cur, _ := s.cur.PublicKey()
+	keys := []string{cur}
+	if s.next != nil {
+		next, _ := s.next.PublicKey()
+		keys = append(keys, next)
+	}
+	return keys
+}
+
+// announce makes the key that replaces this one, beside it, unless one is
+// announced already, and signs with it from now on.
+func (s *signingKey) announce() error {
+	next, err := s.read(s.file+".next", true)
+	if err != nil {
+		return err
+	}
+	s.set(s.current(), next)
+	return nil
+}
+
+// switchOver puts the key announced in force, renaming it over the old
+// in one step: a crash leaves either both keys or the new one, never
+// none.
+func (s *signingKey) switchOver() error {
+	next, err := s.read(s.file+".next", false)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(s.dir, s.file+".next"), filepath.Join(s.dir, s.file)); err != nil {
+		return err
+	}
+	s.set(next, nil)
+	return nil
+}

@@ -84,6 +84,14 @@ directory stopped (refused while the embedded broker's serve holds it): each sig
 key from its next start. The embedded broker lets it in as serve starts; an existing broker once
 its configuration is written again (broker-config) and loaded, which cuts the old key's
 connections. In operator mode there is no control NKey: see account-key rotate`),
+	cmdline.D("operator-key rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
+		`rotate the operator's key of a broker in NATS operator mode (broker-config --resolver), which signs
+every account. A server trusts the operators its configuration names when it starts, so each step
+is followed by writing the servers' configuration again and restarting each server: first a new
+key beside the old, which broker-config --resolver then names beside it; then, with --switch once
+every server trusts it (serve asks each; refused otherwise, naming them; --force when fewer
+servers answer than the routes name), serve pushes every account again signed by the new key, and
+broker-config --resolver names it alone`),
 	cmdline.D("account-key rotate", "", 0, 0, []string{"dir", "nats", "switch", "force", "json"},
 		`rotate the account signing keys of a broker in NATS operator mode (broker-config --resolver; serve
 carries it out): the nodes' account key, and the control side's signing key, which issues the users
@@ -232,9 +240,9 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "routes":
 		fs.StringVar(&o.routes, "routes", "", "cert rotate: rotate a cluster's route certificate instead, in this directory (what broker-config --cluster wrote); --broker-pid: the servers' pid files, to reload them")
 	case "switch":
-		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced; account-key rotate: to the key announced")
+		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced; account-key rotate, operator-key rotate: to the key announced")
 	case "force":
-		fs.BoolVar(&o.force, "force", false, "cert rotate --switch, account-key rotate --switch: although some nodes have not taken the new certificate or key (they must be enrolled again)")
+		fs.BoolVar(&o.force, "force", false, "cert rotate --switch, account-key rotate --switch, operator-key rotate --switch: although some nodes have not taken the new certificate or key (they must be enrolled again)")
 	case "recovery-key":
 		fs.StringVar(&o.recoveryKey, "recovery-key", "", "the recovery key's file ("+FileRecoveryKey+", kept off this machine): sign the rotation with it, the control key being stolen")
 	case "names":
@@ -368,6 +376,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = c.accountKeyRotate(o.switchCert, o.force)
 	case "nkey rotate":
 		err = c.nkeyRotate()
+	case "operator-key rotate":
+		err = c.operatorKeyRotate(o.switchCert, o.force)
 	case "cert rotate":
 		if o.routes != "" {
 			err = c.routesRotate(o.routes, o.switchCert, o.force, o.brokerPID)
@@ -906,12 +916,13 @@ func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) er
 	}
 	if k.Operator != nil {
 		if c.json {
-			return c.printJSON(map[string]any{"servers": servers, "dir": out, "operator": k.Operator.OperatorPublic, "nats": ClientURLs(servers)})
+			return c.printJSON(map[string]any{"servers": servers, "dir": out, "operator": k.Operator.OperatorPublic(), "nats": ClientURLs(servers)})
 		}
 		for _, s := range servers {
 			fmt.Fprintf(c.stdout, "%s\t%s\tclients %s, routes %s\n", s.Name, filepath.Join(out, s.Name+".conf"), s.Client, s.Route)
 		}
-		fmt.Fprintf(c.stdout, "operator\t%s\t(every account a JWT; serve pushes each node's)\n", k.Operator.OperatorPublic)
+		fmt.Fprintf(c.stdout, "operator\t%s\t(every account a JWT; serve pushes each node's)\n", k.Operator.OperatorPublic())
+		c.sayOperatorAnnounced(k)
 		fmt.Fprintf(c.stdout, "then: mesh-control serve --dir %s --nats %s --replicas %d\n", c.dir, ClientURLs(servers), min(len(servers), 3))
 		return nil
 	}
@@ -979,6 +990,7 @@ func (c *cli) brokerConfig(listen, store string, resolver bool) error {
 			return err
 		}
 		fmt.Fprint(c.stdout, serverConfig(k, "mesh-control", host, port, store)+rc)
+		c.sayOperatorAnnounced(k)
 		return nil
 	}
 	if store != "" {

@@ -176,3 +176,39 @@ func (c *cli) accountKeyRotate(switchKey, force bool) error {
 		}
 	})
 }
+
+// sayOperatorAnnounced says, beside a configuration broker-config wrote,
+// that it names an operator's key announced, and what comes next.
+func (c *cli) sayOperatorAnnounced(k *Keys) {
+	next := k.Operator.operatorKeyAnnounced()
+	if next == "" || c.json {
+		return
+	}
+	c.warn("the configuration trusts the operator key announced (%s) beside the one in force (%s)", next, k.Operator.OperatorPublic())
+	c.next("restart each server onto it, then: mesh-control operator-key rotate --switch" + c.dirFlag())
+}
+
+// operatorKeyRotate announces an operator's key (here: only a file is
+// made, and nothing is signed with it), or asks serve to switch to it.
+func (c *cli) operatorKeyRotate(switching, force bool) error {
+	if !switching {
+		if force {
+			return errors.New("--force is for --switch: the announcement needs none")
+		}
+		res, err := AnnounceOperatorKey(c.dir)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(res)
+		}
+		fmt.Fprintf(c.stdout, "operator key %s announced beside %s: nothing is signed with it yet\n", res.Next, res.Current)
+		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ...    # the same flags as before: the servers' configuration names both keys; restart each server onto it, then: mesh-control operator-key rotate --switch")
+		return nil
+	}
+	var res OperatorKeyResult
+	return c.rotationStep(OperatorKeySubject, switching, force, &OperatorKeyRequest{Force: force}, &res, &res.Error, func() {
+		fmt.Fprintf(c.stdout, "the operator's key is %s now; every account was pushed again signed by it (servers: %s)\n", res.Current, strings.Join(res.Servers, ", "))
+		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ...    # the same flags as before: the configuration names the new key alone; restart each server onto it, and the old key is trusted no more")
+	})
+}

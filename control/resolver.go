@@ -76,8 +76,11 @@ const accountsDir = "accounts"
 
 // Operator is the key set of a broker in operator mode.
 type Operator struct {
-	Operator                                    nkeys.KeyPair
-	OperatorPublic, SystemPublic, ControlPublic string
+	// op is the operator's key: the one in force signs; one announced
+	// (operator-key rotate) is trusted beside it by the servers'
+	// configuration until the switch puts it in force.
+	op                          *signingKey
+	SystemPublic, ControlPublic string
 	// signing issues the users of the system account and CONTROL.
 	signing *signingKey
 	// session is this process's user key: serve and each command sign in
@@ -95,15 +98,9 @@ func loadOperator(dir string) (*Operator, error) {
 		return nil, nil
 	}
 	o := &Operator{}
-	b, err := readKeyFile(dir, FileBrokerOperator)
-	if err != nil {
+	var err error
+	if o.op, err = loadKeyPair(dir, FileBrokerOperator, nkeys.PrefixByteOperator, false); err != nil {
 		return nil, fmt.Errorf("the broker's operator keys: %w", err)
-	}
-	if o.Operator, err = nkeys.FromSeed([]byte(strings.TrimSpace(string(b)))); err != nil {
-		return nil, fmt.Errorf("%s: %w", FileBrokerOperator, err)
-	}
-	if o.OperatorPublic, err = o.Operator.PublicKey(); err != nil || nkeys.Prefix(o.OperatorPublic) != nkeys.PrefixByteOperator {
-		return nil, fmt.Errorf("%s: not an operator NKey seed", FileBrokerOperator)
 	}
 	for _, f := range []struct {
 		pub, seed string
@@ -178,26 +175,44 @@ func MakeOperator(dir string) (*Operator, error) {
 		return nil, err
 	}
 	// The operator's last: its presence says the set is whole.
-	if _, err := os.Stat(filepath.Join(dir, FileBrokerOperator)); err != nil {
-		kp, err := nkeys.CreateOperator()
-		if err != nil {
-			return nil, err
-		}
-		seed, _ := kp.Seed()
-		if err := writeNew(dir, FileBrokerOperator, append(seed, '\n'), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, err
-		}
+	if _, err := loadKeyPair(dir, FileBrokerOperator, nkeys.PrefixByteOperator, true); err != nil {
+		return nil, err
 	}
 	return loadOperator(dir)
 }
 
-// OperatorJWT is the operator's self-signed JWT, naming the system
-// account.
-func (o *Operator) OperatorJWT() (string, error) {
-	oc := jwt.NewOperatorClaims(o.OperatorPublic)
-	oc.Name = "nox-mesh"
-	oc.SystemAccount = o.SystemPublic
-	return oc.Encode(o.Operator)
+// OperatorPublic is the operator's key in force.
+func (o *Operator) OperatorPublic() string {
+	pub, _ := o.signer().PublicKey()
+	return pub
+}
+
+// signer is the operator's key that signs the accounts now, as its files
+// say: a serve follows a switch another made.
+func (o *Operator) signer() nkeys.KeyPair {
+	o.op.refresh()
+	return o.op.current()
+}
+
+// OperatorJWTs are the operators the servers trust, each self-signed and
+// naming the system account: the one in force, and the one announced.
+func (o *Operator) OperatorJWTs() ([]string, error) {
+	var jwts []string
+	for _, kp := range []nkeys.KeyPair{o.signer(), o.op.announced()} {
+		if kp == nil {
+			continue
+		}
+		pub, _ := kp.PublicKey()
+		oc := jwt.NewOperatorClaims(pub)
+		oc.Name = "nox-mesh"
+		oc.SystemAccount = o.SystemPublic
+		token, err := oc.Encode(kp)
+		if err != nil {
+			return nil, err
+		}
+		jwts = append(jwts, token)
+	}
+	return jwts, nil
 }
 
 // systemAccountClaims is the system account's: serve's second connection
@@ -211,7 +226,7 @@ func (o *Operator) systemAccountClaims() *jwt.AccountClaims {
 
 // SystemAccountJWT is the system account's claims, signed.
 func (o *Operator) SystemAccountJWT() (string, error) {
-	return o.systemAccountClaims().Encode(o.Operator)
+	return o.systemAccountClaims().Encode(o.signer())
 }
 
 // controlAccountClaims is CONTROL's: JetStream, and the services and
@@ -241,7 +256,7 @@ func (o *Operator) controlAccountClaims() *jwt.AccountClaims {
 
 // ControlAccountJWT is CONTROL's claims, signed.
 func (o *Operator) ControlAccountJWT() (string, error) {
-	return o.controlAccountClaims().Encode(o.Operator)
+	return o.controlAccountClaims().Encode(o.signer())
 }
 
 // userJWT is a user JWT of this process's session key in account (the
@@ -346,14 +361,21 @@ func (k *Keys) tokenAccountClaims(t *TokenRecord) (*jwt.AccountClaims, error) {
 }
 
 // ResolverConfig is the operator-mode part of a server's configuration:
-// the operator, the system account, the full resolver in store's
-// accounts directory (deletion allowed: a revoked or past token's account is
-// deleted), and CONTROL and the system account preloaded.
+// the operator (and, while a rotation of its key is announced, the one
+// announced beside it: a server trusts the operators its configuration
+// names when it starts, and takes no change of them at a reload), the
+// system account, the full resolver in store's accounts directory
+// (deletion allowed: a revoked or past token's account is deleted), and
+// CONTROL and the system account preloaded.
 func (k *Keys) ResolverConfig(store string) (string, error) {
 	o := k.Operator
-	op, err := o.OperatorJWT()
+	ops, err := o.OperatorJWTs()
 	if err != nil {
 		return "", err
+	}
+	quoted := make([]string, len(ops))
+	for i, op := range ops {
+		quoted[i] = q(op)
 	}
 	sys, err := o.SystemAccountJWT()
 	if err != nil {
@@ -364,7 +386,7 @@ func (k *Keys) ResolverConfig(store string) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "operator: %s\nsystem_account: %s\n", q(op), q(o.SystemPublic))
+	fmt.Fprintf(&b, "operator: [%s]\nsystem_account: %s\n", strings.Join(quoted, ", "), q(o.SystemPublic))
 	fmt.Fprintf(&b, "resolver {\n  type: full\n  dir: %s\n  allow_delete: true\n  interval: \"2m\"\n  timeout: \"5s\"\n}\n", q(filepath.Join(store, accountsDir)))
 	fmt.Fprintf(&b, "resolver_preload {\n  %s: %s\n  %s: %s\n}\n", o.SystemPublic, q(sys), o.ControlPublic, q(ctl))
 	return b.String(), nil

@@ -199,9 +199,12 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	var todo []string
 	digests := map[string][32]byte{}
 	r.mu.Lock()
+	// The operator key that signs is in the digest: after its switch
+	// (operator-key rotate) every account is pushed again under the new.
+	signerPub := r.k.Operator.OperatorPublic()
 	for id, w := range want {
 		b, _ := json.Marshal(w.claims) // before Encode: no time, no id
-		d := sha256.Sum256(b)
+		d := sha256.Sum256(append(b, signerPub...))
 		digests[id] = d
 		if r.pushed[id] != d {
 			todo = append(todo, id)
@@ -293,7 +296,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 
 // push has the resolver take ac, signed by the operator.
 func (r *resolverSink) push(ac *jwt.AccountClaims) error {
-	token, err := ac.Encode(r.k.Operator.Operator)
+	token, err := ac.Encode(r.k.Operator.signer())
 	if err != nil {
 		return err
 	}
@@ -320,13 +323,15 @@ func (r *resolverSink) list() ([]string, error) {
 // delete has the resolver delete the accounts ids, in a request the
 // operator signs.
 func (r *resolverSink) delete(ids []string) error {
-	gc := jwt.NewGenericClaims(r.k.Operator.OperatorPublic)
+	signer := r.k.Operator.signer()
+	pub, _ := signer.PublicKey()
+	gc := jwt.NewGenericClaims(pub)
 	list := make([]any, len(ids))
 	for i, id := range ids {
 		list[i] = id
 	}
 	gc.Data["accounts"] = list
-	token, err := gc.Encode(r.k.Operator.Operator)
+	token, err := gc.Encode(signer)
 	if err != nil {
 		return err
 	}

@@ -187,6 +187,9 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	if err := answerAccountKey(c, resolver, log); err != nil {
 		return err
 	}
+	if err := answerOperatorKey(c, resolver, log); err != nil {
+		return err
+	}
 	go giveBackWhenQuiet(ctx, log)
 	if o.Metrics != "" {
 		c.metrics = newMetrics()

@@ -23,17 +23,26 @@ import (
 // changed under it.
 type signingKey struct {
 	dir, file string
-	mu        sync.RWMutex
+	// prefix is the kind of NKey: an account's, or (the operator's key,
+	// rotated the same way) an operator's.
+	prefix nkeys.PrefixByte
+	mu     sync.RWMutex
 	// cur is the key in force, next the one announced (nil: none); files
 	// is how their files were when last read.
 	cur, next nkeys.KeyPair
 	files     string
 }
 
-// loadSigningKey reads the signing key file of dir, and the one announced
-// beside it; a missing file is made when make says so, else an error.
+// loadSigningKey reads the account signing key file of dir, and the one
+// announced beside it; a missing file is made when make says so, else an
+// error.
 func loadSigningKey(dir, file string, make bool) (*signingKey, error) {
-	s := &signingKey{dir: dir, file: file}
+	return loadKeyPair(dir, file, nkeys.PrefixByteAccount, make)
+}
+
+// loadKeyPair is loadSigningKey for a key of the kind prefix names.
+func loadKeyPair(dir, file string, prefix nkeys.PrefixByte, make bool) (*signingKey, error) {
+	s := &signingKey{dir: dir, file: file, prefix: prefix}
 	files := s.stat()
 	cur, err := s.read(file, make)
 	if err != nil {
@@ -56,7 +65,7 @@ func (s *signingKey) read(name string, make bool) (nkeys.KeyPair, error) {
 	p := filepath.Join(s.dir, name)
 	seed, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) && make {
-		kp, cerr := nkeys.CreateAccount()
+		kp, cerr := nkeys.CreatePair(s.prefix)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -76,8 +85,8 @@ func (s *signingKey) read(name string, make bool) (nkeys.KeyPair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicAccountKey(pub) {
-		return nil, fmt.Errorf("%s: not an account NKey seed", name)
+	if pub, err := kp.PublicKey(); err != nil || nkeys.Prefix(pub) != s.prefix {
+		return nil, fmt.Errorf("%s: not an NKey seed of the right kind", name)
 	}
 	return kp, nil
 }
@@ -108,7 +117,7 @@ func (s *signingKey) refresh() error {
 	if same {
 		return nil
 	}
-	fresh, err := loadSigningKey(s.dir, s.file, false)
+	fresh, err := loadKeyPair(s.dir, s.file, s.prefix, false)
 	if err != nil {
 		return err
 	}

@@ -203,12 +203,12 @@ func (c *cli) operatorKeyRotate(switching, force bool) error {
 			return c.printJSON(res)
 		}
 		fmt.Fprintf(c.stdout, "operator key %s announced beside %s: nothing is signed with it yet\n", res.Next, res.Current)
-		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ...    # the same flags as before: the servers' configuration names both keys; restart each server onto it, then: mesh-control operator-key rotate --switch")
+		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ... > FILE    # the flags as before (a cluster: --out DIR): the servers' configuration names both keys; restart each server onto it, then: mesh-control operator-key rotate --switch")
 		return nil
 	}
 	var res OperatorKeyResult
 	return c.rotationStep(OperatorKeySubject, switching, force, &OperatorKeyRequest{Force: force}, &res, &res.Error, func() {
 		fmt.Fprintf(c.stdout, "the operator's key is %s now; every account was pushed again signed by it (servers: %s)\n", res.Current, strings.Join(res.Servers, ", "))
-		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ...    # the same flags as before: the configuration names the new key alone; restart each server onto it, and the old key is trusted no more")
+		c.next("mesh-control broker-config" + c.dirFlag() + " --resolver ... > FILE    # the flags as before (a cluster: --out DIR): the configuration names the new key alone; restart each server onto it, and the old key is trusted no more")
 	})
 }

@@ -54,6 +54,6 @@ func (c *cli) nkeyRotate() error {
 	}
 	fmt.Fprintf(c.stdout, "the control NKey is %s now (it was %s): serve and the commands sign in with it from their next start\n", pub, k.NKeyPublic)
 	fmt.Fprintf(c.stderr, "the embedded broker lets it in when serve starts; an existing broker configured from a file lets it in once its configuration is written again and loaded, and then cuts the old key's connections\n")
-	c.next("mesh-control serve" + c.dirFlag() + "    # the embedded broker; or, for an existing broker: mesh-control broker-config" + c.dirFlag() + " --out DIR, reload each server, then serve --nats URL")
+	c.next("mesh-control serve" + c.dirFlag() + "    # the embedded broker; or, for an existing broker: mesh-control broker-config" + c.dirFlag() + " --listen HOST:PORT > FILE (a cluster: --cluster ... --out DIR), reload each server, then serve --nats URL")
 	return nil
 }

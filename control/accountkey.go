@@ -55,7 +55,10 @@ type AccountKeyResult struct {
 	// in force and announced.
 	ControlCurrent string `json:"control_current,omitempty"`
 	ControlNext    string `json:"control_next,omitempty"`
-	Error          string `json:"error,omitempty"`
+	// ControlSwitched: the switch put the control side's signing key
+	// announced in force.
+	ControlSwitched bool   `json:"control_switched,omitempty"`
+	Error           string `json:"error,omitempty"`
 	// after is what serve does once the answer is sent.
 	after func()
 }
@@ -119,32 +122,46 @@ func (c *Client) RotateAccountKey(ctx context.Context, req AccountKeyRequest, rs
 		res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next)
 		return res, err
 	}
-	next := k.nodes.announced()
-	if next == nil {
+	next, signingNext := k.nodes.announced(), k.Operator.signing.announced()
+	if next == nil && signingNext == nil {
 		return nil, errors.New("no account signing key was announced: account-key rotate first, then --switch")
 	}
 	res.Phase = "switched"
-	res.Next, _ = next.PublicKey()
-	var err error
-	if res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next); err != nil {
-		return nil, err
-	}
-	if len(res.NotYet) > 0 && !req.Force {
-		return res, fmt.Errorf("not switched: %d node(s) do not sign in with a JWT of the new key yet, and could not link after the switch: %s — wait for their next heartbeat (mesh-control nodes), or switch with --force and enrol them again", len(res.NotYet), strings.Join(res.NotYet, ", "))
-	}
-	if err := k.nodes.switchOver(); err != nil {
-		return nil, err
-	}
-	res.Current, res.Next = res.Next, ""
-	// A rotation announced before the control side had a signing key of
-	// its own has none to switch to: it is announced at the next.
-	if k.Operator.signing.announced() != nil {
-		if err := k.Operator.signing.switchOver(); err != nil {
+	if next != nil {
+		res.Next, _ = next.PublicKey()
+		var err error
+		if res.Nodes, res.NotYet, err = c.notYetIssuedBy(ctx, res.Next); err != nil {
 			return nil, err
 		}
-		res.ControlCurrent = k.Operator.signing.accepted()[0]
+		if len(res.NotYet) > 0 && !req.Force {
+			return res, fmt.Errorf("not switched: %d node(s) do not sign in with a JWT of the new key yet, and could not link after the switch: %s — wait for their next heartbeat (mesh-control nodes), or switch with --force and enrol them again", len(res.NotYet), strings.Join(res.NotYet, ", "))
+		}
 	}
-	res.after = rs.again
+	// The control side's connections sign in with the new key from the
+	// switch on: the broker must have taken the accounts listing it.
+	o := k.Operator
+	if signingNext != nil && (!rs.taken(o.systemAccountClaims()) || !rs.taken(o.controlAccountClaims())) {
+		if rs.again() > 0 || !rs.taken(o.systemAccountClaims()) || !rs.taken(o.controlAccountClaims()) {
+			return res, errors.New("not switched: the broker has not taken the system account and CONTROL listing the control side's new signing key, and serve could not sign in after the switch (serve's log says why); run again")
+		}
+	}
+	// Whatever is switched from here on is pushed once the answer is out,
+	// even when a later step fails.
+	res.after = func() { rs.again() }
+	if next != nil {
+		if err := k.nodes.switchOver(); err != nil {
+			return res, err
+		}
+		res.Current, res.Next = res.Next, ""
+	}
+	// Switched one after the other: a crash between the two leaves the
+	// signing key announced, and --switch run again switches it alone.
+	if signingNext != nil {
+		if err := o.signing.switchOver(); err != nil {
+			return res, err
+		}
+		res.ControlCurrent, res.ControlSwitched = o.signing.accepted()[0], true
+	}
 	return res, nil
 }
 

@@ -940,7 +940,7 @@ func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) er
 // registryUsers is the registry's nodes and tokens, when the control side
 // can be reached; none otherwise (said so).
 func (c *cli) registryUsers() ([]*NodeRecord, []*TokenRecord) {
-	cl, err := c.connect()
+	cl, err := c.connectAsBrokerKnows()
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			c.warn("no broker to read the registry from, so the configuration lists no nodes (serve --broker-config writes them once it runs): %v", err)
@@ -1053,13 +1053,16 @@ func (c *cli) carryStore(k *Keys, store, listen string) error {
 // there.
 func (c *cli) brokerKeys(resolver bool) (*Keys, error) {
 	if resolver {
-		k, err := LoadKeys(c.dir)
-		if err != nil {
-			return nil, err
-		}
-		if k.Operator == nil {
+		// Not in operator mode yet: the nodes enrolled before are named.
+		if _, err := os.Stat(filepath.Join(c.dir, FileBrokerOperator)); errors.Is(err, fs.ErrNotExist) {
+			if _, err := LoadKeys(c.dir); err != nil {
+				return nil, err
+			}
 			c.warnEnrolledBefore()
 		}
+		// Made where missing, before the whole directory is loaded: a
+		// key directory in operator mode from before the control side's
+		// signing key loads only with it.
 		if _, err := MakeOperator(c.dir); err != nil {
 			return nil, err
 		}

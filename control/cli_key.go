@@ -169,7 +169,9 @@ func (c *cli) accountKeyRotate(switchKey, force bool) error {
 			c.next("mesh-control account-key rotate --switch" + c.dirFlag() + "    # once mesh-control nodes --json shows every node's heartbeat.jwt_issuer at " + res.Next)
 		case "switched":
 			fmt.Fprintf(c.stdout, "the nodes' account key is %s now; every node's account lists it alone\n", res.Current)
-			fmt.Fprintf(c.stdout, "the control side's signing key is %s now; the system account and CONTROL list it alone, and the broker cuts the connections of the key switched from (serves sign in again with the new one)\n", res.ControlCurrent)
+			if res.ControlSwitched {
+				fmt.Fprintf(c.stdout, "the control side's signing key is %s now; the system account and CONTROL list it alone, and the broker cuts the connections of the key switched from (serves sign in again with the new one)\n", res.ControlCurrent)
+			}
 			if len(res.NotYet) > 0 {
 				fmt.Fprintf(c.stdout, "switched despite: %s - they cannot link until enrolled again\n", strings.Join(res.NotYet, ", "))
 			}

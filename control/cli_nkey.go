@@ -1,10 +1,16 @@
 package control
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
@@ -21,6 +27,11 @@ import (
 // one's connections at that reload. In operator mode there is no such
 // key: serve and every command sign in with a key of their own each,
 // whose JWT the control side's signing key issues (account-key rotate).
+//
+// The key replaced is kept (FileNKeyPrevious) until serve signs in with
+// the new one: broker-config reads the registry with it while the broker
+// knows no other, so that the configuration it writes lets the new key in
+// beside every node rather than none.
 func (c *cli) nkeyRotate() error {
 	// The directory first, as serve takes it: refused while a serve of
 	// the embedded broker runs.
@@ -46,6 +57,20 @@ func (c *cli) nkeyRotate() error {
 	}
 	seed, _ := kp.Seed()
 	pub, _ := kp.PublicKey()
+	// The key the broker knows, kept until serve signs in with the new
+	// one: broker-config reads the registry with it, to write the
+	// configuration that lets the new key in with every node's. A
+	// rotation not finished yet keeps the one it kept.
+	previous := filepath.Join(c.dir, FileNKeyPrevious)
+	if _, err := os.Lstat(previous); errors.Is(err, os.ErrNotExist) {
+		old, err := readKeyFile(c.dir, FileNKey)
+		if err != nil {
+			return err
+		}
+		if err := statedir.WriteBytes(previous, old, 0o600); err != nil {
+			return fmt.Errorf("keeping the control NKey the broker knows: %w", err)
+		}
+	}
 	if err := statedir.WriteBytes(filepath.Join(c.dir, FileNKey), append(seed, '\n'), 0o600); err != nil {
 		return fmt.Errorf("writing the new control NKey: %w", err)
 	}
@@ -56,4 +81,42 @@ func (c *cli) nkeyRotate() error {
 	fmt.Fprintf(c.stderr, "the embedded broker lets it in when serve starts; an existing broker configured from a file lets it in once its configuration is written again and loaded, and then cuts the old key's connections\n")
 	c.next("mesh-control serve" + c.dirFlag() + "    # the embedded broker; or, for an existing broker: mesh-control broker-config" + c.dirFlag() + " --listen HOST:PORT > FILE (a cluster: --cluster ... --out DIR), reload each server, then serve --nats URL")
 	return nil
+}
+
+// connectAsBrokerKnows connects as connect does, or, when the broker
+// refuses the control NKey and the key it replaced is kept (nkey rotate
+// not finished), with that one: the broker knows it until its
+// configuration is written again.
+func (c *cli) connectAsBrokerKnows() (*Client, error) {
+	cl, err := c.connect()
+	if err == nil || !errors.Is(err, nats.ErrAuthorization) {
+		return cl, err
+	}
+	k, kerr := LoadKeys(c.dir)
+	if kerr != nil || k.Operator != nil {
+		return nil, err
+	}
+	seed, perr := readKeyFile(c.dir, FileNKeyPrevious)
+	if perr != nil {
+		return nil, err
+	}
+	if k.NKey, perr = nkeys.FromSeed(bytes.TrimSpace(seed)); perr != nil {
+		return nil, fmt.Errorf("%s: %w", FileNKeyPrevious, perr)
+	}
+	k.NKeyPublic, _ = k.NKey.PublicKey()
+	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
+	defer cancel()
+	return Connect(ctx, k, c.nats, c.log)
+}
+
+// finishNKeyRotation removes the control NKey a rotation replaced, once
+// serve has signed in with the new one: nothing reads it any more.
+func finishNKeyRotation(k *Keys, log *slog.Logger) {
+	p := filepath.Join(k.Dir, FileNKeyPrevious)
+	if err := os.Remove(p); err == nil {
+		statedir.SyncDir(k.Dir)
+		log.Warn("the control NKey's rotation is finished: serve signs in with the new key, and the one it replaced is removed", "nkey", k.NKeyPublic)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		log.Error("the control NKey a rotation replaced is not removed", "file", p, "err", err)
+	}
 }

@@ -232,7 +232,7 @@ func dialBroker(k *Keys, url string) (nc *nats.Conn, final bool, err error) {
 // name.
 func dialAs(k *Keys, url, name string, signIn nats.Option) (nc *nats.Conn, final bool, err error) {
 	var pinErr atomic.Pointer[link.PinError]
-	nc, err = nats.Connect(url,
+	opts := []nats.Option{
 		nats.Name(name),
 		nats.Secure(link.PinnedTLSSet(func() []string { return []string{k.BrokerFingerprint()} }, func(e *link.PinError) { pinErr.Store(e) })),
 		signIn,
@@ -240,14 +240,19 @@ func dialAs(k *Keys, url, name string, signIn nats.Option) (nc *nats.Conn, final
 		// agents' is (link.ConnectTimeout).
 		nats.Timeout(link.ConnectTimeout),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectWait(500 * time.Millisecond),
+	}
+	if k.Operator != nil {
 		// A reconnection refused for its credential is tried again, not
-		// given up after the second: in operator mode a rotation's switch
-		// cuts the connections of the key switched from, and a serve of
-		// another key directory copy may sign in once before the broker
-		// has taken the accounts that list the key switched to.
-		nats.IgnoreAuthErrorAbort(),
-	)
+		// given up after the second: a rotation's switch cuts the
+		// connections of the key switched from, and a serve sharing the
+		// key directory signs in again with the key its files name, which
+		// a server may refuse for a moment while the accounts listing it
+		// reach it. Elsewhere a refused NKey stays refused (nkey rotate is
+		// made with serve stopped), and the connection ends.
+		opts = append(opts, nats.IgnoreAuthErrorAbort())
+	}
+	nc, err = nats.Connect(url, opts...)
 	if err != nil {
 		if pe := pinErr.Load(); pe != nil {
 			return nil, true, fmt.Errorf("%v (at %s)", pe, url)

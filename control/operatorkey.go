@@ -40,8 +40,9 @@ const OperatorKeySubject = "mesh.control.operator-key"
 // announced.
 type OperatorKeyRequest struct {
 	// Force switches although fewer servers answered than the cluster's
-	// routes name: a server that was away, restarted on the old
-	// configuration, refuses every account pushed since.
+	// routes name (a configuration that names the server itself among its
+	// routes counts one too many): a server that was away, restarted on
+	// the old configuration, refuses every account pushed since.
 	Force bool `json:"force,omitempty"`
 }
 
@@ -54,7 +55,10 @@ type OperatorKeyResult struct {
 	// NotYet those of them that do not trust the new key yet.
 	Servers []string `json:"servers,omitempty"`
 	NotYet  []string `json:"not_yet,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	// Undone is how many accounts the switch's pushes (or deletions) left
+	// for serve to try again.
+	Undone int    `json:"undone,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 func (r *OperatorKeyResult) setError(e string) { r.Error = e }
@@ -86,7 +90,7 @@ func answerOperatorKey(c *Client, rs *resolverSink, log *slog.Logger) error {
 			res = &OperatorKeyResult{}
 		}
 		if err != nil {
-			log.Error("the operator's key was not switched", "err", err)
+			log.Error("the operator's key rotation", "phase", res.Phase, "err", err)
 		} else {
 			log.Warn("the operator's key switched: every account pushed again under it", "current", res.Current)
 		}
@@ -104,7 +108,7 @@ func (c *Client) SwitchOperatorKey(ctx context.Context, req OperatorKeyRequest, 
 		return nil, errors.New("the operator's key is rotated only for a broker in operator mode (broker-config --resolver)")
 	}
 	o.op.refresh()
-	res := &OperatorKeyResult{Phase: "switched", Current: o.OperatorPublic()}
+	res := &OperatorKeyResult{Current: o.OperatorPublic()}
 	next := o.op.announced()
 	if next == nil {
 		return nil, errors.New("no operator key was announced: operator-key rotate first, write the servers' configuration again (broker-config --resolver) and restart each server onto it, then --switch")
@@ -124,8 +128,10 @@ func (c *Client) SwitchOperatorKey(ctx context.Context, req OperatorKeyRequest, 
 	if err := o.op.switchOver(); err != nil {
 		return nil, err
 	}
-	res.Current, res.Next = res.Next, ""
-	rs.again()
+	res.Phase, res.Current, res.Next = "switched", res.Next, ""
+	if res.Undone = rs.again(); res.Undone > 0 {
+		return res, fmt.Errorf("switched, but %d account push(es) or deletion(s) were not taken yet: serve tries them again (its log says why); restart the servers onto a configuration naming the new key alone only once serve's log says the broker's accounts follow the registry with none failed", res.Undone)
+	}
 	return res, nil
 }
 
@@ -137,6 +143,12 @@ type serverVarz struct {
 		ID   string `json:"id"`
 	} `json:"server"`
 	Data struct {
+		// Cluster.URLs are the routes the server's configuration names
+		// (the other servers, as broker-config --cluster writes them);
+		// Remotes counts only the routes connected now.
+		Cluster struct {
+			URLs []string `json:"urls"`
+		} `json:"cluster"`
 		Remotes   int                   `json:"remotes"`
 		Operators []*jwt.OperatorClaims `json:"trusted_operators_claim"`
 	} `json:"data"`
@@ -175,7 +187,7 @@ func (r *resolverSink) serversTrusting(ctx context.Context, operator string) (se
 				name = v.Server.ID
 			}
 			servers = append(servers, name)
-			expected = max(expected, v.Data.Remotes+1)
+			expected = max(expected, len(v.Data.Cluster.URLs)+1, v.Data.Remotes+1)
 			if !slices.ContainsFunc(v.Data.Operators, func(oc *jwt.OperatorClaims) bool { return oc != nil && oc.Subject == operator }) {
 				notYet = append(notYet, name)
 			}

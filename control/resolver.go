@@ -157,14 +157,18 @@ func MakeOperator(dir string) (*Operator, error) {
 			os.Remove(filepath.Join(dir, f.seed))
 			continue
 		}
-		pub, err := accountPublic(dir, f.pub, f.seed)
-		if err != nil {
+		var pub string
+		if _, err := os.Stat(filepath.Join(dir, f.seed)); errors.Is(err, fs.ErrNotExist) {
 			// None yet: an account key made, named, and forgotten.
 			kp, err := nkeys.CreateAccount()
 			if err != nil {
 				return nil, err
 			}
 			pub, _ = kp.PublicKey()
+		} else if pub, err = accountPublic(dir, f.pub, f.seed); err != nil {
+			// A seed there that does not read is never replaced by a new
+			// account: CONTROL's ID names its streams' directory.
+			return nil, err
 		}
 		if err := writeNew(dir, f.pub, []byte(pub+"\n"), 0o644); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, err
@@ -261,8 +265,11 @@ func (o *Operator) ControlAccountJWT() (string, error) {
 
 // userJWT is a user JWT of this process's session key in account (the
 // system account's or CONTROL's), issued by the control side's signing key
-// as its files say now: a serve reconnecting after another carried out a
-// rotation's switch signs in with the key switched to.
+// in force as its files say now: a serve reconnecting after another
+// carried out a rotation's switch signs in with the key switched to. Not
+// the key announced: a JWT is issued at each sign-in, so none needs to
+// outlive the switch, and one of the key announced would be refused by a
+// broker that has not yet taken the accounts listing it.
 func (o *Operator) userJWT(account, name string) (string, error) {
 	if err := o.signing.refresh(); err != nil {
 		return "", err
@@ -270,7 +277,7 @@ func (o *Operator) userJWT(account, name string) (string, error) {
 	uc := jwt.NewUserClaims(o.sessionPublic())
 	uc.Name = name
 	uc.IssuerAccount = account
-	return uc.Encode(o.signing.issuer())
+	return uc.Encode(o.signing.current())
 }
 
 // sessionKey is this process's user key (see Operator.session).

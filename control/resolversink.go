@@ -72,14 +72,34 @@ const (
 )
 
 // again pushes the accounts once more from the registry as set last had
-// it: the keys they list changed (account-key rotate).
-func (r *resolverSink) again() {
+// it: the keys they list, or the key that signs them, changed (the
+// rotations). It says how many pushes or deletions were left undone (the
+// sink tries them again).
+func (r *resolverSink) again() (undone int) {
 	r.setMu.Lock()
 	nodes, tokens, closed := r.lastNodes, r.lastTokens, r.closed
 	r.setMu.Unlock()
-	if !closed {
-		r.set(nodes, tokens)
+	if closed {
+		return 0
 	}
+	return r.follow(nodes, tokens)
+}
+
+// taken says whether the broker took ac as it is now, signed by the
+// operator's key in force.
+func (r *resolverSink) taken(ac *jwt.AccountClaims) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.pushed[ac.Subject]
+	return ok && d == digestOf(ac, r.k.Operator.OperatorPublic())
+}
+
+// digestOf is what the sink records of an account it pushed: its claims
+// (before Encode: no time, no id) and the operator key that signed them,
+// so that after that key's switch every account is pushed again.
+func digestOf(ac *jwt.AccountClaims, signer string) [32]byte {
+	b, _ := json.Marshal(ac)
+	return sha256.Sum256(append(b, signer...))
 }
 
 // newResolverSink signs in to the system account at url.
@@ -149,7 +169,12 @@ type wanted struct {
 	node, nkey string
 }
 
-func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
+// set makes the resolver's accounts equal to nodes and tokens (keepUsers'
+// sink).
+func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) { r.follow(nodes, tokens) }
+
+// follow is set, saying how many pushes or deletions were left undone.
+func (r *resolverSink) follow(nodes []*NodeRecord, tokens []*TokenRecord) (undoneCount int) {
 	r.setMu.Lock()
 	defer r.setMu.Unlock()
 	r.lastNodes, r.lastTokens = nodes, tokens
@@ -170,7 +195,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 			return
 		}
 		r.retryWait = min(max(2*r.retryWait, resolverRetryFirst), resolverRetryLast)
-		r.retry = time.AfterFunc(r.retryWait, r.again)
+		r.retry = time.AfterFunc(r.retryWait, func() { r.again() })
 	}()
 	want := map[string]wanted{}
 	// The system account and CONTROL, for the signing keys they list:
@@ -199,12 +224,9 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	var todo []string
 	digests := map[string][32]byte{}
 	r.mu.Lock()
-	// The operator key that signs is in the digest: after its switch
-	// (operator-key rotate) every account is pushed again under the new.
 	signerPub := r.k.Operator.OperatorPublic()
 	for id, w := range want {
-		b, _ := json.Marshal(w.claims) // before Encode: no time, no id
-		d := sha256.Sum256(append(b, signerPub...))
+		d := digestOf(w.claims, signerPub)
 		digests[id] = d
 		if r.pushed[id] != d {
 			todo = append(todo, id)
@@ -264,11 +286,13 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	}
 	wg.Wait()
 	undone = failed > 0
+	undoneCount = failed
 	if !r.listed {
 		// What the resolver holds from before this serve: accounts of
 		// nodes deleted and tokens revoked or past while it was away.
 		if ids, err := r.list(); err != nil {
 			undone = true
+			undoneCount++
 			r.log.Error("the broker's accounts not listed; tried again", "err", err)
 		} else {
 			r.listed = true
@@ -282,6 +306,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 	if len(gone) > 0 {
 		if err := r.delete(gone); err != nil {
 			undone = true
+			undoneCount += len(gone)
 			r.log.Error("the broker did not delete accounts the registry no longer names; tried again", "accounts", len(gone), "err", err)
 		} else {
 			r.mu.Lock()
@@ -292,6 +317,7 @@ func (r *resolverSink) set(nodes []*NodeRecord, tokens []*TokenRecord) {
 		}
 	}
 	r.log.Info("the broker's accounts follow the registry", "pushed", len(todo)-failed, "failed", failed, "deleted", len(gone))
+	return undoneCount
 }
 
 // push has the resolver take ac, signed by the operator.

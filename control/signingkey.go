@@ -117,20 +117,21 @@ func (s *signingKey) refresh() error {
 	if same {
 		return nil
 	}
+	return s.reload()
+}
+
+// reload reads the files again, keeping how they were before the read
+// (loadKeyPair stats first): a change that lands during the read is seen
+// at the next refresh, never taken for the keys read.
+func (s *signingKey) reload() error {
 	fresh, err := loadKeyPair(s.dir, s.file, s.prefix, false)
 	if err != nil {
 		return err
 	}
-	s.set(fresh.cur, fresh.next)
-	return nil
-}
-
-// set puts cur in force, and next (nil: none) announced.
-func (s *signingKey) set(cur, next nkeys.KeyPair) {
-	files := s.stat()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cur, s.next, s.files = cur, next, files
+	s.cur, s.next, s.files = fresh.cur, fresh.next, fresh.files
+	return nil
 }
 
 // current is the key in force.
@@ -147,8 +148,9 @@ func (s *signingKey) announced() nkeys.KeyPair {
 	return s.next
 }
 
-// issuer is the key that signs now: the one announced while a rotation
-// is under way (what it signs outlives the switch), else the one in force.
+// issuer is the key that signs what must outlive the switch (a node's
+// JWT, kept by its agent): the one announced while a rotation is under
+// way, else the one in force.
 func (s *signingKey) issuer() nkeys.KeyPair {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -181,25 +183,24 @@ func (s *signingKey) accepted() []string {
 // announce makes the key that replaces this one, beside it, unless one is
 // announced already, and signs with it from now on.
 func (s *signingKey) announce() error {
-	next, err := s.read(s.file+".next", true)
-	if err != nil {
+	if _, err := s.read(s.file+".next", true); err != nil {
 		return err
 	}
-	s.set(s.current(), next)
-	return nil
+	return s.reload()
 }
 
 // switchOver puts the key announced in force, renaming it over the old
 // in one step: a crash leaves either both keys or the new one, never
 // none.
 func (s *signingKey) switchOver() error {
-	next, err := s.read(s.file+".next", false)
-	if err != nil {
+	if _, err := s.read(s.file+".next", false); err != nil {
 		return err
 	}
 	if err := os.Rename(filepath.Join(s.dir, s.file+".next"), filepath.Join(s.dir, s.file)); err != nil {
 		return err
 	}
-	s.set(next, nil)
-	return nil
+	if err := statedir.SyncDir(s.dir); err != nil {
+		return err
+	}
+	return s.reload()
 }

@@ -862,14 +862,11 @@ func loadPending(dir string) (*pending, *wire.Token, error) {
 		return nil, nil, fmt.Errorf("enrol: the pending token: %w", err)
 	}
 	if p.WireGuard == nil {
+		// Another enrolment's (one a rollback began or finished), or one
+		// that does not read (a later release's format): this enrolment
+		// presents the executor's own key, as the release before does.
 		var wg pendingWireGuard
-		ok, err := readJSON(dir, PendingWireGuardFile, &wg)
-		if err != nil {
-			return nil, nil, err
-		}
-		// Another enrolment's (one a rollback began or finished): this
-		// one presents the executor's own key, as it was begun to.
-		if ok && wg.Identity == pendingIdentity(&p) {
+		if ok, err := readJSON(dir, PendingWireGuardFile, &wg); err == nil && ok && wg.Identity == pendingIdentity(&p) {
 			p.WireGuard = wg.Key
 		}
 	}

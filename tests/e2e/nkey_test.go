@@ -58,7 +58,14 @@ func TestTheControlNKeyIsMadeAnew(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(m.ctl, control.FileNKey)); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("control.nk after the rotation: %v %v", fi, err)
 		}
+		if _, err := os.Stat(filepath.Join(m.ctl, control.FileNKeyPrevious)); err != nil {
+			t.Fatalf("the key replaced is not kept until serve signs in with the new: %v", err)
+		}
 		m.startControl()
+		eventually(t, "the key replaced removed once serve signs in with the new", func() bool {
+			_, err := os.Stat(filepath.Join(m.ctl, control.FileNKeyPrevious))
+			return os.IsNotExist(err)
+		})
 		if nc, err := controlNKeyUser(k, oldSeed, url); err == nil {
 			nc.Close()
 			t.Fatal("the embedded broker lets in the control NKey made anew")
@@ -87,6 +94,12 @@ func TestTheControlNKeyIsMadeAnew(t *testing.T) {
 			t.Fatal(err)
 		}
 		oldSeed, _ := os.ReadFile(filepath.Join(m.ctl, control.FileNKey))
+		// A node linked through the rotation.
+		agentConf := m.addNode()
+		nkey := nodeNKey(t, agentConf)
+		m.startExecutor()
+		m.startAgent("--config", agentConf)
+		eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
 		// A connection of the old key: a thief's, say.
 		pre, err := controlNKeyUser(k, oldSeed, url)
 		if err != nil {
@@ -97,7 +110,14 @@ func TestTheControlNKeyIsMadeAnew(t *testing.T) {
 		serve.Process.Signal(syscall.SIGTERM)
 		serve.Wait()
 		m.run("mesh-control", "nkey", "rotate", "--dir", m.ctl)
-		os.WriteFile(conf, []byte(m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen)), 0o644)
+		// Written from the registry read with the key the broker knows:
+		// the new key let in beside the node, not instead of it.
+		os.Truncate(filepath.Join(m.base, "mesh-agent.log"), 0)
+		newConf := m.run("mesh-control", "broker-config", "--dir", m.ctl, "--listen", listen)
+		if !strings.Contains(newConf, nkey) {
+			t.Fatalf("the configuration written after the rotation leaves out the node:\n%s", newConf)
+		}
+		os.WriteFile(conf, []byte(newConf), 0o644)
 		b, _ := os.ReadFile(pidFile)
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		syscall.Kill(pid, syscall.SIGHUP)
@@ -110,10 +130,13 @@ func TestTheControlNKeyIsMadeAnew(t *testing.T) {
 		eventually(t, "the control side serves with the new key", func() bool {
 			return exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl).Run() == nil
 		})
-		agentConf := m.addNode()
-		m.startExecutor()
-		m.startAgent("--config", agentConf)
-		eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+		eventually(t, "the key replaced removed once serve signs in with the new", func() bool {
+			_, err := os.Stat(filepath.Join(m.ctl, control.FileNKeyPrevious))
+			return os.IsNotExist(err)
+		})
+		if log, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log")); bytes.Contains(log, []byte("authorization refused")) {
+			t.Fatalf("the node was refused through the rotation:\n%s", log)
+		}
 		seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"through the broker after the control NKey was made anew\n"}]}`)
 		if r := m.reportFor(seq); r.Outcome != shapes.Applied {
 			t.Fatalf("a declaration after the control NKey was made anew: %+v", r)

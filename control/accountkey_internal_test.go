@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/jwt/v2"
@@ -119,5 +120,66 @@ func TestServesOfOneKeyDirectoryFollowTheRotation(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, FileNodesAccountNext)); !os.IsNotExist(err) {
 		t.Fatalf("the key announced is still beside the one switched to: %v", err)
+	}
+}
+
+// A key directory in operator mode from before the control side's signing
+// key (the system account's and CONTROL's identity seeds kept, no
+// signing key) is brought up to it by MakeOperator: the accounts keep
+// their IDs, the seeds go, the signing key is made. A seed that does not
+// read is refused by name and left as it is, never replaced by a new
+// account: CONTROL's ID names its streams' directory.
+func TestAnOperatorKeyDirectoryFromBeforeIsBroughtUp(t *testing.T) {
+	seedOf := func(kp nkeys.KeyPair) []byte { s, _ := kp.Seed(); return append(s, '\n') }
+	layout := func(t *testing.T, control []byte) (dir, sysPub, ctlPub string) {
+		dir = filepath.Join(t.TempDir(), "keys")
+		if _, err := Init(dir, nil, "tls://127.0.0.1:14222"); err != nil {
+			t.Fatal(err)
+		}
+		op, _ := nkeys.CreateOperator()
+		sys, _ := nkeys.CreateAccount()
+		ctl, _ := nkeys.CreateAccount()
+		sysPub, _ = sys.PublicKey()
+		ctlPub, _ = ctl.PublicKey()
+		if control == nil {
+			control = seedOf(ctl)
+		}
+		for name, b := range map[string][]byte{FileBrokerOperator: seedOf(op), fileBrokerSystemSeed: seedOf(sys), fileBrokerControlSeed: control} {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir, sysPub, ctlPub
+	}
+
+	dir, sysPub, ctlPub := layout(t, nil)
+	if _, err := LoadKeys(dir); err == nil {
+		t.Fatal("a key directory without the control side's signing key loads")
+	}
+	o, err := MakeOperator(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.SystemPublic != sysPub || o.ControlPublic != ctlPub {
+		t.Fatalf("the accounts changed IDs: %s %s, were %s %s", o.SystemPublic, o.ControlPublic, sysPub, ctlPub)
+	}
+	for _, f := range []string{fileBrokerSystemSeed, fileBrokerControlSeed} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			t.Fatalf("%s kept: %v", f, err)
+		}
+	}
+	if k, err := LoadKeys(dir); err != nil || k.Operator.ControlPublic != ctlPub || !slices.Contains(k.Operator.controlAccountClaims().SigningKeys.Keys(), k.Operator.signing.issuerPublic()) {
+		t.Fatalf("brought up: %v", err)
+	}
+
+	dir, _, _ = layout(t, []byte("not a seed\n"))
+	if _, err := MakeOperator(dir); err == nil || !strings.Contains(err.Error(), fileBrokerControlSeed) {
+		t.Fatalf("a control seed that does not read: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, fileBrokerControlSeed)); string(b) != "not a seed\n" {
+		t.Fatal("the seed that does not read was changed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, FileBrokerControlPub)); !os.IsNotExist(err) {
+		t.Fatalf("a new CONTROL account was named: %v", err)
 	}
 }

@@ -141,8 +141,8 @@ func (c *Client) RotateAccountKey(ctx context.Context, req AccountKeyRequest, rs
 	// switch on: the broker must have taken the accounts listing it.
 	o := k.Operator
 	if signingNext != nil && (!rs.taken(o.systemAccountClaims()) || !rs.taken(o.controlAccountClaims())) {
-		if rs.again() > 0 || !rs.taken(o.systemAccountClaims()) || !rs.taken(o.controlAccountClaims()) {
-			return res, errors.New("not switched: the broker has not taken the system account and CONTROL listing the control side's new signing key, and serve could not sign in after the switch (serve's log says why); run again")
+		if rs.again(); !rs.taken(o.systemAccountClaims()) || !rs.taken(o.controlAccountClaims()) {
+			return res, errors.New("not switched: the broker has not taken the system account and CONTROL listing the control side's new signing key, with which serve and the commands would sign in after the switch (serve's log says why); run again")
 		}
 	}
 	// Whatever is switched from here on is pushed once the answer is out,

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
@@ -57,19 +56,22 @@ func (c *cli) nkeyRotate() error {
 	}
 	seed, _ := kp.Seed()
 	pub, _ := kp.PublicKey()
-	// The key the broker knows, kept until serve signs in with the new
-	// one: broker-config reads the registry with it, to write the
-	// configuration that lets the new key in with every node's. A
-	// rotation not finished yet keeps the one it kept.
+	// The keys the broker may know, kept until serve signs in with the
+	// new one: broker-config reads the registry with them, to write the
+	// configuration that lets the new key in with every node's. Every key
+	// a rotation not finished yet replaced is kept, newest first: the
+	// broker may have been given any of them.
 	previous := filepath.Join(c.dir, FileNKeyPrevious)
-	if _, err := os.Lstat(previous); errors.Is(err, os.ErrNotExist) {
-		old, err := readKeyFile(c.dir, FileNKey)
-		if err != nil {
-			return err
-		}
-		if err := statedir.WriteBytes(previous, old, 0o600); err != nil {
-			return fmt.Errorf("keeping the control NKey the broker knows: %w", err)
-		}
+	old, err := readKeyFile(c.dir, FileNKey)
+	if err != nil {
+		return err
+	}
+	kept, err := os.ReadFile(previous)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return statedir.ExplainAccess("read", previous, err, "")
+	}
+	if err := statedir.WriteBytes(previous, append(append(bytes.TrimSpace(old), '\n'), kept...), 0o600); err != nil {
+		return fmt.Errorf("keeping the control NKey the broker knows: %w", err)
 	}
 	if err := statedir.WriteBytes(filepath.Join(c.dir, FileNKey), append(seed, '\n'), 0o600); err != nil {
 		return fmt.Errorf("writing the new control NKey: %w", err)
@@ -83,30 +85,40 @@ func (c *cli) nkeyRotate() error {
 	return nil
 }
 
-// connectAsBrokerKnows connects as connect does, or, when the broker
-// refuses the control NKey and the key it replaced is kept (nkey rotate
-// not finished), with that one: the broker knows it until its
-// configuration is written again.
+// connectAsBrokerKnows connects as connect does, or, when that fails and
+// keys a rotation replaced are kept (nkey rotate not finished), with each
+// of them in turn: the broker knows one of them until its configuration
+// is written again. Any failure but a cancel is tried so: with several
+// servers, nats.go returns the last one's error, which may hide the
+// refusal.
 func (c *cli) connectAsBrokerKnows() (*Client, error) {
 	cl, err := c.connect()
-	if err == nil || !errors.Is(err, nats.ErrAuthorization) {
+	if err == nil || errors.Is(err, context.Canceled) {
 		return cl, err
 	}
-	k, kerr := LoadKeys(c.dir)
-	if kerr != nil || k.Operator != nil {
-		return nil, err
-	}
-	seed, perr := readKeyFile(c.dir, FileNKeyPrevious)
+	kept, perr := readKeyFile(c.dir, FileNKeyPrevious)
 	if perr != nil {
 		return nil, err
 	}
-	if k.NKey, perr = nkeys.FromSeed(bytes.TrimSpace(seed)); perr != nil {
-		return nil, fmt.Errorf("%s: %w", FileNKeyPrevious, perr)
+	for _, seed := range bytes.Fields(kept) {
+		kp, perr := nkeys.FromSeed(seed)
+		if perr != nil {
+			return nil, fmt.Errorf("%s: %w", FileNKeyPrevious, perr)
+		}
+		prev, perr := LoadKeys(c.dir)
+		if perr != nil {
+			return nil, err
+		}
+		prev.NKey = kp
+		prev.NKeyPublic, _ = kp.PublicKey()
+		ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
+		cl, perr := Connect(ctx, prev, c.nats, c.log)
+		cancel()
+		if perr == nil {
+			return cl, nil
+		}
 	}
-	k.NKeyPublic, _ = k.NKey.PublicKey()
-	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
-	defer cancel()
-	return Connect(ctx, k, c.nats, c.log)
+	return nil, err
 }
 
 // finishNKeyRotation removes the control NKey a rotation replaced, once

@@ -35,8 +35,9 @@ const (
 	FileBrokerCert = "broker.crt"  // the broker's self-signed ECDSA P-256 certificate, PEM
 	FileBrokerKey  = "broker.key"  // its private key, PKCS#8 PEM (0600)
 	FileNKey       = "control.nk"  // the NKey seed of the control side's broker user (0600)
-	// FileNKeyPrevious is the control NKey nkey rotate replaced, kept until
-	// serve signs in with the new one (0600).
+	// FileNKeyPrevious holds the control NKeys nkey rotate replaced, a
+	// seed a line, newest first, kept until serve signs in with the new
+	// one (0600).
 	FileNKeyPrevious = "control.nk.previous"
 	FileSettings     = "control.json" // {"broker_url": "tls://127.0.0.1:4222", "format": 1}
 	// FileNodesAccount is the NKey seed of the nodes' account: it signs the

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -125,8 +126,11 @@ func accountPublic(dir, pubFile, seedFile string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, pubFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		seed, serr := readKeyFile(dir, seedFile)
-		if serr != nil {
+		if errors.Is(serr, fs.ErrNotExist) {
 			return "", fmt.Errorf("%s: %w", pubFile, err)
+		}
+		if serr != nil {
+			return "", serr
 		}
 		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
 		if err != nil {
@@ -153,12 +157,16 @@ func MakeOperator(dir string) (*Operator, error) {
 		{FileBrokerSystemPub, fileBrokerSystemSeed},
 		{FileBrokerControlPub, fileBrokerControlSeed},
 	} {
-		if _, err := os.Stat(filepath.Join(dir, f.pub)); err == nil {
+		if _, err := os.Lstat(filepath.Join(dir, f.pub)); err == nil {
+			// Only a public key that reads stands for the seed.
+			if _, err := accountPublic(dir, f.pub, f.seed); err != nil {
+				return nil, err
+			}
 			os.Remove(filepath.Join(dir, f.seed))
 			continue
 		}
 		var pub string
-		if _, err := os.Stat(filepath.Join(dir, f.seed)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Join(dir, f.seed)); errors.Is(err, fs.ErrNotExist) {
 			// None yet: an account key made, named, and forgotten.
 			kp, err := nkeys.CreateAccount()
 			if err != nil {
@@ -170,7 +178,9 @@ func MakeOperator(dir string) (*Operator, error) {
 			// account: CONTROL's ID names its streams' directory.
 			return nil, err
 		}
-		if err := writeNew(dir, f.pub, []byte(pub+"\n"), 0o644); err != nil && !errors.Is(err, os.ErrExist) {
+		// Written whole or not at all: a public key cut short by a crash
+		// would stand for a seed removed.
+		if err := statedir.WriteBytes(filepath.Join(dir, f.pub), []byte(pub+"\n"), 0o644); err != nil {
 			return nil, err
 		}
 		os.Remove(filepath.Join(dir, f.seed))

@@ -117,9 +117,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 		return err
 	}
 	defer c.Close()
-	if k.Operator == nil {
-		finishNKeyRotation(k, log)
-	}
+	finishNKeyRotation(k, log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 4)

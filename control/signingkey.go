@@ -43,19 +43,26 @@ func loadSigningKey(dir, file string, make bool) (*signingKey, error) {
 // loadKeyPair is loadSigningKey for a key of the kind prefix names.
 func loadKeyPair(dir, file string, prefix nkeys.PrefixByte, make bool) (*signingKey, error) {
 	s := &signingKey{dir: dir, file: file, prefix: prefix}
-	files := s.stat()
-	cur, err := s.read(file, make)
-	if err != nil {
-		return nil, err
+	// Read again while the files change under the read: another serve's
+	// switch between the two reads would give the old key alone.
+	for range 5 {
+		files := s.stat()
+		cur, err := s.read(file, make)
+		if err != nil {
+			return nil, err
+		}
+		next, err := s.read(file+".next", false)
+		if errors.Is(err, os.ErrNotExist) {
+			next, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.cur, s.next, s.files = cur, next, files
+		if s.stat() == files {
+			break
+		}
 	}
-	next, err := s.read(file+".next", false)
-	if errors.Is(err, os.ErrNotExist) {
-		next, err = nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	s.cur, s.next, s.files = cur, next, files
 	return s, nil
 }
 

@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -863,10 +864,17 @@ func loadPending(dir string) (*pending, *wire.Token, error) {
 	}
 	if p.WireGuard == nil {
 		// Another enrolment's (one a rollback began or finished), or one
-		// that does not read (a later release's format): this enrolment
-		// presents the executor's own key, as the release before does.
+		// that does not decode (a later release's format): this enrolment
+		// presents the executor's own key, as the release before does. A
+		// file the system fails to read fails the enrolment's step, which
+		// is tried again.
 		var wg pendingWireGuard
-		if ok, err := readJSON(dir, PendingWireGuardFile, &wg); err == nil && ok && wg.Identity == pendingIdentity(&p) {
+		ok, err := readJSON(dir, PendingWireGuardFile, &wg)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return nil, nil, err
+		}
+		if err == nil && ok && wg.Identity == pendingIdentity(&p) {
 			p.WireGuard = wg.Key
 		}
 	}

@@ -62,6 +62,7 @@ func (c *command) doctor() int {
 	var id *identity.Identity
 	var idErr error
 	var pending *enrol.PendingView
+	var rekey *enrol.RekeyView
 	var link *serve.LinkState
 	var linkErr error
 	var faults serve.Faults
@@ -69,13 +70,14 @@ func (c *command) doctor() int {
 	if exists {
 		id, idErr = identity.Load(c.state)
 		pending, _ = enrol.ReadPending(c.state)
+		rekey, _ = enrol.ReadRekey(c.state)
 		link, linkErr = serve.ReadLinkState(c.state)
 		faults, faultsErr = serve.ReadFaults(c.state)
 	}
 	checks := []check{
 		dir,
 		daemonCheck(c.state, c.socket),
-		identityCheck(exists, id, idErr, pending),
+		identityCheck(exists, id, idErr, pending, rekey, now),
 		linkCheck(id != nil, link, linkErr, now),
 		clockCheck(id != nil, link),
 		diskCheck(c.state),
@@ -193,7 +195,7 @@ func alive(pid int) bool {
 
 // identityCheck says whom the node is: enrolled (its node, enrolment and
 // the control key it pins), hosted, or an enrolment under way.
-func identityCheck(exists bool, id *identity.Identity, err error, pending *enrol.PendingView) check {
+func identityCheck(exists bool, id *identity.Identity, err error, pending *enrol.PendingView, rekey *enrol.RekeyView, now time.Time) check {
 	ch := check{Check: "identity", Status: checkOK}
 	switch {
 	case err != nil:
@@ -217,8 +219,20 @@ func identityCheck(exists bool, id *identity.Identity, err error, pending *enrol
 			ch.Detail += ": mesh-executor status says how it goes"
 		}
 	}
+	if r := rekey; r != nil {
+		ch.Detail += fmt.Sprintf("; a rekey is asked for since %s, the control side's answer awaited (the agent carries the request with its heartbeats)", stamp(r.Begun))
+		if now.Sub(r.Begun) > rekeyUnanswered && ch.Status == checkOK {
+			ch.Status = checkWarn
+			ch.Fix = "is the agent linked (the link line below)? a control side of a release before rekeys reads past the request; mesh-executor rekey --cancel ends it"
+		}
+	}
 	return ch
 }
+
+// rekeyUnanswered is how long a rekey may wait for the control side's
+// answer before doctor says so: the answer comes with the next heartbeat
+// of a linked agent.
+const rekeyUnanswered = 10 * time.Minute
 
 // linkCheck says the agent's link as it last told the executor: linked,
 // disconnected or revoked since when, and whether the agent has gone

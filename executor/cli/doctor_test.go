@@ -243,19 +243,29 @@ func TestDoctorDiskThresholds(t *testing.T) {
 func TestDoctorIdentityAndLink(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	id := &identity.Identity{Node: "web1", Enrolment: "e1", ControlKey: make([]byte, 32)}
-	if ch := identityCheck(true, id, nil, nil); ch.Status != checkOK || !strings.HasPrefix(ch.Detail, "enrolled: node web1 (enrolment e1), control key ") {
+	if ch := identityCheck(true, id, nil, nil, nil, now); ch.Status != checkOK || !strings.HasPrefix(ch.Detail, "enrolled: node web1 (enrolment e1), control key ") {
 		t.Errorf("enrolled: %+v", ch)
 	}
-	if ch := identityCheck(true, nil, errors.New("identity: bad"), nil); ch.Status != checkFail || ch.Fix == "" {
+	if ch := identityCheck(true, nil, errors.New("identity: bad"), nil, nil, now); ch.Status != checkFail || ch.Fix == "" {
 		t.Errorf("unreadable: %+v", ch)
 	}
 	p := &enrol.PendingView{Token: "abcd", Begun: now, Expires: now.Add(time.Hour)}
-	if ch := identityCheck(true, nil, nil, p); ch.Status != checkOK || !strings.Contains(ch.Detail, "an enrolment is pending (token abcd") {
+	if ch := identityCheck(true, nil, nil, p, nil, now); ch.Status != checkOK || !strings.Contains(ch.Detail, "an enrolment is pending (token abcd") {
 		t.Errorf("pending: %+v", ch)
 	}
 	p.Expired = true
-	if ch := identityCheck(true, nil, nil, p); ch.Status != checkWarn || !strings.Contains(ch.Fix, "enrol --cancel") {
+	if ch := identityCheck(true, nil, nil, p, nil, now); ch.Status != checkWarn || !strings.Contains(ch.Fix, "enrol --cancel") {
 		t.Errorf("expired: %+v", ch)
+	}
+	// A rekey asked for: said while the answer may come, warned about once
+	// it is long awaited.
+	rk := &enrol.RekeyView{Node: "web1", Enrolment: "e1", Begun: now.Add(-time.Minute)}
+	if ch := identityCheck(true, id, nil, nil, rk, now); ch.Status != checkOK || !strings.Contains(ch.Detail, "a rekey is asked for since "+stamp(rk.Begun)) {
+		t.Errorf("rekey: %+v", ch)
+	}
+	rk.Begun = now.Add(-time.Hour)
+	if ch := identityCheck(true, id, nil, nil, rk, now); ch.Status != checkWarn || !strings.Contains(ch.Fix, "rekey --cancel") {
+		t.Errorf("rekey long awaited: %+v", ch)
 	}
 
 	since := now.Add(-time.Hour)

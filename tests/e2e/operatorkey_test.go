@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nox-mesh/nox-mesh-host/control"
@@ -123,4 +124,111 @@ func operators(conf string) string {
 	}
 	list, _, _ := strings.Cut(after, "]")
 	return list
+}
+
+// The operator's key of a three-server cluster in operator mode rotates
+// with the servers restarted one at a time after each step: the switch is
+// refused while a server does not trust the new key, naming it, and while
+// a server is away (fewer answer than the routes name), then goes
+// through; restarted onto the new key alone, every server's resolver
+// holds the accounts signed by it, and the control side works on.
+func TestTheClusterOperatorKeyRotates(t *testing.T) {
+	m := newMeshDirs(t)
+	natsServer := buildNATSServer(t, m.base)
+	var clients, routes []string
+	for range 3 {
+		clients = append(clients, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+	}
+	confDir := filepath.Join(m.base, "cluster")
+	configure := func() {
+		t.Helper()
+		m.run("mesh-control", "broker-config", "--dir", m.ctl, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", confDir, "--resolver")
+	}
+	configure()
+	servers := make([]*exec.Cmd, 3)
+	start := func(i int) {
+		name := fmt.Sprintf("mesh-broker-%d", i+1)
+		servers[i] = startLogged(m, name, natsServer, nil, "-c", filepath.Join(confDir, name+".conf"))
+	}
+	stop := func(i int) {
+		servers[i].Process.Signal(syscall.SIGTERM)
+		servers[i].Wait()
+	}
+	for i := range 3 {
+		start(i)
+	}
+	urls := make([]string, len(clients))
+	for i, c := range clients {
+		urls[i] = "tls://" + c
+	}
+	urlList := strings.Join(urls, ",")
+	serving := func(what string) {
+		t.Helper()
+		waitAll(t, 2*time.Minute, what, func() (int, bool) {
+			code, _, _ := m.runCode("mesh-control", "", "nodes", "--dir", m.ctl, "--nats", urlList)
+			return 1, code == 0
+		})
+	}
+	startLogged(m, "control", filepath.Join(bin, "mesh-control"), nil, "serve", "--dir", m.ctl, "--nats", urlList, "--replicas", "3")
+	serving("the control side on the cluster")
+	m.issue("--new", "--name", "n1", "--nats", urlList)
+	rolling := func(what string) {
+		t.Helper()
+		for i := range 3 {
+			stop(i)
+			start(i)
+			serving(what)
+		}
+	}
+	rotate := func(args ...string) (int, string, string) {
+		return m.runCode("mesh-control", "", append([]string{"operator-key", "rotate", "--dir", m.ctl, "--nats", urlList}, args...)...)
+	}
+
+	var res control.OperatorKeyResult
+	if code, out, stderr := rotate("--json"); code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Next == "" {
+		t.Fatalf("operator-key rotate: exit %d\n%s%s", code, out, stderr)
+	}
+	configure()
+	for i := range 2 {
+		stop(i)
+		start(i)
+		serving("servers 1 and 2 restarted onto both keys")
+	}
+	if code, _, stderr := rotate("--switch"); code == 0 || !strings.Contains(stderr, "1 server(s) do not trust the new operator key yet: mesh-broker-3") {
+		t.Fatalf("a switch with mesh-broker-3 not restarted: exit %d: %s", code, stderr)
+	}
+	stop(2)
+	if code, _, stderr := rotate("--switch"); code == 0 || !strings.Contains(stderr, "2 server(s) answered") {
+		t.Fatalf("a switch with mesh-broker-3 away: exit %d: %s", code, stderr)
+	}
+	start(2)
+	serving("mesh-broker-3 back, trusting both keys")
+	if code, out, stderr := rotate("--switch"); code != 0 || !strings.Contains(out, "the operator's key is "+res.Next+" now") {
+		t.Fatalf("the switch: exit %d\n%s%s", code, out, stderr)
+	}
+	configure()
+	if b, _ := os.ReadFile(filepath.Join(confDir, "mesh-broker-1.conf")); strings.Count(operators(string(b)), ",") != 0 {
+		t.Fatalf("the configuration after the switch names more than one operator:\n%s", b)
+	}
+	rolling("the cluster restarted onto the new key alone")
+	m.issue("--new", "--name", "n2", "--nats", urlList)
+	for i := range 3 {
+		dir := filepath.Join(confDir, fmt.Sprintf("mesh-broker-%d", i+1), "accounts")
+		eventually(t, dir+": every account the new key's", func() bool {
+			n, stale := 0, 0
+			filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+				if err != nil || !strings.HasSuffix(p, ".jwt") {
+					return nil
+				}
+				b, _ := os.ReadFile(p)
+				if c, err := jwt.DecodeGeneric(strings.TrimSpace(string(b))); err != nil || c.Issuer != res.Next {
+					stale++
+				}
+				n++
+				return nil
+			})
+			return n >= 4 && stale == 0
+		})
+	}
 }

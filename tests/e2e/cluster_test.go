@@ -52,11 +52,7 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 	natsServer := buildNATSServer(t, base)
 
 	// The cluster's configuration, as an operator makes it.
-	var clients, routes []string
-	for range 3 {
-		clients = append(clients, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-	}
+	clients, routes := clusterAddrs(t)
 	confDir := filepath.Join(base, "cluster")
 	args := []string{"broker-config", "--dir", m.ctl, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", confDir}
 	if resolver {
@@ -346,6 +342,16 @@ func startLogged(m *mesh, logName, path string, cred *syscall.Credential, args .
 		}
 	})
 	return cmd
+}
+
+// clusterAddrs are three servers' client and route addresses, free ports
+// of loopback.
+func clusterAddrs(t *testing.T) (clients, routes []string) {
+	for range 3 {
+		clients = append(clients, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+	}
+	return clients, routes
 }
 
 // waitAll waits until cond says done, within d, saying how many are

@@ -135,11 +135,7 @@ func operators(conf string) string {
 func TestTheClusterOperatorKeyRotates(t *testing.T) {
 	m := newMeshDirs(t)
 	natsServer := buildNATSServer(t, m.base)
-	var clients, routes []string
-	for range 3 {
-		clients = append(clients, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-	}
+	clients, routes := clusterAddrs(t)
 	confDir := filepath.Join(m.base, "cluster")
 	configure := func() {
 		t.Helper()

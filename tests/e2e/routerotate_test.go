@@ -51,11 +51,7 @@ func routePeers(mon int) int {
 func TestTheClusterRouteCertificateRotates(t *testing.T) {
 	m := newMeshDirs(t)
 	natsServer := buildNATSServer(t, m.base)
-	var clients, routes []string
-	for range 3 {
-		clients = append(clients, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
-	}
+	clients, routes := clusterAddrs(t)
 	dir := filepath.Join(m.base, "cluster")
 	m.run("mesh-control", "broker-config", "--dir", m.ctl, "--cluster", strings.Join(routes, ","), "--listen", strings.Join(clients, ","), "--out", dir)
 	// As the release before wrote it: the routes' certificate is its own CA.

@@ -354,7 +354,12 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 			return fmt.Errorf("registry bucket %s: %w", Bucket, err)
 		}
 	}
-	c.KV = kv
+	if kvc.Replicas > 1 {
+		if kv, err = c.registryFromLeader(ctx); err != nil {
+			return fmt.Errorf("registry bucket %s: %w", Bucket, err)
+		}
+	}
+	c.KV = registry{kv}
 	osc := jetstream.ObjectStoreConfig{Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage, Replicas: obsReplicas}
 	obs, err := c.JS.ObjectStore(ctx, link.ArchiveBucket)
 	if err == nil {
@@ -370,6 +375,57 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	}
 	c.Archives = obs
 	return nil
+}
+
+// registryGetRetry bounds how long a registry read waits out a JetStream
+// API that answers nothing: a broker configured from a file reloads its
+// users as nodes are added, and a request in that moment finds no
+// responder. nats.go's own publish retries the same answer (twice, 250 ms
+// apart); a read is as safe to ask again, and an operator's command or
+// serve's work reads right after a write that made the reload.
+const registryGetRetry = 3 * time.Second
+
+// registry is the registry bucket with reads that wait out a moment with
+// no responder (registryGetRetry); everything else is the bucket's own.
+type registry struct{ jetstream.KeyValue }
+
+func (r registry) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	deadline := time.Now().Add(registryGetRetry)
+	for {
+		e, err := r.KeyValue.Get(ctx, key)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return e, err
+		}
+		select {
+		case <-ctx.Done():
+			return e, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// registryFromLeader turns the registry's direct gets off and binds it
+// again. Every writer of the registry reads a record and writes it back by
+// its revision, and node add's record is read straight after (its token,
+// the servers' accounts). A direct get may be answered by any replica, and
+// a follower the write has not reached yet answers with no record or the
+// revision before: NATS documents a bucket's direct gets as not reading
+// your own writes, and a get sent to the stream's leader as the one that
+// does. One copy has no follower, so a lone server keeps direct gets.
+func (c *Client) registryFromLeader(ctx context.Context) (jetstream.KeyValue, error) {
+	st, err := c.JS.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, err
+	}
+	if cfg := st.CachedInfo().Config; cfg.AllowDirect {
+		cfg.AllowDirect = false
+		if _, err := c.JS.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("reads from its leader: %w", err)
+		}
+	}
+	// Bound again either way: a handle bound before another control
+	// side turned direct gets off still makes them.
+	return c.JS.KeyValue(ctx, Bucket)
 }
 
 // streamAsWanted returns the stream sc names, made or updated only when it

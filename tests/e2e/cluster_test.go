@@ -112,6 +112,11 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 			return err == nil && st.CachedInfo().Config.Replicas == 3
 		})
 	}
+	// The registry is read from its leader: a follower's direct get may
+	// not have the record node add wrote a moment before.
+	if st, err := cl.JS.Stream(ctx, "KV_"+control.Bucket); err != nil || st.CachedInfo().Config.AllowDirect {
+		t.Fatalf("the registry's direct gets at three replicas: still on (%v)", err)
+	}
 
 	// The fleet: registered, in the servers' users, linked.
 	f := fleet.New(keys.ControlPublic(), 30*time.Second)

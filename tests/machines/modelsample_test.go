@@ -62,15 +62,21 @@ type sampleRun struct {
 // name is a model name (unit or package) as this sequence has it in the lab.
 func (r sampleRun) name(n string) string { return n + "-" + strconv.FormatUint(r.seq.Seed, 10) }
 
-// fail is a difference, said whole: the seed, the step, both sides, and the
-// sequence (in the model's names; the lab's have "-SEED" after them).
-func (r sampleRun) fail(in lab.Init, step int, format string, args ...any) string {
+// fail is a difference, said whole: the seed, the step, the sequence (in
+// the model's names; the lab's have "-SEED" after them), what the step
+// gave (context, may be empty), and last the difference itself, after the
+// seed and step again — a long log cut in its middle keeps its end.
+func (r sampleRun) fail(in lab.Init, step int, context, diff string) string {
 	what := "the world as set up"
 	if step > 0 {
 		what = fmt.Sprintf("step %d (%s)", step, r.seq.Steps[step-1].What)
 	}
-	return fmt.Sprintf("%s, seed %d, %s: %s\nthe sequence (executor/engine/model Generate(%d); in the lab each name has -%d after it):\n%s",
-		in, r.seq.Seed, what, fmt.Sprintf(format, args...), r.seq.Seed, r.seq.Seed, r.seq)
+	head := fmt.Sprintf("%s, seed %d, %s", in, r.seq.Seed, what)
+	if context != "" {
+		context = "\n" + context
+	}
+	return fmt.Sprintf("%s\nthe sequence (executor/engine/model Generate(%d); in the lab each name has -%d after it):\n%s%s\n%s: %s",
+		head, r.seq.Seed, r.seq.Seed, r.seq, context, head, diff)
 }
 
 // machineAt is the model's machine after the first n events.
@@ -213,13 +219,13 @@ func runSample(m *machine, g giveBackInit, r sampleRun) string {
 	for i, st := range r.seq.Steps {
 		if st.Decl == nil {
 			if msg := operatorFlips(m, g, r, st.Op); msg != "" {
-				return r.fail(m.Init(), i+1, "%s", msg)
+				return r.fail(m.Init(), i+1, "", msg)
 			}
 		} else {
 			doc := model.EngineDoc(st.Decl.Renamed(r.name))
 			rep, code, log := m.applyLogged(doc, "apply", "--state", state)
 			if msg := sameOutcomes(rep, r.want[i]); msg != "" {
-				return r.fail(m.Init(), i+1, "%s (exit %d)\n  the declaration: %s\n  the executor logged: %s", msg, code, doc, log)
+				return r.fail(m.Init(), i+1, fmt.Sprintf("  the declaration: %s\n  the executor logged: %s", doc, log), fmt.Sprintf("%s (exit %d)", msg, code))
 			}
 		}
 		if msg := checkMachine(m, g, r, i+1); msg != "" {
@@ -344,5 +350,5 @@ func checkMachine(m *machine, g giveBackInit, r sampleRun, n int) string {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return r.fail(m.Init(), n, "the machine after it is not the model's:%s", diff)
+	return r.fail(m.Init(), n, "", "the machine after it is not the model's:"+diff)
 }

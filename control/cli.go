@@ -868,9 +868,12 @@ func (c *cli) reports(node string, last int) error {
 }
 
 // brokerCluster writes a cluster's configurations into out: one per
-// server, with a fresh route secret they share, and the accounts they
-// include, listing the registry's users if the control side can be
-// reached (the first serve --broker-accounts writes them otherwise).
+// server, with a route secret they share, and the accounts they include,
+// listing the registry's users if the control side can be reached (the
+// first serve --broker-accounts writes them otherwise). Written over a
+// cluster's directory again, it keeps the routes' secret and certificate
+// there (keptRoutes): the servers take the new configurations one at a
+// time.
 func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) error {
 	k, err := c.brokerKeys(resolver)
 	if err != nil {
@@ -889,16 +892,25 @@ func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) er
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
-	secret := RouteSecret()
-	rc, rk, err := RouteCertificate(servers)
-	if err != nil {
-		return err
+	secret, keep, why := keptRoutes(out, servers)
+	if secret == "" {
+		secret = RouteSecret()
+	}
+	files := map[string]string{}
+	if !keep {
+		if why != "" {
+			c.warn("%s, so the routes' certificate is made anew: restart every server at once, since a server restarted alone will not route to those still presenting the one before", why)
+		}
+		rc, rk, err := RouteCertificate(servers)
+		if err != nil {
+			return err
+		}
+		files[RouteCertFile], files[RouteKeyFile], files[RouteCAFile] = string(rc), string(rk), string(rc)
 	}
 	abs, err := filepath.Abs(out)
 	if err != nil {
 		return err
 	}
-	files := map[string]string{RouteCertFile: string(rc), RouteKeyFile: string(rk), RouteCAFile: string(rc)}
 	if k.Operator == nil {
 		c.warnSharedAccount()
 		nodes, tokens := c.registryUsers()

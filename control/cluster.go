@@ -2,10 +2,15 @@ package control
 
 import (
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
-
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -141,4 +146,67 @@ func ClientURLs(servers []ClusterServer) string {
 		out = append(out, "tls://"+s.Client)
 	}
 	return strings.Join(out, ",")
+}
+
+// keptRoutes is what a cluster's directory already holds of its routes,
+// for broker-config run over it again (to name an announced operator key,
+// to list the registry's users anew): the servers are restarted onto the
+// new configurations one at a time, and each restarted one must still
+// route to those not restarted yet, so the secret they present one another
+// and the certificate they accept stay as they are. secret is the one the
+// directory's configurations name ("" for none). keep says the routes'
+// certificate, key and accepted list stay (the list may hold a rotation's
+// next certificate too): they read and the certificate names every
+// route's host. why says, when they are there and not kept, why not.
+func keptRoutes(dir string, servers []ClusterServer) (secret string, keep bool, why string) {
+	for _, s := range servers {
+		if b, err := os.ReadFile(filepath.Join(dir, s.Name+".conf")); err == nil {
+			if secret = routeSecretOf(b); secret != "" {
+				break
+			}
+		}
+	}
+	certFile, keyFile := filepath.Join(dir, RouteCertFile), filepath.Join(dir, RouteKeyFile)
+	if _, err := os.Stat(certFile); errors.Is(err, fs.ErrNotExist) {
+		return secret, false, ""
+	}
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return secret, false, fmt.Sprintf("the routes' certificate and key in %s do not read: %v", dir, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, RouteCAFile)); err != nil {
+		return secret, false, fmt.Sprintf("%s: %v", RouteCAFile, err)
+	}
+	cert := pair.Leaf
+	if cert == nil {
+		if cert, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return secret, false, fmt.Sprintf("the routes' certificate in %s: %v", dir, err)
+		}
+	}
+	for _, s := range servers {
+		h, _, _ := splitListen(s.Route)
+		if err := cert.VerifyHostname(h); err != nil {
+			return secret, false, fmt.Sprintf("the routes' certificate in %s does not name %s", dir, h)
+		}
+	}
+	return secret, true, ""
+}
+
+// routeSecretOf is the route password a server's configuration (as
+// ClusterConfig writes it) names in its cluster block, "" for none.
+func routeSecretOf(conf []byte) string {
+	inCluster := false
+	for _, l := range strings.Split(string(conf), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "cluster {" {
+			inCluster = true
+			continue
+		}
+		if k, v, ok := strings.Cut(l, ":"); inCluster && ok && k == "password" {
+			if s, err := strconv.Unquote(strings.TrimSpace(v)); err == nil {
+				return s
+			}
+		}
+	}
+	return ""
 }

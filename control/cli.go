@@ -899,7 +899,7 @@ func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) er
 	files := map[string]string{}
 	if !keep {
 		if why != "" {
-			c.warn("%s, so the routes' certificate is made anew: restart every server at once, since a server restarted alone will not route to those still presenting the one before", why)
+			c.warn("%s: a new one is made, so restart every server at once (one restarted alone will not route to those still presenting the one before)", why)
 		}
 		rc, rk, err := RouteCertificate(servers)
 		if err != nil {

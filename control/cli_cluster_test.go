@@ -63,7 +63,7 @@ func TestBrokerConfigAgainKeepsTheRoutes(t *testing.T) {
 	if secret[0] != secret[1] || secret[1] != secret[2] {
 		t.Fatalf("the servers name different route passwords: %v", secret)
 	}
-	if errs := configure(routes); errs != "" && strings.Contains(errs, "made anew") {
+	if errs := configure(routes); errs != "" && strings.Contains(errs, "a new one is made") {
 		t.Fatalf("written again: %s", errs)
 	}
 	if !bytes.Equal(read(control.RouteCertFile), cert) || !bytes.Equal(read(control.RouteCAFile), ca) {

@@ -892,6 +892,16 @@ func (c *cli) brokerCluster(listen, routes, out, store string, resolver bool) er
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
+	// One writer of a cluster's directory at a time: two at once would
+	// each make a certificate, key and password, and leave them mixed.
+	l, err := statedir.LockDir(out, routeLockRecord)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := l.Record("mesh-control broker-config --cluster"); err != nil {
+		return err
+	}
 	secret, keep, why := keptRoutes(out, servers)
 	if secret == "" {
 		secret = RouteSecret()

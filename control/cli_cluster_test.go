@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/control"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // broker-config --cluster written again over a cluster's directory (as an
@@ -18,7 +19,8 @@ import (
 // certificate, so a server restarted onto the new configuration still
 // routes to those not restarted yet; written for a host its certificate
 // does not name, it makes a new one and says why, and what that asks of
-// the servers.
+// the servers. One writes the directory at a time: while another holds it,
+// broker-config is refused and writes nothing.
 func TestBrokerConfigAgainKeepsTheRoutes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -73,10 +75,25 @@ func TestBrokerConfigAgainKeepsTheRoutes(t *testing.T) {
 		t.Fatalf("written again, the route password changed: %v, was %v", got, secret)
 	}
 
+	// Another writer of the directory (a rotation of the routes, a second
+	// broker-config) holds it: refused, nothing written.
+	l, err := statedir.LockDir(out, "holder.pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := run(t, ctx, "broker-config", "--dir", dir, "--resolver", "--out", out,
+		"--cluster", "127.0.0.1:16222,127.0.0.1:16223,127.0.0.2:16224", "--listen", "127.0.0.1:14222,127.0.0.1:14223,127.0.0.1:14224"); code == 0 || !strings.Contains(errs, "holds "+out) {
+		t.Fatalf("broker-config with the directory held: exit %d: %s", code, errs)
+	}
+	l.Close()
+	if !bytes.Equal(read(control.RouteCertFile), cert) || strings.Contains(string(read("mesh-broker-1.conf")), "127.0.0.2") {
+		t.Fatal("broker-config refused, and the directory changed")
+	}
+
 	// A route on a host the certificate does not name: a new one, said so.
 	errs := configure("127.0.0.1:16222,127.0.0.1:16223,127.0.0.2:16224")
-	if bytes.Equal(read(control.RouteCertFile), cert) {
-		t.Fatal("a host the routes' certificate does not name: the certificate kept")
+	if bytes.Equal(read(control.RouteCertFile), cert) || !strings.Contains(string(read("mesh-broker-1.conf")), "127.0.0.2") {
+		t.Fatal("a host the routes' certificate does not name: the certificate kept, or the route not written")
 	}
 	if !strings.Contains(errs, "does not name 127.0.0.2") || !strings.Contains(errs, "restart every server at once") {
 		t.Fatalf("the new certificate not said: %q", errs)

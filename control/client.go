@@ -386,22 +386,16 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 const registryGetRetry = 3 * time.Second
 
 // registry is the registry bucket with reads that wait out a moment with
-// no responder (registryGetRetry); everything else is the bucket's own.
+// no responder (registryGetRetry, by the registry's one retry rule,
+// retryRegistry); everything else is the bucket's own.
 type registry struct{ jetstream.KeyValue }
 
-func (r registry) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	deadline := time.Now().Add(registryGetRetry)
-	for {
-		e, err := r.KeyValue.Get(ctx, key)
-		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-			return e, err
-		}
-		select {
-		case <-ctx.Done():
-			return e, err
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+func (r registry) Get(ctx context.Context, key string) (e jetstream.KeyValueEntry, err error) {
+	err = retryRegistry(ctx, registryGetRetry, func() error {
+		e, err = r.KeyValue.Get(ctx, key)
+		return err
+	}, nil, func(err error) bool { return !errors.Is(err, nats.ErrNoResponders) })
+	return e, err
 }
 
 // registryFromLeader turns the registry's direct gets off and binds it

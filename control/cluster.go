@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 )
 
@@ -190,23 +189,4 @@ func keptRoutes(dir string, servers []ClusterServer) (secret string, keep bool, 
 		}
 	}
 	return secret, true, ""
-}
-
-// routeSecretOf is the route password a server's configuration (as
-// ClusterConfig writes it) names in its cluster block, "" for none.
-func routeSecretOf(conf []byte) string {
-	inCluster := false
-	for _, l := range strings.Split(string(conf), "\n") {
-		l = strings.TrimSpace(l)
-		if l == "cluster {" {
-			inCluster = true
-			continue
-		}
-		if k, v, ok := strings.Cut(l, ":"); inCluster && ok && k == "password" {
-			if s, err := strconv.Unquote(strings.TrimSpace(v)); err == nil {
-				return s
-			}
-		}
-	}
-	return ""
 }

@@ -303,7 +303,7 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recor
 		// report of each node of a new fleet), read if it is not.
 		last, known = kept{}, true
 	}
-	return retryRegistry(ctx, func() error {
+	return retryRegistry(ctx, putRetryFor, func() error {
 		if !known {
 			e, err := w.c.KV.Get(ctx, key)
 			switch {
@@ -332,7 +332,7 @@ func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recor
 		}
 		w.kept[key] = kept{rev: rev, recorded: recorded}
 		return nil
-	}, func(err error) bool { return errors.Is(err, jetstream.ErrKeyExists) })
+	}, func(err error) bool { return errors.Is(err, jetstream.ErrKeyExists) }, nil)
 }
 
 // putRetryFor is how long the recorder tries a registry write again
@@ -344,22 +344,23 @@ const putRetryFor = 20 * time.Second
 
 // putRetrying is KV.Put, tried again for up to putRetryFor.
 func (c *Client) putRetrying(ctx context.Context, key string, data []byte) (rev uint64, err error) {
-	err = retryRegistry(ctx, func() error {
+	err = retryRegistry(ctx, putRetryFor, func() error {
 		rev, err = c.KV.Put(ctx, key, data)
 		return err
-	}, nil)
+	}, nil, nil)
 	return rev, err
 }
 
-// retryRegistry calls try until it succeeds, ctx ends or putRetryFor
-// passes: an error at once says is tried again at once (a compare-and-set
-// lost to another writer), any other after a wait that grows (the
-// registry did not answer).
-func retryRegistry(ctx context.Context, try func() error, atOnce func(error) bool) error {
-	deadline := time.Now().Add(putRetryFor)
+// retryRegistry calls try until it succeeds, ctx ends or within passes:
+// an error atOnce says is tried again at once (a compare-and-set lost to
+// another writer), one final says is returned as it is, any other is tried
+// again after a wait that grows (the registry did not answer). nil for
+// either is no error.
+func retryRegistry(ctx context.Context, within time.Duration, try func() error, atOnce, final func(error) bool) error {
+	deadline := time.Now().Add(within)
 	for wait := 200 * time.Millisecond; ; {
 		err := try()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || (final != nil && final(err)) {
 			return err
 		}
 		if atOnce != nil && atOnce(err) {

@@ -30,7 +30,9 @@ const (
 	routeNextKey  = RouteKeyFile + ".next"
 )
 
-// routeLockRecord is where the rotation holding dir's lock says its pid.
+// routeLockRecord is where the command holding a cluster directory's lock
+// (a rotation of its routes' certificate, broker-config --cluster writing
+// it) says its pid.
 const routeLockRecord = ".routes-rotate.pid"
 
 // routeProbeWait is how long a switch waits for every server to present
@@ -284,27 +286,60 @@ func routeOf(conf []byte) (RouteServer, bool) {
 	var s RouteServer
 	var host string
 	port, inCluster := 0, false
-	sc := bufio.NewScanner(bytes.NewReader(conf))
-	for sc.Scan() {
-		l := strings.TrimSpace(sc.Text())
-		k, v, _ := strings.Cut(l, ":")
-		v = strings.Trim(strings.TrimSpace(v), `"`)
+	scanConf(conf, func(cluster bool, k, v string) {
+		inCluster = inCluster || cluster
 		switch {
-		case l == "cluster {":
-			inCluster = true
-		case !inCluster && k == "server_name":
+		case !cluster && k == "server_name":
 			s.Name = v
-		case inCluster && k == "host":
+		case cluster && k == "host":
 			host = v
-		case inCluster && k == "port":
+		case cluster && k == "port":
 			port, _ = strconv.Atoi(v)
 		}
-	}
+	})
 	if !inCluster || host == "" || port == 0 {
 		return s, false
 	}
 	s.Route = net.JoinHostPort(host, strconv.Itoa(port))
 	return s, true
+}
+
+// routeSecretOf is the route password a server's configuration names in
+// its cluster block, "" for none.
+func routeSecretOf(conf []byte) string {
+	var secret string
+	scanConf(conf, func(cluster bool, k, v string) {
+		if cluster && k == "password" && secret == "" {
+			secret = v
+		}
+	})
+	return secret
+}
+
+// scanConf calls f with each "key: value" line of a server's
+// configuration as ClusterConfig writes it (a key a line, quoted values
+// unquoted), and whether it comes after the cluster block opens.
+func scanConf(conf []byte, f func(cluster bool, key, value string)) {
+	inCluster := false
+	sc := bufio.NewScanner(bytes.NewReader(conf))
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		if l == "cluster {" {
+			inCluster = true
+			continue
+		}
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		if u, err := strconv.Unquote(v); err == nil {
+			v = u
+		} else {
+			v = strings.Trim(v, `"`)
+		}
+		f(inCluster, k, v)
+	}
 }
 
 // errSeen ends a probe's handshake once the certificate is seen.

@@ -156,11 +156,13 @@ agent versions in use, the broker, its store (a full disk) and the registry, and
 outcome, its lines changed, unchanged, failed and held) and the total`),
 	cmdline.D("broker-config", "", 0, 0, []string{"dir", "nats", "listen", "cluster", "out", "store", "resolver"},
 		`a nats-server configuration for an existing broker (serve --nats); with --cluster, each
-server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf, routes between them, TLS
-with the key directory's certificate) and the accounts they all include (OUTDIR/accounts.conf:
-serve --nats URLS --replicas 3 --broker-accounts it); with --resolver, in NATS operator mode:
-each node in an account of its own, which serve pushes to the servers (no accounts file, no
-reload); the key directory keeps the operator's keys, and stays in that mode`),
+server's configuration of a NATS cluster (OUTDIR/mesh-broker-N.conf: clients on TLS with the key
+directory's certificate, routes between them on OUTDIR/routes.crt, which a run over the same
+OUTDIR keeps, with the route password, so servers take it one at a time) and the accounts they
+all include (OUTDIR/accounts.conf: serve --nats URLS --replicas 3 --broker-accounts it); with
+--resolver, in NATS operator mode: each node in an account of its own, which serve pushes to the
+servers (no accounts file, no reload); the key directory keeps the operator's keys, and stays in
+that mode`),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-control"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-control's manual page (roff)"),
 	cmdline.D("version", "", 0, 0, nil, "print the version and build"),

@@ -758,11 +758,24 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err := json.Unmarshal(decl, &m); err != nil {
 		return 0, fmt.Errorf("declaration: %w", err)
 	}
-	rec, rev, err := c.Node(ctx, node)
+	var (
+		rec *NodeRecord
+		rev uint64
+		b   *shapes.Briefing
+	)
+	// Read as the declare's other requests are made: again while the
+	// broker does not answer. A briefing not read is not taken as none.
+	err := c.untilAnswered(ctx, func(ctx context.Context) (err error) {
+		if rec, rev, err = c.Node(ctx, node); err != nil {
+			return err
+		}
+		b, err = c.briefing(ctx, node)
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
-	return c.declare(ctx, rec, rev, c.Briefing(ctx, node), m, nil, false)
+	return c.declare(ctx, rec, rev, b, m, nil, false)
 }
 
 // fillDecl addresses m to rec with sequence seq and encodes it.
@@ -838,7 +851,14 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 		next := *rec
 		next.NextSeq++
 		data, _ := json.Marshal(&next)
-		if _, err = c.KV.Update(ctx, nodeKey(node), data, rev); err == nil {
+		// Unanswered, the compare-and-set is made again on the same
+		// revision: if the first was taken, the second is refused as
+		// another's, and the next sequence is taken (one is spent, never
+		// published; a node needs each newer, not each one).
+		if err = c.untilAnswered(ctx, func(ctx context.Context) error {
+			_, err := c.KV.Update(ctx, nodeKey(node), data, rev)
+			return err
+		}); err == nil {
 			break
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 1000 {
@@ -846,7 +866,7 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 		}
 		// Another declare took it: read again and take the next one; the
 		// subject's newest is read again too.
-		if rec, rev, err = c.Node(ctx, node); err != nil {
+		if err = c.untilAnswered(ctx, func(ctx context.Context) (err error) { rec, rev, err = c.Node(ctx, node); return err }); err != nil {
 			return 0, err
 		}
 		last = nil
@@ -901,7 +921,11 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		known = nil // known once: after a refused publish, read again
 		if on == nil {
 			on = &lastOnSubject{}
-			m, err := c.decls.GetLastMsgForSubject(ctx, s.Decl)
+			var m *jetstream.RawStreamMsg
+			err := c.untilAnswered(ctx, func(ctx context.Context) (err error) {
+				m, err = c.decls.GetLastMsgForSubject(ctx, s.Decl)
+				return err
+			})
 			switch {
 			case errors.Is(err, jetstream.ErrMsgNotFound):
 			case err != nil:
@@ -909,7 +933,15 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 			default:
 				on.stream = m.Sequence
 				on.seq, _ = strconv.ParseUint(m.Header.Get(link.SeqHeader), 10, 64)
+				on.id = m.Header.Get(nats.MsgIdHdr)
 			}
+		}
+		if on.stream != 0 && on.id == msgID {
+			// This declaration, published by an attempt whose answer
+			// was lost (the broker refuses the attempt made again as
+			// not on top of the last, which is now its own).
+			c.notice(rec, s, env, on.stream)
+			return nil
 		}
 		if on.stream != 0 && on.seq >= seq {
 			c.log.Info("a newer declaration is on the node's subject already: this one is superseded before it was published",
@@ -919,7 +951,12 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		last := on.stream
 		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: c.linkHeader(rec)}
 		msg.Header.Set(link.SeqHeader, strconv.FormatUint(seq, 10))
-		ack, err := c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
+		// Made again with the same Msg-Id when unanswered: stored once.
+		var ack *jetstream.PubAck
+		err := c.untilAnswered(ctx, func(ctx context.Context) (err error) {
+			ack, err = c.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(last))
+			return err
+		})
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) && attempt < 100 {
@@ -928,12 +965,51 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		if err != nil {
 			return fmt.Errorf("publishing sequence %d for %s: %w", seq, rec.Name, err)
 		}
-		// The notice carries the declaration, so a linked node needs no
-		// read; it is a hint all the same: lost, the node reads at its
-		// next connect or timer.
-		notice := &nats.Msg{Subject: s.Notice, Data: env, Header: c.linkHeader(rec)}
-		notice.Header.Set(link.HeaderSequence, strconv.FormatUint(ack.Sequence, 10))
-		c.NC.PublishMsg(notice)
+		c.notice(rec, s, env, ack.Sequence)
 		return nil
 	}
+}
+
+// notice tells rec's node of env, its declaration stored at stream
+// sequence at. The notice carries the declaration, so a linked node needs
+// no read; it is a hint all the same: lost, the node reads at its next
+// connect or timer.
+func (c *Client) notice(rec *NodeRecord, s link.Subjects, env []byte, at uint64) {
+	notice := &nats.Msg{Subject: s.Notice, Data: env, Header: c.linkHeader(rec)}
+	notice.Header.Set(link.HeaderSequence, strconv.FormatUint(at, 10))
+	c.NC.PublishMsg(notice)
+}
+
+// declareAnswerWithin is how long a declare waits out a broker that does
+// not answer: a cluster's stream electing a leader after its server
+// stopped (a few seconds past nats.go's 5 s for a request), a control
+// machine's stall. A fan-out's nodes are declared to, not handed back to
+// the operator as timed out.
+const declareAnswerWithin = 45 * time.Second
+
+// declareAnswerEach is how long one request of a declare waits for its
+// answer before it is made again: a request sent to a server that has
+// died is never answered, whatever the caller's deadline.
+const declareAnswerEach = 10 * time.Second
+
+// untilAnswered runs try, one request of a declare's, again while the
+// broker does not answer it (brokerDistress) within declareAnswerEach,
+// for up to declareAnswerWithin: each request of a declare is safe to
+// make again (a compare-and-set on a revision, a read, a publish with its
+// Msg-Id on top of the last). It stops at once when serve says the store
+// cannot write (a full disk), which no waiting mends; the command says
+// why (explainStoreError).
+func (c *Client) untilAnswered(ctx context.Context, try func(context.Context) error) error {
+	each := func() error {
+		ctx, cancel := context.WithTimeout(ctx, declareAnswerEach)
+		defer cancel()
+		return try(ctx)
+	}
+	return retryRegistry(ctx, declareAnswerWithin, each, nil, func(err error) bool {
+		if !brokerDistress(err) {
+			return true
+		}
+		_, problem := askStore(ctx, c.NC)
+		return problem != ""
+	})
 }

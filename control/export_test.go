@@ -47,3 +47,15 @@ func (s *Server) SayRelinking(ctx context.Context, log *slog.Logger, every time.
 
 // RekeyResend is how often one rekey answer is sent again.
 const RekeyResend = rekeyResend
+
+// PublishDeclAgain publishes env, node's declaration of sequence seq, as
+// a declare's publish made again does: believing the newest on the
+// node's subject is at stream sequence last, where the first attempt,
+// whose answer was lost, has put env since.
+func (c *Client) PublishDeclAgain(ctx context.Context, node string, seq uint64, env []byte, last uint64) error {
+	rec, _, err := c.Node(ctx, node)
+	if err != nil {
+		return err
+	}
+	return c.publishDecl(ctx, rec, seq, env, &lastOnSubject{stream: last})
+}

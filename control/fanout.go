@@ -27,6 +27,9 @@ import (
 // sequence (0: none) and the declaration sequence it carries.
 type lastOnSubject struct {
 	stream, seq uint64
+	// id is its Nats-Msg-Id, when read on its own (publishDecl): which
+	// declare published it.
+	id string
 }
 
 // DeclareAll's window of nodes declared to at once (flight): each is two

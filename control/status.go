@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -251,11 +252,25 @@ type ownedCopy struct {
 
 // Briefing returns the last briefing a node reported, or nil.
 func (c *Client) Briefing(ctx context.Context, node string) *shapes.Briefing {
-	var b shapes.Briefing
-	if !c.getJSON(ctx, "briefing."+node, &b) {
-		return nil
+	b, _ := c.briefing(ctx, node)
+	return b
+}
+
+// briefing is Briefing that tells a registry that did not answer from a
+// node without a briefing (nil, nil), which a declare must not take it for.
+func (c *Client) briefing(ctx context.Context, node string) (*shapes.Briefing, error) {
+	e, err := c.KV.Get(ctx, "briefing."+node)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
 	}
-	return &b
+	if err != nil {
+		return nil, fmt.Errorf("registry: the briefing of %s: %w", node, err)
+	}
+	var b shapes.Briefing
+	if json.Unmarshal(e.Value(), &b) != nil {
+		return nil, nil
+	}
+	return &b, nil
 }
 
 // rotationFrom says whether chain holds a rotation a node holding key id

@@ -108,10 +108,7 @@ func (cl *Client) ShowNode(ctx context.Context, name string) (*NodeView, error) 
 			}
 		}
 	}
-	var oc ownedCopy
-	if cl.getJSON(ctx, "owned."+name, &oc) {
-		v.Owned = &oc
-	}
+	v.Owned = cl.lastOwned(ctx, name)
 	var kp keptProfile
 	if cl.getJSON(ctx, "profile."+name, &kp) {
 		v.ProfileAt, v.Profile, v.Inventory = kp.At, kp.Profile, kp.Inventory

@@ -593,8 +593,8 @@ func (c *Client) keepProfile(ctx context.Context, node string, profile, inventor
 // storeCopy signs, for rec's new enrolment, the last copy of what the node
 // reported it owns; nil when it never reported any.
 func (c *Client) storeCopy(ctx context.Context, rec *NodeRecord) ([]byte, error) {
-	var oc ownedCopy
-	if !c.getJSON(ctx, "owned."+rec.Name, &oc) {
+	oc := c.lastOwned(ctx, rec.Name)
+	if oc == nil {
 		return nil, nil
 	}
 	payload, err := json.Marshal(&wire.StoreCopy{Node: rec.Name, Enrolment: rec.Enrolment, FromEnrolment: oc.Enrolment,

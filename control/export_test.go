@@ -28,6 +28,27 @@ func (l *Lane) PutReport(ctx context.Context, node string, data []byte, recorded
 	return l.w.putNewest(ctx, "report."+node, withRecorded(data, recorded), recorded)
 }
 
+// Report keeps data, node's report of stream sequence recorded, as the
+// recorder keeps each report it takes (what the node owns with it).
+func (l *Lane) Report(ctx context.Context, node string, data []byte, recorded uint64) error {
+	return l.w.keepReport(ctx, node, withRecorded(data, recorded), ownedOfReport(data) != nil, recorded)
+}
+
+// LastOwned is what node last reported it owns, as the control side
+// keeps it: its entries' targets and the report's stream sequence; ok
+// false when none is kept.
+func (c *Client) LastOwned(ctx context.Context, node string) (targets []string, recorded uint64, ok bool) {
+	oc := c.lastOwned(ctx, node)
+	if oc == nil {
+		return nil, 0, false
+	}
+	targets = []string{}
+	for _, e := range oc.Entries {
+		targets = append(targets, e.Target)
+	}
+	return targets, oc.Recorded, true
+}
+
 // OverlaySetOn is `mesh-control overlay set` on a client already made
 // ready (Connect makes the streams as they should be), for a test that
 // changes a stream between the two.

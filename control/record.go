@@ -30,8 +30,9 @@ const (
 )
 
 // Record folds what nodes say into the registry until ctx ends: from each
-// report that is not a superseded one, report.<node> (and owned.<node>,
-// briefing.<node> when it carries them); from a heartbeat, only a changed
+// report that is not a superseded one, report.<node> (and
+// briefing.<node> when it carries one; owned.<node> when it replaces one
+// that carried what the node owns, keepReport); from a heartbeat, only a changed
 // profile (profile.<node>). The last heartbeat itself is not written
 // anywhere: the heartbeat stream keeps it, and Nodes reads it there — a
 // registry write per heartbeat was most of an idle fleet's cost. Only what
@@ -225,19 +226,10 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		// apply's.
 		return nil
 	}
-	if err := w.putNewest(ctx, "report."+node, withRecorded(m.Data(), recorded), recorded); err != nil {
-		return fmt.Errorf("registry: the report of %s: %w", node, err)
+	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
+		return err
 	}
 	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplyMS)
-	// What the node owns is kept apart too, from every report that
-	// carries it (an apply's; not a refusal's): the copy handed back,
-	// signed, if the node is enrolled again after losing its store.
-	if msg.Owned != nil {
-		data, _ := json.Marshal(&ownedCopy{Enrolment: msg.Enrolment, Seq: msg.Seq, Reported: msg.At, Entries: msg.Owned, Recorded: recorded})
-		if err := w.putNewest(ctx, "owned."+node, data, recorded); err != nil {
-			return fmt.Errorf("registry: what %s owns: %w", node, err)
-		}
-	}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
@@ -246,6 +238,98 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
+	}
+	return nil
+}
+
+// keepReport keeps data, node's report of stream sequence recorded, as
+// report.<node> unless a newer one is there. What the node owns is kept
+// in the last report that carries it (an apply's: carriesOwned): that is
+// the copy handed back, signed, if the node is enrolled again after
+// losing its store (lastOwned), and an apply's report costs one synced
+// write, not two (a fan-out writes five a node without it,
+// docs/benchmarks.md). A report that carries none (a refusal's) must not
+// take the copy away: before it replaces one that carries it, that one's
+// entries are kept apart (owned.<node>), and the replacement is made on
+// the revision read — a newer apply written meanwhile is read again, not
+// written over.
+func (w *recorder) keepReport(ctx context.Context, node string, data []byte, carriesOwned bool, recorded uint64) error {
+	key := "report." + node
+	if carriesOwned {
+		if err := w.putNewest(ctx, key, data, recorded); err != nil {
+			return fmt.Errorf("registry: the report of %s: %w", node, err)
+		}
+		return nil
+	}
+	err := retryRegistry(ctx, putRetryFor, func() error {
+		e, err := w.c.KV.Get(ctx, key)
+		var rev uint64
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return err
+		default:
+			rev = e.Revision()
+			if last := recordedOf(e.Value()); recorded <= last {
+				w.kept[key] = kept{rev: rev, recorded: last}
+				return nil // a newer one is there (this an older, or a redelivery)
+			}
+			if oc := ownedOfReport(e.Value()); oc != nil {
+				b, _ := json.Marshal(oc)
+				if err := w.putNewest(ctx, "owned."+node, b, oc.Recorded); err != nil {
+					return fmt.Errorf("what %s owns: %w", node, err)
+				}
+			}
+		}
+		if rev == 0 {
+			rev, err = w.c.KV.Create(ctx, key, data)
+		} else {
+			rev, err = w.c.KV.Update(ctx, key, data, rev)
+		}
+		if err != nil {
+			return err
+		}
+		w.kept[key] = kept{rev: rev, recorded: recorded}
+		return nil
+	}, func(err error) bool { return errors.Is(err, jetstream.ErrKeyExists) }, nil)
+	if err != nil {
+		return fmt.Errorf("registry: the report of %s: %w", node, err)
+	}
+	return nil
+}
+
+// ownedOfReport is what a kept report (report.<node>) says its node owns,
+// as the copy handed back; nil when it says nothing of it (a refusal's).
+func ownedOfReport(b []byte) *ownedCopy {
+	var r struct {
+		Enrolment string            `json:"enrolment"`
+		Seq       uint64            `json:"seq"`
+		At        time.Time         `json:"at"`
+		Owned     []wire.OwnedEntry `json:"owned"`
+		Recorded  uint64            `json:"recorded_seq"`
+	}
+	if json.Unmarshal(b, &r) != nil || r.Owned == nil {
+		return nil
+	}
+	return &ownedCopy{Enrolment: r.Enrolment, Seq: r.Seq, Reported: r.At, Entries: r.Owned, Recorded: r.Recorded}
+}
+
+// lastOwned is what node last reported it owns, as the control side keeps
+// it: from its last report when that carries it, else the copy kept apart
+// when a report without it came (keepReport) — whichever is newer. nil
+// when it never reported any, or the registry did not answer.
+func (c *Client) lastOwned(ctx context.Context, node string) *ownedCopy {
+	var kept ownedCopy
+	haveKept := c.getJSON(ctx, "owned."+node, &kept)
+	var fromReport *ownedCopy
+	if e, err := c.KV.Get(ctx, "report."+node); err == nil {
+		fromReport = ownedOfReport(e.Value())
+	}
+	switch {
+	case fromReport != nil && (!haveKept || fromReport.Recorded >= kept.Recorded):
+		return fromReport
+	case haveKept:
+		return &kept
 	}
 	return nil
 }

@@ -4,14 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/nox-mesh/nox-mesh-host/control"
-	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/agent"
+	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // Heartbeats are not a registry write each: a node's fifty heartbeats
@@ -197,6 +199,67 @@ func TestLastReportNeverGoesBack(t *testing.T) {
 		}
 		if seq, out := last(); seq != step.want || out != step.wantOut {
 			t.Fatalf("step %d: the last report is seq %d %s, want seq %d %s", i, seq, out, step.want, step.wantOut)
+		}
+	}
+}
+
+// What a node owns is kept from its last report that says it (an
+// apply's) — that report alone, one write — and outlasts a report that
+// says nothing of it (a refusal's), whichever of two serve processes
+// records which, in the order the node sent them.
+func TestWhatANodeOwnsOutlastsARefusal(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c2, err := connect(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	one, two := s.client.Lane(), c2.Lane()
+	apply := func(seq uint64, targets ...string) []byte {
+		owned := []wire.OwnedEntry{}
+		for _, tg := range targets {
+			owned = append(owned, wire.OwnedEntry{Target: tg, Type: "file", Module: "m", ID: tg})
+		}
+		b, _ := json.Marshal(&link.Report{Node: "n", Seq: seq, Outcome: shapes.Applied, Lines: []shapes.Line{}, Owned: owned})
+		return b
+	}
+	refusal := func(seq uint64) []byte {
+		b, _ := json.Marshal(&link.Report{Node: "n", Seq: seq, Outcome: shapes.Refused, Lines: []shapes.Line{}})
+		return b
+	}
+	for i, step := range []struct {
+		lane     *control.Lane
+		report   []byte
+		recorded uint64
+		want     string // the targets kept, "-" for none
+		from     uint64 // the report they were kept from
+		apart    bool   // owned.n written
+	}{
+		{one, refusal(1), 9, "-", 0, false},
+		{one, apply(2, "path:/a"), 10, "path:/a", 10, false},
+		{two, refusal(3), 11, "path:/a", 10, true},
+		{one, apply(4, "path:/a", "path:/b"), 12, "path:/a path:/b", 12, true},
+		{two, refusal(3), 11, "path:/a path:/b", 12, true}, // redelivered: older
+		{two, refusal(5), 13, "path:/a path:/b", 12, true},
+		{one, refusal(6), 14, "path:/a path:/b", 12, true},
+		{two, apply(7), 15, "", 15, true}, // owns nothing now
+		{one, refusal(8), 16, "", 15, true},
+	} {
+		if err := step.lane.Report(ctx, "n", step.report, step.recorded); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		targets, from, ok := s.client.LastOwned(ctx, "n")
+		got := strings.Join(targets, " ")
+		if !ok {
+			got = "-"
+		}
+		if got != step.want || from != step.from {
+			t.Fatalf("step %d: kept %q from the report at %d, want %q from %d", i, got, from, step.want, step.from)
+		}
+		if _, err := s.client.KV.Get(ctx, "owned.n"); (err == nil) != step.apart {
+			t.Fatalf("step %d: owned.n written: %v, want %v", i, err == nil, step.apart)
 		}
 	}
 }

@@ -241,7 +241,8 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 }
 
 // ownedCopy is the control side's copy of what a node last reported it
-// owns (KV owned.<node>): a backup, never a source.
+// owns (its last report's, or KV owned.<node> kept apart when a report
+// without it came, lastOwned): a backup, never a source.
 type ownedCopy struct {
 	Enrolment string            `json:"enrolment"`
 	Seq       uint64            `json:"seq"`

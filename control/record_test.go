@@ -156,15 +156,7 @@ func TestRecorderHeartbeatsAndReports(t *testing.T) {
 // stream, not its sequence: a refusal carries whatever sequence it was
 // sent (a forged 1003), and the next apply's report still comes after it.
 func TestLastReportNeverGoesBack(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c2, err := connect(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	one, two := s.client.Lane(), c2.Lane()
+	s, ctx, one, two := twoLanes(t)
 	last := func() (uint64, shapes.Outcome) {
 		e, err := s.client.KV.Get(ctx, "report.n")
 		if err != nil {
@@ -208,15 +200,7 @@ func TestLastReportNeverGoesBack(t *testing.T) {
 // says nothing of it (a refusal's), whichever of two serve processes
 // records which, in the order the node sent them.
 func TestWhatANodeOwnsOutlastsARefusal(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c2, err := connect(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	one, two := s.client.Lane(), c2.Lane()
+	s, ctx, one, two := twoLanes(t)
 	apply := func(seq uint64, targets ...string) []byte {
 		owned := []wire.OwnedEntry{}
 		for _, tg := range targets {
@@ -262,4 +246,19 @@ func TestWhatANodeOwnsOutlastsARefusal(t *testing.T) {
 			t.Fatalf("step %d: owned.n written: %v, want %v", i, err == nil, step.apart)
 		}
 	}
+}
+
+// twoLanes is a serve and two recorder lanes, one of its client's and
+// one of a second client's, as two serve processes record.
+func twoLanes(t *testing.T) (*served, context.Context, *control.Lane, *control.Lane) {
+	t.Helper()
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c2, err := connect(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c2.Close)
+	return s, ctx, s.client.Lane(), c2.Lane()
 }

@@ -538,7 +538,9 @@ func (c *cli) connect() (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, 15*time.Second)
+	// Bounded: a broker that does not answer is waited out for as long as
+	// an unanswered request is (connectAgain), plus a slow handshake.
+	ctx, cancel := context.WithTimeout(c.ctx, unansweredWithin+link.ConnectTimeout)
 	defer cancel()
 	return Connect(ctx, k, c.nats, c.log)
 }

@@ -179,10 +179,17 @@ func ConnectReplicas(ctx context.Context, k *Keys, url string, replicas int, log
 		// routes are up and one is elected — seconds, or longer.
 		wait = clusterConnectRetry
 	}
-	deadline := time.Now().Add(wait)
+	start := time.Now()
 	for {
-		c, final, err := connectOnce(ctx, k, url, replicas, log)
-		if err == nil || final || ctx.Err() != nil || time.Now().After(deadline) {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if replicas == 0 {
+			// A command's: serve making a cluster's streams waits on the
+			// cluster forming, which its own retry covers.
+			actx, cancel = context.WithTimeout(ctx, connectAttemptWithin)
+		}
+		c, final, err := connectOnce(actx, k, url, replicas, log)
+		cancel()
+		if err == nil || final || ctx.Err() != nil || !connectAgain(err, time.Since(start), wait) {
 			return c, err
 		}
 		log.Debug("broker: trying again", "err", err)
@@ -197,6 +204,26 @@ func ConnectReplicas(ctx context.Context, k *Keys, url string, replicas int, log
 // connectRetry is how long Connect tries again after a failure that may
 // pass (see Connect).
 const connectRetry = 3 * time.Second
+
+// connectAttemptWithin bounds the requests of one attempt of Connect (the
+// streams and buckets looked at, made when missing: a dozen, each answered
+// in milliseconds by a broker that answers), so that one left unanswered
+// by a server that died does not take the caller's whole deadline.
+const connectAttemptWithin = 20 * time.Second
+
+// connectAgain says whether Connect, failed with err after since of
+// trying, tries again: within wait for a failure that may pass; and, a
+// broker connected to that did not answer a request in time (a cluster's
+// stream electing a leader after its server stopped, a stall), within
+// unansweredWithin, as a declare's requests are made again
+// (untilAnswered). No responder at all is not waited out so long: a
+// broker without JetStream answers so at once.
+func connectAgain(err error, since, wait time.Duration) bool {
+	if since < wait {
+		return true
+	}
+	return since < unansweredWithin && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
+}
 
 // clusterConnectRetry is connectRetry for serve on a cluster.
 const clusterConnectRetry = 2 * time.Minute
@@ -217,6 +244,8 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
+	// After ensure, whose failures Connect's own loop tries again.
+	c.JS = answeringJS{js}
 	return c, false, nil
 }
 
@@ -377,24 +406,34 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	return nil
 }
 
-// registryGetRetry bounds how long a registry read waits out a JetStream
-// API that answers nothing: a broker configured from a file reloads its
-// users as nodes are added, and a request in that moment finds no
-// responder. nats.go's own publish retries the same answer (twice, 250 ms
-// apart); a read is as safe to ask again, and an operator's command or
-// serve's work reads right after a write that made the reload.
-const registryGetRetry = 3 * time.Second
+// answeringJS is the JetStream context with a stream's information read
+// again while the broker does not answer it (answered): every command
+// looks at a stream or two, and one meeting its leader's election failed
+// with nats.go's bare timeout. Everything else is the context's own.
+type answeringJS struct{ jetstream.JetStream }
 
-// registry is the registry bucket with reads that wait out a moment with
-// no responder (registryGetRetry, by the registry's one retry rule,
-// retryRegistry); everything else is the bucket's own.
+func (j answeringJS) Stream(ctx context.Context, name string) (st jetstream.Stream, err error) {
+	err = answered(ctx, func(ctx context.Context) error {
+		st, err = j.JetStream.Stream(ctx, name)
+		return err
+	}, nil)
+	return st, err
+}
+
+// registry is the registry bucket with reads that wait out a moment when
+// its stream answers nothing (answered): a broker configured from a file
+// reloads its users as nodes are added, and a request in that moment
+// finds no responder; a cluster's stream elects a new leader after its
+// server stopped. nats.go's own publish retries no responder (twice, 250
+// ms apart); a read is as safe to ask again, and an operator's command or
+// serve's work reads right after a write that made the reload.
 type registry struct{ jetstream.KeyValue }
 
 func (r registry) Get(ctx context.Context, key string) (e jetstream.KeyValueEntry, err error) {
-	err = retryRegistry(ctx, registryGetRetry, func() error {
+	err = answered(ctx, func(ctx context.Context) error {
 		e, err = r.KeyValue.Get(ctx, key)
 		return err
-	}, nil, func(err error) bool { return !errors.Is(err, nats.ErrNoResponders) })
+	}, nil)
 	return e, err
 }
 
@@ -654,7 +693,18 @@ func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
 // read until it has delivered each of them (deleted keys too: a delete is
 // the last message of its key), or the listing fails saying so. A key
 // written meanwhile is delivered too, and counts for nothing.
-func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
+func (c *Client) entries(ctx context.Context, filters ...string) (out map[string]jetstream.KeyValueEntry, err error) {
+	// Read again whole while the registry does not answer (answered): a
+	// fresh listing each time.
+	err = answered(ctx, func(context.Context) (err error) {
+		out, err = c.entriesOnce(ctx, filters)
+		return err
+	}, nil)
+	return out, err
+}
+
+// entriesOnce is one attempt of entries.
+func (c *Client) entriesOnce(ctx context.Context, filters []string) (map[string]jetstream.KeyValueEntry, error) {
 	want, err := c.registryKeys(ctx, filters)
 	if err != nil {
 		return nil, fmt.Errorf("registry: counting %s: %w", strings.Join(filters, ", "), err)
@@ -980,35 +1030,40 @@ func (c *Client) notice(rec *NodeRecord, s link.Subjects, env []byte, at uint64)
 	c.NC.PublishMsg(notice)
 }
 
-// declareAnswerWithin is how long a declare waits out a broker that does
-// not answer: a cluster's stream electing a leader after its server
-// stopped (a few seconds past nats.go's 5 s for a request), a control
-// machine's stall. A fan-out's nodes are declared to, not handed back to
-// the operator as timed out.
-const declareAnswerWithin = 45 * time.Second
+// unansweredWithin is how long a request the broker does not answer is
+// made again — a declare's, a command's connection's, a registry read, a
+// stream read that delivered nothing yet: a cluster's stream electing a
+// leader after its server stopped (a few seconds past nats.go's 5 s for a
+// request), a control machine's stall. A fan-out's nodes are declared to,
+// and an operator's command ends as it would have, rather than timed out.
+const unansweredWithin = 45 * time.Second
 
-// declareAnswerEach is how long one request of a declare waits for its
-// answer before it is made again: a request sent to a server that has
-// died is never answered, whatever the caller's deadline.
-const declareAnswerEach = 10 * time.Second
+// unansweredEach is how long one attempt waits for its answer before it is
+// made again: a request sent to a server that has died is never answered,
+// whatever the caller's deadline.
+const unansweredEach = 10 * time.Second
 
-// untilAnswered runs try, one request of a declare's, again while the
-// broker does not answer it (brokerDistress) within declareAnswerEach,
-// for up to declareAnswerWithin: each request of a declare is safe to
-// make again (a compare-and-set on a revision, a read, a publish with its
-// Msg-Id on top of the last). It stops at once when serve says the store
-// cannot write (a full disk), which no waiting mends; the command says
-// why (explainStoreError).
-func (c *Client) untilAnswered(ctx context.Context, try func(context.Context) error) error {
+// answered runs try, a request safe to make again (a compare-and-set on a
+// revision, a read, a publish with its Msg-Id on top of the last), again
+// while the broker does not answer it (brokerDistress) within
+// unansweredEach, for up to unansweredWithin; stop, when set, says of an
+// unanswered attempt that waiting is no use.
+func answered(ctx context.Context, try func(context.Context) error, stop func() bool) error {
 	each := func() error {
-		ctx, cancel := context.WithTimeout(ctx, declareAnswerEach)
+		ctx, cancel := context.WithTimeout(ctx, unansweredEach)
 		defer cancel()
 		return try(ctx)
 	}
-	return retryRegistry(ctx, declareAnswerWithin, each, nil, func(err error) bool {
-		if !brokerDistress(err) {
-			return true
-		}
+	return retryRegistry(ctx, unansweredWithin, each, nil, func(err error) bool {
+		return !brokerDistress(err) || (stop != nil && stop())
+	})
+}
+
+// untilAnswered is answered for a request that writes: it stops at once
+// when serve says the store cannot write (a full disk), which no waiting
+// mends; the command says why (explainStoreError).
+func (c *Client) untilAnswered(ctx context.Context, try func(context.Context) error) error {
+	return answered(ctx, try, func() bool {
 		_, problem := askStore(ctx, c.NC)
 		return problem != ""
 	})

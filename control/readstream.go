@@ -21,7 +21,31 @@ import (
 //
 // The caller knows the read has something to deliver (a count from the
 // stream's state): with nothing, it waits the 5 s and says so.
+//
+// A read that delivered nothing yet is made again while the broker does
+// not answer (answered: a stream electing its leader); one that delivered
+// some is not, since each would be handed those again.
 func (c *Client) readStream(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig, each func(jetstream.Msg) bool) error {
+	delivered := false
+	var readErr error
+	err := answered(ctx, func(context.Context) error {
+		readErr = c.readStreamOnce(ctx, stream, cfg, func(m jetstream.Msg) bool {
+			delivered = true
+			return each(m)
+		})
+		if delivered {
+			return nil // its error, if any, is returned as it is
+		}
+		return readErr
+	}, nil)
+	if delivered {
+		return readErr
+	}
+	return err
+}
+
+// readStreamOnce is one attempt of readStream.
+func (c *Client) readStreamOnce(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig, each func(jetstream.Msg) bool) error {
 	if cfg.InactiveThreshold == 0 {
 		// The read's own backstop, should the process end before its
 		// delete: not the client's five minutes.

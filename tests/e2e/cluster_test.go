@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -235,11 +236,24 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 		}()
 	}
 	start := time.Now()
+	// An operator's command started as the server dies waits out the
+	// elections of its streams' new leaders, as the declares do.
+	command := make(chan error, 1)
 	for i := range f.Nodes {
 		if i == len(f.Nodes)/3 {
 			servers[0].Process.Signal(syscall.SIGKILL)
 			controlA.Process.Signal(syscall.SIGKILL)
 			t.Logf("killed mesh-broker-1 and one serve after %d declares, %v in", i, time.Since(start).Round(time.Millisecond))
+			go func() {
+				out, err := exec.CommandContext(ctx, filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--nats", urlList, "--json").CombinedOutput()
+				if err == nil && !bytes.Contains(out, []byte(`"c000"`)) {
+					err = errors.New("no node c000 listed")
+				}
+				if err != nil {
+					err = fmt.Errorf("mesh-control nodes as mesh-broker-1 died: %w\n%s", err, out)
+				}
+				command <- err
+			}()
 		}
 		jobs <- i
 	}
@@ -247,6 +261,9 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 	dwg.Wait()
 	close(declErrs)
 	for err := range declErrs {
+		t.Fatal(err)
+	}
+	if err := <-command; err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("declared to %d nodes in %v", len(f.Nodes), time.Since(start).Round(time.Millisecond))

@@ -272,8 +272,9 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 	if err := c.checkProfile(ctx, node, module, resources); err != nil {
 		return nil, err
 	}
+	from := max(rec.NextSeq, 1)
 	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
-		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC(), PendingFrom: max(rec.NextSeq, 1)}
+		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC(), PendingFrom: from}
 		for i := range a.Modules {
 			if a.Modules[i].Module == module {
 				prev := a.Modules[i]
@@ -293,7 +294,11 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 	}); err != nil {
 		return nil, err
 	}
-	return c.Publish(ctx, node, false)
+	p, err := c.Publish(ctx, node, false)
+	if p != nil {
+		p.from = from
+	}
+	return p, err
 }
 
 // Unassign takes module off node and publishes the node's composition
@@ -540,6 +545,10 @@ type Published struct {
 	Modules []string `json:"modules"`
 	Held    string   `json:"held,omitempty"`
 	Address string   `json:"address"`
+	// from, for an assignment, is the first sequence that may carry it
+	// (its PendingFrom): a refusal at or past it gives it back, whichever
+	// process published the composition refused.
+	from uint64
 }
 
 // claimStale is how long a claim to publish (a composedRecord with Seq 0)

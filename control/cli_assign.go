@@ -242,11 +242,11 @@ func (c *cli) assign(node, file string) error {
 	if err := checkModuleFile(file, data); err != nil {
 		return err
 	}
-	var seq uint64
+	var seq, from uint64
 	err = c.changeOne(func(cl *Client) (*Published, error) {
 		p, err := cl.Assign(c.ctx, node, data, file)
 		if p != nil {
-			seq = p.Seq
+			seq, from = p.Seq, p.from
 		}
 		return p, inFile(file, data, err)
 	})
@@ -258,7 +258,39 @@ func (c *cli) assign(node, file string) error {
 			return &exitError{ExitRefused, ee.msg + "; " + back}
 		}
 	}
+	if c.wait > 0 && err == nil && from != 0 {
+		// Serve publishes a node's composition when its assignments
+		// change, as this command does: the node may have refused serve's
+		// (a sequence before this one's), serve given the module back,
+		// and this command's composition carry the module as it was —
+		// applied, while the assignment was not kept.
+		if module, _, merr := ReadModule(data); merr == nil {
+			if back := c.givenBackSince(node, module, from); back != "" {
+				return &exitError{ExitRefused, back}
+			}
+		}
+	}
 	return err
+}
+
+// givenBackSince says, when node's assignment of module was given back
+// for a refusal at or past sequence from, so ("" when it was not).
+func (c *cli) givenBackSince(node, module string, from uint64) string {
+	cl, err := c.connect()
+	if err != nil {
+		return ""
+	}
+	defer cl.Close()
+	a, _, err := cl.assignments(c.ctx, node)
+	if err != nil {
+		return ""
+	}
+	for _, g := range a.GivenBack {
+		if g.Module == module && g.Seq >= from {
+			return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept (refused at seq %d: %s)", module, g.Seq, g.Reason)
+		}
+	}
+	return ""
 }
 
 // giveBack takes in node's report of seq for its assignments awaiting it

@@ -808,20 +808,13 @@ func (c *Client) Declare(ctx context.Context, node string, decl []byte) (uint64,
 	if err := json.Unmarshal(decl, &m); err != nil {
 		return 0, fmt.Errorf("declaration: %w", err)
 	}
-	var (
-		rec *NodeRecord
-		rev uint64
-		b   *shapes.Briefing
-	)
-	// Read as the declare's other requests are made: again while the
-	// broker does not answer. A briefing not read is not taken as none.
-	err := c.untilAnswered(ctx, func(ctx context.Context) (err error) {
-		if rec, rev, err = c.Node(ctx, node); err != nil {
-			return err
-		}
-		b, err = c.briefing(ctx, node)
-		return err
-	})
+	// Registry reads, made again while unanswered (registry.Get); a
+	// briefing not read is not taken as none.
+	rec, rev, err := c.Node(ctx, node)
+	if err != nil {
+		return 0, err
+	}
+	b, err := c.briefing(ctx, node)
 	if err != nil {
 		return 0, err
 	}
@@ -916,7 +909,7 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 		}
 		// Another declare took it: read again and take the next one; the
 		// subject's newest is read again too.
-		if err = c.untilAnswered(ctx, func(ctx context.Context) (err error) { rec, rev, err = c.Node(ctx, node); return err }); err != nil {
+		if rec, rev, err = c.Node(ctx, node); err != nil {
 			return 0, err
 		}
 		last = nil

@@ -112,6 +112,19 @@ type composedRecord struct {
 	Claimed   time.Time `json:"claimed"`
 	Modules   []string  `json:"modules,omitempty"`
 	Held      string    `json:"held,omitempty"`
+	// Carried is each module the composition carries, with the digest of
+	// its resources (moduleDigest): a node's taking this sequence keeps
+	// an assignment awaiting its answer only if the assignment is what
+	// was carried (settleAssignments).
+	Carried map[string]string `json:"carried,omitempty"`
+}
+
+// moduleDigest identifies a module's resources as assigned, so that what
+// a composition carried can be told from what is assigned now.
+func moduleDigest(resources []json.RawMessage) string {
+	b, _ := json.Marshal(resources)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
 }
 
 // ModuleFileError is ReadModule's refusal of a module file. Resource
@@ -273,11 +286,32 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 		return nil, err
 	}
 	from := max(rec.NextSeq, 1)
-	if err := c.changeAssignments(ctx, node, func(a *assignments) error {
+	if err := c.recordAssignment(ctx, node, module, resources, file, from); err != nil {
+		return nil, err
+	}
+	p, err := c.Publish(ctx, node, false)
+	if p != nil {
+		p.from = from
+	}
+	return p, err
+}
+
+// recordAssignment assigns module to node (in place, or after the
+// others), awaiting the node's answer from sequence from on.
+func (c *Client) recordAssignment(ctx context.Context, node, module string, resources []json.RawMessage, file string, from uint64) error {
+	return c.changeAssignments(ctx, node, func(a *assignments) error {
 		m := Assignment{Module: module, File: file, Resources: resources, Assigned: time.Now().UTC(), PendingFrom: from}
 		for i := range a.Modules {
 			if a.Modules[i].Module == module {
 				prev := a.Modules[i]
+				if moduleDigest(prev.Resources) == moduleDigest(resources) {
+					// The same resources again: nothing new for the
+					// node to answer (no composition changes), so it
+					// awaits what it awaited.
+					m.PendingFrom, m.Previous = prev.PendingFrom, prev.Previous
+					a.Modules[i] = m
+					return nil
+				}
 				if prev.PendingFrom != 0 && prev.Previous != nil {
 					prev = *prev.Previous // still unanswered: what the node last took
 				}
@@ -291,14 +325,7 @@ func (c *Client) Assign(ctx context.Context, node string, data []byte, file stri
 		}
 		a.Modules = append(a.Modules, m)
 		return nil
-	}); err != nil {
-		return nil, err
-	}
-	p, err := c.Publish(ctx, node, false)
-	if p != nil {
-		p.from = from
-	}
-	return p, err
+	})
 }
 
 // Unassign takes module off node and publishes the node's composition
@@ -329,6 +356,8 @@ type Composition struct {
 	Overlay *shapes.Overlay
 	// Modules are the assigned modules it carries; none while Held.
 	Modules []string
+	// Carried is each of Modules with the digest of its resources.
+	Carried map[string]string
 	// Held says why the assignments are held ("" when they are not).
 	Held   string
 	Digest string
@@ -391,9 +420,11 @@ func (c *Client) Compose(ctx context.Context, node string) (*Composition, error)
 		if err != nil {
 			return nil, err
 		}
+		comp.Carried = map[string]string{}
 		for _, m := range a.Modules {
 			resources = append(resources, m.Resources...)
 			comp.Modules = append(comp.Modules, m.Module)
+			comp.Carried[m.Module] = moduleDigest(m.Resources)
 		}
 	} else {
 		last, err := c.lastDeclared(ctx, rec)
@@ -606,7 +637,7 @@ func (c *Client) Publish(ctx context.Context, node string, force bool) (*Publish
 			out.Seq = prev.Seq
 			return out, nil
 		}
-		claim := composedRecord{Enrolment: comp.Enrolment, Digest: comp.Digest, Claimed: time.Now().UTC(), Modules: comp.Modules, Held: comp.Held}
+		claim := composedRecord{Enrolment: comp.Enrolment, Digest: comp.Digest, Claimed: time.Now().UTC(), Modules: comp.Modules, Held: comp.Held, Carried: comp.Carried}
 		data, _ := json.Marshal(&claim)
 		var claimRev uint64
 		if rev == 0 {
@@ -751,16 +782,29 @@ var errNoChange = errors.New("nothing to change")
 
 // settleAssignments takes in a node's report for the assignments that
 // await its answer: a composition it took (any outcome but refused or
-// superseded) at or past an assignment's PendingFrom keeps the assignment;
-// one it refused, naming an awaiting module's resource, gives that
-// assignment back — the module as it was before, or none — and says so
-// (GivenBack, the log). Without it, a module the node refuses (a path in
-// its protected set) stays assigned, and every later composition is
-// refused until someone unassigns it by hand. It returns the modules
-// given back.
+// superseded) that carried an assignment as it is now keeps the
+// assignment; one it refused at or past an assignment's PendingFrom,
+// naming an awaiting module's resource, gives that assignment back — the
+// module as it was before, or none — and says so (GivenBack, the log).
+// Without it, a module the node refuses (a path in its protected set)
+// stays assigned, and every later composition is refused until someone
+// unassigns it by hand. It returns the modules given back.
+//
+// What a sequence carried is what the publisher recorded with it
+// (composed.<node>): a sequence number alone does not say it, as another
+// process (serve, told of the previous change) may publish a composition
+// without the assignment after the assignment chose its PendingFrom, and
+// the node's taking that one is no answer to it. A report of a sequence
+// other than the one recorded decides nothing; the one recorded is
+// reported, or is recorded after its report came (KeepComposed settles
+// then).
 func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Report) []string {
 	if r.Outcome == shapes.Superseded || r.Node != node {
 		return nil
+	}
+	var pub composedRecord
+	if !c.getJSON(ctx, composedKey(node), &pub) || pub.Seq != r.Seq {
+		pub = composedRecord{}
 	}
 	var back []string
 	err := c.changeAssignments(ctx, node, func(a *assignments) error {
@@ -771,6 +815,9 @@ func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Rep
 			switch {
 			case m.PendingFrom == 0 || r.Seq < m.PendingFrom:
 			case r.Outcome != shapes.Refused:
+				if pub.Seq == 0 || pub.Carried[m.Module] != moduleDigest(m.Resources) {
+					break // not an answer to this assignment
+				}
 				m.PendingFrom, m.Previous, changed = 0, nil, true
 			case strings.Contains(r.Refused, "resource "+m.Module+"."):
 				back, changed = append(back, m.Module), true
@@ -838,7 +885,7 @@ func overlayFace(r *NodeRecord) string {
 // emptied with the old queue: afterEnrol, which runs once the queue is
 // made, publishes to it again whatever this one did.
 func (c *Client) KeepComposed(ctx context.Context) error {
-	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", overlaySettingsKey, "endpoint.*", "report.*", "briefing.*", "assign.*"})
+	w, err := c.KV.WatchFiltered(ctx, []string{"node.*", overlaySettingsKey, "endpoint.*", "report.*", "briefing.*", "assign.*", "composed.*"})
 	if err != nil {
 		return fmt.Errorf("watching the registry: %w", err)
 	}
@@ -880,6 +927,15 @@ func (c *Client) KeepComposed(ctx context.Context) error {
 			dirty[node] = true
 		case "briefing":
 			dirty[node] = true
+		case "composed":
+			// A sequence recorded after the node reported it: the
+			// report is an answer now (settleAssignments).
+			var p composedRecord
+			var r link.Report
+			if put && pending[node] && json.Unmarshal(e.Value(), &p) == nil && p.Seq != 0 &&
+				c.getJSON(ctx, "report."+node, &r) && r.Seq == p.Seq {
+				c.settleAssignments(ctx, node, &r)
+			}
 		}
 	}
 	flush := func() {

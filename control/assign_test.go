@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,19 @@ func sendReports(t *testing.T, id *agent.Identity, reps ...link.Report) {
 	}
 }
 
+// serveOverlay is serve with an overlay set, and a context for the test
+// that ends within.
+func serveOverlay(t *testing.T, within time.Duration) (*served, context.Context) {
+	t.Helper()
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	t.Cleanup(cancel)
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	return s, ctx
+}
+
 // overlayLine is the report line of the overlay resource.
 func overlayLine(o shapes.Outcome) shapes.Line {
 	return shapes.Line{Module: control.OverlayModule, ID: control.OverlayID, Type: shapes.TypeOverlay, Outcome: o}
@@ -101,12 +115,7 @@ func status(t *testing.T, s *served, node string) *control.NodeStatus {
 // not release it — and goes out, after the overlay and in the order
 // assigned, once the node reports its overlay applied.
 func TestFirstDeclarationIsTheOverlayAlone(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 90*time.Second)
 	enrolNode(t, s, "peer")
 	_, id := enrolNode(t, s, "n1")
 	var first *shapes.Declaration
@@ -238,12 +247,7 @@ func TestHeldNodeKeepsWhatItWasDeclared(t *testing.T) {
 // the node was last sent and not the held module; a briefing that resolves
 // the failure releases them; --despite-briefing pushes a fix through.
 func TestBriefingHoldsAssignments(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 90*time.Second)
 	enrolNode(t, s, "n2")
 	_, id := enrolNode(t, s, "n1")
 	var d *shapes.Declaration
@@ -425,4 +429,86 @@ func TestOverlayCommands(t *testing.T) {
 	if _, errs, code := run(t, ctx, "unassign", "n1", "web", "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, `module "web" is not assigned to n1`) {
 		t.Fatalf("unassign twice: %d %s", code, errs)
 	}
+}
+
+// An assignment awaits an answer to a composition that carried it: the
+// node's taking a sequence at or past the assignment's first that did not
+// carry it (another process published between the assignment's choosing
+// its first sequence and its being written) keeps nothing, so the
+// refusal of the one that carries it gives it back; the node's taking one
+// that carries it keeps it.
+func TestAnAssignmentAwaitsACompositionThatCarriedIt(t *testing.T) {
+	s, ctx := serveOverlay(t, 90*time.Second)
+	_, id := enrolNode(t, s, "n1")
+	var first *shapes.Declaration
+	eventually(t, "n1's overlay", func() bool { first = lastDecl(t, s, "n1"); return first != nil })
+	reportAs(t, id, first.Seq, shapes.Applied, []shapes.Line{overlayLine(shapes.Applied)}, nil)
+	recorded(t, s, "n1", first.Seq)
+	eventually(t, "n1's assignments released", func() bool { return status(t, s, "n1").Assignments == "none" })
+
+	pending := func(module string) bool {
+		as, err := s.client.Assignments(ctx, "n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range as {
+			if a.Module == module {
+				return a.PendingFrom != 0
+			}
+		}
+		t.Fatalf("%s is not assigned: %+v", module, as)
+		return false
+	}
+	taken := func(module string, outcome shapes.Outcome, why string) uint64 {
+		t.Helper()
+		var d *shapes.Declaration
+		eventually(t, "a composition carrying "+module, func() bool {
+			d = lastDecl(t, s, "n1")
+			return slices.Contains(keys(d), module+".f")
+		})
+		sendReports(t, id, link.Report{Seq: d.Seq, Trigger: link.TriggerDeclaration, Outcome: outcome, Refused: why,
+			Lines: []shapes.Line{overlayLine(shapes.Unchanged)}})
+		recorded(t, s, "n1", d.Seq)
+		return d.Seq
+	}
+	module := func(name string) []byte {
+		return []byte(`{"version":1,"resources":[{"module":"` + name + `","id":"f","type":"file","path":"/srv/` + name + `","content":"x\n"}]}`)
+	}
+
+	if _, err := s.client.Assign(ctx, "n1", module("good"), "good.json"); err != nil {
+		t.Fatal(err)
+	}
+	taken("good", shapes.Applied, "")
+	eventually(t, "good kept", func() bool { return !pending("good") })
+
+	// Another process's composition lands on the sequence the assignment
+	// chose, without it; the node takes it.
+	p, err := s.client.Publish(ctx, "n1", true)
+	if err != nil || !p.Sent {
+		t.Fatalf("publish: %+v %v", p, err)
+	}
+	if err := s.client.RecordAssignment(ctx, "n1", module("bad"), p.Seq); err != nil {
+		t.Fatal(err)
+	}
+	reportAs(t, id, p.Seq, shapes.Applied, []shapes.Line{overlayLine(shapes.Unchanged)}, nil)
+	recorded(t, s, "n1", p.Seq)
+	time.Sleep(300 * time.Millisecond) // what serve would do, it has done by now
+	if !pending("bad") {
+		t.Fatal("the node's taking a composition without bad kept bad")
+	}
+	// The one that carries it, refused: given back.
+	seq := taken("bad", shapes.Refused, "executor: shapes: resource bad.f (file) field path: in the protected set")
+	eventually(t, "bad given back", func() bool {
+		return status(t, s, "n1").Assignments == fmt.Sprintf("good; bad given back (refused at seq %d)", seq)
+	})
+
+	// Taken where it is carried: kept.
+	if _, err := s.client.Assign(ctx, "n1", module("next"), "next.json"); err != nil {
+		t.Fatal(err)
+	}
+	if !pending("next") {
+		t.Fatal("a new assignment does not await the node's answer")
+	}
+	taken("next", shapes.Applied, "")
+	eventually(t, "next kept", func() bool { return !pending("next") })
 }

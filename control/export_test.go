@@ -80,3 +80,15 @@ func (c *Client) PublishDeclAgain(ctx context.Context, node string, seq uint64, 
 	}
 	return c.publishDecl(ctx, rec, seq, env, &lastOnSubject{stream: last})
 }
+
+// RecordAssignment assigns the module in data to node awaiting its answer
+// from sequence from, and publishes nothing: the state Assign leaves when
+// another process published between its reading the node's next sequence
+// and its writing the assignment.
+func (c *Client) RecordAssignment(ctx context.Context, node string, data []byte, from uint64) error {
+	module, resources, err := ReadModule(data)
+	if err != nil {
+		return err
+	}
+	return c.recordAssignment(ctx, node, module, resources, "", from)
+}

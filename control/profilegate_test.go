@@ -1,7 +1,6 @@
 package control_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -20,12 +19,7 @@ import (
 // reason, and nothing is kept; a module it can run is assigned; a node
 // that reported no profile is not refused.
 func TestTheProfileGatesAssign(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 90*time.Second)
 	_, id := enrolNode(t, s, "n1")
 	enrolNode(t, s, "n2") // reports no profile
 	const app = `{"version":1,"resources":[{"module":"app","id":"c","type":"container","name":"app","image":"registry.local/app@sha256:1111111111111111111111111111111111111111111111111111111111111111"},

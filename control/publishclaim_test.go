@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
-
-	"github.com/nox-mesh/nox-mesh-host/control"
 )
 
 // A publish that finds another process publishing exactly its composition
@@ -15,12 +13,7 @@ import (
 // published" with no sequence, and assign --wait then waited for nothing
 // until its time ran out.
 func TestAPublishOvertakenSaysTheOthersSequence(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 60*time.Second)
 	enrolNode(t, s, "n1")
 	// serve publishes the enrolment's first composition on its own: after
 	// it, nothing else publishes for n1 here.

@@ -1,12 +1,10 @@
 package control_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -17,12 +15,7 @@ import (
 // was removed, then made again (a chaos run saw 14 lines removed, then
 // applied, on one re-enrolment).
 func TestAReEnrolledNodeKeepsWhatItRuns(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 90*time.Second)
 	_, id := enrolNode(t, s, "n1")
 	if _, err := s.client.Assign(ctx, "n1", []byte(webModule), "web.json"); err != nil {
 		t.Fatal(err)

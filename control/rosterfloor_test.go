@@ -1,12 +1,10 @@
 package control_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -19,12 +17,7 @@ import (
 // node joining sends the others no new declaration: the floor is not part
 // of what decides whether a composition changed.
 func TestTheRosterFloorGoesOnlyToNodesThatReadIt(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx := serveOverlay(t, 90*time.Second)
 	enrolNode(t, s, "old")
 	text, _, err := s.client.IssueToken(ctx, "new", true, time.Hour, s.url)
 	if err != nil {

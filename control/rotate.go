@@ -133,13 +133,27 @@ func answerServe[Q any, R served](c *Client, subject string, fresh func() R, do 
 	return nil
 }
 
+// serveAwayWithin is how long askServe asks again while no serve is
+// subscribed. A serve reconnecting after the broker restarted (as a key
+// rotation asks of it) is away for its reconnect wait plus the client's
+// TLS jitter (up to 1.5 s), longer on a busy machine; a command made right
+// after the restart must not take that for no serve at all.
+const serveAwayWithin = 10 * time.Second
+
 // askServe asks serve on subject with req, and decodes its answer into
 // res; what serve found wrong is res's, not the error's.
 func askServe(cl *Client, subject string, req, res any) error {
 	data, _ := json.Marshal(req)
-	m, err := cl.NC.Request(subject, data, 10*time.Minute)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return errors.New("no serve answers on the broker: the rotation is serve's to carry out (it holds the keys it signs with); start mesh-control serve")
+	var m *nats.Msg
+	var err error
+	for since := time.Now(); ; time.Sleep(250 * time.Millisecond) {
+		m, err = cl.NC.Request(subject, data, 10*time.Minute)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		if time.Since(since) > serveAwayWithin {
+			return fmt.Errorf("no serve answers on the broker (asked for %s): the rotation is serve's to carry out (it holds the keys it signs with); start mesh-control serve", serveAwayWithin)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("asking serve for the rotation: %w", err)

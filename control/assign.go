@@ -119,6 +119,19 @@ type composedRecord struct {
 	Carried map[string]string `json:"carried,omitempty"`
 }
 
+// carried says whether the composition recorded carried assignment m as
+// it is now. A record written before compositions said what each module
+// carried (no Carried) answers by the module's name.
+func (p *composedRecord) carried(m Assignment) bool {
+	switch {
+	case p.Seq == 0:
+		return false
+	case p.Carried == nil:
+		return slices.Contains(p.Modules, m.Module)
+	}
+	return p.Carried[m.Module] == moduleDigest(m.Resources)
+}
+
 // moduleDigest identifies a module's resources as assigned, so that what
 // a composition carried can be told from what is assigned now.
 func moduleDigest(resources []json.RawMessage) string {
@@ -815,7 +828,7 @@ func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Rep
 			switch {
 			case m.PendingFrom == 0 || r.Seq < m.PendingFrom:
 			case r.Outcome != shapes.Refused:
-				if pub.Seq == 0 || pub.Carried[m.Module] != moduleDigest(m.Resources) {
+				if !pub.carried(m) {
 					break // not an answer to this assignment
 				}
 				m.PendingFrom, m.Previous, changed = 0, nil, true

@@ -437,6 +437,14 @@ func (r registry) Get(ctx context.Context, key string) (e jetstream.KeyValueEntr
 	return e, err
 }
 
+// WatchFiltered watches keys as the bucket's own does, on a copy of keys:
+// nats.go (v1.55.0) writes the bucket's prefix into the caller's slice, so
+// a listing made again (entries, while the registry did not answer)
+// watched "$KV.…" keys, which the bucket refuses as invalid.
+func (r registry) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return r.KeyValue.WatchFiltered(ctx, slices.Clone(keys), opts...)
+}
+
 // registryFromLeader turns the registry's direct gets off and binds it
 // again. Every writer of the registry reads a record and writes it back by
 // its revision, and node add's record is read straight after (its token,

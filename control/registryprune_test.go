@@ -51,3 +51,24 @@ func TestTheRegistrysDeleteMarkersGo(t *testing.T) {
 		t.Fatalf("a live key was touched: %v", err)
 	}
 }
+
+// A watch of the registry leaves the keys it was given as they were, so
+// that the same keys watched again (a listing made again while the
+// registry did not answer) are the registry's keys, not refused as
+// invalid: nats.go writes the bucket's prefix into the slice it is given.
+func TestARegistryWatchLeavesItsKeysAlone(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	keys := []string{"node.*", "token.*"}
+	for i := range 2 {
+		w, err := s.client.KV.WatchFiltered(ctx, keys)
+		if err != nil {
+			t.Fatalf("watch %d of %v: %v", i+1, keys, err)
+		}
+		w.Stop()
+		if keys[0] != "node.*" || keys[1] != "token.*" {
+			t.Fatalf("watch %d left its keys as %v", i+1, keys)
+		}
+	}
+}

@@ -276,55 +276,62 @@ func (c *cli) assign(node, file string) error {
 // givenBackSince says, when node's assignment of module was given back
 // for a refusal at or past sequence from, so ("" when it was not).
 func (c *cli) givenBackSince(node, module string, from uint64) string {
-	cl, err := c.connect()
-	if err != nil {
+	back := c.givenBack(node, nil, func(g GivenBack) bool { return g.Module == module && g.Seq >= from })
+	if len(back) == 0 {
 		return ""
 	}
-	defer cl.Close()
-	a, _, err := cl.assignments(c.ctx, node)
-	if err != nil {
-		return ""
-	}
-	for _, g := range a.GivenBack {
-		if g.Module == module && g.Seq >= from {
-			return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept (refused at seq %d: %s)", module, g.Seq, g.Reason)
-		}
-	}
-	return ""
+	g := back[0]
+	return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept (refused at seq %d: %s)", module, g.Seq, g.Reason)
 }
 
 // giveBack takes in node's report of seq for its assignments awaiting it
 // (serve may have done so already), and says what was given back ("" when
 // nothing was).
 func (c *cli) giveBack(node string, seq uint64) string {
+	settle := func(cl *Client) {
+		rs, _, err := cl.Reports(c.ctx, node, 50)
+		if err != nil {
+			return
+		}
+		for _, r := range rs {
+			if r.Trigger == link.TriggerDeclaration && r.Seq == seq {
+				cl.settleAssignments(c.ctx, node, &r.Report)
+			}
+		}
+	}
+	var modules []string
+	for _, g := range c.givenBack(node, settle, func(g GivenBack) bool { return g.Seq == seq }) {
+		modules = append(modules, g.Module)
+	}
+	if len(modules) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept", strings.Join(modules, ", "))
+}
+
+// givenBack is what of node's given-back assignments match says, read
+// after settle (when set) has run on the same connection; none when the
+// registry could not be read.
+func (c *cli) givenBack(node string, settle func(*Client), match func(GivenBack) bool) []GivenBack {
 	cl, err := c.connect()
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer cl.Close()
-	rs, _, err := cl.Reports(c.ctx, node, 50)
-	if err != nil {
-		return ""
-	}
-	for _, r := range rs {
-		if r.Trigger == link.TriggerDeclaration && r.Seq == seq {
-			cl.settleAssignments(c.ctx, node, &r.Report)
-		}
+	if settle != nil {
+		settle(cl)
 	}
 	a, _, err := cl.assignments(c.ctx, node)
 	if err != nil {
-		return ""
+		return nil
 	}
-	var back []string
+	var out []GivenBack
 	for _, g := range a.GivenBack {
-		if g.Seq == seq {
-			back = append(back, g.Module)
+		if match(g) {
+			out = append(out, g)
 		}
 	}
-	if len(back) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("the node refused module %s: its assignment is given back (as it was before), not kept", strings.Join(back, ", "))
+	return out
 }
 
 // assignPlan asks node for a plan of its composition with the module in

@@ -23,7 +23,7 @@ func (c *cli) keyRotate(recoveryKey string) error {
 	}
 	defer cl.Close()
 	var res RotateResult
-	if err := askServe(cl, KeysSubject, &RotateRequest{RecoveryKeyFile: recoveryKey}, &res); err != nil {
+	if err := askServe(c.ctx, cl, KeysSubject, &RotateRequest{RecoveryKeyFile: recoveryKey}, &res); err != nil {
 		return err
 	}
 	if c.json {
@@ -64,7 +64,7 @@ func (c *cli) rotationStep(subject string, switching, force bool, req, res any, 
 		return err
 	}
 	defer cl.Close()
-	if err := askServe(cl, subject, req, res); err != nil {
+	if err := askServe(c.ctx, cl, subject, req, res); err != nil {
 		return err
 	}
 	if c.json {

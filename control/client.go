@@ -412,12 +412,8 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 // with nats.go's bare timeout. Everything else is the context's own.
 type answeringJS struct{ jetstream.JetStream }
 
-func (j answeringJS) Stream(ctx context.Context, name string) (st jetstream.Stream, err error) {
-	err = answered(ctx, func(ctx context.Context) error {
-		st, err = j.JetStream.Stream(ctx, name)
-		return err
-	}, nil)
-	return st, err
+func (j answeringJS) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	return answeredRead(ctx, func(ctx context.Context) (jetstream.Stream, error) { return j.JetStream.Stream(ctx, name) })
 }
 
 // registry is the registry bucket with reads that wait out a moment when
@@ -429,12 +425,8 @@ func (j answeringJS) Stream(ctx context.Context, name string) (st jetstream.Stre
 // serve's work reads right after a write that made the reload.
 type registry struct{ jetstream.KeyValue }
 
-func (r registry) Get(ctx context.Context, key string) (e jetstream.KeyValueEntry, err error) {
-	err = answered(ctx, func(ctx context.Context) error {
-		e, err = r.KeyValue.Get(ctx, key)
-		return err
-	}, nil)
-	return e, err
+func (r registry) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	return answeredRead(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return r.KeyValue.Get(ctx, key) })
 }
 
 // WatchFiltered watches keys as the bucket's own does, on a copy of keys:
@@ -701,14 +693,11 @@ func (c *Client) records(ctx context.Context) ([]*NodeRecord, error) {
 // read until it has delivered each of them (deleted keys too: a delete is
 // the last message of its key), or the listing fails saying so. A key
 // written meanwhile is delivered too, and counts for nothing.
-func (c *Client) entries(ctx context.Context, filters ...string) (out map[string]jetstream.KeyValueEntry, err error) {
-	// Read again whole while the registry does not answer (answered): a
-	// fresh listing each time.
-	err = answered(ctx, func(context.Context) (err error) {
-		out, err = c.entriesOnce(ctx, filters)
-		return err
-	}, nil)
-	return out, err
+func (c *Client) entries(ctx context.Context, filters ...string) (map[string]jetstream.KeyValueEntry, error) {
+	// Read again whole while the registry does not answer: a fresh
+	// listing each time, on the caller's deadline (a fleet's listing may
+	// take longer than one attempt's).
+	return answeredRead(ctx, func(context.Context) (map[string]jetstream.KeyValueEntry, error) { return c.entriesOnce(ctx, filters) })
 }
 
 // entriesOnce is one attempt of entries.
@@ -1058,6 +1047,16 @@ func answered(ctx context.Context, try func(context.Context) error, stop func() 
 	return retryRegistry(ctx, unansweredWithin, each, nil, func(err error) bool {
 		return !brokerDistress(err) || (stop != nil && stop())
 	})
+}
+
+// answeredRead is answered for a read that returns what it read.
+func answeredRead[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	var out T
+	err := answered(ctx, func(ctx context.Context) (err error) {
+		out, err = read(ctx)
+		return err
+	}, nil)
+	return out, err
 }
 
 // untilAnswered is answered for a request that writes: it stops at once

@@ -141,19 +141,21 @@ func answerServe[Q any, R served](c *Client, subject string, fresh func() R, do 
 const serveAwayWithin = 10 * time.Second
 
 // askServe asks serve on subject with req, and decodes its answer into
-// res; what serve found wrong is res's, not the error's.
-func askServe(cl *Client, subject string, req, res any) error {
+// res; what serve found wrong is res's, not the error's. No serve
+// subscribed is asked again for serveAwayWithin, by the registry's retry
+// rule (retryRegistry).
+func askServe(ctx context.Context, cl *Client, subject string, req, res any) error {
 	data, _ := json.Marshal(req)
 	var m *nats.Msg
-	var err error
-	for since := time.Now(); ; time.Sleep(250 * time.Millisecond) {
-		m, err = cl.NC.Request(subject, data, 10*time.Minute)
-		if !errors.Is(err, nats.ErrNoResponders) {
-			break
-		}
-		if time.Since(since) > serveAwayWithin {
-			return fmt.Errorf("no serve answers on the broker (asked for %s): the rotation is serve's to carry out (it holds the keys it signs with); start mesh-control serve", serveAwayWithin)
-		}
+	err := retryRegistry(ctx, serveAwayWithin, func() (err error) {
+		// A rotation at scale signs for every node: minutes.
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		m, err = cl.NC.RequestWithContext(rctx, subject, data)
+		return err
+	}, nil, func(err error) bool { return !errors.Is(err, nats.ErrNoResponders) })
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("no serve answers on the broker (asked for %s): the rotation is serve's to carry out (it holds the keys it signs with); start mesh-control serve", serveAwayWithin)
 	}
 	if err != nil {
 		return fmt.Errorf("asking serve for the rotation: %w", err)

@@ -352,7 +352,13 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 		if sc.Replicas = want(sc.Name); wantErr != nil {
 			return wantErr
 		}
-		st, err := c.streamAsWanted(ctx, sc)
+		var st jetstream.Stream
+		var err error
+		if sc.Name == link.HeartbeatStream {
+			st, err = c.heartbeatsAsWanted(ctx, sc)
+		} else {
+			st, err = c.streamAsWanted(ctx, sc)
+		}
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
@@ -473,7 +479,7 @@ func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) 
 		if slices.Equal(have.Subjects, sc.Subjects) && have.Retention == sc.Retention && have.MaxMsgsPerSubject == sc.MaxMsgsPerSubject &&
 			have.Discard == sc.Discard && have.Storage == sc.Storage && (sc.MaxMsgSize == 0 || have.MaxMsgSize == sc.MaxMsgSize) &&
 			(sc.Duplicates == 0 || have.Duplicates == sc.Duplicates) && have.AllowDirect == sc.AllowDirect &&
-			have.Description == sc.Description && have.Replicas == sc.Replicas {
+			have.Description == sc.Description && have.Replicas == sc.Replicas && have.PersistMode == sc.PersistMode {
 			return st, nil
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {

@@ -53,7 +53,7 @@ func (c *Client) Record(ctx context.Context) error {
 		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
 	} {
 		cfg := jetstream.ConsumerConfig{
-			Durable:       "control-recorder",
+			Durable:       recorderConsumer,
 			Description:   "mesh-control serve: the registry's last report, and profiles from heartbeats",
 			FilterSubject: x.filter,
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,

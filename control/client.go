@@ -128,6 +128,10 @@ type Client struct {
 	// jwtSent is when each node was last sent its renewed broker
 	// credential (renewUserJWT).
 	jwtSent *sync.Map
+	// batched says the declarations' and the registry's streams take
+	// atomic batches (ensure): a fan-out writes its sequences and its
+	// declarations a batch at a time (DeclareAll).
+	batched bool
 	// brokerKnows, set when the broker is the embedded one or in operator
 	// mode, says whether it lets a node's NKey in yet: a grant is answered
 	// once it does, so the node's first connection is not refused.
@@ -335,7 +339,7 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	streams := []jetstream.StreamConfig{
 		{Name: link.DeclStream, Subjects: []string{"mesh.decl.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: link.DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
-			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute, AllowDirect: true,
+			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute, AllowDirect: true, AllowAtomicPublish: true,
 			Description: "signed declarations, one subject per node; nodes read the newest of theirs by direct get"},
 		{Name: link.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
@@ -378,23 +382,26 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 	}
 	kvc := jetstream.KeyValueConfig{Bucket: Bucket, Description: "the node registry", History: 1, Storage: jetstream.FileStorage, Replicas: kvReplicas}
 	kv, err := c.JS.KeyValue(ctx, Bucket)
+	var kvInfo *jetstream.StreamInfo
 	if err == nil {
 		st, serr := kv.Status(ctx)
 		if serr != nil || st.History() != int64(kvc.History) || st.Config().Replicas != kvc.Replicas || st.Config().Description != kvc.Description {
 			err = errors.New("not as wanted")
+		} else if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			kvInfo = bs.StreamInfo()
 		}
 	}
 	if err != nil {
-		if kv, err = c.JS.CreateOrUpdateKeyValue(ctx, kvc); err != nil {
+		if _, err = c.JS.CreateOrUpdateKeyValue(ctx, kvc); err != nil {
 			return fmt.Errorf("registry bucket %s: %w", Bucket, err)
 		}
+		kvInfo = nil
 	}
-	if kvc.Replicas > 1 {
-		if kv, err = c.registryFromLeader(ctx); err != nil {
-			return fmt.Errorf("registry bucket %s: %w", Bucket, err)
-		}
+	if kv, kvInfo, err = c.registryAsWanted(ctx, kv, kvInfo, kvc.Replicas); err != nil {
+		return fmt.Errorf("registry bucket %s: %w", Bucket, err)
 	}
 	c.KV = registry{kv}
+	c.batched = c.decls.CachedInfo().Config.AllowAtomicPublish && kvInfo.Config.AllowAtomicPublish
 	osc := jetstream.ObjectStoreConfig{Bucket: link.ArchiveBucket, Description: "archives, each named by its sha256; nodes read them", Storage: jetstream.FileStorage, Replicas: obsReplicas}
 	obs, err := c.JS.ObjectStore(ctx, link.ArchiveBucket)
 	if err == nil {
@@ -443,28 +450,48 @@ func (r registry) WatchFiltered(ctx context.Context, keys []string, opts ...jets
 	return r.KeyValue.WatchFiltered(ctx, slices.Clone(keys), opts...)
 }
 
-// registryFromLeader turns the registry's direct gets off and binds it
-// again. Every writer of the registry reads a record and writes it back by
-// its revision, and node add's record is read straight after (its token,
-// the servers' accounts). A direct get may be answered by any replica, and
-// a follower the write has not reached yet answers with no record or the
-// revision before: NATS documents a bucket's direct gets as not reading
-// your own writes, and a get sent to the stream's leader as the one that
-// does. One copy has no follower, so a lone server keeps direct gets.
-func (c *Client) registryFromLeader(ctx context.Context) (jetstream.KeyValue, error) {
-	st, err := c.JS.Stream(ctx, "KV_"+Bucket)
-	if err != nil {
-		return nil, err
+// registryAsWanted makes the registry's stream as the control side uses
+// it, beyond what a bucket's configuration says, and binds the bucket
+// (again, when it changed; kv may be nil). info is the stream's, when
+// already read.
+//
+//   - Direct gets off at more than one copy. Every writer of the registry
+//     reads a record and writes it back by its revision, and node add's
+//     record is read straight after (its token, the servers' accounts). A
+//     direct get may be answered by any replica, and a follower the write
+//     has not reached yet answers with no record or the revision before:
+//     NATS documents a bucket's direct gets as not reading your own
+//     writes, and a get sent to the stream's leader as the one that does.
+//     One copy has no follower, so a lone server keeps direct gets.
+//   - Atomic batches allowed, where the server knows them (atomicKnown):
+//     a fan-out takes its nodes' sequences a batch at a time (DeclareAll).
+func (c *Client) registryAsWanted(ctx context.Context, kv jetstream.KeyValue, info *jetstream.StreamInfo, replicas int) (jetstream.KeyValue, *jetstream.StreamInfo, error) {
+	if info == nil {
+		st, err := c.JS.Stream(ctx, "KV_"+Bucket)
+		if err != nil {
+			return nil, nil, err
+		}
+		info, kv = st.CachedInfo(), nil
 	}
-	if cfg := st.CachedInfo().Config; cfg.AllowDirect {
-		cfg.AllowDirect = false
-		if _, err := c.JS.UpdateStream(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("reads from its leader: %w", err)
+	cfg := info.Config
+	cfg.AllowDirect = cfg.AllowDirect && replicas <= 1
+	cfg.AllowAtomicPublish = cfg.AllowAtomicPublish || atomicKnown(info)
+	if cfg.AllowDirect != info.Config.AllowDirect || cfg.AllowAtomicPublish != info.Config.AllowAtomicPublish {
+		st, err := c.JS.UpdateStream(ctx, cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("its stream as wanted (direct gets %v, atomic batches %v): %w", cfg.AllowDirect, cfg.AllowAtomicPublish, err)
+		}
+		info, kv = st.CachedInfo(), nil
+	}
+	// Bound again at more than one copy either way: a handle bound
+	// before another control side turned direct gets off still makes them.
+	if kv == nil || replicas > 1 {
+		var err error
+		if kv, err = c.JS.KeyValue(ctx, Bucket); err != nil {
+			return nil, nil, err
 		}
 	}
-	// Bound again either way: a handle bound before another control
-	// side turned direct gets off still makes them.
-	return c.JS.KeyValue(ctx, Bucket)
+	return kv, info, nil
 }
 
 // streamAsWanted returns the stream sc names, made or updated only when it
@@ -475,15 +502,21 @@ func (c *Client) registryFromLeader(ctx context.Context) (jetstream.KeyValue, er
 func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := c.JS.Stream(ctx, sc.Name)
 	if err == nil {
+		// Asked only of a server that knows it: an older one would take
+		// the update and leave it out, and be asked again at every start.
+		sc.AllowAtomicPublish = sc.AllowAtomicPublish && atomicKnown(st.CachedInfo())
 		have := st.CachedInfo().Config
 		if slices.Equal(have.Subjects, sc.Subjects) && have.Retention == sc.Retention && have.MaxMsgsPerSubject == sc.MaxMsgsPerSubject &&
 			have.Discard == sc.Discard && have.Storage == sc.Storage && (sc.MaxMsgSize == 0 || have.MaxMsgSize == sc.MaxMsgSize) &&
 			(sc.Duplicates == 0 || have.Duplicates == sc.Duplicates) && have.AllowDirect == sc.AllowDirect &&
-			have.Description == sc.Description && have.Replicas == sc.Replicas && have.PersistMode == sc.PersistMode {
+			have.Description == sc.Description && have.Replicas == sc.Replicas && have.PersistMode == sc.PersistMode &&
+			have.AllowAtomicPublish == sc.AllowAtomicPublish {
 			return st, nil
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, err
+	} else {
+		sc.AllowAtomicPublish = sc.AllowAtomicPublish && c.atomicKnownHere()
 	}
 	return c.JS.CreateOrUpdateStream(ctx, sc)
 }
@@ -856,23 +889,8 @@ func probe(seq uint64, fill func(uint64) ([]byte, error)) error {
 // and seq differ, and the registry's values of those always parse).
 func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *shapes.Briefing, m map[string]json.RawMessage, last *lastOnSubject, checked bool) (uint64, error) {
 	node := rec.Name
-	if rec.IsRevoked() {
-		return 0, c.revokedError(ctx, rec)
-	}
-	if err := link.CheckNode(node, rec.Capability); err != nil {
-		return 0, fmt.Errorf("refused by the control side: %w", err)
-	}
-	// A node whose adoption briefing has a failed line is a node, but is
-	// assigned nothing until the failure is resolved.
-	if b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
-		why := ""
-		for _, f := range b.Findings {
-			if f.Mark == shapes.MarkFailed {
-				why = fmt.Sprintf("%s.%s: %s", f.Module, f.ID, f.Detail)
-				break
-			}
-		}
-		return 0, fmt.Errorf("node %s has a failed briefing line (%s); it is assigned nothing until that is resolved (declare with --despite-briefing to push the fix)", node, why)
+	if err := c.declarable(ctx, rec, b); err != nil {
+		return 0, err
 	}
 	// Sealed content is checked now, and sealed once the sequence bound
 	// into it is taken.
@@ -891,31 +909,12 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 			return 0, err
 		}
 	}
-	var seq uint64
-	for attempt := 0; ; attempt++ {
-		seq = rec.NextSeq
-		next := *rec
-		next.NextSeq++
-		data, _ := json.Marshal(&next)
-		// Unanswered, the compare-and-set is made again on the same
-		// revision: if the first was taken, the second is refused as
-		// another's, and the next sequence is taken (one is spent, never
-		// published; a node needs each newer, not each one).
-		if err = c.untilAnswered(ctx, func(ctx context.Context) error {
-			_, err := c.KV.Update(ctx, nodeKey(node), data, rev)
-			return err
-		}); err == nil {
-			break
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 1000 {
-			return 0, fmt.Errorf("registry: taking a sequence for %s: %w", node, err)
-		}
-		// Another declare took it: read again and take the next one; the
-		// subject's newest is read again too.
-		if rec, rev, err = c.Node(ctx, node); err != nil {
-			return 0, err
-		}
-		last = nil
+	rec, seq, reread, err := c.takeSequence(ctx, rec, rev)
+	if err != nil {
+		return 0, err
+	}
+	if reread {
+		last = nil // the subject's newest is read again too
 	}
 	if seals != nil {
 		if err := seals.seal(m, rec, seq); err != nil {
@@ -934,6 +933,62 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 		return 0, err
 	}
 	return seq, nil
+}
+
+// takeSequence takes rec's node's next sequence by a compare-and-set of
+// its record on rev, the revision rec was read at. Another declare taking
+// it first, the record is read again and the next one taken (reread): it
+// returns the record the sequence was taken on.
+func (c *Client) takeSequence(ctx context.Context, rec *NodeRecord, rev uint64) (_ *NodeRecord, seq uint64, reread bool, err error) {
+	node := rec.Name
+	for attempt := 0; ; attempt++ {
+		seq = rec.NextSeq
+		next := *rec
+		next.NextSeq++
+		data, _ := json.Marshal(&next)
+		// Unanswered, the compare-and-set is made again on the same
+		// revision: if the first was taken, the second is refused as
+		// another's, and the next sequence is taken (one is spent, never
+		// published; a node needs each newer, not each one).
+		if err = c.untilAnswered(ctx, func(ctx context.Context) error {
+			_, err := c.KV.Update(ctx, nodeKey(node), data, rev)
+			return err
+		}); err == nil {
+			return rec, seq, reread, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) || attempt > 1000 {
+			return nil, 0, reread, fmt.Errorf("registry: taking a sequence for %s: %w", node, err)
+		}
+		if rec, rev, err = c.Node(ctx, node); err != nil {
+			return nil, 0, reread, err
+		}
+		reread = true
+	}
+}
+
+// declarable says why rec's node, with its briefing b (nil: none), is not
+// declared to: revoked, of a link capability this control side does not
+// serve, or with a failed briefing line.
+func (c *Client) declarable(ctx context.Context, rec *NodeRecord, b *shapes.Briefing) error {
+	if rec.IsRevoked() {
+		return c.revokedError(ctx, rec)
+	}
+	if err := link.CheckNode(rec.Name, rec.Capability); err != nil {
+		return fmt.Errorf("refused by the control side: %w", err)
+	}
+	// A node whose adoption briefing has a failed line is a node, but is
+	// assigned nothing until the failure is resolved.
+	if b != nil && b.Outcome == shapes.MarkFailed && !c.DespiteBriefing {
+		why := ""
+		for _, f := range b.Findings {
+			if f.Mark == shapes.MarkFailed {
+				why = fmt.Sprintf("%s.%s: %s", f.Module, f.ID, f.Detail)
+				break
+			}
+		}
+		return fmt.Errorf("node %s has a failed briefing line (%s); it is assigned nothing until that is resolved (declare with --despite-briefing to push the fix)", rec.Name, why)
+	}
+	return nil
 }
 
 // linkHeader is what the control side says beside all it publishes for
@@ -961,7 +1016,7 @@ func (c *Client) linkHeader(rec *NodeRecord) nats.Header {
 // reports it superseded with the others it never read).
 func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, env []byte, known *lastOnSubject) error {
 	s := link.SubjectsOf(rec.Name)
-	msgID := fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
+	msgID := declMsgID(rec, seq)
 	for attempt := 0; ; attempt++ {
 		on := known
 		known = nil // known once: after a refused publish, read again
@@ -995,8 +1050,7 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 			return nil
 		}
 		last := on.stream
-		msg := &nats.Msg{Subject: s.Decl, Data: env, Header: c.linkHeader(rec)}
-		msg.Header.Set(link.SeqHeader, strconv.FormatUint(seq, 10))
+		msg := c.declMsg(rec, seq, env)
 		// Made again with the same Msg-Id when unanswered: stored once.
 		var ack *jetstream.PubAck
 		err := c.untilAnswered(ctx, func(ctx context.Context) (err error) {
@@ -1014,6 +1068,20 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		c.notice(rec, s, env, ack.Sequence)
 		return nil
 	}
+}
+
+// declMsg is the message of env, rec's declaration of sequence seq, on
+// the node's subject (without its Msg-Id and expected last sequence).
+func (c *Client) declMsg(rec *NodeRecord, seq uint64, env []byte) *nats.Msg {
+	msg := &nats.Msg{Subject: link.SubjectsOf(rec.Name).Decl, Data: env, Header: c.linkHeader(rec)}
+	msg.Header.Set(link.SeqHeader, strconv.FormatUint(seq, 10))
+	return msg
+}
+
+// declMsgID is the Msg-Id of rec's declaration of sequence seq: the
+// broker stores a declaration once however often it is published.
+func declMsgID(rec *NodeRecord, seq uint64) string {
+	return fmt.Sprintf("%s.%s.%d", rec.Name, rec.Enrolment, seq)
 }
 
 // notice tells rec's node of env, its declaration stored at stream

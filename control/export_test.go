@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Allocate is allocate, for a test that races the overlay's settings.
@@ -91,4 +93,20 @@ func (c *Client) RecordAssignment(ctx context.Context, node string, data []byte,
 		return err
 	}
 	return c.recordAssignment(ctx, node, module, resources, "", from)
+}
+
+// OnBatch has f told of each atomic batch a fan-out publishes, before it
+// is, with its messages' subjects; nil stops it.
+func OnBatch(f func(subjects []string)) {
+	if f == nil {
+		batchHook = nil
+		return
+	}
+	batchHook = func(msgs []*nats.Msg) {
+		subjects := make([]string, len(msgs))
+		for i, m := range msgs {
+			subjects[i] = m.Subject
+		}
+		f(subjects)
+	}
 }

@@ -7,12 +7,17 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
-	"golang.org/x/sync/errgroup"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // One declaration to many nodes (DeclareAll) is many declares, each by
@@ -146,11 +151,213 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 			}
 		}
 	}
+	if c.batched {
+		return seqs, c.declareInBatches(ctx, nodes, snap, last, decl, seqs)
+	}
 	errs = newFlight(declareFirst, declareLeast, declareMost).fly(ctx, len(nodes), func(i int) (err error) {
 		seqs[i], err = c.declareFrom(ctx, snap, last[nodes[i]], nodes[i], decl)
 		return err
 	}, c.Progress)
 	return seqs, errs
+}
+
+// A fan-out to a broker that takes atomic batches (nats-server 2.12, and
+// the streams allowing them: ensure) writes its nodes' sequences and then
+// their declarations a batch at a time: each batch is one write to disk
+// (an fsync before it is acknowledged, as every write) where each node was
+// two. Each node of a batch is checked and written as declare does it —
+// the compare-and-set on the revision read, the publish on top of the
+// subject's newest with its Msg-Id — and a batch the broker refuses or
+// does not answer is done again node by node by declare's own path, which
+// tells a sequence or a declaration the batch did store after all (the
+// revision moved on; the Msg-Id is the subject's newest).
+const (
+	// declareBatch is how many nodes one batch takes (nats-server takes
+	// 1,000 messages in one at most), and declareBatchBytes how many
+	// bytes of declarations, at most: the broker holds a batch whole until
+	// it is committed.
+	declareBatch      = 200
+	declareBatchBytes = 4 << 20
+	// The window of batches in flight at once (flight): nats-server
+	// holds 50 batches in flight on a stream at most.
+	batchesFirst = 2
+	batchesLeast = 1
+	batchesMost  = 8
+)
+
+// declareInBatches is DeclareAll's declares, a batch of nodes at a time
+// (declareBatch); it fills seqs and returns each node's error.
+func (c *Client) declareInBatches(ctx context.Context, nodes []string, snap map[string]jetstream.KeyValueEntry, last map[string]*lastOnSubject, decl []byte, seqs []uint64) []error {
+	errs := make([]error, len(nodes))
+	per := max(1, min(declareBatch, declareBatchBytes/(len(decl)+1024)))
+	batches := (len(nodes) + per - 1) / per
+	started := make([]bool, batches)
+	var mu sync.Mutex
+	done := 0
+	berrs := newFlight(batchesFirst, batchesLeast, batchesMost).fly(ctx, batches, func(k int) error {
+		started[k] = true
+		lo, hi := k*per, min(len(nodes), (k+1)*per)
+		err := c.declareBatch(ctx, nodes[lo:hi], snap, last, decl, seqs[lo:hi], errs[lo:hi])
+		if c.Progress != nil {
+			mu.Lock()
+			done += hi - lo
+			c.Progress(done, len(nodes))
+			mu.Unlock()
+		}
+		return err
+	}, nil)
+	for k, err := range berrs {
+		if !started[k] && err != nil { // ctx ended before it began
+			for i := k * per; i < min(len(nodes), (k+1)*per); i++ {
+				errs[i] = err
+			}
+		}
+	}
+	return errs
+}
+
+// declareBatch declares to nodes, one batch of DeclareAll, into seqs and
+// errs (nodes' own). It returns the error of a batch the broker refused or
+// did not answer (its nodes then declared to one by one): the flight's
+// window closes on one the broker did not answer.
+func (c *Client) declareBatch(ctx context.Context, nodes []string, snap map[string]jetstream.KeyValueEntry, last map[string]*lastOnSubject, decl []byte, seqs []uint64, errs []error) error {
+	type one struct {
+		i    int
+		rec  *NodeRecord
+		rev  uint64
+		b    *shapes.Briefing
+		m    map[string]json.RawMessage
+		last *lastOnSubject
+		seq  uint64
+		env  []byte
+	}
+	var ps []*one
+	for i, node := range nodes {
+		e, ok := snap[nodeKey(node)]
+		if !ok {
+			seqs[i], errs[i] = c.Declare(ctx, node, decl) // as declareFrom
+			continue
+		}
+		rec := new(NodeRecord)
+		if err := json.Unmarshal(e.Value(), rec); err != nil {
+			errs[i] = fmt.Errorf("node %q: %w", node, err)
+			continue
+		}
+		var b *shapes.Briefing
+		if be, ok := snap["briefing."+node]; ok {
+			b = new(shapes.Briefing)
+			if json.Unmarshal(be.Value(), b) != nil {
+				b = nil
+			}
+		}
+		if errs[i] = c.declarable(ctx, rec, b); errs[i] != nil {
+			continue
+		}
+		p := &one{i: i, rec: rec, rev: e.Revision(), b: b, last: last[node]}
+		json.Unmarshal(decl, &p.m) // each its own map: declare fills it in
+		ps = append(ps, p)
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	// The sequences: each node's record with its next sequence taken, on
+	// the revision read (the compare-and-set KeyValue.Update makes).
+	msgs := make([]*nats.Msg, 0, len(ps))
+	for _, p := range ps {
+		next := *p.rec
+		next.NextSeq++
+		data, _ := json.Marshal(&next)
+		msgs = append(msgs, &nats.Msg{Subject: "$KV." + Bucket + "." + nodeKey(p.rec.Name), Data: data,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(p.rev, 10)}}})
+	}
+	var batchErr error
+	if _, err := c.publishBatch(ctx, msgs); err != nil {
+		batchErr = err
+		c.log.Debug("a fan-out's batch of sequences was not taken: its nodes' are taken one by one", "nodes", len(ps), "err", err)
+		taken := ps[:0]
+		for _, p := range ps {
+			var reread bool
+			if p.rec, p.seq, reread, errs[p.i] = c.takeSequence(ctx, p.rec, p.rev); errs[p.i] != nil {
+				continue
+			}
+			if reread {
+				p.last = nil // the subject's newest is read again too
+			}
+			taken = append(taken, p)
+		}
+		ps = taken
+	} else {
+		for _, p := range ps {
+			p.seq = p.rec.NextSeq
+		}
+	}
+	// The declarations, each on top of its subject's newest.
+	var batch []*one
+	msgs = msgs[:0]
+	for _, p := range ps {
+		seq := p.seq
+		payload, err := fillDecl(p.m, p.rec, seq)
+		if err == nil {
+			p.env, err = wire.Seal(c.Keys.Signer(), wire.PurposeDeclaration, payload)
+		}
+		if err != nil {
+			errs[p.i] = err
+			continue
+		}
+		if p.last == nil || p.last.stream != 0 && p.last.seq >= seq {
+			// Not read, or a newer one there already: publishDecl's to
+			// read or to leave.
+			if errs[p.i] = c.publishDecl(ctx, p.rec, seq, p.env, p.last); errs[p.i] == nil {
+				seqs[p.i] = seq
+			}
+			continue
+		}
+		m := c.declMsg(p.rec, seq, p.env)
+		m.Header.Set(jetstream.MsgIDHeader, declMsgID(p.rec, seq))
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(p.last.stream, 10))
+		msgs = append(msgs, m)
+		batch = append(batch, p)
+	}
+	if len(batch) == 0 {
+		return batchErr
+	}
+	ack, err := c.publishBatch(ctx, msgs)
+	if err != nil {
+		c.log.Debug("a fan-out's batch of declarations was not stored: its nodes' are published one by one", "nodes", len(batch), "err", err)
+		for _, p := range batch {
+			if errs[p.i] = c.publishDecl(ctx, p.rec, p.seq, p.env, p.last); errs[p.i] == nil {
+				seqs[p.i] = p.seq
+			}
+		}
+		return err
+	}
+	// An atomic batch is stored whole, in its order, the last at the
+	// sequence acknowledged.
+	first := ack.Sequence - uint64(len(batch)) + 1
+	for k, p := range batch {
+		c.notice(p.rec, link.SubjectsOf(p.rec.Name), p.env, first+uint64(k))
+		seqs[p.i] = p.seq
+	}
+	return batchErr
+}
+
+// batchHook, when set (by a test only), is told of each batch before it
+// is published, with its messages.
+var batchHook func(msgs []*nats.Msg)
+
+// publishBatch stores msgs as one atomic batch (all or none), waiting for
+// its acknowledgement at most unansweredEach.
+func (c *Client) publishBatch(ctx context.Context, msgs []*nats.Msg) (*jetstreamext.BatchAck, error) {
+	if batchHook != nil {
+		batchHook(msgs)
+	}
+	ctx, cancel := context.WithTimeout(ctx, unansweredEach)
+	defer cancel()
+	ack, err := jetstreamext.PublishMsgBatch(ctx, c.JS, msgs)
+	if err == nil && ack.BatchSize != uint64(len(msgs)) {
+		err = fmt.Errorf("the broker stored %d of a batch of %d", ack.BatchSize, len(msgs))
+	}
+	return ack, err
 }
 
 // declareFrom is one node's declare of DeclareAll, from the snapshot.

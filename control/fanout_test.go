@@ -1,15 +1,18 @@
 package control_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -26,31 +29,7 @@ func TestDeclareAll(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const n = 1100
-	var nodes []string
-	work := make(chan string)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range work {
-				if _, _, err := s.client.AddNode(ctx, name, ""); err != nil {
-					t.Error(err)
-				}
-			}
-		}()
-	}
-	for i := range n {
-		name := fmt.Sprintf("f%04d", i)
-		nodes = append(nodes, name)
-		work <- name
-	}
-	close(work)
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	nodes := addNodes(ctx, t, s, 1100)
 	// Some nodes declared to before (a newest on the subject to publish on
 	// top of); one revoked; one with a failed briefing.
 	for _, name := range nodes[:5] {
@@ -146,6 +125,138 @@ func TestDeclareAll(t *testing.T) {
 	sealer.Seals = map[string][]byte{"m.x": []byte("secret")}
 	if _, errs := sealer.DeclareAll(ctx, nodes[:2], []byte(decl)); errs[0] == nil || !strings.Contains(errs[0].Error(), "one node at a time") {
 		t.Fatalf("sealed content to many: %v", errs[0])
+	}
+}
+
+// addNodes registers n nodes, f0000 on, 8 at a time, and returns their
+// names.
+func addNodes(ctx context.Context, t *testing.T, s *served, n int) []string {
+	t.Helper()
+	var nodes []string
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				if _, _, err := s.client.AddNode(ctx, name, ""); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		name := fmt.Sprintf("f%04d", i)
+		nodes = append(nodes, name)
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return nodes
+}
+
+// A fan-out writes its nodes' sequences, then their declarations, a batch
+// at a time (the embedded broker takes atomic batches). A batch the broker
+// refuses — a node's record moved since the fan-out read it, another
+// declaration put on a node's subject — is done again node by node, and
+// every node still has one declaration of the fan-out (or a newer one),
+// its newest sequence, and a notice naming where it is stored.
+func TestAFanOutWritesABatchAtATime(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nodes := addNodes(ctx, t, s, 450) // three batches: 200, 200, 50
+	notices, err := s.client.NC.SubscribeSync(link.NoticePrefix + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seqBatches, declBatches int
+	control.OnBatch(func(subjects []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch subjects[0] {
+		case "$KV." + control.Bucket + ".node." + nodes[200]:
+			// The second batch of sequences: one of its records moves
+			// (written again as it is, a new revision).
+			e, err := s.client.KV.Get(ctx, "node."+nodes[201])
+			if err == nil {
+				_, err = s.client.KV.Update(ctx, "node."+nodes[201], e.Value(), e.Revision())
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		case link.SubjectsOf(nodes[0]).Decl:
+			// The first batch of declarations: a declare of its own
+			// puts a newer one on a node's subject.
+			if _, err := s.client.Declare(ctx, nodes[1], []byte(decl)); err != nil {
+				t.Error(err)
+			}
+		}
+		if strings.HasPrefix(subjects[0], "$KV.") {
+			seqBatches++
+		} else {
+			declBatches++
+		}
+	})
+	defer control.OnBatch(nil)
+	seqs, errs := s.client.DeclareAll(ctx, nodes, []byte(decl))
+	for i, name := range nodes {
+		if errs[i] != nil || seqs[i] == 0 {
+			t.Errorf("%s: seq %d, %v", name, seqs[i], errs[i])
+		}
+	}
+	if seqBatches < 3 || declBatches < 3 {
+		t.Fatalf("%d batches of sequences and %d of declarations, want 3 each at least", seqBatches, declBatches)
+	}
+	str, err := s.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One declaration a node — for the second node the declare's beside
+	// the fan-out, which found it newer and published nothing: nothing is
+	// stored twice by a batch done again node by node.
+	if got := str.CachedInfo().State.Msgs; got != uint64(len(nodes)) {
+		t.Errorf("%d declarations stored, want %d", got, len(nodes))
+	}
+	for i, name := range nodes {
+		rec, _, err := s.client.Node(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := str.GetLastMsgForSubject(ctx, link.SubjectsOf(name).Decl)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := m.Header.Get(link.SeqHeader); got != fmt.Sprint(rec.NextSeq-1) {
+			t.Errorf("%s: newest on its subject is sequence %s; its last taken is %d", name, got, rec.NextSeq-1)
+		}
+		if i != 1 && seqs[i] != rec.NextSeq-1 {
+			t.Errorf("%s: declared sequence %d; its last taken is %d", name, seqs[i], rec.NextSeq-1)
+		}
+	}
+	// Each notice names the stream sequence its declaration is stored at.
+	for range len(nodes) {
+		nm, err := notices.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("notices: %v", err)
+		}
+		at, err := strconv.ParseUint(nm.Header.Get(link.HeaderSequence), 10, 64)
+		if err != nil {
+			t.Fatalf("a notice on %s without its sequence: %v", nm.Subject, err)
+		}
+		m, err := str.GetMsg(ctx, at)
+		if err != nil {
+			t.Fatalf("notice on %s: sequence %d: %v", nm.Subject, at, err)
+		}
+		node := strings.TrimPrefix(m.Subject, "mesh.decl.")
+		if nm.Subject != link.SubjectsOf(node).Notice || !bytes.Equal(m.Data, nm.Data) {
+			t.Fatalf("the notice on %s names sequence %d, %s's declaration", nm.Subject, at, node)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -12,10 +11,6 @@ import (
 // recorderConsumer is the recorder's durable consumer on the report and
 // heartbeat streams (Record).
 const recorderConsumer = "control-recorder"
-
-// asyncPersistLevel is the JetStream API level from which a server keeps a
-// stream in async persist mode (nats-server 2.12).
-const asyncPersistLevel = 2
 
 // heartbeatsAsWanted is streamAsWanted for the heartbeat stream, which is
 // the one stream kept without an fsync before each acknowledgement when it
@@ -33,7 +28,7 @@ const asyncPersistLevel = 2
 //
 // At more than one copy the mode is refused by the server (a replicated
 // stream is synced by its Raft log, and relaxes the fsync of each write
-// already); a server before API level 2 does not know it.
+// already); a server before API level 2 does not know it (atomicKnown).
 //
 // A stream's persist mode cannot be changed by an update. A stream made
 // before in the other mode is made anew — losing the nodes' last
@@ -45,7 +40,7 @@ func (c *Client) heartbeatsAsWanted(ctx context.Context, sc jetstream.StreamConf
 	st, err := c.JS.Stream(ctx, sc.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		if sc.Replicas == 1 && c.apiLevel(ctx) >= asyncPersistLevel {
+		if sc.Replicas == 1 && c.atomicKnownHere() {
 			sc.PersistMode = jetstream.AsyncPersistMode
 		}
 		return c.JS.CreateStream(ctx, sc)
@@ -53,8 +48,7 @@ func (c *Client) heartbeatsAsWanted(ctx context.Context, sc jetstream.StreamConf
 		return nil, err
 	}
 	have := st.CachedInfo().Config
-	level, _ := strconv.Atoi(have.Metadata["_nats.level"]) // the server's own, in every answer from 2.11
-	if sc.Replicas == 1 && level >= asyncPersistLevel {
+	if sc.Replicas == 1 && atomicKnown(st.CachedInfo()) {
 		sc.PersistMode = jetstream.AsyncPersistMode
 	}
 	if have.PersistMode == sc.PersistMode {
@@ -74,16 +68,6 @@ func (c *Client) heartbeatsAsWanted(ctx context.Context, sc jetstream.StreamConf
 		return nil, fmt.Errorf("made anew in persist mode %s: %w", sc.PersistMode, err)
 	}
 	return c.JS.CreateOrUpdateStream(ctx, sc)
-}
-
-// apiLevel is the JetStream API level of the server answering, 0 when it
-// does not say or does not answer.
-func (c *Client) apiLevel(ctx context.Context) int {
-	ai, err := c.JS.AccountInfo(ctx)
-	if err != nil {
-		return 0
-	}
-	return ai.API.Level
 }
 
 // unrecorded is how many messages of st the recorder has not acknowledged

@@ -110,3 +110,7 @@ func OnBatch(f func(subjects []string)) {
 		f(subjects)
 	}
 }
+
+// Unbatched has c declare to many nodes one by one, as to a broker that
+// takes no atomic batch.
+func (c *Client) Unbatched() { c.batched = false }

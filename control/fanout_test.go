@@ -24,9 +24,18 @@ import (
 // refuses them, a node not registered is named, and declares to the same
 // nodes racing it (one at a time, through Declare) still leave each
 // node's newest declaration its newest sequence — more nodes than one
-// batched get names, so the batches are exercised.
+// batched get names, so the batches are exercised. Both ways: in atomic
+// batches, and node by node as to a broker that takes none.
 func TestDeclareAll(t *testing.T) {
+	t.Run("batched", func(t *testing.T) { testDeclareAll(t, true) })
+	t.Run("node by node", func(t *testing.T) { testDeclareAll(t, false) })
+}
+
+func testDeclareAll(t *testing.T, batched bool) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	if !batched {
+		s.client.Unbatched()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	nodes := addNodes(ctx, t, s, 1100)

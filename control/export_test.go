@@ -114,3 +114,20 @@ func OnBatch(f func(subjects []string)) {
 // Unbatched has c declare to many nodes one by one, as to a broker that
 // takes no atomic batch.
 func (c *Client) Unbatched() { c.batched = false }
+
+// LaneReport is one report a lane records in a group (Lane.Group).
+type LaneReport struct {
+	Node     string
+	Data     []byte
+	Recorded uint64
+}
+
+// Group records reports as one group of the lane's, their registry writes
+// made as one batch where the registry takes batches, and returns each
+// report's error.
+func (l *Lane) Group(ctx context.Context, reports []LaneReport) []error {
+	return l.w.group(ctx, len(reports), func(i int) error {
+		r := reports[i]
+		return l.w.keepReport(ctx, r.Node, withRecorded(r.Data, r.Recorded), ownedOfReport(r.Data) != nil, r.Recorded)
+	})
+}

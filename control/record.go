@@ -85,19 +85,25 @@ func (c *Client) Record(ctx context.Context) error {
 			go func(lane chan jetstream.Msg, kind string) {
 				defer wg.Done()
 				w := &recorder{c: c, keys: keys, kind: kind, last: map[string]uint64{}, kept: map[string]kept{}}
+				var group []jetstream.Msg
 				for {
 					select {
 					case <-ctx.Done():
 						return
 					case m := <-lane:
-						if err := w.record(ctx, m); err != nil {
-							if ctx.Err() == nil {
-								c.log.Error(err.Error() + "; it comes again")
+						// With what else is waiting in the lane: a group
+						// whose registry writes are one batch.
+						group = append(group[:0], m)
+					more:
+						for len(group) < recordBatch {
+							select {
+							case m := <-lane:
+								group = append(group, m)
+							default:
+								break more
 							}
-							m.NakWithDelay(time.Second)
-							continue
 						}
-						m.Ack()
+						w.recordGroup(ctx, group)
 					}
 				}
 			}(lanes[i], x.kind)
@@ -132,6 +138,13 @@ type recorder struct {
 	kind string
 	last map[string]uint64
 	kept map[string]kept // by registry key: what this lane wrote there last
+	// The group being recorded (recordGroup): while holding, putNewest
+	// holds its writes for one batch; cur is the message being recorded,
+	// groupErrs each message's error.
+	holding   bool
+	held      []*heldPut
+	cur       int
+	groupErrs []error
 }
 
 // record folds m into the registry. An error is a registry write that
@@ -261,6 +274,8 @@ func (w *recorder) keepReport(ctx context.Context, node string, data []byte, car
 		}
 		return nil
 	}
+	// What it reads below is what the writes held so far leave.
+	w.flush(ctx)
 	err := retryRegistry(ctx, putRetryFor, func() error {
 		e, err := w.c.KV.Get(ctx, key)
 		var rev uint64
@@ -380,6 +395,9 @@ func recordedOf(b []byte) uint64 {
 // process wrote since), is the value read and compared first. A transient registry error is tried
 // again for up to putRetryFor.
 func (w *recorder) putNewest(ctx context.Context, key string, data []byte, recorded uint64) error {
+	if w.holding {
+		return w.hold(key, data, recorded)
+	}
 	last, known := w.kept[key]
 	if !known {
 		// Not written by this lane yet: first guessed absent (a Create, one

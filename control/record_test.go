@@ -262,3 +262,93 @@ func twoLanes(t *testing.T) (*served, context.Context, *control.Lane, *control.L
 	t.Cleanup(c2.Close)
 	return s, ctx, s.client.Lane(), c2.Lane()
 }
+
+// A lane records a group of reports with their registry writes made as one
+// batch, and what it keeps is what it keeps report by report: the newest of
+// a node's reports in the group, what a node owns kept apart before a
+// refusal in the same group replaces its report, and — when another lane
+// wrote a key since (the batch refused) — each write made again alone,
+// the newer report of the two lanes kept.
+func TestALaneRecordsAGroupAsOneBatch(t *testing.T) {
+	s, ctx, one, two := twoLanes(t)
+	report := func(node string, seq uint64, outcome shapes.Outcome, targets ...string) []byte {
+		var owned []wire.OwnedEntry
+		if outcome == shapes.Applied {
+			owned = []wire.OwnedEntry{}
+			for _, tg := range targets {
+				owned = append(owned, wire.OwnedEntry{Target: tg, Type: "file", Module: "m", ID: tg})
+			}
+		}
+		b, _ := json.Marshal(&link.Report{Node: node, Seq: seq, Outcome: outcome, Lines: []shapes.Line{}, Owned: owned})
+		return b
+	}
+	var batches [][]string
+	control.OnBatch(func(subjects []string) { batches = append(batches, subjects) })
+	defer control.OnBatch(nil)
+	recorded := func(node string) uint64 {
+		t.Helper()
+		e, err := s.client.KV.Get(ctx, "report."+node)
+		if err != nil {
+			t.Fatalf("report.%s: %v", node, err)
+		}
+		var r struct {
+			Recorded uint64 `json:"recorded_seq"`
+		}
+		json.Unmarshal(e.Value(), &r)
+		return r.Recorded
+	}
+	group := func(lane *control.Lane, reports ...control.LaneReport) {
+		t.Helper()
+		for i, err := range lane.Group(ctx, reports) {
+			if err != nil {
+				t.Fatalf("report %d: %v", i, err)
+			}
+		}
+	}
+
+	// Three nodes, one twice: one batch of three writes, the newest of a's.
+	group(one,
+		control.LaneReport{Node: "a", Data: report("a", 1, shapes.Applied, "path:/a1"), Recorded: 10},
+		control.LaneReport{Node: "b", Data: report("b", 1, shapes.Applied, "path:/b"), Recorded: 11},
+		control.LaneReport{Node: "a", Data: report("a", 2, shapes.Applied, "path:/a2"), Recorded: 12},
+		control.LaneReport{Node: "c", Data: report("c", 1, shapes.Applied, "path:/c"), Recorded: 13},
+	)
+	if len(batches) != 1 || len(batches[0]) != 3 {
+		t.Fatalf("batches %v, want one of three writes", batches)
+	}
+	if got := recorded("a"); got != 12 {
+		t.Fatalf("a's report recorded at %d, want 12", got)
+	}
+
+	// An apply then a refusal of b's in one group: what b owns is kept
+	// apart from the apply, the refusal its last report.
+	group(one,
+		control.LaneReport{Node: "b", Data: report("b", 2, shapes.Applied, "path:/b2"), Recorded: 20},
+		control.LaneReport{Node: "b", Data: report("b", 3, shapes.Refused), Recorded: 21},
+	)
+	if got := recorded("b"); got != 21 {
+		t.Fatalf("b's report recorded at %d, want 21", got)
+	}
+	if targets, from, ok := s.client.LastOwned(ctx, "b"); !ok || strings.Join(targets, " ") != "path:/b2" || from != 20 {
+		t.Fatalf("b owns %v from %d (%v), want path:/b2 from 20", targets, from, ok)
+	}
+
+	// The other lane writes a newer report of c, then this lane a group
+	// with an older one of c and a new one of d: the batch is refused
+	// (c's revision moved), each write is made alone, c keeps the newer.
+	group(two, control.LaneReport{Node: "c", Data: report("c", 5, shapes.Applied, "path:/c5"), Recorded: 30})
+	batches = nil
+	group(one,
+		control.LaneReport{Node: "c", Data: report("c", 4, shapes.Applied, "path:/c4"), Recorded: 29},
+		control.LaneReport{Node: "d", Data: report("d", 1, shapes.Applied, "path:/d"), Recorded: 31},
+	)
+	if len(batches) != 1 {
+		t.Fatalf("batches %v, want one (refused)", batches)
+	}
+	if got := recorded("c"); got != 30 {
+		t.Fatalf("c's report recorded at %d, want the other lane's newer 30", got)
+	}
+	if got := recorded("d"); got != 31 {
+		t.Fatalf("d's report recorded at %d, want 31", got)
+	}
+}

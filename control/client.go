@@ -443,7 +443,7 @@ func (r registry) Get(ctx context.Context, key string) (jetstream.KeyValueEntry,
 }
 
 // WatchFiltered watches keys as the bucket's own does, on a copy of keys:
-// nats.go (v1.55.0) writes the bucket's prefix into the caller's slice, so
+// nats.go (v1.55.0, v1.56.0) writes the bucket's prefix into the caller's slice, so
 // a listing made again (entries, while the registry did not answer)
 // watched "$KV.…" keys, which the bucket refuses as invalid.
 func (r registry) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {

@@ -151,7 +151,7 @@ func (c *Client) DeclareAll(ctx context.Context, nodes []string, decl []byte) ([
 			}
 		}
 	}
-	if c.batched {
+	if c.batched && len(nodes) >= batchLeast {
 		return seqs, c.declareInBatches(ctx, nodes, snap, last, decl, seqs)
 	}
 	errs = newFlight(declareFirst, declareLeast, declareMost).fly(ctx, len(nodes), func(i int) (err error) {
@@ -178,6 +178,13 @@ const (
 	// it is committed.
 	declareBatch      = 200
 	declareBatchBytes = 4 << 20
+	// batchLeast is the fewest writes made a batch: nats-server stages
+	// each atomic batch of a stream of one copy in a store of its own,
+	// made on disk for it, about 3 ms of work whatever its size. Measured
+	// here (10,000 registry-sized writes, sync always, 16 writers): one by
+	// one 1.0 s of CPU, in batches of 4 5.1 s, of 16 1.9 s, of 64 0.7 s,
+	// of 200 0.35 s. Fewer writes than this are made one by one.
+	batchLeast = 32
 	// The window of batches in flight at once (flight): nats-server
 	// holds 50 batches in flight on a stream at most.
 	batchesFirst = 2
@@ -189,8 +196,11 @@ const (
 // (declareBatch); it fills seqs and returns each node's error.
 func (c *Client) declareInBatches(ctx context.Context, nodes []string, snap map[string]jetstream.KeyValueEntry, last map[string]*lastOnSubject, decl []byte, seqs []uint64) []error {
 	errs := make([]error, len(nodes))
-	per := max(1, min(declareBatch, declareBatchBytes/(len(decl)+1024)))
-	batches := (len(nodes) + per - 1) / per
+	// As many batches as declareBatch nodes (and declareBatchBytes) ask,
+	// the nodes shared evenly among them: no small batch at the end.
+	most := max(1, min(declareBatch, declareBatchBytes/(len(decl)+1024)))
+	batches := (len(nodes) + most - 1) / most
+	per := (len(nodes) + batches - 1) / batches
 	started := make([]bool, batches)
 	var mu sync.Mutex
 	done := 0

@@ -178,37 +178,40 @@ func TestAFanOutWritesABatchAtATime(t *testing.T) {
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nodes := addNodes(ctx, t, s, 450) // three batches: 200, 200, 50
+	nodes := addNodes(ctx, t, s, 450) // three batches of 150
 	notices, err := s.client.NC.SubscribeSync(link.NoticePrefix + ".>")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var seqBatches, declBatches int
+	moved := ""
 	control.OnBatch(func(subjects []string) {
 		mu.Lock()
 		defer mu.Unlock()
-		switch subjects[0] {
-		case "$KV." + control.Bucket + ".node." + nodes[200]:
-			// The second batch of sequences: one of its records moves
-			// (written again as it is, a new revision).
-			e, err := s.client.KV.Get(ctx, "node."+nodes[201])
-			if err == nil {
-				_, err = s.client.KV.Update(ctx, "node."+nodes[201], e.Value(), e.Revision())
+		switch {
+		case strings.HasPrefix(subjects[0], "$KV."):
+			if seqBatches++; seqBatches == 2 {
+				// The second batch of sequences: one of its records
+				// moves (written again as it is, a new revision).
+				key := strings.TrimPrefix(subjects[len(subjects)-1], "$KV."+control.Bucket+".")
+				e, err := s.client.KV.Get(ctx, key)
+				if err == nil {
+					_, err = s.client.KV.Update(ctx, key, e.Value(), e.Revision())
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				moved = key
 			}
-			if err != nil {
-				t.Error(err)
-			}
-		case link.SubjectsOf(nodes[0]).Decl:
+		case subjects[0] == link.SubjectsOf(nodes[0]).Decl:
 			// The first batch of declarations: a declare of its own
 			// puts a newer one on a node's subject.
 			if _, err := s.client.Declare(ctx, nodes[1], []byte(decl)); err != nil {
 				t.Error(err)
 			}
-		}
-		if strings.HasPrefix(subjects[0], "$KV.") {
-			seqBatches++
-		} else {
+			declBatches++
+		default:
 			declBatches++
 		}
 	})
@@ -219,8 +222,8 @@ func TestAFanOutWritesABatchAtATime(t *testing.T) {
 			t.Errorf("%s: seq %d, %v", name, seqs[i], errs[i])
 		}
 	}
-	if seqBatches < 3 || declBatches < 3 {
-		t.Fatalf("%d batches of sequences and %d of declarations, want 3 each at least", seqBatches, declBatches)
+	if seqBatches < 3 || declBatches < 3 || moved == "" {
+		t.Fatalf("%d batches of sequences and %d of declarations, want 3 each at least; a record moved: %q", seqBatches, declBatches, moved)
 	}
 	str, err := s.client.JS.Stream(ctx, link.DeclStream)
 	if err != nil {

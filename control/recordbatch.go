@@ -11,11 +11,12 @@ import (
 )
 
 // recordBatch is how many messages a recorder lane takes at once, when
-// that many are waiting: their registry writes (each report's copy as the
-// node's last) are one atomic batch, one synced write where each report
-// was one. In a fan-out to 10,000 nodes those writes, one after another
-// under the registry stream's lock, were what the recording waited on
-// (docs/benchmarks.md).
+// that many are waiting: when they are batchLeast or more, their registry
+// writes (each report's copy as the node's last) are one atomic batch, one
+// synced write where each report was one. In a fan-out to 10,000 nodes
+// those writes, one after another under the registry stream's lock, were
+// what the recording waited on (docs/benchmarks.md); a lane's messages
+// wait while it writes, so the busier the recorder, the larger its groups.
 const recordBatch = 64
 
 // heldPut is a registry write putNewest holds for the group's batch: data
@@ -32,11 +33,11 @@ type heldPut struct {
 
 // recordGroup records msgs, a lane's messages in the order delivered, and
 // acknowledges each once what it wrote is written — or gives it back, to
-// come again. Where the registry takes atomic batches, the group's writes
-// are held and made as one (group); alone, or without batches, each
-// message is recorded and acknowledged as it comes.
+// come again. Where the registry takes atomic batches and the group is
+// batchLeast or more, the group's writes are held and made as one (group);
+// else each message is recorded and acknowledged as it comes.
 func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
-	if len(msgs) == 1 || !w.c.batched || w.kind != "report" {
+	if len(msgs) < batchLeast || !w.c.batched || w.kind != "report" {
 		for _, m := range msgs {
 			w.settle(ctx, m, w.record(ctx, m))
 		}

@@ -186,10 +186,11 @@ const (
 	// of 200 0.35 s. Fewer writes than this are made one by one.
 	batchLeast = 32
 	// The window of batches in flight at once (flight): nats-server
-	// holds 50 batches in flight on a stream at most.
-	batchesFirst = 2
+	// holds 50 batches in flight on a stream at most; from 2 to 8 the
+	// declares to 10,000 nodes took 3.4–3.6 s, from 4 to 16 2.9–3.3 s.
+	batchesFirst = 4
 	batchesLeast = 1
-	batchesMost  = 8
+	batchesMost  = 16
 )
 
 // declareInBatches is DeclareAll's declares, a batch of nodes at a time

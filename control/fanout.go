@@ -244,27 +244,19 @@ func (c *Client) declareBatch(ctx context.Context, nodes []string, snap map[stri
 	}
 	var ps []*one
 	for i, node := range nodes {
-		e, ok := snap[nodeKey(node)]
-		if !ok {
+		rec, rev, b, ok, err := fromSnapshot(snap, node)
+		switch {
+		case !ok:
 			seqs[i], errs[i] = c.Declare(ctx, node, decl) // as declareFrom
 			continue
-		}
-		rec := new(NodeRecord)
-		if err := json.Unmarshal(e.Value(), rec); err != nil {
-			errs[i] = fmt.Errorf("node %q: %w", node, err)
+		case err != nil:
+			errs[i] = err
 			continue
-		}
-		var b *shapes.Briefing
-		if be, ok := snap["briefing."+node]; ok {
-			b = new(shapes.Briefing)
-			if json.Unmarshal(be.Value(), b) != nil {
-				b = nil
-			}
 		}
 		if errs[i] = c.declarable(ctx, rec, b); errs[i] != nil {
 			continue
 		}
-		p := &one{i: i, rec: rec, rev: e.Revision(), b: b, last: last[node]}
+		p := &one{i: i, rec: rec, rev: rev, b: b, last: last[node]}
 		json.Unmarshal(decl, &p.m) // each its own map: declare fills it in
 		ps = append(ps, p)
 	}
@@ -373,25 +365,38 @@ func (c *Client) publishBatch(ctx context.Context, msgs []*nats.Msg) (*jetstream
 
 // declareFrom is one node's declare of DeclareAll, from the snapshot.
 func (c *Client) declareFrom(ctx context.Context, snap map[string]jetstream.KeyValueEntry, last *lastOnSubject, node string, decl []byte) (uint64, error) {
-	e, ok := snap[nodeKey(node)]
-	if !ok {
+	rec, rev, b, ok, err := fromSnapshot(snap, node)
+	switch {
+	case !ok:
 		// Not in the snapshot (added since, or the watch's first pass
 		// short): read on its own, as Declare does, which says so if it
 		// truly is not there.
 		return c.Declare(ctx, node, decl)
+	case err != nil:
+		return 0, err
 	}
-	var rec NodeRecord
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return 0, fmt.Errorf("node %q: %w", node, err)
+	var m map[string]json.RawMessage
+	json.Unmarshal(decl, &m) // each its own map: declare fills it in
+	return c.declare(ctx, rec, rev, b, m, last, true)
+}
+
+// fromSnapshot is node's record, the revision it was read at and its
+// briefing (nil: none, or not readable) as the registry's snapshot holds
+// them; ok false when it holds no record of the node.
+func fromSnapshot(snap map[string]jetstream.KeyValueEntry, node string) (rec *NodeRecord, rev uint64, b *shapes.Briefing, ok bool, err error) {
+	e, ok := snap[nodeKey(node)]
+	if !ok {
+		return nil, 0, nil, false, nil
 	}
-	var b *shapes.Briefing
+	rec = new(NodeRecord)
+	if err := json.Unmarshal(e.Value(), rec); err != nil {
+		return nil, 0, nil, true, fmt.Errorf("node %q: %w", node, err)
+	}
 	if be, ok := snap["briefing."+node]; ok {
 		b = new(shapes.Briefing)
 		if json.Unmarshal(be.Value(), b) != nil {
 			b = nil
 		}
 	}
-	var m map[string]json.RawMessage
-	json.Unmarshal(decl, &m) // each its own map: declare fills it in
-	return c.declare(ctx, &rec, e.Revision(), b, m, last, true)
+	return rec, e.Revision(), b, true, nil
 }

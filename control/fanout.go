@@ -191,6 +191,12 @@ const (
 	batchesFirst = 4
 	batchesLeast = 1
 	batchesMost  = 16
+	// At more than one copy a batch's time is its replicas' round
+	// trips, not the server's work: more of them in flight (a cluster
+	// of three on this machine: the declares to 10,000 nodes 6.47 s
+	// with 4 to 16, 5.31 s with 8 to 40; one run each).
+	batchesClusterFirst = 8
+	batchesClusterMost  = 40
 )
 
 // declareInBatches is DeclareAll's declares, a batch of nodes at a time
@@ -205,7 +211,12 @@ func (c *Client) declareInBatches(ctx context.Context, nodes []string, snap map[
 	started := make([]bool, batches)
 	var mu sync.Mutex
 	done := 0
-	berrs := newFlight(batchesFirst, batchesLeast, batchesMost).fly(ctx, batches, func(k int) error {
+	first, most := batchesFirst, batchesMost
+	if c.decls.CachedInfo().Config.Replicas > 1 {
+		// A cluster: each batch waits on its replicas' round trips.
+		first, most = batchesClusterFirst, batchesClusterMost
+	}
+	berrs := newFlight(first, batchesLeast, most).fly(ctx, batches, func(k int) error {
 		started[k] = true
 		lo, hi := k*per, min(len(nodes), (k+1)*per)
 		err := c.declareBatch(ctx, nodes[lo:hi], snap, last, decl, seqs[lo:hi], errs[lo:hi])

@@ -800,6 +800,10 @@ func readListing(ctx context.Context, updates <-chan jetstream.KeyValueEntry, wa
 // marker, for keys the registry holds and the watch has not delivered.
 const listingIdle = 10 * time.Second
 
+// registrySubject is the subject of the registry's stream that holds key:
+// what a batch of registry writes publishes on (KeyValue's own).
+func registrySubject(key string) string { return "$KV." + Bucket + "." + key }
+
 // registryKeys is the set of keys the registry's stream holds under
 // filters, as it says without a consumer (its per-subject state).
 func (c *Client) registryKeys(ctx context.Context, filters []string) (map[string]bool, error) {
@@ -808,7 +812,7 @@ func (c *Client) registryKeys(ctx context.Context, filters []string) (map[string
 		return nil, err
 	}
 	keys := map[string]bool{}
-	prefix := "$KV." + Bucket + "."
+	prefix := registrySubject("")
 	for _, f := range filters {
 		info, err := str.Info(ctx, jetstream.WithSubjectFilter(prefix+f))
 		if err != nil {

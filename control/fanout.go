@@ -281,7 +281,7 @@ func (c *Client) declareBatch(ctx context.Context, nodes []string, snap map[stri
 		next := *p.rec
 		next.NextSeq++
 		data, _ := json.Marshal(&next)
-		msgs = append(msgs, &nats.Msg{Subject: "$KV." + Bucket + "." + nodeKey(p.rec.Name), Data: data,
+		msgs = append(msgs, &nats.Msg{Subject: registrySubject(nodeKey(p.rec.Name)), Data: data,
 			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(p.rev, 10)}}})
 	}
 	var batchErr error

@@ -129,7 +129,7 @@ func (w *recorder) flush(ctx context.Context) {
 	}
 	msgs := make([]*nats.Msg, len(held))
 	for i, h := range held {
-		msgs[i] = &nats.Msg{Subject: "$KV." + Bucket + "." + h.key, Data: h.data,
+		msgs[i] = &nats.Msg{Subject: registrySubject(h.key), Data: h.data,
 			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(h.expect, 10)}}}
 	}
 	ack, err := w.c.publishBatch(ctx, msgs)

@@ -277,8 +277,14 @@ func (w *recorder) keepReport(ctx context.Context, node string, data []byte, car
 		}
 		return nil
 	}
-	// What it reads below is what the writes held so far leave.
+	// What it reads below is what the writes held so far leave, and its
+	// own writes are made in their order — what the node owns kept apart
+	// before the report that drops it — not held for the group's batch.
 	w.flush(ctx)
+	if w.holding {
+		w.holding = false
+		defer func() { w.holding = true }()
+	}
 	err := retryRegistry(ctx, putRetryFor, func() error {
 		e, err := w.c.KV.Get(ctx, key)
 		var rev uint64

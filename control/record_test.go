@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -321,7 +322,9 @@ func TestALaneRecordsAGroupAsOneBatch(t *testing.T) {
 	}
 
 	// An apply then a refusal of b's in one group: what b owns is kept
-	// apart from the apply, the refusal its last report.
+	// apart from the apply, the refusal its last report — owned.b written
+	// before the report that drops it, not held for a later batch.
+	batches = nil
 	group(one,
 		control.LaneReport{Node: "b", Data: report("b", 2, shapes.Applied, "path:/b2"), Recorded: 20},
 		control.LaneReport{Node: "b", Data: report("b", 3, shapes.Refused), Recorded: 21},
@@ -331,6 +334,11 @@ func TestALaneRecordsAGroupAsOneBatch(t *testing.T) {
 	}
 	if targets, from, ok := s.client.LastOwned(ctx, "b"); !ok || strings.Join(targets, " ") != "path:/b2" || from != 20 {
 		t.Fatalf("b owns %v from %d (%v), want path:/b2 from 20", targets, from, ok)
+	}
+	for _, b := range batches {
+		if slices.Contains(b, "$KV."+control.Bucket+".owned.b") {
+			t.Fatalf("owned.b held for a batch after the refusal's report: %v", batches)
+		}
 	}
 
 	// The other lane writes a newer report of c, then this lane a group

@@ -15,10 +15,10 @@ import (
 // only of one that knows them — else every command would update the
 // stream again, each update a write of its metadata.
 
-// atomicKnown says whether the server holding the stream of info knows
+// knowsLevel2 says whether the server holding the stream of info knows
 // API level 2: every stream's information says its server's level (from
 // nats-server 2.11; none before).
-func atomicKnown(info *jetstream.StreamInfo) bool {
+func knowsLevel2(info *jetstream.StreamInfo) bool {
 	if info == nil {
 		return false
 	}
@@ -26,9 +26,9 @@ func atomicKnown(info *jetstream.StreamInfo) bool {
 	return level >= 2
 }
 
-// atomicKnownHere is atomicKnown for a stream not made yet: the server
+// serverKnowsLevel2 is knowsLevel2 for a stream not made yet: the server
 // this client is connected to, by its version.
-func (c *Client) atomicKnownHere() bool {
+func (c *Client) serverKnowsLevel2() bool {
 	v := strings.TrimPrefix(c.NC.ConnectedServerVersion(), "v")
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {

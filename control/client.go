@@ -463,7 +463,7 @@ func (r registry) WatchFiltered(ctx context.Context, keys []string, opts ...jets
 //     NATS documents a bucket's direct gets as not reading your own
 //     writes, and a get sent to the stream's leader as the one that does.
 //     One copy has no follower, so a lone server keeps direct gets.
-//   - Atomic batches allowed, where the server knows them (atomicKnown):
+//   - Atomic batches allowed, where the server knows them (knowsLevel2):
 //     a fan-out takes its nodes' sequences a batch at a time (DeclareAll).
 func (c *Client) registryAsWanted(ctx context.Context, kv jetstream.KeyValue, info *jetstream.StreamInfo, replicas int) (jetstream.KeyValue, *jetstream.StreamInfo, error) {
 	if info == nil {
@@ -475,7 +475,7 @@ func (c *Client) registryAsWanted(ctx context.Context, kv jetstream.KeyValue, in
 	}
 	cfg := info.Config
 	cfg.AllowDirect = cfg.AllowDirect && replicas <= 1
-	cfg.AllowAtomicPublish = cfg.AllowAtomicPublish || atomicKnown(info)
+	cfg.AllowAtomicPublish = cfg.AllowAtomicPublish || knowsLevel2(info)
 	if cfg.AllowDirect != info.Config.AllowDirect || cfg.AllowAtomicPublish != info.Config.AllowAtomicPublish {
 		st, err := c.JS.UpdateStream(ctx, cfg)
 		if err != nil {
@@ -504,7 +504,7 @@ func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) 
 	if err == nil {
 		// Asked only of a server that knows it: an older one would take
 		// the update and leave it out, and be asked again at every start.
-		sc.AllowAtomicPublish = sc.AllowAtomicPublish && atomicKnown(st.CachedInfo())
+		sc.AllowAtomicPublish = sc.AllowAtomicPublish && knowsLevel2(st.CachedInfo())
 		have := st.CachedInfo().Config
 		if slices.Equal(have.Subjects, sc.Subjects) && have.Retention == sc.Retention && have.MaxMsgsPerSubject == sc.MaxMsgsPerSubject &&
 			have.Discard == sc.Discard && have.Storage == sc.Storage && (sc.MaxMsgSize == 0 || have.MaxMsgSize == sc.MaxMsgSize) &&
@@ -516,7 +516,7 @@ func (c *Client) streamAsWanted(ctx context.Context, sc jetstream.StreamConfig) 
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, err
 	} else {
-		sc.AllowAtomicPublish = sc.AllowAtomicPublish && c.atomicKnownHere()
+		sc.AllowAtomicPublish = sc.AllowAtomicPublish && c.serverKnowsLevel2()
 	}
 	return c.JS.CreateOrUpdateStream(ctx, sc)
 }

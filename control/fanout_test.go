@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -90,14 +92,7 @@ func testDeclareAll(t *testing.T, batched bool) {
 		if i == 7 || i == 8 {
 			continue
 		}
-		rec, _, err := s.client.Node(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := str.GetLastMsgForSubject(ctx, link.SubjectsOf(name).Decl)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		rec, m := newestDeclaration(ctx, t, s, str, name)
 		payload, err := wire.Open(s.keys.ControlPublic(), wire.PurposeDeclaration, m.Data)
 		if err != nil {
 			t.Fatal(err)
@@ -135,6 +130,21 @@ func testDeclareAll(t *testing.T, batched bool) {
 	if _, errs := sealer.DeclareAll(ctx, nodes[:2], []byte(decl)); errs[0] == nil || !strings.Contains(errs[0].Error(), "one node at a time") {
 		t.Fatalf("sealed content to many: %v", errs[0])
 	}
+}
+
+// newestDeclaration is name's record and the newest message on its
+// declaration subject.
+func newestDeclaration(ctx context.Context, t *testing.T, s *served, str jetstream.Stream, name string) (*control.NodeRecord, *jetstream.RawStreamMsg) {
+	t.Helper()
+	rec, _, err := s.client.Node(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := str.GetLastMsgForSubject(ctx, link.SubjectsOf(name).Decl)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return rec, m
 }
 
 // addNodes registers n nodes, f0000 on, 8 at a time, and returns their
@@ -236,14 +246,7 @@ func TestAFanOutWritesABatchAtATime(t *testing.T) {
 		t.Errorf("%d declarations stored, want %d", got, len(nodes))
 	}
 	for i, name := range nodes {
-		rec, _, err := s.client.Node(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := str.GetLastMsgForSubject(ctx, link.SubjectsOf(name).Decl)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		rec, m := newestDeclaration(ctx, t, s, str, name)
 		if got := m.Header.Get(link.SeqHeader); got != fmt.Sprint(rec.NextSeq-1) {
 			t.Errorf("%s: newest on its subject is sequence %s; its last taken is %d", name, got, rec.NextSeq-1)
 		}

@@ -28,7 +28,7 @@ const recorderConsumer = "control-recorder"
 //
 // At more than one copy the mode is refused by the server (a replicated
 // stream is synced by its Raft log, and relaxes the fsync of each write
-// already); a server before API level 2 does not know it (atomicKnown).
+// already); a server before API level 2 does not know it (knowsLevel2).
 //
 // A stream's persist mode cannot be changed by an update. A stream made
 // before in the other mode is made anew — losing the nodes' last
@@ -40,7 +40,7 @@ func (c *Client) heartbeatsAsWanted(ctx context.Context, sc jetstream.StreamConf
 	st, err := c.JS.Stream(ctx, sc.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		if sc.Replicas == 1 && c.atomicKnownHere() {
+		if sc.Replicas == 1 && c.serverKnowsLevel2() {
 			sc.PersistMode = jetstream.AsyncPersistMode
 		}
 		return c.JS.CreateStream(ctx, sc)
@@ -48,7 +48,7 @@ func (c *Client) heartbeatsAsWanted(ctx context.Context, sc jetstream.StreamConf
 		return nil, err
 	}
 	have := st.CachedInfo().Config
-	if sc.Replicas == 1 && atomicKnown(st.CachedInfo()) {
+	if sc.Replicas == 1 && knowsLevel2(st.CachedInfo()) {
 		sc.PersistMode = jetstream.AsyncPersistMode
 	}
 	if have.PersistMode == sc.PersistMode {

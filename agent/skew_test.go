@@ -62,8 +62,13 @@ func TestTheAgentHoldsTheControlSideToTheSkewPolicy(t *testing.T) {
 	}
 	carry(s1+2, "")
 	c.reports("n1", "a declaration with no capability said applied", hasReport(s1+2, shapes.Applied))
-	if got, _, _ := ex.snapshot(); !slices.Equal(got, []uint64{s1, s1 + 2}) {
-		t.Fatalf("the executor got %v, want %v", got, []uint64{s1, s1 + 2})
+	// The declarations carried here were never stored in the stream, so
+	// a read of the subject that comes after one (a wake whose notice the
+	// carried declaration already answered) finds s1 as the newest, no
+	// longer the one last settled, and offers it again: the executor takes
+	// it as the no-op it is. What is judged is that s1+1 never reached it.
+	if got, _, _ := ex.snapshot(); !slices.Equal(slices.Compact(slices.Clone(got)), []uint64{s1, s1 + 2}) {
+		t.Fatalf("the executor got %v, want %v (s1 perhaps twice)", got, []uint64{s1, s1 + 2})
 	}
 
 	// A plan request alike.

@@ -111,6 +111,11 @@ type fanoutResult struct {
 	ReceivedP100   float64 `json:"received_p100_seconds"`
 	RecordedP50    float64 `json:"recorded_p50_seconds"`
 	RecordedP100   float64 `json:"recorded_p100_seconds"`
+	// Stored: the reports of this fan-out's sequence the report stream
+	// holds, and when it stored them (reportsStored).
+	Stored     int     `json:"stored"`
+	StoredP50  float64 `json:"stored_p50_seconds"`
+	StoredP100 float64 `json:"stored_p100_seconds"`
 	// The CPU each process used from the first declare until every node's
 	// report was recorded (or the wait ended): what the two cores went to.
 	ControlCPUSeconds float64 `json:"control_cpu_seconds"`
@@ -592,11 +597,22 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	tally()
 	c1, cerr1 := sampleCPU(b.ctl.pid())
 	a1, aerr1 := sampleCPU(os.Getpid())
+	want := make(map[string]uint64, len(nodes))
+	for i, n := range nodes {
+		if seqs[i] != 0 {
+			want[n.Name] = seqs[i]
+		}
+	}
+	stored, serr := b.reportsStored(ctx, want, start)
+	if serr != nil {
+		b.log.Warn("reading when the reports were stored", "err", serr)
+	}
 	r := &fanoutResult{Nodes: len(nodes), DeclareSeconds: declared.Seconds(), DeclareErrors: errs, FirstError: firstErr,
 		WallSeconds: time.Since(start).Seconds(), Cores: runtime.NumCPU(), VerifyMicros: speed,
 		Received: len(received), Recorded: len(recorded),
 		ReceivedP50: percentile(received, 50).Seconds(), ReceivedP100: percentile(received, 100).Seconds(),
-		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds()}
+		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds(),
+		Stored: len(stored), StoredP50: percentile(stored, 50).Seconds(), StoredP100: percentile(stored, 100).Seconds()}
 	r.Paused, r.PausedAt, r.PausedSeconds = paused.Paused, paused.PausedAt, paused.PausedSeconds
 	if cerr == nil && cerr1 == nil && c1.ticks >= c0.ticks {
 		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
@@ -605,8 +621,54 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
 	}
 	b.log.Info("fan-out", "received", r.Received, "recorded", r.Recorded, "of", len(nodes),
-		"received_p100", seconds(percentile(received, 100)), "recorded_p100", seconds(percentile(recorded, 100)))
+		"received_p100", seconds(percentile(received, 100)), "stored_p100", seconds(percentile(stored, 100)),
+		"recorded_p100", seconds(percentile(recorded, 100)))
 	return r, ctx.Err()
+}
+
+// reportsStored reads, for each node of want, when the report stream
+// stored its report of the sequence wanted (the broker's timestamp, on
+// this machine's clock), from start: between a node's receipt and its
+// recorded report are two writes, the agent's report into the stream and
+// the recorder's copy into the registry, and this says which of them the
+// time went to.
+func (b *bench) reportsStored(ctx context.Context, want map[string]uint64, start time.Time) ([]time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cons, err := b.cl.JS.OrderedConsumer(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"mesh.report.*"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return nil, err
+	}
+	var out []time.Duration
+	for {
+		batch, err := cons.FetchNoWait(1000)
+		if err != nil {
+			return out, err
+		}
+		got, pending := 0, uint64(0)
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			pending = md.NumPending
+			var r struct {
+				Node string `json:"node"`
+				Seq  uint64 `json:"seq"`
+			}
+			if json.Unmarshal(m.Data(), &r) == nil && r.Seq != 0 && want[r.Node] == r.Seq && link.SubjectsOf(r.Node).Report == m.Subject() {
+				out = append(out, md.Timestamp.Sub(start))
+			}
+		}
+		if batch.Error() != nil {
+			return out, batch.Error()
+		}
+		if got == 0 || pending == 0 {
+			return out, nil
+		}
+	}
 }
 
 // idleWindow lets the fleet settle, then reads the control side's CPU over

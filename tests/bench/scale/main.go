@@ -137,6 +137,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "-resolver is for -cluster: the embedded broker gives each node an account of its own by itself")
 		os.Exit(exitBroken)
 	}
+	if c.profile != "" {
+		// Made here, not found missing after the run's first phases.
+		if err := os.MkdirAll(c.profile, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "-profile:", err)
+			os.Exit(exitBroken)
+		}
+	}
 	if c.contended {
 		restartSet := false
 		flag.Visit(func(f *flag.Flag) { restartSet = restartSet || f.Name == "restart-timeout" })

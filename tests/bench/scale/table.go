@@ -200,8 +200,9 @@ func (b *bench) fanoutRows(f *fanoutResult, when string, n int) []row {
 		return []row{targetRow(t, figure{why: "not reached"}, n, "")}
 	}
 	recv := infoRow(fmt.Sprintf("one declaration to all nodes, until received (%s)", when),
-		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s (one DeclareAll: `declare n1,n2,…`)%s",
-			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), declareErrors(f)))
+		fmt.Sprintf("p50 %s, p100 %s (%s of %s); the declares took %s (one DeclareAll: `declare n1,n2,…`)%s; the reports stored in their stream p50 %s, p100 %s (%s)",
+			secs(f.ReceivedP50), secs(f.ReceivedP100), thousands(f.Received), thousands(f.Nodes), secs(f.DeclareSeconds), declareErrors(f),
+			secs(f.StoredP50), secs(f.StoredP100), thousands(f.Stored)))
 	fig := figure{value: f.RecordedP100, measured: f.Recorded > 0, failed: f.Recorded < f.Nodes}
 	res := fmt.Sprintf("p50 %s, p100 %s on %s nodes%s", secs(f.RecordedP50), secs(f.RecordedP100), thousands(f.Nodes), fanoutCPU(f))
 	if f.Recorded < f.Nodes {

@@ -148,6 +148,16 @@ type recorder struct {
 	held      []*heldPut
 	cur       int
 	groupErrs []error
+	// count is what the report record took counts for in the metrics,
+	// once it is acknowledged (settle); nil: nothing.
+	count *countNote
+}
+
+// countNote is one report for the metrics (fleetMetrics.recorded).
+type countNote struct {
+	outcome shapes.Outcome
+	trigger string
+	applyMS int64
 }
 
 // record folds m into the registry. An error is a registry write that
@@ -233,7 +243,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 		return c.noteCapability(ctx, node, msg.Enrolment, msg.Capability)
 	}
 	if msg.Outcome == shapes.Superseded {
-		c.metrics.recorded(msg.Outcome, msg.Trigger, 0)
+		w.count = &countNote{msg.Outcome, msg.Trigger, 0}
 		return nil
 	}
 	if msg.Trigger == link.TriggerPlan {
@@ -245,7 +255,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return err
 	}
-	c.metrics.recorded(msg.Outcome, msg.Trigger, msg.ApplyMS)
+	// Counted once acknowledged (settle): a write held for the group's
+	// batch may yet fail, and the report come again.
+	w.count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {

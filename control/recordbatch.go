@@ -43,7 +43,9 @@ type heldPut struct {
 func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
 	if len(msgs) < batchLeast || !w.c.batched || w.kind != "report" {
 		for _, m := range msgs {
-			w.settle(ctx, m, w.record(ctx, m))
+			w.count = nil
+			err := w.record(ctx, m)
+			w.settle(ctx, m, err, w.count)
 		}
 		return
 	}
@@ -52,11 +54,15 @@ func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
 	// comes back, not passed over as done.
 	prev := make([]uint64, len(msgs))
 	nodes := make([]string, len(msgs))
+	counts := make([]*countNote, len(msgs))
 	errs := w.group(ctx, len(msgs), func(i int) error {
 		subj := msgs[i].Subject()
 		nodes[i] = subj[strings.LastIndexByte(subj, '.')+1:]
 		prev[i] = w.last[nodes[i]]
-		return w.record(ctx, msgs[i])
+		w.count = nil
+		err := w.record(ctx, msgs[i])
+		counts[i] = w.count
+		return err
 	})
 	restored := map[string]bool{}
 	for i, m := range msgs {
@@ -64,7 +70,7 @@ func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
 			w.last[nodes[i]] = prev[i] // the earliest of the node's that failed
 			restored[nodes[i]] = true
 		}
-		w.settle(ctx, m, errs[i])
+		w.settle(ctx, m, errs[i], counts[i])
 	}
 }
 
@@ -87,14 +93,19 @@ func (w *recorder) group(ctx context.Context, n int, each func(i int) error) []e
 	return errs
 }
 
-// settle acknowledges m, recorded, or gives it back after err.
-func (w *recorder) settle(ctx context.Context, m jetstream.Msg, err error) {
+// settle acknowledges m, recorded, and counts it in the metrics (count,
+// nil for none) — or gives it back after err, uncounted, to be counted
+// when it comes again.
+func (w *recorder) settle(ctx context.Context, m jetstream.Msg, err error, count *countNote) {
 	if err != nil {
 		if ctx.Err() == nil {
 			w.c.log.Error(err.Error() + "; it comes again")
 		}
 		m.NakWithDelay(time.Second)
 		return
+	}
+	if count != nil {
+		w.c.metrics.recorded(count.outcome, count.trigger, count.applyMS)
 	}
 	m.Ack()
 }

@@ -66,6 +66,13 @@ type Options struct {
 	// Poll is how often the agent reads its declaration subject with no
 	// notice (2 minutes when zero, jittered by up to a quarter more).
 	Poll time.Duration
+	// ProfileAgain is how long a profile said stands before a heartbeat
+	// says it again though it has not changed (6 hours when zero): a
+	// heartbeat is published without an acknowledgement, and the stream
+	// that keeps heartbeats is not synced on its own (a power cut of the
+	// control side may take the last ones), so a profile said once could
+	// be lost with nothing to say it again until it changes.
+	ProfileAgain time.Duration
 	// Version and Build are this agent's; Build is compared with the
 	// executor's on every hello.
 	Version, Build string
@@ -215,6 +222,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.RetryWait <= 0 {
 		o.RetryWait = time.Second
+	}
+	if o.ProfileAgain <= 0 {
+		o.ProfileAgain = 6 * time.Hour
 	}
 	if o.RevokedWait <= 0 {
 		o.RevokedWait = 2 * o.RetryWait
@@ -1144,7 +1154,11 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		}
 		hb.Executor = &link.ExecutorStatus{Version: s.Version, Build: s.Build, State: s.State, Node: s.Node, Seq: s.Seq, Outcome: s.Outcome, WireGuardKey: s.WireGuardKey,
 			RolledBackFrom: s.RolledBackFrom, RollbackReason: s.RollbackReason, ControlKeyID: s.ControlKeyID}
-		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability) {
+		// Said again after ProfileAgain, or when the clock went back past
+		// its saying (a clock set right after running ahead).
+		since := clock.Now().Sub(st.ProfileToldAt)
+		if s.ProfileDigest != "" && (s.ProfileDigest != st.ProfileDigest || st.ToldCapability != link.Capability ||
+			since >= a.o.ProfileAgain || since < 0) {
 			if b, err := a.hbExec.ask(wire.KindProfile, &wire.Profile{}, "profile"); err == nil {
 				pr := b.(*wire.ProfileReply)
 				hb.Profile, hb.Inventory = pr.Profile, pr.Inventory
@@ -1171,7 +1185,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 	a.state.update(func(s *State) {
 		s.LastLinked = clock.Now()
 		if newDigest != "" {
-			s.ProfileDigest, s.ToldCapability = newDigest, link.Capability
+			s.ProfileDigest, s.ToldCapability, s.ProfileToldAt = newDigest, link.Capability, clock.Now()
 		}
 	})
 	if a.clockDue(clock.Now()) {

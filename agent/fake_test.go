@@ -57,6 +57,10 @@ type fakeExecutor struct {
 	// Reconnected's verdict says it, and a roster taken is answered as one
 	// that applied the overlay again (a line), saying it too.
 	owned []wire.OwnedEntry
+	// profileDigest, when set, is the profile its status names (the
+	// profile asked answers with it); profiles counts the profiles asked.
+	profileDigest string
+	profiles      int
 }
 
 // eventsSeen is what rosters and declarations reached it, in order.
@@ -169,8 +173,15 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			if f.hosted {
 				s.State = link.StateHosted
 			}
+			s.ProfileDigest = f.profileDigest
 			f.mu.Unlock()
 			c.Write(wire.KindStatusReply, s)
+		case *wire.Profile:
+			f.mu.Lock()
+			f.profiles++
+			d := f.profileDigest
+			f.mu.Unlock()
+			c.Write(wire.KindProfileReply, &wire.ProfileReply{Profile: []byte(`{"os":"fake"}`), Digest: d})
 		case *wire.Archive:
 			f.mu.Lock()
 			hosted := f.hosted

@@ -198,14 +198,20 @@ func runAgentPolling(t *testing.T, id *agent.Identity, socket string, poll time.
 // started again where one stopped.
 func runAgentIn(t *testing.T, id *agent.Identity, socket string, poll time.Duration, dir string) (stop func() error) {
 	t.Helper()
+	return runAgentWith(t, id, socket, dir, func(o *agent.Options) { o.Poll = poll })
+}
+
+// runAgentWith is runAgentIn with the test's options changed by edit.
+func runAgentWith(t *testing.T, id *agent.Identity, socket, dir string, edit func(*agent.Options)) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- agent.Run(ctx, agent.Options{
-			Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: dir,
-			Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(), Poll: poll,
-		})
-	}()
+	o := agent.Options{
+		Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: dir,
+		Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(),
+	}
+	edit(&o)
+	go func() { done <- agent.Run(ctx, o) }()
 	var err error
 	stopped := false
 	stop = func() error {

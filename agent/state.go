@@ -42,6 +42,8 @@ type State struct {
 	// profile: an agent of another capability (an upgrade) says the
 	// profile again, so the control side keeps the capability beside it.
 	ToldCapability int `json:"told_capability,omitempty"`
+	// ProfileToldAt is when that profile was said (Options.ProfileAgain).
+	ProfileToldAt time.Time `json:"profile_told_at,omitzero"`
 	// BrokerPins are the broker certificates the control side last
 	// announced (wire.BrokerPins, sequence PinsSeq), accepted in place of
 	// the one the config pinned: a rotation of the broker's certificate.

@@ -170,7 +170,8 @@ type Heartbeat struct {
 	Unlinked      float64   `json:"unlinked_seconds,omitempty"`
 	LastLinkError string    `json:"last_link_error,omitempty"`
 	// Profile and Inventory, when they changed since the agent last
-	// reported them (JSON, as the executor found them).
+	// reported them, and every six hours though unchanged
+	// (agent.Options.ProfileAgain) (JSON, as the executor found them).
 	Profile   json.RawMessage `json:"profile,omitempty"`
 	Inventory json.RawMessage `json:"inventory,omitempty"`
 }

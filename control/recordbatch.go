@@ -20,7 +20,7 @@ import (
 // Up to 200: the registry stream stages each batch in a store of its own
 // at a cost of its own (batchLeast), and at 64 a fan-out to 10,000 nodes
 // was recorded 1.2–1.6 s after the last report was stored, at 200
-// 0.7–0.8 s (docs/benchmarks.md, "Where a report's time goes").
+// 0.7–1.3 s (docs/benchmarks.md, "Where a report's time goes").
 const recordBatch = 200
 
 // heldPut is a registry write putNewest holds for the group's batch: data

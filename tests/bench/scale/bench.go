@@ -84,14 +84,17 @@ type results struct {
 	Linked      int     `json:"agents_linked"`
 	LinkSeconds float64 `json:"link_seconds"`
 
-	Fanout     *fanoutResult   `json:"fanout_just_linked,omitempty"`
-	FanoutIdle *fanoutResult   `json:"fanout_after_idle,omitempty"`
-	Idle       *idleResult     `json:"idle,omitempty"`
-	Restart    *restartResult  `json:"restart,omitempty"`
-	Overlay    *overlayResult  `json:"overlay,omitempty"`
-	AgentLog   []string        `json:"agent_warnings,omitempty"`
-	Notes      []string        `json:"notes,omitempty"`
-	Targets    map[string]rowJ `json:"targets,omitempty"`
+	Fanout     *fanoutResult `json:"fanout_just_linked,omitempty"`
+	FanoutIdle *fanoutResult `json:"fanout_after_idle,omitempty"`
+	// FanoutAllUp, CLUSTER=1: the fan-out after idle with every server
+	// running, before the one that stops a server (FanoutIdle there).
+	FanoutAllUp *fanoutResult   `json:"fanout_after_idle_all_up,omitempty"`
+	Idle        *idleResult     `json:"idle,omitempty"`
+	Restart     *restartResult  `json:"restart,omitempty"`
+	Overlay     *overlayResult  `json:"overlay,omitempty"`
+	AgentLog    []string        `json:"agent_warnings,omitempty"`
+	Notes       []string        `json:"notes,omitempty"`
+	Targets     map[string]rowJ `json:"targets,omitempty"`
 }
 
 type rowJ struct {
@@ -488,6 +491,16 @@ func fanoutBody() []byte {
 func (b *bench) fanoutFresh(ctx context.Context) error {
 	r, err := b.fanout(ctx)
 	b.res.Fanout = r
+	return err
+}
+
+// fanoutAllUp is CLUSTER=1's fan-out after idle with every server
+// running: the first fan-out's figure is one just after 10,000 agents
+// linked, the cluster's servers still settling their interest across
+// their routes, and the one after it stops a server.
+func (b *bench) fanoutAllUp(ctx context.Context) error {
+	r, err := b.fanout(ctx)
+	b.res.FanoutAllUp = r
 	return err
 }
 

@@ -226,8 +226,13 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	}
 	if c.cluster {
 		// The cluster's target is its servers' idle CPU; the embedded
-		// broker's restart and the overlay are not measured on it.
-		steps = steps[:5]
+		// broker's restart and the overlay are not measured on it. After
+		// idle, a fan-out with every server up, then the one that stops a
+		// server mid-way.
+		steps = append(steps[:4:4], struct {
+			name string
+			f    func(context.Context) error
+		}{"fan-out, after idle, every server up", b.fanoutAllUp}, steps[4])
 	}
 	for _, s := range steps {
 		if ctx.Err() != nil {

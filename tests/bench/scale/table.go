@@ -167,11 +167,13 @@ func (b *bench) rows() []row {
 // clusterRows are CLUSTER=1's rows after the registration: the fan-outs
 // and the cluster's target.
 func (b *bench) clusterRows(n int) []row {
-	// The fan-out just linked is judged as the embedded broker's; the one
-	// after idle stops a server mid-way, and every node must still record.
+	// The fan-outs just linked and after idle are judged as the embedded
+	// broker's; the one after them stops a server mid-way, and every node
+	// must still record.
 	rows := b.fanoutRows(b.res.Fanout, "just linked, cluster", n)
+	rows = append(rows, b.fanoutRows(b.res.FanoutAllUp, "after idle, cluster", n)...)
 	if f := b.res.FanoutIdle; f != nil {
-		rs := b.fanoutRows(f, "after idle, cluster", n)
+		rs := b.fanoutRows(f, "a server stopped, cluster", n)
 		last := &rs[len(rs)-1]
 		last.target = "every node records, a server stopped mid fan-out"
 		last.verdict = verdictPass

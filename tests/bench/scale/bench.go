@@ -495,9 +495,7 @@ func (b *bench) fanoutFresh(ctx context.Context) error {
 }
 
 // fanoutAllUp is CLUSTER=1's fan-out after idle with every server
-// running: the first fan-out's figure is one just after 10,000 agents
-// linked, the cluster's servers still settling their interest across
-// their routes, and the one after it stops a server.
+// running, beside the one just linked (the one after it stops a server).
 func (b *bench) fanoutAllUp(ctx context.Context) error {
 	r, err := b.fanout(ctx)
 	b.res.FanoutAllUp = r
@@ -508,6 +506,9 @@ func (b *bench) fanoutAllUp(ctx context.Context) error {
 // and the idle window (a fleet's usual state when a declaration comes).
 func (b *bench) fanoutIdle(ctx context.Context) error {
 	if b.servers != nil {
+		// Idle again after the fan-out with every server up, as the
+		// fleet was before it.
+		sleep(ctx, b.cfg.settle)
 		b.pauseMidFanout = true
 		defer func() { b.pauseMidFanout = false }()
 	}
@@ -655,7 +656,9 @@ func (b *bench) reportsStored(ctx context.Context, want map[string]uint64, start
 	}
 	var out []time.Duration
 	for {
-		batch, err := cons.FetchNoWait(1000)
+		// Fetch, not FetchNoWait: a replicated stream's consumer may
+		// have nothing at hand the moment it is asked.
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return out, err
 		}

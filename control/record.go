@@ -148,9 +148,6 @@ type recorder struct {
 	held      []*heldPut
 	cur       int
 	groupErrs []error
-	// count is what the report record took counts for in the metrics,
-	// once it is acknowledged (settle); nil: nothing.
-	count *countNote
 }
 
 // countNote is one report for the metrics (fleetMetrics.recorded).
@@ -164,7 +161,10 @@ type countNote struct {
 // did not happen (a cluster electing a leader, a server lost): the message
 // is not acknowledged, so it comes again and nothing a node said is lost.
 // What is ignored (unsigned, another node's, superseded) is no error.
-func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
+// count is the report for the metrics, counted once m is acknowledged
+// (settle): a write held for the group's batch may yet fail, and the
+// report come again.
+func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNote, err error) {
 	c := w.c
 	kind := w.kind
 	subj := m.Subject()
@@ -172,7 +172,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding.
 	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) {
-		return nil
+		return nil, nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the
 	// ack was lost): not recorded over it.
@@ -180,7 +180,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	if md, err := m.Metadata(); err == nil {
 		recorded = md.Sequence.Stream
 		if md.Sequence.Stream <= w.last[node] {
-			return nil
+			return nil, nil
 		}
 		defer func() {
 			if err == nil {
@@ -191,11 +191,11 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	k, ok := w.keys.get(ctx, node)
 	if !ok {
 		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
-		return nil
+		return nil, nil
 	}
 	if err := link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
 		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
-		return nil
+		return nil, nil
 	}
 	var msg struct {
 		Node      string            `json:"node"`
@@ -221,53 +221,50 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (err error) {
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
-		return nil
+		return nil, nil
 	}
 	if kind == "heartbeat" {
 		// It carries the profile and inventory (they changed): kept
 		// apart, as at enrolment.
 		if msg.Rekey != nil {
 			if err := c.answerRekey(ctx, node, msg.Enrolment, msg.Rekey, msg.RekeyBroker); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if msg.JWTIssuer != "" {
 			c.renewUserJWT(ctx, node, msg.Enrolment, msg.JWTIssuer)
 		}
 		if msg.Profile == nil && msg.Inventory == nil {
-			return nil
+			return nil, nil
 		}
 		if err := c.keepProfile(ctx, node, msg.Profile, msg.Inventory); err != nil {
-			return err
+			return nil, err
 		}
-		return c.noteCapability(ctx, node, msg.Enrolment, msg.Capability)
+		return nil, c.noteCapability(ctx, node, msg.Enrolment, msg.Capability)
 	}
 	if msg.Outcome == shapes.Superseded {
-		w.count = &countNote{msg.Outcome, msg.Trigger, 0}
-		return nil
+		return &countNote{msg.Outcome, msg.Trigger, 0}, nil
 	}
 	if msg.Trigger == link.TriggerPlan {
 		// What a declaration would do: the stream keeps it for the one
 		// who asked (WaitPlan); the node's last report stays its last
 		// apply's.
-		return nil
+		return nil, nil
 	}
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
-		return err
+		return nil, err
 	}
-	// Counted once acknowledged (settle): a write held for the group's
-	// batch may yet fail, and the report come again.
-	w.count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}
+	count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.
 	if msg.Briefing != nil {
 		if data, err := json.Marshal(msg.Briefing); err == nil {
 			if err := w.putNewest(ctx, "briefing."+node, withRecorded(data, recorded), recorded); err != nil {
-				return fmt.Errorf("registry: the briefing of %s: %w", node, err)
+				return nil, fmt.Errorf("registry: the briefing of %s: %w", node, err)
 			}
 		}
 	}
-	return nil
+	return count, nil
 }
 
 // keepReport keeps data, node's report of stream sequence recorded, as

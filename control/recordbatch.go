@@ -43,9 +43,8 @@ type heldPut struct {
 func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
 	if len(msgs) < batchLeast || !w.c.batched || w.kind != "report" {
 		for _, m := range msgs {
-			w.count = nil
-			err := w.record(ctx, m)
-			w.settle(ctx, m, err, w.count)
+			count, err := w.record(ctx, m)
+			w.settle(ctx, m, err, count)
 		}
 		return
 	}
@@ -59,9 +58,8 @@ func (w *recorder) recordGroup(ctx context.Context, msgs []jetstream.Msg) {
 		subj := msgs[i].Subject()
 		nodes[i] = subj[strings.LastIndexByte(subj, '.')+1:]
 		prev[i] = w.last[nodes[i]]
-		w.count = nil
-		err := w.record(ctx, msgs[i])
-		counts[i] = w.count
+		var err error
+		counts[i], err = w.record(ctx, msgs[i])
 		return err
 	})
 	restored := map[string]bool{}

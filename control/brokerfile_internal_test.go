@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -169,6 +170,18 @@ func TestAFailureRightAfterTheStoreReopensIsExplained(t *testing.T) {
 
 // embeddedBroker is a key directory made in a temporary directory and its
 // embedded broker started, for a test of the broker's own settings.
+// embeddedClient is a client of the embedded broker s, closed when the
+// test ends.
+func embeddedClient(ctx context.Context, t *testing.T, k *Keys, s *Server) *Client {
+	t.Helper()
+	c, err := Connect(ctx, k, s.ClientURL(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 func embeddedBroker(t *testing.T) (dir string, k *Keys, s *Server) {
 	t.Helper()
 	dir = t.TempDir()

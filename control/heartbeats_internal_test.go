@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -20,15 +19,7 @@ func TestHeartbeatsAreKeptWithoutAnFsyncOfTheirOwn(t *testing.T) {
 	defer s.Shutdown()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	connect := func() *Client {
-		t.Helper()
-		c, err := Connect(ctx, k, s.ClientURL(), slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		return c
-	}
+	connect := func() *Client { return embeddedClient(ctx, t, k, s) }
 	info := func(c *Client, name string) *jetstream.StreamInfo {
 		t.Helper()
 		st, err := c.JS.Stream(ctx, name)

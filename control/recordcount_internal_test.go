@@ -3,7 +3,6 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -25,11 +24,7 @@ func TestAReportIsCountedOnceRecorded(t *testing.T) {
 	defer s.Shutdown()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := Connect(ctx, k, s.ClientURL(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := embeddedClient(ctx, t, k, s)
 	if !c.batched {
 		t.Fatal("the embedded broker takes no atomic batch")
 	}

@@ -212,10 +212,11 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "JetStream: %s\n", syncMode(b.ctl.bin))
 	fmt.Fprintf(stdout, "fan-out window: %s\n\n", windowMode())
 
-	steps := []struct {
+	type step struct {
 		name string
 		f    func(context.Context) error
-	}{
+	}
+	steps := []step{
 		{"registration", b.register},
 		{"linking the agents", b.link},
 		{"fan-out, just linked", b.fanoutFresh},
@@ -229,10 +230,7 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		// broker's restart and the overlay are not measured on it. After
 		// idle, a fan-out with every server up, then the one that stops a
 		// server mid-way.
-		steps = append(steps[:4:4], struct {
-			name string
-			f    func(context.Context) error
-		}{"fan-out, after idle, every server up", b.fanoutAllUp}, steps[4])
+		steps = append(steps[:4:4], step{"fan-out, after idle, every server up", b.fanoutAllUp}, steps[4])
 	}
 	for _, s := range steps {
 		if ctx.Err() != nil {

@@ -35,7 +35,8 @@
 //	mesh.api.DIRECT.GET.MESH_DECL.mesh.decl.<node>
 //	                       the direct get of the newest, as the node reaches it (APIPrefix)
 //	mesh.notice.<node>     the control side's word that there is a newer one, carrying it (core NATS)
-//	mesh.report.<node>     reports upward, stream MESH_REPORT
+//	mesh.report.<node>     reports upward, stream MESH_REPORT_<i> (the broker maps the
+//	                       subject to its partition, link.ReportMapping)
 //	mesh.heartbeat.<node>  heartbeats upward, stream MESH_HEARTBEAT
 //	_INBOX.<node>.>        the node's own reply inboxes
 //

@@ -349,7 +349,8 @@ func nodeIsolation(t *testing.T, l link.Layout) {
 	for _, st := range []struct {
 		stream, subj string
 		want         uint64
-	}{{link.ReportStream, "mesh.report.beta", 0}, {link.HeartbeatStream, "mesh.heartbeat.beta", 1}, {link.DeclStream, "mesh.decl.beta", 1}} {
+	}{{link.ReportStream, "mesh.report.beta", 0}, {link.NodeReportPartition("beta").Stream, link.NodeReportPartition("beta").Subject, 0},
+		{link.HeartbeatStream, "mesh.heartbeat.beta", 1}, {link.DeclStream, "mesh.decl.beta", 1}} {
 		str, _ := s.client.JS.Stream(ctx, st.stream)
 		si, err := str.Info(ctx, jetstream.WithSubjectFilter(st.subj))
 		if err != nil {
@@ -593,8 +594,9 @@ func TestANodeCannotAcknowledgeForTheControlSide(t *testing.T) {
 	defer cancel()
 	nc, refused := dialWatched(t, a)
 
-	probe, err := s.client.JS.CreateOrUpdateConsumer(ctx, link.ReportStream, jetstream.ConsumerConfig{
-		Durable: "known", FilterSubject: "mesh.report.alpha", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	part := link.NodeReportPartition("alpha") // where the broker puts what is published on mesh.report.alpha
+	probe, err := s.client.JS.CreateOrUpdateConsumer(ctx, part.Stream, jetstream.ConsumerConfig{
+		Durable: "known", FilterSubject: part.Subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -269,22 +269,22 @@ func TestNodeDelete(t *testing.T) {
 			t.Errorf("%s is still in the registry", k)
 		}
 	}
-	if len(d.TokensRevoked) != 1 || d.TokensRevoked[0] != tokID || len(d.Emptied) != 3 {
+	if len(d.TokensRevoked) != 1 || d.TokensRevoked[0] != tokID || len(d.Emptied) != 4 {
 		t.Errorf("node delete: %+v", d)
 	}
 	if ts := tokenList(t, ctx, dir, s.url); ts[tokID].State != control.TokenRevoked {
 		t.Errorf("the re-enrolment token pending for gamma: %+v", ts[tokID])
 	}
-	for _, p := range []struct{ stream, subject string }{
-		{link.DeclStream, "mesh.decl.gamma"}, {link.ReportStream, "mesh.report.gamma"}, {link.HeartbeatStream, "mesh.heartbeat.gamma"},
-	} {
-		st, err := s.client.JS.Stream(ctx, p.stream)
+	places := append([]link.NodeReport{{Stream: link.DeclStream, Subject: "mesh.decl.gamma"}}, link.NodeReports("gamma")...)
+	places = append(places, link.NodeReport{Stream: link.HeartbeatStream, Subject: "mesh.heartbeat.gamma"})
+	for _, p := range places {
+		st, err := s.client.JS.Stream(ctx, p.Stream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		info, err := st.Info(ctx, jetstream.WithSubjectFilter(p.subject))
-		if err != nil || info.State.Subjects[p.subject] != 0 {
-			t.Errorf("%s still holds %d message(s) (%v)", p.subject, info.State.Subjects[p.subject], err)
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(p.Subject))
+		if err != nil || info.State.Subjects[p.Subject] != 0 {
+			t.Errorf("%s still holds %d message(s) (%v)", p.Subject, info.State.Subjects[p.Subject], err)
 		}
 	}
 	// The other node is untouched.

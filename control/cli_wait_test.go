@@ -347,8 +347,9 @@ func stderrOn(t *testing.T, onTTY bool) (w io.Writer, said func() string) {
 	return b, b.String
 }
 
-// declare --wait reads the nodes' reports through one consumer of the
-// report stream, whatever the number of nodes and however long it waits:
+// declare --wait reads the nodes' reports through one consumer of each
+// report stream (link.ReportPlaces), whatever the number of nodes and
+// however long it waits:
 // it read each node's whole report subject anew four times a second, a
 // consumer each time, which at a fleet's size is the broker's whole work.
 // The consumers made are counted as the broker is asked for them.
@@ -379,12 +380,12 @@ func TestWaitReadsThroughOneConsumer(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "site.json")
 	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
 
-	var count int
+	count := map[string]int{}
 	var mu sync.Mutex
 	sub, err := s.client.NC.Subscribe("$JS.API.CONSUMER.CREATE.>", func(m *nats.Msg) {
-		if strings.Contains(m.Subject, link.ReportStream) {
+		if stream := strings.Split(strings.TrimPrefix(m.Subject, "$JS.API.CONSUMER.CREATE."), ".")[0]; strings.HasPrefix(stream, link.ReportStream) {
 			mu.Lock()
-			count++
+			count[stream]++
 			mu.Unlock()
 		}
 	})
@@ -400,7 +401,12 @@ func TestWaitReadsThroughOneConsumer(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if count != 1 {
-		t.Fatalf("the wait made %d consumers of the report stream, want 1", count)
+	if len(count) == 0 {
+		t.Fatal("the wait made no consumer of a report stream")
+	}
+	for stream, n := range count {
+		if n != 1 {
+			t.Fatalf("the wait made %d consumers of %s, want 1 (%v)", n, stream, count)
+		}
 	}
 }

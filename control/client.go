@@ -341,9 +341,6 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 			MaxMsgsPerSubject: link.DeclsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			MaxMsgSize: MaxPayload, Duplicates: 2 * time.Minute, AllowDirect: true, AllowAtomicPublish: true,
 			Description: "signed declarations, one subject per node; nodes read the newest of theirs by direct get"},
-		{Name: link.ReportStream, Subjects: []string{"mesh.report.*"}, Retention: jetstream.LimitsPolicy,
-			MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
-			Description: "reports from nodes"},
 		{Name: link.RosterStream, Subjects: []string{link.RosterSubject}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: link.RostersKept, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
 			MaxMsgSize: MaxPayload, AllowDirect: true,
@@ -351,6 +348,15 @@ func (c *Client) ensure(ctx context.Context, replicas int) error {
 		{Name: link.HeartbeatStream, Subjects: []string{"mesh.heartbeat.*"}, Retention: jetstream.LimitsPolicy,
 			MaxMsgsPerSubject: HeartbeatsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage, AllowDirect: true,
 			Description: "heartbeats from nodes; each node reads back its own newest by direct get (the broker's time of it)"},
+	}
+	for _, p := range link.ReportPlaces() {
+		desc := "reports from nodes, a partition of them (link.ReportMapping)"
+		if p.Stream == link.ReportStream {
+			desc = "reports from nodes through a broker without the partitions' mapping"
+		}
+		streams = append(streams, jetstream.StreamConfig{Name: p.Stream, Subjects: []string{p.Subjects}, FirstSeq: p.FirstSeq,
+			Retention: jetstream.LimitsPolicy, MaxMsgsPerSubject: ReportsPerNode, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,
+			Description: desc})
 	}
 	for _, sc := range streams {
 		if sc.Replicas = want(sc.Name); wantErr != nil {

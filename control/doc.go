@@ -20,7 +20,12 @@
 //	                                         each is published on top of the last read, in
 //	                                         sequence order, and noticed on mesh.notice.<n>
 //	                                         (the notice carries the envelope)
-//	stream MESH_REPORT     mesh.report.*     reports, 2048 kept per node
+//	stream MESH_REPORT_<i> mesh.report.<i>.* reports, 2048 kept per node, spread over four
+//	                                         streams by the node's name: CONTROL maps
+//	                                         mesh.report.<n> to mesh.report.<i>.<n>
+//	                                         (link.ReportMapping), so that their writes are
+//	                                         synced side by side; sequences from 2^40
+//	stream MESH_REPORT     mesh.report.*     reports through a broker without the mapping
 //	stream MESH_HEARTBEAT  mesh.heartbeat.*  heartbeats, 16 kept per node
 //	KV mesh_nodes          node.<n>          the node record: nkey, enrolment, next sequence
 //	                       report.<n>        the last report that is not a superseded one

@@ -29,7 +29,11 @@ func TestHeartbeatsAreKeptWithoutAnFsyncOfTheirOwn(t *testing.T) {
 		return st.CachedInfo()
 	}
 	c := connect()
-	for _, name := range []string{link.DeclStream, link.ReportStream, link.RosterStream, "KV_" + Bucket} {
+	names := []string{link.DeclStream, link.RosterStream, "KV_" + Bucket}
+	for _, p := range link.ReportPlaces() {
+		names = append(names, p.Stream)
+	}
+	for _, name := range names {
 		if pm := info(c, name).Config.PersistMode; pm != jetstream.DefaultPersistMode {
 			t.Errorf("%s is kept %s: every write but a heartbeat is synced before it is acknowledged", name, pm)
 		}

@@ -106,17 +106,18 @@ func (c *Client) DeleteNode(ctx context.Context, name string) (*NodeDeleted, err
 		}
 	}
 	s := link.SubjectsOf(name)
-	for _, p := range []struct{ stream, subject string }{
-		{link.DeclStream, s.Decl}, {link.ReportStream, s.Report}, {link.HeartbeatStream, s.Heartbeat},
-	} {
-		st, err := c.JS.Stream(ctx, p.stream)
+	places := []link.NodeReport{{Stream: link.DeclStream, Subject: s.Decl}}
+	places = append(places, link.NodeReports(name)...)
+	places = append(places, link.NodeReport{Stream: link.HeartbeatStream, Subject: s.Heartbeat})
+	for _, p := range places {
+		st, err := c.JS.Stream(ctx, p.Stream)
 		if err != nil {
-			return out, fmt.Errorf("stream %s: %w", p.stream, err)
+			return out, fmt.Errorf("stream %s: %w", p.Stream, err)
 		}
-		if err := st.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
-			return out, fmt.Errorf("emptying %s: %w", p.subject, err)
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(p.Subject)); err != nil {
+			return out, fmt.Errorf("emptying %s: %w", p.Subject, err)
 		}
-		out.Emptied = append(out.Emptied, p.subject)
+		out.Emptied = append(out.Emptied, p.Subject)
 	}
 	// The record last, and only as it was read: a node enrolled again in
 	// the meantime is not deleted under it.

@@ -51,22 +51,11 @@ func (c *Client) readStreamOnce(ctx context.Context, stream string, cfg jetstrea
 		// delete: not the client's five minutes.
 		cfg.InactiveThreshold = 30 * time.Second
 	}
-	cons, err := c.JS.OrderedConsumer(ctx, stream, cfg)
+	it, done, err := c.orderedMessages(ctx, stream, cfg)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", stream, err)
+		return err
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", stream, err)
-	}
-	defer func() {
-		it.Stop()
-		if info := cons.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			c.JS.DeleteConsumer(dctx, stream, info.Name)
-			cancel()
-		}
-	}()
+	defer done()
 	for {
 		next, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := it.Next(jetstream.NextContext(next))
@@ -79,4 +68,25 @@ func (c *Client) readStreamOnce(ctx context.Context, stream string, cfg jetstrea
 			return nil
 		}
 	}
+}
+
+// orderedMessages opens an ordered consumer of stream and its messages;
+// done stops them and deletes the consumer on the broker at once, rather
+// than leaving it to its inactive threshold.
+func (c *Client) orderedMessages(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (it jetstream.MessagesContext, done func(), err error) {
+	cons, err := c.JS.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", stream, err)
+	}
+	if it, err = cons.Messages(); err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", stream, err)
+	}
+	return it, func() {
+		it.Stop()
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			c.JS.DeleteConsumer(dctx, stream, info.Name)
+			cancel()
+		}
+	}, nil
 }

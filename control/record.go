@@ -51,36 +51,20 @@ func (c *Client) Record(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for _, x := range []struct{ stream, filter, kind string }{
-		{link.ReportStream, "mesh.report.*", "report"},
-		{link.HeartbeatStream, "mesh.heartbeat.*", "heartbeat"},
+	// Reports come from each of their streams (link.ReportPlaces) into
+	// one set of lanes: a node's reports always to one lane, whichever
+	// stream holds them.
+	var reports []string
+	for _, p := range link.ReportPlaces() {
+		reports = append(reports, p.Stream, p.Subjects)
+	}
+	for _, x := range []struct {
+		kind    string
+		streams []string // stream, filter, ...
+	}{
+		{"report", reports},
+		{"heartbeat", []string{link.HeartbeatStream, "mesh.heartbeat.*"}},
 	} {
-		cfg := jetstream.ConsumerConfig{
-			Durable:       recorderConsumer,
-			Description:   "mesh-control serve: the registry's last report, and profiles from heartbeats",
-			FilterSubject: x.filter,
-			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			MaxAckPending: recordInFlight,
-		}
-		// On a cluster the consumer's replicas are placed with the
-		// stream's, which may still be catching up (a stream just made or
-		// given more replicas answers "insufficient resources" for a
-		// while): tried again, not the end of serve.
-		var cons jetstream.Consumer
-		for wait, deadline := 250*time.Millisecond, time.Now().Add(2*time.Minute); ; wait = min(2*wait, 5*time.Second) {
-			if cons, err = c.JS.CreateOrUpdateConsumer(ctx, x.stream, cfg); err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-				break
-			}
-			c.log.Warn("the recorder's consumer not made yet; trying again", "stream", x.stream, "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("recorder on %s: %w", x.stream, err)
-		}
 		lanes := make([]chan jetstream.Msg, recordWorkers)
 		for i := range lanes {
 			lanes[i] = make(chan jetstream.Msg, recordInFlight/recordWorkers)
@@ -111,25 +95,67 @@ func (c *Client) Record(ctx context.Context) error {
 				}
 			}(lanes[i], x.kind)
 		}
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			select {
-			case lanes[laneOf(m.Subject())] <- m:
-			case <-ctx.Done():
+		for i := 0; i < len(x.streams); i += 2 {
+			stream, filter := x.streams[i], x.streams[i+1]
+			cons, err := c.recorderConsumer(ctx, stream, filter)
+			if err != nil {
+				return err
 			}
-		}, jetstream.PullMaxMessages(recordInFlight/2))
-		if err != nil {
-			return err
+			cc, err := cons.Consume(func(m jetstream.Msg) {
+				select {
+				case lanes[laneOf(m.Subject())] <- m:
+				case <-ctx.Done():
+				}
+			}, jetstream.PullMaxMessages(recordInFlight/2))
+			if err != nil {
+				return err
+			}
+			defer cc.Stop()
 		}
-		defer cc.Stop()
 	}
 	<-ctx.Done()
 	return nil
 }
 
-// laneOf is the worker of a subject's node.
+// recorderConsumer is the recorder's durable consumer of stream, made or
+// brought to the configuration below.
+func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       recorderConsumer,
+		Description:   "mesh-control serve: the registry's last report, and profiles from heartbeats",
+		FilterSubject: filter,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		MaxAckPending: recordInFlight,
+	}
+	// On a cluster the consumer's replicas are placed with the stream's,
+	// which may still be catching up (a stream just made or given more
+	// replicas answers "insufficient resources" for a while): tried
+	// again, not the end of serve.
+	var cons jetstream.Consumer
+	var err error
+	for wait, deadline := 250*time.Millisecond, time.Now().Add(2*time.Minute); ; wait = min(2*wait, 5*time.Second) {
+		if cons, err = c.JS.CreateOrUpdateConsumer(ctx, stream, cfg); err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			break
+		}
+		c.log.Warn("the recorder's consumer not made yet; trying again", "stream", stream, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("recorder on %s: %w", stream, err)
+	}
+	return cons, nil
+}
+
+// laneOf is the worker of a subject's node: by the node's name, not the
+// subject, so that its reports in either of their streams
+// (link.NodeReports) go to the one lane that orders them.
 func laneOf(subject string) int {
 	h := fnv.New32a()
-	h.Write([]byte(subject))
+	h.Write([]byte(link.ReportNode(subject)))
 	return int(h.Sum32() % recordWorkers)
 }
 
@@ -168,7 +194,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	c := w.c
 	kind := w.kind
 	subj := m.Subject()
-	node := subj[strings.LastIndexByte(subj, '.')+1:]
+	node := link.ReportNode(subj)
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding.
 	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) {
@@ -180,6 +206,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	if md, err := m.Metadata(); err == nil {
 		recorded = md.Sequence.Stream
 		if md.Sequence.Stream <= w.last[node] {
+			if last := w.last[node]; kind == "report" && recorded < link.ReportPartitionFirstSeq && last >= link.ReportPartitionFirstSeq {
+				c.log.Warn("a report through a broker without the partitions' mapping, after the node's were spread over them: taken for older than its last and not recorded; the broker's configuration must keep the mapping (mesh-control broker-config writes it)", "subject", subj, "stream", md.Stream)
+			}
 			return nil, nil
 		}
 		defer func() {

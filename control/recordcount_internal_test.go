@@ -52,7 +52,7 @@ func TestAReportIsCountedOnceRecorded(t *testing.T) {
 		}
 	}
 	nc.Flush()
-	cons, err := c.JS.CreateOrUpdateConsumer(ctx, link.ReportStream, jetstream.ConsumerConfig{Durable: "count-test", AckPolicy: jetstream.AckExplicitPolicy})
+	cons, err := c.JS.CreateOrUpdateConsumer(ctx, link.NodeReportPartition("n1").Stream, jetstream.ConsumerConfig{Durable: "count-test", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}

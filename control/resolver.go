@@ -265,6 +265,7 @@ func (o *Operator) controlAccountClaims() *jwt.AccountClaims {
 	for _, n := range link.Notices {
 		ac.Exports.Add(&jwt.Export{Type: jwt.Stream, Subject: jwt.Subject(n.Subject)})
 	}
+	ac.AddMapping(jwt.Subject(link.ReportMapping.From), jwt.WeightedMapping{Subject: jwt.Subject(link.ReportMapping.To)})
 	return ac
 }
 

@@ -149,6 +149,9 @@ func AccountsConfig(k *Keys, nodes []*NodeRecord, tokens []*TokenRecord, users b
 		}
 	}
 	b.WriteString("    ]\n")
+	// Reports spread over their partitions (link.ReportMapping): applied
+	// to what the nodes' imports bring, whichever account they are in.
+	fmt.Fprintf(&b, "    mappings: {%s: %s}\n", q(link.ReportMapping.From), q(link.ReportMapping.To))
 	if users {
 		// The notices, from NODES: a service import is one subscription
 		// in CONTROL for every node, where a stream import would mirror

@@ -202,40 +202,45 @@ type SignedReport struct {
 
 // Reports returns up to last of node's newest reports, oldest first. Only
 // reports signed by the node's registered NKey are returned; skipped is how
-// many others were on its subject.
+// many others were on its subjects. A node's reports are in two streams
+// at most (link.NodeReports), those of the first older than the second's.
 func (c *Client) Reports(ctx context.Context, node string, last int) (reports []*SignedReport, skipped int, err error) {
 	rec, _, err := c.Node(ctx, node)
 	if err != nil {
 		return nil, 0, err
 	}
-	subj := link.SubjectsOf(node).Report
-	stream, err := c.JS.Stream(ctx, link.ReportStream)
-	if err != nil {
-		return nil, 0, err
-	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subj))
-	if err != nil {
-		return nil, 0, err
-	}
-	if info.State.Subjects[subj] == 0 {
-		return nil, 0, nil
-	}
-	err = c.readStream(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}}, func(m jetstream.Msg) bool {
-		md, _ := m.Metadata()
-		var r link.Report
-		if md == nil || link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
-			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
-			skipped++
+	for _, p := range link.NodeReports(node) {
+		stream, err := c.JS.Stream(ctx, p.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(p.Subject))
+		if err != nil {
+			return nil, 0, err
+		}
+		if info.State.Subjects[p.Subject] == 0 {
+			continue
+		}
+		err = c.readStream(ctx, p.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{p.Subject}}, func(m jetstream.Msg) bool {
+			md, _ := m.Metadata()
+			var r link.Report
+			if md == nil || link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
+				json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
+				skipped++
+				return true
+			}
+			reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
+			if last > 0 && len(reports) > last {
+				reports = reports[1:]
+			}
 			return true
+		})
+		if err != nil {
+			return nil, 0, err
 		}
-		reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
-		if last > 0 && len(reports) > last {
-			reports = reports[1:]
-		}
-		return true
-	})
-	if err != nil {
-		return nil, 0, err
 	}
 	return reports, skipped, nil
 }

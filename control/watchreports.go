@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,10 +16,11 @@ import (
 // Reports checks it: the node's registered NKey, its enrolment), as the
 // broker stored them from just before the newest declaration on any of
 // their subjects — by the broker's clock, which stamped both — and then
-// as they come, through one ordered consumer, until each returns false,
+// as they come, through ordered consumers, until each returns false,
 // ctx ends, or idle (when not nil) returns false; idle is called whenever
-// nothing came for tick. A wait on ten thousand nodes is so one consumer,
-// not one read of each node's whole report subject four times a second.
+// nothing came for tick. A wait on ten thousand nodes is so one consumer
+// of each report stream, not one read of each node's whole report
+// subject four times a second.
 func (c *Client) WatchReports(ctx context.Context, nodes []string, tick time.Duration, idle func() bool, each func(node string, r *SignedReport) bool) error {
 	type known struct{ nkey, enrolment string }
 	recs := make(map[string]known, len(nodes))
@@ -45,48 +46,89 @@ func (c *Client) WatchReports(ctx context.Context, nodes []string, tick time.Dur
 		since = time.Now()
 	}
 	since = since.Add(-time.Second)
-	filter := []string{strings.TrimSuffix(link.SubjectsOf("*").Report, "*") + "*"}
-	if len(nodes) <= 64 {
-		filter = filter[:0]
-		for _, n := range nodes {
-			filter = append(filter, link.SubjectsOf(n).Report)
-		}
+	// One ordered consumer of each stream that may hold their reports
+	// (link.ReportPlaces), merged here as they come.
+	type got struct {
+		m   jetstream.Msg
+		err error
 	}
-	cons, err := c.JS.OrderedConsumer(ctx, link.ReportStream, jetstream.OrderedConsumerConfig{FilterSubjects: filter,
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since, InactiveThreshold: 30 * time.Second})
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", link.ReportStream, err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", link.ReportStream, err)
-	}
+	came := make(chan got)
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
 	defer func() {
-		it.Stop()
-		if info := cons.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			c.JS.DeleteConsumer(dctx, link.ReportStream, info.Name)
-			cancel()
-		}
+		stop()
+		wg.Wait()
 	}()
-	for {
-		next, cancel := context.WithTimeout(ctx, tick)
-		m, err := it.Next(jetstream.NextContext(next))
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoHeartbeat) {
-				if idle != nil && !idle() {
-					return nil
+	for _, p := range link.ReportPlaces() {
+		filter := []string{p.Subjects}
+		if len(nodes) <= 64 {
+			filter = filter[:0]
+			for _, n := range nodes {
+				for _, nr := range link.NodeReports(n) {
+					if nr.Stream == p.Stream {
+						filter = append(filter, nr.Subject)
+					}
 				}
+			}
+			if len(filter) == 0 {
 				continue
 			}
-			return fmt.Errorf("reading %s: %w", link.ReportStream, err)
 		}
-		subj := m.Subject()
-		node := subj[strings.LastIndexByte(subj, '.')+1:]
+		it, done, err := c.orderedMessages(ctx, p.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: filter,
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since, InactiveThreshold: 30 * time.Second})
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue // a control side older than the partitions
+		}
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func(stream string) {
+			defer wg.Done()
+			defer done()
+			for {
+				m, err := it.Next(jetstream.NextContext(wctx))
+				if wctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, jetstream.ErrNoHeartbeat) {
+					continue
+				}
+				if err != nil {
+					err = fmt.Errorf("reading %s: %w", stream, err)
+				}
+				select {
+				case came <- got{m, err}:
+				case <-wctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		}(p.Stream)
+	}
+	quiet := time.NewTimer(tick)
+	defer quiet.Stop()
+	for {
+		var m jetstream.Msg
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-quiet.C:
+			if idle != nil && !idle() {
+				return nil
+			}
+			quiet.Reset(tick)
+			continue
+		case g := <-came:
+			if g.err != nil {
+				return g.err
+			}
+			m = g.m
+			quiet.Reset(tick)
+		}
+		node := link.ReportNode(m.Subject())
 		k, ok := recs[node]
 		md, _ := m.Metadata()
 		var r link.Report

@@ -12,7 +12,9 @@ const (
 	// allowed: a node reads the newest on its own subject (DeclGet) and
 	// nothing keeps per-node state on the broker.
 	DeclStream = "MESH_DECL"
-	// ReportStream holds reports upward, subjects mesh.report.*.
+	// ReportStream holds reports upward, subjects mesh.report.*, from
+	// a broker without the partitions' mapping; a broker with it puts
+	// them in ReportStream_<i> (link.ReportPlaces).
 	ReportStream = "MESH_REPORT"
 	// HeartbeatStream holds heartbeats, subjects mesh.heartbeat.*.
 	HeartbeatStream = "MESH_HEARTBEAT"

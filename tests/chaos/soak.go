@@ -546,7 +546,8 @@ var bounded = map[string]string{
 	"logs": "a line or two per apply, by design; the init's journal rotates them",
 	// A node's reports are kept for `mesh-control reports`, the newest
 	// control.ReportsPerNode of each: a soak of a few nodes reaches the
-	// count only after thousands of applies each.
+	// count only after thousands of applies each. The key names the
+	// partitions too (MESH_REPORT_<i>, link.ReportPlaces).
 	"stream MESH_REPORT": fmt.Sprintf("%d reports a node", control.ReportsPerNode),
 }
 

@@ -107,7 +107,11 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 		return 1, lastErr == nil
 	})
 	defer cl.Close()
-	for _, s := range []string{link.DeclStream, link.ReportStream, link.HeartbeatStream, link.RosterStream, "KV_" + control.Bucket, link.ArchiveStream} {
+	streams := []string{link.DeclStream, link.HeartbeatStream, link.RosterStream, "KV_" + control.Bucket, link.ArchiveStream}
+	for _, p := range link.ReportPlaces() {
+		streams = append(streams, p.Stream)
+	}
+	for _, s := range streams {
 		eventually(t, s+" at three replicas", func() bool {
 			st, err := cl.JS.Stream(ctx, s)
 			return err == nil && st.CachedInfo().Config.Replicas == 3
@@ -309,8 +313,25 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 	t.Logf("every report recorded %v after the first declare", time.Since(start).Round(time.Millisecond))
 
 	// Nothing per node on the broker: the declarations have no consumer,
-	// the reports and heartbeats only the recorder's one.
-	for s, want := range map[string]int{link.DeclStream: 0, link.ReportStream: 1, link.HeartbeatStream: 1, link.RosterStream: 0} {
+	// the reports and heartbeats only the recorder's one, in each of
+	// their streams. The servers' configuration (broker-config --cluster)
+	// spreads the reports over their partitions: none in the stream of a
+	// broker without the mapping, every node's in its partition.
+	consumers := map[string]int{link.DeclStream: 0, link.HeartbeatStream: 1, link.RosterStream: 0}
+	for _, p := range link.ReportPlaces() {
+		consumers[p.Stream] = 1
+	}
+	for _, n := range f.Nodes {
+		part := link.NodeReportPartition(n.Name)
+		st, err := cl.JS.Stream(ctx, part.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.GetLastMsgForSubject(ctx, part.Subject); err != nil {
+			t.Errorf("%s's reports are not in its partition (%s): %v", n.Name, part.Subject, err)
+		}
+	}
+	for s, want := range consumers {
 		st, err := cl.JS.Stream(ctx, s)
 		if err != nil {
 			t.Fatal(err)
@@ -321,6 +342,9 @@ func clusterLosesAServerMidFanout(t *testing.T, resolver bool) {
 		}
 		if info.State.Consumers != want {
 			t.Errorf("%s has %d consumers, want %d: nothing is kept per node", s, info.State.Consumers, want)
+		}
+		if s == link.ReportStream && info.State.Msgs != 0 {
+			t.Errorf("%s holds %d reports: the servers' configuration does not spread them", s, info.State.Msgs)
 		}
 	}
 }

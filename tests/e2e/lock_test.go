@@ -132,7 +132,7 @@ func TestSecondServeLeavesTheStoreWhole(t *testing.T) {
 		before = now
 		return quiet
 	})
-	for _, name := range []string{link.DeclStream, link.ReportStream, link.HeartbeatStream, "KV_" + control.Bucket, link.ArchiveStream} {
+	for _, name := range []string{link.DeclStream, link.NodeReportPartition("n1").Stream, link.HeartbeatStream, "KV_" + control.Bucket, link.ArchiveStream} {
 		if len(before[name]) < 2 {
 			t.Fatalf("stream %s holds nothing to lose: %v", name, before[name])
 		}

@@ -27,13 +27,24 @@ import (
 // 5–6.6 % of a core idle against 3.5–5.0 %. A collection on a timer,
 // measured the same way: every 10 s held 62 KiB a node at 9.6 % of a core, every 30 s 81 KiB at
 // 6.6 % — a timer collects whether or not there is garbage; this collects
-// when there is. Never during a burst: there the runtime paces itself.
-// Told to collect less often through a fan-out (GOGC 300 from the first
-// 250 ms at a burst's rate, while the live heap held steady), serve spent
-// less CPU in each fan-out to 10,000 nodes (3.0–3.8 s against 3.4–3.8,
-// two runs without) but held 56–60 KiB a node once quiet against 55–56,
-// and peaked at 955–1,102 MiB against 881–897 (make bench-scale): the
-// fan-out had room, the memory target had not.
+// when there is. Never during a burst: there the runtime paces itself,
+// told to collect less often (burstGCPercent).
+
+// burstGCPercent is serve's GOGC while a burst lasts, from the interval
+// that finds it to the give-back after it: the heap may grow to three
+// times what is live before a collection, not twice. A collection of a
+// 10,000-node serve's heap is some 1.6 s of CPU, and the one the agents'
+// linking left due came in the middle of the fan-out that followed it
+// (GODEBUG=gctrace=1 under make bench-scale: serve 7.0 s of CPU in that
+// fan-out, 5.0 s in one after idle, the two cores 88–92 % busy): a fan-out
+// on a busy machine waits on CPU, and the give-back after the burst
+// collects anyway. What it costs is the peak: 2.0 GiB against 1.6–1.7 in
+// the same bench, where a quiet serve's memory is as it was (GOGC is
+// back to its own before the give-back). Tried before each node had an
+// account of its own (GOGC 300, a serve of 400 MiB live), it was not taken
+// for the 1–4 KiB a node more held once quiet; that difference is within
+// what the moment of the quiet collections moves now (docs/benchmarks.md).
+const burstGCPercent = 200
 
 // burstCheck is how often serve looks at how much it allocated.
 const burstCheck = 5 * time.Second
@@ -137,6 +148,12 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 		return samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
 	}
 	var q quietWatch
+	restore := -1 // the GC percent to restore after a burst, when raised for it
+	defer func() {
+		if restore >= 0 {
+			debug.SetGCPercent(restore)
+		}
+	}()
 	last, _, _ := read()
 	t := time.NewTicker(burstCheck)
 	defer t.Stop()
@@ -147,13 +164,25 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 		case <-t.C:
 		}
 		allocs, live, objects := read()
-		switch give := q.step(allocs-last, live, objects); give {
+		give := q.step(allocs-last, live, objects)
+		if q.inBurst && restore < 0 {
+			if prev := debug.SetGCPercent(burstGCPercent); prev < 0 || prev >= burstGCPercent {
+				debug.SetGCPercent(prev) // off, or already as high: left as set
+			} else {
+				restore = prev
+			}
+		}
+		switch give {
 		case afterBurst:
 			// Two collections: the burst's write buffers sit in the
 			// broker's pools until the second, and a writer's stack
 			// (grown to 32 KiB by nats-server's flushOutbound) is halved
 			// at each.
 			start := time.Now()
+			if restore >= 0 {
+				debug.SetGCPercent(restore)
+				restore = -1
+			}
 			runtime.GC()
 			debug.FreeOSMemory()
 			log.Debug("a burst passed: memory given back", "took", time.Since(start).Round(time.Millisecond))

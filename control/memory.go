@@ -31,20 +31,20 @@ import (
 // told to collect less often (burstGCPercent).
 
 // burstGCPercent is serve's GOGC while a burst lasts, from the interval
-// that finds it to the give-back after it: the heap may grow to three
-// times what is live before a collection, not twice. A collection of a
-// 10,000-node serve's heap is some 1.6 s of CPU, and the one the agents'
+// that finds it to the give-back after it: the heap may grow to two and a
+// half times what is live before a collection, not twice. A collection of
+// a 10,000-node serve's heap is some 1.6 s of CPU, and the one the agents'
 // linking left due came in the middle of the fan-out that followed it
 // (GODEBUG=gctrace=1 under make bench-scale: serve 7.0 s of CPU in that
 // fan-out, 5.0 s in one after idle, the two cores 88–92 % busy): a fan-out
 // on a busy machine waits on CPU, and the give-back after the burst
-// collects anyway. What it costs is the peak: 2.0 GiB against 1.6–1.7 in
-// the same bench, where a quiet serve's memory is as it was (GOGC is
-// back to its own before the give-back). Tried before each node had an
-// account of its own (GOGC 300, a serve of 400 MiB live), it was not taken
-// for the 1–4 KiB a node more held once quiet; that difference is within
-// what the moment of the quiet collections moves now (docs/benchmarks.md).
-const burstGCPercent = 200
+// collects anyway. What it costs is memory (make bench-scale, three runs
+// each, docs/benchmarks.md): at 150 the fan-outs recorded in 4.0–4.9 s,
+// serve held 108–114 KiB a node once quiet and peaked at 1.7–1.9 GiB; at
+// 200, 4.4–5.0 s, 116–117 KiB and 1.9–2.0 GiB (a heap grown larger is
+// left more fragmented); at 100 (the runtime's own; two runs, one
+// traced), 4.6–6.3 s, 106–107 KiB and 1.7 GiB.
+const burstGCPercent = 150
 
 // burstCheck is how often serve looks at how much it allocated.
 const burstCheck = 5 * time.Second

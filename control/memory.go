@@ -148,12 +148,8 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 		return samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
 	}
 	var q quietWatch
-	restore := -1 // the GC percent to restore after a burst, when raised for it
-	defer func() {
-		if restore >= 0 {
-			debug.SetGCPercent(restore)
-		}
-	}()
+	pacing := &burstPacing{set: debug.SetGCPercent, restore: -1}
+	defer pacing.after()
 	last, _, _ := read()
 	t := time.NewTicker(burstCheck)
 	defer t.Stop()
@@ -165,12 +161,8 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 		}
 		allocs, live, objects := read()
 		give := q.step(allocs-last, live, objects)
-		if q.inBurst && restore < 0 {
-			if prev := debug.SetGCPercent(burstGCPercent); prev < 0 || prev >= burstGCPercent {
-				debug.SetGCPercent(prev) // off, or already as high: left as set
-			} else {
-				restore = prev
-			}
+		if q.inBurst {
+			pacing.during()
 		}
 		switch give {
 		case afterBurst:
@@ -179,10 +171,7 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 			// (grown to 32 KiB by nats-server's flushOutbound) is halved
 			// at each.
 			start := time.Now()
-			if restore >= 0 {
-				debug.SetGCPercent(restore)
-				restore = -1
-			}
+			pacing.after()
 			runtime.GC()
 			debug.FreeOSMemory()
 			log.Debug("a burst passed: memory given back", "took", time.Since(start).Round(time.Millisecond))
@@ -193,4 +182,34 @@ func giveBackWhenQuiet(ctx context.Context, log *slog.Logger) {
 		}
 		last = allocs
 	}
+}
+
+// burstPacing holds the GC percent at burstGCPercent while a burst lasts
+// (during, at each interval of it) and gives the process's own back after
+// (after): set is debug.SetGCPercent, which answers with the percent it
+// replaces. A percent already as high, or collection turned off
+// (GOGC=off), is left as it is.
+type burstPacing struct {
+	set     func(int) int
+	restore int  // the percent to give back after, -1 when none was replaced
+	looked  bool // during this burst
+}
+
+func (p *burstPacing) during() {
+	if p.looked {
+		return
+	}
+	p.looked = true
+	if prev := p.set(burstGCPercent); prev < 0 || prev >= burstGCPercent {
+		p.set(prev)
+	} else {
+		p.restore = prev
+	}
+}
+
+func (p *burstPacing) after() {
+	if p.restore >= 0 {
+		p.set(p.restore)
+	}
+	p.restore, p.looked = -1, false
 }

@@ -72,3 +72,33 @@ func TestQuietWatch(t *testing.T) {
 		}
 	}
 }
+
+// While a burst lasts the collector is told to let the heap grow to two
+// and a half times what is live (burstGCPercent), once, and given its own percent
+// back after; a percent already as high, or collection turned off, is
+// left as it was.
+func TestABurstLetsTheHeapGrow(t *testing.T) {
+	for _, tc := range []struct {
+		own, during int
+	}{{100, burstGCPercent}, {50, burstGCPercent}, {burstGCPercent, burstGCPercent}, {400, 400}, {-1, -1}} {
+		gogc, sets := tc.own, 0
+		p := &burstPacing{set: func(n int) int { sets++; prev := gogc; gogc = n; return prev }, restore: -1}
+		for range 3 { // three intervals of one burst
+			p.during()
+			if gogc != tc.during {
+				t.Fatalf("GOGC %d: %d during a burst, want %d", tc.own, gogc, tc.during)
+			}
+		}
+		if sets > 2 {
+			t.Fatalf("GOGC %d: set %d times in one burst, want once (and once back when left as it was)", tc.own, sets)
+		}
+		p.after()
+		if gogc != tc.own {
+			t.Fatalf("GOGC %d: %d after the burst", tc.own, gogc)
+		}
+		p.after() // a second give-back changes nothing
+		if gogc != tc.own {
+			t.Fatalf("GOGC %d: %d after a second give-back", tc.own, gogc)
+		}
+	}
+}

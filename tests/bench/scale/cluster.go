@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +37,9 @@ type clusterServers struct {
 	done  []chan struct{}
 	pids  []string // their pid files, which serve signals to reload
 	urls  string   // the clients' addresses, comma-separated
+	// prof are the servers' profiling ports (nats-server --profile),
+	// with -profile only.
+	prof []int
 }
 
 // pid is server i's process id (0 when it is not running).
@@ -100,7 +107,16 @@ func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 		if err != nil {
 			return err
 		}
-		c := exec.Command(nats, "-c", filepath.Join(conf, name+".conf"), "-P", pid)
+		args := []string{"-c", filepath.Join(conf, name+".conf"), "-P", pid}
+		if b.cfg.profile != "" {
+			port, err := freePort()
+			if err != nil {
+				return err
+			}
+			args = append(args, "--profile", strconv.Itoa(port))
+			s.prof = append(s.prof, port)
+		}
+		c := exec.Command(nats, args...)
 		c.Stdout, c.Stderr = logf, logf
 		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		if err := c.Start(); err != nil {
@@ -256,4 +272,46 @@ func (b *bench) addNode(ctx context.Context, name string) (*agent.Config, *contr
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
+}
+
+// serverProfileFor is how long a cluster server's CPU profile of a phase
+// runs: nats-server profiles for a time given in advance (its
+// /debug/pprof/profile?seconds=N), not until told to stop; a fan-out at
+// three copies takes 6–8 s here, the idle window 30.
+func serverProfileFor(phase string) int {
+	if phase == "idle" {
+		return 30
+	}
+	return 10
+}
+
+// profileServers takes a CPU profile of each cluster server for phase,
+// from now, into the -profile directory (nats-NAME-PHASE-N.pprof); the
+// function it returns waits for them.
+func (b *bench) profileServers(phase string) func() {
+	var wg sync.WaitGroup
+	for i, port := range b.servers.prof {
+		path := filepath.Join(b.cfg.profile, fmt.Sprintf("nats-%s-%s-%d.pprof", b.servers.names[i], phase, b.profiles))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			url := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", port, serverProfileFor(phase))
+			resp, err := http.Get(url)
+			if err != nil {
+				b.log.Warn("profile: " + err.Error())
+				return
+			}
+			defer resp.Body.Close()
+			f, err := os.Create(path)
+			if err != nil {
+				b.log.Warn("profile: " + err.Error())
+				return
+			}
+			defer f.Close()
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				b.log.Warn("profile: " + err.Error())
+			}
+		}()
+	}
+	return wg.Wait
 }

@@ -129,7 +129,7 @@ func main() {
 	flag.StringVar(&c.jsonOut, "json", "", "also write the figures to this `file` as JSON")
 	flag.BoolVar(&c.keep, "keep", false, "keep DIR/scale (logs, the broker's store) for a look afterwards")
 	flag.BoolVar(&c.syncDefault, "sync-default", false, "build serve with nats-server's default sync interval (-tags benchnosync), to measure what fsync before each acknowledgement costs; acknowledged writes are then not durable")
-	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile)")
+	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile), and with -cluster each server's (nats-server --profile, 10 s from the fan-out's start)")
 	flag.BoolVar(&c.resolver, "resolver", false, "with -cluster: the servers in NATS operator mode (broker-config --resolver), an account per node pushed by serve, instead of the accounts file they reload")
 	flag.BoolVar(&c.contended, "contended", false, "keep one core busy throughout with a process of the bench's own, and judge by the contended targets (a control machine that is not idle)")
 	flag.Parse()

@@ -181,6 +181,10 @@ func (b *bench) profiled(phase string) func() {
 	if ok && pid != 0 {
 		syscall.Kill(pid, syscall.SIGUSR1)
 	}
+	if b.servers != nil && len(b.servers.prof) > 0 {
+		servers := b.profileServers(phase)
+		return func() { end(); servers() }
+	}
 	return end
 }
 

@@ -41,9 +41,10 @@ import (
 // collects anyway. What it costs is memory (make bench-scale, three runs
 // each, docs/benchmarks.md): at 150 the fan-outs recorded in 4.0–4.9 s,
 // serve held 108–114 KiB a node once quiet and peaked at 1.7–1.9 GiB; at
-// 200, 4.4–5.0 s, 116–117 KiB and 1.9–2.0 GiB (a heap grown larger is
-// left more fragmented); at 100 (the runtime's own; two runs, one
-// traced), 4.6–6.3 s, 106–107 KiB and 1.7 GiB.
+// 200, 4.4–5.0 s, 116–117 KiB and 1.9–2.0 GiB (a heap let grow larger
+// keeps more once collected: the same live heap, 105 MiB more resident);
+// at 100 (the runtime's own; two runs, one traced), 4.6–6.3 s, 106–107
+// KiB and 1.7 GiB.
 const burstGCPercent = 150
 
 // burstCheck is how often serve looks at how much it allocated.

@@ -54,16 +54,17 @@ func (c *Client) Record(ctx context.Context) error {
 	// Reports come from each of their streams (link.ReportPlaces) into
 	// one set of lanes: a node's reports always to one lane, whichever
 	// stream holds them.
-	var reports []string
+	type read struct{ stream, filter string }
+	var reports []read
 	for _, p := range link.ReportPlaces() {
-		reports = append(reports, p.Stream, p.Subjects)
+		reports = append(reports, read{p.Stream, p.Subjects})
 	}
 	for _, x := range []struct {
-		kind    string
-		streams []string // stream, filter, ...
+		kind  string
+		reads []read
 	}{
 		{"report", reports},
-		{"heartbeat", []string{link.HeartbeatStream, "mesh.heartbeat.*"}},
+		{"heartbeat", []read{{link.HeartbeatStream, "mesh.heartbeat.*"}}},
 	} {
 		lanes := make([]chan jetstream.Msg, recordWorkers)
 		for i := range lanes {
@@ -95,9 +96,8 @@ func (c *Client) Record(ctx context.Context) error {
 				}
 			}(lanes[i], x.kind)
 		}
-		for i := 0; i < len(x.streams); i += 2 {
-			stream, filter := x.streams[i], x.streams[i+1]
-			cons, err := c.recorderConsumer(ctx, stream, filter)
+		for _, r := range x.reads {
+			cons, err := c.recorderConsumer(ctx, r.stream, r.filter)
 			if err != nil {
 				return err
 			}

@@ -29,7 +29,9 @@ import (
 // ReportStream will reach, so a node's first report in its partition is
 // newer, by sequence, than its last in ReportStream (the recorder keeps a
 // node's newest by stream sequence): a broker given the mapping moves its
-// nodes forward, never back.
+// nodes forward, never back. The count is fixed for good: another would
+// move nodes to partitions whose sequences do not order against those of
+// the partition before.
 const (
 	ReportPartitions        = 4
 	ReportPartitionFirstSeq = 1 << 40

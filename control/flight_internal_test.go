@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The window opens by one for each quick answer until the broker first
@@ -138,5 +139,29 @@ func TestAConstantWindowHolds(t *testing.T) {
 		if f.window() != 256 {
 			t.Fatalf("after answer %d (%s): window %d, want 256 held", i, took, f.window())
 		}
+	}
+}
+
+// A cluster's "JetStream system temporarily unavailable" is the broker's
+// distress, as a request no one answered: a declare is made again on it,
+// and the window closes; a node's own refusal (a sequence taken by
+// another) is not.
+func TestAClustersUnavailableAnswerIsDistress(t *testing.T) {
+	unavailable := fmt.Errorf("publishing sequence 3 for n1: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"})
+	if !brokerDistress(unavailable) {
+		t.Fatal("503 10008 is not taken for the broker's distress")
+	}
+	if brokerDistress(fmt.Errorf("wrapped: %w", jetstream.ErrKeyExists)) || brokerDistress(&jetstream.APIError{Code: 400, ErrorCode: 10071}) {
+		t.Fatal("a node's own refusal is taken for the broker's distress")
+	}
+	tries := 0
+	err := answered(context.Background(), func(context.Context) error {
+		if tries++; tries < 3 {
+			return unavailable
+		}
+		return nil
+	}, nil)
+	if err != nil || tries != 3 {
+		t.Fatalf("made %d times, then %v: want again until answered", tries, err)
 	}
 }

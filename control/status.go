@@ -225,14 +225,12 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 			continue
 		}
 		err = c.readStream(ctx, p.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{p.Subject}}, func(m jetstream.Msg) bool {
-			md, _ := m.Metadata()
-			var r link.Report
-			if md == nil || link.VerifySignature(rec.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
-				json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != rec.Enrolment {
+			r := signedReport(m, node, rec.NKey, rec.Enrolment)
+			if r == nil {
 				skipped++
 				return true
 			}
-			reports = append(reports, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream})
+			reports = append(reports, r)
 			if last > 0 && len(reports) > last {
 				reports = reports[1:]
 			}
@@ -243,6 +241,19 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 		}
 	}
 	return reports, skipped, nil
+}
+
+// signedReport is m as node's report, or nil when it is not one: signed
+// by the node's registered NKey nkey, naming the node and its enrolment
+// (a report of an earlier enrolment, or another node's, is not its).
+func signedReport(m jetstream.Msg, node, nkey, enrolment string) *SignedReport {
+	md, _ := m.Metadata()
+	var r link.Report
+	if md == nil || link.VerifySignature(nkey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
+		json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != enrolment {
+		return nil
+	}
+	return &SignedReport{Report: r, StreamSeq: md.Sequence.Stream}
 }
 
 // ownedCopy is the control side's copy of what a node last reported it

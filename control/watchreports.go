@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -130,13 +129,14 @@ func (c *Client) WatchReports(ctx context.Context, nodes []string, tick time.Dur
 		}
 		node := link.ReportNode(m.Subject())
 		k, ok := recs[node]
-		md, _ := m.Metadata()
-		var r link.Report
-		if !ok || md == nil || link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)) != nil ||
-			json.Unmarshal(m.Data(), &r) != nil || r.Node != node || r.Enrolment != k.enrolment {
+		if !ok {
 			continue
 		}
-		if !each(node, &SignedReport{Report: r, StreamSeq: md.Sequence.Stream}) {
+		r := signedReport(m, node, k.nkey, k.enrolment)
+		if r == nil {
+			continue
+		}
+		if !each(node, r) {
 			return nil
 		}
 	}

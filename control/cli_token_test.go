@@ -275,8 +275,8 @@ func TestNodeDelete(t *testing.T) {
 	if ts := tokenList(t, ctx, dir, s.url); ts[tokID].State != control.TokenRevoked {
 		t.Errorf("the re-enrolment token pending for gamma: %+v", ts[tokID])
 	}
-	places := append([]link.NodeReport{{Stream: link.DeclStream, Subject: "mesh.decl.gamma"}}, link.NodeReports("gamma")...)
-	places = append(places, link.NodeReport{Stream: link.HeartbeatStream, Subject: "mesh.heartbeat.gamma"})
+	places := append([]link.StreamSubject{{Stream: link.DeclStream, Subject: "mesh.decl.gamma"}}, link.NodeReports("gamma")...)
+	places = append(places, link.StreamSubject{Stream: link.HeartbeatStream, Subject: "mesh.heartbeat.gamma"})
 	for _, p := range places {
 		st, err := s.client.JS.Stream(ctx, p.Stream)
 		if err != nil {

@@ -106,9 +106,9 @@ func (c *Client) DeleteNode(ctx context.Context, name string) (*NodeDeleted, err
 		}
 	}
 	s := link.SubjectsOf(name)
-	places := []link.NodeReport{{Stream: link.DeclStream, Subject: s.Decl}}
+	places := []link.StreamSubject{{Stream: link.DeclStream, Subject: s.Decl}}
 	places = append(places, link.NodeReports(name)...)
-	places = append(places, link.NodeReport{Stream: link.HeartbeatStream, Subject: s.Heartbeat})
+	places = append(places, link.StreamSubject{Stream: link.HeartbeatStream, Subject: s.Heartbeat})
 	for _, p := range places {
 		st, err := c.JS.Stream(ctx, p.Stream)
 		if err != nil {

@@ -74,21 +74,22 @@ func ReportPlaces() []ReportPlace {
 	return out
 }
 
-// NodeReport is where one node's reports are in one stream.
-type NodeReport struct{ Stream, Subject string }
+// StreamSubject is one subject of one stream: where one node's reports
+// are in one of their streams (NodeReports), or any other of its subjects.
+type StreamSubject struct{ Stream, Subject string }
 
 // NodeReports are where node's reports are, in their order: those of
 // ReportStream (a broker without the mapping; before it) older than
 // those of its partition.
-func NodeReports(node string) []NodeReport {
-	return []NodeReport{{ReportStream, "mesh.report." + node}, NodeReportPartition(node)}
+func NodeReports(node string) []StreamSubject {
+	return []StreamSubject{{ReportStream, "mesh.report." + node}, NodeReportPartition(node)}
 }
 
 // NodeReportPartition is where node's reports are through a broker with
 // the mapping: its partition's stream.
-func NodeReportPartition(node string) NodeReport {
+func NodeReportPartition(node string) StreamSubject {
 	p := strconv.Itoa(ReportPartitionOf(node))
-	return NodeReport{ReportStream + "_" + p, "mesh.report." + p + "." + node}
+	return StreamSubject{ReportStream + "_" + p, "mesh.report." + p + "." + node}
 }
 
 // ReportNode is the node a report's subject is of, in any of the report

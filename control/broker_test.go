@@ -768,3 +768,75 @@ func nodeRequests(id *agent.Identity) []nodeRequest {
 		{id.Subjects.RosterGet, nil},
 	}
 }
+
+// A node's account imports only what its agents' layouts use: an earlier
+// agent's link makes it with the earlier layout's imports, and the
+// node's agent of today, linking after, has its own added — while the
+// first link still reads, reports and hears its notices as before.
+func TestAnAccountGainsALayoutWhenAnAgentOfItLinks(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	if n := s.srv.NodeServiceImports("alpha"); n != -1 {
+		t.Fatalf("alpha's account has %d service imports before any link", n)
+	}
+	_, id := enrolNodeLinking(t, s, "alpha", link.LayoutByKind)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.client.Declare(ctx, "alpha", []byte(decl)); err != nil {
+		t.Fatal(err)
+	}
+	type linked struct {
+		id      *agent.Identity
+		nc      *nats.Conn
+		notices *nats.Subscription
+	}
+	link1 := func(l link.Layout) *linked {
+		lid := inLayout(id, l)
+		nc, err := agent.Dial(lid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		sub, err := nc.SubscribeSync(lid.Subjects.Notice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+		return &linked{lid, nc, sub}
+	}
+	answered := func(what string, k *linked) {
+		t.Helper()
+		for _, r := range nodeRequests(k.id) {
+			if _, err := k.nc.Request(r.subj, r.data, 5*time.Second); err != nil {
+				t.Fatalf("%s: %s not answered: %v", what, r.subj, err)
+			}
+		}
+	}
+	earlier := link1(link.LayoutByKind)
+	answered("the earlier agent", earlier)
+	byKind := s.srv.NodeServiceImports("alpha")
+
+	today := link1(link.LayoutByNode)
+	answered("today's agent", today)
+	both := s.srv.NodeServiceImports("alpha")
+	services, _ := link.NodeImportsOf("alpha", link.LayoutByNode)
+	if both-byKind != len(services) {
+		t.Errorf("today's agent's link added %d service imports to alpha's account, want its layout's %d", both-byKind, len(services))
+	}
+	answered("the earlier agent, after today's linked", earlier)
+
+	// A declaration's notice reaches both links: the first link's
+	// subscriptions were not lost to the imports added after them.
+	if _, err := s.client.Declare(ctx, "alpha", []byte(decl)); err != nil {
+		t.Fatal(err)
+	}
+	for what, k := range map[string]*linked{"the earlier agent": earlier, "today's agent": today} {
+		if _, err := k.notices.NextMsg(10 * time.Second); err != nil {
+			t.Errorf("%s heard no notice of the declaration: %v", what, err)
+		}
+	}
+	// Linking again in a layout it has adds nothing.
+	link1(link.LayoutByNode)
+	if n := s.srv.NodeServiceImports("alpha"); n != both {
+		t.Errorf("a second link of today's layout took alpha's account from %d service imports to %d", both, n)
+	}
+}

@@ -153,6 +153,12 @@ func TestEnrolGrantsAScopedCredential(t *testing.T) {
 // does, and returns its agent config (with the grant's JWT) and identity.
 func enrolNode(t *testing.T, s *served, name string) (*agent.Config, *agent.Identity) {
 	t.Helper()
+	return enrolNodeLinking(t, s, name, link.LayoutByNode)
+}
+
+// enrolNodeLinking is enrolNode, its node's first link in layout l.
+func enrolNodeLinking(t *testing.T, s *served, name string, l link.Layout) (*agent.Config, *agent.Identity) {
+	t.Helper()
 	ctx := context.Background()
 	text, _, err := s.client.IssueToken(ctx, name, true, time.Hour, s.url)
 	if err != nil {
@@ -165,7 +171,7 @@ func enrolNode(t *testing.T, s *served, name string) (*agent.Config, *agent.Iden
 	}
 	cfg, id := identityOf(t, s, m, grantOf(t, s, r))
 	eventually(t, "node "+name+" let in", func() bool {
-		nc, err := agent.Dial(id)
+		nc, err := agent.Dial(inLayout(id, l))
 		if err == nil {
 			nc.Close()
 		}

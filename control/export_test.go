@@ -131,3 +131,16 @@ func (l *Lane) Group(ctx context.Context, reports []LaneReport) []error {
 		return l.w.keepReport(ctx, r.Node, withRecorded(r.Data, r.Recorded), ownedOfReport(r.Data) != nil, r.Recorded)
 	})
 }
+
+// NodeServiceImports is how many service imports node's account has in
+// the embedded broker (the system account's among them), or -1 when it
+// has none made.
+func (s *Server) NodeServiceImports(node string) int {
+	s.auth.accMu.Lock()
+	defer s.auth.accMu.Unlock()
+	m := s.auth.made[node]
+	if m == nil {
+		return -1
+	}
+	return m.acc.NumServiceImports()
+}

@@ -421,7 +421,7 @@ type registryAuth struct {
 	// accMu makes each node's account once, however many of its
 	// connections arrive at once; made holds those made whole.
 	accMu sync.Mutex
-	made  map[string]*server.Account
+	made  map[string]*madeAccount
 	// known is closed once the registry's nodes and tokens have been set
 	// (SetNodes and SetTokens, the first time): until then a node is not
 	// known to be refused (see Check).
@@ -530,8 +530,9 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	var acc *server.Account
 	switch {
 	case isNode && (node == "" || node == name):
-		pubs, subs = link.NodePermissions(name, link.LayoutOf(o.Name))
-		acc, err = a.nodeAccount(name)
+		l := link.LayoutOf(o.Name)
+		pubs, subs = link.NodePermissions(name, l)
+		acc, err = a.nodeAccount(name, l)
 	case isToken && o.Token == "" && time.Now().Before(tok.until):
 		pubs, subs = link.EnrolPermissions(tok.id)
 		acc, err = a.ns.LookupAccount(link.AccountNodes)
@@ -549,48 +550,99 @@ func (a *registryAuth) Check(c server.ClientAuthentication) bool {
 	return true
 }
 
-// nodeAccount is node's own account (link.NodeAccount), made with its
-// imports the first time the node connects to this broker: the embedded
-// broker's configuration lists no node (AccountsConfig without users), so
-// a node enrolled while it runs has an account at once. An account stays
-// once made (a revoked node's is left without users; the broker has no
-// call to take an account away): it holds the node's imports, which reach
-// only the node's own subjects, and no user.
-func (a *registryAuth) nodeAccount(node string) (*server.Account, error) {
+// nodeAccount is node's own account (link.NodeAccount), made the first
+// time the node connects to this broker, with the imports of layout l
+// (link.NodeImportsOf), and given those of another layout the first time
+// a connection of that layout comes: the embedded broker's configuration
+// lists no node (AccountsConfig without users), so a node enrolled while
+// it runs has an account at once, and an account holds only the imports
+// its agents use (an agent of today never asks for the earlier layout's:
+// half the imports, a third of what an account costs, docs/benchmarks.md).
+// Imports come before the connection is let in, so before any of its
+// subscriptions: a stream import added later shadows only the
+// subscriptions made after it, and each layout subscribes to its own. An
+// account stays once made (a revoked node's is left without users; the
+// broker has no call to take an account away): it holds the node's
+// imports, which reach only the node's own subjects, and no user.
+func (a *registryAuth) nodeAccount(node string, l link.Layout) (*server.Account, error) {
 	name := link.NodeAccount(node)
 	a.accMu.Lock()
 	defer a.accMu.Unlock()
-	if acc := a.made[name]; acc != nil {
-		return acc, nil
+	m := a.made[name]
+	if m != nil && m.layouts[l] {
+		return m.acc, nil
 	}
-	if _, err := a.ns.LookupAccount(name); err == nil {
-		// Registered, and an import failed: never handed out half made.
-		return nil, fmt.Errorf("account %s was made without all its imports", name)
+	if m == nil {
+		if _, err := a.ns.LookupAccount(name); err == nil {
+			// Registered, and an import failed: never handed out half made.
+			return nil, fmt.Errorf("account %s was made without all its imports", name)
+		}
+	} else if m.broken {
+		return nil, fmt.Errorf("account %s was left without all its imports", name)
 	}
 	ctl, err := a.ns.LookupAccount(link.AccountControl)
 	if err != nil {
 		return nil, err
 	}
-	acc, err := a.ns.RegisterAccount(name)
-	if err != nil {
+	if m == nil {
+		acc, err := a.ns.RegisterAccount(name)
+		if err != nil {
+			return nil, err
+		}
+		m = &madeAccount{acc: acc}
+	}
+	have := map[string]bool{}
+	for ll, ok := range m.layouts {
+		if ok {
+			s, n := link.NodeImportsOf(node, link.Layout(ll))
+			for _, si := range s {
+				have["s "+si.To] = true
+			}
+			for _, subj := range n {
+				have["n "+subj] = true
+			}
+		}
+	}
+	fail := func(err error) (*server.Account, error) {
+		if a.made[name] != nil {
+			// Its connections so far have what they use; new ones of
+			// either layout are refused rather than let in half wired.
+			m.broken = true
+		}
 		return nil, err
 	}
-	services, notices := link.NodeImports(node)
+	services, notices := link.NodeImportsOf(node, l)
 	for _, si := range services {
-		if err := acc.AddServiceImport(ctl, si.To, si.Subject); err != nil {
-			return nil, fmt.Errorf("import %s as %s: %w", si.Subject, si.To, err)
+		if have["s "+si.To] {
+			continue
+		}
+		if err := m.acc.AddServiceImport(ctl, si.To, si.Subject); err != nil {
+			return fail(fmt.Errorf("import %s as %s: %w", si.Subject, si.To, err))
 		}
 	}
 	for _, subj := range notices {
-		if err := acc.AddMappedStreamImport(ctl, subj, subj); err != nil {
-			return nil, fmt.Errorf("import the notices %s: %w", subj, err)
+		if have["n "+subj] {
+			continue
+		}
+		if err := m.acc.AddMappedStreamImport(ctl, subj, subj); err != nil {
+			return fail(fmt.Errorf("import the notices %s: %w", subj, err))
 		}
 	}
+	m.layouts[l] = true
 	if a.made == nil {
-		a.made = map[string]*server.Account{}
+		a.made = map[string]*madeAccount{}
 	}
-	a.made[name] = acc
-	return acc, nil
+	a.made[name] = m
+	return m.acc, nil
+}
+
+// madeAccount is a node's account as nodeAccount made it: the layouts
+// whose imports it has, whole; broken when adding a layout's failed part
+// way.
+type madeAccount struct {
+	acc     *server.Account
+	layouts [2]bool // by link.Layout
+	broken  bool
 }
 
 // serverLog sends the broker's log to slog. Its notices (a banner at start)
@@ -629,7 +681,7 @@ func (s *Server) linking() (linked, of int) {
 	a.accMu.Lock()
 	defer a.accMu.Unlock()
 	for _, name := range names {
-		if acc := a.made[name]; acc != nil && acc.NumLocalConnections() > 0 {
+		if m := a.made[name]; m != nil && m.acc.NumLocalConnections() > 0 {
 			linked++
 		}
 	}

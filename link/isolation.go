@@ -116,6 +116,53 @@ func NodeImports(node string) (services []ServiceImport, notices []string) {
 	return services, notices
 }
 
+// NodeImportsOf are those of NodeImports a node of layout l uses: the
+// services its publish permissions reach, the notices its subscribe
+// permissions hear (NodePermissions, the one place that says what each
+// layout uses). The embedded broker imports into a node's account only
+// the layouts its connections have asked for: each import costs the
+// account a branch of its subject tree and an entry in CONTROL's
+// (docs/benchmarks.md, "What an account per node costs").
+func NodeImportsOf(node string, l Layout) (services []ServiceImport, notices []string) {
+	pubs, subs := NodePermissions(node, l)
+	all, allNotices := NodeImports(node)
+	for _, si := range all {
+		if permits(pubs, si.To) {
+			services = append(services, si)
+		}
+	}
+	for _, n := range allNotices {
+		if permits(subs, n) {
+			notices = append(notices, n)
+		}
+	}
+	return services, notices
+}
+
+// permits says whether a permission of perms (NATS wildcards: "*" one
+// token, ">" the rest) matches subject, which has none.
+func permits(perms []string, subject string) bool {
+	toks := strings.Split(subject, ".")
+	for _, p := range perms {
+		pt := strings.Split(p, ".")
+		for i, t := range pt {
+			if t == ">" {
+				if len(toks) > i {
+					return true
+				}
+				break
+			}
+			if i >= len(toks) || t != "*" && t != toks[i] {
+				break
+			}
+			if i == len(pt)-1 && len(toks) == len(pt) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // NodePermissions are what node may do on the broker, in its own account,
 // in layout l, and nothing else. The account already confines what the
 // node reaches; the permissions hold it, within its account, to the

@@ -127,3 +127,72 @@ func TestEachNodesImportsNameItsOwn(t *testing.T) {
 		t.Error("a node's account could be named as CONTROL or NODES")
 	}
 }
+
+// A node's account imports, for a layout, what that layout's permissions
+// use and nothing it cannot: every import of NodeImports is some layout's,
+// and no layout is left without its reads, reports or notices.
+func TestEachLayoutImportsWhatItsPermissionsUse(t *testing.T) {
+	const node = "n1"
+	services, notices := NodeImports(node)
+	used := map[string]bool{}
+	for _, l := range []Layout{LayoutByKind, LayoutByNode} {
+		s := NodeSubjects(node, l)
+		ls, ln := NodeImportsOf(node, l)
+		var tos []string
+		for _, si := range ls {
+			tos = append(tos, si.To)
+			used["s "+si.To] = true
+		}
+		for _, n := range ln {
+			used["n "+n] = true
+		}
+		for _, want := range []string{s.DeclGet, s.Report, s.Heartbeat, s.HeartbeatGet, s.ArchiveGet, s.RosterGet} {
+			if !slices.Contains(tos, want) {
+				t.Errorf("layout %d: %s not imported (imports %v)", l, want, tos)
+			}
+		}
+		if len(ls) != 6 {
+			t.Errorf("layout %d: %d services imported, want its six: %v", l, len(ls), tos)
+		}
+		for _, want := range []string{s.Notice, s.RosterNotice, s.Plan} {
+			if !slices.Contains(ln, want) {
+				t.Errorf("layout %d: notice %s not imported (imports %v)", l, want, ln)
+			}
+		}
+	}
+	for _, si := range services {
+		if !used["s "+si.To] {
+			t.Errorf("service %s as %s: no layout's", si.Subject, si.To)
+		}
+	}
+	for _, n := range notices {
+		if !used["n "+n] {
+			t.Errorf("notice %s: no layout's", n)
+		}
+	}
+}
+
+func TestPermits(t *testing.T) {
+	for _, c := range []struct {
+		perm, subject string
+		want          bool
+	}{
+		{"a.b", "a.b", true},
+		{"a.b", "a.b.c", false},
+		{"a.b", "a", false},
+		{"a.*", "a.b", true},
+		{"a.*", "a.b.c", false},
+		{"a.>", "a.b.c", true},
+		{"a.>", "a", false},
+		{"a.*.c", "a.b.c", true},
+		{"a.*.c", "a.b.d", false},
+		{">", "x", true},
+		{"mesh.up.n1.>", "mesh.up.n1.decl", true},
+		{"mesh.up.n1.>", "mesh.up.n2.decl", false},
+		{"mesh.notice.n1.>", "mesh.notice.n1", false},
+	} {
+		if got := permits([]string{c.perm}, c.subject); got != c.want {
+			t.Errorf("permits(%q, %q) = %v, want %v", c.perm, c.subject, got, c.want)
+		}
+	}
+}

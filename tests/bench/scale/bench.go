@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
@@ -123,8 +124,11 @@ type fanoutResult struct {
 	// report was recorded (or the wait ended): what the two cores went to.
 	ControlCPUSeconds float64 `json:"control_cpu_seconds"`
 	AgentsCPUSeconds  float64 `json:"agents_cpu_seconds"`
-	WallSeconds       float64 `json:"wall_seconds"`
-	Cores             int     `json:"cores"`
+	// ServersCPUSeconds is each cluster server's (CLUSTER=1; the embedded
+	// broker's is serve's).
+	ServersCPUSeconds []float64 `json:"servers_cpu_seconds,omitempty"`
+	WallSeconds       float64   `json:"wall_seconds"`
+	Cores             int       `json:"cores"`
 	// VerifyMicros is this machine's speed just before the fan-out: one
 	// ed25519 verification's time, on one goroutine. The same tree's
 	// fan-out has measured 5 s and 9 s on this machine an hour apart, and
@@ -573,6 +577,11 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	speed := verifyMicros()
 	c0, cerr := sampleCPU(b.ctl.pid())
 	a0, aerr := sampleCPU(os.Getpid())
+	var s0 serverSample
+	var serr0 error
+	if b.servers != nil {
+		s0, serr0 = b.sampleServers()
+	}
 	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
 	start := time.Now()
 	var paused fanoutResult
@@ -611,6 +620,11 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	tally()
 	c1, cerr1 := sampleCPU(b.ctl.pid())
 	a1, aerr1 := sampleCPU(os.Getpid())
+	var s1 serverSample
+	var serr1 error
+	if b.servers != nil {
+		s1, serr1 = b.sampleServers()
+	}
 	wall := time.Since(start) // the CPU's window: not the reading of the stored times below
 	want := make(map[string]uint64, len(nodes))
 	for i, n := range nodes {
@@ -635,6 +649,11 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	if aerr == nil && aerr1 == nil && a1.ticks >= a0.ticks {
 		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
 	}
+	if serr0 == nil && serr1 == nil && len(s0) == len(s1) {
+		for i := range s0 {
+			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(s1[i].ticks-s0[i].ticks)/clockTicks)
+		}
+	}
 	b.log.Info("fan-out", "received", r.Received, "recorded", r.Recorded, "of", len(nodes),
 		"received_p100", seconds(percentile(received, 100)), "stored_p100", seconds(percentile(stored, 100)),
 		"recorded_p100", seconds(percentile(recorded, 100)))
@@ -652,26 +671,36 @@ func (b *bench) reportsStored(ctx context.Context, want map[string]uint64, start
 	defer cancel()
 	var out []time.Duration
 	for _, p := range link.ReportPlaces() {
+		// As many as the stream has subjects (nodes) when asked: a
+		// replicated stream's consumer may have nothing at hand the moment
+		// it is asked, and an empty fetch is no end of it.
+		st, err := b.cl.JS.Stream(ctx, p.Stream)
+		if err != nil {
+			return out, err
+		}
+		subjects := st.CachedInfo().State.NumSubjects
+		if subjects == 0 {
+			continue
+		}
 		cons, err := b.cl.JS.OrderedConsumer(ctx, p.Stream, jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{p.Subjects}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
 		if err != nil {
 			return out, err
 		}
-		for {
-			// Fetch, not FetchNoWait: a replicated stream's consumer may
-			// have nothing at hand the moment it is asked.
+		for read := uint64(0); read < subjects; {
+			if ctx.Err() != nil {
+				return out, fmt.Errorf("%s: %d of its %d nodes' last reports read: %w", p.Stream, read, subjects, ctx.Err())
+			}
 			batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
 			if err != nil {
 				return out, err
 			}
-			got, pending := 0, uint64(0)
 			for m := range batch.Messages() {
-				got++
+				read++
 				md, err := m.Metadata()
 				if err != nil {
 					continue
 				}
-				pending = md.NumPending
 				var r struct {
 					Node string `json:"node"`
 					Seq  uint64 `json:"seq"`
@@ -680,11 +709,8 @@ func (b *bench) reportsStored(ctx context.Context, want map[string]uint64, start
 					out = append(out, md.Timestamp.Sub(start))
 				}
 			}
-			if batch.Error() != nil {
+			if batch.Error() != nil && !errors.Is(batch.Error(), nats.ErrTimeout) {
 				return out, batch.Error()
-			}
-			if got == 0 || pending == 0 {
-				break
 			}
 		}
 	}

@@ -252,12 +252,23 @@ func declareErrors(f *fanoutResult) string {
 }
 
 // fanoutCPU says what the cores went to during a fan-out: each process's
-// CPU time against the wall time times the cores.
+// CPU time against the wall time times the cores (the cluster's servers
+// among them, with CLUSTER=1: on this machine they share its cores).
 func fanoutCPU(f *fanoutResult) string {
 	if f.WallSeconds <= 0 || f.Cores <= 0 || f.ControlCPUSeconds+f.AgentsCPUSeconds == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; CPU meanwhile: serve %.1f s, this process %.1f s, of %.1f s × %d cores (%.0f %%); one ed25519 verification took %.0f µs just before",
-		f.ControlCPUSeconds, f.AgentsCPUSeconds, f.WallSeconds, f.Cores,
-		(f.ControlCPUSeconds+f.AgentsCPUSeconds)/(f.WallSeconds*float64(f.Cores))*100, f.VerifyMicros)
+	total := f.ControlCPUSeconds + f.AgentsCPUSeconds
+	servers := ""
+	if len(f.ServersCPUSeconds) > 0 {
+		var each []string
+		for _, s := range f.ServersCPUSeconds {
+			each = append(each, fmt.Sprintf("%.1f", s))
+			total += s
+		}
+		servers = fmt.Sprintf(", the servers %s s", strings.Join(each, " / "))
+	}
+	return fmt.Sprintf("; CPU meanwhile: serve %.1f s, this process %.1f s%s: %.1f s of %.1f s × %d cores (%.0f %%); one ed25519 verification took %.0f µs just before",
+		f.ControlCPUSeconds, f.AgentsCPUSeconds, servers, total, f.WallSeconds, f.Cores,
+		total/(f.WallSeconds*float64(f.Cores))*100, f.VerifyMicros)
 }

@@ -43,7 +43,8 @@
 // NODES for the enrolment tokens (an existing broker's nodes share NODES:
 // AccountsConfig says why), joined by service imports (and the stream exports of
 // the notices, core NATS); each node's account imports only its own
-// subjects (link.NodeImports), and its one user, the node's NKey, has
+// subjects (link.NodeImports; the embedded broker those of the layouts its
+// agents link in, link.NodeImportsOf), and its one user, the node's NKey, has
 // permissions for exactly those (link.NodePermissions). The split exists
 // because a NATS permission limits what a client publishes, not the reply
 // subject it names: a service answers onto that reply in the account the

@@ -102,8 +102,9 @@ func serverConfig(k *Keys, name, host string, port int, store string) string {
 //
 //   - Without users, the embedded broker's: each node in an account of its
 //     own, made as it first connects (registryAuth.nodeAccount), importing
-//     its own subjects (link.NodeImports) from CONTROL's exports, which hold
-//     the importer to the subject naming it (account_token_position).
+//     its own subjects in the layouts its agents link in
+//     (link.NodeImportsOf) from CONTROL's exports, which hold the importer
+//     to the subject naming it (account_token_position).
 //   - With users, an existing broker's or a cluster's (broker-config,
 //     --broker-config, --broker-accounts): every node an NKey user of
 //     NODES with permissions on its own subjects only, NODES importing

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -89,13 +90,16 @@ type results struct {
 	FanoutIdle *fanoutResult `json:"fanout_after_idle,omitempty"`
 	// FanoutAllUp, CLUSTER=1: the fan-out after idle with every server
 	// running, before the one that stops a server (FanoutIdle there).
-	FanoutAllUp *fanoutResult   `json:"fanout_after_idle_all_up,omitempty"`
-	Idle        *idleResult     `json:"idle,omitempty"`
-	Restart     *restartResult  `json:"restart,omitempty"`
-	Overlay     *overlayResult  `json:"overlay,omitempty"`
-	AgentLog    []string        `json:"agent_warnings,omitempty"`
-	Notes       []string        `json:"notes,omitempty"`
-	Targets     map[string]rowJ `json:"targets,omitempty"`
+	FanoutAllUp *fanoutResult `json:"fanout_after_idle_all_up,omitempty"`
+	// DeclaresOnly: the fan-outs' declares with no agent linked
+	// (-declares-only).
+	DeclaresOnly []*fanoutResult `json:"declares_no_agent,omitempty"`
+	Idle         *idleResult     `json:"idle,omitempty"`
+	Restart      *restartResult  `json:"restart,omitempty"`
+	Overlay      *overlayResult  `json:"overlay,omitempty"`
+	AgentLog     []string        `json:"agent_warnings,omitempty"`
+	Notes        []string        `json:"notes,omitempty"`
+	Targets      map[string]rowJ `json:"targets,omitempty"`
 }
 
 type rowJ struct {
@@ -1074,5 +1078,68 @@ func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// declaresOnly times three fan-outs' declares to every registered node
+// with no agent linked: what the control side and the broker take to sign
+// and store the declarations, with no notice heard, no report sent, none
+// recorded. Beside a fan-out's own figures it says how much of a fan-out
+// is its writes' and how much the fleet's answering them (on this machine
+// the agents, serve and the brokers share the cores).
+func (b *bench) declaresOnly(ctx context.Context) error {
+	names := make([]string, len(b.fleet.Nodes))
+	for i, n := range b.fleet.Nodes {
+		names[i] = n.Name
+	}
+	for range 3 {
+		runtime.GC()
+		c0, cerr := sampleCPU(b.ctl.pid())
+		a0, aerr := sampleCPU(os.Getpid())
+		var s0 serverSample
+		var serr error
+		if b.servers != nil {
+			s0, serr = b.sampleServers()
+		}
+		if err := errors.Join(cerr, aerr, serr); err != nil {
+			return err
+		}
+		start := time.Now()
+		_, derrs := b.cl.DeclareAll(ctx, names, fanoutBody())
+		took := time.Since(start)
+		r := &fanoutResult{Nodes: len(names), DeclareSeconds: took.Seconds(), WallSeconds: took.Seconds(), Cores: runtime.NumCPU(), VerifyMicros: verifyMicros()}
+		for i, err := range derrs {
+			if err != nil {
+				r.DeclareErrors++
+				if r.FirstError == "" {
+					r.FirstError = fmt.Sprintf("%s: %v", names[i], err)
+				}
+			}
+		}
+		c1, cerr := sampleCPU(b.ctl.pid())
+		a1, aerr := sampleCPU(os.Getpid())
+		var s1 serverSample
+		if b.servers != nil {
+			s1, serr = b.sampleServers()
+		}
+		if err := errors.Join(cerr, aerr, serr); err != nil {
+			return err
+		}
+		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
+		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
+		for i := range s0 {
+			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(s1[i].ticks-s0[i].ticks)/clockTicks)
+		}
+		b.log.Info("declared, no agent linked", "nodes", len(names), "seconds", fmt.Sprintf("%.2f", took.Seconds()), "errors", r.DeclareErrors)
+		b.res.DeclaresOnly = append(b.res.DeclaresOnly, r)
+	}
+	return nil
+}
+
+// printDeclares is declaresOnly's table.
+func (b *bench) printDeclares(w io.Writer) {
+	fmt.Fprintf(w, "\n| declares to %s nodes, no agent linked | took | CPU |\n|---|---|---|\n", thousands(b.res.Registered))
+	for i, r := range b.res.DeclaresOnly {
+		fmt.Fprintf(w, "| run %d | %.2f s%s | %s |\n", i+1, r.DeclareSeconds, declareErrors(r), strings.TrimPrefix(fanoutCPU(r), "; CPU meanwhile: "))
 	}
 }

@@ -91,6 +91,7 @@ type config struct {
 	syncDefault     bool
 	contended       bool
 	resolver        bool
+	declaresOnly    bool
 }
 
 // The exit codes, as the other benches'.
@@ -132,6 +133,7 @@ func main() {
 	flag.StringVar(&c.profile, "profile", "", "write CPU profiles of the fan-outs to this `directory`: this process's and serve's (built with -tags benchprofile), and with -cluster each server's (nats-server --profile, 10 s from the fan-out's start)")
 	flag.BoolVar(&c.resolver, "resolver", false, "with -cluster: the servers in NATS operator mode (broker-config --resolver), an account per node pushed by serve, instead of the accounts file they reload")
 	flag.BoolVar(&c.contended, "contended", false, "keep one core busy throughout with a process of the bench's own, and judge by the contended targets (a control machine that is not idle)")
+	flag.BoolVar(&c.declaresOnly, "declares-only", false, "register the nodes, link no agent, and time three fan-outs' declares (DeclareAll to every node) with each process's CPU: the control side's and the broker's part of a fan-out, without the fleet's")
 	flag.Parse()
 	if c.resolver && !c.cluster {
 		fmt.Fprintln(os.Stderr, "-resolver is for -cluster: the embedded broker gives each node an account of its own by itself")
@@ -225,7 +227,9 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 		{"stop + start", b.restart},
 		{"overlay set", b.overlay},
 	}
-	if c.cluster {
+	if c.declaresOnly {
+		steps = []step{steps[0], {"declares, no agent linked", b.declaresOnly}}
+	} else if c.cluster {
 		// The cluster's target is its servers' idle CPU; the embedded
 		// broker's restart and the overlay are not measured on it. After
 		// idle, a fan-out with every server up, then the one that stops a
@@ -259,6 +263,10 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	if b.burner != nil {
 		b.res.BurnerCPU = b.burner.stop()
 		b.burner = nil
+	}
+	if c.declaresOnly {
+		b.printDeclares(stdout)
+		return b.finish(stdout, stderr, exitOK)
 	}
 	b.printTable(stdout)
 	if b.res.Contended {

@@ -579,13 +579,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		firstErr string
 	)
 	speed := verifyMicros()
-	c0, cerr := sampleCPU(b.ctl.pid())
-	a0, aerr := sampleCPU(os.Getpid())
-	var s0 serverSample
-	var serr0 error
-	if b.servers != nil {
-		s0, serr0 = b.sampleServers()
-	}
+	cpu0 := b.markCPU()
 	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
 	start := time.Now()
 	var paused fanoutResult
@@ -622,13 +616,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	}
 	waitFor(ctx, b.cfg.fanoutTimeout-time.Since(start), tally)
 	tally()
-	c1, cerr1 := sampleCPU(b.ctl.pid())
-	a1, aerr1 := sampleCPU(os.Getpid())
-	var s1 serverSample
-	var serr1 error
-	if b.servers != nil {
-		s1, serr1 = b.sampleServers()
-	}
+	cpu1 := b.markCPU()
 	wall := time.Since(start) // the CPU's window: not the reading of the stored times below
 	want := make(map[string]uint64, len(nodes))
 	for i, n := range nodes {
@@ -647,17 +635,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		RecordedP50: percentile(recorded, 50).Seconds(), RecordedP100: percentile(recorded, 100).Seconds(),
 		Stored: len(stored), StoredP50: percentile(stored, 50).Seconds(), StoredP100: percentile(stored, 100).Seconds()}
 	r.Paused, r.PausedAt, r.PausedSeconds = paused.Paused, paused.PausedAt, paused.PausedSeconds
-	if cerr == nil && cerr1 == nil && c1.ticks >= c0.ticks {
-		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
-	}
-	if aerr == nil && aerr1 == nil && a1.ticks >= a0.ticks {
-		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
-	}
-	if serr0 == nil && serr1 == nil && len(s0) == len(s1) {
-		for i := range s0 {
-			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(s1[i].ticks-s0[i].ticks)/clockTicks)
-		}
-	}
+	cpu1.since(cpu0, r)
 	b.log.Info("fan-out", "received", r.Received, "recorded", r.Recorded, "of", len(nodes),
 		"received_p100", seconds(percentile(received, 100)), "stored_p100", seconds(percentile(stored, 100)),
 		"recorded_p100", seconds(percentile(recorded, 100)))
@@ -1094,20 +1072,12 @@ func (b *bench) declaresOnly(ctx context.Context) error {
 	}
 	for range 3 {
 		runtime.GC()
-		c0, cerr := sampleCPU(b.ctl.pid())
-		a0, aerr := sampleCPU(os.Getpid())
-		var s0 serverSample
-		var serr error
-		if b.servers != nil {
-			s0, serr = b.sampleServers()
-		}
-		if err := errors.Join(cerr, aerr, serr); err != nil {
-			return err
-		}
+		speed := verifyMicros()
+		cpu0 := b.markCPU()
 		start := time.Now()
 		_, derrs := b.cl.DeclareAll(ctx, names, fanoutBody())
 		took := time.Since(start)
-		r := &fanoutResult{Nodes: len(names), DeclareSeconds: took.Seconds(), WallSeconds: took.Seconds(), Cores: runtime.NumCPU(), VerifyMicros: verifyMicros()}
+		r := &fanoutResult{Nodes: len(names), DeclareSeconds: took.Seconds(), WallSeconds: took.Seconds(), Cores: runtime.NumCPU(), VerifyMicros: speed}
 		for i, err := range derrs {
 			if err != nil {
 				r.DeclareErrors++
@@ -1116,20 +1086,7 @@ func (b *bench) declaresOnly(ctx context.Context) error {
 				}
 			}
 		}
-		c1, cerr := sampleCPU(b.ctl.pid())
-		a1, aerr := sampleCPU(os.Getpid())
-		var s1 serverSample
-		if b.servers != nil {
-			s1, serr = b.sampleServers()
-		}
-		if err := errors.Join(cerr, aerr, serr); err != nil {
-			return err
-		}
-		r.ControlCPUSeconds = float64(c1.ticks-c0.ticks) / clockTicks
-		r.AgentsCPUSeconds = float64(a1.ticks-a0.ticks) / clockTicks
-		for i := range s0 {
-			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(s1[i].ticks-s0[i].ticks)/clockTicks)
-		}
+		b.markCPU().since(cpu0, r)
 		b.log.Info("declared, no agent linked", "nodes", len(names), "seconds", fmt.Sprintf("%.2f", took.Seconds()), "errors", r.DeclareErrors)
 		b.res.DeclaresOnly = append(b.res.DeclaresOnly, r)
 	}
@@ -1141,5 +1098,40 @@ func (b *bench) printDeclares(w io.Writer) {
 	fmt.Fprintf(w, "\n| declares to %s nodes, no agent linked | took | CPU |\n|---|---|---|\n", thousands(b.res.Registered))
 	for i, r := range b.res.DeclaresOnly {
 		fmt.Fprintf(w, "| run %d | %.2f s%s | %s |\n", i+1, r.DeclareSeconds, declareErrors(r), strings.TrimPrefix(fanoutCPU(r), "; CPU meanwhile: "))
+	}
+}
+
+// cpuMark is the CPU each process had used at a moment: serve's, this
+// process's (the agents'), and each cluster server's (CLUSTER=1); a
+// sample that could not be read leaves its figure out.
+type cpuMark struct {
+	ctl, here       cpuSample
+	ctlErr, hereErr error
+	servers         serverSample
+	serversErr      error
+}
+
+func (b *bench) markCPU() cpuMark {
+	var m cpuMark
+	m.ctl, m.ctlErr = sampleCPU(b.ctl.pid())
+	m.here, m.hereErr = sampleCPU(os.Getpid())
+	if b.servers != nil {
+		m.servers, m.serversErr = b.sampleServers()
+	}
+	return m
+}
+
+// since fills r's CPU figures with what each process used from m0 to m.
+func (m cpuMark) since(m0 cpuMark, r *fanoutResult) {
+	if m0.ctlErr == nil && m.ctlErr == nil && m.ctl.ticks >= m0.ctl.ticks {
+		r.ControlCPUSeconds = float64(m.ctl.ticks-m0.ctl.ticks) / clockTicks
+	}
+	if m0.hereErr == nil && m.hereErr == nil && m.here.ticks >= m0.here.ticks {
+		r.AgentsCPUSeconds = float64(m.here.ticks-m0.here.ticks) / clockTicks
+	}
+	if m0.serversErr == nil && m.serversErr == nil && len(m0.servers) == len(m.servers) {
+		for i := range m.servers {
+			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(m.servers[i].ticks-m0.servers[i].ticks)/clockTicks)
+		}
 	}
 }

@@ -39,7 +39,8 @@ import (
 // fan-out, 5.0 s in one after idle, the two cores 88–92 % busy): a fan-out
 // on a busy machine waits on CPU, and the give-back after the burst
 // collects anyway. What it costs is memory (make bench-scale, three runs
-// each, docs/benchmarks.md): at 150 the fan-outs recorded in 4.0–4.9 s,
+// each, docs/benchmarks.md; with each account's imports of both layouts,
+// 11 KiB a node more than now): at 150 the fan-outs recorded in 4.0–4.9 s,
 // serve held 108–114 KiB a node once quiet and peaked at 1.7–1.9 GiB; at
 // 200, 4.4–5.0 s, 116–117 KiB and 1.9–2.0 GiB (a heap let grow larger
 // keeps more once collected: the same live heap, 105 MiB more resident);

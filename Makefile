@@ -50,7 +50,8 @@ bench:
 # broker-config --cluster --resolver); CONTENDED=1 keeps one core busy
 # throughout (a process of the bench's own) and judges the contended
 # targets. BENCH_SCALE_ARGS go to the bench
-# (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles);
+# (e.g. "-overlay-timeout 5m", "-profile DIR" for CPU profiles,
+# "-declares-only" for three fan-outs' declares with no agent linked);
 # TAGS=benchconstwindow builds the bench with the fan-outs' window held at
 # 256, to compare with the adapting one.
 NODES   ?= 10000

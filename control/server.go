@@ -606,8 +606,9 @@ func (a *registryAuth) nodeAccount(node string, l link.Layout) (*server.Account,
 	}
 	fail := func(err error) (*server.Account, error) {
 		if a.made[name] != nil {
-			// Its connections so far have what they use; new ones of
-			// either layout are refused rather than let in half wired.
+			// The layouts it has whole still let their connections
+			// in; no other layout is added to it (its connections
+			// refused) rather than let in half wired.
 			m.broken = true
 		}
 		return nil, err

@@ -35,7 +35,7 @@ func (a *Agent) open(purpose wire.Purpose, env []byte, rotations string) ([]byte
 	}
 	refused, lerr := a.learnControlKey(rotations)
 	if lerr != nil {
-		return nil, fmt.Errorf("%w (the executor could not be asked which control key is in force: %v)", err, lerr)
+		return nil, &keyUnasked{wrong: err, ask: lerr}
 	}
 	if payload, err = wire.Open(a.controlKey(), purpose, env); !errors.Is(err, wire.ErrWrongKey) {
 		return payload, err
@@ -45,6 +45,22 @@ func (a *Agent) open(purpose wire.Purpose, env []byte, rotations string) ([]byte
 	}
 	return nil, fmt.Errorf("%w; no rotation from the control key this node holds (%s) came with it: signed before a rotation this node has taken (declare again), or, if the control key was rotated longer ago than the control side keeps its rotations, enrol this node again (mesh-executor enrol)", err, wire.KeyID(a.controlKey()))
 }
+
+// keyUnasked is open's answer to an envelope signed by a key other than
+// the agent holds when the executor, which says which key is in force,
+// could not be asked (stopped, restarting, busy past its deadline): no
+// verdict on the envelope, which is read and judged again once the
+// executor answers — a declaration signed by a rotated key and read while
+// the executor was down is forwarded when it is back, not refused for
+// good. It is ErrWrongKey (so what passes a wrong key over until a
+// rotation is taken does so here too) and the ask's error.
+type keyUnasked struct{ wrong, ask error }
+
+func (e *keyUnasked) Error() string {
+	return fmt.Sprintf("%v (the executor could not be asked which control key is in force: %v)", e.wrong, e.ask)
+}
+
+func (e *keyUnasked) Unwrap() []error { return []error{e.wrong, e.ask} }
 
 // learnControlKey hands the executor the rotations (a RotationHeader's
 // value; "" asks only) and takes the key it says is in force. It returns

@@ -73,11 +73,17 @@ func (a *Agent) readNewest(ctx context.Context, noticed uint64) (*declMsg, error
 // and the purpose, a link declaration (no action), this node, this
 // enrolment, not older than the last applied. It returns the declaration's
 // sequence and the declaration, or why it is refused and the wire code of
-// the refusal.
-func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declaration, code wire.Code, reason string) {
+// the refusal — or, when it could not be judged now (signed by another
+// key while the executor, which says which key is in force, does not
+// answer: keyUnasked), that error, and no verdict.
+func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declaration, code wire.Code, reason string, unjudged error) {
 	payload, err := a.open(wire.PurposeDeclaration, m.data, m.rotations)
+	var ku *keyUnasked
+	if errors.As(err, &ku) {
+		return 0, nil, wire.CodeNone, "", err
+	}
 	if err != nil {
-		return 0, nil, wire.CodeOf(err), err.Error()
+		return 0, nil, wire.CodeOf(err), err.Error(), nil
 	}
 	d, err = shapes.Parse(payload)
 	if err != nil {
@@ -87,22 +93,22 @@ func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declarati
 		}
 		json.Unmarshal(payload, &s)
 		if errors.Is(err, shapes.ErrAction) {
-			return s.Seq, nil, wire.CodeAction, err.Error()
+			return s.Seq, nil, wire.CodeAction, err.Error(), nil
 		}
-		return s.Seq, nil, wire.CodeInvalid, err.Error()
+		return s.Seq, nil, wire.CodeInvalid, err.Error(), nil
 	}
 	if d.Node != a.id.Node {
-		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node)
+		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to node %q; this is node %q", d.Node, a.id.Node), nil
 	}
 	if d.Enrolment != a.id.Enrolment {
-		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment)
+		return d.Seq, nil, wire.CodeAddress, fmt.Sprintf("addressed to enrolment %q; this node's is %q", d.Enrolment, a.id.Enrolment), nil
 	}
 	if d.Seq < floor {
-		return d.Seq, nil, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor)
+		return d.Seq, nil, wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, floor), nil
 	}
 	// The same sequence as the last applied goes on: the executor knows
 	// whether it is the same bytes (a no-op) or others (refused).
-	return d.Seq, d, wire.CodeNone, ""
+	return d.Seq, d, wire.CodeNone, "", nil
 }
 
 // drain settles m, the newest message on the node's subject. Refused by
@@ -115,7 +121,12 @@ func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declarati
 // is read and forwarded again, and the executor answers a duplicate.
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	st := a.state.get()
-	seq, d, code, reason := a.check(m, st.LastApplied)
+	seq, d, code, reason, unjudged := a.check(m, st.LastApplied)
+	if unjudged != nil {
+		// Not settled: read and judged again (the drain's retry, the
+		// executor's return).
+		return unjudged
+	}
 	codeName := code.String()
 	if code == wire.CodeNone {
 		// The control side's own declaration, to this node: from a

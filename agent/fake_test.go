@@ -61,6 +61,8 @@ type fakeExecutor struct {
 	// profile asked answers with it); profiles counts the profiles asked.
 	profileDigest string
 	profiles      int
+	// conns are the connections open to it (down closes them).
+	conns map[net.Conn]bool
 }
 
 // eventsSeen is what rosters and declarations reached it, in order.
@@ -94,9 +96,32 @@ func newFakeExecutor(t *testing.T, key ed25519.PublicKey, build string) *fakeExe
 		t.Fatal(err)
 	}
 	f.ln = ln
-	go f.accept()
-	t.Cleanup(func() { ln.Close() })
+	go f.accept(ln)
+	t.Cleanup(func() { f.mu.Lock(); f.ln.Close(); f.mu.Unlock() })
 	return f
+}
+
+// down stops the executor, as one killed: its socket closed and every
+// connection to it, none accepted until up.
+func (f *fakeExecutor) down() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ln.Close()
+	for c := range f.conns {
+		c.Close()
+	}
+}
+
+// up starts the executor again on its socket, after down.
+func (f *fakeExecutor) up() {
+	ln, err := net.Listen("unix", f.path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.ln = ln
+	f.mu.Unlock()
+	go f.accept(ln)
 }
 
 // pinned is the control key the fake holds in force.
@@ -129,13 +154,24 @@ func (f *fakeExecutor) snapshot() (decls []uint64, reconnects int, garbage []str
 	return append([]uint64(nil), f.decls...), f.reconnects, append([]string(nil), f.garbage...)
 }
 
-func (f *fakeExecutor) accept() {
+func (f *fakeExecutor) accept(ln net.Listener) {
 	for {
-		c, err := f.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		go f.serve(wire.NewConn(c, wire.AgentToExecutor))
+		f.mu.Lock()
+		if f.conns == nil {
+			f.conns = map[net.Conn]bool{}
+		}
+		f.conns[c] = true
+		f.mu.Unlock()
+		go func() {
+			f.serve(wire.NewConn(c, wire.AgentToExecutor))
+			f.mu.Lock()
+			delete(f.conns, c)
+			f.mu.Unlock()
+		}()
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -112,19 +113,9 @@ func TestTheAgentHoldsTheControlSideToTheSkewPolicy(t *testing.T) {
 // the executor.
 func TestARotationReachesTheRoster(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
-	id, _ := c.addNode("n1")
+	id := c.addNodeOfThisRelease("n1")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// A node of this release, as its heartbeat would have said.
-	rec, rev, err := c.client.Node(ctx, "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Capability = link.Capability
-	data, _ := json.Marshal(rec)
-	if _, err := c.client.KV.Update(ctx, "node.n1", data, rev); err != nil {
-		t.Fatal(err)
-	}
 	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
 	state := t.TempDir()
 	stop := runAgentIn(t, id, ex.path, 0, state)
@@ -208,4 +199,91 @@ func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
 	if p := pinned(); len(p) != 2 || p[1] != theirs || !slices.Contains(id.Pins(), theirs) {
 		t.Fatalf("the control key's statement: state %v, accepted %v", p, id.Pins())
 	}
+}
+
+// A declaration signed by a rotated control key, read while the executor
+// — which says which key is in force — is down, is not refused for good:
+// the agent cannot judge it yet, leaves it unsettled, and forwards it once
+// the executor is back, without a timer's read or a newer declaration.
+// Settled as refused (wrong-key), it would leave the node behind its
+// newest declaration until the next one came.
+func TestARotatedKeysDeclarationWaitsForTheExecutor(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id := c.addNodeOfThisRelease("n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgentIn(t, id, ex.path, time.Hour, t.TempDir())
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	s1 := c.declare("n1", fmt.Sprintf(motd, 1))
+	waitFor(t, "the first declaration", func() bool { d, _, _ := ex.snapshot(); return slices.Contains(d, s1) })
+
+	ex.down()
+	res, err := c.client.RotateKey(ctx, control.RotateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := c.declare("n1", fmt.Sprintf(motd, 2))
+	// The agent has read it, and tried its executor (its retries, 100 ms
+	// apart here), before the executor comes back.
+	time.Sleep(2 * time.Second)
+	refused := func(rs []*control.SignedReport) *control.SignedReport {
+		for _, r := range rs {
+			if r.Seq == s2 || r.Outcome == shapes.Refused && r.RefusedBy == "agent" {
+				return r
+			}
+		}
+		return nil
+	}
+	rs, _, err := c.client.Reports(ctx, "n1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := refused(rs); r != nil {
+		t.Fatalf("reported while the executor was down: seq %d %s %s %s", r.Seq, r.Outcome, r.Code, r.Refused)
+	}
+
+	ex.up()
+	waitFor(t, "the declaration the new key signed, forwarded once the executor is back", func() bool {
+		d, _, _ := ex.snapshot()
+		return slices.Contains(d, s2)
+	})
+	ev := ex.eventsSeen()
+	if rot, dec := slices.Index(ev, fmt.Sprintf("rotation %d", res.Seq)), slices.Index(ev, fmt.Sprintf("decl %d", s2)); rot < 0 || dec < rot {
+		t.Fatalf("the executor saw %v; want the rotation, then the declaration", ev)
+	}
+	c.reports("n1", "its report applied", func(rs []*control.SignedReport) bool {
+		for _, r := range rs {
+			if r.Seq == s2 && r.Outcome == shapes.Applied {
+				return true
+			}
+			if r.Outcome == shapes.Refused {
+				t.Fatalf("a refusal reported: seq %d %s %s", r.Seq, r.Code, r.Refused)
+			}
+		}
+		return false
+	})
+	if _, _, garbage := ex.snapshot(); len(garbage) != 0 {
+		t.Fatalf("the executor was handed what it could not verify: %v", garbage)
+	}
+}
+
+// addNodeOfThisRelease is addNode with the node's record saying this
+// release's link capability, as its agent's heartbeat would: the control
+// side rotates its key only when every node can take a rotation.
+func (c *controlSide) addNodeOfThisRelease(name string) *agent.Identity {
+	c.t.Helper()
+	id, _ := c.addNode(name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, rev, err := c.client.Node(ctx, name)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	rec.Capability = link.Capability
+	data, _ := json.Marshal(rec)
+	if _, err := c.client.KV.Update(ctx, "node."+name, data, rev); err != nil {
+		c.t.Fatal(err)
+	}
+	return id
 }

@@ -113,6 +113,11 @@ func SaveControlKeys(dir string, ck *ControlKeys) error {
 	return writeDurably(dir, KeysFile, append(b, '\n'))
 }
 
+// ErrNotKept is TakeRotations' error for a rotation it would take and
+// could not keep (its file not written: a full disk): no verdict on the
+// rotation, which is taken when it is offered again and can be kept.
+var ErrNotKept = errors.New("identity: a rotation to take could not be kept")
+
 // TakeRotations judges a chain of rotation statements, oldest first,
 // against id (Load's) and keeps each it takes, durably, before the next
 // is judged: the new key in force, and from then on the only one whose
@@ -121,7 +126,7 @@ func SaveControlKeys(dir string, ck *ControlKeys) error {
 // chain), is passed over; one signed by the key in force or the recovery
 // key that is wrongly addressed, or not newer than the last taken, is
 // refused, and so is the rest of the chain. It returns those taken, and
-// the first refusal.
+// the first refusal — or ErrNotKept, the one to take not kept.
 func TakeRotations(dir string, id *Identity, chain [][]byte, now time.Time) (taken []*wire.KeyRotation, err error) {
 	ck := &ControlKeys{Node: id.Node, Enrolment: id.Enrolment, Key: id.ControlKey}
 	if id.Keys != nil {
@@ -165,7 +170,7 @@ func TakeRotations(dir string, id *Identity, chain [][]byte, now time.Time) (tak
 		}
 		ck.Taken = append(ck.Taken, Rotated{Seq: r.Seq, By: r.By, From: from, To: wire.KeyID(next), At: now.UTC()})
 		if err := SaveControlKeys(dir, ck); err != nil {
-			return taken, err
+			return taken, fmt.Errorf("rotation %d of %d: %w: %w", i+1, len(chain), ErrNotKept, err)
 		}
 		id.Keys, id.ControlKey = ck, ck.Key
 		taken = append(taken, r)

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,3 +180,28 @@ func TestControlKeysFile(t *testing.T) {
 }
 
 func b64(k ed25519.PublicKey) string { return base64.StdEncoding.EncodeToString(k) }
+
+// A rotation that cannot be kept (its file not written: a full disk, here
+// a directory where its temporary file goes) is no refusal: ErrNotKept,
+// the key in force unchanged, and the same chain taken once it can be.
+func TestARotationNotKeptIsNoRefusal(t *testing.T) {
+	k0, k1, rec := key(t), key(t), key(t)
+	dir := enrolled(t, k0, rec)
+	chain := [][]byte{rotation(t, k0, k1, 1, wire.ByKey, k0)}
+	blocker := filepath.Join(dir, KeysFile+".tmp")
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	id := held(t, dir)
+	taken, err := TakeRotations(dir, id, chain, time.Now())
+	if !errors.Is(err, ErrNotKept) || len(taken) != 0 {
+		t.Fatalf("taken %d: %v; want none, ErrNotKept", len(taken), err)
+	}
+	if !id.ControlKey.Equal(pub(k0)) || !held(t, dir).ControlKey.Equal(pub(k0)) {
+		t.Fatal("the key in force moved though the rotation was not kept")
+	}
+	os.Remove(blocker)
+	if taken, err := TakeRotations(dir, held(t, dir), chain, time.Now()); err != nil || len(taken) != 1 || !held(t, dir).ControlKey.Equal(pub(k1)) {
+		t.Fatalf("offered again once it can be kept: taken %d, %v", len(taken), err)
+	}
+}

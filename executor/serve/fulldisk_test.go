@@ -1,11 +1,14 @@
 package serve
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
@@ -85,5 +88,43 @@ func TestAFullStateDiskRefusesAndStatusKeepsTheLastApplied(t *testing.T) {
 	}
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 2, file("motd", "v2\n")))); v.Outcome != shapes.Applied {
 		t.Fatalf("with space again: %+v", v)
+	}
+}
+
+// A rotation the executor cannot keep (its file not written: a full
+// disk, here a directory where its temporary file goes) is no refusal:
+// the request fails, so the agent asks again and leaves what it carried
+// unjudged, rather than being answered "refused" and settling it; the
+// same rotation is taken once it can be kept.
+func TestARotationNotKeptIsAskedAgain(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	_, next, _ := ed25519.GenerateKey(rand.Reader)
+	env, err := wire.SealRotation(e.priv, next, wire.KeyRotation{Node: "n1", Enrolment: "e-1", Seq: 1, By: wire.ByKey, From: wire.KeyID(e.pub), Issued: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func() (wire.Kind, any) {
+		c := e.dial()
+		if err := c.Write(wire.KindKeyRotation, &wire.KeyRotations{Envelopes: [][]byte{env}}); err != nil {
+			t.Fatal(err)
+		}
+		k, body, err := c.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, body
+	}
+	blocker := filepath.Join(e.state, identity.KeysFile+".tmp")
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if k, body := ask(); k != wire.KindError {
+		t.Fatalf("a rotation that could not be kept answered %s %+v; want the request failed", k, body)
+	}
+	os.Remove(blocker)
+	k, body := ask()
+	r, ok := body.(*wire.KeyRotationReply)
+	if k != wire.KindKeyRotationReply || !ok || r.Refused != "" || r.Taken != 1 || !ed25519.PublicKey(r.ControlKey).Equal(next.Public()) {
+		t.Fatalf("offered again once it can be kept: %s %+v", k, body)
 	}
 }

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -35,6 +36,12 @@ func (s *Server) keyRotation(_ context.Context, _ *conn, body any) (wire.Kind, a
 	for _, r := range taken {
 		k, _ := r.NewKey()
 		s.log.Warn("the control key rotated", "seq", r.Seq, "by", r.By, "from", r.From, "to", wire.KeyID(k))
+	}
+	if errors.Is(err, identity.ErrNotKept) {
+		// No answer rather than a refusal: the agent asks again, and
+		// what it carried is judged once the rotation can be kept.
+		s.log.Warn("a key rotation could not be kept; the agent will offer it again", "err", err.Error())
+		return 0, nil, err
 	}
 	reply := &wire.KeyRotationReply{ControlKey: id.ControlKey, Taken: len(taken)}
 	if err != nil {

@@ -49,6 +49,12 @@ func (a *Agent) planRequest(m *nats.Msg) {
 // declaration's is.
 func (a *Agent) plan(ctx context.Context, env []byte, capability, rotations string) *link.Report {
 	payload, err := a.open(wire.PurposePlan, env, rotations)
+	var ku *keyUnasked
+	if errors.As(err, &ku) {
+		// Its executor, which would answer it, does not answer either.
+		a.log.Warn("a plan request signed by a key the executor was not there to confirm; not answered", "reason", err.Error())
+		return nil
+	}
 	if err != nil {
 		a.log.Warn("a plan request that does not verify; dropped", "reason", err.Error())
 		return nil

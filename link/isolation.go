@@ -140,7 +140,9 @@ func NodeImportsOf(node string, l Layout) (services []ServiceImport, notices []s
 }
 
 // permits says whether a permission of perms (NATS wildcards: "*" one
-// token, ">" the rest) matches subject, which has none.
+// token, ">" the rest) matches subject, which has none. Written here, not
+// nats-server's matcher called: the agent links this package, and no
+// broker.
 func permits(perms []string, subject string) bool {
 	toks := strings.Split(subject, ".")
 	for _, p := range perms {

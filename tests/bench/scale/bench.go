@@ -574,10 +574,6 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 	for i, n := range nodes {
 		names[i] = n.Name
 	}
-	var (
-		errs     int
-		firstErr string
-	)
 	speed := verifyMicros()
 	cpu0 := b.markCPU()
 	// What `mesh-control declare n1,n2,... FILE` does: one DeclareAll.
@@ -588,14 +584,7 @@ func (b *bench) fanout(ctx context.Context) (*fanoutResult, error) {
 		defer func() { <-pausing }() // running again before the next measure
 	}
 	seqs, derrs := b.cl.DeclareAll(ctx, names, body)
-	for i, err := range derrs {
-		if err != nil {
-			errs++
-			if firstErr == "" {
-				firstErr = fmt.Sprintf("%s: %v", names[i], err)
-			}
-		}
-	}
+	errs, firstErr := declareFailures(names, derrs)
 	declared := time.Since(start)
 	b.log.Info("declared", "nodes", len(nodes), "seconds", fmt.Sprintf("%.2f", declared.Seconds()), "errors", errs)
 	var received, recorded []time.Duration
@@ -1078,14 +1067,7 @@ func (b *bench) declaresOnly(ctx context.Context) error {
 		_, derrs := b.cl.DeclareAll(ctx, names, fanoutBody())
 		took := time.Since(start)
 		r := &fanoutResult{Nodes: len(names), DeclareSeconds: took.Seconds(), WallSeconds: took.Seconds(), Cores: runtime.NumCPU(), VerifyMicros: speed}
-		for i, err := range derrs {
-			if err != nil {
-				r.DeclareErrors++
-				if r.FirstError == "" {
-					r.FirstError = fmt.Sprintf("%s: %v", names[i], err)
-				}
-			}
-		}
+		r.DeclareErrors, r.FirstError = declareFailures(names, derrs)
 		b.markCPU().since(cpu0, r)
 		b.log.Info("declared, no agent linked", "nodes", len(names), "seconds", fmt.Sprintf("%.2f", took.Seconds()), "errors", r.DeclareErrors)
 		b.res.DeclaresOnly = append(b.res.DeclaresOnly, r)
@@ -1134,4 +1116,18 @@ func (m cpuMark) since(m0 cpuMark, r *fanoutResult) {
 			r.ServersCPUSeconds = append(r.ServersCPUSeconds, float64(m.servers[i].ticks-m0.servers[i].ticks)/clockTicks)
 		}
 	}
+}
+
+// declareFailures counts the declares of a DeclareAll that failed (errs,
+// in names' order) and says the first.
+func declareFailures(names []string, errs []error) (n int, first string) {
+	for i, err := range errs {
+		if err != nil {
+			n++
+			if first == "" {
+				first = fmt.Sprintf("%s: %v", names[i], err)
+			}
+		}
+	}
+	return n, first
 }

@@ -153,15 +153,20 @@ type Agent struct {
 	// side answers again.
 	rekeyAnswer atomic.Pointer[rekeyMsg]
 	rekeyNow    chan struct{}
-	exec        *execClient               // the worker's connection to the executor
-	hbExec      *execClient               // the heartbeat's
-	ncp         atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp      chan struct{}
-	hbNow       chan struct{}
-	cancel      context.CancelCauseFunc
-	reconc      atomic.Bool // the executor has yet to hear that the link came back
-	linkMu      sync.Mutex
-	link        linkInfo
+	// rotations are the control key's rotations a notice carried alone
+	// (link.RotationAloneHeader), for the heartbeat loop to hand over
+	// when rotateNow says so: the newest only, however many came.
+	rotations atomic.Pointer[string]
+	rotateNow chan struct{}
+	exec      *execClient               // the worker's connection to the executor
+	hbExec    *execClient               // the heartbeat's
+	ncp       atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp    chan struct{}
+	hbNow     chan struct{}
+	cancel    context.CancelCauseFunc
+	reconc    atomic.Bool // the executor has yet to hear that the link came back
+	linkMu    sync.Mutex
+	link      linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -349,13 +354,14 @@ func runLinked(ctx context.Context, o Options) error {
 	}
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
-		log:      o.Log.With("node", o.Identity.Node),
-		exec:     &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		hbExec:   &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		linkUp:   make(chan struct{}, 1),
-		hbNow:    make(chan struct{}, 1),
-		rekeyNow: make(chan struct{}, 1),
-		wake:     make(chan struct{}, 1),
+		log:       o.Log.With("node", o.Identity.Node),
+		exec:      &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		hbExec:    &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		linkUp:    make(chan struct{}, 1),
+		hbNow:     make(chan struct{}, 1),
+		rekeyNow:  make(chan struct{}, 1),
+		rotateNow: make(chan struct{}, 1),
+		wake:      make(chan struct{}, 1),
 	}
 	// The broker certificates a rotation announced, accepted from the
 	// first dial (takePins).
@@ -918,7 +924,10 @@ func (a *Agent) pollWait() time.Duration {
 // Both unsigned hints: a hostile broker may send any sequence, which costs
 // the agent a few reads at most, and any body, which is checked as a read
 // declaration is (signature, purpose, address, sequence) before anything
-// reaches the executor.
+// reaches the executor. Beside the notices come the control side's answers
+// it sends here (RekeyHeader, UserJWTHeader) and the control key's
+// rotations alone (RotationAloneHeader), each handed on for the executor
+// to judge.
 //
 // What is not a notice is dropped without a word: a message whose headers
 // name another subject than the node's own declarations (the answer to
@@ -941,6 +950,18 @@ func (a *Agent) notice(m *nats.Msg) {
 			a.rekeyAnswer.Store(&rekeyMsg{env: bytes.Clone(m.Data), rotations: m.Header.Get(link.RotationHeader)})
 			select {
 			case a.rekeyNow <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
+	if m.Header.Get(link.RotationAloneHeader) != "" {
+		// The control key's rotations, with nothing else to carry
+		// them: the executor judges them.
+		if r := m.Header.Get(link.RotationHeader); r != "" {
+			a.rotations.Store(&r)
+			select {
+			case a.rotateNow <- struct{}{}:
 			default:
 			}
 		}
@@ -1070,6 +1091,11 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				a.handRekey(ans)
 			}
 			continue
+		case <-a.rotateNow:
+			if r := a.rotations.Swap(nil); r != nil {
+				a.takeRotations(*r)
+			}
+			continue
 		case <-t.C:
 		case <-a.hbNow:
 		}
@@ -1077,6 +1103,20 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		if nc != nil && nc.IsConnected() {
 			a.heartbeat(nc)
 		}
+	}
+}
+
+// takeRotations hands the executor the control key's rotations a notice
+// carried alone (link.RotationAloneHeader) and takes the key it says is in
+// force. What the executor could not be asked, or refused, is said; the
+// control side sends them again while the heartbeats name the retired key.
+func (a *Agent) takeRotations(rotations string) {
+	refused, err := a.learnControlKey(rotations)
+	switch {
+	case err != nil:
+		a.log.Warn("the control key's rotations: the executor could not be asked; they come again with the next heartbeat", "err", err.Error())
+	case refused != "":
+		a.log.Warn("the control key's rotations were refused", "reason", refused)
 	}
 }
 

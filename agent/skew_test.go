@@ -208,13 +208,9 @@ func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
 // Settled as refused (wrong-key), it would leave the node behind its
 // newest declaration until the next one came.
 func TestARotatedKeysDeclarationWaitsForTheExecutor(t *testing.T) {
-	c := startControl(t, t.TempDir(), "127.0.0.1:0")
-	id := c.addNodeOfThisRelease("n1")
+	c, ex := linkedOfThisRelease(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
-	runAgentIn(t, id, ex.path, time.Hour, t.TempDir())
-	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
 	s1 := c.declare("n1", fmt.Sprintf(motd, 1))
 	waitFor(t, "the first declaration", func() bool { d, _, _ := ex.snapshot(); return slices.Contains(d, s1) })
 
@@ -266,6 +262,55 @@ func TestARotatedKeysDeclarationWaitsForTheExecutor(t *testing.T) {
 	if _, _, garbage := ex.snapshot(); len(garbage) != 0 {
 		t.Fatalf("the executor was handed what it could not verify: %v", garbage)
 	}
+}
+
+// A node with no declaration to carry a rotation is sent the statements
+// alone: the agent hands them to the executor, with no declaration, and
+// follows the key the executor says is in force — what the new key signs
+// next is forwarded with nothing refused on the way.
+func TestARotationAloneIsHandedToTheExecutor(t *testing.T) {
+	c, ex := linkedOfThisRelease(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	res, err := c.client.RotateKey(ctx, control.RotateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Republished != 0 || res.Alone != 1 {
+		t.Fatalf("the rotation of a node never declared to: %+v", res)
+	}
+	waitFor(t, "the rotation handed to the executor", func() bool {
+		return slices.Contains(ex.eventsSeen(), fmt.Sprintf("rotation %d", res.Seq))
+	})
+	s1 := c.declare("n1", fmt.Sprintf(motd, 1))
+	c.reports("n1", "the first declaration the new key signed, applied", func(rs []*control.SignedReport) bool {
+		for _, r := range rs {
+			if r.Outcome == shapes.Refused {
+				t.Fatalf("a refusal reported: seq %d %s %s", r.Seq, r.Code, r.Refused)
+			}
+			if r.Seq == s1 && r.Outcome == shapes.Applied {
+				return true
+			}
+		}
+		return false
+	})
+	if _, _, garbage := ex.snapshot(); len(garbage) != 0 {
+		t.Fatalf("the executor was handed what it could not verify: %v", garbage)
+	}
+}
+
+// linkedOfThisRelease is a control side and node n1 of this release, its
+// agent linked (reading on notices alone: no timer) to a fake executor
+// that has been told the link is up.
+func linkedOfThisRelease(t *testing.T) (*controlSide, *fakeExecutor) {
+	t.Helper()
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id := c.addNodeOfThisRelease("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgentIn(t, id, ex.path, time.Hour, t.TempDir())
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	return c, ex
 }
 
 // addNodeOfThisRelease is addNode with the node's record saying this

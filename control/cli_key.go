@@ -40,6 +40,9 @@ func (c *cli) keyRotate(recoveryKey string) error {
 		if len(res.Held) > 0 {
 			fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — each takes the rotation with its next declaration\n", strings.Join(res.Held, ", "))
 		}
+		if rest := res.Nodes - res.Republished - len(res.Held); rest > 0 {
+			fmt.Fprintf(c.stdout, "%d with no declaration to sign again take the rotation alone: %d sent it now, any other with its next heartbeat\n", rest, res.Alone)
+		}
 		if len(res.LeftBehind) > 0 {
 			fmt.Fprintf(c.stdout, "left behind, of a release before rotations: %s — upgrade and enrol them again\n", strings.Join(res.LeftBehind, ", "))
 		}

@@ -128,6 +128,9 @@ type Client struct {
 	// jwtSent is when each node was last sent its renewed broker
 	// credential (renewUserJWT).
 	jwtSent *sync.Map
+	// rotationSent is when each node was last sent the control key's
+	// rotations alone (offerRotation).
+	rotationSent *sync.Map
 	// batched says the declarations' and the registry's streams take
 	// atomic batches (ensure): a fan-out writes its sequences and its
 	// declarations a batch at a time (DeclareAll).
@@ -243,7 +246,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}, jwtSent: &sync.Map{}}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}, jwtSent: &sync.Map{}, rotationSent: &sync.Map{}}
 	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err

@@ -176,6 +176,24 @@ type recorder struct {
 	groupErrs []error
 }
 
+// controlKeyField is how a heartbeat, as the agent encodes it, names the
+// control key its executor holds (link.ExecutorStatus.ControlKeyID).
+var controlKeyField = []byte(`"control_key_id":"`)
+
+// keyBehind says whether heartbeat data names a control key other than
+// the one this side signs with: looked for in the bytes, as a heartbeat's
+// other fields are, so that the fleet's heartbeats on the key in force
+// cost no decoding (an id in another spelling is decoded, and judged then).
+func (w *recorder) keyBehind(data []byte) bool {
+	i := bytes.Index(data, controlKeyField)
+	if i < 0 {
+		return false
+	}
+	rest := data[i+len(controlKeyField):]
+	id := w.c.Keys.KeyID()
+	return !bytes.HasPrefix(rest, []byte(id)) || len(rest) == len(id) || rest[len(id)] != '"'
+}
+
 // countNote is one report for the metrics (fleetMetrics.recorded).
 type countNote struct {
 	outcome shapes.Outcome
@@ -196,8 +214,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	subj := m.Subject()
 	node := link.ReportNode(subj)
 	// A heartbeat without a profile says nothing the registry keeps: it
-	// is the stream's to keep. Looked for before any decoding.
-	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) {
+	// is the stream's to keep. Looked for before any decoding; one that
+	// names a control key other than this side's is read (offerRotation).
+	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) && !w.keyBehind(m.Data()) {
 		return nil, nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the
@@ -247,6 +266,11 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		// JWTIssuer, on a heartbeat: who issued the JWT the agent signs
 		// in with (renewUserJWT).
 		JWTIssuer string `json:"jwt_issuer"`
+		// Executor, on a heartbeat: the control key its executor holds
+		// (offerRotation).
+		Executor *struct {
+			ControlKeyID string `json:"control_key_id"`
+		} `json:"executor"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -262,6 +286,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		}
 		if msg.JWTIssuer != "" {
 			c.renewUserJWT(ctx, node, msg.Enrolment, msg.JWTIssuer)
+		}
+		if msg.Executor != nil && msg.Executor.ControlKeyID != "" {
+			c.offerRotation(ctx, node, msg.Enrolment, msg.Executor.ControlKeyID)
 		}
 		if msg.Profile == nil && msg.Inventory == nil {
 			return nil, nil

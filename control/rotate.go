@@ -62,6 +62,10 @@ type RotateResult struct {
 	// the new key (a new sequence), which carries the rotation to them.
 	Nodes       int `json:"nodes"`
 	Republished int `json:"republished"`
+	// Alone is how many, with no declaration to sign again, were sent
+	// the rotation alone (offerRotation); one linked later takes it at
+	// its first heartbeat.
+	Alone int `json:"alone,omitempty"`
 	// Held are nodes whose newest declaration holds sealed content, bound
 	// to its sequence, so it is not signed again: each takes the rotation
 	// with its next declaration.
@@ -299,6 +303,8 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 			res.Republished++
 		case held:
 			res.Held = append(res.Held, r.Name)
+		case c.offerRotation(ctx, r.Name, r.Enrolment, ""):
+			res.Alone++
 		}
 	}
 	return res, nil
@@ -383,6 +389,55 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 		return false, false, err
 	}
 	return true, false, nil
+}
+
+// rotationAloneResend is how often a node is sent its rotations alone
+// again while its heartbeats still name a retired key: the message is core
+// NATS, lost to a node away, and the next heartbeat asks for it again.
+const rotationAloneResend = 10 * time.Second
+
+// offerRotation sends node's rotations alone (link.RotationAloneHeader) on
+// its notice subject when its declaration subject holds nothing to carry
+// them — no declaration in its enrolment: never declared to, or emptied by
+// a re-enrolment — so that the node stops trusting the retired key now,
+// not at a declaration that may be long in coming (a key rotated because
+// it was stolen must not stay in force on a node with nothing declared).
+// A node with a declaration there takes the rotations with it (signed
+// again by the new key, or held: RotateResult.Held).
+//
+// held is the key the node's executor says it holds (its heartbeat; ""
+// when not known, as at the rotation itself): one this side signs with,
+// or one no statement it keeps rotates away from, is sent nothing. A
+// heartbeat's ask is answered at most once a node every
+// rotationAloneResend: a heartbeat is the agent's to send, and the agent
+// is trusted for nothing. It returns
+// whether it sent them; what it could not read it sends nothing for, and
+// the node's next heartbeat asks again.
+func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string) bool {
+	if held == c.Keys.KeyID() {
+		return false
+	}
+	if last, ok := c.rotationSent.Load(node); ok && held != "" && time.Since(last.(time.Time)) < rotationAloneResend {
+		return false
+	}
+	rec, _, err := c.Node(ctx, node)
+	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || len(rec.Rotations) == 0 {
+		return false
+	}
+	if held != "" && !rotationFrom(rec.Rotations, held) {
+		return false
+	}
+	if _, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false
+	}
+	h := c.linkHeader(rec)
+	h.Set(link.RotationAloneHeader, "1")
+	c.rotationSent.Store(node, time.Now())
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Header: h}); err != nil {
+		return false
+	}
+	c.log.Info("sent the control key's rotations alone: nothing on the node's subject carries them", "node", node, "held", held)
+	return true
 }
 
 // writeKeyFile writes an Ed25519 private key as PKCS#8 PEM, 0600, durably

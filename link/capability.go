@@ -102,6 +102,17 @@ func CheckControl(c int) error {
 // the header only carries them.
 const RotationHeader = "Mesh-Key-Rotation"
 
+// RotationAloneHeader marks a message on a node's notice subject that is
+// not a notice but the control key's rotations alone (RotationHeader, no
+// body): sent to a node whose heartbeat says its executor holds a key the
+// control side rotated away from while its declaration subject holds no
+// declaration to carry them — never declared to in its enrolment, or
+// emptied by its re-enrolment — so that it stops trusting the retired key
+// within a heartbeat rather than at its next declaration. The agent only
+// carries them to the executor, which alone judges them. An agent of a
+// release before it drops the message (it names no sequence).
+const RotationAloneHeader = "Mesh-Key-Rotation-Alone"
+
 // PinsHeader carries, beside each declaration and plan request, the
 // control side's newest statement of the broker certificates a node
 // accepts (a wire.BrokerPins envelope, base64), while a rotation of the

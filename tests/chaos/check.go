@@ -247,17 +247,15 @@ func (w *world) afterStep() {
 	}
 }
 
-// checkKeyInForce: a node converged that has taken a declaration from the
-// link holds, within the bound, the control key the control side signs
-// with — a rotation reaches every node that is not cut off, whatever
-// happened while it was (a rotation rides on a declaration: a node never
-// declared to takes it with its first).
+// checkKeyInForce: an enrolled node converged holds, within the bound,
+// the control key the control side signs with — a rotation reaches every
+// node that is not cut off, whatever happened while it was: with its
+// newest declaration signed again, or, with none on its subject (never
+// declared to, or emptied by its re-enrolment), sent alone while its
+// heartbeats name the retired key.
 func (w *world) checkKeyInForce(n *node) {
-	var floor struct {
-		Seq uint64 `json:"seq"`
-	}
-	if b, err := os.ReadFile(filepath.Join(n.state, "link-floor.json")); err != nil || json.Unmarshal(b, &floor) != nil || floor.Seq == 0 {
-		return
+	if _, err := os.Stat(filepath.Join(n.state, "control-keys.json")); err != nil {
+		return // hosted: no control key yet
 	}
 	w.check("key-in-force")
 	var held, want string

@@ -164,21 +164,9 @@ func TestTheControlKeyRotates(t *testing.T) {
 		t.Fatalf("n2's motd after its return: %q", b)
 	}
 
-	// The control key stolen: the thief moves n1 onto a key of its own,
-	// with a rotation the stolen key and its key both sign — which n1
-	// cannot tell from one of the control side's.
-	theft, err := wire.SealRotation(current, thief, wire.KeyRotation{Node: "n1", Enrolment: idf.Enrolment, Seq: 1000, By: wire.ByKey,
-		From: wire.KeyID(current.Public().(ed25519.PublicKey))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := rotationsTo(t, m.sock, theft); r.Taken != 1 || m.heldKey() != pubB64(thief) {
-		t.Fatalf("the thief's rotation: %+v", r)
-	}
-	// The recovery key, from its safe place, takes the fleet back.
-	safe := filepath.Join(t.TempDir(), "recovery.key")
-	os.Rename(filepath.Join(m.ctl, "recovery.key"), safe)
-	out = m.run("mesh-control", "key", "rotate", "--dir", m.ctl, "--recovery-key", safe)
+	// The control key stolen: the thief moves n1 onto a key of its own;
+	// the recovery key, from its safe place, takes the fleet back.
+	out = m.stolenThenRecovered(current, thief, idf.Enrolment)
 	if !strings.Contains(out, "signed by the recovery key") {
 		t.Fatalf("key rotate --recovery-key:\n%s", out)
 	}
@@ -196,10 +184,104 @@ func TestTheControlKeyRotates(t *testing.T) {
 	}
 }
 
+// stolenThenRecovered is the control key stolen and the theft undone: the
+// thief, holding stolen (the key in force), moves n1 (of enrolment) onto
+// thief with a rotation both sign — which n1 cannot tell from one of the
+// control side's; then key rotate --recovery-key, the recovery key moved
+// off the key directory first, as kept. It returns what key rotate said.
+func (m *mesh) stolenThenRecovered(stolen, thief ed25519.PrivateKey, enrolment string) string {
+	t := m.t
+	t.Helper()
+	theft, err := wire.SealRotation(stolen, thief, wire.KeyRotation{Node: "n1", Enrolment: enrolment, Seq: 1000, By: wire.ByKey,
+		From: wire.KeyID(stolen.Public().(ed25519.PublicKey))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rotationsTo(t, m.sock, theft); r.Taken != 1 || m.heldKey() != pubB64(thief) {
+		t.Fatalf("the thief's rotation: %+v", r)
+	}
+	safe := filepath.Join(t.TempDir(), "recovery.key")
+	os.Rename(filepath.Join(m.ctl, "recovery.key"), safe)
+	return m.run("mesh-control", "key", "rotate", "--dir", m.ctl, "--recovery-key", safe)
+}
+
 func newKey(t *testing.T) ed25519.PrivateKey {
 	_, k, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// A rotation reaches a node with nothing on its declaration subject to
+// carry it: one never declared to, one whose subject its re-enrolment
+// emptied, one away through the rotation. Each takes the new key from the
+// rotations the control side sends alone — at the rotation, and again
+// while its heartbeats name the retired key — without a declaration, and
+// stops trusting the retired key. And when the key was stolen, a node the
+// thief moved onto a key of its own, with nothing declared, comes back
+// onto the control side's with the recovery's rotation.
+func TestARotationReachesANodeWithNothingDeclared(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	m2 := m.second("n2")
+	m2.startExecutor()
+	m2.startAgent("--config", m2.agentConfig())
+	m2.enrolled(m.issue("--new", "--name", "n2"), "n2")
+	f := filepath.Join(m.base, "decl2.json")
+	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"`+m2.tree+`/motd","content":"kept\n"}]}`), 0o600)
+	m.run("mesh-control", "declare", "--dir", m.ctl, "--wait=30s", "n2", f)
+	if code, out, errOut := m2.enrol(m.issue("--node", "n2"), "--replace"); code != 0 || !strings.Contains(out, "enrolled as node n2") {
+		t.Fatalf("n2 enrolled again: exit %d\n%s%s", code, out, errOut)
+	}
+	m3 := m.second("n3")
+	m3.startExecutor()
+	away := m3.startAgent("--config", m3.agentConfig())
+	m3.enrolled(m.issue("--new", "--name", "n3"), "n3")
+	away.Process.Signal(syscall.SIGTERM)
+	away.Wait()
+	retired := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+
+	out := m.run("mesh-control", "key", "rotate", "--dir", m.ctl)
+	if !strings.Contains(out, "announced to 3 node(s); 0 signed again") || !strings.Contains(out, "3 with no declaration to sign again take the rotation alone: 3 sent it now") {
+		t.Fatalf("key rotate:\n%s", out)
+	}
+	current := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+	eventually(t, "n1, never declared to, takes the rotation", func() bool { return m.heldKey() == pubB64(current) })
+	eventually(t, "n2, its subject emptied by its re-enrolment, takes the rotation", func() bool { return m2.heldKey() == pubB64(current) })
+	if got := m3.heldKey(); got != pubB64(retired) {
+		t.Fatalf("n3, away, holds %q", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m2.tree, "motd")); string(b) != "kept\n" {
+		t.Fatalf("n2's motd after the rotation: %q", b)
+	}
+	// n3 back: its heartbeat names the retired key, and is answered.
+	m3.startAgent("--config", m3.agentConfig())
+	eventually(t, "n3, back, takes the rotation", func() bool { return m3.heldKey() == pubB64(current) })
+	eventually(t, "nodes to say no rotation is pending", func() bool {
+		for _, n := range []string{"n1", "n2", "n3"} {
+			if v := m.nodeNamed(n); v == nil || v["rotation_pending"] != nil {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The retired key is refused by a node it never signed anything for.
+	var idf struct{ Enrolment string }
+	b, _ := os.ReadFile(filepath.Join(m.state, "identity.json"))
+	json.Unmarshal(b, &idf)
+	env, err := wire.Seal(retired, wire.PurposeDeclaration, []byte(fmt.Sprintf(`{"version":1,"node":"n1","enrolment":%q,"seq":50,"resources":[]}`, idf.Enrolment)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := pushEnvelope(t, m.sock, env); v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "other than the pinned") {
+		t.Fatalf("a declaration signed by the retired key, to n1: %+v", v)
+	}
+
+	// The key stolen: the thief moves n1, still with nothing declared,
+	// onto a key of its own; the recovery's rotation brings it back.
+	m.stolenThenRecovered(current, newKey(t), idf.Enrolment)
+	recovered := readPrivate(t, filepath.Join(m.ctl, "control.key"))
+	eventually(t, "n1, with nothing declared, back on the control side's key", func() bool { return m.heldKey() == pubB64(recovered) })
 }

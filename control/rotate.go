@@ -391,9 +391,10 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 	return true, false, nil
 }
 
-// rotationAloneResend is how often a node is sent its rotations alone
-// again while its heartbeats still name a retired key: the message is core
-// NATS, lost to a node away, and the next heartbeat asks for it again.
+// rotationAloneResend is how often a node's heartbeat that names a retired
+// key is looked at for its rotations alone (and they are sent again): the
+// message is core NATS, lost to a node away, and a later heartbeat asks
+// for it again.
 const rotationAloneResend = 10 * time.Second
 
 // offerRotation sends node's rotations alone (link.RotationAloneHeader) on
@@ -410,15 +411,19 @@ const rotationAloneResend = 10 * time.Second
 // or one no statement it keeps rotates away from, is sent nothing. A
 // heartbeat's ask is answered at most once a node every
 // rotationAloneResend: a heartbeat is the agent's to send, and the agent
-// is trusted for nothing. It returns
+// is trusted for nothing, and a node left behind for long (held, or out of
+// reach) would otherwise cost two reads at each heartbeat. It returns
 // whether it sent them; what it could not read it sends nothing for, and
 // the node's next heartbeat asks again.
 func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string) bool {
 	if held == c.Keys.KeyID() {
 		return false
 	}
-	if last, ok := c.rotationSent.Load(node); ok && held != "" && time.Since(last.(time.Time)) < rotationAloneResend {
-		return false
+	if held != "" {
+		if last, ok := c.rotationSent.Load(node); ok && time.Since(last.(time.Time)) < rotationAloneResend {
+			return false
+		}
+		c.rotationSent.Store(node, time.Now())
 	}
 	rec, _, err := c.Node(ctx, node)
 	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || len(rec.Rotations) == 0 {
@@ -432,11 +437,10 @@ func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string
 	}
 	h := c.linkHeader(rec)
 	h.Set(link.RotationAloneHeader, "1")
-	c.rotationSent.Store(node, time.Now())
 	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Header: h}); err != nil {
 		return false
 	}
-	c.log.Info("sent the control key's rotations alone: nothing on the node's subject carries them", "node", node, "held", held)
+	c.log.Debug("sent the control key's rotations alone: nothing on the node's subject carries them", "node", node, "held", held)
 	return true
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // keyRotate asks serve to rotate the control key (KeysSubject) and says
@@ -32,12 +34,15 @@ func (c *cli) keyRotate(recoveryKey string) error {
 		}
 	} else if res.To != "" && res.Error == "" {
 		how := "signed by the key retired and by the new one"
-		if res.By == "recovery" {
+		if res.By == wire.ByRecovery {
 			how = "signed by the recovery key and by the new one"
 		}
 		fmt.Fprintf(c.stdout, "control key %s rotated to %s (rotation %d, %s): announced to %d node(s); %d signed again by the new key\n",
 			res.From, res.To, res.Seq, how, res.Nodes, res.Republished)
-		if len(res.Held) > 0 {
+		switch {
+		case len(res.Held) > 0 && res.By == wire.ByRecovery:
+			fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — sent the recovery alone, now and at their heartbeats until they hold it: each refuses that declaration if it has not applied it yet (the stolen key signed it); declare to them again\n", strings.Join(res.Held, ", "))
+		case len(res.Held) > 0:
 			fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — each takes the rotation with its next declaration\n", strings.Join(res.Held, ", "))
 		}
 		if rest := res.Nodes - res.Republished - len(res.Held); rest > 0 {

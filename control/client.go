@@ -128,8 +128,8 @@ type Client struct {
 	// jwtSent is when each node was last sent its renewed broker
 	// credential (renewUserJWT).
 	jwtSent *sync.Map
-	// rotationSent is when each node was last sent the control key's
-	// rotations alone (offerRotation).
+	// rotationSent is when a heartbeat of each node, naming each key, was
+	// last looked at for the control key's rotations alone (offerRotation).
 	rotationSent *sync.Map
 	// batched says the declarations' and the registry's streams take
 	// atomic batches (ensure): a fan-out writes its sequences and its

@@ -68,7 +68,8 @@ type RotateResult struct {
 	Alone int `json:"alone,omitempty"`
 	// Held are nodes whose newest declaration holds sealed content, bound
 	// to its sequence, so it is not signed again: each takes the rotation
-	// with its next declaration.
+	// with its next declaration — or, a recovery's, alone at once
+	// (offerRotation), and again at its heartbeats until it holds it.
 	Held []string `json:"held,omitempty"`
 	// LeftBehind are nodes of a release before rotations (link
 	// capability 0): they cannot take one, and refuse what the new key
@@ -303,6 +304,9 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 			res.Republished++
 		case held:
 			res.Held = append(res.Held, r.Name)
+			if by == wire.ByRecovery {
+				c.offerRotation(ctx, r.Name, r.Enrolment, "")
+			}
 		case c.offerRotation(ctx, r.Name, r.Enrolment, ""):
 			res.Alone++
 		}
@@ -401,15 +405,18 @@ const rotationAloneResend = 10 * time.Second
 // its notice subject when its declaration subject holds nothing to carry
 // them — no declaration in its enrolment: never declared to, or emptied by
 // a re-enrolment — so that the node stops trusting the retired key now,
-// not at a declaration that may be long in coming (a key rotated because
-// it was stolen must not stay in force on a node with nothing declared).
-// A node with a declaration there takes the rotations with it (signed
-// again by the new key, or held: RotateResult.Held).
+// not at a declaration that may be long in coming. A node with a
+// declaration there takes the rotations with it (signed again by the new
+// key, or held: RotateResult.Held) — unless they are a recovery's: the
+// key was stolen, and a node held on it would take the thief's
+// declarations until its next one; it is sent the recovery alone, and
+// refuses a declaration the stolen key signed that it has not applied
+// yet, the thief's as likely as not.
 //
 // held is the key the node's executor says it holds (its heartbeat; ""
 // when not known, as at the rotation itself): one this side signs with,
 // or one no statement it keeps rotates away from, is sent nothing. A
-// heartbeat's ask is answered at most once a node every
+// heartbeat's ask is looked at once a node and key held every
 // rotationAloneResend: a heartbeat is the agent's to send, and the agent
 // is trusted for nothing, and a node left behind for long (held, or out of
 // reach) would otherwise cost two reads at each heartbeat. It returns
@@ -420,10 +427,11 @@ func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string
 		return false
 	}
 	if held != "" {
-		if last, ok := c.rotationSent.Load(node); ok && time.Since(last.(time.Time)) < rotationAloneResend {
+		key := node + "/" + held
+		if last, ok := c.rotationSent.Load(key); ok && time.Since(last.(time.Time)) < rotationAloneResend {
 			return false
 		}
-		c.rotationSent.Store(node, time.Now())
+		c.rotationSent.Store(key, time.Now())
 	}
 	rec, _, err := c.Node(ctx, node)
 	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || len(rec.Rotations) == 0 {
@@ -432,8 +440,10 @@ func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string
 	if held != "" && !rotationFrom(rec.Rotations, held) {
 		return false
 	}
-	if _, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false
+	if !recovering(rec.Rotations) {
+		if _, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false
+		}
 	}
 	h := c.linkHeader(rec)
 	h.Set(link.RotationAloneHeader, "1")
@@ -442,6 +452,16 @@ func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string
 	}
 	c.log.Debug("sent the control key's rotations alone: nothing on the node's subject carries them", "node", node, "held", held)
 	return true
+}
+
+// recovering says whether the newest rotation of chain (oldest first) is
+// a recovery's.
+func recovering(chain [][]byte) bool {
+	if len(chain) == 0 {
+		return false
+	}
+	r, err := wire.PeekRotation(chain[len(chain)-1])
+	return err == nil && r.By == wire.ByRecovery
 }
 
 // writeKeyFile writes an Ed25519 private key as PKCS#8 PEM, 0600, durably

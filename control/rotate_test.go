@@ -138,3 +138,136 @@ func TestNodesSaysWhoCannotTakeARotation(t *testing.T) {
 		}
 	}
 }
+
+// listening is a node enrolled with this release's capability and a
+// sealing key, linked, listening on its notice subject.
+type listening struct {
+	id  *agent.Identity
+	nc  *nats.Conn
+	sub *nats.Subscription
+}
+
+func enrolListening(t *testing.T, s *served, name string) *listening {
+	t.Helper()
+	_, m, g := enrolSealingWith(t, s, name, nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}})
+	_, id := identityOf(t, s, m, g)
+	n := &listening{id: id}
+	var err error
+	eventually(t, name+" let in", func() bool { n.nc, err = agent.Dial(id); return err == nil })
+	t.Cleanup(n.nc.Close)
+	if n.sub, err = n.nc.SubscribeSync(id.Subjects.Notice); err != nil {
+		t.Fatal(err)
+	}
+	n.nc.Flush()
+	return n
+}
+
+// heartbeat sends a heartbeat whose executor holds the key of id held.
+func (n *listening) heartbeat(t *testing.T, held string) {
+	t.Helper()
+	data, _ := json.Marshal(link.Heartbeat{Node: n.id.Node, Enrolment: n.id.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
+		Executor: &link.ExecutorStatus{Version: "v", ControlKeyID: held}})
+	sig, _ := n.id.Sign(data)
+	if err := n.nc.PublishMsg(&nats.Msg{Subject: n.id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// alone is the next message on the node's notice subject within wait
+// that carries the rotations alone (nil: none); what else comes
+// meanwhile (a declaration's notice) is passed over.
+func (n *listening) alone(t *testing.T, wait time.Duration) *nats.Msg {
+	t.Helper()
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
+		m, err := n.sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return nil
+		}
+		if m.Header.Get(link.RotationAloneHeader) != "" {
+			if len(m.Data) != 0 || m.Header.Get(link.RotationHeader) == "" || m.Header.Get(link.HeaderSequence) != "" {
+				t.Fatalf("the rotations alone, as sent: body %d bytes, headers %v", len(m.Data), m.Header)
+			}
+			return m
+		}
+	}
+	return nil
+}
+
+// Where a rotation's statements are sent alone (link.RotationAloneHeader):
+// to a node with no declaration on its subject, at the rotation and again
+// at a heartbeat naming the retired key (once a node and key every 10 s);
+// not to one whose declaration carries them (signed again), nor to one
+// held on sealed content — unless the rotation is a recovery's, which a
+// node not holding it is sent alone, held or not, for a node held on the
+// stolen key would take the thief's declarations until its next one.
+func TestARotationAloneGoesWhereNothingCarriesIt(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	bare, declared, sealed := enrolListening(t, s, "bare"), enrolListening(t, s, "declared"), enrolListening(t, s, "sealed")
+	if _, err := s.client.Declare(ctx, "declared", []byte(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"/srv/f","content":"x\n"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	sealer := *s.client
+	sealer.Seals = map[string][]byte{"app.token": []byte("secret\n")}
+	if _, err := sealer.Declare(ctx, "sealed", []byte(sealedDecl)); err != nil {
+		t.Fatal(err)
+	}
+	enrolled := wire.KeyID(s.client.Keys.ControlPublic())
+
+	res, err := s.client.RotateKey(ctx, control.RotateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Nodes != 3 || res.Republished != 1 || res.Alone != 1 || len(res.Held) != 1 || res.Held[0] != "sealed" {
+		t.Fatalf("the rotation: %+v", res)
+	}
+	if bare.alone(t, 5*time.Second) == nil {
+		t.Fatal("bare, never declared to, was not sent the rotation alone")
+	}
+	for name, n := range map[string]*listening{"declared": declared, "sealed": sealed} {
+		if n.alone(t, time.Second) != nil {
+			t.Fatalf("%s, with a declaration on its subject, was sent the rotation alone", name)
+		}
+	}
+	// Heartbeats naming the retired key.
+	for _, n := range []*listening{bare, declared, sealed} {
+		n.heartbeat(t, enrolled)
+	}
+	if bare.alone(t, 5*time.Second) == nil {
+		t.Fatal("bare's heartbeat naming the retired key was not answered")
+	}
+	for name, n := range map[string]*listening{"declared": declared, "sealed": sealed} {
+		if n.alone(t, time.Second) != nil {
+			t.Fatalf("%s's heartbeat was answered with the rotation alone", name)
+		}
+	}
+	bare.heartbeat(t, enrolled)
+	if bare.alone(t, time.Second) != nil {
+		t.Fatal("bare's second heartbeat within 10 s was answered again")
+	}
+
+	// The key stolen: the recovery's rotation, sealed's newest declaration
+	// signed by the key it retires.
+	if _, err := sealer.Declare(ctx, "sealed", []byte(sealedDecl)); err != nil {
+		t.Fatal(err)
+	}
+	routine := wire.KeyID(s.client.Keys.ControlPublic())
+	res, err = s.client.RotateKey(ctx, control.RotateRequest{RecoveryKeyFile: filepath.Join(dir, control.FileRecoveryKey)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Alone != 1 || len(res.Held) != 1 {
+		t.Fatalf("the recovery: %+v", res)
+	}
+	for name, n := range map[string]*listening{"bare": bare, "sealed": sealed} {
+		if n.alone(t, 5*time.Second) == nil {
+			t.Fatalf("%s was not sent the recovery alone", name)
+		}
+	}
+	declared.heartbeat(t, routine)
+	if declared.alone(t, 5*time.Second) == nil {
+		t.Fatal("declared's heartbeat naming a key the recovery retires was not answered with it alone")
+	}
+}

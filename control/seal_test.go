@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
@@ -24,6 +25,14 @@ import (
 // sealing key (the test plays the executor), and returns its private half.
 func enrolSealing(t *testing.T, s *served, name string) hpke.PrivateKey {
 	t.Helper()
+	k, _, _ := enrolSealingWith(t, s, name, nil)
+	return k
+}
+
+// enrolSealingWith is enrolSealing with headers beside the request (an
+// agent's capability; nil: none), returning the machine and its grant too.
+func enrolSealingWith(t *testing.T, s *served, name string, h nats.Header) (hpke.PrivateKey, *machine, *wire.Grant) {
+	t.Helper()
 	text, _, err := s.client.IssueToken(context.Background(), name, true, time.Hour, s.url)
 	if err != nil {
 		t.Fatal(err)
@@ -34,10 +43,11 @@ func enrolSealing(t *testing.T, s *served, name string) hpke.PrivateKey {
 	}
 	m := newMachine(t)
 	m.keys.Sealing = base64.StdEncoding.EncodeToString(k.PublicKey().Bytes())
-	if g := grantOf(t, s, must(request(t, s, text, m.keys, nil))); g.Node != name {
+	g := grantOf(t, s, must(requestWith(t, s, text, m.keys, nil, h)))
+	if g.Node != name {
 		t.Fatalf("enrolled as %q", g.Node)
 	}
-	return k
+	return k, m, g
 }
 
 // lastEnvelope is the newest declaration on node's subject: the bytes the

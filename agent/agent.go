@@ -153,20 +153,21 @@ type Agent struct {
 	// side answers again.
 	rekeyAnswer atomic.Pointer[rekeyMsg]
 	rekeyNow    chan struct{}
-	// rotations are the control key's rotations a notice carried alone
-	// (link.RotationAloneHeader), for the heartbeat loop to hand over
-	// when rotateNow says so: the newest only, however many came.
-	rotations atomic.Pointer[string]
-	rotateNow chan struct{}
-	exec      *execClient               // the worker's connection to the executor
-	hbExec    *execClient               // the heartbeat's
-	ncp       atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp    chan struct{}
-	hbNow     chan struct{}
-	cancel    context.CancelCauseFunc
-	reconc    atomic.Bool // the executor has yet to hear that the link came back
-	linkMu    sync.Mutex
-	link      linkInfo
+	// statements are the control side's statements a message on the
+	// notice subject carried alone (link.StatementsHeader), for the
+	// heartbeat loop to take when statementsNow says so: the newest only,
+	// however many came.
+	statements    atomic.Pointer[statementsMsg]
+	statementsNow chan struct{}
+	exec          *execClient               // the worker's connection to the executor
+	hbExec        *execClient               // the heartbeat's
+	ncp           atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp        chan struct{}
+	hbNow         chan struct{}
+	cancel        context.CancelCauseFunc
+	reconc        atomic.Bool // the executor has yet to hear that the link came back
+	linkMu        sync.Mutex
+	link          linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -354,14 +355,14 @@ func runLinked(ctx context.Context, o Options) error {
 	}
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
-		log:       o.Log.With("node", o.Identity.Node),
-		exec:      &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		hbExec:    &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
-		linkUp:    make(chan struct{}, 1),
-		hbNow:     make(chan struct{}, 1),
-		rekeyNow:  make(chan struct{}, 1),
-		rotateNow: make(chan struct{}, 1),
-		wake:      make(chan struct{}, 1),
+		log:           o.Log.With("node", o.Identity.Node),
+		exec:          &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		hbExec:        &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
+		linkUp:        make(chan struct{}, 1),
+		hbNow:         make(chan struct{}, 1),
+		rekeyNow:      make(chan struct{}, 1),
+		statementsNow: make(chan struct{}, 1),
+		wake:          make(chan struct{}, 1),
 	}
 	// The broker certificates a rotation announced, accepted from the
 	// first dial (takePins).
@@ -925,9 +926,8 @@ func (a *Agent) pollWait() time.Duration {
 // the agent a few reads at most, and any body, which is checked as a read
 // declaration is (signature, purpose, address, sequence) before anything
 // reaches the executor. Beside the notices come the control side's answers
-// it sends here (RekeyHeader, UserJWTHeader) and the control key's
-// rotations alone (RotationAloneHeader), each handed on for the executor
-// to judge.
+// it sends here (RekeyHeader, UserJWTHeader) and its statements alone
+// (StatementsHeader), each judged as those beside a declaration are.
 //
 // What is not a notice is dropped without a word: a message whose headers
 // name another subject than the node's own declarations (the answer to
@@ -955,15 +955,13 @@ func (a *Agent) notice(m *nats.Msg) {
 		}
 		return
 	}
-	if m.Header.Get(link.RotationAloneHeader) != "" {
-		// The control key's rotations, with nothing else to carry
-		// them: the executor judges them.
-		if r := m.Header.Get(link.RotationHeader); r != "" {
-			a.rotations.Store(&r)
-			select {
-			case a.rotateNow <- struct{}{}:
-			default:
-			}
+	if m.Header.Get(link.StatementsHeader) != "" {
+		// Statements with nothing else to carry them: judged as those
+		// beside a declaration are.
+		a.statements.Store(&statementsMsg{rotations: m.Header.Get(link.RotationHeader), pins: m.Header.Get(link.PinsHeader)})
+		select {
+		case a.statementsNow <- struct{}{}:
+		default:
 		}
 		return
 	}
@@ -1091,9 +1089,9 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				a.handRekey(ans)
 			}
 			continue
-		case <-a.rotateNow:
-			if r := a.rotations.Swap(nil); r != nil {
-				a.takeRotations(*r)
+		case <-a.statementsNow:
+			if st := a.statements.Swap(nil); st != nil {
+				a.takeStatements(st)
 			}
 			continue
 		case <-t.C:
@@ -1106,18 +1104,27 @@ func (a *Agent) heartbeats(ctx context.Context) {
 	}
 }
 
-// takeRotations hands the executor the control key's rotations a notice
-// carried alone (link.RotationAloneHeader) and takes the key it says is in
-// force. What the executor could not be asked, or refused, is said; the
-// control side sends them again while the heartbeats name the retired key.
-func (a *Agent) takeRotations(rotations string) {
-	refused, err := a.learnControlKey(rotations)
-	switch {
-	case err != nil:
-		a.log.Warn("the control key's rotations: the executor could not be asked; they come again with the next heartbeat", "err", err.Error())
-	case refused != "":
-		a.log.Warn("the control key's rotations were refused", "reason", refused)
+// statementsMsg is the statements a message on the notice subject carried
+// alone (link.StatementsHeader): header values, as sent.
+type statementsMsg struct{ rotations, pins string }
+
+// takeStatements takes what a message carried alone: the control key's
+// rotations first, handed to the executor, which says which key is in
+// force; then the broker certificates' statement, checked under that key
+// (takePins). What the executor could not be asked, or refused, is said;
+// the control side sends them again while the heartbeats say they are not
+// taken.
+func (a *Agent) takeStatements(st *statementsMsg) {
+	if st.rotations != "" {
+		refused, err := a.learnControlKey(st.rotations)
+		switch {
+		case err != nil:
+			a.log.Warn("the control key's rotations: the executor could not be asked; they come again with the next heartbeat", "err", err.Error())
+		case refused != "":
+			a.log.Warn("the control key's rotations were refused", "reason", refused)
+		}
 	}
+	a.takePins(st.pins)
 }
 
 // rekeyMsg is an answer to a rekey request, as it came: its envelope and

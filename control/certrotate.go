@@ -40,7 +40,12 @@ type CertResult struct {
 	Seq         uint64   `json:"seq"`
 	Nodes       int      `json:"nodes"`
 	Republished int      `json:"republished"`
-	Held        []string `json:"held,omitempty"`
+	// Held are the nodes whose newest declaration holds sealed content,
+	// not signed again; Alone how many of them and of those with none were
+	// sent the statement alone (offerStatements), which a node away takes
+	// at its first heartbeat back.
+	Held  []string `json:"held,omitempty"`
+	Alone int      `json:"alone,omitempty"`
 	// NotYet are the nodes whose last heartbeat had not taken the
 	// announcement (a switch refuses while there are any, unless forced).
 	NotYet []string `json:"not_yet,omitempty"`
@@ -82,14 +87,7 @@ func (c *Client) RotateCert(ctx context.Context, req CertRequest, srv *Server, p
 	k := c.Keys
 	nextCert, nextKey := k.CertFile()+".next", k.KeyFile()+".next"
 	res := &CertResult{Current: k.BrokerFingerprint()}
-	last := uint64(0)
-	if p := k.BrokerPins(); p != nil {
-		if payload, err := wire.Open(k.ControlPublic(), wire.PurposeBrokerPins, p); err == nil {
-			if bp, err := wire.ParseBrokerPins(payload); err == nil {
-				last = bp.Seq
-			}
-		}
-	}
+	last := k.BrokerPinsSeq()
 	if _, err := os.Stat(k.KeyFile()); err != nil {
 		return nil, fmt.Errorf("this key directory holds no broker key (%s): the broker is the operator's own, whose certificate is rotated on it", FileBrokerKey)
 	}
@@ -133,8 +131,13 @@ func (c *Client) RotateCert(ctx context.Context, req CertRequest, srv *Server, p
 				return res, fmt.Errorf("%s's newest declaration, signed again: %w", r.Name, err)
 			case signed:
 				res.Republished++
-			case held:
-				res.Held = append(res.Held, r.Name)
+			default:
+				if held {
+					res.Held = append(res.Held, r.Name)
+				}
+				if c.offerStatements(ctx, r.Name, r.Enrolment, nil, stPins) {
+					res.Alone++
+				}
 			}
 		}
 		return res, nil
@@ -204,7 +207,7 @@ func (c *Client) statePins(seq uint64, pins []string, fingerprint string) error 
 	if err := statedir.WriteBytes(filepath.Join(c.Keys.Dir, FileBrokerPins), env, 0o644); err != nil {
 		return err
 	}
-	c.Keys.setBroker(fingerprint, env)
+	c.Keys.setBroker(fingerprint, env, seq)
 	return nil
 }
 

@@ -88,8 +88,10 @@ type Keys struct {
 	// side signs in with a user JWT, and grants name the node's account.
 	Operator *Operator
 	// pins is the newest statement of the broker's certificates
-	// (FileBrokerPins, a wire.BrokerPins envelope): nil when none.
-	pins []byte
+	// (FileBrokerPins, a wire.BrokerPins envelope): nil when none;
+	// pinsSeq its sequence.
+	pins    []byte
+	pinsSeq uint64
 }
 
 // BrokerFingerprint is the broker certificate's fingerprint now (a
@@ -108,9 +110,17 @@ func (k *Keys) BrokerPins() []byte {
 	return k.pins
 }
 
-func (k *Keys) setBroker(fingerprint string, pins []byte) {
+// BrokerPinsSeq is the sequence of BrokerPins (0: none).
+func (k *Keys) BrokerPinsSeq() uint64 {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.pinsSeq
+}
+
+func (k *Keys) setBroker(fingerprint string, pins []byte, seq uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.pinsSeq = seq
 	if fingerprint != "" {
 		k.Fingerprint = fingerprint
 	}
@@ -365,6 +375,11 @@ func LoadKeys(dir string) (*Keys, error) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, FileBrokerPins)); err == nil {
 		k.pins = b
+		if payload, err := wire.Open(k.ControlPublic(), wire.PurposeBrokerPins, b); err == nil {
+			if bp, err := wire.ParseBrokerPins(payload); err == nil {
+				k.pinsSeq = bp.Seq
+			}
+		}
 	}
 	seed, err := readKeyFile(dir, FileNKey)
 	if err != nil {

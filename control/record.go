@@ -176,22 +176,39 @@ type recorder struct {
 	groupErrs []error
 }
 
-// controlKeyField is how a heartbeat, as the agent encodes it, names the
-// control key its executor holds (link.ExecutorStatus.ControlKeyID).
-var controlKeyField = []byte(`"control_key_id":"`)
+// controlKeyField and pinsSeqField are how a heartbeat, as the agent
+// encodes it, names the control key its executor holds
+// (link.ExecutorStatus.ControlKeyID) and the broker certificates'
+// statement it took last (link.Heartbeat.BrokerPinsSeq, absent when none).
+var (
+	controlKeyField = []byte(`"control_key_id":"`)
+	pinsSeqField    = []byte(`"broker_pins_seq":`)
+)
 
-// keyBehind says whether heartbeat data names a control key other than
-// the one this side signs with: looked for in the bytes, as a heartbeat's
-// other fields are, so that the fleet's heartbeats on the key in force
-// cost no decoding (an id in another spelling is decoded, and judged then).
-func (w *recorder) keyBehind(data []byte) bool {
-	i := bytes.Index(data, controlKeyField)
-	if i < 0 {
+// statementsBehind says whether heartbeat data names a control key other
+// than the one this side signs with, or a broker certificates' statement
+// older than its newest: looked for in the bytes, as a heartbeat's other
+// fields are, so that the fleet's heartbeats holding both cost no decoding
+// (a field in another spelling is decoded, and judged then).
+func (w *recorder) statementsBehind(data []byte) bool {
+	if i := bytes.Index(data, controlKeyField); i >= 0 {
+		rest := data[i+len(controlKeyField):]
+		id := w.c.Keys.KeyID()
+		if !bytes.HasPrefix(rest, []byte(id)) || len(rest) == len(id) || rest[len(id)] != '"' {
+			return true
+		}
+	}
+	seq := w.c.Keys.BrokerPinsSeq()
+	if seq == 0 {
 		return false
 	}
-	rest := data[i+len(controlKeyField):]
-	id := w.c.Keys.KeyID()
-	return !bytes.HasPrefix(rest, []byte(id)) || len(rest) == len(id) || rest[len(id)] != '"'
+	i := bytes.Index(data, pinsSeqField)
+	if i < 0 {
+		return true
+	}
+	rest := data[i+len(pinsSeqField):]
+	n := strconv.AppendUint(nil, seq, 10)
+	return !bytes.HasPrefix(rest, n) || (len(rest) > len(n) && rest[len(n)] >= '0' && rest[len(n)] <= '9')
 }
 
 // countNote is one report for the metrics (fleetMetrics.recorded).
@@ -215,8 +232,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	node := link.ReportNode(subj)
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding; one that
-	// names a control key other than this side's is read (offerRotation).
-	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) && !w.keyBehind(m.Data()) {
+	// says the node has not taken a statement is read (offerStatements).
+	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) && !w.statementsBehind(m.Data()) {
 		return nil, nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the
@@ -266,11 +283,13 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		// JWTIssuer, on a heartbeat: who issued the JWT the agent signs
 		// in with (renewUserJWT).
 		JWTIssuer string `json:"jwt_issuer"`
-		// Executor, on a heartbeat: the control key its executor holds
-		// (offerRotation).
+		// Executor and BrokerPinsSeq, on a heartbeat: the control key its
+		// executor holds, the broker certificates' statement it took last
+		// (offerStatements).
 		Executor *struct {
 			ControlKeyID string `json:"control_key_id"`
 		} `json:"executor"`
+		BrokerPinsSeq uint64 `json:"broker_pins_seq"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -287,9 +306,11 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		if msg.JWTIssuer != "" {
 			c.renewUserJWT(ctx, node, msg.Enrolment, msg.JWTIssuer)
 		}
-		if msg.Executor != nil && msg.Executor.ControlKeyID != "" {
-			c.offerRotation(ctx, node, msg.Enrolment, msg.Executor.ControlKeyID)
+		h := &holds{pins: msg.BrokerPinsSeq}
+		if msg.Executor != nil {
+			h.key = msg.Executor.ControlKeyID
 		}
+		c.offerStatements(ctx, node, msg.Enrolment, h, stRotations|stPins)
 		if msg.Profile == nil && msg.Inventory == nil {
 			return nil, nil
 		}

@@ -63,13 +63,13 @@ type RotateResult struct {
 	Nodes       int `json:"nodes"`
 	Republished int `json:"republished"`
 	// Alone is how many, with no declaration to sign again, were sent
-	// the rotation alone (offerRotation); one linked later takes it at
+	// the rotation alone (offerStatements); one linked later takes it at
 	// its first heartbeat.
 	Alone int `json:"alone,omitempty"`
 	// Held are nodes whose newest declaration holds sealed content, bound
 	// to its sequence, so it is not signed again: each takes the rotation
 	// with its next declaration — or, a recovery's, alone at once
-	// (offerRotation), and again at its heartbeats until it holds it.
+	// (offerStatements), and again at its heartbeats until it holds it.
 	Held []string `json:"held,omitempty"`
 	// LeftBehind are nodes of a release before rotations (link
 	// capability 0): they cannot take one, and refuse what the new key
@@ -285,6 +285,19 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 		return nil, err
 	}
 	k.setSigner(next)
+	// The broker certificates' statement, if one was made, signed again
+	// by the new key under its sequence: a node that took the rotation
+	// checks statements under the new key, and this side reads the
+	// statement's sequence back under the key in force when it starts.
+	if p := k.BrokerPins(); p != nil {
+		if payload, err := wire.Open(oldPub, wire.PurposeBrokerPins, p); err == nil {
+			if bp, err := wire.ParseBrokerPins(payload); err == nil {
+				if err := c.statePins(bp.Seq, bp.Pins, ""); err != nil {
+					return res, fmt.Errorf("the control key rotated to %s and is signed with; but the broker certificates' statement was not signed again: %w", res.To, err)
+				}
+			}
+		}
+	}
 	rr.Key = res.To
 	data, _ := json.Marshal(&rr)
 	if _, err := c.KV.Put(ctx, rotationKey, data); err != nil {
@@ -305,9 +318,9 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 		case held:
 			res.Held = append(res.Held, r.Name)
 			if by == wire.ByRecovery {
-				c.offerRotation(ctx, r.Name, r.Enrolment, "")
+				c.offerStatements(ctx, r.Name, r.Enrolment, nil, stRotations)
 			}
-		case c.offerRotation(ctx, r.Name, r.Enrolment, ""):
+		case c.offerStatements(ctx, r.Name, r.Enrolment, nil, stRotations):
 			res.Alone++
 		}
 	}
@@ -395,62 +408,102 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 	return true, false, nil
 }
 
-// rotationAloneResend is how often a node's heartbeat that names a retired
-// key is looked at for its rotations alone (and they are sent again): the
-// message is core NATS, lost to a node away, and a later heartbeat asks
-// for it again.
-const rotationAloneResend = 10 * time.Second
+// statementsResend is how often a node's heartbeat that says it has not
+// taken a statement is looked at (and the statements sent alone again):
+// the message is core NATS, lost to a node away, and a later heartbeat
+// asks for it again.
+const statementsResend = 10 * time.Second
 
-// offerRotation sends node's rotations alone (link.RotationAloneHeader) on
-// its notice subject when its declaration subject holds nothing to carry
-// them — no declaration in its enrolment: never declared to, or emptied by
-// a re-enrolment — so that the node stops trusting the retired key now,
-// not at a declaration that may be long in coming. A node with a
-// declaration there takes the rotations with it (signed again by the new
-// key, or held: RotateResult.Held) — unless they are a recovery's: the
-// key was stolen, and a node held on it would take the thief's
-// declarations until its next one; it is sent the recovery alone, and
-// refuses a declaration the stolen key signed that it has not applied
-// yet, the thief's as likely as not.
+// The statements offerStatements may send a node alone.
+type statements int
+
+const (
+	stRotations statements = 1 << iota // the control key's (RotationHeader)
+	stPins                             // the broker certificates' (PinsHeader)
+)
+
+// holds is what a node's heartbeat says it holds of the statements: the
+// control key its executor holds in force ("": not said) and the broker
+// certificates' statement its agent took last.
+type holds struct {
+	key  string
+	pins uint64
+}
+
+// offerStatements sends node, on its notice subject, the statements of
+// what (link.StatementsHeader) that nothing else carries to it, so that it
+// takes them within a heartbeat rather than at a declaration that may be
+// long in coming:
 //
-// held is the key the node's executor says it holds (its heartbeat; ""
-// when not known, as at the rotation itself): one this side signs with,
-// or one no statement it keeps rotates away from, is sent nothing. A
-// heartbeat's ask is looked at once a node and key held every
-// rotationAloneResend: a heartbeat is the agent's to send, and the agent
-// is trusted for nothing, and a node left behind for long (held, or out of
-// reach) would otherwise cost two reads at each heartbeat. It returns
-// whether it sent them; what it could not read it sends nothing for, and
-// the node's next heartbeat asks again.
-func (c *Client) offerRotation(ctx context.Context, node, enrolment, held string) bool {
-	if held == c.Keys.KeyID() {
-		return false
-	}
-	if held != "" {
-		key := node + "/" + held
-		if last, ok := c.rotationSent.Load(key); ok && time.Since(last.(time.Time)) < rotationAloneResend {
+//   - the control key's rotations when its declaration subject holds no
+//     declaration (never declared to, or emptied by a re-enrolment) — one
+//     there takes them with it, signed again by the new key, or held on
+//     sealed content (RotateResult.Held) — or when they are a recovery's:
+//     the key was stolen, and a node held on it would take the thief's
+//     declarations until its next one; it refuses a declaration the
+//     stolen key signed that it has not applied yet, the thief's as likely
+//     as not. A node that holds a key no kept statement rotates away from
+//     is sent none (it is to be enrolled again).
+//   - the broker certificates' statement whatever its subject holds: it
+//     invalidates nothing, and a node without it cannot link after the
+//     certificate's switch.
+//
+// h is what the node's heartbeat says it holds; nil, at a rotation, when
+// that is not known: each statement of what is then taken for not held. A
+// heartbeat's ask is looked at once a node and holding every
+// statementsResend: a heartbeat is the agent's to send, the agent is
+// trusted for nothing, and a node left behind for long would otherwise
+// cost reads at each heartbeat. It returns whether it sent anything; what
+// it could not read it sends nothing for, and the node's next heartbeat
+// asks again.
+func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h *holds, what statements) bool {
+	pinsSeq := c.Keys.BrokerPinsSeq()
+	if h != nil {
+		if h.key == "" || h.key == c.Keys.KeyID() {
+			what &^= stRotations
+		}
+		if pinsSeq == 0 || h.pins >= pinsSeq {
+			what &^= stPins
+		}
+		if what == 0 {
 			return false
 		}
-		c.rotationSent.Store(key, time.Now())
+		key := fmt.Sprintf("%s/%s/%d", node, h.key, h.pins)
+		if last, ok := c.statementsSent.Load(key); ok && time.Since(last.(time.Time)) < statementsResend {
+			return false
+		}
+		c.statementsSent.Store(key, time.Now())
+	}
+	if pinsSeq == 0 {
+		what &^= stPins
 	}
 	rec, _, err := c.Node(ctx, node)
-	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || len(rec.Rotations) == 0 {
+	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || rec.Capability < 1 {
 		return false
 	}
-	if held != "" && !rotationFrom(rec.Rotations, held) {
-		return false
-	}
-	if !recovering(rec.Rotations) {
-		if _, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl); !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false
+	hdr := nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}, link.StatementsHeader: []string{"1"}}
+	if what&stRotations != 0 && len(rec.Rotations) > 0 && (h == nil || rotationFrom(rec.Rotations, h.key)) {
+		empty := recovering(rec.Rotations)
+		if !empty {
+			_, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
+			empty = errors.Is(err, jetstream.ErrMsgNotFound)
+		}
+		if empty {
+			hdr.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
 		}
 	}
-	h := c.linkHeader(rec)
-	h.Set(link.RotationAloneHeader, "1")
-	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Header: h}); err != nil {
+	if what&stPins != 0 {
+		if p := c.Keys.BrokerPins(); p != nil {
+			hdr.Set(link.PinsHeader, base64.StdEncoding.EncodeToString(p))
+		}
+	}
+	if hdr.Get(link.RotationHeader) == "" && hdr.Get(link.PinsHeader) == "" {
 		return false
 	}
-	c.log.Debug("sent the control key's rotations alone: nothing on the node's subject carries them", "node", node, "held", held)
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Header: hdr}); err != nil {
+		return false
+	}
+	c.log.Debug("sent statements alone: nothing else carries them to the node", "node", node, "rotations", hdr.Get(link.RotationHeader) != "", "pins", hdr.Get(link.PinsHeader) != "")
 	return true
 }
 

@@ -162,30 +162,31 @@ func enrolListening(t *testing.T, s *served, name string) *listening {
 	return n
 }
 
-// heartbeat sends a heartbeat whose executor holds the key of id held.
-func (n *listening) heartbeat(t *testing.T, held string) {
+// heartbeat sends a heartbeat whose executor holds the key of id held,
+// its agent the broker certificates' statement of sequence pins.
+func (n *listening) heartbeat(t *testing.T, held string, pins uint64) {
 	t.Helper()
 	data, _ := json.Marshal(link.Heartbeat{Node: n.id.Node, Enrolment: n.id.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
-		Executor: &link.ExecutorStatus{Version: "v", ControlKeyID: held}})
+		BrokerPinsSeq: pins, Executor: &link.ExecutorStatus{Version: "v", ControlKeyID: held}})
 	sig, _ := n.id.Sign(data)
 	if err := n.nc.PublishMsg(&nats.Msg{Subject: n.id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// alone is the next message on the node's notice subject within wait
-// that carries the rotations alone (nil: none); what else comes
+// statementsAlone is the next message on the node's notice subject within
+// wait that carries statements alone (nil: none); what else comes
 // meanwhile (a declaration's notice) is passed over.
-func (n *listening) alone(t *testing.T, wait time.Duration) *nats.Msg {
+func (n *listening) statementsAlone(t *testing.T, wait time.Duration) *nats.Msg {
 	t.Helper()
 	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
 		m, err := n.sub.NextMsg(time.Until(deadline))
 		if err != nil {
 			return nil
 		}
-		if m.Header.Get(link.RotationAloneHeader) != "" {
-			if len(m.Data) != 0 || m.Header.Get(link.RotationHeader) == "" || m.Header.Get(link.HeaderSequence) != "" {
-				t.Fatalf("the rotations alone, as sent: body %d bytes, headers %v", len(m.Data), m.Header)
+		if m.Header.Get(link.StatementsHeader) != "" {
+			if len(m.Data) != 0 || m.Header.Get(link.HeaderSequence) != "" || m.Header.Get(link.RotationHeader) == "" && m.Header.Get(link.PinsHeader) == "" {
+				t.Fatalf("statements alone, as sent: body %d bytes, headers %v", len(m.Data), m.Header)
 			}
 			return m
 		}
@@ -193,7 +194,17 @@ func (n *listening) alone(t *testing.T, wait time.Duration) *nats.Msg {
 	return nil
 }
 
-// Where a rotation's statements are sent alone (link.RotationAloneHeader):
+// alone is statementsAlone that carry the control key's rotations.
+func (n *listening) alone(t *testing.T, wait time.Duration) *nats.Msg {
+	t.Helper()
+	m := n.statementsAlone(t, wait)
+	if m != nil && m.Header.Get(link.RotationHeader) == "" {
+		t.Fatalf("statements alone without the rotations: %v", m.Header)
+	}
+	return m
+}
+
+// Where a rotation's statements are sent alone (link.StatementsHeader):
 // to a node with no declaration on its subject, at the rotation and again
 // at a heartbeat naming the retired key (once a node and key every 10 s);
 // not to one whose declaration carries them (signed again), nor to one
@@ -233,7 +244,7 @@ func TestARotationAloneGoesWhereNothingCarriesIt(t *testing.T) {
 	}
 	// Heartbeats naming the retired key.
 	for _, n := range []*listening{bare, declared, sealed} {
-		n.heartbeat(t, enrolled)
+		n.heartbeat(t, enrolled, 0)
 	}
 	if bare.alone(t, 5*time.Second) == nil {
 		t.Fatal("bare's heartbeat naming the retired key was not answered")
@@ -243,7 +254,7 @@ func TestARotationAloneGoesWhereNothingCarriesIt(t *testing.T) {
 			t.Fatalf("%s's heartbeat was answered with the rotation alone", name)
 		}
 	}
-	bare.heartbeat(t, enrolled)
+	bare.heartbeat(t, enrolled, 0)
 	if bare.alone(t, time.Second) != nil {
 		t.Fatal("bare's second heartbeat within 10 s was answered again")
 	}
@@ -266,8 +277,49 @@ func TestARotationAloneGoesWhereNothingCarriesIt(t *testing.T) {
 			t.Fatalf("%s was not sent the recovery alone", name)
 		}
 	}
-	declared.heartbeat(t, routine)
+	declared.heartbeat(t, routine, 0)
 	if declared.alone(t, 5*time.Second) == nil {
 		t.Fatal("declared's heartbeat naming a key the recovery retires was not answered with it alone")
+	}
+}
+
+// The broker certificates' statement is sent alone to a node whose
+// heartbeat says it has not taken it, whatever its subject holds (it
+// invalidates nothing), once a node and holding every 10 s; a heartbeat
+// that says it took it is answered with nothing.
+func TestBrokerPinsAloneGoWhereNotTaken(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	bare, declared := enrolListening(t, s, "bare"), enrolListening(t, s, "declared")
+	if _, err := s.client.Declare(ctx, "declared", []byte(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"/srv/f","content":"x\n"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.client.RotateCert(ctx, control.CertRequest{}, s.srv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Republished != 1 || res.Alone != 1 {
+		t.Fatalf("the announcement: %+v", res)
+	}
+	pinsOf := func(m *nats.Msg) bool { return m != nil && m.Header.Get(link.PinsHeader) != "" && m.Header.Get(link.RotationHeader) == "" }
+	if m := bare.statementsAlone(t, 5*time.Second); !pinsOf(m) {
+		t.Fatalf("bare, never declared to, sent at the announcement: %v", m)
+	}
+	if m := declared.statementsAlone(t, time.Second); m != nil {
+		t.Fatalf("declared, its declaration signed again, sent alone too: %v", m.Header)
+	}
+	key := wire.KeyID(s.client.Keys.ControlPublic())
+	declared.heartbeat(t, key, 0)
+	if m := declared.statementsAlone(t, 5*time.Second); !pinsOf(m) {
+		t.Fatalf("declared's heartbeat without the statement answered with %v", m)
+	}
+	declared.heartbeat(t, key, 0)
+	if m := declared.statementsAlone(t, time.Second); m != nil {
+		t.Fatal("declared's second heartbeat within 10 s answered again")
+	}
+	bare.heartbeat(t, key, res.Seq)
+	if m := bare.statementsAlone(t, time.Second); m != nil {
+		t.Fatal("a heartbeat that took the statement answered with it")
 	}
 }

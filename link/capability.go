@@ -102,16 +102,19 @@ func CheckControl(c int) error {
 // the header only carries them.
 const RotationHeader = "Mesh-Key-Rotation"
 
-// RotationAloneHeader marks a message on a node's notice subject that is
-// not a notice but the control key's rotations alone (RotationHeader, no
-// body): sent to a node whose heartbeat says its executor holds a key the
-// control side rotated away from while its declaration subject holds no
-// declaration to carry them — never declared to in its enrolment, or
-// emptied by its re-enrolment — so that it stops trusting the retired key
-// within a heartbeat rather than at its next declaration. The agent only
-// carries them to the executor, which alone judges them. An agent of a
-// release before it drops the message (it names no sequence).
-const RotationAloneHeader = "Mesh-Key-Rotation-Alone"
+// StatementsHeader marks a message on a node's notice subject that is not
+// a notice but the control side's statements alone, no body: the control
+// key's rotations (RotationHeader) and the broker certificates' statement
+// (PinsHeader), either or both. Sent to a node whose heartbeat says it has
+// not taken them while nothing else carries them to it — no declaration on
+// its subject to sign again (never declared to, or emptied by its
+// re-enrolment), or one held on sealed content — so that it stops trusting
+// a retired control key, or accepts the broker's next certificate, within
+// a heartbeat rather than at its next declaration. The agent only carries
+// them to be judged (the executor the rotations, its own check under the
+// control key the statement). An agent of a release before it drops the
+// message (it names no sequence).
+const StatementsHeader = "Mesh-Statements"
 
 // PinsHeader carries, beside each declaration and plan request, the
 // control side's newest statement of the broker certificates a node

@@ -98,6 +98,18 @@ func (m *mesh) second(name string) *mesh {
 	return m2
 }
 
+// enrolledSecond is second(name) with its executor and agent started and
+// enrolled as a new node of that name; its agent's process, for a test
+// that stops it.
+func (m *mesh) enrolledSecond(name string) (*mesh, *exec.Cmd) {
+	m.t.Helper()
+	m2 := m.second(name)
+	m2.startExecutor()
+	agent := m2.startAgent("--config", m2.agentConfig())
+	m2.enrolled(m.issue("--new", "--name", name), name)
+	return m2, agent
+}
+
 // reportsOf is node's reports of the declarations it applied (or was
 // refused), oldest first.
 func (m *mesh) reportsOf(node string) []report {

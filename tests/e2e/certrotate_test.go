@@ -54,10 +54,7 @@ func TestTheBrokerCertificateRotates(t *testing.T) {
 	m := newHost(t)
 	agentCmd := m.procs[len(m.procs)-1]
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
-	m2 := m.second("n2")
-	m2.startExecutor()
-	away := m2.startAgent("--config", m2.agentConfig())
-	m2.enrolled(m.issue("--new", "--name", "n2"), "n2")
+	m2, away := m.enrolledSecond("n2")
 	decl := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"%s\n"}]}`
 	if r := m.reportFor(m.declare(fmt.Sprintf(decl, "one"))); r.Outcome != shapes.Applied {
 		t.Fatalf("before: %+v", r)
@@ -118,4 +115,41 @@ func TestTheBrokerCertificateRotates(t *testing.T) {
 func execOut(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	return string(out), err
+}
+
+// The announcement reaches nodes with nothing declared: one never
+// declared to takes it at once, one away through the announcement at its
+// first heartbeat back — each sent the statement alone — so the switch
+// goes through without --force, and each links again to the new
+// certificate.
+func TestTheBrokerCertificateReachesNodesWithNothingDeclared(t *testing.T) {
+	m := newHost(t)
+	agentCmd := m.procs[len(m.procs)-1]
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	m2, away := m.enrolledSecond("n2")
+	away.Process.Signal(syscall.SIGTERM)
+	away.Wait()
+
+	out := m.run("mesh-control", "cert", "rotate", "--dir", m.ctl)
+	if !strings.Contains(out, "0 declaration(s) signed again to carry it; 2 sent it alone") {
+		t.Fatalf("cert rotate:\n%s", out)
+	}
+	eventually(t, "n1, never declared to, takes the announcement", func() bool { return m.pinsSeq("n1") == 1 })
+	if m.pinsSeq("n2") != 0 {
+		t.Fatal("n2, away, took the announcement")
+	}
+	m2.startAgent("--config", m2.agentConfig())
+	eventually(t, "n2, back, takes the announcement", func() bool { return m.pinsSeq("n2") == 1 })
+	out = m.run("mesh-control", "cert", "rotate", "--switch", "--dir", m.ctl)
+	if !strings.Contains(out, "presents certificate") || strings.Contains(out, "despite") {
+		t.Fatalf("cert rotate --switch:\n%s", out)
+	}
+	// Started again, n1's agent links to the new certificate, and takes
+	// its first declaration.
+	agentCmd.Process.Signal(syscall.SIGTERM)
+	agentCmd.Wait()
+	m.startAgent("--config", m.agentConfig())
+	if r := m.reportFor(m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"new\n"}]}`)); r.Outcome != shapes.Applied {
+		t.Fatalf("n1 after the switch: %+v", r)
+	}
 }

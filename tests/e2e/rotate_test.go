@@ -80,10 +80,7 @@ func pubB64(k ed25519.PrivateKey) string {
 func TestTheControlKeyRotates(t *testing.T) {
 	m := newHost(t)
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
-	m2 := m.second("n2")
-	m2.startExecutor()
-	away := m2.startAgent("--config", m2.agentConfig())
-	m2.enrolled(m.issue("--new", "--name", "n2"), "n2")
+	m2, away := m.enrolledSecond("n2")
 	decl := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"%s\n"}]}`
 	s1 := m.declare(fmt.Sprintf(decl, "before"))
 	if r := m.reportFor(s1); r.Outcome != shapes.Applied {
@@ -224,20 +221,14 @@ func newKey(t *testing.T) ed25519.PrivateKey {
 func TestARotationReachesANodeWithNothingDeclared(t *testing.T) {
 	m := newHost(t)
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
-	m2 := m.second("n2")
-	m2.startExecutor()
-	m2.startAgent("--config", m2.agentConfig())
-	m2.enrolled(m.issue("--new", "--name", "n2"), "n2")
+	m2, _ := m.enrolledSecond("n2")
 	f := filepath.Join(m.base, "decl2.json")
 	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"`+m2.tree+`/motd","content":"kept\n"}]}`), 0o600)
 	m.run("mesh-control", "declare", "--dir", m.ctl, "--wait=30s", "n2", f)
 	if code, out, errOut := m2.enrol(m.issue("--node", "n2"), "--replace"); code != 0 || !strings.Contains(out, "enrolled as node n2") {
 		t.Fatalf("n2 enrolled again: exit %d\n%s%s", code, out, errOut)
 	}
-	m3 := m.second("n3")
-	m3.startExecutor()
-	away := m3.startAgent("--config", m3.agentConfig())
-	m3.enrolled(m.issue("--new", "--name", "n3"), "n3")
+	m3, away := m.enrolledSecond("n3")
 	away.Process.Signal(syscall.SIGTERM)
 	away.Wait()
 	retired := readPrivate(t, filepath.Join(m.ctl, "control.key"))

@@ -323,3 +323,35 @@ func TestBrokerPinsAloneGoWhereNotTaken(t *testing.T) {
 		t.Fatal("a heartbeat that took the statement answered with it")
 	}
 }
+
+// The broker certificates' statement follows the control key: a rotation
+// signs it again under its sequence, so a node that took the rotation
+// takes it, and the key directory read again knows its sequence.
+func TestThePinsStatementFollowsTheControlKey(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	enrolListening(t, s, "n1")
+	cert, err := s.client.RotateCert(ctx, control.CertRequest{}, s.srv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.RotateKey(ctx, control.RotateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	payload, err := wire.Open(s.client.Keys.ControlPublic(), wire.PurposeBrokerPins, s.client.Keys.BrokerPins())
+	if err != nil {
+		t.Fatalf("the statement after the rotation does not verify under the new key: %v", err)
+	}
+	if bp, err := wire.ParseBrokerPins(payload); err != nil || bp.Seq != cert.Seq || len(bp.Pins) != 2 {
+		t.Fatalf("the statement after the rotation: %+v, %v", bp, err)
+	}
+	k, err := control.LoadKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.BrokerPinsSeq() != cert.Seq {
+		t.Fatalf("the key directory read again says statement %d, want %d", k.BrokerPinsSeq(), cert.Seq)
+	}
+}

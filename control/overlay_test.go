@@ -242,12 +242,26 @@ func TestOverlayAddressesStableAndUnique(t *testing.T) {
 		t.Fatal(err)
 	}
 	// alpha, enrolled, is in the roster: serve's roster takes it an
-	// address of the new network too, now or in a moment. Taken here
-	// first, so which two hold the /30 does not depend on when.
-	for _, n := range []string{"alpha", names[0]} {
-		if _, err := s.client.OverlayAddress(ctx, n); err != nil {
-			t.Fatal(err)
+	// address of the new network too, now or in a moment, racing this
+	// ask for it; the race's loser gives its claim back. Taken here
+	// first, and the /30's claims left to settle to alpha's one, so which
+	// two hold the /30 does not depend on when.
+	if _, err := s.client.OverlayAddress(ctx, "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "one claim in the /30, alpha's", func() bool {
+		l, err := s.client.KV.ListKeysFiltered(ctx, "ip.10.96.0.>")
+		if err != nil {
+			return false
 		}
+		claims := 0
+		for range l.Keys() {
+			claims++
+		}
+		return claims == 1
+	})
+	if _, err := s.client.OverlayAddress(ctx, names[0]); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := s.client.OverlayAddress(ctx, names[1]); err == nil || !strings.Contains(err.Error(), "is full") {
 		t.Fatalf("a third node in a /30: %v", err)

@@ -84,6 +84,34 @@ func TestStepsDeriveFromTheSeedAlone(t *testing.T) {
 	if reflect.DeepEqual(a, planSteps(8, 300, 3, true)) {
 		t.Fatal("two seeds drew the same step list")
 	}
+	// A certificate's steps are put between the others: without them, a
+	// seed's other steps come as they come with them.
+	defer func(e int) { certEvery = e }(certEvery)
+	for _, seed := range []uint64{2, 3, 7, 182} {
+		with := planSteps(seed, 300, 3, true)
+		certEvery = 1 << 30
+		without := planSteps(seed, 300, 3, true)
+		certEvery = 40
+		var others []string
+		certs := 0
+		for _, s := range with {
+			if strings.HasPrefix(s.Kind, "cert-") {
+				certs++
+				continue
+			}
+			s.N = 0
+			others = append(others, s.String())
+		}
+		for i, s := range without[:len(others)] {
+			s.N = 0
+			if s.String() != others[i] {
+				t.Fatalf("seed %d: step %d is %q with the certificate's steps (%d), %q without", seed, i+1, others[i], certs, s.String())
+			}
+		}
+		if certs == 0 {
+			t.Fatalf("seed %d drew no certificate step in 300", seed)
+		}
+	}
 }
 
 // Every fault a run injects is undone by a later step of the same run,

@@ -44,6 +44,9 @@ type nodeView struct {
 	State     string `json:"state"`
 	Declared  uint64 `json:"declared"`
 	Applied   uint64 `json:"applied"`
+	Heartbeat struct {
+		BrokerPinsSeq uint64 `json:"broker_pins_seq"`
+	} `json:"heartbeat"`
 }
 
 func (w *world) nodesView() (map[string]nodeView, error) {
@@ -244,6 +247,7 @@ func (w *world) afterStep() {
 		}
 		w.checkMachine(n)
 		w.checkKeyInForce(n)
+		w.checkPinsInForce(n)
 	}
 }
 
@@ -278,6 +282,24 @@ func (w *world) checkKeyInForce(n *node) {
 		return
 	}
 	w.violate(n, "key-in-force", "%s holds control key %q; the control side signs with %s", n.name, held, want)
+}
+
+// checkPinsInForce: an enrolled node converged holds, within the bound,
+// the newest statement of the broker's certificates the control side made
+// — with a declaration signed again, or sent alone while its heartbeats
+// say it has not — so that a switch finds every quiet node ready.
+func (w *world) checkPinsInForce(n *node) {
+	if w.pinsSeq == 0 {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(n.state, "control-keys.json")); err != nil {
+		return // hosted: not linked to any broker yet
+	}
+	w.check("pins-in-force")
+	if w.eventually(w.cfg.bound, func() bool { return w.pinsHeld(n) >= w.pinsSeq }) {
+		return
+	}
+	w.violate(n, "pins-in-force", "%s's agent holds the broker certificates' statement %d; the control side's newest is %d", n.name, w.pinsHeld(n), w.pinsSeq)
 }
 
 // quiet is a node with no fault in force: its processes run, its disk

@@ -322,6 +322,17 @@ func (w *world) do(s step) {
 		if w.expectOK(nil, "key rotate", out, code, err) {
 			w.faults["key-rotate"]++
 		}
+	case "cert-rotate":
+		out, code, err := w.control("cert", "rotate", "--json")
+		var res struct {
+			Seq uint64 `json:"seq"`
+		}
+		if w.expectOK(nil, "cert rotate", out, code, err) && json.Unmarshal([]byte(jsonPart(out)), &res) == nil {
+			w.faults["cert-rotate"]++
+			w.pinsSeq = res.Seq
+		}
+	case "cert-switch":
+		w.certSwitch()
 	case "token":
 		w.spares++
 		name := fmt.Sprintf("spare%d", w.spares)
@@ -687,4 +698,62 @@ func (w *world) launchStarts(n *node) (int, error) {
 		return 0, err
 	}
 	return len(st.Starts), nil
+}
+
+// certSwitch switches the broker's certificate to the one announced
+// (cert rotate --switch) once every quiet node holds the announcement —
+// a quiet node that has not taken it within the bound is pins-in-force's
+// violation, checked after the step — and holds the control side to its
+// answer: switched, or refused naming only nodes that are not quiet (away,
+// stopped, revoked: they would not link after the switch). A refused
+// switch leaves the announcement in force; the next cert-rotate announces
+// the same certificate again. While the control side's disk is full the
+// switch is not tried: it writes the key directory.
+func (w *world) certSwitch() {
+	if w.ctlFull || w.pinsSeq == 0 {
+		return
+	}
+	for _, n := range w.nodes {
+		if w.quiet(n) {
+			// Taken, and heard taken: the switch goes by the heartbeats
+			// the control side has.
+			w.eventually(w.cfg.bound, func() bool {
+				vs, err := w.nodesView()
+				return err == nil && w.pinsHeld(n) >= w.pinsSeq && vs[n.name].Heartbeat.BrokerPinsSeq >= w.pinsSeq
+			})
+		}
+	}
+	out, code, err := w.control("cert", "rotate", "--switch", "--json")
+	var res struct {
+		Phase  string   `json:"phase"`
+		Seq    uint64   `json:"seq"`
+		NotYet []string `json:"not_yet"`
+	}
+	json.Unmarshal([]byte(jsonPart(out)), &res)
+	w.check("command-answers")
+	switch {
+	case err == nil && code == 0 && res.Phase == "switched":
+		w.faults["cert-switch"]++
+		w.pinsSeq = res.Seq
+	case len(res.NotYet) > 0:
+		for _, name := range res.NotYet {
+			if n := w.nodeNamed(name); n != nil && w.quiet(n) {
+				w.check("pins-in-force")
+				w.violate(n, "pins-in-force", "cert rotate --switch refused naming %s, quiet, its agent holding statement %d of %d:\n%s", name, w.pinsHeld(n), w.pinsSeq, out)
+			}
+		}
+	default:
+		w.violate(nil, "command-answers", "cert rotate --switch: exit %d %v:\n%s", code, err, out)
+	}
+}
+
+// pinsHeld is the broker certificates' statement the node's agent took
+// last, as its state says (0: none, or no state yet).
+func (w *world) pinsHeld(n *node) uint64 {
+	var st struct {
+		PinsSeq uint64 `json:"pins_seq"`
+	}
+	b, _ := os.ReadFile(filepath.Join(n.agent, "agent.json"))
+	json.Unmarshal(b, &st)
+	return st.PinsSeq
 }

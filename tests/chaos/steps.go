@@ -136,6 +136,15 @@ const rotateEvery = 30
 // with the node, from a sixth stream of the seed's own.
 const rekeyEvery = 40
 
+// certEvery: one step in about this many rotates the broker's certificate
+// (cert rotate: the announcement, with its switch drawn 3 to 8 steps
+// later), drawn from a seventh stream of the seed's own, first in a step's
+// draws, so that a seed draws what it drew before certificates were drawn,
+// with them put in between: whatever the faults in force, every node ends
+// holding the newest statement of the broker's certificates, and links to
+// the certificate switched to. A variable for TestStepsDeriveFromTheSeedAlone.
+var certEvery = 40
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -167,6 +176,9 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	rp := rand.New(rand.NewPCG(seed, 0x7061757365))     // "pause": serve paused
 	rr := rand.New(rand.NewPCG(seed, 0x726f74617465))   // "rotate": the control key rotated
 	rq := rand.New(rand.NewPCG(seed, 0x72656b6579))     // "rekey": a node's keys renewed
+	rt := rand.New(rand.NewPCG(seed, 0x63657274))       // "cert": the broker's certificate rotated
+	// certDue: an announcement's switch is drawn and not run yet.
+	certDue := false
 	// ctlFull: the control side's disk is full. What an operator's
 	// command would write is refused then, so the model counts no write
 	// made while it is (no assignment, revocation, overlay).
@@ -203,13 +215,30 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		s.N = len(steps) + 1
 		steps = append(steps, s)
 	}
+	// shiftPending puts what is pending by steps later: a certificate's
+	// steps are put in between the others, each of which then comes as
+	// many of the others' steps after its fault as before they were drawn.
+	shiftPending := func(by int) {
+		if by == 0 {
+			return
+		}
+		shifted := map[int][]step{}
+		for at, ss := range pending {
+			shifted[at+by] = ss
+		}
+		pending = shifted
+	}
 	later := func(s step) {
 		at := len(steps) + 1 + r.IntN(4)
 		pending[at] = append(pending[at], s)
 	}
 	undo := func(n *simNode, s step) {
-		if s.Kind == "ctl-disk-free" {
+		switch s.Kind {
+		case "ctl-disk-free":
 			ctlFull = false
+			return
+		case "cert-switch":
+			certDue = false
 			return
 		}
 		switch s.Kind {
@@ -248,15 +277,32 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			}
 		}
 		sort.Ints(due)
+		switches := 0
 		for _, at := range due {
 			for _, s := range pending[at] {
 				undo(nodeOf(s.Node), s)
 				addStep(s)
+				if s.Kind == "cert-switch" {
+					switches++
+				}
 			}
 			delete(pending, at)
 		}
+		shiftPending(switches)
 		if len(steps) >= count {
 			break
+		}
+		if rt.IntN(certEvery) == 0 && !ctlFull && !certDue {
+			// Put before this round's other draws, which go on as
+			// without it.
+			addStep(step{Kind: "cert-rotate"})
+			shiftPending(1)
+			at := len(steps) + 3 + rt.IntN(6)
+			pending[at] = append(pending[at], step{Kind: "cert-switch"})
+			certDue = true
+			if len(steps) >= count {
+				break
+			}
 		}
 		if rr.IntN(rotateEvery) == 0 && !ctlFull {
 			addStep(step{Kind: "key-rotate"})

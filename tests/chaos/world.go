@@ -129,6 +129,10 @@ type world struct {
 	// executor was last told.
 	serveStarted time.Time
 	spares       int
+	// pinsSeq is the newest statement of the broker's certificates the
+	// control side made (cert rotate; 0: none): every quiet enrolled node
+	// holds it within the bound (pins-in-force).
+	pinsSeq uint64
 	// The control side's disk: loop, whether it is an ext4 image (img,
 	// the one mounted now) or a tmpfs; ctlFull, whether it is full now
 	// (ctlFiller fills it); cuts, the power cuts so far.

@@ -34,12 +34,12 @@ type CertRequest struct {
 
 // CertResult is what a step of the rotation did.
 type CertResult struct {
-	Phase       string   `json:"phase"` // "announced" or "switched"
-	Current     string   `json:"current"`
-	Next        string   `json:"next,omitempty"`
-	Seq         uint64   `json:"seq"`
-	Nodes       int      `json:"nodes"`
-	Republished int      `json:"republished"`
+	Phase       string `json:"phase"` // "announced" or "switched"
+	Current     string `json:"current"`
+	Next        string `json:"next,omitempty"`
+	Seq         uint64 `json:"seq"`
+	Nodes       int    `json:"nodes"`
+	Republished int    `json:"republished"`
 	// Held are the nodes whose newest declaration holds sealed content,
 	// not signed again; Alone how many of them and of those with none were
 	// sent the statement alone (offerStatements), which a node away takes

@@ -302,7 +302,9 @@ func TestBrokerPinsAloneGoWhereNotTaken(t *testing.T) {
 	if res.Republished != 1 || res.Alone != 1 {
 		t.Fatalf("the announcement: %+v", res)
 	}
-	pinsOf := func(m *nats.Msg) bool { return m != nil && m.Header.Get(link.PinsHeader) != "" && m.Header.Get(link.RotationHeader) == "" }
+	pinsOf := func(m *nats.Msg) bool {
+		return m != nil && m.Header.Get(link.PinsHeader) != "" && m.Header.Get(link.RotationHeader) == ""
+	}
 	if m := bare.statementsAlone(t, 5*time.Second); !pinsOf(m) {
 		t.Fatalf("bare, never declared to, sent at the announcement: %v", m)
 	}

@@ -95,11 +95,11 @@ func CheckControl(c int) error {
 }
 
 // RotationHeader carries, beside each declaration and plan request the
-// control side publishes, the statements of the control key's rotations
-// addressed to that node and still kept (wire.EncodeRotationChain),
-// oldest first: a node that was away through a rotation takes it with the
-// first message signed by the new key. Each statement is signed, twice;
-// the header only carries them.
+// control side publishes (and in statements alone, StatementsHeader), the
+// statements of the control key's rotations addressed to that node and
+// still kept (wire.EncodeRotationChain), oldest first: a node that was
+// away through a rotation takes it with the first message signed by the
+// new key. Each statement is signed, twice; the header only carries them.
 const RotationHeader = "Mesh-Key-Rotation"
 
 // StatementsHeader marks a message on a node's notice subject that is not
@@ -116,11 +116,11 @@ const RotationHeader = "Mesh-Key-Rotation"
 // message (it names no sequence).
 const StatementsHeader = "Mesh-Statements"
 
-// PinsHeader carries, beside each declaration and plan request, the
-// control side's newest statement of the broker certificates a node
-// accepts (a wire.BrokerPins envelope, base64), while a rotation of the
-// broker's certificate is under way: signed by the control key, the
-// header only carries it.
+// PinsHeader carries, beside each declaration and plan request (and in
+// statements alone, StatementsHeader), the control side's newest statement
+// of the broker certificates a node accepts (a wire.BrokerPins envelope,
+// base64), once the broker's certificate has been rotated: signed by the
+// control key, the header only carries it.
 const PinsHeader = "Mesh-Broker-Pins"
 
 // RekeyHeader marks a message on a node's notice subject that is not a

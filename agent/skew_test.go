@@ -199,6 +199,25 @@ func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
 	if p := pinned(); len(p) != 2 || p[1] != theirs || !slices.Contains(id.Pins(), theirs) {
 		t.Fatalf("the control key's statement: state %v, accepted %v", p, id.Pins())
 	}
+
+	// The same, sent alone (link.StatementsHeader): another key's, of a
+	// later sequence, passed over — taken, it would keep the control
+	// key's, sent after it, from being taken.
+	alone := func(seq uint64, signer ed25519.PrivateKey, pin string) {
+		pins, _ := json.Marshal(&wire.BrokerPins{Seq: seq, Pins: []string{id.Pin, pin}, Issued: time.Now().UTC()})
+		stmt, _ := wire.Seal(signer, wire.PurposeBrokerPins, pins)
+		if err := c.client.NC.PublishMsg(&nats.Msg{Subject: id.Subjects.Notice, Header: nats.Header{
+			link.StatementsHeader: []string{"1"}, link.PinsHeader: []string{base64.StdEncoding.EncodeToString(stmt)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alone(5, other, strings.Repeat("dd", 32))
+	time.Sleep(time.Second)
+	alone(4, c.keys.Control, strings.Repeat("cc", 32))
+	waitFor(t, "the control key's statement sent alone, taken", func() bool {
+		p := pinned()
+		return len(p) == 2 && p[1] == strings.Repeat("cc", 32)
+	})
 }
 
 // A declaration signed by a rotated control key, read while the executor

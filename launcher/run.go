@@ -215,6 +215,10 @@ func (l *launcher) run(ctx context.Context) error {
 				continue
 			}
 		}
+		if held, pid := serveHeld(l.cfg.StateDir); held {
+			l.othersServe(ctx, pid)
+			continue
+		}
 		act, st, err := l.decide()
 		if err != nil {
 			l.idle(ctx, "cannot use the launch state; starting nothing until it can", err.Error())
@@ -332,6 +336,20 @@ func (l *launcher) halt(reason string) error {
 		l.log.Error("launcher: could not record the halt", "err", err)
 	}
 	return err
+}
+
+// othersServe waits while an executor this launcher did not start (one
+// started by hand, or by a launcher before this one) holds the state: a
+// start now would be refused, and each refusal counted toward a rollback
+// and a halt the binary did not earn. It counts nothing and says so once a
+// holder; the executor that holds the state serves the node meanwhile, so
+// the agent is told nothing. Its end is looked for every second.
+func (l *launcher) othersServe(ctx context.Context, pid int) {
+	if msg := fmt.Sprintf("another executor holds %d", pid); l.said != msg {
+		l.said = msg
+		l.log.Warn("launcher: another mesh-executor serve holds the state directory, not started by this launcher; starting nothing and counting nothing until it ends", "pid", pid, "state", l.cfg.StateDir)
+	}
+	sleep(ctx, time.Second)
 }
 
 // idle says why once, then waits Poll (or until ctx ends).

@@ -107,3 +107,27 @@ func readRunPid(p string) int {
 	}
 	return pid
 }
+
+// ExecutorServeLock is the executor's own lock in the state directory
+// (executor/cli.ServeLockFile, which this package cannot link; tests hold
+// the two names equal): `mesh-executor serve` holds it for its life.
+const ExecutorServeLock = "serve.lock"
+
+// serveHeld says whether a `mesh-executor serve` holds dir now, with the
+// pid it recorded (0: not read). Probed with a shared flock taken without
+// waiting and let go at once, which fails only while a serve's exclusive
+// one is held; the file is opened without following a link and never
+// created. Not this launcher's child: it probes only while none runs.
+func serveHeld(dir string) (held bool, pid int) {
+	p := filepath.Join(dir, ExecutorServeLock)
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false, 0
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK), readRunPid(p)
+	}
+	unix.Flock(fd, unix.LOCK_UN)
+	return false, 0
+}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A second launcher on the same state directory is refused by name
@@ -113,4 +115,43 @@ func TestStatusAfterRollbackToHealthy(t *testing.T) {
 	if s := readState(t, l.state); s.RolledBack != nil {
 		t.Errorf("rolled_back = %+v after the known-good release reconciled; the mark is cleared", s.RolledBack)
 	}
+}
+
+// An executor this launcher did not start holds the state (started by
+// hand while the launcher's was down): the launcher starts nothing and
+// counts nothing while it does — each start refused by the executor's own
+// lock, counted, rolled the node back and then halted it, "the machine is
+// the problem" — says so once, and starts its executor once the other
+// has ended.
+func TestAnotherExecutorHoldingTheStateIsWaitedFor(t *testing.T) {
+	l := newLab(t)
+	l.script(l.installed, "up", "healthy-serve", 0)
+	if err := os.Mkdir(l.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(l.state, ExecutorServeLock), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	r := start(t, l.config())
+	waitFor(t, "the launcher to say another executor holds the state", 10*time.Second, func() bool {
+		return strings.Contains(l.logs.String(), "another mesh-executor serve holds the state directory")
+	})
+	r.alive(time.Second)
+	if got := l.lines(); len(got) != 0 {
+		t.Fatalf("the launcher started %v while another executor held the state", got)
+	}
+	if s, err := ReadState(l.state); err == nil && (len(s.Starts) != 0 || s.RolledBack != nil || s.Halted != nil) {
+		t.Fatalf("the launch state while another executor held the state: %+v", s)
+	}
+	if n := strings.Count(l.logs.String(), "another mesh-executor serve holds"); n != 1 {
+		t.Errorf("said %d times; once is enough", n)
+	}
+	f.Close()
+	waitFor(t, "the launcher's executor, once the other ended", 10*time.Second, func() bool { return slices.Contains(l.lines(), "serving") })
+	r.stop(5 * time.Second)
 }

@@ -9,6 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/cli"
 )
 
 // docJSON is the declaration of ms for n: the link's modules under L/,
@@ -418,6 +422,14 @@ func (w *world) do(s step) {
 			w.secondLauncher(n)
 			break
 		}
+		// Nor is an executor the launcher is starting again (killed a
+		// step before): the state is free until it serves, and a second
+		// started then takes it rightly (the launcher waits for it to
+		// end, launcher TestAnotherExecutorHoldingTheStateIsWaitedFor).
+		if procKind(s.Proc) == "executor" && !w.eventually(30*time.Second, func() bool { return serveLocked(n.state) }) {
+			w.logf("  (no executor serves %s's state: no second instance started)", n.name)
+			break
+		}
 		w.faults["second "+procKind(s.Proc)]++
 		w.second(n, s.Proc)
 	case "second-socket":
@@ -756,4 +768,17 @@ func (w *world) pinsHeld(n *node) uint64 {
 	b, _ := os.ReadFile(filepath.Join(n.agent, "agent.json"))
 	json.Unmarshal(b, &st)
 	return st.PinsSeq
+}
+
+// serveLocked says whether a mesh-executor serve holds state's lock
+// (executor/cli.ServeLockFile) now, by the pid it records there being
+// alive: a probe that takes no lock, so that it never refuses the serve
+// it looks for.
+func serveLocked(state string) bool {
+	b, err := os.ReadFile(filepath.Join(state, cli.ServeLockFile))
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && pid > 0 && unix.Kill(pid, 0) == nil
 }

@@ -130,7 +130,7 @@ type Client struct {
 	jwtSent *sync.Map
 	// statementsSent is when a heartbeat of each node, saying what it
 	// holds, was last looked at for statements alone (offerStatements).
-	statementsSent *sync.Map
+	statementsSent *lookedAt
 	// batched says the declarations' and the registry's streams take
 	// atomic batches (ensure): a fan-out writes its sequences and its
 	// declarations a batch at a time (DeclareAll).
@@ -246,7 +246,7 @@ func connectOnce(ctx context.Context, k *Keys, url string, replicas int, log *sl
 		nc.Close()
 		return nil, false, err
 	}
-	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}, jwtSent: &sync.Map{}, statementsSent: &sync.Map{}}
+	c := &Client{Keys: k, NC: nc, JS: js, log: log, floor: &floorCache{}, rekeySent: &sync.Map{}, jwtSent: &sync.Map{}, statementsSent: &lookedAt{}}
 	if err := c.ensure(ctx, replicas); err != nil {
 		nc.Close()
 		return nil, false, err

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -446,20 +447,21 @@ type holds struct {
 //     is sent none (it is to be enrolled again).
 //   - the broker certificates' statement whatever its subject holds: it
 //     invalidates nothing, and a node without it cannot link after the
-//     certificate's switch.
+//     certificate's switch — with the rotations beside it when the node
+//     holds a retired key, which could not check it.
 //
 // h is what the node's heartbeat says it holds; nil, at a rotation, when
 // that is not known: each statement of what is then taken for not held. A
-// heartbeat's ask is looked at once a node and holding every
-// statementsResend: a heartbeat is the agent's to send, the agent is
+// heartbeat's ask is looked at once a node, what it holds and what is in
+// force every statementsResend: a heartbeat is the agent's to send, the agent is
 // trusted for nothing, and a node left behind for long would otherwise
 // cost reads at each heartbeat. It returns whether it sent anything; what
 // it could not read it sends nothing for, and the node's next heartbeat
 // asks again.
 func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h *holds, what statements) bool {
-	pinsSeq := c.Keys.BrokerPinsSeq()
+	pinsSeq, inForce := c.Keys.BrokerPinsSeq(), c.Keys.KeyID()
 	if h != nil {
-		if h.key == "" || h.key == c.Keys.KeyID() {
+		if h.key == "" || h.key == inForce {
 			what &^= stRotations
 		}
 		if pinsSeq == 0 || h.pins >= pinsSeq {
@@ -468,11 +470,9 @@ func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h 
 		if what == 0 {
 			return false
 		}
-		key := fmt.Sprintf("%s/%s/%d", node, h.key, h.pins)
-		if last, ok := c.statementsSent.Load(key); ok && time.Since(last.(time.Time)) < statementsResend {
+		if !c.statementsSent.due(fmt.Sprintf("%s/%s/%d/%s/%d", node, h.key, h.pins, inForce, pinsSeq), statementsResend) {
 			return false
 		}
-		c.statementsSent.Store(key, time.Now())
 	}
 	if pinsSeq == 0 {
 		what &^= stPins
@@ -482,19 +482,22 @@ func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h 
 		return false
 	}
 	hdr := nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}, link.StatementsHeader: []string{"1"}}
-	if what&stRotations != 0 && len(rec.Rotations) > 0 && (h == nil || rotationFrom(rec.Rotations, h.key)) {
-		empty := recovering(rec.Rotations)
-		if !empty {
-			_, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
-			empty = errors.Is(err, jetstream.ErrMsgNotFound)
-		}
-		if empty {
-			hdr.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
-		}
-	}
 	if what&stPins != 0 {
 		if p := c.Keys.BrokerPins(); p != nil {
 			hdr.Set(link.PinsHeader, base64.StdEncoding.EncodeToString(p))
+		}
+	}
+	if what&stRotations != 0 && len(rec.Rotations) > 0 && (h == nil || rotationFrom(rec.Rotations, h.key)) {
+		// Beside the pins statement, which the key in force signed, the
+		// rotations go whatever the subject holds: a node on a retired
+		// key could not take it, nor link after the switch.
+		send := recovering(rec.Rotations) || hdr.Get(link.PinsHeader) != ""
+		if !send {
+			_, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
+			send = errors.Is(err, jetstream.ErrMsgNotFound)
+		}
+		if send {
+			hdr.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
 		}
 	}
 	if hdr.Get(link.RotationHeader) == "" && hdr.Get(link.PinsHeader) == "" {
@@ -504,6 +507,34 @@ func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h 
 		return false
 	}
 	c.log.Debug("sent statements alone: nothing else carries them to the node", "node", node, "rotations", hdr.Get(link.RotationHeader) != "", "pins", hdr.Get(link.PinsHeader) != "")
+	return true
+}
+
+// lookedAt is when each of a set of keys was last looked at, for a look
+// made at most once an interval whoever asks; what is older than the
+// interval is forgotten now and then, so the set holds what was looked at
+// lately, not every node, holding and key there ever were.
+type lookedAt struct {
+	m     sync.Map // key → time.Time
+	looks atomic.Uint64
+}
+
+// due says whether key's look is due (none within every), and counts it
+// looked at now if so.
+func (l *lookedAt) due(key string, every time.Duration) bool {
+	now := time.Now()
+	if last, ok := l.m.Load(key); ok && now.Sub(last.(time.Time)) < every {
+		return false
+	}
+	l.m.Store(key, now)
+	if l.looks.Add(1)%1024 == 0 {
+		l.m.Range(func(k, v any) bool {
+			if now.Sub(v.(time.Time)) >= every {
+				l.m.Delete(k)
+			}
+			return true
+		})
+	}
 	return true
 }
 

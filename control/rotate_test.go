@@ -324,6 +324,17 @@ func TestBrokerPinsAloneGoWhereNotTaken(t *testing.T) {
 	if m := bare.statementsAlone(t, time.Second); m != nil {
 		t.Fatal("a heartbeat that took the statement answered with it")
 	}
+
+	// The control key rotated: the statement, signed again by the new
+	// key, goes to a node on the retired one with the rotations beside it,
+	// though its subject holds a declaration to carry them.
+	if _, err := s.client.RotateKey(ctx, control.RotateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	declared.heartbeat(t, key, 0)
+	if m := declared.statementsAlone(t, 5*time.Second); m == nil || m.Header.Get(link.PinsHeader) == "" || m.Header.Get(link.RotationHeader) == "" {
+		t.Fatalf("a node on the retired key, without the statement: %v", m)
+	}
 }
 
 // The broker certificates' statement follows the control key: a rotation

@@ -249,14 +249,26 @@ func TestAnAgentStoppedBeforeKeepingItsGrantFinishes(t *testing.T) {
 }
 
 // A rekey of a node that has not taken the control key's last rotation
-// (never declared to, it takes one with its first declaration): the answer
-// the new key signs comes with the rotation, which the node takes first.
+// (held: its newest declaration holds sealed content, which is not signed
+// again, and it takes a routine rotation with its next declaration): the
+// answer the new key signs comes with the rotation, which the node takes
+// first.
 func TestARekeyAfterARotationTheNodeMissed(t *testing.T) {
 	m := newHost(t)
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	sf := filepath.Join(m.base, "secret")
+	os.WriteFile(sf, []byte("s3cret\n"), 0o600)
+	f := filepath.Join(m.base, "sealed.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"resources":[{"module":"db","id":"creds","type":"file","path":"{root}/creds","mode":"0600"}]}`, "{root}", m.tree)), 0o600)
+	if r := m.reportFor(declaredSeq(t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf, "--json"))); r.Outcome != shapes.Applied {
+		t.Fatalf("the sealed declaration: %+v", r)
+	}
 	keys := filepath.Join(m.state, "control-keys.json")
 	was, _ := os.ReadFile(keys)
-	m.run("mesh-control", "key", "rotate", "--dir", m.ctl)
+	if out := m.run("mesh-control", "key", "rotate", "--dir", m.ctl); !strings.Contains(out, "held, their newest declaration holding sealed content: n1") {
+		t.Fatalf("key rotate:\n%s", out)
+	}
+	time.Sleep(3 * time.Second) // heartbeats a second apart: none brings it
 	if now, _ := os.ReadFile(keys); !bytes.Equal(now, was) {
 		t.Fatal("the node took the rotation before the rekey")
 	}

@@ -41,9 +41,9 @@ func (c *cli) keyRotate(recoveryKey string) error {
 			res.From, res.To, res.Seq, how, res.Nodes, res.Republished)
 		switch {
 		case len(res.Held) > 0 && res.By == wire.ByRecovery:
-			fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — sent the recovery alone, now and at their heartbeats until they hold it: each refuses that declaration if it has not applied it yet (the stolen key signed it); declare to them again\n", strings.Join(res.Held, ", "))
+			fmt.Fprintf(c.stdout, "held, their newest declaration not signed again (sealed content, or signed before the key retired): %s — sent the recovery alone, now and at their heartbeats until they hold it: each refuses that declaration if it has not applied it yet (the stolen key signed it); declare to them again\n", strings.Join(res.Held, ", "))
 		case len(res.Held) > 0:
-			fmt.Fprintf(c.stdout, "held, their newest declaration holding sealed content: %s — each takes the rotation with its next declaration\n", strings.Join(res.Held, ", "))
+			fmt.Fprintf(c.stdout, "held, their newest declaration not signed again (sealed content, or signed before the key retired): %s — each takes the rotation with its next declaration\n", strings.Join(res.Held, ", "))
 		}
 		if rest := res.Nodes - res.Republished - len(res.Held); rest > 0 {
 			fmt.Fprintf(c.stdout, "%d with no declaration to sign again take the rotation alone: %d sent it now, any other with its next heartbeat\n", rest, res.Alone)

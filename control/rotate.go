@@ -67,9 +67,9 @@ type RotateResult struct {
 	// the rotation alone (offerStatements); one linked later takes it at
 	// its first heartbeat.
 	Alone int `json:"alone,omitempty"`
-	// Held are nodes whose newest declaration holds sealed content, bound
-	// to its sequence, so it is not signed again: each takes the rotation
-	// with its next declaration — or, a recovery's, alone at once
+	// Held are nodes whose newest declaration is not signed again — it
+	// holds sealed content, bound to its sequence, or a key before the one
+	// retired signed it: each takes the rotation with its next declaration — or, a recovery's, alone at once
 	// (offerStatements), and again at its heartbeats until it holds it.
 	Held []string `json:"held,omitempty"`
 	// LeftBehind are nodes of a release before rotations (link
@@ -369,11 +369,10 @@ func (c *Client) addRotation(ctx context.Context, node, enrolment string, env []
 }
 
 // republish declares node's newest declaration again, signed by the key
-// in force, under a new sequence (signed) — unless there is none (a node
-// never declared to takes a rotation with its first declaration), it is
-// signed by the key in force already, or it holds sealed content, which
-// is bound to its sequence and which this side cannot read back (held:
-// the node takes the rotation with its next declaration).
+// in force, under a new sequence (signed) — unless there is none, it is
+// signed by the key in force already, or it is held: it holds sealed
+// content, which is bound to its sequence and which this side cannot read
+// back, or a key before retired signed it, which this side cannot check.
 func (c *Client) republish(ctx context.Context, node string, retired ed25519.PublicKey) (signed, held bool, err error) {
 	m, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -384,7 +383,13 @@ func (c *Client) republish(ctx context.Context, node string, retired ed25519.Pub
 	}
 	payload, err := wire.Open(retired, wire.PurposeDeclaration, m.Data)
 	if err != nil {
-		return false, false, nil // not the retired key's: signed since, by the new one
+		if _, err := wire.Open(c.Keys.ControlPublic(), wire.PurposeDeclaration, m.Data); err == nil {
+			return false, false, nil // signed since, by the key in force
+		}
+		// Signed by a key before the one retired (the node held through
+		// an earlier rotation), or by none this side knows: nothing it can
+		// check, so nothing it signs again.
+		return false, true, nil
 	}
 	var d map[string]json.RawMessage
 	if err := json.Unmarshal(payload, &d); err != nil {

@@ -368,3 +368,27 @@ func TestThePinsStatementFollowsTheControlKey(t *testing.T) {
 		t.Fatalf("the key directory read again says statement %d, want %d", k.BrokerPinsSeq(), cert.Seq)
 	}
 }
+
+// A node held through a rotation (its newest declaration sealed) is named
+// held at the next one too: its declaration, signed by a key before the
+// one retired, is nothing this side can check, so nothing it signs again.
+func TestANodeHeldThroughTwoRotationsIsNamedHeld(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	enrolListening(t, s, "sealed")
+	sealer := *s.client
+	sealer.Seals = map[string][]byte{"app.token": []byte("secret\n")}
+	if _, err := sealer.Declare(ctx, "sealed", []byte(sealedDecl)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		res, err := s.client.RotateKey(ctx, control.RotateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Republished != 0 || len(res.Held) != 1 || res.Held[0] != "sealed" {
+			t.Fatalf("rotation %d: %+v", i+1, res)
+		}
+	}
+}

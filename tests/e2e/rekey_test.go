@@ -265,7 +265,7 @@ func TestARekeyAfterARotationTheNodeMissed(t *testing.T) {
 	}
 	keys := filepath.Join(m.state, "control-keys.json")
 	was, _ := os.ReadFile(keys)
-	if out := m.run("mesh-control", "key", "rotate", "--dir", m.ctl); !strings.Contains(out, "held, their newest declaration holding sealed content: n1") {
+	if out := m.run("mesh-control", "key", "rotate", "--dir", m.ctl); !strings.Contains(out, "held, their newest declaration not signed again (sealed content, or signed before the key retired): n1") {
 		t.Fatalf("key rotate:\n%s", out)
 	}
 	time.Sleep(3 * time.Second) // heartbeats a second apart: none brings it

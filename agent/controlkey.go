@@ -117,12 +117,22 @@ func (a *Agent) takePins(header string) {
 	if p.Seq <= a.state.get().PinsSeq {
 		return
 	}
-	if err := a.state.update(func(s *State) { s.BrokerPins, s.PinsSeq = p.Pins, p.Seq }); err != nil {
+	// Judged again under the state's lock, and the pins accepted there: a
+	// statement beside a declaration (the worker) and one sent alone (the
+	// heartbeat loop) may be taken at once, and the older must not win.
+	taken := false
+	if err := a.state.update(func(s *State) {
+		if taken = p.Seq > s.PinsSeq; taken {
+			s.BrokerPins, s.PinsSeq = p.Pins, p.Seq
+			a.id.setPins(p.Pins)
+		}
+	}); err != nil {
 		a.log.Warn("state: " + err.Error())
 		return
 	}
-	a.id.setPins(p.Pins)
-	a.log.Warn("the broker's certificates, as the control side announces them", "seq", p.Seq, "pins", p.Pins)
+	if taken {
+		a.log.Warn("the broker's certificates, as the control side announces them", "seq", p.Seq, "pins", p.Pins)
+	}
 }
 
 // takeUserJWT takes the broker credential the control side renewed (a

@@ -365,7 +365,15 @@ func runLinked(ctx context.Context, o Options) error {
 		wake:          make(chan struct{}, 1),
 	}
 	// The broker certificates a rotation announced, accepted from the
-	// first dial (takePins).
+	// first dial (takePins) — if taken in this enrolment: those of an
+	// enrolment before it would stand in for the certificate this one's
+	// token pinned, an older one after a switch, and keep the node off
+	// the broker for good.
+	if s := st.get(); len(s.BrokerPins) > 0 && s.PinsEnrolment != "" && s.PinsEnrolment != a.id.Enrolment {
+		if err := st.update(func(s *State) { s.BrokerPins, s.PinsSeq, s.PinsEnrolment = nil, 0, "" }); err != nil {
+			a.log.Warn("state: " + err.Error())
+		}
+	}
 	a.id.setPins(st.get().BrokerPins)
 	if s := st.get(); s.UserJWT != "" && a.jwtFor(s.UserJWT) == nil {
 		a.id.setJWT(s.UserJWT, s.JWTIssuer)

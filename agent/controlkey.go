@@ -123,7 +123,7 @@ func (a *Agent) takePins(header string) {
 	taken := false
 	if err := a.state.update(func(s *State) {
 		if taken = p.Seq > s.PinsSeq; taken {
-			s.BrokerPins, s.PinsSeq = p.Pins, p.Seq
+			s.BrokerPins, s.PinsSeq, s.PinsEnrolment = p.Pins, p.Seq, a.id.Enrolment
 			a.id.setPins(p.Pins)
 		}
 	}); err != nil {

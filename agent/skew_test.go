@@ -220,6 +220,34 @@ func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
 	})
 }
 
+// The broker certificates a statement named belong to the enrolment that
+// took them: enrolled again (its token pinning the certificate the broker
+// presents now), the node links with that one, not with what its state
+// kept of a statement taken before — an older certificate after a switch
+// would keep it off the broker for good — and its heartbeat says it holds
+// no statement, so the control side sends it the newest.
+func TestPinsOfAnEarlierEnrolmentGiveWay(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	state := t.TempDir()
+	stale, _ := json.Marshal(map[string]any{"broker_pins": []string{strings.Repeat("ee", 32)}, "pins_seq": 4, "pins_enrolment": "e-before", "format": 1})
+	if err := os.WriteFile(filepath.Join(state, "agent.json"), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runAgentIn(t, id, ex.path, 0, state)
+	waitFor(t, "linked with the certificate its enrolment pinned", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	var st struct {
+		Pins []string `json:"broker_pins"`
+		Seq  uint64   `json:"pins_seq"`
+	}
+	b, _ := os.ReadFile(filepath.Join(state, "agent.json"))
+	json.Unmarshal(b, &st)
+	if len(st.Pins) != 0 || st.Seq != 0 {
+		t.Fatalf("the state kept the earlier enrolment's statement: %+v", st)
+	}
+}
+
 // A declaration signed by a rotated control key, read while the executor
 // — which says which key is in force — is down, is not refused for good:
 // the agent cannot judge it yet, leaves it unsettled, and forwards it once

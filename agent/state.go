@@ -49,6 +49,12 @@ type State struct {
 	// the one the config pinned: a rotation of the broker's certificate.
 	BrokerPins []string `json:"broker_pins,omitempty"`
 	PinsSeq    uint64   `json:"pins_seq,omitempty"`
+	// PinsEnrolment is the enrolment they were taken in ("": by a release
+	// before the field, taken for this one's): a node enrolled again pins
+	// what its token pinned, the certificate the broker presented when it
+	// was issued, and takes the control side's newest statement anew —
+	// its heartbeat says it holds none, and the control side sends it.
+	PinsEnrolment string `json:"pins_enrolment,omitempty"`
 	// UserJWT is the user JWT the control side renewed (wire.UserJWT),
 	// signed in with in place of the grant's; JWTIssuer the key that
 	// issued it.

@@ -1043,11 +1043,20 @@ func (a *Agent) reconnected(ctx context.Context) error {
 }
 
 // learnFloor raises the agent's memory of the last applied sequence to the
-// executor's own (after a lost state directory, say).
+// executor's own (after a lost state directory, say), and takes the
+// control key in force when the executor's status names another than the
+// agent checks with: an agent started after a rotation its executor took
+// checks under its enrolment's key until it judges a message the new key
+// signed, and would pass over meanwhile what it checks on its own (a
+// renewed broker credential, heard in the notice handler, which asks the
+// executor nothing).
 func (a *Agent) learnFloor() {
 	s, err := a.exec.status(a.linkSaid())
 	if err != nil {
 		return
+	}
+	if s.ControlKeyID != "" && s.ControlKeyID != wire.KeyID(a.controlKey()) {
+		a.learnControlKey("")
 	}
 	if s.Seq > a.state.get().LastApplied {
 		a.state.update(func(st *State) {

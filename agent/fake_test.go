@@ -205,9 +205,10 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			if b.Link != nil {
 				f.links = append(f.links, *b.Link)
 			}
-			s := &wire.StatusReply{Version: "fake", Build: f.build, State: link.StateEnrolled, Seq: f.applied, Outcome: shapes.Applied}
+			s := &wire.StatusReply{Version: "fake", Build: f.build, State: link.StateEnrolled, Seq: f.applied, Outcome: shapes.Applied,
+				ControlKeyID: wire.KeyID(f.key)}
 			if f.hosted {
-				s.State = link.StateHosted
+				s.State, s.ControlKeyID = link.StateHosted, ""
 			}
 			s.ProfileDigest = f.profileDigest
 			f.mu.Unlock()

@@ -220,6 +220,28 @@ func TestBrokerPinsOnlyFromTheControlKey(t *testing.T) {
 	})
 }
 
+// An agent started after a rotation its executor took checks what it is
+// sent under the key the executor holds, not its enrolment's: a statement
+// of the broker's certificates the new key signed, sent alone before any
+// declaration, is taken.
+func TestAStatementAfterARestartIsCheckedUnderTheKeyInForce(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("n1")
+	_, rotated, _ := ed25519.GenerateKey(rand.Reader)
+	ex := newFakeExecutor(t, rotated.Public().(ed25519.PublicKey), "b1")
+	state := t.TempDir()
+	runAgentIn(t, id, ex.path, 0, state)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	theirs := strings.Repeat("cc", 32)
+	pins, _ := json.Marshal(&wire.BrokerPins{Seq: 1, Pins: []string{id.Pin, theirs}, Issued: time.Now().UTC()})
+	stmt, _ := wire.Seal(rotated, wire.PurposeBrokerPins, pins)
+	if err := c.client.NC.PublishMsg(&nats.Msg{Subject: id.Subjects.Notice, Header: nats.Header{
+		link.StatementsHeader: []string{"1"}, link.PinsHeader: []string{base64.StdEncoding.EncodeToString(stmt)}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the statement the executor's key signed, taken", func() bool { return slices.Contains(id.Pins(), theirs) })
+}
+
 // The broker certificates a statement named belong to the enrolment that
 // took them: enrolled again (its token pinning the certificate the broker
 // presents now), the node links with that one, not with what its state

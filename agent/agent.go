@@ -1027,7 +1027,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 		return err
 	}
 	a.reconc.Store(false)
-	a.learnFloor()
+	a.learnFromStatus()
 	r := a.report(v.Seq)
 	r.Trigger, r.Outcome, r.Owned = link.TriggerReconnect, v.Outcome, v.Owned
 	if lines != nil {
@@ -1042,15 +1042,15 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	return a.publishReports(ctx, []*link.Report{r})
 }
 
-// learnFloor raises the agent's memory of the last applied sequence to the
-// executor's own (after a lost state directory, say), and takes the
-// control key in force when the executor's status names another than the
-// agent checks with: an agent started after a rotation its executor took
+// learnFromStatus raises the agent's memory of the last applied sequence
+// to the executor's own (after a lost state directory, say), and takes
+// the control key in force when the executor's status names another than
+// the agent checks with: an agent started after a rotation its executor took
 // checks under its enrolment's key until it judges a message the new key
 // signed, and would pass over meanwhile what it checks on its own (a
 // renewed broker credential, heard in the notice handler, which asks the
 // executor nothing).
-func (a *Agent) learnFloor() {
+func (a *Agent) learnFromStatus() {
 	s, err := a.exec.status(a.linkSaid())
 	if err != nil {
 		return

@@ -117,6 +117,16 @@ func (k *Keys) BrokerPinsSeq() uint64 {
 	return k.pinsSeq
 }
 
+// pinsUnder is the statement of the broker's certificates env, checked
+// under key.
+func pinsUnder(key ed25519.PublicKey, env []byte) (*wire.BrokerPins, error) {
+	payload, err := wire.Open(key, wire.PurposeBrokerPins, env)
+	if err != nil {
+		return nil, err
+	}
+	return wire.ParseBrokerPins(payload)
+}
+
 func (k *Keys) setBroker(fingerprint string, pins []byte, seq uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -375,10 +385,8 @@ func LoadKeys(dir string) (*Keys, error) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, FileBrokerPins)); err == nil {
 		k.pins = b
-		if payload, err := wire.Open(k.ControlPublic(), wire.PurposeBrokerPins, b); err == nil {
-			if bp, err := wire.ParseBrokerPins(payload); err == nil {
-				k.pinsSeq = bp.Seq
-			}
+		if bp, err := pinsUnder(k.ControlPublic(), b); err == nil {
+			k.pinsSeq = bp.Seq
 		}
 	}
 	seed, err := readKeyFile(dir, FileNKey)

@@ -69,8 +69,9 @@ type RotateResult struct {
 	Alone int `json:"alone,omitempty"`
 	// Held are nodes whose newest declaration is not signed again — it
 	// holds sealed content, bound to its sequence, or a key before the one
-	// retired signed it: each takes the rotation with its next declaration — or, a recovery's, alone at once
-	// (offerStatements), and again at its heartbeats until it holds it.
+	// retired signed it: each takes the rotation with its next
+	// declaration, or, a recovery's, alone at once (offerStatements) and
+	// again at its heartbeats until it holds it.
 	Held []string `json:"held,omitempty"`
 	// LeftBehind are nodes of a release before rotations (link
 	// capability 0): they cannot take one, and refuse what the new key
@@ -291,11 +292,9 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 	// checks statements under the new key, and this side reads the
 	// statement's sequence back under the key in force when it starts.
 	if p := k.BrokerPins(); p != nil {
-		if payload, err := wire.Open(oldPub, wire.PurposeBrokerPins, p); err == nil {
-			if bp, err := wire.ParseBrokerPins(payload); err == nil {
-				if err := c.statePins(bp.Seq, bp.Pins, ""); err != nil {
-					return res, fmt.Errorf("the control key rotated to %s and is signed with; but the broker certificates' statement was not signed again: %w", res.To, err)
-				}
+		if bp, err := pinsUnder(oldPub, p); err == nil {
+			if err := c.statePins(bp.Seq, bp.Pins, ""); err != nil {
+				return res, fmt.Errorf("the control key rotated to %s and is signed with; but the broker certificates' statement was not signed again: %w", res.To, err)
 			}
 		}
 	}
@@ -486,27 +485,30 @@ func (c *Client) offerStatements(ctx context.Context, node, enrolment string, h 
 	if err != nil || rec.IsRevoked() || rec.Enrolment != enrolment || rec.Capability < 1 {
 		return false
 	}
-	hdr := nats.Header{link.CapabilityHeader: []string{link.CapabilityValue}, link.StatementsHeader: []string{"1"}}
-	if what&stPins != 0 {
-		if p := c.Keys.BrokerPins(); p != nil {
-			hdr.Set(link.PinsHeader, base64.StdEncoding.EncodeToString(p))
-		}
-	}
+	pins := what&stPins != 0
+	rotations := false
 	if what&stRotations != 0 && len(rec.Rotations) > 0 && (h == nil || rotationFrom(rec.Rotations, h.key)) {
 		// Beside the pins statement, which the key in force signed, the
 		// rotations go whatever the subject holds: a node on a retired
 		// key could not take it, nor link after the switch.
-		send := recovering(rec.Rotations) || hdr.Get(link.PinsHeader) != ""
-		if !send {
+		rotations = recovering(rec.Rotations) || pins
+		if !rotations {
 			_, err := c.decls.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
-			send = errors.Is(err, jetstream.ErrMsgNotFound)
-		}
-		if send {
-			hdr.Set(link.RotationHeader, wire.EncodeRotationChain(rec.Rotations))
+			rotations = errors.Is(err, jetstream.ErrMsgNotFound)
 		}
 	}
-	if hdr.Get(link.RotationHeader) == "" && hdr.Get(link.PinsHeader) == "" {
+	if !pins && !rotations {
 		return false
+	}
+	// What the control side says beside all it sends a node, less what
+	// is not to be sent alone now.
+	hdr := c.linkHeader(rec)
+	hdr.Set(link.StatementsHeader, "1")
+	if !pins {
+		hdr.Del(link.PinsHeader)
+	}
+	if !rotations {
+		hdr.Del(link.RotationHeader)
 	}
 	if err := c.NC.PublishMsg(&nats.Msg{Subject: link.SubjectsOf(node).Notice, Header: hdr}); err != nil {
 		return false

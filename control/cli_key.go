@@ -93,8 +93,11 @@ func (c *cli) certRotate(switchCert, force bool) error {
 	return c.rotationStep(CertSubject, switchCert, force, &CertRequest{Switch: switchCert, Force: force}, &res, &res.Error, func() {
 		switch res.Phase {
 		case "announced":
-			fmt.Fprintf(c.stdout, "broker certificate %s announced beside %s (statement %d) to %d node(s); %d declaration(s) signed again to carry it; %d sent it alone (no declaration to sign again, or one holding sealed content), any away with their next heartbeat\n",
-				res.Next, res.Current, res.Seq, res.Nodes, res.Republished, res.Alone)
+			fmt.Fprintf(c.stdout, "broker certificate %s announced beside %s (statement %d) to %d node(s); %d declaration(s) signed again to carry it\n",
+				res.Next, res.Current, res.Seq, res.Nodes, res.Republished)
+			if res.Nodes > res.Republished {
+				fmt.Fprintf(c.stdout, "%d sent it alone (no declaration to sign again, or one holding sealed content), any away with their next heartbeat\n", res.Alone)
+			}
 			c.next("mesh-control cert rotate --switch" + c.dirFlag() + "    # once mesh-control nodes --json shows every node's heartbeat.broker_pins_seq at " + fmt.Sprint(res.Seq))
 		case "switched":
 			fmt.Fprintf(c.stdout, "the broker presents certificate %s now; nodes accept it alone (statement %d)\n", res.Current, res.Seq)

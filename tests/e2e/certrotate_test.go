@@ -131,7 +131,7 @@ func TestTheBrokerCertificateReachesNodesWithNothingDeclared(t *testing.T) {
 	away.Wait()
 
 	out := m.run("mesh-control", "cert", "rotate", "--dir", m.ctl)
-	if !strings.Contains(out, "0 declaration(s) signed again to carry it; 2 sent it alone") {
+	if !strings.Contains(out, "0 declaration(s) signed again to carry it\n2 sent it alone") {
 		t.Fatalf("cert rotate:\n%s", out)
 	}
 	eventually(t, "n1, never declared to, takes the announcement", func() bool { return m.pinsSeq("n1") == 1 })

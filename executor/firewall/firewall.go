@@ -40,6 +40,7 @@ package firewall
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -235,6 +236,15 @@ func DetectWith(ctx context.Context, run Runner) (Firewall, error) {
 	return open(run)
 }
 
+// Listable says whether nftables can be listed here over netlink, the
+// way every opening reads and writes it (no program is needed): nil when
+// it can. The profile's firewall capability is this answer, so that a
+// module is assigned to a host exactly when its openings can be written.
+func Listable() error {
+	_, err := open(Run)
+	return err
+}
+
 // open reads nftables over netlink, in the namespace opts name (the
 // executor's own when none).
 func open(run Runner, opts ...nftables.ConnOption) (*nft, error) {
@@ -243,6 +253,9 @@ func open(run Runner, opts ...nftables.ConnOption) (*nft, error) {
 		return nil, fmt.Errorf("nftables: netlink: %w", err)
 	}
 	if _, err := conn.ListChains(); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("nftables cannot be listed over netlink (it takes CAP_NET_ADMIN): %w", err)
+		}
 		return nil, fmt.Errorf("nftables cannot be listed over netlink (no nf_tables here?): %w", err)
 	}
 	return &nft{conn: conn, run: run}, nil

@@ -300,23 +300,15 @@ func scanDir(args []string, def string) string {
 	return def
 }
 
-// ---- firewall: a filter this host can write rules into lists its rules.
+// ---- firewall: nftables, listed over netlink as every opening is
+// written (package firewall): no nft or iptables program is needed, and a
+// host without nf_tables, or a caller without CAP_NET_ADMIN, has none.
 
 func probeFirewall(ctx context.Context, o Options) Capability {
-	var tried []string
-	for _, fw := range []struct{ detail, cmd string }{{"nftables", "nft list tables"}, {"iptables", "iptables -S"}} {
-		argv := strings.Fields(fw.cmd)
-		res, err := run(ctx, argv[0], argv[1:]...)
-		switch {
-		case err != nil:
-			tried = append(tried, err.Error())
-		case res.Code != 0:
-			tried = append(tried, fw.cmd+": "+describe(res))
-		default:
-			return present(fw.detail + frontends(ctx))
-		}
+	if err := firewall.Listable(); err != nil {
+		return absent("no firewall this host can write to: " + err.Error())
 	}
-	return absent("no firewall this host can write to (" + strings.Join(tried, "; ") + ")")
+	return present("nftables" + frontends(ctx))
 }
 
 // frontends names a running firewalld or an active ufw, since either owns

@@ -168,7 +168,7 @@ func TestProfileOnSystemd(t *testing.T) {
 	p.present(t, "package-manager", "dpkg/apt")
 	// container-runtime: nothing listens yet; every socket tried is named.
 	p.absent(t, "container-runtime", "_ping", "/run/docker.sock: absent", "/run/podman/podman.sock: absent")
-	// firewall: nft lists the tables of the lab's own netns.
+	// firewall: nftables lists the lab's own netns over netlink.
 	p.present(t, "firewall", "nftables")
 	m.sh("nft list tables")
 	// graphical-session: no X server, no Wayland compositor.
@@ -249,7 +249,7 @@ func TestProfileOnSystemd(t *testing.T) {
 	// privileged, and what root alone may ask: not root.
 	p = m.profile("setpriv --reuid=65534 --regid=65534 --clear-groups --")
 	p.absent(t, "privileged", "effective uid is 65534, not 0", "CapEff lacks CAP_SYS_ADMIN")
-	p.absent(t, "firewall", "nft list tables", "exit 1")
+	p.absent(t, "firewall", "nftables cannot be listed over netlink (it takes CAP_NET_ADMIN)", "operation not permitted")
 
 	// overlay: a userspace daemon but no tun device, then no daemon at all.
 	if !kernelWG {
@@ -262,10 +262,21 @@ func TestProfileOnSystemd(t *testing.T) {
 		p.absent(t, "overlay", "no kernel wireguard", "no userspace wireguard (neither wireguard-go nor wireguard on ")
 	}
 
-	// firewall: no nft and no iptables on this machine.
+	// firewall: no nft and no iptables program on this machine. Openings
+	// are written over netlink, so the firewall is there all the same, and
+	// an opening is written into the chain found and read back.
+	m.sh("nft add table inet filter && nft add chain inet filter input '{ type filter hook input priority 0; policy drop; }'")
 	m.sh("rm -f $(command -v nft) $(command -v iptables)")
 	p = m.profile("")
-	p.absent(t, "firewall", "no firewall this host can write to", "nft: not found", "iptables: not found")
+	p.present(t, "firewall", "nftables")
+	opening := decl(`{"module":"web","id":"alt","type":"opening","port":2222,"protocol":"tcp","path":"incoming"}`)
+	rep, code := m.apply(opening)
+	expect(t, rep, shapes.Applied, "web.alt=applied")
+	if code != 0 || !strings.Contains(rep.Lines[0].Detail, "inet filter input") {
+		t.Fatalf("an opening with no firewall program: exit %d %+v", code, rep.Lines)
+	}
+	rep, _ = m.apply(opening)
+	expect(t, rep, shapes.Unchanged, "web.alt=unchanged")
 }
 
 // On OpenRC, runit and s6 as PID 1: the service manager present, named for

@@ -319,3 +319,30 @@ func TestFoundBlocksAndAdoptionInSharedFiles(t *testing.T) {
 		t.Fatalf("given back %q, found %q", got, ini)
 	}
 }
+
+// Two edits of one shared file undeclared by the same apply: every
+// removal is decided before the first runs, and each is made on the file
+// as it is when it runs — not as the decision read it, where the second
+// would put back what the first took out. Regions (one of them over a
+// block a person wrote) and keys resources, each given back to the file
+// as found, byte for byte.
+func TestTwoEditsOfOneFileUndeclaredTogether(t *testing.T) {
+	h := newHarness(t)
+	found := "127.0.0.1 localhost\n# BEGIN mesh m.old\na person's block\n# END mesh m.old\n::1 localhost\n"
+	os.WriteFile(h.p("hosts"), []byte(found), 0o640)
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"), region("old", "the mesh's now"), region("web", "10.0.0.7 web"))), shapes.Applied,
+		"m.db=applied m.old=applied m.web=applied")
+	h.expect(h.apply(h.doc()), shapes.Removed, "m.web=removed m.old=restored m.db=removed")
+	if got := h.read("hosts"); got != found {
+		t.Fatalf("hosts given back as:\n%q\nfound\n%q", got, found)
+	}
+
+	sshd := "# sshd\nPort 22\nX11Forwarding yes\n"
+	os.WriteFile(h.p("sshd_config"), []byte(sshd), 0o600)
+	h.expect(h.apply(h.doc(keys("login", "space", `{"PermitRootLogin":"no"}`), keys("x11", "space", `{"X11Forwarding":"no"}`))), shapes.Applied,
+		"m.login=applied m.x11=applied")
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.x11=restored m.login=restored")
+	if got := h.read("sshd_config"); got != sshd {
+		t.Fatalf("sshd_config given back as:\n%q\nfound\n%q", got, sshd)
+	}
+}

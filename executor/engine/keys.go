@@ -248,7 +248,7 @@ func readBackKeys(path string, f edit.Format, changes []edit.Change) error {
 // removeKeys gives back every key of an undeclared keys resource.
 func (r *run) removeKeys(st *step) {
 	e := st.entry
-	path, _, data, info, label, ok := editedForRemoval(st)
+	path, _, data, ok := editedForRemoval(st)
 	if !ok {
 		return
 	}
@@ -284,11 +284,14 @@ func (r *run) removeKeys(st *step) {
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "nothing to give back in "+path+": "+strings.Join(said, "; ")
 		return
 	}
-	out, err := kf.Apply(changes)
-	if err == nil {
-		err = edit.Check(out, format, changes)
+	giveBackIn := func(data []byte) ([]byte, error) {
+		out, err := edit.ParseKeys(data, format).Apply(changes)
+		if err == nil {
+			err = edit.Check(out, format, changes)
+		}
+		return out, err
 	}
-	if err != nil {
+	if _, err := giveBackIn(data); err != nil {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v; nothing written", path, err), false
 		return
 	}
@@ -297,6 +300,6 @@ func (r *run) removeKeys(st *step) {
 		st.line.Detail = "would be: " + st.line.Detail
 	}
 	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e)}
-	st.change = func() error { return rewrite(path, out, info, label) }
+	st.change = func() error { return rewriteNow(path, giveBackIn) }
 	st.readback = func() (*store.Entry, error) { return nil, readBackKeys(path, format, changes) }
 }

@@ -57,27 +57,48 @@ func rewrite(path string, data []byte, info fsx.Info, label []byte) error {
 	return fsx.WriteFile(path, data, fsx.WriteOptions{Mode: info.Mode, UID: int(info.UID), GID: int(info.GID), Label: label, Sync: true})
 }
 
+// rewriteNow edits a shared file as it is when the change runs, with its
+// owner, mode and label as they are then: a removal is decided with the
+// whole apply's removals before the first of them runs, so two in one file
+// (two regions undeclared at once, two keys resources) that each wrote
+// the file as their decision read it would have the second put back what
+// the first took out — a block or a key left that no record claims.
+func rewriteNow(path string, edit func(data []byte) ([]byte, error)) error {
+	data, info, label, err := fsx.ReadLabeled(path, maxEdited)
+	if err != nil {
+		return err
+	}
+	if info.Kind == fsx.Absent {
+		return fmt.Errorf("%s is gone", path)
+	}
+	out, err := edit(data)
+	if err != nil {
+		return err
+	}
+	return rewrite(path, out, info, label)
+}
+
 // editedForRemoval reads the file of an undeclared region or keys, for
 // its remover; ok is false when that decided the step already (the
 // target unreadable, the file gone: nothing to give back).
-func editedForRemoval(st *step) (path, name string, data []byte, info fsx.Info, label []byte, ok bool) {
+func editedForRemoval(st *step) (path, name string, data []byte, ok bool) {
 	e := st.entry
 	st.drop = true
 	_, path, name, ok = shapes.EditTarget(e.Target)
 	if !ok {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%q is not the target of a region or keys", e.Target), false
-		return "", "", nil, info, nil, false
+		return "", "", nil, false
 	}
-	data, info, label, err := fsx.ReadLabeled(path, maxEdited)
+	data, info, _, err := fsx.ReadLabeled(path, maxEdited)
 	switch {
 	case err != nil:
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
-		return "", "", nil, info, nil, false
+		return "", "", nil, false
 	case info.Kind == fsx.Absent:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, path+" is gone; nothing to give back"
-		return "", "", nil, info, nil, false
+		return "", "", nil, false
 	}
-	return path, name, data, info, label, true
+	return path, name, data, true
 }
 
 // regionNewline is the Original of a region appended to a file that did
@@ -195,16 +216,17 @@ func (r *run) region(st *step, rest int) {
 // do; markers that do not pair up fail the line and keep the record.
 func (r *run) removeRegion(st *step) {
 	e := st.entry
-	path, name, data, info, label, ok := editedForRemoval(st)
+	path, name, data, ok := editedForRemoval(st)
 	if !ok {
 		return
 	}
 	ed := edit.Region{Name: name}
 	if o := e.Original; o != nil && o.Kind == "region" && o.Digest != "" {
-		r.restoreFoundRegion(st, path, data, info, label, ed)
+		r.restoreFoundRegion(st, path, data, ed)
 		return
 	}
-	out, removed, err := ed.Remove(data, e.Original != nil && e.Original.Kind == "region" && e.Original.Absent)
+	newline := e.Original != nil && e.Original.Kind == "region" && e.Original.Absent
+	_, removed, err := ed.Remove(data, newline)
 	if err != nil {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
 		return
@@ -218,7 +240,12 @@ func (r *run) removeRegion(st *step) {
 		st.line.Detail = fmt.Sprintf("the block and its markers would be taken out of %s", path)
 	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
-	st.change = func() error { return rewrite(path, out, info, label) }
+	st.change = func() error {
+		return rewriteNow(path, func(data []byte) ([]byte, error) {
+			out, _, err := ed.Remove(data, newline)
+			return out, err
+		})
+	}
 	st.readback = func() (*store.Entry, error) {
 		back, _, err := fsx.ReadRegular(path, maxEdited)
 		if err != nil {
@@ -234,7 +261,7 @@ func (r *run) removeRegion(st *step) {
 // restoreFoundRegion puts back, on undeclare, the block that was between
 // the resource's markers before the mesh declared it, byte for byte,
 // markers included.
-func (r *run) restoreFoundRegion(st *step, path string, data []byte, info fsx.Info, label []byte, ed edit.Region) {
+func (r *run) restoreFoundRegion(st *step, path string, data []byte, ed edit.Region) {
 	e := st.entry
 	fail := func(err error) {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false
@@ -253,8 +280,7 @@ func (r *run) restoreFoundRegion(st *step, path string, data []byte, info fsx.In
 		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("the block found in %s is as it was found; left", path)
 		return
 	}
-	out, err := ed.Replace(data, found)
-	if err != nil {
+	if _, err := ed.Replace(data, found); err != nil {
 		fail(err)
 		return
 	}
@@ -263,7 +289,9 @@ func (r *run) restoreFoundRegion(st *step, path string, data []byte, info fsx.In
 		st.line.Detail = fmt.Sprintf("the block found in %s would be put back as found", path)
 	}
 	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: e.Original}
-	st.change = func() error { return rewrite(path, out, info, label) }
+	st.change = func() error {
+		return rewriteNow(path, func(data []byte) ([]byte, error) { return ed.Replace(data, found) })
+	}
 	st.readback = func() (*store.Entry, error) {
 		back, _, err := fsx.ReadRegular(path, maxEdited)
 		if err != nil {

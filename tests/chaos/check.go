@@ -443,7 +443,11 @@ func (w *world) lookAtMachine(n *node, again bool) {
 	// the change it says will be, never skipped while its change is not
 	// yet in this snapshot.
 	mark := w.newestReport(n)
-	after := snapshot(n.tree)
+	after, err := snapshotNode(n)
+	if err != nil {
+		w.check("host-firewall-kept")
+		w.violate(n, "host-firewall-kept", "%v", err)
+	}
 	var unclaimed []string
 	for p := range after {
 		if declarable(n, p) {
@@ -482,6 +486,23 @@ func (w *world) lookAtMachine(n *node, again bool) {
 				how = "claimed a second later: the look raced an apply"
 			}
 			w.violate(n, "machine-in-store", "%s holds %s, which no store claims (a leftover, or a write not recorded; %s)", n.name, p, how)
+		}
+	}
+	// What the host made (the shared file, the firewall) against the
+	// store's regions and openings, looked at again once, as above, when
+	// the look may have raced an apply.
+	if problems := w.hostMadeProblems(n, owned); len(problems) > 0 {
+		if !again {
+			w.check("looked-again")
+			w.logf("  (the look at %s found what the host made not as its store says (%s); looking again once it converges)", n.name, problems[0].msg)
+			time.Sleep(time.Second)
+			if w.converged(n, w.cfg.bound) {
+				w.lookAtMachine(n, true)
+			}
+			return
+		}
+		for _, p := range problems {
+			w.violate(n, p.inv, "%s: %s", n.name, p.msg)
 		}
 	}
 	w.checkReportDigests(n, after)
@@ -619,7 +640,7 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 		w.check("report-says-change")
 		if msg := unexplained(n, p, what, lines); msg != "" {
 			inv := "report-says-change"
-			if !declarable(n, p) {
+			if !declarable(n, p) && !meshMade(n, p) {
 				inv = "nothing-outside"
 			}
 			w.violate(n, inv, "%s: %s", n.name, msg)
@@ -652,7 +673,7 @@ func changes(before, after map[string]entry) map[string]string {
 // said: outside what it declares, or with no line of a report saying it
 // changed that resource; "" when it is.
 func unexplained(n *node, p, what string, lines []line) string {
-	if !declarable(n, p) {
+	if !declarable(n, p) && !meshMade(n, p) {
 		return fmt.Sprintf("%s was %s, and nothing declares it", p, what)
 	}
 	for _, l := range lines {
@@ -660,7 +681,7 @@ func unexplained(n *node, p, what string, lines []line) string {
 		case "unchanged", "held", "kept", "forgotten":
 			continue
 		}
-		if idPath(n, l.Module, l.ID) == p {
+		if idPath(n, l.Module, l.ID) == p || hostMadeAt(n, p, l.Module, l.ID) || unpackedBy(n, p, l.Module, l.ID) {
 			return ""
 		}
 	}

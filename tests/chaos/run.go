@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,7 +18,7 @@ import (
 
 // docJSON is the declaration of ms for n: the link's modules under L/,
 // a rescue file's under R/ and naming the node.
-func docJSON(n *node, ms []module, rescue bool) []byte {
+func (w *world) docJSON(n *node, ms []module, rescue bool) []byte {
 	var rs []map[string]any
 	for _, m := range ms {
 		dir := modDir(n, m.Name)
@@ -25,10 +26,38 @@ func docJSON(n *node, ms []module, rescue bool) []byte {
 		if m.Subdir != "" {
 			rs = append(rs, map[string]any{"module": m.Name, "id": "sub", "type": "directory", "path": dir + "/" + m.Subdir})
 		}
+		if k := m.Archive; k != nil {
+			a := w.archives[*k]
+			url := a.url
+			if rescue {
+				url = "file://" + a.file
+			}
+			rs = append(rs, map[string]any{"module": m.Name, "id": "arch", "type": "archive", "url": url, "sha256": a.sha256, "destination": dir})
+		}
 		for _, f := range m.Files {
 			id := fileID(f.Name)
 			rs = append(rs, map[string]any{"module": m.Name, "id": id, "type": "file", "path": dir + "/" + f.Name,
 				"content": fileContent(m.Name, id, f), "mode": f.Mode})
+		}
+		if g := m.Region; g != nil {
+			rs = append(rs, map[string]any{"module": m.Name, "id": "reg", "type": "region", "path": n.shared(),
+				"content": regionContent(m.Name, g)})
+		}
+		if o := m.Opening; o != nil {
+			r := map[string]any{"module": m.Name, "id": "open", "type": "opening", "port": portOf(m.Name),
+				"protocol": o.Protocol, "path": o.Path}
+			if o.From != "" {
+				r["from"] = o.From
+			}
+			rs = append(rs, r)
+		}
+		if v := m.Keys; v != nil {
+			set := map[string]string{"mod_" + m.Name: keysValue(m.Name, *v)}
+			if m.Name == foundKeysModule {
+				set[foundKey] = keysValue(m.Name, *v)
+			}
+			rs = append(rs, map[string]any{"module": m.Name, "id": "keys", "type": "keys", "path": n.sharedEnv(),
+				"format": "equals", "set": set})
 		}
 	}
 	d := map[string]any{"version": 1, "resources": rs}
@@ -52,6 +81,32 @@ func fileID(name string) string { return "f_" + strings.ReplaceAll(name, "/", "_
 // the machine holds can be checked against any store claim on its own.
 func fileContent(mod, id string, f fileRes) string {
 	return fmt.Sprintf("chaos %s.%s v%d mode=%s\n%s", mod, id, f.Version, f.Mode, strings.Repeat(".", f.Pad))
+}
+
+// regionContent names the region's module, id and version, as a file's
+// content does.
+func regionContent(mod string, g *regionRes) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos-region %s.reg v%d\n", mod, g.Version)
+	for i := range g.Lines {
+		fmt.Fprintf(&b, "%s line %d\n", mod, i+1)
+	}
+	return b.String()
+}
+
+// keysValue names the module and the version of its keys.
+func keysValue(mod string, v uint32) string { return fmt.Sprintf("%s-v%d", mod, v) }
+
+// portOf is a module's port: each module opens its own, so that an
+// opening's rule names the one module that declares it.
+func portOf(mod string) int {
+	if i := slices.Index(modNames, mod); i >= 0 {
+		return 10001 + i
+	}
+	if mod == "r2" {
+		return 10012
+	}
+	return 10011
 }
 
 // idPath is the path a report line's resource names, "" for one that is
@@ -143,7 +198,7 @@ func (w *world) do(s step) {
 	}
 	switch s.Kind {
 	case "declare":
-		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		f := w.writeDoc(n, w.docJSON(n, s.Doc, false))
 		args := []string{"declare", n.name, f, "--json"}
 		if w.overlay {
 			args = append(args, "--without-overlay")
@@ -164,7 +219,7 @@ func (w *world) do(s step) {
 			w.ack(n.name, r.Seq)
 		}
 	case "assign":
-		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		f := w.writeDoc(n, w.docJSON(n, s.Doc, false))
 		out, code, err := w.control("assign", n.name, f, "--json")
 		if w.ctlFull && w.refusedFull(n, "assign", out, code, err, "no overlay is set|revoked") {
 			return
@@ -220,7 +275,7 @@ func (w *world) do(s step) {
 			w.ackPublished(out)
 		}
 	case "plan":
-		f := w.writeDoc(n, docJSON(n, s.Doc, false))
+		f := w.writeDoc(n, w.docJSON(n, s.Doc, false))
 		wait := "--wait=60s"
 		if s.Paused {
 			wait = "--wait=3s"
@@ -346,8 +401,10 @@ func (w *world) do(s step) {
 		}
 		w.expectOK(nil, "token issue", out, code, err)
 	case "rescue":
-		f := w.writeDoc(n, docJSON(n, s.Doc, true))
-		out, code, err := w.onNode(n, 2*time.Minute, "", "apply", f, "--state", n.state, "--json", "--wait", "90s")
+		f := w.writeDoc(n, w.docJSON(n, s.Doc, true))
+		// In the node's network namespace, as its executor runs: a
+		// rescue file's openings are written into the node's firewall.
+		out, code, err := w.inNetns(n, 2*time.Minute, "mesh-executor", "apply", f, "--state", n.state, "--json", "--wait", "90s")
 		w.check("rescue-applies")
 		if err != nil || (code != 0 && code != 1) {
 			w.violate(n, "rescue-applies", "mesh-executor apply: exit %d %v\n%s", code, err, out)

@@ -229,7 +229,7 @@ func (s *soaker) worker(n *node, r *rand.Rand, stop chan struct{}) {
 func (s *soaker) declare(n *node, r *rand.Rand, i int, withArchive bool) error {
 	w := s.w
 	var doc map[string]any
-	json.Unmarshal(docJSON(n, genDoc(r, 1+r.IntN(4)), false), &doc)
+	json.Unmarshal(w.docJSON(n, genDoc(r, 1+r.IntN(4)), false), &doc)
 	if withArchive {
 		tarPath := filepath.Join(w.base, "soak-"+n.name+".tar")
 		if err := os.WriteFile(tarPath, soakTar(r), 0o600); err != nil {

@@ -43,6 +43,37 @@ type module struct {
 	// Subdir, when set, is a directory inside the module's, declared
 	// before the files that live in it.
 	Subdir string `json:"subdir,omitempty"`
+	// Region, Opening and Keys change what the host made rather than what
+	// the module's directory holds: a block of lines in the node's shared
+	// file, a port opened through the firewall of its network namespace,
+	// keys' values in its shared environment file. Drawn by drawExtras.
+	Region  *regionRes  `json:"region,omitempty"`
+	Opening *openingRes `json:"opening,omitempty"`
+	// Keys, when set, is the version of the module's keys (id "keys") in
+	// the node's shared environment file: mod_NAME, and for module c
+	// also host_c, a key the host wrote with a value of its own.
+	Keys *uint32 `json:"keys,omitempty"`
+	// Archive, when set, is which of the run's archives (chaosArchives)
+	// the module unpacks into its directory (id "arch"): over the link
+	// from the control side's object store, in a rescue file from a
+	// file:// URL.
+	Archive *int `json:"archive,omitempty"`
+}
+
+// regionRes is the module's block in the node's shared file (id "reg"):
+// its content names the module, the id and the version, and Lines lines
+// follow.
+type regionRes struct {
+	Version uint32 `json:"version"`
+	Lines   int    `json:"lines"`
+}
+
+// openingRes is the module's opening (id "open") of its own port
+// (portOf), on a path, for a protocol, from anywhere or from a prefix.
+type openingRes struct {
+	Path     string `json:"path"`
+	Protocol string `json:"protocol"`
+	From     string `json:"from,omitempty"`
 }
 
 type fileRes struct {
@@ -66,7 +97,20 @@ func (s step) String() string {
 	if len(s.Doc) > 0 {
 		var ms []string
 		for _, m := range s.Doc {
-			ms = append(ms, fmt.Sprintf("%s(%d)", m.Name, len(m.Files)))
+			extra := ""
+			if m.Region != nil {
+				extra += "+region"
+			}
+			if m.Opening != nil {
+				extra += "+opening"
+			}
+			if m.Keys != nil {
+				extra += "+keys"
+			}
+			if m.Archive != nil {
+				extra += fmt.Sprintf("+archive%d", *m.Archive)
+			}
+			ms = append(ms, fmt.Sprintf("%s(%d%s)", m.Name, len(m.Files), extra))
 		}
 		b.WriteString(" [" + strings.Join(ms, " ") + "]")
 	}
@@ -514,8 +558,48 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			addStep(s)
 		}
 	}
+	drawExtras(seed, steps)
 	return steps
 }
+
+// drawExtras gives the modules of the drawn steps, in order, their
+// regions, openings, keys and archives, from an eighth stream of the seed's own: drawn
+// after the steps, they leave the steps a seed drew before they were
+// drawn as they were.
+func drawExtras(seed uint64, steps []step) {
+	re := rand.New(rand.NewPCG(seed, 0x657874726173)) // "extras"
+	for i := range steps {
+		for j := range steps[i].Doc {
+			m := &steps[i].Doc[j]
+			if re.IntN(3) == 0 {
+				m.Region = &regionRes{Version: re.Uint32() % 4, Lines: re.IntN(4)}
+			}
+			if re.IntN(4) == 0 {
+				o := &openingRes{Path: "incoming", Protocol: "tcp"}
+				if re.IntN(3) == 0 {
+					o.Path = "forwarded"
+				}
+				if re.IntN(2) == 0 {
+					o.Protocol = "udp"
+				}
+				o.From = openingFroms[re.IntN(len(openingFroms))]
+				m.Opening = o
+			}
+			if re.IntN(3) == 0 {
+				v := re.Uint32() % 4
+				m.Keys = &v
+			}
+			if re.IntN(4) == 0 {
+				k := re.IntN(chaosArchives)
+				m.Archive = &k
+			}
+		}
+	}
+}
+
+// openingFroms: anywhere (every family's chains), an IPv4 prefix (inet
+// and ip), an IPv6 one (inet and ip6).
+var openingFroms = []string{"", "", "10.9.0.0/16", "fd09::/32"}
 
 var modNames = []string{"a", "b", "c", "d", "e"}
 

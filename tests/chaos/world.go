@@ -145,10 +145,12 @@ type world struct {
 	// chaos run (a repair would be a change no step made), often in the
 	// soak.
 	drift time.Duration
-	// archiveGrace is serve's: never in the chaos run (it puts no
-	// archive), a minute in the soak, so that what it puts is pruned
-	// within the run.
+	// archiveGrace is serve's: never in the chaos run (its archives, put
+	// once at setup, are declared at any step), a minute in the soak, so
+	// that what it puts is pruned within the run.
 	archiveGrace time.Duration
+	// archives are the run's, put at setup (putArchives).
+	archives []archiveRef
 	// reopenUntil is the last step at which serve may still be opening
 	// the broker's store anew after the control side's disk was freed.
 	reopenUntil int
@@ -168,9 +170,22 @@ func (w *world) onNode(n *node, timeout time.Duration, stdin string, args ...str
 }
 
 func (w *world) cliEnv(env []string, timeout time.Duration, stdin string, name string, args ...string) (string, int, error) {
+	return runProg(env, timeout, stdin, filepath.Join(w.bin, name), args...)
+}
+
+// inNetns runs one of the run's programs in n's network namespace, as its
+// executor runs.
+func (w *world) inNetns(n *node, timeout time.Duration, name string, args ...string) (string, int, error) {
+	return runProg(n.env(), timeout, "", "nsenter", append([]string{"--net=/run/netns/" + n.netns, "--", filepath.Join(w.bin, name)}, args...)...)
+}
+
+// runProg runs prog with env and stdin, and says what it printed (its
+// standard error after its output) and its exit code; an error is a
+// program that could not run or did not end in timeout.
+func runProg(env []string, timeout time.Duration, stdin string, prog string, args ...string) (string, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(w.bin, name), args...)
+	cmd := exec.CommandContext(ctx, prog, args...)
 	cmd.Env = env
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -180,7 +195,7 @@ func (w *world) cliEnv(env []string, timeout time.Duration, stdin string, name s
 	err := cmd.Run()
 	out.Write(errb.Bytes())
 	if ctx.Err() != nil {
-		return out.String(), -1, fmt.Errorf("%s %s: no answer in %s", name, strings.Join(args, " "), timeout)
+		return out.String(), -1, fmt.Errorf("%s %s: no answer in %s", filepath.Base(prog), strings.Join(args, " "), timeout)
 	}
 	code := 0
 	var ee *exec.ExitError
@@ -354,6 +369,9 @@ func (w *world) setup() error {
 		return fmt.Errorf("the control side's disk: %w", err)
 	}
 	w.startServe()
+	if err := w.putArchives(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll("/run/wireguard", 0o755); err != nil {
 		return err
 	}
@@ -384,6 +402,12 @@ func (w *world) setup() error {
 		// What the host did not create: never declared, never touched.
 		os.WriteFile(filepath.Join(n.tree, "found", "notes"), []byte("the machine's own\n"), 0o600)
 		os.WriteFile(filepath.Join(n.tree, "L", "found-beside"), []byte("found beside the mesh's\n"), 0o644)
+		if err := makeShared(n); err != nil {
+			return fmt.Errorf("%s's shared file: %w", n.name, err)
+		}
+		if err := setupFirewall(n); err != nil {
+			return fmt.Errorf("%s's firewall: %w", n.name, err)
+		}
 		w.nodes = append(w.nodes, n)
 		w.startExecutor(n)
 		w.startAgent(n)
@@ -396,7 +420,11 @@ func (w *world) setup() error {
 			return fmt.Errorf("%s never heard from after enrolment", n.name)
 		}
 		n.lastReport = w.newestReport(n) // before the look, as checkMachine does
-		n.before = snapshot(n.tree)
+		before, err := snapshotNode(n)
+		if err != nil {
+			return err
+		}
+		n.before = before
 	}
 	return nil
 }

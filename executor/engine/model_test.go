@@ -32,10 +32,12 @@ const (
 // moved to another module; a service's declared state changed; a package
 // declared by one module and its unit by another; the operator flipping a
 // unit's running state or enablement between applies; on an adopted node,
-// modules taken or not. Each apply runs against the engine (the transcript
-// init and package manager the engine's tests use) and the model, and the
-// first difference — refusal, a line's outcome, what the init or the
-// package manager was asked, the machine after — fails with the sequence
+// modules taken or not; regions of several modules in one shared file,
+// blocks a person wrote found there, a block edited by hand. Each apply
+// runs against the engine (the transcript init and package manager the
+// engine's tests use, a real file) and the model, and the first difference
+// — refusal, a line's outcome, what the init or the package manager was
+// asked, the file's blocks, the machine after — fails with the sequence
 // printed and its seed.
 func TestTheEngineFollowsTheModel(t *testing.T) {
 	n, seed := 500, uint64(1)
@@ -82,6 +84,16 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			pk.brings(n, p.Brings+".service")
 		}
 	}
+	shared := h.p(model.SharedFile)
+	if err := os.WriteFile(shared, []byte(model.FileText(seq.World.Blocks)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	atShared := func(n string) string {
+		if n == model.SharedFile {
+			return shared
+		}
+		return n
+	}
 	pk.onInstall = func(p string) {
 		u := seq.World.Packages[p].Brings
 		if u != "" && f.units[u+".service"] == nil {
@@ -92,6 +104,10 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 	for i, st := range seq.Steps {
 		if st.Decl == nil {
 			u := f.units[st.Op.Unit+".service"]
+			if st.Op.Block != "" {
+				b, _ := os.ReadFile(shared)
+				os.WriteFile(shared, []byte(model.EditBlock(string(b), st.Op.Block, model.EditedByHand)), 0o644)
+			}
 			if u == nil {
 				continue
 			}
@@ -103,7 +119,7 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			}
 			continue
 		}
-		doc := model.EngineDoc(*st.Decl)
+		doc := model.EngineDoc(st.Decl.Renamed(atShared))
 		d, err := shapes.ParseTrusted([]byte(doc))
 		if err != nil {
 			t.Fatalf("parse: %v\n%s", err, doc)
@@ -161,6 +177,9 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		case !slices.Equal(got.Installs, w.Installs):
 			return fmt.Sprintf("step %d: installed %q, the model says %q", i+1, got.Installs, w.Installs)
 		}
+		if msg := sameFile(shared, w.Blocks); msg != "" {
+			return fmt.Sprintf("step %d: %s\n  engine's lines:\n      %s", i+1, msg, lines(rep))
+		}
 	}
 	_, end := model.Run(seq.World, events)
 	for n, u := range end.Units {
@@ -168,6 +187,25 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		if got == nil || got.Running != u.Running || got.IsEnabled() != u.Enabled {
 			return fmt.Sprintf("at the end %s is %+v, the model says %+v", n, got, u)
 		}
+	}
+	return ""
+}
+
+// sameFile holds the shared file to the model's blocks, and what lies
+// outside them to what the person wrote: "" when it is.
+func sameFile(path string, want map[string]string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	got, outside, err := model.FileBlocks(string(b))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("the shared file: %v:\n%s", err, b)
+	case outside != model.HostText:
+		return fmt.Sprintf("the shared file outside its blocks is not the person's:\n%s", b)
+	case !sameLines(got, want):
+		return fmt.Sprintf("the shared file's blocks are %q, the model says %q", got, want)
 	}
 	return ""
 }

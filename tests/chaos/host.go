@@ -16,6 +16,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/engine/model"
 	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
 )
 
@@ -87,40 +88,6 @@ func makeShared(n *node) error {
 		}
 	}
 	return nil
-}
-
-// blocks splits a file into what lies outside the mesh's markers and each
-// block between a pair ("" problem when they pair up).
-func blocks(b []byte) (outside string, inside map[string]string, problem string) {
-	inside = map[string]string{}
-	var out strings.Builder
-	open, body := "", ""
-	for _, l := range strings.SplitAfter(string(b), "\n") {
-		t := strings.TrimSuffix(l, "\n")
-		switch {
-		case strings.HasPrefix(t, "# BEGIN mesh "):
-			if open != "" {
-				return "", nil, fmt.Sprintf("%q begins inside %s's block", t, open)
-			}
-			open, body = strings.TrimPrefix(t, "# BEGIN mesh "), ""
-			if _, twice := inside[open]; twice {
-				return "", nil, fmt.Sprintf("two blocks of %s", open)
-			}
-		case strings.HasPrefix(t, "# END mesh "):
-			if name := strings.TrimPrefix(t, "# END mesh "); name != open {
-				return "", nil, fmt.Sprintf("%q ends a block that did not begin", t)
-			}
-			inside[open], open = body, ""
-		case open != "":
-			body += l
-		default:
-			out.WriteString(l)
-		}
-	}
-	if open != "" {
-		return "", nil, fmt.Sprintf("%s's block does not end", open)
-	}
-	return out.String(), inside, ""
 }
 
 // The firewall of the node's network namespace as the host set it up:
@@ -333,11 +300,11 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 	case !fi.Mode().IsRegular() || fi.Mode().Perm() != hostConfMode:
 		say("the host's file %s is a %s of mode %04o; the host made a file of mode %04o", n.shared(), fi.Mode().Type(), fi.Mode().Perm(), hostConfMode)
 	default:
-		outside, inside, problem := blocks(b)
-		wantOutside, _, _ := blocks([]byte(hostConf))
+		inside, outside, err := model.FileBlocks(string(b))
+		_, wantOutside, _ := model.FileBlocks(hostConf)
 		switch {
-		case problem != "":
-			say("the host's file %s: %s:\n%s", n.shared(), problem, b)
+		case err != nil:
+			say("the host's file %s: %v:\n%s", n.shared(), err, b)
 		case outside != wantOutside:
 			say("the host's file %s outside the mesh's blocks is not as the host wrote it:\n%s", n.shared(), b)
 		case len(regions) == 0 && string(b) != hostConf:

@@ -83,7 +83,7 @@ func TestTheLookAtWhatTheHostMadeCatchesEachFault(t *testing.T) {
 	write(strings.Replace(hostConf, "host-setting = 2", "host-setting = 3", 1))
 	look(nil, "outside the mesh's blocks is not as the host wrote it")
 	write(strings.Replace(hostConf, "# END mesh c.reg\n", "", 1))
-	look(nil, "c.reg's block does not end")
+	look(nil, "the block c.reg does not end")
 	write(hostConf)
 	os.Chmod(n.shared(), 0o644)
 	look(nil, "of mode 0644")

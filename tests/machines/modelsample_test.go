@@ -3,6 +3,7 @@ package machines
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,8 +60,19 @@ type sampleRun struct {
 	want   []model.Result
 }
 
-// name is a model name (unit or package) as this sequence has it in the lab.
-func (r sampleRun) name(n string) string { return n + "-" + strconv.FormatUint(r.seq.Seed, 10) }
+// name is a model name (unit or package) as this sequence has it in the lab,
+// and the shared file's path there.
+func (r sampleRun) name(n string) string {
+	if n == model.SharedFile {
+		return r.shared()
+	}
+	return n + "-" + strconv.FormatUint(r.seq.Seed, 10)
+}
+
+// shared is the path of the sequence's shared file (its regions') in the lab.
+func (r sampleRun) shared() string {
+	return "/etc/mesh-model/" + model.SharedFile + "-" + strconv.FormatUint(r.seq.Seed, 10)
+}
 
 // fail is a difference, said whole: the seed, the step, the sequence (in
 // the model's names; the lab's have "-SEED" after them), what the step
@@ -105,6 +117,7 @@ func modelSampleOn(t *testing.T, in lab.Init) {
 				maps.Copy(seed, g.seed(r.name(n), "stopped"))
 			}
 		}
+		seed[r.shared()] = model.FileText(r.seq.World.Blocks)
 		for _, p := range slices.Sorted(maps.Keys(r.seq.World.Packages)) {
 			files, postinst := g.pkg(r.name(r.seq.World.Packages[p].Brings))
 			debs = append(debs, serviceDeb(t, dir, r.name(p), files, postinst))
@@ -240,6 +253,15 @@ func runSample(m *machine, g giveBackInit, r sampleRun) string {
 // it is now. A unit the init does not know (its package is not installed)
 // is left alone, as the model leaves it.
 func operatorFlips(m *machine, g giveBackInit, r sampleRun, op model.Event) string {
+	if op.Block != "" {
+		text, err := os.ReadFile(m.Path(r.shared()))
+		if err == nil {
+			err = m.WriteFile(r.shared(), []byte(model.EditBlock(string(text), op.Block, model.EditedByHand)), 0o644)
+		}
+		if err != nil {
+			return err.Error()
+		}
+	}
 	u := r.name(op.Unit)
 	if p := packageOf(r.seq.World, op.Unit); p != "" && !installedPackages(m, r)[p] {
 		return ""
@@ -341,6 +363,11 @@ func checkMachine(m *machine, g giveBackInit, r sampleRun, n int) string {
 			if (s.run == "running") != w.Running || (s.en == "enabled") != w.Enabled || (s.run != "running" && s.run != "stopped") {
 				diff += fmt.Sprintf("\n  unit %s: the init says %v, the model says running=%v enabled=%v", names[i], s, w.Running, w.Enabled)
 			}
+		}
+		text, err := os.ReadFile(m.Path(r.shared()))
+		blocks, outside, perr := model.FileBlocks(string(text))
+		if err != nil || perr != nil || outside != model.HostText || !maps.Equal(blocks, want.Blocks) {
+			diff += fmt.Sprintf("\n  the shared file %s holds the blocks %q, the model says %q (%v %v; outside them %q)", r.shared(), blocks, want.Blocks, err, perr, outside)
 		}
 		if diff == "" {
 			return ""

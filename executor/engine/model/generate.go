@@ -60,6 +60,9 @@ func (s Sequence) String() string {
 		p := s.World.Packages[n]
 		fmt.Fprintf(&b, "  package %s installed=%v brings=%s\n", n, p.Installed, p.Brings)
 	}
+	for _, n := range slices.Sorted(maps.Keys(s.World.Blocks)) {
+		fmt.Fprintf(&b, "  block %s found holding %q\n", n, s.World.Blocks[n])
+	}
 	for i, st := range s.Steps {
 		fmt.Fprintf(&b, "%2d. %s\n", i+1, st.What)
 		if st.Decl != nil {
@@ -73,8 +76,11 @@ func describeDecl(d Declaration) string {
 	var parts []string
 	for _, r := range d.Resources {
 		s := r.Key() + "=" + r.Kind + ":" + r.Name
-		if r.Kind == "service" {
+		switch r.Kind {
+		case "service":
 			s += "(" + r.State + "," + enabledWord(r.Enabled) + ")"
+		case "region":
+			s += fmt.Sprintf("(%q)", r.Content)
 		}
 		parts = append(parts, s)
 	}
@@ -89,10 +95,19 @@ func describeDecl(d Declaration) string {
 // often in another than its unit's — and eight to fourteen steps: modules
 // assigned and unassigned, resources renamed, moved and declared anew,
 // modules taken on an adopted node, the operator flipping a unit.
+//
+// Regions are drawn from a stream of the seed's own (ADR 0102's number),
+// so that the units and packages of a seed are what they were before
+// regions were drawn: modules hold none, one or two (ids ra, rb), some of
+// whose names the shared file holds already, as a person wrote them; at a
+// declaration's step a region may be declared with new content, renamed
+// (ra, rar) or moved to another module, and at an operator's step a block
+// of the file may be edited by hand.
 func Generate(seed uint64) Sequence {
 	rnd := rand.New(rand.NewPCG(seed, 0x0118))
+	rg := rand.New(rand.NewPCG(seed, 0x0102))
 	s := Sequence{Seed: seed, Adopted: rnd.IntN(2) == 0,
-		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}}}
+		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}}}
 	bit := func() bool { return rnd.IntN(2) == 0 }
 	for _, u := range []string{"mu0", "mu1"} {
 		s.World.Units[u] = Unit{Running: bit(), Enabled: bit()}
@@ -135,6 +150,67 @@ func Generate(seed uint64) Sequence {
 		m := modules[rnd.IntN(len(modules))]
 		catalogue[m] = append(catalogue[m], Resource{Kind: "service", Module: m, ID: u, Name: u, State: state(), Enabled: enabled()})
 	}
+	// The regions, two a module at most (ra, rb; renamed, rar, rbr), so
+	// that a module unassigned takes two blocks out of the file at once;
+	// and the blocks a person wrote.
+	regions := map[string][]*Resource{}
+	version := 0
+	content := func() string { version++; return fmt.Sprintf("v%d\n", version) }
+	var blockNames []string
+	for _, m := range modules {
+		for _, id := range []string{"ra", "rb"} {
+			if rg.IntN(3) == 0 {
+				regions[m] = append(regions[m], &Resource{Kind: "region", Module: m, ID: id, Name: SharedFile, Content: content()})
+			}
+		}
+		for _, id := range []string{"ra", "rb", "rar", "rbr"} {
+			blockNames = append(blockNames, m+"."+id)
+			if rg.IntN(4) == 0 {
+				s.World.Blocks[m+"."+id] = "a person's " + m + "." + id + "\n"
+			}
+		}
+	}
+	// regionStep may change the regions' catalogue as a declaration's step
+	// is taken, and says how ("" for not).
+	regionStep := func() string {
+		if rg.IntN(3) > 0 {
+			return ""
+		}
+		var have []*Resource
+		for _, m := range modules {
+			have = append(have, regions[m]...)
+		}
+		if len(have) == 0 {
+			return ""
+		}
+		r := have[rg.IntN(len(have))]
+		switch rg.IntN(3) {
+		case 0:
+			r.Content = content()
+			return fmt.Sprintf("; a new catalogue declares %s with %q", r.Key(), r.Content)
+		case 1:
+			id := r.ID + "r"
+			if strings.HasSuffix(r.ID, "r") {
+				id = strings.TrimSuffix(r.ID, "r")
+			}
+			if slices.ContainsFunc(regions[r.Module], func(x *Resource) bool { return x.ID == id }) {
+				return ""
+			}
+			old := r.Key()
+			r.ID = id
+			return "; rename " + old + " to " + r.Key()
+		}
+		to := modules[rg.IntN(len(modules))]
+		if slices.ContainsFunc(regions[to], func(x *Resource) bool { return x.ID == r.ID }) {
+			return ""
+		}
+		from := r.Module
+		regions[from] = slices.DeleteFunc(regions[from], func(x *Resource) bool { return x == r })
+		old := r.Key()
+		r.Module = to
+		regions[to] = append(regions[to], r)
+		return "; move " + old + " to module " + to
+	}
 	assigned, taken := map[string]bool{}, map[string]bool{}
 	compose := func() *Declaration {
 		d := &Declaration{Adopted: s.Adopted, Taken: map[string]bool{}}
@@ -150,6 +226,13 @@ func Generate(seed uint64) Sequence {
 					if r.Kind == kind {
 						d.Resources = append(d.Resources, r)
 					}
+				}
+			}
+		}
+		for _, m := range modules {
+			for _, r := range regions[m] {
+				if assigned[m] {
+					d.Resources = append(d.Resources, *r)
 				}
 			}
 		}
@@ -179,7 +262,12 @@ func Generate(seed uint64) Sequence {
 			u := units[rnd.IntN(len(units))]
 			ev := Event{Unit: u, FlipRunning: bit()}
 			ev.FlipEnabled = !ev.FlipRunning || bit()
-			s.Steps = append(s.Steps, Step{What: fmt.Sprintf("the operator flips %s (running %v, enabled %v)", u, ev.FlipRunning, ev.FlipEnabled), Op: ev})
+			what := fmt.Sprintf("the operator flips %s (running %v, enabled %v)", u, ev.FlipRunning, ev.FlipEnabled)
+			if rg.IntN(2) == 0 {
+				ev.Block = blockNames[rg.IntN(len(blockNames))]
+				what += " and edits the block " + ev.Block + " by hand, if the file has it"
+			}
+			s.Steps = append(s.Steps, Step{What: what, Op: ev})
 			continue
 		case k < 6 && len(catalogue[m]) > 0:
 			i := rnd.IntN(len(catalogue[m]))
@@ -227,6 +315,7 @@ func Generate(seed uint64) Sequence {
 		default:
 			what = "apply again"
 		}
+		what += regionStep()
 		s.Steps = append(s.Steps, Step{What: what, Decl: compose()})
 	}
 	return s
@@ -243,9 +332,12 @@ func EngineDoc(d Declaration) string {
 	var res []string
 	for _, r := range d.Resources {
 		m := map[string]any{"module": r.Module, "id": r.ID, "type": r.Kind}
-		if r.Kind == "package" {
+		switch r.Kind {
+		case "package":
 			m["name"] = r.Name
-		} else {
+		case "region":
+			m["path"], m["content"] = r.Name, r.Content
+		default:
 			m["unit"] = r.Name
 			if r.State != "" {
 				m["state"] = r.State

@@ -1,9 +1,10 @@
 // Package model is ADR 0118 (what undeclaring gives back) and adoption's
-// hold (ADR 0100), for services and packages across modules, written as a
-// small pure function to be read beside the ADR: a machine's found state,
-// the declarations one source sends over time and the operator's changes
-// in between go in; what each apply must ask of the init and the package
-// manager, each resource's report line, and the machine after, come out.
+// hold (ADR 0100), for services, packages and regions across modules,
+// written as a small pure function to be read beside the ADR: a machine's
+// found state, the declarations one source sends over time and the
+// operator's changes in between go in; what each apply must ask of the
+// init and the package manager, each resource's report line, and the
+// machine after, come out.
 //
 // It is kept apart from the engine on purpose: it shares no code with it,
 // and is written from the design (ADR 0118, what undeclaring gives back;
@@ -11,8 +12,9 @@
 // docs/declaration.md), so that a test can hold the engine to it
 // (executor/engine's TestTheEngineFollowsTheModel) and a disagreement is
 // a question for the ADR, not a difference of implementation. It knows
-// nothing of files, paths, transcripts of real inits or the store's
-// format; it touches nothing.
+// nothing of paths, transcripts of real inits or the store's format, and
+// touches nothing; a region's file is its blocks by name (file.go gives
+// the tests its text, as a person writes and reads it).
 //
 // The rules, each with where it is written:
 //
@@ -45,9 +47,21 @@
 //     state says the mesh must not start it).
 //   - A resource renamed (another id, another module) manages the same
 //     unit: the found state is the unit's, and the old name is released.
+//   - A region is a block of lines, named "module.id", in a file the host
+//     does not own (ADR 0102). A block of its name already in the file the
+//     first time the host applies it is found content, recorded once; the
+//     block is then written as declared. Undeclared, found content is put
+//     back as found (restored, even when the block is as found already);
+//     a block the host added is taken out (removed); a block gone, or one
+//     held, is forgotten. A region renamed is another block: the old one
+//     goes, the new one comes. On an adopted node a region of a module not
+//     taken is held: nothing written (docs/declaration.md, region).
+//   - A block edited by hand while declared is drift: written back
+//     (repaired) at the next apply of the same declaration.
 package model
 
 import (
+	"maps"
 	"slices"
 	"sort"
 )
@@ -58,7 +72,15 @@ import (
 type World struct {
 	Units    map[string]Unit
 	Packages map[string]Package
+	// Blocks are the blocks of the shared file (SharedFile), by name:
+	// those a person wrote before the mesh, in a world; the file's blocks
+	// after the events, in the machine Run ends with.
+	Blocks map[string]string
 }
+
+// SharedFile is the name of the one file regions write into: a test
+// names it where its machine has it (Declaration.Renamed).
+const SharedFile = "hosts"
 
 // Unit is a unit's state on the machine.
 type Unit struct{ Running, Enabled bool }
@@ -70,15 +92,18 @@ type Package struct {
 	Brings    string
 }
 
-// Resource is one declared resource: a package (Name is the package's) or
-// a service (Name is the unit; State "running", "stopped" or "" for none;
-// Enabled nil where the declaration does not set it).
+// Resource is one declared resource: a package (Name is the package's), a
+// service (Name is the unit; State "running", "stopped" or "" for none;
+// Enabled nil where the declaration does not set it) or a region (Name is
+// the file, SharedFile; Content the block's lines, each ending in a
+// newline).
 type Resource struct {
-	Kind       string // "package" or "service"
+	Kind       string // "package", "service" or "region"
 	Module, ID string
 	Name       string
 	State      string
 	Enabled    *bool
+	Content    string
 }
 
 // Key is the resource's "module.id", as a report line names it.
@@ -95,10 +120,16 @@ type Declaration struct {
 // operator flipping a unit's running state or enablement by hand.
 type Event struct {
 	Apply *Declaration
-	// The operator's change, when Apply is nil.
+	// The operator's change, when Apply is nil: a unit flipped, and a
+	// block of the shared file rewritten by hand (EditedByHand), when the
+	// file has it.
 	Unit                     string
 	FlipRunning, FlipEnabled bool
+	Block                    string
 }
+
+// EditedByHand is what the operator writes into a block.
+const EditedByHand = "edited by hand\n"
 
 // Result is what an apply must do and say.
 type Result struct {
@@ -109,6 +140,8 @@ type Result struct {
 	// Init is what the init is asked, "verb unit", sorted; Installs the
 	// packages installed, sorted.
 	Init, Installs []string
+	// Blocks: the shared file's blocks after the apply.
+	Blocks map[string]string
 }
 
 // Run is the model: the world, then the events, in order; one result per
@@ -119,10 +152,15 @@ func Run(w World, events []Event) ([]Result, World) {
 	for _, e := range events {
 		if e.Apply == nil {
 			h.operator(e.Unit, e.FlipRunning, e.FlipEnabled)
+			if _, ok := h.blocks[e.Block]; ok {
+				h.blocks[e.Block] = EditedByHand
+			}
 			out = append(out, Result{})
 			continue
 		}
-		out = append(out, h.apply(*e.Apply))
+		r := h.apply(*e.Apply)
+		r.Blocks = maps.Clone(h.blocks)
+		out = append(out, r)
 	}
 	return out, h.machine()
 }
@@ -153,17 +191,32 @@ type pkgRecord struct {
 	held    bool
 }
 
+// regionRecord is what the host keeps of a region it applied: what it
+// found between the markers of its name (nil: nothing), whether it is
+// held, and the content it last wrote, for repaired against applied.
+type regionRecord struct {
+	found   *string
+	held    bool
+	written string
+}
+
 type host struct {
 	units     map[string]*Unit
 	installed map[string]bool
 	brings    map[string]string
 	unitRec   map[string]*unitRecord
 	pkgRec    map[string]*pkgRecord
+	blocks    map[string]string
+	regionRec map[string]*regionRecord
 }
 
 func newHost(w World) *host {
 	h := &host{units: map[string]*Unit{}, installed: map[string]bool{}, brings: map[string]string{},
-		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{}}
+		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{},
+		blocks: maps.Clone(w.Blocks), regionRec: map[string]*regionRecord{}}
+	if h.blocks == nil {
+		h.blocks = map[string]string{}
+	}
 	for n, u := range w.Units {
 		u := u
 		h.units[n] = &u
@@ -176,7 +229,7 @@ func newHost(w World) *host {
 }
 
 func (h *host) machine() World {
-	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}}
+	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: maps.Clone(h.blocks)}
 	for n, u := range h.units {
 		w.Units[n] = *u
 	}
@@ -212,6 +265,9 @@ func (h *host) apply(d Declaration) Result {
 	pkgBefore := false
 	seenUnit := map[string]bool{}
 	for _, r := range d.Resources {
+		if r.Kind == "region" {
+			continue
+		}
 		if r.Kind == "package" {
 			pkgBefore = true
 			continue
@@ -232,8 +288,12 @@ func (h *host) apply(d Declaration) Result {
 	}
 	held := func(r Resource) bool { return d.Adopted && !d.Taken[r.Module] }
 	for _, r := range d.Resources {
-		if r.Kind == "package" {
+		switch r.Kind {
+		case "package":
 			h.applyPackage(r, held(r), &res)
+			continue
+		case "region":
+			h.applyRegion(r, held(r), &res)
 			continue
 		}
 		if !h.applyService(r, held(r), &res) {
@@ -282,6 +342,36 @@ func (h *host) applyPackage(r Resource, hold bool, res *Result) {
 	if u := h.brings[r.Name]; u != "" && h.units[u] == nil {
 		h.units[u] = &Unit{Running: true, Enabled: true}
 	}
+}
+
+// applyRegion writes a region's block, its name the resource's key.
+func (h *host) applyRegion(r Resource, hold bool, res *Result) {
+	name := r.Key()
+	rec := h.regionRec[name]
+	cur, present := h.blocks[name]
+	if hold && (rec == nil || rec.held) {
+		res.Lines[name] = "held"
+		h.regionRec[name] = &regionRecord{held: true}
+		return
+	}
+	if rec == nil || rec.held {
+		rec = &regionRecord{}
+		if present {
+			f := cur
+			rec.found = &f
+		}
+		h.regionRec[name] = rec
+	}
+	switch {
+	case present && cur == r.Content:
+		res.Lines[name] = "unchanged"
+	case rec.written == r.Content:
+		res.Lines[name] = "repaired"
+	default:
+		res.Lines[name] = "applied"
+	}
+	h.blocks[name] = r.Content
+	rec.written = r.Content
 }
 
 // applyService reports false when its line failed (the apply stops).
@@ -387,6 +477,25 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			continue
 		}
 		delete(h.pkgRec, name)
+	}
+	for name, rec := range h.regionRec {
+		if declared["region:"+SharedFile+" "+name] {
+			continue
+		}
+		delete(h.regionRec, name)
+		_, present := h.blocks[name]
+		switch {
+		case rec.held:
+			res.Lines[name] = "forgotten"
+		case rec.found != nil:
+			res.Lines[name] = "restored"
+			h.blocks[name] = *rec.found
+		case present:
+			res.Lines[name] = "removed"
+			delete(h.blocks, name)
+		default:
+			res.Lines[name] = "forgotten"
+		}
 	}
 	for name, rec := range h.unitRec {
 		mine, rest := release("service", name, rec.claims)

@@ -305,6 +305,9 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 		opts.TLSConfig.Certificates = nil
 		opts.TLSConfig.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }
 	}
+	if opts.JetStreamMaxStore, err = storeLimit(opts.StoreDir); err != nil {
+		return nil, fmt.Errorf("the broker's store: %w", err)
+	}
 	opts.MaxConn = brokerMaxConn()
 	opts.AlwaysEnableNonce = true // the NKey challenge
 	opts.NoSigs = true

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -103,6 +104,29 @@ func (s *Server) writeError() error {
 	return nil
 }
 
+// storeLimit is the most the broker's store may hold: the whole of the
+// file system it is on. Left unset, nats-server caps its store at three
+// quarters of what was free when JetStream started, plus what it held, and
+// keeps that cap until it is started again: a serve started on a full
+// disk (a machine rebooted after its disk filled) refused every write
+// with "insufficient resources" long after the disk had room again, and
+// one started on a nearly full disk was held to that little for good. A
+// full disk is met instead as the disk's own error, which serve says and
+// recovers from without a restart (keepStoreWriting).
+// A store not made yet is on its parent's file system.
+func storeLimit(dir string) (int64, error) {
+	var st unix.Statfs_t
+	err := unix.Statfs(dir, &st)
+	for p := dir; errors.Is(err, unix.ENOENT) && filepath.Dir(p) != p; {
+		p = filepath.Dir(p)
+		err = unix.Statfs(p, &st)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return int64(st.Blocks) * st.Bsize, nil
+}
+
 // room is the space free on the store's disk for an unprivileged writer.
 func (s *Server) room() (uint64, error) {
 	var st unix.Statfs_t
@@ -150,9 +174,13 @@ func (s *Server) reopen() error {
 	if err := s.ns.ShutdownJetStream(); err != nil {
 		return fmt.Errorf("shutting JetStream down: %w", err)
 	}
+	limit, err := storeLimit(o.StoreDir)
+	if err != nil {
+		return err
+	}
 	cfg := &server.JetStreamConfig{
 		StoreDir: o.StoreDir, SyncInterval: o.SyncInterval, SyncAlways: o.SyncAlways,
-		Strict: !o.NoJetStreamStrict, MaxMemory: o.JetStreamMaxMemory, MaxStore: o.JetStreamMaxStore,
+		Strict: !o.NoJetStreamStrict, MaxMemory: o.JetStreamMaxMemory, MaxStore: limit,
 		Domain: o.JetStreamDomain, CompressOK: true, UniqueTag: o.JetStreamUniqueTag,
 	}
 	if err := s.ns.EnableJetStream(cfg); err != nil {

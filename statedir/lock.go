@@ -117,12 +117,45 @@ func (l *DirLock) Dir() string { return l.dir }
 // Record writes "PID WHAT" into the holder's record, replacing it whole
 // (a reader never sees half of it). It is the first write into the
 // directory, so a directory its holder cannot write fails here, legibly.
+//
+// On a full disk the record is written over the one before, in place:
+// the lock is what excludes another process, the record only names the
+// holder, and a daemon started on a full disk (a machine rebooted after
+// its disk filled) must still come up to say so and answer what it can.
 func (l *DirLock) Record(what string) error {
-	data := fmt.Sprintf("%d %s\n", os.Getpid(), what)
-	if err := WriteBytes(l.record, []byte(data), 0o600); err != nil {
+	data := []byte(fmt.Sprintf("%d %s\n", os.Getpid(), what))
+	err := WriteBytes(l.record, data, 0o600)
+	if errors.Is(err, syscall.ENOSPC) {
+		err = overwrite(l.record, data)
+	}
+	if err != nil {
 		return ExplainAccess("write in", l.dir, err, "")
 	}
 	return nil
+}
+
+// overwrite writes data over the start of the existing file at path and
+// cuts it there: the blocks the file holds already are written again, so
+// a full disk takes it as long as the file is no shorter than data's
+// block. A reader may see it half written, or another record's end.
+func overwrite(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Truncate(int64(len(data))); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Close releases the lock. The record stays: it names a process that no

@@ -209,9 +209,11 @@ func TestTheMachineChecksCanFail(t *testing.T) {
 
 // The control side's disk faults are drawn only where they can be done
 // and undone: no power cut without an image to copy, and while the disk
-// is full serve is not restarted, cut or filled again.
+// is full serve is not cut or the disk filled again; serve is restarted
+// on the full disk, those steps put between the others, which come as
+// they came without them.
 func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
-	cuts := 0
+	cuts, onFull := 0, 0
 	for seed := uint64(1); seed <= 20; seed++ {
 		for _, s := range planSteps(seed, 200, 3, false) {
 			if s.Kind == "power-cut" {
@@ -228,16 +230,48 @@ func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
 				full = true
 			case "ctl-disk-free":
 				full = false
-			case "power-cut", "restart-serve", "kill-serve":
+			case "power-cut":
 				cuts++
 				if full {
 					t.Errorf("seed %d: %s while the control disk is full", seed, s)
 				}
+			case "restart-serve", "kill-serve":
+				if full {
+					onFull++
+				}
+			}
+		}
+		with := planSteps(seed, 200, 3, true)
+		restartOnFull = false
+		without := planSteps(seed, 200, 3, true)
+		restartOnFull = true
+		var others []string
+		full = false
+		for _, s := range with {
+			switch s.Kind {
+			case "ctl-disk-full":
+				full = true
+			case "ctl-disk-free":
+				full = false
+			case "restart-serve", "kill-serve":
+				if full {
+					continue
+				}
+			}
+			s.N = 0
+			others = append(others, s.String())
+		}
+		// The last steps differ: with more steps drawn, the run reaches
+		// its count sooner, and its faults are undone from there.
+		for i, s := range without[:150] {
+			s.N = 0
+			if s.String() != others[i] {
+				t.Fatalf("seed %d: step %d is %q with serve restarted on the full disk, %q without", seed, i+1, others[i], s.String())
 			}
 		}
 	}
-	if cuts == 0 {
-		t.Error("no seed drew a power cut or a restart of serve")
+	if cuts == 0 || onFull == 0 {
+		t.Errorf("in 20 seeds, %d power cuts and %d restarts of serve on a full disk", cuts, onFull)
 	}
 }
 

@@ -189,6 +189,11 @@ const rekeyEvery = 40
 // the certificate switched to. A variable for TestStepsDeriveFromTheSeedAlone.
 var certEvery = 40
 
+// restartOnFull: serve is restarted or killed while the control side's
+// disk is full, where a draw passed it over before those were drawn. A
+// variable for TestStepsDeriveFromTheSeedAlone.
+var restartOnFull = true
+
 // simNode is the generator's model of one node: what is in force, never
 // what the system did.
 type simNode struct {
@@ -488,12 +493,16 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			addStep(s)
 			later(back)
 		case "restart-serve", "kill-serve":
-			// Serve is not started on a full disk: a run of its own to
-			// try, not drawn here (see docs/chaos.md).
-			if ctlFull {
+			if ctlFull && !restartOnFull {
 				continue
 			}
 			addStep(step{Kind: kind, Proc: "serve"})
+			if ctlFull {
+				// Serve started on the full disk: drawn where it was
+				// passed over before, and put between the others, which
+				// come as they came.
+				shiftPending(1)
+			}
 		case "power-cut":
 			if !loop || ctlFull {
 				continue

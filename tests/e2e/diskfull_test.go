@@ -138,3 +138,67 @@ func TestAFullControlDiskThenSpaceAgain(t *testing.T) {
 		t.Errorf("the report of seq %d, seen before the disk was full, is gone", before.Seq)
 	}
 }
+
+// A control machine started again after its disk filled (a reboot, a
+// package upgrade restarting serve): serve comes up on the full disk (its
+// lock's record written over the last one), answers what reads, takes a
+// write into room its files hold or says the disk is full, and once the
+// disk has room takes writes again without a restart — nats-server, left
+// to itself, caps its store at three quarters of what was free when it
+// started, and refused every write as "insufficient resources" long after.
+func TestServeStartedOnAFullDisk(t *testing.T) {
+	m := newMeshDirs(t)
+	m.moveControl(func() {
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", m.ctl).CombinedOutput(); err != nil {
+			t.Fatalf("mount tmpfs: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", "-l", m.ctl).Run() })
+	})
+	serve := m.startControl()
+	agentConf := m.addNode()
+	m.startExecutor()
+	m.startAgent("--config", agentConf)
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	declare := func(content string) (string, error) {
+		f := filepath.Join(m.base, "decl.json")
+		os.WriteFile(f, []byte(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":%q,"content":%q}]}`, filepath.Join(m.tree, "motd"), content)), 0o600)
+		out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl, "--wait=1m", "--json").CombinedOutput()
+		return string(out), err
+	}
+	if out, err := declare("before\n"); err != nil || !strings.Contains(out, `"outcome": "applied"`) {
+		t.Fatalf("declare before the disk is full: %v\n%s", err, out)
+	}
+	serve.Process.Signal(syscall.SIGTERM)
+	serve.Wait()
+
+	filler := filepath.Join(m.ctl, "filler")
+	fill(t, filler)
+	m.startControl() // it answers `nodes`, or the test ends here
+	full := "the disk holding " + filepath.Join(m.ctl, "jetstream") + " is full"
+	issue := func(name string) (string, error) {
+		out, err := exec.Command(filepath.Join(bin, "mesh-control"), "token", "issue", "--new", "--name", name, "--dir", m.ctl).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := issue("n2"); err != nil && !strings.Contains(out, full) {
+		t.Errorf("token issue on a full disk: %v, and it does not say %q:\n%s", err, full, out)
+	}
+	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").CombinedOutput(); err != nil || !strings.Contains(string(out), `"n1"`) {
+		t.Errorf("nodes on a full disk: %v\n%s", err, out)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	var err error
+	eventually(t, "a token issued once there is space again", func() bool {
+		out, err = issue("n3")
+		return err == nil
+	})
+	if out, err = declare("after\n"); err != nil || !strings.Contains(out, `"outcome": "applied"`) {
+		t.Fatalf("declare once there is space again: %v\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "motd")); string(b) != "after\n" {
+		t.Fatalf("the machine: %q", b)
+	}
+}

@@ -2,6 +2,9 @@ package control
 
 import (
 	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -82,5 +85,66 @@ func TestHeartbeatsAreKeptWithoutAnFsyncOfTheirOwn(t *testing.T) {
 	c = connect()
 	if again := info(c, link.HeartbeatStream); !again.Created.Equal(now.Created) {
 		t.Errorf("a heartbeat stream as wanted was made anew (created %v, then %v)", now.Created, again.Created)
+	}
+}
+
+// The recorder's consumer of the heartbeats keeps nothing on disk. One an
+// earlier release kept there, whose state a power cut left a file of
+// zeros (the server's "corrupt state file", which it then will not load
+// or make again), no longer keeps the recorder from the heartbeats once
+// serve starts again; one kept there and sound is replaced.
+func TestTheHeartbeatRecorderSurvivesItsStateLostInAPowerCut(t *testing.T) {
+	_, k, s := embeddedBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := embeddedClient(ctx, t, k, s)
+	st, err := c.JS.Stream(ctx, link.HeartbeatStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As an earlier release made it: on disk.
+	if _, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: recorderConsumer, FilterSubject: "mesh.heartbeat.*",
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.JS.Publish(ctx, "mesh.heartbeat.n1", []byte(`{"node":"n1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	s.Shutdown()
+	state := filepath.Join(k.Dir, "jetstream", "jetstream", link.AccountControl, "streams", link.HeartbeatStream, "obs", recorderConsumer, "o.dat")
+	b, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatalf("the consumer's state, as an earlier release kept it: %v", err)
+	}
+	if err := os.WriteFile(state, make([]byte, len(b)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	if s, err = StartServer(k, "127.0.0.1:0", slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	c = embeddedClient(ctx, t, k, s)
+	cons, err := c.recorderConsumer(ctx, link.HeartbeatStream, "mesh.heartbeat.*")
+	if err != nil {
+		t.Fatalf("the recorder's consumer after its state was lost: %v", err)
+	}
+	if !cons.CachedInfo().Config.MemoryStorage {
+		t.Error("the recorder's consumer of the heartbeats is kept on disk")
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range msgs.Messages() {
+		got++
+		if m.Subject() != "mesh.heartbeat.n1" {
+			t.Errorf("read %s", m.Subject())
+		}
+	}
+	if got != 1 {
+		t.Fatalf("the recorder read %d heartbeats after the power cut, want n1's newest", got)
 	}
 }

@@ -119,6 +119,19 @@ func (c *Client) Record(ctx context.Context) error {
 
 // recorderConsumer is the recorder's durable consumer of stream, made or
 // brought to the configuration below.
+//
+// On a stream kept without an fsync before each acknowledgement (the
+// heartbeats', heartbeatsAsWanted) the consumer is kept in memory. On
+// disk, nats-server writes such a consumer's state without an fsync too,
+// and a power cut left it a file of zeros: the server then refused to load
+// the consumer or make it again ("corrupt state file"), and the recorder
+// never read a heartbeat again — no rekey answered, no statement sent to a
+// node behind, no profile recorded — until someone removed the consumer's
+// directory by hand (make chaos, a power cut; docs/benchmarks.md, the note
+// upstream). In memory it has no state to lose: made anew when serve
+// starts, it hands the recorder each node's newest heartbeat again, which
+// is recorded as any heartbeat is. A consumer an earlier release kept on
+// disk is deleted first, as its storage cannot be changed by an update.
 func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (jetstream.Consumer, error) {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       recorderConsumer,
@@ -127,6 +140,14 @@ func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (j
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		MaxAckPending: recordInFlight,
+	}
+	if st, err := c.JS.Stream(ctx, stream); err == nil && st.CachedInfo().Config.PersistMode == jetstream.AsyncPersistMode {
+		cfg.MemoryStorage = true
+		if cons, err := st.Consumer(ctx, recorderConsumer); err == nil && !cons.CachedInfo().Config.MemoryStorage {
+			if err := st.DeleteConsumer(ctx, recorderConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil, fmt.Errorf("recorder on %s: the consumer kept on disk: %w", stream, err)
+			}
+		}
 	}
 	// On a cluster the consumer's replicas are placed with the stream's,
 	// which may still be catching up (a stream just made or given more

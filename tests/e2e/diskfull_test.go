@@ -34,6 +34,15 @@ func fill(t *testing.T, path string) {
 	}
 }
 
+// declareMotd declares to n1 a file of content, and waits for its report
+// (a minute at most): what the command printed, and its error.
+func declareMotd(m *mesh, content string) (string, error) {
+	f := filepath.Join(m.base, "decl.json")
+	os.WriteFile(f, []byte(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":%q,"content":%q}]}`, filepath.Join(m.tree, "motd"), content)), 0o600)
+	out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl, "--wait=1m", "--json").CombinedOutput()
+	return string(out), err
+}
+
 // The control side's disk full, then space again: a write is either taken
 // (the broker's files had room allocated ahead: it is then on disk like
 // any acknowledged write) or refused saying which disk is full; reads keep
@@ -56,12 +65,7 @@ func TestAFullControlDiskThenSpaceAgain(t *testing.T) {
 	m.startAgent("--config", agentConf)
 	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
 
-	declare := func(content string) (string, error) {
-		f := filepath.Join(m.base, "decl.json")
-		os.WriteFile(f, []byte(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":%q,"content":%q}]}`, filepath.Join(m.tree, "motd"), content)), 0o600)
-		out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl, "--wait=1m", "--json").CombinedOutput()
-		return string(out), err
-	}
+	declare := func(content string) (string, error) { return declareMotd(m, content) }
 	if out, err := declare("before\n"); err != nil || !strings.Contains(out, `"outcome": "applied"`) {
 		t.Fatalf("declare before the disk is full: %v\n%s", err, out)
 	}
@@ -159,12 +163,7 @@ func TestServeStartedOnAFullDisk(t *testing.T) {
 	m.startExecutor()
 	m.startAgent("--config", agentConf)
 	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
-	declare := func(content string) (string, error) {
-		f := filepath.Join(m.base, "decl.json")
-		os.WriteFile(f, []byte(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":%q,"content":%q}]}`, filepath.Join(m.tree, "motd"), content)), 0o600)
-		out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl, "--wait=1m", "--json").CombinedOutput()
-		return string(out), err
-	}
+	declare := func(content string) (string, error) { return declareMotd(m, content) }
 	if out, err := declare("before\n"); err != nil || !strings.Contains(out, `"outcome": "applied"`) {
 		t.Fatalf("declare before the disk is full: %v\n%s", err, out)
 	}

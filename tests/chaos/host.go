@@ -22,14 +22,15 @@ import (
 
 // What the host made before the mesh came, that the mesh changes without
 // owning: a configuration file the node's modules write blocks into
-// (region), and the firewall of the node's network namespace, which its
-// modules open ports through (opening). The mesh must leave every byte
-// and rule of the host's as it found it, and give back what it changed
-// once nothing declares it (ADR 0118): with the modules drawn under every
-// fault, after each step, the file outside the mesh's blocks and the
-// host's rules are what the host wrote, each block and rule of the mesh's
-// is one a store claims, and a file no region is claimed in is, byte for
-// byte, the host's.
+// (region), an environment file whose keys they set (keys), and the
+// firewall of the node's network namespace, which they open ports through
+// (opening). The mesh must leave every byte, line and rule of the host's
+// as it found it, and give back what it changed once nothing declares it
+// (ADR 0118): with the modules drawn under every fault, after each step,
+// the files outside the mesh's blocks and keys and the host's rules are
+// what the host wrote, each block, key and rule of the mesh's is one a
+// store claims, and a file nothing is claimed in is, byte for byte, the
+// host's.
 
 // hostConf is the shared file as the host wrote it: lines of its own and,
 // between markers of the name c.reg, a block a person wrote before the

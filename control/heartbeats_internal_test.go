@@ -88,24 +88,23 @@ func TestHeartbeatsAreKeptWithoutAnFsyncOfTheirOwn(t *testing.T) {
 	}
 }
 
-// The recorder's consumer of the heartbeats keeps nothing on disk. One an
-// earlier release kept there, whose state a power cut left a file of
-// zeros (the server's "corrupt state file", which it then will not load
-// or make again), no longer keeps the recorder from the heartbeats once
-// serve starts again; one kept there and sound is replaced.
+// A power cut that spoils the recorder's consumer state on disk (the
+// heartbeats' stream, and so its consumers' state, are written without an
+// fsync; the cut left the state a file of zeros, which the server then
+// will neither load nor make again: "corrupt state file") does not keep
+// the recorder from the heartbeats once serve starts again: the consumer
+// is made in memory. Kept on disk otherwise.
 func TestTheHeartbeatRecorderSurvivesItsStateLostInAPowerCut(t *testing.T) {
 	_, k, s := embeddedBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := embeddedClient(ctx, t, k, s)
-	st, err := c.JS.Stream(ctx, link.HeartbeatStream)
+	cons, err := c.recorderConsumer(ctx, link.HeartbeatStream, "mesh.heartbeat.*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As an earlier release made it: on disk.
-	if _, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: recorderConsumer, FilterSubject: "mesh.heartbeat.*",
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
-		t.Fatal(err)
+	if cons.CachedInfo().Config.MemoryStorage {
+		t.Error("the recorder's consumer is kept in memory on a sound store")
 	}
 	if _, err := c.JS.Publish(ctx, "mesh.heartbeat.n1", []byte(`{"node":"n1"}`)); err != nil {
 		t.Fatal(err)
@@ -115,7 +114,7 @@ func TestTheHeartbeatRecorderSurvivesItsStateLostInAPowerCut(t *testing.T) {
 	state := filepath.Join(k.Dir, "jetstream", "jetstream", link.AccountControl, "streams", link.HeartbeatStream, "obs", recorderConsumer, "o.dat")
 	b, err := os.ReadFile(state)
 	if err != nil {
-		t.Fatalf("the consumer's state, as an earlier release kept it: %v", err)
+		t.Fatalf("the consumer's state on disk: %v", err)
 	}
 	if err := os.WriteFile(state, make([]byte, len(b)), 0o600); err != nil {
 		t.Fatal(err)
@@ -126,12 +125,12 @@ func TestTheHeartbeatRecorderSurvivesItsStateLostInAPowerCut(t *testing.T) {
 	}
 	defer s.Shutdown()
 	c = embeddedClient(ctx, t, k, s)
-	cons, err := c.recorderConsumer(ctx, link.HeartbeatStream, "mesh.heartbeat.*")
+	cons, err = c.recorderConsumer(ctx, link.HeartbeatStream, "mesh.heartbeat.*")
 	if err != nil {
 		t.Fatalf("the recorder's consumer after its state was lost: %v", err)
 	}
 	if !cons.CachedInfo().Config.MemoryStorage {
-		t.Error("the recorder's consumer of the heartbeats is kept on disk")
+		t.Error("the recorder's consumer whose state on disk is spoilt is not kept in memory")
 	}
 	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,18 +121,18 @@ func (c *Client) Record(ctx context.Context) error {
 // recorderConsumer is the recorder's durable consumer of stream, made or
 // brought to the configuration below.
 //
-// On a stream kept without an fsync before each acknowledgement (the
-// heartbeats', heartbeatsAsWanted) the consumer is kept in memory. On
-// disk, nats-server writes such a consumer's state without an fsync too,
-// and a power cut left it a file of zeros: the server then refused to load
-// the consumer or make it again ("corrupt state file"), and the recorder
-// never read a heartbeat again — no rekey answered, no statement sent to a
-// node behind, no profile recorded — until someone removed the consumer's
-// directory by hand (make chaos, a power cut; docs/benchmarks.md, the note
-// upstream). In memory it has no state to lose: made anew when serve
-// starts, it hands the recorder each node's newest heartbeat again, which
-// is recorded as any heartbeat is. A consumer an earlier release kept on
-// disk is deleted first, as its storage cannot be changed by an update.
+// A consumer the server cannot make on disk is made in memory. On the
+// heartbeats' stream, kept without an fsync per write, nats-server writes
+// its consumers' state without one too, and a power cut left the
+// recorder's a file of zeros: the server then refused to load the
+// consumer or make it again ("corrupt state file"), for as long as its
+// directory is there, and the recorder never read a heartbeat again — no
+// rekey answered, no statement sent to a node behind, no profile recorded
+// (make chaos, a power cut; the note upstream is in docs/benchmarks.md).
+// In memory it has no state to lose; made anew at each start, it hands
+// the recorder each node's newest message again, which is recorded as any
+// is. Kept on disk otherwise: each start would read every node's newest
+// heartbeat and report again.
 func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (jetstream.Consumer, error) {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       recorderConsumer,
@@ -140,14 +141,6 @@ func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (j
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		MaxAckPending: recordInFlight,
-	}
-	if st, err := c.JS.Stream(ctx, stream); err == nil && st.CachedInfo().Config.PersistMode == jetstream.AsyncPersistMode {
-		cfg.MemoryStorage = true
-		if cons, err := st.Consumer(ctx, recorderConsumer); err == nil && !cons.CachedInfo().Config.MemoryStorage {
-			if err := st.DeleteConsumer(ctx, recorderConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return nil, fmt.Errorf("recorder on %s: the consumer kept on disk: %w", stream, err)
-			}
-		}
 	}
 	// On a cluster the consumer's replicas are placed with the stream's,
 	// which may still be catching up (a stream just made or given more
@@ -159,6 +152,12 @@ func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (j
 		if cons, err = c.JS.CreateOrUpdateConsumer(ctx, stream, cfg); err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			break
 		}
+		if !cfg.MemoryStorage && storeUnmade(err) {
+			c.log.Warn("the recorder's consumer cannot be kept on disk: kept in memory, and made anew at each start; a power cut may have spoilt its state (the broker's log says so): remove its directory (dir, in the embedded broker's store) while serve is stopped to keep it on disk again",
+				"stream", stream, "dir", filepath.Join(c.Keys.Dir, "jetstream", "jetstream", link.AccountControl, "streams", stream, "obs", recorderConsumer), "err", err)
+			cfg.MemoryStorage = true
+			continue
+		}
 		c.log.Warn("the recorder's consumer not made yet; trying again", "stream", stream, "err", err)
 		select {
 		case <-ctx.Done():
@@ -169,6 +168,13 @@ func (c *Client) recorderConsumer(ctx context.Context, stream, filter string) (j
 		return nil, fmt.Errorf("recorder on %s: %w", stream, err)
 	}
 	return cons, nil
+}
+
+// storeUnmade says whether err is the server's refusal to make a
+// consumer's store (its state on disk unreadable), which no retry mends.
+func storeUnmade(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeConsumerCreate && strings.Contains(api.Description, "store for consumer")
 }
 
 // laneOf is the worker of a subject's node: by the node's name, not the

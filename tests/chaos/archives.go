@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -25,16 +27,24 @@ type archiveRef struct {
 // archive, so that archives unpacked into one module's directory never
 // write the same path.
 func archiveTar(k int) []byte {
+	dir := fmt.Sprintf("arch-%d", k)
+	files := map[string][]byte{}
+	for _, f := range []string{dir + "/one", dir + "/sub/two"} {
+		files[f] = []byte(fmt.Sprintf("chaos archive %d: %s\n", k, f))
+	}
+	return tarOf([]string{dir + "/", dir + "/sub/"}, files)
+}
+
+// tarOf is a tar of dirs, then files in the order of their names.
+func tarOf(dirs []string, files map[string][]byte) []byte {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
-	dir := fmt.Sprintf("arch-%d", k)
-	for _, d := range []string{dir + "/", dir + "/sub/"} {
+	for _, d := range dirs {
 		tw.WriteHeader(&tar.Header{Name: d, Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)})
 	}
-	for _, f := range []string{dir + "/one", dir + "/sub/two"} {
-		body := []byte(fmt.Sprintf("chaos archive %d: %s\n", k, f))
-		tw.WriteHeader(&tar.Header{Name: f, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
-		tw.Write(body)
+	for _, f := range slices.Sorted(maps.Keys(files)) {
+		tw.WriteHeader(&tar.Header{Name: f, Mode: 0o644, Size: int64(len(files[f])), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
+		tw.Write(files[f])
 	}
 	tw.Close()
 	return b.Bytes()
@@ -48,20 +58,30 @@ func (w *world) putArchives() error {
 		if err := os.WriteFile(f, archiveTar(k), 0o600); err != nil {
 			return err
 		}
-		out, code, err := w.control("archive", "put", f, "--json")
-		if err != nil || code != 0 {
-			return fmt.Errorf("archive put %s: exit %d %v: %s", f, code, err, firstLine(out))
+		a, err := w.putArchive(f)
+		if err != nil {
+			return err
 		}
-		var a struct {
-			SHA256 string `json:"sha256"`
-			URL    string `json:"url"`
-		}
-		if err := json.Unmarshal([]byte(jsonPart(out)), &a); err != nil {
-			return fmt.Errorf("archive put --json: %v: %s", err, firstLine(out))
-		}
-		w.archives = append(w.archives, archiveRef{url: a.URL, sha256: a.SHA256, file: f})
+		w.archives = append(w.archives, a)
 	}
 	return nil
+}
+
+// putArchive puts the tar at f in the control side's object store
+// (mesh-control archive put): its URL and digest.
+func (w *world) putArchive(f string) (archiveRef, error) {
+	out, code, err := w.control("archive", "put", f, "--json")
+	if err != nil || code != 0 {
+		return archiveRef{}, fmt.Errorf("archive put %s: exit %d %v: %s", f, code, err, firstLine(out))
+	}
+	var a struct {
+		SHA256 string `json:"sha256"`
+		URL    string `json:"url"`
+	}
+	if err := json.Unmarshal([]byte(jsonPart(out)), &a); err != nil {
+		return archiveRef{}, fmt.Errorf("archive put --json: %v: %s", err, firstLine(out))
+	}
+	return archiveRef{url: a.URL, sha256: a.SHA256, file: f}, nil
 }
 
 // unpackedBy says whether p is one an archive of module mod (its "arch"

@@ -14,7 +14,6 @@ package main
 // time.
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -235,22 +234,15 @@ func (s *soaker) declare(n *node, r *rand.Rand, i int, withArchive bool) error {
 		if err := os.WriteFile(tarPath, soakTar(r), 0o600); err != nil {
 			return err
 		}
-		out, code, err := w.control("archive", "put", tarPath, "--json")
-		if err != nil || code != 0 {
-			return fmt.Errorf("archive put: exit %d %v: %s", code, err, firstLine(out))
-		}
-		var a struct {
-			SHA256 string `json:"sha256"`
-			URL    string `json:"url"`
-		}
-		if err := json.Unmarshal([]byte(jsonPart(out)), &a); err != nil {
-			return fmt.Errorf("archive put --json: %v: %s", err, firstLine(out))
+		a, err := w.putArchive(tarPath)
+		if err != nil {
+			return err
 		}
 		dir := filepath.Join(n.tree, "L", soakArchive)
 		rs, _ := doc["resources"].([]any)
 		doc["resources"] = append(rs,
 			map[string]any{"module": soakArchive, "id": "dir", "type": "directory", "path": dir},
-			map[string]any{"module": soakArchive, "id": "files", "type": "archive", "url": a.URL, "sha256": a.SHA256, "destination": dir})
+			map[string]any{"module": soakArchive, "id": "files", "type": "archive", "url": a.url, "sha256": a.sha256, "destination": dir})
 	}
 	b, _ := json.Marshal(doc)
 	if r.IntN(10) > 0 {
@@ -351,15 +343,11 @@ func (s *soaker) dropClient(n *node) {
 // soakTar is a small tar of two files, of a size and content drawn from
 // r: each archive is new.
 func soakTar(r *rand.Rand) []byte {
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
+	files := map[string][]byte{}
 	for _, name := range []string{"one", "two"} {
-		body := bytes.Repeat([]byte{byte('a' + r.IntN(26))}, 1+r.IntN(32<<10))
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
-		tw.Write(body)
+		files[name] = bytes.Repeat([]byte{byte('a' + r.IntN(26))}, 1+r.IntN(32<<10))
 	}
-	tw.Close()
-	return b.Bytes()
+	return tarOf(nil, files)
 }
 
 // drift edits by hand a file the mesh wrote on n; the executor's drift

@@ -34,6 +34,27 @@ func fill(t *testing.T, path string) {
 	}
 }
 
+// meshOnASmallDisk is a mesh whose control directory is a 48 MiB tmpfs
+// of its own, to fill.
+func meshOnASmallDisk(t *testing.T) *mesh {
+	m := newMeshDirs(t)
+	m.moveControl(func() {
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", m.ctl).CombinedOutput(); err != nil {
+			t.Fatalf("mount tmpfs: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", "-l", m.ctl).Run() })
+	})
+	return m
+}
+
+// readsAnswer: on a full disk, what only looks still answers (nodes).
+func readsAnswer(t *testing.T, m *mesh) {
+	t.Helper()
+	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").CombinedOutput(); err != nil || !strings.Contains(string(out), `"n1"`) {
+		t.Errorf("nodes on a full disk: %v\n%s", err, out)
+	}
+}
+
 // declareMotd declares to n1 a file of content, and waits for its report
 // (a minute at most): what the command printed, and its error.
 func declareMotd(m *mesh, content string) (string, error) {
@@ -51,13 +72,7 @@ func declareMotd(m *mesh, content string) (string, error) {
 // control directory is on a small tmpfs, filled by a file beside the
 // broker's store.
 func TestAFullControlDiskThenSpaceAgain(t *testing.T) {
-	m := newMeshDirs(t)
-	m.moveControl(func() {
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", m.ctl).CombinedOutput(); err != nil {
-			t.Fatalf("mount tmpfs: %v\n%s", err, out)
-		}
-		t.Cleanup(func() { exec.Command("umount", m.ctl).Run() })
-	})
+	m := meshOnASmallDisk(t)
 	// The one serve of the test: nothing starts another.
 	m.startControl()
 	agentConf := m.addNode()
@@ -91,9 +106,7 @@ func TestAFullControlDiskThenSpaceAgain(t *testing.T) {
 		t.Errorf("declare on a full disk: %v, and it does not say %q:\n%s", err, full, out)
 	}
 	// Reads still answer: a full disk stops what writes, not what looks.
-	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").CombinedOutput(); err != nil || !strings.Contains(string(out), `"n1"`) {
-		t.Errorf("nodes on a full disk: %v\n%s", err, out)
-	}
+	readsAnswer(t, m)
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
@@ -151,13 +164,7 @@ func TestAFullControlDiskThenSpaceAgain(t *testing.T) {
 // to itself, caps its store at three quarters of what was free when it
 // started, and refused every write as "insufficient resources" long after.
 func TestServeStartedOnAFullDisk(t *testing.T) {
-	m := newMeshDirs(t)
-	m.moveControl(func() {
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", m.ctl).CombinedOutput(); err != nil {
-			t.Fatalf("mount tmpfs: %v\n%s", err, out)
-		}
-		t.Cleanup(func() { exec.Command("umount", "-l", m.ctl).Run() })
-	})
+	m := meshOnASmallDisk(t)
 	serve := m.startControl()
 	agentConf := m.addNode()
 	m.startExecutor()
@@ -181,9 +188,7 @@ func TestServeStartedOnAFullDisk(t *testing.T) {
 	if out, err := issue("n2"); err != nil && !strings.Contains(out, full) {
 		t.Errorf("token issue on a full disk: %v, and it does not say %q:\n%s", err, full, out)
 	}
-	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "nodes", "--dir", m.ctl, "--json").CombinedOutput(); err != nil || !strings.Contains(string(out), `"n1"`) {
-		t.Errorf("nodes on a full disk: %v\n%s", err, out)
-	}
+	readsAnswer(t, m)
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)

@@ -119,20 +119,22 @@ func (a *Agent) takePins(header string) {
 	if p.Seq <= a.state.get().PinsSeq {
 		return
 	}
-	// Judged again under the state's lock, and the pins accepted there: a
+	// Judged again under the state's lock, and the pins kept there: a
 	// statement beside a declaration (the worker) and one sent alone (the
 	// heartbeat loop) may be taken at once, and the older must not win.
 	taken := false
-	if err := a.state.update(func(s *State) {
+	if err := a.state.keep(func(s *State) {
 		if taken = p.Seq > s.PinsSeq; taken {
 			s.BrokerPins, s.PinsSeq, s.PinsEnrolment = p.Pins, p.Seq, a.id.Enrolment
-			a.id.setPins(p.Pins)
 		}
 	}); err != nil {
-		a.log.Warn("state: " + err.Error())
+		a.log.Warn("the broker's certificates, as the control side announces them, not taken: they could not be kept (taken when sent again)", "seq", p.Seq, "err", err.Error())
 		return
 	}
 	if taken {
+		// The newest kept, whichever of two statements taken at once
+		// gets here last.
+		a.id.setPins(a.state.get().BrokerPins)
 		a.log.Warn("the broker's certificates, as the control side announces them", "seq", p.Seq, "pins", p.Pins)
 	}
 }
@@ -168,8 +170,8 @@ func (a *Agent) takeUserJWT(env []byte) {
 		return
 	}
 	uc, _ := jwt.DecodeUserClaims(u.JWT)
-	if err := a.state.update(func(s *State) { s.UserJWT, s.JWTIssuer = u.JWT, uc.Issuer }); err != nil {
-		a.log.Warn("state: " + err.Error())
+	if err := a.state.keep(func(s *State) { s.UserJWT, s.JWTIssuer = u.JWT, uc.Issuer }); err != nil {
+		a.log.Warn("a renewed broker credential not taken: it could not be kept (taken when sent again)", "err", err.Error())
 		return
 	}
 	a.id.setJWT(u.JWT, uc.Issuer)

@@ -108,6 +108,9 @@ func (st *stateStore) get() State {
 	return st.s
 }
 
+// update changes the agent's memory and writes it down. The memory holds
+// the change even when the write fails (a full disk): it is what the
+// agent goes on with, and the next write that succeeds keeps it.
 func (st *stateStore) update(f func(*State)) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -117,4 +120,29 @@ func (st *stateStore) update(f func(*State)) error {
 		return nil
 	}
 	return statedir.WriteFile(st.path, st.s)
+}
+
+// keep is update for what the agent tells the control side it holds —
+// the broker's certificates (the heartbeat's broker_pins_seq) and its
+// credential (jwt_issuer): the control side acts on what it is told,
+// switching the broker's certificate or retiring a signing key, so the
+// change is made only once it is on disk. Taken in memory alone, a
+// restart before the next write (the disk still full, a power cut) would
+// bring back the old certificates after the broker had switched, and
+// keep the node off it for good. A write that fails leaves memory as the
+// disk has it, the change not taken; the control side sends it again
+// while the heartbeats say it is not.
+func (st *stateStore) keep(f func(*State)) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	next := st.s
+	f(&next)
+	next.Format = stateFormat
+	if st.path != "" {
+		if err := statedir.WriteFile(st.path, next); err != nil {
+			return err
+		}
+	}
+	st.s = next
+	return nil
 }

@@ -590,6 +590,10 @@ type ownedEntry struct {
 	// Paths, on an archive, are the files and directories it wrote: what
 	// the host holds is each of them, not the archive's record alone.
 	Paths []string `json:"paths,omitempty"`
+	// Pending is an entry whose last change was begun and not recorded
+	// (the apply failed at it, or died): what the machine holds of it is
+	// unknown until the next apply looks.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // ownedSalvaged says where salvaged content is and until when.
@@ -607,7 +611,7 @@ type ownedSalvaged struct {
 func describe(e *store.Entry) string {
 	switch {
 	case e.Pending != nil:
-		return "interrupted: an apply died between deciding and recording (" + e.Pending.Op + "); the next apply looks again"
+		return "pending: a change begun and not recorded (" + e.Pending.Op + "), the apply having failed at it or died; the next apply looks at what it left"
 	case e.Held:
 		return "held as found (adopted node)"
 	case len(e.Claims) == 0:
@@ -662,7 +666,7 @@ func (c *command) owned() int {
 	var list []ownedEntry
 	var b strings.Builder
 	for _, e := range st.Entries() {
-		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths}
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil}
 		if oe.Claims == nil {
 			oe.Claims = []store.Claim{}
 		}

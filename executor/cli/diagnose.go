@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // agentDiagnosis says, when an enrolment has waited in vain for the agent,
@@ -19,12 +21,26 @@ func agentDiagnosis(sock string) string {
 	if _, err := os.Lstat(sock); err != nil {
 		return noSocket(sock)
 	}
-	agents := agentProcs()
-	if len(agents) == 0 {
+	all := agentProcs()
+	if len(all) == 0 {
 		return "no mesh-agent process is running"
 	}
-	// Each agent is said of: a machine may run more than one (containers,
-	// another mesh's), and the one that cannot reach is the one to name.
+	// A machine may run more than one agent (containers, another mesh's,
+	// several nodes on one machine): those whose command line names
+	// another socket (or vsock) are not this executor's, and are not said
+	// of one by one.
+	var agents []proc
+	var others []string
+	for _, a := range all {
+		if a.serves(sock) {
+			agents = append(agents, a)
+		} else {
+			others = append(others, fmt.Sprintf("pid %d: %s", a.pid, a.socket))
+		}
+	}
+	if len(agents) == 0 {
+		return fmt.Sprintf("no mesh-agent process is started for the socket %s (the running ones name another: %s)", sock, strings.Join(others, "; "))
+	}
 	var says []string
 	for _, a := range agents {
 		if why := a.blockedAt(sock); why != "" {
@@ -33,7 +49,55 @@ func agentDiagnosis(sock string) string {
 			says = append(says, fmt.Sprintf("mesh-agent (pid %d, uid %d) can reach %s: its log says why the enrolment has not finished", a.pid, a.uid, sock))
 		}
 	}
+	if len(others) > 0 {
+		says = append(says, fmt.Sprintf("(%d other mesh-agent processes name another socket)", len(others)))
+	}
 	return strings.Join(says, "\n")
+}
+
+// serves says whether p was started for the executor's socket sock: its
+// --socket, or the default when it names none (the agent reads no
+// environment: its flags are all it goes by).
+func (p proc) serves(sock string) bool {
+	if strings.HasPrefix(p.socket, "vsock ") {
+		return false
+	}
+	if p.socket == sock || filepath.Clean(p.socket) == filepath.Clean(sock) {
+		return true
+	}
+	a, err1 := os.Stat(p.socket)
+	b, err2 := os.Stat(sock)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// agentSocket is the executor's socket an agent's command line names (a
+// relative path read from its working directory), "vsock CID:PORT" for
+// one that reaches its executor over vsock, the default for neither.
+func agentSocket(pid int, args []string) string {
+	socket := wire.SocketPath
+	for i := 0; i < len(args); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !strings.HasPrefix(args[i], "-") || name != "socket" && name != "vsock" {
+			continue
+		}
+		if !hasValue && i+1 < len(args) {
+			i++
+			value = args[i]
+		}
+		if name == "vsock" {
+			if value != "" {
+				return "vsock " + value
+			}
+			continue
+		}
+		socket = value
+	}
+	if !filepath.IsAbs(socket) {
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil {
+			socket = filepath.Join(cwd, socket)
+		}
+	}
+	return socket
 }
 
 // noSocket says that there is no executor socket at sock.
@@ -45,6 +109,9 @@ func noSocket(sock string) string {
 type proc struct {
 	pid, uid, gid int
 	groups        []int
+	// socket is the executor's socket its command line names
+	// (agentSocket).
+	socket string
 }
 
 // agentProcs finds the processes named mesh-agent, with the ids they run
@@ -65,7 +132,12 @@ func agentProcs() []proc {
 		if err != nil {
 			continue
 		}
-		p := proc{pid: pid, uid: -1, gid: -1}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+		if len(args) > 0 {
+			args = args[1:]
+		}
+		p := proc{pid: pid, uid: -1, gid: -1, socket: agentSocket(pid, args)}
 		for _, line := range strings.Split(string(status), "\n") {
 			k, v, _ := strings.Cut(line, ":")
 			f := strings.Fields(v)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // When an enrolment waits in vain, enrol says what root can see: no
@@ -39,23 +41,34 @@ func TestAgentDiagnosis(t *testing.T) {
 			t.Fatalf("%s", got)
 		}
 	}
-	// An agent as uid 65534: a copy of sleep, named mesh-agent.
-	sleep, err := exec.LookPath("sleep")
+	// An agent as uid 65534 for this socket: a copy of sh, named
+	// mesh-agent, whose command line names the socket as the agent's
+	// does; and another for the default socket, which is not said of.
+	shell, err := exec.LookPath("sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(sleep)
+	b, _ := os.ReadFile(shell)
 	agent := filepath.Join(base, "mesh-agent")
 	os.WriteFile(agent, b, 0o755)
-	cmd := exec.Command(agent, "60")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	fake := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(agent, append([]string{"-c", "sleep 60; :", "mesh-agent"}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	fake("--user", "nobody")
+	if got := agentDiagnosis(sock); !strings.Contains(got, "no mesh-agent process is started for the socket "+sock) || !strings.Contains(got, wire.SocketPath) {
+		t.Fatalf("only an agent of another socket: %s", got)
+	}
+	fake("--socket", sock, "--user", "nobody")
 	want := "may not connect to the executor's socket " + sock + ": it may not search " + dir + " (uid 0, gid 0, mode 0700)"
-	if got := agentDiagnosis(sock); !strings.Contains(got, want) || !strings.Contains(got, "uid 65534") {
-		t.Fatalf("%s\nwant %s", got, want)
+	if got := agentDiagnosis(sock); !strings.Contains(got, want) || !strings.Contains(got, "uid 65534") ||
+		strings.Count(got, "may not connect") != 1 || !strings.Contains(got, "other mesh-agent processes name another socket") {
+		t.Fatalf("%s\nwant %s, once", got, want)
 	}
 	// Let in through the directory, but the socket is root's 0600.
 	os.Chmod(dir, 0o755)
@@ -68,5 +81,28 @@ func TestAgentDiagnosis(t *testing.T) {
 	os.Chmod(sock, 0o660)
 	if got := agentDiagnosis(sock); !strings.Contains(got, "can reach "+sock) {
 		t.Fatalf("%s", got)
+	}
+}
+
+// An agent's socket is read from its command line as its flag package
+// reads it: -socket or --socket, with = or apart; vsock instead; the
+// default when it names none; a relative path from its directory.
+func TestAgentSocketFromItsCommandLine(t *testing.T) {
+	cwd, _ := os.Readlink("/proc/self/cwd")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, wire.SocketPath},
+		{[]string{"--user", "mesh-agent", "--state", "/s"}, wire.SocketPath},
+		{[]string{"--socket", "/run/a.sock"}, "/run/a.sock"},
+		{[]string{"-socket=/run/b.sock", "-v"}, "/run/b.sock"},
+		{[]string{"--socket", "/run/a.sock", "--socket=/run/c.sock"}, "/run/c.sock"},
+		{[]string{"--vsock", "2:1024", "--vsock-secret", "/s"}, "vsock 2:1024"},
+		{[]string{"--socket", "run/d.sock"}, filepath.Join(cwd, "run/d.sock")},
+	} {
+		if got := agentSocket(os.Getpid(), c.args); got != c.want {
+			t.Errorf("%q: %q, want %q", c.args, got, c.want)
+		}
 	}
 }

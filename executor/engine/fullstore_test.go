@@ -110,3 +110,50 @@ func TestAFullStoreStillReportsEveryChange(t *testing.T) {
 		t.Fatalf("third apply: %s [%s]", third.Outcome, outcomes(third))
 	}
 }
+
+// The disk the declared things live on is full: a directory's creation
+// fails, and fails again at the next apply, each leaving its claim
+// pending. With room again it is made; undeclared, it is the host's to
+// take away — not taken for found because the failed attempts left no
+// record of its absence but the first intent's. A file beside it, whose
+// write failed the same way, goes too.
+func TestWhatAFullDiskKeptFromBeingMadeIsStillTheHostsOnceMade(t *testing.T) {
+	h := newHarness(t)
+	if err := unix.Mount("tmpfs", h.root, "tmpfs", 0, "size=64k,nr_inodes=32,mode=0755"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(h.root, unix.MNT_DETACH) })
+	filler := filepath.Join(h.root, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	// A tmpfs counts inodes too: take what is left of them.
+	for i := 0; ; i++ {
+		if err := os.Mkdir(filepath.Join(h.root, fmt.Sprint("fill-", i)), 0o755); err != nil {
+			break
+		}
+	}
+	doc := h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`,
+		`{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"x\n"}`)
+	for range 2 {
+		if rep := h.apply(doc); rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "no space left on device") {
+			t.Fatalf("an apply on the full disk: %s %+v", outcomes(rep), rep)
+		}
+		h.absent("d")
+	}
+	os.Remove(filler)
+	entries, _ := filepath.Glob(filepath.Join(h.root, "fill-*"))
+	for _, e := range entries {
+		os.Remove(e)
+	}
+	h.expect(h.apply(doc), shapes.Applied, "m.d=applied m.f=applied")
+	h.expect(h.apply(h.doc()), shapes.Removed, "m.f=removed m.d=removed")
+	h.absent("d")
+}

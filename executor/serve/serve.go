@@ -897,10 +897,15 @@ func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *
 	s.log.Info("applied", "source", src, "seq", rep.Seq, "outcome", rep.Outcome, "lines", len(rep.Lines))
 	// A failure is said where an operator looks first, the daemon's log,
 	// whether or not a report goes upward (a start or drift reconcile's
-	// does not).
+	// does not); and so is a repair: what the machine lost (a boot takes
+	// the firewall's rules and the overlay's interface) or someone
+	// changed, put back with no declaration asking.
 	for _, l := range rep.Lines {
-		if l.Outcome == shapes.Failed {
-			s.log.Warn("failed: "+l.Detail, "source", src, "seq", rep.Seq, "module", l.Module, "id", l.ID, "type", l.Type)
+		switch l.Outcome {
+		case shapes.Failed:
+			s.log.Warn("failed: "+l.Detail, "source", src, "trigger", trigger, "seq", rep.Seq, "module", l.Module, "id", l.ID, "type", l.Type)
+		case shapes.Repaired:
+			s.log.Info("repaired: "+l.Detail, "source", src, "trigger", trigger, "seq", rep.Seq, "module", l.Module, "id", l.ID, "type", l.Type)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -405,13 +406,18 @@ func TestReconcileTriggers(t *testing.T) {
 		t.Fatalf("reconnect: %+v %+v", v, lines)
 	}
 
-	// start: a new daemon reconciles before it serves.
+	// start: a new daemon reconciles before it serves, and says in its
+	// log what it put back (no report goes upward for it).
 	e.stop()
 	os.WriteFile(motd, []byte("drift again\n"), 0o644)
-	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	var log lockedBuffer
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	e.dial() // served only after the start reconcile
 	if b, _ := os.ReadFile(motd); string(b) != "hello\n" {
 		t.Fatalf("start did not reconcile: %q", b)
+	}
+	if said := log.String(); !strings.Contains(said, `msg="repaired: `) || !strings.Contains(said, "trigger=start seq=1 module=m id=motd type=file") {
+		t.Fatalf("the start's repair is not in the log:\n%s", said)
 	}
 
 	// drift: the timer, with nothing said on the socket.

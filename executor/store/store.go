@@ -576,7 +576,22 @@ func (s *Store) append(r *record) error {
 }
 
 // Intend records what is about to be done to target, before it is done.
+//
+// An intent written over one that never settled on a stub (the entry is
+// there only for it: the change failed, or died, before anything was
+// recorded of the target) keeps what that first one knew of the target
+// before the host touched it — that it was absent, so whatever is there
+// is the host's; what was found there — which no later look can tell: a
+// thing the failed change half made looks found to it. Without this, a
+// directory whose creation failed twice (a full disk) was taken for found
+// once made, and never removed.
 func (s *Store) Intend(target string, in Intent) error {
+	if e := s.entries[target]; e != nil && e.Stub && e.Pending != nil {
+		in.Created = in.Created || e.Pending.Created
+		if e.Pending.Original != nil {
+			in.Original = e.Pending.Original
+		}
+	}
 	return s.append(&record{Op: "intent", Target: target, Intent: &in})
 }
 

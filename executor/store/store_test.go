@@ -65,6 +65,32 @@ func TestIntentPutDropSurviveReopen(t *testing.T) {
 	}
 }
 
+// An intent written over one that never settled on a stub keeps what the
+// first knew of the target before the host touched it: absent (the host
+// makes whatever is there), or what was found. The second look, after a
+// change that failed half way, would take the host's own half for found.
+func TestAnIntentOverAStubKeepsWhatTheFirstKnew(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "state"))
+	defer s.Unlock()
+	s.Intend("path:/made", Intent{Op: "create", Created: true, Claim: claim, Type: "directory"})
+	s.Intend("path:/made", Intent{Op: "change", Claim: claim, Type: "directory"})
+	if e := s.Get("path:/made"); e == nil || !e.Stub || e.Pending.Op != "change" || !e.Pending.Created {
+		t.Fatalf("made: %+v %+v", e, e.Pending)
+	}
+	found := &Original{Digest: "found"}
+	s.Intend("path:/found", Intent{Op: "change", Original: found, Claim: claim, Type: "file"})
+	s.Intend("path:/found", Intent{Op: "change", Original: &Original{Digest: "half-written"}, Claim: claim, Type: "file"})
+	if e := s.Get("path:/found"); e == nil || e.Pending.Created || e.Pending.Original == nil || e.Pending.Original.Digest != "found" {
+		t.Fatalf("found: %+v %+v", e, e.Pending)
+	}
+	// Over a recorded entry, an intent is as written: the entry knows.
+	s.Put(&Entry{Target: "path:/found", Type: "file", Claims: []Claim{claim}, Original: found})
+	s.Intend("path:/found", Intent{Op: "change", Claim: claim, Type: "file"})
+	if e := s.Get("path:/found"); e.Pending.Original != nil || e.Pending.Created {
+		t.Fatalf("over an entry: %+v", e.Pending)
+	}
+}
+
 // A record cut short by a crash mid-write is dropped, never guessed at, and
 // the next record follows a whole one.
 func TestTornTail(t *testing.T) {

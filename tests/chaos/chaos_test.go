@@ -18,8 +18,8 @@ var shortSeeds = []struct {
 	steps int
 	why   string
 }{
-	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay; the control side's disk full twice, and a power cut"},
-	{2, 40, "kills and restarts of both daemons, rescue files beside the link's"},
+	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay; the control side's disk full twice, a power cut of the control side and one of a node"},
+	{2, 40, "kills and restarts of both daemons, rescue files beside the link's, a node's power cut 1.8 s after a declaration"},
 	// Found: a declaration the executor refused while its state disk was
 	// full (its log: "applied source=link seq=3 outcome=refused") was
 	// counted applied by the control side (nodes: applied 3) while the
@@ -84,34 +84,63 @@ func TestStepsDeriveFromTheSeedAlone(t *testing.T) {
 	if reflect.DeepEqual(a, planSteps(8, 300, 3, true)) {
 		t.Fatal("two seeds drew the same step list")
 	}
-	// A certificate's steps are put between the others: without them, a
-	// seed's other steps come as they come with them.
-	defer func(e int) { certEvery = e }(certEvery)
-	for _, seed := range []uint64{2, 3, 7, 182} {
-		with := planSteps(seed, 300, 3, true)
-		certEvery = 1 << 30
-		without := planSteps(seed, 300, 3, true)
-		certEvery = 40
-		var others []string
-		certs := 0
-		for _, s := range with {
-			if strings.HasPrefix(s.Kind, "cert-") {
-				certs++
-				continue
+	// A certificate's steps, and a node's power cut, are put between the
+	// others: without them, a seed's other steps come as they come with
+	// them. Drawn longer than compared: the last steps of a list are the
+	// faults still in force undone, wherever the list ends.
+	defer func(c, n, d int) { certEvery, nodeCutEvery, sysDiskEvery = c, n, d }(certEvery, nodeCutEvery, sysDiskEvery)
+	for _, tc := range []struct {
+		what   string
+		prefix string
+		every  *int
+	}{
+		{"the certificate's steps", "cert-", &certEvery},
+		{"the node's power cuts", "node-power-cut", &nodeCutEvery},
+		{"the system disk's faults", "sys-disk-", &sysDiskEvery},
+	} {
+		for _, seed := range []uint64{2, 3, 7, 182} {
+			with := planSteps(seed, 400, 3, true)
+			was := *tc.every
+			*tc.every = 1 << 30
+			without := planSteps(seed, 400, 3, true)
+			*tc.every = was
+			drawn := 0
+			put := func(s step) bool {
+				if strings.HasPrefix(s.Kind, tc.prefix) {
+					drawn++
+					return true
+				}
+				return false
 			}
-			s.N = 0
-			others = append(others, s.String())
-		}
-		for i, s := range without[:len(others)] {
-			s.N = 0
-			if s.String() != others[i] {
-				t.Fatalf("seed %d: step %d is %q with the certificate's steps (%d), %q without", seed, i+1, others[i], certs, s.String())
+			if i, a, b := firstOther(with, without, put, 300); i > 0 {
+				t.Fatalf("seed %d: step %d is %q with %s (%d), %q without", seed, i, a, tc.what, drawn, b)
 			}
-		}
-		if certs == 0 {
-			t.Fatalf("seed %d drew no certificate step in 300", seed)
+			if drawn == 0 {
+				t.Fatalf("seed %d drew none of %s in 400", seed, tc.what)
+			}
 		}
 	}
+}
+
+// firstOther compares the first n steps of without with those of with
+// that put does not say were put between the others: the first that
+// differs (counted from 1) and both, or 0 when they are alike.
+func firstOther(with, without []step, put func(step) bool, n int) (int, string, string) {
+	var others []string
+	for _, s := range with {
+		if put(s) {
+			continue
+		}
+		s.N = 0
+		others = append(others, s.String())
+	}
+	for i, s := range without[:n] {
+		s.N = 0
+		if s.String() != others[i] {
+			return i + 1, others[i], s.String()
+		}
+	}
+	return 0, "", ""
 }
 
 // Every fault a run injects is undone by a later step of the same run,
@@ -136,6 +165,10 @@ func TestEveryFaultIsUndone(t *testing.T) {
 				open["control/disk"]++
 			case "ctl-disk-free":
 				open["control/disk"]--
+			case "sys-disk-full":
+				open[s.Node+"/sys"]++
+			case "sys-disk-free":
+				open[s.Node+"/sys"]--
 			case "clock-off":
 				open[s.Node+"/clock"]++
 			case "clock-right":
@@ -150,6 +183,12 @@ func TestEveryFaultIsUndone(t *testing.T) {
 	}
 	if !kinds["clock-off"] {
 		t.Error("no seed drew a clock off")
+	}
+	if !kinds["sys-disk-full"] {
+		t.Error("no seed drew a node's system disk full")
+	}
+	if !kinds["node-power-cut"] {
+		t.Error("no seed drew a node's power cut")
 	}
 	if !kinds["pause-serve"] {
 		t.Error("no seed drew a pause of serve")
@@ -209,11 +248,11 @@ func TestTheMachineChecksCanFail(t *testing.T) {
 
 // The control side's disk faults are drawn only where they can be done
 // and undone: no power cut without an image to copy, and while the disk
-// is full serve is not cut or the disk filled again; serve is restarted
-// on the full disk, those steps put between the others, which come as
-// they came without them.
+// is full it is not filled again; serve is restarted or its power cut on
+// the full disk, those steps put between the others, which come as they
+// came without them.
 func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
-	cuts, onFull := 0, 0
+	cuts, onFull, cutsOnFull := 0, 0, 0
 	for seed := uint64(1); seed <= 20; seed++ {
 		for _, s := range planSteps(seed, 200, 3, false) {
 			if s.Kind == "power-cut" {
@@ -233,7 +272,7 @@ func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
 			case "power-cut":
 				cuts++
 				if full {
-					t.Errorf("seed %d: %s while the control disk is full", seed, s)
+					cutsOnFull++
 				}
 			case "restart-serve", "kill-serve":
 				if full {
@@ -245,33 +284,26 @@ func TestControlDiskFaultsDrawnAsTheyCanBe(t *testing.T) {
 		restartOnFull = false
 		without := planSteps(seed, 200, 3, true)
 		restartOnFull = true
-		var others []string
 		full = false
-		for _, s := range with {
+		put := func(s step) bool {
 			switch s.Kind {
 			case "ctl-disk-full":
 				full = true
 			case "ctl-disk-free":
 				full = false
-			case "restart-serve", "kill-serve":
-				if full {
-					continue
-				}
+			case "restart-serve", "kill-serve", "power-cut":
+				return full
 			}
-			s.N = 0
-			others = append(others, s.String())
+			return false
 		}
 		// The last steps differ: with more steps drawn, the run reaches
 		// its count sooner, and its faults are undone from there.
-		for i, s := range without[:150] {
-			s.N = 0
-			if s.String() != others[i] {
-				t.Fatalf("seed %d: step %d is %q with serve restarted on the full disk, %q without", seed, i+1, others[i], s.String())
-			}
+		if i, a, b := firstOther(with, without, put, 150); i > 0 {
+			t.Fatalf("seed %d: step %d is %q with serve restarted or cut on the full disk, %q without", seed, i, a, b)
 		}
 	}
-	if cuts == 0 || onFull == 0 {
-		t.Errorf("in 20 seeds, %d power cuts and %d restarts of serve on a full disk", cuts, onFull)
+	if cuts == 0 || onFull == 0 || cutsOnFull == 0 {
+		t.Errorf("in 20 seeds, %d power cuts (%d on a full disk) and %d restarts of serve on a full disk", cuts, cutsOnFull, onFull)
 	}
 }
 

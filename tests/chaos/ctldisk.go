@@ -56,16 +56,8 @@ func (w *world) moveControl() error {
 	}
 	if w.loop {
 		w.img = filepath.Join(w.base, "control.img")
-		if err := os.WriteFile(w.img, nil, 0o600); err != nil {
+		if err := makeImage(w.img, ctlImageSize); err != nil {
 			return err
-		}
-		if err := os.Truncate(w.img, ctlImageSize); err != nil {
-			return err
-		}
-		// No blocks reserved for root: serve runs as root, and the disk
-		// is full for it when it is full for the filler.
-		if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", w.img).CombinedOutput(); err != nil {
-			return fmt.Errorf("mkfs.ext4: %v\n%s", err, out)
 		}
 		if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop", w.img, w.ctl).CombinedOutput(); err != nil {
 			return fmt.Errorf("mount %s on %s: %v\n%s", w.img, w.ctl, err, out)

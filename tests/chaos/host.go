@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -285,6 +291,16 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 	inv := "host-file-kept"
 	say := func(format string, a ...any) { problems = append(problems, problem{inv, fmt.Sprintf(format, a...)}) }
 
+	// A pending claim (a change begun and not recorded: the apply failed
+	// at it, or died) is one the file or the firewall may hold as it was
+	// before or as declared: neither is required of it.
+	pending := map[string]bool{}
+	for _, o := range owned {
+		if o.Pending {
+			pending[o.Target] = true
+		}
+	}
+
 	// The shared file.
 	regions := map[string]bool{}
 	for _, o := range owned {
@@ -292,6 +308,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			regions[rest] = true
 		}
 	}
+	regionPending := func(name string) bool { return pending["region:"+n.shared()+"#"+name] }
 	w.check("host-file-kept")
 	fi, err := os.Lstat(n.shared())
 	b, rerr := os.ReadFile(n.shared())
@@ -313,6 +330,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 		}
 		for name, body := range inside {
 			switch {
+			case regions[name] && regionPending(name) && name == foundRegion && body == foundBlock:
 			case regions[name]:
 				if !strings.HasPrefix(body, "chaos-region "+name+" v") {
 					say("the block %s in %s holds %.60q, none the mesh declared for it", name, n.shared(), body)
@@ -325,7 +343,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			}
 		}
 		for name := range regions {
-			if _, ok := inside[name]; !ok {
+			if _, ok := inside[name]; !ok && !regionPending(name) {
 				say("%s's store claims the region %s of %s, which the file does not hold", n.name, name, n.shared())
 			}
 		}
@@ -338,6 +356,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			keys[strings.TrimSuffix(rest, ".keys")] = true
 		}
 	}
+	keysPending := func(mod string) bool { return pending["keys:"+n.sharedEnv()+"#"+mod+".keys"] }
 	fi, err = os.Lstat(n.sharedEnv())
 	b, rerr = os.ReadFile(n.sharedEnv())
 	switch {
@@ -361,7 +380,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 					say("%s holds %q, which no store's keys set", n.sharedEnv(), l)
 				}
 			case k == foundKey && keys[foundKeysModule]:
-				if !strings.HasPrefix(v, foundKeysModule+"-v") {
+				if !strings.HasPrefix(v, foundKeysModule+"-v") && (!keysPending(foundKeysModule) || v != foundValue) {
 					say("%s holds %q where %s.keys sets it", n.sharedEnv(), l, foundKeysModule)
 				}
 				host = append(host, foundKey+" = "+foundValue+"\n")
@@ -373,7 +392,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			say("the host's file %s, the mesh's keys aside, is not as the host wrote it (a found value not given back where it stands, a line of the host's changed):\n%s", n.sharedEnv(), b)
 		}
 		for mod := range keys {
-			if !held[mod] {
+			if !held[mod] && !keysPending(mod) {
 				say("%s's store claims %s.keys, and %s holds no mod_%s", n.name, mod, n.sharedEnv(), mod)
 			}
 		}
@@ -426,7 +445,7 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			for _, r := range rules {
 				found = found || r.chain == c && mine[r.comment]
 			}
-			if !found {
+			if !found && !pending[o.Target] {
 				say("%s's store claims the opening %s, and %s holds no rule of it", n.name, o.Target, c)
 			}
 		}
@@ -449,8 +468,71 @@ func (w *world) hostMadeProblems(n *node, owned []ownedEntry) []problem {
 			say("%s holds the rule %q after a rule of the host's: an opening is decided before the host's rules", r.chain, r.comment)
 		}
 	}
+	// The overlay: each interface a store claims is up in the node's
+	// namespace, and its WireGuard answers (a boot takes both; the
+	// executor's start must bring them back).
+	inv = "overlay-kept"
+	for _, o := range owned {
+		iface, ok := strings.CutPrefix(o.Target, "overlay:")
+		if !ok {
+			continue
+		}
+		w.check(inv)
+		if msg := overlayUp(n, iface); msg != "" {
+			say("%s's store claims the overlay %s: %s", n.name, iface, msg)
+		}
+	}
 	sort.Slice(problems, func(i, j int) bool { return problems[i].msg < problems[j].msg })
 	return problems
+}
+
+// overlayUp says what is wrong with the overlay interface iface in n's
+// network namespace: absent, down, or no WireGuard answering on its
+// socket (the node's /run/wireguard is n.wg); "" when it is up and
+// answers.
+func overlayUp(n *node, iface string) string {
+	out, err := exec.Command("ip", "-n", n.netns, "-j", "link", "show", "dev", iface).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("no such interface in the node's namespace (ip link: %v: %s)", err, strings.TrimSpace(string(out)))
+	}
+	var links []struct {
+		Flags []string `json:"flags"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+		return fmt.Sprintf("ip link said %q", out)
+	}
+	if !slices.Contains(links[0].Flags, "UP") {
+		return fmt.Sprintf("the interface is down (flags %v)", links[0].Flags)
+	}
+	// WireGuard's configuration protocol: a get, answered by the
+	// device's settings and errno=0.
+	c, err := net.DialTimeout("unix", filepath.Join(n.wg, iface+".sock"), 5*time.Second)
+	if err != nil {
+		return fmt.Sprintf("no WireGuard answers on its socket: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("get=1\n\n")); err != nil {
+		return fmt.Sprintf("its WireGuard took no request: %v", err)
+	}
+	// The answer ends with an empty line; the connection stays open for
+	// another request.
+	var said []string
+	r := bufio.NewReader(c)
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return fmt.Sprintf("its WireGuard's answer ended early (%v) after %q", err, said)
+		}
+		if l == "\n" {
+			break
+		}
+		said = append(said, strings.TrimSuffix(l, "\n"))
+	}
+	if len(said) == 0 || said[len(said)-1] != "errno=0" {
+		return fmt.Sprintf("its WireGuard answered %q", said)
+	}
+	return ""
 }
 
 // A problem is what an invariant (inv) found not holding.

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/nftables"
@@ -78,6 +82,14 @@ func TestTheLookAtWhatTheHostMadeCatchesEachFault(t *testing.T) {
 	look([]ownedEntry{region})
 	write(hostConf)
 	look([]ownedEntry{region}, "claims the region a.reg", "which the file does not hold")
+	// A claim pending (a change begun and not recorded: the apply failed
+	// at it) may be held or not.
+	pend := region
+	pend.Pending = true
+	look([]ownedEntry{pend})
+	write(hostConf + block)
+	look([]ownedEntry{pend})
+	write(hostConf)
 	write(strings.Replace(hostConf, foundBlock, "the mesh's now\n", 1))
 	look(nil, "the block a person wrote (c.reg)", "not given back as found")
 	write(strings.Replace(hostConf, "host-setting = 2", "host-setting = 3", 1))
@@ -114,6 +126,44 @@ func TestTheLookAtWhatTheHostMadeCatchesEachFault(t *testing.T) {
 	look([]ownedEntry{keysOf("a")}, "a line of the host's changed")
 	env(hostEnv)
 	look(nil)
+
+	// The overlay: an interface claimed and absent, down, or with no
+	// WireGuard answering on its socket (the node's /run/wireguard).
+	n.wg = t.TempDir()
+	ov := claim("overlay:chaos0", "mesh", "overlay")
+	look([]ownedEntry{ov}, "overlay-kept: t1's store claims the overlay chaos0: no such interface")
+	if out, err := exec.Command("ip", "-n", n.netns, "tuntap", "add", "dev", "chaos0", "mode", "tun").CombinedOutput(); err != nil {
+		t.Fatalf("ip tuntap add: %v %s", err, out)
+	}
+	look([]ownedEntry{ov}, "the interface is down")
+	if out, err := exec.Command("ip", "-n", n.netns, "link", "set", "chaos0", "up").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set up: %v %s", err, out)
+	}
+	look([]ownedEntry{ov}, "no WireGuard answers on its socket")
+	ln, err := net.Listen("unix", filepath.Join(n.wg, "chaos0.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var answer atomic.Value
+	answer.Store("listen_port=51820\nerrno=0\n\n")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r := bufio.NewReader(c)
+			for l, err := r.ReadString('\n'); err == nil && l != "\n"; l, err = r.ReadString('\n') {
+			}
+			c.Write([]byte(answer.Load().(string)))
+			// Held open, as WireGuard holds it for another request.
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	look([]ownedEntry{ov})
+	answer.Store("errno=22\n\n")
+	look([]ownedEntry{ov}, `its WireGuard answered ["errno=22"]`)
 
 	// The firewall: an opening from anywhere on input is one rule in the
 	// inet input chain and one in the ip one (not the ip6 forward chain,

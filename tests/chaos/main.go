@@ -58,6 +58,8 @@ func main() {
 	flag.BoolVar(&c.strict, "strict", false, "count the known faults' violations as failures (to see one fixed)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, declarations) after the run")
 	flag.StringVar(&c.bin, "bin", "", "the binaries' directory (default: built into the work directory)")
+	flag.IntVar(&nodeCutEvery, "node-cuts", nodeCutEvery, "one step in about this many cuts a node's power (a seed replays with the same value)")
+	flag.IntVar(&sysDiskEvery, "sys-fulls", sysDiskEvery, "one step in about this many fills a node's system disk (a seed replays with the same value)")
 	var sc soakConfig
 	flag.DurationVar(&sc.length, "soak", 0, "soak for this long instead: no faults, many declarations, every state sampled, and a fail for whatever grows (make soak)")
 	flag.DurationVar(&sc.every, "soak-every", 10*time.Second, "how often the soak samples")

@@ -513,9 +513,23 @@ func (w *world) do(s step) {
 		fill(n.filler)
 	case "disk-free":
 		os.Remove(n.filler)
+	case "sys-disk-full":
+		w.faults["full disk (node system)"]++
+		fillUp(n.sysFiller)
+	case "sys-disk-free":
+		os.Remove(n.sysFiller)
 	case "power-cut":
 		w.faults["power cut (control side)"]++
 		w.powerCut()
+	case "node-power-cut":
+		w.faults["power cut (node)"]++
+		w.check("node-power-cut")
+		// A declaration acknowledged, and the power cut Arg ms later:
+		// before the node has it, while it applies, records or reports,
+		// or after.
+		w.do(step{N: s.N, Kind: "declare", Node: s.Node, Doc: s.Doc})
+		time.Sleep(time.Duration(s.Arg) * time.Millisecond)
+		w.nodeCut(n)
 	case "ctl-disk-full":
 		w.faults["full disk (control side)"]++
 		w.ctlFull = true
@@ -782,8 +796,11 @@ func (w *world) certSwitch() {
 	if w.ctlFull || w.pinsSeq == 0 {
 		return
 	}
+	// A node whose system disk is full cannot keep the statement, and is
+	// refused taking it: one the switch may name, as one not quiet.
+	ready := func(n *node) bool { return w.quiet(n) && !sysFull(n) }
 	for _, n := range w.nodes {
-		if w.quiet(n) {
+		if ready(n) {
 			// Taken, and heard taken: the switch goes by the heartbeats
 			// the control side has.
 			w.eventually(w.cfg.bound, func() bool {
@@ -806,7 +823,7 @@ func (w *world) certSwitch() {
 		w.pinsSeq = res.Seq
 	case len(res.NotYet) > 0:
 		for _, name := range res.NotYet {
-			if n := w.nodeNamed(name); n != nil && w.quiet(n) {
+			if n := w.nodeNamed(name); n != nil && ready(n) {
 				w.check("pins-in-force")
 				w.violate(n, "pins-in-force", "cert rotate --switch refused naming %s, quiet, its agent holding statement %d of %d:\n%s", name, w.pinsHeld(n), w.pinsSeq, out)
 			}

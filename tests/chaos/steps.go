@@ -189,9 +189,27 @@ const rekeyEvery = 40
 // the certificate switched to. A variable for TestStepsDeriveFromTheSeedAlone.
 var certEvery = 40
 
-// restartOnFull: serve is restarted or killed while the control side's
-// disk is full, where a draw passed it over before those were drawn. A
-// variable for TestStepsDeriveFromTheSeedAlone.
+// nodeCutEvery: one step in about this many cuts a node's power (its
+// disks copied as they are at an instant, every process of the node
+// killed, the machine started again on the copies), drawn with the node
+// from a ninth stream of the seed's own, before a step's other draws,
+// which go on as without it. Only on a node with no fault of its own in
+// force, and with loop devices. A variable for
+// TestStepsDeriveFromTheSeedAlone.
+var nodeCutEvery = 40
+
+// sysDiskEvery: one step in about this many fills a node's system disk
+// (the tree the mesh writes in, the agent's state) to the last byte,
+// freed 1 to 4 steps later, drawn with the node from a tenth stream of
+// the seed's own, before a step's other draws, which go on as without
+// it: the node's other faults are drawn as before, beside it. Only with
+// loop devices (without one the system disk is a directory of the run's).
+// A variable for TestStepsDeriveFromTheSeedAlone.
+var sysDiskEvery = 30
+
+// restartOnFull: serve is restarted, killed or its power cut while the
+// control side's disk is full, where a draw passed it over before those
+// were drawn. A variable for TestControlDiskFaultsDrawnAsTheyCanBe.
 var restartOnFull = true
 
 // simNode is the generator's model of one node: what is in force, never
@@ -205,6 +223,7 @@ type simNode struct {
 	diskFull      bool
 	revoked       bool
 	clockOff      bool
+	sysFull       bool
 	assigned      []string
 	modules       map[string]module // the last version of each module assigned
 	pendingEvents int
@@ -226,6 +245,8 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	rr := rand.New(rand.NewPCG(seed, 0x726f74617465))   // "rotate": the control key rotated
 	rq := rand.New(rand.NewPCG(seed, 0x72656b6579))     // "rekey": a node's keys renewed
 	rt := rand.New(rand.NewPCG(seed, 0x63657274))       // "cert": the broker's certificate rotated
+	rn := rand.New(rand.NewPCG(seed, 0x6e6f6465637574)) // "nodecut": a node's power cut
+	rs := rand.New(rand.NewPCG(seed, 0x737973646973))   // "sysdis": a node's system disk full
 	// certDue: an announcement's switch is drawn and not run yet.
 	certDue := false
 	// ctlFull: the control side's disk is full. What an operator's
@@ -289,6 +310,9 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 		case "cert-switch":
 			certDue = false
 			return
+		case "sys-disk-free":
+			n.sysFull = false
+			return
 		}
 		switch s.Kind {
 		case "cont":
@@ -331,8 +355,8 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			for _, s := range pending[at] {
 				undo(nodeOf(s.Node), s)
 				addStep(s)
-				if s.Kind == "cert-switch" {
-					switches++
+				if s.Kind == "cert-switch" || s.Kind == "sys-disk-free" {
+					switches++ // put between the others
 				}
 			}
 			delete(pending, at)
@@ -351,6 +375,41 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 			certDue = true
 			if len(steps) >= count {
 				break
+			}
+		}
+		if rn.IntN(nodeCutEvery) == 0 {
+			// Put before this round's other draws, which go on as
+			// without it; its node drawn whether or not it can be cut.
+			// A declaration to the node is cut short at an instant after
+			// it was acknowledged (received, applied, recorded, reported,
+			// or none yet): its modules and their extras drawn here too,
+			// so that drawExtras gives the other steps' modules what it
+			// gave them without the cut.
+			n := ns[rn.IntN(len(ns))]
+			doc := genDoc(rn, 1+rn.IntN(3))
+			for j := range doc {
+				drawModuleExtras(rn, &doc[j])
+			}
+			after := rn.IntN(2000)
+			if loop && n.pendingEvents == 0 {
+				addStep(step{Kind: "node-power-cut", Node: n.name, Doc: doc, Arg: after})
+				shiftPending(1)
+				if len(steps) >= count {
+					break
+				}
+			}
+		}
+		if rs.IntN(sysDiskEvery) == 0 {
+			n := ns[rs.IntN(len(ns))]
+			at := len(steps) + 2 + rs.IntN(4)
+			if loop && !n.sysFull {
+				n.sysFull = true
+				addStep(step{Kind: "sys-disk-full", Node: n.name})
+				shiftPending(1)
+				pending[at] = append(pending[at], step{Kind: "sys-disk-free", Node: n.name})
+				if len(steps) >= count {
+					break
+				}
 			}
 		}
 		if rr.IntN(rotateEvery) == 0 && !ctlFull {
@@ -504,10 +563,13 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 				shiftPending(1)
 			}
 		case "power-cut":
-			if !loop || ctlFull {
+			if !loop || ctlFull && !restartOnFull {
 				continue
 			}
 			addStep(step{Kind: kind, Proc: "serve"})
+			if ctlFull {
+				shiftPending(1) // as a restart on the full disk is
+			}
 		case "ctl-disk-full":
 			if ctlFull {
 				continue
@@ -578,31 +640,38 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 func drawExtras(seed uint64, steps []step) {
 	re := rand.New(rand.NewPCG(seed, 0x657874726173)) // "extras"
 	for i := range steps {
-		for j := range steps[i].Doc {
-			m := &steps[i].Doc[j]
-			if re.IntN(3) == 0 {
-				m.Region = &regionRes{Version: re.Uint32() % 4, Lines: re.IntN(4)}
-			}
-			if re.IntN(4) == 0 {
-				o := &openingRes{Path: "incoming", Protocol: "tcp"}
-				if re.IntN(3) == 0 {
-					o.Path = "forwarded"
-				}
-				if re.IntN(2) == 0 {
-					o.Protocol = "udp"
-				}
-				o.From = openingFroms[re.IntN(len(openingFroms))]
-				m.Opening = o
-			}
-			if re.IntN(3) == 0 {
-				v := re.Uint32() % 4
-				m.Keys = &v
-			}
-			if re.IntN(4) == 0 {
-				k := re.IntN(chaosArchives)
-				m.Archive = &k
-			}
+		if steps[i].Kind == "node-power-cut" {
+			continue // drawn with the cut
 		}
+		for j := range steps[i].Doc {
+			drawModuleExtras(re, &steps[i].Doc[j])
+		}
+	}
+}
+
+// drawModuleExtras draws m's region, opening, keys and archive.
+func drawModuleExtras(re *rand.Rand, m *module) {
+	if re.IntN(3) == 0 {
+		m.Region = &regionRes{Version: re.Uint32() % 4, Lines: re.IntN(4)}
+	}
+	if re.IntN(4) == 0 {
+		o := &openingRes{Path: "incoming", Protocol: "tcp"}
+		if re.IntN(3) == 0 {
+			o.Path = "forwarded"
+		}
+		if re.IntN(2) == 0 {
+			o.Protocol = "udp"
+		}
+		o.From = openingFroms[re.IntN(len(openingFroms))]
+		m.Opening = o
+	}
+	if re.IntN(3) == 0 {
+		v := re.Uint32() % 4
+		m.Keys = &v
+	}
+	if re.IntN(4) == 0 {
+		k := re.IntN(chaosArchives)
+		m.Archive = &k
 	}
 }
 

@@ -53,22 +53,30 @@ func (p *proc) running() bool {
 // network namespace (the executor's, with a private /run/wireguard, so
 // that its overlay touches nothing of the machine's), its scratch tree.
 type node struct {
-	name   string
-	base   string
-	state  string // the executor's state: a small tmpfs, so it can be filled
-	agent  string // the agent's state directory
-	sock   string
-	tree   string
-	wg     string // bind-mounted on /run/wireguard in the executor's mount namespace
-	netns  string // /run/netns name
-	exec   *proc
-	agentP *proc
+	name  string
+	base  string
+	state string // the executor's state: a disk of its own, small, so it can be filled
+	// sys is the node's system disk, holding the agent's state directory
+	// and the tree. With loop devices, both disks are ext4 images
+	// (stateImg, sysImg), so that the node's power can be cut.
+	sys      string
+	stateImg string
+	sysImg   string
+	agent    string // the agent's state directory
+	sock     string
+	tree     string
+	wg       string // bind-mounted on /run/wireguard in the executor's mount namespace
+	netns    string // /run/netns name
+	exec     *proc
+	agentP   *proc
 	// revoked is what the control side acknowledged.
 	revoked bool
 	// acked is the newest sequence the control side acknowledged for it.
 	acked uint64
-	// filler is the file that fills the state's tmpfs.
-	filler string
+	// filler is the file that fills the state's disk; sysFiller the
+	// system disk's.
+	filler    string
+	sysFiller string
 	// known, until knownUntil, is the known fault a violation on this node
 	// is counted under.
 	known      string
@@ -294,13 +302,13 @@ func (w *world) startServe() {
 // (no package here) over the run's binaries, the same bytes.
 func (w *world) executorArgv(n *node, state, sock string) []string {
 	// The new mount namespace starts as a copy of the machine's, with
-	// every control side's disk mounted in it (this run's and any other
-	// run's): each is detached there, or the executor and the
-	// wireguard-go it leaves behind would hold a disk a power cut has
-	// unmounted, and its loop device and deleted image, for as long as
-	// they live.
-	script := fmt.Sprintf(`awk '$5 ~ /\/chaos-[0-9]+-[0-9]+\/control$/ {print $5}' /proc/self/mountinfo | while read m; do umount -l "$m"; done; `+
-		`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.wg, n.netns)
+	// every control side's disk and every other node's mounted in it
+	// (this run's and any other run's): each is detached there, or the
+	// executor and the wireguard-go it leaves behind would hold a disk a
+	// power cut has unmounted, and its loop device and deleted image, for
+	// as long as they live.
+	script := fmt.Sprintf(`awk '$5 ~ /\/chaos-[0-9]+-[0-9]+\/(control|n[0-9]+\/(executor|sys))$/ && index($5, %q) != 1 {print $5}' /proc/self/mountinfo | while read m; do umount -l "$m"; done; `+
+		`mount --bind %q /run/wireguard && exec nsenter --net=/run/netns/%s "$0" "$@"`, n.base+"/", n.wg, n.netns)
 	return []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
 		filepath.Join(w.bin, "mesh-launch"), "--state", state,
 		"--executor", filepath.Join(w.bin, "mesh-executor"), "--agent", filepath.Join(w.bin, "mesh-agent"),
@@ -379,22 +387,23 @@ func (w *world) setup() error {
 		n := &node{name: fmt.Sprintf("n%d", i)}
 		n.base = filepath.Join(w.base, n.name)
 		n.state = filepath.Join(n.base, "executor")
-		n.agent = filepath.Join(n.base, "agent")
+		n.sys = filepath.Join(n.base, "sys")
+		n.agent = filepath.Join(n.sys, "agent")
 		n.sock = filepath.Join(n.base, "run", "executor.sock")
-		n.tree = filepath.Join(n.base, "tree")
+		n.tree = filepath.Join(n.sys, "tree")
 		n.wg = filepath.Join(n.base, "wireguard")
 		n.netns = fmt.Sprintf("chaos%d-%s", os.Getpid()%100000, n.name)
 		n.filler = filepath.Join(n.state, "zz-filler")
-		for _, d := range []string{n.state, n.tree, n.wg, filepath.Join(n.tree, "L"), filepath.Join(n.tree, "R"), filepath.Join(n.tree, "found")} {
+		n.sysFiller = filepath.Join(n.sys, "zz-filler")
+		if err := w.nodeDisks(n); err != nil {
+			return fmt.Errorf("%s's disks: %w", n.name, err)
+		}
+		for _, d := range []string{n.tree, n.wg, filepath.Join(n.tree, "L"), filepath.Join(n.tree, "R"), filepath.Join(n.tree, "found")} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
 		}
 		os.Chmod(n.base, 0o755)
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", n.state).CombinedOutput(); err != nil {
-			return fmt.Errorf("a tmpfs for %s's state: %v %s", n.name, err, out)
-		}
-		w.cleanup = append(w.cleanup, func() { exec.Command("umount", "-l", n.state).Run() })
 		if out, err := exec.Command("ip", "netns", "add", n.netns).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip netns add %s: %v %s", n.netns, err, out)
 		}
@@ -407,6 +416,10 @@ func (w *world) setup() error {
 		}
 		if err := setupFirewall(n); err != nil {
 			return fmt.Errorf("%s's firewall: %w", n.name, err)
+		}
+		// What the host made is on its disk long before any power cut.
+		if err := syncfs(n.sys); err != nil {
+			return fmt.Errorf("%s's system disk: %w", n.name, err)
 		}
 		w.nodes = append(w.nodes, n)
 		w.startExecutor(n)

@@ -18,16 +18,16 @@ var shortSeeds = []struct {
 	steps int
 	why   string
 }{
-	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay; the control side's disk full twice, a power cut of the control side and one of a node"},
-	{2, 40, "kills and restarts of both daemons, rescue files beside the link's, a node's power cut 1.8 s after a declaration"},
+	{1, 40, "a first mixture: revoke, stops, a second serve, the overlay; the control side's disk full twice, a power cut of the control side and one of a node; two nodes' system disks full"},
+	{2, 40, "kills and restarts of both daemons, rescue files beside the link's, a node's power cut 1.8 s after a declaration; a system disk full"},
 	// Found: a declaration the executor refused while its state disk was
 	// full (its log: "applied source=link seq=3 outcome=refused") was
 	// counted applied by the control side (nodes: applied 3) while the
 	// node's store said 2, and the view did not converge once the disk
 	// had room again, until the next declaration: the executor's status
 	// named the refused sequence as its last applied.
-	{3, 40, "a full state disk on a node during an assign"},
-	{182, 40, "a node's clock hours off and a plan sent to it; a launcher killed, and a second one started by hand"},
+	{3, 40, "a full state disk on a node during an assign; its system disk full twice"},
+	{182, 40, "a node's clock hours off and a plan sent to it; a launcher killed, and a second one started by hand; a system disk full"},
 }
 
 var (

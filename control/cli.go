@@ -1191,6 +1191,16 @@ func (c *cli) printReport(r *SignedReport) {
 				fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
 			}
 			fmt.Fprintf(c.stdout, "): %d changed, %d failed\n", a.Changed, a.Failed)
+			for _, l := range a.Lines {
+				fmt.Fprintf(c.stdout, "      %s.%s %s %s", l.Module, l.ID, l.Type, l.Outcome)
+				if l.Detail != "" {
+					fmt.Fprintf(c.stdout, "  %s", l.Detail)
+				}
+				fmt.Fprintln(c.stdout)
+			}
+			if a.LinesMore > 0 {
+				fmt.Fprintf(c.stdout, "      and %d more\n", a.LinesMore)
+			}
 		}
 	}
 	for _, l := range r.Lines {

@@ -1,6 +1,9 @@
 package shapes
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Outcome is what happened to one resource, or to an apply as a whole.
 type Outcome string
@@ -90,7 +93,22 @@ type Activity struct {
 	// repaired, removed, restored); Failed the failed ones.
 	Changed int `json:"changed" cbor:"6,keyasint"`
 	Failed  int `json:"failed" cbor:"7,keyasint"`
+	// Lines are those changed and failed lines themselves, at most
+	// MaxActivityLines of them, each detail cut to MaxActivityDetail
+	// bytes; LinesMore counts those left out. What a node changed on its
+	// own — a start after a reboot, a drift repaired — reaches the control
+	// side by name, not as a count alone. Absent in what releases before
+	// the field kept.
+	Lines     []Line `json:"lines,omitempty" cbor:"8,keyasint,omitempty"`
+	LinesMore int    `json:"lines_more,omitempty" cbor:"9,keyasint,omitempty"`
 }
+
+// The bounds of an Activity's lines: an activity is kept in the executor's
+// bounded history and a hundred of them ride on one reconnect report.
+const (
+	MaxActivityLines  = 16
+	MaxActivityDetail = 160
+)
 
 // Did reports whether rep is worth an Activity, and counts its lines.
 func Did(rep *Report) (changed, failed int, ok bool) {
@@ -103,4 +121,27 @@ func Did(rep *Report) (changed, failed int, ok bool) {
 		}
 	}
 	return changed, failed, changed+failed > 0
+}
+
+// ActivityOf is rep as an Activity (Did says whether it is worth one):
+// its counts, and its changed and failed lines within the bounds.
+func ActivityOf(rep *Report, at time.Time, source, trigger string) Activity {
+	a := Activity{At: at, Source: source, Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome}
+	a.Changed, a.Failed, _ = Did(rep)
+	for _, l := range rep.Lines {
+		switch l.Outcome {
+		case Applied, Repaired, Removed, Restored, Failed:
+		default:
+			continue
+		}
+		if len(a.Lines) == MaxActivityLines {
+			a.LinesMore++
+			continue
+		}
+		if len(l.Detail) > MaxActivityDetail {
+			l.Detail = strings.ToValidUTF8(l.Detail[:MaxActivityDetail], "") + "…"
+		}
+		a.Lines = append(a.Lines, l)
+	}
+	return a
 }

@@ -41,8 +41,16 @@ func TestReconnectSaysWhatWasDoneMeanwhile(t *testing.T) {
 	if len(v.Meanwhile) != 1 {
 		t.Fatalf("meanwhile: %+v, want the one repair", v.Meanwhile)
 	}
-	if a := v.Meanwhile[0]; a.Trigger != "start" || a.Source != "link" || a.Outcome != shapes.Repaired || a.Changed != 1 || a.Seq != 1 {
-		t.Errorf("meanwhile: %+v", a)
+	if a := v.Meanwhile[0]; a.Trigger != "start" || a.Source != "link" || a.Outcome != shapes.Repaired || a.Changed != 1 || a.Seq != 1 ||
+		len(a.Lines) != 1 || a.Lines[0].Module != "m" || a.Lines[0].ID != "motd" || a.Lines[0].Outcome != shapes.Repaired {
+		t.Errorf("meanwhile: %+v (what it changed named: %+v)", a, a.Lines)
+	}
+	// The agent linked again before the start's reconcile ended (the two
+	// start together at a boot): the repair was done unlinked all the
+	// same, and is said.
+	_, v = send(t, c, wire.KindReconnected, &wire.Reconnected{From: from, To: from.Add(time.Millisecond)})
+	if len(v.Meanwhile) != 1 || v.Meanwhile[0].Trigger != "start" {
+		t.Errorf("meanwhile, the link back before the start ended: %+v", v.Meanwhile)
 	}
 	// Without an interval (an agent that never linked before), nothing.
 	e.stop()

@@ -557,6 +557,7 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 	}
 	s.lastMu.Unlock()
 	var v *wire.Verdict
+	began := clock.Now()
 	if recent {
 		// Answered, not refused: a link that flaps is not an attack.
 		v = &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}
@@ -564,10 +565,18 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 		v = s.Reconcile(ctx, "reconnect", c.line)
 	}
 	// What this executor did while the link was down, from its own
-	// history: the agent names the interval and learns only counts and
-	// triggers, which it reports upward.
+	// history: the agent names the interval and learns what was done in
+	// it (triggers, counts, the lines by name), which it reports upward.
+	// The interval runs on to this reconcile, whose own lines the verdict
+	// carries: the agent links as it likes, and a start's reconcile that
+	// ends after the link came back (the two started together, at a boot)
+	// was done unlinked all the same.
 	if !r.From.IsZero() && !r.To.Before(r.From) {
-		acts, more, err := store.History(s.cfg.StateDir, r.From, r.To, wire.MaxMeanwhile)
+		to := r.To
+		if began.After(to) {
+			to = began
+		}
+		acts, more, err := store.History(s.cfg.StateDir, r.From, to, wire.MaxMeanwhile)
 		if err != nil {
 			s.log.Warn("the history of applies could not be read", "err", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -145,7 +146,7 @@ func sameActivities(a, b []shapes.Activity) bool {
 			return false
 		}
 		x.At = y.At
-		if x != y {
+		if !reflect.DeepEqual(x, y) {
 			return false
 		}
 	}

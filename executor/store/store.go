@@ -837,8 +837,8 @@ func WriteFileAtomic(p string, data []byte) error {
 // An apply that did something (shapes.Did) is also kept in the history,
 // with its trigger (History): what the node did while its link was down.
 func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error {
-	if changed, failed, ok := shapes.Did(rep); ok {
-		s.note(shapes.Activity{At: clock.Now().UTC(), Source: string(src), Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome, Changed: changed, Failed: failed})
+	if _, _, ok := shapes.Did(rep); ok {
+		s.note(shapes.ActivityOf(rep, clock.Now().UTC(), string(src), trigger))
 	}
 	sum := ReportSummary{Source: rep.Source, Seq: rep.Seq, Outcome: rep.Outcome, Lines: map[shapes.Outcome]int{}}
 	for _, l := range rep.Lines {

@@ -23,11 +23,17 @@ type line struct {
 }
 
 type report struct {
-	Enrolment    string `json:"enrolment"`
-	Seq          uint64 `json:"seq"`
-	Trigger      string `json:"trigger"`
-	Outcome      string `json:"outcome"`
-	Lines        []line `json:"lines"`
+	Enrolment string `json:"enrolment"`
+	Seq       uint64 `json:"seq"`
+	Trigger   string `json:"trigger"`
+	Outcome   string `json:"outcome"`
+	Lines     []line `json:"lines"`
+	// Meanwhile: what the executor did while the link was down, on a
+	// reconnect's report — a start's repairs after a boot among it — each
+	// with the lines it changed.
+	Meanwhile []struct {
+		Lines []line `json:"lines"`
+	} `json:"meanwhile"`
 	StreamSeq    uint64 `json:"report_stream_seq"`
 	SupersededBy uint64 `json:"superseded_by"`
 	Owned        []struct {
@@ -650,6 +656,9 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 	for _, r := range rs {
 		if r.StreamSeq > n.lastReport {
 			lines = append(lines, r.Lines...)
+			for _, a := range r.Meanwhile {
+				lines = append(lines, a.Lines...)
+			}
 		}
 	}
 	lines = append(lines, n.rescue...)

@@ -89,10 +89,12 @@ func TestDisconnectionIsAState(t *testing.T) {
 	if got.DisconnectedFrom.Before(stopping.Add(-2*time.Second)) || got.DisconnectedFrom.After(stopping.Add(5*time.Second)) || got.DisconnectedTo.Before(starting) {
 		t.Errorf("disconnected from %v to %v; the control side stopped at %v and started at %v", got.DisconnectedFrom, got.DisconnectedTo, stopping, starting)
 	}
-	if len(got.Meanwhile) != 1 || got.Meanwhile[0].Trigger != "rescue" || got.Meanwhile[0].Source != "local" || got.Meanwhile[0].Changed != 1 {
-		t.Errorf("meanwhile: %+v, want the rescue file applied", got.Meanwhile)
+	if len(got.Meanwhile) != 1 || got.Meanwhile[0].Trigger != "rescue" || got.Meanwhile[0].Source != "local" || got.Meanwhile[0].Changed != 1 ||
+		len(got.Meanwhile[0].Lines) != 1 || got.Meanwhile[0].Lines[0].Module != "fix" || got.Meanwhile[0].Lines[0].ID != "note" {
+		t.Errorf("meanwhile: %+v, want the rescue file applied, its line named", got.Meanwhile)
 	}
-	if out := m.run("mesh-control", "reports", "n1", "--dir", m.ctl, "--last", "10"); !strings.Contains(out, "disconnected from ") || !strings.Contains(out, "(rescue): 1 changed, 0 failed") {
+	if out := m.run("mesh-control", "reports", "n1", "--dir", m.ctl, "--last", "10"); !strings.Contains(out, "disconnected from ") || !strings.Contains(out, "(rescue): 1 changed, 0 failed") ||
+		!strings.Contains(out, "fix.note file applied") {
 		t.Errorf("mesh-control reports does not say the disconnection and what was done:\n%s", out)
 	}
 	eventually(t, "the executor knows the link is up again", func() bool { up, _, ok := link(); return ok && up })

@@ -46,12 +46,11 @@ func (c *command) rekeyCmd(cancel bool) int {
 	deadline := clock.Deadline(c.wait)
 	var last string
 	for {
-		r, err := enrol.ReadResult(c.state)
+		pending, r, err := enrol.RekeyState(c.state)
 		if err != nil {
 			fmt.Fprintf(c.errw, "executor: rekey: %v\n", err)
 			return ExitFailed
 		}
-		pending, _ := enrol.ReadRekey(c.state)
 		// The answer began an enrolment: its result is the rekey's.
 		if pending == nil && r != nil && !r.At.Before(v.Begun) {
 			if s := r.String(); s != last && !r.Final && r.Reason != "" && !c.json {

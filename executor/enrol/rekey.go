@@ -124,6 +124,25 @@ func ReadRekey(dir string) (*RekeyView, error) {
 	return &RekeyView{Node: r.Node, Enrolment: r.Enrolment, Begun: r.Begun}, nil
 }
 
+// RekeyState reads the pending rekey and how the last enrolment ended
+// together, under the enrolment's lock: a rekey's answer ends the one and
+// begins an enrolment that writes the other, and read apart, a look
+// between the two saw the rekey gone and no enrolment begun — `rekey`
+// said it had ended without one while it went on to finish.
+func RekeyState(dir string) (*RekeyView, *Result, error) {
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	p, err := ReadRekey(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := ReadResult(dir)
+	return p, r, err
+}
+
 func readRekey(dir string) (*rekeyPending, *identity.Identity, error) {
 	var r rekeyPending
 	ok, err := readJSON(dir, RekeyFile, &r)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -298,5 +299,51 @@ func TestGrantedIsKeptForItsAgent(t *testing.T) {
 	os.Remove(filepath.Join(dir, "identity.json"))
 	if g, _ := Granted(dir, agentNKey); g != nil {
 		t.Fatal("handed back while the host holds no identity")
+	}
+}
+
+// A rekey's answer ends the rekey and begins an enrolment, under the
+// enrolment's lock; RekeyState reads the two under it too, so that no look
+// falls between them (the rekey gone, no enrolment begun: `rekey` once
+// said it had ended without one while it went on to finish).
+func TestARekeyAnsweredIsReadWhole(t *testing.T) {
+	c := newControl()
+	dir := t.TempDir()
+	_, offer := begin(t, dir, c)
+	if _, err := Accept(dir, c.grant(t, offer, nil)); err != nil {
+		t.Fatal(err)
+	}
+	v, err := BeginRekey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The answer, half done, as beginLocked does it under the lock.
+	unlock, err := lock(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, RekeyFile)); err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		p   *RekeyView
+		r   *Result
+		err error
+	}
+	got := make(chan seen, 1)
+	go func() { p, r, err := RekeyState(dir); got <- seen{p, r, err} }()
+	select {
+	case s := <-got:
+		unlock()
+		t.Fatalf("read between the rekey's end and the enrolment it begins: %+v %+v %v", s.p, s.r, s.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := writeJSON(dir, ResultFile, &Result{Token: "t", At: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	s := <-got
+	if s.err != nil || s.p != nil || s.r == nil || s.r.At.Before(v.Begun) {
+		t.Fatalf("after the answer: %+v %+v %v", s.p, s.r, s.err)
 	}
 }

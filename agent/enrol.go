@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -38,19 +39,24 @@ import (
 const seedFile = "nkey.seed"
 
 // hostedKey loads or makes the agent's NKey. It is the agent's own: made
-// here, never sent anywhere; only its public half is given out.
+// here, never sent anywhere; only its public half is given out. It is
+// written whole or not at all (a temporary beside it, synced, renamed):
+// a write cut short — a full disk, a crash — once left an empty file that
+// no start could read, the agent off for good. An empty file, which an
+// earlier release may have left so, is one no key was ever read from, and
+// is made anew.
 func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 	if stateDir == "" {
 		return nkeys.CreateUser()
 	}
 	p := filepath.Join(stateDir, seedFile)
-	if b, err := os.ReadFile(p); err == nil {
+	if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) != "" {
 		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 		return kp, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	kp, err := nkeys.CreateUser()
@@ -58,18 +64,30 @@ func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 		return nil, err
 	}
 	seed, _ := kp.Seed()
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	if err := statedir.WriteBytes(p, append(seed, '\n'), 0o600); err != nil {
 		return nil, err
 	}
-	_, err = f.Write(append(seed, '\n'))
-	if err == nil {
-		err = f.Sync()
+	return kp, nil
+}
+
+// keptKey is hostedKey, tried again while the disk holding the state is
+// full: the agent waits for room, saying so, rather than exit and leave
+// the node silent; nil when ctx ends first.
+func keptKey(ctx context.Context, o Options) (nkeys.KeyPair, error) {
+	for said := false; ; said = true {
+		kp, err := hostedKey(o.StateDir)
+		if err == nil || !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+			return kp, err
+		}
+		if !said {
+			o.Log.Warn("the agent's NKey cannot be kept: its state directory's disk is full; trying again every 5s", "state", o.StateDir, "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(5 * time.Second):
+		}
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return kp, err
 }
 
 // hosted waits for an enrolment and carries it out. It returns the new
@@ -77,9 +95,12 @@ func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 // holds an identity and the executor began another enrolment), it returns
 // nil as soon as no enrolment is pending any more.
 func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
-	kp, err := hostedKey(o.StateDir)
+	kp, err := keptKey(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("the agent's NKey: %w", err)
+	}
+	if kp == nil {
+		return nil, nil
 	}
 	pub, _ := kp.PublicKey()
 	ex := &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, version: o.Version, build: o.Build}

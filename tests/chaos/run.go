@@ -364,6 +364,24 @@ func (w *world) do(s step) {
 		if vs, err := w.nodesView(); err == nil {
 			before = vs[n.name]
 		}
+		if sysFull(n) {
+			// Its agent cannot keep the new enrolment's key: the rekey
+			// ends pending, and finishes once there is room (sys-disk-free
+			// looks).
+			out, code, err := w.onNode(n, 2*time.Minute, "", "rekey", "--state", n.state, "--socket", n.sock, "--wait", "10s")
+			w.check("rekey")
+			switch {
+			case err == nil && code == 0 && strings.Contains(out, "rekeyed: enrolled as node "+n.name):
+				w.faults["rekey"]++
+			case err == nil && code == 3 && strings.Contains(out, "the rekey is pending"):
+				w.faults["rekey (pending until the disk has room)"]++
+				n.rekeyOnRoom = &before
+			default:
+				w.violate(n, "rekey", "mesh-executor rekey %s on a full system disk: %v exit %d, expected rekeyed or pending:\n%s", n.name, err, code, out)
+				w.onNode(n, time.Minute, "", "rekey", "--cancel", "--state", n.state)
+			}
+			return
+		}
 		out, code, err := w.onNode(n, 2*time.Minute, "", "rekey", "--state", n.state, "--socket", n.sock, "--wait", "90s")
 		w.check("rekey")
 		if err != nil || code != 0 || !strings.Contains(out, "rekeyed: enrolled as node "+n.name) {
@@ -518,6 +536,20 @@ func (w *world) do(s step) {
 		fillUp(n.sysFiller)
 	case "sys-disk-free":
 		os.Remove(n.sysFiller)
+		if before := n.rekeyOnRoom; before != nil {
+			n.rekeyOnRoom = nil
+			w.check("rekey")
+			var last nodeView
+			if !w.eventually(w.cfg.bound, func() bool {
+				vs, err := w.nodesView()
+				last = vs[n.name]
+				return err == nil && last.Enrolment != "" && last.Enrolment != before.Enrolment
+			}) {
+				w.violate(n, "rekey", "%s's rekey, pending while its system disk was full, did not finish within %s of room (enrolment %s, before it %s)", n.name, w.cfg.bound, last.Enrolment, before.Enrolment)
+			} else if err := w.firstComposition(n, *before); err != nil {
+				w.violate(n, "rekey", "%v", err)
+			}
+		}
 	case "power-cut":
 		w.faults["power cut (control side)"]++
 		w.powerCut()

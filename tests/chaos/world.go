@@ -103,6 +103,10 @@ type node struct {
 	// childKilled: the executor under n's launcher was killed, and the
 	// step that looks for the launcher's new one has not come yet.
 	childKilled bool
+	// rekeyOnRoom: a rekey began while the node's system disk was full,
+	// pending until there is room (its agent cannot keep its new key);
+	// the view before it, to tell its new enrolment by.
+	rekeyOnRoom *nodeView
 }
 
 // env is what n's programs run with: its clock's skew.

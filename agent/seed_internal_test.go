@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The agent's NKey is kept whole or not at all. A disk full when it is
+// made leaves no file (once, an empty one that no start could read: the
+// agent off for good), and the agent waits for room rather than exit; an
+// empty file an earlier release left so is made anew; a seed that is not
+// one is refused, never replaced.
+func TestTheAgentsKeyIsKeptWholeOrNotAtAll(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("a full disk is a small tmpfs, mounted as root (make test runs as root)")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{4096, 1} {
+		for buf := make([]byte, size); ; {
+			if _, err := f.Write(buf); err != nil {
+				break
+			}
+		}
+	}
+	f.Close()
+	seed := filepath.Join(dir, seedFile)
+	if _, err := hostedKey(dir); err == nil {
+		t.Fatal("a key made on a full disk said kept")
+	}
+	if _, err := os.Lstat(seed); !os.IsNotExist(err) {
+		t.Fatalf("a key not kept left a file: %v", err)
+	}
+	// Waited for: room comes, the key is kept.
+	o := Options{StateDir: dir, Log: slog.New(slog.DiscardHandler)}
+	go func() { time.Sleep(time.Second); os.Remove(filler) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kp, err := keptKey(ctx, o)
+	if err != nil || kp == nil {
+		t.Fatalf("waiting for room: %v %v", kp, err)
+	}
+	again, err := hostedKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := kp.PublicKey(); func() string { b, _ := again.PublicKey(); return b }() != a {
+		t.Fatal("the key kept is not the key read back")
+	}
+	// An empty file: made anew. One that is no seed: refused.
+	os.WriteFile(seed, nil, 0o600)
+	if _, err := hostedKey(dir); err != nil {
+		t.Fatalf("an empty seed file: %v", err)
+	}
+	if b, _ := os.ReadFile(seed); !strings.HasPrefix(string(b), "SU") {
+		t.Fatalf("an empty seed file was not made anew: %q", b)
+	}
+	os.WriteFile(seed, []byte("not a seed\n"), 0o600)
+	if _, err := hostedKey(dir); err == nil {
+		t.Fatal("a seed file that is no seed was taken")
+	}
+}

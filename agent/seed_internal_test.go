@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,27 +16,9 @@ import (
 // empty file an earlier release left so is made anew; a seed that is not
 // one is refused, never replaced.
 func TestTheAgentsKeyIsKeptWholeOrNotAtAll(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("a full disk is a small tmpfs, mounted as root (make test runs as root)")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount a tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	dir, fill := SmallDisk(t, "64k")
+	fill()
 	filler := filepath.Join(dir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{4096, 1} {
-		for buf := make([]byte, size); ; {
-			if _, err := f.Write(buf); err != nil {
-				break
-			}
-		}
-	}
-	f.Close()
 	seed := filepath.Join(dir, seedFile)
 	if _, err := hostedKey(dir); err == nil {
 		t.Fatal("a key made on a full disk said kept")

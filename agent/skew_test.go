@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -409,17 +408,10 @@ func (c *controlSide) addNodeOfThisRelease(name string) *agent.Identity {
 // memory alone would be gone after a restart, the node kept off the
 // broker for good. Sent again once there is room, it is taken.
 func TestBrokerPinsAreTakenOnlyOnceKept(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("a full disk is a small tmpfs, mounted as root (make test runs as root)")
-	}
+	state, fill := agent.SmallDisk(t, "256k")
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	id, _ := c.addNode("n1")
 	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
-	state := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", state).CombinedOutput(); err != nil {
-		t.Fatalf("mount a tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", state).Run() })
 	runAgentIn(t, id, ex.path, 0, state)
 	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
 	waitFor(t, "the agent's state written", func() bool { _, err := os.Stat(filepath.Join(state, "agent.json")); return err == nil })
@@ -440,25 +432,13 @@ func TestBrokerPinsAreTakenOnlyOnceKept(t *testing.T) {
 		json.Unmarshal(b, &st)
 		return st.Seq
 	}
-	filler := filepath.Join(state, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{4096, 1} {
-		for buf := make([]byte, size); ; {
-			if _, err := f.Write(buf); err != nil {
-				break
-			}
-		}
-	}
-	f.Close()
+	fill()
 	send()
 	time.Sleep(2 * time.Second)
 	if slices.Contains(id.Pins(), theirs) || kept() != 0 {
 		t.Fatalf("a statement that could not be kept was taken: accepted %v, kept seq %d", id.Pins(), kept())
 	}
-	os.Remove(filler)
+	os.Remove(filepath.Join(state, "filler"))
 	send()
 	waitFor(t, "the statement sent again, kept and taken", func() bool { return kept() == 1 && slices.Contains(id.Pins(), theirs) })
 }

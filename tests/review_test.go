@@ -55,7 +55,11 @@ var beforeVerification = []struct{ file, fn string }{
 // why the root process must do more before it knows who signed.
 // 620: a rekey's status (the request it signs, asked by the agent's
 // status) and the handler of its answer, read up to its verification.
-const beforeVerificationBound = 620
+// 624: the reconnect's interval runs on to its own reconcile, so that a
+// start's reconcile the agent linked before the end of is said to the
+// control side (it reads the executor's own history; nothing the agent
+// sends is taken for more than the interval's start and end).
+const beforeVerificationBound = 624
 
 func funcName(d *ast.FuncDecl) string {
 	if d.Recv == nil || len(d.Recv.List) == 0 {

@@ -564,19 +564,14 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 	} else {
 		v = s.Reconcile(ctx, "reconnect", c.line)
 	}
-	// What this executor did while the link was down, from its own
-	// history: the agent names the interval and learns what was done in
-	// it (triggers, counts, the lines by name), which it reports upward.
-	// The interval runs on to this reconcile, whose own lines the verdict
-	// carries: the agent links as it likes, and a start's reconcile that
-	// ends after the link came back (the two started together, at a boot)
-	// was done unlinked all the same.
+	// What this executor did while the link was down (its own history),
+	// up to this reconcile: a start's that ended after the link came back
+	// (both begun at a boot) was done unlinked all the same.
 	if !r.From.IsZero() && !r.To.Before(r.From) {
-		to := r.To
-		if began.After(to) {
-			to = began
+		if began.After(r.To) {
+			r.To = began
 		}
-		acts, more, err := store.History(s.cfg.StateDir, r.From, to, wire.MaxMeanwhile)
+		acts, more, err := store.History(s.cfg.StateDir, r.From, r.To, wire.MaxMeanwhile)
 		if err != nil {
 			s.log.Warn("the history of applies could not be read", "err", err)
 		}

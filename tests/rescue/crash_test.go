@@ -34,7 +34,7 @@ import (
 // then checks that the store tells the truth:
 //
 //   - right after the kill, `owned` reads the store and never claims more
-//     than happened: an entry not marked interrupted is on the machine, and
+//     than happened: an entry not marked pending is on the machine, and
 //     a created file is never listed as found;
 //   - the next apply converges (exit 0), the one after changes nothing;
 //   - `owned` lists exactly the declared paths, with their claims, each
@@ -356,7 +356,7 @@ func crashIteration(t *testing.T, w *crashWorld, kind crashKind, delay time.Dura
 func (w *crashWorld) checkAfterKill(t *testing.T) {
 	t.Helper()
 	for _, e := range owned(t, w.state) {
-		if strings.HasPrefix(e.How, "interrupted") {
+		if e.Pending {
 			continue
 		}
 		p := strings.TrimPrefix(e.Target, "path:")
@@ -376,7 +376,7 @@ func (w *crashWorld) checkAfterKill(t *testing.T) {
 func (w *crashWorld) checkHow(t *testing.T, e ownedEntry, when string) {
 	t.Helper()
 	p := strings.TrimPrefix(e.Target, "path:")
-	if len(e.Claims) == 0 || strings.HasPrefix(e.How, "interrupted") {
+	if len(e.Claims) == 0 || e.Pending {
 		return
 	}
 	if w.isCreated(p) {

@@ -170,6 +170,8 @@ type ownedEntry struct {
 	Claims   []claim   `json:"claims"`
 	How      string    `json:"how"`
 	Original *original `json:"original"`
+	// Pending: a change begun and not recorded (the apply died at it).
+	Pending bool `json:"pending"`
 }
 
 // result is one finished run of the executor.

@@ -111,16 +111,7 @@ func (st *stateStore) get() State {
 // update changes the agent's memory and writes it down. The memory holds
 // the change even when the write fails (a full disk): it is what the
 // agent goes on with, and the next write that succeeds keeps it.
-func (st *stateStore) update(f func(*State)) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	f(&st.s)
-	st.s.Format = stateFormat
-	if st.path == "" {
-		return nil
-	}
-	return statedir.WriteFile(st.path, st.s)
-}
+func (st *stateStore) update(f func(*State)) error { return st.change(f, false) }
 
 // keep is update for what the agent tells the control side it holds —
 // the broker's certificates (the heartbeat's broker_pins_seq) and its
@@ -132,12 +123,19 @@ func (st *stateStore) update(f func(*State)) error {
 // keep the node off it for good. A write that fails leaves memory as the
 // disk has it, the change not taken; the control side sends it again
 // while the heartbeats say it is not.
-func (st *stateStore) keep(f func(*State)) error {
+func (st *stateStore) keep(f func(*State)) error { return st.change(f, true) }
+
+// change is update and keep: f applied, written down, and taken into
+// memory before the write, or (onceKept) only once it succeeded.
+func (st *stateStore) change(f func(*State), onceKept bool) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	next := st.s
 	f(&next)
 	next.Format = stateFormat
+	if !onceKept {
+		st.s = next
+	}
 	if st.path != "" {
 		if err := statedir.WriteFile(st.path, next); err != nil {
 			return err

@@ -113,14 +113,19 @@ const (
 // Did reports whether rep is worth an Activity, and counts its lines.
 func Did(rep *Report) (changed, failed int, ok bool) {
 	for _, l := range rep.Lines {
-		switch l.Outcome {
-		case Applied, Repaired, Removed, Restored:
+		switch {
+		case l.Outcome.Changes():
 			changed++
-		case Failed:
+		case l.Outcome == Failed:
 			failed++
 		}
 	}
 	return changed, failed, changed+failed > 0
+}
+
+// Changes says whether a line of this outcome changed the machine.
+func (o Outcome) Changes() bool {
+	return o == Applied || o == Repaired || o == Removed || o == Restored
 }
 
 // ActivityOf is rep as an Activity (Did says whether it is worth one):
@@ -129,9 +134,7 @@ func ActivityOf(rep *Report, at time.Time, source, trigger string) Activity {
 	a := Activity{At: at, Source: source, Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome}
 	a.Changed, a.Failed, _ = Did(rep)
 	for _, l := range rep.Lines {
-		switch l.Outcome {
-		case Applied, Repaired, Removed, Restored, Failed:
-		default:
+		if !l.Outcome.Changes() && l.Outcome != Failed {
 			continue
 		}
 		if len(a.Lines) == MaxActivityLines {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -85,23 +84,9 @@ func makeImage(img string, size int64) error {
 // runs in its network namespace (the launcher, the executor, the overlay's
 // wireguard-go).
 func (w *world) nodeProcs(n *node) []int {
-	var pids []int
+	pids := netnsPids(n)
 	if n.agentP != nil && n.agentP.running() {
 		pids = append(pids, n.agentP.cmd.Process.Pid)
-	}
-	target, err := os.Stat("/run/netns/" + n.netns)
-	if err != nil {
-		return pids
-	}
-	nets, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range nets {
-		fi, err := os.Stat(p)
-		if err != nil || !os.SameFile(fi, target) {
-			continue
-		}
-		if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil && pid != os.Getpid() {
-			pids = append(pids, pid)
-		}
 	}
 	return pids
 }

@@ -506,18 +506,28 @@ func lastLine(s string) string {
 // endNetns ends what lives on in the node's network namespace (its
 // wireguard-go) and removes the namespace.
 func (w *world) endNetns(n *node) {
+	for _, pid := range netnsPids(n) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	exec.Command("ip", "netns", "del", n.netns).Run()
+}
+
+// netnsPids is every process in n's network namespace but the run's own.
+func netnsPids(n *node) []int {
 	target, err := os.Stat("/run/netns/" + n.netns)
-	if err == nil {
-		pids, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-		for _, p := range pids {
-			if fi, err := os.Stat(p); err == nil && os.SameFile(fi, target) {
-				if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil && pid != os.Getpid() {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	nets, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	for _, p := range nets {
+		if fi, err := os.Stat(p); err == nil && os.SameFile(fi, target) {
+			if pid, err := strconv.Atoi(strings.Split(p, "/")[2]); err == nil && pid != os.Getpid() {
+				pids = append(pids, pid)
 			}
 		}
 	}
-	exec.Command("ip", "netns", "del", n.netns).Run()
+	return pids
 }
 
 func (w *world) close() {

@@ -124,6 +124,7 @@ func (l *DirLock) Dir() string { return l.dir }
 // its disk filled) must still come up to say so and answer what it can.
 func (l *DirLock) Record(what string) error {
 	data := []byte(fmt.Sprintf("%d %s\n", os.Getpid(), what))
+	l.sweep()
 	err := WriteBytes(l.record, data, 0o600)
 	if errors.Is(err, syscall.ENOSPC) {
 		err = overwrite(l.record, data)
@@ -132,6 +133,53 @@ func (l *DirLock) Record(what string) error {
 		return ExplainAccess("write in", l.dir, err, "")
 	}
 	return nil
+}
+
+// staleTemp is the age past which a temporary of WriteBytes is a dead
+// writer's: a live one renames its temporary within the write of a few
+// kilobytes, and one refused (a full disk) removes it.
+const staleTemp = time.Minute
+
+// sweep removes the temporaries WriteBytes left in the directory when the
+// process writing died between creating one and renaming it (kill -9, a
+// power cut, an exit from another goroutine): a holder that crash-loops
+// would otherwise leave one a start. It runs as the holder, holding the
+// lock, and removes only what is plainly such a temporary: a regular file
+// named ".<name>.<digits>", last written more than staleTemp ago — another
+// process writing in the directory without the lock keeps its own.
+func (l *DirLock) sweep() {
+	fd := int(l.f.Fd())
+	ents, err := os.ReadDir(l.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !isTemp(e.Name()) {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if clock.Since(time.Unix(st.Mtim.Unix())) > staleTemp {
+			unix.Unlinkat(fd, e.Name(), 0)
+		}
+	}
+}
+
+// isTemp says whether name is a temporary's of WriteBytes: ".<name>.<digits>".
+func isTemp(name string) bool {
+	rest, ok := strings.CutPrefix(name, ".")
+	i := strings.LastIndexByte(rest, '.')
+	if !ok || i < 1 || i == len(rest)-1 {
+		return false
+	}
+	for _, c := range rest[i+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // overwrite writes data over the start of the existing file at path and

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // ExplainAccess turns a permission error into what an operator acts on
@@ -47,5 +48,77 @@ func TestExplainAccess(t *testing.T) {
 				t.Fatalf("%v does not wrap %v", err, c.err)
 			}
 		})
+	}
+}
+
+// A holder that starts removes the temporaries a writer killed mid-write
+// left (a crash-looping agent left one a start), and nothing else: not a
+// temporary young enough to be another writer's now, not a file of the
+// same shape behind a symlink, not the directory's own files.
+func TestTheHolderSweepsWhatADeadWriterLeft(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string, age time.Time) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, age, age); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// A temporary as WriteBytes makes one, aged.
+	tmp, err := os.CreateTemp(dir, ".agent.json.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp.Close()
+	os.Chtimes(tmp.Name(), old, old)
+	dead := []string{tmp.Name(), mk(".nkey.seed.12345", old)}
+	kept := []string{
+		mk("agent.json", old),
+		mk(".agent.json.999", time.Now()), // another writer's, now
+		mk(".hidden", old),
+		mk(".agent.json.tmp", old),
+		mk(".agent.json.12x", old),
+		mk("..5", old),
+	}
+	target := mk("target", old)
+	link := filepath.Join(dir, ".link.77")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	kept = append(kept, link, target)
+
+	l, err := LockDir(dir, ".lock-record")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Record("test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dead {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: a dead writer's temporary is still there (%v)", filepath.Base(p), err)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s: removed, and it was no dead writer's temporary (%v)", filepath.Base(p), err)
+		}
+	}
+}
+
+func TestIsTemp(t *testing.T) {
+	for name, want := range map[string]bool{
+		".agent.json.4093": true, ".nkey.seed.1": true, ".a.0": true,
+		"agent.json.4093": false, ".agent.json": false, ".agent.json.": false,
+		"..12": false, ".agent.json.12a": false, ".agent.json.tmp-3": false,
+	} {
+		if got := isTemp(name); got != want {
+			t.Errorf("isTemp(%q) = %v, want %v", name, got, want)
+		}
 	}
 }

@@ -19,7 +19,8 @@ func WriteFile(path string, v any) error {
 // WriteBytes replaces path with data, mode mode: a temporary beside it,
 // synced, then renamed, so a reader never sees half of it; and the
 // directory synced, so that once it returns a power cut leaves the new
-// file, not the old.
+// file, not the old. A temporary its writer died before renaming is
+// removed by the directory's next holder (DirLock.Record).
 func WriteBytes(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")

@@ -90,6 +90,7 @@ fuzz:
 	$(GO) test ./shapes -run '^$$' -fuzz FuzzParseRoster -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzJournal -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/store -run '^$$' -fuzz FuzzSnapshot -fuzztime $(FUZZTIME)
+	$(GO) test ./executor/store -run '^$$' -fuzz FuzzHistory -fuzztime $(FUZZTIME)
 	$(GO) test ./executor/engine -run '^$$' -fuzz FuzzReadArchive -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./wire -run '^$$' -fuzz FuzzFrame -fuzztime $(FUZZTIME)
 	$(GO) test ./wire -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $(FUZZTIME)

@@ -159,15 +159,20 @@ type Agent struct {
 	// however many came.
 	statements    atomic.Pointer[statementsMsg]
 	statementsNow chan struct{}
-	exec          *execClient               // the worker's connection to the executor
-	hbExec        *execClient               // the heartbeat's
-	ncp           atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp        chan struct{}
-	hbNow         chan struct{}
-	cancel        context.CancelCauseFunc
-	reconc        atomic.Bool // the executor has yet to hear that the link came back
-	linkMu        sync.Mutex
-	link          linkInfo
+	// activitySaid is the newest count of the executor's activities its
+	// status said, plus one (0: no status heard); activityNow wakes the
+	// work loop to report those past the count reported (activity.go).
+	activitySaid atomic.Uint64
+	activityNow  chan struct{}
+	exec         *execClient               // the worker's connection to the executor
+	hbExec       *execClient               // the heartbeat's
+	ncp          atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp       chan struct{}
+	hbNow        chan struct{}
+	cancel       context.CancelCauseFunc
+	reconc       atomic.Bool // the executor has yet to hear that the link came back
+	linkMu       sync.Mutex
+	link         linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -362,6 +367,7 @@ func runLinked(ctx context.Context, o Options) error {
 		hbNow:         make(chan struct{}, 1),
 		rekeyNow:      make(chan struct{}, 1),
 		statementsNow: make(chan struct{}, 1),
+		activityNow:   make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
 	}
 	// The broker certificates a rotation announced, accepted from the
@@ -906,11 +912,20 @@ func (a *Agent) work(ctx context.Context) {
 			}
 			read, wait = false, a.o.RetryWait
 		}
+		if err := a.reportActivity(ctx); err != nil {
+			if errors.Is(err, ErrUpgraded) {
+				a.upgraded(err)
+				return
+			}
+			// Asked again at the next look that says the count.
+			a.log.Warn("what the executor did on its own: " + err.Error())
+		}
 		select {
 		case <-ctx.Done():
 		case <-a.linkUp:
 			read, byNotice = true, false
 			a.rosterDue.Store(true)
+		case <-a.activityNow:
 		case <-a.wake:
 			read = true
 		case <-poll.C:
@@ -1016,7 +1031,7 @@ func (a *Agent) notify(seq uint64) {
 func (a *Agent) reconnected(ctx context.Context) error {
 	// The disconnection as the agent knew it: the executor says what it
 	// did in it.
-	var rc wire.Reconnected
+	rc := wire.Reconnected{After: a.reconnectedAfter()}
 	a.linkMu.Lock()
 	if l := a.link; !l.lastLinked.IsZero() && l.lastLinked.Before(l.since) {
 		rc.From, rc.To = l.lastLinked.UTC(), l.since.UTC()
@@ -1039,7 +1054,11 @@ func (a *Agent) reconnected(ctx context.Context) error {
 		r.Refused, r.Code, r.RefusedBy = v.Reason, v.Code.String(), "executor"
 	}
 	a.log.Info("the executor reconciled after the link came back", "seq", v.Seq, "outcome", v.Outcome)
-	return a.publishReports(ctx, []*link.Report{r})
+	if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
+		return err
+	}
+	a.reportedThrough(v)
+	return nil
 }
 
 // learnFromStatus raises the agent's memory of the last applied sequence
@@ -1099,6 +1118,8 @@ func (a *Agent) heartbeats(ctx context.Context) {
 					a.log.Info("the executor has an enrolment pending: carrying it out")
 					a.cancel(errReenrol)
 				}
+			default:
+				a.heardActivity(s)
 			}
 			continue
 		case <-a.rekeyNow:
@@ -1213,6 +1234,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			a.cancel(errReenrol)
 			return
 		}
+		a.heardActivity(s)
 		if hb.Rekey = s.Rekey; hb.Rekey != nil {
 			hb.RekeyBroker = a.id.BrokerURL
 		}

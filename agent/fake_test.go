@@ -48,8 +48,10 @@ type fakeExecutor struct {
 	// statusAfterDecl counts the status requests that came right after a
 	// declaration on one connection: the agent's look after a drain.
 	statusAfterDecl int
-	// plans counts the plan requests answered.
-	plans int
+	// plans counts the plan requests answered, activityAsks the
+	// activity requests.
+	plans        int
+	activityAsks int
 	// events is each roster and declaration taken, in order: "roster N"
 	// (the roster's own sequence), "decl N".
 	events []string
@@ -211,8 +213,24 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				s.State, s.ControlKeyID = link.StateHosted, ""
 			}
 			s.ProfileDigest = f.profileDigest
+			s.Activity = uint64(len(f.did)) // an activity's count is its place in did, from 1
 			f.mu.Unlock()
 			c.Write(wire.KindStatusReply, s)
+		case *wire.Activity:
+			// As the executor answers (store.Since): the oldest after the
+			// count named, within the bound.
+			f.mu.Lock()
+			r := &wire.ActivityReply{Last: min(b.After, uint64(len(f.did)))}
+			for _, a := range f.did[r.Last:] {
+				if len(r.Acts) == wire.MaxActivities {
+					break
+				}
+				r.Acts = append(r.Acts, a)
+				r.Last++
+			}
+			f.activityAsks++
+			f.mu.Unlock()
+			c.Write(wire.KindActivityReply, r)
 		case *wire.Profile:
 			f.mu.Lock()
 			f.profiles++
@@ -239,13 +257,16 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.mu.Lock()
 			f.reconnects++
 			v := &wire.Verdict{Seq: f.applied, Outcome: shapes.Unchanged, Owned: f.owned}
-			// As the executor answers (store.History): what it did
-			// within the interval the agent names.
-			for _, a := range f.did {
-				if !b.From.IsZero() && !a.At.Before(b.From) && !a.At.After(b.To) {
+			// As the executor answers: what it did since the count the
+			// agent names (store.Newer), or else within the interval it
+			// names (store.History).
+			for i, a := range f.did {
+				if b.After != nil && uint64(i) >= *b.After ||
+					b.After == nil && !b.From.IsZero() && !a.At.Before(b.From) && !a.At.After(b.To) {
 					v.Meanwhile = append(v.Meanwhile, a)
 				}
 			}
+			v.Activity = uint64(len(f.did))
 			f.mu.Unlock()
 			f.notify()
 			c.Write(wire.KindVerdict, v)

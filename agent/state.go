@@ -60,6 +60,11 @@ type State struct {
 	// issued it.
 	UserJWT   string `json:"user_jwt,omitempty"`
 	JWTIssuer string `json:"jwt_issuer,omitempty"`
+	// ActivityReported is the count of the executor's last activity
+	// reported upward (activity.go); ActivityCounted, that it is kept (a
+	// state from before the field counts from the executor's newest).
+	ActivityReported uint64 `json:"activity_reported,omitempty"`
+	ActivityCounted  bool   `json:"activity_counted,omitempty"`
 	// Format is the file's format, stateFormat when written (absent, in
 	// what releases before the field wrote: 1).
 	Format int `json:"format,omitempty"`

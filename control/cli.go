@@ -1171,6 +1171,10 @@ func (c *cli) printReport(r *SignedReport) {
 	if r.Trigger == link.TriggerReconnect {
 		head += "  (reconcile after the link came back)"
 	}
+	if r.Trigger == link.TriggerActivity {
+		// Not a declaration's: what the executor did on its own.
+		head = fmt.Sprintf("on its own  %s", r.Outcome)
+	}
 	if r.Duplicate {
 		head += "  (already applied: nothing done now; its lines are of when it was)"
 	}
@@ -1182,11 +1186,17 @@ func (c *cli) printReport(r *SignedReport) {
 			fmt.Fprint(c.stdout, "; meanwhile the executor changed nothing")
 		}
 		fmt.Fprintln(c.stdout)
+	}
+	if !r.DisconnectedFrom.IsZero() || r.Trigger == link.TriggerActivity {
+		label := "meanwhile "
+		if r.Trigger == link.TriggerActivity {
+			label = ""
+		}
 		if r.MeanwhileMore > 0 {
-			fmt.Fprintf(c.stdout, "    meanwhile: %d earlier apply(s) not listed\n", r.MeanwhileMore)
+			fmt.Fprintf(c.stdout, "    %s%d earlier apply(s) not listed\n", label, r.MeanwhileMore)
 		}
 		for _, a := range r.Meanwhile {
-			fmt.Fprintf(c.stdout, "    meanwhile %s  %s (%s", a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)
+			fmt.Fprintf(c.stdout, "    %s%s  %s (%s", label, a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)
 			if a.Seq != 0 {
 				fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
 			}

@@ -264,7 +264,7 @@ func (c *cli) printSummary(want []nodeSeq, got map[int]*SignedReport) {
 // said on its row, and neither adds to the lines counted.
 func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
 	var total tally
-	var applied, failed, refused, plans, none int
+	var applied, failed, refused, plans, own, none int
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	// A row's cells: the node (when the rows are of several), what was
 	// asked ("seq 7", "plan ID"), then what became of it.
@@ -285,6 +285,15 @@ func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
 			plans++
 			t := tallyOf(r.Lines)
 			row(n, "plan "+r.PlanID, planVerb(r.Outcome), fmt.Sprintf("%d would change, %d would fail (a plan: nothing changed)", t.changed, t.failed))
+			continue
+		case r.Trigger == link.TriggerActivity:
+			// No declaration's: what the executor did with none asking.
+			own++
+			changed, failedLines := 0, 0
+			for _, a := range r.Meanwhile {
+				changed, failedLines = changed+a.Changed, failedLines+a.Failed
+			}
+			row(n, "on its own", string(r.Outcome), fmt.Sprintf("%d changed, %d failed in %d apply(s) no declaration asked for", changed, failedLines, len(r.Meanwhile)))
 			continue
 		}
 		seq := fmt.Sprintf("seq %d", n.seq)
@@ -325,6 +334,9 @@ func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
 	line += fmt.Sprintf(" (%s)", total)
 	if plans > 0 {
 		line += fmt.Sprintf(", %d plan(s)", plans)
+	}
+	if own > 0 {
+		line += fmt.Sprintf(", %d of what the executor did on its own", own)
 	}
 	if waited {
 		line += fmt.Sprintf(", %d no answer", none)

@@ -317,6 +317,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 			ControlKeyID string `json:"control_key_id"`
 		} `json:"executor"`
 		BrokerPinsSeq uint64 `json:"broker_pins_seq"`
+		// Meanwhile, on an activity report: what the executor did.
+		Meanwhile []json.RawMessage `json:"meanwhile"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -354,6 +356,15 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		// who asked (WaitPlan); the node's last report stays its last
 		// apply's.
 		return nil, nil
+	}
+	if msg.Trigger == link.TriggerActivity {
+		// What the node's executor did on its own (a drift repaired: a
+		// hand edit of what the mesh declared, put back): the stream
+		// keeps it for `reports`, the node's last report stays its last
+		// apply's, and the log says it where an operator's alerts look.
+		c.log.Warn("a node changed on its own what it was declared (a drift repaired, a reboot's reconcile, a rescue file): mesh-control reports "+node,
+			"node", node, "outcome", msg.Outcome, "activities", len(msg.Meanwhile))
+		return &countNote{msg.Outcome, msg.Trigger, 0}, nil
 	}
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return nil, err

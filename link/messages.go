@@ -21,8 +21,9 @@ type Report struct {
 	// plane's word; StreamSeq then identifies the message.
 	Seq       uint64 `json:"seq"`
 	StreamSeq uint64 `json:"stream_seq,omitempty"`
-	// Trigger is "declaration" or "reconnect" (the executor's reconcile when
-	// the link came back).
+	// Trigger is "declaration", "reconnect" (the executor's reconcile when
+	// the link came back), "roster", "plan" or "activity" (the Trigger
+	// constants).
 	Trigger string         `json:"trigger"`
 	Outcome shapes.Outcome `json:"outcome"`
 	Lines   []shapes.Line  `json:"lines"`
@@ -92,6 +93,12 @@ const (
 	// TriggerPlan: what a declaration would do (PlanID names the request);
 	// nothing was changed, and the registry keeps no such report.
 	TriggerPlan = "plan"
+	// TriggerActivity: what the executor did on its own while linked —
+	// a drift repaired, a start's reconcile, a rescue file — in
+	// Meanwhile, oldest first (MeanwhileMore: those its history no longer
+	// held); Seq is 0. The registry keeps no such report as the node's
+	// last: that stays its last apply's.
+	TriggerActivity = "activity"
 )
 
 // The presences a heartbeat says.

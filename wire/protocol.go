@@ -44,6 +44,8 @@ const (
 	KindKeyRotationReply Kind = 23 // executor: the control key in force, after those it took
 	KindRekey            Kind = 24 // agent: the control side's answer to the node's rekey request
 	KindRekeyReply       Kind = 25 // executor: the enrolment it began with the answer's token, or why none
+	KindActivity         Kind = 26 // agent: what did you do on your own after this count
+	KindActivityReply    Kind = 27 // executor: those activities, oldest first, and the count reached
 )
 
 // Direction is who may send a message.
@@ -122,6 +124,8 @@ var Table = []Spec{
 	{KindKeyRotationReply, "key-rotation-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(KeyRotationReply) }, 0, 0},
 	{KindRekey, "rekey", AgentToExecutor, []State{StateReady}, MaxRekeyAnswer, func() any { return new(Rekey) }, KindRekeyReply, 0},
 	{KindRekeyReply, "rekey-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(RekeyReply) }, 0, 0},
+	{KindActivity, "activity", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Activity) }, KindActivityReply, 0},
+	{KindActivityReply, "activity-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ActivityReply) }, 0, 0},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -308,7 +312,34 @@ type Reconnected struct {
 	// knows: the verdict then says what the executor did meanwhile.
 	From time.Time `cbor:"1,keyasint,omitzero"`
 	To   time.Time `cbor:"2,keyasint,omitzero"`
+	// After, when set, is the count of the last activity the agent has
+	// reported upward (StatusReply.Activity): the verdict's Meanwhile is
+	// then every activity since, whenever it was — the disconnection's
+	// and what the link's last moments left unreported — rather than
+	// those between From and To by the executor's clock.
+	After *uint64 `cbor:"3,keyasint,omitempty"`
 }
+
+// Activity asks what the executor did on its own — a start, a drift
+// repaired, a rescue file, a carried bundle: the applies no report of a
+// declaration, a roster or a reconnect carried — after the count After,
+// for the agent to report it upward while linked.
+type Activity struct {
+	After uint64 `cbor:"1,keyasint"`
+}
+
+// ActivityReply is the oldest MaxActivities of those activities, and Last
+// the count they reach (the next Activity asks after it).
+type ActivityReply struct {
+	Acts []shapes.Activity `cbor:"1,keyasint,omitempty"`
+	Last uint64            `cbor:"2,keyasint"`
+	// Lost counts the activities after the count asked for that the
+	// executor's bounded history no longer holds.
+	Lost uint64 `cbor:"3,keyasint,omitempty"`
+}
+
+// MaxActivities bounds ActivityReply.Acts: one report upward carries them.
+const MaxActivities = 16
 
 // Status asks the executor's state, and says the agent's link: the
 // executor keeps it to answer `mesh-executor status` (enrolled, and
@@ -397,6 +428,10 @@ type StatusReply struct {
 	// the identity key, while it waits for the control side's answer:
 	// the agent carries it in its heartbeats.
 	Rekey *RekeyRequest `cbor:"13,keyasint,omitempty"`
+	// Activity is the count of the newest activity in the executor's
+	// history (0: none): past the one it last reported, the agent asks
+	// for them (Activity) and reports them.
+	Activity uint64 `cbor:"14,keyasint,omitempty"`
 }
 
 // Verdict ends a declaration or a reconcile.
@@ -420,6 +455,10 @@ type Verdict struct {
 	// newest; MeanwhileMore counts those left out.
 	Meanwhile     []shapes.Activity `cbor:"8,keyasint,omitempty"`
 	MeanwhileMore int               `cbor:"9,keyasint,omitempty"`
+	// Activity, on the verdict of a Reconnected: the count of the newest
+	// activity its Meanwhile and this reconcile's own lines cover — what
+	// the agent has reported once the report is out.
+	Activity uint64 `cbor:"10,keyasint,omitempty"`
 }
 
 // MaxMeanwhile bounds Verdict.Meanwhile.

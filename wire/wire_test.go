@@ -81,7 +81,7 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindHelloReply:  &HelloReply{Protocol: 1, Version: "v", Build: "b", Node: "n", State: "enrolled"},
 		KindDeclaration: &Declaration{Envelope: []byte{1, 2, 3}},
 		KindReportLine:  &shapes.Line{Module: "m", ID: "i", Type: "file", Outcome: shapes.Applied, Detail: "d"},
-		KindReconnected: &Reconnected{},
+		KindReconnected: &Reconnected{After: new(uint64(1 << 40))},
 		KindVerdict: &Verdict{Seq: 3, Outcome: shapes.Refused, Code: CodeReplay, Reason: "r", Duplicate: true,
 			Briefing: &shapes.Briefing{Outcome: shapes.MarkKept, Node: "n", Seq: 3, At: time.Unix(1700000000, 0),
 				Findings: []shapes.Finding{{Mark: shapes.MarkKept, Module: "m", ID: "i", Type: "file", Detail: "d"}}, LookAt: []string{"l"}}},
@@ -106,6 +106,9 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindKeyRotationReply: &KeyRotationReply{ControlKey: []byte{1, 2}, Taken: 2, Refused: "r"},
 		KindRekey:            &Rekey{Envelope: []byte{3, 4}},
 		KindRekeyReply:       &RekeyReply{Begun: true, Token: "t", Refused: "r"},
+		KindActivity:         &Activity{After: 1 << 40},
+		KindActivityReply: &ActivityReply{Last: 9, Lost: 2, Acts: []shapes.Activity{{At: time.Unix(1700000000, 0), Source: "link", Trigger: "drift",
+			Outcome: shapes.Repaired, Changed: 1, Lines: []shapes.Line{{Module: "m", ID: "i", Type: "file", Outcome: shapes.Repaired, Detail: "d"}}}}},
 	}
 	if len(samples) != len(Table) {
 		t.Fatalf("%d samples for %d kinds", len(samples), len(Table))
@@ -255,6 +258,8 @@ func FuzzFrame(f *testing.F) {
 	f.Add(rawFrame(KindHello, mustEncode(&Hello{Protocol: 1})), uint16(3))
 	f.Add(rawFrame(KindDeclaration, mustEncode(&Declaration{Envelope: []byte("e")})), uint16(1))
 	f.Add(rawFrame(KindStatus, []byte{0xa0}), uint16(7))
+	f.Add(rawFrame(KindActivity, mustEncode(&Activity{After: 7})), uint16(2))
+	f.Add(rawFrame(KindReconnected, mustEncode(&Reconnected{After: new(uint64(3))})), uint16(4))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
 		a, e := net.Pipe()
 		go func() {
@@ -425,6 +430,7 @@ func TestEveryReplyBelongsToItsRequest(t *testing.T) {
 		KindPlan:        {KindPlanReply},
 		KindKeyRotation: {KindKeyRotationReply},
 		KindRekey:       {KindRekeyReply},
+		KindActivity:    {KindActivityReply},
 	}
 	for _, req := range Table {
 		for _, reply := range Table {

@@ -171,3 +171,85 @@ func TestMetricsFile(t *testing.T) {
 		t.Errorf("no apply duration: %v", f)
 	}
 }
+
+// What the executor does on its own while linked (a drift repaired: a
+// hand edit of a file the mesh holds put back) is counted, said by the
+// status, and read by count — each once: a declaration's apply, which its
+// own report carries, is passed over; the reconnect's verdict carries
+// what was done since the count the agent names, whenever it was, and
+// not its own reconcile (its lines are the verdict's).
+func TestWhatTheExecutorDoesOnItsOwnIsReadByCount(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	status := func() uint64 {
+		t.Helper()
+		if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+			t.Fatal(err)
+		}
+		k, b, err := c.Read()
+		if err != nil || k != wire.KindStatusReply {
+			t.Fatalf("status: %v %v", k, err)
+		}
+		return b.(*wire.StatusReply).Activity
+	}
+	ask := func(after uint64) *wire.ActivityReply {
+		t.Helper()
+		if err := c.Write(wire.KindActivity, &wire.Activity{After: after}); err != nil {
+			t.Fatal(err)
+		}
+		k, b, err := c.Read()
+		if err != nil || k != wire.KindActivityReply {
+			t.Fatalf("activity: %v %v", k, err)
+		}
+		return b.(*wire.ActivityReply)
+	}
+	if n := status(); n != 0 {
+		t.Fatalf("a new executor counts %d activities", n)
+	}
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	n := status()
+	if r := ask(0); n != 1 || len(r.Acts) != 0 || r.Last != 1 {
+		t.Fatalf("after a declaration: count %d, read %+v; want 1, none said (its report says it), reached 1", n, r)
+	}
+	motd := filepath.Join(e.root, "motd")
+	os.WriteFile(motd, []byte("edited by hand\n"), 0o644)
+	e.srv.Reconcile(t.Context(), "drift", nil)
+	n = status()
+	r := ask(1)
+	if n != 2 || len(r.Acts) != 1 || r.Last != 2 {
+		t.Fatalf("after a drift repaired: count %d, read %+v", n, r)
+	}
+	if a := r.Acts[0]; a.Trigger != "drift" || a.Outcome != shapes.Repaired || len(a.Lines) != 1 || a.Lines[0].ID != "motd" {
+		t.Errorf("the repair as read: %+v", a)
+	}
+	if r := ask(2); len(r.Acts) != 0 || r.Last != 2 {
+		t.Errorf("read again after it: %+v", r)
+	}
+
+	// Reconnected naming the count the agent reported: the repair it had
+	// not reported, not the reconcile's own repair (a second hand edit).
+	os.WriteFile(motd, []byte("edited again\n"), 0o644)
+	after := uint64(1)
+	lines, v := send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after})
+	if len(v.Meanwhile) != 1 || v.Meanwhile[0].Trigger != "drift" || v.Activity != 3 {
+		t.Fatalf("reconnect after count 1: meanwhile %+v, count %d; want the drift alone, 3", v.Meanwhile, v.Activity)
+	}
+	if len(lines) != 1 || lines[0].Outcome != shapes.Repaired {
+		t.Errorf("the reconnect's own repair, in its lines: %+v", lines)
+	}
+	// Within the reconnect's bound (no reconcile): nothing new.
+	after = 3
+	if _, v := send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after}); len(v.Meanwhile) != 0 || v.Activity != 3 {
+		t.Errorf("reconnect after count 3: meanwhile %+v, count %d", v.Meanwhile, v.Activity)
+	}
+	// The history lost (a store made again): counted from its start, and
+	// an agent's count past it reads it all.
+	os.Remove(filepath.Join(e.state, "history.jsonl"))
+	os.WriteFile(motd, []byte("edited a third time\n"), 0o644)
+	e.srv.Reconcile(t.Context(), "drift", nil)
+	if n, r := status(), ask(3); n != 1 || len(r.Acts) != 1 || r.Last != 1 {
+		t.Errorf("a history made anew: count %d, read after 3 %+v", n, r)
+	}
+}

@@ -111,6 +111,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindPlan:        (*Server).plan,
 	wire.KindKeyRotation: (*Server).keyRotation,
 	wire.KindRekey:       (*Server).rekey,
+	wire.KindActivity:    (*Server).activity,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -185,6 +186,8 @@ type Server struct {
 	metrics execMetrics
 	// faultMu orders the writes of FaultsFile (recover.go).
 	faultMu sync.Mutex
+	// newest is the history's newest count, as last read (activity.go).
+	newest newestSeen
 }
 
 type lastApplied struct {
@@ -338,6 +341,7 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 	if k, ok, err := overlay.LoadKey(s.cfg.StateDir); err == nil && ok {
 		reply.WireGuardKey = k.PublicKey().String()
 	}
+	reply.Activity = s.newestActivity()
 	reply.Enrolling = enrol.IsPending(s.cfg.StateDir)
 	if !reply.Enrolling {
 		if r, err := enrol.RekeyRequest(s.cfg.StateDir); err == nil {
@@ -564,10 +568,20 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 	} else {
 		v = s.Reconcile(ctx, "reconnect", c.line)
 	}
-	// What this executor did while the link was down (its own history),
-	// up to this reconcile: a start's that ended after the link came back
-	// (both begun at a boot) was done unlinked all the same.
-	if !r.From.IsZero() && !r.To.Before(r.From) {
+	// What this executor did on its own since the agent last reported
+	// (activity.go): by count when the agent keeps one, else while the
+	// link was down by the clock, up to this reconcile — a start's that
+	// ended after the link came back (both begun at a boot) was done
+	// unlinked all the same.
+	newest := s.newestActivity()
+	switch {
+	case r.After != nil:
+		part, err := store.Newer(s.cfg.StateDir, *r.After, newest, wire.MaxMeanwhile, ownActivity)
+		if err != nil {
+			s.log.Warn("the history of applies could not be read whole", "err", err)
+		}
+		v.Meanwhile, v.MeanwhileMore = part.Acts, int(min(part.Lost, 1<<20))
+	case !r.From.IsZero() && !r.To.Before(r.From):
 		if began.After(r.To) {
 			r.To = began
 		}
@@ -577,6 +591,7 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 		}
 		v.Meanwhile, v.MeanwhileMore = acts, more
 	}
+	v.Activity = newest
 	return wire.KindVerdict, v, nil
 }
 

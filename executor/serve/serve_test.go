@@ -722,7 +722,9 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// No rotation carried: answered with the key in force.
 		"ready/key-rotation": "key-rotation-reply",
 		// No rekey is pending: an answer handed over is refused.
-		"ready/rekey":     "rekey-reply",
+		"ready/rekey": "rekey-reply",
+		// What the executor did on its own: read, and nothing changed.
+		"ready/activity":  "activity-reply",
 		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",

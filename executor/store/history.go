@@ -19,7 +19,10 @@ import (
 // something (shapes.Activity): what the node reports it did while its
 // link was down. Applies that changed nothing are not kept (a drift
 // reconcile every ten minutes would fill it with nothing).
-const historyFile = "history.jsonl"
+const historyFile = HistoryFile
+
+// HistoryFile is the history's name in the state directory.
+const HistoryFile = "history.jsonl"
 
 // History bounds: past historyMaxBytes the file is cut to its newest
 // historyKeep lines (an activity is 150–250 bytes), so it stays a few tens
@@ -37,8 +40,15 @@ const historyFormat = 1
 // historyLine is a line of the history: an activity and its format. The
 // releases before the field read a line as the activity alone, passing
 // the format over.
+//
+// N counts the activities, one more each line (0: a line of a release
+// before it): what the agent has reported upward is a count, not a time,
+// so a clock set back never hides an activity from it and one set
+// forward never repeats one. A release that passes the field over reads
+// the line as it did, so the format stays 1.
 type historyLine struct {
-	Format int `json:"format,omitempty"`
+	Format int    `json:"format,omitempty"`
+	N      uint64 `json:"n,omitempty"`
 	shapes.Activity
 }
 
@@ -47,11 +57,12 @@ type historyLine struct {
 // cut short by a crash is skipped when read, so it never says more than
 // happened.
 func (s *Store) note(a shapes.Activity) error {
-	line, err := json.Marshal(historyLine{Format: historyFormat, Activity: a})
+	p := filepath.Join(s.dir, historyFile)
+	n, _ := newestIn(readLines(p))
+	line, err := json.Marshal(historyLine{Format: historyFormat, N: n + 1, Activity: a})
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(s.dir, historyFile)
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("store: history: %w", err)
@@ -128,4 +139,100 @@ func History(dir string, from, to time.Time, max int) (acts []shapes.Activity, m
 		acts = acts[more:]
 	}
 	return acts, more, err
+}
+
+// newestIn is the count of the newest activity among lines (0: none
+// counted), and the count of the oldest counted one.
+func newestIn(lines [][]byte) (newest, oldest uint64) {
+	for _, line := range lines {
+		var a struct {
+			N uint64 `json:"n"`
+		}
+		if json.Unmarshal(line, &a) != nil || a.N == 0 {
+			continue
+		}
+		newest = max(newest, a.N)
+		if oldest == 0 || a.N < oldest {
+			oldest = a.N
+		}
+	}
+	return newest, oldest
+}
+
+// Newest is the count of the newest activity kept in dir (0: none), read
+// without the store's lock, as History is.
+func Newest(dir string) uint64 {
+	n, _ := newestIn(readLines(filepath.Join(dir, historyFile)))
+	return n
+}
+
+// Counted is a part of the history, by count: the activities after one
+// count up to another, those a filter keeps.
+type Counted struct {
+	// Acts are the activities kept, oldest first: the oldest max of them
+	// for Since, the newest for Newer (their Lost counts the older).
+	Acts []shapes.Activity
+	// Last is the count this part reaches: the next asks after it. Those
+	// the filter passed over are reached all the same.
+	Last uint64
+	// Lost counts the activities after the count asked for that the
+	// history no longer holds (cut to its bound meanwhile), or that a
+	// bound on this part left out: each said as a number, never silently.
+	Lost uint64
+}
+
+// Since returns, oldest first, at most max of the activities counted after
+// `after` and up to `upto`, those keep keeps; Last is the count of the last
+// one looked at, so that the next call goes on from there. A history
+// started anew (its newest count below `after`: a store lost and made
+// again) is read from its start.
+func Since(dir string, after, upto uint64, max int, keep func(shapes.Activity) bool) (Counted, error) {
+	return counted(dir, after, upto, max, keep, false)
+}
+
+// Newer is Since keeping the newest max instead, and counting the older
+// ones left out in Lost: what a reconnect's report carries.
+func Newer(dir string, after, upto uint64, max int, keep func(shapes.Activity) bool) (Counted, error) {
+	return counted(dir, after, upto, max, keep, true)
+}
+
+func counted(dir string, after, upto uint64, max int, keep func(shapes.Activity) bool, newest bool) (Counted, error) {
+	out := Counted{Last: after}
+	lines := readLines(filepath.Join(dir, historyFile))
+	top, oldest := newestIn(lines)
+	if top < after {
+		after, out.Last = 0, 0 // the history was started anew
+	}
+	if oldest > after+1 {
+		out.Lost = oldest - after - 1 // cut from the history: how many of them were kept is not known
+	}
+	later := 0
+	for _, raw := range lines {
+		var a historyLine
+		if json.Unmarshal(raw, &a) != nil {
+			continue
+		}
+		if a.Format > historyFormat {
+			later++
+			continue
+		}
+		if a.N <= after || a.N > upto {
+			continue
+		}
+		if !newest && len(out.Acts) == max {
+			break
+		}
+		out.Last = a.N
+		if keep == nil || keep(a.Activity) {
+			out.Acts = append(out.Acts, a.Activity)
+		}
+	}
+	if newest && len(out.Acts) > max {
+		out.Lost += uint64(len(out.Acts) - max)
+		out.Acts = out.Acts[len(out.Acts)-max:]
+	}
+	if later > 0 {
+		return out, fmt.Errorf("store: %s holds %d lines written by a later release, left out; this executor reads formats up to v%d", historyFile, later, historyFormat)
+	}
+	return out, nil
 }

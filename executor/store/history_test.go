@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,4 +58,109 @@ func TestHistory(t *testing.T) {
 	if acts, _, _ := History(dir, start, time.Now().Add(time.Second), 1000); len(acts) < historyKeep {
 		t.Errorf("%d activities read back after the trim", len(acts))
 	}
+}
+
+// The history counts its activities, and a part of it is read by count:
+// from where the last read ended, oldest first within a bound, those a
+// filter keeps, across the cut that bounds the file, and from its start
+// again once it was started anew — never by the clock, which a node's
+// owner may set anywhere.
+func TestHistoryByCount(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := Newest(dir); n != 0 {
+		t.Fatalf("Newest of no history = %d", n)
+	}
+	did := func(seq uint64) *shapes.Report {
+		return &shapes.Report{Seq: seq, Lines: []shapes.Line{{Outcome: shapes.Repaired}}}
+	}
+	// A line of a release before the count, then counted ones.
+	appendFile(t, filepath.Join(dir, historyFile), `{"format":1,"at":"2026-12-02T09:00:00Z","source":"link","trigger":"drift","outcome":"repaired","changed":1}`+"\n")
+	for i := uint64(1); i <= 5; i++ {
+		trigger := "drift"
+		if i%2 == 0 {
+			trigger = "declaration"
+		}
+		s.SaveReport(Link, trigger, did(i))
+	}
+	if n := Newest(dir); n != 5 {
+		t.Fatalf("Newest = %d, want 5", n)
+	}
+	drift := func(a shapes.Activity) bool { return a.Trigger == "drift" }
+	seqs := func(acts []shapes.Activity) (out []uint64) {
+		for _, a := range acts {
+			out = append(out, a.Seq)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name        string
+		after, upto uint64
+		max         int
+		newer       bool
+		want        []uint64
+		last, lost  uint64
+	}{
+		{"all, filtered", 0, 5, 10, false, []uint64{1, 3, 5}, 5, 0},
+		{"after a count", 3, 5, 10, false, []uint64{5}, 5, 0},
+		{"up to a count", 0, 4, 10, false, []uint64{1, 3}, 4, 0},
+		{"the oldest within a bound", 0, 5, 2, false, []uint64{1, 3}, 3, 0},
+		{"the newest within a bound", 0, 5, 2, true, []uint64{3, 5}, 5, 1},
+		{"nothing new", 5, 5, 10, false, nil, 5, 0},
+		{"a history started anew", 9, 5, 10, false, []uint64{1, 3, 5}, 5, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			read := Since
+			if c.newer {
+				read = Newer
+			}
+			got, err := read(dir, c.after, c.upto, c.max, drift)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(seqs(got.Acts)) != fmt.Sprint(c.want) || got.Last != c.last || got.Lost != c.lost {
+				t.Errorf("got seqs %v, last %d, lost %d; want %v, %d, %d", seqs(got.Acts), got.Last, got.Lost, c.want, c.last, c.lost)
+			}
+		})
+	}
+
+	// Past the cut, the count goes on, and what was cut is counted lost.
+	for i := 0; i < 1000; i++ {
+		s.SaveReport(Link, "drift", did(100))
+	}
+	n := Newest(dir)
+	if n != 1005 {
+		t.Fatalf("Newest after the cut = %d, want 1005", n)
+	}
+	got, err := Since(dir, 3, n, 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Acts) != 10 || got.Lost == 0 || got.Last != 1005-uint64(len(readLines(filepath.Join(dir, historyFile))))+10 {
+		t.Errorf("across the cut: %d acts, last %d, lost %d", len(got.Acts), got.Last, got.Lost)
+	}
+}
+
+// FuzzHistory: whatever the history file holds (a line cut short by a
+// crash, a later release's, bytes of no JSON), reading it by count never
+// panics, keeps within its bound, and reaches no count past the one asked.
+func FuzzHistory(f *testing.F) {
+	f.Add([]byte(`{"format":1,"n":1,"at":"2026-12-02T09:00:00Z","source":"link","trigger":"drift","outcome":"repaired","changed":1}`+"\n"+`{"n":2,"trigger":"declaration"}`+"\n"), uint64(0), uint64(2))
+	f.Add([]byte(`{"format":9,"n":18446744073709551615}`+"\n"+`{"at":"2026-`), uint64(5), uint64(1))
+	f.Fuzz(func(t *testing.T, b []byte, after, upto uint64) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, historyFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, read := range []func(string, uint64, uint64, int, func(shapes.Activity) bool) (Counted, error){Since, Newer} {
+			got, _ := read(dir, after, upto, 3, nil)
+			if len(got.Acts) > 3 || got.Last > upto && got.Last != after {
+				t.Fatalf("read after %d up to %d: %d acts, last %d", after, upto, len(got.Acts), got.Last)
+			}
+		}
+		Newest(dir)
+	})
 }

@@ -28,9 +28,10 @@ type report struct {
 	Trigger   string `json:"trigger"`
 	Outcome   string `json:"outcome"`
 	Lines     []line `json:"lines"`
-	// Meanwhile: what the executor did while the link was down, on a
-	// reconnect's report — a start's repairs after a boot among it — each
-	// with the lines it changed.
+	// Meanwhile: what the executor did on its own, on a reconnect's
+	// report (a start's repairs after a boot among it) or an activity
+	// report (a drift repaired while linked), each apply with the lines
+	// it changed.
 	Meanwhile []struct {
 		Lines []line `json:"lines"`
 	} `json:"meanwhile"`

@@ -99,3 +99,59 @@ func TestDisconnectionIsAState(t *testing.T) {
 	}
 	eventually(t, "the executor knows the link is up again", func() bool { up, _, ok := link(); return ok && up })
 }
+
+// Someone edits by hand a file the mesh holds while the node is linked;
+// the executor's drift reconcile puts it back, and the control side is
+// told by name within moments — not at the next disconnection, if one
+// ever comes — real processes all.
+func TestARepairWhileLinkedReachesTheControlSide(t *testing.T) {
+	m := newBareMesh(t)
+	agentConf := m.addNode()
+	m.startExecutor("--drift", "1s")
+	m.startAgent("--config", agentConf)
+	eventually(t, "the node heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	seq := m.declare(`{"version":1,"resources":[{"module":"ssh","id":"banner","type":"file","path":"{root}/banner","content":"authorised use only\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	os.WriteFile(filepath.Join(m.tree, "banner"), []byte("edited by hand\n"), 0o644)
+
+	type activityReport struct {
+		Trigger   string            `json:"trigger"`
+		Seq       uint64            `json:"seq"`
+		Meanwhile []shapes.Activity `json:"meanwhile"`
+	}
+	var found []activityReport
+	eventually(t, "a report of what the executor did on its own", func() bool {
+		out, err := exec.Command(filepath.Join(bin, "mesh-control"), "reports", "n1", "--dir", m.ctl, "--json").Output()
+		if err != nil {
+			return false
+		}
+		var rs struct {
+			Reports []activityReport `json:"reports"`
+		}
+		json.Unmarshal(out, &rs)
+		found = found[:0]
+		for _, r := range rs.Reports {
+			if r.Trigger == "activity" {
+				found = append(found, r)
+			}
+		}
+		return len(found) > 0
+	})
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "banner")); string(b) != "authorised use only\n" {
+		t.Fatalf("the drift reconcile did not put the file back: %q", b)
+	}
+	a := found[0]
+	if a.Seq != 0 || len(a.Meanwhile) != 1 || a.Meanwhile[0].Trigger != "drift" || a.Meanwhile[0].Outcome != shapes.Repaired ||
+		len(a.Meanwhile[0].Lines) != 1 || a.Meanwhile[0].Lines[0].Module != "ssh" || a.Meanwhile[0].Lines[0].ID != "banner" {
+		t.Errorf("the activity reported: %+v", found)
+	}
+	// Said once, however many looks and drift reconciles pass.
+	time.Sleep(3 * time.Second)
+	out := m.run("mesh-control", "reports", "n1", "--dir", m.ctl)
+	if strings.Count(out, "(drift, seq 1): 1 changed, 0 failed") != 1 || !strings.Contains(out, "on its own  repaired   1 changed, 0 failed in 1 apply(s)") ||
+		!strings.Contains(out, "ssh.banner file repaired") {
+		t.Errorf("mesh-control reports does not say the repair once, by name:\n%s", out)
+	}
+}

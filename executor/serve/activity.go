@@ -1,0 +1,76 @@
+package serve
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// What the executor does on its own — a start's reconcile after a boot,
+// a drift repaired (a hand edit of a file the mesh holds put back), a
+// rescue file root applied, a carried bundle — reaches the control side
+// by the agent, which asks for it by count (the history's, store.Since)
+// whenever the status says the count moved past what it last reported:
+// while linked within a heartbeat, and after a disconnection on the
+// reconnect's report. The applies a report of their own carries upward (a
+// declaration's, a roster's, the reconnect's reconcile) are counted and
+// passed over: said once, not twice.
+
+// reportedAlone says whether an activity is one a report of its own
+// carried upward.
+func reportedAlone(a shapes.Activity) bool {
+	switch a.Trigger {
+	case "declaration", "roster", "reconnect":
+		return true
+	}
+	return false
+}
+
+// ownActivity keeps the activities no report of their own carried.
+func ownActivity(a shapes.Activity) bool { return !reportedAlone(a) }
+
+func (s *Server) activity(_ context.Context, _ *conn, body any) (wire.Kind, any, error) {
+	after := body.(*wire.Activity).After
+	part, err := store.Since(s.cfg.StateDir, after, s.newestActivity(), wire.MaxActivities, ownActivity)
+	if err != nil {
+		s.log.Warn("the history of applies could not be read whole", "err", err)
+	}
+	return wire.KindActivityReply, &wire.ActivityReply{Acts: part.Acts, Last: part.Last, Lost: part.Lost}, nil
+}
+
+// newestSeen caches the history's newest count by the file's identity:
+// the status asks for it every few seconds, and the file changes only when
+// an apply did something.
+type newestSeen struct {
+	mu        sync.Mutex
+	ino       uint64
+	size      int64
+	mtimeNano int64
+	n         uint64
+}
+
+// newestActivity is the count of the newest activity in the history.
+func (s *Server) newestActivity() uint64 {
+	fi, err := os.Lstat(filepath.Join(s.cfg.StateDir, store.HistoryFile))
+	if err != nil {
+		return 0
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	c := &s.newest
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st != nil && st.Ino == c.ino && fi.Size() == c.size && fi.ModTime().UnixNano() == c.mtimeNano {
+		return c.n
+	}
+	n := store.Newest(s.cfg.StateDir)
+	if st != nil {
+		c.ino, c.size, c.mtimeNano, c.n = st.Ino, fi.Size(), fi.ModTime().UnixNano(), n
+	}
+	return n
+}

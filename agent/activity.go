@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -37,13 +39,26 @@ func (a *Agent) heardActivity(s *wire.StatusReply) {
 }
 
 // reportActivity reports what the executor did on its own past the count
-// last reported, up to the newest a status said.
+// last reported, up to the newest a status said. One that failed (the
+// executor away, the broker not confirming: a control side's full disk)
+// is tried again after a wait that doubles, up to a minute, not at each
+// look.
 func (a *Agent) reportActivity(ctx context.Context) error {
 	said := a.activitySaid.Load()
-	if said == 0 {
-		return nil // no status heard yet
+	if said == 0 || clock.Now().Before(a.activityRetry) {
+		return nil // no status heard yet, or waiting to try again
 	}
-	newest := said - 1
+	err := a.reportActivityNow(ctx, said-1)
+	if err != nil {
+		a.activityWait = min(max(2*a.activityWait, a.o.RetryWait), time.Minute)
+		a.activityRetry = clock.Now().Add(a.activityWait)
+		return fmt.Errorf("%w (tried again in %v)", err, a.activityWait.Round(time.Millisecond))
+	}
+	a.activityWait, a.activityRetry = 0, time.Time{}
+	return nil
+}
+
+func (a *Agent) reportActivityNow(ctx context.Context, newest uint64) error {
 	st := a.state.get()
 	if !st.ActivityCounted {
 		// A state from a release before the count, or a new one: what the

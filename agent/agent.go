@@ -164,15 +164,19 @@ type Agent struct {
 	// work loop to report those past the count reported (activity.go).
 	activitySaid atomic.Uint64
 	activityNow  chan struct{}
-	exec         *execClient               // the worker's connection to the executor
-	hbExec       *execClient               // the heartbeat's
-	ncp          atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
-	linkUp       chan struct{}
-	hbNow        chan struct{}
-	cancel       context.CancelCauseFunc
-	reconc       atomic.Bool // the executor has yet to hear that the link came back
-	linkMu       sync.Mutex
-	link         linkInfo
+	// activityRetry is when a report that failed is tried again, after
+	// activityWait (the work loop's alone).
+	activityRetry time.Time
+	activityWait  time.Duration
+	exec          *execClient               // the worker's connection to the executor
+	hbExec        *execClient               // the heartbeat's
+	ncp           atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
+	linkUp        chan struct{}
+	hbNow         chan struct{}
+	cancel        context.CancelCauseFunc
+	reconc        atomic.Bool // the executor has yet to hear that the link came back
+	linkMu        sync.Mutex
+	link          linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string

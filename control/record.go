@@ -362,8 +362,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		// hand edit of what the mesh declared, put back): the stream
 		// keeps it for `reports`, the node's last report stays its last
 		// apply's, and the log says it where an operator's alerts look.
-		c.log.Warn("a node changed on its own what it was declared (a drift repaired, a reboot's reconcile, a rescue file): mesh-control reports "+node,
-			"node", node, "outcome", msg.Outcome, "activities", len(msg.Meanwhile))
+		c.log.Warn("a node's executor changed the machine with no declaration asking (a drift repaired, a reboot's reconcile, a rescue file)",
+			"node", node, "outcome", msg.Outcome, "applies", len(msg.Meanwhile), "see", "mesh-control reports "+node)
 		return &countNote{msg.Outcome, msg.Trigger, 0}, nil
 	}
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {

@@ -90,6 +90,11 @@ func TestStatusPageInChromium(t *testing.T) {
 	const detail = "the unit lp-site.service failed to start: exit status 3 <script>alert(1)</script>"
 	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Seq: 2, Trigger: link.TriggerDeclaration, Outcome: shapes.Failed,
 		Lines: []shapes.Line{{Module: "site", ID: "conf", Type: "file", Outcome: shapes.Unchanged}, {Module: "site", ID: "svc", Type: "service", Outcome: shapes.Failed, Detail: detail}}, At: now})
+	// What the executor did on its own (a drift repaired), its detail a
+	// node's words too.
+	send(id.Subjects.Report, link.Report{Node: "web1", Enrolment: id.Enrolment, Trigger: link.TriggerActivity, Outcome: shapes.Repaired, At: now,
+		Meanwhile: []shapes.Activity{{At: now, Source: "link", Trigger: "drift", Seq: 2, Outcome: shapes.Repaired, Changed: 1,
+			Lines: []shapes.Line{{Module: "ssh", ID: "banner", Type: "file", Outcome: shapes.Repaired, Detail: "content was changed <b>by something else</b>"}}}}})
 	send(id.Subjects.Heartbeat, link.Heartbeat{Node: "web1", Enrolment: id.Enrolment, At: now, Interval: 30, State: link.StateEnrolled, Presence: link.PresenceResident,
 		AgentVersion: "0.9.2", Executor: &link.ExecutorStatus{Version: "0.9.2", Build: "b2", Seq: 2, Outcome: shapes.Failed}, LastApplied: 2})
 	nc.Flush()
@@ -121,6 +126,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	node := page("/node/web1")
 	if !strings.Contains(node, `class="tl bad"`) || !strings.Contains(node, `class="tl changed"`) || !strings.Contains(node, "seq 2") || !strings.Contains(node, "site.svc") {
 		t.Errorf("web1's page lacks its timeline or its failed line:\n%s", node)
+	}
+	if !strings.Contains(node, "(activity)") || !strings.Contains(node, "on its own") || !strings.Contains(node, "ssh.banner") ||
+		!strings.Contains(node, "content was changed &lt;b&gt;by something else&lt;/b&gt;") {
+		t.Errorf("web1's page lacks what its executor did on its own, or shows it unescaped:\n%s", node)
 	}
 	// Kept for a person to look at.
 	shot, _ := filepath.Abs("../tests/artifacts/status-page.png")

@@ -355,7 +355,7 @@ func soakTar(r *rand.Rand) []byte {
 func (s *soaker) drift(n *node, r *rand.Rand) error {
 	var files []string
 	filepath.WalkDir(filepath.Join(n.tree, "L"), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && !strings.HasSuffix(p, "found-beside") {
+		if err == nil && d.Type().IsRegular() && declaredFile(n, p) {
 			files = append(files, p)
 		}
 		return nil
@@ -363,14 +363,71 @@ func (s *soaker) drift(n *node, r *rand.Rand) error {
 	if len(files) == 0 {
 		return nil
 	}
-	f, err := os.OpenFile(files[r.IntN(len(files))], os.O_WRONLY|os.O_APPEND, 0)
+	path := files[r.IntN(len(files))]
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return nil // removed by an apply meanwhile
 	}
-	defer f.Close()
+	edited := time.Now()
 	_, err = f.WriteString("edited by hand\n")
+	f.Close()
+	if err != nil {
+		return err
+	}
 	time.Sleep(3 * time.Second) // the drift timer's look (every 2 s) comes first
-	return err
+	return s.driftSaid(n, path, edited)
+}
+
+// declaredFile says whether p is a file resource's path on n (a module's
+// "f_…" file, in its directory or below it in sub): its content is the
+// mesh's whole, so an edit is a drift the executor puts back — unlike an
+// archive's unpacked file or a file found beside the mesh's.
+func declaredFile(n *node, p string) bool {
+	rel, err := filepath.Rel(filepath.Join(n.tree, "L"), p)
+	if err != nil {
+		return false
+	}
+	mod, _, _ := strings.Cut(rel, string(filepath.Separator))
+	base := filepath.Base(p)
+	return idPath(n, mod, "f_"+base) == p || idPath(n, mod, "f_sub_"+base) == p
+}
+
+// driftSaid waits, 20 s at most, for a report of n since edited that names
+// the repair of path: the executor's drift repair is reported while the
+// node is linked (an activity report), not left for a disconnection.
+func (s *soaker) driftSaid(n *node, path string, edited time.Time) error {
+	cl, err := s.client(n)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rs, _, err := cl.Reports(ctx, n.name, 20)
+		cancel()
+		if err != nil {
+			s.dropClient(n)
+			return fmt.Errorf("reports %s: %w", n.name, err)
+		}
+		for _, r := range rs {
+			if r.At.Before(edited.Add(-time.Second)) {
+				continue
+			}
+			lines := r.Lines
+			for _, a := range r.Meanwhile {
+				lines = append(lines, a.Lines...)
+			}
+			for _, l := range lines {
+				if l.Outcome.Changes() && idPath(n, l.Module, l.ID) == path {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s on %s was edited by hand at %s and put back, and no report named it within 20 s", path, n.name, edited.Format(time.RFC3339))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // revokeAndEnrol revokes n and enrols it again, as an operator replacing

@@ -193,7 +193,7 @@ func newWorld(c config, out io.Writer, kind string) (w *world, mw io.Writer, don
 		signal.Stop(sig)
 		close(sig)
 		w.close()
-		if !c.keep && len(w.violations) == 0 {
+		if !c.keep && len(w.violations) == 0 && !w.failedRun {
 			os.RemoveAll(base)
 		}
 		logf.Close()

@@ -180,7 +180,8 @@ func soak(c config, cfg soakConfig, out io.Writer) (soakResult, error) {
 		fmt.Fprintf(mw, "  %s\n", v)
 	}
 	if len(res.grew) > 0 || len(s.failed) > 0 || len(w.violations) > 0 {
-		w.violations = append(w.violations, res.grew...) // keeps the directory
+		w.violations = append(w.violations, res.grew...)
+		w.failedRun = true // keeps the directory, whose logs it names
 		fmt.Fprintf(mw, "\nFAILED: soak seed %d: %d series grew, %d steps failed, %d invariants failed; logs: %s\n", c.seed, len(res.grew), len(s.failed), len(w.violations)-len(res.grew), w.base)
 	}
 	return res, nil

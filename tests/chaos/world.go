@@ -157,6 +157,9 @@ type world struct {
 	// chaos run (a repair would be a change no step made), often in the
 	// soak.
 	drift time.Duration
+	// failedRun: the run failed (a soak's step, not only an invariant):
+	// its work directory is kept for its logs.
+	failedRun bool
 	// archiveGrace is serve's: never in the chaos run (its archives, put
 	// once at setup, are declared at any step), a minute in the soak, so
 	// that what it puts is pruned within the run.

@@ -537,24 +537,9 @@ func (c *Client) ComposeWith(ctx context.Context, node string, data []byte) ([]b
 // overlay resource, owns_nothing and retire — what a held node keeps. It
 // is empty for a node never declared to in this enrolment (a new one).
 func (c *Client) lastDeclared(ctx context.Context, rec *NodeRecord) (map[string]json.RawMessage, error) {
-	stream, err := c.JS.Stream(ctx, link.DeclStream)
-	if err != nil {
+	last, err := c.lastOnSubject(ctx, rec.Name)
+	if last == nil || err != nil {
 		return nil, err
-	}
-	m, err := stream.GetLastMsgForSubject(ctx, link.SubjectsOf(rec.Name).Decl)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("the last declaration of %s: %w", rec.Name, err)
-	}
-	payload, err := wire.Open(c.Keys.ControlPublic(), wire.PurposeDeclaration, m.Data)
-	if err != nil {
-		return nil, fmt.Errorf("the last declaration of %s does not open: %w", rec.Name, err)
-	}
-	var last map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &last); err != nil {
-		return nil, fmt.Errorf("the last declaration of %s: %w", rec.Name, err)
 	}
 	var enrolment string
 	json.Unmarshal(last["enrolment"], &enrolment)
@@ -574,6 +559,31 @@ func (c *Client) lastDeclared(ctx context.Context, rec *NodeRecord) (map[string]
 		delete(last, k)
 	}
 	last["resources"], _ = json.Marshal(kept)
+	return last, nil
+}
+
+// lastOnSubject is the newest declaration on node's subject, whatever
+// enrolment it was addressed to, as top-level fields (nil: none).
+func (c *Client) lastOnSubject(ctx context.Context, node string) (map[string]json.RawMessage, error) {
+	stream, err := c.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		return nil, err
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, link.SubjectsOf(node).Decl)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the last declaration of %s: %w", node, err)
+	}
+	payload, err := wire.Open(c.Keys.ControlPublic(), wire.PurposeDeclaration, m.Data)
+	if err != nil {
+		return nil, fmt.Errorf("the last declaration of %s does not open: %w", node, err)
+	}
+	var last map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &last); err != nil {
+		return nil, fmt.Errorf("the last declaration of %s: %w", node, err)
+	}
 	return last, nil
 }
 
@@ -868,15 +878,105 @@ func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Rep
 // one published while the queue was being made may have been emptied with
 // it). No other node's declaration changes: their peers are the roster's.
 // It runs apart, so the grant is not kept waiting.
-func (c *Client) afterEnrol(ctx context.Context, node string) {
+//
+// A mesh with no overlay composes nothing: a node re-enrolled there (a
+// rekey, a machine enrolled again with its store) is declared instead
+// what it was last declared (carried, read before its queue was emptied),
+// addressed to its new enrolment. Its executor reconciles only a
+// declaration addressed to the enrolment it holds (the trust rule), so
+// without it the machine would be held to nothing — a drift left as it
+// is — until someone declared to it again.
+func (c *Client) afterEnrol(ctx context.Context, node string, carried *carriedDecl) {
 	go func() {
 		if _, err := c.PublishRoster(ctx); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
 			c.log.Error("the roster after an enrolment was not published", "node", node, "err", err)
 		}
-		if _, err := c.Publish(ctx, node, true); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
+		_, err := c.Publish(ctx, node, true)
+		switch {
+		case errors.Is(err, ErrNoOverlay):
+			c.declareCarried(ctx, node, carried)
+		case err != nil && ctx.Err() == nil:
 			c.log.Error("the first composition of a new node was not published", "node", node, "err", err)
 		}
 	}()
+}
+
+// carriedDecl is what a node being enrolled again was last declared, as
+// read before enrolment empties its queue: the declaration's fields but
+// node, enrolment and seq, or why it is not declared again (why).
+type carriedDecl struct {
+	fields    map[string]json.RawMessage
+	seq       uint64
+	enrolment string
+	why       string
+}
+
+// carryDeclaration reads node's last declaration before its queue is
+// emptied. One that retires the node is not carried (the machine is
+// enrolled again to be used), nor one holding sealed content: it is
+// sealed to the keys the enrolment replaces, and the control side keeps
+// no plaintext to seal again — the operator declares it again.
+func (c *Client) carryDeclaration(ctx context.Context, node string) *carriedDecl {
+	last, err := c.lastOnSubject(ctx, node)
+	if err != nil {
+		return &carriedDecl{why: err.Error()}
+	}
+	if last == nil {
+		return nil
+	}
+	cd := &carriedDecl{fields: last}
+	json.Unmarshal(last["seq"], &cd.seq)
+	json.Unmarshal(last["enrolment"], &cd.enrolment)
+	var head struct {
+		Retire    bool `json:"retire"`
+		Resources []struct {
+			Module string           `json:"module"`
+			ID     string           `json:"id"`
+			Sealed *json.RawMessage `json:"sealed"`
+		} `json:"resources"`
+	}
+	json.Unmarshal(last["retire"], &head.Retire)
+	json.Unmarshal(last["resources"], &head.Resources)
+	if head.Retire {
+		return nil
+	}
+	for _, r := range head.Resources {
+		if r.Sealed != nil {
+			cd.fields, cd.why = nil, fmt.Sprintf("it holds sealed content (%s.%s), sealed to the keys this enrolment replaced", r.Module, r.ID)
+			return cd
+		}
+	}
+	for _, k := range []string{"node", "enrolment", "seq"} {
+		delete(cd.fields, k)
+	}
+	return cd
+}
+
+// declareCarried declares to node, enrolled again, what it was last
+// declared (carryDeclaration), or says why it is not.
+func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDecl) {
+	if cd == nil {
+		return
+	}
+	if cd.fields == nil {
+		c.log.Warn("a node enrolled again was not declared its last declaration; until it is declared to again (mesh-control declare NODE FILE), its executor holds nothing it was declared",
+			"node", node, "seq", cd.seq, "enrolment", cd.enrolment, "why", cd.why)
+		return
+	}
+	seq, err := c.Declare(ctx, node, mustJSON(cd.fields))
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Error("a node enrolled again was not declared its last declaration; declare to it again (mesh-control declare NODE FILE)",
+				"node", node, "seq", cd.seq, "err", err)
+		}
+		return
+	}
+	c.log.Info("a node enrolled again was declared its last declaration, addressed to its new enrolment", "node", node, "seq", seq, "from_seq", cd.seq, "from_enrolment", cd.enrolment)
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // overlayFace is what of a node record its peers' compositions depend on.

@@ -378,6 +378,12 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 		c.log.Error("enrolment failed after the token was spent", "token", id, "node", name, "err", err)
 		return c.signedRefusal(id, "", "the node record could not be written: %s (the token is spent; issue another)", c.storeWhy(ctx, err))
 	}
+	var carried *carriedDecl
+	if !t.New {
+		// What it was last declared, before the queue that holds it is
+		// emptied (afterEnrol).
+		carried = c.carryDeclaration(ctx, name)
+	}
 	if err := c.freshQueue(ctx, name); err != nil {
 		return refusedReply("the node's queue: %v", err)
 	}
@@ -409,7 +415,7 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 		c.log.Info("enrolled, replacing", "node", name, "replaced", replaced.Name())
 	}
 	c.log.Info("enrolled", "node", name, "enrolment", rec.Enrolment, "token", id, "new", t.New, "store_copy", len(reply.StoreCopy) > 0)
-	c.afterEnrol(ctx, name)
+	c.afterEnrol(ctx, name, carried)
 	return reply
 }
 

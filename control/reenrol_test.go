@@ -1,11 +1,13 @@
 package control_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // A node re-enrolled after it joined (it reported its overlay applied) is
@@ -42,5 +44,58 @@ func TestAReEnrolledNodeKeepsWhatItRuns(t *testing.T) {
 	}
 	if st := status(t, s, "n1"); st.Assignments != "web" {
 		t.Fatalf("nodes says %q after the re-enrolment", st.Assignments)
+	}
+}
+
+// In a mesh with no overlay (nothing is composed), a node enrolled again
+// — a rekey, a machine enrolled again with its store — is declared what
+// it was last declared, addressed to its new enrolment: its executor
+// reconciles only a declaration addressed to the enrolment it holds, and
+// would otherwise hold the machine to nothing until someone declared to
+// it again. One holding sealed content is not: it is sealed to the keys
+// the enrolment replaced, and the control side keeps no plaintext.
+func TestAReEnrolledNodeIsDeclaredWhatItWasLastDeclared(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	enrolNode(t, s, "n1")
+	enrolSealing(t, s, "n2")
+	const doc = `{"version":1,"resources":[{"module":"ssh","id":"banner","type":"file","path":"/etc/issue.net","content":"authorised use only\n"}]}`
+	seq, err := s.client.Declare(ctx, "n1", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := connect(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sealer.Close()
+	sealer.Seals = map[string][]byte{"app.token": []byte("secret\n")}
+	if _, err := sealer.Declare(ctx, "n2", []byte(sealedDecl)); err != nil {
+		t.Fatal(err)
+	}
+	reenrol := func(node string) *wire.Grant {
+		t.Helper()
+		text, _, err := s.client.IssueToken(ctx, node, false, time.Hour, s.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grantOf(t, s, must(request(t, s, text, newMachine(t).keys, nil)))
+	}
+
+	g := reenrol("n1")
+	var d *shapes.Declaration
+	eventually(t, "n1 declared again, to its new enrolment", func() bool {
+		d = lastDecl(t, s, "n1")
+		return d != nil && d.Enrolment == g.Enrolment
+	})
+	if d.Seq <= seq || d.Node != "n1" || strings.Join(keys(d), " ") != "ssh.banner" {
+		t.Fatalf("n1's declaration after its re-enrolment: seq %d (was %d), node %s, %v", d.Seq, seq, d.Node, keys(d))
+	}
+
+	g2 := reenrol("n2")
+	time.Sleep(time.Second) // what afterEnrol would do, it has done by now
+	if d := lastDecl(t, s, "n2"); d != nil && d.Enrolment == g2.Enrolment {
+		t.Fatalf("n2's sealed declaration was declared again to its new keys: seq %d", d.Seq)
 	}
 }

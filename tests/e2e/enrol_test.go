@@ -460,18 +460,26 @@ func TestDisconnectionIsASituation(t *testing.T) {
 // Losing the store: the control side keeps what the node last reported
 // it owns and hands it back, signed, on re-enrolment; the next apply
 // removes a recovered orphan only if it is still exactly what the host
-// wrote.
+// wrote. The last declaration holds sealed content, sealed to the keys
+// the re-enrolment replaces, so the control side does not declare it
+// again by itself (it would otherwise put the machine back as declared,
+// leaving no orphan), and says so.
 func TestLostStoreRecovered(t *testing.T) {
 	m := newBareMesh(t)
 	ex := m.startExecutor()
 	m.startAgent("--config", m.agentConfig())
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
-	seq := m.declare(`{"version":1,"resources":[` +
-		`{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"},` +
-		`{"module":"app","id":"b","type":"file","path":"{root}/b","content":"b\n"},` +
-		`{"module":"app","id":"c","type":"file","path":"{root}/c","content":"c\n"},` +
-		`{"module":"app","id":"d","type":"directory","path":"{root}/d"},` +
-		`{"module":"app","id":"x","type":"file","path":"{root}/d/x","content":"x\n"}]}`)
+	sf := filepath.Join(m.base, "secret")
+	os.WriteFile(sf, []byte("s\n"), 0o600)
+	f := filepath.Join(m.base, "decl.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"resources":[`+
+		`{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"},`+
+		`{"module":"app","id":"b","type":"file","path":"{root}/b","content":"b\n"},`+
+		`{"module":"app","id":"c","type":"file","path":"{root}/c","content":"c\n"},`+
+		`{"module":"app","id":"d","type":"directory","path":"{root}/d"},`+
+		`{"module":"app","id":"x","type":"file","path":"{root}/d/x","content":"x\n"},`+
+		`{"module":"app","id":"s","type":"file","path":"{root}/s","mode":"0600"}]}`, "{root}", m.tree)), 0o600)
+	seq := declaredSeq(t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "app.s="+sf, "--json"))
 	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
 		t.Fatalf("report %+v", r)
 	}
@@ -482,7 +490,7 @@ func TestLostStoreRecovered(t *testing.T) {
 			} `json:"owned"`
 		}
 		json.Unmarshal([]byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")), &v)
-		return v.Owned != nil && len(v.Owned.Entries) == 5
+		return v.Owned != nil && len(v.Owned.Entries) == 6
 	})
 	// Someone edits c; then the disk with the executor's state is lost.
 	os.WriteFile(filepath.Join(m.tree, "c"), []byte("edited by hand\n"), 0o644)
@@ -500,11 +508,16 @@ func TestLostStoreRecovered(t *testing.T) {
 		t.Fatal("the executor did not take the store copy in")
 	}
 	owned := m.run("mesh-executor", "owned", "--state", m.state)
-	if strings.Count(owned, "link:app.") != 5 {
+	if strings.Count(owned, "link:app.") != 6 {
 		t.Fatalf("owned after recovery:\n%s", owned)
 	}
+	eventually(t, "serve saying the last declaration is not declared again", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-control.log"))
+		return bytes.Contains(b, []byte("was not declared its last declaration")) && bytes.Contains(b, []byte("sealed content (app.s)"))
+	})
 	// The mesh now declares only a: b is removed (exactly what the host
-	// wrote), c is left (changed by hand), d and d/x removed.
+	// wrote), c is left (changed by hand), d and d/x removed, s left (its
+	// content, sealed, cannot be checked against what the host wrote).
 	seq = m.declare(`{"version":1,"resources":[{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"}]}`)
 	r := m.reportFor(seq)
 	lines := map[string]shapes.Line{}
@@ -512,10 +525,11 @@ func TestLostStoreRecovered(t *testing.T) {
 		lines[l.ID] = l
 	}
 	if lines["b"].Outcome != shapes.Removed || lines["x"].Outcome != shapes.Removed || lines["d"].Outcome != shapes.Removed ||
+		lines["s"].Outcome != shapes.Forgotten || !strings.Contains(lines["s"].Detail, "sealed") ||
 		lines["c"].Outcome != shapes.Forgotten || !strings.Contains(lines["c"].Detail, "changed since the host wrote it") {
 		t.Fatalf("the apply after recovery: %+v", r.Lines)
 	}
-	for f, want := range map[string]bool{"a": true, "b": false, "c": true, "d": false} {
+	for f, want := range map[string]bool{"a": true, "b": false, "c": true, "d": false, "s": true} {
 		if _, err := os.Stat(filepath.Join(m.tree, f)); (err == nil) != want {
 			t.Errorf("%s exists: %v, want %v", f, err == nil, want)
 		}
@@ -523,6 +537,45 @@ func TestLostStoreRecovered(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(m.tree, "c")); string(b) != "edited by hand\n" {
 		t.Fatal("a changed orphan was touched")
 	}
+}
+
+// A machine whose disk was replaced (the executor's store lost), enrolled
+// again as its node, is put back as it was declared with no one declaring
+// to it again: the control side declares to the new enrolment what the
+// node was last declared, and the executor, recovering what it owned from
+// the control side's copy, writes back what changed meanwhile and holds
+// it from then on.
+func TestALostStoreIsPutBackAsDeclared(t *testing.T) {
+	m := newBareMesh(t)
+	ex := m.startExecutor("--drift", "1s")
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[` +
+		`{"module":"app","id":"a","type":"file","path":"{root}/a","content":"a\n"},` +
+		`{"module":"app","id":"b","type":"file","path":"{root}/b","content":"b\n"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	ex.Process.Signal(os.Interrupt)
+	ex.Wait()
+	os.RemoveAll(m.state)
+	os.MkdirAll(m.state, 0o700)
+	os.WriteFile(filepath.Join(m.tree, "b"), []byte("edited by hand\n"), 0o644)
+	m.startExecutor("--drift", "1s")
+	m.enrolled(m.issue("--node", "n1"), "n1")
+	r := m.reportFor(seq + 1)
+	if r.Outcome != shapes.Repaired && r.Outcome != shapes.Applied {
+		t.Fatalf("the declaration carried to the new enrolment: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "b")); string(b) != "b\n" {
+		t.Fatalf("b after the carried declaration: %q", b)
+	}
+	// And held: a hand edit now is put back by the drift timer.
+	os.WriteFile(filepath.Join(m.tree, "a"), []byte("edited again\n"), 0o644)
+	eventually(t, "the drift put back", func() bool {
+		b, _ := os.ReadFile(filepath.Join(m.tree, "a"))
+		return string(b) == "a\n"
+	})
 }
 
 // Sealed content crosses the whole mesh unread: the file is written on the

@@ -722,6 +722,38 @@ type statusReport struct {
 	// Faults counts the panics the daemon recovered from at its request
 	// boundary, with the last one (its stack is in the daemon's log).
 	Faults *serve.Faults `json:"faults,omitempty"`
+	// Unheld, enrolled only: the link's last declaration is addressed to
+	// another enrolment than the one held (the machine was enrolled
+	// again): the daemon reconciles only this enrolment's, so nothing the
+	// link declared is held against drift until one comes.
+	Unheld *unheldTarget `json:"unheld,omitempty"`
+}
+
+// unheldTarget is the link's last declaration, when it is not this
+// enrolment's.
+type unheldTarget struct {
+	Seq       uint64 `json:"seq"`
+	Node      string `json:"node"`
+	Enrolment string `json:"enrolment"`
+}
+
+// unheld says whether the link's saved declaration is another
+// enrolment's than id's (read only; verified under the pinned key, as the
+// daemon's reconcile reads it).
+func unheld(st *store.Store, id *identity.Identity) *unheldTarget {
+	raw, err := st.Target(store.Link)
+	if err != nil || raw == nil {
+		return nil
+	}
+	payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
+	if err != nil {
+		return nil
+	}
+	d, err := shapes.Parse(payload)
+	if err != nil || d.Node == id.Node && d.Enrolment == id.Enrolment {
+		return nil
+	}
+	return &unheldTarget{Seq: d.Seq, Node: d.Node, Enrolment: d.Enrolment}
 }
 
 // linkSilentAfter: an agent that has said nothing for this long (it says
@@ -772,6 +804,7 @@ func (c *command) status() int {
 	if exists {
 		if id, err := identity.Load(c.state); err == nil && id != nil {
 			s.State, s.Node, s.Enrolment = "enrolled", id.Node, id.Enrolment
+			s.Unheld = unheld(st, id)
 		}
 		// Read as it is: enrol.IsPending is the daemon's, and may end an
 		// expired enrolment; status changes nothing.
@@ -855,6 +888,10 @@ func (c *command) status() int {
 	sort.Strings(names)
 	for _, n := range names {
 		fmt.Fprintf(&b, "last %s apply: seq %d, %s\n", n, s.Sources[n].Seq, s.Sources[n].Outcome)
+	}
+	if u := s.Unheld; u != nil {
+		fmt.Fprintf(&b, "held: nothing the link declared — its last declaration (seq %d) is addressed to node %s, enrolment %s, not this one, and only this enrolment's is reconciled; what it made stays, a drift is not put back, until the control side declares to this enrolment (mesh-control declare %s FILE)\n",
+			u.Seq, u.Node, u.Enrolment, s.Node)
 	}
 	return c.print(s, b.String())
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 const decl = `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"%s","content":"x\n"}]}`
@@ -444,6 +445,49 @@ func TestOwnedListsWhatAnArchiveWrote(t *testing.T) {
 	for _, p := range want {
 		if !strings.Contains(out, p) {
 			t.Fatalf("owned does not list %s:\n%s", p, out)
+		}
+	}
+}
+
+// A machine enrolled again holds the link's last declaration of the
+// enrolment it replaced, which the daemon does not reconcile (the trust
+// rule: only this enrolment's): status says the link holds nothing
+// against drift until the control side declares to this enrolment.
+func TestStatusSaysWhenTheLinksDeclarationIsAnotherEnrolments(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	st, err := store.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	env, err := wire.Seal(priv, wire.PurposeDeclaration, []byte(`{"version":1,"node":"n1","enrolment":"e-1","seq":7,"resources":[],"owns_nothing":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveTarget(store.Link, env); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		enrolment string
+		unheld    bool
+	}{{"e-1", false}, {"e-2", true}} {
+		if err := identity.Save(state, &identity.Identity{Node: "n1", Enrolment: c.enrolment, ControlKey: pub}); err != nil {
+			t.Fatal(err)
+		}
+		code, out, _ := run("status", "--state", state)
+		if said := strings.Contains(out, "held: nothing the link declared — its last declaration (seq 7) is addressed to node n1, enrolment e-1, not this one"); code != 0 || said != c.unheld {
+			t.Errorf("enrolment %s: exit %d, said unheld %v:\n%s", c.enrolment, code, said, out)
+		}
+		_, out, _ = run("status", "--json", "--state", state)
+		var s struct {
+			Unheld *struct {
+				Seq       uint64 `json:"seq"`
+				Enrolment string `json:"enrolment"`
+			} `json:"unheld"`
+		}
+		if json.Unmarshal([]byte(out), &s); (s.Unheld != nil) != c.unheld || c.unheld && (s.Unheld.Seq != 7 || s.Unheld.Enrolment != "e-1") {
+			t.Errorf("enrolment %s: status --json unheld %+v", c.enrolment, s.Unheld)
 		}
 	}
 }

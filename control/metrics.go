@@ -32,7 +32,7 @@ func newMetrics() *fleetMetrics {
 	return &fleetMetrics{
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mesh_reports_total",
-			Help: "Reports this serve recorded, by outcome and trigger (declaration, reconnect, roster).",
+			Help: "Reports this serve recorded, by outcome and trigger (declaration, reconnect, roster, activity: what an executor did on its own, a drift repaired among it).",
 		}, []string{"outcome", "trigger"}),
 		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mesh_apply_duration_seconds",

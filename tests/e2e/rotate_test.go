@@ -222,9 +222,14 @@ func TestARotationReachesANodeWithNothingDeclared(t *testing.T) {
 	m := newHost(t)
 	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
 	m2, _ := m.enrolledSecond("n2")
+	// n2's declaration holds sealed content: enrolled again, it is not
+	// declared it again (sealed to the keys replaced), and its subject
+	// stays empty.
 	f := filepath.Join(m.base, "decl2.json")
-	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"`+m2.tree+`/motd","content":"kept\n"}]}`), 0o600)
-	m.run("mesh-control", "declare", "--dir", m.ctl, "--wait=30s", "n2", f)
+	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"`+m2.tree+`/motd"}]}`), 0o600)
+	sf := filepath.Join(m.base, "motd2")
+	os.WriteFile(sf, []byte("kept\n"), 0o600)
+	m.run("mesh-control", "declare", "--dir", m.ctl, "--wait=30s", "--seal", "base.motd="+sf, "n2", f)
 	if code, out, errOut := m2.enrol(m.issue("--node", "n2"), "--replace"); code != 0 || !strings.Contains(out, "enrolled as node n2") {
 		t.Fatalf("n2 enrolled again: exit %d\n%s%s", code, out, errOut)
 	}

@@ -489,5 +489,14 @@ func TestStatusSaysWhenTheLinksDeclarationIsAnotherEnrolments(t *testing.T) {
 		if json.Unmarshal([]byte(out), &s); (s.Unheld != nil) != c.unheld || c.unheld && (s.Unheld.Seq != 7 || s.Unheld.Enrolment != "e-1") {
 			t.Errorf("enrolment %s: status --json unheld %+v", c.enrolment, s.Unheld)
 		}
+		// And doctor, where an operator looks when a node misbehaves.
+		dout, _ := doctor(t, "--state", state, "--socket", filepath.Join(d, "none.sock"))
+		want := "ok    held: the link's last declaration is this enrolment's, reconciled at each drift look"
+		if c.unheld {
+			want = "warn  held: the link's last declaration (seq 7) is addressed to node n1, enrolment e-1, not this one: not reconciled, so a drift of what it made is not put back"
+		}
+		if got := lineOf(t, dout, "held"); got != want || c.unheld != strings.Contains(dout, "fix: declare to this enrolment: mesh-control declare n1 FILE") {
+			t.Errorf("enrolment %s: doctor's held line %q, want %q\n%s", c.enrolment, got, want, dout)
+		}
 	}
 }

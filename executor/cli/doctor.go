@@ -19,6 +19,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -67,7 +68,9 @@ func (c *command) doctor() int {
 	var linkErr error
 	var faults serve.Faults
 	var faultsErr error
+	var st *store.Store
 	if exists {
+		st, _, _ = store.Peek(c.state)
 		id, idErr = identity.Load(c.state)
 		pending, _ = enrol.ReadPending(c.state)
 		rekey, _ = enrol.ReadRekey(c.state)
@@ -79,6 +82,7 @@ func (c *command) doctor() int {
 		daemonCheck(c.state, c.socket),
 		identityCheck(exists, id, idErr, pending, rekey, now),
 		linkCheck(id != nil, link, linkErr, now),
+		heldCheck(st, id),
 		clockCheck(id != nil, link),
 		diskCheck(c.state),
 		initCheck(c.partial),
@@ -224,6 +228,35 @@ func identityCheck(exists bool, id *identity.Identity, err error, pending *enrol
 		if now.Sub(r.Begun) > rekeyUnanswered && ch.Status == checkOK {
 			ch.Status = checkWarn
 			ch.Fix = "is the agent linked (the link line below)? a control side of a release before rekeys reads past the request; mesh-executor rekey --cancel ends it"
+		}
+	}
+	return ch
+}
+
+// heldCheck says whether the link's last declaration is held against
+// drift: the daemon reconciles only one addressed to the enrolment the
+// machine holds, so one of the enrolment a re-enrolment replaced is not
+// (the trust rule) until the control side declares to this one.
+func heldCheck(st *store.Store, id *identity.Identity) check {
+	ch := check{Check: "held", Status: checkOK}
+	switch {
+	case id == nil:
+		ch.Detail = "none: a hosted node holds no link declaration"
+	case st == nil:
+		ch.Detail = "the store could not be read"
+		ch.Status = checkWarn
+	default:
+		raw, _ := st.Target(store.Link)
+		u := unheld(st, id)
+		switch {
+		case raw == nil:
+			ch.Detail = "nothing declared over the link yet"
+		case u != nil:
+			ch.Status = checkWarn
+			ch.Detail = fmt.Sprintf("the link's last declaration (seq %d) is addressed to node %s, enrolment %s, not this one: not reconciled, so a drift of what it made is not put back", u.Seq, u.Node, u.Enrolment)
+			ch.Fix = fmt.Sprintf("declare to this enrolment: mesh-control declare %s FILE (serve declares a node enrolled again its last declaration itself, unless that held sealed content or retired it)", id.Node)
+		default:
+			ch.Detail = "the link's last declaration is this enrolment's, reconciled at each drift look"
 		}
 	}
 	return ch

@@ -122,6 +122,7 @@ func TestDoctorWithAndWithoutADaemon(t *testing.T) {
 		"daemon":          "ok    daemon: running (pid " + strconv.Itoa(pid) + "), answers on " + sock,
 		"identity":        "ok    identity: hosted: not enrolled; the executor takes local files and the carried bundle only",
 		"link":            "ok    link: none: a hosted node has no link",
+		"held":            "ok    held: none: a hosted node holds no link declaration",
 		"faults":          "ok    faults: none recorded",
 	}
 	for what, line := range want {
@@ -169,7 +170,7 @@ func TestDoctorWithAndWithoutADaemon(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &checks); err != nil {
 		t.Fatal(err)
 	}
-	if jcode != code || len(checks) != 8 || checks[1].Check != "daemon" || checks[1].Status != checkFail || checks[1].Fix == "" {
+	if jcode != code || len(checks) != 9 || checks[1].Check != "daemon" || checks[1].Status != checkFail || checks[1].Fix == "" {
 		t.Errorf("--json: exit %d, %+v", jcode, checks)
 	}
 }

@@ -963,6 +963,12 @@ func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDec
 			"node", node, "seq", cd.seq, "enrolment", cd.enrolment, "why", cd.why)
 		return
 	}
+	// Someone declared to the new enrolment already (its queue was
+	// emptied at enrolment): theirs is the newer word.
+	if last, err := c.lastOnSubject(ctx, node); err == nil && last != nil {
+		c.log.Info("a node enrolled again was declared to before its last declaration could be carried; not carried", "node", node, "from_seq", cd.seq)
+		return
+	}
 	seq, err := c.Declare(ctx, node, mustJSON(cd.fields))
 	if err != nil {
 		if ctx.Err() == nil {

@@ -229,7 +229,13 @@ func runAgentWith(t *testing.T, id *agent.Identity, socket, dir string, edit fun
 // waitFor polls cond for up to 20s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	waitForWithin(t, what, 20*time.Second, cond)
+}
+
+// waitForWithin polls cond for up to d.
+func waitForWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

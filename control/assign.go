@@ -969,7 +969,8 @@ func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDec
 		c.log.Info("a node enrolled again was declared to before its last declaration could be carried; not carried", "node", node, "from_seq", cd.seq)
 		return
 	}
-	seq, err := c.Declare(ctx, node, mustJSON(cd.fields))
+	body, _ := json.Marshal(cd.fields) // fields read from JSON: they marshal
+	seq, err := c.Declare(ctx, node, body)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("a node enrolled again was not declared its last declaration; declare to it again (mesh-control declare NODE FILE)",
@@ -978,11 +979,6 @@ func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDec
 		return
 	}
 	c.log.Info("a node enrolled again was declared its last declaration, addressed to its new enrolment", "node", node, "seq", seq, "from_seq", cd.seq, "from_enrolment", cd.enrolment)
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
 }
 
 // overlayFace is what of a node record its peers' compositions depend on.

@@ -750,7 +750,7 @@ func unheld(st *store.Store, id *identity.Identity) *unheldTarget {
 		return nil
 	}
 	d, err := shapes.Parse(payload)
-	if err != nil || d.Node == id.Node && d.Enrolment == id.Enrolment {
+	if err != nil || serve.AddressedHere(d, id) {
 		return nil
 	}
 	return &unheldTarget{Seq: d.Seq, Node: d.Node, Enrolment: d.Enrolment}

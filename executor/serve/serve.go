@@ -981,7 +981,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			// Addressed to this node and this enrolment, and the newest
 			// accepted: after a re-enrolment the old one is not applied.
 			f, _ := identity.ReadFloor(s.cfg.StateDir)
-			if d.Node != id.Node || d.Enrolment != id.Enrolment || d.Seq != f.Seq {
+			if !AddressedHere(d, id) || d.Seq != f.Seq {
 				s.log.Warn("reconcile: the saved link target is not addressed to this enrolment, or not the newest accepted; skipped",
 					"trigger", why, "node", d.Node, "enrolment", d.Enrolment, "seq", d.Seq, "floor", f.Seq)
 				continue
@@ -1026,6 +1026,13 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		}
 	}
 	return v
+}
+
+// AddressedHere says whether d is addressed to the node and enrolment id
+// holds: only such a link declaration is reconciled (the trust rule), so
+// one of an enrolment a re-enrolment replaced is not held against drift.
+func AddressedHere(d *shapes.Declaration, id *identity.Identity) bool {
+	return d.Node == id.Node && d.Enrolment == id.Enrolment
 }
 
 // clip bounds a string carried in a reply of bounded size.

@@ -190,6 +190,58 @@ func TestKeys(t *testing.T) {
 	}
 }
 
+// A key is the file's, not the resource's: renamed, moved to another
+// module, or gone from one resource's set to another's in one declaration,
+// it is handed over — the declaration's value stays in the file through
+// the apply, and the value a person had before the mesh is what is given
+// back at the end, however many resources held it in between. Handed to a
+// resource held on an adopted node it is given back, as nothing of the
+// mesh sets it. (Given back in between, an sshd setting the mesh turned
+// off was turned on again behind a line saying the declaration holds.)
+func TestAKeyMovedToAnotherResourceIsHandedOver(t *testing.T) {
+	h := newHarness(t)
+	found := "# sshd\nPort 22\nX11Forwarding yes\nPasswordAuthentication yes\n"
+	os.WriteFile(h.p("sshd_config"), []byte(found), 0o600)
+	k := func(module, id, set string) string {
+		return `{"module":"` + module + `","id":"` + id + `","type":"keys","path":"{root}/sshd_config","format":"space","set":` + set + `}`
+	}
+	both := `{"PasswordAuthentication":"no","X11Forwarding":"no"}`
+	hardened := "# sshd\nPort 22\nX11Forwarding no\nPasswordAuthentication no\n"
+	for _, c := range []struct {
+		name, doc string
+		outcome   shapes.Outcome
+		lines     string
+	}{
+		{"first set", h.doc(k("ssh", "a", both)), shapes.Applied, "ssh.a=applied"},
+		{"renamed", h.doc(k("ssh", "b", both)), shapes.Forgotten, "ssh.b=unchanged ssh.a=forgotten"},
+		{"moved to another module", h.doc(k("base", "b", both)), shapes.Forgotten, "base.b=unchanged ssh.b=forgotten"},
+		{"one key to a resource after it", h.doc(k("base", "b", `{"PasswordAuthentication":"no"}`), k("x11", "c", `{"X11Forwarding":"no"}`)), shapes.Unchanged, "base.b=unchanged x11.c=unchanged"},
+		{"back to a resource before it", h.doc(k("base", "b", both), k("x11", "c", `{"Port":"22"}`)), shapes.Unchanged, "base.b=unchanged x11.c=unchanged"},
+	} {
+		rep := h.apply(c.doc)
+		h.expect(rep, c.outcome, c.lines)
+		if got := h.read("sshd_config"); got != hardened {
+			t.Fatalf("%s: sshd_config after the apply:\n%s\nwant\n%s\n%+v", c.name, got, hardened, rep.Lines)
+		}
+	}
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Restored, "x11.c=forgotten base.b=restored")
+	if got := h.read("sshd_config"); got != found {
+		t.Fatalf("given back as:\n%s\nwant what the person had:\n%s\n%+v", got, found, rep.Lines)
+	}
+
+	// Handed to a resource held on an adopted node: given back.
+	adopted := func(res ...string) string {
+		return strings.Replace(h.doc(res...), `{"version":1,`, `{"version":1,"adopted":true,"taken":["ssh"],`, 1)
+	}
+	h.apply(adopted(k("ssh", "a", both)))
+	rep = h.apply(adopted(k("base", "a", both)))
+	h.expect(rep, shapes.Held, "base.a=held ssh.a=restored")
+	if got := h.read("sshd_config"); got != found {
+		t.Fatalf("handed to a held resource, sshd_config:\n%s\nwant\n%s\n%+v", got, found, rep.Lines)
+	}
+}
+
 // The equals format, and a plan: nothing changes, the line says what
 // would, and a plan's lines are the apply's.
 func TestKeysEqualsAndPlan(t *testing.T) {

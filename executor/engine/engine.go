@@ -176,6 +176,9 @@ type run struct {
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
 	unsealed map[string][]byte
+	// keysAt is what the keys records say, read at the first keys step
+	// (keysHere).
+	keysAt *keysHere
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the

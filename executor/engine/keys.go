@@ -69,11 +69,91 @@ func (r *run) keysOriginal(e *store.Entry) (keysRecord, error) {
 	return rec, nil
 }
 
+// keyAt is a key of a file, as the file's format compares it (fold).
+type keyAt struct{ path, key string }
+
+// keysHere is what a run knows of the keys of the files it edits, read
+// once, at its first keys step, before any record of this run changes it.
+//
+// A key is the file's, not the resource's: when it moves to another
+// resource — the resource renamed, moved to another module, or the key
+// dropped from one resource's set and put in another's — it keeps the
+// value it was first found holding, as a unit keeps its found state
+// (ADR 0118), and it is handed over, never given back in between. Given
+// back in between, the apply would put the found value back (an sshd
+// setting the mesh turned off turned on again) behind a line that says
+// the declaration holds, and the new resource would record the mesh's
+// own value as found, so that undeclared it could never give back the
+// person's.
+type keysHere struct {
+	// found is each key's found value (nil: absent), from the record of
+	// whichever resource set it last.
+	found map[keyAt]*string
+	// setBy is the resource of this declaration ("module.id") that sets
+	// the key and is not held: the one it is handed over to.
+	setBy map[keyAt]string
+}
+
+// keysHere reads, the first time a run needs it, what every keys record
+// says and which resource of the declaration sets each key.
+func (r *run) keysHere() *keysHere {
+	if r.keysAt != nil {
+		return r.keysAt
+	}
+	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}}
+	for _, e := range r.st.Entries() {
+		_, path, _, ok := shapes.EditTarget(e.Target)
+		if e.Type != shapes.TypeKeys || !ok {
+			continue
+		}
+		// A record that cannot be read is its own step's failure; here it
+		// only has no key to hand over.
+		rec, err := r.keysOriginal(e)
+		if err != nil {
+			continue
+		}
+		for fk := range rec.Set {
+			if _, dup := k.found[keyAt{path, fk}]; !dup {
+				k.found[keyAt{path, fk}] = rec.Found[fk]
+			}
+		}
+	}
+	for _, res := range r.d.Resources {
+		x, ok := res.(*shapes.Keys)
+		if !ok || r.heldKeys(x, r.st.Get(targetOf(r.claimOf(x), x))) {
+			continue
+		}
+		format, _ := edit.ParseFormat(x.Format)
+		for name := range x.Set {
+			k.setBy[keyAt{x.Path, fold(format, name)}] = x.Key()
+		}
+	}
+	r.keysAt = k
+	return k
+}
+
+// heldKeys reports whether a keys resource is held on an adopted node: a
+// found file's keys are not set until the module is taken.
+func (r *run) heldKeys(k *shapes.Keys, e *store.Entry) bool {
+	return r.d.Adopted && !r.taken[k.Module] && (e == nil || e.Held)
+}
+
+// handedOver says, for a key a resource no longer sets, whether another
+// resource of this declaration sets it now, and the line's words.
+func (r *run) handedOver(path, self string, rec keysRecord, fk string) (string, bool) {
+	by := r.keysHere().setBy[keyAt{path, fk}]
+	if by == "" || by == self {
+		return "", false
+	}
+	return fmt.Sprintf("%s handed over to %s", rec.Names[fk], by), true
+}
+
 // giveBack is the change that gives key back, and what the line says of
 // it; no change when there is nothing to give back.
 func giveBack(kf *edit.Keys, rec keysRecord, fk string) (*edit.Change, string, error) {
 	name := rec.Names[fk]
 	cur, present, err := kf.Get(name)
+	found := rec.Found[fk]
 	switch {
 	case err != nil:
 		return nil, "", err
@@ -81,10 +161,12 @@ func giveBack(kf *edit.Keys, rec keysRecord, fk string) (*edit.Change, string, e
 		return nil, name + " is gone already", nil
 	case cur != rec.Set[fk]:
 		return nil, fmt.Sprintf("%s holds %q, not what the mesh set: left as it is", name, cur), nil
-	case rec.Found[fk] == nil:
+	case found == nil:
 		return &edit.Change{Key: name, Remove: true}, name + " taken out (the mesh added it)", nil
+	case *found == cur:
+		return nil, fmt.Sprintf("%s holds %q, as found", name, cur), nil
 	}
-	return &edit.Change{Key: name, Value: *rec.Found[fk]}, fmt.Sprintf("%s given back %q", name, *rec.Found[fk]), nil
+	return &edit.Change{Key: name, Value: *found}, fmt.Sprintf("%s given back %q", name, *found), nil
 }
 
 func (r *run) keys(st *step, rest int) {
@@ -99,7 +181,7 @@ func (r *run) keys(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	if r.d.Adopted && !r.taken[k.Module] && (e == nil || e.Held) {
+	if r.heldKeys(k, e) {
 		// A found file on an adopted node: held like a found file is, its
 		// keys not set until the module is taken.
 		kf, as := edit.ParseKeys(data, format), true
@@ -129,6 +211,9 @@ func (r *run) keys(st *step, rest int) {
 		fk := fold(format, name)
 		found, known := old.Found[fk]
 		if !known {
+			found, known = r.keysHere().found[keyAt{k.Path, fk}]
+		}
+		if !known {
 			// The first time the mesh sets this key: what it held.
 			found = nil
 			if present {
@@ -144,6 +229,10 @@ func (r *run) keys(st *step, rest int) {
 	}
 	for _, fk := range slices.Sorted(maps.Keys(old.Set)) {
 		if _, still := rec.Set[fk]; still {
+			continue
+		}
+		if said, ok := r.handedOver(k.Path, k.Key(), old, fk); ok {
+			back = append(back, said)
 			continue
 		}
 		c, said, err := giveBack(kf, old, fk)
@@ -270,6 +359,10 @@ func (r *run) removeKeys(st *step) {
 	var changes []edit.Change
 	var said []string
 	for _, fk := range slices.Sorted(maps.Keys(rec.Set)) {
+		if s, ok := r.handedOver(path, "", rec, fk); ok {
+			said = append(said, s)
+			continue
+		}
 		c, s, err := giveBack(kf, rec, fk)
 		if err != nil {
 			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v", path, err), false

@@ -33,11 +33,14 @@ const (
 // declared by one module and its unit by another; the operator flipping a
 // unit's running state or enablement between applies; on an adopted node,
 // modules taken or not; regions of several modules in one shared file,
-// blocks a person wrote found there, a block edited by hand. Each apply
+// blocks a person wrote found there, a block edited by hand; keys of
+// several resources in one configuration file, found or not, renamed,
+// moved and handed from one resource to another, set or taken out by
+// hand. Each apply
 // runs against the engine (the transcript init and package manager the
 // engine's tests use, a real file) and the model, and the first difference
 // — refusal, a line's outcome, what the init or the package manager was
-// asked, the file's blocks, the machine after — fails with the sequence
+// asked, the file's blocks and keys, the machine after — fails with the sequence
 // printed and its seed.
 func TestTheEngineFollowsTheModel(t *testing.T) {
 	n, seed := 500, uint64(1)
@@ -88,9 +91,16 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 	if err := os.WriteFile(shared, []byte(model.FileText(seq.World.Blocks)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	keysFile := h.p(model.KeysFile)
+	if err := os.WriteFile(keysFile, []byte(model.KeysText(seq.World.Keys)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	atShared := func(n string) string {
-		if n == model.SharedFile {
+		switch n {
+		case model.SharedFile:
 			return shared
+		case model.KeysFile:
+			return keysFile
 		}
 		return n
 	}
@@ -107,6 +117,10 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			if st.Op.Block != "" {
 				b, _ := os.ReadFile(shared)
 				os.WriteFile(shared, []byte(model.EditBlock(string(b), st.Op.Block, model.EditedByHand)), 0o644)
+			}
+			if st.Op.Key != "" {
+				b, _ := os.ReadFile(keysFile)
+				os.WriteFile(keysFile, []byte(model.EditKey(string(b), st.Op.Key, model.KeyByHand, st.Op.KeyOut)), 0o600)
 			}
 			if u == nil {
 				continue
@@ -180,6 +194,9 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		if msg := sameFile(shared, w.Blocks); msg != "" {
 			return fmt.Sprintf("step %d: %s\n  engine's lines:\n      %s", i+1, msg, lines(rep))
 		}
+		if msg := sameKeys(keysFile, w.Keys); msg != "" {
+			return fmt.Sprintf("step %d: %s\n  engine's lines:\n      %s", i+1, msg, lines(rep))
+		}
 	}
 	_, end := model.Run(seq.World, events)
 	for n, u := range end.Units {
@@ -206,6 +223,23 @@ func sameFile(path string, want map[string]string) string {
 		return fmt.Sprintf("the shared file outside its blocks is not the person's:\n%s", b)
 	case !sameLines(got, want):
 		return fmt.Sprintf("the shared file's blocks are %q, the model says %q", got, want)
+	}
+	return ""
+}
+
+// sameKeys holds the keys file to the model's keys, and its person's line
+// to theirs: "" when it is.
+func sameKeys(path string, want map[string]string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	got, err := model.FileKeys(string(b))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("the keys file: %v:\n%s", err, b)
+	case !sameLines(got, want):
+		return fmt.Sprintf("the keys file holds %q, the model says %q", got, want)
 	}
 	return ""
 }

@@ -31,7 +31,8 @@ import (
 // the model by what can be: whether it was refused, each line's outcome,
 // and after every step (the operator's too) the machine as the init's own
 // tools and dpkg say it is — each unit the model knows running or not and
-// enabled or not, each package installed or not — against the model's
+// enabled or not, each package installed or not, the shared file's blocks
+// and the keys file's keys — against the model's
 // machine after the same steps. The sequences share a lab: each has its own
 // units and packages (the model's names with "-SEED" after them) and its
 // own executor state directory.
@@ -63,10 +64,18 @@ type sampleRun struct {
 // name is a model name (unit or package) as this sequence has it in the lab,
 // and the shared file's path there.
 func (r sampleRun) name(n string) string {
-	if n == model.SharedFile {
+	switch n {
+	case model.SharedFile:
 		return r.shared()
+	case model.KeysFile:
+		return r.keysFile()
 	}
 	return n + "-" + strconv.FormatUint(r.seq.Seed, 10)
+}
+
+// keysFile is the path of the sequence's keys file in the lab.
+func (r sampleRun) keysFile() string {
+	return "/etc/mesh-model/" + model.KeysFile + "-" + strconv.FormatUint(r.seq.Seed, 10)
 }
 
 // shared is the path of the sequence's shared file (its regions') in the lab.
@@ -118,6 +127,7 @@ func modelSampleOn(t *testing.T, in lab.Init) {
 			}
 		}
 		seed[r.shared()] = model.FileText(r.seq.World.Blocks)
+		seed[r.keysFile()] = model.KeysText(r.seq.World.Keys)
 		for _, p := range slices.Sorted(maps.Keys(r.seq.World.Packages)) {
 			files, postinst := g.pkg(r.name(r.seq.World.Packages[p].Brings))
 			debs = append(debs, serviceDeb(t, dir, r.name(p), files, postinst))
@@ -262,6 +272,15 @@ func operatorFlips(m *machine, g giveBackInit, r sampleRun, op model.Event) stri
 			return err.Error()
 		}
 	}
+	if op.Key != "" {
+		text, err := os.ReadFile(m.Path(r.keysFile()))
+		if err == nil {
+			err = m.WriteFile(r.keysFile(), []byte(model.EditKey(string(text), op.Key, model.KeyByHand, op.KeyOut)), 0o600)
+		}
+		if err != nil {
+			return err.Error()
+		}
+	}
 	u := r.name(op.Unit)
 	if p := packageOf(r.seq.World, op.Unit); p != "" && !installedPackages(m, r)[p] {
 		return ""
@@ -368,6 +387,11 @@ func checkMachine(m *machine, g giveBackInit, r sampleRun, n int) string {
 		blocks, outside, perr := model.FileBlocks(string(text))
 		if err != nil || perr != nil || outside != model.HostText || !maps.Equal(blocks, want.Blocks) {
 			diff += fmt.Sprintf("\n  the shared file %s holds the blocks %q, the model says %q (%v %v; outside them %q)", r.shared(), blocks, want.Blocks, err, perr, outside)
+		}
+		text, err = os.ReadFile(m.Path(r.keysFile()))
+		keys, kerr := model.FileKeys(string(text))
+		if err != nil || kerr != nil || !maps.Equal(keys, want.Keys) {
+			diff += fmt.Sprintf("\n  the keys file %s holds %q, the model says %q (%v %v)", r.keysFile(), keys, want.Keys, err, kerr)
 		}
 		if diff == "" {
 			return ""

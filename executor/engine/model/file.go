@@ -76,3 +76,60 @@ func EditBlock(text, name, content string) string {
 	}
 	return text[:i+len(begin)] + content + text[j:]
 }
+
+// The keys file as text: a person's comment, then a line "Key value" for
+// each key (sshd_config's format, docs/declaration.md, keys).
+
+// keysHead is the keys file's line of its own, which no apply touches.
+const keysHead = "# a person's sshd_config\n"
+
+// KeysText is the keys file as a person wrote it.
+func KeysText(keys map[string]string) string {
+	var b strings.Builder
+	b.WriteString(keysHead)
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		fmt.Fprintf(&b, "%s %s\n", k, keys[k])
+	}
+	return b.String()
+}
+
+// FileKeys reads a keys file's keys; a key twice, or the person's line
+// gone, is an error.
+func FileKeys(text string) (map[string]string, error) {
+	keys := map[string]string{}
+	if !strings.HasPrefix(text, keysHead) {
+		return nil, fmt.Errorf("the first line is not the person's: %q", text)
+	}
+	for _, l := range strings.SplitAfter(strings.TrimPrefix(text, keysHead), "\n") {
+		if l == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(strings.TrimSuffix(l, "\n"), " ")
+		if _, twice := keys[k]; twice || !ok || !strings.HasSuffix(l, "\n") {
+			return nil, fmt.Errorf("the line %q", l)
+		}
+		keys[k] = v
+	}
+	return keys, nil
+}
+
+// EditKey is text with key set to value by hand, as an operator does
+// (added at the end when absent), or its line taken out (out).
+func EditKey(text, key, value string, out bool) string {
+	var b strings.Builder
+	found := false
+	for _, l := range strings.SplitAfter(text, "\n") {
+		if k, _, _ := strings.Cut(l, " "); k == key && l != "" {
+			found = true
+			if !out {
+				fmt.Fprintf(&b, "%s %s\n", key, value)
+			}
+			continue
+		}
+		b.WriteString(l)
+	}
+	if !found && !out {
+		fmt.Fprintf(&b, "%s %s\n", key, value)
+	}
+	return b.String()
+}

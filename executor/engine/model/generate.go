@@ -63,6 +63,9 @@ func (s Sequence) String() string {
 	for _, n := range slices.Sorted(maps.Keys(s.World.Blocks)) {
 		fmt.Fprintf(&b, "  block %s found holding %q\n", n, s.World.Blocks[n])
 	}
+	for _, n := range slices.Sorted(maps.Keys(s.World.Keys)) {
+		fmt.Fprintf(&b, "  key %s found holding %q\n", n, s.World.Keys[n])
+	}
 	for i, st := range s.Steps {
 		fmt.Fprintf(&b, "%2d. %s\n", i+1, st.What)
 		if st.Decl != nil {
@@ -81,6 +84,12 @@ func describeDecl(d Declaration) string {
 			s += "(" + r.State + "," + enabledWord(r.Enabled) + ")"
 		case "region":
 			s += fmt.Sprintf("(%q)", r.Content)
+		case "keys":
+			var kv []string
+			for _, k := range slices.Sorted(maps.Keys(r.Set)) {
+				kv = append(kv, k+"="+r.Set[k])
+			}
+			s += "(" + strings.Join(kv, ",") + ")"
 		}
 		parts = append(parts, s)
 	}
@@ -103,11 +112,20 @@ func describeDecl(d Declaration) string {
 // declaration's step a region may be declared with new content, renamed
 // (ra, rar) or moved to another module, and at an operator's step a block
 // of the file may be edited by hand.
+//
+// Keys are drawn from a third stream, so that a seed's units, packages and
+// regions stay what they were before keys: four keys (Ka..Kd), some found
+// in the keys file, each set by at most one resource (ids ka, kb; renamed,
+// kar, kbr) of one module; at a declaration's step a key may get a new
+// value, a resource be renamed or moved to another module, or a key go
+// from one resource to another (of its module or another's), and at an
+// operator's step a key may be set by hand or taken out.
 func Generate(seed uint64) Sequence {
 	rnd := rand.New(rand.NewPCG(seed, 0x0118))
 	rg := rand.New(rand.NewPCG(seed, 0x0102))
+	rk := rand.New(rand.NewPCG(seed, 0x4b45))
 	s := Sequence{Seed: seed, Adopted: rnd.IntN(2) == 0,
-		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}}}
+		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}, Keys: map[string]string{}}}
 	bit := func() bool { return rnd.IntN(2) == 0 }
 	for _, u := range []string{"mu0", "mu1"} {
 		s.World.Units[u] = Unit{Running: bit(), Enabled: bit()}
@@ -211,6 +229,68 @@ func Generate(seed uint64) Sequence {
 		regions[to] = append(regions[to], r)
 		return "; move " + old + " to module " + to
 	}
+	// The keys: which resource ("module.id") sets each, and its value.
+	keyNames := []string{"Ka", "Kb", "Kc", "Kd"}
+	value := func() string { return []string{"yes", "no"}[rk.IntN(2)] }
+	keyBy, keyValue := map[string]string{}, map[string]string{}
+	for _, k := range keyNames {
+		if rk.IntN(2) == 0 {
+			s.World.Keys[k] = value()
+		}
+		if rk.IntN(4) > 0 {
+			keyBy[k], keyValue[k] = modules[rk.IntN(len(modules))]+"."+[]string{"ka", "kb"}[rk.IntN(2)], value()
+		}
+	}
+	// keysStep may change the keys' catalogue as a declaration's step is
+	// taken, and says how ("" for not).
+	keysStep := func() string {
+		if rk.IntN(3) > 0 {
+			return ""
+		}
+		var set []string
+		for _, k := range keyNames {
+			if keyBy[k] != "" {
+				set = append(set, k)
+			}
+		}
+		if len(set) == 0 {
+			return ""
+		}
+		k := set[rk.IntN(len(set))]
+		from := keyBy[k]
+		m, id, _ := strings.Cut(from, ".")
+		switch rk.IntN(4) {
+		case 0:
+			keyValue[k] = map[string]string{"yes": "no", "no": "yes"}[keyValue[k]]
+			return fmt.Sprintf("; a new catalogue sets %s %s in %s", k, keyValue[k], from)
+		case 1, 2:
+			// The whole resource renamed, or moved to another module.
+			to := m + "." + id + "r"
+			if strings.HasSuffix(id, "r") {
+				to = m + "." + strings.TrimSuffix(id, "r")
+			}
+			what := "rename"
+			if rk.IntN(2) == 0 {
+				to, what = modules[rk.IntN(len(modules))]+"."+id, "move"
+			}
+			if to == from || slices.Contains(slices.Collect(maps.Values(keyBy)), to) {
+				return ""
+			}
+			for _, x := range keyNames {
+				if keyBy[x] == from {
+					keyBy[x] = to
+				}
+			}
+			return fmt.Sprintf("; %s the keys %s to %s", what, from, to)
+		}
+		// One key to another resource, one there or a new one.
+		to := modules[rk.IntN(len(modules))] + "." + []string{"ka", "kb", "kar", "kbr"}[rk.IntN(4)]
+		if to == from {
+			return ""
+		}
+		keyBy[k] = to
+		return fmt.Sprintf("; the key %s goes from %s to %s", k, from, to)
+	}
 	assigned, taken := map[string]bool{}, map[string]bool{}
 	compose := func() *Declaration {
 		d := &Declaration{Adopted: s.Adopted, Taken: map[string]bool{}}
@@ -234,6 +314,21 @@ func Generate(seed uint64) Sequence {
 				if assigned[m] {
 					d.Resources = append(d.Resources, *r)
 				}
+			}
+		}
+		byRes := map[string]map[string]string{}
+		for _, k := range keyNames {
+			if by := keyBy[k]; by != "" {
+				if byRes[by] == nil {
+					byRes[by] = map[string]string{}
+				}
+				byRes[by][k] = keyValue[k]
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(byRes)) {
+			m, id, _ := strings.Cut(key, ".")
+			if assigned[m] {
+				d.Resources = append(d.Resources, Resource{Kind: "keys", Module: m, ID: id, Name: KeysFile, Set: byRes[key]})
 			}
 		}
 		return d
@@ -266,6 +361,14 @@ func Generate(seed uint64) Sequence {
 			if rg.IntN(2) == 0 {
 				ev.Block = blockNames[rg.IntN(len(blockNames))]
 				what += " and edits the block " + ev.Block + " by hand, if the file has it"
+			}
+			if rk.IntN(2) == 0 {
+				ev.Key, ev.KeyOut = keyNames[rk.IntN(len(keyNames))], rk.IntN(3) == 0
+				if ev.KeyOut {
+					what += " and takes the key " + ev.Key + " out of the keys file, if it is there"
+				} else {
+					what += " and sets the key " + ev.Key + " to " + KeyByHand
+				}
 			}
 			s.Steps = append(s.Steps, Step{What: what, Op: ev})
 			continue
@@ -316,6 +419,7 @@ func Generate(seed uint64) Sequence {
 			what = "apply again"
 		}
 		what += regionStep()
+		what += keysStep()
 		s.Steps = append(s.Steps, Step{What: what, Decl: compose()})
 	}
 	return s
@@ -337,6 +441,8 @@ func EngineDoc(d Declaration) string {
 			m["name"] = r.Name
 		case "region":
 			m["path"], m["content"] = r.Name, r.Content
+		case "keys":
+			m["path"], m["format"], m["set"] = r.Name, "space", r.Set
 		default:
 			m["unit"] = r.Name
 			if r.State != "" {

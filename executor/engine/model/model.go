@@ -1,5 +1,5 @@
 // Package model is ADR 0118 (what undeclaring gives back) and adoption's
-// hold (ADR 0100), for services, packages and regions across modules,
+// hold (ADR 0100), for services, packages, regions and keys across modules,
 // written as a small pure function to be read beside the ADR: a machine's
 // found state, the declarations one source sends over time and the
 // operator's changes in between go in; what each apply must ask of the
@@ -58,6 +58,22 @@
 //     taken is held: nothing written (docs/declaration.md, region).
 //   - A block edited by hand while declared is drift: written back
 //     (repaired) at the next apply of the same declaration.
+//   - Keys set values in a file the host does not own (KeysFile), a key
+//     to one resource of a declaration. What a key held the first time the
+//     host sets it — its value, or its absence — is found, recorded once;
+//     the key is then written as declared (a hand edit of it is repaired).
+//     The found value is the key's, not the resource's: a key whose
+//     resource is renamed or moved to another module, or that goes from
+//     one resource's set to another's in one declaration, is handed over —
+//     its found value kept, nothing given back in between. A key no longer
+//     set by any resource is given back: taken out if it was found absent,
+//     its found value put back otherwise — only while it holds what the
+//     host set (a person's value since is theirs, left), and nothing when
+//     it holds its found value already. A keys resource whose keys all
+//     changed nothing is unchanged; one undeclared that gave nothing back
+//     is forgotten, restored otherwise. On an adopted node a keys resource
+//     of a module not taken is held: nothing set, nothing recorded, and
+//     nothing handed over to it (docs/declaration.md, keys).
 package model
 
 import (
@@ -76,7 +92,16 @@ type World struct {
 	// those a person wrote before the mesh, in a world; the file's blocks
 	// after the events, in the machine Run ends with.
 	Blocks map[string]string
+	// Keys are the keys of the keys file (KeysFile) and their values: those
+	// a person wrote before the mesh, in a world; the file's after the
+	// events, in the machine Run ends with.
+	Keys map[string]string
 }
+
+// KeysFile is the name of the one file keys resources set keys in (the
+// sshd_config format: "Key value"; a test names it where its machine has
+// it, as SharedFile).
+const KeysFile = "sshd_config"
 
 // SharedFile is the name of the one file regions write into: a test
 // names it where its machine has it (Declaration.Renamed).
@@ -94,16 +119,17 @@ type Package struct {
 
 // Resource is one declared resource: a package (Name is the package's), a
 // service (Name is the unit; State "running", "stopped" or "" for none;
-// Enabled nil where the declaration does not set it) or a region (Name is
+// Enabled nil where the declaration does not set it), a region (Name is
 // the file, SharedFile; Content the block's lines, each ending in a
-// newline).
+// newline) or keys (Name is the file, KeysFile; Set each key's value).
 type Resource struct {
-	Kind       string // "package", "service" or "region"
+	Kind       string // "package", "service", "region" or "keys"
 	Module, ID string
 	Name       string
 	State      string
 	Enabled    *bool
 	Content    string
+	Set        map[string]string
 }
 
 // Key is the resource's "module.id", as a report line names it.
@@ -126,10 +152,18 @@ type Event struct {
 	Unit                     string
 	FlipRunning, FlipEnabled bool
 	Block                    string
+	// Key: a key of the keys file the operator sets to KeyByHand, or takes
+	// out (KeyOut).
+	Key    string
+	KeyOut bool
 }
 
-// EditedByHand is what the operator writes into a block.
-const EditedByHand = "edited by hand\n"
+// EditedByHand is what the operator writes into a block; KeyByHand what
+// the operator sets a key to.
+const (
+	EditedByHand = "edited by hand\n"
+	KeyByHand    = "by-hand"
+)
 
 // Result is what an apply must do and say.
 type Result struct {
@@ -140,8 +174,9 @@ type Result struct {
 	// Init is what the init is asked, "verb unit", sorted; Installs the
 	// packages installed, sorted.
 	Init, Installs []string
-	// Blocks: the shared file's blocks after the apply.
-	Blocks map[string]string
+	// Blocks: the shared file's blocks after the apply; Keys: the keys
+	// file's keys.
+	Blocks, Keys map[string]string
 }
 
 // Run is the model: the world, then the events, in order; one result per
@@ -155,11 +190,18 @@ func Run(w World, events []Event) ([]Result, World) {
 			if _, ok := h.blocks[e.Block]; ok {
 				h.blocks[e.Block] = EditedByHand
 			}
+			switch {
+			case e.Key == "":
+			case e.KeyOut:
+				delete(h.keys, e.Key)
+			default:
+				h.keys[e.Key] = KeyByHand
+			}
 			out = append(out, Result{})
 			continue
 		}
 		r := h.apply(*e.Apply)
-		r.Blocks = maps.Clone(h.blocks)
+		r.Blocks, r.Keys = maps.Clone(h.blocks), maps.Clone(h.keys)
 		out = append(out, r)
 	}
 	return out, h.machine()
@@ -200,6 +242,20 @@ type regionRecord struct {
 	written string
 }
 
+// keyRecord is what the host keeps of a key it set: what it found (nil:
+// absent) and what it set last.
+type keyRecord struct {
+	found *string
+	set   string
+}
+
+// keysRecord is what the host keeps of a keys resource: held, or the set
+// it last applied.
+type keysRecord struct {
+	held bool
+	set  map[string]string
+}
+
 type host struct {
 	units     map[string]*Unit
 	installed map[string]bool
@@ -208,14 +264,24 @@ type host struct {
 	pkgRec    map[string]*pkgRecord
 	blocks    map[string]string
 	regionRec map[string]*regionRecord
+	keys      map[string]string
+	keyRec    map[string]*keyRecord  // by key
+	keysRec   map[string]*keysRecord // by the resource's "module.id"
+	// setBy is, during an apply, the resource of the declaration that sets
+	// each key and is not held.
+	setBy map[string]string
 }
 
 func newHost(w World) *host {
 	h := &host{units: map[string]*Unit{}, installed: map[string]bool{}, brings: map[string]string{},
 		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{},
-		blocks: maps.Clone(w.Blocks), regionRec: map[string]*regionRecord{}}
+		blocks: maps.Clone(w.Blocks), regionRec: map[string]*regionRecord{},
+		keys: maps.Clone(w.Keys), keyRec: map[string]*keyRecord{}, keysRec: map[string]*keysRecord{}}
 	if h.blocks == nil {
 		h.blocks = map[string]string{}
+	}
+	if h.keys == nil {
+		h.keys = map[string]string{}
 	}
 	for n, u := range w.Units {
 		u := u
@@ -229,7 +295,7 @@ func newHost(w World) *host {
 }
 
 func (h *host) machine() World {
-	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: maps.Clone(h.blocks)}
+	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: maps.Clone(h.blocks), Keys: maps.Clone(h.keys)}
 	for n, u := range h.units {
 		w.Units[n] = *u
 	}
@@ -265,7 +331,7 @@ func (h *host) apply(d Declaration) Result {
 	pkgBefore := false
 	seenUnit := map[string]bool{}
 	for _, r := range d.Resources {
-		if r.Kind == "region" {
+		if r.Kind == "region" || r.Kind == "keys" {
 			continue
 		}
 		if r.Kind == "package" {
@@ -287,6 +353,16 @@ func (h *host) apply(d Declaration) Result {
 		declaredTarget[r.Kind+":"+r.Name] = true
 	}
 	held := func(r Resource) bool { return d.Adopted && !d.Taken[r.Module] }
+	// Who sets each key, read before anything is applied: a key handed
+	// over goes to a resource that is not held.
+	h.setBy = map[string]string{}
+	for _, r := range d.Resources {
+		if rec := h.keysRec[r.Key()]; r.Kind == "keys" && !(held(r) && (rec == nil || rec.held)) {
+			for k := range r.Set {
+				h.setBy[k] = r.Key()
+			}
+		}
+	}
 	for _, r := range d.Resources {
 		switch r.Kind {
 		case "package":
@@ -294,6 +370,9 @@ func (h *host) apply(d Declaration) Result {
 			continue
 		case "region":
 			h.applyRegion(r, held(r), &res)
+			continue
+		case "keys":
+			h.applyKeys(r, held(r), &res)
 			continue
 		}
 		if !h.applyService(r, held(r), &res) {
@@ -372,6 +451,74 @@ func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 	}
 	h.blocks[name] = r.Content
 	rec.written = r.Content
+}
+
+// applyKeys sets a keys resource's keys, and gives back those it set
+// before and no other resource of the declaration sets now.
+func (h *host) applyKeys(r Resource, hold bool, res *Result) {
+	name := r.Key()
+	prev := h.keysRec[name]
+	if hold && (prev == nil || prev.held) {
+		res.Lines[name] = "held"
+		h.keysRec[name] = &keysRecord{held: true}
+		return
+	}
+	changed := false
+	for k, want := range r.Set {
+		cur, present := h.keys[k]
+		kr := h.keyRec[k]
+		if kr == nil {
+			kr = &keyRecord{}
+			if present {
+				kr.found = &cur
+			}
+			h.keyRec[k] = kr
+		}
+		kr.set = want
+		if !present || cur != want {
+			h.keys[k] = want
+			changed = true
+		}
+	}
+	if prev != nil {
+		for k := range prev.set {
+			if _, still := r.Set[k]; !still && h.giveBackKey(k, name) {
+				changed = true
+			}
+		}
+	}
+	switch {
+	case !changed:
+		res.Lines[name] = "unchanged"
+	case prev != nil && !prev.held && maps.Equal(prev.set, r.Set):
+		res.Lines[name] = "repaired"
+	default:
+		res.Lines[name] = "applied"
+	}
+	h.keysRec[name] = &keysRecord{set: maps.Clone(r.Set)}
+}
+
+// giveBackKey gives back a key the resource self no longer sets, unless
+// another resource of the declaration sets it now (handed over); it
+// reports whether the file changed.
+func (h *host) giveBackKey(k, self string) bool {
+	if by := h.setBy[k]; by != "" && by != self {
+		return false
+	}
+	kr := h.keyRec[k]
+	delete(h.keyRec, k)
+	cur, present := h.keys[k]
+	switch {
+	case kr == nil || !present || cur != kr.set:
+		return false
+	case kr.found == nil:
+		delete(h.keys, k)
+	case *kr.found == cur:
+		return false
+	default:
+		h.keys[k] = *kr.found
+	}
+	return true
 }
 
 // applyService reports false when its line failed (the apply stops).
@@ -495,6 +642,22 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			delete(h.blocks, name)
 		default:
 			res.Lines[name] = "forgotten"
+		}
+	}
+	for name, rec := range h.keysRec {
+		if declared["keys:"+KeysFile+" "+name] {
+			continue
+		}
+		delete(h.keysRec, name)
+		changed := false
+		for k := range rec.set {
+			if h.giveBackKey(k, "") {
+				changed = true
+			}
+		}
+		res.Lines[name] = "forgotten"
+		if changed {
+			res.Lines[name] = "restored"
 		}
 	}
 	for name, rec := range h.unitRec {

@@ -824,6 +824,9 @@ func (c *cli) nodes() error {
 		case n.RotationPending:
 			state += ", control key " + n.ControlKeyID + ": the rotation not taken yet"
 		}
+		if n.NothingDeclaredSince > 0 {
+			state += fmt.Sprintf(", nothing declared to this enrolment (seq %d went to the one before): declare to it again", n.NothingDeclaredSince)
+		}
 		if n.OutsideSkew != "" {
 			// Nothing is declared to it: the reason, at the line.
 			state += fmt.Sprintf(", link capability %d: outside the version skew policy", n.Capability)

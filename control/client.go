@@ -54,6 +54,12 @@ type NodeRecord struct {
 	Enrolled time.Time       `json:"enrolled,omitzero"`
 	Token    string          `json:"token,omitempty"`
 	Keys     *wire.EnrolKeys `json:"keys,omitempty"`
+	// EnrolledSeq is the newest sequence declared when the current
+	// enrolment was granted (its grant's floor). While NextSeq has not
+	// passed it, the newest declaration went to an enrolment before this
+	// one, which the node's executor will not act on (the trust rule):
+	// it holds nothing the link declared until one is declared to it.
+	EnrolledSeq uint64 `json:"enrolled_seq,omitempty"`
 	// Capability is the link capability the node's agent last said (at
 	// enrolment, then with each profile it reports; 0: a release before
 	// it, or a node added by hand that has not said yet). Every

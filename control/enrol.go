@@ -505,6 +505,7 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 		}
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
+		rec.EnrolledSeq = rec.NextSeq - 1
 		rec.Rotations = nil // its token pinned the key in force
 		rec.Rekey = nil     // the enrolment that asked is replaced
 		data, _ := json.Marshal(rec)

@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,8 @@ func TestAReEnrolledNodeKeepsWhatItRuns(t *testing.T) {
 // it again. One holding sealed content is not: it is sealed to the keys
 // the enrolment replaced, and the control side keeps no plaintext.
 func TestAReEnrolledNodeIsDeclaredWhatItWasLastDeclared(t *testing.T) {
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	enrolNode(t, s, "n1")
@@ -71,7 +73,8 @@ func TestAReEnrolledNodeIsDeclaredWhatItWasLastDeclared(t *testing.T) {
 	}
 	defer sealer.Close()
 	sealer.Seals = map[string][]byte{"app.token": []byte("secret\n")}
-	if _, err := sealer.Declare(ctx, "n2", []byte(sealedDecl)); err != nil {
+	seq2, err := sealer.Declare(ctx, "n2", []byte(sealedDecl))
+	if err != nil {
 		t.Fatal(err)
 	}
 	reenrol := func(node string) *wire.Grant {
@@ -97,5 +100,33 @@ func TestAReEnrolledNodeIsDeclaredWhatItWasLastDeclared(t *testing.T) {
 	time.Sleep(time.Second) // what afterEnrol would do, it has done by now
 	if d := lastDecl(t, s, "n2"); d != nil && d.Enrolment == g2.Enrolment {
 		t.Fatalf("n2's sealed declaration was declared again to its new keys: seq %d", d.Seq)
+	}
+
+	// Not carried, n2 holds nothing the link declared: the node list says
+	// so, and says it no more once something is declared to it.
+	nothingSince := func() map[string]uint64 {
+		t.Helper()
+		ns, err := s.client.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint64{}
+		for _, n := range ns {
+			got[n.Name] = n.NothingDeclaredSince
+		}
+		return got
+	}
+	if got := nothingSince(); got["n1"] != 0 || got["n2"] != seq2 {
+		t.Fatalf("nothing declared since: %v, want n2 at seq %d, n1 not", got, seq2)
+	}
+	out, errs, code := run(t, ctx, "nodes", "--dir", dir, "--nats", s.url)
+	if want := fmt.Sprintf("nothing declared to this enrolment (seq %d went to the one before): declare to it again", seq2); code != 0 || !strings.Contains(out, want) || strings.Count(out, "nothing declared") != 1 {
+		t.Fatalf("nodes: exit %d, want n2's line to say %q\n%s%s", code, want, out, errs)
+	}
+	if _, err := s.client.Declare(ctx, "n2", []byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if got := nothingSince(); got["n2"] != 0 {
+		t.Fatalf("declared to again, n2 is still said to hold nothing since seq %d", got["n2"])
 	}
 }

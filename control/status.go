@@ -53,10 +53,16 @@ type NodeStatus struct {
 	// RotationOutOfReach: no rotation kept for the node retires the key it
 	// holds (away through more than the registry keeps): it cannot take
 	// one, and is to be enrolled again.
-	RotationOutOfReach bool   `json:"rotation_out_of_reach,omitempty"`
-	ExecutorVersion    string `json:"executor_version,omitempty"`
-	ExecutorBuild      string `json:"executor_build,omitempty"`
-	ExecutorError      string `json:"executor_error,omitempty"`
+	RotationOutOfReach bool `json:"rotation_out_of_reach,omitempty"`
+	// NothingDeclaredSince, when set, is the newest sequence declared to
+	// the node, which went to its enrolment before the current one; none
+	// has been declared since, so its executor holds nothing the link
+	// declared (a re-enrolment whose last declaration was not carried
+	// over: sealed to the replaced keys).
+	NothingDeclaredSince uint64 `json:"nothing_declared_since,omitempty"`
+	ExecutorVersion      string `json:"executor_version,omitempty"`
+	ExecutorBuild        string `json:"executor_build,omitempty"`
+	ExecutorError        string `json:"executor_error,omitempty"`
 	// ExecutorHalted is the launcher's reason, as the agent relays it,
 	// for starting no executor on the node.
 	ExecutorHalted string `json:"executor_halted,omitempty"`
@@ -136,6 +142,9 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	for _, r := range recs {
 		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
 		s.Capability = r.Capability
+		if r.EnrolledSeq > 0 && r.NextSeq-1 == r.EnrolledSeq && !r.IsRevoked() {
+			s.NothingDeclaredSince = r.EnrolledSeq
+		}
 		if err := link.CheckNode(r.Name, r.Capability); err != nil && !r.IsRevoked() {
 			s.OutsideSkew = err.Error()
 		}

@@ -215,9 +215,17 @@ func TestARenamedResourceKeepsTheUnitsFoundState(t *testing.T) {
 				t.Fatalf("first apply: %q", got)
 			}
 			for i := range 2 {
+				// A plan of the rename says what the apply does: the old
+				// name released, nothing given back (it said the unit
+				// would be stopped and disabled: a plan writes no new
+				// name into the unit's record; model seed 167).
+				plan := h.applyDoc(h.doc(c.renamed), true)
 				rep := h.applyDoc(h.doc(c.renamed), false)
 				if got := h.f.transcript(); got != "" || rep.Outcome == shapes.Failed || rep.Outcome == shapes.Restored {
 					t.Fatalf("renamed (%d): %q %+v", i+1, got, rep.Lines)
+				}
+				if p, a := outcomes(plan), outcomes(rep); p != a {
+					t.Fatalf("renamed (%d): the plan says %s, the apply did %s\n%+v", i+1, p, a, plan.Lines)
 				}
 			}
 			st, _ := store.Open(h.state)
@@ -271,6 +279,13 @@ func TestAHeldUnitIsChangedOnlyInWhatWasRecorded(t *testing.T) {
 		h.bringsUnit("p", "pu.service")
 		doc := adopted(h, `{"module":"base","id":"p","type":"package","name":"p"}`,
 			`{"module":"m","id":"pu","type":"service","unit":"pu","state":"running","enabled":true}`)
+		// Planned first: the unit comes with the package, which a plan does
+		// not install, and the plan says what the apply does with it — holds
+		// it (it said applied, found by the model's sequences planned
+		// before each apply, seed 7).
+		if plan := h.applyDoc(doc, true); lineOf(plan, "m", "pu").Outcome != shapes.Held {
+			t.Fatalf("planned: %+v", plan.Lines)
+		}
 		if rep := h.applyDoc(doc, false); lineOf(rep, "m", "pu").Outcome != shapes.Held {
 			t.Fatalf("%+v", rep.Lines)
 		}

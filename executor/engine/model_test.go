@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -143,10 +144,34 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			t.Fatal(err)
 		}
 		s.Lock(time.Second)
+		// The plan first: it touches nothing, and says what the apply then
+		// does, an outcome for each line.
+		f.transcript()
+		pk.log = nil
+		files := func() string {
+			a, _ := os.ReadFile(shared)
+			b, _ := os.ReadFile(keysFile)
+			e, _ := json.Marshal(s.Entries())
+			return string(a) + "\x00" + string(b) + "\x00" + string(e)
+		}
+		was := files()
+		plan := Apply(context.Background(), s, d, []byte(doc), Options{Source: store.Local, packages: pk, Plan: true,
+			Init: func() (initsys.Manager, error) { return f, nil }})
+		if tr, now := f.transcript(), files(); tr != "" || len(pk.log) > 0 || now != was {
+			s.Unlock()
+			return fmt.Sprintf("step %d: the plan changed the machine: the init was asked %q, the package manager %q, the files or the store changed: %v", i+1, tr, pk.log, now != was)
+		}
 		pk.log = nil
 		rep := Apply(context.Background(), s, d, []byte(doc), Options{Source: store.Local, packages: pk,
 			Init: func() (initsys.Manager, error) { return f, nil }})
 		s.Unlock()
+		// Each line's outcome: the words may differ where the plan cannot
+		// know (the version a package manager installs). An apply that
+		// failed is not compared: a plan installs no package, so it cannot
+		// know that one brings no unit (it says the unit comes with it).
+		if p, a := outcomes(plan), outcomes(rep); rep.Outcome != shapes.Failed && (p != a || plan.Refused != rep.Refused) {
+			return fmt.Sprintf("step %d: plan and apply differ\nplan:\n%s\napply:\n%s", i+1, linesOf(plan), linesOf(rep))
+		}
 		got := model.Result{Refused: rep.Refused != "", Lines: map[string]string{}}
 		var dup []string
 		for _, l := range rep.Lines {

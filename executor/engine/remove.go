@@ -26,6 +26,15 @@ func (r *run) removeUndeclared() {
 	entries := r.st.Entries()
 	slices.Reverse(entries)
 	r.removing = map[string]bool{}
+	// What this declaration declares, by target: a thing declared under
+	// another name now (a resource renamed, or moved to another module)
+	// is released, not removed. An apply has written the new name into
+	// the thing's entry by now; a plan writes nothing, and reads it here,
+	// so that it says what the apply does.
+	here := make(map[string][]store.Claim, len(r.declared))
+	for ct := range r.declared {
+		here[ct.target] = append(here[ct.target], ct.claim)
+	}
 	var batch []*step
 	for _, e := range entries {
 		var mine, rest []store.Claim
@@ -37,6 +46,11 @@ func (r *run) removeUndeclared() {
 			if c.Source == r.opt.Source && !r.declared[claimTarget{c, e.Target}] {
 				mine = append(mine, c)
 			} else {
+				rest = append(rest, c)
+			}
+		}
+		for _, c := range here[e.Target] {
+			if len(mine) > 0 && !slices.Contains(rest, c) {
 				rest = append(rest, c)
 			}
 		}

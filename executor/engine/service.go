@@ -86,6 +86,11 @@ func (r *run) service(st *step, rest int) {
 	if !cur.Known && r.opt.Plan && r.unitComing[svc.Key()] {
 		st.line.Outcome = shapes.Applied
 		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
+		if r.heldService(svc, e) {
+			// The apply holds what it finds, however it came.
+			st.line.Outcome = shapes.Held
+			st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then held as found, on an adopted node, until module %s is taken", svc.Module)
+		}
 		r.serviceDone(st, svc, false)
 		return
 	}
@@ -142,7 +147,7 @@ func (r *run) service(st *step, rest int) {
 	}
 
 	// Held: found on an adopted node, its module not yet taken.
-	if r.d.Adopted && !r.taken[svc.Module] && (e == nil || e.Held) {
+	if r.heldService(svc, e) {
 		r.heldOK[svc.Key()] = (svc.State == "" || (svc.State == "running") == cur.Running) &&
 			(svc.Enabled == nil || *svc.Enabled == cur.IsEnabled())
 		n.Held, n.Digest = true, ""
@@ -743,4 +748,10 @@ func init() {
 		}
 		r.planServiceRemoval(st)
 	})
+}
+
+// heldService reports whether a service is held on an adopted node: found
+// there, its module not yet taken.
+func (r *run) heldService(svc *shapes.Service, e *store.Entry) bool {
+	return r.d.Adopted && !r.taken[svc.Module] && (e == nil || e.Held)
 }

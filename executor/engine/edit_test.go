@@ -242,6 +242,74 @@ func TestAKeyMovedToAnotherResourceIsHandedOver(t *testing.T) {
 	}
 }
 
+// A file that changes shape between declarations — declared whole, then
+// edited (keys, a region), or the other way — starts its new shape from
+// the file as the person had it, and is given back as the person had it:
+// the old shape is undone before the new one is applied. Undone after, as
+// other removals are, a found file's original was put back over the keys
+// just set (the line said applied; the file held the person's value), and
+// a whole file took the mesh's own keys or block into its found content,
+// to put them back one day as the person's. Each step is planned first,
+// and the plan says what the apply does. Keys or a region in a file the
+// mesh made whole for a resource no longer declared are refused, nothing
+// touched: undeclared, that file is removed before they could edit it.
+func TestAFileChangingShapeStartsFromThePersons(t *testing.T) {
+	const person = "# the person's\nPort 22\n"
+	file := `{"module":"m","id":"f","type":"file","path":"{root}/sshd_config","content":"Port 2222\nX11Forwarding yes\n"}`
+	key := keys("k", "space", `{"X11Forwarding":"no"}`)
+	region := `{"module":"m","id":"r","type":"region","path":"{root}/sshd_config","content":"Match User backup\n"}`
+	for _, c := range []struct {
+		name  string
+		steps []string
+		// want: the file after each step.
+		want []string
+	}{
+		{"whole, then keys", []string{file, key, ""},
+			[]string{"Port 2222\nX11Forwarding yes\n", person + "X11Forwarding no\n", person}},
+		{"keys, then whole", []string{key, file, ""},
+			[]string{person + "X11Forwarding no\n", "Port 2222\nX11Forwarding yes\n", person}},
+		{"whole, then a region", []string{file, region, ""},
+			[]string{"Port 2222\nX11Forwarding yes\n", person + "# BEGIN mesh m.r\nMatch User backup\n# END mesh m.r\n", person}},
+		{"a region, then whole, then keys", []string{region, file, key, ""},
+			[]string{person + "# BEGIN mesh m.r\nMatch User backup\n# END mesh m.r\n", "Port 2222\nX11Forwarding yes\n", person + "X11Forwarding no\n", person}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.WriteFile(h.p("sshd_config"), []byte(person), 0o600)
+			for i, res := range c.steps {
+				doc := h.doc()
+				if res != "" {
+					doc = h.doc(res)
+				}
+				plan := h.run("local", doc, true)
+				rep := h.apply(doc)
+				if rep.Outcome == shapes.Failed || rep.Refused != "" {
+					t.Fatalf("step %d: %+v", i+1, rep)
+				}
+				if p, a := outcomes(plan), outcomes(rep); p != a {
+					t.Fatalf("step %d: the plan says %s, the apply did %s", i+1, p, a)
+				}
+				if got := h.read("sshd_config"); got != c.want[i] {
+					t.Fatalf("step %d (%s): sshd_config\n%q\nwant\n%q", i+1, outcomes(rep), got, c.want[i])
+				}
+			}
+		})
+	}
+	t.Run("keys in a file the mesh made whole", func(t *testing.T) {
+		h := newHarness(t)
+		h.expect(h.apply(h.doc(file)), shapes.Applied, "m.f=applied")
+		for _, res := range []string{key, region} {
+			rep := h.apply(h.doc(res))
+			if rep.Refused == "" || !strings.Contains(rep.Refused, "was made whole by the mesh for local:m.f, which this declaration no longer declares") {
+				t.Fatalf("%+v", rep)
+			}
+			if got := h.read("sshd_config"); got != "Port 2222\nX11Forwarding yes\n" {
+				t.Fatalf("refused, and the file changed: %q", got)
+			}
+		}
+	})
+}
+
 // The equals format, and a plan: nothing changes, the line says what
 // would, and a plan's lines are the apply's.
 func TestKeysEqualsAndPlan(t *testing.T) {

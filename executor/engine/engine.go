@@ -179,6 +179,11 @@ type run struct {
 	// keysAt is what the keys records say, read at the first keys step
 	// (keysHere).
 	keysAt *keysHere
+	// early: the targets removeReshaped undid before the apply;
+	// plannedFile, in a plan, what each of their files would hold after
+	// (nil: gone), for the step that edits it.
+	early       map[string]bool
+	plannedFile map[string][]byte
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -190,7 +195,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources))}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -216,7 +221,10 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			}
 		}
 	}
-	r.applyAll()
+	r.removeReshaped()
+	if !r.stopped {
+		r.applyAll()
+	}
 	r.reloadUnits()
 	r.restartOn()
 	if !r.stopped {
@@ -286,6 +294,9 @@ func (r *run) check() error {
 	}
 	if err := shapes.CheckProtected(d, fsx.Resolver()); err != nil {
 		return &Refusal{err.Error()}
+	}
+	if err := r.checkReshaped(); err != nil {
+		return err
 	}
 	// Units a file of this declaration defines: the init cannot know them
 	// before that file is written.

@@ -176,7 +176,7 @@ func (r *run) keys(st *step, rest int) {
 		return
 	}
 	format, _ := edit.ParseFormat(k.Format)
-	data, info, label, err := editedFile(k.Path, "keys")
+	data, info, label, err := r.editedFile(k.Path, "keys")
 	if err != nil {
 		r.fail(st, err, rest)
 		return

@@ -40,10 +40,17 @@ func init() {
 const maxEdited = 16 << 20
 
 // editedFile reads a shared file for a region or keys: it must be there.
-func editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
+func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 	data, info, label, err := fsx.ReadLabeled(path, maxEdited)
 	if err != nil {
 		return nil, info, nil, err
+	}
+	if after, ok := r.plannedFile[path]; ok && r.opt.Plan {
+		// A plan: the file as an earlier removal of it leaves it.
+		data = after
+		if after == nil {
+			info.Kind = fsx.Absent
+		}
 	}
 	if info.Kind == fsx.Absent {
 		return nil, info, nil, fmt.Errorf("%s does not exist; %s writes into a file that is there and never creates one (declare the file, or the package that brings it, before it)", path, what)
@@ -114,7 +121,7 @@ func (r *run) region(st *step, rest int) {
 	}
 	want := edit.Normalise(g.Text())
 	ed := edit.Region{Comment: g.CommentLeader(), Name: g.Key()}
-	data, info, label, err := editedFile(g.Path, "a region")
+	data, info, label, err := r.editedFile(g.Path, "a region")
 	if err != nil {
 		r.fail(st, err, rest)
 		return

@@ -37,6 +37,9 @@ func (r *run) removeUndeclared() {
 	}
 	var batch []*step
 	for _, e := range entries {
+		if r.early[e.Target] {
+			continue // undone before the apply (removeReshaped)
+		}
 		var mine, rest []store.Claim
 		claims := e.Claims
 		if e.Stub && e.Pending != nil {
@@ -77,6 +80,94 @@ func (r *run) removeUndeclared() {
 		batch = append(batch, st)
 	}
 	r.execute(batch, 0)
+}
+
+// checkReshaped refuses a region or keys in a file the mesh made whole
+// for a resource this declaration no longer declares: undeclared, the
+// file is removed first (the mesh takes back what it made; removeReshaped),
+// and a region or keys edits only a file that is there. Refused, nothing
+// is removed to fail on: a sshd_config the mesh wrote stays until a
+// declaration says what becomes of it.
+func (r *run) checkReshaped() error {
+	for _, res := range r.d.Resources {
+		var p string
+		switch x := res.(type) {
+		case *shapes.Region:
+			p = x.Path
+		case *shapes.Keys:
+			p = x.Path
+		default:
+			continue
+		}
+		e := r.st.Get("path:" + p)
+		if e == nil || e.Type != shapes.TypeFile || !e.Created || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
+			continue
+		}
+		return &Refusal{fmt.Sprintf("resource %s: %s was made whole by the mesh for %s, which this declaration no longer declares; undeclared, it is removed before %s could edit it (the mesh takes back what it made, and a %s edits only a file that is there): declare the file whole again, or no %s in it", res.Head().Key(), p, joinClaims(e.Claims), res.Head().Key(), res.Head().Type, res.Head().Type)}
+	}
+	return nil
+}
+
+// removeReshaped undoes, before anything is applied, what this source
+// made of a file in another shape than this declaration gives it: a file
+// declared whole before and edited now (a region, keys), or edited before
+// and declared whole now. Undone last, with the other removals, the old
+// shape's give back would run over the new one's work: a file the mesh
+// made, removed as "edited by hand" because keys were just set in it; a
+// found file's original put back over the keys just set; a whole file's
+// found content taken with the mesh's own keys or block in it, to be put
+// back one day as the person's. Undone first, the new shape starts from
+// the file as the person had it. A thing another source still declares is
+// only released, at the end, as ever.
+func (r *run) removeReshaped() {
+	whole, edited := map[string]bool{}, map[string]bool{}
+	now := make(map[string]bool, len(r.d.Resources))
+	for _, res := range r.d.Resources {
+		switch x := res.(type) {
+		case *shapes.File:
+			whole[x.Path] = true
+		case *shapes.Region:
+			edited[x.Path] = true
+		case *shapes.Keys:
+			edited[x.Path] = true
+		}
+		now[shapes.Target(res)] = true
+	}
+	if len(whole) == 0 && len(edited) == 0 {
+		return
+	}
+	entries := r.st.Entries()
+	slices.Reverse(entries)
+	var batch []*step
+	for _, e := range entries {
+		p, isPath := strings.CutPrefix(e.Target, "path:")
+		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
+		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && whole[editPath]
+		if !reshaped || now[e.Target] || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
+			continue
+		}
+		st := &step{target: e.Target, entry: r.settle(e, store.Claim{})}
+		st.line = shapes.Line{Type: e.Type}
+		if c := firstClaim(e); c.Module != "" {
+			st.line.Module, st.line.ID = c.Module, c.ID
+		}
+		if r.removing == nil {
+			r.removing = map[string]bool{}
+		}
+		r.planRemoval(st)
+		r.early[e.Target] = true
+		if r.opt.Plan && isPath && st.line.Outcome != shapes.Failed {
+			// What the file will hold when the new shape's step reads it:
+			// a plan changes nothing, so the step is told.
+			var after []byte // nil: gone
+			if o := st.entry.Original; !st.entry.Created && o != nil {
+				after, _ = r.st.Original(o.Digest)
+			}
+			r.plannedFile[p] = after
+		}
+		batch = append(batch, st)
+	}
+	r.execute(batch, len(r.d.Resources))
 }
 
 // planRemoval decides how to undo one entry nobody declares any more.

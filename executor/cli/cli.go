@@ -583,7 +583,8 @@ type ownedEntry struct {
 	Original *store.Original `json:"original,omitempty"`
 	// Salvaged is set on the list's own kind of item (type "salvaged",
 	// target "salvaged:PATH", claimed by nobody): content the store keeps
-	// of a hand-edited file the host removed. It is an item of the same
+	// of a hand-edited file the host removed, or gave its found original
+	// back over. It is an item of the same
 	// list rather than a list beside it, so that every reader of the list
 	// `owned --json` has always printed reads it still.
 	Salvaged *ownedSalvaged `json:"salvaged,omitempty"`
@@ -685,13 +686,13 @@ func (c *command) owned() int {
 		b.WriteString("the host holds nothing on this machine\n")
 	}
 	if salvaged := st.Salvaged(); len(salvaged) > 0 {
-		fmt.Fprintf(&b, "\nfiles the host created, someone edited by hand, and the host removed when they were undeclared; their content is kept until the date shown:\n")
+		fmt.Fprintf(&b, "\nfiles someone edited by hand that the host, when they were undeclared, removed (it had created them) or gave their original back over; what they held is kept until the date shown:\n")
 		for _, x := range salvaged {
 			v := &ownedSalvaged{Path: x.Path, Module: x.Module, ID: x.ID, Removed: x.Removed, Digest: x.Digest, Written: x.Written,
 				KeptAt: st.OriginalPath(x.Digest), KeptUntil: x.Removed.Add(store.SalvageKeep)}
 			fmt.Fprintf(&b, "%s (%s.%s, removed %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), v.KeptAt, v.KeptUntil.Format("2006-01-02"))
 			list = append(list, ownedEntry{Target: "salvaged:" + x.Path, Type: "salvaged", Claims: []store.Claim{}, Salvaged: v,
-				How: fmt.Sprintf("salvaged: created by the host, edited by hand, removed when undeclared; its content is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
+				How: fmt.Sprintf("salvaged: edited by hand, then removed or given its original back when undeclared; what it held is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
 		}
 	}
 	return c.print(list, b.String())

@@ -279,7 +279,7 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 
 	code, out, _ := run("owned", "--state", state)
 	want := "the host holds nothing on this machine\n\n" +
-		"files the host created, someone edited by hand, and the host removed when they were undeclared; their content is kept until the date shown:\n" +
+		"files someone edited by hand that the host, when they were undeclared, removed (it had created them) or gave their original back over; what they held is kept until the date shown:\n" +
 		target + " (m.f, removed " + x.Removed.Format(time.RFC3339) + "): " + kept + " until " + until.Format("2006-01-02") + "\n"
 	if code != 0 || out != want {
 		t.Fatalf("owned: %d\n%s\nwant\n%s", code, out, want)
@@ -296,7 +296,7 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 	got, _ := json.Marshal(list[0])
 	wantJSON, _ := json.Marshal(map[string]any{
 		"target": "salvaged:" + target, "type": "salvaged", "claims": []any{},
-		"how": "salvaged: created by the host, edited by hand, removed when undeclared; its content is kept at " + kept + " until " + until.Format("2006-01-02"),
+		"how": "salvaged: edited by hand, then removed or given its original back when undeclared; what it held is kept at " + kept + " until " + until.Format("2006-01-02"),
 		"salvaged": map[string]any{"path": target, "module": "m", "id": "f", "removed": x.Removed, "digest": x.Digest, "written": x.Written,
 			"kept_at": kept, "kept_until": until},
 	})

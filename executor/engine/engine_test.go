@@ -620,6 +620,43 @@ func TestEditedCreatedFileIsSalvaged(t *testing.T) {
 	}
 }
 
+// A found file edited by hand while declared, then undeclared: its
+// original goes back (ADR 0118), but what the person wrote is not thrown
+// away without a word — the line says so and the content is kept, as a
+// created file's is. Not edited since: the original goes back, nothing kept.
+func TestAFoundFilesHandEditIsKeptWhenItsOriginalGoesBack(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("etc"), 0o755)
+	os.WriteFile(h.p("etc/motd"), []byte("the machine's own\n"), 0o644)
+	h.expect(h.apply(h.doc(fileMot)), shapes.Applied, "base.motd=applied")
+	os.WriteFile(h.p("etc/motd"), []byte("an emergency fix\n"), 0o644)
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Restored, "base.motd=restored")
+	if d := rep.Lines[0].Detail; !strings.Contains(d, "the original the host found is put back") || !strings.Contains(d, "it was edited by hand since (sha256:") || !strings.Contains(d, "kept for 30 days") {
+		t.Fatalf("detail %q", d)
+	}
+	if plan.Lines[0].Detail != "would be: "+rep.Lines[0].Detail && plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan said %q, apply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	if got := h.read("etc/motd"); got != "the machine's own\n" {
+		t.Fatalf("given back %q", got)
+	}
+	st, _ := store.Open(h.state)
+	got := st.Salvaged()
+	if len(got) != 1 || got[0].Path != h.p("etc/motd") || got[0].Module != "base" || got[0].ID != "motd" {
+		t.Fatalf("salvaged %+v", got)
+	}
+	if b, err := os.ReadFile(st.OriginalPath(got[0].Digest)); err != nil || string(b) != "an emergency fix\n" {
+		t.Fatalf("salvaged content %q %v", b, err)
+	}
+	h.apply(h.doc(fileMot))
+	rep = h.apply(h.doc())
+	if rep.Lines[0].Detail != "the original the host found is put back (0644 0:0)" || len(st.Salvaged()) != 1 {
+		t.Fatalf("%+v %+v", rep.Lines, st.Salvaged())
+	}
+}
+
 // ADR 0100: what adoption holds stays held. A held file or directory
 // deleted by something else is reported held-changed and not made again
 // before its module is taken; once taken, it converges.

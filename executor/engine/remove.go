@@ -196,9 +196,17 @@ func (r *run) planRemoval(st *step) {
 			st.intent, st.drop = nil, false
 			return
 		}
-		st.change = func() error {
+		restore := func() error {
 			r.touch(parentOf(p))
 			return fsx.WriteFile(p, data, fsx.WriteOptions{Mode: o.Mode, UID: int(o.UID), GID: int(o.GID)})
+		}
+		st.change = restore
+		if e.Digest != "" { // "": an interrupted write, what the host wrote is not known
+			if content, info, err := fsx.ReadRegular(p, maxOriginal); err == nil && info.Kind == fsx.Regular {
+				if edited, ok := r.salvageEdited(st, p, content, restore); ok {
+					st.line.Detail += fmt.Sprintf("; it was edited by hand since %s: what it held is kept for %d days (mesh-executor owned says where)", edited, store.SalvageKeep/(24*time.Hour))
+				}
+			}
 		}
 		st.readback = func() (*store.Entry, error) {
 			eq, info, err := fsx.Equal(p, data)
@@ -349,13 +357,25 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 	case err != nil:
 		return // not a regular file: Remove says what it is
 	}
-	found, ok := r.writtenDigest(e, content)
-	if !ok || found == e.Digest {
-		return
+	if edited, ok := r.salvageEdited(st, p, content, remove); ok {
+		st.line.Detail = fmt.Sprintf("the host created it, and it was edited by hand since %s; removed, and its content kept for %d days (mesh-executor owned says where)",
+			edited, store.SalvageKeep/(24*time.Hour))
+	}
+}
+
+// salvageEdited makes st's change keep content, what the file at p holds,
+// before it runs then, when it was edited by hand since the host last
+// wrote it: removing a file the host made (planCreatedFileRemoval), or
+// putting a found file's original back over it, never throws a person's
+// edit away without a word. ok is whether it was; edited says how, for
+// the line ("(X written, Y found)").
+func (r *run) salvageEdited(st *step, p string, content []byte, then func() error) (edited string, ok bool) {
+	e := st.entry
+	found, known := r.writtenDigest(e, content)
+	if !known || found == e.Digest {
+		return "", false
 	}
 	sum := digest(content)
-	st.line.Detail = fmt.Sprintf("the host created it, and it was edited by hand since (%s written, sha256:%s found); removed, and its content kept for %d days (mesh-executor owned says where)",
-		shortDigest(e.Digest), sum[:12], store.SalvageKeep/(24*time.Hour))
 	c := firstClaim(e)
 	st.change = func() error {
 		if err := r.st.Salvage(store.Salvaged{Path: p, Digest: sum, Written: e.Digest, Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, content); err != nil {
@@ -364,8 +384,9 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 		if err := r.st.Sync(); err != nil {
 			return err
 		}
-		return remove()
+		return then()
 	}
+	return fmt.Sprintf("(%s written, sha256:%s found)", shortDigest(e.Digest), sum[:12]), true
 }
 
 // writtenDigest is content's digest as the entry records what the host

@@ -10,10 +10,11 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/clock"
 )
 
-// Salvaged is the content of a file the host created and removed when it
-// was undeclared, after someone had edited it by hand: removing what the
-// host made is the rule (ADR 0118), but a person's edit is not thrown away
-// without a word. The content is kept in originals/ under its digest for
+// Salvaged is the content of a file someone had edited by hand when the
+// host, as it was undeclared, removed it (the host created it) or put its
+// found original back over it: removing what the host made and giving
+// back what it changed is the rule (ADR 0118), but a person's edit is not
+// thrown away without a word. The content is kept in originals/ under its digest for
 // SalvageKeep, and `mesh-executor owned` says where.
 type Salvaged struct {
 	Path    string    `json:"path"`

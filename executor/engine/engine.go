@@ -478,6 +478,11 @@ type step struct {
 	record *store.Entry
 	// drop: once done, the store forgets the target.
 	drop bool
+	// rewrites is the edit a region's or keys' removal makes to its file:
+	// run on the file as it is when the change runs (rewriteNow), and, in
+	// a plan, on what an earlier removal of the same apply would leave
+	// (removeReshaped tells the file's next step).
+	rewrites func(data []byte) ([]byte, error)
 }
 
 func (r *run) claimOf(res shapes.Resource) store.Claim {

@@ -393,6 +393,7 @@ func (r *run) removeKeys(st *step) {
 		st.line.Detail = "would be: " + st.line.Detail
 	}
 	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e)}
-	st.change = func() error { return rewriteNow(path, giveBackIn) }
+	st.rewrites = giveBackIn
+	st.change = func() error { return rewriteNow(path, st.rewrites) }
 	st.readback = func() (*store.Entry, error) { return nil, readBackKeys(path, format, changes) }
 }

@@ -247,12 +247,11 @@ func (r *run) removeRegion(st *step) {
 		st.line.Detail = fmt.Sprintf("the block and its markers would be taken out of %s", path)
 	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
-	st.change = func() error {
-		return rewriteNow(path, func(data []byte) ([]byte, error) {
-			out, _, err := ed.Remove(data, newline)
-			return out, err
-		})
+	st.rewrites = func(data []byte) ([]byte, error) {
+		out, _, err := ed.Remove(data, newline)
+		return out, err
 	}
+	st.change = func() error { return rewriteNow(path, st.rewrites) }
 	st.readback = func() (*store.Entry, error) {
 		back, _, err := fsx.ReadRegular(path, maxEdited)
 		if err != nil {
@@ -296,9 +295,8 @@ func (r *run) restoreFoundRegion(st *step, path string, data []byte, ed edit.Reg
 		st.line.Detail = fmt.Sprintf("the block found in %s would be put back as found", path)
 	}
 	st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: e.Original}
-	st.change = func() error {
-		return rewriteNow(path, func(data []byte) ([]byte, error) { return ed.Replace(data, found) })
-	}
+	st.rewrites = func(data []byte) ([]byte, error) { return ed.Replace(data, found) }
+	st.change = func() error { return rewriteNow(path, st.rewrites) }
 	st.readback = func() (*store.Entry, error) {
 		back, _, err := fsx.ReadRegular(path, maxEdited)
 		if err != nil {

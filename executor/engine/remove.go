@@ -156,18 +156,43 @@ func (r *run) removeReshaped() {
 		}
 		r.planRemoval(st)
 		r.early[e.Target] = true
-		if r.opt.Plan && isPath && st.line.Outcome != shapes.Failed {
-			// What the file will hold when the new shape's step reads it:
-			// a plan changes nothing, so the step is told.
-			var after []byte // nil: gone
-			if o := st.entry.Original; !st.entry.Created && o != nil {
-				after, _ = r.st.Original(o.Digest)
-			}
-			r.plannedFile[p] = after
+		if r.opt.Plan && st.line.Outcome != shapes.Failed {
+			r.planAfter(st, p, isPath, editPath)
 		}
 		batch = append(batch, st)
 	}
 	r.execute(batch, len(r.d.Resources))
+}
+
+// planAfter tells, in a plan, the step of the file's new shape what an
+// early removal leaves in it (a plan changes nothing to read back): a
+// whole file's found original, or nothing (gone); or, under a region's or
+// keys' removal, the file as their give back rewrites it.
+func (r *run) planAfter(st *step, p string, isPath bool, editPath string) {
+	if st.change == nil {
+		return // it changes nothing (held, forgotten): the file as it is
+	}
+	if isPath {
+		var after []byte // nil: gone
+		if o := st.entry.Original; !st.entry.Created && o != nil {
+			after, _ = r.st.Original(o.Digest)
+		}
+		r.plannedFile[p] = after
+		return
+	}
+	if st.rewrites == nil {
+		return // nothing to give back: the file as it is
+	}
+	data, ok := r.plannedFile[editPath]
+	if !ok {
+		var err error
+		if data, _, err = fsx.ReadRegular(editPath, maxEdited); err != nil {
+			return
+		}
+	}
+	if out, err := st.rewrites(data); err == nil {
+		r.plannedFile[editPath] = out
+	}
 }
 
 // planRemoval decides how to undo one entry nobody declares any more.

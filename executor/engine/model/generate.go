@@ -84,7 +84,7 @@ func describeDecl(d Declaration) string {
 			s += "(" + r.State + "," + enabledWord(r.Enabled) + ")"
 		case "region":
 			s += fmt.Sprintf("(%q)", r.Content)
-		case "keys":
+		case "keys", "file":
 			var kv []string
 			for _, k := range slices.Sorted(maps.Keys(r.Set)) {
 				kv = append(kv, k+"="+r.Set[k])
@@ -118,7 +118,9 @@ func describeDecl(d Declaration) string {
 // in the keys file, each set by at most one resource (ids ka, kb; renamed,
 // kar, kbr) of one module; at a declaration's step a key may get a new
 // value, a resource be renamed or moved to another module, or a key go
-// from one resource to another (of its module or another's), and at an
+// from one resource to another (of its module or another's), or the keys
+// file be declared whole by one module (its keys resources left out of a
+// declaration while its module is assigned), or no longer; and at an
 // operator's step a key may be set by hand or taken out.
 func Generate(seed uint64) Sequence {
 	rnd := rand.New(rand.NewPCG(seed, 0x0118))
@@ -241,11 +243,27 @@ func Generate(seed uint64) Sequence {
 			keyBy[k], keyValue[k] = modules[rk.IntN(len(modules))]+"."+[]string{"ka", "kb"}[rk.IntN(2)], value()
 		}
 	}
+	// The keys file declared whole, by wholeBy's module, when wholeOn.
+	wholeBy, wholeOn := modules[rk.IntN(len(modules))], false
+	wholeSet := map[string]string{}
 	// keysStep may change the keys' catalogue as a declaration's step is
 	// taken, and says how ("" for not).
 	keysStep := func() string {
 		if rk.IntN(3) > 0 {
 			return ""
+		}
+		if rk.IntN(4) == 0 {
+			wholeOn = !wholeOn
+			if !wholeOn {
+				return "; the keys file no longer declared whole by " + wholeBy
+			}
+			wholeSet = map[string]string{}
+			for _, k := range keyNames {
+				if rk.IntN(2) == 0 {
+					wholeSet[k] = value()
+				}
+			}
+			return fmt.Sprintf("; %s declares the keys file whole, holding %v", wholeBy, wholeSet)
 		}
 		var set []string
 		for _, k := range keyNames {
@@ -324,6 +342,11 @@ func Generate(seed uint64) Sequence {
 				}
 				byRes[by][k] = keyValue[k]
 			}
+		}
+		if wholeOn && assigned[wholeBy] {
+			// One file is declared whole or edited, not both.
+			d.Resources = append(d.Resources, Resource{Kind: "file", Module: wholeBy, ID: "kw", Name: KeysFile, Set: maps.Clone(wholeSet)})
+			return d
 		}
 		for _, key := range slices.Sorted(maps.Keys(byRes)) {
 			m, id, _ := strings.Cut(key, ".")
@@ -443,6 +466,8 @@ func EngineDoc(d Declaration) string {
 			m["path"], m["content"] = r.Name, r.Content
 		case "keys":
 			m["path"], m["format"], m["set"] = r.Name, "space", r.Set
+		case "file":
+			m["path"], m["content"] = r.Name, KeysText(r.Set)
 		default:
 			m["unit"] = r.Name
 			if r.State != "" {

@@ -74,6 +74,16 @@
 //     is forgotten, restored otherwise. On an adopted node a keys resource
 //     of a module not taken is held: nothing set, nothing recorded, and
 //     nothing handed over to it (docs/declaration.md, keys).
+//   - The keys file may be declared whole (a file resource) instead: its
+//     content as found is recorded once, at the first apply, held or not;
+//     it is then written as declared (a hand edit repaired); undeclared,
+//     the found content is put back (restored) — on an adopted node, a
+//     module not taken, held (held-changed once it differs from what was
+//     found), and forgotten when undeclared. A file changing shape — whole
+//     in one declaration, keys in the next, or the other way — is undone
+//     in its old shape before anything of the declaration is applied, so
+//     the new one starts from the file as the person had it
+//     (docs/declaration.md, region and keys).
 package model
 
 import (
@@ -123,7 +133,7 @@ type Package struct {
 // the file, SharedFile; Content the block's lines, each ending in a
 // newline) or keys (Name is the file, KeysFile; Set each key's value).
 type Resource struct {
-	Kind       string // "package", "service", "region" or "keys"
+	Kind       string // "package", "service", "region", "keys" or "file" (the keys file whole: Set its keys)
 	Module, ID string
 	Name       string
 	State      string
@@ -249,6 +259,15 @@ type keyRecord struct {
 	set   string
 }
 
+// wholeRecord is what the host keeps of the keys file declared whole: the
+// resource, the keys found at its first apply, whether it is held, and
+// what it last wrote (nil: nothing yet).
+type wholeRecord struct {
+	name           string
+	found, written map[string]string
+	held           bool
+}
+
 // keysRecord is what the host keeps of a keys resource: held, or the set
 // it last applied.
 type keysRecord struct {
@@ -270,6 +289,7 @@ type host struct {
 	// setBy is, during an apply, the resource of the declaration that sets
 	// each key and is not held.
 	setBy map[string]string
+	whole *wholeRecord
 }
 
 func newHost(w World) *host {
@@ -331,7 +351,7 @@ func (h *host) apply(d Declaration) Result {
 	pkgBefore := false
 	seenUnit := map[string]bool{}
 	for _, r := range d.Resources {
-		if r.Kind == "region" || r.Kind == "keys" {
+		if r.Kind == "region" || r.Kind == "keys" || r.Kind == "file" {
 			continue
 		}
 		if r.Kind == "package" {
@@ -363,10 +383,27 @@ func (h *host) apply(d Declaration) Result {
 			}
 		}
 	}
+	// A file changing shape is undone in its old shape first.
+	whole, edited := false, false
+	for _, r := range d.Resources {
+		whole = whole || r.Kind == "file"
+		edited = edited || r.Kind == "keys"
+	}
+	if whole {
+		for _, name := range slices.Sorted(maps.Keys(h.keysRec)) {
+			h.removeKeys(name, &res)
+		}
+	}
+	if edited && h.whole != nil {
+		h.removeWhole(&res)
+	}
 	for _, r := range d.Resources {
 		switch r.Kind {
 		case "package":
 			h.applyPackage(r, held(r), &res)
+			continue
+		case "file":
+			h.applyWhole(r, held(r), &res)
 			continue
 		case "region":
 			h.applyRegion(r, held(r), &res)
@@ -521,6 +558,60 @@ func (h *host) giveBackKey(k, self string) bool {
 	return true
 }
 
+// applyWhole writes the keys file whole.
+func (h *host) applyWhole(r Resource, hold bool, res *Result) {
+	rec := h.whole
+	if rec == nil {
+		rec = &wholeRecord{name: r.Key(), found: maps.Clone(h.keys), held: hold}
+		h.whole = rec
+	}
+	if hold && rec.held {
+		res.Lines[r.Key()] = "held"
+		if !maps.Equal(h.keys, rec.found) {
+			res.Lines[r.Key()] = "held-changed"
+		}
+		return
+	}
+	rec.held = false
+	switch {
+	case maps.Equal(h.keys, r.Set):
+		res.Lines[r.Key()] = "unchanged"
+	case rec.written != nil && maps.Equal(rec.written, r.Set):
+		res.Lines[r.Key()] = "repaired"
+	default:
+		res.Lines[r.Key()] = "applied"
+	}
+	h.keys, rec.written = maps.Clone(r.Set), maps.Clone(r.Set)
+}
+
+// removeWhole undeclares the keys file whole: its found content back.
+func (h *host) removeWhole(res *Result) {
+	rec := h.whole
+	h.whole = nil
+	if rec.held {
+		res.Lines[rec.name] = "forgotten"
+		return
+	}
+	h.keys = maps.Clone(rec.found)
+	res.Lines[rec.name] = "restored"
+}
+
+// removeKeys undeclares a keys resource: each key it set given back.
+func (h *host) removeKeys(name string, res *Result) {
+	rec := h.keysRec[name]
+	delete(h.keysRec, name)
+	changed := false
+	for k := range rec.set {
+		if h.giveBackKey(k, "") {
+			changed = true
+		}
+	}
+	res.Lines[name] = "forgotten"
+	if changed {
+		res.Lines[name] = "restored"
+	}
+}
+
 // applyService reports false when its line failed (the apply stops).
 func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	cur := h.units[r.Name]
@@ -644,21 +735,13 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			res.Lines[name] = "forgotten"
 		}
 	}
-	for name, rec := range h.keysRec {
-		if declared["keys:"+KeysFile+" "+name] {
-			continue
+	for name := range h.keysRec {
+		if !declared["keys:"+KeysFile+" "+name] {
+			h.removeKeys(name, res)
 		}
-		delete(h.keysRec, name)
-		changed := false
-		for k := range rec.set {
-			if h.giveBackKey(k, "") {
-				changed = true
-			}
-		}
-		res.Lines[name] = "forgotten"
-		if changed {
-			res.Lines[name] = "restored"
-		}
+	}
+	if h.whole != nil && !declared["file:"+KeysFile+" "+h.whole.name] {
+		h.removeWhole(res)
 	}
 	for name, rec := range h.unitRec {
 		mine, rest := release("service", name, rec.claims)

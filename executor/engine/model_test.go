@@ -37,8 +37,8 @@ const (
 // blocks a person wrote found there, a block edited by hand; keys of
 // several resources in one configuration file, found or not, renamed,
 // moved and handed from one resource to another, set or taken out by
-// hand, the file declared whole in some declarations and edited in
-// others. Each declaration is planned first (the plan touches nothing and
+// hand; and either file declared whole in some declarations and edited
+// in others. Each declaration is planned first (the plan touches nothing and
 // gives each line the apply's outcome), then each apply
 // runs against the engine (the transcript init and package manager the
 // engine's tests use, a real file) and the model, and the first difference

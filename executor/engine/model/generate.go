@@ -122,10 +122,14 @@ func describeDecl(d Declaration) string {
 // file be declared whole by one module (its keys resources left out of a
 // declaration while its module is assigned), or no longer; and at an
 // operator's step a key may be set by hand or taken out.
+//
+// The shared file may be declared whole by one module too (its regions
+// left out of a declaration while it is), drawn from a fourth stream.
 func Generate(seed uint64) Sequence {
 	rnd := rand.New(rand.NewPCG(seed, 0x0118))
 	rg := rand.New(rand.NewPCG(seed, 0x0102))
 	rk := rand.New(rand.NewPCG(seed, 0x4b45))
+	rw := rand.New(rand.NewPCG(seed, 0x5748))
 	s := Sequence{Seed: seed, Adopted: rnd.IntN(2) == 0,
 		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}, Keys: map[string]string{}}}
 	bit := func() bool { return rnd.IntN(2) == 0 }
@@ -309,6 +313,19 @@ func Generate(seed uint64) Sequence {
 		keyBy[k] = to
 		return fmt.Sprintf("; the key %s goes from %s to %s", k, from, to)
 	}
+	// The shared file declared whole, by sharedBy's module, when sharedOn:
+	// one block of its own, never a region's name.
+	sharedBy, sharedOn, sharedContent := modules[rw.IntN(len(modules))], false, ""
+	sharedStep := func() string {
+		if rw.IntN(6) > 0 {
+			return ""
+		}
+		if sharedOn = !sharedOn; !sharedOn {
+			return "; the shared file no longer declared whole by " + sharedBy
+		}
+		sharedContent = content()
+		return fmt.Sprintf("; %s declares the shared file whole, one block holding %q", sharedBy, sharedContent)
+	}
 	assigned, taken := map[string]bool{}, map[string]bool{}
 	compose := func() *Declaration {
 		d := &Declaration{Adopted: s.Adopted, Taken: map[string]bool{}}
@@ -327,10 +344,16 @@ func Generate(seed uint64) Sequence {
 				}
 			}
 		}
-		for _, m := range modules {
-			for _, r := range regions[m] {
-				if assigned[m] {
-					d.Resources = append(d.Resources, *r)
+		if sharedOn && assigned[sharedBy] {
+			// One file is declared whole or edited, not both.
+			d.Resources = append(d.Resources, Resource{Kind: "file", Module: sharedBy, ID: "sw", Name: SharedFile,
+				Set: map[string]string{"whole.sw": sharedContent}, Content: FileText(map[string]string{"whole.sw": sharedContent})})
+		} else {
+			for _, m := range modules {
+				for _, r := range regions[m] {
+					if assigned[m] {
+						d.Resources = append(d.Resources, *r)
+					}
 				}
 			}
 		}
@@ -345,7 +368,7 @@ func Generate(seed uint64) Sequence {
 		}
 		if wholeOn && assigned[wholeBy] {
 			// One file is declared whole or edited, not both.
-			d.Resources = append(d.Resources, Resource{Kind: "file", Module: wholeBy, ID: "kw", Name: KeysFile, Set: maps.Clone(wholeSet)})
+			d.Resources = append(d.Resources, Resource{Kind: "file", Module: wholeBy, ID: "kw", Name: KeysFile, Set: maps.Clone(wholeSet), Content: KeysText(wholeSet)})
 			return d
 		}
 		for _, key := range slices.Sorted(maps.Keys(byRes)) {
@@ -443,6 +466,7 @@ func Generate(seed uint64) Sequence {
 		}
 		what += regionStep()
 		what += keysStep()
+		what += sharedStep()
 		s.Steps = append(s.Steps, Step{What: what, Decl: compose()})
 	}
 	return s
@@ -467,7 +491,7 @@ func EngineDoc(d Declaration) string {
 		case "keys":
 			m["path"], m["format"], m["set"] = r.Name, "space", r.Set
 		case "file":
-			m["path"], m["content"] = r.Name, KeysText(r.Set)
+			m["path"], m["content"] = r.Name, r.Content
 		default:
 			m["unit"] = r.Name
 			if r.State != "" {

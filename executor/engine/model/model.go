@@ -74,7 +74,8 @@
 //     is forgotten, restored otherwise. On an adopted node a keys resource
 //     of a module not taken is held: nothing set, nothing recorded, and
 //     nothing handed over to it (docs/declaration.md, keys).
-//   - The keys file may be declared whole (a file resource) instead: its
+//   - The keys file, or the shared file, may be declared whole (a file
+//     resource) instead: its
 //     content as found is recorded once, at the first apply, held or not;
 //     it is then written as declared (a hand edit repaired); undeclared,
 //     the found content is put back (restored) — on an adopted node, a
@@ -133,7 +134,10 @@ type Package struct {
 // the file, SharedFile; Content the block's lines, each ending in a
 // newline) or keys (Name is the file, KeysFile; Set each key's value).
 type Resource struct {
-	Kind       string // "package", "service", "region", "keys" or "file" (the keys file whole: Set its keys)
+	// Kind "file" is the keys file (Name KeysFile: Set its keys) or the
+	// shared file (Name SharedFile: Set its blocks) declared whole, Content
+	// its text.
+	Kind       string // "package", "service", "region", "keys" or "file"
 	Module, ID string
 	Name       string
 	State      string
@@ -259,9 +263,9 @@ type keyRecord struct {
 	set   string
 }
 
-// wholeRecord is what the host keeps of the keys file declared whole: the
-// resource, the keys found at its first apply, whether it is held, and
-// what it last wrote (nil: nothing yet).
+// wholeRecord is what the host keeps of a file declared whole: the
+// resource, what the file held at its first apply (keys, or blocks),
+// whether it is held, and what it last wrote (nil: nothing yet).
 type wholeRecord struct {
 	name           string
 	found, written map[string]string
@@ -289,14 +293,14 @@ type host struct {
 	// setBy is, during an apply, the resource of the declaration that sets
 	// each key and is not held.
 	setBy map[string]string
-	whole *wholeRecord
+	whole map[string]*wholeRecord // by file
 }
 
 func newHost(w World) *host {
 	h := &host{units: map[string]*Unit{}, installed: map[string]bool{}, brings: map[string]string{},
 		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{},
 		blocks: maps.Clone(w.Blocks), regionRec: map[string]*regionRecord{},
-		keys: maps.Clone(w.Keys), keyRec: map[string]*keyRecord{}, keysRec: map[string]*keysRecord{}}
+		keys: maps.Clone(w.Keys), keyRec: map[string]*keyRecord{}, keysRec: map[string]*keysRecord{}, whole: map[string]*wholeRecord{}}
 	if h.blocks == nil {
 		h.blocks = map[string]string{}
 	}
@@ -384,18 +388,29 @@ func (h *host) apply(d Declaration) Result {
 		}
 	}
 	// A file changing shape is undone in its old shape first.
-	whole, edited := false, false
+	whole, edited := map[string]bool{}, map[string]bool{}
 	for _, r := range d.Resources {
-		whole = whole || r.Kind == "file"
-		edited = edited || r.Kind == "keys"
+		switch r.Kind {
+		case "file":
+			whole[r.Name] = true
+		case "keys", "region":
+			edited[r.Name] = true
+		}
 	}
-	if whole {
+	if whole[KeysFile] {
 		for _, name := range slices.Sorted(maps.Keys(h.keysRec)) {
 			h.removeKeys(name, &res)
 		}
 	}
-	if edited && h.whole != nil {
-		h.removeWhole(&res)
+	if whole[SharedFile] {
+		for _, name := range slices.Sorted(maps.Keys(h.regionRec)) {
+			h.removeRegion(name, &res)
+		}
+	}
+	for f := range edited {
+		if h.whole[f] != nil {
+			h.removeWhole(f, &res)
+		}
 	}
 	for _, r := range d.Resources {
 		switch r.Kind {
@@ -558,42 +573,72 @@ func (h *host) giveBackKey(k, self string) bool {
 	return true
 }
 
-// applyWhole writes the keys file whole.
+// content is what a file holds, as the model reads it: the keys file's
+// keys, the shared file's blocks.
+func (h *host) content(file string) *map[string]string {
+	if file == KeysFile {
+		return &h.keys
+	}
+	return &h.blocks
+}
+
+// applyWhole writes a file whole.
 func (h *host) applyWhole(r Resource, hold bool, res *Result) {
-	rec := h.whole
+	cur := h.content(r.Name)
+	rec := h.whole[r.Name]
 	if rec == nil {
-		rec = &wholeRecord{name: r.Key(), found: maps.Clone(h.keys), held: hold}
-		h.whole = rec
+		rec = &wholeRecord{name: r.Key(), found: maps.Clone(*cur), held: hold}
+		h.whole[r.Name] = rec
 	}
 	if hold && rec.held {
 		res.Lines[r.Key()] = "held"
-		if !maps.Equal(h.keys, rec.found) {
+		if !maps.Equal(*cur, rec.found) {
 			res.Lines[r.Key()] = "held-changed"
 		}
 		return
 	}
 	rec.held = false
 	switch {
-	case maps.Equal(h.keys, r.Set):
+	case maps.Equal(*cur, r.Set):
 		res.Lines[r.Key()] = "unchanged"
 	case rec.written != nil && maps.Equal(rec.written, r.Set):
 		res.Lines[r.Key()] = "repaired"
 	default:
 		res.Lines[r.Key()] = "applied"
 	}
-	h.keys, rec.written = maps.Clone(r.Set), maps.Clone(r.Set)
+	*cur, rec.written = maps.Clone(r.Set), maps.Clone(r.Set)
 }
 
-// removeWhole undeclares the keys file whole: its found content back.
-func (h *host) removeWhole(res *Result) {
-	rec := h.whole
-	h.whole = nil
+// removeWhole undeclares a file declared whole: its found content back.
+func (h *host) removeWhole(file string, res *Result) {
+	rec := h.whole[file]
+	delete(h.whole, file)
 	if rec.held {
 		res.Lines[rec.name] = "forgotten"
 		return
 	}
-	h.keys = maps.Clone(rec.found)
+	*h.content(file) = maps.Clone(rec.found)
 	res.Lines[rec.name] = "restored"
+}
+
+// removeRegion undeclares a region: a found block put back, the host's
+// taken out.
+func (h *host) removeRegion(name string, res *Result) {
+	rec := h.regionRec[name]
+	delete(h.regionRec, name)
+	_, present := h.blocks[name]
+	switch {
+	case rec.held:
+		res.Lines[name] = "forgotten"
+	case rec.found != nil:
+		res.Lines[name] = "restored"
+		h.blocks[name] = *rec.found
+	case present:
+		res.Lines[name] = "removed"
+		delete(h.blocks, name)
+	default:
+		res.Lines[name] = "forgotten"
+	}
 }
 
 // removeKeys undeclares a keys resource: each key it set given back.
@@ -716,23 +761,9 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		}
 		delete(h.pkgRec, name)
 	}
-	for name, rec := range h.regionRec {
-		if declared["region:"+SharedFile+" "+name] {
-			continue
-		}
-		delete(h.regionRec, name)
-		_, present := h.blocks[name]
-		switch {
-		case rec.held:
-			res.Lines[name] = "forgotten"
-		case rec.found != nil:
-			res.Lines[name] = "restored"
-			h.blocks[name] = *rec.found
-		case present:
-			res.Lines[name] = "removed"
-			delete(h.blocks, name)
-		default:
-			res.Lines[name] = "forgotten"
+	for name := range h.regionRec {
+		if !declared["region:"+SharedFile+" "+name] {
+			h.removeRegion(name, res)
 		}
 	}
 	for name := range h.keysRec {
@@ -740,8 +771,10 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			h.removeKeys(name, res)
 		}
 	}
-	if h.whole != nil && !declared["file:"+KeysFile+" "+h.whole.name] {
-		h.removeWhole(res)
+	for f, rec := range h.whole {
+		if !declared["file:"+f+" "+rec.name] {
+			h.removeWhole(f, res)
+		}
 	}
 	for name, rec := range h.unitRec {
 		mine, rest := release("service", name, rec.claims)

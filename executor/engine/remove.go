@@ -143,14 +143,15 @@ func (r *run) removeReshaped() {
 		p, isPath := strings.CutPrefix(e.Target, "path:")
 		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
 		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && whole[editPath]
-		if !reshaped || now[e.Target] || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
+		claims := e.Claims
+		if e.Stub && e.Pending != nil {
+			claims = []store.Claim{e.Pending.Claim}
+		}
+		if !reshaped || now[e.Target] || len(claims) == 0 || slices.ContainsFunc(claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
 			continue
 		}
 		st := &step{target: e.Target, entry: r.settle(e, store.Claim{})}
-		st.line = shapes.Line{Type: e.Type}
-		if c := firstClaim(e); c.Module != "" {
-			st.line.Module, st.line.ID = c.Module, c.ID
-		}
+		st.line = shapes.Line{Type: e.Type, Module: claims[0].Module, ID: claims[0].ID}
 		if r.removing == nil {
 			r.removing = map[string]bool{}
 		}

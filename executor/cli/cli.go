@@ -602,7 +602,7 @@ type ownedSalvaged struct {
 	Path      string    `json:"path"`
 	Module    string    `json:"module"`
 	ID        string    `json:"id"`
-	Removed   time.Time `json:"removed"`
+	Removed   time.Time `json:"removed"` // when it was undeclared (removed, or its original put back)
 	Digest    string    `json:"digest"`  // sha256 of the content kept
 	Written   string    `json:"written"` // what the host had written there
 	KeptAt    string    `json:"kept_at"`
@@ -690,7 +690,7 @@ func (c *command) owned() int {
 		for _, x := range salvaged {
 			v := &ownedSalvaged{Path: x.Path, Module: x.Module, ID: x.ID, Removed: x.Removed, Digest: x.Digest, Written: x.Written,
 				KeptAt: st.OriginalPath(x.Digest), KeptUntil: x.Removed.Add(store.SalvageKeep)}
-			fmt.Fprintf(&b, "%s (%s.%s, removed %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), v.KeptAt, v.KeptUntil.Format("2006-01-02"))
+			fmt.Fprintf(&b, "%s (%s.%s, undeclared %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), v.KeptAt, v.KeptUntil.Format("2006-01-02"))
 			list = append(list, ownedEntry{Target: "salvaged:" + x.Path, Type: "salvaged", Claims: []store.Claim{}, Salvaged: v,
 				How: fmt.Sprintf("salvaged: edited by hand, then removed or given its original back when undeclared; what it held is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
 		}

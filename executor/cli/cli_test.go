@@ -280,7 +280,7 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 	code, out, _ := run("owned", "--state", state)
 	want := "the host holds nothing on this machine\n\n" +
 		"files someone edited by hand that the host, when they were undeclared, removed (it had created them) or gave their original back over; what they held is kept until the date shown:\n" +
-		target + " (m.f, removed " + x.Removed.Format(time.RFC3339) + "): " + kept + " until " + until.Format("2006-01-02") + "\n"
+		target + " (m.f, undeclared " + x.Removed.Format(time.RFC3339) + "): " + kept + " until " + until.Format("2006-01-02") + "\n"
 	if code != 0 || out != want {
 		t.Fatalf("owned: %d\n%s\nwant\n%s", code, out, want)
 	}

@@ -103,7 +103,11 @@ func (r *run) checkReshaped() error {
 		if e == nil || e.Type != shapes.TypeFile || !e.Created || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
 			continue
 		}
-		return &Refusal{fmt.Sprintf("resource %s: %s was made whole by the mesh for %s, which this declaration no longer declares; undeclared, it is removed before %s could edit it (the mesh takes back what it made, and a %s edits only a file that is there): declare the file whole again, or no %s in it", res.Head().Key(), p, joinClaims(e.Claims), res.Head().Key(), res.Head().Type, res.Head().Type)}
+		what := "keys are set"
+		if res.Head().Type == shapes.TypeRegion {
+			what = "a region is written"
+		}
+		return &Refusal{fmt.Sprintf("resource %s: %s was made whole by the mesh for %s, which this declaration no longer declares: undeclared, it is removed first (the mesh takes back what it made), and %s only in a file that is there. Declare the file whole again, or nothing in it", res.Head().Key(), p, joinClaims(e.Claims), what)}
 	}
 	return nil
 }

@@ -22,13 +22,19 @@ const (
 // person at the terminal only: a report never carries it, since what is
 // on the machine may be a secret the declaration replaces.
 func contentDiff(path string, found []byte, exists bool, declared []byte) string {
+	return contentDiffFrom(path, " (on the machine)", found, exists, declared)
+}
+
+// contentDiffFrom is contentDiff with what the found side is said to be:
+// the machine's, or what a removal before it in the same apply leaves.
+func contentDiffFrom(path, what string, found []byte, exists bool, declared []byte) string {
 	if len(found) > maxDiffInput || len(declared) > maxDiffInput {
 		return fmt.Sprintf("(not shown: larger than %d KiB; %d bytes on the machine, %d declared)", maxDiffInput>>10, len(found), len(declared))
 	}
 	if isBinary(found) || isBinary(declared) {
 		return fmt.Sprintf("(binary content: %d bytes on the machine, %d declared)", len(found), len(declared))
 	}
-	from := path + " (on the machine)"
+	from := path + what
 	if !exists {
 		from = "/dev/null"
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -295,6 +297,21 @@ func TestAFileChangingShapeStartsFromThePersons(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the plan's diff is of the file as the removal leaves it", func(t *testing.T) {
+		h := newHarness(t)
+		os.WriteFile(h.p("sshd_config"), []byte(person), 0o600)
+		h.apply(h.doc(file))
+		os.WriteFile(h.p("sshd_config"), []byte("an emergency fix\n"), 0o600)
+		doc := h.doc(key)
+		d, _ := shapes.ParseTrusted([]byte(strings.ReplaceAll(doc, "{root}", h.root)))
+		st, _ := store.Open(h.state)
+		diffs := map[string]string{}
+		Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: true,
+			OnDiff: func(module, id, diff string) { diffs[module+"."+id] = diff }})
+		if got := diffs["m.k"]; !strings.Contains(got, "sshd_config (as the removal before it leaves it)") || !strings.Contains(got, " # the person's\n") || !strings.Contains(got, "+X11Forwarding no") || strings.Contains(got, "emergency") {
+			t.Fatalf("the plan's diff:\n%s", got)
+		}
+	})
 	t.Run("keys in a file the mesh made whole", func(t *testing.T) {
 		h := newHarness(t)
 		h.expect(h.apply(h.doc(file)), shapes.Applied, "m.f=applied")

@@ -410,6 +410,10 @@ func (r *run) planDiff(f *shapes.File, data []byte, exists, sealed bool) {
 		return
 	}
 	var found []byte
+	if after, ok := r.plannedFile[f.Path]; ok && exists {
+		r.opt.OnDiff(f.Module, f.ID, contentDiffFrom(f.Path, plannedWhat, after, true, data))
+		return
+	}
 	if exists {
 		b, _, err := fsx.ReadRegular(f.Path, maxDiffInput)
 		if err != nil {

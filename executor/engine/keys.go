@@ -289,7 +289,7 @@ func (r *run) keys(st *step, rest int) {
 	if r.opt.Plan {
 		st.line.Detail = "would: " + st.line.Detail
 		if r.opt.OnDiff != nil {
-			r.opt.OnDiff(k.Module, k.ID, contentDiff(k.Path, data, true, out))
+			r.opt.OnDiff(k.Module, k.ID, r.editedDiff(k.Path, data, out))
 		}
 		r.emit(st.line)
 		return

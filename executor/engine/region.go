@@ -58,6 +58,18 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 	return data, info, label, nil
 }
 
+// plannedWhat is how a plan's diff names a file as an earlier removal of
+// the same apply leaves it (removeReshaped), which is not the machine's yet.
+const plannedWhat = " (as the removal before it leaves it)"
+
+// editedDiff is a plan's diff of a shared file edited in place.
+func (r *run) editedDiff(path string, found, out []byte) string {
+	if _, ok := r.plannedFile[path]; ok {
+		return contentDiffFrom(path, plannedWhat, found, true, out)
+	}
+	return contentDiff(path, found, true, out)
+}
+
 // rewrite replaces a shared file with data, its owner, mode and label as
 // found, synced before the rename: the step records only after.
 func rewrite(path string, data []byte, info fsx.Info, label []byte) error {
@@ -179,7 +191,11 @@ func (r *run) region(st *step, rest int) {
 	}
 	if r.opt.Plan {
 		if r.opt.OnDiff != nil {
-			r.opt.OnDiff(g.Module, g.ID, contentDiff(g.Path+" (the block "+g.Key()+")", []byte(cur), found, []byte(want)))
+			what := " (on the machine)"
+			if _, ok := r.plannedFile[g.Path]; ok {
+				what = plannedWhat
+			}
+			r.opt.OnDiff(g.Module, g.ID, contentDiffFrom(g.Path+" (the block "+g.Key()+")", what, []byte(cur), found, []byte(want)))
 		}
 		r.emit(st.line)
 		return

@@ -97,7 +97,11 @@ type fleetStatus struct {
 	Held   nodeGroup `json:"held"`
 	// RotationPending are the nodes whose executor, at its last
 	// heartbeat, held a control key other than the one signed with now.
-	RotationPending  nodeGroup      `json:"rotation_pending"`
+	RotationPending nodeGroup `json:"rotation_pending"`
+	// NothingDeclared are the nodes enrolled again whose newest
+	// declaration went to the enrolment before (NothingDeclaredSince):
+	// their executor holds nothing the link declared, a drift is left.
+	NothingDeclared  nodeGroup      `json:"nothing_declared"`
 	ExecutorVersions []versionCount `json:"executor_versions"`
 	AgentVersions    []versionCount `json:"agent_versions"`
 	Overlay          struct {
@@ -126,7 +130,7 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 	ex, ag := map[versionCount]int{}, map[versionCount]int{}
 	ns = slices.Clone(ns)
 	slices.SortFunc(ns, func(a, b *NodeStatus) int { return strings.Compare(a.Name, b.Name) })
-	s.Failed.Names, s.Held.Names, s.RotationPending.Names = []string{}, []string{}, []string{}
+	s.Failed.Names, s.Held.Names, s.RotationPending.Names, s.NothingDeclared.Names = []string{}, []string{}, []string{}, []string{}
 	for _, n := range ns {
 		s.Total++
 		g := byState[n.State]
@@ -150,6 +154,9 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 		}
 		if n.RotationPending && n.State != StateRevoked {
 			s.RotationPending.add(n.Name)
+		}
+		if n.NothingDeclaredSince > 0 {
+			s.NothingDeclared.add(n.Name)
 		}
 		if n.Address != "" {
 			s.Overlay.Addressed++
@@ -357,7 +364,8 @@ func (s *fleetStatus) parts() []statusPart {
 		head, class string
 		g           *nodeGroup
 	}{{"a failed line (last report or briefing)", "bad", &s.Failed}, {"a held line (last report or briefing)", "note", &s.Held},
-		{"a control key rotation not taken yet", "note", &s.RotationPending}} {
+		{"a control key rotation not taken yet", "note", &s.RotationPending},
+		{"nothing declared to its enrolment (declare to it again)", "bad", &s.NothingDeclared}} {
 		row := statusRow{Head: l.head + ":", Value: fmt.Sprint(l.g.Count)}
 		if l.g.Count > 0 {
 			row.Value += "  " + l.g.text()

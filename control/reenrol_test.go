@@ -123,6 +123,10 @@ func TestAReEnrolledNodeIsDeclaredWhatItWasLastDeclared(t *testing.T) {
 	if want := fmt.Sprintf("nothing declared to this enrolment (seq %d went to the one before): declare to it again", seq2); code != 0 || !strings.Contains(out, want) || strings.Count(out, "nothing declared") != 1 {
 		t.Fatalf("nodes: exit %d, want n2's line to say %q\n%s%s", code, want, out, errs)
 	}
+	out, errs, code = run(t, ctx, "status", "--dir", dir, "--nats", s.url)
+	if flat := strings.Join(strings.Fields(out), " "); code != 0 || !strings.Contains(flat, "nothing declared to its enrolment (declare to it again): 1 n2") {
+		t.Fatalf("status: exit %d, want n2 counted as holding nothing declared\n%s%s", code, out, errs)
+	}
 	if _, err := s.client.Declare(ctx, "n2", []byte(doc)); err != nil {
 		t.Fatal(err)
 	}

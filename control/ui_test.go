@@ -230,6 +230,7 @@ func TestStatusPageSaysWhatStatusSays(t *testing.T) {
 		{"never heard from", "1 quiet1", ""},
 		{"a failed line (last report or briefing):", "1 web1", "bad"},
 		{"a held line (last report or briefing):", "1 web1", "note"},
+		{"nothing declared to its enrolment (declare to it again):", "0", ""},
 		{"executor versions (nodes not revoked):", "0.9.2 (b2): 1", ""},
 		{"agent versions (nodes not revoked):", "0.9.2 (a7): 1", ""},
 		{"overlay:", "10.77.0.0/24 on mesh0; 2 node(s) addressed, 1 last reported it applied", ""},

@@ -11,9 +11,11 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -405,14 +407,29 @@ func (r *run) archive(st *step, rest int) {
 			ours[p] = true
 		}
 	}
+	if r.clearWay(a, entries); r.stopped {
+		return
+	}
 	// Observe: what is there already, and whether anything there is not ours.
 	var todo []archiveEntry
+	left := map[string]string{} // a file of this declaration declares it
 	for _, en := range entries {
 		full := path.Join(a.Destination, en.rel)
+		if by := r.fileDeclared(full); by != "" && !en.dir {
+			// The file's, which overrides the archive's (a default
+			// configuration the archive brings, the module's own over it):
+			// written by both, each apply would put back the other's.
+			left[full] = by
+			continue
+		}
 		info, err := fsx.Lstat(full)
 		if err != nil {
 			r.fail(st, err, rest)
 			return
+		}
+		after, planned := r.plannedFile[full]
+		if planned && r.opt.Plan && after == nil {
+			info.Kind = fsx.Absent // a plan: an earlier removal takes it away
 		}
 		switch {
 		case en.dir && info.Kind == fsx.Dir:
@@ -422,6 +439,9 @@ func (r *run) archive(st *step, rest int) {
 			if err != nil {
 				r.fail(st, err, rest)
 				return
+			}
+			if planned && r.opt.Plan {
+				eq = bytes.Equal(after, en.data)
 			}
 			if eq && info.Mode == en.mode {
 				continue
@@ -456,17 +476,18 @@ func (r *run) archive(st *step, rest int) {
 		n.Paths = append(n.Paths, p)
 	}
 	sort.Strings(n.Paths)
-	// What it wrote before and the archive no longer has goes.
+	// What it wrote before and the archive no longer has goes; what a
+	// file declares now is the file's.
 	var stale []string
 	for p := range ours {
-		if !wrote[p] {
+		if !wrote[p] && left[p] == "" {
 			stale = append(stale, p)
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(stale)))
 
 	if len(todo) == 0 && len(stale) == 0 {
-		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d entries as unpacked", len(entries))
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d entries as unpacked%s", len(entries)-len(left), leftSaid(left))
 		if !r.opt.Plan && (e == nil || e.Digest != a.SHA256 || !e.Claimed(st.claim)) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
@@ -480,7 +501,7 @@ func (r *run) archive(st *step, rest int) {
 	if e != nil && e.Digest == a.SHA256 {
 		st.line.Outcome = shapes.Repaired
 	}
-	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)", len(todo), len(entries), len(stale), a.SHA256[:12])
+	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
 	if r.opt.Plan {
 		r.emit(st.line)
 		return
@@ -517,10 +538,10 @@ func (r *run) archive(st *step, rest int) {
 	}
 	// Read back every file.
 	for _, en := range entries {
-		if en.dir {
+		full := path.Join(a.Destination, en.rel)
+		if en.dir || left[full] != "" {
 			continue
 		}
-		full := path.Join(a.Destination, en.rel)
 		if eq, _, err := fsx.Equal(full, en.data); err != nil || !eq {
 			r.fail(st, fmt.Errorf("read back %s: it does not hold what the archive has (%v)", full, err), rest)
 			return
@@ -535,6 +556,73 @@ func (r *run) archive(st *step, rest int) {
 		return
 	}
 	r.emit(st.line)
+}
+
+// leftSaid is what an archive's line adds for the entries it leaves to
+// files of the declaration ("" for none).
+func leftSaid(left map[string]string) string {
+	if len(left) == 0 {
+		return ""
+	}
+	var said []string
+	for _, p := range slices.Sorted(maps.Keys(left)) {
+		said = append(said, p+" ("+left[p]+")")
+	}
+	return fmt.Sprintf("; %d left to the file that declares it: %s", len(left), listSome(said, 3))
+}
+
+// fileDeclared is the file resource of this declaration ("module.id")
+// that declares path p, "" for none.
+func (r *run) fileDeclared(p string) string {
+	if r.filePaths == nil {
+		r.filePaths = map[string]string{}
+		for _, res := range r.d.Resources {
+			if f, ok := res.(*shapes.File); ok {
+				r.filePaths[f.Path] = f.Key()
+			}
+		}
+	}
+	return r.filePaths[p]
+}
+
+// clearWay undoes, before an archive is looked at, what this source made
+// at a path the archive writes and this declaration no longer declares (a
+// file declared there before). Undone at the end with the other removals,
+// it would be in the archive's way when its step runs — "not the host's
+// to overwrite" — and that failure stops the apply before the removal
+// that would clear it, at every apply. A file the host created goes, a
+// found one gets its original back (which the archive then does not
+// overwrite, as any file it did not write). A plan is told what each
+// leaves.
+func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry) {
+	var batch []*step
+	for _, en := range entries {
+		full := path.Join(a.Destination, en.rel)
+		target := "path:" + full
+		e := r.st.Get(target)
+		if en.dir || e == nil || e.Type != shapes.TypeFile || r.early[target] || r.fileDeclared(full) != "" {
+			continue
+		}
+		claims := e.Claims
+		if e.Stub && e.Pending != nil {
+			claims = []store.Claim{e.Pending.Claim}
+		}
+		if len(claims) == 0 || slices.ContainsFunc(claims, func(c store.Claim) bool { return c.Source != r.opt.Source || r.declared[claimTarget{c, target}] }) {
+			continue
+		}
+		st := &step{target: target, entry: r.settle(e, store.Claim{})}
+		st.line = shapes.Line{Type: e.Type, Module: claims[0].Module, ID: claims[0].ID}
+		if r.removing == nil {
+			r.removing = map[string]bool{}
+		}
+		r.planRemoval(st)
+		r.early[target] = true
+		if r.opt.Plan && st.line.Outcome != shapes.Failed {
+			r.planAfter(st, full, true, "")
+		}
+		batch = append(batch, st)
+	}
+	r.execute(batch, len(r.d.Resources))
 }
 
 // removeWritten removes a file or an empty directory the archive wrote.
@@ -568,6 +656,9 @@ func (r *run) planArchiveRemoval(st *step) {
 	var gone []string
 	kept := map[string][]string{}
 	for _, p := range paths {
+		if r.fileDeclared(p) != "" {
+			continue // a file of this declaration declares it now: the file's
+		}
 		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)

@@ -224,3 +224,52 @@ func TestCacheWriter(t *testing.T) {
 		t.Fatalf("pruned %v", gone)
 	}
 }
+
+// A file declared at a path an archive of the same declaration also
+// writes (a default configuration the archive brings, the module's own
+// over it) is the file's: the archive leaves it, in either order. Written
+// by both, each apply put back the other's — both lines repaired at every
+// apply, and restart_on firing with them; with the file first, the archive
+// failed ("not the host's"). Undeclared, the file goes (or its original,
+// the archive's, comes back) before the archive is looked at: removed at
+// the end, it stood in the archive's way, whose failure stopped the apply
+// before the removal, at every apply. The archive undeclared while the
+// file stays does not take the file's path. Each step is planned first,
+// and the plan gives each line the apply's outcome.
+func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	arch := archiveRes(p, sum, dest)
+	conf := h.p("themes/theme/index.theme")
+	file := `{"module":"m","id":"f","type":"file","path":"` + conf + `","content":"mine\n"}`
+	dir := `{"module":"m","id":"d","type":"directory","path":"` + h.p("themes/theme") + `"}`
+	for i, c := range []struct {
+		res   []string
+		lines string
+		want  string // the file's content after; "" for gone
+	}{
+		{[]string{arch}, "ui.theme=applied", "[Theme]\n"},
+		{[]string{arch, file}, "ui.theme=unchanged m.f=applied", "mine\n"},
+		{[]string{arch, file}, "ui.theme=unchanged m.f=unchanged", "mine\n"},
+		{[]string{arch}, "m.f=restored ui.theme=unchanged", "[Theme]\n"},
+		{nil, "ui.theme=removed", ""},
+		{[]string{dir, file, arch}, "m.d=applied m.f=applied ui.theme=applied", "mine\n"},
+		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=unchanged", "mine\n"},
+		{[]string{dir, file}, "m.d=unchanged m.f=unchanged ui.theme=removed", "mine\n"},
+		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=applied", "mine\n"},
+		{[]string{arch}, "m.f=removed ui.theme=repaired m.d=kept", "[Theme]\n"},
+	} {
+		doc := h.doc(c.res...)
+		plan := h.run(store.Local, doc, true)
+		rep := h.apply(doc)
+		if got := outcomes(rep); got != c.lines || outcomes(plan) != got {
+			t.Fatalf("step %d: plan [%s], apply [%s], want [%s]\n%+v", i+1, outcomes(plan), got, c.lines, rep.Lines)
+		}
+		b, err := os.ReadFile(conf)
+		if string(b) != c.want || (c.want == "") != os.IsNotExist(err) {
+			t.Fatalf("step %d: %s holds %q (%v), want %q", i+1, conf, b, err, c.want)
+		}
+	}
+}

@@ -184,6 +184,9 @@ type run struct {
 	// (nil: gone), for the step that edits it.
 	early       map[string]bool
 	plannedFile map[string][]byte
+	// filePaths: each path a file resource of this declaration declares,
+	// and which (fileDeclared), made when first needed.
+	filePaths map[string]string
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the

@@ -94,6 +94,8 @@ type Options struct {
 	// manager in tests.
 	accounts accounts
 	packages packageManager
+	// getent replaces the name service's (getent) in tests.
+	getent func(db, key string) ([]string, error)
 	// repositoryPaths replace the machine's (repositoryPaths) in tests.
 	repositoryPaths []string
 }
@@ -176,6 +178,10 @@ type run struct {
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
 	unsealed map[string][]byte
+	// ownerComing: the owner ("user[:group]") of each file or directory
+	// whose user a user resource declared before it makes, by key:
+	// resolved at its step (wantAttrs).
+	ownerComing map[string]string
 	// keysAt is what the keys records say, read at the first keys step
 	// (keysHere).
 	keysAt *keysHere
@@ -374,11 +380,14 @@ func (r *run) check() error {
 	if err := r.checkParents(); err != nil {
 		return err
 	}
-	o := newOwners()
-	r.owners = map[string]owner{}
+	o := newOwners(r.opt.getent)
+	r.owners, r.ownerComing = map[string]owner{}, map[string]string{}
+	users := map[string]bool{} // users declared so far, in stated order
 	for _, res := range d.Resources {
 		var spec string
 		switch x := res.(type) {
+		case *shapes.User:
+			users[x.Name] = true
 		case *shapes.File:
 			spec = x.Owner
 		case *shapes.Directory:
@@ -388,6 +397,13 @@ func (r *run) check() error {
 			continue
 		}
 		ow, err := o.resolve(spec)
+		if name, _, _ := strings.Cut(spec, ":"); err != nil && users[name] {
+			// Its user comes with a user resource declared before it
+			// (a service account and its directory, in one declaration):
+			// resolved when its step runs, after the user's.
+			r.ownerComing[res.Head().Key()] = spec
+			continue
+		}
 		if err != nil {
 			return &Refusal{fmt.Sprintf("resource %s field owner: %v", res.Head().Key(), err)}
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"path"
 
@@ -35,7 +36,7 @@ func (a attrs) String() string {
 
 // wantAttrs is what a declaration asks, filled from what is found (or the
 // defaults) where it asks nothing.
-func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMode uint32) attrs {
+func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMode uint32) (attrs, error) {
 	a := attrs{mode: defMode}
 	if exists {
 		a = attrs{mode: found.Mode, uid: found.UID, gid: found.GID}
@@ -43,10 +44,31 @@ func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMo
 	if m, ok := shapes.ParseMode(modeSpec); ok {
 		a.mode = m
 	}
+	if spec := r.ownerComing[key]; spec != "" {
+		o, err := newOwners(r.opt.getent).resolve(spec)
+		switch {
+		case err != nil && r.opt.Plan:
+			return a, errOwnerComing
+		case err != nil:
+			return a, fmt.Errorf("owner %s: %w (its user was to be made by this declaration, before it)", spec, err)
+		}
+		r.owners[key], r.ownerComing[key] = o, ""
+	}
 	if o, ok := r.owners[key]; ok {
 		a.uid, a.gid = uint32(o.uid), uint32(o.gid)
 	}
-	return a
+	return a, nil
+}
+
+// errOwnerComing is a plan's word for an owner whose user a user resource
+// of the declaration makes: the plan makes none, so it cannot say its ids.
+var errOwnerComing = errors.New("its owner's user comes with this declaration, which a plan does not apply")
+
+// ownerComingLine is how a plan says a file or directory whose owner's
+// user the declaration makes: applied, with the owner, then.
+func ownerComingLine(st *step, what, owner string) {
+	st.line.Outcome = shapes.Applied
+	st.line.Detail = fmt.Sprintf("its owner %s comes with this declaration's user, which a plan does not make; then %s as declared", owner, what)
 }
 
 func attrsOf(i fsx.Info) attrs { return attrs{mode: i.Mode, uid: i.UID, gid: i.GID} }
@@ -115,7 +137,14 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	}
 	exists := info.Kind == fsx.Regular
 	e := st.entry
-	a := r.wantAttrs(f.Key(), f.Mode, info, exists, defaultFileMode)
+	a, err := r.wantAttrs(f.Key(), f.Mode, info, exists, defaultFileMode)
+	if errors.Is(err, errOwnerComing) {
+		ownerComingLine(st, "written", f.Owner)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
 	match := exists && eq && attrsOf(info) == a
 
 	if !exists && r.heldGone(st, e, f.Module, f.Key(), "deleted") {
@@ -276,7 +305,14 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	}
 	exists := info.Kind == fsx.Dir
 	e := st.entry
-	a := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
+	a, err := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
+	if errors.Is(err, errOwnerComing) {
+		ownerComingLine(st, "made", d.Owner)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
 
 	if !exists && r.heldGone(st, e, d.Module, d.Key(), "deleted") {
 		return nil

@@ -23,10 +23,15 @@ type owner struct {
 type owners struct {
 	users  map[string][2]int // name -> uid, primary gid
 	groups map[string]int
+	getent func(db, key string) ([]string, error)
 }
 
-func newOwners() *owners {
-	return &owners{users: map[string][2]int{}, groups: map[string]int{}}
+// newOwners resolves through lookup, the name service's getent when nil.
+func newOwners(lookup func(db, key string) ([]string, error)) *owners {
+	if lookup == nil {
+		lookup = getent
+	}
+	return &owners{users: map[string][2]int{}, groups: map[string]int{}, getent: lookup}
 }
 
 func (o *owners) resolve(spec string) (owner, error) {
@@ -59,7 +64,7 @@ func (o *owners) user(name string) ([2]int, error) {
 	if ent, ok := o.users[name]; ok {
 		return ent, nil
 	}
-	fields, err := getent("passwd", name)
+	fields, err := o.getent("passwd", name)
 	if err != nil {
 		return [2]int{}, err
 	}
@@ -79,7 +84,7 @@ func (o *owners) group(name string) (int, error) {
 	if gid, ok := o.groups[name]; ok {
 		return gid, nil
 	}
-	fields, err := getent("group", name)
+	fields, err := o.getent("group", name)
 	if err != nil {
 		return 0, err
 	}

@@ -91,7 +91,7 @@ func (r *run) process(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	ow, err := newOwners().resolve(p.User)
+	ow, err := newOwners(r.opt.getent).resolve(p.User)
 	if err != nil {
 		r.fail(st, fmt.Errorf("user %s: %w (declare it with a user resource before the process)", p.User, err), rest)
 		return

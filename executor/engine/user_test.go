@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -48,15 +50,36 @@ func (f *fakeAccounts) modify(_ context.Context, n, shell, home string, add []st
 }
 
 func (h *harness) applyAccounts(f *fakeAccounts, doc string) *shapes.Report {
+	return h.runAccounts(f, doc, false)
+}
+
+func (h *harness) runAccounts(f *fakeAccounts, doc string, plan bool) *shapes.Report {
 	h.t.Helper()
 	d, err := shapes.ParseTrusted([]byte(doc))
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	st, _ := store.Open(h.state)
-	st.Lock(time.Second)
-	defer st.Unlock()
-	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, accounts: f})
+	if !plan {
+		st.Lock(time.Second)
+		defer st.Unlock()
+	}
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: plan, accounts: f, getent: f.getent})
+}
+
+// getent is the name service over the fake databases: a user's uid is
+// 1500 and on, in the order made, its primary group the same number.
+func (f *fakeAccounts) getent(db, key string) ([]string, error) {
+	names := slices.Sorted(maps.Keys(f.users))
+	i := slices.Index(names, key)
+	if i < 0 {
+		return nil, fmt.Errorf("%s %q is not known to the name service", db, key)
+	}
+	id := fmt.Sprint(1500 + i)
+	if db == "group" {
+		return []string{key, "x", id}, nil
+	}
+	return []string{key, "x", id, id, "", f.users[key].Home, f.users[key].Shell}, nil
 }
 
 func TestUserGroupsAddedNeverPruned(t *testing.T) {
@@ -216,4 +239,46 @@ func mustParse(t *testing.T, doc string) *shapes.Declaration {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// A user and what it owns, in one declaration (a service account and its
+// directory and configuration): the owner is resolved when the file's or
+// directory's step runs, after the user's — it was refused whole, the
+// name service not knowing the user before anything was applied. A plan
+// makes no user, and says so; an owner whose user is declared after it, or
+// by nobody, is still refused.
+func TestAUserAndWhatItOwnsInOneDeclaration(t *testing.T) {
+	h := newHarness(t)
+	f := &fakeAccounts{users: map[string]*account{}}
+	user := `{"module":"app","id":"user","type":"user","name":"app","home":"/srv/app"}`
+	dir := `{"module":"app","id":"dir","type":"directory","path":"{root}/srv","owner":"app","mode":"0750"}`
+	conf := `{"module":"app","id":"conf","type":"file","path":"{root}/srv/app.conf","owner":"app:app","content":"x\n"}`
+	doc := h.doc(user, dir, conf)
+	plan := h.runAccounts(f, doc, true)
+	if outcomes(plan) != "app.user=applied app.dir=applied app.conf=applied" || !strings.Contains(plan.Lines[1].Detail, "its owner app comes with this declaration's user") || len(f.log) != 0 {
+		t.Fatalf("plan: %+v %q", plan.Lines, f.log)
+	}
+	h.absent("srv")
+	rep := h.applyAccounts(f, doc)
+	if outcomes(rep) != "app.user=applied app.dir=applied app.conf=applied" {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	for _, p := range []string{"srv", "srv/app.conf"} {
+		if got := ownerOf(t, h.p(p)); got != "1500:1500" {
+			t.Fatalf("%s owned by %s, want app's 1500:1500", p, got)
+		}
+	}
+	if rep := h.applyAccounts(f, doc); rep.Outcome != shapes.Unchanged {
+		t.Fatalf("again: %+v", rep.Lines)
+	}
+	for _, c := range []struct{ name, doc string }{
+		{"its user declared after it", h.doc(strings.ReplaceAll(dir, "app", "late"), strings.ReplaceAll(user, "app", "late"))},
+		{"its user declared by nobody", h.doc(strings.ReplaceAll(dir, "app", "nobody-here"))},
+	} {
+		os.RemoveAll(h.p("srv"))
+		rep := h.applyAccounts(f, c.doc)
+		if rep.Refused == "" || !strings.Contains(rep.Refused, "field owner") {
+			t.Fatalf("%s: %+v", c.name, rep)
+		}
+	}
 }

@@ -355,6 +355,16 @@ func TestUserOnTheShadowTools(t *testing.T) {
 	if m.sh("getent passwd lpalice >/dev/null && echo yes") != "yes" {
 		t.Fatal("deleted")
 	}
+	// A service account and what it owns, in one declaration: the owner
+	// is resolved after the user is made (useradd, then the name service).
+	svc := `{"module":"app","id":"user","type":"user","name":"lpsvc","home":"/srv/lpsvc"}`
+	data := `{"module":"app","id":"data","type":"directory","path":"/srv/lpsvc-data","owner":"lpsvc","mode":"0750"}`
+	conf := `{"module":"app","id":"conf","type":"file","path":"/srv/lpsvc-data/app.conf","owner":"lpsvc:lpsvc","content":"x\n"}`
+	rep, _ = m.apply(decl(svc, data, conf))
+	expect(t, rep, shapes.Applied, "app.user=applied app.data=applied app.conf=applied")
+	if got, want := m.sh("stat -c %U:%G /srv/lpsvc-data /srv/lpsvc-data/app.conf | tr '\\n' ' '"), "lpsvc:lpsvc lpsvc:lpsvc"; got != want {
+		t.Fatalf("owned by %q, want %q", got, want)
+	}
 	// A partial host refuses a user by name.
 	rep, code := m.apply(decl(alice), "apply", "--partial")
 	if code != 2 || !strings.Contains(rep.Refused, `a partial host applies only file, directory, region, keys, action and archive, not "user"`) {

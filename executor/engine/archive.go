@@ -503,6 +503,7 @@ func (r *run) archive(st *step, rest int) {
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
 	if r.opt.Plan {
+		r.planBrings = true // what it unpacks may be a file a later step edits
 		r.emit(st.line)
 		return
 	}

@@ -190,6 +190,9 @@ type run struct {
 	// (nil: gone), for the step that edits it.
 	early       map[string]bool
 	plannedFile map[string][]byte
+	// planBrings, in a plan: a package or archive planned before would be
+	// installed or unpacked, and may bring a file a region or keys edits.
+	planBrings bool
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -177,6 +178,10 @@ func (r *run) keys(st *step, rest int) {
 	}
 	format, _ := edit.ParseFormat(k.Format)
 	data, info, label, err := r.editedFile(k.Path, "keys")
+	if errors.Is(err, errFileComing) {
+		r.fileComing(st, k.Path, "its keys set as declared", r.heldKeys(k, e), k.Module)
+		return
+	}
 	if err != nil {
 		r.fail(st, err, rest)
 		return

@@ -600,6 +600,7 @@ func (r *run) pkg(st *step, rest int) {
 		n.Created = true
 	}
 	if r.opt.Plan {
+		r.planBrings = true // what it installs may bring a file a later step edits
 		r.emit(st.line)
 		return
 	}

@@ -283,3 +283,51 @@ func TestAPKAnswersInEveryVerbosity(t *testing.T) {
 		}
 	}
 }
+
+// A region or keys in a file a package declared before them brings
+// (openssh-server, then sshd_config hardened): the plan, which installs
+// nothing, found no file and said failed — "declare … the package that
+// brings it, before it", which the declaration did — where the apply
+// succeeds. It says now that the file may come with the package, and the
+// outcome the apply gives; with no package or archive before them, failed
+// as the apply is. On an adopted node, its module not taken: held, as
+// the apply holds it.
+func TestAPlanOfEditsInAFileAPackageBrings(t *testing.T) {
+	for _, c := range []struct {
+		name, doc, outcomes string
+	}{
+		{"keys and a region after the package", `{"version":1,"resources":[` + pkgRes + `,` + keysRes + `,` + regionRes + `]}`, "m.p=applied m.k=applied m.r=applied"},
+		{"on an adopted node, the module not taken", `{"version":1,"adopted":true,"taken":["base"],"resources":[` + strings.Replace(pkgRes, `"m"`, `"base"`, 1) + `,` + keysRes + `]}`, "base.p=applied m.k=held"},
+		{"no package before them", `{"version":1,"resources":[` + keysRes + `,` + pkgRes + `]}`, "m.k=failed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := &fakePackages{have: map[string]string{}, repo: map[string]string{"openssh-server": "1"}, files: map[string]string{}}
+			f.onInstall = func(string) {
+				os.WriteFile(h.p("sshd_config"), []byte("Port 22\nX11Forwarding yes\n"), 0o644)
+				os.WriteFile(h.p("issue.net"), []byte("Debian\n"), 0o644)
+			}
+			doc := strings.ReplaceAll(c.doc, "{root}", h.root)
+			d, err := shapes.ParseTrusted([]byte(doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, _ := store.Open(h.state)
+			plan := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: true, packages: f})
+			if len(f.log) != 0 {
+				t.Fatalf("the plan installed: %q", f.log)
+			}
+			h.absent("sshd_config")
+			rep := h.applyPackages(f, doc)
+			if outcomes(plan) != c.outcomes || outcomes(rep) != c.outcomes {
+				t.Fatalf("plan [%s], apply [%s], want [%s]\n%+v\n%+v", outcomes(plan), outcomes(rep), c.outcomes, plan.Lines, rep.Lines)
+			}
+		})
+	}
+}
+
+const (
+	pkgRes    = `{"module":"m","id":"p","type":"package","name":"openssh-server"}`
+	keysRes   = `{"module":"m","id":"k","type":"keys","path":"{root}/sshd_config","format":"space","set":{"X11Forwarding":"no"}}`
+	regionRes = `{"module":"m","id":"r","type":"region","path":"{root}/issue.net","content":"authorised use only\n"}`
+)

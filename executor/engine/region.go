@@ -52,10 +52,30 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 			info.Kind = fsx.Absent
 		}
 	}
+	if info.Kind == fsx.Absent && r.opt.Plan && r.planBrings {
+		return nil, info, nil, errFileComing
+	}
 	if info.Kind == fsx.Absent {
 		return nil, info, nil, fmt.Errorf("%s does not exist; %s writes into a file that is there and never creates one (declare the file, or the package that brings it, before it)", path, what)
 	}
 	return data, info, label, nil
+}
+
+// errFileComing is a plan's word for a shared file not there yet, which a
+// package or archive planned before it may bring: the plan installs and
+// unpacks nothing, so it cannot read the file the apply will edit.
+var errFileComing = errors.New("its file may come with a package or archive declared before it, which a plan does not apply")
+
+// fileComing ends a plan's step whose file a package or archive planned
+// before may bring (errFileComing), as the apply would go on: applied,
+// with what it then does, or held on an adopted node, its module not taken.
+func (r *run) fileComing(st *step, path, then string, held bool, module string) {
+	st.line.Outcome = shapes.Applied
+	if held {
+		st.line.Outcome, then = shapes.Held, "held as found until module "+module+" is taken"
+	}
+	st.line.Detail = fmt.Sprintf("%s is not there yet: it may come with a package or archive declared before it, which a plan does not apply; then %s", path, then)
+	r.emit(st.line)
 }
 
 // plannedWhat is how a plan's diff names a file as an earlier removal of
@@ -134,6 +154,10 @@ func (r *run) region(st *step, rest int) {
 	want := edit.Normalise(g.Text())
 	ed := edit.Region{Comment: g.CommentLeader(), Name: g.Key()}
 	data, info, label, err := r.editedFile(g.Path, "a region")
+	if errors.Is(err, errFileComing) {
+		r.fileComing(st, g.Path, "the block written", r.d.Adopted && !r.taken[g.Module] && (e == nil || e.Held), g.Module)
+		return
+	}
 	if err != nil {
 		r.fail(st, err, rest)
 		return

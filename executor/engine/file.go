@@ -138,14 +138,11 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	exists := info.Kind == fsx.Regular
 	e := st.entry
 	a, err := r.wantAttrs(f.Key(), f.Mode, info, exists, defaultFileMode)
-	if errors.Is(err, errOwnerComing) {
-		ownerComingLine(st, "written", f.Owner)
-		return nil
-	}
-	if err != nil {
+	coming := errors.Is(err, errOwnerComing) // a plan: held or not is said still
+	if err != nil && !coming {
 		return err
 	}
-	match := exists && eq && attrsOf(info) == a
+	match := exists && eq && attrsOf(info) == a && !coming
 
 	if !exists && r.heldGone(st, e, f.Module, f.Key(), "deleted") {
 		return nil
@@ -153,6 +150,10 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	if exists && r.d.Adopted && !r.taken[f.Module] && (e == nil || e.Held) {
 		r.heldOK[f.Key()] = match
 		return r.holdFile(st, f, e, info)
+	}
+	if coming {
+		ownerComingLine(st, "written", f.Owner)
+		return nil
 	}
 	if match {
 		st.line.Outcome = shapes.Unchanged
@@ -306,11 +307,8 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	exists := info.Kind == fsx.Dir
 	e := st.entry
 	a, err := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
-	if errors.Is(err, errOwnerComing) {
-		ownerComingLine(st, "made", d.Owner)
-		return nil
-	}
-	if err != nil {
+	coming := errors.Is(err, errOwnerComing) // a plan: held or not is said still
+	if err != nil && !coming {
 		return err
 	}
 
@@ -328,6 +326,10 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 			st.line.Outcome = shapes.HeldChanged
 			st.line.Detail = fmt.Sprintf("held until module %s is taken, and changed by something else since it was found; left as it is", d.Module)
 		}
+		return nil
+	}
+	if coming {
+		ownerComingLine(st, "made", d.Owner)
 		return nil
 	}
 	if exists && attrsOf(info) == a {

@@ -271,6 +271,17 @@ func TestAUserAndWhatItOwnsInOneDeclaration(t *testing.T) {
 	if rep := h.applyAccounts(f, doc); rep.Outcome != shapes.Unchanged {
 		t.Fatalf("again: %+v", rep.Lines)
 	}
+	// On an adopted node, a found file of a module not taken is held by
+	// the apply, whose owner's user the declaration makes: so says the plan.
+	h2 := newHarness(t)
+	f2 := &fakeAccounts{users: map[string]*account{}}
+	os.MkdirAll(h2.p("srv"), 0o755)
+	os.WriteFile(h2.p("srv/app.conf"), []byte("the machine's\n"), 0o644)
+	adopted := strings.Replace(h2.doc(strings.Replace(user, `"app"`, `"people"`, 1), conf), `{"version":1,`, `{"version":1,"adopted":true,"taken":["people"],`, 1)
+	plan = h2.runAccounts(f2, adopted, true)
+	if rep := h2.applyAccounts(f2, adopted); outcomes(plan) != "people.user=applied app.conf=held" || outcomes(rep) != outcomes(plan) {
+		t.Fatalf("adopted: plan [%s] apply [%s]", outcomes(plan), outcomes(rep))
+	}
 	for _, c := range []struct{ name, doc string }{
 		{"its user declared after it", h.doc(strings.ReplaceAll(dir, "app", "late"), strings.ReplaceAll(user, "app", "late"))},
 		{"its user declared by nobody", h.doc(strings.ReplaceAll(dir, "app", "nobody-here"))},

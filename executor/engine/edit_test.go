@@ -483,3 +483,48 @@ func TestTwoEditsOfOneFileUndeclaredTogether(t *testing.T) {
 		t.Fatalf("sshd_config given back as:\n%q\nfound\n%q", got, sshd)
 	}
 }
+
+// A key a rescue file sets is the rescue file's against the link, key by
+// key, however their resources are named — as a whole target is (the
+// higher source holds it). Set by both, the link's apply, and its
+// reconcile at every drift look, put its value back over the rescue's: a
+// PasswordAuthentication yes set at the console to get back in turned
+// back to no. The link's line says held; once the rescue no longer sets
+// it, the link's word applies again, and undeclared, the person's value
+// from before the mesh comes back.
+func TestAKeyARescueFileSetsIsHeldAgainstTheLink(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.p("sshd_config"), []byte("PasswordAuthentication yes\nPort 22\n"), 0o600)
+	k := func(module, set string) string {
+		return `{"module":"` + module + `","id":"k","type":"keys","path":"{root}/sshd_config","format":"space","set":` + set + `}`
+	}
+	link := h.doc(k("ssh", `{"PasswordAuthentication":"no","Port":"2222"}`))
+	rescue := h.doc(k("rescue", `{"PasswordAuthentication":"yes"}`))
+	for i, c := range []struct {
+		src   store.Source
+		doc   string
+		lines string
+		want  string
+	}{
+		{store.Link, link, "ssh.k=applied", "PasswordAuthentication no\nPort 2222\n"},
+		{store.Local, rescue, "rescue.k=applied", "PasswordAuthentication yes\nPort 2222\n"},
+		{store.Link, link, "ssh.k=unchanged", "PasswordAuthentication yes\nPort 2222\n"},
+		{store.Link, link, "ssh.k=unchanged", "PasswordAuthentication yes\nPort 2222\n"},
+		{store.Local, h.doc(), "rescue.k=forgotten", "PasswordAuthentication yes\nPort 2222\n"},
+		{store.Link, link, "ssh.k=repaired", "PasswordAuthentication no\nPort 2222\n"},
+		{store.Link, h.doc(), "ssh.k=restored", "PasswordAuthentication yes\nPort 22\n"},
+	} {
+		rep := h.run(c.src, c.doc, false)
+		if outcomes(rep) != c.lines || h.read("sshd_config") != c.want {
+			t.Fatalf("step %d (%s): [%s] %+v\n%q, want [%s]\n%q", i+1, c.src, outcomes(rep), rep.Lines, h.read("sshd_config"), c.lines, c.want)
+		}
+		if i == 2 && !strings.Contains(rep.Lines[0].Detail, "PasswordAuthentication declared also by local:rescue.k, which takes precedence") {
+			t.Fatalf("the link's line: %q", rep.Lines[0].Detail)
+		}
+	}
+	// Every key held: the line says held.
+	h.run(store.Local, rescue, false)
+	if rep := h.run(store.Link, h.doc(k("ssh", `{"PasswordAuthentication":"no"}`)), false); outcomes(rep) != "ssh.k=held" {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}

@@ -93,6 +93,13 @@ type keysHere struct {
 	// setBy is the resource of this declaration ("module.id") that sets
 	// the key and is not held: the one it is handed over to.
 	setBy map[keyAt]string
+	// above is, for each key a source above this one sets (a rescue
+	// file's keys over the link's), its claims: the key is that source's
+	// until it no longer sets it, as a whole target is (yields), however
+	// its resources are named. Set by both, each apply and reconcile would
+	// put back the other's — a rescue's PasswordAuthentication yes turned
+	// back to no at the link's next drift look.
+	above map[keyAt]string
 }
 
 // keysHere reads, the first time a run needs it, what every keys record
@@ -101,7 +108,7 @@ func (r *run) keysHere() *keysHere {
 	if r.keysAt != nil {
 		return r.keysAt
 	}
-	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}}
+	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}, above: map[keyAt]string{}}
 	for _, e := range r.st.Entries() {
 		_, path, _, ok := shapes.EditTarget(e.Target)
 		if e.Type != shapes.TypeKeys || !ok {
@@ -113,9 +120,18 @@ func (r *run) keysHere() *keysHere {
 		if err != nil {
 			continue
 		}
+		var higher []store.Claim
+		for _, c := range e.Claims {
+			if precedence[c.Source] > precedence[r.opt.Source] {
+				higher = append(higher, c)
+			}
+		}
 		for fk := range rec.Set {
 			if _, dup := k.found[keyAt{path, fk}]; !dup {
 				k.found[keyAt{path, fk}] = rec.Found[fk]
+			}
+			if len(higher) > 0 {
+				k.above[keyAt{path, fk}] = joinClaims(higher)
 			}
 		}
 	}
@@ -205,7 +221,7 @@ func (r *run) keys(st *step, rest int) {
 	kf := edit.ParseKeys(data, format)
 	rec := keysRecord{Format: k.Format, Names: map[string]string{}, Found: map[string]*string{}, Set: map[string]string{}}
 	var changes []edit.Change
-	var set, back []string
+	var set, back, above []string
 	for _, name := range slices.Sorted(maps.Keys(k.Set)) {
 		want := k.Set[name]
 		cur, present, err := kf.Get(name)
@@ -214,6 +230,16 @@ func (r *run) keys(st *step, rest int) {
 			return
 		}
 		fk := fold(format, name)
+		if by := r.keysHere().above[keyAt{k.Path, fk}]; by != "" {
+			// A source above this one sets it: left as it has it. What
+			// this resource set before stays in its record, with what it
+			// found, for when that source no longer sets it.
+			if prev, had := old.Set[fk]; had {
+				rec.Names[fk], rec.Found[fk], rec.Set[fk] = old.Names[fk], old.Found[fk], prev
+			}
+			above = append(above, fmt.Sprintf("%s declared also by %s, which takes precedence: left as that source has it", name, by))
+			continue
+		}
 		found, known := old.Found[fk]
 		if !known {
 			found, known = r.keysHere().found[keyAt{k.Path, fk}]
@@ -261,8 +287,12 @@ func (r *run) keys(st *step, rest int) {
 		n.Order = e.Order
 	}
 	stale := e == nil || e.Original == nil || e.Original.Digest != orig.Digest
+	back = append(back, above...)
 	if len(changes) == 0 {
-		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d keys in %s as declared", len(k.Set), k.Path)
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d keys in %s as declared", len(k.Set)-len(above), k.Path)
+		if len(above) == len(k.Set) {
+			st.line.Outcome, st.line.Detail = shapes.Held, "every key of it in "+k.Path+" is held by a source above this one"
+		}
 		if len(back) > 0 {
 			st.line.Detail += "; " + strings.Join(back, "; ")
 		}

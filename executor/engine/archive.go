@@ -604,24 +604,10 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry) {
 		if en.dir || e == nil || e.Type != shapes.TypeFile || r.early[target] || r.fileDeclared(full) != "" {
 			continue
 		}
-		claims := e.Claims
-		if e.Stub && e.Pending != nil {
-			claims = []store.Claim{e.Pending.Claim}
-		}
-		if len(claims) == 0 || slices.ContainsFunc(claims, func(c store.Claim) bool { return c.Source != r.opt.Source || r.declared[claimTarget{c, target}] }) {
+		if !r.onlyMine(e) {
 			continue
 		}
-		st := &step{target: target, entry: r.settle(e, store.Claim{})}
-		st.line = shapes.Line{Type: e.Type, Module: claims[0].Module, ID: claims[0].ID}
-		if r.removing == nil {
-			r.removing = map[string]bool{}
-		}
-		r.planRemoval(st)
-		r.early[target] = true
-		if r.opt.Plan && st.line.Outcome != shapes.Failed {
-			r.planAfter(st, full, true, "")
-		}
-		batch = append(batch, st)
+		batch = append(batch, r.removeFirst(e, full, true, ""))
 	}
 	r.execute(batch, len(r.d.Resources))
 }

@@ -284,7 +284,7 @@ func (r *run) container(st *step, rest int) {
 		return
 	}
 	if found && !ours {
-		if r.d.Adopted && !r.taken[c.Module] && (e == nil || e.Held) {
+		if r.holds(c.Module, e) {
 			// Held: found on an adopted node, its module not yet taken.
 			// What was found is remembered (which container, its image,
 			// whether it ran), so a change by something else is seen.

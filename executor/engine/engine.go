@@ -929,6 +929,14 @@ func (r *run) yields(st *step, e *store.Entry) bool {
 	return true
 }
 
+// holds reports whether a thing of module, whose entry is e, is held on an
+// adopted node: found there, its module not yet taken (ADR 0100). Every
+// shape asks it of what it finds; a thing the host applied once is never
+// held again.
+func (r *run) holds(module string, e *store.Entry) bool {
+	return r.d.Adopted && !r.taken[module] && (e == nil || e.Held)
+}
+
 // yieldAlone is yields for the steps that run alone: it records and emits.
 func (r *run) yieldAlone(st *step, e *store.Entry, rest int) bool {
 	if !r.yields(st, e) {

@@ -147,7 +147,7 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	if !exists && r.heldGone(st, e, f.Module, f.Key(), "deleted") {
 		return nil
 	}
-	if exists && r.d.Adopted && !r.taken[f.Module] && (e == nil || e.Held) {
+	if exists && r.holds(f.Module, e) {
 		r.heldOK[f.Key()] = match
 		return r.holdFile(st, f, e, info)
 	}
@@ -315,7 +315,7 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	if !exists && r.heldGone(st, e, d.Module, d.Key(), "deleted") {
 		return nil
 	}
-	if exists && r.d.Adopted && !r.taken[d.Module] && (e == nil || e.Held) {
+	if exists && r.holds(d.Module, e) {
 		r.heldOK[d.Key()] = attrsOf(info) == a
 		st.line.Outcome = shapes.Held
 		st.line.Detail = fmt.Sprintf("found on an adopted node; held as found until module %s is taken", d.Module)

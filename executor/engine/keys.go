@@ -137,7 +137,7 @@ func (r *run) keysHere() *keysHere {
 	}
 	for _, res := range r.d.Resources {
 		x, ok := res.(*shapes.Keys)
-		if !ok || r.heldKeys(x, r.st.Get(targetOf(r.claimOf(x), x))) {
+		if !ok || r.holds(x.Module, r.st.Get(targetOf(r.claimOf(x), x))) {
 			continue
 		}
 		format, _ := edit.ParseFormat(x.Format)
@@ -147,12 +147,6 @@ func (r *run) keysHere() *keysHere {
 	}
 	r.keysAt = k
 	return k
-}
-
-// heldKeys reports whether a keys resource is held on an adopted node: a
-// found file's keys are not set until the module is taken.
-func (r *run) heldKeys(k *shapes.Keys, e *store.Entry) bool {
-	return r.d.Adopted && !r.taken[k.Module] && (e == nil || e.Held)
 }
 
 // handedOver says, for a key a resource no longer sets, whether another
@@ -195,14 +189,14 @@ func (r *run) keys(st *step, rest int) {
 	format, _ := edit.ParseFormat(k.Format)
 	data, info, label, err := r.editedFile(k.Path, "keys")
 	if errors.Is(err, errFileComing) {
-		r.fileComing(st, k.Path, "its keys set as declared", r.heldKeys(k, e), k.Module)
+		r.fileComing(st, k.Path, "its keys set as declared", r.holds(k.Module, e), k.Module)
 		return
 	}
 	if err != nil {
 		r.fail(st, err, rest)
 		return
 	}
-	if r.heldKeys(k, e) {
+	if r.holds(k.Module, e) {
 		// A found file on an adopted node: held like a found file is, its
 		// keys not set until the module is taken.
 		kf, as := edit.ParseKeys(data, format), true

@@ -70,7 +70,7 @@ func (r *run) network(st *step, rest int) {
 	if found {
 		mine := cur.Labels[networkLabel] != ""
 		n.Created = n.Created && mine
-		if !mine && r.d.Adopted && !r.taken[nw.Module] && (e == nil || e.Held) {
+		if !mine && r.holds(nw.Module, e) {
 			r.heldOK[nw.Key()] = true // a network by name is all that is declared
 			n.Held, n.Digest = true, ""
 			st.line.Outcome = shapes.Held

@@ -189,7 +189,7 @@ func (r *run) overlay(st *step, rest int) {
 
 	// Held: found on an adopted node, its module not yet taken. Its key is
 	// whatever it has; the rest is compared for the briefing.
-	if cur.Exists && r.d.Adopted && !r.taken[o.Module] && (e == nil || e.Held) {
+	if cur.Exists && r.holds(o.Module, e) {
 		noKey := spec
 		noKey.PrivateKey = nil
 		r.heldOK[o.Key()] = overlay.Diff(noKey, cur).None()

@@ -559,7 +559,7 @@ func (r *run) pkg(st *step, rest int) {
 		r.recordAndEmit(st, rest)
 		return
 	}
-	if ok && r.d.Adopted && !r.taken[p.Module] && (e == nil || e.Held) {
+	if ok && r.holds(p.Module, e) {
 		r.heldOK[p.Key()] = p.Version == "" || p.Version == have
 		n.Held, n.Digest = true, ""
 		st.line.Outcome, st.line.Detail = shapes.Held, fmt.Sprintf("found %s on an adopted node; held as found until module %s is taken", have, p.Module)

@@ -155,7 +155,7 @@ func (r *run) region(st *step, rest int) {
 	ed := edit.Region{Comment: g.CommentLeader(), Name: g.Key()}
 	data, info, label, err := r.editedFile(g.Path, "a region")
 	if errors.Is(err, errFileComing) {
-		r.fileComing(st, g.Path, "the block written", r.d.Adopted && !r.taken[g.Module] && (e == nil || e.Held), g.Module)
+		r.fileComing(st, g.Path, "the block written", r.holds(g.Module, e), g.Module)
 		return
 	}
 	if err != nil {
@@ -171,7 +171,7 @@ func (r *run) region(st *step, rest int) {
 	if e != nil {
 		n.Order, n.Original, n.Created = e.Order, e.Original, e.Created
 	}
-	if r.d.Adopted && !r.taken[g.Module] && (e == nil || e.Held) {
+	if r.holds(g.Module, e) {
 		r.holdEdited(st, e, g.Key(), found && cur == want, fmt.Sprintf("%s found on an adopted node; held as found, no block written, until module %s is taken", g.Path, g.Module), rest)
 		return
 	}

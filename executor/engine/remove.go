@@ -41,10 +41,7 @@ func (r *run) removeUndeclared() {
 			continue // undone before the apply (removeReshaped)
 		}
 		var mine, rest []store.Claim
-		claims := e.Claims
-		if e.Stub && e.Pending != nil {
-			claims = []store.Claim{e.Pending.Claim}
-		}
+		claims := claimsOf(e)
 		for _, c := range claims {
 			if c.Source == r.opt.Source && !r.declared[claimTarget{c, e.Target}] {
 				mine = append(mine, c)
@@ -90,13 +87,8 @@ func (r *run) removeUndeclared() {
 // declaration says what becomes of it.
 func (r *run) checkReshaped() error {
 	for _, res := range r.d.Resources {
-		var p string
-		switch x := res.(type) {
-		case *shapes.Region:
-			p = x.Path
-		case *shapes.Keys:
-			p = x.Path
-		default:
+		_, p, _, edits := shapes.EditTarget(shapes.Target(res))
+		if !edits {
 			continue
 		}
 		e := r.st.Get("path:" + p)
@@ -127,15 +119,13 @@ func (r *run) removeReshaped() {
 	whole, edited := map[string]bool{}, map[string]bool{}
 	now := make(map[string]bool, len(r.d.Resources))
 	for _, res := range r.d.Resources {
-		switch x := res.(type) {
-		case *shapes.File:
-			whole[x.Path] = true
-		case *shapes.Region:
-			edited[x.Path] = true
-		case *shapes.Keys:
-			edited[x.Path] = true
+		t := shapes.Target(res)
+		if f, ok := res.(*shapes.File); ok {
+			whole[f.Path] = true
+		} else if _, p, _, ok := shapes.EditTarget(t); ok {
+			edited[p] = true
 		}
-		now[shapes.Target(res)] = true
+		now[t] = true
 	}
 	if len(whole) == 0 && len(edited) == 0 {
 		return
@@ -147,26 +137,47 @@ func (r *run) removeReshaped() {
 		p, isPath := strings.CutPrefix(e.Target, "path:")
 		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
 		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && whole[editPath]
-		claims := e.Claims
-		if e.Stub && e.Pending != nil {
-			claims = []store.Claim{e.Pending.Claim}
-		}
-		if !reshaped || now[e.Target] || len(claims) == 0 || slices.ContainsFunc(claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
+		if !reshaped || now[e.Target] || !r.onlyMine(e) {
 			continue
 		}
-		st := &step{target: e.Target, entry: r.settle(e, store.Claim{})}
-		st.line = shapes.Line{Type: e.Type, Module: claims[0].Module, ID: claims[0].ID}
-		if r.removing == nil {
-			r.removing = map[string]bool{}
-		}
-		r.planRemoval(st)
-		r.early[e.Target] = true
-		if r.opt.Plan && st.line.Outcome != shapes.Failed {
-			r.planAfter(st, p, isPath, editPath)
-		}
-		batch = append(batch, st)
+		batch = append(batch, r.removeFirst(e, p, isPath, editPath))
 	}
 	r.execute(batch, len(r.d.Resources))
+}
+
+// claimsOf is who claims e: a stub's only claim is its pending intent's.
+func claimsOf(e *store.Entry) []store.Claim {
+	if e.Stub && e.Pending != nil {
+		return []store.Claim{e.Pending.Claim}
+	}
+	return e.Claims
+}
+
+// onlyMine reports whether e is claimed, and by this source alone, under
+// no claim this declaration declares: undone whole when it is undone.
+func (r *run) onlyMine(e *store.Entry) bool {
+	claims := claimsOf(e)
+	return len(claims) > 0 && !slices.ContainsFunc(claims, func(c store.Claim) bool {
+		return c.Source != r.opt.Source || r.declared[claimTarget{c, e.Target}]
+	})
+}
+
+// removeFirst decides the removal of e ahead of the others
+// (removeReshaped, clearWay), marks it done early so removeUndeclared
+// passes over it, and tells a plan what it leaves at its file.
+func (r *run) removeFirst(e *store.Entry, p string, isPath bool, editPath string) *step {
+	claims := claimsOf(e)
+	st := &step{target: e.Target, entry: r.settle(e, store.Claim{})}
+	st.line = shapes.Line{Type: e.Type, Module: claims[0].Module, ID: claims[0].ID}
+	if r.removing == nil {
+		r.removing = map[string]bool{}
+	}
+	r.planRemoval(st)
+	r.early[e.Target] = true
+	if r.opt.Plan && st.line.Outcome != shapes.Failed {
+		r.planAfter(st, p, isPath, editPath)
+	}
+	return st
 }
 
 // planAfter tells, in a plan, the step of the file's new shape what an

@@ -86,7 +86,7 @@ func (r *run) service(st *step, rest int) {
 	if !cur.Known && r.opt.Plan && r.unitComing[svc.Key()] {
 		st.line.Outcome = shapes.Applied
 		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
-		if r.heldService(svc, e) {
+		if r.holds(svc.Module, e) {
 			// The apply holds what it finds, however it came.
 			st.line.Outcome = shapes.Held
 			st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then held as found, on an adopted node, until module %s is taken", svc.Module)
@@ -147,7 +147,7 @@ func (r *run) service(st *step, rest int) {
 	}
 
 	// Held: found on an adopted node, its module not yet taken.
-	if r.heldService(svc, e) {
+	if r.holds(svc.Module, e) {
 		r.heldOK[svc.Key()] = (svc.State == "" || (svc.State == "running") == cur.Running) &&
 			(svc.Enabled == nil || *svc.Enabled == cur.IsEnabled())
 		n.Held, n.Digest = true, ""
@@ -748,10 +748,4 @@ func init() {
 		}
 		r.planServiceRemoval(st)
 	})
-}
-
-// heldService reports whether a service is held on an adopted node: found
-// there, its module not yet taken.
-func (r *run) heldService(svc *shapes.Service, e *store.Entry) bool {
-	return r.d.Adopted && !r.taken[svc.Module] && (e == nil || e.Held)
 }

@@ -198,7 +198,7 @@ func (r *run) user(st *step, rest int) {
 		r.recordAndEmit(st, rest)
 		return
 	}
-	if exists && r.d.Adopted && !r.taken[u.Module] && (e == nil || e.Held) {
+	if exists && r.holds(u.Module, e) {
 		ok := (u.Shell == "" || u.Shell == cur.Shell) && (u.Home == "" || u.Home == cur.Home)
 		for _, g := range u.Groups {
 			ok = ok && slices.Contains(cur.Groups, g)

@@ -53,12 +53,21 @@ func TestAgentDiagnosis(t *testing.T) {
 	os.WriteFile(agent, b, 0o755)
 	fake := func(args ...string) {
 		t.Helper()
-		cmd := exec.Command(agent, append([]string{"-c", "sleep 60; :", "mesh-agent"}, args...)...)
+		// The shell waits on a read of a pipe nothing writes: a builtin, so
+		// it forks no child — a forked child bears the same command line
+		// until it execs, and was counted as a second agent for a moment.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(agent, append([]string{"-c", "read x", "mesh-agent"}, args...)...)
+		cmd.Stdin = pr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Setpgid: true}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
+		pr.Close()
+		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait(); pw.Close() })
 	}
 	fake("--user", "nobody")
 	if got := agentDiagnosis(sock); !strings.Contains(got, "no mesh-agent process is started for the socket "+sock) || !strings.Contains(got, wire.SocketPath) {

@@ -13,9 +13,10 @@ import (
 )
 
 // The executor's socket. The directory is root's and the agent's group's
-// (0750), the socket 0660 root:group, created under a umask of 077 and only
-// then opened to the group, so there is no instant at which another user
-// could connect. Peer credentials are checked on every connection anyway.
+// (0750), the socket 0660 root:group, created under a umask of 077 beside
+// its path, opened to the group, and only then renamed to its path: there
+// is no instant at which another user could connect, nor one at which the
+// agent finds it and cannot. Peer credentials are checked on every connection anyway.
 const (
 	SocketDir  = "/run/mesh-host"
 	SocketPath = "/run/mesh-host/executor.sock"
@@ -56,31 +57,69 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
 	}
+	// Bound under another name, given its owner and mode, and only then
+	// renamed to path: whoever sees the socket at path (the agent, a
+	// watcher of the directory) sees it as it stays, never root's 0700
+	// socket of the instant before the chown — a connection then was
+	// refused, and a look then saw a file that changed after.
+	tmp := path + "~"
+	if len(tmp) >= len(unix.RawSockaddrUnix{}.Path) {
+		return nil, fmt.Errorf("wire: the socket path %s is too long (at most %d bytes)", path, len(unix.RawSockaddrUnix{}.Path)-2)
+	}
+	if err := removeLeftover(tmp); err != nil {
+		return nil, err
+	}
 	old := syscall.Umask(0o077)
-	ln, err := net.Listen("unix", path)
+	ln, err := net.Listen("unix", tmp)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("wire: listen: %w", err)
-	}
-	if err := os.Chown(path, 0, gid); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("wire: socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("wire: socket: %w", err)
 	}
 	// Go would unlink the path by name on Close: if another executor has
 	// put its own socket there since (an old one outliving its launcher),
 	// that would remove the new one's. Remove only the file this one made.
 	ul := ln.(*net.UnixListener)
 	ul.SetUnlinkOnClose(false)
+	fail := func(err error) (net.Listener, error) {
+		ul.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("wire: socket: %w", err)
+	}
+	if err := os.Chown(tmp, 0, gid); err != nil {
+		return fail(err)
+	}
+	if err := os.Chmod(tmp, 0o660); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
 	fi, err := os.Lstat(path)
 	if err != nil {
-		ln.Close()
+		ul.Close()
 		return nil, fmt.Errorf("wire: socket: %w", err)
 	}
 	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
+}
+
+// removeLeftover removes the socket an executor killed between its bind
+// and its rename left at tmp (nothing listens there: every executor
+// renames under the lock ListenUnix holds); anything else there is not
+// the executor's, and is refused.
+func removeLeftover(tmp string) error {
+	fi, err := os.Lstat(tmp)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("wire: %s: %w", tmp, err)
+	case fi.Mode().Type() != os.ModeSocket:
+		return fmt.Errorf("wire: %s exists and is not a socket; not removing it", tmp)
+	}
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("wire: remove %s: %w", tmp, err)
+	}
+	return nil
 }
 
 // lockPath takes an exclusive flock on path+".lock", a file of root's

@@ -5,10 +5,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 )
 
 // staleSocket leaves at path a socket file nothing listens on, as an
@@ -136,5 +138,98 @@ func TestListenLeavesWhatIsNotItsOwn(t *testing.T) {
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "not a socket" {
 		t.Fatalf("the file at the socket path was touched: %q %v", b, err)
+	}
+}
+
+// The socket appears at its path as it stays — the agent's group's, mode
+// 0660 — in one step (a rename), never as the bare socket of the bind,
+// root's and 0700, chowned a moment later: an agent connecting at that
+// moment was refused, and a look at the file then saw one that changed
+// after. Watched with inotify, the path is only ever moved to, never
+// created nor changed in place.
+func TestTheSocketAppearsAsItStays(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("ListenUnix gives the socket to a group: root only")
+	}
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "executor.sock")
+	// A socket left beside the path by an executor killed between its
+	// bind and its rename is taken away.
+	staleSocket(t, path+"~")
+	fd, err := syscall.InotifyInit1(syscall.IN_NONBLOCK | syscall.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if _, err := syscall.InotifyAddWatch(fd, dir, syscall.IN_CREATE|syscall.IN_ATTRIB|syscall.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := ListenUnix(path, 65534)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	buf := make([]byte, 64<<10)
+	n, err := syscall.Read(fd, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for off := 0; off+syscall.SizeofInotifyEvent <= n; {
+		ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := strings.TrimRight(string(buf[off+syscall.SizeofInotifyEvent:off+syscall.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+		off += syscall.SizeofInotifyEvent + int(ev.Len)
+		if name != "executor.sock" {
+			continue
+		}
+		switch {
+		case ev.Mask&syscall.IN_MOVED_TO != 0:
+			seen = append(seen, "moved to")
+		case ev.Mask&syscall.IN_CREATE != 0:
+			seen = append(seen, "created")
+		case ev.Mask&syscall.IN_ATTRIB != 0:
+			seen = append(seen, "changed")
+		}
+	}
+	if !slices.Equal(seen, []string{"moved to"}) {
+		t.Fatalf("%s came %v, not in one rename", path, seen)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o7777 != 0o660 || st.Uid != 0 || st.Gid != 65534 {
+		t.Fatalf("the socket is mode %04o, owner %d:%d; want 0660 0:65534", st.Mode&0o7777, st.Uid, st.Gid)
+	}
+	if _, err := os.Lstat(path + "~"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the name it was bound under is left: %v", err)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the socket at its path does not answer: %v", err)
+	}
+	c.Close()
+}
+
+// What is beside the path under the name the socket is bound under and
+// is not a socket is no executor's: refused, left alone.
+func TestListenLeavesWhatIsBesideItsPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "executor.sock")
+	if err := os.WriteFile(path+"~", []byte("an editor's backup"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ln, err := ListenUnix(path, 0); err == nil {
+		ln.Close()
+		t.Fatal("a regular file beside the socket path was replaced")
+	}
+	if b, err := os.ReadFile(path + "~"); err != nil || string(b) != "an editor's backup" {
+		t.Fatalf("the file beside the socket path was touched: %q %v", b, err)
 	}
 }

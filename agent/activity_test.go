@@ -3,9 +3,11 @@ package agent_test
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -100,5 +102,47 @@ func TestWhatTheExecutorDoesOnItsOwnIsReportedWhileLinked(t *testing.T) {
 	})
 	if i < 0 {
 		t.Errorf("the reconnect's report does not carry what was done while cut off: %s", describe(rs))
+	}
+}
+
+// The client library says connected a moment before its handler of the
+// new link runs (on a goroutine of its own: late on a busy machine). A
+// look in that moment must not report what the executor did while cut
+// off as activity: it rides on the reconnect's report, which follows.
+// The handler is held back here for two seconds, as long as the work
+// loop's wait while unlinked and more.
+func TestWhatWasDoneWhileCutOffWaitsForTheReconnect(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("late")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	var hold atomic.Bool
+	runAgentWith(t, id, ex.path, t.TempDir(), func(o *agent.Options) {
+		agent.OnLinked(o, func() {
+			if hold.Load() {
+				time.Sleep(2 * time.Second)
+			}
+		})
+	})
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	drift := shapes.Activity{At: time.Now().UTC(), Source: "link", Trigger: "drift", Seq: 1, Outcome: shapes.Repaired, Changed: 1,
+		Lines: []shapes.Line{{Module: "ssh", ID: "sshd_config", Type: "file", Outcome: shapes.Repaired, Detail: "content was changed by something else"}}}
+	// The activity count starts at the first look that says one.
+	waitFor(t, "a look", func() bool { return len(ex.linksSaid()) > 0 })
+
+	c.stop()
+	hold.Store(true)
+	ex.doing(drift)
+	time.Sleep(time.Second) // a look or two: the count past the one reported
+	c.start()
+	carried := func(rs []*control.SignedReport) bool {
+		return slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return len(r.Meanwhile) > 0 })
+	}
+	rs := c.reports("late", "what was done while cut off, reported", carried)
+	time.Sleep(time.Second)
+	rs = c.reports("late", "the reports", carried)
+	for _, r := range rs {
+		if len(r.Meanwhile) > 0 && r.Trigger != link.TriggerReconnect {
+			t.Fatalf("what was done while cut off went up on a report of trigger %s, ahead of the reconnect's: %s", r.Trigger, describe(rs))
+		}
 	}
 }

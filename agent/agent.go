@@ -114,6 +114,10 @@ type Options struct {
 	// node, and it links by kind; at the link's next return it tries by
 	// node again (the control side may have been upgraded meanwhile).
 	fellBack bool
+	// beforeLinked, a test's, is called as linked begins: the client's
+	// handlers run on a goroutine of their own, late on a busy machine,
+	// and the tests make them late at will (OnLinked).
+	beforeLinked func()
 }
 
 // Agent is one running agent.
@@ -174,7 +178,8 @@ type Agent struct {
 	linkUp        chan struct{}
 	hbNow         chan struct{}
 	cancel        context.CancelCauseFunc
-	reconc        atomic.Bool // the executor has yet to hear that the link came back
+	reconc        atomic.Bool   // the executor has yet to hear that the link came back
+	linkedAt      atomic.Uint64 // the client's count of reconnections when linked last ran
 	linkMu        sync.Mutex
 	link          linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
@@ -689,8 +694,18 @@ func (a *Agent) refused(e *LinkError) {
 }
 
 func (a *Agent) linked() {
+	if a.o.beforeLinked != nil {
+		a.o.beforeLinked()
+	}
 	now := clock.Now()
 	prev := a.state.get().LastLinked
+	// Before the link is up to the work loop (linkedNow): it tells the
+	// executor first, and what was done while cut off rides on that
+	// report, not on an activity report ahead of it.
+	a.reconc.Store(true)
+	if nc := a.ncp.Load(); nc != nil {
+		a.linkedAt.Store(nc.Stats().Reconnects)
+	}
 	a.linkMu.Lock()
 	a.link.up, a.link.since, a.link.lastLinked = true, now, prev
 	a.link.revoked, a.link.revokedWaits = time.Time{}, 0
@@ -708,7 +723,6 @@ func (a *Agent) linked() {
 		a.log.Warn("state: " + err.Error())
 	}
 	a.log.Info("linked", "broker", a.id.BrokerURL, "state", link.StateEnrolled)
-	a.reconc.Store(true)
 	for _, ch := range []chan struct{}{a.linkUp, a.hbNow} {
 		select {
 		case ch <- struct{}{}:
@@ -803,6 +817,15 @@ func readClock(nc *nats.Conn, subject string) (skew time.Duration, at time.Time,
 	return hb.At.Sub(received).Round(time.Millisecond), hb.At, nil
 }
 
+// linkedNow says whether the client is connected and linked has run for
+// this connection. Not whether the client is connected alone: it says so
+// before its handlers (linkDown, then linked) run, on a goroutine of their
+// own, and a look between reported what the executor did while cut off
+// as activity, ahead of the reconnect's report that was to carry it.
+func (a *Agent) linkedNow() bool {
+	return a.nc.IsConnected() && a.nc.Stats().Reconnects == a.linkedAt.Load()
+}
+
 func (a *Agent) linkDown(err error) {
 	now := clock.Now()
 	a.linkMu.Lock()
@@ -841,7 +864,7 @@ func (a *Agent) work(ctx context.Context) {
 	poll := time.NewTimer(a.pollWait())
 	defer poll.Stop()
 	for ctx.Err() == nil && !a.nc.IsClosed() {
-		if !a.nc.IsConnected() {
+		if !a.linkedNow() {
 			select {
 			case <-ctx.Done():
 			case <-a.linkUp:

@@ -40,3 +40,8 @@ func SmallDisk(t *testing.T, size string) (dir string, fill func()) {
 		}
 	}
 }
+
+// OnLinked has f called as the agent's handler of a link made (or made
+// again) begins, before anything of it: a test holds it back there as a
+// busy machine does.
+func OnLinked(o *Options, f func()) { o.beforeLinked = f }

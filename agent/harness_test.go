@@ -1,12 +1,15 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +26,38 @@ func logger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// agentLog is logger for an agent of t's: its log is kept, and its end
+// printed when t fails — a test that fails once in many runs under
+// another load says what the agent saw.
+func agentLog(t *testing.T) *slog.Logger {
+	if os.Getenv("MESH_TEST_LOG") != "" {
+		return logger()
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		t.Logf("the agent's log (its last %d lines):\n%s", min(len(lines), 80), strings.Join(lines[max(0, len(lines)-80):], "\n"))
+	})
+	return slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // controlSide is the real control side: control.Serve with its embedded
@@ -208,7 +243,7 @@ func runAgentWith(t *testing.T, id *agent.Identity, socket, dir string, edit fun
 	done := make(chan error, 1)
 	o := agent.Options{
 		Identity: id, Socket: socket, ExecutorUID: uint32(os.Getuid()), StateDir: dir,
-		Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: logger(),
+		Heartbeat: 300 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: agentLog(t),
 	}
 	edit(&o)
 	go func() { done <- agent.Run(ctx, o) }()

@@ -76,14 +76,25 @@ func TestBrokerRestart(t *testing.T) {
 	// usual 20 s: on a machine running every package's tests at once the
 	// attempts (each a TLS handshake of up to 2 s, then a wait growing to
 	// 6 s) twice all timed out for 20 s.
-	waitForWithin(t, "the executor told why the link is down", time.Minute, func() bool {
+	refusedSaid := func() bool {
 		for _, l := range ex.linksSaid() {
 			if !l.Up && strings.Contains(l.Error, "authorization refused by the broker at "+c.url) {
 				return true
 			}
 		}
 		return false
-	})
+	}
+	for deadline := time.Now().Add(time.Minute); !refusedSaid(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			var said []string
+			for _, l := range ex.linksSaid() {
+				if e := fmt.Sprintf("up=%v %s", l.Up, l.Error); len(said) == 0 || said[len(said)-1] != e {
+					said = append(said, e)
+				}
+			}
+			t.Fatalf("timed out waiting for the executor told why the link is down; the links said (in turn, each once):\n%s", strings.Join(said, "\n"))
+		}
+	}
 	bare.Shutdown()
 	if _, r, _ := ex.snapshot(); r != 1 {
 		t.Fatalf("Reconnected %d times while unlinked", r)

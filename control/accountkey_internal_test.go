@@ -1,15 +1,39 @@
 package control
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
+
+// twoServesKeys is a key directory in operator mode, loaded twice: the
+// keys of two serves that share it.
+func twoServesKeys(t *testing.T) (dir string, a, b *Keys) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "keys")
+	if _, err := Init(dir, nil, "tls://127.0.0.1:14222"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MakeOperator(dir); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if a, err = LoadKeys(dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = LoadKeys(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir, a, b
+}
 
 // Several serves may share one key directory and one broker; the one that
 // carries out a step of the account signing keys' rotation changes the key
@@ -18,21 +42,7 @@ import (
 // serve's pushes would list the old key alone, and after the switch its
 // grants would carry JWTs the broker refuses, and its own sign-in too.
 func TestServesOfOneKeyDirectoryFollowTheRotation(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "keys")
-	if _, err := Init(dir, nil, "tls://127.0.0.1:14222"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := MakeOperator(dir); err != nil {
-		t.Fatal(err)
-	}
-	a, err := LoadKeys(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := LoadKeys(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, a, b := twoServesKeys(t)
 	old := a.AccountPublic
 	issuedBy := func(k *Keys) string {
 		c := &Client{Keys: k}
@@ -181,5 +191,56 @@ func TestAnOperatorKeyDirectoryFromBeforeIsBroughtUp(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, FileBrokerControlPub)); !os.IsNotExist(err) {
 		t.Fatalf("a new CONTROL account was named: %v", err)
+	}
+}
+
+// A heartbeat that carries nothing else but names a JWT of another key
+// than the one issuing the nodes' JWTs now is read, so that the node is
+// sent one (renewUserJWT): the recorder passed every heartbeat without a
+// profile over, and a node whose heartbeat with a profile came before the
+// announce was never sent its JWT — the switch waited on it for ever.
+// One that names the key issuing now is not read. A serve sharing the key
+// directory with the one that announced sees the announce within
+// issuerFreshness.
+func TestAHeartbeatNamingAnotherIssuerIsRead(t *testing.T) {
+	_, a, b := twoServesKeys(t)
+	heartbeat := func(issuer string) []byte {
+		data, err := json.Marshal(&link.Heartbeat{Node: "n1", Enrolment: "e-1", At: time.Now().UTC(), State: link.StateEnrolled, JWTIssuer: issuer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	old := a.nodes.issuerPublic()
+	ra, rb := &recorder{c: &Client{Keys: a}, kind: "heartbeat"}, &recorder{c: &Client{Keys: b}, kind: "heartbeat"}
+	for _, r := range []*recorder{ra, rb} {
+		if r.heartbeatActs(heartbeat(old)) {
+			t.Fatalf("a heartbeat naming the key in force, nothing announced, is read")
+		}
+		if r.heartbeatActs(heartbeat("")) {
+			t.Fatalf("a heartbeat naming no issuer (not operator mode's) is read")
+		}
+	}
+	if err := a.nodes.announce(); err != nil {
+		t.Fatal(err)
+	}
+	next := a.nodes.issuerPublic()
+	if next == old {
+		t.Fatal("announce made no new key")
+	}
+	if !ra.heartbeatActs(heartbeat(old)) {
+		t.Fatalf("after the announce, a heartbeat naming the old key is not read")
+	}
+	if ra.heartbeatActs(heartbeat(next)) {
+		t.Fatalf("a heartbeat naming the key announced is read")
+	}
+	// A prefix of the key is another key.
+	if !ra.heartbeatActs(heartbeat(next[:len(next)-1])) {
+		t.Fatalf("a heartbeat naming a prefix of the key announced is not read")
+	}
+	for deadline := time.Now().Add(5 * issuerFreshness); !rb.heartbeatActs(heartbeat(old)); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a serve sharing the key directory never reads a heartbeat naming the old key after another announced")
+		}
 	}
 }

@@ -210,7 +210,39 @@ type recorder struct {
 var (
 	controlKeyField = []byte(`"control_key_id":"`)
 	pinsSeqField    = []byte(`"broker_pins_seq":`)
+	jwtIssuerField  = []byte(`"jwt_issuer":"`)
 )
+
+// heartbeatActs says whether a heartbeat says something the control side
+// acts on, and is read: a profile or inventory to keep, a rekey to
+// answer, a statement the node has not taken (statementsBehind), a JWT of
+// another key than the nodes' account key that issues them now
+// (jwtIssuerBehind). Every other heartbeat is the stream's to keep alone:
+// looked for in the bytes, a fleet's heartbeats cost no decoding.
+func (w *recorder) heartbeatActs(data []byte) bool {
+	return bytes.Contains(data, []byte(`"profile"`)) || bytes.Contains(data, []byte(`"inventory"`)) || bytes.Contains(data, []byte(`"rekey"`)) ||
+		w.statementsBehind(data) || w.jwtIssuerBehind(data)
+}
+
+// jwtIssuerBehind says whether heartbeat data names, as the issuer of the
+// JWT the node signs in with, another key than the one that issues the
+// nodes' JWTs now (a broker in operator mode, its nodes' account key
+// announced): the node is to be sent one of it (renewUserJWT). Not read,
+// such a heartbeat was never answered, and the rotation's switch waited
+// for ever on a node that links every second.
+func (w *recorder) jwtIssuerBehind(data []byte) bool {
+	k := w.c.Keys
+	if k.Operator == nil {
+		return false
+	}
+	i := bytes.Index(data, jwtIssuerField)
+	if i < 0 {
+		return false
+	}
+	rest := data[i+len(jwtIssuerField):]
+	issuer := k.nodes.issuerPublicFresh()
+	return !bytes.HasPrefix(rest, []byte(issuer)) || len(rest) == len(issuer) || rest[len(issuer)] != '"'
+}
 
 // statementsBehind says whether heartbeat data names a control key other
 // than the one this side signs with, or a broker certificates' statement
@@ -260,7 +292,7 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding; one that
 	// says the node has not taken a statement is read (offerStatements).
-	if kind == "heartbeat" && !bytes.Contains(m.Data(), []byte(`"profile"`)) && !bytes.Contains(m.Data(), []byte(`"inventory"`)) && !bytes.Contains(m.Data(), []byte(`"rekey"`)) && !w.statementsBehind(m.Data()) {
+	if kind == "heartbeat" && !w.heartbeatActs(m.Data()) {
 		return nil, nil
 	}
 	// Redelivered after a newer one of the same node was recorded (the

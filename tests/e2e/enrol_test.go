@@ -33,6 +33,19 @@ func newHost(t *testing.T) *mesh {
 
 func (m *mesh) agentConfig() string { return filepath.Join(m.agentState(), "config.json") }
 
+// agentConfigAfter waits for the agent's config to be another than was,
+// and returns it: the agent keeps a new grant's identity a moment after
+// the executor recorded it, which is when enrol and rekey end.
+func (m *mesh) agentConfigAfter(was []byte) []byte {
+	m.t.Helper()
+	var now []byte
+	eventually(m.t, "the agent keeps the new grant's identity", func() bool {
+		now, _ = os.ReadFile(m.agentConfig())
+		return len(now) > 0 && !bytes.Equal(now, was)
+	})
+	return now
+}
+
 // issue runs mesh-control token issue with args and returns the token.
 func (m *mesh) issue(args ...string) string {
 	m.t.Helper()

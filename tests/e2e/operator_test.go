@@ -300,6 +300,7 @@ func TestTheNodesAccountKeyRotates(t *testing.T) {
 	if code, out, errOut := m.rekey("--wait", "60s"); code != 0 || !strings.Contains(out, "rekeyed: enrolled as node n1") {
 		t.Fatalf("rekey in operator mode: exit %d\n%s%s", code, out, errOut)
 	}
+	m.agentConfigAfter(b)
 	nc, err := dialAs(m.agentConfig(), url)
 	if err != nil {
 		t.Fatalf("the rekey's grant does not sign in: %v", err)

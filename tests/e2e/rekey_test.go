@@ -117,7 +117,7 @@ func TestANodeRenewsItsKeys(t *testing.T) {
 	if err := brokerLetsIn(t, oldConfig); err == nil {
 		t.Fatal("the broker still lets in the NKey the rekey replaced")
 	}
-	newConfig, _ := os.ReadFile(m.agentConfig())
+	newConfig := m.agentConfigAfter(oldConfig)
 	if err := brokerLetsIn(t, newConfig); err != nil {
 		t.Fatalf("the agent's new credential: %v", err)
 	}

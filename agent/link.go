@@ -18,6 +18,7 @@ import (
 // LinkError is a failure to link, saying which side refused and why:
 //
 //	broker unreachable at <url>: …
+//	the broker at <url> did not answer the connect in time: …
 //	broker certificate fingerprint mismatch: got X, pinned Y
 //	authorization refused by the broker at <url>: …
 type LinkError struct {
@@ -71,6 +72,13 @@ func explain(url string, err error, pin *link.PinError) *LinkError {
 	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) ||
 		strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
 		return &LinkError{Reason: LinkAuthorization, Msg: fmt.Sprintf("authorization refused by the broker at %s: %v (it does not know this node's NKey, or revoked it)", url, err), Err: err}
+	}
+	if errors.Is(err, nats.ErrTimeout) || strings.Contains(err.Error(), "expected 'PONG'") {
+		// The connect went out and no answer came in time: the broker
+		// sent its own first ping (after 2 s) before answering, or
+		// nothing. A control side holds a node's connect while it has not
+		// read its registry (starting), rather than refuse it.
+		return &LinkError{Reason: LinkUnreachable, Msg: fmt.Sprintf("the broker at %s did not answer the connect in time: %v (a control side starting holds a node's connect until it has read its registry; or the broker is busy)", url, err), Err: err}
 	}
 	if errors.Is(err, nats.ErrNoServers) {
 		// The NATS client keeps the cause to itself; ask the network.

@@ -387,8 +387,18 @@ func (r *run) archive(st *step, rest int) {
 		return
 	}
 	dinfo, err := fsx.Lstat(a.Destination)
-	if err != nil || dinfo.Kind != fsx.Dir {
-		r.fail(st, fmt.Errorf("destination %s is not a directory (declare it before the archive): %v", a.Destination, err), rest)
+	switch {
+	case err != nil:
+		r.fail(st, fmt.Errorf("destination %s: %w", a.Destination, err), rest)
+		return
+	case dinfo.Kind == fsx.Absent && r.opt.Plan && r.declaredDirs[a.Destination]:
+		// A plan: a directory resource before it makes it.
+	case dinfo.Kind != fsx.Dir:
+		what := "a " + dinfo.Kind.String()
+		if dinfo.Kind == fsx.Absent {
+			what = "not there"
+		}
+		r.fail(st, fmt.Errorf("destination %s is %s, not a directory (declare it before the archive)", a.Destination, what), rest)
 		return
 	}
 	cached, err := r.fetchArchive(a)
@@ -428,8 +438,12 @@ func (r *run) archive(st *step, rest int) {
 			return
 		}
 		after, planned := r.plannedFile[full]
-		if planned && r.opt.Plan && after == nil {
+		switch {
+		case !planned || !r.opt.Plan:
+		case after == nil:
 			info.Kind = fsx.Absent // a plan: an earlier removal takes it away
+		case info.Kind == fsx.Absent:
+			info.Kind = fsx.Regular // or puts back what a person deleted
 		}
 		switch {
 		case en.dir && info.Kind == fsx.Dir:
@@ -503,7 +517,12 @@ func (r *run) archive(st *step, rest int) {
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
 	if r.opt.Plan {
-		r.planBrings = true // what it unpacks may be a file a later step edits
+		for i := range todo {
+			r.unpacked[path.Join(a.Destination, todo[i].rel)] = &todo[i]
+		}
+		for _, p := range stale {
+			r.plannedFile[p] = nil
+		}
 		r.emit(st.line)
 		return
 	}

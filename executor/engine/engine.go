@@ -190,9 +190,14 @@ type run struct {
 	// (nil: gone), for the step that edits it.
 	early       map[string]bool
 	plannedFile map[string][]byte
-	// planBrings, in a plan: a package or archive planned before would be
-	// installed or unpacked, and may bring a file a region or keys edits.
+	// planBrings, in a plan: a package planned before would be installed,
+	// and may bring a file a region or keys edits.
 	planBrings bool
+	// unpacked, in a plan: what each archive planned before would write
+	// (a plan unpacks nothing), by path: a later step that edits one of
+	// its files, or a directory removal that counts what it holds, reads
+	// it here as the apply finds it on the machine.
+	unpacked map[string]*archiveEntry
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
@@ -207,7 +212,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, unpacked: map[string]*archiveEntry{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()

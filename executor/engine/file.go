@@ -396,7 +396,7 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 // must say so before the apply finds out.
 func (r *run) parentReady(p string) error {
 	parent := path.Dir(p)
-	if r.declaredDirs[parent] {
+	if en := r.unpacked[parent]; r.declaredDirs[parent] || en != nil && en.dir {
 		return nil
 	}
 	info, err := fsx.Lstat(parent)

@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"archive/tar"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,50 +23,112 @@ import (
 // (files edited, deleted or added inside the host's directories, units
 // started, stopped, enabled or disabled, a record made one from before the
 // host kept what it found), then a second declaration — planned, then
-// applied — and the two sets of lines compared. Services are declared with
-// a state, an enablement and restart_on naming files declared before or
-// after them, against the transcript init.
+// applied — and the two sets of lines compared, and the tree the plan
+// left held to the one before it. Services are declared with a state, an
+// enablement and restart_on naming files declared before or after them,
+// against the transcript init; regions and keys in files that are
+// declared whole at other times (a file changing shape), a key set by
+// hand; archives unpacked into directories that hold a declared file of
+// an entry's name, or that a directory resource before them makes.
 func TestPlanEqualsApply(t *testing.T) {
-	for seed := range uint64(planApplyRounds) {
+	seeds := slices.Collect(func(yield func(uint64) bool) {
+		for s := range uint64(planApplyRounds) {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	for _, s := range planApplyFound {
+		if s >= uint64(planApplyRounds) {
+			seeds = append(seeds, s)
+		}
+	}
+	for _, seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 0x6e6f78))
 			h := newHarness(t)
-			g := &gen{h: h, rng: rng, init: newFakeInit()}
+			// The edits and archives draw from a stream of their own, so
+			// that each seed's files, directories and units stay as they
+			// were before them.
+			g := &gen{h: h, rng: rng, erng: rand.New(rand.NewPCG(seed, 0x65646974)), init: newFakeInit()}
+			g.archives()
 			g.machine()
 			h.applyWith(g.init, g.declaration(), false)
 			g.hands()
 			second := g.declaration()
 			g.init.transcript()
+			before := treeOf(t, h.root)
 			plan := h.applyWith(g.init, second, true)
 			if got := g.init.transcript(); got != "" {
 				t.Fatalf("the plan touched a unit: %s\ndeclaration: %s", got, second)
 			}
+			if after := treeOf(t, h.root); after != before {
+				t.Fatalf("the plan touched the tree\nbefore:\n%s\nafter:\n%s\ndeclaration: %s", before, after, second)
+			}
 			rep := h.applyWith(g.init, second, false)
 			if p, a := linesOf(plan), linesOf(rep); p != a {
-				t.Fatalf("plan and apply differ\nplan:\n%s\napply:\n%s\ndeclaration: %s", p, a, second)
+				t.Fatalf("plan and apply differ\nplan only:\n%s\napply only:\n%s\nplan:\n%s\napply:\n%s\ndeclaration: %s", onlyIn(p, a), onlyIn(a, p), p, a, second)
 			}
 		})
 	}
 }
 
-// linesOf is a report's lines as text, a plan's "would be " dropped.
+// onlyIn is the lines of a that b does not have.
+func onlyIn(a, b string) string {
+	var out []string
+	for _, l := range strings.Split(a, "\n") {
+		if !slices.Contains(strings.Split(b, "\n"), l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// planSaid drops what a plan says its lines would be: "would be " (and
+// keys' "would be: " and "would: ").
+var planSaid = strings.NewReplacer("would be: ", "", "would be ", "", "would: ", "")
+
+// linesOf is a report's lines as text, a plan's words dropped (planSaid).
 func linesOf(rep *shapes.Report) string {
 	var b strings.Builder
 	if rep.Refused != "" {
 		fmt.Fprintf(&b, "refused: %s\n", rep.Refused)
 	}
 	for _, l := range rep.Lines {
-		fmt.Fprintf(&b, "%s.%s %s %s: %s\n", l.Module, l.ID, l.Type, l.Outcome, strings.ReplaceAll(l.Detail, "would be ", ""))
+		fmt.Fprintf(&b, "%s.%s %s %s: %s\n", l.Module, l.ID, l.Type, l.Outcome, planSaid.Replace(l.Detail))
 	}
 	return b.String()
 }
 
 // gen makes machine states and declarations over a small set of paths, so
-// that they meet: a directory a and its files, a nested directory a/b.
+// that they meet: a directory a and its files, a nested directory a/b;
+// regions and keys in files that are also declared whole, and archives
+// unpacked into directories that hold declared files.
 type gen struct {
-	h    *harness
-	rng  *rand.Rand
-	init *fakeInit
+	h         *harness
+	rng, erng *rand.Rand
+	init      *fakeInit
+	// arch are the archives a declaration may unpack: their paths and
+	// digests.
+	arch [2]struct{ path, sum string }
+}
+
+// genEdited are the files regions and keys are declared in (also
+// declared whole, at times); genArchiveDests the directories archives
+// unpack into (one holds a declared file of the archive's name).
+var genEdited = []string{"top", "a/f1"}
+var genArchiveDests = []string{"a/b", "c"}
+
+// archives makes the two archives, outside the tree: each holds f3 (a
+// declared file's name under a/b) and a directory of its own.
+func (g *gen) archives() {
+	dir := g.h.t.TempDir()
+	for i, body := range []string{"arch one", "arch two"} {
+		g.arch[i].path, g.arch[i].sum = makeArchive(g.h.t, dir, fmt.Sprintf("a%d.tar.gz", i),
+			tarEntry{name: "f3", typ: tar.TypeReg, body: body},
+			tarEntry{name: "sub/", typ: tar.TypeDir, mode: 0o755},
+			tarEntry{name: "sub/x", typ: tar.TypeReg, body: body + " x"})
+	}
 }
 
 var genDirs = []string{"a", "a/b", "c"}
@@ -112,6 +177,36 @@ func (g *gen) declaration() string {
 			files = append(files, "f-"+strings.ReplaceAll(f, "/", "-"))
 		}
 	}
+	// Regions and keys in the edited files, archives into their
+	// directories: each at any place among the rest (a file an archive
+	// brings may be declared before it or after).
+	// One shape a file in a declaration: whole, regions, or keys (a
+	// declaration of two is refused as it is parsed); from one
+	// declaration to the next it may change.
+	for _, f := range genEdited {
+		id := strings.ReplaceAll(f, "/", "-")
+		shape := g.erng.IntN(3)
+		if slices.Contains(files, "f-"+id) {
+			continue
+		}
+		if shape == 0 {
+			content := []string{"blk one\n", "blk two\n"}[g.erng.IntN(2)]
+			res = g.at(res, fmt.Sprintf(`{"module":%q,"id":%q,"type":"region","path":"{root}/%s","content":%q}`, []string{"m", "n"}[g.erng.IntN(2)], "r-"+id, f, content))
+		}
+		if shape == 1 {
+			set := fmt.Sprintf(`{"K1":%q}`, []string{"v1", "v2"}[g.erng.IntN(2)])
+			if g.erng.IntN(2) == 0 {
+				set = `{"K1":"v1","K2":"w"}`
+			}
+			res = g.at(res, fmt.Sprintf(`{"module":%q,"id":%q,"type":"keys","path":"{root}/%s","format":"space","set":%s}`, []string{"m", "n"}[g.erng.IntN(2)], "k-"+id, f, set))
+		}
+	}
+	for _, d := range genArchiveDests {
+		if g.erng.IntN(3) == 0 {
+			a := g.arch[g.erng.IntN(2)]
+			res = g.at(res, fmt.Sprintf(`{"module":"m","id":%q,"type":"archive","url":"file://%s","sha256":%q,"destination":"{root}/%s"}`, "ar-"+strings.ReplaceAll(d, "/", "-"), a.path, a.sum, d))
+		}
+	}
 	// Services, each at any place among the rest: restart_on may name a
 	// file declared before the service or after it.
 	for _, u := range genUnits {
@@ -140,8 +235,52 @@ func (g *gen) declaration() string {
 	return g.h.doc(res...)
 }
 
+// at puts r at a place among res the edit stream draws.
+func (g *gen) at(res []string, r string) []string {
+	i := g.erng.IntN(len(res) + 1)
+	return append(res[:i], append([]string{r}, res[i:]...)...)
+}
+
+// treeOf is the tree under root as text: each path, its type, mode and
+// content.
+func treeOf(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %s", strings.TrimPrefix(p, root), fi.Mode())
+		if fi.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, " %q", data)
+		}
+		b.WriteByte('\n')
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
 // hands changes the machine as people do: edits, deletions, additions.
 func (g *gen) hands() {
+	// A key and a block set by hand in the edited files.
+	for _, f := range genEdited {
+		if g.erng.IntN(4) == 0 {
+			if data, err := os.ReadFile(g.h.p(f)); err == nil {
+				os.WriteFile(g.h.p(f), append(data, "K1 by-hand\n"...), 0o644)
+			}
+		}
+	}
 	for _, f := range genFiles {
 		switch g.rng.IntN(6) {
 		case 0:
@@ -173,6 +312,12 @@ func exists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
 }
+
+// planApplyFound are seeds past the rounds make test runs that once found
+// a plan unlike its apply, run every time: a file a person deleted that
+// an early removal puts back, read by a region (358, 793) or standing in
+// an archive's way (1602, 1860, 2401, 2549).
+var planApplyFound = []uint64{358, 793, 1602, 1860, 2401, 2549}
 
 // planApplyRounds is how many generated rounds TestPlanEqualsApply runs
 // (make test); PLAN_APPLY_ROUNDS runs more.

@@ -48,9 +48,16 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 	if after, ok := r.plannedFile[path]; ok && r.opt.Plan {
 		// A plan: the file as an earlier removal of it leaves it.
 		data = after
-		if after == nil {
+		switch {
+		case after == nil:
 			info.Kind = fsx.Absent
+		case info.Kind == fsx.Absent:
+			info.Kind = fsx.Regular // put back where a person deleted it
 		}
+	}
+	if en := r.unpacked[path]; en != nil && !en.dir && info.Kind == fsx.Absent {
+		// A plan: the file as an archive before it unpacks it.
+		data, info.Kind, info.Mode = en.data, fsx.Regular, en.mode
 	}
 	if info.Kind == fsx.Absent && r.opt.Plan && r.planBrings {
 		return nil, info, nil, errFileComing
@@ -62,19 +69,20 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 }
 
 // errFileComing is a plan's word for a shared file not there yet, which a
-// package or archive planned before it may bring: the plan installs and
-// unpacks nothing, so it cannot read the file the apply will edit.
-var errFileComing = errors.New("its file may come with a package or archive declared before it, which a plan does not apply")
+// package planned before it may bring: the plan installs nothing, so it
+// cannot read the file the apply will edit. (What an archive brings, a
+// plan knows: unpacked.)
+var errFileComing = errors.New("its file may come with a package declared before it, which a plan does not install")
 
-// fileComing ends a plan's step whose file a package or archive planned
-// before may bring (errFileComing), as the apply would go on: applied,
+// fileComing ends a plan's step whose file a package planned before may
+// bring (errFileComing), as the apply would go on: applied,
 // with what it then does, or held on an adopted node, its module not taken.
 func (r *run) fileComing(st *step, path, then string, held bool, module string) {
 	st.line.Outcome = shapes.Applied
 	if held {
 		st.line.Outcome, then = shapes.Held, "held as found until module "+module+" is taken"
 	}
-	st.line.Detail = fmt.Sprintf("%s is not there yet: it may come with a package or archive declared before it, which a plan does not apply; then %s", path, then)
+	st.line.Detail = fmt.Sprintf("%s is not there yet: it may come with a package declared before it, which a plan does not install; then %s", path, then)
 	r.emit(st.line)
 }
 
@@ -284,7 +292,7 @@ func (r *run) removeRegion(st *step) {
 	}
 	st.line.Outcome, st.line.Detail = shapes.Removed, fmt.Sprintf("the block and its markers taken out of %s; the rest of the file as it is", path)
 	if r.opt.Plan {
-		st.line.Detail = fmt.Sprintf("the block and its markers would be taken out of %s", path)
+		st.line.Detail = fmt.Sprintf("the block and its markers would be taken out of %s; the rest of the file as it is", path)
 	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.rewrites = func(data []byte) ([]byte, error) {

@@ -516,6 +516,12 @@ func (r *run) leftIn(p string) ([]string, error) {
 			}
 		}
 	}
+	// And what an archive planned before would unpack there (a plan).
+	for full := range r.unpacked {
+		if path.Dir(full) == p {
+			names = append(names, path.Base(full))
+		}
+	}
 	seen := map[string]bool{}
 	var left []string
 	for _, n := range append(names, r.declaredKids[p]...) {

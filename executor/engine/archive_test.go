@@ -273,3 +273,48 @@ func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
 		}
 	}
 }
+
+// A path the mesh made a directory, declared a file next (and the other
+// way): the old shape is undone first, so the new one has its way. Undone
+// last, with the other removals, the new one's step found the old one in
+// its way, failed, and stopped the apply before the removal: at every
+// apply. A directory the mesh made that holds what it did not make stays,
+// and the file fails on it, saying so; a found directory is the person's.
+// Each step's plan says what its apply does.
+func TestADirectoryTheMeshMadeDeclaredAFile(t *testing.T) {
+	h := newHarness(t)
+	x := h.p("x")
+	dir := `{"module":"m","id":"d","type":"directory","path":"` + x + `"}`
+	file := `{"module":"m","id":"f","type":"file","path":"` + x + `","content":"now a file\n"}`
+	isDir := func() bool { info, err := os.Lstat(x); return err == nil && info.IsDir() }
+	isFile := func() bool { b, err := os.ReadFile(x); return err == nil && string(b) == "now a file\n" }
+	for i, c := range []struct {
+		res   string
+		lines string
+		is    func() bool
+		hands func()
+	}{
+		{dir, "m.d=applied", isDir, nil},
+		{file, "m.d=removed m.f=applied", isFile, nil},
+		{file, "m.f=unchanged", isFile, nil},
+		{dir, "m.f=removed m.d=applied", isDir, nil},
+		// Someone puts a file of theirs in it: kept, and the file fails.
+		{file, "m.d=kept m.f=failed", isDir, func() { os.WriteFile(filepath.Join(x, "theirs"), nil, 0o644) }},
+		{file, "m.d=kept m.f=failed", isDir, nil},
+		// Taken out again, the directory goes and the file comes.
+		{file, "m.d=removed m.f=applied", isFile, func() { os.Remove(filepath.Join(x, "theirs")) }},
+	} {
+		if c.hands != nil {
+			c.hands()
+		}
+		doc := h.doc(c.res)
+		plan := h.run(store.Local, doc, true)
+		rep := h.apply(doc)
+		if got := outcomes(rep); got != c.lines || outcomes(plan) != got {
+			t.Fatalf("step %d: plan [%s], apply [%s], want [%s]\n%+v", i+1, outcomes(plan), got, c.lines, rep.Lines)
+		}
+		if !c.is() {
+			t.Fatalf("step %d: %s is not what was declared", i+1, x)
+		}
+	}
+}

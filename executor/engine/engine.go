@@ -190,6 +190,9 @@ type run struct {
 	// (nil: gone), for the step that edits it.
 	early       map[string]bool
 	plannedFile map[string][]byte
+	// plannedGone, in a plan: the targets an early removal drops from the
+	// store (removeFirst).
+	plannedGone map[string]bool
 	// planBrings, in a plan: a package planned before would be installed,
 	// and may bring a file a region or keys edits.
 	planBrings bool
@@ -212,7 +215,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, unpacked: map[string]*archiveEntry{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -571,6 +574,9 @@ func (r *run) flush(batch []*step, after int) {
 	}
 	for _, st := range batch {
 		st.entry = r.settle(r.st.Get(st.target), st.claim)
+		if r.plannedGone[st.target] {
+			st.entry = nil // a plan: an earlier removal drops it
+		}
 		if r.yields(st, st.entry) {
 			continue
 		}

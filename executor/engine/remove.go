@@ -115,9 +115,15 @@ func (r *run) checkReshaped() error {
 // back one day as the person's. Undone first, the new shape starts from
 // the file as the person had it. A thing another source still declares is
 // only released, at the end, as ever.
+//
+// So are a directory the mesh made where a file is declared now, and a
+// file it wrote where a directory is: undone last, the new one's step
+// found the old one in its way and failed, the apply stopped before its
+// removals, and so at every apply. A found directory, or a found file put
+// back, is the person's: the new one's step fails on it, as it says.
 func (r *run) removeReshaped() {
 	whole, edited := map[string]bool{}, map[string]bool{}
-	now := make(map[string]bool, len(r.d.Resources))
+	now := make(map[string]string, len(r.d.Resources)) // target → the type declared there
 	for _, res := range r.d.Resources {
 		t := shapes.Target(res)
 		if f, ok := res.(*shapes.File); ok {
@@ -125,10 +131,7 @@ func (r *run) removeReshaped() {
 		} else if _, p, _, ok := shapes.EditTarget(t); ok {
 			edited[p] = true
 		}
-		now[t] = true
-	}
-	if len(whole) == 0 && len(edited) == 0 {
-		return
+		now[t] = res.Head().Type
 	}
 	entries := r.st.Entries()
 	slices.Reverse(entries)
@@ -136,8 +139,15 @@ func (r *run) removeReshaped() {
 	for _, e := range entries {
 		p, isPath := strings.CutPrefix(e.Target, "path:")
 		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
+		// A path declared as a directory now and recorded as a file, or
+		// the other way (the one target of both): under the same
+		// resource's name too.
+		retyped := isPath && now[e.Target] != "" && now[e.Target] != e.Type &&
+			(e.Type == shapes.TypeFile && now[e.Target] == shapes.TypeDirectory || e.Type == shapes.TypeDirectory && e.Created && now[e.Target] == shapes.TypeFile)
 		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && whole[editPath]
-		if !reshaped || now[e.Target] || !r.onlyMine(e) {
+		switch {
+		case retyped && r.thisSourceOnly(e):
+		case !reshaped || now[e.Target] != "" || !r.onlyMine(e):
 			continue
 		}
 		batch = append(batch, r.removeFirst(e, p, isPath, editPath))
@@ -162,6 +172,12 @@ func (r *run) onlyMine(e *store.Entry) bool {
 	})
 }
 
+// thisSourceOnly reports whether e is claimed, by this source alone.
+func (r *run) thisSourceOnly(e *store.Entry) bool {
+	claims := claimsOf(e)
+	return len(claims) > 0 && !slices.ContainsFunc(claims, func(c store.Claim) bool { return c.Source != r.opt.Source })
+}
+
 // removeFirst decides the removal of e ahead of the others
 // (removeReshaped, clearWay), marks it done early so removeUndeclared
 // passes over it, and tells a plan what it leaves at its file.
@@ -176,6 +192,12 @@ func (r *run) removeFirst(e *store.Entry, p string, isPath bool, editPath string
 	r.early[e.Target] = true
 	if r.opt.Plan && st.line.Outcome != shapes.Failed {
 		r.planAfter(st, p, isPath, editPath)
+		if st.drop {
+			// The store forgets the target: a step of another type at
+			// it (a directory the mesh made, a file declared there now)
+			// starts with no record of it, as in the apply.
+			r.plannedGone[e.Target] = true
+		}
 	}
 	return st
 }
@@ -509,9 +531,11 @@ func (r *run) leftIn(p string) ([]string, error) {
 	// What this declaration's own steps put there is there once the apply
 	// has run: a plan, which made none of it, counts it as the apply does.
 	if r.declaredKids == nil {
+		// From the declaration itself: a removal decided before the
+		// apply (removeFirst) comes before its steps are declared.
 		r.declaredKids = map[string][]string{}
-		for ct := range r.declared {
-			if dp, ok := strings.CutPrefix(ct.target, "path:"); ok {
+		for _, res := range r.d.Resources {
+			if dp, ok := strings.CutPrefix(shapes.Target(res), "path:"); ok {
 				r.declaredKids[path.Dir(dp)] = append(r.declaredKids[path.Dir(dp)], path.Base(dp))
 			}
 		}

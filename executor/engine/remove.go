@@ -122,7 +122,7 @@ func (r *run) checkReshaped() error {
 // removals, and so at every apply. A found directory, or a found file put
 // back, is the person's: the new one's step fails on it, as it says.
 func (r *run) removeReshaped() {
-	whole, edited := map[string]bool{}, map[string]bool{}
+	whole, edited, dirs := map[string]bool{}, map[string]bool{}, false
 	now := make(map[string]string, len(r.d.Resources)) // target → the type declared there
 	for _, res := range r.d.Resources {
 		t := shapes.Target(res)
@@ -132,6 +132,10 @@ func (r *run) removeReshaped() {
 			edited[p] = true
 		}
 		now[t] = res.Head().Type
+		dirs = dirs || res.Head().Type == shapes.TypeDirectory
+	}
+	if len(whole) == 0 && len(edited) == 0 && !dirs {
+		return
 	}
 	entries := r.st.Entries()
 	slices.Reverse(entries)

@@ -335,7 +335,7 @@ func TestKeysEqualsAndPlan(t *testing.T) {
 	os.WriteFile(h.p("sshd_config"), []byte(found), 0o644)
 	doc := h.doc(keys("sysctl", "equals", `{"net.ipv4.ip_forward":"1","kernel.panic":"10"}`))
 	plan := h.run("local", doc, true)
-	if plan.Outcome != shapes.Applied || !strings.Contains(plan.Lines[0].Detail, "would: set kernel.panic, net.ipv4.ip_forward") || h.read("sshd_config") != found {
+	if plan.Outcome != shapes.Applied || !strings.Contains(plan.Lines[0].Detail, "would be: set kernel.panic, net.ipv4.ip_forward") || h.read("sshd_config") != found {
 		t.Fatalf("plan %+v", plan)
 	}
 	h.expect(h.apply(doc), shapes.Applied, "m.sysctl=applied")

@@ -316,7 +316,7 @@ func (r *run) keys(st *step, rest int) {
 		return
 	}
 	if r.opt.Plan {
-		st.line.Detail = "would: " + st.line.Detail
+		st.line.Detail = "would be: " + st.line.Detail
 		if r.opt.OnDiff != nil {
 			r.opt.OnDiff(k.Module, k.ID, r.editedDiff(k.Path, data, out))
 		}

@@ -85,9 +85,9 @@ func onlyIn(a, b string) string {
 	return strings.Join(out, "\n")
 }
 
-// planSaid drops what a plan says its lines would be: "would be " (and
-// keys' "would be: " and "would: ").
-var planSaid = strings.NewReplacer("would be: ", "", "would be ", "", "would: ", "")
+// planSaid drops what a plan says its lines would be: "would be " before
+// a verb, "would be: " before a list of what the apply does.
+var planSaid = strings.NewReplacer("would be: ", "", "would be ", "")
 
 // linesOf is a report's lines as text, a plan's words dropped (planSaid).
 func linesOf(rep *shapes.Report) string {

@@ -528,3 +528,35 @@ func TestAKeyARescueFileSetsIsHeldAgainstTheLink(t *testing.T) {
 		t.Fatalf("%+v", rep.Lines)
 	}
 }
+
+// A file changing shape changes before anything is applied: the old
+// shape undone (removeReshaped) may rewrite the file the new one then
+// leaves as it finds it — the whole file's found original put back, with
+// the keys the new shape sets already in it. A service whose restart_on
+// names the new shape's resource is restarted: its file did change.
+func TestAFileChangingShapeRestartsWhatNamesIt(t *testing.T) {
+	const person = "Port 22\nX11Forwarding no\n"
+	h := newHarness(t)
+	os.WriteFile(h.p("sshd_config"), []byte(person), 0o600)
+	f := newFakeInit()
+	f.add("sshd.service", true, "enabled")
+	file := `{"module":"m","id":"f","type":"file","path":"{root}/sshd_config","content":"Port 2222\nX11Forwarding no\n"}`
+	key := keys("k", "space", `{"X11Forwarding":"no"}`)
+	service := func(on string) string {
+		return svc("sshd", "sshd.service", "running", "", `,"restart_on":["m.`+on+`"]`)
+	}
+	h.applyWith(f, h.doc(file, service("f")), false)
+	f.transcript()
+	doc := h.doc(key, service("k"))
+	plan := h.applyWith(f, doc, true)
+	rep := h.applyWith(f, doc, false)
+	if got := h.read("sshd_config"); got != person {
+		t.Fatalf("sshd_config %q, want the person's %q", got, person)
+	}
+	if got := f.transcript(); got != "restart sshd.service" {
+		t.Fatalf("the init was asked %q, want sshd.service restarted: %s", got, outcomes(rep))
+	}
+	if p, a := linesOf(plan), linesOf(rep); p != a {
+		t.Fatalf("plan and apply differ\nplan:\n%s\napply:\n%s", p, a)
+	}
+}

@@ -140,6 +140,7 @@ func (r *run) removeReshaped() {
 	entries := r.st.Entries()
 	slices.Reverse(entries)
 	var batch []*step
+	touched := map[*step]string{} // the file each step undoes a shape of
 	for _, e := range entries {
 		p, isPath := strings.CutPrefix(e.Target, "path:")
 		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
@@ -154,9 +155,41 @@ func (r *run) removeReshaped() {
 		case !reshaped || now[e.Target] != "" || !r.onlyMine(e):
 			continue
 		}
-		batch = append(batch, r.removeFirst(e, p, isPath, editPath))
+		st := r.removeFirst(e, p, isPath, editPath)
+		if !isPath {
+			p = editPath
+		}
+		touched[st] = p
+		batch = append(batch, st)
 	}
 	r.execute(batch, len(r.d.Resources))
+	// What it changed, it changed in a file a resource of the declaration
+	// holds now: restart_on naming that resource restarts, though the
+	// resource's own line may find nothing more to do (the found original
+	// put back with the keys it sets already in it).
+	for _, st := range batch {
+		if !st.line.Outcome.Changes() {
+			continue
+		}
+		for _, res := range r.d.Resources {
+			if pathOfResource(res) == touched[st] {
+				r.changed[res.Head().Key()] = true
+			}
+		}
+	}
+}
+
+// pathOfResource is the file or directory a resource writes, whole or in
+// place ("" for none).
+func pathOfResource(res shapes.Resource) string {
+	t := shapes.Target(res)
+	if p, ok := strings.CutPrefix(t, "path:"); ok {
+		return p
+	}
+	if _, p, _, ok := shapes.EditTarget(t); ok {
+		return p
+	}
+	return ""
 }
 
 // claimsOf is who claims e: a stub's only claim is its pending intent's.

@@ -437,14 +437,8 @@ func (r *run) archive(st *step, rest int) {
 			r.fail(st, err, rest)
 			return
 		}
-		after, planned := r.plannedFile[full]
-		switch {
-		case !planned || !r.opt.Plan:
-		case after == nil:
-			info.Kind = fsx.Absent // a plan: an earlier removal takes it away
-		case info.Kind == fsx.Absent:
-			info.Kind = fsx.Regular // or puts back what a person deleted
-		}
+		after, kind, planned := r.plannedAt(full, info.Kind)
+		info.Kind = kind
 		switch {
 		case en.dir && info.Kind == fsx.Dir:
 			continue // an existing directory is used as it is
@@ -454,7 +448,7 @@ func (r *run) archive(st *step, rest int) {
 				r.fail(st, err, rest)
 				return
 			}
-			if planned && r.opt.Plan {
+			if planned {
 				eq = bytes.Equal(after, en.data)
 			}
 			if eq && info.Mode == en.mode {

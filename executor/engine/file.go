@@ -124,19 +124,16 @@ func (r *run) fileContent(f *shapes.File) (data []byte, want string, sealed bool
 // planFile observes a file and decides what, if anything, to do.
 func (r *run) planFile(st *step, f *shapes.File) error {
 	data, want, sealed := r.fileContent(f)
-	after, planned := r.plannedFile[f.Path]
-	planned = planned && r.opt.Plan
 	var eq bool
 	var info fsx.Info
 	var err error
-	if planned && after == nil {
+	if after, _, planned := r.plannedAt(f.Path, fsx.Absent); planned && after == nil {
 		// A plan: what an earlier removal takes away (a directory the
 		// mesh made where this file goes).
 		info.Kind = fsx.Absent
 	} else if eq, info, err = fsx.Equal(f.Path, data); err != nil {
 		return err
-	}
-	if planned && after != nil && info.Kind == fsx.Regular {
+	} else if planned && info.Kind == fsx.Regular {
 		// A plan: the file as its regions' or keys' removal leaves it.
 		eq = bytes.Equal(after, data)
 	}
@@ -309,11 +306,8 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	if err != nil {
 		return err
 	}
-	if after, ok := r.plannedFile[d.Path]; ok && r.opt.Plan {
-		// A plan: a file an earlier removal takes away, or puts back.
-		if info = (fsx.Info{Kind: fsx.Absent}); after != nil {
-			info.Kind = fsx.Regular
-		}
+	if _, kind, ok := r.plannedAt(d.Path, info.Kind); ok {
+		info.Kind = kind // a plan: a file an earlier removal takes away, or puts back
 	}
 	if info.Kind != fsx.Absent && info.Kind != fsx.Dir {
 		return fmt.Errorf("%s is a %s, not a directory; the host will not replace it", d.Path, info.Kind)

@@ -45,15 +45,9 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 	if err != nil {
 		return nil, info, nil, err
 	}
-	if after, ok := r.plannedFile[path]; ok && r.opt.Plan {
+	if after, kind, ok := r.plannedAt(path, info.Kind); ok {
 		// A plan: the file as an earlier removal of it leaves it.
-		data = after
-		switch {
-		case after == nil:
-			info.Kind = fsx.Absent
-		case info.Kind == fsx.Absent:
-			info.Kind = fsx.Regular // put back where a person deleted it
-		}
+		data, info.Kind = after, kind
 	}
 	if en := r.unpacked[path]; en != nil && !en.dir && info.Kind == fsx.Absent {
 		// A plan: the file as an archive before it unpacks it.

@@ -239,6 +239,23 @@ func (r *run) removeFirst(e *store.Entry, p string, isPath bool, editPath string
 	return st
 }
 
+// plannedAt is, in a plan, what an earlier removal leaves at p (ok false
+// outside a plan, or where none planned one), and kind as the machine has
+// it then: nothing (nil: taken away), or a file (put back where a person
+// had deleted it).
+func (r *run) plannedAt(p string, kind fsx.Kind) (after []byte, _ fsx.Kind, ok bool) {
+	after, ok = r.plannedFile[p]
+	switch {
+	case !ok || !r.opt.Plan:
+		return nil, kind, false
+	case after == nil:
+		return nil, fsx.Absent, true
+	case kind == fsx.Absent:
+		return after, fsx.Regular, true
+	}
+	return after, kind, true
+}
+
 // planAfter tells, in a plan, the step of the file's new shape what an
 // early removal leaves in it (a plan changes nothing to read back): a
 // whole file's found original, or nothing (gone); or, under a region's or

@@ -235,13 +235,20 @@ func (w *recorder) jwtIssuerBehind(data []byte) bool {
 	if k.Operator == nil {
 		return false
 	}
-	i := bytes.Index(data, jwtIssuerField)
+	found, is := stringFieldIs(data, jwtIssuerField, k.nodes.issuerPublicFresh)
+	return found && !is
+}
+
+// stringFieldIs says whether data holds field (`"name":"`), and whether
+// the string after it is want (asked for only when found): a heartbeat's
+// fields read in the bytes, without decoding it, or a copy.
+func stringFieldIs(data, field []byte, want func() string) (found, is bool) {
+	i := bytes.Index(data, field)
 	if i < 0 {
-		return false
+		return false, false
 	}
-	rest := data[i+len(jwtIssuerField):]
-	issuer := k.nodes.issuerPublicFresh()
-	return !bytes.HasPrefix(rest, []byte(issuer)) || len(rest) == len(issuer) || rest[len(issuer)] != '"'
+	rest, w := data[i+len(field):], want()
+	return true, len(rest) > len(w) && string(rest[:len(w)]) == w && rest[len(w)] == '"'
 }
 
 // statementsBehind says whether heartbeat data names a control key other
@@ -250,12 +257,8 @@ func (w *recorder) jwtIssuerBehind(data []byte) bool {
 // fields are, so that the fleet's heartbeats holding both cost no decoding
 // (a field in another spelling is decoded, and judged then).
 func (w *recorder) statementsBehind(data []byte) bool {
-	if i := bytes.Index(data, controlKeyField); i >= 0 {
-		rest := data[i+len(controlKeyField):]
-		id := w.c.Keys.KeyID()
-		if !bytes.HasPrefix(rest, []byte(id)) || len(rest) == len(id) || rest[len(id)] != '"' {
-			return true
-		}
+	if found, is := stringFieldIs(data, controlKeyField, w.c.Keys.KeyID); found && !is {
+		return true
 	}
 	seq := w.c.Keys.BrokerPinsSeq()
 	if seq == 0 {

@@ -318,3 +318,36 @@ func TestADirectoryTheMeshMadeDeclaredAFile(t *testing.T) {
 		}
 	}
 }
+
+// A directory the host found, taken away by someone: made again while
+// declared (repaired, as a file the host holds is), and undeclared while
+// gone, forgotten — nothing of the host's is left to give back — rather
+// than a failure that would stop every later apply's removals at it.
+func TestADirectoryTheHostFoundTakenAway(t *testing.T) {
+	h := newHarness(t)
+	x := h.p("x")
+	if err := os.Mkdir(x, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := h.doc(`{"module":"m","id":"d","type":"directory","path":"` + x + `"}`)
+	gone := func() { os.Remove(x) }
+	for i, c := range []struct {
+		doc, lines string
+		hands      func()
+	}{
+		{dir, "m.d=unchanged", nil},
+		{dir, "m.d=repaired", gone},
+		{dir, "m.d=unchanged", nil},
+		{h.doc(), "m.d=forgotten", gone},
+		{h.doc(), "", nil},
+	} {
+		if c.hands != nil {
+			c.hands()
+		}
+		plan := h.run(store.Local, c.doc, true)
+		rep := h.apply(c.doc)
+		if got := outcomes(rep); got != c.lines || outcomes(plan) != got {
+			t.Fatalf("step %d: plan [%s], apply [%s], want [%s]\n%+v", i+1, outcomes(plan), got, c.lines, rep.Lines)
+		}
+	}
+}

@@ -345,9 +345,11 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		switch {
 		case e == nil:
 			st.line.Detail = "found as declared; held by the host from now"
+			// Digest "dir": held as declared from now, so one taken away
+			// by someone is made again as a repair, as a file is.
 			st.record = &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(nil, st.claim),
 				Original: &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID},
-				Mode:     a.mode, UID: a.uid, GID: a.gid}
+				Mode:     a.mode, UID: a.uid, GID: a.gid, Digest: "dir"}
 		case !e.Claimed(st.claim) || e.Held || e.Mode != a.mode || e.UID != a.uid || e.GID != a.gid || e.Digest != "dir":
 			n := *e
 			n.Claims, n.Held = withClaim(e, st.claim), false

@@ -100,6 +100,12 @@ type keysHere struct {
 	// put back the other's — a rescue's PasswordAuthentication yes turned
 	// back to no at the link's next drift look.
 	above map[keyAt]string
+	// givenBack is, for each key a removal of this run gives back, the
+	// resource that does ("module.id"): a key two records hold (an apply
+	// that stopped before it removed the name a key was handed over from)
+	// is given back once, and the second says so rather than claim the
+	// same change.
+	givenBack map[keyAt]string
 }
 
 // keysHere reads, the first time a run needs it, what every keys record
@@ -108,7 +114,7 @@ func (r *run) keysHere() *keysHere {
 	if r.keysAt != nil {
 		return r.keysAt
 	}
-	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}, above: map[keyAt]string{}}
+	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}, above: map[keyAt]string{}, givenBack: map[keyAt]string{}}
 	for _, e := range r.st.Entries() {
 		_, path, _, ok := shapes.EditTarget(e.Target)
 		if e.Type != shapes.TypeKeys || !ok {
@@ -386,10 +392,15 @@ func (r *run) removeKeys(st *step) {
 	}
 	kf := edit.ParseKeys(data, format)
 	var changes []edit.Change
-	var said []string
+	var said, gives []string
+	givenBack := r.keysHere().givenBack
 	for _, fk := range slices.Sorted(maps.Keys(rec.Set)) {
 		if s, ok := r.handedOver(path, "", rec, fk); ok {
 			said = append(said, s)
+			continue
+		}
+		if by := givenBack[keyAt{path, fk}]; by != "" {
+			said = append(said, rec.Names[fk]+" given back by "+by+" already")
 			continue
 		}
 		c, s, err := giveBack(kf, rec, fk)
@@ -399,6 +410,7 @@ func (r *run) removeKeys(st *step) {
 		}
 		if c != nil {
 			changes = append(changes, *c)
+			gives = append(gives, fk)
 		}
 		said = append(said, s)
 	}
@@ -416,6 +428,10 @@ func (r *run) removeKeys(st *step) {
 	if _, err := giveBackIn(data); err != nil {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v; nothing written", path, err), false
 		return
+	}
+	c := firstClaim(e)
+	for _, fk := range gives {
+		givenBack[keyAt{path, fk}] = c.Module + "." + c.ID
 	}
 	st.line.Outcome, st.line.Detail = shapes.Restored, strings.Join(said, "; ")+" in "+path
 	if r.opt.Plan {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine/model"
+	"github.com/nox-mesh/nox-mesh-host/executor/engine/model/treefs"
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -38,12 +39,15 @@ const (
 // several resources in one configuration file, found or not, renamed,
 // moved and handed from one resource to another, set or taken out by
 // hand; and either file declared whole in some declarations and edited
-// in others. Each declaration is planned first (the plan touches nothing and
+// in others; a directory, files in it and beside it and an archive
+// unpacked into it, found or not, edited, deleted and added to by hand, a
+// path declared a directory in one declaration and a file in the next.
+// Each declaration is planned first (the plan touches nothing and
 // gives each line the apply's outcome), then each apply
 // runs against the engine (the transcript init and package manager the
 // engine's tests use, a real file) and the model, and the first difference
 // — refusal, a line's outcome, what the init or the package manager was
-// asked, the file's blocks and keys, the machine after — fails with the sequence
+// asked, the file's blocks and keys, the tree, the machine after — fails with the sequence
 // printed and its seed.
 func TestTheEngineFollowsTheModel(t *testing.T) {
 	n, seed := 500, uint64(1)
@@ -98,12 +102,23 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 	if err := os.WriteFile(keysFile, []byte(model.KeysText(seq.World.Keys)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	tree := h.p(model.TreeRoot)
+	if err := treefs.Write(tree, seq.World.Tree); err != nil {
+		t.Fatal(err)
+	}
+	if err := treefs.WriteArchives(h.root); err != nil {
+		t.Fatal(err)
+	}
 	atShared := func(n string) string {
-		switch n {
-		case model.SharedFile:
+		switch {
+		case n == model.SharedFile:
 			return shared
-		case model.KeysFile:
+		case n == model.KeysFile:
 			return keysFile
+		case model.InTree(n):
+			return treefs.Path(tree, n)
+		case strings.HasSuffix(n, ".tar"):
+			return h.p(n)
 		}
 		return n
 	}
@@ -124,6 +139,9 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			if st.Op.Key != "" {
 				b, _ := os.ReadFile(keysFile)
 				os.WriteFile(keysFile, []byte(model.EditKey(string(b), st.Op.Key, model.KeyByHand, st.Op.KeyOut)), 0o600)
+			}
+			if err := treefs.Do(tree, st.Op); err != nil {
+				t.Fatal(err)
 			}
 			if u == nil {
 				continue
@@ -154,7 +172,11 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			a, _ := os.ReadFile(shared)
 			b, _ := os.ReadFile(keysFile)
 			e, _ := json.Marshal(s.Entries())
-			return string(a) + "\x00" + string(b) + "\x00" + string(e)
+			tr, err := treefs.Read(tree)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(a) + "\x00" + string(b) + "\x00" + string(e) + "\x00" + fmt.Sprint(tr)
 		}
 		was := files()
 		plan := Apply(context.Background(), s, d, []byte(doc), Options{Source: store.Local, packages: pk, Plan: true,
@@ -223,6 +245,9 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		}
 		if msg := sameKeys(keysFile, w.Keys); msg != "" {
 			return fmt.Sprintf("step %d: %s\n  engine's lines:\n      %s", i+1, msg, lines(rep))
+		}
+		if got, err := treefs.Read(tree); err != nil || treefs.Diff(got, w.Tree) != "" {
+			return fmt.Sprintf("step %d: the tree is not the model's: %v%s\n  engine's lines:\n      %s", i+1, err, treefs.Diff(got, w.Tree), lines(rep))
 		}
 	}
 	_, end := model.Run(seq.World, events)

@@ -343,8 +343,19 @@ func (r *run) planRemoval(st *step) {
 		st.line.Outcome, st.line.Detail = shapes.Restored, fmt.Sprintf("owner and mode given back as found (%s)", a)
 		st.intent = &store.Intent{Op: "restore", Type: e.Type, Claim: firstClaim(e), Original: o}
 		seen, err := fsx.Lstat(p)
-		if err != nil || seen.Kind != fsx.Dir {
-			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s is not the directory the host changed (%v, a %s); not touched", p, err, seen.Kind), false
+		switch {
+		case err != nil:
+			st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, fmt.Sprintf("%s: %v; not touched", p, err), false
+			return
+		case seen.Kind != fsx.Dir:
+			// Taken away or replaced by someone since: theirs now, and
+			// nothing of the host's is left to give back. Kept as failed,
+			// the record would stop every later apply's removals here.
+			st.intent, st.change = nil, nil
+			st.line.Outcome, st.line.Detail = shapes.Forgotten, fmt.Sprintf("the directory the host found here is gone (a %s now); nothing to give back, left as it is", seen.Kind)
+			if seen.Kind == fsx.Absent {
+				st.line.Detail = "the directory the host found here was removed by something else; nothing to give back"
+			}
 			return
 		}
 		st.change = func() error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine/model"
+	"github.com/nox-mesh/nox-mesh-host/executor/engine/model/treefs"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/tests/lab"
 )
@@ -32,17 +33,20 @@ import (
 // and after every step (the operator's too) the machine as the init's own
 // tools and dpkg say it is — each unit the model knows running or not and
 // enabled or not, each package installed or not, the shared file's blocks
-// and the keys file's keys — against the model's
-// machine after the same steps. The sequences share a lab: each has its own
-// units and packages (the model's names with "-SEED" after them) and its
-// own executor state directory.
+// and the keys file's keys, the tree's files and directories — against the
+// model's machine after the same steps. The sequences share a lab: each has
+// its own units and packages (the model's names with "-SEED" after them),
+// its own tree and its own executor state directory.
 
 // modelSample is the seeds the lab runs, chosen (from the first 400) so
 // that together they hold what a generated sequence can: packages the host
 // installs and packages found installed, renames and moves, services
 // declared anew, modules taken on an adopted node, the operator's flips,
 // and among the outcomes restored, repaired, held, held-changed, failed
-// and refused. The test logs what each holds.
+// and refused; in their trees (drawn from a stream of their own, so the
+// seeds hold what they held before), files created, restored and removed,
+// directories held, kept and removed, the archive unpacked, repaired, kept
+// and removed. The test logs what each holds.
 var modelSample = []uint64{7, 10, 13, 15, 16, 19, 24, 29}
 
 // modelSampleState is the executor's state directory for one sequence.
@@ -64,13 +68,27 @@ type sampleRun struct {
 // name is a model name (unit or package) as this sequence has it in the lab,
 // and the shared file's path there.
 func (r sampleRun) name(n string) string {
-	switch n {
-	case model.SharedFile:
+	switch {
+	case n == model.SharedFile:
 		return r.shared()
-	case model.KeysFile:
+	case n == model.KeysFile:
 		return r.keysFile()
+	case model.InTree(n):
+		return treefs.Path(r.tree(), n)
+	case strings.HasSuffix(n, ".tar"):
+		return r.archives() + "/" + n
 	}
 	return n + "-" + strconv.FormatUint(r.seq.Seed, 10)
+}
+
+// tree is the root of the sequence's tree in the lab (model.TreeRoot).
+func (r sampleRun) tree() string {
+	return "/var/lib/mesh-model/tree-" + strconv.FormatUint(r.seq.Seed, 10)
+}
+
+// archives is the directory of the sequence's archive tars in the lab.
+func (r sampleRun) archives() string {
+	return "/var/lib/mesh-model/archives-" + strconv.FormatUint(r.seq.Seed, 10)
 }
 
 // keysFile is the path of the sequence's keys file in the lab.
@@ -228,6 +246,17 @@ func setWorld(t *testing.T, m *machine, g giveBackInit, runs []sampleRun) {
 		m.sh("set -e\n" + strings.Join(cmds, "\n"))
 	}
 	for _, r := range runs {
+		if err := treefs.Write(m.Path(r.tree()), r.seq.World.Tree); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(m.Path(r.archives()), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := treefs.WriteArchives(m.Path(r.archives())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range runs {
 		if msg := checkMachine(m, g, r, 0); msg != "" {
 			t.Fatal(msg)
 		}
@@ -280,6 +309,9 @@ func operatorFlips(m *machine, g giveBackInit, r sampleRun, op model.Event) stri
 		if err != nil {
 			return err.Error()
 		}
+	}
+	if err := treefs.Do(m.Path(r.tree()), op); err != nil {
+		return err.Error()
 	}
 	u := r.name(op.Unit)
 	if p := packageOf(r.seq.World, op.Unit); p != "" && !installedPackages(m, r)[p] {
@@ -392,6 +424,10 @@ func checkMachine(m *machine, g giveBackInit, r sampleRun, n int) string {
 		keys, kerr := model.FileKeys(string(text))
 		if err != nil || kerr != nil || !maps.Equal(keys, want.Keys) {
 			diff += fmt.Sprintf("\n  the keys file %s holds %q, the model says %q (%v %v)", r.keysFile(), keys, want.Keys, err, kerr)
+		}
+		tree, err := treefs.Read(m.Path(r.tree()))
+		if d := treefs.Diff(tree, want.Tree); err != nil || d != "" {
+			diff += fmt.Sprintf("\n  the tree %s is not the model's (%v): %s", r.tree(), err, d)
 		}
 		if diff == "" {
 			return ""

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -66,6 +68,13 @@ func (s Sequence) String() string {
 	for _, n := range slices.Sorted(maps.Keys(s.World.Keys)) {
 		fmt.Fprintf(&b, "  key %s found holding %q\n", n, s.World.Keys[n])
 	}
+	for _, p := range slices.Sorted(maps.Keys(s.World.Tree)) {
+		if n := s.World.Tree[p]; n.Dir {
+			fmt.Fprintf(&b, "  directory %s found\n", p)
+		} else {
+			fmt.Fprintf(&b, "  file %s found holding %q\n", p, n.Text)
+		}
+	}
 	for i, st := range s.Steps {
 		fmt.Fprintf(&b, "%2d. %s\n", i+1, st.What)
 		if st.Decl != nil {
@@ -84,7 +93,13 @@ func describeDecl(d Declaration) string {
 			s += "(" + r.State + "," + enabledWord(r.Enabled) + ")"
 		case "region":
 			s += fmt.Sprintf("(%q)", r.Content)
-		case "keys", "file":
+		case "file", "archive":
+			if InTree(r.Name) {
+				s += fmt.Sprintf("(%q)", r.Content)
+				break
+			}
+			fallthrough
+		case "keys":
 			var kv []string
 			for _, k := range slices.Sorted(maps.Keys(r.Set)) {
 				kv = append(kv, k+"="+r.Set[k])
@@ -125,13 +140,22 @@ func describeDecl(d Declaration) string {
 //
 // The shared file may be declared whole by one module too (its regions
 // left out of a declaration while it is), drawn from a fourth stream.
+//
+// The tree is drawn from a fifth (treeCatalogue): a directory, a file in
+// it and one beside it, an archive unpacked into it in one of two
+// versions, a path declared a directory or a file, each in one module, some
+// found on the machine; at a declaration's step one may get new content,
+// the archive its other version, a resource be renamed or moved, the path
+// change shape; at an operator's step a file may be written, edited or
+// taken out by hand, an empty directory taken out.
 func Generate(seed uint64) Sequence {
 	rnd := rand.New(rand.NewPCG(seed, 0x0118))
 	rg := rand.New(rand.NewPCG(seed, 0x0102))
 	rk := rand.New(rand.NewPCG(seed, 0x4b45))
 	rw := rand.New(rand.NewPCG(seed, 0x5748))
+	rt := rand.New(rand.NewPCG(seed, 0x5452))
 	s := Sequence{Seed: seed, Adopted: rnd.IntN(2) == 0,
-		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}, Keys: map[string]string{}}}
+		World: World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: map[string]string{}, Keys: map[string]string{}, Tree: map[string]Node{}}}
 	bit := func() bool { return rnd.IntN(2) == 0 }
 	for _, u := range []string{"mu0", "mu1"} {
 		s.World.Units[u] = Unit{Running: bit(), Enabled: bit()}
@@ -326,6 +350,7 @@ func Generate(seed uint64) Sequence {
 		sharedContent = content()
 		return fmt.Sprintf("; %s declares the shared file whole, one block holding %q", sharedBy, sharedContent)
 	}
+	tree := newTreeCatalogue(rt, modules, &s.World)
 	assigned, taken := map[string]bool{}, map[string]bool{}
 	compose := func() *Declaration {
 		d := &Declaration{Adopted: s.Adopted, Taken: map[string]bool{}}
@@ -369,12 +394,17 @@ func Generate(seed uint64) Sequence {
 		if wholeOn && assigned[wholeBy] {
 			// One file is declared whole or edited, not both.
 			d.Resources = append(d.Resources, Resource{Kind: "file", Module: wholeBy, ID: "kw", Name: KeysFile, Set: maps.Clone(wholeSet), Content: KeysText(wholeSet)})
-			return d
+		} else {
+			for _, key := range slices.Sorted(maps.Keys(byRes)) {
+				m, id, _ := strings.Cut(key, ".")
+				if assigned[m] {
+					d.Resources = append(d.Resources, Resource{Kind: "keys", Module: m, ID: id, Name: KeysFile, Set: byRes[key]})
+				}
+			}
 		}
-		for _, key := range slices.Sorted(maps.Keys(byRes)) {
-			m, id, _ := strings.Cut(key, ".")
-			if assigned[m] {
-				d.Resources = append(d.Resources, Resource{Kind: "keys", Module: m, ID: id, Name: KeysFile, Set: byRes[key]})
+		for _, r := range tree.declared() {
+			if assigned[r.Module] {
+				d.Resources = append(d.Resources, r)
 			}
 		}
 		return d
@@ -416,6 +446,7 @@ func Generate(seed uint64) Sequence {
 					what += " and sets the key " + ev.Key + " to " + KeyByHand
 				}
 			}
+			what += tree.operator(&ev)
 			s.Steps = append(s.Steps, Step{What: what, Op: ev})
 			continue
 		case k < 6 && len(catalogue[m]) > 0:
@@ -467,6 +498,7 @@ func Generate(seed uint64) Sequence {
 		what += regionStep()
 		what += keysStep()
 		what += sharedStep()
+		what += tree.step()
 		s.Steps = append(s.Steps, Step{What: what, Decl: compose()})
 	}
 	return s
@@ -492,6 +524,11 @@ func EngineDoc(d Declaration) string {
 			m["path"], m["format"], m["set"] = r.Name, "space", r.Set
 		case "file":
 			m["path"], m["content"] = r.Name, r.Content
+		case "directory":
+			m["path"] = r.Name
+		case "archive":
+			sum := sha256.Sum256(ArchiveTar(r.Content))
+			m["url"], m["sha256"], m["destination"] = "file://"+r.URL, hex.EncodeToString(sum[:]), r.Name
 		default:
 			m["unit"] = r.Name
 			if r.State != "" {
@@ -508,13 +545,17 @@ func EngineDoc(d Declaration) string {
 }
 
 // Renamed is the declaration with every resource's Name (the package or
-// unit it manages) passed through name; ids and modules stay, so a report
+// unit it manages, the file or directory) and URL (an archive's tar)
+// passed through name; ids and modules stay, so a report
 // line's "module.id" is the model's. The lab runs several sequences on one
 // machine, each on packages and units of its own.
 func (d Declaration) Renamed(name func(string) string) Declaration {
 	c := Declaration{Adopted: d.Adopted, Taken: d.Taken, Resources: slices.Clone(d.Resources)}
 	for i := range c.Resources {
 		c.Resources[i].Name = name(c.Resources[i].Name)
+		if c.Resources[i].URL != "" {
+			c.Resources[i].URL = name(c.Resources[i].URL)
+		}
 	}
 	return c
 }

@@ -1,5 +1,6 @@
 // Package model is ADR 0118 (what undeclaring gives back) and adoption's
-// hold (ADR 0100), for services, packages, regions and keys across modules,
+// hold (ADR 0100), for services, packages, regions, keys, files,
+// directories and an archive across modules,
 // written as a small pure function to be read beside the ADR: a machine's
 // found state, the declarations one source sends over time and the
 // operator's changes in between go in; what each apply must ask of the
@@ -69,7 +70,10 @@
 //     set by any resource is given back: taken out if it was found absent,
 //     its found value put back otherwise — only while it holds what the
 //     host set (a person's value since is theirs, left), and nothing when
-//     it holds its found value already. A keys resource whose keys all
+//     it holds its found value already. A key two records hold (an apply
+//     stopped before it removed the name the key was handed over from) is
+//     given back once, by the newest: undeclaring runs newest first. A
+//     keys resource whose keys all
 //     changed nothing is unchanged; one undeclared that gave nothing back
 //     is forgotten, restored otherwise. On an adopted node a keys resource
 //     of a module not taken is held: nothing set, nothing recorded, and
@@ -85,6 +89,8 @@
 //     in its old shape before anything of the declaration is applied, so
 //     the new one starts from the file as the person had it
 //     (docs/declaration.md, region and keys).
+//   - Files, directories and an archive under a root of their own: tree.go
+//     says their rules.
 package model
 
 import (
@@ -107,6 +113,10 @@ type World struct {
 	// a person wrote before the mesh, in a world; the file's after the
 	// events, in the machine Run ends with.
 	Keys map[string]string
+	// Tree is the tree's paths (under TreeRoot, which is always a
+	// directory): those a person made before the mesh, in a world; the
+	// tree after the events, in the machine Run ends with.
+	Tree map[string]Node
 }
 
 // KeysFile is the name of the one file keys resources set keys in (the
@@ -137,13 +147,19 @@ type Resource struct {
 	// Kind "file" is the keys file (Name KeysFile: Set its keys) or the
 	// shared file (Name SharedFile: Set its blocks) declared whole, Content
 	// its text.
-	Kind       string // "package", "service", "region", "keys" or "file"
+	//
+	// In the tree (Name under TreeRoot): Kind "file" is a file, Content
+	// its text; "directory" a directory; "archive" the archive unpacked
+	// into the directory Name, Content its version (ArchiveEntries) and URL
+	// its tar (ArchiveURL).
+	Kind       string // "package", "service", "region", "keys", "file", "directory" or "archive"
 	Module, ID string
 	Name       string
 	State      string
 	Enabled    *bool
 	Content    string
 	Set        map[string]string
+	URL        string
 }
 
 // Key is the resource's "module.id", as a report line names it.
@@ -170,6 +186,11 @@ type Event struct {
 	// out (KeyOut).
 	Key    string
 	KeyOut bool
+	// TreePath: a file of the tree the operator writes TreeText into (where
+	// its parent is a directory and it is none), or takes out (TreeOut).
+	TreePath string
+	TreeText string
+	TreeOut  bool
 }
 
 // EditedByHand is what the operator writes into a block; KeyByHand what
@@ -191,6 +212,8 @@ type Result struct {
 	// Blocks: the shared file's blocks after the apply; Keys: the keys
 	// file's keys.
 	Blocks, Keys map[string]string
+	// Tree: the tree after the apply.
+	Tree map[string]Node
 }
 
 // Run is the model: the world, then the events, in order; one result per
@@ -211,11 +234,12 @@ func Run(w World, events []Event) ([]Result, World) {
 			default:
 				h.keys[e.Key] = KeyByHand
 			}
+			h.treeOp(e)
 			out = append(out, Result{})
 			continue
 		}
 		r := h.apply(*e.Apply)
-		r.Blocks, r.Keys = maps.Clone(h.blocks), maps.Clone(h.keys)
+		r.Blocks, r.Keys, r.Tree = maps.Clone(h.blocks), maps.Clone(h.keys), maps.Clone(h.tree)
 		out = append(out, r)
 	}
 	return out, h.machine()
@@ -274,9 +298,14 @@ type wholeRecord struct {
 
 // keysRecord is what the host keeps of a keys resource: held, or the set
 // it last applied.
+//
+// order is when it was first recorded: a key two records hold (an apply
+// that stopped before it removed the name the key was handed over from)
+// is given back once, by the newest, as undeclaring runs newest first.
 type keysRecord struct {
-	held bool
-	set  map[string]string
+	held  bool
+	set   map[string]string
+	order int
 }
 
 type host struct {
@@ -294,13 +323,23 @@ type host struct {
 	// each key and is not held.
 	setBy map[string]string
 	whole map[string]*wholeRecord // by file
+	// The tree, and what the host keeps of its paths and its archive;
+	// order counts the records as they are first made.
+	tree    map[string]Node
+	pathRec map[string]*pathRecord
+	archRec map[string]*archiveRecord // by destination
+	order   int
 }
 
 func newHost(w World) *host {
 	h := &host{units: map[string]*Unit{}, installed: map[string]bool{}, brings: map[string]string{},
 		unitRec: map[string]*unitRecord{}, pkgRec: map[string]*pkgRecord{},
 		blocks: maps.Clone(w.Blocks), regionRec: map[string]*regionRecord{},
-		keys: maps.Clone(w.Keys), keyRec: map[string]*keyRecord{}, keysRec: map[string]*keysRecord{}, whole: map[string]*wholeRecord{}}
+		keys: maps.Clone(w.Keys), keyRec: map[string]*keyRecord{}, keysRec: map[string]*keysRecord{}, whole: map[string]*wholeRecord{},
+		tree: maps.Clone(w.Tree), pathRec: map[string]*pathRecord{}, archRec: map[string]*archiveRecord{}}
+	if h.tree == nil {
+		h.tree = map[string]Node{}
+	}
 	if h.blocks == nil {
 		h.blocks = map[string]string{}
 	}
@@ -319,7 +358,7 @@ func newHost(w World) *host {
 }
 
 func (h *host) machine() World {
-	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: maps.Clone(h.blocks), Keys: maps.Clone(h.keys)}
+	w := World{Units: map[string]Unit{}, Packages: map[string]Package{}, Blocks: maps.Clone(h.blocks), Keys: maps.Clone(h.keys), Tree: maps.Clone(h.tree)}
 	for n, u := range h.units {
 		w.Units[n] = *u
 	}
@@ -355,7 +394,7 @@ func (h *host) apply(d Declaration) Result {
 	pkgBefore := false
 	seenUnit := map[string]bool{}
 	for _, r := range d.Resources {
-		if r.Kind == "region" || r.Kind == "keys" || r.Kind == "file" {
+		if r.Kind == "region" || r.Kind == "keys" || r.Kind == "file" || r.Kind == "directory" || r.Kind == "archive" {
 			continue
 		}
 		if r.Kind == "package" {
@@ -369,6 +408,9 @@ func (h *host) apply(d Declaration) Result {
 			return Result{Refused: true}
 		}
 		seenUnit[r.Name] = true
+	}
+	if h.parentMissing(d) {
+		return Result{Refused: true}
 	}
 	declared := map[string]bool{} // "kind:name module.id"
 	declaredTarget := map[string]bool{}
@@ -389,16 +431,19 @@ func (h *host) apply(d Declaration) Result {
 	}
 	// A file changing shape is undone in its old shape first.
 	whole, edited := map[string]bool{}, map[string]bool{}
+	tree := h.newTreeRun(d, held)
+	h.reshapeFirst(tree, &res)
 	for _, r := range d.Resources {
-		switch r.Kind {
-		case "file":
+		switch {
+		case InTree(r.Name):
+		case r.Kind == "file":
 			whole[r.Name] = true
-		case "keys", "region":
+		case r.Kind == "keys" || r.Kind == "region":
 			edited[r.Name] = true
 		}
 	}
 	if whole[KeysFile] {
-		for _, name := range slices.Sorted(maps.Keys(h.keysRec)) {
+		for _, name := range h.keysNewestFirst() {
 			h.removeKeys(name, &res)
 		}
 	}
@@ -412,7 +457,28 @@ func (h *host) apply(d Declaration) Result {
 			h.removeWhole(f, &res)
 		}
 	}
+	stop := func() Result {
+		// A failed step stops the apply: nothing is removed.
+		sort.Strings(res.Init)
+		sort.Strings(res.Installs)
+		return res
+	}
 	for _, r := range d.Resources {
+		if InTree(r.Name) {
+			ok := false
+			switch r.Kind {
+			case "file":
+				ok = h.applyTreeFile(r, tree, &res)
+			case "directory":
+				ok = h.applyDirectory(r, tree, &res)
+			case "archive":
+				ok = h.applyArchive(r, tree, &res)
+			}
+			if !ok {
+				return stop()
+			}
+			continue
+		}
 		switch r.Kind {
 		case "package":
 			h.applyPackage(r, held(r), &res)
@@ -428,13 +494,11 @@ func (h *host) apply(d Declaration) Result {
 			continue
 		}
 		if !h.applyService(r, held(r), &res) {
-			// A failed step stops the apply: nothing is removed.
-			sort.Strings(res.Init)
-			sort.Strings(res.Installs)
-			return res
+			return stop()
 		}
 	}
 	h.remove(declared, declaredTarget, &res)
+	h.removeTree(tree, &res)
 	sort.Strings(res.Init)
 	sort.Strings(res.Installs)
 	return res
@@ -512,7 +576,7 @@ func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	prev := h.keysRec[name]
 	if hold && (prev == nil || prev.held) {
 		res.Lines[name] = "held"
-		h.keysRec[name] = &keysRecord{held: true}
+		h.keysRec[name] = &keysRecord{held: true, order: h.keysOrder(prev)}
 		return
 	}
 	changed := false
@@ -547,7 +611,23 @@ func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	default:
 		res.Lines[name] = "applied"
 	}
-	h.keysRec[name] = &keysRecord{set: maps.Clone(r.Set)}
+	h.keysRec[name] = &keysRecord{set: maps.Clone(r.Set), order: h.keysOrder(prev)}
+}
+
+// keysOrder is the order of a keys record: its own once it has one.
+func (h *host) keysOrder(prev *keysRecord) int {
+	if prev != nil {
+		return prev.order
+	}
+	return h.nextOrder()
+}
+
+// keysNewestFirst is the keys resources recorded, the last first recorded
+// first.
+func (h *host) keysNewestFirst() []string {
+	names := slices.Collect(maps.Keys(h.keysRec))
+	sort.Slice(names, func(a, b int) bool { return h.keysRec[names[a]].order > h.keysRec[names[b]].order })
+	return names
 }
 
 // giveBackKey gives back a key the resource self no longer sets, unless
@@ -766,7 +846,7 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			h.removeRegion(name, res)
 		}
 	}
-	for name := range h.keysRec {
+	for _, name := range h.keysNewestFirst() {
 		if !declared["keys:"+KeysFile+" "+name] {
 			h.removeKeys(name, res)
 		}

@@ -417,7 +417,7 @@ func (r *run) archive(st *step, rest int) {
 			ours[p] = true
 		}
 	}
-	if r.clearWay(a, entries); r.stopped {
+	if r.clearWay(a, entries, e); r.stopped {
 		return
 	}
 	// Observe: what is there already, and whether anything there is not ours.
@@ -480,6 +480,14 @@ func (r *run) archive(st *step, rest int) {
 	for _, en := range todo {
 		wrote[path.Join(a.Destination, en.rel)] = true
 	}
+	// A path it wrote that a file of the declaration declares stays its
+	// own, whether or not this version still has it: the file's while it
+	// declares it, the archive's to remove after (clearWay gives it back).
+	for p := range ours {
+		if r.fileDeclared(p) != "" {
+			wrote[p] = true
+		}
+	}
 	for p := range wrote {
 		n.Paths = append(n.Paths, p)
 	}
@@ -506,7 +514,9 @@ func (r *run) archive(st *step, rest int) {
 		return
 	}
 	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == a.SHA256 {
+	if e != nil && e.Digest == a.SHA256 && len(todo) > 0 {
+		// What it wrote was changed or taken away since: drift. Paths it
+		// only takes away now are ones a file held until this apply.
 		st.line.Outcome = shapes.Repaired
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
@@ -600,23 +610,36 @@ func (r *run) fileDeclared(p string) string {
 }
 
 // clearWay undoes, before an archive is looked at, what this source made
-// at a path the archive writes and this declaration no longer declares (a
-// file declared there before). Undone at the end with the other removals,
-// it would be in the archive's way when its step runs — "not the host's
-// to overwrite" — and that failure stops the apply before the removal
-// that would clear it, at every apply. A file the host created goes, a
-// found one gets its original back (which the archive then does not
-// overwrite, as any file it did not write). A plan is told what each
-// leaves.
-func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry) {
-	var batch []*step
+// at a path the archive writes, or wrote, and this declaration no longer
+// declares (a file declared there before). Undone at the end with the
+// other removals, it would be in the archive's way when its step runs —
+// "not the host's to overwrite" — and that failure stops the apply before
+// the removal that would clear it, at every apply; and at a path the
+// archive wrote and no longer has, the archive would take away the file,
+// and the file's removal then put back its original (the archive's old
+// entry) where nothing accounts for it any more. A file the host created
+// goes, a found one gets its original back (which the archive then does
+// not overwrite, as any file it did not write, or takes away as its own).
+// A plan is told what each leaves.
+func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Entry) {
+	var ways []string
 	for _, en := range entries {
-		full := path.Join(a.Destination, en.rel)
+		if !en.dir {
+			ways = append(ways, path.Join(a.Destination, en.rel))
+		}
+	}
+	if was != nil {
+		ways = append(ways, was.Paths...)
+	}
+	var batch []*step
+	seen := map[string]bool{}
+	for _, full := range ways {
 		target := "path:" + full
 		e := r.st.Get(target)
-		if en.dir || e == nil || e.Type != shapes.TypeFile || r.early[target] || r.fileDeclared(full) != "" {
+		if seen[full] || e == nil || e.Type != shapes.TypeFile || r.early[target] || r.fileDeclared(full) != "" {
 			continue
 		}
+		seen[full] = true
 		if !r.onlyMine(e) {
 			continue
 		}
@@ -654,10 +677,20 @@ func (r *run) planArchiveRemoval(st *step) {
 	paths := append([]string(nil), e.Paths...)
 	sort.Sort(sort.Reverse(sort.StringSlice(paths)))
 	var gone []string
+	var handed []*store.Entry
 	kept := map[string][]string{}
 	for _, p := range paths {
 		if r.fileDeclared(p) != "" {
-			continue // a file of this declaration declares it now: the file's
+			// A file of this declaration declares it now: the file's, as
+			// what the host made rather than what it found, so that the
+			// file undeclared takes it away instead of putting back, as an
+			// original, the archive's entry nothing accounts for any more.
+			if fe := r.st.Get("path:" + p); fe != nil && fe.Type == shapes.TypeFile && !fe.Held && !fe.Created && fe.Original != nil {
+				n := *fe
+				n.Created, n.Original = true, nil
+				handed = append(handed, &n)
+			}
+			continue
 		}
 		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
@@ -676,6 +709,15 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.change = func() error {
+		for _, n := range handed {
+			was := r.st.Get(n.Target)
+			if err := r.st.Put(n); err != nil {
+				return err
+			}
+			if was != nil && was.Original != nil {
+				r.forget = append(r.forget, was.Original.Digest)
+			}
+		}
 		for _, p := range gone {
 			if err := removeWritten(p); err != nil {
 				return err

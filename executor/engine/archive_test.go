@@ -236,31 +236,19 @@ func TestCacheWriter(t *testing.T) {
 // before the removal, at every apply. The archive undeclared while the
 // file stays does not take the file's path. Each step is planned first,
 // and the plan gives each line the apply's outcome.
-func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
-	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
-	arch := archiveRes(p, sum, dest)
-	conf := h.p("themes/theme/index.theme")
-	file := `{"module":"m","id":"f","type":"file","path":"` + conf + `","content":"mine\n"}`
-	dir := `{"module":"m","id":"d","type":"directory","path":"` + h.p("themes/theme") + `"}`
-	for i, c := range []struct {
-		res   []string
-		lines string
-		want  string // the file's content after; "" for gone
-	}{
-		{[]string{arch}, "ui.theme=applied", "[Theme]\n"},
-		{[]string{arch, file}, "ui.theme=unchanged m.f=applied", "mine\n"},
-		{[]string{arch, file}, "ui.theme=unchanged m.f=unchanged", "mine\n"},
-		{[]string{arch}, "m.f=restored ui.theme=unchanged", "[Theme]\n"},
-		{nil, "ui.theme=removed", ""},
-		{[]string{dir, file, arch}, "m.d=applied m.f=applied ui.theme=applied", "mine\n"},
-		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=unchanged", "mine\n"},
-		{[]string{dir, file}, "m.d=unchanged m.f=unchanged ui.theme=removed", "mine\n"},
-		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=applied", "mine\n"},
-		{[]string{arch}, "m.f=removed ui.theme=repaired m.d=kept", "[Theme]\n"},
-	} {
+// fileStep is one apply of a test of a file and an archive at one path:
+// the resources declared, the lines the plan and the apply give, and what
+// the file holds after ("" for gone).
+type fileStep struct {
+	res         []string
+	lines, want string
+}
+
+// fileSteps applies each step, its plan first, and holds both and the
+// file at conf to it.
+func fileSteps(t *testing.T, h *harness, conf string, steps []fileStep) {
+	t.Helper()
+	for i, c := range steps {
 		doc := h.doc(c.res...)
 		plan := h.run(store.Local, doc, true)
 		rep := h.apply(doc)
@@ -272,6 +260,29 @@ func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
 			t.Fatalf("step %d: %s holds %q (%v), want %q", i+1, conf, b, err, c.want)
 		}
 	}
+}
+
+func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	arch := archiveRes(p, sum, dest)
+	conf := h.p("themes/theme/index.theme")
+	file := `{"module":"m","id":"f","type":"file","path":"` + conf + `","content":"mine\n"}`
+	dir := `{"module":"m","id":"d","type":"directory","path":"` + h.p("themes/theme") + `"}`
+	fileSteps(t, h, conf, []fileStep{
+		{[]string{arch}, "ui.theme=applied", "[Theme]\n"},
+		{[]string{arch, file}, "ui.theme=unchanged m.f=applied", "mine\n"},
+		{[]string{arch, file}, "ui.theme=unchanged m.f=unchanged", "mine\n"},
+		{[]string{arch}, "m.f=restored ui.theme=unchanged", "[Theme]\n"},
+		{nil, "ui.theme=removed", ""},
+		{[]string{dir, file, arch}, "m.d=applied m.f=applied ui.theme=applied", "mine\n"},
+		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=unchanged", "mine\n"},
+		{[]string{dir, file}, "m.d=unchanged m.f=unchanged ui.theme=removed", "mine\n"},
+		{[]string{dir, file, arch}, "m.d=unchanged m.f=unchanged ui.theme=applied", "mine\n"},
+		{[]string{arch}, "m.f=removed ui.theme=repaired m.d=kept", "[Theme]\n"},
+	})
 }
 
 // A path the mesh made a directory, declared a file next (and the other
@@ -349,5 +360,56 @@ func TestADirectoryTheHostFoundTakenAway(t *testing.T) {
 		if got := outcomes(rep); got != c.lines || outcomes(plan) != got {
 			t.Fatalf("step %d: plan [%s], apply [%s], want [%s]\n%+v", i+1, outcomes(plan), got, c.lines, rep.Lines)
 		}
+	}
+}
+
+// A path an archive wrote and a file declares over it is never left where
+// nothing accounts for it: the archive undeclared while the file stays
+// hands the path to the file as the host's own, so the file undeclared
+// takes it away (and the archive's directory it held with it) rather than
+// put the archive's entry back as an original; a version of the archive
+// without the entry keeps the path its own while the file declares it, and
+// takes it away once the file no longer does.
+func TestAnArchivesPathAFileTookOver(t *testing.T) {
+	for _, sc := range []struct {
+		name  string
+		steps []fileStep // resources by name: a1, a2 (the archive's versions), file
+	}{
+		{"the archive undeclared first", []fileStep{
+			{[]string{"a1"}, "ui.theme=applied", "[Theme]\n"},
+			{[]string{"a1", "file"}, "ui.theme=unchanged m.f=applied", "mine\n"},
+			{[]string{"file"}, "m.f=unchanged ui.theme=kept", "mine\n"},
+			{nil, "m.f=removed ui.theme=removed", ""},
+		}},
+		{"a version without the entry", []fileStep{
+			{[]string{"a1"}, "ui.theme=applied", "[Theme]\n"},
+			{[]string{"a1", "file"}, "ui.theme=unchanged m.f=applied", "mine\n"},
+			{[]string{"a2", "file"}, "ui.theme=applied m.f=unchanged", "mine\n"},
+			{[]string{"a2", "file"}, "ui.theme=unchanged m.f=unchanged", "mine\n"},
+			{[]string{"a2"}, "m.f=restored ui.theme=applied", ""},
+			{nil, "ui.theme=removed", ""},
+		}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			h := newHarness(t)
+			dest := h.p("themes")
+			os.Mkdir(dest, 0o755)
+			conf := h.p("themes/theme/index.theme")
+			p1, sum1 := makeArchive(t, h.root, "t1.tgz", theme...)
+			p2, sum2 := makeArchive(t, h.root, "t2.tgz",
+				tarEntry{name: "theme/", typ: tar.TypeDir, mode: 0o755},
+				tarEntry{name: "theme/README", typ: tar.TypeReg, body: "v2\n"})
+			resources := map[string]string{"a1": archiveRes(p1, sum1, dest), "a2": archiveRes(p2, sum2, dest),
+				"file": `{"module":"m","id":"f","type":"file","path":"` + conf + `","content":"mine\n"}`}
+			for i := range sc.steps {
+				for j, n := range sc.steps[i].res {
+					sc.steps[i].res[j] = resources[n]
+				}
+			}
+			fileSteps(t, h, conf, sc.steps)
+			if left, _ := os.ReadDir(dest); len(left) > 0 {
+				t.Fatalf("%s still holds %v after everything was undeclared", dest, left)
+			}
+		})
 	}
 }

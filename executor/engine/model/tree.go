@@ -34,9 +34,16 @@ import (
 //     path it did not write (unless that path holds its entry exactly: left
 //     as it is, never its own); a path a file of the same declaration
 //     declares is the file's, and the archive leaves it, in either order.
-//     A file declared before at a path it writes, undeclared now, is undone
-//     before the archive looks, so that it is never in its way. A version
-//     of the archive that no longer has an entry it wrote removes it.
+//     A file declared before at a path it writes or wrote, undeclared now,
+//     is undone before the archive looks (its original, the archive's
+//     entry, put back), so that it is never in its way and the archive
+//     decides what becomes of it. A version of the archive that no longer
+//     has an entry it wrote removes it — unless a file of the declaration
+//     declares it: it stays the archive's, for when the file no longer
+//     declares it. Undeclared while a file declares one of its paths, the
+//     archive hands the path to the file: the host made it, and the file
+//     undeclared removes it rather than put back an original nothing
+//     accounts for any more.
 //     Undeclared, what it wrote is removed (edited or not: the archive's
 //     files are not kept aside), deepest first, and its directories when
 //     that leaves them empty; one that holds what it did not write is kept,
@@ -350,11 +357,17 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 		ours = rec.paths
 	}
 	entries := ArchiveEntries(r.Content)
-	// A file declared before where it writes, undeclared now: undone first.
+	// A file declared before where it writes, or wrote, undeclared now:
+	// undone first.
+	var ways []string
 	for _, en := range entries {
-		full := path.Join(dest, en.Rel)
+		if !en.Dir {
+			ways = append(ways, path.Join(dest, en.Rel))
+		}
+	}
+	for _, full := range append(ways, slices.Sorted(maps.Keys(ours))...) {
 		pr := h.pathRec[full]
-		if en.Dir || pr == nil || pr.kind != "file" || t.early["path:"+full] || t.files[full] ||
+		if pr == nil || pr.kind != "file" || t.early["path:"+full] || t.files[full] ||
 			slices.ContainsFunc(pr.claims, func(c string) bool { return t.declared["path:"+full+" "+c] }) {
 			continue
 		}
@@ -392,9 +405,14 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	for _, en := range todo {
 		wrote[path.Join(dest, en.Rel)] = true
 	}
+	for p := range ours {
+		if t.files[p] {
+			wrote[p] = true // the file's while it declares it, the archive's after
+		}
+	}
 	var stale []string
 	for p := range ours {
-		if !wrote[p] && !left[p] {
+		if !wrote[p] {
 			stale = append(stale, p)
 		}
 	}
@@ -402,7 +420,7 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	switch {
 	case len(todo) == 0 && len(stale) == 0:
 		res.Lines[key] = "unchanged"
-	case rec != nil && rec.version == r.Content:
+	case rec != nil && rec.version == r.Content && len(todo) > 0:
 		res.Lines[key] = "repaired"
 	default:
 		res.Lines[key] = "applied"
@@ -488,6 +506,11 @@ func (h *host) removeArchive(dest string, rec *archiveRecord, t *treeRun, res *R
 	kept := map[string]bool{}
 	for _, p := range paths {
 		if t.files[p] {
+			// The file's from now: what the host made, not what it
+			// found, so that undeclared it goes.
+			if pr := h.pathRec[p]; pr != nil && pr.kind == "file" && !pr.held {
+				pr.created, pr.found = true, nil
+			}
 			continue
 		}
 		if h.isDir(p) && len(h.leftIn(p, t)) > 0 {

@@ -174,6 +174,9 @@ type run struct {
 	// declaredTargets: what declares each target of declared, made when
 	// first needed, once every step has declared its own (declaredBy).
 	declaredTargets map[string]string
+	// claimTypes: the type of each resource of the declaration, by its
+	// claim, made when first needed (typeOf).
+	claimTypes map[store.Claim]string
 	// unsealed is each sealed file's content, opened by check before
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
@@ -932,6 +935,15 @@ func (r *run) yields(st *step, e *store.Entry) bool {
 	}
 	st.line.Outcome = shapes.Held
 	st.line.Detail = fmt.Sprintf("declared also by %s, which takes precedence; left as that source has it until it no longer declares it", joinClaims(above))
+	if st.res != nil && st.res.Head().Type != e.Type {
+		// A directory where the source above has a file, or the other
+		// way: not the same thing, so not claimed. Claimed, the file would
+		// pass to this source under the directory's name when the source
+		// above lets it go, and be undone under that name too; unclaimed,
+		// the source above undoes it, and this one makes its own after.
+		st.line.Detail = fmt.Sprintf("declared also by %s, which takes precedence with a %s there; left as that source has it until it no longer declares it", joinClaims(above), e.Type)
+		return true
+	}
 	if !e.Claimed(st.claim) {
 		n := *e
 		n.Claims = withClaim(e, st.claim)

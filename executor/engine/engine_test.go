@@ -538,6 +538,39 @@ func TestRescueTakesPrecedenceUntilReleased(t *testing.T) {
 	}
 }
 
+// The link declaring a directory where a rescue file holds a file (or the
+// other way) yields without claiming it: not the same thing. Claimed, the
+// file passed to the link under the directory's name when the rescue let
+// it go, and the link's next apply undid it and made the directory, two
+// lines of one name; unclaimed, the rescue's release removes the file the
+// mesh made, and the link then makes its directory.
+func TestALinksDirectoryWhereARescueHasAFile(t *testing.T) {
+	h := newHarness(t)
+	file := func(module, content string) string {
+		return h.doc(`{"module":"` + module + `","id":"x","type":"file","path":"{root}/x","content":"` + content + `"}`)
+	}
+	dir := h.doc(`{"module":"base","id":"xd","type":"directory","path":"{root}/x"}`)
+	h.expect(h.run(store.Link, file("base", `the link's\n`), false), shapes.Applied, "base.x=applied")
+	h.expect(h.apply(file("rs", `rescued\n`)), shapes.Applied, "rs.x=applied")
+	rep := h.run(store.Link, dir, false)
+	h.expect(rep, shapes.Held, "base.xd=held base.x=forgotten")
+	if !strings.Contains(rep.Lines[0].Detail, "with a file there") {
+		t.Fatalf("detail %q", rep.Lines[0].Detail)
+	}
+	h.expect(h.apply(h.doc()), shapes.Removed, "rs.x=removed")
+	h.absent("x")
+	for _, want := range []string{"base.xd=applied", "base.xd=unchanged"} {
+		plan := h.run(store.Link, dir, true)
+		h.expect(h.run(store.Link, dir, false), shapes.Outcome(strings.SplitN(want, "=", 2)[1]), want)
+		if outcomes(plan) != want {
+			t.Fatalf("plan [%s], want [%s]", outcomes(plan), want)
+		}
+	}
+	if info, err := os.Stat(h.p("x")); err != nil || !info.IsDir() {
+		t.Fatalf("x is not the link's directory: %v", err)
+	}
+}
+
 // A resource that keeps its id and moves to another path leaves the old
 // one undeclared: it is removed, not kept claimed for ever.
 func TestMovedResourceRemovesTheOld(t *testing.T) {

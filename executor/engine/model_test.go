@@ -2,9 +2,12 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -41,7 +44,9 @@ const (
 // hand; and either file declared whole in some declarations and edited
 // in others; a directory, files in it and beside it and an archive
 // unpacked into it, found or not, edited, deleted and added to by hand, a
-// path declared a directory in one declaration and a file in the next.
+// path declared a directory in one declaration and a file in the next;
+// and a rescue file (a local file's declarations, above the link's)
+// declaring some of what the link does otherwise, then nothing any more.
 // Each declaration is planned first (the plan touches nothing and
 // gives each line the apply's outcome), then each apply
 // runs against the engine (the transcript init and package manager the
@@ -67,7 +72,7 @@ func TestTheEngineFollowsTheModel(t *testing.T) {
 	}
 	for i := range n {
 		s := seed + uint64(i)
-		seq := model.Generate(s)
+		seq := model.Generate(s).WithRescues()
 		if msg := runAgainstModel(t, seq); msg != "" {
 			t.Fatalf("seed %d (%s=%d %s=1 to run it alone): %s\n%s", s, modelSeedEnv, s, modelSequencesEnv, msg, seq)
 		}
@@ -106,8 +111,19 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 	if err := treefs.Write(tree, seq.World.Tree); err != nil {
 		t.Fatal(err)
 	}
-	if err := treefs.WriteArchives(h.root); err != nil {
+	// Over the link an archive comes as obj://, streamed by the agent into
+	// the executor's cache before the declaration: there already.
+	objURL := map[string]string{}
+	if err := os.MkdirAll(ArchiveCacheDir(h.state), 0o700); err != nil {
 		t.Fatal(err)
+	}
+	for _, v := range []string{"v1", "v2"} {
+		sum := sha256.Sum256(model.ArchiveTar(v))
+		hexSum := hex.EncodeToString(sum[:])
+		if err := os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), hexSum), model.ArchiveTar(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		objURL[model.ArchiveURL(v)] = "obj://" + hexSum
 	}
 	atShared := func(n string) string {
 		switch {
@@ -117,8 +133,8 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			return keysFile
 		case model.InTree(n):
 			return treefs.Path(tree, n)
-		case strings.HasSuffix(n, ".tar"):
-			return h.p(n)
+		case objURL[n] != "":
+			return objURL[n]
 		}
 		return n
 	}
@@ -179,14 +195,20 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			return string(a) + "\x00" + string(b) + "\x00" + string(e) + "\x00" + fmt.Sprint(tr)
 		}
 		was := files()
-		plan := Apply(context.Background(), s, d, []byte(doc), Options{Source: store.Local, packages: pk, Plan: true,
+		// The link's declarations as the link's, a rescue file's as a
+		// local file's: the source above.
+		src := store.Link
+		if st.Decl.Rescue {
+			src = store.Local
+		}
+		plan := Apply(context.Background(), s, d, []byte(doc), Options{Source: src, packages: pk, Plan: true,
 			Init: func() (initsys.Manager, error) { return f, nil }})
 		if tr, now := f.transcript(), files(); tr != "" || len(pk.log) > 0 || now != was {
 			s.Unlock()
 			return fmt.Sprintf("step %d: the plan changed the machine: the init was asked %q, the package manager %q, the files or the store changed: %v", i+1, tr, pk.log, now != was)
 		}
 		pk.log = nil
-		rep := Apply(context.Background(), s, d, []byte(doc), Options{Source: store.Local, packages: pk,
+		rep := Apply(context.Background(), s, d, []byte(doc), Options{Source: src, packages: pk,
 			Init: func() (initsys.Manager, error) { return f, nil }})
 		s.Unlock()
 		// Each line's outcome: the words may differ where the plan cannot

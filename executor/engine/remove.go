@@ -50,7 +50,9 @@ func (r *run) removeUndeclared() {
 			}
 		}
 		for _, c := range here[e.Target] {
-			if len(mine) > 0 && !slices.Contains(rest, c) {
+			// Not a resource of another type at the same path (a
+			// directory where a source above holds a file: yields).
+			if len(mine) > 0 && !slices.Contains(rest, c) && r.typeOf(c) == e.Type {
 				rest = append(rest, c)
 			}
 		}
@@ -77,6 +79,18 @@ func (r *run) removeUndeclared() {
 		batch = append(batch, st)
 	}
 	r.execute(batch, 0)
+}
+
+// typeOf is the type of the resource of this declaration claim names.
+func (r *run) typeOf(c store.Claim) string {
+	if r.claimTypes == nil {
+		r.claimTypes = make(map[store.Claim]string, len(r.d.Resources))
+		for _, res := range r.d.Resources {
+			h := res.Head()
+			r.claimTypes[store.Claim{Source: r.opt.Source, Module: h.Module, ID: h.ID}] = h.Type
+		}
+	}
+	return r.claimTypes[c]
 }
 
 // checkReshaped refuses a region or keys in a file the mesh made whole

@@ -77,7 +77,10 @@ func (s Sequence) String() string {
 	}
 	for i, st := range s.Steps {
 		fmt.Fprintf(&b, "%2d. %s\n", i+1, st.What)
-		if st.Decl != nil {
+		switch {
+		case st.Decl != nil && st.Decl.Rescue:
+			fmt.Fprintf(&b, "    apply as a rescue file (above the link) %s\n", describeDecl(*st.Decl))
+		case st.Decl != nil:
 			fmt.Fprintf(&b, "    apply %s\n", describeDecl(*st.Decl))
 		}
 	}
@@ -528,7 +531,11 @@ func EngineDoc(d Declaration) string {
 			m["path"] = r.Name
 		case "archive":
 			sum := sha256.Sum256(ArchiveTar(r.Content))
-			m["url"], m["sha256"], m["destination"] = "file://"+r.URL, hex.EncodeToString(sum[:]), r.Name
+			url := r.URL
+			if !strings.Contains(url, "://") {
+				url = "file://" + url
+			}
+			m["url"], m["sha256"], m["destination"] = url, hex.EncodeToString(sum[:]), r.Name
 		default:
 			m["unit"] = r.Name
 			if r.State != "" {
@@ -550,7 +557,7 @@ func EngineDoc(d Declaration) string {
 // line's "module.id" is the model's. The lab runs several sequences on one
 // machine, each on packages and units of its own.
 func (d Declaration) Renamed(name func(string) string) Declaration {
-	c := Declaration{Adopted: d.Adopted, Taken: d.Taken, Resources: slices.Clone(d.Resources)}
+	c := Declaration{Adopted: d.Adopted, Taken: d.Taken, Resources: slices.Clone(d.Resources), Rescue: d.Rescue}
 	for i := range c.Resources {
 		c.Resources[i].Name = name(c.Resources[i].Name)
 		if c.Resources[i].URL != "" {

@@ -91,12 +91,22 @@
 //     (docs/declaration.md, region and keys).
 //   - Files, directories and an archive under a root of their own: tree.go
 //     says their rules.
+//   - Two sources: a rescue file's (the local source) above the link's
+//     (docs/declaration.md; docs/operations.md, rescue). What a rescue file
+//     declares is the rescue's until it no longer declares it: the link's
+//     step for the same thing is held — its claim recorded, nothing changed
+//     — and what the rescue set stays. Undeclaring by one source only
+//     releases (forgotten) what the other still declares, and undoes what
+//     no source declares; a unit found absent stays while either source
+//     still declares its package. What was found is the thing's, recorded
+//     by whichever source applied it first.
 package model
 
 import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // World is a machine before the mesh: its units, and the packages its
@@ -170,6 +180,10 @@ type Declaration struct {
 	Adopted   bool
 	Taken     map[string]bool
 	Resources []Resource
+	// Rescue: a rescue file's declaration (the local source, above the
+	// link's), not the link's. It declares services, packages, and files
+	// and directories of the tree, never regions or keys.
+	Rescue bool
 }
 
 // Event is one thing that happens: an apply of a declaration, or the
@@ -329,6 +343,45 @@ type host struct {
 	pathRec map[string]*pathRecord
 	archRec map[string]*archiveRecord // by destination
 	order   int
+	// src is the source of the apply running: "" for the link's,
+	// rescuePrefix for a rescue file's. A claim is the source and the
+	// resource's "module.id".
+	src string
+}
+
+// rescuePrefix begins a rescue file's claims.
+const rescuePrefix = "rescue:"
+
+// claim is r's claim in the apply running.
+func (h *host) claim(r Resource) string { return h.src + r.Key() }
+
+// ofThis says whether claim c is of the source of the apply running.
+func (h *host) ofThis(c string) bool {
+	return strings.HasPrefix(c, rescuePrefix) == (h.src == rescuePrefix)
+}
+
+// above says whether claims hold a claim of a source above the apply's:
+// the rescue file's, when the link applies. Its step is then held: its
+// claim recorded, nothing changed, until the rescue no longer declares it.
+func (h *host) above(claims []string) bool {
+	return h.src == "" && slices.ContainsFunc(claims, func(c string) bool { return strings.HasPrefix(c, rescuePrefix) })
+}
+
+// lineOf is the report line's name of a claim: its "module.id".
+func lineOf(c string) string { return strings.TrimPrefix(c, rescuePrefix) }
+
+// yield makes r's line held, its claim added to claims, when a source
+// above the apply's holds them; a file where a directory is held, or the
+// other way (same is false), is not claimed: not the same thing.
+func (h *host) yield(r Resource, claims *[]string, same bool, res *Result) bool {
+	if !h.above(*claims) {
+		return false
+	}
+	res.Lines[r.Key()] = "held"
+	if same {
+		*claims = addClaim(*claims, h.claim(r))
+	}
+	return true
 }
 
 func newHost(w World) *host {
@@ -389,6 +442,10 @@ func (h *host) bringer(unit string) string {
 
 func (h *host) apply(d Declaration) Result {
 	res := Result{Lines: map[string]string{}}
+	h.src = ""
+	if d.Rescue {
+		h.src = rescuePrefix
+	}
 	// Refused whole, touching nothing: a service whose unit is unknown with
 	// no package before it, or two services of one unit.
 	pkgBefore := false
@@ -415,7 +472,7 @@ func (h *host) apply(d Declaration) Result {
 	declared := map[string]bool{} // "kind:name module.id"
 	declaredTarget := map[string]bool{}
 	for _, r := range d.Resources {
-		declared[r.Kind+":"+r.Name+" "+r.Key()] = true
+		declared[r.Kind+":"+r.Name+" "+h.claim(r)] = true
 		declaredTarget[r.Kind+":"+r.Name] = true
 	}
 	held := func(r Resource) bool { return d.Adopted && !d.Taken[r.Module] }
@@ -513,20 +570,23 @@ func addClaim(claims []string, c string) []string {
 
 func (h *host) applyPackage(r Resource, hold bool, res *Result) {
 	rec := h.pkgRec[r.Name]
+	if rec != nil && h.yield(r, &rec.claims, true, res) {
+		return
+	}
 	if h.installed[r.Name] && hold && (rec == nil || rec.held) {
 		res.Lines[r.Key()] = "held"
 		if rec == nil {
 			rec = &pkgRecord{held: true}
 			h.pkgRec[r.Name] = rec
 		}
-		rec.claims = addClaim(rec.claims, r.Key())
+		rec.claims = addClaim(rec.claims, h.claim(r))
 		return
 	}
 	if rec == nil {
 		rec = &pkgRecord{}
 		h.pkgRec[r.Name] = rec
 	}
-	rec.claims, rec.held = addClaim(rec.claims, r.Key()), false
+	rec.claims, rec.held = addClaim(rec.claims, h.claim(r)), false
 	if h.installed[r.Name] {
 		res.Lines[r.Key()] = "unchanged"
 		return
@@ -739,6 +799,9 @@ func (h *host) removeKeys(name string, res *Result) {
 
 // applyService reports false when its line failed (the apply stops).
 func (h *host) applyService(r Resource, hold bool, res *Result) bool {
+	if rec := h.unitRec[r.Name]; rec != nil && h.yield(r, &rec.claims, true, res) {
+		return true
+	}
 	cur := h.units[r.Name]
 	if cur == nil {
 		res.Lines[r.Key()] = "failed"
@@ -757,7 +820,7 @@ func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	if r.Enabled != nil && !rec.found.enabledKnown {
 		rec.found.enabledKnown, rec.found.enabled = true, cur.Enabled
 	}
-	rec.claims = addClaim(rec.claims, r.Key())
+	rec.claims = addClaim(rec.claims, h.claim(r))
 	if hold && (isNew || rec.held) {
 		// Changed by something else since it was found: in what the host
 		// recorded of it — whether it ran, and its enablement once a
@@ -805,6 +868,12 @@ func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	return true
 }
 
+// otherSource says whether a package's record holds a claim of the other
+// source than the apply's: a package still declared there.
+func (h *host) otherSource(rec *pkgRecord) bool {
+	return rec != nil && slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) })
+}
+
 func enabledWord(e *bool) string {
 	switch {
 	case e == nil:
@@ -821,7 +890,7 @@ func enabledWord(e *bool) string {
 func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 	release := func(kind, name string, claims []string) (mine, rest []string) {
 		for _, c := range claims {
-			if declared[kind+":"+name+" "+c] {
+			if !h.ofThis(c) || declared[kind+":"+name+" "+c] {
 				rest = append(rest, c)
 			} else {
 				mine = append(mine, c)
@@ -834,12 +903,17 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		if len(mine) == 0 {
 			continue
 		}
-		res.Lines[mine[0]] = "forgotten"
+		res.Lines[lineOf(mine[0])] = "forgotten"
 		if len(rest) > 0 {
 			rec.claims = rest
 			continue
 		}
 		delete(h.pkgRec, name)
+	}
+	if h.src != "" {
+		// Regions, keys and files declared whole are the link's alone.
+		h.removeUnits(release, declaredTarget, res)
+		return
 	}
 	for name := range h.regionRec {
 		if !declared["region:"+SharedFile+" "+name] {
@@ -856,18 +930,23 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 			h.removeWhole(f, res)
 		}
 	}
+	h.removeUnits(release, declaredTarget, res)
+}
+
+// removeUnits gives back, or releases, the units no longer declared.
+func (h *host) removeUnits(release func(kind, name string, claims []string) (mine, rest []string), declaredTarget map[string]bool, res *Result) {
 	for name, rec := range h.unitRec {
 		mine, rest := release("service", name, rec.claims)
 		if len(mine) == 0 {
 			continue
 		}
 		if len(rest) > 0 {
-			res.Lines[mine[0]] = "forgotten"
+			res.Lines[lineOf(mine[0])] = "forgotten"
 			rec.claims = rest
 			continue
 		}
 		delete(h.unitRec, name)
-		res.Lines[mine[0]] = h.giveBack(name, rec, declaredTarget, res)
+		res.Lines[lineOf(mine[0])] = h.giveBack(name, rec, declaredTarget, res)
 	}
 }
 
@@ -880,7 +959,7 @@ func (h *host) giveBack(name string, rec *unitRecord, declaredTarget map[string]
 	}
 	var stop, disable bool
 	switch f := rec.found; {
-	case f.absent && declaredTarget["package:"+h.bringer(name)]:
+	case f.absent && (declaredTarget["package:"+h.bringer(name)] || h.otherSource(h.pkgRec[h.bringer(name)])):
 		// what brought it is still declared: the unit is left
 	case f.absent:
 		stop = rec.state != "" && cur.Running

@@ -111,7 +111,8 @@ func ArchiveTar(version string) []byte {
 }
 
 // ArchiveURL is the name of a version's tar, as a declaration names it
-// (Renamed makes it the machine's path; EngineDoc a file:// URL).
+// (Renamed makes it the machine's path, for EngineDoc to make a file://
+// URL of, or a URL of its own: the link's obj://).
 func ArchiveURL(version string) string { return "archive-" + version + ".tar" }
 
 // InTree says whether a resource's Name is a path of the tree.
@@ -166,7 +167,7 @@ func (h *host) newTreeRun(d Declaration, hold func(Resource) bool) *treeRun {
 		if !InTree(r.Name) {
 			continue
 		}
-		t.declared[treeTarget(r)+" "+r.Key()] = true
+		t.declared[treeTarget(r)+" "+h.claim(r)] = true
 		if r.Kind == "file" || r.Kind == "directory" {
 			t.kids[path.Dir(r.Name)] = append(t.kids[path.Dir(r.Name)], r.Name)
 		}
@@ -224,7 +225,7 @@ func (h *host) reshapeFirst(t *treeRun, res *Result) {
 	for _, p := range h.newestFirst() {
 		rec := h.pathRec[p]
 		switch {
-		case rec == nil || now[p] == "" || now[p] == rec.kind:
+		case rec == nil || now[p] == "" || now[p] == rec.kind || slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) }):
 		case rec.kind == "file" || rec.created:
 			t.early["path:"+p] = true
 			h.removePath(p, rec, t, res)
@@ -241,8 +242,11 @@ func (h *host) newestFirst() []string {
 
 // applyTreeFile writes a file of the tree; false when its line failed.
 func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
-	p, key := r.Name, r.Key()
+	p, key, claim := r.Name, r.Key(), h.claim(r)
 	rec := h.pathRec[p]
+	if rec != nil && h.yield(r, &rec.claims, rec.kind == "file", res) {
+		return true
+	}
 	cur, exists := h.tree[p]
 	if exists && cur.Dir {
 		res.Lines[key] = "failed"
@@ -251,17 +255,17 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 	hold := t.hold(r)
 	if !exists && hold && rec != nil && rec.held {
 		res.Lines[key] = "held-changed"
-		rec.claims = addClaim(rec.claims, key)
+		rec.claims = addClaim(rec.claims, claim)
 		return true
 	}
 	if exists && hold && (rec == nil || rec.held) {
 		if rec == nil {
 			found := cur
-			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{key}, order: h.nextOrder(), found: &found, held: true}
+			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{claim}, order: h.nextOrder(), found: &found, held: true}
 			res.Lines[key] = "held"
 			return true
 		}
-		rec.claims = addClaim(rec.claims, key)
+		rec.claims = addClaim(rec.claims, claim)
 		res.Lines[key] = "held"
 		if cur.Text != rec.found.Text {
 			res.Lines[key] = "held-changed"
@@ -272,10 +276,10 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 		res.Lines[key] = "unchanged"
 		if rec == nil {
 			found := cur
-			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{key}, order: h.nextOrder(), found: &found, written: r.Content}
+			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{claim}, order: h.nextOrder(), found: &found, written: r.Content}
 			return true
 		}
-		rec.claims, rec.held, rec.written = addClaim(rec.claims, key), false, r.Content
+		rec.claims, rec.held, rec.written = addClaim(rec.claims, claim), false, r.Content
 		return true
 	}
 	if !exists && !h.isDir(path.Dir(p)) {
@@ -294,14 +298,17 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 		res.Lines[key] = "repaired"
 	}
 	h.tree[p] = Node{Text: r.Content}
-	rec.claims, rec.held, rec.written = addClaim(rec.claims, key), false, r.Content
+	rec.claims, rec.held, rec.written = addClaim(rec.claims, claim), false, r.Content
 	return true
 }
 
 // applyDirectory makes a directory of the tree; false when its line failed.
 func (h *host) applyDirectory(r Resource, t *treeRun, res *Result) bool {
-	p, key := r.Name, r.Key()
+	p, key, claim := r.Name, r.Key(), h.claim(r)
 	rec := h.pathRec[p]
+	if rec != nil && h.yield(r, &rec.claims, rec.kind == "directory", res) {
+		return true
+	}
 	cur, exists := h.tree[p]
 	if exists && !cur.Dir {
 		res.Lines[key] = "failed"
@@ -311,14 +318,14 @@ func (h *host) applyDirectory(r Resource, t *treeRun, res *Result) bool {
 	switch {
 	case !exists && hold && rec != nil && rec.held:
 		res.Lines[key] = "held-changed"
-		rec.claims = addClaim(rec.claims, key)
+		rec.claims = addClaim(rec.claims, claim)
 		return true
 	case exists && hold && (rec == nil || rec.held):
 		res.Lines[key] = "held"
 		if rec == nil {
-			h.pathRec[p] = &pathRecord{kind: "directory", claims: []string{key}, order: h.nextOrder(), found: &Node{Dir: true}, held: true}
+			h.pathRec[p] = &pathRecord{kind: "directory", claims: []string{claim}, order: h.nextOrder(), found: &Node{Dir: true}, held: true}
 		} else {
-			rec.claims = addClaim(rec.claims, key)
+			rec.claims = addClaim(rec.claims, claim)
 		}
 		return true
 	case exists:
@@ -340,13 +347,16 @@ func (h *host) applyDirectory(r Resource, t *treeRun, res *Result) bool {
 		}
 		h.tree[p] = Node{Dir: true}
 	}
-	rec.claims, rec.held, rec.written = addClaim(rec.claims, key), false, "dir"
+	rec.claims, rec.held, rec.written = addClaim(rec.claims, claim), false, "dir"
 	return true
 }
 
 // applyArchive unpacks the archive; false when its line failed.
 func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
-	dest, key := r.Name, r.Key()
+	dest, key, claim := r.Name, r.Key(), h.claim(r)
+	if rec := h.archRec[dest]; rec != nil && h.yield(r, &rec.claims, true, res) {
+		return true
+	}
 	if !h.isDir(dest) {
 		res.Lines[key] = "failed"
 		return false
@@ -368,7 +378,7 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	for _, full := range append(ways, slices.Sorted(maps.Keys(ours))...) {
 		pr := h.pathRec[full]
 		if pr == nil || pr.kind != "file" || t.early["path:"+full] || t.files[full] ||
-			slices.ContainsFunc(pr.claims, func(c string) bool { return t.declared["path:"+full+" "+c] }) {
+			slices.ContainsFunc(pr.claims, func(c string) bool { return !h.ofThis(c) || t.declared["path:"+full+" "+c] }) {
 			continue
 		}
 		t.early["path:"+full] = true
@@ -437,7 +447,7 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 		rec = &archiveRecord{order: h.nextOrder()}
 		h.archRec[dest] = rec
 	}
-	rec.claims, rec.version, rec.paths = addClaim(rec.claims, key), r.Content, wrote
+	rec.claims, rec.version, rec.paths = addClaim(rec.claims, claim), r.Content, wrote
 	return true
 }
 
@@ -469,7 +479,7 @@ func (h *host) leftIn(p string, t *treeRun) []string {
 // under the name it was first recorded under; the record is dropped, or
 // kept with a directory that is kept.
 func (h *host) removePath(p string, rec *pathRecord, t *treeRun, res *Result) {
-	name := rec.claims[0]
+	name := lineOf(rec.claims[0])
 	drop := true
 	switch {
 	case rec.held:
@@ -521,11 +531,11 @@ func (h *host) removeArchive(dest string, rec *archiveRecord, t *treeRun, res *R
 		delete(h.tree, p)
 	}
 	if len(kept) > 0 {
-		res.Lines[rec.claims[0]] = "kept"
+		res.Lines[lineOf(rec.claims[0])] = "kept"
 		rec.paths = kept
 		return
 	}
-	res.Lines[rec.claims[0]] = "removed"
+	res.Lines[lineOf(rec.claims[0])] = "removed"
 	delete(h.archRec, dest)
 }
 
@@ -558,7 +568,7 @@ func (h *host) removeTree(t *treeRun, res *Result) {
 		}
 		var mine, rest []string
 		for _, c := range *claims {
-			if t.declared[it.target+" "+c] {
+			if !h.ofThis(c) || t.declared[it.target+" "+c] {
 				rest = append(rest, c)
 			} else {
 				mine = append(mine, c)
@@ -568,7 +578,7 @@ func (h *host) removeTree(t *treeRun, res *Result) {
 			continue
 		}
 		if len(rest) > 0 {
-			res.Lines[mine[0]] = "forgotten"
+			res.Lines[lineOf(mine[0])] = "forgotten"
 			*claims = rest
 			continue
 		}

@@ -1,0 +1,74 @@
+package model
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+)
+
+// WithRescues is the sequence with a rescue file's declarations among its
+// steps, drawn from a stream of the seed's own so that the sequence's own
+// steps stay what they were: after a declaration of the link's, at times, a
+// rescue file declares one or two of the services, packages, files and
+// directories the link declared last — a service in the other state, a
+// file with other content — under a module of its own (rs); later, at
+// times, it declares nothing any more, and the link's word applies again.
+// A harness that can apply as two sources runs it (executor/engine's, the
+// link's declarations as the link's and the rescue's as a local file's);
+// the lab, which applies every declaration as a local file, runs the
+// sequence without.
+func (s Sequence) WithRescues() Sequence {
+	rnd := rand.New(rand.NewPCG(s.Seed, 0x5253))
+	out := s
+	out.Steps = nil
+	var last *Declaration
+	active, version := false, 0
+	for _, st := range s.Steps {
+		out.Steps = append(out.Steps, st)
+		if st.Decl != nil {
+			last = st.Decl
+		}
+		if last == nil || rnd.IntN(4) > 0 {
+			continue
+		}
+		if active && rnd.IntN(2) == 0 {
+			out.Steps = append(out.Steps, Step{What: "the rescue file declares nothing any more", Decl: &Declaration{Rescue: true}})
+			active = false
+			continue
+		}
+		var pool []Resource
+		for _, r := range last.Resources {
+			if r.Kind == "service" || r.Kind == "package" || InTree(r.Name) && (r.Kind == "file" || r.Kind == "directory") {
+				pool = append(pool, r)
+			}
+		}
+		if len(pool) == 0 {
+			continue
+		}
+		pick := map[int]bool{rnd.IntN(len(pool)): true, rnd.IntN(len(pool)): rnd.IntN(2) == 0}
+		d := &Declaration{Rescue: true}
+		var said []string
+		for i, r := range pool { // in the link's order: a package before its unit's service
+			if !pick[i] {
+				continue
+			}
+			r.Module = "rs"
+			switch r.Kind {
+			case "service":
+				r.State = map[string]string{"running": "stopped", "stopped": "running", "": "stopped"}[r.State]
+				if rnd.IntN(2) == 0 {
+					v := rnd.IntN(2) == 0
+					r.Enabled = &v
+				}
+			case "file":
+				version++
+				r.Content = fmt.Sprintf("rescued, v%d\n", version)
+			}
+			d.Resources = append(d.Resources, r)
+			said = append(said, r.Key())
+		}
+		out.Steps = append(out.Steps, Step{What: "a rescue file declares " + strings.Join(said, ", "), Decl: d})
+		active = true
+	}
+	return out
+}

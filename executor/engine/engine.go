@@ -177,6 +177,9 @@ type run struct {
 	// claimTypes: the type of each resource of the declaration, by its
 	// claim, made when first needed (typeOf).
 	claimTypes map[store.Claim]string
+	// editsAbove: the claims of sources above this one on keys and regions,
+	// by the file they edit, made when first needed (aboveAcross).
+	editsAbove map[string][]store.Claim
 	// unsealed is each sealed file's content, opened by check before
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
@@ -921,17 +924,27 @@ var precedence = map[store.Source]int{store.Bundle: 1, store.Link: 2, store.Loca
 // without touching the machine. Without it, two sources declaring one file
 // differently would rewrite it in turn at every reconcile.
 func (r *run) yields(st *step, e *store.Entry) bool {
-	if e == nil {
-		return false
-	}
 	var above []store.Claim
-	for _, c := range e.Claims {
-		if precedence[c.Source] > precedence[r.opt.Source] {
-			above = append(above, c)
-		}
+	if e != nil {
+		above = r.higher(e.Claims)
 	}
 	if len(above) == 0 {
-		return false
+		typ := ""
+		if st.res != nil {
+			typ = st.res.Head().Type
+		}
+		across, how := r.aboveAcross(st.target, typ)
+		if len(across) == 0 {
+			return false
+		}
+		st.line.Outcome = shapes.Held
+		st.line.Detail = fmt.Sprintf("%s by %s, which takes precedence; left as that source has it until it no longer declares it", how, joinClaims(across))
+		if e != nil && !e.Claimed(st.claim) {
+			n := *e
+			n.Claims = withClaim(e, st.claim)
+			st.record = &n
+		}
+		return true
 	}
 	st.line.Outcome = shapes.Held
 	st.line.Detail = fmt.Sprintf("declared also by %s, which takes precedence; left as that source has it until it no longer declares it", joinClaims(above))
@@ -950,6 +963,47 @@ func (r *run) yields(st *step, e *store.Entry) bool {
 		st.record = &n
 	}
 	return true
+}
+
+// higher is, of claims, those of sources above this run's.
+func (r *run) higher(claims []store.Claim) []store.Claim {
+	var above []store.Claim
+	for _, c := range claims {
+		if precedence[c.Source] > precedence[r.opt.Source] {
+			above = append(above, c)
+		}
+	}
+	return above
+}
+
+// aboveAcross is, for a file of type typ at target, what a source above
+// this one declares of the same file in the other shape — for keys or a
+// region, a file declared whole; for a file declared whole, keys or a
+// region in it — and how the line says it. One file, two shapes: a rescue
+// file's sshd_config declared whole and the link's keys in it would
+// otherwise rewrite each other at every reconcile, as two sources'
+// declarations of one target would (yields), and the same of the link's
+// whole file and a rescue's keys.
+func (r *run) aboveAcross(target, typ string) ([]store.Claim, string) {
+	if _, p, _, ok := shapes.EditTarget(target); ok {
+		if e := r.st.Get("path:" + p); e != nil && e.Type == shapes.TypeFile {
+			return r.higher(e.Claims), p + " is declared whole"
+		}
+		return nil, ""
+	}
+	p, ok := strings.CutPrefix(target, "path:")
+	if !ok || typ != shapes.TypeFile {
+		return nil, ""
+	}
+	if r.editsAbove == nil {
+		r.editsAbove = map[string][]store.Claim{}
+		for _, e := range r.st.Entries() {
+			if _, at, _, ok := shapes.EditTarget(e.Target); ok {
+				r.editsAbove[at] = append(r.editsAbove[at], r.higher(claimsOf(e))...)
+			}
+		}
+	}
+	return r.editsAbove[p], p + " has keys or a region set in it"
 }
 
 // holds reports whether a thing of module, whose entry is e, is held on an

@@ -571,6 +571,65 @@ func TestALinksDirectoryWhereARescueHasAFile(t *testing.T) {
 	}
 }
 
+// One file in two shapes from two sources — a rescue file's sshd_config
+// declared whole and the link's keys in it, or the link's whole file and a
+// rescue's keys — is held by the source above as one target is: the
+// lower's step is held and changes nothing, its removal waits, and once
+// the source above lets the file go the lower one's word applies again.
+// Without it each rewrote the other at every apply.
+func TestOneFileInTwoShapesFromTwoSources(t *testing.T) {
+	keys := func(module string) string {
+		return `{"module":"` + module + `","id":"k","type":"keys","path":"{root}/sshd_config","format":"space","set":{"K":"no"}}`
+	}
+	whole := func(module string) string {
+		return `{"module":"` + module + `","id":"f","type":"file","path":"{root}/sshd_config","content":"K yes\nL 1\n"}`
+	}
+	type step struct {
+		src          store.Source
+		res          []string
+		lines, holds string
+	}
+	for _, sc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"the rescue's whole file over the link's keys", []step{
+			{store.Link, []string{keys("base")}, "base.k=applied", "K no\n"},
+			{store.Local, []string{whole("rs")}, "rs.f=applied", "K yes\nL 1\n"},
+			{store.Link, []string{keys("base")}, "base.k=held", "K yes\nL 1\n"},
+			{store.Local, []string{whole("rs")}, "rs.f=unchanged", "K yes\nL 1\n"},
+			{store.Link, nil, "base.k=held", "K yes\nL 1\n"},
+			{store.Local, nil, "rs.f=restored", "K no\n"},
+			{store.Link, nil, "base.k=restored", "K yes\n"},
+		}},
+		{"the rescue's keys in the link's whole file", []step{
+			{store.Link, []string{whole("base")}, "base.f=applied", "K yes\nL 1\n"},
+			{store.Local, []string{keys("rs")}, "rs.k=applied", "K no\nL 1\n"},
+			{store.Link, []string{whole("base")}, "base.f=held", "K no\nL 1\n"},
+			{store.Local, []string{keys("rs")}, "rs.k=unchanged", "K no\nL 1\n"},
+			{store.Local, nil, "rs.k=restored", "K yes\nL 1\n"},
+			{store.Link, []string{whole("base")}, "base.f=unchanged", "K yes\nL 1\n"},
+			{store.Link, nil, "base.f=restored", "K yes\n"},
+		}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.WriteFile(h.p("sshd_config"), []byte("K yes\n"), 0o600)
+			for i, c := range sc.steps {
+				doc := h.doc(c.res...)
+				plan := h.run(c.src, doc, true)
+				rep := h.run(c.src, doc, false)
+				if got := outcomes(rep); got != c.lines || outcomes(plan) != got {
+					t.Fatalf("step %d (%s): plan [%s], apply [%s], want [%s]\n%+v", i+1, c.src, outcomes(plan), got, c.lines, rep.Lines)
+				}
+				if got := h.read("sshd_config"); got != c.holds {
+					t.Fatalf("step %d (%s): the file holds %q, want %q\n%+v", i+1, c.src, got, c.holds, rep.Lines)
+				}
+			}
+		})
+	}
+}
+
 // A resource that keeps its id and moves to another path leaves the old
 // one undeclared: it is removed, not kept claimed for ever.
 func TestMovedResourceRemovesTheOld(t *testing.T) {

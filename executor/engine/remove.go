@@ -305,6 +305,14 @@ func (r *run) planAfter(st *step, p string, isPath bool, editPath string) {
 func (r *run) planRemoval(st *step) {
 	e := st.entry
 	p := pathOf(e.Target)
+	if above, how := r.aboveAcross(e.Target, e.Type); len(above) > 0 && !e.Held {
+		// Given back now, it would change what a source above has in the
+		// file; kept, with what it found, and tried again by every apply.
+		st.record = e
+		st.line.Outcome = shapes.Held
+		st.line.Detail = fmt.Sprintf("%s by %s, which takes precedence: given back once that source no longer declares it", how, joinClaims(above))
+		return
+	}
 	st.drop = true
 	if remove, ok := removers[e.Type]; ok && !e.Held && !e.Recovered {
 		remove(r, st)

@@ -602,6 +602,16 @@ func TestOneFileInTwoShapesFromTwoSources(t *testing.T) {
 			{store.Local, nil, "rs.f=restored", "K no\n"},
 			{store.Link, nil, "base.k=restored", "K yes\n"},
 		}},
+		// The link's keys waited for the rescue's file; the link took the
+		// file whole meanwhile, then let both go in one apply: the keys
+		// are given back in the file as its put-back original has them.
+		{"the link's keys and whole file undone in one apply", []step{
+			{store.Link, []string{keys("base")}, "base.k=applied", "K no\n"},
+			{store.Local, []string{whole("rs")}, "rs.f=applied", "K yes\nL 1\n"},
+			{store.Link, []string{whole("base")}, "base.k=held base.f=held", "K yes\nL 1\n"},
+			{store.Local, nil, "rs.f=forgotten", "K yes\nL 1\n"},
+			{store.Link, nil, "base.f=restored base.k=restored", "K yes\n"},
+		}},
 		{"the rescue's keys in the link's whole file", []step{
 			{store.Link, []string{whole("base")}, "base.f=applied", "K yes\nL 1\n"},
 			{store.Local, []string{keys("rs")}, "rs.k=applied", "K no\nL 1\n"},

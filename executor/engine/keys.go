@@ -372,7 +372,7 @@ func readBackKeys(path string, f edit.Format, changes []edit.Change) error {
 // removeKeys gives back every key of an undeclared keys resource.
 func (r *run) removeKeys(st *step) {
 	e := st.entry
-	path, _, data, ok := editedForRemoval(st)
+	path, _, data, ok := r.editedForRemoval(st)
 	if !ok {
 		return
 	}

@@ -120,9 +120,10 @@ func rewriteNow(path string, edit func(data []byte) ([]byte, error)) error {
 }
 
 // editedForRemoval reads the file of an undeclared region or keys, for
-// its remover; ok is false when that decided the step already (the
-// target unreadable, the file gone: nothing to give back).
-func editedForRemoval(st *step) (path, name string, data []byte, ok bool) {
+// its remover — in a plan, as an earlier removal leaves it (plannedAt);
+// ok is false when that decided the step already (the target unreadable,
+// the file gone: nothing to give back).
+func (r *run) editedForRemoval(st *step) (path, name string, data []byte, ok bool) {
 	e := st.entry
 	st.drop = true
 	_, path, name, ok = shapes.EditTarget(e.Target)
@@ -131,6 +132,9 @@ func editedForRemoval(st *step) (path, name string, data []byte, ok bool) {
 		return "", "", nil, false
 	}
 	data, info, _, err := fsx.ReadLabeled(path, maxEdited)
+	if after, kind, planned := r.plannedAt(path, info.Kind); planned && err == nil {
+		data, info.Kind = after, kind
+	}
 	switch {
 	case err != nil:
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false
@@ -265,7 +269,7 @@ func (r *run) region(st *step, rest int) {
 // do; markers that do not pair up fail the line and keep the record.
 func (r *run) removeRegion(st *step) {
 	e := st.entry
-	path, name, data, ok := editedForRemoval(st)
+	path, name, data, ok := r.editedForRemoval(st)
 	if !ok {
 		return
 	}

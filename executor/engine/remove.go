@@ -36,9 +36,22 @@ func (r *run) removeUndeclared() {
 		here[ct.target] = append(here[ct.target], ct.claim)
 	}
 	var batch []*step
+	// wholeUndone: the files a removal of this batch puts back or takes
+	// away whole. Keys or a region of the same file undone after it are
+	// decided on the file as that leaves it: on what it holds now, the
+	// mesh's key the put-back original holds would be "gone already", and
+	// stay. (Both undone in one apply: an edit's removal waited while a
+	// source above held the file whole, aboveAcross.)
+	wholeUndone := map[string]bool{}
 	for _, e := range entries {
 		if r.early[e.Target] {
 			continue // undone before the apply (removeReshaped)
+		}
+		if _, p, _, edit := shapes.EditTarget(e.Target); edit && wholeUndone[p] && !r.opt.Plan {
+			if r.execute(batch, 0); r.stopped {
+				return
+			}
+			batch, wholeUndone = nil, map[string]bool{}
 		}
 		var mine, rest []store.Claim
 		claims := claimsOf(e)
@@ -76,6 +89,12 @@ func (r *run) removeUndeclared() {
 			continue
 		}
 		r.planRemoval(st)
+		if p, ok := strings.CutPrefix(e.Target, "path:"); ok && e.Type == shapes.TypeFile && st.change != nil {
+			wholeUndone[p] = true
+			if r.opt.Plan {
+				r.planAfter(st, p, true, "")
+			}
+		}
 		batch = append(batch, st)
 	}
 	r.execute(batch, 0)

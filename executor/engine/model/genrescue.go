@@ -11,7 +11,9 @@ import (
 // steps stay what they were: after a declaration of the link's, at times, a
 // rescue file declares one or two of the services, packages, files and
 // directories the link declared last — a service in the other state, a
-// file with other content — under a module of its own (rs); later, at
+// file with other content — under a module of its own (rs), and at times
+// the keys file or the shared file whole, over the link's keys, regions or
+// file declared whole; later, at
 // times, it declares nothing any more, and the link's word applies again.
 // A harness that can apply as two sources runs it (executor/engine's, the
 // link's declarations as the link's and the rescue's as a local file's);
@@ -42,12 +44,12 @@ func (s Sequence) WithRescues() Sequence {
 				pool = append(pool, r)
 			}
 		}
-		if len(pool) == 0 {
-			continue
-		}
-		pick := map[int]bool{rnd.IntN(len(pool)): true, rnd.IntN(len(pool)): rnd.IntN(2) == 0}
 		d := &Declaration{Rescue: true}
 		var said []string
+		pick := map[int]bool{}
+		if len(pool) > 0 {
+			pick = map[int]bool{rnd.IntN(len(pool)): true, rnd.IntN(len(pool)): rnd.IntN(2) == 0}
+		}
 		for i, r := range pool { // in the link's order: a package before its unit's service
 			if !pick[i] {
 				continue
@@ -66,6 +68,26 @@ func (s Sequence) WithRescues() Sequence {
 			}
 			d.Resources = append(d.Resources, r)
 			said = append(said, r.Key())
+		}
+		// The keys file or the shared file declared whole, at times: the
+		// usual way back in (a known-good sshd_config) over the link's keys,
+		// regions, or file declared whole.
+		switch rnd.IntN(4) {
+		case 0:
+			version++
+			// Values of its own: the model compares keys, the machine text,
+			// which agree only where the rescue wrote the file last.
+			set := map[string]string{"Ka": "rescued", "Kb": fmt.Sprintf("rescued-v%d", version)}
+			d.Resources = append(d.Resources, Resource{Kind: "file", Module: "rs", ID: "kw", Name: KeysFile, Set: set, Content: KeysText(set)})
+			said = append(said, "rs.kw (the keys file whole)")
+		case 1:
+			version++
+			set := map[string]string{"whole.rs": fmt.Sprintf("rescued, v%d\n", version)}
+			d.Resources = append(d.Resources, Resource{Kind: "file", Module: "rs", ID: "sw", Name: SharedFile, Set: set, Content: FileText(set)})
+			said = append(said, "rs.sw (the shared file whole)")
+		}
+		if len(d.Resources) == 0 {
+			continue
 		}
 		out.Steps = append(out.Steps, Step{What: "a rescue file declares " + strings.Join(said, ", "), Decl: d})
 		active = true

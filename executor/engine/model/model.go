@@ -99,7 +99,12 @@
 //     releases (forgotten) what the other still declares, and undoes what
 //     no source declares; a unit found absent stays while either source
 //     still declares its package. What was found is the thing's, recorded
-//     by whichever source applied it first.
+//     by whichever source applied it first. A file in two shapes is one
+//     thing: the keys file or the shared file a rescue declares whole holds
+//     the link's keys and regions in it — held, changing nothing — and
+//     their removals wait (held), to give back once the rescue lets the
+//     file go; a directory where the rescue has a file (or the other way)
+//     is held too, but not claimed: not the same thing.
 package model
 
 import (
@@ -301,11 +306,11 @@ type keyRecord struct {
 	set   string
 }
 
-// wholeRecord is what the host keeps of a file declared whole: the
-// resource, what the file held at its first apply (keys, or blocks),
-// whether it is held, and what it last wrote (nil: nothing yet).
+// wholeRecord is what the host keeps of a file declared whole: who claims
+// it, what the file held at its first apply (keys, or blocks), whether it
+// is held, and what it last wrote (nil: nothing yet).
 type wholeRecord struct {
-	name           string
+	claims         []string
 	found, written map[string]string
 	held           bool
 }
@@ -499,19 +504,19 @@ func (h *host) apply(d Declaration) Result {
 			edited[r.Name] = true
 		}
 	}
-	if whole[KeysFile] {
+	if whole[KeysFile] && h.src == "" {
 		for _, name := range h.keysNewestFirst() {
 			h.removeKeys(name, &res)
 		}
 	}
-	if whole[SharedFile] {
+	if whole[SharedFile] && h.src == "" {
 		for _, name := range slices.Sorted(maps.Keys(h.regionRec)) {
 			h.removeRegion(name, &res)
 		}
 	}
 	for f := range edited {
-		if h.whole[f] != nil {
-			h.removeWhole(f, &res)
+		if rec := h.whole[f]; rec != nil && !slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) }) {
+			h.removeWhole(f, func(string) bool { return false }, &res)
 		}
 	}
 	stop := func() Result {
@@ -602,6 +607,10 @@ func (h *host) applyPackage(r Resource, hold bool, res *Result) {
 // applyRegion writes a region's block, its name the resource's key.
 func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 	name := r.Key()
+	if h.wholeAbove(SharedFile) {
+		res.Lines[name] = "held"
+		return
+	}
 	rec := h.regionRec[name]
 	cur, present := h.blocks[name]
 	if hold && (rec == nil || rec.held) {
@@ -633,6 +642,10 @@ func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 // before and no other resource of the declaration sets now.
 func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	name := r.Key()
+	if h.wholeAbove(KeysFile) {
+		res.Lines[name] = "held"
+		return
+	}
 	prev := h.keysRec[name]
 	if hold && (prev == nil || prev.held) {
 		res.Lines[name] = "held"
@@ -726,10 +739,14 @@ func (h *host) content(file string) *map[string]string {
 func (h *host) applyWhole(r Resource, hold bool, res *Result) {
 	cur := h.content(r.Name)
 	rec := h.whole[r.Name]
+	if rec != nil && h.yield(r, &rec.claims, true, res) {
+		return
+	}
 	if rec == nil {
-		rec = &wholeRecord{name: r.Key(), found: maps.Clone(*cur), held: hold}
+		rec = &wholeRecord{found: maps.Clone(*cur), held: hold}
 		h.whole[r.Name] = rec
 	}
+	rec.claims = addClaim(rec.claims, h.claim(r))
 	if hold && rec.held {
 		res.Lines[r.Key()] = "held"
 		if !maps.Equal(*cur, rec.found) {
@@ -749,22 +766,52 @@ func (h *host) applyWhole(r Resource, hold bool, res *Result) {
 	*cur, rec.written = maps.Clone(r.Set), maps.Clone(r.Set)
 }
 
-// removeWhole undeclares a file declared whole: its found content back.
-func (h *host) removeWhole(file string, res *Result) {
+// removeWhole undeclares a file declared whole, for the claims of this
+// source not declared now: released where another claim stays, its found
+// content put back otherwise.
+func (h *host) removeWhole(file string, declared func(claim string) bool, res *Result) {
 	rec := h.whole[file]
+	var mine, rest []string
+	for _, c := range rec.claims {
+		if !h.ofThis(c) || declared(c) {
+			rest = append(rest, c)
+		} else {
+			mine = append(mine, c)
+		}
+	}
+	switch {
+	case len(mine) == 0:
+		return
+	case len(rest) > 0:
+		res.Lines[lineOf(mine[0])] = "forgotten"
+		rec.claims = rest
+		return
+	}
 	delete(h.whole, file)
 	if rec.held {
-		res.Lines[rec.name] = "forgotten"
+		res.Lines[lineOf(mine[0])] = "forgotten"
 		return
 	}
 	*h.content(file) = maps.Clone(rec.found)
-	res.Lines[rec.name] = "restored"
+	res.Lines[lineOf(mine[0])] = "restored"
+}
+
+// wholeAbove says whether a source above the apply's declares file whole:
+// the link's keys or regions in it are then held, changing nothing, and
+// their removals wait (one file in two shapes is one thing).
+func (h *host) wholeAbove(file string) bool {
+	rec := h.whole[file]
+	return rec != nil && h.above(rec.claims)
 }
 
 // removeRegion undeclares a region: a found block put back, the host's
 // taken out.
 func (h *host) removeRegion(name string, res *Result) {
 	rec := h.regionRec[name]
+	if h.wholeAbove(SharedFile) && !rec.held {
+		res.Lines[name] = "held" // given back once the file is let go
+		return
+	}
 	delete(h.regionRec, name)
 	_, present := h.blocks[name]
 	switch {
@@ -784,6 +831,10 @@ func (h *host) removeRegion(name string, res *Result) {
 // removeKeys undeclares a keys resource: each key it set given back.
 func (h *host) removeKeys(name string, res *Result) {
 	rec := h.keysRec[name]
+	if h.wholeAbove(KeysFile) && !rec.held {
+		res.Lines[name] = "held" // given back once the file is let go
+		return
+	}
 	delete(h.keysRec, name)
 	changed := false
 	for k := range rec.set {
@@ -910,8 +961,11 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		}
 		delete(h.pkgRec, name)
 	}
+	for f := range h.whole {
+		h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res)
+	}
 	if h.src != "" {
-		// Regions, keys and files declared whole are the link's alone.
+		// Regions and keys are the link's alone.
 		h.removeUnits(release, declaredTarget, res)
 		return
 	}
@@ -923,11 +977,6 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 	for _, name := range h.keysNewestFirst() {
 		if !declared["keys:"+KeysFile+" "+name] {
 			h.removeKeys(name, res)
-		}
-	}
-	for f, rec := range h.whole {
-		if !declared["file:"+f+" "+rec.name] {
-			h.removeWhole(f, res)
 		}
 	}
 	h.removeUnits(release, declaredTarget, res)

@@ -874,9 +874,11 @@ func (c *Client) settleAssignments(ctx context.Context, node string, r *link.Rep
 }
 
 // afterEnrol publishes, once enrolment has made node's queue, the roster
-// (the node's key is new in it) and then its first composition (forced:
-// one published while the queue was being made may have been emptied with
-// it). No other node's declaration changes: their peers are the roster's.
+// (the node's key is new in it) and then its first composition — again if
+// the one published for it (by the composer, which watches the node's
+// record) went before the queue was emptied, and not twice if it landed
+// in the new queue. No other node's declaration changes: their peers are
+// the roster's.
 // It runs apart, so the grant is not kept waiting.
 //
 // A mesh with no overlay composes nothing: a node re-enrolled there (a
@@ -891,7 +893,7 @@ func (c *Client) afterEnrol(ctx context.Context, node string, carried *carriedDe
 		if _, err := c.PublishRoster(ctx); err != nil && !errors.Is(err, ErrNoOverlay) && ctx.Err() == nil {
 			c.log.Error("the roster after an enrolment was not published", "node", node, "err", err)
 		}
-		_, err := c.Publish(ctx, node, true)
+		_, err := c.publishFirst(ctx, node)
 		switch {
 		case errors.Is(err, ErrNoOverlay):
 			c.declareCarried(ctx, node, carried)
@@ -899,6 +901,28 @@ func (c *Client) afterEnrol(ctx context.Context, node string, carried *carriedDe
 			c.log.Error("the first composition of a new node was not published", "node", node, "err", err)
 		}
 	}()
+}
+
+// publishFirst publishes node's composition into the queue its enrolment
+// made afresh: not again when the composition is there already, again
+// when the one published went with the old queue.
+func (c *Client) publishFirst(ctx context.Context, node string) (*Published, error) {
+	p, err := c.Publish(ctx, node, false)
+	if err == nil && !p.Sent && !c.inQueue(ctx, node, p.Seq) {
+		p, err = c.Publish(ctx, node, true)
+	}
+	return p, err
+}
+
+// inQueue says whether node's queue holds the declaration of sequence seq
+// or a later one (0: none was published).
+func (c *Client) inQueue(ctx context.Context, node string, seq uint64) bool {
+	last, err := c.lastOnSubject(ctx, node)
+	if err != nil || last == nil || seq == 0 {
+		return false
+	}
+	var at uint64
+	return json.Unmarshal(last["seq"], &at) == nil && at >= seq
 }
 
 // carriedDecl is what a node being enrolled again was last declared, as

@@ -144,3 +144,9 @@ func (s *Server) NodeServiceImports(node string) int {
 	}
 	return m.acc.NumServiceImports()
 }
+
+// PublishFirst is publishFirst, the first composition after an
+// enrolment made the node's queue afresh.
+func (c *Client) PublishFirst(ctx context.Context, node string) (*Published, error) {
+	return c.publishFirst(ctx, node)
+}

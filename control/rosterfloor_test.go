@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -64,5 +67,30 @@ func TestTheRosterFloorGoesOnlyToNodesThatReadIt(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // what the composer would do, it has done by now
 	if after := len(declsOf(t, s, "new")); after != before {
 		t.Fatalf("a node joining sent new %d more declaration(s): the floor decided a composition changed", after-before)
+	}
+}
+
+// A node's first composition after its enrolment made its queue afresh
+// is published once: not again when the composer's landed in the new
+// queue (a second, the same declaration, sent on a busy control side),
+// again when the one published went with the old queue.
+func TestTheFirstCompositionIsInTheQueueOnce(t *testing.T) {
+	s, ctx := serveOverlay(t, 60*time.Second)
+	enrolNode(t, s, "one")
+	eventually(t, "one's first declaration", func() bool { return lastDecl(t, s, "one") != nil })
+	n := len(declsOf(t, s, "one"))
+	p, err := s.client.PublishFirst(ctx, "one")
+	if err != nil || p.Sent || len(declsOf(t, s, "one")) != n {
+		t.Fatalf("published again though the queue holds it: %+v %v (%d declarations, %d before)", p, err, len(declsOf(t, s, "one")), n)
+	}
+	stream, err := s.client.JS.Stream(ctx, link.DeclStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(link.SubjectsOf("one").Decl)); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = s.client.PublishFirst(ctx, "one"); err != nil || !p.Sent || lastDecl(t, s, "one") == nil {
+		t.Fatalf("not published again into the emptied queue: %+v %v", p, err)
 	}
 }

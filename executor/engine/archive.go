@@ -503,7 +503,7 @@ func (r *run) archive(st *step, rest int) {
 	sort.Sort(sort.Reverse(sort.StringSlice(stale)))
 
 	if len(todo) == 0 && len(stale) == 0 {
-		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d entries as unpacked%s", len(entries)-len(left), leftSaid(left))
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%s as unpacked%s", countWord(len(entries)-len(left), "entry", "entries"), leftSaid(left))
 		if !r.opt.Plan && (e == nil || e.Digest != a.SHA256 || !e.Claimed(st.claim)) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
@@ -678,9 +678,11 @@ func (r *run) planArchiveRemoval(st *step) {
 	sort.Sort(sort.Reverse(sort.StringSlice(paths)))
 	var gone []string
 	var handed []*store.Entry
+	left := map[string]string{} // to the file that declares it now
 	kept := map[string][]string{}
 	for _, p := range paths {
-		if r.fileDeclared(p) != "" {
+		if by := r.fileDeclared(p); by != "" {
+			left[p] = by
 			// A file of this declaration declares it now: the file's, as
 			// what the host made rather than what it found, so that the
 			// file undeclared takes it away instead of putting back, as an
@@ -726,10 +728,14 @@ func (r *run) planArchiveRemoval(st *step) {
 		}
 		return nil
 	}
+	leftTo := ""
+	if len(left) > 0 {
+		leftTo = strings.Replace(leftSaid(left), "left to the file that declares it", "left to the file that declares it now, the host's own to remove with it", 1)
+	}
 	if len(kept) == 0 {
 		st.drop = true
 		st.line.Outcome = shapes.Removed
-		st.line.Detail = fmt.Sprintf("the %d paths it wrote removed", len(e.Paths))
+		st.line.Detail = fmt.Sprintf("%s it wrote removed%s", pathsWord(len(gone)), leftTo)
 		return
 	}
 	var names []string
@@ -746,8 +752,19 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	st.record, st.drop = &n, false
 	st.line.Outcome = shapes.Kept
-	st.line.Detail = fmt.Sprintf("%d of the %d paths it wrote removed; the directories it made that hold what it did not write are kept, and removed once empty: %s",
-		len(gone), len(e.Paths), listSome(names, 3))
+	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed; the directories it made that hold what it did not write are kept, and removed once empty: %s%s",
+		len(gone), pathsWord(len(e.Paths)), listSome(names, 3), leftTo)
+}
+
+// pathsWord is "1 path" or "N paths".
+func pathsWord(n int) string { return countWord(n, "path", "paths") }
+
+// countWord is n with the word for one or for several.
+func countWord(n int, one, several string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, several)
 }
 
 func init() {

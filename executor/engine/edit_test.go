@@ -529,6 +529,40 @@ func TestAKeyARescueFileSetsIsHeldAgainstTheLink(t *testing.T) {
 	}
 }
 
+// A key the rescue file stops setting while the link still sets it is
+// released to the link, as a thing two sources declare is released by one
+// and kept for the other: the rescue's value stays until the link's next
+// apply sets the link's. Given back, the person's value from before the
+// mesh (neither source's) held until then. Undeclared by the link too, the
+// person's value comes back.
+func TestAKeyTheRescueLetsGoIsTheLinks(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.p("sshd_config"), []byte("PasswordAuthentication maybe\n"), 0o600)
+	k := func(module, v string) string {
+		return h.doc(`{"module":"` + module + `","id":"k","type":"keys","path":"{root}/sshd_config","format":"space","set":{"PasswordAuthentication":"` + v + `"}}`)
+	}
+	for i, c := range []struct {
+		src         store.Source
+		doc         string
+		lines, want string
+	}{
+		{store.Link, k("ssh", "no"), "ssh.k=applied", "no"},
+		{store.Local, k("rescue", "yes"), "rescue.k=applied", "yes"},
+		{store.Local, h.doc(), "rescue.k=forgotten", "yes"},
+		{store.Link, k("ssh", "no"), "ssh.k=repaired", "no"},
+		{store.Link, h.doc(), "ssh.k=restored", "maybe"},
+	} {
+		plan := h.run(c.src, c.doc, true)
+		rep := h.run(c.src, c.doc, false)
+		if outcomes(rep) != c.lines || outcomes(plan) != c.lines || h.read("sshd_config") != "PasswordAuthentication "+c.want+"\n" {
+			t.Fatalf("step %d (%s): plan [%s], apply [%s] %+v\n%q, want [%s] and %s", i+1, c.src, outcomes(plan), outcomes(rep), rep.Lines, h.read("sshd_config"), c.lines, c.want)
+		}
+		if i == 2 && !strings.Contains(rep.Lines[0].Detail, "PasswordAuthentication released: still set by link:ssh.k") {
+			t.Fatalf("the rescue's line: %q", rep.Lines[0].Detail)
+		}
+	}
+}
+
 // A file changing shape changes before anything is applied: the old
 // shape undone (removeReshaped) may rewrite the file the new one then
 // leaves as it finds it — the whole file's found original put back, with

@@ -106,6 +106,12 @@ type keysHere struct {
 	// is given back once, and the second says so rather than claim the
 	// same change.
 	givenBack map[keyAt]string
+	// otherSource is, for each key a resource of another source sets (not
+	// held), its claims: this source undeclaring the key releases it to
+	// that one, as a thing two sources declare is released by one and
+	// kept for the other. Given back, the person's value would hold until
+	// the other's next apply set its own again.
+	otherSource map[keyAt]string
 }
 
 // keysHere reads, the first time a run needs it, what every keys record
@@ -114,7 +120,7 @@ func (r *run) keysHere() *keysHere {
 	if r.keysAt != nil {
 		return r.keysAt
 	}
-	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}, above: map[keyAt]string{}, givenBack: map[keyAt]string{}}
+	k := &keysHere{found: map[keyAt]*string{}, setBy: map[keyAt]string{}, above: map[keyAt]string{}, givenBack: map[keyAt]string{}, otherSource: map[keyAt]string{}}
 	for _, e := range r.st.Entries() {
 		_, path, _, ok := shapes.EditTarget(e.Target)
 		if e.Type != shapes.TypeKeys || !ok {
@@ -126,13 +132,19 @@ func (r *run) keysHere() *keysHere {
 		if err != nil {
 			continue
 		}
-		var higher []store.Claim
+		var higher, other []store.Claim
 		for _, c := range e.Claims {
 			if precedence[c.Source] > precedence[r.opt.Source] {
 				higher = append(higher, c)
 			}
+			if c.Source != r.opt.Source {
+				other = append(other, c)
+			}
 		}
 		for fk := range rec.Set {
+			if len(other) > 0 && !e.Held {
+				k.otherSource[keyAt{path, fk}] = joinClaims(other)
+			}
 			if _, dup := k.found[keyAt{path, fk}]; !dup {
 				k.found[keyAt{path, fk}] = rec.Found[fk]
 			}
@@ -264,6 +276,10 @@ func (r *run) keys(st *step, rest int) {
 		}
 		if said, ok := r.handedOver(k.Path, k.Key(), old, fk); ok {
 			back = append(back, said)
+			continue
+		}
+		if by := r.keysHere().otherSource[keyAt{k.Path, fk}]; by != "" {
+			back = append(back, old.Names[fk]+" released: still set by "+by)
 			continue
 		}
 		c, said, err := giveBack(kf, old, fk)
@@ -401,6 +417,10 @@ func (r *run) removeKeys(st *step) {
 		}
 		if by := givenBack[keyAt{path, fk}]; by != "" {
 			said = append(said, rec.Names[fk]+" given back by "+by+" already")
+			continue
+		}
+		if by := r.keysHere().otherSource[keyAt{path, fk}]; by != "" {
+			said = append(said, rec.Names[fk]+" released: still set by "+by)
 			continue
 		}
 		c, s, err := giveBack(kf, rec, fk)

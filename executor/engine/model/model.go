@@ -372,6 +372,28 @@ func (h *host) above(claims []string) bool {
 	return h.src == "" && slices.ContainsFunc(claims, func(c string) bool { return strings.HasPrefix(c, rescuePrefix) })
 }
 
+// split parts claims into those of the apply's source that the
+// declaration no longer declares (mine: undone, or released) and the rest
+// (another source's, or declared still): the one rule of who lets a
+// thing go, for every kind.
+func (h *host) split(claims []string, declared func(claim string) bool) (mine, rest []string) {
+	for _, c := range claims {
+		if !h.ofThis(c) || declared(c) {
+			rest = append(rest, c)
+		} else {
+			mine = append(mine, c)
+		}
+	}
+	return mine, rest
+}
+
+// otherClaims says whether claims hold one of another source than the
+// apply's: what is undone first (a file changing shape) is undone only
+// where this source alone claims it.
+func (h *host) otherClaims(claims []string) bool {
+	return slices.ContainsFunc(claims, func(c string) bool { return !h.ofThis(c) })
+}
+
 // lineOf is the report line's name of a claim: its "module.id".
 func lineOf(c string) string { return strings.TrimPrefix(c, rescuePrefix) }
 
@@ -515,7 +537,7 @@ func (h *host) apply(d Declaration) Result {
 		}
 	}
 	for f := range edited {
-		if rec := h.whole[f]; rec != nil && !slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) }) {
+		if rec := h.whole[f]; rec != nil && !h.otherClaims(rec.claims) {
 			h.removeWhole(f, func(string) bool { return false }, &res)
 		}
 	}
@@ -771,14 +793,7 @@ func (h *host) applyWhole(r Resource, hold bool, res *Result) {
 // content put back otherwise.
 func (h *host) removeWhole(file string, declared func(claim string) bool, res *Result) {
 	rec := h.whole[file]
-	var mine, rest []string
-	for _, c := range rec.claims {
-		if !h.ofThis(c) || declared(c) {
-			rest = append(rest, c)
-		} else {
-			mine = append(mine, c)
-		}
-	}
+	mine, rest := h.split(rec.claims, declared)
 	switch {
 	case len(mine) == 0:
 		return
@@ -919,10 +934,13 @@ func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	return true
 }
 
-// otherSource says whether a package's record holds a claim of the other
-// source than the apply's: a package still declared there.
-func (h *host) otherSource(rec *pkgRecord) bool {
-	return rec != nil && slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) })
+// stillBrought says whether what brought a unit found absent is declared
+// still once the apply is done: its package, by this declaration or by
+// another source.
+func (h *host) stillBrought(unit string, declaredTarget map[string]bool) bool {
+	p := h.bringer(unit)
+	rec := h.pkgRec[p]
+	return declaredTarget["package:"+p] || rec != nil && h.otherClaims(rec.claims)
 }
 
 func enabledWord(e *bool) string {
@@ -940,14 +958,7 @@ func enabledWord(e *bool) string {
 // otherwise a package is forgotten, and a unit given back.
 func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 	release := func(kind, name string, claims []string) (mine, rest []string) {
-		for _, c := range claims {
-			if !h.ofThis(c) || declared[kind+":"+name+" "+c] {
-				rest = append(rest, c)
-			} else {
-				mine = append(mine, c)
-			}
-		}
-		return mine, rest
+		return h.split(claims, func(c string) bool { return declared[kind+":"+name+" "+c] })
 	}
 	for name, rec := range h.pkgRec {
 		mine, rest := release("package", name, rec.claims)
@@ -1008,7 +1019,7 @@ func (h *host) giveBack(name string, rec *unitRecord, declaredTarget map[string]
 	}
 	var stop, disable bool
 	switch f := rec.found; {
-	case f.absent && (declaredTarget["package:"+h.bringer(name)] || h.otherSource(h.pkgRec[h.bringer(name)])):
+	case f.absent && h.stillBrought(name, declaredTarget):
 		// what brought it is still declared: the unit is left
 	case f.absent:
 		stop = rec.state != "" && cur.Running

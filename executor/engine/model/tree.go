@@ -225,7 +225,7 @@ func (h *host) reshapeFirst(t *treeRun, res *Result) {
 	for _, p := range h.newestFirst() {
 		rec := h.pathRec[p]
 		switch {
-		case rec == nil || now[p] == "" || now[p] == rec.kind || slices.ContainsFunc(rec.claims, func(c string) bool { return !h.ofThis(c) }):
+		case rec == nil || now[p] == "" || now[p] == rec.kind || h.otherClaims(rec.claims):
 		case rec.kind == "file" || rec.created:
 			t.early["path:"+p] = true
 			h.removePath(p, rec, t, res)
@@ -240,37 +240,50 @@ func (h *host) newestFirst() []string {
 	return ps
 }
 
+// pathStep is what a file's step and a directory's share before their
+// own work, kind being the step's: a source above holding the path (held,
+// yields), something of the other kind in the way (failed), and on an
+// adopted node, for a module not taken, what was found (held; held-changed
+// once it differs or is gone). done says the step's line is decided; ok
+// false that it failed.
+func (h *host) pathStep(r Resource, kind string, t *treeRun, res *Result) (rec *pathRecord, cur Node, exists, done, ok bool) {
+	p, key, claim := r.Name, r.Key(), h.claim(r)
+	rec = h.pathRec[p]
+	if rec != nil && h.yield(r, &rec.claims, rec.kind == kind, res) {
+		return rec, cur, false, true, true
+	}
+	cur, exists = h.tree[p]
+	if exists && cur.Dir != (kind == "directory") {
+		res.Lines[key] = "failed"
+		return rec, cur, exists, true, false
+	}
+	hold := t.hold(r)
+	switch {
+	case !exists && hold && rec != nil && rec.held:
+		res.Lines[key] = "held-changed"
+		rec.claims = addClaim(rec.claims, claim)
+	case exists && hold && rec == nil:
+		found := cur
+		h.pathRec[p] = &pathRecord{kind: kind, claims: []string{claim}, order: h.nextOrder(), found: &found, held: true}
+		res.Lines[key] = "held"
+	case exists && hold && rec.held:
+		rec.claims = addClaim(rec.claims, claim)
+		res.Lines[key] = "held"
+		if cur != *rec.found {
+			res.Lines[key] = "held-changed"
+		}
+	default:
+		return rec, cur, exists, false, true
+	}
+	return rec, cur, exists, true, true
+}
+
 // applyTreeFile writes a file of the tree; false when its line failed.
 func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 	p, key, claim := r.Name, r.Key(), h.claim(r)
-	rec := h.pathRec[p]
-	if rec != nil && h.yield(r, &rec.claims, rec.kind == "file", res) {
-		return true
-	}
-	cur, exists := h.tree[p]
-	if exists && cur.Dir {
-		res.Lines[key] = "failed"
-		return false
-	}
-	hold := t.hold(r)
-	if !exists && hold && rec != nil && rec.held {
-		res.Lines[key] = "held-changed"
-		rec.claims = addClaim(rec.claims, claim)
-		return true
-	}
-	if exists && hold && (rec == nil || rec.held) {
-		if rec == nil {
-			found := cur
-			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{claim}, order: h.nextOrder(), found: &found, held: true}
-			res.Lines[key] = "held"
-			return true
-		}
-		rec.claims = addClaim(rec.claims, claim)
-		res.Lines[key] = "held"
-		if cur.Text != rec.found.Text {
-			res.Lines[key] = "held-changed"
-		}
-		return true
+	rec, cur, exists, done, ok := h.pathStep(r, "file", t, res)
+	if done {
+		return ok
 	}
 	if exists && cur.Text == r.Content {
 		res.Lines[key] = "unchanged"
@@ -305,29 +318,11 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 // applyDirectory makes a directory of the tree; false when its line failed.
 func (h *host) applyDirectory(r Resource, t *treeRun, res *Result) bool {
 	p, key, claim := r.Name, r.Key(), h.claim(r)
-	rec := h.pathRec[p]
-	if rec != nil && h.yield(r, &rec.claims, rec.kind == "directory", res) {
-		return true
+	rec, _, exists, done, ok := h.pathStep(r, "directory", t, res)
+	if done {
+		return ok
 	}
-	cur, exists := h.tree[p]
-	if exists && !cur.Dir {
-		res.Lines[key] = "failed"
-		return false
-	}
-	hold := t.hold(r)
 	switch {
-	case !exists && hold && rec != nil && rec.held:
-		res.Lines[key] = "held-changed"
-		rec.claims = addClaim(rec.claims, claim)
-		return true
-	case exists && hold && (rec == nil || rec.held):
-		res.Lines[key] = "held"
-		if rec == nil {
-			h.pathRec[p] = &pathRecord{kind: "directory", claims: []string{claim}, order: h.nextOrder(), found: &Node{Dir: true}, held: true}
-		} else {
-			rec.claims = addClaim(rec.claims, claim)
-		}
-		return true
 	case exists:
 		res.Lines[key] = "unchanged"
 		if rec == nil {
@@ -377,9 +372,11 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	}
 	for _, full := range append(ways, slices.Sorted(maps.Keys(ours))...) {
 		pr := h.pathRec[full]
-		if pr == nil || pr.kind != "file" || t.early["path:"+full] || t.files[full] ||
-			slices.ContainsFunc(pr.claims, func(c string) bool { return !h.ofThis(c) || t.declared["path:"+full+" "+c] }) {
+		if pr == nil || pr.kind != "file" || t.early["path:"+full] || t.files[full] {
 			continue
+		}
+		if _, rest := h.split(pr.claims, func(c string) bool { return t.declared["path:"+full+" "+c] }); len(rest) > 0 {
+			continue // another's, or declared still
 		}
 		t.early["path:"+full] = true
 		h.removePath(full, pr, t, res)
@@ -566,14 +563,7 @@ func (h *host) removeTree(t *treeRun, res *Result) {
 		} else {
 			claims = &h.archRec[p].claims
 		}
-		var mine, rest []string
-		for _, c := range *claims {
-			if !h.ofThis(c) || t.declared[it.target+" "+c] {
-				rest = append(rest, c)
-			} else {
-				mine = append(mine, c)
-			}
-		}
+		mine, rest := h.split(*claims, func(c string) bool { return t.declared[it.target+" "+c] })
 		if len(mine) == 0 {
 			continue
 		}

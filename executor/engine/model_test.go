@@ -188,11 +188,7 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			a, _ := os.ReadFile(shared)
 			b, _ := os.ReadFile(keysFile)
 			e, _ := json.Marshal(s.Entries())
-			tr, err := treefs.Read(tree)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return string(a) + "\x00" + string(b) + "\x00" + string(e) + "\x00" + fmt.Sprint(tr)
+			return string(a) + "\x00" + string(b) + "\x00" + string(e) + "\x00" + treeOf(t, tree)
 		}
 		was := files()
 		// The link's declarations as the link's, a rescue file's as a

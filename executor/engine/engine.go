@@ -89,6 +89,11 @@ type Options struct {
 	FailedHostRelease string
 	// FailedHostReason is why the launcher rolled it back.
 	FailedHostReason string
+	// Start is the daemon's first apply since it started, when the
+	// machine may have booted: what the store records of the firewall and
+	// the overlay is put back even when a step before them fails
+	// (putBackLost).
+	Start bool
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.
@@ -256,6 +261,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	if !r.stopped {
 		r.removeUndeclared()
 	}
+	r.putBackLost()
 	r.reloadUnits()
 	if !opt.Plan {
 		if err := st.Commit(); err != nil {

@@ -996,7 +996,8 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		}
 		failed, failedWhy := s.failedRelease()
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
-			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster}
+			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster,
+			Start: why == "start"}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

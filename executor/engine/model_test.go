@@ -46,7 +46,8 @@ const (
 // unpacked into it, found or not, edited, deleted and added to by hand, a
 // path declared a directory in one declaration and a file in the next;
 // and a rescue file (a local file's declarations, above the link's)
-// declaring some of what the link does otherwise, then nothing any more.
+// declaring some of what the link does otherwise — keys and a region of
+// its own among them — then nothing any more.
 // Each declaration is planned first (the plan touches nothing and
 // gives each line the apply's outcome), then each apply
 // runs against the engine (the transcript init and package manager the

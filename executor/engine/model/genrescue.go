@@ -13,7 +13,7 @@ import (
 // directories the link declared last — a service in the other state, a
 // file with other content — under a module of its own (rs), and at times
 // the keys file or the shared file whole, over the link's keys, regions or
-// file declared whole; later, at
+// file declared whole, or keys or a region of its own in them; later, at
 // times, it declares nothing any more, and the link's word applies again.
 // A harness that can apply as two sources runs it (executor/engine's, the
 // link's declarations as the link's and the rescue's as a local file's);
@@ -71,8 +71,11 @@ func (s Sequence) WithRescues() Sequence {
 		}
 		// The keys file or the shared file declared whole, at times: the
 		// usual way back in (a known-good sshd_config) over the link's keys,
-		// regions, or file declared whole.
-		switch rnd.IntN(4) {
+		// regions, or file declared whole; or keys of its own in the keys
+		// file (a key or two of those the link's set, or may), or a region
+		// of its own in the shared file, over the link's keys or its file
+		// declared whole.
+		switch rnd.IntN(6) {
 		case 0:
 			version++
 			// Values of its own: the model compares keys, the machine text,
@@ -85,6 +88,17 @@ func (s Sequence) WithRescues() Sequence {
 			set := map[string]string{"whole.rs": fmt.Sprintf("rescued, v%d\n", version)}
 			d.Resources = append(d.Resources, Resource{Kind: "file", Module: "rs", ID: "sw", Name: SharedFile, Set: set, Content: FileText(set)})
 			said = append(said, "rs.sw (the shared file whole)")
+		case 2:
+			version++
+			names := []string{"Ka", "Kb", "Kc", "Kd"}
+			set := map[string]string{names[rnd.IntN(4)]: fmt.Sprintf("rescued-v%d", version)}
+			set[names[rnd.IntN(4)]] = "rescued"
+			d.Resources = append(d.Resources, Resource{Kind: "keys", Module: "rs", ID: "k", Name: KeysFile, Set: set})
+			said = append(said, fmt.Sprintf("rs.k (keys %v)", set))
+		case 3:
+			version++
+			d.Resources = append(d.Resources, Resource{Kind: "region", Module: "rs", ID: "r", Name: SharedFile, Content: fmt.Sprintf("rescued block, v%d\n", version)})
+			said = append(said, "rs.r (a region of its own)")
 		}
 		if len(d.Resources) == 0 {
 			continue

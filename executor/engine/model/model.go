@@ -103,8 +103,15 @@
 //     thing: the keys file or the shared file a rescue declares whole holds
 //     the link's keys and regions in it — held, changing nothing — and
 //     their removals wait (held), to give back once the rescue lets the
-//     file go; a directory where the rescue has a file (or the other way)
-//     is held too, but not claimed: not the same thing.
+//     file go, and so does the link's file declared whole under a rescue's
+//     keys or region in it; a directory where the rescue has a file (or
+//     the other way) is held too, but not claimed: not the same thing.
+//     Keys are held key by key: a key the rescue's keys set is left as
+//     the rescue has it by the link's, which sets its others (held when
+//     it has none other) and keeps what it set of that key before; a key
+//     one source stops setting while the other still sets it is released
+//     — left as it is, not given back — until the other's next apply sets
+//     its own (docs/declaration.md).
 package model
 
 import (
@@ -186,8 +193,7 @@ type Declaration struct {
 	Taken     map[string]bool
 	Resources []Resource
 	// Rescue: a rescue file's declaration (the local source, above the
-	// link's), not the link's. It declares services, packages, and files
-	// and directories of the tree, never regions or keys.
+	// link's), not the link's.
 	Rescue bool
 }
 
@@ -297,13 +303,13 @@ type regionRecord struct {
 	found   *string
 	held    bool
 	written string
+	src     string // the source that applied it
 }
 
 // keyRecord is what the host keeps of a key it set: what it found (nil:
-// absent) and what it set last.
+// absent), the key's whichever source set it first.
 type keyRecord struct {
 	found *string
-	set   string
 }
 
 // wholeRecord is what the host keeps of a file declared whole: who claims
@@ -316,15 +322,19 @@ type wholeRecord struct {
 }
 
 // keysRecord is what the host keeps of a keys resource: held, or the set
-// it last applied.
+// it last applied (set: as declared, for repaired against applied) and
+// what of it the host set and holds (wrote: a key a source above sets is
+// left to it, and keeps what this one set before, if anything), by the
+// source that applied it.
 //
 // order is when it was first recorded: a key two records hold (an apply
 // that stopped before it removed the name the key was handed over from)
 // is given back once, by the newest, as undeclaring runs newest first.
 type keysRecord struct {
-	held  bool
-	set   map[string]string
-	order int
+	held       bool
+	set, wrote map[string]string
+	order      int
+	src        string
 }
 
 type host struct {
@@ -526,13 +536,13 @@ func (h *host) apply(d Declaration) Result {
 			edited[r.Name] = true
 		}
 	}
-	if whole[KeysFile] && h.src == "" {
+	if whole[KeysFile] {
 		for _, name := range h.keysNewestFirst() {
 			h.removeKeys(name, &res)
 		}
 	}
-	if whole[SharedFile] && h.src == "" {
-		for _, name := range slices.Sorted(maps.Keys(h.regionRec)) {
+	if whole[SharedFile] {
+		for _, name := range h.regionsOfThis() {
 			h.removeRegion(name, &res)
 		}
 	}
@@ -637,11 +647,11 @@ func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 	cur, present := h.blocks[name]
 	if hold && (rec == nil || rec.held) {
 		res.Lines[name] = "held"
-		h.regionRec[name] = &regionRecord{held: true}
+		h.regionRec[name] = &regionRecord{held: true, src: h.src}
 		return
 	}
 	if rec == nil || rec.held {
-		rec = &regionRecord{}
+		rec = &regionRecord{src: h.src}
 		if present {
 			f := cur
 			rec.found = &f
@@ -661,7 +671,8 @@ func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 }
 
 // applyKeys sets a keys resource's keys, and gives back those it set
-// before and no other resource of the declaration sets now.
+// before and no other resource of the declaration sets now. A key a
+// source above sets is left as that source has it, key by key.
 func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	name := r.Key()
 	if h.wholeAbove(KeysFile) {
@@ -671,34 +682,43 @@ func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	prev := h.keysRec[name]
 	if hold && (prev == nil || prev.held) {
 		res.Lines[name] = "held"
-		h.keysRec[name] = &keysRecord{held: true, order: h.keysOrder(prev)}
+		h.keysRec[name] = &keysRecord{held: true, order: h.keysOrder(prev), src: h.src}
 		return
 	}
-	changed := false
+	changed, above := false, 0
+	wrote := map[string]string{}
 	for k, want := range r.Set {
+		if h.keyAbove(k) {
+			above++
+			if v, had := prev.wroteKey(k); had {
+				wrote[k] = v
+			}
+			continue
+		}
 		cur, present := h.keys[k]
-		kr := h.keyRec[k]
-		if kr == nil {
-			kr = &keyRecord{}
+		if h.keyRec[k] == nil {
+			kr := &keyRecord{}
 			if present {
 				kr.found = &cur
 			}
 			h.keyRec[k] = kr
 		}
-		kr.set = want
+		wrote[k] = want
 		if !present || cur != want {
 			h.keys[k] = want
 			changed = true
 		}
 	}
 	if prev != nil {
-		for k := range prev.set {
-			if _, still := r.Set[k]; !still && h.giveBackKey(k, name) {
+		for k, v := range prev.wrote {
+			if _, still := wrote[k]; !still && h.giveBackKey(k, name, v) {
 				changed = true
 			}
 		}
 	}
 	switch {
+	case !changed && above == len(r.Set):
+		res.Lines[name] = "held"
 	case !changed:
 		res.Lines[name] = "unchanged"
 	case prev != nil && !prev.held && maps.Equal(prev.set, r.Set):
@@ -706,7 +726,39 @@ func (h *host) applyKeys(r Resource, hold bool, res *Result) {
 	default:
 		res.Lines[name] = "applied"
 	}
-	h.keysRec[name] = &keysRecord{set: maps.Clone(r.Set), order: h.keysOrder(prev)}
+	h.keysRec[name] = &keysRecord{set: maps.Clone(r.Set), wrote: wrote, order: h.keysOrder(prev), src: h.src}
+}
+
+// wroteKey is what the record set of key k, if it holds it.
+func (rec *keysRecord) wroteKey(k string) (string, bool) {
+	if rec == nil {
+		return "", false
+	}
+	v, ok := rec.wrote[k]
+	return v, ok
+}
+
+// keyAbove says whether a source above the apply's sets key k.
+func (h *host) keyAbove(k string) bool {
+	return h.src == "" && h.keySetBy(k, rescuePrefix)
+}
+
+// keySetBy says whether a keys record of source src, not held, sets k.
+func (h *host) keySetBy(k, src string) bool {
+	for _, rec := range h.keysRec {
+		if _, ok := rec.wrote[k]; ok && rec.src == src && !rec.held {
+			return true
+		}
+	}
+	return false
+}
+
+// otherSource is the source that is not the apply's.
+func (h *host) otherSource() string {
+	if h.src == "" {
+		return rescuePrefix
+	}
+	return ""
 }
 
 // keysOrder is the order of a keys record: its own once it has one.
@@ -717,26 +769,35 @@ func (h *host) keysOrder(prev *keysRecord) int {
 	return h.nextOrder()
 }
 
-// keysNewestFirst is the keys resources recorded, the last first recorded
-// first.
+// keysNewestFirst is the keys resources the apply's source recorded, the
+// last first recorded first.
 func (h *host) keysNewestFirst() []string {
-	names := slices.Collect(maps.Keys(h.keysRec))
+	var names []string
+	for name, rec := range h.keysRec {
+		if rec.src == h.src {
+			names = append(names, name)
+		}
+	}
 	sort.Slice(names, func(a, b int) bool { return h.keysRec[names[a]].order > h.keysRec[names[b]].order })
 	return names
 }
 
-// giveBackKey gives back a key the resource self no longer sets, unless
-// another resource of the declaration sets it now (handed over); it
-// reports whether the file changed.
-func (h *host) giveBackKey(k, self string) bool {
+// giveBackKey gives back a key the resource self no longer sets, which
+// it set to set, unless another resource of the declaration sets it now
+// (handed over) or the other source does (released: left as it is, for
+// that source's next apply); it reports whether the file changed.
+func (h *host) giveBackKey(k, self, set string) bool {
 	if by := h.setBy[k]; by != "" && by != self {
+		return false
+	}
+	if h.keySetBy(k, h.otherSource()) {
 		return false
 	}
 	kr := h.keyRec[k]
 	delete(h.keyRec, k)
 	cur, present := h.keys[k]
 	switch {
-	case kr == nil || !present || cur != kr.set:
+	case kr == nil || !present || cur != set:
 		return false
 	case kr.found == nil:
 		delete(h.keys, k)
@@ -762,6 +823,13 @@ func (h *host) applyWhole(r Resource, hold bool, res *Result) {
 	cur := h.content(r.Name)
 	rec := h.whole[r.Name]
 	if rec != nil && h.yield(r, &rec.claims, true, res) {
+		return
+	}
+	if h.editsAbove(r.Name) {
+		res.Lines[r.Key()] = "held"
+		if rec != nil {
+			rec.claims = addClaim(rec.claims, h.claim(r))
+		}
 		return
 	}
 	if rec == nil {
@@ -801,6 +869,9 @@ func (h *host) removeWhole(file string, declared func(claim string) bool, res *R
 		res.Lines[lineOf(mine[0])] = "forgotten"
 		rec.claims = rest
 		return
+	case h.editsAbove(file) && !rec.held:
+		res.Lines[lineOf(mine[0])] = "held" // put back once the source above lets it go
+		return
 	}
 	delete(h.whole, file)
 	if rec.held {
@@ -809,6 +880,32 @@ func (h *host) removeWhole(file string, declared func(claim string) bool, res *R
 	}
 	*h.content(file) = maps.Clone(rec.found)
 	res.Lines[lineOf(mine[0])] = "restored"
+}
+
+// regionsOfThis is the regions the apply's source recorded, by name.
+func (h *host) regionsOfThis() []string {
+	var names []string
+	for name, rec := range h.regionRec {
+		if rec.src == h.src {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// editsAbove says whether a source above the apply's sets keys (the keys
+// file) or a region (the shared file) in file: the link's file declared
+// whole is then held, as its keys and regions are under a rescue's whole
+// file (wholeAbove).
+func (h *host) editsAbove(file string) bool {
+	if h.src != "" {
+		return false
+	}
+	if file == KeysFile {
+		return slices.ContainsFunc(slices.Collect(maps.Values(h.keysRec)), func(rec *keysRecord) bool { return rec.src == rescuePrefix })
+	}
+	return slices.ContainsFunc(slices.Collect(maps.Values(h.regionRec)), func(rec *regionRecord) bool { return rec.src == rescuePrefix })
 }
 
 // wholeAbove says whether a source above the apply's declares file whole:
@@ -852,8 +949,8 @@ func (h *host) removeKeys(name string, res *Result) {
 	}
 	delete(h.keysRec, name)
 	changed := false
-	for k := range rec.set {
-		if h.giveBackKey(k, "") {
+	for k, v := range rec.wrote {
+		if h.giveBackKey(k, "", v) {
 			changed = true
 		}
 	}
@@ -975,18 +1072,13 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 	for f := range h.whole {
 		h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res)
 	}
-	if h.src != "" {
-		// Regions and keys are the link's alone.
-		h.removeUnits(release, declaredTarget, res)
-		return
-	}
-	for name := range h.regionRec {
-		if !declared["region:"+SharedFile+" "+name] {
+	for _, name := range h.regionsOfThis() {
+		if !declared["region:"+SharedFile+" "+h.src+name] {
 			h.removeRegion(name, res)
 		}
 	}
 	for _, name := range h.keysNewestFirst() {
-		if !declared["keys:"+KeysFile+" "+name] {
+		if !declared["keys:"+KeysFile+" "+h.src+name] {
 			h.removeKeys(name, res)
 		}
 	}

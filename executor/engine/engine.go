@@ -215,6 +215,9 @@ type run struct {
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
+	// ran: the steps begun (applied, held or failed; a batch's, planned),
+	// by claim and target; a stop leaves the rest out (putBackLost).
+	ran map[claimTarget]bool
 }
 
 // Apply applies d, whose exact bytes are raw, with st locked. It returns the
@@ -226,7 +229,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -566,6 +569,7 @@ func (r *run) applyAll() {
 			if r.stopped {
 				return
 			}
+			r.ran[claimTarget{st.claim, st.target}] = true
 			fn(r, st, len(r.d.Resources)-i-1)
 			continue
 		}
@@ -585,6 +589,7 @@ func (r *run) flush(batch []*step, after int) {
 		return
 	}
 	for _, st := range batch {
+		r.ran[claimTarget{st.claim, st.target}] = true
 		st.entry = r.settle(r.st.Get(st.target), st.claim)
 		if r.plannedGone[st.target] {
 			st.entry = nil // a plan: an earlier removal drops it

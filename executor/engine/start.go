@@ -34,19 +34,16 @@ func (r *run) putBackLost() {
 	if !r.opt.Start || r.opt.Plan || !r.stopped {
 		return
 	}
-	said := map[string]bool{}
-	for _, l := range r.lines {
-		said[l.Type+" "+l.Module+"."+l.ID] = true
-	}
-	// The overlays first: an opening may be for the overlay's port.
+	// A step that ran (applied, held or failed) has said its target; the
+	// others have not.
 	for _, res := range r.d.Resources {
-		if res.Head().Type != shapes.TypeOverlay || said[res.Head().Type+" "+res.Head().Module+"."+res.Head().ID] {
+		if res.Head().Type != shapes.TypeOverlay {
 			continue
 		}
 		st := &step{res: res, claim: r.claimOf(res)}
 		st.target = targetOf(st.claim, res)
-		if !r.recordsOwn(r.st.Get(st.target), st.claim) {
-			continue // not made before: made by an apply that gets this far
+		if r.ran[claimTarget{st.claim, st.target}] || !r.recordsOwn(r.st.Get(st.target), st.claim) {
+			continue // said, or not made before: made by an apply that gets this far
 		}
 		if cur, err := newOverlayBackend(r).Observe(r.ctx, res.(*shapes.Overlay).Interface); err == nil && cur.Exists {
 			continue // not lost: a change to it waits for its own step
@@ -59,7 +56,7 @@ func (r *run) putBackLost() {
 			continue
 		}
 		c, ok := r.ownClaim(e)
-		if !ok || !r.recordsOwn(e, c) || said[shapes.TypeOpening+" "+c.Module+"."+c.ID] {
+		if !ok || !r.recordsOwn(e, c) || r.ran[claimTarget{c, e.Target}] {
 			continue
 		}
 		r.putBackOpening(e, c)

@@ -111,3 +111,30 @@ func TestAStartThatStopsStillPutsBackWhatTheBootTook(t *testing.T) {
 		t.Fatalf("%v", fw.rules)
 	}
 }
+
+// The opening moved by a step that ran before the failure: the new rule
+// is made by its step, and the old one, whose removal the stop skipped, is
+// put back all the same, under the same name — the machine holds both
+// until an apply gets past the failure.
+func TestAStartPutsBackTheOpeningAStepMovedAway(t *testing.T) {
+	h := newHarness(t)
+	fw := newFakeFirewall("input")
+	withFirewall(t, fw, nil)
+	moved := strings.Replace(web, "8080", "8081", 1)
+	file := `{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"x\n"}`
+	h.expect(h.apply(h.doc(web)), shapes.Applied, "web.http=applied")
+	if err := os.WriteFile(h.p("d"), []byte("a person's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	next := h.doc(moved, file)
+	clear(fw.rules[fw.chains[0]]) // the boot
+	h.start = true
+	rep := h.run(store.Local, next, false)
+	h.expect(rep, shapes.Failed, "web.http=applied m.f=failed web.http=repaired")
+	if !strings.Contains(rep.Lines[2].Detail, "tcp 8080 from 10.231.1.0/24 (incoming)") {
+		t.Fatalf("%+v", rep.Lines[2])
+	}
+	if len(fw.rules[fw.chains[0]]) != 2 {
+		t.Fatalf("the old rule and the new one are not both there: %v", fw.rules)
+	}
+}

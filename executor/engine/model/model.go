@@ -1069,9 +1069,9 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		}
 		delete(h.pkgRec, name)
 	}
-	for f := range h.whole {
-		h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res)
-	}
+	// What was undone is undone newest first: a region or keys in a file
+	// this source declared whole before (the file's removal waited while
+	// a source above edited it) came after it, and go before it.
 	for _, name := range h.regionsOfThis() {
 		if !declared["region:"+SharedFile+" "+h.src+name] {
 			h.removeRegion(name, res)
@@ -1081,6 +1081,9 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		if !declared["keys:"+KeysFile+" "+h.src+name] {
 			h.removeKeys(name, res)
 		}
+	}
+	for f := range h.whole {
+		h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res)
 	}
 	h.removeUnits(release, declaredTarget, res)
 }

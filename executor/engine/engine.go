@@ -89,11 +89,11 @@ type Options struct {
 	FailedHostRelease string
 	// FailedHostReason is why the launcher rolled it back.
 	FailedHostReason string
-	// Start is the daemon's first apply since it started, when the
-	// machine may have booted: what the store records of the firewall and
-	// the overlay is put back even when a step before them fails
-	// (putBackLost).
-	Start bool
+	// Restore says the machine may have lost what lives only in the
+	// kernel — a boot (the daemon's start), the host's firewall loaded
+	// again: what the store records of the firewall and the overlay is put
+	// back even when a step before them fails (putBackLost).
+	Restore bool
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.

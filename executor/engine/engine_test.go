@@ -23,10 +23,10 @@ type harness struct {
 	state string
 	root  string
 	// roster and node, when set, are the Options' Roster and NodeID;
-	// start, the Options' Start.
-	roster *shapes.Roster
-	node   string
-	start  bool
+	// restore, the Options' Restore.
+	roster  *shapes.Roster
+	node    string
+	restore bool
 }
 
 func newHarness(t *testing.T) *harness {
@@ -69,7 +69,7 @@ func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
 		}
 		defer st.Unlock()
 	}
-	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan, Roster: h.roster, NodeID: h.node, Start: h.start})
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan, Roster: h.roster, NodeID: h.node, Restore: h.restore})
 }
 
 func (h *harness) apply(doc string) *shapes.Report { return h.run(store.Local, doc, false) }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
@@ -9,16 +10,17 @@ import (
 )
 
 // A boot empties what lives only in the kernel's memory: the firewall's
-// rules and the overlay's interface. The daemon's first apply after it
-// starts (Options.Start) puts them back as any apply repairs drift, step
-// by step in stated order — which a failed step stops. A failure at boot
-// is an ordinary one (a full disk under a file declared before the
-// opening), and the rule the store records must not stay out of the
-// firewall until the disk has room: the store would claim a port open
-// that is closed, and the machine would have changed (a rule gone) with
-// no line saying so.
+// rules and the overlay's interface; the host's firewall loaded again
+// takes the rules too. The apply that follows (Options.Restore: the
+// daemon's start, the firewall's reconcile) puts them back as any apply
+// repairs drift, step by step in stated order — which a failed step
+// stops. A failure then is an ordinary one (a full disk under a file
+// declared before the opening), and the rule the store records must not
+// stay out of the firewall until the disk has room: the store would claim
+// a port open that is closed, and the machine would have changed (a rule
+// gone) with no line saying so.
 //
-// So when the start's apply stops, what the store records of this source
+// So when such an apply stops, what the store records of this source
 // that no step has reported on is put back: an opening from its record
 // (its target names the spec whole) — declared still, or undeclared and
 // waiting for the removal the failure skipped, since until an apply gets
@@ -26,12 +28,12 @@ import (
 // overlay that is gone, by its declared step (its record keeps a digest
 // only). Bringing back exactly what the store records needs no write to
 // the store, so a full disk does not stop it, and a cut in the middle
-// leaves the store as true as it was, for the next start to put back
+// leaves the store as true as it was, for the next apply to put back
 // again.
 
-// putBackLost runs after a start's apply stopped; see above.
+// putBackLost runs after a restoring apply stopped; see above.
 func (r *run) putBackLost() {
-	if !r.opt.Start || r.opt.Plan || !r.stopped {
+	if !r.opt.Restore || r.opt.Plan || !r.stopped {
 		return
 	}
 	// A step that ran (applied, held or failed) has said its target; the
@@ -97,13 +99,13 @@ func (r *run) putBackOpening(e *store.Entry, c store.Claim) {
 	where, err := r.reopen(e.Target, c)
 	switch {
 	case err != nil:
-		line.Outcome, line.Detail = shapes.Failed, fmt.Sprintf("the store records the mesh's rule for %s, and it could not be put back at start: %v", e.Target, err)
+		line.Outcome, line.Detail = shapes.Failed, fmt.Sprintf("the store records the mesh's rule for %s, and it could not be put back: %v", e.Target, err)
 	case where == "":
 		return // the machine still holds it: a daemon restarted, not a boot
 	case r.declares(c, e.Target):
-		line.Detail = "put back at start: " + where + "; declared still, and the apply stopped before its step"
+		line.Detail = "put back: " + where + "; declared still, and the apply stopped before its step"
 	default:
-		line.Detail = "put back at start: " + where + "; no longer declared, and its removal waits for an apply that gets past the failure"
+		line.Detail = "put back: " + where + "; no longer declared, and its removal waits for an apply that gets past the failure"
 	}
 	r.emit(line)
 }
@@ -133,6 +135,36 @@ func (r *run) reopen(target string, c store.Claim) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read back: %w", err)
 	}
-	return fmt.Sprintf("the mesh's accept rule for %s %s (%s), which the store records and the machine no longer held (a boot empties the firewall)",
+	return fmt.Sprintf("the mesh's accept rule for %s %s (%s), which the store records and the machine no longer held (a boot, or the host's firewall loaded again)",
 		spec, openingWhere(cur.Missing), fw.Name()), nil
+}
+
+// OpeningsLost says whether the firewall lacks the rule of an opening the
+// store records (settled, not held): the host's firewall loaded again took
+// it, and a reconcile is to put it back. It changes nothing; a store with
+// no opening costs no look at the firewall.
+func OpeningsLost(ctx context.Context, st *store.Store) (bool, error) {
+	var fw firewall.Firewall
+	for _, e := range st.Entries() {
+		if e.Type != shapes.TypeOpening || e.Stub || e.Pending != nil || e.Held {
+			continue
+		}
+		spec, err := specOfTarget(e.Target)
+		if err != nil {
+			return false, err
+		}
+		if fw == nil {
+			if fw, err = detectFirewall(ctx); err != nil {
+				return false, err
+			}
+		}
+		cur, err := fw.Observe(ctx, spec)
+		if err != nil {
+			return false, err
+		}
+		if len(cur.Missing) > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

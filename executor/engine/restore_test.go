@@ -61,7 +61,7 @@ func TestAStartThatStopsStillPutsBackWhatTheBootTook(t *testing.T) {
 		t.Fatalf("%s %q %q", outcomes(rep), fw.log, wg.log)
 	}
 
-	h.start = true
+	h.restore = true
 	rep := h.run(store.Local, next, false)
 	h.expect(rep, shapes.Failed, "m.f=failed mesh.wg=repaired web.ssh=repaired web.http=repaired")
 	if !strings.Contains(rep.Lines[2].Detail, "declared still, and the apply stopped before its step") ||
@@ -128,7 +128,7 @@ func TestAStartPutsBackTheOpeningAStepMovedAway(t *testing.T) {
 	}
 	next := h.doc(moved, file)
 	clear(fw.rules[fw.chains[0]]) // the boot
-	h.start = true
+	h.restore = true
 	rep := h.run(store.Local, next, false)
 	h.expect(rep, shapes.Failed, "web.http=applied m.f=failed web.http=repaired")
 	if !strings.Contains(rep.Lines[2].Detail, "tcp 8080 from 10.231.1.0/24 (incoming)") {

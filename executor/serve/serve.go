@@ -1,8 +1,8 @@
 // Package serve is the executor daemon: it listens on the local socket,
 // speaks the wire protocol with the agent, and applies what the control
 // plane signed — after verifying it again itself. It also runs the other
-// reconcile triggers: at start, when the agent says the link came back, and
-// on the drift timer.
+// reconcile triggers: at start, when the agent says the link came back, on
+// the drift timer, and when the host's firewall takes a rule of the mesh's.
 //
 // It trusts the agent for nothing. A connection is accepted only from root
 // or the agent's uid (peer credentials); a message not in the protocol's
@@ -228,7 +228,7 @@ func New(cfg Config) *Server {
 }
 
 // Run reconciles once (the start trigger), then serves ln and runs the drift
-// timer until ctx ends.
+// timer and the firewall's watch until ctx ends.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
@@ -238,6 +238,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		s.restartIfUpgraded()
 	})
 	go s.guard("finding the profile", func() { s.findProfile(ctx) })
+	if !s.cfg.Partial {
+		go s.watchFirewall(ctx)
+	}
 	if s.cfg.DriftEvery > 0 {
 		go func() {
 			t := time.NewTicker(s.cfg.DriftEvery)
@@ -997,7 +1000,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		failed, failedWhy := s.failedRelease()
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
 			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster,
-			Start: why == "start"}
+			Restore: why == "start" || why == "firewall"}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

@@ -100,7 +100,7 @@ func TestStepsDeriveFromTheSeedAlone(t *testing.T) {
 	// others: without them, a seed's other steps come as they come with
 	// them. Drawn longer than compared: the last steps of a list are the
 	// faults still in force undone, wherever the list ends.
-	defer func(c, n, d int) { certEvery, nodeCutEvery, sysDiskEvery = c, n, d }(certEvery, nodeCutEvery, sysDiskEvery)
+	defer func(c, n, d, f int) { certEvery, nodeCutEvery, sysDiskEvery, fwReloadEvery = c, n, d, f }(certEvery, nodeCutEvery, sysDiskEvery, fwReloadEvery)
 	for _, tc := range []struct {
 		what   string
 		prefix string
@@ -109,6 +109,7 @@ func TestStepsDeriveFromTheSeedAlone(t *testing.T) {
 		{"the certificate's steps", "cert-", &certEvery},
 		{"the node's power cuts", "node-power-cut", &nodeCutEvery},
 		{"the system disk's faults", "sys-disk-", &sysDiskEvery},
+		{"the host's firewall loaded again", "fw-reload", &fwReloadEvery},
 	} {
 		for _, seed := range []uint64{2, 3, 7, 182} {
 			with := planSteps(seed, 400, 3, true)

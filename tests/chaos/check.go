@@ -520,7 +520,13 @@ func (w *world) lookAtMachine(n *node, again bool) {
 		if !again {
 			w.check("looked-again")
 			w.logf("  (the look at %s found what the host made not as its store says (%s); looking again once it converges)", n.name, problems[0].msg)
-			time.Sleep(time.Second)
+			// A rule the host's firewall took while the executor was
+			// stopped comes back once it runs: its watch waits for the
+			// ruleset to settle (2 s) before it looks.
+			w.eventually(10*time.Second, func() bool {
+				owned, err := w.ownedBy(n)
+				return err == nil && len(w.hostMadeProblems(n, owned)) == 0
+			})
 			if w.converged(n, w.cfg.bound) {
 				w.lookAtMachine(n, true)
 			}

@@ -231,10 +231,9 @@ func (w *world) checkBootRepairs(n *node, from int64) {
 	}
 }
 
-// bootNetns gives n's network namespace what a boot leaves: no mesh
-// interface and no rule but the host's, loaded again; and an empty /run
-// (the wireguard directory, the executor's socket).
-func (w *world) bootNetns(n *node) error {
+// reloadFirewall loads n's firewall again as its own service does: the
+// ruleset flushed, the host's rules loaded; the mesh's gone with them.
+func reloadFirewall(n *node) error {
 	c, done, err := nftIn(n)
 	if err != nil {
 		return err
@@ -247,6 +246,16 @@ func (w *world) bootNetns(n *node) error {
 	}
 	if err := setupFirewall(n); err != nil {
 		return fmt.Errorf("the host's firewall: %w", err)
+	}
+	return nil
+}
+
+// bootNetns gives n's network namespace what a boot leaves: no mesh
+// interface and no rule but the host's, loaded again; and an empty /run
+// (the wireguard directory, the executor's socket).
+func (w *world) bootNetns(n *node) error {
+	if err := reloadFirewall(n); err != nil {
+		return err
 	}
 	for _, dir := range []string{n.wg, filepath.Dir(n.sock)} {
 		ents, _ := os.ReadDir(dir)

@@ -531,6 +531,35 @@ func (w *world) do(s step) {
 		fill(n.filler)
 	case "disk-free":
 		os.Remove(n.filler)
+	case "fw-reload":
+		w.faults["firewall loaded again (node)"]++
+		w.check("firewall-put-back")
+		if err := reloadFirewall(n); err != nil {
+			w.violate(n, "firewall-put-back", "%s: loading its firewall again: %v", n.name, err)
+			break
+		}
+		// An executor that runs puts the mesh's rules back within
+		// seconds (it watches the ruleset); one stopped or down does it
+		// once it runs again, its start or its watch, and the looks of
+		// the steps after hold it then.
+		if n.exec.running() && !n.exec.stopped && !n.childKilled && w.executorPid(n) != 0 {
+			var last []problem
+			if !w.eventually(30*time.Second, func() bool {
+				owned, err := w.ownedBy(n)
+				if err != nil {
+					return false
+				}
+				last = nil
+				for _, p := range w.hostMadeProblems(n, owned) {
+					if p.inv == "host-firewall-kept" {
+						last = append(last, p)
+					}
+				}
+				return len(last) == 0
+			}) {
+				w.violate(n, "firewall-put-back", "%s's firewall was loaded again, and 30 s later it does not hold what the store claims: %v", n.name, last)
+			}
+		}
 	case "sys-disk-full":
 		w.faults["full disk (node system)"]++
 		fillUp(n.sysFiller)

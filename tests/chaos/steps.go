@@ -207,6 +207,14 @@ var nodeCutEvery = 40
 // A variable for TestStepsDeriveFromTheSeedAlone.
 var sysDiskEvery = 30
 
+// fwReloadEvery: one step in about this many loads a node's firewall
+// again, as its own service does when restarted or a person runs
+// "nft -f" (the ruleset flushed, the host's rules loaded, the mesh's
+// gone with them), drawn with the node from an eleventh stream of the
+// seed's own, before a step's other draws, which go on as without it.
+// A variable for TestStepsDeriveFromTheSeedAlone.
+var fwReloadEvery = 30
+
 // restartOnFull: serve is restarted, killed or its power cut while the
 // control side's disk is full, where a draw passed it over before those
 // were drawn. A variable for TestControlDiskFaultsDrawnAsTheyCanBe.
@@ -247,6 +255,7 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 	rt := rand.New(rand.NewPCG(seed, 0x63657274))       // "cert": the broker's certificate rotated
 	rn := rand.New(rand.NewPCG(seed, 0x6e6f6465637574)) // "nodecut": a node's power cut
 	rs := rand.New(rand.NewPCG(seed, 0x737973646973))   // "sysdis": a node's system disk full
+	rf := rand.New(rand.NewPCG(seed, 0x66776c6f6164))   // "fwload": a node's firewall loaded again
 	// certDue: an announcement's switch is drawn and not run yet.
 	certDue := false
 	// ctlFull: the control side's disk is full. What an operator's
@@ -410,6 +419,14 @@ func planSteps(seed uint64, count, nodes int, loop bool) []step {
 				if len(steps) >= count {
 					break
 				}
+			}
+		}
+		if rf.IntN(fwReloadEvery) == 0 {
+			n := ns[rf.IntN(len(ns))]
+			addStep(step{Kind: "fw-reload", Node: n.name})
+			shiftPending(1)
+			if len(steps) >= count {
+				break
 			}
 		}
 		if rr.IntN(rotateEvery) == 0 && !ctlFull {

@@ -81,7 +81,7 @@ const maxLocalFile = shapes.MaxDeclarationSize
 // from this table (cmdline).
 var commands = []cmdline.Def{
 	cmdline.D("serve", "", 0, 0, nil, `the daemon (what mesh-launch starts): listen on the local socket for the agent; reconcile at
-start, on reconnect and on the drift timer. One per --state: a second is refused, naming the
+start, on reconnect, on the drift timer and when the host's firewall takes a rule of the mesh's. One per --state: a second is refused, naming the
 first one's pid`),
 	cmdline.D("apply", "FILE", 1, 1, []string{"state", "json", "wait", "partial", "v"}, `apply a local declaration (root-owned, not group- or other-writable): rescue. Exit 0 applied
 (or nothing to do), 1 a step failed, 2 refused (nothing touched)`),

@@ -215,6 +215,10 @@ type run struct {
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
+	// resumed: the resources ("source:module.id type") whose change an
+	// earlier apply began and never recorded (a power cut, a kill): one
+	// found done now was made by it, and no report said so (emit).
+	resumed map[string]bool
 	// ran: the steps begun (applied, held or failed; a batch's, planned),
 	// by claim and target; a stop leaves the rest out (putBackLost).
 	ran map[claimTarget]bool
@@ -229,7 +233,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -254,6 +258,13 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 				return rep
 			}
 		}
+		// What this apply says of its changes goes into the journal with
+		// them (store.Begin): a cut before its report is sent leaves them
+		// said all the same, by the next apply. Not begun (a full disk),
+		// the apply goes on; only that record is missing.
+		if err := st.Begin(opt.Source, d.Seq); err != nil {
+			r.log.Warn("the journal could not say an apply begins", "err", err)
+		}
 	}
 	r.removeReshaped()
 	if !r.stopped {
@@ -267,6 +278,9 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	r.putBackLost()
 	r.reloadUnits()
 	if !opt.Plan {
+		if err := st.End(); err != nil {
+			r.log.Warn("the journal could not say the apply ended", "err", err)
+		}
 		if err := st.Commit(); err != nil {
 			r.emit(shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
 		}
@@ -805,7 +819,17 @@ func (r *run) recordAndEmit(st *step, rest int) {
 
 // emit adds a line to the report, and streams it.
 func (r *run) emit(l shapes.Line) {
+	if l.Outcome == shapes.Unchanged && r.resumed[resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)] {
+		// Found as declared where a change was begun and never recorded:
+		// the apply a power cut or a kill interrupted made it, and its
+		// report never went out. Said here, or by nobody.
+		l.Outcome = shapes.Applied
+		l.Detail = "made by an apply a power cut or a kill interrupted, recorded now: " + l.Detail
+	}
 	r.lines = append(r.lines, l)
+	if !r.opt.Plan {
+		r.st.Said(l)
+	}
 	if l.Outcome == shapes.Applied || l.Outcome == shapes.Repaired {
 		r.changed[l.Module+"."+l.ID] = true
 		if r.repoFiles[l.Module+"."+l.ID] {
@@ -896,6 +920,9 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	p := e.Pending
 	n := *e
 	n.Pending, n.Stub = nil, false
+	if p.Op != "remove" && p.Op != "restore" {
+		r.resumed[resumedKey(p.Claim, e.Type)] = true
+	}
 	// What an interrupted change may have written is unknown: observe
 	// again. An interrupted removal wrote nothing — the thing is there as
 	// recorded, or gone — so what the host last wrote is still known, and
@@ -924,6 +951,9 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	}
 	return &n
 }
+
+// resumedKey names a resource of a claim for run.resumed.
+func resumedKey(c store.Claim, typ string) string { return c.Key() + " " + typ }
 
 // precedence orders the sources when two declare the same thing: a rescue
 // file fixes what it names, and the mesh does not undo it until the rescue

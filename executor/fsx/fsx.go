@@ -418,8 +418,12 @@ func Sum(p string) ([32]byte, Info, error) {
 type WriteOptions struct {
 	Mode     uint32
 	UID, GID int
-	// Sync fsyncs the file before the rename. The engine leaves it off and
-	// syncs the filesystem once per batch instead, before it records.
+	// Sync fsyncs the file before the rename and its directory after it:
+	// the new content is then at the name, durably, when WriteFile
+	// returns. A file fsynced and renamed, its directory not, may be the
+	// old one again after a power cut — after the caller recorded the
+	// new. The engine's batches leave it off and sync the filesystem once
+	// per batch instead, before they record.
 	Sync bool
 	// Label is the SELinux context to give the new file (ReadLabeled's of
 	// the file it replaces); nil gives none, and the file system's default
@@ -507,6 +511,11 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 		return wrap("rename into", p, err)
 	}
 	ok = true
+	if o.Sync {
+		if err := unix.Fsync(d.fd); err != nil {
+			return wrap("fsync the directory of", p, err)
+		}
+	}
 	return nil
 }
 

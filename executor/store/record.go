@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/json"
 	"slices"
 	"strconv"
 
@@ -28,6 +29,14 @@ func appendRecordJSON(b []byte, r *record) []byte {
 	if r.Intent != nil {
 		b = append(b, `,"intent":`...)
 		b = jsonIntent(b, r.Intent)
+	}
+	if len(r.Lines) > 0 {
+		lines, _ := json.Marshal(r.Lines)
+		b = append(append(b, `,"lines":`...), lines...)
+	}
+	if r.Began != nil {
+		began, _ := json.Marshal(r.Began)
+		b = append(append(b, `,"began":`...), began...)
 	}
 	if r.Format != 0 {
 		b = append(b, `,"format":`...)

@@ -148,10 +148,15 @@ type Intent struct {
 
 type record struct {
 	N      uint64  `json:"n"`
-	Op     string  `json:"op"` // intent, put, drop, abandon
+	Op     string  `json:"op"` // intent, put, drop, abandon; begin, said, end (unfinished.go)
 	Target string  `json:"target"`
 	Entry  *Entry  `json:"entry,omitempty"`
 	Intent *Intent `json:"intent,omitempty"`
+	// Lines is what an apply said of its changes ("said"); Began names
+	// the apply ("begin"). Releases before them pass both over, and the
+	// ops they come with (unfinished.go).
+	Lines []shapes.Line `json:"lines,omitempty"`
+	Began *Began        `json:"began,omitempty"`
 	// Format is the record's format, absent in format 1 (journalFormat),
 	// which every release so far wrote: a later format writes it, and a
 	// reader refuses a format past its own rather than replay a record it
@@ -183,6 +188,10 @@ type Store struct {
 	lock *os.File
 	// legacyLock is the "lock" file of earlier builds, when there is one.
 	legacyLock *os.File
+	// unfinished: the applies begun in the journal and not ended;
+	// said: the lines kept for the next record (unfinished.go).
+	unfinished []unfinished
+	said       []shapes.Line
 }
 
 // CompactAfter is how many journal records trigger a snapshot.
@@ -549,6 +558,16 @@ func (s *Store) replay(r *record) {
 				e.Pending = nil
 			}
 		}
+	case "begin":
+		if r.Began != nil {
+			s.unfinished = append(s.unfinished, unfinished{Began: *r.Began})
+		}
+	case "said":
+		if n := len(s.unfinished); n > 0 {
+			s.unfinished[n-1].Lines = append(s.unfinished[n-1].Lines, r.Lines...)
+		}
+	case "end":
+		s.unfinished = nil
 	}
 }
 
@@ -556,9 +575,12 @@ func (s *Store) append(r *record) error {
 	if s.journal == nil {
 		return errors.New("store: not locked for writing")
 	}
+	s.buf.Reset()
+	if err := s.flushSaid(); err != nil {
+		return fmt.Errorf("store: encode: %w", err)
+	}
 	s.n++
 	r.N = s.n
-	s.buf.Reset()
 	if err := encodeRecord(&s.buf, r); err != nil {
 		return fmt.Errorf("store: encode: %w", err)
 	}
@@ -788,6 +810,18 @@ func (s *Store) SaveTarget(src Source, data []byte) error {
 // one syncfs: the target, kept originals and the journal's intents. The
 // engine calls it before it changes the machine.
 func (s *Store) Sync() error {
+	if len(s.said) > 0 && s.journal != nil {
+		s.buf.Reset()
+		if err := s.flushSaid(); err != nil {
+			return fmt.Errorf("store: encode: %w", err)
+		}
+		n, err := s.journal.Write(s.buf.Bytes())
+		s.jsize += int64(n)
+		if err != nil {
+			return fmt.Errorf("store: append to journal: %w", err)
+		}
+		s.dirty = true
+	}
 	if !s.dirty && !s.unsynced {
 		return nil
 	}

@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// cutJournal cuts the state's journal as a power cut would: before the
+// last record cut says to cut at (by its op and target), and all after.
+func cutJournal(t *testing.T, state string, at func(op, target string) bool) {
+	t.Helper()
+	p := filepath.Join(state, "journal")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, off := -1, 0
+	for _, rec := range strings.SplitAfter(string(data), "\n") {
+		var r struct{ Op, Target string }
+		if _, js, ok := strings.Cut(rec, " "); ok && json.Unmarshal([]byte(js), &r) == nil && at(r.Op, r.Target) {
+			cut = off
+		}
+		off += len(rec)
+	}
+	if cut < 0 {
+		t.Fatalf("no record to cut at in\n%s", data)
+	}
+	if err := os.Truncate(p, int64(cut)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A power cut after an apply's changes were durable and before its
+// report went out: the next apply finds everything as declared, and
+// would say "unchanged" of changes no report ever said. What the journal
+// kept of what the cut apply said is noted by the next apply in the
+// history (trigger interrupted), which the agent reports upward. And a
+// cut after a change was made and before its record was durable: the
+// next apply finds it done where a change was begun, and says it made it.
+func TestAChangeWhoseReportACutLostIsSaidByTheNextApply(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"a\n"}`,
+		`{"module":"m","id":"b","type":"file","path":"{root}/b","content":"b\n"}`)
+	h.expect(h.apply(doc), shapes.Applied, "m.a=applied m.b=applied")
+	cutJournal(t, h.state, func(op, _ string) bool { return op == "end" })
+	h.expect(h.apply(doc), shapes.Unchanged, "m.a=unchanged m.b=unchanged")
+	part, err := store.Since(h.state, 0, store.Newest(h.state), 10, nil)
+	if err != nil || len(part.Acts) != 1 {
+		t.Fatalf("history %+v %v", part, err)
+	}
+	if a := part.Acts[0]; a.Trigger != store.TriggerInterrupted || a.Changed != 2 || len(a.Lines) != 2 || a.Lines[0].ID != "a" || a.Lines[0].Outcome != shapes.Applied {
+		t.Fatalf("noted %+v", a)
+	}
+
+	// The second window: the change made, its record not durable.
+	changed := strings.Replace(doc, `"a\n"`, `"a, v2\n"`, 1)
+	h.expect(h.apply(changed), shapes.Applied, "m.a=applied m.b=unchanged")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasSuffix(target, "/a") })
+	rep := h.apply(changed)
+	h.expect(rep, shapes.Applied, "m.a=applied m.b=unchanged")
+	if !strings.HasPrefix(rep.Lines[0].Detail, "made by an apply a power cut or a kill interrupted, recorded now: ") {
+		t.Fatalf("%+v", rep.Lines[0])
+	}
+	h.expect(h.apply(changed), shapes.Unchanged, "m.a=unchanged m.b=unchanged")
+}

@@ -1,0 +1,108 @@
+package store
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/nox-mesh/nox-mesh-host/clock"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// What an apply changed reaches the control side in its report, sent once
+// the apply ends. A power cut or a kill between a change made durable and
+// the report sent loses the report, and the next apply finds the change
+// done: "unchanged". Nothing would ever say the machine changed. So the
+// journal also carries, beside the records, what the apply said of each
+// change it made ("said", written with the next record, durable with it):
+// an apply begins with "begin" (its source and sequence) and ends with
+// "end". An apply that finds one begun and never ended notes what that one
+// said in the history, as an activity of its own (TriggerInterrupted),
+// which the agent reports upward as what the executor did on its own.
+// Noted at most twice (a cut between the note and the end that follows
+// it), never lost.
+
+// TriggerInterrupted is the trigger of the activity an interrupted apply's
+// changes are noted under.
+const TriggerInterrupted = "interrupted"
+
+// Began names an apply in the journal.
+type Began struct {
+	Source Source `json:"source"`
+	Seq    uint64 `json:"seq,omitempty"`
+}
+
+// unfinished is an apply begun in the journal and not ended, with what it
+// said.
+type unfinished struct {
+	Began
+	Lines []shapes.Line
+}
+
+// Begin records that an apply of src's declaration seq begins, after
+// noting in the history what an apply begun before and never ended said
+// it changed.
+func (s *Store) Begin(src Source, seq uint64) error {
+	noted := false
+	for _, u := range s.unfinished {
+		rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: u.Lines, Outcome: shapes.Derive(u.Lines)}
+		if _, _, did := shapes.Did(rep); did {
+			if err := s.note(shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)); err != nil {
+				return err
+			}
+			noted = true
+		}
+	}
+	if noted {
+		// Durable before the end below is: the end may reach the disk
+		// with the next record's sync.
+		if err := syncFile(filepath.Join(s.dir, historyFile)); err != nil {
+			return err
+		}
+	}
+	if len(s.unfinished) > 0 {
+		if err := s.append(&record{Op: "end"}); err != nil {
+			return err
+		}
+	}
+	return s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}})
+}
+
+// Said keeps what the apply said of a change, for the journal's next
+// record. Lines that changed nothing are not kept.
+func (s *Store) Said(l shapes.Line) {
+	if !l.Outcome.Changes() && l.Outcome != shapes.Failed {
+		return
+	}
+	if len(l.Detail) > shapes.MaxActivityDetail {
+		l.Detail = l.Detail[:shapes.MaxActivityDetail]
+	}
+	s.said = append(s.said, l)
+}
+
+// End records that the apply ended: its report is made.
+func (s *Store) End() error {
+	return s.append(&record{Op: "end"})
+}
+
+// flushSaid puts the lines kept by Said into a record of their own ahead
+// of r in buf, so they reach the journal in the same write.
+func (s *Store) flushSaid() error {
+	if len(s.said) == 0 {
+		return nil
+	}
+	s.n++
+	err := encodeRecord(&s.buf, &record{N: s.n, Op: "said", Lines: s.said})
+	s.replay(&record{Op: "said", Lines: s.said})
+	s.said = nil
+	s.nrec++
+	return err
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

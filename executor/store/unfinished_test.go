@@ -1,0 +1,59 @@
+package store
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// An apply begun, whose records and what it said reached the journal and
+// whose end did not (a power cut before its report was sent): the next
+// apply notes what it said in the history, once, under "interrupted";
+// an apply that ended leaves nothing to note; what changed nothing is
+// not kept.
+func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := open(t, dir)
+	if err := s.Begin(Link, 1); err != nil {
+		t.Fatal(err)
+	}
+	s.Said(shapes.Line{Module: "m", ID: "a", Type: "file", Outcome: shapes.Applied, Detail: "created"})
+	s.Said(shapes.Line{Module: "m", ID: "b", Type: "file", Outcome: shapes.Unchanged})
+	s.Put(&Entry{Target: "path:/a", Type: "file", Claims: []Claim{claim}, Created: true, Digest: "d1"})
+	s.Said(shapes.Line{Module: "m", ID: "c", Type: "file", Outcome: shapes.Removed, Detail: "removed"})
+	if err := s.Sync(); err != nil { // the lines kept since the last record go with the sync
+		t.Fatal(err)
+	}
+	s.Unlock() // the cut: no end
+
+	s = open(t, dir)
+	if got := len(s.unfinished); got != 1 || len(s.unfinished[0].Lines) != 2 || s.unfinished[0].Seq != 1 {
+		t.Fatalf("the journal read again holds %+v", s.unfinished)
+	}
+	if err := s.Begin(Link, 2); err != nil {
+		t.Fatal(err)
+	}
+	s.End()
+	s.Unlock()
+	part, err := Since(dir, 0, Newest(dir), 10, nil)
+	if err != nil || len(part.Acts) != 1 {
+		t.Fatalf("history %+v %v", part, err)
+	}
+	a := part.Acts[0]
+	if a.Trigger != TriggerInterrupted || a.Source != "link" || a.Seq != 1 || a.Changed != 2 || len(a.Lines) != 2 || a.Lines[0].ID != "a" || a.Lines[1].ID != "c" {
+		t.Fatalf("noted %+v", a)
+	}
+
+	// Ended: the next apply notes nothing.
+	s = open(t, dir)
+	if len(s.unfinished) != 0 {
+		t.Fatalf("an ended apply is still unfinished: %+v", s.unfinished)
+	}
+	s.Begin(Link, 3)
+	s.End()
+	s.Unlock()
+	if n := Newest(dir); n != 1 {
+		t.Fatalf("history has %d activities, want the one", n)
+	}
+}

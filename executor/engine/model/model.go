@@ -304,6 +304,7 @@ type regionRecord struct {
 	held    bool
 	written string
 	src     string // the source that applied it
+	order   int    // when first recorded: undeclaring runs newest first
 }
 
 // keyRecord is what the host keeps of a key it set: what it found (nil:
@@ -319,6 +320,7 @@ type wholeRecord struct {
 	claims         []string
 	found, written map[string]string
 	held           bool
+	order          int // when first recorded: undeclaring runs newest first
 }
 
 // keysRecord is what the host keeps of a keys resource: held, or the set
@@ -647,11 +649,11 @@ func (h *host) applyRegion(r Resource, hold bool, res *Result) {
 	cur, present := h.blocks[name]
 	if hold && (rec == nil || rec.held) {
 		res.Lines[name] = "held"
-		h.regionRec[name] = &regionRecord{held: true, src: h.src}
+		h.regionRec[name] = &regionRecord{held: true, src: h.src, order: h.regionOrder(rec)}
 		return
 	}
 	if rec == nil || rec.held {
-		rec = &regionRecord{src: h.src}
+		rec = &regionRecord{src: h.src, order: h.regionOrder(rec)}
 		if present {
 			f := cur
 			rec.found = &f
@@ -761,6 +763,14 @@ func (h *host) otherSource() string {
 	return ""
 }
 
+// regionOrder is the order of a region's record: its own once it has one.
+func (h *host) regionOrder(prev *regionRecord) int {
+	if prev != nil {
+		return prev.order
+	}
+	return h.nextOrder()
+}
+
 // keysOrder is the order of a keys record: its own once it has one.
 func (h *host) keysOrder(prev *keysRecord) int {
 	if prev != nil {
@@ -833,7 +843,7 @@ func (h *host) applyWhole(r Resource, hold bool, res *Result) {
 		return
 	}
 	if rec == nil {
-		rec = &wholeRecord{found: maps.Clone(*cur), held: hold}
+		rec = &wholeRecord{found: maps.Clone(*cur), held: hold, order: h.nextOrder()}
 		h.whole[r.Name] = rec
 	}
 	rec.claims = addClaim(rec.claims, h.claim(r))
@@ -1069,21 +1079,31 @@ func (h *host) remove(declared, declaredTarget map[string]bool, res *Result) {
 		}
 		delete(h.pkgRec, name)
 	}
-	// What was undone is undone newest first: a region or keys in a file
-	// this source declared whole before (the file's removal waited while
-	// a source above edited it) came after it, and go before it.
+	// Undeclaring runs newest first, by when each was first recorded: a
+	// region or keys in a file declared whole, and the file (one's
+	// removal waited while a source above held the other), are undone in
+	// the order they came, backwards.
+	type undo struct {
+		order int
+		do    func()
+	}
+	var undos []undo
 	for _, name := range h.regionsOfThis() {
 		if !declared["region:"+SharedFile+" "+h.src+name] {
-			h.removeRegion(name, res)
+			undos = append(undos, undo{h.regionRec[name].order, func() { h.removeRegion(name, res) }})
 		}
 	}
 	for _, name := range h.keysNewestFirst() {
 		if !declared["keys:"+KeysFile+" "+h.src+name] {
-			h.removeKeys(name, res)
+			undos = append(undos, undo{h.keysRec[name].order, func() { h.removeKeys(name, res) }})
 		}
 	}
-	for f := range h.whole {
-		h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res)
+	for f, rec := range h.whole {
+		undos = append(undos, undo{rec.order, func() { h.removeWhole(f, func(c string) bool { return declared["file:"+f+" "+c] }, res) }})
+	}
+	sort.SliceStable(undos, func(a, b int) bool { return undos[a].order > undos[b].order })
+	for _, u := range undos {
+		u.do()
 	}
 	h.removeUnits(release, declaredTarget, res)
 }

@@ -88,7 +88,10 @@
 //     in one declaration, keys in the next, or the other way — is undone
 //     in its old shape before anything of the declaration is applied, so
 //     the new one starts from the file as the person had it
-//     (docs/declaration.md, region and keys).
+//     (docs/declaration.md, region and keys). Undeclared together — the
+//     old shape's removal waited while a source above held the file in
+//     the other — regions, keys and the file whole are undone newest
+//     first, by when each was first recorded.
 //   - Files, directories and an archive under a root of their own: tree.go
 //     says their rules.
 //   - Two sources: a rescue file's (the local source) above the link's

@@ -821,10 +821,10 @@ func (r *run) recordAndEmit(st *step, rest int) {
 func (r *run) emit(l shapes.Line) {
 	if l.Outcome == shapes.Unchanged && r.resumed[resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)] {
 		// Found as declared where a change was begun and never recorded:
-		// the apply a power cut or a kill interrupted made it, and its
-		// report never went out. Said here, or by nobody.
+		// an earlier apply made it — cut short, or failed after the
+		// change — and no report of it said so. Said here, or by nobody.
 		l.Outcome = shapes.Applied
-		l.Detail = "made by an apply a power cut or a kill interrupted, recorded now: " + l.Detail
+		l.Detail = "made by an earlier apply that did not record it (cut short by a power cut or a kill, or failed after the change); recorded now: " + l.Detail
 	}
 	r.lines = append(r.lines, l)
 	if !r.opt.Plan {

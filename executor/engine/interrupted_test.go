@@ -64,7 +64,7 @@ func TestAChangeWhoseReportACutLostIsSaidByTheNextApply(t *testing.T) {
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasSuffix(target, "/a") })
 	rep := h.apply(changed)
 	h.expect(rep, shapes.Applied, "m.a=applied m.b=unchanged")
-	if !strings.HasPrefix(rep.Lines[0].Detail, "made by an apply a power cut or a kill interrupted, recorded now: ") {
+	if !strings.HasPrefix(rep.Lines[0].Detail, "made by an earlier apply that did not record it (cut short by a power cut or a kill, or failed after the change); recorded now: ") {
 		t.Fatalf("%+v", rep.Lines[0])
 	}
 	h.expect(h.apply(changed), shapes.Unchanged, "m.a=unchanged m.b=unchanged")

@@ -22,11 +22,28 @@ import (
 // declaration's, a roster's, the reconnect's reconcile) are counted and
 // passed over: said once, not twice.
 
+// The triggers of an apply, as the history, the log and the reports name
+// them (store.TriggerInterrupted is the store's own).
+const (
+	triggerStart       = "start"       // the daemon started: after a boot, perhaps
+	triggerDrift       = "drift"       // the drift timer
+	triggerReconnect   = "reconnect"   // the agent says the link came back
+	triggerDeclaration = "declaration" // a declaration the link brought
+	triggerRoster      = "roster"      // the mesh's roster changed
+	triggerFirewall    = "firewall"    // the host's firewall took a rule of the mesh's
+)
+
+// restores says whether an apply of the trigger follows what may have
+// taken what lives only in the kernel (a boot, a firewall loaded again):
+// what the store records of it is put back even where a step before it
+// fails (engine.Options.Restore).
+func restores(trigger string) bool { return trigger == triggerStart || trigger == triggerFirewall }
+
 // reportedAlone says whether an activity is one a report of its own
 // carried upward.
 func reportedAlone(a shapes.Activity) bool {
 	switch a.Trigger {
-	case "declaration", "roster", "reconnect":
+	case triggerDeclaration, triggerRoster, triggerReconnect:
 		return true
 	}
 	return false

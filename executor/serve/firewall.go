@@ -76,6 +76,6 @@ func (s *Server) afterFirewallLoss(ctx context.Context) {
 		s.log.Warn("the firewall changed; its openings could not be looked at", "err", err)
 	case lost:
 		s.log.Info("the firewall lost a rule of the mesh's (the host's firewall loaded again?); reconciling")
-		s.reconcile(ctx, "firewall", nil, false)
+		s.reconcile(ctx, triggerFirewall, nil, false)
 	}
 }

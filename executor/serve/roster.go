@@ -59,7 +59,7 @@ func (s *Server) TakeRoster(ctx context.Context, env []byte, emit func(shapes.Li
 		return refusal(wire.CodeInternal, "keep the roster: %v", err)
 	}
 	s.log.Info("took the mesh's roster", "roster", r.Seq, "nodes", len(r.Nodes))
-	return s.reconcile(ctx, "roster", emit, true)
+	return s.reconcile(ctx, triggerRoster, emit, true)
 }
 
 // HeldRoster is the roster the host in stateDir holds, verified under its

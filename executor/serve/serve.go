@@ -234,7 +234,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	defer s.stop()
 	s.protectRunning(ln)
 	s.guard("the start reconcile", func() {
-		s.Reconcile(ctx, "start", nil)
+		s.Reconcile(ctx, triggerStart, nil)
 		s.restartIfUpgraded()
 	})
 	go s.guard("finding the profile", func() { s.findProfile(ctx) })
@@ -251,7 +251,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 					return
 				case <-t.C:
 					s.guard("the drift reconcile", func() {
-						s.Reconcile(ctx, "drift", nil)
+						s.Reconcile(ctx, triggerDrift, nil)
 						s.restartIfUpgraded()
 						s.findProfile(ctx)
 					})
@@ -569,7 +569,7 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 		// Answered, not refused: a link that flaps is not an attack.
 		v = &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}
 	} else {
-		v = s.Reconcile(ctx, "reconnect", c.line)
+		v = s.Reconcile(ctx, triggerReconnect, c.line)
 	}
 	// What this executor did on its own since the agent last reported
 	// (activity.go): by count when the agent keeps one, else while the
@@ -812,7 +812,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	began := clock.Now()
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
-	s.record(st, store.Link, "declaration", rep, clock.Since(began))
+	s.record(st, store.Link, triggerDeclaration, rep, clock.Since(began))
 	if rep.Outcome != shapes.Refused {
 		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
@@ -1000,7 +1000,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		failed, failedWhy := s.failedRelease()
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
 			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster,
-			Restore: why == "start" || why == "firewall"}
+			Restore: restores(why)}
 		if id != nil && (src == store.Link || d.Node != "") {
 			opt.NodeID = id.Node
 		}

@@ -262,7 +262,12 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		// them (store.Begin): a cut before its report is sent leaves them
 		// said all the same, by the next apply. Not begun (a full disk),
 		// the apply goes on; only that record is missing.
-		if err := st.Begin(opt.Source, d.Seq); err != nil {
+		noted, err := st.Begin(opt.Source, d.Seq)
+		for _, a := range noted {
+			r.log.Warn("an apply cut short (a power cut, a kill) had changed the machine before its report went out: noted for the control side",
+				"source", a.Source, "seq", a.Seq, "changed", a.Changed, "failed", a.Failed)
+		}
+		if err != nil {
 			r.log.Warn("the journal could not say an apply begins", "err", err)
 		}
 	}

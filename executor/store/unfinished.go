@@ -40,31 +40,31 @@ type unfinished struct {
 
 // Begin records that an apply of src's declaration seq begins, after
 // noting in the history what an apply begun before and never ended said
-// it changed.
-func (s *Store) Begin(src Source, seq uint64) error {
-	noted := false
+// it changed; noted is what it noted, for the caller's log.
+func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err error) {
 	for _, u := range s.unfinished {
 		rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: u.Lines, Outcome: shapes.Derive(u.Lines)}
 		if _, _, did := shapes.Did(rep); did {
-			if err := s.note(shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)); err != nil {
-				return err
+			a := shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)
+			if err := s.note(a); err != nil {
+				return nil, err
 			}
-			noted = true
+			noted = append(noted, a)
 		}
 	}
-	if noted {
+	if len(noted) > 0 {
 		// Durable before the end below is: the end may reach the disk
 		// with the next record's sync.
 		if err := syncFile(filepath.Join(s.dir, historyFile)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if len(s.unfinished) > 0 {
 		if err := s.append(&record{Op: "end"}); err != nil {
-			return err
+			return noted, err
 		}
 	}
-	return s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}})
+	return noted, s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}})
 }
 
 // Said keeps what the apply said of a change, for the journal's next

@@ -15,7 +15,7 @@ import (
 func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	s := open(t, dir)
-	if err := s.Begin(Link, 1); err != nil {
+	if _, err := s.Begin(Link, 1); err != nil {
 		t.Fatal(err)
 	}
 	s.Said(shapes.Line{Module: "m", ID: "a", Type: "file", Outcome: shapes.Applied, Detail: "created"})
@@ -31,8 +31,8 @@ func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	if got := len(s.unfinished); got != 1 || len(s.unfinished[0].Lines) != 2 || s.unfinished[0].Seq != 1 {
 		t.Fatalf("the journal read again holds %+v", s.unfinished)
 	}
-	if err := s.Begin(Link, 2); err != nil {
-		t.Fatal(err)
+	if noted, err := s.Begin(Link, 2); err != nil || len(noted) != 1 {
+		t.Fatal(noted, err)
 	}
 	s.End()
 	s.Unlock()

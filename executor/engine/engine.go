@@ -714,8 +714,9 @@ func (r *run) execute(batch []*step, after int) {
 	var last *step // the last failed line, held back for the apply's stop
 	for _, st := range done {
 		if unrecorded == nil {
+			r.st.Said(r.final(st.line)) // with its record, in one write
 			if unrecorded = r.record(st); unrecorded == nil {
-				r.emit(st.line)
+				r.emitSaid(st.line, true)
 				continue
 			}
 		}
@@ -823,17 +824,34 @@ func (r *run) recordAndEmit(st *step, rest int) {
 }
 
 // emit adds a line to the report, and streams it.
-func (r *run) emit(l shapes.Line) {
+func (r *run) emit(l shapes.Line) { r.emitSaid(l, false) }
+
+// final is the line as the report says it: found as declared where a
+// change was begun and never recorded, an earlier apply made it — cut
+// short, or failed after the change — and no report of it said so. Said
+// here, or by nobody.
+func (r *run) final(l shapes.Line) shapes.Line {
 	if l.Outcome == shapes.Unchanged && r.resumed[resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)] {
-		// Found as declared where a change was begun and never recorded:
-		// an earlier apply made it — cut short, or failed after the
-		// change — and no report of it said so. Said here, or by nobody.
 		l.Outcome = shapes.Applied
 		l.Detail = "made by an earlier apply that did not record it (cut short by a power cut or a kill, or failed after the change); recorded now: " + l.Detail
 	}
+	return l
+}
+
+// emitSaid is emit of a line the journal has been given already (said:
+// before the record of its change, to go in the same write).
+func (r *run) emitSaid(l shapes.Line, said bool) {
+	l = r.final(l)
 	r.lines = append(r.lines, l)
 	if !r.opt.Plan {
-		r.st.Said(l)
+		if !said {
+			r.st.Said(l)
+		}
+		// Written now, if its record did not take it: a kill between the
+		// two would leave a change recorded and said by no one.
+		if err := r.st.FlushSaid(); err != nil {
+			r.log.Warn("the journal could not keep what the apply said", "err", err)
+		}
 	}
 	if l.Outcome == shapes.Applied || l.Outcome == shapes.Repaired {
 		r.changed[l.Module+"."+l.ID] = true

@@ -810,17 +810,8 @@ func (s *Store) SaveTarget(src Source, data []byte) error {
 // one syncfs: the target, kept originals and the journal's intents. The
 // engine calls it before it changes the machine.
 func (s *Store) Sync() error {
-	if len(s.said) > 0 && s.journal != nil {
-		s.buf.Reset()
-		if err := s.flushSaid(); err != nil {
-			return fmt.Errorf("store: encode: %w", err)
-		}
-		n, err := s.journal.Write(s.buf.Bytes())
-		s.jsize += int64(n)
-		if err != nil {
-			return fmt.Errorf("store: append to journal: %w", err)
-		}
-		s.dirty = true
+	if err := s.FlushSaid(); err != nil {
+		return err
 	}
 	if !s.dirty && !s.unsynced {
 		return nil

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -13,7 +14,7 @@ import (
 // the report sent loses the report, and the next apply finds the change
 // done: "unchanged". Nothing would ever say the machine changed. So the
 // journal also carries, beside the records, what the apply said of each
-// change it made ("said", written with the next record, durable with it):
+// change it made ("said", in the same write as its record, or right after):
 // an apply begins with "begin" (its source and sequence) and ends with
 // "end". An apply that finds one begun and never ended notes what that one
 // said in the history, as an activity of its own (TriggerInterrupted),
@@ -68,7 +69,9 @@ func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err erro
 }
 
 // Said keeps what the apply said of a change, for the journal's next
-// record. Lines that changed nothing are not kept.
+// record (written in the same write: a line said before the record of its
+// change goes with it) or FlushSaid. Lines that changed nothing are not
+// kept.
 func (s *Store) Said(l shapes.Line) {
 	if !l.Outcome.Changes() && l.Outcome != shapes.Failed {
 		return
@@ -77,6 +80,24 @@ func (s *Store) Said(l shapes.Line) {
 		l.Detail = l.Detail[:shapes.MaxActivityDetail]
 	}
 	s.said = append(s.said, l)
+}
+
+// FlushSaid writes the lines Said kept, if any, as a record of their own.
+func (s *Store) FlushSaid() error {
+	if len(s.said) == 0 || s.journal == nil {
+		return nil
+	}
+	s.buf.Reset()
+	if err := s.flushSaid(); err != nil {
+		return fmt.Errorf("store: encode: %w", err)
+	}
+	n, err := s.journal.Write(s.buf.Bytes())
+	s.jsize += int64(n)
+	if err != nil {
+		return fmt.Errorf("store: append to journal: %w", err)
+	}
+	s.dirty = true
+	return nil
 }
 
 // End records that the apply ended: its report is made.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"golang.org/x/sys/unix"
 
 	"bytes"
@@ -247,6 +248,9 @@ func FuzzJournal(f *testing.F) {
 	encodeRecord(&b, &record{N: 1, Op: "put", Target: "path:/a", Entry: &Entry{Target: "path:/a", Type: "file", Claims: []Claim{claim}}})
 	encodeRecord(&b, &record{N: 2, Op: "intent", Target: "path:/b", Intent: &Intent{Op: "create", Claim: claim}})
 	encodeRecord(&b, &record{N: 3, Op: "drop", Target: "path:/a"})
+	encodeRecord(&b, &record{N: 4, Op: "begin", Began: &Began{Source: Link, Seq: 7}})
+	encodeRecord(&b, &record{N: 5, Op: "said", Lines: []shapes.Line{{Module: "m", ID: "a", Type: "file", Outcome: shapes.Applied, Detail: "created"}}})
+	encodeRecord(&b, &record{N: 6, Op: "end"})
 	f.Add(b.Bytes())
 	f.Add([]byte("00000000 {}\n"))
 	f.Add([]byte{})

@@ -30,8 +30,10 @@ import (
 // alone; docs/dependencies.md says so for its maintainers.
 
 // Watch calls lost each time the ruleset has lost a table, a chain or a
-// rule, once no further change has come for settle (a reload is a burst
-// of deletions and additions: one call for it, after it), until ctx ends
+// rule, settle after the first deletion of a burst (a reload is a burst of
+// deletions and additions, one transaction or a few: one call for it,
+// after it; a host whose rules churn without pause — a kube-proxy's — is
+// looked at once every settle, never put off for good), until ctx ends
 // (nil) or the kernel's notices cannot be read (the error). A notice the
 // socket's buffer overran may have been a deletion: that counts as one.
 // netns, when not 0, is the network namespace's file descriptor (tests).
@@ -97,7 +99,9 @@ func Watch(ctx context.Context, settle time.Duration, lost func(), netns int) er
 				}
 				return fmt.Errorf("nftables: reading the ruleset's change notices: %w", s.err)
 			}
-			due = time.After(settle)
+			if due == nil {
+				due = time.After(settle)
+			}
 		case <-due:
 			due = nil
 			lost()

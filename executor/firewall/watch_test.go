@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -62,6 +63,27 @@ flush ruleset
 	case at := <-lost:
 		t.Fatalf("one reload said twice (%v, then %v)", first, at)
 	case <-time.After(time.Second):
+	}
+
+	// Rules that churn without pause (a kube-proxy's: a deletion every 60
+	// ms or so, for a second and more) do not put the look off: it comes
+	// settle after the first deletion.
+	churning := make(chan error, 1)
+	go func() {
+		churning <- exec.Command("ip", "netns", "exec", fmt.Sprintf("fwtest-%d", os.Getpid()), "sh", "-c",
+			`for i in $(seq 20); do nft add table inet churn; nft delete table inet churn; sleep 0.05; done`).Run()
+	}()
+	select {
+	case <-lost:
+		if err := <-churning; err != nil {
+			t.Fatal(err)
+		}
+	case err := <-churning:
+		t.Fatalf("deletions every 60 ms or so put the look off for as long as they went on (%v)", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for len(lost) > 0 {
+		<-lost
 	}
 
 	// One rule deleted by hand.

@@ -19,8 +19,8 @@ import (
 // "end". An apply that finds one begun and never ended notes what that one
 // said in the history, as an activity of its own (TriggerInterrupted),
 // which the agent reports upward as what the executor did on its own.
-// Noted at most twice (a cut between the note and the end that follows
-// it), never lost.
+// Never lost; noted twice only if a cut falls between the note's fsync
+// and the end's, which follows it at once.
 
 // TriggerInterrupted is the trigger of the activity an interrupted apply's
 // changes are noted under.
@@ -65,7 +65,16 @@ func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err erro
 			return noted, err
 		}
 	}
-	return noted, s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}})
+	if err := s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}}); err != nil {
+		return noted, err
+	}
+	if len(noted) > 0 {
+		// The end durable now, not with the apply's first change: an apply
+		// that changes nothing would leave it to a later one, and a cut
+		// before that one would have the note made again.
+		return noted, s.Sync()
+	}
+	return noted, nil
 }
 
 // Said keeps what the apply said of a change, for the journal's next

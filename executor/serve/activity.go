@@ -72,7 +72,8 @@ type newestSeen struct {
 	n         uint64
 }
 
-// newestActivity is the count of the newest activity in the history.
+// newestActivity is the count of the newest activity in the history, made
+// durable before it is said.
 func (s *Server) newestActivity() uint64 {
 	fi, err := os.Lstat(filepath.Join(s.cfg.StateDir, store.HistoryFile))
 	if err != nil {
@@ -85,7 +86,15 @@ func (s *Server) newestActivity() uint64 {
 	if st != nil && st.Ino == c.ino && fi.Size() == c.size && fi.ModTime().UnixNano() == c.mtimeNano {
 		return c.n
 	}
+	// Said to the agent, which keeps it: durable first (store.SyncHistory),
+	// synced after it is read, so that the line it counts is written
+	// before the sync. Not durable, the last durable count is said, and
+	// the history looked at again next time.
 	n := store.Newest(s.cfg.StateDir)
+	if err := store.SyncHistory(s.cfg.StateDir); err != nil {
+		s.log.Warn("the history of applies could not be made durable", "err", err)
+		return c.n
+	}
 	if st != nil {
 		c.ino, c.size, c.mtimeNano, c.n = st.Ino, fi.Size(), fi.ModTime().UnixNano(), n
 	}

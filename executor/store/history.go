@@ -63,9 +63,18 @@ func (s *Store) note(a shapes.Activity) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("store: history: %w", err)
+	}
+	// A tail a crash or a power cut left unended (a line cut short, or the
+	// zeros of blocks allocated and never written) is ended first: the
+	// line appended to it would be read as part of it, and skipped.
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {
+			line = append([]byte{'\n'}, line...)
+		}
 	}
 	_, err = f.Write(append(line, '\n'))
 	fi, serr := f.Stat()
@@ -75,6 +84,29 @@ func (s *Store) note(a shapes.Activity) error {
 	}
 	if serr == nil && fi.Size() > historyMaxBytes {
 		return s.trimHistory(p)
+	}
+	return nil
+}
+
+// SyncHistory makes the history in dir durable, its directory's entry
+// with it. The history is written without a sync, after each apply; a
+// count is synced before it is said to anyone who keeps it (the agent):
+// a line a power cut took would otherwise give its count to the next
+// activity, which the agent, holding the count, would take for reported.
+func SyncHistory(dir string) error {
+	for _, p := range []string{filepath.Join(dir, historyFile), dir} {
+		f, err := os.Open(p)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("store: history: %w", err)
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("store: history: %w", err)
+		}
 	}
 	return nil
 }

@@ -164,3 +164,28 @@ func FuzzHistory(f *testing.F) {
 		Newest(dir)
 	})
 }
+
+// A power cut leaves the history's unsynced tail as it finds it: a line
+// cut short, or the zeros of blocks allocated and never written, with no
+// newline. The next activity is still read, and counted after the last
+// whole line; one appended to the unended tail would have been read as
+// part of it and skipped — what the executor did after a boot, never
+// reported.
+func TestAnActivityAfterATornHistoryIsKept(t *testing.T) {
+	for _, tail := range []string{string(make([]byte, 300)), `{"format":1,"n":3,"at":"2026-12-0`} {
+		dir := filepath.Join(t.TempDir(), "state")
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := uint64(1); i <= 2; i++ {
+			s.SaveReport(Link, "drift", &shapes.Report{Seq: i, Lines: []shapes.Line{{Outcome: shapes.Repaired}}})
+		}
+		appendFile(t, filepath.Join(dir, historyFile), tail)
+		s.SaveReport(Link, "start", &shapes.Report{Seq: 3, Lines: []shapes.Line{{Outcome: shapes.Applied}}})
+		part, err := Since(dir, 2, Newest(dir), 10, nil)
+		if err != nil || len(part.Acts) != 1 || part.Acts[0].Trigger != "start" || part.Last != 3 {
+			t.Fatalf("after a tail of %q: %+v %v", tail[:min(len(tail), 12)], part, err)
+		}
+	}
+}

@@ -165,16 +165,20 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 		return m, err
 	}
 
-	// The driver listens before anything can report.
+	// The driver listens before anything can report, where CONTROL has
+	// the node's reports: the node publishes on its report subject, and
+	// CONTROL's mapping puts them on its partition's (link.NodeReports).
 	s := link.SubjectsOf(node)
-	sub, err := m.cl.NC.Subscribe(s.Report, func(msg *nats.Msg) {
-		m.reports <- arrival{at: time.Now(), data: msg.Data, sig: msg.Header.Get(link.SignatureHeader)}
-	})
-	if err != nil {
-		return m, err
+	for _, at := range link.NodeReports(node) {
+		sub, err := m.cl.NC.Subscribe(at.Subject, func(msg *nats.Msg) {
+			m.reports <- arrival{at: time.Now(), data: msg.Data, sig: msg.Header.Get(link.SignatureHeader)}
+		})
+		if err != nil {
+			return m, err
+		}
+		sub.SetPendingLimits(-1, -1)
+		m.subs = append(m.subs, sub)
 	}
-	sub.SetPendingLimits(-1, -1)
-	m.subs = append(m.subs, sub)
 	if m.hbSub, err = m.cl.NC.Subscribe(s.Heartbeat, func(msg *nats.Msg) {
 		var h link.Heartbeat
 		if link.VerifySignature(m.rec.NKey, msg.Data, msg.Header.Get(link.SignatureHeader)) == nil &&

@@ -216,9 +216,14 @@ type run struct {
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
 	// resumed: the resources ("source:module.id type") whose change an
-	// earlier apply began and never recorded (a power cut, a kill): one
-	// found done now was made by it, and no report said so (emit).
-	resumed map[string]bool
+	// earlier apply of this same declaration began and never recorded, cut
+	// short (a power cut, a kill): one found done now was made by it, and
+	// no report said so (final). resumable: there was such an apply. A
+	// change that failed, or one begun for another declaration, says
+	// nothing of what is found now: the machine may be as this one
+	// declares because that change never happened.
+	resumed   map[string]bool
+	resumable bool
 	// ran: the steps begun (applied, held or failed; a batch's, planned),
 	// by claim and target; a stop leaves the rest out (putBackLost).
 	ran map[claimTarget]bool
@@ -243,6 +248,10 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		r.taken[m] = true
 	}
 	protectSelf(st.Dir())
+	// The same declaration applied before and cut short: a change it
+	// began and never recorded, found done now, it made (run.resumed).
+	began := store.Began{Source: opt.Source, Seq: d.Seq, Digest: digest(raw)}
+	r.resumable = st.Interrupted(began)
 	if err := r.check(); err != nil {
 		rep.Outcome, rep.Refused = shapes.Refused, err.Error()
 		return rep
@@ -262,7 +271,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		// them (store.Begin): a cut before its report is sent leaves them
 		// said all the same, by the next apply. Not begun (a full disk),
 		// the apply goes on; only that record is missing.
-		noted, err := st.Begin(opt.Source, d.Seq)
+		noted, err := st.Begin(began)
 		for _, a := range noted {
 			r.log.Warn("an apply cut short (a power cut, a kill) had changed the machine before its report went out: noted for the control side",
 				"source", a.Source, "seq", a.Seq, "changed", a.Changed, "failed", a.Failed)
@@ -826,14 +835,14 @@ func (r *run) recordAndEmit(st *step, rest int) {
 // emit adds a line to the report, and streams it.
 func (r *run) emit(l shapes.Line) { r.emitSaid(l, false) }
 
-// final is the line as the report says it: found as declared where a
-// change was begun and never recorded, an earlier apply made it — cut
-// short, or failed after the change — and no report of it said so. Said
+// final is the line as the report says it: found as declared where the
+// apply of this declaration a cut stopped began a change and never
+// recorded it, that apply made it, and no report of it said so. Said
 // here, or by nobody.
 func (r *run) final(l shapes.Line) shapes.Line {
 	if l.Outcome == shapes.Unchanged && r.resumed[resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)] {
 		l.Outcome = shapes.Applied
-		l.Detail = "made by an earlier apply that did not record it (cut short by a power cut or a kill, or failed after the change); recorded now: " + l.Detail
+		l.Detail = "made by the apply of this declaration a power cut or a kill cut short, before it recorded it; recorded now: " + l.Detail
 	}
 	return l
 }
@@ -943,7 +952,7 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	p := e.Pending
 	n := *e
 	n.Pending, n.Stub = nil, false
-	if p.Op != "remove" && p.Op != "restore" {
+	if r.resumable && p.Op != "remove" && p.Op != "restore" {
 		r.resumed[resumedKey(p.Claim, e.Type)] = true
 	}
 	// What an interrupted change may have written is unknown: observe

@@ -64,8 +64,25 @@ func TestAChangeWhoseReportACutLostIsSaidByTheNextApply(t *testing.T) {
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasSuffix(target, "/a") })
 	rep := h.apply(changed)
 	h.expect(rep, shapes.Applied, "m.a=applied m.b=unchanged")
-	if !strings.HasPrefix(rep.Lines[0].Detail, "made by an earlier apply that did not record it (cut short by a power cut or a kill, or failed after the change); recorded now: ") {
+	if !strings.HasPrefix(rep.Lines[0].Detail, "made by the apply of this declaration a power cut or a kill cut short, before it recorded it; recorded now: ") {
 		t.Fatalf("%+v", rep.Lines[0])
 	}
 	h.expect(h.apply(changed), shapes.Unchanged, "m.a=unchanged m.b=unchanged")
+}
+
+// A change begun and never recorded says nothing of what is found now
+// when the apply that finds it is of another declaration: the next
+// declaration may declare what was there before, and a change cut short
+// before it happened leaves just that. Unchanged, not made by anyone.
+func TestAChangeBegunForAnotherDeclarationIsNotTakenForMade(t *testing.T) {
+	h := newHarness(t)
+	first := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"a\n"}`)
+	second := strings.Replace(first, `"a\n"`, `"a, v2\n"`, 1)
+	h.expect(h.apply(first), shapes.Applied, "m.a=applied")
+	h.expect(h.apply(second), shapes.Applied, "m.a=applied")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasSuffix(target, "/a") })
+	if err := os.WriteFile(h.p("a"), []byte("a\n"), 0o644); err != nil { // the cut came before the change
+		t.Fatal(err)
+	}
+	h.expect(h.apply(first), shapes.Unchanged, "m.a=unchanged")
 }

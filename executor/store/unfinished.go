@@ -26,10 +26,12 @@ import (
 // changes are noted under.
 const TriggerInterrupted = "interrupted"
 
-// Began names an apply in the journal.
+// Began names an apply in the journal: its source, its declaration's
+// sequence and a digest of its bytes.
 type Began struct {
 	Source Source `json:"source"`
 	Seq    uint64 `json:"seq,omitempty"`
+	Digest string `json:"digest,omitempty"`
 }
 
 // unfinished is an apply begun in the journal and not ended, with what it
@@ -39,10 +41,10 @@ type unfinished struct {
 	Lines []shapes.Line
 }
 
-// Begin records that an apply of src's declaration seq begins, after
+// Begin records that the apply b begins, after
 // noting in the history what an apply begun before and never ended said
 // it changed; noted is what it noted, for the caller's log.
-func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err error) {
+func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	for _, u := range s.unfinished {
 		rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: u.Lines, Outcome: shapes.Derive(u.Lines)}
 		if _, _, did := shapes.Did(rep); did {
@@ -65,7 +67,7 @@ func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err erro
 			return noted, err
 		}
 	}
-	if err := s.append(&record{Op: "begin", Began: &Began{Source: src, Seq: seq}}); err != nil {
+	if err := s.append(&record{Op: "begin", Began: &b}); err != nil {
 		return noted, err
 	}
 	if len(noted) > 0 {
@@ -75,6 +77,18 @@ func (s *Store) Begin(src Source, seq uint64) (noted []shapes.Activity, err erro
 		return noted, s.Sync()
 	}
 	return noted, nil
+}
+
+// Interrupted says whether an apply of exactly b (the same declaration of
+// the same source) was begun and never ended: a change it began and did
+// not record, found done now, it made.
+func (s *Store) Interrupted(b Began) bool {
+	for _, u := range s.unfinished {
+		if u.Began == b {
+			return true
+		}
+	}
+	return false
 }
 
 // Said keeps what the apply said of a change, for the journal's next

@@ -15,7 +15,7 @@ import (
 func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	s := open(t, dir)
-	if _, err := s.Begin(Link, 1); err != nil {
+	if _, err := s.Begin(Began{Source: Link, Seq: 1}); err != nil {
 		t.Fatal(err)
 	}
 	s.Said(shapes.Line{Module: "m", ID: "a", Type: "file", Outcome: shapes.Applied, Detail: "created"})
@@ -31,7 +31,7 @@ func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	if got := len(s.unfinished); got != 1 || len(s.unfinished[0].Lines) != 2 || s.unfinished[0].Seq != 1 {
 		t.Fatalf("the journal read again holds %+v", s.unfinished)
 	}
-	if noted, err := s.Begin(Link, 2); err != nil || len(noted) != 1 {
+	if noted, err := s.Begin(Began{Source: Link, Seq: 2}); err != nil || len(noted) != 1 {
 		t.Fatal(noted, err)
 	}
 	s.End()
@@ -50,7 +50,7 @@ func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	if len(s.unfinished) != 0 {
 		t.Fatalf("an ended apply is still unfinished: %+v", s.unfinished)
 	}
-	s.Begin(Link, 3)
+	s.Begin(Began{Source: Link, Seq: 3})
 	s.End()
 	s.Unlock()
 	if n := Newest(dir); n != 1 {

@@ -906,7 +906,9 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 }
 
 func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report, took time.Duration) {
-	st.SaveReport(src, trigger, rep)
+	if err := st.SaveReport(src, trigger, rep); err != nil {
+		s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
+	}
 	s.noteApply(string(src), string(rep.Outcome), rep.Seq, took, len(st.Entries()))
 	if src == store.Link && rep.Outcome != shapes.Refused {
 		// The last applied: a refused declaration (a full disk refuses

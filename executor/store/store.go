@@ -871,10 +871,44 @@ func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error
 	}
 	data := jsonSummary(nil, &sum)
 	p := filepath.Join(s.dir, "report-"+string(src)+".json")
-	if err := os.WriteFile(p+".tmp", data, 0o600); err != nil {
-		return fmt.Errorf("store: save report: %w", err)
+	err := os.WriteFile(p+".tmp", data, 0o600)
+	if err == nil {
+		err = os.Rename(p+".tmp", p)
 	}
-	return os.Rename(p+".tmp", p)
+	if err != nil {
+		os.Remove(p + ".tmp")
+		// A full disk: written over the last in place, in the blocks it
+		// holds already (a summary is far smaller than one), so that
+		// status does not name an older apply as the last one — what a
+		// declaration applied on a disk that filled during it would
+		// otherwise say until the next apply.
+		if ierr := overwriteInPlace(p, data); ierr != nil {
+			return fmt.Errorf("store: save report: %w", err)
+		}
+	}
+	return nil
+}
+
+// overwriteInPlace writes data over the file at p from its start, padded
+// with spaces (JSON's whitespace) to the length it had, without truncating
+// it: no block is freed or needed while data fits in those it holds.
+func overwriteInPlace(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if pad := int(fi.Size()) - len(data); pad > 0 {
+		data = append(data, bytes.Repeat([]byte{' '}, pad)...)
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		return err
+	}
+	return f.Sync()
 }
 
 // ReportSummary is what SaveReport keeps.

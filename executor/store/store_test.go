@@ -1,11 +1,9 @@
 package store
 
 import (
-	"github.com/nox-mesh/nox-mesh-host/shapes"
-	"golang.org/x/sys/unix"
-
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -15,6 +13,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
 func open(t *testing.T, dir string) *Store {
@@ -353,5 +355,42 @@ func TestAReaderNeverSeesACompactionHalfWay(t *testing.T) {
 	close(stop)
 	if msg, ok := <-fell; ok {
 		t.Fatal(msg)
+	}
+}
+
+// A full state disk: the report summary, which status names the last
+// apply by, is written over the last in place, not left naming an older
+// apply until the next one.
+func TestAReportSummaryIsKeptOnAFullDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	s := open(t, dir)
+	defer s.Unlock()
+	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 3, Outcome: shapes.Applied}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 4, Outcome: shapes.Applied, Lines: []shapes.Line{{Outcome: shapes.Applied}}}); err != nil {
+		t.Fatalf("on the full disk: %v", err)
+	}
+	data, _ := s.Report(Link)
+	var sum ReportSummary
+	if err := json.Unmarshal(data, &sum); err != nil || sum.Seq != 4 {
+		t.Fatalf("the summary after a save on the full disk: %q %v", data, err)
 	}
 }

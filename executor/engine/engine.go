@@ -224,6 +224,9 @@ type run struct {
 	// declares because that change never happened.
 	resumed   map[string]bool
 	resumable bool
+	// begun: the journal says this apply began (store.Begin), so it may
+	// say it ended.
+	begun bool
 	// ran: the steps begun (applied, held or failed; a batch's, planned),
 	// by claim and target; a stop leaves the rest out (putBackLost).
 	ran map[claimTarget]bool
@@ -272,6 +275,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		// said all the same, by the next apply. Not begun (a full disk),
 		// the apply goes on; only that record is missing.
 		noted, err := st.Begin(began)
+		r.begun = err == nil
 		for _, a := range noted {
 			r.log.Warn("an apply cut short (a power cut, a kill) had changed the machine before its report went out: noted for the control side",
 				"source", a.Source, "seq", a.Seq, "changed", a.Changed, "failed", a.Failed)
@@ -292,8 +296,12 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	r.putBackLost()
 	r.reloadUnits()
 	if !opt.Plan {
-		if err := st.End(); err != nil {
-			r.log.Warn("the journal could not say the apply ended", "err", err)
+		// Ended only if begun: an end pops the apply begun last, which
+		// would otherwise be one cut short before, never noted.
+		if r.begun {
+			if err := st.End(); err != nil {
+				r.log.Warn("the journal could not say the apply ended", "err", err)
+			}
 		}
 		if err := st.Commit(); err != nil {
 			r.emit(shapes.Line{Type: "store", Outcome: shapes.Failed, Detail: err.Error()})
@@ -723,7 +731,9 @@ func (r *run) execute(batch []*step, after int) {
 	var last *step // the last failed line, held back for the apply's stop
 	for _, st := range done {
 		if unrecorded == nil {
-			r.st.Said(r.final(st.line)) // with its record, in one write
+			if r.begun {
+				r.st.Said(r.final(st.line)) // with its record, in one write
+			}
 			if unrecorded = r.record(st); unrecorded == nil {
 				r.emitSaid(st.line, true)
 				continue
@@ -853,7 +863,9 @@ func (r *run) emitSaid(l shapes.Line, said bool) {
 	l = r.final(l)
 	r.lines = append(r.lines, l)
 	if !r.opt.Plan {
-		if !said {
+		if !said && r.begun {
+			// Kept only under this apply's begin: under none, the journal
+			// would put the line with an apply cut short before.
 			r.st.Said(l)
 		}
 		// Written now, if its record did not take it: a kill between the

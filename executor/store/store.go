@@ -148,7 +148,7 @@ type Intent struct {
 
 type record struct {
 	N      uint64  `json:"n"`
-	Op     string  `json:"op"` // intent, put, drop, abandon; begin, said, end (unfinished.go)
+	Op     string  `json:"op"` // intent, put, drop, abandon; begin, said, end, noted (unfinished.go)
 	Target string  `json:"target"`
 	Entry  *Entry  `json:"entry,omitempty"`
 	Intent *Intent `json:"intent,omitempty"`
@@ -567,6 +567,10 @@ func (s *Store) replay(r *record) {
 			s.unfinished[n-1].Lines = append(s.unfinished[n-1].Lines, r.Lines...)
 		}
 	case "end":
+		if n := len(s.unfinished); n > 0 {
+			s.unfinished = s.unfinished[:n-1]
+		}
+	case "noted":
 		s.unfinished = nil
 	}
 }

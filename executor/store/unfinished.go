@@ -15,12 +15,14 @@ import (
 // done: "unchanged". Nothing would ever say the machine changed. So the
 // journal also carries, beside the records, what the apply said of each
 // change it made ("said", in the same write as its record, or right after):
-// an apply begins with "begin" (its source and sequence) and ends with
-// "end". An apply that finds one begun and never ended notes what that one
-// said in the history, as an activity of its own (TriggerInterrupted),
-// which the agent reports upward as what the executor did on its own.
-// Never lost; noted twice only if a cut falls between the note's fsync
-// and the end's, which follows it at once.
+// an apply begins with "begin" (its source, sequence and digest) and ends
+// with "end". An apply that finds one begun and never ended notes what
+// that one said in the history, as an activity of its own
+// (TriggerInterrupted), which the agent reports upward as what the
+// executor did on its own, and then records "noted". Never lost (a note
+// that fails is tried again by the next apply); noted twice only if a
+// cut falls between the note's fsync and the sync of "noted", which
+// follows it at once.
 
 // TriggerInterrupted is the trigger of the activity an interrupted apply's
 // changes are noted under.
@@ -63,7 +65,7 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 		}
 	}
 	if len(s.unfinished) > 0 {
-		if err := s.append(&record{Op: "end"}); err != nil {
+		if err := s.append(&record{Op: "noted"}); err != nil {
 			return noted, err
 		}
 	}
@@ -71,9 +73,9 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 		return noted, err
 	}
 	if len(noted) > 0 {
-		// The end durable now, not with the apply's first change: an apply
-		// that changes nothing would leave it to a later one, and a cut
-		// before that one would have the note made again.
+		// The "noted" durable now, not with the apply's first change: an
+		// apply that changes nothing would leave it to a later one, and a
+		// cut before that one would have the note made again.
 		return noted, s.Sync()
 	}
 	return noted, nil
@@ -123,7 +125,7 @@ func (s *Store) FlushSaid() error {
 	return nil
 }
 
-// End records that the apply ended: its report is made.
+// End records that the apply begun last ended: its report is made.
 func (s *Store) End() error {
 	return s.append(&record{Op: "end"})
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -56,4 +57,36 @@ func TestWhatAnInterruptedApplySaidIsNotedByTheNext(t *testing.T) {
 	if n := Newest(dir); n != 1 {
 		t.Fatalf("history has %d activities, want the one", n)
 	}
+}
+
+// A note that fails (the history cannot be written) leaves the apply cut
+// short unfinished, begins nothing, and the next apply notes it.
+func TestANoteThatFailsIsMadeByTheNextApply(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := open(t, dir)
+	s.Begin(Began{Source: Link, Seq: 1})
+	s.Said(shapes.Line{Module: "m", ID: "a", Type: "file", Outcome: shapes.Applied})
+	s.Sync()
+	s.Unlock() // cut short
+
+	hist := filepath.Join(dir, historyFile)
+	if err := os.Mkdir(hist, 0o700); err != nil { // the history cannot be written
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	if _, err := s.Begin(Began{Source: Link, Seq: 2}); err == nil {
+		t.Fatal("a note that failed was not said")
+	}
+	s.Unlock()
+	os.Remove(hist)
+	s = open(t, dir)
+	if noted, err := s.Begin(Began{Source: Link, Seq: 2}); err != nil || len(noted) != 1 || noted[0].Seq != 1 {
+		t.Fatalf("noted %+v %v", noted, err)
+	}
+	s.End()
+	s.Unlock()
+	if s = open(t, dir); len(s.unfinished) != 0 {
+		t.Fatalf("still unfinished: %+v", s.unfinished)
+	}
+	s.Unlock()
 }

@@ -28,6 +28,12 @@ import (
 // changes are noted under.
 const TriggerInterrupted = "interrupted"
 
+// interruptedNotes bounds the activities an apply cut short is noted in:
+// 8 name 128 lines, what a declaration of a few modules changes whole; a
+// larger one's are counted past them, not named, so that the history
+// (kept to its newest 200) keeps what came before.
+const interruptedNotes = 8
+
 // Began names an apply in the journal: its source, its declaration's
 // sequence and a digest of its bytes.
 type Began struct {
@@ -48,8 +54,19 @@ type unfinished struct {
 // it changed; noted is what it noted, for the caller's log.
 func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	for _, u := range s.unfinished {
-		rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: u.Lines, Outcome: shapes.Derive(u.Lines)}
-		if _, _, did := shapes.Did(rep); did {
+		// An activity names at most shapes.MaxActivityLines lines: what
+		// the apply cut short said is noted in as many as name it all, up
+		// to interruptedNotes (the last counting the rest).
+		for part := 0; len(u.Lines) > 0 && part < interruptedNotes; part++ {
+			lines := u.Lines
+			if part < interruptedNotes-1 && len(lines) > shapes.MaxActivityLines {
+				lines = lines[:shapes.MaxActivityLines]
+			}
+			u.Lines = u.Lines[len(lines):]
+			rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: lines, Outcome: shapes.Derive(lines)}
+			if _, _, did := shapes.Did(rep); !did {
+				continue
+			}
 			a := shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)
 			if err := s.note(a); err != nil {
 				return nil, err

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -89,4 +90,32 @@ func TestANoteThatFailsIsMadeByTheNextApply(t *testing.T) {
 		t.Fatalf("still unfinished: %+v", s.unfinished)
 	}
 	s.Unlock()
+}
+
+// An apply cut short that said more than an activity names is noted in
+// as many as name every line (up to interruptedNotes, the last counting
+// the rest).
+func TestALargeInterruptedApplyIsNotedWhole(t *testing.T) {
+	for _, n := range []int{shapes.MaxActivityLines + 1, 40, interruptedNotes*shapes.MaxActivityLines + 5} {
+		dir := filepath.Join(t.TempDir(), "state")
+		s := open(t, dir)
+		s.Begin(Began{Source: Link, Seq: 1})
+		for i := range n {
+			s.Said(shapes.Line{Module: "m", ID: fmt.Sprint("f", i), Type: "file", Outcome: shapes.Applied})
+		}
+		s.Sync()
+		s.Unlock()
+		s = open(t, dir)
+		noted, err := s.Begin(Began{Source: Link, Seq: 2})
+		s.Unlock()
+		named, counted := 0, 0
+		for _, a := range noted {
+			named += len(a.Lines)
+			counted += a.Changed
+		}
+		want := min(n, interruptedNotes*shapes.MaxActivityLines)
+		if err != nil || counted != n || named != want || len(noted) != min((n+shapes.MaxActivityLines-1)/shapes.MaxActivityLines, interruptedNotes) {
+			t.Fatalf("%d lines: %d notes, %d named, %d counted, %v", n, len(noted), named, counted, err)
+		}
+	}
 }

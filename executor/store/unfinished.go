@@ -2,8 +2,6 @@ package store
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -77,7 +75,7 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	if len(noted) > 0 {
 		// Durable before the end below is: the end may reach the disk
 		// with the next record's sync.
-		if err := syncFile(filepath.Join(s.dir, historyFile)); err != nil {
+		if err := SyncHistory(s.dir); err != nil {
 			return nil, err
 		}
 	}
@@ -159,13 +157,4 @@ func (s *Store) flushSaid() error {
 	s.said = nil
 	s.nrec++
 	return err
-}
-
-func syncFile(p string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
+	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 )
 
 // proc is a daemon of the run: its log, and how it ended.
@@ -269,13 +269,13 @@ func (w *world) end(p *proc, sig syscall.Signal) {
 	}
 }
 
+// freePort is a loopback port for a server the run starts.
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // eventually polls f until it holds or bound passes; a bound hit is said.

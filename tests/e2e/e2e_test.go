@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 )
 
 // bin holds the three binaries, built once, stamped with one build id as a
@@ -79,13 +79,13 @@ func (m *mesh) binary(name string) string {
 	return filepath.Join(bin, name)
 }
 
+// freePort is a loopback port for a server the test starts.
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 func (m *mesh) run(name string, args ...string) string {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 )
 
 // The three binaries, as built by run.sh.
@@ -71,15 +71,6 @@ type arrival struct {
 	sig  string
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startMesh starts the system as the end-to-end test does, with the
 // binaries' own command lines. On error the mesh returned (if any) still
 // needs stop.
@@ -113,7 +104,7 @@ func startMesh(ctx context.Context, c config) (*mesh, error) {
 		build = f[3]
 	}
 	m.build = build
-	port, err := freePort()
+	port, err := ports.Free()
 	if err != nil {
 		return m, err
 	}

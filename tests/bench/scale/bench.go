@@ -25,6 +25,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/tests/fleet"
+	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -215,7 +216,7 @@ func (b *bench) setup(ctx context.Context, work string) error {
 			return err
 		}
 	} else {
-		port, err := freePort()
+		port, err := ports.Free()
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/tests/fleet"
+	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 )
 
 // CLUSTER=1: the control side against a three-server NATS cluster, as an
@@ -74,11 +75,11 @@ func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 	}
 	var clients, routes, urls []string
 	for range 3 {
-		c, err := freePort()
+		c, err := ports.Free()
 		if err != nil {
 			return err
 		}
-		r, err := freePort()
+		r, err := ports.Free()
 		if err != nil {
 			return err
 		}
@@ -109,7 +110,7 @@ func (b *bench) setupCluster(ctx context.Context, work, bin string) error {
 		}
 		args := []string{"-c", filepath.Join(conf, name+".conf"), "-P", pid}
 		if b.cfg.profile != "" {
-			port, err := freePort()
+			port, err := ports.Free()
 			if err != nil {
 				return err
 			}

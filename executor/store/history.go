@@ -46,9 +46,16 @@ const historyFormat = 1
 // so a clock set back never hides an activity from it and one set
 // forward never repeats one. A release that passes the field over reads
 // the line as it did, so the format stays 1.
+//
+// Begun and Part name, in a note of an apply cut short
+// (TriggerInterrupted), the journal's record of its begin and which of
+// its notes this is: a note written whose "noted" record was not (a full
+// disk, a cut between the two) is found by them and not made again.
 type historyLine struct {
 	Format int    `json:"format,omitempty"`
 	N      uint64 `json:"n,omitempty"`
+	Begun  uint64 `json:"begun,omitempty"`
+	Part   int    `json:"part,omitempty"`
 	shapes.Activity
 }
 
@@ -57,9 +64,15 @@ type historyLine struct {
 // cut short by a crash is skipped when read, so it never says more than
 // happened.
 func (s *Store) note(a shapes.Activity) error {
+	return s.noteLine(historyLine{Activity: a})
+}
+
+// noteLine appends h, numbered next, to the history.
+func (s *Store) noteLine(h historyLine) error {
 	p := filepath.Join(s.dir, historyFile)
 	n, _ := newestIn(readLines(p))
-	line, err := json.Marshal(historyLine{Format: historyFormat, N: n + 1, Activity: a})
+	h.Format, h.N = historyFormat, n+1
+	line, err := json.Marshal(h)
 	if err != nil {
 		return err
 	}
@@ -83,9 +96,28 @@ func (s *Store) note(a shapes.Activity) error {
 		return fmt.Errorf("store: history: %w", err)
 	}
 	if serr == nil && fi.Size() > historyMaxBytes {
-		return s.trimHistory(p)
+		// The line is kept whether the history can be cut to its newest
+		// or not (a full disk): the next note tries again, and a note
+		// said failed when it was made would be made twice.
+		_ = s.trimHistory(p)
 	}
 	return nil
+}
+
+// notedParts are the notes of applies cut short the history holds, by
+// the journal's begin record and part.
+func notedParts(dir string) map[[2]uint64]bool {
+	out := map[[2]uint64]bool{}
+	for _, line := range readLines(filepath.Join(dir, historyFile)) {
+		var h struct {
+			Begun uint64 `json:"begun"`
+			Part  int    `json:"part"`
+		}
+		if json.Unmarshal(line, &h) == nil && h.Begun > 0 {
+			out[[2]uint64{h.Begun, uint64(h.Part)}] = true
+		}
+	}
+	return out
 }
 
 // SyncHistory makes the history in dir durable, its directory's entry

@@ -192,6 +192,9 @@ type Store struct {
 	// said: the lines kept for the next record (unfinished.go).
 	unfinished []unfinished
 	said       []shapes.Line
+	// torn: a journal write was cut short and could not be taken back;
+	// nothing more is appended after it (write).
+	torn bool
 }
 
 // CompactAfter is how many journal records trigger a snapshot.
@@ -290,6 +293,7 @@ func (s *Store) Lock(wait time.Duration) error {
 	// locked, unless the files are exactly as they were.
 	if s.seen != s.identity() {
 		s.entries, s.n, s.order, s.nrec = map[string]*Entry{}, 0, 0, 0
+		s.unfinished, s.said = nil, nil
 		if err := s.load(); err != nil {
 			s.Unlock()
 			return err
@@ -308,6 +312,7 @@ func (s *Store) Lock(wait time.Duration) error {
 			return fmt.Errorf("store: cut torn journal tail: %w", err)
 		}
 	}
+	s.torn = false
 	// Salvaged content past SalvageKeep goes now, on every apply, not only
 	// when something else is salvaged. Not a reason to refuse the apply if
 	// it cannot: the next Lock tries again.
@@ -560,7 +565,7 @@ func (s *Store) replay(r *record) {
 		}
 	case "begin":
 		if r.Began != nil {
-			s.unfinished = append(s.unfinished, unfinished{Began: *r.Began})
+			s.unfinished = append(s.unfinished, unfinished{Began: *r.Began, N: r.N})
 		}
 	case "said":
 		if n := len(s.unfinished); n > 0 {
@@ -579,25 +584,63 @@ func (s *Store) append(r *record) error {
 	if s.journal == nil {
 		return errors.New("store: not locked for writing")
 	}
+	return s.write(r)
+}
+
+// write puts the lines Said kept, if any, and r (nil: the lines alone)
+// into the journal in one write(2): it reaches the page cache at once and
+// survives the process being killed; Commit makes it durable. A write that
+// fails, or is cut short (a full disk), is taken back whole: the journal is
+// cut to where it was, so that records written once there is room again
+// never follow a torn one (a reader stops at the first torn record, and
+// Lock cuts what follows it). Nothing is replayed of what was not written,
+// and the lines stay kept for the next write.
+func (s *Store) write(r *record) error {
+	if s.torn {
+		return errors.New("store: the journal holds a write cut short that could not be taken back; apply again once the disk has room")
+	}
 	s.buf.Reset()
-	if err := s.flushSaid(); err != nil {
-		return fmt.Errorf("store: encode: %w", err)
+	n0, nrec0 := s.n, s.nrec
+	var said *record
+	if len(s.said) > 0 {
+		s.n++
+		said = &record{N: s.n, Op: "said", Lines: s.said}
+		if err := encodeRecord(&s.buf, said); err != nil {
+			s.n = n0
+			return fmt.Errorf("store: encode: %w", err)
+		}
+		s.nrec++
 	}
-	s.n++
-	r.N = s.n
-	if err := encodeRecord(&s.buf, r); err != nil {
-		return fmt.Errorf("store: encode: %w", err)
+	if r != nil {
+		s.n++
+		r.N = s.n
+		if err := encodeRecord(&s.buf, r); err != nil {
+			s.n, s.nrec = n0, nrec0
+			return fmt.Errorf("store: encode: %w", err)
+		}
+		s.nrec++
 	}
-	// One write(2) per record: it reaches the page cache at once and
-	// survives the process being killed; Commit makes it durable.
 	n, err := s.journal.Write(s.buf.Bytes())
-	s.jsize += int64(n)
 	if err != nil {
+		s.n, s.nrec = n0, nrec0
+		if n > 0 {
+			// jsize stays the whole records' end: the next Lock cuts
+			// the journal there when this cannot.
+			if s.journal.Truncate(s.jsize) != nil {
+				s.torn = true
+			}
+		}
 		return fmt.Errorf("store: append to journal: %w", err)
 	}
-	s.nrec++
+	s.jsize += int64(n)
 	s.dirty = true
-	s.replay(r)
+	if said != nil {
+		s.replay(said)
+		s.said = nil
+	}
+	if r != nil {
+		s.replay(r)
+	}
 	return nil
 }
 
@@ -659,6 +702,15 @@ func (s *Store) Commit() error {
 	}
 	// Compact when the journal outgrows what it describes: loading a
 	// snapshot is one record per entry, replaying a journal is several.
+	// Never while an apply is begun and not ended, this one or one cut
+	// short and not yet noted (unfinished.go): the snapshot holds the
+	// entries, not what an apply said, and the records past its number
+	// are all a reader replays, so the begin and what was said before it
+	// would be gone. The journal then grows by one apply's records, and
+	// is compacted at that apply's end.
+	if len(s.unfinished) > 0 {
+		return nil
+	}
 	if s.nrec >= CompactAfter || s.nrec > len(s.entries)+256 {
 		return s.Compact()
 	}
@@ -891,6 +943,20 @@ func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error
 		}
 	}
 	return nil
+}
+
+// KeepReport is SaveReport with the history's note durable: what an apply
+// whose report reaches the control side through the history alone (a
+// start, a drift repaired, a rescue) says is on disk before the journal
+// says the apply ended (engine.Options.Keep).
+func (s *Store) KeepReport(src Source, trigger string, rep *shapes.Report) error {
+	err := s.SaveReport(src, trigger, rep)
+	if _, _, did := shapes.Did(rep); did {
+		if serr := SyncHistory(s.dir); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
 }
 
 // overwriteInPlace writes data over the file at p from its start, padded

@@ -362,6 +362,26 @@ func TestAReaderNeverSeesACompactionHalfWay(t *testing.T) {
 // apply by, is written over the last in place, not left naming an older
 // apply until the next one.
 func TestAReportSummaryIsKeptOnAFullDisk(t *testing.T) {
+	dir := smallDisk(t)
+	s := open(t, dir)
+	defer s.Unlock()
+	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 3, Outcome: shapes.Applied}); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, dir)
+	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 4, Outcome: shapes.Applied, Lines: []shapes.Line{{Outcome: shapes.Applied}}}); err != nil {
+		t.Fatalf("on the full disk: %v", err)
+	}
+	data, _ := s.Report(Link)
+	var sum ReportSummary
+	if err := json.Unmarshal(data, &sum); err != nil || sum.Seq != 4 {
+		t.Fatalf("the summary after a save on the full disk: %q %v", data, err)
+	}
+}
+
+// smallDisk is a state directory on a tmpfs of its own, 64 KiB, to fill.
+func smallDisk(t *testing.T) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "state")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -370,11 +390,13 @@ func TestAReportSummaryIsKeptOnAFullDisk(t *testing.T) {
 		t.Fatalf("a tmpfs to fill (make test runs as root): %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	s := open(t, dir)
-	defer s.Unlock()
-	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 3, Outcome: shapes.Applied}); err != nil {
-		t.Fatal(err)
-	}
+	return dir
+}
+
+// fillDisk takes the room left in dir's filesystem, a block at a time, with
+// dir/filler.
+func fillDisk(t *testing.T, dir string) {
+	t.Helper()
 	f, err := os.Create(filepath.Join(dir, "filler"))
 	if err != nil {
 		t.Fatal(err)
@@ -385,12 +407,4 @@ func TestAReportSummaryIsKeptOnAFullDisk(t *testing.T) {
 		}
 	}
 	f.Close()
-	if err := s.SaveReport(Link, "declaration", &shapes.Report{Source: "link", Seq: 4, Outcome: shapes.Applied, Lines: []shapes.Line{{Outcome: shapes.Applied}}}); err != nil {
-		t.Fatalf("on the full disk: %v", err)
-	}
-	data, _ := s.Report(Link)
-	var sum ReportSummary
-	if err := json.Unmarshal(data, &sum); err != nil || sum.Seq != 4 {
-		t.Fatalf("the summary after a save on the full disk: %q %v", data, err)
-	}
 }

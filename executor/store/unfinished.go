@@ -1,8 +1,6 @@
 package store
 
 import (
-	"fmt"
-
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -18,9 +16,10 @@ import (
 // that one said in the history, as an activity of its own
 // (TriggerInterrupted), which the agent reports upward as what the
 // executor did on its own, and then records "noted". Never lost (a note
-// that fails is tried again by the next apply); noted twice only if a
-// cut falls between the note's fsync and the sync of "noted", which
-// follows it at once.
+// that fails is tried again by the next apply, and the notes are durable
+// before "noted" is written), never noted twice (each note names the
+// begin's record and its part, and one the history holds is not made
+// again, when "noted" was lost).
 
 // TriggerInterrupted is the trigger of the activity an interrupted apply's
 // changes are noted under.
@@ -44,6 +43,9 @@ type Began struct {
 // said.
 type unfinished struct {
 	Began
+	// N is the begin's record number, which names its notes in the
+	// history (historyLine.Begun).
+	N     uint64
 	Lines []shapes.Line
 }
 
@@ -51,6 +53,10 @@ type unfinished struct {
 // noting in the history what an apply begun before and never ended said
 // it changed; noted is what it noted, for the caller's log.
 func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
+	var done map[[2]uint64]bool
+	if len(s.unfinished) > 0 {
+		done = notedParts(s.dir)
+	}
 	for _, u := range s.unfinished {
 		// An activity names at most shapes.MaxActivityLines lines: what
 		// the apply cut short said is noted in as many as name it all, up
@@ -65,8 +71,11 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 			if _, _, did := shapes.Did(rep); !did {
 				continue
 			}
+			if done[[2]uint64{u.N, uint64(part)}] {
+				continue // noted by an apply whose "noted" was lost
+			}
 			a := shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)
-			if err := s.note(a); err != nil {
+			if err := s.noteLine(historyLine{Begun: u.N, Part: part, Activity: a}); err != nil {
 				return nil, err
 			}
 			noted = append(noted, a)
@@ -84,14 +93,10 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 			return noted, err
 		}
 	}
+	// The begin is the last write: an error is that it was not written,
+	// and the apply then says nothing into the journal, nor ends.
 	if err := s.append(&record{Op: "begin", Began: &b}); err != nil {
 		return noted, err
-	}
-	if len(noted) > 0 {
-		// The "noted" durable now, not with the apply's first change: an
-		// apply that changes nothing would leave it to a later one, and a
-		// cut before that one would have the note made again.
-		return noted, s.Sync()
 	}
 	return noted, nil
 }
@@ -127,34 +132,10 @@ func (s *Store) FlushSaid() error {
 	if len(s.said) == 0 || s.journal == nil {
 		return nil
 	}
-	s.buf.Reset()
-	if err := s.flushSaid(); err != nil {
-		return fmt.Errorf("store: encode: %w", err)
-	}
-	n, err := s.journal.Write(s.buf.Bytes())
-	s.jsize += int64(n)
-	if err != nil {
-		return fmt.Errorf("store: append to journal: %w", err)
-	}
-	s.dirty = true
-	return nil
+	return s.write(nil)
 }
 
 // End records that the apply begun last ended: its report is made.
 func (s *Store) End() error {
 	return s.append(&record{Op: "end"})
-}
-
-// flushSaid puts the lines kept by Said into a record of their own ahead
-// of r in buf, so they reach the journal in the same write.
-func (s *Store) flushSaid() error {
-	if len(s.said) == 0 {
-		return nil
-	}
-	s.n++
-	err := encodeRecord(&s.buf, &record{N: s.n, Op: "said", Lines: s.said})
-	s.replay(&record{Op: "said", Lines: s.said})
-	s.said = nil
-	s.nrec++
-	return err
 }

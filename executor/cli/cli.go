@@ -451,14 +451,16 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		diffs = map[string]string{}
 		opt.OnDiff = func(module, id, diff string) { diffs[module+"."+id] = diff }
 	}
-	rep := engine.Apply(context.Background(), st, d, data, opt)
-	if !plan && rep.Outcome != shapes.Refused {
+	if !plan {
 		trigger := "rescue" // root applied a local file
 		if src == store.Bundle {
 			trigger = "reconcile" // mesh-executor reconcile: the carried bundle
 		}
-		st.SaveReport(src, trigger, rep)
+		// Said through the history: durable before the apply's end is
+		// journaled (engine.Options.Keep).
+		opt.Keep = func(rep *shapes.Report) { st.KeepReport(src, trigger, rep) }
 	}
+	rep := engine.Apply(context.Background(), st, d, data, opt)
 	c.report(rep, plan, diffs)
 	switch {
 	case rep.Outcome == shapes.Refused:

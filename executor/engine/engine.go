@@ -94,6 +94,15 @@ type Options struct {
 	// again: what the store records of the firewall and the overlay is put
 	// back even when a step before them fails (putBackLost).
 	Restore bool
+	// Keep, when set, is called once an apply that was not refused (nor a
+	// plan) has made its report, before the journal says the apply ended:
+	// it makes the report durable where its reader finds it (the history,
+	// the lines kept for a report sent again). Once the end is durable
+	// the next apply no longer says what this one changed (store.Begin),
+	// and the end may reach the disk at once (a compaction), so a cut
+	// between the two would leave the changes said nowhere. Lines added
+	// after it (a compaction that failed) are in the report returned.
+	Keep func(*shapes.Report)
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.
@@ -296,6 +305,10 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	r.putBackLost()
 	r.reloadUnits()
 	if !opt.Plan {
+		if opt.Keep != nil {
+			rep.Lines, rep.Outcome = r.lines, shapes.Derive(r.lines)
+			opt.Keep(rep)
+		}
 		// Ended only if begun: an end pops the apply begun last, which
 		// would otherwise be one cut short before, never noted.
 		if r.begun {
@@ -564,6 +577,10 @@ type step struct {
 	// a plan, on what an earlier removal of the same apply would leave
 	// (removeReshaped tells the file's next step).
 	rewrites func(data []byte) ([]byte, error)
+	// restoring: run by putBackLost, after the apply stopped, to bring
+	// back exactly what the store records and nothing the declaration
+	// changes beyond it (restore.go).
+	restoring bool
 }
 
 func (r *run) claimOf(res shapes.Resource) store.Claim {

@@ -53,7 +53,9 @@ func (h *harness) doc(resources ...string) string {
 	return strings.ReplaceAll(`{"version":1,"resources":[`+strings.Join(resources, ",")+`]}`, "{root}", h.root)
 }
 
-func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
+// open parses doc and opens the state, locked unless for a plan (the
+// caller unlocks it).
+func (h *harness) open(doc string, plan bool) (*shapes.Declaration, *store.Store) {
 	h.t.Helper()
 	d, err := shapes.ParseTrusted([]byte(doc))
 	if err != nil {
@@ -67,6 +69,14 @@ func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
 		if err := st.Lock(time.Second); err != nil {
 			h.t.Fatal(err)
 		}
+	}
+	return d, st
+}
+
+func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
+	h.t.Helper()
+	d, st := h.open(doc, plan)
+	if !plan {
 		defer st.Unlock()
 	}
 	return Apply(context.Background(), st, d, []byte(doc), Options{Source: src, Plan: plan, Roster: h.roster, NodeID: h.node, Restore: h.restore})

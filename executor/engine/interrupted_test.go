@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -85,4 +86,37 @@ func TestAChangeBegunForAnotherDeclarationIsNotTakenForMade(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.expect(h.apply(first), shapes.Unchanged, "m.a=unchanged")
+}
+
+// The report is handed to Options.Keep whole before the journal says the
+// apply ended: a cut before it is kept leaves the apply unfinished, for
+// the next to note; once kept, the end may be durable at once (a
+// compaction) without the changes being said nowhere.
+func TestTheReportIsKeptBeforeTheApplyEnds(t *testing.T) {
+	defer func(n int) { store.CompactAfter = n }(store.CompactAfter)
+	store.CompactAfter = 1 // every end compacts: durable at once
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"a\n"}`)
+	d, st := h.open(doc, false)
+	began := store.Began{Source: store.Local, Seq: d.Seq, Digest: digest([]byte(doc))}
+	keeps := 0
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Keep: func(rep *shapes.Report) {
+		keeps++
+		if outcomes(rep) != "m.a=applied" || rep.Outcome != shapes.Applied {
+			t.Errorf("kept %s %s", rep.Outcome, outcomes(rep))
+		}
+		// What a cut now leaves: the apply begun and not ended.
+		now, err := store.Open(h.state)
+		if err != nil || !now.Interrupted(began) {
+			t.Errorf("the journal said the apply ended before its report was kept (%v)", err)
+		}
+	}})
+	st.Unlock()
+	h.expect(rep, shapes.Applied, "m.a=applied")
+	if keeps != 1 {
+		t.Fatalf("kept %d times", keeps)
+	}
+	if now, _ := store.Open(h.state); now.Interrupted(began) {
+		t.Fatal("the apply did not end")
+	}
 }

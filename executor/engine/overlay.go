@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -232,6 +233,13 @@ func (r *run) overlay(st *step, rest int) {
 	// record, so a full disk under the store does not keep the overlay
 	// down, and a cut in the middle leaves the record as true as it was.
 	recorded := r.recordsOwn(e, st.claim) && !e.Recovered && e.Digest == n.Digest && (e.Created || cur.Exists)
+	if !recorded && st.restoring {
+		// The declaration changes the overlay the store records, and the
+		// apply stopped before its step: what it declares is not brought
+		// in past the failure, nor the store written on a full disk.
+		r.fail(st, errors.New("not put back: the overlay the store records is gone, and this declaration changes it; its step, which the apply did not reach, brings it up"), 0)
+		return
+	}
 	if !recorded && !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeOverlay, Created: !cur.Exists}, rest) {
 		return
 	}

@@ -42,7 +42,7 @@ func (r *run) putBackLost() {
 		if res.Head().Type != shapes.TypeOverlay {
 			continue
 		}
-		st := &step{res: res, claim: r.claimOf(res)}
+		st := &step{res: res, claim: r.claimOf(res), restoring: true}
 		st.target = targetOf(st.claim, res)
 		if r.ran[claimTarget{st.claim, st.target}] || !r.recordsOwn(r.st.Get(st.target), st.claim) {
 			continue // said, or not made before: made by an apply that gets this far

@@ -147,3 +147,39 @@ func TestAStartPutsBackTheOpeningAStepMovedAway(t *testing.T) {
 		t.Fatalf("the old rule and the new one are not both there: %v", fw.rules)
 	}
 }
+
+// An overlay the declaration changes (a peer added) is not put back when
+// the start stops before its step: neither the old one (the declaration
+// no longer says it) nor the new (past the failure), and nothing is
+// written to the store; the line says why it stays down.
+func TestAStartDoesNotBringAChangedOverlayPastTheFailure(t *testing.T) {
+	h := newHarness(t)
+	wg := withFakeWG(t)
+	peer, _ := wgtypes.GeneratePrivateKey()
+	other, _ := wgtypes.GeneratePrivateKey()
+	file := `{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"x\n"}`
+	h.expect(h.apply(h.doc(overlayDoc("wg0", peerDoc(peer.PublicKey(), "10.233.0.2/32")))), shapes.Applied, "mesh.wg=applied")
+	if err := os.WriteFile(h.p("d"), []byte("a person's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	next := h.doc(file, overlayDoc("wg0", peerDoc(peer.PublicKey(), "10.233.0.2/32"), peerDoc(other.PublicKey(), "10.233.0.3/32")))
+	if rep := h.apply(next); outcomes(rep) != "m.f=failed" {
+		t.Fatalf("%s\n%+v", outcomes(rep), rep.Lines)
+	}
+	journal, _ := os.ReadFile(filepath.Join(h.state, "journal"))
+	clear(wg.ifs) // the boot
+	wg.log = nil
+	h.restore = true
+	rep := h.run(store.Local, next, false)
+	h.expect(rep, shapes.Failed, "m.f=failed mesh.wg=failed")
+	if !strings.Contains(rep.Lines[1].Detail, "not put back") || len(wg.log) != 0 {
+		t.Fatalf("%+v %q", rep.Lines, wg.log)
+	}
+	after, _ := os.ReadFile(filepath.Join(h.state, "journal"))
+	for _, rec := range strings.Split(strings.TrimSpace(strings.TrimPrefix(string(after), string(journal))), "\n") {
+		var r struct{ Op string }
+		if _, js, _ := strings.Cut(rec, " "); json.Unmarshal([]byte(js), &r) != nil || r.Op != "begin" && r.Op != "said" && r.Op != "end" {
+			t.Fatalf("the start wrote to the store: %s", rec)
+		}
+	}
+}

@@ -810,14 +810,23 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	failed, failedWhy := s.failedRelease()
 	began := clock.Now()
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
-		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy})
-	s.record(st, store.Link, triggerDeclaration, rep, clock.Since(began))
-	if rep.Outcome != shapes.Refused {
+	kept := false
+	// The report kept before the apply's end is journaled: the agent
+	// hands a declaration whose verdict it never had over again, and the
+	// lines kept (durably) are then its report.
+	keep := func(rep *shapes.Report) {
+		kept = true
+		s.keepReport(st, store.Link, triggerDeclaration, rep)
 		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
 		}
 	}
+	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
+		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Keep: keep})
+	if !kept {
+		s.keepReport(st, store.Link, triggerDeclaration, rep)
+	}
+	s.record(st, store.Link, triggerDeclaration, rep, clock.Since(began))
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
 		s.pruneArchives(st, d)
@@ -905,10 +914,9 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	}
 }
 
+// record counts an apply and says it in the daemon's log; its report is
+// kept by then (keepReport, or the apply's Keep).
 func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *shapes.Report, took time.Duration) {
-	if err := st.SaveReport(src, trigger, rep); err != nil {
-		s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
-	}
 	s.noteApply(string(src), string(rep.Outcome), rep.Seq, took, len(st.Entries()))
 	if src == store.Link && rep.Outcome != shapes.Refused {
 		// The last applied: a refused declaration (a full disk refuses
@@ -931,6 +939,13 @@ func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *
 		case shapes.Repaired:
 			s.log.Info("repaired: "+l.Detail, "source", src, "trigger", trigger, "seq", rep.Seq, "module", l.Module, "id", l.ID, "type", l.Type)
 		}
+	}
+}
+
+// keepReport keeps the summary of rep, and its note in the history.
+func (s *Server) keepReport(st *store.Store, src store.Source, trigger string, rep *shapes.Report) {
+	if err := st.SaveReport(src, trigger, rep); err != nil {
+		s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
 	}
 }
 
@@ -1007,7 +1022,19 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			opt.NodeID = id.Node
 		}
 		began := clock.Now()
+		kept := false
+		// Said through the history alone: durable before the apply's
+		// end is journaled.
+		opt.Keep = func(rep *shapes.Report) {
+			kept = true
+			if err := st.KeepReport(src, why, rep); err != nil {
+				s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
+			}
+		}
 		rep := engine.Apply(ctx, st, d, raw, opt)
+		if !kept {
+			s.keepReport(st, src, why, rep)
+		}
 		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)

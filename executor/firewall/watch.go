@@ -20,7 +20,11 @@ import (
 //
 // It listens to the kernel's own notices of ruleset changes (the
 // NFNLGRP_NFTABLES netlink group, what "nft monitor" reads), and reads
-// only each message's type: a table, a chain or a rule deleted. Read with
+// only each message's type: a table, a chain or a rule deleted, or a chain
+// made — the host's chains back after a flush that came a while before (a
+// stop and a later start, a reload of separate commands slower than the
+// settle): the look after the flush found no chain to miss a rule in, and
+// the openings belong in the new one. Read with
 // netlink directly rather than google/nftables' Monitor, which decodes
 // every rule of every change in a goroutine of its own (where a decoding
 // panic could not be recovered, and a host whose rules churn — a
@@ -30,7 +34,8 @@ import (
 // alone; docs/dependencies.md says so for its maintainers.
 
 // Watch calls lost each time the ruleset has lost a table, a chain or a
-// rule, settle after the first deletion of a burst (a reload is a burst of
+// rule, or gained a chain, settle after the first such notice of a burst
+// (a reload is a burst of
 // deletions and additions, one transaction or a few: one call for it,
 // after it; a host whose rules churn without pause — a kube-proxy's — is
 // looked at once every settle, never put off for good), until ctx ends
@@ -65,7 +70,7 @@ func Watch(ctx context.Context, settle time.Duration, lost func(), netns int) er
 				s.err = err
 			default:
 				for _, m := range msgs {
-					s.deleted = s.deleted || deletion(m.Header.Type)
+					s.deleted = s.deleted || mayHaveLost(m.Header.Type)
 				}
 			}
 			switch {
@@ -109,14 +114,14 @@ func Watch(ctx context.Context, settle time.Duration, lost func(), netns int) er
 	}
 }
 
-// deletion says whether a netlink message of type t is nftables saying it
-// deleted a table, a chain or a rule.
-func deletion(t netlink.HeaderType) bool {
+// mayHaveLost says whether a netlink message of type t is nftables saying
+// it deleted a table, a chain or a rule, or made a chain (see above).
+func mayHaveLost(t netlink.HeaderType) bool {
 	if t>>8 != unix.NFNL_SUBSYS_NFTABLES {
 		return false
 	}
 	switch t & 0xff {
-	case unix.NFT_MSG_DELTABLE, unix.NFT_MSG_DELCHAIN, unix.NFT_MSG_DELRULE:
+	case unix.NFT_MSG_DELTABLE, unix.NFT_MSG_DELCHAIN, unix.NFT_MSG_DELRULE, unix.NFT_MSG_NEWCHAIN:
 		return true
 	}
 	return false

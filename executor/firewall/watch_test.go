@@ -40,12 +40,19 @@ func TestWatchSaysWhenTheRulesetLosesSomething(t *testing.T) {
 		}
 	}
 
+	// The host's chains made (after a flush a while before: a stop, then
+	// a start): looked at once, where the openings belong.
 	sh(`nft -f - <<'EOF'
 ` + found + `EOF`)
+	select {
+	case <-lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the host's chains made were never said")
+	}
 	sh(`nft add rule inet filter input tcp dport 10001 accept comment '"nox-mesh-host web.http"'`)
 	select {
 	case at := <-lost:
-		t.Fatalf("additions were taken for a loss (at %v)", at)
+		t.Fatalf("a rule added was taken for a loss (at %v)", at)
 	case <-time.After(time.Second):
 	}
 

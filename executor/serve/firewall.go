@@ -13,15 +13,15 @@ import (
 // "nft -f") takes the mesh's rules from the chains it rebuilds; left to the
 // drift timer, every opening — the overlay's port among them — would stay
 // closed for up to its interval. The daemon watches the ruleset
-// (firewall.Watch) and, a moment after a change that deleted something,
-// looks whether an opening its store records has lost its rule;
+// (firewall.Watch) and, a moment after a change that deleted something or
+// made a chain (the host's chains back after a flush), looks whether an opening its store records has lost its rule;
 // only then does it reconcile, with the trigger "firewall", putting back
 // what the store records even where a step before it fails
 // (engine.Options.Restore), as its start does after a boot. A change that
 // took nothing of the mesh's — the host's own rules edited, a container
 // runtime's churn — costs one look at the firewall, and no apply.
 
-// firewallSettle is how long after the first deletion of a burst the
+// firewallSettle is how long after the first notice of a burst the
 // daemon looks: a reload is one burst of milliseconds, a script that loads
 // its rules one nft call at a time a few of them; rules that churn are
 // looked at once every firewallSettle.

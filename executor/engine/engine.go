@@ -227,12 +227,13 @@ type run struct {
 	// resumed: the resources ("source:module.id type") whose change an
 	// earlier apply of this same declaration began and never recorded, cut
 	// short (a power cut, a kill): one found done now was made by it, and
-	// no report said so (final). resumable: there was such an apply. A
-	// change that failed, or one begun for another declaration, says
-	// nothing of what is found now: the machine may be as this one
-	// declares because that change never happened.
-	resumed   map[string]bool
-	resumable bool
+	// no report said so (final). interrupted: the begin records of such
+	// applies, whose intents alone are taken as theirs. A change that
+	// failed, or one begun for another declaration, says nothing of what
+	// is found now: the machine may be as this one declares because that
+	// change never happened.
+	resumed     map[string]bool
+	interrupted []uint64
 	// begun: the journal says this apply began (store.Begin), so it may
 	// say it ended.
 	begun bool
@@ -263,7 +264,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	// The same declaration applied before and cut short: a change it
 	// began and never recorded, found done now, it made (run.resumed).
 	began := store.Began{Source: opt.Source, Seq: d.Seq, Digest: digest(raw)}
-	r.resumable = st.Interrupted(began)
+	r.interrupted = st.Interrupted(began)
 	if err := r.check(); err != nil {
 		rep.Outcome, rep.Refused = shapes.Refused, err.Error()
 		return rep
@@ -981,7 +982,7 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	p := e.Pending
 	n := *e
 	n.Pending, n.Stub = nil, false
-	if r.resumable && p.Op != "remove" && p.Op != "restore" {
+	if n := r.st.IntentBegun(e.Target); n != 0 && slices.Contains(r.interrupted, n) && p.Op != "remove" && p.Op != "restore" {
 		r.resumed[resumedKey(p.Claim, e.Type)] = true
 	}
 	// What an interrupted change may have written is unknown: observe

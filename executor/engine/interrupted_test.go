@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,7 +108,7 @@ func TestTheReportIsKeptBeforeTheApplyEnds(t *testing.T) {
 		}
 		// What a cut now leaves: the apply begun and not ended.
 		now, err := store.Open(h.state)
-		if err != nil || !now.Interrupted(began) {
+		if err != nil || len(now.Interrupted(began)) == 0 {
 			t.Errorf("the journal said the apply ended before its report was kept (%v)", err)
 		}
 	}})
@@ -116,7 +117,48 @@ func TestTheReportIsKeptBeforeTheApplyEnds(t *testing.T) {
 	if keeps != 1 {
 		t.Fatalf("kept %d times", keeps)
 	}
-	if now, _ := store.Open(h.state); now.Interrupted(began) {
+	if now, _ := store.Open(h.state); len(now.Interrupted(began)) != 0 {
 		t.Fatal("the apply did not end")
 	}
+}
+
+// A change an earlier apply of the declaration left pending (it ended: its
+// report said what became of it) is not taken for one a later apply of the
+// same declaration, cut short before it got there, made.
+func TestAChangeLeftPendingBeforeIsNotTakenForTheCutApplys(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"a","type":"file","path":"{root}/a","content":"a\n"}`)
+	h.expect(h.apply(doc), shapes.Applied, "m.a=applied")
+	if err := os.WriteFile(h.p("a"), []byte("a person's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(h.apply(doc), shapes.Repaired, "m.a=repaired")
+	// That apply ended with its change unrecorded: the intent pending.
+	p := filepath.Join(h.state, "journal")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := strings.SplitAfter(string(data), "\n")
+	last := -1
+	for i, rec := range recs {
+		if strings.Contains(rec, `"op":"put"`) {
+			last = i
+		}
+	}
+	recs = slices.Delete(recs, last, last+1)
+	if err := os.WriteFile(p, []byte(strings.Join(recs, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A later apply of the same declaration, cut short right after it began.
+	d, st := h.open(doc, false)
+	if _, err := st.Begin(store.Began{Source: store.Local, Seq: d.Seq, Digest: digest([]byte(doc))}); err != nil {
+		t.Fatal(err)
+	}
+	st.Sync()
+	st.Unlock()
+	if e := mustStore(t, h.state).Get("path:" + h.p("a")); e == nil || e.Pending == nil {
+		t.Fatal("the test left no intent pending")
+	}
+	h.expect(h.apply(doc), shapes.Unchanged, "m.a=unchanged")
 }

@@ -192,6 +192,9 @@ type Store struct {
 	// said: the lines kept for the next record (unfinished.go).
 	unfinished []unfinished
 	said       []shapes.Line
+	// intentBegun: for each intent pending, the begin record of the
+	// apply that wrote it (unfinished.go).
+	intentBegun map[string]uint64
 	// torn: a journal write was cut short and could not be taken back;
 	// nothing more is appended after it (write).
 	torn bool
@@ -293,7 +296,7 @@ func (s *Store) Lock(wait time.Duration) error {
 	// locked, unless the files are exactly as they were.
 	if s.seen != s.identity() {
 		s.entries, s.n, s.order, s.nrec = map[string]*Entry{}, 0, 0, 0
-		s.unfinished, s.said = nil, nil
+		s.unfinished, s.said, s.intentBegun = nil, nil, nil
 		if err := s.load(); err != nil {
 			s.Unlock()
 			return err
@@ -548,14 +551,25 @@ func (s *Store) replay(r *record) {
 			s.entries[r.Target] = e
 		}
 		e.Pending = r.Intent
+		if n := len(s.unfinished); n > 0 {
+			if s.intentBegun == nil {
+				s.intentBegun = map[string]uint64{}
+			}
+			s.intentBegun[r.Target] = s.unfinished[n-1].N
+		} else {
+			delete(s.intentBegun, r.Target)
+		}
 	case "put":
 		if r.Entry.Order > s.order {
 			s.order = r.Entry.Order
 		}
 		s.entries[r.Target] = r.Entry
+		delete(s.intentBegun, r.Target)
 	case "drop":
 		delete(s.entries, r.Target)
+		delete(s.intentBegun, r.Target)
 	case "abandon":
+		delete(s.intentBegun, r.Target)
 		if e := s.entries[r.Target]; e != nil {
 			if e.Stub {
 				delete(s.entries, r.Target)

@@ -101,17 +101,25 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	return noted, nil
 }
 
-// Interrupted says whether an apply of exactly b (the same declaration of
-// the same source) was begun and never ended: a change it began and did
-// not record, found done now, it made.
-func (s *Store) Interrupted(b Began) bool {
+// Interrupted is the begin records of the applies of exactly b (the same
+// declaration of the same source) begun and never ended: a change one of
+// them began and did not record (IntentBegun), found done now, it made.
+func (s *Store) Interrupted(b Began) []uint64 {
+	var ns []uint64
 	for _, u := range s.unfinished {
 		if u.Began == b {
-			return true
+			ns = append(ns, u.N)
 		}
 	}
-	return false
+	return ns
 }
+
+// IntentBegun is the begin record of the apply that wrote the intent
+// pending on target, 0 when none is known (one of an apply that began
+// nothing, or read from the snapshot). An intent an earlier apply left
+// pending (its change failed) is that apply's, not a later one's that a
+// cut ended before it got there.
+func (s *Store) IntentBegun(target string) uint64 { return s.intentBegun[target] }
 
 // Said keeps what the apply said of a change, for the journal's next
 // record (written in the same write: a line said before the record of its

@@ -19,7 +19,10 @@ import (
 // that fails is tried again by the next apply, and the notes are durable
 // before "noted" is written), never noted twice (each note names the
 // begin's record and its part, and one the history holds is not made
-// again, when "noted" was lost).
+// again, when "noted" was lost). An end is journaled once the report is
+// kept (engine.Options.Keep) and is made durable with the next sync: a
+// cut in the seconds after an apply ended may have the next one note what
+// that one's report said already — said twice, never not at all.
 
 // TriggerInterrupted is the trigger of the activity an interrupted apply's
 // changes are noted under.

@@ -36,6 +36,14 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	refuse := func(code wire.Code, format string, args ...any) *wire.PlanReply {
 		return &wire.PlanReply{Outcome: shapes.Refused, Code: code, Refused: "executor: " + fmt.Sprintf(format, args...), Lines: []shapes.Line{}}
 	}
+	// One thing at a time: a plan reads what an apply writes, and is
+	// checked under the identity in force when it is planned
+	// (ApplyEnvelope) — and its time once the lock is held: a plan that
+	// waited behind a long apply may be past its time now, and is planned
+	// against what that apply left, not what was before it.
+	asked := clock.Now()
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
 	id, err := s.identity()
 	if err != nil {
 		return refuse(wire.CodeInternal, "%v", err)
@@ -58,21 +66,17 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 	case clock.Now().After(req.NotAfter):
 		// This node's own time is said: a refusal for time is as often a
 		// clock that is off as a request that is late.
-		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, clock.Now(), ""))
+		why := ""
+		if !asked.After(req.NotAfter) {
+			why = "it waited for an apply"
+		}
+		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, clock.Now(), why))
 	case req.NotAfter.Sub(clock.Now()) > wire.PlanWithin+time.Minute:
 		return refuse(wire.CodeInvalid, "%s", wire.PlanTooFar(req.NotAfter, clock.Now()))
 	}
 	d, err := shapes.Parse(req.Declaration) // the link's parser: no action
 	if err != nil {
 		return refuse(wire.CodeInvalid, "%v", err)
-	}
-	s.applyMu.Lock() // one thing at a time: a plan reads what an apply writes
-	defer s.applyMu.Unlock()
-	// Its time again, and the store read, once the lock is held: a plan
-	// that waited behind a long apply may be past its time now, and is
-	// planned against what that apply left, not what was before it.
-	if clock.Now().After(req.NotAfter) {
-		return refuse(wire.CodeReplay, "%s", wire.PlanPast(req.NotAfter, clock.Now(), "it waited for an apply"))
 	}
 	st, _, err := store.Peek(s.cfg.StateDir)
 	if err != nil {

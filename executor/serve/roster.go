@@ -27,6 +27,10 @@ func (s *Server) roster(ctx context.Context, c *conn, body any) (wire.Kind, any,
 // is a duplicate (nothing done); an older one, or another with the same
 // sequence, is refused and changes nothing.
 func (s *Server) TakeRoster(ctx context.Context, env []byte, emit func(shapes.Line)) *wire.Verdict {
+	// Under the apply lock from the identity on, as a declaration is
+	// (ApplyEnvelope).
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
 	id, err := s.identity()
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
@@ -42,8 +46,6 @@ func (s *Server) TakeRoster(ctx context.Context, env []byte, emit func(shapes.Li
 	if err != nil {
 		return refusal(wire.CodeInvalid, "%v", err)
 	}
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
 	heldEnv, _ := identity.ReadRoster(s.cfg.StateDir)
 	if held := openRoster(heldEnv, id); held != nil {
 		switch {

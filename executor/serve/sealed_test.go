@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -28,7 +29,14 @@ import (
 // sealing public key the executor offered, as the control side records it.
 func (e *env) enrolHere() []byte {
 	e.t.Helper()
-	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: e.pub}
+	return e.enrolAs("n1", "e-1", e.pub, e.priv)
+}
+
+// enrolAs enrols the env's executor as node, enrolment, under the control
+// key pub (priv signs the grant), as enrolHere does.
+func (e *env) enrolAs(node, enrolment string, pub ed25519.PublicKey, priv ed25519.PrivateKey) []byte {
+	e.t.Helper()
+	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: pub}
 	rand.Read(tok.ID[:])
 	rand.Read(tok.Secret[:])
 	rand.Read(tok.Credential[:])
@@ -40,18 +48,22 @@ func (e *env) enrolHere() []byte {
 	if err != nil || offer == nil {
 		e.t.Fatalf("offer: %+v %v", offer, err)
 	}
-	g := wire.Grant{Node: "n1", Enrolment: "e-1", Token: tok.IDString(),
+	g := wire.Grant{Node: node, Enrolment: enrolment, Token: tok.IDString(),
 		IdentityKey: wire.KeyIDOf(offer.Keys.Identity), SealingKey: wire.KeyIDOf(offer.Keys.Sealing),
 		WireGuardKey: wire.KeyIDOf(offer.Keys.WireGuard), AgentNKey: nkey, UserJWT: "jwt", Issued: time.Now().UTC()}
 	payload, _ := json.Marshal(&g)
-	if _, err := enrol.Accept(e.state, e.sealAs(wire.PurposeGrant, payload)); err != nil {
-		e.t.Fatal(err)
-	}
-	pub, err := base64.StdEncoding.DecodeString(offer.Keys.Sealing)
+	grant, err := wire.Seal(priv, wire.PurposeGrant, payload)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return pub
+	if _, err := enrol.Accept(e.state, grant); err != nil {
+		e.t.Fatal(err)
+	}
+	sealing, err := base64.StdEncoding.DecodeString(offer.Keys.Sealing)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return sealing
 }
 
 func (e *env) sealAs(p wire.Purpose, payload []byte) []byte {

@@ -730,6 +730,12 @@ func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
 // them and, if every check passes, applies the declaration, giving each
 // report line to emit (which may be nil).
 func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes.Line)) *wire.Verdict {
+	// Under the apply lock from the identity on: a grant or a key's
+	// rotation waiting on it ahead of this declaration changes the node,
+	// its enrolment and the pinned key, and a declaration checked against
+	// the ones before would be applied under the ones after.
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
 	id, err := s.identity()
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
@@ -757,8 +763,6 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	sum := sha256.Sum256(env)
 	digest := hex.EncodeToString(sum[:])
 
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
 	f, err := identity.ReadFloor(s.cfg.StateDir)
 	if err != nil {
 		return refusal(wire.CodeInternal, "read the sequence floor: %v", err)

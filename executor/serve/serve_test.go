@@ -1125,3 +1125,46 @@ func TestAReconcileSaysWhatTheStoreOwnsAfterIt(t *testing.T) {
 		t.Fatalf("the reconcile's verdict leaves out what the store owned before: %+v", v.Owned)
 	}
 }
+
+// A declaration that waited for the apply lock while the node was enrolled
+// anew (a grant taken under the lock ahead of it: another node, another
+// enrolment, another control key) is checked under the identity in force
+// once it holds the lock, not the one before: an old enrolment's
+// declaration, which the agent may hold, changes nothing after the grant
+// that replaced it, and burns no floor of the new node's.
+func TestADeclarationIsCheckedUnderTheIdentityInForceWhenItApplies(t *testing.T) {
+	e := newEnv(t, -1, false)
+	e.enrolHere()
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 5, file("cur", "current")))); v.Outcome != shapes.Applied {
+		t.Fatalf("seq 5: %+v", v)
+	}
+	old := e.seal(e.decl("n1", "e-1", 6, file("stale", "the old enrolment's")))
+
+	e.srv.applyMu.Lock() // a long apply ahead of both
+	verdict := make(chan *wire.Verdict, 1)
+	go func() {
+		_, v := e.push(e.dial(), old)
+		verdict <- v
+	}()
+	time.Sleep(300 * time.Millisecond) // the declaration waits on the lock
+	// The grant, taken under the lock as the daemon takes one.
+	pub2, priv2, _ := ed25519.GenerateKey(rand.Reader)
+	e.enrolAs("n2", "e-2", pub2, priv2)
+	e.srv.applyMu.Unlock()
+
+	v := <-verdict
+	if v.Outcome != shapes.Refused {
+		t.Fatalf("the old enrolment's declaration, after the grant: %+v", v)
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, "stale")); err == nil {
+		t.Fatal("the old enrolment's declaration changed the machine after the grant")
+	}
+	d, err := wire.Seal(priv2, wire.PurposeDeclaration, e.decl("n2", "e-2", 1, file("new", "n2's")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, v := e.push(e.dial(), d); v.Outcome != shapes.Applied {
+		t.Fatalf("the new node's first declaration: %+v", v)
+	}
+}

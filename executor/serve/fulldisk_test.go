@@ -3,12 +3,14 @@ package serve
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
@@ -69,6 +71,16 @@ func TestAFullStateDiskRefusesAndStatusKeepsTheLastApplied(t *testing.T) {
 	}
 	if st := body.(*wire.StatusReply); st.Seq != 1 || st.Outcome == shapes.Refused {
 		t.Fatalf("status after a refused declaration says seq %d %s, want 1 as applied (or reconciled since)", st.Seq, st.Outcome)
+	}
+	// And so does the summary root's mesh-executor status reads (written
+	// in place on a full disk, it could have said the refused one).
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum store.ReportSummary
+	if data, err := st.Report(store.Link); err != nil || json.Unmarshal(data, &sum) != nil || sum.Seq != 1 || sum.Outcome == shapes.Refused {
+		t.Fatalf("the summary after a refused declaration: %s %v", data, err)
 	}
 	// Space again: the same declaration is applied. The filler's pages are
 	// given back once no one holds it open; the disk is waited for until

@@ -814,22 +814,20 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	failed, failedWhy := s.failedRelease()
 	began := clock.Now()
-	kept := false
 	// The report kept before the apply's end is journaled: the agent
 	// hands a declaration whose verdict it never had over again, and the
-	// lines kept (durably) are then its report.
+	// lines kept (durably) are then its report. (A refused declaration
+	// applied nothing, and keeps nothing.)
 	keep := func(rep *shapes.Report) {
-		kept = true
-		s.keepReport(st, store.Link, triggerDeclaration, rep)
+		if err := st.SaveReport(store.Link, triggerDeclaration, rep); err != nil {
+			s.log.Warn("the apply's summary and history could not be kept", "source", store.Link, "seq", rep.Seq, "err", err)
+		}
 		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
 		}
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Keep: keep})
-	if !kept {
-		s.keepReport(st, store.Link, triggerDeclaration, rep)
-	}
 	s.record(st, store.Link, triggerDeclaration, rep, clock.Since(began))
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
@@ -946,13 +944,6 @@ func (s *Server) record(st *store.Store, src store.Source, trigger string, rep *
 	}
 }
 
-// keepReport keeps the summary of rep, and its note in the history.
-func (s *Server) keepReport(st *store.Store, src store.Source, trigger string, rep *shapes.Report) {
-	if err := st.SaveReport(src, trigger, rep); err != nil {
-		s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
-	}
-}
-
 // Reconcile applies again what each source last declared — the bundle, the
 // link (whose envelope is verified again under the pinned key), a rescue
 // file — for one of the triggers: start, reconnect, drift. Its verdict's
@@ -1026,19 +1017,14 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			opt.NodeID = id.Node
 		}
 		began := clock.Now()
-		kept := false
 		// Said through the history alone: durable before the apply's
 		// end is journaled.
 		opt.Keep = func(rep *shapes.Report) {
-			kept = true
 			if err := st.KeepReport(src, why, rep); err != nil {
 				s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
 			}
 		}
 		rep := engine.Apply(ctx, st, d, raw, opt)
-		if !kept {
-			s.keepReport(st, src, why, rep)
-		}
 		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
 		all = append(all, rep.Lines...)

@@ -176,6 +176,9 @@ func (e *env) snapshot() string {
 	for _, en := range st.Entries() {
 		out = append(out, "entry "+en.Target)
 	}
+	// What status says was applied last: a refusal applied nothing.
+	sum, _ := st.Report(store.Link)
+	out = append(out, "report "+string(sum))
 	return strings.Join(out, "\n")
 }
 

@@ -931,7 +931,14 @@ func WriteFileAtomic(p string, data []byte) error {
 //
 // An apply that did something (shapes.Did) is also kept in the history,
 // with its trigger (History): what the node did while its link was down.
+//
+// A refused declaration applied nothing: the summary stays the last
+// apply's, so that status names what the machine holds (the refusal is in
+// the verdict and the daemon's log).
 func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error {
+	if rep.Outcome == shapes.Refused {
+		return nil
+	}
 	if _, _, ok := shapes.Did(rep); ok {
 		s.note(shapes.ActivityOf(rep, clock.Now().UTC(), string(src), trigger))
 	}

@@ -234,6 +234,9 @@ type run struct {
 	// change never happened.
 	resumed     map[string]bool
 	interrupted []uint64
+	// resumedUndo: the same of a removal ("remove") or a give-back
+	// ("restore") such an apply began.
+	resumedUndo map[string]string
 	// begun: the journal says this apply began (store.Begin), so it may
 	// say it ended.
 	begun bool
@@ -251,7 +254,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -867,10 +870,22 @@ func (r *run) emit(l shapes.Line) { r.emitSaid(l, false) }
 // apply of this declaration a cut stopped began a change and never
 // recorded it, that apply made it, and no report of it said so. Said
 // here, or by nobody.
+//
+// The same of a removal or a give-back it began (a key taken out of a
+// shared file, a block): found done, with nothing left to give back, it
+// is that apply's change, not "forgotten".
 func (r *run) final(l shapes.Line) shapes.Line {
-	if l.Outcome == shapes.Unchanged && r.resumed[resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)] {
+	key := resumedKey(store.Claim{Source: r.opt.Source, Module: l.Module, ID: l.ID}, l.Type)
+	if l.Outcome == shapes.Unchanged && r.resumed[key] {
 		l.Outcome = shapes.Applied
 		l.Detail = "made by the apply of this declaration a power cut or a kill cut short, before it recorded it; recorded now: " + l.Detail
+	}
+	if op := r.resumedUndo[key]; op != "" && l.Outcome == shapes.Forgotten {
+		l.Outcome = shapes.Removed
+		if op == "restore" {
+			l.Outcome = shapes.Restored
+		}
+		l.Detail = "undone by the apply of this declaration a power cut or a kill cut short, before it recorded it: " + l.Detail
 	}
 	return l
 }
@@ -982,8 +997,12 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	p := e.Pending
 	n := *e
 	n.Pending, n.Stub = nil, false
-	if n := r.st.IntentBegun(e.Target); n != 0 && slices.Contains(r.interrupted, n) && p.Op != "remove" && p.Op != "restore" {
-		r.resumed[resumedKey(p.Claim, e.Type)] = true
+	if n := r.st.IntentBegun(e.Target); n != 0 && slices.Contains(r.interrupted, n) {
+		if p.Op == "remove" || p.Op == "restore" {
+			r.resumedUndo[resumedKey(p.Claim, e.Type)] = p.Op
+		} else {
+			r.resumed[resumedKey(p.Claim, e.Type)] = true
+		}
 	}
 	// What an interrupted change may have written is unknown: observe
 	// again. An interrupted removal wrote nothing — the thing is there as

@@ -162,3 +162,53 @@ func TestAChangeLeftPendingBeforeIsNotTakenForTheCutApplys(t *testing.T) {
 	}
 	h.expect(h.apply(doc), shapes.Unchanged, "m.a=unchanged")
 }
+
+// A give-back a cut stopped after it was made and before it was recorded
+// (a key taken out of a shared file, a block): the next apply of the same
+// declaration finds nothing to give back, and says the cut apply gave it
+// back, not "forgotten" — the report of the cut apply never went out.
+func TestAGiveBackACutLeftUnrecordedIsSaidByTheNextApply(t *testing.T) {
+	for _, tc := range []struct {
+		name, res, file, found, want string
+		undone                       shapes.Outcome
+	}{
+		{"keys", `{"module":"b","id":"k","type":"keys","path":"{root}/env","format":"equals","set":{"MOD_B":"x"}}`, "env", "HOST = 1\n", "MOD_B is gone already", shapes.Restored},
+		{"region", `{"module":"b","id":"k","type":"region","path":"{root}/env","content":"mesh line\n"}`, "env", "HOST = 1\n", "", shapes.Removed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			if err := os.WriteFile(h.p(tc.file), []byte(tc.found), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			file := `{"module":"a","id":"f","type":"file","path":"{root}/f","content":"f\n"}`
+			both, one := h.doc(file, tc.res), h.doc(file)
+			h.expect(h.apply(both), shapes.Applied, "a.f=applied b.k=applied")
+			// The originals as the cut leaves them: forgotten only once the
+			// records that no longer need them are durable, which the cut
+			// came before.
+			originals := filepath.Join(h.state, "originals")
+			kept := map[string][]byte{}
+			if ents, err := os.ReadDir(originals); err == nil {
+				for _, o := range ents {
+					kept[o.Name()], _ = os.ReadFile(filepath.Join(originals, o.Name()))
+				}
+			}
+			h.expect(h.apply(one), tc.undone, "a.f=unchanged b.k="+string(tc.undone))
+			for name, b := range kept {
+				os.WriteFile(filepath.Join(originals, name), b, 0o600)
+			}
+			// The cut: the give-back made (the file as found), what was said
+			// of it and its record lost.
+			cutJournal(t, h.state, func(op, _ string) bool { return op == "said" })
+			if got, _ := os.ReadFile(h.p(tc.file)); string(got) != tc.found {
+				t.Fatalf("the file after the give-back: %q", got)
+			}
+			rep := h.apply(one)
+			h.expect(rep, tc.undone, "a.f=unchanged b.k="+string(tc.undone))
+			if d := rep.Lines[1].Detail; !strings.HasPrefix(d, "undone by the apply of this declaration a power cut or a kill cut short") || !strings.Contains(d, tc.want) {
+				t.Fatalf("%+v", rep.Lines[1])
+			}
+			h.expect(h.apply(one), shapes.Unchanged, "a.f=unchanged")
+		})
+	}
+}

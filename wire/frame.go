@@ -27,7 +27,14 @@ const headerSize = 6
 
 var (
 	encMode cbor.EncMode
-	decMode cbor.DecMode
+	// decModes are the decoders by the direction of what they read:
+	// decoded, a collection takes more memory than its bytes on the wire,
+	// so how many elements one may hold is bounded, tightly where the
+	// executor reads the agent (trusted for nothing), loosely where the
+	// agent reads the executor, whose answers grow with what the node
+	// holds (a verdict names everything the store owns, a plan every line
+	// and diff) and are bounded by their kind's byte limit.
+	decModes = map[Direction]cbor.DecMode{}
 )
 
 func init() {
@@ -43,17 +50,22 @@ func init() {
 	}
 	// Strict: no duplicate keys, no unknown fields, no indefinite lengths,
 	// no tags, shallow nesting, bounded collections.
-	if decMode, err = (cbor.DecOptions{
-		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
-		IndefLength:       cbor.IndefLengthForbidden,
-		TagsMd:            cbor.TagsForbidden,
-		MaxNestedLevels:   8,
-		MaxArrayElements:  4096,
-		MaxMapPairs:       256,
-		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
-		UTF8:              cbor.UTF8RejectInvalid,
-	}).DecMode(); err != nil {
-		panic(err)
+	for dir, bound := range map[Direction]struct{ elements, pairs int }{
+		AgentToExecutor: {4096, 256},
+		ExecutorToAgent: {1 << 20, 1 << 16},
+	} {
+		if decModes[dir], err = (cbor.DecOptions{
+			DupMapKey:         cbor.DupMapKeyEnforcedAPF,
+			IndefLength:       cbor.IndefLengthForbidden,
+			TagsMd:            cbor.TagsForbidden,
+			MaxNestedLevels:   8,
+			MaxArrayElements:  bound.elements,
+			MaxMapPairs:       bound.pairs,
+			ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
+			UTF8:              cbor.UTF8RejectInvalid,
+		}).DecMode(); err != nil {
+			panic(err)
+		}
 	}
 }
 
@@ -228,7 +240,7 @@ func (c *Conn) read(admit func(s *Spec, n uint32) error) (Kind, any, error) {
 		}
 	}
 	body := s.Body()
-	if err := decMode.Unmarshal(b, body); err != nil {
+	if err := decModes[s.Dir].Unmarshal(b, body); err != nil {
 		return k, nil, &Refusal{CodeMalformed, fmt.Sprintf("%s body: %v", s.Name, err)}
 	}
 	return k, body, nil

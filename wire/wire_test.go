@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"reflect"
@@ -449,5 +450,52 @@ func TestEveryReplyBelongsToItsRequest(t *testing.T) {
 		if req.Dir == AgentToExecutor && want[req.Kind] == nil {
 			t.Errorf("%s: a request this test does not know the answer of", req.Name)
 		}
+	}
+}
+
+// The executor's answers grow with what the node holds: a verdict naming
+// 20,000 owned things, a plan of 5,000 lines and 1,000 diffs, each within
+// its kind's byte limit, reach the agent whole. What the agent sends the
+// executor stays bounded to 4,096 elements a collection and 256 pairs a
+// map: decoded, a collection takes more memory than its bytes.
+func TestAnswersGrowWithWhatTheNodeHolds(t *testing.T) {
+	v := &Verdict{Seq: 9, Outcome: shapes.Applied}
+	for i := range 20000 {
+		v.Owned = append(v.Owned, OwnedEntry{Target: fmt.Sprintf("path:/srv/f%d", i), Type: "file", Module: "m", ID: fmt.Sprint("f", i)})
+	}
+	p := &PlanReply{Outcome: shapes.Applied, Diffs: map[string]string{}}
+	for i := range 5000 {
+		p.Lines = append(p.Lines, shapes.Line{Module: "m", ID: fmt.Sprint("f", i), Type: "file", Outcome: shapes.Applied})
+		if i < 1000 {
+			p.Diffs[fmt.Sprint("m.f", i)] = "-a\n+b\n"
+		}
+	}
+	for _, tc := range []struct {
+		kind Kind
+		body any
+	}{{KindVerdict, v}, {KindPlanReply, p}} {
+		agent, executor := pipe()
+		go executor.Write(tc.kind, tc.body)
+		k, got, err := agent.Read()
+		if err != nil || k != tc.kind {
+			t.Fatalf("%s: %v %v", tc.kind, k, err)
+		}
+		if !reflect.DeepEqual(got, tc.body) {
+			t.Fatalf("%s: not the same after the trip", tc.kind)
+		}
+		agent.Close()
+		executor.Close()
+	}
+
+	agent, executor := pipe()
+	defer agent.Close()
+	defer executor.Close()
+	chain := &KeyRotations{}
+	for range 4097 {
+		chain.Envelopes = append(chain.Envelopes, []byte{1})
+	}
+	go agent.Write(KindKeyRotation, chain)
+	if _, _, err := executor.Read(); err == nil || !strings.Contains(err.Error(), "exceeded max number of elements") {
+		t.Fatalf("a request of 4,097 elements: %v", err)
 	}
 }

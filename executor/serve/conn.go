@@ -184,7 +184,11 @@ func (s *Server) writer(c *conn) {
 		if m.after != nil {
 			m.after()
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, wire.ErrTooLarge):
+			// Ours, not the peer's: the answer outgrew its kind's limit.
+			s.log.Error("connection closed: the executor's "+m.kind.String()+" is over its limit, and was not sent", "err", err)
+		case err != nil:
 			s.log.Warn("connection closed: the peer did not take the executor's "+m.kind.String(), "within", wire.ReplyWithin, "err", err)
 		}
 		if err != nil || m.last {

@@ -269,8 +269,10 @@ func (r *Result) String() string {
 		}
 		return who + "\nthe agent's word ends nothing: the enrolment stays begun until " + until +
 			", a signed answer comes, or root ends it (mesh-executor enrol --cancel, or enrol again)"
+	case r.Reason != "" && (r.RefusedBy == "agent" || r.RefusedBy == ""):
+		return fmt.Sprintf("still trying (the agent: %s)", r.Reason)
 	case r.Reason != "":
-		return fmt.Sprintf("still trying (%s: %s)", r.RefusedBy, r.Reason)
+		return fmt.Sprintf("still trying (%s, as the agent reports it: %s)", r.RefusedBy, r.Reason)
 	}
 	return "waiting for the agent"
 }

@@ -227,7 +227,7 @@ func TestTheAgentsWordEndsNothing(t *testing.T) {
 	}{
 		{"unreachable, passing", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
 			return Refused(dir, "broker", "connection refused", false)
-		}, false, "still trying (broker: connection refused)"},
+		}, false, "still trying (broker, as the agent reports it: connection refused)"},
 		{"the broker refused, final in its word", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
 			return Refused(dir, "broker", "authorization violation", true)
 		}, true, "refused by the broker, as the agent reports it: authorization violation"},

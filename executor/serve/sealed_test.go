@@ -185,3 +185,34 @@ func TestSealedFileOnANodeWithoutKeys(t *testing.T) {
 		t.Fatal("the refusal changed the machine")
 	}
 }
+
+// What the agent says of an enrolment with no grant is its word, and reaches
+// root's terminal (enrol, status) as text: who refused is one of those it can
+// speak for, said as its report; a control sequence in the reason is not
+// passed on, and the reason is bounded.
+func TestTheAgentsWordOnAnEnrolmentIsShownAsText(t *testing.T) {
+	e := newEnv(t, -1, false)
+	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: e.pub}
+	rand.Read(tok.ID[:])
+	rand.Read(tok.Secret[:])
+	rand.Read(tok.Credential[:])
+	if err := enrol.Begin(e.state, tok); err != nil {
+		t.Fatal(err)
+	}
+	c := e.dial()
+	reason := "\x1b]0;owned\a\x1b[2Jthe control side refused" + strings.Repeat("x", 60<<10)
+	if err := c.Write(wire.KindGrant, &wire.GrantHandover{RefusedBy: "control side (signed)", Reason: reason}); err != nil {
+		t.Fatal(err)
+	}
+	if k, _, err := c.Read(); err != nil || k != wire.KindGrantReply {
+		t.Fatalf("%v %v", k, err)
+	}
+	r, err := enrol.ReadResult(e.state)
+	if err != nil || r == nil {
+		t.Fatal(r, err)
+	}
+	said := r.String()
+	if strings.ContainsAny(said, "\x1b\a") || len(said) > wire.MaxLinkError+100 || !strings.HasPrefix(said, "still trying (the agent: ") {
+		t.Fatalf("root is shown %q", said[:min(len(said), 200)])
+	}
+}

@@ -476,15 +476,21 @@ func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, 
 func (s *Server) grant(_ context.Context, _ *conn, body any) (wire.Kind, any, error) {
 	g := body.(*wire.GrantHandover)
 	if len(g.Envelope) == 0 {
+		// The agent's word, shown to root by enrol and status: who it
+		// says refused is one of the three it can speak for, and its
+		// reason is text alone (no terminal's control sequence), bounded.
 		by := g.RefusedBy
-		if by == "" {
+		switch by {
+		case "agent", "broker", "control":
+		default:
 			by = "agent"
 		}
-		if err := enrol.Refused(s.cfg.StateDir, by, g.Reason, g.Final); err != nil {
+		reason := wire.LinkErrorText(g.Reason)
+		if err := enrol.Refused(s.cfg.StateDir, by, reason, g.Final); err != nil {
 			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 		}
-		s.log.Warn("enrolment: no grant", "refused_by", by, "reason", g.Reason, "final", g.Final)
-		return wire.KindGrantReply, &wire.GrantReply{Reason: "noted: " + g.Reason}, nil
+		s.log.Warn("enrolment: no grant", "refused_by", by, "reason", reason, "final", g.Final)
+		return wire.KindGrantReply, &wire.GrantReply{Reason: "noted: " + reason}, nil
 	}
 	reply := s.acceptGrant(g)
 	return wire.KindGrantReply, reply, nil

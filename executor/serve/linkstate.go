@@ -97,10 +97,7 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 	}
 	s.link = next
 	s.lastMu.Unlock()
-	b, _ := json.Marshal(next)
-	if err := store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, LinkFile), b); err != nil {
-		s.log.Warn("the agent's link state could not be kept", "err", err)
-	}
+	s.keepLink()
 	if moved {
 		switch {
 		case next.Up:
@@ -110,5 +107,25 @@ func (s *Server) noteLink(l *wire.AgentLink) {
 		default:
 			s.log.Info("the agent says it is disconnected", "since", next.Since)
 		}
+	}
+}
+
+// keepLink writes the newest link state to LinkFile. Connections say their
+// link state concurrently: the file is written by one at a time (its
+// temporary file has one name), and each writes the state newest when it
+// writes, so an older one never lands last. A state the agent's times make
+// unwritable (a year past 9999) is not written over the last.
+func (s *Server) keepLink() {
+	s.linkFileMu.Lock()
+	defer s.linkFileMu.Unlock()
+	s.lastMu.Lock()
+	cur := s.link
+	s.lastMu.Unlock()
+	b, err := json.Marshal(cur)
+	if err == nil {
+		err = store.WriteFileAtomic(filepath.Join(s.cfg.StateDir, LinkFile), b)
+	}
+	if err != nil {
+		s.log.Warn("the agent's link state could not be kept", "err", err)
 	}
 }

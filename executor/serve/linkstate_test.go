@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,5 +252,51 @@ func TestWhatTheExecutorDoesOnItsOwnIsReadByCount(t *testing.T) {
 	e.srv.Reconcile(t.Context(), "drift", nil)
 	if n, r := status(), ask(3); n != 1 || len(r.Acts) != 1 || r.Last != 1 {
 		t.Errorf("a history made anew: count %d, read after 3 %+v", n, r)
+	}
+}
+
+// The link state the agent says is kept whole: several connections saying
+// it at once never leave the file torn or an older state last, and a time
+// no JSON can hold (a year past 9999, which the agent may send) does not
+// write the file empty.
+func TestTheLinkStateIsKeptWholeUnderConcurrentSayers(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	base := time.Now().UTC().Truncate(time.Second)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		c := e.dial()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 40 {
+				since := base.Add(time.Duration(i*1000+j) * time.Second)
+				if c.Write(wire.KindStatus, &wire.Status{Link: &wire.AgentLink{Up: j%2 == 0, Since: since}}) != nil {
+					return
+				}
+				if _, _, err := c.Read(); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for reading := true; reading; {
+		select {
+		case <-done:
+			reading = false
+		default:
+		}
+		if _, err := ReadLinkState(e.state); err != nil {
+			t.Fatalf("the link state read while it is said: %v", err)
+		}
+	}
+	c := e.dial()
+	if err := c.Write(wire.KindStatus, &wire.Status{Link: &wire.AgentLink{Up: true, Since: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Read()
+	if l, err := ReadLinkState(e.state); err != nil || l == nil {
+		t.Fatalf("after a time past year 9999: %+v %v", l, err)
 	}
 }

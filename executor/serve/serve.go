@@ -131,6 +131,8 @@ type Server struct {
 	// applyMu makes this process apply one thing at a time; the store's
 	// lock keeps the rescue command out while it does.
 	applyMu sync.Mutex
+	// linkFileMu: one writer of LinkFile at a time (keepLink).
+	linkFileMu sync.Mutex
 	// +checklocks:lastMu
 	last lastApplied
 	// +checklocks:lastMu

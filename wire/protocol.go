@@ -470,7 +470,11 @@ type Error struct {
 	Message string `cbor:"2,keyasint"`
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("executor: %s (%s)", e.Message, e.Code) }
+// Error says the executor refused, once: the executor's messages name it
+// already.
+func (e *Error) Error() string {
+	return fmt.Sprintf("executor: %s (%s)", strings.TrimPrefix(e.Message, "executor: "), e.Code)
+}
 
 // Unwrap maps the code to its sentinel, so callers use errors.Is.
 func (e *Error) Unwrap() error { return e.Code.sentinel() }

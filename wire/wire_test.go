@@ -499,3 +499,13 @@ func TestAnswersGrowWithWhatTheNodeHolds(t *testing.T) {
 		t.Fatalf("a request of 4,097 elements: %v", err)
 	}
 }
+
+// An error the executor sends says once that the executor refused, whether
+// its message names it already (as the executor's do) or not.
+func TestAnErrorSaysTheExecutorOnce(t *testing.T) {
+	for _, m := range []string{"executor: archive cache full", "archive cache full"} {
+		if got := (&Error{Code: CodeTooLarge, Message: m}).Error(); got != "executor: archive cache full (too-large)" {
+			t.Errorf("%q: %q", m, got)
+		}
+	}
+}

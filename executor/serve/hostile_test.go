@@ -17,6 +17,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // The hostile-agent suite: a compromised agent (root's or the agent's uid
@@ -370,5 +371,54 @@ func TestProtectedSetCoversTheRunningInstance(t *testing.T) {
 	}
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", seq+1, file("motd", "still applies")))); v.Outcome != shapes.Applied {
 		t.Fatalf("an ordinary declaration after the refusals: %+v", v)
+	}
+}
+
+// An agent that streams and streams (junk under its own digests, never
+// declared) cannot fill the state's disk: the cache stops short of the room
+// the disk keeps for the store and root's rescue, however large its own
+// bound.
+func TestArchivesLeaveTheStateDiskItsRoom(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	saved := map[string][]byte{}
+	filepath.Walk(e.state, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			saved[p], _ = os.ReadFile(p)
+		}
+		return nil
+	})
+	if err := unix.Mount("tmpfs", e.state, "tmpfs", 0, "size=8m,mode=0700"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(e.state, unix.MNT_DETACH) })
+	for p, b := range saved {
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	c := e.dial()
+	h := sha256.Sum256([]byte("junk"))
+	sum := hex.EncodeToString(h[:])
+	chunk := make([]byte, 1<<20)
+	go func() {
+		for i := range 16 { // 16 MiB into an 8 MiB disk
+			if c.Write(wire.KindArchive, &wire.Archive{SHA256: sum, Offset: uint64(i) << 20, Chunk: chunk, Last: i == 15}) != nil {
+				return
+			}
+		}
+	}()
+	k, body, err := c.Read()
+	if err != nil || k != wire.KindError {
+		t.Fatalf("%v %+v %v", k, body, err)
+	}
+	if m := body.(*wire.Error); m.Code != wire.CodeTooLarge || !strings.Contains(m.Message, "keeps") {
+		t.Fatalf("%+v", m)
+	}
+	free, keep, err := stateRoom(e.state)
+	if err != nil || free < keep {
+		t.Fatalf("the state's disk has %d bytes free, keeps %d (%v)", free, keep, err)
 	}
 }

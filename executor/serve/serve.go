@@ -44,6 +44,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/launcher"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // Config is the daemon's own configuration: its policy comes from here,
@@ -655,6 +656,13 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 	if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used+uint64(len(a.Chunk)) > s.cfg.ArchiveCacheMax {
 		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams in flight; this chunk would take it past its bound of %d", c.sum, used, s.cfg.ArchiveCacheMax)}
 	}
+	// Nor past the room the state's disk keeps for what must be written
+	// there whatever the agent streams: the journal, a drift's repair,
+	// root's rescue. The cache's bound is a size, and a disk smaller than
+	// it, or fuller, would fill first.
+	if free, keep, err := stateRoom(s.cfg.StateDir); err == nil && free < keep+uint64(len(a.Chunk)) {
+		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the state's disk has %d bytes free, and keeps %d for the store and root's rescue; this chunk would take it below", c.sum, free, keep)}
+	}
 	if err := c.archive.Write(a.Offset, a.Chunk); err != nil {
 		code := wire.CodeProtocol
 		if a.Offset == c.archive.Written() {
@@ -1072,4 +1080,15 @@ func clip(s string, n int) string {
 		return s
 	}
 	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
+// stateRoom is what the state's filesystem has free, and what of it the
+// archive cache leaves alone: a tenth of the filesystem, at most 128 MiB.
+func stateRoom(dir string) (free, keep uint64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, 0, err
+	}
+	size := st.Blocks * uint64(st.Bsize)
+	return st.Bavail * uint64(st.Bsize), min(size/10, 128<<20), nil
 }

@@ -216,3 +216,55 @@ func TestTheAgentsWordOnAnEnrolmentIsShownAsText(t *testing.T) {
 		t.Fatalf("root is shown %q", said[:min(len(said), 200)])
 	}
 }
+
+// An agent asking for the pending enrolment again and again (every few
+// seconds as it waits; a compromised one as often as the rate allows) does
+// not have the machine's profile found anew at each ask — commands run as
+// root — but the one found within the last minute.
+func TestAnEnrolmentOfferDoesNotFindTheProfileAtEveryAsk(t *testing.T) {
+	e := newEnv(t, -1, false)
+	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: e.pub}
+	rand.Read(tok.ID[:])
+	rand.Read(tok.Secret[:])
+	rand.Read(tok.Credential[:])
+	if err := enrol.Begin(e.state, tok); err != nil {
+		t.Fatal(err)
+	}
+	c := e.dial()
+	// Once the daemon's own look at its start has ended.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if err := c.Write(wire.KindProfile, &wire.Profile{}); err != nil {
+			t.Fatal(err)
+		}
+		_, body, err := c.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(body.(*wire.ProfileReply).Profile) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon never found its profile")
+		}
+	}
+	var profiles [][]byte
+	for range 5 {
+		if err := c.Write(wire.KindEnrol, &wire.Enrol{AgentNKey: "U" + strings.Repeat("A", 55)}); err != nil {
+			t.Fatal(err)
+		}
+		k, body, err := c.Read()
+		if err != nil || k != wire.KindEnrolOffer {
+			t.Fatalf("%v %v", k, err)
+		}
+		o := body.(*wire.EnrolOffer)
+		if !o.Pending || len(o.Profile) == 0 {
+			t.Fatalf("%+v", o)
+		}
+		profiles = append(profiles, o.Profile)
+	}
+	for _, p := range profiles[1:] {
+		if !bytes.Equal(p, profiles[0]) {
+			t.Fatalf("the profile was found anew within a minute:\n%s\n%s", profiles[0], p)
+		}
+	}
+}

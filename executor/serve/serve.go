@@ -166,7 +166,9 @@ type Server struct {
 	foundProfile []byte
 	// +checklocks:foundMu
 	foundInv profile.Inventory
-	foundMu  sync.Mutex
+	// +checklocks:foundMu
+	foundAt time.Time
+	foundMu sync.Mutex
 	// budget bounds the bytes of large frames read at once, across all
 	// connections (wire.FrameBudget).
 	budget *wire.Budget
@@ -375,7 +377,7 @@ func (s *Server) findProfile(ctx context.Context) {
 		s.log.Debug("inventory incomplete", "err", err)
 	}
 	s.foundMu.Lock()
-	s.foundProfile, s.foundInv = prof, inv
+	s.foundProfile, s.foundInv, s.foundAt = prof, inv, clock.Now()
 	s.foundMu.Unlock()
 	holds := -1
 	if st, err := store.Open(s.cfg.StateDir); err == nil {
@@ -459,8 +461,20 @@ func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, 
 		}
 		return wire.KindEnrolOffer, &wire.EnrolOffer{}, nil
 	}
-	prof, _ := json.Marshal(profile.Detect(ctx, profile.Options{}))
-	inv, _ := profile.Collect(ctx, s.cfg.Version)
+	// The profile found in the last minute, not found anew at each ask:
+	// the agent asks every few seconds while an enrolment is pending (a
+	// compromised one as often as the rate allows), and finding it runs
+	// commands as root. The enrolment that root just began still gets the
+	// machine as it is now, not as the daemon found it at its start.
+	s.foundMu.Lock()
+	prof, inv, at := s.foundProfile, s.foundInv, s.foundAt
+	s.foundMu.Unlock()
+	if prof == nil || clock.Since(at) > time.Minute {
+		s.findProfile(ctx)
+		s.foundMu.Lock()
+		prof, inv = s.foundProfile, s.foundInv
+		s.foundMu.Unlock()
+	}
 	invJSON, _ := json.Marshal(inv)
 	offer, err := enrol.Offer(s.cfg.StateDir, e.AgentNKey, inv.Hostname, prof, invJSON)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/time/rate"
 )
 
 // This file is the one place that keeps the protocol's connection rules
@@ -323,7 +324,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		c.pid, c.uid = peer.PID, peer.UID
 	}
 	state := wire.StateNew
-	tokens, lastFill := float64(s.cfg.Burst), clock.Now()
+	limit := s.rateFor(c)
 	for {
 		k, body, err := c.ReadRequest(wire.Wait(state), s.budget)
 		if err != nil {
@@ -347,14 +348,10 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 			s.refuse(c, wire.CodeProtocol, "%s is not allowed now (a connection starts with one hello, then requests)", k)
 			return
 		}
-		now := clock.Now()
-		tokens = min(float64(s.cfg.Burst), tokens+now.Sub(lastFill).Seconds()*s.cfg.Rate)
-		lastFill = now
-		if tokens < 1 {
-			s.refuse(c, wire.CodeBusy, "more than %g requests a second; refused", s.cfg.Rate)
+		if !limit.AllowN(clock.Now(), 1) {
+			s.refuse(c, wire.CodeBusy, "more than %g requests a second from this peer; refused", s.cfg.Rate)
 			return
 		}
-		tokens--
 		h, ok := handlers[k]
 		if !ok {
 			s.refuse(c, wire.CodeProtocol, "%s has no handler", k)
@@ -383,4 +380,23 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		}
 		state = wire.Next(k, state, body)
 	}
+}
+
+// rateFor is the request rate c's peer shares over all its connections:
+// root's, the agent's (by uid), or a vsock peer's (the agent of a VM): a
+// peer that drops a connection refused for its rate and dials again finds
+// its bucket as it left it, not full.
+func (s *Server) rateFor(c *conn) *rate.Limiter {
+	key := fmt.Sprintf("uid %d", c.uid)
+	if cid, ok := wire.VsockCID(c.NetConn()); ok {
+		key = fmt.Sprintf("vsock %d", cid)
+	}
+	s.ratesMu.Lock()
+	defer s.ratesMu.Unlock()
+	l := s.rates[key]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(s.cfg.Rate), s.cfg.Burst)
+		s.rates[key] = l
+	}
+	return l
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 )
 
 // Config is the daemon's own configuration: its policy comes from here,
@@ -59,7 +60,8 @@ type Config struct {
 	DriftEvery time.Duration
 	// MaxConns bounds concurrent connections (default 4).
 	MaxConns int
-	// Rate and Burst bound requests per connection per second.
+	// Rate and Burst bound requests per peer per second (root, the
+	// agent, a vsock peer), over all its connections.
 	Rate  float64
 	Burst int
 	// LockWait is how long an apply waits for another applier (a rescue
@@ -134,6 +136,10 @@ type Server struct {
 	applyMu sync.Mutex
 	// linkFileMu: one writer of LinkFile at a time (keepLink).
 	linkFileMu sync.Mutex
+	// rates: each peer's request rate (rateFor).
+	// +checklocks:ratesMu
+	rates   map[string]*rate.Limiter
+	ratesMu sync.Mutex
 	// +checklocks:lastMu
 	last lastApplied
 	// +checklocks:lastMu
@@ -224,7 +230,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{},
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}, rates: map[string]*rate.Limiter{},
 		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq

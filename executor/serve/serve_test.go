@@ -397,6 +397,20 @@ func TestRequestRateIsBounded(t *testing.T) {
 	if !errors.Is(werr, wire.ErrBusy) {
 		t.Fatalf("a flood of requests was not bounded: %v", werr)
 	}
+	// Refused, the peer dials again: its bucket is as it left it, not
+	// full, and the new connection's hello in the same second is refused
+	// too.
+	c, err := wire.DialUnix(e.sock, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: "agent", Build: "b1"}); err != nil {
+		t.Fatal(err)
+	}
+	if k, body, err := c.Read(); err != nil || k != wire.KindError || !errors.Is(body.(*wire.Error), wire.ErrBusy) {
+		t.Fatalf("a flood of requests over new connections was not bounded: %v %v %v", k, body, err)
+	}
 }
 
 // The start, reconnect and drift triggers reconcile what each source last

@@ -148,3 +148,25 @@ func FuzzParseGrant(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseEnrolRefusal(f *testing.F) {
+	f.Add([]byte(`{"token":"t","proof":"cA==","reason":"no","issued":"2026-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"token":"t","token":"u","reason":"r"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseEnrolRefusal(b)
+		if err == nil && (r.Token == "" || r.Reason == "") {
+			t.Fatal("a refusal without token or reason was accepted")
+		}
+	})
+}
+
+func FuzzParseStoreCopy(f *testing.F) {
+	f.Add([]byte(`{"node":"n","enrolment":"e","from_enrolment":"d","from_seq":3,"reported":"2026-01-01T00:00:00Z","entries":[{"target":"path:/x","type":"file","module":"m","id":"f","digest":"ab","mode":420}]}`))
+	f.Add([]byte(`{"node":"n","enrolment":"e","entries":[{"target":"path:/x","colour":1}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseStoreCopy(b)
+		if err == nil && (c.Node == "" || c.Enrolment == "") {
+			t.Fatal("a store copy without node or enrolment was accepted")
+		}
+	})
+}

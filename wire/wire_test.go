@@ -16,6 +16,8 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -508,4 +510,81 @@ func TestAnErrorSaysTheExecutorOnce(t *testing.T) {
 			t.Errorf("%q: %q", m, got)
 		}
 	}
+}
+
+// FuzzReadRequest is FuzzFrame through the executor's own reader: each
+// frame over 64 KiB admitted by the frame budget, which every read gives
+// back whole.
+func FuzzReadRequest(f *testing.F) {
+	f.Add(rawFrame(KindHello, mustEncode(&Hello{Protocol: 1})), uint16(3))
+	f.Add(rawFrame(KindDeclaration, mustEncode(&Declaration{Envelope: bytes.Repeat([]byte("e"), 70<<10)})), uint16(9))
+	f.Add(rawFrame(KindArchive, mustEncode(&Archive{SHA256: strings.Repeat("ab", 32), Chunk: make([]byte, 100<<10)})), uint16(5))
+	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
+		a, e := net.Pipe()
+		go func() {
+			c := int(cut) % (len(b) + 1)
+			a.Write(b[:c])
+			a.Write(b[c:])
+			a.Close()
+		}()
+		budget := NewBudget(FrameBudget)
+		conn := NewConn(e, AgentToExecutor)
+		for {
+			k, body, err := conn.ReadRequest(time.Second, budget)
+			if err != nil {
+				break
+			}
+			if s, _ := Lookup(k); s.Dir != AgentToExecutor || reflect.TypeOf(body).Elem() != bodyType(k) {
+				t.Fatalf("read %s going the wrong way or with the wrong body %T", k, body)
+			}
+		}
+		conn.Release()
+		if !budget.sem.TryAcquire(FrameBudget) {
+			t.Fatal("the frame budget was not given back whole")
+		}
+	})
+}
+
+// FuzzReadAnswer is FuzzFrame for the agent's reader of the executor's
+// answers, whose collections are bounded by their bytes alone.
+func FuzzReadAnswer(f *testing.F) {
+	f.Add(rawFrame(KindVerdict, mustEncode(&Verdict{Seq: 1, Owned: []OwnedEntry{{Target: "path:/x"}}})), uint16(3))
+	f.Add(rawFrame(KindPlanReply, mustEncode(&PlanReply{Diffs: map[string]string{"m.f": "d"}})), uint16(2))
+	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
+		a, e := net.Pipe()
+		go func() {
+			c := int(cut) % (len(b) + 1)
+			e.Write(b[:c])
+			e.Write(b[c:])
+			e.Close()
+		}()
+		conn := NewConn(a, ExecutorToAgent)
+		for {
+			k, body, err := conn.Read()
+			if err != nil {
+				return
+			}
+			if s, _ := Lookup(k); s.Dir != ExecutorToAgent || reflect.TypeOf(body).Elem() != bodyType(k) {
+				t.Fatalf("read %s going the wrong way or with the wrong body %T", k, body)
+			}
+		}
+	})
+}
+
+// FuzzLinkErrorText: whatever the agent says, what is kept is text a
+// terminal shows as text, bounded.
+func FuzzLinkErrorText(f *testing.F) {
+	f.Add("dial tcp: connection refused")
+	f.Add("\x1b]0;x\a\x1b[2J\xff\xfe")
+	f.Fuzz(func(t *testing.T, s string) {
+		out := LinkErrorText(s)
+		if len(out) > MaxLinkError || !utf8.ValidString(out) {
+			t.Fatalf("%q: %d bytes, valid %v", out, len(out), utf8.ValidString(out))
+		}
+		for _, r := range out {
+			if unicode.IsControl(r) {
+				t.Fatalf("%q keeps a control character %U", out, r)
+			}
+		}
+	})
 }

@@ -65,7 +65,12 @@ var beforeVerification = []struct{ file, fn string }{
 // activity request, and the reconnect's count), so that what the executor
 // does on its own while linked — a drift repaired — reaches the control
 // side; the count says only where its own history is read from.
-const beforeVerificationBound = 648
+//
+// 649: the agent's word on an enrolment with no grant made text (no
+// terminal's control sequence reaches root's) and its refuser one of the
+// three it speaks for; an archive chunk held to the room the state's disk
+// keeps; the request rate shared over a peer's connections.
+const beforeVerificationBound = 649
 
 func funcName(d *ast.FuncDecl) string {
 	if d.Recv == nil || len(d.Recv.List) == 0 {

@@ -467,20 +467,7 @@ func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, 
 		}
 		return wire.KindEnrolOffer, &wire.EnrolOffer{}, nil
 	}
-	// The profile found in the last minute, not found anew at each ask:
-	// the agent asks every few seconds while an enrolment is pending (a
-	// compromised one as often as the rate allows), and finding it runs
-	// commands as root. The enrolment that root just began still gets the
-	// machine as it is now, not as the daemon found it at its start.
-	s.foundMu.Lock()
-	prof, inv, at := s.foundProfile, s.foundInv, s.foundAt
-	s.foundMu.Unlock()
-	if prof == nil || clock.Since(at) > time.Minute {
-		s.findProfile(ctx)
-		s.foundMu.Lock()
-		prof, inv = s.foundProfile, s.foundInv
-		s.foundMu.Unlock()
-	}
+	prof, inv := s.offerProfile(ctx)
 	invJSON, _ := json.Marshal(inv)
 	offer, err := enrol.Offer(s.cfg.StateDir, e.AgentNKey, inv.Hostname, prof, invJSON)
 	if err != nil {
@@ -491,6 +478,25 @@ func (s *Server) enrol(ctx context.Context, _ *conn, body any) (wire.Kind, any, 
 	}
 	s.log.Info("enrolment offered to the agent", "token", offer.Token, "agent_nkey", e.AgentNKey)
 	return wire.KindEnrolOffer, offer, nil
+}
+
+// offerProfile is the machine's profile and inventory for an enrolment
+// offer: the ones found in the last minute, not found anew at each ask —
+// the agent asks every few seconds while an enrolment is pending (a
+// compromised one as often as the rate allows), and finding them runs
+// commands as root. The enrolment root just began still gets the machine
+// as it is now, not as the daemon found it at its start.
+func (s *Server) offerProfile(ctx context.Context) ([]byte, profile.Inventory) {
+	s.foundMu.Lock()
+	prof, inv, at := s.foundProfile, s.foundInv, s.foundAt
+	s.foundMu.Unlock()
+	if prof != nil && clock.Since(at) <= time.Minute {
+		return prof, inv
+	}
+	s.findProfile(ctx)
+	s.foundMu.Lock()
+	defer s.foundMu.Unlock()
+	return s.foundProfile, s.foundInv
 }
 
 // grant takes what the agent brought back from the control side: a grant,

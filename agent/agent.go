@@ -178,10 +178,16 @@ type Agent struct {
 	linkUp        chan struct{}
 	hbNow         chan struct{}
 	cancel        context.CancelCauseFunc
-	reconc        atomic.Bool   // the executor has yet to hear that the link came back
-	linkedAt      atomic.Uint64 // the client's count of reconnections when linked last ran
-	linkMu        sync.Mutex
-	link          linkInfo
+	reconc        atomic.Bool // the executor has yet to hear that the link came back
+	// reconnectReport is the report of a reconnect's reconcile the broker
+	// has not confirmed yet, with its verdict: published again as it is,
+	// not asked for again (a second reconcile would find unchanged what
+	// the first repaired). The work loop's alone.
+	reconnectReport  *link.Report
+	reconnectVerdict *wire.Verdict
+	linkedAt         atomic.Uint64 // the client's count of reconnections when linked last ran
+	linkMu           sync.Mutex
+	link             linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -386,6 +392,20 @@ func runLinked(ctx context.Context, o Options) error {
 	// the broker for good.
 	if s := st.get(); len(s.BrokerPins) > 0 && s.PinsEnrolment != "" && s.PinsEnrolment != a.id.Enrolment {
 		if err := st.update(func(s *State) { s.BrokerPins, s.PinsSeq, s.PinsEnrolment = nil, 0, "" }); err != nil {
+			a.log.Warn("state: " + err.Error())
+		}
+	}
+	// What the agent learnt of the link's sequences, of this enrolment
+	// only (State.Enrolment): the executor's own floor (learnFromStatus)
+	// is the new enrolment's, from its grant.
+	if s := st.get(); s.Enrolment != a.id.Enrolment {
+		if err := st.update(func(s *State) {
+			if s.Enrolment != "" {
+				s.LastApplied, s.LastAppliedOutcome, s.LastSeq, s.LastOutcome = 0, "", 0, ""
+				s.LastStreamSeq, s.LastRosterStreamSeq, s.LastRosterSeq, s.UsesRoster = 0, 0, 0, false
+			}
+			s.Enrolment = a.id.Enrolment
+		}); err != nil {
 			a.log.Warn("state: " + err.Error())
 		}
 	}
@@ -874,7 +894,7 @@ func (a *Agent) work(ctx context.Context) {
 			a.rosterDue.Store(true)
 			continue
 		}
-		if a.reconc.Load() {
+		if a.reconc.Load() || a.reconnectReport != nil {
 			if err := a.reconnected(ctx); err != nil {
 				if errors.Is(err, ErrUpgraded) {
 					a.upgraded(err)
@@ -1056,6 +1076,18 @@ func (a *Agent) notify(seq uint64) {
 // reconnected tells the executor the link came back (it reconciles), and
 // reports what it did.
 func (a *Agent) reconnected(ctx context.Context) error {
+	if a.reconnectReport != nil {
+		// Its report not confirmed before: published again as it is.
+		if err := a.publishReports(ctx, []*link.Report{a.reconnectReport}); err != nil {
+			return err
+		}
+		a.reportedThrough(a.reconnectVerdict)
+		a.reconnectReport, a.reconnectVerdict = nil, nil
+		return nil
+	}
+	// Cleared before the executor is asked: the link lost and back again
+	// while it reconciles sets it again, for another reconnect.
+	a.reconc.Store(false)
 	// The disconnection as the agent knew it: the executor says what it
 	// did in it.
 	rc := wire.Reconnected{After: a.reconnectedAfter()}
@@ -1066,9 +1098,9 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	a.linkMu.Unlock()
 	v, lines, err := a.exec.request(ctx, wire.KindReconnected, &rc)
 	if err != nil {
+		a.reconc.Store(true)
 		return err
 	}
-	a.reconc.Store(false)
 	a.learnFromStatus()
 	r := a.report(v.Seq)
 	r.Trigger, r.Outcome, r.Owned = link.TriggerReconnect, v.Outcome, v.Owned
@@ -1082,6 +1114,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 	}
 	a.log.Info("the executor reconciled after the link came back", "seq", v.Seq, "outcome", v.Outcome)
 	if err := a.publishReports(ctx, []*link.Report{r}); err != nil {
+		a.reconnectReport, a.reconnectVerdict = r, v
 		return err
 	}
 	a.reportedThrough(v)

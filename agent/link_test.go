@@ -199,3 +199,44 @@ func waitForSaid(t *testing.T, ex *fakeExecutor, from int, said string) {
 		}
 	}
 }
+
+// A reconnect's report the broker does not take (its stream gone a moment)
+// is published again, as it was, once it can be: not lost, and the
+// executor not asked to reconcile again for it (a second reconcile finds
+// unchanged what the first put back).
+func TestAReconnectReportNotTakenIsPublishedAgain(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("again")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	part := link.NodeReportPartition("again")
+	s, err := c.client.JS.Stream(ctx, part.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.client.JS.DeleteStream(ctx, part.Stream); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, id, ex.path)
+	waitFor(t, "the executor told the link came up", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	time.Sleep(time.Second) // its report refused: no stream takes it
+	if _, err := c.client.JS.CreateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	c.reports("again", "the reconnect's report", func(rs []*control.SignedReport) bool {
+		for _, r := range rs {
+			if r.Trigger == link.TriggerReconnect {
+				return true
+			}
+		}
+		return false
+	})
+	if _, r, _ := ex.snapshot(); r != 1 {
+		t.Fatalf("the executor was asked to reconcile %d times for one reconnect", r)
+	}
+}

@@ -442,3 +442,25 @@ func TestBrokerPinsAreTakenOnlyOnceKept(t *testing.T) {
 	send()
 	waitFor(t, "the statement sent again, kept and taken", func() bool { return kept() == 1 && slices.Contains(id.Pins(), theirs) })
 }
+
+// What the agent learnt of the link's sequences belongs to the enrolment
+// it learnt them in: a host retired and enrolled as another node (whose
+// declarations begin at 1 again) has the new node's first declaration
+// handed to its executor, not refused as older than the old node's last.
+func TestSequencesOfAnEarlierEnrolmentGiveWay(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	state := t.TempDir()
+	stale, _ := json.Marshal(map[string]any{"enrolment": "e-before", "last_applied": 50, "last_seq": 50, "last_stream_seq": 99, "format": 1})
+	if err := os.WriteFile(filepath.Join(state, "agent.json"), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runAgentIn(t, id, ex.path, 0, state)
+	waitFor(t, "linked", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	seq := c.declare("n1", `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"/etc/motd","content":"new node\n"}]}`)
+	waitFor(t, "the new node's first declaration handed to the executor", func() bool {
+		d, _, _ := ex.snapshot()
+		return slices.Contains(d, seq)
+	})
+}

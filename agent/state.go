@@ -18,6 +18,13 @@ import (
 // directory. None of it is trusted by the executor; it is the agent's
 // memory for early refusal and for the heartbeat.
 type State struct {
+	// Enrolment is the enrolment the sequences and stream positions below
+	// were learnt in ("": by a release before the field, taken for this
+	// one's). A host enrolled anew — retired and enrolled as another node,
+	// or into another mesh — starts them afresh: the new node's
+	// declarations begin at sequence 1, and an agent that held the old
+	// node's last applied (50, say) refused them as replays.
+	Enrolment          string         `json:"enrolment,omitempty"`
 	LastLinked         time.Time      `json:"last_linked,omitzero"`
 	LastApplied        uint64         `json:"last_applied"`
 	LastAppliedOutcome shapes.Outcome `json:"last_applied_outcome,omitempty"`

@@ -185,9 +185,12 @@ type Agent struct {
 	// the first repaired). The work loop's alone.
 	reconnectReport  *link.Report
 	reconnectVerdict *wire.Verdict
-	linkedAt         atomic.Uint64 // the client's count of reconnections when linked last ran
-	linkMu           sync.Mutex
-	link             linkInfo
+	// pendingDrain: the same of a declaration the executor answered
+	// (drain). The work loop's alone.
+	pendingDrain *pendingDrain
+	linkedAt     atomic.Uint64 // the client's count of reconnections when linked last ran
+	linkMu       sync.Mutex
+	link         linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string

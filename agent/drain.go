@@ -120,6 +120,24 @@ func (a *Agent) check(m *declMsg, floor uint64) (seq uint64, d *shapes.Declarati
 // agent's state names its stream sequence): a failure before that means it
 // is read and forwarded again, and the executor answers a duplicate.
 func (a *Agent) drain(ctx context.Context, m *declMsg) error {
+	if p := a.pendingDrain; p != nil {
+		// The reports of a declaration the executor has answered, which
+		// the broker did not take: out first, as they were. Read past
+		// them, a newer declaration would take the answered one for
+		// superseded — never applied — and its changes would be said
+		// nowhere.
+		if err := a.publishReports(ctx, p.reports); err != nil {
+			return err
+		}
+		a.pendingDrain = nil
+		p.settle()
+		if p.follow {
+			a.followIfHosted()
+		}
+		if m.sseq == a.state.get().LastStreamSeq {
+			return nil
+		}
+	}
 	st := a.state.get()
 	seq, d, code, reason, unjudged := a.check(m, st.LastApplied)
 	if unjudged != nil {
@@ -216,27 +234,44 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		out = append(out, s)
 	}
 	out = append(out, r)
-	if err := a.publishReports(ctx, out); err != nil {
-		return err
-	}
-	if err := a.state.update(func(s *State) {
-		s.LastStreamSeq = m.sseq
-		s.LastSeq, s.LastOutcome = seq, r.Outcome
-		if r.Outcome != shapes.Refused && seq >= s.LastApplied {
-			s.LastApplied, s.LastAppliedOutcome = seq, r.Outcome
+	settle := func() {
+		if err := a.state.update(func(s *State) {
+			s.LastStreamSeq = m.sseq
+			s.LastSeq, s.LastOutcome = seq, r.Outcome
+			if r.Outcome != shapes.Refused && seq >= s.LastApplied {
+				s.LastApplied, s.LastAppliedOutcome = seq, r.Outcome
+			}
+		}); err != nil {
+			a.log.Warn("state: " + err.Error())
 		}
-	}); err != nil {
-		a.log.Warn("state: " + err.Error())
 	}
 	// A retire declaration that ran to its end leaves the executor
 	// hosted: the agent follows once its report is out. So does an
 	// executor that lost its state: it refuses what it is handed as not
 	// enrolled. Asked only then: after every declaration, it was a round
 	// trip to the executor per declaration for nothing.
-	if d.Retire || r.Code == wire.CodeNotEnrolled.String() {
+	follow := d.Retire || r.Code == wire.CodeNotEnrolled.String()
+	if err := a.publishReports(ctx, out); err != nil {
+		if r.RefusedBy != "agent" {
+			// The executor has answered: kept, and published first at
+			// the next drain.
+			a.pendingDrain = &pendingDrain{reports: out, settle: settle, follow: follow}
+		}
+		return err
+	}
+	settle()
+	if follow {
 		a.followIfHosted()
 	}
 	return nil
+}
+
+// pendingDrain is a drain's reports the broker did not take, after the
+// executor answered: published again as they were, then settled.
+type pendingDrain struct {
+	reports []*link.Report
+	settle  func()
+	follow  bool
 }
 
 // followIfHosted ends the linked agent (ErrRetired) when its executor says

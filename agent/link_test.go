@@ -200,17 +200,13 @@ func waitForSaid(t *testing.T, ex *fakeExecutor, from int, said string) {
 	}
 }
 
-// A reconnect's report the broker does not take (its stream gone a moment)
-// is published again, as it was, once it can be: not lost, and the
-// executor not asked to reconcile again for it (a second reconcile finds
-// unchanged what the first put back).
-func TestAReconnectReportNotTakenIsPublishedAgain(t *testing.T) {
-	c := startControl(t, t.TempDir(), "127.0.0.1:0")
-	id, _ := c.addNode("again")
-	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+// withoutReportStream takes the node's report stream away (the broker
+// takes none of its reports) and returns what puts it back.
+func withoutReportStream(t *testing.T, c *controlSide, node string) (back func()) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	part := link.NodeReportPartition("again")
+	part := link.NodeReportPartition(node)
 	s, err := c.client.JS.Stream(ctx, part.Stream)
 	if err != nil {
 		t.Fatal(err)
@@ -222,12 +218,55 @@ func TestAReconnectReportNotTakenIsPublishedAgain(t *testing.T) {
 	if err := c.client.JS.DeleteStream(ctx, part.Stream); err != nil {
 		t.Fatal(err)
 	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := c.client.JS.CreateStream(ctx, info.Config); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A declaration the executor applied, whose report the broker did not take,
+// is reported as applied once the broker takes reports again — not as
+// superseded by the one that came meanwhile, as if it never ran.
+func TestAnAppliedDeclarationNotReportedIsNotTakenForSuperseded(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("late")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	c.reports("late", "the link's first report", func(rs []*control.SignedReport) bool {
+		return len(rs) > 0 && rs[len(rs)-1].Trigger == link.TriggerReconnect
+	})
+	back := withoutReportStream(t, c, "late")
+	s1 := c.declare("late", fmt.Sprintf(motd, 1))
+	waitFor(t, "the first declaration handed over", func() bool { d, _, _ := ex.snapshot(); return slices.Contains(d, s1) })
+	s2 := c.declare("late", fmt.Sprintf(motd, 2))
+	time.Sleep(time.Second) // its report refused: no stream takes it
+	back()
+	c.reports("late", "both applied", func(rs []*control.SignedReport) bool {
+		return hasReport(s1, shapes.Applied)(rs) && hasReport(s2, shapes.Applied)(rs)
+	})
+	for _, r := range c.reports("late", "any", func([]*control.SignedReport) bool { return true }) {
+		if r.Outcome == shapes.Superseded {
+			t.Fatalf("an applied declaration reported superseded: %+v", r)
+		}
+	}
+}
+
+// A reconnect's report the broker does not take (its stream gone a moment)
+// is published again, as it was, once it can be: not lost, and the
+// executor not asked to reconcile again for it (a second reconcile finds
+// unchanged what the first put back).
+func TestAReconnectReportNotTakenIsPublishedAgain(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("again")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	back := withoutReportStream(t, c, "again")
 	runAgent(t, id, ex.path)
 	waitFor(t, "the executor told the link came up", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
 	time.Sleep(time.Second) // its report refused: no stream takes it
-	if _, err := c.client.JS.CreateStream(ctx, info.Config); err != nil {
-		t.Fatal(err)
-	}
+	back()
 	c.reports("again", "the reconnect's report", func(rs []*control.SignedReport) bool {
 		for _, r := range rs {
 			if r.Trigger == link.TriggerReconnect {

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -299,7 +301,14 @@ func (a *Agent) publishReports(ctx context.Context, reports []*link.Report) erro
 		if err != nil {
 			return err
 		}
-		f, err := a.js.PublishMsgAsync(&nats.Msg{Subject: a.id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}})
+		// Named by its bytes (JetStream's deduplication, its stream's
+		// window of two minutes): a report published again because the
+		// broker's confirmation was lost — kept and sent as it was — is
+		// stored once. A report made anew says its own time, so no two
+		// different reports share a name.
+		id := sha256.Sum256(data)
+		f, err := a.js.PublishMsgAsync(&nats.Msg{Subject: a.id.Subjects.Report, Data: data, Header: nats.Header{
+			link.SignatureHeader: []string{sig}, nats.MsgIdHdr: []string{hex.EncodeToString(id[:])}}})
 		if err != nil {
 			return fmt.Errorf("report: %w", err)
 		}

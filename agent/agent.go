@@ -137,6 +137,9 @@ type Agent struct {
 	// plans come from a person at the control side, one at a time; more at
 	// once are dropped (the person asks again), never queued without bound.
 	planning atomic.Bool
+	// runCtx is the linked run's: plans are answered within it, never
+	// past the run's end, when the executor's clients are closed.
+	runCtx context.Context
 	// wake says a notice came (link.Subjects.Notice); noticed is the
 	// highest stream sequence notices named since the last read.
 	wake    chan struct{}
@@ -417,7 +420,7 @@ func runLinked(ctx context.Context, o Options) error {
 		a.id.setJWT(s.UserJWT, s.JWTIssuer)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	a.cancel = cancel
+	a.cancel, a.runCtx = cancel, ctx
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -28,9 +28,11 @@ func (a *Agent) planRequest(m *nats.Msg) {
 	}
 	env := append([]byte(nil), m.Data...)
 	capability, rotations := m.Header.Get(link.CapabilityHeader), m.Header.Get(link.RotationHeader)
+	// Within the run: a plan outliving it would ask an executor client
+	// the run has closed.
 	go func() {
 		defer a.planning.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(a.runCtx, 2*time.Minute)
 		defer cancel()
 		r := a.plan(ctx, env, capability, rotations)
 		if r == nil {

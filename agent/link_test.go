@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
@@ -277,5 +280,47 @@ func TestAReconnectReportNotTakenIsPublishedAgain(t *testing.T) {
 	})
 	if _, r, _ := ex.snapshot(); r != 1 {
 		t.Fatalf("the executor was asked to reconcile %d times for one reconnect", r)
+	}
+}
+
+// A report is named by its bytes (Nats-Msg-Id): the same report published
+// again — kept and sent as it was after a confirmation that never came,
+// though the broker stored it — is stored once within the stream's window.
+func TestAReportPublishedAgainIsStoredOnce(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("once")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	s1 := c.declare("once", fmt.Sprintf(motd, 1))
+	c.reports("once", "seq 1 applied", hasReport(s1, shapes.Applied))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	part := link.NodeReportPartition("once")
+	s, err := c.client.JS.Stream(ctx, part.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, part.Subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(last.Data)
+	if got := last.Header.Get(nats.MsgIdHdr); got != hex.EncodeToString(sum[:]) {
+		t.Fatalf("the report's name %q is not its bytes' digest", got)
+	}
+	before, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := c.client.JS.PublishMsg(ctx, &nats.Msg{Subject: part.Subject, Data: last.Data, Header: last.Header})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ack.Duplicate || after.State.Msgs != before.State.Msgs {
+		t.Fatalf("the same report published again was stored again (duplicate %v, %d messages, %d before)", ack.Duplicate, after.State.Msgs, before.State.Msgs)
 	}
 }

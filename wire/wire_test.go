@@ -72,6 +72,18 @@ func pipe() (agent, executor *Conn) {
 	return NewConn(a, ExecutorToAgent), NewConn(e, AgentToExecutor)
 }
 
+// fed is the reading end of a pipe whose other end writes b in two parts,
+// split at cut, then closes.
+func fed(b []byte, cut int) net.Conn {
+	a, e := net.Pipe()
+	go func() {
+		a.Write(b[:cut])
+		a.Write(b[cut:])
+		a.Close()
+	}()
+	return e
+}
+
 // Every message of the table survives the codec, each way it may go.
 func TestEveryKindRoundTrips(t *testing.T) { everyKindRoundTrips(t, pipe) }
 
@@ -201,13 +213,7 @@ func mustEncode(v any) []byte {
 func TestSplitFrames(t *testing.T) {
 	b := rawFrame(KindDeclaration, mustEncode(&Declaration{Envelope: bytes.Repeat([]byte("x"), 300)}))
 	for cut := 1; cut < len(b); cut += 7 {
-		a, e := net.Pipe()
-		go func() {
-			a.Write(b[:cut])
-			a.Write(b[cut:])
-			a.Close()
-		}()
-		k, body, err := NewConn(e, AgentToExecutor).Read()
+		k, body, err := NewConn(fed(b, cut), AgentToExecutor).Read()
 		if err != nil || k != KindDeclaration || len(body.(*Declaration).Envelope) != 300 {
 			t.Fatalf("cut at %d: %v %v", cut, k, err)
 		}
@@ -264,14 +270,7 @@ func FuzzFrame(f *testing.F) {
 	f.Add(rawFrame(KindActivity, mustEncode(&Activity{After: 7})), uint16(2))
 	f.Add(rawFrame(KindReconnected, mustEncode(&Reconnected{After: new(uint64(3))})), uint16(4))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
-		a, e := net.Pipe()
-		go func() {
-			c := int(cut) % (len(b) + 1)
-			a.Write(b[:c])
-			a.Write(b[c:])
-			a.Close()
-		}()
-		conn := NewConn(e, AgentToExecutor)
+		conn := NewConn(fed(b, int(cut)%(len(b)+1)), AgentToExecutor)
 		for {
 			k, body, err := conn.Read()
 			if err != nil {
@@ -520,15 +519,8 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add(rawFrame(KindDeclaration, mustEncode(&Declaration{Envelope: bytes.Repeat([]byte("e"), 70<<10)})), uint16(9))
 	f.Add(rawFrame(KindArchive, mustEncode(&Archive{SHA256: strings.Repeat("ab", 32), Chunk: make([]byte, 100<<10)})), uint16(5))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
-		a, e := net.Pipe()
-		go func() {
-			c := int(cut) % (len(b) + 1)
-			a.Write(b[:c])
-			a.Write(b[c:])
-			a.Close()
-		}()
 		budget := NewBudget(FrameBudget)
-		conn := NewConn(e, AgentToExecutor)
+		conn := NewConn(fed(b, int(cut)%(len(b)+1)), AgentToExecutor)
 		for {
 			k, body, err := conn.ReadRequest(time.Second, budget)
 			if err != nil {
@@ -551,14 +543,7 @@ func FuzzReadAnswer(f *testing.F) {
 	f.Add(rawFrame(KindVerdict, mustEncode(&Verdict{Seq: 1, Owned: []OwnedEntry{{Target: "path:/x"}}})), uint16(3))
 	f.Add(rawFrame(KindPlanReply, mustEncode(&PlanReply{Diffs: map[string]string{"m.f": "d"}})), uint16(2))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
-		a, e := net.Pipe()
-		go func() {
-			c := int(cut) % (len(b) + 1)
-			e.Write(b[:c])
-			e.Write(b[c:])
-			e.Close()
-		}()
-		conn := NewConn(a, ExecutorToAgent)
+		conn := NewConn(fed(b, int(cut)%(len(b)+1)), ExecutorToAgent)
 		for {
 			k, body, err := conn.Read()
 			if err != nil {

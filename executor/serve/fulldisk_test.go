@@ -26,26 +26,7 @@ func TestAFullStateDiskRefusesAndStatusKeepsTheLastApplied(t *testing.T) {
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "v1\n")))); v.Outcome != shapes.Applied {
 		t.Fatalf("%+v", v)
 	}
-	e.stop()
-	// The state onto a small tmpfs, as it was.
-	saved := map[string][]byte{}
-	filepath.Walk(e.state, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			saved[p], _ = os.ReadFile(p)
-		}
-		return nil
-	})
-	if err := unix.Mount("tmpfs", e.state, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
-		t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(e.state, unix.MNT_DETACH) })
-	for p, b := range saved {
-		os.MkdirAll(filepath.Dir(p), 0o700)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	e.stateOnTmpfs("1m")
 	c = e.dial()
 	f, err := os.Create(filepath.Join(e.state, "filler"))
 	if err != nil {
@@ -139,4 +120,29 @@ func TestARotationNotKeptIsAskedAgain(t *testing.T) {
 	if k != wire.KindKeyRotationReply || !ok || r.Refused != "" || r.Taken != 1 || !ed25519.PublicKey(r.ControlKey).Equal(next.Public()) {
 		t.Fatalf("offered again once it can be kept: %s %+v", k, body)
 	}
+}
+
+// stateOnTmpfs moves the stopped daemon's state, as it is, onto a tmpfs of
+// size (to fill), and starts the daemon again on it.
+func (e *env) stateOnTmpfs(size string) {
+	e.t.Helper()
+	e.stop()
+	saved := map[string][]byte{}
+	filepath.Walk(e.state, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			saved[p], _ = os.ReadFile(p)
+		}
+		return nil
+	})
+	if err := unix.Mount("tmpfs", e.state, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+		e.t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
+	}
+	e.t.Cleanup(func() { unix.Unmount(e.state, unix.MNT_DETACH) })
+	for p, b := range saved {
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
-	"golang.org/x/sys/unix"
 )
 
 // The hostile-agent suite: a compromised agent (root's or the agent's uid
@@ -380,25 +379,7 @@ func TestProtectedSetCoversTheRunningInstance(t *testing.T) {
 // bound.
 func TestArchivesLeaveTheStateDiskItsRoom(t *testing.T) {
 	e := newEnv(t, nobody, true)
-	e.stop()
-	saved := map[string][]byte{}
-	filepath.Walk(e.state, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			saved[p], _ = os.ReadFile(p)
-		}
-		return nil
-	})
-	if err := unix.Mount("tmpfs", e.state, "tmpfs", 0, "size=8m,mode=0700"); err != nil {
-		t.Fatalf("a tmpfs to fill (make test runs as root): %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(e.state, unix.MNT_DETACH) })
-	for p, b := range saved {
-		os.MkdirAll(filepath.Dir(p), 0o700)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	e.stateOnTmpfs("8m")
 	c := e.dial()
 	h := sha256.Sum256([]byte("junk"))
 	sum := hex.EncodeToString(h[:])

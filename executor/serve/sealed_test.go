@@ -36,13 +36,7 @@ func (e *env) enrolHere() []byte {
 // key pub (priv signs the grant), as enrolHere does.
 func (e *env) enrolAs(node, enrolment string, pub ed25519.PublicKey, priv ed25519.PrivateKey) []byte {
 	e.t.Helper()
-	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: pub}
-	rand.Read(tok.ID[:])
-	rand.Read(tok.Secret[:])
-	rand.Read(tok.Credential[:])
-	if err := enrol.Begin(e.state, tok); err != nil {
-		e.t.Fatal(err)
-	}
+	tok := e.beginEnrolment(pub)
 	nkey := "U" + strings.Repeat("A", 55) // the form of a NATS user key
 	offer, err := enrol.Offer(e.state, nkey, "host", nil, nil)
 	if err != nil || offer == nil {
@@ -64,6 +58,20 @@ func (e *env) enrolAs(node, enrolment string, pub ed25519.PublicKey, priv ed2551
 		e.t.Fatal(err)
 	}
 	return sealing
+}
+
+// beginEnrolment begins an enrolment, as root's mesh-executor enrol does,
+// with a token that pins the control key pub.
+func (e *env) beginEnrolment(pub ed25519.PublicKey) *wire.Token {
+	e.t.Helper()
+	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: pub}
+	rand.Read(tok.ID[:])
+	rand.Read(tok.Secret[:])
+	rand.Read(tok.Credential[:])
+	if err := enrol.Begin(e.state, tok); err != nil {
+		e.t.Fatal(err)
+	}
+	return tok
 }
 
 func (e *env) sealAs(p wire.Purpose, payload []byte) []byte {
@@ -192,13 +200,7 @@ func TestSealedFileOnANodeWithoutKeys(t *testing.T) {
 // passed on, and the reason is bounded.
 func TestTheAgentsWordOnAnEnrolmentIsShownAsText(t *testing.T) {
 	e := newEnv(t, -1, false)
-	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: e.pub}
-	rand.Read(tok.ID[:])
-	rand.Read(tok.Secret[:])
-	rand.Read(tok.Credential[:])
-	if err := enrol.Begin(e.state, tok); err != nil {
-		t.Fatal(err)
-	}
+	e.beginEnrolment(e.pub)
 	c := e.dial()
 	reason := "\x1b]0;owned\a\x1b[2Jthe control side refused" + strings.Repeat("x", 60<<10)
 	if err := c.Write(wire.KindGrant, &wire.GrantHandover{RefusedBy: "control side (signed)", Reason: reason}); err != nil {
@@ -223,13 +225,7 @@ func TestTheAgentsWordOnAnEnrolmentIsShownAsText(t *testing.T) {
 // root — but the one found within the last minute.
 func TestAnEnrolmentOfferDoesNotFindTheProfileAtEveryAsk(t *testing.T) {
 	e := newEnv(t, -1, false)
-	tok := &wire.Token{Expires: time.Now().Add(time.Hour), BrokerURL: "tls://broker.example:4222", ControlKey: e.pub}
-	rand.Read(tok.ID[:])
-	rand.Read(tok.Secret[:])
-	rand.Read(tok.Credential[:])
-	if err := enrol.Begin(e.state, tok); err != nil {
-		t.Fatal(err)
-	}
+	e.beginEnrolment(e.pub)
 	c := e.dial()
 	// Once the daemon's own look at its start has ended.
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {

@@ -191,9 +191,16 @@ type Agent struct {
 	// pendingDrain: the same of a declaration the executor answered
 	// (drain). The work loop's alone.
 	pendingDrain *pendingDrain
-	linkedAt     atomic.Uint64 // the client's count of reconnections when linked last ran
-	linkMu       sync.Mutex
-	link         linkInfo
+	// lastAppliedUnknown: the executor refused LastApplied as a request
+	// it does not know (reportUnreported).
+	lastAppliedUnknown bool
+	// remembers: the agent's state holds what it settled of this
+	// enrolment's link — kept by an agent before it, or learnt by this
+	// one at its first reconnect (learnFromStatus). The work loop's.
+	remembers bool
+	linkedAt  atomic.Uint64 // the client's count of reconnections when linked last ran
+	linkMu    sync.Mutex
+	link      linkInfo
 	// lastLog is the last link error logged, lastLogAt when it was last
 	// said, and repeats how many times it came since (linkFailed).
 	lastLog   string
@@ -404,6 +411,7 @@ func runLinked(ctx context.Context, o Options) error {
 	// What the agent learnt of the link's sequences, of this enrolment
 	// only (State.Enrolment): the executor's own floor (learnFromStatus)
 	// is the new enrolment's, from its grant.
+	a.remembers = st.get().Enrolment == a.id.Enrolment
 	if s := st.get(); s.Enrolment != a.id.Enrolment {
 		if err := st.update(func(s *State) {
 			if s.Enrolment != "" {
@@ -1108,6 +1116,7 @@ func (a *Agent) reconnected(ctx context.Context) error {
 		return err
 	}
 	a.learnFromStatus()
+	a.remembers = true
 	r := a.report(v.Seq)
 	r.Trigger, r.Outcome, r.Owned = link.TriggerReconnect, v.Outcome, v.Owned
 	if lines != nil {
@@ -1143,7 +1152,12 @@ func (a *Agent) learnFromStatus() {
 	if s.ControlKeyID != "" && s.ControlKeyID != wire.KeyID(a.controlKey()) {
 		a.learnControlKey("")
 	}
-	if s.Seq > a.state.get().LastApplied {
+	// Only by an agent that does not remember its link (its state lost,
+	// or of another enrolment): one that does has settled every
+	// declaration up to its own, and one the executor applied past it
+	// is a declaration it never reported, which a raised memory would
+	// hide (reportUnreported).
+	if !a.remembers && s.Seq > a.state.get().LastApplied {
 		a.state.update(func(st *State) {
 			st.LastApplied = s.Seq
 			if s.Outcome != "" {

@@ -197,6 +197,16 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			return err
 		}
 	}
+	// A declaration the executor applied that the agent never reported —
+	// it stopped between the verdict and the broker's confirmation (a
+	// kill, the machine's power), and a newer one came meanwhile — is
+	// reported as it was before any is called superseded.
+	if from := max(st.LastSeq, st.LastApplied) + 1; from < seq {
+		if err := a.reportUnreported(ctx, from, seq); err != nil {
+			return err
+		}
+		st = a.state.get()
+	}
 	var r *link.Report
 	// The archives it names go to the executor's cache first, so the apply
 	// finds them there.
@@ -266,6 +276,57 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		a.followIfHosted()
 	}
 	return nil
+}
+
+// reportUnreported asks the executor for the last declaration it applied
+// from the link, and when that is one between from and seq (the newest,
+// about to be forwarded) reports it with the lines its apply kept, those
+// before it superseded by it, and settles it: what the executor did is
+// reported however the agent lost it. Its report may then be said twice
+// (a confirmation lost before the stop), never not at all. The agent's
+// own pending reports cover a failure within one run (pendingDrain); this
+// covers what a stopped agent forgot. An executor of a release before the
+// request is not asked again in this run.
+func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
+	if a.lastAppliedUnknown {
+		return nil
+	}
+	v, lines, err := a.exec.request(ctx, wire.KindLastApplied, &wire.LastApplied{After: from - 1})
+	if err != nil {
+		if wire.CodeOf(err) == wire.CodeProtocol {
+			a.lastAppliedUnknown = true
+			a.log.Warn("the executor does not say its last apply (a release before it): a declaration it applied and the agent did not report may be reported superseded", "err", err)
+			return nil
+		}
+		return err
+	}
+	if v.Code != wire.CodeNone || v.Outcome == "" || v.Outcome == shapes.Refused || v.Seq < from || v.Seq >= seq {
+		return nil
+	}
+	a.log.Warn("the executor applied a declaration the agent had not reported (it stopped before the report was out): reported now", "seq", v.Seq, "outcome", v.Outcome)
+	var out []*link.Report
+	if from < v.Seq {
+		s := a.report(v.Seq - 1)
+		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, v.Seq, v.Outcome
+		out = append(out, s)
+	}
+	r := a.report(v.Seq)
+	// Not a duplicate: the first the control side hears of this apply, so
+	// its lines are counted. The stream sequence it came by is not known.
+	r.Outcome, r.Lines, r.Owned = v.Outcome, lines, v.Owned
+	if r.Lines == nil {
+		r.Lines = []shapes.Line{}
+	}
+	out = append(out, r)
+	if err := a.publishReports(ctx, out); err != nil {
+		return err
+	}
+	return a.state.update(func(s *State) {
+		s.LastSeq, s.LastOutcome = v.Seq, v.Outcome
+		if v.Seq >= s.LastApplied {
+			s.LastApplied, s.LastAppliedOutcome = v.Seq, v.Outcome
+		}
+	})
 }
 
 // pendingDrain is a drain's reports the broker did not take, after the

@@ -52,6 +52,8 @@ type fakeExecutor struct {
 	// activity requests.
 	plans        int
 	activityAsks int
+	// lastAsks counts the LastApplied requests answered.
+	lastAsks int
 	// events is each roster and declaration taken, in order: "roster N"
 	// (the roster's own sequence), "decl N".
 	events []string
@@ -231,6 +233,20 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			f.activityAsks++
 			f.mu.Unlock()
 			c.Write(wire.KindActivityReply, r)
+		case *wire.LastApplied:
+			// As the executor says again its last apply from the link
+			// (serve's sayAgain): past the sequence asked, its lines and
+			// outcome; else the floor named, nothing said.
+			f.mu.Lock()
+			applied := f.applied
+			f.lastAsks++
+			f.mu.Unlock()
+			if applied <= b.After {
+				c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied})
+				continue
+			}
+			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
+			c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied, Outcome: shapes.Applied, Duplicate: true})
 		case *wire.Profile:
 			f.mu.Lock()
 			f.profiles++

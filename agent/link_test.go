@@ -324,3 +324,68 @@ func TestAReportPublishedAgainIsStoredOnce(t *testing.T) {
 		t.Fatalf("the same report published again was stored again (duplicate %v, %d messages, %d before)", ack.Duplicate, after.State.Msgs, before.State.Msgs)
 	}
 }
+
+// A declaration the executor applied whose report a stopped agent never
+// got out — stopped (as by a kill) between the verdict and the broker's
+// confirmation, with newer declarations published meanwhile — is reported
+// applied, with its lines, by the agent started again: the executor says
+// it again (LastApplied). Those before it are superseded by it, those
+// after by the newest; none is said superseded that ran.
+func TestAnApplyAStoppedAgentNeverReportedIsReportedByTheNext(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("cut")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	dir := t.TempDir()
+	stop := runAgentIn(t, id, ex.path, 0, dir)
+	s1 := c.declare("cut", fmt.Sprintf(motd, 1))
+	c.reports("cut", "seq 1 applied", hasReport(s1, shapes.Applied))
+	stop()
+	s2 := c.declare("cut", fmt.Sprintf(motd, 2))
+	s3 := c.declare("cut", fmt.Sprintf(motd, 3))
+	// The next agent's reconnect is reported; its forward of the newest
+	// is held while the report stream goes, so that the executor's
+	// verdict reaches an agent whose report the broker cannot take.
+	ex.hold()
+	stop = runAgentIn(t, id, ex.path, 0, dir)
+	select {
+	case got := <-ex.holding:
+		if got != s3 {
+			t.Fatalf("the agent forwarded seq %d; want the newest, %d", got, s3)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the newest declaration was never handed over")
+	}
+	back := withoutReportStream(t, c, "cut")
+	ex.unhold()
+	waitFor(t, "the executor applied seq 3", func() bool {
+		ex.mu.Lock()
+		defer ex.mu.Unlock()
+		return ex.applied == s3
+	})
+	time.Sleep(500 * time.Millisecond) // the agent's publish meets no stream
+	stop()
+	s4 := c.declare("cut", fmt.Sprintf(motd, 4))
+	s5 := c.declare("cut", fmt.Sprintf(motd, 5))
+	back()
+	runAgentIn(t, id, ex.path, 0, dir)
+	rs := c.reports("cut", "seq 3 and seq 5 applied", func(rs []*control.SignedReport) bool {
+		return hasReport(s3, shapes.Applied)(rs) && hasReport(s5, shapes.Applied)(rs)
+	})
+	var two, four bool
+	for _, r := range rs {
+		if r.Outcome == shapes.Superseded && (supersedes(r, s3, r.SupersededBy) || supersedes(r, s1, r.SupersededBy)) {
+			t.Fatalf("an applied declaration reported superseded: %s", describe(rs))
+		}
+		two = two || supersedes(r, s2, s3)
+		four = four || supersedes(r, s4, s5)
+		if r.Seq == s3 && r.Outcome == shapes.Applied && (r.Duplicate || len(r.Lines) != 1) {
+			t.Errorf("seq 3's report, the first of its apply: duplicate %v, %d lines; want its line, not a duplicate", r.Duplicate, len(r.Lines))
+		}
+	}
+	if !two || !four {
+		t.Fatalf("seq 2 superseded by 3: %v, seq 4 by 5: %v; reports: %s", two, four, describe(rs))
+	}
+	if d, _, _ := ex.snapshot(); slices.Contains(d, s2) || slices.Contains(d, s4) {
+		t.Fatalf("the executor was handed %v; superseded ones are never forwarded", d)
+	}
+}

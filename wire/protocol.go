@@ -46,6 +46,7 @@ const (
 	KindRekeyReply       Kind = 25 // executor: the enrolment it began with the answer's token, or why none
 	KindActivity         Kind = 26 // agent: what did you do on your own after this count
 	KindActivityReply    Kind = 27 // executor: those activities, oldest first, and the count reached
+	KindLastApplied      Kind = 28 // agent: the last declaration applied from the link, if past this sequence
 )
 
 // Direction is who may send a message.
@@ -126,6 +127,7 @@ var Table = []Spec{
 	{KindRekeyReply, "rekey-reply", ExecutorToAgent, nil, 4 << 10, func() any { return new(RekeyReply) }, 0, 0},
 	{KindActivity, "activity", AgentToExecutor, []State{StateReady}, 64, func() any { return new(Activity) }, KindActivityReply, 0},
 	{KindActivityReply, "activity-reply", ExecutorToAgent, nil, 1 << 20, func() any { return new(ActivityReply) }, 0, 0},
+	{KindLastApplied, "last-applied", AgentToExecutor, []State{StateReady}, 64, func() any { return new(LastApplied) }, KindVerdict, KindReportLine},
 }
 
 var byKind = func() map[Kind]*Spec {
@@ -318,6 +320,17 @@ type Reconnected struct {
 	// and what the link's last moments left unreported — rather than
 	// those between From and To by the executor's clock.
 	After *uint64 `cbor:"3,keyasint,omitempty"`
+}
+
+// LastApplied asks the executor to say again the last declaration it
+// applied from the link, when its sequence is past After: its lines as
+// kept (KindReportLine), then a Verdict naming it (Seq, Outcome). A
+// Verdict with no outcome says there is none past After. The agent asks
+// before it reports declarations superseded: one the executor applied
+// while the agent, stopped between the verdict and its report, never
+// said it, is reported applied — with its lines — not superseded.
+type LastApplied struct {
+	After uint64 `cbor:"1,keyasint"`
 }
 
 // Activity asks what the executor did on its own — a start, a drift

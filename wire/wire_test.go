@@ -122,6 +122,7 @@ func everyKindRoundTrips(t *testing.T, pair func() (agent, executor *Conn)) {
 		KindRekey:            &Rekey{Envelope: []byte{3, 4}},
 		KindRekeyReply:       &RekeyReply{Begun: true, Token: "t", Refused: "r"},
 		KindActivity:         &Activity{After: 1 << 40},
+		KindLastApplied:      &LastApplied{After: 1<<64 - 1},
 		KindActivityReply: &ActivityReply{Last: 9, Lost: 2, Acts: []shapes.Activity{{At: time.Unix(1700000000, 0), Source: "link", Trigger: "drift",
 			Outcome: shapes.Repaired, Changed: 1, Lines: []shapes.Line{{Module: "m", ID: "i", Type: "file", Outcome: shapes.Repaired, Detail: "d"}}}}},
 	}
@@ -268,6 +269,7 @@ func FuzzFrame(f *testing.F) {
 	f.Add(rawFrame(KindDeclaration, mustEncode(&Declaration{Envelope: []byte("e")})), uint16(1))
 	f.Add(rawFrame(KindStatus, []byte{0xa0}), uint16(7))
 	f.Add(rawFrame(KindActivity, mustEncode(&Activity{After: 7})), uint16(2))
+	f.Add(rawFrame(KindLastApplied, mustEncode(&LastApplied{After: 7})), uint16(2))
 	f.Add(rawFrame(KindReconnected, mustEncode(&Reconnected{After: new(uint64(3))})), uint16(4))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
 		conn := NewConn(fed(b, int(cut)%(len(b)+1)), AgentToExecutor)
@@ -433,6 +435,7 @@ func TestEveryReplyBelongsToItsRequest(t *testing.T) {
 		KindKeyRotation: {KindKeyRotationReply},
 		KindRekey:       {KindRekeyReply},
 		KindActivity:    {KindActivityReply},
+		KindLastApplied: {KindVerdict, KindReportLine},
 	}
 	for _, req := range Table {
 		for _, reply := range Table {

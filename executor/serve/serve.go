@@ -115,6 +115,7 @@ var handlers = map[wire.Kind]handler{
 	wire.KindKeyRotation: (*Server).keyRotation,
 	wire.KindRekey:       (*Server).rekey,
 	wire.KindActivity:    (*Server).activity,
+	wire.KindLastApplied: (*Server).lastApplied,
 }
 
 // Handled lists the request kinds the executor serves.
@@ -729,6 +730,58 @@ func (s *Server) release(sum string) {
 	s.streamMu.Unlock()
 }
 
+// sayAgain is the answer that says again the last declaration applied from
+// the link, f (the floor): its outcome, the lines kept of its apply, and
+// what the store owns now. It is the answer to that declaration handed
+// over again and to the agent's LastApplied: one answer, however asked.
+func (s *Server) sayAgain(f identity.Floor, emit func(shapes.Line)) *wire.Verdict {
+	v := &wire.Verdict{Seq: f.Seq, Outcome: s.lastOutcome(), Duplicate: true}
+	if kept := readKeptLines(s.cfg.StateDir, f.Seq, f.Digest); kept != nil {
+		if kept.Outcome != "" {
+			v.Outcome = kept.Outcome
+		}
+		for _, l := range kept.Lines {
+			if emit != nil {
+				emit(l)
+			}
+		}
+	}
+	// And what the store owns now, as an apply's verdict says it: the
+	// report said again is the newest, and the control side keeps the
+	// newest report's copy to hand back to a node that lost its store
+	// (one without it left an older apply's copy as the newest).
+	if st, err := store.Open(s.cfg.StateDir); err == nil {
+		v.Owned = enrol.Owned(st)
+	}
+	return v
+}
+
+// lastApplied answers the agent's LastApplied: the last declaration
+// applied from the link, said again, when it is past the sequence the
+// agent names; else a verdict naming the floor, with no outcome. Under
+// the apply lock, as a declaration handed over again is: the floor, the
+// lines kept and the outcome are then of one apply.
+func (s *Server) lastApplied(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
+	after := body.(*wire.LastApplied).After
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	id, err := s.identity()
+	if err != nil {
+		return wire.KindVerdict, refusal(wire.CodeInternal, "%v", err), nil
+	}
+	if id == nil {
+		return wire.KindVerdict, refusal(wire.CodeNotEnrolled, "this host has no identity (hosted): it has applied nothing from the link"), nil
+	}
+	f, err := identity.ReadFloor(s.cfg.StateDir)
+	if err != nil {
+		return wire.KindVerdict, refusal(wire.CodeInternal, "read the sequence floor: %v", err), nil
+	}
+	if f.Seq == 0 || f.Seq <= after {
+		return wire.KindVerdict, &wire.Verdict{Seq: f.Seq}, nil
+	}
+	return wire.KindVerdict, s.sayAgain(f, c.line), nil
+}
+
 // lastOutcome is the outcome of the last link apply: this process's, or
 // the one the store kept from before a restart.
 func (s *Server) lastOutcome() shapes.Outcome {
@@ -814,20 +867,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		// Applied already (the agent hands it over again after a
 		// connection broke before the verdict): nothing is done, and the
 		// report says what that apply did, so it never loses its lines.
-		v.Outcome, v.Duplicate = s.lastOutcome(), true
-		if kept := readKeptLines(s.cfg.StateDir, d.Seq, digest); kept != nil && emit != nil {
-			for _, l := range kept {
-				emit(l)
-			}
-		}
-		// And what the store owns now, as an apply's verdict says it: the
-		// report sent again is the newest, and the control side keeps the
-		// newest report's copy to hand back to a node that lost its store
-		// (one without it left an older apply's copy as the newest).
-		if st, err := store.Open(s.cfg.StateDir); err == nil {
-			v.Owned = enrol.Owned(st)
-		}
-		return v
+		return s.sayAgain(f, emit)
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
 		v.Seq = d.Seq
@@ -864,7 +904,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		if err := st.SaveReport(store.Link, triggerDeclaration, rep); err != nil {
 			s.log.Warn("the apply's summary and history could not be kept", "source", store.Link, "seq", rep.Seq, "err", err)
 		}
-		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep.Lines); err != nil {
+		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
 		}
 	}

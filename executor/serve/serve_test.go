@@ -748,8 +748,11 @@ func TestCompromisedAgentFailsEveryTime(t *testing.T) {
 		// No rekey is pending: an answer handed over is refused.
 		"ready/rekey": "rekey-reply",
 		// What the executor did on its own: read, and nothing changed.
-		"ready/activity":  "activity-reply",
-		"envelope/forged": "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
+		"ready/activity": "activity-reply",
+		// The last apply said again (asked past 0): what its report
+		// carried already, read, and nothing changed.
+		"ready/last-applied": "verdict applied none",
+		"envelope/forged":    "verdict refused wrong-key", "envelope/grant": "verdict refused wrong-purpose",
 		"envelope/old": "verdict refused replay", "envelope/other-node": "verdict refused address",
 		"envelope/action": "verdict refused action", "envelope/conflict": "verdict refused conflict",
 		// An empty archive chunk names no digest.
@@ -1190,5 +1193,45 @@ func TestADeclarationIsCheckedUnderTheIdentityInForceWhenItApplies(t *testing.T)
 	}
 	if _, v := e.push(e.dial(), d); v.Outcome != shapes.Applied {
 		t.Fatalf("the new node's first declaration: %+v", v)
+	}
+}
+
+// The last declaration applied from the link is said again to the agent
+// that asks past a sequence below it — its outcome, the lines its apply
+// kept, what the store owns — by an executor started again too (its
+// outcome then read from the store); past it, or past a newer one, the
+// answer names the floor and says nothing; a hosted executor refuses.
+// The agent asks so that an apply it never reported (it stopped between
+// the verdict and the broker's confirmation) is not taken for superseded.
+func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 3, file("motd", "hello\n"), file("issue", "hi\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	ask := func(c *wire.Conn, after uint64) ([]shapes.Line, *wire.Verdict) {
+		t.Helper()
+		return send(t, c, wire.KindLastApplied, &wire.LastApplied{After: after})
+	}
+	check := func(c *wire.Conn, who string) {
+		t.Helper()
+		lines, v := ask(c, 1)
+		if v.Seq != 3 || v.Outcome != shapes.Applied || v.Code != wire.CodeNone || len(lines) != 2 || len(v.Owned) != 2 {
+			t.Fatalf("%s, asked past 1: %+v, lines %+v; want seq 3 applied, its two lines, two owned", who, v, lines)
+		}
+		for _, after := range []uint64{3, 9} {
+			if lines, v := ask(c, after); v.Seq != 3 || v.Outcome != "" || len(lines) != 0 || v.Owned != nil {
+				t.Fatalf("%s, asked past %d: %+v, lines %+v; want the floor named and nothing said", who, after, v, lines)
+			}
+		}
+	}
+	check(c, "the executor that applied it")
+	e.stop()
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	check(e.dial(), "the executor started again")
+
+	h := newEnv(t, nobody, false)
+	if _, v := ask(h.dial(), 0); v.Code != wire.CodeNotEnrolled || v.Outcome != shapes.Refused {
+		t.Fatalf("a hosted executor asked: %+v", v)
 	}
 }

@@ -304,10 +304,14 @@ func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
 		return nil
 	}
 	a.log.Warn("the executor applied a declaration the agent had not reported (it stopped before the report was out): reported now", "seq", v.Seq, "outcome", v.Outcome)
+	// Those before it that never ran were superseded by it: past the
+	// floor its apply moved (Prior), never one the executor applied,
+	// which an agent whose memory is behind (its state not written: a
+	// full disk) would otherwise say superseded. Not known, none is said.
 	var out []*link.Report
-	if from < v.Seq {
+	if v.Prior != nil && max(from, *v.Prior+1) < v.Seq {
 		s := a.report(v.Seq - 1)
-		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, v.Seq, v.Outcome
+		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, max(from, *v.Prior+1), v.Seq, v.Outcome
 		out = append(out, s)
 	}
 	r := a.report(v.Seq)

@@ -52,8 +52,10 @@ type fakeExecutor struct {
 	// activity requests.
 	plans        int
 	activityAsks int
-	// lastAsks counts the LastApplied requests answered.
+	// lastAsks counts the LastApplied requests answered; prior is the
+	// sequence applied before the last (the floor's Prior).
 	lastAsks int
+	prior    uint64
 	// events is each roster and declaration taken, in order: "roster N"
 	// (the roster's own sequence), "decl N".
 	events []string
@@ -238,7 +240,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			// (serve's sayAgain): past the sequence asked, its lines and
 			// outcome; else the floor named, nothing said.
 			f.mu.Lock()
-			applied := f.applied
+			applied, prior := f.applied, f.prior
 			f.lastAsks++
 			f.mu.Unlock()
 			if applied <= b.After {
@@ -246,7 +248,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				continue
 			}
 			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
-			c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied, Outcome: shapes.Applied, Duplicate: true})
+			c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied, Outcome: shapes.Applied, Duplicate: true, Prior: &prior})
 		case *wire.Profile:
 			f.mu.Lock()
 			f.profiles++
@@ -383,7 +385,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
 			f.mu.Lock()
 			if d.Seq > f.applied {
-				f.applied = d.Seq
+				f.applied, f.prior = d.Seq, f.applied
 			}
 			f.hosted = f.hosted || d.Retire
 			f.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -387,5 +389,43 @@ func TestAnApplyAStoppedAgentNeverReportedIsReportedByTheNext(t *testing.T) {
 	}
 	if d, _, _ := ex.snapshot(); slices.Contains(d, s2) || slices.Contains(d, s4) {
 		t.Fatalf("the executor was handed %v; superseded ones are never forwarded", d)
+	}
+}
+
+// An agent whose memory is behind — its state not written while the disk
+// was full, then restarted — says none that ran superseded: the executor
+// names the floor its last apply moved (Prior), and only declarations
+// past it never ran. Its last apply is said again (twice, at worst).
+func TestAnAgentWhoseMemoryIsBehindSaysNoneThatRanSuperseded(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("behind")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	dir := t.TempDir()
+	stop := runAgentIn(t, id, ex.path, 0, dir)
+	s1 := c.declare("behind", fmt.Sprintf(motd, 1))
+	c.reports("behind", "seq 1 applied", hasReport(s1, shapes.Applied))
+	stale, err := os.ReadFile(filepath.Join(dir, "agent.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := c.declare("behind", fmt.Sprintf(motd, 2))
+	c.reports("behind", "seq 2 applied", hasReport(s2, shapes.Applied))
+	s3 := c.declare("behind", fmt.Sprintf(motd, 3))
+	c.reports("behind", "seq 3 applied", hasReport(s3, shapes.Applied))
+	stop()
+	// The link's loss is written down by the broker client's callback,
+	// which may run after the agent's end.
+	time.Sleep(300 * time.Millisecond)
+	// What a full disk leaves: the state as it was written last, at seq 1.
+	if err := os.WriteFile(filepath.Join(dir, "agent.json"), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s4 := c.declare("behind", fmt.Sprintf(motd, 4))
+	runAgentIn(t, id, ex.path, 0, dir)
+	rs := c.reports("behind", "seq 4 applied", hasReport(s4, shapes.Applied))
+	for _, r := range rs {
+		if r.Outcome == shapes.Superseded {
+			t.Fatalf("a declaration that ran reported superseded: %s", describe(rs))
+		}
 	}
 }

@@ -324,7 +324,7 @@ type Reconnected struct {
 
 // LastApplied asks the executor to say again the last declaration it
 // applied from the link, when its sequence is past After: its lines as
-// kept (KindReportLine), then a Verdict naming it (Seq, Outcome). A
+// kept (KindReportLine), then a Verdict naming it (Seq, Outcome, Prior). A
 // Verdict with no outcome says there is none past After. The agent asks
 // before it reports declarations superseded: one the executor applied
 // while the agent, stopped between the verdict and its report, never
@@ -472,6 +472,13 @@ type Verdict struct {
 	// activity its Meanwhile and this reconcile's own lines cover — what
 	// the agent has reported once the report is out.
 	Activity uint64 `cbor:"10,keyasint,omitempty"`
+	// Prior, on a declaration said again (a duplicate, LastApplied): the
+	// sequence the link applied before it, when the executor kept it
+	// with the apply (nil: not known). The declarations between the two
+	// never ran: those the agent reports superseded by this one stay
+	// past Prior, so that an agent whose memory is behind (its state not
+	// written, a full disk) says none that ran was superseded.
+	Prior *uint64 `cbor:"11,keyasint,omitempty"`
 }
 
 // MaxMeanwhile bounds Verdict.Meanwhile.

@@ -155,6 +155,11 @@ type Floor struct {
 	// in what releases before the field wrote, which read the file
 	// loosely and pass it over.
 	Format int `json:"format,omitempty"`
+	// Prior is the floor this one replaced, when an accepted declaration
+	// moved it (nil: written by an enrolment, or by a release before the
+	// field): the declarations between the two never ran, which lets the
+	// agent say which it may report superseded (wire.Verdict.Prior).
+	Prior *uint64 `json:"prior,omitempty"`
 }
 
 // FloorFile is the floor's file in the state directory.

@@ -735,7 +735,7 @@ func (s *Server) release(sum string) {
 // what the store owns now. It is the answer to that declaration handed
 // over again and to the agent's LastApplied: one answer, however asked.
 func (s *Server) sayAgain(f identity.Floor, emit func(shapes.Line)) *wire.Verdict {
-	v := &wire.Verdict{Seq: f.Seq, Outcome: s.lastOutcome(), Duplicate: true}
+	v := &wire.Verdict{Seq: f.Seq, Outcome: s.lastOutcome(), Duplicate: true, Prior: f.Prior}
 	if kept := readKeptLines(s.cfg.StateDir, f.Seq, f.Digest); kept != nil {
 		if kept.Outcome != "" {
 			v.Outcome = kept.Outcome
@@ -776,7 +776,8 @@ func (s *Server) lastApplied(_ context.Context, c *conn, body any) (wire.Kind, a
 	if err != nil {
 		return wire.KindVerdict, refusal(wire.CodeInternal, "read the sequence floor: %v", err), nil
 	}
-	if f.Seq == 0 || f.Seq <= after {
+	if f.Seq <= after || f.Digest == "" {
+		// None past it, or a floor an enrolment set: no apply to say.
 		return wire.KindVerdict, &wire.Verdict{Seq: f.Seq}, nil
 	}
 	return wire.KindVerdict, s.sayAgain(f, c.line), nil
@@ -889,7 +890,8 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	// saved as the target, before the machine changes: no crash can then
 	// let an older one in, and a passing refusal burns nothing.
 	accepted := func() error {
-		if err := identity.WriteFloor(s.cfg.StateDir, identity.Floor{Seq: d.Seq, Digest: digest}); err != nil {
+		prior := f.Seq
+		if err := identity.WriteFloor(s.cfg.StateDir, identity.Floor{Seq: d.Seq, Digest: digest, Prior: &prior}); err != nil {
 			return fmt.Errorf("record the sequence floor: %w", err)
 		}
 		return nil

@@ -1219,6 +1219,10 @@ func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
 		if v.Seq != 3 || v.Outcome != shapes.Applied || v.Code != wire.CodeNone || len(lines) != 2 || len(v.Owned) != 2 {
 			t.Fatalf("%s, asked past 1: %+v, lines %+v; want seq 3 applied, its two lines, two owned", who, v, lines)
 		}
+		// The floor before it: the first of this enrolment's applies.
+		if v.Prior == nil || *v.Prior != 0 {
+			t.Fatalf("%s: the floor before seq 3 said as %v; want 0", who, v.Prior)
+		}
 		for _, after := range []uint64{3, 9} {
 			if lines, v := ask(c, after); v.Seq != 3 || v.Outcome != "" || len(lines) != 0 || v.Owned != nil {
 				t.Fatalf("%s, asked past %d: %+v, lines %+v; want the floor named and nothing said", who, after, v, lines)
@@ -1228,7 +1232,21 @@ func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
 	check(c, "the executor that applied it")
 	e.stop()
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
-	check(e.dial(), "the executor started again")
+	c = e.dial()
+	check(c, "the executor started again")
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 7, file("motd", "seven\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if lines, v := ask(c, 3); v.Seq != 7 || v.Prior == nil || *v.Prior != 3 || len(lines) != 2 {
+		t.Fatalf("asked past 3 after seq 7: %+v (prior %v), lines %+v; want seq 7, prior 3, its two lines (motd replaced, issue removed)", v, v.Prior, lines)
+	}
+	// A floor an enrolment set (a grant's floor, no apply) is no apply.
+	if err := identity.WriteFloor(e.state, identity.Floor{Seq: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if lines, v := ask(c, 7); v.Seq != 20 || v.Outcome != "" || len(lines) != 0 {
+		t.Fatalf("a floor an enrolment set, asked: %+v, lines %+v; want it named, nothing said", v, lines)
+	}
 
 	h := newEnv(t, nobody, false)
 	if _, v := ask(h.dial(), 0); v.Code != wire.CodeNotEnrolled || v.Outcome != shapes.Refused {

@@ -35,9 +35,10 @@ type report struct {
 	Meanwhile []struct {
 		Lines []line `json:"lines"`
 	} `json:"meanwhile"`
-	StreamSeq    uint64 `json:"report_stream_seq"`
-	SupersededBy uint64 `json:"superseded_by"`
-	Owned        []struct {
+	StreamSeq      uint64 `json:"report_stream_seq"`
+	SupersededBy   uint64 `json:"superseded_by"`
+	SupersededFrom uint64 `json:"superseded_from"`
+	Owned          []struct {
 		Target string `json:"target"`
 		Type   string `json:"type"`
 		Digest string `json:"digest"`
@@ -208,7 +209,11 @@ func (w *world) converged(n *node, bound time.Duration) bool {
 			why = fmt.Sprintf("the node's store says %d, and no report of it yet (newest reported %d)", own, reported)
 			return false
 		}
-		n.enrolment = v.Enrolment
+		if n.enrolment != v.Enrolment {
+			// Another enrolment: its sequences start again, so only the
+			// applies after this count are of it (ranSuperseded).
+			n.enrolment, n.histBase = v.Enrolment, newestActivity(n)
+		}
 		if v.Applied != own {
 			why = fmt.Sprintf("the control side says applied %d, the node's store %d", v.Applied, own)
 			return false
@@ -253,9 +258,71 @@ func (w *world) afterStep() {
 			continue
 		}
 		w.checkMachine(n)
+		w.checkRanNotSuperseded(n)
 		w.checkKeyInForce(n)
 		w.checkPinsInForce(n)
 	}
+}
+
+// checkRanNotSuperseded: no report of the node's enrolment says
+// superseded a declaration its executor applied — by its own history (an
+// apply that changed something or failed, from the link, counted past
+// the enrolment's start). A superseded declaration never ran: one that ran
+// and was said superseded has its changes said nowhere.
+func (w *world) checkRanNotSuperseded(n *node) {
+	ran := map[uint64]bool{}
+	for _, h := range history(n) {
+		if h.N > n.histBase && h.Source == "link" && h.Trigger == "declaration" && h.Seq > 0 {
+			ran[h.Seq] = true
+		}
+	}
+	for _, r := range w.reports(n) {
+		if r.Outcome != "superseded" || r.Trigger != "declaration" || r.Enrolment != n.enrolment {
+			continue
+		}
+		w.check("ran-not-superseded")
+		from := r.SupersededFrom
+		if from == 0 {
+			from = r.Seq
+		}
+		for s := from; s <= r.Seq && s < from+1000; s++ {
+			if ran[s] {
+				w.violate(n, "ran-not-superseded", "%s: a report says seqs %d–%d superseded by %d; its executor's history says seq %d was applied", n.name, from, r.Seq, r.SupersededBy, s)
+				break
+			}
+		}
+	}
+}
+
+// historyEntry is a line of an executor's history (history.jsonl).
+type historyEntry struct {
+	N       uint64 `json:"n"`
+	Source  string `json:"source"`
+	Trigger string `json:"trigger"`
+	Seq     uint64 `json:"seq"`
+}
+
+// history is n's executor's history as its state holds it (a line cut
+// short passed over).
+func history(n *node) []historyEntry {
+	b, _ := os.ReadFile(filepath.Join(n.state, "history.jsonl"))
+	var out []historyEntry
+	for _, line := range strings.Split(string(b), "\n") {
+		var h historyEntry
+		if json.Unmarshal([]byte(line), &h) == nil {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// newestActivity is the count of the newest line of n's history.
+func newestActivity(n *node) uint64 {
+	var newest uint64
+	for _, h := range history(n) {
+		newest = max(newest, h.N)
+	}
+	return newest
 }
 
 // checkKeyInForce: an enrolled node converged holds, within the bound,

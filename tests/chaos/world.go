@@ -88,6 +88,9 @@ type node struct {
 	// enrolment is the node's as the control side last said it: reports
 	// of an earlier one are not this one's state.
 	enrolment string
+	// histBase is the count of the executor's history when the control
+	// side first said that enrolment: the applies past it are of it.
+	histBase uint64
 	// keepBefore: this look's reports could not be read, so before and
 	// lastReport stay as they were for the next look.
 	keepBefore bool

@@ -442,7 +442,7 @@ func runLinked(ctx context.Context, o Options) error {
 		a.hbExec.close()
 	}()
 	for {
-		nc, err := a.dial(ctx)
+		nc, closed, err := a.dial(ctx)
 		if err != nil {
 			break
 		}
@@ -463,6 +463,15 @@ func runLinked(ctx context.Context, o Options) error {
 		a.linked()
 		a.work(ctx)
 		nc.Close()
+		// The client's callbacks run on a goroutine of its own: the link's
+		// loss is written into the state (linkDown) after Close returns.
+		// Waited for, so that nothing of this run writes the state after
+		// it ends — an agent started next on the directory, or the next
+		// enrolment's run, would have it written over.
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -507,8 +516,9 @@ func (a *Agent) backoff(ctx context.Context, d time.Duration) time.Duration {
 const linkPing = 2 * time.Minute
 
 // dial connects to the broker, retrying until ctx ends. Every failure is
-// logged legibly (and kept for the next heartbeat).
-func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
+// logged legibly (and kept for the next heartbeat). closed is closed once
+// the connection is, with every callback of it before that run.
+func (a *Agent) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, err error) {
 	attempts := 0
 	// One for the attempts and the link they make, which reconnects
 	// through it: a connection left open by a failed handshake is closed
@@ -516,7 +526,9 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 	dialer := newLastConnDialer(a.o.Dialer)
 	for {
 		start := clock.Now()
+		closed = make(chan struct{})
 		opts := append(linkOptions(a.id, &a.pins),
+			nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 			nats.MaxReconnects(-1),
 			nats.CustomReconnectDelay(a.reconnectDelay),
 			nats.IgnoreAuthErrorAbort(),
@@ -562,13 +574,13 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 				a.log.Error("the broker refused: " + err.Error())
 			}),
 		)
-		nc, err := nats.Connect(a.id.BrokerURL, opts...)
+		nc, err = nats.Connect(a.id.BrokerURL, opts...)
 		if err == nil {
-			return nc, nil
+			return nc, closed, nil
 		}
 		a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(start)))
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 		attempts++
 		if d, revoked := a.revokedDelay(); revoked {
@@ -577,7 +589,7 @@ func (a *Agent) dial(ctx context.Context) (*nats.Conn, error) {
 			a.sleep(ctx, a.linkWait(attempts))
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 	}
 }

@@ -413,9 +413,6 @@ func TestAnAgentWhoseMemoryIsBehindSaysNoneThatRanSuperseded(t *testing.T) {
 	s3 := c.declare("behind", fmt.Sprintf(motd, 3))
 	c.reports("behind", "seq 3 applied", hasReport(s3, shapes.Applied))
 	stop()
-	// The link's loss is written down by the broker client's callback,
-	// which may run after the agent's end.
-	time.Sleep(300 * time.Millisecond)
 	// What a full disk leaves: the state as it was written last, at seq 1.
 	if err := os.WriteFile(filepath.Join(dir, "agent.json"), stale, 0o600); err != nil {
 		t.Fatal(err)
@@ -426,6 +423,30 @@ func TestAnAgentWhoseMemoryIsBehindSaysNoneThatRanSuperseded(t *testing.T) {
 	for _, r := range rs {
 		if r.Outcome == shapes.Superseded {
 			t.Fatalf("a declaration that ran reported superseded: %s", describe(rs))
+		}
+	}
+}
+
+// Nothing of an agent's run writes its state after the run ends: the
+// broker client's callbacks (the link's loss, written down) are waited
+// for. Before, one wrote agent.json after Run returned — over what the
+// next agent on the directory, or the next enrolment's run, had written.
+func TestNothingOfAnAgentsRunWritesItsStateAfterItEnds(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("ended")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	for i := range 5 {
+		dir := t.TempDir()
+		stop := runAgentIn(t, id, ex.path, 0, dir)
+		waitFor(t, "linked", func() bool { _, r, _ := ex.snapshot(); return r == i+1 })
+		stop()
+		state := filepath.Join(dir, "agent.json")
+		if err := os.Remove(state); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if _, err := os.Stat(state); err == nil {
+			t.Fatalf("run %d: agent.json written after the agent's end", i+1)
 		}
 	}
 }

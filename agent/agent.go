@@ -191,9 +191,6 @@ type Agent struct {
 	// pendingDrain: the same of a declaration the executor answered
 	// (drain). The work loop's alone.
 	pendingDrain *pendingDrain
-	// lastAppliedUnknown: the executor refused LastApplied as a request
-	// it does not know (reportUnreported).
-	lastAppliedUnknown bool
 	// remembers: the agent's state holds what it settled of this
 	// enrolment's link — kept by an agent before it, or learnt by this
 	// one at its first reconnect (learnFromStatus). The work loop's.
@@ -440,6 +437,10 @@ func runLinked(ctx context.Context, o Options) error {
 		wg.Wait()
 		a.exec.close()
 		a.hbExec.close()
+		// What of this run may still be going (a notice's handler, a
+		// plan's answer) writes the state no more: the next agent on the
+		// directory, or the next enrolment's run, holds it now.
+		st.end()
 	}()
 	for {
 		nc, closed, err := a.dial(ctx)
@@ -526,9 +527,10 @@ func (a *Agent) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, 
 	dialer := newLastConnDialer(a.o.Dialer)
 	for {
 		start := clock.Now()
-		closed = make(chan struct{})
+		done := make(chan struct{})
+		closeDone := sync.OnceFunc(func() { close(done) })
 		opts := append(linkOptions(a.id, &a.pins),
-			nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+			nats.ClosedHandler(func(*nats.Conn) { closeDone() }),
 			nats.MaxReconnects(-1),
 			nats.CustomReconnectDelay(a.reconnectDelay),
 			nats.IgnoreAuthErrorAbort(),
@@ -576,7 +578,7 @@ func (a *Agent) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, 
 		)
 		nc, err = nats.Connect(a.id.BrokerURL, opts...)
 		if err == nil {
-			return nc, closed, nil
+			return nc, done, nil
 		}
 		a.linkFailed(explain(a.id.BrokerURL, err, a.pins.since(start)))
 		if ctx.Err() != nil {
@@ -1127,8 +1129,9 @@ func (a *Agent) reconnected(ctx context.Context) error {
 		a.reconc.Store(true)
 		return err
 	}
-	a.learnFromStatus()
-	a.remembers = true
+	if a.learnFromStatus() {
+		a.remembers = true
+	}
 	r := a.report(v.Seq)
 	r.Trigger, r.Outcome, r.Owned = link.TriggerReconnect, v.Outcome, v.Owned
 	if lines != nil {
@@ -1155,11 +1158,11 @@ func (a *Agent) reconnected(ctx context.Context) error {
 // checks under its enrolment's key until it judges a message the new key
 // signed, and would pass over meanwhile what it checks on its own (a
 // renewed broker credential, heard in the notice handler, which asks the
-// executor nothing).
-func (a *Agent) learnFromStatus() {
+// executor nothing). heard: the executor answered.
+func (a *Agent) learnFromStatus() (heard bool) {
 	s, err := a.exec.status(a.linkSaid())
 	if err != nil {
-		return
+		return false
 	}
 	if s.ControlKeyID != "" && s.ControlKeyID != wire.KeyID(a.controlKey()) {
 		a.learnControlKey("")
@@ -1177,6 +1180,7 @@ func (a *Agent) learnFromStatus() {
 			}
 		})
 	}
+	return true
 }
 
 func (a *Agent) report(seq uint64) *link.Report {

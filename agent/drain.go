@@ -208,6 +208,12 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		st = a.state.get()
 	}
 	var r *link.Report
+	// ran is the newest sequence the executor says it applied before this
+	// one (wire.Verdict.Prior), when it says it: the declarations past it
+	// never ran, so only those are reported superseded — an agent whose
+	// memory is behind (its state not written: a full disk, a kill between
+	// the broker's confirmation and the write) would say some that ran.
+	var ran uint64
 	// The archives it names go to the executor's cache first, so the apply
 	// finds them there.
 	if err := a.streamArchives(ctx, d); err != nil {
@@ -233,6 +239,9 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		r.ApplyMS = max(1, clock.Since(handed).Milliseconds()) // 0 reads "not measured"
 		r.StreamSeq, r.Outcome, r.Lines, r.Duplicate, r.Briefing = m.sseq, v.Outcome, lines, v.Duplicate, v.Briefing
 		r.Owned = v.Owned
+		if v.Prior != nil {
+			ran = *v.Prior
+		}
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}
@@ -240,7 +249,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 	}
 	// The superseded first, so the newest is the last word.
 	var out []*link.Report
-	if from := max(st.LastSeq, st.LastApplied) + 1; from < seq {
+	if from := max(st.LastSeq, st.LastApplied, ran) + 1; from < seq {
 		s := a.report(seq - 1)
 		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, seq, r.Outcome
 		out = append(out, s)
@@ -281,23 +290,17 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 // reportUnreported asks the executor for the last declaration it applied
 // from the link, and when that is one between from and seq (the newest,
 // about to be forwarded) reports it with the lines its apply kept, those
-// before it superseded by it, and settles it: what the executor did is
-// reported however the agent lost it. Its report may then be said twice
-// (a confirmation lost before the stop), never not at all. The agent's
-// own pending reports cover a failure within one run (pendingDrain); this
-// covers what a stopped agent forgot. An executor of a release before the
-// request is not asked again in this run.
+// before it that never ran superseded by it, and settles it: what the
+// executor did is reported however the agent lost it. It is said as the
+// executor says it, "applied already" (Duplicate: its lines are of when it
+// ran, and are not counted again): the agent cannot know whether its first
+// report reached the broker before the stop. The agent's own pending
+// reports cover a failure within one run (pendingDrain); this covers what
+// a stopped agent forgot. (An executor of another build is never asked:
+// the agent ends at its hello.)
 func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
-	if a.lastAppliedUnknown {
-		return nil
-	}
 	v, lines, err := a.exec.request(ctx, wire.KindLastApplied, &wire.LastApplied{After: from - 1})
 	if err != nil {
-		if wire.CodeOf(err) == wire.CodeProtocol {
-			a.lastAppliedUnknown = true
-			a.log.Warn("the executor does not say its last apply (a release before it): a declaration it applied and the agent did not report may be reported superseded", "err", err)
-			return nil
-		}
 		return err
 	}
 	if v.Code != wire.CodeNone || v.Outcome == "" || v.Outcome == shapes.Refused || v.Seq < from || v.Seq >= seq {
@@ -315,9 +318,8 @@ func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
 		out = append(out, s)
 	}
 	r := a.report(v.Seq)
-	// Not a duplicate: the first the control side hears of this apply, so
-	// its lines are counted. The stream sequence it came by is not known.
-	r.Outcome, r.Lines, r.Owned = v.Outcome, lines, v.Owned
+	// The stream sequence it came by is not known.
+	r.Outcome, r.Lines, r.Owned, r.Duplicate = v.Outcome, lines, v.Owned, v.Duplicate
 	if r.Lines == nil {
 		r.Lines = []shapes.Line{}
 	}

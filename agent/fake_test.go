@@ -382,6 +382,18 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				f.holding <- d.Seq
 				<-release
 			}
+			f.mu.Lock()
+			if d.Seq == f.applied {
+				// Applied already, as the executor says it again (serve's
+				// sayAgain): its line, and the floor before it.
+				prior := f.prior
+				f.mu.Unlock()
+				c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
+				c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied, Duplicate: true, Prior: &prior})
+				continue
+			}
+			prior := f.applied
+			f.mu.Unlock()
 			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
 			f.mu.Lock()
 			if d.Seq > f.applied {
@@ -389,7 +401,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			}
 			f.hosted = f.hosted || d.Retire
 			f.mu.Unlock()
-			c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied})
+			c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied, Prior: &prior})
 		}
 	}
 }

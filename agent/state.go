@@ -86,9 +86,10 @@ type State struct {
 const stateFormat = 1
 
 type stateStore struct {
-	path string // "" keeps it in memory only
-	mu   sync.Mutex
-	s    State
+	path  string // "" keeps it in memory only
+	mu    sync.Mutex
+	s     State
+	ended bool // end: no more changes
 }
 
 func openState(dir string) (*stateStore, error) {
@@ -112,6 +113,18 @@ func openState(dir string) (*stateStore, error) {
 		return st, fmt.Errorf("state %s is in format v%d, written by a later release; this agent reads formats up to v%d and keeps what it knows of it", st.path, st.s.Format, stateFormat)
 	}
 	return st, nil
+}
+
+// errStateEnded refuses a change to the state of a run that has ended.
+var errStateEnded = errors.New("the agent's run that held this state has ended; not written")
+
+// end makes the store take no more changes: its run has ended, and a
+// change from what of it still runs would be written over what the next
+// run holds.
+func (st *stateStore) end() {
+	st.mu.Lock()
+	st.ended = true
+	st.mu.Unlock()
 }
 
 func (st *stateStore) get() State {
@@ -142,6 +155,9 @@ func (st *stateStore) keep(f func(*State)) error { return st.change(f, true) }
 func (st *stateStore) change(f func(*State), onceKept bool) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.ended {
+		return errStateEnded
+	}
 	next := st.s
 	f(&next)
 	next.Format = stateFormat

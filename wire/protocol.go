@@ -472,9 +472,9 @@ type Verdict struct {
 	// activity its Meanwhile and this reconcile's own lines cover — what
 	// the agent has reported once the report is out.
 	Activity uint64 `cbor:"10,keyasint,omitempty"`
-	// Prior, on a declaration said again (a duplicate, LastApplied): the
-	// sequence the link applied before it, when the executor kept it
-	// with the apply (nil: not known). The declarations between the two
+	// Prior, on a declaration applied or said again (a duplicate,
+	// LastApplied): the sequence the link applied before it, when the
+	// executor knows it (nil: not known). The declarations between the two
 	// never ran: those the agent reports superseded by this one stay
 	// past Prior, so that an agent whose memory is behind (its state not
 	// written, a full disk) says none that ran was superseded.

@@ -902,16 +902,27 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	// hands a declaration whose verdict it never had over again, and the
 	// lines kept (durably) are then its report. (A refused declaration
 	// applied nothing, and keeps nothing.)
+	var kept shapes.Outcome
+	keepLinesOf := func(rep *shapes.Report) {
+		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep); err != nil {
+			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
+		}
+		kept = rep.Outcome
+	}
 	keep := func(rep *shapes.Report) {
 		if err := st.SaveReport(store.Link, triggerDeclaration, rep); err != nil {
 			s.log.Warn("the apply's summary and history could not be kept", "source", store.Link, "seq", rep.Seq, "err", err)
 		}
-		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep); err != nil {
-			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
-		}
+		keepLinesOf(rep)
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Keep: keep})
+	if kept != "" && kept != rep.Outcome {
+		// What the apply said after it kept its report (its records'
+		// commit failed: a full disk) changes its outcome: the one said
+		// again is the apply's last word.
+		keepLinesOf(rep)
+	}
 	s.record(st, store.Link, triggerDeclaration, rep, clock.Since(began))
 	s.noteUpgrade(rep)
 	if rep.Outcome != shapes.Refused {
@@ -925,6 +936,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	v.Outcome = rep.Outcome
 	v.Briefing = rep.Briefing.Summary(100)
 	v.Owned = enrol.Owned(st)
+	v.Prior = &f.Seq                // the declarations between it and this one never ran
 	s.countHolds(len(st.Entries())) // the store at hand: not opened again
 	if d.Retire && rep.Outcome != shapes.Failed {
 		// Retired: it holds nothing now, and drops its identity; back to

@@ -1234,8 +1234,9 @@ func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
 	c = e.dial()
 	check(c, "the executor started again")
-	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 7, file("motd", "seven\n")))); v.Outcome != shapes.Applied {
-		t.Fatalf("%+v", v)
+	// An apply's own verdict names the floor before it too.
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 7, file("motd", "seven\n")))); v.Outcome != shapes.Applied || v.Prior == nil || *v.Prior != 3 {
+		t.Fatalf("seq 7 applied: %+v (prior %v); want applied, prior 3", v, v.Prior)
 	}
 	if lines, v := ask(c, 3); v.Seq != 7 || v.Prior == nil || *v.Prior != 3 || len(lines) != 2 {
 		t.Fatalf("asked past 3 after seq 7: %+v (prior %v), lines %+v; want seq 7, prior 3, its two lines (motd replaced, issue removed)", v, v.Prior, lines)

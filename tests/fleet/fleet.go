@@ -65,8 +65,10 @@ type Node struct {
 	// (loopbackDialer); nil: the client library's own.
 	dialer nats.CustomDialer
 
-	mu         sync.Mutex
-	applied    uint64
+	mu      sync.Mutex
+	applied uint64
+	// prior is the sequence applied before it (wire.Verdict.Prior).
+	prior      uint64
 	received   []Event       // declarations the stand-in took (applied)
 	roster     uint64        // the sequence of the roster it holds
 	rosters    []rosterEvent // the rosters it took
@@ -240,6 +242,17 @@ func (n *Node) serve(c *wire.Conn) {
 			err = c.Write(wire.KindVerdict, v)
 		case *wire.Roster:
 			err = c.Write(wire.KindVerdict, n.takeRoster(b.Envelope, at))
+		case *wire.LastApplied:
+			// As the executor says its last apply again (its lines are
+			// not kept here: none).
+			n.mu.Lock()
+			v := &wire.Verdict{Seq: n.applied}
+			if n.applied > b.After {
+				prior := n.prior
+				v.Outcome, v.Duplicate, v.Owned, v.Prior = shapes.Applied, true, []wire.OwnedEntry{}, &prior
+			}
+			n.mu.Unlock()
+			err = c.Write(wire.KindVerdict, v)
 		default:
 			c.Write(wire.KindError, &wire.Error{Code: wire.CodeProtocol, Message: "the bench's stand-in does not serve " + k.String()})
 			return
@@ -277,9 +290,11 @@ func (n *Node) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict) {
 		return refuse(wire.CodeReplay, fmt.Sprintf("sequence %d is older than the last applied, %d", d.Seq, n.applied))
 	}
 	if d.Seq == n.applied {
-		return nil, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Unchanged, Duplicate: true, Owned: []wire.OwnedEntry{}}
+		prior := n.prior
+		return nil, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Unchanged, Duplicate: true, Owned: []wire.OwnedEntry{}, Prior: &prior}
 	}
-	n.applied = d.Seq
+	prior := n.applied
+	n.prior, n.applied = n.applied, d.Seq
 	lines := make([]shapes.Line, 0, len(d.Resources))
 	owned := make([]wire.OwnedEntry, 0, len(d.Resources))
 	overlay := false
@@ -290,7 +305,7 @@ func (n *Node) apply(env []byte, at time.Time) ([]shapes.Line, *wire.Verdict) {
 		owned = append(owned, wire.OwnedEntry{Target: h.Type + ":" + h.Module + "." + h.ID, Type: h.Type, Module: h.Module, ID: h.ID})
 	}
 	n.received = append(n.received, Event{Seq: d.Seq, At: at, Overlay: overlay})
-	return lines, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Derive(lines), Owned: owned}
+	return lines, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Derive(lines), Owned: owned, Prior: &prior}
 }
 
 // takeRoster is the stand-in's take of the mesh's roster: what the

@@ -192,8 +192,9 @@ type Agent struct {
 	// (drain). The work loop's alone.
 	pendingDrain *pendingDrain
 	// remembers: the agent's state holds what it settled of this
-	// enrolment's link — kept by an agent before it, or learnt by this
-	// one at its first reconnect (learnFromStatus). The work loop's.
+	// enrolment's link, at least the executor's floor (State.FloorLearnt)
+	// — kept by an agent before it, or learnt by this one at its first
+	// reconnect (learnFromStatus). The work loop's.
 	remembers bool
 	linkedAt  atomic.Uint64 // the client's count of reconnections when linked last ran
 	linkMu    sync.Mutex
@@ -408,13 +409,14 @@ func runLinked(ctx context.Context, o Options) error {
 	// What the agent learnt of the link's sequences, of this enrolment
 	// only (State.Enrolment): the executor's own floor (learnFromStatus)
 	// is the new enrolment's, from its grant.
-	a.remembers = st.get().Enrolment == a.id.Enrolment
+	a.remembers = st.get().Enrolment == a.id.Enrolment && st.get().FloorLearnt
 	if s := st.get(); s.Enrolment != a.id.Enrolment {
 		if err := st.update(func(s *State) {
 			if s.Enrolment != "" {
 				s.LastApplied, s.LastAppliedOutcome, s.LastSeq, s.LastOutcome = 0, "", 0, ""
 				s.LastStreamSeq, s.LastRosterStreamSeq, s.LastRosterSeq, s.UsesRoster = 0, 0, 0, false
 			}
+			s.FloorLearnt = false
 			s.Enrolment = a.id.Enrolment
 		}); err != nil {
 			a.log.Warn("state: " + err.Error())
@@ -1172,12 +1174,15 @@ func (a *Agent) learnFromStatus() (heard bool) {
 	// declaration up to its own, and one the executor applied past it
 	// is a declaration it never reported, which a raised memory would
 	// hide (reportUnreported).
-	if !a.remembers && s.Seq > a.state.get().LastApplied {
+	if !a.remembers {
 		a.state.update(func(st *State) {
-			st.LastApplied = s.Seq
-			if s.Outcome != "" {
-				st.LastAppliedOutcome = s.Outcome
+			if s.Seq > st.LastApplied {
+				st.LastApplied = s.Seq
+				if s.Outcome != "" {
+					st.LastAppliedOutcome = s.Outcome
+				}
 			}
+			st.FloorLearnt = true
 		})
 	}
 	return true

@@ -478,3 +478,31 @@ func TestNothingOfAnAgentsRunWritesItsStateAfterItEnds(t *testing.T) {
 		}
 	}
 }
+
+// An agent whose state names its enrolment but never learnt the
+// executor's floor in it (started and stopped before its first reconnect:
+// a new enrolment's grant floor, say) takes the floor from the executor's
+// status, as a state lost would: it does not take itself for one that
+// remembers, whose sequences below the floor would be said superseded.
+func TestAnEnrolmentWhoseFloorWasNeverLearntTakesItFromTheExecutor(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("unlearnt")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	ex.mu.Lock()
+	ex.applied = 7 // the grant's floor
+	ex.mu.Unlock()
+	dir := t.TempDir()
+	state := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(state, []byte(`{"enrolment": "`+id.Enrolment+`", "last_applied": 0, "format": 1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runAgentIn(t, id, ex.path, 0, dir)
+	waitFor(t, "the executor's floor taken", func() bool {
+		b, _ := os.ReadFile(state)
+		var st struct {
+			LastApplied uint64 `json:"last_applied"`
+			Learnt      bool   `json:"floor_learnt"`
+		}
+		return json.Unmarshal(b, &st) == nil && st.LastApplied == 7 && st.Learnt
+	})
+}

@@ -72,6 +72,13 @@ type State struct {
 	// state from before the field counts from the executor's newest).
 	ActivityReported uint64 `json:"activity_reported,omitempty"`
 	ActivityCounted  bool   `json:"activity_counted,omitempty"`
+	// FloorLearnt: the executor's floor was learnt in this enrolment (its
+	// status heard at a reconnect, learnFromStatus), so the sequences
+	// above are at least it. Until then the agent raises them to the
+	// executor's — a new enrolment's grant floor, a lost state's last
+	// applied; after, a floor past them is an apply the agent never
+	// reported (reportUnreported), which a raise would hide.
+	FloorLearnt bool `json:"floor_learnt,omitempty"`
 	// Format is the file's format, stateFormat when written (absent, in
 	// what releases before the field wrote: 1).
 	Format int `json:"format,omitempty"`

@@ -903,11 +903,12 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	// lines kept (durably) are then its report. (A refused declaration
 	// applied nothing, and keeps nothing.)
 	var kept shapes.Outcome
+	keptCount := -1
 	keepLinesOf := func(rep *shapes.Report) {
 		if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep); err != nil {
 			s.log.Warn("the apply's lines could not be kept for a report sent again", "seq", d.Seq, "err", err)
 		}
-		kept = rep.Outcome
+		kept, keptCount = rep.Outcome, len(rep.Lines)
 	}
 	keep := func(rep *shapes.Report) {
 		if err := st.SaveReport(store.Link, triggerDeclaration, rep); err != nil {
@@ -917,9 +918,9 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	}
 	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Keep: keep})
-	if kept != "" && kept != rep.Outcome {
+	if keptCount >= 0 && (kept != rep.Outcome || keptCount != len(rep.Lines)) {
 		// What the apply said after it kept its report (its records'
-		// commit failed: a full disk) changes its outcome: the one said
+		// commit failed: a full disk) is part of it: the report said
 		// again is the apply's last word.
 		keepLinesOf(rep)
 	}

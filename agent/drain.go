@@ -248,13 +248,7 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		a.log.Info("the executor's verdict", "seq", seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
 	}
 	// The superseded first, so the newest is the last word.
-	var out []*link.Report
-	if from := max(st.LastSeq, st.LastApplied, ran) + 1; from < seq {
-		s := a.report(seq - 1)
-		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, seq, r.Outcome
-		out = append(out, s)
-	}
-	out = append(out, r)
+	out := append(a.superseded(max(st.LastSeq, st.LastApplied, ran)+1, seq, r.Outcome), r)
 	settle := func() {
 		if err := a.state.update(func(s *State) {
 			s.LastStreamSeq = m.sseq
@@ -312,10 +306,8 @@ func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
 	// which an agent whose memory is behind (its state not written: a
 	// full disk) would otherwise say superseded. Not known, none is said.
 	var out []*link.Report
-	if v.Prior != nil && max(from, *v.Prior+1) < v.Seq {
-		s := a.report(v.Seq - 1)
-		s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, max(from, *v.Prior+1), v.Seq, v.Outcome
-		out = append(out, s)
+	if v.Prior != nil {
+		out = a.superseded(max(from, *v.Prior+1), v.Seq, v.Outcome)
 	}
 	r := a.report(v.Seq)
 	// The stream sequence it came by is not known.
@@ -333,6 +325,18 @@ func (a *Agent) reportUnreported(ctx context.Context, from, seq uint64) error {
 			s.LastApplied, s.LastAppliedOutcome = v.Seq, v.Outcome
 		}
 	})
+}
+
+// superseded is the report that the sequences from to by-1 were
+// superseded by by (whose outcome was outcome), none when there are none:
+// one report for them all, the agent never having read them.
+func (a *Agent) superseded(from, by uint64, outcome shapes.Outcome) []*link.Report {
+	if from >= by {
+		return nil
+	}
+	s := a.report(by - 1)
+	s.Outcome, s.SupersededFrom, s.SupersededBy, s.SupersededOutcome = shapes.Superseded, from, by, outcome
+	return []*link.Report{s}
 }
 
 // pendingDrain is a drain's reports the broker did not take, after the

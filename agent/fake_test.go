@@ -181,6 +181,13 @@ func (f *fakeExecutor) accept(ln net.Listener) {
 	}
 }
 
+// sayAgain answers as the executor says its last apply again (serve's
+// sayAgain): its line, applied already, and the floor before it.
+func sayAgain(c *wire.Conn, seq, prior uint64) {
+	c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
+	c.Write(wire.KindVerdict, &wire.Verdict{Seq: seq, Outcome: shapes.Applied, Duplicate: true, Prior: &prior})
+}
+
 func (f *fakeExecutor) serve(c *wire.Conn) {
 	defer c.Close()
 	state := wire.StateNew
@@ -247,8 +254,7 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied})
 				continue
 			}
-			c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
-			c.Write(wire.KindVerdict, &wire.Verdict{Seq: applied, Outcome: shapes.Applied, Duplicate: true, Prior: &prior})
+			sayAgain(c, applied, prior)
 		case *wire.Profile:
 			f.mu.Lock()
 			f.profiles++
@@ -384,12 +390,9 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			}
 			f.mu.Lock()
 			if d.Seq == f.applied {
-				// Applied already, as the executor says it again (serve's
-				// sayAgain): its line, and the floor before it.
 				prior := f.prior
 				f.mu.Unlock()
-				c.Write(wire.KindReportLine, &shapes.Line{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied})
-				c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Applied, Duplicate: true, Prior: &prior})
+				sayAgain(c, d.Seq, prior)
 				continue
 			}
 			prior := f.applied

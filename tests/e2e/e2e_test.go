@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/tests/ports"
@@ -295,28 +296,42 @@ func TestDeclareAppliedReported(t *testing.T) {
 	}
 }
 
+// holdStoreLock has a rescue apply (the real `mesh-executor apply`) hold
+// the store's lock, the executor's applies waiting behind it, until
+// release, which waits for it to end.
+func (m *mesh) holdStoreLock() (release func()) {
+	m.t.Helper()
+	flag := filepath.Join(m.base, "release")
+	rescue := filepath.Join(m.base, "rescue.json")
+	os.WriteFile(rescue, []byte(fmt.Sprintf(`{"version":1,"node":"n1","resources":[{"module":"hold","id":"lock","type":"action","run":["/bin/sh","-c","touch %s.held; while [ ! -e %s ]; do sleep 0.05; done; touch %s.done"],"verify":["/usr/bin/test","-e","%s.done"],"timeout":120}]}`, flag, flag, flag, flag)), 0o600)
+	holder := exec.Command(filepath.Join(bin, "mesh-executor"), "apply", "--state", m.state, rescue)
+	if err := holder.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	eventually(m.t, "the rescue apply holds the lock (its action runs)", func() bool {
+		_, err := os.Stat(flag + ".held")
+		return err == nil
+	})
+	return func() {
+		m.t.Helper()
+		os.WriteFile(flag, nil, 0o644)
+		if err := holder.Wait(); err != nil {
+			m.t.Fatalf("the rescue apply: %v", err)
+		}
+	}
+}
+
 // A flurry while the engine is busy: the machine becomes the last thing it
 // was told, not each in turn.
 func TestFlurryConvergesOnTheNewest(t *testing.T) {
 	m := newMesh(t)
-	// A rescue apply holds the store's lock until the test releases it.
-	release := filepath.Join(m.base, "release")
-	rescue := filepath.Join(m.base, "rescue.json")
-	os.WriteFile(rescue, []byte(fmt.Sprintf(`{"version":1,"node":"n1","resources":[{"module":"hold","id":"lock","type":"action","run":["/bin/sh","-c","while [ ! -e %s ]; do sleep 0.05; done; touch %s.done"],"verify":["/usr/bin/test","-e","%s.done"],"timeout":120}]}`, release, release, release)), 0o600)
-	holder := exec.Command(filepath.Join(bin, "mesh-executor"), "apply", "--state", m.state, rescue)
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
+	release := m.holdStoreLock()
 	const n = 500
 	var last uint64
 	for i := 1; i <= n; i++ {
 		last = m.declare(fmt.Sprintf(`{"version":1,"resources":[{"module":"base","id":"gen","type":"file","path":"{root}/generation","content":"%d\n"}]}`, i))
 	}
-	os.WriteFile(release, nil, 0o644)
-	if err := holder.Wait(); err != nil {
-		t.Fatalf("the rescue apply: %v", err)
-	}
+	release()
 	r := m.reportFor(last)
 	if r.Outcome != shapes.Applied {
 		t.Fatalf("the newest: %+v", r)

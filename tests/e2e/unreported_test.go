@@ -3,10 +3,10 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -20,29 +20,20 @@ import (
 func TestAnApplyWhoseAgentWasKilledIsReportedApplied(t *testing.T) {
 	m := newMesh(t)
 	agent := m.procs[len(m.procs)-1]
-	release := filepath.Join(m.base, "release")
-	rescue := filepath.Join(m.base, "rescue.json")
-	os.WriteFile(rescue, []byte(fmt.Sprintf(`{"version":1,"node":"n1","resources":[{"module":"hold","id":"lock","type":"action","run":["/bin/sh","-c","touch %s.held; while [ ! -e %s ]; do sleep 0.05; done; touch %s.done"],"verify":["/usr/bin/test","-e","%s.done"],"timeout":120}]}`, release, release, release, release)), 0o600)
-	holder := exec.Command(filepath.Join(bin, "mesh-executor"), "apply", "--state", m.state, rescue)
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the rescue apply holds the lock (its action runs)", func() bool {
-		_, err := os.Stat(release + ".held")
-		return err == nil
-	})
+	release := m.holdStoreLock()
 	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"%s\n"}]}`
 	s1 := m.declare(fmt.Sprintf(motd, "one"))
 	eventually(t, "the agent handed seq 1 over", func() bool {
 		b, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
 		return strings.Contains(string(b), fmt.Sprintf(`"forwarding the newest declaration" node=n1 seq=%d`, s1))
 	})
+	// The agent says so just before it writes the request: a moment for
+	// the write, so that the kill meets it waiting for the verdict (a
+	// kill before the write would leave seq 1 never handed over).
+	time.Sleep(time.Second)
 	agent.Process.Kill()
 	agent.Wait()
-	os.WriteFile(release, nil, 0o644)
-	if err := holder.Wait(); err != nil {
-		t.Fatalf("the rescue apply: %v", err)
-	}
+	release()
 	eventually(t, "the executor applied seq 1 with no agent to hear it", func() bool {
 		b, _ := os.ReadFile(filepath.Join(m.tree, "motd"))
 		return string(b) == "one\n"

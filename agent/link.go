@@ -74,10 +74,12 @@ func explain(url string, err error, pin *link.PinError) *LinkError {
 		return &LinkError{Reason: LinkAuthorization, Msg: fmt.Sprintf("authorization refused by the broker at %s: %v (it does not know this node's NKey, or revoked it)", url, err), Err: err}
 	}
 	if errors.Is(err, nats.ErrTimeout) || strings.Contains(err.Error(), "expected 'PONG'") {
-		// The connect went out and no answer came in time: the broker
-		// sent its own first ping (after 2 s) before answering, or
-		// nothing. A control side holds a node's connect while it has not
-		// read its registry (starting), rather than refuse it.
+		// The connect went out and no answer came in time: nothing came,
+		// or a broker sent its own first ping before answering (an
+		// external nats-server does 2 s after the connect; the control
+		// side's embedded broker only at its ping interval). A control
+		// side holds a node's connect while it has not read its registry
+		// (starting), rather than refuse it.
 		return &LinkError{Reason: LinkUnreachable, Msg: fmt.Sprintf("the broker at %s did not answer the connect in time: %v (a control side starting holds a node's connect until it has read its registry; or the broker is busy)", url, err), Err: err}
 	}
 	if errors.Is(err, nats.ErrNoServers) {

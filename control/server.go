@@ -310,6 +310,16 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 	}
 	opts.MaxConn = brokerMaxConn()
 	opts.AlwaysEnableNonce = true // the NKey challenge
+	// nats-server pings a client 2 s after its CONNECT, before it has
+	// answered it: a connect held longer (registryWait: serve reading its
+	// registry; or the broker busy making accounts for a fleet relinking)
+	// then reads that PING where the client waits for its PONG, and
+	// nats.go gives the connect up ("expected 'PONG', got 'PING'"), to do
+	// it all again later. The first ping comes at the ping interval
+	// instead; the client's own timeout (link.ConnectTimeout) bounds the
+	// wait. Only the embedded broker holds connects, and only its options
+	// (not a configuration file) have this setting.
+	opts.DisableShortFirstPing = true
 	opts.NoSigs = true
 	ns, err := server.NewServer(opts)
 	if err != nil {

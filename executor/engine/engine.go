@@ -278,6 +278,14 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			return rep
 		}
 		if opt.Accepted != nil {
+			// The target on the disk before the caller's floor names it
+			// (the floor is synced as it moves): a power cut after the
+			// floor moved must find the declaration the start's reconcile
+			// resumes, not the one before or an empty file.
+			if err := st.Sync(); err != nil {
+				rep.Outcome, rep.Refused = shapes.Refused, "executor: cannot save the target: "+err.Error()
+				return rep
+			}
 			if err := opt.Accepted(); err != nil {
 				rep.Outcome, rep.Refused = shapes.Refused, "executor: "+err.Error()
 				return rep

@@ -856,8 +856,8 @@ func (s *Store) Target(src Source) ([]byte, error) {
 // SaveTarget saves the declaration a source is about to apply, so a reboot
 // mid-apply resumes it rather than the one before. Saving the same bytes
 // again writes nothing. The file is renamed into place but not fsync'd
-// here: Sync, which the engine calls before its first change, makes it
-// durable together with the intents.
+// here: Sync, which the engine calls before the caller's floor moves past
+// it and before its first change, makes it durable with the intents.
 func (s *Store) SaveTarget(src Source, data []byte) error {
 	// Compared a piece at a time (fsx.Equal), not read whole: the target
 	// is looked at on every apply, and a large one would cost its size in

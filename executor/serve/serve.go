@@ -164,7 +164,15 @@ type Server struct {
 	// any connection: one stream per digest.
 	// +checklocks:streamMu
 	streaming map[string]bool
-	streamMu  sync.Mutex
+	// streamed names the archives each connection has stored in the cache
+	// since it last handed a declaration over: streamed for the one it
+	// hands next, which an apply running meanwhile (handed on another
+	// connection, by an agent before this one) must not clean away
+	// (pruneArchives). Dropped as the connection hands a declaration over
+	// or ends; bounded by the cache's own bound.
+	// +checklocks:streamMu
+	streamed map[*conn]map[string]bool
+	streamMu sync.Mutex
 	// found is the machine's profile and inventory as last found (after
 	// each reconcile): the agent reports them when their digest changes.
 	// +checklocks:foundMu
@@ -231,7 +239,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}, rates: map[string]*rate.Limiter{},
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}, streamed: map[*conn]map[string]bool{}, rates: map[string]*rate.Limiter{},
 		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
@@ -570,6 +578,11 @@ const reconnectEvery = 10 * time.Second
 
 func (s *Server) declaration(ctx context.Context, c *conn, body any) (wire.Kind, any, error) {
 	defer s.giveBack()
+	// What this connection streamed was for this declaration: it keeps
+	// what it names, and the cache lets go of the rest.
+	s.streamMu.Lock()
+	delete(s.streamed, c)
+	s.streamMu.Unlock()
 	return wire.KindVerdict, s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, c.line), nil
 }
 
@@ -710,12 +723,22 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 		s.log.Warn("an archive stream was not kept", "sha256", sum, "err", err)
 	} else {
 		s.log.Info("archive stored in the cache", "sha256", sum, "bytes", w.Written())
+		s.streamMu.Lock()
+		if s.streamed[c] == nil {
+			s.streamed[c] = map[string]bool{}
+		}
+		s.streamed[c][sum] = true
+		s.streamMu.Unlock()
 	}
 	return wire.KindArchiveAck, ack, nil
 }
 
-// endArchive drops a stream the connection did not finish.
+// endArchive drops a stream the connection did not finish, and its hold
+// on what it streamed: a connection gone hands nothing over.
 func (s *Server) endArchive(c *conn) {
+	s.streamMu.Lock()
+	delete(s.streamed, c)
+	s.streamMu.Unlock()
 	if c.archive != nil {
 		c.archive.Abort()
 		s.release(c.sum)
@@ -993,7 +1016,8 @@ func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
 
 // pruneArchives keeps in the cache only the archives that the link
 // declaration just accepted, or the bundle's or a rescue file's target,
-// names: what was streamed and is declared by nothing goes.
+// names, and those a connection streamed for the declaration it has yet
+// to hand over: what was streamed and is declared by nothing goes.
 func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	keep := map[string]bool{}
 	engine.ArchiveDigests(link, keep)
@@ -1008,6 +1032,13 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 		}
 		engine.ArchiveDigests(d, keep)
 	}
+	s.streamMu.Lock()
+	for _, sums := range s.streamed {
+		for sum := range sums {
+			keep[sum] = true
+		}
+	}
+	s.streamMu.Unlock()
 	if gone := engine.PruneArchiveCache(s.cfg.StateDir, keep); len(gone) > 0 {
 		s.log.Info("archives no declaration names were dropped from the cache", "sha256", gone)
 	}

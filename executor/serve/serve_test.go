@@ -1254,3 +1254,52 @@ func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
 		t.Fatalf("a hosted executor asked: %+v", v)
 	}
 }
+
+// An archive streamed on one connection while a declaration handed on
+// another is still applying (an agent that came back while its
+// predecessor's apply ran, and streams for the newer declaration) is not
+// dropped by that apply's cleaning of the cache: the declaration that
+// names it, handed next on the connection that streamed it, finds it.
+func TestAnArchiveStreamedDuringAnApplyIsKeptForTheNext(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	first, next := e.dial(), e.dial() // served: the start's reconcile is done
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil { // a rescue, say: the apply waits for it
+		t.Fatal(err)
+	}
+	if err := first.Write(wire.KindDeclaration, &wire.Declaration{Envelope: e.seal(e.decl("n1", "e-1", 1, file("motd", "x")))}); err != nil {
+		t.Fatal(err)
+	}
+	b, sum := tgz(t, "[Theme]\n")
+	if ack := streamArchive(t, next, sum, b, 100); !ack.Stored {
+		t.Fatalf("%+v", ack)
+	}
+	st.Unlock()
+	for {
+		k, body, err := first.Read()
+		if err != nil {
+			t.Fatalf("the first apply's answer: %v", err)
+		}
+		if k == wire.KindVerdict {
+			if v := body.(*wire.Verdict); v.Outcome != shapes.Applied {
+				t.Fatalf("the first apply: %+v", v)
+			}
+			break
+		}
+	}
+	lines, v := e.push(next, e.seal(e.decl("n1", "e-1", 2, archiveDecl(sum)...)))
+	if v.Outcome != shapes.Applied {
+		t.Fatalf("the declaration the archive was streamed for: %+v %+v", v, lines)
+	}
+	// Handed over, the archive is the declaration's to keep: one that no
+	// longer names it lets it go.
+	if _, v := e.push(next, e.seal(e.decl("n1", "e-1", 3, file("motd", "y")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if got := e.cache(); len(got) != 0 {
+		t.Fatalf("the cache kept what nothing declares: %v", got)
+	}
+}

@@ -136,10 +136,11 @@ func (c *Client) RevokeNode(ctx context.Context, name, why string) error {
 		if rec.NKey == "" && !rec.Revoked.IsZero() {
 			return nil
 		}
-		rec.NKey, rec.Revoked = "", time.Now().UTC()
+		rekey := revokeRecord(rec)
 		data, _ := json.Marshal(rec)
 		if _, err = c.KV.Update(ctx, nodeKey(name), data, rev); err == nil {
 			c.log.Info("node revoked", "node", name, "why", why)
+			c.withdrawRekey(ctx, name, rekey)
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -341,6 +342,16 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 		c.log.Warn("enrolment: refused over the identity the machine holds", "token", id, "node", name, "held", req.Keys.Held.Name(), "why", why)
 		return refuse("%s", why)
 	}
+	if t.Rekey {
+		rec, _, err := c.Node(ctx, name)
+		if err != nil {
+			return refuse("rekey token %s: node %s: %v", id, name, err)
+		}
+		if why := rekeyStands(rec, &t); why != "" {
+			c.log.Warn("enrolment: a rekey token refused", "token", id, "node", name, "why", why)
+			return refuse("%s", why)
+		}
+	}
 	// Spend the token first: whatever happens next, it never enrols twice.
 	t.Used, t.UsedBy = now.UTC(), name
 	t.Secret = nil // spent: nothing is left to prove with
@@ -502,6 +513,13 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 			rec = &NodeRecord{Name: name, NextSeq: 1, Created: now}
 		} else if err != nil {
 			return nil, err
+		}
+		if t.Rekey {
+			// Checked before the token was spent; a revocation since
+			// must not be undone by the write.
+			if why := rekeyStands(rec, t); why != "" {
+				return nil, errors.New(why)
+			}
 		}
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
@@ -677,10 +695,11 @@ func (c *Client) revokeReplaced(ctx context.Context, h *wire.HeldIdentity, by st
 		if err != nil || rec.Enrolment != h.Enrolment || (rec.NKey == "" && !rec.Revoked.IsZero()) {
 			return nil
 		}
-		rec.NKey, rec.Revoked = "", time.Now().UTC()
+		rekey := revokeRecord(rec)
 		data, _ := json.Marshal(rec)
 		if _, err = c.KV.Update(ctx, nodeKey(h.Node), data, rev); err == nil {
 			c.log.Info("node revoked", "node", h.Node, "why", "replaced by node "+by+" (enrol --replace)")
+			c.withdrawRekey(ctx, h.Node, rekey)
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {

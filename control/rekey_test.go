@@ -23,10 +23,25 @@ import (
 // the node's sealing key, in an answer the control key signs, on the
 // node's notice subject. The same request again is sent the same answer;
 // a new one gets a new token, and the one before, unused, is revoked.
-func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
+// rekeyNode is a node enrolled with an identity and a sealing key of its
+// own, linked, that asks for new keys in its heartbeat (heartbeat) and
+// reads the answers on its notice subject (next: the answer, and the
+// token it carries opened with the sealing key, as text and parsed).
+type rekeyNode struct {
+	s      *served
+	m      *machine
+	g      *wire.Grant
+	id     *agent.Identity
+	idKey  ed25519.PrivateKey
+	broker string // where the node says it reaches the broker
+	nc     *nats.Conn
+	sub    *nats.Subscription
+	open   func(*wire.RekeyAnswer) (string, error)
+}
+
+func newRekeyNode(t *testing.T, ctx context.Context) *rekeyNode {
+	t.Helper()
 	s := serve(t, t.TempDir(), "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	m := newMachine(t)
 	idPub, idKey, _ := ed25519.GenerateKey(rand.Reader)
 	sealing, err := wire.SealedKEM().GenerateKey()
@@ -43,45 +58,62 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	_, id := identityOf(t, s, m, g)
 	var nc *nats.Conn
 	eventually(t, "n1 let in", func() bool { nc, err = agent.Dial(id); return err == nil })
-	defer nc.Close()
-	answers, err := nc.SubscribeSync(id.Subjects.Notice)
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync(id.Subjects.Notice)
 	if err != nil {
 		t.Fatal(err)
 	}
-	broker := "tls://node-side.example:4222" // where the node reaches the broker
-	heartbeat := func(r *wire.RekeyRequest) {
-		t.Helper()
-		data, _ := json.Marshal(&link.Heartbeat{Node: "n1", Enrolment: g.Enrolment, At: time.Now().UTC(), Rekey: r, RekeyBroker: broker})
-		sig, _ := id.Sign(data)
-		if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
-			t.Fatal(err)
-		}
+	return &rekeyNode{s: s, m: m, g: g, id: id, idKey: idKey, broker: "tls://node-side.example:4222", nc: nc, sub: sub,
+		open: func(a *wire.RekeyAnswer) (string, error) {
+			return wire.OpenRekeyToken(sealing, a.Node, a.Nonce, a.Token)
+		}}
+}
+
+func (r *rekeyNode) heartbeat(t *testing.T, req *wire.RekeyRequest) {
+	t.Helper()
+	data, _ := json.Marshal(&link.Heartbeat{Node: "n1", Enrolment: r.g.Enrolment, At: time.Now().UTC(), Rekey: req, RekeyBroker: r.broker})
+	sig, _ := r.id.Sign(data)
+	if err := r.nc.PublishMsg(&nats.Msg{Subject: r.id.Subjects.Heartbeat, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil {
+		t.Fatal(err)
 	}
+}
+
+func (r *rekeyNode) next(t *testing.T) (*nats.Msg, *wire.RekeyAnswer, string, *wire.Token) {
+	t.Helper()
+	msg, err := r.sub.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatal("no answer:", err)
+	}
+	payload, err := wire.Open(r.s.keys.ControlPublic(), wire.PurposeRekey, msg.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := wire.ParseRekeyAnswer(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := r.open(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := wire.ParseToken(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msg, a, text, tok
+}
+
+func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := newRekeyNode(t, ctx)
+	s, g, idKey := r.s, r.g, r.idKey
+	heartbeat := func(req *wire.RekeyRequest) { t.Helper(); r.heartbeat(t, req) }
 	next := func() (*nats.Msg, *wire.RekeyAnswer, *wire.Token) {
 		t.Helper()
-		msg, err := answers.NextMsg(30 * time.Second)
-		if err != nil {
-			t.Fatal("no answer:", err)
-		}
-		payload, err := wire.Open(s.keys.ControlPublic(), wire.PurposeRekey, msg.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := wire.ParseRekeyAnswer(payload)
-		if err != nil {
-			t.Fatal(err)
-		}
-		text, err := wire.OpenRekeyToken(sealing, a.Node, a.Nonce, a.Token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, err := wire.ParseToken(text)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msg, a, _, tok := r.next(t)
 		return msg, a, tok
 	}
-	nonce := func(b byte) string { return strings.Repeat(string("0123456789abcdef"[b]), 2*wire.RekeyNonceSize) }
 	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
 
 	// Refused, and nothing sent: another key's signature, another
@@ -96,8 +128,8 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	if !s.keys.ControlPublic().Equal(ed25519.PublicKey(tok.ControlKey)) {
 		t.Fatal("the token pins another control key")
 	}
-	if tok.BrokerURL != broker {
-		t.Fatalf("the token names broker %s, not where the node reaches it (%s)", tok.BrokerURL, broker)
+	if tok.BrokerURL != r.broker {
+		t.Fatalf("the token names broker %s, not where the node reaches it (%s)", tok.BrokerURL, r.broker)
 	}
 	rec, _, err := s.client.Node(ctx, "n1")
 	if err != nil || rec.NKey == "" || !rec.Revoked.IsZero() || rec.Rekey == nil || rec.Rekey.Token != tok.IDString() {
@@ -120,7 +152,7 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	}
 	// A new request: a new token, and the one before revoked. A broker
 	// address that is not one is not put in the token: this side's own is.
-	broker = "file:///etc/passwd"
+	r.broker = "file:///etc/passwd"
 	heartbeat(wire.SignRekey(idKey, "n1", g.Enrolment, nonce(4)))
 	_, a4, tok4 := next()
 	if a4.Nonce != nonce(4) || tok4.IDString() == tok.IDString() {
@@ -131,6 +163,60 @@ func TestARekeyIsAnsweredOnlyUnderTheIdentityKey(t *testing.T) {
 	}
 	if tr := tokenRecord(t, s, tok.IDString()); tr.Revoked.IsZero() {
 		t.Fatal("the token of the answer replaced is still live")
+	}
+}
+
+// nonce is a rekey request's nonce made of the hex digit b.
+func nonce(b byte) string {
+	return strings.Repeat(string("0123456789abcdef"[b]), 2*wire.RekeyNonceSize)
+}
+
+// A rekey token enrols only the enrolment that asked for it, while that
+// enrolment is live. A node revoked — a stolen machine, which holds the
+// keys its rekey token was sealed to — is not enrolled again with a rekey
+// token issued before the revocation; nor, once a token --node enrolled
+// the node on another machine, is the node taken back with it.
+func TestARevokedNodeIsNotEnrolledAgainByItsRekeyToken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := newRekeyNode(t, ctx)
+	r.heartbeat(t, wire.SignRekey(r.idKey, "n1", r.g.Enrolment, nonce(5)))
+	_, _, text, tok := r.next(t)
+	if _, already, err := r.s.client.Revoke(ctx, "n1", "stolen"); err != nil || already {
+		t.Fatalf("revoke: %v (revoked already: %v)", err, already)
+	}
+	if tr := tokenRecord(t, r.s, tok.IDString()); tr.Revoked.IsZero() {
+		t.Fatal("the revoked node's rekey token is still live")
+	}
+	refused := func(what string, reply *wire.EnrolReply, err error) {
+		t.Helper()
+		if err == nil && reply.Refused == "" {
+			t.Fatalf("%s: granted", what)
+		}
+	}
+	thief := newMachine(t)
+	reply, err := request(t, r.s, text, thief.keys, nil)
+	refused("the rekey token after the node's revocation", reply, err)
+	if rec, _, err := r.s.client.Node(ctx, "n1"); err != nil || !rec.IsRevoked() {
+		t.Fatalf("n1 after its rekey token was tried: %+v %v", rec, err)
+	}
+
+	// A node enrolled again on another machine (a token --node, after a
+	// theft) is not taken back with the rekey token of the enrolment it
+	// replaced.
+	r2 := newRekeyNode(t, ctx)
+	r2.heartbeat(t, wire.SignRekey(r2.idKey, "n1", r2.g.Enrolment, nonce(6)))
+	_, _, text2, _ := r2.next(t)
+	again, _, err := r2.s.client.IssueToken(ctx, "n1", false, time.Hour, r2.s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := newMachine(t)
+	g := grantOf(t, r2.s, must(request(t, r2.s, again, owner.keys, nil)))
+	reply, err = request(t, r2.s, text2, thief.keys, nil)
+	refused("a rekey token after the node was enrolled again with a token --node", reply, err)
+	if rec, _, err := r2.s.client.Node(ctx, "n1"); err != nil || rec.Enrolment != g.Enrolment || rec.NKey != owner.keys.AgentNKey {
+		t.Fatalf("n1 after the old rekey token was tried: %+v %v (enrolled as %s)", rec, err, g.Enrolment)
 	}
 }
 

@@ -83,10 +83,11 @@ func (c *Client) Revoke(ctx context.Context, name, why string) (rec *NodeRecord,
 		if rec.IsRevoked() {
 			return rec, true, nil
 		}
-		rec.NKey, rec.Revoked = "", time.Now().UTC()
+		rekey := revokeRecord(rec)
 		data, _ := json.Marshal(rec)
 		if _, err = c.KV.Update(ctx, nodeKey(name), data, rev); err == nil {
 			c.log.Info("node revoked", "node", name, "why", why)
+			c.withdrawRekey(ctx, name, rekey)
 			return rec, false, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -94,4 +95,44 @@ func (c *Client) Revoke(ctx context.Context, name, why string) (rec *NodeRecord,
 		}
 	}
 	return nil, false, fmt.Errorf("registry: node %s kept changing; not revoked", name)
+}
+
+// revokeRecord makes rec a revoked node's record: no NKey, revoked now,
+// and no rekey pending. A revocation ends a rekey the node asked for: its
+// token was sealed to keys the revoked machine holds (a stolen one among
+// them), and it would enrol that machine as the node again. It returns the
+// pending rekey's token, for the caller to withdraw once the record is
+// written (withdrawRekey); the enrolment refuses it anyway (rekeyStands).
+func revokeRecord(rec *NodeRecord) (rekeyToken string) {
+	if rec.Rekey != nil {
+		rekeyToken = rec.Rekey.Token
+	}
+	rec.NKey, rec.Revoked, rec.Rekey = "", time.Now().UTC(), nil
+	return rekeyToken
+}
+
+// withdrawRekey revokes the token of a rekey that node's revocation ended
+// (none: ""), so that the broker refuses its credential too.
+func (c *Client) withdrawRekey(ctx context.Context, node, token string) {
+	if token == "" {
+		return
+	}
+	var used *TokenUsedError
+	if _, _, err := c.RevokeToken(ctx, token); err != nil && !errors.As(err, &used) {
+		c.log.Warn("the rekey token of a revoked node was not withdrawn (an enrolment refuses it all the same)", "node", node, "token", token, "err", err)
+	}
+}
+
+// rekeyStands says why the rekey token t may not enrol rec's node, "" when
+// it may: a rekey token renews the keys of the live enrolment that asked
+// for it, and nothing else — not a node revoked since, nor one enrolled
+// again (a token --node, after a theft) or that asked again since.
+func rekeyStands(rec *NodeRecord, t *TokenRecord) string {
+	switch {
+	case rec.IsRevoked():
+		return fmt.Sprintf("node %s was revoked after rekey token %s was issued for it: a rekey renews a live node's keys only (a token --node enrols it again)", rec.Name, t.ID)
+	case rec.Rekey == nil || rec.Rekey.Token != t.ID:
+		return fmt.Sprintf("rekey token %s is no longer node %s's: the node was enrolled again, or asked for new keys again, since it was issued", t.ID, rec.Name)
+	}
+	return ""
 }

@@ -224,8 +224,53 @@ const registryMarkerAge = 30 * time.Minute
 // message saying so, kept as the key's last for as long as the bucket
 // lives: one for every token ever issued, without this.
 func (c *Client) PruneRegistry(ctx context.Context, olderThan time.Duration) error {
-	if err := c.KV.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(olderThan)); err != nil {
+	return c.pruneRegistry(ctx, olderThan, nil)
+}
+
+// pruneRegistry is PruneRegistry; between, when set, runs after the
+// markers were read and before they go (a test's write meanwhile).
+//
+// Not nats.go's KeyValue.PurgeDeletes (v1.56.0): it purges a key's whole
+// subject for each marker older than its threshold, so a value written to
+// the key between its reading of the markers and its purge — a node
+// enrolled under a deleted node's name, an overlay address claimed again,
+// an assignment made again — was removed with the marker. Here each purge
+// stops at its marker's sequence.
+func (c *Client) pruneRegistry(ctx context.Context, olderThan time.Duration, between func()) error {
+	w, err := c.KV.WatchAll(ctx, jetstream.MetaOnly())
+	if err != nil {
+		return fmt.Errorf("registry: read the delete markers: %w", err)
+	}
+	limit := time.Now().Add(-olderThan)
+	type marker struct {
+		key string
+		seq uint64
+	}
+	var markers []marker
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		if op := e.Operation(); (op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge) && (olderThan < 0 || e.Created().Before(limit)) {
+			markers = append(markers, marker{e.Key(), e.Revision()})
+		}
+	}
+	w.Stop()
+	if between != nil {
+		between()
+	}
+	if len(markers) == 0 {
+		return nil
+	}
+	str, err := c.JS.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
 		return fmt.Errorf("registry: remove the delete markers: %w", err)
+	}
+	for _, m := range markers {
+		// The marker and what came before it on its key; nothing after.
+		if err := str.Purge(ctx, jetstream.WithPurgeSubject("$KV."+Bucket+"."+m.key), jetstream.WithPurgeSequence(m.seq+1)); err != nil {
+			return fmt.Errorf("registry: remove the delete marker of %s: %w", m.key, err)
+		}
 	}
 	return nil
 }

@@ -150,3 +150,9 @@ func (s *Server) NodeServiceImports(node string) int {
 func (c *Client) PublishFirst(ctx context.Context, node string) (*Published, error) {
 	return c.publishFirst(ctx, node)
 }
+
+// PruneRegistryWith is PruneRegistry with between run after the markers
+// were read and before they are removed.
+func (c *Client) PruneRegistryWith(ctx context.Context, olderThan time.Duration, between func()) error {
+	return c.pruneRegistry(ctx, olderThan, between)
+}

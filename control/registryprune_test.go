@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -70,5 +71,39 @@ func TestARegistryWatchLeavesItsKeysAlone(t *testing.T) {
 		if keys[0] != "node.*" || keys[1] != "token.*" {
 			t.Fatalf("watch %d left its keys as %v", i+1, keys)
 		}
+	}
+}
+
+// A key written again after its delete marker was read keeps its value
+// when the marker goes: the prune removes the marker and what came before
+// it, never what came after (a node enrolled again under a deleted node's
+// name, an overlay address claimed again, between the prune's reading and
+// its removing).
+func TestAKeyWrittenAgainOutlivesItsOldMarker(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv := s.client.KV
+	for _, k := range []string{"token.again", "token.gone"} {
+		if _, err := kv.Put(ctx, k, []byte(`{"old":true}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := s.client.PruneRegistryWith(ctx, -1, func() {
+		if _, err := kv.Create(ctx, "token.again", []byte(`{"new":true}`)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(ctx, "token.again"); err != nil || string(e.Value()) != `{"new":true}` {
+		t.Fatalf("the key written again after its marker was read: %v", err)
+	}
+	if _, err := kv.Get(ctx, "token.gone"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the key deleted and not written again: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -45,6 +46,10 @@ type TokenRecord struct {
 	Used       time.Time `json:"used,omitzero"`
 	UsedBy     string    `json:"used_by,omitempty"`
 	Revoked    time.Time `json:"revoked,omitzero"`
+	// UsedProof is the proof of the request that spent it: the same
+	// request again, whose agent never had the answer, is granted again
+	// (grantAgain).
+	UsedProof string `json:"used_proof,omitempty"`
 	// Rekey: issued to the node itself, on its request signed by its
 	// identity key (mesh-executor rekey), sealed to its sealing key.
 	Rekey bool `json:"rekey,omitempty"`
@@ -343,6 +348,9 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 	case !t.Revoked.IsZero():
 		return c.signedRefusal(id, "", "token %s was revoked at %s", id, t.Revoked.Format(time.RFC3339))
 	case !t.Used.IsZero():
+		if again := c.grantAgain(ctx, &t, &req, capability); again != nil {
+			return again
+		}
 		return c.signedRefusal(id, "", "token %s was used already, at %s (by node %s); a token enrols once", id, t.Used.Format(time.RFC3339), t.UsedBy)
 	case !now.Before(t.Expires):
 		return c.signedRefusal(id, "", "token %s expired at %s, used or not; issue a new one", id, t.Expires.Format(time.RFC3339))
@@ -398,7 +406,7 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 		}
 	}
 	// Spend the token first: whatever happens next, it never enrols twice.
-	t.Used, t.UsedBy = now.UTC(), name
+	t.Used, t.UsedBy, t.UsedProof = now.UTC(), name, req.Proof
 	t.Secret = nil // spent: nothing is left to prove with
 	spent, _ := json.Marshal(&t)
 	if _, err := c.KV.Update(ctx, tokenKey(id), spent, e.Revision()); err != nil {
@@ -613,6 +621,46 @@ func (c *Client) UserJWT(node, nkey string) (string, error) {
 	return uc.Encode(c.Keys.nodes.issuer())
 }
 
+// grantAgain answers the request that spent token t, made again: the same
+// proof, so the same keys (checked when it was spent). Its agent's wait
+// ended before the grant came — a control side busy with many enrolments,
+// a connection lost — and the executor still holds its enrolment pending;
+// told the token was used, it ended the enrolment, while the registry held
+// the node enrolled on keys no machine used. The grant is signed again for
+// the enrolment the request made, while the node's record is still that
+// enrolment's and live; nil otherwise (the refusal stands).
+func (c *Client) grantAgain(ctx context.Context, t *TokenRecord, req *wire.EnrolRequest, capability string) *wire.EnrolReply {
+	if t.UsedProof == "" || subtle.ConstantTimeCompare([]byte(t.UsedProof), []byte(req.Proof)) != 1 {
+		return nil
+	}
+	rec, _, err := c.Node(ctx, t.UsedBy)
+	if err != nil || rec.IsRevoked() || rec.Token != t.ID || rec.NKey != req.Keys.AgentNKey {
+		return nil
+	}
+	agentCap, err := link.HeaderCapability(capability)
+	if err != nil {
+		return nil
+	}
+	var tid [8]byte
+	hex.Decode(tid[:], []byte(t.ID))
+	replaced, why := c.heldIdentity(ctx, rec.Name, t, &req.Keys, tid)
+	if why != "" {
+		return nil
+	}
+	g, err := c.signGrant(rec, t, &req.Keys, replaced, agentCap)
+	if err != nil {
+		return refusedReply("signing the grant: %v", err)
+	}
+	reply := &wire.EnrolReply{Grant: g}
+	if !t.New {
+		if sc, err := c.storeCopy(ctx, rec); err == nil {
+			reply.StoreCopy = sc
+		}
+	}
+	c.log.Info("enrolment: the request that used the token made again; its grant signed again", "token", t.ID, "node", rec.Name, "enrolment", rec.Enrolment)
+	return reply
+}
+
 // signGrant signs the grant for rec's new enrolment; replaced, when not
 // nil, is the identity it replaced (revoked, or found not live).
 //
@@ -625,7 +673,7 @@ func (c *Client) signGrant(rec *NodeRecord, t *TokenRecord, keys *wire.EnrolKeys
 		return nil, err
 	}
 	g := wire.Grant{
-		Node: rec.Name, Enrolment: rec.Enrolment, Token: t.ID, SeqFloor: rec.NextSeq - 1,
+		Node: rec.Name, Enrolment: rec.Enrolment, Token: t.ID, SeqFloor: rec.EnrolledSeq,
 		IdentityKey: wire.KeyIDOf(keys.Identity), SealingKey: wire.KeyIDOf(keys.Sealing), WireGuardKey: wire.KeyIDOf(keys.WireGuard),
 		AgentNKey: keys.AgentNKey, UserJWT: token, Issued: time.Now().UTC(),
 	}

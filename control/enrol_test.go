@@ -249,6 +249,49 @@ func TestEnrolRefusals(t *testing.T) {
 	})
 }
 
+// The request that spent a token, made again (its agent never had the
+// answer: a control side busy with many enrolments, a connection lost),
+// is granted again, for the enrolment it made — not told the token was
+// used, which ended the enrolment while the registry held the node
+// enrolled on keys no machine used. Another machine's request is still
+// refused, and so is the same one once the node was revoked.
+func TestTheRequestThatSpentATokenIsGrantedAgain(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx := context.Background()
+	for _, isNew := range []bool{true, false} {
+		name := "fresh"
+		if !isNew {
+			name = "again"
+			if _, _, err := s.client.AddNode(ctx, name, s.url); err != nil {
+				t.Fatal(err)
+			}
+		}
+		text, _, err := s.client.IssueToken(ctx, name, isNew, time.Hour, s.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newMachine(t)
+		first := grantOf(t, s, must(request(t, s, text, m.keys, nil)))
+		second := grantOf(t, s, must(request(t, s, text, m.keys, nil)))
+		if second.Node != first.Node || second.Enrolment != first.Enrolment || second.AgentNKey != m.keys.AgentNKey || second.SeqFloor != first.SeqFloor {
+			t.Fatalf("%s: granted again as %+v, first as %+v", name, second, first)
+		}
+		rec, _, err := s.client.Node(ctx, name)
+		if err != nil || rec.Enrolment != first.Enrolment || rec.NKey != m.keys.AgentNKey {
+			t.Fatalf("%s: the record after the request made again: %+v %v", name, rec, err)
+		}
+		if r, err := request(t, s, text, newMachine(t).keys, nil); err != nil || len(r.Grant) != 0 || !strings.Contains(r.Refused, "was used already") {
+			t.Fatalf("%s: another machine with the spent token: %+v %v", name, r, err)
+		}
+		if _, _, err := s.client.Revoke(ctx, name, "test"); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := request(t, s, text, m.keys, nil); err != nil || len(r.Grant) != 0 || !strings.Contains(r.Refused, "was used already") {
+			t.Fatalf("%s: the same request after the node's revocation: %+v %v", name, r, err)
+		}
+	}
+}
+
 func must(r *wire.EnrolReply, err error) *wire.EnrolReply {
 	if err != nil {
 		panic(err)

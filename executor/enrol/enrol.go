@@ -583,7 +583,7 @@ func Accept(dir string, envelope []byte) (*identity.Identity, error) {
 			return nil, err
 		}
 	}
-	if err := identity.WriteFloor(dir, identity.Floor{Seq: g.SeqFloor}); err != nil {
+	if err := identity.WriteFloor(dir, identity.Floor{Seq: g.SeqFloor, Enrolment: g.Enrolment}); err != nil {
 		return nil, err
 	}
 	// Before the identity, so an enrolled host never lacks the recovery

@@ -164,3 +164,37 @@ func TestHeldSignatureUnderTheRecordedKey(t *testing.T) {
 		t.Fatal("the signature is not over HeldMessage")
 	}
 }
+
+// A replacement cut short between its floor and its identity (a crash, a
+// full disk) leaves the identity it replaces in place, and a floor that is
+// no floor for it: the new node's sequences start lower than the old one's
+// reached, and the old identity's declarations below it must not be taken
+// again (the daemon refuses any declaration while the two disagree).
+func TestAReplacementCutShortLowersNoFloorOfTheIdentityItReplaces(t *testing.T) {
+	c := newControl()
+	dir := t.TempDir()
+	enrolled(t, dir, c) // n1, its floor 41
+	_, offer := beginWith(t, dir, c, Options{Replace: true})
+	// The identity cannot be written: something sits where its temporary goes.
+	if err := os.Mkdir(filepath.Join(dir, identity.FileName+".tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Accept(dir, c.grant(t, offer, func(g *wire.Grant) {
+		g.Node, g.Enrolment, g.SeqFloor = "n2", "e-n2", 0
+		g.ReplacedNode, g.ReplacedEnrolment = "n1", "e-new"
+	}))
+	if err == nil {
+		t.Fatal("the identity was written through the obstacle")
+	}
+	id, err := identity.Load(dir)
+	if err != nil || id.Node != "n1" {
+		t.Fatalf("the identity after the cut: %+v %v", id, err)
+	}
+	f, err := identity.ReadFloor(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Of(id.Enrolment) && f.Seq < 41 {
+		t.Fatalf("n1's floor is %d after a replacement cut short, below the 41 it had", f.Seq)
+	}
+}

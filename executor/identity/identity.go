@@ -160,7 +160,17 @@ type Floor struct {
 	// field): the declarations between the two never ran, which lets the
 	// agent say which it may report superseded (wire.Verdict.Prior).
 	Prior *uint64 `json:"prior,omitempty"`
+	// Enrolment is the enrolment the floor is of ("": written by a
+	// release before the field, taken as the identity's). An enrolment
+	// writes its floor before its identity: a floor of an enrolment other
+	// than the identity's is one cut short there (a crash, a full disk),
+	// which may be lower than the identity's own — a node replaced by
+	// another whose sequences start lower — and is no floor for it (Of).
+	Enrolment string `json:"enrolment,omitempty"`
 }
+
+// Of says whether f is the floor of enrolment.
+func (f Floor) Of(enrolment string) bool { return f.Enrolment == "" || f.Enrolment == enrolment }
 
 // FloorFile is the floor's file in the state directory.
 const FloorFile = "link-floor.json"

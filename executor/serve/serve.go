@@ -799,7 +799,7 @@ func (s *Server) lastApplied(_ context.Context, c *conn, body any) (wire.Kind, a
 	if err != nil {
 		return wire.KindVerdict, refusal(wire.CodeInternal, "read the sequence floor: %v", err), nil
 	}
-	if f.Seq <= after || f.Digest == "" {
+	if f.Seq <= after || f.Digest == "" || !f.Of(id.Enrolment) {
 		// None past it, or a floor an enrolment set: no apply to say.
 		return wire.KindVerdict, &wire.Verdict{Seq: f.Seq}, nil
 	}
@@ -886,6 +886,13 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	if err != nil {
 		return refusal(wire.CodeInternal, "read the sequence floor: %v", err)
 	}
+	if !f.Of(id.Enrolment) {
+		// Its floor may be lower than this identity's own: nothing is
+		// taken against it.
+		v = refusal(wire.CodeInternal, "the sequence floor is enrolment %s's, not this identity's (%s): that enrolment was cut short (a crash, a full disk) and finishes when the agent hands its grant over again; no declaration is taken meanwhile", f.Enrolment, id.Enrolment)
+		v.Seq = d.Seq
+		return v
+	}
 	switch {
 	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
 		// Applied already (the agent hands it over again after a
@@ -914,7 +921,7 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	// let an older one in, and a passing refusal burns nothing.
 	accepted := func() error {
 		prior := f.Seq
-		if err := identity.WriteFloor(s.cfg.StateDir, identity.Floor{Seq: d.Seq, Digest: digest, Prior: &prior}); err != nil {
+		if err := identity.WriteFloor(s.cfg.StateDir, identity.Floor{Seq: d.Seq, Digest: digest, Prior: &prior, Enrolment: id.Enrolment}); err != nil {
 			return fmt.Errorf("record the sequence floor: %w", err)
 		}
 		return nil
@@ -1124,7 +1131,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 			// Addressed to this node and this enrolment, and the newest
 			// accepted: after a re-enrolment the old one is not applied.
 			f, _ := identity.ReadFloor(s.cfg.StateDir)
-			if !AddressedHere(d, id) || d.Seq != f.Seq {
+			if !AddressedHere(d, id) || d.Seq != f.Seq || !f.Of(id.Enrolment) {
 				s.log.Warn("reconcile: the saved link target is not addressed to this enrolment, or not the newest accepted; skipped",
 					"trigger", why, "node", d.Node, "enrolment", d.Enrolment, "seq", d.Seq, "floor", f.Seq)
 				continue

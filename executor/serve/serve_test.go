@@ -1303,3 +1303,29 @@ func TestAnArchiveStreamedDuringAnApplyIsKeptForTheNext(t *testing.T) {
 		t.Fatalf("the cache kept what nothing declares: %v", got)
 	}
 }
+
+// A floor of another enrolment than the identity's — an enrolment cut
+// short between its floor and its identity, whose floor may be lower than
+// the identity's own — takes no declaration: a compromised agent cannot
+// replay the identity's earlier declarations below it.
+func TestAFloorOfAnotherEnrolmentTakesNoDeclaration(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 40, file("motd", "forty\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if err := identity.WriteFloor(e.state, identity.Floor{Seq: 0, Enrolment: "e-2"}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.snapshot()
+	_, v := e.push(c, e.seal(e.decl("n1", "e-1", 5, file("motd", "five\n"))))
+	if v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "cut short") {
+		t.Fatalf("an earlier declaration of the identity, under another enrolment's floor: %+v", v)
+	}
+	if e.snapshot() != before {
+		t.Fatal("the machine changed on a refusal")
+	}
+	if f, _ := identity.ReadFloor(e.state); f.Seq != 0 || f.Enrolment != "e-2" {
+		t.Fatalf("the floor moved: %+v", f)
+	}
+}

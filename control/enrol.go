@@ -423,7 +423,7 @@ func (c *Client) enrol(ctx context.Context, subject, capability string, data []b
 	// exists: at no moment do both hold a live credential, and no grant is
 	// signed unless the old one is gone.
 	if replaced != nil {
-		if err := c.revokeReplaced(ctx, replaced, name); err != nil {
+		if err := c.revokeReplaced(ctx, replaced, name, &t); err != nil {
 			c.log.Error("enrolment: the identity it replaces was not revoked; no grant", "token", id, "node", name, "replaced", replaced.Name(), "err", err)
 			return c.signedRefusal(id, "", "%s was not revoked: %v (the token is spent; issue another)", replaced.Name(), err)
 		}
@@ -567,12 +567,12 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 		} else if err != nil {
 			return nil, err
 		}
-		if t.Rekey {
-			// Checked before the token was spent; a revocation since
-			// must not be undone by the write.
-			if why := rekeyStands(rec, t); why != "" {
-				return nil, errors.New(why)
-			}
+		if t.Rekey && (rec.Rekey == nil || rec.Rekey.Token != t.ID) {
+			// Checked before the token was spent (rekeyStands); a
+			// revocation since, which ends the rekey, must not be undone
+			// by the write. (The one this enrolment made of the identity
+			// it replaces leaves the rekey in place: revokeReplaced.)
+			return nil, fmt.Errorf("node %s was revoked or enrolled again after rekey token %s was issued for it: a rekey renews a live node's keys only", name, t.ID)
 		}
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
@@ -782,13 +782,20 @@ func (c *Client) heldIdentity(ctx context.Context, name string, t *TokenRecord, 
 // Only that enrolment is revoked: if the record has moved on to another
 // enrolment since (re-enrolled elsewhere), or is revoked already, there
 // is nothing left to revoke.
-func (c *Client) revokeReplaced(ctx context.Context, h *wire.HeldIdentity, by string) error {
+//
+// The rekey pending on the record goes with the revocation, unless t is
+// its token: the rekey's own enrolment replaces the identity that asked.
+func (c *Client) revokeReplaced(ctx context.Context, h *wire.HeldIdentity, by string, t *TokenRecord) error {
 	for attempt := 0; attempt < 100; attempt++ {
 		rec, rev, err := c.Node(ctx, h.Node)
 		if err != nil || rec.Enrolment != h.Enrolment || (rec.NKey == "" && !rec.Revoked.IsZero()) {
 			return nil
 		}
+		pending := rec.Rekey
 		rekey := revokeRecord(rec)
+		if t.Rekey && pending != nil && pending.Token == t.ID {
+			rec.Rekey, rekey = pending, ""
+		}
 		data, _ := json.Marshal(rec)
 		if _, err = c.KV.Update(ctx, nodeKey(h.Node), data, rev); err == nil {
 			c.log.Info("node revoked", "node", h.Node, "why", "replaced by node "+by+" (enrol --replace)")

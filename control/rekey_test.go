@@ -171,6 +171,26 @@ func nonce(b byte) string {
 	return strings.Repeat(string("0123456789abcdef"[b]), 2*wire.RekeyNonceSize)
 }
 
+// A rekey token enrols the node that asked, replacing the enrolment that
+// asked: new keys, its record live on them, the rekey no longer pending.
+func TestARekeyTokenEnrolsTheNodeThatAsked(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := newRekeyNode(t, ctx)
+	r.heartbeat(t, wire.SignRekey(r.idKey, "n1", r.g.Enrolment, nonce(7)))
+	_, _, text, _ := r.next(t)
+	renewed := newMachine(t)
+	renewed.keys.Held = &wire.HeldIdentity{Node: "n1", Enrolment: r.g.Enrolment, Replace: true}
+	g := grantOf(t, r.s, must(request(t, r.s, text, renewed.keys, nil)))
+	if g.Node != "n1" || g.Enrolment == r.g.Enrolment || g.ReplacedEnrolment != r.g.Enrolment {
+		t.Fatalf("the rekey's grant: %+v (asked by enrolment %s)", g, r.g.Enrolment)
+	}
+	rec, _, err := r.s.client.Node(ctx, "n1")
+	if err != nil || rec.IsRevoked() || rec.NKey != renewed.keys.AgentNKey || rec.Enrolment != g.Enrolment || rec.Rekey != nil {
+		t.Fatalf("n1 after its rekey: %+v %v", rec, err)
+	}
+}
+
 // A rekey token enrols only the enrolment that asked for it, while that
 // enrolment is live. A node revoked — a stolen machine, which holds the
 // keys its rekey token was sealed to — is not enrolled again with a rekey

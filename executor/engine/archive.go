@@ -592,7 +592,7 @@ func leftSaid(left map[string]string) string {
 	for _, p := range slices.Sorted(maps.Keys(left)) {
 		said = append(said, p+" ("+left[p]+")")
 	}
-	return fmt.Sprintf("; %d left to the file that declares it: %s", len(left), listSome(said, 3))
+	return fmt.Sprintf("; %d left to the file or directory that declares it: %s", len(left), listSome(said, 3))
 }
 
 // fileDeclared is the file resource of this declaration ("module.id")
@@ -607,6 +607,17 @@ func (r *run) fileDeclared(p string) string {
 		}
 	}
 	return r.filePaths[p]
+}
+
+// dirDeclared is the directory resource of this declaration ("module.id")
+// that declares path p, "" for none.
+func (r *run) dirDeclared(p string) string {
+	for _, res := range r.d.Resources {
+		if d, ok := res.(*shapes.Directory); ok && d.Path == p {
+			return d.Key()
+		}
+	}
+	return ""
 }
 
 // clearWay undoes, before an archive is looked at, what this source made
@@ -694,6 +705,18 @@ func (r *run) planArchiveRemoval(st *step) {
 			}
 			continue
 		}
+		if by := r.dirDeclared(p); by != "" {
+			// A directory of this declaration declares it now: left to
+			// it, as what the host made, which it takes away once
+			// undeclared (and empty) rather than leave as found.
+			left[p] = by
+			if de := r.st.Get("path:" + p); de != nil && de.Type == shapes.TypeDirectory && !de.Held && !de.Created {
+				n := *de
+				n.Created, n.Original = true, nil
+				handed = append(handed, &n)
+			}
+			continue
+		}
 		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)
@@ -716,7 +739,7 @@ func (r *run) planArchiveRemoval(st *step) {
 			if err := r.st.Put(n); err != nil {
 				return err
 			}
-			if was != nil && was.Original != nil {
+			if was != nil && was.Original != nil && was.Original.Digest != "" { // a directory's keeps no content
 				r.forget = append(r.forget, was.Original.Digest)
 			}
 		}
@@ -730,7 +753,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	leftTo := ""
 	if len(left) > 0 {
-		leftTo = strings.Replace(leftSaid(left), "left to the file that declares it", "left to the file that declares it now, the host's own to remove with it", 1)
+		leftTo = strings.Replace(leftSaid(left), "left to the file or directory that declares it", "left to the file or directory that declares it now, the host's own to remove with it", 1)
 	}
 	if len(kept) == 0 {
 		st.drop = true

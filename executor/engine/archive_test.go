@@ -413,3 +413,40 @@ func TestAnArchivesPathAFileTookOver(t *testing.T) {
 		})
 	}
 }
+
+// A directory an archive made that a directory resource of the same
+// declaration declares is left to it when the archive goes: not removed
+// (the declaration that still declares it then refused at every apply, its
+// parent gone), and taken away with the directory resource once that is
+// undeclared, the host having made it. Each step's plan says what its
+// apply does.
+func TestAnArchiveAndADirectoryOfOnePath(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	arch := archiveRes(p, sum, dest)
+	icons := h.p("themes/theme/icons")
+	dir := `{"module":"m","id":"icons","type":"directory","path":"` + icons + `","mode":"0750"}`
+	for i, c := range []struct {
+		res   []string
+		lines string
+		there bool // icons
+	}{
+		{[]string{arch, dir}, "ui.theme=applied m.icons=applied", true},
+		{[]string{dir}, "m.icons=unchanged ui.theme=kept", true},
+		{[]string{dir}, "m.icons=unchanged ui.theme=kept", true},
+		{nil, "m.icons=removed ui.theme=removed", false},
+	} {
+		doc := h.doc(c.res...)
+		plan := h.run(store.Local, doc, true)
+		rep := h.apply(doc)
+		if got := outcomes(rep); got != c.lines || outcomes(plan) != got || rep.Refused != "" {
+			t.Fatalf("step %d: plan [%s], apply [%s] %s, want [%s]\n%+v", i+1, outcomes(plan), got, rep.Refused, c.lines, rep.Lines)
+		}
+		if _, err := os.Lstat(icons); (err == nil) != c.there {
+			t.Fatalf("step %d: %s there: %v, want %v", i+1, icons, err == nil, c.there)
+		}
+	}
+	h.absent("themes/theme")
+}

@@ -295,3 +295,42 @@ func TestAHeldUnitIsChangedOnlyInWhatWasRecorded(t *testing.T) {
 		}
 	})
 }
+
+// A service declared on the unit the mesh made for a process — a rescue
+// file stopping the mesh's program, or a declaration turning the process
+// into a service — is refused before anything is touched: taken over as a
+// unit the host found, the unit's definition would be left behind when
+// the process goes, and the process refused from then on as a unit the
+// mesh did not create.
+func TestAServiceNeverTakesOverAProcesssUnit(t *testing.T) {
+	h := newCrossHarness(t)
+	unitFile := h.p("lp.service")
+	if err := osWriteFile(unitFile, "[Service]\n"); err != nil {
+		t.Fatal(err)
+	}
+	h.f.add("lp.service", true, "enabled")
+	st, err := store.Open(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	made := &store.Entry{Target: "service:lp.service", Type: shapes.TypeProcess, Created: true, Paths: []string{unitFile},
+		Claims: []store.Claim{{Source: store.Link, Module: "app", ID: "api"}}}
+	if err := st.Put(made); err != nil {
+		t.Fatal(err)
+	}
+	st.Unlock()
+	rep := h.applyDoc(`{"version":1,"resources":[{"module":"rescue","id":"lp","type":"service","unit":"lp","state":"stopped"}]}`, false)
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "never takes over a process's unit") || !strings.Contains(rep.Refused, "link:app.api") {
+		t.Fatalf("a service over a process's unit: %s %s %+v", rep.Outcome, rep.Refused, rep.Lines)
+	}
+	st, _ = store.Open(h.state)
+	if e := st.Get("service:lp.service"); e == nil || e.Type != shapes.TypeProcess || !e.Created || len(e.Paths) != 1 {
+		t.Fatalf("the process's record after: %+v", e)
+	}
+	if s, _ := h.f.State(context.Background(), "lp.service"); !s.Running {
+		t.Fatal("the unit was stopped by a refused declaration")
+	}
+}

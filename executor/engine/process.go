@@ -45,8 +45,26 @@ func init() {
 func processTarget(name string) string { return "service:" + shapes.NormaliseUnit(name) }
 
 // checkProcesses refuses a process whose name is a unit the mesh did not
-// create, before anything is touched.
+// create, and a service whose unit is one the mesh made for a process,
+// before anything is touched. A service takes a unit over as one the host
+// found (its record of what the unit was): over a process's, it would
+// drop what the mesh made — the unit's definition, left behind when the
+// process goes, and the process then refused as a unit the mesh did not
+// create.
 func (r *run) checkProcesses() error {
+	for _, res := range r.d.Resources {
+		svc, ok := res.(*shapes.Service)
+		if !ok {
+			continue
+		}
+		if e := r.st.Get(shapes.Target(svc)); e != nil && (e.Type == shapes.TypeProcess || e.Pending != nil && e.Pending.Type == shapes.TypeProcess) {
+			by := ""
+			if len(e.Claims) > 0 {
+				by = " " + e.Claims[0].Key()
+			}
+			return &Refusal{fmt.Sprintf("resource %s field unit: %s is the unit the mesh made for process%s; a service never takes over a process's unit (declare the process, with the state wanted, instead)", svc.Key(), strings.TrimPrefix(e.Target, "service:"), by)}
+		}
+	}
 	for _, res := range r.d.Resources {
 		p, ok := res.(*shapes.Process)
 		if !ok {

@@ -876,6 +876,18 @@ func (a *Agent) linkedNow() bool {
 	return a.nc.IsConnected() && a.nc.Stats().Reconnects == a.linkedAt.Load()
 }
 
+// linkIsUp says whether the link is up as the agent's handlers last said
+// (linked, linkDown). Not the client's IsConnected: nats.go holds the
+// connection's lock through a reconnection's whole handshake, up to the
+// connect timeout (link.ConnectTimeout, 20 s) when a broker holds the
+// connect, and the heartbeat loop asking it stopped telling the executor
+// the link was down for that long.
+func (a *Agent) linkIsUp() bool {
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
+	return a.link.up
+}
+
 func (a *Agent) linkDown(err error) {
 	now := clock.Now()
 	a.linkMu.Lock()
@@ -1215,7 +1227,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				return
 			case err != nil:
 			case s.Enrolling:
-				if nc := a.ncp.Load(); nc == nil || !nc.IsConnected() {
+				if !a.linkIsUp() {
 					a.log.Info("the executor has an enrolment pending: carrying it out")
 					a.cancel(errReenrol)
 				}
@@ -1236,8 +1248,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		case <-t.C:
 		case <-a.hbNow:
 		}
-		nc := a.ncp.Load()
-		if nc != nil && nc.IsConnected() {
+		if nc := a.ncp.Load(); nc != nil && a.linkIsUp() {
 			a.heartbeat(nc)
 		}
 	}

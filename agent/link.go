@@ -73,8 +73,10 @@ func explain(url string, err error, pin *link.PinError) *LinkError {
 		strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
 		return &LinkError{Reason: LinkAuthorization, Msg: fmt.Sprintf("authorization refused by the broker at %s: %v (it does not know this node's NKey, or revoked it)", url, err), Err: err}
 	}
-	if errors.Is(err, nats.ErrTimeout) || strings.Contains(err.Error(), "expected 'PONG'") {
-		// The connect went out and no answer came in time: nothing came,
+	var op *net.OpError
+	if errors.Is(err, nats.ErrTimeout) || strings.Contains(err.Error(), "expected 'PONG'") || errors.As(err, &op) && op.Op == "read" && op.Timeout() {
+		// The connect went out (the connection was made: a read timed
+		// out) and no answer came in time: nothing came,
 		// or a broker sent its own first ping before answering (an
 		// external nats-server does 2 s after the connect; the control
 		// side's embedded broker only at its ping interval). A control

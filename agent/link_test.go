@@ -84,8 +84,8 @@ func TestBrokerRestart(t *testing.T) {
 	// while the link is down, from the stop on (a refusal said before the
 	// first link, when the node was just added, is not this one) — not
 	// necessarily the last: on a loaded machine an attempt between may
-	// end otherwise. Within a minute, not the usual 20 s: the attempts
-	// are a TLS handshake of up to 2 s each, then a wait growing to 6 s.
+	// end otherwise. Within a minute, not the usual 20 s: an attempt the
+	// bare broker holds waits out the connect's timeout (20 s).
 	waitForSaid(t, ex, len(linksBefore), "the broker at "+c.url+" did not answer the connect in time")
 	bare.SetNodes(nil)
 	bare.SetTokens(nil)

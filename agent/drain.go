@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -234,6 +235,13 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		v, lines, err := a.exec.request(ctx, wire.KindDeclaration, &wire.Declaration{Envelope: m.data})
 		if err != nil {
 			return err
+		}
+		if v.Code.Passing() {
+			// Not the declaration's: the executor moved no floor for it
+			// (its store held by a rescue, its disk full) and takes it
+			// when handed over again. Nothing is reported or settled; the
+			// work loop reads it again after its back-off.
+			return fmt.Errorf("the executor cannot take declaration %d now (%s): it is handed over again", seq, strings.TrimPrefix(v.Reason, "executor: "))
 		}
 		r = a.report(seq)
 		r.ApplyMS = max(1, clock.Since(handed).Milliseconds()) // 0 reads "not measured"

@@ -68,6 +68,31 @@ func TestExecutorErrorRetries(t *testing.T) {
 	}
 }
 
+// A declaration the executor refuses for a passing reason of its own side
+// (its store held by a rescue past its wait, its disk full: a verdict, no
+// floor moved) is handed over again, not settled as refused: it is
+// applied once the executor can take it, and reported only then.
+func TestAPassingRefusalIsHandedOverAgain(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("passing")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	runAgent(t, id, ex.path)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	ex.mu.Lock()
+	ex.passNext = true
+	ex.mu.Unlock()
+	s := c.declare("passing", fmt.Sprintf(motd, 1))
+	rs := c.reports("passing", "applied once the executor could take it", hasReport(s, shapes.Applied))
+	if decls, _, _ := ex.snapshot(); !slices.Equal(decls, []uint64{s}) {
+		t.Fatalf("applied %v, want [%d] once", decls, s)
+	}
+	for _, r := range rs {
+		if r.Seq == s && r.Outcome != shapes.Applied {
+			t.Fatalf("seq %d reported %s (%s) before it was applied", s, r.Outcome, r.Refused)
+		}
+	}
+}
+
 // The executor turns hosted — a retire declaration ran to its end, or it
 // lost its state and refuses what it is handed (a declaration, or first
 // the archive one names) as not enrolled — and the agent follows: it

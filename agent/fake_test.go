@@ -35,6 +35,7 @@ type fakeExecutor struct {
 	applied    uint64
 	holdNext   bool
 	failNext   bool          // the next Declaration gets an Error and a closed connection
+	passNext   bool          // the next Declaration is refused as the executor refuses one it cannot take now (a rescue holds the store)
 	holding    chan uint64   // a held declaration's sequence
 	release    chan struct{} // closes to let a held declaration go
 	changed    chan struct{}
@@ -377,6 +378,15 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 				f.mu.Unlock()
 				c.Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: "busy (a rescue apply holds the lock)"})
 				return
+			}
+			if f.passNext {
+				f.passNext = false
+				f.mu.Unlock()
+				// As serve.go answers when the store's lock is held past
+				// its wait: a verdict, no floor moved.
+				c.Write(wire.KindVerdict, &wire.Verdict{Seq: d.Seq, Outcome: shapes.Refused, Code: wire.CodeInternal,
+					Reason: "executor: store: busy: pid 42 holds the store's lock"})
+				continue
 			}
 			f.decls = append(f.decls, d.Seq)
 			f.events = append(f.events, fmt.Sprintf("decl %d", d.Seq))

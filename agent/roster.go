@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -142,6 +143,12 @@ func (a *Agent) syncRoster(ctx context.Context) error {
 			return err
 		}
 		a.log.Info("the executor's verdict on the mesh's roster", "stream_seq", m.sseq, "outcome", v.Outcome, "reason", v.Reason, "duplicate", v.Duplicate, "lines", len(lines))
+		if v.Code.Passing() {
+			// Of the executor's own side (the roster not kept: a full
+			// disk): handed over again, not settled, as a declaration.
+			a.rosterDue.Store(true)
+			return fmt.Errorf("the executor cannot take the mesh's roster now (%s): it is handed over again", strings.TrimPrefix(v.Reason, "executor: "))
+		}
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused || len(lines) > 0 {
 			r = a.report(v.Seq)
 			r.Trigger, r.StreamSeq, r.Outcome, r.Lines, r.Owned = link.TriggerRoster, m.sseq, v.Outcome, lines, v.Owned

@@ -35,8 +35,14 @@ func FuzzAppendJSONString(f *testing.F) {
 // encoder does not know fails here first.
 func TestReportJSONIsEncodingJSONs(t *testing.T) {
 	for typ, fields := range map[reflect.Type]int{reflect.TypeOf(Report{}): 7, reflect.TypeOf(Line{}): 5} {
-		if typ.NumField() != fields {
-			t.Fatalf("%s has %d fields; Report.AppendJSON and Line.AppendJSON write %d: teach them the new one", typ, typ.NumField(), fields)
+		written := 0 // what encoding/json writes: not a field marked "-"
+		for i := range typ.NumField() {
+			if typ.Field(i).Tag.Get("json") != "-" {
+				written++
+			}
+		}
+		if written != fields {
+			t.Fatalf("%s has %d fields encoding/json writes; Report.AppendJSON and Line.AppendJSON write %d: teach them the new one", typ, written, fields)
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -67,6 +67,10 @@ type Report struct {
 	// the one that ran this apply: the daemon restarts onto it (exit 0,
 	// the launcher starts the new binary) once the apply is reported.
 	Upgraded string `json:"upgraded,omitempty"`
+	// Passing marks a refusal of the executor's own side (its target or
+	// floor not written: a full disk), not of the declaration: the same
+	// declaration delivered again may be taken. Not carried anywhere.
+	Passing bool `json:"-" cbor:"-"`
 }
 
 // Derive returns the worst outcome among lines; no lines is Unchanged.

@@ -64,6 +64,13 @@ var registry = map[Code]struct {
 	CodeInternal:    {"internal", ErrInternal},
 }
 
+// Passing says whether a refusal with this code is of the executor's own
+// side at that moment — its store locked by a rescue, its disk full, its
+// state unreadable, too many requests — and not of the declaration: the
+// executor moved no floor for it, and the agent hands it over again later
+// rather than settling it as refused.
+func (c Code) Passing() bool { return c == CodeInternal || c == CodeBusy }
+
 func (c Code) String() string {
 	if c == CodeNone {
 		return "none"

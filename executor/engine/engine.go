@@ -274,7 +274,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	}
 	if !opt.Plan {
 		if err := st.SaveTarget(opt.Source, raw); err != nil {
-			rep.Outcome, rep.Refused = shapes.Refused, "executor: cannot save the target: "+err.Error()
+			rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: cannot save the target: "+err.Error(), true
 			return rep
 		}
 		if opt.Accepted != nil {
@@ -283,11 +283,11 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			// floor moved must find the declaration the start's reconcile
 			// resumes, not the one before or an empty file.
 			if err := st.Sync(); err != nil {
-				rep.Outcome, rep.Refused = shapes.Refused, "executor: cannot save the target: "+err.Error()
+				rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: cannot save the target: "+err.Error(), true
 				return rep
 			}
 			if err := opt.Accepted(); err != nil {
-				rep.Outcome, rep.Refused = shapes.Refused, "executor: "+err.Error()
+				rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: "+err.Error(), true
 				return rep
 			}
 		}

@@ -960,7 +960,11 @@ func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		s.pruneArchives(st, d)
 	}
 	if rep.Outcome == shapes.Refused {
-		v = refusal(wire.CodeInvalid, "%s", strings.TrimPrefix(rep.Refused, "executor: "))
+		code := wire.CodeInvalid
+		if rep.Passing {
+			code = wire.CodeInternal // no floor moved: it may be delivered again
+		}
+		v = refusal(code, "%s", strings.TrimPrefix(rep.Refused, "executor: "))
 		v.Seq = d.Seq
 		return v
 	}

@@ -44,52 +44,41 @@ func TestOtherBuildEndsTheAgent(t *testing.T) {
 	}
 }
 
-// The executor refuses the connection (an Error, then it closes) while a
-// declaration is on its way: nothing is acked or reported as done, the
-// agent reconnects, and the declaration is delivered again and applied.
-func TestExecutorErrorRetries(t *testing.T) {
-	c := startControl(t, t.TempDir(), "127.0.0.1:0")
-	id, _ := c.addNode("retry")
-	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
-	runAgent(t, id, ex.path)
-	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
-	ex.mu.Lock()
-	ex.failNext = true
-	ex.mu.Unlock()
-	s := c.declare("retry", fmt.Sprintf(motd, 1))
-	rs := c.reports("retry", "applied after the retry", hasReport(s, shapes.Applied))
-	if decls, _, _ := ex.snapshot(); !slices.Equal(decls, []uint64{s}) {
-		t.Fatalf("applied %v, want [%d] once", decls, s)
-	}
-	for _, r := range rs {
-		if r.Seq == s && r.Outcome != shapes.Applied {
-			t.Fatalf("seq %d reported %s before it was applied", s, r.Outcome)
-		}
-	}
-}
-
-// A declaration the executor refuses for a passing reason of its own side
-// (its store held by a rescue past its wait, its disk full: a verdict, no
-// floor moved) is handed over again, not settled as refused: it is
-// applied once the executor can take it, and reported only then.
-func TestAPassingRefusalIsHandedOverAgain(t *testing.T) {
-	c := startControl(t, t.TempDir(), "127.0.0.1:0")
-	id, _ := c.addNode("passing")
-	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
-	runAgent(t, id, ex.path)
-	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
-	ex.mu.Lock()
-	ex.passNext = true
-	ex.mu.Unlock()
-	s := c.declare("passing", fmt.Sprintf(motd, 1))
-	rs := c.reports("passing", "applied once the executor could take it", hasReport(s, shapes.Applied))
-	if decls, _, _ := ex.snapshot(); !slices.Equal(decls, []uint64{s}) {
-		t.Fatalf("applied %v, want [%d] once", decls, s)
-	}
-	for _, r := range rs {
-		if r.Seq == s && r.Outcome != shapes.Applied {
-			t.Fatalf("seq %d reported %s (%s) before it was applied", s, r.Outcome, r.Refused)
-		}
+// An executor that cannot take a declaration now gets it again: it
+// refuses the connection (an Error, then it closes) while the declaration
+// is on its way, or refuses it for a passing reason of its own side (its
+// store held by a rescue past its wait, its disk full: a verdict, no floor
+// moved, as serve answers). Nothing is acked or reported as done, or
+// settled as refused: the agent hands it over again, and it is applied
+// and reported once, applied.
+func TestAnExecutorThatCannotTakeADeclarationNowGetsItAgain(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(*fakeExecutor)
+	}{
+		{"the connection refused", func(f *fakeExecutor) { f.failNext = true }},
+		{"a passing refusal", func(f *fakeExecutor) { f.passNext = true }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctl := startControl(t, t.TempDir(), "127.0.0.1:0")
+			id, _ := ctl.addNode("retry")
+			ex := newFakeExecutor(t, ctl.keys.ControlPublic(), "b1")
+			runAgent(t, id, ex.path)
+			waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+			ex.mu.Lock()
+			c.set(ex)
+			ex.mu.Unlock()
+			s := ctl.declare("retry", fmt.Sprintf(motd, 1))
+			rs := ctl.reports("retry", "applied once the executor could take it", hasReport(s, shapes.Applied))
+			if decls, _, _ := ex.snapshot(); !slices.Equal(decls, []uint64{s}) {
+				t.Fatalf("applied %v, want [%d] once", decls, s)
+			}
+			for _, r := range rs {
+				if r.Seq == s && r.Outcome != shapes.Applied {
+					t.Fatalf("seq %d reported %s (%s) before it was applied", s, r.Outcome, r.Refused)
+				}
+			}
+		})
 	}
 }
 

@@ -575,6 +575,12 @@ func (a *Agent) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, 
 					a.linkFailed(le) // revoked, most likely: said once, legibly
 					return
 				}
+				if op := (*net.OpError)(nil); errors.As(err, &op) {
+					// A reconnection's handshake that failed on the network
+					// (its read timed out): no refusal, and said already,
+					// explained, by the reconnect's handler.
+					return
+				}
 				a.log.Error("the broker refused: " + err.Error())
 			}),
 		)

@@ -567,11 +567,21 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	if err != nil {
 		return err
 	}
-	if err := statedir.WriteFile(out, cfg); err != nil {
-		return err
-	}
-	if err := statedir.WriteFile(exPath, ex); err != nil {
-		return err
+	// The agent's config holds the node's NKey seed, made here and kept
+	// nowhere else: not written (a full disk), the node is taken out of
+	// the registry again, or it would stay registered on a seed no one
+	// holds, and the command run again be told it exists.
+	for _, f := range []struct {
+		path string
+		v    any
+	}{{out, cfg}, {exPath, ex}} {
+		if err := statedir.WriteFile(f.path, f.v); err != nil {
+			os.Remove(out)
+			if uerr := cl.UnregisterNew(context.WithoutCancel(c.ctx), name, ex.Enrolment); uerr != nil {
+				return fmt.Errorf("%s: %w; and node %s, registered, could not be taken out again (%v): mesh-control node revoke %s, then node delete %s", f.path, err, name, uerr, name, name)
+			}
+			return fmt.Errorf("%s: %w; node %s is not registered (nothing kept): run it again once the file can be written", f.path, err, name)
+		}
 	}
 	if c.json {
 		return c.printJSON(map[string]any{"node": name, "enrolment": ex.Enrolment, "agent_config": out, "executor_identity": exPath, "executor": ex})

@@ -674,6 +674,25 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 	return cfg, &ExecutorIdentity{Node: name, Enrolment: rec.Enrolment, ControlKey: c.Keys.ControlPublicBase64()}, nil
 }
 
+// UnregisterNew takes node, just registered by AddNode as enrolment,
+// out of the registry again: what node add does when it cannot write the
+// files that hold the node's seed. A record that moved on since (another
+// enrolment) is left alone.
+func (c *Client) UnregisterNew(ctx context.Context, name, enrolment string) error {
+	e, err := c.KV.Get(ctx, nodeKey(name))
+	if err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	var rec NodeRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Enrolment != enrolment {
+		return fmt.Errorf("node %s was enrolled again meanwhile; left as it is", name)
+	}
+	if err := c.KV.Purge(ctx, nodeKey(name), jetstream.LastRevision(e.Revision())); err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	return nil
+}
+
 // freshQueue empties node's declaration subject: nothing addressed to an
 // earlier node of that name, or an earlier enrolment, is read again.
 func (c *Client) freshQueue(ctx context.Context, name string) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,26 +17,18 @@ import (
 // made there and kept nowhere else, and the command run again once there
 // is room must not be told the node exists.
 func TestANodeAddThatCannotWriteItsFilesRegistersNothing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root, to mount a small tmpfs to fill")
-	}
 	dir := t.TempDir()
 	s := serve(t, dir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	full := filepath.Join(t.TempDir(), "full")
-	os.Mkdir(full, 0o700)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", full).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", full).Run() })
+	full := smallDisk(t)
 	filler := filepath.Join(full, "filler")
 	f, err := os.Create(filler)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for {
-		if _, err := f.Write(make([]byte, 4096)); err != nil {
+		if _, err := f.Write(make([]byte, 1<<20)); err != nil {
 			break
 		}
 	}

@@ -391,11 +391,26 @@ func giveBackOn(t *testing.T, in lab.Init) {
 		})
 		return got
 	}
-	found := read(seeded, "at boot")
-	for _, r := range rows {
-		want := map[string]gbState{"running": {"running", "enabled"}, "stopped": {"stopped", "disabled"},
+	seededAs := func(r gbRow) gbState {
+		return map[string]gbState{"running": {"running", "enabled"}, "stopped": {"stopped", "disabled"},
 			"unknown": {"stopped", "disabled"}, "masked": {"stopped", "masked"}}[r.found]
-		if r.found != "absent" && found[r.unit] != want {
+	}
+	// As seeded, once the init has started what it starts at boot: on a
+	// loaded machine runit's runsv may say a unit it has yet to start
+	// stopped, a state read as settled.
+	found := read(seeded, "at boot")
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); found = read(seeded, "at boot") {
+		settled := true
+		for _, r := range rows {
+			settled = settled && (r.found == "absent" || found[r.unit] == seededAs(r))
+		}
+		if settled {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, r := range rows {
+		if want := seededAs(r); r.found != "absent" && found[r.unit] != want {
 			t.Fatalf("%v seeded wrong: %v, want %v", r, found[r.unit], want)
 		}
 	}

@@ -376,6 +376,12 @@ func (w *world) do(s step) {
 			case err == nil && code == 3 && strings.Contains(out, "the rekey is pending"):
 				w.faults["rekey (pending until the disk has room)"]++
 				n.rekeyOnRoom = &before
+			case err == nil && code == 2 && n.rekeyOnRoom != nil && strings.Contains(out, "it renews the keys already"):
+				// Asked again while the first rekey's enrolment waits for
+				// room (its answer came, its grant not yet kept): refused
+				// before anything changed, saying the pending one renews
+				// the keys; the first finishes once there is room.
+				w.faults["rekey (its enrolment pending already)"]++
 			default:
 				w.violate(n, "rekey", "mesh-executor rekey %s on a full system disk: %v exit %d, expected rekeyed or pending:\n%s", n.name, err, code, out)
 				w.onNode(n, time.Minute, "", "rekey", "--cancel", "--state", n.state)

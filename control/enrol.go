@@ -133,26 +133,10 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 // record, its sequences and what it last reported stay: a token --node can
 // enrol a machine as it again.
 func (c *Client) RevokeNode(ctx context.Context, name, why string) error {
-	for attempt := 0; attempt < 100; attempt++ {
-		rec, rev, err := c.Node(ctx, name)
-		if err != nil {
-			return err
-		}
-		if rec.NKey == "" && !rec.Revoked.IsZero() {
-			return nil
-		}
-		rekey := revokeRecord(rec)
-		data, _ := json.Marshal(rec)
-		if _, err = c.KV.Update(ctx, nodeKey(name), data, rev); err == nil {
-			c.log.Info("node revoked", "node", name, "why", why)
-			c.withdrawRekey(ctx, name, rekey)
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return fmt.Errorf("registry: %w", err)
-		}
-	}
-	return fmt.Errorf("registry: node %s kept changing; not revoked", name)
+	// Revoked already only when both halves say so: a record without an
+	// NKey but never revoked gets its revocation's time.
+	_, _, err := c.revoke(ctx, name, why, func(r *NodeRecord) bool { return r.NKey == "" && !r.Revoked.IsZero() })
+	return err
 }
 
 // tokens lists the token records.

@@ -75,12 +75,19 @@ func (c *Client) refuseRevoked(ctx context.Context, node string) error {
 // It is what `node revoke` runs, so a person is never told that a second
 // revocation did something.
 func (c *Client) Revoke(ctx context.Context, name, why string) (rec *NodeRecord, already bool, err error) {
+	return c.revoke(ctx, name, why, (*NodeRecord).IsRevoked)
+}
+
+// revoke revokes node name's record (revokeRecord, compare-and-set) unless
+// done says it is revoked already, which it then returns with already
+// true; a pending rekey's token is withdrawn with it.
+func (c *Client) revoke(ctx context.Context, name, why string, done func(*NodeRecord) bool) (*NodeRecord, bool, error) {
 	for attempt := 0; attempt < 100; attempt++ {
 		rec, rev, err := c.Node(ctx, name)
 		if err != nil {
 			return nil, false, err
 		}
-		if rec.IsRevoked() {
+		if done(rec) {
 			return rec, true, nil
 		}
 		rekey := revokeRecord(rec)

@@ -598,26 +598,33 @@ func leftSaid(left map[string]string) string {
 // fileDeclared is the file resource of this declaration ("module.id")
 // that declares path p, "" for none.
 func (r *run) fileDeclared(p string) string {
-	if r.filePaths == nil {
-		r.filePaths = map[string]string{}
-		for _, res := range r.d.Resources {
-			if f, ok := res.(*shapes.File); ok {
-				r.filePaths[f.Path] = f.Key()
-			}
-		}
-	}
+	r.declaredPaths()
 	return r.filePaths[p]
 }
 
 // dirDeclared is the directory resource of this declaration ("module.id")
 // that declares path p, "" for none.
 func (r *run) dirDeclared(p string) string {
+	r.declaredPaths()
+	return r.dirPaths[p]
+}
+
+// declaredPaths indexes, once a run, the paths this declaration's files
+// and directories declare: an archive's removal asks for each path it
+// wrote.
+func (r *run) declaredPaths() {
+	if r.filePaths != nil {
+		return
+	}
+	r.filePaths, r.dirPaths = map[string]string{}, map[string]string{}
 	for _, res := range r.d.Resources {
-		if d, ok := res.(*shapes.Directory); ok && d.Path == p {
-			return d.Key()
+		switch x := res.(type) {
+		case *shapes.File:
+			r.filePaths[x.Path] = x.Key()
+		case *shapes.Directory:
+			r.dirPaths[x.Path] = x.Key()
 		}
 	}
-	return ""
 }
 
 // clearWay undoes, before an archive is looked at, what this source made

@@ -224,6 +224,8 @@ type run struct {
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
+	// dirPaths: the same of its directory resources (declaredPaths).
+	dirPaths map[string]string
 	// resumed: the resources ("source:module.id type") whose change an
 	// earlier apply of this same declaration began and never recorded, cut
 	// short (a power cut, a kill): one found done now was made by it, and

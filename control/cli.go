@@ -1213,6 +1213,9 @@ func (c *cli) printReport(r *SignedReport) {
 			if a.Seq != 0 {
 				fmt.Fprintf(c.stdout, ", seq %d", a.Seq)
 			}
+			if a.Part > 0 {
+				fmt.Fprintf(c.stdout, ", continued")
+			}
 			fmt.Fprintf(c.stdout, "): %d changed, %d failed\n", a.Changed, a.Failed)
 			for _, l := range a.Lines {
 				fmt.Fprintf(c.stdout, "      %s.%s %s %s", l.Module, l.ID, l.Type, l.Outcome)

@@ -293,7 +293,7 @@ func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
 			for _, a := range r.Meanwhile {
 				changed, failedLines = changed+a.Changed, failedLines+a.Failed
 			}
-			row(n, "on its own", string(r.Outcome), fmt.Sprintf("%d changed, %d failed in %d apply(s) no declaration asked for", changed, failedLines, len(r.Meanwhile)))
+			row(n, "on its own", string(r.Outcome), fmt.Sprintf("%d changed, %d failed in %d apply(s) no declaration asked for", changed, failedLines, shapes.Applies(r.Meanwhile)))
 			continue
 		}
 		seq := fmt.Sprintf("seq %d", n.seq)

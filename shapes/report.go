@@ -105,6 +105,9 @@ type Activity struct {
 	// the field kept.
 	Lines     []Line `json:"lines,omitempty" cbor:"8,keyasint,omitempty"`
 	LinesMore int    `json:"lines_more,omitempty" cbor:"9,keyasint,omitempty"`
+	// Part numbers the activities one apply is named in (ActivitiesOf):
+	// 0 for its first (or only) one.
+	Part int `json:"part,omitempty" cbor:"10,keyasint,omitempty"`
 }
 
 // The bounds of an Activity's lines: an activity is kept in the executor's
@@ -112,6 +115,11 @@ type Activity struct {
 const (
 	MaxActivityLines  = 16
 	MaxActivityDetail = 160
+	// MaxActivityParts bounds the activities one apply is named in: 8
+	// name 128 lines, what a declaration of a few modules changes whole.
+	// A larger apply's lines past them are counted, not named, so that
+	// the history (its newest 200 kept) keeps what came before.
+	MaxActivityParts = 8
 )
 
 // Did reports whether rep is worth an Activity, and counts its lines.
@@ -132,14 +140,41 @@ func (o Outcome) Changes() bool {
 	return o == Applied || o == Repaired || o == Removed || o == Restored
 }
 
-// ActivityOf is rep as an Activity (Did says whether it is worth one):
-// its counts, and its changed and failed lines within the bounds.
-func ActivityOf(rep *Report, at time.Time, source, trigger string) Activity {
-	a := Activity{At: at, Source: source, Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome}
-	a.Changed, a.Failed, _ = Did(rep)
+// Applies counts the applies acts name: one named in several activities
+// (ActivitiesOf) once.
+func Applies(acts []Activity) int {
+	n := 0
+	for _, a := range acts {
+		if a.Part == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// ActivitiesOf is rep as Activities (Did says whether it is worth any):
+// its changed and failed lines, MaxActivityLines to an activity, in as
+// many as name them all up to MaxActivityParts, the last counting the
+// rest (LinesMore). A start that resumed a declaration a power cut
+// stopped names every file it removed, not sixteen and a count. Each
+// activity counts the lines it names or counts: their sums are the
+// apply's.
+func ActivitiesOf(rep *Report, at time.Time, source, trigger string) []Activity {
+	var acts []Activity
 	for _, l := range rep.Lines {
 		if !l.Outcome.Changes() && l.Outcome != Failed {
 			continue
+		}
+		n := len(acts)
+		if n == 0 || (len(acts[n-1].Lines) == MaxActivityLines && n < MaxActivityParts) {
+			acts = append(acts, Activity{At: at, Source: source, Trigger: trigger, Seq: rep.Seq, Outcome: rep.Outcome, Part: n})
+			n++
+		}
+		a := &acts[n-1]
+		if l.Outcome == Failed {
+			a.Failed++
+		} else {
+			a.Changed++
 		}
 		if len(a.Lines) == MaxActivityLines {
 			a.LinesMore++
@@ -150,5 +185,5 @@ func ActivityOf(rep *Report, at time.Time, source, trigger string) Activity {
 		}
 		a.Lines = append(a.Lines, l)
 	}
-	return a
+	return acts
 }

@@ -47,15 +47,14 @@ const historyFormat = 1
 // forward never repeats one. A release that passes the field over reads
 // the line as it did, so the format stays 1.
 //
-// Begun and Part name, in a note of an apply cut short
-// (TriggerInterrupted), the journal's record of its begin and which of
-// its notes this is: a note written whose "noted" record was not (a full
+// Begun names, in a note of an apply cut short (TriggerInterrupted), the
+// journal's record of its begin, and the activity's Part which of its
+// notes this is: a note written whose "noted" record was not (a full
 // disk, a cut between the two) is found by them and not made again.
 type historyLine struct {
 	Format int    `json:"format,omitempty"`
 	N      uint64 `json:"n,omitempty"`
 	Begun  uint64 `json:"begun,omitempty"`
-	Part   int    `json:"part,omitempty"`
 	shapes.Activity
 }
 

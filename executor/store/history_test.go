@@ -189,3 +189,36 @@ func TestAnActivityAfterATornHistoryIsKept(t *testing.T) {
 		}
 	}
 }
+
+// A start that resumed a declaration a power cut stopped, and changed more
+// than an activity names, is named whole in the history, read by count as
+// the agent reads it: each file removed by name, not sixteen and a count.
+func TestAnApplyThatChangedMuchIsNamedWhole(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &shapes.Report{Seq: 2, Outcome: shapes.Applied}
+	for i := range shapes.MaxActivityLines + 4 {
+		rep.Lines = append(rep.Lines, shapes.Line{Module: "d", ID: fmt.Sprint("f", i), Type: "file", Outcome: shapes.Removed},
+			shapes.Line{Module: "b", ID: fmt.Sprint("g", i), Type: "file", Outcome: shapes.Unchanged})
+	}
+	s.SaveReport(Link, "start", rep)
+	got, err := Since(dir, 0, Newest(dir), 16, func(shapes.Activity) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, a := range got.Acts {
+		for _, l := range a.Lines {
+			named[l.ID] = true
+		}
+		if a.LinesMore != 0 || a.Trigger != "start" || a.Seq != 2 {
+			t.Errorf("activity %+v", a)
+		}
+	}
+	if len(named) != shapes.MaxActivityLines+4 || shapes.Applies(got.Acts) != 1 {
+		t.Fatalf("%d activities (%d applies) name %d of the %d files removed", len(got.Acts), shapes.Applies(got.Acts), len(named), shapes.MaxActivityLines+4)
+	}
+}

@@ -939,8 +939,8 @@ func (s *Store) SaveReport(src Source, trigger string, rep *shapes.Report) error
 	if rep.Outcome == shapes.Refused {
 		return nil
 	}
-	if _, _, ok := shapes.Did(rep); ok {
-		s.note(shapes.ActivityOf(rep, clock.Now().UTC(), string(src), trigger))
+	for _, a := range shapes.ActivitiesOf(rep, clock.Now().UTC(), string(src), trigger) {
+		s.note(a)
 	}
 	sum := ReportSummary{Source: rep.Source, Seq: rep.Seq, Outcome: rep.Outcome, Lines: map[shapes.Outcome]int{}}
 	for _, l := range rep.Lines {

@@ -28,12 +28,6 @@ import (
 // changes are noted under.
 const TriggerInterrupted = "interrupted"
 
-// interruptedNotes bounds the activities an apply cut short is noted in:
-// 8 name 128 lines, what a declaration of a few modules changes whole; a
-// larger one's are counted past them, not named, so that the history
-// (kept to its newest 200) keeps what came before.
-const interruptedNotes = 8
-
 // Began names an apply in the journal: its source, its declaration's
 // sequence and a digest of its bytes.
 type Began struct {
@@ -61,24 +55,12 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 		done = notedParts(s.dir)
 	}
 	for _, u := range s.unfinished {
-		// An activity names at most shapes.MaxActivityLines lines: what
-		// the apply cut short said is noted in as many as name it all, up
-		// to interruptedNotes (the last counting the rest).
-		for part := 0; len(u.Lines) > 0 && part < interruptedNotes; part++ {
-			lines := u.Lines
-			if part < interruptedNotes-1 && len(lines) > shapes.MaxActivityLines {
-				lines = lines[:shapes.MaxActivityLines]
-			}
-			u.Lines = u.Lines[len(lines):]
-			rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: lines, Outcome: shapes.Derive(lines)}
-			if _, _, did := shapes.Did(rep); !did {
-				continue
-			}
-			if done[[2]uint64{u.N, uint64(part)}] {
+		rep := &shapes.Report{Source: string(u.Source), Seq: u.Seq, Lines: u.Lines, Outcome: shapes.Derive(u.Lines)}
+		for _, a := range shapes.ActivitiesOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted) {
+			if done[[2]uint64{u.N, uint64(a.Part)}] {
 				continue // noted by an apply whose "noted" was lost
 			}
-			a := shapes.ActivityOf(rep, clock.Now().UTC(), string(u.Source), TriggerInterrupted)
-			if err := s.noteLine(historyLine{Begun: u.N, Part: part, Activity: a}); err != nil {
+			if err := s.noteLine(historyLine{Begun: u.N, Activity: a}); err != nil {
 				return nil, err
 			}
 			noted = append(noted, a)

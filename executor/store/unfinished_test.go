@@ -93,10 +93,10 @@ func TestANoteThatFailsIsMadeByTheNextApply(t *testing.T) {
 }
 
 // An apply cut short that said more than an activity names is noted in
-// as many as name every line (up to interruptedNotes, the last counting
-// the rest).
+// as many as name every line (up to shapes.MaxActivityParts, the last
+// counting the rest).
 func TestALargeInterruptedApplyIsNotedWhole(t *testing.T) {
-	for _, n := range []int{shapes.MaxActivityLines + 1, 40, interruptedNotes*shapes.MaxActivityLines + 5} {
+	for _, n := range []int{shapes.MaxActivityLines + 1, 40, shapes.MaxActivityParts*shapes.MaxActivityLines + 5} {
 		dir := filepath.Join(t.TempDir(), "state")
 		s := open(t, dir)
 		s.Begin(Began{Source: Link, Seq: 1})
@@ -113,8 +113,8 @@ func TestALargeInterruptedApplyIsNotedWhole(t *testing.T) {
 			named += len(a.Lines)
 			counted += a.Changed
 		}
-		want := min(n, interruptedNotes*shapes.MaxActivityLines)
-		if err != nil || counted != n || named != want || len(noted) != min((n+shapes.MaxActivityLines-1)/shapes.MaxActivityLines, interruptedNotes) {
+		want := min(n, shapes.MaxActivityParts*shapes.MaxActivityLines)
+		if err != nil || counted != n || named != want || len(noted) != min((n+shapes.MaxActivityLines-1)/shapes.MaxActivityLines, shapes.MaxActivityParts) {
 			t.Fatalf("%d lines: %d notes, %d named, %d counted, %v", n, len(noted), named, counted, err)
 		}
 	}

@@ -59,6 +59,7 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, declarations) after the run")
 	flag.StringVar(&c.bin, "bin", "", "the binaries' directory (default: built into the work directory)")
 	flag.IntVar(&nodeCutEvery, "node-cuts", nodeCutEvery, "one step in about this many cuts a node's power (a seed replays with the same value)")
+	flag.IntVar(&nodeCutAt, "node-cut-at", nodeCutAt, "cut a node's power this many ms after its declaration was acknowledged, not the seed's draw (-1), to meet a timing another machine met")
 	flag.IntVar(&sysDiskEvery, "sys-fulls", sysDiskEvery, "one step in about this many fills a node's system disk (a seed replays with the same value)")
 	var sc soakConfig
 	flag.DurationVar(&sc.length, "soak", 0, "soak for this long instead: no faults, many declarations, every state sampled, and a fail for whatever grows (make soak)")

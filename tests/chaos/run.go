@@ -595,7 +595,11 @@ func (w *world) do(s step) {
 		// before the node has it, while it applies, records or reports,
 		// or after.
 		w.do(step{N: s.N, Kind: "declare", Node: s.Node, Doc: s.Doc})
-		time.Sleep(time.Duration(s.Arg) * time.Millisecond)
+		after := s.Arg
+		if nodeCutAt >= 0 {
+			after = nodeCutAt
+		}
+		time.Sleep(time.Duration(after) * time.Millisecond)
 		w.nodeCut(n)
 	case "ctl-disk-full":
 		w.faults["full disk (control side)"]++

@@ -198,6 +198,12 @@ var certEvery = 40
 // TestStepsDeriveFromTheSeedAlone.
 var nodeCutEvery = 40
 
+// nodeCutAt, when not negative, is every node-power-cut's delay in
+// milliseconds instead of the one drawn: the seed's steps are its own, but
+// where a delay falls in an apply depends on the machine's speed, and one
+// that another machine met is met here by naming it.
+var nodeCutAt = -1
+
 // sysDiskEvery: one step in about this many fills a node's system disk
 // (the tree the mesh writes in, the agent's state) to the last byte,
 // freed 1 to 4 steps later, drawn with the node from a tenth stream of

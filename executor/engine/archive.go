@@ -432,6 +432,13 @@ func (r *run) archive(st *step, rest int) {
 			left[full] = by
 			continue
 		}
+		others, above := r.othersAt(full)
+		if len(above) > 0 && !en.dir {
+			// A file a source above declares (a rescue file's over the
+			// link's archive): the same, across sources.
+			left[full] = joinClaims(above)
+			continue
+		}
 		info, err := fsx.Lstat(full)
 		if err != nil {
 			r.fail(st, err, rest)
@@ -454,10 +461,12 @@ func (r *run) archive(st *step, rest int) {
 			if eq && info.Mode == en.mode {
 				continue
 			}
-			if !ours[full] {
+			if !ours[full] && len(others) == 0 {
 				r.fail(st, fmt.Errorf("%s exists and is not the host's; an archive does not overwrite what it did not write", full), rest)
 				return
 			}
+			// A file a source below declares is the host's: written over,
+			// that source's file held while this archive has it.
 		case info.Kind != fsx.Absent:
 			r.fail(st, fmt.Errorf("%s is a %s; the archive has a %s there", full, info.Kind, map[bool]string{true: "directory", false: "file"}[en.dir]), rest)
 			return
@@ -484,7 +493,7 @@ func (r *run) archive(st *step, rest int) {
 	// own, whether or not this version still has it: the file's while it
 	// declares it, the archive's to remove after (clearWay gives it back).
 	for p := range ours {
-		if r.fileDeclared(p) != "" {
+		if others, _ := r.othersAt(p); r.fileDeclared(p) != "" || len(others) > 0 {
 			wrote[p] = true
 		}
 	}
@@ -710,6 +719,12 @@ func (r *run) planArchiveRemoval(st *step) {
 				n.Created, n.Original = true, nil
 				handed = append(handed, &n)
 			}
+			continue
+		}
+		if others, _ := r.othersAt(p); len(others) > 0 {
+			// Another source's file or directory declares it now: left to
+			// it, which took it as the host's creation (startChange).
+			left[p] = joinClaims(others)
 			continue
 		}
 		if by := r.dirDeclared(p); by != "" {

@@ -450,3 +450,102 @@ func TestAnArchiveAndADirectoryOfOnePath(t *testing.T) {
 	}
 	h.absent("themes/theme")
 }
+
+// An archive of one source and a file of another at one path: the source
+// above has the path (a rescue file or the link's over the bundle's
+// archive; the link's archive over the bundle's file), neither rewrites
+// the other at each reconcile, neither's going takes away what the other
+// still declares, and once both are gone nothing either made is left —
+// whichever applied first and whichever goes first.
+func TestAnArchiveAndAFileOfAnotherSource(t *testing.T) {
+	pairs := []struct{ arch, file store.Source }{
+		{store.Bundle, store.Link}, {store.Bundle, store.Local}, {store.Link, store.Local}, {store.Link, store.Bundle}, {store.Local, store.Link},
+	}
+	for _, c := range pairs {
+		for _, archFirst := range []bool{true, false} {
+			for _, archGoesFirst := range []bool{true, false} {
+				name := fmt.Sprintf("%s archive, %s file, archive applied first %v, archive goes first %v", c.arch, c.file, archFirst, archGoesFirst)
+				t.Run(name, func(t *testing.T) {
+					h := newHarness(t)
+					dest := h.p("themes")
+					os.Mkdir(dest, 0o755)
+					p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"},
+						tarEntry{name: "theme/", typ: tar.TypeDir, mode: 0o755}, tarEntry{name: "theme/a.svg", typ: tar.TypeReg, body: "<svg/>"})
+					arch := h.doc(archiveRes(p, sum, dest))
+					if c.arch == store.Link {
+						// Over the link, streamed into the cache by the agent.
+						b, _ := os.ReadFile(p)
+						os.MkdirAll(ArchiveCacheDir(h.state), 0o700)
+						if err := os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600); err != nil {
+							t.Fatal(err)
+						}
+						arch = strings.Replace(arch, "file://"+p, "obj://theme", 1)
+					}
+					file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
+					none := h.doc()
+					want := "[Theme]\n"
+					if precedence[c.file] > precedence[c.arch] {
+						want = "mine\n"
+					}
+					apply := func(step string, src store.Source, doc string) *shapes.Report {
+						t.Helper()
+						plan := h.run(src, doc, true)
+						rep := h.run(src, doc, false)
+						if rep.Refused != "" {
+							t.Fatalf("%s: %s refused: %s", step, src, rep.Refused)
+						}
+						for _, l := range rep.Lines {
+							if l.Outcome == shapes.Failed {
+								t.Fatalf("%s: %s failed: %s\n[%s]", step, src, l.Detail, outcomes(rep))
+							}
+						}
+						if outcomes(plan) != outcomes(rep) {
+							t.Fatalf("%s: %s planned [%s], applied [%s]", step, src, outcomes(plan), outcomes(rep))
+						}
+						return rep
+					}
+					first, second := []any{c.arch, arch}, []any{c.file, file}
+					if !archFirst {
+						first, second = second, first
+					}
+					apply("first", first[0].(store.Source), first[1].(string))
+					apply("second", second[0].(store.Source), second[1].(string))
+					for round := range 2 {
+						for _, s := range []struct {
+							src store.Source
+							doc string
+						}{{c.arch, arch}, {c.file, file}} {
+							rep := apply(fmt.Sprintf("reconcile %d", round+1), s.src, s.doc)
+							if round == 1 {
+								for _, l := range rep.Lines {
+									if l.Outcome.Changes() {
+										t.Fatalf("reconcile 2: %s rewrote: %s.%s %s %s", s.src, l.Module, l.ID, l.Outcome, l.Detail)
+									}
+								}
+							}
+						}
+						if got := h.read("themes/index.theme"); got != want {
+							t.Fatalf("reconcile %d: index.theme holds %q, want %q (the source above's)", round+1, got, want)
+						}
+					}
+					// One goes, the other stays and has the path, then the
+					// other goes, and its source applies once more (a
+					// directory kept while it held the other's file).
+					goes, stays := []any{c.arch, "the archive", "mine\n"}, []any{c.file, file, "the file", "[Theme]\n"}
+					if !archGoesFirst {
+						goes, stays = []any{c.file, "the file", "[Theme]\n"}, []any{c.arch, arch, "the archive", "mine\n"}
+					}
+					apply(goes[1].(string)+" dropped", goes[0].(store.Source), none)
+					apply(stays[2].(string)+" reconciled", stays[0].(store.Source), stays[1].(string))
+					if got := h.read("themes/index.theme"); got != goes[2] {
+						t.Fatalf("%s gone, %s still declared: index.theme holds %q", goes[1], stays[2], got)
+					}
+					apply(stays[2].(string)+" dropped", stays[0].(store.Source), none)
+					apply(goes[1].(string)+"'s source again", goes[0].(store.Source), none)
+					h.absent("themes/theme")
+					h.absent("themes/index.theme")
+				})
+			}
+		}
+	}
+}

@@ -194,6 +194,9 @@ type run struct {
 	// editsAbove: the claims of sources above this one on keys and regions,
 	// by the file they edit, made when first needed (aboveAcross).
 	editsAbove map[string][]store.Claim
+	// unpackedBy: the claims of the archives that wrote each path, of any
+	// source, made when first needed (archivedAt).
+	unpackedBy map[string][]store.Claim
 	// unsealed is each sealed file's content, opened by check before
 	// anything is touched ("module.id" → plaintext). It never leaves the
 	// run: not in a line, a log, an error or the store.
@@ -1127,6 +1130,9 @@ func (r *run) aboveAcross(target, typ string) ([]store.Claim, string) {
 	if !ok || typ != shapes.TypeFile {
 		return nil, ""
 	}
+	if above := r.higher(r.archivedAt(p)); len(above) > 0 {
+		return above, p + " is unpacked by an archive"
+	}
 	if r.editsAbove == nil {
 		r.editsAbove = map[string][]store.Claim{}
 		for _, e := range r.st.Entries() {
@@ -1136,6 +1142,50 @@ func (r *run) aboveAcross(target, typ string) ([]store.Claim, string) {
 		}
 	}
 	return r.editsAbove[p], p + " has keys or a region set in it"
+}
+
+// archivedAt is the claims of the archives, of any source, that wrote
+// path p and hold it (their entries' Paths); nil for none. A file or a
+// directory found there was made by the host, not found on the machine:
+// another source's file over it takes it as the host's creation
+// (unpackedByOther), and an archive of a source above holds it
+// (aboveAcross).
+func (r *run) archivedAt(p string) []store.Claim {
+	if r.unpackedBy == nil {
+		r.unpackedBy = map[string][]store.Claim{}
+		for _, e := range r.st.Entries() {
+			if e.Type == shapes.TypeArchive {
+				for _, x := range e.Paths {
+					r.unpackedBy[x] = append(r.unpackedBy[x], claimsOf(e)...)
+				}
+			}
+		}
+	}
+	return r.unpackedBy[p]
+}
+
+// unpackedByOther reports whether an archive of another source wrote path
+// p and holds it. This source's own archive hands such a path over when it
+// goes (planArchiveRemoval), and a file of it found there keeps the
+// archive's entry as its original until then.
+func (r *run) unpackedByOther(p string) bool {
+	return slices.ContainsFunc(r.archivedAt(p), func(c store.Claim) bool { return c.Source != r.opt.Source })
+}
+
+// othersAt is the claims of sources other than this run's on what the
+// store records at path p (a file or a directory another source
+// declares), and those of them above this run's source.
+func (r *run) othersAt(p string) (others, above []store.Claim) {
+	e := r.st.Get("path:" + p)
+	if e == nil {
+		return nil, nil
+	}
+	for _, c := range claimsOf(e) {
+		if c.Source != r.opt.Source {
+			others = append(others, c)
+		}
+	}
+	return others, r.higher(others)
 }
 
 // holds reports whether a thing of module, whose entry is e, is held on an

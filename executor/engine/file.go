@@ -163,6 +163,12 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	if match {
 		st.line.Outcome = shapes.Unchanged
 		switch {
+		case e == nil && r.unpackedByOther(f.Path):
+			// Written by another source's archive: the host's own, as
+			// startChange takes it, with no original to give back.
+			st.line.Detail = "found as declared, written by an archive of another source; held by the host from now"
+			st.record = &store.Entry{Target: st.target, Type: shapes.TypeFile, Claims: withClaim(nil, st.claim), Created: true,
+				Digest: want, Mode: a.mode, UID: a.uid, GID: a.gid}
 		case e == nil:
 			// Found exactly as declared: the host holds it from now on, and
 			// what it found is what it gives back.
@@ -350,6 +356,10 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 			st.record = &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(nil, st.claim),
 				Original: &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID},
 				Mode:     a.mode, UID: a.uid, GID: a.gid, Digest: "dir"}
+			if r.unpackedByOther(d.Path) {
+				// Another source's archive made it, as startChange takes it.
+				st.record.Original, st.record.Created = nil, true
+			}
 		case !e.Claimed(st.claim) || e.Held || e.Mode != a.mode || e.UID != a.uid || e.GID != a.gid || e.Digest != "dir":
 			n := *e
 			n.Claims, n.Held = withClaim(e, st.claim), false
@@ -438,6 +448,11 @@ func (r *run) startChange(st *step, e *store.Entry, typ, p string, exists bool, 
 	case !exists:
 		n.Created = true
 		in.Op, in.Created = "create", true
+	case r.unpackedByOther(p):
+		// Another source's archive's: the host made it, so it takes it
+		// away when undeclared rather than put an archive's entry back as
+		// an original where nothing accounts for it once that archive went.
+		n.Created, in.Created = true, true
 	default:
 		orig, err := found()
 		if err != nil {

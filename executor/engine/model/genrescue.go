@@ -40,7 +40,7 @@ func (s Sequence) WithRescues() Sequence {
 		}
 		var pool []Resource
 		for _, r := range last.Resources {
-			if r.Kind == "service" || r.Kind == "package" || InTree(r.Name) && (r.Kind == "file" || r.Kind == "directory") {
+			if r.Kind == "service" || r.Kind == "package" || InTree(r.Name) && (r.Kind == "file" || r.Kind == "directory" || r.Kind == "archive") {
 				pool = append(pool, r)
 			}
 		}

@@ -48,6 +48,15 @@ import (
 //     files are not kept aside), deepest first, and its directories when
 //     that leaves them empty; one that holds what it did not write is kept,
 //     with the archive's record, until a later apply finds it empty.
+//   - An archive and a file of two sources at one path: the source above
+//     has it. An archive leaves a file a source above declares, and
+//     writes over one a source below declares, which is then held (its
+//     claim kept, nothing written, nothing undone) while the archive holds
+//     the path. A file or directory found where another source's archive
+//     wrote is the host's creation, not found: undeclared, it goes rather
+//     than put back the archive's entry as an original. An archive
+//     undeclared leaves a path another source's file or directory
+//     declares.
 //   - A path the host made a directory and a declaration now declares a
 //     file, or the other way, is undone in its old shape before anything of
 //     the declaration is applied: a directory that holds what the host did
@@ -242,7 +251,7 @@ func (h *host) newestFirst() []string {
 
 // pathStep is what a file's step and a directory's share before their
 // own work, kind being the step's: a source above holding the path (held,
-// yields), something of the other kind in the way (failed), and on an
+// yields; a file, an archive of a source above that wrote it too), something of the other kind in the way (failed), and on an
 // adopted node, for a module not taken, what was found (held; held-changed
 // once it differs or is gone). done says the step's line is decided; ok
 // false that it failed.
@@ -250,6 +259,14 @@ func (h *host) pathStep(r Resource, kind string, t *treeRun, res *Result) (rec *
 	p, key, claim := r.Name, r.Key(), h.claim(r)
 	rec = h.pathRec[p]
 	if rec != nil && h.yield(r, &rec.claims, rec.kind == kind, res) {
+		return rec, cur, false, true, true
+	}
+	if kind == "file" && h.archivedBy(p, h.above) {
+		// An archive of a source above holds the path: the same.
+		res.Lines[key] = "held"
+		if rec != nil {
+			rec.claims = addClaim(rec.claims, claim)
+		}
 		return rec, cur, false, true, true
 	}
 	cur, exists = h.tree[p]
@@ -285,11 +302,15 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 	if done {
 		return ok
 	}
+	made := h.archivedBy(p, h.otherClaims)
 	if exists && cur.Text == r.Content {
 		res.Lines[key] = "unchanged"
 		if rec == nil {
 			found := cur
 			h.pathRec[p] = &pathRecord{kind: "file", claims: []string{claim}, order: h.nextOrder(), found: &found, written: r.Content}
+			if made {
+				h.pathRec[p].created, h.pathRec[p].found = true, nil
+			}
 			return true
 		}
 		rec.claims, rec.held, rec.written = addClaim(rec.claims, claim), false, r.Content
@@ -301,8 +322,8 @@ func (h *host) applyTreeFile(r Resource, t *treeRun, res *Result) bool {
 	}
 	res.Lines[key] = "applied"
 	if rec == nil {
-		rec = &pathRecord{kind: "file", order: h.nextOrder(), created: !exists}
-		if exists {
+		rec = &pathRecord{kind: "file", order: h.nextOrder(), created: !exists || made}
+		if exists && !made {
 			found := cur
 			rec.found = &found
 		}
@@ -327,6 +348,9 @@ func (h *host) applyDirectory(r Resource, t *treeRun, res *Result) bool {
 		res.Lines[key] = "unchanged"
 		if rec == nil {
 			rec = &pathRecord{kind: "directory", order: h.nextOrder(), found: &Node{Dir: true}}
+			if h.archivedBy(p, h.otherClaims) {
+				rec.created, rec.found = true, nil
+			}
 			h.pathRec[p] = rec
 		}
 	case !h.isDir(path.Dir(p)):
@@ -389,6 +413,11 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 			left[full] = true
 			continue
 		}
+		pr := h.pathRec[full]
+		if !en.Dir && pr != nil && h.above(pr.claims) {
+			left[full] = true
+			continue
+		}
 		cur, ok := h.tree[full]
 		switch {
 		case !ok:
@@ -396,7 +425,7 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 			continue
 		case !en.Dir && !cur.Dir && cur.Text == en.Text:
 			continue
-		case !en.Dir && !cur.Dir && ours[full]:
+		case !en.Dir && !cur.Dir && (ours[full] || pr != nil && h.otherClaims(pr.claims)):
 		default:
 			res.Lines[key] = "failed"
 			return false
@@ -413,7 +442,7 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 		wrote[path.Join(dest, en.Rel)] = true
 	}
 	for p := range ours {
-		if t.files[p] {
+		if t.files[p] || h.pathRec[p] != nil && h.otherClaims(h.pathRec[p].claims) {
 			wrote[p] = true // the file's while it declares it, the archive's after
 		}
 	}
@@ -446,6 +475,17 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	}
 	rec.claims, rec.version, rec.paths = addClaim(rec.claims, claim), r.Content, wrote
 	return true
+}
+
+// archivedBy says whether an archive whose claims match wrote p and holds
+// it.
+func (h *host) archivedBy(p string, match func(claims []string) bool) bool {
+	for _, rec := range h.archRec {
+		if rec.paths[p] && match(rec.claims) {
+			return true
+		}
+	}
+	return false
 }
 
 // children is what directory p holds, by path.
@@ -520,6 +560,9 @@ func (h *host) removeArchive(dest string, rec *archiveRecord, t *treeRun, res *R
 			}
 			continue
 		}
+		if pr := h.pathRec[p]; pr != nil && h.otherClaims(pr.claims) {
+			continue // another source's, which took it as the host's creation
+		}
 		if h.isDir(p) && len(h.leftIn(p, t)) > 0 {
 			kept[p] = true
 			continue
@@ -570,6 +613,12 @@ func (h *host) removeTree(t *treeRun, res *Result) {
 		if len(rest) > 0 {
 			res.Lines[lineOf(mine[0])] = "forgotten"
 			*claims = rest
+			continue
+		}
+		if kind == "path" && h.pathRec[p].kind == "file" && !h.pathRec[p].held && h.archivedBy(p, h.above) {
+			// Given back now, it would take what an archive of a source
+			// above holds: kept, and undone once that archive lets it go.
+			res.Lines[lineOf(mine[0])] = "held"
 			continue
 		}
 		if kind == "path" {

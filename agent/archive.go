@@ -30,9 +30,11 @@ import (
 
 // archiveRefusal is an archive the declaration names that cannot be had
 // as pinned: not in the store, too large, or not the bytes the declaration
-// pins. The declaration is refused by the agent and reported so; asking
-// again would get the same answer.
-type archiveRefusal struct{ msg string }
+// pins — or that the executor's cache cannot hold with what the
+// declarations applied there name (by "executor"). The declaration is
+// refused and reported so, by the side that said it; asking again would
+// get the same answer.
+type archiveRefusal struct{ msg, by string }
 
 func (e *archiveRefusal) Error() string { return e.msg }
 
@@ -125,20 +127,20 @@ func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, er
 	url := "obj://" + name
 	meta, _, err := a.get(ctx, directGet{LastFor: "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
 	if errors.Is(err, errNotFound) {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then declare again)", url, link.ArchiveBucket)}
+		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then declare again)", url, link.ArchiveBucket)}
 	}
 	if err != nil {
 		return 0, err
 	}
 	var info objectInfo
 	if err := json.Unmarshal(meta, &info); err != nil || info.NUID == "" || strings.ContainsAny(info.NUID, ".*> ") {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s: the store's record of it does not read (%v)", url, err)}
+		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s: the store's record of it does not read (%v)", url, err)}
 	}
 	if info.Deleted {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s was deleted from the archive store %s", url, link.ArchiveBucket)}
+		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s was deleted from the archive store %s", url, link.ArchiveBucket)}
 	}
 	if info.Size > wire.MaxArchiveBytes {
-		return 0, &archiveRefusal{fmt.Sprintf("archive %s holds %d bytes, over the %d a node takes", url, info.Size, uint64(wire.MaxArchiveBytes))}
+		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s holds %d bytes, over the %d a node takes", url, info.Size, uint64(wire.MaxArchiveBytes))}
 	}
 	chunks := "$O." + link.ArchiveBucket + ".C." + info.NUID
 	h := sha256.New()
@@ -149,14 +151,14 @@ func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, er
 		for i := uint32(0); i < info.Chunks; i++ {
 			data, s, err := a.get(ctx, directGet{Seq: seq, NextFor: chunks})
 			if errors.Is(err, errNotFound) {
-				return &archiveRefusal{fmt.Sprintf("archive %s: chunk %d of %d is missing from the store", url, i+1, info.Chunks)}
+				return &archiveRefusal{msg: fmt.Sprintf("archive %s: chunk %d of %d is missing from the store", url, i+1, info.Chunks)}
 			}
 			if err != nil {
 				return err
 			}
 			seq = s + 1
 			if read += uint64(len(data)); read > info.Size {
-				return &archiveRefusal{fmt.Sprintf("archive %s: the store holds more than the %d bytes it records", url, info.Size)}
+				return &archiveRefusal{msg: fmt.Sprintf("archive %s: the store holds more than the %d bytes it records", url, info.Size)}
 			}
 			h.Write(data)
 			for len(data) > 0 {
@@ -171,13 +173,21 @@ func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, er
 			}
 		}
 		if got := hex.EncodeToString(h.Sum(nil)); read != info.Size || got != sum {
-			return &archiveRefusal{fmt.Sprintf("archive %s: the store's %d bytes have sha256 %s; the declaration pins %s; refused, nothing reached the executor's cache", url, read, got, sum)}
+			return &archiveRefusal{msg: fmt.Sprintf("archive %s: the store's %d bytes have sha256 %s; the declaration pins %s; refused, nothing reached the executor's cache", url, read, got, sum)}
 		}
 		if len(buf) > 0 {
 			return send(buf)
 		}
 		return nil
 	})
+	if we := (*wire.Error)(nil); errors.As(err, &we) && we.Code == wire.CodeTooLarge {
+		// The executor's word on the archive: its cache cannot hold it
+		// with the archives the declarations applied there name, and no
+		// apply drops them meanwhile. Streamed again at every back-off,
+		// it would be read from the store again each time and said to no
+		// one; refused, the control side hears why.
+		return read, &archiveRefusal{msg: we.Error(), by: "executor"}
+	}
 	if err != nil {
 		return read, err
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -225,9 +226,10 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			}
 			return err
 		}
-		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg)
+		by := cmp.Or(ar.by, "agent")
+		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg, "by", by)
 		r = a.report(seq)
-		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, ar.msg, CodeArchive, "agent"
+		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, ar.msg, CodeArchive, by
 	} else {
 		from := max(st.LastSeq, st.LastApplied) + 1
 		a.log.Info("forwarding the newest declaration", "seq", seq, "superseding", seq-min(from, seq))

@@ -15,6 +15,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // An executor of another build: the host was upgraded. The agent says so
@@ -77,6 +78,66 @@ func TestAnExecutorThatCannotTakeADeclarationNowGetsItAgain(t *testing.T) {
 				if r.Seq == s && r.Outcome != shapes.Applied {
 					t.Fatalf("seq %d reported %s (%s) before it was applied", s, r.Outcome, r.Refused)
 				}
+			}
+		})
+	}
+}
+
+// An archive the executor will not take: its cache cannot hold it with
+// what the declarations applied there name (too-large) is the
+// declaration's refusal, said by the executor and settled — streamed once,
+// not read from the store again at every back-off and said to no one; its
+// disk's room of the moment (internal) is passing, and the declaration is
+// applied once the archive fits.
+func TestAnArchiveTheExecutorWillNotTake(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		code wire.Code
+		once bool
+		want shapes.Outcome
+	}{
+		{"over the cache's bound", wire.CodeTooLarge, false, shapes.Refused},
+		{"the state disk's room, then room", wire.CodeInternal, true, shapes.Applied},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctl := startControl(t, t.TempDir(), "127.0.0.1:0")
+			path := filepath.Join(t.TempDir(), "a.tar")
+			if err := os.WriteFile(path, make([]byte, 1024), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			sum, _, err := ctl.client.PutArchive(context.Background(), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := ctl.addNode("big")
+			ex := newFakeExecutor(t, ctl.keys.ControlPublic(), "b1")
+			ex.mu.Lock()
+			ex.refuseArchives, ex.refuseOnce = c.code, c.once
+			ex.mu.Unlock()
+			runAgent(t, id, ex.path)
+			s := ctl.declare("big", strings.ReplaceAll(`{"version":1,"resources":[{"module":"m","id":"a","type":"archive","url":"obj://SUM","sha256":"SUM","destination":"/srv/t"}]}`, "SUM", sum))
+			rs := ctl.reports("big", "the declaration reported "+string(c.want), hasReport(s, c.want))
+			for _, r := range rs {
+				if r.Seq != s {
+					continue
+				}
+				if c.want == shapes.Refused && (r.RefusedBy != "executor" || r.Code != agent.CodeArchive || !strings.Contains(r.Refused, "too-large")) {
+					t.Fatalf("refused by %q (%s): %s", r.RefusedBy, r.Code, r.Refused)
+				}
+				if c.want == shapes.Applied && r.Outcome != shapes.Applied {
+					t.Fatalf("reported %s (%s) before it was applied", r.Outcome, r.Refused)
+				}
+			}
+			time.Sleep(time.Second) // ten of the agent's back-offs
+			ex.mu.Lock()
+			streams, decls := ex.streams, slices.Clone(ex.decls)
+			ex.mu.Unlock()
+			wantStreams, wantDecls := 1, []uint64(nil)
+			if c.want == shapes.Applied {
+				wantStreams, wantDecls = 2, []uint64{s}
+			}
+			if streams != wantStreams || !slices.Equal(decls, wantDecls) {
+				t.Fatalf("streamed %d times, declarations handed over %v; want %d, %v", streams, decls, wantStreams, wantDecls)
 			}
 		})
 	}

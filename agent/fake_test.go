@@ -43,6 +43,13 @@ type fakeExecutor struct {
 	// links what the agent said of its link with each status.
 	did   []shapes.Activity
 	links []wire.AgentLink
+	// refuseArchives, while set, is how each archive stream is refused
+	// (refuseOnce: the first only), as serve refuses one its cache bound
+	// (too-large) or its disk's room (internal) cannot take; streams
+	// counts the archive streams begun.
+	refuseArchives wire.Code
+	refuseOnce     bool
+	streams        int
 	// hosted: it holds no identity (a retire declaration ran to its end,
 	// or its state was lost): it says so and refuses declarations.
 	hosted bool
@@ -264,8 +271,18 @@ func (f *fakeExecutor) serve(c *wire.Conn) {
 			c.Write(wire.KindProfileReply, &wire.ProfileReply{Profile: []byte(`{"os":"fake"}`), Digest: d})
 		case *wire.Archive:
 			f.mu.Lock()
-			hosted := f.hosted
+			hosted, refuse := f.hosted, f.refuseArchives
+			if b.Offset == 0 {
+				f.streams++
+			}
+			if refuse != wire.CodeNone && f.refuseOnce {
+				f.refuseArchives = wire.CodeNone
+			}
 			f.mu.Unlock()
+			if refuse != wire.CodeNone {
+				c.Write(wire.KindError, &wire.Error{Code: refuse, Message: "archive " + b.SHA256 + ": refused as serve refuses it (" + refuse.String() + ")"})
+				return
+			}
 			if hosted {
 				// As the executor refuses a stream (serve.go): an Error, and
 				// the connection closed.

@@ -655,6 +655,15 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 // from the link); chunks come in order, one stream per connection and per
 // digest, each bounded, the whole bounded; anything else ends the stream,
 // leaving nothing, and closes the connection.
+//
+// A refusal's code says whose it is (wire.Code.Passing). The cache's bound
+// passed is the declaration's (too-large): the archives the declarations
+// applied here name stay until a newer one applies, so the agent refuses
+// the declaration, said to the control side, rather than stream it again
+// at every back-off. The state disk's room, or a write the disk refused,
+// is of the moment (internal): streamed again after the back-off. A stream
+// past the 4 GiB one may carry comes only from an agent that lies (its own
+// check of the object's size refuses the declaration first).
 func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
 	a := body.(*wire.Archive)
 	if c.archive == nil {
@@ -694,19 +703,19 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 	// it got — not once when a stream starts: streams that start together
 	// must not each be promised the room that is left.
 	if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used+uint64(len(a.Chunk)) > s.cfg.ArchiveCacheMax {
-		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams in flight; this chunk would take it past its bound of %d", c.sum, used, s.cfg.ArchiveCacheMax)}
+		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes (the archives the declarations applied here name, and the streams in flight); this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", c.sum, used, s.cfg.ArchiveCacheMax)}
 	}
 	// Nor past the room the state's disk keeps for what must be written
 	// there whatever the agent streams: the journal, a drift's repair,
 	// root's rescue. The cache's bound is a size, and a disk smaller than
 	// it, or fuller, would fill first.
 	if free, keep, err := stateRoom(s.cfg.StateDir); err == nil && free < keep+uint64(len(a.Chunk)) {
-		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the state's disk has %d bytes free, and keeps %d for the store and root's rescue; this chunk would take it below", c.sum, free, keep)}
+		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: fmt.Sprintf("archive %s: the state's disk has %d bytes free, and keeps %d for the store and root's rescue; this chunk would take it below", c.sum, free, keep)}
 	}
 	if err := c.archive.Write(a.Offset, a.Chunk); err != nil {
 		code := wire.CodeProtocol
 		if a.Offset == c.archive.Written() {
-			code = wire.CodeTooLarge // in order: over the bound, or the disk
+			code = wire.CodeInternal // in order: the disk's
 		}
 		return 0, nil, &wire.Refusal{Code: code, Reason: err.Error()}
 	}

@@ -74,7 +74,12 @@ var beforeVerification = []struct{ file, fn string }{
 // 655: an archive stored is kept for the declaration its connection hands
 // over next (the cache pruned by an apply running meanwhile on another
 // connection removed it, though the stream was told stored).
-const beforeVerificationBound = 655
+//
+// 660: the reconnect names again a reconnect's or a roster's activity
+// past the agent's count (its report lost with the agent), read apart
+// from what its own reconcile did; the count still says only where the
+// executor's own history is read from.
+const beforeVerificationBound = 660
 
 func funcName(d *ast.FuncDecl) string {
 	if d.Recv == nil || len(d.Recv.List) == 0 {

@@ -52,6 +52,16 @@ func reportedAlone(a shapes.Activity) bool {
 // ownActivity keeps the activities no report of their own carried.
 func ownActivity(a shapes.Activity) bool { return !reportedAlone(a) }
 
+// unsaid keeps, of what was done before a reconnect and past the count
+// the agent names, the activities no report is known to have carried:
+// its own, and a reconnect's or a roster's. The agent's count moves past
+// one of those only once its report is out (the reconnect's with its
+// verdict's count, the next look's), so one named again had its report
+// lost with the agent (killed between the verdict and the broker's
+// confirmation): said now, twice at worst, never not at all. Not a
+// declaration's: the agent asks for its kept lines (LastApplied).
+func unsaid(a shapes.Activity) bool { return a.Trigger != triggerDeclaration }
+
 func (s *Server) activity(_ context.Context, _ *conn, body any) (wire.Kind, any, error) {
 	after := body.(*wire.Activity).After
 	part, err := store.Since(s.cfg.StateDir, after, s.newestActivity(), wire.MaxActivities, ownActivity)

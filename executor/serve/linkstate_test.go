@@ -255,6 +255,49 @@ func TestWhatTheExecutorDoesOnItsOwnIsReadByCount(t *testing.T) {
 	}
 }
 
+// A reconnect's repairs whose report never went out (the agent killed
+// between the verdict and the broker's confirmation, so its count stayed
+// where it was) are said by the next reconnect, as what was done since
+// that count: once the agent's count is past them, not again; and never
+// the reconnect's own repairs, which its lines say.
+func TestAReconnectsRepairsItsReportLostAreSaidByTheNext(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	motd := filepath.Join(e.root, "motd")
+	os.WriteFile(motd, []byte("edited by hand\n"), 0o644)
+	after := uint64(1) // the declaration's count: its own report said it
+	lines, v := send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after})
+	if len(lines) != 1 || lines[0].Outcome != shapes.Repaired || len(v.Meanwhile) != 0 || v.Activity != 2 {
+		t.Fatalf("the first reconnect: lines %+v, meanwhile %+v, count %d", lines, v.Meanwhile, v.Activity)
+	}
+	said := func(v *wire.Verdict) bool {
+		return len(v.Meanwhile) == 1 && v.Meanwhile[0].Trigger == triggerReconnect && v.Meanwhile[0].Outcome == shapes.Repaired &&
+			len(v.Meanwhile[0].Lines) == 1 && v.Meanwhile[0].Lines[0].ID == "motd"
+	}
+	// Its report lost: the agent names count 1 again, at once (no
+	// reconcile: within the reconnect's bound) and later (a reconcile,
+	// which repairs a second hand edit and says it in its own lines).
+	if _, v := send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after}); !said(v) || v.Activity != 2 {
+		t.Fatalf("reconnect after count 1 again: meanwhile %+v, count %d; want the first reconnect's repair", v.Meanwhile, v.Activity)
+	}
+	os.WriteFile(motd, []byte("edited again\n"), 0o644)
+	e.srv.lastMu.Lock()
+	e.srv.lastReconnect = time.Time{}
+	e.srv.lastMu.Unlock()
+	lines, v = send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after})
+	if !said(v) || v.Activity != 3 || len(lines) != 1 || lines[0].Outcome != shapes.Repaired {
+		t.Fatalf("reconnect after count 1, reconciling: lines %+v, meanwhile %+v, count %d; want its own repair in its lines, the first's in meanwhile", lines, v.Meanwhile, v.Activity)
+	}
+	// Reported through 3: nothing said again.
+	after = 3
+	if _, v := send(t, c, wire.KindReconnected, &wire.Reconnected{After: &after}); len(v.Meanwhile) != 0 {
+		t.Fatalf("reconnect after count 3: meanwhile %+v", v.Meanwhile)
+	}
+}
+
 // The link state the agent says is kept whole: several connections saying
 // it at once never leave the file torn or an older state last, and a time
 // no JSON can hold (a year past 9999, which the agent may send) does not

@@ -18,6 +18,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -613,7 +614,7 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 	}
 	s.lastMu.Unlock()
 	var v *wire.Verdict
-	began := clock.Now()
+	began, before := clock.Now(), s.newestActivity()
 	if recent {
 		// Answered, not refused: a link that flaps is not an attack.
 		v = &wire.Verdict{Outcome: shapes.Unchanged, Reason: "executor: reconciled less than 10s ago; not again yet"}
@@ -628,11 +629,16 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 	newest := s.newestActivity()
 	switch {
 	case r.After != nil:
-		part, err := store.Newer(s.cfg.StateDir, *r.After, newest, wire.MaxMeanwhile, ownActivity)
-		if err != nil {
+		part, err := store.Newer(s.cfg.StateDir, *r.After, before, wire.MaxMeanwhile, unsaid)
+		since, serr := store.Newer(s.cfg.StateDir, before, newest, wire.MaxMeanwhile, ownActivity)
+		if err = cmp.Or(err, serr); err != nil {
 			s.log.Warn("the history of applies could not be read whole", "err", err)
 		}
-		v.Meanwhile, v.MeanwhileMore = part.Acts, int(min(part.Lost, 1<<20))
+		acts, lost := append(part.Acts, since.Acts...), part.Lost+since.Lost
+		if n := len(acts) - wire.MaxMeanwhile; n > 0 {
+			acts, lost = acts[n:], lost+uint64(n)
+		}
+		v.Meanwhile, v.MeanwhileMore = acts, int(min(lost, 1<<20))
 	case !r.From.IsZero() && !r.To.Before(r.From):
 		if began.After(r.To) {
 			r.To = began

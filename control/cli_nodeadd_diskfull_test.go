@@ -23,16 +23,7 @@ func TestANodeAddThatCannotWriteItsFilesRegistersNothing(t *testing.T) {
 	defer cancel()
 	full := smallDisk(t)
 	filler := filepath.Join(full, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := f.Write(make([]byte, 1<<20)); err != nil {
-			break
-		}
-	}
-	f.Close()
+	fillDisk(t, filler)
 
 	out := filepath.Join(full, "web1", "agent.json")
 	_, errs, code := run(t, ctx, "node", "add", "web1", "--dir", dir, "--nats", s.url, "--out", out)
@@ -50,3 +41,23 @@ func TestANodeAddThatCannotWriteItsFilesRegistersNothing(t *testing.T) {
 		t.Fatalf("web1 once added: %+v %v", rec, err)
 	}
 }
+
+// An init the disk cut short leaves no key half written: run again once
+// there is room, it makes the control side's keys, not "exists".
+func TestAnInitCutShortByAFullDiskCanBeRunAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	full := smallDisk(t)
+	filler := filepath.Join(full, "filler")
+	fillDisk(t, filler)
+	os.Truncate(filler, func() int64 { fi, _ := os.Stat(filler); return fi.Size() - 6<<10 }()) // the first files fit, a later one does not
+	dir := filepath.Join(full, "ctl")
+	if _, errs, code := run(t, ctx, "init", "--dir", dir); code == 0 {
+		t.Fatalf("init on a full disk: exit 0: %s", errs)
+	}
+	os.Remove(filler)
+	if _, errs, code := run(t, ctx, "init", "--dir", dir); code != 0 {
+		t.Fatalf("init once there is room: exit %d: %s", code, errs)
+	}
+}
+

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -186,7 +187,7 @@ const settingsFormat = 1
 // self-signed certificate for 127.0.0.1, ::1, localhost and hosts, and the
 // control side's NKey. brokerURL ("" for DefaultBrokerURL) is where client
 // commands find the broker. It refuses a directory that already holds keys.
-func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
+func Init(dir string, hosts []string, brokerURL string) (_ *Keys, err error) {
 	if brokerURL == "" {
 		brokerURL = DefaultBrokerURL
 	}
@@ -208,6 +209,18 @@ func Init(dir string, hosts []string, brokerURL string) (*Keys, error) {
 			return nil, fmt.Errorf("%s already holds keys (%s); not overwriting them", dir, f)
 		}
 	}
+	// Whole or not at all: an init a full disk cut short leaves none of
+	// its files, so that run again once there is room it is not refused
+	// for the keys it made (no serve has used them: the lock is held).
+	made := []string{FileControlKey, FileControlPub, FileRecoveryKey, FileRecoveryPub, FileBrokerKey, FileBrokerCert, FileNKey, FileSettings}
+	made = slices.DeleteFunc(made, func(f string) bool { _, err := os.Lstat(filepath.Join(dir, f)); return err == nil })
+	defer func() {
+		if err != nil {
+			for _, f := range made {
+				os.Remove(filepath.Join(dir, f))
+			}
+		}
+	}()
 	// The control-plane key, and the recovery key for the operator to take
 	// off this machine.
 	if err := newSigningKey(dir, FileControlKey, FileControlPub); err != nil {
@@ -269,20 +282,31 @@ func privatePEM(key ed25519.PrivateKey) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
-func writeNew(dir, name string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+// writeNew writes a file that must not exist yet, durably: its content
+// synced, then its directory's entry. One it could not write whole (a full
+// disk) is removed: a key half written would be found at the next run and
+// refused, or read as garbage.
+func writeNew(dir, name string, data []byte, mode os.FileMode) (err error) {
+	p := filepath.Join(dir, name)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	defer func() {
+		if err != nil {
+			os.Remove(p)
+		}
+	}()
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return statedir.SyncDir(dir)
 }
 
 func brokerCertificate(hosts []string) (certPEM, keyPEM []byte, err error) {

@@ -57,14 +57,52 @@ const MaxArchiveCacheBytes = 2 * maxArchiveBytes
 
 // ArchiveCacheBytes is the size of everything in the cache now.
 func ArchiveCacheBytes(stateDir string) uint64 {
+	kept, own, others := ArchiveCacheUse(stateDir, "")
+	return kept + own + others
+}
+
+// ArchiveCacheUse is what the cache holds now, as a stream of archive sum
+// counts it against the bound: kept, the archives cached but sum (a stream
+// of one cached already replaces it with the same bytes); own, that
+// stream's temporary so far; others, every other temporary (streams and
+// fetches in flight, which end, or go).
+func ArchiveCacheUse(stateDir, sum string) (kept, own, others uint64) {
 	ents, _ := os.ReadDir(ArchiveCacheDir(stateDir))
-	var n uint64
 	for _, e := range ents {
-		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
-			n += uint64(info.Size())
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		n := uint64(info.Size())
+		switch name := e.Name(); {
+		case ValidDigest(name):
+			if name != sum {
+				kept += n
+			}
+		case sum != "" && name == sum+StreamSuffix:
+			own += n
+		default:
+			others += n
 		}
 	}
-	return n
+	return kept, own, others
+}
+
+// StreamSuffix names a stream's temporary in the cache (<sha256>.part).
+const StreamSuffix = ".part"
+
+// DropStreamLeftovers removes what streams a daemon's stop cut short left
+// in the cache: at its start none is in flight, and a temporary no stream
+// of its digest comes to again would count against the bound for good. A
+// rescue's fetch (another suffix) may be running, and stays.
+func DropStreamLeftovers(stateDir string) {
+	dir := ArchiveCacheDir(stateDir)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if name, ok := strings.CutSuffix(e.Name(), StreamSuffix); ok && ValidDigest(name) && e.Type().IsRegular() {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // PruneArchiveCache removes every cached archive whose digest keep lacks
@@ -489,12 +527,20 @@ func (r *run) archive(st *step, rest int) {
 	for _, en := range todo {
 		wrote[path.Join(a.Destination, en.rel)] = true
 	}
-	// A path it wrote that a file of the declaration declares stays its
-	// own, whether or not this version still has it: the file's while it
-	// declares it, the archive's to remove after (clearWay gives it back).
+	// A path it wrote that a file of the declaration, or of a source
+	// above, declares stays its own, whether or not this version still has
+	// it: the file's while it declares it, the archive's to remove after
+	// (clearWay gives it back). One a source below declares that this
+	// version no longer has is that source's again (handed), left as it
+	// is for it to write: removed, its file would go; kept, held for good.
+	handed := map[string]bool{}
 	for p := range ours {
-		if others, _ := r.othersAt(p); r.fileDeclared(p) != "" || len(others) > 0 {
+		others, above := r.othersAt(p)
+		switch {
+		case r.fileDeclared(p) != "" || len(above) > 0:
 			wrote[p] = true
+		case len(others) > 0 && !wrote[p]:
+			handed[p] = true
 		}
 	}
 	for p := range wrote {
@@ -505,7 +551,7 @@ func (r *run) archive(st *step, rest int) {
 	// file declares now is the file's.
 	var stale []string
 	for p := range ours {
-		if !wrote[p] && left[p] == "" {
+		if !wrote[p] && left[p] == "" && !handed[p] {
 			stale = append(stale, p)
 		}
 	}

@@ -549,3 +549,74 @@ func TestAnArchiveAndAFileOfAnotherSource(t *testing.T) {
 		}
 	}
 }
+
+// A version of an archive that no longer has a path a file of another
+// source declares gives the path back to that source: a source below
+// writes its own content again, and nothing of the archive's stays where
+// no declaration has it; a source above keeps its file.
+func TestAnArchivesNewVersionGivesAnotherSourcesPathBack(t *testing.T) {
+	for _, c := range []struct{ arch, file store.Source }{{store.Local, store.Bundle}, {store.Bundle, store.Link}} {
+		t.Run(fmt.Sprintf("%s archive, %s file", c.arch, c.file), func(t *testing.T) {
+			h := newHarness(t)
+			dest := h.p("themes")
+			os.Mkdir(dest, 0o755)
+			p1, sum1 := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
+			p2, sum2 := makeArchive(t, h.root, "t2.tgz", tarEntry{name: "README", typ: tar.TypeReg, body: "v2\n"})
+			v1, v2 := h.doc(archiveRes(p1, sum1, dest)), h.doc(archiveRes(p2, sum2, dest))
+			file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
+			for i, s := range []struct {
+				src store.Source
+				doc string
+			}{{c.file, file}, {c.arch, v1}, {c.file, file}, {c.arch, v2}, {c.file, file}, {c.arch, v2}, {c.file, file}} {
+				if rep := h.run(s.src, s.doc, false); rep.Refused != "" || rep.Outcome == shapes.Failed {
+					t.Fatalf("apply %d (%s): %s %s [%s]", i+1, s.src, rep.Outcome, rep.Refused, outcomes(rep))
+				}
+			}
+			if got := h.read("themes/index.theme"); got != "mine\n" {
+				t.Fatalf("the archive's new version has no index.theme; it holds %q, not the file's", got)
+			}
+			for i, s := range []struct {
+				src store.Source
+				doc string
+			}{{c.file, file}, {c.arch, v2}} {
+				rep := h.run(s.src, s.doc, false)
+				for _, l := range rep.Lines {
+					if l.Outcome.Changes() {
+						t.Fatalf("reconcile %d: %s rewrote %s.%s: %s", i+1, s.src, l.Module, l.ID, l.Detail)
+					}
+				}
+			}
+			h.run(c.file, h.doc(), false)
+			h.run(c.arch, h.doc(), false)
+			if left, _ := os.ReadDir(dest); len(left) > 0 {
+				t.Fatalf("%s still holds %v after everything was undeclared", dest, left)
+			}
+		})
+	}
+}
+
+// An archive whose first apply a cut stopped before its record (its paths
+// only in its intent) wrote what it wrote all the same: another source's
+// file found there is the host's creation, not an original to give back —
+// undeclared once the archive is gone, it goes.
+func TestAnInterruptedArchivesPathsAreTheHosts(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
+	arch := h.doc(archiveRes(p, sum, dest))
+	if rep := h.run(store.Bundle, arch, false); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+	file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
+	for _, s := range []struct {
+		src store.Source
+		doc string
+	}{{store.Link, file}, {store.Bundle, arch}, {store.Bundle, h.doc()}, {store.Link, h.doc()}} {
+		if rep := h.run(s.src, s.doc, false); rep.Refused != "" || rep.Outcome == shapes.Failed {
+			t.Fatalf("%s: %s %s [%s]", s.src, rep.Outcome, rep.Refused, outcomes(rep))
+		}
+	}
+	h.absent("themes/index.theme")
+}

@@ -1154,10 +1154,17 @@ func (r *run) archivedAt(p string) []store.Claim {
 	if r.unpackedBy == nil {
 		r.unpackedBy = map[string][]store.Claim{}
 		for _, e := range r.st.Entries() {
-			if e.Type == shapes.TypeArchive {
-				for _, x := range e.Paths {
-					r.unpackedBy[x] = append(r.unpackedBy[x], claimsOf(e)...)
-				}
+			if e.Type != shapes.TypeArchive {
+				continue
+			}
+			paths, claims := e.Paths, claimsOf(e)
+			if p := e.Pending; p != nil {
+				// A cut apply's: what it may have written is in its
+				// intent alone (settle claims it all).
+				paths, claims = append(slices.Clone(paths), p.Paths...), append(slices.Clone(claims), p.Claim)
+			}
+			for _, x := range paths {
+				r.unpackedBy[x] = append(r.unpackedBy[x], claims...)
 			}
 		}
 	}

@@ -254,6 +254,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
 	s.protectRunning(ln)
+	engine.DropStreamLeftovers(s.cfg.StateDir)
 	s.guard("the start reconcile", func() {
 		s.Reconcile(ctx, triggerStart, nil)
 		s.restartIfUpgraded()
@@ -662,14 +663,12 @@ func (s *Server) reconnected(ctx context.Context, c *conn, body any) (wire.Kind,
 // digest, each bounded, the whole bounded; anything else ends the stream,
 // leaving nothing, and closes the connection.
 //
-// A refusal's code says whose it is (wire.Code.Passing). The cache's bound
-// passed is the declaration's (too-large): the archives the declarations
-// applied here name stay until a newer one applies, so the agent refuses
-// the declaration, said to the control side, rather than stream it again
-// at every back-off. The state disk's room, or a write the disk refused,
-// is of the moment (internal): streamed again after the back-off. A stream
-// past the 4 GiB one may carry comes only from an agent that lies (its own
-// check of the object's size refuses the declaration first).
+// A refusal's code says whose it is (wire.Code.Passing): see cacheFull
+// for the cache's bound. The state disk's room, or a write the disk
+// refused, is of the moment (internal): streamed again after the
+// back-off. A stream past the 4 GiB one may carry comes only from an
+// agent that lies (its own check of the object's size refuses the
+// declaration first).
 func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
 	a := body.(*wire.Archive)
 	if c.archive == nil {
@@ -695,7 +694,7 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 		if busy {
 			return 0, nil, &wire.Refusal{Code: wire.CodeBusy, Reason: fmt.Sprintf("archive %s is being streamed on another connection", a.SHA256)}
 		}
-		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, ".part", engine.MaxArchiveBytes)
+		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, engine.StreamSuffix, engine.MaxArchiveBytes)
 		if err != nil {
 			s.release(a.SHA256)
 			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
@@ -708,8 +707,8 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 	// now — streams on other connections included, each .part as far as
 	// it got — not once when a stream starts: streams that start together
 	// must not each be promised the room that is left.
-	if used := engine.ArchiveCacheBytes(s.cfg.StateDir); used+uint64(len(a.Chunk)) > s.cfg.ArchiveCacheMax {
-		return 0, nil, &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes (the archives the declarations applied here name, and the streams in flight); this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", c.sum, used, s.cfg.ArchiveCacheMax)}
+	if r := s.cacheFull(c.sum, uint64(len(a.Chunk))); r != nil {
+		return 0, nil, r
 	}
 	// Nor past the room the state's disk keeps for what must be written
 	// there whatever the agent streams: the journal, a drift's repair,
@@ -760,6 +759,39 @@ func (s *Server) endArchive(c *conn) {
 		s.log.Warn("an archive stream ended before its last chunk; nothing kept", "sha256", c.sum, "bytes", c.archive.Written())
 		c.archive, c.sum = nil, ""
 	}
+}
+
+// cacheFull is the refusal of n more bytes of a stream of archive sum
+// that would take the cache past its bound, nil when they fit. What it
+// counts is what it keeps: not an archive cached already that this stream
+// replaces with the same bytes, nor, once it has looked, what nothing
+// names any more (pruneArchives: a refused declaration's archives, a
+// connection's that went). Past the bound with only the archives the
+// declarations applied here name, and those streamed for the next, the
+// refusal is the declaration's (too-large): they stay until a newer
+// declaration applies, so the agent refuses it, said to the control side,
+// rather than stream it again at every back-off. Past it with other
+// streams or fetches in flight, or an apply running (nothing dropped
+// meanwhile), it is of the moment (internal): streamed again later.
+func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
+	kept, own, others := engine.ArchiveCacheUse(s.cfg.StateDir, sum)
+	if kept+own+others+n <= s.cfg.ArchiveCacheMax {
+		return nil
+	}
+	looked := s.applyMu.TryLock()
+	if looked {
+		if st, err := store.Open(s.cfg.StateDir); err == nil {
+			s.pruneArchives(st, nil)
+		}
+		s.applyMu.Unlock()
+		if kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum); kept+own+others+n <= s.cfg.ArchiveCacheMax {
+			return nil
+		}
+	}
+	if !looked || kept+own+n <= s.cfg.ArchiveCacheMax {
+		return &wire.Refusal{Code: wire.CodeInternal, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams and applies in flight; this chunk would take it past its bound of %d: streamed again later", sum, kept+own+others, s.cfg.ArchiveCacheMax)}
+	}
+	return &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes of the archives the declarations applied here name and this one so far; this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", sum, kept+own, s.cfg.ArchiveCacheMax)}
 }
 
 func (s *Server) release(sum string) {
@@ -1041,13 +1073,19 @@ func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
 }
 
 // pruneArchives keeps in the cache only the archives that the link
-// declaration just accepted, or the bundle's or a rescue file's target,
-// names, and those a connection streamed for the declaration it has yet
-// to hand over: what was streamed and is declared by nothing goes.
+// declaration just accepted (nil: the link's target), or the bundle's or a
+// rescue file's target, names, and those a connection streamed for the
+// declaration it has yet to hand over or is streaming: what was streamed
+// and is declared by nothing goes.
 func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	keep := map[string]bool{}
-	engine.ArchiveDigests(link, keep)
-	for _, src := range []store.Source{store.Bundle, store.Local} {
+	srcs := []store.Source{store.Bundle, store.Local}
+	if link != nil {
+		engine.ArchiveDigests(link, keep)
+	} else {
+		srcs = append(srcs, store.Link) // the link's target: the one applied last
+	}
+	for _, src := range srcs {
 		raw, err := st.Target(src)
 		if err != nil || raw == nil {
 			continue
@@ -1063,6 +1101,9 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 		for sum := range sums {
 			keep[sum] = true
 		}
+	}
+	for sum := range s.streaming {
+		keep[sum] = true // one cached already, streamed again
 	}
 	s.streamMu.Unlock()
 	if gone := engine.PruneArchiveCache(s.cfg.StateDir, keep); len(gone) > 0 {

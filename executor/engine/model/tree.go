@@ -52,7 +52,8 @@ import (
 //     has it. An archive leaves a file a source above declares, and
 //     writes over one a source below declares, which is then held (its
 //     claim kept, nothing written, nothing undone) while the archive holds
-//     the path. A file or directory found where another source's archive
+//     the path; a version of the archive without the path gives it back
+//     to that source as it is, for it to write. A file or directory found where another source's archive
 //     wrote is the host's creation, not found: undeclared, it goes rather
 //     than put back the archive's entry as an original. An archive
 //     undeclared leaves a path another source's file or directory
@@ -441,14 +442,18 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 	for _, en := range todo {
 		wrote[path.Join(dest, en.Rel)] = true
 	}
+	handed := map[string]bool{}
 	for p := range ours {
-		if t.files[p] || h.pathRec[p] != nil && h.otherClaims(h.pathRec[p].claims) {
+		switch pr := h.pathRec[p]; {
+		case t.files[p] || pr != nil && h.above(pr.claims):
 			wrote[p] = true // the file's while it declares it, the archive's after
+		case pr != nil && h.otherClaims(pr.claims) && !wrote[p]:
+			handed[p] = true // a source below's again, as it is
 		}
 	}
 	var stale []string
 	for p := range ours {
-		if !wrote[p] {
+		if !wrote[p] && !handed[p] {
 			stale = append(stale, p)
 		}
 	}

@@ -634,6 +634,23 @@ func (r *run) archive(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
+	// A file a source below declares that it wrote over: what the host
+	// wrote there last is the archive's entry, so that when the path is
+	// that source's again its write is said applied, not a hand edit put
+	// right, and its removal keeps nothing aside as a person's edit.
+	for _, en := range todo {
+		full := path.Join(a.Destination, en.rel)
+		if le := r.st.Get("path:" + full); !en.dir && le != nil && le.Type == shapes.TypeFile && le.Digest != digest(en.data) {
+			if others, _ := r.othersAt(full); len(others) > 0 {
+				m := *le
+				m.Digest, m.Mode = digest(en.data), en.mode
+				if err := r.st.Put(&m); err != nil {
+					r.fail(st, err, rest)
+					return
+				}
+			}
+		}
+	}
 	r.emit(st.line)
 }
 

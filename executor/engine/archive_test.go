@@ -620,3 +620,48 @@ func TestAnInterruptedArchivesPathsAreTheHosts(t *testing.T) {
 	}
 	h.absent("themes/index.theme")
 }
+
+// A file of a source below that an archive wrote over is, once the path is
+// its own again, written as the source's own change — applied, not a hand
+// edit put right — and undeclared, removed with nothing kept aside as a
+// person's edit: what the host last wrote there was the archive's.
+func TestAFileAnArchiveWroteOverIsNotTakenForAHandEdit(t *testing.T) {
+	for _, archGoes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("the archive goes first %v", archGoes), func(t *testing.T) {
+			h := newHarness(t)
+			dest := h.p("themes")
+			os.Mkdir(dest, 0o755)
+			p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
+			arch := h.doc(archiveRes(p, sum, dest))
+			file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
+			h.run(store.Bundle, file, false)
+			h.run(store.Local, arch, false)
+			var rep *shapes.Report
+			if archGoes {
+				h.run(store.Local, h.doc(), false)
+				rep = h.run(store.Bundle, file, false)
+				if got := outcomes(rep); got != "f.idx=applied" || strings.Contains(rep.Lines[0].Detail, "something else") {
+					t.Fatalf("the file's again: [%s] %s", got, rep.Lines[0].Detail)
+				}
+				rep = h.run(store.Bundle, h.doc(), false)
+			} else {
+				h.run(store.Bundle, h.doc(), false)
+				h.run(store.Local, h.doc(), false)
+				rep = h.run(store.Bundle, h.doc(), false)
+			}
+			for _, l := range rep.Lines {
+				if strings.Contains(l.Detail, "edited by hand") {
+					t.Fatalf("%s.%s %s: %s", l.Module, l.ID, l.Outcome, l.Detail)
+				}
+			}
+			h.absent("themes/index.theme")
+			st, err := store.Open(h.state)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kept := st.Salvaged(); len(kept) > 0 {
+				t.Fatalf("kept aside as a person's edit: %+v", kept)
+			}
+		})
+	}
+}

@@ -52,8 +52,9 @@ import (
 //     has it. An archive leaves a file a source above declares, and
 //     writes over one a source below declares, which is then held (its
 //     claim kept, nothing written, nothing undone) while the archive holds
-//     the path; a version of the archive without the path gives it back
-//     to that source as it is, for it to write. A file or directory found where another source's archive
+//     the path (what the host last wrote there being the archive's entry);
+//     a version of the archive without the path gives it back to that
+//     source as it is, for it to write. A file or directory found where another source's archive
 //     wrote is the host's creation, not found: undeclared, it goes rather
 //     than put back the archive's entry as an original. An archive
 //     undeclared leaves a path another source's file or directory
@@ -467,7 +468,11 @@ func (h *host) applyArchive(r Resource, t *treeRun, res *Result) bool {
 		res.Lines[key] = "applied"
 	}
 	for _, en := range todo {
-		h.tree[path.Join(dest, en.Rel)] = Node{Dir: en.Dir, Text: en.Text}
+		full := path.Join(dest, en.Rel)
+		h.tree[full] = Node{Dir: en.Dir, Text: en.Text}
+		if pr := h.pathRec[full]; pr != nil && !en.Dir && h.otherClaims(pr.claims) {
+			pr.written = en.Text // the host's last write there: the archive's
+		}
 	}
 	for _, p := range stale {
 		if !h.tree[p].Dir || len(h.children(p)) == 0 {

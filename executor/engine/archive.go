@@ -449,7 +449,7 @@ func (r *run) archive(st *step, rest int) {
 		r.fail(st, err, rest)
 		return
 	}
-	ours := map[string]bool{}
+	ours, edited := map[string]bool{}, map[string]bool{}
 	if e != nil {
 		for _, p := range e.Paths {
 			ours[p] = true
@@ -497,6 +497,14 @@ func (r *run) archive(st *step, rest int) {
 				eq = bytes.Equal(after, en.data)
 			}
 			if eq && info.Mode == en.mode {
+				continue
+			}
+			if ours[full] && e.Digest == a.SHA256 && info.Mode == en.mode && r.editedAt(full) {
+				// Its file as a region or keys of the mesh's edit it (a
+				// default configuration, a block in it): what this
+				// version wrote, and the edit in it. Written again, each
+				// would undo the other at every apply; a new version is.
+				edited[full] = true
 				continue
 			}
 			if !ours[full] && len(others) == 0 {
@@ -618,7 +626,7 @@ func (r *run) archive(st *step, rest int) {
 	// Read back every file.
 	for _, en := range entries {
 		full := path.Join(a.Destination, en.rel)
-		if en.dir || left[full] != "" {
+		if en.dir || left[full] != "" || edited[full] {
 			continue
 		}
 		if eq, _, err := fsx.Equal(full, en.data); err != nil || !eq {
@@ -665,6 +673,28 @@ func leftSaid(left map[string]string) string {
 		said = append(said, p+" ("+left[p]+")")
 	}
 	return fmt.Sprintf("; %d left to the file or directory that declares it: %s", len(left), listSome(said, 3))
+}
+
+// editedAt says whether a region or keys edit the file at p: of this
+// declaration, or recorded of any source.
+func (r *run) editedAt(p string) bool {
+	if r.editPaths == nil {
+		r.editPaths = map[string]bool{}
+		for _, res := range r.d.Resources {
+			switch x := res.(type) {
+			case *shapes.Region:
+				r.editPaths[x.Path] = true
+			case *shapes.Keys:
+				r.editPaths[x.Path] = true
+			}
+		}
+		for _, e := range r.st.Entries() {
+			if _, at, _, ok := shapes.EditTarget(e.Target); ok {
+				r.editPaths[at] = true
+			}
+		}
+	}
+	return r.editPaths[p]
 }
 
 // fileDeclared is the file resource of this declaration ("module.id")

@@ -665,3 +665,59 @@ func TestAFileAnArchiveWroteOverIsNotTakenForAHandEdit(t *testing.T) {
 		})
 	}
 }
+
+// An archive that brings a file and a region or keys that edit it (its
+// default configuration, a block of the mesh's in it), of one source or
+// two: the archive writes the file, the edit goes in, and neither undoes
+// the other at the next apply — before, both were repaired at every apply
+// (and restart_on fired with them). A new version of the archive writes
+// the file again, and the edit goes back in.
+func TestAnArchiveAndAnEditOfItsFile(t *testing.T) {
+	for _, c := range []struct{ arch, edit store.Source }{{store.Local, store.Local}, {store.Bundle, store.Link}, {store.Link, store.Bundle}} {
+		for _, kind := range []string{"region", "keys"} {
+			t.Run(fmt.Sprintf("%s archive, %s %s", c.arch, c.edit, kind), func(t *testing.T) {
+				h := newHarness(t)
+				dest := h.p("etc")
+				os.Mkdir(dest, 0o755)
+				version := func(name, body string) string {
+					p, sum := makeArchive(t, h.root, name, tarEntry{name: "conf", typ: tar.TypeReg, body: body})
+					res := archiveRes(p, sum, dest)
+					if c.arch == store.Link {
+						b, _ := os.ReadFile(p)
+						os.MkdirAll(ArchiveCacheDir(h.state), 0o700)
+						os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600)
+						res = strings.Replace(res, "file://"+p, "obj://"+name, 1)
+					}
+					return res
+				}
+				v1, v2 := version("v1.tgz", "Port 22\n"), version("v2.tgz", "Port 2222\n")
+				edit := `{"module":"r","id":"e","type":"region","path":"` + h.p("etc/conf") + `","content":"Banner mesh\n"}`
+				if kind == "keys" {
+					edit = `{"module":"r","id":"e","type":"keys","path":"` + h.p("etc/conf") + `","format":"space","set":{"Banner":"mesh"}}`
+				}
+				apply := func(arch string) (string, string) {
+					if c.arch == c.edit {
+						rep := h.run(c.arch, h.doc(arch, edit), false)
+						return outcomes(rep), outcomes(rep)
+					}
+					return outcomes(h.run(c.arch, h.doc(arch), false)), outcomes(h.run(c.edit, h.doc(edit), false))
+				}
+				apply(v1)
+				for i := range 2 {
+					a, e := apply(v1)
+					if strings.Contains(a+" "+e, "repaired") || strings.Contains(a+" "+e, "applied") {
+						t.Fatalf("apply %d: [%s] [%s]: one undid the other", i+2, a, e)
+					}
+				}
+				if got := h.read("etc/conf"); !strings.Contains(got, "Port 22\n") || !strings.Contains(got, "Banner") {
+					t.Fatalf("conf holds %q", got)
+				}
+				apply(v2)
+				apply(v2)
+				if got := h.read("etc/conf"); !strings.Contains(got, "Port 2222\n") || !strings.Contains(got, "Banner") {
+					t.Fatalf("after the archive's new version, conf holds %q", got)
+				}
+			})
+		}
+	}
+}

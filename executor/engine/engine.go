@@ -229,6 +229,9 @@ type run struct {
 	filePaths map[string]string
 	// dirPaths: the same of its directory resources (declaredPaths).
 	dirPaths map[string]string
+	// editPaths: the files a region or keys edit (editedAt), made when
+	// first needed.
+	editPaths map[string]bool
 	// resumed: the resources ("source:module.id type") whose change an
 	// earlier apply of this same declaration began and never recorded, cut
 	// short (a power cut, a kill): one found done now was made by it, and

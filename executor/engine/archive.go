@@ -91,19 +91,27 @@ func ArchiveCacheUse(stateDir, sum string) (kept, own, others uint64) {
 // StreamSuffix names a stream's temporary in the cache (<sha256>.part).
 const StreamSuffix = ".part"
 
-// DropStreamLeftovers removes what streams a daemon's stop cut short left
-// in the cache: at its start none is in flight, and a temporary no stream
-// of its digest comes to again would count against the bound for good. A
-// rescue's fetch (another suffix) may be running, and stays.
-func DropStreamLeftovers(stateDir string) {
+// DropLeftovers removes the temporaries a stop or a kill left in the
+// cache: a stream's (streams: at the daemon's start, when none is in
+// flight) and a fetch's (when no apply holds the store). Left, one whose
+// digest never comes again would count against the bound for good.
+func DropLeftovers(stateDir string, streams bool) {
+	suffix := FetchSuffix
+	if streams {
+		suffix = StreamSuffix
+	}
 	dir := ArchiveCacheDir(stateDir)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		if name, ok := strings.CutSuffix(e.Name(), StreamSuffix); ok && ValidDigest(name) && e.Type().IsRegular() {
+		if name, ok := strings.CutSuffix(e.Name(), suffix); ok && ValidDigest(name) && e.Type().IsRegular() {
 			os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
 }
+
+// FetchSuffix names a fetch's temporary in the cache (a file:// archive a
+// local file or the bundle names, read by an apply).
+const FetchSuffix = ".fetch"
 
 // PruneArchiveCache removes every cached archive whose digest keep lacks
 // (temporaries of streams in flight are not archives, and stay). It
@@ -267,7 +275,7 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 	defer in.Close()
 	// Its own temporary name: a stream from the agent may be writing
 	// <sum>.part meanwhile.
-	w, err := NewCacheWriter(r.st.Dir(), a.SHA256, ".fetch", maxArchiveBytes)
+	w, err := NewCacheWriter(r.st.Dir(), a.SHA256, FetchSuffix, maxArchiveBytes)
 	if err != nil {
 		return "", fmt.Errorf("fetch archive: %w", err)
 	}
@@ -499,11 +507,13 @@ func (r *run) archive(st *step, rest int) {
 			if eq && info.Mode == en.mode {
 				continue
 			}
-			if ours[full] && e.Digest == a.SHA256 && info.Mode == en.mode && r.editedAt(full) {
+			if ours[full] && e.Digest == a.SHA256 && info.Mode == en.mode && r.editedAt(full) && !r.early["path:"+full] {
 				// Its file as a region or keys of the mesh's edit it (a
 				// default configuration, a block in it): what this
 				// version wrote, and the edit in it. Written again, each
-				// would undo the other at every apply; a new version is.
+				// would undo the other at every apply; a new version is,
+				// and so is one a file undone before it (clearWay) put
+				// its original back over.
 				edited[full] = true
 				continue
 			}
@@ -648,7 +658,7 @@ func (r *run) archive(st *step, rest int) {
 	// right, and its removal keeps nothing aside as a person's edit.
 	for _, en := range todo {
 		full := path.Join(a.Destination, en.rel)
-		if le := r.st.Get("path:" + full); !en.dir && le != nil && le.Type == shapes.TypeFile && le.Digest != digest(en.data) {
+		if le := r.st.Get("path:" + full); !en.dir && le != nil && le.Type == shapes.TypeFile && (le.Digest != digest(en.data) || le.Mode != en.mode) {
 			if others, _ := r.othersAt(full); len(others) > 0 {
 				m := *le
 				m.Digest, m.Mode = digest(en.data), en.mode

@@ -721,3 +721,46 @@ func TestAnArchiveAndAnEditOfItsFile(t *testing.T) {
 		}
 	}
 }
+
+// A file of the archive's own declaration held its path over a new
+// version, and is undeclared: its original (the old version's entry, the
+// edit in it) is put back before the archive looks, which then writes its
+// own version — an edit in the file does not make it take the old one for
+// its own.
+func TestAnEditedArchiveFileAFileHeldIsTheNewVersionsAfter(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("etc")
+	os.Mkdir(dest, 0o755)
+	p1, sum1 := makeArchive(t, h.root, "v1.tgz", tarEntry{name: "conf", typ: tar.TypeReg, body: "Port 22\n"})
+	p2, sum2 := makeArchive(t, h.root, "v2.tgz", tarEntry{name: "conf", typ: tar.TypeReg, body: "Port 2222\n"})
+	v1, v2 := archiveRes(p1, sum1, dest), archiveRes(p2, sum2, dest)
+	region := h.doc(`{"module":"r","id":"e","type":"region","path":"` + h.p("etc/conf") + `","content":"Banner mesh\n"}`)
+	file := `{"module":"m","id":"f","type":"file","path":"` + h.p("etc/conf") + `","content":"mine\n"}`
+	h.run(store.Local, h.doc(v1), false)
+	h.run(store.Bundle, region, false)
+	h.run(store.Local, h.doc(v2, file), false)
+	for range 2 {
+		h.run(store.Local, h.doc(v2), false)
+		h.run(store.Bundle, region, false)
+	}
+	if got := h.read("etc/conf"); !strings.Contains(got, "Port 2222\n") || !strings.Contains(got, "Banner mesh") {
+		t.Fatalf("conf holds %q, want the new version with the edit in it", got)
+	}
+}
+
+// The same when the archive's entry differs from the file only in its
+// mode: the file's again, its mode set is its source's own change.
+func TestAFileAnArchiveGaveAnotherModeIsNotTakenForAHandEdit(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p1, sum1 := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "mine\n", mode: 0o600})
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", tarEntry{name: "README", typ: tar.TypeReg, body: "v2\n"})
+	file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n","mode":"0644"}`)
+	h.run(store.Bundle, file, false)
+	h.run(store.Local, h.doc(archiveRes(p1, sum1, dest)), false)
+	h.run(store.Local, h.doc(archiveRes(p2, sum2, dest)), false)
+	if rep := h.run(store.Bundle, file, false); outcomes(rep) != "f.idx=applied" {
+		t.Fatalf("the file's again: [%s] %+v", outcomes(rep), rep.Lines)
+	}
+}

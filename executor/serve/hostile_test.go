@@ -437,6 +437,11 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 		h := sha256.Sum256(b)
 		return b, hex.EncodeToString(h[:])
 	}
+	// A declaration applied from the link: its target (a signed envelope)
+	// names no archive, and is read as the reconcile reads it.
+	if _, v := e.push(e.dial(), e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
 	a, sumA := blob(1)
 	c1 := e.dial()
 	if ack := streamArchive(t, c1, sumA, a, 1<<20); !ack.Stored {
@@ -446,9 +451,13 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	if ack := streamArchive(t, c2, sumA, a, 1<<20); !ack.Stored {
 		t.Fatalf("the same archive again, 2 MiB in a 3 MiB cache holding it: %+v", ack)
 	}
-	// Both connections gone, no declaration naming it: room for another.
+	// Both connections gone, no declaration naming it, and a rescue's
+	// fetch a kill cut short: room for another.
 	c1.Close()
 	c2.Close()
+	if err := os.WriteFile(filepath.Join(e.state, "archives", strings.Repeat("f", 64)+".fetch"), make([]byte, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(100 * time.Millisecond)
 	b, sumB := blob(2)
 	cb := e.dial()

@@ -254,7 +254,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
 	s.protectRunning(ln)
-	engine.DropStreamLeftovers(s.cfg.StateDir)
+	engine.DropLeftovers(s.cfg.StateDir, true)
 	s.guard("the start reconcile", func() {
 		s.Reconcile(ctx, triggerStart, nil)
 		s.restartIfUpgraded()
@@ -581,11 +581,15 @@ const reconnectEvery = 10 * time.Second
 func (s *Server) declaration(ctx context.Context, c *conn, body any) (wire.Kind, any, error) {
 	defer s.giveBack()
 	// What this connection streamed was for this declaration: it keeps
-	// what it names, and the cache lets go of the rest.
-	s.streamMu.Lock()
-	delete(s.streamed, c)
-	s.streamMu.Unlock()
-	return wire.KindVerdict, s.ApplyEnvelope(ctx, body.(*wire.Declaration).Envelope, c.line), nil
+	// what it names, and the cache lets go of the rest. Let go under the
+	// apply lock, not before it: a prune in between (another's apply, a
+	// stream's room) would drop what this apply is about to read.
+	handedOver := func() {
+		s.streamMu.Lock()
+		delete(s.streamed, c)
+		s.streamMu.Unlock()
+	}
+	return wire.KindVerdict, s.applyEnvelope(ctx, body.(*wire.Declaration).Envelope, c.line, handedOver), nil
 }
 
 // quietAfter is how long the daemon waits after an apply before it gives
@@ -775,23 +779,35 @@ func (s *Server) endArchive(c *conn) {
 // meanwhile), it is of the moment (internal): streamed again later.
 func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
 	kept, own, others := engine.ArchiveCacheUse(s.cfg.StateDir, sum)
-	if kept+own+others+n <= s.cfg.ArchiveCacheMax {
-		return nil
-	}
-	looked := s.applyMu.TryLock()
+	looked := kept+own+others+n > s.cfg.ArchiveCacheMax && s.applyMu.TryLock()
 	if looked {
-		if st, err := store.Open(s.cfg.StateDir); err == nil {
-			s.pruneArchives(st, nil)
-		}
+		s.tidyCache()
 		s.applyMu.Unlock()
-		if kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum); kept+own+others+n <= s.cfg.ArchiveCacheMax {
-			return nil
-		}
+		kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum)
 	}
-	if !looked || kept+own+n <= s.cfg.ArchiveCacheMax {
+	switch {
+	case kept+own+others+n <= s.cfg.ArchiveCacheMax:
+		return nil
+	case !looked || kept+own+n <= s.cfg.ArchiveCacheMax:
 		return &wire.Refusal{Code: wire.CodeInternal, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams and applies in flight; this chunk would take it past its bound of %d: streamed again later", sum, kept+own+others, s.cfg.ArchiveCacheMax)}
 	}
 	return &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes of the archives the declarations applied here name and this one so far; this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", sum, kept+own, s.cfg.ArchiveCacheMax)}
+}
+
+// tidyCache, with the apply lock held, drops from the archive cache what
+// nothing names any more (pruneArchives, the link's target read as the
+// reconcile reads it) and, when no apply of a rescue's holds the store,
+// the temporaries of fetches a kill cut short.
+func (s *Server) tidyCache() {
+	st, err := store.Open(s.cfg.StateDir)
+	if err != nil {
+		return
+	}
+	s.pruneArchives(st, nil)
+	if st.Lock(0) == nil {
+		engine.DropLeftovers(s.cfg.StateDir, false)
+		st.Unlock()
+	}
 }
 
 func (s *Server) release(sum string) {
@@ -896,12 +912,21 @@ func refusal(code wire.Code, format string, args ...any) *wire.Verdict {
 // them and, if every check passes, applies the declaration, giving each
 // report line to emit (which may be nil).
 func (s *Server) ApplyEnvelope(ctx context.Context, env []byte, emit func(shapes.Line)) *wire.Verdict {
+	return s.applyEnvelope(ctx, env, emit, nil)
+}
+
+// applyEnvelope is ApplyEnvelope, calling handedOver (when set) once it
+// holds the apply lock.
+func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes.Line), handedOver func()) *wire.Verdict {
 	// Under the apply lock from the identity on: a grant or a key's
 	// rotation waiting on it ahead of this declaration changes the node,
 	// its enrolment and the pinned key, and a declaration checked against
 	// the ones before would be applied under the ones after.
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
+	if handedOver != nil {
+		handedOver()
+	}
 	id, err := s.identity()
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
@@ -1079,13 +1104,29 @@ func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
 // and is declared by nothing goes.
 func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	keep := map[string]bool{}
-	srcs := []store.Source{store.Bundle, store.Local}
+	if link == nil {
+		// The link's target, the one applied last: a signed envelope,
+		// opened as the reconcile opens it. Unread, nothing is dropped.
+		id, err := s.identity()
+		if err != nil {
+			return
+		}
+		if raw, err := st.Target(store.Link); err != nil {
+			return
+		} else if raw != nil && id != nil {
+			payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
+			if err != nil {
+				return
+			}
+			if link, err = shapes.Parse(payload); err != nil {
+				return
+			}
+		}
+	}
 	if link != nil {
 		engine.ArchiveDigests(link, keep)
-	} else {
-		srcs = append(srcs, store.Link) // the link's target: the one applied last
 	}
-	for _, src := range srcs {
+	for _, src := range []store.Source{store.Bundle, store.Local} {
 		raw, err := st.Target(src)
 		if err != nil || raw == nil {
 			continue

@@ -60,4 +60,3 @@ func TestAnInitCutShortByAFullDiskCanBeRunAgain(t *testing.T) {
 		t.Fatalf("init once there is room: exit %d: %s", code, errs)
 	}
 }
-

@@ -235,9 +235,12 @@ func TestAnAgentStoppedBeforeKeepingItsGrantFinishes(t *testing.T) {
 		b, _ := os.ReadFile(m.agentConfig())
 		return bytes.Contains(b, []byte(cfg.Enrolment))
 	})
-	if _, err := os.Stat(seed); !os.IsNotExist(err) {
-		t.Fatalf("the seed kept apart is still there: %v", err)
-	}
+	// Removed right after the config is written (its reader saw the
+	// config first).
+	eventually(t, "the seed kept apart gone", func() bool {
+		_, err := os.Stat(seed)
+		return os.IsNotExist(err)
+	})
 	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"finished\n"}]}`
 	if r := m.reportFor(m.declare(motd)); r.Outcome != shapes.Applied {
 		t.Fatalf("after finishing: %+v", r)

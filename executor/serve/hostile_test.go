@@ -442,6 +442,13 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	if _, v := e.push(e.dial(), e.seal(e.decl("n1", "e-1", 1, file("motd", "hello\n")))); v.Outcome != shapes.Applied {
 		t.Fatalf("%+v", v)
 	}
+	// The cache is looked at once in tidyEvery: each step below as if the
+	// last look were that long ago.
+	lookAgain := func() {
+		e.srv.applyMu.Lock()
+		e.srv.tidied = time.Time{}
+		e.srv.applyMu.Unlock()
+	}
 	a, sumA := blob(1)
 	c1 := e.dial()
 	if ack := streamArchive(t, c1, sumA, a, 1<<20); !ack.Stored {
@@ -459,6 +466,7 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
+	lookAgain()
 	b, sumB := blob(2)
 	cb := e.dial()
 	if ack := streamArchive(t, cb, sumB, b, 1<<20); !ack.Stored {
@@ -468,6 +476,7 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	// Named by no declaration either, but streamed by a connection for
 	// its next one: kept, and a third does not fit beside it.
+	lookAgain()
 	c3 := e.dial()
 	cc, sumC := blob(3)
 	c3.Write(wire.KindArchive, &wire.Archive{SHA256: sumC, Offset: 0, Chunk: cc[:1<<20]})
@@ -477,12 +486,25 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	if err != nil || k != wire.KindArchiveAck || !body.(*wire.ArchiveAck).Stored {
 		t.Fatalf("a third, the second's connection gone: %v %+v %v", k, body, err)
 	}
-	d := e.dial()
-	d.Write(wire.KindArchive, &wire.Archive{SHA256: sumA, Offset: 0, Chunk: a[:1<<20]})
-	d.Write(wire.KindArchive, &wire.Archive{SHA256: sumA, Offset: 1 << 20, Chunk: a[1<<20:], Last: true})
-	d.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
-	k, body, err = d.Read()
-	if err != nil || k != wire.KindError || body.(*wire.Error).Code != wire.CodeTooLarge {
-		t.Fatalf("a fourth beside one a live connection streamed: %v %+v %v; want too-large", k, body, err)
+	fourth := func() *wire.Error {
+		d := e.dial()
+		d.Write(wire.KindArchive, &wire.Archive{SHA256: sumA, Offset: 0, Chunk: a[:1<<20]})
+		d.Write(wire.KindArchive, &wire.Archive{SHA256: sumA, Offset: 1 << 20, Chunk: a[1<<20:], Last: true})
+		d.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
+		k, body, err := d.Read()
+		if err != nil || k != wire.KindError {
+			t.Fatalf("a fourth beside one a live connection streamed: %v %+v %v; want refused", k, body, err)
+		}
+		return body.(*wire.Error)
+	}
+	lookAgain()
+	if m := fourth(); m.Code != wire.CodeTooLarge {
+		t.Fatalf("a fourth beside one a live connection streamed: %+v; want too-large", m)
+	}
+	// Again at once: the cache not looked at again so soon, the refusal
+	// is of the moment (a compromised agent's chunks past the bound do
+	// not make the daemon read its store under the apply lock each time).
+	if m := fourth(); m.Code != wire.CodeInternal {
+		t.Fatalf("a fourth again at once: %+v; want internal", m)
 	}
 }

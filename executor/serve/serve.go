@@ -146,6 +146,10 @@ type Server struct {
 	last lastApplied
 	// +checklocks:lastMu
 	lastReconnect time.Time
+	// tidied: when a stream past the archive cache's bound last made it
+	// look at what the cache keeps (tidyCache).
+	// +checklocks:applyMu
+	tidied time.Time
 	// upgradeTo: an apply installed another version of the host and saw
 	// it run; once the apply is answered, the daemon exits 0 onto it.
 	// +checklocks:lastMu
@@ -781,7 +785,7 @@ func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
 	kept, own, others := engine.ArchiveCacheUse(s.cfg.StateDir, sum)
 	looked := kept+own+others+n > s.cfg.ArchiveCacheMax && s.applyMu.TryLock()
 	if looked {
-		s.tidyCache()
+		looked = s.tidyCache()
 		s.applyMu.Unlock()
 		kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum)
 	}
@@ -797,18 +801,29 @@ func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
 // tidyCache, with the apply lock held, drops from the archive cache what
 // nothing names any more (pruneArchives, the link's target read as the
 // reconcile reads it) and, when no apply of a rescue's holds the store,
-// the temporaries of fetches a kill cut short.
-func (s *Server) tidyCache() {
+// the temporaries of fetches a kill cut short. Once in tidyEvery at most:
+// it reads the store under the apply lock, and chunks past the bound are
+// the agent's to send, as many as it likes. false: it did not look.
+func (s *Server) tidyCache() bool {
+	if !s.tidied.IsZero() && clock.Since(s.tidied) < tidyEvery {
+		return false
+	}
+	s.tidied = clock.Now()
 	st, err := store.Open(s.cfg.StateDir)
 	if err != nil {
-		return
+		return false
 	}
 	s.pruneArchives(st, nil)
 	if st.Lock(0) == nil {
 		engine.DropLeftovers(s.cfg.StateDir, false)
 		st.Unlock()
 	}
+	return true
 }
+
+// tidyEvery bounds how often a stream past the cache's bound makes the
+// daemon look at what the cache keeps.
+const tidyEvery = 10 * time.Second
 
 func (s *Server) release(sum string) {
 	s.streamMu.Lock()

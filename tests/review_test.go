@@ -81,12 +81,12 @@ var beforeVerification = []struct{ file, fn string }{
 // from what its own reconcile did; the count still says only where the
 // executor's own history is read from.
 //
-// 676: the archive cache's bound counts what the cache keeps (cacheFull):
+// 673: the archive cache's bound counts what the cache keeps (cacheFull):
 // an archive streamed again is not counted twice, what nothing names any
 // more is dropped first (the executor's own targets read, under the apply
 // lock if it is free), and the code says whether the refusal is the
 // declaration's or of the moment; the agent's part is the digest it names.
-const beforeVerificationBound = 676
+const beforeVerificationBound = 673
 
 func funcName(d *ast.FuncDecl) string {
 	if d.Recv == nil || len(d.Recv.List) == 0 {

@@ -458,8 +458,12 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	if ack := streamArchive(t, c2, sumA, a, 1<<20); !ack.Stored {
 		t.Fatalf("the same archive again, 2 MiB in a 3 MiB cache holding it: %+v", ack)
 	}
-	// Both connections gone, no declaration naming it, and a rescue's
-	// fetch a kill cut short: room for another.
+	// Both connections gone, no declaration naming it, a rescue's fetch a
+	// kill cut short, and a rescue file's target that no longer parses
+	// (the reconcile skips it: it names nothing): room for another.
+	if err := os.WriteFile(filepath.Join(e.state, "target-local.json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c1.Close()
 	c2.Close()
 	if err := os.WriteFile(filepath.Join(e.state, "archives", strings.Repeat("f", 64)+".fetch"), make([]byte, 2<<20), 0o600); err != nil {

@@ -704,7 +704,7 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 		}
 		w, err := engine.NewCacheWriter(s.cfg.StateDir, a.SHA256, engine.StreamSuffix, engine.MaxArchiveBytes)
 		if err != nil {
-			s.release(a.SHA256)
+			s.release(a.SHA256, c, false)
 			return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 		}
 		c.archive, c.sum = w, a.SHA256
@@ -738,19 +738,13 @@ func (s *Server) archiveChunk(_ context.Context, c *conn, body any) (wire.Kind, 
 	w, sum := c.archive, c.sum
 	c.archive, c.sum = nil, ""
 	_, err := w.Commit()
-	s.release(sum)
+	s.release(sum, c, err == nil)
 	ack := &wire.ArchiveAck{SHA256: sum, Stored: err == nil}
 	if err != nil {
 		ack.Reason = "executor: " + err.Error()
 		s.log.Warn("an archive stream was not kept", "sha256", sum, "err", err)
 	} else {
 		s.log.Info("archive stored in the cache", "sha256", sum, "bytes", w.Written())
-		s.streamMu.Lock()
-		if s.streamed[c] == nil {
-			s.streamed[c] = map[string]bool{}
-		}
-		s.streamed[c][sum] = true
-		s.streamMu.Unlock()
 	}
 	return wire.KindArchiveAck, ack, nil
 }
@@ -763,7 +757,7 @@ func (s *Server) endArchive(c *conn) {
 	s.streamMu.Unlock()
 	if c.archive != nil {
 		c.archive.Abort()
-		s.release(c.sum)
+		s.release(c.sum, c, false)
 		s.log.Warn("an archive stream ended before its last chunk; nothing kept", "sha256", c.sum, "bytes", c.archive.Written())
 		c.archive, c.sum = nil, ""
 	}
@@ -787,7 +781,10 @@ func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
 	if looked {
 		looked = s.tidyCache()
 		s.applyMu.Unlock()
-		kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum)
+		flight := others
+		if kept, own, others = engine.ArchiveCacheUse(s.cfg.StateDir, sum); flight > 0 {
+			looked = false // one may have ended meanwhile, kept now
+		}
 	}
 	switch {
 	case kept+own+others+n <= s.cfg.ArchiveCacheMax:
@@ -810,10 +807,9 @@ func (s *Server) tidyCache() bool {
 	}
 	s.tidied = clock.Now()
 	st, err := store.Open(s.cfg.StateDir)
-	if err != nil {
+	if err != nil || !s.pruneArchives(st, nil) {
 		return false
 	}
-	s.pruneArchives(st, nil)
 	if st.Lock(0) == nil {
 		engine.DropLeftovers(s.cfg.StateDir, false)
 		st.Unlock()
@@ -825,10 +821,19 @@ func (s *Server) tidyCache() bool {
 // daemon look at what the cache keeps.
 const tidyEvery = 10 * time.Second
 
-func (s *Server) release(sum string) {
+// release ends the stream of sum, holding what it stored for c's next
+// declaration in the same step: a prune between the two would drop what
+// the ack says stored.
+func (s *Server) release(sum string, c *conn, stored bool) {
 	s.streamMu.Lock()
+	defer s.streamMu.Unlock()
+	if stored {
+		if s.streamed[c] == nil {
+			s.streamed[c] = map[string]bool{}
+		}
+		s.streamed[c][sum] = true
+	}
 	delete(s.streaming, sum)
-	s.streamMu.Unlock()
 }
 
 // sayAgain is the answer that says again the last declaration applied from
@@ -1112,45 +1117,64 @@ func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
 	return u
 }
 
+// savedTarget is the declaration src last saved as its target, as the
+// reconcile applies it, or nil: none saved, or one the reconcile skips
+// (skipped says why: no identity, no longer verifies or parses, not this
+// enrolment's newest accepted — after a re-enrolment the old one is not
+// applied). err: the target could not be read.
+func (s *Server) savedTarget(st *store.Store, src store.Source, id *identity.Identity) (d *shapes.Declaration, raw []byte, skipped string, err error) {
+	raw, err = st.Target(src)
+	if err != nil || raw == nil {
+		return nil, nil, "", err
+	}
+	if src != store.Link {
+		if d, err = shapes.ParseTrusted(raw); err != nil {
+			return nil, nil, "a saved target no longer parses: " + err.Error(), nil
+		}
+		return d, raw, "", nil
+	}
+	if id == nil {
+		return nil, nil, "a link target is saved but this host has no identity", nil
+	}
+	payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
+	if err != nil {
+		return nil, nil, "the saved link target no longer verifies: " + err.Error(), nil
+	}
+	if d, err = shapes.Parse(payload); err != nil {
+		return nil, nil, "the saved link target no longer parses: " + err.Error(), nil
+	}
+	if f, _ := identity.ReadFloor(s.cfg.StateDir); !AddressedHere(d, id) || d.Seq != f.Seq || !f.Of(id.Enrolment) {
+		return nil, nil, fmt.Sprintf("the saved link target (node %s, enrolment %s, seq %d) is not addressed to this enrolment, or not the newest accepted (floor %d)", d.Node, d.Enrolment, d.Seq, f.Seq), nil
+	}
+	return d, raw, "", nil
+}
+
 // pruneArchives keeps in the cache only the archives that the link
 // declaration just accepted (nil: the link's target), or the bundle's or a
 // rescue file's target, names, and those a connection streamed for the
 // declaration it has yet to hand over or is streaming: what was streamed
 // and is declared by nothing goes.
-func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
+func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looked bool) {
 	keep := map[string]bool{}
-	if link == nil {
-		// The link's target, the one applied last: a signed envelope,
-		// opened as the reconcile opens it. Unread, nothing is dropped.
-		id, err := s.identity()
-		if err != nil {
-			return
-		}
-		if raw, err := st.Target(store.Link); err != nil {
-			return
-		} else if raw != nil && id != nil {
-			payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
-			if err != nil {
-				return
-			}
-			if link, err = shapes.Parse(payload); err != nil {
-				return
-			}
-		}
-	}
+	srcs := []store.Source{store.Bundle, store.Local}
 	if link != nil {
 		engine.ArchiveDigests(link, keep)
+	} else {
+		srcs = append(srcs, store.Link) // its target: the one applied last
 	}
-	for _, src := range []store.Source{store.Bundle, store.Local} {
-		raw, err := st.Target(src)
-		if err != nil || raw == nil {
-			continue
-		}
-		d, err := shapes.ParseTrusted(raw)
+	id, err := s.identity()
+	if err != nil {
+		return false
+	}
+	for _, src := range srcs {
+		// A target the reconcile skips names nothing; one unread might.
+		d, _, _, err := s.savedTarget(st, src, id)
 		if err != nil {
-			return // keep everything rather than guess
+			return false
 		}
-		engine.ArchiveDigests(d, keep)
+		if d != nil {
+			engine.ArchiveDigests(d, keep)
+		}
 	}
 	s.streamMu.Lock()
 	for _, sums := range s.streamed {
@@ -1165,6 +1189,7 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) {
 	if gone := engine.PruneArchiveCache(s.cfg.StateDir, keep); len(gone) > 0 {
 		s.log.Info("archives no declaration names were dropped from the cache", "sha256", gone)
 	}
+	return true
 }
 
 // record counts an apply and says it in the daemon's log; its report is
@@ -1225,37 +1250,15 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	roster := heldRoster(s.cfg.StateDir, id)
 	var all []shapes.Line
 	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
-		raw, err := st.Target(src)
-		if err != nil || raw == nil {
+		d, raw, skipped, err := s.savedTarget(st, src, id)
+		if d == nil {
+			if err == nil && skipped != "" {
+				s.log.Warn("reconcile: "+skipped+"; skipped", "trigger", why, "source", src)
+			}
 			continue
 		}
-		var d *shapes.Declaration
 		if src == store.Link {
-			if id == nil {
-				s.log.Warn("reconcile: a link target is saved but this host has no identity; skipped", "trigger", why)
-				continue
-			}
-			payload, err := wire.Open(id.ControlKey, wire.PurposeDeclaration, raw)
-			if err != nil {
-				s.log.Warn("reconcile: the saved link target no longer verifies; skipped", "trigger", why, "err", err)
-				continue
-			}
-			if d, err = shapes.Parse(payload); err != nil {
-				s.log.Warn("reconcile: the saved link target no longer parses; skipped", "trigger", why, "err", err)
-				continue
-			}
-			// Addressed to this node and this enrolment, and the newest
-			// accepted: after a re-enrolment the old one is not applied.
-			f, _ := identity.ReadFloor(s.cfg.StateDir)
-			if !AddressedHere(d, id) || d.Seq != f.Seq || !f.Of(id.Enrolment) {
-				s.log.Warn("reconcile: the saved link target is not addressed to this enrolment, or not the newest accepted; skipped",
-					"trigger", why, "node", d.Node, "enrolment", d.Enrolment, "seq", d.Seq, "floor", f.Seq)
-				continue
-			}
 			v.Seq = d.Seq
-		} else if d, err = shapes.ParseTrusted(raw); err != nil {
-			s.log.Warn("reconcile: a saved target no longer parses; skipped", "source", src, "err", err)
-			continue
 		}
 		if onlyRoster && !d.UsesRoster() {
 			continue

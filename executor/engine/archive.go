@@ -688,23 +688,22 @@ func leftSaid(left map[string]string) string {
 // editedAt says whether a region or keys edit the file at p: of this
 // declaration, or recorded of any source.
 func (r *run) editedAt(p string) bool {
-	if r.editPaths == nil {
-		r.editPaths = map[string]bool{}
-		for _, res := range r.d.Resources {
-			switch x := res.(type) {
-			case *shapes.Region:
-				r.editPaths[x.Path] = true
-			case *shapes.Keys:
-				r.editPaths[x.Path] = true
+	if len(r.editsAt(p)) > 0 {
+		return true
+	}
+	for _, res := range r.d.Resources {
+		switch x := res.(type) {
+		case *shapes.Region:
+			if x.Path == p {
+				return true
 			}
-		}
-		for _, e := range r.st.Entries() {
-			if _, at, _, ok := shapes.EditTarget(e.Target); ok {
-				r.editPaths[at] = true
+		case *shapes.Keys:
+			if x.Path == p {
+				return true
 			}
 		}
 	}
-	return r.editPaths[p]
+	return false
 }
 
 // fileDeclared is the file resource of this declaration ("module.id")

@@ -191,9 +191,9 @@ type run struct {
 	// claimTypes: the type of each resource of the declaration, by its
 	// claim, made when first needed (typeOf).
 	claimTypes map[store.Claim]string
-	// editsAbove: the claims of sources above this one on keys and regions,
-	// by the file they edit, made when first needed (aboveAcross).
-	editsAbove map[string][]store.Claim
+	// edits: the claims on keys and regions recorded in the store, of any
+	// source, by the file they edit, made when first needed (editsAt).
+	edits map[string][]store.Claim
 	// unpackedBy: the claims of the archives that wrote each path, of any
 	// source, made when first needed (archivedAt).
 	unpackedBy map[string][]store.Claim
@@ -229,9 +229,6 @@ type run struct {
 	filePaths map[string]string
 	// dirPaths: the same of its directory resources (declaredPaths).
 	dirPaths map[string]string
-	// editPaths: the files a region or keys edit (editedAt), made when
-	// first needed.
-	editPaths map[string]bool
 	// resumed: the resources ("source:module.id type") whose change an
 	// earlier apply of this same declaration began and never recorded, cut
 	// short (a power cut, a kill): one found done now was made by it, and
@@ -1136,15 +1133,21 @@ func (r *run) aboveAcross(target, typ string) ([]store.Claim, string) {
 	if above := r.higher(r.archivedAt(p)); len(above) > 0 {
 		return above, p + " is unpacked by an archive"
 	}
-	if r.editsAbove == nil {
-		r.editsAbove = map[string][]store.Claim{}
+	return r.higher(r.editsAt(p)), p + " has keys or a region set in it"
+}
+
+// editsAt is the claims of the keys and regions the store records in the
+// file at p, of any source.
+func (r *run) editsAt(p string) []store.Claim {
+	if r.edits == nil {
+		r.edits = map[string][]store.Claim{}
 		for _, e := range r.st.Entries() {
 			if _, at, _, ok := shapes.EditTarget(e.Target); ok {
-				r.editsAbove[at] = append(r.editsAbove[at], r.higher(claimsOf(e))...)
+				r.edits[at] = append(r.edits[at], claimsOf(e)...)
 			}
 		}
 	}
-	return r.editsAbove[p], p + " has keys or a region set in it"
+	return r.edits[p]
 }
 
 // archivedAt is the claims of the archives, of any source, that wrote

@@ -473,13 +473,7 @@ func TestAnArchiveAndAFileOfAnotherSource(t *testing.T) {
 						tarEntry{name: "theme/", typ: tar.TypeDir, mode: 0o755}, tarEntry{name: "theme/a.svg", typ: tar.TypeReg, body: "<svg/>"})
 					arch := h.doc(archiveRes(p, sum, dest))
 					if c.arch == store.Link {
-						// Over the link, streamed into the cache by the agent.
-						b, _ := os.ReadFile(p)
-						os.MkdirAll(ArchiveCacheDir(h.state), 0o700)
-						if err := os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600); err != nil {
-							t.Fatal(err)
-						}
-						arch = strings.Replace(arch, "file://"+p, "obj://theme", 1)
+						arch = overTheLink(t, h, arch, p, sum)
 					}
 					file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
 					none := h.doc()
@@ -511,10 +505,7 @@ func TestAnArchiveAndAFileOfAnotherSource(t *testing.T) {
 					apply("first", first[0].(store.Source), first[1].(string))
 					apply("second", second[0].(store.Source), second[1].(string))
 					for round := range 2 {
-						for _, s := range []struct {
-							src store.Source
-							doc string
-						}{{c.arch, arch}, {c.file, file}} {
+						for _, s := range []sourced{{c.arch, arch}, {c.file, file}} {
 							rep := apply(fmt.Sprintf("reconcile %d", round+1), s.src, s.doc)
 							if round == 1 {
 								for _, l := range rep.Lines {
@@ -564,10 +555,7 @@ func TestAnArchivesNewVersionGivesAnotherSourcesPathBack(t *testing.T) {
 			p2, sum2 := makeArchive(t, h.root, "t2.tgz", tarEntry{name: "README", typ: tar.TypeReg, body: "v2\n"})
 			v1, v2 := h.doc(archiveRes(p1, sum1, dest)), h.doc(archiveRes(p2, sum2, dest))
 			file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
-			for i, s := range []struct {
-				src store.Source
-				doc string
-			}{{c.file, file}, {c.arch, v1}, {c.file, file}, {c.arch, v2}, {c.file, file}, {c.arch, v2}, {c.file, file}} {
+			for i, s := range []sourced{{c.file, file}, {c.arch, v1}, {c.file, file}, {c.arch, v2}, {c.file, file}, {c.arch, v2}, {c.file, file}} {
 				if rep := h.run(s.src, s.doc, false); rep.Refused != "" || rep.Outcome == shapes.Failed {
 					t.Fatalf("apply %d (%s): %s %s [%s]", i+1, s.src, rep.Outcome, rep.Refused, outcomes(rep))
 				}
@@ -575,10 +563,7 @@ func TestAnArchivesNewVersionGivesAnotherSourcesPathBack(t *testing.T) {
 			if got := h.read("themes/index.theme"); got != "mine\n" {
 				t.Fatalf("the archive's new version has no index.theme; it holds %q, not the file's", got)
 			}
-			for i, s := range []struct {
-				src store.Source
-				doc string
-			}{{c.file, file}, {c.arch, v2}} {
+			for i, s := range []sourced{{c.file, file}, {c.arch, v2}} {
 				rep := h.run(s.src, s.doc, false)
 				for _, l := range rep.Lines {
 					if l.Outcome.Changes() {
@@ -610,10 +595,7 @@ func TestAnInterruptedArchivesPathsAreTheHosts(t *testing.T) {
 	}
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
 	file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
-	for _, s := range []struct {
-		src store.Source
-		doc string
-	}{{store.Link, file}, {store.Bundle, arch}, {store.Bundle, h.doc()}, {store.Link, h.doc()}} {
+	for _, s := range []sourced{{store.Link, file}, {store.Bundle, arch}, {store.Bundle, h.doc()}, {store.Link, h.doc()}} {
 		if rep := h.run(s.src, s.doc, false); rep.Refused != "" || rep.Outcome == shapes.Failed {
 			t.Fatalf("%s: %s %s [%s]", s.src, rep.Outcome, rep.Refused, outcomes(rep))
 		}
@@ -683,10 +665,7 @@ func TestAnArchiveAndAnEditOfItsFile(t *testing.T) {
 					p, sum := makeArchive(t, h.root, name, tarEntry{name: "conf", typ: tar.TypeReg, body: body})
 					res := archiveRes(p, sum, dest)
 					if c.arch == store.Link {
-						b, _ := os.ReadFile(p)
-						os.MkdirAll(ArchiveCacheDir(h.state), 0o700)
-						os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600)
-						res = strings.Replace(res, "file://"+p, "obj://"+name, 1)
+						res = overTheLink(t, h, res, p, sum)
 					}
 					return res
 				}
@@ -763,4 +742,26 @@ func TestAFileAnArchiveGaveAnotherModeIsNotTakenForAHandEdit(t *testing.T) {
 	if rep := h.run(store.Bundle, file, false); outcomes(rep) != "f.idx=applied" {
 		t.Fatalf("the file's again: [%s] %+v", outcomes(rep), rep.Lines)
 	}
+}
+
+// sourced is a declaration and the source it is applied as.
+type sourced struct {
+	src store.Source
+	doc string
+}
+
+// overTheLink makes res, an archive resource naming the file:// archive p,
+// one the link declares: obj://, its bytes in the executor's cache as the
+// agent streams them.
+func overTheLink(t *testing.T, h *harness, res, p, sum string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(ArchiveCacheDir(h.state), 0o700)
+	if err := os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Replace(res, "file://"+p, "obj://"+filepath.Base(p), 1)
 }

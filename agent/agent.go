@@ -160,6 +160,9 @@ type Agent struct {
 	// side answers again.
 	rekeyAnswer atomic.Pointer[rekeyMsg]
 	rekeyNow    chan struct{}
+	// reenrolHeld: an enrolment the executor has pending waits for room
+	// to keep the agent's new NKey (mayReenrol), said once.
+	reenrolHeld atomic.Bool
 	// statements are the control side's statements a message on the
 	// notice subject carried alone (link.StatementsHeader), for the
 	// heartbeat loop to take when statementsNow says so: the newest only,
@@ -354,6 +357,27 @@ var ErrRetired = errors.New("the executor holds no identity")
 
 // errReenrol: the executor has an enrolment pending for the agent.
 var errReenrol = errors.New("an enrolment is pending")
+
+// mayReenrol says whether the agent can carry out the enrolment the
+// executor has pending now: the new NKey it would enrol with is kept
+// first. While the state directory's disk has no room for it the agent
+// stays linked on the identity it holds — the enrolment a rekey or an
+// enrol --replace replaces is live until the new one is granted, and
+// declarations to it still apply — and tries again at each heartbeat,
+// rather than drop the link to wait, unlinked, for room.
+func (a *Agent) mayReenrol() bool {
+	_, err := hostedKey(a.o.StateDir)
+	if err == nil || !diskFull(err) {
+		if a.reenrolHeld.Swap(false) {
+			a.log.Info("the agent's new NKey is kept: the enrolment pending goes on")
+		}
+		return true
+	}
+	if !a.reenrolHeld.Swap(true) {
+		a.log.Warn("the executor has an enrolment pending, but the agent's new NKey cannot be kept: its state directory's disk is full; staying linked as the node it is, trying again at each heartbeat", "state", a.o.StateDir, "err", err.Error())
+	}
+	return false
+}
 
 // errEarlierLayout: the broker refused a publish under link.UpPrefix, as a
 // control side of an earlier version does (it gives every node the
@@ -1233,7 +1257,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				return
 			case err != nil:
 			case s.Enrolling:
-				if !a.linkIsUp() {
+				if !a.linkIsUp() && a.mayReenrol() {
 					a.log.Info("the executor has an enrolment pending: carrying it out")
 					a.cancel(errReenrol)
 				}
@@ -1347,7 +1371,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 			hb.ExecutorHalted = n
 		}
 	} else {
-		if s.Enrolling {
+		if s.Enrolling && a.mayReenrol() {
 			a.log.Info("the executor has an enrolment pending: carrying it out")
 			a.cancel(errReenrol)
 			return

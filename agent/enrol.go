@@ -72,12 +72,18 @@ func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 
 // keptKey is hostedKey, tried again while the disk holding the state is
 // full: the agent waits for room, saying so, rather than exit and leave
-// the node silent; nil when ctx ends first.
-func keptKey(ctx context.Context, o Options) (nkeys.KeyPair, error) {
+// the node silent; nil when ctx ends first. With wait false (an agent
+// that holds an identity, re-enrolling) a full disk returns nil at once:
+// the enrolment it would replace is live until the new one is granted,
+// so the agent goes on linked with it and tries again later (mayReenrol).
+func keptKey(ctx context.Context, o Options, wait bool) (nkeys.KeyPair, error) {
 	for said := false; ; said = true {
 		kp, err := hostedKey(o.StateDir)
-		if err == nil || !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+		if err == nil || !diskFull(err) {
 			return kp, err
+		}
+		if !wait {
+			return nil, nil
 		}
 		if !said {
 			o.Log.Warn("the agent's NKey cannot be kept: its state directory's disk is full; trying again every 5s", "state", o.StateDir, "err", err.Error())
@@ -90,12 +96,17 @@ func keptKey(ctx context.Context, o Options) (nkeys.KeyPair, error) {
 	}
 }
 
+// diskFull says whether err is a write the disk had no room (or quota) for.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 // hosted waits for an enrolment and carries it out. It returns the new
 // identity, or nil when ctx ends, or ErrUpgraded. With reenrol (the agent
 // holds an identity and the executor began another enrolment), it returns
 // nil as soon as no enrolment is pending any more.
 func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
-	kp, err := keptKey(ctx, o)
+	kp, err := keptKey(ctx, o, !reenrol)
 	if err != nil {
 		return nil, fmt.Errorf("the agent's NKey: %w", err)
 	}

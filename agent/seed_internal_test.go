@@ -31,7 +31,7 @@ func TestTheAgentsKeyIsKeptWholeOrNotAtAll(t *testing.T) {
 	go func() { time.Sleep(time.Second); os.Remove(filler) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kp, err := keptKey(ctx, o)
+	kp, err := keptKey(ctx, o, true)
 	if err != nil || kp == nil {
 		t.Fatalf("waiting for room: %v %v", kp, err)
 	}

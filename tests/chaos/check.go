@@ -386,13 +386,13 @@ func sysFull(n *node) bool {
 }
 
 // quiet is a node with no fault in force: its processes run, its disk
-// has room, its identity stands (not revoked, and no rekey waiting for
-// room to keep its new key: its agent is enrolling, not linked, until the
-// system disk is freed); and the control side's disk has room, or the
-// node's reports cannot be recorded.
+// has room, its identity stands (not revoked); and the control side's
+// disk has room, or the node's reports cannot be recorded. A rekey
+// waiting for room on the system disk to keep the agent's new key leaves
+// the node quiet: its agent stays linked as the node it is until then.
 func (w *world) quiet(n *node) bool {
 	_, err := os.Stat(n.filler)
-	return !w.ctlFull && n.exec.running() && !n.exec.stopped && !n.childKilled && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked && n.rekeyOnRoom == nil
+	return !w.ctlFull && n.exec.running() && !n.exec.stopped && !n.childKilled && n.agentP.running() && !n.agentP.stopped && os.IsNotExist(err) && !n.revoked
 }
 
 // checkAcknowledged: every node enrolled is listed,

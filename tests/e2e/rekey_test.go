@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -281,5 +282,53 @@ func TestARekeyAfterARotationTheNodeMissed(t *testing.T) {
 	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"rotated and rekeyed\n"}]}`
 	if r := m.reportFor(m.declare(motd)); r.Outcome != shapes.Applied {
 		t.Fatalf("after the rekey: %+v", r)
+	}
+}
+
+// A rekey while the disk holding the agent's state is full: the agent
+// cannot keep the NKey it would enrol with, so the rekey stays pending —
+// and the node stays linked meanwhile as the node it is (its enrolment is
+// live until the new one is granted): a declaration still applies. Once
+// there is room the rekey finishes by itself.
+func TestARekeyWaitingForRoomKeepsTheNodeLinked(t *testing.T) {
+	m := newMeshDirs(t)
+	if err := os.MkdirAll(m.agentState(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700,uid=65534,gid=65534", "tmpfs", m.agentState()).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", m.agentState()).Run() })
+	m.startControl()
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig())
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	eventually(t, "n1 heard from", func() bool { return m.node()["executor_version"] == "e2e" })
+	enrolment, _, _ := m.nodeKeys()
+
+	filler := filepath.Join(m.agentState(), "filler")
+	fill(t, filler)
+	if code, out, errOut := m.rekey("--wait", "5s"); code != 3 || !strings.Contains(errOut, "the enrolment with the new keys has not finished") {
+		t.Fatalf("a rekey with the agent's disk full: exit %d\n%s%s", code, out, errOut)
+	}
+	motd := `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"%s\n"}]}`
+	if r := m.reportFor(m.declare(strings.Replace(motd, "%s", "while the rekey waits", 1))); r.Outcome != shapes.Applied {
+		t.Fatalf("a declaration while the rekey waits for room: %+v", r)
+	}
+	if e, _, _ := m.nodeKeys(); e != enrolment {
+		t.Fatalf("the enrolment changed with no room for the agent's key: %s (was %s)", e, enrolment)
+	}
+
+	os.Remove(filler)
+	eventually(t, "the rekey finished once there is room", func() bool {
+		e, _, _ := m.nodeKeys()
+		return e != enrolment && e != ""
+	})
+	if r := m.reportFor(m.declare(strings.Replace(motd, "%s", "after the rekey", 1))); r.Outcome != shapes.Applied {
+		t.Fatalf("after the rekey: %+v", r)
+	}
+	logb, _ := os.ReadFile(filepath.Join(m.base, "mesh-agent.log"))
+	if !bytes.Contains(logb, []byte("staying linked as the node it is")) {
+		t.Fatalf("the agent does not say why the enrolment waits:\n%s", logb)
 	}
 }

@@ -160,6 +160,10 @@ type Agent struct {
 	// side answers again.
 	rekeyAnswer atomic.Pointer[rekeyMsg]
 	rekeyNow    chan struct{}
+	// readWait is how long the next direct get waits for its answer,
+	// when a read the broker was late with made it longer than
+	// readWithin (getLast); 0: readWithin.
+	readWait atomic.Int64
 	// reenrolHeld: an enrolment the executor has pending waits for room
 	// to keep the agent's new NKey (mayReenrol), said once.
 	reenrolHeld atomic.Bool

@@ -59,11 +59,21 @@ func (a *Agent) rosterNotice(m *nats.Msg) {
 // getLast reads the newest message on subject by the last-by-subject
 // direct get req. nil, nil: there is none.
 func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMsg, error) {
-	rctx, cancel := context.WithTimeout(ctx, readWithin)
+	wait := readWithin
+	if w := time.Duration(a.readWait.Load()); w > wait {
+		wait = w
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	m, err := a.nc.RequestWithContext(rctx, req, nil)
+	switch {
+	case err == nil:
+		a.readWait.Store(0)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		a.readWait.Store(int64(min(2*wait, readWithinMost)))
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the newest %s (%s): %w", what, req, err)
+		return nil, fmt.Errorf("reading the newest %s (%s, %s): %w", what, req, wait, err)
 	}
 	switch st := m.Header.Get("Status"); st {
 	case "":

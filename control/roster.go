@@ -73,6 +73,13 @@ func (c *Client) ComposeRoster(ctx context.Context) (*shapes.Roster, error) {
 		}
 	}
 	sort.Strings(names)
+	// The claims the snapshot holds, for the nodes given an address here.
+	claimed := map[netip.Addr]bool{}
+	for k := range vals {
+		if a, ok := addressOfIPKey(k); ok {
+			claimed[a] = true
+		}
+	}
 	r := &shapes.Roster{Version: 1, Keepalive: s.Keepalive, Nodes: []shapes.RosterNode{}}
 	for _, name := range names {
 		var rec NodeRecord
@@ -92,7 +99,7 @@ func (c *Client) ComposeRoster(ctx context.Context) (*shapes.Roster, error) {
 		// claim is this node's; otherwise it is allocated (rare: a node
 		// new to the overlay, or a changed network).
 		if !a.IsValid() || !network.Contains(a) || string(vals[ipKey(a)]) != name {
-			if a, err = c.allocate(ctx, name, network); err != nil {
+			if a, err = c.allocateAmong(ctx, name, network, claimed); err != nil {
 				return nil, fmt.Errorf("roster: %s: %w", name, err)
 			}
 		}

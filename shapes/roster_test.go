@@ -1,6 +1,9 @@
 package shapes
 
 import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -92,4 +95,28 @@ func FuzzParseRoster(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkParseRoster parses a roster of 1,000 nodes, as every node of
+// an overlay that size does with each roster (the agent, then its
+// executor).
+func BenchmarkParseRoster(b *testing.B) {
+	r := Roster{Version: 1, Seq: 1, Keepalive: 25}
+	for i := range 1000 {
+		k := make([]byte, 32)
+		k[0], k[1] = byte(i), byte(i>>8)
+		r.Nodes = append(r.Nodes, RosterNode{Node: fmt.Sprintf("n%05d", i), PublicKey: base64.StdEncoding.EncodeToString(k),
+			Address: fmt.Sprintf("10.99.%d.%d/32", i/250, i%250+1), Endpoint: fmt.Sprintf("192.0.2.%d:51820", i%250+1)})
+	}
+	payload, err := json.Marshal(&r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(payload)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRoster(payload); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

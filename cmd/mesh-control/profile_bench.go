@@ -5,9 +5,10 @@ package main
 // A CPU profile on demand, for the fleet-scale bench only (it builds
 // mesh-control with -tags benchprofile when asked for -profile): with
 // MESH_BENCH_PROFILE set to a directory, SIGUSR1 starts a CPU profile into
-// it (serve-PID-N.pprof) and SIGUSR2 ends it and writes the heap's
+// it (serve-PID-N.pprof; a command's name for another's) and SIGUSR2 ends it and writes the heap's
 // profile and the runtime's memory statistics beside it (.heap, .mem);
-// MESH_BENCH_PROFILE_FROM_START starts the first profile at once. A release build has none of
+// MESH_BENCH_PROFILE_FROM_START starts the first profile at once (a command
+// other than serve ends it as it exits). A release build has none of
 // this: the tag is never set by the Makefile or the packages.
 
 import (
@@ -31,6 +32,24 @@ func init() {
 	}
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	// serve-PID-N, or the command's name for another (overlay-PID-N).
+	name := "serve"
+	if len(os.Args) > 1 && os.Args[1] != "serve" {
+		name = os.Args[1]
+	}
+	ended := make(chan struct{}, 1)
+	atExit = func() {
+		// A command's profile begun at its start ends with it.
+		select {
+		case <-ended:
+		default:
+		}
+		sig <- syscall.SIGUSR2
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+		}
+	}
 	if os.Getenv("MESH_BENCH_PROFILE_FROM_START") != "" {
 		// From the first instant (a restart's storm of reconnections): a
 		// signal sent at the start could come before Notify and end the
@@ -45,7 +64,7 @@ func init() {
 			case s == syscall.SIGUSR1 && f == nil:
 				n++
 				var err error
-				if f, err = os.Create(filepath.Join(dir, fmt.Sprintf("serve-%d-%d.pprof", os.Getpid(), n))); err != nil {
+				if f, err = os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d-%d.pprof", name, os.Getpid(), n))); err != nil {
 					fmt.Fprintln(os.Stderr, "profile:", err)
 					continue
 				}
@@ -58,7 +77,7 @@ func init() {
 				pprof.StopCPUProfile()
 				f.Close()
 				f = nil
-				base := filepath.Join(dir, fmt.Sprintf("serve-%d-%d", os.Getpid(), n))
+				base := filepath.Join(dir, fmt.Sprintf("%s-%d-%d", name, os.Getpid(), n))
 				if h, err := os.Create(base + ".heap"); err == nil {
 					pprof.Lookup("heap").WriteTo(h, 0)
 					h.Close()
@@ -71,6 +90,12 @@ func init() {
 					"mspan_inuse": m.MSpanInuse, "other_sys": m.OtherSys, "gc_sys": m.GCSys,
 				}, "", "  ")
 				os.WriteFile(base+".mem", b, 0o644)
+			}
+			if s == syscall.SIGUSR2 {
+				select {
+				case ended <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}()

@@ -192,6 +192,12 @@ type overlayResult struct {
 	Skipped        string  `json:"skipped,omitempty"`
 	// RosterBytes is the size of the roster the first node took last.
 	RosterBytes int `json:"roster_bytes,omitempty"`
+	// The CPU each process used from the command's start until every
+	// node had applied and recorded (or the time was up): serve, this
+	// process (the agents), the command itself (to its end).
+	ControlCPUSeconds float64 `json:"control_cpu_seconds"`
+	AgentsCPUSeconds  float64 `json:"agents_cpu_seconds"`
+	CommandCPUSeconds float64 `json:"command_cpu_seconds"`
 }
 
 // setup starts the control side in work, connects the bench to it and
@@ -872,13 +878,15 @@ func (b *bench) overlay(ctx context.Context) error {
 	b.log.Info("WireGuard keys bound", "nodes", len(nodes), "seconds", fmt.Sprintf("%.1f", r.BindSeconds))
 	sleep(ctx, 2*time.Second)
 
+	endProfile := b.profiled("overlay")
+	cpu0 := b.markCPU()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.overlayTimeout)
 	defer cancel()
 	cmdDone := make(chan error, 1)
 	go func() {
-		took, err := b.ctl.run(cctx, "overlay-set", "overlay", "set", "--dir", b.ctl.dir)
-		r.CommandSeconds = took.Seconds()
+		took, cpu, err := b.ctl.runCPU(cctx, "overlay-set", "overlay", "set", "--dir", b.ctl.dir)
+		r.CommandSeconds, r.CommandCPUSeconds = took.Seconds(), cpu.Seconds()
 		cmdDone <- err
 	}()
 	var applied, recorded []time.Duration
@@ -905,6 +913,10 @@ func (b *bench) overlay(ctx context.Context) error {
 		return done
 	})
 	tally()
+	var cpu fanoutResult
+	b.markCPU().since(cpu0, &cpu)
+	r.ControlCPUSeconds, r.AgentsCPUSeconds = cpu.ControlCPUSeconds, cpu.AgentsCPUSeconds
+	endProfile()
 	if len(nodes) > 0 {
 		r.RosterBytes = nodes[0].RosterBytes()
 	}

@@ -46,9 +46,15 @@ func (c *controlProc) url() string { return "tls://" + c.listen }
 // run runs a mesh-control command to its end (init, overlay set), its
 // output in logs/<name>.log, and returns how long it took.
 func (c *controlProc) run(ctx context.Context, name string, args ...string) (time.Duration, error) {
+	took, _, err := c.runCPU(ctx, name, args...)
+	return took, err
+}
+
+// runCPU is run, saying also the CPU the command used (user and system).
+func (c *controlProc) runCPU(ctx context.Context, name string, args ...string) (time.Duration, time.Duration, error) {
 	logf, err := os.Create(filepath.Join(c.logs, name+".log"))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer logf.Close()
 	cmd := exec.CommandContext(ctx, c.bin, args...)
@@ -56,13 +62,22 @@ func (c *controlProc) run(ctx context.Context, name string, args ...string) (tim
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
+	if c.profile != "" {
+		// The command's own CPU profile, from its first instant to its end
+		// (profile_bench.go writes it when the process exits).
+		cmd.Env = append(os.Environ(), "MESH_BENCH_PROFILE="+c.profile, "MESH_BENCH_PROFILE_FROM_START=1")
+	}
 	start := time.Now()
 	err = cmd.Run()
 	took := time.Since(start)
-	if err != nil {
-		return took, fmt.Errorf("mesh-control %s: %w (%s)", strings.Join(args, " "), err, lastLines(logf.Name(), 3))
+	var cpu time.Duration
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
-	return took, nil
+	if err != nil {
+		return took, cpu, fmt.Errorf("mesh-control %s: %w (%s)", strings.Join(args, " "), err, lastLines(logf.Name(), 3))
+	}
+	return took, cpu, nil
 }
 
 // start starts serve; it dies with the bench (PR_SET_PDEATHSIG).

@@ -149,6 +149,9 @@ func (b *bench) rows() []row {
 		if o.RosterBytes > 0 {
 			res += fmt.Sprintf("; its roster %s bytes, one for every node", thousands(o.RosterBytes))
 		}
+		if o.ControlCPUSeconds > 0 {
+			res += fmt.Sprintf("; CPU meanwhile: serve %.1f s, this process %.1f s, the command %.1f s", o.ControlCPUSeconds, o.AgentsCPUSeconds, o.CommandCPUSeconds)
+		}
 		if o.Applied == 0 {
 			fig.why = "no node applied its overlay"
 		}

@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nox-mesh/nox-mesh-host/link"
+)
+
+// A read the broker answers late makes the next one wait longer, until
+// one is answered in time: a slow broker is waited for, not asked again
+// at every timeout (each ask more for it to do, its late answer to the
+// one before thrown away).
+func TestAReadTheBrokerWasLateWithWaitsLongerNext(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the broker did not start")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var asked atomic.Int32
+	if _, err := nc.Subscribe("get", func(m *nats.Msg) {
+		n := asked.Add(1)
+		go func() {
+			if n <= 2 {
+				time.Sleep(readWithin + 2*time.Second) // late for readWithin, in time for twice it
+			}
+			r := nats.NewMsg(m.Reply)
+			r.Header.Set(link.HeaderSequence, "7")
+			r.Header.Set(link.HeaderSubject, "subj")
+			m.RespondMsg(r)
+		}()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{nc: nc}
+	ctx := context.Background()
+	if _, err := a.getLast(ctx, "get", "subj", "declaration"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a read the broker answers late: %v", err)
+	}
+	m, err := a.getLast(ctx, "get", "subj", "declaration")
+	if err != nil || m == nil || m.sseq != 7 {
+		t.Fatalf("the read after a late one does not wait for the broker's answer: %+v %v", m, err)
+	}
+	if w := a.readWait.Load(); w != 0 {
+		t.Fatalf("answered in time, the next read waits %s, not readWithin", time.Duration(w))
+	}
+	if _, err := a.getLast(ctx, "get", "subj", "declaration"); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked.Load(); n != 3 {
+		t.Fatalf("the broker was asked %d times for three reads", n)
+	}
+	// A wait that grows stops at readWithinMost.
+	a.readWait.Store(int64(readWithinMost))
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	a.getLast(cctx, "get", "subj", "declaration") // ended by its caller: no lateness of the broker's
+	if w := time.Duration(a.readWait.Load()); w != readWithinMost {
+		t.Fatalf("a read its caller ended changed the wait to %s", w)
+	}
+}

@@ -162,8 +162,13 @@ type Agent struct {
 	rekeyNow    chan struct{}
 	// readWait is how long the next direct get waits for its answer,
 	// when a read the broker was late with made it longer than
-	// readWithin (getLast); 0: readWithin.
+	// readWithin (getLast); 0: readWithin. readStop ends the read in
+	// flight when the link drops (linkDown): nats.go keeps a request
+	// waiting through a reconnection, and a wait grown to a minute would
+	// hold the worker that long after the link came back.
 	readWait atomic.Int64
+	readMu   sync.Mutex
+	readStop context.CancelCauseFunc
 	// reenrolHeld: an enrolment the executor has pending waits for room
 	// to keep the agent's new NKey (mayReenrol), said once.
 	reenrolHeld atomic.Bool
@@ -923,6 +928,11 @@ func (a *Agent) linkIsUp() bool {
 }
 
 func (a *Agent) linkDown(err error) {
+	a.readMu.Lock()
+	if a.readStop != nil {
+		a.readStop(errReadLinkLost)
+	}
+	a.readMu.Unlock()
 	now := clock.Now()
 	a.linkMu.Lock()
 	was := a.link.up

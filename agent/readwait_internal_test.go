@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,7 +47,12 @@ func TestAReadTheBrokerWasLateWithWaitsLongerNext(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	a := &Agent{nc: nc}
+	st, err := openState(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{nc: nc, state: st, log: slog.New(slog.DiscardHandler)}
+	a.link.up = true
 	ctx := context.Background()
 	if _, err := a.getLast(ctx, "get", "subj", "declaration"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a read the broker answers late: %v", err)
@@ -64,6 +70,35 @@ func TestAReadTheBrokerWasLateWithWaitsLongerNext(t *testing.T) {
 	if n := asked.Load(); n != 3 {
 		t.Fatalf("the broker was asked %d times for three reads", n)
 	}
+	// A read in flight when the link drops ends then, not at its wait's
+	// end, and says no lateness of the broker's: the wait stays.
+	asked.Store(0) // late again
+	a.readWait.Store(int64(readWithinMost))
+	go func() { time.Sleep(500 * time.Millisecond); a.linkDown(errors.New("cut")) }()
+	began := time.Now()
+	if _, err := a.getLast(ctx, "get", "subj", "declaration"); !errors.Is(err, errReadLinkLost) {
+		t.Fatalf("a read in flight when the link dropped: %v", err)
+	}
+	if took := time.Since(began); took > readWithin {
+		t.Fatalf("a read in flight when the link dropped ended %s later", took)
+	}
+	if w := time.Duration(a.readWait.Load()); w != readWithinMost {
+		t.Fatalf("a read the link's loss ended changed the wait to %s", w)
+	}
+	// With the link down, a read waits readWithin, not the wait grown.
+	a.readWait.Store(int64(readWithinMost))
+	began = time.Now()
+	if _, err := a.getLast(ctx, "get", "subj", "declaration"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a read with the link down, answered late: %v", err)
+	}
+	if took := time.Since(began); took > readWithin+time.Second {
+		t.Fatalf("a read with the link down waited %s", took)
+	}
+	if w := time.Duration(a.readWait.Load()); w != readWithinMost {
+		t.Fatalf("a read with the link down changed the wait to %s", w)
+	}
+	a.link.up = true
+
 	// A wait that grows stops at readWithinMost.
 	a.readWait.Store(int64(readWithinMost))
 	cctx, cancel := context.WithCancel(ctx)

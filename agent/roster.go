@@ -56,20 +56,35 @@ func (a *Agent) rosterNotice(m *nats.Msg) {
 	})
 }
 
+// errReadLinkLost ends a read in flight when the link drops.
+var errReadLinkLost = errors.New("the link was lost while the broker had not answered")
+
 // getLast reads the newest message on subject by the last-by-subject
 // direct get req. nil, nil: there is none.
 func (a *Agent) getLast(ctx context.Context, req, subject, what string) (*declMsg, error) {
 	wait := readWithin
-	if w := time.Duration(a.readWait.Load()); w > wait {
+	if w := time.Duration(a.readWait.Load()); w > wait && a.linkIsUp() {
 		wait = w
 	}
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	rctx, stop := context.WithCancelCause(rctx)
+	a.readMu.Lock()
+	a.readStop = stop
+	a.readMu.Unlock()
+	defer func() {
+		a.readMu.Lock()
+		a.readStop = nil
+		a.readMu.Unlock()
+		stop(nil)
+	}()
 	m, err := a.nc.RequestWithContext(rctx, req, nil)
 	switch {
 	case err == nil:
 		a.readWait.Store(0)
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+	case errors.Is(context.Cause(rctx), errReadLinkLost):
+		err = errReadLinkLost // no lateness of the broker's
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && a.linkIsUp():
 		a.readWait.Store(int64(min(2*wait, readWithinMost)))
 	}
 	if err != nil {

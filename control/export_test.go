@@ -15,6 +15,12 @@ func (c *Client) Allocate(ctx context.Context, node string, network netip.Prefix
 	return c.allocate(ctx, node, network)
 }
 
+// AllocateAmong is allocateAmong, for a test of a snapshot's claims gone
+// stale.
+func (c *Client) AllocateAmong(ctx context.Context, node string, network netip.Prefix, claimed map[netip.Addr]bool) (netip.Addr, error) {
+	return c.allocateAmong(ctx, node, network, claimed)
+}
+
 // Lane is one recorder lane, for a test of two serve processes' lanes
 // recording one node's reports.
 type Lane struct{ w *recorder }

@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,7 +217,7 @@ func overlayKey(r *NodeRecord) (key, out string) {
 	case r.Keys == nil || r.Keys.WireGuard == "":
 		return "", fmt.Sprintf("registered by hand: no WireGuard key was bound at enrolment (token issue --node %s enrols it)", r.Name)
 	}
-	if k, err := base64.StdEncoding.DecodeString(r.Keys.WireGuard); err != nil || len(k) != 32 {
+	if !shapes.IsWireGuardKey(r.Keys.WireGuard) {
 		return "", "the WireGuard key on record is not a key"
 	}
 	return r.Keys.WireGuard, ""
@@ -346,6 +345,7 @@ func (c *Client) allocateAmong(ctx context.Context, node string, network netip.P
 		// Another allocation for this node won: give the claim back, take
 		// its address.
 		c.KV.Delete(ctx, ipKey(cand), jetstream.LastRevision(claimRev))
+		delete(claimed, cand)
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return netip.Addr{}, fmt.Errorf("registry: the overlay address of %s: %w", node, err)
 		}
@@ -362,14 +362,22 @@ func (c *Client) allocateAmong(ctx context.Context, node string, network netip.P
 // node's, and only a network full of nodes' addresses is full.
 //
 // The first look takes the claims as claimed says (when not nil); the
-// looks again list them, as they are then.
+// looks again list them, as they are then. A network that looks full by
+// claimed alone is looked at again at once with the claims listed: an
+// address given back since the snapshot (a node deleted, the loser of two
+// allocations) is free, and only the listing says so.
 func (c *Client) claimFree(ctx context.Context, node string, network netip.Prefix, claimed map[netip.Addr]bool) (netip.Addr, uint64, error) {
+	if claimed != nil {
+		a, rev, _, err := c.claimFreeOnce(ctx, node, network, claimed)
+		if err == nil {
+			return a, rev, nil
+		}
+	}
 	for wait := 10 * time.Millisecond; ; wait *= 2 {
-		a, rev, passing, err := c.claimFreeOnce(ctx, node, network, claimed)
+		a, rev, passing, err := c.claimFreeOnce(ctx, node, network, nil)
 		if err == nil || !passing || wait > 640*time.Millisecond {
 			return a, rev, err
 		}
-		claimed = nil
 		select {
 		case <-ctx.Done():
 			return a, rev, err

@@ -454,3 +454,35 @@ func TestAClaimInPassingDoesNotFillTheNetwork(t *testing.T) {
 		t.Fatalf("b, while a's second claim was being given back: %s %v", b, err)
 	}
 }
+
+// An address given back since the snapshot a roster's allocations read
+// is free: a network that looks full by the snapshot's claims alone is
+// looked at again with the claims as they are, never said full on the
+// snapshot's word.
+func TestASnapshotsStaleClaimsDoNotFillTheNetwork(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	network := "10.98.0.0/29"
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{Network: &network}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.client.AddNode(ctx, "a", s.url); err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix(network)
+	stale := map[netip.Addr]bool{}
+	for a := p.Addr().Next(); p.Contains(a.Next()); a = a.Next() {
+		stale[a] = true // claimed when the snapshot was read, given back since
+	}
+	got, err := s.client.AllocateAmong(ctx, "a", p, stale)
+	if err != nil {
+		t.Fatalf("a network full only by a stale snapshot: %v", err)
+	}
+	if got != netip.MustParseAddr("10.98.0.1") {
+		t.Fatalf("allocated %s, not the lowest free address", got)
+	}
+	if !stale[got] {
+		t.Fatal("the address taken is not noted among the claims")
+	}
+}

@@ -69,17 +69,13 @@ func ParseRoster(payload []byte) (*Roster, error) {
 	// overlay twice (agent, executor) each time it changes.
 	size := len(r.Nodes)
 	names, keys, addrs := make(map[string]bool, size), make(map[string]string, size), make(map[netip.Addr]string, size)
-	var key [33]byte // a WireGuard key and one byte more, to see a longer one
 	for i, n := range r.Nodes {
 		at := func() string { return fmt.Sprintf("roster: nodes[%d]", i) }
 		if n.Node == "" || names[n.Node] {
 			return nil, fmt.Errorf("%s: node %q is empty or named twice", at(), n.Node)
 		}
 		names[n.Node] = true
-		if len(n.PublicKey) != base64.StdEncoding.EncodedLen(32) {
-			return nil, fmt.Errorf("%s (%s): public_key is not a base64 WireGuard public key (32 bytes)", at(), n.Node)
-		}
-		if k, err := base64.StdEncoding.Decode(key[:], []byte(n.PublicKey)); err != nil || k != 32 {
+		if !IsWireGuardKey(n.PublicKey) {
 			return nil, fmt.Errorf("%s (%s): public_key is not a base64 WireGuard public key (32 bytes)", at(), n.Node)
 		}
 		if other, dup := keys[n.PublicKey]; dup {
@@ -101,6 +97,16 @@ func ParseRoster(payload []byte) (*Roster, error) {
 		}
 	}
 	return &r, nil
+}
+
+// IsWireGuardKey says whether s is a WireGuard public key as the mesh
+// carries one: base64 of 32 bytes. The one rule for it — the control side
+// puts a node in the roster by it, and every node reads the roster by it:
+// a key one side took and the other refused would have every node refuse
+// the whole roster.
+func IsWireGuardKey(s string) bool {
+	k, err := base64.StdEncoding.DecodeString(s)
+	return err == nil && len(k) == 32
 }
 
 // PeersFor is the peers of node's overlay: every node of the roster but

@@ -584,7 +584,7 @@ func (o *Overlay) validate(v *validator) {
 	}
 	for i, p := range o.Peers {
 		field := fmt.Sprintf("peers[%d]", i)
-		if k, err := base64.StdEncoding.DecodeString(p.PublicKey); err != nil || len(k) != 32 {
+		if !IsWireGuardKey(p.PublicKey) {
 			v.fail(field+".public_key", "not a base64 WireGuard public key (32 bytes)")
 		}
 		if p.Endpoint != "" {

@@ -93,6 +93,9 @@ type Fleet struct {
 	// Garbage counts what a stand-in refused (a declaration or roster that
 	// did not verify or was not its own): the system did not do its job.
 	Garbage atomic.Int64 // declarations a stand-in refused: the system did not do its job
+	// Rosters counts the rosters agents handed to their stand-ins (each
+	// read of the broker, checked by the agent and by the stand-in).
+	Rosters atomic.Int64
 
 	phase atomic.Pointer[string] // what the bench is measuring now, for the log's counts
 	logMu sync.Mutex
@@ -318,6 +321,7 @@ func (n *Node) takeRoster(env []byte, at time.Time) *wire.Verdict {
 		n.f.noteLog("stand-in refused a roster: " + reason)
 		return &wire.Verdict{Outcome: shapes.Refused, Code: code, Reason: reason}
 	}
+	n.f.Rosters.Add(1)
 	payload, err := wire.Open(n.f.key, wire.PurposeRoster, env)
 	if err != nil {
 		return refuse(wire.CodeOf(err), err.Error())

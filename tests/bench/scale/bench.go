@@ -198,6 +198,9 @@ type overlayResult struct {
 	ControlCPUSeconds float64 `json:"control_cpu_seconds"`
 	AgentsCPUSeconds  float64 `json:"agents_cpu_seconds"`
 	CommandCPUSeconds float64 `json:"command_cpu_seconds"`
+	// RostersHanded is how many rosters the agents handed their
+	// stand-ins meanwhile (each one read of the broker).
+	RostersHanded int64 `json:"rosters_handed"`
 }
 
 // setup starts the control side in work, connects the bench to it and
@@ -880,6 +883,7 @@ func (b *bench) overlay(ctx context.Context) error {
 
 	endProfile := b.profiled("overlay")
 	cpu0 := b.markCPU()
+	rosters0 := b.fleet.Rosters.Load()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.overlayTimeout)
 	defer cancel()
@@ -916,6 +920,7 @@ func (b *bench) overlay(ctx context.Context) error {
 	var cpu fanoutResult
 	b.markCPU().since(cpu0, &cpu)
 	r.ControlCPUSeconds, r.AgentsCPUSeconds = cpu.ControlCPUSeconds, cpu.AgentsCPUSeconds
+	r.RostersHanded = b.fleet.Rosters.Load() - rosters0
 	endProfile()
 	if len(nodes) > 0 {
 		r.RosterBytes = nodes[0].RosterBytes()

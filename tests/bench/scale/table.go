@@ -147,7 +147,7 @@ func (b *bench) rows() []row {
 			res += "; the command: " + o.CommandError
 		}
 		if o.RosterBytes > 0 {
-			res += fmt.Sprintf("; its roster %s bytes, one for every node", thousands(o.RosterBytes))
+			res += fmt.Sprintf("; its roster %s bytes, one for every node, handed over %s times", thousands(o.RosterBytes), thousands(int(o.RostersHanded)))
 		}
 		if o.ControlCPUSeconds > 0 {
 			res += fmt.Sprintf("; CPU meanwhile: serve %.1f s, this process %.1f s, the command %.1f s", o.ControlCPUSeconds, o.AgentsCPUSeconds, o.CommandCPUSeconds)

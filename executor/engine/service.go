@@ -27,6 +27,37 @@ func desiredService(s *shapes.Service) string {
 	return "state=" + s.State + " enabled=" + en
 }
 
+// recordedService is what the entry keeps of a service declaration
+// (desiredService) and, while it sets no state, the last state one did
+// (was=, from prev, the entry's digest before): a unit the host started
+// under one declaration and left alone under the next is still the host's
+// change, given back when it is undeclared (ADR 0118), whatever the last
+// declaration said. A release that reads no was= reads the rest as before.
+func recordedService(s *shapes.Service, prev string) string {
+	d := desiredService(s)
+	if s.State == "" {
+		if was := lastStateOf(prev); was != "" {
+			d += " was=" + was
+		}
+	}
+	return d
+}
+
+// lastStateOf is the last state a declaration of the unit set, from an
+// entry's digest: its own, or the one carried (was=); "" for none ever.
+func lastStateOf(digest string) string {
+	state, _ := declaredOf(digest)
+	if state != "" {
+		return state
+	}
+	for _, f := range strings.Fields(digest) {
+		if v, ok := strings.CutPrefix(f, "was="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 func describeState(s initsys.State) string {
 	run := "stopped"
 	if s.Running {
@@ -98,7 +129,11 @@ func (r *run) service(st *step, rest int) {
 		r.fail(st, fmt.Errorf("%s knows no unit %q, even after the unit file or package declared before it was applied", r.init.Name(), unit), rest)
 		return
 	}
-	desired := desiredService(svc)
+	var prev string
+	if e != nil {
+		prev = e.Digest
+	}
+	desired := recordedService(svc, prev)
 	// The state the unit was found in, recorded once (ADR 0118): whether
 	// it ran, and its enablement only where a declaration sets it — the
 	// first time one does, before the host has touched it. A unit the mesh
@@ -596,13 +631,15 @@ func declaredOf(digest string) (state string, enabled bool) {
 // planServiceRemoval gives a unit back the state it was first found in
 // (ADR 0118), and only what the host changed:
 //
-//   - its running state only where the last declaration set a state: a
-//     unit declared with no state is forgotten, whatever it does now;
+//   - its running state only where a declaration set a state, as the
+//     last that set one said (a declaration with no state after it leaves
+//     the host's change the host's: recordedService): a unit no
+//     declaration gave a state is forgotten, whatever it does now;
 //   - a unit the host started (found stopped, declared running) is
 //     stopped again; one found running, or one the host stopped, is left
 //     as it is — nothing is started on the way out;
-//   - its enablement only where the last declaration set enabled, and
-//     only back to disabled: one the host enabled is disabled again;
+//   - its enablement only where a declaration set enabled, and only back
+//     to disabled: one the host enabled is disabled again;
 //   - a unit found absent (a unit file or package the mesh declared
 //     brought it) is stopped and disabled once nothing that brought it is
 //     declared any more: the mesh gave, the mesh takes back. While a
@@ -639,7 +676,13 @@ func (r *run) planServiceRemoval(st *step) {
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the unit is gone (removed since); nothing to give back"
 		return
 	}
-	state, enabledSet := declaredOf(e.Digest)
+	// What a declaration of it set, the last that did: a state or an
+	// enablement the host applied under an earlier declaration is the
+	// host's change still, though the last one set none.
+	state, enabledSet := lastStateOf(e.Digest), false
+	if _, set := declaredOf(e.Digest); set || o.EnabledSet {
+		enabledSet = true
+	}
 	masked := cur.Enabled == "masked"
 	var stop, disable bool
 	var bringer string // what still declared brought a unit found absent

@@ -169,6 +169,51 @@ func TestServiceGivesBackTheStateItFound(t *testing.T) {
 	}
 }
 
+// What the host did under one declaration is its change still when the
+// next declares the unit with no state or enablement: undeclared after
+// it, the unit is given back as found (ADR 0118) — not forgotten because
+// the last declaration said nothing of it.
+func TestAServiceTheHostStartedIsGivenBackThoughTheLastDeclarationSaidNothing(t *testing.T) {
+	cases := []struct {
+		name          string
+		running       bool
+		enabled       string
+		first, second string
+		giveBack, say string
+	}{
+		{"started and enabled, then declared with neither", false, "disabled",
+			svc("pf", "pf", "running", "true", ""), svc("pf", "pf", "", "", ""),
+			"disable pf.service; stop pf.service", "stopped again and disabled again, as the host found it"},
+		{"started, then declared enabled only", false, "enabled",
+			svc("pf", "pf", "running", "", ""), svc("pf", "pf", "", "true", ""),
+			"stop pf.service", "stopped again, as the host found it"},
+		{"started, then stopped, then declared with no state: nothing started on the way out", false, "enabled",
+			svc("pf", "pf", "running", "", ""), svc("pf", "pf", "stopped", "", ""),
+			"", "stopped, as it was found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			f := newFakeInit()
+			f.add("pf.service", c.running, c.enabled)
+			if rep := h.applyWith(f, h.doc(c.first), false); rep.Outcome != shapes.Applied {
+				t.Fatalf("first: %s %+v", rep.Outcome, rep.Lines)
+			}
+			f.transcript()
+			h.applyWith(f, h.doc(c.second), false)
+			if c.second == svc("pf", "pf", "stopped", "", "") {
+				h.applyWith(f, h.doc(svc("pf", "pf", "", "", "")), false)
+			}
+			f.transcript()
+			plan := h.applyWith(f, h.doc(), true)
+			rep := h.applyWith(f, h.doc(), false)
+			if got := f.transcript(); got != c.giveBack || !strings.Contains(rep.Lines[0].Detail, c.say) || plan.Lines[0].Outcome != rep.Lines[0].Outcome {
+				t.Fatalf("undeclared: %s %+v (planned %+v), transcript %q", rep.Outcome, rep.Lines, plan.Lines, got)
+			}
+		})
+	}
+}
+
 func TestServiceFoundStateIsRecordedOnce(t *testing.T) {
 	h := newHarness(t)
 	f := newFakeInit()

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -180,7 +181,11 @@ func (r *run) user(st *step, rest int) {
 			return
 		}
 	}
-	n := &store.Entry{Target: st.target, Type: shapes.TypeUser, Claims: withClaim(e, st.claim), Digest: userDigest(u)}
+	var prev string
+	if e != nil {
+		prev = e.Digest
+	}
+	n := &store.Entry{Target: st.target, Type: shapes.TypeUser, Claims: withClaim(e, st.claim), Digest: recordedUser(u, prev)}
 	if e != nil {
 		// Found once: later applies never overwrite it. A record with
 		// none, of a user the host did not create, is older than the
@@ -354,13 +359,34 @@ func (r *run) keepFoundUser(cur account) (*store.Original, error) {
 	return o, nil
 }
 
-// declaredUser reads back, from an entry's digest (userDigest), the shell
-// and home the last declaration set ("" for one it did not).
+// recordedUser is what the entry keeps of a user declaration
+// (userDigest) and, for a shell or a home it sets none of, the last one a
+// declaration set (was-shell=, was-home=, after the groups, from prev,
+// the entry's digest before): a shell the host set under one declaration
+// and left under the next is still the host's change, given back when
+// the user is undeclared (ADR 0118). A release that reads neither reads
+// the rest as before (it reads the digest up to its groups).
+func recordedUser(u *shapes.User, prev string) string {
+	d := userDigest(u)
+	shell, home := declaredUser(prev)
+	if u.Shell == "" && shell != "" {
+		d += " was-shell=" + shell
+	}
+	if u.Home == "" && home != "" {
+		d += " was-home=" + home
+	}
+	return d
+}
+
+// declaredUser reads back, from an entry's digest (recordedUser), the
+// shell and home the last declaration that set each set ("" for none).
 func declaredUser(d string) (shell, home string) {
-	rest, _, _ := strings.Cut(d, " groups=")
+	rest, tail, _ := strings.Cut(d, " groups=")
 	rest = strings.TrimPrefix(rest, "shell=")
 	shell, home, _ = strings.Cut(rest, " home=")
-	return shell, home
+	tail, wasHome, _ := strings.Cut(tail, " was-home=")
+	_, wasShell, _ := strings.Cut(tail, " was-shell=")
+	return cmp.Or(shell, wasShell), cmp.Or(home, wasHome)
 }
 
 // planUserRemoval gives a found user back the shell and home it was found

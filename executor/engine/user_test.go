@@ -155,6 +155,8 @@ func TestAFoundUsersShellAndHomeAreGivenBack(t *testing.T) {
 		name string
 		// first is applied before alice's declaration (found as she is).
 		first string
+		// then is applied after alice's declaration, before the undeclare.
+		then string
 		// operator changes alice after the apply.
 		operator   func(a *account)
 		unknown    bool
@@ -170,6 +172,11 @@ func TestAFoundUsersShellAndHomeAreGivenBack(t *testing.T) {
 			undeclare:  shapes.Restored,
 			transcript: "usermod alice shell=/bin/sh home=/home/alice append=",
 			detail:     "given back as the host found it"},
+		{name: "changed by the mesh, then declared with neither shell nor home: given back",
+			then:       `{"module":"people","id":"alice","type":"user","name":"alice","groups":["sudo"]}`,
+			undeclare:  shapes.Restored,
+			transcript: "usermod alice shell=/bin/sh home=/home/alice append=",
+			detail:     "shell /bin/bash → /bin/sh, home /srv/alice → /home/alice (contents not moved): given back as the host found it"},
 		{name: "the shell changed since by the operator: left, the home given back",
 			operator:   func(a *account) { a.Shell = "/bin/zsh" },
 			undeclare:  shapes.Restored,
@@ -191,6 +198,11 @@ func TestAFoundUsersShellAndHomeAreGivenBack(t *testing.T) {
 			rep := h.applyAccounts(f, h.doc(alice))
 			if rep.Outcome != shapes.Applied || !strings.Contains(rep.Lines[0].Detail, "shell /bin/sh → /bin/bash") {
 				t.Fatalf("%+v %q", rep.Lines, f.log)
+			}
+			if c.then != "" {
+				if rep := h.applyAccounts(f, h.doc(c.then)); rep.Outcome != shapes.Unchanged {
+					t.Fatalf("then: %+v %q", rep.Lines, f.log)
+				}
 			}
 			if c.unknown {
 				forgetFound(t, h, "user:alice")

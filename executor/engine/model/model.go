@@ -38,7 +38,9 @@
 //   - Undeclared, a unit gets back the state it was found in, only what
 //     the host changed: one the host started is stopped again, one it
 //     enabled disabled again, nothing is started or enabled on the way out
-//     (ADR 0118, Decision).
+//     (ADR 0118, Decision) — as the last declaration that set a state or
+//     an enablement said: one that set none after it does not make the
+//     host's change anyone else's.
 //   - A unit found absent is stopped and disabled — the mesh gave, the mesh
 //     takes back — only once nothing that brought it is declared: while any
 //     declaration still names its package it is forgotten (the lockout ADR
@@ -287,10 +289,13 @@ type unitRecord struct {
 	found  found
 	held   bool
 	// what the last declaration that applied it (not held) set; digest:
-	// that declaration, for repaired (drift) against applied.
+	// that declaration, for repaired (drift) against applied. was: the
+	// last state a declaration set, kept through declarations that set
+	// none — what the host did under it is its change still.
 	state      string
 	enabledSet bool
 	digest     string
+	was        string
 }
 
 type pkgRecord struct {
@@ -1041,6 +1046,9 @@ func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	}
 	res.Lines[r.Key()] = outcome
 	rec.state, rec.enabledSet, rec.digest = r.State, r.Enabled != nil, desired
+	if r.State != "" {
+		rec.was = r.State
+	}
 	return true
 }
 
@@ -1135,16 +1143,19 @@ func (h *host) giveBack(name string, rec *unitRecord, declaredTarget map[string]
 	if rec.held || cur == nil {
 		return "forgotten"
 	}
+	// What a declaration set, the last that did: a declaration that set
+	// none after it leaves what the host did the host's change.
+	state, enabledSet := rec.was, rec.enabledSet || rec.found.enabledKnown
 	var stop, disable bool
 	switch f := rec.found; {
 	case f.absent && h.stillBrought(name, declaredTarget):
 		// what brought it is still declared: the unit is left
 	case f.absent:
-		stop = rec.state != "" && cur.Running
-		disable = (rec.state != "" || rec.enabledSet) && cur.Enabled
+		stop = state != "" && cur.Running
+		disable = (state != "" || enabledSet) && cur.Enabled
 	default:
-		stop = rec.state == "running" && !f.running && cur.Running
-		disable = rec.enabledSet && f.enabledKnown && !f.enabled && cur.Enabled
+		stop = state == "running" && !f.running && cur.Running
+		disable = enabledSet && f.enabledKnown && !f.enabled && cur.Enabled
 	}
 	if !stop && !disable {
 		return "forgotten"

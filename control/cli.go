@@ -1206,7 +1206,7 @@ func (c *cli) printReport(r *SignedReport) {
 			label = ""
 		}
 		if r.MeanwhileMore > 0 {
-			fmt.Fprintf(c.stdout, "    %s%d earlier apply(s) not listed\n", label, r.MeanwhileMore)
+			fmt.Fprintf(c.stdout, "    %s%d earlier activity(ies) not listed (an apply that changed much is several)\n", label, r.MeanwhileMore)
 		}
 		for _, a := range r.Meanwhile {
 			fmt.Fprintf(c.stdout, "    %s%s  %s (%s", label, a.At.Local().Format(time.RFC3339), a.Outcome, a.Trigger)

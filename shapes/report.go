@@ -141,11 +141,13 @@ func (o Outcome) Changes() bool {
 }
 
 // Applies counts the applies acts name: one named in several activities
-// (ActivitiesOf) once.
+// (ActivitiesOf) once — also one whose first parts were left off a list
+// (a page of the executor's history, the newest kept): a part that does
+// not follow its part before it starts an apply here.
 func Applies(acts []Activity) int {
 	n := 0
-	for _, a := range acts {
-		if a.Part == 0 {
+	for i, a := range acts {
+		if a.Part == 0 || i == 0 || acts[i-1].Part != a.Part-1 {
 			n++
 		}
 	}

@@ -2,6 +2,7 @@ package shapes
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,11 @@ func TestActivitiesOfNameWhatChangedWithinTheirBounds(t *testing.T) {
 		wantActs := min((n+1+MaxActivityLines-1)/MaxActivityLines, MaxActivityParts)
 		if changed != n || failed != 1 || len(acts) != wantActs || len(named) != min(n+1, most) || more != n+1-len(named) || Applies(acts) != 1 {
 			t.Fatalf("%d lines: %d activities (want %d), %d changed, %d failed, %d named, %d more", n, len(acts), wantActs, changed, failed, len(named), more)
+		}
+		// A list that kept only the newest parts (a page of the history)
+		// still names one apply; two applies, two.
+		if len(acts) > 1 && (Applies(acts[1:]) != 1 || Applies(append(slices.Clone(acts[1:]), acts...)) != 2) {
+			t.Fatalf("%d lines: the applies of its last parts: %d; of two: %d", n, Applies(acts[1:]), Applies(append(slices.Clone(acts[1:]), acts...)))
 		}
 		if named[0] != "long" || (n > 0 && named[1] != "f0") {
 			t.Fatalf("%d lines: named %v", n, named)

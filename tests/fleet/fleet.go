@@ -475,6 +475,10 @@ const maxLogKinds = 40
 
 // noteLog counts a warning or error an agent (or its stand-in) said, in
 // the phase the bench is in.
+// digits are the numbers a message names (sequences, times), said as N so
+// one kind of message is counted as one.
+var digits = regexp.MustCompile(`[0-9]+`)
+
 func (f *Fleet) noteLog(msg string) {
 	// Each node dials from an address of its own (loopbackDialer): one
 	// message, whichever node said it.
@@ -527,8 +531,17 @@ func (h agentLog) Handle(_ context.Context, r slog.Record) error {
 		h.n.linked = append(h.n.linked, r.Time)
 		h.n.mu.Unlock()
 	case r.Level >= slog.LevelWarn:
-		// One message for every node: its name is said as NODE.
-		h.n.f.noteLog(r.Level.String() + " " + strings.ReplaceAll(r.Message, h.n.Name, "NODE"))
+		// One message for every node: its name is said as NODE; a
+		// refusal's code and reason beside it (they tell one refusal from
+		// another), a node's sequences as N.
+		msg := r.Message
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "code" || a.Key == "reason" {
+				msg += " " + a.Key + "=" + digits.ReplaceAllString(a.Value.String(), "N")
+			}
+			return true
+		})
+		h.n.f.noteLog(r.Level.String() + " " + strings.ReplaceAll(msg, h.n.Name, "NODE"))
 	}
 	return nil
 }

@@ -203,6 +203,9 @@ type Agent struct {
 	// pendingDrain: the same of a declaration the executor answered
 	// (drain). The work loop's alone.
 	pendingDrain *pendingDrain
+	// behind counts the reads in a row a replica behind answered (drain,
+	// behindReads). The work loop's alone.
+	behind int
 	// remembers: the agent's state holds what it settled of this
 	// enrolment's link, at least the executor's floor (State.FloorLearnt)
 	// — kept by an agent before it, or learnt by this one at its first
@@ -1032,7 +1035,11 @@ func (a *Agent) work(ctx context.Context) {
 					return
 				}
 				if ctx.Err() == nil && a.nc.IsConnected() {
-					a.log.Error("declarations: " + err.Error())
+					if errors.Is(err, errReadBehind) {
+						a.log.Info("declarations: " + err.Error())
+					} else {
+						a.log.Error("declarations: " + err.Error())
+					}
 					// Still to be read, and what a notice carried still
 					// to be offered.
 					if carried != nil {
@@ -1043,7 +1050,7 @@ func (a *Agent) work(ctx context.Context) {
 				}
 				continue
 			}
-			read, wait = false, a.o.RetryWait
+			read, wait, a.behind = false, a.o.RetryWait, 0
 		}
 		if err := a.reportActivity(ctx); err != nil {
 			if errors.Is(err, ErrUpgraded) {

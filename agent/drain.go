@@ -40,7 +40,16 @@ const (
 	// replica not caught up yet, in a cluster).
 	staleRetries = 5
 	staleWait    = 200 * time.Millisecond
+	// behindReads is how many reads in a row answered by an older message
+	// than the one settled (a replica behind) are read again before it is
+	// refused as a replay: with the work loop's back-off between them,
+	// some half a minute.
+	behindReads = 5
 )
+
+// errReadBehind: the broker answered a read with a message older than the
+// one the agent settled last (drain).
+var errReadBehind = errors.New("the broker answered with a declaration older than the one settled (a replica not caught up): read again")
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
@@ -158,6 +167,18 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		// executor's return).
 		return unjudged
 	}
+	if code == wire.CodeReplay && m.sseq < st.LastStreamSeq && a.behind < behindReads {
+		// Older than the message last settled, at an older place in the
+		// stream: a replica not caught up answered the read (a cluster
+		// whose server was stopped answers so for seconds). Read again,
+		// not refused: a refusal would say a replay to the control side
+		// and settle the node's memory back to the older message. One
+		// that stays so, read after read, is what the stream holds (made
+		// anew from an older copy), and is refused as a replay is.
+		a.behind++
+		return fmt.Errorf("%w: sequence %d at stream sequence %d, the one settled is at %d", errReadBehind, seq, m.sseq, st.LastStreamSeq)
+	}
+	a.behind = 0
 	codeName := code.String()
 	if code == wire.CodeNone {
 		// The control side's own declaration, to this node: from a

@@ -1021,9 +1021,10 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	// again. An interrupted removal wrote nothing — the thing is there as
 	// recorded, or gone — so what the host last wrote is still known, and
 	// a removal resumed after a kill does not take the host's own content
-	// for a hand edit.
+	// for a hand edit. What the digest carries of earlier declarations
+	// (a unit's last state, a user's last shell and home) stays.
 	if p.Op != "remove" {
-		n.Digest = ""
+		n.Digest = keptOfDigest(e.Type, e.Digest)
 	}
 	if e.Stub {
 		n.Claims = []store.Claim{p.Claim}
@@ -1031,6 +1032,10 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 		n.Original = p.Original
 	} else if n.Original == nil && p.Original != nil {
 		n.Original = p.Original
+	} else if o := p.Original; o != nil && o.Kind == shapes.TypeService && o.EnabledSet && !n.Original.EnabledSet {
+		// A unit's enablement as the first declaration to set it found it,
+		// kept with the intent of the change a kill cut (service).
+		n.Original = o
 	}
 	if len(p.Paths) > 0 {
 		all := map[string]bool{}

@@ -43,6 +43,27 @@ func recordedService(s *shapes.Service, prev string) string {
 	return d
 }
 
+// keptOfDigest is what an entry's digest keeps through an interrupted
+// change, which has the thing observed again (its digest otherwise
+// blanked): of a service, the last state a declaration set; of a user,
+// the last shell and home — what the host did under an earlier
+// declaration is its change still, whatever the kill cut.
+func keptOfDigest(typ, digest string) string {
+	switch typ {
+	case shapes.TypeService:
+		if was := lastStateOf(digest); was != "" {
+			return "was=" + was
+		}
+	case shapes.TypeUser:
+		if shell, home := declaredUser(digest); shell != "" || home != "" {
+			// Never a declaration's own digest: an interrupted change is
+			// applied again, not taken for a repair.
+			return strings.TrimPrefix(recordedUser(&shapes.User{}, digest), userDigest(&shapes.User{}))
+		}
+	}
+	return ""
+}
+
 // lastStateOf is the last state a declaration of the unit set, from an
 // entry's digest: its own, or the one carried (was=); "" for none ever.
 func lastStateOf(digest string) string {
@@ -271,7 +292,11 @@ func (r *run) service(st *step, rest int) {
 		return
 	}
 	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeService}
-	if e == nil {
+	if e == nil || !sameOriginal(orig, e.Original) {
+		// What is found is kept before the unit is changed: a first
+		// record, or the enablement the first declaration to set it found
+		// (a kill before the record would leave the next apply finding
+		// the host's own change, and taking it for what was found).
 		in.Original = orig
 	}
 	if !r.intendNow(st, in, rest) {

@@ -427,3 +427,64 @@ func writeFile(t *testing.T, p, content string) {
 		t.Fatal(err)
 	}
 }
+
+// What an entry's digest keeps through an interrupted change (its digest
+// otherwise blanked, the thing observed again): the last state, shell and
+// home a declaration set, so a kill between a change and its record does
+// not make the host's earlier change no one's.
+func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
+	for _, c := range []struct {
+		typ, digest string
+		state       string // lastStateOf what is kept (services)
+		shell, home string // declaredUser of what is kept (users)
+	}{
+		{typ: shapes.TypeService, digest: "state=running enabled=-", state: "running"},
+		{typ: shapes.TypeService, digest: "state= enabled=true was=stopped", state: "stopped"},
+		{typ: shapes.TypeService, digest: "state= enabled=-"},
+		{typ: shapes.TypeUser, digest: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
+		{typ: shapes.TypeUser, digest: "shell= home= groups=sudo was-home=/srv/a", home: "/srv/a"},
+		{typ: shapes.TypeUser, digest: "shell=/bin/sh home=/h groups=", shell: "/bin/sh", home: "/h"},
+		{typ: shapes.TypeUser, digest: "shell= home= groups="},
+		{typ: shapes.TypeFile, digest: "sha256:ab"},
+	} {
+		kept := keptOfDigest(c.typ, c.digest)
+		switch c.typ {
+		case shapes.TypeService:
+			if got := lastStateOf(kept); got != c.state || (c.state == "" && kept != "") {
+				t.Errorf("%q kept as %q: state %q, want %q", c.digest, kept, got, c.state)
+			}
+		case shapes.TypeUser:
+			if shell, home := declaredUser(kept); shell != c.shell || home != c.home || (c.shell == "" && c.home == "" && kept != "") {
+				t.Errorf("%q kept as %q: shell %q home %q, want %q %q", c.digest, kept, shell, home, c.shell, c.home)
+			}
+		default:
+			if kept != "" {
+				t.Errorf("a %s's digest kept through an interrupted change: %q", c.typ, kept)
+			}
+		}
+		if kept != "" && (kept == c.digest || strings.HasPrefix(kept, "state=") || strings.HasPrefix(kept, "shell=")) {
+			t.Errorf("%q kept as %q: a declaration's own digest, which an apply would take for a repair", c.digest, kept)
+		}
+	}
+}
+
+// The same through a kill: the change of the declaration after it cut
+// between its intent and its record, the next apply observes the unit
+// again and still knows the host started it.
+func TestAServiceTheHostStartedIsGivenBackThoughAKillCutTheNextChange(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	h.applyWith(f, h.doc(svc("pf", "pf", "running", "", "")), false)
+	second := h.doc(svc("pf", "pf", "", "true", ""))
+	if rep := h.applyWith(f, second, false); rep.Outcome != shapes.Applied {
+		t.Fatalf("second: %s %+v", rep.Outcome, rep.Lines)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	h.applyWith(f, second, false)
+	f.transcript()
+	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "disable pf.service; stop pf.service" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}

@@ -381,11 +381,12 @@ func recordedUser(u *shapes.User, prev string) string {
 // declaredUser reads back, from an entry's digest (recordedUser), the
 // shell and home the last declaration that set each set ("" for none).
 func declaredUser(d string) (shell, home string) {
-	rest, tail, _ := strings.Cut(d, " groups=")
-	rest = strings.TrimPrefix(rest, "shell=")
-	shell, home, _ = strings.Cut(rest, " home=")
-	tail, wasHome, _ := strings.Cut(tail, " was-home=")
-	_, wasShell, _ := strings.Cut(tail, " was-shell=")
+	d, wasHome, _ := strings.Cut(d, " was-home=")
+	d, wasShell, _ := strings.Cut(d, " was-shell=")
+	rest, _, _ := strings.Cut(d, " groups=")
+	if rest, ok := strings.CutPrefix(rest, "shell="); ok {
+		shell, home, _ = strings.Cut(rest, " home=")
+	}
 	return cmp.Or(shell, wasShell), cmp.Or(home, wasHome)
 }
 

@@ -55,11 +55,7 @@ func keptOfDigest(typ, digest string) string {
 			return "was=" + was
 		}
 	case shapes.TypeUser:
-		if shell, home := declaredUser(digest); shell != "" || home != "" {
-			// Never a declaration's own digest: an interrupted change is
-			// applied again, not taken for a repair.
-			return strings.TrimPrefix(recordedUser(&shapes.User{}, digest), userDigest(&shapes.User{}))
-		}
+		return keptOfUserDigest(digest)
 	}
 	return ""
 }
@@ -704,10 +700,8 @@ func (r *run) planServiceRemoval(st *step) {
 	// What a declaration of it set, the last that did: a state or an
 	// enablement the host applied under an earlier declaration is the
 	// host's change still, though the last one set none.
-	state, enabledSet := lastStateOf(e.Digest), false
-	if _, set := declaredOf(e.Digest); set || o.EnabledSet {
-		enabledSet = true
-	}
+	_, enabledSet := declaredOf(e.Digest)
+	state, enabledSet := lastStateOf(e.Digest), enabledSet || o.EnabledSet
 	masked := cur.Enabled == "masked"
 	var stop, disable bool
 	var bringer string // what still declared brought a unit found absent

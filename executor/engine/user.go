@@ -378,6 +378,17 @@ func recordedUser(u *shapes.User, prev string) string {
 	return d
 }
 
+// keptOfUserDigest is what a user's digest keeps through an interrupted
+// change (keptOfDigest): the last shell and home a declaration set, as
+// carried tokens — never a declaration's own digest, so the change is
+// applied again, not taken for a repair.
+func keptOfUserDigest(digest string) string {
+	if shell, home := declaredUser(digest); shell != "" || home != "" {
+		return strings.TrimPrefix(recordedUser(&shapes.User{}, digest), userDigest(&shapes.User{}))
+	}
+	return ""
+}
+
 // declaredUser reads back, from an entry's digest (recordedUser), the
 // shell and home the last declaration that set each set ("" for none).
 func declaredUser(d string) (shell, home string) {

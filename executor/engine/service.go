@@ -32,7 +32,10 @@ func desiredService(s *shapes.Service) string {
 // (was=, from prev, the entry's digest before): a unit the host started
 // under one declaration and left alone under the next is still the host's
 // change, given back when it is undeclared (ADR 0118), whatever the last
-// declaration said. A release that reads no was= reads the rest as before.
+// declaration said. The same of its enablement (was-enabled=): a unit the
+// host enabled is disabled again on the way out, one a declaration kept
+// disabled is not — enabled since by someone else, it is theirs. A
+// release that reads neither reads the rest as before.
 func recordedService(s *shapes.Service, prev string) string {
 	d := desiredService(s)
 	if s.State == "" {
@@ -40,20 +43,30 @@ func recordedService(s *shapes.Service, prev string) string {
 			d += " was=" + was
 		}
 	}
+	if s.Enabled == nil {
+		if was := lastEnabledOf(prev); was != "" {
+			d += " was-enabled=" + was
+		}
+	}
 	return d
 }
 
 // keptOfDigest is what an entry's digest keeps through an interrupted
 // change, which has the thing observed again (its digest otherwise
-// blanked): of a service, the last state a declaration set; of a user,
-// the last shell and home — what the host did under an earlier
-// declaration is its change still, whatever the kill cut.
+// blanked): of a service, the last state and enablement a declaration
+// set; of a user, the last shell and home — what the host did under an
+// earlier declaration is its change still, whatever the kill cut.
 func keptOfDigest(typ, digest string) string {
 	switch typ {
 	case shapes.TypeService:
+		var kept []string
 		if was := lastStateOf(digest); was != "" {
-			return "was=" + was
+			kept = append(kept, "was="+was)
 		}
+		if was := lastEnabledOf(digest); was != "" {
+			kept = append(kept, "was-enabled="+was)
+		}
+		return strings.Join(kept, " ")
 	case shapes.TypeUser:
 		return keptOfUserDigest(digest)
 	}
@@ -73,6 +86,23 @@ func lastStateOf(digest string) string {
 		}
 	}
 	return ""
+}
+
+// lastEnabledOf is the last enablement a declaration of the unit set
+// ("true" or "false"), from an entry's digest: its own, or the one
+// carried (was-enabled=); "" for none, or for a digest written before the
+// value was carried (store.Original.EnabledSet then says whether one did).
+func lastEnabledOf(digest string) string {
+	var carried string
+	for _, f := range strings.Fields(digest) {
+		if v, ok := strings.CutPrefix(f, "enabled="); ok && v != "-" {
+			return v
+		}
+		if v, ok := strings.CutPrefix(f, "was-enabled="); ok {
+			carried = v
+		}
+	}
+	return carried
 }
 
 func describeState(s initsys.State) string {
@@ -320,7 +350,7 @@ func (r *run) service(st *step, rest int) {
 	}
 	if (svc.State == "running" && !got.Running) || (svc.State == "stopped" && got.Running) ||
 		(svc.Enabled != nil && *svc.Enabled != got.IsEnabled()) {
-		r.fail(st, fmt.Errorf("read back: %s is %s, not %s", unit, describeState(got), desired), rest)
+		r.fail(st, fmt.Errorf("read back: %s is %s, not %s", unit, describeState(got), desiredService(svc)), rest)
 		return
 	}
 	if err := r.st.Put(n); err != nil {
@@ -702,6 +732,11 @@ func (r *run) planServiceRemoval(st *step) {
 	// host's change still, though the last one set none.
 	_, enabledSet := declaredOf(e.Digest)
 	state, enabledSet := lastStateOf(e.Digest), enabledSet || o.EnabledSet
+	// Enabled by the host: the last enablement declared was on. A record
+	// that does not carry it (written before it did) says only that some
+	// declaration set it, and is read as on, as it was then.
+	lastEnabled := lastEnabledOf(e.Digest)
+	enabledByHost := lastEnabled == "true" || (lastEnabled == "" && enabledSet)
 	masked := cur.Enabled == "masked"
 	var stop, disable bool
 	var bringer string // what still declared brought a unit found absent
@@ -729,7 +764,7 @@ func (r *run) planServiceRemoval(st *step) {
 		disable = (state != "" || enabledSet) && cur.IsEnabled() && !masked
 	default:
 		stop = state == "running" && !o.Running && cur.Running
-		disable = enabledSet && enablementKnown(o) && !(initsys.State{Enabled: o.Enabled}).IsEnabled() && cur.IsEnabled() && !masked
+		disable = enabledByHost && enablementKnown(o) && !(initsys.State{Enabled: o.Enabled}).IsEnabled() && cur.IsEnabled() && !masked
 	}
 	if !stop && !disable {
 		st.line.Outcome = shapes.Forgotten
@@ -755,6 +790,8 @@ func (r *run) planServiceRemoval(st *step) {
 			why = append(why, "it is masked, and the host never unmasks a unit")
 		case bringer == "" && !enabledSet && (!o.Absent || state == ""):
 			why = append(why, "its enablement was never declared")
+		case !o.Absent && !enabledByHost && cur.IsEnabled():
+			why = append(why, "the last declaration of its enablement kept it disabled: enabled since by someone else")
 		}
 		st.line.Detail = strings.Join(why, "; ") + "; left as it is (" + describeState(cur) + ")"
 		return

@@ -190,19 +190,31 @@ func TestAServiceTheHostStartedIsGivenBackThoughTheLastDeclarationSaidNothing(t 
 		{"started, then stopped, then declared with no state: nothing started on the way out", false, "enabled",
 			svc("pf", "pf", "running", "", ""), svc("pf", "pf", "stopped", "", ""),
 			"", "stopped, as it was found"},
+		{"enabled, then declared with neither", false, "disabled",
+			svc("pf", "pf", "", "true", ""), svc("pf", "pf", "", "", ""),
+			"disable pf.service", "disabled again, as the host found it"},
+		{"kept disabled, then declared with neither, then enabled by hand: left enabled", false, "disabled",
+			svc("pf", "pf", "", "false", ""), svc("pf", "pf", "", "", ""),
+			"", "kept it disabled: enabled since by someone else"},
+		{"enabled, then disabled, then enabled by hand: left enabled", false, "disabled",
+			svc("pf", "pf", "", "true", ""), svc("pf", "pf", "", "false", ""),
+			"", "kept it disabled: enabled since by someone else"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t)
 			f := newFakeInit()
 			f.add("pf.service", c.running, c.enabled)
-			if rep := h.applyWith(f, h.doc(c.first), false); rep.Outcome != shapes.Applied {
+			if rep := h.applyWith(f, h.doc(c.first), false); rep.Outcome != shapes.Applied && rep.Outcome != shapes.Unchanged {
 				t.Fatalf("first: %s %+v", rep.Outcome, rep.Lines)
 			}
 			f.transcript()
 			h.applyWith(f, h.doc(c.second), false)
 			if c.second == svc("pf", "pf", "stopped", "", "") {
 				h.applyWith(f, h.doc(svc("pf", "pf", "", "", "")), false)
+			}
+			if strings.Contains(c.name, "by hand") {
+				f.unit("pf.service").Enabled = "enabled" // an operator's systemctl enable
 			}
 			f.transcript()
 			plan := h.applyWith(f, h.doc(), true)
@@ -429,17 +441,19 @@ func writeFile(t *testing.T, p, content string) {
 }
 
 // What an entry's digest keeps through an interrupted change (its digest
-// otherwise blanked, the thing observed again): the last state, shell and
-// home a declaration set, so a kill between a change and its record does
+// otherwise blanked, the thing observed again): the last state,
+// enablement, shell and home a declaration set, so a kill between a change and its record does
 // not make the host's earlier change no one's.
 func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 	for _, c := range []struct {
-		typ, digest string
-		state       string // lastStateOf what is kept (services)
-		shell, home string // declaredUser of what is kept (users)
+		typ, digest    string
+		state, enabled string // lastStateOf, lastEnabledOf what is kept (services)
+		shell, home    string // declaredUser of what is kept (users)
 	}{
 		{typ: shapes.TypeService, digest: "state=running enabled=-", state: "running"},
-		{typ: shapes.TypeService, digest: "state= enabled=true was=stopped", state: "stopped"},
+		{typ: shapes.TypeService, digest: "state= enabled=true was=stopped", state: "stopped", enabled: "true"},
+		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=false", enabled: "false"},
+		{typ: shapes.TypeService, digest: "state=stopped enabled=- was-enabled=true", state: "stopped", enabled: "true"},
 		{typ: shapes.TypeService, digest: "state= enabled=-"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
 		{typ: shapes.TypeUser, digest: "shell= home= groups=sudo was-home=/srv/a", home: "/srv/a"},
@@ -450,8 +464,8 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 		kept := keptOfDigest(c.typ, c.digest)
 		switch c.typ {
 		case shapes.TypeService:
-			if got := lastStateOf(kept); got != c.state || (c.state == "" && kept != "") {
-				t.Errorf("%q kept as %q: state %q, want %q", c.digest, kept, got, c.state)
+			if got, en := lastStateOf(kept), lastEnabledOf(kept); got != c.state || en != c.enabled || (c.state == "" && c.enabled == "" && kept != "") {
+				t.Errorf("%q kept as %q: state %q enabled %q, want %q %q", c.digest, kept, got, en, c.state, c.enabled)
 			}
 		case shapes.TypeUser:
 			if shell, home := declaredUser(kept); shell != c.shell || home != c.home || (c.shell == "" && c.home == "" && kept != "") {

@@ -40,7 +40,8 @@
 //     enabled disabled again, nothing is started or enabled on the way out
 //     (ADR 0118, Decision) — as the last declaration that set a state or
 //     an enablement said: one that set none after it does not make the
-//     host's change anyone else's.
+//     host's change anyone else's, and one that kept the unit disabled
+//     (or stopped) leaves it to whoever enabled (or started) it since.
 //   - A unit found absent is stopped and disabled — the mesh gave, the mesh
 //     takes back — only once nothing that brought it is declared: while any
 //     declaration still names its package it is forgotten (the lockout ADR
@@ -291,11 +292,13 @@ type unitRecord struct {
 	// what the last declaration that applied it (not held) set; digest:
 	// that declaration, for repaired (drift) against applied. was: the
 	// last state a declaration set, kept through declarations that set
-	// none — what the host did under it is its change still.
+	// none — what the host did under it is its change still; wasEnabled
+	// the same of its enablement ("true", "false", "" for none yet).
 	state      string
 	enabledSet bool
 	digest     string
 	was        string
+	wasEnabled string
 }
 
 type pkgRecord struct {
@@ -1049,6 +1052,9 @@ func (h *host) applyService(r Resource, hold bool, res *Result) bool {
 	if r.State != "" {
 		rec.was = r.State
 	}
+	if r.Enabled != nil {
+		rec.wasEnabled = enabledWord(r.Enabled)
+	}
 	return true
 }
 
@@ -1155,7 +1161,8 @@ func (h *host) giveBack(name string, rec *unitRecord, declaredTarget map[string]
 		disable = (state != "" || enabledSet) && cur.Enabled
 	default:
 		stop = state == "running" && !f.running && cur.Running
-		disable = enabledSet && f.enabledKnown && !f.enabled && cur.Enabled
+		// only one the host enabled: the last enablement declared was on
+		disable = rec.wasEnabled == "true" && f.enabledKnown && !f.enabled && cur.Enabled
 	}
 	if !stop && !disable {
 		return "forgotten"

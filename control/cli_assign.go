@@ -89,6 +89,9 @@ func (c *cli) fanningOut(cl *Client, what string) func() {
 }
 
 func (c *cli) overlaySet(ch OverlayChange) error {
+	if err := ch.Check(); err != nil {
+		return err
+	}
 	cl, err := c.connect()
 	if err != nil {
 		return err

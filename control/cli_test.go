@@ -288,3 +288,32 @@ func TestDirDefaultAndTheLoopbackWarning(t *testing.T) {
 		t.Fatalf("init --host naming more than loopback: exit %d\n%s", code, errs)
 	}
 }
+
+// A value no overlay could take is refused before the command asks the
+// broker for anything: with none listening, the answer is about the
+// value, not about the broker.
+func TestOverlaySetRefusesABadValueBeforeItConnects(t *testing.T) {
+	ctx := context.Background()
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	url := "tls://" + l.Addr().String()
+	l.Close() // nothing listens there
+	dir := filepath.Join(t.TempDir(), "keys")
+	if _, errs, code := run(t, ctx, "init", "--dir", dir, "--url", url); code != 0 {
+		t.Fatalf("init: %d %s", code, errs)
+	}
+	for _, c := range []struct{ flag, value, say string }{
+		{"--network", "10.300.0.0/16", "10.300.0.0/16"},
+		{"--port", "70000", "out of range"},
+		{"--keepalive", "-1", "out of range"},
+		{"--interface", "wg 0", "interface"},
+	} {
+		_, errs, code := run(t, ctx, "overlay", "set", c.flag, c.value, "--dir", dir)
+		if code == 0 || !strings.Contains(errs, c.say) || strings.Contains(errs, "broker") {
+			t.Errorf("overlay set %s %s: exit %d, %q", c.flag, c.value, code, errs)
+		}
+	}
+	// A good value goes on to the broker, which is not there.
+	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.55.0.0/24", "--dir", dir); code == 0 || !strings.Contains(errs, "broker") {
+		t.Errorf("overlay set with no broker: exit %d, %q", code, errs)
+	}
+}

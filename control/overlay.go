@@ -84,6 +84,37 @@ type OverlayChange struct {
 	Keepalive  *int
 }
 
+// take sets what ch gives.
+func (s *OverlaySettings) take(ch OverlayChange) {
+	if ch.Network != nil {
+		s.Network = *ch.Network
+	}
+	if ch.Interface != nil {
+		s.Interface = *ch.Interface
+	}
+	if ch.ListenPort != nil {
+		s.ListenPort = *ch.ListenPort
+	}
+	if ch.Keepalive != nil {
+		s.Keepalive = *ch.Keepalive
+	}
+}
+
+// Check refuses a change no settings could take — each value it gives is
+// checked by itself, by the rule SetOverlay checks the settings with — so
+// the command says so before it asks the broker for anything.
+func (ch OverlayChange) Check() error {
+	s := defaultOverlay()
+	s.take(ch)
+	return s.check()
+}
+
+// defaultOverlay is the settings of a mesh that has set none.
+func defaultOverlay() *OverlaySettings {
+	return &OverlaySettings{Network: DefaultOverlayNetwork, Interface: DefaultOverlayInterface,
+		ListenPort: DefaultOverlayPort, Keepalive: DefaultOverlayKeepalive}
+}
+
 // prefix checks s and returns its network.
 func (s *OverlaySettings) prefix() (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s.Network)
@@ -167,23 +198,11 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 	for attempt := 0; attempt < 100; attempt++ {
 		s, rev, err := c.overlaySettings(ctx)
 		if errors.Is(err, ErrNoOverlay) {
-			s = &OverlaySettings{Network: DefaultOverlayNetwork, Interface: DefaultOverlayInterface,
-				ListenPort: DefaultOverlayPort, Keepalive: DefaultOverlayKeepalive}
+			s = defaultOverlay()
 		} else if err != nil {
 			return nil, err
 		}
-		if ch.Network != nil {
-			s.Network = *ch.Network
-		}
-		if ch.Interface != nil {
-			s.Interface = *ch.Interface
-		}
-		if ch.ListenPort != nil {
-			s.ListenPort = *ch.ListenPort
-		}
-		if ch.Keepalive != nil {
-			s.Keepalive = *ch.Keepalive
-		}
+		s.take(ch)
 		if err := s.check(); err != nil {
 			return nil, err
 		}

@@ -1022,7 +1022,9 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	// recorded, or gone — so what the host last wrote is still known, and
 	// a removal resumed after a kill does not take the host's own content
 	// for a hand edit. What the digest carries of earlier declarations
-	// (a unit's last state, a user's last shell and home) stays.
+	// (a unit's last state and enablement, a user's last shell and home)
+	// stays, as far as the change cut cannot have undone it
+	// (keptOfDigest).
 	if p.Op != "remove" {
 		n.Digest = keptOfDigest(e.Type, e.Digest)
 	}

@@ -55,7 +55,13 @@ func recordedService(s *shapes.Service, prev string) string {
 // change, which has the thing observed again (its digest otherwise
 // blanked): of a service, the last state and enablement a declaration
 // set; of a user, the last shell and home — what the host did under an
-// earlier declaration is its change still, whatever the kill cut.
+// earlier declaration is its change still, whatever the kill cut. Of an
+// enablement only an enabled one: the change cut may have enabled the
+// unit whatever the one before said, and without a kept value the unit's
+// enablement reads as the host's wherever some declaration set it
+// (lastEnabledOf), given back rather than left. (The intent does not say
+// what the change cut would have set; the journal's formats would have
+// to carry it, see docs/operations.md's rule between releases.)
 func keptOfDigest(typ, digest string) string {
 	switch typ {
 	case shapes.TypeService:
@@ -63,8 +69,8 @@ func keptOfDigest(typ, digest string) string {
 		if was := lastStateOf(digest); was != "" {
 			kept = append(kept, "was="+was)
 		}
-		if was := lastEnabledOf(digest); was != "" {
-			kept = append(kept, "was-enabled="+was)
+		if lastEnabledOf(digest) == "true" {
+			kept = append(kept, "was-enabled=true")
 		}
 		return strings.Join(kept, " ")
 	case shapes.TypeUser:
@@ -90,8 +96,9 @@ func lastStateOf(digest string) string {
 
 // lastEnabledOf is the last enablement a declaration of the unit set
 // ("true" or "false"), from an entry's digest: its own, or the one
-// carried (was-enabled=); "" for none, or for a digest written before the
-// value was carried (store.Original.EnabledSet then says whether one did).
+// carried (was-enabled=); "-" for none the host applied; "" for none, or
+// for a digest written before the value was carried
+// (store.Original.EnabledSet then says whether one did).
 func lastEnabledOf(digest string) string {
 	var carried string
 	for _, f := range strings.Fields(digest) {
@@ -177,7 +184,14 @@ func (r *run) service(st *step, rest int) {
 		return
 	}
 	var prev string
-	if e != nil {
+	switch {
+	case e != nil && e.Held:
+		// Held, the host applied none of the declarations it was given:
+		// none of them set the unit's enablement, though the found one
+		// is recorded (a held declaration set it) — said so, not left
+		// for a record from before the digest carried it.
+		prev = "was-enabled=-"
+	case e != nil:
 		prev = e.Digest
 	}
 	desired := recordedService(svc, prev)
@@ -788,10 +802,10 @@ func (r *run) planServiceRemoval(st *step) {
 		switch {
 		case masked:
 			why = append(why, "it is masked, and the host never unmasks a unit")
-		case bringer == "" && !enabledSet && (!o.Absent || state == ""):
+		case bringer == "" && (!enabledSet || lastEnabled == "-") && (!o.Absent || state == ""):
 			why = append(why, "its enablement was never declared")
 		case !o.Absent && !enabledByHost && cur.IsEnabled():
-			why = append(why, "the last declaration of its enablement kept it disabled: enabled since by someone else")
+			why = append(why, "the last declaration of its enablement said disabled: enabled since by someone else")
 		}
 		st.line.Detail = strings.Join(why, "; ") + "; left as it is (" + describeState(cur) + ")"
 		return

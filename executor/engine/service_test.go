@@ -195,10 +195,10 @@ func TestAServiceTheHostStartedIsGivenBackThoughTheLastDeclarationSaidNothing(t 
 			"disable pf.service", "disabled again, as the host found it"},
 		{"kept disabled, then declared with neither, then enabled by hand: left enabled", false, "disabled",
 			svc("pf", "pf", "", "false", ""), svc("pf", "pf", "", "", ""),
-			"", "kept it disabled: enabled since by someone else"},
+			"", "said disabled: enabled since by someone else"},
 		{"enabled, then disabled, then enabled by hand: left enabled", false, "disabled",
 			svc("pf", "pf", "", "true", ""), svc("pf", "pf", "", "false", ""),
-			"", "kept it disabled: enabled since by someone else"},
+			"", "said disabled: enabled since by someone else"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -452,7 +452,9 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 	}{
 		{typ: shapes.TypeService, digest: "state=running enabled=-", state: "running"},
 		{typ: shapes.TypeService, digest: "state= enabled=true was=stopped", state: "stopped", enabled: "true"},
-		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=false", enabled: "false"},
+		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=false"},
+		{typ: shapes.TypeService, digest: "state= enabled=false"},
+		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=-"},
 		{typ: shapes.TypeService, digest: "state=stopped enabled=- was-enabled=true", state: "stopped", enabled: "true"},
 		{typ: shapes.TypeService, digest: "state= enabled=-"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
@@ -499,6 +501,48 @@ func TestAServiceTheHostStartedIsGivenBackThoughAKillCutTheNextChange(t *testing
 	f.transcript()
 	rep := h.applyWith(f, h.doc(), false)
 	if got := f.transcript(); got != "disable pf.service; stop pf.service" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// A declaration held on an adopted node sets nothing of the unit, though
+// its found enablement is recorded then: taken with a declaration that
+// says nothing of enabled, then enabled by an operator, the unit is not
+// disabled on the way out — the host never enabled it.
+func TestAHeldDeclarationsEnablementIsNotTheHosts(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	adopted := func(taken string, res ...string) string {
+		return strings.Replace(h.doc(res...), `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	if rep := h.applyWith(f, adopted("", svc("pf", "pf", "", "true", "")), false); rep.Outcome != shapes.Held {
+		t.Fatalf("held: %+v", rep.Lines)
+	}
+	if rep := h.applyWith(f, adopted(`"web"`, svc("pf", "pf", "", "", "")), false); rep.Outcome == shapes.Failed || f.transcript() != "" {
+		t.Fatalf("taken: %s %+v %q", rep.Outcome, rep.Lines, f.log)
+	}
+	f.unit("pf.service").Enabled = "enabled" // an operator's systemctl enable
+	rep := h.applyWith(f, adopted(`"web"`), false)
+	if got := f.transcript(); got != "" || rep.Outcome != shapes.Forgotten || !strings.Contains(rep.Lines[0].Detail, "its enablement was never declared") {
+		t.Fatalf("undeclared: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// A change a kill cut between the host's change and its record counts as
+// made: the unit it enabled is disabled again when undeclared, though the
+// declaration before it said disabled.
+func TestAnEnablementAKillCutIsGivenBack(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	h.applyWith(f, h.doc(svc("pf", "pf", "", "false", "")), false)
+	if rep := h.applyWith(f, h.doc(svc("pf", "pf", "", "true", "")), false); rep.Outcome != shapes.Applied || f.transcript() != "enable pf.service" {
+		t.Fatalf("enabled: %s %+v %q", rep.Outcome, rep.Lines, f.log)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "disable pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
 	}
 }

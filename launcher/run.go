@@ -154,6 +154,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// An executor that is not there, with no known-good copy to roll back
+	// to, could only be counted to a halt — one that outlives the mistake
+	// (a launcher started by hand, a wrong --executor) and blocks the real
+	// install after it: refused before anything is made or counted. With
+	// a known-good copy, its rollback is the launcher's work.
+	if err := runnable(cfg.Executor); err != nil {
+		kg := filepath.Join(cfg.KnownGood, "mesh-executor")
+		if runnable(kg) != nil {
+			return fmt.Errorf("launcher: no executor to start: %w, and no known-good copy at %s to roll back to; nothing was made, counted or started (--executor names another)", err, kg)
+		}
+	}
 	l := &launcher{cfg: cfg, log: cfg.Log, policy: Policy{MaxStarts: cfg.MaxStarts, Window: cfg.Window}}
 	// The lock before anything is made, counted or started. A state
 	// directory that cannot be locked for another reason (not private, a
@@ -171,6 +182,20 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	return l.run(ctx)
+}
+
+// runnable says why p cannot be started as a program, if it cannot.
+func runnable(p string) error {
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return err
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a file (%s)", p, fi.Mode().Type())
+	case fi.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("%s is not executable (%s)", p, fi.Mode().Perm())
+	}
+	return nil
 }
 
 type launcher struct {

@@ -326,3 +326,20 @@ func TestFailedReinstallHalts(t *testing.T) {
 	}
 	r.stop(5 * time.Second)
 }
+
+// A launcher with no executor to start and none to roll back to refuses
+// at once, naming both, and makes, counts and starts nothing: the halt it
+// would count its way to would outlive the mistake.
+func TestNoExecutorAndNoKnownGoodIsRefusedBeforeAnythingIsMade(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	for _, exe := range []string{filepath.Join(dir, "nope"), dir} {
+		err := Run(t.Context(), Config{StateDir: state, Executor: exe, AgentUser: ""})
+		if err == nil || !strings.Contains(err.Error(), exe) || !strings.Contains(err.Error(), filepath.Join(state, KnownGoodDir, "mesh-executor")) {
+			t.Fatalf("executor %s: %v", exe, err)
+		}
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Fatalf("executor %s: the state directory was made: %v", exe, err)
+		}
+	}
+}

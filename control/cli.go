@@ -546,16 +546,14 @@ func (c *cli) connect() (*Client, error) {
 }
 
 func (c *cli) nodeAdd(name, out, brokerURL string) error {
-	cl, err := c.connect()
-	if err != nil {
+	// Nothing is made on the disk for a node that is not registered: the
+	// name is checked, and the files' directory made, only around the
+	// registration.
+	if err := link.ValidNodeName(name); err != nil {
 		return err
 	}
-	defer cl.Close()
 	if out == "" {
 		out = filepath.Join(name, "agent.json")
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
-		return err
 	}
 	exPath := filepath.Join(filepath.Dir(out), "executor-identity.json")
 	for _, p := range []string{out, exPath} {
@@ -563,6 +561,11 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 			return fmt.Errorf("%s exists; not overwriting it", p)
 		}
 	}
+	cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
 	cfg, ex, err := cl.AddNode(c.ctx, name, brokerURL)
 	if err != nil {
 		return err
@@ -575,7 +578,11 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 		path string
 		v    any
 	}{{out, cfg}, {exPath, ex}} {
-		if err := statedir.WriteFile(f.path, f.v); err != nil {
+		err := os.MkdirAll(filepath.Dir(f.path), 0o700)
+		if err == nil {
+			err = statedir.WriteFile(f.path, f.v)
+		}
+		if err != nil {
 			os.Remove(out)
 			if uerr := cl.UnregisterNew(context.WithoutCancel(c.ctx), name, ex.Enrolment); uerr != nil {
 				return fmt.Errorf("%s: %w; and node %s, registered, could not be taken out again (%v): mesh-control node revoke %s, then node delete %s", f.path, err, name, uerr, name, name)

@@ -60,3 +60,30 @@ func TestAnInitCutShortByAFullDiskCanBeRunAgain(t *testing.T) {
 		t.Fatalf("init once there is room: exit %d: %s", code, errs)
 	}
 }
+
+// A node add refused — a name no node may have, a node registered
+// already — leaves nothing on the disk: not the directory its files
+// would have gone to.
+func TestANodeAddRefusedMakesNothing(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	where := t.TempDir()
+	if _, errs, code := run(t, ctx, "node", "add", "web1", "--dir", dir, "--nats", s.url, "--out", filepath.Join(where, "first", "agent.json")); code != 0 {
+		t.Fatalf("node add: exit %d: %s", code, errs)
+	}
+	for _, c := range []struct{ name, say string }{
+		{"Bad_Name!", "only a-z"},
+		{"web1", "already"},
+	} {
+		out := filepath.Join(where, "again", c.name, "agent.json")
+		_, errs, code := run(t, ctx, "node", "add", c.name, "--dir", dir, "--nats", s.url, "--out", out)
+		if code == 0 || !strings.Contains(errs, c.say) {
+			t.Fatalf("node add %s: exit %d: %s", c.name, code, errs)
+		}
+		if _, err := os.Stat(filepath.Join(where, "again")); !os.IsNotExist(err) {
+			t.Fatalf("node add %s, refused, made its directory: %v", c.name, err)
+		}
+	}
+}

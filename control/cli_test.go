@@ -317,3 +317,45 @@ func TestOverlaySetRefusesABadValueBeforeItConnects(t *testing.T) {
 		t.Errorf("overlay set with no broker: exit %d, %q", code, errs)
 	}
 }
+
+// init refuses a directory of other files (it would make it private and
+// mix the keys among them) and a broker address no node could use, and
+// changes nothing for either; the values a token or a node's files carry
+// are held to the same rule.
+func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
+	ctx := context.Background()
+	other := t.TempDir()
+	os.Chmod(other, 0o755)
+	if err := os.WriteFile(filepath.Join(other, "readme"), []byte("someone's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := run(t, ctx, "init", "--dir", other); code == 0 || !strings.Contains(errs, "readme") {
+		t.Fatalf("init in a directory of other files: exit %d: %s", code, errs)
+	}
+	if fi, _ := os.Stat(other); fi.Mode().Perm() != 0o755 {
+		t.Fatalf("init refused made the directory %v", fi.Mode().Perm())
+	}
+	for _, url := range []string{"abc", "tls://127.0.0.1:abc", "http://127.0.0.1:4222", "tls://127.0.0.1:70000"} {
+		dir := filepath.Join(t.TempDir(), "keys")
+		if _, errs, code := run(t, ctx, "init", "--dir", dir, "--url", url); code == 0 || !strings.Contains(errs, "--url") {
+			t.Fatalf("init --url %s: exit %d: %s", url, code, errs)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("init --url %s, refused, made %s", url, dir)
+		}
+	}
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	for _, c := range []struct {
+		args []string
+		say  string
+	}{
+		{[]string{"token", "issue", "--new", "--ttl", "-1h"}, "negative"},
+		{[]string{"token", "issue", "--new", "--broker-url", "banana"}, "--broker-url"},
+		{[]string{"node", "add", "web1", "--broker-url", "nats://127.0.0.1:4222", "--out", filepath.Join(t.TempDir(), "w", "agent.json")}, "--broker-url"},
+	} {
+		if _, errs, code := run(t, ctx, append(c.args, "--dir", dir, "--nats", s.url)...); code == 0 || !strings.Contains(errs, c.say) {
+			t.Errorf("%v: exit %d: %s", c.args, code, errs)
+		}
+	}
+}

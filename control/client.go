@@ -627,6 +627,11 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 	if err := link.ValidNodeName(name); err != nil {
 		return nil, nil, err
 	}
+	if brokerURL != "" {
+		if err := checkBrokerURLs(brokerURL); err != nil {
+			return nil, nil, fmt.Errorf("--broker-url: %w", err)
+		}
+	}
 	if brokerURL == "" {
 		brokerURL = c.NC.ConnectedUrl()
 		if brokerURL == "" {

@@ -71,7 +71,10 @@ func (c *Client) IssueToken(ctx context.Context, name string, isNew bool, ttl ti
 // enrolment it makes replaces the node's identity in the same step as it
 // grants the new one, and the node asked for it with its identity key.
 func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl time.Duration, brokerURL string, rekey bool) (string, *TokenRecord, error) {
-	if ttl <= 0 {
+	if ttl < 0 {
+		return "", nil, fmt.Errorf("a token's lifetime %v is negative", ttl)
+	}
+	if ttl == 0 {
 		ttl = DefaultTokenTTL
 	}
 	if name != "" {
@@ -93,6 +96,8 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 	}
 	if brokerURL == "" {
 		brokerURL = c.Keys.BrokerURL
+	} else if err := checkBrokerURLs(brokerURL); err != nil {
+		return "", nil, fmt.Errorf("--broker-url: %w", err)
 	}
 	fp, err := hex.DecodeString(c.Keys.BrokerFingerprint())
 	if err != nil || len(fp) != 32 {

@@ -183,6 +183,44 @@ type settings struct {
 // not know what a later one keeps there must not half read it.
 const settingsFormat = 1
 
+// heldKeys are the keys whose presence makes a directory a control side's
+// key directory, which init never writes over.
+var heldKeys = []string{FileControlKey, FileBrokerKey, FileNKey}
+
+// initFiles are the files init makes.
+var initFiles = []string{FileControlKey, FileControlPub, FileRecoveryKey, FileRecoveryPub, FileBrokerKey, FileBrokerCert, FileNKey, FileSettings}
+
+// onlyInitsOwn refuses a directory that holds anything init does not
+// make: init makes it private (0700) and writes the control side's keys
+// into it, which done to a directory of other files would hide them from
+// their owners and mix the keys among them. A file system's lost+found
+// (a disk of its own) is let be; a control side's key directory (its keys
+// in it) is said of after the lock, which names a serve running on it.
+func onlyInitsOwn(dir string) error {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // missing (made next), or said by what opens it next
+	}
+	for _, f := range heldKeys {
+		if slices.ContainsFunc(des, func(de os.DirEntry) bool { return de.Name() == f }) {
+			return nil
+		}
+	}
+	var other []string
+	for _, de := range des {
+		if n := de.Name(); !slices.Contains(initFiles, n) && n != FileLock && n != "lost+found" {
+			other = append(other, de.Name())
+		}
+	}
+	if len(other) > 0 {
+		if len(other) > 3 {
+			other = append(other[:3], "…")
+		}
+		return fmt.Errorf("%s holds files init does not make (%s): give init an empty or new directory; nothing was changed", dir, strings.Join(other, ", "))
+	}
+	return nil
+}
+
 // Init makes the key directory: the control-plane signing key, the broker's
 // self-signed certificate for 127.0.0.1, ::1, localhost and hosts, and the
 // control side's NKey. brokerURL ("" for DefaultBrokerURL) is where client
@@ -190,6 +228,12 @@ const settingsFormat = 1
 func Init(dir string, hosts []string, brokerURL string) (_ *Keys, err error) {
 	if brokerURL == "" {
 		brokerURL = DefaultBrokerURL
+	}
+	if err := checkBrokerURLs(brokerURL); err != nil {
+		return nil, fmt.Errorf("--url: %w", err)
+	}
+	if err := onlyInitsOwn(dir); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, statedir.ExplainAccess("create", dir, err, "")
@@ -204,7 +248,7 @@ func Init(dir string, hosts []string, brokerURL string) (_ *Keys, err error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, err
 	}
-	for _, f := range []string{FileControlKey, FileBrokerKey, FileNKey} {
+	for _, f := range heldKeys {
 		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
 			return nil, fmt.Errorf("%s already holds keys (%s); not overwriting them", dir, f)
 		}
@@ -212,8 +256,7 @@ func Init(dir string, hosts []string, brokerURL string) (_ *Keys, err error) {
 	// Whole or not at all: an init a full disk cut short leaves none of
 	// its files, so that run again once there is room it is not refused
 	// for the keys it made (no serve has used them: the lock is held).
-	made := []string{FileControlKey, FileControlPub, FileRecoveryKey, FileRecoveryPub, FileBrokerKey, FileBrokerCert, FileNKey, FileSettings}
-	made = slices.DeleteFunc(made, func(f string) bool { _, err := os.Lstat(filepath.Join(dir, f)); return err == nil })
+	made := slices.DeleteFunc(slices.Clone(initFiles), func(f string) bool { _, err := os.Lstat(filepath.Join(dir, f)); return err == nil })
 	defer func() {
 		if err != nil {
 			for _, f := range made {

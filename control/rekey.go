@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +77,7 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
 		return nil
 	}
-	if !brokerURLs(broker) {
+	if checkBrokerURLs(broker) != nil {
 		broker = ""
 	}
 	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, broker, true)
@@ -110,19 +111,32 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 	return c.sendRekey(rec, rec.Rekey)
 }
 
-// brokerURLs says whether s is a broker address as a node's config holds
-// it: tls://host:port, or a cluster's list of them, comma-separated.
-func brokerURLs(s string) bool {
+// checkBrokerURLs says why s is not a broker address as a node's config
+// holds it: tls://host:port, or a cluster's list of them,
+// comma-separated. The one rule for every address the control side hands
+// a node (init --url, token issue and node add --broker-url, a rekey's).
+func checkBrokerURLs(s string) error {
 	if s == "" || len(s) > 2048 {
-		return false
+		return fmt.Errorf("broker address %q: empty or over 2048 bytes", s)
 	}
 	for _, one := range strings.Split(s, ",") {
 		u, err := url.Parse(one)
-		if err != nil || u.Scheme != "tls" || u.Hostname() == "" || u.Port() == "" || u.Path != "" || u.User != nil {
-			return false
+		if err != nil {
+			return fmt.Errorf("broker address %q: %w", one, err)
+		}
+		port, perr := strconv.Atoi(u.Port())
+		switch {
+		case u.Scheme != "tls":
+			return fmt.Errorf("broker address %q: not tls://HOST:PORT (nodes reach the broker over TLS only)", one)
+		case u.Hostname() == "":
+			return fmt.Errorf("broker address %q: no host (tls://HOST:PORT)", one)
+		case perr != nil || port < 1 || port > 65535:
+			return fmt.Errorf("broker address %q: no port 1..65535 (tls://HOST:PORT)", one)
+		case u.Path != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "":
+			return fmt.Errorf("broker address %q: tls://HOST:PORT and nothing else", one)
 		}
 	}
-	return true
+	return nil
 }
 
 // keepRekey puts r in the node's record (rec, at revision rev, as read),

@@ -17,8 +17,13 @@ func TestBrokerURLs(t *testing.T) {
 		"tls://10.0.0.1:4222/x":                     false,
 		"tls://10.0.0.1:4222,":                      false,
 		"tls://10.0.0.1:4222,http://x:1":            false,
+		"tls://10.0.0.1:abc":                        false,
+		"tls://10.0.0.1:0":                          false,
+		"tls://10.0.0.1:70000":                      false,
+		"tls://10.0.0.1:4222?x=1":                   false,
+		"banana":                                    false,
 	} {
-		if got := brokerURLs(s); got != want {
+		if got := checkBrokerURLs(s) == nil; got != want {
 			t.Errorf("%q: %v, want %v", s, got, want)
 		}
 	}

@@ -359,3 +359,24 @@ func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
 		}
 	}
 }
+
+// serve on an address another process holds says why it did not start:
+// the broker's own reason, not only that it did not.
+func TestServeOnATakenAddressSaysWhy(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := filepath.Join(t.TempDir(), "keys")
+	if _, errs, code := run(t, context.Background(), "init", "--dir", dir, "--url", "tls://"+l.Addr().String()); code != 0 {
+		t.Fatalf("init: %d %s", code, errs)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, errs, code := run(t, ctx, "serve", "--dir", dir)
+	_, last, _ := strings.Cut(errs, "mesh-control serve: ")
+	if code == 0 || !strings.Contains(last, "address already in use") {
+		t.Fatalf("serve on a taken address: exit %d: %s", code, errs)
+	}
+}

@@ -326,12 +326,23 @@ func startServer(k *Keys, listen string, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	srv := &Server{ns: ns, auth: auth, keys: k, host: host, opts: opts, kick: make(chan struct{}, 1), reopened: make(chan struct{}), cert: cert}
-	ns.SetLoggerV2(&serverLog{l: log.With("part", "broker"), onError: srv.noteWriteError}, false, false, false)
+	fatal := make(chan string, 1)
+	ns.SetLoggerV2(&serverLog{l: log.With("part", "broker"), onError: srv.noteWriteError, fatal: fatal}, false, false, false)
 	auth.ns = ns
 	go ns.Start()
-	if !ns.ReadyForConnections(15 * time.Second) {
+	ready := make(chan bool, 1)
+	go func() { ready <- ns.ReadyForConnections(15 * time.Second) }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			ns.Shutdown()
+			return nil, fmt.Errorf("the embedded broker did not start on %s within 15 s", listen)
+		}
+	case line := <-fatal:
+		// An address taken by another process, a port it may not bind:
+		// said at once, with the broker's reason.
 		ns.Shutdown()
-		return nil, fmt.Errorf("the embedded broker did not start on %s", listen)
+		return nil, fmt.Errorf("the embedded broker did not start on %s: %s", listen, line)
 	}
 	return srv, nil
 }
@@ -663,18 +674,30 @@ type madeAccount struct {
 // serverLog sends the broker's log to slog. Its notices (a banner at start)
 // are debug; its warnings and errors stay what they are. Each error line
 // also goes to onError, when set: the broker tells of a failed write only
-// in its log (see store.go).
+// in its log (see store.go). Its first fatal line goes to fatal, when set:
+// a broker that cannot listen says so only there, and goes on not
+// starting (startServer).
 type serverLog struct {
 	l       *slog.Logger
 	onError func(line string)
+	fatal   chan string
 }
 
 func (s *serverLog) Noticef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
 func (s *serverLog) Warnf(f string, v ...any)   { s.l.Warn(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Fatalf(f string, v ...any)  { s.error(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Errorf(f string, v ...any)  { s.error(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Debugf(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }
-func (s *serverLog) Tracef(f string, v ...any)  { s.l.Debug(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Fatalf(f string, v ...any) {
+	line := fmt.Sprintf(f, v...)
+	s.error(line)
+	if s.fatal != nil {
+		select {
+		case s.fatal <- line:
+		default:
+		}
+	}
+}
+func (s *serverLog) Errorf(f string, v ...any) { s.error(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Debugf(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
+func (s *serverLog) Tracef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
 
 func (s *serverLog) error(line string) {
 	s.l.Error(line)

@@ -380,3 +380,17 @@ func TestServeOnATakenAddressSaysWhy(t *testing.T) {
 		t.Fatalf("serve on a taken address: exit %d: %s", code, errs)
 	}
 }
+
+// A key directory named by $MESH_CONTROL_DIR, not by --dir, is said to be
+// the variable's where a command cannot use it.
+func TestADirectoryFromTheEnvironmentIsSaidSo(t *testing.T) {
+	typo := filepath.Join(t.TempDir(), "typo")
+	t.Setenv(control.DirEnv, typo)
+	_, errs, code := run(t, context.Background(), "nodes")
+	if code == 0 || !strings.Contains(errs, typo) || !strings.Contains(errs, "$"+control.DirEnv) {
+		t.Fatalf("nodes with $%s=%s: exit %d: %s", control.DirEnv, typo, code, errs)
+	}
+	if _, errs, _ = run(t, context.Background(), "nodes", "--dir", typo); strings.Contains(errs, "$"+control.DirEnv) {
+		t.Fatalf("nodes --dir %s blames the variable: %s", typo, errs)
+	}
+}

@@ -121,6 +121,15 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		fmt.Fprintf(stdout, "mesh-agent %s build %s\n", version, build)
 		return 0
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"heartbeat", *heartbeat}, {"enrol-poll", *enrolPoll}} {
+		if d.v <= 0 {
+			fmt.Fprintf(stderr, "mesh-agent: --%s %v: a period longer than zero\n", d.name, d.v)
+			return 2
+		}
+	}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // Config is the agent's config file, written by `mesh-control node add`
@@ -155,7 +156,8 @@ func LoadConfig(path string) (*Identity, error) {
 		return nil, fmt.Errorf("%w: %s does not exist", ErrNoIdentity, path)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", statedir.ExplainAccess("read", path, err,
+			"start the agent as root, which reads it before dropping to --user, or make it that user's (0600)"))
 	}
 	defer f.Close()
 	fi, err := f.Stat()

@@ -158,6 +158,10 @@ func Confined(pid string, uid, gid int, bounding bool) error {
 func LookupUser(name string) (uid, gid int, err error) {
 	u, err := user.Lookup(name)
 	if err != nil {
+		var unknown user.UnknownUserError
+		if errors.As(err, &unknown) {
+			return 0, 0, fmt.Errorf("privileges: no user %q on this machine: the package (or mesh-launch, for a tarball) makes it; --user names another", name)
+		}
 		return 0, 0, fmt.Errorf("privileges: user %q: %w", name, err)
 	}
 	uid, err1 := strconv.Atoi(u.Uid)

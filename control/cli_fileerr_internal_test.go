@@ -114,7 +114,7 @@ func TestFileErrorsArePlacedInTheFile(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			data := []byte(c.text)
 			err := c.check("site.json", data)
-			var fe *FileError
+			var fe *shapes.FileError
 			if !errors.As(err, &fe) {
 				t.Fatalf("not placed in the file: %v", err)
 			}

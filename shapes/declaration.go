@@ -288,8 +288,7 @@ func where(data []byte, err error) string {
 	if off > 0 {
 		off--
 	}
-	line := 1 + bytes.Count(data[:off], []byte("\n"))
-	col := int(off) - bytes.LastIndexByte(data[:off], '\n')
+	line, col := lineCol(data, int(off))
 	return fmt.Sprintf(" at line %d, column %d", line, col)
 }
 

@@ -406,7 +406,9 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	}
 	d, err := shapes.ParseTrusted(data)
 	if err != nil {
-		return c.refuse(err.Error())
+		// Placed in the file, as the control side's commands place theirs:
+		// a rescue file is written by hand.
+		return c.refuse(shapes.InFile(file, data, err).Error())
 	}
 	var st *store.Store
 	if plan {

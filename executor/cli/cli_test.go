@@ -500,3 +500,24 @@ func TestStatusSaysWhenTheLinksDeclarationIsAnotherEnrolments(t *testing.T) {
 		}
 	}
 }
+
+// A rescue file is written by hand: its refusal is placed in it as the
+// control side's commands place theirs (file:line:column), for JSON cut
+// short and for a field the declaration refuses.
+func TestARescueFilesRefusalIsPlacedInIt(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	for _, c := range []struct{ text, want string }{
+		{"{\"version\":1,\n \"resources\":[{\"module\":\"m\",\"id\":\"f\",\"type\":\"file\",\"path\":\"/tmp/x\",\"content\":\"a\"}\n", "cut.json:2:"},
+		{"{\"version\":1,\n \"resources\":[{\"module\":\"m\",\"id\":\"f\",\"type\":\"file\",\"path\":\"tmp/x\",\"content\":\"a\"}]}\n", "rel.json:2:"},
+	} {
+		name := strings.TrimSuffix(c.want, ":2:")
+		f := write(t, filepath.Join(d, name), c.text, 0o644)
+		for _, cmd := range []string{"plan", "apply"} {
+			code, out, errs := run(cmd, "--state", state, f)
+			if code != ExitRefused || !strings.Contains(out+errs, f+":2:") {
+				t.Errorf("%s %s: exit %d\n%s%s", cmd, name, code, out, errs)
+			}
+		}
+	}
+}

@@ -159,6 +159,33 @@ func takesFile(c Command) bool {
 	return false
 }
 
+// valueApart says, of a command line with arguments too many, which one
+// is a value given apart from a flag that takes one only after '='
+// (--wait 5s for --wait=5s): the flag stands alone, the value is read as
+// an argument. It sets the flag to find out, on the way to exit 2.
+func valueApart(fs *flag.FlagSet, args []string) string {
+	for j := 0; j+1 < len(args); j++ {
+		name, ok := strings.CutPrefix(strings.TrimPrefix(args[j], "-"), "-")
+		if !ok {
+			name = strings.TrimPrefix(args[j], "-")
+		}
+		f := fs.Lookup(name)
+		next := args[j+1]
+		if name == "" || f == nil || !isBool(f) || strings.HasPrefix(next, "-") || next == "true" || next == "false" {
+			continue
+		}
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, plain := g.Get().(bool); plain {
+				continue // a bool: no value it could have meant
+			}
+		}
+		if f.Value.Set(next) == nil {
+			return fmt.Sprintf(": %q after --%s is read as an argument; write --%s=%s", next, name, name, next)
+		}
+	}
+	return ""
+}
+
 // isBool says whether f stands alone (--json, --wait), taking no value in
 // the next word.
 func isBool(f *flag.Flag) bool {
@@ -795,7 +822,7 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		if d.Max == 0 {
 			what = "no arguments"
 		}
-		fmt.Fprintf(stderr, "%s %s: takes %s, got %d argument(s) (%s %s --help)\n", t.Name, d.Name, what, len(pos), t.Name, d.Name)
+		fmt.Fprintf(stderr, "%s %s: takes %s, got %d argument(s)%s (%s %s --help)\n", t.Name, d.Name, what, len(pos), valueApart(fs, args), t.Name, d.Name)
 		return i, nil, fs, 2, true
 	}
 	if d.Name == "completion" || d.Name == "man" {

@@ -337,6 +337,9 @@ func TestAFlagSaysItsOwnReason(t *testing.T) {
 	}{
 		{[]string{"declare", "--wait=abc", "n1", "f.json"}, `-wait: "abc" is not a time to wait`, "invalid boolean value"},
 		{[]string{"declare", "--json=maybe", "n1", "f.json"}, `invalid boolean value "maybe" for -json`, ""},
+		// A value given apart from a flag that takes one only after '='.
+		{[]string{"declare", "n1", "f.json", "--wait", "5s"}, `"5s" after --wait is read as an argument; write --wait=5s`, ""},
+		{[]string{"declare", "n1", "f.json", "--json", "1"}, "got 3 argument(s) (", "write --json"},
 	} {
 		var out, errw bytes.Buffer
 		code := control.Main(context.Background(), c.args, &out, &errw)

@@ -232,7 +232,7 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "plan":
 		fs.BoolVar(&o.plan, "plan", false, "assign: ask the node for a plan of the composition with the module, and keep nothing")
 	case "despite-briefing":
-		fs.BoolVar(&o.despiteBriefing, "despite-briefing", false, "assign to a node whose adoption briefing has a failed line (to push the fix)")
+		fs.BoolVar(&o.despiteBriefing, "despite-briefing", false, "send to a node whose adoption briefing has a failed line (to push the fix)")
 	case "without-overlay":
 		fs.BoolVar(&o.withoutOverlay, "without-overlay", false, "send a file without the overlay on a mesh that has one (the node takes its overlay down)")
 	case "seal":
@@ -680,7 +680,7 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 	end := c.fanningOut(cl, "declaring to the nodes")
 	seqs, errs := cl.DeclareAll(c.ctx, nodes, data)
 	end()
-	if fe := (*FileError)(nil); len(errs) > 0 && errors.As(inFile(file, data, errs[0]), &fe) && sameError(errs) {
+	if fe := (*shapes.FileError)(nil); len(errs) > 0 && errors.As(inFile(file, data, errs[0]), &fe) && sameError(errs) {
 		return fe
 	}
 	failed := 0

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 const usage = `usage: mesh-launch [FLAGS] [-- ARGS for mesh-executor (default: serve --state DIR)]
@@ -87,7 +88,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		// It makes the agent's user, takes the state directory's lock and
 		// starts the executor, which is root's: as anyone else each of
 		// these fails, and it would go on trying them for ever.
-		fmt.Fprintf(stderr, "mesh-launch: runs as root (uid %d here): it starts the executor, which is root's; the init starts it (mesh-launch status needs no root)\n", uid)
+		fmt.Fprintf(stderr, "mesh-launch: runs as root (uid %d here): it starts the executor, which is root's; the init starts it (mesh-launch status reads what it did, as whoever may read the state directory)\n", uid)
 		return 1
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -158,8 +159,22 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-launch status: unexpected %q\n", fs.Arg(0))
 		return 2
 	}
+	// A directory that is not there says so: read as a launch state never
+	// written, it would look like a launcher that never started.
+	if _, err := os.Stat(*dir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(stderr, "mesh-launch status: no state directory %s (--state names the executor's; the launcher makes it at its first start)\n", *dir)
+		} else {
+			fmt.Fprintf(stderr, "mesh-launch status: %v\n", statedir.ExplainAccess("read", *dir, err, "the launch state is root's where the package installs it: run it as root"))
+		}
+		return 1
+	}
 	s, err := ReadState(*dir)
 	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = statedir.ExplainAccess("read", pe.Path, pe.Err, "the launch state is root's where the package installs it: run it as root")
+		}
 		fmt.Fprintf(stderr, "mesh-launch status: %v\n", err)
 		return 1
 	}

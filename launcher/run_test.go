@@ -343,3 +343,17 @@ func TestNoExecutorAndNoKnownGoodIsRefusedBeforeAnythingIsMade(t *testing.T) {
 		}
 	}
 }
+
+// status of a directory that is not there says so, rather than reading
+// it as a launcher that never started; of one it may not read, whose it is.
+func TestStatusOfNoStateDirectorySaysSo(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	var out, errb strings.Builder
+	if code := Main([]string{"status", "--state", missing}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no state directory "+missing) || out.Len() != 0 {
+		t.Fatalf("status --state %s: exit %d\n%s%s", missing, code, out.String(), errb.String())
+	}
+	dir := t.TempDir()
+	if code := Main([]string{"status", "--state", dir}, &out, &errb); code != 0 || !strings.Contains(out.String(), "starts: 0") {
+		t.Fatalf("status of a directory with no launch state yet: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+}

@@ -512,7 +512,7 @@ func (c *cli) init(hosts []string, url string) error {
 
 func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, replicas int, metrics, ui string, archiveGrace time.Duration) error {
 	if (brokerConfig != "" || brokerAccounts != "" || brokerPID != "" || replicas != 0) && c.nats == "" {
-		return errors.New("--broker-config, --broker-accounts, --broker-pid and --replicas are for an existing broker (serve --nats URL); the embedded one follows the registry by itself and is one server")
+		return usageError("--broker-config, --broker-accounts, --broker-pid and --replicas are for an existing broker (serve --nats URL); the embedded one follows the registry by itself and is one server")
 	}
 	if brokerPID != "" && brokerConfig == "" && brokerAccounts == "" {
 		return errors.New("--broker-pid says whom to tell that --broker-config (or --broker-accounts) changed: name the file too")

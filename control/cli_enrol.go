@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -16,9 +15,9 @@ import (
 func (c *cli) tokenIssue(isNew bool, node, name string, ttl time.Duration, brokerURL string) error {
 	switch {
 	case isNew == (node != ""):
-		return errors.New("say which: --new (a machine the mesh has not seen) or --node NAME (this machine is that node again)")
+		return usageError("say which: --new (a machine the mesh has not seen) or --node NAME (this machine is that node again)")
 	case node != "" && name != "":
-		return errors.New("--name goes with --new; a --node token keeps the node's name")
+		return usageError("--name goes with --new; a --node token keeps the node's name")
 	}
 	cl, err := c.connect()
 	if err != nil {

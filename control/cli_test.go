@@ -394,3 +394,28 @@ func TestADirectoryFromTheEnvironmentIsSaidSo(t *testing.T) {
 		t.Fatalf("nodes --dir %s blames the variable: %s", typo, errs)
 	}
 }
+
+// A command's own checks of its command line (which flags go together, a
+// flag's form) exit 2, as the flag parser's do: a script tells a command
+// line it wrote wrong from a command that failed.
+func TestACommandLineACommandRefusesExitsTwo(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	if _, errs, code := run(t, context.Background(), "init", "--dir", dir); code != 0 {
+		t.Fatalf("init: %d %s", code, errs)
+	}
+	decl := filepath.Join(t.TempDir(), "f.json")
+	if err := os.WriteFile(decl, []byte(`{"version":1,"resources":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"token", "issue"},
+		{"token", "issue", "--new", "--node", "n1"},
+		{"token", "issue", "--node", "n1", "--name", "x"},
+		{"serve", "--replicas", "3"},
+		{"declare", "n1", decl, "--seal", "garbage"},
+	} {
+		if _, errs, code := run(t, context.Background(), append(args, "--dir", dir)...); code != 2 {
+			t.Errorf("%v: exit %d, want 2: %s", args, code, errs)
+		}
+	}
+}

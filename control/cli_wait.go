@@ -63,6 +63,16 @@ type exitError struct {
 
 func (e *exitError) Error() string { return e.msg }
 
+// exitUsage is Main's status for a command line it does not take, a
+// command's own checks of its flags among them (which flags go together,
+// a flag's form): 2, as the flag parser's.
+const exitUsage = 2
+
+// usageError is a command's refusal of its command line.
+func usageError(format string, a ...any) error {
+	return &exitError{exitUsage, fmt.Sprintf(format, a...)}
+}
+
 // nodeSeq is a sequence declared to a node, to wait for.
 type nodeSeq struct {
 	node string

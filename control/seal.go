@@ -153,10 +153,10 @@ func ReadSeals(specs []string) (map[string][]byte, error) {
 		key, path, ok := strings.Cut(s, "=")
 		module, id, dotted := strings.Cut(key, ".")
 		if !ok || !dotted || module == "" || id == "" || path == "" {
-			return nil, fmt.Errorf("--seal %q: write it MODULE.ID=PATH", s)
+			return nil, usageError("--seal %q: write it MODULE.ID=PATH", s)
 		}
 		if _, dup := out[key]; dup {
-			return nil, fmt.Errorf("--seal %s is given twice", key)
+			return nil, usageError("--seal %s is given twice", key)
 		}
 		data, err := readSealFile(path)
 		if err != nil {

@@ -126,8 +126,12 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 		case errors.Is(err, ErrUpgraded):
 			return nil, err
 		case err != nil:
+			// Said once for each way it fails, not at each poll: an
+			// executor not answering (a wrong --socket, one not started
+			// yet) is what an operator waiting for the enrolment needs to
+			// see, and would not without -v.
 			if err.Error() != lastErr {
-				o.Log.Debug("hosted: the executor: " + err.Error())
+				o.Log.Info("hosted: the executor does not answer; asking again every "+o.EnrolPoll.String(), "socket", o.Socket, "err", err)
 				lastErr = err.Error()
 			}
 		case !b.(*wire.EnrolOffer).Pending && len(b.(*wire.EnrolOffer).Granted) > 0:

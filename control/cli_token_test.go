@@ -439,3 +439,33 @@ func TestMovingToOperatorModeNamesTheNodesToEnrolAgain(t *testing.T) {
 		t.Fatalf("said again once the key directory is in operator mode:\n%s", errs)
 	}
 }
+
+// A token issued for a node supersedes the ones issued for it before and
+// not used: issued twice, the first one (mailed, forgotten) enrols no one.
+// A token for another node, and one for no name, stay.
+func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
+	s, dir, ctx, cmd := servedCLI(t)
+	enrolNode(t, s, "beta")
+	id := func(args ...string) string {
+		t.Helper()
+		out, errs, code := cmd(append([]string{"token", "issue"}, args...)...)
+		if code != 0 {
+			t.Fatalf("token issue %v: exit %d %s", args, code, errs)
+		}
+		i, err := control.TokenID(strings.TrimSpace(out))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	first, other, anon := id("--node", "beta"), id("--new", "--name", "gamma"), id("--new")
+	second := id("--node", "beta")
+	ts := tokenList(t, ctx, dir, s.url)
+	if ts[first].State != control.TokenRevoked || ts[second].State != control.TokenUsable || ts[other].State != control.TokenUsable || ts[anon].State != control.TokenUsable {
+		t.Fatalf("after a second token for beta: first %s, second %s, gamma's %s, no name's %s", ts[first].State, ts[second].State, ts[other].State, ts[anon].State)
+	}
+	third := id("--new", "--name", "gamma")
+	if ts = tokenList(t, ctx, dir, s.url); ts[other].State != control.TokenRevoked || ts[third].State != control.TokenUsable || ts[second].State != control.TokenUsable {
+		t.Fatalf("after a second token for gamma: %s %s %s", ts[other].State, ts[third].State, ts[second].State)
+	}
+}

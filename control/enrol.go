@@ -129,7 +129,39 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 			return "", nil, err
 		}
 	}
+	if name != "" && !rekey {
+		if err := c.supersedeTokens(ctx, rec); err != nil {
+			return "", nil, err
+		}
+	}
 	return text, rec, nil
+}
+
+// supersedeTokens revokes the tokens issued for the node of rec before it
+// and not used: one token a node at a time, so an earlier one handed out
+// and forgotten (issued twice, the first one mailed) cannot enrol the
+// node later, revoking the machine the newest enrolled. A rekey's token
+// is its own enrolment's matter (keepRekey, revoke).
+func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord) error {
+	ts, err := c.Tokens(ctx)
+	if err != nil {
+		return fmt.Errorf("token %s issued; the earlier ones for node %s could not be listed to revoke them (mesh-control token list, token revoke): %w", rec.ID, rec.Node, err)
+	}
+	now := time.Now()
+	for _, t := range ts {
+		if t.ID == rec.ID || t.Node != rec.Node || t.Rekey || !t.Used.IsZero() || !t.usable(now) {
+			continue
+		}
+		if _, _, err := c.RevokeToken(ctx, t.ID); err != nil {
+			var used *TokenUsedError
+			if errors.As(err, &used) {
+				continue // spent meanwhile: it enrols no one again
+			}
+			return fmt.Errorf("token %s issued; the earlier token %s for node %s could not be revoked (mesh-control token revoke %s): %w", rec.ID, t.ID, rec.Node, t.ID, err)
+		}
+		c.log.Info("an earlier token for the node revoked: a newer one was issued", "node", rec.Node, "token", t.ID, "newer", rec.ID)
+	}
+	return nil
 }
 
 // RevokeNode revokes node's identity: its NKey is dropped from the record,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,18 +211,31 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 	}
 	res := &RotateResult{From: wire.KeyID(oldPub), By: by}
 	var addressed []*NodeRecord
+	var before, unsaid []string // of a release before rotations; added by hand, their release not said yet
 	for _, r := range recs {
 		if r.IsRevoked() || r.Enrolment == "" {
 			continue
 		}
 		if r.Capability < 1 {
 			res.LeftBehind = append(res.LeftBehind, r.Name)
+			if r.Enrolled.IsZero() {
+				unsaid = append(unsaid, r.Name)
+			} else {
+				before = append(before, r.Name)
+			}
 			continue
 		}
 		addressed = append(addressed, r)
 	}
 	if len(res.LeftBehind) > 0 && by == wire.ByKey {
-		return res, fmt.Errorf("nodes of a release before rotations (link capability 0) cannot take one, and would refuse all the new key signs: %v — upgrade them first (docs/operations.md, Version skew), or revoke them", res.LeftBehind)
+		var who []string
+		if len(before) > 0 {
+			who = append(who, fmt.Sprintf("of a release before rotations (link capability 0): %v — upgrade them first (docs/operations.md, Version skew)", before))
+		}
+		if len(unsaid) > 0 {
+			who = append(who, fmt.Sprintf("added by hand and not heard from since, their release unknown: %v — link them first (their agents say it)", unsaid))
+		}
+		return res, fmt.Errorf("nodes that may not take a rotation would refuse all the new key signs; %s; or revoke them", strings.Join(who, "; "))
 	}
 	_, next, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -390,5 +391,32 @@ func TestANodeHeldThroughTwoRotationsIsNamedHeld(t *testing.T) {
 		if res.Republished != 0 || len(res.Held) != 1 || res.Held[0] != "sealed" {
 			t.Fatalf("rotation %d: %+v", i+1, res)
 		}
+	}
+}
+
+// A rotation refused for the nodes that may not take one says which are
+// of a release before rotations and which were added by hand and never
+// heard from (their release unknown, not old).
+func TestARotationRefusedSaysWhyOfEachNode(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, _, err := s.client.AddNode(ctx, "byhand", ""); err != nil {
+		t.Fatal(err)
+	}
+	text, _, err := s.client.IssueToken(ctx, "oldrel", true, time.Hour, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMachine(t)
+	identityOf(t, s, m, grantOf(t, s, must(requestWith(t, s, text, m.keys, nil, nil)))) // no capability said: a release before it
+	_, err = s.client.RotateKey(ctx, control.RotateRequest{})
+	if err == nil {
+		t.Fatal("rotated with nodes that cannot take it")
+	}
+	msg := err.Error()
+	before, byHand := strings.Index(msg, "release before rotations"), strings.Index(msg, "added by hand")
+	if before < 0 || byHand < 0 || !strings.Contains(msg[before:byHand], "oldrel") || !strings.Contains(msg[byHand:], "byhand") || strings.Contains(msg[before:byHand], "byhand") {
+		t.Fatalf("the refusal: %s", msg)
 	}
 }

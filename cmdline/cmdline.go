@@ -796,6 +796,17 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 			default:
 				fmt.Fprintf(stderr, "%s %s: the subcommand is one of %s (%s %s --help)\n", t.Name, args[0], strings.Join(subs, ", "), t.Name, args[0])
 			}
+		} else if strings.HasPrefix(args[0], "-") {
+			// Flags before the command: said so, with the line as it goes
+			// when the command is among the words.
+			try := t.Name + " COMMAND " + args[0] + " …"
+			for j := 1; j < len(args); j++ {
+				if slices.ContainsFunc(t.Defs, func(d Def) bool { first, _, _ := strings.Cut(d.Name, " "); return first == args[j] }) {
+					try = t.Name + " " + strings.Join(append(slices.Clone(args[j:]), args[:j]...), " ")
+					break
+				}
+			}
+			fmt.Fprintf(stderr, "%s: %s before the command: flags go after it (%s)\n", t.Name, args[0], try)
 		} else {
 			fmt.Fprintf(stderr, "%s: unknown command %q (%s --help lists them)\n", t.Name, args[0], t.Name)
 		}

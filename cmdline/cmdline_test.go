@@ -477,3 +477,12 @@ complete -C $argv[2] | string replace -r '\t.*' '' | string join ' '; true`},
 		}
 	}
 }
+
+// A flag before the command is said so, with the line as it goes.
+func TestAFlagBeforeTheCommandIsSaidSo(t *testing.T) {
+	var out, errw bytes.Buffer
+	code := control.Main(context.Background(), []string{"--dir", "/tmp/k", "node", "show", "n1"}, &out, &errw)
+	if code != 2 || !strings.Contains(errw.String(), "flags go after it (mesh-control node show n1 --dir /tmp/k)") {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+}

@@ -278,7 +278,14 @@ func TestReportsEndWithASummary(t *testing.T) {
 // before the command's complaint.
 func TestPlanSaysProgressOnATerminal(t *testing.T) {
 	s, dir, ctx, _ := servedCLI(t)
-	enrolNode(t, s, "quiet") // enrolled, and never answers
+	_, id := enrolNode(t, s, "quiet") // enrolled, linked, and never answers
+	var nc *nats.Conn
+	eventually(t, "quiet let in", func() bool { c, err := agent.Dial(id); nc = c; return err == nil })
+	defer nc.Close()
+	if _, err := nc.Subscribe(id.Subjects.Plan, func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
 	file := filepath.Join(t.TempDir(), "site.json")
 	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
 	for _, onTTY := range []bool{true, false} {
@@ -408,5 +415,22 @@ func TestWaitReadsThroughOneConsumer(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("the wait made %d consumers of %s, want 1 (%v)", n, stream, count)
 		}
+	}
+}
+
+// A plan asked of a node no agent is linked for now is said so at once:
+// a plan is not kept for a node away, and waiting its whole time for it
+// says nothing more.
+func TestAPlanOfANodeNotLinkedSaysSoAtOnce(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	if _, _, err := s.client.AddNode(ctx, "away", ""); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	var stdout, stderr syncBuffer
+	code := control.Main(ctx, []string{"plan", "away", file, "--wait=1h", "--dir", dir, "--nats", s.url}, &stdout, &stderr)
+	if code != control.ExitTimedOut || !strings.Contains(stderr.String(), "away is not linked now") {
+		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -53,12 +54,39 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if err != nil {
 		return "", err
 	}
-	for _, subj := range link.PlanSubjects(rec.Name) { // its agent hears one, of either layout
-		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Data: env, Header: c.linkHeader(rec)}); err != nil {
+	// Published with a reply subject the agent never answers on: where no
+	// agent hears a subject, the broker says so there at once (its "no
+	// responders" status), and a node that hears none of them is not
+	// linked now — said, rather than waited for until the plan's time.
+	heard, err := c.NC.SubscribeSync(c.NC.NewInbox())
+	if err != nil {
+		return "", err
+	}
+	defer heard.Unsubscribe()
+	subjects := link.PlanSubjects(rec.Name) // its agent hears one, of either layout
+	for _, subj := range subjects {
+		if err := c.NC.PublishMsg(&nats.Msg{Subject: subj, Reply: heard.Subject, Data: env, Header: c.linkHeader(rec)}); err != nil {
 			return "", err
 		}
 	}
-	return id, c.NC.FlushTimeout(10 * time.Second)
+	if err := c.NC.FlushTimeout(10 * time.Second); err != nil {
+		return "", err
+	}
+	unheard := 0
+	for unheard < len(subjects) {
+		// The broker says it before it answers the flush: what is not
+		// here by then will not come. nats.go reads the status as an
+		// error of the read.
+		_, err := heard.NextMsg(100 * time.Millisecond)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			break // heard, or a broker that says nothing of it: the wait says
+		}
+		unheard++
+	}
+	if unheard == len(subjects) {
+		return "", &exitError{ExitTimedOut, fmt.Sprintf("%s is not linked now: no agent hears its plan (a plan is asked of a node linked at that moment, not kept for it; mesh-control nodes says when it was last heard)", rec.Name)}
+	}
+	return id, nil
 }
 
 // WaitPlan waits up to within for node's answer to plan request id.

@@ -641,10 +641,15 @@ func (c *command) needRoot(cmd string) bool {
 	// Said as it is: the directory the executor makes is root's, 0700,
 	// but the one named may be missing, or another's.
 	what := "which the executor keeps root's, mode 0700"
-	if fi, err := os.Stat(c.state); errors.Is(err, os.ErrNotExist) {
+	switch fi, err := os.Stat(c.state); {
+	case errors.Is(err, os.ErrNotExist):
 		what = "which does not exist yet"
-	} else if st, ok := fi.Sys().(*syscall.Stat_t); err == nil && ok && st.Uid != 0 {
-		what = fmt.Sprintf("uid %d's here, mode %04o; the executor keeps its own root's", st.Uid, fi.Mode().Perm())
+	case err != nil:
+		// Not to be looked at by this user: as the executor keeps it.
+	default:
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 {
+			what = fmt.Sprintf("uid %d's here, mode %04o; the executor keeps its own root's", st.Uid, fi.Mode().Perm())
+		}
 	}
 	fmt.Fprintf(c.errw, "mesh-executor: %s: needs root: it reads the executor's state in %s, %s\n", cmd, c.state, what)
 	return false

@@ -468,4 +468,25 @@ func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
 	if ts = tokenList(t, ctx, dir, s.url); ts[other].State != control.TokenRevoked || ts[third].State != control.TokenUsable || ts[second].State != control.TokenUsable {
 		t.Fatalf("after a second token for gamma: %s %s %s", ts[other].State, ts[third].State, ts[second].State)
 	}
+	// Issued at once, for one node: one of them stands, not none, not two.
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := s.client.IssueToken(ctx, "delta", true, time.Hour, s.url); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	usable := 0
+	for _, v := range tokenList(t, ctx, dir, s.url) {
+		if v.Node == "delta" && v.State == control.TokenUsable {
+			usable++
+		}
+	}
+	if usable != 1 {
+		t.Fatalf("six tokens for delta issued at once: %d usable", usable)
+	}
 }

@@ -120,7 +120,8 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 	rec := &TokenRecord{ID: tok.IDString(), Node: name, New: isNew, Secret: tok.Secret[:], Credential: credPub,
 		Issued: time.Now().UTC(), Expires: tok.Expires.UTC(), Rekey: rekey}
 	data, _ := json.Marshal(rec)
-	if _, err := c.KV.Create(ctx, tokenKey(rec.ID), data); err != nil {
+	rev, err := c.KV.Create(ctx, tokenKey(rec.ID), data)
+	if err != nil {
 		return "", nil, fmt.Errorf("registry: %w", err)
 	}
 	if !isNew && !rekey {
@@ -130,8 +131,11 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 		}
 	}
 	if name != "" && !rekey {
-		if err := c.supersedeTokens(ctx, rec); err != nil {
-			return "", nil, err
+		if err := c.supersedeTokens(ctx, rec, rev); err != nil {
+			// Whole or not at all, as when the node's revocation fails:
+			// a token whose text is never shown is one nobody holds.
+			c.KV.Purge(context.Background(), tokenKey(rec.ID))
+			return "", nil, fmt.Errorf("no token issued: %w; run it again", err)
 		}
 	}
 	return text, rec, nil
@@ -140,24 +144,34 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 // supersedeTokens revokes the tokens issued for the node of rec before it
 // and not used: one token a node at a time, so an earlier one handed out
 // and forgotten (issued twice, the first one mailed) cannot enrol the
-// node later, revoking the machine the newest enrolled. A rekey's token
-// is its own enrolment's matter (keepRekey, revoke).
-func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord) error {
+// node later, revoking the machine the newest enrolled. Only those the
+// registry holds before it (rev, its record's revision: an unused token's
+// record is never written again): of several issued at once, the last
+// written sees every other when it looks, and no other revokes it.
+// A rekey's token is its own enrolment's matter (keepRekey, revoke).
+func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord, rev uint64) error {
 	ts, err := c.Tokens(ctx)
 	if err != nil {
-		return fmt.Errorf("token %s issued; the earlier ones for node %s could not be listed to revoke them (mesh-control token list, token revoke): %w", rec.ID, rec.Node, err)
+		return fmt.Errorf("the earlier tokens for node %s could not be listed to revoke them: %w", rec.Node, err)
 	}
 	now := time.Now()
 	for _, t := range ts {
 		if t.ID == rec.ID || t.Node != rec.Node || t.Rekey || !t.Used.IsZero() || !t.usable(now) {
 			continue
 		}
+		e, err := c.KV.Get(ctx, tokenKey(t.ID))
+		if errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && e.Revision() > rev) {
+			continue // gone, or written after this one: not earlier
+		}
+		if err != nil {
+			return fmt.Errorf("the earlier token %s for node %s could not be read: %w", t.ID, rec.Node, err)
+		}
 		if _, _, err := c.RevokeToken(ctx, t.ID); err != nil {
 			var used *TokenUsedError
 			if errors.As(err, &used) {
 				continue // spent meanwhile: it enrols no one again
 			}
-			return fmt.Errorf("token %s issued; the earlier token %s for node %s could not be revoked (mesh-control token revoke %s): %w", rec.ID, t.ID, rec.Node, t.ID, err)
+			return fmt.Errorf("the earlier token %s for node %s could not be revoked: %w", t.ID, rec.Node, err)
 		}
 		c.log.Info("an earlier token for the node revoked: a newer one was issued", "node", rec.Node, "token", t.ID, "newer", rec.ID)
 	}

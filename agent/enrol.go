@@ -131,7 +131,7 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 			// yet) is what an operator waiting for the enrolment needs to
 			// see, and would not without -v.
 			if err.Error() != lastErr {
-				o.Log.Info("hosted: the executor does not answer; asking again every "+o.EnrolPoll.String(), "socket", o.Socket, "err", err)
+				o.Log.Info("hosted: the executor did not answer whether an enrolment is pending; asking again every "+o.EnrolPoll.String(), "socket", o.Socket, "err", err)
 				lastErr = err.Error()
 			}
 		case !b.(*wire.EnrolOffer).Pending && len(b.(*wire.EnrolOffer).Granted) > 0:

@@ -25,7 +25,7 @@ func TestAHostedAgentSaysItsExecutorDoesNotAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(logs.String(), "the executor does not answer"); n != 1 || !strings.Contains(logs.String(), sock) {
+	if n := strings.Count(logs.String(), "the executor did not answer"); n != 1 || !strings.Contains(logs.String(), sock) {
 		t.Fatalf("said %d times:\n%s", n, logs.String())
 	}
 }

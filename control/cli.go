@@ -22,6 +22,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultControlDir is the key directory of a control side installed as
@@ -559,6 +560,33 @@ func (c *cli) connect() (*Client, error) {
 	return Connect(ctx, k, c.nats, c.log)
 }
 
+// firstMissing is the outermost directory of dir's path that does not
+// exist yet ("" when dir does), once the nearest that does is found to
+// be a directory this process may make one in.
+func firstMissing(dir string) (string, error) {
+	missing := ""
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		switch {
+		case err == nil && !fi.IsDir():
+			return "", fmt.Errorf("%s is not a directory", d)
+		case err == nil:
+			if missing != "" {
+				if err := unix.Access(d, unix.W_OK|unix.X_OK); err != nil {
+					return "", statedir.ExplainAccess("make a directory in", d, err, "")
+				}
+			}
+			return missing, nil
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR):
+			return "", statedir.ExplainAccess("look at", d, err, "")
+		}
+		missing = d // or below a file: said of the file, further up
+		if d == filepath.Dir(d) {
+			return missing, nil
+		}
+	}
+}
+
 func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	// Nothing is made on the disk for a node that is not registered: the
 	// name is checked, and the files' directory made, only around the
@@ -573,6 +601,19 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	for _, p := range []string{out, exPath} {
 		if _, err := os.Lstat(p); err == nil {
 			return fmt.Errorf("%s exists; not overwriting it", p)
+		}
+	}
+	// A directory the files cannot go in is said before the node is
+	// registered; one made for them goes again with a failure after.
+	made, err := firstMissing(filepath.Dir(out))
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	undo := func() {
+		os.Remove(out)
+		os.Remove(exPath)
+		if made != "" {
+			os.RemoveAll(made)
 		}
 	}
 	cl, err := c.connect()
@@ -597,7 +638,7 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 			err = statedir.WriteFile(f.path, f.v)
 		}
 		if err != nil {
-			os.Remove(out)
+			undo()
 			if uerr := cl.UnregisterNew(context.WithoutCancel(c.ctx), name, ex.Enrolment); uerr != nil {
 				return fmt.Errorf("%s: %w; and node %s, registered, could not be taken out again (%v): mesh-control node revoke %s, then node delete %s", f.path, err, name, uerr, name, name)
 			}
@@ -1032,7 +1073,7 @@ func (c *cli) brokerConfig(listen, store string, resolver bool) error {
 		return err
 	}
 	if listen == "" {
-		listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+		listen = listenOf(k.BrokerURL)
 	}
 	host, port, err := splitListen(listen)
 	if err != nil {

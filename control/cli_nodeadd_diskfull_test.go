@@ -86,4 +86,15 @@ func TestANodeAddRefusedMakesNothing(t *testing.T) {
 			t.Fatalf("node add %s, refused, made its directory: %v", c.name, err)
 		}
 	}
+	// Files that cannot go where --out says are said before the node is
+	// registered.
+	file := filepath.Join(where, "a-file")
+	os.WriteFile(file, nil, 0o644)
+	_, errs, code := run(t, ctx, "node", "add", "web2", "--dir", dir, "--nats", s.url, "--out", filepath.Join(file, "w", "agent.json"))
+	if code == 0 || !strings.Contains(errs, "--out") || !strings.Contains(errs, "is not a directory") {
+		t.Fatalf("node add --out under a file: exit %d: %s", code, errs)
+	}
+	if _, _, err := s.client.Node(ctx, "web2"); err == nil {
+		t.Fatal("web2 registered though its files could not be written")
+	}
 }

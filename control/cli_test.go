@@ -352,7 +352,7 @@ func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
 	}{
 		{[]string{"token", "issue", "--new", "--ttl", "-1h"}, "negative"},
 		{[]string{"token", "issue", "--new", "--broker-url", "banana"}, "--broker-url"},
-		{[]string{"node", "add", "web1", "--broker-url", "nats://127.0.0.1:4222", "--out", filepath.Join(t.TempDir(), "w", "agent.json")}, "--broker-url"},
+		{[]string{"node", "add", "web1", "--broker-url", "http://127.0.0.1:4222", "--out", filepath.Join(t.TempDir(), "w", "agent.json")}, "--broker-url"},
 	} {
 		if _, errs, code := run(t, ctx, append(c.args, "--dir", dir, "--nats", s.url)...); code == 0 || !strings.Contains(errs, c.say) {
 			t.Errorf("%v: exit %d: %s", c.args, code, errs)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -111,28 +112,47 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 	return c.sendRekey(rec, rec.Rekey)
 }
 
+// listenOf is the address a broker serves brokerURL on, where no --listen
+// says another: its first server's host and port, NATS' 4222 where it
+// names none (checkBrokerURLs).
+func listenOf(brokerURL string) string {
+	first, _, _ := strings.Cut(brokerURL, ",")
+	first = strings.TrimSpace(first)
+	if u, err := url.Parse(first); err == nil && u.Host != "" {
+		if u.Port() == "" {
+			return net.JoinHostPort(u.Hostname(), "4222")
+		}
+		return u.Host
+	}
+	return strings.TrimPrefix(strings.TrimPrefix(first, "tls://"), "nats://")
+}
+
 // checkBrokerURLs says why s is not a broker address as a node's config
-// holds it: tls://host:port, or a cluster's list of them,
-// comma-separated. The one rule for every address the control side hands
-// a node (init --url, token issue and node add --broker-url, a rekey's).
+// holds it: tls://HOST[:PORT], or a cluster's list of them, comma-separated
+// (spaces around the commas let be). The one rule for every address the
+// control side hands a node (init --url, token issue and node add
+// --broker-url, a rekey's): what the agent and nats.go take — nats:// as
+// well, a node reaching the broker over TLS pinned to its certificate
+// whatever the scheme says, and no port meaning NATS' 4222.
 func checkBrokerURLs(s string) error {
-	if s == "" || len(s) > 2048 {
+	if strings.TrimSpace(s) == "" || len(s) > 2048 {
 		return fmt.Errorf("broker address %q: empty or over 2048 bytes", s)
 	}
 	for _, one := range strings.Split(s, ",") {
+		one = strings.TrimSpace(one)
 		u, err := url.Parse(one)
 		if err != nil {
 			return fmt.Errorf("broker address %q: %w", one, err)
 		}
 		port, perr := strconv.Atoi(u.Port())
 		switch {
-		case u.Scheme != "tls":
-			return fmt.Errorf("broker address %q: not tls://HOST:PORT (nodes reach the broker over TLS only)", one)
+		case u.Scheme != "tls" && u.Scheme != "nats":
+			return fmt.Errorf("broker address %q: not tls://HOST:PORT", one)
 		case u.Hostname() == "":
 			return fmt.Errorf("broker address %q: no host (tls://HOST:PORT)", one)
-		case perr != nil || port < 1 || port > 65535:
-			return fmt.Errorf("broker address %q: no port 1..65535 (tls://HOST:PORT)", one)
-		case u.Path != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		case (u.Port() != "" || strings.HasSuffix(u.Host, ":")) && (perr != nil || port < 1 || port > 65535):
+			return fmt.Errorf("broker address %q: a port is 1..65535", one)
+		case u.Path != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
 			return fmt.Errorf("broker address %q: tls://HOST:PORT and nothing else", one)
 		}
 	}

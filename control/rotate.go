@@ -233,7 +233,7 @@ func (c *Client) RotateKey(ctx context.Context, req RotateRequest) (*RotateResul
 			who = append(who, fmt.Sprintf("of a release before rotations (link capability 0): %v — upgrade them first (docs/operations.md, Version skew)", before))
 		}
 		if len(unsaid) > 0 {
-			who = append(who, fmt.Sprintf("added by hand and not heard from since, their release unknown: %v — link them first (their agents say it)", unsaid))
+			who = append(who, fmt.Sprintf("added by hand, their release not said (never linked, or an agent before rotations): %v — link them with an agent of this release", unsaid))
 		}
 		return res, fmt.Errorf("nodes that may not take a rotation would refuse all the new key signs; %s; or revoke them", strings.Join(who, "; "))
 	}

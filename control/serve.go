@@ -92,7 +92,7 @@ func Serve(ctx context.Context, k *Keys, o ServeOptions) error {
 	if url == "" {
 		listen := o.Listen
 		if listen == "" {
-			listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+			listen = listenOf(k.BrokerURL)
 		}
 		var err error
 		if o.Lock != nil {
@@ -371,7 +371,7 @@ func brokerFile(k *Keys, o ServeOptions, log *slog.Logger) (func([]*NodeRecord, 
 	default:
 		listen := o.Listen
 		if listen == "" {
-			listen = strings.TrimPrefix(strings.TrimPrefix(k.BrokerURL, "tls://"), "nats://")
+			listen = listenOf(k.BrokerURL)
 		}
 		host, port, err := splitListen(listen)
 		if err != nil {

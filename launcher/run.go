@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -161,7 +162,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// a known-good copy, its rollback is the launcher's work.
 	if err := runnable(cfg.Executor); err != nil {
 		kg := filepath.Join(cfg.KnownGood, "mesh-executor")
-		if runnable(kg) != nil {
+		st, _ := ReadState(cfg.StateDir) // makes nothing; missing reads as empty
+		byPackage := cfg.Packages && st.KnownGood != nil && st.KnownGood.Package != ""
+		if runnable(kg) != nil && !byPackage {
 			return fmt.Errorf("launcher: no executor to start: %w, and no known-good copy at %s to roll back to; nothing was made, counted or started (--executor names another)", err, kg)
 		}
 	}
@@ -184,8 +187,13 @@ func Run(ctx context.Context, cfg Config) error {
 	return l.run(ctx)
 }
 
-// runnable says why p cannot be started as a program, if it cannot.
+// runnable says why p cannot be started as a program, if it cannot: a
+// bare name is looked for on the PATH, as the start does.
 func runnable(p string) error {
+	if !strings.ContainsRune(p, '/') {
+		_, err := exec.LookPath(p)
+		return err
+	}
 	fi, err := os.Stat(p)
 	switch {
 	case err != nil:

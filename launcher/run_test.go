@@ -357,3 +357,16 @@ func TestStatusOfNoStateDirectorySaysSo(t *testing.T) {
 		t.Fatalf("status of a directory with no launch state yet: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 }
+
+// A bare executor name is looked for on the PATH, as the start looks.
+func TestRunnableLooksABareNameUpOnThePath(t *testing.T) {
+	if err := runnable("sh"); err != nil {
+		t.Errorf("sh: %v", err)
+	}
+	if err := runnable("no-such-program-here"); err == nil {
+		t.Error("a name on no PATH taken for a program")
+	}
+	if err := runnable(t.TempDir()); err == nil || !strings.Contains(err.Error(), "not a file") {
+		t.Errorf("a directory: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package rescue
 
 import (
 	"bytes"
+	"fmt"
 	"context"
 	"os"
 	"os/exec"
@@ -73,8 +74,10 @@ func TestReadOnlyCommandsCreateNothing(t *testing.T) {
 }
 
 // Run by anyone but root, the commands that read the executor's state say
-// they need root, naming the state; they do not fail on the first
-// directory they may not read, and create nothing.
+// they need root, naming the state and what it is; they do not fail on the
+// first directory they may not read, never crash on a path they cannot
+// look at (under a directory closed to them, through a file), and create
+// nothing.
 func TestStateCommandsSayTheyNeedRoot(t *testing.T) {
 	needRoot(t)
 	base := rootDir(t)
@@ -83,7 +86,24 @@ func TestStateCommandsSayTheyNeedRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(base, "missing", "executor")
-	for _, state := range []string{existing, missing} {
+	file := filepath.Join(base, "a-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(base, "own")
+	if err := os.Mkdir(own, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(own, attackerUID, attackerGID); err != nil {
+		t.Fatal(err)
+	}
+	for state, is := range map[string]string{
+		existing:                         "which the executor keeps root's, mode 0700",
+		missing:                          "which does not exist yet",
+		filepath.Join(existing, "state"): "which the executor keeps root's, mode 0700", // closed to the user
+		filepath.Join(file, "state"):     "which the executor keeps root's, mode 0700", // through a file
+		own:                              fmt.Sprintf("uid %d's here, mode 0755", attackerUID),
+	} {
 		for _, cmd := range []string{"status", "owned", "briefing"} {
 			c := exec.Command(executorBin, cmd, "--state", state)
 			c.Dir = "/"
@@ -91,8 +111,8 @@ func TestStateCommandsSayTheyNeedRoot(t *testing.T) {
 			var out bytes.Buffer
 			c.Stdout, c.Stderr = &out, &out
 			err := c.Run()
-			want := "mesh-executor: " + cmd + ": needs root (the executor's state in " + state + " is root's, mode 0700)"
-			if err == nil || !strings.Contains(out.String(), want) || strings.Contains(out.String(), "permission denied") {
+			want := "mesh-executor: " + cmd + ": needs root: it reads the executor's state in " + state + ", " + is
+			if err == nil || !strings.Contains(out.String(), want) || strings.Contains(out.String(), "permission denied") || strings.Contains(out.String(), "panic") {
 				t.Errorf("%s as uid %d on %s: %v\n%s\nwant %q", cmd, attackerUID, state, err, out.String(), want)
 			}
 		}

@@ -580,6 +580,9 @@ func firstMissing(dir string) (string, error) {
 		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR):
 			return "", statedir.ExplainAccess("look at", d, err, "")
 		}
+		if _, lerr := os.Lstat(d); lerr == nil {
+			return "", fmt.Errorf("%s is a symbolic link to nothing", d)
+		}
 		missing = d // or below a file: said of the file, further up
 		if d == filepath.Dir(d) {
 			return missing, nil
@@ -612,8 +615,12 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	undo := func() {
 		os.Remove(out)
 		os.Remove(exPath)
-		if made != "" {
-			os.RemoveAll(made)
+		// The directories made for them, as far as each is empty: another
+		// command may have put its own files in one meanwhile.
+		for d := filepath.Dir(out); made != "" && d != filepath.Dir(made); d = filepath.Dir(d) {
+			if os.Remove(d) != nil {
+				break
+			}
 		}
 	}
 	cl, err := c.connect()

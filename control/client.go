@@ -628,7 +628,8 @@ func (c *Client) AddNode(ctx context.Context, name, brokerURL string) (*agent.Co
 		return nil, nil, err
 	}
 	if brokerURL != "" {
-		if err := checkBrokerURLs(brokerURL); err != nil {
+		var err error
+		if brokerURL, err = brokerURLsOf(brokerURL); err != nil {
 			return nil, nil, fmt.Errorf("--broker-url: %w", err)
 		}
 	}

@@ -96,8 +96,11 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 	}
 	if brokerURL == "" {
 		brokerURL = c.Keys.BrokerURL
-	} else if err := checkBrokerURLs(brokerURL); err != nil {
-		return "", nil, fmt.Errorf("--broker-url: %w", err)
+	} else {
+		var err error
+		if brokerURL, err = brokerURLsOf(brokerURL); err != nil {
+			return "", nil, fmt.Errorf("--broker-url: %w", err)
+		}
 	}
 	fp, err := hex.DecodeString(c.Keys.BrokerFingerprint())
 	if err != nil || len(fp) != 32 {
@@ -133,9 +136,16 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 	if name != "" && !rekey {
 		if err := c.supersedeTokens(ctx, rec, rev); err != nil {
 			// Whole or not at all, as when the node's revocation fails:
-			// a token whose text is never shown is one nobody holds.
-			c.KV.Purge(context.Background(), tokenKey(rec.ID))
-			return "", nil, fmt.Errorf("no token issued: %w; run it again", err)
+			// a token whose text is never shown is one nobody holds. What
+			// was done before stays done, and is said.
+			done := ""
+			if !isNew {
+				done = fmt.Sprintf(" (node %s's identity is revoked, as a token --node revokes it, and stays so)", name)
+			}
+			if perr := c.KV.Purge(context.Background(), tokenKey(rec.ID)); perr != nil {
+				done += fmt.Sprintf("; and token %s, made, could not be taken out again (%v): mesh-control token revoke %s", rec.ID, perr, rec.ID)
+			}
+			return "", nil, fmt.Errorf("no token issued%s: %w; run it again", done, err)
 		}
 	}
 	return text, rec, nil

@@ -229,7 +229,7 @@ func Init(dir string, hosts []string, brokerURL string) (_ *Keys, err error) {
 	if brokerURL == "" {
 		brokerURL = DefaultBrokerURL
 	}
-	if err := checkBrokerURLs(brokerURL); err != nil {
+	if brokerURL, err = brokerURLsOf(brokerURL); err != nil {
 		return nil, fmt.Errorf("--url: %w", err)
 	}
 	if err := onlyInitsOwn(dir); err != nil {

@@ -78,7 +78,7 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
 		return nil
 	}
-	if checkBrokerURLs(broker) != nil {
+	if broker, err = brokerURLsOf(broker); err != nil {
 		broker = ""
 	}
 	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, broker, true)
@@ -114,7 +114,7 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 
 // listenOf is the address a broker serves brokerURL on, where no --listen
 // says another: its first server's host and port, NATS' 4222 where it
-// names none (checkBrokerURLs).
+// names none (brokerURLsOf).
 func listenOf(brokerURL string) string {
 	first, _, _ := strings.Cut(brokerURL, ",")
 	first = strings.TrimSpace(first)
@@ -127,36 +127,40 @@ func listenOf(brokerURL string) string {
 	return strings.TrimPrefix(strings.TrimPrefix(first, "tls://"), "nats://")
 }
 
-// checkBrokerURLs says why s is not a broker address as a node's config
-// holds it: tls://HOST[:PORT], or a cluster's list of them, comma-separated
-// (spaces around the commas let be). The one rule for every address the
-// control side hands a node (init --url, token issue and node add
-// --broker-url, a rekey's): what the agent and nats.go take — nats:// as
-// well, a node reaching the broker over TLS pinned to its certificate
-// whatever the scheme says, and no port meaning NATS' 4222.
-func checkBrokerURLs(s string) error {
+// brokerURLsOf is s, a broker address as an operator or a node's config
+// gives it, in the one form every reader of a token takes
+// (wire.ParseToken: tls://, no space): tls://HOST[:PORT], or a cluster's
+// list of them, comma-separated; or why it is none. It takes what the
+// agent and nats.go take — nats:// (a node reaches the broker over TLS
+// pinned to its certificate whatever the scheme says), no port (NATS'
+// 4222), spaces around the commas — and writes it so. The one rule for
+// every address the control side hands a node: init --url, token issue
+// and node add --broker-url, a rekey's.
+func brokerURLsOf(s string) (string, error) {
 	if strings.TrimSpace(s) == "" || len(s) > 2048 {
-		return fmt.Errorf("broker address %q: empty or over 2048 bytes", s)
+		return "", fmt.Errorf("broker address %q: empty or over 2048 bytes", s)
 	}
+	var out []string
 	for _, one := range strings.Split(s, ",") {
 		one = strings.TrimSpace(one)
 		u, err := url.Parse(one)
 		if err != nil {
-			return fmt.Errorf("broker address %q: %w", one, err)
+			return "", fmt.Errorf("broker address %q: %w", one, err)
 		}
 		port, perr := strconv.Atoi(u.Port())
 		switch {
 		case u.Scheme != "tls" && u.Scheme != "nats":
-			return fmt.Errorf("broker address %q: not tls://HOST:PORT", one)
+			return "", fmt.Errorf("broker address %q: not tls://HOST:PORT", one)
 		case u.Hostname() == "":
-			return fmt.Errorf("broker address %q: no host (tls://HOST:PORT)", one)
+			return "", fmt.Errorf("broker address %q: no host (tls://HOST:PORT)", one)
 		case (u.Port() != "" || strings.HasSuffix(u.Host, ":")) && (perr != nil || port < 1 || port > 65535):
-			return fmt.Errorf("broker address %q: a port is 1..65535", one)
+			return "", fmt.Errorf("broker address %q: a port is 1..65535", one)
 		case u.Path != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
-			return fmt.Errorf("broker address %q: tls://HOST:PORT and nothing else", one)
+			return "", fmt.Errorf("broker address %q: tls://HOST:PORT and nothing else", one)
 		}
+		out = append(out, "tls://"+u.Host)
 	}
-	return nil
+	return strings.Join(out, ","), nil
 }
 
 // keepRekey puts r in the node's record (rec, at revision rev, as read),

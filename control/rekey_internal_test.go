@@ -1,36 +1,56 @@
 package control
 
-import "testing"
+import (
+	"testing"
+	"time"
 
-// A node's word for where it reaches the broker is taken only as the
-// addresses a node's config holds: one, or a cluster's list.
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// A broker address is taken as the agent and nats.go take it, and handed
+// on in the one form every reader of a token takes (wire.ParseToken):
+// tls://, no space. What is refused names no broker a node could reach.
 func TestBrokerURLs(t *testing.T) {
-	for s, want := range map[string]bool{
-		"tls://10.0.0.1:4222":                       true,
-		"tls://a.example:4222,tls://b.example:4222": true,
-		"tls://[fd00::1]:4222":                      true,
-		"":                                          false,
-		"file:///etc/passwd":                        false,
-		"nats://10.0.0.1:4222":                      true,
-		"tls://10.0.0.1":                            true,
-		"tls://a.example:4222, tls://b.example:4222": true,
-		"tls://a,tls://b,tls://c":                    true,
-		"tls://mesh.example.org.:4222":               true,
-		"tls://user:pw@10.0.0.1:4222":                false,
-		"tls://10.0.0.1:4222/x":                      false,
-		"tls://10.0.0.1:4222,":                       false,
-		"tls://10.0.0.1:4222,http://x:1":             false,
-		"tls://10.0.0.1:abc":                         false,
-		"tls://10.0.0.1:":                            false,
-		" ":                                          false,
-		"tls:10.0.0.1":                               false,
-		"tls://10.0.0.1:0":                           false,
-		"tls://10.0.0.1:70000":                       false,
-		"tls://10.0.0.1:4222?x=1":                    false,
-		"banana":                                     false,
+	for s, want := range map[string]string{
+		"tls://10.0.0.1:4222":                        "tls://10.0.0.1:4222",
+		"tls://a.example:4222,tls://b.example:4222":  "tls://a.example:4222,tls://b.example:4222",
+		"tls://[fd00::1]:4222":                       "tls://[fd00::1]:4222",
+		"nats://10.0.0.1:4222":                       "tls://10.0.0.1:4222",
+		"tls://10.0.0.1":                             "tls://10.0.0.1",
+		"tls://a.example:4222, tls://b.example:4222": "tls://a.example:4222,tls://b.example:4222",
+		" tls://a,nats://b ,tls://c ":                "tls://a,tls://b,tls://c",
+		"tls://mesh.example.org.:4222":               "tls://mesh.example.org.:4222",
+		"":                                           "",
+		"file:///etc/passwd":                         "",
+		"tls://user:pw@10.0.0.1:4222":                "",
+		"tls://10.0.0.1:4222/x":                      "",
+		"tls://10.0.0.1:4222,":                       "",
+		"tls://10.0.0.1:4222,http://x:1":             "",
+		"tls://10.0.0.1:abc":                         "",
+		"tls://10.0.0.1:":                            "",
+		" ":                                          "",
+		"tls:10.0.0.1":                               "",
+		"tls://10.0.0.1:0":                           "",
+		"tls://10.0.0.1:70000":                       "",
+		"tls://10.0.0.1:4222?x=1":                    "",
+		"banana":                                     "",
 	} {
-		if got := checkBrokerURLs(s) == nil; got != want {
-			t.Errorf("%q: %v, want %v", s, got, want)
+		got, err := brokerURLsOf(s)
+		if got != want || (err == nil) != (want != "") {
+			t.Errorf("%q: %q (%v), want %q", s, got, err, want)
+			continue
+		}
+		if want == "" {
+			continue
+		}
+		// What a token carries, its reader takes.
+		tok := &wire.Token{BrokerURL: got, ControlKey: make([]byte, 32), Expires: time.Now().Add(time.Hour)}
+		text, err := tok.Encode()
+		if err == nil {
+			_, err = wire.ParseToken(text)
+		}
+		if err != nil {
+			t.Errorf("%q as %q: a token's reader refuses it: %v", s, got, err)
 		}
 	}
 }

@@ -163,7 +163,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := runnable(cfg.Executor); err != nil {
 		kg := filepath.Join(cfg.KnownGood, "mesh-executor")
 		st, _ := ReadState(cfg.StateDir) // makes nothing; missing reads as empty
-		byPackage := cfg.Packages && st.KnownGood != nil && st.KnownGood.Package != ""
+		// The package manager puts back the installed path, not another
+		// --executor names.
+		byPackage := cfg.Packages && st.KnownGood != nil && st.KnownGood.Package != "" && cfg.Executor == cfg.Installed["mesh-executor"]
 		if runnable(kg) != nil && !byPackage {
 			return fmt.Errorf("launcher: no executor to start: %w, and no known-good copy at %s to roll back to; nothing was made, counted or started (--executor names another)", err, kg)
 		}

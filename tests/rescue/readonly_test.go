@@ -94,6 +94,9 @@ func TestStateCommandsSayTheyNeedRoot(t *testing.T) {
 	if err := os.Mkdir(own, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Chmod(own, 0o755); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
 	if err := os.Chown(own, attackerUID, attackerGID); err != nil {
 		t.Fatal(err)
 	}

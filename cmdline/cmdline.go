@@ -159,15 +159,24 @@ func takesFile(c Command) bool {
 	return false
 }
 
+// Given says whether the command line set the flag name (fs nil: none).
+func Given(fs *flag.FlagSet, name string) bool {
+	set := false
+	if fs != nil {
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	}
+	return set
+}
+
 // valueApart says, of a command line with arguments too many, which one
 // is a value given apart from a flag that takes one only after '='
 // (--wait 5s for --wait=5s): the flag stands alone, the value is read as
 // an argument. It sets the flag to find out, on the way to exit 2.
 func valueApart(fs *flag.FlagSet, args []string) string {
 	for j := 0; j+1 < len(args); j++ {
-		name, ok := strings.CutPrefix(strings.TrimPrefix(args[j], "-"), "-")
-		if !ok {
-			name = strings.TrimPrefix(args[j], "-")
+		name := strings.TrimPrefix(strings.TrimPrefix(args[j], "-"), "-") // -wait or --wait
+		if !strings.HasPrefix(args[j], "-") {
+			continue
 		}
 		f := fs.Lookup(name)
 		next := args[j+1]

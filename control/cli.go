@@ -433,7 +433,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil && cmd != "init" && cmd != "serve" {
 		err = c.explainStoreError(err)
 	}
-	if err != nil && os.Getenv(DirEnv) != "" && !given(fs, "dir") && strings.Contains(err.Error(), o.dir) {
+	if err != nil && os.Getenv(DirEnv) != "" && !cmdline.Given(fs, "dir") && strings.Contains(err.Error(), o.dir) {
 		// A directory the operator never typed: say where it came from,
 		// or the hint to init it invites a second control side.
 		err = fmt.Errorf("%w (the key directory is $%s's; --dir names another)", err, DirEnv)
@@ -448,15 +448,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// given says whether the command line set the flag name.
-func given(fs *flag.FlagSet, name string) bool {
-	set := false
-	if fs != nil {
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	}
-	return set
 }
 
 type listFlag []string

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"syscall"
 	"time"
 
@@ -189,23 +188,12 @@ func Run(ctx context.Context, cfg Config) error {
 	return l.run(ctx)
 }
 
-// runnable says why p cannot be started as a program, if it cannot: a
-// bare name is looked for on the PATH, as the start does.
+// runnable says why p cannot be started as a program, if it cannot: as
+// the start finds it (exec.LookPath: a bare name on the PATH, a path as it
+// is, an executable file).
 func runnable(p string) error {
-	if !strings.ContainsRune(p, '/') {
-		_, err := exec.LookPath(p)
-		return err
-	}
-	fi, err := os.Stat(p)
-	switch {
-	case err != nil:
-		return err
-	case !fi.Mode().IsRegular():
-		return fmt.Errorf("%s is not a file (%s)", p, fi.Mode().Type())
-	case fi.Mode().Perm()&0o111 == 0:
-		return fmt.Errorf("%s is not executable (%s)", p, fi.Mode().Perm())
-	}
-	return nil
+	_, err := exec.LookPath(p)
+	return err
 }
 
 type launcher struct {

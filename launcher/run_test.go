@@ -366,7 +366,7 @@ func TestRunnableLooksABareNameUpOnThePath(t *testing.T) {
 	if err := runnable("no-such-program-here"); err == nil {
 		t.Error("a name on no PATH taken for a program")
 	}
-	if err := runnable(t.TempDir()); err == nil || !strings.Contains(err.Error(), "not a file") {
+	if err := runnable(t.TempDir()); err == nil || !strings.Contains(err.Error(), "is a directory") {
 		t.Errorf("a directory: %v", err)
 	}
 }

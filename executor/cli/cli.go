@@ -230,12 +230,12 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	case "apply", "plan":
 		return c.apply(pos[0], commands[i].Name == "plan")
 	case "enrol":
-		if !waitSet(fs) {
+		if !cmdline.Given(fs, "wait") {
 			c.wait = 2 * time.Minute
 		}
 		return c.enrolCmd(pos, enrolFlags{tokenFile: o.tokenFile, replace: o.replace, cancel: o.cancel}, os.Stdin)
 	case "rekey":
-		if !waitSet(fs) {
+		if !cmdline.Given(fs, "wait") {
 			c.wait = 2 * time.Minute
 		}
 		return c.rekeyCmd(o.cancel)
@@ -263,12 +263,6 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return c.print(map[string]string{"version": version}, version+"\n")
 	}
 	return ExitRefused
-}
-
-func waitSet(fs *flag.FlagSet) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "wait" })
-	return set
 }
 
 type command struct {

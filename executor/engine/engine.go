@@ -1026,7 +1026,7 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	// stays, as far as the change cut cannot have undone it
 	// (keptOfDigest).
 	if p.Op != "remove" {
-		n.Digest = keptOfDigest(e.Type, e.Digest)
+		n.Digest = keptOfDigest(e.Type, e.Digest, p.Digest)
 	}
 	if e.Stub {
 		n.Claims = []store.Claim{p.Claim}

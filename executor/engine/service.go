@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -55,22 +56,42 @@ func recordedService(s *shapes.Service, prev string) string {
 // change, which has the thing observed again (its digest otherwise
 // blanked): of a service, the last state and enablement a declaration
 // set; of a user, the last shell and home — what the host did under an
-// earlier declaration is its change still, whatever the kill cut. Of an
-// enablement only an enabled one: the change cut may have enabled the
-// unit whatever the one before said, and without a kept value the unit's
-// enablement reads as the host's wherever some declaration set it
-// (lastEnabledOf), given back rather than left. (The intent does not say
-// what the change cut would have set; the journal's formats would have
-// to carry it, see docs/operations.md's rule between releases.)
-func keptOfDigest(typ, digest string) string {
+// earlier declaration is its change still, whatever the kill cut.
+//
+// cut is the digest the change a kill cut would have recorded (its
+// intent's), "" where the intent does not carry one (written by an
+// earlier release, or compacted into a snapshot format without it). The
+// change may or may not have been made, so a unit's state is kept as
+// running where either says running, and its enablement as enabled where
+// either says enabled: the give-back stops and disables only a unit found
+// stopped or disabled and running or enabled now, so keeping the other
+// could leave the host's own start, while keeping this one reads a start
+// made by another after a change cut before it was made as the host's —
+// a start the declaration asked for. Without cut, of an enablement only an enabled one is
+// kept: the change cut may have enabled the unit whatever the one before
+// said, and without a kept value the unit's enablement reads as the
+// host's wherever some declaration set it (lastEnabledOf), given back
+// rather than left; a start it may have made is not known.
+func keptOfDigest(typ, digest, cut string) string {
 	switch typ {
 	case shapes.TypeService:
 		var kept []string
-		if was := lastStateOf(digest); was != "" {
-			kept = append(kept, "was="+was)
+		state, enabled := lastStateOf(digest), lastEnabledOf(digest)
+		if cut != "" {
+			if state != "running" {
+				state = cmp.Or(lastStateOf(cut), state)
+			}
+			if enabled != "true" {
+				enabled = cmp.Or(lastEnabledOf(cut), enabled)
+			}
+		} else if enabled != "true" {
+			enabled = ""
 		}
-		if lastEnabledOf(digest) == "true" {
-			kept = append(kept, "was-enabled=true")
+		if state != "" {
+			kept = append(kept, "was="+state)
+		}
+		if enabled != "" {
+			kept = append(kept, "was-enabled="+enabled)
 		}
 		return strings.Join(kept, " ")
 	case shapes.TypeUser:
@@ -331,7 +352,9 @@ func (r *run) service(st *step, rest int) {
 		r.serviceDone(st, svc, start)
 		return
 	}
-	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeService}
+	// The intent carries what the change records once done, for a kill
+	// that cuts it before the record (keptOfDigest).
+	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeService, Digest: n.Digest}
 	if e == nil || !sameOriginal(orig, e.Original) {
 		// What is found is kept before the unit is changed: a first
 		// record, or the enablement the first declaration to set it found

@@ -447,6 +447,7 @@ func writeFile(t *testing.T, p, content string) {
 func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 	for _, c := range []struct {
 		typ, digest    string
+		cut            string // the digest the change cut would have recorded, as its intent carries it
 		state, enabled string // lastStateOf, lastEnabledOf what is kept (services)
 		shell, home    string // declaredUser of what is kept (users)
 	}{
@@ -457,13 +458,22 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=-"},
 		{typ: shapes.TypeService, digest: "state=stopped enabled=- was-enabled=true", state: "stopped", enabled: "true"},
 		{typ: shapes.TypeService, digest: "state= enabled=-"},
+		// The change cut is known: what either set that a give-back
+		// reads (running, enabled) is kept, else the change's own.
+		{typ: shapes.TypeService, digest: "state=stopped enabled=false", cut: "state=running enabled=false", state: "running", enabled: "false"},
+		{typ: shapes.TypeService, digest: "state=running enabled=true", cut: "state=stopped enabled=false", state: "running", enabled: "true"},
+		{typ: shapes.TypeService, digest: "state= enabled=- was=stopped", cut: "state= enabled=true was=stopped", state: "stopped", enabled: "true"},
+		{typ: shapes.TypeService, digest: "state=stopped enabled=-", cut: "state= enabled=- was=stopped", state: "stopped"},
+		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=-", cut: "state= enabled=- was-enabled=-", enabled: "-"},
+		{typ: shapes.TypeService, digest: "", cut: "state=running enabled=-", state: "running"},
+		{typ: shapes.TypeUser, digest: "shell=/bin/sh home= groups=", cut: "shell=/bin/zsh home= groups=", shell: "/bin/sh"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
 		{typ: shapes.TypeUser, digest: "shell= home= groups=sudo was-home=/srv/a", home: "/srv/a"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/sh home=/h groups=", shell: "/bin/sh", home: "/h"},
 		{typ: shapes.TypeUser, digest: "shell= home= groups="},
 		{typ: shapes.TypeFile, digest: "sha256:ab"},
 	} {
-		kept := keptOfDigest(c.typ, c.digest)
+		kept := keptOfDigest(c.typ, c.digest, c.cut)
 		switch c.typ {
 		case shapes.TypeService:
 			if got, en := lastStateOf(kept), lastEnabledOf(kept); got != c.state || en != c.enabled || (c.state == "" && c.enabled == "" && kept != "") {
@@ -543,6 +553,28 @@ func TestAnEnablementAKillCutIsGivenBack(t *testing.T) {
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
 	rep := h.applyWith(f, h.doc(), false)
 	if got := f.transcript(); got != "disable pf.service" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// A start a kill cut between the host's change and its record counts as
+// made, though the declaration before it said stopped: the unit the host
+// started is stopped again when undeclared (the intent carries what the
+// change would record). And where neither the change cut nor the
+// declaration before it enabled the unit, an operator's enablement since
+// is left: the host never enabled it.
+func TestAStartAKillCutIsGivenBack(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	h.applyWith(f, h.doc(svc("pf", "pf", "stopped", "false", "")), false)
+	if rep := h.applyWith(f, h.doc(svc("pf", "pf", "running", "false", "")), false); rep.Outcome != shapes.Applied || f.transcript() != "start pf.service" {
+		t.Fatalf("started: %s %+v %q", rep.Outcome, rep.Lines, f.log)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	f.unit("pf.service").Enabled = "enabled" // an operator's systemctl enable
+	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
 	}
 }

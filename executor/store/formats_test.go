@@ -205,10 +205,10 @@ func TestALaterStoreFormatIsRefused(t *testing.T) {
 	t.Run("snapshot", func(t *testing.T) {
 		dir := copyGolden(t, "9d97354")
 		data, _ := os.ReadFile(filepath.Join(dir, snapshotName))
-		data = append([]byte("nox-mesh-host store snapshot v3\n"), data[len(snapshotMagic):]...)
+		data = append([]byte("nox-mesh-host store snapshot v4\n"), data[len(snapshotMagic):]...)
 		os.WriteFile(filepath.Join(dir, snapshotName), data, 0o600)
 		_, err := Open(dir)
-		if err == nil || !strings.Contains(err.Error(), "snapshot is in format v3, which this executor does not read (it reads v2)") {
+		if err == nil || !strings.Contains(err.Error(), "snapshot is in format v4, which this executor does not read (it reads v2 and v3)") {
 			t.Fatalf("open: %v", err)
 		}
 	})

@@ -107,6 +107,10 @@ func jsonIntent(b []byte, in *Intent) []byte {
 		b = append(b, `,"paths":`...)
 		b = jsonStrings(b, in.Paths)
 	}
+	if in.Digest != "" {
+		b = append(b, `,"digest":`...)
+		b = shapes.AppendJSONString(b, in.Digest)
+	}
 	return append(b, '}')
 }
 

@@ -17,11 +17,18 @@ import (
 // checksum is there for the disk, not for crashes. `owned --json` is the way
 // to read it as text.
 //
-// Layout (format v2):
+// Layout (format v2, and v3):
 //
-//	magic     "nox-mesh-host store snapshot v2\n"
+//	magic     "nox-mesh-host store snapshot v2\n" (or v3)
 //	body      version LastN Order count Entry*count
 //	checksum  CRC-32 (IEEE) of magic+body, 4 bytes big-endian
+//
+// Format v3 adds one string at the end of an entry's intent, its digest
+// (Intent.Digest). This release reads v3 and writes v2, which the release
+// before reads (docs/operations.md, the rule between releases): an intent
+// compacted into a v2 snapshot loses its digest, and its change a kill
+// cut reads as one that set nothing known, as it did before the field.
+// The release after writes v3.
 //
 // In the body an integer is a uvarint (minimal: the encoding is canonical,
 // so what decodes re-encodes to the same bytes), a string is a uvarint
@@ -33,9 +40,13 @@ import (
 // TestSnapshotRoundTripsEveryField fails until both are done. A change
 // that old files cannot be read with is a new magic, not a guess.
 const (
-	snapshotName    = "snapshot"
+	snapshotName = "snapshot"
+	// snapshotVersion is the format written; snapshotNewest the newest
+	// read. Their magics are as long as each other.
 	snapshotVersion = 2
+	snapshotNewest  = 3
 	snapshotMagic   = "nox-mesh-host store snapshot v2\n"
+	snapshotMagicV3 = "nox-mesh-host store snapshot v3\n"
 	// snapshotStem is what every version's magic begins with.
 	snapshotStem = "nox-mesh-host store snapshot v"
 	// snapshotMagicV1 is the gob format of development builds. No release
@@ -72,7 +83,7 @@ const (
 )
 
 // snapshot is what the file holds. Version repeats the magic's version in
-// the body; the decoder accepts only snapshotVersion.
+// the body; the decoder accepts v2 and v3, the encoder writes Version's.
 type snapshot struct {
 	Version int      `json:"version"`
 	LastN   uint64   `json:"last_n"`
@@ -88,18 +99,26 @@ var errSnapshotV1 = errors.New("store: snapshot is in format v1 (gob), which onl
 // entry must be non-nil (the store holds no nil entries).
 func encodeSnapshot(snap *snapshot) []byte {
 	b := make([]byte, 0, len(snapshotMagic)+32+len(snap.Entries)*160)
-	b = append(b, snapshotMagic...)
+	b = append(b, magicOf(snap.Version)...)
 	b = binary.AppendUvarint(b, uint64(snap.Version))
 	b = binary.AppendUvarint(b, snap.LastN)
 	b = binary.AppendUvarint(b, snap.Order)
 	b = binary.AppendUvarint(b, uint64(len(snap.Entries)))
 	for _, e := range snap.Entries {
-		b = writeEntry(b, e)
+		b = writeEntry(b, e, snap.Version)
 	}
 	return binary.BigEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
 }
 
-func writeEntry(b []byte, e *Entry) []byte {
+// magicOf is the first line of a snapshot of format v (2 or 3).
+func magicOf(v int) string {
+	if v == 3 {
+		return snapshotMagicV3
+	}
+	return snapshotMagic
+}
+
+func writeEntry(b []byte, e *Entry, version int) []byte {
 	b = appendString(b, e.Target)
 	b = appendString(b, e.Type)
 	b = binary.AppendUvarint(b, uint64(len(e.Claims)))
@@ -124,7 +143,11 @@ func writeEntry(b []byte, e *Entry) []byte {
 	b = appendOriginal(b, in.Original)
 	b = appendClaim(b, in.Claim)
 	b = appendString(b, in.Type)
-	return appendStrings(b, in.Paths)
+	b = appendStrings(b, in.Paths)
+	if version >= 3 {
+		b = appendString(b, in.Digest)
+	}
+	return b
 }
 
 func appendClaim(b []byte, c Claim) []byte {
@@ -177,7 +200,10 @@ func flag(v bool, bit byte) byte {
 // price is that a decoded entry keeps the whole body alive, which is the
 // size of the file.
 func decodeSnapshot(data []byte) (*snapshot, error) {
-	if !bytes.HasPrefix(data, []byte(snapshotMagic)) {
+	version := snapshotVersion
+	if bytes.HasPrefix(data, []byte(snapshotMagicV3)) {
+		version = 3
+	} else if !bytes.HasPrefix(data, []byte(snapshotMagic)) {
 		return nil, snapshotHeaderError(data)
 	}
 	if len(data) < len(snapshotMagic)+4 {
@@ -187,12 +213,12 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 	if got, want := crc32.ChecksumIEEE(data[:end]), binary.BigEndian.Uint32(data[end:]); got != want {
 		return nil, fmt.Errorf("store: snapshot is damaged: checksum %08x, the file says %08x", got, want)
 	}
-	r := snapReader{s: string(data[len(snapshotMagic):end])}
+	r := snapReader{s: string(data[len(snapshotMagic):end]), version: version}
 	snap := &snapshot{}
-	if v := r.uvarint(); v != snapshotVersion && r.err == nil {
-		r.fail("version %d in a v%d file", v, snapshotVersion)
+	if v := r.uvarint(); v != uint64(version) && r.err == nil {
+		r.fail("version %d in a v%d file", v, version)
 	}
-	snap.Version = snapshotVersion
+	snap.Version = version
 	snap.LastN = r.uvarint()
 	snap.Order = r.uvarint()
 	n := r.count(minEntrySize, "entries")
@@ -222,7 +248,7 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 	return snap, nil
 }
 
-// snapshotHeaderError says why data does not begin with the v2 magic.
+// snapshotHeaderError says why data begins with neither magic it reads.
 func snapshotHeaderError(data []byte) error {
 	switch {
 	case bytes.HasPrefix(data, []byte(snapshotMagicV1)):
@@ -232,7 +258,7 @@ func snapshotHeaderError(data []byte) error {
 	case bytes.HasPrefix(data, []byte(snapshotStem)):
 		line := data[len(snapshotStem):]
 		if i := bytes.IndexByte(line, '\n'); i > 0 && i <= 9 && isDigits(line[:i]) {
-			return fmt.Errorf("store: snapshot is in format v%s, which this executor does not read (it reads v%d)", line[:i], snapshotVersion)
+			return fmt.Errorf("store: snapshot is in format v%s, which this executor does not read (it reads v%d and v%d)", line[:i], snapshotVersion, snapshotNewest)
 		}
 	}
 	return errors.New("store: snapshot is not a snapshot of this store (its first line is not the snapshot's)")
@@ -251,9 +277,10 @@ func isDigits(b []byte) bool {
 // the readers can be called in a row and checked once, and nothing is
 // allocated for a count read after it.
 type snapReader struct {
-	s   string // the body: decoded strings are substrings of it
-	off int
-	err error
+	s       string // the body: decoded strings are substrings of it
+	off     int
+	err     error
+	version int // the file's format: v3 adds an intent's digest
 }
 
 func (r *snapReader) fail(format string, args ...any) {
@@ -424,6 +451,9 @@ func (r *snapReader) readEntry(e *Entry, pool *[]Claim, rest int) {
 	r.claim(&in.Claim)
 	in.Type = r.str()
 	in.Paths = r.stringList()
+	if r.version >= 3 {
+		in.Digest = r.str()
+	}
 	e.Pending = in
 }
 

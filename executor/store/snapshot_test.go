@@ -84,19 +84,54 @@ func dump(s *snapshot) string {
 }
 
 // Every field of the snapshot, Entry, Claim, Original and Intent survives
-// the codec, found by reflection: a field added later and forgotten in
-// writeEntry or readEntry fails here.
+// the codec of the newest format read, found by reflection: a field added
+// later and forgotten in writeEntry or readEntry fails here. The format
+// written (v2) carries every field but an intent's digest, which v3 adds.
 func TestSnapshotRoundTripsEveryField(t *testing.T) {
-	for bit := -1; bit < 7; bit++ {
-		var snap snapshot
-		n := 0
-		fill(t, reflect.ValueOf(&snap).Elem(), &n, bit)
-		snap.Version = snapshotVersion // the one value the decoder accepts
-		roundTrip(t, &snap)
+	for _, version := range []int{snapshotVersion, snapshotNewest} {
+		for bit := -1; bit < 7; bit++ {
+			var snap snapshot
+			n := 0
+			fill(t, reflect.ValueOf(&snap).Elem(), &n, bit)
+			snap.Version = version
+			if version < 3 {
+				for _, e := range snap.Entries {
+					e.Pending.Digest = ""
+				}
+			}
+			roundTrip(t, &snap)
+		}
+		roundTrip(t, &snapshot{Version: version})
+		roundTrip(t, &snapshot{Version: version, LastN: 1 << 63, Order: 1<<64 - 1,
+			Entries: []*Entry{{Target: "path:/a", Mode: 1<<32 - 1, UID: 1<<32 - 1, GID: 1<<32 - 1}}})
 	}
-	roundTrip(t, &snapshot{Version: snapshotVersion})
-	roundTrip(t, &snapshot{Version: snapshotVersion, LastN: 1 << 63, Order: 1<<64 - 1,
-		Entries: []*Entry{{Target: "path:/a", Mode: 1<<32 - 1, UID: 1<<32 - 1, GID: 1<<32 - 1}}})
+}
+
+// The format written is the one the release before reads (v2): an
+// intent's digest is left out of it, and the rest of the entry is as in
+// v3. A v3 file is read, by this release, whole.
+func TestTheSnapshotWrittenIsTheOneTheReleaseBeforeReads(t *testing.T) {
+	entry := func() *Entry {
+		return &Entry{Target: "service:pf.service", Type: "service", Claims: []Claim{{Source: Link, Module: "web", ID: "pf"}},
+			Pending: &Intent{Op: "change", Claim: Claim{Source: Link, Module: "web", ID: "pf"}, Type: "service", Digest: "state=running enabled=-"}}
+	}
+	data := encodeSnapshot(&snapshot{Version: snapshotVersion, LastN: 1, Order: 1, Entries: []*Entry{entry()}})
+	if !bytes.HasPrefix(data, []byte("nox-mesh-host store snapshot v2\n")) {
+		t.Fatalf("written as %q", data[:32])
+	}
+	got, err := decodeSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := entry()
+	want.Pending.Digest = ""
+	if !reflect.DeepEqual(got.Entries[0], want) {
+		t.Fatalf("v2: %+v %+v, want %+v", got.Entries[0], got.Entries[0].Pending, want.Pending)
+	}
+	got = roundTrip(t, &snapshot{Version: 3, LastN: 1, Order: 1, Entries: []*Entry{entry()}})
+	if got.Entries[0].Pending.Digest != "state=running enabled=-" {
+		t.Fatalf("v3 lost the intent's digest: %+v", got.Entries[0].Pending)
+	}
 }
 
 // A decoded entry's claims are its own: appending to one does not reach
@@ -111,8 +146,11 @@ func TestSnapshotClaimsDoNotOverlap(t *testing.T) {
 
 // seal frames body as a v2 snapshot file with a valid checksum, so that
 // tests reach the body's reader and not only the checksum.
-func seal(body []byte) []byte {
-	b := append([]byte(snapshotMagic), body...)
+func seal(body []byte) []byte { return sealAs(snapshotMagic, body) }
+
+// sealAs frames body under magic.
+func sealAs(magic string, body []byte) []byte {
+	b := append([]byte(magic), body...)
 	return binary.BigEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
 }
 
@@ -177,7 +215,9 @@ func TestSnapshotRefusesDamage(t *testing.T) {
 		{"flipped checksum", flipped(len(valid) - 1), "damaged: checksum"},
 		{"flipped body", flipped(len(snapshotMagic) + 20), "damaged: checksum"},
 		{"format v1", append([]byte(snapshotMagicV1), "gob gob gob"...), "format v1 (gob)"},
-		{"format v3", []byte(snapshotStem + "3\n..."), "format v3, which this executor does not read"},
+		{"format v4", []byte(snapshotStem + "4\n..."), "format v4, which this executor does not read (it reads v2 and v3)"},
+		{"v3, cut short", []byte(snapshotMagicV3 + "ab"), "too short to hold its checksum"},
+		{"a v2 body under the v3 magic", sealAs(snapshotMagicV3, body(snapshotVersion, 1, 1, 0)), "version 2 in a v3 file"},
 		{"json", []byte(`{"version":1}`), "not a snapshot of this store"},
 		{"a first line of garbage", []byte(snapshotStem + "\x00\x01\n..."), "not a snapshot of this store"},
 		{"body version 3", seal(body(3, 1, 1, 0)), "version 3 in a v2 file"},
@@ -257,7 +297,7 @@ func FuzzSnapshot(f *testing.F) {
 	var full snapshot
 	n := 0
 	fill(f, reflect.ValueOf(&full).Elem(), &n, -1)
-	full.Version = snapshotVersion
+	full.Version = snapshotNewest
 	for _, s := range []*snapshot{{Version: snapshotVersion}, benchSnapshot(2), &full} {
 		data := encodeSnapshot(s)
 		f.Add(data)
@@ -271,7 +311,7 @@ func FuzzSnapshot(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// As found on disk, and sealed with a valid checksum, so the
 		// fuzzer reaches the body and not only the checksum.
-		for _, file := range [][]byte{data, seal(data)} {
+		for _, file := range [][]byte{data, seal(data), sealAs(snapshotMagicV3, data)} {
 			snap, err := decodeSnapshot(file)
 			if err != nil {
 				if !strings.HasPrefix(err.Error(), "store: snapshot") {

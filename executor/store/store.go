@@ -144,6 +144,12 @@ type Intent struct {
 	Type     string    `json:"type"`
 	// Paths an archive may be about to write.
 	Paths []string `json:"paths,omitempty"`
+	// Digest is the entry's digest the change records once done: what it
+	// may have set, for a kill that cuts it before its record (a unit's
+	// state and enablement, which the give-back reads from the digest).
+	// Releases before it pass it over and read the change as one that set
+	// nothing known; the snapshot carries it from format v3 (snapshot.go).
+	Digest string `json:"digest,omitempty"`
 }
 
 type record struct {

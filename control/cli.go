@@ -1228,7 +1228,7 @@ func (c *cli) printReport(r *SignedReport) {
 	if plan {
 		// A plan changed nothing and took no sequence: said as a plan,
 		// in the conditional, never beside the applies as one of them.
-		head = fmt.Sprintf("plan %s  %s", r.PlanID, planVerb(r.Outcome))
+		head = fmt.Sprintf("plan %s  %s", r.PlanID, r.Outcome.Planned())
 	}
 	if r.SupersededFrom != 0 && r.SupersededFrom < r.Seq {
 		head = fmt.Sprintf("seq %d-%d  %s", r.SupersededFrom, r.Seq, r.Outcome)
@@ -1296,35 +1296,10 @@ func (c *cli) printReport(r *SignedReport) {
 		}
 		o := string(l.Outcome)
 		if plan {
-			o = planVerb(l.Outcome)
+			o = l.Outcome.Planned()
 		}
 		fmt.Fprintf(c.stdout, "    %s.%s  %s  %s%s\n", l.Module, l.ID, l.Type, o, d)
 	}
-}
-
-// planVerb says what an outcome would be, for a plan's lines and head.
-func planVerb(o shapes.Outcome) string {
-	switch o {
-	case shapes.Applied:
-		return "would apply"
-	case shapes.Repaired:
-		return "would repair"
-	case shapes.Removed:
-		return "would remove"
-	case shapes.Restored:
-		return "would restore"
-	case shapes.Forgotten:
-		return "would forget"
-	case shapes.Kept:
-		return "would keep"
-	case shapes.Held:
-		return "would hold"
-	case shapes.Failed:
-		return "would fail"
-	case shapes.Unchanged:
-		return "would change nothing"
-	}
-	return string(o) // refused, held-changed: what is so now
 }
 
 // refusedForTime says whether a plan was refused for its time: past it

@@ -294,7 +294,7 @@ func (c *cli) summarize(rows []summaryRow, noun string, waited bool) {
 		case r.Trigger == link.TriggerPlan:
 			plans++
 			t := tallyOf(r.Lines)
-			row(n, "plan "+r.PlanID, planVerb(r.Outcome), fmt.Sprintf("%d would change, %d would fail (a plan: nothing changed)", t.changed, t.failed))
+			row(n, "plan "+r.PlanID, r.Outcome.Planned(), fmt.Sprintf("%d would change, %d would fail (a plan: nothing changed)", t.changed, t.failed))
 			continue
 		case r.Trigger == link.TriggerActivity:
 			// No declaration's: what the executor did with none asking.

@@ -1,6 +1,7 @@
 package shapes
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -41,6 +42,37 @@ func Severity(o Outcome) int {
 		}
 	}
 	return -1
+}
+
+// LineOutcomes is the outcomes a report's lines may have, worst first.
+func LineOutcomes() []Outcome { return slices.Clone(severity) }
+
+// Planned says what an outcome would be, for a plan's lines and its head
+// wherever they are printed: a plan changes nothing, and a line that said
+// "applied" would read as done. Refused and held-changed say what is so
+// now, and are themselves.
+func (o Outcome) Planned() string {
+	switch o {
+	case Applied:
+		return "would apply"
+	case Repaired:
+		return "would repair"
+	case Removed:
+		return "would remove"
+	case Restored:
+		return "would restore"
+	case Forgotten:
+		return "would forget"
+	case Kept:
+		return "would keep"
+	case Held:
+		return "would hold"
+	case Failed:
+		return "would fail"
+	case Unchanged:
+		return "would change nothing"
+	}
+	return string(o)
 }
 
 // Line is one resource's line in a report. Detail never carries a kept

@@ -503,8 +503,12 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		}
 		return
 	}
+	// A plan's lines say what would be (shapes.Outcome.Planned), in a
+	// column as wide as its longest word.
+	say, width := func(o shapes.Outcome) string { return string(o) }, 13
 	if plan {
 		fmt.Fprintln(c.out, "plan: what the next apply would do (nothing was changed)")
+		say, width = shapes.Outcome.Planned, 20
 	}
 	counts := map[shapes.Outcome]int{}
 	for _, l := range rep.Lines {
@@ -513,7 +517,7 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		if l.Module == "" {
 			name = "-"
 		}
-		fmt.Fprintf(c.out, "%-13s %-28s %-10s %s\n", l.Outcome, name, l.Type, l.Detail)
+		fmt.Fprintf(c.out, "%-*s %-28s %-10s %s\n", width, say(l.Outcome), name, l.Type, l.Detail)
 		if d := diffs[name]; d != "" {
 			for _, dl := range strings.SplitAfter(strings.TrimSuffix(d, "\n"), "\n") {
 				fmt.Fprintf(c.out, "    %s", strings.TrimSuffix(dl, "\n")+"\n")
@@ -521,12 +525,12 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		}
 	}
 	var parts []string
-	for _, o := range []shapes.Outcome{shapes.Failed, shapes.HeldChanged, shapes.Held, shapes.Kept, shapes.Repaired, shapes.Applied, shapes.Removed, shapes.Restored, shapes.Forgotten, shapes.Unchanged} {
+	for _, o := range shapes.LineOutcomes() {
 		if counts[o] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", counts[o], o))
+			parts = append(parts, fmt.Sprintf("%d %s", counts[o], say(o)))
 		}
 	}
-	fmt.Fprintf(c.out, "outcome: %s (%s)\n", rep.Outcome, strings.Join(parts, ", "))
+	fmt.Fprintf(c.out, "outcome: %s (%s)\n", say(rep.Outcome), strings.Join(parts, ", "))
 }
 
 // ReadLocalFile reads a declaration named by root on the command line. It

@@ -158,8 +158,12 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	// plan touches nothing.
 	os.WriteFile(target, []byte("drift"), 0o644)
 	code, out, _ = run("plan", "--state", state, f)
-	if b, _ := os.ReadFile(target); code != 0 || string(b) != "drift" || !strings.Contains(out, "repaired") {
+	if b, _ := os.ReadFile(target); code != 0 || string(b) != "drift" || !strings.Contains(out, "would repair") {
 		t.Fatalf("plan: exit %d, file %q\n%s", code, b, out)
+	}
+	// Its lines and its outcome say what would be, never what is done.
+	if strings.Contains(out, "repaired") || !strings.Contains(out, "outcome: would repair (1 would repair)") {
+		t.Fatalf("a plan speaks of what it did not do:\n%s", out)
 	}
 	_, out, _ = run("plan", "--json", "--state", state, f)
 	form(t, "plan --json", out)

@@ -102,13 +102,12 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	config, socket, userName, state, heartbeat := f.config, f.socket, f.userName, f.state, f.heartbeat
 	vsockAddr, vsockSecret, episodic, enrolPoll, selfCheck := f.vsockAddr, f.vsockSecret, f.episodic, f.enrolPoll, f.selfCheck
 	showVersion, verbose := f.showVersion, f.verbose
-	if err := fs.Parse(args); err != nil {
+	if err := cmdline.ParseAlone(fs, args, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			p := Program()
 			p.Help(stdout, p.Commands[0])
 			return 0
 		}
-		fmt.Fprintln(stderr, "(mesh-agent --help: its flags)")
 		return 2
 	}
 	// "version" as a command, as the other three binaries take it.

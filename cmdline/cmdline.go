@@ -595,11 +595,20 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// flagError is what the flag package said of a command line, except that
+// flagError is what the flag package said of a command line, said again
+// in the programs' words, after the command's name: an unknown flag and
+// one missing its value by their names as the manual writes them (--x);
 // of a flag that only stands alone like a boolean (--wait, or --wait=5m)
-// it does not say "invalid boolean value": the flag's own reason is the
-// whole of it.
+// not "invalid boolean value", the flag's own reason being the whole of
+// it. Anything else is the flag package's, as it said it.
 func flagError(fs *flag.FlagSet, said string) string {
+	line := strings.TrimSuffix(said, "\n")
+	if name, ok := strings.CutPrefix(line, "flag provided but not defined: "); ok {
+		return fmt.Sprintf("%s: unknown flag -%s (%s --help lists its flags)\n", fs.Name(), name, fs.Name())
+	}
+	if name, ok := strings.CutPrefix(line, "flag needs an argument: "); ok {
+		return fmt.Sprintf("%s: -%s needs a value\n", fs.Name(), name)
+	}
 	const prefix = "invalid boolean value "
 	if !strings.HasPrefix(said, prefix) {
 		return said
@@ -615,7 +624,28 @@ func flagError(fs *flag.FlagSet, said string) string {
 			return said // a true boolean: the flag package's words are right
 		}
 	}
-	return "-" + name + ": " + reason
+	return fs.Name() + ": --" + name + ": " + reason
+}
+
+// ParseAlone parses args into fs, a command line a program parses with a
+// flag set of its own rather than through its Table (a daemon's, the
+// launcher's): what the flag package refuses is said on stderr as a
+// Table's commands say it (flagError), and never with the flag package's
+// dump of every flag. A request for help returns flag.ErrHelp unsaid, for
+// the caller to answer with the command's help.
+func ParseAlone(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	var said strings.Builder
+	fs.SetOutput(&said)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	if err != nil && err != flag.ErrHelp {
+		io.WriteString(stderr, flagError(fs, said.String()))
+		if !strings.Contains(said.String(), "flag provided but not defined") {
+			fmt.Fprintf(stderr, "(%s --help: its flags)\n", fs.Name())
+		}
+	}
+	return err
 }
 
 // Def is one row of a program's table of commands: its words, its
@@ -833,7 +863,9 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		t.Help(stdout, t.Commands[i])
 		return i, nil, fs, 0, true
 	case err != nil:
-		fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
+		if !strings.Contains(said.String(), "flag provided but not defined") { // said with its pointer (flagError)
+			fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
+		}
 		return i, nil, fs, 2, true
 	case d.Vet != nil && vet(d.Vet, pos, stderr, t.Name+" "+d.Name):
 		return i, nil, fs, 2, true
@@ -857,7 +889,9 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	return i, pos, fs, 0, false
 }
 
-// isHelp says whether arg asks for help, as the flag package takes it.
+// IsHelp says whether arg asks for help, as the flag package takes it.
+func IsHelp(arg string) bool { return isHelp(arg) }
+
 func isHelp(arg string) bool {
 	return arg == "-h" || arg == "--help" || arg == "-help" || arg == "help"
 }

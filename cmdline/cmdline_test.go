@@ -268,18 +268,57 @@ func visit(fs *flag.FlagSet, fn func(*flag.Flag)) {
 	}
 }
 
+// mains runs each program's command line, by its name.
+var mains = map[string]func(args []string, out, errw *bytes.Buffer) int{
+	"mesh-control":  func(a []string, o, e *bytes.Buffer) int { return control.Main(context.Background(), a, o, e) },
+	"mesh-executor": func(a []string, o, e *bytes.Buffer) int { return cli.Main("1.2.3", a, o, e) },
+	"mesh-launch":   func(a []string, o, e *bytes.Buffer) int { return launcher.Main(a, o, e) },
+	"mesh-agent": func(a []string, o, e *bytes.Buffer) int {
+		return agent.Main(context.Background(), "1.2.3", "b", a, o, e)
+	},
+}
+
+// An unknown flag, or one without its value, is said alike by every
+// command of every binary — those parsed through their program's table
+// and those with a flag set of their own (a daemon's, the launcher's, the
+// agent's) —, one line naming the command, exit 2, and never the flag
+// package's dump of every flag. Nothing is done first: the flags are read
+// before anything else.
+func TestEveryCommandSaysAnUnknownFlagAlike(t *testing.T) {
+	for _, p := range programs() {
+		for _, c := range p.Commands {
+			if c.Name == "version" || c.Name == "completion" || c.Name == "man" {
+				continue
+			}
+			name := strings.TrimSpace(p.Name + " " + c.Name)
+			var out, errw bytes.Buffer
+			code := mains[p.Name](append(strings.Fields(c.Name), "--frobnicate"), &out, &errw)
+			if want := name + ": unknown flag --frobnicate (" + name + " --help lists its flags)\n"; code != 2 || errw.String() != want || out.Len() > 0 {
+				t.Errorf("%s --frobnicate: exit %d, said %q (and %q); want exit 2 and %q", name, code, errw.String(), out.String(), want)
+			}
+			var last string
+			visit(c.Flags, func(f *flag.Flag) {
+				if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); !isBool {
+					last = f.Name
+				}
+			})
+			if last == "" {
+				continue
+			}
+			out.Reset()
+			errw.Reset()
+			code = mains[p.Name](append(strings.Fields(c.Name), "--"+last), &out, &errw)
+			if want := name + ": --" + last + " needs a value\n"; code != 2 || !strings.HasPrefix(errw.String(), want) || strings.Count(errw.String(), "\n") > 2 {
+				t.Errorf("%s --%s: exit %d, said %q; want exit 2 and %q", name, last, code, errw.String(), want)
+			}
+		}
+	}
+}
+
 // Every command of every binary answers --help on standard output, exit
 // 0, listing its own flags and no other command's; and --version says
 // the version.
 func TestEveryCommandsHelpIsItsOwn(t *testing.T) {
-	mains := map[string]func(args []string, out, errw *bytes.Buffer) int{
-		"mesh-control":  func(a []string, o, e *bytes.Buffer) int { return control.Main(context.Background(), a, o, e) },
-		"mesh-executor": func(a []string, o, e *bytes.Buffer) int { return cli.Main("1.2.3", a, o, e) },
-		"mesh-launch":   func(a []string, o, e *bytes.Buffer) int { return launcher.Main(a, o, e) },
-		"mesh-agent": func(a []string, o, e *bytes.Buffer) int {
-			return agent.Main(context.Background(), "1.2.3", "b", a, o, e)
-		},
-	}
 	for _, p := range programs() {
 		run := mains[p.Name]
 		all := map[string]bool{}

@@ -74,8 +74,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	var cfg Config
 	fs := runFlags(&cfg, stderr)
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if err := cmdline.ParseAlone(fs, args, stderr); err != nil {
+		return helpOr(err, "", stdout)
 	}
 	if fs.NArg() > 0 {
 		if !slices.Contains(args, "--") {
@@ -151,8 +151,7 @@ func statusFlagSet(out io.Writer) (fs *flag.FlagSet, dir *string, window *time.D
 
 func statusCmd(args []string, stdout, stderr io.Writer) int {
 	fs, dir, window, asJSON := statusFlagSet(stderr)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
+	if err := cmdline.ParseAlone(fs, args, stderr); err != nil {
 		return helpOr(err, "status", stdout)
 	}
 	if fs.NArg() > 0 {
@@ -264,8 +263,7 @@ func clearFlagSet(out io.Writer) (*flag.FlagSet, *string) {
 
 func clearCmd(args []string, stdout, stderr io.Writer) int {
 	fs, dir := clearFlagSet(stderr)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
+	if err := cmdline.ParseAlone(fs, args, stderr); err != nil {
 		return helpOr(err, "clear", stdout)
 	}
 	if fs.NArg() > 0 {
@@ -313,8 +311,7 @@ func agentStartFlagSet(out io.Writer) (*flag.FlagSet, agentStartFlags) {
 // starting: an unusable launch state is said and the agent started.
 func agentStartCmd(args []string, stdout, stderr io.Writer) int {
 	fs, f := agentStartFlagSet(stderr)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
+	if err := cmdline.ParseAlone(fs, args, stderr); err != nil {
 		return helpOr(err, "agent-start", stdout)
 	}
 	command := fs.Args()

@@ -207,7 +207,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "mesh-executor %s build %s\n", version, Build)
 		return 0
 	}
-	if len(args) > 0 && args[0] == "serve" && !slices.Contains(args, "--help") && !slices.Contains(args, "-h") {
+	if len(args) > 0 && args[0] == "serve" && !slices.ContainsFunc(args[1:], cmdline.IsHelp) {
 		// serve parses its own flags (serveFlagSet), positional ones refused.
 		c := &command{version: version, out: stdout, errw: stderr}
 		return c.serve(args[1:])
@@ -992,7 +992,7 @@ func ServeFlags(errw io.Writer) *flag.FlagSet {
 // serve runs the daemon until SIGTERM or SIGINT.
 func (c *command) serve(args []string) int {
 	fs, f := serveFlagSet(c.errw)
-	if err := fs.Parse(args); err != nil {
+	if err := cmdline.ParseAlone(fs, args, c.errw); err != nil {
 		return ExitRefused
 	}
 	if fs.NArg() > 0 {

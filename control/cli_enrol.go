@@ -44,6 +44,11 @@ func (c *cli) tokenIssue(isNew bool, node, name string, ttl time.Duration, broke
 	fmt.Fprintf(c.stderr, "\nThis token enrols %s, once, until %s (it is not shown again).\n"+
 		"Carry it by hand to the machine and run there, as root:\n    mesh-executor enrol    # then paste it\n",
 		what, rec.Expires.Local().Format(time.RFC3339))
+	if n := len(rec.Superseded); n > 0 {
+		// A token mailed earlier and forgotten enrols no one now: said, so
+		// the person who carries it learns why it is refused.
+		fmt.Fprintf(c.stderr, "It replaces %d earlier token(s) for %s, unused and revoked now: %s.\n", n, rec.Node, strings.Join(rec.Superseded, ", "))
+	}
 	return nil
 }
 

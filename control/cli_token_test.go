@@ -446,6 +446,7 @@ func TestMovingToOperatorModeNamesTheNodesToEnrolAgain(t *testing.T) {
 func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
 	s, dir, ctx, cmd := servedCLI(t)
 	enrolNode(t, s, "beta")
+	var said string // the last issue's standard error
 	id := func(args ...string) string {
 		t.Helper()
 		out, errs, code := cmd(append([]string{"token", "issue"}, args...)...)
@@ -456,10 +457,19 @@ func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		said = errs
 		return i
 	}
 	first, other, anon := id("--node", "beta"), id("--new", "--name", "gamma"), id("--new")
+	if strings.Contains(said, "replaces") {
+		t.Fatalf("a token that replaces none says it does: %s", said)
+	}
 	second := id("--node", "beta")
+	// The command says which it revoked: the person who carries the first
+	// learns why it is refused.
+	if !strings.Contains(said, "It replaces 1 earlier token(s) for beta, unused and revoked now: "+first+".") {
+		t.Fatalf("the second token for beta does not say it revoked the first (%s):\n%s", first, said)
+	}
 	ts := tokenList(t, ctx, dir, s.url)
 	if ts[first].State != control.TokenRevoked || ts[second].State != control.TokenUsable || ts[other].State != control.TokenUsable || ts[anon].State != control.TokenUsable {
 		t.Fatalf("after a second token for beta: first %s, second %s, gamma's %s, no name's %s", ts[first].State, ts[second].State, ts[other].State, ts[anon].State)

@@ -53,6 +53,10 @@ type TokenRecord struct {
 	// Rekey: issued to the node itself, on its request signed by its
 	// identity key (mesh-executor rekey), sealed to its sealing key.
 	Rekey bool `json:"rekey,omitempty"`
+	// Superseded is, as IssueToken returns it, the earlier unused tokens
+	// for its node it revoked, for the issuing command to say; never in
+	// the registry.
+	Superseded []string `json:"-"`
 }
 
 func tokenKey(id string) string { return "token." + id }
@@ -134,7 +138,7 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 		}
 	}
 	if name != "" && !rekey {
-		if err := c.supersedeTokens(ctx, rec, rev); err != nil {
+		if rec.Superseded, err = c.supersedeTokens(ctx, rec, rev); err != nil {
 			// Whole or not at all, as when the node's revocation fails:
 			// a token whose text is never shown is one nobody holds. What
 			// was done before stays done, and is said.
@@ -159,12 +163,13 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 // record is never written again): of several issued at once, the last
 // written sees every other when it looks, and no other revokes it.
 // A rekey's token is its own enrolment's matter (keepRekey, revoke).
-func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord, rev uint64) error {
+func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord, rev uint64) ([]string, error) {
 	ts, err := c.Tokens(ctx)
 	if err != nil {
-		return fmt.Errorf("the earlier tokens for node %s could not be listed to revoke them: %w", rec.Node, err)
+		return nil, fmt.Errorf("the earlier tokens for node %s could not be listed to revoke them: %w", rec.Node, err)
 	}
 	now := time.Now()
+	var revoked []string
 	for _, t := range ts {
 		if t.ID == rec.ID || t.Node != rec.Node || t.Rekey || !t.Used.IsZero() || !t.usable(now) {
 			continue
@@ -174,18 +179,19 @@ func (c *Client) supersedeTokens(ctx context.Context, rec *TokenRecord, rev uint
 			continue // gone, or written after this one: not earlier
 		}
 		if err != nil {
-			return fmt.Errorf("the earlier token %s for node %s could not be read: %w", t.ID, rec.Node, err)
+			return revoked, fmt.Errorf("the earlier token %s for node %s could not be read: %w", t.ID, rec.Node, err)
 		}
 		if _, _, err := c.RevokeToken(ctx, t.ID); err != nil {
 			var used *TokenUsedError
 			if errors.As(err, &used) {
 				continue // spent meanwhile: it enrols no one again
 			}
-			return fmt.Errorf("the earlier token %s for node %s could not be revoked: %w", t.ID, rec.Node, err)
+			return revoked, fmt.Errorf("the earlier token %s for node %s could not be revoked: %w", t.ID, rec.Node, err)
 		}
 		c.log.Info("an earlier token for the node revoked: a newer one was issued", "node", rec.Node, "token", t.ID, "newer", rec.ID)
+		revoked = append(revoked, t.ID)
 	}
-	return nil
+	return revoked, nil
 }
 
 // RevokeNode revokes node's identity: its NKey is dropped from the record,

@@ -153,12 +153,19 @@ func brokerURLsOf(s string) (string, error) {
 			return "", fmt.Errorf("broker address %q: not tls://HOST:PORT", one)
 		case u.Hostname() == "":
 			return "", fmt.Errorf("broker address %q: no host (tls://HOST:PORT)", one)
+		case strings.Count(u.Host, ":") > 1 && !strings.HasPrefix(u.Host, "["):
+			return "", fmt.Errorf("broker address %q: an IPv6 address goes in brackets (tls://[fd00::1]:4222)", one)
 		case (u.Port() != "" || strings.HasSuffix(u.Host, ":")) && (perr != nil || port < 1 || port > 65535):
 			return "", fmt.Errorf("broker address %q: a port is 1..65535", one)
 		case u.Path != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
 			return "", fmt.Errorf("broker address %q: tls://HOST:PORT and nothing else", one)
 		}
 		out = append(out, "tls://"+u.Host)
+	}
+	// Every token handed to a node carries them: a list it cannot carry
+	// is refused here, where it is given, not when a node is added.
+	if all := strings.Join(out, ","); len(all) > wire.MaxBrokerURL {
+		return "", fmt.Errorf("broker addresses %q: %d bytes as a token carries them, over the %d it holds: name fewer servers, or shorter names", all, len(all), wire.MaxBrokerURL)
 	}
 	return strings.Join(out, ","), nil
 }

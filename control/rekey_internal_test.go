@@ -1,6 +1,7 @@
 package control
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,10 @@ func TestBrokerURLs(t *testing.T) {
 		"tls://10.0.0.1:70000":                       "",
 		"tls://10.0.0.1:4222?x=1":                    "",
 		"banana":                                     "",
+		"tls://fd00::1":                              "",
+		"tls://fd00::1:4222,tls://a":                 "",
+		"tls://a:4222," + strings.Repeat("tls://b:4222,", 19) + "tls://c:4222": "",
+		strings.Repeat("tls://b:4222,", 18) + "nats://c:4222":                  strings.Repeat("tls://b:4222,", 18) + "tls://c:4222",
 	} {
 		got, err := brokerURLsOf(s)
 		if got != want || (err == nil) != (want != "") {

@@ -59,6 +59,10 @@ type Token struct {
 // copying mistake, not an attack on a key.
 var ErrMistyped = errors.New("the token is mistyped (its checksum does not match); copy it again")
 
+// MaxBrokerURL is the most a token carries of its broker addresses: its
+// length is one byte.
+const MaxBrokerURL = 255
+
 // IDString is the token id in hex.
 func (t *Token) IDString() string { return hex.EncodeToString(t.ID[:]) }
 
@@ -67,8 +71,8 @@ func (t *Token) FingerprintHex() string { return hex.EncodeToString(t.Fingerprin
 
 // Encode returns the token as a person carries it.
 func (t *Token) Encode() (string, error) {
-	if len(t.BrokerURL) > 255 {
-		return "", fmt.Errorf("token: broker URL over 255 bytes")
+	if len(t.BrokerURL) > MaxBrokerURL {
+		return "", fmt.Errorf("token: broker URL over %d bytes", MaxBrokerURL)
 	}
 	if len(t.ControlKey) != ed25519.PublicKeySize {
 		return "", fmt.Errorf("token: control key is not an Ed25519 public key")

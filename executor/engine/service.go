@@ -95,7 +95,13 @@ func keptOfDigest(typ, digest, cut string) string {
 		}
 		return strings.Join(kept, " ")
 	case shapes.TypeUser:
-		return keptOfUserDigest(digest)
+		// The cut change's shell and home (or the last before, where it set
+		// none: its digest carries them): the give-back gives back only
+		// what is still what the mesh set, and the cut is most likely
+		// made — a power cut takes the record, not yet synced, long after
+		// the usermod. Cut before its usermod, the earlier declaration's
+		// shell is left, as a shell changed by another is.
+		return keptOfUserDigest(cmp.Or(cut, digest))
 	}
 	return ""
 }

@@ -287,7 +287,9 @@ func (r *run) user(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists}
+	// The intent carries what the change records once done, for a kill
+	// that cuts it before the record (keptOfDigest).
+	in := store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeUser, Created: !exists, Digest: n.Digest}
 	if e == nil {
 		in.Original = n.Original
 	}

@@ -305,3 +305,27 @@ func TestAUserAndWhatItOwnsInOneDeclaration(t *testing.T) {
 		}
 	}
 }
+
+// A shell change a kill cut between the host's usermod and its record
+// counts as made: undeclared next, the user is given back the shell it
+// was found with, though the declaration before set another (the intent
+// carries what the change records).
+func TestAShellAKillCutIsGivenBack(t *testing.T) {
+	h := newHarness(t)
+	f := &fakeAccounts{users: map[string]*account{
+		"alice": {Shell: "/bin/bash", Home: "/home/alice", Groups: []string{"alice"}},
+	}, groups: []string{"alice"}}
+	user := func(shell string) string {
+		return `{"module":"people","id":"alice","type":"user","name":"alice","shell":"` + shell + `"}`
+	}
+	h.applyAccounts(f, h.doc(user("/bin/sh")))
+	if rep := h.applyAccounts(f, h.doc(user("/bin/zsh"))); rep.Outcome != shapes.Applied || f.users["alice"].Shell != "/bin/zsh" {
+		t.Fatalf("changed: %s %+v %q", rep.Outcome, rep.Lines, f.log)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "user:alice" })
+	f.log = nil
+	rep := h.applyAccounts(f, h.doc())
+	if got := strings.Join(f.log, "; "); got != "usermod alice shell=/bin/bash home= append=" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}

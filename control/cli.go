@@ -901,6 +901,9 @@ func (c *cli) nodes() error {
 			// Nothing is declared to it: the reason, at the line.
 			state += fmt.Sprintf(", link capability %d: outside the version skew policy", n.Capability)
 		}
+		if n.TwoAgents != nil {
+			state += ", TWO AGENTS linked as it (a copied machine?): mesh-control node show " + n.Name
+		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, state, ago(n.LastHeard), ex, n.Declared, n.Applied, outcome, dash(n.Address), dash(n.Assignments))
 	}
 	return w.Flush()

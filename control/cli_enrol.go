@@ -159,6 +159,10 @@ func (c *cli) nodeShow(name string) error {
 			fmt.Fprintf(w, "clock\t%s (at its last heartbeat)\n", SkewText(s.ClockSkewMS))
 		}
 		fmt.Fprintf(w, "sequences\tdeclared %d, applied %d\n", s.Declared, s.Applied)
+		if t := s.TwoAgents; t != nil {
+			fmt.Fprintf(w, "two agents\tlinked as this node, found %s: their heartbeats alternate between the links of %s and %s — a machine copied with its state, or a second agent started with its identity; both apply and report, and share its overlay key. Find the copy (its inventory below is whichever spoke last), stop its agent and executor, move their state directories aside and enrol it with a token of its own (docs/operations.md, \"A copied machine\")\n",
+				ago(t.Seen), t.Links[0], t.Links[1])
+		}
 	}
 	w.Flush()
 	if v.ProfileAt.IsZero() {

@@ -17,7 +17,7 @@ import (
 // overlay address (ip.<address>) is found by its value.
 func registryKeysOf(node string) []string {
 	return []string{assignKey(node), composedKey(node), joinedKey(node), addressKey(node), endpointKey(node),
-		"briefing." + node, "report." + node, "owned." + node, "profile." + node}
+		"briefing." + node, "report." + node, "owned." + node, "profile." + node, twoAgentsKey(node)}
 }
 
 // LiveNodeError refuses to delete a node that is not revoked: its

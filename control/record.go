@@ -194,6 +194,8 @@ type recorder struct {
 	kind string
 	last map[string]uint64
 	kept map[string]kept // by registry key: what this lane wrote there last
+	// links is, of a heartbeats' lane, each node's last links (watchLinks).
+	links map[string]*links
 	// The group being recorded (recordGroup): while holding, putNewest
 	// holds its writes for one batch; cur is the message being recorded,
 	// groupErrs each message's error.
@@ -295,8 +297,11 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	// A heartbeat without a profile says nothing the registry keeps: it
 	// is the stream's to keep. Looked for before any decoding; one that
 	// says the node has not taken a statement is read (offerStatements).
-	if kind == "heartbeat" && !w.heartbeatActs(m.Data()) {
-		return nil, nil
+	if kind == "heartbeat" {
+		w.watchLinks(ctx, m, node)
+		if !w.heartbeatActs(m.Data()) {
+			return nil, nil
+		}
 	}
 	// Redelivered after a newer one of the same node was recorded (the
 	// ack was lost): not recorded over it.

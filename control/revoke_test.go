@@ -25,8 +25,15 @@ func heartbeatAs(t *testing.T, id *agent.Identity) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	beatOver(t, nc, id, time.Time{})
+}
+
+// beatOver publishes, over nc, a heartbeat of id's node whose link came
+// up at since (zero: says none), signed as its agent signs it.
+func beatOver(t *testing.T, nc *nats.Conn, id *agent.Identity, since time.Time) {
+	t.Helper()
 	data, _ := json.Marshal(&link.Heartbeat{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30,
-		State: link.StateEnrolled, Presence: link.PresenceResident})
+		State: link.StateEnrolled, Presence: link.PresenceResident, LinkedSince: since.UTC()})
 	sig, err := id.Sign(data)
 	if err != nil {
 		t.Fatal(err)

@@ -84,6 +84,9 @@ type NodeStatus struct {
 	// modules, or why it is assigned nothing (AssignmentState).
 	Address     string `json:"overlay_address,omitempty"`
 	Assignments string `json:"assignments,omitempty"`
+	// TwoAgents is set while two agents are linked as the node (serve
+	// found their heartbeats alternating within TwoAgentsShownFor).
+	TwoAgents *TwoAgents `json:"two_agents,omitempty"`
 }
 
 // ClockSkewShown is the difference between a node's clock and the
@@ -161,6 +164,9 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
 		s.Address, s.Assignments = c.AssignmentState(ctx, r)
+		if !r.IsRevoked() {
+			s.TwoAgents = c.twoAgentsOf(ctx, r.Name, r.Enrolment)
+		}
 		if h := hbs[r.Name]; h != nil && h.Enrolment == r.Enrolment {
 			hb := h.Heartbeat
 			s.Heartbeat = hb

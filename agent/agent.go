@@ -582,8 +582,8 @@ func (a *Agent) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, 
 			// collection: a broker's memory per node.
 			nats.PingInterval(linkPing),
 			nats.SetCustomDialer(dialer),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				a.linkDown(err)
+			nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+				a.linkDown(err, nc.IsClosed())
 			}),
 			nats.ReconnectHandler(func(*nats.Conn) {
 				if a.o.fellBack {
@@ -930,7 +930,9 @@ func (a *Agent) linkIsUp() bool {
 	return a.link.up
 }
 
-func (a *Agent) linkDown(err error) {
+// linkDown notes the link down: lost (a warning), or closed by the agent
+// itself as it stops (said at info: a clean stop is no fault to alert on).
+func (a *Agent) linkDown(err error, closed bool) {
 	a.readMu.Lock()
 	if a.readStop != nil {
 		a.readStop(errReadLinkLost)
@@ -949,6 +951,10 @@ func (a *Agent) linkDown(err error) {
 	}
 	if err := a.state.update(func(s *State) { s.LastLinked = now }); err != nil {
 		a.log.Warn("state: " + err.Error())
+	}
+	if closed {
+		a.log.Info("link closed: the agent stops", "state", link.StateDisconnected)
+		return
 	}
 	msg := "link lost"
 	if err != nil {

@@ -2,6 +2,9 @@ package agent_test
 
 import (
 	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,5 +52,33 @@ func TestAProfileIsSaidAgainInTime(t *testing.T) {
 	ex.mu.Unlock()
 	if asked < 2 {
 		t.Fatalf("the executor was asked its profile %d time(s)", asked)
+	}
+}
+
+// An agent stopped (SIGTERM: its context ends) closes its link and says
+// so at info; "link lost", a warning an operator's alerts look for, is
+// for a link that was lost.
+func TestACleanStopIsNoLostLink(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	sub, err := c.client.NC.SubscribeSync(link.SubjectsOf("n1").Heartbeat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	stop := runAgentWith(t, id, ex.path, t.TempDir(), func(o *agent.Options) {
+		o.Log = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	if _, err := sub.NextMsg(20 * time.Second); err != nil {
+		t.Fatalf("never linked: %v", err)
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if said := logs.String(); strings.Contains(said, "link lost") || strings.Contains(said, "level=WARN") || !strings.Contains(said, "link closed: the agent stops") {
+		t.Fatalf("a clean stop said:\n%s", said)
 	}
 }

@@ -74,7 +74,7 @@ func TestAReadTheBrokerWasLateWithWaitsLongerNext(t *testing.T) {
 	// end, and says no lateness of the broker's: the wait stays.
 	asked.Store(0) // late again
 	a.readWait.Store(int64(readWithinMost))
-	go func() { time.Sleep(500 * time.Millisecond); a.linkDown(errors.New("cut")) }()
+	go func() { time.Sleep(500 * time.Millisecond); a.linkDown(errors.New("cut"), false) }()
 	began := time.Now()
 	if _, err := a.getLast(ctx, "get", "subj", "declaration"); !errors.Is(err, errReadLinkLost) {
 		t.Fatalf("a read in flight when the link dropped: %v", err)

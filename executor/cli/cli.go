@@ -88,9 +88,10 @@ first one's pid`),
 	cmdline.D("plan", "FILE", 1, 1, []string{"state", "json", "partial", "v"}, `print what apply would do, with content diffs; touch nothing (not even the state directory)`),
 	cmdline.D("reconcile", "[BUNDLE]", 0, 1, []string{"state", "json", "wait", "partial", "v"}, `apply the carried bundle (default /usr/lib/nox-mesh-host/foundation.lock) as the bundle
 source: only the bundle whose digest this build was stamped with`),
-	cmdline.D("bundle", "", 0, 0, []string{"state", "out", "partial"}, `whether this host can be a first node (raise the control side from the carried bundle), as
-JSON, with the bundle's digest and the one this build carries; a partial host cannot, and says
-so (exit 2)`),
+	cmdline.D("bundle", "[BUNDLE]", 0, 1, []string{"state", "out", "partial"}, `whether this host can be a first node (raise the control side from the carried bundle, default
+/usr/lib/nox-mesh-host/foundation.lock), as JSON, with the bundle's digest and the one this build
+carries; a partial host cannot, nor one whose bundle is missing or not the one this build
+carries, and says why (exit 2)`),
 	cmdline.D("owned", "", 0, 0, []string{"state", "json"}, "what the host holds on this machine, and why"),
 	cmdline.D("briefing", "", 0, 0, []string{"state", "json"}, "what adoption found on this machine, and what to look at"),
 	cmdline.D("status", "", 0, 0, []string{"state", "json"}, `hosted or enrolled (and disconnected since when), the last apply of each source`),
@@ -240,7 +241,11 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		}
 		return c.rekeyCmd(o.cancel)
 	case "bundle":
-		return c.bundle(o.out)
+		bundle := DefaultBundle
+		if len(pos) == 1 {
+			bundle = pos[0]
+		}
+		return c.bundle(bundle, o.out)
 	case "reconcile":
 		bundle := DefaultBundle
 		if len(pos) == 1 {
@@ -323,22 +328,38 @@ type bundleReport struct {
 	Digest string `json:"sha256,omitempty"`
 }
 
-// bundle says whether this host can be a first node, as a file (out, or
-// standard output): a partial host cannot — it may drive no init, so it
-// cannot raise the control side as a service — and the file says so.
-func (c *command) bundle(out string) int {
-	r := bundleReport{Bundle: DefaultBundle, Partial: c.partial, Pinned: BundleDigest}
-	if data, err := os.ReadFile(DefaultBundle); err == nil {
+// bundle says whether this host can be a first node, with the bundle at
+// path, as a file (out, or standard output): not a partial host — it may
+// drive no init, so it cannot raise the control side as a service — nor
+// one whose reconcile would apply nothing (no bundle) or refuse it (not
+// the bundle this build carries, or no declaration); the file says why.
+func (c *command) bundle(path, out string) int {
+	r := bundleReport{Bundle: path, Partial: c.partial, Pinned: BundleDigest}
+	// What reconcile does with it, in its order (reconcile, applyFrom).
+	var why error
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		why = fmt.Errorf("executor: there is no carried bundle at %s (the packages carry it; a binary built by hand does not): reconcile would apply nothing", path)
+	} else if data, err := ReadLocalFile(path); err != nil {
+		why = err
+	} else {
 		r.Present = true
 		sum := sha256.Sum256(data)
 		r.Digest = hex.EncodeToString(sum[:])
-		if d, err := shapes.ParseTrusted(data); err == nil {
-			r.Resources = len(d.Resources)
+		if why = checkBundle(path, data); why == nil {
+			d, err := shapes.ParseTrusted(data)
+			if err != nil {
+				why = shapes.InFile(path, data, err)
+			} else {
+				r.Resources = len(d.Resources)
+			}
 		}
 	}
-	code := 0
 	if c.partial {
-		r.Reason = "a partial host cannot be a first node: it may drive no init, so it cannot raise the control side as a service; enrol it into a mesh raised on another machine"
+		why = errors.New("executor: a partial host cannot be a first node: it may drive no init, so it cannot raise the control side as a service; enrol it into a mesh raised on another machine")
+	}
+	code := 0
+	if why != nil {
+		r.Reason = why.Error()
 		code = ExitRefused
 	} else {
 		r.FirstNode = true
@@ -351,8 +372,8 @@ func (c *command) bundle(out string) int {
 		fmt.Fprintf(c.errw, "executor: bundle: %v\n", err)
 		return ExitFailed
 	}
-	if c.partial {
-		fmt.Fprintln(c.errw, "executor: "+r.Reason)
+	if why != nil {
+		fmt.Fprintln(c.errw, r.Reason)
 	}
 	return code
 }

@@ -249,10 +249,33 @@ func TestBundleReport(t *testing.T) {
 		!strings.Contains(r.Reason, "a partial host cannot be a first node") || !strings.Contains(errOut, "cannot be a first node") {
 		t.Fatalf("partial: exit %d %+v %v %s", code, r, err, errOut)
 	}
-	code, stdout, _ := run("bundle", "--state", filepath.Join(d, "state"))
+	// A whole host with the bundle: a first node; without one, or with
+	// one reconcile would refuse, not, saying why.
+	good := write(t, filepath.Join(d, "foundation.lock"), strings.Replace(decl, "%s", filepath.Join(d, "motd"), 1), 0o644)
+	code, stdout, _ := run("bundle", "--state", filepath.Join(d, "state"), good)
 	r = bundleReport{}
-	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != 0 || !r.FirstNode || r.Partial {
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != 0 || !r.FirstNode || r.Partial || !r.Present || r.Resources != 1 || r.Reason != "" {
 		t.Fatalf("full: exit %d %+v %v", code, r, err)
+	}
+	for name, c := range map[string]struct{ path, why string }{
+		"no bundle":        {filepath.Join(d, "none.lock"), "there is no carried bundle at " + filepath.Join(d, "none.lock")},
+		"not a bundle":     {write(t, filepath.Join(d, "bad.lock"), `{"version":1,`, 0o644), "bad.lock:1:14"},
+		"others may write": {write(t, filepath.Join(d, "open.lock"), strings.Replace(decl, "%s", filepath.Join(d, "motd"), 1), 0o666), "group or others may write it"},
+	} {
+		code, stdout, errOut := run("bundle", "--state", filepath.Join(d, "state"), c.path)
+		r = bundleReport{}
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != ExitRefused || r.FirstNode || !strings.Contains(r.Reason, c.why) || !strings.Contains(errOut, c.why) {
+			t.Errorf("%s: exit %d %+v %v %s", name, code, r, err, errOut)
+		}
+	}
+	// Not the bundle this build carries: reconcile refuses it, and so
+	// this says.
+	defer func(d string) { BundleDigest = d }(BundleDigest)
+	BundleDigest = strings.Repeat("ab", 32)
+	code, stdout, _ = run("bundle", "--state", filepath.Join(d, "state"), good)
+	r = bundleReport{}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != ExitRefused || r.FirstNode || !strings.Contains(r.Reason, "this build carries the bundle with sha256 "+BundleDigest) {
+		t.Fatalf("another bundle: exit %d %+v %v", code, r, err)
 	}
 }
 

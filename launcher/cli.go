@@ -120,11 +120,11 @@ func runFlags(cfg *Config, out io.Writer) *flag.FlagSet {
 	}
 	cfg.Installed = DefaultInstalled()
 	fs.StringVar(&cfg.StateDir, "state", DefaultStateDir, "the executor's state directory, which holds the launch state")
-	fs.Func("executor", "the executor's installed path, started and rolled back (default "+cfg.Installed["mesh-executor"]+")", func(s string) error {
+	fs.Func("executor", "the executor's installed `path`, started and rolled back (default "+cfg.Installed["mesh-executor"]+")", func(s string) error {
 		cfg.Installed["mesh-executor"] = s
 		return nil
 	})
-	fs.Func("agent", "the agent's installed path, rolled back with the executor (default "+cfg.Installed["mesh-agent"]+")", func(s string) error {
+	fs.Func("agent", "the agent's installed `path`, rolled back with the executor (default "+cfg.Installed["mesh-agent"]+")", func(s string) error {
 		cfg.Installed["mesh-agent"] = s
 		return nil
 	})

@@ -121,15 +121,23 @@ type options struct {
 	wait                                    time.Duration
 }
 
-// define defines flag name in fs: the one place each flag is written.
-func (o *options) define(fs *flag.FlagSet, name string) {
+// define defines flag name of command cmd in fs: the one place each flag
+// is written, said as it is for cmd where commands use it differently.
+func (o *options) define(fs *flag.FlagSet, name, cmd string) {
 	switch name {
 	case "json":
 		fs.BoolVar(&o.json, "json", false, "print JSON")
 	case "state":
 		fs.StringVar(&o.state, "state", DefaultState, "the executor's state directory")
 	case "wait":
-		fs.DurationVar(&o.wait, "wait", 5*time.Minute, "how long to wait for another applier to finish (enrol: for the grant, default 2m)")
+		switch cmd {
+		case "enrol":
+			fs.DurationVar(&o.wait, "wait", 2*time.Minute, "how long to wait for the grant, which the agent brings back from the control side")
+		case "rekey":
+			fs.DurationVar(&o.wait, "wait", 2*time.Minute, "how long to wait for the control side's answer, which the agent brings back")
+		default:
+			fs.DurationVar(&o.wait, "wait", 5*time.Minute, "how long to wait for another applier to finish")
+		}
 	case "v":
 		fs.BoolVar(&o.verbose, "v", false, "log each step to standard error")
 	case "partial":
@@ -159,7 +167,7 @@ func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("mesh-executor "+c.Name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	for _, f := range c.Flags {
-		o.define(fs, f)
+		o.define(fs, f, c.Name)
 	}
 	return fs
 }
@@ -214,7 +222,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		return c.serve(args[1:])
 	}
 	var o options
-	i, pos, fs, code, done := table(&o).Dispatch(args, version, stdout, stderr)
+	i, pos, _, code, done := table(&o).Dispatch(args, version, stdout, stderr)
 	if done {
 		if code == 2 {
 			code = ExitRefused
@@ -231,14 +239,8 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	case "apply", "plan":
 		return c.apply(pos[0], commands[i].Name == "plan")
 	case "enrol":
-		if !cmdline.Given(fs, "wait") {
-			c.wait = 2 * time.Minute
-		}
 		return c.enrolCmd(pos, enrolFlags{tokenFile: o.tokenFile, replace: o.replace, cancel: o.cancel}, os.Stdin)
 	case "rekey":
-		if !cmdline.Given(fs, "wait") {
-			c.wait = 2 * time.Minute
-		}
 		return c.rekeyCmd(o.cancel)
 	case "bundle":
 		bundle := DefaultBundle

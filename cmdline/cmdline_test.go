@@ -315,6 +315,23 @@ func TestEveryCommandSaysAnUnknownFlagAlike(t *testing.T) {
 	}
 }
 
+// A flag's description in a command's help is that command's: it names
+// no command ("serve: …", "node add: …, broker-config: …") as a flag
+// shared by several would, whose help then listed every meaning.
+func TestAFlagSaysWhatItDoesForItsCommand(t *testing.T) {
+	for _, p := range programs() {
+		for _, c := range p.Commands {
+			visit(c.Flags, func(f *flag.Flag) {
+				for _, other := range p.Commands {
+					if other.Name != "" && strings.Contains(f.Usage, other.Name+": ") {
+						t.Errorf("%s %s --%s: %q speaks of %s", p.Name, c.Name, f.Name, f.Usage, other.Name)
+					}
+				}
+			})
+		}
+	}
+}
+
 // Every command of every binary answers --help on standard output, exit
 // 0, listing its own flags and no other command's; and --version says
 // the version.

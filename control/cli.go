@@ -187,13 +187,19 @@ type options struct {
 	wait                                                            waitFlag
 }
 
-// define defines the flag name in fs: the one place each flag is written.
-func (o *options) define(fs *flag.FlagSet, name string) {
+// define defines the flag name of command cmd in fs: the one place each
+// flag is written, said as it is for cmd where commands use it
+// differently (a command's --help lists its own meaning, not every one).
+func (o *options) define(fs *flag.FlagSet, name, cmd string) {
 	switch name {
 	case "dir":
 		fs.StringVar(&o.dir, "dir", DefaultDir(), "the key directory ($"+DirEnv+" sets the default)")
 	case "nats":
-		fs.StringVar(&o.nats, "nats", "", "the broker's URL (client commands: default the broker_url of DIR/control.json); serve: an existing broker instead of the embedded one")
+		if cmd == "serve" {
+			fs.StringVar(&o.nats, "nats", "", "an existing broker's URL, used instead of the embedded one")
+		} else {
+			fs.StringVar(&o.nats, "nats", "", "the broker's URL (default the broker_url of DIR/control.json)")
+		}
 	case "json":
 		fs.BoolVar(&o.json, "json", false, "JSON output")
 	case "host":
@@ -201,7 +207,11 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "url":
 		fs.StringVar(&o.url, "url", "", "where client commands find the broker (default "+DefaultBrokerURL+")")
 	case "listen":
-		fs.StringVar(&o.listen, "listen", "", "serve: the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's; broker-config --cluster: the servers' client addresses, in the order of --cluster")
+		if cmd == "serve" {
+			fs.StringVar(&o.listen, "listen", "", "the embedded broker's address (default from DIR/control.json: 127.0.0.1:4222); with --broker-config, the existing broker's")
+		} else {
+			fs.StringVar(&o.listen, "listen", "", "the broker's client address (default from DIR/control.json); with --cluster, the servers' client addresses, in the order of --cluster")
+		}
 	case "replicas":
 		fs.IntVar(&o.replicas, "replicas", 0, "with --nats: keep the control side's streams and registry at this many copies (3 on a three-server cluster); 0 keeps what exists")
 	case "broker-config":
@@ -221,7 +231,11 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "broker-url":
 		fs.StringVar(&o.brokerURL, "broker-url", "", "the broker as the node reaches it (default the URL used)")
 	case "out":
-		fs.StringVar(&o.out, "out", "", "node add: the agent config file (default NAME/agent.json); broker-config --cluster: the directory the configurations are written to")
+		if cmd == "node add" {
+			fs.StringVar(&o.out, "out", "", "the agent config file (default NAME/agent.json)")
+		} else {
+			fs.StringVar(&o.out, "out", "", "with --cluster: the directory the configurations are written to")
+		}
 	case "network":
 		fs.String("network", DefaultOverlayNetwork, "the prefix node addresses are allocated from")
 	case "interface":
@@ -231,7 +245,7 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "keepalive":
 		fs.Int("keepalive", DefaultOverlayKeepalive, "the keepalive on every peer, seconds (0: none)")
 	case "plan":
-		fs.BoolVar(&o.plan, "plan", false, "assign: ask the node for a plan of the composition with the module, and keep nothing")
+		fs.BoolVar(&o.plan, "plan", false, "ask the node for a plan of the composition with the module, and keep nothing")
 	case "despite-briefing":
 		fs.BoolVar(&o.despiteBriefing, "despite-briefing", false, "send to a node whose adoption briefing has a failed line (to push the fix)")
 	case "without-overlay":
@@ -241,11 +255,19 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "last":
 		fs.IntVar(&o.last, "last", 20, "how many")
 	case "routes":
-		fs.StringVar(&o.routes, "routes", "", "cert rotate: rotate a cluster's route certificate instead, in this directory (what broker-config --cluster wrote); --broker-pid: the servers' pid files, to reload them")
+		fs.StringVar(&o.routes, "routes", "", "rotate a cluster's route certificate instead, in this directory (what broker-config --cluster wrote); --broker-pid: the servers' pid files, to reload them")
 	case "switch":
-		fs.BoolVar(&o.switchCert, "switch", false, "cert rotate: switch the broker (--routes: the cluster's routes) to the certificate announced; account-key rotate, operator-key rotate: to the key announced")
+		if cmd == "cert rotate" {
+			fs.BoolVar(&o.switchCert, "switch", false, "switch the broker (--routes: the cluster's routes) to the certificate announced")
+		} else {
+			fs.BoolVar(&o.switchCert, "switch", false, "switch to the key announced")
+		}
 	case "force":
-		fs.BoolVar(&o.force, "force", false, "cert rotate --switch, account-key rotate --switch, operator-key rotate --switch: although some nodes have not taken the new certificate or key (they must be enrolled again)")
+		what := "key"
+		if cmd == "cert rotate" {
+			what = "certificate"
+		}
+		fs.BoolVar(&o.force, "force", false, "with --switch: switch although some nodes have not taken the new "+what+" (they must be enrolled again)")
 	case "recovery-key":
 		fs.StringVar(&o.recoveryKey, "recovery-key", "", "the recovery key's file ("+FileRecoveryKey+", kept off this machine): sign the rotation with it, the control key being stolen")
 	case "names":
@@ -265,7 +287,11 @@ func (o *options) define(fs *flag.FlagSet, name string) {
 	case "wait":
 		fs.Var(&o.wait, "wait", "wait for the node's report (--wait: 2m; --wait=5m), print it, and exit by its outcome: 0 applied or unchanged, 1 failed, 2 refused, 3 no report in time")
 	case "v":
-		fs.BoolVar(&o.verbose, "v", false, "log on standard error what the command does (serve: its debug lines too); without it a command prints its result and its errors only")
+		if cmd == "serve" {
+			fs.BoolVar(&o.verbose, "v", false, "log its debug lines too")
+		} else {
+			fs.BoolVar(&o.verbose, "v", false, "log on standard error what the command does; without it the command prints its result and its errors only")
+		}
 	default:
 		panic("control: no flag " + name)
 	}
@@ -277,10 +303,10 @@ func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("mesh-control "+c.Name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	for _, f := range c.Flags {
-		o.define(fs, f)
+		o.define(fs, f, c.Name)
 	}
 	if c.Flags != nil {
-		o.define(fs, "v")
+		o.define(fs, "v", c.Name)
 	}
 	return fs
 }

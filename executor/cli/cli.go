@@ -149,7 +149,11 @@ func (o *options) define(fs *flag.FlagSet, name, cmd string) {
 	case "replace":
 		fs.BoolVar(&o.replace, "replace", false, "replace the identity this host holds (the control side revokes it in the same step)")
 	case "cancel":
-		fs.BoolVar(&o.cancel, "cancel", false, "end the pending enrolment (rekey: the pending rekey)")
+		if cmd == "rekey" {
+			fs.BoolVar(&o.cancel, "cancel", false, "end the pending rekey")
+		} else {
+			fs.BoolVar(&o.cancel, "cancel", false, "end the pending enrolment")
+		}
 	case "socket":
 		fs.StringVar(&o.socket, "socket", wire.SocketPath, "the executor's socket, which the agent must reach")
 	default:

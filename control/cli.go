@@ -219,7 +219,11 @@ func (o *options) define(fs *flag.FlagSet, name, cmd string) {
 	case "broker-accounts":
 		fs.StringVar(&o.brokerAccounts, "broker-accounts", "", "with --nats: keep this file (a cluster's "+AccountsFile+", from broker-config --cluster) the accounts every server includes, equal to the registry")
 	case "broker-pid":
-		fs.StringVar(&o.brokerPID, "broker-pid", "", "with --broker-config or --broker-accounts (cert rotate: with --routes): the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
+		with := "with --broker-config or --broker-accounts"
+		if cmd == "cert rotate" {
+			with = "with --routes"
+		}
+		fs.StringVar(&o.brokerPID, "broker-pid", "", with+": the existing broker's pid file (a cluster: a comma-separated list, one per server); each is sent SIGHUP to reload after each change")
 	case "new":
 		fs.BoolVar(&o.isNew, "new", false, "for a machine the mesh has not seen")
 	case "name":

@@ -70,6 +70,7 @@ itself to its user (no group but its own, no capability, no_new_privs) before it
 network; it is trusted for nothing.`,
 		Commands: []cmdline.Command{
 			{Name: "", Summary: "run the agent", Flags: fs},
+			{Name: "version", Summary: "print the version and build", Flags: cmdline.VersionFlags("mesh-agent")},
 			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
 			{Name: "man", Summary: "print the manual page (roff)"},
 		},
@@ -111,13 +112,15 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		return 2
 	}
 	// "version" as a command, as the other three binaries take it.
-	asCommand := fs.NArg() == 1 && fs.Arg(0) == "version"
-	if fs.NArg() != 0 && !asCommand {
+	if fs.NArg() > 0 && fs.Arg(0) == "version" {
+		return cmdline.VersionCommand(stdout, stderr, "mesh-agent", version, build, fs.Args()[1:])
+	}
+	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "mesh-agent: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if *showVersion || asCommand {
-		fmt.Fprintf(stdout, "mesh-agent %s build %s\n", version, build)
+	if *showVersion {
+		cmdline.Version(stdout, "mesh-agent", version, build, false)
 		return 0
 	}
 	for _, d := range []struct {

@@ -11,6 +11,7 @@
 package cmdline
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -157,6 +158,45 @@ func takesFile(c Command) bool {
 		}
 	}
 	return false
+}
+
+// Version prints a program's version and build, as every program's
+// version command does: one line, or with asJSON an object with the
+// program's name (a script that asks each of the four reads one form).
+func Version(w io.Writer, program, version, build string, asJSON bool) {
+	if asJSON {
+		b, _ := json.Marshal(map[string]string{"program": program, "version": version, "build": build})
+		w.Write(append(b, '\n'))
+		return
+	}
+	fmt.Fprintf(w, "%s %s build %s\n", program, version, build)
+}
+
+// VersionCommand is a program's version command with its own flag set
+// (the launcher's, the agent's): args after the word, parsed for --json.
+func VersionCommand(stdout, stderr io.Writer, program, version, build string, args []string) int {
+	fs := VersionFlags(program)
+	if err := ParseAlone(fs, args, stderr); err != nil {
+		if err == flag.ErrHelp {
+			fmt.Fprintf(stdout, "usage: %s version [--json]\n\n  print the version and build\n", program)
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s version: takes no arguments, got %q\n", program, fs.Arg(0))
+		return 2
+	}
+	Version(stdout, program, version, build, fs.Lookup("json").Value.(flag.Getter).Get().(bool))
+	return 0
+}
+
+// VersionFlags is the version command's flags where a program parses it
+// with a flag set of its own (VersionCommand), for its manual too.
+func VersionFlags(program string) *flag.FlagSet {
+	fs := flag.NewFlagSet(program+" version", flag.ContinueOnError)
+	fs.Bool("json", false, "print JSON")
+	return fs
 }
 
 // Given says whether the command line set the flag name (fs nil: none).

@@ -166,7 +166,7 @@ servers (no accounts file, no reload); the key directory keeps the operator's ke
 that mode`),
 	cmdline.D("completion", "bash|zsh|fish", 1, 1, nil, "print the shell's completion for mesh-control"),
 	cmdline.D("man", "", 0, 0, nil, "print mesh-control's manual page (roff)"),
-	cmdline.D("version", "", 0, 0, nil, "print the version and build"),
+	cmdline.D("version", "", 0, 0, []string{"json"}, "print the version and build"),
 }
 
 // Version and Build are set by cmd/mesh-control from its link-time stamp.
@@ -309,7 +309,7 @@ func flagSet(i int, o *options, out io.Writer) *flag.FlagSet {
 	for _, f := range c.Flags {
 		o.define(fs, f, c.Name)
 	}
-	if c.Flags != nil {
+	if c.Flags != nil && c.Name != "version" {
 		o.define(fs, "v", c.Name)
 	}
 	return fs
@@ -370,7 +370,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cmd := commands[i].Name
 	if cmd == "version" {
-		fmt.Fprintf(stdout, "mesh-control %s build %s\n", Version, Build)
+		cmdline.Version(stdout, "mesh-control", Version, Build, o.json)
 		return 0
 	}
 	if o.dir == "" {

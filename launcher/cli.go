@@ -56,8 +56,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		case "agent-start":
 			return agentStartCmd(args[1:], stdout, stderr)
 		case "version", "--version", "-version":
-			fmt.Fprintf(stdout, "mesh-launch %s build %s\n", Version, Build)
-			return 0
+			return cmdline.VersionCommand(stdout, stderr, "mesh-launch", Version, Build, args[1:])
 		case "completion", "man":
 			text, err := Program().Generate(args, Version)
 			if err != nil {
@@ -363,7 +362,7 @@ or at once with status 1 when another mesh-launch holds its state directory (nam
 			{Name: "status", Summary: "the launch state: recent starts, rolled back, halted and why, the agent's starts", Flags: status},
 			{Name: "clear", Summary: "clear a halt and the start counter (root only); a running launcher resumes within seconds", Flags: clear},
 			{Name: "agent-start", Args: "[-- AGENT COMMAND]", Summary: "count one start of the agent (root, run by the init before each); when an upgrade's agent crash-loops, ask the running launcher to roll back; then exec the agent's command", Flags: agent},
-			{Name: "version", Summary: "print the version and build"},
+			{Name: "version", Summary: "print the version and build", Flags: cmdline.VersionFlags("mesh-launch")},
 			{Name: "completion", Args: "bash|zsh|fish", Summary: "print the shell's completion"},
 			{Name: "man", Summary: "print the manual page (roff)"},
 		},

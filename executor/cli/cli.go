@@ -217,7 +217,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		// version bare: a running host reads the installed one's to decide
 		// an upgrade (engine.checkHostUpgrade), and every release before
 		// reads it so.
-		fmt.Fprintf(stdout, "mesh-executor %s build %s\n", version, Build)
+		cmdline.Version(stdout, "mesh-executor", version, Build, false)
 		return 0
 	}
 	if len(args) > 0 && args[0] == "serve" && !slices.ContainsFunc(args[1:], cmdline.IsHelp) {
@@ -271,7 +271,14 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 	case "inventory":
 		return c.inventory()
 	case "version":
-		return c.print(map[string]string{"version": version}, version+"\n")
+		// Bare: the running host reads the installed one's so (above);
+		// --json as every program's.
+		if c.json {
+			cmdline.Version(c.out, "mesh-executor", version, Build, true)
+			return 0
+		}
+		fmt.Fprintln(c.out, version)
+		return 0
 	}
 	return ExitRefused
 }

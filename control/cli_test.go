@@ -305,7 +305,11 @@ func TestOverlaySetRefusesABadValueBeforeItConnects(t *testing.T) {
 		{"--network", "10.300.0.0/16", "10.300.0.0/16"},
 		{"--port", "70000", "out of range"},
 		{"--keepalive", "-1", "out of range"},
-		{"--interface", "wg 0", "interface"},
+		{"--interface", "wg 0", `overlay interface "wg 0" is not an interface name`},
+		{"--interface", "eth0", `overlay interface "eth0" is a name a machine's own links take (eth…)`},
+		{"--interface", "enp3s0", "(en…)"},
+		{"--interface", "lo", "(lo…)"},
+		{"--interface", "docker0", "(docker…)"},
 	} {
 		_, errs, code := run(t, ctx, "overlay", "set", c.flag, c.value, "--dir", dir)
 		if code == 0 || !strings.Contains(errs, c.say) || strings.Contains(errs, "broker") {

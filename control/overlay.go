@@ -138,6 +138,9 @@ func (s *OverlaySettings) check() error {
 	if err != nil {
 		return err
 	}
+	if err := checkOverlayInterface(s.Interface); err != nil {
+		return err
+	}
 	if s.ListenPort < 1 || s.ListenPort > 65535 {
 		return fmt.Errorf("overlay listen port %d is out of range 1..65535", s.ListenPort)
 	}
@@ -147,6 +150,26 @@ func (s *OverlaySettings) check() error {
 	probe := s.resource(netip.PrefixFrom(p.Addr().Next(), p.Bits()))
 	raw, _ := json.Marshal(probe)
 	return checkResources([]json.RawMessage{raw})
+}
+
+// machineLinks are the names the kernel and the usual tools give a
+// machine's own links. A node's executor never touches an interface of
+// another kind than WireGuard, so an overlay named so would fail on every
+// node that has it (its uplink, most often), and fail late: refused here.
+var machineLinks = []string{"lo", "eth", "en", "wl", "ww", "ib", "sl", "bond", "br", "virbr", "veth", "docker", "podman", "cni", "tun", "tap", "vlan", "team"}
+
+// checkOverlayInterface refuses an overlay interface name no node takes
+// (the declaration's rule) or that a machine's own links go by.
+func checkOverlayInterface(name string) error {
+	if !shapes.IsInterfaceName(name) {
+		return fmt.Errorf("overlay interface %q is not an interface name: at most 15 of letters, digits, _ and -", name)
+	}
+	for _, p := range machineLinks {
+		if strings.HasPrefix(name, p) && (p != "lo" || name == "lo") {
+			return fmt.Errorf("overlay interface %q is a name a machine's own links take (%s…): the overlay's is a WireGuard interface the nodes make, named so no link of theirs is, such as %s", name, p, DefaultOverlayInterface)
+		}
+	}
+	return nil
 }
 
 // resource is the overlay resource of a node at addr: its peers are the

@@ -566,6 +566,10 @@ func (n *Network) validate(v *validator) {
 	}
 }
 
+// IsInterfaceName says whether name is a network interface name an
+// overlay may declare.
+func IsInterfaceName(name string) bool { return ifaceRe.MatchString(name) }
+
 func (o *Overlay) validate(v *validator) {
 	if !ifaceRe.MatchString(o.Interface) {
 		v.fail("interface", "%q is not an interface name (at most 15 of letters, digits, _ and -)", o.Interface)

@@ -106,7 +106,20 @@ func (s *OverlaySettings) take(ch OverlayChange) {
 func (ch OverlayChange) Check() error {
 	s := defaultOverlay()
 	s.take(ch)
+	if err := ch.checkNew(); err != nil {
+		return err
+	}
 	return s.check()
+}
+
+// checkNew refuses, of what ch changes, what no mesh is set to anew: an
+// interface a machine's own links are named (a mesh already set so keeps
+// it until it is changed: its nodes run it).
+func (ch OverlayChange) checkNew() error {
+	if ch.Interface == nil || !shapes.IsInterfaceName(*ch.Interface) {
+		return nil // the declaration's rule says it (check)
+	}
+	return notAMachineLink(*ch.Interface)
 }
 
 // defaultOverlay is the settings of a mesh that has set none.
@@ -138,8 +151,8 @@ func (s *OverlaySettings) check() error {
 	if err != nil {
 		return err
 	}
-	if err := checkOverlayInterface(s.Interface); err != nil {
-		return err
+	if !shapes.IsInterfaceName(s.Interface) {
+		return fmt.Errorf("overlay interface %q is not an interface name: at most 15 of letters, digits, _ and -", s.Interface)
 	}
 	if s.ListenPort < 1 || s.ListenPort > 65535 {
 		return fmt.Errorf("overlay listen port %d is out of range 1..65535", s.ListenPort)
@@ -158,12 +171,9 @@ func (s *OverlaySettings) check() error {
 // node that has it (its uplink, most often), and fail late: refused here.
 var machineLinks = []string{"lo", "eth", "en", "wl", "ww", "ib", "sl", "bond", "br", "virbr", "veth", "docker", "podman", "cni", "tun", "tap", "vlan", "team"}
 
-// checkOverlayInterface refuses an overlay interface name no node takes
-// (the declaration's rule) or that a machine's own links go by.
-func checkOverlayInterface(name string) error {
-	if !shapes.IsInterfaceName(name) {
-		return fmt.Errorf("overlay interface %q is not an interface name: at most 15 of letters, digits, _ and -", name)
-	}
+// notAMachineLink refuses an overlay interface name a machine's own
+// links go by.
+func notAMachineLink(name string) error {
 	for _, p := range machineLinks {
 		if strings.HasPrefix(name, p) && (p != "lo" || name == "lo") {
 			return fmt.Errorf("overlay interface %q is a name a machine's own links take (%s…): the overlay's is a WireGuard interface the nodes make, named so no link of theirs is, such as %s", name, p, DefaultOverlayInterface)
@@ -226,6 +236,9 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 			return nil, err
 		}
 		s.take(ch)
+		if err := ch.checkNew(); err != nil {
+			return nil, err
+		}
 		if err := s.check(); err != nil {
 			return nil, err
 		}

@@ -141,6 +141,7 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	twos := c.twoAgents(ctx)
 	var out []*NodeStatus
 	for _, r := range recs {
 		s := &NodeStatus{Name: r.Name, Enrolment: r.Enrolment, NKey: r.NKey, Declared: r.NextSeq - 1, State: StateNeverHeard}
@@ -164,8 +165,8 @@ func (c *Client) Nodes(ctx context.Context) ([]*NodeStatus, error) {
 		}
 		s.Briefing = c.Briefing(ctx, r.Name)
 		s.Address, s.Assignments = c.AssignmentState(ctx, r)
-		if !r.IsRevoked() {
-			s.TwoAgents = c.twoAgentsOf(ctx, r.Name, r.Enrolment)
+		if t := twos[r.Name]; t != nil && t.Enrolment == r.Enrolment && !r.IsRevoked() {
+			s.TwoAgents = t
 		}
 		if h := hbs[r.Name]; h != nil && h.Enrolment == r.Enrolment {
 			hb := h.Heartbeat

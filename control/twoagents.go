@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,9 +27,14 @@ import (
 // It is found in the heartbeats: each says when its agent's link came up
 // (link.Heartbeat.LinkedSince, to the nanosecond). One agent's link
 // changes only forward — a relink is a new time, and the old one is not
-// heard again — while two agents' heartbeats alternate between two. A
-// heartbeat that returns to one of the last few links, twice within an
-// hour, is two agents (or more: three in turn return as well).
+// heard again — while two agents' heartbeats alternate between two. What
+// is counted is a heartbeat of an older link right after one of the
+// newest: two agents make one at each turn (however many they are, once
+// a round), and one agent makes one only when the broker stores a few of
+// its old connection's heartbeats after its new one's first (the old
+// socket's data, sent late) or its clock went back between two links —
+// a burst out of the newest link, not a second. Two within an hour are
+// two agents.
 
 // TwoAgents is what serve keeps (registry key twoagents.<node>) once it
 // finds two agents linked as the node, and what status shows of it.
@@ -42,8 +48,8 @@ type TwoAgents struct {
 }
 
 const (
-	// twoAgentsReturns is how many returns to the link before the last
-	// make two agents: one could be a heartbeat delayed past a relink.
+	// twoAgentsReturns is how many returns out of the newest link make
+	// two agents: one is a single agent's late heartbeats.
 	twoAgentsReturns = 2
 	// twoAgentsSayEvery is how often, at most, serve logs a node's two
 	// agents and writes them down again while they last.
@@ -75,53 +81,60 @@ func linkOf(data []byte) ([]byte, uint64, bool) {
 	return rest[:j], h.Sum64(), true
 }
 
-// links is one node's heartbeats' last links (about 200 bytes a node of
-// serve's memory with its map entry), by hash, the newest first,
-// and the newest as said (made a string only when the link changes: at a
-// relink, not at every heartbeat of one agent); how many times within
-// twoAgentsWithin a heartbeat returned to one of the others, and when
-// the first of those was (unix seconds).
+// links is one node's heartbeats' links as watchLinks follows them (about
+// 150 bytes a node of serve's memory with its map entry): the last one's
+// hash, the newest one's time and text (made when a newer link comes, not
+// at every heartbeat), whether the last was the newest, and the returns
+// out of the newest counted since firstReturn (unix seconds).
 type links struct {
-	seq         uint64 // the stream sequence of the last heartbeat heard
-	recent      [4]uint64
-	text        string
+	seq         uint64 // the stream sequence of the last heartbeat whose link changed
+	cur         uint64
+	newest      int64 // unix nanoseconds
+	newestText  string
+	atNewest    bool
 	returns     int
 	firstReturn int64
 	said        int64 // when serve last said them (unix seconds)
 }
 
 // twoAgentsWithin is how close together the returns that make two agents
-// are: two agents return at every heartbeat or two, and one agent's
-// heartbeat delivered late now and then never adds up.
+// are: two agents return at every round, and one agent's late heartbeats
+// now and then never add up.
 const twoAgentsWithin = time.Hour
 
-// heard takes a heartbeat's link (its hash, and as said) at now, and
-// says whether two agents are linked as the node: true at each return
-// from the twoAgentsReturns-th within twoAgentsWithin. other is the link
-// heard before this one, as said.
-func (l *links) heard(link uint64, text []byte, now int64) (two bool, other string) {
-	if link == l.recent[0] {
+// heard takes a heartbeat's link (its hash, and as said) at now (unix
+// seconds), and says whether two agents are linked as the node: true at
+// each return out of the newest link from the twoAgentsReturns-th within
+// twoAgentsWithin; newest is then the newest link as said.
+func (l *links) heard(link uint64, text []byte, now int64) (two bool, newest string) {
+	if link == l.cur {
 		return false, ""
 	}
-	at := len(l.recent) - 1 // where it was, or the oldest, dropped
-	for i := 1; i < len(l.recent); i++ {
-		if l.recent[i] == link {
-			at = i
-			break
-		}
+	l.cur = link
+	t, err := time.Parse(time.RFC3339Nano, string(text))
+	if err != nil {
+		l.atNewest = false
+		return false, "" // not the agent's form: not judged
 	}
-	returned := l.recent[at] == link
-	copy(l.recent[1:at+1], l.recent[:at])
-	l.recent[0] = link
-	other, l.text = l.text, string(text)
-	if !returned {
+	at := t.UnixNano()
+	switch {
+	case l.newestText == "" || at > l.newest:
+		l.newest, l.newestText, l.atNewest = at, string(text), true
 		return false, ""
+	case at == l.newest:
+		l.atNewest = true
+		return false, ""
+	}
+	out := l.atNewest
+	l.atNewest = false
+	if !out {
+		return false, "" // from one older link to another
 	}
 	if now-l.firstReturn > int64(twoAgentsWithin/time.Second) {
 		l.returns, l.firstReturn = 0, now
 	}
 	l.returns++
-	return l.returns >= twoAgentsReturns, other
+	return l.returns >= twoAgentsReturns, l.newestText
 }
 
 // watchLinks follows node's heartbeats' links (the recorder of the node's
@@ -143,7 +156,7 @@ func (w *recorder) watchLinks(ctx context.Context, m jetstream.Msg, node string)
 		l = &links{}
 		w.links[node] = l
 	}
-	if h == l.recent[0] {
+	if h == l.cur {
 		return // the link of the heartbeat before: nearly every heartbeat
 	}
 	// A heartbeat delivered again (its acknowledgement lost) is an older
@@ -157,7 +170,7 @@ func (w *recorder) watchLinks(ctx context.Context, m jetstream.Msg, node string)
 		l.seq = md.Sequence.Stream
 	}
 	now := time.Now().Unix()
-	two, other := l.heard(h, text, now)
+	two, newest := l.heard(h, text, now)
 	if !two || now-l.said < int64(twoAgentsSayEvery/time.Second) {
 		return
 	}
@@ -170,24 +183,38 @@ func (w *recorder) watchLinks(ctx context.Context, m jetstream.Msg, node string)
 		json.Unmarshal(data, &hb) != nil || hb.Node != node || hb.Enrolment != k.enrolment {
 		return // not the node's: the recorder says so of it
 	}
-	l.said = now
+	older := string(text)
 	w.c.log.Warn("two agents are linked as one node: its heartbeats alternate between two links (a machine copied with its state, or a second agent started with its identity); they apply and report in turn and share its overlay key — find the copy, stop its agent and executor, move their state directories aside and enrol it with a token of its own (docs/operations.md, \"A copied machine\")",
-		"node", node, "links", other+", "+l.text)
-	rec := TwoAgents{Enrolment: hb.Enrolment, Links: [2]string{other, l.text}, Seen: time.Now().UTC()}
+		"node", node, "links", older+", "+newest)
+	rec := TwoAgents{Enrolment: hb.Enrolment, Links: [2]string{older, newest}, Seen: time.Now().UTC()}
 	value, _ := json.Marshal(rec)
-	if _, err := w.c.KV.Put(ctx, twoAgentsKey(node), value); err != nil {
-		w.c.log.Warn("the registry could not keep the node's two agents; status will not show them", "node", node, "err", err)
+	// Not for long: the lane's other nodes wait on it.
+	put, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := w.c.KV.Put(put, twoAgentsKey(node), value); err != nil {
+		w.c.log.Warn("the registry could not keep the node's two agents; status does not show them yet (tried again within a minute)", "node", node, "err", err)
+		l.said = now - int64(twoAgentsSayEvery/time.Second) + 60
+		return
 	}
+	l.said = now
 }
 
 func twoAgentsKey(node string) string { return "twoagents." + node }
 
-// twoAgentsOf is node's two agents as serve last found them, while shown
-// (TwoAgentsShownFor) and of its enrolment now; nil otherwise.
-func (c *Client) twoAgentsOf(ctx context.Context, node, enrolment string) *TwoAgents {
-	var t TwoAgents
-	if !c.getJSON(ctx, twoAgentsKey(node), &t) || t.Enrolment != enrolment || time.Since(t.Seen) > TwoAgentsShownFor {
+// twoAgents is every node's two agents as serve last found them, while
+// shown (TwoAgentsShownFor), by node: one listing of the registry for the
+// fleet, nearly always empty, not a read a node.
+func (c *Client) twoAgents(ctx context.Context) map[string]*TwoAgents {
+	vs, err := c.values(ctx, twoAgentsKey(">"))
+	if err != nil {
 		return nil
 	}
-	return &t
+	out := map[string]*TwoAgents{}
+	for k, v := range vs {
+		var t TwoAgents
+		if json.Unmarshal(v, &t) == nil && time.Since(t.Seen) <= TwoAgentsShownFor {
+			out[strings.TrimPrefix(k, twoAgentsKey(""))] = &t
+		}
+	}
+	return out
 }

@@ -1,30 +1,36 @@
 package control
 
 import (
-	"fmt"
 	"testing"
+	"time"
 )
 
+// stamp is link x's time as a heartbeat says it: A before B before C ….
+func stamp(x rune) []byte {
+	return []byte(time.Date(2026, 12, 7, 7, 0, int(x-'A'), 0, time.UTC).Format(time.RFC3339Nano))
+}
+
 // One agent's links only go forward; two agents' heartbeats alternate.
-// heard says two agents from the second return to a recent link within
-// the hour, and not before, nor of relinks, nor of one heartbeat of an old
-// link heard late now and then.
+// heard counts a heartbeat of an older link right after one of the
+// newest, and says two agents from the second within the hour: not of
+// relinks, nor of one agent's late heartbeats of its old link (a burst
+// out of the newest, once), nor of its clock gone back between links.
 func TestTwoAgentsAreTheLinksThatAlternate(t *testing.T) {
 	for _, c := range []struct {
-		links string // each heartbeat's link, a letter each; ' ' an hour and more passes
+		links string // each heartbeat's link, a letter each (A the oldest); ' ' an hour and more passes
 		want  string // heard's answer to each: . no, ! two agents, ' ' the hour
 	}{
 		{"AAAA", "...."},
 		{"AABBBCCC", "........"}, // relinks: forward only
 		{"ABA", "..."},           // one late heartbeat of the link before
-		{"ABAB", "...!"},         // the second return
-		{"ABABABAB", "...!!!!!"},
-		{"AABBAABB", "......!."},
-		{"ABACAC", "....!!"}, // the second agent relinked (B, then C): still two
-		{"ABCABC", "....!!"}, // three in turn
-		{"ABCDEA", "......"}, // a link four relinks back is forgotten
-		{"ABA B", "... ."},   // a late heartbeat an hour after another: one agent still
-		{"ABAB ABAB", "...! .!!!"},
+		{"ABAAAB", "......"},     // a burst of them, the old socket's, after the new link's first
+		{"ABAB", "...."},
+		{"ABABA", "....!"}, // the second return out of the newest
+		{"ABABABAB", "....!.!."},
+		{"ABCABCA", "......!"}, // three in turn: once a round
+		{"CBBBAAA", "......."}, // one agent whose clock went back at each relink
+		{"ABA BA", "... .."},   // late heartbeats an hour apart: one agent still
+		{"ABAB ABABA", ".... ..!.!"},
 	} {
 		var l links
 		var got string
@@ -36,7 +42,7 @@ func TestTwoAgentsAreTheLinksThatAlternate(t *testing.T) {
 				continue
 			}
 			now += 30
-			if two, _ := l.heard(uint64(x), []byte(fmt.Sprintf("t%c", x)), now); two {
+			if two, _ := l.heard(uint64(x), stamp(x), now); two {
 				got += "!"
 			} else {
 				got += "."
@@ -46,13 +52,13 @@ func TestTwoAgentsAreTheLinksThatAlternate(t *testing.T) {
 			t.Errorf("%q: %q, want %q", c.links, got, c.want)
 		}
 	}
-	// What is said of them is both links.
+	// What is said of them is the newest link; the caller has the other.
 	var l links
-	l.heard(1, []byte("tA"), 100)
-	l.heard(2, []byte("tB"), 130)
-	l.heard(1, []byte("tA"), 160)
-	if two, other := l.heard(2, []byte("tB"), 190); !two || other != "tA" || l.text != "tB" {
-		t.Fatalf("two %v, links %q %q", two, other, l.text)
+	for i, x := range "ABAB" {
+		l.heard(uint64(x), stamp(x), int64(100+30*i))
+	}
+	if two, newest := l.heard('A', stamp('A'), 300); !two || newest != string(stamp('B')) {
+		t.Fatalf("two %v, newest %q", two, newest)
 	}
 }
 

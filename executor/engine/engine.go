@@ -1026,7 +1026,13 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	// stays, as far as the change cut cannot have undone it
 	// (keptOfDigest).
 	if p.Op != "remove" {
-		n.Digest = keptOfDigest(e.Type, e.Digest, p.Digest)
+		n.Digest = keptOfDigest(e.Type, e.Digest, p.Digest, e.Original != nil && e.Original.EnabledSet)
+	}
+	if p.Op == "change" || p.Op == "create" {
+		// A held entry is never changed while held (its step records what
+		// it finds, with no intent): a change begun on one was its taken
+		// module's, and what it made is the host's — not held as found.
+		n.Held = false
 	}
 	if e.Stub {
 		n.Claims = []store.Claim{p.Claim}

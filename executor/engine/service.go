@@ -72,11 +72,19 @@ func recordedService(s *shapes.Service, prev string) string {
 // said, and without a kept value the unit's enablement reads as the
 // host's wherever some declaration set it (lastEnabledOf), given back
 // rather than left; a start it may have made is not known.
-func keptOfDigest(typ, digest, cut string) string {
+//
+// enabledSet says that a declaration before the cut set the unit's
+// enablement (its record's found state says so): a digest written before
+// the last enablement was carried then reads as enabled by the host, as
+// the give-back reads it, and is kept so.
+func keptOfDigest(typ, digest, cut string, enabledSet bool) string {
 	switch typ {
 	case shapes.TypeService:
 		var kept []string
 		state, enabled := lastStateOf(digest), lastEnabledOf(digest)
+		if enabled == "" && enabledSet {
+			enabled = "true"
+		}
 		if cut != "" {
 			if state != "running" {
 				state = cmp.Or(lastStateOf(cut), state)

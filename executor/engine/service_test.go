@@ -448,6 +448,7 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 	for _, c := range []struct {
 		typ, digest    string
 		cut            string // the digest the change cut would have recorded, as its intent carries it
+		enabledSet     bool   // a declaration before set the enablement (the record's found state says so)
 		state, enabled string // lastStateOf, lastEnabledOf what is kept (services)
 		shell, home    string // declaredUser of what is kept (users)
 	}{
@@ -466,6 +467,12 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 		{typ: shapes.TypeService, digest: "state=stopped enabled=-", cut: "state= enabled=- was=stopped", state: "stopped"},
 		{typ: shapes.TypeService, digest: "state= enabled=- was-enabled=-", cut: "state= enabled=- was-enabled=-", enabled: "-"},
 		{typ: shapes.TypeService, digest: "", cut: "state=running enabled=-", state: "running"},
+		// A record from before the last enablement was carried, some
+		// declaration having set it: read as the host's, and kept so,
+		// whatever the change cut would set.
+		{typ: shapes.TypeService, digest: "state=running enabled=-", cut: "state=running enabled=false", enabledSet: true, state: "running", enabled: "true"},
+		{typ: shapes.TypeService, digest: "state=running enabled=-", enabledSet: true, state: "running", enabled: "true"},
+		{typ: shapes.TypeService, digest: "state=running enabled=-", cut: "state=running enabled=false", state: "running", enabled: "false"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/sh home= groups=", cut: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/sh home=/h groups=", cut: "shell= home= groups=sudo was-shell=/bin/sh was-home=/h", shell: "/bin/sh", home: "/h"},
 		{typ: shapes.TypeUser, digest: "shell=/bin/zsh home= groups=", shell: "/bin/zsh"},
@@ -474,7 +481,7 @@ func TestAnInterruptedChangeKeepsWhatTheHostDidBefore(t *testing.T) {
 		{typ: shapes.TypeUser, digest: "shell= home= groups="},
 		{typ: shapes.TypeFile, digest: "sha256:ab"},
 	} {
-		kept := keptOfDigest(c.typ, c.digest, c.cut)
+		kept := keptOfDigest(c.typ, c.digest, c.cut, c.enabledSet)
 		switch c.typ {
 		case shapes.TypeService:
 			if got, en := lastStateOf(kept), lastEnabledOf(kept); got != c.state || en != c.enabled || (c.state == "" && c.enabled == "" && kept != "") {
@@ -575,6 +582,29 @@ func TestAStartAKillCutIsGivenBack(t *testing.T) {
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
 	f.unit("pf.service").Enabled = "enabled" // an operator's systemctl enable
 	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// On an adopted node, a unit held as found and then taken: the host's
+// start under the taken module, cut before its record, is the host's
+// change — undeclared, the unit is stopped again, not left as held.
+func TestATakenUnitsStartAKillCutIsGivenBack(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	adopted := func(taken string, res ...string) string {
+		return strings.Replace(h.doc(res...), `{"version":1,`, `{"version":1,"adopted":true,"taken":[`+taken+`],`, 1)
+	}
+	if rep := h.applyWith(f, adopted("", svc("pf", "pf", "running", "", "")), false); rep.Outcome != shapes.Held {
+		t.Fatalf("held: %+v", rep.Lines)
+	}
+	if rep := h.applyWith(f, adopted(`"web"`, svc("pf", "pf", "running", "", "")), false); rep.Outcome != shapes.Applied || f.transcript() != "start pf.service" {
+		t.Fatalf("taken: %s %+v %q", rep.Outcome, rep.Lines, f.log)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	rep := h.applyWith(f, adopted(`"web"`), false)
 	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
 	}

@@ -28,7 +28,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -220,8 +219,10 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		cmdline.Version(stdout, "mesh-executor", version, Build, false)
 		return 0
 	}
-	if len(args) > 0 && args[0] == "serve" && !slices.ContainsFunc(args[1:], cmdline.IsHelp) {
-		// serve parses its own flags (serveFlagSet), positional ones refused.
+	if len(args) > 0 && args[0] == "serve" {
+		// serve parses its own flags (serveFlagSet), positional ones
+		// refused, and answers a request for help in any of the flag
+		// package's forms (-h, --help, --help=true).
 		c := &command{version: version, out: stdout, errw: stderr}
 		return c.serve(args[1:])
 	}
@@ -1026,7 +1027,18 @@ func ServeFlags(errw io.Writer) *flag.FlagSet {
 // serve runs the daemon until SIGTERM or SIGINT.
 func (c *command) serve(args []string) int {
 	fs, f := serveFlagSet(c.errw)
-	if err := cmdline.ParseAlone(fs, args, c.errw); err != nil {
+	err := cmdline.ParseAlone(fs, args, c.errw)
+	if errors.Is(err, flag.ErrHelp) || (err == nil && fs.NArg() == 1 && cmdline.IsHelp(fs.Arg(0))) {
+		var o options
+		t := table(&o)
+		for _, cmd := range t.Commands {
+			if cmd.Name == "serve" {
+				t.Help(c.out, cmd)
+			}
+		}
+		return 0
+	}
+	if err != nil {
 		return ExitRefused
 	}
 	if fs.NArg() > 0 {

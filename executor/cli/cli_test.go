@@ -548,3 +548,20 @@ func TestARescueFilesRefusalIsPlacedInIt(t *testing.T) {
 		}
 	}
 }
+
+// serve parses its own flags, and answers every form of a request for
+// help as the other commands do — its help, exit 0 — before anything
+// else (it needs root to do more); a flag's value that reads "help" is a
+// value.
+func TestServeAnswersHelpInEveryForm(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--h"}, {"--help"}, {"-help"}, {"--help=true"}, {"help"}, {"--drift", "5m", "-h"}} {
+		code, out, errOut := run(append([]string{"serve"}, args...)...)
+		if code != 0 || !strings.HasPrefix(out, "usage: mesh-executor serve") || errOut != "" {
+			t.Errorf("serve %v: exit %d, %q %q", args, code, out, errOut)
+		}
+	}
+	code, out, errOut := run("serve", "--state", "help", "--frob")
+	if code != ExitRefused || out != "" || !strings.Contains(errOut, "unknown flag --frob") {
+		t.Errorf("serve --state help --frob: exit %d, %q %q", code, out, errOut)
+	}
+}

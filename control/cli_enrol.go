@@ -32,7 +32,11 @@ func (c *cli) tokenIssue(isNew bool, node, name string, ttl time.Duration, broke
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]any{"token": text, "id": rec.ID, "node": rec.Node, "new": rec.New, "expires": rec.Expires})
+		superseded := rec.Superseded
+		if superseded == nil {
+			superseded = []string{}
+		}
+		return c.printJSON(map[string]any{"token": text, "id": rec.ID, "node": rec.Node, "new": rec.New, "expires": rec.Expires, "superseded": superseded})
 	}
 	fmt.Fprintln(c.stdout, text)
 	what := "a new node"

@@ -470,6 +470,16 @@ func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
 	if !strings.Contains(said, "It replaces 1 earlier token(s) for beta, unused and revoked now: "+first+".") {
 		t.Fatalf("the second token for beta does not say it revoked the first (%s):\n%s", first, said)
 	}
+	// And --json, as a list (empty when none).
+	var js struct {
+		ID         string   `json:"id"`
+		Superseded []string `json:"superseded"`
+	}
+	out, errs, code := cmd("token", "issue", "--node", "beta", "--json")
+	if err := json.Unmarshal([]byte(out), &js); err != nil || code != 0 || len(js.Superseded) != 1 || js.Superseded[0] != second {
+		t.Fatalf("token issue --json: exit %d %v %s %s", code, err, out, errs)
+	}
+	second = js.ID
 	ts := tokenList(t, ctx, dir, s.url)
 	if ts[first].State != control.TokenRevoked || ts[second].State != control.TokenUsable || ts[other].State != control.TokenUsable || ts[anon].State != control.TokenUsable {
 		t.Fatalf("after a second token for beta: first %s, second %s, gamma's %s, no name's %s", ts[first].State, ts[second].State, ts[other].State, ts[anon].State)

@@ -146,6 +146,9 @@ func (c *Client) issueToken(ctx context.Context, name string, isNew bool, ttl ti
 			if !isNew {
 				done = fmt.Sprintf(" (node %s's identity is revoked, as a token --node revokes it, and stays so)", name)
 			}
+			if len(rec.Superseded) > 0 {
+				done += fmt.Sprintf(" (the earlier token(s) %s, revoked before it failed, stay revoked)", strings.Join(rec.Superseded, ", "))
+			}
 			if perr := c.KV.Purge(context.Background(), tokenKey(rec.ID)); perr != nil {
 				done += fmt.Sprintf("; and token %s, made, could not be taken out again (%v): mesh-control token revoke %s", rec.ID, perr, rec.ID)
 			}

@@ -78,8 +78,18 @@ func (c *Client) answerRekey(ctx context.Context, node, enrolment string, req *w
 		log.Warn("rekey: refused: the node's record holds no sealing key to seal the token to")
 		return nil
 	}
-	if broker, err = brokerURLsOf(broker); err != nil {
+	if b, err := brokerURLsOf(broker); errors.Is(err, errOverAToken) {
+		// The node's own addresses, which its token would carry and its
+		// configuration take: this side's in their place could cut it off.
+		log.Warn("rekey: refused: the broker addresses the node reaches are more than a token carries; enrol it again naming fewer (mesh-control token issue --node "+node+" --broker-url …)", "err", err.Error())
+		return nil
+	} else if err != nil {
+		if broker != "" {
+			log.Info("rekey: the broker address the node said is not one a token takes; its token names this side's own", "said", broker, "err", err.Error())
+		}
 		broker = ""
+	} else {
+		broker = b
 	}
 	text, t, err := c.issueToken(ctx, node, false, rekeyTokenTTL, broker, true)
 	if err != nil {
@@ -165,10 +175,13 @@ func brokerURLsOf(s string) (string, error) {
 	// Every token handed to a node carries them: a list it cannot carry
 	// is refused here, where it is given, not when a node is added.
 	if all := strings.Join(out, ","); len(all) > wire.MaxBrokerURL {
-		return "", fmt.Errorf("broker addresses %q: %d bytes as a token carries them, over the %d it holds: name fewer servers, or shorter names", all, len(all), wire.MaxBrokerURL)
+		return "", fmt.Errorf("broker addresses %q: %d bytes as a token carries them, over the %d it holds: name fewer servers, or shorter names: %w", all, len(all), wire.MaxBrokerURL, errOverAToken)
 	}
 	return strings.Join(out, ","), nil
 }
+
+// errOverAToken: broker addresses a token cannot carry.
+var errOverAToken = errors.New("a token could not carry them")
 
 // keepRekey puts r in the node's record (rec, at revision rev, as read),
 // and revokes the token of the answer it replaces if that is unused. A

@@ -252,3 +252,22 @@ func tokenRecord(t *testing.T, s *served, id string) *control.TokenRecord {
 	}
 	return &tr
 }
+
+// A node whose broker addresses are more than a token carries (a node
+// added by hand with a long list) is not answered a token naming this
+// side's own address in their place — its configuration would take it,
+// and could lose the broker: refused, and the next request, from
+// addresses a token carries, is the first answered.
+func TestARekeyWhoseBrokerListATokenCannotCarryIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := newRekeyNode(t, ctx)
+	r.broker = "tls://a.example:4222" + strings.Repeat(",tls://b.example:4222", 12)
+	r.heartbeat(t, wire.SignRekey(r.idKey, "n1", r.g.Enrolment, nonce(1)))
+	r.broker = "tls://node-side.example:4222"
+	r.heartbeat(t, wire.SignRekey(r.idKey, "n1", r.g.Enrolment, nonce(2)))
+	_, a, _, tok := r.next(t)
+	if a.Nonce != nonce(2) || tok.BrokerURL != r.broker {
+		t.Fatalf("the first answer is to %s naming %s: the request whose addresses a token cannot carry was answered", a.Nonce, tok.BrokerURL)
+	}
+}

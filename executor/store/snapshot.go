@@ -253,7 +253,7 @@ func snapshotHeaderError(data []byte) error {
 	switch {
 	case bytes.HasPrefix(data, []byte(snapshotMagicV1)):
 		return errSnapshotV1
-	case len(data) < len(snapshotMagic) && bytes.HasPrefix([]byte(snapshotMagic), data):
+	case len(data) < len(snapshotMagic) && (bytes.HasPrefix([]byte(snapshotMagic), data) || bytes.HasPrefix([]byte(snapshotMagicV3), data)):
 		return fmt.Errorf("store: snapshot is damaged: cut short at %d bytes, within its first line", len(data))
 	case bytes.HasPrefix(data, []byte(snapshotStem)):
 		line := data[len(snapshotStem):]

@@ -217,6 +217,7 @@ func TestSnapshotRefusesDamage(t *testing.T) {
 		{"format v1", append([]byte(snapshotMagicV1), "gob gob gob"...), "format v1 (gob)"},
 		{"format v4", []byte(snapshotStem + "4\n..."), "format v4, which this executor does not read (it reads v2 and v3)"},
 		{"v3, cut short", []byte(snapshotMagicV3 + "ab"), "too short to hold its checksum"},
+		{"v3, cut in the magic", []byte(snapshotMagicV3[:len(snapshotMagicV3)-3]), "damaged: cut short at"},
 		{"a v2 body under the v3 magic", sealAs(snapshotMagicV3, body(snapshotVersion, 1, 1, 0)), "version 2 in a v3 file"},
 		{"json", []byte(`{"version":1}`), "not a snapshot of this store"},
 		{"a first line of garbage", []byte(snapshotStem + "\x00\x01\n..."), "not a snapshot of this store"},
@@ -298,7 +299,19 @@ func FuzzSnapshot(f *testing.F) {
 	n := 0
 	fill(f, reflect.ValueOf(&full).Elem(), &n, -1)
 	full.Version = snapshotNewest
-	for _, s := range []*snapshot{{Version: snapshotVersion}, benchSnapshot(2), &full} {
+	// The format written, every field but the intent's digest: a seed
+	// whose pending intent is in the v2 form.
+	written := full
+	written.Version = snapshotVersion
+	written.Entries = nil
+	for _, e := range full.Entries {
+		c := *e
+		p := *e.Pending
+		p.Digest = ""
+		c.Pending = &p
+		written.Entries = append(written.Entries, &c)
+	}
+	for _, s := range []*snapshot{{Version: snapshotVersion}, benchSnapshot(2), &full, &written} {
 		data := encodeSnapshot(s)
 		f.Add(data)
 		f.Add(data[len(snapshotMagic) : len(data)-4]) // the body alone, sealed below

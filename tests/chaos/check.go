@@ -711,6 +711,11 @@ func (w *world) checkReportDigests(n *node, after map[string]entry) {
 	}
 }
 
+// activityReported bounds how long after the machine changed an agent
+// reports what its executor did on its own: it asks the executor's status
+// every few seconds (agent statusEvery), and reports a new activity then.
+const activityReported = 15 * time.Second
+
 // checkChanges: each path that changed since the node was last quiet is
 // one the mesh declares, and a report line (or a rescue's) says it.
 func (w *world) checkChanges(n *node, after map[string]entry) {
@@ -720,7 +725,23 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 		// held to each other, not its changes to their reports.
 		return
 	}
-	rs, err := w.reportsOr(n)
+	read := func() ([]line, error) {
+		rs, err := w.reportsOr(n)
+		if err != nil {
+			return nil, err
+		}
+		var lines []line
+		for _, r := range rs {
+			if r.StreamSeq > n.lastReport {
+				lines = append(lines, r.Lines...)
+				for _, a := range r.Meanwhile {
+					lines = append(lines, a.Lines...)
+				}
+			}
+		}
+		return append(lines, n.rescue...), nil
+	}
+	lines, err := read()
 	if err != nil {
 		// Not read: the changes stay to be checked against the next
 		// look's reports (n.before is kept), never against none.
@@ -728,17 +749,29 @@ func (w *world) checkChanges(n *node, after map[string]entry) {
 		n.keepBefore = true
 		return
 	}
-	var lines []line
-	for _, r := range rs {
-		if r.StreamSeq > n.lastReport {
-			lines = append(lines, r.Lines...)
-			for _, a := range r.Meanwhile {
-				lines = append(lines, a.Lines...)
+	changed := changes(n.before, after)
+	saidAll := func() bool {
+		for p, what := range changed {
+			if declarable(n, p) && unexplained(n, p, what, lines) != "" {
+				return false
 			}
 		}
+		return true
 	}
-	lines = append(lines, n.rescue...)
-	for p, what := range changes(n.before, after) {
+	if !saidAll() {
+		// What the executor does on its own (a reconcile the firewall's
+		// reload started, a rescue file's resources applied at last) is
+		// reported by the agent when it next asks the executor its status,
+		// seconds after the machine changed: read again for as long as
+		// that takes, never past it.
+		w.eventually(activityReported, func() bool {
+			if l, err := read(); err == nil {
+				lines = l
+			}
+			return saidAll()
+		})
+	}
+	for p, what := range changed {
 		w.check("nothing-outside")
 		w.check("report-says-change")
 		if msg := unexplained(n, p, what, lines); msg != "" {

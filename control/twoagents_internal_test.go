@@ -1,8 +1,11 @@
 package control
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // stamp is link x's time as a heartbeat says it: A before B before C ….
@@ -75,6 +78,27 @@ func TestLinkOfAHeartbeat(t *testing.T) {
 		text, _, ok := linkOf([]byte(data))
 		if string(text) != want || ok != (want != "") {
 			t.Errorf("%s: %q %v, want %q", data, text, ok, want)
+		}
+	}
+}
+
+// BenchmarkHeartbeatLink is what watchLinks costs each heartbeat of one
+// agent (the fleet's every heartbeat): the link found in the bytes and
+// compared with the last.
+func BenchmarkHeartbeatLink(b *testing.B) {
+	data, _ := json.Marshal(&link.Heartbeat{Node: "node-04711", Enrolment: "e-0123456789abcdef0123", At: time.Now().UTC(), Interval: 30,
+		State: link.StateEnrolled, Presence: link.PresenceResident, AgentVersion: "1.2.3", AgentBuild: "abcdef0",
+		Executor: &link.ExecutorStatus{Version: "1.2.3", Build: "abcdef0", Seq: 42}, LastApplied: 42,
+		LinkedSince: time.Now().Add(-time.Hour).UTC(), LastLinked: time.Now().Add(-2 * time.Hour).UTC()})
+	var l links
+	text, h, _ := linkOf(data)
+	l.heard(h, text, 0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		_, h, ok := linkOf(data)
+		if !ok || h != l.cur {
+			b.Fatal("another link")
 		}
 	}
 }

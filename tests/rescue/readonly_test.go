@@ -107,7 +107,7 @@ func TestStateCommandsSayTheyNeedRoot(t *testing.T) {
 		filepath.Join(file, "state"):     "which the executor keeps root's, mode 0700", // through a file
 		own:                              fmt.Sprintf("uid %d's here, mode 0755", attackerUID),
 	} {
-		for _, cmd := range []string{"status", "owned", "briefing"} {
+		for _, cmd := range []string{"status", "owned", "briefing", "doctor"} {
 			c := exec.Command(executorBin, cmd, "--state", state)
 			c.Dir = "/"
 			c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: attackerUID, Gid: attackerGID}}

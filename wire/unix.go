@@ -38,6 +38,9 @@ const (
 // and one remove the other's fresh socket.
 func ListenUnix(path string, gid int) (net.Listener, error) {
 	dir := filepath.Dir(path)
+	if err := socketDirOwn(dir); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wire: socket directory: %w", err)
 	}
@@ -100,6 +103,46 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 		return nil, fmt.Errorf("wire: socket: %w", err)
 	}
 	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
+}
+
+// socketDirOwn refuses a socket directory that is not the executors' to
+// take: the executor makes it root's and the agent's group's, mode 0750,
+// so a directory that holds anything else — /tmp (whose sticky bit and
+// world-write would go), /run, a home directory — would be taken from
+// whoever uses it. One that does not exist yet is made; one that holds
+// only executors' sockets and their locks (an earlier run's, or another
+// node's on a machine running several) is theirs.
+func socketDirOwn(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("wire: socket directory: %w", err)
+	}
+	refuse := func(why string) error {
+		return fmt.Errorf("wire: the socket's directory %s %s, and the executor makes its socket's directory root's and the agent's group's, mode 0750: name a socket in a directory of its own (such as %s), left as it is", dir, why, SocketPath)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return refuse("is not a directory (" + fi.Mode().Type().String() + ")")
+	case fi.Mode()&os.ModeSticky != 0 || fi.Mode().Perm()&0o002 != 0:
+		return refuse(fmt.Sprintf("is shared (mode %v)", fi.Mode().Perm()|fi.Mode()&os.ModeSticky))
+	case !ok || st.Uid != 0:
+		return refuse(fmt.Sprintf("is uid %d's", st.Uid))
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("wire: socket directory: %w", err)
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeSocket != 0 || (e.Type().IsRegular() && filepath.Ext(e.Name()) == ".lock") {
+			continue
+		}
+		return refuse("holds " + e.Name() + ", which is not an executor's socket or its lock")
+	}
+	return nil
 }
 
 // removeLeftover removes the socket an executor killed between its bind

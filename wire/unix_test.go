@@ -233,3 +233,62 @@ func TestListenLeavesWhatIsBesideItsPath(t *testing.T) {
 		t.Fatalf("the file beside the socket path was touched: %q %v", b, err)
 	}
 }
+
+// The socket's directory is made root's and the agent's group's, 0750:
+// one that is not the executors' — shared (/tmp), another user's, or
+// holding anything but executors' sockets and their locks (/run, a home)
+// — is refused and left exactly as it was. One holding another node's
+// socket (several on one machine) is taken.
+func TestASocketDirectoryNotTheExecutorsIsLeftAlone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("ListenUnix gives the directory to root, which only root may (make test runs as root)")
+	}
+	for _, c := range []struct {
+		name string
+		make func(dir string)
+		say  string
+	}{
+		{"shared, like /tmp", func(dir string) { os.Chmod(dir, 0o1777) }, "is shared (mode"},
+		{"another user's", func(dir string) { os.Chown(dir, 65534, 65534) }, "is uid 65534's"},
+		{"holding other files, like /run", func(dir string) { os.WriteFile(filepath.Join(dir, "utmp"), nil, 0o644) }, "holds utmp"},
+		{"holding a directory", func(dir string) { os.Mkdir(filepath.Join(dir, "lock"), 0o755) }, "holds lock"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "run")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(dir, 0o755)
+			c.make(dir)
+			before, _ := os.Lstat(dir)
+			ln, err := ListenUnix(filepath.Join(dir, "executor.sock"), 65534)
+			if err == nil {
+				ln.Close()
+				t.Fatal("taken")
+			}
+			if !strings.Contains(err.Error(), c.say) || !strings.Contains(err.Error(), "left as it is") {
+				t.Fatalf("refused saying %q, want %q", err, c.say)
+			}
+			after, _ := os.Lstat(dir)
+			b, a := before.Sys().(*syscall.Stat_t), after.Sys().(*syscall.Stat_t)
+			if before.Mode() != after.Mode() || b.Uid != a.Uid || b.Gid != a.Gid {
+				t.Fatalf("the directory changed: %v %d:%d → %v %d:%d", before.Mode(), b.Uid, b.Gid, after.Mode(), a.Uid, a.Gid)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, "executor.sock.lock")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a lock was left in it: %v", err)
+			}
+		})
+	}
+	// Another node's socket and its lock beside this one's.
+	dir := filepath.Join(t.TempDir(), "run")
+	first, err := ListenUnix(filepath.Join(dir, "a.sock"), 65534)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := ListenUnix(filepath.Join(dir, "b.sock"), 65534)
+	if err != nil {
+		t.Fatalf("a directory of executors' sockets: %v", err)
+	}
+	second.Close()
+}

@@ -475,10 +475,11 @@ func (s *Store) load() error {
 }
 
 // replayJournal applies the whole records at the start of data and returns
-// how many bytes they take. It stops at the first torn or damaged record,
-// and fails at a record of a later format: Lock cuts the journal after
-// the last good record, which must never take a later release's records
-// for a torn tail.
+// how many bytes they take. It stops at the first torn record, and fails
+// at a record of a later format, and at one damaged where a power cut
+// cannot have torn it: Lock cuts the journal after the last good record,
+// which must never take a later release's records, nor whole records
+// past a damaged one, for a torn tail.
 func (s *Store) replayJournal(data []byte) (int, error) {
 	good := 0
 	for off := 0; off < len(data); {
@@ -488,6 +489,9 @@ func (s *Store) replayJournal(data []byte) (int, error) {
 		}
 		rec, ok := decodeRecord(data[off : off+nl])
 		if !ok {
+			if err := damagedAt(data, off, nl, s.dir); err != nil {
+				return good, err
+			}
 			break
 		}
 		if rec.N > s.n {
@@ -502,6 +506,33 @@ func (s *Store) replayJournal(data []byte) (int, error) {
 		s.nrec++
 	}
 	return good, nil
+}
+
+// damagedAt says whether the record that does not read at data[off:],
+// nl bytes to its newline, is damage rather than a tear. A power cut tears
+// the records written since the last sync — every one before it is on
+// disk —, and leaves of them a record cut short or blocks that read as
+// zeros, with what was written after them maybe on disk past those: a
+// line holding a NUL byte. A whole line without one that does not read,
+// with a record that reads after it, is none of that — a disk's damage, or
+// a hand's — and the records after it are whole: cutting them as a torn
+// tail would forget what the host made (taken again for found, never
+// removed). It is refused, the journal left as it is.
+func damagedAt(data []byte, off, nl int, dir string) error {
+	if bytes.IndexByte(data[off:off+nl], 0) >= 0 {
+		return nil
+	}
+	for next := off + nl + 1; next < len(data); {
+		end := bytes.IndexByte(data[next:], '\n')
+		if end < 0 {
+			return nil
+		}
+		if rec, ok := decodeRecord(data[next : next+end]); ok {
+			return fmt.Errorf("store: the journal is damaged at byte %d (a whole line that does not read, record %d and others whole after it): not a write a power cut tore, and the records after it are not cut; restore %s from a backup, or move it aside and enrol the node again (the control side hands back what it last reported owning)", off, rec.N, dir)
+		}
+		next += end + 1
+	}
+	return nil
 }
 
 // encodeRecord frames a record as "crc32hex json\n".

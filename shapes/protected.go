@@ -392,7 +392,14 @@ func checkProtected(v *validator, r Resource, m *machine) {
 				return
 			}
 			// The path as written was checked when the declaration was
-			// parsed; through the machine, only what differs is new.
+			// parsed; through the machine, only what differs is new —
+			// and the running host's own paths, which may have been
+			// added since (a rescue command parses its file before its
+			// store, and so its state directory, is known).
+			if why := runningReason(p, container); why != "" {
+				v.failAs(ErrProtected, field, "%s: %v", why, ErrProtected)
+				return
+			}
 			candidates = candidates[:0]
 			if rp != p {
 				candidates = append(candidates, rp)

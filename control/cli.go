@@ -779,14 +779,22 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 			}
 		}
 	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
-	}
+	// The nodes declared to are waited for whatever happened to the
+	// others: their reports are what --wait was asked for.
 	var want []nodeSeq
 	for _, l := range lines {
-		want = append(want, nodeSeq{l.Node, l.Seq})
+		if l.Error == "" {
+			want = append(want, nodeSeq{l.Node, l.Seq})
+		}
 	}
-	return c.await(cl, want)
+	werr := c.await(cl, want)
+	if failed > 0 {
+		if werr != nil {
+			return fmt.Errorf("%d of %d node(s) not declared to; and %v", failed, len(nodes), werr)
+		}
+		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
+	}
+	return werr
 }
 
 // sameError says whether every one of errs is the one error: DeclareAll's

@@ -164,6 +164,11 @@ func TestWaitSaysProgressAndASummary(t *testing.T) {
 		{"web3", "--wait=1s", false, control.ExitTimedOut, []string{
 			"web3  seq N  no answer  within 1s",
 			"1 node: 0 applied (0 changed, 0 unchanged, 0 failed), 1 no answer"}, "", "declared seq N to web3"},
+		// A node not declared to: the others are waited for all the same,
+		// and the command fails.
+		{"web1,nosuch", "--wait=20s", false, 1, []string{
+			"web1  seq N  applied  2 changed, 1 unchanged, 0 failed",
+			"1 node: 1 applied (2 changed, 1 unchanged, 0 failed), 0 no answer"}, "", ""},
 	} {
 		t.Run(c.nodes, func(t *testing.T) {
 			var stdout, stderr syncBuffer

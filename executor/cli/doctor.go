@@ -20,6 +20,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -83,6 +84,7 @@ func (c *command) doctor() int {
 		identityCheck(exists, id, idErr, pending, rekey, now),
 		linkCheck(id != nil, link, linkErr, now),
 		heldCheck(st, id),
+		rescueCheck(st, id),
 		clockCheck(id != nil, link),
 		diskCheck(c.state),
 		initCheck(c.partial),
@@ -262,6 +264,44 @@ func heldCheck(st *store.Store, id *identity.Identity) check {
 	return ch
 }
 
+// rescueCheck says whether the rescue file last applied (the local
+// source's target) is still held: reconciled at each drift look only
+// while it is addressed to this node — one applied before the machine
+// was enrolled, or enrolled again under another name, is refused at each
+// look, and a drift of what it made is no longer put back.
+func rescueCheck(st *store.Store, id *identity.Identity) check {
+	ch := check{Check: "rescue", Status: checkOK}
+	if st == nil {
+		ch.Status, ch.Detail = checkWarn, "the store could not be read"
+		return ch
+	}
+	raw, _ := st.Target(store.Local)
+	if raw == nil {
+		ch.Detail = "no rescue file applied"
+		return ch
+	}
+	d, err := shapes.ParseTrusted(raw)
+	node := ""
+	if id != nil {
+		node = id.Node
+	}
+	switch {
+	case err != nil:
+		ch.Status, ch.Detail = checkWarn, "the rescue file last applied does not read: "+err.Error()
+	case d.Node != node && node != "":
+		ch.Status = checkWarn
+		ch.Detail = fmt.Sprintf("the rescue file last applied is addressed to node %q, not this node (%s): not reconciled, so a drift of what it made is not put back", d.Node, node)
+		ch.Fix = fmt.Sprintf(`apply it again addressed to this node ("node": %q in the file; mesh-executor apply FILE), or a file for %s that declares nothing to let go of what it held`, node, node)
+	case d.Node != node:
+		ch.Status = checkWarn
+		ch.Detail = fmt.Sprintf("the rescue file last applied is addressed to node %q, and this machine is hosted: not reconciled", d.Node)
+		ch.Fix = "apply a rescue file that names no node (mesh-executor apply FILE)"
+	default:
+		ch.Detail = fmt.Sprintf("the rescue file last applied (%d resource(s)) is reconciled at each drift look", len(d.Resources))
+	}
+	return ch
+}
+
 // rekeyUnanswered is how long a rekey may wait for the control side's
 // answer before doctor says so: the answer comes with the next heartbeat
 // of a linked agent.
@@ -425,7 +465,7 @@ func initCheck(partial bool) check {
 		ch.Detail = "none: a partial host drives no init (file, directory, region, keys, action and archive only)"
 	default:
 		ch.Status, ch.Detail = checkWarn, err.Error()
-		ch.Fix = "a service or package declared to this node fails; declare such a node file, directory and action only, or run it under systemd, OpenRC, runit or s6"
+		ch.Fix = "a service or package declared to this node fails; declare to such a node what needs no init (file, directory, region, keys, archive; an action in a rescue file), or run it under systemd, OpenRC, runit or s6"
 	}
 	return ch
 }

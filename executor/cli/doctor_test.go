@@ -17,6 +17,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 )
 
@@ -170,7 +171,7 @@ func TestDoctorWithAndWithoutADaemon(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &checks); err != nil {
 		t.Fatal(err)
 	}
-	if jcode != code || len(checks) != 9 || checks[1].Check != "daemon" || checks[1].Status != checkFail || checks[1].Fix == "" {
+	if jcode != code || len(checks) != 10 || checks[1].Check != "daemon" || checks[1].Status != checkFail || checks[1].Fix == "" {
 		t.Errorf("--json: exit %d, %+v", jcode, checks)
 	}
 }
@@ -324,5 +325,48 @@ func TestDoctorFaults(t *testing.T) {
 	ch := faultsCheck(serve.Faults{Recovered: 3, LastAt: at, LastIn: "plan", LastPanic: "index out of range"}, nil)
 	if ch.Status != checkWarn || ch.Detail != "3 internal errors recovered (the daemon went on); the newest at "+stamp(at)+" serving plan: index out of range" || ch.Fix == "" {
 		t.Errorf("%+v", ch)
+	}
+}
+
+// The rescue file last applied is reconciled only while it is addressed
+// to this node: one of another name (the machine enrolled again as
+// another node), or one naming a node on a hosted machine, is refused at
+// each drift look — said, with what to do.
+func TestDoctorRescue(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	id := &identity.Identity{Node: "n1b", Enrolment: "e2", ControlKey: make([]byte, 32)}
+	if ch := rescueCheck(st, id); ch.Status != checkOK || ch.Detail != "no rescue file applied" {
+		t.Errorf("none: %+v", ch)
+	}
+	for _, c := range []struct {
+		node   string
+		id     *identity.Identity
+		status string
+		says   string
+	}{
+		{"n1b", id, checkOK, "the rescue file last applied (1 resource(s)) is reconciled at each drift look"},
+		{"n1", id, checkWarn, `addressed to node "n1", not this node (n1b): not reconciled`},
+		{"", id, checkWarn, `addressed to node "", not this node (n1b)`},
+		{"n1", nil, checkWarn, `addressed to node "n1", and this machine is hosted`},
+		{"", nil, checkOK, "reconciled at each drift look"},
+	} {
+		doc := `{"version":1,"node":"` + c.node + `","resources":[{"module":"m","id":"f","type":"file","path":"/srv/x","content":"x"}]}`
+		if c.node == "" {
+			doc = `{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":"/srv/x","content":"x"}]}`
+		}
+		if err := st.SaveTarget(store.Local, []byte(doc)); err != nil {
+			t.Fatal(err)
+		}
+		ch := rescueCheck(st, c.id)
+		if ch.Status != c.status || !strings.Contains(ch.Detail, c.says) || (ch.Status != checkOK) != (ch.Fix != "") {
+			t.Errorf("%q for %v: %+v", c.node, c.id, ch)
+		}
 	}
 }

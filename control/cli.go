@@ -1402,6 +1402,11 @@ func (c *cli) planOf(cl *Client, node string, data []byte, wait time.Duration) e
 			fmt.Fprintf(c.stdout, "\n%s:\n%s\n", d.Resource, strings.TrimRight(d.Diff, "\n"))
 		}
 	}
+	if r.Outcome == shapes.Refused && r.RefusedBy == "agent" && r.Code == wire.CodeInternal.String() {
+		// The agent could not ask its executor: no verdict on the
+		// declaration, and none of a refusal — there is no plan.
+		return &exitError{ExitTimedOut, fmt.Sprintf("%s made no plan: its agent could not ask its executor (is mesh-executor running there? mesh-executor doctor says)", node)}
+	}
 	if code := outcomeExit(r); code != ExitApplied {
 		return &exitError{code, fmt.Sprintf("%s would %s", node, map[int]string{ExitFailed: "fail a line", ExitRefused: "refuse it"}[code])}
 	}

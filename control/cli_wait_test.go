@@ -20,6 +20,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // terminal opens a pseudo-terminal, as a person's shell has one: the file
@@ -436,6 +437,40 @@ func TestAPlanOfANodeNotLinkedSaysSoAtOnce(t *testing.T) {
 	var stdout, stderr syncBuffer
 	code := control.Main(ctx, []string{"plan", "away", file, "--wait=1h", "--dir", dir, "--nats", s.url}, &stdout, &stderr)
 	if code != control.ExitTimedOut || !strings.Contains(stderr.String(), "away is not linked now") {
+		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// A plan the node's agent could not ask its executor for (the executor
+// stopped) is no verdict: said so, with where to look, exit 3 as for no
+// answer — not "would refuse it", which is a verdict on the declaration.
+func TestAPlanWhoseExecutorIsDownIsNoRefusal(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	_, id := enrolNode(t, s, "down")
+	var nc *nats.Conn
+	eventually(t, "down let in", func() bool { c, err := agent.Dial(id); nc = c; return err == nil })
+	defer nc.Close()
+	// What the agent answers when its executor's socket does not answer
+	// (agent/plan.go).
+	if _, err := nc.Subscribe(id.Subjects.Plan, func(m *nats.Msg) {
+		payload, err := wire.Open(s.keys.ControlPublic(), wire.PurposePlan, m.Data)
+		var req wire.PlanRequest
+		if err != nil || json.Unmarshal(payload, &req) != nil {
+			return
+		}
+		data, _ := json.Marshal(&link.Report{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Trigger: link.TriggerPlan, PlanID: req.ID, Outcome: shapes.Refused, Lines: []shapes.Line{},
+			Refused: "the executor could not be asked: dial unix /run/mesh-host/executor.sock: connect: no such file or directory", Code: wire.CodeInternal.String(), RefusedBy: "agent"})
+		sig, _ := id.Sign(data)
+		nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	var stdout, stderr syncBuffer
+	code := control.Main(ctx, []string{"plan", "down", file, "--wait=20s", "--dir", dir, "--nats", s.url}, &stdout, &stderr)
+	if code != control.ExitTimedOut || !strings.Contains(stderr.String(), "down made no plan: its agent could not ask its executor") || strings.Contains(stderr.String(), "would refuse") {
 		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 }

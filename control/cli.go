@@ -684,6 +684,13 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 }
 
 func (c *cli) declare(node, file string, sealSpecs []string) error {
+	var nodes []string
+	if strings.Contains(node, ",") {
+		var err error
+		if nodes, err = nodeList(node); err != nil {
+			return usageError("%v", err)
+		}
+	}
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return err
@@ -702,8 +709,8 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	defer cl.Close()
 	cl.DespiteBriefing = c.despiteBriefing
 	cl.Seals = seals
-	if strings.Contains(node, ",") {
-		return c.declareMany(cl, splitList(node), file, data)
+	if nodes != nil {
+		return c.declareMany(cl, nodes, file, data)
 	}
 	// A revoked node first: whatever else is wrong with the file, it
 	// could not reach the node.
@@ -795,6 +802,26 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
 	}
 	return werr
+}
+
+// nodeList is a comma-separated list of nodes as declare takes it: each
+// once (a name given twice would be declared to twice, two sequences for
+// one declaration), none empty (a comma too many is a typo, not a node).
+func nodeList(s string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case f == "":
+			return nil, fmt.Errorf("the node list %q has an empty name (a comma too many?)", s)
+		case seen[f]:
+			return nil, fmt.Errorf("the node list %q names %s twice", s, f)
+		}
+		seen[f] = true
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // sameError says whether every one of errs is the one error: DeclareAll's

@@ -297,4 +297,15 @@ func TestDeclareManyCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "declared seq 2 to m2\n") || !strings.Contains(out, "not declared to nobody: no node \"nobody\"") || !strings.Contains(errs, "1 of 2 node(s) not declared to") {
 		t.Fatalf("declare m2,nobody: exit %d\n%s%s", code, out, errs)
 	}
+	// A name twice, or an empty one: a typo, refused before anything is
+	// declared (twice would be two sequences of one declaration).
+	for list, say := range map[string]string{"m1,m1": "names m1 twice", "m1,": "has an empty name", "m1,,m2": "has an empty name"} {
+		out, errs, code = run(t, ctx, "declare", list, file, "--dir", dir, "--nats", s.url)
+		if code != 2 || out != "" || !strings.Contains(errs, say) {
+			t.Errorf("declare %s: exit %d\n%s%s", list, code, out, errs)
+		}
+	}
+	if n, _, err := s.client.Node(ctx, "m1"); err != nil || n.NextSeq != 2 {
+		t.Fatalf("m1 after the refused lists: %+v %v", n, err)
+	}
 }

@@ -195,7 +195,7 @@ func TestLocalFileMustNameAnEnrolledNode(t *testing.T) {
 	write(t, filepath.Join(state, "identity.json"), `{"node":"workstation","enrolment":"e-1","control_key":"`+base64.StdEncoding.EncodeToString(make([]byte, 32))+`"}`, 0o600)
 	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), 0o644)
 	code, out, _ := run("apply", "--state", state, f)
-	if code != ExitRefused || !strings.Contains(out, `addressed to node ""; this is node "workstation"`) {
+	if code != ExitRefused || !strings.Contains(out, `names no node, and this machine is enrolled as node "workstation"`) {
 		t.Fatalf("exit %d\n%s", code, out)
 	}
 	named := write(t, filepath.Join(d, "n.json"), strings.Replace(strings.Replace(decl, "%s", filepath.Join(d, "x"), 1), `"version":1,`, `"version":1,"node":"workstation",`, 1), 0o644)

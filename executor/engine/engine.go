@@ -368,6 +368,9 @@ func (r *run) check() error {
 	if d.Retire && r.opt.Source != store.Link {
 		return &Refusal{"retire comes only signed by the control plane, over the link; a local file cannot drop the node's identity"}
 	}
+	if r.opt.NodeID != "" && d.Node == "" {
+		return &Refusal{fmt.Sprintf(`the declaration names no node, and this machine is enrolled as node %q: a local file names the node it is for ("node": %q)`, r.opt.NodeID, r.opt.NodeID)}
+	}
 	if r.opt.NodeID != "" && d.Node != r.opt.NodeID {
 		return &Refusal{fmt.Sprintf("the declaration is addressed to node %q; this is node %q", d.Node, r.opt.NodeID)}
 	}

@@ -453,7 +453,7 @@ func TestNodeAddress(t *testing.T) {
 	st.Lock(time.Second)
 	defer st.Unlock()
 	rep := Apply(context.Background(), st, d, nil, Options{Source: store.Local, NodeID: "workstation"})
-	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `addressed to node ""; this is node "workstation"`) {
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, `the declaration names no node, and this machine is enrolled as node "workstation": a local file names the node it is for ("node": "workstation")`) {
 		t.Fatalf("%+v", rep)
 	}
 }

@@ -571,6 +571,23 @@ func (w *world) do(s step) {
 		fillUp(n.sysFiller)
 	case "sys-disk-free":
 		os.Remove(n.sysFiller)
+		if before := n.enrolOnRoom; before != nil {
+			n.enrolOnRoom = nil
+			w.check("reenrol")
+			var last nodeView
+			if !w.eventually(w.cfg.bound, func() bool {
+				vs, err := w.nodesView()
+				last = vs[n.name]
+				return err == nil && last.Enrolment != "" && last.Enrolment != before.Enrolment && last.State != "revoked"
+			}) {
+				w.violate(n, "reenrol", "%s's enrolment, pending while its system disk was full, did not finish within %s of room (enrolment %s, before it %s)", n.name, w.cfg.bound, last.Enrolment, before.Enrolment)
+			} else {
+				n.revoked = false
+				if err := w.firstComposition(n, *before); err != nil {
+					w.violate(n, "reenrol", "%v", err)
+				}
+			}
+		}
 		if before := n.rekeyOnRoom; before != nil {
 			n.rekeyOnRoom = nil
 			w.check("rekey")

@@ -110,6 +110,11 @@ type node struct {
 	// pending until there is room (its agent cannot keep its new key);
 	// the view before it, to tell its new enrolment by.
 	rekeyOnRoom *nodeView
+	// enrolOnRoom: an enrolment with a token --node began while the
+	// node's system disk was full: the token revoked the node, and its
+	// agent keeps the new enrolment's NKey, and finishes it, once there is
+	// room; the node's view before it.
+	enrolOnRoom *nodeView
 }
 
 // env is what n's programs run with: its clock's skew.
@@ -464,6 +469,14 @@ func (w *world) enrol(n *node, tokenArgs ...string) error {
 	}
 	token := lastLine(tok)
 	out, code, err := w.onNode(n, 2*time.Minute, token+"\n", "enrol", "--state", n.state, "--socket", n.sock, "--wait", "60s")
+	if err == nil && code == 3 && sysFull(n) && strings.Contains(out, "the enrolment is pending") {
+		// The agent cannot keep the new enrolment's NKey on a full disk
+		// (its log says so), and the token revoked the node it was:
+		// pending, said, and finished once there is room (sys-disk-free).
+		w.check("refused-legibly")
+		n.revoked, n.enrolOnRoom = true, &before
+		return nil
+	}
 	if err != nil || code != 0 {
 		return fmt.Errorf("enrol %s: %v exit %d\n%s", n.name, err, code, out)
 	}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -563,5 +564,40 @@ func TestServeAnswersHelpInEveryForm(t *testing.T) {
 	code, out, errOut := run("serve", "--state", "help", "--frob")
 	if code != ExitRefused || out != "" || !strings.Contains(errOut, "unknown flag --frob") {
 		t.Errorf("serve --state help --frob: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// An enrolment with no executor serving the socket cannot finish while
+// the command waits: it is left pending and said so at once, not at the
+// end of --wait.
+func TestEnrolWithNobodyToFinishItSaysSoAtOnce(t *testing.T) {
+	d := base(t)
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	tok := &wire.Token{BrokerURL: "tls://127.0.0.1:1", ControlKey: pub, Expires: time.Now().Add(time.Hour).Truncate(time.Second)}
+	rand.Read(tok.ID[:])
+	rand.Read(tok.Secret[:])
+	rand.Read(tok.Credential[:])
+	text, err := tok.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := write(t, filepath.Join(d, "token"), text+"\n", 0o600)
+	sock := filepath.Join(d, "run", "executor.sock")
+	type result struct {
+		code     int
+		out, err string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, errOut := run("enrol", "--state", filepath.Join(d, "state"), "--socket", sock, "--wait", "1h", "--token-file", file)
+		done <- result{code, out, errOut}
+	}()
+	select {
+	case r := <-done:
+		if r.code != exitEnrolPending || !strings.Contains(r.err, "the enrolment is pending") || !strings.Contains(r.err, "there is no executor socket at "+sock) {
+			t.Fatalf("exit %d\n%s%s", r.code, r.out, r.err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("enrol waited on with nobody to finish the enrolment")
 	}
 }

@@ -17,6 +17,15 @@ import (
 // the socket — the most common mistake, an agent started as another user
 // than the executor's --agent-user, which the agent itself logs as an
 // error but `enrol` would otherwise only guess at.
+// nobodyToFinish says whether nothing can carry out an enrolment now: no
+// executor's socket at sock. (An agent not seen among this machine's
+// processes is no proof: an app's agent on Android, or a guest's over
+// vsock, is not one by that name.)
+func nobodyToFinish(sock string) bool {
+	_, err := os.Lstat(sock)
+	return err != nil
+}
+
 func agentDiagnosis(sock string) string {
 	if _, err := os.Lstat(sock); err != nil {
 		return noSocket(sock)

@@ -107,6 +107,10 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		fmt.Fprintln(c.out, "keys made; the agent takes the enrolment from here")
 	}
 	deadline := clock.Deadline(c.wait)
+	// Nothing can finish it while no executor serves the socket: said once
+	// a moment has passed (the init may be starting it), not at the end
+	// of --wait.
+	looked := clock.Deadline(min(c.wait, 3*time.Second))
 	var last string
 	for {
 		r, err := enrol.ReadResult(c.state)
@@ -146,7 +150,11 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 				return code
 			}
 		}
-		if clock.Past(deadline) {
+		nobody := false
+		if clock.Past(looked) {
+			nobody, looked = nobodyToFinish(c.socket), clock.Deadline(5*time.Second)
+		}
+		if clock.Past(deadline) || nobody {
 			msg := "the enrolment is pending: the agent has not finished it (" + agentDiagnosis(c.socket) + "); it completes when it does — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
 			if r != nil && r.Reason != "" {
 				msg += "; last: " + r.String()

@@ -1458,7 +1458,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 
 // noticeName is the launcher's notice beside the executor's socket
 // (launcher.NoticeFile; the agent links nothing of the launcher).
-const noticeName = "launcher.json"
+const noticeName = wire.LauncherNotice
 
 // readNotice returns the launcher's reason for starting nothing, or "".
 func readNotice(path string) string {

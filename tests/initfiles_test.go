@@ -12,6 +12,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/executor/cli"
 	"github.com/nox-mesh/nox-mesh-host/launcher"
+	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // initCommand is how one init file starts the executor: the launcher's
@@ -91,6 +92,14 @@ func parsed(t *testing.T, what string, fs *flag.FlagSet, args []string) map[stri
 // Every init file starts the launcher and serve with flags the binaries
 // have, each executor with the same state directory as its launcher; the
 // Linux inits with the package's paths and user, Android's with its own.
+// The launcher's notice is beside the executor's socket under the name
+// the agent reads and the executor's socket directory may hold.
+func TestTheLaunchersNoticeIsBesideTheSocket(t *testing.T) {
+	if want := filepath.Join(wire.SocketDir, wire.LauncherNotice); launcher.NoticeFile != want || filepath.Dir(wire.SocketPath) != wire.SocketDir {
+		t.Fatalf("launcher.NoticeFile %s, want %s", launcher.NoticeFile, want)
+	}
+}
+
 func TestInitFilesStartTheBinariesWithTheirFlags(t *testing.T) {
 	files := map[string]bool{ // true: Android
 		"../init/systemd/mesh-executor.service": false,
@@ -129,8 +138,10 @@ func TestInitFilesStartTheBinariesWithTheirFlags(t *testing.T) {
 			if v, ok := l["agent-user"]; !ok || v != "" {
 				t.Errorf("mesh-launch on Android makes a user: --agent-user %q (set: %v)", v, ok)
 			}
-			if filepath.Dir(l["notice"]) != filepath.Dir(s["socket"]) {
-				t.Errorf("the launcher's notice %q is not beside the socket %q", l["notice"], s["socket"])
+			// Named as the agent reads it, and as the executor takes the
+			// socket's directory holding it (wire.LauncherNotice).
+			if filepath.Dir(l["notice"]) != filepath.Dir(s["socket"]) || filepath.Base(l["notice"]) != wire.LauncherNotice {
+				t.Errorf("the launcher's notice %q is not beside the socket %q, named %s", l["notice"], s["socket"], wire.LauncherNotice)
 			}
 			if l["executor"] != "/system/bin/mesh-executor" || l["agent"] != "/system/bin/mesh-agent" {
 				t.Errorf("mesh-launch on Android: %v", l)

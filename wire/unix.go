@@ -20,6 +20,10 @@ import (
 const (
 	SocketDir  = "/run/mesh-host"
 	SocketPath = "/run/mesh-host/executor.sock"
+	// LauncherNotice is the name of the file the launcher tells the agent
+	// through, beside the socket (launcher.NoticeFile, and Android's
+	// mesh-host.rc), and LauncherNotice+".tmp" the one it is written as.
+	LauncherNotice = "launcher.json"
 )
 
 // ListenUnix creates the socket at path for the group gid and listens.
@@ -111,7 +115,8 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 // world-write would go), /run, a home directory — would be taken from
 // whoever uses it. One that does not exist yet is made; one that holds
 // only executors' sockets and their locks (an earlier run's, or another
-// node's on a machine running several) is theirs.
+// node's on a machine running several) and the launcher's notice to the
+// agent is theirs.
 func socketDirOwn(dir string) error {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -137,7 +142,8 @@ func socketDirOwn(dir string) error {
 		return fmt.Errorf("wire: socket directory: %w", err)
 	}
 	for _, e := range entries {
-		if e.Type()&os.ModeSocket != 0 || (e.Type().IsRegular() && filepath.Ext(e.Name()) == ".lock") {
+		own := e.Name() == LauncherNotice || e.Name() == LauncherNotice+".tmp" || filepath.Ext(e.Name()) == ".lock"
+		if e.Type()&os.ModeSocket != 0 || (e.Type().IsRegular() && own) {
 			continue
 		}
 		return refuse("holds " + e.Name() + ", which is not an executor's socket or its lock")

@@ -279,13 +279,19 @@ func TestASocketDirectoryNotTheExecutorsIsLeftAlone(t *testing.T) {
 			}
 		})
 	}
-	// Another node's socket and its lock beside this one's.
+	// Another node's socket and its lock beside this one's, and the
+	// launcher's notice to the agent (and what it is written as).
 	dir := filepath.Join(t.TempDir(), "run")
 	first, err := ListenUnix(filepath.Join(dir, "a.sock"), 65534)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer first.Close()
+	for _, f := range []string{LauncherNotice, LauncherNotice + ".tmp"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
 	second, err := ListenUnix(filepath.Join(dir, "b.sock"), 65534)
 	if err != nil {
 		t.Fatalf("a directory of executors' sockets: %v", err)

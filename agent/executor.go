@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -203,6 +204,7 @@ func (e *execClient) askIf(still func() error, kind wire.Kind, body any, what st
 			return nil, err
 		}
 	}
+	reused := e.conn != nil
 	if err := e.connect(); err != nil {
 		return nil, err
 	}
@@ -215,7 +217,21 @@ func (e *execClient) askIf(still func() error, kind wire.Kind, body any, what st
 	}()
 	if err := c.Write(kind, body); err != nil {
 		e.drop()
-		return nil, fmt.Errorf("executor: %s: %w", what, err)
+		if !reused || !goneAway(err) {
+			return nil, fmt.Errorf("executor: %s: %w", what, err)
+		}
+		// The executor this connection was made to is gone (restarted
+		// since: its end closed), and nothing of the request reached
+		// one: asked once more, of the executor there is now.
+		if err := e.connect(); err != nil {
+			return nil, err
+		}
+		c = e.conn
+		c.NetConn().SetDeadline(clock.Deadline(execTimeout))
+		if err := c.Write(kind, body); err != nil {
+			e.drop()
+			return nil, fmt.Errorf("executor: %s: %w", what, err)
+		}
 	}
 	k, b, err := c.Read()
 	if err != nil {
@@ -231,6 +247,12 @@ func (e *execClient) askIf(still func() error, kind wire.Kind, body any, what st
 		return nil, fmt.Errorf("executor answered %s with %s, which is not its answer; the connection is closed", what, k)
 	}
 	return b, nil
+}
+
+// goneAway says whether a write failed because the connection's other end
+// is closed: the executor it was made to exited.
+func goneAway(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // archiveWriteTimeout bounds one chunk's write to the executor, and the

@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// miniExecutor answers hello and status on a unix socket, until stopped:
+// its listener and every connection closed, as an executor killed.
+type miniExecutor struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startMini(t *testing.T, path string) *miniExecutor {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &miniExecutor{ln: ln}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			m.mu.Lock()
+			m.conns = append(m.conns, nc)
+			m.mu.Unlock()
+			go func() {
+				c := wire.NewConn(nc, wire.AgentToExecutor)
+				defer c.Close()
+				for {
+					k, _, err := c.Read()
+					if err != nil {
+						return
+					}
+					switch k {
+					case wire.KindHello:
+						c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: "test", Build: "b1"})
+					case wire.KindStatus:
+						c.Write(wire.KindStatusReply, &wire.StatusReply{Version: "test", Build: "b1", State: "hosted"})
+					}
+				}
+			}()
+		}
+	}()
+	return m
+}
+
+func (m *miniExecutor) stop() {
+	m.ln.Close()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.conns {
+		c.Close()
+	}
+}
+
+// The executor restarted since the agent's connection to it was made (a
+// kill, its launcher's restart): the first request on the old connection
+// finds its end closed, and is asked once more of the executor there is
+// now — not failed (a plan then was answered "the executor could not be
+// asked: broken pipe").
+func TestARequestAfterTheExecutorRestartedIsAskedOfTheNewOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "executor.sock")
+	first := startMini(t, path)
+	e := &execClient{path: path, version: "test", build: "b1"}
+	if _, err := e.status(&wire.AgentLink{}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+	second := startMini(t, path)
+	defer second.stop()
+	if _, err := e.status(&wire.AgentLink{}); err != nil {
+		t.Fatalf("the first request after the executor's restart: %v", err)
+	}
+}

@@ -822,7 +822,7 @@ func linkLine(l *serve.LinkState, now time.Time) string {
 	case !l.Revoked.IsZero():
 		// Not "disconnected": waiting does not bring it back, and the
 		// agent tries only seldom (up to once an hour).
-		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node NAME, then mesh-executor enrol, enrols this machine again",
+		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node NAME (--new --name NAME once the node is deleted), then mesh-executor enrol, enrols this machine again",
 			ts(l.Revoked), now.Sub(l.Revoked).Round(time.Second))
 	case l.Since.IsZero():
 		b.WriteString("link: disconnected (never linked)")

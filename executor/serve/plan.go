@@ -3,7 +3,10 @@ package serve
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -104,7 +107,7 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 		if !has {
 			continue
 		}
-		if why := s.mayShow(st, f.Path); why != "" {
+		if why := s.mayShow(st, f.Path, diff); why != "" {
 			diff = "(not shown: " + why + ")"
 		}
 		if out.Diffs == nil {
@@ -118,10 +121,18 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 
 // mayShow says why a file's diff is not shown over the link, or "": shown
 // only when the mesh holds the file and it is exactly what the mesh wrote
-// in plain (so its content is what the control plane declared before).
-func (s *Server) mayShow(st *store.Store, path string) string {
+// in plain (so its content is what the control plane declared before), or
+// when there is no file and the diff is of nothing (from /dev/null: all
+// it shows is what the control plane declares; sealed content is never in
+// a diff, engine.planDiff).
+func (s *Server) mayShow(st *store.Store, path, diff string) string {
 	e := st.Get(shapes.Target(&shapes.File{Path: path}))
 	switch {
+	case e == nil && strings.HasPrefix(diff, "--- /dev/null\n"):
+		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+			return ""
+		}
+		return "a file the mesh does not hold; its content is the machine's"
 	case e == nil || e.Type != shapes.TypeFile:
 		return "a file the mesh does not hold; its content is the machine's"
 	case e.Digest == "" || len(e.Digest) != 64:

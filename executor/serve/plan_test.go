@@ -48,6 +48,11 @@ func TestPlanChangesNothingAndIsTakenOnlyAsSigned(t *testing.T) {
 	if p.Outcome != shapes.Applied || len(p.Lines) != 3 || !strings.Contains(p.Diffs["m.motd"], "+v2") || !strings.Contains(p.Diffs["m.found"], "not shown") || strings.Contains(p.Diffs["m.found"], "machine's\n") {
 		t.Fatalf("plan: %+v", p)
 	}
+	// A file not on the machine: its diff is of nothing, all it shows is
+	// what the control plane declares.
+	if d := p.Diffs["m.new"]; !strings.HasPrefix(d, "--- /dev/null\n") || !strings.Contains(d, "+n") {
+		t.Fatalf("the plan of a file not on the machine: %q", d)
+	}
 	for _, c := range []struct {
 		name string
 		env  []byte

@@ -680,12 +680,19 @@ func ParseAlone(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	err := fs.Parse(args)
 	fs.SetOutput(stderr)
 	if err != nil && err != flag.ErrHelp {
-		io.WriteString(stderr, flagError(fs, said.String()))
-		if !strings.Contains(said.String(), "flag provided but not defined") {
-			fmt.Fprintf(stderr, "(%s --help: its flags)\n", fs.Name())
-		}
+		sayRefused(stderr, fs, said.String())
 	}
 	return err
+}
+
+// sayRefused says what the flag package refused of fs's command line, in
+// the programs' words (flagError), and where its flags are listed — but
+// once: an unknown flag's words say it already.
+func sayRefused(w io.Writer, fs *flag.FlagSet, said string) {
+	io.WriteString(w, flagError(fs, said))
+	if !strings.HasPrefix(said, "flag provided but not defined") {
+		fmt.Fprintf(w, "(%s --help: its flags)\n", fs.Name())
+	}
 }
 
 // Def is one row of a program's table of commands: its words, its
@@ -897,15 +904,12 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 	fs.Usage = func() {}
 	pos, err := Parse(fs, args)
 	fs.SetOutput(stderr)
-	io.WriteString(stderr, flagError(fs, said.String()))
 	switch {
 	case err == flag.ErrHelp:
 		t.Help(stdout, t.Commands[i])
 		return i, nil, fs, 0, true
 	case err != nil:
-		if !strings.Contains(said.String(), "flag provided but not defined") { // said with its pointer (flagError)
-			fmt.Fprintf(stderr, "(%s %s --help: its flags)\n", t.Name, d.Name)
-		}
+		sayRefused(stderr, fs, said.String())
 		return i, nil, fs, 2, true
 	case d.Vet != nil && vet(d.Vet, pos, stderr, t.Name+" "+d.Name):
 		return i, nil, fs, 2, true

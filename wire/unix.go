@@ -42,7 +42,7 @@ const (
 // and one remove the other's fresh socket.
 func ListenUnix(path string, gid int) (net.Listener, error) {
 	dir := filepath.Dir(path)
-	if err := socketDirOwn(dir); err != nil {
+	if err := socketDirOwn(dir, filepath.Base(path)); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -117,7 +117,7 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 // only executors' sockets and their locks (an earlier run's, or another
 // node's on a machine running several) and the launcher's notice to the
 // agent is theirs.
-func socketDirOwn(dir string) error {
+func socketDirOwn(dir, sock string) error {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -144,6 +144,13 @@ func socketDirOwn(dir string) error {
 	for _, e := range entries {
 		own := e.Name() == LauncherNotice || e.Name() == LauncherNotice+".tmp" || filepath.Ext(e.Name()) == ".lock"
 		if e.Type()&os.ModeSocket != 0 || (e.Type().IsRegular() && own) {
+			continue
+		}
+		if e.Name() == sock || e.Name() == sock+"~" {
+			// The socket's own names: what is there and is not a socket
+			// is refused by removeStale and removeLeftover, which say
+			// that of the path itself (not "name a directory of its
+			// own" for the very path the executor was told).
 			continue
 		}
 		return refuse("holds " + e.Name() + ", which is not an executor's socket or its lock")

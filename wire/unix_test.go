@@ -132,9 +132,15 @@ func TestListenLeavesWhatIsNotItsOwn(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not a socket"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if ln, err := ListenUnix(path, 0); err == nil {
+	ln, err := ListenUnix(path, 0)
+	if err == nil {
 		ln.Close()
 		t.Fatal("a regular file at the socket path was replaced")
+	}
+	// Said of the path itself: the directory is the executors' (it holds
+	// the path the executor was told), the file in it is not a socket.
+	if !strings.Contains(err.Error(), path+" exists and is not a socket") {
+		t.Errorf("refused as %q", err)
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "not a socket" {
 		t.Fatalf("the file at the socket path was touched: %q %v", b, err)
@@ -225,9 +231,13 @@ func TestListenLeavesWhatIsBesideItsPath(t *testing.T) {
 	if err := os.WriteFile(path+"~", []byte("an editor's backup"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if ln, err := ListenUnix(path, 0); err == nil {
+	ln, err := ListenUnix(path, 0)
+	if err == nil {
 		ln.Close()
 		t.Fatal("a regular file beside the socket path was replaced")
+	}
+	if !strings.Contains(err.Error(), path+"~ exists and is not a socket") {
+		t.Errorf("refused as %q", err)
 	}
 	if b, err := os.ReadFile(path + "~"); err != nil || string(b) != "an editor's backup" {
 		t.Fatalf("the file beside the socket path was touched: %q %v", b, err)

@@ -242,6 +242,9 @@ type run struct {
 	// resumedUndo: the same of a removal ("remove") or a give-back
 	// ("restore") such an apply began.
 	resumedUndo map[string]string
+	// settled: by target, what settle made of an entry whose intent a
+	// kill cut, until a new intent replaces that one (intend).
+	settled map[string]*store.Entry
 	// begun: the journal says this apply began (store.Begin), so it may
 	// say it ended.
 	begun bool
@@ -259,7 +262,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -710,7 +713,7 @@ func (r *run) execute(batch []*step, after int) {
 			break
 		}
 		if st.intent != nil {
-			if err := r.st.Intend(st.target, *st.intent); err != nil {
+			if err := r.intend(st.target, *st.intent); err != nil {
 				r.fail(st, err, 0)
 				return
 			}
@@ -965,7 +968,7 @@ func (r *run) touch(dir string) {
 // changes anything: what the steps that run alone do first. It fails the
 // step and reports false when the store cannot.
 func (r *run) intendNow(st *step, in store.Intent, rest int) bool {
-	if err := r.st.Intend(st.target, in); err != nil {
+	if err := r.intend(st.target, in); err != nil {
 		r.fail(st, err, rest)
 		return false
 	}
@@ -974,6 +977,25 @@ func (r *run) intendNow(st *step, in store.Intent, rest int) bool {
 		return false
 	}
 	return true
+}
+
+// intend records in as target's intent, the one place an apply does. An
+// entry whose last intent a kill cut is recorded first as settle made it:
+// the new intent replaces the cut one, and a second kill before the new
+// change's record would settle it against the entry as it was before the
+// first cut, losing what the first change may have made (a unit the host
+// started, which the give-back would then leave running). Both records
+// become durable together, with the sync that precedes the change.
+func (r *run) intend(target string, in store.Intent) error {
+	if s := r.settled[target]; s != nil {
+		delete(r.settled, target)
+		if e := r.st.Get(target); e != nil && e.Pending != nil {
+			if err := r.st.Put(s); err != nil {
+				return err
+			}
+		}
+	}
+	return r.st.Intend(target, in)
 }
 
 func (r *run) syncTouched() error {
@@ -1058,6 +1080,17 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 			n.Paths = append(n.Paths, x)
 		}
 		slices.Sort(n.Paths)
+	}
+	if !r.opt.Plan {
+		// Kept apart from the step's copy, which the step may change
+		// before its intent (intend records this one).
+		k := n
+		k.Claims, k.Paths = slices.Clone(n.Claims), slices.Clone(n.Paths)
+		if n.Original != nil {
+			o := *n.Original
+			k.Original = &o
+		}
+		r.settled[e.Target] = &k
 	}
 	return &n
 }

@@ -547,6 +547,17 @@ func TestAHeldDeclarationsEnablementIsNotTheHosts(t *testing.T) {
 	}
 }
 
+// appliedThenCut applies doc, which changes the unit as want says, and
+// cuts the journal before the change's record: a kill between the host's
+// change and its record.
+func appliedThenCut(t *testing.T, h *harness, f *fakeInit, doc, want string) {
+	t.Helper()
+	if rep := h.applyWith(f, doc, false); rep.Outcome != shapes.Applied || f.transcript() != want {
+		t.Fatalf("%s: %s %+v %q", want, rep.Outcome, rep.Lines, f.log)
+	}
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+}
+
 // A change a kill cut between the host's change and its record counts as
 // made: the unit it enabled is disabled again when undeclared, though the
 // declaration before it said disabled.
@@ -555,10 +566,7 @@ func TestAnEnablementAKillCutIsGivenBack(t *testing.T) {
 	f := newFakeInit()
 	f.add("pf.service", false, "disabled")
 	h.applyWith(f, h.doc(svc("pf", "pf", "", "false", "")), false)
-	if rep := h.applyWith(f, h.doc(svc("pf", "pf", "", "true", "")), false); rep.Outcome != shapes.Applied || f.transcript() != "enable pf.service" {
-		t.Fatalf("enabled: %s %+v %q", rep.Outcome, rep.Lines, f.log)
-	}
-	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "", "true", "")), "enable pf.service")
 	rep := h.applyWith(f, h.doc(), false)
 	if got := f.transcript(); got != "disable pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
@@ -576,14 +584,31 @@ func TestAStartAKillCutIsGivenBack(t *testing.T) {
 	f := newFakeInit()
 	f.add("pf.service", false, "disabled")
 	h.applyWith(f, h.doc(svc("pf", "pf", "stopped", "false", "")), false)
-	if rep := h.applyWith(f, h.doc(svc("pf", "pf", "running", "false", "")), false); rep.Outcome != shapes.Applied || f.transcript() != "start pf.service" {
-		t.Fatalf("started: %s %+v %q", rep.Outcome, rep.Lines, f.log)
-	}
-	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "service:pf.service" })
+	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "running", "false", "")), "start pf.service")
 	f.unit("pf.service").Enabled = "enabled" // an operator's systemctl enable
 	rep := h.applyWith(f, h.doc(), false)
 	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// Two kills in a row: a start cut before its record, then, at the next
+// apply, a stop cut after its intent and before the stop. The first cut's
+// start is still the host's — what the settle kept of it is recorded
+// before the second change's intent replaces the first's — so undeclared,
+// the unit the host started is stopped again.
+func TestAStartTwoKillsCutIsGivenBack(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("pf.service", false, "disabled")
+	h.applyWith(f, h.doc(svc("pf", "pf", "stopped", "false", "")), false)
+	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "running", "false", "")), "start pf.service")
+	// The second kill: after the stop's intent was durable, before the stop.
+	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "stopped", "false", "")), "stop pf.service")
+	f.unit("pf.service").Running = true
+	rep := h.applyWith(f, h.doc(), false)
+	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
+		t.Fatalf("undeclared after two cuts: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
 	}
 }
 

@@ -245,6 +245,9 @@ type run struct {
 	// settled: by target, what settle made of an entry whose intent a
 	// kill cut, until a new intent replaces that one (intend).
 	settled map[string]*store.Entry
+	// replaced: by target, the cut intent a new one replaced (intend),
+	// given back if the new one is abandoned.
+	replaced map[string]store.Intent
 	// begun: the journal says this apply began (store.Begin), so it may
 	// say it ended.
 	begun bool
@@ -262,7 +265,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -803,7 +806,7 @@ func (r *run) execute(batch []*step, after int) {
 		// settles it by looking.
 		for _, st := range batch[failedAt+1:] {
 			if st.intent != nil {
-				r.st.Abandon(st.target)
+				r.abandon(st.target)
 			}
 		}
 		rest := len(batch) - failedAt - 1 + after
@@ -980,22 +983,34 @@ func (r *run) intendNow(st *step, in store.Intent, rest int) bool {
 }
 
 // intend records in as target's intent, the one place an apply does. An
-// entry whose last intent a kill cut is recorded first as settle made it:
-// the new intent replaces the cut one, and a second kill before the new
-// change's record would settle it against the entry as it was before the
-// first cut, losing what the first change may have made (a unit the host
-// started, which the give-back would then leave running). Both records
-// become durable together, with the sync that precedes the change.
+// entry whose last intent a kill cut is recorded as settle made it, in
+// the same record (store.IntendOver): the new intent replaces the cut
+// one, and a second kill before the new change's record would otherwise
+// settle it against the entry as it was before the first cut, losing
+// what the first change may have made (a unit the host started, which
+// the give-back would then leave running).
 func (r *run) intend(target string, in store.Intent) error {
 	if s := r.settled[target]; s != nil {
 		delete(r.settled, target)
 		if e := r.st.Get(target); e != nil && e.Pending != nil {
-			if err := r.st.Put(s); err != nil {
-				return err
-			}
+			r.replaced[target] = *e.Pending
+			return r.st.IntendOver(target, s, in)
 		}
 	}
 	return r.st.Intend(target, in)
+}
+
+// abandon records that target's intent was never begun. One that
+// replaced an intent a kill cut (intend) gives that one back: the cut
+// change is in doubt as before, and the entry as settled is no record of
+// what was done.
+func (r *run) abandon(target string) {
+	if p, ok := r.replaced[target]; ok {
+		delete(r.replaced, target)
+		r.st.Intend(target, p)
+		return
+	}
+	r.st.Abandon(target)
 }
 
 func (r *run) syncTouched() error {

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"golang.org/x/sys/unix"
 )
 
 // cutJournal cuts the state's journal as a power cut would: before the
@@ -211,4 +213,41 @@ func TestAGiveBackACutLeftUnrecordedIsSaidByTheNextApply(t *testing.T) {
 			h.expect(h.apply(one), shapes.Unchanged, "a.f=unchanged")
 		})
 	}
+}
+
+// A create a kill cut after its intent and before the file was made,
+// then, at the next apply, its new intent written beside another step's
+// in one batch and abandoned when that step's change fails first: the cut
+// create is in doubt as before — its intent pending, the entry settled
+// for it no record of a file made — and the next apply makes the file.
+func TestACutIntentReplacedThenAbandonedIsInDoubtAgain(t *testing.T) {
+	h := newHarness(t)
+	d := `{"module":"m","id":"d","type":"file","path":"{root}/d","content":"1\n"}`
+	h.expect(h.apply(h.doc(d)), shapes.Applied, "m.d=applied")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && target == "path:"+h.p("d") })
+	os.Remove(h.p("d")) // the kill came before the create
+	// A change that fails at its write, after every intent of the batch is
+	// written: more content than the filesystem under it holds.
+	small := h.p("small")
+	os.Mkdir(small, 0o755)
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
+	big := fmt.Sprintf(`{"module":"m","id":"big","type":"file","path":"{root}/small/big","content":%q}`, strings.Repeat("x", 256<<10))
+	if rep := h.apply(h.doc(big, d)); rep.Outcome != shapes.Failed {
+		t.Fatalf("the apply whose first change fails: %+v", rep.Lines)
+	}
+	h.absent("d")
+	st, err := store.Open(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := st.Get("path:" + h.p("d")); e == nil || e.Pending == nil || e.Pending.Op != "create" {
+		t.Fatalf("the cut create after its replacement was abandoned: %+v", e)
+	}
+	unix.Unmount(small, unix.MNT_DETACH)
+	// The big file's intent stayed pending (its change failed half-way,
+	// perhaps): settled, it is gone, and undeclared it is said so.
+	h.expect(h.apply(h.doc(d)), shapes.Applied, "m.d=applied m.big=removed")
 }

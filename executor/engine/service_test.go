@@ -603,7 +603,8 @@ func TestAStartTwoKillsCutIsGivenBack(t *testing.T) {
 	f.add("pf.service", false, "disabled")
 	h.applyWith(f, h.doc(svc("pf", "pf", "stopped", "false", "")), false)
 	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "running", "false", "")), "start pf.service")
-	// The second kill: after the stop's intent was durable, before the stop.
+	// The second kill: after the stop's intent was durable, before the stop
+	// (the fake init stopped it; running again, as if it never had).
 	appliedThenCut(t, h, f, h.doc(svc("pf", "pf", "stopped", "false", "")), "stop pf.service")
 	f.unit("pf.service").Running = true
 	rep := h.applyWith(f, h.doc(), false)

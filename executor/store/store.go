@@ -582,6 +582,13 @@ func (s *Store) replay(r *record) {
 	}
 	switch r.Op {
 	case "intent":
+		if r.Entry != nil && r.Entry.Target == r.Target {
+			// The entry as settled after a cut intent (IntendOver).
+			if r.Entry.Order > s.order {
+				s.order = r.Entry.Order
+			}
+			s.entries[r.Target] = r.Entry
+		}
 		e := s.entries[r.Target]
 		if e == nil {
 			e = &Entry{Target: r.Target, Type: r.Intent.Type, Stub: true, Claims: []Claim{r.Intent.Claim}}
@@ -713,6 +720,24 @@ func (s *Store) Intend(target string, in Intent) error {
 		}
 	}
 	return s.append(&record{Op: "intent", Target: target, Intent: &in})
+}
+
+// IntendOver is Intend for a target whose last intent a kill cut, once
+// the engine has settled it: settled is the entry as it reads after that
+// cut (what the cut change may have made kept). It is recorded in the
+// intent's own record, so a second kill before this change's record
+// settles it against what the first change may have made — not against
+// the entry as it was before both — and no kill between two writes can
+// leave the settled entry claimed as done with no intent over it.
+// Releases before it pass the entry over and read a plain intent.
+func (s *Store) IntendOver(target string, settled *Entry, in Intent) error {
+	k := *settled
+	k.Pending, k.Stub = nil, false
+	if k.Order == 0 {
+		s.order++
+		k.Order = s.order
+	}
+	return s.append(&record{Op: "intent", Target: target, Intent: &in, Entry: &k})
 }
 
 // Abandon records that an intent was not carried out: nothing changed.

@@ -95,6 +95,51 @@ func TestAnIntentOverAStubKeepsWhatTheFirstKnew(t *testing.T) {
 	}
 }
 
+// An intent over one a kill cut, with the entry as settled after that cut
+// (IntendOver), is one record: read again, the entry is the settled one
+// with the new intent pending — in memory, from the journal, and from the
+// snapshot a compaction writes — and a stub settled gets its order.
+func TestAnIntentOverACutOneKeepsTheSettledEntry(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := open(t, dir)
+	svc := Claim{Source: Local, Module: "m", ID: "u"}
+	s.Put(&Entry{Target: "service:u", Type: "service", Claims: []Claim{svc}, Digest: "state=stopped"})
+	s.Intend("service:u", Intent{Op: "change", Claim: svc, Type: "service", Digest: "state=running"})
+	s.Intend("path:/new", Intent{Op: "create", Created: true, Claim: claim, Type: "file"})
+	settled := &Entry{Target: "service:u", Type: "service", Claims: []Claim{svc}, Order: 1, Digest: "was=running"}
+	if err := s.IntendOver("service:u", settled, Intent{Op: "change", Claim: svc, Type: "service", Digest: "state=stopped"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.IntendOver("path:/new", &Entry{Target: "path:/new", Type: "file", Claims: []Claim{claim}, Created: true}, Intent{Op: "change", Claim: claim, Type: "file"}); err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot this release writes (v2) carries no intent's digest.
+	check := func(how string, r *Store) {
+		t.Helper()
+		want := "state=stopped"
+		if how == "from the snapshot" {
+			want = ""
+		}
+		if e := r.Get("service:u"); e == nil || e.Digest != "was=running" || e.Pending == nil || e.Pending.Digest != want || e.Order != 1 {
+			t.Errorf("%s: the unit %+v", how, e)
+		}
+		if e := r.Get("path:/new"); e == nil || e.Stub || !e.Created || e.Pending == nil || e.Pending.Op != "change" || e.Order != 2 {
+			t.Errorf("%s: the file %+v", how, e)
+		}
+	}
+	check("in memory", s)
+	s.Unlock()
+	r := open(t, dir)
+	check("from the journal", r)
+	if err := r.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	r.Unlock()
+	r = open(t, dir)
+	defer r.Unlock()
+	check("from the snapshot", r)
+}
+
 // A record cut short by a crash mid-write is dropped, never guessed at, and
 // the next record follows a whole one.
 func TestTornTail(t *testing.T) {

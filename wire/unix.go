@@ -147,15 +147,21 @@ func socketDirOwn(dir, sock string) error {
 			continue
 		}
 		if e.Name() == sock || e.Name() == sock+"~" {
-			// The socket's own names: what is there and is not a socket
-			// is refused by removeStale and removeLeftover, which say
-			// that of the path itself (not "name a directory of its
-			// own" for the very path the executor was told).
-			continue
+			// The socket's own names: said of the path itself, as
+			// removeStale and removeLeftover say it (not "name a
+			// directory of its own" for the very path the executor was
+			// told), before anything in the directory is changed.
+			return notASocket(filepath.Join(dir, e.Name()))
 		}
 		return refuse("holds " + e.Name() + ", which is not an executor's socket or its lock")
 	}
 	return nil
+}
+
+// notASocket refuses p, where the executor's socket goes and something
+// else is: no executor made it, and nothing removes it.
+func notASocket(p string) error {
+	return fmt.Errorf("wire: %s exists and is not a socket; not removing it", p)
 }
 
 // removeLeftover removes the socket an executor killed between its bind
@@ -170,7 +176,7 @@ func removeLeftover(tmp string) error {
 	case err != nil:
 		return fmt.Errorf("wire: %s: %w", tmp, err)
 	case fi.Mode().Type() != os.ModeSocket:
-		return fmt.Errorf("wire: %s exists and is not a socket; not removing it", tmp)
+		return notASocket(tmp)
 	}
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("wire: remove %s: %w", tmp, err)
@@ -223,7 +229,7 @@ func removeStale(path string) error {
 		return fmt.Errorf("wire: socket %s: %w", path, err)
 	}
 	if fi.Mode().Type() != os.ModeSocket {
-		return fmt.Errorf("wire: %s exists and is not a socket; not removing it", path)
+		return notASocket(path)
 	}
 	c, err := net.DialTimeout("unix", path, probeTimeout)
 	switch {

@@ -128,6 +128,7 @@ func TestListenLeavesWhatIsNotItsOwn(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
+	os.Chmod(dir, 0o755)
 	path := filepath.Join(dir, "executor.sock")
 	if err := os.WriteFile(path, []byte("not a socket"), 0o600); err != nil {
 		t.Fatal(err)
@@ -141,6 +142,9 @@ func TestListenLeavesWhatIsNotItsOwn(t *testing.T) {
 	// the path the executor was told), the file in it is not a socket.
 	if !strings.Contains(err.Error(), path+" exists and is not a socket") {
 		t.Errorf("refused as %q", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the refused listen changed the directory: %v %v", fi.Mode(), err)
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "not a socket" {
 		t.Fatalf("the file at the socket path was touched: %q %v", b, err)
@@ -227,6 +231,7 @@ func TestListenLeavesWhatIsBesideItsPath(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
+	os.Chmod(dir, 0o755)
 	path := filepath.Join(dir, "executor.sock")
 	if err := os.WriteFile(path+"~", []byte("an editor's backup"), 0o600); err != nil {
 		t.Fatal(err)
@@ -238,6 +243,9 @@ func TestListenLeavesWhatIsBesideItsPath(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), path+"~ exists and is not a socket") {
 		t.Errorf("refused as %q", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the refused listen changed the directory: %v %v", fi.Mode(), err)
 	}
 	if b, err := os.ReadFile(path + "~"); err != nil || string(b) != "an editor's backup" {
 		t.Fatalf("the file beside the socket path was touched: %q %v", b, err)

@@ -698,6 +698,13 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	if len(data) > shapes.MaxDeclarationSize {
 		return fmt.Errorf("%s: over %d bytes", file, shapes.MaxDeclarationSize)
 	}
+	to := nodes
+	if to == nil {
+		to = []string{node}
+	}
+	if err := namesAnother(file, data, to); err != nil {
+		return err
+	}
 	seals, err := ReadSeals(sealSpecs)
 	if err != nil {
 		return err
@@ -802,6 +809,28 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 		return fmt.Errorf("%d of %d node(s) not declared to", failed, len(nodes))
 	}
 	return werr
+}
+
+// namesAnother refuses a declaration file that names a node ("node", as
+// a rescue file does) other than the ones it is declared or planned to.
+// The control side sets a declaration's node, enrolment and sequence: a
+// file naming another node (a rescue file reused, another node's file
+// picked) is a slip more likely than a wish, and sent it would change
+// the wrong machine. One that names the node it goes to passes, and its
+// enrolment and sequence are set as any file's.
+func namesAnother(file string, data []byte, nodes []string) error {
+	var f struct {
+		Node *string `json:"node"`
+	}
+	if json.Unmarshal(data, &f) != nil || f.Node == nil {
+		return nil // the declaration's parse says what is wrong with it
+	}
+	for _, n := range nodes {
+		if n != *f.Node {
+			return fmt.Errorf("%s names node %q, and is sent to %s: send it to %s, or take \"node\" out of it (the control side sets a declaration's node, enrolment and sequence)", file, *f.Node, strings.Join(nodes, ","), *f.Node)
+		}
+	}
+	return nil
 }
 
 // nodeList is a comma-separated list of nodes as declare takes it: each
@@ -1382,6 +1411,9 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if err := namesAnother(file, data, []string{node}); err != nil {
+		return err
+	}
 	cl, err := c.connect()
 	if err != nil {
 		return err
@@ -1430,9 +1462,14 @@ func (c *cli) planOf(cl *Client, node string, data []byte, wait time.Duration) e
 		}
 	}
 	if r.Outcome == shapes.Refused && r.RefusedBy == "agent" && r.Code == wire.CodeInternal.String() {
-		// The agent could not ask its executor: no verdict on the
-		// declaration, and none of a refusal — there is no plan.
-		return &exitError{ExitTimedOut, fmt.Sprintf("%s made no plan: its agent could not ask its executor (is mesh-executor running there? mesh-executor doctor says)", node)}
+		// The agent could not ask its executor, or read the archive
+		// store: no verdict on the declaration, and none of a refusal —
+		// there is no plan.
+		why := "its agent could not ask its executor (is mesh-executor running there? mesh-executor doctor says)"
+		if !strings.HasPrefix(r.Refused, link.PlanUnasked) {
+			why = "its agent says " + r.Refused
+		}
+		return &exitError{ExitTimedOut, fmt.Sprintf("%s made no plan: %s", node, why)}
 	}
 	if code := outcomeExit(r); code != ExitApplied {
 		return &exitError{code, fmt.Sprintf("%s would %s", node, map[int]string{ExitFailed: "fail a line", ExitRefused: "refuse it"}[code])}

@@ -305,7 +305,20 @@ func TestDeclareManyCommand(t *testing.T) {
 			t.Errorf("declare %s: exit %d\n%s%s", list, code, out, errs)
 		}
 	}
+	// A file naming a node (a rescue file reused) goes only to that node:
+	// declared or planned to another, refused, no sequence taken.
+	named := filepath.Join(dir, "m2.json")
+	os.WriteFile(named, []byte(strings.Replace(decl, "{", `{"node":"m2",`, 1)), 0o600)
+	for _, args := range [][]string{{"declare", "m1"}, {"declare", "m1,m2"}, {"plan", "m1"}} {
+		out, errs, code = run(t, ctx, append(args, named, "--dir", dir, "--nats", s.url)...)
+		if code != 1 || out != "" || !strings.Contains(errs, `names node "m2", and is sent to `+args[1]) {
+			t.Errorf("%s %s of a file naming m2: exit %d\n%s%s", args[0], args[1], code, out, errs)
+		}
+	}
 	if n, _, err := s.client.Node(ctx, "m1"); err != nil || n.NextSeq != 2 {
 		t.Fatalf("m1 after the refused lists: %+v %v", n, err)
+	}
+	if out, errs, code = run(t, ctx, "declare", "m2", named, "--dir", dir, "--nats", s.url); code != 0 || out != "declared seq 3 to m2\n" {
+		t.Fatalf("declare m2 of a file naming m2: exit %d\n%s%s", code, out, errs)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -37,6 +38,13 @@ import (
 type archiveRefusal struct{ msg, by string }
 
 func (e *archiveRefusal) Error() string { return e.msg }
+
+// refuse makes r the report of a declaration, or a plan, refused for the
+// archive: one way for both, as the executor's plan and apply share theirs.
+func (e *archiveRefusal) refuse(r *link.Report) *link.Report {
+	r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, e.msg, CodeArchive, cmp.Or(e.by, "agent")
+	return r
+}
 
 // CodeArchive is the report code of a declaration refused for an archive.
 const CodeArchive = "archive"
@@ -121,26 +129,53 @@ func (a *Agent) get(ctx context.Context, req directGet) ([]byte, uint64, error) 
 	return m.Data, seq, nil
 }
 
+// archiveInfo is what the store records of object name: an
+// *archiveRefusal when a node cannot take it (not there, deleted, too
+// large, a record that does not read).
+func (a *Agent) archiveInfo(ctx context.Context, name string) (objectInfo, error) {
+	url := "obj://" + name
+	meta, _, err := a.get(ctx, directGet{LastFor: "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	if errors.Is(err, errNotFound) {
+		return objectInfo{}, &archiveRefusal{msg: fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then send it again)", url, link.ArchiveBucket)}
+	}
+	if err != nil {
+		return objectInfo{}, err
+	}
+	var info objectInfo
+	if err := json.Unmarshal(meta, &info); err != nil || info.NUID == "" || strings.ContainsAny(info.NUID, ".*> ") {
+		return objectInfo{}, &archiveRefusal{msg: fmt.Sprintf("archive %s: the store's record of it does not read (%v)", url, err)}
+	}
+	if info.Deleted {
+		return objectInfo{}, &archiveRefusal{msg: fmt.Sprintf("archive %s was deleted from the archive store %s", url, link.ArchiveBucket)}
+	}
+	if info.Size > wire.MaxArchiveBytes {
+		return objectInfo{}, &archiveRefusal{msg: fmt.Sprintf("archive %s holds %d bytes, over the %d a node takes", url, info.Size, uint64(wire.MaxArchiveBytes))}
+	}
+	return info, nil
+}
+
+// checkArchives looks up, for a plan, every obj:// archive of d in the
+// store as streamArchives would before an apply, and streams none: a plan
+// is refused for an archive as its declaration would be where the store
+// says so (not there, deleted, too large). Its bytes are read, and their
+// digest checked, only before an apply; the executor plans an archive not
+// in its cache as one it would unpack once streamed.
+func (a *Agent) checkArchives(ctx context.Context, d *shapes.Declaration) error {
+	for _, ar := range linkArchives(d) {
+		if _, err := a.archiveInfo(ctx, strings.TrimPrefix(ar.URL, "obj://")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // streamArchive reads object name from the store and streams it to the
 // executor under the digest the declaration pins, checking it as it reads.
 func (a *Agent) streamArchive(ctx context.Context, name, sum string) (uint64, error) {
 	url := "obj://" + name
-	meta, _, err := a.get(ctx, directGet{LastFor: "$O." + link.ArchiveBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
-	if errors.Is(err, errNotFound) {
-		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s is not in the archive store %s (mesh-control archive put, then declare again)", url, link.ArchiveBucket)}
-	}
+	info, err := a.archiveInfo(ctx, name)
 	if err != nil {
 		return 0, err
-	}
-	var info objectInfo
-	if err := json.Unmarshal(meta, &info); err != nil || info.NUID == "" || strings.ContainsAny(info.NUID, ".*> ") {
-		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s: the store's record of it does not read (%v)", url, err)}
-	}
-	if info.Deleted {
-		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s was deleted from the archive store %s", url, link.ArchiveBucket)}
-	}
-	if info.Size > wire.MaxArchiveBytes {
-		return 0, &archiveRefusal{msg: fmt.Sprintf("archive %s holds %d bytes, over the %d a node takes", url, info.Size, uint64(wire.MaxArchiveBytes))}
 	}
 	chunks := "$O." + link.ArchiveBucket + ".C." + info.NUID
 	h := sha256.New()

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -256,10 +255,9 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			}
 			return err
 		}
-		by := cmp.Or(ar.by, "agent")
-		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg, "by", by)
-		r = a.report(seq)
-		r.StreamSeq, r.Outcome, r.Refused, r.Code, r.RefusedBy = m.sseq, shapes.Refused, ar.msg, CodeArchive, by
+		r = ar.refuse(a.report(seq))
+		r.StreamSeq = m.sseq
+		a.log.Warn("refused a declaration for its archive; it does not reach the executor", "seq", seq, "stream_seq", m.sseq, "reason", ar.msg, "by", r.RefusedBy)
 	} else {
 		from := max(st.LastSeq, st.LastApplied) + 1
 		a.log.Info("forwarding the newest declaration", "seq", seq, "superseding", seq-min(from, seq))

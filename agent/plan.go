@@ -86,6 +86,19 @@ func (a *Agent) plan(ctx context.Context, env []byte, capability, rotations stri
 		a.log.Warn("a plan request past its time; not handed to the executor", "plan", req.ID, "not_after", req.NotAfter)
 		return refuse(wire.CodeReplay, (&pastTime{req.NotAfter, clock.Now()}).Error())
 	}
+	// The archives it names are looked up in the store as before an apply
+	// (checkArchives): one the store says no node can take refuses the
+	// plan as it would the declaration. One that does not parse is the
+	// executor's to refuse, as it would a declaration's.
+	if d, err := shapes.Parse(req.Declaration); err == nil {
+		if err := a.checkArchives(ctx, d); err != nil {
+			var ar *archiveRefusal
+			if !errors.As(err, &ar) {
+				return refuse(wire.CodeInternal, "the archive store could not be read: "+err.Error())
+			}
+			return ar.refuse(r)
+		}
+	}
 	// The worker's connection, in turn: a plan waits for the apply before
 	// it (the executor plans against what an apply wrote anyway), and is
 	// looked at again once its turn comes, so one that waited past its
@@ -103,7 +116,7 @@ func (a *Agent) plan(ctx context.Context, env []byte, capability, rotations stri
 		return refuse(wire.CodeReplay, late.Error())
 	}
 	if err != nil {
-		return refuse(wire.CodeInternal, "the executor could not be asked: "+err.Error())
+		return refuse(wire.CodeInternal, link.PlanUnasked+err.Error())
 	}
 	p := b.(*wire.PlanReply)
 	r.Outcome, r.Lines, r.Diffs = p.Outcome, p.Lines, link.DiffList(p.Diffs)

@@ -101,6 +101,12 @@ const (
 	TriggerActivity = "activity"
 )
 
+// PlanUnasked begins the reason of a plan report the agent refused,
+// code internal, because it could not ask its executor: the control side
+// says where to look (mesh-executor doctor), which another internal
+// refusal (the archive store unread) does not need.
+const PlanUnasked = "the executor could not be asked: "
+
 // The presences a heartbeat says.
 const (
 	PresenceResident = "resident"

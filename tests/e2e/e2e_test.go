@@ -246,6 +246,17 @@ func declaredSeq(t *testing.T, out string) uint64 {
 	return d.Seq
 }
 
+// plan runs mesh-control plan n1 on doc ({root} its tree): what it
+// printed, and its exit code.
+func (m *mesh) plan(doc string) (string, int) {
+	m.t.Helper()
+	f := filepath.Join(m.base, "plan.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
+	cmd := exec.Command(filepath.Join(bin, "mesh-control"), "plan", "n1", f, "--dir", m.ctl, "--wait=30s")
+	out, _ := cmd.CombinedOutput()
+	return string(out), cmd.ProcessState.ExitCode()
+}
+
 func (m *mesh) reportFor(seq uint64) report {
 	m.t.Helper()
 	var found report
@@ -401,6 +412,24 @@ func TestArchiveOverTheLink(t *testing.T) {
 	doc := `{"version":1,"resources":[
 		{"module":"web","id":"root","type":"directory","path":"{root}/www"},
 		{"module":"web","id":"site","type":"archive","url":%q,"sha256":%q,"destination":"{root}/www"}]}`
+	// A plan first: the archive is looked up in the store, not streamed;
+	// the executor, which has not got its bytes, plans it as one it would
+	// unpack once streamed. Nothing on the machine changes. One the store
+	// does not hold is refused as its declaration would be.
+	out, code := m.plan(fmt.Sprintf(doc, put.URL, put.SHA256))
+	if code != 0 || !strings.Contains(out, "web.site  archive  would apply  sha256 "+put.SHA256[:12]+"… to be unpacked once the agent streams it") {
+		t.Fatalf("a plan of an archive over the link: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(m.tree, "www")); !os.IsNotExist(err) {
+		t.Fatalf("the plan changed the machine: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(m.state, "archives", put.SHA256)); !os.IsNotExist(err) {
+		t.Fatalf("the plan streamed the archive: %v", err)
+	}
+	missing := strings.Repeat("cd", 32)
+	if out, code := m.plan(fmt.Sprintf(doc, "obj://"+missing, missing)); code != 2 || !strings.Contains(out, "is not in the archive store") {
+		t.Fatalf("a plan of an archive the store does not hold: exit %d\n%s", code, out)
+	}
 	seq := m.declare(fmt.Sprintf(doc, put.URL, put.SHA256))
 	r := m.reportFor(seq)
 	if r.Outcome != shapes.Applied || len(r.Lines) != 2 || r.Lines[1].Outcome != shapes.Applied {
@@ -414,6 +443,10 @@ func TestArchiveOverTheLink(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(m.state, "archives", put.SHA256)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("the executor's cache: %v %v", fi, err)
+	}
+	// Cached now: planned from its bytes.
+	if out, code := m.plan(fmt.Sprintf(doc, put.URL, put.SHA256)); code != 0 || !strings.Contains(out, "web.site  archive  would change nothing  3 entries as unpacked") {
+		t.Fatalf("a plan of an archive applied: exit %d\n%s", code, out)
 	}
 
 	// The stored object under another pin: the agent refuses it.
@@ -525,14 +558,7 @@ func TestPlanOverTheLink(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 	os.WriteFile(filepath.Join(m.tree, "found"), []byte("the machine's secret\n"), 0o600)
-	plan := func(doc string) (string, int) {
-		t.Helper()
-		f := filepath.Join(m.base, "plan.json")
-		os.WriteFile(f, []byte(strings.ReplaceAll(doc, "{root}", m.tree)), 0o600)
-		cmd := exec.Command(filepath.Join(bin, "mesh-control"), "plan", "n1", f, "--dir", m.ctl, "--wait=30s")
-		out, _ := cmd.CombinedOutput()
-		return string(out), cmd.ProcessState.ExitCode()
-	}
+	plan := m.plan
 	doc := `{"version":1,"resources":[{"module":"m","id":"motd","type":"file","path":"{root}/motd","content":"v2\n"},
 		{"module":"m","id":"new","type":"file","path":"{root}/new","content":"n\n"},
 		{"module":"m","id":"found","type":"file","path":"{root}/found","content":"mine\n"}]}`

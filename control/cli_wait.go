@@ -167,7 +167,9 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 			c.progress("")
 			return c.ctx.Err()
 		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		// A watch the broker's going ended is said as the nodes not heard
+		// from, with the broker lost (below), not as the watch's error.
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && cl.NC.IsConnected() {
 			c.progress("")
 			return err
 		}
@@ -198,7 +200,13 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		c.printSummary(want, got)
 	}
 	if len(late) > 0 {
-		return &exitError{ExitTimedOut, fmt.Sprintf("no report within %v from %s", c.wait, strings.Join(late, ", "))}
+		msg := fmt.Sprintf("no report within %v from %s", c.wait, strings.Join(late, ", "))
+		if !cl.NC.IsConnected() {
+			// Not the nodes' silence alone: the reports may have come to
+			// a broker this command no longer reaches.
+			msg += fmt.Sprintf("; this command lost the broker (%s) while it waited: their reports may be there (mesh-control reports NODE once it answers)", strings.ToLower(cl.NC.Status().String()))
+		}
+		return &exitError{ExitTimedOut, msg}
 	}
 	if worst != ExitApplied {
 		return &exitError{worst, why}

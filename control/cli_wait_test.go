@@ -474,3 +474,29 @@ func TestAPlanWhoseExecutorIsDownIsNoRefusal(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 }
+
+// A wait whose broker went away meanwhile says so beside the nodes that
+// did not answer: their reports may be there, unread by this command.
+func TestAWaitThatLostItsBrokerSaysSo(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	enrolNode(t, s, "web3") // never answers
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- control.Main(ctx, []string{"declare", "web3", file, "--wait=4s", "--dir", dir, "--nats", s.url}, &stdout, &stderr)
+	}()
+	for !strings.Contains(stdout.String(), "declared seq") {
+		select {
+		case code := <-done:
+			t.Fatalf("declare ended first: exit %d\n%s%s", code, stdout.String(), stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	s.stop()
+	code := <-done
+	if code != control.ExitTimedOut || !strings.Contains(stderr.String(), "no report within 4s from web3 (seq 1); this command lost the broker") {
+		t.Fatalf("exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}

@@ -554,6 +554,9 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		}
 		fmt.Fprintf(c.out, "%-*s %-28s %-10s %s\n", width, say(l.Outcome), name, l.Type, l.Detail)
 		if d := diffs[name]; d != "" {
+			// Once, under the resource's first line: a resource moved has
+			// a second, its old target's removal, which is not this diff.
+			delete(diffs, name)
 			for _, dl := range strings.SplitAfter(strings.TrimSuffix(d, "\n"), "\n") {
 				fmt.Fprintf(c.out, "    %s", strings.TrimSuffix(dl, "\n")+"\n")
 			}

@@ -188,6 +188,31 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	}
 }
 
+// A file moved to another path under the same resource: the plan shows
+// the new path's diff once, under the line that makes it, and the line
+// that undoes the old path names that path — in the plan and the apply.
+func TestAPlanOfAMovedFileSaysWhichPathIsUndone(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	a, b := filepath.Join(d, "a"), filepath.Join(d, "b")
+	fa := write(t, filepath.Join(d, "a.json"), strings.Replace(decl, "%s", a, 1), 0o644)
+	fb := write(t, filepath.Join(d, "b.json"), strings.Replace(decl, "%s", b, 1), 0o644)
+	if code, out, _ := run("apply", "--state", state, fa); code != ExitApplied {
+		t.Fatalf("apply a: exit %d\n%s", code, out)
+	}
+	code, out, _ := run("plan", "--state", state, fb)
+	if code != 0 || strings.Count(out, "+++ "+b+" (declared)") != 1 || strings.Contains(out, "+++ "+a) ||
+		!strings.Contains(out, "would remove         m.f                          file       "+a+": the host created it; removed") {
+		t.Fatalf("plan of the moved file: exit %d\n%s", code, out)
+	}
+	if i, j := strings.Index(out, "+++ "+b), strings.Index(out, "would remove"); i > j {
+		t.Fatalf("the new path's diff is not under the line that makes it:\n%s", out)
+	}
+	if code, out, _ = run("apply", "--state", state, fb); code != ExitApplied || !strings.Contains(out, "removed       m.f                          file       "+a+": the host created it; removed") {
+		t.Fatalf("apply of the moved file: exit %d\n%s", code, out)
+	}
+}
+
 // A local file on an enrolled node must name the node.
 func TestLocalFileMustNameAnEnrolledNode(t *testing.T) {
 	d := base(t)

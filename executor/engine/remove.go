@@ -89,6 +89,12 @@ func (r *run) removeUndeclared() {
 			continue
 		}
 		r.planRemoval(st)
+		if len(mine) > 0 && r.typeOf(mine[0]) != "" {
+			// Its resource is declared still, at another target (a file
+			// moved): the line, named as the one that declares the new
+			// target, says which it undoes.
+			st.line.Detail = strings.TrimPrefix(e.Target, "path:") + ": " + st.line.Detail
+		}
 		if p, ok := strings.CutPrefix(e.Target, "path:"); ok && e.Type == shapes.TypeFile && st.change != nil {
 			wholeUndone[p] = true
 			if r.opt.Plan {

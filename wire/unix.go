@@ -80,7 +80,7 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 	ln, err := net.Listen("unix", tmp)
 	syscall.Umask(old)
 	if err != nil {
-		return nil, fmt.Errorf("wire: listen: %w", err)
+		return nil, fmt.Errorf("wire: listen on %s (bound first as %s, then renamed): %w", path, filepath.Base(tmp), err)
 	}
 	// Go would unlink the path by name on Close: if another executor has
 	// put its own socket there since (an old one outliving its launcher),

@@ -249,10 +249,10 @@ func (w *CacheWriter) Abort() {
 // notStreamed: an obj:// archive is not in the executor's cache. The
 // agent streams one before it hands its declaration over, and none before
 // a plan: planned, it is one the apply would unpack once streamed.
-type notStreamed struct{ sum, name string }
+type notStreamed struct{ sum string }
 
 func (e *notStreamed) Error() string {
-	return fmt.Sprintf("the agent has not streamed archive %s (%s) into the executor's cache; it is not applied until it has", e.sum, e.name)
+	return fmt.Sprintf("the agent has not streamed archive %s into the executor's cache; it is not applied until it has", e.sum)
 }
 
 // fetchArchive makes sure the archive is in the cache, verified. A local
@@ -264,8 +264,11 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 	if sum, err := fileDigest(cached); err == nil && sum == a.SHA256 {
 		return cached, nil
 	}
-	if name, ok := strings.CutPrefix(a.URL, "obj://"); ok {
-		return "", &notStreamed{sum: a.SHA256, name: name}
+	if strings.HasPrefix(a.URL, "obj://") {
+		if r.opt.Source != store.Link {
+			return "", fmt.Errorf("archive %s is not in the executor's cache: an obj:// archive is streamed by the agent for a declaration over the link, never for a local file or the bundle (name a file on the machine, file:///PATH)", a.SHA256)
+		}
+		return "", &notStreamed{sum: a.SHA256}
 	}
 	src, ok := strings.CutPrefix(a.URL, "file://")
 	if !ok {
@@ -275,6 +278,16 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 		return "", fmt.Errorf("a file:// archive may come from a local file or the bundle, not over the link")
 	}
 	if r.opt.Plan {
+		// Checked as the apply checks it, and read where it is: a plan
+		// writes nothing, the cache included, and says what the apply
+		// would unpack only of the bytes the declaration pins.
+		sum, err := fileDigest(src)
+		if err != nil {
+			return "", fmt.Errorf("fetch archive: %w", err)
+		}
+		if sum != a.SHA256 {
+			return "", digestMismatch(a, sum)
+		}
 		return src, nil
 	}
 	in, err := os.Open(src)
@@ -308,11 +321,16 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 	p, err := w.Commit()
 	if err != nil {
 		if strings.Contains(err.Error(), "digest mismatch") {
-			return "", fmt.Errorf("archive digest mismatch: %s has sha256 %s, the declaration says %s; nothing written", a.URL, hex.EncodeToString(w.h.Sum(nil)), a.SHA256)
+			return "", digestMismatch(a, hex.EncodeToString(w.h.Sum(nil)))
 		}
 		return "", fmt.Errorf("fetch archive: %w", err)
 	}
 	return p, nil
+}
+
+// digestMismatch refuses archive a, whose bytes have sha256 sum.
+func digestMismatch(a *shapes.Archive, sum string) error {
+	return fmt.Errorf("archive digest mismatch: %s has sha256 %s, the declaration says %s; nothing written", a.URL, sum, a.SHA256)
 }
 
 func fileDigest(p string) (string, error) {

@@ -151,9 +151,23 @@ func TestArchiveDigestAndOwnership(t *testing.T) {
 	os.Mkdir(dest, 0o755)
 	p, sum := makeArchive(t, h.root, "a.tgz", tarEntry{name: "f", typ: tar.TypeReg, body: "x"})
 	wrong := strings.Repeat("0", 64)
-	rep := h.apply(h.doc(archiveRes(p, wrong, dest)))
+	// Planned as applied: the digest checked, not what a mismatched file
+	// would unpack.
+	rep := h.run(store.Local, h.doc(archiveRes(p, wrong, dest)), true)
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "archive digest mismatch") || !strings.Contains(rep.Lines[0].Detail, sum) {
+		t.Fatalf("plan: %+v", rep.Lines)
+	}
+	rep = h.apply(h.doc(archiveRes(p, wrong, dest)))
 	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "archive digest mismatch") || !strings.Contains(rep.Lines[0].Detail, sum) {
 		t.Fatalf("%+v", rep.Lines)
+	}
+	// An obj:// archive not in the cache, from a local file: no agent
+	// streams one for it; planned and applied alike, failed.
+	obj := strings.Replace(archiveRes(p, sum, dest), "file://"+p, "obj://"+sum, 1)
+	for _, r := range []*shapes.Report{h.run(store.Local, h.doc(obj), true), h.apply(h.doc(obj))} {
+		if r.Outcome != shapes.Failed || !strings.Contains(r.Lines[0].Detail, "never for a local file or the bundle") {
+			t.Fatalf("obj:// from a local file: %+v", r.Lines)
+		}
 	}
 	h.absent("dest/f")
 	// Something already there that the host did not write is not overwritten.
@@ -763,5 +777,5 @@ func overTheLink(t *testing.T, h *harness, res, p, sum string) string {
 	if err := os.WriteFile(filepath.Join(ArchiveCacheDir(h.state), sum), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Replace(res, "file://"+p, "obj://"+filepath.Base(p), 1)
+	return strings.Replace(res, "file://"+p, "obj://"+sum, 1)
 }

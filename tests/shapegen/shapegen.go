@@ -119,8 +119,8 @@ func (g *Gen) Resource(typ, module, id string) map[string]any {
 		opt("home", g.path())
 		opt("groups", []string{g.name()})
 	case shapes.TypeArchive:
-		r["url"] = "obj://" + g.name() + "/" + g.name()
 		r["sha256"] = g.hex64()
+		r["url"] = "obj://" + r["sha256"].(string)
 		r["destination"] = g.path()
 	case shapes.TypeContainer:
 		r["name"] = g.name()

@@ -603,6 +603,14 @@ func nodeKey(name string) string { return "node." + name }
 
 // Node reads a node record and its revision.
 func (c *Client) Node(ctx context.Context, name string) (*NodeRecord, uint64, error) {
+	// Said as a name no node can have, not as the registry's "invalid
+	// key": every command that names one node reads it here.
+	if err := link.ValidNodeName(name); err != nil {
+		if strings.Contains(name, ",") {
+			err = fmt.Errorf("%w (a list of nodes, n1,n2,…, is taken by declare alone)", err)
+		}
+		return nil, 0, err
+	}
 	e, err := c.KV.Get(ctx, nodeKey(name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, fmt.Errorf("no node %q in the registry", name)

@@ -321,4 +321,11 @@ func TestDeclareManyCommand(t *testing.T) {
 	if out, errs, code = run(t, ctx, "declare", "m2", named, "--dir", dir, "--nats", s.url); code != 0 || out != "declared seq 3 to m2\n" {
 		t.Fatalf("declare m2 of a file naming m2: exit %d\n%s%s", code, out, errs)
 	}
+	// A list where one node is named: said as a name no node has.
+	for _, args := range [][]string{{"plan", "m1,m2", file}, {"reports", "m1,m2"}, {"node", "show", "m1,m2"}, {"node", "revoke", "m1,m2"}} {
+		out, errs, code = run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)
+		if code == 0 || !strings.Contains(errs, `node name "m1,m2": only a-z`) || !strings.Contains(errs, "taken by declare alone") {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, errs)
+		}
+	}
 }

@@ -738,7 +738,9 @@ func (a *Agent) linkFailed(e *LinkError) {
 	a.link.lastErr = e.Msg
 	say, repeats := true, 0
 	switch {
-	case a.lastLog != e.Msg:
+	case !strings.EqualFold(a.lastLog, e.Msg):
+		// nats.go says one refusal twice, through the connect's error and
+		// its error handler, once in upper case: one error, said once.
 		a.lastLog, a.repeats = e.Msg, 0
 	case now.Sub(a.lastLogAt) < a.linkLogEvery():
 		a.repeats++

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 )
@@ -81,3 +82,16 @@ func (h *recordHandler) Enabled(context.Context, slog.Level) bool      { return 
 func (h *recordHandler) Handle(_ context.Context, r slog.Record) error { h.f(r); return nil }
 func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
 func (h *recordHandler) WithGroup(string) slog.Handler                 { return h }
+
+// One failure said twice by nats.go, in two cases ("authorization
+// violation", "Authorization Violation"), is logged once: the second is a
+// repeat, counted into the next line.
+func TestALinkFailureSaidInTwoCasesIsLoggedOnce(t *testing.T) {
+	var buf strings.Builder
+	a := &Agent{o: Options{RetryWait: time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	a.linkFailed(&LinkError{Reason: LinkUnreachable, Msg: "refused: nats: authorization violation"})
+	a.linkFailed(&LinkError{Reason: LinkUnreachable, Msg: "refused: nats: Authorization Violation"})
+	if n := strings.Count(buf.String(), "link: refused"); n != 1 {
+		t.Fatalf("%d lines:\n%s", n, buf.String())
+	}
+}

@@ -248,7 +248,7 @@ func TestDirectoryWithForeignContentIsKept(t *testing.T) {
 	os.WriteFile(h.p("etc/operator-notes"), []byte("mine"), 0o644)
 	rep := h.apply(h.doc())
 	h.expect(rep, shapes.Kept, "base.motd=removed base.etc=kept")
-	if !strings.Contains(rep.Lines[1].Detail, "holds 1 entries the host did not create (operator-notes); kept, and removed once it is empty") {
+	if !strings.Contains(rep.Lines[1].Detail, "holds 1 entry the host did not create (operator-notes); kept, and removed once it is empty") {
 		t.Errorf("detail %q", rep.Lines[1].Detail)
 	}
 	if h.read("etc/operator-notes") != "mine" {
@@ -260,6 +260,17 @@ func TestDirectoryWithForeignContentIsKept(t *testing.T) {
 	os.Remove(h.p("etc/operator-notes"))
 	h.expect(h.apply(h.doc()), shapes.Removed, "base.etc=removed")
 	h.absent("etc")
+
+	// Nested: the host's own directory kept inside the host's, for what the
+	// inner one holds, is said as the host's, not as another's.
+	inner := `{"module":"base","id":"inner","type":"directory","path":"{root}/etc/inner"}`
+	h.apply(h.doc(dirEtc, inner))
+	os.Mkdir(h.p("etc/inner/hand"), 0o755)
+	rep = h.apply(h.doc())
+	h.expect(rep, shapes.Kept, "base.inner=kept base.etc=kept")
+	if d := rep.Lines[1].Detail; !strings.Contains(d, "holds 1 entry the host created and keeps (inner: each holds what it did not create); kept") || strings.Contains(d, "did not create (inner)") {
+		t.Errorf("the outer directory: %q", d)
+	}
 }
 
 // A declaration is complete for its own source only: a rescue file fixes

@@ -607,7 +607,7 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 	if len(left) > 0 {
 		st.drop, st.record = false, e
 		st.line.Outcome = shapes.Kept
-		st.line.Detail = fmt.Sprintf("the host created it, but it holds %d entries the host did not create (%s); kept, and removed once it is empty", len(left), listSome(left, 3))
+		st.line.Detail = "the host created it, but it holds " + r.leftSaid(p, left) + "; kept, and removed once it is empty"
 		return
 	}
 	r.removing[p] = true
@@ -627,6 +627,29 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 		return err
 	}
 	st.readback = func() (*store.Entry, error) { return nil, expectAbsent(p) }
+}
+
+// leftSaid says what directory p still holds, left: what the host did
+// not create, and what it created and keeps (a directory of its own that
+// holds what the host did not create, kept in turn) — the host's own
+// said as such, not as another's.
+func (r *run) leftSaid(p string, left []string) string {
+	var others, kept []string
+	for _, name := range left {
+		if e := r.st.Get("path:" + path.Join(p, name)); e != nil && e.Created {
+			kept = append(kept, name)
+		} else {
+			others = append(others, name)
+		}
+	}
+	var parts []string
+	if len(others) > 0 {
+		parts = append(parts, fmt.Sprintf("%s the host did not create (%s)", countWord(len(others), "entry", "entries"), listSome(others, 3)))
+	}
+	if len(kept) > 0 {
+		parts = append(parts, fmt.Sprintf("%s the host created and keeps (%s: each holds what it did not create)", countWord(len(kept), "entry", "entries"), listSome(kept, 3)))
+	}
+	return strings.Join(parts, " and ")
 }
 
 // leftIn lists what directory p will still hold once this apply's removals

@@ -1209,7 +1209,7 @@ func (c *command) briefing() int {
 		return ExitFailed
 	}
 	if !exists {
-		return c.print(map[string]any{"briefing": nil}, "no briefing: "+c.noState()+"\n")
+		return c.print(map[string]any{}, "no briefing: "+c.noState()+"\n")
 	}
 	b, err := st.Briefing()
 	if err != nil {
@@ -1217,7 +1217,7 @@ func (c *command) briefing() int {
 		return ExitFailed
 	}
 	if b == nil {
-		return c.print(map[string]any{"briefing": nil}, "no briefing: no apply on an adopted node yet\n")
+		return c.print(map[string]any{}, "no briefing: no apply on an adopted node yet\n")
 	}
 	var t strings.Builder
 	fmt.Fprintf(&t, "outcome    %s\n", b.Outcome)

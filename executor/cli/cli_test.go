@@ -175,6 +175,12 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"target": "path:`+target+`"`) {
 		t.Fatalf("owned: %d\n%s", code, out)
 	}
+	// No briefing (not an adopted node): an empty object, no null.
+	code, out, _ = run("briefing", "--json", "--state", state)
+	form(t, "briefing --json", out)
+	if code != 0 || strings.TrimSpace(out) != "{}" {
+		t.Fatalf("briefing --json with none: %d\n%s", code, out)
+	}
 	code, out, _ = run("status", "--json", "--state", state)
 	form(t, "status --json", out)
 	if code != 0 || !strings.Contains(out, `"state": "hosted"`) {

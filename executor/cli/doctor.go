@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
+	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
@@ -281,24 +282,23 @@ func rescueCheck(st *store.Store, id *identity.Identity) check {
 		return ch
 	}
 	d, err := shapes.ParseTrusted(raw)
-	node := ""
-	if id != nil {
-		node = id.Node
-	}
-	switch {
-	case err != nil:
+	if err != nil {
 		ch.Status, ch.Detail = checkWarn, "the rescue file last applied does not read: "+err.Error()
-	case d.Node != node && node != "":
-		ch.Status = checkWarn
-		ch.Detail = fmt.Sprintf("the rescue file last applied is addressed to node %q, not this node (%s): not reconciled, so a drift of what it made is not put back", d.Node, node)
-		ch.Fix = fmt.Sprintf(`apply it again addressed to this node ("node": %q in the file; mesh-executor apply FILE), or a file for %s that declares nothing to let go of what it held`, node, node)
-	case d.Node != node:
-		ch.Status = checkWarn
-		ch.Detail = fmt.Sprintf("the rescue file last applied is addressed to node %q, and this machine is hosted: not reconciled", d.Node)
-		ch.Fix = "apply a rescue file that names no node (mesh-executor apply FILE)"
-	default:
-		ch.Detail = fmt.Sprintf("the rescue file last applied (%d resource(s)) is reconciled at each drift look", len(d.Resources))
+		return ch
 	}
+	// The drift look's own rule: the node it holds the file to, and the
+	// apply's check of it.
+	if err := engine.CheckAddress(d, serve.ReconcileNodeID(store.Local, d, id)); err != nil {
+		why := err.Error()
+		if r := (*engine.Refusal)(nil); errors.As(err, &r) {
+			why = r.Reason
+		}
+		ch.Status = checkWarn
+		ch.Detail = fmt.Sprintf("the rescue file last applied is refused at each drift look (%s): not reconciled, so a drift of what it made is not put back", why)
+		ch.Fix = fmt.Sprintf(`apply it again addressed to this node ("node": %q in the file; mesh-executor apply FILE), or a file for %s that declares nothing to let go of what it held`, id.Node, id.Node)
+		return ch
+	}
+	ch.Detail = fmt.Sprintf("the rescue file last applied (%d resource(s)) is reconciled at each drift look", len(d.Resources))
 	return ch
 }
 

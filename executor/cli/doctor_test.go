@@ -352,9 +352,11 @@ func TestDoctorRescue(t *testing.T) {
 		says   string
 	}{
 		{"n1b", id, checkOK, "the rescue file last applied (1 resource(s)) is reconciled at each drift look"},
-		{"n1", id, checkWarn, `addressed to node "n1", not this node (n1b): not reconciled`},
-		{"", id, checkWarn, `addressed to node "", not this node (n1b)`},
-		{"n1", nil, checkWarn, `addressed to node "n1", and this machine is hosted`},
+		{"n1", id, checkWarn, `refused at each drift look (the declaration is addressed to node "n1"; this is node "n1b"): not reconciled`},
+		// Applied before the machine was enrolled: reconciled still.
+		{"", id, checkOK, "reconciled at each drift look"},
+		// On a hosted machine a node is checked by none.
+		{"n1", nil, checkOK, "reconciled at each drift look"},
 		{"", nil, checkOK, "reconciled at each drift look"},
 	} {
 		doc := `{"version":1,"node":"` + c.node + `","resources":[{"module":"m","id":"f","type":"file","path":"/srv/x","content":"x"}]}`

@@ -366,6 +366,19 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	return rep
 }
 
+// CheckAddress refuses d where nodeID (Options.NodeID: "" checks no node)
+// is not the node it is addressed to: the apply's first check, and what
+// doctor says of the rescue file the drift look applies again.
+func CheckAddress(d *shapes.Declaration, nodeID string) error {
+	if nodeID != "" && d.Node == "" {
+		return &Refusal{fmt.Sprintf(`the declaration names no node, and this machine is enrolled as node %q: a local file names the node it is for ("node": %q)`, nodeID, nodeID)}
+	}
+	if nodeID != "" && d.Node != nodeID {
+		return &Refusal{fmt.Sprintf("the declaration is addressed to node %q; this is node %q", d.Node, nodeID)}
+	}
+	return nil
+}
+
 // check is everything that can refuse the declaration before anything is
 // touched: address, shapes this host can apply, sealed content, the
 // protected set through the machine's symlinks, and owners.
@@ -374,11 +387,8 @@ func (r *run) check() error {
 	if d.Retire && r.opt.Source != store.Link {
 		return &Refusal{"retire comes only signed by the control plane, over the link; a local file cannot drop the node's identity"}
 	}
-	if r.opt.NodeID != "" && d.Node == "" {
-		return &Refusal{fmt.Sprintf(`the declaration names no node, and this machine is enrolled as node %q: a local file names the node it is for ("node": %q)`, r.opt.NodeID, r.opt.NodeID)}
-	}
-	if r.opt.NodeID != "" && d.Node != r.opt.NodeID {
-		return &Refusal{fmt.Sprintf("the declaration is addressed to node %q; this is node %q", d.Node, r.opt.NodeID)}
+	if err := CheckAddress(d, r.opt.NodeID); err != nil {
+		return err
 	}
 	for _, res := range d.Resources {
 		h := res.Head()

@@ -630,15 +630,24 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 }
 
 // leftSaid says what directory p still holds, left: what the host did
-// not create, and what it created and keeps (a directory of its own that
-// holds what the host did not create, kept in turn) — the host's own
-// said as such, not as another's.
+// not create, what this declaration declares still, and the host's own
+// directories kept in turn for what they hold — the host's own said as
+// such, not as another's. Read alike by a plan and an apply: from the
+// declaration and from entries recorded before either.
 func (r *run) leftSaid(p string, left []string) string {
-	var others, kept []string
+	declared := map[string]bool{}
+	for ct := range r.declared {
+		declared[ct.target] = true
+	}
+	var others, still, kept []string
 	for _, name := range left {
-		if e := r.st.Get("path:" + path.Join(p, name)); e != nil && e.Created {
+		t := "path:" + path.Join(p, name)
+		switch e := r.st.Get(t); {
+		case declared[t]:
+			still = append(still, name)
+		case e != nil && e.Created && e.Type == shapes.TypeDirectory:
 			kept = append(kept, name)
-		} else {
+		default:
 			others = append(others, name)
 		}
 	}
@@ -646,8 +655,11 @@ func (r *run) leftSaid(p string, left []string) string {
 	if len(others) > 0 {
 		parts = append(parts, fmt.Sprintf("%s the host did not create (%s)", countWord(len(others), "entry", "entries"), listSome(others, 3)))
 	}
+	if len(still) > 0 {
+		parts = append(parts, fmt.Sprintf("%s declared still (%s)", countWord(len(still), "entry", "entries"), listSome(still, 3)))
+	}
 	if len(kept) > 0 {
-		parts = append(parts, fmt.Sprintf("%s the host created and keeps (%s: each holds what it did not create)", countWord(len(kept), "entry", "entries"), listSome(kept, 3)))
+		parts = append(parts, fmt.Sprintf("%s of the host's it keeps (%s: each holds what the host did not create)", countWord(len(kept), "directory", "directories"), listSome(kept, 3)))
 	}
 	return strings.Join(parts, " and ")
 }

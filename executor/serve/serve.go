@@ -1149,6 +1149,18 @@ func (s *Server) savedTarget(st *store.Store, src store.Source, id *identity.Ide
 	return d, raw, "", nil
 }
 
+// ReconcileNodeID is the node a reconcile holds src's saved target d to
+// (engine.Options.NodeID) on a host of identity id: an enrolled host's, for
+// the link's target and for a rescue file that names a node; none on a
+// hosted one, or for a rescue file that names none (applied before the
+// host was enrolled, it is reconciled still). doctor reads it too.
+func ReconcileNodeID(src store.Source, d *shapes.Declaration, id *identity.Identity) string {
+	if id != nil && (src == store.Link || d.Node != "") {
+		return id.Node
+	}
+	return ""
+}
+
 // pruneArchives keeps in the cache only the archives that the link
 // declaration just accepted (nil: the link's target), or the bundle's or a
 // rescue file's target, names, and those a connection streamed for the
@@ -1267,9 +1279,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
 			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster,
 			Restore: restores(why)}
-		if id != nil && (src == store.Link || d.Node != "") {
-			opt.NodeID = id.Node
-		}
+		opt.NodeID = ReconcileNodeID(src, d, id)
 		began := clock.Now()
 		// Said through the history alone: durable before the apply's
 		// end is journaled.

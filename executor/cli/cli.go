@@ -568,6 +568,9 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 			parts = append(parts, fmt.Sprintf("%d %s", counts[o], say(o)))
 		}
 	}
+	if len(parts) == 0 {
+		parts = []string{"nothing declared, nothing held"}
+	}
 	fmt.Fprintf(c.out, "outcome: %s (%s)\n", say(rep.Outcome), strings.Join(parts, ", "))
 }
 

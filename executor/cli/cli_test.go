@@ -175,6 +175,12 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"target": "path:`+target+`"`) {
 		t.Fatalf("owned: %d\n%s", code, out)
 	}
+	// An empty declaration on a state holding nothing of a local file's:
+	// said so, not "()".
+	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"resources":[],"owns_nothing":true}`, 0o644)
+	if code, out, _ = run("plan", "--state", filepath.Join(d, "fresh"), empty); code != 0 || !strings.Contains(out, "outcome: would change nothing (nothing declared, nothing held)") {
+		t.Fatalf("plan of nothing: %d\n%s", code, out)
+	}
 	// No briefing (not an adopted node): an empty object, no null.
 	code, out, _ = run("briefing", "--json", "--state", state)
 	form(t, "briefing --json", out)

@@ -254,9 +254,9 @@ func (r *Result) String() string {
 	case r.Final && r.RefusedBy == "root":
 		return "enrolment ended by root: " + r.Reason
 	case r.Final:
-		return fmt.Sprintf("enrolment refused by the %s: %s", r.RefusedBy, r.Reason)
+		return fmt.Sprintf("enrolment refused by %s: %s", sideName(r.RefusedBy), r.Reason)
 	case r.Claimed:
-		who := fmt.Sprintf("enrolment refused by the %s, as the agent reports it: %s", r.RefusedBy, r.Reason)
+		who := fmt.Sprintf("enrolment refused by %s, as the agent reports it: %s", sideName(r.RefusedBy), r.Reason)
 		switch r.RefusedBy {
 		case "agent":
 			who = "enrolment refused by the agent: " + r.Reason
@@ -275,6 +275,14 @@ func (r *Result) String() string {
 		return fmt.Sprintf("still trying (%s, as the agent reports it: %s)", r.RefusedBy, r.Reason)
 	}
 	return "waiting for the agent"
+}
+
+// sideName is who refused, RefusedBy, as a sentence says it.
+func sideName(by string) string {
+	if by == "control" {
+		return "the control side"
+	}
+	return "the " + by
 }
 
 // Refusal is a refusal of root's request made before anything changed:

@@ -233,7 +233,7 @@ func TestTheAgentsWordEndsNothing(t *testing.T) {
 		}, true, "refused by the broker, as the agent reports it: authorization violation"},
 		{"the control side refused, final in its word, unsigned", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
 			return Refused(dir, "control", "token used", true)
-		}, true, "refused by the control, as the agent reports it: token used"},
+		}, true, "refused by the control side, as the agent reports it: token used"},
 		{"the agent itself refused", func(t *testing.T, dir string, _ *wire.EnrolOffer) error {
 			return Refused(dir, "agent", "fingerprint mismatch", true)
 		}, true, "refused by the agent: fingerprint mismatch"},
@@ -326,7 +326,7 @@ func TestSignedRefusal(t *testing.T) {
 			if r == nil || r.Final != tc.final || r.Claimed || r.RefusedBy != "control" || (statErr == nil) == tc.final {
 				t.Fatalf("result %+v, pending file %v", r, statErr)
 			}
-			if tc.final && !strings.Contains(r.String(), "refused by the control: refused for the test") {
+			if tc.final && !strings.Contains(r.String(), "refused by the control side: refused for the test") {
 				t.Fatalf("says %q", r)
 			}
 			if id, _ := identity.Load(dir); id != nil {

@@ -55,7 +55,7 @@ func TestEnrolANewTokenOnAnEnrolledMachine(t *testing.T) {
 
 	code, out, errOut := m.enrol(token)
 	all := out + errOut
-	if code != 1 || !strings.Contains(all, "enrolment refused by the control: this machine is enrolled as node n1 (enrolment "+was["enrolment"].(string)+"), which is live") ||
+	if code != 1 || !strings.Contains(all, "enrolment refused by the control side: this machine is enrolled as node n1 (enrolment "+was["enrolment"].(string)+"), which is live") ||
 		!strings.Contains(all, "mesh-executor enrol --replace") {
 		t.Fatalf("a --new token on n1 without --replace: exit %d\n%s", code, all)
 	}

@@ -13,6 +13,7 @@ package cli
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -784,6 +785,11 @@ type statusReport struct {
 	// again): the daemon reconciles only this enrolment's, so nothing the
 	// link declared is held against drift until one comes.
 	Unheld *unheldTarget `json:"unheld,omitempty"`
+	// DaemonRunning: a mesh-executor serve holds this state now (the pid
+	// its lock names is alive); false, what the rest says is what the
+	// daemon last wrote.
+	DaemonRunning bool `json:"daemon_running"`
+	DaemonPID     int  `json:"daemon_pid,omitempty"`
 }
 
 // unheldTarget is the link's last declaration, when it is not this
@@ -819,8 +825,9 @@ func unheld(st *store.Store, id *identity.Identity) *unheldTarget {
 const linkSilentAfter = 3 * time.Minute
 
 // linkLine says the link as the agent last told it.
-func linkLine(l *serve.LinkState, now time.Time) string {
+func linkLine(l *serve.LinkState, now time.Time, node string) string {
 	ts := func(t time.Time) string { return t.Local().Format(time.RFC3339) }
+	node = cmp.Or(node, "NAME")
 	var b strings.Builder
 	switch {
 	case l.Up:
@@ -828,8 +835,8 @@ func linkLine(l *serve.LinkState, now time.Time) string {
 	case !l.Revoked.IsZero():
 		// Not "disconnected": waiting does not bring it back, and the
 		// agent tries only seldom (up to once an hour).
-		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node NAME (--new --name NAME once the node is deleted), then mesh-executor enrol, enrols this machine again",
-			ts(l.Revoked), now.Sub(l.Revoked).Round(time.Second))
+		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node %s (--new --name %s once the node is deleted), then mesh-executor enrol, enrols this machine again",
+			ts(l.Revoked), now.Sub(l.Revoked).Round(time.Second), node, node)
 	case l.Since.IsZero():
 		b.WriteString("link: disconnected (never linked)")
 	default:
@@ -883,6 +890,15 @@ func (c *command) status() int {
 	if s.State == "enrolled" {
 		s.Link, _ = serve.ReadLinkState(c.state)
 	}
+	if exists {
+		// What follows is what the daemon last wrote: whether one runs
+		// now is said first (the pid its lock names, alive), never left
+		// to a stale "linked since".
+		if pid := readPid(filepath.Join(c.state, ServeLockFile)); pid > 0 && alive(pid) {
+			s.DaemonPID = pid
+		}
+		s.DaemonRunning = s.DaemonPID > 0
+	}
 	if f, err := serve.ReadFaults(c.state); err == nil && f.Recovered > 0 {
 		s.Faults = &f
 	}
@@ -895,8 +911,14 @@ func (c *command) status() int {
 		state += ", disconnected"
 	}
 	fmt.Fprintf(&b, "state: %s\n", state)
+	switch {
+	case s.DaemonRunning:
+		fmt.Fprintf(&b, "daemon: running (pid %d)\n", s.DaemonPID)
+	case exists:
+		fmt.Fprintf(&b, "daemon: not running (no mesh-executor serve holds %s): what follows is what it last wrote; start it through the init (mesh-executor doctor says more)\n", c.state)
+	}
 	if s.Link != nil {
-		b.WriteString(linkLine(s.Link, clock.Now()))
+		b.WriteString(linkLine(s.Link, clock.Now(), s.Node))
 	}
 	if s.NoState {
 		fmt.Fprintf(&b, "%s\n", c.noState())

@@ -399,8 +399,15 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	}
 	keep(serve.LinkState{Up: false, Since: since, SaidAt: time.Now().UTC()})
 	code, out, _ := run("status", "--state", state)
-	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s)") || strings.Contains(out, "said nothing") {
+	// No daemon holds the state: said first, the rest as it last wrote.
+	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\ndaemon: not running (no mesh-executor serve holds "+state+"): what follows is what it last wrote") ||
+		!strings.Contains(out, "\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s)") || strings.Contains(out, "said nothing") {
 		t.Errorf("exit %d:\n%s", code, out)
+	}
+	// One whose lock names a live process (this one, for the test).
+	os.WriteFile(filepath.Join(state, ServeLockFile), []byte(fmt.Sprintln(os.Getpid())), 0o600)
+	if _, out, _ = run("status", "--state", state); !strings.HasPrefix(out, fmt.Sprintf("state: enrolled, disconnected\ndaemon: running (pid %d)\nlink: disconnected since ", os.Getpid())) {
+		t.Errorf("a daemon running:\n%s", out)
 	}
 	code, out, _ = run("status", "--json", "--state", state)
 	form(t, "status --json (disconnected)", out)
@@ -416,11 +423,12 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	revoked := since.Add(time.Hour)
 	keep(serve.LinkState{Up: false, Since: since, Revoked: revoked, SaidAt: time.Now().UTC()})
 	code, out, _ = run("status", "--state", state)
-	if code != 0 || !strings.HasPrefix(out, "state: enrolled, revoked\nlink: revoked by the control side at "+revoked.Local().Format(time.RFC3339)+" (30m0s)") || strings.Contains(out, "disconnected") {
+	if code != 0 || !strings.Contains(out, "\nlink: revoked by the control side at "+revoked.Local().Format(time.RFC3339)+" (30m0s)") || !strings.HasPrefix(out, "state: enrolled, revoked\n") ||
+		strings.Contains(out, "disconnected") || !strings.Contains(out, "token issue --node n1 (--new --name n1 once") {
 		t.Errorf("a revoked node: exit %d:\n%s", code, out)
 	}
 	keep(serve.LinkState{Up: true, Since: since, SaidAt: time.Now().Add(-time.Hour).UTC()})
-	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
+	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\n") || !strings.Contains(out, "\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
 		t.Errorf("a linked node whose agent went quiet:\n%s", out)
 	}
 }

@@ -325,7 +325,7 @@ func linkCheck(enrolled bool, l *serve.LinkState, err error, now time.Time) chec
 		ch.Fix = "is mesh-agent running, as the executor's --agent-user? its log says why it has not reached the executor"
 		return ch
 	}
-	ch.Detail = strings.TrimSuffix(strings.TrimPrefix(linkLine(l, now), "link: "), "\n")
+	ch.Detail = strings.TrimSuffix(strings.TrimPrefix(linkLine(l, now, ""), "link: "), "\n")
 	switch {
 	case !l.Up && !l.Revoked.IsZero():
 		ch.Status = checkFail

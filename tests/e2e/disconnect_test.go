@@ -50,7 +50,7 @@ func TestDisconnectionIsAState(t *testing.T) {
 		return ok && !up && !since.Before(stopping.Add(-5*time.Second))
 	})
 	text := m.run("mesh-executor", "status", "--state", m.state)
-	if !strings.HasPrefix(text, "state: enrolled, disconnected\nlink: disconnected since ") {
+	if !strings.HasPrefix(text, "state: enrolled, disconnected\ndaemon: running (pid ") || !strings.Contains(text, "\nlink: disconnected since ") {
 		t.Fatalf("mesh-executor status while disconnected:\n%s", text)
 	}
 

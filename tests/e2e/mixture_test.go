@@ -102,7 +102,7 @@ func TestARevokedNodeTriesSeldom(t *testing.T) {
 	var out string
 	eventually(t, "status saying revoked", func() bool {
 		out = m.run("mesh-executor", "status", "--state", m.state)
-		return strings.HasPrefix(out, "state: enrolled, revoked\nlink: revoked by the control side at ")
+		return strings.HasPrefix(out, "state: enrolled, revoked\ndaemon: running (pid ") && strings.Contains(out, "\nlink: revoked by the control side at ")
 	})
 	if strings.Contains(out, "disconnected") {
 		t.Errorf("status:\n%s", out)

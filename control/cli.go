@@ -383,8 +383,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if isTerminal(stderr) {
 		c.tty = stderr
 	}
-	var err error
-	switch cmd {
+	err := flagForms(cmd, o)
+	run := cmd
+	if err != nil {
+		run = "" // refused as written: no command runs
+	}
+	switch run {
 	case "init":
 		err = c.init(o.hosts, o.url)
 	case "serve":
@@ -828,6 +832,31 @@ func namesAnother(file string, data []byte, nodes []string) error {
 	for _, n := range nodes {
 		if n != *f.Node {
 			return fmt.Errorf("%s names node %q, and is sent to %s: send it to %s, or take \"node\" out of it (the control side sets a declaration's node, enrolment and sequence)", file, *f.Node, strings.Join(nodes, ","), *f.Node)
+		}
+	}
+	return nil
+}
+
+// flagForms refuses, before a command runs, a flag's value that is not
+// of the form the command takes — a broker address, a lifetime — as the
+// flag parser refuses one that does not parse: the command line's fault,
+// exit 2, by the rule the command itself applies later.
+func flagForms(cmd string, o options) error {
+	switch cmd {
+	case "init":
+		if o.url != "" {
+			if _, err := brokerURLsOf(o.url); err != nil {
+				return usageError("--url: %v", err)
+			}
+		}
+	case "token issue", "node add":
+		if o.brokerURL != "" {
+			if _, err := brokerURLsOf(o.brokerURL); err != nil {
+				return usageError("--broker-url: %v", err)
+			}
+		}
+		if o.ttl < 0 {
+			return usageError("--ttl %v: a token's lifetime is not negative", o.ttl)
 		}
 	}
 	return nil

@@ -90,7 +90,7 @@ func (c *cli) fanningOut(cl *Client, what string) func() {
 
 func (c *cli) overlaySet(ch OverlayChange) error {
 	if err := ch.Check(); err != nil {
-		return err
+		return usageError("%v", err) // a flag's value: the command line's, exit 2
 	}
 	cl, err := c.connect()
 	if err != nil {

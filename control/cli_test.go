@@ -341,7 +341,7 @@ func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
 	}
 	for _, url := range []string{"abc", "tls://127.0.0.1:abc", "http://127.0.0.1:4222", "tls://127.0.0.1:70000"} {
 		dir := filepath.Join(t.TempDir(), "keys")
-		if _, errs, code := run(t, ctx, "init", "--dir", dir, "--url", url); code == 0 || !strings.Contains(errs, "--url") {
+		if _, errs, code := run(t, ctx, "init", "--dir", dir, "--url", url); code != 2 || !strings.Contains(errs, "--url") {
 			t.Fatalf("init --url %s: exit %d: %s", url, code, errs)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -357,8 +357,11 @@ func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
 		{[]string{"token", "issue", "--new", "--ttl", "-1h"}, "negative"},
 		{[]string{"token", "issue", "--new", "--broker-url", "banana"}, "--broker-url"},
 		{[]string{"node", "add", "web1", "--broker-url", "http://127.0.0.1:4222", "--out", filepath.Join(t.TempDir(), "w", "agent.json")}, "--broker-url"},
+		{[]string{"overlay", "set", "--network", "bogus"}, "bogus"},
 	} {
-		if _, errs, code := run(t, ctx, append(c.args, "--dir", dir, "--nats", s.url)...); code == 0 || !strings.Contains(errs, c.say) {
+		// A flag's value of a form the command does not take: the command
+		// line's fault, exit 2, as the flag parser's.
+		if _, errs, code := run(t, ctx, append(c.args, "--dir", dir, "--nats", s.url)...); code != 2 || !strings.Contains(errs, c.say) {
 			t.Errorf("%v: exit %d: %s", c.args, code, errs)
 		}
 	}

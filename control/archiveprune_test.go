@@ -1,12 +1,15 @@
 package control_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +29,12 @@ func TestArchivesNoDeclarationNamesArePruned(t *testing.T) {
 	put := func(name string) string {
 		t.Helper()
 		p := filepath.Join(t.TempDir(), name+".tar")
-		os.WriteFile(p, []byte("the bytes of "+name), 0o600)
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(name))})
+		tw.Write([]byte(name))
+		tw.Close()
+		os.WriteFile(p, b.Bytes(), 0o600)
 		sum, _, err := s.client.PutArchive(ctx, p)
 		if err != nil {
 			t.Fatal(err)
@@ -85,5 +93,28 @@ func TestArchivesNoDeclarationNamesArePruned(t *testing.T) {
 	}
 	if removed, err := s.client.PruneArchives(ctx, 0); err != nil || len(removed) != 0 {
 		t.Fatalf("again: removed %v (%v), want none", removed, err)
+	}
+}
+
+// archive put stores only what a node's executor unpacks: a file that is
+// not a tar, or a tar holding a link, is refused with the entry named, and
+// nothing is stored.
+func TestArchivePutRefusesWhatNoNodeUnpacks(t *testing.T) {
+	_, _, _, cmd := servedCLI(t)
+	dir := t.TempDir()
+	notTar := filepath.Join(dir, "notes.txt")
+	os.WriteFile(notTar, []byte("hi\n"), 0o600)
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: "site", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "site/passwd", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd"})
+	tw.Close()
+	link := filepath.Join(dir, "link.tar")
+	os.WriteFile(link, b.Bytes(), 0o600)
+	for f, say := range map[string]string{notTar: "archive: unexpected EOF", link: `entry "site/passwd" is a symbolic link`} {
+		out, errs, code := cmd("archive", "put", f)
+		if code != 1 || out != "" || !strings.Contains(errs, f+" is not an archive a node unpacks") || !strings.Contains(errs, say) {
+			t.Errorf("archive put %s: exit %d\n%s%s", f, code, out, errs)
+		}
 	}
 }

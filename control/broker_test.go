@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -373,8 +374,15 @@ func TestNodeArchiveAccess(t *testing.T) {
 	_, a := addNode(t, s, "alpha")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	content := bytes.Repeat([]byte("archive bytes "), 20000) // a few chunks
-	path := filepath.Join(t.TempDir(), "a.tgz")
+	// A tar of a few chunks.
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	body := bytes.Repeat([]byte("archive bytes "), 20000)
+	tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+	tw.Write(body)
+	tw.Close()
+	content := tb.Bytes()
+	path := filepath.Join(t.TempDir(), "a.tar")
 	os.WriteFile(path, content, 0o600)
 	sum, size, err := s.client.PutArchive(ctx, path)
 	if want := sha256.Sum256(content); err != nil || sum != hex.EncodeToString(want[:]) || size != int64(len(content)) {

@@ -565,8 +565,14 @@ func (c *Client) PutArchive(ctx context.Context, path string) (string, int64, er
 	if fi.Size() > MaxArchiveBytes {
 		return "", 0, fmt.Errorf("%s: %d bytes, over the %d a node takes", path, fi.Size(), int64(MaxArchiveBytes))
 	}
+	// Read once for both: its digest, and every entry as a node's
+	// executor would take it (shapes.WalkArchive) — an archive no node
+	// unpacks is refused here, before it is stored, not at every node.
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if err := shapes.WalkArchive(io.TeeReader(f, h), func(shapes.ArchiveEntry, io.Reader) error { return nil }); err != nil {
+		return "", 0, fmt.Errorf("%s is not an archive a node unpacks (a tar, gzipped or not, of directories and regular files), and is not stored: %w", path, err)
+	}
+	if _, err := io.Copy(h, f); err != nil { // what follows the tar's end
 		return "", 0, err
 	}
 	sum := hex.EncodeToString(h.Sum(nil))

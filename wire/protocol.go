@@ -505,7 +505,7 @@ const MaxArchiveChunk = 1 << 20
 // MaxArchiveBytes is the largest archive: the most one stream may carry
 // into the executor's cache, and the most its files may hold. The agent
 // refuses a larger object before fetching a byte of it.
-const MaxArchiveBytes = 4 << 30
+const MaxArchiveBytes = shapes.MaxArchiveBytes
 
 // Archive is one chunk of an archive streamed into the executor's private
 // cache. The first chunk of a stream has Offset 0; each next one starts

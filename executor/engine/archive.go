@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"archive/tar"
-	"bufio"
 	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -23,7 +20,6 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
-	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
 // An archive is a tar (optionally gzipped) pinned by digest. Its bytes are
@@ -34,11 +30,8 @@ import (
 // a link, a device or anything but a regular file or a directory refuses
 // the archive whole, rather than being skipped or relocated.
 
-// Limits on what one archive may hold.
-const (
-	maxArchiveEntries = 100000
-	maxArchiveBytes   = wire.MaxArchiveBytes
-)
+// Limits on what one archive may hold: shapes.WalkArchive's.
+const maxArchiveBytes = shapes.MaxArchiveBytes
 
 // ArchiveCacheDir is the executor's private archive cache under its state
 // directory: a file per archive, named by its sha256, written only by the
@@ -361,95 +354,26 @@ func readArchive(p, dest string) ([]archiveEntry, error) {
 		return nil, err
 	}
 	defer f.Close()
-	br := bufio.NewReader(f)
-	var rd io.Reader = br
-	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, fmt.Errorf("archive: %w", err)
-		}
-		rd = gz
-	}
-	tr := tar.NewReader(rd)
 	var out []archiveEntry
-	var total int64
-	seen := map[string]bool{}
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
+	err = shapes.WalkArchive(f, func(h shapes.ArchiveEntry, body io.Reader) error {
+		if why := shapes.ProtectedPath(path.Join(dest, h.Name)); why != "" {
+			return fmt.Errorf("archive: entry %q: %s: %v", h.Raw, why, shapes.ErrProtected)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("archive: %w", err)
-		}
-		if len(out) >= maxArchiveEntries {
-			return nil, fmt.Errorf("archive: more than %d entries", maxArchiveEntries)
-		}
-		name := strings.TrimPrefix(hdr.Name, "./")
-		name = strings.TrimSuffix(name, "/")
-		clean := path.Clean(name)
-		if name == "" || name == "." {
-			continue // the archive's own top directory
-		}
-		if strings.HasPrefix(name, "/") || clean != name || clean == ".." || strings.HasPrefix(clean, "../") {
-			return nil, fmt.Errorf("archive: entry %q names a path outside the destination; refused, not relocated", hdr.Name)
-		}
-		if seen[clean] {
-			return nil, fmt.Errorf("archive: entry %q appears twice", hdr.Name)
-		}
-		seen[clean] = true
-		full := path.Join(dest, clean)
-		if why := shapes.ProtectedPath(full); why != "" {
-			return nil, fmt.Errorf("archive: entry %q: %s: %v", hdr.Name, why, shapes.ErrProtected)
-		}
-		e := archiveEntry{rel: clean, mode: uint32(hdr.Mode) & 0o777}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			e.dir = true
-		case tar.TypeReg:
-			for k := range hdr.PAXRecords {
-				if strings.HasPrefix(k, "GNU.sparse.") {
-					// Its holes would be made up by the reader: a few bytes
-					// of archive could claim gigabytes.
-					return nil, fmt.Errorf("archive: entry %q is a sparse file; only regular files and directories are unpacked, and an archive needing one is refused rather than left incomplete", hdr.Name)
-				}
+		e := archiveEntry{rel: h.Name, mode: h.Mode, dir: h.Dir}
+		if !h.Dir {
+			var err error
+			if e.data, err = io.ReadAll(body); err != nil {
+				return fmt.Errorf("archive: %s: %w", h.Raw, err)
 			}
-			if hdr.Size < 0 {
-				return nil, fmt.Errorf("archive: entry %q has a negative size", hdr.Name)
-			}
-			if total += hdr.Size; total > maxArchiveBytes {
-				return nil, fmt.Errorf("archive: more than %d bytes", int64(maxArchiveBytes))
-			}
-			if e.data, err = io.ReadAll(io.LimitReader(tr, hdr.Size)); err != nil {
-				return nil, fmt.Errorf("archive: %s: %w", hdr.Name, err)
-			}
-		default:
-			return nil, fmt.Errorf("archive: entry %q is a %s; only regular files and directories are unpacked, and an archive needing one is refused rather than left incomplete", hdr.Name, tarType(hdr.Typeflag))
 		}
 		out = append(out, e)
-	}
-	// Every entry's directories must be in the archive or be the destination.
-	for _, e := range out {
-		if d := path.Dir(e.rel); d != "." && !seen[d] {
-			return nil, fmt.Errorf("archive: entry %q is in %q, which the archive does not hold", e.rel, d)
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i].rel, "/") < strings.Count(out[j].rel, "/") })
 	return out, nil
-}
-
-func tarType(t byte) string {
-	switch t {
-	case tar.TypeSymlink:
-		return "symbolic link"
-	case tar.TypeLink:
-		return "hard link"
-	case tar.TypeChar, tar.TypeBlock:
-		return "device node"
-	case tar.TypeFifo:
-		return "FIFO"
-	}
-	return fmt.Sprintf("tar entry of type %q", t)
 }
 
 // archive unpacks an archive, or finds it unpacked already.

@@ -60,3 +60,15 @@ func TestAPlanReadsAsAPlan(t *testing.T) {
 		t.Errorf("a plan shown as an apply of sequence 0:\n%s", out)
 	}
 }
+
+// A report's lines counted as a person reads them: kept (undeclared and
+// not undone) and held apart from unchanged, forgotten in none.
+func TestTallyCountsEveryLineItSays(t *testing.T) {
+	var lines []shapes.Line
+	for _, o := range []shapes.Outcome{shapes.Applied, shapes.Removed, shapes.Unchanged, shapes.Failed, shapes.Held, shapes.Kept, shapes.Kept, shapes.Forgotten} {
+		lines = append(lines, shapes.Line{Module: "m", ID: string(o), Type: "file", Outcome: o})
+	}
+	if got := tallyOf(lines).String(); got != "2 changed, 1 unchanged, 1 failed, 1 held, 2 kept" {
+		t.Fatalf("%q", got)
+	}
+}

@@ -218,7 +218,7 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 // asks after an apply: how many changed the machine, were already as
 // declared, failed, or were held (found on an adopted node and kept as
 // found, changed by something else or not).
-type tally struct{ changed, unchanged, failed, held int }
+type tally struct{ changed, unchanged, failed, held, kept int }
 
 func tallyOf(lines []shapes.Line) tally {
 	var t tally
@@ -229,6 +229,8 @@ func tallyOf(lines []shapes.Line) tally {
 			t.unchanged++
 		case shapes.Held, shapes.HeldChanged:
 			t.held++
+		case shapes.Kept:
+			t.kept++ // undeclared and not undone: what it holds is not the host's
 		}
 	}
 	return t
@@ -239,12 +241,16 @@ func (t *tally) add(o tally) {
 	t.unchanged += o.unchanged
 	t.failed += o.failed
 	t.held += o.held
+	t.kept += o.kept
 }
 
 func (t tally) String() string {
 	s := fmt.Sprintf("%d changed, %d unchanged, %d failed", t.changed, t.unchanged, t.failed)
 	if t.held > 0 {
 		s += fmt.Sprintf(", %d held", t.held)
+	}
+	if t.kept > 0 {
+		s += fmt.Sprintf(", %d kept", t.kept)
 	}
 	return s
 }

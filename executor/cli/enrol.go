@@ -13,6 +13,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/wire"
+	"golang.org/x/sys/unix"
 )
 
 // Exit statuses of enrol beyond 0 (enrolled) and 1 (refused).
@@ -68,8 +69,10 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		}
 		raw = string(data)
 	} else {
+		// A terminal only: /dev/null is a character device too, and a
+		// pipe or a script is asked nothing.
 		if f, ok := stdin.(*os.File); ok {
-			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err == nil {
 				fmt.Fprint(c.errw, "paste the enrolment token, then Enter: ")
 			}
 		}

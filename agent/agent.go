@@ -192,8 +192,12 @@ type Agent struct {
 	ncp           atomic.Pointer[nats.Conn] // the current connection, for the heartbeat
 	linkUp        chan struct{}
 	hbNow         chan struct{}
-	cancel        context.CancelCauseFunc
-	reconc        atomic.Bool // the executor has yet to hear that the link came back
+	// execBack: the executor answers the heartbeat's look again after it
+	// did not (restarted, upgraded in place): a back-off waiting for it
+	// ends (backoff).
+	execBack chan struct{}
+	cancel   context.CancelCauseFunc
+	reconc   atomic.Bool // the executor has yet to hear that the link came back
 	// reconnectReport is the report of a reconnect's reconcile the broker
 	// has not confirmed yet, with its verdict: published again as it is,
 	// not asked for again (a second reconcile would find unchanged what
@@ -427,6 +431,7 @@ func runLinked(ctx context.Context, o Options) error {
 		hbExec:        &execClient{path: o.Socket, uid: o.ExecutorUID, vsock: o.Vsock, dial: o.DialExecutor, version: o.Version, build: o.Build},
 		linkUp:        make(chan struct{}, 1),
 		hbNow:         make(chan struct{}, 1),
+		execBack:      make(chan struct{}, 1),
 		rekeyNow:      make(chan struct{}, 1),
 		statementsNow: make(chan struct{}, 1),
 		activityNow:   make(chan struct{}, 1),
@@ -539,13 +544,18 @@ func (a *Agent) upgraded(err error) {
 	a.cancel(ErrUpgraded)
 }
 
-// backoff waits d (or until ctx ends) and returns the next wait.
+// backoff waits d (or until ctx ends) and returns the next wait. The
+// executor seen again after it was gone ends the wait at once, and the
+// next is the first again: what failed for want of it (a declaration to
+// hand over) goes as soon as it is back, not up to 30 s later.
 func (a *Agent) backoff(ctx context.Context, d time.Duration) time.Duration {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	case <-a.execBack:
+		return a.o.RetryWait
 	}
 	return min(d*2, 30*time.Second)
 }
@@ -1274,12 +1284,20 @@ func (a *Agent) heartbeats(ctx context.Context) {
 	// unlinked agent (revoked, perhaps) sees a re-enrolment root began.
 	look := time.NewTicker(a.o.Look)
 	defer look.Stop()
+	gone := false // the executor did not answer the last look
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-look.C:
 			s, err := a.hbExec.status(a.linkSaid())
+			if err == nil && gone {
+				select {
+				case a.execBack <- struct{}{}:
+				default:
+				}
+			}
+			gone = err != nil
 			switch {
 			case errors.Is(err, ErrUpgraded):
 				a.upgraded(err)

@@ -464,3 +464,33 @@ func TestSequencesOfAnEarlierEnrolmentGiveWay(t *testing.T) {
 		return slices.Contains(d, seq)
 	})
 }
+
+// A declaration the agent could not hand over, its executor down, goes as
+// soon as the executor answers the agent's look again — not at the end of
+// the back-off it began then, here a minute, past this test's wait.
+func TestADeclarationGoesOnceTheExecutorIsBack(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id := c.addNodeOfThisRelease("n1")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	// Linked once with the tests' short waits (a node just added may be
+	// refused until the broker knows it), then again with a minute's.
+	state := t.TempDir()
+	stop := runAgentIn(t, id, ex.path, time.Hour, state)
+	waitFor(t, "the first Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 1 })
+	stop()
+	runAgentWith(t, id, ex.path, state, func(o *agent.Options) { o.Poll, o.RetryWait = time.Hour, time.Minute })
+	waitFor(t, "the second Reconnected", func() bool { _, r, _ := ex.snapshot(); return r == 2 })
+
+	ex.down()
+	s := c.declare("n1", fmt.Sprintf(motd, 1))
+	// The agent has read it and failed to hand it over: backing off.
+	time.Sleep(2 * time.Second)
+	if d, _, _ := ex.snapshot(); slices.Contains(d, s) {
+		t.Fatal("handed over while the executor was down")
+	}
+	ex.up()
+	waitFor(t, "the declaration handed over once the executor is back", func() bool {
+		d, _, _ := ex.snapshot()
+		return slices.Contains(d, s)
+	})
+}

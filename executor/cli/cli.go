@@ -1170,6 +1170,10 @@ func (c *command) serve(args []string) int {
 		log.Error("executor: serve", "err", err)
 		return ExitFailed
 	}
+	// Said, so a log read later tells a stop asked for from a crash.
+	if ctx.Err() != nil {
+		log.Info("executor: stopped: asked to (SIGTERM or SIGINT)")
+	}
 	return 0
 }
 

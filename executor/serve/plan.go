@@ -99,21 +99,26 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 		out.Code = wire.CodeInvalid
 	}
 	for _, r := range d.Resources {
-		f, ok := r.(*shapes.File)
-		if !ok {
-			continue
-		}
-		diff, has := diffs[f.Key()]
+		key := r.Head().Key()
+		diff, has := diffs[key]
 		if !has {
 			continue
 		}
-		if why := s.mayShow(st, f.Path, diff); why != "" {
-			diff = "(not shown: " + why + ")"
+		switch f := r.(type) {
+		case *shapes.File:
+			if why := s.mayShow(st, f.Path, diff); why != "" {
+				diff = "(not shown: " + why + ")"
+			}
+		case *shapes.Keys, *shapes.Region:
+			// The lines around an edit are the machine's file's.
+			diff = "(not shown: an edit of a file the machine holds; its content is the machine's)"
+		default:
+			continue
 		}
 		if out.Diffs == nil {
 			out.Diffs = map[string]string{}
 		}
-		out.Diffs[f.Key()] = diff
+		out.Diffs[key] = diff
 	}
 	s.log.Info("planned", "outcome", out.Outcome, "lines", len(out.Lines), "refused", out.Refused)
 	return out

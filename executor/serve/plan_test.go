@@ -23,6 +23,7 @@ func TestPlanChangesNothingAndIsTakenOnlyAsSigned(t *testing.T) {
 		t.Fatalf("%+v", v)
 	}
 	os.WriteFile(filepath.Join(e.root, "found"), []byte("the machine's\n"), 0o644)
+	os.WriteFile(filepath.Join(e.root, "conf"), []byte("# the machine's own\nPort 22\n"), 0o644)
 	req := func(node, enrolment string, notAfter time.Time, purpose wire.Purpose, resources ...string) []byte {
 		body, _ := json.Marshal(wire.PlanRequest{Node: node, Enrolment: enrolment, ID: "p1", NotAfter: notAfter, Declaration: e.decl(node, enrolment, 0, resources...)})
 		b, err := wire.Seal(e.priv, purpose, body)
@@ -52,6 +53,11 @@ func TestPlanChangesNothingAndIsTakenOnlyAsSigned(t *testing.T) {
 	// what the control plane declares.
 	if d := p.Diffs["m.new"]; !strings.HasPrefix(d, "--- /dev/null\n") || !strings.Contains(d, "+n") {
 		t.Fatalf("the plan of a file not on the machine: %q", d)
+	}
+	// An edit of the machine's file: said as not shown, none of its lines.
+	keys := `{"module":"m","id":"conf","type":"keys","path":"` + filepath.Join(e.root, "conf") + `","format":"space","set":{"Port":"2222"}}`
+	if p := ask(req("n1", "e-1", soon, wire.PurposePlan, keys)); !strings.HasPrefix(p.Diffs["m.conf"], "(not shown: an edit of a file the machine holds") || strings.Contains(p.Diffs["m.conf"], "machine's own") {
+		t.Fatalf("the plan of an edit: %+v", p)
 	}
 	for _, c := range []struct {
 		name string

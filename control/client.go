@@ -932,8 +932,18 @@ func probe(seq uint64, fill func(uint64) ([]byte, error)) error {
 	if err != nil {
 		return err
 	}
-	if _, err := shapes.Parse(data); err != nil {
+	d, err := shapes.Parse(data)
+	if err != nil {
 		return fmt.Errorf("refused before signing: %w", err)
+	}
+	// What every node's archive step would refuse, refused here: the
+	// parse leaves it to the step (shapes.Archive.CheckURL).
+	for _, r := range d.Resources {
+		if a, ok := r.(*shapes.Archive); ok {
+			if err := a.CheckURL(); err != nil {
+				return fmt.Errorf("refused before signing: %w", err)
+			}
+		}
 	}
 	return nil
 }

@@ -321,6 +321,16 @@ func TestDeclareManyCommand(t *testing.T) {
 	if out, errs, code = run(t, ctx, "declare", "m2", named, "--dir", dir, "--nats", s.url); code != 0 || out != "declared seq 3 to m2\n" {
 		t.Fatalf("declare m2 of a file naming m2: exit %d\n%s%s", code, out, errs)
 	}
+	// An archive URL no archive comes by: refused before a sequence is
+	// taken, as every node's archive step would refuse it.
+	arch := filepath.Join(dir, "arch.json")
+	os.WriteFile(arch, []byte(`{"version":1,"resources":[{"module":"web","id":"site","type":"archive","url":"obj://themes/t1","sha256":"`+strings.Repeat("a", 64)+`","destination":"/srv/www"}]}`), 0o600)
+	if out, errs, code = run(t, ctx, "declare", "m1", arch, "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "refused before signing") || !strings.Contains(errs, "is not obj:// and the archive's sha256") {
+		t.Errorf("declare of an archive stored under another name: exit %d\n%s%s", code, out, errs)
+	}
+	if n, _, err := s.client.Node(ctx, "m1"); err != nil || n.NextSeq != 2 {
+		t.Fatalf("m1 after the refused archive: %+v %v", n, err)
+	}
 	// A list where one node is named: said as a name no node has.
 	for _, args := range [][]string{{"plan", "m1,m2", file}, {"reports", "m1,m2"}, {"node", "show", "m1,m2"}, {"node", "revoke", "m1,m2"}} {
 		out, errs, code = run(t, ctx, append(args, "--dir", dir, "--nats", s.url)...)

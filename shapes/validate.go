@@ -470,12 +470,6 @@ func (u *User) validate(v *validator) {
 	}
 }
 
-// The two URLs an archive comes by: the control side's object store,
-// which keeps an archive under its digest (mesh-control archive put
-// prints obj://<sha256>), so an obj:// URL naming another is refused
-// wherever it went; and a file the executor reads as root, named by an
-// absolute path (file://host/PATH and file://PATH would be read relative
-// to the executor's working directory).
 func (a *Archive) validate(v *validator) {
 	if a.URL == "" || strings.ContainsAny(a.URL, " \n\x00") {
 		v.fail("url", "missing or not a URL")
@@ -485,14 +479,28 @@ func (a *Archive) validate(v *validator) {
 	} else if _, err := hex.DecodeString(a.SHA256); err != nil {
 		v.fail("sha256", "%q is not 64 lower-case hex digits", a.SHA256)
 	}
-	if name, ok := strings.CutPrefix(a.URL, "obj://"); ok && name != a.SHA256 {
-		v.fail("url", "%q is not obj:// and the archive's sha256: the control side stores an archive under its digest (mesh-control archive put prints its URL)", a.URL)
-	} else if p, ok := strings.CutPrefix(a.URL, "file://"); ok && (!path.IsAbs(p) || path.Clean(p) != p) {
-		v.fail("url", "%q is not file:// and a clean absolute path (file:///PATH; a host part, as in file://host/PATH, is not taken)", a.URL)
-	} else if !strings.HasPrefix(a.URL, "obj://") && !strings.HasPrefix(a.URL, "file://") {
-		v.fail("url", "%q is neither obj://<sha256> (an archive the control side stores) nor file:///PATH (a file on the machine, from a local file or the bundle)", a.URL)
-	}
 	v.path("destination", a.Destination)
+}
+
+// CheckURL refuses a URL an archive does not come by. There are two: the
+// control side's object store, which keeps an archive under its digest
+// (mesh-control archive put prints obj://<sha256>), so an obj:// URL
+// naming another is refused wherever it went; and a file the executor
+// reads as root, named by a clean absolute path (file://host/PATH and
+// file://PATH would be read relative to the executor's working
+// directory). Not a rule of the parse: a target an earlier release saved
+// is read again at every reconcile, and one such URL must fail its own
+// step (the executor's archive step checks it), not the whole target;
+// the control side checks it before it signs.
+func (a *Archive) CheckURL() error {
+	if name, ok := strings.CutPrefix(a.URL, "obj://"); ok && name != a.SHA256 {
+		return fmt.Errorf("archive %s: url %q is not obj:// and the archive's sha256: the control side stores an archive under its digest (mesh-control archive put prints its URL)", a.Key(), a.URL)
+	} else if p, ok := strings.CutPrefix(a.URL, "file://"); ok && (!path.IsAbs(p) || path.Clean(p) != p) {
+		return fmt.Errorf("archive %s: url %q is not file:// and a clean absolute path (file:///PATH; a host part, as in file://host/PATH, is not taken)", a.Key(), a.URL)
+	} else if !ok && !strings.HasPrefix(a.URL, "obj://") {
+		return fmt.Errorf("archive %s: url %q is neither obj://<sha256> (an archive the control side stores) nor file:///PATH (a file on the machine, from a local file or the bundle)", a.Key(), a.URL)
+	}
+	return nil
 }
 
 func (c *Container) validate(v *validator) {

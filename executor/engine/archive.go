@@ -253,6 +253,9 @@ func (e *notStreamed) Error() string {
 // over the link the agent streams the bytes into the cache (obj:// URLs)
 // before it forwards the declaration.
 func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
+	if err := a.CheckURL(); err != nil {
+		return "", err
+	}
 	cached := r.archiveCache(a.SHA256)
 	if sum, err := fileDigest(cached); err == nil && sum == a.SHA256 {
 		return cached, nil

@@ -779,3 +779,23 @@ func overTheLink(t *testing.T, h *harness, res, p, sum string) string {
 	}
 	return strings.Replace(res, "file://"+p, "obj://"+sum, 1)
 }
+
+// An archive whose URL no archive comes by (file:// with a host part, a
+// relative path) fails its own step, planned and applied alike; the rest
+// of the declaration applies. Not a refusal of the parse: a target an
+// earlier release saved with one is reconciled still, the rest held.
+func TestAnArchiveURLOfNoFormFailsItsStep(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("dest")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "a.tgz", tarEntry{name: "f", typ: tar.TypeReg, body: "x"})
+	bad := strings.Replace(archiveRes(p, sum, dest), "file://"+p, "file://localhost"+p, 1)
+	motd := `{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"hi\n"}`
+	for _, plan := range []bool{true, false} {
+		rep := h.run(store.Local, h.doc(motd, bad), plan)
+		if rep.Outcome != shapes.Failed || len(rep.Lines) != 2 || rep.Lines[0].Outcome != shapes.Applied || !strings.Contains(rep.Lines[1].Detail, "is not file:// and a clean absolute path") {
+			t.Fatalf("plan %v: %+v", plan, rep.Lines)
+		}
+	}
+	h.absent("dest/f")
+}

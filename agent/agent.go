@@ -1069,6 +1069,12 @@ func (a *Agent) work(ctx context.Context) {
 				continue
 			}
 			read, wait, a.behind = false, a.o.RetryWait, 0
+			// Done: an executor's return said meanwhile wakes no later
+			// back-off of another cause.
+			select {
+			case <-a.execBack:
+			default:
+			}
 		}
 		if err := a.reportActivity(ctx); err != nil {
 			if errors.Is(err, ErrUpgraded) {

@@ -546,18 +546,29 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		fmt.Fprintln(c.out, "plan: what the next apply would do (nothing was changed)")
 		say, width = shapes.Outcome.Planned, 20
 	}
-	counts := map[shapes.Outcome]int{}
-	for _, l := range rep.Lines {
-		counts[l.Outcome]++
-		name := l.Module + "." + l.ID
+	// A resource's diff goes under the line that makes it, once: a
+	// resource moved or reshaped has a second line, its old target's
+	// undoing (removed, restored, kept, forgotten), which is not this diff
+	// and may come first.
+	nameOf := func(l shapes.Line) string {
 		if l.Module == "" {
-			name = "-"
+			return "-"
 		}
+		return l.Module + "." + l.ID
+	}
+	under := map[string]int{}
+	for i, l := range rep.Lines {
+		j, seen := under[nameOf(l)]
+		if !seen || undoing(rep.Lines[j].Outcome) && !undoing(l.Outcome) {
+			under[nameOf(l)] = i
+		}
+	}
+	counts := map[shapes.Outcome]int{}
+	for i, l := range rep.Lines {
+		counts[l.Outcome]++
+		name := nameOf(l)
 		fmt.Fprintf(c.out, "%-*s %-28s %-10s %s\n", width, say(l.Outcome), name, l.Type, l.Detail)
-		if d := diffs[name]; d != "" {
-			// Once, under the resource's first line: a resource moved has
-			// a second, its old target's removal, which is not this diff.
-			delete(diffs, name)
+		if d := diffs[name]; d != "" && under[name] == i {
 			for _, dl := range strings.SplitAfter(strings.TrimSuffix(d, "\n"), "\n") {
 				fmt.Fprintf(c.out, "    %s", strings.TrimSuffix(dl, "\n")+"\n")
 			}
@@ -570,7 +581,7 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 		}
 	}
 	if len(parts) == 0 {
-		parts = []string{"nothing declared, nothing held"}
+		parts = []string{"nothing declared, nothing of this source's held"}
 	}
 	fmt.Fprintf(c.out, "outcome: %s (%s)\n", say(rep.Outcome), strings.Join(parts, ", "))
 }
@@ -894,9 +905,7 @@ func (c *command) status() int {
 		// What follows is what the daemon last wrote: whether one runs
 		// now is said first (the pid its lock names, alive), never left
 		// to a stale "linked since".
-		if pid := readPid(filepath.Join(c.state, ServeLockFile)); pid > 0 && alive(pid) {
-			s.DaemonPID = pid
-		}
+		s.DaemonPID = serving(c.state)
 		s.DaemonRunning = s.DaemonPID > 0
 	}
 	if f, err := serve.ReadFaults(c.state); err == nil && f.Recovered > 0 {
@@ -915,7 +924,7 @@ func (c *command) status() int {
 	case s.DaemonRunning:
 		fmt.Fprintf(&b, "daemon: running (pid %d)\n", s.DaemonPID)
 	case exists:
-		fmt.Fprintf(&b, "daemon: not running (no mesh-executor serve holds %s): what follows is what it last wrote; start it through the init (mesh-executor doctor says more)\n", c.state)
+		fmt.Fprintf(&b, "daemon: not running (no mesh-executor serve holds %s): what follows is as the daemon, or the last apply, left it; start it through the init (mesh-executor doctor says more)\n", c.state)
 	}
 	if s.Link != nil {
 		b.WriteString(linkLine(s.Link, clock.Now(), s.Node))
@@ -1262,4 +1271,10 @@ func (c *command) briefing() int {
 		fmt.Fprintf(&t, "  %s\n", l)
 	}
 	return c.print(b, t.String())
+}
+
+// undoing says whether a line of this outcome undoes what a source no
+// longer declares, rather than making what it declares.
+func undoing(o shapes.Outcome) bool {
+	return o == shapes.Removed || o == shapes.Restored || o == shapes.Kept || o == shapes.Forgotten
 }

@@ -178,7 +178,7 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	// An empty declaration on a state holding nothing of a local file's:
 	// said so, not "()".
 	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"resources":[],"owns_nothing":true}`, 0o644)
-	if code, out, _ = run("plan", "--state", filepath.Join(d, "fresh"), empty); code != 0 || !strings.Contains(out, "outcome: would change nothing (nothing declared, nothing held)") {
+	if code, out, _ = run("plan", "--state", filepath.Join(d, "fresh"), empty); code != 0 || !strings.Contains(out, "outcome: would change nothing (nothing declared, nothing of this source's held)") {
 		t.Fatalf("plan of nothing: %d\n%s", code, out)
 	}
 	// No briefing (not an adopted node): an empty object, no null.
@@ -222,6 +222,36 @@ func TestAPlanOfAMovedFileSaysWhichPathIsUndone(t *testing.T) {
 	}
 	if code, out, _ = run("apply", "--state", state, fb); code != ExitApplied || !strings.Contains(out, "removed       m.f                          file       "+a+": the host created it; removed") {
 		t.Fatalf("apply of the moved file: exit %d\n%s", code, out)
+	}
+}
+
+// A resource reshaped at its path (a directory, then a file): its old
+// shape's undoing comes first in a plan, and the new shape's diff goes
+// under the line that makes it, not the undoing's.
+func TestAPlanOfAReshapedResourceShowsItsDiffUnderTheMaking(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	x := filepath.Join(d, "x")
+	dir := write(t, filepath.Join(d, "dir.json"), `{"version":1,"resources":[{"module":"m","id":"x","type":"directory","path":"`+x+`"}]}`, 0o644)
+	file := write(t, filepath.Join(d, "file.json"), strings.Replace(strings.Replace(decl, "%s", x, 1), `"id":"f"`, `"id":"x"`, 1), 0o644)
+	if code, out, _ := run("apply", "--state", state, dir); code != ExitApplied {
+		t.Fatalf("apply the directory: exit %d\n%s", code, out)
+	}
+	code, out, _ := run("plan", "--state", state, file)
+	lines := strings.Split(out, "\n")
+	undo, make, diff := -1, -1, -1
+	for i, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "would remove") && strings.Contains(l, "m.x"):
+			undo = i
+		case strings.HasPrefix(l, "would apply") && strings.Contains(l, "m.x"):
+			make = i
+		case strings.HasPrefix(l, "    +++ "+x+" (declared)"):
+			diff = i
+		}
+	}
+	if code != 0 || undo < 0 || make < 0 || diff != make+2 || strings.Count(out, "+++ ") != 1 {
+		t.Fatalf("plan of the reshaped resource: exit %d (undo %d, make %d, diff %d)\n%s", code, undo, make, diff, out)
 	}
 }
 
@@ -400,12 +430,22 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	keep(serve.LinkState{Up: false, Since: since, SaidAt: time.Now().UTC()})
 	code, out, _ := run("status", "--state", state)
 	// No daemon holds the state: said first, the rest as it last wrote.
-	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\ndaemon: not running (no mesh-executor serve holds "+state+"): what follows is what it last wrote") ||
+	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\ndaemon: not running (no mesh-executor serve holds "+state+"): what follows is as the daemon, or the last apply, left it") ||
 		!strings.Contains(out, "\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s)") || strings.Contains(out, "said nothing") {
 		t.Errorf("exit %d:\n%s", code, out)
 	}
-	// One whose lock names a live process (this one, for the test).
+	// A lock naming a live process that does not hold it (a pid left by
+	// a daemon gone, taken since by another process): not running.
 	os.WriteFile(filepath.Join(state, ServeLockFile), []byte(fmt.Sprintln(os.Getpid())), 0o600)
+	if _, out, _ = run("status", "--state", state); !strings.Contains(out, "\ndaemon: not running") {
+		t.Errorf("a stale pid in the lock:\n%s", out)
+	}
+	// The lock held (this process, as a serve holds it): running.
+	lock, err := lockServe(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
 	if _, out, _ = run("status", "--state", state); !strings.HasPrefix(out, fmt.Sprintf("state: enrolled, disconnected\ndaemon: running (pid %d)\nlink: disconnected since ", os.Getpid())) {
 		t.Errorf("a daemon running:\n%s", out)
 	}

@@ -92,3 +92,28 @@ func readPid(p string) int {
 	}
 	return pid
 }
+
+// serving is the pid of the serve holding state's lock now, 0 for none:
+// the pid its lock names, alive and holding the lock file open. A pid
+// alone is no proof — the file keeps the last one after a crash or a
+// reboot, and the number may be another process's since — and a probe of
+// the flock itself is no look: a serve starting at that instant would
+// find it held and refuse to start.
+func serving(state string) int {
+	p := filepath.Join(state, ServeLockFile)
+	pid := readPid(p)
+	if pid <= 0 || !alive(pid) {
+		return 0
+	}
+	fds := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fds)
+	if err != nil {
+		return 0
+	}
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(fds, e.Name())); err == nil && l == p {
+			return pid
+		}
+	}
+	return 0
+}

@@ -268,7 +268,7 @@ func TestDirectoryWithForeignContentIsKept(t *testing.T) {
 	os.Mkdir(h.p("etc/inner/hand"), 0o755)
 	rep = h.apply(h.doc())
 	h.expect(rep, shapes.Kept, "base.inner=kept base.etc=kept")
-	if d := rep.Lines[1].Detail; !strings.Contains(d, "holds 1 directory of the host's it keeps (inner: each holds what the host did not create); kept") || strings.Contains(d, "did not create (inner)") {
+	if d := rep.Lines[1].Detail; !strings.Contains(d, "holds 1 directory of the host's kept in turn (inner); kept") || strings.Contains(d, "did not create (inner)") {
 		t.Errorf("the outer directory: %q", d)
 	}
 }

@@ -630,9 +630,9 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 }
 
 // leftSaid says what directory p still holds, left: what the host did
-// not create, what this declaration declares still, and the host's own
-// directories kept in turn for what they hold — the host's own said as
-// such, not as another's. Read alike by a plan and an apply: from the
+// not create, what a declaration declares still (this one, or another
+// source's), and the host's own directories kept in turn — the host's own
+// said as such, not as another's. Read alike by a plan and an apply: from the
 // declaration and from entries recorded before either.
 func (r *run) leftSaid(p string, left []string) string {
 	declared := map[string]bool{}
@@ -643,7 +643,7 @@ func (r *run) leftSaid(p string, left []string) string {
 	for _, name := range left {
 		t := "path:" + path.Join(p, name)
 		switch e := r.st.Get(t); {
-		case declared[t]:
+		case declared[t] || e != nil && otherSource(e, r.opt.Source):
 			still = append(still, name)
 		case e != nil && e.Created && e.Type == shapes.TypeDirectory:
 			kept = append(kept, name)
@@ -659,9 +659,20 @@ func (r *run) leftSaid(p string, left []string) string {
 		parts = append(parts, fmt.Sprintf("%s declared still (%s)", countWord(len(still), "entry", "entries"), listSome(still, 3)))
 	}
 	if len(kept) > 0 {
-		parts = append(parts, fmt.Sprintf("%s of the host's it keeps (%s: each holds what the host did not create)", countWord(len(kept), "directory", "directories"), listSome(kept, 3)))
+		parts = append(parts, fmt.Sprintf("%s of the host's kept in turn (%s)", countWord(len(kept), "directory", "directories"), listSome(kept, 3)))
 	}
 	return strings.Join(parts, " and ")
+}
+
+// otherSource says whether another source than src claims e: declared
+// still, by it.
+func otherSource(e *store.Entry, src store.Source) bool {
+	for _, c := range e.Claims {
+		if c.Source != src {
+			return true
+		}
+	}
+	return false
 }
 
 // leftIn lists what directory p will still hold once this apply's removals

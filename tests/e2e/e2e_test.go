@@ -22,6 +22,7 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 
+	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/tests/ports"
 )
@@ -449,11 +450,32 @@ func TestArchiveOverTheLink(t *testing.T) {
 		t.Fatalf("a plan of an archive applied: exit %d\n%s", code, out)
 	}
 
-	// The stored object under another pin: the agent refuses it.
+	// The stored object under another pin: the control side refuses it
+	// before it signs (the store keeps an archive under its digest).
 	other := strings.Repeat("ab", 32)
-	seq = m.declare(fmt.Sprintf(`{"version":1,"resources":[
-		{"module":"web","id":"root","type":"directory","path":"{root}/www"},
-		{"module":"web","id":"site","type":"archive","url":%q,"sha256":%q,"destination":"{root}/www"}]}`, put.URL, other))
+	f := filepath.Join(m.base, "other.json")
+	os.WriteFile(f, []byte(strings.ReplaceAll(fmt.Sprintf(doc, put.URL, other), "{root}", m.tree)), 0o600)
+	if out, err := exec.Command(filepath.Join(bin, "mesh-control"), "declare", "n1", f, "--dir", m.ctl).CombinedOutput(); err == nil || !strings.Contains(string(out), "refused before signing") {
+		t.Fatalf("an archive pinned under another digest than its name: %v\n%s", err, out)
+	}
+	// A store that holds other bytes under an archive's name (written
+	// around archive put: a tampered store, a hostile broker): the agent
+	// refuses the declaration, and nothing reaches the executor's cache.
+	k, err := control.LoadKeys(m.ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := control.Connect(ctx, k, fmt.Sprintf("tls://127.0.0.1:%d", m.port), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Archives.PutBytes(ctx, other, buf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	seq = m.declare(fmt.Sprintf(doc, "obj://"+other, other))
 	r = m.reportFor(seq)
 	if r.Outcome != shapes.Refused || r.RefusedBy != "agent" || r.Code != "archive" || !strings.Contains(r.Refused, "the declaration pins "+other) {
 		t.Fatalf("a mismatched archive: %+v", r)
@@ -465,7 +487,7 @@ func TestArchiveOverTheLink(t *testing.T) {
 		t.Fatal("the refused declaration changed the machine")
 	}
 	// Not in the store at all: refused, saying so.
-	seq = m.declare(fmt.Sprintf(doc, "obj://"+other, other))
+	seq = m.declare(fmt.Sprintf(doc, "obj://"+missing, missing))
 	if r = m.reportFor(seq); r.Outcome != shapes.Refused || !strings.Contains(r.Refused, "is not in the archive store") {
 		t.Fatalf("a missing archive: %+v", r)
 	}

@@ -975,7 +975,12 @@ func (c *command) status() int {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(&b, "last %s apply: seq %d, %s\n", n, s.Sources[n].Seq, s.Sources[n].Outcome)
+		if n == string(store.Link) {
+			fmt.Fprintf(&b, "last %s apply: seq %d, %s\n", n, s.Sources[n].Seq, s.Sources[n].Outcome)
+		} else {
+			// A rescue file or the bundle has no sequence.
+			fmt.Fprintf(&b, "last %s apply: %s\n", n, s.Sources[n].Outcome)
+		}
 	}
 	if u := s.Unheld; u != nil {
 		fmt.Fprintf(&b, "held: nothing the link declared — its last declaration (seq %d) is addressed to node %s, enrolment %s, not this one, and only this enrolment's is reconciled; what it made stays, a drift is not put back, until the control side declares to this enrolment (mesh-control declare %s FILE)\n",

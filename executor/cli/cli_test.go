@@ -181,6 +181,10 @@ func TestApplyExitStatusAndJSON(t *testing.T) {
 	if code, out, _ = run("plan", "--state", filepath.Join(d, "fresh"), empty); code != 0 || !strings.Contains(out, "outcome: would change nothing (nothing declared, nothing of this source's held)") {
 		t.Fatalf("plan of nothing: %d\n%s", code, out)
 	}
+	// A local file's apply has no sequence: none said.
+	if _, out, _ = run("status", "--state", state); !strings.Contains(out, "\nlast local apply: ") || strings.Contains(out, "last local apply: seq") {
+		t.Errorf("status after a local apply:\n%s", out)
+	}
 	// No briefing (not an adopted node): an empty object, no null.
 	code, out, _ = run("briefing", "--json", "--state", state)
 	form(t, "briefing --json", out)

@@ -17,13 +17,31 @@ import (
 // the socket — the most common mistake, an agent started as another user
 // than the executor's --agent-user, which the agent itself logs as an
 // error but `enrol` would otherwise only guess at.
-// nobodyToFinish says whether nothing can carry out an enrolment now: no
-// executor's socket at sock. (An agent not seen among this machine's
+// nobodyToFinish says whether nothing can carry out an enrolment of
+// state now: no daemon holds the state, and no executor's socket is at
+// sock. A daemon holding it serves the agent that finishes it, on
+// whatever socket it was started with (enrol is told the default unless
+// --socket says otherwise). An agent not seen among this machine's
 // processes is no proof: an app's agent on Android, or a guest's over
-// vsock, is not one by that name.)
-func nobodyToFinish(sock string) bool {
+// vsock, is not one by that name.
+func nobodyToFinish(state, sock string) bool {
+	if serving(state) > 0 {
+		return false
+	}
 	_, err := os.Lstat(sock)
 	return err != nil
+}
+
+// enrolDiagnosis is agentDiagnosis for an enrolment of state: a daemon
+// that holds the state on another socket than sock is said as such, not
+// as no daemon at all.
+func enrolDiagnosis(state, sock string) string {
+	if _, err := os.Lstat(sock); err != nil {
+		if pid := serving(state); pid > 0 {
+			return fmt.Sprintf("mesh-executor serve (pid %d) holds %s on another socket than %s: enrol --socket with its socket says what its agent does", pid, state, sock)
+		}
+	}
+	return agentDiagnosis(sock)
 }
 
 func agentDiagnosis(sock string) string {

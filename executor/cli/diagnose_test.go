@@ -115,3 +115,26 @@ func TestAgentSocketFromItsCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// An enrolment is said to have nobody to finish it only when no daemon
+// holds its state and no socket is where enrol looks: a daemon on another
+// socket (enrol told the default) finishes it, and is said as such.
+func TestAnEnrolmentADaemonOnAnotherSocketServesHasSomeoneToFinishIt(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	os.Mkdir(state, 0o700)
+	nowhere := filepath.Join(t.TempDir(), "executor.sock")
+	if !nobodyToFinish(state, nowhere) {
+		t.Fatal("no daemon and no socket: someone to finish it")
+	}
+	lock, err := lockServe(state) // this process, as a daemon holds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if nobodyToFinish(state, nowhere) {
+		t.Fatal("a daemon holds the state: nobody to finish it")
+	}
+	if got := enrolDiagnosis(state, nowhere); !strings.Contains(got, "holds "+state+" on another socket than "+nowhere) {
+		t.Fatalf("%s", got)
+	}
+}

@@ -38,6 +38,16 @@ import (
 // the seed lives in the config beside its grant.
 const seedFile = "nkey.seed"
 
+// A token's one-time credential refused is tried tokenLearnTries times,
+// tokenLearnWait apart, before the refusal is said: the control side lets
+// a token in once its serve has read the token from the registry, which
+// may be a moment after `mesh-control token issue` printed it (a token
+// piped straight into enrol, an agent already waiting).
+const (
+	tokenLearnTries = 5
+	tokenLearnWait  = time.Second
+)
+
 // hostedKey loads or makes the agent's NKey. It is the agent's own: made
 // here, never sent anywhere; only its public half is given out. It is
 // written whole or not at all (a temporary beside it, synced, renamed):
@@ -198,16 +208,32 @@ func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair,
 			nats.NoReconnect(),
 		)
 	}
-	nc, err := dial(nats.Nkey(credPub, cred.Sign))
-	if err != nil && explain(offer.BrokerURL, err, pins.since(start)).Reason == LinkAuthorization {
-		// A broker in NATS operator mode knows no NKey user: it knows the
-		// token as an account of its own, whose key is the same one-time
-		// credential (control.TokenAccountID), and takes a user JWT that
-		// key signs. The token does not say which broker it is, so the
-		// NKey is tried first, and this when it is refused.
-		var signIn nats.Option
-		if signIn, err = tokenSignIn(offer.Credential, offer.Token); err == nil {
-			nc, err = dial(signIn)
+	var nc *nats.Conn
+	for try := 1; ; try++ {
+		nc, err = dial(nats.Nkey(credPub, cred.Sign))
+		if err != nil && explain(offer.BrokerURL, err, pins.since(start)).Reason == LinkAuthorization {
+			// A broker in NATS operator mode knows no NKey user: it knows
+			// the token as an account of its own, whose key is the same
+			// one-time credential (control.TokenAccountID), and takes a
+			// user JWT that key signs. The token does not say which broker
+			// it is, so the NKey is tried first, and this when it is
+			// refused.
+			var signIn nats.Option
+			if signIn, err = tokenSignIn(offer.Credential, offer.Token); err == nil {
+				nc, err = dial(signIn)
+			}
+		}
+		// A token just issued is let in once the control side has read it
+		// from its registry, a moment after `token issue` returned: a
+		// refusal in that moment is asked again before it is said, rather
+		// than held against the token until root enrols again.
+		if err == nil || try == tokenLearnTries || explain(offer.BrokerURL, err, pins.since(start)).Reason != LinkAuthorization {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil // not this time: the agent stops
+		case <-time.After(tokenLearnWait):
 		}
 	}
 	if err != nil {

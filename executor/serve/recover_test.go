@@ -3,7 +3,6 @@ package serve
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,28 +68,12 @@ func TestAPanicInAHandlerIsAnsweredAndTheDaemonGoesOn(t *testing.T) {
 func TestEveryShapeThroughEveryDoor(t *testing.T) {
 	e := newEnv(t, nobody, true)
 	seq := 0
-	plan := func(c *wire.Conn, decl []byte) *wire.PlanReply {
-		t.Helper()
-		body, _ := json.Marshal(wire.PlanRequest{Node: "n1", Enrolment: "e-1", ID: fmt.Sprint("p", seq), NotAfter: time.Now().Add(time.Minute), Declaration: decl})
-		env, err := wire.Seal(e.priv, wire.PurposePlan, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Write(wire.KindPlan, &wire.Plan{Envelope: env}); err != nil {
-			t.Fatal(err)
-		}
-		k, reply, err := c.Read()
-		if err != nil || k != wire.KindPlanReply {
-			t.Fatalf("plan of %s: %v %+v %v", decl, k, reply, err)
-		}
-		return reply.(*wire.PlanReply)
-	}
 	for round := range uint64(3) {
 		g := shapegen.New(round, e.root)
 		for _, typ := range shapegen.Types() {
 			decl := g.Each(shapegen.Options{Node: "n1", Enrolment: "e-1"})[typ]
 			c := e.dial()
-			p := plan(c, decl)
+			p := e.plan(t, c, decl)
 			if typ == shapes.TypeAction {
 				if p.Outcome != shapes.Refused || !strings.Contains(p.Refused, "action") {
 					t.Errorf("an action planned over the link: %+v", p)
@@ -105,7 +88,7 @@ func TestEveryShapeThroughEveryDoor(t *testing.T) {
 			}
 		}
 		many := g.Declaration(shapegen.Options{Node: "n1", Enrolment: "e-1", Types: nonAction(), Min: 4, Max: 10})
-		if p := plan(e.dial(), many); p.Outcome == shapes.Refused && !strings.Contains(p.Refused, "resource ") {
+		if p := e.plan(t, e.dial(), many); p.Outcome == shapes.Refused && !strings.Contains(p.Refused, "resource ") {
 			t.Errorf("plan of a valid declaration refused without naming a resource: %s\n%s", p.Refused, many)
 		}
 	}
@@ -119,7 +102,7 @@ func TestEveryShapeThroughEveryDoor(t *testing.T) {
 			seq++
 			decl := g.Each(shapegen.Options{Node: "n1", Enrolment: "e-1", Seq: uint64(seq)})[typ]
 			c := e.dial()
-			_ = plan(c, decl)
+			_ = e.plan(t, c, decl)
 			lines, v := e.push(c, e.seal(decl))
 			switch {
 			case typ == shapes.TypeAction:

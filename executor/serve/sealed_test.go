@@ -273,20 +273,7 @@ func TestAPlanOfSealedContentCarriesNoneOfIt(t *testing.T) {
 	e := newEnv(t, nobody, false)
 	pub := e.enrolHere()
 	c := e.dial()
-	body, _ := json.Marshal(wire.PlanRequest{Node: "n1", Enrolment: "e-1", ID: "p1", NotAfter: time.Now().Add(time.Minute),
-		Declaration: e.decl("n1", "e-1", 0, file("plain", "p\n"), sealedFile(t, pub, "n1", 0, "token", secret))})
-	env, err := wire.Seal(e.priv, wire.PurposePlan, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Write(wire.KindPlan, &wire.Plan{Envelope: env}); err != nil {
-		t.Fatal(err)
-	}
-	k, reply, err := c.Read()
-	if err != nil || k != wire.KindPlanReply {
-		t.Fatalf("%v %v", k, err)
-	}
-	p := reply.(*wire.PlanReply)
+	p := e.plan(t, c, e.decl("n1", "e-1", 0, file("plain", "p\n"), sealedFile(t, pub, "n1", 0, "token", secret)))
 	all, _ := json.Marshal(p)
 	notCarried(t, "the plan's reply", string(all))
 	if d := p.Diffs["m.plain"]; !strings.HasPrefix(d, "--- /dev/null\n") || !strings.Contains(d, "+p") {

@@ -98,6 +98,25 @@ func (e *env) stop() {
 
 // decl is a declaration addressed to this node with seq and resources
 // written with {root}.
+// plan asks the executor on c for a plan of decl (a declaration for n1,
+// enrolment e-1), signed for its purpose and good a minute.
+func (e *env) plan(t *testing.T, c *wire.Conn, decl []byte) *wire.PlanReply {
+	t.Helper()
+	body, _ := json.Marshal(wire.PlanRequest{Node: "n1", Enrolment: "e-1", ID: "p1", NotAfter: time.Now().Add(time.Minute), Declaration: decl})
+	env, err := wire.Seal(e.priv, wire.PurposePlan, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(wire.KindPlan, &wire.Plan{Envelope: env}); err != nil {
+		t.Fatal(err)
+	}
+	k, reply, err := c.Read()
+	if err != nil || k != wire.KindPlanReply {
+		t.Fatalf("plan of %s: %v %+v %v", decl, k, reply, err)
+	}
+	return reply.(*wire.PlanReply)
+}
+
 func (e *env) decl(node, enrolment string, seq int, resources ...string) []byte {
 	return []byte(strings.ReplaceAll(fmt.Sprintf(`{"version":1,"node":%q,"enrolment":%q,"seq":%d,"resources":[%s]}`,
 		node, enrolment, seq, strings.Join(resources, ",")), "{root}", e.root))

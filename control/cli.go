@@ -135,11 +135,12 @@ nothing`),
 NODE"; --json: {"node", "seq"}; several nodes: their declares pipelined, a line each); on a mesh
 with an overlay, a FILE without it (holding something) is refused (use assign) unless
 declared --without-overlay`),
-	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "wait", "json"},
+	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "seal", "wait", "json"},
 		`ask NODE what FILE would do there, changing nothing: the executor plans it on the path an apply
 takes and answers with the lines an apply would report, and the content diffs of the files the
-mesh holds as it wrote them (never content the mesh did not write). Exit as --wait: 0, 1 a line
-would fail, 2 refused, 3 no answer in time (the node must be linked)`),
+mesh holds as it wrote them (never content the mesh did not write, never sealed content: --seal
+as declare's, sealed for this plan alone). Exit as --wait: 0, 1 a line would fail, 2 refused, 3
+no answer in time (the node must be linked)`),
 	cmdline.D("archive put", "FILE", 1, 1, []string{"dir", "nats", "json"},
 		`store FILE (a tar, gzipped or not) in the archive store under its sha256; print the sha256 and
 the URL an archive resource names it by (obj://SHA256)`),
@@ -430,7 +431,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "archive put":
 		err = c.archivePut(pos[0])
 	case "plan":
-		err = c.plan(pos[0], pos[1], o.wait.d)
+		err = c.plan(pos[0], pos[1], o.wait.d, o.seals)
 	case "nodes":
 		if o.names {
 			err = c.nodeNames()
@@ -1440,7 +1441,7 @@ func refusedForTime(r *SignedReport) bool {
 }
 
 // plan asks a node for a plan of file and prints its answer.
-func (c *cli) plan(node, file string, wait time.Duration) error {
+func (c *cli) plan(node, file string, wait time.Duration, sealSpecs []string) error {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return err
@@ -1448,11 +1449,16 @@ func (c *cli) plan(node, file string, wait time.Duration) error {
 	if err := namesAnother(file, data, []string{node}); err != nil {
 		return err
 	}
+	seals, err := ReadSeals(sealSpecs)
+	if err != nil {
+		return err
+	}
 	cl, err := c.connect()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
+	cl.Seals = seals
 	return inFile(file, data, c.planOf(cl, node, data, wait))
 }
 

@@ -123,7 +123,7 @@ type Client struct {
 	// PublishAll) has done — declared or published, left out or failed —
 	// how many are done of how many; one call at a time.
 	Progress func(done, of int)
-	// Seals are file contents Declare seals to the node's key
+	// Seals are file contents Declare and Plan seal to the node's key
 	// ("module.id" → plaintext, see seal.go): each names a file resource
 	// of the declaration that leaves content and bytes out.
 	Seals map[string][]byte

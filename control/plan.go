@@ -36,6 +36,19 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if err := link.CheckNode(rec.Name, rec.Capability); err != nil {
 		return "", fmt.Errorf("refused by the control side: %w", err)
 	}
+	// Sealed content is checked as a declaration's is, and sealed for
+	// sequence 0, the plan's own (a plan takes no sequence, and no
+	// declaration has 0): the executor opens it for this plan, and it
+	// opens in no declaration.
+	seals, err := planSeals(rec, m, c.Seals)
+	if err != nil {
+		return "", err
+	}
+	if seals != nil {
+		if err := seals.seal(m, rec, 0); err != nil {
+			return "", err
+		}
+	}
 	data, err := fillDecl(m, rec, 0)
 	if err != nil {
 		return "", err

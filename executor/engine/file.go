@@ -464,12 +464,16 @@ func (r *run) startChange(st *step, e *store.Entry, typ, p string, exists bool, 
 	return n, nil
 }
 
+// SealedNotShown is a sealed file's diff in a plan: it carries nothing of
+// either side, so a plan's reply passes it as it is.
+const SealedNotShown = "(not shown: sealed content)"
+
 // planDiff gives the plan's caller the content diff of f (OnDiff). Sealed
 // content is never shown, not even to root at the terminal: the plan says
 // only that it would change.
 func (r *run) planDiff(f *shapes.File, data []byte, exists, sealed bool) {
 	if sealed {
-		r.opt.OnDiff(f.Module, f.ID, "(sealed content: not shown)")
+		r.opt.OnDiff(f.Module, f.ID, SealedNotShown)
 		return
 	}
 	var found []byte

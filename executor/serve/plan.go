@@ -106,6 +106,9 @@ func (s *Server) Plan(ctx context.Context, env []byte) *wire.PlanReply {
 		}
 		switch f := r.(type) {
 		case *shapes.File:
+			if diff == engine.SealedNotShown {
+				break // it says so, and the file's own reason is not the machine's
+			}
 			if why := s.mayShow(st, f.Path, diff); why != "" {
 				diff = "(not shown: " + why + ")"
 			}

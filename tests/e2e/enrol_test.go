@@ -603,12 +603,35 @@ func TestSealedContentEndToEnd(t *testing.T) {
 	os.WriteFile(sf, secret, 0o600)
 	f := filepath.Join(m.base, "decl.json")
 	os.WriteFile(f, []byte(strings.ReplaceAll(`{"version":1,"resources":[{"module":"db","id":"creds","type":"file","path":"{root}/creds","mode":"0600"}]}`, "{root}", m.tree)), 0o600)
+	// A plan seals the content for itself: it says what the declare will
+	// do, and nothing of the content.
+	plan := func() string {
+		t.Helper()
+		return m.run("mesh-control", "plan", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf)
+	}
+	planned := plan()
+	if !strings.Contains(planned, "db.creds  file  would apply  created (sealed, ") || !strings.Contains(planned, "(not shown: sealed content)") {
+		t.Fatalf("the plan before the declare:\n%s", planned)
+	}
 	seq := declaredSeq(t, m.run("mesh-control", "declare", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+sf, "--json"))
 	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
 		t.Fatalf("report %+v", r)
 	}
 	if b, _ := os.ReadFile(filepath.Join(m.tree, "creds")); !bytes.Equal(b, secret) {
 		t.Fatalf("the machine holds %q", b)
+	}
+	same := plan()
+	if !strings.Contains(same, "db.creds  file  would change nothing") {
+		t.Fatalf("the plan of the content the node holds:\n%s", same)
+	}
+	other := filepath.Join(m.base, "other")
+	os.WriteFile(other, []byte("db-password=another\n"), 0o600)
+	changed := m.run("mesh-control", "plan", "n1", f, "--dir", m.ctl, "--seal", "db.creds="+other)
+	if !strings.Contains(changed, "db.creds  file  would apply  content replaced (sealed, ") || !strings.Contains(changed, "(not shown: sealed content)") {
+		t.Fatalf("the plan of other content:\n%s", changed)
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.tree, "creds")); !bytes.Equal(b, secret) {
+		t.Fatalf("a plan changed the file: %q", b)
 	}
 	sum := sha256.Sum256(secret)
 	forms := map[string][]byte{
@@ -637,6 +660,7 @@ func TestSealedContentEndToEnd(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(m.base, l))
 		search(l, b)
 	}
+	search("the plans", []byte(planned+same+changed))
 	search("reports", []byte(m.run("mesh-control", "reports", "n1", "--dir", m.ctl, "--json", "--last", "100")))
 	search("node show", []byte(m.run("mesh-control", "node", "show", "n1", "--dir", m.ctl, "--json")))
 	// The positive controls: the broker's store on disk does hold the

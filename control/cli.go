@@ -132,7 +132,8 @@ nothing`),
 		"publish the node's composition (every node's) again, with a new sequence"),
 	cmdline.D("declare", "NODE[,NODE...] FILE", 2, 2, []string{"dir", "nats", "seal", "without-overlay", "despite-briefing", "wait", "json"},
 		`sign FILE for NODE with the next sequence and publish it; say the sequence ("declared seq 7 to
-NODE"; --json: {"node", "seq"}; several nodes: their declares pipelined, a line each); on a mesh
+NODE"; --json: one value, {"node", "seq"} and the "report" --wait saw; several nodes: their
+declares pipelined, a line each, --json an array of those); on a mesh
 with an overlay, a FILE without it (holding something) is refused (use assign) unless
 declared --without-overlay`),
 	cmdline.D("plan", "NODE FILE", 2, 2, []string{"dir", "nats", "seal", "wait", "json"},
@@ -743,14 +744,16 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	if err != nil {
 		return inFile(file, data, err)
 	}
-	if c.json {
-		if err := c.printJSON(map[string]any{"node": node, "seq": seq}); err != nil {
-			return err
-		}
-	} else {
+	if !c.json {
 		fmt.Fprintln(c.stdout, declaredLine(node, seq))
 	}
-	return c.await(cl, []nodeSeq{{node, seq}})
+	return c.await(cl, []nodeSeq{{node, seq}}, func(w waited) any {
+		v := map[string]any{"node": node, "seq": seq}
+		if r := w.of(node, seq); r != nil {
+			v["report"] = r
+		}
+		return v
+	})
 }
 
 // declaredLine says what declare did for one node, labelled, so a person
@@ -778,9 +781,10 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 	}
 	failed := 0
 	type line struct {
-		Node  string `json:"node"`
-		Seq   uint64 `json:"seq,omitempty"`
-		Error string `json:"error,omitempty"`
+		Node   string        `json:"node"`
+		Seq    uint64        `json:"seq,omitempty"`
+		Error  string        `json:"error,omitempty"`
+		Report *SignedReport `json:"report,omitempty"`
 	}
 	lines := make([]line, len(nodes))
 	for i, n := range nodes {
@@ -790,11 +794,7 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 			lines[i] = line{Node: n, Error: errs[i].Error()}
 		}
 	}
-	if c.json {
-		if err := c.printJSON(lines); err != nil {
-			return err
-		}
-	} else {
+	if !c.json {
 		for _, l := range lines {
 			if l.Error != "" {
 				fmt.Fprintf(c.stdout, "not declared to %s: %s\n", l.Node, l.Error)
@@ -811,7 +811,12 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 			want = append(want, nodeSeq{l.Node, l.Seq})
 		}
 	}
-	werr := c.await(cl, want)
+	werr := c.await(cl, want, func(w waited) any {
+		for i := range lines {
+			lines[i].Report = w.of(lines[i].Node, lines[i].Seq)
+		}
+		return lines
+	})
 	if failed > 0 {
 		if werr != nil {
 			return fmt.Errorf("%d of %d node(s) not declared to; and %v", failed, len(nodes), werr)

@@ -60,14 +60,28 @@ func (c *cli) printPublished(ps []*Published, out []*OutOfOverlayError) {
 }
 
 func (c *cli) publishedJSON(ps []*Published, out []*OutOfOverlayError) error {
+	return c.printJSON(publishedValue(ps, out, nil))
+}
+
+// publishedWithReport is a Published in --json, with its node's report
+// on its sequence when --wait saw one.
+type publishedWithReport struct {
+	*Published
+	Report *SignedReport `json:"report,omitempty"`
+}
+
+// publishedValue is what was published (and not) in --json, with the
+// reports --wait saw.
+func publishedValue(ps []*Published, out []*OutOfOverlayError, w waited) map[string]any {
 	left := map[string]string{}
 	for _, o := range out {
 		left[o.Node] = o.Why
 	}
-	if ps == nil {
-		ps = []*Published{}
+	with := []publishedWithReport{}
+	for _, p := range ps {
+		with = append(with, publishedWithReport{p, w.of(p.Node, p.Seq)})
 	}
-	return c.printJSON(map[string]any{"published": ps, "out_of_overlay": left})
+	return map[string]any{"published": with, "out_of_overlay": left}
 }
 
 // fanningOut has cl say, on a terminal only (progress), how far a fan-out
@@ -377,14 +391,12 @@ func (c *cli) changeOne(change func(*Client) (*Published, error)) error {
 	if err != nil {
 		return err
 	}
-	if c.json {
-		if err := c.printJSON(p); err != nil {
-			return err
-		}
-	} else {
+	if !c.json {
 		c.printPublished([]*Published{p}, nil)
 	}
-	return c.await(cl, []nodeSeq{{p.Node, p.Seq}})
+	return c.await(cl, []nodeSeq{{p.Node, p.Seq}}, func(w waited) any {
+		return publishedWithReport{p, w.of(p.Node, p.Seq)}
+	})
 }
 
 // publish sends node's composition (every node's, without one) with a new
@@ -413,15 +425,18 @@ func (c *cli) publish(nodes []string) error {
 			ps = append(ps, p)
 		}
 	}
-	if c.json && (err == nil || ps != nil) {
-		if jerr := c.publishedJSON(ps, out); jerr != nil {
-			return jerr
-		}
-	} else {
-		c.printPublished(ps, out)
-	}
 	if err != nil {
+		if c.json && ps != nil {
+			if jerr := c.publishedJSON(ps, out); jerr != nil {
+				return jerr
+			}
+		} else if !c.json {
+			c.printPublished(ps, out)
+		}
 		return err
+	}
+	if !c.json {
+		c.printPublished(ps, out)
 	}
 	var want []nodeSeq
 	for _, p := range ps {
@@ -429,5 +444,5 @@ func (c *cli) publish(nodes []string) error {
 			want = append(want, nodeSeq{p.Node, p.Seq})
 		}
 	}
-	return c.await(cl, want)
+	return c.await(cl, want, func(w waited) any { return publishedValue(ps, out, w) })
 }

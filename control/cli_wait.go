@@ -79,6 +79,21 @@ type nodeSeq struct {
 	seq  uint64
 }
 
+// waited is the reports --wait saw, by node and sequence; nil when the
+// command waited for none.
+type waited map[nodeSeq]*SignedReport
+
+func waitedOf(want []nodeSeq, got map[int]*SignedReport) waited {
+	w := waited{}
+	for i, r := range got {
+		w[want[i]] = r
+	}
+	return w
+}
+
+// of is node's report on seq, nil when none came (or none was waited for).
+func (w waited) of(node string, seq uint64) *SignedReport { return w[nodeSeq{node, seq}] }
+
 // answers reports whether r settles seq: its own report, or a superseded
 // one covering it.
 func answers(r *SignedReport, seq uint64) bool {
@@ -117,10 +132,14 @@ func outcomeExit(r *SignedReport) int {
 // Puppet's manner — a line a node and the total — and ends with the worst
 // status: timed out, refused, failed, else 0. On a terminal it says, while
 // it waits, how many have answered (progress); a pipe or a file gets the
-// reports and the summary only. --json prints the reports alone, a JSON
-// value each, as scripts read them.
-func (c *cli) await(cl *Client, want []nodeSeq) error {
+// reports and the summary only. --json prints one value, the command's
+// (value: what it did, with the reports that came), once the wait is
+// over, so a script reads one value whether it waited or not.
+func (c *cli) await(cl *Client, want []nodeSeq, value func(waited) any) error {
 	if c.wait <= 0 || len(want) == 0 {
+		if c.json {
+			return c.printJSON(value(nil))
+		}
 		return nil
 	}
 	start := time.Now()
@@ -165,6 +184,9 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 		})
 		if c.ctx.Err() != nil {
 			c.progress("")
+			if c.json {
+				c.printJSON(value(waitedOf(want, got))) // what was done, whatever the wait
+			}
 			return c.ctx.Err()
 		}
 		// A watch the broker's going ended is said as the nodes not heard
@@ -183,9 +205,7 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 			late = append(late, fmt.Sprintf("%s (seq %d)", w.node, w.seq))
 			continue
 		}
-		if c.json {
-			c.printJSON(map[string]any{"node": w.node, "seq": w.seq, "report": r})
-		} else {
+		if !c.json {
 			fmt.Fprintf(c.stdout, "%s: ", w.node)
 			c.printReport(r)
 		}
@@ -193,7 +213,11 @@ func (c *cli) await(cl *Client, want []nodeSeq) error {
 			worst, why = code, fmt.Sprintf("%s: seq %d %s", w.node, w.seq, r.Outcome)
 		}
 	}
-	if !c.json {
+	if c.json {
+		if err := c.printJSON(value(waitedOf(want, got))); err != nil {
+			return err
+		}
+	} else {
 		if len(got) > 0 {
 			fmt.Fprintln(c.stdout) // the reports above, the summary apart
 		}

@@ -208,6 +208,85 @@ func TestWaitSaysProgressAndASummary(t *testing.T) {
 	}
 }
 
+// declare --json prints one JSON value whether it waited or not: what it
+// declared, with each report --wait saw under "report" (none for a node
+// that did not answer in time), so a script reads one value of one shape.
+func TestWaitInJSONIsOneValue(t *testing.T) {
+	s, dir, ctx, _ := servedCLI(t)
+	ids := map[string]*agent.Identity{}
+	for _, n := range []string{"web1", "web3"} {
+		_, ids[n] = enrolNode(t, s, n)
+	}
+	answering(t, s, ids, map[string][]shapes.Line{
+		"web1": {{Module: "base", ID: "motd", Type: "file", Outcome: shapes.Applied}},
+		// web3 never answers.
+	})
+	file := filepath.Join(t.TempDir(), "site.json")
+	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
+	type decl struct {
+		Node   string `json:"node"`
+		Seq    uint64 `json:"seq"`
+		Report *struct {
+			Outcome string `json:"outcome"`
+		} `json:"report"`
+	}
+	// one decodes out as exactly one JSON value into v.
+	one := func(t *testing.T, out string, v any) {
+		t.Helper()
+		dec := json.NewDecoder(strings.NewReader(out))
+		if err := dec.Decode(v); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, out)
+		}
+		if dec.More() {
+			t.Fatalf("more than one JSON value:\n%s", out)
+		}
+	}
+	for _, c := range []struct {
+		nodes, wait string
+		code        int
+		// outcome is each node's report's outcome ("": no report).
+		outcome map[string]string
+	}{
+		{"web1", "", 0, map[string]string{"web1": ""}},
+		{"web1", "--wait=20s", 0, map[string]string{"web1": "applied"}},
+		{"web3", "--wait=1s", control.ExitTimedOut, map[string]string{"web3": ""}},
+		{"web1,web3", "--wait=2s", control.ExitTimedOut, map[string]string{"web1": "applied", "web3": ""}},
+	} {
+		t.Run(c.nodes+c.wait, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			args := []string{"declare", c.nodes, file, "--json", "--dir", dir, "--nats", s.url}
+			if c.wait != "" {
+				args = append(args, c.wait)
+			}
+			code := control.Main(ctx, args, &stdout, &stderr)
+			out := stdout.String()
+			if code != c.code {
+				t.Errorf("exit %d, want %d\n%s%s", code, c.code, out, stderr.String())
+			}
+			var got []decl
+			if strings.Contains(c.nodes, ",") {
+				one(t, out, &got)
+			} else {
+				var d decl
+				one(t, out, &d)
+				got = []decl{d}
+			}
+			if len(got) != len(c.outcome) {
+				t.Fatalf("%d nodes in\n%s", len(got), out)
+			}
+			for _, d := range got {
+				want, ok := c.outcome[d.Node]
+				switch {
+				case !ok || d.Seq == 0:
+					t.Errorf("node %q seq %d in\n%s", d.Node, d.Seq, out)
+				case want == "" && d.Report != nil, want != "" && (d.Report == nil || d.Report.Outcome != want):
+					t.Errorf("%s's report is not %q:\n%s", d.Node, want, out)
+				}
+			}
+		})
+	}
+}
+
 // reports ends with the summary --wait says, of the reports it printed: a
 // row each (its sequence, outcome and lines counted; who refused it; a
 // plan as a plan; an apply done before as nothing done now) and the total.

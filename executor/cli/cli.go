@@ -650,6 +650,45 @@ type ownedEntry struct {
 	// (the apply failed at it, or died): what the machine holds of it is
 	// unknown until the next apply looks.
 	Pending bool `json:"pending,omitempty"`
+	// Undeclared is an entry that every claim's source no longer declares
+	// (its saved declaration names no such resource), held still because
+	// the apply that undeclared it kept it (a directory holding what the
+	// host did not make) or could not undo it.
+	Undeclared bool `json:"undeclared,omitempty"`
+}
+
+// declaredNow is, by source, the claims its saved declaration makes, as
+// the reconcile reads it (serve.SavedTarget). A source with no saved
+// declaration the reconcile reads (none, or one it skips) is absent: what
+// it claims is not said to be undeclared.
+func declaredNow(state string, st *store.Store) map[store.Source]map[store.Claim]bool {
+	id, _ := identity.Load(state)
+	out := map[store.Source]map[store.Claim]bool{}
+	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
+		d, _, _, err := serve.SavedTarget(state, st, src, id)
+		if err != nil || d == nil {
+			continue
+		}
+		m := map[store.Claim]bool{}
+		for _, r := range d.Resources {
+			h := r.Head()
+			m[store.Claim{Source: src, Module: h.Module, ID: h.ID}] = true
+		}
+		out[src] = m
+	}
+	return out
+}
+
+// undeclared says whether every claim of e is one its source's saved
+// declaration no longer makes.
+func undeclared(e *store.Entry, declared map[store.Source]map[store.Claim]bool) bool {
+	for _, c := range e.Claims {
+		m, known := declared[c.Source]
+		if !known || m[c] {
+			return false
+		}
+	}
+	return len(e.Claims) > 0
 }
 
 // ownedSalvaged says where salvaged content is and until when.
@@ -664,7 +703,7 @@ type ownedSalvaged struct {
 	KeptUntil time.Time `json:"kept_until"`
 }
 
-func describe(e *store.Entry) string {
+func describe(e *store.Entry, undeclared bool) string {
 	switch {
 	case e.Pending != nil:
 		return "pending: a change begun and not recorded (" + e.Pending.Op + "), the apply having failed at it or died; the next apply looks at what it left"
@@ -672,6 +711,10 @@ func describe(e *store.Entry) string {
 		return "held as found (adopted node)"
 	case len(e.Claims) == 0:
 		return "kept: undeclared, but it holds what the host did not make"
+	case undeclared && e.Type == shapes.TypeDirectory:
+		return "kept: undeclared (its declaration no longer names it), but it holds what the host did not make; removed once it is empty"
+	case undeclared:
+		return "undeclared (its declaration no longer names it) and not yet undone: the last apply's line for it says why"
 	case e.Created:
 		return "created by the host"
 	case e.Original != nil:
@@ -734,8 +777,10 @@ func (c *command) owned() int {
 	}
 	var list []ownedEntry
 	var b strings.Builder
+	declared := declaredNow(c.state, st)
 	for _, e := range st.Entries() {
-		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil}
+		gone := undeclared(e, declared)
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e, gone), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil, Undeclared: gone}
 		if oe.Claims == nil {
 			oe.Claims = []store.Claim{}
 		}

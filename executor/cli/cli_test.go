@@ -410,6 +410,59 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 	}
 }
 
+// `owned` says a directory the host made and kept when it was undeclared
+// (it holds what the host did not make) as undeclared and kept, not as a
+// declared one created by the host; its claim is still shown, and a
+// declared one beside it is said as before.
+func TestOwnedSaysAKeptDirectoryIsUndeclared(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	kept, held := filepath.Join(d, "kept"), filepath.Join(d, "held")
+	both := write(t, filepath.Join(d, "both.json"), fmt.Sprintf(`{"version":1,"resources":[
+		{"module":"m","id":"kept","type":"directory","path":%q},
+		{"module":"m","id":"held","type":"directory","path":%q}]}`, kept, held), 0o644)
+	one := write(t, filepath.Join(d, "one.json"), fmt.Sprintf(`{"version":1,"resources":[
+		{"module":"m","id":"held","type":"directory","path":%q}]}`, held), 0o644)
+	if code, out, _ := run("apply", "--state", state, both); code != ExitApplied {
+		t.Fatalf("apply: %d\n%s", code, out)
+	}
+	write(t, filepath.Join(kept, "theirs"), "not the host's\n", 0o644)
+	if code, out, _ := run("apply", "--state", state, one); code != ExitApplied || !strings.Contains(out, "kept") {
+		t.Fatalf("undeclare: %d\n%s", code, out)
+	}
+	code, out, _ := run("owned", "--state", state)
+	var keptLine, heldLine string
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "path:"+kept+" "):
+			keptLine = l
+		case strings.HasPrefix(l, "path:"+held+" "):
+			heldLine = l
+		}
+	}
+	if code != 0 || !strings.Contains(keptLine, "local:m.kept") || !strings.Contains(keptLine, "kept: undeclared (its declaration no longer names it)") ||
+		!strings.HasSuffix(heldLine, "created by the host") {
+		t.Fatalf("owned: %d\n%s", code, out)
+	}
+	code, out, _ = run("owned", "--json", "--state", state)
+	var list []ownedEntry
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 2 {
+		t.Fatalf("owned --json: %d %v\n%s", code, err, out)
+	}
+	for _, e := range list {
+		if e.Undeclared != (e.Target == "path:"+kept) {
+			t.Errorf("%s undeclared: %v\n%s", e.Target, e.Undeclared, out)
+		}
+	}
+	// Declared again, it is said as declared.
+	if code, out, _ := run("apply", "--state", state, both); code != ExitApplied {
+		t.Fatalf("apply again: %d\n%s", code, out)
+	}
+	if _, out, _ := run("owned", "--state", state); strings.Contains(out, "undeclared") {
+		t.Fatalf("owned after declaring it again:\n%s", out)
+	}
+}
+
 // Enrolled and disconnected is a state of its own: status says since
 // when, as the agent last told the daemon, and says when the agent itself
 // has gone quiet.

@@ -1117,12 +1117,13 @@ func Unsealer(stateDir, node string, seq uint64) *engine.Unsealer {
 	return u
 }
 
-// savedTarget is the declaration src last saved as its target, as the
-// reconcile applies it, or nil: none saved, or one the reconcile skips
-// (skipped says why: no identity, no longer verifies or parses, not this
-// enrolment's newest accepted — after a re-enrolment the old one is not
-// applied). err: the target could not be read.
-func (s *Server) savedTarget(st *store.Store, src store.Source, id *identity.Identity) (d *shapes.Declaration, raw []byte, skipped string, err error) {
+// SavedTarget is the declaration src last saved as its target in the
+// store st of stateDir, as the reconcile applies it, or nil: none saved, or
+// one the reconcile skips (skipped says why: no identity, no longer
+// verifies or parses, not this enrolment's newest accepted — after a
+// re-enrolment the old one is not applied). err: the target could not be
+// read. The commands that say what the store holds read it so too.
+func SavedTarget(stateDir string, st *store.Store, src store.Source, id *identity.Identity) (d *shapes.Declaration, raw []byte, skipped string, err error) {
 	raw, err = st.Target(src)
 	if err != nil || raw == nil {
 		return nil, nil, "", err
@@ -1143,7 +1144,7 @@ func (s *Server) savedTarget(st *store.Store, src store.Source, id *identity.Ide
 	if d, err = shapes.Parse(payload); err != nil {
 		return nil, nil, "the saved link target no longer parses: " + err.Error(), nil
 	}
-	if f, _ := identity.ReadFloor(s.cfg.StateDir); !AddressedHere(d, id) || d.Seq != f.Seq || !f.Of(id.Enrolment) {
+	if f, _ := identity.ReadFloor(stateDir); !AddressedHere(d, id) || d.Seq != f.Seq || !f.Of(id.Enrolment) {
 		return nil, nil, fmt.Sprintf("the saved link target (node %s, enrolment %s, seq %d) is not addressed to this enrolment, or not the newest accepted (floor %d)", d.Node, d.Enrolment, d.Seq, f.Seq), nil
 	}
 	return d, raw, "", nil
@@ -1180,7 +1181,7 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looke
 	}
 	for _, src := range srcs {
 		// A target the reconcile skips names nothing; one unread might.
-		d, _, _, err := s.savedTarget(st, src, id)
+		d, _, _, err := SavedTarget(s.cfg.StateDir, st, src, id)
 		if err != nil {
 			return false
 		}
@@ -1262,7 +1263,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	roster := heldRoster(s.cfg.StateDir, id)
 	var all []shapes.Line
 	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
-		d, raw, skipped, err := s.savedTarget(st, src, id)
+		d, raw, skipped, err := SavedTarget(s.cfg.StateDir, st, src, id)
 		if d == nil {
 			if err == nil && skipped != "" {
 				s.log.Warn("reconcile: "+skipped+"; skipped", "trigger", why, "source", src)

@@ -151,7 +151,8 @@ heard from, executor version, declared vs applied, last outcome; --names: the na
 each (what bash completes a node with)`),
 	cmdline.D("status", "", 0, 0, []string{"dir", "nats", "json"},
 		`the fleet at a glance: nodes by state as nodes shows them (counts, names, the one last heard
-longest ago), those with a failed or held line in their last report or briefing, those enrolled
+longest ago), those with a failed or held line in their last report or briefing, those whose
+agent cannot reach its executor, those enrolled
 again that nothing has been declared to since, the executor and agent versions in use, the broker, its store (a full disk) and the registry, and the overlay. Exit
 1 when the control side cannot be read`),
 	cmdline.D("reports", "NODE", 1, 1, []string{"dir", "nats", "last", "json"},

@@ -95,6 +95,10 @@ type fleetStatus struct {
 	// line, or whose briefing has a failed (kept) one.
 	Failed nodeGroup `json:"failed"`
 	Held   nodeGroup `json:"held"`
+	// ExecutorUnreachable are the nodes whose agent said, at its last
+	// heartbeat, that it could not reach its executor (or the launcher
+	// halted it): linked, and applying nothing.
+	ExecutorUnreachable nodeGroup `json:"executor_unreachable"`
 	// RotationPending are the nodes whose executor, at its last
 	// heartbeat, held a control key other than the one signed with now.
 	RotationPending nodeGroup `json:"rotation_pending"`
@@ -131,6 +135,7 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 	ns = slices.Clone(ns)
 	slices.SortFunc(ns, func(a, b *NodeStatus) int { return strings.Compare(a.Name, b.Name) })
 	s.Failed.Names, s.Held.Names, s.RotationPending.Names, s.NothingDeclared.Names = []string{}, []string{}, []string{}, []string{}
+	s.ExecutorUnreachable.Names = []string{}
 	for _, n := range ns {
 		s.Total++
 		g := byState[n.State]
@@ -151,6 +156,9 @@ func (s *fleetStatus) tally(ns []*NodeStatus) {
 		}
 		if held {
 			s.Held.add(n.Name)
+		}
+		if (n.ExecutorError != "" || n.ExecutorHalted != "") && n.State != StateRevoked {
+			s.ExecutorUnreachable.add(n.Name)
 		}
 		if n.RotationPending && n.State != StateRevoked {
 			s.RotationPending.add(n.Name)
@@ -364,6 +372,7 @@ func (s *fleetStatus) parts() []statusPart {
 		head, class string
 		g           *nodeGroup
 	}{{"a failed line (last report or briefing)", "bad", &s.Failed}, {"a held line (last report or briefing)", "note", &s.Held},
+		{"its executor unreachable by its agent", "bad", &s.ExecutorUnreachable},
 		{"a control key rotation not taken yet", "note", &s.RotationPending},
 		{"nothing declared to its enrolment (declare to it again)", "bad", &s.NothingDeclared}} {
 		row := statusRow{Head: l.head + ":", Value: fmt.Sprint(l.g.Count)}

@@ -44,18 +44,19 @@ func TestStatusCommand(t *testing.T) {
 	for _, want := range []string{
 		"broker: " + s.url + ", reachable",
 		"store: takes writes",
-		"registry: read, 3 node(s)",
-		"enrolled (linked at its last word) 1 web1",
-		"last heard: web1",
+		"registry: read, 4 node(s)",
+		"enrolled (linked at its last word) 2 down1, web1",
+		"last heard longest ago: ", // down1 or web1: heard within the same moment
 		"disconnected 0",
 		"revoked 1 gone1",
 		"never heard from 1 quiet1",
 		"a failed line (last report or briefing): 1 web1",
 		"a held line (last report or briefing): 1 web1",
+		"its executor unreachable by its agent: 1 down1",
 		"nothing declared to its enrolment (declare to it again): 0",
 		"executor versions (nodes not revoked): 0.9.2 (b2): 1",
 		"agent versions (nodes not revoked): 0.9.2 (a7): 1",
-		"overlay: 10.77.0.0/24 on mesh0; 2 node(s) addressed, 1 last reported it applied", // not the revoked one
+		"overlay: 10.77.0.0/24 on mesh0; 3 node(s) addressed, 1 last reported it applied", // not the revoked one
 	} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
@@ -91,6 +92,9 @@ func TestStatusCommand(t *testing.T) {
 			Count int      `json:"count"`
 			Names []string `json:"names"`
 		} `json:"failed"`
+		ExecutorUnreachable struct {
+			Names []string `json:"names"`
+		} `json:"executor_unreachable"`
 		ExecutorVersions []struct {
 			Version string `json:"version"`
 			Build   string `json:"build"`
@@ -112,8 +116,8 @@ func TestStatusCommand(t *testing.T) {
 		}
 		states[g.State] = g.Names
 	}
-	if !got.Broker.Reachable || !got.Store.Answered || got.Store.DiskFull || !got.Registry.Answered || got.Total != 3 || !got.Overlay.Set || got.Overlay.Addressed != 2 || got.Overlay.Applied != 1 ||
-		strings.Join(states[link.StateEnrolled], ",") != "web1" || strings.Join(states[control.StateRevoked], ",") != "gone1" ||
+	if !got.Broker.Reachable || !got.Store.Answered || got.Store.DiskFull || !got.Registry.Answered || got.Total != 4 || !got.Overlay.Set || got.Overlay.Addressed != 3 || got.Overlay.Applied != 1 ||
+		strings.Join(states[link.StateEnrolled], ",") != "down1,web1" || strings.Join(got.ExecutorUnreachable.Names, ",") != "down1" || strings.Join(states[control.StateRevoked], ",") != "gone1" ||
 		strings.Join(states[control.StateNeverHeard], ",") != "quiet1" || len(states[link.StateDisconnected]) != 0 ||
 		got.Failed.Count != 1 || got.Failed.Names[0] != "web1" ||
 		len(got.ExecutorVersions) != 1 || got.ExecutorVersions[0] != (struct {
@@ -152,12 +156,14 @@ func TestStatusCommand(t *testing.T) {
 
 // statusFleet makes the fleet the status tests read: web1 linked (its
 // heartbeat with versions, its last report with the overlay applied and a
-// failed line, its briefing a kept one), gone1 revoked, quiet1 never heard
-// from, and the overlay set; it returns once the registry shows web1's.
+// failed line, its briefing a kept one), down1 linked with its executor
+// unreachable, gone1 revoked, quiet1 never heard from, and the overlay
+// set; it returns once the registry shows web1's and down1's.
 func statusFleet(t *testing.T, ctx context.Context, s *served, dir string) {
 	t.Helper()
 	_, web := enrolNode(t, s, "web1")
 	_, gone := enrolNode(t, s, "gone1")
+	_, down := enrolNode(t, s, "down1")
 	enrolNode(t, s, "quiet1")
 	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.77.0.0/24", "--dir", dir, "--nats", s.url); code != 0 {
 		t.Fatalf("overlay set: %s", errs)
@@ -176,13 +182,25 @@ func statusFleet(t *testing.T, ctx context.Context, s *served, dir string) {
 		t.Fatal(err)
 	}
 	nc.Close()
+	// down1: linked, its agent unable to reach its executor.
+	nc, err = agent.Dial(down, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ = json.Marshal(link.Heartbeat{Node: "down1", Enrolment: down.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
+		Presence: link.PresenceResident, ExecutorError: "dial unix /run/mesh-host/executor.sock: connect: connection refused"})
+	sig, _ = down.Sign(hb)
+	if err := nc.PublishMsg(&nats.Msg{Subject: down.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
 	heartbeatAs(t, gone)
 	if _, _, err := s.client.Revoke(ctx, "gone1", "test"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "web1 heard from with its report and executor", func() bool {
 		n := status(t, s, "web1")
-		return n.State == link.StateEnrolled && n.ExecutorVersion == "0.9.2" && n.LastReport != nil && n.Briefing != nil
+		return n.State == link.StateEnrolled && n.ExecutorVersion == "0.9.2" && n.LastReport != nil && n.Briefing != nil && status(t, s, "down1").ExecutorError != ""
 	})
 
 }

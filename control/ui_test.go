@@ -224,16 +224,17 @@ func TestStatusPageSaysWhatStatusSays(t *testing.T) {
 		head, value, class string
 	}{
 		{"store:", "takes writes", ""},
-		{"registry:", "read, 3 node(s)", ""},
-		{"enrolled (linked at its last word)", "1 web1", ""},
+		{"registry:", "read, 4 node(s)", ""},
+		{"enrolled (linked at its last word)", "2 down1, web1", ""},
 		{"revoked", "1 gone1", ""},
 		{"never heard from", "1 quiet1", ""},
 		{"a failed line (last report or briefing):", "1 web1", "bad"},
 		{"a held line (last report or briefing):", "1 web1", "note"},
+		{"its executor unreachable by its agent:", "1 down1", "bad"},
 		{"nothing declared to its enrolment (declare to it again):", "0", ""},
 		{"executor versions (nodes not revoked):", "0.9.2 (b2): 1", ""},
 		{"agent versions (nodes not revoked):", "0.9.2 (a7): 1", ""},
-		{"overlay:", "10.77.0.0/24 on mesh0; 2 node(s) addressed, 1 last reported it applied", ""},
+		{"overlay:", "10.77.0.0/24 on mesh0; 3 node(s) addressed, 1 last reported it applied", ""},
 	} {
 		t.Run(tc.head, func(t *testing.T) {
 			i := slices.IndexFunc(rows, func(r statusRowShown) bool { return r.head == tc.head })

@@ -367,7 +367,11 @@ func (r *run) planRemoval(st *step) {
 		st.change = restore
 		if e.Digest != "" { // "": an interrupted write, what the host wrote is not known
 			if content, info, err := fsx.ReadRegular(p, maxOriginal); err == nil && info.Kind == fsx.Regular {
-				if edited, ok := r.salvageEdited(st, p, content, restore); ok {
+				if said, sealed := r.sealedDiffers(e, content); sealed {
+					if said != "" {
+						st.line.Detail += "; " + said
+					}
+				} else if edited, ok := r.salvageEdited(st, p, content, restore); ok {
 					st.line.Detail += fmt.Sprintf("; it was edited by hand since %s: what it held is kept for %d days (mesh-executor owned says where)", edited, store.SalvageKeep/(24*time.Hour))
 				}
 			}
@@ -532,10 +536,35 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 	case err != nil:
 		return // not a regular file: Remove says what it is
 	}
+	if said, sealed := r.sealedDiffers(e, content); sealed {
+		if said != "" {
+			st.line.Detail = "the host created it; removed: " + said
+		}
+		return
+	}
 	if edited, ok := r.salvageEdited(st, p, content, remove); ok {
 		st.line.Detail = fmt.Sprintf("the host created it, and it was edited by hand since %s; removed, and its content kept for %d days (mesh-executor owned says where)",
 			edited, store.SalvageKeep/(24*time.Hour))
 	}
+}
+
+// sealedDiffers says, of an entry of sealed content (its digest keyed:
+// sealed is false for any other), what its line says when the file holds
+// other content than the host wrote, and "" when it does not. Sealed
+// content is written to its file alone, so none of it is kept
+// (store.Salvage), and what is found there is never named by a plain
+// digest: a line goes up the link, and the content found may be the
+// secret, edited. Nor can the host tell an edit from a sealing key it no
+// longer holds (enrolled anew since: the keyed digest is another), and it
+// says so rather than claim an edit.
+func (r *run) sealedDiffers(e *store.Entry, content []byte) (said string, sealed bool) {
+	if !strings.HasPrefix(e.Digest, "hmac-sha256:") {
+		return "", false
+	}
+	if found, known := r.writtenDigest(e, content); known && found == e.Digest {
+		return "", true
+	}
+	return "it holds other content than the host wrote (edited by hand since), or content sealed under a key this host no longer holds (enrolled anew since); sealed content is never copied, so none of it is kept", true
 }
 
 // salvageEdited makes st's change keep content, what the file at p holds,

@@ -156,6 +156,65 @@ func TestSealedFileWrittenAndNeverReported(t *testing.T) {
 	h.absent("token")
 }
 
+// A sealed file undeclared when it holds other content than the host
+// wrote — edited by hand, or written under a sealing key the host holds no
+// more (enrolled anew: the keyed digest is another) — is removed, or its
+// original put back, as any file the host wrote, but none of its content
+// is kept (sealed content is written to its file alone) and the line names
+// no plain digest of it (a line goes up the link): it says the host cannot
+// tell which, rather than claim an edit.
+func TestASealedFileUndeclaredKeepsNoCopyAndNamesNoDigest(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		found string // the file before the sealed content ("": none)
+		after func(h *sealedHarness)
+		want  shapes.Outcome
+	}{
+		{"created, key changed", "", func(h *sealedHarness) { rand.Read(h.digestKey) }, shapes.Removed},
+		{"created, edited", "", func(h *sealedHarness) { os.WriteFile(h.p("token"), []byte(secret+"and more\n"), 0o600) }, shapes.Removed},
+		{"found, key changed", "the machine's own\n", func(h *sealedHarness) { rand.Read(h.digestKey) }, shapes.Restored},
+		{"found, edited", "the machine's own\n", func(h *sealedHarness) { os.WriteFile(h.p("token"), []byte(secret+"and more\n"), 0o600) }, shapes.Restored},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newSealedHarness(t)
+			if c.found != "" {
+				os.WriteFile(h.p("token"), []byte(c.found), 0o644)
+			}
+			h.expect(h.run(h.doc(1, h.sealed("token", 1, secret)), false, true), shapes.Applied, "s.token=applied")
+			c.after(h)
+			edited, _ := os.ReadFile(h.p("token"))
+			sum := sha256.Sum256(edited)
+			other := h.doc(2, `{"module":"s","id":"other","type":"file","path":"{root}/other","content":"x"}`)
+			plan := h.run(other, true, true)
+			rep := h.run(other, false, true)
+			for _, r := range []*shapes.Report{plan, rep} {
+				var l shapes.Line
+				for _, x := range r.Lines {
+					if x.ID == "token" {
+						l = x
+					}
+				}
+				if l.Outcome != c.want || !strings.Contains(l.Detail, "sealed content is never copied, so none of it is kept") ||
+					strings.Contains(l.Detail, "sha256:") || strings.Contains(l.Detail, hex.EncodeToString(sum[:])[:12]) {
+					t.Fatalf("the line: %+v", r.Lines)
+				}
+			}
+			if got := mustStore(t, h.state).Salvaged(); len(got) != 0 {
+				t.Fatalf("salvaged %+v", got)
+			}
+			if c.found == "" {
+				h.absent("token")
+			} else if h.read("token") != c.found {
+				t.Fatalf("the original is not back: %q", h.read("token"))
+			}
+			leaks(t, "the store", stateFiles(t, h.state))
+			if bytes.Contains([]byte(stateFiles(t, h.state)), []byte("and more")) {
+				t.Fatal("the store keeps the edited content")
+			}
+		})
+	}
+}
+
 // A sealed file found already holding its content is held from then on;
 // what the report and the store's entry say of it is no plain digest.
 func TestSealedFileFoundAsDeclared(t *testing.T) {

@@ -512,3 +512,33 @@ func TestAnAssignmentAwaitsACompositionThatCarriedIt(t *testing.T) {
 	taken("next", shapes.Applied, "")
 	eventually(t, "next kept", func() bool { return !pending("next") })
 }
+
+// A module naming an archive no node would take — stored under another
+// name, or a file on the machine (file://, a local file's or the
+// bundle's) — is refused before it is assigned, as a declaration of it is
+// before it is signed: recorded, it would make every later composition of
+// the node one the control side refuses to sign, until unassigned. The
+// node's assignments stay as they were, and the next module assigns.
+func TestAModuleOfAnArchiveNoNodeTakesIsNotAssigned(t *testing.T) {
+	s, ctx := serveOverlay(t, 60*time.Second)
+	enrolNode(t, s, "n1")
+	for url, say := range map[string]string{
+		"obj://" + strings.Repeat("b", 64): "is not obj:// and the archive's sha256",
+		"file:///srv/a.tgz":                "a file:// archive may come from a local file or the bundle, not over the link",
+		"https://example.com/a.tgz":        "is neither obj://<sha256>",
+	} {
+		mod := `{"version":1,"resources":[{"module":"site","id":"theme","type":"archive","url":"` + url + `","sha256":"` + strings.Repeat("a", 64) + `","destination":"/srv/www"}]}`
+		if _, err := s.client.Assign(ctx, "n1", []byte(mod), "site.json"); err == nil || !strings.Contains(err.Error(), say) {
+			t.Errorf("assign of an archive at %s: %v", url, err)
+		}
+		if _, err := s.client.ComposeWith(ctx, "n1", []byte(mod)); err == nil || !strings.Contains(err.Error(), say) {
+			t.Errorf("the composition with an archive at %s: %v", url, err)
+		}
+		if a, err := s.client.Assignments(ctx, "n1"); err != nil || len(a) != 0 {
+			t.Errorf("n1's assignments after the refused archive at %s: %+v %v", url, a, err)
+		}
+	}
+	if p, err := s.client.Assign(ctx, "n1", []byte(webModule), "web.json"); err != nil || p.Node != "n1" {
+		t.Fatalf("assign after the refusals: %+v %v", p, err)
+	}
+}

@@ -932,20 +932,31 @@ func probe(seq uint64, fill func(uint64) ([]byte, error)) error {
 	if err != nil {
 		return err
 	}
-	d, err := shapes.Parse(data)
-	if err != nil {
+	if _, err := linkParse(data); err != nil {
 		return fmt.Errorf("refused before signing: %w", err)
 	}
-	// What every node's archive step would refuse, refused here: the
-	// parse leaves it to the step (shapes.Archive.CheckURL).
+	return nil
+}
+
+// linkParse parses data as every node takes a declaration from the link,
+// and refuses as well what every node's archive step would refuse
+// (shapes.Archive.CheckLinkURL, which the parse leaves to the step so that a
+// target an earlier release saved still reads): the one check the control
+// side makes of resources before it records them (an assignment) or signs
+// them (a declaration, a plan request).
+func linkParse(data []byte) (*shapes.Declaration, error) {
+	d, err := shapes.Parse(data)
+	if err != nil {
+		return nil, err
+	}
 	for _, r := range d.Resources {
 		if a, ok := r.(*shapes.Archive); ok {
-			if err := a.CheckURL(); err != nil {
-				return fmt.Errorf("refused before signing: %w", err)
+			if err := a.CheckLinkURL(); err != nil {
+				return nil, err
 			}
 		}
 	}
-	return nil
+	return d, nil
 }
 
 // declare is Declare for node record rec (at registry revision rev) whose

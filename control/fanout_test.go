@@ -323,10 +323,19 @@ func TestDeclareManyCommand(t *testing.T) {
 	}
 	// An archive URL no archive comes by: refused before a sequence is
 	// taken, as every node's archive step would refuse it.
+	// A plan of it is refused before it is signed too.
 	arch := filepath.Join(dir, "arch.json")
-	os.WriteFile(arch, []byte(`{"version":1,"resources":[{"module":"web","id":"site","type":"archive","url":"obj://themes/t1","sha256":"`+strings.Repeat("a", 64)+`","destination":"/srv/www"}]}`), 0o600)
-	if out, errs, code = run(t, ctx, "declare", "m1", arch, "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "refused before signing") || !strings.Contains(errs, "is not obj:// and the archive's sha256") {
-		t.Errorf("declare of an archive stored under another name: exit %d\n%s%s", code, out, errs)
+	for url, say := range map[string]string{
+		"obj://themes/t1":   "is not obj:// and the archive's sha256",
+		"file:///srv/a.tgz": "a file:// archive may come from a local file or the bundle, not over the link",
+	} {
+		os.WriteFile(arch, []byte(`{"version":1,"resources":[{"module":"web","id":"site","type":"archive","url":"`+url+`","sha256":"`+strings.Repeat("a", 64)+`","destination":"/srv/www"}]}`), 0o600)
+		if out, errs, code = run(t, ctx, "declare", "m1", arch, "--dir", dir, "--nats", s.url, "--without-overlay"); code != 1 || !strings.Contains(errs, "refused before signing") || !strings.Contains(errs, say) {
+			t.Errorf("declare of an archive at %s: exit %d\n%s%s", url, code, out, errs)
+		}
+		if out, errs, code = run(t, ctx, "plan", "m1", arch, "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, "refused before signing") || !strings.Contains(errs, say) {
+			t.Errorf("plan of an archive at %s: exit %d\n%s%s", url, code, out, errs)
+		}
 	}
 	if n, _, err := s.client.Node(ctx, "m1"); err != nil || n.NextSeq != 2 {
 		t.Fatalf("m1 after the refused archive: %+v %v", n, err)

@@ -196,10 +196,8 @@ func (s *OverlaySettings) resource(addr netip.Prefix) *shapes.Overlay {
 // managing one thing) is refused here, before anything is recorded.
 func checkResources(resources []json.RawMessage) error {
 	probe, _ := json.Marshal(map[string]any{"version": 1, "node": "probe", "enrolment": "probe", "seq": 1, "resources": resources})
-	if _, err := shapes.Parse(probe); err != nil {
-		return err
-	}
-	return nil
+	_, err := linkParse(probe)
+	return err
 }
 
 // Overlay returns the mesh's overlay settings, or ErrNoOverlay.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nox-mesh/nox-mesh-host/link"
-	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -53,7 +52,7 @@ func (c *Client) Plan(ctx context.Context, node string, decl []byte) (string, er
 	if err != nil {
 		return "", err
 	}
-	if _, err := shapes.Parse(data); err != nil {
+	if _, err := linkParse(data); err != nil {
 		return "", fmt.Errorf("refused before signing: %w", err)
 	}
 	var nonce [12]byte

@@ -418,5 +418,13 @@ func TestAnArchiveURLIsOneAnArchiveComesBy(t *testing.T) {
 		if say == "" && err != nil || say != "" && (err == nil || !strings.Contains(err.Error(), say)) {
 			t.Errorf("%s: %v", url, err)
 		}
+		// Over the link, obj:// alone: a file:// one is a file on the
+		// machine, which only root's local file or bundle names.
+		if strings.HasPrefix(url, "file://") && say == "" {
+			say = "a file:// archive may come from a local file or the bundle, not over the link"
+		}
+		if err := a.CheckLinkURL(); say == "" && err != nil || say != "" && (err == nil || !strings.Contains(err.Error(), say)) {
+			t.Errorf("over the link, %s: %v", url, err)
+		}
 	}
 }

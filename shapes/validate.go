@@ -503,6 +503,20 @@ func (a *Archive) CheckURL() error {
 	return nil
 }
 
+// CheckLinkURL is CheckURL for a declaration over the link, which names an
+// archive the control side stores (obj://) alone: a file:// URL names a
+// file on the machine, which a local file or the bundle may, as root
+// wrote them.
+func (a *Archive) CheckLinkURL() error {
+	if err := a.CheckURL(); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(a.URL, "obj://") {
+		return fmt.Errorf("archive %s: url %q: a file:// archive may come from a local file or the bundle, not over the link (store it: mesh-control archive put, and name obj://<sha256>)", a.Key(), a.URL)
+	}
+	return nil
+}
+
 func (c *Container) validate(v *validator) {
 	if !nameRe.MatchString(c.Name) {
 		v.fail("name", "%q is not a container name", c.Name)

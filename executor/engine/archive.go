@@ -271,7 +271,9 @@ func (r *run) fetchArchive(a *shapes.Archive) (string, error) {
 		return "", fmt.Errorf("archive %s is not in the executor's cache, and only a file:// URL is fetched by the executor itself (the agent streams obj:// URLs over the link, not %s)", a.SHA256, a.URL)
 	}
 	if r.opt.Source == store.Link {
-		return "", fmt.Errorf("a file:// archive may come from a local file or the bundle, not over the link")
+		if err := a.CheckLinkURL(); err != nil {
+			return "", err
+		}
 	}
 	if r.opt.Plan {
 		// Checked as the apply checks it, and read where it is: a plan

@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sync"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
@@ -49,10 +51,76 @@ func ProtectRunning(what string, paths ...string) {
 	}
 }
 
-// protectSelf adds the store's directory and the running binary.
+// protectSelf adds the store's directory and the running binary, and what
+// the daemon of this state said it runs from (RunningFile): a rescue
+// apply, a process of its own, refuses the daemon's socket directory and
+// the agent's state wherever that daemon was told they are, as the daemon
+// does.
 func protectSelf(stateDir string) {
 	ProtectRunning("state directory", stateDir)
 	if exe, err := os.Executable(); err == nil {
 		ProtectRunning("binary", exe)
 	}
+	for _, p := range readRunning(stateDir) {
+		ProtectRunning(p.What, p.Path)
+	}
+}
+
+// RunningFile, in the executor's state directory, names where the daemon
+// of that state runs from beyond the state and its binary: its socket's
+// directory, the agent's state, the launcher's binary and known-good
+// copies. The daemon writes it when it starts (RecordRunning); every apply
+// of the same state reads it (protectSelf). It protects; it drives nothing
+// else.
+const RunningFile = "running.json"
+
+// runningFormat is RunningFile's format; the file is read as far as a
+// release knows it (a field it does not know is passed over).
+const runningFormat = 1
+
+// RunningPath is one path the daemon runs from, and what it is to it.
+type RunningPath struct {
+	What string `json:"what"`
+	Path string `json:"path"`
+}
+
+type runningRecord struct {
+	Format int           `json:"format"`
+	Paths  []RunningPath `json:"paths"`
+}
+
+// RecordRunning adds paths to this process's protected set (ProtectRunning)
+// and keeps them in stateDir's RunningFile, for the applies of other
+// processes on the same state. Empty paths are left out.
+func RecordRunning(stateDir string, paths []RunningPath) error {
+	var kept []RunningPath
+	for _, p := range paths {
+		if p.Path == "" {
+			continue
+		}
+		if abs, err := filepath.Abs(p.Path); err == nil {
+			p.Path = abs // read by a process of another working directory
+		}
+		ProtectRunning(p.What, p.Path)
+		kept = append(kept, p)
+	}
+	b, err := json.Marshal(runningRecord{Format: runningFormat, Paths: kept})
+	if err != nil {
+		return err
+	}
+	return store.WriteFileAtomic(filepath.Join(stateDir, RunningFile), b)
+}
+
+// readRunning is what RunningFile says; nothing when it is absent or does
+// not read (the state's own directory and binary are protected still).
+func readRunning(stateDir string) []RunningPath {
+	b, err := os.ReadFile(filepath.Join(stateDir, RunningFile))
+	if err != nil {
+		return nil
+	}
+	var r runningRecord
+	if json.Unmarshal(b, &r) != nil {
+		return nil
+	}
+	return r.Paths
 }

@@ -121,6 +121,22 @@ type options struct {
 	wait                                    time.Duration
 }
 
+// absolute makes each path a flag gave absolute against the working
+// directory, once, where the flags are read: a path is opened beneath
+// (fsx takes absolute paths alone), compared with /proc's links (the
+// daemon holding a state), and kept in files other processes read. An
+// empty one (not given) stays empty.
+func absolute(paths ...*string) {
+	for _, p := range paths {
+		if *p == "" {
+			continue
+		}
+		if a, err := filepath.Abs(*p); err == nil {
+			*p = a
+		}
+	}
+}
+
 // define defines flag name of command cmd in fs: the one place each flag
 // is written, said as it is for cmd where commands use it differently.
 func (o *options) define(fs *flag.FlagSet, name, cmd string) {
@@ -235,6 +251,7 @@ func Main(version string, args []string, stdout, stderr io.Writer) int {
 		}
 		return code
 	}
+	absolute(&o.state, &o.socket, &o.tokenFile, &o.out)
 	level := slog.LevelWarn
 	if o.verbose {
 		level = slog.LevelDebug
@@ -1133,6 +1150,7 @@ func (c *command) serve(args []string) int {
 		return ExitRefused
 	}
 	stateDir, socket, agentState, agentUser := f.stateDir, f.socket, f.agentState, f.agentUser
+	absolute(stateDir, socket, agentState, f.hostBinary, f.metricsFile, f.vsockSecret)
 	vsockPort, vsockCIDs, vsockSecret, agentUID := f.vsockPort, f.vsockCIDs, f.vsockSecret, f.agentUID
 	drift, build, hostBinary, partial := f.drift, f.build, f.hostBinary, f.partial
 	log := slog.New(slog.NewTextHandler(c.errw, &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -11,12 +11,6 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
-// agentDiagnosis says, when an enrolment has waited in vain for the agent,
-// what root can see of why: no executor socket (the daemon is not
-// running), no mesh-agent process, or an agent whose user may not reach
-// the socket — the most common mistake, an agent started as another user
-// than the executor's --agent-user, which the agent itself logs as an
-// error but `enrol` would otherwise only guess at.
 // nobodyToFinish says whether nothing can carry out an enrolment of
 // state now: no daemon holds the state, and no executor's socket is at
 // sock. A daemon holding it serves the agent that finishes it, on
@@ -32,20 +26,18 @@ func nobodyToFinish(state, sock string) bool {
 	return err != nil
 }
 
-// enrolDiagnosis is agentDiagnosis for an enrolment of state: a daemon
-// that holds the state on another socket than sock is said as such, not
-// as no daemon at all.
-func enrolDiagnosis(state, sock string) string {
+// agentDiagnosis says, when an enrolment or a rekey of state has waited
+// in vain for the agent, what root can see of why: no executor socket at
+// sock (the daemon is not running, or — said as such — it holds the state
+// on another socket), no mesh-agent process, or an agent whose user may
+// not reach the socket — the most common mistake, an agent started as
+// another user than the executor's --agent-user, which the agent itself
+// logs as an error but the command would otherwise only guess at.
+func agentDiagnosis(state, sock string) string {
 	if _, err := os.Lstat(sock); err != nil {
 		if pid := serving(state); pid > 0 {
-			return fmt.Sprintf("mesh-executor serve (pid %d) holds %s on another socket than %s: enrol --socket with its socket says what its agent does", pid, state, sock)
+			return fmt.Sprintf("mesh-executor serve (pid %d) holds %s on another socket than %s: --socket naming its socket says what its agent does", pid, state, sock)
 		}
-	}
-	return agentDiagnosis(sock)
-}
-
-func agentDiagnosis(sock string) string {
-	if _, err := os.Lstat(sock); err != nil {
 		return noSocket(sock)
 	}
 	all := agentProcs()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -28,7 +29,7 @@ func TestAgentDiagnosis(t *testing.T) {
 	dir := filepath.Join(base, "run")
 	os.Mkdir(dir, 0o700) // root's alone: the agent's user may not search it
 	sock := filepath.Join(dir, "executor.sock")
-	if got := agentDiagnosis(sock); !strings.Contains(got, "there is no executor socket at "+sock) {
+	if got := agentDiagnosis("/nonexistent/state", sock); !strings.Contains(got, "there is no executor socket at "+sock) {
 		t.Fatalf("%s", got)
 	}
 	ln, err := net.Listen("unix", sock)
@@ -37,7 +38,7 @@ func TestAgentDiagnosis(t *testing.T) {
 	}
 	defer ln.Close()
 	if len(agentProcs()) == 0 {
-		if got := agentDiagnosis(sock); got != "no mesh-agent process is running" {
+		if got := agentDiagnosis("/nonexistent/state", sock); got != "no mesh-agent process is running" {
 			t.Fatalf("%s", got)
 		}
 	}
@@ -70,25 +71,25 @@ func TestAgentDiagnosis(t *testing.T) {
 		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait(); pw.Close() })
 	}
 	fake("--user", "nobody")
-	if got := agentDiagnosis(sock); !strings.Contains(got, "no mesh-agent process is started for the socket "+sock) || !strings.Contains(got, wire.SocketPath) {
+	if got := agentDiagnosis("/nonexistent/state", sock); !strings.Contains(got, "no mesh-agent process is started for the socket "+sock) || !strings.Contains(got, wire.SocketPath) {
 		t.Fatalf("only an agent of another socket: %s", got)
 	}
 	fake("--socket", sock, "--user", "nobody")
 	want := "may not connect to the executor's socket " + sock + ": it may not search " + dir + " (uid 0, gid 0, mode 0700)"
-	if got := agentDiagnosis(sock); !strings.Contains(got, want) || !strings.Contains(got, "uid 65534") ||
+	if got := agentDiagnosis("/nonexistent/state", sock); !strings.Contains(got, want) || !strings.Contains(got, "uid 65534") ||
 		strings.Count(got, "may not connect") != 1 || !strings.Contains(got, "other mesh-agent processes name another socket") {
 		t.Fatalf("%s\nwant %s, once", got, want)
 	}
 	// Let in through the directory, but the socket is root's 0600.
 	os.Chmod(dir, 0o755)
 	os.Chmod(sock, 0o600)
-	if got := agentDiagnosis(sock); !strings.Contains(got, "it may not write to "+sock) {
+	if got := agentDiagnosis("/nonexistent/state", sock); !strings.Contains(got, "it may not write to "+sock) {
 		t.Fatalf("%s", got)
 	}
 	// Its group may: it can reach the socket.
 	os.Chown(sock, 0, 65534)
 	os.Chmod(sock, 0o660)
-	if got := agentDiagnosis(sock); !strings.Contains(got, "can reach "+sock) {
+	if got := agentDiagnosis("/nonexistent/state", sock); !strings.Contains(got, "can reach "+sock) {
 		t.Fatalf("%s", got)
 	}
 }
@@ -134,7 +135,35 @@ func TestAnEnrolmentADaemonOnAnotherSocketServesHasSomeoneToFinishIt(t *testing.
 	if nobodyToFinish(state, nowhere) {
 		t.Fatal("a daemon holds the state: nobody to finish it")
 	}
-	if got := enrolDiagnosis(state, nowhere); !strings.Contains(got, "holds "+state+" on another socket than "+nowhere) {
+	if got := agentDiagnosis(state, nowhere); !strings.Contains(got, "holds "+state+" on another socket than "+nowhere) {
 		t.Fatalf("%s", got)
+	}
+}
+
+// A path given relative to the working directory is the same path as
+// given whole: status sees the daemon holding a state named relative,
+// doctor and enrol open them beneath as they open absolute ones.
+func TestRelativePathsAreTheSamePaths(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o700)
+	lock, err := lockServe(state) // this process, as a daemon holds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("not a token\n"), 0o600)
+	t.Chdir(dir)
+	code, out, errs := run("status", "--json", "--state", "state")
+	var st struct {
+		Running bool `json:"daemon_running"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || !st.Running {
+		t.Errorf("status of a held state named relative: exit %d %v\n%s%s", code, err, out, errs)
+	}
+	for _, args := range [][]string{{"doctor", "--state", "state"}, {"enrol", "--state", "state", "--token-file", "token", "--wait", "1s"}} {
+		if _, out, errs := run(args...); strings.Contains(out+errs, "not absolute") {
+			t.Errorf("%v:\n%s%s", args, out, errs)
+		}
 	}
 }

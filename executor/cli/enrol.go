@@ -158,7 +158,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 			nobody, looked = nobodyToFinish(c.state, c.socket), clock.Deadline(5*time.Second)
 		}
 		if clock.Past(deadline) || nobody {
-			msg := "the enrolment is pending: the agent has not finished it (" + enrolDiagnosis(c.state, c.socket) + "); it completes when it does — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
+			msg := "the enrolment is pending: the agent has not finished it (" + agentDiagnosis(c.state, c.socket) + "); it completes when it does — `mesh-executor status` shows it, `mesh-executor enrol --cancel` ends it"
 			if r != nil && r.Reason != "" {
 				msg += "; last: " + r.String()
 			}

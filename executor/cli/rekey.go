@@ -80,9 +80,9 @@ func (c *command) rekeyCmd(cancel bool) int {
 		if clock.Past(deadline) {
 			msg := "the rekey is pending: "
 			if pending != nil {
-				msg += "the control side has not answered yet (" + agentDiagnosis(c.socket) + "; a control side of a release before rekeys does not answer)"
+				msg += "the control side has not answered yet (" + agentDiagnosis(c.state, c.socket) + "; a control side of a release before rekeys does not answer)"
 			} else {
-				msg += "the enrolment with the new keys has not finished (" + agentDiagnosis(c.socket) + ")"
+				msg += "the enrolment with the new keys has not finished (" + agentDiagnosis(c.state, c.socket) + ")"
 			}
 			fmt.Fprintln(c.errw, msg+"; it completes when it does: `mesh-executor status` shows it, `mesh-executor rekey --cancel` ends it")
 			return exitEnrolPending

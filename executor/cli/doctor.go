@@ -151,15 +151,17 @@ func stateCheck(state string) (check, bool) {
 func daemonCheck(state, sock string) check {
 	ch := check{Check: "daemon", Status: checkFail}
 	start := "start it through the init (systemctl start mesh-executor, rc-service mesh-executor start, sv up mesh-executor); its log says why it stopped"
-	holder := readPid(filepath.Join(state, ServeLockFile))
+	holder := serving(state) // the pid holding the lock open, not the lock's last
 	fi, err := os.Lstat(sock)
 	switch {
+	case err != nil && holder > 0:
+		// Running, told another socket than doctor was.
+		ch.Status = checkWarn
+		ch.Detail = fmt.Sprintf("mesh-executor serve (pid %d) holds %s, on another socket than %s", holder, state, sock)
+		ch.Fix = fmt.Sprintf("run doctor with the --socket that daemon was started with (ps -o args -p %d)", holder)
+		return ch
 	case err != nil:
 		ch.Detail, ch.Fix = noSocket(sock), start
-		if holder > 0 && alive(holder) {
-			ch.Detail += fmt.Sprintf("; but pid %d holds %s's lock", holder, state)
-			ch.Fix = "that daemon serves another socket: run doctor with its --socket"
-		}
 		return ch
 	case fi.Mode().Type() != os.ModeSocket:
 		ch.Detail = sock + " is not a socket"

@@ -151,6 +151,14 @@ func TestDoctorWithAndWithoutADaemon(t *testing.T) {
 		t.Errorf("doctor made %s: %v", other, err)
 	}
 
+	// Its state, told another socket than it serves: running, said so,
+	// with how to look at it.
+	elsewhere := filepath.Join(dir, "elsewhere.sock")
+	out, code = doctor(t, "--state", state, "--socket", elsewhere)
+	if got := lineOf(t, out, "daemon"); got != "warn  daemon: mesh-executor serve (pid "+strconv.Itoa(pid)+") holds "+state+", on another socket than "+elsewhere || code != 0 {
+		t.Errorf("the daemon's state, another socket: exit %d %q", code, got)
+	}
+
 	// The daemon stopped: no socket; exit 1; the JSON says the same.
 	stop()
 	out, code = doctor(t, "--state", state, "--socket", sock)

@@ -1067,7 +1067,7 @@ func (c *cli) reports(node string, last int) error {
 		c.printReport(r)
 	}
 	if skipped > 0 {
-		fmt.Fprintf(c.stdout, "(%d message(s) on mesh.report.%s not shown: not signed by the node's key now — reports of an earlier enrolment or keys (a rekey, an enrolment again), or not the node's)\n", skipped, node)
+		fmt.Fprintf(c.stdout, "(%d message(s) on mesh.report.%s not shown: signed by no key of the node's enrolments the registry keeps — an enrolment more than 8 before, or not the node's)\n", skipped, node)
 	}
 	if len(rs) > 0 {
 		// What the reports above did, counted as --wait counts it: a

@@ -78,6 +78,52 @@ type NodeRecord struct {
 	// request (answerRekey): sent again to each copy of the request, so
 	// a lost notice costs a heartbeat, never a second token.
 	Rekey *RekeyRecord `json:"rekey,omitempty"`
+	// Past are the enrolments this node had before, newest last (at most
+	// maxPastEnrolments), each with the NKey its agent signed with: what
+	// `reports` verifies their reports by once a revocation, a rekey or an
+	// enrolment anew took the key off the record. They let nothing in.
+	Past []PastEnrolment `json:"past,omitempty"`
+}
+
+// PastEnrolment is an enrolment a node had, and its agent's NKey.
+type PastEnrolment struct {
+	Enrolment string    `json:"enrolment"`
+	NKey      string    `json:"nkey"`
+	Until     time.Time `json:"until"`
+}
+
+// maxPastEnrolments is how many of a node's past enrolments its record
+// keeps: the reports of older ones are passed over as not the node's.
+const maxPastEnrolments = 8
+
+// keepPast keeps the live enrolment's NKey among the past ones, before
+// a revocation or an enrolment takes it off the record.
+func (r *NodeRecord) keepPast(now time.Time) {
+	if r.NKey == "" || r.Enrolment == "" {
+		return
+	}
+	for _, p := range r.Past {
+		if p.Enrolment == r.Enrolment && p.NKey == r.NKey {
+			return
+		}
+	}
+	r.Past = append(r.Past, PastEnrolment{Enrolment: r.Enrolment, NKey: r.NKey, Until: now.UTC()})
+	if n := len(r.Past); n > maxPastEnrolments {
+		r.Past = r.Past[n-maxPastEnrolments:]
+	}
+}
+
+// reportKeys is the NKey each of rec's enrolments signed its reports
+// with: the live one's, and the past ones'.
+func reportKeys(rec *NodeRecord) map[string]string {
+	keys := map[string]string{}
+	for _, p := range rec.Past {
+		keys[p.Enrolment] = p.NKey
+	}
+	if rec.NKey != "" {
+		keys[rec.Enrolment] = rec.NKey
+	}
+	return keys
 }
 
 // RekeyRecord is a rekey request answered: its nonce, the token issued

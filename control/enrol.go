@@ -628,6 +628,7 @@ func (c *Client) enrolRecord(ctx context.Context, name, enrolment string, isNew 
 			// it replaces leaves the rekey in place: revokeReplaced.)
 			return nil, fmt.Errorf("node %s was revoked or enrolled again after rekey token %s was issued for it: a rekey renews a live node's keys only", name, t.ID)
 		}
+		rec.keepPast(now)
 		rec.NKey, rec.Enrolment, rec.Revoked = keys.AgentNKey, enrolment, time.Time{}
 		rec.Enrolled, rec.Token, rec.Keys, rec.Capability = now, t.ID, &keys, capability
 		rec.EnrolledSeq = rec.NextSeq - 1

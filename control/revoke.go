@@ -114,7 +114,9 @@ func revokeRecord(rec *NodeRecord) (rekeyToken string) {
 	if rec.Rekey != nil {
 		rekeyToken = rec.Rekey.Token
 	}
-	rec.NKey, rec.Revoked, rec.Rekey = "", time.Now().UTC(), nil
+	now := time.Now().UTC()
+	rec.keepPast(now)
+	rec.NKey, rec.Revoked, rec.Rekey = "", now, nil
 	return rekeyToken
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/control"
 	"github.com/nox-mesh/nox-mesh-host/link"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
 
 // heartbeatAs publishes a heartbeat signed by the node's NKey, as its
@@ -166,5 +168,70 @@ func TestRevocationSaysTheTruth(t *testing.T) {
 	}
 	if _, errs, code := cli("declare", "lost", decl); code != 1 || !strings.Contains(errs, "token "+tok.ID+", issued for it, enrols a machine as lost again") {
 		t.Fatalf("declare to a revoked node with a token pending: %d %s", code, errs)
+	}
+}
+
+// A node revoked keeps what it reported: reports reads each report under
+// the NKey of the enrolment it names, the live one's or a past one's the
+// record keeps, so the reports of a revoked node (what it did meanwhile
+// is what an operator reads then) and of its enrolments before the one
+// now live are shown; a report signed by another key is not.
+func TestReportsOfARevokedOrReEnrolledNodeAreShown(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, first := enrolNode(t, s, "n1")
+	reportAs(t, first, 1, shapes.Applied, nil, nil)
+	eventually(t, "the first report recorded", func() bool { return status(t, s, "n1").LastReport != nil })
+	if _, _, err := s.client.Revoke(ctx, "n1", "test"); err != nil {
+		t.Fatal(err)
+	}
+	seqs := func() []uint64 {
+		t.Helper()
+		rs, _, err := s.client.Reports(ctx, "n1", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []uint64
+		for _, r := range rs {
+			out = append(out, r.Seq)
+		}
+		return out
+	}
+	if got := seqs(); !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("the revoked node's reports: %v", got)
+	}
+	// Enrolled again: its reports, the earlier enrolment's with them.
+	text, _, err := s.client.IssueToken(ctx, "n1", false, time.Hour, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMachine(t)
+	r, err := request(t, s, text, m.keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, second := identityOf(t, s, m, grantOf(t, s, r))
+	eventually(t, "n1 let in again", func() bool {
+		nc, err := agent.Dial(second)
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	})
+	reportAs(t, second, 2, shapes.Applied, nil, nil)
+	eventually(t, "both enrolments' reports", func() bool { return slices.Equal(seqs(), []uint64{1, 2}) })
+	// Signed by another key, naming the past enrolment, put on the
+	// node's subject (by the control side's own connection, which may):
+	// not the node's.
+	_, other := enrolNode(t, s, "n2")
+	data, _ := json.Marshal(link.Report{Node: "n1", Enrolment: first.Enrolment, Seq: 3, Outcome: shapes.Applied, At: time.Now().UTC()})
+	sig, _ := other.Sign(data)
+	if err := s.client.NC.PublishMsg(&nats.Msg{Subject: first.Subjects.Report, Data: data, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || s.client.NC.Flush() != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := seqs(); !slices.Equal(got, []uint64{1, 2}) {
+		t.Fatalf("a report another key signed is shown: %v", got)
 	}
 }

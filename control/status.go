@@ -217,14 +217,17 @@ type SignedReport struct {
 }
 
 // Reports returns up to last of node's newest reports, oldest first. Only
-// reports signed by the node's registered NKey are returned; skipped is how
-// many others were on its subjects. A node's reports are in two streams
+// reports signed by the NKey the registry holds for the enrolment each
+// names are returned — the live one's, or a past one's (NodeRecord.Past:
+// a node revoked, rekeyed or enrolled anew keeps what it reported before);
+// skipped is how many others were on its subjects. A node's reports are in two streams
 // at most (link.NodeReports), those of the first older than the second's.
 func (c *Client) Reports(ctx context.Context, node string, last int) (reports []*SignedReport, skipped int, err error) {
 	rec, _, err := c.Node(ctx, node)
 	if err != nil {
 		return nil, 0, err
 	}
+	keys := reportKeys(rec)
 	for _, p := range link.NodeReports(node) {
 		stream, err := c.JS.Stream(ctx, p.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -241,7 +244,7 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 			continue
 		}
 		err = c.readStream(ctx, p.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{p.Subject}}, func(m jetstream.Msg) bool {
-			r := signedReport(m, node, rec.NKey, rec.Enrolment)
+			r := reportOfAny(m, node, keys)
 			if r == nil {
 				skipped++
 				return true
@@ -262,6 +265,18 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 // signedReport is m as node's report, or nil when it is not one: signed
 // by the node's registered NKey nkey, naming the node and its enrolment
 // (a report of an earlier enrolment, or another node's, is not its).
+// reportOfAny is signedReport for any enrolment of keys (reportKeys): the
+// report names its enrolment, and is verified under that one's NKey.
+func reportOfAny(m jetstream.Msg, node string, keys map[string]string) *SignedReport {
+	var r struct {
+		Enrolment string `json:"enrolment"`
+	}
+	if json.Unmarshal(m.Data(), &r) != nil || keys[r.Enrolment] == "" {
+		return nil
+	}
+	return signedReport(m, node, keys[r.Enrolment], r.Enrolment)
+}
+
 func signedReport(m jetstream.Msg, node, nkey, enrolment string) *SignedReport {
 	md, _ := m.Metadata()
 	var r link.Report

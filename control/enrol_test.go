@@ -164,6 +164,13 @@ func enrolNodeLinking(t *testing.T, s *served, name string, l link.Layout) (*age
 	if err != nil {
 		t.Fatal(err)
 	}
+	return enrolByToken(t, s, name, text, l)
+}
+
+// enrolByToken enrols a machine of its own with the token text, as node
+// name, its first link in layout l.
+func enrolByToken(t *testing.T, s *served, name, text string, l link.Layout) (*agent.Config, *agent.Identity) {
+	t.Helper()
 	m := newMachine(t)
 	r, err := request(t, s, text, m.keys, nil)
 	if err != nil {

@@ -206,19 +206,7 @@ func TestReportsOfARevokedOrReEnrolledNodeAreShown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newMachine(t)
-	r, err := request(t, s, text, m.keys, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, second := identityOf(t, s, m, grantOf(t, s, r))
-	eventually(t, "n1 let in again", func() bool {
-		nc, err := agent.Dial(second)
-		if err == nil {
-			nc.Close()
-		}
-		return err == nil
-	})
+	_, second := enrolByToken(t, s, "n1", text, link.LayoutByNode)
 	reportAs(t, second, 2, shapes.Applied, nil, nil)
 	eventually(t, "both enrolments' reports", func() bool { return slices.Equal(seqs(), []uint64{1, 2}) })
 	// Signed by another key, naming the past enrolment, put on the

@@ -1503,6 +1503,12 @@ func (c *cli) planOf(cl *Client, node string, data []byte, wait time.Duration) e
 	} else {
 		fmt.Fprintf(c.stdout, "plan on %s (nothing was changed):\n", node)
 		c.printReport(r)
+		var head struct {
+			Retire bool `json:"retire"`
+		}
+		if json.Unmarshal(data, &head) == nil && head.Retire && r.Outcome != shapes.Refused {
+			fmt.Fprintf(c.stdout, "then %s is retired: its executor drops the node's identity (hosted again) once the above ran to its end, and the control side revokes it when its report comes\n", node)
+		}
 		for _, d := range r.Diffs {
 			fmt.Fprintf(c.stdout, "\n%s:\n%s\n", d.Resource, strings.TrimRight(d.Diff, "\n"))
 		}

@@ -409,6 +409,10 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return nil, err
 	}
+	if msg.Trigger == link.TriggerDeclaration && msg.Owned != nil && len(msg.Owned) == 0 &&
+		msg.Outcome != shapes.Failed && msg.Outcome != shapes.Refused {
+		c.noteRetired(ctx, node, msg.Enrolment, msg.Seq)
+	}
 	count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}
 	// A briefing is kept apart: later reports without one do not erase
 	// what adoption found, and a failed line holds the node's assignments.

@@ -70,6 +70,35 @@ func (c *Client) refuseRevoked(ctx context.Context, node string) error {
 	return nil
 }
 
+// noteRetired revokes node when the declaration seq of its enrolment, which
+// its report says ran to its end, is the retirement the control side
+// signed ("retire": its executor dropped the node's identity and is hosted
+// again): the node's credential is let in no more, `nodes` says it is
+// revoked rather than enrolled, and `node delete` frees its name. Asked by
+// the recorder only of a report whose node holds nothing now, as a
+// retirement leaves it: a fleet's reports cost no read for it.
+func (c *Client) noteRetired(ctx context.Context, node, enrolment string, seq uint64) {
+	last, err := c.lastOnSubject(ctx, node)
+	if err != nil || last == nil {
+		return
+	}
+	var d struct {
+		Seq       uint64
+		Enrolment string
+		Retire    bool
+	}
+	json.Unmarshal(last["seq"], &d.Seq)
+	json.Unmarshal(last["enrolment"], &d.Enrolment)
+	json.Unmarshal(last["retire"], &d.Retire)
+	if !d.Retire || d.Seq != seq || d.Enrolment != enrolment {
+		return
+	}
+	why := fmt.Sprintf("retired by its declaration seq %d: its machine is hosted again", seq)
+	if _, _, err := c.revoke(ctx, node, why, func(r *NodeRecord) bool { return r.IsRevoked() || r.Enrolment != enrolment }); err != nil {
+		c.log.Warn("a node retired by its declaration could not be revoked: node revoke it", "node", node, "seq", seq, "err", err)
+	}
+}
+
 // Revoke revokes node's identity as RevokeNode does, and says whether it
 // was revoked already: then nothing is changed, and rec says since when.
 // It is what `node revoke` runs, so a person is never told that a second

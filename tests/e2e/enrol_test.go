@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -407,6 +408,16 @@ func TestRetire(t *testing.T) {
 	if st := m.executorStatus(); st["state"] != "enrolled" || st["holds"] != float64(0) {
 		t.Fatalf("executor after owns_nothing: %v", st)
 	}
+	if n := m.nodeNamed("n1"); n["state"] == "revoked" {
+		t.Fatalf("the control side after owns_nothing alone: %v", n)
+	}
+	// A plan of the retirement says it, and retires nothing.
+	if out, code := m.plan(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`); code != 0 || !strings.Contains(out, "then n1 is retired") {
+		t.Fatalf("plan of the retirement: exit %d\n%s", code, out)
+	}
+	if st := m.executorStatus(); st["state"] != "enrolled" {
+		t.Fatalf("executor after the plan of its retirement: %v", st)
+	}
 	seq = m.declare(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`)
 	if r := m.reportFor(seq); r.Outcome != shapes.Unchanged {
 		t.Fatalf("retire report %+v", r)
@@ -421,6 +432,12 @@ func TestRetire(t *testing.T) {
 		_, err := os.Stat(m.agentConfig())
 		return os.IsNotExist(err)
 	})
+	// The control side follows: the node revoked (its credential let in
+	// no more), its reports still read, the retirement's among them.
+	eventually(t, "the retired node revoked", func() bool { return m.nodeNamed("n1")["state"] == "revoked" })
+	if out := m.run("mesh-control", "reports", "n1", "--dir", m.ctl); !strings.Contains(out, fmt.Sprintf("seq %d", seq)) {
+		t.Fatalf("the retired node's reports:\n%s", out)
+	}
 	// Hosted again: enrollable again, as the same node.
 	m.enrolled(m.issue("--node", "n1"), "n1")
 	seq = m.declare(`{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"{root}/motd","content":"back\n"}]}`)

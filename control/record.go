@@ -359,6 +359,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		BrokerPinsSeq uint64 `json:"broker_pins_seq"`
 		// Meanwhile, on an activity report: what the executor did.
 		Meanwhile []json.RawMessage `json:"meanwhile"`
+		// Duplicate: a declaration handed over again, applied before.
+		Duplicate bool `json:"duplicate"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -409,7 +411,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return nil, err
 	}
-	if msg.Trigger == link.TriggerDeclaration && msg.Owned != nil && len(msg.Owned) == 0 &&
+	// A retirement is reported once, as it ran (its agent drops its
+	// config after): one handed over again is not looked at.
+	if msg.Trigger == link.TriggerDeclaration && msg.Owned != nil && len(msg.Owned) == 0 && !msg.Duplicate &&
 		msg.Outcome != shapes.Failed && msg.Outcome != shapes.Refused {
 		c.noteRetired(ctx, node, msg.Enrolment, msg.Seq)
 	}

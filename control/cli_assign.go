@@ -226,7 +226,16 @@ func (c *cli) nodeEndpoint(node, endpoint string) error {
 		err = nil
 	}
 	if c.json {
-		if jerr := c.printJSON(map[string]any{"node": node, "endpoint": endpoint, "roster": rp}); jerr != nil {
+		// Absent rather than null or "": no endpoint (none), no roster
+		// published (no overlay set).
+		v := map[string]any{"node": node}
+		if endpoint != "" {
+			v["endpoint"] = endpoint
+		}
+		if rp != nil {
+			v["roster"] = rp
+		}
+		if jerr := c.printJSON(v); jerr != nil {
 			return jerr
 		}
 		return err

@@ -254,6 +254,7 @@ func TestCommands(t *testing.T) {
 	// JSON form; the last revokes web1.
 	for _, args := range [][]string{
 		{"declare", "web1", declFile},
+		{"node", "endpoint", "web1", "none"}, // no overlay yet: no roster published
 		{"overlay", "set", "--network", "10.55.0.0/24"}, {"overlay", "show"}, {"node", "endpoint", "web1", "192.0.2.1:51820"},
 		{"token", "issue", "--new", "--name", "web2"}, {"node", "add", "web3", "--out", filepath.Join(t.TempDir(), "web3.json")},
 		{"node", "revoke", "web1"},

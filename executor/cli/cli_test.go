@@ -743,3 +743,18 @@ func TestEnrolWithNobodyToFinishItSaysSoAtOnce(t *testing.T) {
 		t.Fatal("enrol waited on with nobody to finish the enrolment")
 	}
 }
+
+// enrol --cancel and rekey --cancel with nothing pending say so alike in
+// --json: {"cancelled": false}, in the one form every output keeps (no
+// null).
+func TestCancelWithNothingPendingInJSON(t *testing.T) {
+	state := filepath.Join(base(t), "state")
+	for _, cmd := range []string{"enrol", "rekey"} {
+		code, out, errs := run(cmd, "--cancel", "--json", "--state", state)
+		form(t, cmd+" --cancel --json", out)
+		var got map[string]any
+		if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 || got["cancelled"] != false {
+			t.Errorf("%s --cancel --json: exit %d %v\n%s%s", cmd, code, err, out, errs)
+		}
+	}
+}

@@ -365,7 +365,7 @@ func clockCheck(enrolled bool, l *serve.LinkState) check {
 	case !enrolled:
 		ch.Detail = "not measured: a hosted node has no broker to measure against"
 	case l == nil || l.ClockAt.IsZero():
-		ch.Detail = "not measured yet: the agent measures it against the broker's at its first heartbeat of each link (a control side of an earlier release does not let it; mesh-control nodes shows a skew over a minute)"
+		ch.Detail = "not measured yet: the agent measures it against the broker's with one of the first ten heartbeats of each link, drawn at random (a control side of an earlier release does not let it; mesh-control nodes shows a skew over a minute)"
 	default:
 		skew = time.Duration(l.ClockSkewMS) * time.Millisecond
 		how := fmt.Sprintf("%s ahead of", skew)

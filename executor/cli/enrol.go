@@ -184,8 +184,10 @@ func (c *command) enrolCancel(f enrolFlags) int {
 	if held, _ := enrol.Held(c.state); held != nil {
 		stays = "this host stays " + held.Name()
 	}
+	// --json as rekey --cancel says it: whether one was cancelled, and
+	// the token of the one that was.
 	if token == "" {
-		return c.print(map[string]any{"cancelled": nil}, "no enrolment is pending; nothing to cancel ("+stays+")\n")
+		return c.print(map[string]any{"cancelled": false}, "no enrolment is pending; nothing to cancel ("+stays+")\n")
 	}
-	return c.print(map[string]any{"cancelled": token}, fmt.Sprintf("the enrolment of token %s is cancelled; %s\n", token, stays))
+	return c.print(map[string]any{"cancelled": true, "token": token}, fmt.Sprintf("the enrolment of token %s is cancelled; %s\n", token, stays))
 }

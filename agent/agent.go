@@ -1310,7 +1310,10 @@ func (a *Agent) heartbeats(ctx context.Context) {
 				return
 			case err != nil:
 			case s.Enrolling:
-				if !a.linkIsUp() && a.mayReenrol() {
+				// Linked or not: an enrolment root began (enrol
+				// --replace, a rekey's) is carried out within a look,
+				// not at the next heartbeat.
+				if a.mayReenrol() {
 					a.log.Info("the executor has an enrolment pending: carrying it out")
 					a.cancel(errReenrol)
 				}

@@ -695,3 +695,19 @@ func TestSealedContentEndToEnd(t *testing.T) {
 		t.Fatal("the declaration is not in the broker's store on disk: the search proves nothing")
 	}
 }
+
+// An enrolment root begins on a machine whose agent is linked (enrol
+// --replace, as another node) is carried out within the agent's look at
+// its executor, every few seconds, not at its next heartbeat: here an
+// hour away.
+func TestAnEnrolmentOfALinkedNodeIsCarriedOutWithinSeconds(t *testing.T) {
+	m := newBareMesh(t)
+	m.startExecutor()
+	m.startAgent("--config", m.agentConfig(), "--heartbeat", "1h")
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	eventually(t, "n1 linked", func() bool { return m.nodeNamed("n1")["state"] == "enrolled" })
+	code, out, errs := m.runCode("mesh-executor", m.issue("--new", "--name", "n2")+"\n", "enrol", "--state", m.state, "--replace", "--wait", "20s")
+	if code != 0 || !strings.Contains(out, "enrolled as node n2") {
+		t.Fatalf("enrol --replace of a linked node: exit %d\n%s%s", code, out, errs)
+	}
+}

@@ -144,7 +144,10 @@ func (c *Client) RotateCert(ctx context.Context, req CertRequest, srv *Server, p
 	}
 	fp, err := certFingerprint(nextCert)
 	if err != nil {
-		return nil, fmt.Errorf("no certificate was announced (%s: %v): cert rotate first, then --switch", filepath.Base(nextCert), err)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("no certificate is announced (no %s in the key directory): cert rotate announces one, then --switch; a switch made leaves none until the next cert rotate", filepath.Base(nextCert))
+		}
+		return nil, fmt.Errorf("the certificate announced does not read (%s: %v): cert rotate announces one anew", filepath.Base(nextCert), err)
 	}
 	res.Phase, res.Next, res.Seq = "switched", fp, last+1
 	ns, err := c.Nodes(ctx)

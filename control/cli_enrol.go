@@ -14,7 +14,9 @@ import (
 
 func (c *cli) tokenIssue(isNew bool, node, name string, ttl time.Duration, brokerURL string) error {
 	switch {
-	case isNew == (node != ""):
+	case isNew && node != "":
+		return usageError("--new and --node are two kinds of token: give one, --new (a machine the mesh has not seen) or --node NAME (this machine is that node again)")
+	case !isNew && node == "":
 		return usageError("say which: --new (a machine the mesh has not seen) or --node NAME (this machine is that node again)")
 	case node != "" && name != "":
 		return usageError("--name goes with --new; a --node token keeps the node's name")

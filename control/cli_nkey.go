@@ -38,7 +38,7 @@ func (c *cli) nkeyRotate() error {
 	if err != nil {
 		var held *statedir.HeldError
 		if errors.As(err, &held) {
-			return fmt.Errorf("%w: stop serve first; the control NKey is made anew with every serve of the key directory stopped", err)
+			return fmt.Errorf("%w: the control NKey is made anew with every serve of the key directory stopped", err)
 		}
 		return err
 	}

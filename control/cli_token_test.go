@@ -510,3 +510,19 @@ func TestATokenForANodeSupersedesTheEarlierOnes(t *testing.T) {
 		t.Fatalf("six tokens for delta issued at once: %d usable", usable)
 	}
 }
+
+// token issue takes one kind of token: neither kind and both are refused
+// as the command line's (exit 2), each saying what it lacks.
+func TestTokenIssueTakesOneKind(t *testing.T) {
+	_, _, _, cmd := servedCLI(t)
+	for args, say := range map[string]string{
+		"":                       "say which: --new",
+		"--new --node beta":      "--new and --node are two kinds of token: give one",
+		"--node beta --name foo": "--name goes with --new",
+	} {
+		out, errs, code := cmd(append([]string{"token", "issue"}, strings.Fields(args)...)...)
+		if code != 2 || out != "" || !strings.Contains(errs, say) {
+			t.Errorf("token issue %s: exit %d\n%s%s", args, code, out, errs)
+		}
+	}
+}

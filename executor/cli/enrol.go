@@ -104,7 +104,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		case held != nil && f.replace:
 			fmt.Fprintf(c.out, "this host is enrolled as %s: the new identity replaces it, and the control side revokes it in the same step\n", held.Name())
 		case held != nil:
-			fmt.Fprintf(c.out, "this host is enrolled as %s: it keeps that identity until a grant comes. A token for node %s enrols it as %s again; the control side refuses one that would make it another node while %s is live (then enrol with --replace, which revokes %s in the same step)\n",
+			fmt.Fprintf(c.out, "this host is enrolled as %s: it keeps that identity until a grant comes. A token for node %s enrols it as %s again; the control side refuses one that would make it another node unless %s is revoked (enrol with --replace revokes %s in the same step)\n",
 				held.Name(), held.Node, held.Node, held.Node, held.Node)
 		}
 		fmt.Fprintln(c.out, "keys made; the agent takes the enrolment from here")

@@ -41,7 +41,7 @@ func TestTheControlNKeyIsMadeAnew(t *testing.T) {
 		m := newMesh(t)
 		serve := m.procs[0]
 		url := fmt.Sprintf("tls://127.0.0.1:%d", m.port)
-		if code, _, stderr := m.runCode("mesh-control", "", "nkey", "rotate", "--dir", m.ctl); code == 0 || !strings.Contains(stderr, "stop serve first") {
+		if code, _, stderr := m.runCode("mesh-control", "", "nkey", "rotate", "--dir", m.ctl); code == 0 || !strings.Contains(stderr, "mesh-control serve (pid ") || !strings.Contains(stderr, "; stop it first: the control NKey is made anew") {
 			t.Fatalf("nkey rotate with serve running: exit %d: %s", code, stderr)
 		}
 		k, err := control.LoadKeys(m.ctl)

@@ -867,8 +867,12 @@ func flagForms(cmd string, o options) error {
 				return usageError("--broker-url: %v", err)
 			}
 		}
-		if o.ttl < 0 {
-			return usageError("--ttl %v: a token's lifetime is not negative", o.ttl)
+		if cmd == "token issue" && o.ttl <= 0 {
+			return usageError("--ttl %v: a token lives a while (--ttl 1h; the default is %v)", o.ttl, DefaultTokenTTL)
+		}
+	case "reports":
+		if o.last <= 0 {
+			return usageError("--last %d: how many of the node's newest reports, one or more", o.last)
 		}
 	}
 	return nil

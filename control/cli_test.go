@@ -355,7 +355,10 @@ func TestInitAndTokensRefuseWhatNoNodeCouldUse(t *testing.T) {
 		args []string
 		say  string
 	}{
-		{[]string{"token", "issue", "--new", "--ttl", "-1h"}, "negative"},
+		{[]string{"token", "issue", "--new", "--ttl", "-1h"}, "--ttl -1h0m0s: a token lives a while"},
+		{[]string{"token", "issue", "--new", "--ttl", "0"}, "--ttl 0s: a token lives a while"},
+		{[]string{"reports", "web1", "--last", "0"}, "--last 0: how many"},
+		{[]string{"reports", "web1", "--last", "-1"}, "--last -1: how many"},
 		{[]string{"token", "issue", "--new", "--broker-url", "banana"}, "--broker-url"},
 		{[]string{"node", "add", "web1", "--broker-url", "http://127.0.0.1:4222", "--out", filepath.Join(t.TempDir(), "w", "agent.json")}, "--broker-url"},
 		{[]string{"overlay", "set", "--network", "bogus"}, "bogus"},

@@ -636,7 +636,11 @@ func (c *cli) nodeAdd(name, out, brokerURL string) error {
 	exPath := filepath.Join(filepath.Dir(out), "executor-identity.json")
 	for _, p := range []string{out, exPath} {
 		if _, err := os.Lstat(p); err == nil {
-			return fmt.Errorf("%s exists; not overwriting it", p)
+			why := ""
+			if p == exPath {
+				why = " (another node's, perhaps: the executor's identity is written beside --out, so each node takes a directory of its own, as the default NAME/agent.json)"
+			}
+			return fmt.Errorf("%s exists; not overwriting it%s", p, why)
 		}
 	}
 	// A directory the files cannot go in is said before the node is

@@ -3,6 +3,7 @@ package control
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -18,6 +19,11 @@ func (c *cli) keyRotate(recoveryKey string) error {
 			return err
 		}
 		recoveryKey = abs // serve reads it, from its own directory
+		// Said, not refused: in a theft's aftermath the key comes off
+		// whatever medium kept it (a FAT stick shows every file 0755).
+		if fi, err := os.Stat(recoveryKey); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(c.stderr, "warning: the recovery key %s is readable by others than its owner (mode %04o): once the rotation is made, keep it off this machine again, or chmod 600 it\n", recoveryKey, fi.Mode().Perm())
+		}
 	}
 	cl, err := c.connect()
 	if err != nil {

@@ -430,3 +430,23 @@ func TestACommandLineACommandRefusesExitsTwo(t *testing.T) {
 		}
 	}
 }
+
+// node add writes the executor's identity beside --out: a second node
+// given the same directory is refused before it is registered, saying so
+// rather than only that a file exists.
+func TestNodeAddIntoAnotherNodesDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx := context.Background()
+	files := t.TempDir()
+	if _, errs, code := run(t, ctx, "node", "add", "a1", "--out", filepath.Join(files, "a1.json"), "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("node add a1: exit %d %s", code, errs)
+	}
+	_, errs, code := run(t, ctx, "node", "add", "b1", "--out", filepath.Join(files, "b1.json"), "--dir", dir, "--nats", s.url)
+	if code != 1 || !strings.Contains(errs, "executor-identity.json exists; not overwriting it (another node's, perhaps") {
+		t.Fatalf("node add b1 beside a1: exit %d %s", code, errs)
+	}
+	if _, _, err := s.client.Node(ctx, "b1"); err == nil {
+		t.Fatal("b1 registered though refused")
+	}
+}

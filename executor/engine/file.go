@@ -62,7 +62,12 @@ func (r *run) wantAttrs(key, modeSpec string, found fsx.Info, exists bool, defMo
 
 // errOwnerComing is a plan's word for an owner whose user a user resource
 // of the declaration makes: the plan makes none, so it cannot say its ids.
-var errOwnerComing = errors.New("its owner's user comes with this declaration, which a plan does not apply")
+var errOwnerComing = errors.New("its owner's user comes with this declaration, " + planDoesNotApply)
+
+// planDoesNotApply ends a plan's line that rests on what the same
+// declaration brings (a user, a unit): the plan says it as the apply would
+// find it, having applied nothing.
+const planDoesNotApply = "which a plan does not apply"
 
 // ownerComingLine is how a plan says a file or directory whose owner's
 // user the declaration makes: applied, with the owner, then.

@@ -210,9 +210,9 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		s.Unlock()
 		// Each line's outcome: the words may differ where the plan cannot
 		// know (the version a package manager installs). An apply that
-		// failed is not compared: a plan installs no package, so it cannot
-		// know that one brings no unit (it says the unit comes with it).
-		if p, a := outcomes(plan), outcomes(rep); rep.Outcome != shapes.Failed && (p != a || plan.Refused != rep.Refused) {
+		// failed is compared up to its first failed line (planAgreesUpTo).
+		if p, a := outcomes(plan), outcomes(rep); rep.Outcome != shapes.Failed && (p != a || plan.Refused != rep.Refused) ||
+			rep.Outcome == shapes.Failed && !planAgreesUpTo(plan, rep) {
 			return fmt.Sprintf("step %d: plan and apply differ\nplan:\n%s\napply:\n%s", i+1, linesOf(plan), linesOf(rep))
 		}
 		got := model.Result{Refused: rep.Refused != "", Lines: map[string]string{}}
@@ -332,4 +332,26 @@ func enabledState(on bool) string {
 		return "enabled"
 	}
 	return "disabled"
+}
+
+// planAgreesUpTo says whether plan said what the failed apply rep did up to
+// its first failed line: the same resources in the same order, the same
+// outcome for each before it, and that line failing in the plan too — or
+// resting on what the plan does not apply (a unit or an owner this
+// declaration brings: a plan installs no package, so it cannot know that
+// one brings no unit). After that line the two part: what follows it in
+// an apply depends on what failed.
+func planAgreesUpTo(plan, rep *shapes.Report) bool {
+	fail := slices.IndexFunc(rep.Lines, func(l shapes.Line) bool { return l.Outcome == shapes.Failed })
+	if plan.Refused != rep.Refused || fail < 0 || fail >= len(plan.Lines) {
+		return false
+	}
+	for j := 0; j <= fail; j++ {
+		p, a := plan.Lines[j], rep.Lines[j]
+		if p.Module != a.Module || p.ID != a.ID || j < fail && p.Outcome != a.Outcome {
+			return false
+		}
+	}
+	p := plan.Lines[fail]
+	return p.Outcome == shapes.Failed || strings.Contains(p.Detail, planDoesNotApply)
 }

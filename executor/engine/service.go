@@ -205,11 +205,11 @@ func (r *run) service(st *step, rest int) {
 	}
 	if !cur.Known && r.opt.Plan && r.unitComing[svc.Key()] {
 		st.line.Outcome = shapes.Applied
-		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then put in its declared state (%s)", desiredService(svc))
+		st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, %s; then put in its declared state (%s)", planDoesNotApply, desiredService(svc))
 		if r.holds(svc.Module, e) {
 			// The apply holds what it finds, however it came.
 			st.line.Outcome = shapes.Held
-			st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, which a plan does not apply; then held as found, on an adopted node, until module %s is taken", svc.Module)
+			st.line.Detail = fmt.Sprintf("its unit comes with this declaration's package or unit file, %s; then held as found, on an adopted node, until module %s is taken", planDoesNotApply, svc.Module)
 		}
 		r.serviceDone(st, svc, false)
 		return

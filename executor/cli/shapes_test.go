@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,9 +40,13 @@ func TestEveryShapeAsARescueFile(t *testing.T) {
 				Refused string         `json:"refused"`
 				Lines   []shapes.Line  `json:"lines"`
 			}
+			was := treeOf(t, state)
 			_, out, errs := run("plan", "--json", "--state", state, f)
 			if err := json.Unmarshal([]byte(out), &rep); err != nil {
 				t.Fatalf("plan of a %s: %v\n%s\n%s", typ, err, out, errs)
+			}
+			if now := treeOf(t, state); now != was {
+				t.Errorf("the plan of a %s changed the state:\nbefore:\n%s\nafter:\n%s", typ, was, now)
 			}
 			if rep.Outcome == shapes.Refused && !strings.Contains(rep.Refused, "resource base.r0") {
 				t.Errorf("plan of a valid %s refused without naming it: %s", typ, rep.Refused)
@@ -61,4 +67,27 @@ func TestEveryShapeAsARescueFile(t *testing.T) {
 	if n != 2*len(shapes.TypeNames()) {
 		t.Fatalf("%d files for %d shapes", n, len(shapes.TypeNames()))
 	}
+}
+
+// treeOf is every entry under dir, its mode and content, in order: what a
+// plan must leave as it found it. A dir not there is "".
+func treeOf(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil
+		}
+		fmt.Fprintf(&b, "%s %v %d\n", p, fi.Mode(), fi.Size())
+		if fi.Mode().IsRegular() {
+			data, _ := os.ReadFile(p)
+			fmt.Fprintf(&b, "%x\n", sha256.Sum256(data))
+		}
+		return nil
+	})
+	return b.String()
 }

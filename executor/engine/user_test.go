@@ -20,6 +20,7 @@ type fakeAccounts struct {
 	users  map[string]*account
 	groups []string
 	log    []string
+	ids    map[string]int // each user's uid once the name service said it
 }
 
 func (f *fakeAccounts) lookup(_ context.Context, n string) (account, bool, error) {
@@ -68,14 +69,24 @@ func (h *harness) runAccounts(f *fakeAccounts, doc string, plan bool) *shapes.Re
 }
 
 // getent is the name service over the fake databases: a user's uid is
-// 1500 and on, in the order made, its primary group the same number.
+// 1500 and on, in the order the name service is first asked of it (those
+// there from the start in their names' order), its primary group the same
+// number; a uid never changes once said, as a real one does not when
+// another user is made.
 func (f *fakeAccounts) getent(db, key string) ([]string, error) {
-	names := slices.Sorted(maps.Keys(f.users))
-	i := slices.Index(names, key)
-	if i < 0 {
+	if _, ok := f.users[key]; !ok {
 		return nil, fmt.Errorf("%s %q is not known to the name service", db, key)
 	}
-	id := fmt.Sprint(1500 + i)
+	if f.ids == nil {
+		f.ids = map[string]int{}
+		for _, n := range slices.Sorted(maps.Keys(f.users)) {
+			f.ids[n] = 1500 + len(f.ids)
+		}
+	}
+	if _, ok := f.ids[key]; !ok {
+		f.ids[key] = 1500 + len(f.ids)
+	}
+	id := fmt.Sprint(f.ids[key])
 	if db == "group" {
 		return []string{key, "x", id}, nil
 	}

@@ -80,6 +80,8 @@ type fakeRuntime struct {
 	// dieAt is "before POST rename", "after POST create" (containers/create),
 	// "after DELETE" and so on: the first request it names fails with a 500.
 	dieAt string
+	// writes are the requests that would change the runtime, in order.
+	writes []string
 }
 
 type fakeCtr struct {
@@ -200,6 +202,9 @@ func (f *fakeRuntime) serve(method, path string, q url.Values, body []byte) (int
 	defer f.mu.Unlock()
 	if path == "/_ping" {
 		return 200, "OK"
+	}
+	if method != "GET" && method != "HEAD" {
+		f.writes = append(f.writes, method+" "+path)
 	}
 	if ref, ok := strings.CutPrefix(path, "/images/"); ok && method == "GET" {
 		if id, ok := f.images[strings.TrimSuffix(ref, "/json")]; ok {

@@ -1411,7 +1411,7 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		AgentVersion: a.o.Version, AgentBuild: a.o.Build, Capability: link.Capability, BrokerPinsSeq: st.PinsSeq, JWTIssuer: a.id.credentialIssuer(),
 		LastApplied: st.LastApplied, LastAppliedOutcome: st.LastAppliedOutcome,
 		LastSeq: st.LastSeq, LastOutcome: st.LastOutcome,
-		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Seconds(),
+		LinkedSince: l.since.UTC(), LastLinked: l.lastLinked.UTC(), Unlinked: l.unlinked.Round(time.Second).Seconds(), // whole seconds: JSON integers
 		LastLinkError: l.lastErr,
 	}
 	newDigest := ""

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/tests/jsonform"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -483,6 +484,10 @@ func TestDisconnectionIsASituation(t *testing.T) {
 	text := m.run("mesh-control", "nodes", "--dir", m.ctl)
 	if !strings.Contains(text, "ago") || strings.Contains(strings.ToLower(text), "alarm") {
 		t.Fatalf("nodes:\n%s", text)
+	}
+	// In the one form every JSON output keeps: how long, in whole seconds.
+	if js := m.run("mesh-control", "nodes", "--dir", m.ctl, "--json"); jsonform.Check([]byte(js)) != nil {
+		t.Fatalf("nodes --json after a disconnection: %v\n%s", jsonform.Check([]byte(js)), js)
 	}
 	_ = strconv.Itoa
 }

@@ -742,6 +742,16 @@ func TestEnrolWithNobodyToFinishItSaysSoAtOnce(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("enrol waited on with nobody to finish the enrolment")
 	}
+	// --json: one value says it is pending, and why.
+	code, out, errOut := run("enrol", "--json", "--state", filepath.Join(d, "state2"), "--socket", sock, "--wait", "1h", "--token-file", file)
+	form(t, "enrol --json, pending", out)
+	var got struct {
+		Pending bool   `json:"pending"`
+		Why     string `json:"why"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || code != exitEnrolPending || !got.Pending || !strings.Contains(got.Why, "there is no executor socket at "+sock) {
+		t.Fatalf("enrol --json, pending: exit %d %v\n%s%s", code, err, out, errOut)
+	}
 }
 
 // enrol --cancel and rekey --cancel with nothing pending say so alike in

@@ -163,6 +163,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 				msg += "; last: " + r.String()
 			}
 			fmt.Fprintln(c.errw, msg)
+			c.print(map[string]any{"pending": true, "why": msg}, "") // --json: one value, exit 3 or not
 			return exitEnrolPending
 		}
 		time.Sleep(200 * time.Millisecond)

@@ -84,7 +84,9 @@ func (c *command) rekeyCmd(cancel bool) int {
 			} else {
 				msg += "the enrolment with the new keys has not finished (" + agentDiagnosis(c.state, c.socket) + ")"
 			}
-			fmt.Fprintln(c.errw, msg+"; it completes when it does: `mesh-executor status` shows it, `mesh-executor rekey --cancel` ends it")
+			msg += "; it completes when it does: `mesh-executor status` shows it, `mesh-executor rekey --cancel` ends it"
+			fmt.Fprintln(c.errw, msg)
+			c.print(map[string]any{"pending": true, "why": msg}, "") // --json: one value, exit 3 or not
 			return exitEnrolPending
 		}
 		time.Sleep(200 * time.Millisecond)

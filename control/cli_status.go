@@ -72,6 +72,8 @@ type fleetStatus struct {
 	Broker struct {
 		URL       string `json:"url,omitempty"`
 		Reachable bool   `json:"reachable"`
+		// Error is why this command did not reach it (Reachable false).
+		Error string `json:"error,omitempty"`
 		// OperatorMode: a broker of the operator's own in NATS operator
 		// mode (broker-config --resolver), each node in an account of
 		// its own that serve pushes to it.
@@ -285,6 +287,17 @@ func readFleet(ctx context.Context, cl *Client) (*fleetStatus, []*NodeStatus, er
 func (c *cli) status() error {
 	cl, err := c.connect()
 	if err != nil {
+		if k, kerr := LoadKeys(c.dir); kerr == nil && c.json {
+			// A control side whose broker this command does not reach:
+			// said in the one value a script reads, reachable false.
+			s := &fleetStatus{}
+			s.Broker.URL, s.Broker.Error = cmp.Or(c.nats, k.BrokerURL), err.Error()
+			s.Registry.Error = "not read: the broker was not reached"
+			s.tally(nil)
+			if jerr := c.printJSON(s); jerr != nil {
+				return jerr
+			}
+		}
 		return err
 	}
 	defer cl.Close()

@@ -3,6 +3,7 @@ package control_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,6 +148,22 @@ func TestStatusCommand(t *testing.T) {
 	out, errs, code = run(t, ctx, "status", "--dir", filepath.Join(t.TempDir(), "none"))
 	if code != 1 || out != "" || !strings.HasPrefix(errs, "mesh-control status: ") {
 		t.Fatalf("status without a control side: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// A control side whose broker is not reached: --json says so in one
+	// value, reachable false, and the command fails.
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadURL := "tls://" + dead.Addr().String()
+	dead.Close()
+	out, errs, code = run(t, ctx, "status", "--json", "--dir", dir, "--nats", deadURL)
+	var down struct {
+		Broker struct {
+			URL       string `json:"url"`
+			Reachable bool   `json:"reachable"`
+			Error     string `json:"error"`
+		} `json:"broker"`
+	}
+	if err := json.Unmarshal([]byte(out), &down); err != nil || code != 1 || down.Broker.Reachable || down.Broker.URL != deadURL || down.Broker.Error == "" || jsonform.Check([]byte(out)) != nil {
+		t.Fatalf("status --json, the broker not reached: exit %d %v %v\n%s%s", code, err, jsonform.Check([]byte(out)), out, errs)
 	}
 	out, errs, code = cli("status", "--frob")
 	if code != 2 || out != "" || !strings.Contains(errs, "frob") {

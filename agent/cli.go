@@ -90,6 +90,11 @@ network; it is trusted for nothing.`,
 }
 
 func Main(ctx context.Context, version, build string, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") && len(args) > 1 {
+		// --version --json, as the other binaries take it: the version
+		// command with its flags.
+		return cmdline.VersionCommand(stdout, stderr, "mesh-agent", version, build, args[1:])
+	}
 	if len(args) > 0 && (args[0] == "completion" || args[0] == "man") {
 		text, err := Program().Generate(args, version)
 		if err != nil {

@@ -854,7 +854,7 @@ func (t Table) Dispatch(args []string, version string, stdout, stderr io.Writer)
 		t.Usage(stdout)
 		return 0, nil, nil, 0, true
 	case "--version", "-version":
-		args = []string{"version"}
+		args = append([]string{"version"}, args[1:]...) // --version --json as version --json
 	}
 	i = -1
 	for n := min(2, len(args)); n >= 1 && i < 0; n-- {

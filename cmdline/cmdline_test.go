@@ -381,11 +381,14 @@ func TestEveryCommandsHelpIsItsOwn(t *testing.T) {
 		if code := run([]string{"version"}, &out, &errw); code != 0 || out.Len() == 0 {
 			t.Errorf("%s version: exit %d %q %q", p.Name, code, out.String(), errw.String())
 		}
-		// version --json: one form for the four, naming the program.
-		out.Reset()
-		var v struct{ Program, Version, Build string }
-		if code := run([]string{"version", "--json"}, &out, &errw); code != 0 || json.Unmarshal(out.Bytes(), &v) != nil || v.Program != p.Name || v.Version == "" || v.Build == "" {
-			t.Errorf("%s version --json: exit %d %q %q", p.Name, code, out.String(), errw.String())
+		// version --json, and --version --json: one form for the four,
+		// naming the program.
+		for _, args := range [][]string{{"version", "--json"}, {"--version", "--json"}} {
+			out.Reset()
+			var v struct{ Program, Version, Build string }
+			if code := run(args, &out, &errw); code != 0 || json.Unmarshal(out.Bytes(), &v) != nil || v.Program != p.Name || v.Version == "" || v.Build == "" {
+				t.Errorf("%s %v: exit %d %q %q", p.Name, args, code, out.String(), errw.String())
+			}
 		}
 	}
 }

@@ -320,13 +320,9 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 			}
 		}()
 	}
-	k, ok := w.keys.get(ctx, node)
-	if !ok {
-		c.log.Warn("a "+kind+" for a node not in the registry; ignored", "subject", subj)
-		return nil, nil
-	}
-	if err := link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
-		c.log.Warn("a "+kind+" not signed by the node; ignored", "subject", subj, "reason", err.Error())
+	k, why := w.signedBy(ctx, m, node)
+	if why != "" {
+		c.log.Warn("a "+kind+" "+why+"; ignored", "subject", subj)
 		return nil, nil
 	}
 	var msg struct {
@@ -661,6 +657,22 @@ func retryRegistry(ctx context.Context, within time.Duration, try func() error, 
 // nodeKeys is what the recorder checks a message against: the node's
 // registered NKey and current enrolment.
 type nodeKeys struct{ nkey, enrolment string }
+
+// signedBy is the registry's keys of node, when m carries the signature
+// of its NKey; otherwise why not ("for a node not in the registry", "not
+// signed by the node: …"). What m says of its node and enrolment is the
+// caller's to check against them. One rule for every message a node
+// publishes that the recorder reads.
+func (w *recorder) signedBy(ctx context.Context, m jetstream.Msg, node string) (nodeKeys, string) {
+	k, ok := w.keys.get(ctx, node)
+	if !ok {
+		return k, "for a node not in the registry"
+	}
+	if err := link.VerifySignature(k.nkey, m.Data(), m.Headers().Get(link.SignatureHeader)); err != nil {
+		return k, "not signed by the node: " + err.Error()
+	}
+	return k, ""
+}
 
 // keyCache is the registry's node records as the recorder needs them,
 // kept by a watch of node.* rather than read per message. A node not in it

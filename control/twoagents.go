@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/nox-mesh/nox-mesh-host/link"
 )
 
 // Two agents linked as one node — a machine copied with its state (a
@@ -178,9 +176,8 @@ func (w *recorder) watchLinks(ctx context.Context, m jetstream.Msg, node string)
 		Node      string `json:"node"`
 		Enrolment string `json:"enrolment"`
 	}
-	k, ok := w.keys.get(ctx, node)
-	if !ok || link.VerifySignature(k.nkey, data, m.Headers().Get(link.SignatureHeader)) != nil ||
-		json.Unmarshal(data, &hb) != nil || hb.Node != node || hb.Enrolment != k.enrolment {
+	k, why := w.signedBy(ctx, m, node)
+	if why != "" || json.Unmarshal(data, &hb) != nil || hb.Node != node || hb.Enrolment != k.enrolment {
 		return // not the node's: the recorder says so of it
 	}
 	older := string(text)

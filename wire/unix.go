@@ -109,6 +109,19 @@ func ListenUnix(path string, gid int) (net.Listener, error) {
 	return &ownSocket{UnixListener: ul, path: path, id: fileIdentity(fi)}, nil
 }
 
+// ServedPath is the path a listener of ListenUnix serves — its address
+// is the temporary name it was bound under — or, for any other Unix
+// listener, its address; "" for one of another kind.
+func ServedPath(ln net.Listener) string {
+	if o, ok := ln.(*ownSocket); ok {
+		return o.path
+	}
+	if a, ok := ln.Addr().(*net.UnixAddr); ok {
+		return a.Name
+	}
+	return ""
+}
+
 // socketDirOwn refuses a socket directory that is not the executors' to
 // take: the executor makes it root's and the agent's group's, mode 0750,
 // so a directory that holds anything else — /tmp (whose sticky bit and

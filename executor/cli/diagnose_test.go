@@ -140,9 +140,9 @@ func TestAnEnrolmentADaemonOnAnotherSocketServesHasSomeoneToFinishIt(t *testing.
 	}
 }
 
-// A path given relative to the working directory is the same path as
-// given whole: status sees the daemon holding a state named relative,
-// doctor and enrol open them beneath as they open absolute ones.
+// A path given relative to the working directory, or through a link, is
+// the same path as given whole: status sees the daemon holding a state
+// named so, doctor and enrol open them beneath as they open absolute ones.
 func TestRelativePathsAreTheSamePaths(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
@@ -160,6 +160,11 @@ func TestRelativePathsAreTheSamePaths(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil || !st.Running {
 		t.Errorf("status of a held state named relative: exit %d %v\n%s%s", code, err, out, errs)
+	}
+	// Named through a link: the same state, held by the same daemon.
+	os.Symlink(state, filepath.Join(dir, "link"))
+	if pid := serving(filepath.Join(dir, "link")); pid != os.Getpid() {
+		t.Errorf("the state named through a link: held by pid %d, not this process's %d", pid, os.Getpid())
 	}
 	for _, args := range [][]string{{"doctor", "--state", "state"}, {"enrol", "--state", "state", "--token-file", "token", "--wait", "1s"}} {
 		if _, out, errs := run(args...); strings.Contains(out+errs, "not absolute") {

@@ -155,10 +155,22 @@ func daemonCheck(state, sock string) check {
 	fi, err := os.Lstat(sock)
 	switch {
 	case err != nil && holder > 0:
+		serves := engine.RunningSocket(state)
+		if serves == sock {
+			// Its own socket gone (removed by hand, a tmpfiles clean):
+			// its agent cannot reach it.
+			ch.Detail = fmt.Sprintf("mesh-executor serve (pid %d) holds %s and serves %s, which is gone: no agent reaches it", holder, state, sock)
+			ch.Fix = "restart it through the init (systemctl restart mesh-executor, rc-service mesh-executor restart, sv restart mesh-executor): it makes its socket anew"
+			return ch
+		}
 		// Running, told another socket than doctor was.
 		ch.Status = checkWarn
 		ch.Detail = fmt.Sprintf("mesh-executor serve (pid %d) holds %s, on another socket than %s", holder, state, sock)
 		ch.Fix = fmt.Sprintf("run doctor with the --socket that daemon was started with (ps -o args -p %d)", holder)
+		if serves != "" {
+			ch.Detail += fmt.Sprintf(" (it serves %s)", serves)
+			ch.Fix = "run doctor --socket " + serves
+		}
 		return ch
 	case err != nil:
 		ch.Detail, ch.Fix = noSocket(sock), start

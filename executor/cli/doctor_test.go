@@ -155,9 +155,17 @@ func TestDoctorWithAndWithoutADaemon(t *testing.T) {
 	// with how to look at it.
 	elsewhere := filepath.Join(dir, "elsewhere.sock")
 	out, code = doctor(t, "--state", state, "--socket", elsewhere)
-	if got := lineOf(t, out, "daemon"); got != "warn  daemon: mesh-executor serve (pid "+strconv.Itoa(pid)+") holds "+state+", on another socket than "+elsewhere || code != 0 {
-		t.Errorf("the daemon's state, another socket: exit %d %q", code, got)
+	if got := lineOf(t, out, "daemon"); got != "warn  daemon: mesh-executor serve (pid "+strconv.Itoa(pid)+") holds "+state+", on another socket than "+elsewhere+" (it serves "+sock+")" ||
+		code != 0 || !strings.Contains(out, "fix: run doctor --socket "+sock) {
+		t.Errorf("the daemon's state, another socket: exit %d\n%s", code, out)
 	}
+	// Its own socket gone from under it: no agent reaches it, a failure.
+	os.Rename(sock, sock+".aside")
+	out, code = doctor(t, "--state", state, "--socket", sock)
+	if got := lineOf(t, out, "daemon"); !strings.HasPrefix(got, "fail  daemon: mesh-executor serve (pid "+strconv.Itoa(pid)+") holds "+state+" and serves "+sock+", which is gone") || code != ExitFailed {
+		t.Errorf("the daemon's own socket gone: exit %d\n%s", code, out)
+	}
+	os.Remove(sock + ".aside")
 
 	// The daemon stopped: no socket; exit 1; the JSON says the same.
 	stop()

@@ -105,13 +105,19 @@ func serving(state string) int {
 	if pid <= 0 || !alive(pid) {
 		return 0
 	}
+	lock, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
 	fds := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(fds)
 	if err != nil {
 		return 0
 	}
+	// The file itself, not its name: the kernel shows an fd's path
+	// resolved, and the state may be named through a link.
 	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(fds, e.Name())); err == nil && l == p {
+		if fi, err := os.Stat(filepath.Join(fds, e.Name())); err == nil && os.SameFile(fi, lock) {
 			return pid
 		}
 	}

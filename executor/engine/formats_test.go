@@ -26,10 +26,13 @@ func TestEveryRunningFormatThatShippedIsRead(t *testing.T) {
 func TestRecordRunningIsReadBack(t *testing.T) {
 	dir := t.TempDir()
 	agent := filepath.Join(t.TempDir(), "agent")
-	if err := RecordRunning(dir, []RunningPath{{What: "agent's state directory", Path: agent}, {What: "launcher", Path: ""}}); err != nil {
+	if err := RecordRunning(dir, "/run/x/executor.sock", []RunningPath{{What: "agent's state directory", Path: agent}, {What: "launcher", Path: ""}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := readRunning(dir), []RunningPath{{What: "agent's state directory", Path: agent}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("read %+v; want %+v", got, want)
+	}
+	if got := RunningSocket(dir); got != "/run/x/executor.sock" {
+		t.Fatalf("the socket read back: %q", got)
 	}
 }

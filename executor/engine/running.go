@@ -87,12 +87,15 @@ type RunningPath struct {
 type runningRecord struct {
 	Format int           `json:"format"`
 	Paths  []RunningPath `json:"paths"`
+	// Socket is the socket the daemon serves (doctor looks there).
+	Socket string `json:"socket,omitempty"`
 }
 
 // RecordRunning adds paths to this process's protected set (ProtectRunning)
-// and keeps them in stateDir's RunningFile, for the applies of other
-// processes on the same state. Empty paths are left out.
-func RecordRunning(stateDir string, paths []RunningPath) error {
+// and keeps them in stateDir's RunningFile, with the socket the daemon
+// serves, for the applies and the doctor of other processes on the same
+// state. Empty paths are left out.
+func RecordRunning(stateDir, socket string, paths []RunningPath) error {
 	var kept []RunningPath
 	for _, p := range paths {
 		if p.Path == "" {
@@ -104,7 +107,12 @@ func RecordRunning(stateDir string, paths []RunningPath) error {
 		ProtectRunning(p.What, p.Path)
 		kept = append(kept, p)
 	}
-	b, err := json.Marshal(runningRecord{Format: runningFormat, Paths: kept})
+	if socket != "" {
+		if abs, err := filepath.Abs(socket); err == nil {
+			socket = abs
+		}
+	}
+	b, err := json.Marshal(runningRecord{Format: runningFormat, Paths: kept, Socket: socket})
 	if err != nil {
 		return err
 	}
@@ -113,14 +121,16 @@ func RecordRunning(stateDir string, paths []RunningPath) error {
 
 // readRunning is what RunningFile says; nothing when it is absent or does
 // not read (the state's own directory and binary are protected still).
-func readRunning(stateDir string) []RunningPath {
-	b, err := os.ReadFile(filepath.Join(stateDir, RunningFile))
-	if err != nil {
-		return nil
-	}
+func readRunning(stateDir string) []RunningPath { return readRunningRecord(stateDir).Paths }
+
+// RunningSocket is the socket the daemon of stateDir last said it serves
+// ("": never said, or the file does not read).
+func RunningSocket(stateDir string) string { return readRunningRecord(stateDir).Socket }
+
+func readRunningRecord(stateDir string) runningRecord {
 	var r runningRecord
-	if json.Unmarshal(b, &r) != nil {
-		return nil
+	if b, err := os.ReadFile(filepath.Join(stateDir, RunningFile)); err == nil {
+		json.Unmarshal(b, &r)
 	}
-	return r.Paths
+	return r
 }

@@ -295,15 +295,16 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 func (s *Server) protectRunning(ln net.Listener) {
 	engine.ProtectRunning("state directory", s.cfg.StateDir)
 	paths := []engine.RunningPath{{What: "agent's state directory", Path: s.cfg.AgentState}}
-	if a, ok := ln.Addr().(*net.UnixAddr); ok && a.Name != "" {
-		paths = append(paths, engine.RunningPath{What: "socket directory", Path: filepath.Dir(a.Name)})
+	socket := wire.ServedPath(ln)
+	if socket != "" {
+		paths = append(paths, engine.RunningPath{What: "socket directory", Path: filepath.Dir(socket)})
 	}
 	if st, err := launcher.ReadState(s.cfg.StateDir); err == nil {
 		paths = append(paths, engine.RunningPath{What: "launcher's known-good directory", Path: st.KnownGoodDir},
 			engine.RunningPath{What: "launcher", Path: st.Launcher})
 	}
 	// Kept for a rescue apply of this state, a process of its own.
-	if err := engine.RecordRunning(s.cfg.StateDir, paths); err != nil {
+	if err := engine.RecordRunning(s.cfg.StateDir, socket, paths); err != nil {
 		s.log.Warn("where this daemon runs from could not be kept for a rescue apply to refuse; it refuses them itself", "err", err)
 	}
 	s.log.Debug("the protected set covers the running instance", "paths", shapes.Running())

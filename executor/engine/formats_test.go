@@ -11,11 +11,13 @@ import (
 // Every RunningFile a release wrote is read: the paths a rescue apply of
 // the state refuses as its daemon does.
 func TestEveryRunningFormatThatShippedIsRead(t *testing.T) {
-	goldens := map[string][]RunningPath{
-		"3b99c67": {{What: "agent's state directory", Path: "/srv/mesh/agent"}, {What: "socket directory", Path: "/run/mesh-x"}},
+	paths := []RunningPath{{What: "agent's state directory", Path: "/srv/mesh/agent"}, {What: "socket directory", Path: "/run/mesh-x"}}
+	goldens := map[string]runningRecord{
+		"3b99c67": {Format: 1, Paths: paths},
+		"fd8214b": {Format: 1, Paths: paths, Socket: "/run/mesh-x/executor.sock"}, // the socket served
 	}
-	golden.Each(t, goldens, func(t *testing.T, release string, want []RunningPath) {
-		if got := readRunning(filepath.Join(golden.Dir, release)); !reflect.DeepEqual(got, want) {
+	golden.Each(t, goldens, func(t *testing.T, release string, want runningRecord) {
+		if got := readRunningRecord(filepath.Join(golden.Dir, release)); !reflect.DeepEqual(got, want) {
 			t.Errorf("read %+v; want %+v", got, want)
 		}
 	})

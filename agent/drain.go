@@ -283,6 +283,9 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 		if v.Code != wire.CodeNone || v.Outcome == shapes.Refused {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}
+		// As the executor decides it (it drops its identity unless the
+		// apply failed), whatever the lines kept.
+		r.Retired = d.Retire && r.Outcome != shapes.Refused && r.Outcome != shapes.Failed && !v.Duplicate
 		a.log.Info("the executor's verdict", "seq", seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
 	}
 	// The superseded first, so the newest is the last word.

@@ -193,6 +193,9 @@ func (c *cli) await(cl *Client, want []nodeSeq, value func(waited) any) error {
 		// from, with the broker lost (below), not as the watch's error.
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) && cl.NC.IsConnected() {
 			c.progress("")
+			if c.json {
+				c.printJSON(value(waitedOf(want, got))) // what was done, whatever the wait
+			}
 			return err
 		}
 	}

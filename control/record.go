@@ -357,6 +357,8 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 		Meanwhile []json.RawMessage `json:"meanwhile"`
 		// Duplicate: a declaration handed over again, applied before.
 		Duplicate bool `json:"duplicate"`
+		// Retired: its agent says the declaration retired the node.
+		Retired bool `json:"retired"`
 	}
 	if err := json.Unmarshal(m.Data(), &msg); err != nil || msg.Node != node || msg.Enrolment != k.enrolment {
 		c.log.Warn("a "+kind+" for another node or enrolment; ignored", "subject", subj)
@@ -407,10 +409,11 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return nil, err
 	}
-	// A retirement is reported once, as it ran (its agent drops its
-	// config after): one handed over again is not looked at.
-	if msg.Trigger == link.TriggerDeclaration && msg.Owned != nil && len(msg.Owned) == 0 && !msg.Duplicate &&
-		msg.Outcome != shapes.Failed && msg.Outcome != shapes.Refused {
+	// A retirement, as its agent says it: held to the declaration the
+	// control side signed (noteRetired). The agent's word alone costs a
+	// fleet's reports no read; an agent of a release before the word
+	// leaves its node to node revoke.
+	if msg.Retired && msg.Trigger == link.TriggerDeclaration {
 		c.noteRetired(ctx, node, msg.Enrolment, msg.Seq)
 	}
 	count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}

@@ -75,11 +75,12 @@ func (c *Client) refuseRevoked(ctx context.Context, node string) error {
 // signed ("retire": its executor dropped the node's identity and is hosted
 // again): the node's credential is let in no more, `nodes` says it is
 // revoked rather than enrolled, and `node delete` frees its name. Asked by
-// the recorder only of a report whose node holds nothing now, as a
-// retirement leaves it: a fleet's reports cost no read for it.
+// the recorder of a report its agent says retired the node
+// (link.Report.Retired): the agent's word is held to what was signed.
 func (c *Client) noteRetired(ctx context.Context, node, enrolment string, seq uint64) {
 	last, err := c.lastOnSubject(ctx, node)
 	if err != nil || last == nil {
+		c.log.Warn("a node's report says it retired, and its last declaration could not be read to hold it to: not revoked (node revoke it)", "node", node, "seq", seq, "err", err)
 		return
 	}
 	var d struct {

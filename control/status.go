@@ -262,9 +262,6 @@ func (c *Client) Reports(ctx context.Context, node string, last int) (reports []
 	return reports, skipped, nil
 }
 
-// signedReport is m as node's report, or nil when it is not one: signed
-// by the node's registered NKey nkey, naming the node and its enrolment
-// (a report of an earlier enrolment, or another node's, is not its).
 // reportOfAny is signedReport for any enrolment of keys (reportKeys): the
 // report names its enrolment, and is verified under that one's NKey.
 func reportOfAny(m jetstream.Msg, node string, keys map[string]string) *SignedReport {
@@ -277,6 +274,9 @@ func reportOfAny(m jetstream.Msg, node string, keys map[string]string) *SignedRe
 	return signedReport(m, node, keys[r.Enrolment], r.Enrolment)
 }
 
+// signedReport is m as node's report, or nil when it is not one: signed
+// by the node's registered NKey nkey, naming the node and its enrolment
+// (a report of an earlier enrolment, or another node's, is not its).
 func signedReport(m jetstream.Msg, node, nkey, enrolment string) *SignedReport {
 	md, _ := m.Metadata()
 	var r link.Report

@@ -46,6 +46,11 @@ type Report struct {
 	SupersededOutcome shapes.Outcome `json:"superseded_outcome,omitempty"`
 	// Duplicate: the executor had applied these exact bytes before.
 	Duplicate bool `json:"duplicate,omitempty"`
+	// Retired: the declaration retired the node, and its executor ran it
+	// to its end (it drops the node's identity whatever its lines kept).
+	// The agent's word, which the control side holds to the declaration it
+	// signed before it revokes the node.
+	Retired bool `json:"retired,omitempty"`
 	// Briefing: what the apply found on an adopted node.
 	Briefing *shapes.Briefing `json:"briefing,omitempty"`
 	// Owned: what the host made for the link after this apply, for the

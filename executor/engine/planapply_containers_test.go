@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -58,7 +59,7 @@ func TestPlanEqualsApplyForContainers(t *testing.T) {
 					if rng.IntN(2) == 0 {
 						c.running = false
 					} else {
-						rt.ctrs = rt.ctrs[:0]
+						rt.ctrs = slices.DeleteFunc(rt.ctrs, func(x *fakeCtr) bool { return x == c })
 					}
 				}
 				rt.mu.Unlock()

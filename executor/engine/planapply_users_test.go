@@ -2,7 +2,9 @@ package engine
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -66,9 +68,8 @@ func TestPlanEqualsApplyForUsersAndWhatTheyOwn(t *testing.T) {
 		for step := range 4 {
 			d := decl()
 			if rng.IntN(3) == 0 { // the operator changes a shell by hand
-				for _, a := range f.users {
-					a.Shell = "/bin/zsh"
-					break
+				if found := slices.Sorted(maps.Keys(f.users)); len(found) > 0 {
+					f.users[found[rng.IntN(len(found))]].Shell = "/bin/zsh"
 				}
 			}
 			before, made := treeOf(t, h.root), len(f.log)

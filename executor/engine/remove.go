@@ -561,8 +561,9 @@ func (r *run) sealedDiffers(e *store.Entry, content []byte) (said string, sealed
 	if !strings.HasPrefix(e.Digest, "hmac-sha256:") {
 		return "", false
 	}
-	if found, known := r.writtenDigest(e, content); known && found == e.Digest {
-		return "", true
+	found, known := r.writtenDigest(e, content)
+	if !known || found == e.Digest {
+		return "", true // the same, or not to be told (no digest key here): nothing claimed
 	}
 	return "it holds other content than the host wrote (edited by hand since), or content sealed under a key this host no longer holds (enrolled anew since); sealed content is never copied, so none of it is kept", true
 }

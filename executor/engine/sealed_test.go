@@ -215,6 +215,24 @@ func TestASealedFileUndeclaredKeepsNoCopyAndNamesNoDigest(t *testing.T) {
 	}
 }
 
+// A sealed file undeclared on a host that cannot key its digest now (its
+// sealing key unreadable) is removed as the host's, claiming nothing of
+// its content, and none of it is kept.
+func TestASealedFileUndeclaredWithoutTheKeyClaimsNothing(t *testing.T) {
+	h := newSealedHarness(t)
+	h.expect(h.run(h.doc(1, h.sealed("token", 1, secret)), false, true), shapes.Applied, "s.token=applied")
+	rep := h.run(h.doc(2, `{"module":"s","id":"other","type":"file","path":"{root}/other","content":"x"}`), false, false)
+	for _, l := range rep.Lines {
+		if l.ID == "token" && (l.Outcome != shapes.Removed || strings.Contains(l.Detail, "other content") || strings.Contains(l.Detail, "sha256")) {
+			t.Fatalf("the line: %+v", l)
+		}
+	}
+	if got := mustStore(t, h.state).Salvaged(); len(got) != 0 {
+		t.Fatalf("salvaged %+v", got)
+	}
+	h.absent("token")
+}
+
 // A sealed file found already holding its content is held from then on;
 // what the report and the store's entry say of it is no plain digest.
 func TestSealedFileFoundAsDeclared(t *testing.T) {

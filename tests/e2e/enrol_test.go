@@ -716,3 +716,26 @@ func TestAnEnrolmentOfALinkedNodeIsCarriedOutWithinSeconds(t *testing.T) {
 		t.Fatalf("enrol --replace of a linked node: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// A retirement that keeps what the host made (a directory holding a file
+// someone put there) still retires the node — the executor drops its
+// identity whatever its lines kept — and the control side follows it:
+// revoked, as its agent says the declaration it signed retired the node.
+func TestARetirementThatKeepsIsFollowedToo(t *testing.T) {
+	m := newHost(t)
+	m.enrolled(m.issue("--new", "--name", "n1"), "n1")
+	seq := m.declare(`{"version":1,"resources":[{"module":"base","id":"dir","type":"directory","path":"{root}/kept"}]}`)
+	if r := m.reportFor(seq); r.Outcome != shapes.Applied {
+		t.Fatalf("report %+v", r)
+	}
+	os.WriteFile(filepath.Join(m.tree, "kept", "theirs"), []byte("not the host's\n"), 0o644)
+	seq = m.declare(`{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`)
+	r := m.reportFor(seq)
+	if r.Outcome == shapes.Failed || r.Outcome == shapes.Refused || len(r.Lines) != 1 || r.Lines[0].Outcome != shapes.Kept {
+		t.Fatalf("the retirement's report %+v", r)
+	}
+	if st := m.executorStatus(); st["state"] != "hosted" {
+		t.Fatalf("executor after the retirement: %v", st)
+	}
+	eventually(t, "the retired node revoked", func() bool { return m.nodeNamed("n1")["state"] == "revoked" })
+}

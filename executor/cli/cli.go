@@ -670,7 +670,7 @@ type ownedEntry struct {
 	// Undeclared is an entry that every claim's source no longer declares
 	// (its saved declaration names no such resource), held still because
 	// the apply that undeclared it kept it (a directory holding what the
-	// host did not make) or could not undo it.
+	// host did not make), could not undo it, or was cut short before it.
 	Undeclared bool `json:"undeclared,omitempty"`
 }
 
@@ -720,7 +720,13 @@ type ownedSalvaged struct {
 	KeptUntil time.Time `json:"kept_until"`
 }
 
-func describe(e *store.Entry, undeclared bool) string {
+// undeclaredSaid is what owned adds to an entry every claim's source no
+// longer declares: why it is there is the last apply's to say (a
+// directory kept for what it holds, a removal that failed, an apply cut
+// short before it got there), and the next apply's to end.
+const undeclaredSaid = "; undeclared: its declaration no longer names it, and the next apply undoes it or its line says why not (a directory holding what the host did not make is kept until it is empty)"
+
+func describe(e *store.Entry) string {
 	switch {
 	case e.Pending != nil:
 		return "pending: a change begun and not recorded (" + e.Pending.Op + "), the apply having failed at it or died; the next apply looks at what it left"
@@ -728,10 +734,6 @@ func describe(e *store.Entry, undeclared bool) string {
 		return "held as found (adopted node)"
 	case len(e.Claims) == 0:
 		return "kept: undeclared, but it holds what the host did not make"
-	case undeclared && e.Type == shapes.TypeDirectory:
-		return "kept: undeclared (its declaration no longer names it), but it holds what the host did not make; removed once it is empty"
-	case undeclared:
-		return "undeclared (its declaration no longer names it) and not yet undone: the last apply's line for it says why"
 	case e.Created:
 		return "created by the host"
 	case e.Original != nil:
@@ -797,7 +799,7 @@ func (c *command) owned() int {
 	declared := declaredNow(c.state, st)
 	for _, e := range st.Entries() {
 		gone := undeclared(e, declared)
-		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e, gone), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil, Undeclared: gone}
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil, Undeclared: gone}
 		if oe.Claims == nil {
 			oe.Claims = []store.Claim{}
 		}
@@ -806,7 +808,11 @@ func (c *command) owned() int {
 		for _, x := range e.Claims {
 			cl = append(cl, x.Key())
 		}
-		fmt.Fprintf(&b, "%-40s %-10s %-30s %s\n", e.Target, e.Type, strings.Join(cl, ","), oe.How)
+		how := oe.How
+		if gone {
+			how += undeclaredSaid
+		}
+		fmt.Fprintf(&b, "%-40s %-10s %-30s %s\n", e.Target, e.Type, strings.Join(cl, ","), how)
 		for _, p := range e.Paths {
 			fmt.Fprintf(&b, "  %s\n", p) // what an archive wrote
 		}

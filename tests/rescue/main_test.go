@@ -172,6 +172,8 @@ type ownedEntry struct {
 	Original *original `json:"original"`
 	// Pending: a change begun and not recorded (the apply died at it).
 	Pending bool `json:"pending"`
+	// Undeclared: no source's saved declaration names it any more.
+	Undeclared bool `json:"undeclared"`
 }
 
 // result is one finished run of the executor.

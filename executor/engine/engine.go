@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"path"
 	"slices"
@@ -112,6 +113,9 @@ type Options struct {
 	getent func(db, key string) ([]string, error)
 	// repositoryPaths replace the machine's (repositoryPaths) in tests.
 	repositoryPaths []string
+	// beforeChange, in tests, is what else happens on the machine between
+	// a step's look and its change (another applier, a person).
+	beforeChange func(target string)
 }
 
 // batchLimit bounds how many steps share one durable intent group.
@@ -744,9 +748,20 @@ func (r *run) execute(batch []*step, after int) {
 			break
 		}
 		if st.change != nil {
+			if r.opt.beforeChange != nil {
+				r.opt.beforeChange(st.target)
+			}
 			if err := st.change(); err != nil {
 				st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
 				failedAt = i
+				if st.intent != nil && st.intent.Created && errors.Is(err, fs.ErrExist) {
+					// An exclusive create found the thing made since the
+					// step looked (another applier's, a person's): the
+					// host made nothing, and its intent is not left for
+					// the next apply to take what is there for its own.
+					r.abandon(st.target)
+					st.line.Detail += " (made by something else since this apply looked: not the host's, left as it is)"
+				}
 				break
 			}
 			var e *store.Entry

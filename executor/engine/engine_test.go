@@ -871,3 +871,37 @@ func TestAdoptionBriefingGoesOnAfterAFailure(t *testing.T) {
 		t.Fatalf("observing recorded %d entries", n)
 	}
 }
+
+// A directory another applier (or a person) makes between the step's look
+// and its mkdir is not the host's: the apply fails saying so, leaves no
+// intent pending, and the apply after — declaring it no more — neither
+// removes it nor claims it.
+func TestADirectoryMadeMeanwhileIsNotTheHosts(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`)
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p("d") {
+				os.Mkdir(h.p("d"), 0o755)
+				os.WriteFile(h.p("d/theirs"), []byte("x\n"), 0o644)
+			}
+		}})
+	st.Unlock()
+	if rep.Outcome != shapes.Failed || len(rep.Lines) != 1 || !strings.Contains(rep.Lines[0].Detail, "not the host's") {
+		t.Fatalf("the apply: %+v", rep)
+	}
+	if e := mustStore(t, h.state).Get("path:" + h.p("d")); e != nil {
+		t.Fatalf("the store holds %+v", e)
+	}
+	other := h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/f","content":"x\n"}`)
+	rep = h.apply(other)
+	for _, l := range rep.Lines {
+		if l.ID == "d" {
+			t.Fatalf("the next apply says of it: %+v", l)
+		}
+	}
+	if _, err := os.Stat(h.p("d/theirs")); err != nil {
+		t.Fatalf("what was made meanwhile is gone: %v", err)
+	}
+}

@@ -1020,3 +1020,23 @@ func writeJSON(dir, name string, v any) error {
 }
 
 func encodePub(p ed25519.PublicKey) string { return base64.StdEncoding.EncodeToString(p) }
+
+// Forget drops what an enrolment left the host beside its identity: the
+// identity and sealing private keys (KeysFile), the grant accepted
+// (GrantedFile), a rekey asked for (RekeyFile) and the WireGuard key the
+// node was known by on the overlay. A retired host keeps no key of the
+// node it was — none to open content sealed to it, none to sign as it —
+// and an enrolment after makes every key anew.
+func Forget(dir string) error {
+	for _, f := range []string{KeysFile, GrantedFile, RekeyFile, PendingWireGuardFile, overlay.KeyFile, overlay.PubFile} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("enrol: forget %s: %w", f, err)
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("enrol: forget: %w", err)
+	}
+	defer d.Close()
+	return d.Sync()
+}

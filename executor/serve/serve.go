@@ -1077,6 +1077,9 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 			s.log.Error("retire: the identity could not be dropped", "err", err)
 		} else {
 			s.log.Info("retired: the node's identity is dropped; this host is hosted again", "node", id.Node)
+			if err := enrol.Forget(s.cfg.StateDir); err != nil {
+				s.log.Error("retire: the node's keys could not all be dropped; move them aside by hand (mesh-executor doctor lists the state)", "err", err)
+			}
 		}
 	}
 	return v

@@ -429,6 +429,12 @@ func TestRetire(t *testing.T) {
 	if st := m.executorStatus(); st["state"] != "hosted" {
 		t.Fatalf("executor after retire: %v", st)
 	}
+	// No key of the node it was is left on the machine.
+	for _, f := range []string{"keys.json", "enrolment-granted.json", "wireguard.key", "identity.json"} {
+		if _, err := os.Stat(filepath.Join(m.state, f)); !os.IsNotExist(err) {
+			t.Errorf("after retire, %s is still in the state: %v", f, err)
+		}
+	}
 	eventually(t, "the agent hosted again", func() bool {
 		_, err := os.Stat(m.agentConfig())
 		return os.IsNotExist(err)

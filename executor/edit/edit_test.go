@@ -81,8 +81,25 @@ func TestKeys(t *testing.T) {
 	sysctl := "net.ipv4.ip_forward=0\n; old\nvm.swappiness = 60"
 	k = ParseKeys([]byte(sysctl), Equals)
 	out, err = k.Apply([]Change{{Key: "vm.swappiness", Value: "10"}, {Key: "kernel.panic", Value: "5"}})
-	if want := "net.ipv4.ip_forward=0\n; old\nvm.swappiness = 10\nkernel.panic = 5\n"; err != nil || string(out) != want {
+	// A key added is set apart as the file's first key line is.
+	if want := "net.ipv4.ip_forward=0\n; old\nvm.swappiness = 10\nkernel.panic=5\n"; err != nil || string(out) != want {
 		t.Fatalf("Apply = %q, want %q (%v)", out, want, err)
+	}
+	for _, c := range []struct {
+		f                Format
+		file, key, value string
+		want             string
+	}{
+		{Equals, "A=1\nB=2\n", "C", "3", "A=1\nB=2\nC=3\n"}, // a shell-sourced environment file stays one
+		{Equals, "# none yet\n", "a", "1", "# none yet\na = 1\n"},
+		{Equals, "a= 1\n", "b", "2", "a= 1\nb= 2\n"},
+		{Space, "Port\t22\n", "PermitRootLogin", "no", "Port\t22\nPermitRootLogin\tno\n"},
+		{Space, "", "Port", "22", "Port 22\n"},
+	} {
+		out, err := ParseKeys([]byte(c.file), c.f).Apply([]Change{{Key: c.key, Value: c.value}})
+		if err != nil || string(out) != c.want {
+			t.Errorf("%s: %q plus %s: %q, want %q (%v)", c.f, c.file, c.key, out, c.want, err)
+		}
 	}
 	if _, ok, _ := ParseKeys([]byte("export X=1\n"), Equals).Get("X"); ok {
 		t.Error("\"export X=1\" read as a key")

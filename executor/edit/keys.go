@@ -67,6 +67,11 @@ type Keys struct {
 	global int
 	// dups names keys found more than once, with their line numbers.
 	dups map[string][]int
+	// sep is how the file's first key line sets its key apart from its
+	// value ("=", " = ", "\t"), which a key the host adds follows: a
+	// shell-sourced file of "a=1" lines is never given "b = 2". "" when
+	// the file has no key line yet.
+	sep string
 }
 
 func (f Format) fold(key string) string {
@@ -119,8 +124,12 @@ func ParseKeys(data []byte, f Format) *Keys {
 				return k
 			}
 		}
+		sepStart := s + len(key)
 		for vs < l.end && blank(data[vs]) {
 			vs++
+		}
+		if k.sep == "" && vs < l.end && vs > sepStart {
+			k.sep = string(data[sepStart:vs])
 		}
 		ve := l.end
 		for ve > vs && blank(data[ve-1]) {
@@ -240,9 +249,14 @@ func Check(data []byte, f Format, changes []Change) error {
 	return nil
 }
 
-// Line is how a key the host adds is written.
+// Line is how a key the host adds is written: as the file's first key
+// line sets its key apart, or, in a file with none yet, "key = value"
+// (equals) or "key value" (space).
 func (k *Keys) Line(key, value string) string {
-	if k.format == Space {
+	switch {
+	case k.sep != "":
+		return key + k.sep + value
+	case k.format == Space:
 		return key + " " + value
 	}
 	return key + " = " + value

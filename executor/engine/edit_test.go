@@ -339,7 +339,7 @@ func TestKeysEqualsAndPlan(t *testing.T) {
 		t.Fatalf("plan %+v", plan)
 	}
 	h.expect(h.apply(doc), shapes.Applied, "m.sysctl=applied")
-	if got, want := h.read("sshd_config"), "net.ipv4.ip_forward=1\n; comment\nvm.swappiness = 60\nkernel.panic = 10\n"; got != want {
+	if got, want := h.read("sshd_config"), "net.ipv4.ip_forward=1\n; comment\nvm.swappiness = 60\nkernel.panic=10\n"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 	h.expect(h.apply(h.doc()), shapes.Restored, "m.sysctl=restored")

@@ -542,3 +542,48 @@ func TestAModuleOfAnArchiveNoNodeTakesIsNotAssigned(t *testing.T) {
 		t.Fatalf("assign after the refusals: %+v %v", p, err)
 	}
 }
+
+// declare of a file with an overlay of its own is held to each node's: an
+// overlay of another address (one node's, sent to two) or another
+// interface than the mesh's is refused before a sequence is taken, naming
+// the node's own.
+func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	enrolNode(t, s, "n1")
+	enrolNode(t, s, "n2")
+	p1, err := s.client.OverlayAddress(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, _ := s.client.OverlayAddress(ctx, "n2")
+	set, _ := s.client.Overlay(ctx)
+	file := func(iface, addr string) string {
+		f := filepath.Join(t.TempDir(), "ov.json")
+		os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"mesh","id":"overlay","type":"overlay","interface":"`+iface+`","address":"`+addr+`"}]}`), 0o600)
+		return f
+	}
+	for _, c := range []struct {
+		nodes, iface, addr string
+		say                string
+	}{
+		{"n2", set.Interface, p1.String(), "n2's in this mesh's overlay is " + p2.String()},
+		{"n1,n2", set.Interface, p1.String(), "n2's in this mesh's overlay is " + p2.String()},
+		{"n1", "wg9", p1.String(), "the file's overlay is interface wg9"},
+	} {
+		if out, errs, code := run(t, ctx, "declare", c.nodes, file(c.iface, c.addr), "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, c.say) {
+			t.Errorf("declare %s of %s on %s: exit %d\n%s%s", c.nodes, c.addr, c.iface, code, out, errs)
+		}
+	}
+	if n, _, _ := s.client.Node(ctx, "n2"); n.NextSeq > 2 {
+		t.Fatalf("a sequence was taken for a refused declaration: next %d", n.NextSeq)
+	}
+	if out, errs, code := run(t, ctx, "declare", "n1", file(set.Interface, p1.String()), "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("declare of n1's own overlay: exit %d\n%s%s", code, out, errs)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -741,7 +742,7 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 		return err
 	}
 	if !c.withoutOverlay {
-		if err := withOverlay(c.ctx, cl, data); err != nil {
+		if err := withOverlay(c.ctx, cl, data, []string{node}); err != nil {
 			return err
 		}
 	}
@@ -774,7 +775,7 @@ func declaredLine(node string, seq uint64) string {
 // node, and is said once, placed in the file.
 func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) error {
 	if !c.withoutOverlay {
-		if err := withOverlay(c.ctx, cl, data); err != nil {
+		if err := withOverlay(c.ctx, cl, data, nodes); err != nil {
 			return err
 		}
 	}
@@ -915,8 +916,10 @@ func sameError(errs []error) bool {
 
 // withOverlay refuses a raw declaration that would take a node out of the
 // mesh's overlay: sent as written, it replaces the node's whole
-// composition, and one without the overlay has the node remove it.
-func withOverlay(ctx context.Context, cl *Client, data []byte) error {
+// composition, and one without the overlay has the node remove it; and
+// one whose overlay is not each node's own (another node's address, an
+// interface the mesh's is not), which would put nodes on one address.
+func withOverlay(ctx context.Context, cl *Client, data []byte, nodes []string) error {
 	s, err := cl.Overlay(ctx)
 	if errors.Is(err, ErrNoOverlay) {
 		return nil
@@ -927,7 +930,9 @@ func withOverlay(ctx context.Context, cl *Client, data []byte) error {
 	var d struct {
 		OwnsNothing bool `json:"owns_nothing"`
 		Resources   []struct {
-			Type string `json:"type"`
+			Type      string `json:"type"`
+			Interface string `json:"interface"`
+			Address   string `json:"address"`
 		} `json:"resources"`
 	}
 	if json.Unmarshal(data, &d) != nil || d.OwnsNothing {
@@ -937,9 +942,26 @@ func withOverlay(ctx context.Context, cl *Client, data []byte) error {
 		return nil
 	}
 	for _, r := range d.Resources {
-		if r.Type == shapes.TypeOverlay {
-			return nil
+		if r.Type != shapes.TypeOverlay {
+			continue
 		}
+		if r.Interface != s.Interface {
+			return fmt.Errorf("the file's overlay is interface %s, and this mesh's is %s (mesh-control overlay show): use assign, which composes each node's overlay, or declare --without-overlay to send it anyway", r.Interface, s.Interface)
+		}
+		p, err := s.prefix()
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			own := "none yet"
+			if a, _, ok := cl.address(ctx, n); ok {
+				own = netip.PrefixFrom(a, p.Bits()).String()
+			}
+			if r.Address != own {
+				return fmt.Errorf("the file's overlay address is %s, and %s's in this mesh's overlay is %s (mesh-control overlay show): sent as written, %s would take that address; use assign, which composes each node's own overlay, or declare --without-overlay to send it anyway", r.Address, n, own, n)
+			}
+		}
+		return nil
 	}
 	return fmt.Errorf("this mesh has an overlay (%s on %s) and the file declares none: sent as written it replaces the node's whole composition, and the node would take its overlay down; use assign (the overlay, then the node's modules), or declare --without-overlay to send it anyway", s.Interface, s.Network)
 }

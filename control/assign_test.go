@@ -587,3 +587,30 @@ func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
 		t.Fatalf("declare of n1's own overlay: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// overlay set to a network with fewer addresses than the nodes in the
+// overlay is refused before anything is written: the settings, the
+// nodes' addresses and the roster stay as they were.
+func TestAnOverlayNetworkTooSmallIsRefusedWhole(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		enrolNode(t, s, n)
+	}
+	before, _ := s.client.Overlay(ctx)
+	out, errs, code := run(t, ctx, "overlay", "set", "--network", "10.97.0.0/30", "--dir", dir, "--nats", s.url)
+	if code != 1 || !strings.Contains(errs, "overlay network 10.97.0.0/30 has room for 2 node(s), and 3 are in the overlay: nothing changed") {
+		t.Fatalf("overlay set of a network too small: exit %d\n%s%s", code, out, errs)
+	}
+	if after, _ := s.client.Overlay(ctx); after.Network != before.Network {
+		t.Fatalf("the network is %s after the refusal, was %s", after.Network, before.Network)
+	}
+	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.97.0.0/29", "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("overlay set of a network with room: exit %d\n%s", code, errs)
+	}
+}

@@ -233,6 +233,10 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 		} else if err != nil {
 			return nil, err
 		}
+		was := s.Network
+		if rev == 0 {
+			was = "" // the first settings: every node takes an address
+		}
 		s.take(ch)
 		if err := ch.checkNew(); err != nil {
 			return nil, err
@@ -241,6 +245,11 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 			return nil, err
 		}
 		p, _ := s.prefix()
+		if p.String() != was {
+			if err := c.roomFor(ctx, p); err != nil {
+				return nil, err
+			}
+		}
 		s.Network, s.Changed = p.String(), time.Now().UTC()
 		data, _ := json.Marshal(s)
 		if rev == 0 {
@@ -256,6 +265,36 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 		}
 	}
 	return nil, errors.New("registry: the overlay settings kept changing; not set")
+}
+
+// roomFor refuses a network with fewer addresses than the nodes in the
+// overlay, before the settings are written: taken, some nodes would move
+// to it and the rest be left out, the roster unpublished.
+func (c *Client) roomFor(ctx context.Context, network netip.Prefix) error {
+	rs, err := c.records(ctx)
+	if err != nil {
+		return err
+	}
+	nodes := 0
+	for _, r := range rs {
+		if _, out := overlayKey(r); out == "" {
+			nodes++
+		}
+	}
+	// Its hosts: the network's own address is none's, nor an IPv4
+	// network's broadcast address.
+	bits := network.Addr().BitLen() - network.Bits()
+	if bits >= 31 {
+		return nil // more than any fleet
+	}
+	room := 1<<bits - 1
+	if network.Addr().Is4() {
+		room--
+	}
+	if nodes > room {
+		return fmt.Errorf("overlay network %s has room for %d node(s), and %d are in the overlay: nothing changed; give a larger network", network, max(room, 0), nodes)
+	}
+	return nil
 }
 
 // overlayKey returns node's WireGuard public key as bound at enrolment, or

@@ -70,13 +70,21 @@ func sendReports(t *testing.T, id *agent.Identity, reps ...link.Report) {
 // that ends within.
 func serveOverlay(t *testing.T, within time.Duration) (*served, context.Context) {
 	t.Helper()
-	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	s, _, ctx := serveOverlayIn(t, within)
+	return s, ctx
+}
+
+// serveOverlayIn is serveOverlay with its key directory, for commands.
+func serveOverlayIn(t *testing.T, within time.Duration) (*served, string, context.Context) {
+	t.Helper()
+	dir := t.TempDir()
+	s := serve(t, dir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
 	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
 		t.Fatal(err)
 	}
-	return s, ctx
+	return s, dir, ctx
 }
 
 // overlayLine is the report line of the overlay resource.
@@ -548,13 +556,7 @@ func TestAModuleOfAnArchiveNoNodeTakesIsNotAssigned(t *testing.T) {
 // interface than the mesh's is refused before a sequence is taken, naming
 // the node's own.
 func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
-	dir := t.TempDir()
-	s := serve(t, dir, "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, dir, ctx := serveOverlayIn(t, 60*time.Second)
 	enrolNode(t, s, "n1")
 	enrolNode(t, s, "n2")
 	p1, err := s.client.OverlayAddress(ctx, "n1")
@@ -592,13 +594,7 @@ func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
 // overlay is refused before anything is written: the settings, the
 // nodes' addresses and the roster stay as they were.
 func TestAnOverlayNetworkTooSmallIsRefusedWhole(t *testing.T) {
-	dir := t.TempDir()
-	s := serve(t, dir, "127.0.0.1:0")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{}); err != nil {
-		t.Fatal(err)
-	}
+	s, dir, ctx := serveOverlayIn(t, 60*time.Second)
 	for _, n := range []string{"n1", "n2", "n3"} {
 		enrolNode(t, s, n)
 	}

@@ -905,3 +905,20 @@ func TestADirectoryMadeMeanwhileIsNotTheHosts(t *testing.T) {
 		t.Fatalf("what was made meanwhile is gone: %v", err)
 	}
 }
+
+// A directory the host made and someone deleted since is said so when it
+// is undeclared, as a file is, and forgotten.
+func TestADirectoryDeletedAlreadyIsSaidSo(t *testing.T) {
+	h := newHarness(t)
+	h.expect(h.apply(h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`)), shapes.Applied, "m.d=applied")
+	os.Remove(h.p("d"))
+	for _, plan := range []bool{true, false} {
+		rep := h.run(store.Local, h.doc(), plan)
+		if len(rep.Lines) != 1 || rep.Lines[0].Outcome != shapes.Removed || rep.Lines[0].Detail != "the host created it; it was deleted already" {
+			t.Fatalf("plan %v: %+v", plan, rep.Lines)
+		}
+	}
+	if e := mustStore(t, h.state).Get("path:" + h.p("d")); e != nil {
+		t.Fatalf("still held: %+v", e)
+	}
+}

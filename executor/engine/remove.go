@@ -642,6 +642,11 @@ func (r *run) planCreatedDirRemoval(st *step, p string) {
 	}
 	r.removing[p] = true
 	st.line.Outcome, st.line.Detail = shapes.Removed, "the host created it; removed"
+	if info, err := fsx.Lstat(p); err == nil && info.Kind == fsx.Absent {
+		// As a file's: said as it is, and nothing to do but forget it.
+		st.line.Detail = "the host created it; it was deleted already"
+		return
+	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.change = func() error {
 		r.touch(parentOf(p))

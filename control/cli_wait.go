@@ -202,10 +202,12 @@ func (c *cli) await(cl *Client, want []nodeSeq, value func(waited) any) error {
 	c.progress("")
 	worst, why := ExitApplied, ""
 	var late []string
+	var lateNodes []string
 	for i, w := range want {
 		r := got[i]
 		if r == nil {
 			late = append(late, fmt.Sprintf("%s (seq %d)", w.node, w.seq))
+			lateNodes = append(lateNodes, w.node)
 			continue
 		}
 		if !c.json {
@@ -232,6 +234,8 @@ func (c *cli) await(cl *Client, want []nodeSeq, value func(waited) any) error {
 			// Not the nodes' silence alone: the reports may have come to
 			// a broker this command no longer reaches.
 			msg += fmt.Sprintf("; this command lost the broker (%s) while it waited: their reports may be there (mesh-control reports NODE once it answers)", strings.ToLower(cl.NC.Status().String()))
+		} else if why := cl.executorsAway(context.WithoutCancel(c.ctx), lateNodes); why != "" {
+			msg += "; " + why
 		}
 		return &exitError{ExitTimedOut, msg}
 	}

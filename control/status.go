@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -117,6 +118,43 @@ func SkewText(ms int64) string {
 		return fmt.Sprintf("its clock is %s behind the control side's", (-d).Round(time.Second))
 	}
 	return ""
+}
+
+// executorsAway says, of nodes, those whose agent said at its last
+// heartbeat that it cannot reach its executor (or the launcher halted
+// it): a wait for their reports ends without one, and this is why. ""
+// when none did, or the heartbeats cannot be read.
+func (c *Client) executorsAway(ctx context.Context, nodes []string) string {
+	if len(nodes) == 0 {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var recs []*NodeRecord
+	for _, n := range nodes {
+		if r, _, err := c.Node(ctx, n); err == nil {
+			recs = append(recs, r)
+		}
+	}
+	hbs, err := c.lastHeartbeats(ctx, recs)
+	if err != nil {
+		return ""
+	}
+	var said []string
+	for _, r := range recs {
+		h := hbs[r.Name]
+		switch {
+		case h == nil || h.Enrolment != r.Enrolment:
+		case h.ExecutorHalted != "":
+			said = append(said, fmt.Sprintf("%s's executor is halted (%s)", r.Name, h.ExecutorHalted))
+		case h.ExecutorError != "":
+			said = append(said, fmt.Sprintf("%s's agent cannot reach its executor (%s)", r.Name, h.ExecutorError))
+		}
+	}
+	if len(said) == 0 {
+		return ""
+	}
+	return strings.Join(said, "; ") + ", at its last heartbeat: mesh-executor doctor there says why"
 }
 
 // StateNeverHeard is the registry's state of a node that has said

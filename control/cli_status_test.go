@@ -200,17 +200,9 @@ func statusFleet(t *testing.T, ctx context.Context, s *served, dir string) {
 	}
 	nc.Close()
 	// down1: linked, its agent unable to reach its executor.
-	nc, err = agent.Dial(down, nats.NoReconnect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hb, _ = json.Marshal(link.Heartbeat{Node: "down1", Enrolment: down.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
-		Presence: link.PresenceResident, ExecutorError: "dial unix /run/mesh-host/executor.sock: connect: connection refused"})
-	sig, _ = down.Sign(hb)
-	if err := nc.PublishMsg(&nats.Msg{Subject: down.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
+	heartbeatAs(t, down, func(hb *link.Heartbeat) {
+		hb.ExecutorError = "dial unix /run/mesh-host/executor.sock: connect: connection refused"
+	})
 	heartbeatAs(t, gone)
 	if _, _, err := s.client.Revoke(ctx, "gone1", "test"); err != nil {
 		t.Fatal(err)

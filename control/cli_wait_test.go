@@ -585,17 +585,9 @@ func TestAWaitThatLostItsBrokerSaysSo(t *testing.T) {
 func TestAWaitSaysAnExecutorAway(t *testing.T) {
 	s, dir, ctx, _ := servedCLI(t)
 	_, id := enrolNode(t, s, "down1")
-	nc, err := agent.Dial(id, nats.NoReconnect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hb, _ := json.Marshal(link.Heartbeat{Node: "down1", Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30, State: link.StateEnrolled,
-		Presence: link.PresenceResident, ExecutorError: "dial unix /run/mesh-host/executor.sock: connect: connection refused"})
-	sig, _ := id.Sign(hb)
-	if err := nc.PublishMsg(&nats.Msg{Subject: id.Subjects.Heartbeat, Data: hb, Header: nats.Header{link.SignatureHeader: []string{sig}}}); err != nil || nc.Flush() != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
+	heartbeatAs(t, id, func(hb *link.Heartbeat) {
+		hb.ExecutorError = "dial unix /run/mesh-host/executor.sock: connect: connection refused"
+	})
 	file := filepath.Join(t.TempDir(), "site.json")
 	os.WriteFile(file, []byte(`{"version": 1, "resources": [{"module": "base", "id": "motd", "type": "file", "path": "/etc/motd", "content": "hi\n"}]}`), 0o644)
 	var stdout, stderr syncBuffer

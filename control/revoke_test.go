@@ -19,23 +19,27 @@ import (
 )
 
 // heartbeatAs publishes a heartbeat signed by the node's NKey, as its
-// agent does, saying it is enrolled.
-func heartbeatAs(t *testing.T, id *agent.Identity) {
+// agent does, saying it is enrolled; say, when given, makes it say more.
+func heartbeatAs(t *testing.T, id *agent.Identity, say ...func(*link.Heartbeat)) {
 	t.Helper()
 	nc, err := agent.Dial(id, nats.NoReconnect())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	beatOver(t, nc, id, time.Time{})
+	beatOver(t, nc, id, time.Time{}, say...)
 }
 
 // beatOver publishes, over nc, a heartbeat of id's node whose link came
 // up at since (zero: says none), signed as its agent signs it.
-func beatOver(t *testing.T, nc *nats.Conn, id *agent.Identity, since time.Time) {
+func beatOver(t *testing.T, nc *nats.Conn, id *agent.Identity, since time.Time, say ...func(*link.Heartbeat)) {
 	t.Helper()
-	data, _ := json.Marshal(&link.Heartbeat{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30,
-		State: link.StateEnrolled, Presence: link.PresenceResident, LinkedSince: since.UTC()})
+	hb := &link.Heartbeat{Node: id.Node, Enrolment: id.Enrolment, At: time.Now().UTC(), Interval: 30,
+		State: link.StateEnrolled, Presence: link.PresenceResident, LinkedSince: since.UTC()}
+	for _, f := range say {
+		f(hb)
+	}
+	data, _ := json.Marshal(hb)
 	sig, err := id.Sign(data)
 	if err != nil {
 		t.Fatal(err)

@@ -777,7 +777,7 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 		name := subj[strings.LastIndexByte(subj, '.')+1:]
 		var hb link.Heartbeat
 		md, err := m.Metadata()
-		if r := byName[name]; r != nil && link.VerifySignature(r.NKey, m.Data(), m.Headers().Get(link.SignatureHeader)) == nil &&
+		if r := byName[name]; r != nil && link.VerifySignature(heartbeatKey(r), m.Data(), m.Headers().Get(link.SignatureHeader)) == nil &&
 			json.Unmarshal(m.Data(), &hb) == nil && hb.Node == name {
 			h := &heardBeat{Heartbeat: &hb}
 			if err == nil {
@@ -791,6 +791,16 @@ func (c *Client) lastHeartbeats(ctx context.Context, recs []*NodeRecord) (map[st
 		return nil, fmt.Errorf("the heartbeats: %w", err)
 	}
 	return out, nil
+}
+
+// heartbeatKey is the NKey r's last heartbeat is read under: the live
+// enrolment's, or, revoked, the one it had (Past), so that when it was
+// last heard stays what it was rather than fall back to its last report.
+func heartbeatKey(r *NodeRecord) string {
+	if r.NKey != "" {
+		return r.NKey
+	}
+	return reportKeys(r)[r.Enrolment]
 }
 
 // noteCapability keeps in node's record the link capability its agent said

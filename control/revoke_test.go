@@ -187,8 +187,16 @@ func TestReportsOfARevokedOrReEnrolledNodeAreShown(t *testing.T) {
 	_, first := enrolNode(t, s, "n1")
 	reportAs(t, first, 1, shapes.Applied, nil, nil)
 	eventually(t, "the first report recorded", func() bool { return status(t, s, "n1").LastReport != nil })
+	time.Sleep(1100 * time.Millisecond)
+	beat := time.Now()
+	heartbeatAs(t, first)
+	eventually(t, "the heartbeat heard", func() bool { return !status(t, s, "n1").LastHeard.Before(beat.Add(-time.Second)) })
 	if _, _, err := s.client.Revoke(ctx, "n1", "test"); err != nil {
 		t.Fatal(err)
+	}
+	// Last heard when its heartbeat came, not back at its last report.
+	if n := status(t, s, "n1"); n.State != control.StateRevoked || n.LastHeard.Before(beat.Add(-time.Second)) {
+		t.Fatalf("the revoked node: %s, last heard %v (its heartbeat came at %v)", n.State, n.LastHeard, beat)
 	}
 	seqs := func() []uint64 {
 		t.Helper()

@@ -1004,6 +1004,36 @@ func skewShort(ms int64) string {
 	return d.String()
 }
 
+// executorSaid is a node's executor as nodes and node show say it: its
+// version and build, or why there is none to say (halted, unreachable by
+// its agent), "-" when nothing was heard of it.
+func executorSaid(n *NodeStatus) string {
+	switch {
+	case n.ExecutorVersion != "" || n.ExecutorBuild != "":
+		ex := n.ExecutorVersion
+		if n.ExecutorBuild != "" {
+			ex += " (" + n.ExecutorBuild + ")"
+		}
+		if n.RolledBackFrom != "" {
+			ex += ", rolled back from " + n.RolledBackFrom
+		}
+		return ex
+	case n.ExecutorHalted != "":
+		return "halted (" + n.ExecutorHalted + ")"
+	case n.ExecutorError != "":
+		return "unreachable"
+	}
+	return "-"
+}
+
+// outcomeSaid is a node's last outcome and its sequence, "-" for none.
+func outcomeSaid(n *NodeStatus) string {
+	if n.LastOutcome == "" {
+		return "-"
+	}
+	return fmt.Sprintf("%s (seq %d)", n.LastOutcome, n.LastSeq)
+}
+
 func (c *cli) nodes() error {
 	cl, err := c.connect()
 	if err != nil {
@@ -1023,26 +1053,7 @@ func (c *cli) nodes() error {
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tSTATE\tLAST HEARD\tEXECUTOR\tDECLARED\tAPPLIED\tLAST OUTCOME\tOVERLAY\tASSIGNMENTS")
 	for _, n := range ns {
-		ex := "-"
-		if n.ExecutorVersion != "" || n.ExecutorBuild != "" {
-			ex = n.ExecutorVersion
-			if n.ExecutorBuild != "" {
-				ex += " (" + n.ExecutorBuild + ")"
-			}
-			if n.RolledBackFrom != "" {
-				ex += ", rolled back from " + n.RolledBackFrom
-			}
-		} else if n.ExecutorHalted != "" {
-			ex = "halted (" + n.ExecutorHalted + ")"
-		} else if n.ExecutorError != "" {
-			ex = "unreachable"
-		}
-		outcome := string(n.LastOutcome)
-		if outcome == "" {
-			outcome = "-"
-		} else {
-			outcome = fmt.Sprintf("%s (seq %d)", outcome, n.LastSeq)
-		}
+		ex, outcome := executorSaid(n), outcomeSaid(n)
 		state := n.State
 		if n.Presence == link.PresenceEpisodic {
 			// An app, linked only while it runs: its silence is the

@@ -164,7 +164,18 @@ func (c *cli) nodeShow(name string) error {
 		if s.ClockSkewMS != 0 {
 			fmt.Fprintf(w, "clock\t%s (at its last heartbeat)\n", SkewText(s.ClockSkewMS))
 		}
-		fmt.Fprintf(w, "sequences\tdeclared %d, applied %d\n", s.Declared, s.Applied)
+		ex := executorSaid(s)
+		if s.ExecutorError != "" && s.ExecutorVersion == "" && s.ExecutorHalted == "" {
+			ex += " by its agent, at its last heartbeat: " + s.ExecutorError + " (mesh-executor doctor there says why)"
+		}
+		fmt.Fprintf(w, "executor\t%s\n", ex)
+		if s.Heartbeat != nil && s.Heartbeat.AgentVersion != "" {
+			fmt.Fprintf(w, "agent\t%s (%s)\n", s.Heartbeat.AgentVersion, dash(s.Heartbeat.AgentBuild))
+		}
+		fmt.Fprintf(w, "sequences\tdeclared %d, applied %d; last outcome %s\n", s.Declared, s.Applied, outcomeSaid(s))
+		if s.Address != "" || s.Assignments != "" {
+			fmt.Fprintf(w, "overlay\taddress %s; assignments %s\n", dash(s.Address), dash(s.Assignments))
+		}
 		if t := s.TwoAgents; t != nil {
 			fmt.Fprintf(w, "two agents\tlinked as this node, found %s: their heartbeats alternate between the links of %s and %s — a machine copied with its state, or a second agent started with its identity; both apply and report, and share its overlay key. Find the copy (its inventory below is whichever spoke last), stop its agent and executor, move their state directories aside and enrol it with a token of its own (docs/operations.md, \"A copied machine\")\n",
 				ago(t.Seen), t.Links[0], t.Links[1])

@@ -149,6 +149,20 @@ func TestStatusCommand(t *testing.T) {
 	if code != 1 || out != "" || !strings.HasPrefix(errs, "mesh-control status: ") {
 		t.Fatalf("status without a control side: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+	// node show says a node's executor as nodes does, and why when it is
+	// not reached; its agent, its last outcome, its overlay address.
+	for node, wants := range map[string][]string{
+		"web1":  {"executor 0.9.2 (b2)", "agent 0.9.2 (a7)", "last outcome failed (seq 1)", "overlay address 10.77.0."},
+		"down1": {"executor unreachable by its agent, at its last heartbeat: dial unix /run/mesh-host/executor.sock: connect: connection refused (mesh-executor doctor there says why)"},
+	} {
+		out, _, _ := cli("node", "show", node)
+		flat := strings.Join(strings.Fields(out), " ")
+		for _, want := range wants {
+			if !strings.Contains(flat, want) {
+				t.Errorf("node show %s lacks %q:\n%s", node, want, out)
+			}
+		}
+	}
 	// A control side whose broker is not reached: --json says so in one
 	// value, reachable false, and the command fails.
 	dead, _ := net.Listen("tcp", "127.0.0.1:0")

@@ -594,3 +594,20 @@ func TestAFileChangingShapeRestartsWhatNamesIt(t *testing.T) {
 		t.Fatalf("plan and apply differ\nplan:\n%s\napply:\n%s", p, a)
 	}
 }
+
+// A count of one is said in the singular: one line, one key.
+func TestOneIsSaidSingular(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.p("sshd_config"), []byte("Port 22\n"), 0o644)
+	os.WriteFile(h.p("hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
+	doc := h.doc(region("block", "PermitRootLogin no\n"), keys("k", "space", `{"Port":"22"}`))
+	rep := h.apply(doc)
+	for _, l := range rep.Lines {
+		if strings.Contains(l.Detail, "1 lines") || strings.Contains(l.Detail, "1 keys") {
+			t.Errorf("%s.%s: %s", l.Module, l.ID, l.Detail)
+		}
+	}
+	if !strings.Contains(rep.Lines[0].Detail, "(1 line)") || !strings.Contains(rep.Lines[1].Detail, "1 key in") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}

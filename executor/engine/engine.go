@@ -971,7 +971,7 @@ func (r *run) fail(st *step, err error, rest int) {
 		st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
 	}
 	if rest > 0 {
-		st.line.Detail += fmt.Sprintf("; the apply stopped here (%d later resources not attempted)", rest)
+		st.line.Detail += fmt.Sprintf("; the apply stopped here (%s not attempted)", countWord(rest, "later resource", "later resources"))
 	}
 	r.emit(st.line)
 	r.stopped = true

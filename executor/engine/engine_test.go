@@ -316,7 +316,7 @@ func TestActions(t *testing.T) {
 	liar := act("liar", "true", "test -f "+h.p("never"), 5)
 	rep = h.apply(h.doc(ok, liar, fileMot))
 	h.expect(rep, shapes.Failed, "a.ok=unchanged a.liar=failed")
-	if d := rep.Lines[1].Detail; !strings.Contains(d, "the action ran without error and its own verify still fails") || !strings.Contains(d, "1 later resources not attempted") {
+	if d := rep.Lines[1].Detail; !strings.Contains(d, "the action ran without error and its own verify still fails") || !strings.Contains(d, "1 later resource not attempted") {
 		t.Errorf("detail %q", d)
 	}
 	h.absent("etc/motd") // stopped: nothing after the failed step
@@ -489,7 +489,7 @@ func TestFailureStopsAndSaysWhere(t *testing.T) {
 		`{"module":"m","id":"c","type":"file","path":"{root}/c","content":"3"}`)
 	rep := h.apply(doc)
 	h.expect(rep, shapes.Failed, "m.a=applied m.b=failed")
-	if d := rep.Lines[1].Detail; !strings.Contains(d, h.p("b")+": not a regular file (it is a directory)") || !strings.Contains(d, "(1 later resources not attempted)") {
+	if d := rep.Lines[1].Detail; !strings.Contains(d, h.p("b")+": not a regular file (it is a directory)") || !strings.Contains(d, "(1 later resource not attempted)") {
 		t.Fatalf("detail %q", d)
 	}
 }

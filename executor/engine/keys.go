@@ -305,7 +305,7 @@ func (r *run) keys(st *step, rest int) {
 	stale := e == nil || e.Original == nil || e.Original.Digest != orig.Digest
 	back = append(back, above...)
 	if len(changes) == 0 {
-		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%d keys in %s as declared", len(k.Set)-len(above), k.Path)
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%s in %s as declared", countWord(len(k.Set)-len(above), "key", "keys"), k.Path)
 		if len(above) == len(k.Set) {
 			st.line.Outcome, st.line.Detail = shapes.Held, "every key of it in "+k.Path+" is held by a source above this one"
 		}

@@ -140,7 +140,7 @@ func TestOpeningRefusedThroughAFrontEnd(t *testing.T) {
 	withFirewall(t, nil, &firewall.Refused{Firewall: "firewalld", Reason: "firewalld is running: an opening through it is not built; refused rather than half-done"})
 	rep := h.apply(h.doc(web, `{"module":"web","id":"later","type":"directory","path":"{root}/later"}`))
 	h.expect(rep, shapes.Failed, "web.http=failed")
-	if d := rep.Lines[0].Detail; !strings.Contains(d, "firewalld is running: an opening through it is not built; refused rather than half-done") || !strings.Contains(d, "1 later resources not attempted") {
+	if d := rep.Lines[0].Detail; !strings.Contains(d, "firewalld is running: an opening through it is not built; refused rather than half-done") || !strings.Contains(d, "1 later resource not attempted") {
 		t.Fatal(d)
 	}
 	st, _ := store.Open(h.state)

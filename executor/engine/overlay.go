@@ -210,7 +210,7 @@ func (r *run) overlay(st *step, rest int) {
 	ch := overlay.Diff(spec, cur)
 	if ch.None() {
 		st.line.Outcome = shapes.Unchanged
-		st.line.Detail = fmt.Sprintf("%s, public key %s, %d peers%s", b.Describe(o.Interface, cur), pub, len(spec.Peers), peersFrom)
+		st.line.Detail = fmt.Sprintf("%s, public key %s, %s%s", b.Describe(o.Interface, cur), pub, countWord(len(spec.Peers), "peer", "peers"), peersFrom)
 		r.asDeclared(st, e, n, e != nil && e.Held, rest)
 		return
 	}
@@ -277,7 +277,7 @@ func (r *run) overlay(st *step, rest int) {
 		r.fail(st, fmt.Errorf("read back: %w", err), rest)
 		return
 	}
-	st.line.Detail = strings.Join(said, "; ") + fmt.Sprintf("; public key %s, %d peers%s", pub, len(spec.Peers), peersFrom)
+	st.line.Detail = strings.Join(said, "; ") + fmt.Sprintf("; public key %s, %s%s", pub, countWord(len(spec.Peers), "peer", "peers"), peersFrom)
 	if recorded {
 		r.emit(st.line)
 		return

@@ -192,7 +192,7 @@ func (r *run) region(st *step, rest int) {
 	}
 	lines := strings.Count(want, "\n")
 	if found && cur == want {
-		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("the block in %s as declared (%d lines)", g.Path, lines)
+		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("the block in %s as declared (%s)", g.Path, countWord(lines, "line", "lines"))
 		if keepFound != nil {
 			st.line.Detail = fmt.Sprintf("a block of this name found in %s, as declared; held by the host from now (kept as found, given back as found)", g.Path)
 			if !r.opt.Plan {
@@ -215,7 +215,7 @@ func (r *run) region(st *step, rest int) {
 	if r.opt.Plan {
 		verb = "would be " + verb
 	}
-	st.line.Detail = fmt.Sprintf("the block %s in %s (%d lines); the rest of the file untouched", verb, g.Path, lines)
+	st.line.Detail = fmt.Sprintf("the block %s in %s (%s); the rest of the file untouched", verb, g.Path, countWord(lines, "line", "lines"))
 	if keepFound != nil {
 		st.line.Detail = fmt.Sprintf("a block of this name found in %s, written before the mesh declared it: kept, to be given back as found; %s", g.Path, st.line.Detail)
 	}

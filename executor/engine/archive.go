@@ -16,7 +16,9 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -352,6 +354,48 @@ type archiveEntry struct {
 	data []byte
 }
 
+// editedContent is a file an archive wrote, as that version wrote it and
+// as it is now.
+type editedContent struct{ wrote, now []byte }
+
+// editedSince is, of the paths the archive of entry e (the version before)
+// wrote under dest and this apply removes, the regular files whose
+// content is not what that version wrote: edited by hand since. Told only
+// while that version's bytes are in the cache (the executor prunes it
+// after the apply); otherwise none is said edited.
+func (r *run) editedSince(e *store.Entry, dest string, stale []string) map[string]editedContent {
+	if e == nil || len(stale) == 0 || !ValidDigest(e.Digest) {
+		return nil
+	}
+	old := r.archiveCache(e.Digest)
+	if sum, err := fileDigest(old); err != nil || sum != e.Digest {
+		return nil
+	}
+	entries, err := readArchive(old, dest)
+	if err != nil {
+		return nil
+	}
+	wrote := map[string][]byte{}
+	for _, en := range entries {
+		if !en.dir {
+			wrote[path.Join(dest, en.rel)] = en.data
+		}
+	}
+	out := map[string]editedContent{}
+	for _, p := range stale {
+		data, ok := wrote[p]
+		if !ok {
+			continue
+		}
+		now, info, err := fsx.ReadRegular(p, maxOriginal)
+		if err != nil || info.Kind != fsx.Regular || bytes.Equal(now, data) {
+			continue
+		}
+		out[p] = editedContent{wrote: data, now: now}
+	}
+	return out
+}
+
 // readArchive checks every entry and returns them, or refuses the archive.
 func readArchive(p, dest string) ([]archiveEntry, error) {
 	f, err := os.Open(p)
@@ -536,6 +580,10 @@ func (r *run) archive(st *step, rest int) {
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(stale)))
+	// What goes that someone edited by hand since the version before
+	// wrote it is not thrown away without a word: kept as a file's is
+	// (store.Salvage), when that version is still in the cache to tell.
+	editedStale := r.editedSince(e, a.Destination, stale)
 
 	if len(todo) == 0 && len(stale) == 0 {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%s as unpacked%s", countWord(len(entries)-len(left), "entry", "entries"), leftSaid(left))
@@ -555,6 +603,11 @@ func (r *run) archive(st *step, rest int) {
 		st.line.Outcome = shapes.Repaired
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
+	if len(editedStale) > 0 {
+		them := map[bool]string{true: "it", false: "them"}[len(editedStale) == 1]
+		st.line.Detail += fmt.Sprintf("; of those removed, %s edited by hand since the version before wrote %s: what %s held is kept for %d days (mesh-executor owned says where)",
+			countWord(len(editedStale), "was", "were"), them, map[bool]string{true: "it", false: "they"}[len(editedStale) == 1], store.SalvageKeep/(24*time.Hour))
+	}
 	if r.opt.Plan {
 		for i := range todo {
 			r.unpacked[path.Join(a.Destination, todo[i].rel)] = &todo[i]
@@ -588,6 +641,23 @@ func (r *run) archive(st *step, rest int) {
 			return
 		}
 		r.touch(path.Dir(full))
+	}
+	if len(editedStale) > 0 {
+		c := st.claim
+		for _, p := range stale {
+			content, ok := editedStale[p]
+			if !ok {
+				continue
+			}
+			if err := r.st.Salvage(store.Salvaged{Path: p, Digest: digest(content.now), Written: digest(content.wrote), Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, content.now); err != nil {
+				r.fail(st, err, rest)
+				return
+			}
+		}
+		if err := r.st.Sync(); err != nil {
+			r.fail(st, err, rest)
+			return
+		}
 	}
 	for _, p := range stale {
 		if err := removeWritten(p); err != nil {

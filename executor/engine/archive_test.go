@@ -799,3 +799,39 @@ func TestAnArchiveURLOfNoFormFailsItsStep(t *testing.T) {
 	}
 	h.absent("dest/f")
 }
+
+// A file an archive wrote, edited by hand, that the next version no
+// longer has is removed with a word, and what it held kept for 30 days as
+// a file's is; an unedited one goes without one. The plan says the same.
+func TestArchiveVersionKeepsWhatWasEditedByHand(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
+	os.WriteFile(h.p("themes/theme/icons/a.svg"), []byte("<svg>the operator's</svg>"), 0o600)
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", theme[0], theme[1])
+	doc := h.doc(archiveRes(p2, sum2, dest))
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	h.expect(rep, shapes.Applied, "ui.theme=applied")
+	const said = "of those removed, 1 was edited by hand since the version before wrote it: what it held is kept for 30 days"
+	if !strings.Contains(rep.Lines[0].Detail, said) || plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	h.absent("themes/theme/icons/a.svg")
+	st := mustStore(t, h.state)
+	sv := st.Salvaged()
+	if len(sv) != 1 || sv[0].Path != h.p("themes/theme/icons/a.svg") || sv[0].Module != "ui" || sv[0].ID != "theme" {
+		t.Fatalf("salvaged %+v", sv)
+	}
+	if b, err := os.ReadFile(st.OriginalPath(sv[0].Digest)); err != nil || string(b) != "<svg>the operator's</svg>" {
+		t.Fatalf("kept %q %v", b, err)
+	}
+	// Unedited, nothing is kept and nothing said.
+	p3, sum3 := makeArchive(t, h.root, "t3.tgz", theme[0])
+	rep = h.apply(h.doc(archiveRes(p3, sum3, dest)))
+	if strings.Contains(rep.Lines[0].Detail, "edited by hand") || len(mustStore(t, h.state).Salvaged()) != 1 {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}

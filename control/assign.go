@@ -207,6 +207,25 @@ func ReadModule(data []byte) (string, []json.RawMessage, error) {
 	return module, resources, nil
 }
 
+// AssignedModules is, of nodes, those with modules assigned, and the
+// modules' names in order: one read of the registry for any number.
+func (c *Client) AssignedModules(ctx context.Context, nodes []string) (map[string][]string, error) {
+	vals, err := c.values(ctx, "assign.*")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, n := range nodes {
+		var a assignments
+		if v, ok := vals[assignKey(n)]; ok && json.Unmarshal(v, &a) == nil && len(a.Modules) > 0 {
+			for _, m := range a.Modules {
+				out[n] = append(out[n], m.Module)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Assignments lists the modules assigned to node, in order.
 func (c *Client) Assignments(ctx context.Context, node string) ([]Assignment, error) {
 	a, _, err := c.assignments(ctx, node)

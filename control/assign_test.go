@@ -610,3 +610,21 @@ func TestAnOverlayNetworkTooSmallIsRefusedWhole(t *testing.T) {
 		t.Fatalf("overlay set of a network with room: exit %d\n%s", code, errs)
 	}
 }
+
+// declare to a node with modules assigned says, on standard error, that
+// the declaration replaced its composition and the next publish sends the
+// modules again; to one with none it says nothing of it.
+func TestDeclareOverAssignmentsSaysSo(t *testing.T) {
+	s, dir, ctx := serveOverlayIn(t, 60*time.Second)
+	enrolNode(t, s, "n1")
+	enrolNode(t, s, "n2")
+	if _, err := s.client.Assign(ctx, "n1", []byte(webModule), "web.json"); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "d.json")
+	os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"x","id":"f","type":"file","path":"/srv/x","content":"x\n"}]}`), 0o600)
+	_, errs, code := run(t, ctx, "declare", "n1,n2", f, "--without-overlay", "--dir", dir, "--nats", s.url)
+	if code != 0 || !strings.Contains(errs, "note: n1 has modules assigned (web): this declaration replaced its composition") || strings.Contains(errs, "n2 has") {
+		t.Fatalf("declare over n1's assignments: exit %d\n%s", code, errs)
+	}
+}

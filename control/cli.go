@@ -750,6 +750,7 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 	if err != nil {
 		return inFile(file, data, err)
 	}
+	c.noteAssigned(cl, []string{node})
 	if !c.json {
 		fmt.Fprintln(c.stdout, declaredLine(node, seq))
 	}
@@ -760,6 +761,26 @@ func (c *cli) declare(node, file string, sealSpecs []string) error {
 		}
 		return v
 	})
+}
+
+// noteAssigned says, on standard error, of nodes just declared to, those
+// with modules assigned: the declaration replaced their composition, and
+// the next publish (an assign, an overlay change, publish) sends the
+// modules again over it. A note, not a refusal: declare sends a file as
+// written.
+func (c *cli) noteAssigned(cl *Client, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	assigned, err := cl.AssignedModules(c.ctx, nodes)
+	if err != nil {
+		return
+	}
+	for _, n := range nodes {
+		if ms := assigned[n]; len(ms) > 0 {
+			fmt.Fprintf(c.stderr, "note: %s has modules assigned (%s): this declaration replaced its composition, and its next publish sends them again over it (mesh-control unassign %s MODULE to keep it so)\n", n, strings.Join(ms, ", "), n)
+		}
+	}
 }
 
 // declaredLine says what declare did for one node, labelled, so a person
@@ -782,6 +803,13 @@ func (c *cli) declareMany(cl *Client, nodes []string, file string, data []byte) 
 	end := c.fanningOut(cl, "declaring to the nodes")
 	seqs, errs := cl.DeclareAll(c.ctx, nodes, data)
 	end()
+	var declared []string
+	for i, n := range nodes {
+		if errs[i] == nil {
+			declared = append(declared, n)
+		}
+	}
+	c.noteAssigned(cl, declared)
 	if fe := (*shapes.FileError)(nil); len(errs) > 0 && errors.As(inFile(file, data, errs[0]), &fe) && sameError(errs) {
 		return fe
 	}

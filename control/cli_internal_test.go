@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,21 @@ func TestTallyCountsEveryLineItSays(t *testing.T) {
 	}
 	if got := tallyOf(lines).String(); got != "2 changed, 1 unchanged, 1 failed, 1 held, 2 kept" {
 		t.Fatalf("%q", got)
+	}
+}
+
+// The store opened anew is said as taking writes again, a note, not as a
+// store that cannot write: a command then is to be run again, not fixed.
+func TestStatusSaysAStoreOpenedAnewTakesWrites(t *testing.T) {
+	s := &fleetStatus{}
+	s.Store.Answered = true
+	s.Store.Problem = (&ReopenedError{Dir: "/srv/control/jetstream", At: time.Now()}).Error()
+	row := s.parts()[0].Rows[1]
+	if row.Head != "store:" || !strings.HasPrefix(row.Value, "takes writes again: the broker's store in /srv/control/jetstream was opened anew at ") || row.Class != "note" {
+		t.Fatalf("%+v", row)
+	}
+	s.Store.Problem = (&DiskFullError{Dir: "/srv/control/jetstream", Err: errors.New("no space left on device")}).Error()
+	if row := s.parts()[0].Rows[1]; !strings.HasPrefix(row.Value, "cannot write: ") || row.Class != "bad" {
+		t.Fatalf("%+v", row)
 	}
 }

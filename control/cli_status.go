@@ -348,6 +348,10 @@ func (s *fleetStatus) parts() []statusPart {
 	}
 	control := statusPart{Width: 10, Rows: []statusRow{{Head: "broker:", Value: broker}}}
 	switch {
+	case strings.Contains(s.Store.Problem, " was opened anew at "):
+		// ReopenedError's own words: it takes writes again; a command in
+		// the seconds after may have failed.
+		control.Rows = append(control.Rows, statusRow{"store:", "takes writes again: " + s.Store.Problem, "note"})
 	case s.Store.Problem != "":
 		control.Rows = append(control.Rows, statusRow{"store:", "cannot write: " + s.Store.Problem, "bad"})
 	case s.Store.Answered:

@@ -1054,10 +1054,15 @@ func executorSaid(n *NodeStatus) string {
 	return "-"
 }
 
-// outcomeSaid is a node's last outcome and its sequence, "-" for none.
+// outcomeSaid is a node's last outcome and its sequence, "-" for none;
+// a report of no declaration (a reconcile when the link came back, on a
+// node declared nothing yet) by what made it, not as "seq 0".
 func outcomeSaid(n *NodeStatus) string {
-	if n.LastOutcome == "" {
+	switch {
+	case n.LastOutcome == "":
 		return "-"
+	case n.LastSeq == 0 && n.LastReport != nil && n.LastReport.Trigger != "":
+		return fmt.Sprintf("%s (%s, no declaration yet)", n.LastOutcome, n.LastReport.Trigger)
 	}
 	return fmt.Sprintf("%s (seq %d)", n.LastOutcome, n.LastSeq)
 }

@@ -89,3 +89,20 @@ func TestStatusSaysAStoreOpenedAnewTakesWrites(t *testing.T) {
 		t.Fatalf("%+v", row)
 	}
 }
+
+// A node's last outcome with its sequence; one of no declaration by what
+// made it, not as "seq 0".
+func TestOutcomeSaid(t *testing.T) {
+	for _, c := range []struct {
+		n    NodeStatus
+		want string
+	}{
+		{NodeStatus{}, "-"},
+		{NodeStatus{LastOutcome: shapes.Applied, LastSeq: 7, LastReport: &link.Report{Trigger: link.TriggerDeclaration, Seq: 7}}, "applied (seq 7)"},
+		{NodeStatus{LastOutcome: shapes.Unchanged, LastReport: &link.Report{Trigger: link.TriggerReconnect}}, "unchanged (reconnect, no declaration yet)"},
+	} {
+		if got := outcomeSaid(&c.n); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.n, got, c.want)
+		}
+	}
+}

@@ -914,12 +914,12 @@ func linkLine(l *serve.LinkState, now time.Time, node string) string {
 	case !l.Revoked.IsZero():
 		// Not "disconnected": waiting does not bring it back, and the
 		// agent tries only seldom (up to once an hour).
-		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s): the broker refuses this node's credential; mesh-control token issue --node %s (--new --name %s once the node is deleted), then mesh-executor enrol, enrols this machine again",
+		fmt.Fprintf(&b, "link: revoked by the control side at %s (%s ago): the broker refuses this node's credential; mesh-control token issue --node %s (--new --name %s once the node is deleted), then mesh-executor enrol, enrols this machine again",
 			ts(l.Revoked), now.Sub(l.Revoked).Round(time.Second), node, node)
 	case l.Since.IsZero():
 		b.WriteString("link: disconnected (never linked)")
 	default:
-		fmt.Fprintf(&b, "link: disconnected since %s (%s)", ts(l.Since), now.Sub(l.Since).Round(time.Second))
+		fmt.Fprintf(&b, "link: disconnected since %s (%s ago)", ts(l.Since), now.Sub(l.Since).Round(time.Second))
 	}
 	if !l.Up && l.Revoked.IsZero() && l.LastError != "" {
 		fmt.Fprintf(&b, "; the agent's last error: %s", l.LastError)

@@ -488,7 +488,7 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	code, out, _ := run("status", "--state", state)
 	// No daemon holds the state: said first, the rest as it last wrote.
 	if code != 0 || !strings.HasPrefix(out, "state: enrolled, disconnected\ndaemon: not running (no mesh-executor serve holds "+state+"): what follows is as the daemon, or the last apply, left it") ||
-		!strings.Contains(out, "\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s)") || strings.Contains(out, "said nothing") {
+		!strings.Contains(out, "\nlink: disconnected since ") || !strings.Contains(out, "(1h30m0s ago)") || strings.Contains(out, "said nothing") {
 		t.Errorf("exit %d:\n%s", code, out)
 	}
 	// A lock naming a live process that does not hold it (a pid left by
@@ -520,7 +520,7 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	revoked := since.Add(time.Hour)
 	keep(serve.LinkState{Up: false, Since: since, Revoked: revoked, SaidAt: time.Now().UTC()})
 	code, out, _ = run("status", "--state", state)
-	if code != 0 || !strings.Contains(out, "\nlink: revoked by the control side at "+revoked.Local().Format(time.RFC3339)+" (30m0s)") || !strings.HasPrefix(out, "state: enrolled, revoked\n") ||
+	if code != 0 || !strings.Contains(out, "\nlink: revoked by the control side at "+revoked.Local().Format(time.RFC3339)+" (30m0s ago)") || !strings.HasPrefix(out, "state: enrolled, revoked\n") ||
 		strings.Contains(out, "disconnected") || !strings.Contains(out, "token issue --node n1 (--new --name n1 once") {
 		t.Errorf("a revoked node: exit %d:\n%s", code, out)
 	}

@@ -291,10 +291,10 @@ func TestDoctorIdentityAndLink(t *testing.T) {
 		{"hosted", false, nil, checkOK, "none: a hosted node has no link"},
 		{"never said", true, nil, checkWarn, "the agent has never told the executor of its link"},
 		{"linked", true, &serve.LinkState{Up: true, Since: since, SaidAt: now}, checkOK, "linked since " + stamp(since)},
-		{"disconnected", true, &serve.LinkState{Since: since, SaidAt: now}, checkWarn, "disconnected since " + stamp(since) + " (1h0m0s)"},
+		{"disconnected", true, &serve.LinkState{Since: since, SaidAt: now}, checkWarn, "disconnected since " + stamp(since) + " (1h0m0s ago)"},
 		{"disconnected, saying why", true, &serve.LinkState{Since: since, SaidAt: now, LastError: "broker unreachable at tls://10.0.0.1:4222: connection refused"}, checkWarn,
-			"disconnected since " + stamp(since) + " (1h0m0s); the agent's last error: broker unreachable at tls://10.0.0.1:4222: connection refused"},
-		{"revoked", true, &serve.LinkState{Since: since, Revoked: since, SaidAt: now}, checkFail, "revoked by the control side at " + stamp(since) + " (1h0m0s): the broker refuses this node's credential"},
+			"disconnected since " + stamp(since) + " (1h0m0s ago); the agent's last error: broker unreachable at tls://10.0.0.1:4222: connection refused"},
+		{"revoked", true, &serve.LinkState{Since: since, Revoked: since, SaidAt: now}, checkFail, "revoked by the control side at " + stamp(since) + " (1h0m0s ago): the broker refuses this node's credential"},
 		{"silent", true, &serve.LinkState{Up: true, Since: since, SaidAt: since}, checkWarn, "linked since " + stamp(since) + "; but the agent has said nothing since " + stamp(since) + ": is it running?"},
 	} {
 		ch := linkCheck(c.enrolled, c.l, nil, now)

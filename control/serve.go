@@ -245,13 +245,18 @@ func keepRunning(ctx context.Context, log *slog.Logger, name string, part func(c
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(began) > time.Minute {
+		if time.Since(began) > time.Minute || errors.Is(err, errStoreReopened) {
 			// It ran a good while: this stop is a new one, not the
 			// next of a run of failures (a store reopened after a full
 			// disk stops each part once).
 			wait = time.Second
 		}
-		log.Error("serve: the "+name+" stopped; starting it again", "err", err, "in", wait)
+		if errors.Is(err, errStoreReopened) {
+			// Planned: each part reads the store anew.
+			log.Info("serve: the "+name+" starts again on the store opened anew", "in", wait)
+		} else {
+			log.Error("serve: the "+name+" stopped; starting it again", "err", err, "in", wait)
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -241,10 +241,15 @@ func untilReopened(srv *Server, part func(context.Context) error) func(context.C
 		case <-reopened:
 			cancel()
 			<-done
-			return errors.New("the broker's store was opened anew")
+			return errStoreReopened
 		}
 	}
 }
+
+// errStoreReopened ends a part of serve when the broker's store is opened
+// anew: a planned stop, which keepRunning starts again at once and says
+// as such, not as a failure.
+var errStoreReopened = errors.New("the broker's store was opened anew")
 
 // keepStoreWriting watches the broker's store until ctx ends: when a
 // write has failed (the broker's log says so, or a check finds it), it

@@ -547,13 +547,13 @@ func (c *command) report(rep *shapes.Report, plan bool, diffs map[string]string)
 	c.out = w
 	defer func() { c.out = out }()
 	if rep.Refused != "" {
-		// Said once: "refused by the executor: …", not "refused:
-		// executor: refused: …" (the report's field keeps the whole).
-		if why, ok := strings.CutPrefix(rep.Refused, "executor: refused: "); ok {
-			fmt.Fprintf(c.out, "refused by the executor: %s\nnothing on the machine was changed.\n", why)
-		} else {
-			fmt.Fprintf(c.out, "refused: %s\nnothing on the machine was changed.\n", rep.Refused)
-		}
+		// Said once, one way: "refused by the executor: …", not
+		// "refused: executor: refused: …" nor "refused: executor: local
+		// file …" (the report's field keeps the whole). A rescue's
+		// refusal is the executor's, whatever refused it in there.
+		why := strings.TrimPrefix(rep.Refused, "executor: ")
+		why = strings.TrimPrefix(why, "refused: ")
+		fmt.Fprintf(c.out, "refused by the executor: %s\nnothing on the machine was changed.\n", why)
 		return
 	}
 	// A plan's lines say what would be (shapes.Outcome.Planned), in a

@@ -768,3 +768,19 @@ func TestCancelWithNothingPendingInJSON(t *testing.T) {
 		}
 	}
 }
+
+// Every refusal of a rescue apply is said one way: "refused by the
+// executor: …", a local file's own refusal among them.
+func TestARescueRefusalIsSaidOneWay(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	open := write(t, filepath.Join(d, "open.json"), strings.Replace(decl, "%s", filepath.Join(d, "motd"), 1), 0o666)
+	os.Chmod(open, 0o666)
+	retire := write(t, filepath.Join(d, "retire.json"), `{"version":1,"resources":[],"owns_nothing":true,"retire":true}`, 0o600)
+	for _, f := range []string{open, retire} {
+		code, out, errs := run("apply", "--state", state, f)
+		if code != ExitRefused || !strings.HasPrefix(out, "refused by the executor: ") || strings.Contains(out, "executor: refused") || strings.Contains(out, "refused: executor") {
+			t.Errorf("%s: exit %d\n%s%s", filepath.Base(f), code, out, errs)
+		}
+	}
+}

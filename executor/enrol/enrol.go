@@ -1026,9 +1026,21 @@ func encodePub(p ed25519.PublicKey) string { return base64.StdEncoding.EncodeToS
 // (GrantedFile), a rekey asked for (RekeyFile) and the WireGuard key the
 // node was known by on the overlay. A retired host keeps no key of the
 // node it was — none to open content sealed to it, none to sign as it —
-// and an enrolment after makes every key anew.
+// and an enrolment after makes every key anew. An enrolment root began
+// before the retirement came keeps the WireGuard key it presents: it is
+// the next node's, not the retired one's. Under the enrolment's lock, as
+// every change of it.
 func Forget(dir string) error {
-	for _, f := range []string{KeysFile, GrantedFile, RekeyFile, PendingWireGuardFile, overlay.KeyFile, overlay.PubFile} {
+	unlock, err := lock(dir, false)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	files := []string{KeysFile, GrantedFile, RekeyFile}
+	if _, err := os.Lstat(filepath.Join(dir, PendingFile)); errors.Is(err, os.ErrNotExist) {
+		files = append(files, PendingWireGuardFile, overlay.KeyFile, overlay.PubFile)
+	}
+	for _, f := range files {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("enrol: forget %s: %w", f, err)
 		}

@@ -529,3 +529,33 @@ func TestAnotherProcessHoldingTheEnrolmentIsNamed(t *testing.T) {
 		t.Fatal("the pending enrolment changed while another process held it")
 	}
 }
+
+// A retirement forgets the node's keys, but an enrolment root began
+// before it came keeps the WireGuard key it presents: offered again, it
+// is the same offer, and nothing of it is gone.
+func TestForgetLeavesAnEnrolmentPending(t *testing.T) {
+	dir := t.TempDir()
+	c := newControl()
+	_, offer := begin(t, dir, c)
+	os.WriteFile(filepath.Join(dir, KeysFile), []byte("{}"), 0o600) // the retired node's, as Accept writes it
+	if err := Forget(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, KeysFile)); !os.IsNotExist(err) {
+		t.Fatalf("the retired node's keys: %v", err)
+	}
+	again, err := Offer(dir, agentNKey, "host", []byte(`{}`), []byte(`{}`))
+	if err != nil || again == nil || again.Keys.WireGuard != offer.Keys.WireGuard {
+		t.Fatalf("the pending enrolment after a retirement: %+v %v", again, err)
+	}
+	// Nothing pending: the WireGuard key goes with the rest.
+	if _, err := Cancel(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Forget(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wireguard.key")); !os.IsNotExist(err) {
+		t.Fatalf("the WireGuard key with nothing pending: %v", err)
+	}
+}

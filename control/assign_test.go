@@ -565,6 +565,11 @@ func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
 	}
 	p2, _ := s.client.OverlayAddress(ctx, "n2")
 	set, _ := s.client.Overlay(ctx)
+	eventually(t, "both nodes' first declarations", func() bool {
+		return lastDecl(t, s, "n1") != nil && lastDecl(t, s, "n2") != nil
+	})
+	r1, _, _ := s.client.Node(ctx, "n1")
+	r2, _, _ := s.client.Node(ctx, "n2")
 	file := func(iface, addr string) string {
 		f := filepath.Join(t.TempDir(), "ov.json")
 		os.WriteFile(f, []byte(`{"version":1,"resources":[{"module":"mesh","id":"overlay","type":"overlay","interface":"`+iface+`","address":"`+addr+`"}]}`), 0o600)
@@ -582,8 +587,10 @@ func TestADeclaredOverlayIsTheNodesOwn(t *testing.T) {
 			t.Errorf("declare %s of %s on %s: exit %d\n%s%s", c.nodes, c.addr, c.iface, code, out, errs)
 		}
 	}
-	if n, _, _ := s.client.Node(ctx, "n2"); n.NextSeq > 2 {
-		t.Fatalf("a sequence was taken for a refused declaration: next %d", n.NextSeq)
+	n1, _, _ := s.client.Node(ctx, "n1")
+	n2, _, _ := s.client.Node(ctx, "n2")
+	if n1.NextSeq != r1.NextSeq || n2.NextSeq != r2.NextSeq {
+		t.Fatalf("a sequence was taken for a refused declaration: next %d and %d, were %d and %d", n1.NextSeq, n2.NextSeq, r1.NextSeq, r2.NextSeq)
 	}
 	if out, errs, code := run(t, ctx, "declare", "n1", file(set.Interface, p1.String()), "--dir", dir, "--nats", s.url); code != 0 {
 		t.Fatalf("declare of n1's own overlay: exit %d\n%s%s", code, out, errs)

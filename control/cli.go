@@ -980,12 +980,14 @@ func withOverlay(ctx context.Context, cl *Client, data []byte, nodes []string) e
 		if err != nil {
 			return err
 		}
+		declared, _ := netip.ParsePrefix(r.Address)
 		for _, n := range nodes {
 			own := "none yet"
-			if a, _, ok := cl.address(ctx, n); ok {
+			a, _, ok := cl.address(ctx, n)
+			if ok {
 				own = netip.PrefixFrom(a, p.Bits()).String()
 			}
-			if r.Address != own {
+			if !ok || declared != netip.PrefixFrom(a, p.Bits()) {
 				return fmt.Errorf("the file's overlay address is %s, and %s's in this mesh's overlay is %s (mesh-control overlay show): sent as written, %s would take that address; use assign, which composes each node's own overlay, or declare --without-overlay to send it anyway", r.Address, n, own, n)
 			}
 		}

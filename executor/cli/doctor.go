@@ -156,6 +156,14 @@ func daemonCheck(state, sock string) check {
 	switch {
 	case err != nil && holder > 0:
 		serves := engine.RunningSocket(state)
+		// Of this daemon only if written since it took its lock: one
+		// that could not write it (a full disk), or has not yet (starting),
+		// left the last run's.
+		lockAt, lerr := os.Stat(filepath.Join(state, ServeLockFile))
+		runAt, rerr := os.Stat(filepath.Join(state, engine.RunningFile))
+		if lerr != nil || rerr != nil || runAt.ModTime().Before(lockAt.ModTime()) {
+			serves = ""
+		}
 		if serves == sock {
 			// Its own socket gone (removed by hand, a tmpfiles clean):
 			// its agent cannot reach it.

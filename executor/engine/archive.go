@@ -384,8 +384,8 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) map[strin
 	out := map[string]editedContent{}
 	for _, p := range stale {
 		data, ok := wrote[p]
-		if !ok {
-			continue
+		if !ok || r.editedAt(p) {
+			continue // what the mesh's region or keys edit changed is the mesh's
 		}
 		now, info, err := fsx.ReadRegular(p, maxOriginal)
 		if err != nil || info.Kind != fsx.Regular || bytes.Equal(now, data) {

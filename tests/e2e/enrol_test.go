@@ -430,7 +430,7 @@ func TestRetire(t *testing.T) {
 		t.Fatalf("executor after retire: %v", st)
 	}
 	// No key of the node it was is left on the machine.
-	for _, f := range []string{"keys.json", "enrolment-granted.json", "wireguard.key", "identity.json"} {
+	for _, f := range []string{"keys.json", "enrolment-granted.json", "rekey-pending.json", "enrolment-pending-wireguard.json", "wireguard.key", "wireguard.pub", "identity.json", "control-keys.json"} {
 		if _, err := os.Stat(filepath.Join(m.state, f)); !os.IsNotExist(err) {
 			t.Errorf("after retire, %s is still in the state: %v", f, err)
 		}

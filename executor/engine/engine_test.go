@@ -922,3 +922,33 @@ func TestADirectoryDeletedAlreadyIsSaidSo(t *testing.T) {
 		t.Fatalf("still held: %+v", e)
 	}
 }
+
+// A file someone puts at a declared path between the step's look (absent)
+// and its write is not written over nor taken for the host's: the apply
+// fails saying so, the person's content stays, and the apply after —
+// declaring it no more — leaves it alone.
+func TestAFileMadeMeanwhileIsNotWrittenOver(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/f","content":"the host's\n"}`)
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p("f") {
+				os.WriteFile(h.p("f"), []byte("a person's\n"), 0o644)
+			}
+		}})
+	st.Unlock()
+	if rep.Outcome != shapes.Failed || len(rep.Lines) != 1 || !strings.Contains(rep.Lines[0].Detail, "not the host's") {
+		t.Fatalf("the apply: %+v", rep)
+	}
+	if h.read("f") != "a person's\n" {
+		t.Fatalf("written over: %q", h.read("f"))
+	}
+	if e := mustStore(t, h.state).Get("path:" + h.p("f")); e != nil {
+		t.Fatalf("the store holds %+v", e)
+	}
+	h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"x\n"}`))
+	if h.read("f") != "a person's\n" {
+		t.Fatalf("the apply after took it: %q", h.read("f"))
+	}
+}

@@ -241,7 +241,10 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	// path when the change runs would hand root's owner and mode to
 	// content a user swapped in after it was observed.
 	st.change = func() error {
-		err := fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid)})
+		// A file absent when looked at is put there only if it still is:
+		// one that appeared since (a person's, another applier's) is not
+		// written over and taken for the host's.
+		err := fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid), NoReplace: !exists})
 		r.touch(path.Dir(f.Path))
 		return err
 	}

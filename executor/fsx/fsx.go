@@ -429,6 +429,10 @@ type WriteOptions struct {
 	// the file it replaces); nil gives none, and the file system's default
 	// applies.
 	Label []byte
+	// NoReplace: the path was absent when the caller looked, and the file
+	// is put there only if it still is (renameat2's RENAME_NOREPLACE); what
+	// appeared since is left as it is, and the error wraps fs.ErrExist.
+	NoReplace bool
 }
 
 // WriteFile replaces p with data atomically: a new file is written beside
@@ -507,7 +511,22 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 	if err := unix.Close(fd); err != nil {
 		return wrap("close", p, err)
 	}
-	if err := unix.Renameat(d.fd, tmp, d.fd, d.Name); err != nil {
+	if o.NoReplace {
+		err := unix.Renameat2(d.fd, tmp, d.fd, d.Name, unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+			// A file system or kernel without it: looked at once more,
+			// the window left as narrow as it goes.
+			var st unix.Stat_t
+			if unix.Fstatat(d.fd, d.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				err = unix.EEXIST
+			} else {
+				err = unix.Renameat(d.fd, tmp, d.fd, d.Name)
+			}
+		}
+		if err != nil {
+			return wrap("rename into", p, err)
+		}
+	} else if err := unix.Renameat(d.fd, tmp, d.fd, d.Name); err != nil {
 		return wrap("rename into", p, err)
 	}
 	ok = true

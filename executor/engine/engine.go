@@ -621,6 +621,10 @@ type step struct {
 	// back exactly what the store records and nothing the declaration
 	// changes beyond it (restore.go).
 	restoring bool
+	// creates: the change makes what its look found absent, exclusively
+	// (a mkdir, a file put only where none is): EEXIST from it says the
+	// host made nothing there.
+	creates bool
 }
 
 func (r *run) claimOf(res shapes.Resource) store.Claim {
@@ -754,13 +758,8 @@ func (r *run) execute(batch []*step, after int) {
 			if err := st.change(); err != nil {
 				st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
 				failedAt = i
-				if st.intent != nil && st.intent.Created && errors.Is(err, fs.ErrExist) {
-					// An exclusive create found the thing made since the
-					// step looked (another applier's, a person's): the
-					// host made nothing, and its intent is not left for
-					// the next apply to take what is there for its own.
-					r.abandon(st.target)
-					st.line.Detail += " (made by something else since this apply looked: not the host's, left as it is)"
+				if st.creates && errors.Is(err, fs.ErrExist) {
+					r.notMade(st)
 				}
 				break
 			}
@@ -1036,6 +1035,27 @@ func (r *run) abandon(target string) {
 		return
 	}
 	r.st.Abandon(target)
+}
+
+// notMade settles a step whose exclusive create found the thing made
+// since the step looked (another applier's, a person's): the host made
+// nothing there. What the host made before at the path and lost since
+// (deleted by hand), or a create an earlier apply was cut in, is
+// forgotten with the intent — the next apply finds what is there as
+// found, never as the host's; an entry holding an original the host must
+// give back keeps it, its intent abandoned.
+func (r *run) notMade(st *step) {
+	st.line.Detail += " (made by something else since this apply looked: not the host's, left as it is)"
+	e := r.st.Get(st.target)
+	if e != nil && !e.Stub && (!e.Created || e.Original != nil) {
+		r.abandon(st.target)
+		return
+	}
+	delete(r.replaced, st.target) // a cut create given back would claim it again
+	if err := r.st.Drop(st.target); err != nil {
+		// The intent stays: the next apply settles it by looking.
+		st.line.Detail += fmt.Sprintf("; and the store could not forget it: %v", err)
+	}
 }
 
 func (r *run) syncTouched() error {

@@ -952,3 +952,41 @@ func TestAFileMadeMeanwhileIsNotWrittenOver(t *testing.T) {
 		t.Fatalf("the apply after took it: %q", h.read("f"))
 	}
 }
+
+// A create an earlier apply was cut in (its intent pending, a stub in the
+// store) that meets, when tried again, a directory another made meanwhile
+// forgets the stub with the intent: the apply after — declaring it no
+// more — neither removes it nor claims it.
+func TestACutCreateMetByAnothersDirectoryIsForgotten(t *testing.T) {
+	h := newHarness(t)
+	target := "path:" + h.p("d")
+	st := mustStore(t, h.state)
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Intend(target, store.Intent{Op: "create", Created: true, Type: shapes.TypeDirectory, Claim: store.Claim{Source: store.Local, Module: "m", ID: "d"}}); err != nil {
+		t.Fatal(err)
+	}
+	st.Sync()
+	st.Unlock() // the cut: the intent stays pending
+	doc := h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`)
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(t string) {
+			if t == target {
+				os.Mkdir(h.p("d"), 0o755)
+				os.WriteFile(h.p("d/theirs"), []byte("x\n"), 0o644)
+			}
+		}})
+	st.Unlock()
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "not the host's") {
+		t.Fatalf("the apply: %+v", rep)
+	}
+	if e := mustStore(t, h.state).Get(target); e != nil {
+		t.Fatalf("the store holds %+v", e)
+	}
+	h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/f","content":"x\n"}`))
+	if _, err := os.Stat(h.p("d/theirs")); err != nil {
+		t.Fatalf("what was made meanwhile is gone: %v", err)
+	}
+}

@@ -240,11 +240,12 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	// through a file of the host's own: setting them on whatever is at the
 	// path when the change runs would hand root's owner and mode to
 	// content a user swapped in after it was observed.
+	st.creates = !exists
 	st.change = func() error {
 		// A file absent when looked at is put there only if it still is:
 		// one that appeared since (a person's, another applier's) is not
 		// written over and taken for the host's.
-		err := fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid), NoReplace: !exists})
+		err := fsx.WriteFile(f.Path, data, fsx.WriteOptions{Mode: a.mode, UID: int(a.uid), GID: int(a.gid), NoReplace: st.creates})
 		r.touch(path.Dir(f.Path))
 		return err
 	}
@@ -395,6 +396,7 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 			st.line.Detail = fmt.Sprintf("was removed by something else; created again (%s)", a)
 		}
 	}
+	st.creates = !exists
 	st.change = func() error {
 		var err error
 		if exists {

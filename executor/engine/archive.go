@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -627,12 +628,22 @@ func (r *run) archive(st *step, rest int) {
 	uid, gid := int(dinfo.UID), int(dinfo.GID)
 	for _, en := range todo {
 		full := path.Join(a.Destination, en.rel)
+		if r.opt.beforeChange != nil {
+			r.opt.beforeChange("path:" + full)
+		}
 		if en.dir {
 			mode := en.mode
 			if mode == 0 {
 				mode = 0o755
 			}
 			err = fsx.Mkdir(full, mode, uid, gid)
+			if info, lerr := fsx.Lstat(full); errors.Is(err, fs.ErrExist) && lerr == nil && info.Kind == fsx.Dir {
+				// Made by another since the look: used as it is, as one
+				// there before, and not the archive's.
+				err = nil
+				n.Paths = slices.DeleteFunc(n.Paths, func(p string) bool { return p == full })
+				continue
+			}
 		} else {
 			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid})
 		}

@@ -4,11 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -833,5 +835,38 @@ func TestArchiveVersionKeepsWhatWasEditedByHand(t *testing.T) {
 	rep = h.apply(h.doc(archiveRes(p3, sum3, dest)))
 	if strings.Contains(rep.Lines[0].Detail, "edited by hand") || len(mustStore(t, h.state).Salvaged()) != 1 {
 		t.Fatalf("%+v", rep.Lines)
+	}
+}
+
+// A directory of the archive's that another makes between the look and
+// the unpack is used as it is, as one there before: not the archive's, so
+// the archive undeclared leaves it and what it holds.
+func TestArchiveDirectoryMadeMeanwhileIsNotItsOwn(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	doc := h.doc(archiveRes(p, sum, dest))
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p("themes/theme/icons") {
+				os.Mkdir(h.p("themes/theme/icons"), 0o755)
+			}
+		}})
+	st.Unlock()
+	h.expect(rep, shapes.Applied, "ui.theme=applied")
+	var e *store.Entry
+	for _, x := range mustStore(t, h.state).Entries() {
+		if x.Type == shapes.TypeArchive {
+			e = x
+		}
+	}
+	if e == nil || slices.Contains(e.Paths, h.p("themes/theme/icons")) || !slices.Contains(e.Paths, h.p("themes/theme/icons/a.svg")) {
+		t.Fatalf("the archive's paths: %+v", e)
+	}
+	h.apply(h.doc())
+	if _, err := os.Stat(h.p("themes/theme/icons")); err != nil {
+		t.Fatalf("the directory made meanwhile went with the archive: %v", err)
 	}
 }

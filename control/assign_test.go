@@ -431,8 +431,10 @@ func TestOverlayCommands(t *testing.T) {
 			t.Errorf("%v --json: %v", args, err)
 		}
 	}
-	if out := cli("unassign", "n1", "web"); !strings.Contains(out, "n1\t") {
-		t.Fatalf("unassign:\n%s", out)
+	// --wait waits for the node's report on the composition it publishes
+	// (none comes here: no agent runs).
+	if out, errs, code := run(t, ctx, "unassign", "n1", "web", "--wait=1s", "--dir", dir, "--nats", s.url); code != control.ExitTimedOut || !strings.Contains(out, "n1\t") || !strings.Contains(errs, "no report within 1s from n1 (seq ") {
+		t.Fatalf("unassign --wait: exit %d\nstdout %q\nstderr %q", code, out, errs)
 	}
 	if _, errs, code := run(t, ctx, "unassign", "n1", "web", "--dir", dir, "--nats", s.url); code != 1 || !strings.Contains(errs, `module "web" is not assigned to n1`) {
 		t.Fatalf("unassign twice: %d %s", code, errs)

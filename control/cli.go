@@ -127,7 +127,7 @@ time, 10.99.0.0/16, mesh0, port 51820, keepalive 25`),
 the overlay, then its modules in the order assigned. A module the node refuses is given back
 (the assignment as it was before). --plan asks the node what the composition would do, and keeps
 nothing`),
-	cmdline.D("unassign", "NODE MODULE", 2, 2, []string{"dir", "nats", "json"},
+	cmdline.D("unassign", "NODE MODULE", 2, 2, []string{"dir", "nats", "wait", "json"},
 		"take MODULE off NODE and publish the node's composition"),
 	cmdline.D("publish", "[NODE]", 0, 1, []string{"dir", "nats", "wait", "json"},
 		"publish the node's composition (every node's) again, with a new sequence"),

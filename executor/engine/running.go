@@ -61,10 +61,19 @@ func protectSelf(stateDir string) {
 	if exe, err := os.Executable(); err == nil {
 		ProtectRunning("binary", exe)
 	}
-	for _, p := range readRunning(stateDir) {
-		ProtectRunning(p.What, p.Path)
+	// Read once a state in a process, not at every apply: the daemon
+	// protects what it writes there itself (RecordRunning), and a rescue
+	// command applies once.
+	if _, read := runningRead.LoadOrStore(stateDir, true); !read {
+		for _, p := range readRunning(stateDir) {
+			ProtectRunning(p.What, p.Path)
+		}
 	}
 }
+
+// runningRead is the state directories whose RunningFile this process
+// has read (protectSelf).
+var runningRead sync.Map
 
 // RunningFile, in the executor's state directory, names where the daemon
 // of that state runs from beyond the state and its binary: its socket's

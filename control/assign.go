@@ -208,19 +208,32 @@ func ReadModule(data []byte) (string, []json.RawMessage, error) {
 }
 
 // AssignedModules is, of nodes, those with modules assigned, and the
-// modules' names in order: one read of the registry for any number.
+// modules' names in order: one read of the registry for any number of
+// nodes (one key for one node).
 func (c *Client) AssignedModules(ctx context.Context, nodes []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	add := func(n string, a *assignments) {
+		for _, m := range a.Modules {
+			out[n] = append(out[n], m.Module)
+		}
+	}
+	if len(nodes) == 1 {
+		// One node's key, not the fleet's listing.
+		a, _, err := c.assignments(ctx, nodes[0])
+		if err != nil {
+			return nil, err
+		}
+		add(nodes[0], a)
+		return out, nil
+	}
 	vals, err := c.values(ctx, "assign.*")
 	if err != nil {
 		return nil, err
 	}
-	out := map[string][]string{}
 	for _, n := range nodes {
 		var a assignments
-		if v, ok := vals[assignKey(n)]; ok && json.Unmarshal(v, &a) == nil && len(a.Modules) > 0 {
-			for _, m := range a.Modules {
-				out[n] = append(out[n], m.Module)
-			}
+		if v, ok := vals[assignKey(n)]; ok && json.Unmarshal(v, &a) == nil {
+			add(n, &a)
 		}
 	}
 	return out, nil

@@ -636,4 +636,8 @@ func TestDeclareOverAssignmentsSaysSo(t *testing.T) {
 	if code != 0 || !strings.Contains(errs, "note: n1 has modules assigned (web): this declaration replaced its composition") || strings.Contains(errs, "n2 has") {
 		t.Fatalf("declare over n1's assignments: exit %d\n%s", code, errs)
 	}
+	// One node: said alike.
+	if _, errs, code := run(t, ctx, "declare", "n1", f, "--without-overlay", "--dir", dir, "--nats", s.url); code != 0 || !strings.Contains(errs, "note: n1 has modules assigned (web)") {
+		t.Fatalf("declare over n1's assignments, n1 alone: exit %d\n%s", code, errs)
+	}
 }

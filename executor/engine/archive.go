@@ -397,6 +397,34 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) map[strin
 	return out
 }
 
+// editedSaid is what an archive's line adds for the files it removes that
+// were edited by hand since by (the version before, the archive) wrote
+// them: "" for none.
+func editedSaid(edited map[string]editedContent, by string) string {
+	if len(edited) == 0 {
+		return ""
+	}
+	one := len(edited) == 1
+	return fmt.Sprintf("; of those removed, %s edited by hand since %s wrote %s: what %s held is kept for %d days (mesh-executor owned says where)",
+		countWord(len(edited), "was", "were"), by, map[bool]string{true: "it", false: "them"}[one], map[bool]string{true: "it", false: "they"}[one], store.SalvageKeep/(24*time.Hour))
+}
+
+// keepEdited keeps, for store.SalvageKeep, what the files edited by
+// hand hold before they are removed, and makes the record durable first:
+// a power cut after the removal loses no edit.
+func (r *run) keepEdited(c store.Claim, edited map[string]editedContent) error {
+	if len(edited) == 0 {
+		return nil
+	}
+	for _, p := range slices.Sorted(maps.Keys(edited)) {
+		content := edited[p]
+		if err := r.st.Salvage(store.Salvaged{Path: p, Digest: digest(content.now), Written: digest(content.wrote), Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, content.now); err != nil {
+			return err
+		}
+	}
+	return r.st.Sync()
+}
+
 // readArchive checks every entry and returns them, or refuses the archive.
 func readArchive(p, dest string) ([]archiveEntry, error) {
 	f, err := os.Open(p)
@@ -476,6 +504,7 @@ func (r *run) archive(st *step, rest int) {
 	// Observe: what is there already, and whether anything there is not ours.
 	var todo []archiveEntry
 	left := map[string]string{} // a file of this declaration declares it
+	absent := map[string]bool{} // not there when looked at: put there only if it still is not
 	for _, en := range entries {
 		full := path.Join(a.Destination, en.rel)
 		if by := r.fileDeclared(full); by != "" && !en.dir {
@@ -533,6 +562,8 @@ func (r *run) archive(st *step, rest int) {
 		case info.Kind != fsx.Absent:
 			r.fail(st, fmt.Errorf("%s is a %s; the archive has a %s there", full, info.Kind, map[bool]string{true: "directory", false: "file"}[en.dir]), rest)
 			return
+		default:
+			absent[full] = true
 		}
 		todo = append(todo, en)
 	}
@@ -604,11 +635,7 @@ func (r *run) archive(st *step, rest int) {
 		st.line.Outcome = shapes.Repaired
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
-	if len(editedStale) > 0 {
-		them := map[bool]string{true: "it", false: "them"}[len(editedStale) == 1]
-		st.line.Detail += fmt.Sprintf("; of those removed, %s edited by hand since the version before wrote %s: what %s held is kept for %d days (mesh-executor owned says where)",
-			countWord(len(editedStale), "was", "were"), them, map[bool]string{true: "it", false: "they"}[len(editedStale) == 1], store.SalvageKeep/(24*time.Hour))
-	}
+	st.line.Detail += editedSaid(editedStale, "the version before")
 	if r.opt.Plan {
 		for i := range todo {
 			r.unpacked[path.Join(a.Destination, todo[i].rel)] = &todo[i]
@@ -625,6 +652,40 @@ func (r *run) archive(st *step, rest int) {
 	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeArchive, Paths: n.Paths}, rest) {
 		return
 	}
+	// What this apply made and took away, for the record of an unpack that
+	// fails part way (failMidway): its intent names every path the unpack
+	// might make, and left pending, the next apply would settle it by
+	// claiming them all — a path the unpack never reached, and one a
+	// person puts there since, taken for the host's and removed with the
+	// archive.
+	made, gone := map[string]bool{}, map[string]bool{}
+	failMidway := func(err error) {
+		k := *n
+		k.Digest = "" // the version before is what the record says, if any
+		if e != nil {
+			k.Digest = e.Digest
+		}
+		k.Paths = nil
+		for _, p := range append(slices.Clone(n.Paths), stale...) {
+			if ours[p] && !gone[p] || made[p] {
+				k.Paths = append(k.Paths, p)
+			}
+		}
+		slices.Sort(k.Paths)
+		k.Paths = slices.Compact(k.Paths)
+		r.syncTouched() // best effort: the record may claim a path a power cut took back, never the reverse
+		var rerr error
+		if e == nil && len(k.Paths) == 0 {
+			r.abandon(st.target)
+		} else if rerr = r.st.Put(&k); rerr == nil {
+			rerr = r.st.Sync()
+		}
+		if rerr != nil {
+			// The intent stays: the next apply settles it by looking.
+			err = fmt.Errorf("%w; and the store could not record what was unpacked before it: %v", err, rerr)
+		}
+		r.fail(st, err, rest)
+	}
 	uid, gid := int(dinfo.UID), int(dinfo.GID)
 	for _, en := range todo {
 		full := path.Join(a.Destination, en.rel)
@@ -637,44 +698,42 @@ func (r *run) archive(st *step, rest int) {
 				mode = 0o755
 			}
 			err = fsx.Mkdir(full, mode, uid, gid)
-			if info, lerr := fsx.Lstat(full); errors.Is(err, fs.ErrExist) && lerr == nil && info.Kind == fsx.Dir {
+			info, lerr := fsx.Lstat(full)
+			switch {
+			case errors.Is(err, fs.ErrExist) && lerr == nil && info.Kind == fsx.Dir:
 				// Made by another since the look: used as it is, as one
 				// there before, and not the archive's.
 				err = nil
 				n.Paths = slices.DeleteFunc(n.Paths, func(p string) bool { return p == full })
 				continue
+			case err != nil && !errors.Is(err, fsx.ErrChanged) && lerr == nil && info.Kind == fsx.Dir && info.UID == uint32(os.Geteuid()):
+				// Made, and its owner or mode not set: the host's still,
+				// which no one else could have made root's.
+				made[full] = true
 			}
 		} else {
-			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid})
+			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid, NoReplace: absent[full]})
+			if absent[full] && errors.Is(err, fs.ErrExist) {
+				err = fmt.Errorf("%s was put there by something else since this apply looked; an archive does not overwrite what it did not write", full)
+			}
 		}
 		if err != nil {
-			r.fail(st, err, rest)
+			failMidway(err)
 			return
 		}
+		made[full] = true
 		r.touch(path.Dir(full))
 	}
-	if len(editedStale) > 0 {
-		c := st.claim
-		for _, p := range stale {
-			content, ok := editedStale[p]
-			if !ok {
-				continue
-			}
-			if err := r.st.Salvage(store.Salvaged{Path: p, Digest: digest(content.now), Written: digest(content.wrote), Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, content.now); err != nil {
-				r.fail(st, err, rest)
-				return
-			}
-		}
-		if err := r.st.Sync(); err != nil {
-			r.fail(st, err, rest)
-			return
-		}
+	if err := r.keepEdited(st.claim, editedStale); err != nil {
+		failMidway(err)
+		return
 	}
 	for _, p := range stale {
 		if err := removeWritten(p); err != nil {
-			r.fail(st, err, rest)
+			failMidway(err)
 			return
 		}
+		gone[p] = true
 	}
 	// Read back every file.
 	for _, en := range entries {
@@ -683,12 +742,12 @@ func (r *run) archive(st *step, rest int) {
 			continue
 		}
 		if eq, _, err := fsx.Equal(full, en.data); err != nil || !eq {
-			r.fail(st, fmt.Errorf("read back %s: it does not hold what the archive has (%v)", full, err), rest)
+			failMidway(fmt.Errorf("read back %s: it does not hold what the archive has (%v)", full, err))
 			return
 		}
 	}
 	if err := r.syncTouched(); err != nil {
-		r.fail(st, err, rest)
+		failMidway(err)
 		return
 	}
 	if err := r.st.Put(n); err != nil {
@@ -899,8 +958,14 @@ func (r *run) planArchiveRemoval(st *step) {
 		r.removing[p] = true
 		gone = append(gone, p)
 	}
+	// What goes that someone edited by hand since the archive wrote it is
+	// kept as a file's is, while that version is in the cache to tell.
+	edited := r.editedSince(e, strings.TrimPrefix(e.Target, "archive:"), gone)
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.change = func() error {
+		if err := r.keepEdited(firstClaim(e), edited); err != nil {
+			return err
+		}
 		for _, n := range handed {
 			was := r.st.Get(n.Target)
 			if err := r.st.Put(n); err != nil {
@@ -925,7 +990,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	if len(kept) == 0 {
 		st.drop = true
 		st.line.Outcome = shapes.Removed
-		st.line.Detail = fmt.Sprintf("%s it wrote removed%s", pathsWord(len(gone)), leftTo)
+		st.line.Detail = fmt.Sprintf("%s it wrote removed%s%s", pathsWord(len(gone)), editedSaid(edited, "the archive"), leftTo)
 		return
 	}
 	var names []string
@@ -942,8 +1007,8 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	st.record, st.drop = &n, false
 	st.line.Outcome = shapes.Kept
-	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed; the directories it made that hold what it did not write are kept, and removed once empty: %s%s",
-		len(gone), pathsWord(len(e.Paths)), listSome(names, 3), leftTo)
+	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed%s; the directories it made that hold what it did not write are kept, and removed once empty: %s%s",
+		len(gone), pathsWord(len(e.Paths)), editedSaid(edited, "the archive"), listSome(names, 3), leftTo)
 }
 
 // pathsWord is "1 path" or "N paths".

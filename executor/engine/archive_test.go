@@ -822,14 +822,7 @@ func TestArchiveVersionKeepsWhatWasEditedByHand(t *testing.T) {
 		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
 	}
 	h.absent("themes/theme/icons/a.svg")
-	st := mustStore(t, h.state)
-	sv := st.Salvaged()
-	if len(sv) != 1 || sv[0].Path != h.p("themes/theme/icons/a.svg") || sv[0].Module != "ui" || sv[0].ID != "theme" {
-		t.Fatalf("salvaged %+v", sv)
-	}
-	if b, err := os.ReadFile(st.OriginalPath(sv[0].Digest)); err != nil || string(b) != "<svg>the operator's</svg>" {
-		t.Fatalf("kept %q %v", b, err)
-	}
+	expectKeptOfTheme(t, h, "themes/theme/icons/a.svg", "<svg>the operator's</svg>")
 	// Unedited, nothing is kept and nothing said.
 	p3, sum3 := makeArchive(t, h.root, "t3.tgz", theme[0])
 	rep = h.apply(h.doc(archiveRes(p3, sum3, dest)))
@@ -868,5 +861,84 @@ func TestArchiveDirectoryMadeMeanwhileIsNotItsOwn(t *testing.T) {
 	h.apply(h.doc())
 	if _, err := os.Stat(h.p("themes/theme/icons")); err != nil {
 		t.Fatalf("the directory made meanwhile went with the archive: %v", err)
+	}
+}
+
+// An entry put there by a person between the unpack's look and its write
+// is not written over, and the unpack that fails on it claims only what it
+// made: not the person's file, and not the paths it never reached, which a
+// person may make after.
+func TestArchiveFileMadeMeanwhileIsNotWrittenOverNorClaimed(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	doc := h.doc(archiveRes(p, sum, dest))
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p("themes/theme/index.theme") {
+				os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
+			}
+		}})
+	st.Unlock()
+	h.expect(rep, shapes.Failed, "ui.theme=failed")
+	if l := rep.Lines[0]; !strings.Contains(l.Detail, "put there by something else since this apply looked") {
+		t.Fatalf("the line: %s", l.Detail)
+	}
+	if b, _ := os.ReadFile(h.p("themes/theme/index.theme")); string(b) != "a person's\n" {
+		t.Fatalf("the person's file was written over: %q", b)
+	}
+	var e *store.Entry
+	for _, x := range mustStore(t, h.state).Entries() {
+		if x.Type == shapes.TypeArchive {
+			e = x
+		}
+	}
+	if e == nil || e.Pending != nil || !slices.Equal(e.Paths, []string{h.p("themes/theme")}) {
+		t.Fatalf("the archive's record after the failed unpack: %+v", e)
+	}
+	// What the unpack never reached, made by a person after.
+	os.Mkdir(h.p("themes/theme/icons"), 0o755)
+	os.WriteFile(h.p("themes/theme/icons/a.svg"), []byte("mine"), 0o644)
+	h.apply(h.doc())
+	for _, p := range []string{"themes/theme/index.theme", "themes/theme/icons/a.svg"} {
+		if _, err := os.Stat(h.p(p)); err != nil {
+			t.Fatalf("%s went with the archive: %v", p, err)
+		}
+	}
+}
+
+// An archive undeclared whole keeps what a person edited in the files it
+// wrote, as a version that drops them does.
+func TestArchiveUndeclaredKeepsWhatWasEditedByHand(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
+	os.WriteFile(h.p("themes/theme/index.theme"), []byte("[Theme]\nName=the operator's\n"), 0o644)
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Removed, "ui.theme=removed")
+	const said = "of those removed, 1 was edited by hand since the archive wrote it: what it held is kept for 30 days"
+	if !strings.Contains(rep.Lines[0].Detail, said) || plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	h.absent("themes/theme")
+	expectKeptOfTheme(t, h, "themes/theme/index.theme", "[Theme]\nName=the operator's\n")
+}
+
+// expectKeptOfTheme fails t unless the store keeps, as ui.theme's, one
+// file removed edited by hand: rel, holding content.
+func expectKeptOfTheme(t *testing.T, h *harness, rel, content string) {
+	t.Helper()
+	st := mustStore(t, h.state)
+	sv := st.Salvaged()
+	if len(sv) != 1 || sv[0].Path != h.p(rel) || sv[0].Module != "ui" || sv[0].ID != "theme" {
+		t.Fatalf("salvaged %+v", sv)
+	}
+	if b, err := os.ReadFile(st.OriginalPath(sv[0].Digest)); err != nil || string(b) != content {
+		t.Fatalf("kept %q %v", b, err)
 	}
 }

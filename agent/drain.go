@@ -284,8 +284,14 @@ func (a *Agent) drain(ctx context.Context, m *declMsg) error {
 			r.Outcome, r.Refused, r.Code, r.RefusedBy = shapes.Refused, v.Reason, v.Code.String(), "executor"
 		}
 		// As the executor decides it (it drops its identity unless the
-		// apply failed), whatever the lines kept.
-		r.Retired = d.Retire && r.Outcome != shapes.Refused && r.Outcome != shapes.Failed && !v.Duplicate
+		// apply failed, and on being handed the retirement again finishes
+		// one a kill cut short), whatever the lines kept. An executor
+		// hosted already when the retirement is handed over ran it before
+		// the agent could report it (a kill between the verdict and the
+		// report) — or lost its state, and then retiring is what the
+		// control side asked all the same: said retired too, held there
+		// to the declaration signed.
+		r.Retired = d.Retire && (r.Outcome != shapes.Refused && r.Outcome != shapes.Failed || v.Code == wire.CodeNotEnrolled)
 		a.log.Info("the executor's verdict", "seq", seq, "outcome", r.Outcome, "reason", r.Refused, "duplicate", v.Duplicate)
 	}
 	// The superseded first, so the newest is the last word.

@@ -154,6 +154,9 @@ func TestAgentFollowsTheExecutorIntoHosted(t *testing.T) {
 		lost       bool
 	}{
 		{"retire", `{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`, false},
+		// It ran before: the agent was killed between the verdict and
+		// the report, and the executor, hosted since, refuses it.
+		{"retire, its first report lost", `{"version":1,"owns_nothing":true,"retire":true,"resources":[]}`, true},
 		{"state lost", fmt.Sprintf(motd, 1), true},
 		// The archive it names is refused first, before the declaration.
 		{"state lost, an archive declared", `{"version":1,"resources":[{"module":"m","id":"a","type":"archive","url":"obj://SUM","sha256":"SUM","destination":"/srv/t"}]}`, true},
@@ -202,7 +205,18 @@ func TestAgentFollowsTheExecutorIntoHosted(t *testing.T) {
 			ex.mu.Lock()
 			ex.hosted = tc.lost
 			ex.mu.Unlock()
-			c.declare("leaving", tc.decl)
+			seq := c.declare("leaving", tc.decl)
+			if strings.Contains(tc.decl, "retire") {
+				// Said retired either way: the control side holds it to
+				// the retirement it signed, and follows.
+				c.reports("leaving", "the retirement said", func(rs []*control.SignedReport) bool {
+					return slices.ContainsFunc(rs, func(r *control.SignedReport) bool { return r.Seq == seq && r.Retired })
+				})
+				waitFor(t, "the control side to follow the retirement", func() bool {
+					rec, _, err := c.client.Node(context.Background(), "leaving")
+					return err == nil && rec.IsRevoked()
+				})
+			}
 			waitFor(t, "the agent to drop its identity", func() bool {
 				_, err := os.Stat(config)
 				return errors.Is(err, os.ErrNotExist)

@@ -409,13 +409,15 @@ func (w *recorder) record(ctx context.Context, m jetstream.Msg) (count *countNot
 	if err := w.keepReport(ctx, node, withRecorded(m.Data(), recorded), msg.Owned != nil, recorded); err != nil {
 		return nil, err
 	}
-	// A retirement, as its agent says it (Retired), or, from an agent of
-	// a release before the word, as a retirement that kept nothing leaves
-	// it (an empty owned list): held either way to the declaration the
-	// control side signed (noteRetired). Reports of nodes holding
-	// something, the fleet's, cost no read.
+	// A retirement, as its agent says it (Retired: said again of a
+	// retirement whose first report was lost, as applied already or as
+	// refused by an executor hosted by it), or, from an agent of a release
+	// before the word, as a retirement that kept nothing leaves it (an
+	// empty owned list): held either way to the declaration the control
+	// side signed (noteRetired). Reports of nodes holding something, the
+	// fleet's, cost no read.
 	applied := msg.Trigger == link.TriggerDeclaration && !msg.Duplicate && msg.Outcome != shapes.Failed && msg.Outcome != shapes.Refused
-	if applied && (msg.Retired || msg.Owned != nil && len(msg.Owned) == 0) {
+	if msg.Trigger == link.TriggerDeclaration && msg.Retired || applied && msg.Owned != nil && len(msg.Owned) == 0 {
 		c.noteRetired(ctx, node, msg.Enrolment, msg.Seq)
 	}
 	count = &countNote{msg.Outcome, msg.Trigger, msg.ApplyMS}

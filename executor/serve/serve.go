@@ -994,8 +994,11 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
 		// Applied already (the agent hands it over again after a
 		// connection broke before the verdict): nothing is done, and the
-		// report says what that apply did, so it never loses its lines.
-		return s.sayAgain(f, emit)
+		// report says what that apply did, so it never loses its lines —
+		// but a retirement a kill cut short is finished.
+		v = s.sayAgain(f, emit)
+		s.retireAfter(d, v.Outcome, id)
+		return v
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
 		v.Seq = d.Seq
@@ -1070,19 +1073,30 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	v.Owned = enrol.Owned(st)
 	v.Prior = &f.Seq                // the declarations between it and this one never ran
 	s.countHolds(len(st.Entries())) // the store at hand: not opened again
-	if d.Retire && rep.Outcome != shapes.Failed {
-		// Retired: it holds nothing now, and drops its identity; back to
-		// hosted, it takes nothing more from the link.
-		if err := identity.Remove(s.cfg.StateDir); err != nil {
-			s.log.Error("retire: the identity could not be dropped", "err", err)
-		} else {
-			s.log.Info("retired: the node's identity is dropped; this host is hosted again", "node", id.Node)
-			if err := enrol.Forget(s.cfg.StateDir); err != nil {
-				s.log.Error("retire: the node's keys could not all be dropped; move them aside by hand (mesh-executor doctor lists the state)", "err", err)
-			}
-		}
-	}
+	s.retireAfter(d, rep.Outcome, id)
 	return v
+}
+
+// retireAfter ends the node when d, the link's declaration just applied
+// (or said again, or reconciled), retires it and its apply did not fail:
+// it holds nothing now, drops the node's keys and then its identity, and,
+// back to hosted, takes nothing more from the link. A kill anywhere in it
+// leaves the identity until both are gone: the retirement, saved as the
+// link's target and handed over again by the agent, or reconciled at the
+// next start, comes here again and finishes.
+func (s *Server) retireAfter(d *shapes.Declaration, outcome shapes.Outcome, id *identity.Identity) {
+	if !d.Retire || outcome == shapes.Failed || outcome == shapes.Refused || outcome == "" {
+		return
+	}
+	if err := enrol.Forget(s.cfg.StateDir); err != nil {
+		s.log.Error("retire: the node's keys could not all be dropped, and its identity is kept until they are (the next start, or the retirement handed over again, tries again)", "err", err)
+		return
+	}
+	if err := identity.Remove(s.cfg.StateDir); err != nil {
+		s.log.Error("retire: the node's keys are dropped, and its identity could not be", "err", err)
+		return
+	}
+	s.log.Info("retired: the node's identity and keys are dropped; this host is hosted again", "node", id.Node)
 }
 
 // sealedDigestLabel is what the key of sealed content's digests is
@@ -1300,6 +1314,9 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		rep := engine.Apply(ctx, st, d, raw, opt)
 		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
+		if src == store.Link {
+			s.retireAfter(d, rep.Outcome, id) // one a kill cut short
+		}
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {
 			s.log.Warn("reconcile refused", "source", src, "reason", rep.Refused)

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -885,6 +886,32 @@ func TestRetire(t *testing.T) {
 	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 3, file("motd", "y")))); v.Code != wire.CodeNotEnrolled {
 		t.Fatalf("a retired node took a declaration: %+v", v)
 	}
+	// A kill after the apply, before the node's keys and identity were
+	// dropped: the retirement handed over again, or the start's
+	// reconcile, finishes it.
+	cut := func() {
+		identity.Save(e.state, &identity.Identity{Node: "n1", Enrolment: "e-1", ControlKey: e.pub})
+		os.WriteFile(filepath.Join(e.state, enrol.KeysFile), []byte("{}"), 0o600)
+	}
+	finished := func(how string) {
+		t.Helper()
+		if id, _ := identity.Load(e.state); id != nil {
+			t.Fatalf("%s: the identity survived", how)
+		}
+		if _, err := os.Stat(filepath.Join(e.state, enrol.KeysFile)); !os.IsNotExist(err) {
+			t.Fatalf("%s: the node's keys survived: %v", how, err)
+		}
+	}
+	cut()
+	if _, v := e.push(c, e.seal(retire)); !v.Duplicate || v.Outcome != shapes.Removed {
+		t.Fatalf("the retirement handed over again: %+v", v)
+	}
+	finished("handed over again")
+	cut()
+	if v := e.srv.Reconcile(context.Background(), "start", nil); v.Outcome == shapes.Failed || v.Outcome == shapes.Refused {
+		t.Fatalf("%+v", v)
+	}
+	finished("reconciled")
 }
 
 // --- Archives streamed into the cache. ---

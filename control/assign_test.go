@@ -618,6 +618,26 @@ func TestAnOverlayNetworkTooSmallIsRefusedWhole(t *testing.T) {
 	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.97.0.0/29", "--dir", dir, "--nats", s.url); code != 0 {
 		t.Fatalf("overlay set of a network with room: exit %d\n%s", code, errs)
 	}
+	// A node revoked and not deleted keeps its address there: no room.
+	if _, _, err := s.client.Revoke(ctx, "n3", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.98.0.0/29", "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("overlay set: exit %d\n%s", code, errs)
+	}
+	for _, n := range []string{"n4", "n5", "n6", "n7"} {
+		enrolNode(t, s, n)
+	}
+	out, errs, code = run(t, ctx, "overlay", "set", "--network", "10.97.0.0/29", "--dir", dir, "--nats", s.url)
+	if code != 1 || !strings.Contains(errs, "overlay network 10.97.0.0/29 has room for 6 node(s), 1 of its addresses held by nodes out of the overlay (revoked, not deleted: mesh-control node delete frees them), and 6 are in the overlay: nothing changed") {
+		t.Fatalf("overlay set of a network a revoked node holds an address of: exit %d\n%s%s", code, out, errs)
+	}
+	if _, errs, code := run(t, ctx, "node", "delete", "n3", "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("node delete: exit %d\n%s", code, errs)
+	}
+	if _, errs, code := run(t, ctx, "overlay", "set", "--network", "10.97.0.0/29", "--dir", dir, "--nats", s.url); code != 0 {
+		t.Fatalf("overlay set once the revoked node is deleted: exit %d\n%s", code, errs)
+	}
 }
 
 // declare to a node with modules assigned says, on standard error, that

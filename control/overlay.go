@@ -269,16 +269,22 @@ func (c *Client) SetOverlay(ctx context.Context, ch OverlayChange) (*OverlaySett
 
 // roomFor refuses a network with fewer addresses than the nodes in the
 // overlay, before the settings are written: taken, some nodes would move
-// to it and the rest be left out, the roster unpublished.
+// to it and the rest be left out, the roster unpublished. An address in
+// it that a node out of the overlay still holds (revoked, not deleted:
+// its claim is kept with its record, claimFreeOnce) is no room.
 func (c *Client) roomFor(ctx context.Context, network netip.Prefix) error {
 	rs, err := c.records(ctx)
 	if err != nil {
 		return err
 	}
-	nodes := 0
+	nodes, held := 0, 0
 	for _, r := range rs {
 		if _, out := overlayKey(r); out == "" {
 			nodes++
+		} else if a, _, ok := c.address(ctx, r.Name); ok && network.Contains(a) {
+			if owner, _ := c.claimOwner(ctx, a); owner == r.Name {
+				held++
+			}
 		}
 	}
 	// Its hosts: the network's own address is none's, nor an IPv4
@@ -290,6 +296,9 @@ func (c *Client) roomFor(ctx context.Context, network netip.Prefix) error {
 	room := 1<<bits - 1
 	if network.Addr().Is4() {
 		room--
+	}
+	if held > 0 && nodes > room-held {
+		return fmt.Errorf("overlay network %s has room for %d node(s), %d of its addresses held by nodes out of the overlay (revoked, not deleted: mesh-control node delete frees them), and %d are in the overlay: nothing changed; give a larger network", network, max(room, 0), held, nodes)
 	}
 	if nodes > room {
 		return fmt.Errorf("overlay network %s has room for %d node(s), and %d are in the overlay: nothing changed; give a larger network", network, max(room, 0), nodes)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -156,4 +157,30 @@ func TestWhatAFullDiskKeptFromBeingMadeIsStillTheHostsOnceMade(t *testing.T) {
 	h.expect(h.apply(doc), shapes.Applied, "m.d=applied m.f=applied")
 	h.expect(h.apply(h.doc()), shapes.Removed, "m.f=removed m.d=removed")
 	h.absent("d")
+}
+
+// A found file larger than the room the store's disk has left cannot be
+// kept as its original: the step fails and the file is left as found —
+// never replaced on the word of a copy cut short.
+func TestAnOriginalTheStoreCannotKeepIsNotReplaced(t *testing.T) {
+	h := newHarness(t)
+	if err := os.MkdirAll(h.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", h.state, "tmpfs", 0, "size=256k,mode=0700"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(h.state, unix.MNT_DETACH) })
+	found := bytes.Repeat([]byte("a person's line\n"), 32<<10) // 512 KiB
+	if err := os.WriteFile(h.p("found.txt"), found, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/found.txt","content":"declared\n"}`))
+	h.expect(rep, shapes.Failed, "m.f=failed")
+	if b, _ := os.ReadFile(h.p("found.txt")); !bytes.Equal(b, found) {
+		t.Fatalf("the found file was replaced (%d bytes now) though its original could not be kept", len(b))
+	}
+	if e := mustStore(t, h.state).Get("path:" + h.p("found.txt")); e != nil && e.Original != nil {
+		t.Fatalf("the store says an original is kept: %+v", e)
+	}
 }

@@ -845,16 +845,21 @@ func (s *Store) KeepOriginal(digest string, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("store: keep original: %w", err)
 	}
-	if _, err := f.Write(data); err == nil {
+	// A write cut short (a full disk) must fail the keeping, and with it
+	// the change: an original named after a copy cut short would say
+	// kept what is lost.
+	_, err = f.Write(data)
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("store: keep original: %w", err)
+	if err == nil {
+		err = os.Rename(p+".tmp", p)
 	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err != nil {
+		os.Remove(p + ".tmp")
 		return fmt.Errorf("store: keep original: %w", err)
 	}
 	s.unsynced = true

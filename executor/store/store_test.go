@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -478,4 +479,26 @@ func fillDisk(t *testing.T, dir string) {
 		}
 	}
 	f.Close()
+}
+
+// An original larger than the room left is not kept at all: a copy cut
+// short by the full disk is never named after the digest of what it was
+// to hold, and the keeping fails, so the change that needed it does not
+// run.
+func TestAnOriginalCutShortByAFullDiskIsNotKept(t *testing.T) {
+	dir := smallDisk(t)
+	s := open(t, dir)
+	defer s.Unlock()
+	data := bytes.Repeat([]byte("a person's file\n"), 8<<10) // 128 KiB: more than the disk
+	sum := sha256.Sum256(data)
+	digest := hex.EncodeToString(sum[:])
+	if err := s.KeepOriginal(digest, data); err == nil {
+		t.Fatal("an original larger than the disk was said kept")
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "originals", digest)); !os.IsNotExist(err) {
+		t.Fatalf("a copy cut short is named after the digest: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "originals", digest+".tmp")); !os.IsNotExist(err) {
+		t.Fatalf("the copy cut short is left taking the room: %v", err)
+	}
 }

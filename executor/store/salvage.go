@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -57,6 +58,13 @@ func (s *Store) Salvage(v Salvaged, data []byte) error {
 	if err := s.KeepOriginal(v.Digest, data); err != nil {
 		return err
 	}
+	// The same content of the same path, kept already by a removal that
+	// did not end (a kill, a path it failed on, tried again at every
+	// apply): one entry, dated now, not one more at each try, which would
+	// push out the other edits kept (SalvageMax) within a day.
+	list = slices.DeleteFunc(list, func(x Salvaged) bool {
+		return x.Path == v.Path && x.Digest == v.Digest && x.Module == v.Module && x.ID == v.ID
+	})
 	return s.keepSalvaged(append(list, v))
 }
 

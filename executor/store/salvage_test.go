@@ -110,3 +110,25 @@ func TestSalvagedKeepsAtMostSalvageMax(t *testing.T) {
 		t.Fatalf("the oldest's content is still kept: %v", err)
 	}
 }
+
+// The same content of the same path kept again — a removal that did not
+// end, tried at every apply — is one entry, dated by the last: the other
+// edits kept are not pushed out by its tries.
+func TestTheSameEditKeptAgainIsOneEntry(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "state"))
+	defer s.Unlock()
+	other := []byte("another edit")
+	if err := s.Salvage(Salvaged{Path: "/g", Digest: sha256Hex(other), Removed: now()}, other); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("an edit")
+	for range SalvageMax + 1 {
+		if err := s.Salvage(Salvaged{Path: "/f", Digest: sha256Hex(data), Removed: now(), Module: "m", ID: "f"}, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := s.Salvaged()
+	if len(list) != 2 || list[0].Path != "/g" || list[1].Path != "/f" {
+		t.Fatalf("%+v", list)
+	}
+}

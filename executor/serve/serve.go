@@ -994,11 +994,23 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	case d.Seq == f.Seq && digest == f.Digest && f.Seq > 0:
 		// Applied already (the agent hands it over again after a
 		// connection broke before the verdict): nothing is done, and the
-		// report says what that apply did, so it never loses its lines —
-		// but a retirement a kill cut short is finished.
-		v = s.sayAgain(f, emit)
-		s.retireAfter(d, v.Outcome, id)
-		return v
+		// report says what that apply did, so it never loses its lines.
+		if d.Retire {
+			// A retirement is said, and finished if a kill cut it after
+			// its apply, only as its own apply ended: one cut before
+			// its end is ended by the reconcile (finishRetirement), and
+			// taken when handed over after that.
+			kept := readKeptLines(s.cfg.StateDir, f.Seq, f.Digest)
+			if kept == nil {
+				v = refusal(wire.CodeInternal, "the retirement's apply was cut short before its end; the executor's reconcile ends it, and it is said when handed over again")
+				v.Seq = d.Seq
+				return v
+			}
+			v = s.sayAgain(f, emit)
+			s.retireAfter(d, kept.Outcome, id)
+			return v
+		}
+		return s.sayAgain(f, emit)
 	case d.Seq == f.Seq && f.Seq > 0:
 		v = refusal(wire.CodeConflict, "sequence %d was applied already with other bytes; refused", d.Seq)
 		v.Seq = d.Seq
@@ -1077,13 +1089,16 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	return v
 }
 
-// retireAfter ends the node when d, the link's declaration just applied
-// (or said again, or reconciled), retires it and its apply did not fail:
-// it holds nothing now, drops the node's keys and then its identity, and,
-// back to hosted, takes nothing more from the link. A kill anywhere in it
-// leaves the identity until both are gone: the retirement, saved as the
-// link's target and handed over again by the agent, or reconciled at the
-// next start, comes here again and finishes.
+// retireAfter ends the node when d, the link's declaration, retires it
+// and its own apply ended with outcome, not failed: it holds nothing now,
+// drops the node's keys and then its identity, and, back to hosted, takes
+// nothing more from the link. A kill anywhere in it leaves the identity
+// until both are gone: the retirement, handed over again by the agent or
+// reconciled at the next start, comes here again and finishes. What
+// decides is the outcome of the retirement's own apply, as its verdict or
+// the lines kept of it say, never a later reconcile's: a retirement that
+// failed, and was reported failed, is not carried out unsaid by a drift
+// reconcile that succeeds.
 func (s *Server) retireAfter(d *shapes.Declaration, outcome shapes.Outcome, id *identity.Identity) {
 	if !d.Retire || outcome == shapes.Failed || outcome == shapes.Refused || outcome == "" {
 		return
@@ -1097,6 +1112,30 @@ func (s *Server) retireAfter(d *shapes.Declaration, outcome shapes.Outcome, id *
 		return
 	}
 	s.log.Info("retired: the node's identity and keys are dropped; this host is hosted again", "node", id.Node)
+}
+
+// finishRetirement is the reconcile's part in a retirement, d, the link's
+// target, which the reconcile just applied (rep): when the lines kept of
+// the retirement's own apply are there, that apply ended and says whether
+// the node retires (a kill between it and dropping the keys); when they
+// are not, a kill cut the apply before its end, and this reconcile, which
+// did what it left undone, ends it — its lines are the retirement's, said
+// when the agent hands it over again.
+func (s *Server) finishRetirement(d *shapes.Declaration, raw []byte, rep *shapes.Report, id *identity.Identity) {
+	sum := sha256.Sum256(raw)
+	digest := hex.EncodeToString(sum[:])
+	if kept := readKeptLines(s.cfg.StateDir, d.Seq, digest); kept != nil {
+		s.retireAfter(d, kept.Outcome, id)
+		return
+	}
+	if rep.Outcome == shapes.Refused {
+		return
+	}
+	if err := keepLines(s.cfg.StateDir, d.Seq, digest, rep); err != nil {
+		s.log.Warn("the retirement's apply, ended by the reconcile, could not be kept: it is ended again at the next", "seq", d.Seq, "err", err)
+		return
+	}
+	s.retireAfter(d, rep.Outcome, id)
 }
 
 // sealedDigestLabel is what the key of sealed content's digests is
@@ -1314,8 +1353,8 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		rep := engine.Apply(ctx, st, d, raw, opt)
 		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
-		if src == store.Link {
-			s.retireAfter(d, rep.Outcome, id) // one a kill cut short
+		if src == store.Link && d.Retire {
+			s.finishRetirement(d, raw, rep, id)
 		}
 		all = append(all, rep.Lines...)
 		if rep.Outcome == shapes.Refused {

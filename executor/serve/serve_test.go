@@ -902,8 +902,9 @@ func TestRetire(t *testing.T) {
 			t.Fatalf("%s: the node's keys survived: %v", how, err)
 		}
 	}
+	env := e.seal(retire)
 	cut()
-	if _, v := e.push(c, e.seal(retire)); !v.Duplicate || v.Outcome != shapes.Removed {
+	if _, v := e.push(c, env); !v.Duplicate || v.Outcome != shapes.Removed {
 		t.Fatalf("the retirement handed over again: %+v", v)
 	}
 	finished("handed over again")
@@ -912,6 +913,32 @@ func TestRetire(t *testing.T) {
 		t.Fatalf("%+v", v)
 	}
 	finished("reconciled")
+	// A kill before the apply's end (no lines kept of it): handed over,
+	// it is passing until the reconcile has ended it; then said.
+	cut()
+	os.Remove(filepath.Join(e.state, LinesFile))
+	if _, v := e.push(c, env); !v.Code.Passing() {
+		t.Fatalf("a retirement cut before its end, handed over again: %+v", v)
+	}
+	if id, _ := identity.Load(e.state); id == nil {
+		t.Fatal("a retirement cut before its end dropped the identity on being handed over")
+	}
+	e.srv.Reconcile(context.Background(), "start", nil)
+	finished("cut before its end, then reconciled")
+	// A retirement whose apply failed, and was said failed, is not
+	// carried out unsaid by a reconcile that succeeds later.
+	cut()
+	sum := sha256.Sum256(env)
+	if err := keepLines(e.state, 2, hex.EncodeToString(sum[:]), &shapes.Report{Outcome: shapes.Failed}); err != nil {
+		t.Fatal(err)
+	}
+	e.srv.Reconcile(context.Background(), "drift", nil)
+	if _, v := e.push(c, env); !v.Duplicate || v.Outcome != shapes.Failed {
+		t.Fatalf("a failed retirement handed over again: %+v", v)
+	}
+	if id, _ := identity.Load(e.state); id == nil {
+		t.Fatal("a retirement whose apply failed was carried out by a later reconcile")
+	}
 }
 
 // --- Archives streamed into the cache. ---

@@ -607,7 +607,7 @@ func (r *run) archive(st *step, rest int) {
 	// file declares now is the file's.
 	var stale []string
 	for p := range ours {
-		if !wrote[p] && left[p] == "" && !handed[p] {
+		if !wrote[p] && left[p] == "" && !handed[p] && !replacedSince(p) {
 			stale = append(stale, p)
 		}
 	}
@@ -880,6 +880,14 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Ent
 }
 
 // removeWritten removes a file or an empty directory the archive wrote.
+// replacedSince says whether what is at p, a path an archive wrote, is
+// now a link or a special file: never what the archive made, put there by
+// something else since, and left as it is (not removed, not claimed).
+func replacedSince(p string) bool {
+	info, err := fsx.Lstat(p)
+	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other)
+}
+
 func removeWritten(p string) error {
 	info, err := fsx.Lstat(p)
 	if err != nil {
@@ -911,6 +919,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	var handed []*store.Entry
 	left := map[string]string{} // to the file that declares it now
 	kept := map[string][]string{}
+	var replaced []string
 	for _, p := range paths {
 		if by := r.fileDeclared(p); by != "" {
 			left[p] = by
@@ -944,6 +953,10 @@ func (r *run) planArchiveRemoval(st *step) {
 			continue
 		}
 		info, err := fsx.Lstat(p)
+		if err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other) {
+			replaced = append(replaced, p) // replacedSince
+			continue
+		}
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)
 			if err != nil {
@@ -986,6 +999,10 @@ func (r *run) planArchiveRemoval(st *step) {
 	leftTo := ""
 	if len(left) > 0 {
 		leftTo = strings.Replace(leftSaid(left), "left to the file or directory that declares it", "left to the file or directory that declares it now, the host's own to remove with it", 1)
+	}
+	if len(replaced) > 0 {
+		slices.Sort(replaced)
+		leftTo += fmt.Sprintf("; %s a link or special file now, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
 	}
 	if len(kept) == 0 {
 		st.drop = true

@@ -489,7 +489,7 @@ func TestFailureStopsAndSaysWhere(t *testing.T) {
 		`{"module":"m","id":"c","type":"file","path":"{root}/c","content":"3"}`)
 	rep := h.apply(doc)
 	h.expect(rep, shapes.Failed, "m.a=applied m.b=failed")
-	if d := rep.Lines[1].Detail; !strings.Contains(d, h.p("b")+": not a regular file (it is a directory)") || !strings.Contains(d, "(1 later resource not attempted)") {
+	if d := rep.Lines[1].Detail; !strings.Contains(d, h.p("b")+" is a directory; the host writes only regular files") || !strings.Contains(d, "(1 later resource not attempted)") {
 		t.Fatalf("detail %q", d)
 	}
 }

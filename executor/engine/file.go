@@ -132,11 +132,12 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	var eq bool
 	var info fsx.Info
 	var err error
-	if after, _, planned := r.plannedAt(f.Path, fsx.Absent); planned && after == nil {
+	if after, kind, planned := r.plannedAt(f.Path, fsx.Absent); planned && after == nil {
 		// A plan: what an earlier removal takes away (a directory the
-		// mesh made where this file goes).
-		info.Kind = fsx.Absent
-	} else if eq, info, err = fsx.Equal(f.Path, data); err != nil {
+		// mesh made where this file goes), or a directory an archive
+		// before it makes there.
+		info.Kind = kind
+	} else if eq, info, err = fsx.Equal(f.Path, data); err != nil && (info.Kind == fsx.Absent || info.Kind == fsx.Regular) {
 		return err
 	} else if planned && info.Kind == fsx.Regular {
 		// A plan: the file as its regions' or keys' removal leaves it.

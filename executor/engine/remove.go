@@ -283,9 +283,20 @@ func (r *run) removeFirst(e *store.Entry, p string, isPath bool, editPath string
 // it then: nothing (nil: taken away), or a file (put back where a person
 // had deleted it).
 func (r *run) plannedAt(p string, kind fsx.Kind) (after []byte, _ fsx.Kind, ok bool) {
+	if !r.opt.Plan {
+		return nil, kind, false
+	}
 	after, ok = r.plannedFile[p]
+	if en := r.unpacked[p]; en != nil && (!ok || after == nil) {
+		// What an archive before it unpacks there (a plan unpacks
+		// nothing): the apply's later steps find it made.
+		if en.dir {
+			return nil, fsx.Dir, true
+		}
+		return en.data, fsx.Regular, true
+	}
 	switch {
-	case !ok || !r.opt.Plan:
+	case !ok:
 		return nil, kind, false
 	case after == nil:
 		return nil, fsx.Absent, true
@@ -360,6 +371,19 @@ func (r *run) planRemoval(st *step) {
 			st.intent, st.drop = nil, false
 			return
 		}
+		if gone := r.nowhereToGiveBack(p); gone != "" {
+			// Put back, it would write over what someone put there, or
+			// make a directory the host did not make: the original is
+			// kept as an edit of a person's would be, for them to take.
+			c := firstClaim(e)
+			st.intent, st.readback = nil, nil
+			st.line.Outcome = shapes.Forgotten
+			st.line.Detail = fmt.Sprintf("%s; the original the host found is not put back: it is kept for %d days (mesh-executor owned says where)", gone, store.SalvageKeep/(24*time.Hour))
+			st.change = func() error {
+				return r.st.Salvage(store.Salvaged{Path: p, Digest: o.Digest, Written: e.Digest, Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, data)
+			}
+			return
+		}
 		restore := func() error {
 			r.touch(parentOf(p))
 			return fsx.WriteFile(p, data, fsx.WriteOptions{Mode: o.Mode, UID: int(o.UID), GID: int(o.GID)})
@@ -426,6 +450,42 @@ func (r *run) planRemoval(st *step) {
 	default:
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the host neither made it nor kept an original; left as it is"
 	}
+}
+
+// nowhereToGiveBack says why a found file's original cannot be put back at
+// p ("" when it can): its directory removed by something else, or, at p,
+// something other than a file — a link, a directory — put there since.
+func (r *run) nowhereToGiveBack(p string) string {
+	if after, kind, planned := r.plannedAt(p, fsx.Absent); planned && (after != nil || kind != fsx.Absent) {
+		if kind != fsx.Regular {
+			return fmt.Sprintf("a %s is there now, which the host did not make", kind)
+		}
+		return ""
+	}
+	seen, err := fsx.Lstat(p)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("it cannot be reached now (%v)", err)
+	case seen.Kind == fsx.Absent:
+		parent := parentOf(p)
+		if r.plannedDirAt(parent) {
+			return ""
+		}
+		if pi, err := fsx.Lstat(parent); err != nil || pi.Kind != fsx.Dir {
+			return fmt.Sprintf("its directory %s was removed by something else", parent)
+		}
+	case seen.Kind != fsx.Regular:
+		return fmt.Sprintf("a %s is there now, which the host did not make", seen.Kind)
+	}
+	return ""
+}
+
+// plannedDirAt says, in a plan, whether a directory resource or an archive
+// planned before makes p (a plan makes nothing; the apply's later steps
+// find it made).
+func (r *run) plannedDirAt(p string) bool {
+	en := r.unpacked[p]
+	return r.opt.Plan && (r.declaredDirs[p] || en != nil && en.dir)
 }
 
 // keepRecovered decides whether a thing recovered from the control side's
@@ -521,6 +581,21 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 	st.change = remove
 	content, info, err := fsx.ReadRegular(p, maxOriginal)
 	switch {
+	case err != nil && info.Kind != fsx.Regular:
+		// Not the file the host made, nor nothing: a link, a directory,
+		// or a link on the way to it, put there by something else since.
+		// Its file is gone; what is there now is not the host's, and is
+		// left as it is (failed, the record would stop every later
+		// apply's removals here).
+		delete(r.removing, p)
+		st.intent, st.change, st.readback = nil, nil, nil
+		st.line.Outcome = shapes.Forgotten
+		if info.Kind == fsx.Absent {
+			st.line.Detail = fmt.Sprintf("the host created it; it cannot be reached as the file it wrote now (%v): what is there is not the host's, left as it is", err)
+		} else {
+			st.line.Detail = fmt.Sprintf("the host created it; a %s is there now, which the host did not make: left as it is", info.Kind)
+		}
+		return
 	case info.Kind == fsx.Absent:
 		st.line.Detail = "the host created it; it was deleted already"
 		return

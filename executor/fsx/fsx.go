@@ -255,7 +255,13 @@ func (f rawFile) Close() error { return unix.Close(int(f)) }
 func openRegular(p string) (rawFile, Info, error) {
 	fd, err := open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
-		return -1, Info{}, wrap("open", p, err)
+		// A link at p itself is said as what it is: a caller reading
+		// the zero Info would take it for nothing there.
+		var info Info
+		if l, lerr := Lstat(p); errors.Is(err, ErrSymlink) && lerr == nil && l.Kind == Symlink {
+			info = l
+		}
+		return -1, info, wrap("open", p, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {

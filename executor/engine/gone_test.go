@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+)
+
+// planThenApply plans doc, then applies it, and fails t unless the two
+// say the same lines, outcome by outcome and word by word.
+func planThenApply(t *testing.T, h *harness, doc string) *shapes.Report {
+	t.Helper()
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	if len(plan.Lines) != len(rep.Lines) {
+		t.Fatalf("plan %+v\napply %+v", plan.Lines, rep.Lines)
+	}
+	for i := range rep.Lines {
+		if plan.Lines[i].Outcome != rep.Lines[i].Outcome || plan.Lines[i].Detail != rep.Lines[i].Detail {
+			t.Fatalf("line %d:\nplan  %s %q\napply %s %q", i, plan.Lines[i].Outcome, plan.Lines[i].Detail, rep.Lines[i].Outcome, rep.Lines[i].Detail)
+		}
+	}
+	return rep
+}
+
+// A directory or a file declared where an archive of the same
+// declaration puts the other kind: the plan fails where the apply does,
+// saying the same.
+func TestAPlanSeesWhatAnArchiveBeforeItMakes(t *testing.T) {
+	for _, tc := range []struct{ name, res, want string }{
+		{"a directory at an archive's file", `{"module":"m","id":"d","type":"directory","path":"{root}/themes/theme/index.theme"}`, "is a regular file, not a directory"},
+		{"a file at an archive's directory", `{"module":"m","id":"f","type":"file","path":"{root}/themes/theme/icons","content":"x"}`, "is a directory; the host writes only regular files"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.Mkdir(h.p("themes"), 0o755)
+			p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+			rep := planThenApply(t, h, h.doc(archiveRes(p, sum, h.p("themes")), tc.res))
+			if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[1].Detail, tc.want) {
+				t.Fatalf("%+v", rep.Lines)
+			}
+		})
+	}
+}
+
+// What the host wrote, replaced since by something it did not make (a
+// link, a directory), is not removed or written over when undeclared:
+// forgotten, left as it is, the same in the plan — and it stops no later
+// apply. A found file's original with nowhere to go back to (that, or its
+// directory removed) is kept for a person, not thrown away.
+func TestWhatWasReplacedSinceIsLeftAndTheOriginalKept(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		found      bool
+		then       func(h *harness)
+	}{
+		{"made, a link there now", "the host created it; a symbolic link is there now, which the host did not make: left as it is", false, func(h *harness) {
+			os.Remove(h.p("d/f"))
+			os.Symlink(h.p("elsewhere"), h.p("d/f"))
+		}},
+		{"made, a directory there now", "the host created it; a directory is there now, which the host did not make: left as it is", false, func(h *harness) {
+			os.Remove(h.p("d/f"))
+			os.Mkdir(h.p("d/f"), 0o755)
+		}},
+		{"found, a link there now", "a symbolic link is there now, which the host did not make; the original the host found is not put back: it is kept for 30 days", true, func(h *harness) {
+			os.Remove(h.p("d/f"))
+			os.Symlink(h.p("elsewhere"), h.p("d/f"))
+		}},
+		{"found, its directory removed", "its directory " + "{root}/d" + " was removed by something else; the original the host found is not put back: it is kept for 30 days", true, func(h *harness) {
+			os.RemoveAll(h.p("d"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.Mkdir(h.p("d"), 0o755)
+			if tc.found {
+				os.WriteFile(h.p("d/f"), []byte("a person's\n"), 0o644)
+			}
+			h.expect(h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"declared\n"}`)), shapes.Applied, "m.f=applied")
+			tc.then(h)
+			rep := planThenApply(t, h, h.doc())
+			want := strings.ReplaceAll(tc.want, "{root}", h.root)
+			if rep.Outcome == shapes.Failed || len(rep.Lines) != 1 || rep.Lines[0].Outcome != shapes.Forgotten || !strings.Contains(rep.Lines[0].Detail, want) {
+				t.Fatalf("%+v", rep.Lines)
+			}
+			if fi, err := os.Lstat(h.p("d/f")); tc.name != "found, its directory removed" && (err != nil || fi.Mode().IsRegular()) {
+				t.Fatalf("what was put there since was touched: %v %v", fi, err)
+			}
+			st := mustStore(t, h.state)
+			if st.Get("path:"+h.p("d/f")) != nil {
+				t.Fatal("still recorded")
+			}
+			if sv := st.Salvaged(); tc.found != (len(sv) == 1) {
+				t.Fatalf("kept: %+v", sv)
+			} else if tc.found {
+				if b, err := os.ReadFile(st.OriginalPath(sv[0].Digest)); err != nil || string(b) != "a person's\n" {
+					t.Fatalf("the original kept: %q %v", b, err)
+				}
+			}
+			// And it stops nothing after.
+			h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Applied, "m.g=applied")
+		})
+	}
+}
+
+// An archive undeclared, one of whose files a person replaced with a link
+// since: the link is left as it is, the rest removed, the directory that
+// holds it kept; the plan says so as the apply does, and nothing after is
+// stopped.
+func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("themes"), 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+	link := h.p("themes/theme/icons/a.svg")
+	os.Remove(link)
+	os.Symlink(h.p("elsewhere"), link)
+	rep := planThenApply(t, h, h.doc())
+	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "1 is a link or special file now, which the host did not make: left as it is ("+link+")") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the link: %v %v", fi, err)
+	}
+	h.absent("themes/theme/index.theme")
+	// Its directories kept while they hold the link, said again.
+	h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Kept, "m.g=applied ui.theme=kept")
+}

@@ -611,3 +611,35 @@ func TestOneIsSaidSingular(t *testing.T) {
 		t.Fatalf("%+v", rep.Lines)
 	}
 }
+
+// A region undeclared after a hand edit inside its block: the block goes
+// (it is the host's), and what the person wrote in it is kept 30 days and
+// said, in the plan as in the apply. Unedited, nothing is kept.
+func TestARegionEditedByHandIsKeptWhenUndeclared(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.p("hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
+	h.expect(h.apply(h.doc(region("db", "10.0.0.5 db"))), shapes.Applied, "m.db=applied")
+	os.WriteFile(h.p("hosts"), []byte(strings.Replace(h.read("hosts"), "10.0.0.5 db", "10.0.0.1 mesh-edited", 1)), 0o644)
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Removed, "m.db=removed")
+	const said = "the block was edited by hand since the host wrote it"
+	if !strings.Contains(rep.Lines[0].Detail, said) || !strings.Contains(plan.Lines[0].Detail, said) {
+		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	if got := h.read("hosts"); got != "127.0.0.1 localhost\n" {
+		t.Fatalf("hosts %q", got)
+	}
+	st := mustStore(t, h.state)
+	sv := st.Salvaged()
+	if len(sv) != 1 || sv[0].Path != h.p("hosts") {
+		t.Fatalf("kept %+v", sv)
+	}
+	if b, err := os.ReadFile(st.OriginalPath(sv[0].Digest)); err != nil || string(b) != "10.0.0.1 mesh-edited\n" {
+		t.Fatalf("kept %q %v", b, err)
+	}
+	h.expect(h.apply(h.doc(region("db", "x"))), shapes.Applied, "m.db=applied")
+	if rep := h.apply(h.doc()); strings.Contains(rep.Lines[0].Detail, "edited by hand") || len(mustStore(t, h.state).Salvaged()) != 1 {
+		t.Fatalf("unedited: %+v", rep.Lines)
+	}
+}

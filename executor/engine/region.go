@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/edit"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -298,6 +300,23 @@ func (r *run) removeRegion(st *step) {
 		return out, err
 	}
 	st.change = func() error { return rewriteNow(path, st.rewrites) }
+	if cur, _, err := ed.Current(data); err == nil && len(e.Digest) == 64 && digest([]byte(cur)) != e.Digest {
+		// Edited by hand inside the block since the host wrote it: the
+		// block is the host's to take out, but what the person wrote in
+		// it is kept, as a file's edit is.
+		sum, c, remove := digest([]byte(cur)), firstClaim(e), st.change
+		st.line.Detail += fmt.Sprintf("; the block was edited by hand since the host wrote it (%s written, sha256:%s found): what it held is kept for %d days (mesh-executor owned says where)",
+			shortDigest(e.Digest), sum[:12], store.SalvageKeep/(24*time.Hour))
+		st.change = func() error {
+			if err := r.st.Salvage(store.Salvaged{Path: path, Digest: sum, Written: e.Digest, Removed: clock.Now().UTC(), Module: c.Module, ID: c.ID}, []byte(cur)); err != nil {
+				return err
+			}
+			if err := r.st.Sync(); err != nil {
+				return err
+			}
+			return remove()
+		}
+	}
 	st.readback = func() (*store.Entry, error) {
 		back, _, err := fsx.ReadRegular(path, maxEdited)
 		if err != nil {

@@ -511,6 +511,9 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	}
 	rep := engine.Apply(context.Background(), st, d, data, opt)
 	c.report(rep, plan, diffs)
+	if !plan && rep.Outcome != shapes.Refused {
+		c.pruneArchives(st)
+	}
 	switch {
 	case rep.Outcome == shapes.Refused:
 		return ExitRefused
@@ -518,6 +521,35 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		return ExitFailed
 	}
 	return ExitApplied
+}
+
+// pruneArchives drops from the archive cache what no saved target names
+// any more, as the daemon does after its applies: a machine rescued by
+// hand alone would otherwise keep every archive it ever unpacked. Left to
+// the daemon while one runs: it knows what its agent is streaming for a
+// declaration not applied yet, which no target names.
+func (c *command) pruneArchives(st *store.Store) {
+	if serving(c.state) > 0 {
+		return
+	}
+	id, err := identity.Load(c.state)
+	if err != nil {
+		return
+	}
+	keep, ok := serve.NamedArchives(c.state, st, id, nil)
+	if !ok {
+		return
+	}
+	if gone := engine.PruneArchiveCache(c.state, keep); len(gone) > 0 && !c.json {
+		fmt.Fprintf(c.errw, "the archive cache no longer keeps %s no declaration names\n", countArchives(len(gone)))
+	}
+}
+
+func countArchives(n int) string {
+	if n == 1 {
+		return "1 archive"
+	}
+	return fmt.Sprintf("%d archives", n)
 }
 
 // nodeID is this node's id once it has an identity; "" while hosted.

@@ -617,6 +617,17 @@ func TestOwnedListsWhatAnArchiveWrote(t *testing.T) {
 			t.Fatalf("owned does not list %s:\n%s", p, out)
 		}
 	}
+	// Undeclared by the rescue file, with no daemon running: the cache
+	// keeps it no more, and says so.
+	cached := filepath.Join(state, "archives", fmt.Sprintf("%x", sum))
+	if _, err := os.Stat(cached); err != nil {
+		t.Fatalf("not cached while declared: %v", err)
+	}
+	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"owns_nothing":true,"resources":[]}`, 0o644)
+	code, out, errs := run("apply", "--state", state, empty)
+	if _, err := os.Stat(cached); code != ExitApplied || !os.IsNotExist(err) || !strings.Contains(errs, "the archive cache no longer keeps 1 archive no declaration names") {
+		t.Fatalf("undeclared: exit %d, cached %v\n%s%s", code, err, out, errs)
+	}
 }
 
 // A machine enrolled again holds the link's last declaration of the

@@ -1229,26 +1229,13 @@ func ReconcileNodeID(src store.Source, d *shapes.Declaration, id *identity.Ident
 // declaration it has yet to hand over or is streaming: what was streamed
 // and is declared by nothing goes.
 func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looked bool) {
-	keep := map[string]bool{}
-	srcs := []store.Source{store.Bundle, store.Local}
-	if link != nil {
-		engine.ArchiveDigests(link, keep)
-	} else {
-		srcs = append(srcs, store.Link) // its target: the one applied last
-	}
 	id, err := s.identity()
 	if err != nil {
 		return false
 	}
-	for _, src := range srcs {
-		// A target the reconcile skips names nothing; one unread might.
-		d, _, _, err := SavedTarget(s.cfg.StateDir, st, src, id)
-		if err != nil {
-			return false
-		}
-		if d != nil {
-			engine.ArchiveDigests(d, keep)
-		}
+	keep, ok := NamedArchives(s.cfg.StateDir, st, id, link)
+	if !ok {
+		return false
 	}
 	s.streamMu.Lock()
 	for _, sums := range s.streamed {
@@ -1264,6 +1251,32 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looke
 		s.log.Info("archives no declaration names were dropped from the cache", "sha256", gone)
 	}
 	return true
+}
+
+// NamedArchives is the archives the saved targets of the store st in
+// stateDir name — the bundle's, a rescue file's, and the link's (link, the
+// declaration just accepted, in place of its saved target when not nil) —
+// what the archive cache keeps; ok is false when a target could not be
+// read, and then nothing is to be pruned. A target the reconcile skips
+// names nothing.
+func NamedArchives(stateDir string, st *store.Store, id *identity.Identity, link *shapes.Declaration) (keep map[string]bool, ok bool) {
+	keep = map[string]bool{}
+	srcs := []store.Source{store.Bundle, store.Local}
+	if link != nil {
+		engine.ArchiveDigests(link, keep)
+	} else {
+		srcs = append(srcs, store.Link) // its target: the one applied last
+	}
+	for _, src := range srcs {
+		d, _, _, err := SavedTarget(stateDir, st, src, id)
+		if err != nil {
+			return nil, false
+		}
+		if d != nil {
+			engine.ArchiveDigests(d, keep)
+		}
+	}
+	return keep, true
 }
 
 // record counts an apply and says it in the daemon's log; its report is

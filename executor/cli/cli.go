@@ -469,8 +469,14 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 			fmt.Fprintf(c.errw, "no state yet: %s does not exist; planned as if the host held nothing\n", c.state)
 		}
 	} else {
+		_, serr := os.Lstat(c.state)
 		if st, err = store.Open(c.state); err != nil {
 			return c.refuse(err.Error())
+		}
+		if errors.Is(serr, os.ErrNotExist) && !c.json {
+			// Said: a mistyped --state makes a second state, which
+			// takes what the first one made for found.
+			fmt.Fprintf(c.errw, "no state yet: %s did not exist; made now, and what this apply makes is held there (if another state was meant, give its --state)\n", c.state)
 		}
 		if err := st.Lock(c.wait); err != nil {
 			return c.refuse(err.Error())

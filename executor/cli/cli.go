@@ -478,7 +478,16 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 			// takes what the first one made for found.
 			fmt.Fprintf(c.errw, "no state yet: %s did not exist; made now, and what this apply makes is held there (if another state was meant, give its --state)\n", c.state)
 		}
-		if err := st.Lock(c.wait); err != nil {
+		err := st.Lock(0)
+		if errors.Is(err, store.ErrBusy) && c.wait > 0 {
+			// Said before the wait, not after it: a rescue that seems to
+			// hang for minutes is one a person kills.
+			if !c.json {
+				fmt.Fprintf(c.errw, "waiting up to %s for the store's lock: %v\n", c.wait, strings.TrimPrefix(err.Error(), "store: "))
+			}
+			err = st.Lock(c.wait)
+		}
+		if err != nil {
 			return c.refuse(err.Error())
 		}
 		defer st.Unlock()

@@ -797,3 +797,24 @@ func TestARescueRefusalIsSaidOneWay(t *testing.T) {
 		}
 	}
 }
+
+// An apply that must wait for the store's lock says so before it waits
+// (naming the holder's pid when it is another process's), and refuses
+// once the wait is over.
+func TestAnApplyWaitingForTheLockSaysSo(t *testing.T) {
+	d := base(t)
+	state := filepath.Join(d, "state")
+	f := write(t, filepath.Join(d, "d.json"), strings.Replace(decl, "%s", filepath.Join(d, "motd"), 1), 0o644)
+	holder, err := store.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock()
+	code, out, errs := run("apply", "--state", state, "--wait", "300ms", f)
+	if code != ExitRefused || !strings.Contains(errs, "waiting up to 300ms for the store's lock: another apply is running (the executor daemon or a rescue command)") {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+}

@@ -128,7 +128,7 @@ func TestKeys(t *testing.T) {
 	}
 
 	twice := ParseKeys([]byte("a = 1\nb = 2\na = 3\n"), Equals)
-	if _, err := twice.Apply([]Change{{Key: "a", Value: "9"}}); err == nil || !strings.Contains(err.Error(), "a is set 2 times (lines [1 3])") {
+	if _, err := twice.Apply([]Change{{Key: "a", Value: "9"}}); err == nil || !strings.Contains(err.Error(), "a is set 2 times (lines 1 and 3)") {
 		t.Errorf("a key twice: %v", err)
 	}
 	if out, err := twice.Apply([]Change{{Key: "b", Value: "9"}}); err != nil || string(out) != "a = 1\nb = 9\na = 3\n" {

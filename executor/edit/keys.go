@@ -3,6 +3,7 @@ package edit
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -150,13 +151,29 @@ func ParseKeys(data []byte, f Format) *Keys {
 
 func lineNumber(data []byte, off int) int { return bytes.Count(data[:off], []byte("\n")) + 1 }
 
+// linesSaid says line numbers as a person reads them: "no line", "line
+// 3", "lines 1 and 3", "lines 1, 2 and 5".
+func linesSaid(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	switch len(s) {
+	case 0:
+		return "no line"
+	case 1:
+		return "line " + s[0]
+	}
+	return "lines " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
 // Get returns key's value, whether it is there, or an error when it is
 // there more than once (which one holds is the program's to say, not the
 // host's).
 func (k *Keys) Get(key string) (value string, present bool, err error) {
 	fk := k.format.fold(key)
 	if d := k.dups[fk]; len(d) > 0 {
-		return "", false, fmt.Errorf("%s is set %d times (lines %v): refused; a person has to say which one holds", key, len(d), d)
+		return "", false, fmt.Errorf("%s is set %d times (%s): refused; a person has to say which one holds", key, len(d), linesSaid(d))
 	}
 	l, ok := k.keys[fk]
 	if !ok {

@@ -87,7 +87,7 @@ func (g Region) Find(data []byte) (Block, bool, error) {
 	case len(begins) == 1 && len(ends) == 1 && begins[0] < ends[0]:
 		return b, true, nil
 	}
-	return Block{}, false, fmt.Errorf("the markers of %s are broken (BEGIN at lines %v, END at lines %v): not touched; a person has to look", g.Name, begins, ends)
+	return Block{}, false, fmt.Errorf("the markers of %s are broken (BEGIN at %s, END at %s): not touched; a person has to look", g.Name, linesSaid(begins), linesSaid(ends))
 }
 
 // Normalise is a region's content as written: lines ending in a newline

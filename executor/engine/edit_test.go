@@ -104,7 +104,7 @@ func TestRegionRefusesWhatItCannotReadAsItsOwn(t *testing.T) {
 	broken := "a\n# BEGIN mesh m.db\nb\n"
 	os.WriteFile(h.p("hosts"), []byte(broken), 0o644)
 	rep := h.apply(h.doc(region("db", "x")))
-	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "the markers of m.db are broken (BEGIN at lines [2], END at lines [])") || h.read("hosts") != broken {
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "the markers of m.db are broken (BEGIN at line 2, END at no line)") || h.read("hosts") != broken {
 		t.Fatalf("%+v\n%q", rep, h.read("hosts"))
 	}
 	os.WriteFile(h.p("target"), []byte("mine\n"), 0o600)
@@ -187,7 +187,7 @@ func TestKeys(t *testing.T) {
 	twice := "Port 22\nport 2222\n"
 	os.WriteFile(h.p("sshd_config"), []byte(twice), 0o600)
 	rep = h.apply(h.doc(keys("ssh", "space", `{"Port":"22"}`)))
-	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "Port is set 2 times (lines [1 2])") || h.read("sshd_config") != twice {
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "Port is set 2 times (lines 1 and 2)") || h.read("sshd_config") != twice {
 		t.Fatalf("%+v", rep)
 	}
 }

@@ -253,6 +253,17 @@ func ensureDir(dir string) error {
 	return checkDir(dir)
 }
 
+// kindOfMode names what a file mode says a path is, as a person says it.
+func kindOfMode(m os.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "regular file"
+	case m&os.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file (" + m.Type().String() + ")"
+}
+
 // checkDir refuses a state directory that another user could write or
 // that is reached through a link.
 func checkDir(dir string) error {
@@ -263,7 +274,7 @@ func checkDir(dir string) error {
 	st := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case !fi.IsDir():
-		return fmt.Errorf("store: %s is not a directory (a %s)", dir, fi.Mode().Type())
+		return fmt.Errorf("store: %s is not a directory (a %s)", dir, kindOfMode(fi.Mode()))
 	case int(st.Uid) != os.Geteuid():
 		return fmt.Errorf("store: %s is owned by uid %d, not by the executor (uid %d)", dir, st.Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:

@@ -85,7 +85,7 @@ func (c *command) doctor() int {
 		identityCheck(exists, id, idErr, pending, rekey, now),
 		linkCheck(id != nil, link, linkErr, now),
 		heldCheck(st, id),
-		rescueCheck(st, id),
+		rescueCheck(exists, st, id),
 		clockCheck(id != nil, link),
 		diskCheck(c.state),
 		initCheck(c.partial),
@@ -292,8 +292,12 @@ func heldCheck(st *store.Store, id *identity.Identity) check {
 // while it is addressed to this node — one applied before the machine
 // was enrolled, or enrolled again under another name, is refused at each
 // look, and a drift of what it made is no longer put back.
-func rescueCheck(st *store.Store, id *identity.Identity) check {
+func rescueCheck(exists bool, st *store.Store, id *identity.Identity) check {
 	ch := check{Check: "rescue", Status: checkOK}
+	if !exists {
+		ch.Detail = "no rescue file applied (no state yet)"
+		return ch
+	}
 	if st == nil {
 		ch.Status, ch.Detail = checkWarn, "the store could not be read"
 		return ch

@@ -358,8 +358,11 @@ func TestDoctorRescue(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := &identity.Identity{Node: "n1b", Enrolment: "e2", ControlKey: make([]byte, 32)}
-	if ch := rescueCheck(st, id); ch.Status != checkOK || ch.Detail != "no rescue file applied" {
+	if ch := rescueCheck(true, st, id); ch.Status != checkOK || ch.Detail != "no rescue file applied" {
 		t.Errorf("none: %+v", ch)
+	}
+	if ch := rescueCheck(false, nil, nil); ch.Status != checkOK || ch.Detail != "no rescue file applied (no state yet)" {
+		t.Errorf("no state: %+v", ch)
 	}
 	for _, c := range []struct {
 		node   string
@@ -382,7 +385,7 @@ func TestDoctorRescue(t *testing.T) {
 		if err := st.SaveTarget(store.Local, []byte(doc)); err != nil {
 			t.Fatal(err)
 		}
-		ch := rescueCheck(st, c.id)
+		ch := rescueCheck(true, st, c.id)
 		if ch.Status != c.status || !strings.Contains(ch.Detail, c.says) || (ch.Status != checkOK) != (ch.Fix != "") {
 			t.Errorf("%q for %v: %+v", c.node, c.id, ch)
 		}

@@ -661,8 +661,11 @@ func (r *run) archive(st *step, rest int) {
 	made, gone := map[string]bool{}, map[string]bool{}
 	failMidway := func(err error) {
 		k := *n
-		k.Digest = "" // the version before is what the record says, if any
-		if e != nil {
+		// The version the record names is what a later look compares
+		// the files it holds with (editedSince): this one once it wrote
+		// any, else the one before, if any.
+		k.Digest = a.SHA256
+		if e != nil && len(made) == 0 {
 			k.Digest = e.Digest
 		}
 		k.Paths = nil
@@ -712,8 +715,12 @@ func (r *run) archive(st *step, rest int) {
 				made[full] = true
 			}
 		} else {
-			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid, NoReplace: absent[full]})
-			if absent[full] && errors.Is(err, fs.ErrExist) {
+			// Put only where it still is not there, unless the path is
+			// the archive's own, written before and taken away since:
+			// that is put right, as any drift of what it wrote.
+			noReplace := absent[full] && !ours[full]
+			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid, NoReplace: noReplace})
+			if noReplace && errors.Is(err, fs.ErrExist) {
 				err = fmt.Errorf("%s was put there by something else since this apply looked; an archive does not overwrite what it did not write", full)
 			}
 		}
@@ -734,6 +741,7 @@ func (r *run) archive(st *step, rest int) {
 			return
 		}
 		gone[p] = true
+		r.touch(path.Dir(p)) // durable before the record lets go of it
 	}
 	// Read back every file.
 	for _, en := range entries {

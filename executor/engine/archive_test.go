@@ -895,7 +895,7 @@ func TestArchiveFileMadeMeanwhileIsNotWrittenOverNorClaimed(t *testing.T) {
 			e = x
 		}
 	}
-	if e == nil || e.Pending != nil || !slices.Equal(e.Paths, []string{h.p("themes/theme")}) {
+	if e == nil || e.Pending != nil || !slices.Equal(e.Paths, []string{h.p("themes/theme")}) || e.Digest != sum {
 		t.Fatalf("the archive's record after the failed unpack: %+v", e)
 	}
 	// What the unpack never reached, made by a person after.

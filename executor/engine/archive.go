@@ -528,6 +528,9 @@ func (r *run) archive(st *step, rest int) {
 		}
 		after, kind, planned := r.plannedAt(full, info.Kind)
 		info.Kind = kind
+		if prev := r.unpacked[full]; planned && prev != nil && !prev.dir {
+			info.Mode = prev.mode // a plan: as an archive before it writes it
+		}
 		switch {
 		case en.dir && info.Kind == fsx.Dir:
 			continue // an existing directory is used as it is
@@ -661,11 +664,12 @@ func (r *run) archive(st *step, rest int) {
 	made, gone := map[string]bool{}, map[string]bool{}
 	failMidway := func(err error) {
 		k := *n
-		// The version the record names is what a later look compares
-		// the files it holds with (editedSince): this one once it wrote
-		// any, else the one before, if any.
+		// The version the record names: the one before while there is
+		// one (what a look at its files compares them with, editedSince;
+		// named this one, an edit of the mesh's in a file it has not
+		// rewritten yet would keep the old content), else this one.
 		k.Digest = a.SHA256
-		if e != nil && len(made) == 0 {
+		if e != nil {
 			k.Digest = e.Digest
 		}
 		k.Paths = nil
@@ -715,12 +719,12 @@ func (r *run) archive(st *step, rest int) {
 				made[full] = true
 			}
 		} else {
-			// Put only where it still is not there, unless the path is
-			// the archive's own, written before and taken away since:
-			// that is put right, as any drift of what it wrote.
-			noReplace := absent[full] && !ours[full]
-			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid, NoReplace: noReplace})
-			if noReplace && errors.Is(err, fs.ErrExist) {
+			err = fsx.WriteFile(full, en.data, fsx.WriteOptions{Mode: en.mode, UID: uid, GID: gid, NoReplace: absent[full]})
+			if absent[full] && errors.Is(err, fs.ErrExist) {
+				// Someone's, not the archive's, though the archive wrote
+				// the path before (it was taken away since): no longer
+				// claimed, so never removed as the host's.
+				delete(ours, full)
 				err = fmt.Errorf("%s was put there by something else since this apply looked; an archive does not overwrite what it did not write", full)
 			}
 		}
@@ -889,13 +893,16 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Ent
 
 // removeWritten removes a file or an empty directory the archive wrote.
 // replacedSince says whether what is at p, a path an archive wrote, is
-// now a link or a special file: never what the archive made, put there by
+// now a link or a special file, or reached through a link (a directory on
+// its way replaced by one): never what the archive made, put there by
 // something else since, and left as it is (not removed, not claimed).
 func replacedSince(p string) bool {
 	info, err := fsx.Lstat(p)
-	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other)
+	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other) || errors.Is(err, fsx.ErrSymlink)
 }
 
+// removeWritten removes what an archive wrote at p: a file, or a
+// directory once empty.
 func removeWritten(p string) error {
 	info, err := fsx.Lstat(p)
 	if err != nil {
@@ -960,11 +967,11 @@ func (r *run) planArchiveRemoval(st *step) {
 			}
 			continue
 		}
-		info, err := fsx.Lstat(p)
-		if err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other) {
-			replaced = append(replaced, p) // replacedSince
+		if replacedSince(p) {
+			replaced = append(replaced, p)
 			continue
 		}
+		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)
 			if err != nil {
@@ -1010,7 +1017,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	if len(replaced) > 0 {
 		slices.Sort(replaced)
-		leftTo += fmt.Sprintf("; %s a link or special file now, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
+		leftTo += fmt.Sprintf("; %s a link or special file now, or reached through a link, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
 	}
 	if len(kept) == 0 {
 		st.drop = true

@@ -942,3 +942,32 @@ func expectKeptOfTheme(t *testing.T, h *harness, rel, content string) {
 		t.Fatalf("kept %q %v", b, err)
 	}
 }
+
+// A file the archive wrote, taken away, and put back by a person between
+// the look and the write: not written over, and no longer claimed, so
+// the archive undeclared leaves it.
+func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	doc := h.doc(archiveRes(p, sum, dest))
+	h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
+	os.Remove(h.p("themes/theme/index.theme"))
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p("themes/theme/index.theme") {
+				os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
+			}
+		}})
+	st.Unlock()
+	h.expect(rep, shapes.Failed, "ui.theme=failed")
+	if b, _ := os.ReadFile(h.p("themes/theme/index.theme")); string(b) != "a person's\n" {
+		t.Fatalf("written over: %q", b)
+	}
+	h.apply(h.doc())
+	if b, _ := os.ReadFile(h.p("themes/theme/index.theme")); string(b) != "a person's\n" {
+		t.Fatalf("removed with the archive: %q", b)
+	}
+}

@@ -119,7 +119,7 @@ func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
 	os.Remove(link)
 	os.Symlink(h.p("elsewhere"), link)
 	rep := planThenApply(t, h, h.doc())
-	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "1 is a link or special file now, which the host did not make: left as it is ("+link+")") {
+	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "1 is a link or special file now, or reached through a link, which the host did not make: left as it is ("+link+")") {
 		t.Fatalf("%+v", rep.Lines)
 	}
 	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
@@ -128,4 +128,45 @@ func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
 	h.absent("themes/theme/index.theme")
 	// Its directories kept while they hold the link, said again.
 	h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Kept, "m.g=applied ui.theme=kept")
+}
+
+// An archive undeclared, one of whose directories a person replaced with
+// a link since: what is reached through the link is left (never followed,
+// never removed), the rest removed, in the plan as in the apply; no later
+// apply is stopped.
+func TestAnArchiveDirectoryReplacedByALinkIsLeft(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("themes"), 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+	os.Mkdir(h.p("elsewhere"), 0o755)
+	os.WriteFile(h.p("elsewhere/a.svg"), []byte("not the archive's"), 0o644)
+	os.RemoveAll(h.p("themes/theme/icons"))
+	os.Symlink(h.p("elsewhere"), h.p("themes/theme/icons"))
+	rep := planThenApply(t, h, h.doc())
+	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "which the host did not make: left as it is") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if b, err := os.ReadFile(h.p("elsewhere/a.svg")); err != nil || string(b) != "not the archive's" {
+		t.Fatalf("through the link: %q %v", b, err)
+	}
+	h.absent("themes/theme/index.theme")
+	if rep := h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)); rep.Outcome == shapes.Failed {
+		t.Fatalf("a later apply: %+v", rep.Lines)
+	}
+}
+
+// A found file whose directory was removed since, and a region declared
+// in it after: the plan says the original is not put back, and the
+// region fails for want of its file, as the apply does.
+func TestAPlanDoesNotPutBackAnOriginalItKeeps(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("d"), 0o755)
+	os.WriteFile(h.p("d/hosts"), []byte("a person's\n"), 0o644)
+	h.expect(h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/d/hosts","content":"declared\n"}`)), shapes.Applied, "m.f=applied")
+	os.RemoveAll(h.p("d"))
+	rep := planThenApply(t, h, h.doc(`{"module":"m","id":"r","type":"region","path":"{root}/d/hosts","content":"10.0.0.5 db\n"}`))
+	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[len(rep.Lines)-1].Detail, "does not exist") {
+		t.Fatalf("%+v", rep.Lines)
+	}
 }

@@ -48,12 +48,12 @@ func (r *run) editedFile(path, what string) ([]byte, fsx.Info, []byte, error) {
 		return nil, info, nil, err
 	}
 	if after, kind, ok := r.plannedAt(path, info.Kind); ok {
-		// A plan: the file as an earlier removal of it leaves it.
+		// A plan: the file as an earlier removal of it leaves it, or as
+		// an archive before it unpacks it.
 		data, info.Kind = after, kind
-	}
-	if en := r.unpacked[path]; en != nil && !en.dir && info.Kind == fsx.Absent {
-		// A plan: the file as an archive before it unpacks it.
-		data, info.Kind, info.Mode = en.data, fsx.Regular, en.mode
+		if en := r.unpacked[path]; en != nil && !en.dir {
+			info.Mode = en.mode
+		}
 	}
 	if info.Kind == fsx.Absent && r.opt.Plan && r.planBrings {
 		return nil, info, nil, errFileComing

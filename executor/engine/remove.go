@@ -311,8 +311,11 @@ func (r *run) plannedAt(p string, kind fsx.Kind) (after []byte, _ fsx.Kind, ok b
 // whole file's found original, or nothing (gone); or, under a region's or
 // keys' removal, the file as their give back rewrites it.
 func (r *run) planAfter(st *step, p string, isPath bool, editPath string) {
-	if st.change == nil {
-		return // it changes nothing (held, forgotten): the file as it is
+	if st.change == nil || st.line.Outcome == shapes.Forgotten {
+		// It changes nothing at p (held, forgotten — one that keeps the
+		// original it cannot give back changes the store alone): the
+		// file as it is.
+		return
 	}
 	if isPath {
 		var after []byte // nil: gone
@@ -464,8 +467,10 @@ func (r *run) nowhereToGiveBack(p string) string {
 	}
 	seen, err := fsx.Lstat(p)
 	switch {
-	case err != nil:
+	case err != nil && errors.Is(err, fsx.ErrSymlink):
 		return fmt.Sprintf("it cannot be reached now (%v)", err)
+	case err != nil:
+		return "" // a passing error: the restore says it, and is tried again
 	case seen.Kind == fsx.Absent:
 		parent := parentOf(p)
 		if r.plannedDirAt(parent) {
@@ -581,12 +586,14 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 	st.change = remove
 	content, info, err := fsx.ReadRegular(p, maxOriginal)
 	switch {
-	case err != nil && info.Kind != fsx.Regular:
+	case err != nil && (info.Kind != fsx.Absent && info.Kind != fsx.Regular || errors.Is(err, fsx.ErrSymlink)):
 		// Not the file the host made, nor nothing: a link, a directory,
 		// or a link on the way to it, put there by something else since.
 		// Its file is gone; what is there now is not the host's, and is
 		// left as it is (failed, the record would stop every later
-		// apply's removals here).
+		// apply's removals here). Any other error (a passing one: no
+		// file descriptor left, an I/O error) keeps the record: the
+		// removal says it, and the next apply tries again.
 		delete(r.removing, p)
 		st.intent, st.change, st.readback = nil, nil, nil
 		st.line.Outcome = shapes.Forgotten

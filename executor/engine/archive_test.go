@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -840,14 +839,9 @@ func TestArchiveDirectoryMadeMeanwhileIsNotItsOwn(t *testing.T) {
 	os.Mkdir(dest, 0o755)
 	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
 	doc := h.doc(archiveRes(p, sum, dest))
-	d, st := h.open(doc, false)
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
-		beforeChange: func(target string) {
-			if target == "path:"+h.p("themes/theme/icons") {
-				os.Mkdir(h.p("themes/theme/icons"), 0o755)
-			}
-		}})
-	st.Unlock()
+	rep := h.applyMeanwhile(doc, "themes/theme/icons", func() {
+		os.Mkdir(h.p("themes/theme/icons"), 0o755)
+	})
 	h.expect(rep, shapes.Applied, "ui.theme=applied")
 	var e *store.Entry
 	for _, x := range mustStore(t, h.state).Entries() {
@@ -874,14 +868,9 @@ func TestArchiveFileMadeMeanwhileIsNotWrittenOverNorClaimed(t *testing.T) {
 	os.Mkdir(dest, 0o755)
 	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
 	doc := h.doc(archiveRes(p, sum, dest))
-	d, st := h.open(doc, false)
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
-		beforeChange: func(target string) {
-			if target == "path:"+h.p("themes/theme/index.theme") {
-				os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
-			}
-		}})
-	st.Unlock()
+	rep := h.applyMeanwhile(doc, "themes/theme/index.theme", func() {
+		os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
+	})
 	h.expect(rep, shapes.Failed, "ui.theme=failed")
 	if l := rep.Lines[0]; !strings.Contains(l.Detail, "put there by something else since this apply looked") {
 		t.Fatalf("the line: %s", l.Detail)
@@ -954,14 +943,9 @@ func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
 	doc := h.doc(archiveRes(p, sum, dest))
 	h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
 	os.Remove(h.p("themes/theme/index.theme"))
-	d, st := h.open(doc, false)
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
-		beforeChange: func(target string) {
-			if target == "path:"+h.p("themes/theme/index.theme") {
-				os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
-			}
-		}})
-	st.Unlock()
+	rep := h.applyMeanwhile(doc, "themes/theme/index.theme", func() {
+		os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
+	})
 	h.expect(rep, shapes.Failed, "ui.theme=failed")
 	if b, _ := os.ReadFile(h.p("themes/theme/index.theme")); string(b) != "a person's\n" {
 		t.Fatalf("written over: %q", b)

@@ -84,6 +84,20 @@ func (h *harness) run(src store.Source, doc string, plan bool) *shapes.Report {
 
 func (h *harness) apply(doc string) *shapes.Report { return h.run(store.Local, doc, false) }
 
+// applyMeanwhile applies doc with do run just before the change to the
+// path rel (relative to the tree): what another applier, or a person,
+// does between the apply's look and its change.
+func (h *harness) applyMeanwhile(doc, rel string, do func()) *shapes.Report {
+	d, st := h.open(doc, false)
+	defer st.Unlock()
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
+		beforeChange: func(target string) {
+			if target == "path:"+h.p(rel) {
+				do()
+			}
+		}})
+}
+
 // outcomes renders a report as "module.id=outcome" lines, sorted by the
 // report's own order.
 func outcomes(rep *shapes.Report) string {
@@ -879,15 +893,10 @@ func TestAdoptionBriefingGoesOnAfterAFailure(t *testing.T) {
 func TestADirectoryMadeMeanwhileIsNotTheHosts(t *testing.T) {
 	h := newHarness(t)
 	doc := h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`)
-	d, st := h.open(doc, false)
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
-		beforeChange: func(target string) {
-			if target == "path:"+h.p("d") {
-				os.Mkdir(h.p("d"), 0o755)
-				os.WriteFile(h.p("d/theirs"), []byte("x\n"), 0o644)
-			}
-		}})
-	st.Unlock()
+	rep := h.applyMeanwhile(doc, "d", func() {
+		os.Mkdir(h.p("d"), 0o755)
+		os.WriteFile(h.p("d/theirs"), []byte("x\n"), 0o644)
+	})
 	if rep.Outcome != shapes.Failed || len(rep.Lines) != 1 || !strings.Contains(rep.Lines[0].Detail, "not the host's") {
 		t.Fatalf("the apply: %+v", rep)
 	}
@@ -930,14 +939,9 @@ func TestADirectoryDeletedAlreadyIsSaidSo(t *testing.T) {
 func TestAFileMadeMeanwhileIsNotWrittenOver(t *testing.T) {
 	h := newHarness(t)
 	doc := h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/f","content":"the host's\n"}`)
-	d, st := h.open(doc, false)
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local,
-		beforeChange: func(target string) {
-			if target == "path:"+h.p("f") {
-				os.WriteFile(h.p("f"), []byte("a person's\n"), 0o644)
-			}
-		}})
-	st.Unlock()
+	rep := h.applyMeanwhile(doc, "f", func() {
+		os.WriteFile(h.p("f"), []byte("a person's\n"), 0o644)
+	})
 	if rep.Outcome != shapes.Failed || len(rep.Lines) != 1 || !strings.Contains(rep.Lines[0].Detail, "not the host's") {
 		t.Fatalf("the apply: %+v", rep)
 	}

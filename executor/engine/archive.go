@@ -610,10 +610,16 @@ func (r *run) archive(st *step, rest int) {
 	// file declares now is the file's.
 	var stale []string
 	for p := range ours {
-		if !wrote[p] && left[p] == "" && !handed[p] && !replacedSince(p) {
-			stale = append(stale, p)
+		if wrote[p] || left[p] != "" || handed[p] || replacedSince(p) {
+			continue
 		}
+		if behindLink(p) {
+			n.Paths = append(n.Paths, p) // kept until the link is gone
+			continue
+		}
+		stale = append(stale, p)
 	}
+	sort.Strings(n.Paths)
 	sort.Sort(sort.Reverse(sort.StringSlice(stale)))
 	// What goes that someone edited by hand since the version before
 	// wrote it is not thrown away without a word: kept as a file's is
@@ -893,12 +899,21 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Ent
 
 // removeWritten removes a file or an empty directory the archive wrote.
 // replacedSince says whether what is at p, a path an archive wrote, is
-// now a link or a special file, or reached through a link (a directory on
-// its way replaced by one): never what the archive made, put there by
-// something else since, and left as it is (not removed, not claimed).
+// now a link or a special file: never what the archive made, put there by
+// something else since, and left as it is (not removed, no longer
+// claimed).
 func replacedSince(p string) bool {
 	info, err := fsx.Lstat(p)
-	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other) || errors.Is(err, fsx.ErrSymlink)
+	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other)
+}
+
+// behindLink says whether p is reached through a link now (a directory on
+// its way replaced by one): what the host wrote there may still be where
+// the directory went, so it stays claimed — never followed, and taken
+// away once the link is gone.
+func behindLink(p string) bool {
+	_, err := fsx.Lstat(p)
+	return errors.Is(err, fsx.ErrSymlink)
 }
 
 // removeWritten removes what an archive wrote at p: a file, or a
@@ -934,7 +949,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	var handed []*store.Entry
 	left := map[string]string{} // to the file that declares it now
 	kept := map[string][]string{}
-	var replaced []string
+	var replaced, through []string
 	for _, p := range paths {
 		if by := r.fileDeclared(p); by != "" {
 			left[p] = by
@@ -969,6 +984,10 @@ func (r *run) planArchiveRemoval(st *step) {
 		}
 		if replacedSince(p) {
 			replaced = append(replaced, p)
+			continue
+		}
+		if behindLink(p) {
+			through = append(through, p)
 			continue
 		}
 		info, err := fsx.Lstat(p)
@@ -1017,9 +1036,9 @@ func (r *run) planArchiveRemoval(st *step) {
 	}
 	if len(replaced) > 0 {
 		slices.Sort(replaced)
-		leftTo += fmt.Sprintf("; %s a link or special file now, or reached through a link, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
+		leftTo += fmt.Sprintf("; %s a link or special file now, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
 	}
-	if len(kept) == 0 {
+	if len(kept) == 0 && len(through) == 0 {
 		st.drop = true
 		st.line.Outcome = shapes.Removed
 		st.line.Detail = fmt.Sprintf("%s it wrote removed%s%s", pathsWord(len(gone)), editedSaid(edited, "the archive"), leftTo)
@@ -1033,14 +1052,22 @@ func (r *run) planArchiveRemoval(st *step) {
 	n := *e
 	n.Paths = nil
 	for _, p := range e.Paths {
-		if kept[p] != nil {
+		if kept[p] != nil || slices.Contains(through, p) {
 			n.Paths = append(n.Paths, p)
 		}
 	}
 	st.record, st.drop = &n, false
 	st.line.Outcome = shapes.Kept
-	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed%s; the directories it made that hold what it did not write are kept, and removed once empty: %s%s",
-		len(gone), pathsWord(len(e.Paths)), editedSaid(edited, "the archive"), listSome(names, 3), leftTo)
+	var why []string
+	if len(names) > 0 {
+		why = append(why, "the directories it made that hold what it did not write are kept, and removed once empty: "+listSome(names, 3))
+	}
+	if len(through) > 0 {
+		slices.Sort(through)
+		why = append(why, fmt.Sprintf("%s reached through a link now, never followed: kept, and removed once the link is gone (%s)", countWord(len(through), "path is", "paths are"), listSome(through, 3)))
+	}
+	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed%s; %s%s",
+		len(gone), pathsWord(len(e.Paths)), editedSaid(edited, "the archive"), strings.Join(why, "; "), leftTo)
 }
 
 // pathsWord is "1 path" or "N paths".

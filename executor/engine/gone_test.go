@@ -74,12 +74,7 @@ func TestWhatWasReplacedSinceIsLeftAndTheOriginalKept(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			os.Mkdir(h.p("d"), 0o755)
-			if tc.found {
-				os.WriteFile(h.p("d/f"), []byte("a person's\n"), 0o644)
-			}
-			h.expect(h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"declared\n"}`)), shapes.Applied, "m.f=applied")
+			h := declaredInD(t, tc.found)
 			tc.then(h)
 			rep := planThenApply(t, h, h.doc())
 			want := strings.ReplaceAll(tc.want, "{root}", h.root)
@@ -119,7 +114,7 @@ func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
 	os.Remove(link)
 	os.Symlink(h.p("elsewhere"), link)
 	rep := planThenApply(t, h, h.doc())
-	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "1 is a link or special file now, or reached through a link, which the host did not make: left as it is ("+link+")") {
+	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "1 is a link or special file now, which the host did not make: left as it is ("+link+")") {
 		t.Fatalf("%+v", rep.Lines)
 	}
 	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
@@ -131,9 +126,10 @@ func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
 }
 
 // An archive undeclared, one of whose directories a person replaced with
-// a link since: what is reached through the link is left (never followed,
-// never removed), the rest removed, in the plan as in the apply; no later
-// apply is stopped.
+// a link since: what is reached through the link is never followed nor
+// removed — kept, with the archive's record, for the host's files may be
+// where the directory went — the rest removed, in the plan as in the
+// apply; no later apply fails; once the link is gone, it goes.
 func TestAnArchiveDirectoryReplacedByALinkIsLeft(t *testing.T) {
 	h := newHarness(t)
 	os.Mkdir(h.p("themes"), 0o755)
@@ -144,7 +140,7 @@ func TestAnArchiveDirectoryReplacedByALinkIsLeft(t *testing.T) {
 	os.RemoveAll(h.p("themes/theme/icons"))
 	os.Symlink(h.p("elsewhere"), h.p("themes/theme/icons"))
 	rep := planThenApply(t, h, h.doc())
-	if rep.Outcome == shapes.Failed || !strings.Contains(rep.Lines[0].Detail, "which the host did not make: left as it is") {
+	if rep.Outcome != shapes.Kept || !strings.Contains(rep.Lines[0].Detail, "1 path is reached through a link now, never followed: kept, and removed once the link is gone ("+h.p("themes/theme/icons/a.svg")+")") {
 		t.Fatalf("%+v", rep.Lines)
 	}
 	if b, err := os.ReadFile(h.p("elsewhere/a.svg")); err != nil || string(b) != "not the archive's" {
@@ -153,6 +149,42 @@ func TestAnArchiveDirectoryReplacedByALinkIsLeft(t *testing.T) {
 	h.absent("themes/theme/index.theme")
 	if rep := h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)); rep.Outcome == shapes.Failed {
 		t.Fatalf("a later apply: %+v", rep.Lines)
+	}
+	os.Remove(h.p("themes/theme/icons"))
+	h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Removed, "m.g=unchanged ui.theme=removed")
+	h.absent("themes/theme")
+}
+
+// A file the host created, or one it changed, whose directory a person
+// replaced with a link since: never followed — kept, for the host's file
+// may be where the directory went, not failed (which would fail every
+// apply after), in the plan as in the apply; once the link is gone, undone.
+func TestWhatIsBehindALinkNowIsKeptUntilItIsGone(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		found      bool
+		then       shapes.Outcome
+	}{
+		{"made", "the host created it; a link is on its way now, which the host never follows: kept, and removed once the link is gone", false, shapes.Removed},
+		{"found", "the host changed it; a link is on its way now, which the host never follows: kept, and its original given back once the link is gone", true, shapes.Restored},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := declaredInD(t, tc.found)
+			os.Rename(h.p("d"), h.p("d.away"))
+			os.Mkdir(h.p("elsewhere"), 0o755)
+			os.WriteFile(h.p("elsewhere/f"), []byte("not the host's\n"), 0o644)
+			os.Symlink(h.p("elsewhere"), h.p("d"))
+			rep := planThenApply(t, h, h.doc())
+			if rep.Outcome != shapes.Kept || rep.Lines[0].Detail != tc.want {
+				t.Fatalf("%+v", rep.Lines)
+			}
+			if b, _ := os.ReadFile(h.p("elsewhere/f")); string(b) != "not the host's\n" {
+				t.Fatalf("through the link: %q", b)
+			}
+			os.Remove(h.p("d"))
+			os.Rename(h.p("d.away"), h.p("d"))
+			h.expect(h.apply(h.doc()), tc.then, "m.f="+string(tc.then))
+		})
 	}
 }
 
@@ -169,4 +201,17 @@ func TestAPlanDoesNotPutBackAnOriginalItKeeps(t *testing.T) {
 	if rep.Outcome != shapes.Failed || !strings.Contains(rep.Lines[len(rep.Lines)-1].Detail, "does not exist") {
 		t.Fatalf("%+v", rep.Lines)
 	}
+}
+
+// declaredInD is a harness whose tree has d/f declared and applied: found
+// there before (a person's) or made by the host.
+func declaredInD(t *testing.T, found bool) *harness {
+	t.Helper()
+	h := newHarness(t)
+	os.Mkdir(h.p("d"), 0o755)
+	if found {
+		os.WriteFile(h.p("d/f"), []byte("a person's\n"), 0o644)
+	}
+	h.expect(h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"declared\n"}`)), shapes.Applied, "m.f=applied")
+	return h
 }

@@ -374,6 +374,10 @@ func (r *run) planRemoval(st *step) {
 			st.intent, st.drop = nil, false
 			return
 		}
+		if behindLink(p) {
+			keptBehindLink(r, st, p, "the host changed it", "its original given back")
+			return
+		}
 		if gone := r.nowhereToGiveBack(p); gone != "" {
 			// Put back, it would write over what someone put there, or
 			// make a directory the host did not make: the original is
@@ -467,8 +471,6 @@ func (r *run) nowhereToGiveBack(p string) string {
 	}
 	seen, err := fsx.Lstat(p)
 	switch {
-	case err != nil && errors.Is(err, fsx.ErrSymlink):
-		return fmt.Sprintf("it cannot be reached now (%v)", err)
 	case err != nil:
 		return "" // a passing error: the restore says it, and is tried again
 	case seen.Kind == fsx.Absent:
@@ -483,6 +485,20 @@ func (r *run) nowhereToGiveBack(p string) string {
 		return fmt.Sprintf("a %s is there now, which the host did not make", seen.Kind)
 	}
 	return ""
+}
+
+// keptBehindLink makes st, the undoing of what the host did at p (did:
+// "the host created it"), one that waits: p is reached through a link now,
+// which the host never follows, so nothing is done and the record is
+// kept, its line saying what is done (then) once the link is gone — not a
+// failure, which would fail every later apply for as long as the link is
+// there.
+func keptBehindLink(r *run, st *step, p, did, then string) {
+	delete(r.removing, p)
+	st.intent, st.change, st.readback, st.drop = nil, nil, nil, false
+	st.record = st.entry
+	st.line.Outcome = shapes.Kept
+	st.line.Detail = fmt.Sprintf("%s; a link is on its way now, which the host never follows: kept, and %s once the link is gone", did, then)
 }
 
 // plannedDirAt says, in a plan, whether a directory resource or an archive
@@ -586,22 +602,23 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 	st.change = remove
 	content, info, err := fsx.ReadRegular(p, maxOriginal)
 	switch {
-	case err != nil && (info.Kind != fsx.Absent && info.Kind != fsx.Regular || errors.Is(err, fsx.ErrSymlink)):
+	case err != nil && info.Kind != fsx.Absent && info.Kind != fsx.Regular:
 		// Not the file the host made, nor nothing: a link, a directory,
-		// or a link on the way to it, put there by something else since.
-		// Its file is gone; what is there now is not the host's, and is
-		// left as it is (failed, the record would stop every later
-		// apply's removals here). Any other error (a passing one: no
-		// file descriptor left, an I/O error) keeps the record: the
-		// removal says it, and the next apply tries again.
+		// put there by something else since. Its file is gone; what is
+		// there now is not the host's, and is left as it is (failed, the
+		// record would stop every later apply's removals here).
 		delete(r.removing, p)
 		st.intent, st.change, st.readback = nil, nil, nil
 		st.line.Outcome = shapes.Forgotten
-		if info.Kind == fsx.Absent {
-			st.line.Detail = fmt.Sprintf("the host created it; it cannot be reached as the file it wrote now (%v): what is there is not the host's, left as it is", err)
-		} else {
-			st.line.Detail = fmt.Sprintf("the host created it; a %s is there now, which the host did not make: left as it is", info.Kind)
-		}
+		st.line.Detail = fmt.Sprintf("the host created it; a %s is there now, which the host did not make: left as it is", info.Kind)
+		return
+	case errors.Is(err, fsx.ErrSymlink):
+		// A link on its way (a directory replaced by one): the file the
+		// host made may be where the directory went. Never followed;
+		// kept, and removed once the link is gone. Any other error (a
+		// passing one: no descriptor left, an I/O error) keeps the
+		// record too: the removal says it, and the next apply tries again.
+		keptBehindLink(r, st, p, "the host created it", "removed")
 		return
 	case info.Kind == fsx.Absent:
 		st.line.Detail = "the host created it; it was deleted already"

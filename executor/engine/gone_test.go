@@ -215,3 +215,29 @@ func declaredInD(t *testing.T, found bool) *harness {
 	h.expect(h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/d/f","content":"declared\n"}`)), shapes.Applied, "m.f=applied")
 	return h
 }
+
+// A directory the host created, replaced since by a link or a file: left
+// as it is and forgotten, in the plan as in the apply, and no apply after
+// fails on it.
+func TestADirectoryReplacedSinceIsLeft(t *testing.T) {
+	for _, kind := range []string{"link", "file"} {
+		t.Run(kind, func(t *testing.T) {
+			h := newHarness(t)
+			h.expect(h.apply(h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/dd"}`)), shapes.Applied, "m.d=applied")
+			os.Rename(h.p("dd"), h.p("dd.real"))
+			if kind == "link" {
+				os.Symlink(h.p("dd.real"), h.p("dd"))
+			} else {
+				os.WriteFile(h.p("dd"), []byte("a person's\n"), 0o644)
+			}
+			rep := planThenApply(t, h, h.doc())
+			if rep.Outcome != shapes.Forgotten || !strings.Contains(rep.Lines[0].Detail, "which the host did not make: left as it is") {
+				t.Fatalf("%+v", rep.Lines)
+			}
+			if _, err := os.Lstat(h.p("dd")); err != nil {
+				t.Fatal(err)
+			}
+			h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Applied, "m.g=applied")
+		})
+	}
+}

@@ -728,6 +728,17 @@ func shortDigest(d string) string {
 // and every apply tries again), and removed once it is empty.
 func (r *run) planCreatedDirRemoval(st *step, p string) {
 	e := st.entry
+	switch info, err := fsx.Lstat(p); {
+	case err == nil && info.Kind != fsx.Dir && info.Kind != fsx.Absent:
+		// Replaced since by what the host did not make (a link, a file):
+		// its directory is gone, what is there is left as it is —
+		// failed, the record would fail every apply after.
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, fmt.Sprintf("the host created it; a %s is there now, which the host did not make: left as it is", info.Kind)
+		return
+	case errors.Is(err, fsx.ErrSymlink):
+		keptBehindLink(r, st, p, "the host created it", "removed (once empty)")
+		return
+	}
 	left, err := r.leftIn(p)
 	if err != nil {
 		st.line.Outcome, st.line.Detail, st.drop = shapes.Failed, err.Error(), false

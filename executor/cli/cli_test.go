@@ -625,6 +625,17 @@ func TestOwnedListsWhatAnArchiveWrote(t *testing.T) {
 	if _, err := os.Stat(cached); err != nil {
 		t.Fatalf("not cached while declared: %v", err)
 	}
+	// A rescue file that fails before it undeclares the archive: the
+	// archive, still on the machine, stays cached (what tells, when its
+	// files go, which a person edited).
+	os.Mkdir(filepath.Join(d, "adir"), 0o755)
+	failing := write(t, filepath.Join(d, "failing.json"), fmt.Sprintf(`{"version":1,"resources":[{"module":"m","id":"f","type":"file","path":%q,"content":"x"}]}`, filepath.Join(d, "adir")), 0o644)
+	if code, out, errs := run("apply", "--state", state, failing); code != ExitFailed {
+		t.Fatalf("the failing apply: exit %d\n%s%s", code, out, errs)
+	}
+	if _, err := os.Stat(cached); err != nil {
+		t.Fatalf("an archive still recorded was dropped from the cache by a failed apply: %v", err)
+	}
 	empty := write(t, filepath.Join(d, "empty.json"), `{"version":1,"owns_nothing":true,"resources":[]}`, 0o644)
 	code, out, errs := run("apply", "--state", state, empty)
 	if _, err := os.Stat(cached); code != ExitApplied || !os.IsNotExist(err) || !strings.Contains(errs, "the archive cache no longer keeps 1 archive no declaration names") || strings.Contains(errs, "no state yet") {

@@ -1256,11 +1256,20 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looke
 // NamedArchives is the archives the saved targets of the store st in
 // stateDir name — the bundle's, a rescue file's, and the link's (link, the
 // declaration just accepted, in place of its saved target when not nil) —
-// what the archive cache keeps; ok is false when a target could not be
-// read, and then nothing is to be pruned. A target the reconcile skips
-// names nothing.
+// and those the store still records unpacked on the machine: what the
+// archive cache keeps; ok is false when a target could not be read, and
+// then nothing is to be pruned. A target the reconcile skips names
+// nothing. An archive recorded is kept though no target names it (its
+// undeclaring failed, or waits on a directory that holds what it did not
+// write): its bytes are what tells, when its files go, which of them a
+// person edited since.
 func NamedArchives(stateDir string, st *store.Store, id *identity.Identity, link *shapes.Declaration) (keep map[string]bool, ok bool) {
 	keep = map[string]bool{}
+	for _, e := range st.Entries() {
+		if e.Type == shapes.TypeArchive && engine.ValidDigest(e.Digest) {
+			keep[e.Digest] = true
+		}
+	}
 	srcs := []store.Source{store.Bundle, store.Local}
 	if link != nil {
 		engine.ArchiveDigests(link, keep)

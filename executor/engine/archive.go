@@ -364,17 +364,21 @@ type editedContent struct{ wrote, now []byte }
 // content is not what that version wrote: edited by hand since. Told only
 // while that version's bytes are in the cache (the executor prunes it
 // after the apply); otherwise none is said edited.
-func (r *run) editedSince(e *store.Entry, dest string, stale []string) map[string]editedContent {
+//
+// unkept is, of those, the files edited whose content is more than the
+// host keeps a copy of (maxOriginal): they are not removed, and stay the
+// archive's until a person has looked.
+func (r *run) editedSince(e *store.Entry, dest string, stale []string) (edited map[string]editedContent, unkept []string) {
 	if e == nil || len(stale) == 0 || !ValidDigest(e.Digest) {
-		return nil
+		return nil, nil
 	}
 	old := r.archiveCache(e.Digest)
 	if sum, err := fileDigest(old); err != nil || sum != e.Digest {
-		return nil
+		return nil, nil
 	}
 	entries, err := readArchive(old, dest)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	wrote := map[string][]byte{}
 	for _, en := range entries {
@@ -388,13 +392,29 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) map[strin
 		if !ok || r.editedAt(p) {
 			continue // what the mesh's region or keys edit changed is the mesh's
 		}
-		now, info, err := fsx.ReadRegular(p, maxOriginal)
-		if err != nil || info.Kind != fsx.Regular || bytes.Equal(now, data) {
+		if eq, info, err := fsx.Equal(p, data); err != nil || eq || info.Kind != fsx.Regular {
 			continue
 		}
-		out[p] = editedContent{wrote: data, now: now}
+		now, info, err := fsx.ReadRegular(p, maxOriginal)
+		switch {
+		case err != nil && info.Kind == fsx.Regular && info.Size > maxOriginal:
+			unkept = append(unkept, p)
+		case err == nil && info.Kind == fsx.Regular && !bytes.Equal(now, data):
+			out[p] = editedContent{wrote: data, now: now}
+		}
 	}
-	return out
+	return out, unkept
+}
+
+// unkeptSaid is what an archive's line adds for the files edited by hand
+// too large to keep a copy of, which it does not remove ("" for none).
+func unkeptSaid(unkept []string) string {
+	if len(unkept) == 0 {
+		return ""
+	}
+	slices.Sort(unkept)
+	return fmt.Sprintf("; %s by hand since, larger than the host keeps a copy of (%d MiB): not removed, and still the archive's until a person has looked (%s)",
+		countWord(len(unkept), "was edited", "were edited"), maxOriginal>>20, listSome(unkept, 3))
 }
 
 // editedSaid is what an archive's line adds for the files it removes that
@@ -624,7 +644,12 @@ func (r *run) archive(st *step, rest int) {
 	// What goes that someone edited by hand since the version before
 	// wrote it is not thrown away without a word: kept as a file's is
 	// (store.Salvage), when that version is still in the cache to tell.
-	editedStale := r.editedSince(e, a.Destination, stale)
+	editedStale, unkept := r.editedSince(e, a.Destination, stale)
+	if len(unkept) > 0 {
+		stale = slices.DeleteFunc(stale, func(p string) bool { return slices.Contains(unkept, p) })
+		n.Paths = append(n.Paths, unkept...)
+		sort.Strings(n.Paths)
+	}
 
 	if len(todo) == 0 && len(stale) == 0 {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%s as unpacked%s", countWord(len(entries)-len(left), "entry", "entries"), leftSaid(left))
@@ -950,6 +975,9 @@ func (r *run) planArchiveRemoval(st *step) {
 	left := map[string]string{} // to the file that declares it now
 	kept := map[string][]string{}
 	var replaced, through []string
+	// Which of its files were edited by hand since it wrote them, while
+	// that version is in the cache to tell.
+	edited, unkept := r.editedSince(e, strings.TrimPrefix(e.Target, "archive:"), paths)
 	for _, p := range paths {
 		if by := r.fileDeclared(p); by != "" {
 			left[p] = by
@@ -990,6 +1018,9 @@ func (r *run) planArchiveRemoval(st *step) {
 			through = append(through, p)
 			continue
 		}
+		if slices.Contains(unkept, p) {
+			continue // kept: said below
+		}
 		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)
@@ -1006,8 +1037,13 @@ func (r *run) planArchiveRemoval(st *step) {
 		gone = append(gone, p)
 	}
 	// What goes that someone edited by hand since the archive wrote it is
-	// kept as a file's is, while that version is in the cache to tell.
-	edited := r.editedSince(e, strings.TrimPrefix(e.Target, "archive:"), gone)
+	// kept as a file's is (edited), or, too large to keep, not removed
+	// (unkept, decided in the loop above).
+	for p := range edited {
+		if !slices.Contains(gone, p) {
+			delete(edited, p)
+		}
+	}
 	st.intent = &store.Intent{Op: "remove", Type: e.Type, Claim: firstClaim(e)}
 	st.change = func() error {
 		if err := r.keepEdited(firstClaim(e), edited); err != nil {
@@ -1038,7 +1074,7 @@ func (r *run) planArchiveRemoval(st *step) {
 		slices.Sort(replaced)
 		leftTo += fmt.Sprintf("; %s a link or special file now, which the host did not make: left as it is (%s)", countWord(len(replaced), "is", "are"), listSome(replaced, 3))
 	}
-	if len(kept) == 0 && len(through) == 0 {
+	if len(kept) == 0 && len(through) == 0 && len(unkept) == 0 {
 		st.drop = true
 		st.line.Outcome = shapes.Removed
 		st.line.Detail = fmt.Sprintf("%s it wrote removed%s%s", pathsWord(len(gone)), editedSaid(edited, "the archive"), leftTo)
@@ -1052,7 +1088,7 @@ func (r *run) planArchiveRemoval(st *step) {
 	n := *e
 	n.Paths = nil
 	for _, p := range e.Paths {
-		if kept[p] != nil || slices.Contains(through, p) {
+		if kept[p] != nil || slices.Contains(through, p) || slices.Contains(unkept, p) {
 			n.Paths = append(n.Paths, p)
 		}
 	}
@@ -1066,8 +1102,12 @@ func (r *run) planArchiveRemoval(st *step) {
 		slices.Sort(through)
 		why = append(why, fmt.Sprintf("%s reached through a link now, never followed: kept, and removed once the link is gone (%s)", countWord(len(through), "path is", "paths are"), listSome(through, 3)))
 	}
-	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed%s; %s%s",
-		len(gone), pathsWord(len(e.Paths)), editedSaid(edited, "the archive"), strings.Join(why, "; "), leftTo)
+	said := ""
+	if len(why) > 0 {
+		said = "; " + strings.Join(why, "; ")
+	}
+	st.line.Detail = fmt.Sprintf("%d of the %s it wrote removed%s%s%s%s",
+		len(gone), pathsWord(len(e.Paths)), editedSaid(edited, "the archive"), said, unkeptSaid(unkept), leftTo)
 }
 
 // pathsWord is "1 path" or "N paths".

@@ -241,3 +241,45 @@ func TestADirectoryReplacedSinceIsLeft(t *testing.T) {
 		})
 	}
 }
+
+// An edit larger than the host keeps a copy of — of a found file the host
+// changed, or of a file an archive wrote — is never thrown away unsaid on
+// undeclare: the original is not put back over it, the archive's file not
+// removed; kept, in the plan as in the apply.
+func TestAnEditTooLargeToKeepIsNotThrownAway(t *testing.T) {
+	grow := func(t *testing.T, p string) {
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(maxOriginal + 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("a found file", func(t *testing.T) {
+		h := declaredInD(t, true)
+		grow(t, h.p("d/f"))
+		rep := planThenApply(t, h, h.doc())
+		if rep.Outcome != shapes.Kept || !strings.Contains(rep.Lines[0].Detail, "so its original is not put back over it") {
+			t.Fatalf("%+v", rep.Lines)
+		}
+		if fi, _ := os.Stat(h.p("d/f")); fi.Size() != maxOriginal+1<<20 {
+			t.Fatalf("the edit is gone: %d bytes", fi.Size())
+		}
+	})
+	t.Run("an archive's file", func(t *testing.T) {
+		h := newHarness(t)
+		os.Mkdir(h.p("themes"), 0o755)
+		p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+		h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+		grow(t, h.p("themes/theme/index.theme"))
+		rep := planThenApply(t, h, h.doc())
+		if rep.Outcome != shapes.Kept || !strings.Contains(rep.Lines[0].Detail, "1 was edited by hand since, larger than the host keeps a copy of (64 MiB): not removed") {
+			t.Fatalf("%+v", rep.Lines)
+		}
+		if fi, err := os.Stat(h.p("themes/theme/index.theme")); err != nil || fi.Size() != maxOriginal+1<<20 {
+			t.Fatalf("the edit is gone: %v %v", fi, err)
+		}
+	})
+}

@@ -397,7 +397,16 @@ func (r *run) planRemoval(st *step) {
 		}
 		st.change = restore
 		if e.Digest != "" { // "": an interrupted write, what the host wrote is not known
-			if content, info, err := fsx.ReadRegular(p, maxOriginal); err == nil && info.Kind == fsx.Regular {
+			if content, info, err := fsx.ReadRegular(p, maxOriginal); err != nil && info.Kind == fsx.Regular && info.Size > maxOriginal {
+				// More than the host ever writes, so edited since; and
+				// more than it keeps a copy of: put back, the original
+				// would throw the edit away unsaid.
+				st.intent, st.change, st.readback, st.drop = nil, nil, nil, false
+				st.record = e
+				st.line.Outcome = shapes.Kept
+				st.line.Detail = fmt.Sprintf("the host changed it, and it was edited by hand since: it is larger than the host keeps a copy of (%d MiB), so its original is not put back over it; kept, and still tracked until a person has looked", maxOriginal>>20)
+				return
+			} else if err == nil && info.Kind == fsx.Regular {
 				if said, sealed := r.sealedDiffers(e, content); sealed {
 					if said != "" {
 						st.line.Detail += "; " + said

@@ -353,6 +353,9 @@ type archiveEntry struct {
 	dir  bool
 	mode uint32
 	data []byte
+	// uid, gid: the owner it is given, the destination's (known once
+	// planned: r.unpacked).
+	uid, gid uint32
 }
 
 // editedContent is a file an archive wrote, as that version wrote it and
@@ -486,8 +489,8 @@ func (r *run) archive(st *step, rest int) {
 	case err != nil:
 		r.fail(st, fmt.Errorf("destination %s: %w", a.Destination, err), rest)
 		return
-	case dinfo.Kind == fsx.Absent && r.opt.Plan && r.declaredDirs[a.Destination]:
-		// A plan: a directory resource before it makes it.
+	case dinfo.Kind == fsx.Absent && r.plannedDirAt(a.Destination):
+		// A plan: a directory resource, or an archive, before it makes it.
 	case dinfo.Kind != fsx.Dir:
 		what := "a " + dinfo.Kind.String()
 		if dinfo.Kind == fsx.Absent {
@@ -550,6 +553,16 @@ func (r *run) archive(st *step, rest int) {
 		info.Kind = kind
 		if prev := r.unpacked[full]; planned && prev != nil && !prev.dir {
 			info.Mode = prev.mode // a plan: as an archive before it writes it
+		}
+		if r.opt.Plan && info.Kind == fsx.Absent {
+			// A plan: what a directory or a file declared before it makes
+			// there, as the apply will find it.
+			switch {
+			case r.declaredDirs[full]:
+				info.Kind = fsx.Dir
+			case r.plannedFiles[full]:
+				info.Kind = fsx.Regular
+			}
 		}
 		switch {
 		case en.dir && info.Kind == fsx.Dir:
@@ -672,6 +685,7 @@ func (r *run) archive(st *step, rest int) {
 	st.line.Detail += editedSaid(editedStale, "the version before")
 	if r.opt.Plan {
 		for i := range todo {
+			todo[i].uid, todo[i].gid = dinfo.UID, dinfo.GID
 			r.unpacked[path.Join(a.Destination, todo[i].rel)] = &todo[i]
 		}
 		for _, p := range stale {

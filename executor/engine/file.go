@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -242,6 +243,9 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 	// path when the change runs would hand root's owner and mode to
 	// content a user swapped in after it was observed.
 	st.creates = !exists
+	if r.opt.Plan {
+		r.plannedFiles[f.Path] = true
+	}
 	st.change = func() error {
 		// A file absent when looked at is put there only if it still is:
 		// one that appeared since (a person's, another applier's) is not
@@ -324,6 +328,10 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	}
 	if _, kind, ok := r.plannedAt(d.Path, info.Kind); ok {
 		info.Kind = kind // a plan: a file an earlier removal takes away, or puts back
+		if en := r.unpacked[d.Path]; en != nil && en.dir {
+			// Or a directory an archive before it makes, as it makes it.
+			info.Mode, info.UID, info.GID = cmp.Or(en.mode, 0o755), en.uid, en.gid
+		}
 	}
 	if info.Kind != fsx.Absent && info.Kind != fsx.Dir {
 		return fmt.Errorf("%s is a %s, not a directory; the host will not replace it", d.Path, info.Kind)

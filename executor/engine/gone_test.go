@@ -283,3 +283,33 @@ func TestAnEditTooLargeToKeepIsNotThrownAway(t *testing.T) {
 		}
 	})
 }
+
+// A plan of an archive meeting what the same declaration declares before
+// it, or what another archive makes, says what the apply then does.
+func TestAPlanOfAnArchiveAfterWhatMakesItsWay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  func(h *harness, a, sum string) []string
+	}{
+		{"a file where it has a directory", func(h *harness, a, sum string) []string {
+			return []string{`{"module":"m","id":"f","type":"file","path":"{root}/themes/theme","content":"x"}`, archiveRes(a, sum, h.p("themes"))}
+		}},
+		{"a directory where it has one", func(h *harness, a, sum string) []string {
+			return []string{`{"module":"m","id":"d","type":"directory","path":"{root}/themes/theme"}`, archiveRes(a, sum, h.p("themes"))}
+		}},
+		{"a destination another archive makes", func(h *harness, a, sum string) []string {
+			second := strings.Replace(archiveRes(a, sum, h.p("themes/theme/icons")), `"id":"theme"`, `"id":"icons"`, 1)
+			return []string{archiveRes(a, sum, h.p("themes")), second}
+		}},
+		{"a directory inside what it makes", func(h *harness, a, sum string) []string {
+			return []string{archiveRes(a, sum, h.p("themes")), `{"module":"m","id":"d","type":"directory","path":"{root}/themes/theme/icons","mode":"0700"}`}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.Mkdir(h.p("themes"), 0o755)
+			a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+			planThenApply(t, h, h.doc(tc.res(h, a, sum)...))
+		})
+	}
+}

@@ -313,3 +313,29 @@ func TestAPlanOfAnArchiveAfterWhatMakesItsWay(t *testing.T) {
 		})
 	}
 }
+
+// Keys or a region declared in a file an archive of the same source
+// wrote, the archive no longer declared: refused whole, as in a file the
+// mesh made whole — undeclared, the archive takes its file away, and the
+// edit would fail at every apply after on a file not there.
+func TestAnEditInAnUndeclaredArchivesFileIsRefused(t *testing.T) {
+	for _, edit := range []string{
+		`{"module":"m","id":"k","type":"keys","path":"{root}/themes/theme/index.theme","format":"equals","set":{"Name":"x"}}`,
+		`{"module":"m","id":"r","type":"region","path":"{root}/themes/theme/index.theme","content":"Name=x\n"}`,
+	} {
+		h := newHarness(t)
+		os.Mkdir(h.p("themes"), 0o755)
+		a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+		if rep := h.apply(h.doc(archiveRes(a, sum, h.p("themes")), edit)); rep.Outcome == shapes.Failed || rep.Outcome == shapes.Refused {
+			t.Fatalf("%+v", rep)
+		}
+		before := h.tree()
+		rep := h.apply(h.doc(edit))
+		if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "was unpacked by the mesh's archive local:ui.theme, which this declaration no longer declares") {
+			t.Fatalf("%+v", rep)
+		}
+		if h.tree() != before {
+			t.Fatal("the refusal changed the tree")
+		}
+	}
+}

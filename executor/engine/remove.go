@@ -130,13 +130,20 @@ func (r *run) checkReshaped() error {
 		if !edits {
 			continue
 		}
-		e := r.st.Get("path:" + p)
-		if e == nil || e.Type != shapes.TypeFile || !e.Created || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
-			continue
-		}
 		what := "keys are set"
 		if res.Head().Type == shapes.TypeRegion {
 			what = "a region is written"
+		}
+		for _, c := range r.archivedAt(p) {
+			// Unpacked by an archive of this source the declaration no
+			// longer declares: the same, the file going with it.
+			if c.Source == r.opt.Source && r.typeOf(c) != shapes.TypeArchive {
+				return &Refusal{fmt.Sprintf("resource %s: %s was unpacked by the mesh's archive %s, which this declaration no longer declares: undeclared, what it wrote is removed (the mesh takes back what it made), and %s only in a file that is there. Declare the archive again, or nothing in the file", res.Head().Key(), p, c.Key(), what)}
+			}
+		}
+		e := r.st.Get("path:" + p)
+		if e == nil || e.Type != shapes.TypeFile || !e.Created || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
+			continue
 		}
 		return &Refusal{fmt.Sprintf("resource %s: %s was made whole by the mesh for %s, which this declaration no longer declares: undeclared, it is removed first (the mesh takes back what it made), and %s only in a file that is there. Declare the file whole again, or nothing in it", res.Head().Key(), p, joinClaims(e.Claims), what)}
 	}

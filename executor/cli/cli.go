@@ -869,13 +869,13 @@ func (c *command) owned() int {
 		b.WriteString("the host holds nothing on this machine\n")
 	}
 	if salvaged := st.Salvaged(); len(salvaged) > 0 {
-		fmt.Fprintf(&b, "\nfiles someone edited by hand that the host, when they were undeclared, removed (it had created them) or gave their original back over; what they held is kept until the date shown:\n")
+		fmt.Fprintf(&b, "\nwhat the host kept of files when they were undeclared — edited by hand since it wrote them, then removed or given their original back over, or an original with nowhere to go back to — is kept until the date shown:\n")
 		for _, x := range salvaged {
 			v := &ownedSalvaged{Path: x.Path, Module: x.Module, ID: x.ID, Removed: x.Removed, Digest: x.Digest, Written: x.Written,
 				KeptAt: st.OriginalPath(x.Digest), KeptUntil: x.Removed.Add(store.SalvageKeep)}
 			fmt.Fprintf(&b, "%s (%s.%s, undeclared %s): %s until %s\n", x.Path, x.Module, x.ID, x.Removed.Format(time.RFC3339), v.KeptAt, v.KeptUntil.Format("2006-01-02"))
 			list = append(list, ownedEntry{Target: "salvaged:" + x.Path, Type: "salvaged", Claims: []store.Claim{}, Salvaged: v,
-				How: fmt.Sprintf("salvaged: edited by hand, then removed or given its original back when undeclared; what it held is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
+				How: fmt.Sprintf("salvaged: kept when undeclared (edited by hand since the host wrote it, or an original with nowhere to go back to); what it held is kept at %s until %s", v.KeptAt, v.KeptUntil.Format("2006-01-02"))})
 		}
 	}
 	return c.print(list, b.String())

@@ -378,7 +378,7 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 
 	code, out, _ := run("owned", "--state", state)
 	want := "the host holds nothing on this machine\n\n" +
-		"files someone edited by hand that the host, when they were undeclared, removed (it had created them) or gave their original back over; what they held is kept until the date shown:\n" +
+		"what the host kept of files when they were undeclared — edited by hand since it wrote them, then removed or given their original back over, or an original with nowhere to go back to — is kept until the date shown:\n" +
 		target + " (m.f, undeclared " + x.Removed.Format(time.RFC3339) + "): " + kept + " until " + until.Format("2006-01-02") + "\n"
 	if code != 0 || out != want {
 		t.Fatalf("owned: %d\n%s\nwant\n%s", code, out, want)
@@ -395,7 +395,7 @@ func TestOwnedShowsSalvagedContent(t *testing.T) {
 	got, _ := json.Marshal(list[0])
 	wantJSON, _ := json.Marshal(map[string]any{
 		"target": "salvaged:" + target, "type": "salvaged", "claims": []any{},
-		"how": "salvaged: edited by hand, then removed or given its original back when undeclared; what it held is kept at " + kept + " until " + until.Format("2006-01-02"),
+		"how": "salvaged: kept when undeclared (edited by hand since the host wrote it, or an original with nowhere to go back to); what it held is kept at " + kept + " until " + until.Format("2006-01-02"),
 		"salvaged": map[string]any{"path": target, "module": "m", "id": "f", "removed": x.Removed, "digest": x.Digest, "written": x.Written,
 			"kept_at": kept, "kept_until": until},
 	})

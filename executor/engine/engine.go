@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
 	"path"
@@ -929,6 +930,11 @@ func (r *run) final(l shapes.Line) shapes.Line {
 		l.Outcome = shapes.Applied
 		l.Detail = "made by the apply of this declaration a power cut or a kill cut short, before it recorded it; recorded now: " + l.Detail
 	}
+	if l.Outcome == shapes.Failed && strings.Contains(l.Detail, enospc) && !strings.Contains(l.Detail, diskFullSaid) {
+		// Whichever step met it, said as what to do: the path in the
+		// error says which disk.
+		l.Detail += diskFullSaid
+	}
 	if op := r.resumedUndo[key]; op != "" && l.Outcome == shapes.Forgotten {
 		l.Outcome = shapes.Removed
 		if op == "restore" {
@@ -938,6 +944,12 @@ func (r *run) final(l shapes.Line) shapes.Line {
 	}
 	return l
 }
+
+// enospc is how a full disk's error reads; diskFullSaid what a line that
+// met it adds.
+var enospc = unix.ENOSPC.Error()
+
+const diskFullSaid = " (that disk is full: free room on it, and apply again)"
 
 // emitSaid is emit of a line the journal has been given already (said:
 // before the record of its change, to go in the same write).

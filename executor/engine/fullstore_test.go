@@ -184,3 +184,20 @@ func TestAnOriginalTheStoreCannotKeepIsNotReplaced(t *testing.T) {
 		t.Fatalf("the store says an original is kept: %+v", e)
 	}
 }
+
+// A step that meets a full disk says what to do, whichever step it is.
+func TestAFullDiskIsSaidAsWhatToDo(t *testing.T) {
+	h := newHarness(t)
+	small := h.p("small")
+	os.Mkdir(small, 0o755)
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=64k,mode=0755"); err != nil {
+		t.Fatalf("a tmpfs to fill (make test runs as root, which may mount one): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
+	big := strings.Repeat("x", 256<<10)
+	rep := h.apply(h.doc(`{"module":"m","id":"f","type":"file","path":"{root}/small/f","content":"` + big + `"}`))
+	h.expect(rep, shapes.Failed, "m.f=failed")
+	if !strings.HasSuffix(rep.Lines[0].Detail, "no space left on device (that disk is full: free room on it, and apply again)") {
+		t.Fatalf("%q", rep.Lines[0].Detail)
+	}
+}

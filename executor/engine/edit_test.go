@@ -643,3 +643,45 @@ func TestARegionEditedByHandIsKeptWhenUndeclared(t *testing.T) {
 		t.Fatalf("unedited: %+v", rep.Lines)
 	}
 }
+
+// A file edited as a region before and as keys now, or the other way:
+// the old edit is undone first, so the new one reads the file as the
+// person had it — not the same setting twice, the old one's on its way
+// out — in the plan as in the apply.
+func TestAnEditChangingShapeStartsFromThePersons(t *testing.T) {
+	const found = "Port 22\n"
+	regionOf := func(text string) string {
+		return `{"module":"m","id":"r","type":"region","path":"{root}/sshd_config","content":` + quote(text) + `}`
+	}
+	keysOf := func(k, v string) string {
+		return `{"module":"m","id":"k","type":"keys","path":"{root}/sshd_config","format":"space","set":{"` + k + `":"` + v + `"}}`
+	}
+	for _, tc := range []struct{ name, before, after, want string }{
+		{"region, then keys", regionOf("PasswordAuthentication maybe\n"), keysOf("PasswordAuthentication", "no"), "Port 22\nPasswordAuthentication no\n"},
+		{"keys, then region", keysOf("Banner", "/etc/issue"), regionOf("Banner /etc/issue.net\n"), "Port 22\n# BEGIN mesh m.r\nBanner /etc/issue.net\n# END mesh m.r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			os.WriteFile(h.p("sshd_config"), []byte(found), 0o600)
+			if rep := h.apply(h.doc(tc.before)); rep.Outcome != shapes.Applied {
+				t.Fatalf("%+v", rep)
+			}
+			plan := h.run(store.Local, h.doc(tc.after), true)
+			rep := h.apply(h.doc(tc.after))
+			if rep.Outcome == shapes.Failed || plan.Outcome != rep.Outcome {
+				t.Fatalf("plan %+v\napply %+v", plan.Lines, rep.Lines)
+			}
+			if got := h.read("sshd_config"); got != tc.want {
+				t.Fatalf("sshd_config %q, want %q", got, tc.want)
+			}
+			if strings.HasPrefix(tc.name, "region") {
+				h.expect(h.apply(h.doc()), shapes.Restored, "m.k=restored")
+			} else {
+				h.expect(h.apply(h.doc()), shapes.Removed, "m.r=removed")
+			}
+			if got := h.read("sshd_config"); got != found {
+				t.Fatalf("undeclared, sshd_config %q, want %q", got, found)
+			}
+		})
+	}
+}

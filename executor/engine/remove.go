@@ -162,6 +162,9 @@ func (r *run) checkReshaped() error {
 // the file as the person had it. A thing another source still declares is
 // only released, at the end, as ever.
 //
+// So is a file's edit of the other shape (keys before, a region now, or
+// the other way): the new one reads the file as the person had it.
+//
 // So are a directory the mesh made where a file is declared now, and a
 // file it wrote where a directory is: undone last, the new one's step
 // found the old one in its way and failed, the apply stopped before its
@@ -169,6 +172,7 @@ func (r *run) checkReshaped() error {
 // back, is the person's: the new one's step fails on it, as it says.
 func (r *run) removeReshaped() {
 	whole, edited, dirs := map[string]bool{}, map[string]bool{}, false
+	editedAs := map[string]string{}                    // a file edited now → how (region, keys: one shape a file)
 	now := make(map[string]string, len(r.d.Resources)) // target → the type declared there
 	for _, res := range r.d.Resources {
 		t := shapes.Target(res)
@@ -176,6 +180,7 @@ func (r *run) removeReshaped() {
 			whole[f.Path] = true
 		} else if _, p, _, ok := shapes.EditTarget(t); ok {
 			edited[p] = true
+			editedAs[p] = res.Head().Type
 		}
 		now[t] = res.Head().Type
 		dirs = dirs || res.Head().Type == shapes.TypeDirectory
@@ -195,7 +200,10 @@ func (r *run) removeReshaped() {
 		// resource's name too.
 		retyped := isPath && now[e.Target] != "" && now[e.Target] != e.Type &&
 			(e.Type == shapes.TypeFile && now[e.Target] == shapes.TypeDirectory || e.Type == shapes.TypeDirectory && e.Created && now[e.Target] == shapes.TypeFile)
-		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && whole[editPath]
+		// Edited as keys before and as a region now, or the other way:
+		// the old edit's lines, given back last, would be the same
+		// settings twice in the file the new one reads.
+		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && (whole[editPath] || edited[editPath] && editedAs[editPath] != e.Type)
 		switch {
 		case retyped && r.thisSourceOnly(e):
 		case !reshaped || now[e.Target] != "" || !r.onlyMine(e):

@@ -675,6 +675,11 @@ func (r *run) archive(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
+	for _, en := range todo {
+		if full := path.Join(a.Destination, en.rel); !en.dir && r.editedAt(full) {
+			r.archiveWrote[full] = true
+		}
+	}
 	st.line.Outcome = shapes.Applied
 	if e != nil && e.Digest == a.SHA256 && len(todo) > 0 {
 		// What it wrote was changed or taken away since: drift. Paths it

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
 	"os"
@@ -683,5 +684,35 @@ func TestAnEditChangingShapeStartsFromThePersons(t *testing.T) {
 				t.Fatalf("undeclared, sshd_config %q, want %q", got, found)
 			}
 		})
+	}
+}
+
+// Keys in a file an archive brings: a new version of the archive writes
+// the file anew, and what it holds then is what the keys found — given
+// back when the keys go, not the first version's value; nor is the file
+// then taken for edited by hand when the archive goes.
+func TestKeysInAnArchivesFileFollowItsVersions(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("app"), 0o755)
+	version := func(name, body string) string {
+		p, sum := makeArchive(t, h.root, name, tarEntry{name: "conf", typ: tar.TypeReg, body: body, mode: 0o644})
+		return archiveRes(p, sum, h.p("app"))
+	}
+	v1, v2 := version("v1.tgz", "a=1\nb=2\nc=4\n"), version("v2.tgz", "a=1\nb=3\nc=4\nz=5\n")
+	keys := `{"module":"m","id":"k","type":"keys","path":"{root}/app/conf","format":"equals","set":{"b":"9","z":"0"}}`
+	h.expect(h.apply(h.doc(v1, keys)), shapes.Applied, "ui.theme=applied m.k=applied")
+	if rep := h.apply(h.doc(v2, keys)); rep.Outcome == shapes.Failed {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if got := h.read("app/conf"); got != "a=1\nb=9\nc=4\nz=0\n" {
+		t.Fatalf("conf with v2 and the keys: %q", got)
+	}
+	plan := h.run(store.Local, h.doc(v2), true)
+	rep := h.apply(h.doc(v2))
+	if got := h.read("app/conf"); got != "a=1\nb=3\nc=4\nz=5\n" {
+		t.Fatalf("the keys undeclared: conf %q, want v2's (plan %+v, apply %+v)", got, plan.Lines, rep.Lines)
+	}
+	if rep := h.apply(h.doc()); strings.Contains(rep.Lines[0].Detail, "edited by hand") {
+		t.Fatalf("the archive undeclared: %+v", rep.Lines)
 	}
 }

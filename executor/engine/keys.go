@@ -256,8 +256,10 @@ func (r *run) keys(st *step, rest int) {
 		if !known {
 			found, known = r.keysHere().found[keyAt{k.Path, fk}]
 		}
-		if !known {
-			// The first time the mesh sets this key: what it held.
+		if !known || r.archiveWrote[k.Path] {
+			// The first time the mesh sets this key, or the file as a
+			// new version of the archive that brings it wrote it just
+			// now: what it holds is what is found, to give back.
 			found = nil
 			if present {
 				v := cur

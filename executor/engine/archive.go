@@ -392,7 +392,17 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) (edited m
 	out := map[string]editedContent{}
 	for _, p := range stale {
 		data, ok := wrote[p]
-		if !ok || r.editedAt(p) {
+		if !ok {
+			// Carried in the record from a version before this one: what
+			// was written there is not this version's to compare with. One
+			// larger than the host keeps a copy of is one kept as edited
+			// then (unkept), and stays so.
+			if info, err := fsx.Lstat(p); err == nil && info.Kind == fsx.Regular && info.Size > maxOriginal {
+				unkept = append(unkept, p)
+			}
+			continue
+		}
+		if r.editedAt(p) {
 			continue // what the mesh's region or keys edit changed is the mesh's
 		}
 		if eq, info, err := fsx.Equal(p, data); err != nil || eq || info.Kind != fsx.Regular {
@@ -490,7 +500,13 @@ func (r *run) archive(st *step, rest int) {
 		r.fail(st, fmt.Errorf("destination %s: %w", a.Destination, err), rest)
 		return
 	case dinfo.Kind == fsx.Absent && r.plannedDirAt(a.Destination):
-		// A plan: a directory resource, or an archive, before it makes it.
+		// A plan: a directory resource, or an archive, before it makes
+		// it, with the owner it gives it.
+		if o, ok := r.plannedOwner[a.Destination]; ok {
+			dinfo.UID, dinfo.GID = o[0], o[1]
+		} else if en := r.unpacked[a.Destination]; en != nil {
+			dinfo.UID, dinfo.GID = en.uid, en.gid
+		}
 	case dinfo.Kind != fsx.Dir:
 		what := "a " + dinfo.Kind.String()
 		if dinfo.Kind == fsx.Absent {
@@ -687,7 +703,7 @@ func (r *run) archive(st *step, rest int) {
 		st.line.Outcome = shapes.Repaired
 	}
 	st.line.Detail = fmt.Sprintf("%d of %d entries written, %d removed (sha256 %s…)%s", len(todo), len(entries), len(stale), a.SHA256[:12], leftSaid(left))
-	st.line.Detail += editedSaid(editedStale, "the version before")
+	st.line.Detail += editedSaid(editedStale, "the version before") + unkeptSaid(unkept)
 	if r.opt.Plan {
 		for i := range todo {
 			todo[i].uid, todo[i].gid = dinfo.UID, dinfo.GID

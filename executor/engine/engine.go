@@ -236,6 +236,9 @@ type run struct {
 	// plannedFiles, in a plan: the files a file resource planned before
 	// writes (a plan writes none), for a later archive's look.
 	plannedFiles map[string]bool
+	// plannedOwner, in a plan: the owner a directory resource planned
+	// before gives the directory it makes or sets.
+	plannedOwner map[string][2]uint32
 	// filePaths: each path a file resource of this declaration declares,
 	// and which (fileDeclared), made when first needed.
 	filePaths map[string]string
@@ -277,7 +280,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, archiveWrote: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, plannedOwner: map[string][2]uint32{}, archiveWrote: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -934,7 +937,7 @@ func (r *run) final(l shapes.Line) shapes.Line {
 		l.Outcome = shapes.Applied
 		l.Detail = "made by the apply of this declaration a power cut or a kill cut short, before it recorded it; recorded now: " + l.Detail
 	}
-	if l.Outcome == shapes.Failed && strings.Contains(l.Detail, enospc) && !strings.Contains(l.Detail, diskFullSaid) {
+	if l.Outcome == shapes.Failed && diskLines[l.Type] && strings.Contains(l.Detail, enospc) && !strings.Contains(l.Detail, diskFullSaid) {
 		// Whichever step met it, said as what to do: the path in the
 		// error says which disk.
 		l.Detail += diskFullSaid
@@ -954,6 +957,10 @@ func (r *run) final(l shapes.Line) shapes.Line {
 var enospc = unix.ENOSPC.Error()
 
 const diskFullSaid = " (that disk is full: free room on it, and apply again)"
+
+// diskLines are the lines whose ENOSPC is a disk's: an action's output, a
+// firewall's set, a unit's own words may say it of something else.
+var diskLines = map[string]bool{shapes.TypeFile: true, shapes.TypeDirectory: true, shapes.TypeArchive: true, shapes.TypeRegion: true, shapes.TypeKeys: true, "store": true}
 
 // emitSaid is emit of a line the journal has been given already (said:
 // before the record of its change, to go in the same write).

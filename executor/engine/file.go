@@ -406,6 +406,9 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		}
 	}
 	st.creates = !exists
+	if r.opt.Plan {
+		r.plannedOwner[d.Path] = [2]uint32{a.uid, a.gid}
+	}
 	st.change = func() error {
 		var err error
 		if exists {

@@ -339,3 +339,54 @@ func TestAnEditInAnUndeclaredArchivesFileIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// The rest of what the sweeps and reviews found where features meet, each
+// in the plan as in the apply.
+func TestWhereArchivesMeetTheRest(t *testing.T) {
+	t.Run("an archive renamed, keys added in its file: not refused", func(t *testing.T) {
+		h := newHarness(t)
+		os.Mkdir(h.p("themes"), 0o755)
+		a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+		h.expect(h.apply(h.doc(archiveRes(a, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+		renamed := strings.Replace(archiveRes(a, sum, h.p("themes")), `"id":"theme"`, `"id":"theme2"`, 1)
+		keys := `{"module":"m","id":"k","type":"keys","path":"{root}/themes/theme/index.theme","format":"equals","set":{"Name":"x"}}`
+		plan := h.run(store.Local, h.doc(renamed, keys), true)
+		if rep := h.apply(h.doc(renamed, keys)); rep.Outcome == shapes.Refused || rep.Outcome == shapes.Failed || plan.Outcome != rep.Outcome {
+			t.Fatalf("plan %+v\napply %+v", plan, rep)
+		}
+	})
+	t.Run("a file the host made, its directory replaced by a file", func(t *testing.T) {
+		h := declaredInD(t, false)
+		os.RemoveAll(h.p("d"))
+		os.WriteFile(h.p("d"), []byte("a person's\n"), 0o644)
+		rep := planThenApply(t, h, h.doc())
+		if rep.Outcome != shapes.Forgotten || !strings.Contains(rep.Lines[0].Detail, "its directory is not a directory now") {
+			t.Fatalf("%+v", rep.Lines)
+		}
+		h.expect(h.apply(h.doc(`{"module":"m","id":"g","type":"file","path":"{root}/g","content":"g\n"}`)), shapes.Applied, "m.g=applied")
+	})
+	t.Run("a directory inside an archive whose destination the declaration makes", func(t *testing.T) {
+		h := newHarness(t)
+		a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+		planThenApply(t, h, h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/themes","owner":"nobody:nogroup"}`,
+			archiveRes(a, sum, h.p("themes")),
+			`{"module":"m","id":"sub","type":"directory","path":"{root}/themes/theme","owner":"nobody:nogroup"}`))
+	})
+	t.Run("an edit too large to keep, carried into a version without it", func(t *testing.T) {
+		h := newHarness(t)
+		os.Mkdir(h.p("themes"), 0o755)
+		a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+		h.expect(h.apply(h.doc(archiveRes(a, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+		f, _ := os.OpenFile(h.p("themes/theme/icons/a.svg"), os.O_WRONLY, 0)
+		f.Truncate(maxOriginal + 1<<20)
+		f.Close()
+		a2, sum2 := makeArchive(t, h.root, "t2.tgz", theme[0], theme[1])
+		v2 := h.doc(archiveRes(a2, sum2, h.p("themes")))
+		for range 2 {
+			rep := planThenApply(t, h, v2)
+			if fi, err := os.Stat(h.p("themes/theme/icons/a.svg")); err != nil || fi.Size() != maxOriginal+1<<20 {
+				t.Fatalf("the edit is gone: %v %v (%+v)", fi, err, rep.Lines)
+			}
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"path"
 	"slices"
 	"sort"
@@ -134,12 +135,15 @@ func (r *run) checkReshaped() error {
 		if res.Head().Type == shapes.TypeRegion {
 			what = "a region is written"
 		}
-		for _, c := range r.archivedAt(p) {
-			// Unpacked by an archive of this source the declaration no
-			// longer declares: the same, the file going with it.
-			if c.Source == r.opt.Source && r.typeOf(c) != shapes.TypeArchive {
-				return &Refusal{fmt.Sprintf("resource %s: %s was unpacked by the mesh's archive %s, which this declaration no longer declares: undeclared, what it wrote is removed (the mesh takes back what it made), and %s only in a file that is there. Declare the archive again, or nothing in the file", res.Head().Key(), p, c.Key(), what)}
+		for _, ae := range r.st.Entries() {
+			// Unpacked by an archive of this source alone that the
+			// declaration no longer declares (by its destination: one
+			// renamed is the same archive): the same, the file going
+			// with it.
+			if ae.Type != shapes.TypeArchive || !slices.Contains(ae.Paths, p) || r.declaresTarget(ae.Target) || !r.thisSourceOnly(ae) {
+				continue
 			}
+			return &Refusal{fmt.Sprintf("resource %s: %s was unpacked by the mesh's archive %s, which this declaration no longer declares: undeclared, what it wrote is removed (the mesh takes back what it made), and %s only in a file that is there. Declare the archive again, or nothing in the file", res.Head().Key(), p, joinClaims(ae.Claims), what)}
 		}
 		e := r.st.Get("path:" + p)
 		if e == nil || e.Type != shapes.TypeFile || !e.Created || slices.ContainsFunc(e.Claims, func(c store.Claim) bool { return c.Source != r.opt.Source }) {
@@ -148,6 +152,11 @@ func (r *run) checkReshaped() error {
 		return &Refusal{fmt.Sprintf("resource %s: %s was made whole by the mesh for %s, which this declaration no longer declares: undeclared, it is removed first (the mesh takes back what it made), and %s only in a file that is there. Declare the file whole again, or nothing in it", res.Head().Key(), p, joinClaims(e.Claims), what)}
 	}
 	return nil
+}
+
+// declaresTarget says whether a resource of this declaration has target t.
+func (r *run) declaresTarget(t string) bool {
+	return slices.ContainsFunc(r.d.Resources, func(res shapes.Resource) bool { return shapes.Target(res) == t })
 }
 
 // removeReshaped undoes, before anything is applied, what this source
@@ -495,6 +504,8 @@ func (r *run) nowhereToGiveBack(p string) string {
 	}
 	seen, err := fsx.Lstat(p)
 	switch {
+	case errors.Is(err, unix.ENOTDIR):
+		return fmt.Sprintf("its directory %s is not a directory now (replaced since)", parentOf(p))
 	case err != nil:
 		return "" // a passing error: the restore says it, and is tried again
 	case seen.Kind == fsx.Absent:
@@ -636,6 +647,13 @@ func (r *run) planCreatedFileRemoval(st *step, p string) {
 		st.line.Outcome = shapes.Forgotten
 		st.line.Detail = fmt.Sprintf("the host created it; a %s is there now, which the host did not make: left as it is", info.Kind)
 		return
+	case errors.Is(err, unix.ENOTDIR):
+		// Its directory replaced by a file since: the host's file went
+		// with the directory, and nothing of it is left to remove.
+		delete(r.removing, p)
+		st.intent, st.change, st.readback = nil, nil, nil
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the host created it; its directory is not a directory now (replaced since): nothing of the host's is left there"
+		return
 	case errors.Is(err, fsx.ErrSymlink):
 		// A link on its way (a directory replaced by one): the file the
 		// host made may be where the directory went. Never followed;
@@ -753,6 +771,9 @@ func shortDigest(d string) string {
 func (r *run) planCreatedDirRemoval(st *step, p string) {
 	e := st.entry
 	switch info, err := fsx.Lstat(p); {
+	case errors.Is(err, unix.ENOTDIR):
+		st.line.Outcome, st.line.Detail = shapes.Forgotten, "the host created it; the directory above it is not a directory now (replaced since): nothing of the host's is left there"
+		return
 	case err == nil && info.Kind != fsx.Dir && info.Kind != fsx.Absent:
 		// Replaced since by what the host did not make (a link, a file):
 		// its directory is gone, what is there is left as it is —

@@ -26,12 +26,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
 	"path"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"

@@ -6,12 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"path"
 	"slices"
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"

@@ -390,3 +390,19 @@ func TestWhereArchivesMeetTheRest(t *testing.T) {
 		}
 	})
 }
+
+// A directory the host made, undeclared while an archive that stays wrote
+// into it: what the archive holds is said declared still, not an entry
+// the host did not create.
+func TestADirectoryHoldingAnArchivesFilesSaysSo(t *testing.T) {
+	h := newHarness(t)
+	a, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dir := `{"module":"m","id":"d","type":"directory","path":"{root}/themes"}`
+	if rep := h.apply(h.doc(dir, archiveRes(a, sum, h.p("themes")))); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	rep := h.apply(h.doc(archiveRes(a, sum, h.p("themes"))))
+	if rep.Outcome != shapes.Kept || !strings.Contains(rep.Lines[1].Detail, "1 entry declared still (theme)") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+}

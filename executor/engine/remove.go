@@ -834,7 +834,8 @@ func (r *run) leftSaid(p string, left []string) string {
 	for _, name := range left {
 		t := "path:" + path.Join(p, name)
 		switch e := r.st.Get(t); {
-		case declared[t] || e != nil && otherSource(e, r.opt.Source):
+		case declared[t] || e != nil && otherSource(e, r.opt.Source) || len(r.archivedAt(path.Join(p, name))) > 0:
+			// Declared, by a resource or as what an archive holds.
 			still = append(still, name)
 		case e != nil && e.Created && e.Type == shapes.TypeDirectory:
 			kept = append(kept, name)

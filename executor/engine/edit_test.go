@@ -716,3 +716,30 @@ func TestKeysInAnArchivesFileFollowItsVersions(t *testing.T) {
 		t.Fatalf("the archive undeclared: %+v", rep.Lines)
 	}
 }
+
+// The same when the apply that wrote the new version stopped before the
+// keys were set again (a step between them failed): the next apply finds
+// the file as that version wrote it, not the first version's values.
+func TestKeysFindANewVersionAfterAnApplyThatStopped(t *testing.T) {
+	h := newHarness(t)
+	os.Mkdir(h.p("app"), 0o755)
+	os.Mkdir(h.p("adir"), 0o755)
+	version := func(name, body string) string {
+		p, sum := makeArchive(t, h.root, name, tarEntry{name: "conf", typ: tar.TypeReg, body: body, mode: 0o644})
+		return archiveRes(p, sum, h.p("app"))
+	}
+	v1, v2 := version("v1.tgz", "a=1\nb=2\n"), version("v2.tgz", "a=1\nb=3\n")
+	keys := `{"module":"m","id":"k","type":"keys","path":"{root}/app/conf","format":"equals","set":{"b":"9"}}`
+	failing := `{"module":"m","id":"f","type":"file","path":"{root}/adir","content":"x"}`
+	h.expect(h.apply(h.doc(v1, keys)), shapes.Applied, "ui.theme=applied m.k=applied")
+	if rep := h.apply(h.doc(v2, failing, keys)); rep.Outcome != shapes.Failed {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if rep := h.apply(h.doc(v2, keys)); rep.Outcome == shapes.Failed {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	h.apply(h.doc(v2))
+	if got := h.read("app/conf"); got != "a=1\nb=3\n" {
+		t.Fatalf("the keys undeclared: conf %q, want v2's", got)
+	}
+}

@@ -45,6 +45,23 @@ type keysRecord struct {
 	Found map[string]*string `json:"found"`
 	// Set is what the mesh set.
 	Set map[string]string `json:"set"`
+	// Under is the version (sha256) of the archive that wrote the file
+	// when Found was taken, "" for none: a later version writes the file
+	// anew, and what it holds then is what is found (archiveAt). Absent
+	// (nil) in a record of a release before it, which is taken as of the
+	// archive there now.
+	Under *string `json:"under,omitempty"`
+}
+
+// archiveAt is the version of the archive the store records as holding
+// the file at p, "" for none.
+func (r *run) archiveAt(p string) string {
+	for _, e := range r.st.Entries() {
+		if e.Type == shapes.TypeArchive && slices.Contains(e.Paths, p) {
+			return e.Digest
+		}
+	}
+	return ""
 }
 
 func fold(f edit.Format, key string) string {
@@ -231,7 +248,12 @@ func (r *run) keys(st *step, rest int) {
 		return
 	}
 	kf := edit.ParseKeys(data, format)
-	rec := keysRecord{Format: k.Format, Names: map[string]string{}, Found: map[string]*string{}, Set: map[string]string{}}
+	under := r.archiveAt(k.Path)
+	// A new version of the archive that brings the file wrote it anew:
+	// in this run (archiveWrote, a plan's too), or in one that stopped
+	// before these keys were set again (the version recorded differs).
+	rewrote := r.archiveWrote[k.Path] || old.Under != nil && *old.Under != under
+	rec := keysRecord{Format: k.Format, Names: map[string]string{}, Found: map[string]*string{}, Set: map[string]string{}, Under: &under}
 	var changes []edit.Change
 	var set, back, above []string
 	for _, name := range slices.Sorted(maps.Keys(k.Set)) {
@@ -256,7 +278,7 @@ func (r *run) keys(st *step, rest int) {
 		if !known {
 			found, known = r.keysHere().found[keyAt{k.Path, fk}]
 		}
-		if !known || r.archiveWrote[k.Path] {
+		if !known || rewrote {
 			// The first time the mesh sets this key, or the file as a
 			// new version of the archive that brings it wrote it just
 			// now: what it holds is what is found, to give back.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -1025,8 +1026,25 @@ func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDec
 		c.log.Info("a node enrolled again was declared to before its last declaration could be carried; not carried", "node", node, "from_seq", cd.seq)
 		return
 	}
-	body, _ := json.Marshal(cd.fields) // fields read from JSON: they marshal
-	seq, err := c.Declare(ctx, node, body)
+	if beforeCarry != nil {
+		beforeCarry(node)
+	}
+	// Published only on a subject still empty: a declare landing between
+	// the look above and the publish took a sequence first or after, and
+	// either way is the newer word (the broker checks: emptyOnly).
+	rec, rev, err := c.Node(ctx, node)
+	var seq uint64
+	if err == nil {
+		var b *shapes.Briefing
+		if b, err = c.briefing(ctx, node); err == nil {
+			m := maps.Clone(cd.fields)
+			seq, err = c.declare(ctx, rec, rev, b, m, &lastOnSubject{emptyOnly: true}, false)
+		}
+	}
+	if errors.Is(err, errNotCarried) {
+		c.log.Info("a node enrolled again was declared to before its last declaration could be carried; not carried", "node", node, "from_seq", cd.seq)
+		return
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("a node enrolled again was not declared its last declaration; declare to it again (mesh-control declare NODE FILE)",
@@ -1036,6 +1054,10 @@ func (c *Client) declareCarried(ctx context.Context, node string, cd *carriedDec
 	}
 	c.log.Info("a node enrolled again was declared its last declaration, addressed to its new enrolment", "node", node, "seq", seq, "from_seq", cd.seq, "from_enrolment", cd.enrolment)
 }
+
+// beforeCarry, when set (by a test), runs between declareCarried's look
+// at the node's subject and its declare: where another's declare lands.
+var beforeCarry func(node string)
 
 // overlayFace is what of a node record its peers' compositions depend on.
 func overlayFace(r *NodeRecord) string {

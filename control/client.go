@@ -1038,7 +1038,7 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 	if err != nil {
 		return 0, err
 	}
-	if reread {
+	if reread && (last == nil || !last.emptyOnly) {
 		last = nil // the subject's newest is read again too
 	}
 	if seals != nil {
@@ -1142,6 +1142,7 @@ func (c *Client) linkHeader(rec *NodeRecord) nats.Header {
 func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, env []byte, known *lastOnSubject) error {
 	s := link.SubjectsOf(rec.Name)
 	msgID := declMsgID(rec, seq)
+	emptyOnly := known != nil && known.emptyOnly
 	for attempt := 0; ; attempt++ {
 		on := known
 		known = nil // known once: after a refused publish, read again
@@ -1185,6 +1186,10 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) && attempt < 100 {
+			if emptyOnly {
+				c.log.Info("a declaration was published to the node before this one, carried, could be: not carried", "node", rec.Name, "seq", seq)
+				return errNotCarried
+			}
 			continue // another declare published meanwhile: look again
 		}
 		if err != nil {
@@ -1194,6 +1199,10 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 		return nil
 	}
 }
+
+// errNotCarried: a carried declaration found the node declared to since
+// it looked (publishDecl with emptyOnly).
+var errNotCarried = errors.New("declared to meanwhile: not carried")
 
 // declMsg is the message of env, rec's declaration of sequence seq, on
 // the node's subject (without its Msg-Id and expected last sequence).

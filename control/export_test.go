@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -161,4 +162,21 @@ func (c *Client) PublishFirst(ctx context.Context, node string) (*Published, err
 // were read and before they are removed.
 func (c *Client) PruneRegistryWith(ctx context.Context, olderThan time.Duration, between func()) error {
 	return c.pruneRegistry(ctx, olderThan, between)
+}
+
+// DeclareCarried declares to node, as to a node enrolled again, decl (a
+// declaration's JSON), with between run after its look at the node's
+// subject and before its declare.
+func (c *Client) DeclareCarried(ctx context.Context, node string, decl []byte, between func()) {
+	var m map[string]json.RawMessage
+	json.Unmarshal(decl, &m)
+	beforeCarry = func(string) { between() }
+	defer func() { beforeCarry = nil }()
+	c.declareCarried(ctx, node, &carriedDecl{fields: m})
+}
+
+// LastDeclared is the declaration last on node's subject, nil for none.
+func (c *Client) LastDeclared(ctx context.Context, node string) map[string]json.RawMessage {
+	last, _ := c.lastOnSubject(ctx, node)
+	return last
 }

@@ -35,6 +35,10 @@ type lastOnSubject struct {
 	// id is its Nats-Msg-Id, when read on its own (publishDecl): which
 	// declare published it.
 	id string
+	// emptyOnly: publish only on a subject that holds nothing (a
+	// declaration carried over an enrolment, declareCarried): one that
+	// finds anything there, published since it looked, publishes nothing.
+	emptyOnly bool
 }
 
 // DeclareAll's window of nodes declared to at once (flight): each is two

@@ -348,3 +348,27 @@ func TestDeclareManyCommand(t *testing.T) {
 		}
 	}
 }
+
+// A declaration carried over a node's enrolment anew is published only
+// on a subject still empty: a declare that lands between its look and its
+// publish — taking its sequence before it or after — is the newer word,
+// and the carried one is not published over it.
+func TestACarriedDeclarationNeverGoesOverANewerOne(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, _, err := s.client.AddNode(ctx, "n1", ""); err != nil {
+		t.Fatal(err)
+	}
+	const older = `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"/etc/motd","content":"older\n"}]}`
+	const newer = `{"version":1,"resources":[{"module":"base","id":"motd","type":"file","path":"/etc/motd","content":"newer\n"}]}`
+	s.client.DeclareCarried(ctx, "n1", []byte(older), func() {
+		if _, err := s.client.Declare(ctx, "n1", []byte(newer)); err != nil {
+			t.Error(err)
+		}
+	})
+	last := s.client.LastDeclared(ctx, "n1")
+	if last == nil || !strings.Contains(string(last["resources"]), "newer") {
+		t.Fatalf("the last declaration on n1's subject: %s", last["resources"])
+	}
+}

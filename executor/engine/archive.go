@@ -659,10 +659,14 @@ func (r *run) archive(st *step, rest int) {
 	// file declares now is the file's.
 	var stale []string
 	for p := range ours {
-		if wrote[p] || left[p] != "" || handed[p] || replacedSince(p) {
+		if wrote[p] || left[p] != "" || handed[p] {
 			continue
 		}
-		if behindLink(p) {
+		_, replaced, behind, _ := pathNow(p)
+		if replaced {
+			continue
+		}
+		if behind {
 			n.Paths = append(n.Paths, p) // kept until the link is gone
 			continue
 		}
@@ -958,22 +962,17 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Ent
 }
 
 // removeWritten removes a file or an empty directory the archive wrote.
-// replacedSince says whether what is at p, a path an archive wrote, is
-// now a link or a special file: never what the archive made, put there by
-// something else since, and left as it is (not removed, no longer
-// claimed).
-func replacedSince(p string) bool {
-	info, err := fsx.Lstat(p)
-	return err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other)
-}
-
-// behindLink says whether p is reached through a link now (a directory on
-// its way replaced by one): what the host wrote there may still be where
-// the directory went, so it stays claimed — never followed, and taken
-// away once the link is gone.
-func behindLink(p string) bool {
-	_, err := fsx.Lstat(p)
-	return errors.Is(err, fsx.ErrSymlink)
+// pathNow is what is at p, a path an archive wrote, as its removal sees
+// it, from one look: replaced, a link or a special file put there since —
+// never what the archive made, left as it is and no longer claimed;
+// behind, reached through a link now (a directory on its way replaced by
+// one) — what the host wrote may be where the directory went, so it stays
+// claimed, never followed, taken away once the link is gone.
+func pathNow(p string) (info fsx.Info, replaced, behind bool, err error) {
+	info, err = fsx.Lstat(p)
+	replaced = err == nil && (info.Kind == fsx.Symlink || info.Kind == fsx.Other)
+	behind = errors.Is(err, fsx.ErrSymlink)
+	return info, replaced, behind, err
 }
 
 // removeWritten removes what an archive wrote at p: a file, or a
@@ -1045,18 +1044,18 @@ func (r *run) planArchiveRemoval(st *step) {
 			}
 			continue
 		}
-		if replacedSince(p) {
+		info, isReplaced, isBehind, err := pathNow(p)
+		if isReplaced {
 			replaced = append(replaced, p)
 			continue
 		}
-		if behindLink(p) {
+		if isBehind {
 			through = append(through, p)
 			continue
 		}
 		if slices.Contains(unkept, p) {
 			continue // kept: said below
 		}
-		info, err := fsx.Lstat(p)
 		if err == nil && info.Kind == fsx.Dir {
 			left, err := r.leftIn(p)
 			if err != nil {

@@ -106,10 +106,7 @@ func TestWhatWasReplacedSinceIsLeftAndTheOriginalKept(t *testing.T) {
 // holds it kept; the plan says so as the apply does, and nothing after is
 // stopped.
 func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
-	h := newHarness(t)
-	os.Mkdir(h.p("themes"), 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
-	h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+	h := unpackedTheme(t)
 	link := h.p("themes/theme/icons/a.svg")
 	os.Remove(link)
 	os.Symlink(h.p("elsewhere"), link)
@@ -131,10 +128,7 @@ func TestAnArchiveFileReplacedByALinkIsLeft(t *testing.T) {
 // where the directory went — the rest removed, in the plan as in the
 // apply; no later apply fails; once the link is gone, it goes.
 func TestAnArchiveDirectoryReplacedByALinkIsLeft(t *testing.T) {
-	h := newHarness(t)
-	os.Mkdir(h.p("themes"), 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
-	h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+	h := unpackedTheme(t)
 	os.Mkdir(h.p("elsewhere"), 0o755)
 	os.WriteFile(h.p("elsewhere/a.svg"), []byte("not the archive's"), 0o644)
 	os.RemoveAll(h.p("themes/theme/icons"))
@@ -405,4 +399,14 @@ func TestADirectoryHoldingAnArchivesFilesSaysSo(t *testing.T) {
 	if rep.Outcome != shapes.Kept || !strings.Contains(rep.Lines[1].Detail, "1 entry declared still (theme)") {
 		t.Fatalf("%+v", rep.Lines)
 	}
+}
+
+// unpackedTheme is a harness whose themes/ holds the theme archive, applied.
+func unpackedTheme(t *testing.T) *harness {
+	t.Helper()
+	h := newHarness(t)
+	os.Mkdir(h.p("themes"), 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, h.p("themes")))), shapes.Applied, "ui.theme=applied")
+	return h
 }

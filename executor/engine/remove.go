@@ -399,7 +399,7 @@ func (r *run) planRemoval(st *step) {
 			st.intent, st.drop = nil, false
 			return
 		}
-		if behindLink(p) {
+		if _, _, behind, _ := pathNow(p); behind {
 			keptBehindLink(r, st, p, "the host changed it", "its original given back")
 			return
 		}

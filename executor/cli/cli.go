@@ -524,6 +524,11 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		// journaled (engine.Options.Keep).
 		opt.Keep = func(rep *shapes.Report) { st.KeepReport(src, trigger, rep) }
 	}
+	if !plan {
+		stop, quit := c.stopOnSignal()
+		defer quit()
+		opt.Stop = stop
+	}
 	rep := engine.Apply(context.Background(), st, d, data, opt)
 	c.report(rep, plan, diffs)
 	if !plan && rep.Outcome != shapes.Refused {
@@ -1305,6 +1310,32 @@ func (c *command) serve(args []string) int {
 		log.Info("executor: stopped: asked to (SIGTERM or SIGINT)")
 	}
 	return 0
+}
+
+// stopOnSignal makes a first SIGINT or SIGTERM during a rescue apply end
+// it after the step in progress (engine.Options.Stop), said at once, not
+// kill it in the middle of a package's install; a second one is the
+// signal's own, and ends the process where it is (what it cut, the next
+// apply resumes). quit stops listening.
+func (c *command) stopOnSignal() (stop <-chan struct{}, quit func()) {
+	asked := make(chan struct{})
+	sigs := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
+		fmt.Fprintln(c.errw, "asked to stop: the apply ends after the step in progress (ask again to stop at once; the next apply resumes what that cuts)")
+		close(asked)
+	}()
+	return asked, func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }
 
 // parseCIDs reads a comma-separated list of vsock context ids.

@@ -106,6 +106,14 @@ type Options struct {
 	// between the two would leave the changes said nowhere. Lines added
 	// after it (a compaction that failed) are in the report returned.
 	Keep func(*shapes.Report)
+	// Stop, once closed, ends the apply before its next resource: the
+	// daemon is asked to stop. The step in progress runs to its end — a
+	// package manager or an action cut off midway leaves the machine as
+	// nobody declared it, and a stop is not a reason to — and the rest is
+	// said not attempted, for the next start's reconcile to apply. Nothing
+	// undeclared is removed by an apply that stopped (it did not see the
+	// whole declaration through). nil: never.
+	Stop <-chan struct{}
 
 	// accounts and packages replace the shadow tools and the package
 	// manager in tests.
@@ -659,6 +667,15 @@ func (r *run) applyAll() {
 		if r.stopped {
 			return
 		}
+		if r.stopAsked() {
+			// What is batched is quick (files and directories): made
+			// before the apply stops, so the lines keep their order.
+			r.flush(batch, len(r.d.Resources)-i)
+			if !r.stopped {
+				r.stopBefore(len(r.d.Resources) - i)
+			}
+			return
+		}
 		st := &step{res: res, claim: r.claimOf(res)}
 		st.target = targetOf(st.claim, res)
 		if svc, ok := res.(*shapes.Service); ok {
@@ -678,6 +695,10 @@ func (r *run) applyAll() {
 			if r.stopped {
 				return
 			}
+			if r.stopAsked() {
+				r.stopBefore(len(r.d.Resources) - i)
+				return
+			}
 			r.ran[claimTarget{st.claim, st.target}] = true
 			fn(r, st, len(r.d.Resources)-i-1)
 			continue
@@ -689,6 +710,23 @@ func (r *run) applyAll() {
 		}
 	}
 	r.flush(batch, 0)
+}
+
+// stopAsked says whether the daemon was asked to stop (Options.Stop).
+func (r *run) stopAsked() bool {
+	select {
+	case <-r.opt.Stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopBefore ends the apply where it is, rest resources not attempted.
+func (r *run) stopBefore(rest int) {
+	r.emit(shapes.Line{Type: "executor", Outcome: shapes.Failed,
+		Detail: fmt.Sprintf("the executor was asked to stop; the apply stopped here (%s not attempted): its next start applies them", countWord(rest, "later resource", "later resources"))})
+	r.stopped = true
 }
 
 // flush plans, then carries out, a batch of file and directory steps. after

@@ -38,7 +38,7 @@ const agentSeenMax = 64
 // staying up is that its own binary, run as it is installed, counts as
 // good — which staying up is. It cannot make another binary proven.
 //
-// It runs beside the request (go s.proveAgent), one at a time: a proof
+// It runs beside the request (spawned), one at a time: a proof
 // reads and copies binaries, which no answer waits for.
 func (s *Server) proveAgent(pid int32, uid uint32) {
 	if s.cfg.AgentBinary == "" || pid <= 0 || uid == 0 || uid != uint32(s.cfg.AgentUID) {

@@ -218,7 +218,13 @@ func (s *Server) refuse(c *conn, code wire.Code, msg string, args ...any) {
 // waited longest for a frame, with no handler running — an idle agent
 // connection, or one that began a frame and stalled — is given up for it,
 // so connections that stall cannot keep the agent out.
-func (s *Server) admit(nc net.Conn) (*conn, bool) {
+func (s *Server) admit(nc net.Conn) (*conn, string) {
+	s.slotMu.Lock()
+	draining := s.draining
+	s.slotMu.Unlock()
+	if draining {
+		return nil, stoppingRefusal
+	}
 	select {
 	case s.conns <- struct{}{}:
 	default:
@@ -228,17 +234,25 @@ func (s *Server) admit(nc net.Conn) (*conn, bool) {
 		select {
 		case s.conns <- struct{}{}:
 		case <-t.C:
-			return nil, false
+			return nil, fmt.Sprintf("executor: %d connections are busy already; refused", s.cfg.MaxConns)
 		}
 	}
 	c := &conn{Conn: wire.NewConn(nc, wire.AgentToExecutor), written: make(chan struct{})}
 	c.out.cond.L = &c.out.mu
 	s.slotMu.Lock()
+	defer s.slotMu.Unlock()
+	if s.draining {
+		<-s.conns
+		return nil, stoppingRefusal
+	}
 	c.idle = clock.Now()
 	s.open[c] = true
-	s.slotMu.Unlock()
-	return c, true
+	s.tasks.Add(1) // done as its handler ends (handle)
+	return c, ""
 }
+
+// stoppingRefusal answers a connection made while the daemon stops.
+const stoppingRefusal = "executor: stopping; refused (connect again once it has started)"
 
 // evictOne closes the connection that has waited longest with no handler
 // running, if there is one.
@@ -264,7 +278,7 @@ func (s *Server) evictOne() {
 func (s *Server) begin(c *conn) bool {
 	s.slotMu.Lock()
 	defer s.slotMu.Unlock()
-	if c.evicted {
+	if c.evicted || s.draining {
 		return false
 	}
 	c.busy = true
@@ -299,6 +313,7 @@ func (s *Server) closeSlot(c *conn) {
 // handle serves one connection: who may connect, then requests by the
 // table, each in its state, within the connection rules.
 func (s *Server) handle(ctx context.Context, c *conn) {
+	defer s.tasks.Done()
 	go s.writer(c)
 	defer s.closeSlot(c)
 	defer s.endArchive(c) // a stream cut off leaves nothing

@@ -165,6 +165,15 @@ type Server struct {
 	quietMu sync.Mutex
 	// stop ends Run (set by Run): the clean exit of an upgrade.
 	stop context.CancelFunc
+	// stopping is closed once the daemon is asked to stop (Run's context
+	// ends): an apply in progress ends before its next resource
+	// (engine.Options.Stop).
+	stopping chan struct{}
+	stopOnce sync.Once
+	// tasks is what Run waits for before it returns: every connection's
+	// handler and the daemon's own work (spawn). A stop that returned
+	// before them would end the process in the middle of an apply.
+	tasks sync.WaitGroup
 	// streaming names the archives being streamed into the cache now, on
 	// any connection: one stream per digest.
 	// +checklocks:streamMu
@@ -195,8 +204,12 @@ type Server struct {
 	// open is every connection holding a slot (conns), for admit to find
 	// one to give up.
 	// +checklocks:slotMu
-	open   map[*conn]bool
-	slotMu sync.Mutex
+	open map[*conn]bool
+	// draining: Run is stopping; no connection is admitted, no request
+	// begun, no task spawned.
+	// +checklocks:slotMu
+	draining bool
+	slotMu   sync.Mutex
 	// reconciled: a reconcile of this process ran to its end (Healthy was
 	// called), so the release's executor half is proven.
 	reconciled atomic.Bool
@@ -245,7 +258,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}, streamed: map[*conn]map[string]bool{}, rates: map[string]*rate.Limiter{},
-		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}}
+		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}, stopping: make(chan struct{})}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}
@@ -257,18 +270,22 @@ func New(cfg Config) *Server {
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
+	go func() {
+		<-ctx.Done()
+		s.stopOnce.Do(func() { close(s.stopping) })
+	}()
 	s.protectRunning(ln)
 	engine.DropLeftovers(s.cfg.StateDir, true)
 	s.guard("the start reconcile", func() {
 		s.Reconcile(ctx, triggerStart, nil)
 		s.restartIfUpgraded()
 	})
-	go s.guard("finding the profile", func() { s.findProfile(ctx) })
+	s.spawn(func() { s.guard("finding the profile", func() { s.findProfile(ctx) }) })
 	if !s.cfg.Partial {
-		go s.watchFirewall(ctx)
+		s.spawn(func() { s.watchFirewall(ctx) })
 	}
 	if s.cfg.DriftEvery > 0 {
-		go func() {
+		s.spawn(func() {
 			t := time.NewTicker(s.cfg.DriftEvery)
 			defer t.Stop()
 			for {
@@ -283,9 +300,66 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 					})
 				}
 			}
-		}()
+		})
 	}
-	return s.Serve(ctx, ln)
+	err := s.Serve(ctx, ln)
+	s.drain()
+	return err
+}
+
+// spawn runs f as one of the daemon's own tasks, which Run waits for;
+// not once Run is stopping.
+func (s *Server) spawn(f func()) {
+	s.slotMu.Lock()
+	defer s.slotMu.Unlock()
+	if s.draining {
+		return
+	}
+	s.tasks.Add(1)
+	go func() {
+		defer s.tasks.Done()
+		f()
+	}()
+}
+
+// drain stops what Run started and waits for it: no new connection or
+// request, every connection's reading side shut (one waiting for its next
+// request ends at once, one running a request once it is answered), an
+// apply in progress ended before its next resource.
+func (s *Server) drain() {
+	s.stop()
+	s.stopOnce.Do(func() { close(s.stopping) })
+	s.slotMu.Lock()
+	s.draining = true
+	busy := 0
+	for c := range s.open {
+		shutRead(c.NetConn())
+		if c.busy {
+			busy++
+		}
+	}
+	s.slotMu.Unlock()
+	if busy > 0 {
+		s.log.Info("stopping: waiting for the requests in progress to be answered (an apply ends before its next resource)", "requests", busy)
+	}
+	s.tasks.Wait()
+}
+
+// applyContext is the context an apply runs under: not ended by the
+// daemon's stop, which ends the apply between two resources instead
+// (engine.Options.Stop). Cancelled, it would kill the package manager or
+// the action in progress (command.Run kills its process group), leaving
+// a half-installed package for a stop asked by an upgrade or a reboot.
+func applyContext(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// shutRead ends what a connection reads, leaving its writes: a reply
+// queued is still written. A connection with no reading side of its own
+// to shut is closed.
+func shutRead(nc net.Conn) {
+	if c, ok := nc.(interface{ CloseRead() error }); ok && c.CloseRead() == nil {
+		return
+	}
+	nc.Close()
 }
 
 // protectRunning adds to the protected set, before the first apply, the
@@ -329,11 +403,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("executor: accept: %w", err)
 		}
-		c, ok := s.admit(nc)
-		if !ok {
-			// Every slot is running a handler (no connection waits idle).
+		c, refused := s.admit(nc)
+		if c == nil {
+			// Every slot is running a handler (no connection waits
+			// idle), or the daemon is stopping.
 			nc.SetWriteDeadline(clock.Deadline(wire.ReplyWithin))
-			wire.NewConn(nc, wire.AgentToExecutor).Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: fmt.Sprintf("executor: %d connections are busy already; refused", s.cfg.MaxConns)})
+			wire.NewConn(nc, wire.AgentToExecutor).Write(wire.KindError, &wire.Error{Code: wire.CodeBusy, Message: refused})
 			nc.Close()
 			continue
 		}
@@ -363,7 +438,7 @@ func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, er
 }
 
 func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
-	go s.proveAgent(c.pid, c.uid)
+	s.spawn(func() { s.proveAgent(c.pid, c.uid) })
 	s.noteLink(body.(*wire.Status).Link)
 	s.lastMu.Lock()
 	last := s.last
@@ -1058,7 +1133,7 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		}
 		keepLinesOf(rep)
 	}
-	rep := engine.Apply(ctx, st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id),
+	rep := engine.Apply(applyContext(ctx), st, d, env, engine.Options{Source: store.Link, NodeID: id.Node, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Accepted: accepted, Roster: heldRoster(s.cfg.StateDir, id), Stop: s.stopping,
 		Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq), HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Keep: keep})
 	if keptCount >= 0 && (kept != rep.Outcome || keptCount != len(rep.Lines)) {
 		// What the apply said after it kept its report (its records'
@@ -1362,7 +1437,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		failed, failedWhy := s.failedRelease()
 		opt := engine.Options{Source: src, Partial: s.cfg.Partial, Log: s.log, OnLine: emit, Unseal: Unsealer(s.cfg.StateDir, d.Node, d.Seq),
 			HostBinary: s.cfg.HostBinary, HostVersion: s.cfg.Version, AgentUser: s.cfg.AgentUser, FailedHostRelease: failed, FailedHostReason: failedWhy, Roster: roster,
-			Restore: restores(why)}
+			Restore: restores(why), Stop: s.stopping}
 		opt.NodeID = ReconcileNodeID(src, d, id)
 		began := clock.Now()
 		// Said through the history alone: durable before the apply's
@@ -1372,7 +1447,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 				s.log.Warn("the apply's summary and history could not be kept", "source", src, "seq", rep.Seq, "err", err)
 			}
 		}
-		rep := engine.Apply(ctx, st, d, raw, opt)
+		rep := engine.Apply(applyContext(ctx), st, d, raw, opt)
 		s.record(st, src, why, rep, clock.Since(began))
 		s.noteUpgrade(rep)
 		if src == store.Link && d.Retire {

@@ -30,9 +30,9 @@ func TestVsockPeerAndSecret(t *testing.T) {
 	try := func(cid uint32, presented []byte) (wire.Kind, any) {
 		t.Helper()
 		a, x := net.Pipe()
-		sc, ok := e.srv.admit(vsockConn{x, cid})
-		if !ok {
-			t.Fatal("no slot")
+		sc, refused := e.srv.admit(vsockConn{x, cid})
+		if sc == nil {
+			t.Fatal(refused)
 		}
 		go e.srv.handle(context.Background(), sc)
 		c := wire.NewConn(a, wire.ExecutorToAgent)

@@ -1,0 +1,111 @@
+package serve
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/wire"
+)
+
+// waitFor polls until ok or fails the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	until := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(until) {
+			t.Fatalf("%s: not within %s", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A daemon asked to stop in the middle of an apply (SIGTERM: Run's
+// context ends) does not return before the apply has ended, and the apply
+// ends between two resources: the action in progress runs to its end,
+// neither killed nor cut short (the daemon's context does not reach it),
+// the later resources are left, the report says so, and the next start
+// applies them. A connection open meanwhile is ended, and Run leaves no
+// task of its own behind it.
+func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	e.stop()
+	if _, _, err := c.Read(); err == nil {
+		t.Fatal("a connection outlived the daemon's stop")
+	}
+
+	doc := strings.ReplaceAll(`{"version":1,"resources":[
+		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; sleep 1; echo done > {root}/marker"],"verify":["/bin/sh","-c","test -f {root}/marker"]},
+		{"module":"m","id":"after","type":"file","path":"{root}/after","content":"x\n"}]}`, "{root}", e.root)
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveTarget(store.Local, []byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	st.Unlock()
+
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	waitFor(t, 10*time.Second, "the start reconcile's action began", func() bool {
+		_, err := os.Stat(filepath.Join(e.root, "started"))
+		return err == nil
+	})
+	e.cancel()
+	select {
+	case err := <-e.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the daemon did not stop")
+	}
+	e.cancel = nil
+	if b, err := os.ReadFile(filepath.Join(e.root, "marker")); err != nil || string(b) != "done\n" {
+		t.Fatalf("Run returned before the action in progress ended, or it was cut short: %q %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, "after")); !os.IsNotExist(err) {
+		t.Fatalf("a resource after the stop was applied: %v", err)
+	}
+	raw, err := st.Report(store.Local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Outcome shapes.Outcome
+		Lines   map[shapes.Outcome]int
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	// The action applied, and the line of the stop (its words: the
+	// engine's TestAStopEndsTheApplyBetweenTwoResources).
+	if rep.Outcome != shapes.Failed || rep.Lines[shapes.Applied] != 1 || rep.Lines[shapes.Failed] != 1 || len(rep.Lines) != 2 {
+		t.Fatalf("the summary does not say the stop: %s", raw)
+	}
+
+	// Started again, it applies what the stop left.
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	c = e.dial()
+	waitFor(t, 10*time.Second, "the next start applied the rest", func() bool {
+		_, err := os.Stat(filepath.Join(e.root, "after"))
+		return err == nil
+	})
+	c.Close()
+	e.stop()
+	if _, err := wire.DialUnix(e.sock, 0); err == nil {
+		t.Fatal("the socket still answers after the stop")
+	}
+}

@@ -1,0 +1,82 @@
+package rescue
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Ctrl-C in the middle of a rescue apply ends it after the step in
+// progress, says so at once, and exits as a failed apply: the action it
+// was running ran to its end, the resource after it was not attempted, and
+// the next apply does it. (A second Ctrl-C is the signal's own: the
+// process ends where it is, as a kill does — the crash tests.)
+func TestAnInterruptEndsARescueApplyAfterItsStep(t *testing.T) {
+	dir := t.TempDir()
+	state, tree := filepath.Join(dir, "state"), filepath.Join(dir, "tree")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	decl := filepath.Join(dir, "rescue.json")
+	doc := strings.ReplaceAll(`{"version":1,"resources":[
+		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; sleep 1; echo done > {root}/marker"],"verify":["/bin/sh","-c","test -f {root}/marker"]},
+		{"module":"m","id":"after","type":"file","path":"{root}/after","content":"x\n"}]}`, "{root}", tree)
+	if err := os.WriteFile(decl, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(executorBin, "apply", "--state", state, "--json", decl)
+	cmd.Dir = "/"
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(tree, "started")); err == nil {
+			break
+		}
+		if time.Now().After(until) {
+			cmd.Process.Kill()
+			t.Fatal("the action did not begin")
+		}
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if err == nil || !errors.As(err, &ee) || !ee.Exited() || ee.ExitCode() != 1 {
+		t.Fatalf("an interrupted apply exits 1 (a failed apply): %v\nstderr: %s", err, errb.Bytes())
+	}
+	if !strings.Contains(errb.String(), "asked to stop: the apply ends after the step in progress") {
+		t.Fatalf("the interrupt was not said: %s", errb.Bytes())
+	}
+	if b, err := os.ReadFile(filepath.Join(tree, "marker")); err != nil || string(b) != "done\n" {
+		t.Fatalf("the action in progress was cut short: %q %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(tree, "after")); !os.IsNotExist(err) {
+		t.Fatalf("the resource after the interrupt was applied: %v", err)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.Bytes())
+	}
+	last := rep.Lines[len(rep.Lines)-1]
+	if rep.Outcome != "failed" || len(rep.Lines) != 2 || !strings.Contains(last.Detail, "1 later resource not attempted") {
+		t.Fatalf("the report does not say what the interrupt left: %s", out.Bytes())
+	}
+
+	rep2, res := apply(t, t.Context(), "apply", state, decl)
+	if res.exit != 0 || rep2.Outcome != "applied" {
+		t.Fatalf("the next apply: exit %d, %s", res.exit, res.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(tree, "after")); err != nil {
+		t.Fatal(err)
+	}
+}

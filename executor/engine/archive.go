@@ -719,10 +719,11 @@ func (r *run) archive(st *step, rest int) {
 		r.emit(st.line)
 		return
 	}
-	// The intent names every path it may create, so a crash leaves nothing
-	// the host made unaccounted for: settling it claims them all (each is
-	// the host's, or absent, and removing an absent path is nothing).
-	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeArchive, Paths: n.Paths}, rest) {
+	// The intent names every path it may create, and the version it
+	// unpacks, so a crash leaves nothing the host made unaccounted for:
+	// settling it claims each that is there (reachedByCut), and the
+	// record names the version.
+	if !r.intendNow(st, store.Intent{Op: "change", Claim: st.claim, Type: shapes.TypeArchive, Paths: n.Paths, Digest: a.SHA256}, rest) {
 		return
 	}
 	// What this apply made and took away, for the record of an unpack that
@@ -854,6 +855,19 @@ func (r *run) archive(st *step, rest int) {
 		}
 	}
 	r.emit(st.line)
+}
+
+// reachedByCut says, of a path an archive's intent a cut left pending
+// names and its record does not, whether the cut unpack may have made
+// it: not when it is absent — the unpack never reached it, and a record
+// naming it would claim more than happened (and an owned list name a
+// path that is not there). One there is taken for the unpack's: it
+// writes only where nothing was (NoReplace), and the record names the
+// version, so what a person changed in it since is kept when it goes
+// (editedSince).
+func reachedByCut(x string) bool {
+	info, err := fsx.Lstat(x)
+	return err != nil || info.Kind != fsx.Absent
 }
 
 // leftSaid is what an archive's line adds for the entries it leaves to

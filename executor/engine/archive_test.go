@@ -955,3 +955,30 @@ func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
 		t.Fatalf("removed with the archive: %q", b)
 	}
 }
+
+// An unpack a cut (a kill, the power) stops part way leaves its intent
+// pending, naming every path it might make. The next apply claims of
+// those only what is there — not a path the unpack never reached — and
+// the record names the version, so what a person edited since in a file
+// the unpack did make is kept when the archive goes (it was removed
+// unsaid: the record named no version to compare with).
+func TestAnUnpackCutPartWayClaimsOnlyWhatItMade(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
+	// The cut: before the record; icons/ and a.svg not reached yet.
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+	os.RemoveAll(h.p("themes/theme/icons"))
+	os.WriteFile(h.p("themes/theme/index.theme"), []byte("[Theme]\nName=edited\n"), 0o644)
+
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Removed, "ui.theme=removed")
+	if !strings.HasPrefix(rep.Lines[0].Detail, "2 paths it wrote removed; of those removed, 1 was edited by hand") || plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	h.absent("themes/theme")
+	expectKeptOfTheme(t, h, "themes/theme/index.theme", "[Theme]\nName=edited\n")
+}

@@ -1197,7 +1197,13 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	}
 	if len(p.Paths) > 0 {
 		all := map[string]bool{}
-		for _, x := range append(slices.Clone(n.Paths), p.Paths...) {
+		for _, x := range n.Paths {
+			all[x] = true
+		}
+		for _, x := range p.Paths {
+			if !all[x] && e.Type == shapes.TypeArchive && !reachedByCut(x) {
+				continue
+			}
 			all[x] = true
 		}
 		n.Paths = nil

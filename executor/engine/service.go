@@ -110,6 +110,12 @@ func keptOfDigest(typ, digest, cut string, enabledSet bool) string {
 		// the usermod. Cut before its usermod, the earlier declaration's
 		// shell is left, as a shell changed by another is.
 		return keptOfUserDigest(cmp.Or(cut, digest))
+	case shapes.TypeArchive:
+		// The version the record named before the cut (what a look at
+		// its files compares them with, editedSince), else the one the
+		// cut unpack was writing: as an unpack that fails part way
+		// records it.
+		return cmp.Or(digest, cut)
 	}
 	return ""
 }

@@ -103,6 +103,23 @@ func processOn(t *testing.T, in lab.Init) {
 	untilTrue(t, 20*time.Second, "restarted onto the definition put back", func() bool { third = pid(); return third != "" && third != second })
 	t.Logf("%s: pids %s, %s (after a stop by hand), %s (after its definition was edited)", in, first, second, third)
 
+	// A link planted where its definition goes (a way to have root write
+	// through it): never followed — the step fails at its look, naming
+	// the link, which is left as it is with what it points at — and once
+	// the link is gone, the definition is put back.
+	m.sh("cp -p /etc/shadow /tmp/shadow.before && rm -f " + v.def + " && ln -s /etc/shadow " + v.def)
+	rep, code = m.apply(decl(app))
+	expect(t, rep, shapes.Failed, "app.api=failed")
+	if code != 1 || !strings.Contains(rep.Lines[0].Detail, v.def) || !strings.Contains(rep.Lines[0].Detail, "link") {
+		t.Fatalf("a link at the definition: exit %d %+v", code, rep.Lines)
+	}
+	if m.sh("test -L "+v.def+" && cmp /etc/shadow /tmp/shadow.before && echo untouched") != "untouched" {
+		t.Fatal("the link at the definition, or what it points at, was changed")
+	}
+	m.sh("rm " + v.def)
+	rep, _ = m.apply(decl(app))
+	expect(t, rep, shapes.Repaired, "app.api=repaired")
+
 	// A unit the mesh did not create: refused by name, nothing changed.
 	found := `{"module":"app","id":"found","type":"process","name":"lp-found","exec":["/bin/sleep","100004"],"user":"lp-app"}`
 	rep, code = m.apply(decl(app, found))

@@ -440,7 +440,7 @@ func (w *world) do(s step) {
 		n.rescue = append(n.rescue, r.Lines...)
 	case "kill":
 		if procKind(s.Proc) == "executor" {
-			w.killExecutor(n, s.N%3 == 0)
+			w.killExecutor(n, s.N%3)
 			break
 		}
 		w.faults["kill -9 "+procKind(s.Proc)]++
@@ -799,14 +799,43 @@ func (w *world) setClock(n *node, skew time.Duration) {
 	n.skewShown = skew != 0
 }
 
-// killExecutor kills n's executor with -9: the executor alone, which its
-// launcher must start again by itself (the step that undoes it looks), or
-// with whole (the launcher killed -9, as a service's main process dies):
-// the executor must then end on its parent-death signal, and the step
-// that undoes it starts the service again, as the init would.
-func (w *world) killExecutor(n *node, whole bool) {
+// killExecutor ends n's executor by one of three ways (how): 0, its
+// launcher killed -9 (as a service's main process dies): the executor
+// must then end on its parent-death signal, and the step that undoes it
+// starts the service again, as the init would; 1, the service stopped as
+// the init stops it (SIGTERM to the launcher): the executor ends the apply
+// in progress between two steps and exits within the launcher's stop
+// timeout (10 s here), and the step that undoes it starts the service
+// again; else the executor alone killed -9, which its launcher must start
+// again by itself (the step that undoes it looks).
+func (w *world) killExecutor(n *node, how int) {
 	pid := w.executorPid(n)
-	if !whole {
+	switch how {
+	case 0:
+		w.faults["kill -9 launcher (and so its executor)"]++
+		w.end(n.exec, syscall.SIGKILL)
+		if pid == 0 {
+			return
+		}
+		w.check("executor-ends-with-launcher")
+		gone := w.eventually(20*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
+		if !gone {
+			w.violate(n, "executor-ends-with-launcher", "%s's executor (pid %d) still runs 20s after its launcher was killed: it holds the state the next launcher's executor needs", n.name, pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	case 1:
+		w.faults["SIGTERM launcher (the init's stop)"]++
+		w.check("stop-ends")
+		start := time.Now()
+		w.end(n.exec, syscall.SIGTERM)
+		if took := time.Since(start); took > 15*time.Second {
+			w.violate(n, "stop-ends", "%s's launcher took %s to end after SIGTERM (its --stop-timeout is 10s):\n%s", n.name, took.Round(time.Millisecond), tailOf(n.exec.log, 1500))
+		}
+		if pid != 0 && !w.eventually(5*time.Second, func() bool { return syscall.Kill(pid, 0) != nil }) {
+			w.violate(n, "stop-ends", "%s's executor (pid %d) still runs after its launcher ended on SIGTERM", n.name, pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	default:
 		w.faults["kill -9 executor (its launcher restarts it)"]++
 		if pid == 0 {
 			w.logf("  (no executor under %s's launcher to kill)", n.name)
@@ -814,18 +843,6 @@ func (w *world) killExecutor(n *node, whole bool) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		n.childKilled = true
-		return
-	}
-	w.faults["kill -9 launcher (and so its executor)"]++
-	w.end(n.exec, syscall.SIGKILL)
-	if pid == 0 {
-		return
-	}
-	w.check("executor-ends-with-launcher")
-	gone := w.eventually(20*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
-	if !gone {
-		w.violate(n, "executor-ends-with-launcher", "%s's executor (pid %d) still runs 20s after its launcher was killed: it holds the state the next launcher's executor needs", n.name, pid)
-		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 

@@ -412,6 +412,14 @@ func (c *Client) allocateAmong(ctx context.Context, node string, network netip.P
 		}
 		cand, claimRev, err := c.claimFree(ctx, node, network, claimed)
 		if err != nil {
+			// Full, perhaps of this node's own address: another
+			// allocation for it (serve's roster beside the command's)
+			// took the last one while this looked.
+			if now, _, ok := c.address(ctx, node); ok && network.Contains(now) {
+				if owner, _ := c.claimOwner(ctx, now); owner == node {
+					return now, nil
+				}
+			}
 			return netip.Addr{}, err
 		}
 		// The network may have changed since the caller read it (serve's

@@ -486,3 +486,63 @@ func TestASnapshotsStaleClaimsDoNotFillTheNetwork(t *testing.T) {
 		t.Fatal("the address taken is not noted among the claims")
 	}
 }
+
+// The last address of a network, taken by several allocations for one
+// node at once (serve's roster and the command's, composing for the same
+// node new to the overlay): every one of them ends on it. One that found
+// the network full while the winner's claim was not yet its address, and
+// looked again once it was, said "full".
+func TestTheLastAddressRacedForByOneNodesAllocations(t *testing.T) {
+	s := serve(t, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	network := "10.97.0.0/29" // six hosts
+	if _, err := s.client.SetOverlay(ctx, control.OverlayChange{Network: &network}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		name := fmt.Sprintf("a%d", i)
+		if _, _, err := s.client.AddNode(ctx, name, s.url); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.client.OverlayAddress(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rounds, per = 12, 4
+	for r := range rounds {
+		name := fmt.Sprintf("last%d", r)
+		if _, _, err := s.client.AddNode(ctx, name, s.url); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]netip.Prefix, per)
+		errs := make([]error, per)
+		var wg sync.WaitGroup
+		for k := range per {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := connect(ctx, s)
+				if err != nil {
+					errs[k] = err
+					return
+				}
+				defer c.Close()
+				got[k], errs[k] = c.OverlayAddress(ctx, name)
+			}()
+		}
+		wg.Wait()
+		for k := range per {
+			if errs[k] != nil || got[k] != got[0] {
+				t.Fatalf("round %d: %s's allocations at once: %v %v", r, name, got, errs)
+			}
+		}
+		// Its address given back for the next round's node.
+		if err := s.client.RevokeNode(ctx, name, "the next round"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.client.DeleteNode(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

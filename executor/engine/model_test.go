@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,7 +76,7 @@ func TestTheEngineFollowsTheModel(t *testing.T) {
 	for i := range n {
 		s := seed + uint64(i)
 		seq := model.Generate(s).WithRescues()
-		if msg := runAgainstModel(t, seq); msg != "" {
+		if msg := runAgainstModel(t, seq, nil); msg != "" {
 			t.Fatalf("seed %d (%s=%d %s=1 to run it alone): %s\n%s", s, modelSeedEnv, s, modelSequencesEnv, msg, seq)
 		}
 	}
@@ -82,7 +84,11 @@ func TestTheEngineFollowsTheModel(t *testing.T) {
 
 // runAgainstModel runs seq on the engine and the model, and says the first
 // difference ("" for none).
-func runAgainstModel(t *testing.T, seq model.Sequence) string {
+// stopAt, when not nil, names declarations (by step, from 0) whose apply
+// is first stopped (Options.Stop) once it has said that many lines, then
+// run again whole: the machine after the second must be the model's, and
+// every step after it as the model says, lines and all.
+func runAgainstModel(t *testing.T, seq model.Sequence, stopAt map[int]int) string {
 	t.Helper()
 	events := seq.Events()
 	want, _ := model.Run(seq.World, events)
@@ -205,9 +211,46 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 			return fmt.Sprintf("step %d: the plan changed the machine: the init was asked %q, the package manager %q, the files or the store changed: %v", i+1, tr, pk.log, now != was)
 		}
 		pk.log = nil
+		after, stopped := stopAt[i]
+		if stopped {
+			stop, said := make(chan struct{}), 0
+			if after == 0 {
+				close(stop)
+			}
+			first := Apply(context.Background(), s, d, []byte(doc), Options{Source: src, packages: pk, Stop: stop,
+				Init: func() (initsys.Manager, error) { return f, nil },
+				OnLine: func(shapes.Line) {
+					if said++; said == after {
+						close(stop)
+					}
+				}})
+			if first.Refused != "" && plan.Refused == "" {
+				s.Unlock()
+				return fmt.Sprintf("step %d: the apply stopped after %d lines was refused: %s", i+1, after, first.Refused)
+			}
+		}
 		rep := Apply(context.Background(), s, d, []byte(doc), Options{Source: src, packages: pk,
 			Init: func() (initsys.Manager, error) { return f, nil }})
 		s.Unlock()
+		if stopped {
+			// Applied in two: its lines, the init's and the package
+			// manager's words are split between them; what it made is not.
+			f.transcript()
+			w := want[i]
+			if msg := sameFile(shared, w.Blocks); msg != "" {
+				return fmt.Sprintf("step %d, stopped after %d lines and applied again: %s", i+1, after, msg)
+			}
+			if msg := sameKeys(keysFile, w.Keys); msg != "" {
+				return fmt.Sprintf("step %d, stopped after %d lines and applied again: %s", i+1, after, msg)
+			}
+			if got, err := treefs.Read(tree); err != nil || treefs.Diff(got, w.Tree) != "" {
+				return fmt.Sprintf("step %d, stopped after %d lines and applied again: the tree is not the model's: %v%s", i+1, after, err, treefs.Diff(got, w.Tree))
+			}
+			if rep.Outcome == shapes.Failed && !slices.Contains(slices.Collect(maps.Values(w.Lines)), string(shapes.Failed)) {
+				return fmt.Sprintf("step %d, stopped after %d lines, failed when applied again: %s", i+1, after, linesOf(rep))
+			}
+			continue
+		}
 		// Each line's outcome: the words may differ where the plan cannot
 		// know (the version a package manager installs). An apply that
 		// failed is compared up to its first failed line (planAgreesUpTo).
@@ -277,6 +320,49 @@ func runAgainstModel(t *testing.T, seq model.Sequence) string {
 		}
 	}
 	return ""
+}
+
+// A stop at any point of any apply (Options.Stop: the daemon asked to
+// stop, a rescue apply's Ctrl-C), then the same declaration applied again,
+// leaves the machine as the apply not stopped would, and every apply
+// after it does what the model says: the stop leaves nothing the store
+// and the machine disagree on. On the model's generated sequences, a
+// stop drawn at one declaration of each, after a drawn number of lines.
+func TestAStoppedApplyAppliedAgainEndsAsTheModel(t *testing.T) {
+	n, seed := 200, uint64(1)
+	if s := os.Getenv(modelSequencesEnv); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("%s=%q", modelSequencesEnv, s)
+		}
+		n = v
+	}
+	if s := os.Getenv(modelSeedEnv); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q", modelSeedEnv, s)
+		}
+		seed = v
+	}
+	for i := range n {
+		s := seed + uint64(i)
+		seq := model.Generate(s).WithRescues()
+		var decls []int
+		for j, st := range seq.Steps {
+			if st.Decl != nil {
+				decls = append(decls, j)
+			}
+		}
+		if len(decls) == 0 {
+			continue
+		}
+		r := rand.New(rand.NewPCG(s, 0x5709))
+		at := decls[r.IntN(len(decls))]
+		after := r.IntN(len(seq.Steps[at].Decl.Resources) + 1)
+		if msg := runAgainstModel(t, seq, map[int]int{at: after}); msg != "" {
+			t.Fatalf("seed %d (%s=%d %s=1 to run it alone), stopped at step %d after %d lines: %s\n%s", s, modelSeedEnv, s, modelSequencesEnv, at+1, after, msg, seq)
+		}
+	}
 }
 
 // sameFile holds the shared file to the model's blocks, and what lies

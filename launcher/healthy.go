@@ -123,6 +123,12 @@ func keepKnownGood(kg string, binaries map[string]string) (sums map[string]strin
 	haveRunning := unix.Stat("/proc/self/exe", &running) == nil
 	sums = map[string]string{}
 	staged := map[string]string{}
+	type toCopy struct {
+		f   *os.File
+		dst string
+	}
+	var copies []toCopy
+	var need uint64
 	defer func() {
 		if err != nil || kept {
 			for tmp := range staged {
@@ -163,18 +169,31 @@ func keepKnownGood(kg string, binaries map[string]string) (sums map[string]strin
 				continue
 			}
 		}
-		tmp, err := stage(dst, 0o755, func(w *os.File) error {
-			if _, err := f.Seek(0, io.SeekStart); err != nil {
+		defer f.Close()
+		copies = append(copies, toCopy{f, dst})
+		need += uint64(st.Size)
+	}
+	// Room first: a copy that fills the filesystem fails, is removed, and
+	// is tried again at the next reconcile — every program writing there
+	// meanwhile told the disk is full, at each.
+	var fs unix.Statfs_t
+	if len(copies) > 0 && unix.Statfs(kg, &fs) == nil {
+		if free := fs.Bavail * uint64(fs.Bsize); free < need+knownGoodReserve {
+			return nil, false, fmt.Errorf("launcher: the known-good copy needs %d bytes and %s has %d free (%d kept free for the rest): not copied; free room there, or give the launcher a --known-good directory on another filesystem", need, kg, free, knownGoodReserve)
+		}
+	}
+	for _, c := range copies {
+		tmp, err := stage(c.dst, 0o755, func(w *os.File) error {
+			if _, err := c.f.Seek(0, io.SeekStart); err != nil {
 				return err
 			}
-			_, err := io.Copy(w, f)
+			_, err := io.Copy(w, c.f)
 			return err
 		})
-		f.Close()
 		if err != nil {
 			return nil, false, err
 		}
-		staged[tmp] = dst
+		staged[tmp] = c.dst
 	}
 	if err := commit(staged); err != nil {
 		staged = nil
@@ -183,6 +202,10 @@ func keepKnownGood(kg string, binaries map[string]string) (sums map[string]strin
 	staged = nil
 	return sums, false, nil
 }
+
+// knownGoodReserve is what the known-good copy leaves free on its
+// filesystem: the state's store and journal share it.
+const knownGoodReserve = 16 << 20
 
 // CopyReinstall is the default Config.Reinstall: it copies each binary of
 // installed that has a copy in knownGood over its installed path, atomically

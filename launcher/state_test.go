@@ -357,3 +357,28 @@ func TestCopyReinstallKeepsTheSELinuxLabel(t *testing.T) {
 		}
 	}
 }
+
+// A known-good copy with no room for it on its filesystem is not tried:
+// said, nothing written there (it filled the filesystem, failed and was
+// removed, at every reconcile, every other writer there told the disk was
+// full meanwhile).
+func TestAKnownGoodCopyWithNoRoomIsNotTried(t *testing.T) {
+	dir := t.TempDir()
+	kg := filepath.Join(dir, "kg")
+	os.Mkdir(kg, 0o700)
+	if err := unix.Mount("tmpfs", kg, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(kg, unix.MNT_DETACH)
+	bin := filepath.Join(dir, "mesh-agent")
+	if err := os.WriteFile(bin, make([]byte, 600<<10), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := keepKnownGood(kg, map[string]string{"mesh-agent": bin})
+	if err == nil || !strings.Contains(err.Error(), "the known-good copy needs") {
+		t.Fatalf("%v", err)
+	}
+	if ents, _ := os.ReadDir(kg); len(ents) != 0 {
+		t.Fatalf("written there: %v", ents)
+	}
+}

@@ -524,12 +524,12 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 		// journaled (engine.Options.Keep).
 		opt.Keep = func(rep *shapes.Report) { st.KeepReport(src, trigger, rep) }
 	}
+	quit := func() {}
 	if !plan {
-		stop, quit := c.stopOnSignal()
-		defer quit()
-		opt.Stop = stop
+		opt.Stop, quit = c.stopOnSignal()
 	}
 	rep := engine.Apply(context.Background(), st, d, data, opt)
+	quit() // a signal after the apply is the signal's own
 	c.report(rep, plan, diffs)
 	if !plan && rep.Outcome != shapes.Refused {
 		c.pruneArchives(st)
@@ -1213,7 +1213,11 @@ func (c *command) serve(args []string) int {
 	drift, build, hostBinary, partial := f.drift, f.build, f.hostBinary, f.partial
 	log := slog.New(slog.NewTextHandler(c.errw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if os.Geteuid() != 0 {
-		log.Error("executor: serve runs as root")
+		log.Error("executor: serve must run as root")
+		return ExitRefused
+	}
+	if *drift < 0 {
+		fmt.Fprintf(c.errw, "mesh-executor: serve: --drift %s: a time to wait must not be negative (0 looks for drift never)\n", *drift)
 		return ExitRefused
 	}
 	var uid, gid int
@@ -1235,9 +1239,15 @@ func (c *command) serve(args []string) int {
 		*partial = true
 		log.Info("executor: a partial host (Android: no init this host may drive): file, directory, region, keys, action and archive only")
 	}
+	_, serr := os.Lstat(*stateDir)
 	if _, err := store.Open(*stateDir); err != nil {
 		log.Error("executor: state", "err", err)
 		return ExitRefused
+	}
+	if errors.Is(serr, os.ErrNotExist) {
+		// Said: a mistyped --state serves an empty store, which takes
+		// what the first one made for found.
+		log.Warn("executor: no state yet: made now, and what this daemon applies is held there (if another state was meant, give its --state)", "state", *stateDir)
 	}
 	// One daemon per state, before the socket is touched: a second one
 	// would take the socket from the first and apply beside it.
@@ -1254,6 +1264,13 @@ func (c *command) serve(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The first signal stops the daemon, which lets the step in progress
+	// end; a second is the signal's own and ends it at once (what that
+	// cuts, the next start resumes).
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	// The agent is the one installed beside the executor: Healthy keeps
 	// it with the executor, once it is proven to stay up (serve).
 	agentBin := ""
@@ -1300,7 +1317,7 @@ func (c *command) serve(args []string) int {
 		log.Info("executor: serving over vsock too", "port", *vsockPort, "cids", cfg.VsockCIDs)
 		go srv.Serve(ctx, vln)
 	}
-	log.Info("executor: serving", "socket", *socket, "agent", *agentUser, "uid", uid, "version", c.version)
+	log.Info("executor: serving", "socket", *socket, "state", *stateDir, "agent", *agentUser, "uid", uid, "version", c.version)
 	if err := srv.Run(ctx, ln); err != nil {
 		log.Error("executor: serve", "err", err)
 		return ExitFailed
@@ -1321,14 +1338,25 @@ func (c *command) stopOnSignal() (stop <-chan struct{}, quit func()) {
 	asked := make(chan struct{})
 	sigs := make(chan os.Signal, 1)
 	done := make(chan struct{})
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// A signal the command was started ignoring (SIGINT, run with & from
+	// a script) stays ignored.
+	var caught []os.Signal
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		if !signal.Ignored(sig) {
+			caught = append(caught, sig)
+		}
+	}
+	if len(caught) == 0 {
+		return asked, func() {}
+	}
+	signal.Notify(sigs, caught...)
 	go func() {
 		select {
 		case <-sigs:
 		case <-done:
 			return
 		}
-		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
+		signal.Reset(caught...)
 		fmt.Fprintln(c.errw, "asked to stop: the apply ends after the step in progress (ask again to stop at once; the next apply resumes what that cuts)")
 		close(asked)
 	}()

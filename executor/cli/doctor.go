@@ -72,7 +72,17 @@ func (c *command) doctor() int {
 	var faultsErr error
 	var st *store.Store
 	if exists {
-		st, _, _ = store.Peek(c.state)
+		var err error
+		if st, _, err = store.Peek(c.state); err != nil && dir.Status == checkOK {
+			// The daemon refuses to start on a store that does not read:
+			// said here, where the rest looks healthy.
+			dir.Status, dir.Detail = checkFail, dir.Detail+"; its store does not read: "+err.Error()
+			dir.Fix = "the executor refuses to start or apply on it; what the error says to do, after keeping a copy of " + c.state
+		}
+		if dir.Status == checkOK && readOnly(c.state) {
+			dir.Status, dir.Detail = checkFail, dir.Detail+"; its filesystem is mounted read-only: the executor can record nothing there"
+			dir.Fix = "mount it read-write (mount -o remount,rw on its mount point), once you know why it was not: errors remount a filesystem read-only"
+		}
 		id, idErr = identity.Load(c.state)
 		pending, _ = enrol.ReadPending(c.state)
 		rekey, _ = enrol.ReadRekey(c.state)
@@ -140,6 +150,12 @@ func stateCheck(state string) (check, bool) {
 	}
 	ch.Detail = state + ", root's, mode 0700"
 	return ch, true
+}
+
+// readOnly says whether dir's filesystem is mounted read-only.
+func readOnly(dir string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(dir, &fs) == nil && fs.Flags&unix.ST_RDONLY != 0
 }
 
 // daemonCheck says whether `mesh-executor serve` runs for state and

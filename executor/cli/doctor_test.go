@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
@@ -389,5 +391,53 @@ func TestDoctorRescue(t *testing.T) {
 		if ch.Status != c.status || !strings.Contains(ch.Detail, c.says) || (ch.Status != checkOK) != (ch.Fix != "") {
 			t.Errorf("%q for %v: %+v", c.node, c.id, ch)
 		}
+	}
+}
+
+// A store the daemon refuses to start on (its journal damaged) is a
+// failure of the state directory, said with the store's own words, not
+// an "ok" beside a daemon that will not start; and a state on a
+// filesystem mounted read-only is one too.
+func TestDoctorSaysAStoreThatDoesNotRead(t *testing.T) {
+	dir := base(t)
+	state := filepath.Join(dir, "state")
+	st, err := store.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st.Put(&store.Entry{Target: "path:/x", Type: "file", Claims: []store.Claim{{Source: store.Local, Module: "m", ID: "x"}}})
+	st.Put(&store.Entry{Target: "path:/y", Type: "file", Claims: []store.Claim{{Source: store.Local, Module: "m", ID: "y"}}})
+	st.Commit()
+	st.Unlock()
+	j := filepath.Join(state, "journal")
+	b, err := os.ReadFile(j)
+	if err != nil || len(b) < 20 {
+		t.Fatalf("%d %v", len(b), err)
+	}
+	b[10] ^= 0xff
+	os.WriteFile(j, b, 0o600)
+	out, code := doctor(t, "--state", state, "--socket", filepath.Join(dir, "none.sock"))
+	if l := lineOf(t, out, "state directory"); code != ExitFailed || !strings.HasPrefix(l, "fail") || !strings.Contains(l, "its store does not read: store: the journal is damaged") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+
+	ro := filepath.Join(dir, "ro")
+	os.Mkdir(ro, 0o700)
+	if err := unix.Mount("tmpfs", ro, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(ro, unix.MNT_DETACH)
+	if _, err := store.Open(filepath.Join(ro, "state")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	out, code = doctor(t, "--state", filepath.Join(ro, "state"), "--socket", filepath.Join(dir, "none.sock"))
+	if l := lineOf(t, out, "state directory"); code != ExitFailed || !strings.Contains(l, "mounted read-only") {
+		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }

@@ -87,6 +87,8 @@ func Action(ctx context.Context, argv []string, timeout time.Duration) (code int
 	if err := cmd.Start(); err != nil {
 		return -1, "", fmt.Errorf("cannot start %q: %w", argv, err)
 	}
+	deadline, _ := ctx.Deadline()
+	defer note(ctx, cmd.Process.Pid, argv, deadline)()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {

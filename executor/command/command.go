@@ -385,6 +385,8 @@ func Run(ctx context.Context, argv []string, opts Options) (Result, error) {
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("command: cannot start %q: %w", argv, err)
 	}
+	deadline, _ := ctx.Deadline()
+	defer note(ctx, cmd.Process.Pid, argv, deadline)()
 	err = cmd.Wait()
 	res.Stdout, res.Stderr = strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String())
 	st := cmd.ProcessState

@@ -29,11 +29,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/command"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -308,6 +310,20 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		return rep
 	}
 	if !opt.Plan {
+		// A program an executor before this one started and left running
+		// (killed, it could not wait for it) is waited for before this
+		// apply starts one beside it (command.LeftRunning), and what this
+		// one starts is noted for the next.
+		running := filepath.Join(st.Dir(), RunningDir)
+		r.ctx = command.Tracked(ctx, running)
+		if err := command.LeftRunning(running, opt.Stop, r.log.Warn); err != nil {
+			rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: "+err.Error()+" while waiting for a program an executor before this one left running; nothing was changed", true
+			return rep
+		}
+		if r.stopAsked() {
+			rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: asked to stop before the apply began; nothing was changed", true
+			return rep
+		}
 		if err := st.SaveTarget(opt.Source, raw); err != nil {
 			rep.Outcome, rep.Refused, rep.Passing = shapes.Refused, "executor: cannot save the target: "+err.Error(), true
 			return rep
@@ -332,9 +348,24 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		// the apply goes on; only that record is missing.
 		noted, err := st.Begin(began)
 		r.begun = err == nil
+		// Said once an apply: the journal notes what it said in parts.
+		type cut struct {
+			source string
+			seq    uint64
+		}
+		var order []cut
+		sums := map[cut][2]int{}
 		for _, a := range noted {
+			k := cut{string(a.Source), a.Seq}
+			if _, ok := sums[k]; !ok {
+				order = append(order, k)
+			}
+			n := sums[k]
+			sums[k] = [2]int{n[0] + a.Changed, n[1] + a.Failed}
+		}
+		for _, k := range order {
 			r.log.Warn("an apply cut short (a power cut, a kill) had changed the machine before its report went out: noted for the control side",
-				"source", a.Source, "seq", a.Seq, "changed", a.Changed, "failed", a.Failed)
+				"source", k.source, "seq", k.seq, "changed", sums[k][0], "failed", sums[k][1])
 		}
 		if err != nil {
 			r.log.Warn("the journal could not say an apply begins", "err", err)
@@ -672,7 +703,7 @@ func (r *run) applyAll() {
 			// before the apply stops, so the lines keep their order.
 			r.flush(batch, len(r.d.Resources)-i)
 			if !r.stopped {
-				r.stopBefore(len(r.d.Resources) - i)
+				r.stopBefore(countWord(len(r.d.Resources)-i, "later resource", "later resources"))
 			}
 			return
 		}
@@ -696,7 +727,7 @@ func (r *run) applyAll() {
 				return
 			}
 			if r.stopAsked() {
-				r.stopBefore(len(r.d.Resources) - i)
+				r.stopBefore(countWord(len(r.d.Resources)-i, "later resource", "later resources"))
 				return
 			}
 			r.ran[claimTarget{st.claim, st.target}] = true
@@ -722,12 +753,18 @@ func (r *run) stopAsked() bool {
 	}
 }
 
-// stopBefore ends the apply where it is, rest resources not attempted.
-func (r *run) stopBefore(rest int) {
+// stopBefore ends the apply where it is, rest (counted, with its noun)
+// not attempted.
+func (r *run) stopBefore(rest string) {
 	r.emit(shapes.Line{Type: "executor", Outcome: shapes.Failed,
-		Detail: fmt.Sprintf("the executor was asked to stop; the apply stopped here (%s not attempted): its next start applies them", countWord(rest, "later resource", "later resources"))})
+		Detail: fmt.Sprintf("asked to stop: the apply stopped here (%s not attempted; the next apply of this declaration does them)", rest)})
 	r.stopped = true
 }
+
+// RunningDir is the state's directory of the programs an apply started
+// that are running (command.Tracked): those a killed executor left are
+// waited for by the next apply.
+const RunningDir = "running"
 
 // flush plans, then carries out, a batch of file and directory steps. after
 // is how many resources follow the batch, for the message of a failure.
@@ -795,10 +832,17 @@ func (r *run) execute(batch []*step, after int) {
 		return
 	}
 	var done []*step
-	failedAt := -1
+	failedAt, stoppedAt := -1, -1
 	for i, st := range batch {
 		if st.line.Outcome == shapes.Failed {
 			failedAt = i
+			break
+		}
+		if st.change != nil && r.stopAsked() {
+			// Asked to stop: what was changed is recorded, the rest
+			// not begun (a removal of packages, units, users one by
+			// one is the longest part of some applies).
+			stoppedAt = i
 			break
 		}
 		if st.change != nil {
@@ -885,6 +929,16 @@ func (r *run) execute(batch []*step, after int) {
 		}
 		rest := len(batch) - failedAt - 1 + after
 		r.fail(batch[failedAt], nil, rest)
+	case stoppedAt >= 0:
+		if last != nil {
+			r.emit(last.line)
+		}
+		for _, st := range batch[stoppedAt:] {
+			if st.intent != nil {
+				r.abandon(st.target)
+			}
+		}
+		r.stopBefore(countWord(len(batch)-stoppedAt+after, "later step", "later steps"))
 	case last != nil:
 		r.fail(last, nil, after)
 	case unrecorded != nil:
@@ -1154,7 +1208,7 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	}
 	if ok && !r.opt.Plan {
 		if fsx.RemoveLeftover(file) {
-			r.log.Info("removed what an interrupted write left", "path", fsx.TempName(file))
+			r.log.Info("removed what an interrupted write left", "path", filepath.Join(filepath.Dir(file), fsx.TempName(filepath.Base(file))))
 		}
 	}
 	p := e.Pending

@@ -15,7 +15,9 @@ import (
 // progress end — an action is neither killed nor cut short — attempts no
 // later resource, says how many it left and removes nothing undeclared:
 // the apply did not see the declaration through. The next apply, not
-// stopped, does the rest and only then removes what is undeclared.
+// stopped, does the rest and only then removes what is undeclared. A
+// stop asked before the apply began refuses it for the moment (passing):
+// nothing changes, the target is not saved.
 func TestAStopEndsTheApplyBetweenTwoResources(t *testing.T) {
 	old := `{"module":"m","id":"old","type":"file","path":"{root}/old","content":"old\n"}`
 	action := `{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; sleep 0.5; echo done > {root}/marker"],"verify":["/bin/sh","-c","test -f {root}/marker"]}`
@@ -32,7 +34,7 @@ func TestAStopEndsTheApplyBetweenTwoResources(t *testing.T) {
 		applied string
 		rest    string
 	}{
-		{"before the first resource", "", "", "4 later resources"},
+		{"before the apply began", "", "", ""},
 		{"after a batch of files", "first", "m.first=applied ", "3 later resources"},
 		{"during an action, which ends", "first-then-action", "m.first=applied m.a=applied ", "2 later resources"},
 	}
@@ -64,12 +66,26 @@ func TestAStopEndsTheApplyBetweenTwoResources(t *testing.T) {
 					close(stop)
 				}
 			}})
+			if tc.at == "" {
+				// Before the apply began: refused for the moment, and
+				// nothing changed, the target not saved.
+				if rep.Outcome != shapes.Refused || !rep.Passing || !strings.Contains(rep.Refused, "asked to stop before the apply began; nothing was changed") || len(rep.Lines) != 0 {
+					t.Fatalf("%+v", rep)
+				}
+				if raw, _ := st.Target(store.Local); string(raw) == doc {
+					t.Fatal("a declaration refused for a stop was saved as the target")
+				}
+				h.absent("first")
+				st.Unlock()
+				h.expect(h.apply(doc), shapes.Applied, "m.first=applied m.a=applied m.second=applied m.dir=applied m.old=removed")
+				return
+			}
 			want := tc.applied + ".=failed"
 			if outcomes(rep) != want || rep.Outcome != shapes.Failed {
 				t.Fatalf("report %s [%s], want failed [%s]\n%+v", rep.Outcome, outcomes(rep), want, rep)
 			}
 			last := rep.Lines[len(rep.Lines)-1]
-			if last.Type != "executor" || !strings.Contains(last.Detail, "asked to stop") || !strings.Contains(last.Detail, tc.rest+" not attempted") {
+			if last.Type != "executor" || !strings.Contains(last.Detail, "asked to stop: the apply stopped here") || !strings.Contains(last.Detail, tc.rest+" not attempted") {
 				t.Fatalf("the last line does not say the stop and what it left: %+v", last)
 			}
 			h.absent("second")
@@ -88,11 +104,45 @@ func TestAStopEndsTheApplyBetweenTwoResources(t *testing.T) {
 			st.Unlock()
 
 			h.expect(h.apply(doc), shapes.Applied, map[string]string{
-				"":                  "m.first=applied m.a=applied m.second=applied m.dir=applied",
 				"first":             "m.first=unchanged m.a=applied m.second=applied m.dir=applied",
 				"first-then-action": "m.first=unchanged m.a=unchanged m.second=applied m.dir=applied",
 			}[tc.at]+" m.old=removed")
 			h.absent("old")
 		})
 	}
+}
+
+// A stop asked during the last resource reaches the removals after it:
+// what is no longer declared is not removed by that apply (its removals
+// are steps like the others: a package's, a unit's), the next does it.
+func TestAStopReachesTheRemovals(t *testing.T) {
+	h := newHarness(t)
+	var olds []string
+	for _, n := range []string{"o1", "o2", "o3"} {
+		olds = append(olds, `{"module":"m","id":"`+n+`","type":"file","path":"{root}/`+n+`","content":"x\n"}`)
+	}
+	h.expect(h.apply(h.doc(olds...)), shapes.Applied, "m.o1=applied m.o2=applied m.o3=applied")
+	doc := h.doc(`{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; sleep 0.3; echo done > {root}/marker"],"verify":["/bin/sh","-c","test -f {root}/marker"]}`)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			if _, err := os.Stat(h.p("started")); err == nil {
+				close(stop)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	d, st := h.open(doc, false)
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Stop: stop})
+	st.Unlock()
+	if outcomes(rep) != "m.a=applied .=failed" || !strings.Contains(rep.Lines[1].Detail, "asked to stop: the apply stopped here (3 later steps not attempted") {
+		t.Fatalf("%s\n%+v", outcomes(rep), rep)
+	}
+	for _, n := range []string{"o1", "o2", "o3"} {
+		if h.read(n) != "x\n" {
+			t.Fatalf("%s was removed by the apply that stopped", n)
+		}
+	}
+	h.expect(h.apply(doc), shapes.Removed, "m.a=unchanged m.o3=removed m.o2=removed m.o1=removed")
 }

@@ -210,7 +210,7 @@ func (c *conn) line(l shapes.Line) {
 // refuse queues a coded error; the writer closes the connection after it.
 func (s *Server) refuse(c *conn, code wire.Code, msg string, args ...any) {
 	m := fmt.Sprintf("executor: "+msg, args...)
-	s.log.Warn("connection refused", "code", code.String(), "reason", m)
+	s.log.Warn("a request refused; the connection closed", "code", code.String(), "reason", m)
 	c.out.push(outgoing{kind: wire.KindError, body: &wire.Error{Code: code, Message: m}, last: true})
 }
 
@@ -375,7 +375,10 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		if !s.begin(c) {
 			return
 		}
-		rk, reply, err := s.call(h, ctx, c, k, body)
+		// Begun, a request is answered as if no stop had come: a plan
+		// or a profile made on a context the stop cancelled says
+		// failures the stop caused (the stop waits for it: drain).
+		rk, reply, err := s.call(h, context.WithoutCancel(ctx), c, k, body)
 		c.Release() // the request's bytes are no longer needed
 		s.end(c)
 		if err != nil {

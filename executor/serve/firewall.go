@@ -66,7 +66,7 @@ func (s *Server) afterFirewallLoss(ctx context.Context) {
 		s.log.Warn("the firewall changed; the store could not be read", "err", err)
 		return
 	}
-	if err := st.Lock(s.cfg.LockWait); err != nil {
+	if err := s.lockStore(st); err != nil {
 		s.log.Warn("the firewall changed; the store could not be read", "err", err)
 		return
 	}

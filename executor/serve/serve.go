@@ -293,6 +293,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 				case <-ctx.Done():
 					return
 				case <-t.C:
+					if ctx.Err() != nil {
+						return // the tick and the stop came together
+					}
 					s.guard("the drift reconcile", func() {
 						s.Reconcile(ctx, triggerDrift, nil)
 						s.restartIfUpgraded()
@@ -339,10 +342,32 @@ func (s *Server) drain() {
 		}
 	}
 	s.slotMu.Unlock()
-	if busy > 0 {
-		s.log.Info("stopping: waiting for the requests in progress to be answered (an apply ends before its next resource)", "requests", busy)
+	applying := !s.applyMu.TryLock()
+	if !applying {
+		s.applyMu.Unlock()
+	}
+	if busy > 0 || applying {
+		s.log.Info("stopping: waiting for what is in progress (an apply ends before its next resource; a second SIGTERM or SIGINT ends the process at once)", "requests", busy, "applying", applying)
 	}
 	s.tasks.Wait()
+}
+
+// lockStore takes st's lock, waiting up to LockWait for a rescue apply
+// that holds it, and no longer once the daemon is asked to stop: a stop
+// waits for what runs, not for what has yet to begin.
+func (s *Server) lockStore(st *store.Store) error {
+	deadline := clock.Deadline(s.cfg.LockWait)
+	for {
+		err := st.Lock(0)
+		if !errors.Is(err, store.ErrBusy) || clock.Past(deadline) {
+			return err
+		}
+		select {
+		case <-s.stopping:
+			return fmt.Errorf("asked to stop while waiting for the store's lock (%w); nothing was changed", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // applyContext is the context an apply runs under: not ended by the
@@ -1099,7 +1124,7 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}
-	if err := st.Lock(s.cfg.LockWait); err != nil {
+	if err := s.lockStore(st); err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}
 	defer st.Unlock()
@@ -1409,7 +1434,8 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}
-	if err := st.Lock(s.cfg.LockWait); err != nil {
+	if err := s.lockStore(st); err != nil {
+		s.log.Warn("reconcile: not run", "trigger", why, "err", err)
 		return refusal(wire.CodeInternal, "%v", err)
 	}
 	defer st.Unlock()

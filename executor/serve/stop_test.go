@@ -109,3 +109,32 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 		t.Fatal("the socket still answers after the stop")
 	}
 }
+
+// A stop asked while the start's reconcile waits for the store's lock (a
+// rescue apply holds it) ends the wait: the daemon does not sit out the
+// lock's ten minutes, and no apply is recorded for what never began.
+func TestAStopEndsAWaitForTheStoresLock(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer st.Unlock()
+	before, _ := st.Report(store.Link)
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	time.Sleep(300 * time.Millisecond) // waiting for the lock by now
+	e.cancel()
+	select {
+	case <-e.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop waited for the store's lock")
+	}
+	e.cancel = nil
+	if after, _ := st.Report(store.Link); string(after) != string(before) {
+		t.Fatalf("a report was kept for an apply that never began: %s", after)
+	}
+}

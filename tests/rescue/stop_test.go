@@ -80,3 +80,49 @@ func TestAnInterruptEndsARescueApplyAfterItsStep(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A rescue apply killed (kill -9) in the middle of an action leaves the
+// action running: nothing ties it to the apply. The next apply waits for
+// it, rather than run the same action a second time beside it, and
+// finds it done.
+func TestAnActionAKilledApplyLeftRunningIsWaitedFor(t *testing.T) {
+	dir := t.TempDir()
+	state, tree := filepath.Join(dir, "state"), filepath.Join(dir, "tree")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	decl := filepath.Join(dir, "rescue.json")
+	log := filepath.Join(tree, "log")
+	doc := strings.ReplaceAll(`{"version":1,"resources":[
+		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo start >> {root}/log; sleep 1.5; echo end >> {root}/log"],"verify":["/bin/sh","-c","grep -q end {root}/log"]}]}`, "{root}", tree)
+	if err := os.WriteFile(decl, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(executorBin, "apply", "--state", state, "--json", decl)
+	cmd.Dir = "/"
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(log); len(b) > 0 {
+			break
+		}
+		if time.Now().After(until) {
+			cmd.Process.Kill()
+			t.Fatal("the action did not begin")
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	rep, res := apply(t, t.Context(), "apply", state, decl)
+	if res.exit != 0 || rep.Outcome == "failed" {
+		t.Fatalf("the next apply: exit %d, %s %s", res.exit, res.stdout, res.stderr)
+	}
+	if b, _ := os.ReadFile(log); string(b) != "start\nend\n" {
+		t.Fatalf("the action ran again beside the one left running: %q\nstderr: %s", b, res.stderr)
+	}
+	if !strings.Contains(string(res.stderr), "a program an executor before this one started is still running") {
+		t.Fatalf("the wait was not said: %s", res.stderr)
+	}
+}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/firewall"
-	"github.com/nox-mesh/nox-mesh-host/executor/store"
 )
 
 // The host's firewall loaded again (nftables.service restarted, a person's
@@ -61,7 +60,7 @@ func (s *Server) watchFirewall(ctx context.Context) {
 func (s *Server) afterFirewallLoss(ctx context.Context) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	st, err := store.Open(s.cfg.StateDir)
+	st, err := s.openStore()
 	if err != nil {
 		s.log.Warn("the firewall changed; the store could not be read", "err", err)
 		return

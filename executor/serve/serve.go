@@ -28,11 +28,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -170,6 +172,10 @@ type Server struct {
 	// (engine.Options.Stop).
 	stopping chan struct{}
 	stopOnce sync.Once
+	// stateAt is the state directory this daemon started on (Run): one
+	// moved, removed or replaced since is not applied to (openStore).
+	stateAt   *syscall.Stat_t
+	stateGone sync.Once
 	// tasks is what Run waits for before it returns: every connection's
 	// handler and the daemon's own work (spawn). A stop that returned
 	// before them would end the process in the middle of an apply.
@@ -275,6 +281,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		s.stopOnce.Do(func() { close(s.stopping) })
 	}()
 	s.protectRunning(ln)
+	if fi, err := os.Stat(s.cfg.StateDir); err == nil {
+		s.stateAt = fi.Sys().(*syscall.Stat_t)
+	}
 	engine.DropLeftovers(s.cfg.StateDir, true)
 	s.guard("the start reconcile", func() {
 		s.Reconcile(ctx, triggerStart, nil)
@@ -350,6 +359,42 @@ func (s *Server) drain() {
 		s.log.Info("stopping: waiting for what is in progress (an apply ends before its next resource; a second SIGTERM or SIGINT ends the process at once)", "requests", busy, "applying", applying)
 	}
 	s.tasks.Wait()
+}
+
+// openStore opens the state's store, if the directory is still the one
+// this daemon started on. Moved or removed under it, the store would be
+// made anew, empty, and the machine's holdings taken for found — and its
+// lock (serve.lock, in the directory moved) would no longer keep a second
+// daemon off the path: so nothing is applied, and the daemon stops, said
+// in its log; its next start takes the directory as it is then.
+func (s *Server) openStore() (*store.Store, error) {
+	if err := s.stateHere(); err != nil {
+		return nil, err
+	}
+	return store.Open(s.cfg.StateDir)
+}
+
+// stateHere fails once the state directory is not the one this daemon
+// started on (openStore), and stops the daemon the first time.
+func (s *Server) stateHere() error {
+	if s.stateAt != nil {
+		fi, err := os.Stat(s.cfg.StateDir)
+		if err != nil || fi.Sys().(*syscall.Stat_t).Dev != s.stateAt.Dev || fi.Sys().(*syscall.Stat_t).Ino != s.stateAt.Ino {
+			what := "replaced by another directory"
+			if err != nil {
+				what = "gone (" + err.Error() + ")"
+			}
+			err := fmt.Errorf("executor: the state directory %s is not the one this daemon started on: %s since; nothing is applied, and the daemon stops (its next start takes the directory as it is then)", s.cfg.StateDir, what)
+			s.stateGone.Do(func() {
+				s.log.Error("the state directory was moved or replaced under the daemon", "err", err)
+				if s.stop != nil {
+					s.stop()
+				}
+			})
+			return err
+		}
+	}
+	return nil
 }
 
 // lockStore takes st's lock, waiting up to LockWait for a rescue apply
@@ -441,7 +486,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
+// identity is the node's identity, from the state this daemon started on:
+// a state moved away would read as no identity, a host never enrolled —
+// and the agent told "not enrolled" takes its node for retired.
 func (s *Server) identity() (*identity.Identity, error) {
+	if err := s.stateHere(); err != nil {
+		return nil, err
+	}
 	return identity.Load(s.cfg.StateDir)
 }
 
@@ -506,7 +557,7 @@ func (s *Server) findProfile(ctx context.Context) {
 	s.foundProfile, s.foundInv, s.foundAt = prof, inv, clock.Now()
 	s.foundMu.Unlock()
 	holds := -1
-	if st, err := store.Open(s.cfg.StateDir); err == nil {
+	if st, err := s.openStore(); err == nil {
 		holds = len(st.Entries())
 	}
 	s.countHolds(holds)
@@ -911,7 +962,7 @@ func (s *Server) tidyCache() bool {
 		return false
 	}
 	s.tidied = clock.Now()
-	st, err := store.Open(s.cfg.StateDir)
+	st, err := s.openStore()
 	if err != nil || !s.pruneArchives(st, nil) {
 		return false
 	}
@@ -961,7 +1012,7 @@ func (s *Server) sayAgain(f identity.Floor, emit func(shapes.Line)) *wire.Verdic
 	// report said again is the newest, and the control side keeps the
 	// newest report's copy to hand back to a node that lost its store
 	// (one without it left an older apply's copy as the newest).
-	if st, err := store.Open(s.cfg.StateDir); err == nil {
+	if st, err := s.openStore(); err == nil {
 		v.Owned = enrol.Owned(st)
 	}
 	return v
@@ -1003,7 +1054,7 @@ func (s *Server) lastOutcome() shapes.Outcome {
 	if o != "" {
 		return o
 	}
-	if st, err := store.Open(s.cfg.StateDir); err == nil {
+	if st, err := s.openStore(); err == nil {
 		if b, _ := st.Report(store.Link); b != nil {
 			var sum store.ReportSummary
 			if json.Unmarshal(b, &sum) == nil {
@@ -1120,7 +1171,7 @@ func (s *Server) applyEnvelope(ctx context.Context, env []byte, emit func(shapes
 		v.Seq = d.Seq
 		return v
 	}
-	st, err := store.Open(s.cfg.StateDir)
+	st, err := s.openStore()
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}
@@ -1430,7 +1481,7 @@ func (s *Server) Reconcile(ctx context.Context, why string, emit func(shapes.Lin
 // again only the targets whose overlay takes its peers from the roster.
 func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Line), onlyRoster bool) *wire.Verdict {
 	v := &wire.Verdict{Outcome: shapes.Unchanged}
-	st, err := store.Open(s.cfg.StateDir)
+	st, err := s.openStore()
 	if err != nil {
 		return refusal(wire.CodeInternal, "%v", err)
 	}

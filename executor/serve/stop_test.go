@@ -138,3 +138,34 @@ func TestAStopEndsAWaitForTheStoresLock(t *testing.T) {
 		t.Fatalf("a report was kept for an apply that never began: %s", after)
 	}
 }
+
+// A state directory moved away under the running daemon is not made anew
+// and applied to as an empty store (the machine's holdings taken for
+// found, its lock gone with the old directory): the declaration is
+// refused, saying why, nothing is made at the path, and the daemon stops.
+func TestAStateMovedUnderTheDaemonStopsIt(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	c := e.dial()
+	if _, v := e.push(c, e.seal(e.decl("n1", "e-1", 1, file("motd", "x")))); v.Outcome != shapes.Applied {
+		t.Fatalf("%+v", v)
+	}
+	if err := os.Rename(e.state, e.state+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	_, v := e.push(c, e.seal(e.decl("n1", "e-1", 2, file("motd", "y"))))
+	if v.Outcome != shapes.Refused || !strings.Contains(v.Reason, "is not the one this daemon started on") {
+		t.Fatalf("%+v", v)
+	}
+	select {
+	case <-e.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon goes on")
+	}
+	e.cancel = nil
+	if _, err := os.Lstat(e.state); !os.IsNotExist(err) {
+		t.Fatalf("the state was made anew: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.root, "motd")); string(b) != "x" {
+		t.Fatalf("applied: %q", b)
+	}
+}

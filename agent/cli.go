@@ -142,6 +142,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cmdline.KeepOnHangup(log)
 
 	// The identity is read before the drop, so it may be root's file; the
 	// seed then lives only in the dropped process's memory.

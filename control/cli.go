@@ -574,6 +574,7 @@ func (c *cli) serve(listen, brokerConfig, brokerAccounts, brokerPID string, repl
 		return err
 	}
 	ready := func(url string, _ *Server) { c.nextAfterServe(k, url, listen) }
+	cmdline.KeepOnHangup(c.log)
 	err = Serve(c.ctx, k, ServeOptions{Listen: listen, NATSURL: c.nats, BrokerConfig: brokerConfig, BrokerAccounts: brokerAccounts, BrokerPID: brokerPID, Replicas: replicas, Lock: lock, Log: c.log, Metrics: metrics, UI: ui, ArchiveGrace: archiveGrace, Ready: ready})
 	if err == nil && c.ctx.Err() != nil {
 		// Said, so a log read later tells a stop asked for from a crash.

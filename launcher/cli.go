@@ -91,6 +91,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cmdline.KeepOnHangup(cfg.Log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := Run(ctx, cfg); err != nil {

@@ -1262,6 +1262,7 @@ func (c *command) serve(args []string) int {
 		log.Error("executor: socket", "err", err)
 		return ExitFailed
 	}
+	cmdline.KeepOnHangup(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// The first signal stops the daemon, which lets the step in progress

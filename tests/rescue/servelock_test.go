@@ -146,3 +146,69 @@ func TestServeLockIsNotALink(t *testing.T) {
 		t.Fatal("the socket was made")
 	}
 }
+
+// A daemon lives through a hang-up (the terminal it was started from
+// closed), saying it ignored it, and through its log's reader going away
+// (journald restarted, a pipe to head): neither ended it without a word.
+func TestServeLivesThroughAHangUpAndItsLogsReaderGone(t *testing.T) {
+	needRoot(t)
+	base := rootDir(t)
+	state, socket := filepath.Join(base, "executor"), filepath.Join(base, "run", "executor.sock")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(executorBin, "serve", "--state", state, "--socket", socket, "--agent-uid", strconv.Itoa(attackerUID), "--drift", "0", "--build", "rescue")
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	var log bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			log.Write(buf[:n])
+			if strings.Contains(log.String(), "SIGHUP: ignored") {
+				close(read)
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, "the daemon's socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	cmd.Process.Signal(syscall.SIGHUP)
+	select {
+	case <-read:
+	case err := <-done:
+		t.Fatalf("SIGHUP ended it: %v\n%s", err, log.String())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no word of the SIGHUP:\n%s", log.String())
+	}
+	r.Close() // its log's reader gone: the next line it writes meets a broken pipe
+	cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("a write to its log with no reader ended it: %v", err)
+	default:
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("stopped: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM did not stop it")
+	}
+}

@@ -86,7 +86,11 @@ var beforeVerification = []struct{ file, fn string }{
 // more is dropped first (the executor's own targets read, under the apply
 // lock if it is free), and the code says whether the refusal is the
 // declaration's or of the moment; the agent's part is the digest it names.
-const beforeVerificationBound = 673
+//
+// 679: a stop waits for the connections admitted before it (each counted
+// as its handler's task, admit and handle) and admits none once stopping,
+// so that the daemon does not exit in the middle of a request it took.
+const beforeVerificationBound = 679
 
 func funcName(d *ast.FuncDecl) string {
 	if d.Recv == nil || len(d.Recv.List) == 0 {

@@ -97,12 +97,15 @@ func LeftRunning(dir string, stop <-chan struct{}, say func(msg string, args ...
 		if len(groupOf(l)) > 0 {
 			say("a program an executor before this one started is still running: waited for before this apply, up to its deadline", "pid", l.PID, "argv", l.Argv, "deadline", l.Deadline)
 		}
+		// The deadline as the runtime keeps it (a context's), which a
+		// node's clock set off by hours does not move.
+		past, cancel := context.WithDeadline(context.Background(), l.Deadline)
 		for {
 			members := groupOf(l)
 			if len(members) == 0 {
 				break
 			}
-			if time.Now().After(l.Deadline) {
+			if past.Err() != nil {
 				for _, m := range members {
 					syscall.Kill(m, syscall.SIGKILL)
 				}
@@ -112,10 +115,13 @@ func LeftRunning(dir string, stop <-chan struct{}, say func(msg string, args ...
 			}
 			select {
 			case <-stop:
+				cancel()
 				return ErrStopped
+			case <-past.Done():
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
+		cancel()
 		os.Remove(p)
 	}
 	return nil

@@ -219,12 +219,6 @@ func (s *Server) refuse(c *conn, code wire.Code, msg string, args ...any) {
 // connection, or one that began a frame and stalled — is given up for it,
 // so connections that stall cannot keep the agent out.
 func (s *Server) admit(nc net.Conn) (*conn, string) {
-	s.slotMu.Lock()
-	draining := s.draining
-	s.slotMu.Unlock()
-	if draining {
-		return nil, stoppingRefusal
-	}
 	select {
 	case s.conns <- struct{}{}:
 	default:
@@ -375,10 +369,7 @@ func (s *Server) handle(ctx context.Context, c *conn) {
 		if !s.begin(c) {
 			return
 		}
-		// Begun, a request is answered as if no stop had come: a plan
-		// or a profile made on a context the stop cancelled says
-		// failures the stop caused (the stop waits for it: drain).
-		rk, reply, err := s.call(h, context.WithoutCancel(ctx), c, k, body)
+		rk, reply, err := s.call(h, ctx, c, k, body)
 		c.Release() // the request's bytes are no longer needed
 		s.end(c)
 		if err != nil {

@@ -482,7 +482,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			nc.Close()
 			continue
 		}
-		go s.handle(ctx, c)
+		// Begun, a request is answered as if no stop had come: a plan
+		// or a profile made on a context the stop cancelled says
+		// failures the stop caused (the stop waits for it: drain).
+		go s.handle(context.WithoutCancel(ctx), c)
 	}
 }
 

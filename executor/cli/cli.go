@@ -778,8 +778,12 @@ type ownedSalvaged struct {
 // short before it got there), and the next apply's to end.
 const undeclaredSaid = "; undeclared: its declaration no longer names it, and the next apply undoes it or its line says why not (a directory holding what the host did not make is kept until it is empty)"
 
-func describe(e *store.Entry) string {
+// describe says how the host holds e; applying is the pid of an apply
+// running now (0: none), which a pending change may be of.
+func describe(e *store.Entry, applying int) string {
 	switch {
+	case e.Pending != nil && applying > 0:
+		return fmt.Sprintf("pending: a change begun and not recorded (%s): the apply running now (pid %d) is making it, or one before failed at it or died; the apply after it looks at what it left", e.Pending.Op, applying)
 	case e.Pending != nil:
 		return "pending: a change begun and not recorded (" + e.Pending.Op + "), the apply having failed at it or died; the next apply looks at what it left"
 	case e.Held:
@@ -849,9 +853,10 @@ func (c *command) owned() int {
 	var list []ownedEntry
 	var b strings.Builder
 	declared := declaredNow(c.state, st)
+	applying := store.LockHolder(c.state)
 	for _, e := range st.Entries() {
 		gone := undeclared(e, declared)
-		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil, Undeclared: gone}
+		oe := ownedEntry{Target: e.Target, Type: e.Type, Claims: e.Claims, How: describe(e, applying), Original: e.Original, Paths: e.Paths, Pending: e.Pending != nil, Undeclared: gone}
 		if oe.Claims == nil {
 			oe.Claims = []store.Claim{}
 		}
@@ -985,6 +990,11 @@ func linkLine(l *serve.LinkState, now time.Time, node string) string {
 type sourceStatus struct {
 	Seq     uint64         `json:"seq"`
 	Outcome shapes.Outcome `json:"outcome,omitempty"`
+	// Applying is the pid of an apply of this source running now;
+	// CutShort, that one began after the last report and never ended (a
+	// kill, a power cut): the outcome is of the apply before it.
+	Applying int  `json:"applying,omitempty"`
+	CutShort bool `json:"cut_short,omitempty"`
 }
 
 func (c *command) status() int {
@@ -1016,6 +1026,19 @@ func (c *command) status() int {
 		var rep store.ReportSummary
 		if json.Unmarshal(data, &rep) == nil {
 			s.Sources[string(src)] = &sourceStatus{Seq: rep.Seq, Outcome: rep.Outcome}
+		}
+	}
+	holder, unended := store.LockHolder(c.state), st.Unended()
+	for i, b := range unended {
+		ss := s.Sources[string(b.Source)]
+		if ss == nil {
+			ss = &sourceStatus{Seq: b.Seq}
+			s.Sources[string(b.Source)] = ss
+		}
+		if holder > 0 && i == len(unended)-1 {
+			ss.Applying = holder
+		} else {
+			ss.CutShort = true
 		}
 	}
 	if s.State == "enrolled" {
@@ -1095,12 +1118,22 @@ func (c *command) status() int {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if n == string(store.Link) {
-			fmt.Fprintf(&b, "last %s apply: seq %d, %s\n", n, s.Sources[n].Seq, s.Sources[n].Outcome)
-		} else {
-			// A rescue file or the bundle has no sequence.
-			fmt.Fprintf(&b, "last %s apply: %s\n", n, s.Sources[n].Outcome)
+		ss := s.Sources[n]
+		var said []string
+		if ss.Outcome != "" {
+			said = append(said, string(ss.Outcome))
 		}
+		switch {
+		case ss.Applying > 0:
+			said = append(said, fmt.Sprintf("running now (pid %d)", ss.Applying))
+		case ss.CutShort:
+			said = append(said, "cut short since (a kill or a power cut: begun, never ended): the next apply settles what it began")
+		}
+		last := strings.Join(said, "; ")
+		if n == string(store.Link) {
+			last = fmt.Sprintf("seq %d, %s", ss.Seq, last)
+		} // a rescue file or the bundle has no sequence
+		fmt.Fprintf(&b, "last %s apply: %s\n", n, last)
 	}
 	if u := s.Unheld; u != nil {
 		fmt.Fprintf(&b, "held: nothing the link declared — its last declaration (seq %d) is addressed to node %s, enrolment %s, not this one, and only this enrolment's is reconciled; what it made stays, a drift is not put back, until the control side declares to this enrolment (mesh-control declare %s FILE)\n",

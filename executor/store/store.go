@@ -376,6 +376,19 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 	}
 }
 
+// LockHolder is the pid of the applier holding dir's lock now (the
+// daemon's apply or a rescue command's), 0 when none does or it cannot
+// tell: for a reader (status, owned) to tell an apply running from one
+// cut short.
+func LockHolder(dir string) int {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	return FlockHolder(fd)
+}
+
 // FlockHolder is the pid holding a flock on fd's file, as the kernel lists
 // it in /proc/locks ("1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF", the
 // device as hexadecimal major:minor, the inode in decimal); 0 when it

@@ -99,6 +99,17 @@ func (s *Store) Interrupted(b Began) []uint64 {
 	return ns
 }
 
+// Unended is the applies begun in the journal and not ended, oldest
+// first: cut short (a kill, a power cut), or — the last, while the store's
+// lock is held (LockHolder) — the one running now.
+func (s *Store) Unended() []Began {
+	out := make([]Began, 0, len(s.unfinished))
+	for _, u := range s.unfinished {
+		out = append(out, u.Began)
+	}
+	return out
+}
+
 // IntentBegun is the begin record of the apply that wrote the intent
 // pending on target, 0 when none is known (one of an apply that began
 // nothing, or read from the snapshot). An intent an earlier apply left

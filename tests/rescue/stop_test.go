@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,8 +113,19 @@ func TestAnActionAKilledApplyLeftRunningIsWaitedFor(t *testing.T) {
 			t.Fatal("the action did not begin")
 		}
 	}
+	// While it runs, status and owned say so, with its pid.
+	running := fmt.Sprintf("last local apply: running now (pid %d)\n", cmd.Process.Pid)
+	if res, err := runExecutor(t.Context(), "status", "--state", state); err != nil || !strings.Contains(string(res.stdout), running) {
+		t.Fatalf("status while the apply runs: %v\n%s", err, res.stdout)
+	}
+	if res, err := runExecutor(t.Context(), "owned", "--state", state); err != nil || !strings.Contains(string(res.stdout), fmt.Sprintf("the apply running now (pid %d) is making it", cmd.Process.Pid)) {
+		t.Fatalf("owned while the apply runs: %v\n%s", err, res.stdout)
+	}
 	cmd.Process.Kill()
 	cmd.Wait()
+	if res, err := runExecutor(t.Context(), "status", "--state", state); err != nil || !strings.Contains(string(res.stdout), "last local apply: cut short since (a kill or a power cut") {
+		t.Fatalf("status after the kill: %v\n%s", err, res.stdout)
+	}
 
 	rep, res := apply(t, t.Context(), "apply", state, decl)
 	if res.exit != 0 || rep.Outcome == "failed" {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/engine"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
@@ -510,5 +511,37 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 	// not make the daemon read its store under the apply lock each time).
 	if m := fourth(); m.Code != wire.CodeInternal {
 		t.Fatalf("a fourth again at once: %+v; want internal", m)
+	}
+}
+
+// What the archive cache keeps only for the store's records — an archive
+// no target names any more, whose removal left something on the machine
+// — is counted apart: the too-large refusal says it, since declaring
+// fewer archives does not free it. One a target names is not of them.
+func TestArchivesKeptForRecordsAreToldApart(t *testing.T) {
+	e := newEnv(t, nobody, false)
+	e.stop()
+	st, err := store.Open(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer st.Unlock()
+	cache := engine.ArchiveCacheDir(e.state)
+	os.MkdirAll(cache, 0o700)
+	left, named := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	for _, sum := range []string{left, named} {
+		os.WriteFile(filepath.Join(cache, sum), make([]byte, 1000), 0o600)
+		st.Put(&store.Entry{Target: "archive:/srv/" + sum[:1], Type: shapes.TypeArchive, Digest: sum, Claims: []store.Claim{{Source: store.Local, Module: "m", ID: sum[:1]}}})
+	}
+	doc := fmt.Sprintf(`{"version":1,"resources":[{"module":"m","id":"b","type":"archive","url":"obj://%s","sha256":%q,"destination":"/srv/b"}]}`, named, named)
+	if err := st.SaveTarget(store.Local, []byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	sums, n := KeptForRecords(e.state, st, nil)
+	if len(sums) != 1 || sums[0] != left || n != 1000 {
+		t.Fatalf("%v %d", sums, n)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -951,7 +952,15 @@ func (s *Server) cacheFull(sum string, n uint64) *wire.Refusal {
 	case !looked || kept+own+n <= s.cfg.ArchiveCacheMax:
 		return &wire.Refusal{Code: wire.CodeInternal, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes with the streams and applies in flight; this chunk would take it past its bound of %d: streamed again later", sum, kept+own+others, s.cfg.ArchiveCacheMax)}
 	}
-	return &wire.Refusal{Code: wire.CodeTooLarge, Reason: fmt.Sprintf("archive %s: the archive cache holds %d bytes of the archives the declarations applied here name and this one so far; this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", sum, kept+own, s.cfg.ArchiveCacheMax)}
+	why := fmt.Sprintf("archive %s: the archive cache holds %d bytes of the archives the declarations applied here name and this one so far; this chunk would take it past its bound of %d: declare fewer or smaller archives, or drop one in a declaration of its own first", sum, kept+own, s.cfg.ArchiveCacheMax)
+	if st, err := s.openStore(); err == nil {
+		if id, err := s.identity(); err == nil {
+			if sums, n := KeptForRecords(s.cfg.StateDir, st, id); n > 0 {
+				why += fmt.Sprintf("; of them, %d bytes (%d archives) no declaration names any more, kept for what their removal left on the machine (mesh-executor owned lists it): they go once it is gone, not by declaring fewer", n, len(sums))
+			}
+		}
+	}
+	return &wire.Refusal{Code: wire.CodeTooLarge, Reason: why}
 }
 
 // tidyCache, with the apply lock held, drops from the archive cache what
@@ -1418,12 +1427,39 @@ func (s *Server) pruneArchives(st *store.Store, link *shapes.Declaration) (looke
 // write): its bytes are what tells, when its files go, which of them a
 // person edited since.
 func NamedArchives(stateDir string, st *store.Store, id *identity.Identity, link *shapes.Declaration) (keep map[string]bool, ok bool) {
-	keep = map[string]bool{}
+	keep, ok = namedByTargets(stateDir, st, id, link)
 	for _, e := range st.Entries() {
-		if e.Type == shapes.TypeArchive && engine.ValidDigest(e.Digest) {
+		if ok && e.Type == shapes.TypeArchive && engine.ValidDigest(e.Digest) {
 			keep[e.Digest] = true
 		}
 	}
+	return keep, ok
+}
+
+// KeptForRecords is the archives in the cache that only the store's
+// records keep — of archives no saved target names any more, whose
+// removal left something (a directory holding a person's file, an edit
+// larger than the host keeps a copy of, a link on the way) — and their
+// bytes: what declaring fewer archives does not free.
+func KeptForRecords(stateDir string, st *store.Store, id *identity.Identity) (sums []string, bytes uint64) {
+	named, ok := namedByTargets(stateDir, st, id, nil)
+	if !ok {
+		return nil, 0
+	}
+	for _, e := range st.Entries() {
+		if e.Type != shapes.TypeArchive || !engine.ValidDigest(e.Digest) || named[e.Digest] || slices.Contains(sums, e.Digest) {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(engine.ArchiveCacheDir(stateDir), e.Digest)); err == nil {
+			sums, bytes = append(sums, e.Digest), bytes+uint64(fi.Size())
+		}
+	}
+	return sums, bytes
+}
+
+// namedByTargets is NamedArchives but for the store's records.
+func namedByTargets(stateDir string, st *store.Store, id *identity.Identity, link *shapes.Declaration) (keep map[string]bool, ok bool) {
+	keep = map[string]bool{}
 	srcs := []store.Source{store.Bundle, store.Local}
 	if link != nil {
 		engine.ArchiveDigests(link, keep)

@@ -440,7 +440,7 @@ func (c *command) applyFrom(file string, plan bool, src store.Source) int {
 	// and saves a fifth of a no-op's time.
 	debug.SetGCPercent(400)
 	if os.Geteuid() != 0 {
-		return c.refuse("executor: apply and plan run as root (the executor acts on the whole machine)")
+		return c.refuse("executor: apply and plan need root: the executor acts on the whole machine")
 	}
 	data, err := ReadLocalFile(file)
 	if err != nil {
@@ -1246,7 +1246,7 @@ func (c *command) serve(args []string) int {
 	drift, build, hostBinary, partial := f.drift, f.build, f.hostBinary, f.partial
 	log := slog.New(slog.NewTextHandler(c.errw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if os.Geteuid() != 0 {
-		log.Error("executor: serve must run as root")
+		log.Error("executor: serve needs root: it acts on the whole machine")
 		return ExitRefused
 	}
 	if *drift < 0 {

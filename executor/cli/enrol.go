@@ -46,7 +46,7 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		return ExitRefused
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(c.errw, "executor: enrol: run as root: it makes the node's keys in the executor's state")
+		fmt.Fprintln(c.errw, "mesh-executor: enrol: needs root: it makes the node's keys in the executor's state")
 		return ExitRefused
 	}
 	if f.cancel {

@@ -16,7 +16,7 @@ import (
 // anything changed, 3 still pending.
 func (c *command) rekeyCmd(cancel bool) int {
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(c.errw, "executor: rekey: run as root: it renews the node's keys in the executor's state")
+		fmt.Fprintln(c.errw, "mesh-executor: rekey: needs root: it renews the node's keys in the executor's state")
 		return ExitRefused
 	}
 	if cancel {

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"path"
 	"path/filepath"
 	"slices"
@@ -163,6 +164,10 @@ type run struct {
 	init     initsys.Manager
 	units    map[string]string // service key -> the unit's canonical name
 	restarts []pendingRestart  // services with restart_on, decided last
+	// owed is the restarts an apply of this source before owed (its
+	// restart_on named a file it changed, and it stopped or failed
+	// before the restart), by unit; owedNow, what this apply leaves owed.
+	owed, owedNow map[string][]string
 	changed  map[string]bool   // "module.id" of lines applied or repaired
 	// repoFiles are the files of this declaration that configure a
 	// package manager's repositories (by "module.id"); repoDirty: one of
@@ -371,12 +376,18 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			r.log.Warn("the journal could not say an apply begins", "err", err)
 		}
 	}
+	r.owed = st.RestartsOwed(opt.Source)
+	r.owedNow = maps.Clone(r.owed)
+	if r.owedNow == nil {
+		r.owedNow = map[string][]string{}
+	}
 	r.removeReshaped()
 	if !r.stopped {
 		r.applyAll()
 	}
 	r.reloadUnits()
 	r.restartOn()
+	r.keepOwed()
 	if !r.stopped {
 		r.removeUndeclared()
 	}

@@ -3,7 +3,9 @@ package engine
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/nox-mesh/nox-mesh-host/executor/initsys"
@@ -637,13 +639,24 @@ func restartKeys(svc *shapes.Service) []string {
 // restarted only if it is running; a stopped one is never started by this.
 // A unit this apply started is restarted only for a file that changed
 // after it started: it read the others as it started.
+//
+// A restart an apply could not give — it stopped (asked to, or at a
+// failure) after the file changed and before the restart — is owed, kept
+// in the store (owe, keepOwed), and given by the next apply of the source
+// that still declares the service: that apply finds the file as declared,
+// and without it the unit would run on the old file until something else
+// restarted it.
 func (r *run) restartOn() {
+	reached := map[string]bool{}
 	for _, p := range r.restarts {
 		st, svc := p.st, p.svc
+		unit := r.units[svc.Key()]
+		reached[unit] = true
 		if r.stopped || st.line.Outcome == shapes.Failed {
 			if st.line.Outcome != shapes.Failed {
 				st.line.Detail += "; not restarted: the apply stopped before its end"
 			}
+			r.owe(unit, svc)
 			r.lines = append(r.lines, st.line)
 			if r.opt.OnLine != nil {
 				r.opt.OnLine(st.line)
@@ -651,23 +664,29 @@ func (r *run) restartOn() {
 			continue
 		}
 		var changed, read []string
+		owedKeys := false
 		for _, key := range restartKeys(svc) {
+			was := slices.Contains(r.owed[unit], key)
 			switch {
-			case !r.changed[key]:
-			case p.read[key]:
+			case !r.changed[key] && !was:
+			case p.read[key] || was && p.started:
 				read = append(read, key)
 			default:
 				changed = append(changed, key)
+				owedKeys = owedKeys || was && !r.changed[key]
 			}
 		}
 		if len(changed) == 0 && len(read) > 0 {
 			st.line.Detail += fmt.Sprintf("; %s changed before this apply started it: not restarted", strings.Join(read, ", "))
 		}
+		given := true
 		if len(changed) > 0 && svc.State != "stopped" {
-			unit := r.units[svc.Key()]
 			why := fmt.Sprintf("%s changed", strings.Join(changed, ", "))
 			if p.started {
 				why += " after this apply started it"
+			}
+			if owedKeys {
+				why += " (owed by an apply that stopped before it could restart it)"
 			}
 			// Started by its step, it runs, though a plan's init does not
 			// know it; otherwise the init says.
@@ -680,6 +699,7 @@ func (r *run) restartOn() {
 			switch {
 			case err != nil:
 				st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+				given = false
 			case !running:
 				st.line.Detail += fmt.Sprintf("; %s, but the unit is not running: not started", why)
 			case r.opt.Plan:
@@ -688,15 +708,66 @@ func (r *run) restartOn() {
 			default:
 				if err := r.init.Restart(r.ctx, unit); err != nil {
 					st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
+					given = false
 				} else {
 					st.line.Detail += "; restarted: " + why
 					st.line.Outcome = worse(st.line.Outcome, shapes.Applied)
 				}
 			}
 		}
+		if given {
+			delete(r.owedNow, unit)
+		} else {
+			r.owe(unit, svc)
+		}
 		r.emit(st.line)
 	}
 	r.restarts = nil
+	// The services an apply that stopped never reached.
+	if r.stopped {
+		for _, res := range r.d.Resources {
+			if svc, ok := res.(*shapes.Service); ok && len(svc.RestartOn) > 0 && !reached[r.units[svc.Key()]] {
+				r.owe(r.units[svc.Key()], svc)
+			}
+		}
+	}
+}
+
+// owe keeps the restart of unit, svc's, owed for the files of its
+// restart_on this apply changed or an apply before owed it.
+func (r *run) owe(unit string, svc *shapes.Service) {
+	var keys []string
+	for _, key := range restartKeys(svc) {
+		if r.changed[key] || slices.Contains(r.owed[unit], key) {
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) > 0 && unit != "" {
+		r.owedNow[unit] = keys
+	}
+}
+
+// keepOwed writes what this apply leaves owed, of the units its
+// declaration still declares with a restart_on (one no longer declared is
+// not restarted for it), when that differs from what it found. Not kept
+// (a full disk), a restart owed is lost, said in the log.
+func (r *run) keepOwed() {
+	if r.opt.Plan {
+		return
+	}
+	declared := map[string]bool{}
+	for _, res := range r.d.Resources {
+		if svc, ok := res.(*shapes.Service); ok && len(svc.RestartOn) > 0 {
+			declared[r.units[svc.Key()]] = true
+		}
+	}
+	maps.DeleteFunc(r.owedNow, func(unit string, _ []string) bool { return !declared[unit] })
+	if maps.EqualFunc(r.owed, r.owedNow, slices.Equal) {
+		return
+	}
+	if err := r.st.SetRestartsOwed(r.opt.Source, r.owedNow); err != nil {
+		r.log.Warn("the restarts this apply owes could not be kept: the next apply does not give them", "owed", r.owedNow, "err", err)
+	}
 }
 
 // worse returns the more severe of two outcomes.

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -633,5 +634,75 @@ func TestATakenUnitsStartAKillCutIsGivenBack(t *testing.T) {
 	rep := h.applyWith(f, adopted(`"web"`), false)
 	if got := f.transcript(); got != "stop pf.service" || rep.Outcome != shapes.Restored {
 		t.Fatalf("undeclared after a cut: %s %+v, transcript %q", rep.Outcome, rep.Lines, got)
+	}
+}
+
+// A restart restart_on owes and an apply could not give — it stopped
+// (asked to, or failing) after the file changed and before the unit's
+// restart — is given by the next apply, which finds the file as declared:
+// the unit does not run on the old file until something else restarts it.
+// Said in the line; given once; a plan says it too. One owed to a service
+// no longer declared is not given.
+func TestARestartOwedIsGivenByTheNextApply(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("nginx.service", true, "enabled")
+	conf := func(content string) string {
+		return `{"module":"base","id":"conf","type":"file","path":"{root}/nginx.conf","content":"` + content + `"}`
+	}
+	nginx := svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`)
+	h.applyWith(f, h.doc(conf("v1"), nginx), false)
+	f.transcript()
+
+	// v2: the apply stops once the file is written.
+	doc := h.doc(conf("v2"), nginx)
+	d, _ := shapes.ParseTrusted([]byte(doc))
+	st, _ := store.Open(h.state)
+	st.Lock(time.Second)
+	stop := make(chan struct{})
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
+		Stop: stop, OnLine: func(l shapes.Line) {
+			if l.ID == "conf" {
+				close(stop)
+			}
+		}})
+	st.Unlock()
+	if got := f.transcript(); got != "" || rep.Outcome != shapes.Failed {
+		t.Fatalf("the apply that stopped: %q %+v", got, rep.Lines)
+	}
+	if owed := st.RestartsOwed(store.Local); len(owed) != 1 || !slices.Equal(owed["nginx.service"], []string{"base.conf"}) {
+		t.Fatalf("owed %v", owed)
+	}
+	plan := h.applyWith(f, doc, true)
+	if !strings.Contains(fmt.Sprint(plan.Lines), "would be restarted: base.conf changed (owed by an apply that stopped before it could restart it)") {
+		t.Fatalf("the plan: %+v", plan.Lines)
+	}
+	rep = h.applyWith(f, doc, false)
+	if got := f.transcript(); got != "restart nginx.service" || !strings.Contains(fmt.Sprint(rep.Lines), "restarted: base.conf changed (owed by an apply") {
+		t.Fatalf("the next apply: %q %+v", got, rep.Lines)
+	}
+	h.applyWith(f, doc, false)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("given twice: %q", got)
+	}
+
+	// Owed again, then the service undeclared: not restarted for it.
+	doc3 := h.doc(conf("v3"), nginx)
+	d, _ = shapes.ParseTrusted([]byte(doc3))
+	st.Lock(time.Second)
+	stop = make(chan struct{})
+	Apply(context.Background(), st, d, []byte(doc3), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
+		Stop: stop, OnLine: func(l shapes.Line) {
+			if l.ID == "conf" {
+				close(stop)
+			}
+		}})
+	st.Unlock()
+	h.applyWith(f, h.doc(conf("v3")), false)
+	if got := f.transcript(); strings.Contains(got, "restart") {
+		t.Fatalf("restarted for a service no longer declared: %q", got)
+	}
+	if owed := st.RestartsOwed(store.Local); len(owed) != 0 {
+		t.Fatalf("still owed: %v", owed)
 	}
 }

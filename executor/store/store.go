@@ -1111,6 +1111,48 @@ func (s *Store) Report(src Source) ([]byte, error) {
 }
 
 // SaveBriefing keeps the briefing of the last apply on an adopted node.
+// RestartsOwed is, for src, the units a restart_on owes a restart to
+// (each with the files that changed) that an apply stopped or failed
+// before it could give: restarts-owed.json, nil when none.
+func (s *Store) RestartsOwed(src Source) map[string][]string {
+	return readOwed(s.dir)[string(src)]
+}
+
+// SetRestartsOwed replaces src's restarts owed (none: nil or empty).
+func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
+	all := readOwed(s.dir)
+	if len(owed) == 0 {
+		delete(all, string(src))
+	} else {
+		all[string(src)] = owed
+	}
+	p := filepath.Join(s.dir, "restarts-owed.json")
+	if len(all) == 0 {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	data, err := json.Marshal(all)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(p, data)
+}
+
+// readOwed is restarts-owed.json by source; one that does not read is
+// none (a restart owed lost is the behaviour before it was kept).
+func readOwed(dir string) map[string]map[string][]string {
+	all := map[string]map[string][]string{}
+	if data, err := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); err == nil {
+		json.Unmarshal(data, &all)
+	}
+	if all == nil {
+		all = map[string]map[string][]string{}
+	}
+	return all
+}
+
 func (s *Store) SaveBriefing(b *shapes.Briefing) error {
 	data, err := json.MarshalIndent(b, "", "  ")
 	if err != nil {

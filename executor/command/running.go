@@ -35,9 +35,11 @@ func Tracked(ctx context.Context, dir string) context.Context {
 	return context.WithValue(ctx, trackKey{}, dir)
 }
 
-// leftProgram is the note of one program's process group.
+// leftProgram is the note of one program's process group. A later
+// format is read as far as this release knows it.
 type leftProgram struct {
-	PID int `json:"pid"`
+	Format int `json:"format"`
+	PID    int `json:"pid"`
 	// Start is /proc/PID/stat's starttime: a pid used again since is
 	// another process, started later.
 	Start    uint64    `json:"start"`
@@ -62,7 +64,7 @@ func note(ctx context.Context, pid int, argv []string, deadline time.Time) (done
 	if len(argv) > 8 {
 		argv = argv[:8]
 	}
-	b, _ := json.Marshal(leftProgram{PID: pid, Start: start, Argv: argv, Deadline: deadline.UTC()})
+	b, _ := json.Marshal(leftProgram{Format: 1, PID: pid, Start: start, Argv: argv, Deadline: deadline.UTC()})
 	p := filepath.Join(dir, strconv.Itoa(pid))
 	if os.WriteFile(p, b, 0o600) != nil {
 		return func() {}

@@ -1133,24 +1133,33 @@ func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
 		}
 		return nil
 	}
-	data, err := json.Marshal(all)
+	data, err := json.Marshal(owedFile{Format: owedFormat, Owed: all})
 	if err != nil {
 		return err
 	}
 	return WriteFileAtomic(p, data)
 }
 
+// owedFile is restarts-owed.json. A later format is read as far as this
+// release knows it: it drives a restart at most, never an apply.
+type owedFile struct {
+	Format int                            `json:"format"`
+	Owed   map[string]map[string][]string `json:"owed"`
+}
+
+const owedFormat = 1
+
 // readOwed is restarts-owed.json by source; one that does not read is
 // none (a restart owed lost is the behaviour before it was kept).
 func readOwed(dir string) map[string]map[string][]string {
-	all := map[string]map[string][]string{}
+	var f owedFile
 	if data, err := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); err == nil {
-		json.Unmarshal(data, &all)
+		json.Unmarshal(data, &f)
 	}
-	if all == nil {
-		all = map[string]map[string][]string{}
+	if f.Owed == nil {
+		f.Owed = map[string]map[string][]string{}
 	}
-	return all
+	return f.Owed
 }
 
 func (s *Store) SaveBriefing(b *shapes.Briefing) error {

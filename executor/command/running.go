@@ -90,9 +90,8 @@ func LeftRunning(dir string, stop <-chan struct{}, say func(msg string, args ...
 	}
 	for _, ent := range ents {
 		p := filepath.Join(dir, ent.Name())
-		b, err := os.ReadFile(p)
-		var l leftProgram
-		if err != nil || json.Unmarshal(b, &l) != nil || l.PID <= 1 {
+		l, ok := readNote(p)
+		if !ok {
 			os.Remove(p) // cut short as it was written: its program had only begun
 			continue
 		}
@@ -127,6 +126,17 @@ func LeftRunning(dir string, stop <-chan struct{}, say func(msg string, args ...
 		os.Remove(p)
 	}
 	return nil
+}
+
+// readNote reads one note; false when it does not read (cut short as it
+// was written) or names no program.
+func readNote(p string) (leftProgram, bool) {
+	var l leftProgram
+	b, err := os.ReadFile(p)
+	if err != nil || json.Unmarshal(b, &l) != nil || l.PID <= 1 {
+		return leftProgram{}, false
+	}
+	return l, true
 }
 
 // groupOf lists the processes of l's process group that are l's: in the

@@ -7,10 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nox-mesh/nox-mesh-host/tests/golden"
 )
 
 // startGroup starts argv in a process group of its own, as Run and Action
@@ -146,6 +149,19 @@ func TestLeftRunning(t *testing.T) {
 		}
 		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 			t.Fatalf("a note outlived its action: %v", ents)
+		}
+	})
+}
+
+// Every note of a program running that a release wrote is read.
+func TestEveryRunningNoteFormatThatShippedIsRead(t *testing.T) {
+	goldens := map[string]leftProgram{
+		"050dae3": {Format: 1, PID: 4242, Start: 123456, Argv: []string{"/usr/bin/apt-get", "install", "-y", "nginx"}, Deadline: time.Date(2026, 12, 7, 20, 30, 0, 0, time.UTC)},
+	}
+	golden.Each(t, goldens, func(t *testing.T, release string, want leftProgram) {
+		got, ok := readNote(golden.Path(release, "4242"))
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("read %+v %v; want %+v", got, ok, want)
 		}
 	})
 }

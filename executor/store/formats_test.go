@@ -52,6 +52,7 @@ var goldens = []struct {
 	entries           []string
 	salvage, history  bool
 	formatField       bool // the release wrote the format fields
+	owed              bool // restarts owed, from 050dae3
 	lastN, lastOrders uint64
 }{
 	{dir: "b2b1bf2", entries: goldenEntries, lastN: 8, lastOrders: 5},
@@ -59,6 +60,7 @@ var goldens = []struct {
 	{dir: "a61a636", entries: goldenEntries, salvage: true, history: true, lastN: 8, lastOrders: 5},
 	{dir: "9d97354", entries: goldenEntriesGiveBack, salvage: true, history: true, lastN: 9, lastOrders: 6},
 	{dir: "5d5c15c", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, lastN: 9, lastOrders: 6},
+	{dir: "050dae3", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, owed: true, lastN: 9, lastOrders: 6},
 }
 
 func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
@@ -109,6 +111,13 @@ func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
 				}
 			} else if len(acts) != 0 {
 				t.Errorf("history %+v, in a release before history", acts)
+			}
+			local, link := s.RestartsOwed(Local), s.RestartsOwed(Link)
+			switch {
+			case !g.owed && (local != nil || link != nil):
+				t.Errorf("restarts owed %v %v, in a release before them", local, link)
+			case g.owed && (!reflect.DeepEqual(local, map[string][]string{"nginx.service": {"base.conf"}}) || !reflect.DeepEqual(link, map[string][]string{"app.service": {"app.conf", "app.env"}})):
+				t.Errorf("restarts owed %v %v", local, link)
 			}
 			// And it goes on from there: locked, written, read again.
 			if err := s.Lock(time.Second); err != nil {

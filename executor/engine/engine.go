@@ -168,7 +168,7 @@ type run struct {
 	// restart_on named a file it changed, and it stopped or failed
 	// before the restart), by unit; owedNow, what this apply leaves owed.
 	owed, owedNow map[string][]string
-	changed  map[string]bool   // "module.id" of lines applied or repaired
+	changed       map[string]bool // "module.id" of lines applied or repaired
 	// repoFiles are the files of this declaration that configure a
 	// package manager's repositories (by "module.id"); repoDirty: one of
 	// them changed since the index was last refreshed; refreshed: the

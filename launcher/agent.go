@@ -104,7 +104,8 @@ func AgentStarting(stateDir, agentPath string, p Policy) (AgentAction, string, e
 		return AgentStart, "", err
 	}
 	sum := ""
-	if f, err := openRegular(agentPath, true); err == nil {
+	f, openErr := openRegular(agentPath, true)
+	if openErr == nil {
 		sum, _ = digest(f)
 		f.Close()
 	}
@@ -118,6 +119,11 @@ func AgentStarting(stateDir, agentPath string, p Policy) (AgentAction, string, e
 	})
 	if err != nil {
 		return AgentStart, "", err
+	}
+	if openErr != nil && act != AgentStart {
+		// Said: a release whose agent cannot be read is taken for
+		// broken — and so is a --agent a person mistyped.
+		why += fmt.Sprintf(" (the agent's binary %s could not be read: %v)", agentPath, openErr)
 	}
 	return act, why, nil
 }

@@ -227,3 +227,32 @@ func TestApkVersion(t *testing.T) {
 		}
 	}
 }
+
+// An agent's binary that cannot be read (a release that lost it, or a
+// --agent a person mistyped) is counted as a start of a broken release,
+// and the decision says the binary could not be read.
+func TestAnAgentBinaryThatCannotBeReadIsSaid(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := checkDir(state, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := update(state, func(s *State) (bool, error) {
+		s.KnownGood = &KnownGood{At: time.Now().UTC(), Binaries: map[string]string{"mesh-agent": "aa"}}
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "no-such-agent")
+	p := Policy{MaxStarts: 1, Window: time.Minute}
+	var act AgentAction
+	var why string
+	for range 2 {
+		var err error
+		if act, why, err = AgentStarting(state, missing, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if act != AgentRollback || !strings.Contains(why, "the agent's binary "+missing+" could not be read") {
+		t.Fatalf("%v: %s", act, why)
+	}
+}

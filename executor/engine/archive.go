@@ -490,7 +490,12 @@ func readArchive(p, dest string) ([]archiveEntry, error) {
 // archive unpacks an archive, or finds it unpacked already.
 func (r *run) archive(st *step, rest int) {
 	a := st.res.(*shapes.Archive)
-	e := r.settle(r.st.Get(st.target), st.claim)
+	raw := r.st.Get(st.target)
+	// An unpack a cut stopped (its intent pending) is finished by this
+	// one: what it writes was never all there, and is applied, not a
+	// drift repaired — though the record, settled, names the version.
+	cut := raw != nil && raw.Pending != nil
+	e := r.settle(raw, st.claim)
 	if r.yieldAlone(st, e, rest) {
 		return
 	}
@@ -686,7 +691,7 @@ func (r *run) archive(st *step, rest int) {
 
 	if len(todo) == 0 && len(stale) == 0 {
 		st.line.Outcome, st.line.Detail = shapes.Unchanged, fmt.Sprintf("%s as unpacked%s", countWord(len(entries)-len(left), "entry", "entries"), leftSaid(left))
-		if !r.opt.Plan && (e == nil || e.Digest != a.SHA256 || !e.Claimed(st.claim)) {
+		if !r.opt.Plan && (e == nil || e.Digest != a.SHA256 || !e.Claimed(st.claim) || cut) {
 			if err := r.st.Put(n); err != nil {
 				r.fail(st, err, rest)
 				return
@@ -701,7 +706,7 @@ func (r *run) archive(st *step, rest int) {
 		}
 	}
 	st.line.Outcome = shapes.Applied
-	if e != nil && e.Digest == a.SHA256 && len(todo) > 0 {
+	if e != nil && e.Digest == a.SHA256 && len(todo) > 0 && !cut {
 		// What it wrote was changed or taken away since: drift. Paths it
 		// only takes away now are ones a file held until this apply.
 		st.line.Outcome = shapes.Repaired

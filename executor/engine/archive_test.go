@@ -982,3 +982,36 @@ func TestAnUnpackCutPartWayClaimsOnlyWhatItMade(t *testing.T) {
 	h.absent("themes/theme")
 	expectKeptOfTheme(t, h, "themes/theme/index.theme", "[Theme]\nName=edited\n")
 }
+
+// The next apply of the same archive after a cut that left its unpack
+// pending records it — whether the unpack had written everything (made
+// by the apply the cut stopped) or not (the rest written: applied, not a
+// drift repaired, it was never all there) — and claims what it wrote.
+func TestAnUnpackACutLeftPendingIsRecordedByTheNext(t *testing.T) {
+	for _, reached := range []string{"all", "part"} {
+		t.Run(reached, func(t *testing.T) {
+			h := newHarness(t)
+			dest := h.p("themes")
+			os.Mkdir(dest, 0o755)
+			p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+			doc := h.doc(archiveRes(p, sum, dest))
+			h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
+			cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+			if reached == "part" {
+				os.RemoveAll(h.p("themes/theme/icons"))
+			}
+			// Made by the apply the cut stopped, or finished by this one.
+			h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
+			var e *store.Entry
+			for _, x := range mustStore(t, h.state).Entries() {
+				if x.Type == shapes.TypeArchive {
+					e = x
+				}
+			}
+			wantPaths := []string{h.p("themes/theme"), h.p("themes/theme/icons"), h.p("themes/theme/icons/a.svg"), h.p("themes/theme/index.theme")}
+			if e == nil || e.Pending != nil || e.Digest != sum || !slices.Equal(e.Paths, wantPaths) {
+				t.Fatalf("the record: %+v", e)
+			}
+		})
+	}
+}

@@ -129,13 +129,30 @@ func (e *execClient) connect() error {
 func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wire.Verdict, []shapes.Line, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	reused := e.conn != nil
 	if err := e.connect(); err != nil {
 		return nil, nil, err
 	}
 	c := e.conn
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	first := c
+	stop := context.AfterFunc(ctx, func() { first.Close() })
+	err := c.Write(kind, body)
+	if err != nil && reused && goneAway(err) {
+		// The executor the connection was made to is gone (restarted
+		// since, as an upgrade does), and nothing of the request reached
+		// one: sent once more, to the executor there is now (as askIf).
+		stop()
+		e.drop()
+		if err := e.connect(); err != nil {
+			return nil, nil, err
+		}
+		again := e.conn
+		c = again
+		stop = context.AfterFunc(ctx, func() { again.Close() })
+		err = c.Write(kind, body)
+	}
 	defer stop()
-	if err := c.Write(kind, body); err != nil {
+	if err != nil {
 		e.drop()
 		return nil, nil, fmt.Errorf("executor: %s: %w", kind, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
 
@@ -46,6 +47,8 @@ func startMini(t *testing.T, path string) *miniExecutor {
 						c.Write(wire.KindHelloReply, &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: "test", Build: "b1"})
 					case wire.KindStatus:
 						c.Write(wire.KindStatusReply, &wire.StatusReply{Version: "test", Build: "b1", State: "hosted"})
+					case wire.KindDeclaration:
+						c.Write(wire.KindVerdict, &wire.Verdict{Seq: 1, Outcome: shapes.Applied})
 					}
 				}
 			}()
@@ -80,5 +83,14 @@ func TestARequestAfterTheExecutorRestartedIsAskedOfTheNewOne(t *testing.T) {
 	defer second.stop()
 	if _, err := e.status(&wire.AgentLink{}); err != nil {
 		t.Fatalf("the first request after the executor's restart: %v", err)
+	}
+	// A declaration the same way (its verdict on a connection the
+	// executor's restart closed: an error in the agent's log at every
+	// upgrade, then the declaration read again).
+	second.stop()
+	third := startMini(t, path)
+	defer third.stop()
+	if v, _, err := e.request(t.Context(), wire.KindDeclaration, &wire.Declaration{Envelope: []byte("x")}); err != nil || v.Outcome != shapes.Applied {
+		t.Fatalf("a declaration after the executor's restart: %+v %v", v, err)
 	}
 }

@@ -126,6 +126,9 @@ type Agent struct {
 	id    *Identity
 	log   *slog.Logger
 	state *stateStore
+	// execDown: the heartbeat found the executor unreachable, and said
+	// so in the log (once an outage: the heartbeats' goroutine alone).
+	execDown bool
 	// ctlKey is the control key in force as the executor last said
 	// (controlKey); nil: the identity's.
 	ctlKey atomic.Pointer[ed25519.PublicKey]
@@ -1426,7 +1429,17 @@ func (a *Agent) heartbeat(nc *nats.Conn) {
 		if n := readNotice(filepath.Join(filepath.Dir(a.o.Socket), noticeName)); n != "" {
 			hb.ExecutorHalted = n
 		}
+		if !a.execDown {
+			// Said where a person at the machine reads first, once an
+			// outage: the heartbeat tells the control side each time.
+			a.log.Warn("the executor cannot be reached: this node applies nothing until it is back (the heartbeat says so to the control side)", "err", err, "halted", hb.ExecutorHalted)
+			a.execDown = true
+		}
 	} else {
+		if a.execDown {
+			a.log.Info("the executor is reachable again")
+			a.execDown = false
+		}
 		if s.Enrolling && a.mayReenrol() {
 			a.log.Info("the executor has an enrolment pending: carrying it out")
 			a.cancel(errReenrol)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -259,11 +261,38 @@ func TestLauncherHaltReportedUpward(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(run, "launcher.json"), []byte(notice), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	runAgent(t, id, filepath.Join(run, "executor.sock"))
+	var log lockedLog
+	runAgentWith(t, id, filepath.Join(run, "executor.sock"), t.TempDir(), func(o *agent.Options) {
+		o.Log = slog.New(slog.NewTextHandler(&log, nil))
+	})
 	waitFor(t, "the halt in the registry", func() bool {
 		ns, err := c.client.Nodes(context.Background())
 		return err == nil && len(ns) == 1 && strings.Contains(ns[0].ExecutorHalted, "the machine is the problem") && ns[0].ExecutorError != ""
 	})
+	// Said in the agent's own log too, where a person at the machine
+	// looks: once for the outage, not at every heartbeat.
+	time.Sleep(time.Second)
+	if n := strings.Count(log.String(), "the executor cannot be reached"); n != 1 || !strings.Contains(log.String(), "the machine is the problem") {
+		t.Fatalf("said %d times:\n%s", n, log.String())
+	}
+}
+
+// lockedLog is a log's bytes, written from the agent's goroutines.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // An episodic agent (an app, linked only while it runs) says so in its

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -129,7 +130,7 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 	if !reenrol {
 		o.Log.Info("hosted: no identity; not dialling. Waiting for root to begin an enrolment (mesh-executor enrol)", "state", link.StateHosted, "agent_nkey", pub)
 	}
-	lastErr := ""
+	lastErr, lastNoGrant := "", ""
 	for {
 		b, err := ex.ask(wire.KindEnrol, &wire.Enrol{AgentNKey: pub}, "enrol")
 		switch {
@@ -159,7 +160,7 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 				return nil, nil
 			}
 		default:
-			id, err := enrolWith(ctx, o, ex, kp, b.(*wire.EnrolOffer))
+			id, err := enrolWith(ctx, o, ex, kp, b.(*wire.EnrolOffer), &lastNoGrant)
 			if errors.Is(err, ErrUpgraded) {
 				return nil, err
 			}
@@ -180,10 +181,20 @@ func hosted(ctx context.Context, o Options, reenrol bool) (*Identity, error) {
 
 // enrolWith makes the request an offer describes and hands the answer to
 // the executor. A nil identity with a nil error means "not this time".
-func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair, offer *wire.EnrolOffer) (*Identity, error) {
+//
+// said is the last "no grant" said at warning, kept across the polls: the
+// same one again (a broker down for an hour, asked every 2 s) is said at
+// debug, not once a poll.
+func enrolWith(ctx context.Context, o Options, ex *execClient, kp nkeys.KeyPair, offer *wire.EnrolOffer, said *string) (*Identity, error) {
 	log := o.Log.With("token", offer.Token)
 	tell := func(by, reason string, final bool) error {
-		log.Warn("enrolment: no grant", "refused_by", by, "reason", reason, "final", final)
+		level := slog.LevelWarn
+		if this := fmt.Sprint(offer.Token, by, reason, final); this == *said {
+			level = slog.LevelDebug
+		} else {
+			*said = this
+		}
+		log.Log(ctx, level, "enrolment: no grant", "refused_by", by, "reason", reason, "final", final)
 		_, err := ex.ask(wire.KindGrant, &wire.GrantHandover{RefusedBy: by, Reason: reason, Final: final}, "grant")
 		return err
 	}

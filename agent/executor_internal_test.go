@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"bytes"
+	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 )
@@ -49,6 +53,8 @@ func startMini(t *testing.T, path string) *miniExecutor {
 						c.Write(wire.KindStatusReply, &wire.StatusReply{Version: "test", Build: "b1", State: "hosted"})
 					case wire.KindDeclaration:
 						c.Write(wire.KindVerdict, &wire.Verdict{Seq: 1, Outcome: shapes.Applied})
+					case wire.KindGrant:
+						c.Write(wire.KindGrantReply, &wire.GrantReply{})
 					}
 				}
 			}()
@@ -92,5 +98,32 @@ func TestARequestAfterTheExecutorRestartedIsAskedOfTheNewOne(t *testing.T) {
 	defer third.stop()
 	if v, _, err := e.request(t.Context(), wire.KindDeclaration, &wire.Declaration{Envelope: []byte("x")}); err != nil || v.Outcome != shapes.Applied {
 		t.Fatalf("a declaration after the executor's restart: %+v %v", v, err)
+	}
+}
+
+// An enrolment whose broker cannot be reached is asked again at every
+// poll (2 s by default, for as long as the token lives): the same "no
+// grant" is said at warning once, not once a poll.
+func TestTheSameNoGrantIsSaidOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "executor.sock")
+	m := startMini(t, path)
+	defer m.stop()
+	var logs bytes.Buffer
+	o := Options{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	ex := &execClient{path: path, version: "test", build: "b1"}
+	kp, _ := nkeys.CreateUser()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := "tls://" + ln.Addr().String()
+	ln.Close()
+	offer := &wire.EnrolOffer{Pending: true, Token: "t1", BrokerURL: closed, Fingerprint: strings.Repeat("ab", 32),
+		Credential: make([]byte, 32), ControlKey: make([]byte, 32)}
+	said := ""
+	for range 3 {
+		if id, err := enrolWith(t.Context(), o, ex, kp, offer, &said); id != nil || err != nil {
+			t.Fatal(id, err)
+		}
+	}
+	if n := strings.Count(logs.String(), "enrolment: no grant"); n != 1 {
+		t.Fatalf("said %d times:\n%s", n, logs.String())
 	}
 }

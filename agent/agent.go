@@ -440,6 +440,13 @@ func runLinked(ctx context.Context, o Options) error {
 		activityNow:   make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
 	}
+	var saidMoved sync.Once
+	st.onMoved = func(err error) {
+		saidMoved.Do(func() { a.log.Error(err.Error()) })
+		if a.cancel != nil {
+			a.cancel(errStateMoved)
+		}
+	}
 	// The broker certificates a rotation announced, accepted from the
 	// first dial (takePins) — if taken in this enrolment: those of an
 	// enrolment before it would stand in for the certificate this one's
@@ -472,6 +479,9 @@ func runLinked(ctx context.Context, o Options) error {
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	a.cancel, a.runCtx = cancel, ctx
+	if err := st.here(); err != nil {
+		cancel(errStateMoved) // moved before the run began: its writes above were refused
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -537,6 +547,9 @@ func runLinked(ctx context.Context, o Options) error {
 	}
 	if errors.Is(context.Cause(ctx), errTryByNode) {
 		return errTryByNode
+	}
+	if errors.Is(context.Cause(ctx), errStateMoved) {
+		return errStateMoved
 	}
 	return nil
 }

@@ -334,3 +334,46 @@ func TestEpisodicSilenceIsNotAnAbsence(t *testing.T) {
 		}
 	}
 }
+
+// The agent's state directory moved away under it (or removed, and
+// another agent started on the path): it writes nothing there by its path
+// any more — it would write over the other agent's, or make the directory
+// anew outside its lock — says so, and stops.
+func TestAStateMovedUnderTheAgentStopsIt(t *testing.T) {
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	id, _ := c.addNode("moved")
+	ex := newFakeExecutor(t, c.keys.ControlPublic(), "b1")
+	dir := filepath.Join(t.TempDir(), "agent")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var log lockedLog
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(ctx, agent.Options{Identity: id, Socket: ex.path, ExecutorUID: uint32(os.Getuid()), StateDir: dir,
+			Heartbeat: 200 * time.Millisecond, Version: "test", Build: "b1", RetryWait: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	}()
+	waitFor(t, "the agent's state written", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "agent.json"))
+		return err == nil
+	})
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "state directory is not the one it started on") {
+			t.Fatalf("ended with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the agent goes on:\n%s", log.String())
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the state was made anew: %v", err)
+	}
+	if !strings.Contains(log.String(), "is not the one it started on") {
+		t.Fatalf("not said:\n%s", log.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -97,12 +98,23 @@ type stateStore struct {
 	mu    sync.Mutex
 	s     State
 	ended bool // end: no more changes
+	// dir is the state directory as the agent opened it (and locked it:
+	// agent.lock is in it); onMoved is told at each change that it was
+	// moved, removed or replaced since.
+	dir     *syscall.Stat_t
+	onMoved func(error)
 }
+
+// errStateMoved: the agent's state directory is not the one it started on.
+var errStateMoved = errors.New("the agent's state directory is not the one it started on")
 
 func openState(dir string) (*stateStore, error) {
 	st := &stateStore{}
 	if dir == "" {
 		return st, nil
+	}
+	if fi, err := os.Stat(dir); err == nil {
+		st.dir = fi.Sys().(*syscall.Stat_t)
 	}
 	st.path = filepath.Join(dir, "agent.json")
 	data, err := os.ReadFile(st.path)
@@ -172,10 +184,37 @@ func (st *stateStore) change(f func(*State), onceKept bool) error {
 		st.s = next
 	}
 	if st.path != "" {
+		if err := st.here(); err != nil {
+			return err
+		}
 		if err := statedir.WriteFile(st.path, next); err != nil {
 			return err
 		}
 	}
 	st.s = next
 	return nil
+}
+
+// here fails once the state directory is not the one the agent started
+// on: written by its path, a directory moved away would be made anew
+// under another agent's lock, or a second agent's (started on the path,
+// finding it free) written over.
+func (st *stateStore) here() error {
+	if st.dir == nil {
+		return nil
+	}
+	dir := filepath.Dir(st.path)
+	fi, err := os.Stat(dir)
+	if err == nil && fi.Sys().(*syscall.Stat_t).Dev == st.dir.Dev && fi.Sys().(*syscall.Stat_t).Ino == st.dir.Ino {
+		return nil
+	}
+	what := "replaced by another directory"
+	if err != nil {
+		what = "gone (" + err.Error() + ")"
+	}
+	moved := fmt.Errorf("%w: %s, %s since; nothing is written there, and the agent stops (its next start takes the directory as it is then)", errStateMoved, dir, what)
+	if st.onMoved != nil {
+		st.onMoved(moved)
+	}
+	return moved
 }

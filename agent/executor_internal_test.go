@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/nats-io/nkeys"
@@ -125,5 +127,33 @@ func TestTheSameNoGrantIsSaidOnce(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "enrolment: no grant"); n != 1 {
 		t.Fatalf("said %d times:\n%s", n, logs.String())
+	}
+}
+
+// A state directory another user owns is not taken from them by an agent
+// started as root (its files stayed theirs, the agent failed on them, and
+// the directory was closed to its owner); root's, or the agent's own, is.
+func TestAStateDirectoryOfAnotherUserIsNotTaken(t *testing.T) {
+	base := t.TempDir()
+	theirs, roots := filepath.Join(base, "theirs"), filepath.Join(base, "roots")
+	for _, d := range []string{theirs, roots} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(theirs, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if err := PrepareStateDir(theirs, 65534, 65534); err == nil || !strings.Contains(err.Error(), "is uid 4242's, not root's nor the agent's") {
+		t.Fatalf("%v", err)
+	}
+	if fi, _ := os.Stat(theirs); fi.Sys().(*syscall.Stat_t).Uid != 4242 || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("changed: %v", fi.Mode())
+	}
+	if err := PrepareStateDir(roots, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(roots); fi.Sys().(*syscall.Stat_t).Uid != 65534 || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("root's not taken: %v", fi.Mode())
 	}
 }

@@ -328,6 +328,15 @@ func PrepareStateDir(dir string, uid, gid int) error {
 		return fmt.Errorf("state directory %s is not a directory (a symlink?); refusing it: %w", dir, err)
 	}
 	defer unix.Close(fd)
+	// One another user owns is theirs: taken, its files would stay theirs
+	// (the agent then failing on them) and the directory closed to them.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	if st.Uid != 0 && int(st.Uid) != uid {
+		return fmt.Errorf("state directory %s is uid %d's, not root's nor the agent's (uid %d): refusing to take it from them; give the agent a directory of its own, or chown it to the agent if it is the agent's", dir, st.Uid, uid)
+	}
 	if err := unix.Fchown(fd, uid, gid); err != nil {
 		return fmt.Errorf("state directory %s: %w", dir, err)
 	}

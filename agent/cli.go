@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
@@ -209,6 +210,7 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {
+		waitForAnotherBinary(ctx, log, err, 10*time.Second)
 		return 0
 	}
 	if err != nil {
@@ -216,6 +218,51 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		return 1
 	}
 	return 0
+}
+
+// waitForAnotherBinary returns at once when the agent's binary on disk is
+// not the one running (an upgrade installed another: the init restarts
+// onto it). When it is the same — the executor upgraded alone, or
+// started by hand with another build — an exit would be restarted onto
+// the same binary, link, find the executor's build again and exit, every
+// few seconds for good: said once, and the exit waits for another binary
+// (or the end of ctx), looked for every poll.
+func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll time.Duration) {
+	running := func() (dev, ino uint64, ok bool) {
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/self/exe", &st) != nil {
+			return 0, 0, false
+		}
+		return st.Dev, st.Ino, true
+	}
+	installed := func() (dev, ino uint64, ok bool) {
+		p, err := os.Executable()
+		var st syscall.Stat_t
+		if err != nil || syscall.Stat(p, &st) != nil {
+			return 0, 0, false
+		}
+		return st.Dev, st.Ino, true
+	}
+	rd, ri, ok1 := running()
+	same := func() bool {
+		id, ii, ok2 := installed()
+		return ok1 && ok2 && id == rd && ii == ri
+	}
+	if !same() {
+		return
+	}
+	p, _ := os.Executable()
+	log.Error("the executor runs another build, and the agent's binary installed is the one running: there is nothing to restart onto; install the agent of the executor's release (the agent exits once its binary is replaced)", "why", why.Error(), "binary", p)
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for same() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	log.Info("the agent's binary was replaced: exiting to be restarted onto it", "binary", p)
 }
 
 // StateLockRecord is the file in the agent's state directory that names

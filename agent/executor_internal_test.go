@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nkeys"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -155,5 +157,20 @@ func TestAStateDirectoryOfAnotherUserIsNotTaken(t *testing.T) {
 	}
 	if fi, _ := os.Stat(roots); fi.Sys().(*syscall.Stat_t).Uid != 65534 || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("root's not taken: %v", fi.Mode())
+	}
+}
+
+// Told the executor runs another build, the agent exits at once when its
+// binary on disk was replaced (an upgrade: the init restarts onto it), and
+// otherwise says so and waits for another binary, rather than be
+// restarted onto the same one, link and exit again every few seconds.
+func TestAnAgentWithNoOtherBinaryWaitsForOne(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	waitForAnotherBinary(ctx, log, ErrUpgraded, 50*time.Millisecond)
+	if ctx.Err() == nil || !strings.Contains(logs.String(), "there is nothing to restart onto") {
+		t.Fatalf("returned before its context ended:\n%s", logs.String())
 	}
 }

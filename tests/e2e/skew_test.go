@@ -117,6 +117,20 @@ func TestThePreviousReleaseRunsWithThisOne(t *testing.T) {
 	oldExecutor.Process.Signal(syscall.SIGTERM)
 	oldExecutor.Wait()
 	os.Remove(m.sock)
+	// The package installs both binaries: the agent's replaced under the
+	// running agent (renamed over it), which an agent told of another
+	// build restarts onto; with its own binary still in place it would
+	// wait for one.
+	newAgent, err := os.ReadFile(filepath.Join(bin, "mesh-agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(prev, "mesh-agent.new"), newAgent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(prev, "mesh-agent.new"), filepath.Join(prev, "mesh-agent")); err != nil {
+		t.Fatal(err)
+	}
 	m.from = nil
 	startExecutor("e2e")
 	exited := make(chan error, 1)

@@ -92,8 +92,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cmdline.KeepOnHangup(cfg.Log)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// The first SIGTERM or SIGINT stops the executor, given its stop
+	// timeout; a second does not wait for it (Config.Hurry).
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	hurry := make(chan struct{})
+	cfg.Hurry = hurry
+	go func() {
+		<-sigs
+		stop()
+		<-sigs
+		close(hurry)
+	}()
 	if err := Run(ctx, cfg); err != nil {
 		fmt.Fprintf(stderr, "mesh-launch: %v\n", err)
 		if held := (*HeldError)(nil); errors.As(err, &held) {

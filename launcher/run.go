@@ -43,6 +43,9 @@ type Config struct {
 	// StopTimeout is how long the executor has to stop after SIGTERM before
 	// SIGKILL (30 s).
 	StopTimeout time.Duration
+	// Hurry, once closed (a second SIGTERM or SIGINT), ends the wait for
+	// the executor's stop: it is killed at once.
+	Hurry <-chan struct{}
 	// Poll is how often an idle launcher looks at the launch state again
 	// (5 s), so `mesh-launch clear` resumes it.
 	Poll time.Duration
@@ -447,6 +450,10 @@ wait:
 	case <-done:
 	case <-t.C:
 		l.log.Warn("launcher: the executor did not stop in time; killing it", "pid", pid, "timeout", l.cfg.StopTimeout)
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-done
+	case <-l.cfg.Hurry:
+		l.log.Warn("launcher: asked again to stop: killing the executor now (what it cut, its next start resumes)", "pid", pid)
 		syscall.Kill(-pid, syscall.SIGKILL)
 		<-done
 	}

@@ -370,3 +370,37 @@ func TestRunnableLooksABareNameUpOnThePath(t *testing.T) {
 		t.Errorf("a directory: %v", err)
 	}
 }
+
+// A second SIGTERM (or SIGINT) does not wait out the stop timeout: the
+// executor, which ignores the first, is killed at once and mesh-launch
+// exits.
+func TestMeshLaunchStopsAtOnceWhenAskedTwice(t *testing.T) {
+	l := newLab(t)
+	l.script(l.installed, "up", "ignore-term", 0)
+	bin := buildMeshLaunch(t)
+	cmd := exec.Command(bin, "--state", l.state, "--executor", l.installed, "--known-good", l.kg, "--agent-user=", "--notice=", "--stop-timeout", "10m", "--", "serve")
+	cmd.Stdout, cmd.Stderr = l.out, l.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	waitFor(t, "the executor", 10*time.Second, func() bool {
+		data, _ := os.ReadFile(l.log)
+		return strings.Contains(string(data), "ready")
+	})
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(200 * time.Millisecond) // the first, taken: the executor ignores it
+	select {
+	case err := <-done:
+		t.Fatalf("mesh-launch exited before its executor stopped: %v", err)
+	default:
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("mesh-launch waited out the stop timeout after a second signal")
+	}
+}

@@ -196,6 +196,11 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprint(stdout, formatStatus(s, *dir, clock.Now(), *window))
+	if pid := runningLauncher(*dir); pid > 0 {
+		fmt.Fprintf(stdout, "launcher: running (pid %d)\n", pid)
+	} else {
+		fmt.Fprintln(stdout, "launcher: not running: nothing starts the executor until the init starts it (systemctl start mesh-executor, rc-service mesh-executor start, sv up mesh-executor)")
+	}
 	return 0
 }
 
@@ -291,7 +296,11 @@ func clearCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mesh-launch clear: %v\n", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, "cleared: the launcher starts the executor again (the rolled-back mark, if any, stays until it reconciles)")
+	if pid := runningLauncher(*dir); pid > 0 {
+		fmt.Fprintf(stdout, "cleared: the launcher (pid %d) starts the executor again within seconds (the rolled-back mark, if any, stays until it reconciles)\n", pid)
+	} else {
+		fmt.Fprintln(stdout, "cleared: no launcher runs on this state now; the executor starts when the init starts it (systemctl start mesh-executor, rc-service mesh-executor start, sv up mesh-executor)")
+	}
 	return 0
 }
 

@@ -354,7 +354,9 @@ func (l *launcher) halt(reason string) error {
 	_, err := update(l.cfg.StateDir, func(s *State) (bool, error) {
 		s.Halted = &Mark{At: clock.Now().UTC(), Reason: reason}
 		if s.RolledBack != nil && !s.RolledBack.Reinstalled {
-			s.RolledBack = nil
+			// The rollback's start (Decide counts it as it decides) never
+			// came: not said as one.
+			s.RolledBack, s.Starts = nil, nil
 		}
 		return true, nil
 	})

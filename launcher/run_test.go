@@ -310,6 +310,9 @@ func TestFailedReinstallHalts(t *testing.T) {
 	if s.RolledBack != nil {
 		t.Errorf("rolled_back = %+v after a reinstall that failed; the mark is reverted", s.RolledBack)
 	}
+	if len(s.Starts) != 0 {
+		t.Errorf("starts %v after a reinstall that failed: the rollback's start never came", s.Starts)
+	}
 	if got := strings.Join(l.lines(), " "); got != "bad bad bad" {
 		t.Errorf("starts: %q; nothing starts after a failed reinstall", got)
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 )
 
 // One launcher supervises a state directory. A second one, started by hand
@@ -130,4 +131,16 @@ func serveHeld(dir string) (held bool, pid int) {
 	}
 	unix.Flock(fd, unix.LOCK_UN)
 	return false, 0
+}
+
+// runningLauncher is the pid of the launcher that supervises dir now, 0
+// when none does (or it cannot tell): read from the kernel's locks, never
+// by taking the lock, which would refuse a launcher starting that moment.
+func runningLauncher(dir string) int {
+	fd, err := unix.Open(filepath.Join(dir, RunLockFile), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	return statedir.FlockHolder(fd)
 }

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,11 +103,20 @@ func TestStatusAfterRollbackToHealthy(t *testing.T) {
 	l.script(filepath.Join(l.kg, "mesh-executor"), "good", "healthy-serve", 0)
 	r := start(t, l.config())
 	waitFor(t, "the known-good executor serving", 10*time.Second, func() bool { return slices.Contains(l.lines(), "serving") })
+	// Whether a launcher runs is said (a stopped one's status read as a
+	// healthy one's).
+	out, err := exec.Command(buildMeshLaunch(t), "status", "--state", l.state).CombinedOutput()
+	if want := fmt.Sprintf("launcher: running (pid %d)", os.Getpid()); err != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("mesh-launch status, the launcher running: %v\n%s\nwant %q", err, out, want)
+	}
 	r.stop(5 * time.Second)
 
-	out, err := exec.Command(buildMeshLaunch(t), "status", "--state", l.state).CombinedOutput()
+	out, err = exec.Command(buildMeshLaunch(t), "status", "--state", l.state).CombinedOutput()
 	if err != nil {
 		t.Fatalf("mesh-launch status: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "launcher: not running") {
+		t.Errorf("mesh-launch status, no launcher running:\n%s", out)
 	}
 	if !strings.Contains(string(out), "rolled back: yes") || !strings.Contains(string(out), "3 starts within") ||
 		!strings.Contains(string(out), "reconciled since") {

@@ -57,7 +57,7 @@ import (
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/overlay"
-	"github.com/nox-mesh/nox-mesh-host/executor/store"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"github.com/nox-mesh/nox-mesh-host/wire"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -144,7 +144,7 @@ func lock(dir string, create bool) (func(), error) {
 		}
 		if err != unix.EWOULDBLOCK || clock.Past(deadline) {
 			who := ""
-			if pid := store.FlockHolder(fd); pid > 0 {
+			if pid := statedir.FlockHolder(fd); pid > 0 {
 				who = fmt.Sprintf(" (pid %d holds it)", pid)
 			}
 			unix.Close(fd)

@@ -39,13 +39,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
+	"github.com/nox-mesh/nox-mesh-host/statedir"
 	"golang.org/x/sys/unix"
 )
 
@@ -362,7 +362,7 @@ func lockPath(p string, optional bool, deadline time.Time) (*os.File, error) {
 		}
 		if err != unix.EWOULDBLOCK || clock.Past(deadline) {
 			if err == unix.EWOULDBLOCK {
-				pid := FlockHolder(fd)
+				pid := statedir.FlockHolder(fd)
 				unix.Close(fd)
 				if pid > 0 {
 					return nil, fmt.Errorf("%w: pid %d holds %s", ErrBusy, pid, p)
@@ -386,36 +386,7 @@ func LockHolder(dir string) int {
 		return 0
 	}
 	defer unix.Close(fd)
-	return FlockHolder(fd)
-}
-
-// FlockHolder is the pid holding a flock on fd's file, as the kernel lists
-// it in /proc/locks ("1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF", the
-// device as hexadecimal major:minor, the inode in decimal); 0 when it
-// cannot tell (no /proc, or the holder let go meanwhile). The lock is
-// the directory itself, which has no room for a pid file of its own that
-// a rescue command and the daemon would both keep current.
-func FlockHolder(fd int) int {
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil {
-		return 0
-	}
-	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	data, err := os.ReadFile("/proc/locks")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		// A blocked waiter's line starts "1: ->": skip it.
-		if len(f) < 6 || f[1] != "FLOCK" || f[3] != "WRITE" || f[5] != want {
-			continue
-		}
-		if pid, err := strconv.Atoi(f[4]); err == nil && pid != os.Getpid() {
-			return pid
-		}
-	}
-	return 0
+	return statedir.FlockHolder(fd)
 }
 
 // Unlock closes the journal and releases the lock.

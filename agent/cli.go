@@ -289,6 +289,18 @@ func takeStateDir(dir, userName string, asRoot bool) (*statedir.DirLock, error) 
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("refusing to start: the state directory cannot be made: %w", statedir.ExplainAccess("create", dir, err,
 			fmt.Sprintf("the agent runs as uid %d and keeps its memory there: make the directory for it (mode 0700, its own), or start the agent as root, which makes it", os.Geteuid())))
+	} else if fi, err := os.Stat(dir); err == nil {
+		// Not root, it cannot make the directory its own: one another
+		// user may write is one where its key and identity could be
+		// swapped under it. (Its own group may: an Android app's files
+		// directory is 0771, of the app's own group; and root, whose
+		// directory the agent cannot write, is said so below.)
+		st := fi.Sys().(*syscall.Stat_t)
+		perm := fi.Mode().Perm()
+		byOther := int(st.Uid) != os.Geteuid() && st.Uid != 0 && perm&0o200 != 0
+		if byOther || perm&0o002 != 0 || perm&0o020 != 0 && int(st.Gid) != os.Getegid() {
+			return nil, fmt.Errorf("refusing to start: the state directory %s is uid %d's, mode %04o: the agent (uid %d) keeps its key there, and another user may write it; make it the agent's own (chown %d %s; chmod 0700 %s)", dir, st.Uid, fi.Mode().Perm(), os.Geteuid(), os.Geteuid(), dir, dir)
+		}
 	}
 	lock, err := statedir.LockDir(dir, StateLockRecord)
 	if err != nil {

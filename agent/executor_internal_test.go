@@ -174,3 +174,27 @@ func TestAnAgentWithNoOtherBinaryWaitsForOne(t *testing.T) {
 		t.Fatalf("returned before its context ended:\n%s", logs.String())
 	}
 }
+
+// Not root, the agent refuses a state directory another user may write
+// (its key and identity could be swapped under it), or another's; its
+// own, 0700 or writable by its own group alone, it takes.
+func TestANonRootAgentRefusesAStateOthersMayWrite(t *testing.T) {
+	base := t.TempDir()
+	for _, c := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{{0o700, true}, {0o770, true}, {0o777, false}, {0o703, false}} {
+		dir := filepath.Join(base, c.mode.String())
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(dir, c.mode)
+		lock, err := takeStateDir(dir, "", false)
+		if lock != nil {
+			lock.Close()
+		}
+		if c.ok != (err == nil) || !c.ok && !strings.Contains(err.Error(), "another user may write it") {
+			t.Errorf("mode %v: %v", c.mode, err)
+		}
+	}
+}

@@ -981,7 +981,16 @@ func (a *Agent) linkDown(err error, closed bool) {
 		a.log.Warn("state: " + err.Error())
 	}
 	if closed {
-		a.log.Info("link closed: the agent stops", "state", link.StateDisconnected)
+		why := "the agent stops"
+		if a.runCtx != nil {
+			switch cause := context.Cause(a.runCtx); {
+			case errors.Is(cause, errReenrol):
+				why = "an enrolment is carried out, then the agent links again"
+			case errors.Is(cause, errEarlierLayout), errors.Is(cause, errTryByNode):
+				why = "the agent links again with other subjects"
+			}
+		}
+		a.log.Info("link closed: "+why, "state", link.StateDisconnected)
 		return
 	}
 	msg := "link lost"

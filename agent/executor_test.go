@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +255,8 @@ func TestHostedStaysIdle(t *testing.T) {
 // executor answers, and the agent relays the launcher's reason from beside
 // the socket, so the node reads as halted and why, not as switched off.
 func TestLauncherHaltReportedUpward(t *testing.T) {
-	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	ctlDir := t.TempDir()
+	c := startControl(t, ctlDir, "127.0.0.1:0")
 	id, _ := c.addNode("halted")
 	run := t.TempDir()
 	notice := `{"halted":true,"reason":"halted; starting nothing until a person runs mesh-launch clear: the machine is the problem","at":"2026-11-30T00:00:00Z"}`
@@ -269,6 +271,16 @@ func TestLauncherHaltReportedUpward(t *testing.T) {
 		ns, err := c.client.Nodes(context.Background())
 		return err == nil && len(ns) == 1 && strings.Contains(ns[0].ExecutorHalted, "the machine is the problem") && ns[0].ExecutorError != ""
 	})
+	// The fleet's table says halted and where to read why (the reason
+	// runs to hundreds of characters); node show says why.
+	var out, errb bytes.Buffer
+	if code := control.Main(context.Background(), []string{"nodes", "--dir", ctlDir, "--nats", c.url}, &out, &errb); code != 0 || !strings.Contains(out.String(), "halted (node show halted says why)") || strings.Contains(out.String(), "the machine is the problem") {
+		t.Fatalf("nodes: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := control.Main(context.Background(), []string{"node", "show", "halted", "--dir", ctlDir, "--nats", c.url}, &out, &errb); code != 0 || !strings.Contains(out.String(), "the machine is the problem") {
+		t.Fatalf("node show: exit %d\n%s%s", code, out.String(), errb.String())
+	}
 	// Said in the agent's own log too, where a person at the machine
 	// looks: once for the outage, not at every heartbeat.
 	time.Sleep(time.Second)

@@ -1090,6 +1090,11 @@ func (c *cli) nodes() error {
 	fmt.Fprintln(w, "NODE\tSTATE\tLAST HEARD\tEXECUTOR\tDECLARED\tAPPLIED\tLAST OUTCOME\tOVERLAY\tASSIGNMENTS")
 	for _, n := range ns {
 		ex, outcome := executorSaid(n), outcomeSaid(n)
+		if n.ExecutorHalted != "" && n.ExecutorVersion == "" && n.ExecutorBuild == "" {
+			// The launcher's reason runs to hundreds of characters: the
+			// table says halted, node show says why.
+			ex = "halted (node show " + n.Name + " says why)"
+		}
 		state := n.State
 		if n.Presence == link.PresenceEpisodic {
 			// An app, linked only while it runs: its silence is the

@@ -17,6 +17,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Command is one subcommand of a program ("" for a program that has
@@ -648,6 +649,24 @@ func flagError(fs *flag.FlagSet, said string) string {
 	}
 	if name, ok := strings.CutPrefix(line, "flag needs an argument: "); ok {
 		return fmt.Sprintf("%s: -%s needs a value\n", fs.Name(), name)
+	}
+	if rest, ok := strings.CutPrefix(line, "invalid value "); ok {
+		// invalid value "abc" for flag -stop-timeout: parse error
+		val, after, ok := strings.Cut(rest, " for flag -")
+		name, reason, ok2 := strings.Cut(after, ": ")
+		if ok && ok2 {
+			if f := fs.Lookup(name); f != nil {
+				if g, ok := f.Value.(flag.Getter); ok {
+					switch g.Get().(type) {
+					case time.Duration:
+						reason = "not a time (such as 30s, 5m or 1h)"
+					case int, int64, uint, uint64:
+						reason = "not a whole number"
+					}
+				}
+			}
+			return fmt.Sprintf("%s: --%s %s: %s\n", fs.Name(), name, val, reason)
+		}
 	}
 	const prefix = "invalid boolean value "
 	if !strings.HasPrefix(said, prefix) {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/agent"
 	"github.com/nox-mesh/nox-mesh-host/cmdline"
@@ -550,5 +551,23 @@ func TestAFlagBeforeTheCommandIsSaidSo(t *testing.T) {
 	code := control.Main(context.Background(), []string{"--dir", "/tmp/k", "node", "show", "n1"}, &out, &errw)
 	if code != 2 || !strings.Contains(errw.String(), "flags go after it (mesh-control node show n1 --dir /tmp/k)") {
 		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+}
+
+// A daemon's flag of a value that does not read (a time, a number) says
+// so in the programs' words, the flag named as it is written (--), not
+// the flag package's "invalid value … for flag -x: parse error".
+func TestADaemonsBadValueIsSaidInItsWords(t *testing.T) {
+	fs := flag.NewFlagSet("mesh-launch", flag.ContinueOnError)
+	fs.Duration("stop-timeout", time.Second, "")
+	fs.Int("max-starts", 3, "")
+	for args, want := range map[string]string{
+		"--stop-timeout=abc": `mesh-launch: --stop-timeout "abc": not a time (such as 30s, 5m or 1h)`,
+		"--max-starts=x":     `mesh-launch: --max-starts "x": not a whole number`,
+	} {
+		var errw bytes.Buffer
+		if err := cmdline.ParseAlone(fs, []string{args}, &errw); err == nil || !strings.Contains(errw.String(), want) || strings.Contains(errw.String(), "parse error") {
+			t.Errorf("%s: %v, said %q; want %q", args, err, errw.String(), want)
+		}
 	}
 }

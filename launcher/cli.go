@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -82,6 +83,30 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		cfg.Args = fs.Args()
+	}
+	// Said as the command line wrote them: 0 or below was taken for the
+	// default, silently, and a negative one said by the field's name.
+	if cfg.MaxStarts <= 0 {
+		fmt.Fprintf(stderr, "mesh-launch: --max-starts %d: at least 1\n", cfg.MaxStarts)
+		return 2
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"window", cfg.Window}, {"backoff", cfg.Backoff}, {"stop-timeout", cfg.StopTimeout}} {
+		if d.v <= 0 {
+			fmt.Fprintf(stderr, "mesh-launch: --%s %v: more than zero\n", d.name, d.v)
+			return 2
+		}
+	}
+	// A relative path is of the directory it was started in, which the
+	// launcher does not stay in.
+	for _, p := range []*string{&cfg.StateDir, &cfg.KnownGood} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			if abs, err := filepath.Abs(*p); err == nil {
+				*p = abs
+			}
+		}
 	}
 	if uid := os.Geteuid(); uid != 0 {
 		// It makes the agent's user, takes the state directory's lock and

@@ -3,6 +3,7 @@ package launcher
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -405,5 +406,24 @@ func TestMeshLaunchStopsAtOnceWhenAskedTwice(t *testing.T) {
 	case <-done:
 	case <-time.After(time.Minute):
 		t.Fatal("mesh-launch waited out the stop timeout after a second signal")
+	}
+}
+
+// A count or a time of the command line that cannot be one (0 or below)
+// is refused as written (exit 2), not taken for the default, nor said by
+// the field's name; nothing is started.
+func TestMeshLaunchRefusesANonsenseCountOrTime(t *testing.T) {
+	bin := buildMeshLaunch(t)
+	for args, want := range map[string]string{
+		"--max-starts=-1":  "mesh-launch: --max-starts -1: at least 1",
+		"--max-starts=0":   "mesh-launch: --max-starts 0: at least 1",
+		"--stop-timeout=0": "mesh-launch: --stop-timeout 0s: more than zero",
+		"--window=-5m":     "mesh-launch: --window -5m0s: more than zero",
+	} {
+		out, err := exec.Command(bin, args, "--state", t.TempDir()).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), want) {
+			t.Errorf("%s: %v\n%s\nwant exit 2 and %q", args, err, out, want)
+		}
 	}
 }

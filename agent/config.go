@@ -181,7 +181,7 @@ func LoadConfig(path string) (*Identity, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s does not read (%w): cut short or damaged (written at the enrolment); move it aside and start the agent again — with no config it asks the executor, which hands back the grant it recorded for this agent's key — or, if the executor has none, enrol again (mesh-executor enrol)", path, err)
 	}
 	id, err := c.Identity()
 	if err != nil {

@@ -198,3 +198,16 @@ func TestANonRootAgentRefusesAStateOthersMayWrite(t *testing.T) {
 		}
 	}
 }
+
+// A config cut short (a disk filled as it was written) says what to do,
+// not a bare "unexpected EOF".
+func TestAConfigCutShortSaysWhatToDo(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "agent.json")
+	for _, data := range []string{"", `{"broker_url":"tls://x:4222","no`} {
+		os.WriteFile(p, []byte(data), 0o600)
+		_, err := LoadConfig(p)
+		if err == nil || !strings.Contains(err.Error(), "move it aside and start the agent again") {
+			t.Errorf("%q: %v", data, err)
+		}
+	}
+}

@@ -168,6 +168,10 @@ type run struct {
 	// restart_on named a file it changed, and it stopped or failed
 	// before the restart), by unit; owedNow, what this apply leaves owed.
 	owed, owedNow map[string][]string
+	// cutChanged is the "module.id" of the changes an apply of this
+	// source cut short (a kill, a power cut) had said: the restarts they
+	// call for are owed (owes).
+	cutChanged map[string]bool
 	changed       map[string]bool // "module.id" of lines applied or repaired
 	// repoFiles are the files of this declaration that configure a
 	// package manager's repositories (by "module.id"); repoDirty: one of
@@ -361,6 +365,16 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		var order []cut
 		sums := map[cut][2]int{}
 		for _, a := range noted {
+			if a.Source == string(opt.Source) {
+				for _, l := range a.Lines {
+					if l.Outcome.Changes() {
+						if r.cutChanged == nil {
+							r.cutChanged = map[string]bool{}
+						}
+						r.cutChanged[l.Module+"."+l.ID] = true
+					}
+				}
+			}
 			k := cut{string(a.Source), a.Seq}
 			if _, ok := sums[k]; !ok {
 				order = append(order, k)

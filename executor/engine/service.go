@@ -666,10 +666,10 @@ func (r *run) restartOn() {
 		var changed, read []string
 		owedKeys := false
 		for _, key := range restartKeys(svc) {
-			was := slices.Contains(r.owed[unit], key)
+			was := r.owes(unit, key)
 			switch {
 			case !r.changed[key] && !was:
-			case p.read[key] || was && p.started:
+			case p.read[key] || was && p.started && !r.changed[key]:
 				read = append(read, key)
 			default:
 				changed = append(changed, key)
@@ -738,13 +738,21 @@ func (r *run) restartOn() {
 func (r *run) owe(unit string, svc *shapes.Service) {
 	var keys []string
 	for _, key := range restartKeys(svc) {
-		if r.changed[key] || slices.Contains(r.owed[unit], key) {
+		if r.changed[key] || r.owes(unit, key) {
 			keys = append(keys, key)
 		}
 	}
 	if len(keys) > 0 && unit != "" {
 		r.owedNow[unit] = keys
 	}
+}
+
+// owes says whether a restart of unit is owed for key: kept by an apply
+// that stopped before the restart, or a change an apply a kill or a power
+// cut ended had said (cutChanged: the journal keeps what it said, and
+// nothing of what it owed).
+func (r *run) owes(unit, key string) bool {
+	return slices.Contains(r.owed[unit], key) || r.cutChanged[key]
 }
 
 // keepOwed writes what this apply leaves owed, of the units its

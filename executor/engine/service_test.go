@@ -706,3 +706,69 @@ func TestARestartOwedIsGivenByTheNextApply(t *testing.T) {
 		t.Fatalf("still owed: %v", owed)
 	}
 }
+
+// A restart owed for a file declared after the service, then the next
+// apply starts the unit (found stopped) and changes that file again: the
+// unit read the old content as it started, and is restarted after.
+func TestARestartOwedAndTheFileChangedAfterTheStart(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("web.service", true, "enabled")
+	f.add("other.service", true, "enabled")
+	conf := func(c string) string {
+		return `{"module":"web","id":"late","type":"file","path":"{root}/late.conf","content":"` + c + `"}`
+	}
+	web := svc("web", "web", "running", "", `,"restart_on":["late"]`)
+	other := svc("other", "other", "running", "", "")
+	h.applyWith(f, h.doc(web, conf("v1"), other), false)
+	f.transcript()
+	doc := h.doc(web, conf("v2"), other)
+	d, _ := shapes.ParseTrusted([]byte(doc))
+	st, _ := store.Open(h.state)
+	st.Lock(time.Second)
+	stop := make(chan struct{})
+	Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
+		Stop: stop, OnLine: func(l shapes.Line) {
+			if l.ID == "late" {
+				close(stop)
+			}
+		}})
+	st.Unlock()
+	if owed := st.RestartsOwed(store.Local); !slices.Equal(owed["web.service"], []string{"web.late"}) {
+		t.Fatalf("owed %v", owed)
+	}
+	f.units["web.service"].Running = false // stopped by hand meanwhile
+	rep := h.applyWith(f, h.doc(web, conf("v3"), other), false)
+	if got := f.transcript(); got != "start web.service; restart web.service" {
+		t.Fatalf("started before late.conf v3 was written and not restarted after: %q %s", got, fmt.Sprint(rep.Lines))
+	}
+}
+
+// A change an apply a kill or a power cut ended had made (the journal
+// keeps what it said) owes the restart its restart_on calls for: the next
+// apply finds the file as declared, and restarts the unit.
+func TestARestartACutApplyOwedIsGiven(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("nginx.service", true, "enabled")
+	conf := func(content string) string {
+		return `{"module":"base","id":"conf","type":"file","path":"{root}/nginx.conf","content":"` + content + `"}`
+	}
+	nginx := svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`)
+	h.applyWith(f, h.doc(conf("v1"), nginx), false)
+	f.transcript()
+	doc := h.doc(conf("v2"), nginx)
+	h.applyWith(f, doc, false)
+	f.transcript()
+	// The cut: the apply's end and the restart never happened (its end
+	// record cut off the journal, as a power cut leaves it).
+	cutJournal(t, h.state, func(op, _ string) bool { return op == "end" })
+	rep := h.applyWith(f, doc, false)
+	if got := f.transcript(); got != "restart nginx.service" || !strings.Contains(fmt.Sprint(rep.Lines), "owed by an apply that stopped") {
+		t.Fatalf("the apply after the cut: %q %+v", got, rep.Lines)
+	}
+	h.applyWith(f, doc, false)
+	if got := f.transcript(); got != "" {
+		t.Fatalf("given twice: %q", got)
+	}
+}

@@ -210,7 +210,11 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {
-		waitForAnotherBinary(ctx, log, err, 10*time.Second)
+		ex := &execClient{path: *socket, uid: 0, vsock: vs, version: version, build: build}
+		waitForAnotherBinary(ctx, log, err, 10*time.Second, func() bool {
+			defer ex.drop()
+			return ex.connect() == nil // the executor runs this agent's build again
+		})
 		return 0
 	}
 	if err != nil {
@@ -223,11 +227,13 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 // waitForAnotherBinary returns at once when the agent's binary on disk is
 // not the one running (an upgrade installed another: the init restarts
 // onto it). When it is the same — the executor upgraded alone, or
-// started by hand with another build — an exit would be restarted onto
-// the same binary, link, find the executor's build again and exit, every
-// few seconds for good: said once, and the exit waits for another binary
-// (or the end of ctx), looked for every poll.
-func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll time.Duration) {
+// started by hand with another build, or this agent upgraded and the
+// executor not restarted onto its own yet — an exit would be restarted
+// onto the same binary, link, find the executor's build again and exit,
+// every few seconds for good: said once, and the exit waits for another
+// binary, for the executor to run this agent's build (sameBuild, asked
+// every poll), or for the end of ctx.
+func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll time.Duration, sameBuild func() bool) {
 	running := func() (dev, ino uint64, ok bool) {
 		var st syscall.Stat_t
 		if syscall.Stat("/proc/self/exe", &st) != nil {
@@ -252,7 +258,7 @@ func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll
 		return
 	}
 	p, _ := os.Executable()
-	log.Error("the executor runs another build, and the agent's binary installed is the one running: there is nothing to restart onto; install the agent of the executor's release (the agent exits once its binary is replaced)", "why", why.Error(), "binary", p)
+	log.Error("the executor runs another build, and the agent's binary installed is the one running: there is nothing to restart onto; install the agent of the executor's release, or restart the executor onto this agent's (the agent exits once either is done)", "why", why.Error(), "binary", p)
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for same() {
@@ -260,6 +266,10 @@ func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if sameBuild != nil && sameBuild() {
+			log.Info("the executor runs this agent's build again: exiting to be restarted, and link")
+			return
 		}
 	}
 	log.Info("the agent's binary was replaced: exiting to be restarted onto it", "binary", p)
@@ -289,7 +299,7 @@ func takeStateDir(dir, userName string, asRoot bool) (*statedir.DirLock, error) 
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("refusing to start: the state directory cannot be made: %w", statedir.ExplainAccess("create", dir, err,
 			fmt.Sprintf("the agent runs as uid %d and keeps its memory there: make the directory for it (mode 0700, its own), or start the agent as root, which makes it", os.Geteuid())))
-	} else if fi, err := os.Stat(dir); err == nil {
+	} else if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink == 0 { // a link: LockDir says so
 		// Not root, it cannot make the directory its own: one another
 		// user may write is one where its key and identity could be
 		// swapped under it. (Its own group may: an Android app's files
@@ -297,7 +307,7 @@ func takeStateDir(dir, userName string, asRoot bool) (*statedir.DirLock, error) 
 		// directory the agent cannot write, is said so below.)
 		st := fi.Sys().(*syscall.Stat_t)
 		perm := fi.Mode().Perm()
-		byOther := int(st.Uid) != os.Geteuid() && st.Uid != 0 && perm&0o200 != 0
+		byOther := int(st.Uid) != os.Geteuid() && st.Uid != 0 // its owner may make it writable at will
 		if byOther || perm&0o002 != 0 || perm&0o020 != 0 && int(st.Gid) != os.Getegid() {
 			return nil, fmt.Errorf("refusing to start: the state directory %s is uid %d's, mode %04o: the agent (uid %d) keeps its key there, and another user may write it; make it the agent's own (chown %d %s; chmod 0700 %s)", dir, st.Uid, fi.Mode().Perm(), os.Geteuid(), os.Geteuid(), dir, dir)
 		}

@@ -162,16 +162,27 @@ func TestAStateDirectoryOfAnotherUserIsNotTaken(t *testing.T) {
 
 // Told the executor runs another build, the agent exits at once when its
 // binary on disk was replaced (an upgrade: the init restarts onto it), and
-// otherwise says so and waits for another binary, rather than be
-// restarted onto the same one, link and exit again every few seconds.
+// otherwise says so and waits for another binary or for the executor to
+// run its own build, rather than be restarted onto the same binary, link
+// and exit again every few seconds.
 func TestAnAgentWithNoOtherBinaryWaitsForOne(t *testing.T) {
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	waitForAnotherBinary(ctx, log, ErrUpgraded, 50*time.Millisecond)
+	waitForAnotherBinary(ctx, log, ErrUpgraded, 50*time.Millisecond, func() bool { return false })
 	if ctx.Err() == nil || !strings.Contains(logs.String(), "there is nothing to restart onto") {
 		t.Fatalf("returned before its context ended:\n%s", logs.String())
+	}
+	// The executor restarted onto this agent's build (this agent the
+	// newer, the executor not restarted yet when it started): it exits,
+	// to be restarted and link.
+	ctx2, cancel2 := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel2()
+	asked := 0
+	waitForAnotherBinary(ctx2, log, ErrUpgraded, 10*time.Millisecond, func() bool { asked++; return asked == 3 })
+	if ctx2.Err() != nil || asked != 3 || !strings.Contains(logs.String(), "the executor runs this agent's build again") {
+		t.Fatalf("did not end as the executor came to its build (asked %d):\n%s", asked, logs.String())
 	}
 }
 
@@ -196,6 +207,16 @@ func TestANonRootAgentRefusesAStateOthersMayWrite(t *testing.T) {
 		if c.ok != (err == nil) || !c.ok && !strings.Contains(err.Error(), "another user may write it") {
 			t.Errorf("mode %v: %v", c.mode, err)
 		}
+	}
+	// Another user's, even closed to its owner's writes (a chmod away).
+	theirs := filepath.Join(base, "theirs")
+	os.Mkdir(theirs, 0o570)
+	os.Chown(theirs, 4321, 0)
+	if lock, err := takeStateDir(theirs, "", false); err == nil || !strings.Contains(err.Error(), "is uid 4321's") {
+		if lock != nil {
+			lock.Close()
+		}
+		t.Errorf("another user's directory: %v", err)
 	}
 }
 

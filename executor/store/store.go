@@ -24,6 +24,7 @@
 //	salvaged.json   hand-edited files the host removed, whose content is kept (Salvage)
 //	                for SalvageKeep, dropped at the first Lock after that
 //	target-SOURCE.json  the declaration being applied for each source
+//	restarts-owed.json  the restarts restart_on owes that an apply could not give (RestartsOwed)
 package store
 
 import (
@@ -1081,7 +1082,6 @@ func (s *Store) Report(src Source) ([]byte, error) {
 	return data, err
 }
 
-// SaveBriefing keeps the briefing of the last apply on an adopted node.
 // RestartsOwed is, for src, the units a restart_on owes a restart to
 // (each with the files that changed) that an apply stopped or failed
 // before it could give: restarts-owed.json, nil when none.
@@ -1133,6 +1133,7 @@ func readOwed(dir string) map[string]map[string][]string {
 	return f.Owed
 }
 
+// SaveBriefing keeps the briefing of the last apply on an adopted node.
 func (s *Store) SaveBriefing(b *shapes.Briefing) error {
 	data, err := json.MarshalIndent(b, "", "  ")
 	if err != nil {

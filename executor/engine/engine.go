@@ -172,7 +172,7 @@ type run struct {
 	// source cut short (a kill, a power cut) had said: the restarts they
 	// call for are owed (owes).
 	cutChanged map[string]bool
-	changed       map[string]bool // "module.id" of lines applied or repaired
+	changed    map[string]bool // "module.id" of lines applied or repaired
 	// repoFiles are the files of this declaration that configure a
 	// package manager's repositories (by "module.id"); repoDirty: one of
 	// them changed since the index was last refreshed; refreshed: the

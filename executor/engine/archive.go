@@ -334,6 +334,15 @@ func digestMismatch(a *shapes.Archive, sum string) error {
 	return fmt.Errorf("archive digest mismatch: %s has sha256 %s, the declaration says %s; nothing written", a.URL, sum, a.SHA256)
 }
 
+// sumOf is fileDigest's sum, "" when the file does not read.
+func sumOf(p string) string {
+	sum, err := fileDigest(p)
+	if err != nil {
+		return ""
+	}
+	return sum
+}
+
 func fileDigest(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -389,6 +398,21 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) (edited m
 			wrote[path.Join(dest, en.rel)] = en.data
 		}
 	}
+	// What the version a cut unpack was writing has at a path is the
+	// host's too (cutVersion): it may have written it before the cut.
+	var alsoWrote map[string][]byte
+	if cut := r.cutVersion[e.Target]; cut != "" {
+		if c := r.archiveCache(cut); sumOf(c) == cut {
+			if ents, err := readArchive(c, dest); err == nil {
+				alsoWrote = map[string][]byte{}
+				for _, en := range ents {
+					if !en.dir {
+						alsoWrote[path.Join(dest, en.rel)] = en.data
+					}
+				}
+			}
+		}
+	}
 	out := map[string]editedContent{}
 	for _, p := range stale {
 		data, ok := wrote[p]
@@ -407,6 +431,11 @@ func (r *run) editedSince(e *store.Entry, dest string, stale []string) (edited m
 		}
 		if eq, info, err := fsx.Equal(p, data); err != nil || eq || info.Kind != fsx.Regular {
 			continue
+		}
+		if also, ok := alsoWrote[p]; ok {
+			if eq, _, err := fsx.Equal(p, also); err != nil || eq {
+				continue
+			}
 		}
 		now, info, err := fsx.ReadRegular(p, maxOriginal)
 		switch {

@@ -1015,3 +1015,25 @@ func TestAnUnpackACutLeftPendingIsRecordedByTheNext(t *testing.T) {
 		})
 	}
 }
+
+// v1 unpacked and recorded; v2's unpack, which rewrites index.theme, is
+// cut before its record. The record settled names v1, and index.theme
+// holds v2's content, written by the host: the archive undeclared then
+// removes it as the host's, not as a hand edit kept aside.
+func TestACutUpgradesOwnWriteIsNotTakenForAHandEdit(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p1, sum1 := makeArchive(t, h.root, "t1.tgz", theme...)
+	h.expect(h.apply(h.doc(archiveRes(p1, sum1, dest))), shapes.Applied, "ui.theme=applied")
+	v2 := slices.Clone(theme)
+	v2[1].body = "[Theme]\nName=v2\n"
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", v2...)
+	h.apply(h.doc(archiveRes(p2, sum2, dest)))
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+	rep := h.apply(h.doc())
+	if sv := mustStore(t, h.state).Salvaged(); len(sv) != 0 || strings.Contains(rep.Lines[0].Detail, "edited by hand") {
+		t.Fatalf("the host's own v2 write taken for a hand edit: salvaged %+v; %q", sv, rep.Lines[0].Detail)
+	}
+	h.absent("themes/theme/index.theme")
+}

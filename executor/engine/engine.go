@@ -172,6 +172,9 @@ type run struct {
 	// source cut short (a kill, a power cut) had said: the restarts they
 	// call for are owed (owes).
 	cutChanged map[string]bool
+	// cutVersion is, by archive target, the version an unpack a cut
+	// stopped was writing when its record names the one before (settle).
+	cutVersion map[string]string
 	changed    map[string]bool // "module.id" of lines applied or repaired
 	// repoFiles are the files of this declaration that configure a
 	// package manager's repositories (by "module.id"); repoDirty: one of
@@ -300,7 +303,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, plannedOwner: map[string][2]uint32{}, archiveWrote: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, plannedOwner: map[string][2]uint32{}, archiveWrote: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}, cutVersion: map[string]string{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()
@@ -1256,6 +1259,12 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	// (keptOfDigest).
 	if p.Op != "remove" {
 		n.Digest = keptOfDigest(e.Type, e.Digest, p.Digest, e.Original != nil && e.Original.EnabledSet)
+		if e.Type == shapes.TypeArchive && ValidDigest(p.Digest) && p.Digest != n.Digest {
+			// The version the cut unpack was writing, beside the one the
+			// record names: a file holding either is the host's, not a
+			// hand edit (editedSince).
+			r.cutVersion[e.Target] = p.Digest
+		}
 	}
 	if p.Op == "change" || p.Op == "create" {
 		// A held entry is never changed while held (its step records what

@@ -41,6 +41,11 @@ type Options struct {
 	// memory only. One agent holds it at a time: the caller locks it
 	// first (LockDir; mesh-agent does, and refuses a second instance).
 	StateDir string
+	// StateStill, when set, says whether StateDir still names the
+	// directory the agent locked as it started (statedir.DirLock.Still):
+	// one moved or replaced since is written to no more. nil: the one
+	// found at each linked run's start.
+	StateStill func() bool
 	// ConfigPath is where enrolment writes the identity it brings back
 	// ("" keeps it in memory only).
 	ConfigPath string
@@ -385,6 +390,9 @@ var errReenrol = errors.New("an enrolment is pending")
 // declarations to it still apply — and tries again at each heartbeat,
 // rather than drop the link to wait, unlinked, for room.
 func (a *Agent) mayReenrol() bool {
+	if a.o.StateStill != nil && a.o.StateDir != "" && !a.o.StateStill() {
+		return false
+	}
 	_, err := hostedKey(a.o.StateDir)
 	if err == nil || !diskFull(err) {
 		if a.reenrolHeld.Swap(false) {
@@ -420,6 +428,9 @@ func earlierLayout(id *Identity, err error) bool {
 // turns out to run another build (ErrUpgraded) or to hold no identity
 // (ErrRetired).
 func runLinked(ctx context.Context, o Options) error {
+	if o.StateStill != nil && o.StateDir != "" && !o.StateStill() {
+		return fmt.Errorf("%w: %s", errStateMoved, o.StateDir)
+	}
 	st, err := openState(o.StateDir)
 	if err != nil {
 		if st == nil {
@@ -427,6 +438,7 @@ func runLinked(ctx context.Context, o Options) error {
 		}
 		o.Log.Warn(err.Error())
 	}
+	st.still = o.StateStill
 	a := &Agent{
 		o: o, id: o.Identity, state: st,
 		log:           o.Log.With("node", o.Identity.Node),

@@ -206,7 +206,8 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 	log.Info("privileges dropped", "uid", uid, "gid", gid, "groups", 0, "capabilities", 0, "no_new_privs", 1, "version", version, "build", build)
 
 	err = Run(ctx, Options{
-		Identity: id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll, Episodic: *episodic, Vsock: vs,
+		StateStill: lock.Still,
+		Identity:   id, Socket: *socket, StateDir: *state, ConfigPath: *config, Heartbeat: *heartbeat, EnrolPoll: *enrolPoll, Episodic: *episodic, Vsock: vs,
 		Version: version, Build: build, Log: log,
 	})
 	if errors.Is(err, ErrUpgraded) {

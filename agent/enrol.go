@@ -89,6 +89,9 @@ func hostedKey(stateDir string) (nkeys.KeyPair, error) {
 // so the agent goes on linked with it and tries again later (mayReenrol).
 func keptKey(ctx context.Context, o Options, wait bool) (nkeys.KeyPair, error) {
 	for said := false; ; said = true {
+		if o.StateStill != nil && o.StateDir != "" && !o.StateStill() {
+			return nil, fmt.Errorf("%w: %s; its key is read or made there no more, and the agent stops", errStateMoved, o.StateDir)
+		}
 		kp, err := hostedKey(o.StateDir)
 		if err == nil || !diskFull(err) {
 			return kp, err
@@ -343,7 +346,7 @@ func keepGrant(o Options, kp nkeys.KeyPair, grant []byte, offer *wire.EnrolOffer
 	if o.ConfigPath != "" {
 		if err := statedir.WriteFile(o.ConfigPath, cfg); err != nil {
 			o.Log.Error("enrolled, but the identity could not be kept; the agent finishes from the executor's copy of the grant when it starts again", "config", o.ConfigPath, "err", err)
-		} else if o.StateDir != "" {
+		} else if o.StateDir != "" && (o.StateStill == nil || o.StateStill()) {
 			os.Remove(filepath.Join(o.StateDir, seedFile))
 		}
 	}

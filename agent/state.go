@@ -102,6 +102,7 @@ type stateStore struct {
 	// agent.lock is in it); onMoved is told at each change that it was
 	// moved, removed or replaced since.
 	dir     *syscall.Stat_t
+	still   func() bool // Options.StateStill, which stands for dir when set
 	onMoved func(error)
 }
 
@@ -200,12 +201,16 @@ func (st *stateStore) change(f func(*State), onceKept bool) error {
 // under another agent's lock, or a second agent's (started on the path,
 // finding it free) written over.
 func (st *stateStore) here() error {
-	if st.dir == nil {
-		return nil
-	}
 	dir := filepath.Dir(st.path)
 	fi, err := os.Stat(dir)
-	if err == nil && fi.Sys().(*syscall.Stat_t).Dev == st.dir.Dev && fi.Sys().(*syscall.Stat_t).Ino == st.dir.Ino {
+	switch {
+	case st.still != nil:
+		if st.still() {
+			return nil
+		}
+	case st.dir == nil:
+		return nil
+	case err == nil && fi.Sys().(*syscall.Stat_t).Dev == st.dir.Dev && fi.Sys().(*syscall.Stat_t).Ino == st.dir.Ino:
 		return nil
 	}
 	what := "replaced by another directory"

@@ -114,6 +114,14 @@ func LockDir(dir, record string) (*DirLock, error) {
 // Dir is the locked directory, absolute.
 func (l *DirLock) Dir() string { return l.dir }
 
+// Still says whether the path of the locked directory still names the
+// directory locked: one moved, removed or replaced since is another's to
+// take, and a holder writing by the path would write into it.
+func (l *DirLock) Still() bool {
+	var held, now unix.Stat_t
+	return unix.Fstat(int(l.f.Fd()), &held) == nil && unix.Stat(l.dir, &now) == nil && held.Dev == now.Dev && held.Ino == now.Ino
+}
+
 // Record writes "PID WHAT" into the holder's record, replacing it whole
 // (a reader never sees half of it). It is the first write into the
 // directory, so a directory its holder cannot write fails here, legibly.

@@ -122,3 +122,26 @@ func TestIsTemp(t *testing.T) {
 		}
 	}
 }
+
+// Still says whether the lock's path names the directory locked: not
+// once it is moved away, nor once another directory is made at the path.
+func TestTheLockSaysItsDirectoryMoved(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	os.Mkdir(dir, 0o700)
+	l, err := LockDir(dir, "lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.Still() {
+		t.Fatal("not still, as locked")
+	}
+	os.Rename(dir, dir+".moved")
+	if l.Still() {
+		t.Fatal("still, moved away")
+	}
+	os.Mkdir(dir, 0o700)
+	if l.Still() {
+		t.Fatal("still, another directory at its path")
+	}
+}

@@ -1000,6 +1000,8 @@ func (a *Agent) linkDown(err error, closed bool) {
 				why = "an enrolment is carried out, then the agent links again"
 			case errors.Is(cause, errEarlierLayout), errors.Is(cause, errTryByNode):
 				why = "the agent links again with other subjects"
+			case errors.Is(cause, ErrRetired):
+				why = "the executor holds no identity any more; the agent is hosted again"
 			}
 		}
 		a.log.Info("link closed: "+why, "state", link.StateDisconnected)

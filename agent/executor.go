@@ -137,7 +137,7 @@ func (e *execClient) request(ctx context.Context, kind wire.Kind, body any) (*wi
 	first := c
 	stop := context.AfterFunc(ctx, func() { first.Close() })
 	err := c.Write(kind, body)
-	if err != nil && reused && goneAway(err) {
+	if err != nil && reused && goneAway(err) && ctx.Err() == nil {
 		// The executor the connection was made to is gone (restarted
 		// since, as an upgrade does), and nothing of the request reached
 		// one: sent once more, to the executor there is now (as askIf).

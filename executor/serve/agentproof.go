@@ -67,12 +67,31 @@ func (s *Server) proveAgent(pid int32, uid uint32) {
 	if unix.Stat(s.cfg.AgentBinary, &inst) != nil || unix.Stat("/proc/"+strconv.Itoa(int(pid))+"/exe", &run) != nil {
 		return
 	}
-	if inst.Dev != run.Dev || inst.Ino != run.Ino {
-		return
-	}
 	key := agentKey{inst.Dev, inst.Ino, inst.Size, inst.Mtim}
 	if s.agentProven == key {
 		return
+	}
+	if inst.Dev != run.Dev || inst.Ino != run.Ino {
+		// Another file at the installed path: the same bytes installed
+		// again (a rollback by copying writes the known-good release's
+		// binaries anew) run as they are; another release's do not, until
+		// the agent restarts onto it. Looked at once for each agent
+		// process and installed file.
+		if s.agentSameBytes[pid] == (sameBytes{key, false}) {
+			return
+		}
+		if s.agentSameBytes[pid] != (sameBytes{key, true}) {
+			a, aerr := launcher.FileDigest(s.cfg.AgentBinary)
+			b, berr := launcher.FileDigest("/proc/" + strconv.Itoa(int(pid)) + "/exe")
+			same := aerr == nil && berr == nil && a == b
+			if len(s.agentSameBytes) >= agentSeenMax {
+				clear(s.agentSameBytes)
+			}
+			s.agentSameBytes[pid] = sameBytes{key, same}
+			if !same {
+				return
+			}
+		}
 	}
 	sum, err := launcher.FileDigest(s.cfg.AgentBinary)
 	if err == nil {
@@ -89,6 +108,13 @@ func (s *Server) proveAgent(pid int32, uid uint32) {
 			s.log.Warn("could not record this build as known-good", "err", err)
 		}
 	}
+}
+
+// sameBytes is what an agent process's binary was found to be beside an
+// installed file not its own: the same bytes or not.
+type sameBytes struct {
+	key  agentKey
+	same bool
 }
 
 // agentKey names one installed agent binary without reading it.

@@ -92,7 +92,14 @@ func TestTheAgentProvesItselfByStayingUp(t *testing.T) {
 	before := healthy.Load()
 
 	e.runAgent(installed, 200*time.Millisecond) // a crash loop's life
-	e.runAgent(filepath.Join(e.base, "old-agent"), time.Second)
+	// Another release's agent: other bytes (the test binary with one
+	// more at its end, which runs as it did).
+	old := filepath.Join(e.base, "old-agent")
+	self, _ := os.ReadFile(os.Args[0])
+	if err := os.WriteFile(old, append(self, 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.runAgent(old, time.Second)
 	time.Sleep(100 * time.Millisecond)
 	if p := proven(); p != "" {
 		t.Fatalf("proven by an agent that did not stay up, or ran another binary: %s", p)
@@ -112,5 +119,37 @@ func TestTheAgentProvesItselfByStayingUp(t *testing.T) {
 			t.Fatalf("the installed agent stayed up a second and is not proven (%q, want %s; Healthy called %d times after the start)", proven(), want, healthy.Load()-before)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A rollback by copying writes the known-good release's binaries anew: the
+// agent running from the file before, the same bytes, is proven all the
+// same (it was never seen to stay up, so the release never became known
+// good again).
+func TestTheSameBytesInstalledAgainProveTheAgent(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	installed := filepath.Join(e.base, "mesh-agent")
+	self, _ := os.ReadFile(os.Args[0])
+	if err := os.WriteFile(installed, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, AgentBinary: installed, AgentProofAfter: 300 * time.Millisecond})
+	e.dial()
+	done := make(chan struct{})
+	go func() { defer close(done); e.runAgent(installed, 2*time.Second) }()
+	time.Sleep(200 * time.Millisecond) // running, from the file installed first
+	again := installed + ".new"
+	if err := os.WriteFile(again, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(again, installed); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	s, err := launcher.ReadState(e.state)
+	want, _ := launcher.FileDigest(installed)
+	if err != nil || s.Agent == nil || s.Agent.Proven != want {
+		t.Fatalf("the agent running the same bytes as installed again is not proven: %+v %v", s.Agent, err)
 	}
 }

@@ -226,7 +226,11 @@ type Server struct {
 	agentSeen map[int32]time.Time
 	// +checklocks:agentMu
 	agentProven agentKey
-	agentMu     sync.Mutex
+	// agentSameBytes: by agent pid, whether its binary's bytes are the
+	// installed file's, when that file is another (agentproof.go).
+	// +checklocks:agentMu
+	agentSameBytes map[int32]sameBytes
+	agentMu        sync.Mutex
 	// metrics is what the metrics file says (metrics.go).
 	metrics execMetrics
 	// faultMu orders the writes of FaultsFile (recover.go).
@@ -265,7 +269,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, conns: make(chan struct{}, cfg.MaxConns), streaming: map[string]bool{}, streamed: map[*conn]map[string]bool{}, rates: map[string]*rate.Limiter{},
-		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}, stopping: make(chan struct{})}
+		budget: wire.NewBudget(wire.FrameBudget), open: map[*conn]bool{}, agentSeen: map[int32]time.Time{}, agentSameBytes: map[int32]sameBytes{}, stopping: make(chan struct{})}
 	if f, err := identity.ReadFloor(cfg.StateDir); err == nil {
 		s.last.Seq = f.Seq
 	}

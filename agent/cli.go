@@ -164,6 +164,9 @@ func Main(ctx context.Context, version, build string, args []string, stdout, std
 		var err error
 		if vs, err = parseVsock(*vsockAddr, *vsockSecret); err != nil {
 			log.Error(err.Error())
+			if u := vsockUsage(""); errors.As(err, &u) {
+				return 2 // the command line's, as every flag's
+			}
 			return 1
 		}
 	}
@@ -362,15 +365,21 @@ func selfReport(stdout io.Writer, version, build string, dropErr error) int {
 }
 
 // parseVsock reads --vsock CID:PORT and the secret file beside it.
+// vsockUsage is a --vsock the command line got wrong (exit 2), not a
+// secret file that could not be read.
+type vsockUsage string
+
+func (u vsockUsage) Error() string { return string(u) }
+
 func parseVsock(addr, secretFile string) (*Vsock, error) {
 	c, p, ok := strings.Cut(addr, ":")
 	cid, err1 := strconv.ParseUint(c, 10, 32)
 	port, err2 := strconv.ParseUint(p, 10, 32)
 	if !ok || err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("--vsock %q: CID:PORT", addr)
+		return nil, vsockUsage(fmt.Sprintf("--vsock %q: not CID:PORT", addr))
 	}
 	if secretFile == "" {
-		return nil, errors.New("--vsock needs --vsock-secret: vsock carries no peer credentials")
+		return nil, vsockUsage("--vsock needs --vsock-secret: vsock carries no peer credentials")
 	}
 	b, err := os.ReadFile(secretFile)
 	if err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -230,5 +231,20 @@ func TestAConfigCutShortSaysWhatToDo(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "move it aside and start the agent again") {
 			t.Errorf("%q: %v", data, err)
 		}
+	}
+}
+
+// A --vsock the command line got wrong is the command line's (exit 2,
+// as every flag's), a secret that cannot be read is not.
+func TestAVsockOfNoFormIsTheCommandLines(t *testing.T) {
+	var u vsockUsage
+	if _, err := parseVsock("bogus", "x"); !errors.As(err, &u) {
+		t.Errorf("bogus: %v", err)
+	}
+	if _, err := parseVsock("3:1024", ""); !errors.As(err, &u) {
+		t.Errorf("no secret: %v", err)
+	}
+	if _, err := parseVsock("3:1024", "/nonexistent"); err == nil || errors.As(err, &u) {
+		t.Errorf("a secret that cannot be read: %v", err)
 	}
 }

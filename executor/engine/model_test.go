@@ -58,7 +58,22 @@ const (
 // asked, the file's blocks and keys, the tree, the machine after — fails with the sequence
 // printed and its seed.
 func TestTheEngineFollowsTheModel(t *testing.T) {
-	n, seed := 500, uint64(1)
+	n, seed := modelRange(t, 500)
+	for i := range n {
+		s := seed + uint64(i)
+		seq := model.Generate(s).WithRescues()
+		if msg := runAgainstModel(t, seq, nil); msg != "" {
+			t.Fatalf("seed %d (%s=%d %s=1 to run it alone): %s\n%s", s, modelSeedEnv, s, modelSequencesEnv, msg, seq)
+		}
+	}
+}
+
+// runAgainstModel runs seq on the engine and the model, and says the first
+// difference ("" for none).
+// modelRange is how many generated sequences to run (n by default) and
+// from which seed (1), as modelSequencesEnv and modelSeedEnv say.
+func modelRange(t *testing.T, n int) (int, uint64) {
+	seed := uint64(1)
 	if s := os.Getenv(modelSequencesEnv); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil {
@@ -73,17 +88,9 @@ func TestTheEngineFollowsTheModel(t *testing.T) {
 		}
 		seed = v
 	}
-	for i := range n {
-		s := seed + uint64(i)
-		seq := model.Generate(s).WithRescues()
-		if msg := runAgainstModel(t, seq, nil); msg != "" {
-			t.Fatalf("seed %d (%s=%d %s=1 to run it alone): %s\n%s", s, modelSeedEnv, s, modelSequencesEnv, msg, seq)
-		}
-	}
+	return n, seed
 }
 
-// runAgainstModel runs seq on the engine and the model, and says the first
-// difference ("" for none).
 // stopAt, when not nil, names declarations (by step, from 0) whose apply
 // is first stopped (Options.Stop) once it has said that many lines, then
 // run again whole: the machine after the second must be the model's, and
@@ -330,21 +337,7 @@ func runAgainstModel(t *testing.T, seq model.Sequence, stopAt map[int]int) strin
 // and the machine disagree on. On the model's generated sequences, a
 // stop drawn at one declaration of each, after a drawn number of lines.
 func TestAStoppedApplyAppliedAgainEndsAsTheModel(t *testing.T) {
-	n, seed := 200, uint64(1)
-	if s := os.Getenv(modelSequencesEnv); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("%s=%q", modelSequencesEnv, s)
-		}
-		n = v
-	}
-	if s := os.Getenv(modelSeedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q", modelSeedEnv, s)
-		}
-		seed = v
-	}
+	n, seed := modelRange(t, 200)
 	for i := range n {
 		s := seed + uint64(i)
 		seq := model.Generate(s).WithRescues()

@@ -656,17 +656,7 @@ func TestARestartOwedIsGivenByTheNextApply(t *testing.T) {
 
 	// v2: the apply stops once the file is written.
 	doc := h.doc(conf("v2"), nginx)
-	d, _ := shapes.ParseTrusted([]byte(doc))
-	st, _ := store.Open(h.state)
-	st.Lock(time.Second)
-	stop := make(chan struct{})
-	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
-		Stop: stop, OnLine: func(l shapes.Line) {
-			if l.ID == "conf" {
-				close(stop)
-			}
-		}})
-	st.Unlock()
+	rep, st := h.applyStoppingAfter(f, doc, "conf")
 	if got := f.transcript(); got != "" || rep.Outcome != shapes.Failed {
 		t.Fatalf("the apply that stopped: %q %+v", got, rep.Lines)
 	}
@@ -687,17 +677,7 @@ func TestARestartOwedIsGivenByTheNextApply(t *testing.T) {
 	}
 
 	// Owed again, then the service undeclared: not restarted for it.
-	doc3 := h.doc(conf("v3"), nginx)
-	d, _ = shapes.ParseTrusted([]byte(doc3))
-	st.Lock(time.Second)
-	stop = make(chan struct{})
-	Apply(context.Background(), st, d, []byte(doc3), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
-		Stop: stop, OnLine: func(l shapes.Line) {
-			if l.ID == "conf" {
-				close(stop)
-			}
-		}})
-	st.Unlock()
+	h.applyStoppingAfter(f, h.doc(conf("v3"), nginx), "conf")
 	h.applyWith(f, h.doc(conf("v3")), false)
 	if got := f.transcript(); strings.Contains(got, "restart") {
 		t.Fatalf("restarted for a service no longer declared: %q", got)
@@ -722,18 +702,7 @@ func TestARestartOwedAndTheFileChangedAfterTheStart(t *testing.T) {
 	other := svc("other", "other", "running", "", "")
 	h.applyWith(f, h.doc(web, conf("v1"), other), false)
 	f.transcript()
-	doc := h.doc(web, conf("v2"), other)
-	d, _ := shapes.ParseTrusted([]byte(doc))
-	st, _ := store.Open(h.state)
-	st.Lock(time.Second)
-	stop := make(chan struct{})
-	Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
-		Stop: stop, OnLine: func(l shapes.Line) {
-			if l.ID == "late" {
-				close(stop)
-			}
-		}})
-	st.Unlock()
+	_, st := h.applyStoppingAfter(f, h.doc(web, conf("v2"), other), "late")
 	if owed := st.RestartsOwed(store.Local); !slices.Equal(owed["web.service"], []string{"web.late"}) {
 		t.Fatalf("owed %v", owed)
 	}
@@ -771,4 +740,31 @@ func TestARestartACutApplyOwedIsGiven(t *testing.T) {
 	if got := f.transcript(); got != "" {
 		t.Fatalf("given twice: %q", got)
 	}
+}
+
+// applyStoppingAfter applies doc with the init f, asked to stop
+// (Options.Stop) once the line of resource id is said; it returns the
+// report and the store, unlocked.
+func (h *harness) applyStoppingAfter(f *fakeInit, doc, id string) (*shapes.Report, *store.Store) {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	st, err := store.Open(h.state)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		h.t.Fatal(err)
+	}
+	defer st.Unlock()
+	stop := make(chan struct{})
+	rep := Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Init: func() (initsys.Manager, error) { return f, nil },
+		Stop: stop, OnLine: func(l shapes.Line) {
+			if l.ID == id {
+				close(stop)
+			}
+		}})
+	return rep, st
 }

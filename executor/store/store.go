@@ -1086,12 +1086,17 @@ func (s *Store) Report(src Source) ([]byte, error) {
 // (each with the files that changed) that an apply stopped or failed
 // before it could give: restarts-owed.json, nil when none.
 func (s *Store) RestartsOwed(src Source) map[string][]string {
-	return readOwed(s.dir)[string(src)]
+	all, _ := readOwed(s.dir)
+	return all[string(src)]
 }
 
 // SetRestartsOwed replaces src's restarts owed (none: nil or empty).
 func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
-	all := readOwed(s.dir)
+	all, err := readOwed(s.dir)
+	if err != nil {
+		// Written over, what it owes the other sources would be lost.
+		return fmt.Errorf("store: restarts-owed.json does not read (%w): not written over; move it aside", err)
+	}
 	if len(owed) == 0 {
 		delete(all, string(src))
 	} else {
@@ -1120,17 +1125,22 @@ type owedFile struct {
 
 const owedFormat = 1
 
-// readOwed is restarts-owed.json by source; one that does not read is
-// none (a restart owed lost is the behaviour before it was kept).
-func readOwed(dir string) map[string]map[string][]string {
+// readOwed is restarts-owed.json by source, none when there is none;
+// one that does not read is none too (a restart owed lost is the
+// behaviour before it was kept), said by err so that it is not written
+// over.
+func readOwed(dir string) (map[string]map[string][]string, error) {
 	var f owedFile
-	if data, err := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); err == nil {
-		json.Unmarshal(data, &f)
+	var err error
+	if data, rerr := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); rerr == nil {
+		err = json.Unmarshal(data, &f)
+	} else if !errors.Is(rerr, os.ErrNotExist) {
+		err = rerr
 	}
 	if f.Owed == nil {
 		f.Owed = map[string]map[string][]string{}
 	}
-	return f.Owed
+	return f.Owed, err
 }
 
 // SaveBriefing keeps the briefing of the last apply on an adopted node.

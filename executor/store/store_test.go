@@ -502,3 +502,24 @@ func TestAnOriginalCutShortByAFullDiskIsNotKept(t *testing.T) {
 		t.Fatalf("the copy cut short is left taking the room: %v", err)
 	}
 }
+
+// A restarts-owed.json that does not read is not written over: what it
+// owes another source would be lost with it.
+func TestRestartsOwedThatDoNotReadAreNotWrittenOver(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "restarts-owed.json")
+	os.WriteFile(p, []byte(`{"format":1,"owed":{"link":`), 0o600)
+	if err := s.SetRestartsOwed(Local, map[string][]string{"a.service": {"m.f"}}); err == nil {
+		t.Fatal("written over")
+	}
+	if b, _ := os.ReadFile(p); string(b) != `{"format":1,"owed":{"link":` {
+		t.Fatalf("changed: %s", b)
+	}
+	if got := s.RestartsOwed(Link); got != nil {
+		t.Fatalf("read %v", got)
+	}
+}

@@ -95,16 +95,26 @@ func LeftRunning(dir string, stop <-chan struct{}, say func(msg string, args ...
 			os.Remove(p) // cut short as it was written: its program had only begun
 			continue
 		}
-		if len(groupOf(l)) > 0 {
-			say("a program an executor before this one started is still running: waited for before this apply, up to its deadline", "pid", l.PID, "argv", l.Argv, "deadline", l.Deadline)
-		}
 		// The deadline as the runtime keeps it (a context's), which a
 		// node's clock set off by hours does not move.
 		past, cancel := context.WithDeadline(context.Background(), l.Deadline)
+		said, again := false, true
 		for {
 			members := groupOf(l)
+			if len(members) == 0 && again {
+				// Once more, a moment later: /proc is listed before it is
+				// read, and a child forked between the two, its parent
+				// gone by the read, is not seen.
+				again = false
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
 			if len(members) == 0 {
 				break
+			}
+			if !said {
+				said = true
+				say("a program an executor before this one started is still running: waited for before this apply, up to its deadline", "pid", l.PID, "argv", l.Argv, "deadline", l.Deadline)
 			}
 			if past.Err() != nil {
 				for _, m := range members {

@@ -57,11 +57,22 @@ func TestLeftRunning(t *testing.T) {
 
 	t.Run("waited for, children included", func(t *testing.T) {
 		dir, said0 := t.TempDir(), len(said)
-		marker := filepath.Join(t.TempDir(), "marker")
-		cmd := startGroup(t, "/bin/sh", "-c", "(sleep 0.6; echo done > "+marker+") & exit 0")
+		tmp := t.TempDir()
+		marker, gate := filepath.Join(tmp, "marker"), filepath.Join(tmp, "go")
+		// The program's child ends only once the test lets it: what is
+		// waited for runs when it is looked at, however slow the machine.
+		cmd := startGroup(t, "/bin/sh", "-c", "(while [ ! -e "+gate+" ]; do sleep 0.05; done; sleep 0.2; echo done > "+marker+") & exit 0")
 		start, _ := procStart(cmd.Process.Pid)
 		leave(t, dir, cmd, start, time.Now().Add(time.Minute))
-		if err := LeftRunning(dir, nil, say); err != nil {
+		ended := make(chan error, 1)
+		go func() { ended <- LeftRunning(dir, nil, say) }()
+		select {
+		case err := <-ended:
+			t.Fatalf("returned while the group runs: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		os.WriteFile(gate, nil, 0o600)
+		if err := <-ended; err != nil {
 			t.Fatal(err)
 		}
 		if b, err := os.ReadFile(marker); err != nil || string(b) != "done\n" {

@@ -78,7 +78,7 @@ func TestTheAgentProvesItselfByStayingUp(t *testing.T) {
 	var healthy atomic.Int32
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, AgentBinary: installed, AgentProofAfter: 400 * time.Millisecond,
 		Healthy: func() error { healthy.Add(1); return nil }})
-	e.dial() // served after the start reconcile
+	e.afterStart()
 	proven := func() string {
 		s, err := launcher.ReadState(e.state)
 		if err != nil {

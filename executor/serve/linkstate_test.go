@@ -31,7 +31,7 @@ func TestReconnectSaysWhatWasDoneMeanwhile(t *testing.T) {
 	motd := filepath.Join(e.root, "motd")
 	os.WriteFile(motd, []byte("drift\n"), 0o644)
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
-	e.dial() // served after the start reconcile, which repairs it
+	e.afterStart() // which repairs it
 	if b, _ := os.ReadFile(motd); string(b) != "hello\n" {
 		t.Fatalf("the start reconcile did not repair the file: %q", b)
 	}

@@ -276,8 +276,8 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reconciles once (the start trigger), then serves ln and runs the drift
-// timer and the firewall's watch until ctx ends.
+// Run reconciles once (the start trigger) while it serves ln, and runs
+// the drift timer and the firewall's watch, until ctx ends.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
@@ -290,11 +290,28 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		s.stateAt = fi.Sys().(*syscall.Stat_t)
 	}
 	engine.DropLeftovers(s.cfg.StateDir, true)
-	s.guard("the start reconcile", func() {
-		s.Reconcile(ctx, triggerStart, nil)
-		s.restartIfUpgraded()
-	})
-	s.spawn(func() { s.guard("finding the profile", func() { s.findProfile(ctx) }) })
+	// The start reconcile runs beside the socket, not before it: it may
+	// wait long — for a program a killed executor left running (up to that
+	// program's deadline; an action's may be an hour), for a rescue apply
+	// holding the store — and meanwhile an agent that found no socket
+	// would say the executor gone. It takes the apply lock before the
+	// first connection is accepted, so every request that applies or
+	// reads an apply's end (a declaration, lastApplied, a plan, a grant)
+	// comes after it, as before; hello and status are answered at once.
+	held := make(chan struct{})
+	if !s.spawn(func() {
+		s.guard("the start reconcile", func() {
+			s.applyMu.Lock()
+			close(held)
+			defer s.applyMu.Unlock()
+			s.reconcile(ctx, triggerStart, nil, false)
+		})
+		s.guard("the start reconcile", s.restartIfUpgraded)
+		s.guard("finding the profile", func() { s.findProfile(ctx) })
+	}) {
+		close(held)
+	}
+	<-held
 	if !s.cfg.Partial {
 		s.spawn(func() { s.watchFirewall(ctx) })
 	}
@@ -325,18 +342,19 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 }
 
 // spawn runs f as one of the daemon's own tasks, which Run waits for;
-// not once Run is stopping.
-func (s *Server) spawn(f func()) {
+// not once Run is stopping (it says whether f runs).
+func (s *Server) spawn(f func()) bool {
 	s.slotMu.Lock()
 	defer s.slotMu.Unlock()
 	if s.draining {
-		return
+		return false
 	}
 	s.tasks.Add(1)
 	go func() {
 		defer s.tasks.Done()
 		f()
 	}()
+	return true
 }
 
 // drain stops what Run started and waits for it: no new connection or

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -151,6 +152,16 @@ func (e *env) dial() *wire.Conn {
 		e.t.Fatalf("hello: %v %v %v", k, body, err)
 	}
 	return c
+}
+
+// afterStart waits for the start reconcile's end: it holds the apply lock
+// from before the first connection is answered, and a lastApplied is
+// answered under that lock.
+func (e *env) afterStart() {
+	e.t.Helper()
+	c := e.dial()
+	defer c.Close()
+	send(e.t, c, wire.KindLastApplied, &wire.LastApplied{After: math.MaxUint64})
 }
 
 // send sends a request and collects the streamed lines and the verdict.
@@ -450,13 +461,13 @@ func TestReconcileTriggers(t *testing.T) {
 		t.Fatalf("reconnect: %+v %+v", v, lines)
 	}
 
-	// start: a new daemon reconciles before it serves, and says in its
-	// log what it put back (no report goes upward for it).
+	// start: a new daemon reconciles as it starts, and says in its log
+	// what it put back (no report goes upward for it).
 	e.stop()
 	os.WriteFile(motd, []byte("drift again\n"), 0o644)
 	var log lockedBuffer
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, Log: slog.New(slog.NewTextHandler(&log, nil))})
-	e.dial() // served only after the start reconcile
+	e.afterStart()
 	if b, _ := os.ReadFile(motd); string(b) != "hello\n" {
 		t.Fatalf("start did not reconcile: %q", b)
 	}
@@ -1335,7 +1346,8 @@ func TestTheLastApplyIsSaidAgainToTheAgentThatAsks(t *testing.T) {
 // names it, handed next on the connection that streamed it, finds it.
 func TestAnArchiveStreamedDuringAnApplyIsKeptForTheNext(t *testing.T) {
 	e := newEnv(t, nobody, true)
-	first, next := e.dial(), e.dial() // served: the start's reconcile is done
+	e.afterStart()
+	first, next := e.dial(), e.dial()
 	st, err := store.Open(e.state)
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,77 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	}
 }
 
+// saveLocal keeps doc as the store's local target (a rescue file's), which
+// the next start reconciles; the daemon is stopped.
+func (e *env) saveLocal(doc string) *store.Store {
+	e.t.Helper()
+	st, err := store.Open(e.state)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		e.t.Fatal(err)
+	}
+	defer st.Unlock()
+	if err := st.SaveTarget(store.Local, []byte(strings.ReplaceAll(doc, "{root}", e.root))); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := st.Sync(); err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+// The daemon answers while its start reconcile runs, which may be long:
+// an action in progress, or a program a killed executor left running,
+// waited for up to its deadline (an action's may be an hour). An agent
+// finding no socket meanwhile would say its executor gone. hello and
+// status are answered at once; a request that reads an apply's end
+// (lastApplied, as a declaration) is answered after the reconcile, which
+// took the apply lock before the first connection was accepted.
+func TestTheDaemonAnswersWhileItsStartReconcileRuns(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	gate := filepath.Join(e.base, "gate")
+	t.Cleanup(func() { os.WriteFile(gate, nil, 0o644) }) // before the daemon's stop, which waits for the action
+	e.saveLocal(`{"version":1,"resources":[
+		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; while [ ! -e ` + gate + ` ]; do sleep 0.05; done"],"verify":["/bin/sh","-c","test -e ` + gate + `"]}]}`)
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	c := e.dial()
+	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+		t.Fatal(err)
+	}
+	if k, body, err := c.Read(); err != nil || k != wire.KindStatusReply || body.(*wire.StatusReply).State != "enrolled" {
+		t.Fatalf("status while the start reconcile runs: %v %+v %v", k, body, err)
+	}
+	waitFor(t, 10*time.Second, "the start reconcile's action began", func() bool {
+		_, err := os.Stat(filepath.Join(e.root, "started"))
+		return err == nil
+	})
+	if err := c.Write(wire.KindLastApplied, &wire.LastApplied{}); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		_, _, err := c.Read()
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("lastApplied answered while the start reconcile ran (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	os.WriteFile(gate, nil, 0o644)
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("lastApplied not answered after the start reconcile")
+	}
+}
+
 // A daemon asked to stop in the middle of an apply (SIGTERM: Run's
 // context ends) does not return before the apply has ended, and the apply
 // ends between two resources: the action in progress runs to its end,
@@ -43,20 +114,7 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 	doc := strings.ReplaceAll(`{"version":1,"resources":[
 		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo > {root}/started; sleep 1; echo done > {root}/marker"],"verify":["/bin/sh","-c","test -f {root}/marker"]},
 		{"module":"m","id":"after","type":"file","path":"{root}/after","content":"x\n"}]}`, "{root}", e.root)
-	st, err := store.Open(e.state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Lock(time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SaveTarget(store.Local, []byte(doc)); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	st.Unlock()
+	st := e.saveLocal(doc)
 
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
 	waitFor(t, 10*time.Second, "the start reconcile's action began", func() bool {

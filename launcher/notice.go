@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
@@ -54,14 +55,13 @@ func (l *launcher) notice(reason string) {
 		os.Remove(p)
 		return
 	}
-	gid := 0
-	if l.cfg.AgentUser != "" {
-		if u, err := user.Lookup(l.cfg.AgentUser); err == nil {
-			gid, _ = strconv.Atoi(u.Gid)
-		}
-	}
 	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o750); err == nil && gid != 0 {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		l.log.Warn("launcher: the notice for the agent could not be written", "err", err)
+		return
+	}
+	gid := noticeGroup(dir, l.cfg.AgentUser)
+	if gid != 0 {
 		os.Chown(dir, 0, gid) // the agent's group may look in, as at its socket
 	}
 	b, _ := json.Marshal(&Notice{Halted: true, Reason: reason, At: clock.Now().UTC()})
@@ -75,4 +75,24 @@ func (l *launcher) notice(reason string) {
 	if err := os.Rename(tmp, p); err != nil {
 		l.log.Warn("launcher: the notice for the agent could not be written", "err", err)
 	}
+}
+
+// noticeGroup is the group the notice is readable by: the one the
+// directory has already — the socket's directory, which the executor's
+// daemon gave the agent's group (its own --agent-user), whatever the
+// launcher was told — else the group of the agent's user as the launcher
+// knows it (agentUser; "" when it makes none), else root's alone.
+func noticeGroup(dir, agentUser string) int {
+	if fi, err := os.Stat(dir); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
+			return int(st.Gid)
+		}
+	}
+	if agentUser != "" {
+		if u, err := user.Lookup(agentUser); err == nil {
+			gid, _ := strconv.Atoi(u.Gid)
+			return gid
+		}
+	}
+	return 0
 }

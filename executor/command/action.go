@@ -88,7 +88,7 @@ func Action(ctx context.Context, argv []string, timeout time.Duration) (code int
 		return -1, "", fmt.Errorf("cannot start %q: %w", argv, err)
 	}
 	deadline, _ := ctx.Deadline()
-	defer note(ctx, cmd.Process.Pid, argv, deadline)()
+	defer note(ctx, cmd.Process.Pid, argv, deadline, stopAction)()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {

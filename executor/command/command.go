@@ -386,7 +386,11 @@ func Run(ctx context.Context, argv []string, opts Options) (Result, error) {
 		return res, fmt.Errorf("command: cannot start %q: %w", argv, err)
 	}
 	deadline, _ := ctx.Deadline()
-	defer note(ctx, cmd.Process.Pid, argv, deadline)()
+	how := ""
+	if opts.Gentle {
+		how = stopGentle
+	}
+	defer note(ctx, cmd.Process.Pid, argv, deadline, how)()
 	err = cmd.Wait()
 	res.Stdout, res.Stderr = strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String())
 	st := cmd.ProcessState

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -34,11 +35,41 @@ func startGroup(t *testing.T, argv ...string) *exec.Cmd {
 // leave writes the note a killed executor would have left of cmd's group.
 func leave(t *testing.T, dir string, cmd *exec.Cmd, start uint64, deadline time.Time) {
 	t.Helper()
+	leaveNote(t, dir, leftProgram{PID: cmd.Process.Pid, Start: start, Boot: bootID(), Argv: cmd.Args, Deadline: deadline})
+}
+
+func leaveNote(t *testing.T, dir string, l leftProgram) string {
+	t.Helper()
 	os.MkdirAll(dir, 0o700)
-	b, _ := json.Marshal(leftProgram{PID: cmd.Process.Pid, Start: start, Argv: cmd.Args, Deadline: deadline})
-	if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(cmd.Process.Pid)), b, 0o600); err != nil {
+	b, _ := json.Marshal(l)
+	p := filepath.Join(dir, strconv.Itoa(l.PID))
+	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// leaderGone starts a group whose leader forks sleep and exits: what is
+// left is the child, in the leader's group.
+func leaderGone(t *testing.T) (pid int, start uint64) {
+	t.Helper()
+	cmd := startGroup(t, "/bin/sh", "-c", "sleep 60 & echo $!; exit 0")
+	start, _ = procStart(cmd.Process.Pid)
+	waitUntil(t, "the leader exited, its child left", func() bool {
+		return !alive(cmd.Process.Pid) && len(groupOf(leftProgram{PID: cmd.Process.Pid, Start: start})) == 1
+	})
+	return cmd.Process.Pid, start
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for range 500 {
+		if ok() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within 5s", what)
 }
 
 func alive(pid int) bool {
@@ -138,25 +169,120 @@ func TestLeftRunning(t *testing.T) {
 			t.Fatalf("the note was not kept for the next: %v", ents)
 		}
 	})
+	t.Run("a note of another boot", func(t *testing.T) {
+		// Its pids and start times are that boot's: a group of this one
+		// at the same pid is another's, and is left alone.
+		dir := t.TempDir()
+		pid, start := leaderGone(t)
+		leaveNote(t, dir, leftProgram{PID: pid, Start: start, Boot: "another-boot", Deadline: time.Now().Add(-time.Hour)})
+		if err := LeftRunning(dir, nil, say); err != nil {
+			t.Fatal(err)
+		}
+		if len(groupOf(leftProgram{PID: pid, Start: start})) != 1 {
+			t.Fatal("a group of this boot was killed for a note of another")
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("the note was kept: %v", ents)
+		}
+		// A note without a boot id (the first release's), written before
+		// this boot began, the same.
+		p := leaveNote(t, dir, leftProgram{PID: pid, Start: start, Deadline: time.Now().Add(-time.Hour)})
+		booted, ok := bootTime()
+		if !ok {
+			t.Fatal("no btime in /proc/stat")
+		}
+		os.Chtimes(p, booted.Add(-time.Minute), booted.Add(-time.Minute))
+		if err := LeftRunning(dir, nil, say); err != nil {
+			t.Fatal(err)
+		}
+		if len(groupOf(leftProgram{PID: pid, Start: start})) != 1 {
+			t.Fatal("a group of this boot was killed for a note written before it")
+		}
+		// Written in this boot, the group is the program's.
+		leaveNote(t, dir, leftProgram{PID: pid, Start: start, Deadline: time.Now().Add(-time.Hour)})
+		if err := LeftRunning(dir, nil, say); err != nil {
+			t.Fatal(err)
+		}
+		if g := groupOf(leftProgram{PID: pid, Start: start}); len(g) != 0 {
+			t.Fatalf("a note of this boot past its deadline left its group: %v", g)
+		}
+	})
+	t.Run("an action's leftovers go once it has exited", func(t *testing.T) {
+		// As Action takes away what an action left in its group when it
+		// ends: before its deadline.
+		dir := t.TempDir()
+		pid, start := leaderGone(t)
+		leaveNote(t, dir, leftProgram{PID: pid, Start: start, Boot: bootID(), Stop: stopAction, Deadline: time.Now().Add(time.Hour)})
+		if err := LeftRunning(dir, nil, say); err != nil {
+			t.Fatal(err)
+		}
+		if g := groupOf(leftProgram{PID: pid, Start: start}); len(g) != 0 {
+			t.Fatalf("what the action left was not taken away: %v", g)
+		}
+	})
+	t.Run("a package manager is stopped alone at its deadline", func(t *testing.T) {
+		// As Run stops a Gentle program: SIGTERM to it, never to its
+		// group, so what it runs (dpkg) finishes; once it is gone the
+		// wait ends, its child still running.
+		dir := t.TempDir()
+		cmd := startGroup(t, "/bin/sh", "-c", "sleep 60 & wait")
+		start, _ := procStart(cmd.Process.Pid)
+		waitUntil(t, "the shell started its child", func() bool { return len(groupOf(leftProgram{PID: cmd.Process.Pid, Start: start})) == 2 })
+		l := leftProgram{PID: cmd.Process.Pid, Start: start, Boot: bootID(), Stop: stopGentle, Deadline: time.Now().Add(200 * time.Millisecond)}
+		leaveNote(t, dir, l)
+		if err := LeftRunning(dir, nil, say); err != nil {
+			t.Fatal(err)
+		}
+		if g := groupOf(l); len(g) != 1 || g[0] == cmd.Process.Pid {
+			t.Fatalf("the group after a package manager's stop: %v; want its child alone", g)
+		}
+	})
+	t.Run("a group no kill ends", func(t *testing.T) {
+		// A process in the kernel's uninterruptible sleep outlives
+		// SIGKILL: the wait gives up, naming it, and a stop ends it.
+		defer func(o time.Duration) { outlivesKill = o }(outlivesKill)
+		defer func(o func(int, syscall.Signal) error) { signal = o }(signal)
+		signal = func(int, syscall.Signal) error { return nil }
+		outlivesKill = 300 * time.Millisecond
+		dir := t.TempDir()
+		cmd := startGroup(t, "/bin/sleep", "60")
+		start, _ := procStart(cmd.Process.Pid)
+		leave(t, dir, cmd, start, time.Now())
+		said0 := len(said)
+		err := LeftRunning(dir, nil, say)
+		if err == nil || !strings.Contains(err.Error(), "did not end when stopped at its deadline") || !strings.Contains(err.Error(), "in state S") {
+			t.Fatalf("%v", err)
+		}
+		if n := len(said) - said0; n != 2 {
+			t.Fatalf("said %d times: %q; want the wait and the kill once each", n, said[said0:])
+		}
+		outlivesKill = time.Hour
+		stop := make(chan struct{})
+		time.AfterFunc(200*time.Millisecond, func() { close(stop) })
+		if err := LeftRunning(dir, stop, say); !errors.Is(err, ErrStopped) {
+			t.Fatalf("a stop did not end the wait past the deadline: %v", err)
+		}
+	})
 	t.Run("noted while it runs", func(t *testing.T) {
 		dir := t.TempDir()
 		ctx := Tracked(context.Background(), dir)
-		seen := make(chan int, 1)
+		seen := make(chan leftProgram, 1)
 		go func() {
 			for range 100 {
 				if ents, _ := os.ReadDir(dir); len(ents) == 1 {
-					seen <- 1
+					l, _ := readNote(filepath.Join(dir, ents[0].Name()))
+					seen <- l
 					return
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			seen <- 0
+			seen <- leftProgram{}
 		}()
 		if code, _, err := Action(ctx, []string{"/bin/sleep", "0.5"}, time.Minute); err != nil || code != 0 {
 			t.Fatal(code, err)
 		}
-		if <-seen != 1 {
-			t.Fatal("no note while the action ran")
+		if l := <-seen; l.PID == 0 || l.Boot != bootID() || l.Boot == "" || l.Stop != stopAction {
+			t.Fatalf("the note while the action ran: %+v", l)
 		}
 		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 			t.Fatalf("a note outlived its action: %v", ents)

@@ -294,6 +294,8 @@ func TestLeftRunning(t *testing.T) {
 func TestEveryRunningNoteFormatThatShippedIsRead(t *testing.T) {
 	goldens := map[string]leftProgram{
 		"050dae3": {Format: 1, PID: 4242, Start: 123456, Argv: []string{"/usr/bin/apt-get", "install", "-y", "nginx"}, Deadline: time.Date(2026, 12, 7, 20, 30, 0, 0, time.UTC)},
+		// The boot and how the executor stops it (a package manager).
+		"1057ef4": {Format: 1, PID: 4242, Start: 123457, Boot: "5e1fc3a2-7f0c-4a59-9a3e-2b8f6f7d0c11", Stop: stopGentle, Argv: []string{"/usr/bin/apt-get", "install", "-y", "nginx"}, Deadline: time.Date(2026, 12, 7, 23, 30, 0, 0, time.UTC)},
 	}
 	golden.Each(t, goldens, func(t *testing.T, release string, want leftProgram) {
 		got, ok := readNote(golden.Path(release, "4242"))

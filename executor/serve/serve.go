@@ -1558,6 +1558,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 	// The roster is read once for every target it applies to.
 	roster := heldRoster(s.cfg.StateDir, id)
 	var all []shapes.Line
+	cut := false // an apply not run to its end: refused for the moment, or stopped
 	for _, src := range []store.Source{store.Bundle, store.Link, store.Local} {
 		d, raw, skipped, err := SavedTarget(s.cfg.StateDir, st, src, id)
 		if d == nil {
@@ -1595,6 +1596,7 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		if rep.Outcome == shapes.Refused {
 			s.log.Warn("reconcile refused", "source", src, "reason", rep.Refused)
 		}
+		cut = cut || rep.Passing && rep.Outcome == shapes.Refused
 	}
 	v.Outcome = shapes.Derive(all)
 	// What the store owns after it, as a declaration's verdict says it: a
@@ -1606,6 +1608,21 @@ func (s *Server) reconcile(ctx context.Context, why string, emit func(shapes.Lin
 		v.Owned = enrol.Owned(st)
 	}
 	s.log.Info("reconciled", "trigger", why, "outcome", v.Outcome, "lines", len(all))
+	// Healthy only for a reconcile run to its end: one a stop ended (its
+	// applies stopped between two resources, or refused before they
+	// began) or one refused for the moment proves nothing of this build,
+	// and taking it for healthy would make it the known-good copy — a
+	// release stopped in its first start reconcile (a shutdown) that
+	// crashes after would be rolled back onto itself.
+	select {
+	case <-s.stopping:
+		cut = true
+	default:
+	}
+	if cut {
+		s.log.Info("this reconcile did not run to its end: this build is not taken for healthy by it", "trigger", why)
+		return v
+	}
 	s.reconciled.Store(true)
 	if s.cfg.Healthy != nil {
 		if err := s.cfg.Healthy(); err != nil {

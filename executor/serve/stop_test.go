@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,7 +103,9 @@ func TestTheDaemonAnswersWhileItsStartReconcileRuns(t *testing.T) {
 // neither killed nor cut short (the daemon's context does not reach it),
 // the later resources are left, the report says so, and the next start
 // applies them. A connection open meanwhile is ended, and Run leaves no
-// task of its own behind it.
+// task of its own behind it. A reconcile the stop ended does not take the
+// build for healthy (it would become the known-good copy without having
+// applied anything to its end); the next start's, run to its end, does.
 func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 	e := newEnv(t, nobody, true)
 	c := e.dial()
@@ -116,7 +119,9 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 		{"module":"m","id":"after","type":"file","path":"{root}/after","content":"x\n"}]}`, "{root}", e.root)
 	st := e.saveLocal(doc)
 
-	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	var healthy atomic.Int32
+	counted := func() error { healthy.Add(1); return nil }
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, Healthy: counted})
 	waitFor(t, 10*time.Second, "the start reconcile's action began", func() bool {
 		_, err := os.Stat(filepath.Join(e.root, "started"))
 		return err == nil
@@ -137,6 +142,9 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(e.root, "after")); !os.IsNotExist(err) {
 		t.Fatalf("a resource after the stop was applied: %v", err)
 	}
+	if n := healthy.Load(); n != 0 {
+		t.Fatalf("a reconcile the stop ended took the build for healthy (%d)", n)
+	}
 	raw, err := st.Report(store.Local)
 	if err != nil {
 		t.Fatal(err)
@@ -155,13 +163,17 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 	}
 
 	// Started again, it applies what the stop left.
-	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
+	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody, Healthy: counted})
 	c = e.dial()
 	waitFor(t, 10*time.Second, "the next start applied the rest", func() bool {
 		_, err := os.Stat(filepath.Join(e.root, "after"))
 		return err == nil
 	})
 	c.Close()
+	e.afterStart()
+	if n := healthy.Load(); n != 1 {
+		t.Fatalf("the start reconcile run to its end was taken for healthy %d times, want once", n)
+	}
 	e.stop()
 	if _, err := wire.DialUnix(e.sock, 0); err == nil {
 		t.Fatal("the socket still answers after the stop")

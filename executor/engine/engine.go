@@ -359,7 +359,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		// said all the same, by the next apply. Not begun (a full disk),
 		// the apply goes on; only that record is missing.
 		noted, err := st.Begin(began)
-		r.begun = err == nil
+		r.begun = err == nil || errors.Is(err, store.ErrNotNoted)
 		// Said once an apply: the journal notes what it said in parts.
 		type cut struct {
 			source string
@@ -368,16 +368,6 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		var order []cut
 		sums := map[cut][2]int{}
 		for _, a := range noted {
-			if a.Source == string(opt.Source) {
-				for _, l := range a.Lines {
-					if l.Outcome.Changes() {
-						if r.cutChanged == nil {
-							r.cutChanged = map[string]bool{}
-						}
-						r.cutChanged[l.Module+"."+l.ID] = true
-					}
-				}
-			}
 			k := cut{string(a.Source), a.Seq}
 			if _, ok := sums[k]; !ok {
 				order = append(order, k)
@@ -389,11 +379,15 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 			r.log.Warn("an apply cut short (a power cut, a kill) had changed the machine before its report went out: noted for the control side",
 				"source", k.source, "seq", k.seq, "changed", sums[k][0], "failed", sums[k][1])
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, store.ErrNotNoted):
+			r.log.Warn("what the applies cut short before this one changed could not be kept for the restarts it owes: they stay in the journal for the next apply", "err", err)
+		case err != nil:
 			r.log.Warn("the journal could not say an apply begins", "err", err)
 		}
 	}
 	r.owed = st.RestartsOwed(opt.Source)
+	r.cutChanged = st.CutChanged(opt.Source)
 	r.owedNow = maps.Clone(r.owed)
 	if r.owedNow == nil {
 		r.owedNow = map[string][]string{}

@@ -748,17 +748,18 @@ func (r *run) owe(unit string, svc *shapes.Service) {
 }
 
 // owes says whether a restart of unit is owed for key: kept by an apply
-// that stopped before the restart, or a change an apply a kill or a power
-// cut ended had said (cutChanged: the journal keeps what it said, and
-// nothing of what it owed).
+// that stopped before the restart, or a change an apply of this source a
+// kill or a power cut ended had said (store.CutChanged: the journal keeps
+// what it said, and nothing of what it owed).
 func (r *run) owes(unit, key string) bool {
 	return slices.Contains(r.owed[unit], key) || r.cutChanged[key]
 }
 
 // keepOwed writes what this apply leaves owed, of the units its
 // declaration still declares with a restart_on (one no longer declared is
-// not restarted for it), when that differs from what it found. Not kept
-// (a full disk), a restart owed is lost, said in the log.
+// not restarted for it), when that differs from what it found or it gave
+// what cut applies owed (their changes are then forgotten). Not kept (a
+// full disk), a restart owed is lost, said in the log.
 func (r *run) keepOwed() {
 	if r.opt.Plan {
 		return
@@ -770,7 +771,7 @@ func (r *run) keepOwed() {
 		}
 	}
 	maps.DeleteFunc(r.owedNow, func(unit string, _ []string) bool { return !declared[unit] })
-	if maps.EqualFunc(r.owed, r.owedNow, slices.Equal) {
+	if maps.EqualFunc(r.owed, r.owedNow, slices.Equal) && len(r.cutChanged) == 0 {
 		return
 	}
 	if err := r.st.SetRestartsOwed(r.opt.Source, r.owedNow); err != nil {

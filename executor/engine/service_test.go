@@ -644,15 +644,7 @@ func TestATakenUnitsStartAKillCutIsGivenBack(t *testing.T) {
 // Said in the line; given once; a plan says it too. One owed to a service
 // no longer declared is not given.
 func TestARestartOwedIsGivenByTheNextApply(t *testing.T) {
-	h := newHarness(t)
-	f := newFakeInit()
-	f.add("nginx.service", true, "enabled")
-	conf := func(content string) string {
-		return `{"module":"base","id":"conf","type":"file","path":"{root}/nginx.conf","content":"` + content + `"}`
-	}
-	nginx := svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`)
-	h.applyWith(f, h.doc(conf("v1"), nginx), false)
-	f.transcript()
+	h, f, conf, nginx := nginxRestartOn(t)
 
 	// v2: the apply stops once the file is written.
 	doc := h.doc(conf("v2"), nginx)
@@ -713,32 +705,75 @@ func TestARestartOwedAndTheFileChangedAfterTheStart(t *testing.T) {
 	}
 }
 
-// A change an apply a kill or a power cut ended had made (the journal
-// keeps what it said) owes the restart its restart_on calls for: the next
-// apply finds the file as declared, and restarts the unit.
-func TestARestartACutApplyOwedIsGiven(t *testing.T) {
-	h := newHarness(t)
-	f := newFakeInit()
+// nginxRestartOn is the fixture of the restarts owed: nginx.service
+// running, declared with restart_on base.conf, and conf (a file of
+// module base, nginx.conf, of the content given) applied at v1 with it
+// (local), the init's transcript cleared.
+func nginxRestartOn(t *testing.T) (h *harness, f *fakeInit, conf func(content string) string, nginx string) {
+	h = newHarness(t)
+	f = newFakeInit()
 	f.add("nginx.service", true, "enabled")
-	conf := func(content string) string {
+	conf = func(content string) string {
 		return `{"module":"base","id":"conf","type":"file","path":"{root}/nginx.conf","content":"` + content + `"}`
 	}
-	nginx := svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`)
+	nginx = svc("nginx", "nginx", "running", "", `,"restart_on":["base.conf"]`)
 	h.applyWith(f, h.doc(conf("v1"), nginx), false)
 	f.transcript()
-	doc := h.doc(conf("v2"), nginx)
-	h.applyWith(f, doc, false)
-	f.transcript()
-	// The cut: the apply's end and the restart never happened (its end
-	// record cut off the journal, as a power cut leaves it).
-	cutJournal(t, h.state, func(op, _ string) bool { return op == "end" })
-	rep := h.applyWith(f, doc, false)
-	if got := f.transcript(); got != "restart nginx.service" || !strings.Contains(fmt.Sprint(rep.Lines), "owed by an apply that stopped") {
-		t.Fatalf("the apply after the cut: %q %+v", got, rep.Lines)
-	}
-	h.applyWith(f, doc, false)
-	if got := f.transcript(); got != "" {
-		t.Fatalf("given twice: %q", got)
+	return h, f, conf, nginx
+}
+
+// A change an apply a kill or a power cut ended had made (the journal
+// keeps what it said) owes the restart its restart_on calls for: the next
+// apply finds the file as declared, and restarts the unit — whichever
+// source's apply comes first after the cut (it notes every source's cut
+// applies, and each source's restarts are given by an apply of its own),
+// however many lines the cut apply said before the file's.
+func TestARestartACutApplyOwedIsGiven(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// first runs between the cut and the next apply of the source.
+		first func(h *harness)
+		// before is what the declaration holds before the file.
+		before int
+	}{
+		{name: "the next apply its own"},
+		{name: "another source's apply first", first: func(h *harness) {
+			h.run(store.Bundle, h.doc(`{"module":"found","id":"motd","type":"file","path":"{root}/motd","content":"hi"}`), false)
+		}},
+		{name: "130 lines said before the file's", before: 130},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, f, conf, nginx := nginxRestartOn(t)
+			many := func(content string) []string {
+				var out []string
+				for i := range tc.before {
+					out = append(out, fmt.Sprintf(`{"module":"base","id":"f%d","type":"file","path":"{root}/f%d","content":%q}`, i, i, content))
+					// Beside each, one that does not change: the store holds
+					// enough that the apply's records stay in the journal
+					// rather than compacted at its end (store.Commit).
+					out = append(out, fmt.Sprintf(`{"module":"base","id":"g%d","type":"file","path":"{root}/g%d","content":"g"}`, i, i))
+				}
+				return out
+			}
+			h.applyWith(f, h.doc(append(many("x"), conf("v1"), nginx)...), false)
+			doc := h.doc(append(many("y"), conf("v2"), nginx)...)
+			h.applyWith(f, doc, false)
+			f.transcript()
+			// The cut: the apply's end and the restart never happened (its
+			// end record cut off the journal, as a power cut leaves it).
+			cutJournal(t, h.state, func(op, _ string) bool { return op == "end" })
+			if tc.first != nil {
+				tc.first(h)
+			}
+			rep := h.applyWith(f, doc, false)
+			if got := f.transcript(); got != "restart nginx.service" || !strings.Contains(fmt.Sprint(rep.Lines), "owed by an apply that stopped") {
+				t.Fatalf("the apply after the cut: %q %+v", got, rep.Lines)
+			}
+			h.applyWith(f, doc, false)
+			if got := f.transcript(); got != "" {
+				t.Fatalf("given twice: %q", got)
+			}
+		})
 	}
 }
 

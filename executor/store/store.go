@@ -38,6 +38,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"syscall"
@@ -1086,30 +1087,108 @@ func (s *Store) Report(src Source) ([]byte, error) {
 // (each with the files that changed) that an apply stopped or failed
 // before it could give: restarts-owed.json, nil when none.
 func (s *Store) RestartsOwed(src Source) map[string][]string {
-	all, _ := readOwed(s.dir)
-	return all[string(src)]
+	f, _ := readOwed(s.dir)
+	return f.Owed[string(src)]
 }
 
-// SetRestartsOwed replaces src's restarts owed (none: nil or empty).
+// CutChanged is the "module.id" of every change an apply of src a kill or
+// a power cut ended had said (the journal keeps what it said, and nothing
+// of the restarts it owed): kept in restarts-owed.json by the Begin that
+// noted the cut apply, until an apply of src has given its restarts
+// (SetRestartsOwed), and those of the applies not noted yet. The first
+// apply after a cut notes every source's cut applies, while each source's
+// restarts are given by an apply of its own.
+func (s *Store) CutChanged(src Source) map[string]bool {
+	f, _ := readOwed(s.dir)
+	out := map[string]bool{}
+	for _, k := range f.Cut[string(src)] {
+		out[k] = true
+	}
+	for k := range s.unfinishedChanges()[string(src)] {
+		out[k] = true
+	}
+	return out
+}
+
+// unfinishedChanges is, by source, the "module.id" of every change the
+// applies begun and not ended said.
+func (s *Store) unfinishedChanges() map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, u := range s.unfinished {
+		for _, l := range u.Lines {
+			if !l.Outcome.Changes() {
+				continue
+			}
+			if out[string(u.Source)] == nil {
+				out[string(u.Source)] = map[string]bool{}
+			}
+			out[string(u.Source)][l.Module+"."+l.ID] = true
+		}
+	}
+	return out
+}
+
+// keepCutChanges adds the changes the unended applies said to what
+// restarts-owed.json keeps by source (CutChanged), durably, before Begin
+// notes them and the journal forgets them.
+func (s *Store) keepCutChanges() error {
+	changes := s.unfinishedChanges()
+	if len(changes) == 0 {
+		return nil
+	}
+	f, err := readOwed(s.dir)
+	if err != nil {
+		return fmt.Errorf("store: restarts-owed.json does not read (%w): not written over; move it aside", err)
+	}
+	for src, keys := range changes {
+		for k := range keys {
+			if !slices.Contains(f.Cut[src], k) {
+				f.Cut[src] = append(f.Cut[src], k)
+			}
+		}
+		slices.Sort(f.Cut[src])
+	}
+	return writeOwed(s.dir, f)
+}
+
+// SetRestartsOwed replaces src's restarts owed (none: nil or empty); the
+// changes of src's cut applies (CutChanged) are given with them.
 func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
-	all, err := readOwed(s.dir)
+	f, err := readOwed(s.dir)
 	if err != nil {
 		// Written over, what it owes the other sources would be lost.
 		return fmt.Errorf("store: restarts-owed.json does not read (%w): not written over; move it aside", err)
 	}
 	if len(owed) == 0 {
-		delete(all, string(src))
+		delete(f.Owed, string(src))
 	} else {
-		all[string(src)] = owed
+		f.Owed[string(src)] = owed
 	}
-	p := filepath.Join(s.dir, "restarts-owed.json")
-	if len(all) == 0 {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+	delete(f.Cut, string(src))
+	return writeOwed(s.dir, f)
+}
+
+// writeOwed writes restarts-owed.json, durably, or removes it when it
+// holds nothing — the removal durable too, or the restarts it owed come
+// back after a power cut.
+func writeOwed(dir string, f owedFile) error {
+	p := filepath.Join(dir, "restarts-owed.json")
+	if len(f.Owed) == 0 && len(f.Cut) == 0 {
+		if err := os.Remove(p); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil
+			}
 			return err
 		}
-		return nil
+		d, err := os.Open(dir)
+		if err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+		defer d.Close()
+		return d.Sync()
 	}
-	data, err := json.Marshal(owedFile{Format: owedFormat, Owed: all})
+	f.Format = owedFormat
+	data, err := json.Marshal(f)
 	if err != nil {
 		return err
 	}
@@ -1121,15 +1200,16 @@ func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
 type owedFile struct {
 	Format int                            `json:"format"`
 	Owed   map[string]map[string][]string `json:"owed"`
+	// Cut is CutChanged's part kept, by source.
+	Cut map[string][]string `json:"cut,omitempty"`
 }
 
 const owedFormat = 1
 
-// readOwed is restarts-owed.json by source, none when there is none;
-// one that does not read is none too (a restart owed lost is the
-// behaviour before it was kept), said by err so that it is not written
-// over.
-func readOwed(dir string) (map[string]map[string][]string, error) {
+// readOwed is restarts-owed.json, empty when there is none; one that
+// does not read is empty too (a restart owed lost is the behaviour before
+// it was kept), said by err so that it is not written over.
+func readOwed(dir string) (owedFile, error) {
 	var f owedFile
 	var err error
 	if data, rerr := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); rerr == nil {
@@ -1137,10 +1217,16 @@ func readOwed(dir string) (map[string]map[string][]string, error) {
 	} else if !errors.Is(rerr, os.ErrNotExist) {
 		err = rerr
 	}
+	if err != nil {
+		f = owedFile{}
+	}
 	if f.Owed == nil {
 		f.Owed = map[string]map[string][]string{}
 	}
-	return f.Owed, err
+	if f.Cut == nil {
+		f.Cut = map[string][]string{}
+	}
+	return f, err
 }
 
 // SaveBriefing keeps the briefing of the last apply on an adopted node.

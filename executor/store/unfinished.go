@@ -1,6 +1,9 @@
 package store
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -46,10 +49,16 @@ type unfinished struct {
 	Lines []shapes.Line
 }
 
+// ErrNotNoted is Begin's error when the apply began but the cut applies
+// before it were not marked noted: what they changed could not be kept
+// for their restarts (CutChanged). The journal keeps them for the next.
+var ErrNotNoted = errors.New("the applies cut short before this one stay in the journal")
+
 // Begin records that the apply b begins, after
 // noting in the history what an apply begun before and never ended said
 // it changed; noted is what it noted, for the caller's log.
 func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
+	var noteErr error // the begin written, the cut applies not marked noted
 	var done map[[2]uint64]bool
 	if len(s.unfinished) > 0 {
 		done = notedParts(s.dir)
@@ -74,7 +83,14 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 		}
 	}
 	if len(s.unfinished) > 0 {
-		if err := s.append(&record{Op: "noted"}); err != nil {
+		// What they changed is kept for their sources' restarts first
+		// (CutChanged): once noted, the journal forgets it. Not kept (a
+		// restarts-owed.json that does not read), they are not marked
+		// noted, and stay in the journal for the next apply; their notes
+		// in the history are not made twice.
+		if err := s.keepCutChanges(); err != nil {
+			noteErr = fmt.Errorf("%w: %w", ErrNotNoted, err)
+		} else if err := s.append(&record{Op: "noted"}); err != nil {
 			return noted, err
 		}
 	}
@@ -83,7 +99,7 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	if err := s.append(&record{Op: "begin", Began: &b}); err != nil {
 		return noted, err
 	}
-	return noted, nil
+	return noted, noteErr
 }
 
 // Interrupted is the begin records of the applies of exactly b (the same

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -300,5 +301,79 @@ func TestAJournalWriteCutShortIsTakenBack(t *testing.T) {
 	defer s.Unlock()
 	if s.Get("path:/b") == nil || s.Get("path:/a") != nil || len(s.unfinished) != 1 || len(s.unfinished[0].Lines) != 40 {
 		t.Fatalf("read again: /a %v, /b %v, unfinished %d", s.Get("path:/a"), s.Get("path:/b"), len(s.unfinished))
+	}
+}
+
+// What a cut apply changed is kept for its own source's restarts
+// (CutChanged) by the Begin that notes it, whichever source that Begin's
+// apply is of: kept through that apply's own cut, until an apply of the
+// source gives the restarts (SetRestartsOwed). A restarts-owed.json that
+// does not read keeps the cut apply in the journal instead, unnoted, and
+// the apply begins all the same (ErrNotNoted).
+func TestACutApplysChangesAreKeptForItsSource(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	cutLocal := func() {
+		s := open(t, dir)
+		if _, err := s.Begin(Began{Source: Local, Seq: 0}); err != nil {
+			t.Fatal(err)
+		}
+		s.Said(shapes.Line{Module: "base", ID: "conf", Type: "file", Outcome: shapes.Applied})
+		s.Said(shapes.Line{Module: "base", ID: "same", Type: "file", Outcome: shapes.Unchanged})
+		if err := s.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		s.Unlock() // the cut: no end
+	}
+	want := func(s *Store, src Source, keys ...string) {
+		t.Helper()
+		got := s.CutChanged(src)
+		if len(got) != len(keys) {
+			t.Fatalf("%s: cut changes %v, want %v", src, got, keys)
+		}
+		for _, k := range keys {
+			if !got[k] {
+				t.Fatalf("%s: cut changes %v, want %v", src, got, keys)
+			}
+		}
+	}
+	cutLocal()
+	s := open(t, dir)
+	want(s, Local, "base.conf") // before any Begin: the journal's
+	if _, err := s.Begin(Began{Source: Bundle, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	want(s, Bundle)
+	want(s, Local, "base.conf")
+	s.Unlock() // the bundle's apply cut too
+
+	s = open(t, dir)
+	want(s, Local, "base.conf")
+	if _, err := s.Begin(Began{Source: Local, Seq: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetRestartsOwed(Local, nil); err != nil {
+		t.Fatal(err)
+	}
+	want(s, Local)
+	s.End()
+	s.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, "restarts-owed.json")); !os.IsNotExist(err) {
+		t.Fatalf("restarts-owed.json holding nothing is left: %v", err)
+	}
+
+	cutLocal()
+	os.WriteFile(filepath.Join(dir, "restarts-owed.json"), []byte("{not json"), 0o600)
+	s = open(t, dir)
+	if _, err := s.Begin(Began{Source: Bundle, Seq: 2}); !errors.Is(err, ErrNotNoted) {
+		t.Fatalf("begin with restarts-owed.json that does not read: %v", err)
+	}
+	if got := s.Unended(); len(got) != 2 || got[0].Source != Local {
+		t.Fatalf("the cut apply left the journal unnoted: %+v", got)
+	}
+	want(s, Local, "base.conf")
+	s.End()
+	s.Unlock()
+	if b, _ := os.ReadFile(filepath.Join(dir, "restarts-owed.json")); string(b) != "{not json" {
+		t.Fatalf("written over: %q", b)
 	}
 }

@@ -53,6 +53,7 @@ var goldens = []struct {
 	salvage, history  bool
 	formatField       bool // the release wrote the format fields
 	owed              bool // restarts owed, from 050dae3
+	cut               bool // a cut apply's changes kept by source, from da7998a
 	lastN, lastOrders uint64
 }{
 	{dir: "b2b1bf2", entries: goldenEntries, lastN: 8, lastOrders: 5},
@@ -61,6 +62,7 @@ var goldens = []struct {
 	{dir: "9d97354", entries: goldenEntriesGiveBack, salvage: true, history: true, lastN: 9, lastOrders: 6},
 	{dir: "5d5c15c", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, lastN: 9, lastOrders: 6},
 	{dir: "050dae3", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, owed: true, lastN: 9, lastOrders: 6},
+	{dir: "da7998a", entries: goldenEntriesGiveBack, salvage: true, history: true, formatField: true, owed: true, cut: true, lastN: 9, lastOrders: 6},
 }
 
 func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
@@ -118,6 +120,9 @@ func TestEveryStoreFormatThatShippedIsRead(t *testing.T) {
 				t.Errorf("restarts owed %v %v, in a release before them", local, link)
 			case g.owed && (!reflect.DeepEqual(local, map[string][]string{"nginx.service": {"base.conf"}}) || !reflect.DeepEqual(link, map[string][]string{"app.service": {"app.conf", "app.env"}})):
 				t.Errorf("restarts owed %v %v", local, link)
+			}
+			if cut, want := s.CutChanged(Link), map[bool]map[string]bool{true: {"app.conf": true, "web.site": true}, false: {}}[g.cut]; !reflect.DeepEqual(cut, want) {
+				t.Errorf("a cut apply's changes %v; want %v", cut, want)
 			}
 			// And it goes on from there: locked, written, read again.
 			if err := s.Lock(time.Second); err != nil {

@@ -533,7 +533,14 @@ func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, er
 		return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
 	}
 	reply := &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted"}
-	if id, err := s.identity(); err == nil && id != nil {
+	id, err := s.identity()
+	if err != nil {
+		// Not "hosted": an identity that does not read (or a state moved
+		// away) is no host never enrolled, and the agent told so takes
+		// its node for retired.
+		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
+	}
+	if id != nil {
 		reply.Node, reply.State = id.Node, "enrolled"
 	}
 	return wire.KindHelloReply, reply, nil
@@ -546,7 +553,11 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 	last := s.last
 	s.lastMu.Unlock()
 	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
-	if id, err := s.identity(); err == nil && id != nil {
+	id, err := s.identity()
+	if err != nil {
+		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()} // not "hosted": as hello
+	}
+	if id != nil {
 		reply.Node, reply.State, reply.ControlKeyID = id.Node, "enrolled", wire.KeyID(id.ControlKey)
 	}
 	if k, ok, err := overlay.LoadKey(s.cfg.StateDir); err == nil && ok {

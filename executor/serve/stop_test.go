@@ -239,3 +239,32 @@ func TestAStateMovedUnderTheDaemonStopsIt(t *testing.T) {
 		t.Fatalf("applied: %q", b)
 	}
 }
+
+// A hello once the state has moved is not answered "hosted" — a host
+// never enrolled, which the agent takes for its node retired — but
+// refused, saying why; an identity that does not read, the same.
+func TestAHelloIsNotHostedForAStateThatDoesNotRead(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(e *env)
+		says  string
+	}{
+		{"the state moved", func(e *env) { os.Rename(e.state, e.state+".moved") }, "is not the one this daemon started on"},
+		{"the identity damaged", func(e *env) { os.WriteFile(filepath.Join(e.state, "identity.json"), []byte("{"), 0o600) }, "identity"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nobody, true)
+			e.afterStart()
+			tc.spoil(e)
+			c, err := wire.DialUnix(e.sock, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: "agent", Build: "b1"})
+			if k, body, err := c.Read(); err != nil || k != wire.KindError || !strings.Contains(body.(*wire.Error).Message, tc.says) {
+				t.Fatalf("hello: %v %+v %v", k, body, err)
+			}
+		})
+	}
+}

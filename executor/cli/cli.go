@@ -1347,12 +1347,13 @@ func (c *command) serve(args []string) int {
 		}
 	}
 	srv := serve.New(cfg)
+	var more []net.Listener
 	if vln != nil {
 		log.Info("executor: serving over vsock too", "port", *vsockPort, "cids", cfg.VsockCIDs)
-		go srv.Serve(ctx, vln)
+		more = append(more, vln)
 	}
 	log.Info("executor: serving", "socket", *socket, "state", *stateDir, "agent", *agentUser, "uid", uid, "version", c.version)
-	if err := srv.Run(ctx, ln); err != nil {
+	if err := srv.Run(ctx, ln, more...); err != nil {
 		log.Error("executor: serve", "err", err)
 		return ExitFailed
 	}

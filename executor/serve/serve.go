@@ -276,9 +276,12 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reconciles once (the start trigger) while it serves ln, and runs
-// the drift timer and the firewall's watch, until ctx ends.
-func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+// Run reconciles once (the start trigger) while it serves ln, and more
+// (a vsock listener), and runs the drift timer and the firewall's watch,
+// until ctx ends. Every listener is served only once the daemon is set up
+// (its protected set, the start reconcile holding the apply lock), and
+// each ends with Run.
+func (s *Server) Run(ctx context.Context, ln net.Listener, more ...net.Listener) error {
 	ctx, s.stop = context.WithCancel(ctx)
 	defer s.stop()
 	go func() {
@@ -336,7 +339,14 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			}
 		})
 	}
-	err := s.Serve(ctx, ln)
+	for _, l := range more {
+		s.spawn(func() {
+			if err := s.accept(ctx, l); err != nil {
+				s.log.Error("executor: serving "+l.Addr().String()+" ended", "err", err)
+			}
+		})
+	}
+	err := s.accept(ctx, ln)
 	s.drain()
 	return err
 }
@@ -477,8 +487,8 @@ func (s *Server) protectRunning(ln net.Listener) {
 	s.log.Debug("the protected set covers the running instance", "paths", shapes.Running())
 }
 
-// Serve accepts connections on ln until ctx ends.
-func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+// accept takes connections on ln until ctx ends.
+func (s *Server) accept(ctx context.Context, ln net.Listener) error {
 	closed := make(chan struct{})
 	go func() {
 		<-ctx.Done()
@@ -490,7 +500,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				// The listener is closed (and its socket file removed)
-				// before Serve returns, so a new executor can take the path.
+				// before accept returns, so a new executor can take the path.
 				<-closed
 				return nil
 			}

@@ -3,6 +3,8 @@ package serve
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -70,5 +72,50 @@ func TestVsockPeerAndSecret(t *testing.T) {
 		if k != wire.KindError || !ok || werr.Code != wire.CodeProtocol || !strings.Contains(werr.Message, c.want) {
 			t.Errorf("cid %d secret %q: %v %+v, want a refusal saying %q", c.cid, c.secret, k, body, c.want)
 		}
+	}
+}
+
+// Every listener Run is given — the vsock one beside the unix socket — is
+// served once the daemon is set up (the start reconcile holds the apply
+// lock before a first request is answered on any of them), and closed
+// when Run ends.
+func TestRunServesEveryListenerItIsGiven(t *testing.T) {
+	e := newEnv(t, nobody, true)
+	e.stop()
+	second := filepath.Join(e.base, "run", "second.sock")
+	ln2, err := wire.ListenUnix(second, nobody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := filepath.Join(e.base, "gate")
+	t.Cleanup(func() { os.WriteFile(gate, nil, 0o644) })
+	e.saveLocal(`{"version":1,"resources":[{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","while [ ! -e ` + gate + ` ]; do sleep 0.05; done"],"verify":["/bin/sh","-c","test -e ` + gate + `"]}]}`)
+	ln, err := wire.ListenUnix(e.sock, nobody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.srv, e.done = New(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody}), make(chan error, 1)
+	go func() { e.done <- e.srv.Run(ctx, ln, ln2) }()
+	c, err := wire.DialUnix(second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(wire.KindHello, &wire.Hello{Protocol: wire.ProtocolVersion, Version: "agent", Build: "b1"})
+	if k, _, err := c.Read(); err != nil || k != wire.KindHelloReply {
+		t.Fatalf("hello on the second listener: %v %v", k, err)
+	}
+	if e.srv.applyMu.TryLock() {
+		e.srv.applyMu.Unlock()
+		t.Fatal("a request answered on the second listener before the start reconcile held the apply lock")
+	}
+	os.WriteFile(gate, nil, 0o644)
+	cancel()
+	if err := <-e.done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wire.DialUnix(second, 0); err == nil {
+		t.Fatal("the second listener still answers after Run ended")
 	}
 }

@@ -524,7 +524,9 @@ func (s *Server) accept(ctx context.Context, ln net.Listener) error {
 
 // identity is the node's identity, from the state this daemon started on:
 // a state moved away would read as no identity, a host never enrolled —
-// and the agent told "not enrolled" takes its node for retired.
+// and the agent told "not enrolled" takes its node for retired. So an
+// error here (that, or an identity that does not read) is said as one,
+// never as "hosted", by every request, hello and status included.
 func (s *Server) identity() (*identity.Identity, error) {
 	if err := s.stateHere(); err != nil {
 		return nil, err
@@ -544,10 +546,7 @@ func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, er
 	}
 	reply := &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted"}
 	id, err := s.identity()
-	if err != nil {
-		// Not "hosted": an identity that does not read (or a state moved
-		// away) is no host never enrolled, and the agent told so takes
-		// its node for retired.
+	if err != nil { // not "hosted": identity says why
 		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 	}
 	if id != nil {
@@ -564,8 +563,8 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 	s.lastMu.Unlock()
 	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
 	id, err := s.identity()
-	if err != nil {
-		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()} // not "hosted": as hello
+	if err != nil { // as hello
+		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 	}
 	if id != nil {
 		reply.Node, reply.State, reply.ControlKeyID = id.Node, "enrolled", wire.KeyID(id.ControlKey)

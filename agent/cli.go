@@ -245,18 +245,24 @@ func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll
 		}
 		return st.Dev, st.Ino, true
 	}
-	installed := func() (dev, ino uint64, ok bool) {
-		p, err := os.Executable()
-		var st syscall.Stat_t
-		if err != nil || syscall.Stat(p, &st) != nil {
-			return 0, 0, false
-		}
-		return st.Dev, st.Ino, true
-	}
 	rd, ri, ok1 := running()
+	// The binary installed is looked for where this one was read from
+	// and where the agent was started by: an install that swaps a link
+	// (/usr/bin/mesh-agent to a release's own file) leaves the file read
+	// in place, and puts the new one behind the path the init starts.
 	same := func() bool {
-		id, ii, ok2 := installed()
-		return ok1 && ok2 && id == rd && ii == ri
+		looked := false
+		for _, p := range installedPaths() {
+			var st syscall.Stat_t
+			if syscall.Stat(p, &st) != nil {
+				continue
+			}
+			looked = true
+			if st.Dev != rd || st.Ino != ri {
+				return false
+			}
+		}
+		return ok1 && looked
 	}
 	if !same() {
 		return
@@ -278,6 +284,24 @@ func waitForAnotherBinary(ctx context.Context, log *slog.Logger, why error, poll
 	}
 	log.Info("the agent's binary was replaced: exiting to be restarted onto it", "binary", p)
 }
+
+// installedPaths are where the agent's binary is: the file this process
+// was read from (os.Executable), and the path it was started by
+// (invokedAs: its argv[0], as an init gives it: a path; a bare name, a
+// shell's search of its PATH, is not looked for).
+func installedPaths() []string {
+	var out []string
+	if p, err := os.Executable(); err == nil {
+		out = append(out, p)
+	}
+	if p := invokedAs(); strings.Contains(p, "/") {
+		out = append(out, p)
+	}
+	return out
+}
+
+// invokedAs is the path the agent was started by.
+var invokedAs = func() string { return os.Args[0] }
 
 // StateLockRecord is the file in the agent's state directory that names
 // the agent holding the directory (statedir.LockDir).

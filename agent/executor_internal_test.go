@@ -248,3 +248,45 @@ func TestAVsockOfNoFormIsTheCommandLines(t *testing.T) {
 		t.Errorf("a secret that cannot be read: %v", err)
 	}
 }
+
+// An install that swaps a link — the path the agent was started by, to a
+// release's own file — leaves the file the agent was read from in place:
+// the wait looks at the path started by too, and ends once it leads to
+// another file.
+func TestAnAgentStartedByALinkSeesItSwapped(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	link, other := filepath.Join(dir, "mesh-agent"), filepath.Join(dir, "mesh-agent-next")
+	if err := os.Symlink(self, link); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(other, []byte("#!/bin/sh\n"), 0o755)
+	defer func(f func() string) { invokedAs = f }(invokedAs)
+	invokedAs = func() string { return link }
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		waitForAnotherBinary(ctx, log, ErrUpgraded, 10*time.Millisecond, func() bool { return false })
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatalf("returned while the link leads to the binary running:\n%s", logs.String())
+	case <-time.After(200 * time.Millisecond):
+	}
+	tmp := link + ".new"
+	os.Symlink(other, tmp)
+	if err := os.Rename(tmp, link); err != nil { // the swap, as an installer does it
+		t.Fatal(err)
+	}
+	<-done
+	if ctx.Err() != nil || !strings.Contains(logs.String(), "the agent's binary was replaced") {
+		t.Fatalf("the swap was not seen:\n%s", logs.String())
+	}
+}

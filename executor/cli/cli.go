@@ -1035,7 +1035,10 @@ func (c *command) status() int {
 			ss = &sourceStatus{Seq: b.Seq}
 			s.Sources[string(b.Source)] = ss
 		}
-		if holder > 0 && i == len(unended)-1 {
+		// The lock's holder runs the last one if it began it: it may
+		// hold the lock before it begins (waiting for what a killed
+		// executor left running), and the last is then one cut short.
+		if holder > 0 && i == len(unended)-1 && (b.PID == holder || b.PID == 0) {
 			ss.Applying = holder
 		} else {
 			ss.CutShort = true

@@ -38,6 +38,10 @@ func appendRecordJSON(b []byte, r *record) []byte {
 		began, _ := json.Marshal(r.Began)
 		b = append(append(b, `,"began":`...), began...)
 	}
+	if r.PID != 0 {
+		b = append(b, `,"pid":`...)
+		b = strconv.AppendInt(b, int64(r.PID), 10)
+	}
 	if r.Format != 0 {
 		b = append(b, `,"format":`...)
 		b = strconv.AppendInt(b, int64(r.Format), 10)

@@ -165,6 +165,10 @@ type record struct {
 	// ops they come with (unfinished.go).
 	Lines []shapes.Line `json:"lines,omitempty"`
 	Began *Began        `json:"began,omitempty"`
+	// PID is the process that began the apply ("begin"), for status to
+	// tell the apply running now (the store lock's holder) from one cut
+	// short. Releases before it pass it over.
+	PID int `json:"pid,omitempty"`
 	// Format is the record's format, absent in format 1 (journalFormat),
 	// which every release so far wrote: a later format writes it, and a
 	// reader refuses a format past its own rather than replay a record it
@@ -620,7 +624,7 @@ func (s *Store) replay(r *record) {
 		}
 	case "begin":
 		if r.Began != nil {
-			s.unfinished = append(s.unfinished, unfinished{Began: *r.Began, N: r.N})
+			s.unfinished = append(s.unfinished, unfinished{Began: *r.Began, N: r.N, PID: r.PID})
 		}
 	case "said":
 		if n := len(s.unfinished); n > 0 {

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/nox-mesh/nox-mesh-host/clock"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -46,6 +47,7 @@ type unfinished struct {
 	// N is the begin's record number, which names its notes in the
 	// history (historyLine.Begun).
 	N     uint64
+	PID   int // the process that began it; 0 in a release's before it
 	Lines []shapes.Line
 }
 
@@ -96,7 +98,7 @@ func (s *Store) Begin(b Began) (noted []shapes.Activity, err error) {
 	}
 	// The begin is the last write: an error is that it was not written,
 	// and the apply then says nothing into the journal, nor ends.
-	if err := s.append(&record{Op: "begin", Began: &b}); err != nil {
+	if err := s.append(&record{Op: "begin", Began: &b, PID: os.Getpid()}); err != nil {
 		return noted, err
 	}
 	return noted, noteErr
@@ -116,14 +118,21 @@ func (s *Store) Interrupted(b Began) []uint64 {
 }
 
 // Unended is the applies begun in the journal and not ended, oldest
-// first: cut short (a kill, a power cut), or — the last, while the store's
-// lock is held (LockHolder) — the one running now.
-func (s *Store) Unended() []Began {
-	out := make([]Began, 0, len(s.unfinished))
+// first: cut short (a kill, a power cut), or — the last, begun by the
+// process holding the store's lock (LockHolder) — the one running now.
+func (s *Store) Unended() []UnendedApply {
+	out := make([]UnendedApply, 0, len(s.unfinished))
 	for _, u := range s.unfinished {
-		out = append(out, u.Began)
+		out = append(out, UnendedApply{Began: u.Began, PID: u.PID})
 	}
 	return out
+}
+
+// UnendedApply is an apply begun and not ended, and the process that
+// began it (0: a release before that was kept).
+type UnendedApply struct {
+	Began
+	PID int
 }
 
 // IntentBegun is the begin record of the apply that wrote the intent

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -85,7 +86,8 @@ func TestAnInterruptEndsARescueApplyAfterItsStep(t *testing.T) {
 // A rescue apply killed (kill -9) in the middle of an action leaves the
 // action running: nothing ties it to the apply. The next apply waits for
 // it, rather than run the same action a second time beside it, and
-// finds it done.
+// finds it done. While it waits (the store's lock held, nothing begun),
+// status says the killed apply cut short, not running.
 func TestAnActionAKilledApplyLeftRunningIsWaitedFor(t *testing.T) {
 	dir := t.TempDir()
 	state, tree := filepath.Join(dir, "state"), filepath.Join(dir, "tree")
@@ -95,7 +97,7 @@ func TestAnActionAKilledApplyLeftRunningIsWaitedFor(t *testing.T) {
 	decl := filepath.Join(dir, "rescue.json")
 	log := filepath.Join(tree, "log")
 	doc := strings.ReplaceAll(`{"version":1,"resources":[
-		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo start >> {root}/log; sleep 1.5; echo end >> {root}/log"],"verify":["/bin/sh","-c","grep -q end {root}/log"]}]}`, "{root}", tree)
+		{"module":"m","id":"a","type":"action","run":["/bin/sh","-c","echo start >> {root}/log; while [ ! -e {root}/gate ]; do sleep 0.05; done; echo end >> {root}/log"],"verify":["/bin/sh","-c","grep -q end {root}/log"]}]}`, "{root}", tree)
 	if err := os.WriteFile(decl, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -127,14 +129,49 @@ func TestAnActionAKilledApplyLeftRunningIsWaitedFor(t *testing.T) {
 		t.Fatalf("status after the kill: %v\n%s", err, res.stdout)
 	}
 
-	rep, res := apply(t, t.Context(), "apply", state, decl)
-	if res.exit != 0 || rep.Outcome == "failed" {
-		t.Fatalf("the next apply: exit %d, %s %s", res.exit, res.stdout, res.stderr)
+	next := exec.Command(executorBin, "apply", "--state", state, "--json", decl)
+	next.Dir = "/"
+	var stdout, stderr syncBuffer
+	next.Stdout, next.Stderr = &stdout, &stderr
+	if err := next.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), "a program an executor before this one started is still running"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(until) {
+			next.Process.Kill()
+			t.Fatalf("the wait was not said: %s", stderr.String())
+		}
+	}
+	if res, err := runExecutor(t.Context(), "status", "--state", state); err != nil || !strings.Contains(string(res.stdout), "last local apply: cut short since (a kill or a power cut") {
+		t.Fatalf("status while the next apply waits to begin: %v\n%s%s", err, res.stdout, res.stderr)
+	}
+	os.WriteFile(filepath.Join(tree, "gate"), nil, 0o644)
+	if err := next.Wait(); err != nil {
+		t.Fatalf("the next apply: %v, %s %s", err, stdout.String(), stderr.String())
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(stdout.String()), &rep); err != nil || rep.Outcome == "failed" {
+		t.Fatalf("the next apply: %v %s", err, stdout.String())
 	}
 	if b, _ := os.ReadFile(log); string(b) != "start\nend\n" {
-		t.Fatalf("the action ran again beside the one left running: %q\nstderr: %s", b, res.stderr)
+		t.Fatalf("the action ran again beside the one left running: %q\nstderr: %s", b, stderr.String())
 	}
-	if !strings.Contains(string(res.stderr), "a program an executor before this one started is still running") {
-		t.Fatalf("the wait was not said: %s", res.stderr)
-	}
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -721,8 +721,10 @@ func (r *run) applyAll() {
 			return
 		}
 		if r.stopAsked() {
-			// What is batched is quick (files and directories): made
-			// before the apply stops, so the lines keep their order.
+			// What is batched (files and directories) goes through
+			// flush, which plans it and stops before its first change
+			// (execute), saying how many steps it leaves: the lines
+			// keep their order, and what was not made is said once.
 			r.flush(batch, len(r.d.Resources)-i)
 			if !r.stopped {
 				r.stopBefore(countWord(len(r.d.Resources)-i, "later resource", "later resources"))

@@ -1034,9 +1034,13 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 			return 0, err
 		}
 	}
-	rec, seq, reread, err := c.takeSequence(ctx, rec, rev)
+	carried := last != nil && last.emptyOnly
+	rec, seq, reread, err := c.takeSequence(ctx, rec, rev, carried)
 	if err != nil {
 		return 0, err
+	}
+	if afterSequence != nil && !carried {
+		afterSequence(node)
 	}
 	if reread && (last == nil || !last.emptyOnly) {
 		last = nil // the subject's newest is read again too
@@ -1063,10 +1067,18 @@ func (c *Client) declare(ctx context.Context, rec *NodeRecord, rev uint64, b *sh
 // takeSequence takes rec's node's next sequence by a compare-and-set of
 // its record on rev, the revision rec was read at. Another declare taking
 // it first, the record is read again and the next one taken (reread): it
-// returns the record the sequence was taken on.
-func (c *Client) takeSequence(ctx context.Context, rec *NodeRecord, rev uint64) (_ *NodeRecord, seq uint64, reread bool, err error) {
+// returns the record the sequence was taken on. carried takes only the
+// first sequence of the node's enrolment (errNotCarried otherwise).
+func (c *Client) takeSequence(ctx context.Context, rec *NodeRecord, rev uint64, carried bool) (_ *NodeRecord, seq uint64, reread bool, err error) {
 	node := rec.Name
 	for attempt := 0; ; attempt++ {
+		if carried && rec.NextSeq-1 != rec.EnrolledSeq {
+			// A declaration carried to a node enrolled again takes the
+			// enrolment's first sequence or none: one taken before it
+			// is a person's declare, the newer word, which a carried
+			// one published first would pass for superseded.
+			return nil, 0, reread, errNotCarried
+		}
 		seq = rec.NextSeq
 		next := *rec
 		next.NextSeq++
@@ -1203,6 +1215,10 @@ func (c *Client) publishDecl(ctx context.Context, rec *NodeRecord, seq uint64, e
 // errNotCarried: a carried declaration found the node declared to since
 // it looked (publishDecl with emptyOnly).
 var errNotCarried = errors.New("declared to meanwhile: not carried")
+
+// afterSequence, when set (by a test), runs between a declare's taking of
+// its sequence and its publish: where a carried declaration may land.
+var afterSequence func(node string)
 
 // declMsg is the message of env, rec's declaration of sequence seq, on
 // the node's subject (without its Msg-Id and expected last sequence).

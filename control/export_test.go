@@ -175,6 +175,14 @@ func (c *Client) DeclareCarried(ctx context.Context, node string, decl []byte, b
 	c.declareCarried(ctx, node, &carriedDecl{fields: m})
 }
 
+// DeclareWith is Declare with between run after its sequence is taken
+// and before its publish.
+func (c *Client) DeclareWith(ctx context.Context, node string, decl []byte, between func()) (uint64, error) {
+	afterSequence = func(string) { between() }
+	defer func() { afterSequence = nil }()
+	return c.Declare(ctx, node, decl)
+}
+
 // LastDeclared is the declaration last on node's subject, nil for none.
 func (c *Client) LastDeclared(ctx context.Context, node string) map[string]json.RawMessage {
 	last, _ := c.lastOnSubject(ctx, node)

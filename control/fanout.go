@@ -295,7 +295,7 @@ func (c *Client) declareBatch(ctx context.Context, nodes []string, snap map[stri
 		taken := ps[:0]
 		for _, p := range ps {
 			var reread bool
-			if p.rec, p.seq, reread, errs[p.i] = c.takeSequence(ctx, p.rec, p.rev); errs[p.i] != nil {
+			if p.rec, p.seq, reread, errs[p.i] = c.takeSequence(ctx, p.rec, p.rev, false); errs[p.i] != nil {
 				continue
 			}
 			if reread {

@@ -371,4 +371,21 @@ func TestACarriedDeclarationNeverGoesOverANewerOne(t *testing.T) {
 	if last == nil || !strings.Contains(string(last["resources"]), "newer") {
 		t.Fatalf("the last declaration on n1's subject: %s", last["resources"])
 	}
+
+	// A declare that took its sequence before the carried one and
+	// publishes after it: the carried one takes none (it would be
+	// published first on the empty subject, and the declare, older by
+	// its sequence, taken for superseded and dropped, said done).
+	if _, _, err := s.client.AddNode(ctx, "n2", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.DeclareWith(ctx, "n2", []byte(newer), func() {
+		s.client.DeclareCarried(ctx, "n2", []byte(older), func() {})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	last = s.client.LastDeclared(ctx, "n2")
+	if last == nil || !strings.Contains(string(last["resources"]), "newer") {
+		t.Fatalf("the last declaration on n2's subject: %s", last["resources"])
+	}
 }

@@ -83,6 +83,9 @@ func (e *execClient) connect() error {
 		hello.Secret = e.vsock.Secret
 	default:
 		c, err = wire.DialUnix(e.path, e.uid)
+		if fi, serr := os.Stat(e.path); err != nil && serr == nil && fi.Mode().Type() != fs.ModeSocket {
+			return fmt.Errorf("executor unreachable: %w", notASocket(e.path, fi))
+		}
 		if errors.Is(err, fs.ErrPermission) {
 			return fmt.Errorf("executor unreachable: %w", socketDenied(e.path, err))
 		}
@@ -369,7 +372,16 @@ func watchSocket(ctx context.Context, path string, every time.Duration, log *slo
 	denied := false
 	for {
 		err := unix.Access(path, unix.W_OK)
+		fi, serr := os.Stat(path)
 		switch {
+		case serr == nil && fi.Mode().Type() != fs.ModeSocket:
+			// Not a socket at all (--socket naming its directory, say):
+			// no user could connect, and "permission denied" would send
+			// the person after the wrong fix.
+			if !denied {
+				denied = true
+				log.Error(notASocket(path, fi).Error(), "socket", path)
+			}
 		case err == nil:
 			if denied {
 				log.Info("the executor's socket is reachable now", "socket", path, "uid", os.Geteuid())
@@ -388,4 +400,16 @@ func watchSocket(ctx context.Context, path string, every time.Duration, log *slo
 		case <-time.After(every):
 		}
 	}
+}
+
+// notASocket says that path, which --socket names, is no socket.
+func notASocket(path string, fi fs.FileInfo) error {
+	what := "not a socket but a file of mode " + fi.Mode().String()
+	switch {
+	case fi.IsDir():
+		what = "a directory"
+	case fi.Mode().IsRegular():
+		what = "a regular file"
+	}
+	return fmt.Errorf("%s is %s, not the executor's socket: --socket names the socket itself (mesh-executor serve --socket; /run/mesh-host/executor.sock by default)", path, what)
 }

@@ -66,3 +66,32 @@ func TestSocketPermissionIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// --socket naming the socket's directory (or any file that is no socket)
+// is said as such, not as a permission the agent's user lacks.
+func TestASocketThatIsNoSocketIsSaidSo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the agent's tests run as root")
+	}
+	bin := buildAgent(t)
+	uid, gid, err := agent.LookupUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	base := openDir(t)
+	dir := filepath.Join(base, "run")
+	os.Mkdir(dir, 0o750)
+	state := filepath.Join(base, "state")
+	os.Mkdir(state, 0o700)
+	os.Chown(state, uid, gid)
+	lines, exited, _ := runBinary(t, bin, nobody, func(l string) bool { return strings.Contains(l, "level=ERROR") },
+		"--user", "nobody", "--state", state, "--config", filepath.Join(base, "none.json"), "--socket", dir, "--enrol-poll", "100ms")
+	last := ""
+	if len(lines) > 0 {
+		last = lines[len(lines)-1]
+	}
+	if exited || !strings.Contains(last, dir+" is a directory, not the executor's socket") || strings.Contains(last, "permission denied") {
+		t.Fatalf("no error line saying the socket is a directory (exited %v):\n%s", exited, strings.Join(lines, "\n"))
+	}
+}

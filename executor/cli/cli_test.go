@@ -776,6 +776,19 @@ func TestEnrolWithNobodyToFinishItSaysSoAtOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil || code != exitEnrolPending || !got.Pending || !strings.Contains(got.Why, "there is no executor socket at "+sock) {
 		t.Fatalf("enrol --json, pending: exit %d %v\n%s%s", code, err, out, errOut)
 	}
+	if strings.Contains(errOut, "expiry") {
+		t.Fatalf("a token not expired was said to be: %s", errOut)
+	}
+
+	// A token past its expiry by this machine's clock: said at once (the
+	// control side, whose clock wrote it, judges it), not refused here.
+	tok.Expires = time.Now().Add(-time.Hour).Truncate(time.Second)
+	text, _ = tok.Encode()
+	write(t, file, text+"\n", 0o600)
+	code, out, errOut = run("enrol", "--state", filepath.Join(d, "state3"), "--socket", sock, "--wait", "1h", "--token-file", file)
+	if code != exitEnrolPending || !strings.Contains(errOut, "this token's expiry") || !strings.Contains(errOut, "passed 1h0m0s ago by this machine's clock") {
+		t.Fatalf("an expired token: exit %d\n%s%s", code, out, errOut)
+	}
 }
 
 // enrol --cancel and rekey --cancel with nothing pending say so alike in

@@ -109,6 +109,16 @@ func (c *command) enrolCmd(args []string, f enrolFlags, stdin io.Reader) int {
 		}
 		fmt.Fprintln(c.out, "keys made; the agent takes the enrolment from here")
 	}
+	if past := clock.Since(tok.Expires); past > 0 {
+		// Not refused here: the control side judges the expiry by its own
+		// clock, which wrote it, and this machine's may be wrong.
+		unit := time.Second
+		if past >= time.Minute {
+			unit = time.Minute
+		}
+		fmt.Fprintf(c.errw, "executor: enrol: this token's expiry (%s) passed %s ago by this machine's clock: the control side refuses it if its own clock says so too (mesh-control token create makes another)\n",
+			tok.Expires.Local().Format(time.RFC3339), past.Round(unit))
+	}
 	deadline := clock.Deadline(c.wait)
 	// Nothing can finish it while no executor serves the socket: said once
 	// a moment has passed (the init may be starting it), not at the end

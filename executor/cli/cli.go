@@ -1108,7 +1108,12 @@ func (c *command) status() int {
 			b.WriteString("  waiting for the agent\n")
 		}
 	} else if s.LastEnrolment != nil && s.LastEnrolment.Final {
-		fmt.Fprintf(&b, "last enrolment: %s\n", s.LastEnrolment)
+		fmt.Fprintf(&b, "last enrolment: %s", s.LastEnrolment)
+		if !s.LastEnrolment.Enrolled && s.State == "enrolled" {
+			// A token used again, say: refused, and nothing changed.
+			fmt.Fprintf(&b, " — this host keeps the identity it holds (node %s, enrolment %s)", s.Node, s.Enrolment)
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "version: %s\nholds: %d\n", s.Version, s.Holds)
 	if f := s.Faults; f != nil {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/enrol"
 	"github.com/nox-mesh/nox-mesh-host/executor/identity"
 	"github.com/nox-mesh/nox-mesh-host/executor/serve"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
@@ -527,6 +528,13 @@ func TestStatusSaysEnrolledAndDisconnected(t *testing.T) {
 	keep(serve.LinkState{Up: true, Since: since, SaidAt: time.Now().Add(-time.Hour).UTC()})
 	if _, out, _ := run("status", "--state", state); !strings.HasPrefix(out, "state: enrolled\n") || !strings.Contains(out, "\nlink: linked since ") || !strings.Contains(out, "the agent has said nothing since") {
 		t.Errorf("a linked node whose agent went quiet:\n%s", out)
+	}
+	// An enrolment refused since (a token used again): said with the
+	// identity the host keeps, which the refusal left as it was.
+	b, _ := json.Marshal(&enrol.Result{Final: true, Token: "t-1", RefusedBy: "control", Reason: "token t-1 was used already"})
+	os.WriteFile(filepath.Join(state, enrol.ResultFile), b, 0o600)
+	if _, out, _ := run("status", "--state", state); !strings.Contains(out, "\nlast enrolment: enrolment refused by the control side: token t-1 was used already — this host keeps the identity it holds (node n1, enrolment e-1)\n") {
+		t.Errorf("a refused enrolment on an enrolled host:\n%s", out)
 	}
 }
 

@@ -279,9 +279,7 @@ func fileSteps(t *testing.T, h *harness, conf string, steps []fileStep) {
 
 func TestAnArchiveAndAFileOfOnePath(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	arch := archiveRes(p, sum, dest)
 	conf := h.p("themes/theme/index.theme")
 	file := `{"module":"m","id":"f","type":"file","path":"` + conf + `","content":"mine\n"}`
@@ -437,9 +435,7 @@ func TestAnArchivesPathAFileTookOver(t *testing.T) {
 // apply does.
 func TestAnArchiveAndADirectoryOfOnePath(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	arch := archiveRes(p, sum, dest)
 	icons := h.p("themes/theme/icons")
 	dir := `{"module":"m","id":"icons","type":"directory","path":"` + icons + `","mode":"0750"}`
@@ -601,9 +597,7 @@ func TestAnArchivesNewVersionGivesAnotherSourcesPathBack(t *testing.T) {
 // undeclared once the archive is gone, it goes.
 func TestAnInterruptedArchivesPathsAreTheHosts(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
+	dest, p, sum := themesArchive(t, h, tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
 	arch := h.doc(archiveRes(p, sum, dest))
 	if rep := h.run(store.Bundle, arch, false); rep.Outcome != shapes.Applied {
 		t.Fatalf("%+v", rep)
@@ -626,9 +620,7 @@ func TestAFileAnArchiveWroteOverIsNotTakenForAHandEdit(t *testing.T) {
 	for _, archGoes := range []bool{true, false} {
 		t.Run(fmt.Sprintf("the archive goes first %v", archGoes), func(t *testing.T) {
 			h := newHarness(t)
-			dest := h.p("themes")
-			os.Mkdir(dest, 0o755)
-			p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
+			dest, p, sum := themesArchive(t, h, tarEntry{name: "index.theme", typ: tar.TypeReg, body: "[Theme]\n"})
 			arch := h.doc(archiveRes(p, sum, dest))
 			file := h.doc(`{"module":"f","id":"idx","type":"file","path":"` + h.p("themes/index.theme") + `","content":"mine\n"}`)
 			h.run(store.Bundle, file, false)
@@ -806,9 +798,7 @@ func TestAnArchiveURLOfNoFormFailsItsStep(t *testing.T) {
 // a file's is; an unedited one goes without one. The plan says the same.
 func TestArchiveVersionKeepsWhatWasEditedByHand(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
 	os.WriteFile(h.p("themes/theme/icons/a.svg"), []byte("<svg>the operator's</svg>"), 0o600)
 	p2, sum2 := makeArchive(t, h.root, "t2.tgz", theme[0], theme[1])
@@ -835,9 +825,7 @@ func TestArchiveVersionKeepsWhatWasEditedByHand(t *testing.T) {
 // the archive undeclared leaves it and what it holds.
 func TestArchiveDirectoryMadeMeanwhileIsNotItsOwn(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	doc := h.doc(archiveRes(p, sum, dest))
 	rep := h.applyMeanwhile(doc, "themes/theme/icons", func() {
 		os.Mkdir(h.p("themes/theme/icons"), 0o755)
@@ -864,9 +852,7 @@ func TestArchiveDirectoryMadeMeanwhileIsNotItsOwn(t *testing.T) {
 // person may make after.
 func TestArchiveFileMadeMeanwhileIsNotWrittenOverNorClaimed(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	doc := h.doc(archiveRes(p, sum, dest))
 	rep := h.applyMeanwhile(doc, "themes/theme/index.theme", func() {
 		os.WriteFile(h.p("themes/theme/index.theme"), []byte("a person's\n"), 0o644)
@@ -902,9 +888,7 @@ func TestArchiveFileMadeMeanwhileIsNotWrittenOverNorClaimed(t *testing.T) {
 // wrote, as a version that drops them does.
 func TestArchiveUndeclaredKeepsWhatWasEditedByHand(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
 	os.WriteFile(h.p("themes/theme/index.theme"), []byte("[Theme]\nName=the operator's\n"), 0o644)
 	plan := h.run(store.Local, h.doc(), true)
@@ -937,9 +921,7 @@ func expectKeptOfTheme(t *testing.T, h *harness, rel, content string) {
 // the archive undeclared leaves it.
 func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	doc := h.doc(archiveRes(p, sum, dest))
 	h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
 	os.Remove(h.p("themes/theme/index.theme"))
@@ -964,9 +946,7 @@ func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
 // unsaid: the record named no version to compare with).
 func TestAnUnpackCutPartWayClaimsOnlyWhatItMade(t *testing.T) {
 	h := newHarness(t)
-	dest := h.p("themes")
-	os.Mkdir(dest, 0o755)
-	p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+	dest, p, sum := themesArchive(t, h, theme...)
 	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
 	// The cut: before the record; icons/ and a.svg not reached yet.
 	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
@@ -991,9 +971,7 @@ func TestAnUnpackACutLeftPendingIsRecordedByTheNext(t *testing.T) {
 	for _, reached := range []string{"all", "part"} {
 		t.Run(reached, func(t *testing.T) {
 			h := newHarness(t)
-			dest := h.p("themes")
-			os.Mkdir(dest, 0o755)
-			p, sum := makeArchive(t, h.root, "t1.tgz", theme...)
+			dest, p, sum := themesArchive(t, h, theme...)
 			doc := h.doc(archiveRes(p, sum, dest))
 			h.expect(h.apply(doc), shapes.Applied, "ui.theme=applied")
 			cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
@@ -1036,4 +1014,14 @@ func TestACutUpgradesOwnWriteIsNotTakenForAHandEdit(t *testing.T) {
 		t.Fatalf("the host's own v2 write taken for a hand edit: salvaged %+v; %q", sv, rep.Lines[0].Detail)
 	}
 	h.absent("themes/theme/index.theme")
+}
+
+// themesArchive makes the directory most archive tests unpack into
+// (themes, under the harness's root) and the archive t1.tgz of entries.
+func themesArchive(t *testing.T, h *harness, entries ...tarEntry) (dest, p, sum string) {
+	t.Helper()
+	dest = h.p("themes")
+	os.Mkdir(dest, 0o755)
+	p, sum = makeArchive(t, h.root, "t1.tgz", entries...)
+	return dest, p, sum
 }

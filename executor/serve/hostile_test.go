@@ -521,14 +521,7 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 func TestArchivesKeptForRecordsAreToldApart(t *testing.T) {
 	e := newEnv(t, nobody, false)
 	e.stop()
-	st, err := store.Open(e.state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Lock(time.Second); err != nil {
-		t.Fatal(err)
-	}
-	defer st.Unlock()
+	st := e.lockedStore()
 	cache := engine.ArchiveCacheDir(e.state)
 	os.MkdirAll(cache, 0o700)
 	left, named := strings.Repeat("a", 64), strings.Repeat("b", 64)

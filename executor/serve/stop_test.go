@@ -26,9 +26,9 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	}
 }
 
-// saveLocal keeps doc as the store's local target (a rescue file's), which
-// the next start reconciles; the daemon is stopped.
-func (e *env) saveLocal(doc string) *store.Store {
+// lockedStore opens the state's store and takes its lock, as a rescue
+// command holds it: let go when the test ends, if not before.
+func (e *env) lockedStore() *store.Store {
 	e.t.Helper()
 	st, err := store.Open(e.state)
 	if err != nil {
@@ -37,6 +37,15 @@ func (e *env) saveLocal(doc string) *store.Store {
 	if err := st.Lock(time.Second); err != nil {
 		e.t.Fatal(err)
 	}
+	e.t.Cleanup(st.Unlock)
+	return st
+}
+
+// saveLocal keeps doc as the store's local target (a rescue file's), which
+// the next start reconciles; the daemon is stopped.
+func (e *env) saveLocal(doc string) *store.Store {
+	e.t.Helper()
+	st := e.lockedStore()
 	defer st.Unlock()
 	if err := st.SaveTarget(store.Local, []byte(strings.ReplaceAll(doc, "{root}", e.root))); err != nil {
 		e.t.Fatal(err)
@@ -186,14 +195,7 @@ func TestAStopLetsTheStepInProgressEnd(t *testing.T) {
 func TestAStopEndsAWaitForTheStoresLock(t *testing.T) {
 	e := newEnv(t, nobody, true)
 	e.stop()
-	st, err := store.Open(e.state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Lock(time.Second); err != nil {
-		t.Fatal(err)
-	}
-	defer st.Unlock()
+	st := e.lockedStore()
 	before, _ := st.Report(store.Link)
 	e.start(Config{StateDir: e.state, Version: "test", Build: "b1", AgentUID: nobody})
 	time.Sleep(300 * time.Millisecond) // waiting for the lock by now

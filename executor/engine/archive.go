@@ -892,16 +892,65 @@ func (r *run) archive(st *step, rest int) {
 }
 
 // reachedByCut says, of a path an archive's intent a cut left pending
-// names and its record does not, whether the cut unpack may have made
-// it: not when it is absent — the unpack never reached it, and a record
-// naming it would claim more than happened (and an owned list name a
-// path that is not there). One there is taken for the unpack's: it
-// writes only where nothing was (NoReplace), and the record names the
-// version, so what a person changed in it since is kept when it goes
-// (editedSince).
-func reachedByCut(x string) bool {
+// names and its record does not, whether the cut unpack made it: not when
+// it is absent — the unpack never reached it, and a record naming it
+// would claim more than happened (and an owned list name a path that is
+// not there). The unpack writes only where nothing was (NoReplace), so
+// what is there is the unpack's if it is what the version being unpacked
+// (wrote) has there: a directory where it has one, a regular file holding
+// its bytes. Anything else was put there since, by someone else (a person,
+// between the cut and this apply), and is not claimed: the archive's going
+// would remove it. A version whose archive cannot be read (wrote nil)
+// leaves what is there taken for the unpack's.
+func reachedByCut(x string, wrote *versionFiles) bool {
 	info, err := fsx.Lstat(x)
-	return err != nil || info.Kind != fsx.Absent
+	if err != nil {
+		return true
+	}
+	if info.Kind == fsx.Absent {
+		return false
+	}
+	if wrote == nil {
+		return true
+	}
+	if wrote.dirs[x] {
+		return info.Kind == fsx.Dir
+	}
+	want, ok := wrote.files[x]
+	if !ok || info.Kind != fsx.Regular || info.Size != int64(len(want)) {
+		return false
+	}
+	got, err := os.ReadFile(x)
+	return err == nil && bytes.Equal(got, want)
+}
+
+// versionFiles is what one version of an archive unpacks: its files'
+// bytes and its directories, by full path.
+type versionFiles struct {
+	files map[string][]byte
+	dirs  map[string]bool
+}
+
+// filesOf reads what the archive of digest sum, in the cache, unpacks
+// into dest; nil when it is not there or does not read.
+func (r *run) filesOf(sum, dest string) *versionFiles {
+	p := r.archiveCache(sum)
+	if !ValidDigest(sum) || sumOf(p) != sum {
+		return nil
+	}
+	entries, err := readArchive(p, dest)
+	if err != nil {
+		return nil
+	}
+	v := &versionFiles{files: map[string][]byte{}, dirs: map[string]bool{}}
+	for _, en := range entries {
+		if en.dir {
+			v.dirs[path.Join(dest, en.rel)] = true
+		} else {
+			v.files[path.Join(dest, en.rel)] = en.data
+		}
+	}
+	return v
 }
 
 // leftSaid is what an archive's line adds for the entries it leaves to

@@ -940,27 +940,64 @@ func TestArchiveFileOfItsOwnPutBackMeanwhileIsNotWrittenOver(t *testing.T) {
 
 // An unpack a cut (a kill, the power) stops part way leaves its intent
 // pending, naming every path it might make. The next apply claims of
-// those only what is there — not a path the unpack never reached — and
-// the record names the version, so what a person edited since in a file
-// the unpack did make is kept when the archive goes (it was removed
-// unsaid: the record named no version to compare with).
+// those only what the unpack made: not a path it never reached, nor what
+// is there that the version does not unpack there — a person's own put
+// since at a path it had yet to reach, or a file it wrote that someone
+// rewrote since, which cannot be told from one. The archive's going then
+// leaves those, and the directories holding them; plan and apply say so
+// alike.
 func TestAnUnpackCutPartWayClaimsOnlyWhatItMade(t *testing.T) {
-	h := newHarness(t)
-	dest, p, sum := themesArchive(t, h, theme...)
-	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
-	// The cut: before the record; icons/ and a.svg not reached yet.
-	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
-	os.RemoveAll(h.p("themes/theme/icons"))
-	os.WriteFile(h.p("themes/theme/index.theme"), []byte("[Theme]\nName=edited\n"), 0o644)
+	for _, tc := range []struct {
+		name  string
+		since func(h *harness) // between the cut and the next apply
+		// kept is what the archive's going leaves, by path, with its
+		// content ("" a directory); removed, the line's start.
+		kept    map[string]string
+		removed string
+	}{
+		{name: "what it never reached", since: func(h *harness) {}, kept: map[string]string{}, removed: "2 paths it wrote removed"},
+		{name: "a person's own where it had yet to reach", since: func(h *harness) {
+			os.Mkdir(h.p("themes/theme/icons"), 0o755)
+			os.WriteFile(h.p("themes/theme/icons/a.svg"), []byte("<svg>mine</svg>"), 0o644)
+		}, kept: map[string]string{"themes/theme/icons/a.svg": "<svg>mine</svg>", "themes/theme/icons": "", "themes/theme": ""}, removed: "1 of the 3 paths it wrote removed"},
+		{name: "what it wrote rewritten since", since: func(h *harness) {
+			// Not what the version has there: not told from a person's
+			// own, and left.
+			os.WriteFile(h.p("themes/theme/index.theme"), []byte("[Theme]\nName=edited\n"), 0o644)
+		}, kept: map[string]string{"themes/theme/index.theme": "[Theme]\nName=edited\n", "themes/theme": ""}, removed: "0 of the 1 path it wrote removed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			dest, p, sum := themesArchive(t, h, theme...)
+			h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
+			// The cut: before the record; icons/ and a.svg not reached yet.
+			cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+			os.RemoveAll(h.p("themes/theme/icons"))
+			tc.since(h)
 
-	plan := h.run(store.Local, h.doc(), true)
-	rep := h.apply(h.doc())
-	h.expect(rep, shapes.Removed, "ui.theme=removed")
-	if !strings.HasPrefix(rep.Lines[0].Detail, "2 paths it wrote removed; of those removed, 1 was edited by hand") || plan.Lines[0].Detail != rep.Lines[0].Detail {
-		t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+			plan := h.run(store.Local, h.doc(), true)
+			rep := h.apply(h.doc())
+			if !strings.HasPrefix(rep.Lines[0].Detail, tc.removed) || plan.Lines[0].Detail != rep.Lines[0].Detail {
+				t.Fatalf("plan %q\napply %q", plan.Lines[0].Detail, rep.Lines[0].Detail)
+			}
+			if len(tc.kept) == 0 {
+				h.absent("themes/theme")
+			}
+			for rel, content := range tc.kept {
+				b, err := os.ReadFile(h.p(rel))
+				if content == "" {
+					if fi, err := os.Stat(h.p(rel)); err != nil || !fi.IsDir() {
+						t.Fatalf("%s not kept: %v", rel, err)
+					}
+				} else if err != nil || string(b) != content {
+					t.Fatalf("%s: %q %v; want it kept as it was", rel, b, err)
+				}
+			}
+			if _, err := os.Lstat(h.p("themes/theme/index.theme")); tc.kept["themes/theme/index.theme"] == "" && !os.IsNotExist(err) {
+				t.Fatalf("index.theme as the unpack wrote it left: %v", err)
+			}
+		})
 	}
-	h.absent("themes/theme")
-	expectKeptOfTheme(t, h, "themes/theme/index.theme", "[Theme]\nName=edited\n")
 }
 
 // The next apply of the same archive after a cut that left its unpack

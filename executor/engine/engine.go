@@ -1284,8 +1284,12 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 		for _, x := range n.Paths {
 			all[x] = true
 		}
+		var wrote *versionFiles
+		if e.Type == shapes.TypeArchive {
+			wrote = r.filesOf(p.Digest, strings.TrimPrefix(e.Target, "archive:"))
+		}
 		for _, x := range p.Paths {
-			if !all[x] && e.Type == shapes.TypeArchive && !reachedByCut(x) {
+			if !all[x] && e.Type == shapes.TypeArchive && !reachedByCut(x, wrote) {
 				continue
 			}
 			all[x] = true

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
 )
@@ -998,6 +999,27 @@ func TestAnUnpackCutPartWayClaimsOnlyWhatItMade(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An unpack cut as it wrote a file leaves the file's temporary beside it
+// (the host's own: root's, one name): the next apply removes it as it
+// settles the unpack, so the archive's going leaves no directory kept
+// for it; a plan, which removes nothing, says the same.
+func TestAnUnpackCutAsItWroteLeavesNoTemporary(t *testing.T) {
+	h := newHarness(t)
+	dest, p, sum := themesArchive(t, h, theme...)
+	h.expect(h.apply(h.doc(archiveRes(p, sum, dest))), shapes.Applied, "ui.theme=applied")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasPrefix(target, "archive:") })
+	os.Remove(h.p("themes/theme/icons/a.svg"))
+	tmp := h.p("themes/theme/icons/" + fsx.TempName("a.svg"))
+	os.WriteFile(tmp, []byte("<sv"), 0o600)
+	plan := h.run(store.Local, h.doc(), true)
+	rep := h.apply(h.doc())
+	h.expect(rep, shapes.Removed, "ui.theme=removed")
+	if plan.Lines[0].Outcome != shapes.Removed || plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan %s %q\napply %q", plan.Lines[0].Outcome, plan.Lines[0].Detail, rep.Lines[0].Detail)
+	}
+	h.absent("themes/theme")
 }
 
 // The next apply of the same archive after a cut that left its unpack

@@ -201,6 +201,9 @@ type run struct {
 	// removing: the paths removeUndeclared has decided to remove so far,
 	// newest first, so a directory's decision counts what goes before it.
 	removing map[string]bool
+	// leftovers: what interrupted writes left that a plan's settle found,
+	// which the apply's removes (a directory holding one is empty then).
+	leftovers map[string]bool
 	// declaredKids: the names each directory will hold of what this
 	// declaration declares (leftIn), made when first needed.
 	declaredKids map[string][]string
@@ -1230,9 +1233,25 @@ func (r *run) settle(e *store.Entry, c store.Claim) *store.Entry {
 	if !ok {
 		_, file, _, ok = shapes.EditTarget(e.Target) // a region's or keys' file
 	}
-	if ok && !r.opt.Plan {
-		if fsx.RemoveLeftover(file) {
-			r.log.Info("removed what an interrupted write left", "path", filepath.Join(filepath.Dir(file), fsx.TempName(filepath.Base(file))))
+	leftBy := []string{}
+	if ok {
+		leftBy = append(leftBy, file)
+	}
+	if e.Type == shapes.TypeArchive {
+		// An unpack writes each file through a temporary of its own:
+		// one cut short may have left one beside any path it names.
+		leftBy = append(leftBy, e.Pending.Paths...)
+	}
+	for _, f := range leftBy {
+		tmp := filepath.Join(filepath.Dir(f), fsx.TempName(filepath.Base(f)))
+		switch {
+		case r.opt.Plan && fsx.HasLeftover(f):
+			if r.leftovers == nil {
+				r.leftovers = map[string]bool{}
+			}
+			r.leftovers[tmp] = true // as the apply finds its directory
+		case !r.opt.Plan && fsx.RemoveLeftover(f):
+			r.log.Info("removed what an interrupted write left", "path", tmp)
 		}
 	}
 	p := e.Pending

@@ -899,7 +899,7 @@ func (r *run) leftIn(p string) ([]string, error) {
 	seen := map[string]bool{}
 	var left []string
 	for _, n := range append(names, r.declaredKids[p]...) {
-		if !seen[n] && !r.removing[path.Join(p, n)] {
+		if !seen[n] && !r.removing[path.Join(p, n)] && !r.leftovers[path.Join(p, n)] {
 			seen[n] = true
 			left = append(left, n)
 		}

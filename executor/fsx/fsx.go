@@ -561,15 +561,29 @@ func TempName(name string) string {
 // own: a regular file, owned by root, with one name. Anything else under
 // that name (another user cannot make a root-owned file) is left alone.
 func (d *Parent) removeLeftover() bool {
-	tmp := TempName(d.Name)
+	return d.leftover() && unix.Unlinkat(d.fd, TempName(d.Name), 0) == nil
+}
+
+// leftover says whether the temporary file of d.Name is there and the
+// host's own (removeLeftover).
+func (d *Parent) leftover() bool {
 	var st unix.Stat_t
-	if err := unix.Fstatat(d.fd, tmp, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := unix.Fstatat(d.fd, TempName(d.Name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return false
 	}
-	if i := infoOf(&st); i.Kind != Regular || i.UID != 0 || i.Nlink != 1 {
+	i := infoOf(&st)
+	return i.Kind == Regular && i.UID == 0 && i.Nlink == 1
+}
+
+// HasLeftover says whether an interrupted WriteFile of p left beside it
+// what RemoveLeftover would remove: for a plan, which removes nothing.
+func HasLeftover(p string) bool {
+	d, err := OpenParent(p)
+	if err != nil {
 		return false
 	}
-	return unix.Unlinkat(d.fd, tmp, 0) == nil
+	defer d.Close()
+	return d.leftover()
 }
 
 // RemoveLeftover removes what an interrupted WriteFile of p left beside

@@ -400,13 +400,16 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		r.applyAll()
 	}
 	r.reloadUnits()
-	r.restartOn()
-	r.keepOwed()
 	if !r.stopped {
 		r.removeUndeclared()
 	}
 	r.putBackLost()
 	r.reloadUnits()
+	// The restarts come last, after the removals: a unit restarted
+	// before its drop-in (or any file it reads) was removed would run on
+	// what the declaration no longer holds.
+	r.restartOn()
+	r.keepOwed()
 	if !opt.Plan {
 		if opt.Keep != nil {
 			rep.Lines, rep.Outcome = r.lines, shapes.Derive(r.lines)

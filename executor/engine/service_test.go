@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,8 @@ type fakeInit struct {
 	units   map[string]*initsys.State
 	aliases map[string]string
 	log     []string
+	// restarting, when set, is told of each restart as it is asked.
+	restarting func(unit string)
 }
 
 func newFakeInit() *fakeInit {
@@ -63,6 +66,9 @@ func (f *fakeInit) Stop(_ context.Context, u string) error {
 	return f.do("stop", u, func(s *initsys.State) { s.Running = false })
 }
 func (f *fakeInit) Restart(_ context.Context, u string) error {
+	if f.restarting != nil {
+		f.restarting(u)
+	}
 	return f.do("restart", u, func(s *initsys.State) { s.Running = true })
 }
 func (f *fakeInit) SetEnabled(_ context.Context, u string, on bool) error {
@@ -702,6 +708,29 @@ func TestARestartOwedAndTheFileChangedAfterTheStart(t *testing.T) {
 	rep := h.applyWith(f, h.doc(web, conf("v3"), other), false)
 	if got := f.transcript(); got != "start web.service; restart web.service" {
 		t.Fatalf("started before late.conf v3 was written and not restarted after: %q %s", got, fmt.Sprint(rep.Lines))
+	}
+}
+
+// A unit restart_on restarts is restarted after the apply's removals
+// (the declaration's order of work): restarted before, it would read a
+// drop-in, or any file it takes, that the same apply then removes.
+func TestARestartComesAfterTheRemovals(t *testing.T) {
+	h, f, conf, nginx := nginxRestartOn(t)
+	dropIn := `{"module":"drop","id":"in","type":"file","path":"{root}/nginx.conf.d/env.conf","content":"FOO=fromdropin"}`
+	dir := `{"module":"drop","id":"dir","type":"directory","path":"{root}/nginx.conf.d"}`
+	h.applyWith(f, h.doc(conf("v1"), dir, dropIn, nginx), false)
+	f.transcript()
+	var seen []string
+	f.restarting = func(string) {
+		_, err := os.Lstat(h.p("nginx.conf.d/env.conf"))
+		seen = append(seen, fmt.Sprint(os.IsNotExist(err)))
+	}
+	h.applyWith(f, h.doc(conf("v2"), nginx), false)
+	if got := f.transcript(); got != "restart nginx.service" || len(seen) != 1 || seen[0] != "true" {
+		t.Fatalf("restarted %q with the drop-in the apply removes still there: %v", got, seen)
+	}
+	if _, err := os.Lstat(h.p("nginx.conf.d")); !os.IsNotExist(err) {
+		t.Fatalf("the drop-in's directory: %v", err)
 	}
 }
 

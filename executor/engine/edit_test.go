@@ -2,6 +2,7 @@ package engine
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -129,6 +130,34 @@ func TestRegionRefusesWhatItCannotReadAsItsOwn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Keys set and given back, a whole file written and its original put
+// back: the file keeps its ACL throughout (a service user's read access,
+// which neither its owner nor its mode says).
+func TestAnEditAndAGiveBackKeepTheFilesACL(t *testing.T) {
+	h := newHarness(t)
+	acl := []byte{2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 2, 0, 4, 0, 0xfe, 0xff, 0, 0, 4, 0, 4, 0, 255, 255, 255, 255, 0x10, 0, 4, 0, 255, 255, 255, 255, 0x20, 0, 0, 0, 255, 255, 255, 255}
+	for _, f := range []string{"sshd_config", "whole.conf"} {
+		os.WriteFile(h.p(f), []byte("PasswordAuthentication yes\n"), 0o640)
+		if err := unix.Setxattr(h.p(f), "system.posix_acl_access", acl, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hasACL := func(when string) {
+		t.Helper()
+		for _, f := range []string{"sshd_config", "whole.conf"} {
+			buf := make([]byte, 128)
+			if n, err := unix.Getxattr(h.p(f), "system.posix_acl_access", buf); err != nil || !bytes.Equal(buf[:n], acl) {
+				t.Fatalf("%s: %s's ACL %v %v", when, f, buf[:max(n, 0)], err)
+			}
+		}
+	}
+	whole := `{"module":"m","id":"whole","type":"file","path":"{root}/whole.conf","content":"mine\n","mode":"0640"}`
+	h.expect(h.apply(h.doc(keys("ssh", "space", `{"PasswordAuthentication":"no"}`), whole)), shapes.Applied, "m.ssh=applied m.whole=applied")
+	hasACL("applied")
+	h.expect(h.apply(h.doc()), shapes.Restored, "m.whole=restored m.ssh=restored")
+	hasACL("given back")
 }
 
 func keys(id, format, set string) string {

@@ -496,6 +496,13 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 		}
 		b = b[n:]
 	}
+	if info.Kind == Regular {
+		// Before the owner and mode: an access ACL sets the group bits
+		// (its mask), which the chmod below sets back as declared.
+		if err := d.carryXattrs(info, fd); err != nil {
+			return wrap("keep the extended attributes (ACLs) of", p, err)
+		}
+	}
 	// chown before chmod: chown clears setuid and setgid.
 	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
 		return wrap("chown", p, err)
@@ -555,6 +562,82 @@ func TempName(name string) string {
 		name = name[:200]
 	}
 	return "." + name + ".mesh-host-new"
+}
+
+// carryXattrs copies the extended attributes of the file at d.Name — the
+// one observed (was): the same inode, or nothing is copied — onto the new
+// file fd that replaces it: its POSIX ACLs (a service user's read access
+// the owner and mode do not say) and user.* and trusted.* attributes, so
+// that a rewrite, and the give-back of the original after it, leave the
+// file as reachable as it was. Not security.*: the SELinux label is the
+// caller's to set (WriteOptions.Label), and file capabilities copied onto
+// new content would grant them to what they were never given for. A file
+// system that keeps none, or refuses one (EPERM, ENOTSUP), is passed over.
+func (d *Parent) carryXattrs(was Info, fd int) error {
+	old, err := unix.Openat(d.fd, d.Name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil // gone or replaced since: nothing of it to keep
+	}
+	defer unix.Close(old)
+	var st unix.Stat_t
+	if unix.Fstat(old, &st) != nil || uint64(st.Dev) != was.Dev || st.Ino != was.Ino {
+		return nil
+	}
+	names, err := listXattrs(old)
+	if err != nil || len(names) == 0 {
+		return nil
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, "security.") {
+			continue
+		}
+		val, err := getXattr(old, name)
+		if err != nil {
+			continue // removed meanwhile, or unreadable: passed over
+		}
+		if err := unix.Fsetxattr(fd, name, val, 0); err != nil && err != unix.EPERM && err != unix.ENOTSUP && err != unix.EOPNOTSUPP {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// listXattrs is the names of fd's extended attributes.
+func listXattrs(fd int) ([]string, error) {
+	buf := make([]byte, 1024)
+	for {
+		n, err := unix.Flistxattr(fd, buf)
+		if err == unix.ERANGE && len(buf) < 1<<20 {
+			buf = make([]byte, 4*len(buf))
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, b := range bytes.Split(buf[:n], []byte{0}) {
+			if len(b) > 0 {
+				names = append(names, string(b))
+			}
+		}
+		return names, nil
+	}
+}
+
+// getXattr is the value of fd's extended attribute name.
+func getXattr(fd int, name string) ([]byte, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Fgetxattr(fd, name, buf)
+		if err == unix.ERANGE && len(buf) < 1<<20 {
+			buf = make([]byte, 4*len(buf))
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
 }
 
 // removeLeftover removes the temporary file of d.Name if it is the host's

@@ -2,11 +2,14 @@ package fsx
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // The caching resolver agrees with Resolve through links in the middle, at
@@ -128,5 +131,50 @@ func TestEqualAtEverySize(t *testing.T) {
 	}
 	if eq, info, err := Equal(filepath.Join(d, "missing"), nil); eq || err != nil || info.Kind != Absent {
 		t.Fatalf("missing file: %v %+v %v", eq, info, err)
+	}
+}
+
+// aclReadBy is a POSIX access ACL (its xattr's bytes): the owner rw, the
+// user uid r, the group r, others nothing.
+func aclReadBy(uid uint32) []byte {
+	var b bytes.Buffer
+	le := func(v ...any) {
+		for _, x := range v {
+			binary.Write(&b, binary.LittleEndian, x)
+		}
+	}
+	const all = ^uint32(0)
+	le(uint32(2), uint16(0x01), uint16(6), all, uint16(0x02), uint16(4), uid, uint16(0x04), uint16(4), all, uint16(0x10), uint16(4), all, uint16(0x20), uint16(0), all)
+	return b.Bytes()
+}
+
+// A rewrite keeps what the file's extended attributes said — its ACL (a
+// service user's read access), its user.* notes — and never its file
+// capabilities, which new content was never given; the mode is the one
+// asked, whatever the ACL's mask.
+func TestWriteFileKeepsTheFilesACLs(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "kv.conf")
+	os.WriteFile(p, []byte("a = 1\n"), 0o640)
+	acl := aclReadBy(65534)
+	for name, val := range map[string][]byte{"system.posix_acl_access": acl, "user.note": []byte("kept"), "security.capability": {1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}} {
+		if err := unix.Setxattr(p, name, val, 0); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if err := WriteFile(p, []byte("a = 9\n"), WriteOptions{Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]byte{"system.posix_acl_access": nil, "user.note": []byte("kept")} {
+		buf := make([]byte, 256)
+		n, err := unix.Getxattr(p, name, buf)
+		if err != nil || want != nil && !bytes.Equal(buf[:n], want) {
+			t.Fatalf("%s after the rewrite: %q %v", name, buf[:max(n, 0)], err)
+		}
+	}
+	if _, err := unix.Getxattr(p, "security.capability", make([]byte, 64)); err != unix.ENODATA {
+		t.Fatalf("file capabilities carried onto new content: %v", err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600 as asked", fi.Mode().Perm())
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -262,13 +263,13 @@ func (r *run) driveProcess(unit string, cur initsys.State, want, redefined bool)
 	return nil
 }
 
-// runsAs waits up to within for a process whose command line is exactly
-// exec and whose real and effective uid are uid.
+// runsAs waits up to within for a process whose command line is exec's
+// (cmdlinesOf) and whose real and effective uid are uid.
 func (r *run) runsAs(exec []string, uid int, within time.Duration) error {
-	want := []byte(strings.Join(exec, "\x00") + "\x00")
+	want := cmdlinesOf(exec)
 	deadline := clock.Deadline(within)
 	for {
-		found, err := findProcess(want)
+		found, err := findProcess(want...)
 		if err != nil {
 			return err
 		}
@@ -291,9 +292,45 @@ func (r *run) runsAs(exec []string, uid int, within time.Duration) error {
 	}
 }
 
+// cmdlinesOf is the command lines (/proc/PID/cmdline's bytes) a process
+// started from exec shows: exec itself; and, exec[0] a script ("#!"), the
+// one the kernel gives it — its interpreter, the interpreter's one
+// argument if the line names one, the script's path, then the rest of
+// exec — which is what runs.
+func cmdlinesOf(exec []string) [][]byte {
+	join := func(argv []string) []byte { return []byte(strings.Join(argv, "\x00") + "\x00") }
+	out := [][]byte{join(exec)}
+	f, err := os.Open(exec[0])
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	head := make([]byte, 256) // the kernel reads no more of it (BINPRM_BUF_SIZE)
+	n, _ := io.ReadFull(f, head)
+	line, ok := bytes.CutPrefix(head[:n], []byte("#!"))
+	if !ok {
+		return out
+	}
+	line, _, _ = bytes.Cut(line, []byte("\n"))
+	// As the kernel reads it: the interpreter up to a blank, the rest
+	// of the line, trimmed, its one argument.
+	interp, arg := strings.TrimLeft(string(line), " \t"), ""
+	if end := strings.IndexAny(interp, " \t"); end >= 0 {
+		interp, arg = interp[:end], strings.Trim(interp[end:], " \t")
+	}
+	if interp == "" {
+		return out
+	}
+	argv := []string{interp}
+	if arg != "" {
+		argv = append(argv, arg)
+	}
+	return append(out, join(append(argv, exec...)))
+}
+
 // findProcess lists the real and effective uids of every process whose
-// /proc/PID/cmdline is exactly cmdline.
-func findProcess(cmdline []byte) ([][2]int, error) {
+// /proc/PID/cmdline is exactly one of cmdlines.
+func findProcess(cmdlines ...[]byte) ([][2]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -304,7 +341,7 @@ func findProcess(cmdline []byte) ([][2]int, error) {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !bytes.Equal(b, cmdline) {
+		if err != nil || !slices.ContainsFunc(cmdlines, func(c []byte) bool { return bytes.Equal(b, c) }) {
 			continue
 		}
 		status, err := os.ReadFile("/proc/" + e.Name() + "/status")

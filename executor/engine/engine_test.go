@@ -994,3 +994,39 @@ func TestACutCreateMetByAnothersDirectoryIsForgotten(t *testing.T) {
 		t.Fatalf("what was made meanwhile is gone: %v", err)
 	}
 }
+
+// A directory the host made, with a file the host made in it, both
+// undeclared while a file is declared at the directory's path: the
+// directory is undone first, and what the host made in it with it, in
+// the one apply — not kept for "what the host did not create" while the
+// new file fails at every apply. What a person put in it keeps it, and
+// the new file's step says why it cannot be made. Plan and apply agree.
+func TestADirectoryOfTheHostsBecomesAFileInOneApply(t *testing.T) {
+	for _, persons := range []bool{false, true} {
+		t.Run(fmt.Sprintf("a person's file in it %v", persons), func(t *testing.T) {
+			h := newHarness(t)
+			dir := `{"module":"m","id":"d","type":"directory","path":"{root}/x"}`
+			inner := `{"module":"m","id":"in","type":"file","path":"{root}/x/inner","content":"host's\n"}`
+			h.expect(h.apply(h.doc(dir, inner)), shapes.Applied, "m.d=applied m.in=applied")
+			if persons {
+				os.WriteFile(h.p("x/notes"), []byte("mine\n"), 0o600)
+			}
+			file := `{"module":"m2","id":"f","type":"file","path":"{root}/x","content":"now a file\n"}`
+			plan := h.run(store.Local, h.doc(file), true)
+			rep := h.apply(h.doc(file))
+			if outcomes(plan) != outcomes(rep) {
+				t.Fatalf("plan [%s], apply [%s]", outcomes(plan), outcomes(rep))
+			}
+			if persons {
+				if rep.Outcome != shapes.Failed || h.read("x/notes") != "mine\n" {
+					t.Fatalf("%s %+v", rep.Outcome, rep.Lines)
+				}
+				return
+			}
+			if rep.Outcome == shapes.Failed || h.read("x") != "now a file\n" {
+				t.Fatalf("%s %+v", rep.Outcome, rep.Lines)
+			}
+			h.expect(h.apply(h.doc(file)), shapes.Unchanged, "m2.f=unchanged")
+		})
+	}
+}

@@ -200,22 +200,40 @@ func (r *run) removeReshaped() {
 	}
 	entries := r.st.Entries()
 	slices.Reverse(entries)
+	// A path declared as a directory now and recorded as a file, or the
+	// other way (the one target of both): under the same resource's name
+	// too.
+	retypedAt := func(e *store.Entry) bool {
+		return strings.HasPrefix(e.Target, "path:") && now[e.Target] != "" && now[e.Target] != e.Type &&
+			(e.Type == shapes.TypeFile && now[e.Target] == shapes.TypeDirectory || e.Type == shapes.TypeDirectory && e.Created && now[e.Target] == shapes.TypeFile)
+	}
+	// A directory of the host's undone first is emptied first of what the
+	// host made in it that nothing declares now (it comes before it here,
+	// the entries newest first): left for the removals after the apply,
+	// it would keep the directory, and the file declared at its path fail
+	// at every apply.
+	var undone []string
+	for _, e := range entries {
+		if e.Type == shapes.TypeDirectory && retypedAt(e) && r.thisSourceOnly(e) {
+			undone = append(undone, strings.TrimPrefix(e.Target, "path:")+"/")
+		}
+	}
+	inUndone := func(p string) bool {
+		return slices.ContainsFunc(undone, func(d string) bool { return strings.HasPrefix(p, d) })
+	}
 	var batch []*step
 	touched := map[*step]string{} // the file each step undoes a shape of
 	for _, e := range entries {
 		p, isPath := strings.CutPrefix(e.Target, "path:")
 		_, editPath, _, isEdit := shapes.EditTarget(e.Target)
-		// A path declared as a directory now and recorded as a file, or
-		// the other way (the one target of both): under the same
-		// resource's name too.
-		retyped := isPath && now[e.Target] != "" && now[e.Target] != e.Type &&
-			(e.Type == shapes.TypeFile && now[e.Target] == shapes.TypeDirectory || e.Type == shapes.TypeDirectory && e.Created && now[e.Target] == shapes.TypeFile)
+		retyped := retypedAt(e)
 		// Edited as keys before and as a region now, or the other way:
 		// the old edit's lines, given back last, would be the same
 		// settings twice in the file the new one reads.
 		reshaped := isPath && e.Type == shapes.TypeFile && edited[p] || isEdit && (whole[editPath] || edited[editPath] && editedAs[editPath] != e.Type)
 		switch {
 		case retyped && r.thisSourceOnly(e):
+		case isPath && now[e.Target] == "" && inUndone(p) && r.thisSourceOnly(e):
 		case !reshaped || now[e.Target] != "" || !r.onlyMine(e):
 			continue
 		}

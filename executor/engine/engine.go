@@ -201,6 +201,9 @@ type run struct {
 	// removing: the paths removeUndeclared has decided to remove so far,
 	// newest first, so a directory's decision counts what goes before it.
 	removing map[string]bool
+	// shipped: the files and directories the host created that a package
+	// ships now, by path (shippedBy; nil until asked).
+	shipped map[string]string
 	// leftovers: what interrupted writes left that a plan's settle found,
 	// which the apply's removes (a directory holding one is empty then).
 	leftovers map[string]bool

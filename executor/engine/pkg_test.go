@@ -109,6 +109,53 @@ func (h *harness) applyPackages(f *fakePackages, doc string, repos ...string) *s
 	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, packages: f, repositoryPaths: repos})
 }
 
+// A file and its directory the host made, then a package installed after
+// them that ships both (its maintainer scripts wrote over the file): the
+// file and the directory undeclared are the package's now, and left to it
+// — a conffile removed is one dpkg never brings back. Plan and apply say
+// so alike; a path no package ships is removed as ever.
+func TestWhatAPackageShipsNowIsLeftToIt(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{}, repo: map[string]string{"lib": "1.0"}}
+	dir := `{"module":"a","id":"dir","type":"directory","path":"{root}/etc/lib"}`
+	conf := `{"module":"a","id":"conf","type":"file","path":"{root}/etc/lib/main.conf","content":"mine\n"}`
+	other := `{"module":"a","id":"other","type":"file","path":"{root}/etc/lib/other.conf","content":"x\n"}`
+	pkg := `{"module":"b","id":"lib","type":"package","name":"lib"}`
+	f.onInstall = func(string) {
+		f.files = map[string]string{h.p("etc/lib"): "lib", h.p("etc/lib/main.conf"): "lib"}
+		os.WriteFile(h.p("etc/lib/main.conf"), []byte("the package's\n"), 0o644)
+	}
+	os.Mkdir(h.p("etc"), 0o755)
+	if rep := h.applyPackages(f, h.doc(dir, conf, other, pkg)); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	plan := h.plan(f, h.doc(pkg))
+	rep := h.applyPackages(f, h.doc(pkg))
+	if outcomes(plan) != outcomes(rep) || outcomes(rep) != "a.other=removed a.conf=forgotten a.dir=forgotten b.lib=unchanged" && outcomes(rep) != "b.lib=unchanged a.other=removed a.conf=forgotten a.dir=forgotten" {
+		t.Fatalf("plan [%s]\napply [%s] %+v", outcomes(plan), outcomes(rep), rep.Lines)
+	}
+	if !strings.Contains(lineOf(rep, "a", "conf").Detail, "package lib ships it now") {
+		t.Fatalf("%+v", lineOf(rep, "a", "conf"))
+	}
+	if b, err := os.ReadFile(h.p("etc/lib/main.conf")); err != nil || string(b) != "the package's\n" {
+		t.Fatalf("the package's file: %q %v", b, err)
+	}
+	if _, err := os.Lstat(h.p("etc/lib/other.conf")); !os.IsNotExist(err) {
+		t.Fatalf("a file no package ships, undeclared, is left: %v", err)
+	}
+}
+
+// plan is applyPackages's plan.
+func (h *harness) plan(f *fakePackages, doc string) *shapes.Report {
+	h.t.Helper()
+	d, err := shapes.ParseTrusted([]byte(doc))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	st, _ := store.Open(h.state)
+	return Apply(context.Background(), st, d, []byte(doc), Options{Source: store.Local, Plan: true, packages: f})
+}
+
 func TestPackagePresentPinnedNeverUpgradedNeverRemoved(t *testing.T) {
 	h := newHarness(t)
 	f := &fakePackages{have: map[string]string{"curl": "7.88"}, repo: map[string]string{"curl": "8.0", "jq": "1.6"}}

@@ -405,6 +405,12 @@ func (r *run) planRemoval(st *step) {
 		st.line.Outcome, st.line.Detail = shapes.Forgotten, "held as found on an adopted node; never removed"
 	case e.Recovered && r.keepRecovered(st, p):
 		// Decided: forgotten, with the reason on the line.
+	case (e.Type == shapes.TypeFile || e.Type == shapes.TypeDirectory) && e.Created && r.shippedBy(p) != "":
+		// A package installed since ships it now: its file, which the
+		// package manager's checks and upgrades count on (a conffile
+		// removed is one dpkg never brings back). Left to it.
+		st.line.Outcome = shapes.Forgotten
+		st.line.Detail = fmt.Sprintf("the host created it; package %s ships it now (installed since): left to the package as it is", r.shippedBy(p))
 	case e.Type == shapes.TypeFile && e.Created:
 		r.planCreatedFileRemoval(st, p)
 	case e.Type == shapes.TypeFile && e.Original != nil:
@@ -637,6 +643,50 @@ func parentOf(p string) string {
 		}
 	}
 	return "/"
+}
+
+// shippedBy is the package that ships p now, by the package manager's
+// database, "" for none (or no package manager to ask). Asked only of a
+// host that has installed a package itself (what the host declares is
+// what brings a package over its own files; the package manager's
+// database is slow to ask, some 100 ms a question), once an apply, for
+// every file and directory the host created that this declaration does
+// not declare: the answer for all of them at once is almost always
+// none, and only then is each looked up alone.
+func (r *run) shippedBy(p string) string {
+	if r.shipped == nil {
+		r.shipped = map[string]string{}
+		declared := map[string]bool{}
+		for ct := range r.declared {
+			declared[ct.target] = true
+		}
+		var paths []string
+		installed := false
+		for _, e := range r.st.Entries() {
+			switch {
+			case e.Type == shapes.TypePackage && (e.Created || e.Pending != nil && e.Pending.Created) && !e.Held:
+				installed = true
+			case (e.Type == shapes.TypeFile || e.Type == shapes.TypeDirectory) && e.Created && !declared[e.Target]:
+				paths = append(paths, pathOf(e.Target))
+			}
+		}
+		if !installed || len(paths) == 0 {
+			return ""
+		}
+		mgr, err := r.packages()
+		if err != nil {
+			return ""
+		}
+		if owners, err := mgr.owners(r.ctx, paths); err != nil || len(owners) == 0 {
+			return ""
+		}
+		for _, x := range paths {
+			if owners, err := mgr.owners(r.ctx, []string{x}); err == nil && len(owners) > 0 {
+				r.shipped[x] = strings.Join(owners, ", ")
+			}
+		}
+	}
+	return r.shipped[p]
 }
 
 // planCreatedFileRemoval removes a file the host created. One edited by

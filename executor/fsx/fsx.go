@@ -640,28 +640,22 @@ func getXattr(fd int, name string) ([]byte, error) {
 	}
 }
 
-// removeLeftover removes the temporary of d.Name if it is the host's own
-// (leftover): a regular file of one name or an empty directory, owned by
-// root. Anything else under that name (another user cannot make a
-// root-owned file) is left alone.
+// removeLeftover removes the temporary file of d.Name if it is the host's
+// own: a regular file, owned by root, with one name. Anything else under
+// that name (another user cannot make a root-owned file) is left alone.
 func (d *Parent) removeLeftover() bool {
-	if !d.leftover() {
-		return false
-	}
-	// A directory goes only if empty (AT_REMOVEDIR fails otherwise).
-	return unix.Unlinkat(d.fd, TempName(d.Name), 0) == nil || unix.Unlinkat(d.fd, TempName(d.Name), unix.AT_REMOVEDIR) == nil
+	return d.leftover() && unix.Unlinkat(d.fd, TempName(d.Name), 0) == nil
 }
 
-// leftover says whether the temporary of d.Name is there and the host's
-// own (removeLeftover): a regular file of one name (WriteFile's), or an
-// empty directory (Mkdir's), root's.
+// leftover says whether the temporary file of d.Name is there and the
+// host's own (removeLeftover).
 func (d *Parent) leftover() bool {
 	var st unix.Stat_t
 	if err := unix.Fstatat(d.fd, TempName(d.Name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return false
 	}
 	i := infoOf(&st)
-	return i.UID == 0 && (i.Kind == Regular && i.Nlink == 1 || i.Kind == Dir && i.Nlink == 2)
+	return i.Kind == Regular && i.UID == 0 && i.Nlink == 1
 }
 
 // HasLeftover says whether an interrupted WriteFile of p left beside it
@@ -729,39 +723,17 @@ func SetAttr(p string, seen Info, mode uint32, uid, gid int) error {
 }
 
 // Mkdir creates the directory p (its parent must exist) with owner and mode
-// set on its descriptor. It fails if anything is already there. The
-// directory is made under a temporary name beside p, given its owner and
-// mode, and renamed into place: killed at any instant, p is absent or as
-// asked — never the root-only directory mkdir makes first, which the next
-// apply would find and, no mode declared, take as it is.
+// set on its descriptor. It fails if anything is already there.
 func Mkdir(p string, mode uint32, uid, gid int) error {
 	d, err := OpenParent(p)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	var st unix.Stat_t
-	if unix.Fstatat(d.fd, d.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-		return wrap("mkdir", p, unix.EEXIST)
-	}
-	tmp := TempName(d.Name)
-	err = unix.Mkdirat(d.fd, tmp, 0o700)
-	if err == unix.EEXIST && d.removeLeftover() {
-		err = unix.Mkdirat(d.fd, tmp, 0o700)
-	}
-	if err != nil {
-		if err == unix.EEXIST {
-			return wrap("mkdir", p, fmt.Errorf("%s is there and is not a leftover of the host's; refusing to touch it", tmp))
-		}
+	if err := unix.Mkdirat(d.fd, d.Name, 0o700); err != nil {
 		return wrap("mkdir", p, err)
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			unix.Unlinkat(d.fd, tmp, unix.AT_REMOVEDIR)
-		}
-	}()
-	fd, err := unix.Openat(d.fd, tmp, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(d.fd, d.Name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return wrap("open new directory", p, mapErr(err))
 	}
@@ -769,6 +741,7 @@ func Mkdir(p string, mode uint32, uid, gid int) error {
 	// Still the directory just made: the executor's own, empty. Between
 	// mkdirat and openat a user who can write the parent could have put
 	// their own there.
+	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return wrap("stat new directory", p, err)
 	}
@@ -781,24 +754,7 @@ func Mkdir(p string, mode uint32, uid, gid int) error {
 	if err := unix.Fchown(fd, uid, gid); err != nil {
 		return wrap("chown", p, err)
 	}
-	if err := unix.Fchmod(fd, mode); err != nil {
-		return wrap("chmod", p, err)
-	}
-	err = unix.Renameat2(d.fd, tmp, d.fd, d.Name, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		// A file system or kernel without it: looked at once more, the
-		// window left as narrow as it goes (as WriteFile).
-		if unix.Fstatat(d.fd, d.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-			err = unix.EEXIST
-		} else {
-			err = unix.Renameat(d.fd, tmp, d.fd, d.Name)
-		}
-	}
-	if err != nil {
-		return wrap("mkdir", p, err)
-	}
-	ok = true
-	return nil
+	return wrap("chmod", p, unix.Fchmod(fd, mode))
 }
 
 // Remove removes the regular file at p. Anything else there (a link planted

@@ -3,9 +3,7 @@ package fsx
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,37 +176,5 @@ func TestWriteFileKeepsTheFilesACLs(t *testing.T) {
 	}
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode %v, want 0600 as asked", fi.Mode().Perm())
-	}
-}
-
-// A directory is made under a temporary name and renamed into place as
-// asked: a kill between its mkdir and its chmod leaves the temporary (an
-// empty root directory, the next Mkdir's to remove), never the path at
-// mkdir's root-only mode. Something at the path, or a temporary that is
-// not the host's, is refused.
-func TestMkdirIsWholeOrAbsent(t *testing.T) {
-	base := t.TempDir()
-	p := filepath.Join(base, "d")
-	left := filepath.Join(base, TempName("d"))
-	os.Mkdir(left, 0o700) // what a kill after the mkdir left
-	if err := Mkdir(p, 0o755, 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o755 {
-		t.Fatalf("%v %v", fi, err)
-	}
-	if _, err := os.Lstat(left); !os.IsNotExist(err) {
-		t.Fatalf("the temporary is left: %v", err)
-	}
-	if err := Mkdir(p, 0o755, 0, 0); !errors.Is(err, fs.ErrExist) {
-		t.Fatalf("made over what is there: %v", err)
-	}
-	q := filepath.Join(base, "e")
-	os.MkdirAll(filepath.Join(base, TempName("e"), "someone's"), 0o755)
-	if err := Mkdir(q, 0o755, 0, 0); err == nil || !strings.Contains(err.Error(), "not a leftover of the host's") {
-		t.Fatalf("a temporary holding another's: %v", err)
-	}
-	if _, err := os.Lstat(q); !os.IsNotExist(err) {
-		t.Fatalf("made: %v", err)
 	}
 }

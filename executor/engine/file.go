@@ -338,7 +338,13 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 	}
 	exists := info.Kind == fsx.Dir
 	e := st.entry
-	a, err := r.wantAttrs(d.Key(), d.Mode, info, exists, defaultDirMode)
+	// A directory the host made and never recorded as made (an apply
+	// cut between its mkdir and its chmod) is not one found: what it is
+	// wanted to be is what its making would have left it, not the
+	// root-only mode a new directory starts with (fsx.Mkdir), taken as
+	// found for good when no mode is declared.
+	asFound := exists && (e == nil || !e.Created || e.Digest == "dir")
+	a, err := r.wantAttrs(d.Key(), d.Mode, info, asFound, defaultDirMode)
 	coming := errors.Is(err, errOwnerComing) // a plan: held or not is said still
 	if err != nil && !coming {
 		return err

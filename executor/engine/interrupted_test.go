@@ -251,3 +251,30 @@ func TestACutIntentReplacedThenAbandonedIsInDoubtAgain(t *testing.T) {
 	// perhaps): settled, it is gone, and undeclared it is said so.
 	h.expect(h.apply(h.doc(d)), shapes.Applied, "m.d=applied m.big=removed")
 }
+
+// A directory made and cut before its owner and mode were set (a kill
+// between its mkdir and its chmod) is there at the root-only mode mkdir
+// makes it with, its creation never recorded. The next apply does not
+// take that for found (no mode declared: as found, for good): it sets
+// what the making would have, and says the cut apply made it. A plan says
+// the same first.
+func TestADirectoryCutBeforeItsModeIsGivenIt(t *testing.T) {
+	h := newHarness(t)
+	doc := h.doc(`{"module":"m","id":"d","type":"directory","path":"{root}/d"}`)
+	h.expect(h.apply(doc), shapes.Applied, "m.d=applied")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.HasSuffix(target, "/d") })
+	os.Chmod(h.p("d"), 0o700) // as mkdir left it
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	h.expect(rep, shapes.Applied, "m.d=applied")
+	if plan.Lines[0].Outcome != shapes.Applied || rep.Lines[0].Detail != "owner and mode 0700 0:0 → 0755 0:0" || plan.Lines[0].Detail != rep.Lines[0].Detail {
+		t.Fatalf("plan %+v\napply %+v", plan.Lines[0], rep.Lines[0])
+	}
+	if fi, _ := os.Stat(h.p("d")); fi.Mode().Perm() != 0o755 {
+		t.Fatalf("mode %v", fi.Mode().Perm())
+	}
+	h.expect(h.apply(doc), shapes.Unchanged, "m.d=unchanged")
+	// Recorded, a mode a person set since is theirs (none declared).
+	os.Chmod(h.p("d"), 0o750)
+	h.expect(h.apply(doc), shapes.Unchanged, "m.d=unchanged")
+}

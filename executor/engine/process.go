@@ -53,10 +53,24 @@ func processTarget(name string) string { return "service:" + shapes.NormaliseUni
 // process goes, and the process then refused as a unit the mesh did not
 // create.
 func (r *run) checkProcesses() error {
+	declared := map[string]bool{}
+	for _, res := range r.d.Resources {
+		declared[shapes.Target(res)] = true
+	}
 	for _, res := range r.d.Resources {
 		svc, ok := res.(*shapes.Service)
 		if !ok {
 			continue
+		}
+		// A unit defined by a file the host made for this source, which
+		// the declaration no longer declares: its removal, later in the
+		// apply, would leave the unit running with no definition (and
+		// every later apply saying it gone "since").
+		for _, def := range unitDefinitions(shapes.NormaliseUnit(svc.Unit)) {
+			t := "path:" + def
+			if e := r.st.Get(t); e != nil && e.Type == shapes.TypeFile && e.Created && !declared[t] && r.thisSourceOnly(e) {
+				return &Refusal{fmt.Sprintf("resource %s field unit: %s is defined by %s, a file the host made for %s, which this declaration no longer declares: removed, it would leave the unit with no definition; declare the file still, or undeclare the service with it", svc.Key(), shapes.NormaliseUnit(svc.Unit), def, firstClaim(e).Key())}
+			}
 		}
 		if e := r.st.Get(shapes.Target(svc)); e != nil && (e.Type == shapes.TypeProcess || e.Pending != nil && e.Pending.Type == shapes.TypeProcess) {
 			by := ""

@@ -734,6 +734,43 @@ func TestARestartComesAfterTheRemovals(t *testing.T) {
 	}
 }
 
+// A service whose unit file the host made for this source as a file, that
+// file no longer declared while the service still is: refused whole —
+// the removal of the file later in the apply would leave the unit
+// running with no definition, and every apply after saying it gone
+// "since". Undeclared with the service, it is applied.
+func TestAServiceWhoseUnitFileGoesIsRefused(t *testing.T) {
+	h := newHarness(t)
+	f := newFakeInit()
+	f.add("web.service", true, "enabled")
+	st := mustStore(t, h.state)
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// What an apply of a file at the unit's path left (the file's own
+	// path is the machine's, so it is recorded here as that apply would).
+	unitFile := "path:/etc/systemd/system/web.service"
+	if err := st.Put(&store.Entry{Target: unitFile, Type: shapes.TypeFile, Claims: []store.Claim{{Source: store.Local, Module: "units", ID: "web"}}, Created: true, Digest: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	st.Commit()
+	st.Sync()
+	st.Unlock()
+	web := svc("web", "web", "running", "", "")
+	rep := h.applyWith(f, h.doc(web), false)
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "web.service is defined by /etc/systemd/system/web.service, a file the host made for") || f.transcript() != "" {
+		t.Fatalf("%s %q %q", rep.Outcome, rep.Refused, f.transcript())
+	}
+	if e := mustStore(t, h.state).Get(unitFile); e == nil {
+		t.Fatal("the unit's file was undone")
+	}
+	// Undeclared with the service: applied (the file, gone already here,
+	// forgotten).
+	if rep := h.applyWith(f, h.doc(), false); rep.Outcome == shapes.Refused {
+		t.Fatalf("undeclared with the service: %q", rep.Refused)
+	}
+}
+
 // nginxRestartOn is the fixture of the restarts owed: nginx.service
 // running, declared with restart_on base.conf, and conf (a file of
 // module base, nginx.conf, of the content given) applied at v1 with it

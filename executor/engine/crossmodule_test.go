@@ -302,6 +302,33 @@ func TestAHeldUnitIsChangedOnlyInWhatWasRecorded(t *testing.T) {
 // unit the host found, the unit's definition would be left behind when
 // the process goes, and the process refused from then on as a unit the
 // mesh did not create.
+// A process named after a unit the host defined by a file of its own is
+// refused as any unit is — a process never takes one over — and the
+// refusal says the file, and what to do, rather than that the mesh did
+// not create the unit.
+func TestAProcessOverAUnitFileTheHostWroteSaysSo(t *testing.T) {
+	h := newCrossHarness(t)
+	h.f.add("lp.service", true, "enabled")
+	st, err := store.Open(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// As an apply of a file at the unit's path records it (the path is
+	// the machine's, not written here).
+	if err := st.Put(&store.Entry{Target: "path:/etc/systemd/system/lp.service", Type: shapes.TypeFile, Created: true, Digest: "x",
+		Claims: []store.Claim{{Source: store.Local, Module: "units", ID: "lp"}}}); err != nil {
+		t.Fatal(err)
+	}
+	st.Unlock()
+	rep := h.applyDoc(`{"version":1,"resources":[{"module":"app","id":"lp","type":"process","name":"lp","exec":["/bin/sleep","60"],"user":"nobody"}]}`, false)
+	if rep.Outcome != shapes.Refused || !strings.Contains(rep.Refused, "defined by /etc/systemd/system/lp.service, a file the host made for local:units.lp") || strings.Contains(rep.Refused, "did not create") {
+		t.Fatalf("%s %q", rep.Outcome, rep.Refused)
+	}
+}
+
 func TestAServiceNeverTakesOverAProcesssUnit(t *testing.T) {
 	h := newCrossHarness(t)
 	unitFile := h.p("lp.service")

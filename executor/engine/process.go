@@ -95,6 +95,13 @@ func (r *run) checkProcesses() error {
 		e := r.st.Get(processTarget(p.Name))
 		ours := e != nil && (e.Type == shapes.TypeProcess || e.Pending != nil && e.Pending.Type == shapes.TypeProcess)
 		if cur.Known && !ours {
+			for _, def := range unitDefinitions(shapes.NormaliseUnit(p.Name)) {
+				if e := r.st.Get("path:" + def); e != nil && e.Type == shapes.TypeFile && e.Created {
+					// The mesh wrote it, as a file: still a unit the
+					// process would take over, which it never does.
+					return &Refusal{fmt.Sprintf("resource %s field name: %s already knows a unit %q, defined by %s, a file the host made for %s; a process never takes over a unit: apply a declaration without that file (and any service of the unit) first, then the process", p.Key(), r.init.Name(), cur.Name, def, firstClaim(e).Key())}
+				}
+			}
 			return &Refusal{fmt.Sprintf("resource %s field name: %s already knows a unit %q, which the mesh did not create; a process never takes over a unit (declare it as a service instead, or name the process otherwise)", p.Key(), r.init.Name(), cur.Name)}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -158,6 +159,29 @@ func TestAnEditAndAGiveBackKeepTheFilesACL(t *testing.T) {
 	hasACL("applied")
 	h.expect(h.apply(h.doc()), shapes.Restored, "m.whole=restored m.ssh=restored")
 	hasACL("given back")
+}
+
+// A keys resource cut before its record (a kill after the file's write),
+// then its key moved to another resource: the key keeps the value it was
+// first found holding, taken from the cut apply's intent, and the whole
+// undeclared gives the person's value back — not the mesh's, recorded as
+// found by the resource it was handed to.
+func TestAKeyMovedAfterACutKeepsItsFoundValue(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.p("kv.conf"), []byte("a = 1\nb = 2\n"), 0o644)
+	kv := func(module, set string) string {
+		return `{"module":"` + module + `","id":"k","type":"keys","path":"{root}/kv.conf","format":"equals","set":` + set + `}`
+	}
+	h.expect(h.apply(h.doc(kv("w", `{"a":"9","b":"8"}`))), shapes.Applied, "w.k=applied")
+	cutJournal(t, h.state, func(op, target string) bool { return op == "put" && strings.Contains(target, "kv.conf") })
+	rep := h.apply(h.doc(kv("c", `{"a":"9","z":"26"}`)))
+	if rep.Outcome == shapes.Failed || !strings.Contains(fmt.Sprint(rep.Lines), "a handed over to c.k") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	h.apply(h.doc())
+	if got := h.read("kv.conf"); got != "a = 1\nb = 2\n" {
+		t.Fatalf("given back:\n%s", got)
+	}
 }
 
 func keys(id, format, set string) string {

@@ -143,6 +143,13 @@ func (r *run) keysHere() *keysHere {
 		if e.Type != shapes.TypeKeys || !ok {
 			continue
 		}
+		if e.Original == nil && e.Pending != nil && e.Pending.Original != nil {
+			// Cut before its record (a kill after the file's write): the
+			// found values are the intent's, as settling it takes them.
+			c := *e
+			c.Original = e.Pending.Original
+			e = &c
+		}
 		// A record that cannot be read is its own step's failure; here it
 		// only has no key to hand over.
 		rec, err := r.keysOriginal(e)

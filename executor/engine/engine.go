@@ -822,13 +822,6 @@ func (r *run) flush(batch []*step, after int) {
 			err = r.planDirectory(st, res)
 			r.declaredDirs[res.Path] = true
 		}
-		if errors.Is(err, errParentComing) {
-			// As the apply would go on, once the package is there.
-			st.line.Outcome = shapes.Applied
-			st.line.Detail = fmt.Sprintf("%s is not there yet: it may come with a package declared before it, which a plan does not install; then made as declared", path.Dir(pathOfResource(st.res)))
-			st.change, st.intent, st.record = nil, nil, nil
-			continue
-		}
 		if err != nil {
 			st.line.Outcome, st.line.Detail = shapes.Failed, err.Error()
 			st.change, st.intent, st.record = nil, nil, nil

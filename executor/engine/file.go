@@ -451,19 +451,11 @@ func (r *run) parentReady(p string) error {
 	if err != nil {
 		return err
 	}
-	if info.Kind == fsx.Absent && r.opt.Plan && r.planBrings {
-		return errParentComing
-	}
 	if info.Kind != fsx.Dir {
 		return fmt.Errorf("parent directory %s does not exist (declare a directory before what it holds)", parent)
 	}
 	return nil
 }
-
-// errParentComing is a plan's word for a file or directory whose parent
-// is not there yet, which a package planned before it may bring (as
-// errFileComing of a file edited in place): the plan installs nothing.
-var errParentComing = errors.New("its directory may come with a package declared before it, which a plan does not install")
 
 // startChange begins the entry and the intent of a change to a file or a
 // directory at p: one the host already holds keeps its order, creation and

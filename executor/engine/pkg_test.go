@@ -145,23 +145,6 @@ func TestWhatAPackageShipsNowIsLeftToIt(t *testing.T) {
 	}
 }
 
-// A file whose directory comes with a package declared before it: the
-// plan, which installs nothing, says the file is made once the package
-// is there (the apply's outcome), not that its directory is missing.
-func TestAPlanOfAFileWhoseDirectoryAPackageBrings(t *testing.T) {
-	h := newHarness(t)
-	f := &fakePackages{have: map[string]string{}, repo: map[string]string{"svc": "1.0"}}
-	f.onInstall = func(string) { os.MkdirAll(h.p("etc/svc"), 0o755) }
-	doc := h.doc(`{"module":"b","id":"svc","type":"package","name":"svc"}`, `{"module":"a","id":"conf","type":"file","path":"{root}/etc/svc/svc.conf","content":"x\n"}`)
-	plan := h.plan(f, doc)
-	if outcomes(plan) != "b.svc=applied a.conf=applied" || !strings.Contains(lineOf(plan, "a", "conf").Detail, "may come with a package declared before it") {
-		t.Fatalf("plan [%s] %+v", outcomes(plan), plan.Lines)
-	}
-	if rep := h.applyPackages(f, doc); outcomes(rep) != outcomes(plan) {
-		t.Fatalf("apply [%s], plan [%s]", outcomes(rep), outcomes(plan))
-	}
-}
-
 // plan is applyPackages's plan.
 func (h *harness) plan(f *fakePackages, doc string) *shapes.Report {
 	h.t.Helper()

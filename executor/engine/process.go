@@ -3,7 +3,6 @@ package engine
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -321,14 +320,14 @@ func (r *run) runsAs(exec []string, uid int, within time.Duration) error {
 func cmdlinesOf(exec []string) [][]byte {
 	join := func(argv []string) []byte { return []byte(strings.Join(argv, "\x00") + "\x00") }
 	out := [][]byte{join(exec)}
-	f, err := os.Open(exec[0])
+	// Read as root from a path the process's user may be able to write:
+	// no link followed, a FIFO or a device refused (fsx.ReadHead). The
+	// kernel reads no more of it than 256 bytes (BINPRM_BUF_SIZE).
+	head, err := fsx.ReadHead(exec[0], 256)
 	if err != nil {
 		return out
 	}
-	defer f.Close()
-	head := make([]byte, 256) // the kernel reads no more of it (BINPRM_BUF_SIZE)
-	n, _ := io.ReadFull(f, head)
-	line, ok := bytes.CutPrefix(head[:n], []byte("#!"))
+	line, ok := bytes.CutPrefix(head, []byte("#!"))
 	if !ok {
 		return out
 	}

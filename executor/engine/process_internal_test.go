@@ -55,3 +55,29 @@ func TestAScriptDeclaredIsFoundRunning(t *testing.T) {
 		t.Fatalf("a program that is no script: %q", got)
 	}
 }
+
+// The program's head is read as root from a path its user may write: a
+// FIFO there is not opened (it would hold the apply for good), nor a link
+// followed (to a device, say); the declared command line alone is looked
+// for.
+func TestAProgramsHeadIsNeverReadThroughAFIFOOrALink(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	os.Symlink("/dev/zero", link)
+	for _, p := range []string{fifo, link} {
+		done := make(chan [][]byte, 1)
+		go func() { done <- cmdlinesOf([]string{p}) }()
+		select {
+		case got := <-done:
+			if len(got) != 1 {
+				t.Fatalf("%s: %q", p, got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the read of its head blocks", p)
+		}
+	}
+}

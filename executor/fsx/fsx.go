@@ -280,6 +280,41 @@ func openRegular(p string) (rawFile, Info, error) {
 	return rawFile(fd), info, nil
 }
 
+// ReadHead reads the first n bytes (or fewer) of the regular file at p,
+// opened as ReadRegular opens one — no link followed, never blocking (a
+// FIFO planted there would hold the reader for good), a device or
+// anything but a regular file refused — whatever its size or its names.
+func ReadHead(p string, n int) ([]byte, error) {
+	fd, err := open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, wrap("open", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, wrap("stat", p, err)
+	}
+	if info := infoOf(&st); info.Kind != Regular {
+		return nil, wrap("open", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
+	}
+	buf := make([]byte, n)
+	got := 0
+	for got < n {
+		m, err := unix.Read(fd, buf[got:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, wrap("read", p, err)
+		}
+		if m == 0 {
+			break
+		}
+		got += m
+	}
+	return buf[:got], nil
+}
+
 // ReadRegular reads a regular file of at most max bytes. It reports
 // Absent, without error, when nothing is there.
 func ReadRegular(p string, max int64) ([]byte, Info, error) {

@@ -531,9 +531,12 @@ func WriteFile(p string, data []byte, o WriteOptions) error {
 		}
 		b = b[n:]
 	}
-	if info.Kind == Regular {
+	if info.Kind == Regular && (info.UID == uint32(o.UID) || info.UID == 0) {
 		// Before the owner and mode: an access ACL sets the group bits
-		// (its mask), which the chmod below sets back as declared.
+		// (its mask), which the chmod below sets back as declared. Only
+		// from a file of the same owner, or root's: another's ACL (its
+		// owner's own rights, or what they gave others) carried onto
+		// content written for a new owner would let them read it.
 		if err := d.carryXattrs(info, fd); err != nil {
 			return wrap("keep the extended attributes (ACLs) of", p, err)
 		}

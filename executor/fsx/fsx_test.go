@@ -177,4 +177,19 @@ func TestWriteFileKeepsTheFilesACLs(t *testing.T) {
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode %v, want 0600 as asked", fi.Mode().Perm())
 	}
+
+	// Another user's file, its ACL theirs to set, rewritten for a new
+	// owner (root here): nothing of it is carried onto the new content.
+	q := filepath.Join(t.TempDir(), "site.key")
+	os.WriteFile(q, []byte("old key\n"), 0o640)
+	os.Chown(q, 1000, 1000)
+	if err := unix.Setxattr(q, "system.posix_acl_access", aclReadBy(1000), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(q, []byte("new key\n"), WriteOptions{Mode: 0o640}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Getxattr(q, "system.posix_acl_access", make([]byte, 128)); err != unix.ENODATA {
+		t.Fatalf("a former owner's ACL carried onto content written for another: %v", err)
+	}
 }

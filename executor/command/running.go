@@ -171,6 +171,9 @@ func waitLeft(l leftProgram, stop <-chan struct{}, say func(msg string, args ...
 		case l.Stop == stopAction && !leader:
 			// The action has exited: what it left in its group goes,
 			// as the executor takes it away when an action ends.
+			if giveUp == nil {
+				giveUp = within(outlivesKill)
+			}
 			killAll(members)
 		case past.Err() == nil:
 		case l.Stop == stopGentle && !leader:

@@ -256,6 +256,13 @@ func TestLeftRunning(t *testing.T) {
 		if n := len(said) - said0; n != 2 {
 			t.Fatalf("said %d times: %q; want the wait and the kill once each", n, said[said0:])
 		}
+		// What an action left, its leader gone, no kill ends either.
+		pid, start := leaderGone(t)
+		left := t.TempDir()
+		leaveNote(t, left, leftProgram{PID: pid, Start: start, Boot: bootID(), Stop: stopAction, Deadline: time.Now().Add(time.Hour)})
+		if err := LeftRunning(left, nil, say); err == nil || !strings.Contains(err.Error(), "did not end when stopped") {
+			t.Fatalf("an action's leftovers no kill ends: %v", err)
+		}
 		outlivesKill = time.Hour
 		stop := make(chan struct{})
 		time.AfterFunc(200*time.Millisecond, func() { close(stop) })

@@ -308,8 +308,10 @@ func (s *Server) Run(ctx context.Context, ln net.Listener, more ...net.Listener)
 			close(held)
 			defer s.applyMu.Unlock()
 			s.reconcile(ctx, triggerStart, nil, false)
+			// Under the lock still: a declaration waiting for it is
+			// refused for the stop, not applied by the old binary.
+			s.restartIfUpgraded()
 		})
-		s.guard("the start reconcile", s.restartIfUpgraded)
 		s.guard("finding the profile", func() { s.findProfile(ctx) })
 	}) {
 		close(held)

@@ -393,7 +393,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 		}
 	}
 	r.owed = st.RestartsOwed(opt.Source)
-	r.cutChanged = st.CutChanged(opt.Source)
+	r.cutChanged = st.CutChanged(opt.Source, opt.Plan)
 	r.owedNow = maps.Clone(r.owed)
 	if r.owedNow == nil {
 		r.owedNow = map[string][]string{}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -774,7 +775,10 @@ func (r *run) keepOwed() {
 	if maps.EqualFunc(r.owed, r.owedNow, slices.Equal) && len(r.cutChanged) == 0 {
 		return
 	}
-	if err := r.st.SetRestartsOwed(r.opt.Source, r.owedNow); err != nil {
+	switch err := r.st.SetRestartsOwed(r.opt.Source, r.owedNow); {
+	case errors.Is(err, store.ErrOwedAside):
+		r.log.Warn("what restarts were owed could not be read", "owed", r.owedNow, "err", err)
+	case err != nil:
 		r.log.Warn("the restarts this apply owes could not be kept: the next apply does not give them", "owed", r.owedNow, "err", err)
 	}
 }

@@ -1099,17 +1099,23 @@ func (s *Store) RestartsOwed(src Source) map[string][]string {
 // a power cut ended had said (the journal keeps what it said, and nothing
 // of the restarts it owed): kept in restarts-owed.json by the Begin that
 // noted the cut apply, until an apply of src has given its restarts
-// (SetRestartsOwed), and those of the applies not noted yet. The first
-// apply after a cut notes every source's cut applies, while each source's
-// restarts are given by an apply of its own.
-func (s *Store) CutChanged(src Source) map[string]bool {
+// (SetRestartsOwed); with unnoted, those of the applies not noted yet too
+// (a plan's: what its apply's Begin will note). The first apply after a
+// cut notes every source's cut applies, while each source's restarts are
+// given by an apply of its own. An apply asks without unnoted: ones its
+// Begin could not note (a history that cannot be written) are noted, and
+// given, by a later apply — counted now, they would be given again at
+// every apply until then.
+func (s *Store) CutChanged(src Source, unnoted bool) map[string]bool {
 	f, _ := readOwed(s.dir)
 	out := map[string]bool{}
 	for _, k := range f.Cut[string(src)] {
 		out[k] = true
 	}
-	for k := range s.unfinishedChanges()[string(src)] {
-		out[k] = true
+	if unnoted {
+		for k := range s.unfinishedChanges()[string(src)] {
+			out[k] = true
+		}
 	}
 	return out
 }
@@ -1140,9 +1146,9 @@ func (s *Store) keepCutChanges() error {
 	if len(changes) == 0 {
 		return nil
 	}
-	f, err := readOwed(s.dir)
+	f, _, err := readOwedToWrite(s.dir)
 	if err != nil {
-		return fmt.Errorf("store: restarts-owed.json does not read (%w): not written over; move it aside", err)
+		return err
 	}
 	for src, keys := range changes {
 		for k := range keys {
@@ -1157,12 +1163,16 @@ func (s *Store) keepCutChanges() error {
 
 // SetRestartsOwed replaces src's restarts owed (none: nil or empty); the
 // changes of src's cut applies (CutChanged) are given with them.
-func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
-	f, err := readOwed(s.dir)
+func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) (err error) {
+	f, aside, err := readOwedToWrite(s.dir)
 	if err != nil {
-		// Written over, what it owes the other sources would be lost.
-		return fmt.Errorf("store: restarts-owed.json does not read (%w): not written over; move it aside", err)
+		return err
 	}
+	defer func() {
+		if aside != nil && err == nil {
+			err = aside
+		}
+	}()
 	if len(owed) == 0 {
 		delete(f.Owed, string(src))
 	} else {
@@ -1170,6 +1180,34 @@ func (s *Store) SetRestartsOwed(src Source, owed map[string][]string) error {
 	}
 	delete(f.Cut, string(src))
 	return writeOwed(s.dir, f)
+}
+
+// OwedAside is the name an unreadable restarts-owed.json is moved to.
+const OwedAside = "restarts-owed.json.unread"
+
+// ErrOwedAside is SetRestartsOwed's word, its write done, that the file it
+// replaced did not read and was moved aside (OwedAside): what it owed any
+// source is lost to the host, and kept there for a person.
+var ErrOwedAside = errors.New("restarts-owed.json did not read: moved aside to " + OwedAside + " (what it owed is no longer given); written anew")
+
+// readOwedToWrite is readOwed for a writer: a file that does not read is
+// moved aside (OwedAside, over an older one) and the writer starts from
+// none — left in place, it would keep every later write from keeping
+// anything, and the cut applies it keeps unnoted given again at every
+// apply. aside says that happened.
+func readOwedToWrite(dir string) (f owedFile, aside, err error) {
+	f, rerr := readOwed(dir)
+	if rerr == nil {
+		return f, nil, nil
+	}
+	p := filepath.Join(dir, "restarts-owed.json")
+	if _, serr := os.Lstat(p); serr != nil {
+		return f, nil, fmt.Errorf("store: restarts-owed.json: %w", rerr) // not there to move: unreadable as a path
+	}
+	if err := os.Rename(p, filepath.Join(dir, OwedAside)); err != nil {
+		return f, nil, fmt.Errorf("store: restarts-owed.json does not read (%v), and could not be moved aside: %w", rerr, err)
+	}
+	return f, fmt.Errorf("%w (%v)", ErrOwedAside, rerr), nil
 }
 
 // writeOwed writes restarts-owed.json, durably, or removes it when it

@@ -503,9 +503,11 @@ func TestAnOriginalCutShortByAFullDiskIsNotKept(t *testing.T) {
 	}
 }
 
-// A restarts-owed.json that does not read is not written over: what it
-// owes another source would be lost with it.
-func TestRestartsOwedThatDoNotReadAreNotWrittenOver(t *testing.T) {
+// A restarts-owed.json that does not read is moved aside, its bytes kept
+// for a person, and written anew: left in place it would keep every later
+// write from keeping anything (what it owed is lost to the host either
+// way, and the write says so).
+func TestRestartsOwedThatDoNotReadAreMovedAside(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	s, err := Open(dir)
 	if err != nil {
@@ -513,13 +515,19 @@ func TestRestartsOwedThatDoNotReadAreNotWrittenOver(t *testing.T) {
 	}
 	p := filepath.Join(dir, "restarts-owed.json")
 	os.WriteFile(p, []byte(`{"format":1,"owed":{"link":`), 0o600)
-	if err := s.SetRestartsOwed(Local, map[string][]string{"a.service": {"m.f"}}); err == nil {
-		t.Fatal("written over")
-	}
-	if b, _ := os.ReadFile(p); string(b) != `{"format":1,"owed":{"link":` {
-		t.Fatalf("changed: %s", b)
-	}
 	if got := s.RestartsOwed(Link); got != nil {
 		t.Fatalf("read %v", got)
+	}
+	if err := s.SetRestartsOwed(Local, map[string][]string{"a.service": {"m.f"}}); !errors.Is(err, ErrOwedAside) {
+		t.Fatalf("not said: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, OwedAside)); string(b) != `{"format":1,"owed":{"link":` {
+		t.Fatalf("not kept aside: %s", b)
+	}
+	if got := s.RestartsOwed(Local); !slices.Equal(got["a.service"], []string{"m.f"}) {
+		t.Fatalf("not written anew: %v", got)
+	}
+	if err := s.SetRestartsOwed(Local, nil); err != nil {
+		t.Fatal(err)
 	}
 }

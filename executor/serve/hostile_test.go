@@ -500,6 +500,14 @@ func TestTheArchiveCacheBoundCountsWhatItKeeps(t *testing.T) {
 		if err != nil || k != wire.KindError {
 			t.Fatalf("a fourth beside one a live connection streamed: %v %+v %v; want refused", k, body, err)
 		}
+		d.Close()
+		// Its stream let go by the daemon (as the refusal's connection
+		// ends), so the next is not refused as one on another connection.
+		waitFor(t, 10*time.Second, "the refused stream let go", func() bool {
+			e.srv.streamMu.Lock()
+			defer e.srv.streamMu.Unlock()
+			return !e.srv.streaming[sumA]
+		})
 		return body.(*wire.Error)
 	}
 	lookAgain()

@@ -145,6 +145,32 @@ func TestWhatAPackageShipsNowIsLeftToIt(t *testing.T) {
 	}
 }
 
+// The same, the package installed by the very apply that undeclares the
+// file: asked after the install, the file is the package's.
+func TestWhatAPackageInstalledNowShipsIsLeftToIt(t *testing.T) {
+	h := newHarness(t)
+	f := &fakePackages{have: map[string]string{"base": "1"}, repo: map[string]string{"lib": "1.0"}}
+	os.Mkdir(h.p("etc"), 0o755)
+	conf := `{"module":"a","id":"conf","type":"file","path":"{root}/etc/main.conf","content":"mine\n"}`
+	// A package the host installed before (a host that installs).
+	if rep := h.applyPackages(f, h.doc(conf, `{"module":"b","id":"base","type":"package","name":"base","version":"2"}`)); rep.Outcome != shapes.Applied {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	f.onInstall = func(p string) {
+		if p == "lib" {
+			f.files = map[string]string{h.p("etc/main.conf"): "lib"}
+			os.WriteFile(h.p("etc/main.conf"), []byte("the package's\n"), 0o644)
+		}
+	}
+	rep := h.applyPackages(f, h.doc(`{"module":"b","id":"base","type":"package","name":"base","version":"2"}`, `{"module":"b","id":"lib","type":"package","name":"lib"}`))
+	if l := lineOf(rep, "a", "conf"); l == nil || l.Outcome != shapes.Forgotten {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	if b, _ := os.ReadFile(h.p("etc/main.conf")); string(b) != "the package's\n" {
+		t.Fatalf("%q", b)
+	}
+}
+
 // plan is applyPackages's plan.
 func (h *harness) plan(f *fakePackages, doc string) *shapes.Report {
 	h.t.Helper()

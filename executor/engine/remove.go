@@ -28,6 +28,7 @@ func (r *run) removeUndeclared() {
 	entries := r.st.Entries()
 	slices.Reverse(entries)
 	r.removing = map[string]bool{}
+	r.shipped = nil // asked again: this apply may have installed a package since (shippedBy)
 	// What this declaration declares, by target: a thing declared under
 	// another name now (a resource renamed, or moved to another module)
 	// is released, not removed. An apply has written the new name into
@@ -666,7 +667,7 @@ func (r *run) shippedBy(p string) string {
 			switch {
 			case e.Type == shapes.TypePackage && (e.Created || e.Pending != nil && e.Pending.Created) && !e.Held:
 				installed = true
-			case (e.Type == shapes.TypeFile || e.Type == shapes.TypeDirectory) && e.Created && !declared[e.Target]:
+			case (e.Type == shapes.TypeFile || e.Type == shapes.TypeDirectory) && e.Created && !declared[e.Target] && r.thisSourceOnly(e):
 				paths = append(paths, pathOf(e.Target))
 			}
 		}

@@ -536,6 +536,19 @@ func (s *Server) identity() (*identity.Identity, error) {
 	return identity.Load(s.cfg.StateDir)
 }
 
+// hostIdentity is identity for hello and status: an identity that does
+// not read is refused by them (never "hosted") — unless root has begun an
+// enrolment, which is how such a host gets one that reads again: then it
+// is said hosted, the enrolment pending (status), for the agent to carry
+// out. A state moved away is refused whatever it holds.
+func (s *Server) hostIdentity() (*identity.Identity, error) {
+	id, err := s.identity()
+	if err != nil && s.stateHere() == nil && enrol.IsPending(s.cfg.StateDir) {
+		return nil, nil
+	}
+	return id, err
+}
+
 func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, error) {
 	h := body.(*wire.Hello)
 	if c.vsock {
@@ -547,7 +560,7 @@ func (s *Server) hello(_ context.Context, c *conn, body any) (wire.Kind, any, er
 		return 0, nil, &wire.Refusal{Code: wire.CodeProtocol, Reason: fmt.Sprintf("protocol %d; this executor speaks %d", h.Protocol, wire.ProtocolVersion)}
 	}
 	reply := &wire.HelloReply{Protocol: wire.ProtocolVersion, Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted"}
-	id, err := s.identity()
+	id, err := s.hostIdentity()
 	if err != nil { // not "hosted": identity says why
 		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 	}
@@ -564,7 +577,7 @@ func (s *Server) status(_ context.Context, c *conn, body any) (wire.Kind, any, e
 	last := s.last
 	s.lastMu.Unlock()
 	reply := &wire.StatusReply{Version: s.cfg.Version, Build: s.cfg.Build, State: "hosted", Seq: last.Seq, Outcome: last.Outcome}
-	id, err := s.identity()
+	id, err := s.hostIdentity()
 	if err != nil { // as hello
 		return 0, nil, &wire.Refusal{Code: wire.CodeInternal, Reason: err.Error()}
 	}

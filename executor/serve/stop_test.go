@@ -269,4 +269,18 @@ func TestAHelloIsNotHostedForAStateThatDoesNotRead(t *testing.T) {
 			}
 		})
 	}
+	// An identity that does not read, and root has begun an enrolment
+	// (how such a host gets one again): hosted, the enrolment pending,
+	// for the agent to carry out.
+	e := newEnv(t, nobody, true)
+	e.afterStart()
+	os.WriteFile(filepath.Join(e.state, "identity.json"), []byte("{"), 0o600)
+	e.beginEnrolment(e.pub)
+	c := e.dial()
+	if err := c.Write(wire.KindStatus, &wire.Status{}); err != nil {
+		t.Fatal(err)
+	}
+	if k, body, err := c.Read(); err != nil || k != wire.KindStatusReply || body.(*wire.StatusReply).State != "hosted" || !body.(*wire.StatusReply).Enrolling {
+		t.Fatalf("status with an enrolment pending: %v %+v %v", k, body, err)
+	}
 }

@@ -434,3 +434,29 @@ func TestServiceWithItsOwnUnitFile(t *testing.T) {
 		t.Fatal("not given back")
 	}
 }
+
+// A file and a directory the host made before a package the host then
+// installs ships them: undeclared, they are the package's, left to it —
+// dpkg's own check finds nothing of the package missing.
+func TestWhatAPackageShipsNowIsLeftToItOnApt(t *testing.T) {
+	m := boot(t, lab.Options{Init: lab.S6})
+	dir := t.TempDir()
+	m.serveRepo(serviceDeb(t, dir, "lp-lib", map[string]string{"etc/lp-lib/main.conf": "the package's\n", "usr/share/lp-lib/data": "data\n"}, ""))
+	conf := `{"module":"a","id":"conf","type":"file","path":"/etc/lp-lib/main.conf","content":"mine\n"}`
+	libdir := `{"module":"a","id":"dir","type":"directory","path":"/etc/lp-lib"}`
+	lib := `{"module":"b","id":"lib","type":"package","name":"lp-lib"}`
+	rep, code := m.apply(decl(libdir, conf, lib))
+	if code != 0 || rep.Outcome != shapes.Applied {
+		t.Fatalf("exit %d %+v", code, rep.Lines)
+	}
+	rep, code = m.apply(decl(lib))
+	if code != 0 || !strings.Contains(outcomes(rep), "a.conf=forgotten") || !strings.Contains(outcomes(rep), "a.dir=forgotten") {
+		t.Fatalf("exit %d [%s] %+v", code, outcomes(rep), rep.Lines)
+	}
+	if got := m.sh("dpkg -V lp-lib; echo end"); got != "end" {
+		t.Fatalf("dpkg finds the package's files changed or missing:\n%s", got)
+	}
+	if got := m.sh("cat /etc/lp-lib/main.conf"); got == "" {
+		t.Fatal("the package's file was removed")
+	}
+}

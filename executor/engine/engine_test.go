@@ -1030,3 +1030,18 @@ func TestADirectoryOfTheHostsBecomesAFileInOneApply(t *testing.T) {
 		})
 	}
 }
+
+// A file of the host's that a declaration now makes a directory, a file
+// declared in it: the plan says what the apply does — the file taken away
+// first, the directory made, the file in it written — not that the file's
+// path is under a file.
+func TestAPlanOfAFileInADirectoryThatWasAFile(t *testing.T) {
+	h := newHarness(t)
+	h.expect(h.apply(h.doc(`{"module":"m1","id":"f","type":"file","path":"{root}/x","content":"file\n"}`)), shapes.Applied, "m1.f=applied")
+	doc := h.doc(`{"module":"m2","id":"d","type":"directory","path":"{root}/x"}`, `{"module":"m3","id":"f","type":"file","path":"{root}/x/in","content":"in\n"}`)
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	if outcomes(plan) != outcomes(rep) || rep.Outcome != shapes.Applied {
+		t.Fatalf("plan [%s] %+v\napply [%s]", outcomes(plan), plan.Lines, outcomes(rep))
+	}
+}

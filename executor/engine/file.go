@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"path"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nox-mesh/nox-mesh-host/executor/fsx"
 	"github.com/nox-mesh/nox-mesh-host/executor/store"
 	"github.com/nox-mesh/nox-mesh-host/shapes"
@@ -138,7 +140,11 @@ func (r *run) planFile(st *step, f *shapes.File) error {
 		// mesh made where this file goes), or a directory an archive
 		// before it makes there.
 		info.Kind = kind
-	} else if eq, info, err = fsx.Equal(f.Path, data); err != nil && (info.Kind == fsx.Absent || info.Kind == fsx.Regular) {
+	} else if eq, info, err = fsx.Equal(f.Path, data); err != nil && r.opt.Plan && errors.Is(err, unix.ENOTDIR) && r.plannedDir(path.Dir(f.Path)) {
+		// A plan: its directory is a file now, which an earlier step
+		// makes a directory (the file taken away first): nothing is in it.
+		info, err = fsx.Info{Kind: fsx.Absent}, nil
+	} else if err != nil && (info.Kind == fsx.Absent || info.Kind == fsx.Regular) {
 		return err
 	} else if planned && info.Kind == fsx.Regular {
 		// A plan: the file as its regions' or keys' removal leaves it.
@@ -437,6 +443,13 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 		return n, nil
 	}
 	return nil
+}
+
+// plannedDir says whether an earlier step of this run makes dir a
+// directory: a directory resource, or an archive's entry.
+func (r *run) plannedDir(dir string) bool {
+	en := r.unpacked[dir]
+	return r.declaredDirs[dir] || en != nil && en.dir
 }
 
 // parentReady says whether p's directory exists, or is declared by an

@@ -1084,3 +1084,24 @@ func themesArchive(t *testing.T, h *harness, entries ...tarEntry) (dest, p, sum 
 	p, sum = makeArchive(t, h.root, "t1.tgz", entries...)
 	return dest, p, sum
 }
+
+// A directory of the host's holding an archive's files, undeclared as the
+// archive's next version drops those files: the plan counts them gone, as
+// the apply finds them, and says the directory removed (it said kept, for
+// entries "declared still").
+func TestAPlanCountsWhatANewVersionTakesAway(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("app")
+	os.Mkdir(dest, 0o755)
+	p1, sum1 := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "sub/", typ: tar.TypeDir, mode: 0o755}, tarEntry{name: "sub/a", typ: tar.TypeReg, body: "a"}, tarEntry{name: "sub/b", typ: tar.TypeReg, body: "b"})
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", tarEntry{name: "x", typ: tar.TypeReg, body: "x"})
+	sub := `{"module":"m3","id":"sub","type":"directory","path":"` + h.p("app/sub") + `"}`
+	h.expect(h.apply(h.doc(sub, archiveRes(p1, sum1, dest))), shapes.Applied, "m3.sub=applied ui.theme=applied")
+	doc := h.doc(archiveRes(p2, sum2, dest))
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	if outcomes(plan) != outcomes(rep) {
+		t.Fatalf("plan [%s] %+v\napply [%s] %+v", outcomes(plan), plan.Lines, outcomes(rep), rep.Lines)
+	}
+	h.absent("app/sub")
+}

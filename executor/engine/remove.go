@@ -968,6 +968,9 @@ func (r *run) leftIn(p string) ([]string, error) {
 	seen := map[string]bool{}
 	var left []string
 	for _, n := range append(names, r.declaredKids[p]...) {
+		if _, kind, planned := r.plannedAt(path.Join(p, n), fsx.Regular); planned && kind == fsx.Absent {
+			continue // a plan: an earlier step takes it away (an archive's older version's file)
+		}
 		if !seen[n] && !r.removing[path.Join(p, n)] && !r.leftovers[path.Join(p, n)] {
 			seen[n] = true
 			left = append(left, n)

@@ -696,6 +696,12 @@ func (r *run) archive(st *step, rest int) {
 		if wrote[p] || left[p] != "" || handed[p] {
 			continue
 		}
+		if r.dirDeclared(p) != "" {
+			// A directory this declaration declares: its resource's to
+			// hold from now (taken away here, it would make it again as
+			// "removed by something else").
+			continue
+		}
 		_, replaced, behind, _ := pathNow(p)
 		if replaced {
 			continue
@@ -746,6 +752,9 @@ func (r *run) archive(st *step, rest int) {
 		for i := range todo {
 			todo[i].uid, todo[i].gid = dinfo.UID, dinfo.GID
 			r.unpacked[path.Join(a.Destination, todo[i].rel)] = &todo[i]
+			if todo[i].dir && absent[path.Join(a.Destination, todo[i].rel)] {
+				r.archiveMadeDir[path.Join(a.Destination, todo[i].rel)] = true // as the apply makes it
+			}
 		}
 		for _, p := range stale {
 			r.plannedFile[p] = nil
@@ -810,6 +819,9 @@ func (r *run) archive(st *step, rest int) {
 				mode = 0o755
 			}
 			err = fsx.Mkdir(full, mode, uid, gid)
+			if err == nil {
+				r.archiveMadeDir[full] = true
+			}
 			info, lerr := fsx.Lstat(full)
 			switch {
 			case errors.Is(err, fs.ErrExist) && lerr == nil && info.Kind == fsx.Dir:

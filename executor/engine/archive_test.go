@@ -1105,3 +1105,30 @@ func TestAPlanCountsWhatANewVersionTakesAway(t *testing.T) {
 	}
 	h.absent("app/sub")
 }
+
+// A directory an archive makes that a directory resource after it
+// declares: the host's making, not a directory found — its next version
+// without it leaves it to the resource (not taken away and made again as
+// "removed by something else"), and the whole undeclared removes it
+// rather than give it back as found and leave it behind.
+func TestAnArchivesDirectoryADirectoryDeclaresIsTheHostsMaking(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("app")
+	os.Mkdir(dest, 0o755)
+	p1, sum1 := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "sub/", typ: tar.TypeDir, mode: 0o755}, tarEntry{name: "sub/a", typ: tar.TypeReg, body: "a"}, tarEntry{name: "conf", typ: tar.TypeReg, body: "c"})
+	p2, sum2 := makeArchive(t, h.root, "t2.tgz", tarEntry{name: "x", typ: tar.TypeReg, body: "x"})
+	sub := `{"module":"m2","id":"sub","type":"directory","path":"` + h.p("app/sub") + `"}`
+	rep := h.apply(h.doc(archiveRes(p1, sum1, dest), sub))
+	h.expect(rep, shapes.Applied, "ui.theme=applied m2.sub=unchanged")
+	if !strings.Contains(lineOf(rep, "m2", "sub").Detail, "made by the archive before it") {
+		t.Fatalf("%+v", rep.Lines)
+	}
+	v2 := h.doc(archiveRes(p2, sum2, dest), sub)
+	plan := h.run(store.Local, v2, true)
+	rep = h.apply(v2)
+	if outcomes(plan) != outcomes(rep) || outcomes(rep) != "ui.theme=applied m2.sub=unchanged" {
+		t.Fatalf("plan [%s]\napply [%s] %+v", outcomes(plan), outcomes(rep), rep.Lines)
+	}
+	h.expect(h.apply(h.doc()), shapes.Removed, "m2.sub=removed ui.theme=removed")
+	h.absent("app/sub")
+}

@@ -262,6 +262,10 @@ type run struct {
 	// version) that keys or a region edit: what they hold then is what
 	// the edit finds, to give back (keys), not the version before's.
 	archiveWrote map[string]bool
+	// archiveMadeDir: the directories an archive of this run made (a
+	// directory resource after it finds one there: the host's making,
+	// not a directory found).
+	archiveMadeDir map[string]bool
 	// plannedFiles, in a plan: the files a file resource planned before
 	// writes (a plan writes none), for a later archive's look.
 	plannedFiles map[string]bool
@@ -309,7 +313,7 @@ func Apply(ctx context.Context, st *store.Store, d *shapes.Declaration, raw []by
 	rep := &shapes.Report{Source: string(opt.Source), Seq: d.Seq, Lines: []shapes.Line{}}
 	r := &run{ctx: ctx, st: st, opt: opt, d: d, log: opt.Log, taken: map[string]bool{}, devs: map[uint64]string{}, touchedDirs: map[string]bool{},
 		units: map[string]string{}, changed: map[string]bool{}, declaredDirs: map[string]bool{}, declared: make(map[claimTarget]bool, len(d.Resources)), heldOK: map[string]bool{}, unitFiles: map[string]bool{}, unitComing: map[string]bool{}, unitGone: map[string]bool{},
-		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, plannedOwner: map[string][2]uint32{}, archiveWrote: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}, cutVersion: map[string]string{}}
+		unsealed: map[string][]byte{}, lines: make([]shapes.Line, 0, len(d.Resources)), early: map[string]bool{}, plannedFile: map[string][]byte{}, plannedGone: map[string]bool{}, unpacked: map[string]*archiveEntry{}, plannedFiles: map[string]bool{}, plannedOwner: map[string][2]uint32{}, archiveWrote: map[string]bool{}, archiveMadeDir: map[string]bool{}, ran: map[claimTarget]bool{}, resumed: map[string]bool{}, resumedUndo: map[string]string{}, settled: map[string]*store.Entry{}, replaced: map[string]store.Intent{}, cutVersion: map[string]string{}}
 	defer func() {
 		if r.init != nil {
 			r.init.Close()

@@ -386,9 +386,12 @@ func (r *run) planDirectory(st *step, d *shapes.Directory) error {
 			st.record = &store.Entry{Target: st.target, Type: shapes.TypeDirectory, Claims: withClaim(nil, st.claim),
 				Original: &store.Original{Kind: "directory", Mode: info.Mode, UID: info.UID, GID: info.GID},
 				Mode:     a.mode, UID: a.uid, GID: a.gid, Digest: "dir"}
-			if r.unpackedByOther(d.Path) {
-				// Another source's archive made it, as startChange takes it.
+			if r.unpackedByOther(d.Path) || r.archiveMadeDir[d.Path] {
+				// An archive made it — another source's, or one of this
+				// apply's before it — as startChange takes it: the host's
+				// making, removed when undeclared, not given back as found.
 				st.record.Original, st.record.Created = nil, true
+				st.line.Detail = "made by the archive before it; held by the host from now"
 			}
 		case !e.Claimed(st.claim) || e.Held || e.Mode != a.mode || e.UID != a.uid || e.GID != a.gid || e.Digest != "dir":
 			n := *e

@@ -1033,7 +1033,8 @@ func (r *run) declaredPaths() {
 
 // clearWay undoes, before an archive is looked at, what this source made
 // at a path the archive writes, or wrote, and this declaration no longer
-// declares (a file declared there before). Undone at the end with the
+// declares (a file declared there before, or a directory the host made
+// where the archive has a file). Undone at the end with the
 // other removals, it would be in the archive's way when its step runs —
 // "not the host's to overwrite" — and that failure stops the apply before
 // the removal that would clear it, at every apply; and at a path the
@@ -1058,7 +1059,10 @@ func (r *run) clearWay(a *shapes.Archive, entries []archiveEntry, was *store.Ent
 	for _, full := range ways {
 		target := "path:" + full
 		e := r.st.Get(target)
-		if seen[full] || e == nil || e.Type != shapes.TypeFile || r.early[target] || r.fileDeclared(full) != "" {
+		// A directory the host made where the archive has a file, no
+		// longer declared, is in its way the same.
+		inWay := e != nil && (e.Type == shapes.TypeFile || e.Type == shapes.TypeDirectory && e.Created && r.dirDeclared(full) == "")
+		if seen[full] || !inWay || r.early[target] || r.fileDeclared(full) != "" {
 			continue
 		}
 		seen[full] = true

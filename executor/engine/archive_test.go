@@ -1132,3 +1132,21 @@ func TestAnArchivesDirectoryADirectoryDeclaresIsTheHostsMaking(t *testing.T) {
 	h.expect(h.apply(h.doc()), shapes.Removed, "m2.sub=removed ui.theme=removed")
 	h.absent("app/sub")
 }
+
+// A directory the host made, no longer declared, where an archive now has
+// a file: undone before the archive is looked at, in the one apply (it
+// was in the archive's way, and the failure stopped the apply before the
+// removal that would clear it, at every apply). Plan and apply agree.
+func TestAHostDirectoryInAnArchivesWayIsUndoneFirst(t *testing.T) {
+	h := newHarness(t)
+	dest := h.p("app")
+	os.Mkdir(dest, 0o755)
+	h.expect(h.apply(h.doc(`{"module":"m1","id":"d","type":"directory","path":"`+h.p("app/x")+`"}`)), shapes.Applied, "m1.d=applied")
+	p, sum := makeArchive(t, h.root, "t1.tgz", tarEntry{name: "x", typ: tar.TypeReg, body: "x"})
+	doc := h.doc(archiveRes(p, sum, dest))
+	plan := h.run(store.Local, doc, true)
+	rep := h.apply(doc)
+	if outcomes(plan) != outcomes(rep) || rep.Outcome != shapes.Applied || h.read("app/x") != "x" {
+		t.Fatalf("plan [%s]\napply [%s] %+v", outcomes(plan), outcomes(rep), rep.Lines)
+	}
+}

@@ -381,36 +381,20 @@ type editedContent struct{ wrote, now []byte }
 // host keeps a copy of (maxOriginal): they are not removed, and stay the
 // archive's until a person has looked.
 func (r *run) editedSince(e *store.Entry, dest string, stale []string) (edited map[string]editedContent, unkept []string) {
-	if e == nil || len(stale) == 0 || !ValidDigest(e.Digest) {
+	if e == nil || len(stale) == 0 {
 		return nil, nil
 	}
-	old := r.archiveCache(e.Digest)
-	if sum, err := fileDigest(old); err != nil || sum != e.Digest {
+	version := r.filesOf(e.Digest, dest)
+	if version == nil {
 		return nil, nil
 	}
-	entries, err := readArchive(old, dest)
-	if err != nil {
-		return nil, nil
-	}
-	wrote := map[string][]byte{}
-	for _, en := range entries {
-		if !en.dir {
-			wrote[path.Join(dest, en.rel)] = en.data
-		}
-	}
+	wrote := version.files
 	// What the version a cut unpack was writing has at a path is the
 	// host's too (cutVersion): it may have written it before the cut.
 	var alsoWrote map[string][]byte
 	if cut := r.cutVersion[e.Target]; cut != "" {
-		if c := r.archiveCache(cut); sumOf(c) == cut {
-			if ents, err := readArchive(c, dest); err == nil {
-				alsoWrote = map[string][]byte{}
-				for _, en := range ents {
-					if !en.dir {
-						alsoWrote[path.Join(dest, en.rel)] = en.data
-					}
-				}
-			}
+		if v := r.filesOf(cut, dest); v != nil {
+			alsoWrote = v.files
 		}
 	}
 	out := map[string]editedContent{}

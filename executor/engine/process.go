@@ -65,11 +65,8 @@ func (r *run) checkProcesses() error {
 		// the declaration no longer declares: its removal, later in the
 		// apply, would leave the unit running with no definition (and
 		// every later apply saying it gone "since").
-		for _, def := range unitDefinitions(shapes.NormaliseUnit(svc.Unit)) {
-			t := "path:" + def
-			if e := r.st.Get(t); e != nil && e.Type == shapes.TypeFile && e.Created && !declared[t] && r.thisSourceOnly(e) {
-				return &Refusal{fmt.Sprintf("resource %s field unit: %s is defined by %s, a file the host made for %s, which this declaration no longer declares: removed, it would leave the unit with no definition; declare the file still, or undeclare the service with it", svc.Key(), shapes.NormaliseUnit(svc.Unit), def, firstClaim(e).Key())}
-			}
+		if def, e := r.unitFileMade(shapes.NormaliseUnit(svc.Unit)); e != nil && !declared["path:"+def] && r.thisSourceOnly(e) {
+			return &Refusal{fmt.Sprintf("resource %s field unit: %s is defined by %s, a file the host made for %s, which this declaration no longer declares: removed, it would leave the unit with no definition; declare the file still, or undeclare the service with it", svc.Key(), shapes.NormaliseUnit(svc.Unit), def, firstClaim(e).Key())}
 		}
 		if e := r.st.Get(shapes.Target(svc)); e != nil && (e.Type == shapes.TypeProcess || e.Pending != nil && e.Pending.Type == shapes.TypeProcess) {
 			by := ""
@@ -94,17 +91,26 @@ func (r *run) checkProcesses() error {
 		e := r.st.Get(processTarget(p.Name))
 		ours := e != nil && (e.Type == shapes.TypeProcess || e.Pending != nil && e.Pending.Type == shapes.TypeProcess)
 		if cur.Known && !ours {
-			for _, def := range unitDefinitions(shapes.NormaliseUnit(p.Name)) {
-				if e := r.st.Get("path:" + def); e != nil && e.Type == shapes.TypeFile && e.Created {
-					// The mesh wrote it, as a file: still a unit the
-					// process would take over, which it never does.
-					return &Refusal{fmt.Sprintf("resource %s field name: %s already knows a unit %q, defined by %s, a file the host made for %s; a process never takes over a unit: apply a declaration without that file (and any service of the unit) first, then the process", p.Key(), r.init.Name(), cur.Name, def, firstClaim(e).Key())}
-				}
+			if def, e := r.unitFileMade(shapes.NormaliseUnit(p.Name)); e != nil {
+				// The mesh wrote it, as a file: still a unit the process
+				// would take over, which it never does.
+				return &Refusal{fmt.Sprintf("resource %s field name: %s already knows a unit %q, defined by %s, a file the host made for %s; a process never takes over a unit: apply a declaration without that file (and any service of the unit) first, then the process", p.Key(), r.init.Name(), cur.Name, def, firstClaim(e).Key())}
 			}
 			return &Refusal{fmt.Sprintf("resource %s field name: %s already knows a unit %q, which the mesh did not create; a process never takes over a unit (declare it as a service instead, or name the process otherwise)", p.Key(), r.init.Name(), cur.Name)}
 		}
 	}
 	return nil
+}
+
+// unitFileMade is the file resource's record the host made at one of
+// unit's definitions, and that definition's path; nil when none is.
+func (r *run) unitFileMade(unit string) (string, *store.Entry) {
+	for _, def := range unitDefinitions(unit) {
+		if e := r.st.Get("path:" + def); e != nil && e.Type == shapes.TypeFile && e.Created {
+			return def, e
+		}
+	}
+	return "", nil
 }
 
 // program is p as initsys defines it.

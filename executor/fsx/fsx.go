@@ -253,6 +253,22 @@ func (f rawFile) Close() error { return unix.Close(int(f)) }
 // openRegular opens p for reading, refusing anything but a regular file
 // with one name. O_NONBLOCK keeps a planted FIFO from hanging the open.
 func openRegular(p string) (rawFile, Info, error) {
+	fd, info, err := openOnlyRegular(p)
+	if err != nil {
+		return -1, info, err
+	}
+	if info.Nlink > 1 {
+		unix.Close(fd)
+		return -1, info, wrap("open", p, ErrHardlinked)
+	}
+	return rawFile(fd), info, nil
+}
+
+// openOnlyRegular opens the regular file at p for reading as what a user
+// may have planted is opened: no link followed, never blocking (a FIFO
+// would hold the reader for good), anything but a regular file refused,
+// said with what it is.
+func openOnlyRegular(p string) (int, Info, error) {
 	fd, err := open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		// A link at p itself is said as what it is: a caller reading
@@ -273,11 +289,7 @@ func openRegular(p string) (rawFile, Info, error) {
 		unix.Close(fd)
 		return -1, info, wrap("open", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
 	}
-	if info.Nlink > 1 {
-		unix.Close(fd)
-		return -1, info, wrap("open", p, ErrHardlinked)
-	}
-	return rawFile(fd), info, nil
+	return fd, info, nil
 }
 
 // ReadHead reads the first n bytes (or fewer) of the regular file at p,
@@ -285,18 +297,11 @@ func openRegular(p string) (rawFile, Info, error) {
 // FIFO planted there would hold the reader for good), a device or
 // anything but a regular file refused — whatever its size or its names.
 func ReadHead(p string, n int) ([]byte, error) {
-	fd, err := open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	fd, _, err := openOnlyRegular(p)
 	if err != nil {
-		return nil, wrap("open", p, err)
+		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, wrap("stat", p, err)
-	}
-	if info := infoOf(&st); info.Kind != Regular {
-		return nil, wrap("open", p, fmt.Errorf("%w (it is a %s)", ErrNotRegular, info.Kind))
-	}
 	buf := make([]byte, n)
 	got := 0
 	for got < n {

@@ -17,16 +17,7 @@ import (
 // is, its own uid, and what to do — not at debug level while it waits, as
 // a hosted agent, for an enrolment that cannot come.
 func TestSocketPermissionIsAnError(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root to make a socket the agent's user cannot reach")
-	}
-	bin := buildAgent(t)
-	uid, gid, err := agent.LookupUser("nobody")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nobody := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
-	base := openDir(t)
+	bin, uid, gid, nobody, base := agentAsNobody(t)
 	listen := func(dir string, dirMode, sockMode os.FileMode) string {
 		os.Mkdir(dir, dirMode)
 		os.Chmod(dir, dirMode)
@@ -70,16 +61,7 @@ func TestSocketPermissionIsAnError(t *testing.T) {
 // --socket naming the socket's directory (or any file that is no socket)
 // is said as such, not as a permission the agent's user lacks.
 func TestASocketThatIsNoSocketIsSaidSo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("the agent's tests run as root")
-	}
-	bin := buildAgent(t)
-	uid, gid, err := agent.LookupUser("nobody")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nobody := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
-	base := openDir(t)
+	bin, uid, gid, nobody, base := agentAsNobody(t)
 	dir := filepath.Join(base, "run")
 	os.Mkdir(dir, 0o750)
 	state := filepath.Join(base, "state")
@@ -94,4 +76,19 @@ func TestASocketThatIsNoSocketIsSaidSo(t *testing.T) {
 	if exited || !strings.Contains(last, dir+" is a directory, not the executor's socket") || strings.Contains(last, "permission denied") {
 		t.Fatalf("no error line saying the socket is a directory (exited %v):\n%s", exited, strings.Join(lines, "\n"))
 	}
+}
+
+// agentAsNobody is the agent's binary, to run as nobody (its uid, gid and
+// credential), and a directory nobody may reach.
+func agentAsNobody(t *testing.T) (bin string, uid, gid int, nobody *syscall.Credential, base string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the agent is started as another user")
+	}
+	bin = buildAgent(t)
+	uid, gid, err := agent.LookupUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin, uid, gid, &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, openDir(t)
 }
